@@ -1,0 +1,237 @@
+"""Named conventions: this project's specification and presets for the peers.
+
+A convention fixes every choice the paper leaves open. The oracle takes one by
+name and computes that convention's mathematics exactly, so a peer can be judged
+against its own intended formula as well as against this project's ``spec``.
+Presets reproduce the published formulas (see ``spec/gdpo.md``, "Peers"); they
+are never silent options of the production implementation.
+
+Field values (each is checked in ``Convention.__post_init__``):
+
+``group_ddof`` / ``whiten_ddof``
+    0 (biased, divide by n) or 1 (unbiased, divide by n - 1).
+``group_eps_placement`` / ``whiten_eps_placement``
+    ``"std"``: divide by ``std + eps``; ``"var"``: divide by ``sqrt(var + eps)``;
+    ``"std_if_positive"``: divide by ``std + eps`` only where ``std > 0``, else
+    leave the deviation undivided; ``"skip_if_zero"``: divide by ``std`` (no eps)
+    and skip the step where ``std == 0`` (the values pass through unchanged).
+``collapse``
+    How a constant column or unit is recognised. In exact arithmetic every
+    preset maps a constant column to zero; the field records what the peer's
+    float code tests (``"exact_equality"``, ``"std_positive"``, ``"none"``: the
+    formula alone), which is what mirrors reproduce.
+``singleton``
+    A group of one sample: ``"error"``, ``"zero"`` (z = 0), ``"raw"`` (mean 0,
+    std 1, so z = r / (1 + eps)).
+``nan``
+    ``"error"``; ``"propagate"`` (NaN flows through the formula);
+    ``"zero_first"`` (NaN rewards replaced by 0 before Eq. 4);
+    ``"nan_aware"`` (group statistics skip NaN entries, whose z is then 0).
+``whiten``
+    ``"per_sample"`` (Eq. 6 over samples of a unit), ``"per_token"`` (each
+    sample weighted by its token count, verl's ``masked_whiten``), ``"none"``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from spec.constants import DEFAULT_EPS
+
+_DDOF = (0, 1)
+_EPS_PLACEMENT = ("std", "var", "std_if_positive", "skip_if_zero")
+_COLLAPSE = ("exact_equality", "std_positive", "none")
+_SINGLETON = ("error", "zero", "raw")
+_NAN = ("error", "propagate", "zero_first", "nan_aware")
+_WHITEN = ("per_sample", "per_token", "none")
+_DTYPES = ("float32", "float64")
+
+
+@dataclasses.dataclass(frozen=True)
+class Convention:
+    name: str
+    title: str
+    source: str
+    group_ddof: int
+    group_eps: float
+    group_eps_placement: str
+    whiten: str
+    whiten_ddof: int
+    whiten_eps: float
+    whiten_eps_placement: str
+    collapse: str
+    singleton: str
+    nan: str
+    native_dtype: str
+    notes: str = ""
+
+    def __post_init__(self) -> None:
+        checks = {
+            "group_ddof": (self.group_ddof, _DDOF),
+            "whiten_ddof": (self.whiten_ddof, _DDOF),
+            "group_eps_placement": (self.group_eps_placement, _EPS_PLACEMENT),
+            "whiten_eps_placement": (self.whiten_eps_placement, _EPS_PLACEMENT),
+            "collapse": (self.collapse, _COLLAPSE),
+            "singleton": (self.singleton, _SINGLETON),
+            "nan": (self.nan, _NAN),
+            "whiten": (self.whiten, _WHITEN),
+            "native_dtype": (self.native_dtype, _DTYPES),
+        }
+        for field, (value, allowed) in checks.items():
+            if value not in allowed:
+                raise ValueError(
+                    f"convention {self.name!r}: {field}={value!r} is not one of {allowed}"
+                )
+        for field in ("group_eps", "whiten_eps"):
+            value = getattr(self, field)
+            if not (value >= 0.0 and value < float("inf")):
+                raise ValueError(f"convention {self.name!r}: {field}={value!r} must be finite and >= 0")
+
+    @property
+    def min_group_size(self) -> int:
+        """Smallest group the convention computes (1 where it defines singletons)."""
+        return 2 if self.singleton == "error" else 1
+
+    def as_row(self) -> dict:
+        """Flat dict for tables and JSON."""
+        return dataclasses.asdict(self)
+
+
+SPEC = Convention(
+    name="spec",
+    title="gdpo-spec (this project)",
+    source="GDPO_BRIEF section 1; arXiv 2601.05242 Eq. 4, 7, 6",
+    group_ddof=1,
+    group_eps=DEFAULT_EPS,
+    group_eps_placement="std",
+    whiten="per_sample",
+    whiten_ddof=1,
+    whiten_eps=DEFAULT_EPS,
+    whiten_eps_placement="std",
+    collapse="exact_equality",
+    singleton="error",
+    nan="error",
+    native_dtype="float64",
+    notes="float64 internals, one final cast; Eq. 6 per training batch (unit) across ranks",
+)
+
+CONVENTIONS: dict[str, Convention] = {
+    c.name: c
+    for c in (
+        SPEC,
+        Convention(
+            name="trl",
+            title="TRL normalize_then_sum (>= 0.27)",
+            source="trl GRPOTrainer multi_objective_aggregation='normalize_then_sum'",
+            group_ddof=1,
+            group_eps=1e-4,
+            group_eps_placement="std",
+            whiten="per_sample",
+            whiten_ddof=1,
+            whiten_eps=1e-4,
+            whiten_eps_placement="std",
+            collapse="none",
+            singleton="zero",
+            nan="nan_aware",
+            native_dtype="float32",
+            notes="Eq. 6 over the gathered generation batch",
+        ),
+        Convention(
+            name="verl",
+            title="verl adv_estimator=gdpo (>= 0.7.1)",
+            source="verl core_algos gdpo + masked_whiten",
+            group_ddof=1,
+            group_eps=1e-6,
+            group_eps_placement="std",
+            whiten="per_token",
+            whiten_ddof=1,
+            whiten_eps=1e-8,
+            whiten_eps_placement="var",
+            collapse="none",
+            singleton="raw",
+            nan="propagate",
+            native_dtype="float32",
+            notes="Eq. 6 is token-weighted masked_whiten: rsqrt(var + 1e-8)",
+        ),
+        Convention(
+            name="nemo_rl",
+            title="NeMo-RL GDPOAdvantageEstimator",
+            source="nemo_rl GDPOAdvantageEstimator",
+            group_ddof=1,
+            group_eps=1e-6,
+            group_eps_placement="std_if_positive",
+            whiten="per_sample",
+            whiten_ddof=1,
+            whiten_eps=0.0,
+            whiten_eps_placement="skip_if_zero",
+            collapse="std_positive",
+            singleton="zero",
+            nan="propagate",
+            native_dtype="float32",
+            notes="group variance computed one-pass E[x^2]-E[x]^2 in float32",
+        ),
+        Convention(
+            name="nvlabs",
+            title="NVlabs GDPO reference (TRL 0.18 fork)",
+            source="NVlabs GDPO reference trainer",
+            group_ddof=1,
+            group_eps=1e-4,
+            group_eps_placement="std",
+            whiten="per_sample",
+            whiten_ddof=1,
+            whiten_eps=1e-4,
+            whiten_eps_placement="std",
+            collapse="none",
+            singleton="error",
+            nan="zero_first",
+            native_dtype="float32",
+            notes="Eq. 6 over the whole gathered batch",
+        ),
+        Convention(
+            name="ms_swift",
+            title="ms-swift scale_rewards='gdpo'",
+            source="ms-swift GRPO trainer scale_rewards='gdpo'",
+            group_ddof=1,
+            group_eps=1e-8,
+            group_eps_placement="std",
+            whiten="per_sample",
+            whiten_ddof=1,
+            whiten_eps=1e-8,
+            whiten_eps_placement="std",
+            collapse="none",
+            singleton="error",
+            nan="propagate",
+            native_dtype="float32",
+            notes="a NaN reward poisons the whole batch",
+        ),
+        Convention(
+            name="multireward_grpo",
+            title="multireward-grpo (PyPI)",
+            source="multireward-grpo package",
+            group_ddof=0,
+            group_eps=1e-8,
+            group_eps_placement="std",
+            whiten="none",
+            whiten_ddof=1,
+            whiten_eps=0.0,
+            whiten_eps_placement="std",
+            collapse="none",
+            singleton="zero",
+            nan="propagate",
+            native_dtype="float64",
+            notes="biased std, no batch whitening",
+        ),
+    )
+}
+
+
+def get_convention(convention: "str | Convention") -> Convention:
+    """Return the named preset (or pass a Convention through), with a clear error."""
+    if isinstance(convention, Convention):
+        return convention
+    try:
+        return CONVENTIONS[convention]
+    except (KeyError, TypeError):
+        raise ValueError(
+            f"unknown convention {convention!r}; known: {', '.join(sorted(CONVENTIONS))}"
+        ) from None
