@@ -67,47 +67,74 @@ def half_ulp(values: np.ndarray, dtype: str) -> np.ndarray:
     return 0.5 * (np.spacing(mag).astype(np.float64))
 
 
-def group_stage(dev, rho, sigma, denom, z, n, ddof):
-    """Δz for one group column: arrays over its n samples (exact values as float64)."""
+def group_stage(dev, d_dev, sigma, denom, z, n, ddof, rounding=True):
+    """Δz for one group column: arrays over its n samples (exact values as float64).
+
+    ``d_dev`` is the perturbation of each deviation: ``(n + 3)(ρ + τ)`` for the
+    error model, or the first-order effect of a one-ulp input change for the
+    condition estimate (``rounding=False`` drops the algorithm's own rounding terms).
+    """
     dev = np.abs(np.asarray(dev, dtype=np.float64))
     z = np.abs(np.asarray(z, dtype=np.float64))
-    if rho == 0.0:
-        return np.zeros_like(z)
-    d_dev = (n + 3) * (rho + TAU)
-    if sigma > 0.0:
-        d_sigma = float(np.sum(dev) * d_dev / ((n - ddof) * sigma)) + 0.5 * (n + 3) * sigma
-    else:  # sigma underflowed to 0 in float64 though the column is not constant
-        d_sigma = d_dev
-    d_denom = d_sigma + 2.0 * denom
-    return (d_dev + z * d_denom) / denom + 3.0 * z
+    d_dev = np.broadcast_to(np.asarray(d_dev, dtype=np.float64), dev.shape)
+    if rounding and not np.any(d_dev > 0.0):
+        return np.zeros_like(z)  # collapsed column: the exact zero is demanded
+    if sigma > 0.0 and n > ddof:
+        d_sigma = float(np.sum(dev * d_dev) / ((n - ddof) * sigma))
+    else:  # at collapse the std is not differentiable; it moves by at most the perturbation
+        d_sigma = float(np.max(d_dev)) if d_dev.size else 0.0
+    d_denom = d_sigma
+    if rounding:
+        d_denom += 0.5 * (n + 3) * sigma + 2.0 * denom
+    dz = (d_dev + z * d_denom) / denom
+    return dz + 3.0 * z if rounding else dz
 
 
-def combine_stage(dz, z, weights):
+def model_dev_perturbation(rho, n, tau=TAU):
+    """The error model's Δdev for a group column of range ``rho`` and size ``n``
+    (``tau``: the underflow term, scaled like ``rho`` when the caller rescales)."""
+    return 0.0 if rho == 0.0 else (n + 3) * (rho + tau)
+
+
+def combine_stage(dz, z, weights, d_weights=None, rounding=True):
     """Δc for an (n, K) block of Δz and z with weights (K,)."""
     w = np.abs(np.asarray(weights, dtype=np.float64))
     K = w.shape[0]
-    return np.asarray(dz) @ w + (K + 1) * (np.abs(np.asarray(z)) @ w)
+    az = np.abs(np.asarray(z, dtype=np.float64))
+    dc = np.asarray(dz, dtype=np.float64) @ w
+    if d_weights is not None:
+        dc = dc + az @ np.asarray(d_weights, dtype=np.float64)
+    if rounding:
+        dc = dc + (K + 1) * (az @ w)
+    return dc
 
 
-def whiten_stage(dc, c, mean, a, sigma, denom, ddof, t=None, collapsed=False):
+def whiten_stage(dc, c, mean, a, sigma, denom, ddof, t=None, collapsed=False, rounding=True):
     """Δa for one unit: arrays over its samples (exact values as float64)."""
     dc = np.asarray(dc, dtype=np.float64)
     c = np.asarray(c, dtype=np.float64)
     a = np.abs(np.asarray(a, dtype=np.float64))
-    if collapsed:
+    if collapsed and rounding:
         return np.zeros_like(a)
     n = c.shape[0]
     t = np.ones(n) if t is None else np.asarray(t, dtype=np.float64)
     T = float(np.sum(t))
-    d_mean = float(np.sum(t * dc) / T) + (n + 1) * float(np.max(np.abs(c)))
+    d_mean = float(np.sum(t * dc) / T)
+    if rounding:
+        d_mean += (n + 1) * float(np.max(np.abs(c)))
     dev2 = np.abs(c - mean)
-    d_dev2 = dc + d_mean + dev2
+    d_dev2 = dc + d_mean
+    if rounding:
+        d_dev2 = d_dev2 + dev2
     if sigma > 0.0 and T > ddof:
-        d_sigma = float(np.sum(t * dev2 * d_dev2) / ((T - ddof) * sigma)) + 0.5 * (n + 3) * sigma
+        d_sigma = float(np.sum(t * dev2 * d_dev2) / ((T - ddof) * sigma))
     else:
         d_sigma = float(np.max(d_dev2))
-    d_denom = d_sigma + 2.0 * denom
-    return (d_dev2 + a * d_denom) / denom + 3.0 * a
+    d_denom = d_sigma
+    if rounding:
+        d_denom += 0.5 * (n + 3) * sigma + 2.0 * denom
+    da = (d_dev2 + a * d_denom) / denom
+    return da + 3.0 * a if rounding else da
 
 
 def allowed_error(delta, exact, out_dtype="float64", unit_roundoff=FLOAT64_UNIT_ROUNDOFF):

@@ -1,0 +1,640 @@
+"""The exact GDPO reference: Eq. 4, Eq. 7 and Eq. 6, certified and correctly rounded.
+
+Steps carry the same names as in ``impl.gdpo`` so the two read side by side:
+
+* :func:`standardize_groups` (Eq. 4): z per group and reward column,
+* :func:`combine` (Eq. 7): c = sum_k w_k z_k,
+* :func:`whiten_units` (Eq. 6): a per whitening unit,
+* :func:`advantages`: all three, with every intermediate stage attached.
+
+Inputs are floats, which are exact rationals; every mean, deviation and variance
+is an exact rational, square roots live in exact quadratic forms
+(:mod:`oracle.exact`), and numbers come out of certified intervals, rounded once
+to float64 and once to float32 (never float32 through float64). Exact zeros and
+collapse are decided on the exact forms. Each output also carries
+
+* ``cond``: the first-order change of the output when every input (reward and
+  weight) moves by one ulp: the problem's own conditioning;
+* ``delta``: the error model's running bound (:mod:`spec.error_model`, units of
+  u) for a correct float64 implementation; ``allowed(out_dtype)`` turns it into
+  the absolute tolerance every comparison uses.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from fractions import Fraction
+
+import numpy as np
+
+from spec import error_model as em
+from spec.constants import FLOAT64_UNIT_ROUNDOFF
+from spec.conventions import Convention, get_convention
+from spec.errors import (
+    GroupError,
+    InputDtypeError,
+    NonFiniteError,
+    SegmentError,
+    ShapeError,
+    WeightError,
+)
+from oracle import exact as ex
+
+START_PREC = 96
+MAX_PREC = 1 << 16
+
+
+@dataclasses.dataclass
+class Stage:
+    """One stage's exact results, per output element."""
+
+    float64: np.ndarray
+    float32: np.ndarray
+    exact_zero: np.ndarray
+    cond: np.ndarray
+    delta: np.ndarray
+
+    def allowed(self, out_dtype: str = "float64", unit_roundoff: float = FLOAT64_UNIT_ROUNDOFF) -> np.ndarray:
+        """Absolute tolerance of a correct implementation's result, per element."""
+        return em.allowed_error(self.delta, self.float64, out_dtype, unit_roundoff)
+
+
+@dataclasses.dataclass
+class Result(Stage):
+    """Advantages (Eq. 6) with the intermediate stages and the collapse decisions."""
+
+    z: Stage = None
+    combined: Stage = None
+    group_labels: np.ndarray = None
+    group_index: np.ndarray = None
+    group_collapsed: np.ndarray = None  # (G, K): column constant within the group
+    group_cancelled: np.ndarray = None  # (G,): combined values of the group exactly zero
+    unit_labels: np.ndarray = None
+    unit_index: np.ndarray = None
+    unit_collapsed: np.ndarray = None  # (S,): combined values of the unit exactly equal
+    convention: Convention = None
+
+
+# ------------------------------------------------------------------ input checks
+
+
+def _as_float_matrix(rewards) -> np.ndarray:
+    if isinstance(rewards, np.ndarray):
+        arr = rewards
+    elif hasattr(rewards, "detach") and hasattr(rewards, "cpu"):  # a torch tensor, without importing torch
+        arr = rewards.detach().cpu().numpy()
+    else:
+        arr = np.asarray(rewards, dtype=np.float64)
+    if arr.dtype.kind != "f":
+        raise InputDtypeError(f"rewards must be a floating array, got dtype {arr.dtype}")
+    if arr.ndim == 1:
+        arr = arr[:, None]
+    if arr.ndim != 2:
+        raise ShapeError(f"rewards must be (N, K) or (N,), got shape {arr.shape}")
+    if arr.shape[0] == 0 or arr.shape[1] == 0:
+        raise ShapeError(f"rewards is empty (shape {arr.shape})")
+    return arr.astype(np.float64)  # exact: every float16/32 value is a float64
+
+
+def _as_labels(labels, n: int, what: str) -> np.ndarray:
+    arr = np.asarray(labels)
+    if arr.ndim != 1 or arr.shape[0] != n:
+        raise ShapeError(f"{what} must be a length-{n} vector of integer labels, got shape {arr.shape}")
+    if arr.dtype.kind not in "iu":
+        raise InputDtypeError(f"{what} must hold integers, got dtype {arr.dtype}")
+    return arr
+
+
+def _index(labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Labels in order of first appearance, and each sample's position among them."""
+    uniq, first, inverse = np.unique(labels, return_index=True, return_inverse=True)
+    order = np.argsort(first, kind="stable")
+    rank = np.empty_like(order)
+    rank[order] = np.arange(order.size)
+    return uniq[order], rank[inverse.reshape(-1)]
+
+
+def _as_weights(weights, k: int) -> np.ndarray:
+    if weights is None:
+        return np.ones(k)
+    w = np.asarray(weights)
+    if w.dtype.kind not in "fiu":
+        raise WeightError(f"weights must be real numbers, got dtype {w.dtype}")
+    w = w.astype(np.float64) if w.dtype.kind == "f" else w
+    if w.ndim != 1 or w.shape[0] != k:
+        raise WeightError(f"weights must have one entry per reward column ({k}), got shape {w.shape}")
+    if w.dtype.kind in "iu":
+        if any(int(x) != float(x) for x in w.tolist()):
+            raise WeightError("integer weights must be exactly representable as float64")
+        w = w.astype(np.float64)
+    bad = np.flatnonzero(~np.isfinite(w))
+    if bad.size:
+        raise WeightError(f"weight of column {int(bad[0])} is {w[bad[0]]!r}; weights must be finite")
+    if not np.any(w != 0):
+        raise WeightError("all weights are zero: every advantage would be silently zero")
+    return w
+
+
+def _check_finite(r: np.ndarray, group_labels: np.ndarray, gidx: np.ndarray, conv: Convention) -> np.ndarray:
+    """Apply the convention's NaN rule; infinities are refused by every convention."""
+    inf = np.argwhere(np.isinf(r))
+    if inf.size:
+        i, k = (int(v) for v in inf[0])
+        raise NonFiniteError(
+            f"reward row {i}, column {k} (group {group_labels[gidx[i]]!r}) is {r[i, k]!r}: "
+            "the oracle computes finite rewards only"
+        )
+    nan = np.isnan(r)
+    if nan.any():
+        if conv.nan == "error":
+            i, k = (int(v) for v in np.argwhere(nan)[0])
+            raise NonFiniteError(
+                f"reward row {i}, column {k} (group {group_labels[gidx[i]]!r}) is NaN "
+                f"(convention {conv.name!r} refuses non-finite rewards)"
+            )
+        if conv.nan == "zero_first":
+            r = np.where(nan, 0.0, r)
+    return r
+
+
+# --------------------------------------------------------------- Eq. 4 per column
+
+
+def _int_repr(vals: list[float]) -> tuple[list[int], int]:
+    """Integers M and exponent E with vals[j] == M[j] * 2**E exactly."""
+    pairs = [v.as_integer_ratio() for v in vals]
+    exps = [-(d.bit_length() - 1) for _, d in pairs]  # denominators are powers of two
+    E = min(exps)
+    return [n << (e - E) for (n, _), e in zip(pairs, exps)], E
+
+
+class _Column:
+    """Exact Eq. 4 for one group column: z_j = (D_j * f) * inv, inv = 1/denominator."""
+
+    __slots__ = ("n", "D", "f", "inv", "collapsed", "nan", "valid", "raw", "V", "rho", "E")
+
+    def inverse_interval(self, classes, prec):
+        return ex.iv_form(self.inv, classes, prec)
+
+
+def _column(vals: np.ndarray, conv: Convention, eps_g: Fraction, classes: ex.SqrtClasses, label, k) -> _Column:
+    col = _Column()
+    col.raw = None
+    col.nan = False
+    valid = ~np.isnan(vals)
+    if not valid.all() and conv.nan == "propagate":
+        col.nan = True
+        col.n = vals.size
+        return col
+    col.valid = valid
+    use = vals[valid].tolist()
+    n = len(use)
+    col.n = n
+    if n < 2 and conv.group_ddof == 1 or n == 0:
+        if conv.nan == "nan_aware" and vals.size >= 2:
+            n_rule = "zero"  # nanstd of fewer than two values is NaN, later replaced by 0
+        else:
+            n_rule = conv.singleton
+        if n_rule == "error":
+            raise GroupError(
+                f"group {label!r} has {vals.size} sample(s); the unbiased std of Eq. 4 needs at least 2"
+            )
+        col.collapsed = True
+        col.D = [0] * n
+        col.f = Fraction(0)
+        col.inv = ex.Form()
+        col.V = Fraction(0)
+        col.rho = 0.0
+        col.E = 0
+        if n_rule == "raw" and n == 1:  # mean 0, std 1: z = r / (1 + eps)
+            M, E = _int_repr(use)
+            col.D = M
+            col.E = E
+            col.f = Fraction(2) ** E if E >= 0 else Fraction(1, 2 ** -E)
+            col.inv = ex.Form(1 / (1 + eps_g))
+            col.collapsed = M[0] == 0
+            col.raw = True
+        return col
+    M, E = _int_repr(use)
+    S = sum(M)
+    D = [n * m - S for m in M]
+    col.D = D
+    col.E = E
+    scale = Fraction(2) ** E if E >= 0 else Fraction(1, 2 ** -E)
+    col.f = scale / n
+    col.rho = float(Fraction(max(M) - min(M)) * scale) if max(M) != min(M) else 0.0
+    ss = sum(d * d for d in D)
+    V = Fraction(ss, n * n * (n - conv.group_ddof)) * scale * scale
+    col.V = V
+    col.collapsed = ss == 0
+    if col.collapsed:
+        col.inv = ex.Form()
+        return col
+    col.inv = _inverse_denominator(V, eps_g, conv.group_eps_placement, classes)
+    return col
+
+
+def _inverse_denominator(V: Fraction, eps: Fraction, placement: str, classes: ex.SqrtClasses) -> ex.Form:
+    """Exact form of 1 / D for D = sqrt(V) + eps, sqrt(V + eps) or sqrt(V) (V > 0)."""
+    if placement in ("std", "std_if_positive"):
+        sq = classes.sqrt(V)
+        if not sq.terms:
+            return ex.Form(1 / (sq.q0 + eps))
+        den = V - eps * eps  # nonzero: V is not a rational square, eps^2 is
+        (cid, p), = sq.terms.items()
+        return ex.Form(-eps / den, {cid: p / den})
+    if placement == "var":
+        W = V + eps
+        return classes.sqrt(W).scaled(1 / W)
+    return classes.sqrt(V).scaled(1 / V)  # skip_if_zero: no eps
+
+
+def _interval_of_z(col: _Column, j: int, inv_iv, prec):
+    return ex.iv_scale_rational(inv_iv, col.D[j] * col.f, prec)
+
+
+# ----------------------------------------------------------------- public steps
+
+
+def standardize_groups(rewards, group_ids, eps=None, convention="spec") -> Stage:
+    """Eq. 4 alone: z per sample and reward column (weights ones, no whitening)."""
+    r = _as_float_matrix(rewards)
+    res = advantages(r, group_ids, weights=None, unit_ids=None, eps=eps, convention=convention,
+                     _stages_only=True)
+    return res.z
+
+
+def combine(rewards, group_ids, weights=None, eps=None, convention="spec") -> Stage:
+    """Eq. 4 then Eq. 7: the combined value c per sample."""
+    res = advantages(rewards, group_ids, weights=weights, unit_ids=None, eps=eps, convention=convention,
+                     _stages_only=True)
+    return res.combined
+
+
+def whiten_units(values, unit_ids=None, eps=None, convention="spec", token_counts=None) -> Stage:
+    """Eq. 6 alone on given float values (exact rationals), per unit."""
+    conv = get_convention(convention)
+    v = _as_float_matrix(values)
+    if v.shape[1] != 1:
+        raise ShapeError(f"values must be a vector, got shape {np.asarray(values).shape}")
+    v = v[:, 0]
+    if not np.all(np.isfinite(v)):
+        i = int(np.flatnonzero(~np.isfinite(v))[0])
+        raise NonFiniteError(f"value {i} is {v[i]!r}; whitening needs finite values")
+    n = v.size
+    unit_ids = np.zeros(n, dtype=np.int64) if unit_ids is None else _as_labels(unit_ids, n, "unit_ids")
+    t = _token_weights(conv, token_counts, n)
+    eps_w = Fraction(conv.whiten_eps if eps is None else float(eps))
+    forms = [ex.Form(Fraction(x)) for x in v.tolist()]
+    classes = ex.SqrtClasses()
+    vexp = math.frexp(float(np.max(np.abs(v))))[1]
+    uidx = _index(unit_ids)[1]
+    # the inputs are exact: only the algorithm's rounding (model) and one ulp (cond) move them
+    cond = np.ldexp(np.spacing(np.abs(v)), -vexp)
+    out = _whiten(forms, np.zeros(n, bool), np.ldexp(v, -vexp), cond, np.zeros(n), uidx, t, conv,
+                  eps_w, classes, vexp)
+    return Stage(*out[:5])
+
+
+def _token_weights(conv: Convention, token_counts, n: int):
+    if conv.whiten != "per_token":
+        if token_counts is not None:
+            raise ShapeError(f"token_counts given but convention {conv.name!r} whitens per sample")
+        return None
+    if token_counts is None:
+        raise ShapeError(f"convention {conv.name!r} whitens per token: token_counts is required")
+    t = _as_labels(token_counts, n, "token_counts")
+    if np.any(t <= 0):
+        raise ShapeError(f"token_counts must be positive; sample {int(np.flatnonzero(t <= 0)[0])} is not")
+    return t
+
+
+def advantages(rewards, group_ids, weights=None, unit_ids=None, eps=None, convention="spec",
+               token_counts=None, _stages_only=False) -> Result:
+    """Exact GDPO advantages of ``rewards`` (N, K) grouped by ``group_ids``.
+
+    ``unit_ids`` labels the whitening units (None: one unit); ``eps`` overrides
+    both eps of the convention (None: the convention's own, 1e-4 for ``spec``);
+    ``token_counts`` is required by per-token conventions (verl).
+    """
+    conv = get_convention(convention)
+    r = _as_float_matrix(rewards)
+    N, K = r.shape
+    gl, gidx = _index(_as_labels(group_ids, N, "group_ids"))
+    w = _as_weights(weights, K)
+    uid = np.zeros(N, dtype=np.int64) if unit_ids is None else _as_labels(unit_ids, N, "unit_ids")
+    t = None if _stages_only else _token_weights(conv, token_counts, N)
+    r = _check_finite(r, gl, gidx, conv)
+    eps_g = Fraction(conv.group_eps if eps is None else float(eps))
+    eps_w = Fraction(conv.whiten_eps if eps is None else float(eps))
+    wq = [Fraction(x) for x in w.tolist()]
+    classes = ex.SqrtClasses()
+
+    G = gl.size
+    z64 = np.zeros((N, K)); z32 = np.zeros((N, K)); zzero = np.zeros((N, K), bool)
+    zcond = np.zeros((N, K)); zdelta = np.zeros((N, K))
+    c64 = np.zeros(N); c32 = np.zeros(N); czero = np.zeros(N, bool)
+    ccond = np.zeros(N); cdelta = np.zeros(N)
+    cforms: list = [None] * N
+    cnan = np.zeros(N, bool)
+    collapsed = np.zeros((G, K), bool)
+    cancelled = np.zeros(G, bool)
+    wexp = math.frexp(float(np.max(np.abs(w))))[1]  # weights frame: c * 2^-wexp stays O(1)
+    ws = np.ldexp(w, -wexp)
+    dws = np.ldexp(np.spacing(np.abs(w)), -wexp)
+    members = _members(gidx, G)
+    for g in range(G):
+        idx = members[g]
+        cols = [_column(r[idx, k], conv, eps_g, classes, gl[g], k) for k in range(K)]
+        collapsed[g] = [c.nan is False and c.collapsed for c in cols]
+        _group_numbers(idx, cols, r, wq, ws, dws, wexp, conv, eps_g, classes,
+                       z64, z32, zzero, zcond, zdelta, c64, c32, czero, ccond, cdelta, cforms, cnan)
+        cancelled[g] = bool(np.all(czero[idx]))
+
+    zstage = Stage(z64, z32, zzero, zcond, zdelta)
+    cstage = Stage(c64, c32, czero, ccond, cdelta)
+    ul, uidx = _index(uid)
+    if _stages_only:
+        a = Stage(c64, c32, czero, ccond, cdelta)
+        ucoll = np.zeros(ul.size, bool)
+    else:
+        a64, a32, azero, acond, adelta, ucoll = _whiten(
+            cforms, cnan, np.ldexp(c64, -wexp), np.ldexp(ccond, -wexp), np.ldexp(cdelta, -wexp),
+            uidx, t, conv, eps_w, classes, wexp, labels=ul)
+        a = Stage(a64, a32, azero, acond, adelta)
+    return Result(a.float64, a.float32, a.exact_zero, a.cond, a.delta, z=zstage, combined=cstage,
+                  group_labels=gl, group_index=gidx, group_collapsed=collapsed, group_cancelled=cancelled,
+                  unit_labels=ul, unit_index=uidx, unit_collapsed=ucoll, convention=conv)
+
+
+def _members(index: np.ndarray, count: int) -> list[np.ndarray]:
+    order = np.argsort(index, kind="stable")
+    bounds = np.searchsorted(index[order], np.arange(count + 1))
+    return [order[bounds[i]:bounds[i + 1]] for i in range(count)]
+
+
+def _frame(col: _Column, vals: np.ndarray) -> int:
+    """Power-of-two exponent that brings the column's spread (or its ulps) to O(1)."""
+    ref = col.rho if col.rho > 0 else float(np.max(np.spacing(np.abs(vals)))) if vals.size else 1.0
+    # clamped so that eps * 2^-e stays finite while the spread stays representable
+    return min(max(math.frexp(ref)[1], -900), 1000) if ref > 0 else 0
+
+
+def _group_numbers(idx, cols, r, wq, ws, dws, wexp, conv, eps_g, classes,
+                   z64, z32, zzero, zcond, zdelta, c64, c32, czero, ccond, cdelta, cforms, cnan):
+    n = idx.size
+    K = len(cols)
+    # exact forms of c_j
+    nan_rows = np.zeros(n, bool)
+    for k, col in enumerate(cols):
+        if col.nan:
+            nan_rows[:] = True
+    for jj, j in enumerate(idx):
+        if nan_rows[jj]:
+            cforms[j] = None
+            cnan[j] = True
+            continue
+        form = ex.Form()
+        for k, col in enumerate(cols):
+            pos = _valid_pos(col, jj)
+            if pos is None or col.collapsed and not col.raw:
+                continue
+            form.add_scaled(col.inv, wq[k] * col.D[pos] * col.f)
+        cforms[j] = form
+        czero[j] = form.is_zero()
+    # certified numbers, precision raised until every value of the group rounds uniquely
+    prec = START_PREC
+    while True:
+        ok = True
+        for k, col in enumerate(cols):
+            if col.nan:
+                z64[idx, k] = z32[idx, k] = np.nan
+                continue
+            inv_iv = col.inverse_interval(classes, prec)
+            for jj, j in enumerate(idx):
+                pos = _valid_pos(col, jj)
+                if pos is None or col.D[pos] == 0 or (col.collapsed and not col.raw):
+                    z64[j, k] = z32[j, k] = 0.0
+                    zzero[j, k] = True
+                    continue
+                iv = _interval_of_z(col, pos, inv_iv, prec)
+                f64, f32 = ex.round_interval(iv, "float64"), ex.round_interval(iv, "float32")
+                if f64 is None or f32 is None:
+                    ok = False
+                    break
+                z64[j, k], z32[j, k] = f64, f32
+            if not ok:
+                break
+        if ok:
+            for jj, j in enumerate(idx):
+                if cnan[j]:
+                    c64[j] = c32[j] = np.nan
+                    continue
+                if czero[j]:
+                    c64[j] = c32[j] = 0.0
+                    continue
+                iv = ex.iv_form(cforms[j], classes, prec)
+                f64, f32 = ex.round_interval(iv, "float64"), ex.round_interval(iv, "float32")
+                if f64 is None or f32 is None:
+                    ok = False
+                    break
+                c64[j], c32[j] = f64, f32
+        if ok:
+            break
+        prec *= 2
+        if prec > MAX_PREC:
+            raise ex.CertificationError(f"could not certify group members {idx[:4].tolist()}... "
+                                        f"within {MAX_PREC} bits")
+    # error model and condition, in a frame scaled so nothing overflows
+    dz_model = np.zeros((n, K)); dz_cond = np.zeros((n, K))
+    zs = z64[idx]
+    for k, col in enumerate(cols):
+        if col.nan:
+            dz_model[:, k] = dz_cond[:, k] = np.nan
+            continue
+        vals = r[idx, k]
+        e = _frame(col, vals)
+        sel = np.array([_valid_pos(col, jj) is not None for jj in range(n)])
+        dev = np.array([float(Fraction(d) * col.f * _pow2(-e)) for d in col.D]) if col.D else np.zeros(0)
+        sigma = _float_sqrt(col.V * _pow2(-2 * e))
+        denom = _scaled_denominator(col, conv, eps_g, e, sigma)
+        nv = int(sel.sum())
+        rho = math.ldexp(col.rho, -e)
+        d_model = em.model_dev_perturbation(rho, nv, tau=math.ldexp(em.TAU, -e))
+        ulps = np.ldexp(np.spacing(np.abs(vals[sel])), -e)
+        d_cond = ulps + (ulps.mean() if ulps.size else 0.0)
+        if col.raw:
+            dz_model[sel, k] = em.group_stage(dev, 0.0, 1.0, denom, zs[sel, k], 1, 0)
+            dz_cond[sel, k] = np.abs(np.ldexp(ulps, 0)) / denom
+            continue
+        if nv == 0:
+            continue
+        dz_model[sel, k] = em.group_stage(dev, d_model, sigma, denom, zs[sel, k], nv, conv.group_ddof)
+        dz_cond[sel, k] = em.group_stage(dev, d_cond, sigma, denom, zs[sel, k], nv, conv.group_ddof,
+                                         rounding=False)
+    zdelta[idx] = dz_model
+    zcond[idx] = dz_cond
+    cdelta[idx] = np.ldexp(em.combine_stage(dz_model, zs, ws), wexp)
+    ccond[idx] = np.ldexp(em.combine_stage(dz_cond, zs, ws, d_weights=dws, rounding=False), wexp)
+
+
+def _valid_pos(col: _Column, jj: int):
+    """Position of group member jj among the column's valid (non-NaN) entries."""
+    if col.nan:
+        return None
+    valid = col.valid
+    if valid.all():
+        return jj
+    if not valid[jj]:
+        return None
+    return int(valid[:jj].sum())
+
+
+def _pow2(e: int) -> Fraction:
+    return Fraction(2) ** e if e >= 0 else Fraction(1, 2 ** -e)
+
+
+def _float_sqrt(v: Fraction) -> float:
+    if v == 0:
+        return 0.0
+    from mpmath import libmp
+    x = libmp.from_rational(v.numerator, v.denominator, 80, libmp.round_nearest)
+    return ex.round_mpf(libmp.mpf_sqrt(x, 80, libmp.round_nearest), "float64")
+
+
+def _scaled_denominator(col: _Column, conv: Convention, eps: Fraction, e: int, sigma: float) -> float:
+    if col.raw:  # z = r / (1 + eps): r is measured in the frame, 1 + eps is not
+        return float(1 + eps)
+    eps_s = float(eps * _pow2(-e))
+    p = conv.group_eps_placement
+    if p in ("std", "std_if_positive"):
+        return sigma + eps_s if sigma > 0 or p == "std" else 1.0
+    if p == "var":
+        return math.sqrt(sigma * sigma + float(eps * _pow2(-2 * e)))
+    return sigma if sigma > 0 else 1.0
+
+
+# ----------------------------------------------------------------------- Eq. 6
+
+
+def _whiten(forms, nan, cs, dcond_s, dmodel_s, uidx, t, conv, eps_w, classes, frame, labels=None):
+    """Eq. 6 per unit. ``cs``/``d*_s`` are c and its deltas scaled by 2^-frame, a
+    frame where nothing overflows (a is dimensionless, eps scales with the frame)."""
+    N = len(forms)
+    a64 = np.zeros(N); a32 = np.zeros(N); azero = np.zeros(N, bool)
+    acond = np.zeros(N); adelta = np.zeros(N)
+    S = int(uidx.max()) + 1 if N else 0
+    ucoll = np.zeros(S, bool)
+    members = _members(uidx, S)
+    frame_q = _pow2(-frame)
+    for s in range(S):
+        idx = members[s]
+        label = labels[s] if labels is not None else s
+        if nan[idx].any():  # convention nan="propagate": the unit's statistics are NaN
+            a64[idx] = a32[idx] = acond[idx] = adelta[idx] = np.nan
+            continue
+        if conv.whiten == "none":
+            _pass_through(forms, idx, classes, a64, a32, azero)
+            acond[idx] = np.ldexp(dcond_s[idx], frame)
+            adelta[idx] = np.ldexp(dmodel_s[idx], frame)
+            continue
+        tt = np.ones(idx.size, dtype=np.int64) if t is None else t[idx]
+        T = int(tt.sum())
+        if T - conv.whiten_ddof <= 0:
+            raise SegmentError(
+                f"whitening unit {label!r} has {idx.size} sample(s) ({T} weight); "
+                "the unbiased std of Eq. 6 needs at least 2"
+            )
+        mean = ex.Form()
+        for j, tj in zip(idx, tt.tolist()):
+            mean.add_scaled(forms[j], Fraction(tj))
+        mean = mean.scaled(Fraction(1, T))
+        k_support = max((forms[j].support() for j in idx), default=0)
+        if mean.support() > k_support:
+            zero = np.zeros(idx.size, bool)
+        else:
+            zero = np.array([forms[j].minus(mean).is_zero() for j in idx])
+        coll = bool(zero.all())
+        ucoll[s] = coll
+        if coll:
+            if conv.whiten_eps_placement == "skip_if_zero":  # the step is skipped: a = c
+                _pass_through(forms, idx, classes, a64, a32, azero)
+            else:
+                azero[idx] = True
+            acond[idx] = adelta[idx] = 0.0
+            continue
+        prec = START_PREC
+        while True:
+            m_iv = ex.iv_form(mean, classes, prec)
+            devs = [None if z else ex.iv_sub(ex.iv_form(forms[j], classes, prec), m_iv, prec)
+                    for j, z in zip(idx, zero)]
+            ss = (ex.ZERO, ex.ZERO)
+            for d, tj in zip(devs, tt.tolist()):
+                if d is not None:
+                    ss = ex.iv_add(ss, ex.iv_scale_rational(ex.iv_square(d, prec), Fraction(tj), prec), prec)
+            var = ex.iv_scale_rational(ss, Fraction(1, T - conv.whiten_ddof), prec)
+            den = _denominator_interval(var, eps_w, conv.whiten_eps_placement, prec)
+            ok = True
+            vals64 = np.zeros(idx.size); vals32 = np.zeros(idx.size)
+            for p, d in enumerate(devs):
+                if d is None:
+                    continue
+                iv = ex.iv_div(d, den, prec)
+                f64, f32 = ex.round_interval(iv, "float64"), ex.round_interval(iv, "float32")
+                if f64 is None or f32 is None:
+                    ok = False
+                    break
+                vals64[p], vals32[p] = f64, f32
+            if ok:
+                break
+            prec *= 2
+            if prec > MAX_PREC:
+                raise ex.CertificationError(f"could not certify unit {label!r} within {MAX_PREC} bits")
+        a64[idx], a32[idx], azero[idx] = vals64, vals32, zero
+        # error model in the frame (c * frame); eps scales with it
+        m_s = ex.round_mpf(ex.iv_form(mean.scaled(frame_q), classes, 80)[0], "float64")
+        s_s = ex.round_mpf(ex.iv_sqrt(ex.iv_scale_rational(var, frame_q * frame_q, 80), 80)[0], "float64")
+        den_s = _scaled_whiten_denominator(s_s, eps_w * frame_q, conv.whiten_eps_placement)
+        ttf = tt.astype(np.float64)
+        adelta[idx] = em.whiten_stage(dmodel_s[idx], cs[idx], m_s, vals64, s_s, den_s, conv.whiten_ddof, ttf)
+        acond[idx] = em.whiten_stage(dcond_s[idx], cs[idx], m_s, vals64, s_s, den_s, conv.whiten_ddof, ttf,
+                                     rounding=False)
+    return a64, a32, azero, acond, adelta, ucoll
+
+
+def _round_form(form: ex.Form, classes: ex.SqrtClasses) -> tuple[float, float]:
+    """Certified float64 and float32 roundings of an exact form (Ziv loop)."""
+    if form.is_zero():
+        return 0.0, 0.0
+    prec = START_PREC
+    while prec <= MAX_PREC:
+        iv = ex.iv_form(form, classes, prec)
+        f64, f32 = ex.round_interval(iv, "float64"), ex.round_interval(iv, "float32")
+        if f64 is not None and f32 is not None:
+            return f64, f32
+        prec *= 2
+    raise ex.CertificationError(f"could not certify {form!r} within {MAX_PREC} bits")
+
+
+def _pass_through(forms, idx, classes, a64, a32, azero):
+    """A step that leaves values unchanged: certify their rounding like any other."""
+    for j in idx:
+        a64[j], a32[j] = _round_form(forms[j], classes)
+        azero[j] = forms[j].is_zero()
+
+
+def _denominator_interval(var, eps: Fraction, placement: str, prec: int):
+    if placement in ("std", "std_if_positive"):
+        return ex.iv_add(ex.iv_sqrt(var, prec), ex.iv_rational(eps, prec), prec)
+    if placement == "var":
+        return ex.iv_sqrt(ex.iv_add(var, ex.iv_rational(eps, prec), prec), prec)
+    return ex.iv_sqrt(var, prec)
+
+
+def _scaled_whiten_denominator(s: float, eps: Fraction, placement: str) -> float:
+    if placement in ("std", "std_if_positive"):
+        return s + float(eps)
+    if placement == "var":
+        return math.sqrt(s * s + float(eps))
+    return s
