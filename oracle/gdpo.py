@@ -106,6 +106,11 @@ def _as_labels(labels, n: int, what: str) -> np.ndarray:
     return arr
 
 
+def _py(x):
+    """A label or value as plain Python (so messages read ``group 3``, not ``np.int64(3)``)."""
+    return x.item() if hasattr(x, "item") else x
+
+
 def _index(labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Labels in order of first appearance, and each sample's position among them."""
     uniq, first, inverse = np.unique(labels, return_index=True, return_inverse=True)
@@ -142,7 +147,7 @@ def _check_finite(r: np.ndarray, group_labels: np.ndarray, gidx: np.ndarray, con
     if inf.size:
         i, k = (int(v) for v in inf[0])
         raise NonFiniteError(
-            f"reward row {i}, column {k} (group {group_labels[gidx[i]]!r}) is {r[i, k]!r}: "
+            f"reward row {i}, column {k} (group {_py(group_labels[gidx[i]])!r}) is {float(r[i, k])!r}: "
             "the oracle computes finite rewards only"
         )
     nan = np.isnan(r)
@@ -150,7 +155,7 @@ def _check_finite(r: np.ndarray, group_labels: np.ndarray, gidx: np.ndarray, con
         if conv.nan == "error":
             i, k = (int(v) for v in np.argwhere(nan)[0])
             raise NonFiniteError(
-                f"reward row {i}, column {k} (group {group_labels[gidx[i]]!r}) is NaN "
+                f"reward row {i}, column {k} (group {_py(group_labels[gidx[i]])!r}) is NaN "
                 f"(convention {conv.name!r} refuses non-finite rewards)"
             )
         if conv.nan == "zero_first":
@@ -198,7 +203,7 @@ def _column(vals: np.ndarray, conv: Convention, eps_g: Fraction, classes: ex.Sqr
             n_rule = conv.singleton
         if n_rule == "error":
             raise GroupError(
-                f"group {label!r} has {vals.size} sample(s); the unbiased std of Eq. 4 needs at least 2"
+                f"group {_py(label)!r} has {vals.size} sample(s); the unbiased std of Eq. 4 needs at least 2"
             )
         col.collapsed = True
         col.D = [0] * n
@@ -531,19 +536,21 @@ def _whiten(forms, nan, cs, dcond_s, dmodel_s, uidx, t, conv, eps_w, classes, fr
     for s in range(S):
         idx = members[s]
         label = labels[s] if labels is not None else s
-        if nan[idx].any():  # convention nan="propagate": the unit's statistics are NaN
-            a64[idx] = a32[idx] = acond[idx] = adelta[idx] = np.nan
-            continue
         if conv.whiten == "none":
-            _pass_through(forms, idx, classes, a64, a32, azero)
+            ok = idx[~nan[idx]]
+            _pass_through(forms, ok, classes, a64, a32, azero)
+            a64[idx[nan[idx]]] = a32[idx[nan[idx]]] = np.nan
             acond[idx] = np.ldexp(dcond_s[idx], frame)
             adelta[idx] = np.ldexp(dmodel_s[idx], frame)
+            continue
+        if nan[idx].any():  # convention nan="propagate": the unit's statistics are NaN
+            a64[idx] = a32[idx] = acond[idx] = adelta[idx] = np.nan
             continue
         tt = np.ones(idx.size, dtype=np.int64) if t is None else t[idx]
         T = int(tt.sum())
         if T - conv.whiten_ddof <= 0:
             raise SegmentError(
-                f"whitening unit {label!r} has {idx.size} sample(s) ({T} weight); "
+                f"whitening unit {_py(label)!r} has {idx.size} sample(s) ({T} weight); "
                 "the unbiased std of Eq. 6 needs at least 2"
             )
         mean = ex.Form()
@@ -590,7 +597,7 @@ def _whiten(forms, nan, cs, dcond_s, dmodel_s, uidx, t, conv, eps_w, classes, fr
                 break
             prec *= 2
             if prec > MAX_PREC:
-                raise ex.CertificationError(f"could not certify unit {label!r} within {MAX_PREC} bits")
+                raise ex.CertificationError(f"could not certify unit {_py(label)!r} within {MAX_PREC} bits")
         a64[idx], a32[idx], azero[idx] = vals64, vals32, zero
         # error model in the frame (c * frame); eps scales with it
         m_s = ex.round_mpf(ex.iv_form(mean.scaled(frame_q), classes, 80)[0], "float64")

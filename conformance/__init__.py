@@ -1,0 +1,1 @@
+"""Conformance suite and command line of gdpo-spec (reads spec, oracle and impl)."""
