@@ -16,7 +16,8 @@ def _fmt(x: float) -> str:
     return f"{x:+.10f}" if x == x else "nan"
 
 
-def run_example(name: str, out=sys.stdout) -> int:
+def run_example(name: str, out=None) -> int:
+    out = out if out is not None else sys.stdout
     from oracle import gdpo
     from oracle.examples import EXAMPLES, grpo_reference
     from spec import get_convention

@@ -1,0 +1,165 @@
+"""Render ``spec/gdpo.md`` from ``spec/gdpo.template.md`` with numbers computed here.
+
+    python -m oracle.document            # rewrite spec/gdpo.md
+    python -m oracle.document --check    # exit 1 if the committed file is stale
+
+Every number in the specification document is produced by this module (from the
+spec constants, the exact oracle, or a stated float computation), so a change in
+the code that moves a number shows up as a stale document in the tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+import sys
+from fractions import Fraction
+from pathlib import Path
+
+import numpy as np
+
+from oracle import gdpo
+from oracle.examples import CORRECTNESS_LENGTH, TWO_GROUP, grpo_reference
+from spec import CONVENTIONS, DEFAULT_OUT_DTYPE, FLOAT32_MAX, MIN_GROUP_SIZE
+from spec import error_model
+from spec.errors import ERROR_CLASSES
+
+SPEC_DIR = Path(__file__).resolve().parent.parent / "spec"
+TEMPLATE = SPEC_DIR / "gdpo.template.md"
+OUTPUT = SPEC_DIR / "gdpo.md"
+
+
+def _g(x: float, digits: int = 4) -> str:
+    return f"{x:.{digits}g}"
+
+
+def _exact_std(values) -> float:
+    q = [Fraction(v) for v in values]
+    m = sum(q) / len(q)
+    return math.sqrt(float(sum((v - m) ** 2 for v in q) / (len(q) - 1)))
+
+
+def _one_pass_std(values, dtype) -> str:
+    x = np.array(values, dtype=dtype)
+    n = x.size
+    v = ((x * x).mean(dtype=dtype) - x.mean(dtype=dtype) ** 2) * dtype(n) / dtype(n - 1)
+    return "NaN (negative variance)" if v < 0 else _g(float(np.sqrt(v)))
+
+
+def _table(head: list[str], rows: list[list[str]]) -> str:
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    out += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(out)
+
+
+def context() -> dict[str, str]:
+    spec = CONVENTIONS["spec"]
+    ctx: dict[str, str] = {}
+    for field, value in spec.as_row().items():
+        ctx[f"spec.{field}"] = repr(value) if isinstance(value, float) else str(value)
+    ctx["default_out_dtype"] = DEFAULT_OUT_DTYPE
+    ctx["min_group_size"] = str(MIN_GROUP_SIZE)
+    ctx["safety"] = repr(error_model.SAFETY)
+    ctx["start_prec"] = str(gdpo.START_PREC)
+    ctx["max_prec"] = str(gdpo.MAX_PREC)
+    sig = [10000.0, 10000.005, 10000.010, 10000.015]
+    ctx["signal_relative_spread"] = _g((max(sig) - min(sig)) / max(sig), 2)
+    ctx["w_merged"] = repr(float(np.float32(16777217.0)))
+
+    r, g = TWO_GROUP["rewards"], TWO_GROUP["group_ids"]
+    res = gdpo.advantages(r, g)
+    grpo = grpo_reference(r, g)
+    ctx["two_group_grpo"] = _g(abs(grpo[0]))
+    rows = []
+    for i in range(r.shape[0]):
+        rows.append([str(i), "AB"[g[i]], *(repr(float(v)) for v in r[i]),
+                     *(f"{v:+.6f}" for v in res.z.float64[i]), f"{res.combined.float64[i]:+.6f}",
+                     f"{res.float64[i]:+.6f}", f"{grpo[i]:+.6f}"])
+    ctx["two_group_table"] = _table(
+        ["i", "group", "correctness", "format", "z correctness", "z format", "c (Eq. 7)",
+         "a (Eq. 6)", "GRPO"], rows)
+
+    r, g = CORRECTNESS_LENGTH["rewards"], CORRECTNESS_LENGTH["group_ids"]
+    a = gdpo.advantages(r, g).float64
+    grpo = grpo_reference(r, g)
+    ctx["cl_gdpo_argmax"], ctx["cl_gdpo_best"] = str(int(np.argmax(a))), f"{a.max():.4f}"
+    ctx["cl_grpo_argmax"], ctx["cl_grpo_best"] = str(int(np.argmax(grpo))), f"{grpo.max():.4f}"
+
+    r1 = np.array([[0.0], [1.0], [3.0], [7.0], [1.0], [2.0], [2.0], [9.0]])
+    g1 = [0] * 4 + [1] * 4
+    ctx["single_reward_vs_grpo"] = _g(float(np.max(np.abs(gdpo.advantages(r1, g1).float64
+                                                          - grpo_reference(r1, g1)))), 3)
+    h = gdpo.standardize_groups(np.array([[0.0], [1.0]]), [0, 0]).float64
+    ctx["ng2_z"] = f"{abs(h[0, 0]):.4f}"
+
+    r8 = np.arange(1.0, 9.0)[:, None]
+    per_unit = gdpo.advantages(r8, [0] * 8, unit_ids=[0] * 4 + [1] * 4).float64
+    merged = gdpo.advantages(r8, [0] * 8).float64
+    ctx["merge_sign_flips"] = str(int(np.sum(np.sign(per_unit) != np.sign(merged))))
+
+    d = np.array([0.1, 0.2, 0.3, 0.7])
+    conds = []
+    for C in (1e9, 1e11, 1e13, 1e15):
+        rr = np.stack([C - d, d], 1)
+        conds.append(_g(float(gdpo.advantages(rr, [0] * 4).cond.max()), 2))
+    ctx["cd_cond"] = ", ".join(conds)
+
+    s1000 = [1000.0, 1000.01, 1000.02, 1000.03]
+    s10000 = [10000.0, 10000.001, 10000.002, 10000.003]
+    ctx["onepass_1000_f32"] = _one_pass_std(s1000, np.float32)
+    ctx["onepass_10000_f32"] = _one_pass_std(s10000, np.float32)
+    ctx["onepass_1000_f64"] = _one_pass_std(s1000, np.float64)
+    ctx["onepass_10000_f64"] = _one_pass_std(s10000, np.float64)
+    ctx["exact_std_1000"] = _g(_exact_std(s1000), 3)
+    ctx["exact_std_10000"] = _g(_exact_std(s10000), 3)
+
+    base = np.array([[0.0, 0.0], [1.0, 1e-3], [2.0, 2e-3], [3.0, 0.5e-3]])
+    grp = [0, 0, 0, 0]
+    e4 = gdpo.advantages(base, grp, eps=1e-4).float64
+    e8 = gdpo.advantages(base, grp, eps=1e-8).float64
+    ctx["eps_effect"] = _g(float(np.max(np.abs(e4 - e8))), 2) + (
+        f" (second column's std {_g(_exact_std(base[:, 1]), 2)})")
+
+    fm = FLOAT32_MAX
+    zf = gdpo.standardize_groups(np.array([[-fm], [fm]], dtype=np.float32), [0, 0]).float64[:, 0]
+    ctx["fltmax_z"] = f"[{zf[0]:+.4f}, {zf[1]:+.4f}]"
+
+    rows = []
+    for c in CONVENTIONS.values():
+        rows.append([f"`{c.name}`", c.title, str(c.group_ddof), f"{c.group_eps!r} ({c.group_eps_placement})",
+                     c.whiten, f"{c.whiten_eps!r} ({c.whiten_eps_placement})", c.singleton, c.nan,
+                     c.native_dtype])
+    ctx["convention_table"] = _table(["name", "implementation", "Eq. 4 ddof", "Eq. 4 eps (placement)",
+                                      "Eq. 6", "Eq. 6 eps (placement)", "n_g = 1", "NaN", "dtype"], rows)
+    rows = [[f"`{name}`", " ".join((cls.__doc__ or "").split())] for name, cls in ERROR_CLASSES.items()]
+    ctx["error_table"] = _table(["class", "raised when"], rows)
+    return ctx
+
+
+def render() -> str:
+    text = TEMPLATE.read_text()
+    ctx = context()
+    missing = sorted(set(re.findall(r"{{([\w.]+)}}", text)) - set(ctx))
+    if missing:
+        raise KeyError(f"template placeholders without a value: {missing}")
+    return re.sub(r"{{([\w.]+)}}", lambda m: ctx[m.group(1)], text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m oracle.document", description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="exit 1 if spec/gdpo.md is stale")
+    args = parser.parse_args(argv)
+    text = render()
+    if args.check:
+        if OUTPUT.read_text() != text:
+            print(f"{OUTPUT} is stale: run `python -m oracle.document`", file=sys.stderr)
+            return 1
+        return 0
+    OUTPUT.write_text(text)
+    print(f"wrote {OUTPUT}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
