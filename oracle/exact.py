@@ -58,11 +58,12 @@ class Form:
         """In place: self += scale * other."""
         if scale == 0:
             return
+        one = scale == 1
         if other.q0:
-            self.q0 += scale * other.q0
+            self.q0 += other.q0 if one else scale * other.q0
         terms = self.terms
         for cid, p in other.terms.items():
-            v = terms.get(cid, 0) + scale * p
+            v = terms.get(cid, 0) + (p if one else scale * p)
             if v:
                 terms[cid] = v
             else:
@@ -216,13 +217,33 @@ def iv_sqrt(a: tuple, prec: int) -> tuple:
 
 
 def iv_scale_rational(a: tuple, q: Fraction, prec: int) -> tuple:
-    return iv_mul(a, iv_rational(q, prec), prec)
+    """q * [lo, hi] for an exact rational q: multiply by the numerator, divide by the
+    denominator, each end rounded outward (cheaper than a general interval product)."""
+    num, den = q.numerator, q.denominator
+    if num == 0:
+        return (ZERO, ZERO)
+    lo, hi = (a[1], a[0]) if num < 0 else a
+    n = libmp.from_int(num)
+    d = libmp.from_int(den)
+    wide = prec + num.bit_length() + 2  # the product is exact at this precision
+    lo = libmp.mpf_div(libmp.mpf_mul(lo, n, wide, _FLOOR), d, prec, _FLOOR)
+    hi = libmp.mpf_div(libmp.mpf_mul(hi, n, wide, _CEIL), d, prec, _CEIL)
+    return (lo, hi)
+
+
+def iv_scale_int(a: tuple, n: int, prec: int) -> tuple:
+    """n * [lo, hi] for an integer n, each end rounded outward."""
+    if n == 0:
+        return (ZERO, ZERO)
+    lo, hi = (a[1], a[0]) if n < 0 else a
+    m = libmp.from_int(n)
+    return (libmp.mpf_mul(lo, m, prec, _FLOOR), libmp.mpf_mul(hi, m, prec, _CEIL))
 
 
 def iv_form(form: Form, classes: SqrtClasses, prec: int) -> tuple:
     acc = iv_rational(form.q0, prec)
     for cid, p in form.terms.items():
-        acc = iv_add(acc, iv_mul(iv_rational(p, prec), classes.sqrt_interval(cid, prec), prec), prec)
+        acc = iv_add(acc, iv_scale_rational(classes.sqrt_interval(cid, prec), p, prec), prec)
     return acc
 
 

@@ -255,8 +255,9 @@ def _inverse_denominator(V: Fraction, eps: Fraction, placement: str, classes: ex
     return classes.sqrt(V).scaled(1 / V)  # skip_if_zero: no eps
 
 
-def _interval_of_z(col: _Column, j: int, inv_iv, prec):
-    return ex.iv_scale_rational(inv_iv, col.D[j] * col.f, prec)
+def _interval_of_z(col: _Column, j: int, scaled_inv_iv, prec):
+    """z_j = D_j * (f * inv): an integer times a precomputed interval."""
+    return ex.iv_scale_int(scaled_inv_iv, col.D[j], prec)
 
 
 # ----------------------------------------------------------------- public steps
@@ -391,6 +392,7 @@ def _group_numbers(idx, cols, r, wq, ws, dws, wexp, conv, eps_g, classes,
     n = idx.size
     K = len(cols)
     # exact forms of c_j
+    weighted = [col.inv.scaled(wq[k] * col.f) if not col.nan else None for k, col in enumerate(cols)]
     nan_rows = np.zeros(n, bool)
     for k, col in enumerate(cols):
         if col.nan:
@@ -405,7 +407,7 @@ def _group_numbers(idx, cols, r, wq, ws, dws, wexp, conv, eps_g, classes,
             pos = _valid_pos(col, jj)
             if pos is None or col.collapsed and not col.raw:
                 continue
-            form.add_scaled(col.inv, wq[k] * col.D[pos] * col.f)
+            form.add_scaled(weighted[k], Fraction(col.D[pos]))
         cforms[j] = form
         czero[j] = form.is_zero()
     # certified numbers, precision raised until every value of the group rounds uniquely
@@ -416,7 +418,7 @@ def _group_numbers(idx, cols, r, wq, ws, dws, wexp, conv, eps_g, classes,
             if col.nan:
                 z64[idx, k] = z32[idx, k] = np.nan
                 continue
-            inv_iv = col.inverse_interval(classes, prec)
+            inv_iv = ex.iv_scale_rational(col.inverse_interval(classes, prec), col.f, prec)
             for jj, j in enumerate(idx):
                 pos = _valid_pos(col, jj)
                 if pos is None or col.D[pos] == 0 or (col.collapsed and not col.raw):
@@ -461,7 +463,8 @@ def _group_numbers(idx, cols, r, wq, ws, dws, wexp, conv, eps_g, classes,
         vals = r[idx, k]
         e = _frame(col, vals)
         sel = np.array([_valid_pos(col, jj) is not None for jj in range(n)])
-        dev = np.array([float(Fraction(d) * col.f * _pow2(-e)) for d in col.D]) if col.D else np.zeros(0)
+        g = col.f * _pow2(-e)  # int / int true division is correctly rounded, even for huge ints
+        dev = np.array([d * g.numerator / g.denominator for d in col.D]) if col.D else np.zeros(0)
         sigma = _float_sqrt(col.V * _pow2(-2 * e))
         denom = _scaled_denominator(col, conv, eps_g, e, sigma)
         nv = int(sel.sum())
