@@ -1,3 +1,4 @@
+# Shared by tests/ and conformance/: hypothesis profiles chosen explicitly.
 import os
 
 from hypothesis import HealthCheck, settings
