@@ -585,10 +585,11 @@ def _whiten(forms, nan, cs, dcond_s, dmodel_s, uidx, t, conv, eps_w, classes, fr
                     ss = ex.iv_add(ss, ex.iv_scale_rational(ex.iv_square(d, prec), Fraction(tj), prec), prec)
             var = ex.iv_scale_rational(ss, Fraction(1, T - conv.whiten_ddof), prec)
             den = _denominator_interval(var, eps_w, conv.whiten_eps_placement, prec)
-            ok = True
+            # without eps (skip_if_zero) a nonzero std may still touch zero at low precision
+            ok = not ex.iv_contains_zero(den)
             vals64 = np.zeros(idx.size); vals32 = np.zeros(idx.size)
             for p, d in enumerate(devs):
-                if d is None:
+                if d is None or not ok:
                     continue
                 iv = ex.iv_div(d, den, prec)
                 f64, f32 = ex.round_interval(iv, "float64"), ex.round_interval(iv, "float32")
