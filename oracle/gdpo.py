@@ -54,10 +54,13 @@ class Stage:
     exact_zero: np.ndarray
     cond: np.ndarray
     delta: np.ndarray
+    #: ``delta`` is in units of u * 2**frame (the combined stage is kept in the
+    #: weights' frame so that huge weights cannot overflow its bound)
+    frame: int = 0
 
     def allowed(self, out_dtype: str = "float64", unit_roundoff: float = FLOAT64_UNIT_ROUNDOFF) -> np.ndarray:
         """Absolute tolerance of a correct implementation's result, per element."""
-        return em.allowed_error(self.delta, self.float64, out_dtype, unit_roundoff)
+        return em.allowed_error(self.delta, self.float64, out_dtype, unit_roundoff, frame=self.frame)
 
 
 @dataclasses.dataclass
@@ -210,7 +213,7 @@ def _column(vals: np.ndarray, conv: Convention, eps_g: Fraction, classes: ex.Sqr
         col.f = Fraction(0)
         col.inv = ex.Form()
         col.V = Fraction(0)
-        col.rho = 0.0
+        col.rho = 0
         col.E = 0
         if n_rule == "raw" and n == 1:  # mean 0, std 1: z = r / (1 + eps)
             M, E = _int_repr(use)
@@ -228,7 +231,7 @@ def _column(vals: np.ndarray, conv: Convention, eps_g: Fraction, classes: ex.Sqr
     col.E = E
     scale = Fraction(2) ** E if E >= 0 else Fraction(1, 2 ** -E)
     col.f = scale / n
-    col.rho = float(Fraction(max(M) - min(M)) * scale) if max(M) != min(M) else 0.0
+    col.rho = max(M) - min(M)  # the range is rho * 2^E (kept as an integer: it may exceed float64)
     ss = sum(d * d for d in D)
     V = Fraction(ss, n * n * (n - conv.group_ddof)) * scale * scale
     col.V = V
@@ -359,17 +362,20 @@ def advantages(rewards, group_ids, weights=None, unit_ids=None, eps=None, conven
         cancelled[g] = bool(np.all(czero[idx]))
 
     zstage = Stage(z64, z32, zzero, zcond, zdelta)
-    cstage = Stage(c64, c32, czero, ccond, cdelta)
+    # ccond/cdelta hold c's sensitivities in the weights' frame (c * 2^-wexp) so they cannot overflow
+    with np.errstate(over="ignore"):
+        ccond_abs = np.ldexp(ccond, wexp)
+    cstage = Stage(c64, c32, czero, ccond_abs, cdelta, frame=wexp)
     ul, uidx = _index(uid)
     if _stages_only:
-        a = Stage(c64, c32, czero, ccond, cdelta)
+        a = cstage
         ucoll = np.zeros(ul.size, bool)
     else:
         a64, a32, azero, acond, adelta, ucoll = _whiten(
-            cforms, cnan, np.ldexp(c64, -wexp), np.ldexp(ccond, -wexp), np.ldexp(cdelta, -wexp),
+            cforms, cnan, np.ldexp(c64, -wexp), ccond, cdelta,
             uidx, t, conv, eps_w, classes, wexp, labels=ul)
         a = Stage(a64, a32, azero, acond, adelta)
-    return Result(a.float64, a.float32, a.exact_zero, a.cond, a.delta, z=zstage, combined=cstage,
+    return Result(a.float64, a.float32, a.exact_zero, a.cond, a.delta, a.frame, z=zstage, combined=cstage,
                   group_labels=gl, group_index=gidx, group_collapsed=collapsed, group_cancelled=cancelled,
                   unit_labels=ul, unit_index=uidx, unit_collapsed=ucoll, convention=conv)
 
@@ -382,9 +388,13 @@ def _members(index: np.ndarray, count: int) -> list[np.ndarray]:
 
 def _frame(col: _Column, vals: np.ndarray) -> int:
     """Power-of-two exponent that brings the column's spread (or its ulps) to O(1)."""
-    ref = col.rho if col.rho > 0 else float(np.max(np.spacing(np.abs(vals)))) if vals.size else 1.0
+    if col.rho:
+        e = col.rho.bit_length() + col.E
+    else:
+        ref = float(np.max(np.spacing(np.abs(vals)))) if vals.size else 1.0
+        e = math.frexp(ref)[1]
     # clamped so that eps * 2^-e stays finite while the spread stays representable
-    return min(max(math.frexp(ref)[1], -900), 1000) if ref > 0 else 0
+    return min(max(e, -900), 1000)
 
 
 def _group_numbers(idx, cols, r, wq, ws, dws, wexp, conv, eps_g, classes,
@@ -468,7 +478,7 @@ def _group_numbers(idx, cols, r, wq, ws, dws, wexp, conv, eps_g, classes,
         sigma = _float_sqrt(col.V * _pow2(-2 * e))
         denom = _scaled_denominator(col, conv, eps_g, e, sigma)
         nv = int(sel.sum())
-        rho = math.ldexp(col.rho, -e)
+        rho = float(Fraction(col.rho) * _pow2(col.E - e))
         d_model = em.model_dev_perturbation(rho, nv, tau=math.ldexp(em.TAU, -e))
         ulps = np.ldexp(np.spacing(np.abs(vals[sel])), -e)
         d_cond = ulps + (ulps.mean() if ulps.size else 0.0)
@@ -483,8 +493,8 @@ def _group_numbers(idx, cols, r, wq, ws, dws, wexp, conv, eps_g, classes,
                                          rounding=False)
     zdelta[idx] = dz_model
     zcond[idx] = dz_cond
-    cdelta[idx] = np.ldexp(em.combine_stage(dz_model, zs, ws), wexp)
-    ccond[idx] = np.ldexp(em.combine_stage(dz_cond, zs, ws, d_weights=dws, rounding=False), wexp)
+    cdelta[idx] = em.combine_stage(dz_model, zs, ws)
+    ccond[idx] = em.combine_stage(dz_cond, zs, ws, d_weights=dws, rounding=False)
 
 
 def _valid_pos(col: _Column, jj: int):

@@ -137,8 +137,8 @@ def whiten_stage(dc, c, mean, a, sigma, denom, ddof, t=None, collapsed=False, ro
     return da + 3.0 * a if rounding else da
 
 
-def allowed_error(delta, exact, out_dtype="float64", unit_roundoff=FLOAT64_UNIT_ROUNDOFF):
-    """Absolute tolerance per output from the running bound ``delta`` (units of u).
+def allowed_error(delta, exact, out_dtype="float64", unit_roundoff=FLOAT64_UNIT_ROUNDOFF, frame=0):
+    """Absolute tolerance per output from the running bound ``delta`` (units of u * 2**frame).
 
     ``exact`` is the reference (float64, correctly rounded) the result is compared with.
     Where ``delta`` is 0 the specification demands the exact value, so the allowance
@@ -146,5 +146,7 @@ def allowed_error(delta, exact, out_dtype="float64", unit_roundoff=FLOAT64_UNIT_
     """
     delta = np.asarray(delta, dtype=np.float64)
     exact = np.asarray(exact, dtype=np.float64)
-    bound = SAFETY * unit_roundoff * delta + half_ulp(exact, out_dtype) + half_ulp(exact, "float64")
+    with np.errstate(over="ignore"):  # a bound beyond float64 is no bound: inf says so
+        bound = np.ldexp(SAFETY * unit_roundoff * delta, frame)
+    bound = bound + half_ulp(exact, out_dtype) + half_ulp(exact, "float64")
     return np.where(delta == 0.0, np.where(exact == 0.0, 0.0, half_ulp(exact, out_dtype)), bound)
