@@ -18,7 +18,7 @@ from oracle import gdpo
 from spec import DEFAULT_EPS
 
 PREC = 1200
-TINY = mpmath.mpf(2) ** -700  # far below anything these inputs can produce unless exactly zero
+TINY = mpmath.mpf(2) ** -1100  # relative to a stage's scale: 100 bits above the 1200-bit residue of a true zero
 
 
 def _independent(rewards, groups, weights, units, eps=DEFAULT_EPS):
@@ -58,12 +58,14 @@ def _round(x, bits):
 
 def _check(res, z, c, a):
     for got, zero, vals in ((res.float64, res.exact_zero, a), (res.combined.float64, res.combined.exact_zero, c)):
+        # a true zero evaluates to about 2^-1200 of the stage's scale; a true nonzero far above
+        tiny = TINY * max(max(abs(x) for x in vals), mpmath.mpf(2) ** -1074)
         for i, x in enumerate(vals):
             if zero[i]:
-                assert abs(x) < TINY, f"oracle says exact zero, independent value {x}"
+                assert abs(x) < tiny, f"oracle says exact zero, independent value {x}"
                 assert got[i] == 0
             else:
-                assert abs(x) > TINY, f"oracle says nonzero, independent value {x}"
+                assert abs(x) > tiny, f"oracle says nonzero, independent value {x}"
                 assert got[i] == _round(x, 53)
     for i, x in enumerate(a):
         if abs(x) > 2.0 ** -120 or x == 0:
@@ -167,3 +169,23 @@ def test_round_mpf_subnormals_signed_zero_and_overflow():
     assert ex.round_mpf(big._mpf_, "float32") == float(np.finfo(np.float32).max)
     assert ex.round_mpf((mpmath.mpf(2) ** -149 / 2)._mpf_, "float32") == 0.0  # tie to even: zero
     assert ex.round_mpf((mpmath.mpf(2) ** -149 * 1.5)._mpf_, "float32") == 2.0 ** -148
+
+
+FLT_MAX = float(np.finfo(np.float32).max)
+EXTREMES = {
+    "float32_max": (np.array([[FLT_MAX]] * 10 + [[-FLT_MAX]]), [0] * 11, [1.0]),
+    "beyond_float32": (np.array([[-1.7e308], [1.7e308], [1e308], [0.0]]), [0] * 4, [1.0]),
+    "subnormal": (np.array([[5e-324], [1e-323], [0.0], [-5e-324]]), [0] * 4, [1.0]),
+    "wide_exponents": (np.array([[1e-300, 1e300], [2e-300, -1e300], [0.0, 5.0], [1.0, 1e-300]]), [0, 0, 1, 1],
+                       [1e300, 1e-300]),
+    "weights_near_float64_max": (np.array([[0.0, 1.0], [1.0, 2.0], [2.0, 0.0]]), [0] * 3, [1.7e308, 1.7e308]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(EXTREMES))
+def test_extreme_magnitudes_match_the_independent_evaluation(name):
+    r, g, w = EXTREMES[name]
+    units = [0] * len(g)
+    res = gdpo.advantages(r, g, weights=w, unit_ids=units)
+    assert np.all(np.isfinite(res.allowed("float64")))
+    _check(res, *_independent(r, g, w, units))
