@@ -1,0 +1,212 @@
+"""Host-side checks of the arguments: each returns a problem ``(code, a, b, c)``
+or the normalised argument. Nothing here raises and nothing reads the device,
+so the distributed path can record a problem and still join the agreement."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+
+import torch
+
+from impl import _problems as P
+
+_F64 = torch.float64
+
+#: Output dtypes whose range is a finite number the final cast can be checked against.
+OUT_DTYPES = tuple(
+    getattr(torch, n)
+    for n in ("float64", "float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2",
+              "float8_e4m3fnuz", "float8_e5m2fnuz")
+    if hasattr(torch, n)
+)
+
+
+class Problem(Exception):
+    """Internal carrier of a host-side problem code (never escapes the package)."""
+
+    def __init__(self, code: int, a: int = 0, b: int = 0, c: int = 0):
+        super().__init__(code, a, b, c)
+        self.code, self.a, self.b, self.c = code, int(a), int(b), int(c)
+
+    def error(self):
+        return P.host_error(self.code, self.a, self.b, self.c)
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
+def check_eps(eps) -> float:
+    try:
+        value = float(eps)
+    except (TypeError, ValueError):
+        raise Problem(P.P_EPS, P.float_bits(math.nan)) from None
+    if not (math.isfinite(value) and value >= 0.0):
+        raise Problem(P.P_EPS, P.float_bits(value))
+    return value
+
+
+def check_out_dtype(out_dtype) -> torch.dtype:
+    if out_dtype not in OUT_DTYPES:
+        raise Problem(P.P_OUT_DTYPE, P.dtype_code(out_dtype))
+    return out_dtype
+
+
+def as_float_tensor(x, type_code: int, dtype_code_: int) -> torch.Tensor:
+    """A tensor for ``x``; Python or NumPy sequences of floats become float64
+    (Python floats are doubles). Refuses non-float dtypes with ``dtype_code_``."""
+    if not isinstance(x, torch.Tensor):
+        try:
+            t = torch.as_tensor(x)
+        except (TypeError, ValueError, RuntimeError):
+            raise Problem(type_code) from None
+        if t.is_floating_point() and t.dtype != _F64 and not hasattr(x, "dtype"):
+            t = torch.as_tensor(x, dtype=_F64)
+        x = t
+    if not x.is_floating_point() or x.is_complex():
+        raise Problem(dtype_code_, P.dtype_code(x.dtype))
+    return x
+
+
+@dataclasses.dataclass
+class Rewards:
+    """Validated Eq. 4/7 input: float rewards (N, K), group layout, float64 weights."""
+
+    rewards: torch.Tensor  # (N, K), caller's floating dtype, caller's device
+    dtype_code: int
+    group_size: int | None
+    labels: torch.Tensor | None  # int64 (N,) on the rewards' device
+    weights: list[float]
+
+    @property
+    def n(self) -> int:
+        return self.rewards.shape[0]
+
+    @property
+    def k(self) -> int:
+        return self.rewards.shape[1]
+
+
+def check_rewards(rewards, group_ids, group_size, weights, *, allow_empty_rows: bool) -> Rewards:
+    r = as_float_tensor(rewards, P.P_REWARDS_TYPE, P.P_REWARDS_DTYPE)
+    if r.dim() == 1:
+        r = r[:, None]  # (N,) is one reward column, K = 1
+    elif r.dim() != 2:
+        raise Problem(P.P_REWARDS_NDIM, r.dim())
+    n, k = r.shape
+    if k == 0 or (n == 0 and not allow_empty_rows):
+        raise Problem(P.P_REWARDS_EMPTY, n, k)
+
+    if (group_ids is None) == (group_size is None):
+        raise Problem(P.P_GROUPS_NONE if group_ids is None else P.P_GROUPS_BOTH)
+    labels = None
+    if group_size is not None:
+        if not _is_int(group_size):
+            raise Problem(P.P_GROUP_SIZE_TYPE)
+        group_size = int(group_size)
+        if group_size < 2:
+            raise Problem(P.P_GROUP_SIZE_SMALL, group_size)
+        if n % group_size:
+            raise Problem(P.P_GROUP_SIZE_DIVIDE, n, group_size)
+    else:
+        ids = group_ids
+        if not isinstance(ids, torch.Tensor):
+            try:
+                ids = torch.as_tensor(ids)
+            except (TypeError, ValueError, RuntimeError):
+                raise Problem(P.P_GROUP_IDS_DTYPE, 0) from None
+        if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
+            raise Problem(P.P_GROUP_IDS_DTYPE, P.dtype_code(ids.dtype))
+        if ids.dim() != 1:
+            raise Problem(P.P_GROUP_IDS_NDIM, ids.dim())
+        if ids.shape[0] != n:
+            raise Problem(P.P_GROUP_IDS_LENGTH, ids.shape[0], n)
+        labels = ids.to(device=r.device, dtype=torch.int64)
+
+    return Rewards(r, P.dtype_code(r.dtype), group_size, labels, check_weights(weights, k))
+
+
+def check_weights(weights, k: int) -> list[float]:
+    if weights is None:
+        return [1.0] * k
+    if isinstance(weights, torch.Tensor):
+        if weights.dim() != 1 or weights.is_complex() or weights.dtype == torch.bool:
+            raise Problem(P.P_WEIGHTS_TYPE)
+        # One read of a (K,) tensor: a host sync if it lives on a GPU (pass a list to avoid it).
+        items = weights.detach().cpu().tolist()
+    else:
+        try:
+            items = list(weights)
+        except TypeError:
+            raise Problem(P.P_WEIGHTS_TYPE) from None
+    if len(items) != k:
+        raise Problem(P.P_WEIGHTS_LENGTH, len(items), k)
+    out = []
+    for i, w in enumerate(items):
+        if isinstance(w, bool) or isinstance(w, complex):
+            raise Problem(P.P_WEIGHTS_TYPE)
+        if _is_int(w):
+            try:
+                f = float(w)
+            except OverflowError:
+                raise Problem(P.P_WEIGHTS_INEXACT, i) from None
+            if int(f) != int(w):
+                raise Problem(P.P_WEIGHTS_INEXACT, i)
+        else:
+            try:
+                f = float(w)
+            except (TypeError, ValueError):
+                raise Problem(P.P_WEIGHTS_TYPE) from None
+            if math.isnan(f):
+                raise Problem(P.P_WEIGHTS_NONFINITE, i, 1)
+            if math.isinf(f):
+                raise Problem(P.P_WEIGHTS_NONFINITE, i, 2 if f > 0 else 3)
+        out.append(f)
+    if all(f == 0.0 for f in out):
+        raise Problem(P.P_WEIGHTS_ZERO, k)
+    return out
+
+
+@dataclasses.dataclass
+class Values:
+    """Validated Eq. 6 input: values (N,) and this rank's unit sizes (host ints)."""
+
+    values: torch.Tensor
+    dtype_code: int
+    sizes: list[int]
+    sizes_given: bool
+
+
+def check_values(values) -> torch.Tensor:
+    v = as_float_tensor(values, P.P_VALUES_TYPE, P.P_VALUES_DTYPE)
+    if v.dim() != 1:
+        raise Problem(P.P_VALUES_NDIM, v.dim())
+    return v
+
+
+def check_segments(segment_sizes, n: int) -> tuple[list[int], bool]:
+    """This rank's unit sizes as host ints; None is one unit of all local rows."""
+    if segment_sizes is None:
+        return [n], False
+    if isinstance(segment_sizes, torch.Tensor):
+        if segment_sizes.dim() != 1 or segment_sizes.is_floating_point() or segment_sizes.is_complex() \
+                or segment_sizes.dtype == torch.bool:
+            raise Problem(P.P_SEGMENTS_TYPE)
+        # A (S,) read: a host sync if the tensor lives on a GPU (pass a list to avoid it).
+        sizes = segment_sizes.detach().cpu().tolist()
+    else:
+        try:
+            sizes = list(segment_sizes)
+        except TypeError:
+            raise Problem(P.P_SEGMENTS_TYPE) from None
+        if not all(_is_int(s) for s in sizes):
+            raise Problem(P.P_SEGMENTS_TYPE)
+        sizes = [int(s) for s in sizes]
+    for j, s in enumerate(sizes):
+        if s < 0:
+            raise Problem(P.P_SEGMENTS_NEGATIVE, j, s)
+    if sum(sizes) != n:
+        raise Problem(P.P_SEGMENTS_SUM, sum(sizes), n)
+    return sizes, True

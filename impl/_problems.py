@@ -1,0 +1,299 @@
+"""Refusals as data: problem codes, the facts row, and the messages built from it.
+
+Every check produces integers, never a string: a problem is ``(code, a, b, c)``
+and device-side findings (first non-finite reward, a group of one, ...) are
+int64 entries of a fixed-layout *facts row*. Without a process group the row is
+read once and the first problem is raised as its own class. With a process
+group every rank puts its row into one (world_size, ROW_WIDTH) table, one
+all-reduce later every rank holds every rank's row, and the same function
+below turns that table into the same message on every rank.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+
+import torch
+
+from spec.errors import (
+    DistributedError,
+    GDPOError,
+    GroupError,
+    InputDtypeError,
+    NonFiniteError,
+    OutOfRangeError,
+    SegmentError,
+    ShapeError,
+    WeightError,
+)
+
+
+# --- error classes for cases the contract files under two headings ----------
+
+
+class GroupLengthError(GroupError, ShapeError):
+    """``group_ids`` of the wrong length: both malformed group metadata
+    (labels do not cover the batch) and a length disagreement."""
+
+
+class WeightLengthError(WeightError, ShapeError):
+    """``weights`` of the wrong length: a bad weight vector and a length disagreement."""
+
+
+class DistributedSegmentError(DistributedError, SegmentError):
+    """A unit holds one sample across all ranks: raised on every rank together."""
+
+
+class DistributedOutOfRangeError(DistributedError, OutOfRangeError):
+    """A whitened value does not survive the cast on some rank: raised on every rank."""
+
+
+# --- the facts row -----------------------------------------------------------
+
+PRESENT, API, HOST_CODE, HOST_A, HOST_B, HOST_C = range(6)
+UNITS, SEG_NONE, ROWS, DTYPE, OUT_DTYPE, DEVICE, EPS_BITS, K, WEIGHTS_FP = range(6, 15)
+NF_REWARD, NF_REWARD_KIND, NF_REWARD_GROUP = 15, 16, 17  # first bad flat index + 1
+SINGLETON, SINGLETON_LABEL = 18, 19  # first row + 1 of a group of one; its label
+C_OVERFLOW, C_OVERFLOW_GROUP = 20, 21  # first row + 1 where Eq. 7 overflows
+NF_VALUE, NF_VALUE_KIND, NF_VALUE_UNIT = 22, 23, 24  # whiten input, first index + 1
+GROUPS, BY_LABEL = 25, 26
+#: Local sample counts of the first COUNT_SLOTS units ride along with the
+#: agreement, so a unit of one is caught there without a second host read.
+COUNTS = 32
+COUNT_SLOTS = 32
+ROW_WIDTH = COUNTS + COUNT_SLOTS
+
+DEVICE_FIELDS = (NF_REWARD, NF_REWARD_KIND, NF_REWARD_GROUP, SINGLETON, SINGLETON_LABEL,
+                 C_OVERFLOW, C_OVERFLOW_GROUP, NF_VALUE, NF_VALUE_KIND, NF_VALUE_UNIT, GROUPS)
+
+API_WHITEN, API_GDPO = 1, 2
+API_NAMES = {API_WHITEN: "whiten", API_GDPO: "gdpo_advantages"}
+
+_DTYPE_NAMES = (
+    "float64", "float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2",
+    "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu",
+    "complex128", "complex64", "complex32", "bool", "uint8", "int8", "int16",
+    "int32", "int64", "uint16", "uint32", "uint64",
+)
+_DTYPES = tuple(getattr(torch, n) for n in _DTYPE_NAMES if hasattr(torch, n))
+
+
+def dtype_code(dtype) -> int:
+    try:
+        return _DTYPES.index(dtype) + 1
+    except ValueError:
+        return len(_DTYPES) + 1
+
+
+def dtype_name(code: int) -> str:
+    return str(_DTYPES[code - 1]).replace("torch.", "") if 1 <= code <= len(_DTYPES) else "another dtype"
+
+
+def device_code(device: torch.device) -> int:
+    return {"cpu": 1, "cuda": 2}.get(device.type, 3)
+
+
+_DEVICE_NAMES = {1: "cpu", 2: "cuda", 3: "another device type"}
+
+
+def float_bits(x: float) -> int:
+    return struct.unpack("<q", struct.pack("<d", float(x)))[0]
+
+
+def bits_float(b: int) -> float:
+    return struct.unpack("<d", struct.pack("<q", int(b)))[0]
+
+
+def weights_fingerprint(values) -> int:
+    """62-bit digest of the float64 weight bits (equal weights, equal digest)."""
+    blob = struct.pack(f"<{len(values)}d", *values)
+    return int.from_bytes(hashlib.blake2b(blob, digest_size=8).digest(), "little") >> 2
+
+
+_KINDS = {1: "nan", 2: "inf", 3: "-inf"}
+
+
+def _group(label: int, by_label: int) -> str:
+    return f"group label {label}" if by_label else f"group {label} (contiguous, group_size)"
+
+
+# --- host-side problem codes: code -> (error class, message(a, b, c)) ---------
+
+P_REWARDS_TYPE = 1
+P_REWARDS_DTYPE = 2
+P_REWARDS_NDIM = 3
+P_REWARDS_EMPTY = 4
+P_GROUPS_BOTH = 5
+P_GROUPS_NONE = 6
+P_GROUP_SIZE_TYPE = 7
+P_GROUP_SIZE_SMALL = 8
+P_GROUP_SIZE_DIVIDE = 9
+P_GROUP_IDS_DTYPE = 10
+P_GROUP_IDS_NDIM = 11
+P_GROUP_IDS_LENGTH = 12
+P_WEIGHTS_TYPE = 13
+P_WEIGHTS_LENGTH = 14
+P_WEIGHTS_NONFINITE = 15
+P_WEIGHTS_ZERO = 16
+P_WEIGHTS_INEXACT = 17
+P_VALUES_TYPE = 18
+P_VALUES_DTYPE = 19
+P_VALUES_NDIM = 20
+P_SEGMENTS_TYPE = 21
+P_SEGMENTS_NEGATIVE = 22
+P_SEGMENTS_SUM = 23
+P_UNIT_OF_ONE = 24
+P_OUT_DTYPE = 25
+P_EPS = 26
+P_LOCAL_FAILURE = 28
+
+HOST_PROBLEMS = {
+    P_REWARDS_TYPE: (InputDtypeError, lambda a, b, c: "rewards must be a tensor or a sequence of floats"),
+    P_REWARDS_DTYPE: (InputDtypeError, lambda a, b, c:
+                      f"rewards has dtype {dtype_name(a)}; Eq. 4 needs a real floating dtype "
+                      "(float16, bfloat16, float32 or float64)"),
+    P_REWARDS_NDIM: (ShapeError, lambda a, b, c:
+                     f"rewards must be (N,) or (N, K); got a {a}-D tensor"),
+    P_REWARDS_EMPTY: (ShapeError, lambda a, b, c:
+                      f"rewards is empty (N={a} rows, K={b} reward columns)"),
+    P_GROUPS_BOTH: (GroupError, lambda a, b, c: "pass exactly one of group_ids and group_size, not both"),
+    P_GROUPS_NONE: (GroupError, lambda a, b, c: "pass exactly one of group_ids and group_size (got neither)"),
+    P_GROUP_SIZE_TYPE: (GroupError, lambda a, b, c: "group_size must be a Python int"),
+    P_GROUP_SIZE_SMALL: (GroupError, lambda a, b, c:
+                         f"group_size={a}: Eq. 4 needs groups of at least 2 samples (unbiased std)"),
+    P_GROUP_SIZE_DIVIDE: (GroupError, lambda a, b, c:
+                          f"N={a} rows is not a multiple of group_size={b}: the last group would hold "
+                          f"{a % b} sample(s)"),
+    P_GROUP_IDS_DTYPE: (GroupError, lambda a, b, c:
+                        f"group_ids must hold integer labels; got dtype {dtype_name(a)}"),
+    P_GROUP_IDS_NDIM: (GroupLengthError, lambda a, b, c:
+                       f"group_ids must be 1-D (one label per row); got a {a}-D tensor"),
+    P_GROUP_IDS_LENGTH: (GroupLengthError, lambda a, b, c:
+                         f"group_ids has {a} labels but rewards has N={b} rows: the labels do not "
+                         "cover the batch"),
+    P_WEIGHTS_TYPE: (WeightError, lambda a, b, c: "weights must be a 1-D sequence or tensor of real numbers"),
+    P_WEIGHTS_LENGTH: (WeightLengthError, lambda a, b, c:
+                       f"weights has length {a} but rewards has K={b} reward columns"),
+    P_WEIGHTS_NONFINITE: (WeightError, lambda a, b, c: f"weights[{a}] (reward column {a}) is {_KINDS[b]}"),
+    P_WEIGHTS_ZERO: (WeightError, lambda a, b, c: f"all {a} weights are zero: Eq. 7 would discard every reward"),
+    P_WEIGHTS_INEXACT: (WeightError, lambda a, b, c:
+                        f"weights[{a}] (reward column {a}) is an integer float64 cannot hold exactly"),
+    P_VALUES_TYPE: (InputDtypeError, lambda a, b, c: "values must be a tensor or a sequence of floats"),
+    P_VALUES_DTYPE: (InputDtypeError, lambda a, b, c:
+                     f"values has dtype {dtype_name(a)}; Eq. 6 needs a real floating dtype"),
+    P_VALUES_NDIM: (ShapeError, lambda a, b, c: f"values must be 1-D (N,); got a {a}-D tensor"),
+    P_SEGMENTS_TYPE: (SegmentError, lambda a, b, c:
+                      "segment_sizes must be a 1-D sequence or tensor of non-negative ints"),
+    P_SEGMENTS_NEGATIVE: (SegmentError, lambda a, b, c: f"segment_sizes[{a}] (unit {a}) is {b} < 0"),
+    P_SEGMENTS_SUM: (SegmentError, lambda a, b, c:
+                     f"segment_sizes sum to {a} but this rank holds {b} samples"),
+    P_UNIT_OF_ONE: (SegmentError, lambda a, b, c:
+                    f"unit {a} holds a single sample; Eq. 6 needs at least 2 (unbiased std)"),
+    P_OUT_DTYPE: (InputDtypeError, lambda a, b, c:
+                  f"out_dtype must be float64, float32, float16, bfloat16 or a signed float8; "
+                  f"got {dtype_name(a)}"),
+    P_EPS: (OutOfRangeError, lambda a, b, c: f"eps={bits_float(a)!r} must be finite and >= 0"),
+    P_LOCAL_FAILURE: (GDPOError, lambda a, b, c:
+                      "the local computation raised an unexpected exception (chained on that rank)"),
+}
+
+
+def host_error(code: int, a: int = 0, b: int = 0, c: int = 0) -> GDPOError:
+    cls, fmt = HOST_PROBLEMS[code]
+    return cls(fmt(a, b, c))
+
+
+def row_problems(row) -> list[tuple[type, str]]:
+    """Problems recorded in one facts row, most fundamental first."""
+    out = []
+    if row[HOST_CODE]:
+        cls, fmt = HOST_PROBLEMS[row[HOST_CODE]]
+        return [(cls, fmt(row[HOST_A], row[HOST_B], row[HOST_C]))]
+    k = max(row[K], 1)
+    if row[NF_REWARD]:
+        flat = row[NF_REWARD] - 1
+        out.append((NonFiniteError,
+                    f"rewards[{flat // k}, {flat % k}] (row {flat // k}, reward column {flat % k}, "
+                    f"{_group(row[NF_REWARD_GROUP], row[BY_LABEL])}) is {_KINDS.get(row[NF_REWARD_KIND], 'non-finite')}"))
+    if row[SINGLETON]:
+        what = (f"group label {row[SINGLETON_LABEL]}" if row[BY_LABEL] else f"group {row[SINGLETON_LABEL]}")
+        out.append((GroupError,
+                    f"{what} (first row {row[SINGLETON] - 1}) has 1 sample; Eq. 4 needs at least 2 "
+                    "(unbiased std)"))
+    if row[C_OVERFLOW] and not out:
+        out.append((OutOfRangeError,
+                    f"Eq. 7 (sum of weights x standardized rewards) overflows float64 at row "
+                    f"{row[C_OVERFLOW] - 1} ({_group(row[C_OVERFLOW_GROUP], row[BY_LABEL])}); "
+                    "the weights are too large, scale them down"))
+    if row[NF_VALUE] and not out:
+        out.append((NonFiniteError,
+                    f"values[{row[NF_VALUE] - 1}] (unit {row[NF_VALUE_UNIT]}) is "
+                    f"{_KINDS.get(row[NF_VALUE_KIND], 'non-finite')}"))
+    return out
+
+
+def raise_local(row) -> None:
+    problems = row_problems(row)
+    if problems:
+        cls, msg = problems[0]
+        raise cls(msg)
+
+
+def _by_value(values: dict[int, object]) -> str:
+    groups: dict[object, list[int]] = {}
+    for rank, v in values.items():
+        groups.setdefault(v, []).append(rank)
+    return "; ".join(f"rank{'s' if len(r) > 1 else ''} {', '.join(map(str, r))}: {v}"
+                     for v, r in groups.items())
+
+
+def table_problems(table: list[list[int]]) -> list[str]:
+    """Reasons to refuse, from the agreed (world_size, ROW_WIDTH) table; the
+    same list on every rank because every rank holds the same table."""
+    world = len(table)
+    reasons = []
+    missing = [r for r in range(world) if table[r][PRESENT] != 1]
+    if missing:
+        reasons.append(f"ranks {missing} did not fill their row of the agreement table")
+    healthy = []
+    for r, row in enumerate(table):
+        probs = row_problems(row)
+        for cls, msg in probs:
+            reasons.append(f"rank {r}: {cls.__name__}: {msg}")
+        if not probs:
+            healthy.append(r)
+    consider = healthy if healthy else list(range(world))
+
+    def differ(col, fmt):
+        vals = {r: table[r][col] for r in consider}
+        if len(set(vals.values())) > 1:
+            reasons.append(fmt(vals))
+
+    differ(API, lambda v: "ranks call different functions ("
+           + _by_value({r: API_NAMES.get(x, "?") for r, x in v.items()}) + ")")
+    none = {r: table[r][SEG_NONE] for r in consider}
+    if len(set(none.values())) > 1:
+        reasons.append("segment_sizes is None on some ranks but given on others ("
+                       + _by_value({r: "None (one unit)" if x else "segment_sizes given" for r, x in none.items()})
+                       + ")")
+    else:
+        differ(UNITS, lambda v: "ranks disagree on the number of whitening units ("
+               + _by_value({r: f"{x} units" for r, x in v.items()}) + ")")
+    differ(DTYPE, lambda v: "input dtypes differ across ranks ("
+           + _by_value({r: dtype_name(x) for r, x in v.items()}) + ")")
+    differ(OUT_DTYPE, lambda v: "out_dtype differs across ranks ("
+           + _by_value({r: dtype_name(x) for r, x in v.items()}) + ")")
+    differ(DEVICE, lambda v: "device types differ across ranks ("
+           + _by_value({r: _DEVICE_NAMES.get(x, "?") for r, x in v.items()}) + ")")
+    differ(EPS_BITS, lambda v: "eps differs across ranks ("
+           + _by_value({r: repr(bits_float(x)) for r, x in v.items()}) + ")")
+    differ(K, lambda v: "the number of reward columns K differs across ranks ("
+           + _by_value({r: f"K={x}" for r, x in v.items()}) + ")")
+    differ(WEIGHTS_FP, lambda v: "weights differ across ranks ("
+           + _by_value({r: f"digest {x:#x}" for r, x in v.items()}) + ")")
+    return reasons
+
+
+def distributed_error(reasons: list[str], world: int, api: str) -> DistributedError:
+    return DistributedError(f"{api} refused on all {world} ranks: " + "; ".join(reasons))

@@ -1,0 +1,142 @@
+"""Exact power-of-two scaling and deterministic segment reductions.
+
+Both Eq. 4 (per group column) and Eq. 6 (per whitening unit) reduce over
+*segments*: runs of consecutive rows. A segment reduction here is a pairwise
+tree built from elementwise operations only (shift, add/min/max, select), so
+
+* it is deterministic (no atomics, no data-dependent launch order) and gives
+  the same bits on CPU and CUDA: every step is one correctly rounded IEEE
+  operation, and the tree's shape depends only on the segment layout;
+* it needs no host synchronisation (no ``unique``, ``nonzero``, ``bincount``);
+* negating the input negates the output bit for bit (round-to-nearest is
+  symmetric and the tree is the same for every column), which the exact
+  constant-sum cancellation of Eq. 7 relies on.
+
+Power-of-two factors are built from their bit patterns, never with ``pow``,
+so they are exact on every device.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+
+_F64 = torch.float64
+_I64 = torch.int64
+
+
+def pow2(k: torch.Tensor) -> torch.Tensor:
+    """2**k as float64 for an integer tensor ``k``, exact; clamped to [-1074, 1023]."""
+    k = k.to(_I64).clamp(-1074, 1023)
+    normal = (k + 1023).clamp(min=1) << 52  # biased exponent field, mantissa 0
+    sub = torch.ones_like(k) << (k + 1074).clamp(0, 51)  # subnormal 2**k = 2**-1074 * 2**(k+1074)
+    return torch.where(k >= -1022, normal, sub).view(_F64)
+
+
+def ldexp(x: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """x * 2**k for integer tensor ``k`` with |k| up to about 2100.
+
+    Split into two equal-sign halves so that each factor is a representable
+    power of two; the intermediate lies between x and the result, so the
+    product is exact whenever the result is a normal number.
+    """
+    k = k.to(_I64)
+    h = torch.div(k, 2, rounding_mode="floor")
+    return x * pow2(h) * pow2(k - h)
+
+
+def ldexp_scalar(x: torch.Tensor, k: int) -> torch.Tensor:
+    """x * 2**k for a Python int ``k`` (same two-step rule as :func:`ldexp`)."""
+    h = k // 2
+    return x * math.ldexp(1.0, h) * math.ldexp(1.0, k - h)
+
+
+def exponent(x: torch.Tensor) -> torch.Tensor:
+    """e with |x| < 2**e (frexp exponent, int64); 0 for x == 0."""
+    return torch.frexp(x)[1].to(_I64)
+
+
+@dataclasses.dataclass(frozen=True)
+class Segments:
+    """Layout of M rows cut into consecutive segments (all int64, shape (M,)).
+
+    ``pos``: position of the row inside its segment; ``length``: length of its
+    segment; ``start``: row index of its segment's first row; ``steps``: number
+    of tree levels, ceil(log2(longest segment)) or an upper bound of it.
+    """
+
+    pos: torch.Tensor
+    length: torch.Tensor
+    start: torch.Tensor
+    steps: int
+
+    @property
+    def rows(self) -> int:
+        return self.pos.shape[0]
+
+
+def _levels(longest: int) -> int:
+    return max(0, int(longest - 1).bit_length())
+
+
+def equal_segments(rows: int, size: int, device) -> Segments:
+    """Contiguous segments of ``size`` rows each (``rows`` a multiple of size)."""
+    idx = torch.arange(rows, dtype=_I64, device=device)
+    pos = torch.remainder(idx, size)
+    return Segments(pos, torch.full_like(idx, size), idx - pos, _levels(size))
+
+
+def segments_from_sizes(sizes_dev: torch.Tensor, rows: int, longest: int) -> tuple[Segments, torch.Tensor]:
+    """Consecutive segments of the given sizes (int64 tensor on the data device,
+    non-negative, summing to ``rows``; empty segments hold no rows), and the
+    segment index of every row."""
+    device = sizes_dev.device
+    idx = torch.arange(rows, dtype=_I64, device=device)
+    ends = torch.cumsum(sizes_dev, 0)
+    unit = torch.searchsorted(ends, idx, right=True)
+    start = (ends - sizes_dev)[unit] if rows else idx
+    length = sizes_dev[unit] if rows else idx
+    return Segments(idx - start, length, start, _levels(longest)), unit
+
+
+def segments_from_sorted_labels(labels_sorted: torch.Tensor) -> Segments:
+    """Segments of equal consecutive labels (labels already sorted, stable).
+
+    The longest segment is unknown on the host without a synchronisation, so
+    the tree depth is bounded by the row count instead (extra levels are no-ops).
+    """
+    rows = labels_sorted.shape[0]
+    device = labels_sorted.device
+    idx = torch.arange(rows, dtype=_I64, device=device)
+    first = torch.ones(rows, dtype=torch.bool, device=device)
+    last = torch.ones(rows, dtype=torch.bool, device=device)
+    if rows > 1:
+        change = labels_sorted[1:] != labels_sorted[:-1]
+        first[1:] = change
+        last[:-1] = change
+    start = torch.cummax(torch.where(first, idx, torch.zeros_like(idx)), 0).values
+    end_marks = torch.where(last, idx, torch.full_like(idx, rows))
+    end = torch.flip(torch.cummin(torch.flip(end_marks, (0,)), 0).values, (0,))
+    return Segments(idx - start, end - start + 1, start, _levels(rows))
+
+
+def reduce(x: torch.Tensor, seg: Segments, op) -> torch.Tensor:
+    """Reduce ``x`` (M,) or (M, K) over each segment with the binary ``op``
+    (torch.add, torch.minimum, torch.maximum) along a pairwise tree, and return
+    the segment's result broadcast to every row of the segment."""
+    rows = seg.rows
+    if rows == 0:
+        return x
+    pos, length = seg.pos, seg.length
+    if x.dim() == 2:
+        pos, length = pos[:, None], length[:, None]
+    for level in range(seg.steps):
+        s = 1 << level
+        if s >= rows:
+            break
+        partner = torch.roll(x, -s, 0)
+        take = ((pos & (2 * s - 1)) == 0) & (pos + s < length)
+        x = torch.where(take, op(x, partner), x)
+    return x[seg.start]

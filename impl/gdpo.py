@@ -1,0 +1,170 @@
+"""GDPO advantages (arXiv 2601.05242) in torch, under this project's ``spec`` convention.
+
+Three steps, named as in the paper:
+
+* Eq. 4, ``standardize_groups``: z[i,k] = (r[i,k] - mean_g) / (std_g + eps), per
+  group g and reward column k, unbiased std (ddof 1), eps *added to the std*;
+* Eq. 7, ``combine``: c[i] = sum_k w[k] z[i,k], weights kept in float64;
+* Eq. 6, ``whiten``: a[i] = (c[i] - mean_S) / (std_S + eps) over the whitening
+  unit S holding sample i, unbiased, statistics over every rank of the group.
+
+Single reward (K = 1) is *not* GRPO: eps is 1e-4 here (GRPO code mostly uses
+1e-6) and Eq. 6 adds a second normalisation. With n_g = 2 any two distinct
+values standardize to +-0.7071 (magnitudes are lost; a known limit of Eq. 4).
+
+Numerics (see ``_normalize`` and ``_whiten``): float64 throughout, one cast at
+the end. Deviations are shift-invariant (the group's or unit's first sample is
+subtracted first, then a two-pass mean and deviations), every group column and
+unit is scaled by an exact power of two folded into eps, so rewards up to the
+float64 limit (``[-1.7e308, 1.7e308]``) compute without overflow. Exact
+collapse is not a threshold: equal values give differences of exactly 0, hence
+exactly 0. Constant-sum columns (r2 = C - r1) give z2 = -z1 bit for bit and
+c = 0 exactly under equal weights. Reductions are fixed pairwise trees of
+correctly rounded elementwise operations: the same input gives the same bits
+on every run, and the same bits on CPU and CUDA.
+
+Decisions this module makes (the brief left them open):
+
+* ``rewards`` of shape (N,) is one reward column (K = 1). Python/NumPy
+  sequences are accepted; Python floats are read as float64.
+* ``process_group=None`` means *local only*; pass ``torch.distributed.group.WORLD``
+  (or any group) to whiten across ranks. Groups of Eq. 4 never span ranks.
+* ``segment_sizes=None`` is one unit of all local rows, and with a process group
+  one unit over all ranks; every rank must then pass None. Passing sizes on
+  some ranks and None on others is refused (DistributedError).
+* With a process group a rank may hold no rows (``rewards`` of shape (0, K),
+  empty units); without one, empty ``rewards`` is a ShapeError and empty
+  ``values`` gives an empty result (a unit of 0 samples computes nothing).
+* Wrong-length ``group_ids`` raise an error that is both a GroupError and a
+  ShapeError; wrong-length weights one that is both a WeightError and a
+  ShapeError (the contract lists these cases under both headings).
+* ``eps`` must be finite and >= 0 (else OutOfRangeError); ``out_dtype`` must be
+  float64, float32, float16, bfloat16 or a signed float8 (else InputDtypeError).
+* Integer weights are converted exactly; one float64 cannot hold (|w| > 2**53
+  and odd, or beyond range) is refused. Weights above 2**990 are scaled by a
+  power of two inside Eq. 7; a combined value that still overflows float64 is
+  an OutOfRangeError naming the group (float64 is what normalize_rewards returns).
+* Reachable cast failures: a whitened value satisfies |a| <= (n-1)/sqrt(n)
+  (Samuelson), so casting to float32/bfloat16/float16 cannot fail below
+  ~4e9 samples; only float8 outputs can (float8_e4m3fn saturates at 448 without
+  an inf, so a unit of more than ~215000 samples with one outlier fails).
+  Values that round beyond the dtype's largest finite value raise OutOfRangeError;
+  float64 inputs beyond float32 range are *not* an error: whitening bounds them.
+* Host synchronisations on CUDA: one per call (the read of the facts row / the
+  agreement table). Extra ones only where stated: weights or segment_sizes given
+  as CUDA tensors (one read each; pass lists), more than 32 units across ranks
+  (their counts are read after the statistics gather), and the float8 cast check.
+
+Distributed protocol (``whiten`` / ``gdpo_advantages`` with ``process_group``):
+no rank raises before one fixed-shape all-reduce of an int64 (world_size, 64)
+table in which each rank records its facts (unit count, sample count, dtype,
+device type, eps, weights digest, any refusal of its own input); then every rank
+raises the same DistributedError naming the offending ranks, or none does. The
+statistics of all units then travel in one more all-reduce (an exact gather)
+and are merged in rank order with Chan's formula, identically on every rank:
+two collectives per call for any number of units (three only for the reachable
+float8 cast check). Collective failures (a dead peer, a timeout) are re-raised
+as DistributedError.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from spec.constants import DEFAULT_EPS
+from spec.errors import (
+    DistributedError,
+    GDPOError,
+    GroupError,
+    InputDtypeError,
+    NonFiniteError,
+    OutOfRangeError,
+    SegmentError,
+    ShapeError,
+    WeightError,
+)
+from impl import _pipeline
+from impl import _problems as _P
+
+__all__ = [
+    "normalize_rewards",
+    "whiten",
+    "gdpo_advantages",
+    "group_has_signal",
+    "GDPOError",
+    "NonFiniteError",
+    "InputDtypeError",
+    "ShapeError",
+    "GroupError",
+    "WeightError",
+    "SegmentError",
+    "OutOfRangeError",
+    "DistributedError",
+]
+
+_API_WHITEN = _P.API_WHITEN
+_API_GDPO = _P.API_GDPO
+
+
+def normalize_rewards(rewards, *, group_ids=None, group_size=None, weights=None, eps=DEFAULT_EPS):
+    """Eq. 4 then Eq. 7: the combined value c of every sample, float64 (N,), input order.
+
+    rewards: (N, K) or (N,) (K = 1) tensor of a real floating dtype, CPU or CUDA.
+    group_size: contiguous groups of this many rows (>= 2, dividing N); or
+    group_ids: one integer label per row, any labels, ragged sizes (each >= 2);
+    exactly one of the two. weights: K real numbers (default ones), float64.
+
+    Raises InputDtypeError, ShapeError, NonFiniteError (first bad row, column
+    and group), GroupError, WeightError, OutOfRangeError (Eq. 7 overflows float64).
+    """
+    return _pipeline.normalize_rewards(rewards, group_ids, group_size, weights, eps)
+
+
+def group_has_signal(rewards, *, group_ids=None, group_size=None, weights=None, eps=DEFAULT_EPS):
+    """(G,) bool: does each group carry a training signal? True iff the group's
+    combined values c (exactly the float64 tensor normalize_rewards returns,
+    computed by the same code) are not all equal, i.e. min != max.
+
+    Why min != max: Eq. 4 centres every reward column of a group, so in exact
+    arithmetic the c of a group sum to zero, and "all equal" means "all zero":
+    Eq. 6 then maps the whole group to the unit mean, it contributes no
+    gradient difference between its samples, and a dynamic-sampling filter may
+    drop it. Any tolerance instead of exact equality would also drop real
+    signal (c can be arbitrarily small and still real), and any other predicate
+    could disagree with the advantages computed from the same c.
+
+    Groups are ordered by first appearance (group_ids) or contiguously (group_size).
+    """
+    return _pipeline.group_has_signal(rewards, group_ids, group_size, weights, eps)
+
+
+def whiten(values, *, segment_sizes=None, process_group=None, eps=DEFAULT_EPS, out_dtype=torch.float32):
+    """Eq. 6 per whitening unit: a = (v - mean_S) / (std_S + eps), unbiased, float64
+    inside, cast once to ``out_dtype``.
+
+    values: (N,) tensor of a real floating dtype. segment_sizes: this rank's
+    sample counts per consecutive unit (non-negative ints summing to N); None is
+    one unit over all local rows (and over all ranks with a process group).
+    A unit whose values are all exactly equal (across ranks) gives 0; a unit of
+    exactly one sample (across ranks) is a SegmentError; an empty unit computes
+    nothing. process_group: whiten each unit across the group's ranks (see the
+    module docstring for the protocol); None: local only.
+    """
+    if process_group is None:
+        return _pipeline.whiten_local(values, segment_sizes, eps, out_dtype)[0]
+    return _pipeline.run_distributed(_API_WHITEN, process_group, values=values,
+                                     segment_sizes=segment_sizes, eps=eps, out_dtype=out_dtype)[0]
+
+
+def gdpo_advantages(rewards, *, group_ids=None, group_size=None, weights=None, segment_sizes=None,
+                    process_group=None, eps=DEFAULT_EPS, out_dtype=torch.float32):
+    """GDPO advantages: whiten(normalize_rewards(...)) with the same bits, and with
+    every refusal (of any rank) raised before any statistics are exchanged.
+
+    Arguments as in :func:`normalize_rewards` and :func:`whiten`.
+    """
+    if process_group is None:
+        return _pipeline.gdpo_local(rewards, group_ids, group_size, weights, segment_sizes, eps, out_dtype)[0]
+    return _pipeline.run_distributed(_API_GDPO, process_group, rewards=rewards, group_ids=group_ids,
+                                     group_size=group_size, weights=weights, segment_sizes=segment_sizes,
+                                     eps=eps, out_dtype=out_dtype)[0]
