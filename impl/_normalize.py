@@ -35,7 +35,7 @@ def standardize_groups(r: torch.Tensor, seg: seg_ops.Segments, eps: float) -> to
     deviations from it. The scale is folded into eps, so z does not depend on it.
     A column whose values are all equal has all differences exactly 0, hence z = 0.
     """
-    e = seg_ops.exponent(seg_ops.reduce(r.abs(), seg, torch.maximum))
+    e = seg_ops.exponent(seg_ops.reduce(r.abs(), seg, torch.maximum), eps)
     rs = seg_ops.ldexp(r, -e)
     d = rs - rs[seg.start]
     n = seg.length.to(_F64)[:, None]

@@ -138,7 +138,7 @@ def whiten_local(values, segment_sizes, eps, out_dtype):
     except Problem as p:
         raise p.error() from None
     v64 = v.to(_F64)
-    loc = W.local_table(v64, sizes)
+    loc = W.local_table(v64, sizes, eps)
     st = W.merge(loc.table[None])
     a = W.apply(v64, loc.unit, st, eps)
     P.raise_local(_facts_row({P.PRESENT: 1}, _value_facts(v64, loc.unit), v64.device).tolist())
@@ -155,7 +155,7 @@ def gdpo_local(rewards, group_ids, group_size, weights, segment_sizes, eps, out_
     except Problem as p:
         raise p.error() from None
     norm = normalize(inp, eps)
-    loc = W.local_table(norm.c, sizes)
+    loc = W.local_table(norm.c, sizes, eps)
     st = W.merge(loc.table[None])
     a = W.apply(norm.c, loc.unit, st, eps)
     host = {P.PRESENT: 1, P.K: inp.k, P.BY_LABEL: int(inp.labels is not None)}
@@ -220,7 +220,7 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
             device_facts.update(norm.facts)
         else:
             v64 = v.to(_F64)
-        loc = W.local_table(v64, sizes)
+        loc = W.local_table(v64, sizes, eps)
         if api == P.API_WHITEN:
             device_facts.update(_value_facts(v64, loc.unit))
     except Problem as p:

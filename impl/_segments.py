@@ -53,9 +53,17 @@ def ldexp_scalar(x: torch.Tensor, k: int) -> torch.Tensor:
     return x * math.ldexp(1.0, h) * math.ldexp(1.0, k - h)
 
 
-def exponent(x: torch.Tensor) -> torch.Tensor:
-    """e with |x| < 2**e (frexp exponent, int64); 0 for x == 0."""
-    return torch.frexp(x)[1].to(_I64)
+def exponent(x: torch.Tensor, eps: float = 0.0) -> torch.Tensor:
+    """A scale exponent e with |x| < 2**e (frexp exponent, int64; 0 for x == 0).
+
+    With eps > 0, e is raised to at least exponent(eps) - 1000, so that the
+    folded eps * 2**-e stays finite (below 2**1000): values far below eps are
+    then scaled up less, which cannot matter since eps dominates their std.
+    """
+    e = torch.frexp(x)[1].to(_I64)
+    if eps > 0.0:
+        e = e.clamp(min=math.frexp(eps)[1] - 1000)
+    return e
 
 
 @dataclasses.dataclass(frozen=True)

@@ -46,7 +46,7 @@ class Local:
     unit: torch.Tensor  # (N,) int64 unit index of every row
 
 
-def local_table(v: torch.Tensor, sizes: list[int]) -> Local:
+def local_table(v: torch.Tensor, sizes: list[int], eps: float) -> Local:
     """This rank's (S, 7) summary of float64 values ``v`` cut into ``sizes``."""
     device = v.device
     rows = v.shape[0]
@@ -55,7 +55,7 @@ def local_table(v: torch.Tensor, sizes: list[int]) -> Local:
     empty = torch.tensor([0.0, 0.0, 0.0, 0.0, 0.0, float("inf"), float("-inf")], dtype=_F64, device=device)
     if rows == 0:
         return Local(empty.expand(len(sizes), COLS).clone(), unit)
-    e = seg_ops.exponent(seg_ops.reduce(v.abs(), seg, torch.maximum))
+    e = seg_ops.exponent(seg_ops.reduce(v.abs(), seg, torch.maximum), eps)
     vs = seg_ops.ldexp(v, -e)
     shift = vs[seg.start]
     d = vs - shift
