@@ -239,14 +239,13 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
     _all_reduce(table, dist.ReduceOp.SUM, group, name, 1, rank)
     agreed = table.tolist()  # the call's one host synchronisation
     reasons = P.table_problems(agreed)
-    units = agreed[0][P.UNITS]
-    if not reasons:
-        totals = [sum(r[P.COUNTS + j] for r in agreed) for j in range(min(units, P.COUNT_SLOTS))]
-        reasons = [_lonely_unit(j, [r[P.COUNTS + j] for r in agreed]) for j, t in enumerate(totals) if t == 1]
-        if reasons:
-            raise P.DistributedSegmentError(P.distributed_error(reasons, world, name).args[0])
     if reasons:
-        raise P.distributed_error(reasons, world, name) from local_exc
+        raise P.DistributedError(P.refusal_message(reasons, agreed)) from local_exc
+    units = agreed[0][P.UNITS]
+    lonely = [_lonely_unit(j, [r[P.COUNTS + j] for r in agreed])
+              for j in range(min(units, P.COUNT_SLOTS)) if sum(r[P.COUNTS + j] for r in agreed) == 1]
+    if lonely:
+        raise P.DistributedSegmentError(P.refusal_message(lonely, agreed))
 
     stats = torch.zeros(world, units, W.COLS, dtype=_F64, device=comm)
     stats[rank] = loc.table.to(comm)
@@ -255,7 +254,7 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
         counts = stats[:, P.COUNT_SLOTS:, 0].T.tolist()
         reasons = [_lonely_unit(P.COUNT_SLOTS + j, c) for j, c in enumerate(counts) if sum(c) == 1]
         if reasons:
-            raise P.DistributedSegmentError(P.distributed_error(reasons, world, name).args[0])
+            raise P.DistributedSegmentError(P.refusal_message(reasons, agreed))
     st = W.merge(stats.to(data_device))
     a = W.apply(v64, loc.unit, st, eps)
     out = a.to(out_dtype)

@@ -270,8 +270,11 @@ def table_problems(table: list[list[int]]) -> list[str]:
         if len(set(vals.values())) > 1:
             reasons.append(fmt(vals))
 
-    differ(API, lambda v: "ranks call different functions ("
-           + _by_value({r: API_NAMES.get(x, "?") for r, x in v.items()}) + ")")
+    apis = {r: table[r][API] for r in consider}
+    if len(set(apis.values())) > 1:  # nothing else is comparable between different calls
+        reasons.append("ranks call different functions ("
+                       + _by_value({r: API_NAMES.get(x, "?") for r, x in apis.items()}) + ")")
+        return reasons
     none = {r: table[r][SEG_NONE] for r in consider}
     if len(set(none.values())) > 1:
         reasons.append("segment_sizes is None on some ranks but given on others ("
@@ -295,5 +298,8 @@ def table_problems(table: list[list[int]]) -> list[str]:
     return reasons
 
 
-def distributed_error(reasons: list[str], world: int, api: str) -> DistributedError:
-    return DistributedError(f"{api} refused on all {world} ranks: " + "; ".join(reasons))
+def refusal_message(reasons: list[str], table: list[list[int]]) -> str:
+    """The message every rank raises: built from the agreed table only (rank 0's
+    function name), so it is the same string on every rank."""
+    api = API_NAMES.get(table[0][API], "GDPO")
+    return f"{api} refused on all {len(table)} ranks: " + "; ".join(reasons)

@@ -1,0 +1,232 @@
+"""Real torch.distributed process groups for the tests, with a hard deadline.
+
+``run_group`` spawns ``world_size`` processes (spawn context), each joins a
+process group through a temporary ``file://`` rendezvous (never a fixed port,
+so pytest-xdist workers can start groups at the same time) with a group
+timeout, and runs a list of scenarios in order, catching every exception per
+scenario. Each rank writes one record per scenario to its own file as soon as
+the scenario returns, so a rank that hangs or dies loses nothing already done.
+The parent waits until a deadline, then terminates whatever is still running:
+a hang is a test failure (``Run.hung``), never a stuck CI job.
+
+Scenarios are plain data ``(name, kind, kwargs)``; ``kind`` names a function in
+``SCENARIOS``; per-rank inputs (values, rewards, sizes, group_ids, weights, and
+dtype/eps where not a plain string) are lists indexed by rank.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import pickle
+import shutil
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass, field
+
+import multiprocessing as mp
+
+COLLECTIVES = (
+    "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "broadcast",
+    "broadcast_object_list", "reduce", "reduce_scatter", "reduce_scatter_tensor", "all_to_all",
+    "all_to_all_single", "gather", "scatter", "barrier", "send", "recv", "isend", "irecv",
+    "monitored_barrier", "batch_isend_irecv",
+)
+
+
+@dataclass
+class Run:
+    world_size: int
+    records: dict = field(default_factory=dict)  # scenario name -> {rank: record}
+    exitcodes: list = field(default_factory=list)
+    hung: list = field(default_factory=list)  # ranks terminated at the deadline
+    wall_s: float = 0.0
+    stderr: str = ""
+
+    def by_rank(self, name: str) -> dict:
+        recs = self.records.get(name, {})
+        missing = [r for r in range(self.world_size) if r not in recs]
+        assert not missing, (f"scenario {name!r}: ranks {missing} never reported (hung={self.hung}, "
+                             f"exitcodes={self.exitcodes})\n{self.stderr[-3000:]}")
+        return recs
+
+
+# --- scenario functions (run inside the spawned ranks) ------------------------------------
+
+
+def _tensor(values, dtype, device):
+    import torch
+
+    return torch.tensor(values, dtype=getattr(torch, dtype), device=device)
+
+
+def _mine(x, rank):
+    """This rank's entry of a per-rank list; strings and None are the same on every rank."""
+    return x if x is None or isinstance(x, str) else x[rank]
+
+
+def _whiten(rank, world, group, device, values, sizes=None, dtype="float64", out_dtype="float64",
+            eps=None, stats=False):
+    import torch
+
+    from impl import _pipeline, gdpo
+
+    dt = _mine(dtype, rank)
+    v = _tensor(values[rank], dt, device) if dt != "int64" else torch.tensor(values[rank], device=device).long()
+    kwargs = {"segment_sizes": _mine(sizes, rank),
+              "out_dtype": getattr(torch, out_dtype)}
+    if eps is not None:
+        kwargs["eps"] = _mine(eps, rank)
+    elif stats:
+        from spec.constants import DEFAULT_EPS
+
+        kwargs["eps"] = DEFAULT_EPS
+    if stats:
+        out, st = _pipeline.run_distributed(_pipeline.P.API_WHITEN, group, values=v, **kwargs)
+        return out, st.as_table()
+    return gdpo.whiten(v, process_group=group, **kwargs), None
+
+
+def _gdpo(rank, world, group, device, rewards, sizes=None, group_size=None, group_ids=None, weights=None,
+          dtype="float64", out_dtype="float64"):
+    import torch
+
+    from impl import gdpo
+
+    r = _tensor(rewards[rank], _mine(dtype, rank), device)
+    if r.numel() == 0:  # an empty shard still has K reward columns
+        r = r.reshape(0, len(next(row for rows in rewards for row in rows)))
+    out = gdpo.gdpo_advantages(
+        r, group_size=group_size, group_ids=_mine(group_ids, rank), weights=_mine(weights, rank),
+        segment_sizes=_mine(sizes, rank), process_group=group,
+        out_dtype=getattr(torch, out_dtype))
+    return out, None
+
+
+def _mixed_api(rank, world, group, device, values):
+    """Rank 0 calls whiten, the others gdpo_advantages: refused, nobody hangs."""
+    if rank == 0:
+        return _whiten(rank, world, group, device, values)
+    return _gdpo(rank, world, group, device, [[[x] for x in v] for v in values], group_size=2)
+
+
+def _die(rank, world, group, device, values, victim=1):
+    """``victim`` exits before joining the call; the others must fail, not hang."""
+    if rank == victim:
+        os._exit(3)
+    return _whiten(rank, world, group, device, values)
+
+
+SCENARIOS = {"whiten": _whiten, "gdpo": _gdpo, "mixed_api": _mixed_api, "die": _die}
+
+
+# --- the rank process ------------------------------------------------------------------------
+
+
+class _Counter:
+    def __init__(self, dist):
+        self.counts: dict[str, int] = {}
+        for name in COLLECTIVES:
+            fn = getattr(dist, name, None)
+            if fn is not None:
+                setattr(dist, name, self._wrap(name, fn))
+
+    def _wrap(self, name, fn):
+        def counted(*args, **kwargs):
+            self.counts[name] = self.counts.get(name, 0) + 1
+            return fn(*args, **kwargs)
+
+        return counted
+
+
+def _plain(t):
+    """A tensor as exact float64 hex strings (+0 and -0 differ)."""
+    if t is None:
+        return None
+    import torch
+
+    return {"dtype": str(t.dtype).replace("torch.", ""), "shape": list(t.shape),
+            "hex": [float(x).hex() for x in t.detach().to("cpu", torch.float64).reshape(-1).tolist()]}
+
+
+def _rank_main(rank, world, init_file, out_dir, scenarios, timeout_s, backend, device):
+    import torch
+    import torch.distributed as dist
+
+    if device == "cuda":
+        torch.cuda.set_device(0)
+    dist.init_process_group(backend, init_method="file://" + init_file, rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=timeout_s))
+    counter = _Counter(dist)
+    for i, (name, kind, kwargs) in enumerate(scenarios):
+        counter.counts = {}
+        t0 = time.monotonic()
+        rec = {"rank": rank, "name": name}
+        try:
+            out, stats = SCENARIOS[kind](rank, world, dist.group.WORLD, device, **kwargs)
+            rec.update(status="ok", result=_plain(out), stats=_plain(stats))
+        except BaseException as exc:  # noqa: BLE001 - every outcome is reported
+            rec.update(status="error", cls=type(exc).__name__, mro=[c.__name__ for c in type(exc).__mro__],
+                       msg=str(exc), tb=traceback.format_exc()[-2000:])
+        rec.update(seconds=time.monotonic() - t0, collectives=dict(counter.counts))
+        tmp = os.path.join(out_dir, f".r{rank}_{i}.tmp")
+        with open(tmp, "wb") as f:
+            pickle.dump(rec, f)
+        os.replace(tmp, os.path.join(out_dir, f"r{rank}_{i}.pkl"))
+    # No destroy_process_group(): with a dead peer its teardown can block; the records are
+    # on disk, so leave at once.
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def _entry(rank, world, init_file, out_dir, scenarios, timeout_s, backend, device, log):
+    sys.stderr = open(log, "w", buffering=1)
+    _rank_main(rank, world, init_file, out_dir, scenarios, timeout_s, backend, device)
+
+
+def run_group(world_size: int, scenarios: list, *, group_timeout_s: float = 20.0, deadline_s: float = 90.0,
+              backend: str = "gloo", device: str = "cpu") -> Run:
+    ctx = mp.get_context("spawn")
+    tmp = tempfile.mkdtemp(prefix="gdpo_dist_")
+    init_file = os.path.join(tmp, "rendezvous")
+    out_dir = os.path.join(tmp, "out")
+    os.makedirs(out_dir)
+    t0 = time.monotonic()
+    procs = [ctx.Process(target=_entry, daemon=True,
+                         args=(r, world_size, init_file, out_dir, scenarios, group_timeout_s, backend, device,
+                               os.path.join(tmp, f"stderr{r}.log")))
+             for r in range(world_size)]
+    for p in procs:
+        p.start()
+    run = Run(world_size)
+    try:
+        for r, p in enumerate(procs):
+            p.join(max(0.0, deadline_s - (time.monotonic() - t0)))
+        for r, p in enumerate(procs):
+            if p.is_alive():
+                run.hung.append(r)
+                p.terminate()
+        for p in procs:
+            p.join(5)
+            if p.is_alive():
+                p.kill()
+                p.join(5)
+        run.exitcodes = [p.exitcode for p in procs]
+        run.wall_s = time.monotonic() - t0
+        for fname in sorted(os.listdir(out_dir)):
+            if fname.endswith(".pkl"):
+                with open(os.path.join(out_dir, fname), "rb") as f:
+                    rec = pickle.load(f)
+                run.records.setdefault(rec["name"], {})[rec["rank"]] = rec
+        for r in range(world_size):
+            log = os.path.join(tmp, f"stderr{r}.log")
+            if os.path.exists(log):
+                with open(log) as f:
+                    text = f.read().strip()
+                if text:
+                    run.stderr += f"--- rank {r} stderr ---\n{text}\n"
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return run

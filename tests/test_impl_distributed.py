@@ -1,0 +1,308 @@
+"""Real multi-process gloo tests of the distributed protocol (Eq. 6 across ranks).
+
+One spawned group per world size runs every scenario in order (tests/_dist.py);
+errors and successes interleave, so a rank left behind in a collective would
+also wreck the scenarios after it. The parent joins with a hard deadline: a hang
+is a failure listing the ranks that had to be terminated.
+
+Hand check (not committed, see the report): making one rank raise locally
+before the agreement collective turns these tests into failures at the group
+timeout (the other ranks' records say "collective 1 failed"), not a hang.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+import random
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+import _dist  # noqa: E402
+from test_impl_numerics import assert_within, exact_gdpo, exact_whiten  # noqa: E402
+
+from impl import gdpo  # noqa: E402
+
+pytestmark = pytest.mark.distributed
+
+GROUP_TIMEOUT_S = 20.0  # every collective of a test group gives up after this
+DEADLINE_S = 150.0  # the whole spawned group, start-up included
+RETURN_BOUND_S = GROUP_TIMEOUT_S  # every rank returns (raises or succeeds) within this, per scenario
+
+
+# --- scenario data -----------------------------------------------------------------------------
+
+
+def _values(rng, n, scale=3.0, offset=100.0):
+    return [offset + scale * rng.gauss(0.0, 1.0) for _ in range(n)]
+
+
+def _layout_scenario(name, world, sizes_by_rank, rng, unit_values=None):
+    """A whiten scenario from per-rank unit sizes; values drawn per unit (or given)."""
+    units = len(sizes_by_rank[0])
+    values = [[] for _ in range(world)]
+    for j in range(units):
+        pool = unit_values[j] if unit_values else None
+        for r in range(world):
+            for _ in range(sizes_by_rank[r][j]):
+                values[r].append(pool.pop(0) if pool else 100.0 + rng.gauss(0.0, 1.0) * 10.0 ** rng.randint(-3, 3))
+    return (name, "whiten", {"values": values, "sizes": sizes_by_rank, "stats": True})
+
+
+def scenarios(world):
+    rng = random.Random(1000 + world)
+    last = world - 1
+    n = 5
+    plain = [_values(rng, n) for _ in range(world)]
+    out = []
+
+    # shared statistics, uneven and empty shards, 1, 2, 8 and 40 units
+    out.append(("one_unit", "whiten", {"values": [_values(rng, r + 2) for r in range(world)], "stats": True}))
+    two = [[3, 0], [0, 4], [2, 1], [0, 0]][:world]
+    out.append(_layout_scenario("two_units_uneven_empty_shard", world, two, rng))
+    eight = [[rng.randint(0, 3) for _ in range(8)] for _ in range(world)]
+    eight[last][5] = 0  # some shards hold nothing of a unit
+    for j in range(8):
+        eight[0][j] += max(0, 2 - sum(eight[r][j] for r in range(world)))
+    out.append(_layout_scenario("eight_units", world, eight, rng))
+    on_one = [[(4 if j % world == r else 0) for j in range(8)] for r in range(world)]
+    out.append(_layout_scenario("units_on_one_rank_each", world, on_one, rng))
+    forty = [[1] * 40 for _ in range(world)]
+    out.append(_layout_scenario("forty_units", world, forty, rng))
+    collapse = [[2, 2, 2] for _ in range(world)]
+    cvals = [[0.1] * (2 * world), [float(r // 2) for r in range(2 * world)], [1e300, -1e300] + [3e-300] * (2 * world - 2)]
+    out.append(_layout_scenario("collapse_and_extremes", world, collapse, rng, unit_values=cvals))
+
+    # refusals: every rank raises the same DistributedError, naming the rank
+    out.append(("err_unit_count", "whiten",
+                {"values": plain, "sizes": [[2, 3]] + [[5]] * (world - 1)}))
+    out.append(("ok_after_unit_count", "whiten", {"values": plain, "stats": True}))
+    out.append(("err_none_vs_sizes", "whiten", {"values": plain, "sizes": [None] + [[5]] * (world - 1)}))
+    out.append(("err_sizes_sum", "whiten", {"values": plain, "sizes": [[5]] * last + [[2, 2]]}))
+    out.append(("err_negative_size", "whiten", {"values": plain, "sizes": [[5, 0]] * last + [[6, -1]]}))
+    nan = [list(v) for v in plain]
+    nan[1][2] = math.nan
+    out.append(("err_nan_one_rank", "whiten", {"values": nan}))
+    out.append(("ok_after_nan", "whiten", {"values": plain, "stats": True}))
+    both = [list(v) for v in plain]
+    both[0][4] = math.inf
+    out.append(("err_inf_and_bad_sizes", "whiten", {"values": both, "sizes": [[5]] * last + [[4]]}))
+    out.append(("err_dtype_mismatch", "whiten", {"values": plain, "dtype": ["float32"] + ["float64"] * last}))
+    out.append(("err_int_values", "whiten", {"values": [[float(round(x)) for x in v] for v in plain],
+                                             "dtype": ["float64"] * last + ["int64"]}))
+    out.append(("err_eps_mismatch", "whiten", {"values": plain, "eps": [1e-4] * last + [1e-6]}))
+    lonely = [[4, 0]] * last + [[4, 1]]
+    out.append(("err_unit_of_one", "whiten", {"values": [_values(rng, sum(s)) for s in lonely], "sizes": lonely}))
+    lonely40 = [[2] * 40 for _ in range(world)]
+    for r in range(world):
+        lonely40[r][35] = 1 if r == last else 0
+    out.append(("err_unit_of_one_beyond_slots", "whiten",
+                {"values": [_values(rng, sum(s)) for s in lonely40], "sizes": lonely40}))
+    out.append(("err_mixed_api", "mixed_api", {"values": [v[:4] for v in plain]}))
+
+    # the whole pipeline across ranks
+    rewards = [[[rng.choice([0.0, 1.0]), rng.gauss(500.0, 50.0)] for _ in range(6)] for _ in range(world)]
+    out.append(("gdpo_two_units", "gdpo", {"rewards": rewards, "group_size": 2, "sizes": [[4, 2]] * world,
+                                           "weights": [[1.0, 0.5]] * world}))
+    bad = [[list(x) for x in rr] for rr in rewards]
+    bad[1][3][1] = math.nan
+    out.append(("err_gdpo_nan_reward", "gdpo", {"rewards": bad, "group_size": 2}))
+    out.append(("err_gdpo_group_of_one", "gdpo", {"rewards": rewards, "group_ids": [[7, 7, 8, 9, 9, 9]] + [[1, 1, 2, 2, 3, 3]] * last}))
+    out.append(("err_gdpo_weights_differ", "gdpo", {"rewards": rewards, "group_size": 2,
+                                                    "weights": [[1.0, 1.0]] * last + [[1.0, 2.0]]}))
+    out.append(("ok_gdpo_empty_shard", "gdpo", {"rewards": rewards[:last] + [[]], "group_size": 2,
+                                                "dtype": "float64"}))
+
+    # collectives per call for 1 and 8 units (public API)
+    for units in (1, 8):
+        sizes = [[2] * units for _ in range(world)]
+        vals = [_values(rng, 2 * units) for _ in range(world)]
+        out.append((f"count_whiten_{units}u", "whiten", {"values": vals, "sizes": sizes}))
+        rw = [[[rng.random(), rng.random()] for _ in range(2 * units)] for _ in range(world)]
+        out.append((f"count_gdpo_{units}u", "gdpo", {"rewards": rw, "group_size": 2, "sizes": sizes}))
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def _run(world):
+    run = _dist.run_group(world, scenarios(world), group_timeout_s=GROUP_TIMEOUT_S, deadline_s=DEADLINE_S)
+    print(f"\n[world {world}] spawned group ran {len(run.records)} scenarios in {run.wall_s:.1f} s")
+    return run
+
+
+WORLDS = [2, 4]
+SCEN = {w: {s[0]: s for s in scenarios(w)} for w in WORLDS}
+
+
+def _floats(rec):
+    return [float.fromhex(h) for h in rec["result"]["hex"]]
+
+
+def _check_returned(run, name):
+    recs = run.by_rank(name)
+    assert not run.hung, f"ranks {run.hung} hung and were terminated"
+    for r, rec in recs.items():
+        assert rec["seconds"] < RETURN_BOUND_S, f"{name}: rank {r} took {rec['seconds']:.1f} s"
+    return recs
+
+
+# --- shared statistics ------------------------------------------------------------------------------
+
+OK = ["one_unit", "two_units_uneven_empty_shard", "eight_units", "units_on_one_rank_each", "forty_units",
+      "collapse_and_extremes", "ok_after_unit_count", "ok_after_nan"]
+
+
+def _global_units(kw, world):
+    """Per unit: the concatenation over ranks (rank order) and where each piece came from."""
+    vals = kw["values"]
+    sizes = kw.get("sizes") or [[len(v)] for v in vals]
+    units = len(sizes[0])
+    pieces = {(r, j): [] for r in range(world) for j in range(units)}
+    for r in range(world):
+        at = 0
+        for j, s in enumerate(sizes[r]):
+            pieces[(r, j)] = list(range(at, at + s))
+            at += s
+    return units, sizes, pieces
+
+
+@pytest.mark.parametrize("world", WORLDS)
+@pytest.mark.parametrize("name", OK)
+def test_shared_statistics(world, name):
+    """Every rank's result is Eq. 6 of the concatenation of the unit's shards (within the error
+    model of the exact result, as is the single-process whiten of the concatenation), the
+    merged statistics are bitwise identical on all ranks, and a unit held by one rank gives
+    the single-process bits."""
+    run = _run(world)
+    recs = _check_returned(run, name)
+    for r, rec in recs.items():
+        assert rec["status"] == "ok", f"rank {r}: {rec.get('cls')}: {rec.get('msg')}\n{rec.get('tb')}"
+    kw = SCEN[world][name][2]
+    assert len({tuple(rec["stats"]["hex"]) for rec in recs.values()}) == 1, "statistics differ across ranks"
+    units, sizes, pieces = _global_units(kw, world)
+    for j in range(units):
+        unit_vals = [kw["values"][r][i] for r in range(world) for i in pieces[(r, j)]]
+        got = [_floats(recs[r])[i] for r in range(world) for i in pieces[(r, j)]]
+        if len(unit_vals) == 0:
+            continue
+        ex = exact_whiten(unit_vals)
+        assert_within(got, ex["a"], ex["da"], "float64", f"{name} unit {j} (world {world})")
+        local = gdpo.whiten(torch.tensor(unit_vals, dtype=torch.float64), out_dtype=torch.float64).tolist()
+        assert_within(local, ex["a"], ex["da"], "float64", f"{name} unit {j} single-process")
+        holders = [r for r in range(world) if pieces[(r, j)]]
+        if len(holders) == 1:
+            assert [x.hex() for x in got] == [x.hex() for x in local], f"{name} unit {j}: one holder, not bitwise"
+    if name == "collapse_and_extremes":
+        zeros = [_floats(recs[r])[i] for r in range(world) for i in pieces[(r, 0)]]
+        assert [x.hex() for x in zeros] == ["0x0.0p+0"] * len(zeros)  # global min == max across ranks
+        spread = [_floats(recs[r])[i] for r in range(world) for i in pieces[(r, 1)]]
+        assert any(x != 0 for x in spread)  # constant per rank, not across ranks: real signal
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_pipeline_across_ranks(world):
+    """gdpo_advantages over ranks = exact GDPO of the concatenation (groups stay on their rank)."""
+    run = _run(world)
+    recs = _check_returned(run, "gdpo_two_units")
+    kw = SCEN[world]["gdpo_two_units"][2]
+    rows, groups, units, got = [], [], [], []
+    for j, (lo, hi) in enumerate([(0, 4), (4, 6)]):
+        for r in range(world):
+            assert recs[r]["status"] == "ok", recs[r].get("msg")
+            for i in range(lo, hi):
+                rows.append(kw["rewards"][r][i])
+                groups.append((r, i // 2))
+                units.append(j)
+                got.append(_floats(recs[r])[i])
+    ex = exact_gdpo(rows, groups, kw["weights"][0], units)
+    assert_within(got, ex["a"], ex["da"], "float64", f"gdpo across {world} ranks")
+    empty = _check_returned(run, "ok_gdpo_empty_shard")
+    assert all(rec["status"] == "ok" for rec in empty.values()), [rec.get("msg") for rec in empty.values()]
+    assert empty[world - 1]["result"]["shape"] == [0]
+
+
+# --- refusals ---------------------------------------------------------------------------------------
+
+REFUSALS = [
+    ("err_unit_count", "DistributedError", r"disagree on the number of whitening units \(rank 0: 2 units; ranks? 1.*: 1 units\)"),
+    ("err_none_vs_sizes", "DistributedError", r"segment_sizes is None on some ranks .*rank 0: None"),
+    ("err_sizes_sum", "DistributedError", r"rank {last}: SegmentError: segment_sizes sum to 4 but this rank holds 5"),
+    ("err_negative_size", "DistributedError", r"rank {last}: SegmentError: segment_sizes\[1\] \(unit 1\) is -1"),
+    ("err_nan_one_rank", "DistributedError", r"rank 1: NonFiniteError: values\[2\] \(unit 0\) is nan"),
+    ("err_inf_and_bad_sizes", "DistributedError", r"rank 0: NonFiniteError: values\[4\].*inf.*rank {last}: SegmentError"),
+    ("err_dtype_mismatch", "DistributedError", r"input dtypes differ across ranks \(rank 0: float32; ranks? 1"),
+    ("err_int_values", "DistributedError", r"rank {last}: InputDtypeError: values has dtype int64"),
+    ("err_eps_mismatch", "DistributedError", r"eps differs across ranks .*rank {last}: 1e-06"),
+    ("err_unit_of_one", "DistributedSegmentError", r"unit 1 holds a single sample across all ranks \(on rank {last}\)"),
+    ("err_unit_of_one_beyond_slots", "DistributedSegmentError", r"unit 35 holds a single sample .*on rank {last}"),
+    ("err_mixed_api", "DistributedError", r"ranks call different functions \(rank 0: whiten; ranks? 1.*gdpo_advantages"),
+    ("err_gdpo_nan_reward", "DistributedError",
+     r"rank 1: NonFiniteError: rewards\[3, 1\] \(row 3, reward column 1, group 1 .*\) is nan"),
+    ("err_gdpo_group_of_one", "DistributedError", r"rank 0: GroupError: group label 8 \(first row 2\) has 1 sample"),
+    ("err_gdpo_weights_differ", "DistributedError", r"weights differ across ranks"),
+]
+
+
+@pytest.mark.parametrize("world", WORLDS)
+@pytest.mark.parametrize("name,cls,pattern", REFUSALS, ids=[r[0] for r in REFUSALS])
+def test_every_rank_raises_the_same_error(world, name, cls, pattern):
+    import re
+
+    run = _run(world)
+    recs = _check_returned(run, name)
+    msgs = set()
+    for r, rec in recs.items():
+        assert rec["status"] == "error", f"{name}: rank {r} returned instead of raising"
+        assert rec["cls"] == cls and "DistributedError" in rec["mro"], (r, rec["cls"], rec["msg"])
+        if cls == "DistributedSegmentError":
+            assert "SegmentError" in rec["mro"]
+        assert re.search(pattern.format(last=world - 1), rec["msg"]), f"rank {r}: {rec['msg']}"
+        msgs.add(rec["msg"])
+    assert len(msgs) == 1, f"{name}: ranks raised different messages: {msgs}"
+
+
+# --- collectives per call -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_collectives_per_call_are_few_and_independent_of_units(world):
+    run = _run(world)
+    counts = {}
+    for api in ("whiten", "gdpo"):
+        for units in (1, 8):
+            recs = _check_returned(run, f"count_{api}_{units}u")
+            per_rank = {r: rec["collectives"] for r, rec in recs.items()}
+            assert all(rec["status"] == "ok" for rec in recs.values()), [rec.get("msg") for rec in recs.values()]
+            assert len({tuple(sorted(c.items())) for c in per_rank.values()}) == 1, per_rank
+            counts[(api, units)] = per_rank[0]
+    print(f"\n[world {world}] collectives per call: "
+          + ", ".join(f"{api} {u} unit(s): {c}" for (api, u), c in counts.items()))
+    for api in ("whiten", "gdpo"):
+        assert counts[(api, 1)] == counts[(api, 8)]
+        assert sum(counts[(api, 1)].values()) <= 3
+
+
+# --- a rank that dies --------------------------------------------------------------------------------
+
+DIE_TIMEOUT_S = 8.0
+
+
+def test_dead_rank_makes_the_others_fail_within_the_timeout():
+    vals = [[1.0, 2.0, 3.0], [4.0, 5.0, 6.0, 7.0]]
+    run = _dist.run_group(2, [("warmup", "whiten", {"values": vals}), ("die", "die", {"values": vals})],
+                          group_timeout_s=DIE_TIMEOUT_S, deadline_s=90.0)
+    assert run.by_rank("warmup")[0]["status"] == "ok"
+    rec = run.records.get("die", {}).get(0)
+    assert rec is not None, f"rank 0 never returned (hung={run.hung})\n{run.stderr[-2000:]}"
+    assert rec["status"] == "error" and "DistributedError" in rec["mro"], rec
+    assert re.search(r"collective 1 failed on rank 0", rec["msg"]), rec["msg"]
+    assert rec["seconds"] <= DIE_TIMEOUT_S + 5.0, rec["seconds"]
+    assert run.exitcodes[1] == 3 and not run.hung
+
+
+import re  # noqa: E402
