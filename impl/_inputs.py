@@ -11,6 +11,7 @@ import numbers
 import torch
 
 from impl import _problems as P
+from impl._segments import to_device
 
 _F64 = torch.float64
 
@@ -123,7 +124,7 @@ def check_rewards(rewards, group_ids, group_size, weights, *, allow_empty_rows: 
             raise Problem(P.P_GROUP_IDS_NDIM, ids.dim())
         if ids.shape[0] != n:
             raise Problem(P.P_GROUP_IDS_LENGTH, ids.shape[0], n)
-        labels = ids.to(device=r.device, dtype=torch.int64)
+        labels = to_device(ids.to(torch.int64), r.device)
 
     return Rewards(r, P.dtype_code(r.dtype), group_size, labels, check_weights(weights, k))
 

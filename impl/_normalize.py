@@ -107,14 +107,14 @@ def normalize(inp: Rewards, eps: float) -> Normalized:
         if n == 0:
             return zero
         row = row.clamp(max=n - 1)
-        return inp.labels[row] if inp.labels is not None else torch.div(row, inp.group_size, rounding_mode="floor")
+        return seg_ops.take(inp.labels, row) if inp.labels is not None else torch.div(row, inp.group_size, rounding_mode="floor")
 
     facts = {P.GROUPS: (seg.pos == 0).sum().to(_I64) if n else zero}
     flat = r.reshape(-1)
     bad = first_true(~torch.isfinite(flat))
     facts[P.NF_REWARD] = torch.where(bad < n * k, bad + 1, 0)
     if n:
-        facts[P.NF_REWARD_KIND] = kind_of(flat[bad.clamp(max=n * k - 1)])
+        facts[P.NF_REWARD_KIND] = kind_of(seg_ops.take(flat, bad.clamp(max=n * k - 1)))
         facts[P.NF_REWARD_GROUP] = group_of(torch.div(bad, k, rounding_mode="floor"))
     if perm is not None and n:
         lonely = torch.where(seg.length < 2, perm, torch.full_like(perm, n)).amin()

@@ -37,6 +37,7 @@ from impl._inputs import (
     check_values,
 )
 from impl._normalize import first_true, group_signal, kind_of, normalize
+from impl._segments import take
 
 _F64 = torch.float64
 _I64 = torch.int64
@@ -63,8 +64,8 @@ def _value_facts(v64: torch.Tensor, unit: torch.Tensor) -> dict[int, torch.Tenso
     facts = {P.NF_VALUE: torch.where(bad < n, bad + 1, 0)}
     if n:
         at = bad.clamp(max=n - 1)
-        facts[P.NF_VALUE_KIND] = kind_of(v64[at])
-        facts[P.NF_VALUE_UNIT] = unit[at]
+        facts[P.NF_VALUE_KIND] = kind_of(take(v64, at))
+        facts[P.NF_VALUE_UNIT] = take(unit, at)
     return facts
 
 

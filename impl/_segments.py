@@ -53,6 +53,20 @@ def ldexp_scalar(x: torch.Tensor, k: int) -> torch.Tensor:
     return x * math.ldexp(1.0, h) * math.ldexp(1.0, k - h)
 
 
+def take(x: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
+    """x[i] for a 0-d int64 tensor ``i``, without the host read that Python
+    indexing with a 0-d tensor may do on CUDA."""
+    return x.index_select(0, i.reshape(1)).reshape(())
+
+
+def to_device(x: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Copy a small CPU tensor to ``device`` without a host synchronisation
+    (pinned memory and a non-blocking copy on CUDA)."""
+    if device.type == "cuda" and x.device.type == "cpu":
+        return x.contiguous().pin_memory().to(device, non_blocking=True)
+    return x.to(device)
+
+
 def exponent(x: torch.Tensor, eps: float = 0.0) -> torch.Tensor:
     """A scale exponent e with |x| < 2**e (frexp exponent, int64; 0 for x == 0).
 

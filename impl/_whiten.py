@@ -34,10 +34,7 @@ _N, _E, _SHIFT, _MEAN, _M2, _MIN, _MAX = range(COLS)
 def host_to_device(values: list[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """A small host list on ``device`` without a host synchronisation (pinned,
     non-blocking copy on CUDA)."""
-    t = torch.tensor(values, dtype=dtype)
-    if device.type == "cuda":
-        return t.pin_memory().to(device, non_blocking=True)
-    return t.to(device)
+    return seg_ops.to_device(torch.tensor(values, dtype=dtype), device)
 
 
 @dataclasses.dataclass
@@ -52,7 +49,9 @@ def local_table(v: torch.Tensor, sizes: list[int], eps: float) -> Local:
     rows = v.shape[0]
     sizes_dev = host_to_device(sizes, _I64, device)
     seg, unit = seg_ops.segments_from_sizes(sizes_dev, rows, max(sizes, default=0))
-    empty = torch.tensor([0.0, 0.0, 0.0, 0.0, 0.0, float("inf"), float("-inf")], dtype=_F64, device=device)
+    empty = torch.zeros(COLS, dtype=_F64, device=device)  # filled by kernels, no host copy
+    empty[_MIN] = float("inf")
+    empty[_MAX] = float("-inf")
     if rows == 0:
         return Local(empty.expand(len(sizes), COLS).clone(), unit)
     e = seg_ops.exponent(seg_ops.reduce(v.abs(), seg, torch.maximum), eps)

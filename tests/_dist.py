@@ -141,6 +141,25 @@ class _Counter:
         return counted
 
 
+def _count_syncs(fn):
+    """Run ``fn`` under torch.cuda.set_sync_debug_mode("warn") and count the
+    synchronizing CUDA operations it performs."""
+    import warnings
+
+    import torch
+
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            out, stats = fn()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    syncs = [str(w.message) for w in caught if "synchroniz" in str(w.message)]
+    return out, stats, syncs
+
+
 def _plain(t):
     """A tensor as exact float64 hex strings (+0 and -0 differ)."""
     if t is None:
@@ -164,8 +183,17 @@ def _rank_main(rank, world, init_file, out_dir, scenarios, timeout_s, backend, d
         counter.counts = {}
         t0 = time.monotonic()
         rec = {"rank": rank, "name": name}
+        kwargs = dict(kwargs)
+        count_syncs = kwargs.pop("count_syncs", False)
         try:
-            out, stats = SCENARIOS[kind](rank, world, dist.group.WORLD, device, **kwargs)
+            if count_syncs:  # warm up once, then count host syncs of one call
+                SCENARIOS[kind](rank, world, dist.group.WORLD, device, **kwargs)
+                counter.counts = {}
+                t0 = time.monotonic()
+                out, stats, rec["syncs"] = _count_syncs(
+                    lambda: SCENARIOS[kind](rank, world, dist.group.WORLD, device, **kwargs))
+            else:
+                out, stats = SCENARIOS[kind](rank, world, dist.group.WORLD, device, **kwargs)
             rec.update(status="ok", result=_plain(out), stats=_plain(stats))
         except BaseException as exc:  # noqa: BLE001 - every outcome is reported
             rec.update(status="error", cls=type(exc).__name__, mro=[c.__name__ for c in type(exc).__mro__],
