@@ -57,6 +57,10 @@ class Stage:
     #: ``delta`` is in units of u * 2**frame (the combined stage is kept in the
     #: weights' frame so that huge weights cannot overflow its bound)
     frame: int = 0
+    #: exact zeros the specification demands bit for bit (structural zeros:
+    #: collapsed columns, pairwise cancelled groups, units of such groups); the
+    #: other exact zeros are held to the error bound like any value
+    required_zero: np.ndarray = None
 
     def allowed(self, out_dtype: str = "float64", unit_roundoff: float = FLOAT64_UNIT_ROUNDOFF) -> np.ndarray:
         """Absolute tolerance of a correct implementation's result, per element."""
@@ -301,9 +305,10 @@ def whiten_units(values, unit_ids=None, eps=None, convention="spec", token_count
     uidx = _index(unit_ids)[1]
     # the inputs are exact: only the algorithm's rounding (model) and one ulp (cond) move them
     cond = np.ldexp(np.spacing(np.abs(v)), -vexp)
+    # equal input floats are equal bit for bit, so every collapse of given values is structural
     out = _whiten(forms, np.zeros(n, bool), np.ldexp(v, -vexp), cond, np.zeros(n), uidx, t, conv,
-                  eps_w, classes, vexp)
-    return Stage(*out[:5])
+                  eps_w, classes, vexp, np.ones(n, bool))
+    return Stage(*out[:5], required_zero=out[6])
 
 
 def _token_weights(conv: Convention, token_counts, n: int):
@@ -349,6 +354,8 @@ def advantages(rewards, group_ids, weights=None, unit_ids=None, eps=None, conven
     cnan = np.zeros(N, bool)
     collapsed = np.zeros((G, K), bool)
     cancelled = np.zeros(G, bool)
+    zreq = np.zeros((N, K), bool)
+    creq = np.zeros(N, bool)
     wexp = math.frexp(float(np.max(np.abs(w))))[1]  # weights frame: c * 2^-wexp stays O(1)
     ws = np.ldexp(w, -wexp)
     dws = np.ldexp(np.spacing(np.abs(w)), -wexp)
@@ -360,22 +367,25 @@ def advantages(rewards, group_ids, weights=None, unit_ids=None, eps=None, conven
         _group_numbers(idx, cols, r, wq, ws, dws, wexp, conv, eps_g, classes,
                        z64, z32, zzero, zcond, zdelta, c64, c32, czero, ccond, cdelta, cforms, cnan)
         cancelled[g] = bool(np.all(czero[idx]))
+        zreq[idx] = collapsed[g]
+        creq[idx] = _structural_zero(cols, wq, cancelled[g])
 
-    zstage = Stage(z64, z32, zzero, zcond, zdelta)
+    zstage = Stage(z64, z32, zzero, zcond, zdelta, required_zero=zreq)
     # ccond/cdelta hold c's sensitivities in the weights' frame (c * 2^-wexp) so they cannot overflow
     with np.errstate(over="ignore"):
         ccond_abs = np.ldexp(ccond, wexp)
-    cstage = Stage(c64, c32, czero, ccond_abs, cdelta, frame=wexp)
+    cstage = Stage(c64, c32, czero, ccond_abs, cdelta, frame=wexp, required_zero=creq)
     ul, uidx = _index(uid)
     if _stages_only:
         a = cstage
         ucoll = np.zeros(ul.size, bool)
     else:
-        a64, a32, azero, acond, adelta, ucoll = _whiten(
+        a64, a32, azero, acond, adelta, ucoll, areq = _whiten(
             cforms, cnan, np.ldexp(c64, -wexp), ccond, cdelta,
-            uidx, t, conv, eps_w, classes, wexp, labels=ul)
-        a = Stage(a64, a32, azero, acond, adelta)
-    return Result(a.float64, a.float32, a.exact_zero, a.cond, a.delta, a.frame, z=zstage, combined=cstage,
+            uidx, t, conv, eps_w, classes, wexp, creq, labels=ul)
+        a = Stage(a64, a32, azero, acond, adelta, required_zero=areq)
+    return Result(a.float64, a.float32, a.exact_zero, a.cond, a.delta, a.frame, a.required_zero,
+                  z=zstage, combined=cstage,
                   group_labels=gl, group_index=gidx, group_collapsed=collapsed, group_cancelled=cancelled,
                   unit_labels=ul, unit_index=uidx, unit_collapsed=ucoll, convention=conv)
 
@@ -536,7 +546,7 @@ def _scaled_denominator(col: _Column, conv: Convention, eps: Fraction, e: int, s
 # ----------------------------------------------------------------------- Eq. 6
 
 
-def _whiten(forms, nan, cs, dcond_s, dmodel_s, uidx, t, conv, eps_w, classes, frame, labels=None):
+def _whiten(forms, nan, cs, dcond_s, dmodel_s, uidx, t, conv, eps_w, classes, frame, creq, labels=None):
     """Eq. 6 per unit. ``cs``/``d*_s`` are c and its deltas scaled by 2^-frame, a
     frame where nothing overflows (a is dimensionless, eps scales with the frame)."""
     N = len(forms)
@@ -544,6 +554,7 @@ def _whiten(forms, nan, cs, dcond_s, dmodel_s, uidx, t, conv, eps_w, classes, fr
     acond = np.zeros(N); adelta = np.zeros(N)
     S = int(uidx.max()) + 1 if N else 0
     ucoll = np.zeros(S, bool)
+    areq = np.zeros(N, bool)
     members = _members(uidx, S)
     frame_q = _pow2(-frame)
     for s in range(S):
@@ -580,39 +591,20 @@ def _whiten(forms, nan, cs, dcond_s, dmodel_s, uidx, t, conv, eps_w, classes, fr
         if coll:
             if conv.whiten_eps_placement == "skip_if_zero":  # the step is skipped: a = c
                 _pass_through(forms, idx, classes, a64, a32, azero)
-            else:
-                azero[idx] = True
-            acond[idx] = adelta[idx] = 0.0
-            continue
-        prec = START_PREC
-        while True:
-            m_iv = ex.iv_form(mean, classes, prec)
-            devs = [None if z else ex.iv_sub(ex.iv_form(forms[j], classes, prec), m_iv, prec)
-                    for j, z in zip(idx, zero)]
-            ss = (ex.ZERO, ex.ZERO)
-            for d, tj in zip(devs, tt.tolist()):
-                if d is not None:
-                    ss = ex.iv_add(ss, ex.iv_scale_rational(ex.iv_square(d, prec), Fraction(tj), prec), prec)
-            var = ex.iv_scale_rational(ss, Fraction(1, T - conv.whiten_ddof), prec)
-            den = _denominator_interval(var, eps_w, conv.whiten_eps_placement, prec)
-            # without eps (skip_if_zero) a nonzero std may still touch zero at low precision
-            ok = not ex.iv_contains_zero(den)
-            vals64 = np.zeros(idx.size); vals32 = np.zeros(idx.size)
-            for p, d in enumerate(devs):
-                if d is None or not ok:
-                    continue
-                iv = ex.iv_div(d, den, prec)
-                f64, f32 = ex.round_interval(iv, "float64"), ex.round_interval(iv, "float32")
-                if f64 is None or f32 is None:
-                    ok = False
-                    break
-                vals64[p], vals32[p] = f64, f32
-            if ok:
-                break
-            prec *= 2
-            if prec > MAX_PREC:
-                raise ex.CertificationError(f"could not certify unit {_py(label)!r} within {MAX_PREC} bits")
-        a64[idx], a32[idx], azero[idx] = vals64, vals32, zero
+                acond[idx], adelta[idx] = np.ldexp(dcond_s[idx], frame), np.ldexp(dmodel_s[idx], frame)
+                continue
+            azero[idx] = True
+            areq[idx] = creq[idx].all()  # equal bit for bit only when every c is a structural zero
+            if areq[idx[0]]:
+                acond[idx] = adelta[idx] = 0.0
+                continue
+            # equal in exact arithmetic only: a correct float64 code whitens its rounding
+            # noise, which eps keeps small; the bound below (std 0) says how small
+            var = (ex.ZERO, ex.ZERO)
+            vals64 = np.zeros(idx.size)
+        else:
+            vals64, var = _whiten_unit_numbers(forms, idx, zero, tt, T, mean, conv, eps_w, classes, label,
+                                               a64, a32, azero)
         # error model in the frame (c * frame); eps scales with it
         m_s = ex.round_mpf(ex.iv_form(mean.scaled(frame_q), classes, 80)[0], "float64")
         s_s = ex.round_mpf(ex.iv_sqrt(ex.iv_scale_rational(var, frame_q * frame_q, 80), 80)[0], "float64")
@@ -621,7 +613,56 @@ def _whiten(forms, nan, cs, dcond_s, dmodel_s, uidx, t, conv, eps_w, classes, fr
         adelta[idx] = em.whiten_stage(dmodel_s[idx], cs[idx], m_s, vals64, s_s, den_s, conv.whiten_ddof, ttf)
         acond[idx] = em.whiten_stage(dcond_s[idx], cs[idx], m_s, vals64, s_s, den_s, conv.whiten_ddof, ttf,
                                      rounding=False)
-    return a64, a32, azero, acond, adelta, ucoll
+    return a64, a32, azero, acond, adelta, ucoll, areq
+
+
+def _whiten_unit_numbers(forms, idx, zero, tt, T, mean, conv, eps_w, classes, label, a64, a32, azero):
+    """Certified a for one non-collapsed unit; returns a (float64) and the variance interval."""
+    prec = START_PREC
+    while True:
+        m_iv = ex.iv_form(mean, classes, prec)
+        devs = [None if z else ex.iv_sub(ex.iv_form(forms[j], classes, prec), m_iv, prec)
+                for j, z in zip(idx, zero)]
+        ss = (ex.ZERO, ex.ZERO)
+        for d, tj in zip(devs, tt.tolist()):
+            if d is not None:
+                ss = ex.iv_add(ss, ex.iv_scale_rational(ex.iv_square(d, prec), Fraction(tj), prec), prec)
+        var = ex.iv_scale_rational(ss, Fraction(1, T - conv.whiten_ddof), prec)
+        den = _denominator_interval(var, eps_w, conv.whiten_eps_placement, prec)
+        # without eps (skip_if_zero) a nonzero std may still touch zero at low precision
+        ok = not ex.iv_contains_zero(den)
+        vals64 = np.zeros(idx.size); vals32 = np.zeros(idx.size)
+        for p, d in enumerate(devs):
+            if d is None or not ok:
+                continue
+            iv = ex.iv_div(d, den, prec)
+            f64, f32 = ex.round_interval(iv, "float64"), ex.round_interval(iv, "float32")
+            if f64 is None or f32 is None:
+                ok = False
+                break
+            vals64[p], vals32[p] = f64, f32
+        if ok:
+            break
+        prec *= 2
+        if prec > MAX_PREC:
+            raise ex.CertificationError(f"could not certify unit {_py(label)!r} within {MAX_PREC} bits")
+    a64[idx], a32[idx], azero[idx] = vals64, vals32, zero
+    return vals64, var
+
+
+def _structural_zero(cols, wq, cancelled: bool) -> bool:
+    """Is the group's exact zero combination reproduced bit for bit by the prescribed algorithm?
+
+    Yes when no column contributes (all collapsed or zero weight), or when exactly two
+    contribute with weights of equal magnitude and cancel: their columns are then equal
+    up to shift and sign, and the shift-invariant algorithm rounds both alike.
+    """
+    if any(col.nan for col in cols):
+        return False
+    live = [k for k, col in enumerate(cols) if wq[k] != 0 and (col.raw or not col.collapsed)]
+    if not live:
+        return True
+    return cancelled and len(live) == 2 and abs(wq[live[0]]) == abs(wq[live[1]])
 
 
 def _round_form(form: ex.Form, classes: ex.SqrtClasses) -> tuple[float, float]:
