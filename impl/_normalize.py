@@ -40,7 +40,7 @@ def standardize_groups(r: torch.Tensor, seg: seg_ops.Segments, eps: float) -> to
     d = rs - rs[seg.start]
     n = seg.length.to(_F64)[:, None]
     dev = d - seg_ops.reduce(d, seg, torch.add) / n
-    sigma = torch.sqrt(seg_ops.reduce(dev * dev, seg, torch.add) / (n - 1.0))
+    sigma = seg_ops.sqrt_rn(seg_ops.reduce(dev * dev, seg, torch.add) / (n - 1.0))
     den = sigma + seg_ops.ldexp(torch.full_like(sigma, eps), -e)
     return torch.where(dev == 0, dev, dev / den)
 

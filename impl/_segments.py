@@ -13,7 +13,10 @@ tree built from elementwise operations only (shift, add/min/max, select), so
   constant-sum cancellation of Eq. 7 relies on.
 
 Power-of-two factors are built from their bit patterns, never with ``pow``,
-so they are exact on every device.
+so they are exact on every device. The square root is corrected to the
+correctly rounded one (:func:`sqrt_rn`): ``torch.sqrt`` of float64 on CPU is
+only faithful in some builds (SIMD library), CUDA's is correctly rounded, and
+bitwise agreement across devices needs the same rounding on both.
 """
 
 from __future__ import annotations
@@ -65,6 +68,41 @@ def to_device(x: torch.Tensor, device: torch.device) -> torch.Tensor:
     if device.type == "cuda" and x.device.type == "cpu":
         return x.contiguous().pin_memory().to(device, non_blocking=True)
     return x.to(device)
+
+
+_SPLIT = 134217729.0  # 2**27 + 1, Veltkamp's splitting constant for float64
+
+
+def _two_product(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """p + e == a * b exactly (Dekker, no fused multiply-add needed; |a|, |b| < 2**996
+    and no underflow of the partial products)."""
+    p = a * b
+    ca, cb = _SPLIT * a, _SPLIT * b
+    ah = ca - (ca - a)
+    bh = cb - (cb - b)
+    al, bl = a - ah, b - bh
+    e = (((ah * bh - p) + ah * bl) + al * bh) + al * bl
+    return p, e
+
+
+def sqrt_rn(q: torch.Tensor) -> torch.Tensor:
+    """Correctly rounded float64 square root on every device.
+
+    ``torch.sqrt`` is within one ulp everywhere; one Tuckerman test fixes it:
+    with s+ and s- the neighbours of s, sqrt(q) rounds above s iff q > s*s+,
+    below s iff q <= s*s- (exact products; q - p is exact by Sterbenz, so the
+    sign of (q - p) - e is the sign of q - s*s+). Below 2**-900 the products
+    could underflow, and there the faithful root is kept.
+    """
+    s = torch.sqrt(q)
+    up = torch.nextafter(s, torch.full_like(s, math.inf))
+    down = torch.nextafter(s, torch.zeros_like(s))
+    p, e = _two_product(s, up)
+    above = ((q - p) - e) > 0
+    p, e = _two_product(s, down)
+    below = ((q - p) - e) <= 0
+    ok = (q >= 2.0 ** -900) & (q < 2.0 ** 990)
+    return torch.where(ok & above, up, torch.where(ok & below & (s > 0), down, s))
 
 
 def exponent(x: torch.Tensor, eps: float = 0.0) -> torch.Tensor:

@@ -20,6 +20,7 @@ two-pass (mean relative to the local shift is mean_d exactly).
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import torch
 
@@ -49,9 +50,9 @@ def local_table(v: torch.Tensor, sizes: list[int], eps: float) -> Local:
     rows = v.shape[0]
     sizes_dev = host_to_device(sizes, _I64, device)
     seg, unit = seg_ops.segments_from_sizes(sizes_dev, rows, max(sizes, default=0))
-    empty = torch.zeros(COLS, dtype=_F64, device=device)  # filled by kernels, no host copy
-    empty[_MIN] = float("inf")
-    empty[_MAX] = float("-inf")
+    empty = torch.zeros(COLS, dtype=_F64, device=device)
+    empty[_MIN: _MIN + 1].fill_(math.inf)  # fill_ on a view: a kernel, not a host copy
+    empty[_MAX: _MAX + 1].fill_(-math.inf)
     if rows == 0:
         return Local(empty.expand(len(sizes), COLS).clone(), unit)
     e = seg_ops.exponent(seg_ops.reduce(v.abs(), seg, torch.maximum), eps)
@@ -131,7 +132,7 @@ def apply(v: torch.Tensor, unit: torch.Tensor, st: Stats, eps: float) -> torch.T
     d = seg_ops.ldexp(v, -e) - st.shift[unit]
     dev = d - st.mean[unit]
     n = st.n
-    sigma = torch.sqrt(st.m2 / torch.where(n > 1, n - 1.0, torch.ones_like(n)))
+    sigma = seg_ops.sqrt_rn(st.m2 / torch.where(n > 1, n - 1.0, torch.ones_like(n)))
     den = (sigma + seg_ops.ldexp(torch.full_like(sigma, eps), -st.e))[unit]
     a = torch.where(dev == 0, dev, dev / den)
     collapsed = (st.lo == st.hi)[unit]

@@ -156,7 +156,7 @@ def _count_syncs(fn):
             out, stats = fn()
         finally:
             torch.cuda.set_sync_debug_mode("default")
-    syncs = [str(w.message) for w in caught if "synchroniz" in str(w.message)]
+    syncs = [str(w.message) for w in caught if "called a synchronizing CUDA operation" in str(w.message)]
     return out, stats, syncs
 
 

@@ -120,7 +120,7 @@ def _syncs(fn):
             fn()
         finally:
             torch.cuda.set_sync_debug_mode("default")
-    return [str(w.message) for w in caught if "synchroniz" in str(w.message)]
+    return [str(w.message) for w in caught if "called a synchronizing CUDA operation" in str(w.message)]
 
 
 SYNC_CALLS = {

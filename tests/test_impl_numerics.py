@@ -419,3 +419,18 @@ def test_output_dtypes_and_low_precision_inputs():
         _bits(gdpo.normalize_rewards(r[:, :1], group_size=2))  # (N,) is K = 1
     assert _bits(gdpo.normalize_rewards([0.0, 1.0, 5.0, 2.0], group_size=2)) == \
         _bits(gdpo.normalize_rewards(torch.tensor([0.0, 1.0, 5.0, 2.0], dtype=F64), group_size=2))
+
+
+def test_square_root_is_correctly_rounded():
+    """Eq. 4 and Eq. 6 take one square root each; impl corrects torch.sqrt (only faithful on
+    some CPU builds) to the correctly rounded root, so CPU and CUDA agree bit for bit."""
+    from impl._segments import sqrt_rn
+
+    g = torch.Generator().manual_seed(0)
+    m = torch.randint(2 ** 52, 2 ** 53, (20000,), generator=g, dtype=torch.int64).to(F64)
+    sq = m * m
+    q = torch.cat([torch.rand(20000, dtype=F64, generator=g) * 10.0 ** torch.randint(-250, 250, (20000,), generator=g),
+                   sq, torch.nextafter(sq, 2 * sq), torch.nextafter(sq, torch.zeros_like(sq)),
+                   torch.tensor([0.0, 0.125, 2.0, 1.0, 3.0, 1e-300], dtype=F64)])
+    ref = [math.sqrt(x).hex() for x in q.tolist()]
+    assert [x.hex() for x in sqrt_rn(q).tolist()] == ref
