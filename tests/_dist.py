@@ -67,8 +67,12 @@ def _mine(x, rank):
     return x if x is None or isinstance(x, str) else x[rank]
 
 
+def _plain_call(fn):
+    return fn()
+
+
 def _whiten(rank, world, group, device, values, sizes=None, dtype="float64", out_dtype="float64",
-            eps=None, stats=False):
+            eps=None, stats=False, call=_plain_call):
     import torch
 
     from impl import _pipeline, gdpo
@@ -84,13 +88,13 @@ def _whiten(rank, world, group, device, values, sizes=None, dtype="float64", out
 
         kwargs["eps"] = DEFAULT_EPS
     if stats:
-        out, st = _pipeline.run_distributed(_pipeline.P.API_WHITEN, group, values=v, **kwargs)
+        out, st = call(lambda: _pipeline.run_distributed(_pipeline.P.API_WHITEN, group, values=v, **kwargs))
         return out, st.as_table()
-    return gdpo.whiten(v, process_group=group, **kwargs), None
+    return call(lambda: gdpo.whiten(v, process_group=group, **kwargs)), None
 
 
 def _gdpo(rank, world, group, device, rewards, sizes=None, group_size=None, group_ids=None, weights=None,
-          dtype="float64", out_dtype="float64"):
+          dtype="float64", out_dtype="float64", call=_plain_call):
     import torch
 
     from impl import gdpo
@@ -98,10 +102,10 @@ def _gdpo(rank, world, group, device, rewards, sizes=None, group_size=None, grou
     r = _tensor(rewards[rank], _mine(dtype, rank), device)
     if r.numel() == 0:  # an empty shard still has K reward columns
         r = r.reshape(0, len(next(row for rows in rewards for row in rows)))
-    out = gdpo.gdpo_advantages(
+    out = call(lambda: gdpo.gdpo_advantages(
         r, group_size=group_size, group_ids=_mine(group_ids, rank), weights=_mine(weights, rank),
         segment_sizes=_mine(sizes, rank), process_group=group,
-        out_dtype=getattr(torch, out_dtype))
+        out_dtype=getattr(torch, out_dtype)))
     return out, None
 
 
@@ -141,9 +145,9 @@ class _Counter:
         return counted
 
 
-def _count_syncs(fn):
-    """Run ``fn`` under torch.cuda.set_sync_debug_mode("warn") and count the
-    synchronizing CUDA operations it performs."""
+def _count_syncs(fn, seen: list):
+    """Run ``fn`` under torch.cuda.set_sync_debug_mode("warn"); append to ``seen``
+    the synchronizing CUDA operations it performs."""
     import warnings
 
     import torch
@@ -153,11 +157,11 @@ def _count_syncs(fn):
         warnings.simplefilter("always")
         torch.cuda.set_sync_debug_mode("warn")
         try:
-            out, stats = fn()
+            out = fn()
         finally:
             torch.cuda.set_sync_debug_mode("default")
-    syncs = [str(w.message) for w in caught if "called a synchronizing CUDA operation" in str(w.message)]
-    return out, stats, syncs
+    seen.extend(str(w.message) for w in caught if "called a synchronizing CUDA operation" in str(w.message))
+    return out
 
 
 def _plain(t):
@@ -186,12 +190,14 @@ def _rank_main(rank, world, init_file, out_dir, scenarios, timeout_s, backend, d
         kwargs = dict(kwargs)
         count_syncs = kwargs.pop("count_syncs", False)
         try:
-            if count_syncs:  # warm up once, then count host syncs of one call
+            if count_syncs:  # warm up once, then count the host syncs of the impl call alone
                 SCENARIOS[kind](rank, world, dist.group.WORLD, device, **kwargs)
                 counter.counts = {}
                 t0 = time.monotonic()
-                out, stats, rec["syncs"] = _count_syncs(
-                    lambda: SCENARIOS[kind](rank, world, dist.group.WORLD, device, **kwargs))
+                seen: list = []
+                out, stats = SCENARIOS[kind](rank, world, dist.group.WORLD, device,
+                                             call=lambda fn: _count_syncs(fn, seen), **kwargs)
+                rec["syncs"] = seen
             else:
                 out, stats = SCENARIOS[kind](rank, world, dist.group.WORLD, device, **kwargs)
             rec.update(status="ok", result=_plain(out), stats=_plain(stats))

@@ -123,12 +123,14 @@ def _syncs(fn):
     return [str(w.message) for w in caught if "called a synchronizing CUDA operation" in str(w.message)]
 
 
+LABELS_LIST = [i // 8 for i in range(400)]  # a host list (copied without a sync: pinned, non-blocking)
+
 SYNC_CALLS = {
     "normalize_rewards_group_size": lambda r, lab: gdpo.normalize_rewards(r, group_size=8),
     "normalize_rewards_labels_tensor": lambda r, lab: gdpo.normalize_rewards(r, group_ids=lab),
     "group_has_signal": lambda r, lab: gdpo.group_has_signal(r, group_ids=lab, weights=[1.0, 2.0, 0.5, 1.0]),
     "gdpo_advantages": lambda r, lab: gdpo.gdpo_advantages(r, group_size=8, segment_sizes=[160, 240]),
-    "gdpo_advantages_labels_list": lambda r, lab: gdpo.gdpo_advantages(r, group_ids=lab.tolist()),
+    "gdpo_advantages_labels_list": lambda r, lab: gdpo.gdpo_advantages(r, group_ids=LABELS_LIST),
     "whiten": lambda r, lab: gdpo.whiten(r[:, 1], segment_sizes=[100, 300]),
 }
 
