@@ -20,8 +20,11 @@ float64 limit (``[-1.7e308, 1.7e308]``) compute without overflow. Exact
 collapse is not a threshold: equal values give differences of exactly 0, hence
 exactly 0. Constant-sum columns (r2 = C - r1) give z2 = -z1 bit for bit and
 c = 0 exactly under equal weights. Reductions are fixed pairwise trees of
-correctly rounded elementwise operations: the same input gives the same bits
-on every run, and the same bits on CPU and CUDA.
+correctly rounded elementwise operations (no atomics, no BLAS, no fused
+multiply-add, no scalar divisors), and the square root is corrected to the
+correctly rounded one (``torch.sqrt`` of float64 is only faithful on some CPU
+builds): the same input gives the same bits on every run, and the same bits on
+CPU and CUDA (checked on an H200 with torch 2.11).
 
 Decisions this module makes (the brief left them open):
 
@@ -51,9 +54,11 @@ Decisions this module makes (the brief left them open):
   Values that round beyond the dtype's largest finite value raise OutOfRangeError;
   float64 inputs beyond float32 range are *not* an error: whitening bounds them.
 * Host synchronisations on CUDA: one per call (the read of the facts row / the
-  agreement table). Extra ones only where stated: weights or segment_sizes given
-  as CUDA tensors (one read each; pass lists), more than 32 units across ranks
-  (their counts are read after the statistics gather), and the float8 cast check.
+  agreement table), whatever the number of groups or units; host lists (labels,
+  sizes) are copied pinned and non-blocking. Extra ones only where stated:
+  weights or segment_sizes given as CUDA tensors (one read each; pass lists),
+  more than 32 units across ranks (their counts are read after the statistics
+  gather), and the float8 cast check.
 
 Distributed protocol (``whiten`` / ``gdpo_advantages`` with ``process_group``):
 no rank raises before one fixed-shape all-reduce of an int64 (world_size, 64)
