@@ -1,0 +1,1 @@
+"""Benchmarks (separate from the tests): side-by-side timings, medians over repeats, ratios."""

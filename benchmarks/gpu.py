@@ -1,0 +1,97 @@
+"""GPU benchmarks of impl.gdpo against the TRL-style mirror on the same device.
+
+    python -m benchmarks.gpu --out results.json
+
+* latency at N = 8,192 (K = 4, groups of 16, one unit): median wall time per call,
+  each call synchronized (the implementation reads one host value per call anyway);
+* effective bandwidth at N = 16,777,216 (K = 4): bytes of the minimal traffic (read
+  float32 rewards once, write float32 advantages once) over the median time per call;
+* host synchronizations per call, counted with torch.cuda.set_sync_debug_mode.
+Medians over repeats; the ratios compare runs made side by side in this process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+import warnings
+
+import torch
+
+from benchmarks.mirrors import trl_normalize_then_sum
+from impl import gdpo
+
+
+def _time(fn, repeats: int, warmup: int) -> float:
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def count_syncs(fn) -> int:
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return sum(1 for w in caught if "synchroniz" in str(w.message).lower())
+
+
+def run(repeats: int = 50) -> dict:
+    dev = torch.device("cuda")
+    res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+           "python": platform.python_version(), "date": time.strftime("%Y-%m-%d"), "cases": []}
+    w = [1.0, 0.5, 2.0, 1.0]
+    wt = torch.tensor(w, device=dev)
+    for n, reps in ((8192, repeats * 4), (1 << 20, repeats), (1 << 24, max(5, repeats // 5))):
+        gen = torch.Generator(device=dev).manual_seed(0)
+        r = torch.randn(n, 4, device=dev, generator=gen, dtype=torch.float32)
+        ours = lambda: gdpo.gdpo_advantages(r, group_size=16, weights=w)
+        trl = lambda: trl_normalize_then_sum(r, 16, wt)
+        t_ours = _time(ours, reps, 5)
+        t_trl = _time(trl, reps, 5)
+        traffic = n * 4 * 4 + n * 4
+        case = {"N": n, "K": 4, "group_size": 16, "units": 1,
+                "impl_us": t_ours * 1e6, "trl_mirror_us": t_trl * 1e6, "impl_over_trl": t_ours / t_trl,
+                "impl_TBps": traffic / t_ours / 1e12, "trl_mirror_TBps": traffic / t_trl / 1e12,
+                "impl_host_syncs": count_syncs(ours), "trl_mirror_host_syncs": count_syncs(trl)}
+        # eight units (segment sizes as a list, the documented zero-extra-sync path)
+        seg = [n // 8] * 8
+        ours8 = lambda: gdpo.gdpo_advantages(r, group_size=16, weights=w, segment_sizes=seg)
+        case["impl_8_units_us"] = _time(ours8, reps, 5) * 1e6
+        case["impl_8_units_host_syncs"] = count_syncs(ours8)
+        res["cases"].append(case)
+        print(json.dumps(case), flush=True)
+    return res
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.gpu")
+    p.add_argument("--out", default=None)
+    p.add_argument("--repeats", type=int, default=50)
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("no CUDA device: nothing to measure")
+        return 0
+    res = run(args.repeats)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(res, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
