@@ -55,7 +55,20 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command")
     p_ex = sub.add_parser("example", help="exact result for a built-in example batch (the default)")
     p_ex.add_argument("name", nargs="?", default="two_group", choices=sorted(EXAMPLES))
+    p_au = sub.add_parser("audit", help="what GDPO does with a dumped batch (.npz, .pt, .jsonl, .csv)",
+                          description=__import__("conformance.audit", fromlist=["x"]).__doc__,
+                          formatter_class=argparse.RawDescriptionHelpFormatter)
+    p_au.add_argument("file", nargs="?", help="the batch (default: a built-in example batch)")
+    p_au.add_argument("--json", action="store_true", help="machine-readable report")
+    p_au.add_argument("--weights", type=float, nargs="+", help="one weight per reward component")
+    p_au.add_argument("--eps", type=float, default=None, help="eps of Eq. 4 and Eq. 6 (default: the spec's)")
     args = parser.parse_args(argv)
+    if args.command == "audit":
+        from conformance import audit
+        from spec import DEFAULT_EPS
+
+        return audit.main(args.file, weights=args.weights, as_json=args.json,
+                          eps=DEFAULT_EPS if args.eps is None else args.eps)
     if args.command in (None, "example"):
         return run_example(getattr(args, "name", "two_group"))
     parser.error(f"unknown command {args.command!r}")

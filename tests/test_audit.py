@@ -1,0 +1,100 @@
+"""`gdpo audit`: every input format, clear errors for malformed files, exit codes."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from conformance import audit, cli
+
+R = np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [0.0, 0.0], [2.0, 2.0], [2.0, 2.0]])
+G = np.array([0, 0, 0, 0, 1, 1])
+
+
+def _write(tmp_path, fmt):
+    p = tmp_path / f"batch.{fmt}"
+    if fmt == "npz":
+        np.savez(p, rewards=R, group_ids=G, weights=np.array([1.0, 2.0]))
+    elif fmt == "pt":
+        torch.save({"reward_acc": torch.tensor(R[:, 0]), "reward_fmt": torch.tensor(R[:, 1]),
+                    "group_ids": torch.tensor(G)}, p)
+    elif fmt == "jsonl":
+        p.write_text("\n".join(json.dumps({"group": int(g), "rewards": {"acc": r[0], "fmt": r[1]}})
+                               for r, g in zip(R.tolist(), G)))
+    else:
+        p.write_text("group,acc,fmt\n" + "\n".join(f"{g},{r[0]},{r[1]}" for r, g in zip(R.tolist(), G)))
+    return p
+
+
+@pytest.mark.parametrize("fmt", ["npz", "pt", "jsonl", "csv"])
+def test_each_format_reads_the_same_batch(tmp_path, fmt):
+    b = audit.read_batch(_write(tmp_path, fmt))
+    assert np.array_equal(b.rewards, R) and np.array_equal(b.group_ids, G)
+    report = audit.audit(b, weights=[1.0, 2.0])
+    g1 = report["groups"][1]
+    assert not g1["signal"] and any("collapsed" in f for f in g1["flags"])
+    assert any("n_g = 2" in f for f in g1["flags"])
+    assert report["impl_vs_oracle"]["max_error_over_bound"] <= 1.0
+    assert report["status"] == audit.WARN
+
+
+def test_cli_json_and_exit_code(tmp_path, capsys):
+    code = cli.main(["audit", str(_write(tmp_path, "csv")), "--json", "--weights", "1", "2"])
+    report = json.loads(capsys.readouterr().out)
+    assert code == report["status"] == audit.WARN
+    assert report["weights"] == [1.0, 2.0]
+    assert set(report["peers"]) == {"trl", "verl", "nemo_rl", "nvlabs", "ms_swift", "multireward_grpo"}
+
+
+def test_builtin_example_flags_every_kind(capsys):
+    assert cli.main(["audit"]) == audit.WARN
+    out = capsys.readouterr().out
+    for finding in ("collapsed", "exact cancellation", "ill-conditioned", "eps-dominated", "n_g = 2", "status"):
+        assert finding in out
+
+
+def test_clean_batch_exits_zero(tmp_path):
+    p = tmp_path / "ok.csv"
+    p.write_text("group,a,b\n0,1,0\n0,0,1\n0,2,5\n1,3,1\n1,0,2\n1,1,7\n")
+    assert cli.main(["audit", str(p)]) == audit.OK
+
+
+MALFORMED = [
+    ("bad.csv", "group,acc\n0,1\n0,x\n", r"column 'acc', row 1: 'x' is not a number"),
+    ("nogroup.csv", "acc,fmt\n1,2\n", r"must name a 'group' column"),
+    ("short.csv", "group,acc,fmt\n0,1,2\n0,1\n", r"row 1 has fewer fields"),
+    ("label.csv", "group,acc\n0.5,1\n1,2\n", r"column 'group', row 0: '0.5' is not an integer label"),
+    ("bad.jsonl", '{"group": 0, "rewards": [1]}\n{"group": 0, "rewards": [1\n', r"row 1 \(line 2\) is not JSON"),
+    ("keys.jsonl", '{"group": 0, "rewards": {"a": 1}}\n{"group": 0, "rewards": {"b": 1}}\n', r"row 1 has reward keys"),
+    ("x.txt", "hello", r"unknown format '.txt'"),
+]
+
+
+@pytest.mark.parametrize("name,text,pattern", MALFORMED, ids=[m[0] for m in MALFORMED])
+def test_malformed_files_name_the_place(tmp_path, capsys, name, text, pattern):
+    p = tmp_path / name
+    p.write_text(text)
+    with pytest.raises(audit.AuditInputError, match=pattern):
+        audit.read_batch(p)
+    assert cli.main(["audit", str(p)]) == audit.MALFORMED
+    assert "gdpo audit:" in capsys.readouterr().err
+
+
+def test_bad_npz_and_contract_errors(tmp_path, capsys):
+    p = tmp_path / "b.npz"
+    np.savez(p, rewards=R, group_ids=G[:5])
+    assert cli.main(["audit", str(p)]) == audit.MALFORMED
+    assert "'group_ids' has 5 entries for 6 samples" in capsys.readouterr().err
+    q = tmp_path / "nan.npz"
+    np.savez(q, rewards=np.where(R == 2.0, np.nan, R), group_ids=G)
+    assert cli.main(["audit", str(q)]) == audit.MALFORMED
+    assert "NaN" in capsys.readouterr().err
+
+
+def test_disagreeing_implementation_exits_3(monkeypatch, tmp_path):
+    from impl import gdpo as impl
+
+    real = impl.gdpo_advantages
+    monkeypatch.setattr(impl, "gdpo_advantages", lambda *a, **k: real(*a, **k) * 1.001)
+    assert cli.main(["audit", str(_write(tmp_path, "csv"))]) == audit.DISAGREE
