@@ -48,10 +48,20 @@ def run_example(name: str, out=None) -> int:
     return 0
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("gdpo-spec")
+    except PackageNotFoundError:  # running from a checkout that was never installed
+        return "unknown (not installed)"
+
+
 def main(argv: list[str] | None = None) -> int:
     from oracle.examples import EXAMPLES
 
     parser = argparse.ArgumentParser(prog="gdpo", description="GDPO numerical reference")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command")
     p_ex = sub.add_parser("example", help="exact result for a built-in example batch (the default)")
     p_ex.add_argument("name", nargs="?", default="two_group", choices=sorted(EXAMPLES))
