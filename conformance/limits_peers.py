@@ -1,0 +1,309 @@
+"""Implementations the known-limit tables run, and how one output is graded.
+
+Every implementation takes the same arguments (rewards as an (N, K) float64
+array of exact input values, group labels, unit labels or None, weights or None,
+token counts or None) and returns a float64 array of its outputs, or raises.
+
+* ``impl`` / ``impl64``: this project's ``impl.gdpo.gdpo_advantages`` (float64
+  internals), cast to float32 (its default) or returned in float64 (so its own
+  error shows instead of the final cast's half ulp);
+* ``naive_f64``: ``conformance.mirrors.formula("spec", ..., float64)``, mean then
+  deviations: the plain (not shift-invariant) evaluation of the same mathematics;
+* one faithful mirror per peer preset (``spec/conventions.py``): float32 for the
+  float32 peers, float64 for ``multireward_grpo`` (its native dtype). NeMo-RL's
+  mirror is written here because its group variance is one-pass
+  (``E[x^2] - E[x]^2`` in float32, a negative variance giving NaN that
+  ``nan_to_num`` turns into a zero std), which ``formula`` does not model;
+* ``trl_torch``: the eager torch float32 TRL mirror of ``benchmarks.mirrors``
+  (contiguous equal groups, one unit only).
+
+Grading (:func:`grade`) compares with the oracle under a named convention, in
+units of the spec error model's bound (``Result.allowed``) evaluated at the
+implementation's working precision, and classifies what came out.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import numpy as np
+
+from conformance.mirrors import formula
+from spec.constants import FLOAT32_UNIT_ROUNDOFF, FLOAT64_UNIT_ROUNDOFF
+from spec.conventions import get_convention
+from spec.errors import GDPOError
+
+
+# ------------------------------------------------------------------ mirrors
+
+
+def nemo_rl_one_pass(rewards, group_ids, unit_ids=None, weights=None, token_counts=None, dtype=np.float32):
+    """NeMo-RL's GDPO estimator in ``dtype``: per group and column a one-pass
+    variance ``(sum x^2 / n - (sum x / n)^2) * n / (n - 1)``, its square root with
+    NaN (negative variance) mapped to 0 and inf to the largest finite value, then
+    ``(x - mean) / (std + 1e-6)`` where std > 0, the bare deviation elsewhere;
+    Eq. 7; Eq. 6 unbiased without eps, skipped where the unit's std is 0."""
+    conv = get_convention("nemo_rl")
+    dt = np.dtype(dtype)
+    r = np.asarray(rewards, dtype=np.float64)
+    r = (r[:, None] if r.ndim == 1 else r).astype(dt)
+    n_rows, k_cols = r.shape
+    w = np.ones(k_cols, dt) if weights is None else np.asarray(weights, dtype=np.float64).astype(dt)
+    g = np.asarray(group_ids)
+    eps = dt.type(conv.group_eps)
+    z = np.zeros((n_rows, k_cols), dt)
+    with np.errstate(all="ignore"):
+        for label in np.unique(g):
+            m = g == label
+            n = int(m.sum())
+            if n < 2:
+                continue  # singleton: z = 0
+            for k in range(k_cols):
+                x = r[m, k]
+                mean = x.sum(dtype=dt) / dt.type(n)
+                mean_sq = (x * x).sum(dtype=dt) / dt.type(n)
+                var = (mean_sq - mean * mean) * (dt.type(n) / dt.type(n - 1))
+                std = np.nan_to_num(np.sqrt(var), nan=0.0)
+                dev = x - mean
+                z[m, k] = dev / (std + eps) if std > 0 else dev
+        c = (z * w).sum(axis=1, dtype=dt)
+        u = np.zeros(n_rows, np.int64) if unit_ids is None else np.asarray(unit_ids)
+        a = np.zeros(n_rows, dt)
+        for label in np.unique(u):
+            m = u == label
+            cu = c[m]
+            mean = cu.sum(dtype=dt) / dt.type(cu.size)
+            dev = cu - mean
+            std = np.sqrt((dev * dev).sum(dtype=dt) / dt.type(cu.size - 1))
+            a[m] = cu if std == 0 else dev / std
+    return a
+
+
+def _formula(convention, dtype):
+    def run(rewards, group_ids, unit_ids=None, weights=None, token_counts=None):
+        conv = get_convention(convention)
+        if conv.whiten == "per_token" and token_counts is None:
+            token_counts = np.ones(len(group_ids), np.int64)
+        with np.errstate(all="ignore"):
+            return formula(convention, rewards, np.asarray(group_ids), unit_ids=unit_ids, weights=weights,
+                           token_counts=None if conv.whiten != "per_token" else token_counts, dtype=dtype)
+    return run
+
+
+def _impl(out_dtype: str):
+    def run(rewards, group_ids, unit_ids=None, weights=None, token_counts=None):
+        import torch
+
+        from impl.gdpo import gdpo_advantages
+
+        r = np.asarray(rewards, dtype=np.float64)
+        t = torch.from_numpy(np.ascontiguousarray(r))
+        sizes = None if unit_ids is None else _segment_sizes(unit_ids)
+        out = gdpo_advantages(t, group_ids=[int(x) for x in group_ids], weights=weights,
+                              segment_sizes=sizes, out_dtype=getattr(torch, out_dtype))
+        return out.to(torch.float64).numpy()
+    return run
+
+
+def _trl_torch(rewards, group_ids, unit_ids=None, weights=None, token_counts=None):
+    import torch
+
+    trl_normalize_then_sum = _benchmark_mirrors().trl_normalize_then_sum
+    g = np.asarray(group_ids)
+    n = int(np.sum(g == g[0]))
+    if unit_ids is not None and len(set(np.asarray(unit_ids).tolist())) > 1:
+        raise NotImplementedError("trl_torch whitens one batch")
+    if len(g) % n or np.any(g != np.repeat(g[::n], n)):
+        raise NotImplementedError("trl_torch needs contiguous groups of one size")
+    r = torch.from_numpy(np.ascontiguousarray(np.asarray(rewards, dtype=np.float64)))
+    k = r.shape[1]
+    w = torch.ones(k) if weights is None else torch.tensor(list(weights), dtype=torch.float64).to(torch.float32)
+    return trl_normalize_then_sum(r, n, w).to(torch.float64).numpy()
+
+
+def _benchmark_mirrors():
+    """``benchmarks.mirrors`` (a checkout directory, not an installed package)."""
+    try:
+        from benchmarks import mirrors
+    except ImportError:
+        import importlib.util
+        from pathlib import Path
+
+        path = Path(__file__).resolve().parent.parent / "benchmarks" / "mirrors.py"
+        spec = importlib.util.spec_from_file_location("gdpo_benchmarks_mirrors", path)
+        mirrors = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mirrors)
+    return mirrors
+
+
+def _segment_sizes(unit_ids) -> list[int]:
+    u = np.asarray(unit_ids)
+    edges = np.flatnonzero(np.diff(u)) + 1
+    if len(set(u.tolist())) != len(edges) + 1:
+        raise ValueError("units must be contiguous for segment_sizes")
+    return np.diff(np.concatenate([[0], edges, [u.size]])).tolist()
+
+
+@dataclasses.dataclass(frozen=True)
+class Implementation:
+    name: str
+    title: str
+    convention: str  # the convention it means to compute (graded "under its own convention")
+    working: str  # working precision, for the error bound
+    out_dtype: str  # dtype of its outputs (half an ulp of it is allowed)
+    run: Callable
+    float32_inputs: bool  # does it see its rewards as float32?
+
+    @property
+    def unit_roundoff(self) -> float:
+        return FLOAT32_UNIT_ROUNDOFF if self.working == "float32" else FLOAT64_UNIT_ROUNDOFF
+
+
+IMPLEMENTATIONS: dict[str, Implementation] = {
+    i.name: i
+    for i in (
+        Implementation("impl", "impl.gdpo (this project)", "spec", "float64", "float32", _impl("float32"), False),
+        Implementation("impl64", "impl.gdpo (this project), out_dtype float64", "spec", "float64", "float64",
+                       _impl("float64"), False),
+        Implementation("naive_f64", "naive float64 (mean, then deviations)", "spec", "float64", "float64",
+                       _formula("spec", np.float64), False),
+        Implementation("trl", "TRL mirror (float32)", "trl", "float32", "float32", _formula("trl", np.float32), True),
+        Implementation("trl_torch", "TRL eager torch mirror (float32)", "trl", "float32", "float32", _trl_torch,
+                       True),
+        Implementation("verl", "verl mirror (float32)", "verl", "float32", "float32", _formula("verl", np.float32),
+                       True),
+        Implementation("nemo_rl", "NeMo-RL mirror (float32, one-pass variance)", "nemo_rl", "float32", "float32",
+                       nemo_rl_one_pass, True),
+        Implementation("nvlabs", "NVlabs reference mirror (float32)", "nvlabs", "float32", "float32",
+                       _formula("nvlabs", np.float32), True),
+        Implementation("ms_swift", "ms-swift mirror (float32)", "ms_swift", "float32", "float32",
+                       _formula("ms_swift", np.float32), True),
+        Implementation("multireward_grpo", "multireward-grpo mirror (float64)", "multireward_grpo", "float64",
+                       "float64", _formula("multireward_grpo", np.float64), False),
+    )
+}
+
+#: The float32 peers (what users of the frameworks run).
+FLOAT32_PEERS = ("trl", "verl", "nemo_rl", "nvlabs", "ms_swift")
+
+#: One implementation per convention preset, for the peer table.
+PEER_TABLE = ("impl64", "trl", "verl", "nemo_rl", "nvlabs", "ms_swift", "multireward_grpo")
+
+
+def as_seen_by(impl: Implementation, rewards: np.ndarray) -> np.ndarray:
+    """The rewards as ``impl`` holds them (float32 peers round them once)."""
+    r = np.asarray(rewards, dtype=np.float64)
+    if not impl.float32_inputs:
+        return r
+    with np.errstate(over="ignore"):
+        return r.astype(np.float32).astype(np.float64)
+
+
+def run(impl: Implementation, rewards, group_ids, unit_ids=None, weights=None, token_counts=None):
+    """The implementation's outputs, or the exception it raised (returned, not raised)."""
+    try:
+        with np.errstate(all="ignore"):
+            out = impl.run(rewards, group_ids, unit_ids, weights, token_counts)
+        return np.asarray(out, dtype=np.float64)
+    except (GDPOError, ValueError, ArithmeticError) as e:
+        return e
+
+
+# ------------------------------------------------------------------ oracle
+
+
+def oracle(rewards, group_ids, unit_ids=None, weights=None, token_counts=None, convention="spec", eps=None):
+    """The oracle's Result, or the contract error it raises (returned)."""
+    from oracle import gdpo as og
+
+    conv = get_convention(convention)
+    tc = None
+    if conv.whiten == "per_token":
+        tc = np.ones(len(group_ids), np.int64) if token_counts is None else np.asarray(token_counts, np.int64)
+    try:
+        with np.errstate(all="ignore"):  # bounds beyond float64 are inf by design
+            return og.advantages(np.asarray(rewards, dtype=np.float64), np.asarray(group_ids, dtype=np.int64),
+                                 weights=None if weights is None else list(weights),
+                                 unit_ids=None if unit_ids is None else np.asarray(unit_ids, dtype=np.int64),
+                                 eps=eps, convention=conv, token_counts=tc)
+    except GDPOError as e:
+        return e
+    except ArithmeticError as e:  # the oracle itself failed: say so in the table, never guess
+        return OracleFailure(f"{type(e).__name__}: {e}")
+
+
+class OracleFailure(Exception):
+    """The oracle could not compute the case (a defect to report, not a verdict on the implementation)."""
+
+
+# ------------------------------------------------------------------ grading
+
+#: Outcome classes, in the order tables list them.
+OUTCOMES = ("correct", "off", "silent zero", "NaN", "inf", "clear error", "no error", "n/a")
+
+
+@dataclasses.dataclass
+class Grade:
+    outcome: str  # one of OUTCOMES
+    ratio: float  # worst |error| / bound over outputs with a positive bound (0 when none)
+    error: float  # worst |error| over finite outputs (nan when none)
+    missed_zero: float  # largest |output| where the exact zero is demanded (0: none missed)
+    detail: str = ""
+
+
+def grade(out, res, impl: Implementation, unit_ids=None) -> Grade:
+    """``out`` (array or exception) against ``res`` (oracle Result or exception).
+
+    A *silent zero* is an exact zero output where the exact value is not zero and
+    the bound does not cover it, or a whole unit of zeros whose exact values are
+    not all zero and reach float32 resolution of a unit-scale advantage (2^-24):
+    what a user sees as "no signal" where the mathematics has one.
+    """
+    if isinstance(res, OracleFailure):
+        return Grade("n/a", 0.0, float("nan"), 0.0, f"oracle failed: {res}")
+    if isinstance(res, Exception):
+        if isinstance(out, Exception):
+            return Grade("clear error", 0.0, float("nan"), 0.0, type(out).__name__)
+        o = np.asarray(out)
+        tag = "NaN" if np.isnan(o).any() else "inf" if np.isinf(o).any() else "finite"
+        return Grade("no error", 0.0, float("nan"), 0.0, f"{tag} outputs where the oracle raises "
+                                                         f"{type(res).__name__}")
+    if isinstance(out, Exception):
+        return Grade("clear error", 0.0, float("nan"), 0.0, type(out).__name__)
+    obs = np.asarray(out, dtype=np.float64)
+    exact = res.float64
+    units = np.zeros(obs.size, np.int64) if unit_ids is None else np.asarray(unit_ids)
+    with np.errstate(all="ignore"):
+        # a bound the error model cannot evaluate (NaN) is taken as 0: strict, never vacuous
+        allowed = np.nan_to_num(res.allowed(impl.out_dtype, impl.unit_roundoff), nan=0.0)
+        exact_nan = np.isnan(exact)
+        nan_bad = np.isnan(obs) & ~exact_nan
+        nan_missing = exact_nan & ~np.isnan(obs)
+        live = ~exact_nan & np.isfinite(obs)
+        err = np.where(live, np.abs(obs - exact), 0.0)
+        demanded = live & (allowed == 0.0) & (exact == 0.0)
+        missed = np.where(demanded & (obs != 0.0), np.abs(obs), 0.0)
+        bounded = live & (allowed > 0.0)
+        ratios = np.where(bounded, err / np.where(bounded, allowed, 1.0), 0.0)
+        outside = (bounded & (err > allowed)) | (missed > 0.0)
+        zeroed = live & (obs == 0.0) & (exact != 0.0) & outside
+        for u in np.unique(units):
+            m = (units == u) & live
+            if m.any() and np.all(obs[m] == 0.0) and np.max(np.abs(exact[m])) > FLOAT32_UNIT_ROUNDOFF:
+                zeroed |= m & (exact != 0.0)
+    ratio = float(ratios.max()) if ratios.size else 0.0
+    error = float(err[live].max()) if live.any() else float("nan")
+    miss = float(missed.max()) if missed.size else 0.0
+    detail = "NaN propagated" if exact_nan.any() and not nan_missing.any() and not nan_bad.any() else ""
+    if nan_bad.any():
+        outcome = "NaN"
+    elif np.isinf(obs).any():
+        outcome = "inf"
+    elif zeroed.any():
+        outcome = "silent zero"
+    elif outside.any() or nan_missing.any():
+        outcome = "off"
+    else:
+        outcome = "correct"
+    return Grade(outcome, ratio, error, miss, detail)
