@@ -1,0 +1,502 @@
+"""Known-limit tables of GDPO implementations, measured against the exact oracle.
+
+    python -m conformance.limits                 # rewrite spec/known_limits.md and spec/limits/*.png
+    python -m conformance.limits --fast --out /tmp/kl.md --no-plots   # the subset CI regenerates
+    python -m conformance.limits --only cancellation                  # print one table group
+
+Six table groups (``conformance/limits_tables.py``): cancellation, eps, n_g = 2
+and correlated components, variance algorithms, ranges, peers. Every number is
+measured when the command runs; nothing is typed in. A row depends only on its
+own case and the seed, so the fast subset's rows are the full run's rows, cell
+for cell: ``tests/test_limits.py`` regenerates it and fails on any difference
+with the committed file, and on any documented limit (:data:`LIMITS`) that no
+longer reproduces. The environment block of the output is machine-dependent and
+ignored by that comparison.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import math
+import platform
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+from conformance import limits_tables as T
+from conformance.limits_tables import Table, fmt
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_OUT = ROOT / "spec" / "known_limits.md"
+COMMAND = "python -m conformance.limits"
+ENV_BEGIN = "<!-- environment: begin (machine-dependent; tests/test_limits.py ignores this block) -->"
+ENV_END = "<!-- environment: end -->"
+_TABLE_MARK = re.compile(r"<!-- table:(?P<id>[\w-]+) keys=(?P<keys>\d+) -->")
+
+
+# ------------------------------------------------------------------ progress
+
+
+class Progress:
+    """One line per table group on stderr; a live counter when stderr is a terminal."""
+
+    def __init__(self, stream=None, enabled: bool = True):
+        self.stream = stream if stream is not None else sys.stderr
+        self.enabled = enabled
+        self.live = enabled and hasattr(self.stream, "isatty") and self.stream.isatty()
+
+    def __call__(self, name: str, total: int) -> Callable[[], None]:
+        state = {"done": 0, "t0": time.monotonic()}
+        if self.enabled and not self.live:
+            print(f"[limits] {name}: {total} cases ...", file=self.stream, flush=True)
+
+        def step() -> None:
+            state["done"] += 1
+            done = state["done"]
+            if not self.enabled:
+                return
+            if self.live:
+                width = 30
+                fill = width * done // max(total, 1)
+                print(f"\r[limits] {name:<28} [{'#' * fill}{'.' * (width - fill)}] {done}/{total} "
+                      f"{time.monotonic() - state['t0']:5.1f}s", end="", file=self.stream, flush=True)
+                if done == total:
+                    print(file=self.stream, flush=True)
+            elif done == total:
+                print(f"[limits] {name}: done in {time.monotonic() - state['t0']:.1f}s", file=self.stream,
+                      flush=True)
+
+        return step
+
+
+# ------------------------------------------------------------------- limits
+
+
+@dataclasses.dataclass(frozen=True)
+class Limit:
+    """A documented limit (or guarantee) and the measurement that must still show it."""
+
+    id: str
+    group: str  # the table group whose facts it reads
+    text: str
+    check: Callable[[dict], tuple[bool, str]]
+
+
+def _cd(f, kind, unit, c):
+    return f["cancellation"][(kind, unit, c)]
+
+
+def _all_cs_own_zero(f):
+    rows = [m for (kind, unit, _), m in f["cancellation"].items() if kind == "cs" and unit == "own"]
+    return all(m["impl_max"] == 0.0 for m in rows), len(rows)
+
+
+LIMITS: tuple[Limit, ...] = (
+    Limit("cancellation-naive", "cancellation",
+          "`[C - d, d]` at C = 1e15 (own unit): naive float64 (mean, then deviations) is O(1) off the exact result; "
+          "the impl stays within the spec bound.",
+          lambda f: (_cd(f, "cd", "own", 1e15)["naive_err"] >= 0.1 and _cd(f, "cd", "own", 1e15)["impl_ratio"] <= 1,
+                     f"naive err {fmt(_cd(f, 'cd', 'own', 1e15)['naive_err'])}, impl err/bound "
+                     f"{fmt(_cd(f, 'cd', 'own', 1e15)['impl_ratio'])}")),
+    Limit("cancellation-conditioning", "cancellation",
+          "The exact result of the float64 `[C - d, d]` inputs is itself O(1) from C = 1e13 and one ulp of input "
+          "moves it by O(1) from C = 1e11 (own unit): the problem's conditioning, which no implementation removes "
+          "(the intended decimal inputs would give exactly 0).",
+          lambda f: (_cd(f, "cd", "own", 1e13)["exact_max"] >= 0.5 and _cd(f, "cd", "own", 1e11)["cond_max"] >= 1,
+                     f"exact max abs a {fmt(_cd(f, 'cd', 'own', 1e13)['exact_max'])} at 1e13, max cond "
+                     f"{fmt(_cd(f, 'cd', 'own', 1e11)['cond_max'])} at 1e11")),
+    Limit("constant-sum-exact-zero", "cancellation",
+          "Exact constant-sum groups `r2 = C - r1` (own unit): the impl returns exactly 0 at every C; naive float64 "
+          "leaves a residue that is O(1) at C = 1e15.",
+          lambda f: (_all_cs_own_zero(f)[0] and _cd(f, "cs", "own", 1e15)["naive_max"] >= 0.1,
+                     f"impl exactly 0 on every C: {_all_cs_own_zero(f)[0]}, naive max abs a "
+                     f"{fmt(_cd(f, 'cs', 'own', 1e15)['naive_max'])} at 1e15")),
+    Limit("float32-inputs", "cancellation",
+          "Float32 peers cannot hold `[C - d, d]` from C = 1e9: the TRL mirror is O(1) off the exact result of the "
+          "float64 inputs although it is accurate on the float32 inputs it holds.",
+          lambda f: (_cd(f, "cd", "own", 1e9)["trl_vs_f64"] >= 0.5 and _cd(f, "cd", "own", 1e9)["trl_err"] < 1e-3,
+                     f"TRL vs exact(f64) {fmt(_cd(f, 'cd', 'own', 1e9)['trl_vs_f64'])}, vs exact of its inputs "
+                     f"{fmt(_cd(f, 'cd', 'own', 1e9)['trl_err'])}")),
+    Limit("nemo-one-pass-cancellation", "cancellation",
+          "NeMo-RL's one-pass float32 group variance is O(1) off its own exact result on `[C - d, d]` at "
+          "C = 1e3 (own unit).",
+          lambda f: (_cd(f, "cd", "own", 1e3)["peer_worst"] == "nemo_rl" and _cd(f, "cd", "own", 1e3)["peer_err"] >= 0.5,
+                     f"{_cd(f, 'cd', 'own', 1e3)['peer_worst']} err {fmt(_cd(f, 'cd', 'own', 1e3)['peer_err'])}")),
+    Limit("eps-1e-3", "eps",
+          "With one column's group std at 1e-3, eps 1e-4 instead of 1e-8 moves advantages by more than 1e-2.",
+          lambda f: (f["eps"][1e-3]["d4"] > 1e-2, f"max abs da {fmt(f['eps'][1e-3]['d4'])}")),
+    Limit("eps-mutes", "eps",
+          "Below eps (column std 1e-5), eps 1e-4 mutes the column (max abs z < 0.2) while eps 1e-8 keeps it at "
+          "full size (max abs z > 1).",
+          lambda f: (f["eps"][1e-5]["z"][1e-4] < 0.2 and f["eps"][1e-5]["z"][1e-8] > 1,
+                     f"max abs z {fmt(f['eps'][1e-5]['z'][1e-4])} vs {fmt(f['eps'][1e-5]['z'][1e-8])}")),
+    Limit("ng2-magnitude", "pairs",
+          "n_g = 2: gaps 1 and 1e4 give the same advantage (to 1e-3); only a gap near eps is damped.",
+          lambda f: (abs(f["pairs"]["gap"][1e4]["a"] - f["pairs"]["gap"][1.0]["a"]) < 1e-3
+                     and f["pairs"]["gap"][1e-4]["z"] < 0.5,
+                     f"a {f['pairs']['gap'][1.0]['a']:.4f} vs {f['pairs']['gap'][1e4]['a']:.4f}; z at gap 1e-4 "
+                     f"{f['pairs']['gap'][1e-4]['z']:.4f}")),
+    Limit("correlation", "pairs",
+          "rho = -1 cancels exactly (c = 0: no signal); rho = +1 amplifies the combined std sqrt 2 times over rho = 0.",
+          lambda f: (f["pairs"]["rho"][-1.0]["c_zero"]
+                     and abs(f["pairs"]["rho"][1.0]["std_c"] / f["pairs"]["rho"][0.0]["std_c"] - math.sqrt(2)) < 0.01,
+                     f"c exactly 0: {f['pairs']['rho'][-1.0]['c_zero']}, std ratio "
+                     f"{fmt(f['pairs']['rho'][1.0]['std_c'] / f['pairs']['rho'][0.0]['std_c'], 3)}")),
+    Limit("one-pass-float32", "variance",
+          "One-pass float32 variance gives std 0 (a silent zero) at offsets 1e3 and 1e4, where the exact std is "
+          "0.0129.",
+          lambda f: (f["variance"][(1e3, "float32", "one-pass")]["var"] <= 0
+                     and f["variance"][(1e4, "float32", "one-pass")]["var"] <= 0,
+                     f"variance {fmt(f['variance'][(1e3, 'float32', 'one-pass')]['var'])} and "
+                     f"{fmt(f['variance'][(1e4, 'float32', 'one-pass')]['var'])}")),
+    Limit("one-pass-float64", "variance",
+          "One-pass float64 variance is off by more than 100% at offset 1e8; the shifted two-pass stays at the "
+          "last bits.",
+          lambda f: (f["variance"][(1e8, "float64", "one-pass")]["rel"] > 1
+                     and f["variance"][(1e8, "float64", "shifted two-pass")]["rel"] < 1e-14,
+                     f"{fmt(f['variance'][(1e8, 'float64', 'one-pass')]['rel'])} vs "
+                     f"{fmt(f['variance'][(1e8, 'float64', 'shifted two-pass')]['rel'])}")),
+    Limit("two-pass-float32-offset", "variance",
+          "Float32 two-pass (mean first) loses digits with the offset: at 1e4 it is 100 times worse than the "
+          "shifted two-pass.",
+          lambda f: (f["variance"][(1e4, "float32", "two-pass")]["rel"]
+                     > 100 * f["variance"][(1e4, "float32", "shifted two-pass")]["rel"],
+                     f"{fmt(f['variance'][(1e4, 'float32', 'two-pass')]['rel'])} vs "
+                     f"{fmt(f['variance'][(1e4, 'float32', 'shifted two-pass')]['rel'])}")),
+    Limit("float32-reward-overflow", "ranges",
+          "Float32 peers: rewards `M * [...]` with M = 1e20 give silent zeros (squares overflow float32), beyond "
+          "FLT_MAX NaN.",
+          lambda f: (f["ranges"]["rewards"][("1e+20", "trl")] == "silent zero"
+                     and f["ranges"]["rewards"][("1e+39", "trl")] == "NaN",
+                     f"TRL: {f['ranges']['rewards'][('1e+20', 'trl')]}, {f['ranges']['rewards'][('1e+39', 'trl')]}")),
+    Limit("naive-float64-overflow", "ranges",
+          "Naive float64: squares overflow at M = 1e155 and the group silently becomes zero.",
+          lambda f: (f["ranges"]["rewards"][("1e+155", "naive_f64")] == "silent zero",
+                     f["ranges"]["rewards"][("1e+155", "naive_f64")])),
+    Limit("impl-reward-range", "ranges",
+          "impl: correct on every reward magnitude up to DBL_MAX and on both float32 extremes.",
+          lambda f: (all(o == "correct" for (case, name), o in f["ranges"]["rewards"].items() if name == "impl"),
+                     ", ".join(sorted({o for (c, n), o in f["ranges"]["rewards"].items() if n == "impl"})))),
+    Limit("float32-weights", "ranges",
+          "Weights `(16777216, -16777217)` on identical columns: float32 peers merge them and return silent zeros; "
+          "impl is correct.",
+          lambda f: (all(f["ranges"]["weights"][("(2^24, -(2^24 + 1)), r2 = r1", n)] == "silent zero"
+                         for n in ("trl", "verl", "nemo_rl", "nvlabs", "ms_swift"))
+                     and f["ranges"]["weights"][("(2^24, -(2^24 + 1)), r2 = r1", "impl")] == "correct",
+                     "float32 peers: " + ", ".join(sorted({f["ranges"]["weights"][("(2^24, -(2^24 + 1)), r2 = r1", n)]
+                                                          for n in ("trl", "verl", "nemo_rl", "nvlabs",
+                                                                    "ms_swift")})))),
+    Limit("impl-weight-range", "ranges",
+          "impl: correct with weights up to `(1e39, 1e39)` and `(DBL_MAX, 1)`; `(DBL_MAX, DBL_MAX)` overflows the "
+          "combined value and is refused with OutOfRangeError (clear error, not inf).",
+          lambda f: (f["ranges"]["weights"][("(1e+39, 1e+39)", "impl")] == "correct"
+                     and f["ranges"]["weights"][("(DBL_MAX, 1)", "impl")] == "correct"
+                     and f["ranges"]["weights"][("(DBL_MAX, DBL_MAX)", "impl")] == "clear error",
+                     f["ranges"]["weights"][("(DBL_MAX, DBL_MAX)", "impl")])),
+    Limit("nan-reward", "peers",
+          "A NaN reward: impl raises (NonFiniteError) on every case; every peer returns numbers or NaN without an "
+          "error.",
+          lambda f: (all(g.outcome == "clear error" for g, _ in f["peers"][("impl64", "NaN reward", "spec")])
+                     and all(g.outcome == "no error" for n in ("trl", "verl", "nemo_rl", "nvlabs", "ms_swift",
+                                                                "multireward_grpo")
+                             for g, _ in f["peers"][(n, "NaN reward", "spec")]),
+                     "impl: clear error; peers: no error")),
+    Limit("float32-offset", "peers",
+          "Large-offset groups: every float32 peer exceeds the float32 error bound under its own convention "
+          "(mean-then-subtract at an offset); NeMo-RL's one-pass variance the most.",
+          lambda f: (all(max(g.ratio for g, _ in f["peers"][(n, "large offset", "own")]) > 1
+                         for n in ("trl", "verl", "nemo_rl", "nvlabs", "ms_swift"))
+                     and max(g.ratio for g, _ in f["peers"][("nemo_rl", "large offset", "own")])
+                     >= max(max(g.ratio for g, _ in f["peers"][(n, "large offset", "own")])
+                            for n in ("trl", "verl", "nvlabs", "ms_swift")),
+                     "worst err/bound: " + ", ".join(
+                         f"{n} {fmt(max(g.ratio for g, _ in f['peers'][(n, 'large offset', 'own')]))}"
+                         for n in ("trl", "verl", "nemo_rl", "nvlabs", "ms_swift")))),
+    Limit("impl-peers", "peers",
+          "impl (out float64) is within the spec bound on every case of every family, and refuses the NaN family.",
+          lambda f: (all(g.outcome in ("correct", "clear error") and g.ratio <= 1
+                         for (n, fam, gr), gs in f["peers"].items() if n == "impl64" for g, _ in gs),
+                     f"worst err/bound {fmt(max(g.ratio for (n, _f, _g), gs in f['peers'].items() if n == 'impl64' for g, _ in gs))}")),
+)
+
+
+def check_limits(facts: dict) -> list[tuple[Limit, bool, str]]:
+    out = []
+    for lim in LIMITS:
+        try:
+            ok, measured = lim.check(facts)
+        except (KeyError, ValueError, ZeroDivisionError) as e:  # the case it reads did not run or changed shape
+            ok, measured = False, f"not measured ({type(e).__name__}: {e})"
+        out.append((lim, bool(ok), measured))
+    return out
+
+
+def limits_table(results) -> Table:
+    rows = [[lim.id, lim.text, measured, "yes" if ok else "**NO: stale, fix the code or this entry**"]
+            for lim, ok, measured in results]
+    return Table(
+        "limits", "Documented limits",
+        "Each entry is checked against the tables below every time they are generated; "
+        "`tests/test_limits.py` fails when one stops reproducing, so a fix cannot leave a stale entry behind "
+        "(delete or rewrite the entry in `LIMITS`, `conformance/limits.py`, together with the fix).",
+        ["id", "limit", "measured", "still reproduces"], rows)
+
+
+# ----------------------------------------------------------------- rendering
+
+
+def render_table(t: Table) -> str:
+    lines = [f"<!-- table:{t.id} keys={t.keys} -->", "| " + " | ".join(c.replace("|", "\\|") for c in t.head) + " |",
+             "|" + "---|" * len(t.head)]
+    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in t.rows]
+    return "\n".join(lines)
+
+
+def render_section(t: Table, group: str | None) -> str:
+    rerun = (f"Rerun: `{COMMAND} --only {group}` (prints this group; add `--seed N` for other peer cases)."
+             if group else f"Rerun: `{COMMAND}` (the entries read the fast subset's cases, so `--fast` checks "
+                           "them too).")
+    parts = [f"### {t.title}", "", t.intro, "", rerun, "", render_table(t)]
+    if t.after:
+        parts += ["", t.after]
+    return "\n".join(parts)
+
+
+def environment(seed: int, fast: bool, wall: float) -> list[list[str]]:
+    import matplotlib
+    import mpmath
+    import numpy
+    import torch
+
+    try:
+        import gmpy2
+        gmp = gmpy2.version()
+    except ImportError:  # mpmath falls back to Python integers
+        gmp = "not installed"
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                                timeout=10).stdout.strip() or "unknown"
+        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True,
+                               timeout=10).stdout.strip()
+        commit += " (uncommitted changes)" if dirty else ""
+    except (OSError, subprocess.SubprocessError):
+        commit = "unknown"
+    return [
+        ["generated", datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")],
+        ["command", f"`{COMMAND}{' --fast' if fast else ''} --seed {seed}`"],
+        ["wall time", f"{wall:.0f} s"],
+        ["commit", commit],
+        ["python", platform.python_version()],
+        ["numpy / torch / mpmath / gmpy2 / matplotlib",
+         f"{numpy.__version__} / {torch.__version__} / {mpmath.__version__} / {gmp} / {matplotlib.__version__}"],
+        ["platform", f"{platform.system()} {platform.machine()}, {cpu}, torch threads {torch.get_num_threads()}"],
+        ["device", "CPU (every implementation runs on the CPU here)"],
+    ]
+
+
+@dataclasses.dataclass
+class Run:
+    groups: dict  # group name -> list of Table
+    facts: dict  # group name -> facts
+    limits: list
+    plots: list
+    wall: float
+    seed: int
+    fast: bool
+
+
+def generate(fast: bool = False, seed: int = 0, only=None, plots_dir: Path | None = None,
+             progress: Progress | None = None) -> Run:
+    progress = progress or Progress(enabled=False)
+    t0 = time.monotonic()
+    groups, facts = {}, {}
+    for name, build in T.BUILDERS.items():
+        if only and name not in only:
+            continue
+        groups[name], facts[name] = build(fast, seed, progress)
+    limits = check_limits(facts) if not only else []
+    plots = []
+    if plots_dir is not None and not only:
+        from conformance import limits_plots
+
+        grid = [10.0 ** e for e in ([3, 6, 9, 11, 13, 15, 16] if fast else
+                                    [x / 4 for x in range(12, 65)])]
+        step = progress("plots", 3)
+        plots.append(limits_plots.cancellation(T.cancellation_curve(grid), plots_dir / "cancellation.png"))
+        step()
+        offs = [10.0 ** (x / 4) for x in range(0, 33)]
+        plots.append(limits_plots.variance(offs, plots_dir / "variance.png"))
+        step()
+        stds = [10.0 ** (-x / 4) for x in range(4, 30)]
+        plots.append(limits_plots.eps(stds, plots_dir / "eps.png"))
+        step()
+    return Run(groups, facts, limits, plots, time.monotonic() - t0, seed, fast)
+
+
+_GROUP_TITLES = {
+    "cancellation": "1. Cancellation",
+    "eps": "2. eps",
+    "pairs": "3. n_g = 2 and correlated components",
+    "variance": "4. Variance algorithms",
+    "ranges": "5. Ranges",
+    "peers": "6. Peers",
+}
+_PLOT_CAPTIONS = {
+    "cancellation": ("cancellation.png", "Error against C for `[C - d, d]` and exact constant-sum groups (own unit)"),
+    "eps": ("eps.png", "Largest change of an advantage when eps moves, against the column's std"),
+    "variance": ("variance.png", "Relative error of the std against offset, per algorithm and dtype"),
+}
+
+
+def render(run: Run, out: Path) -> str:
+    plots_rel = {p.name: p for p in run.plots}
+    lines = [
+        "# Known limits, measured",
+        "",
+        f"<!-- generated by `{COMMAND}` (conformance/limits.py); do not edit by hand. -->",
+        "",
+        "Every number below is measured by the command that wrote this file: the exact oracle (`oracle/`) gives "
+        "the reference, the spec error model (`spec/error_model.py`) the tolerance, and each implementation "
+        "runs as it ships (`impl.gdpo`) or as a faithful mirror of a peer's published formula "
+        "(`conformance/mirrors.py`, `conformance/limits_peers.py`). Regenerate with "
+        f"`{COMMAND}` (about ten minutes on two cores; `--fast` for the subset CI checks, `--seed N` for other "
+        "peer cases, `gdpo limits` once the CLI wires it). `tests/test_limits.py` regenerates the fast subset "
+        "and fails when a committed row disagrees with it or a documented limit stops reproducing.",
+        "",
+        f"Seed: {run.seed}. Numbers carry two or three significant digits so that platform noise in the last "
+        "bits cannot flip a cell.",
+        "",
+        ENV_BEGIN,
+        "| | |",
+        "|---|---|",
+        *(f"| {k} | {v} |" for k, v in environment(run.seed, run.fast, run.wall)),
+        ENV_END,
+        "",
+        render_section(limits_table(run.limits), None).replace("### ", "## ", 1),
+    ]
+    for name, tables in run.groups.items():
+        lines += ["", f"## {_GROUP_TITLES[name]}", ""]
+        if name in _PLOT_CAPTIONS and _PLOT_CAPTIONS[name][0] in plots_rel:
+            fname, caption = _PLOT_CAPTIONS[name]
+            rel = plots_rel[fname].resolve().relative_to(out.resolve().parent) if _is_under(
+                plots_rel[fname], out.parent) else plots_rel[fname]
+            lines += [f"![{caption}]({rel.as_posix()})", "", f"*{caption}.*", ""]
+        for t in tables:
+            lines += [render_section(t, name), ""]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _is_under(path: Path, folder: Path) -> bool:
+    try:
+        path.resolve().relative_to(folder.resolve())
+        return True
+    except ValueError:
+        return False
+
+
+# ---------------------------------------------------------- reading it back
+
+
+def parse_tables(text: str) -> dict[str, dict]:
+    """Tables of a rendered file outside the environment block: id -> {"head", "rows": {key: {col: cell}}}."""
+    text = strip_environment(text)
+    out: dict[str, dict] = {}
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        m = _TABLE_MARK.match(line.strip())
+        if not m:
+            continue
+        keys = int(m.group("keys"))
+        head = _cells(lines[i + 1])
+        rows = {}
+        for row_line in lines[i + 3:]:
+            if not row_line.startswith("|"):
+                break
+            cells = _cells(row_line)
+            rows[tuple(cells[:keys])] = dict(zip(head, cells))
+        out[m.group("id")] = {"head": head, "rows": rows}
+    return out
+
+
+def strip_environment(text: str) -> str:
+    return re.sub(re.escape(ENV_BEGIN) + r".*?" + re.escape(ENV_END), "", text, flags=re.S)
+
+
+def _cells(line: str) -> list[str]:
+    body = line.strip()[1:-1]
+    return [c.strip().replace("\\|", "|") for c in re.split(r"(?<!\\)\|", body)]
+
+
+def compare(committed: str, regenerated: str) -> list[str]:
+    """Every cell of ``regenerated`` must read the same in ``committed``; returns the differences."""
+    old, new = parse_tables(committed), parse_tables(regenerated)
+    problems = []
+    for tid, table in new.items():
+        if tid not in old:
+            problems.append(f"table {tid!r} is missing from the committed file")
+            continue
+        if old[tid]["head"] != table["head"]:
+            problems.append(f"table {tid!r}: columns {old[tid]['head']} committed, {table['head']} now")
+            continue
+        for key, cells in table["rows"].items():
+            if key not in old[tid]["rows"]:
+                problems.append(f"table {tid!r}, row {' / '.join(key)} is missing from the committed file")
+                continue
+            for col, cell in cells.items():
+                was = old[tid]["rows"][key].get(col)
+                if was != cell:
+                    problems.append(f"table {tid!r}, row {' / '.join(key)}, column {col!r}: committed {was!r}, "
+                                    f"measured now {cell!r}")
+    return problems
+
+
+# ----------------------------------------------------------------------- CLI
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m conformance.limits", description=__doc__.splitlines()[0])
+    parser.add_argument("--fast", action="store_true", help="the small deterministic subset CI regenerates")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the peer-table cases (default 0)")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="markdown file to write "
+                        "(plots go to a limits/ folder beside it)")
+    parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    parser.add_argument("--only", choices=sorted(T.BUILDERS), action="append",
+                        help="print this table group to stdout instead of writing the file (repeatable)")
+    parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    args = parser.parse_args(argv)
+    progress = Progress(enabled=not args.quiet)
+    if args.only:
+        run = generate(args.fast, args.seed, only=set(args.only), progress=progress)
+        for name, tables in run.groups.items():
+            for t in tables:
+                print(render_section(t, name) + "\n")
+        return 0
+    out = args.out
+    plots_dir = None if args.no_plots else out.parent / "limits"
+    run = generate(args.fast, args.seed, plots_dir=plots_dir, progress=progress)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(render(run, out))
+    stale = [lim.id for lim, ok, _ in run.limits if not ok]
+    print(f"wrote {out}" + "".join(f" and {p}" for p in run.plots) + f" in {run.wall:.0f} s", file=sys.stderr)
+    if stale:
+        print(f"documented limits that no longer reproduce: {', '.join(stale)} (edit LIMITS in "
+              "conformance/limits.py)", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,126 @@
+"""Plots of the known-limit tables (matplotlib, Agg backend, PNG without a date stamp)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+
+from conformance import limits_tables as T
+
+#: Exact zeros cannot sit on a log axis: they are drawn on this floor, and the legend says so.
+FLOOR = 1e-20
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _floored(values) -> np.ndarray:
+    """Zeros (and infinities) on the floor; NaN stays NaN, a gap in the line (nothing to plot)."""
+    v = np.asarray(values, dtype=np.float64)
+    return np.where(np.isnan(v), np.nan, np.where(np.isfinite(v) & (v > 0), v, FLOOR))
+
+
+def _save(fig, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110, metadata={"Software": None})
+    _pyplot().close(fig)
+    return path
+
+
+def cancellation(curve: dict, path: Path) -> Path:
+    plt = _pyplot()
+    c = np.asarray(curve["C"])
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 6.2))
+    cd = curve["cd"]
+    left.loglog(c, _floored([m["exact_max"] for m in cd]), "k-", lw=2, label="exact max |a| (the problem)")
+    left.loglog(c, _floored([m["cond_max"] for m in cd]), "k:", lw=1.5, label="max cond (one ulp of every input)")
+    left.loglog(c, _floored([m["naive_err"] for m in cd]), "o-", color="tab:red", ms=3,
+                label="naive float64 error")
+    left.loglog(c, _floored([m["impl_err"] for m in cd]), "s-", color="tab:blue", ms=3,
+                label="impl error (out float64)")
+    left.loglog(c, _floored([m["trl_err"] for m in cd]), "^-", color="tab:green", ms=3,
+                label="TRL float32 mirror error (vs exact of its float32 inputs)")
+    left.loglog(c, _floored([m["trl_vs_f64"] for m in cd]), "^--", color="tab:olive", ms=3,
+                label="TRL float32 mirror vs exact of the float64 inputs")
+    left.set_title("[C - d, d], d = 0.1, 0.2, 0.3, 0.7, own unit")
+    cs = curve["cs"]
+    right.loglog(c, _floored([m["naive_max"] for m in cs]), "o-", color="tab:red", ms=3,
+                 label="naive float64 max |a|")
+    right.loglog(c, _floored([m["impl_max"] for m in cs]), "s-", color="tab:blue", ms=3,
+                 label="impl max |a|")
+    right.loglog(c, _floored([m["peer_exact_max"] for m in cs]), "k--", lw=1.5,
+                 label="exact max |a| of the float32-rounded inputs")
+    right.loglog(c, _floored([m["trl_err"] for m in cs]), "^-", color="tab:green", ms=3,
+                 label="TRL float32 mirror error (vs exact of its inputs)")
+    right.set_title("exact constant sum r2 = C - r1, own unit (exact result: 0)")
+    for ax in (left, right):
+        ax.set_xlabel("C")
+        ax.set_ylim(FLOOR / 3, 1e6)
+        ax.grid(True, which="major", alpha=0.3)
+        ax.axhline(FLOOR, color="gray", lw=0.5)
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2)
+    left.set_ylabel(f"absolute error / magnitude (exact 0 drawn at {FLOOR:g})")
+    fig.suptitle("GDPO cancellation: implementation error vs the problem's own conditioning")
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def variance(offsets, path: Path) -> Path:
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(8, 5))
+    styles = {"one-pass": "o-", "two-pass": "s-", "shifted two-pass": "^-"}
+    cap = 1e3
+    for dname, color in (("float64", "tab:blue"), ("float32", "tab:red")):
+        dt = np.dtype(dname)
+        for aname, alg in T.VARIANCE_ALGORITHMS.items():
+            rel = []
+            for off in offsets:
+                x = (off + T._STEPS).astype(dt)
+                ex = T.exact_std(x.astype(np.float64))
+                with np.errstate(all="ignore"):
+                    var = float(alg(x, dt))
+                if ex == 0.0:
+                    rel.append(math.nan)
+                elif not var > 0.0:
+                    rel.append(cap)  # negative variance or silent zero: total loss
+                else:
+                    rel.append(min(cap, abs(math.sqrt(var) - ex) / ex))
+            ax.loglog(offsets, _floored(rel), styles[aname], color=color, ms=3, label=f"{aname} {dname}")
+    ax.axhline(cap, color="gray", lw=0.5)
+    ax.set_xlabel("offset of the group offset + [0, 0.01, 0.02, 0.03]")
+    ax.set_ylabel("relative error of the std")
+    ax.set_ylim(FLOOR / 3, cap * 3)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
+    ax.set_title(f"Variance algorithms against offset\n(no error: drawn at {FLOOR:g}; std 0 or NaN where the "
+                 f"exact is not: at {cap:g}; inputs collapsed: gap)", fontsize=9)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def eps(stds, path: Path) -> Path:
+    plt = _pyplot()
+    d4, d6 = [], []
+    for s in stds:
+        r, g = T.eps_case(s)
+        res = {e: T.P.oracle(r, g, eps=e).float64 for e in T.EPS_VALUES}
+        d4.append(T._err(res[1e-4], res[1e-8]))
+        d6.append(T._err(res[1e-6], res[1e-8]))
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    ax.loglog(stds, _floored(d4), "o-", label="eps 1e-4 vs 1e-8")
+    ax.loglog(stds, _floored(d6), "s-", label="eps 1e-6 vs 1e-8")
+    ax.set_xlabel("std of one group column")
+    ax.set_ylabel("largest change of an advantage (exact)")
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    ax.set_title("How eps moves GDPO advantages as a column's std shrinks")
+    fig.tight_layout()
+    return _save(fig, path)

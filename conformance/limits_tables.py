@@ -1,0 +1,643 @@
+"""The six known-limit tables: what each runs, measured against the exact oracle.
+
+Every builder takes ``(fast, seed, progress)`` and returns its tables (with the
+cases they ran) and the measured facts the plots and the documented limits
+(:mod:`conformance.limits`) read. A row depends only on its own case (and the
+seed), never on which other rows run, so ``--fast`` produces a subset of the
+full run's rows, identical cell for cell.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from fractions import Fraction
+
+import numpy as np
+
+from conformance import limits_families as fam
+from conformance import limits_peers as P
+from spec.constants import FLOAT32_MAX
+
+DBL_MAX = float(np.finfo(np.float64).max)
+
+
+@dataclasses.dataclass
+class Table:
+    id: str
+    title: str
+    intro: str  # markdown: what the table shows and the cases it ran
+    head: list
+    rows: list
+    keys: int = 1  # leading columns that identify a row
+    after: str = ""
+
+
+def fmt(x, digits: int = 2) -> str:
+    """Few significant digits, so that platform noise in the last bits cannot flip a cell."""
+    if x is None:
+        return "-"
+    x = float(x)
+    if math.isnan(x):
+        return "NaN"
+    if math.isinf(x):
+        return "inf" if x > 0 else "-inf"
+    if x == 0.0:
+        return "0"
+    return f"{x:.{digits}g}"
+
+
+def fmt_c(c: float) -> str:
+    return f"{c:.0e}"
+
+
+def _max_abs(x) -> float:
+    x = np.asarray(x, dtype=np.float64)
+    return float(np.max(np.abs(x))) if x.size else 0.0
+
+
+def _err(out, exact) -> float:
+    with np.errstate(invalid="ignore"):
+        return _max_abs(np.asarray(out) - np.asarray(exact))
+
+
+def _ratio(err: np.ndarray, allowed: np.ndarray) -> float:
+    err = np.asarray(err, dtype=np.float64)
+    allowed = np.asarray(allowed, dtype=np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        r = np.where(allowed > 0, err / np.where(allowed > 0, allowed, 1.0), np.where(err > 0, np.inf, 0.0))
+    return float(np.max(r)) if r.size else 0.0
+
+
+# ---------------------------------------------------------------- 1. cancellation
+
+D = np.array([0.1, 0.2, 0.3, 0.7])
+HEALTHY = np.array([[1.0, 0.0], [0.0, 0.0], [1.0, 1.0], [0.0, 1.0]])
+CS_FULL = tuple(10.0 ** e for e in range(3, 17))
+CS_FAST = (1e3, 1e9, 1e11, 1e13, 1e15, 1e16)
+
+
+def cancellation_case(c: float, kind: str, unit: str):
+    """``[C - d, d]`` (kind "cd") or the exact constant sum ``[C - d, C - fl(C - d)]`` ("cs")."""
+    r1 = c - D
+    r2 = D.copy() if kind == "cd" else c - r1  # Sterbenz: c - r1 is exact in float64
+    r = np.stack([r1, r2], 1)
+    if kind == "cs":
+        assert all(Fraction(a) + Fraction(b) == Fraction(c) for a, b in r), c
+    g = np.zeros(4, np.int64)
+    if unit == "shared":
+        r = np.concatenate([r, HEALTHY])
+        g = np.repeat([0, 1], 4)
+    return r, g
+
+
+def measure_cancellation(r, g) -> dict:
+    res = P.oracle(r, g)
+    impl = P.IMPLEMENTATIONS["impl64"]
+    out = P.run(impl, r, g)
+    naive = P.run(P.IMPLEMENTATIONS["naive_f64"], r, g)
+    grp = g == 0  # the cancellation group's rows (the shared unit adds a healthy group)
+    m = {
+        "exact_max": _max_abs(res.float64[grp]),
+        "cond_max": float(np.max(res.cond[grp])),
+        "impl_err": _err(out, res.float64),
+        "impl_ratio": _ratio(np.abs(out - res.float64), res.allowed("float64")),
+        "impl_max": _max_abs(out[grp]),
+        "naive_err": _err(naive, res.float64),
+        "naive_max": _max_abs(naive[grp]),
+        "collapsed": int(res.group_collapsed[0].sum()),
+    }
+    m["naive_per_cond"] = m["naive_err"] / m["cond_max"] if m["cond_max"] > 0 else math.nan
+    worst, who, own_max = -1.0, "", 0.0
+    for name in P.FLOAT32_PEERS:
+        p = P.IMPLEMENTATIONS[name]
+        seen = P.as_seen_by(p, r)
+        own = P.oracle(seen, g, convention=p.convention)
+        o = P.run(p, seen, g)
+        e = _err(o, own.float64)
+        own_max = max(own_max, _max_abs(own.float64[grp]))
+        if name == "trl":
+            m["trl_err"] = e
+            m["trl_vs_f64"] = _err(o, res.float64)
+        if e > worst or math.isnan(e):
+            worst, who = e, name
+    m["peer_err"], m["peer_worst"], m["peer_exact_max"] = worst, who, own_max
+    return m
+
+
+def build_cancellation(fast: bool, seed: int, progress) -> tuple[list[Table], dict]:
+    cs = CS_FAST if fast else CS_FULL
+    facts: dict = {}
+    step = progress("1 cancellation", 4 * len(cs))
+    rows_cd, rows_cs = [], []
+    for kind in ("cd", "cs"):
+        for unit in ("own", "shared"):
+            for c in cs:
+                m = measure_cancellation(*cancellation_case(c, kind, unit))
+                facts[(kind, unit, c)] = m
+                step()
+                if kind == "cd":
+                    rows_cd.append([fmt_c(c), unit, fmt(m["exact_max"]), fmt(m["cond_max"]), fmt(m["impl_err"]),
+                                    fmt(m["impl_ratio"]), fmt(m["naive_err"]), fmt(m["naive_per_cond"]),
+                                    fmt(m["trl_err"]), f"{fmt(m['peer_err'])} ({m['peer_worst']})",
+                                    fmt(m["trl_vs_f64"])])
+                else:
+                    rows_cs.append([fmt_c(c), unit, str(m["collapsed"]), fmt(m["exact_max"]), fmt(m["impl_max"]),
+                                    fmt(m["naive_max"]), fmt(m["peer_exact_max"]),
+                                    f"{fmt(m['peer_err'])} ({m['peer_worst']})"])
+    cases = ", ".join(fmt_c(c) for c in cs)
+    common = (
+        f"Cases: C in {{{cases}}}; the group is 4 samples with d = 0.1, 0.2, 0.3, 0.7, two reward columns, "
+        "equal weights, eps 1e-4. Unit `own`: the group is whitened alone; `shared`: it shares its unit with "
+        "the healthy group `[[1,0],[0,0],[1,1],[0,1]]`. Errors are the largest absolute error over the unit's "
+        "outputs against the oracle's correctly rounded float64 result. `impl` is `impl.gdpo` with "
+        "`out_dtype=float64` (its own error, not the final cast's half ulp). `max abs a` and `cond` are over "
+        "the cancellation group's rows; errors over every output of the unit. `err/bound` divides by the spec "
+        "error model's bound (`Result.allowed`): at most 1 means within the model. The float32 peers "
+        "(TRL, verl, NeMo-RL one-pass, NVlabs, ms-swift mirrors) are graded against the oracle under their own "
+        "convention on the float32 rounding of the inputs they hold; the worst one is named.")
+    t_cd = Table(
+        "cancellation_cd", "1a. Cancellation: `[C - d, d]` groups",
+        "The intended decimal inputs `r1 = C - d`, `r2 = d` sum to C exactly, so with equal weights the exact "
+        "GDPO result of the *intended* inputs is exactly 0 everywhere. The float64 inputs are not those "
+        "decimals: `fl(C - d) + d != C`, and the exact result of the quantized inputs grows to O(1) once ulp(C) "
+        "is comparable to the spread (column `exact max abs a`). That growth is the problem's own "
+        "conditioning: `cond` is the first-order change of an output when every input moves by one ulp, so "
+        "an algorithm that perturbs its inputs by an ulp of their magnitude may be that far off. The naive "
+        "algorithm (mean, then deviations) does exactly that: its error grows with C like the conditioning "
+        "(`naive err/cond` stays below 1) and reaches O(1) at C = 1e15. The impl subtracts one member of the "
+        "group first, so its rounding is measured against the group's range, not C: its error stays at the "
+        "last bits and within the spec bound (`err/bound <= 1`) on every row. The implementation error and "
+        "the conditioning are separated column by column: `impl err` and `naive f64 err` are algorithms, "
+        "`exact max abs a` and `max cond` are the problem. `TRL f32 err`: the float32 TRL mirror against the "
+        "exact result of the float32 inputs it holds (mean-then-subtract in float32 at an offset C: large "
+        "while float32 still resolves d, tiny once `C - d` rounds to a constant in float32). "
+        "`TRL - exact(f64)`: how far the float32 TRL "
+        "mirror is from the exact "
+        "result of the float64 inputs (its own error plus the float32 rounding of the inputs).\n\n" + common,
+        ["C", "unit", "exact max abs a", "max cond", "impl err", "impl err/bound", "naive f64 err",
+         "naive err/cond", "TRL f32 err", "f32 peers worst err", "TRL - exact(f64)"], rows_cd, keys=2)
+    t_cs = Table(
+        "cancellation_cs", "1b. Cancellation: exact constant-sum groups `r2 = C - r1`",
+        "Here `r1 = fl(C - d)` and `r2 = C - r1` computed exactly (Sterbenz), so the float64 inputs sum to C "
+        "exactly and the exact result is 0 (the oracle decides it: column `exact max abs a`); in the own unit "
+        "the zero is structural and the spec demands it bit for bit. `collapsed`: how many of the two columns "
+        "are constant in the group (at C = 1e16 both round to constants). The float32 peers hold the float32 "
+        "rounding of these inputs, which no longer sum to a constant: `f32 inputs: exact max abs a` is the "
+        "exact result of what they hold, `f32 peers worst err` their error against it.\n\n" + common,
+        ["C", "unit", "collapsed", "exact max abs a", "impl max abs a", "naive f64 max abs a",
+         "f32 inputs: exact max abs a", "f32 peers worst err"], rows_cs, keys=2)
+    return [t_cd, t_cs], facts
+
+
+def cancellation_curve(grid) -> dict:
+    """Per C on a fine grid, [C - d, d] and constant-sum groups in their own unit (the plot)."""
+    out = {"C": list(grid), "cd": [], "cs": []}
+    for c in grid:
+        out["cd"].append(measure_cancellation(*cancellation_case(c, "cd", "own")))
+        out["cs"].append(measure_cancellation(*cancellation_case(c, "cs", "own")))
+    return out
+
+
+# ---------------------------------------------------------------------- 2. eps
+
+EPS_VALUES = (1e-4, 1e-6, 1e-8)
+STD_FULL = (1e-1, 1e-2, 3e-3, 1e-3, 3e-4, 1e-4, 1e-5, 1e-6, 1e-7)
+STD_FAST = (1e-2, 1e-3, 1e-5)
+_PATTERN = np.array([0.0, 1.0, 3.0, 2.0, 2.0, 0.0, 1.0, 3.0])
+_GROUP_B = np.array([[0, 3], [1, 1], [1, 4], [0, 1], [1, 5], [0, 9], [0, 2], [1, 6]], dtype=np.float64)
+
+
+def exact_std(values, ddof: int = 1) -> float:
+    q = [Fraction(float(v)) for v in values]
+    m = sum(q) / len(q)
+    var = sum((v - m) ** 2 for v in q) / (len(q) - ddof)
+    return _sqrt_fraction(var)
+
+
+def _sqrt_fraction(v: Fraction) -> float:
+    import mpmath
+
+    with mpmath.workprec(120):
+        return float(mpmath.sqrt(mpmath.mpf(v.numerator) / v.denominator))
+
+
+def eps_case(s: float):
+    col2 = 1.0 + s * _PATTERN / float(np.std(_PATTERN, ddof=1))
+    a = np.stack([np.array([1, 0, 1, 1, 0, 0, 1, 0], dtype=np.float64), col2], 1)
+    return np.concatenate([a, _GROUP_B]), np.repeat([0, 1], 8)
+
+
+def build_eps(fast: bool, seed: int, progress) -> tuple[list[Table], dict]:
+    stds = STD_FAST if fast else STD_FULL
+    step = progress("2 eps", len(stds))
+    facts, rows = {}, []
+    for s in stds:
+        r, g = eps_case(s)
+        res = {e: P.oracle(r, g, eps=e) for e in EPS_VALUES}
+        zmax = {e: _max_abs(res[e].z.float64[:8, 1]) for e in EPS_VALUES}
+        d4 = _err(res[1e-4].float64, res[1e-8].float64)
+        d6 = _err(res[1e-6].float64, res[1e-8].float64)
+        facts[s] = {"std": exact_std(r[:8, 1]), "d4": d4, "d6": d6, "z": zmax}
+        rows.append([fmt(s), fmt(facts[s]["std"]), *(fmt(zmax[e], 3) for e in EPS_VALUES), fmt(d4), fmt(d6)])
+        step()
+    t = Table(
+        "eps", "2. eps: 1e-4 vs 1e-6 vs 1e-8 as a group column's std shrinks",
+        "Exact results (oracle, eps given to both Eq. 4 and Eq. 6). Cases: a unit of two groups of 8 with two "
+        "reward columns; in group A the first column is binary and the second is `1 + s * p / std(p)`, "
+        "`p = [0, 1, 3, 2, 2, 0, 1, 3]`, so its std is s; group B is healthy (`[[0,3],[1,1],[1,4],[0,1],[1,5],"
+        "[0,9],[0,2],[1,6]]`). `max abs z` is the largest standardized value of group A's second column under "
+        "each eps (a column of unit spread gives about 1.3 here); `max abs da` is the largest change of any "
+        "advantage against eps 1e-8. Where the std falls below eps, eps = 1e-4 mutes the column (z shrinks "
+        "like s / eps) while 1e-8 still blows it up to full size: the choice of eps decides whether a "
+        "near-constant column is noise or signal.",
+        ["target std s", "exact std", "max abs z (eps 1e-4)", "max abs z (1e-6)", "max abs z (1e-8)",
+         "max abs da (1e-4 vs 1e-8)", "max abs da (1e-6 vs 1e-8)"], rows)
+    return [t], facts
+
+
+# --------------------------------------------------------- 3. n_g = 2 and correlation
+
+GAPS_FULL = (1e-6, 1e-4, 1e-2, 1.0, 1e2, 1e4, 1e8)
+GAPS_FAST = (1e-4, 1.0, 1e4)
+RHO_FULL = (-1.0, -0.9, -0.5, 0.0, 0.5, 0.9, 1.0)
+RHO_FAST = (-1.0, 0.0, 1.0)
+_X = np.array([1, 1, 1, 1, -1, -1, -1, -1], dtype=np.float64)
+_Y = np.array([1, 1, -1, -1, 1, 1, -1, -1], dtype=np.float64)
+_Z = np.array([1, -1, 1, -1, 1, -1, 1, -1], dtype=np.float64)
+
+
+def build_pairs_and_rho(fast: bool, seed: int, progress) -> tuple[list[Table], dict]:
+    gaps, rhos = (GAPS_FAST, RHO_FAST) if fast else (GAPS_FULL, RHO_FULL)
+    step = progress("3 n_g = 2, correlation", len(gaps) + len(rhos))
+    facts = {"gap": {}, "rho": {}}
+    rows = []
+    for gap in gaps:
+        r = np.array([[0.0], [gap], [0.0], [1.0]])
+        res = P.oracle(r, np.array([0, 0, 1, 1]))
+        z, a, a_ref = float(res.z.float64[1, 0]), float(res.float64[1]), float(res.float64[3])
+        facts["gap"][gap] = {"z": z, "a": a, "a_ref": a_ref}
+        rows.append([fmt(gap), f"{z:.4f}", f"{a:.4f}", f"{a_ref:.4f}"])
+        step()
+    t_gap = Table(
+        "ng2", "3a. n_g = 2: magnitudes are lost",
+        "Cases: one reward column; a group `[0, gap]` whitened in one unit with the reference group `[0, 1]` "
+        "(exact results, eps 1e-4). Any two distinct values standardize to +-(gap/sqrt 2)/(gap/sqrt 2 + eps), "
+        "+-0.7071 once the gap is well above eps: a gap of 1e8 and a gap of 1 give the same advantage, and "
+        "only a gap near or below eps is damped. Within a group of two only the sign survives.",
+        ["gap", "z of the larger member", "its advantage a", "a of the reference [0, 1]"], rows)
+    rows = []
+    for rho in rhos:
+        r2 = rho * _X + math.sqrt(max(0.0, 1.0 - rho * rho)) * _Y
+        block_a = np.stack([_X, r2], 1)
+        block_b = np.stack([_X, _Z], 1)  # reference: uncorrelated columns
+        r = np.concatenate([block_a, block_b])
+        g = np.repeat([0, 1], 8)
+        res = P.oracle(r, g)
+        c = res.combined.float64
+        s_a, s_b = float(np.std(c[:8], ddof=1)), float(np.std(c[8:], ddof=1))
+        amax, bmax = _max_abs(res.float64[:8]), _max_abs(res.float64[8:])
+        corr = float(np.corrcoef(block_a[:, 0], block_a[:, 1])[0, 1])
+        facts["rho"][rho] = {"std_c": s_a, "std_ref": s_b, "a": amax, "a_ref": bmax,
+                             "c_zero": bool(np.all(res.combined.exact_zero[:8]))}
+        rows.append([f"{rho:+.1f}", f"{corr:+.3f}", fmt(s_a, 3), fmt(s_b, 3), fmt(s_a / s_b, 3), fmt(amax, 3),
+                     fmt(bmax, 3)])
+        step()
+    t_rho = Table(
+        "correlation", "3b. Correlated components: amplification and attenuation",
+        "Cases: two groups of 8, two reward columns, equal weights, one unit. Group A: `r1 = x`, "
+        "`r2 = rho x + sqrt(1 - rho^2) y` with orthogonal centred +-1 patterns x, y; group B (reference): two "
+        "uncorrelated +-1 patterns. Eq. 7 adds standardized columns, so the group's combined std is "
+        "sqrt(2 + 2 rho) (times the eps damping): correlated components double-count one signal "
+        "(rho = +1: sqrt 2 times the reference), anti-correlated ones cancel (rho = -1: exactly zero, the "
+        "group carries no signal at all). Eq. 6 then hands that difference on to the advantages.",
+        ["rho", "sample corr of the inputs", "std of c, group A", "std of c, reference", "ratio",
+         "max abs a, group A", "max abs a, reference"], rows)
+    return [t_gap, t_rho], facts
+
+
+# ------------------------------------------------------------ 4. variance algorithms
+
+OFFSETS_FULL = tuple(10.0 ** e for e in range(0, 9))
+OFFSETS_FAST = (1.0, 1e3, 1e4, 1e8)
+_STEPS = np.array([0.0, 0.01, 0.02, 0.03])
+
+
+def variance_one_pass(x, dt):
+    n = x.size
+    return ((x * x).sum(dtype=dt) / dt.type(n) - (x.sum(dtype=dt) / dt.type(n)) ** 2) * (dt.type(n) / dt.type(n - 1))
+
+
+def variance_two_pass(x, dt):
+    dev = x - x.sum(dtype=dt) / dt.type(x.size)
+    return (dev * dev).sum(dtype=dt) / dt.type(x.size - 1)
+
+
+def variance_shifted(x, dt):
+    return variance_two_pass(x - x[0], dt)
+
+
+VARIANCE_ALGORITHMS = {"one-pass": variance_one_pass, "two-pass": variance_two_pass,
+                       "shifted two-pass": variance_shifted}
+
+
+def _variance_cell(var, exact: float) -> tuple[str, float]:
+    import mpmath
+
+    var = float(var)
+    if math.isnan(var) or var < 0:
+        return f"NaN (variance {fmt(var)})", math.inf
+    std = math.sqrt(var)
+    if exact == 0.0:
+        return ("0 (exact 0)" if std == 0.0 else f"{fmt(std)} (exact 0)"), (0.0 if std == 0.0 else math.inf)
+    with mpmath.workprec(120):
+        rel = float(abs(mpmath.mpf(std) - mpmath.mpf(exact)) / mpmath.mpf(exact))
+    if std == 0.0:
+        return "0: silent zero", rel
+    return fmt(rel), rel
+
+
+def build_variance(fast: bool, seed: int, progress) -> tuple[list[Table], dict]:
+    offsets = OFFSETS_FAST if fast else OFFSETS_FULL
+    step = progress("4 variance algorithms", len(offsets))
+    facts, rows = {}, []
+    for off in offsets:
+        row = [fmt_c(off)]
+        for dname, dt in (("float64", np.dtype(np.float64)), ("float32", np.dtype(np.float32))):
+            x = (off + _STEPS).astype(dt)
+            ex = exact_std(x.astype(np.float64))
+            row.append(fmt(ex, 3))
+            for aname, alg in VARIANCE_ALGORITHMS.items():
+                with np.errstate(all="ignore"):
+                    var = alg(x, dt)
+                cell, rel = _variance_cell(var, ex)
+                facts[(off, dname, aname)] = {"var": float(var), "exact_std": ex, "rel": rel}
+                row.append(cell)
+        rows.append(row)
+        step()
+    head = ["offset"]
+    for dname in ("float64", "float32"):
+        head.append(f"exact std ({dname} inputs)")
+        head += [f"{a} {dname}" for a in VARIANCE_ALGORITHMS]
+    t = Table(
+        "variance", "4. Variance algorithms against offset",
+        "Cases: the group `offset + [0, 0.01, 0.02, 0.03]` rounded to the dtype (so the exact std is that of "
+        "the rounded inputs, 0.0129 while they stay distinct), offsets 1e0 to 1e8. Cells: relative error of "
+        "the computed std against the exact std (exact rational variance, square root at 120 bits). "
+        "One-pass: `(sum x^2 / n - (sum x / n)^2) * n / (n - 1)` (NeMo-RL's form); two-pass: mean, then "
+        "squared deviations; shifted two-pass: subtract the first member, then two-pass (this project's "
+        "algorithm). A negative one-pass variance is shown as NaN (its square root); a zero std where the "
+        "exact one is not is a silent zero (the group is then treated as collapsed).",
+        head, rows)
+    return [t], facts
+
+
+# ------------------------------------------------------------------- 5. ranges
+
+RANGE_IMPLS = ("impl", "naive_f64", "trl", "trl_torch", "verl", "nemo_rl", "nvlabs", "ms_swift",
+               "multireward_grpo")
+REWARD_MAGNITUDES_FULL = (1.0, 1e18, 1e19, 1e20, 1e30, 1e38, FLOAT32_MAX, 1e39, 1e100, 1e154, 1e155, 1e300,
+                          DBL_MAX)
+REWARD_MAGNITUDES_FAST = (1.0, 1e20, FLOAT32_MAX, 1e39, 1e155, DBL_MAX)
+WEIGHT_SCALES_FULL = (5e-324, 1e-300, 1e-50, 1e-40, 1e-30, 1.0, 1e30, FLOAT32_MAX, 1e39, 1e300, DBL_MAX)
+WEIGHT_SCALES_FAST = (1e-50, 1.0, 1e39, DBL_MAX)
+_SHORT = {"correct": "correct", "off": "off", "silent zero": "silent 0", "NaN": "NaN", "inf": "inf",
+          "clear error": "error", "no error": "no error", "n/a": "n/a"}
+
+
+def _reward_magnitude_case(m: float):
+    a = np.array([-1.0, -0.5, 0.5, 1.0]) * m
+    b = np.array([0.0, 0.25, 0.5, 1.0]) * m
+    return np.concatenate([a, b])[:, None], np.repeat([0, 1], 4), None
+
+
+def _special_reward_cases():
+    fm = FLOAT32_MAX
+    return {
+        "[-FLT_MAX, FLT_MAX] + [0, 1]": (np.array([[-fm], [fm], [0.0], [1.0]]), np.repeat([0, 1], 2), None),
+        "[FLT_MAX]*10 + [-FLT_MAX]": (np.array([fm] * 10 + [-fm])[:, None], np.zeros(11, np.int64), None),
+    }
+
+
+_W_REWARDS = np.array([[1, 0], [0, 1], [1, 1], [0, 0], [0, 2], [1, 0], [1, 3], [0, 1]], dtype=np.float64)
+
+
+def _weight_case(w: float, pair: str):
+    weights = (w, 1.0) if pair == "w, 1" else (w, w)
+    return _W_REWARDS, np.repeat([0, 1], 4), weights
+
+
+def _special_weight_cases():
+    r = np.array([[0.0, 0.0], [1.0, 1.0], [3.0, 3.0], [1.0, 1.0], [2.0, 2.0], [0.0, 0.0], [5.0, 5.0],
+                  [1.0, 1.0]])
+    return {"(2^24, -(2^24 + 1)), r2 = r1": (r, np.repeat([0, 1], 4), (16777216.0, -16777217.0))}
+
+
+def range_outcome(name: str, r, g, weights) -> tuple[str, object]:
+    """What ``name`` makes of the case: an outcome class, graded against the oracle under its own
+    convention on the inputs it holds (or on the float64 inputs where it cannot hold them)."""
+    impl = P.IMPLEMENTATIONS[name]
+    seen = P.as_seen_by(impl, r)
+    with np.errstate(over="ignore"):
+        w_seen = None if weights is None else tuple(
+            float(np.float32(x)) if impl.float32_inputs else float(x) for x in weights)
+    ref_r = seen if np.all(np.isfinite(seen)) else r
+    res = P.oracle(ref_r, g, weights=weights, convention=impl.convention)
+    out = P.run(impl, seen, g, None, w_seen)
+    gr = P.grade(out, res, impl)
+    cell = _SHORT[gr.outcome]
+    if gr.outcome in ("clear error", "n/a") and gr.detail:
+        cell += f" ({gr.detail})"
+    return cell, gr
+
+
+def build_ranges(fast: bool, seed: int, progress) -> tuple[list[Table], dict]:
+    mags = REWARD_MAGNITUDES_FAST if fast else REWARD_MAGNITUDES_FULL
+    scales = WEIGHT_SCALES_FAST if fast else WEIGHT_SCALES_FULL
+    reward_cases = {fmt(m, 3) if m not in (FLOAT32_MAX, DBL_MAX) else
+                    ("FLT_MAX" if m == FLOAT32_MAX else "DBL_MAX"): (m, _reward_magnitude_case(m)) for m in mags}
+    special_r = _special_reward_cases()
+    weight_cases = {}
+    for w in scales:
+        lab = "FLT_MAX" if w == FLOAT32_MAX else "DBL_MAX" if w == DBL_MAX else fmt(w, 3)
+        for pair in ("w, 1", "w, w"):
+            label = f"({lab}, 1)" if pair == "w, 1" else f"({lab}, {lab})"
+            weight_cases[label] = (w, pair, _weight_case(w, pair))
+    special_w = _special_weight_cases()
+    total = (len(reward_cases) + len(special_r) + len(weight_cases) + len(special_w)) * len(RANGE_IMPLS)
+    step = progress("5 ranges", total)
+    facts = {"rewards": {}, "weights": {}}
+    rows_r = []
+    for label, (m, case) in list(reward_cases.items()) + [(k, (None, v)) for k, v in special_r.items()]:
+        r, g, w = case
+        row = [label]
+        for name in RANGE_IMPLS:
+            cell, gr = range_outcome(name, r, g, w)
+            facts["rewards"][(label, name)] = gr.outcome
+            row.append(cell)
+            step()
+        rows_r.append(row)
+    rows_w = []
+    for label, (wv, pair, case) in list(weight_cases.items()) + [(k, (None, None, v)) for k, v in special_w.items()]:
+        r, g, w = case
+        row = [label]
+        for name in RANGE_IMPLS:
+            cell, gr = range_outcome(name, r, g, w)
+            facts["weights"][(label, name)] = gr.outcome
+            row.append(cell)
+            step()
+        rows_w.append(row)
+    head = ["case"] + list(RANGE_IMPLS)
+    legend = (
+        "Outcomes: `correct` (within the spec error model of the oracle's result at the implementation's "
+        "working precision), `off` (finite but outside it), `silent 0` (an exact zero where the exact result "
+        "is not), `NaN`, `inf`, `error` (a GDPOError/ValueError naming the input, class shown), `no error` "
+        "(numbers where the oracle refuses). Each implementation is graded under its own convention on the "
+        "inputs it holds (the float32 peers round rewards and weights to float32 once); where that rounding "
+        "overflows, against the exact result of the float64 inputs. Implementations: "
+        + ", ".join(f"`{n}` = {P.IMPLEMENTATIONS[n].title}" for n in RANGE_IMPLS) + ".")
+    t_r = Table(
+        "ranges_rewards", "5a. Ranges: reward magnitude",
+        "Cases: one reward column, one unit of two groups, `M * [-1, -0.5, 0.5, 1]` and "
+        "`M * [0, 0.25, 0.5, 1]` (float64 inputs), for M on the ladder below; then two float32 extremes "
+        "(`[-FLT_MAX, FLT_MAX]` with a `[0, 1]` group, and `[FLT_MAX]*10 + [-FLT_MAX]` alone). "
+        "impl returns float32 (its default).\n\n" + legend, head, rows_r)
+    t_w = Table(
+        "ranges_weights", "5b. Ranges: weights",
+        "Cases: two reward columns, two groups of 4 (`[[1,0],[0,1],[1,1],[0,0]]`, `[[0,2],[1,0],[1,3],[0,1]]`), "
+        "weights `(w, 1)` and `(w, w)` for w on the ladder below; then the float32-indistinct pair "
+        "`(16777216, -16777217)` on identical columns (the exact combined value is `-z`, nonzero; float32 "
+        "merges the weights and cancels it).\n\n" + legend, head, rows_w)
+    summary = []
+    for name in RANGE_IMPLS:
+        summary.append([name, *_largest_correct(facts["rewards"], name, reward_cases),
+                        *_largest_correct(facts["weights"], name,
+                                          {k: (v[0],) for k, v in weight_cases.items() if v[1] == "w, w" and v[0] >= 1})])
+    if fast:  # the summary reads the whole ladder: only the full run has it
+        return [t_r, t_w], facts
+    t_s = Table(
+        "ranges_summary", "5c. Ranges: largest magnitude handled",
+        "From 5a and 5b: the largest reward magnitude M (5a ladder) and the largest equal weights `(w, w)` "
+        "(5b ladder, w >= 1) up to which the implementation is correct on every rung, and what happens on "
+        "the next rung.",
+        ["implementation", "largest M correct", "next M: outcome", "largest (w, w) correct",
+         "next w: outcome"], summary)
+    return [t_r, t_w, t_s], facts
+
+
+def _largest_correct(outcomes: dict, name: str, ladder: dict) -> list[str]:
+    best, nxt = "none", "-"
+    for label in ladder:
+        o = outcomes[(label, name)]
+        if o == "correct":
+            best = label
+        else:
+            nxt = f"{label}: {_SHORT[o]}"
+            break
+    return [best, nxt]
+
+
+# --------------------------------------------------------------------- 6. peers
+
+PEER_CASES = 64
+PEER_FAMILIES_FAST = tuple(fam.FAMILIES)  # cheap enough to run whole in the fast subset
+
+
+def build_peers(fast: bool, seed: int, progress) -> tuple[list[Table], dict]:
+    families = PEER_FAMILIES_FAST if fast else tuple(fam.FAMILIES)
+    step = progress("6 peers", len(families) * PEER_CASES)
+    facts: dict = {}
+    for family in families:
+        for case in fam.cases(family, PEER_CASES, seed):
+            spec_res = P.oracle(case.rewards, case.groups, case.units, case.weights, case.tokens, "spec")
+            for name in P.PEER_TABLE:
+                impl = P.IMPLEMENTATIONS[name]
+                seen = P.as_seen_by(impl, case.rewards)
+                out = P.run(impl, seen, case.groups, case.units, case.weights, case.tokens)
+                own = spec_res if impl.convention == "spec" else P.oracle(
+                    seen, case.groups, case.units, case.weights, case.tokens, impl.convention)
+                for grading, res in (("own", own), ("spec", spec_res)):
+                    gr = P.grade(out, res, impl, case.units)
+                    facts.setdefault((name, family, grading), []).append((gr, case.note))
+            step()
+    tables = []
+    for grading, title in (("own", "6a. Peers graded under their own convention"),
+                           ("spec", "6b. Peers graded under this project's `spec` convention")):
+        rows = []
+        for name in P.PEER_TABLE:
+            rows.append([f"{name} ({P.IMPLEMENTATIONS[name].convention})",
+                         *(_peer_cell(facts[(name, f, grading)]) for f in families)])
+        intro = (
+            f"Cases: {PEER_CASES} seeded cases per family (`conformance/limits_families.py`, seed shown in the "
+            "header), float32 reward values, one or several groups per unit. Each implementation runs its "
+            "convention's formula in its own dtype (float32 mirrors; `impl64` is `impl.gdpo` with float64 "
+            "output; `multireward_grpo` float64, its native dtype). Cell: the worst |error| / bound over the "
+            "family, the bound being the spec error model at the implementation's working precision "
+            "(`Result.allowed(out_dtype, unit_roundoff)`), so at most 1 means as accurate as a correct "
+            "shift-invariant code in that precision; `[abs e]` the worst absolute error; then the number of "
+            "cases per outcome other than correct/off (`clear error`: a GDPOError raised; `no error`: numbers "
+            "where the graded convention refuses the input; `NaN propagated`: NaN outputs exactly where the "
+            "graded convention propagates a NaN reward, which is correct under it; `demanded 0 missed by x`: "
+            "a structural exact zero returned as x).")
+        if grading == "own":
+            intro += (" Graded against the oracle under the implementation's own convention, on the inputs it "
+                      "holds: this is its implementation error alone.")
+        else:
+            intro += (" Graded against the oracle under `spec` (eps 1e-4 added to the std at Eq. 4 and Eq. 6, "
+                      "unbiased, per-sample whitening, NaN refused): convention differences and "
+                      "implementation error together.")
+        tables.append(Table(f"peers_{grading}", title, intro, ["implementation (convention)", *families], rows))
+    rows = []
+    for name in P.PEER_TABLE:
+        for grading in ("own", "spec"):
+            bad = []
+            for f in families:
+                counts = _counts(facts[(name, f, grading)])
+                tags = [f"{k} {v}" for k, v in counts.items() if k in ("silent zero", "NaN", "inf")]
+                if tags:
+                    bad.append(f"{f}: " + ", ".join(tags))
+            rows.append([name, grading, "; ".join(bad) if bad else "none"])
+    tables.append(Table(
+        "peers_outcomes", "6c. Peers: cases ending in silent zeros, NaN or inf",
+        f"From 6a and 6b: per family, how many of the {PEER_CASES} cases end with an exact zero where the graded "
+        "result is not zero (`silent zero`), with a NaN where the graded result has none, or with an inf. "
+        "Under the implementation's own convention a NaN that the convention itself propagates is correct, "
+        "not counted.",
+        ["implementation", "graded under", "families with silent zero / NaN / inf"], rows, keys=2))
+    return tables, facts
+
+
+def _counts(grades) -> dict:
+    out: dict = {}
+    for g, _ in grades:
+        out[g.outcome] = out.get(g.outcome, 0) + 1
+    return out
+
+
+def _peer_cell(grades) -> str:
+    ratios = [g.ratio for g, _ in grades
+              if g.outcome in ("correct", "off", "silent zero") and not math.isnan(g.error)]
+    errors = [g.error for g, _ in grades if not math.isnan(g.error)]
+    parts = []
+    if ratios:
+        parts.append(fmt(max(ratios)))
+    if errors:
+        parts.append(f"[{fmt(max(errors))}]")
+    tags = [f"{k} {v}" for k, v in _counts(grades).items() if k not in ("correct", "off")]
+    propagated = sum(1 for g, _ in grades if g.detail == "NaN propagated")
+    if propagated:
+        tags.append(f"NaN propagated {propagated}")
+    missed = max((g.missed_zero for g, _ in grades), default=0.0)
+    if missed > 0:
+        tags.append(f"demanded 0 missed by {fmt(missed)}")
+    return " ".join(parts + ([", ".join(tags)] if tags else [])) or "-"
+
+
+BUILDERS = {
+    "cancellation": build_cancellation,
+    "eps": build_eps,
+    "pairs": build_pairs_and_rho,
+    "variance": build_variance,
+    "ranges": build_ranges,
+    "peers": build_peers,
+}
