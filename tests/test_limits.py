@@ -1,0 +1,138 @@
+"""spec/known_limits.md is generated, and stays true: a fresh fast run must agree with it.
+
+The fast subset (``python -m conformance.limits --fast``) regenerates a subset of
+the committed rows cell for cell (a row depends only on its own case and the
+seed), and every documented limit must still reproduce, so a fix that removes a
+limit fails here until the table and the entry are regenerated with it.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from conformance import limits
+from conformance.limits_tables import Table
+
+REGENERATE = ("regenerate with `python -m conformance.limits` (about a minute at most here) and commit "
+              "spec/known_limits.md together with spec/limits/*.png")
+
+
+def _committed() -> str:
+    if not limits.DEFAULT_OUT.exists():
+        pytest.fail(f"{limits.DEFAULT_OUT} is missing: {REGENERATE}")
+    return limits.DEFAULT_OUT.read_text()
+
+
+def _committed_seed(text: str) -> int:
+    m = re.search(r"^Seed: (\d+)\.", text, flags=re.M)
+    assert m, f"no 'Seed: N.' line in {limits.DEFAULT_OUT}: {REGENERATE}"
+    return int(m.group(1))
+
+
+@pytest.fixture(scope="module")
+def fast_run():
+    seed = _committed_seed(_committed())
+    run = limits.generate(fast=True, seed=seed)
+    return run, limits.render(run, limits.DEFAULT_OUT)
+
+
+def test_committed_tables_agree_with_a_fresh_fast_run(fast_run):
+    problems = limits.compare(_committed(), fast_run[1])
+    shown = "\n  ".join(problems[:25]) + (f"\n  ... and {len(problems) - 25} more" if len(problems) > 25 else "")
+    assert not problems, f"spec/known_limits.md is stale ({len(problems)} cells differ):\n  {shown}\n{REGENERATE}"
+
+
+def test_every_documented_limit_still_reproduces(fast_run):
+    stale = [f"{lim.id}: {lim.text} -- measured now: {measured}" for lim, ok, measured in fast_run[0].limits if not ok]
+    assert not stale, ("documented limits that no longer reproduce (a fix landed? then rewrite or delete the "
+                       "entry in LIMITS, conformance/limits.py, and " + REGENERATE + "):\n  " + "\n  ".join(stale))
+
+
+def test_committed_file_documents_exactly_the_current_limits_as_reproducing():
+    rows = limits.parse_tables(_committed())["limits"]["rows"]
+    committed = {key[0]: row["still reproduces"] for key, row in rows.items()}
+    assert set(committed) == {lim.id for lim in limits.LIMITS}, f"limit ids differ from LIMITS: {REGENERATE}"
+    assert all(v == "yes" for v in committed.values()), f"a committed limit is marked stale: {committed}"
+
+
+def test_committed_plots_are_pngs():
+    text = _committed()
+    for name in ("cancellation.png", "eps.png", "variance.png"):
+        assert f"(limits/{name})" in text, f"{name} is not linked from spec/known_limits.md: {REGENERATE}"
+        path = limits.DEFAULT_OUT.parent / "limits" / name
+        assert path.exists() and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", f"{path} missing: {REGENERATE}"
+
+
+def test_every_table_states_its_cases_and_rerun_command():
+    text = limits.strip_environment(_committed())
+    for section in re.split(r"\n(?=### )", text)[1:]:
+        if "<!-- table:" not in section:
+            continue
+        assert "Rerun: `python -m conformance.limits" in section, section[:80]
+    assert text.count("Cases:") >= 8
+
+
+# ------------------------------------------------------------ the checker itself
+
+
+_DOC = """Seed: 0.
+
+{env_begin}
+| generated | {stamp} |
+{env_end}
+
+<!-- table:demo keys=2 -->
+| C | unit | err |
+|---|---|---|
+| 1e+03 | own | 1.2 |
+| 1e+09 | own | 3.4e-05 |
+"""
+
+
+def _doc(stamp="today", err="1.2") -> str:
+    return _DOC.format(env_begin=limits.ENV_BEGIN, env_end=limits.ENV_END, stamp=stamp).replace("| 1.2 |", f"| {err} |")
+
+
+def test_checker_ignores_the_environment_block():
+    assert limits.compare(_doc(stamp="yesterday"), _doc(stamp="today")) == []
+
+
+def test_checker_reports_a_changed_cell_and_a_missing_row():
+    assert limits.compare(_doc(err="1.2"), _doc(err="1.3")) == [
+        "table 'demo', row 1e+03 / own, column 'err': committed '1.2', measured now '1.3'"]
+    fewer = _doc().replace("| 1e+09 | own | 3.4e-05 |\n", "")
+    assert limits.compare(fewer, _doc()) == ["table 'demo', row 1e+09 / own is missing from the committed file"]
+    assert limits.compare(fewer.replace("table:demo", "table:other"), _doc())[0].startswith("table 'demo' is missing")
+
+
+def test_a_limit_that_stops_reproducing_is_marked_stale(fast_run):
+    facts = dict(fast_run[0].facts)
+    variance = dict(facts["variance"])
+    fixed = dict(variance[(1e3, "float32", "one-pass")], var=1.6e-4)  # as if one-pass were suddenly accurate
+    variance[(1e3, "float32", "one-pass")] = fixed
+    facts["variance"] = variance
+    results = {lim.id: ok for lim, ok, _ in limits.check_limits(facts)}
+    assert results["one-pass-float32"] is False
+    table = limits.render_table(limits.limits_table(limits.check_limits(facts)))
+    assert "**NO: stale" in table
+
+
+def test_a_limit_whose_case_did_not_run_is_stale_not_an_exception():
+    results = limits.check_limits({})
+    assert results and not any(ok for _, ok, _ in results)
+    assert all(measured.startswith("not measured") for _, _, measured in results)
+
+
+def test_rendered_tables_round_trip():
+    t = Table("x", "X", "intro", ["a", "b|c"], [["1", "p|q"]], keys=1)
+    parsed = limits.parse_tables(limits.render_table(t))
+    assert parsed["x"]["rows"][("1",)] == {"a": "1", "b|c": "p|q"}
+
+
+def test_only_prints_one_group(capsys):
+    assert limits.main(["--only", "pairs", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "<!-- table:ng2 keys=1 -->" in out and "<!-- table:correlation keys=1 -->" in out
+    assert "table:cancellation" not in out
