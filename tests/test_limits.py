@@ -13,6 +13,7 @@ import re
 import pytest
 
 from conformance import limits
+from conformance import limits_tables as T
 from conformance.limits_tables import Table
 
 REGENERATE = ("regenerate with `python -m conformance.limits` (about a minute at most here) and commit "
@@ -31,23 +32,20 @@ def _committed_seed(text: str) -> int:
     return int(m.group(1))
 
 
-@pytest.fixture(scope="module")
-def fast_run():
+def test_committed_tables_agree_with_a_fresh_fast_run_and_every_limit_reproduces():
+    # one test, so that parallel workers (pytest -n) do not each regenerate the subset
     seed = _committed_seed(_committed())
     run = limits.generate(fast=True, seed=seed)
-    return run, limits.render(run, limits.DEFAULT_OUT)
-
-
-def test_committed_tables_agree_with_a_fresh_fast_run(fast_run):
-    problems = limits.compare(_committed(), fast_run[1])
+    problems = limits.compare(_committed(), limits.render(run, limits.DEFAULT_OUT))
     shown = "\n  ".join(problems[:25]) + (f"\n  ... and {len(problems) - 25} more" if len(problems) > 25 else "")
-    assert not problems, f"spec/known_limits.md is stale ({len(problems)} cells differ):\n  {shown}\n{REGENERATE}"
-
-
-def test_every_documented_limit_still_reproduces(fast_run):
-    stale = [f"{lim.id}: {lim.text} -- measured now: {measured}" for lim, ok, measured in fast_run[0].limits if not ok]
-    assert not stale, ("documented limits that no longer reproduce (a fix landed? then rewrite or delete the "
-                       "entry in LIMITS, conformance/limits.py, and " + REGENERATE + "):\n  " + "\n  ".join(stale))
+    stale = [f"{lim.id}: {lim.text} -- measured now: {measured}" for lim, ok, measured in run.limits if not ok]
+    message = []
+    if stale:
+        message.append("documented limits that no longer reproduce (a fix landed? then rewrite or delete the "
+                       "entry in LIMITS, conformance/limits.py):\n  " + "\n  ".join(stale))
+    if problems:
+        message.append(f"spec/known_limits.md is stale ({len(problems)} cells differ):\n  {shown}")
+    assert not message, "\n".join(message) + "\n" + REGENERATE
 
 
 def test_committed_file_documents_exactly_the_current_limits_as_reproducing():
@@ -107,16 +105,14 @@ def test_checker_reports_a_changed_cell_and_a_missing_row():
     assert limits.compare(fewer.replace("table:demo", "table:other"), _doc())[0].startswith("table 'demo' is missing")
 
 
-def test_a_limit_that_stops_reproducing_is_marked_stale(fast_run):
-    facts = dict(fast_run[0].facts)
-    variance = dict(facts["variance"])
+def test_a_limit_that_stops_reproducing_is_marked_stale():
+    tables, variance = T.build_variance(True, 0, limits.Progress(enabled=False))
+    assert {lim.id: ok for lim, ok, _ in limits.check_limits({"variance": variance})}["one-pass-float32"] is True
     fixed = dict(variance[(1e3, "float32", "one-pass")], var=1.6e-4)  # as if one-pass were suddenly accurate
-    variance[(1e3, "float32", "one-pass")] = fixed
-    facts["variance"] = variance
-    results = {lim.id: ok for lim, ok, _ in limits.check_limits(facts)}
-    assert results["one-pass-float32"] is False
-    table = limits.render_table(limits.limits_table(limits.check_limits(facts)))
-    assert "**NO: stale" in table
+    facts = {"variance": {**variance, (1e3, "float32", "one-pass"): fixed}}
+    results = limits.check_limits(facts)
+    assert {lim.id: ok for lim, ok, _ in results}["one-pass-float32"] is False
+    assert "**NO: stale" in limits.render_table(limits.limits_table(results))
 
 
 def test_a_limit_whose_case_did_not_run_is_stale_not_an_exception():
