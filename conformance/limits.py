@@ -91,6 +91,10 @@ def _cd(f, kind, unit, c):
     return f["cancellation"][(kind, unit, c)]
 
 
+def _impl_grades(f):
+    return [g for (name, _family, _grading), grades in f["peers"].items() if name == "impl64" for g, _ in grades]
+
+
 def _all_cs_own_zero(f):
     rows = [m for (kind, unit, _), m in f["cancellation"].items() if kind == "cs" and unit == "own"]
     return all(m["impl_max"] == 0.0 for m in rows), len(rows)
@@ -125,7 +129,8 @@ LIMITS: tuple[Limit, ...] = (
     Limit("nemo-one-pass-cancellation", "cancellation",
           "NeMo-RL's one-pass float32 group variance is O(1) off its own exact result on `[C - d, d]` at "
           "C = 1e3 (own unit).",
-          lambda f: (_cd(f, "cd", "own", 1e3)["peer_worst"] == "nemo_rl" and _cd(f, "cd", "own", 1e3)["peer_err"] >= 0.5,
+          lambda f: (_cd(f, "cd", "own", 1e3)["peer_worst"] == "nemo_rl"
+                     and _cd(f, "cd", "own", 1e3)["peer_err"] >= 0.5,
                      f"{_cd(f, 'cd', 'own', 1e3)['peer_worst']} err {fmt(_cd(f, 'cd', 'own', 1e3)['peer_err'])}")),
     Limit("eps-1e-3", "eps",
           "With one column's group std at 1e-3, eps 1e-4 instead of 1e-8 moves advantages by more than 1e-2.",
@@ -219,9 +224,8 @@ LIMITS: tuple[Limit, ...] = (
                          for n in ("trl", "verl", "nemo_rl", "nvlabs", "ms_swift")))),
     Limit("impl-peers", "peers",
           "impl (out float64) is within the spec bound on every case of every family, and refuses the NaN family.",
-          lambda f: (all(g.outcome in ("correct", "clear error") and g.ratio <= 1
-                         for (n, fam, gr), gs in f["peers"].items() if n == "impl64" for g, _ in gs),
-                     f"worst err/bound {fmt(max(g.ratio for (n, _f, _g), gs in f['peers'].items() if n == 'impl64' for g, _ in gs))}")),
+          lambda f: (all(g.outcome in ("correct", "clear error") and g.ratio <= 1 for g in _impl_grades(f)),
+                     f"worst err/bound {fmt(max(g.ratio for g in _impl_grades(f)))}")),
 )
 
 
@@ -261,23 +265,20 @@ def render_section(t: Table, group: str | None) -> str:
     rerun = (f"Rerun: `{COMMAND} --only {group}` (prints this group; add `--seed N` for other peer cases)."
              if group else f"Rerun: `{COMMAND}` (the entries read the fast subset's cases, so `--fast` checks "
                            "them too).")
-    parts = [f"### {t.title}", "", t.intro, "", rerun, "", render_table(t)]
-    if t.after:
-        parts += ["", t.after]
-    return "\n".join(parts)
+    return "\n".join([f"### {t.title}", "", t.intro, "", rerun, "", render_table(t)])
+
+
+def _version(module: str) -> str:
+    try:
+        mod = __import__(module)
+    except ImportError:
+        return "not installed"
+    return mod.version() if module == "gmpy2" else mod.__version__
 
 
 def environment(seed: int, fast: bool, wall: float) -> list[list[str]]:
-    import matplotlib
-    import mpmath
-    import numpy
     import torch
 
-    try:
-        import gmpy2
-        gmp = gmpy2.version()
-    except ImportError:  # mpmath falls back to Python integers
-        gmp = "not installed"
     cpu = platform.processor() or platform.machine()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -301,7 +302,7 @@ def environment(seed: int, fast: bool, wall: float) -> list[list[str]]:
         ["commit", commit],
         ["python", platform.python_version()],
         ["numpy / torch / mpmath / gmpy2 / matplotlib",
-         f"{numpy.__version__} / {torch.__version__} / {mpmath.__version__} / {gmp} / {matplotlib.__version__}"],
+         " / ".join(_version(m) for m in ("numpy", "torch", "mpmath", "gmpy2", "matplotlib"))],
         ["platform", f"{platform.system()} {platform.machine()}, {cpu}, torch threads {torch.get_num_threads()}"],
         ["device", "CPU (every implementation runs on the CPU here)"],
     ]

@@ -30,7 +30,6 @@ class Table:
     head: list
     rows: list
     keys: int = 1  # leading columns that identify a row
-    after: str = ""
 
 
 def fmt(x, digits: int = 2) -> str:
@@ -247,7 +246,7 @@ def build_eps(fast: bool, seed: int, progress) -> tuple[list[Table], dict]:
         "reward columns; in group A the first column is binary and the second is `1 + s * p / std(p)`, "
         "`p = [0, 1, 3, 2, 2, 0, 1, 3]`, so its std is s; group B is healthy (`[[0,3],[1,1],[1,4],[0,1],[1,5],"
         "[0,9],[0,2],[1,6]]`). `max abs z` is the largest standardized value of group A's second column under "
-        "each eps (a column of unit spread gives about 1.3 here); `max abs da` is the largest change of any "
+        "each eps (a column of full spread gives about 1.25 here); `max abs da` is the largest change of any "
         "advantage against eps 1e-8. Where the std falls below eps, eps = 1e-4 mutes the column (z shrinks "
         "like s / eps) while 1e-8 still blows it up to full size: the choice of eps decides whether a "
         "near-constant column is noise or signal.",
@@ -508,11 +507,9 @@ def build_ranges(fast: bool, seed: int, progress) -> tuple[list[Table], dict]:
         "weights `(w, 1)` and `(w, w)` for w on the ladder below; then the float32-indistinct pair "
         "`(16777216, -16777217)` on identical columns (the exact combined value is `-z`, nonzero; float32 "
         "merges the weights and cancels it).\n\n" + legend, head, rows_w)
-    summary = []
-    for name in RANGE_IMPLS:
-        summary.append([name, *_largest_correct(facts["rewards"], name, reward_cases),
-                        *_largest_correct(facts["weights"], name,
-                                          {k: (v[0],) for k, v in weight_cases.items() if v[1] == "w, w" and v[0] >= 1})])
+    equal_weights = [label for label, (w, pair, _) in weight_cases.items() if pair == "w, w" and w >= 1]
+    summary = [[name, *_largest_correct(facts["rewards"], name, reward_cases),
+                *_largest_correct(facts["weights"], name, equal_weights)] for name in RANGE_IMPLS]
     if fast:  # the summary reads the whole ladder: only the full run has it
         return [t_r, t_w], facts
     t_s = Table(
@@ -525,7 +522,7 @@ def build_ranges(fast: bool, seed: int, progress) -> tuple[list[Table], dict]:
     return [t_r, t_w, t_s], facts
 
 
-def _largest_correct(outcomes: dict, name: str, ladder: dict) -> list[str]:
+def _largest_correct(outcomes: dict, name: str, ladder) -> list[str]:
     best, nxt = "none", "-"
     for label in ladder:
         o = outcomes[(label, name)]
@@ -540,11 +537,10 @@ def _largest_correct(outcomes: dict, name: str, ladder: dict) -> list[str]:
 # --------------------------------------------------------------------- 6. peers
 
 PEER_CASES = 64
-PEER_FAMILIES_FAST = tuple(fam.FAMILIES)  # cheap enough to run whole in the fast subset
 
 
 def build_peers(fast: bool, seed: int, progress) -> tuple[list[Table], dict]:
-    families = PEER_FAMILIES_FAST if fast else tuple(fam.FAMILIES)
+    families = tuple(fam.FAMILIES)  # cheap enough that the fast subset runs every family too
     step = progress("6 peers", len(families) * PEER_CASES)
     facts: dict = {}
     for family in families:
