@@ -356,9 +356,11 @@ def advantages(rewards, group_ids, weights=None, unit_ids=None, eps=None, conven
     cancelled = np.zeros(G, bool)
     zreq = np.zeros((N, K), bool)
     creq = np.zeros(N, bool)
-    wexp = math.frexp(float(np.max(np.abs(w))))[1]  # weights frame: c * 2^-wexp stays O(1)
+    # the weights' frame: c * 2^-wexp stays O(1) for huge weights; clamped so that eps
+    # measured in it (eps * 2^-wexp) stays finite for tiny ones
+    wexp = max(math.frexp(float(np.max(np.abs(w))))[1], -900)
     ws = np.ldexp(w, -wexp)
-    dws = np.ldexp(np.spacing(np.abs(w)), -wexp)
+    dws = np.spacing(np.abs(ws))  # one ulp of each weight, measured in the frame (exact scaling)
     members = _members(gidx, G)
     for g in range(G):
         idx = members[g]
@@ -381,13 +383,21 @@ def advantages(rewards, group_ids, weights=None, unit_ids=None, eps=None, conven
         ucoll = np.zeros(ul.size, bool)
     else:
         a64, a32, azero, acond, adelta, ucoll, areq = _whiten(
-            cforms, cnan, np.ldexp(c64, -wexp), ccond, cdelta,
+            cforms, cnan, _scaled_values(cforms, cnan, c64, wexp, classes), ccond, cdelta,
             uidx, t, conv, eps_w, classes, wexp, creq, labels=ul)
         a = Stage(a64, a32, azero, acond, adelta, required_zero=areq)
     return Result(a.float64, a.float32, a.exact_zero, a.cond, a.delta, a.frame, a.required_zero,
                   z=zstage, combined=cstage,
                   group_labels=gl, group_index=gidx, group_collapsed=collapsed, group_cancelled=cancelled,
                   unit_labels=ul, unit_index=uidx, unit_collapsed=ucoll, convention=conv)
+
+
+def _scaled_values(forms, nan, values: np.ndarray, e: int, classes) -> np.ndarray:
+    """values * 2^-e as floats; where a value overflowed float64, from its exact form."""
+    out = np.ldexp(values, -e)
+    for j in np.flatnonzero(~np.isfinite(out) & ~nan):
+        out[j] = ex.round_mpf(ex.iv_form(forms[j].scaled(_pow2(-e)), classes, 80)[0], "float64")
+    return out
 
 
 def _members(index: np.ndarray, count: int) -> list[np.ndarray]:
@@ -503,7 +513,7 @@ def _group_numbers(idx, cols, r, wq, ws, dws, wexp, conv, eps_g, classes,
                                          rounding=False)
     zdelta[idx] = dz_model
     zcond[idx] = dz_cond
-    cdelta[idx] = em.combine_stage(dz_model, zs, ws)
+    cdelta[idx] = em.combine_stage(dz_model, zs, ws, tau=math.ldexp(em.TAU, -wexp))
     ccond[idx] = em.combine_stage(dz_cond, zs, ws, d_weights=dws, rounding=False)
 
 

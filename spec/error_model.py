@@ -24,7 +24,7 @@ column (ρ = 0) gets Δz = 0: the specification demands an exact zero there.
 
 Eq. 7, per sample, K rewards:
 
-    Δc_j  = Σ_k |w_k| Δz_jk + (K + 1) Σ_k |w_k z_jk|
+    Δc_j  = Σ_k |w_k| Δz_jk + (K + 1) (Σ_k |w_k z_jk| + τ)
 
 Eq. 6, per unit S with sample weights t (1 per sample, or token counts),
 T = Σ t, n = number of samples in the unit:
@@ -32,7 +32,7 @@ T = Σ t, n = number of samples in the unit:
     Δm    = Σ t Δc / T + (n + 1) max |c|
     Δdev2 = Δc_j + Δm + |c_j - m|
     ΔD    = Σ t |dev2| Δdev2 / ((T - ddof) s) + (n + 3)/2 s + 2 D
-    Δa_j  = (Δdev2_j + |a_j| ΔD) / D + 3 |a_j|
+    Δa_j  = (Δdev2_j + |a_j| ΔD) / D + 3 (|a_j| + τ)
 
 A collapsed unit (all combined values exactly equal) gets Δa = 0. The bound on
 the working-precision result is ``SAFETY * u * Δa`` (SAFETY = 2 covers the
@@ -61,10 +61,14 @@ TAU: float = math.ldexp(1.0, -1021)
 
 
 def half_ulp(values: np.ndarray, dtype: str) -> np.ndarray:
-    """Half an ulp of ``dtype`` at each |value| (the error of one correct rounding)."""
+    """Half an ulp of ``dtype`` at each |value| (the error of one correct rounding);
+    a whole ulp at the bottom of float64's subnormals, where half of one is not a float."""
     np_dtype = np.dtype(dtype)
-    mag = np.abs(np.asarray(values, dtype=np.float64)).astype(np_dtype)
-    return 0.5 * (np.spacing(mag).astype(np.float64))
+    with np.errstate(over="ignore"):
+        mag = np.abs(np.asarray(values, dtype=np.float64)).astype(np_dtype)
+    ulp = np.spacing(mag).astype(np.float64)
+    half = 0.5 * ulp
+    return np.where(half == 0.0, ulp, half)
 
 
 def group_stage(dev, d_dev, sigma, denom, z, n, ddof, rounding=True):
@@ -96,8 +100,9 @@ def model_dev_perturbation(rho, n, tau=TAU):
     return 0.0 if rho == 0.0 else (n + 3) * (rho + tau)
 
 
-def combine_stage(dz, z, weights, d_weights=None, rounding=True):
-    """Δc for an (n, K) block of Δz and z with weights (K,)."""
+def combine_stage(dz, z, weights, d_weights=None, rounding=True, tau=TAU):
+    """Δc for an (n, K) block of Δz and z with weights (K,); ``tau`` is the underflow
+    term, scaled like the weights when the caller rescales them."""
     w = np.abs(np.asarray(weights, dtype=np.float64))
     K = w.shape[0]
     az = np.abs(np.asarray(z, dtype=np.float64))
@@ -105,7 +110,7 @@ def combine_stage(dz, z, weights, d_weights=None, rounding=True):
     if d_weights is not None:
         dc = dc + az @ np.asarray(d_weights, dtype=np.float64)
     if rounding:
-        dc = dc + (K + 1) * (az @ w)
+        dc = dc + (K + 1) * (az @ w + tau)
     return dc
 
 
@@ -134,7 +139,7 @@ def whiten_stage(dc, c, mean, a, sigma, denom, ddof, t=None, collapsed=False, ro
     if rounding:
         d_denom += 0.5 * (n + 3) * sigma + 2.0 * denom
     da = (d_dev2 + a * d_denom) / denom
-    return da + 3.0 * a if rounding else da
+    return da + 3.0 * (a + TAU) if rounding else da
 
 
 def allowed_error(delta, exact, out_dtype="float64", unit_roundoff=FLOAT64_UNIT_ROUNDOFF, frame=0):
