@@ -72,7 +72,14 @@ def main(argv: list[str] | None = None) -> int:
     p_au.add_argument("--json", action="store_true", help="machine-readable report")
     p_au.add_argument("--weights", type=float, nargs="+", help="one weight per reward component")
     p_au.add_argument("--eps", type=float, default=None, help="eps of Eq. 4 and Eq. 6 (default: the spec's)")
+    p_li = sub.add_parser("limits", add_help=False,
+                          help="regenerate spec/known_limits.md and its plots (see gdpo limits --help)")
+    p_li.add_argument("rest", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
+    if args.command == "limits":
+        from conformance import limits
+
+        return limits.main(args.rest)
     if args.command == "audit":
         from conformance import audit
         from spec import DEFAULT_EPS
