@@ -60,6 +60,12 @@ def _version() -> str:
 def main(argv: list[str] | None = None) -> int:
     from oracle.examples import EXAMPLES
 
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["limits"]:  # its own parser takes every option, --help included
+        from conformance import limits
+
+        return limits.main(argv[1:])
+
     parser = argparse.ArgumentParser(prog="gdpo", description="GDPO numerical reference")
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command")
@@ -76,10 +82,6 @@ def main(argv: list[str] | None = None) -> int:
                           help="regenerate spec/known_limits.md and its plots (see gdpo limits --help)")
     p_li.add_argument("rest", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
-    if args.command == "limits":
-        from conformance import limits
-
-        return limits.main(args.rest)
     if args.command == "audit":
         from conformance import audit
         from spec import DEFAULT_EPS

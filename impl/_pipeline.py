@@ -26,6 +26,7 @@ import math
 import torch
 import torch.distributed as dist
 
+from impl import _normalize as N
 from impl import _problems as P
 from impl import _whiten as W
 from impl._inputs import (
@@ -36,8 +37,7 @@ from impl._inputs import (
     check_segments,
     check_values,
 )
-from impl._normalize import first_true, group_signal, kind_of, normalize
-from impl._segments import take
+from impl._segments import host_to_device
 
 _F64 = torch.float64
 _I64 = torch.int64
@@ -46,11 +46,33 @@ _I64 = torch.int64
 # --- helpers -----------------------------------------------------------------
 
 
+def _read(t: torch.Tensor) -> list[int]:
+    """A small device tensor on the host: on CUDA, a host synchronisation."""
+    return t.tolist()
+
+
+def _local_row(host, device_facts: dict[int, torch.Tensor]) -> list[int]:
+    """The facts row of a local call: host fields as given (a dict, or a row
+    read before), device fields read in one host read (none when there are none)."""
+    if isinstance(host, list):
+        row = list(host)
+    else:
+        row = [0] * P.ROW_WIDTH
+        for col, v in host.items():
+            row[col] = int(v)
+    if device_facts:
+        cols = sorted(device_facts)
+        vals = _read(torch.stack([device_facts[c].to(_I64).reshape(()) for c in cols]))
+        for col, v in zip(cols, vals):
+            row[col] = v
+    return row
+
+
 def _facts_row(host: dict[int, int], device_facts: dict[int, torch.Tensor], device) -> torch.Tensor:
     values = [0] * P.ROW_WIDTH
     for col, v in host.items():
         values[col] = int(v)
-    row = W.host_to_device(values, _I64, device)
+    row = host_to_device(values, _I64, device)
     if device_facts:
         zero = torch.zeros((), dtype=_I64, device=device)
         block = torch.stack([device_facts.get(c, zero).to(_I64).reshape(()) for c in P.DEVICE_FIELDS])
@@ -58,15 +80,14 @@ def _facts_row(host: dict[int, int], device_facts: dict[int, torch.Tensor], devi
     return row
 
 
-def _value_facts(v64: torch.Tensor, unit: torch.Tensor) -> dict[int, torch.Tensor]:
-    n = v64.shape[0]
-    bad = first_true(~torch.isfinite(v64))
-    facts = {P.NF_VALUE: torch.where(bad < n, bad + 1, 0)}
-    if n:
-        at = bad.clamp(max=n - 1)
-        facts[P.NF_VALUE_KIND] = kind_of(take(v64, at))
-        facts[P.NF_VALUE_UNIT] = take(unit, at)
-    return facts
+def _unit_of(sizes: list[int], at: int) -> int:
+    """The unit holding row ``at`` (host, from the sizes)."""
+    end = 0
+    for j, s in enumerate(sizes):
+        end += s
+        if at < end:
+            return j
+    return max(len(sizes) - 1, 0)
 
 
 def cast_limit(dtype: torch.dtype) -> float:
@@ -84,6 +105,18 @@ def cast_reachable(dtype: torch.dtype, total_rows: int) -> bool:
     return math.sqrt(max(total_rows, 0)) * (1.0 + 2.0 ** -20) >= cast_limit(dtype)
 
 
+#: Output dtypes the division writes directly (one rounding of the float64 quotient).
+_DIRECT = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _apply_dtype(out_dtype: torch.dtype, total_rows: int):
+    """The dtype Eq. 6 writes: the output dtype itself, or float64 (None) when the
+    cast must be checked first or is not a plain floating write."""
+    if cast_reachable(out_dtype, total_rows) or out_dtype not in _DIRECT:
+        return None
+    return out_dtype
+
+
 def _units_of_one(sizes: list[int]) -> None:
     for j, s in enumerate(sizes):
         if s == 1:
@@ -91,42 +124,64 @@ def _units_of_one(sizes: list[int]) -> None:
 
 
 def _finish_local(a: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
-    out = a.to(out_dtype)
+    if a.dtype == out_dtype:
+        return a
     if cast_reachable(out_dtype, a.shape[0]):
         limit = cast_limit(out_dtype)
-        bad = first_true(a.abs() >= limit)
-        at = int(bad)  # a second host read, only where the cast can fail at all
-        if at < a.shape[0]:
+        at = int(torch.argmax((a.abs() >= limit).view(torch.uint8)))  # a second host read, only here
+        if a.shape[0] and abs(float(a[at])) >= limit:
             raise P.OutOfRangeError(
                 f"whitened value {float(a[at])!r} at row {at} does not survive the cast to "
                 f"{P.dtype_name(P.dtype_code(out_dtype))} (largest finite {torch.finfo(out_dtype).max!r}); "
                 "choose a wider out_dtype")
-    return out
+    return a.to(out_dtype)
 
 
 # --- local (single-process) calls ----------------------------------------------
 
 
-def normalize_local(rewards, group_ids, group_size, weights, eps):
+def _rewards_host(inp) -> dict[int, int]:
+    return {P.PRESENT: 1, P.K: inp.k, P.ROWS: inp.n, P.BY_LABEL: int(inp.labels is not None),
+            P.GROUP_SIZE: inp.group_size or 0}
+
+
+def _normalize_checked(inp, eps, *, signal=False, then=None):
+    """Eq. 4/7 of validated input with the call's one host read: at the end for
+    contiguous groups (after ``then``, the rest of the call, is launched), after
+    phase one for labelled groups (their layout needs G and n_max)."""
+    prep = N.prepare(inp)
+    host = _rewards_host(inp)
+    if prep.labelled is None:
+        norm = N.finish(prep, eps, signal=signal)
+        extra = then(norm) if then else None
+        row = _local_row(host, {**prep.facts, **norm.facts})  # the one host read
+        P.raise_local(row)
+        return norm, row, extra
+    row = _local_row(host, prep.facts)  # the one host read
+    P.raise_local(row)
+    norm = N.finish(prep, eps, row[P.GROUPS], row[P.N_MAX], signal=signal, read=_read)
+    if norm.facts:  # weights so large that Eq. 7 may overflow: a second read
+        P.raise_local(_local_row(row, norm.facts))
+    return norm, row, then(norm) if then else None
+
+
+def _check_rewards(rewards, group_ids, group_size, weights, eps):
     try:
         eps = check_eps(eps)
         inp = check_rewards(rewards, group_ids, group_size, weights, allow_empty_rows=False)
     except Problem as p:
         raise p.error() from None
-    norm = normalize(inp, eps)
-    host = {P.PRESENT: 1, P.K: inp.k, P.BY_LABEL: int(inp.labels is not None)}
-    row = _facts_row(host, norm.facts, norm.c.device).tolist()  # the one host read
-    P.raise_local(row)
-    return norm, row
+    return inp, eps
 
 
 def normalize_rewards(rewards, group_ids, group_size, weights, eps):
-    return normalize_local(rewards, group_ids, group_size, weights, eps)[0].c
+    inp, eps = _check_rewards(rewards, group_ids, group_size, weights, eps)
+    return _normalize_checked(inp, eps)[0].c
 
 
 def group_has_signal(rewards, group_ids, group_size, weights, eps):
-    norm, row = normalize_local(rewards, group_ids, group_size, weights, eps)
-    return group_signal(norm, row[P.GROUPS])
+    inp, eps = _check_rewards(rewards, group_ids, group_size, weights, eps)
+    return _normalize_checked(inp, eps, signal=True)[0].varies
 
 
 def whiten_local(values, segment_sizes, eps, out_dtype):
@@ -138,12 +193,14 @@ def whiten_local(values, segment_sizes, eps, out_dtype):
         _units_of_one(sizes)
     except Problem as p:
         raise p.error() from None
-    v64 = v.to(_F64)
-    loc = W.local_table(v64, sizes, eps)
-    st = W.merge(loc.table[None])
-    a = W.apply(v64, loc.unit, st, eps)
-    P.raise_local(_facts_row({P.PRESENT: 1}, _value_facts(v64, loc.unit), v64.device).tolist())
-    return _finish_local(a, out_dtype), st
+    facts = N.value_facts(v)
+    loc = W.local_stats(v, sizes, eps)
+    a = W.apply_local(loc, eps, _apply_dtype(out_dtype, v.shape[0]))
+    row = _local_row({P.PRESENT: 1, P.ROWS: v.shape[0]}, facts)  # the one host read
+    if P.row_problems(row):
+        row[P.NF_VALUE_UNIT] = _unit_of(sizes, row[P.NF_VALUE])
+        P.raise_local(row)
+    return _finish_local(a, out_dtype), loc
 
 
 def gdpo_local(rewards, group_ids, group_size, weights, segment_sizes, eps, out_dtype):
@@ -155,17 +212,17 @@ def gdpo_local(rewards, group_ids, group_size, weights, segment_sizes, eps, out_
         _units_of_one(sizes)
     except Problem as p:
         raise p.error() from None
-    norm = normalize(inp, eps)
-    loc = W.local_table(norm.c, sizes, eps)
-    st = W.merge(loc.table[None])
-    a = W.apply(norm.c, loc.unit, st, eps)
-    host = {P.PRESENT: 1, P.K: inp.k, P.BY_LABEL: int(inp.labels is not None)}
-    P.raise_local(_facts_row(host, norm.facts, norm.c.device).tolist())  # the one host read
-    return _finish_local(a, out_dtype), st
+    direct = _apply_dtype(out_dtype, inp.n)
+
+    def whiten(norm):
+        loc = W.local_stats(norm.c, sizes, eps)
+        return W.apply_local(loc, eps, direct), loc
+
+    _, _, (a, loc) = _normalize_checked(inp, eps, then=whiten)
+    return _finish_local(a, out_dtype), loc
 
 
 # --- distributed calls ----------------------------------------------------------
-
 
 def _comm_device(group, data_device: torch.device) -> torch.device:
     if str(dist.get_backend(group)).lower() == "nccl":
@@ -196,7 +253,7 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
     host = {P.PRESENT: 1, P.API: api}
     device_facts: dict[int, torch.Tensor] = {}
     local_exc = None
-    v64 = loc = None
+    loc = prep = inp = sizes = None
     try:
         eps = check_eps(eps)
         host[P.EPS_BITS] = P.float_bits(eps)
@@ -205,8 +262,8 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
         if api == P.API_GDPO:
             inp = check_rewards(rewards, group_ids, group_size, weights, allow_empty_rows=True)
             n, dtype = inp.n, inp.rewards.dtype
-            host.update({P.K: inp.k, P.WEIGHTS_FP: P.weights_fingerprint(inp.weights),
-                         P.BY_LABEL: int(inp.labels is not None)})
+            host.update(_rewards_host(inp))
+            host[P.WEIGHTS_FP] = P.weights_fingerprint(inp.weights)
         else:
             v = check_values(values)
             n, dtype = v.shape[0], v.dtype
@@ -216,14 +273,20 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
         for j, s in enumerate(sizes[: P.COUNT_SLOTS]):
             host[P.COUNTS + j] = s
         if api == P.API_GDPO:
-            norm = normalize(inp, eps)
-            v64 = norm.c
-            device_facts.update(norm.facts)
+            prep = N.prepare(inp)
+            device_facts.update(prep.facts)
+            if prep.labelled is None or n == 0:  # contiguous groups: all local work before the agreement
+                norm = N.finish(prep, eps) if n else None
+                if norm is not None:
+                    device_facts.update(norm.facts)
+                loc = W.local_stats(norm.c if n else inp.rewards.new_empty(0, dtype=_F64), sizes, eps)
+                prep = None
         else:
-            v64 = v.to(_F64)
-        loc = W.local_table(v64, sizes, eps)
-        if api == P.API_WHITEN:
-            device_facts.update(_value_facts(v64, loc.unit))
+            device_facts.update(N.value_facts(v))
+            if n:
+                ends = host_to_device([sum(sizes[: j + 1]) for j in range(len(sizes))], _I64, data_device)
+                device_facts[P.NF_VALUE_UNIT] = torch.searchsorted(ends, device_facts[P.NF_VALUE], right=True)
+            loc = W.local_stats(v, sizes, eps)
     except Problem as p:
         local_exc = p.error()
         host.update({P.HOST_CODE: p.code, P.HOST_A: p.a, P.HOST_B: p.b, P.HOST_C: p.c})
@@ -248,8 +311,26 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
     if lonely:
         raise P.DistributedSegmentError(P.refusal_message(lonely, agreed))
 
+    # Labelled groups compute Eq. 4/7 now: their layout needs G and n_max from the table.
+    # (An unexpected exception here leaves the peers to fail at collective 2 within the
+    # group's timeout; every input problem was refused above.)
+    overflow_row = None
+    if api == P.API_GDPO:
+        longest = max((r[P.N_MAX] if r[P.BY_LABEL] else r[P.GROUP_SIZE]) for r in agreed)
+        check_overflow = (any(r[P.BY_LABEL] for r in agreed)
+                          and N.overflow_possible(inp.weights, longest))  # the same on every rank
+        if prep is not None:
+            mine = agreed[rank]
+            norm = N.finish(prep, eps, mine[P.GROUPS], mine[P.N_MAX], read=_read)
+            overflow_row = norm.facts
+            loc = W.local_stats(norm.c, sizes, eps)
+        elif check_overflow:
+            overflow_row = {}
+        if not check_overflow:
+            overflow_row = None
+
     stats = torch.zeros(world, units, W.COLS, dtype=_F64, device=comm)
-    stats[rank] = loc.table.to(comm)
+    stats[rank] = loc.table(data_device).to(comm)
     _all_reduce(stats.view(_I64), dist.ReduceOp.SUM, group, name, 2, rank)
     if units > P.COUNT_SLOTS:  # counts of the units the agreement table had no slot for
         counts = stats[:, P.COUNT_SLOTS:, 0].T.tolist()
@@ -257,21 +338,43 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
         if reasons:
             raise P.DistributedSegmentError(P.refusal_message(reasons, agreed))
     st = W.merge(stats.to(data_device))
-    a = W.apply(v64, loc.unit, st, eps)
-    out = a.to(out_dtype)
     total = sum(r[P.ROWS] for r in agreed)
-    if cast_reachable(out_dtype, total):
-        bad = torch.zeros(world, dtype=_I64, device=comm)
-        bad[rank] = (a.abs() >= cast_limit(out_dtype)).sum().to(comm)
-        _all_reduce(bad, dist.ReduceOp.SUM, group, name, 3, rank)
-        counts = bad.tolist()
-        if any(counts):
-            where = "; ".join(f"rank {r}: {c} value(s)" for r, c in enumerate(counts) if c)
-            raise P.DistributedOutOfRangeError(
-                f"{name} refused on all {world} ranks: whitened values do not survive the cast to "
-                f"{P.dtype_name(P.dtype_code(out_dtype))} (largest finite {torch.finfo(out_dtype).max!r}) "
-                f"({where}); choose a wider out_dtype")
-    return out, st
+    a = W.apply_global(loc, st, eps, _apply_dtype(out_dtype, total))
+    reachable = cast_reachable(out_dtype, total)
+    if reachable or overflow_row is not None:
+        _late_checks(name, group, world, rank, comm, agreed, overflow_row, a if reachable else None, out_dtype)
+    return a.to(out_dtype), st
+
+
+def _late_checks(name, group, world, rank, comm, agreed, overflow_row, a, out_dtype):
+    """Collective 3, only where needed: Eq. 7 overflow of labelled groups (weights
+    beyond ~2**1000) and whitened values that do not survive a float8 cast."""
+    fields = (P.C_OVERFLOW, P.C_OVERFLOW_BITS, P.C_OVERFLOW_GROUP)
+    mine = torch.zeros(4, dtype=_I64, device=comm)
+    if overflow_row:
+        zero = torch.zeros((), dtype=_I64, device=comm)
+        mine[:3] = torch.stack([overflow_row[f].to(comm, _I64).reshape(()) if f in overflow_row else zero
+                                for f in fields])
+    if a is not None:
+        mine[3] = (a.abs() >= cast_limit(out_dtype)).sum().to(comm)
+    late = torch.zeros(world, 4, dtype=_I64, device=comm)
+    late[rank] = mine
+    _all_reduce(late, dist.ReduceOp.SUM, group, name, 3, rank)
+    late = late.tolist()
+    reasons = []
+    for r, (at, bits, label, _) in enumerate(late):
+        row = list(agreed[r])
+        row[P.C_OVERFLOW], row[P.C_OVERFLOW_BITS], row[P.C_OVERFLOW_GROUP] = at, bits, label
+        reasons += [f"rank {r}: {cls.__name__}: {msg}" for cls, msg in P.row_problems(row)]
+    if reasons:
+        raise P.DistributedError(P.refusal_message(reasons, agreed))
+    counts = [c[3] for c in late]
+    if any(counts):
+        where = "; ".join(f"rank {r}: {c} value(s)" for r, c in enumerate(counts) if c)
+        raise P.DistributedOutOfRangeError(
+            f"{name} refused on all {world} ranks: whitened values do not survive the cast to "
+            f"{P.dtype_name(P.dtype_code(out_dtype))} (largest finite {torch.finfo(out_dtype).max!r}) "
+            f"({where}); choose a wider out_dtype")
 
 
 def _lonely_unit(j: int, per_rank: list) -> str:

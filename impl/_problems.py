@@ -12,6 +12,7 @@ below turns that table into the same message on every rank.
 from __future__ import annotations
 
 import hashlib
+import math
 import struct
 
 import torch
@@ -50,22 +51,27 @@ class DistributedOutOfRangeError(DistributedError, OutOfRangeError):
 
 
 # --- the facts row -----------------------------------------------------------
+#
+# Host fields are filled by the host. Device fields are *raw* device values
+# (an index, the bits of the value found there, a label), read once and
+# interpreted here on the host: the device does no branching to find out
+# whether something is wrong, and zeros decode as "nothing wrong".
 
 PRESENT, API, HOST_CODE, HOST_A, HOST_B, HOST_C = range(6)
 UNITS, SEG_NONE, ROWS, DTYPE, OUT_DTYPE, DEVICE, EPS_BITS, K, WEIGHTS_FP = range(6, 15)
-NF_REWARD, NF_REWARD_KIND, NF_REWARD_GROUP = 15, 16, 17  # first bad flat index + 1
-SINGLETON, SINGLETON_LABEL = 18, 19  # first row + 1 of a group of one; its label
-C_OVERFLOW, C_OVERFLOW_GROUP = 20, 21  # first row + 1 where Eq. 7 overflows
-NF_VALUE, NF_VALUE_KIND, NF_VALUE_UNIT = 22, 23, 24  # whiten input, first index + 1
-GROUPS, BY_LABEL = 25, 26
+NF_REWARD, NF_REWARD_KIND, NF_REWARD_GROUP = 15, 16, 17  # first non-finite flat index, its bits, its label
+SINGLETON, SINGLETON_LABEL = 18, 19  # first input row of a group of one (ROWS if none); its label
+C_OVERFLOW, C_OVERFLOW_GROUP = 20, 21  # first non-finite c (Eq. 7 overflow): row, its label
+NF_VALUE, NF_VALUE_KIND, NF_VALUE_UNIT = 22, 23, 24  # whiten input: first non-finite index, bits, unit
+GROUPS, N_MAX, C_OVERFLOW_BITS = 25, 26, 27  # labelled groups: count, longest; the bits of c there
+BY_LABEL, GROUP_SIZE = 28, 29
 #: Local sample counts of the first COUNT_SLOTS units ride along with the
 #: agreement, so a unit of one is caught there without a second host read.
 COUNTS = 32
 COUNT_SLOTS = 32
 ROW_WIDTH = COUNTS + COUNT_SLOTS
 
-DEVICE_FIELDS = (NF_REWARD, NF_REWARD_KIND, NF_REWARD_GROUP, SINGLETON, SINGLETON_LABEL,
-                 C_OVERFLOW, C_OVERFLOW_GROUP, NF_VALUE, NF_VALUE_KIND, NF_VALUE_UNIT, GROUPS)
+DEVICE_FIELDS = tuple(range(NF_REWARD, C_OVERFLOW_BITS + 1))
 
 API_WHITEN, API_GDPO = 1, 2
 API_NAMES = {API_WHITEN: "whiten", API_GDPO: "gdpo_advantages"}
@@ -204,6 +210,22 @@ def host_error(code: int, a: int = 0, b: int = 0, c: int = 0) -> GDPOError:
     return cls(fmt(a, b, c))
 
 
+def _kind(bits: int) -> int:
+    """0 for a finite value, else 1 nan, 2 +inf, 3 -inf (from float64 bits)."""
+    x = bits_float(bits)
+    if x != x:
+        return 1
+    if x in (math.inf, -math.inf):
+        return 2 if x > 0 else 3
+    return 0
+
+
+def _group_of(row, at: int, label_col: int) -> str:
+    if row[BY_LABEL]:
+        return _group(row[label_col], 1)
+    return _group(at // max(row[GROUP_SIZE], 1), 0)
+
+
 def row_problems(row) -> list[tuple[type, str]]:
     """Problems recorded in one facts row, most fundamental first."""
     out = []
@@ -211,25 +233,24 @@ def row_problems(row) -> list[tuple[type, str]]:
         cls, fmt = HOST_PROBLEMS[row[HOST_CODE]]
         return [(cls, fmt(row[HOST_A], row[HOST_B], row[HOST_C]))]
     k = max(row[K], 1)
-    if row[NF_REWARD]:
-        flat = row[NF_REWARD] - 1
+    kind = _kind(row[NF_REWARD_KIND])
+    if kind:
+        flat = row[NF_REWARD]
         out.append((NonFiniteError,
                     f"rewards[{flat // k}, {flat % k}] (row {flat // k}, reward column {flat % k}, "
-                    f"{_group(row[NF_REWARD_GROUP], row[BY_LABEL])}) is {_KINDS.get(row[NF_REWARD_KIND], 'non-finite')}"))
-    if row[SINGLETON]:
-        what = (f"group label {row[SINGLETON_LABEL]}" if row[BY_LABEL] else f"group {row[SINGLETON_LABEL]}")
+                    f"{_group_of(row, flat // k, NF_REWARD_GROUP)}) is {_KINDS[kind]}"))
+    if row[BY_LABEL] and row[SINGLETON] < row[ROWS]:
         out.append((GroupError,
-                    f"{what} (first row {row[SINGLETON] - 1}) has 1 sample; Eq. 4 needs at least 2 "
-                    "(unbiased std)"))
-    if row[C_OVERFLOW] and not out:
+                    f"group label {row[SINGLETON_LABEL]} (first row {row[SINGLETON]}) has 1 sample; Eq. 4 needs "
+                    "at least 2 (unbiased std)"))
+    if _kind(row[C_OVERFLOW_BITS]) and not out:
         out.append((OutOfRangeError,
                     f"Eq. 7 (sum of weights x standardized rewards) overflows float64 at row "
-                    f"{row[C_OVERFLOW] - 1} ({_group(row[C_OVERFLOW_GROUP], row[BY_LABEL])}); "
+                    f"{row[C_OVERFLOW]} ({_group_of(row, row[C_OVERFLOW], C_OVERFLOW_GROUP)}); "
                     "the weights are too large, scale them down"))
-    if row[NF_VALUE] and not out:
-        out.append((NonFiniteError,
-                    f"values[{row[NF_VALUE] - 1}] (unit {row[NF_VALUE_UNIT]}) is "
-                    f"{_KINDS.get(row[NF_VALUE_KIND], 'non-finite')}"))
+    kind = _kind(row[NF_VALUE_KIND])
+    if kind and not out:
+        out.append((NonFiniteError, f"values[{row[NF_VALUE]}] (unit {row[NF_VALUE_UNIT]}) is {_KINDS[kind]}"))
     return out
 
 

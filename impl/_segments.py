@@ -1,33 +1,50 @@
-"""Exact power-of-two scaling and deterministic segment reductions.
+"""Exact power-of-two scaling, the canonical pairwise sum, and a correctly rounded sqrt.
 
-Both Eq. 4 (per group column) and Eq. 6 (per whitening unit) reduce over
-*segments*: runs of consecutive rows. A segment reduction here is a pairwise
-tree built from elementwise operations only (shift, add/min/max, select), so
+Every reduction of Eq. 4 and Eq. 6 runs over a *segment* (a group column, a
+whitening unit) laid out along one dimension of a dense tensor: a contiguous
+view ``(G, n, K)`` for equal groups, or a padded ``(G, n_max, K)`` layout (see
+``_normalize`` and ``_whiten``). Sums use one fixed tree, :func:`tree_sum`:
 
-* it is deterministic (no atomics, no data-dependent launch order) and gives
-  the same bits on CPU and CUDA: every step is one correctly rounded IEEE
-  operation, and the tree's shape depends only on the segment layout;
-* it needs no host synchronisation (no ``unique``, ``nonzero``, ``bincount``);
+* level s pairs positions p and p + s (p a multiple of 2s) inside the segment;
+  a position without a partner passes up unchanged. The tree depends only on
+  the segment's own length, never on the layout, the device or the batch;
+* every step is one correctly rounded IEEE addition of two float64 tensors
+  (no atomics, no library reduction, no fused multiply-add), so the result is
+  deterministic and the same bits on CPU and CUDA;
+* padding a segment with values that are exactly zero in the summed quantity
+  (see the callers) cannot change the sum: x + 0 == x except for the sign of
+  a zero, and the root of a sum that contains the +0 of the segment's first
+  member can never be -0;
 * negating the input negates the output bit for bit (round-to-nearest is
-  symmetric and the tree is the same for every column), which the exact
-  constant-sum cancellation of Eq. 7 relies on.
+  symmetric), which the exact constant-sum cancellation of Eq. 7 relies on.
 
-Power-of-two factors are built from their bit patterns, never with ``pow``,
-so they are exact on every device. The square root is corrected to the
-correctly rounded one (:func:`sqrt_rn`): ``torch.sqrt`` of float64 on CPU is
-only faithful in some builds (SIMD library), CUDA's is correctly rounded, and
-bitwise agreement across devices needs the same rounding on both.
+Min and max come from torch's own reductions: they are exact, hence the same
+on every device and in every order.
+
+Scale factors are built from bit patterns (never ``pow``), so they are exact on
+every device. Square roots are correctly rounded: CUDA's float64 ``sqrt`` is;
+torch's vectorised CPU ``sqrt`` is only faithful (measured: about 0.2% of
+random doubles are one ulp off), so on CPU the root comes from NumPy's (IEEE,
+hardware) ``sqrt`` on the few group or unit statistics, with a Tuckerman
+correction as the fallback where NumPy is absent.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import torch
 
 _F64 = torch.float64
 _I64 = torch.int64
+
+#: Exponent field of a float64.
+_EXP_MASK = 0x7FF0000000000000
+#: Largest power of two a scale may be built from: values up to 2**1024 then
+#: scale below 4, so nothing downstream (differences, squares, sums) overflows.
+_P_MAX_BITS = (1021 + 1023) << 52
+#: 2**-(E + 1) from 2**E by bits: biased(2**-(E+1)) = 2045 - biased(2**E).
+_F_FROM_P = 2045 << 52
 
 
 def pow2(k: torch.Tensor) -> torch.Tensor:
@@ -56,6 +73,42 @@ def ldexp_scalar(x: torch.Tensor, k: int) -> torch.Tensor:
     return x * math.ldexp(1.0, h) * math.ldexp(1.0, k - h)
 
 
+def min_scale_bits(eps: float) -> int:
+    """Bits of the smallest power of two a scale may be built from.
+
+    2**-1022 keeps the factor 2**-e normal; with eps > 0, 2**(exponent(eps) - 1001)
+    keeps the folded eps * 2**-e below 2**1000 (values far below eps are then
+    scaled up less, which cannot matter since eps dominates their std).
+    """
+    e = -1022
+    if eps > 0.0:
+        e = max(e, math.frexp(eps)[1] - 1001)
+    return (e + 1023) << 52
+
+
+def scale(absmax: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scale factors f = 2**-e with |x| < 2**e for every x of the segment
+    (``absmax`` is its largest magnitude), and the folded eps * f.
+
+    Exact: f is a normal power of two built from bits (2**E is the leading
+    power of two of absmax, clamped to [min_scale_bits(eps), 2**1021]; then
+    f = 2**-(E+1)), so x * f is exact wherever it is a normal number.
+    """
+    p_bits = (absmax.to(_F64).view(_I64) & _EXP_MASK).clamp_(min_scale_bits(eps), _P_MAX_BITS)
+    f = (_F_FROM_P - p_bits).view(_F64)
+    return f, f * eps
+
+
+def scale_exponent(f: torch.Tensor) -> torch.Tensor:
+    """e with f == 2**-e (int64), for a normal power of two f."""
+    return 1023 - (f.view(_I64) >> 52)
+
+
+def pow2_normal(e: torch.Tensor) -> torch.Tensor:
+    """2**-e for int64 e with 2**-e normal (the inverse of :func:`scale_exponent`)."""
+    return ((1023 - e) << 52).view(_F64)
+
+
 def take(x: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
     """x[i] for a 0-d int64 tensor ``i``, without the host read that Python
     indexing with a 0-d tensor may do on CUDA."""
@@ -68,6 +121,35 @@ def to_device(x: torch.Tensor, device: torch.device) -> torch.Tensor:
     if device.type == "cuda" and x.device.type == "cpu":
         return x.contiguous().pin_memory().to(device, non_blocking=True)
     return x.to(device)
+
+
+def host_to_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A small host list on ``device`` without a host synchronisation."""
+    return to_device(torch.tensor(values, dtype=dtype), device)
+
+
+def tree_sum(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """Sum along ``dim`` (>= 0) by the canonical pairwise tree, keeping the dim.
+
+    One elementwise addition per level: the pairs (p, p + s) of level s are the
+    even and odd entries of the previous level's partial sums, and an odd one
+    out is carried to the next level unchanged.
+    """
+    m = x.shape[dim]
+    while m > 1:
+        h = m // 2
+        pairs = x.narrow(dim, 0, 2 * h).unflatten(dim, (h, 2))
+        even, odd = pairs.select(dim + 1, 0), pairs.select(dim + 1, 1)
+        if m % 2:
+            shape = list(x.shape)
+            shape[dim] = h + 1
+            y = torch.empty(shape, dtype=x.dtype, device=x.device)
+            torch.add(even, odd, out=y.narrow(dim, 0, h))
+            y.narrow(dim, h, 1).copy_(x.narrow(dim, m - 1, 1))
+        else:
+            y = even + odd
+        x, m = y, h + m % 2
+    return x
 
 
 _SPLIT = 134217729.0  # 2**27 + 1, Veltkamp's splitting constant for float64
@@ -85,14 +167,13 @@ def _two_product(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.
     return p, e
 
 
-def sqrt_rn(q: torch.Tensor) -> torch.Tensor:
-    """Correctly rounded float64 square root on every device.
+def sqrt_tuckerman(q: torch.Tensor) -> torch.Tensor:
+    """Correctly rounded float64 square root from torch's faithful one.
 
-    ``torch.sqrt`` is within one ulp everywhere; one Tuckerman test fixes it:
-    with s+ and s- the neighbours of s, sqrt(q) rounds above s iff q > s*s+,
-    below s iff q <= s*s- (exact products; q - p is exact by Sterbenz, so the
-    sign of (q - p) - e is the sign of q - s*s+). Below 2**-900 the products
-    could underflow, and there the faithful root is kept.
+    One Tuckerman test fixes it: with s+ and s- the neighbours of s, sqrt(q)
+    rounds above s iff q > s*s+, below s iff q <= s*s- (exact products; q - p is
+    exact by Sterbenz, so the sign of (q - p) - e is the sign of q - s*s+).
+    Below 2**-900 the products could underflow, and there the faithful root is kept.
     """
     s = torch.sqrt(q)
     up = torch.nextafter(s, torch.full_like(s, math.inf))
@@ -105,98 +186,25 @@ def sqrt_rn(q: torch.Tensor) -> torch.Tensor:
     return torch.where(ok & above, up, torch.where(ok & below & (s > 0), down, s))
 
 
-def exponent(x: torch.Tensor, eps: float = 0.0) -> torch.Tensor:
-    """A scale exponent e with |x| < 2**e (frexp exponent, int64; 0 for x == 0).
+def _numpy_sqrt():
+    try:
+        import numpy
+    except ImportError:  # pragma: no cover - numpy ships with every supported torch
+        return None
+    return numpy.sqrt
 
-    With eps > 0, e is raised to at least exponent(eps) - 1000, so that the
-    folded eps * 2**-e stays finite (below 2**1000): values far below eps are
-    then scaled up less, which cannot matter since eps dominates their std.
+
+def sqrt_rn(q: torch.Tensor) -> torch.Tensor:
+    """Correctly rounded float64 square root on every device (IEEE 754's sqrt).
+
+    CUDA's float64 sqrt is correctly rounded (sqrt.rn.f64). On CPU, NumPy's
+    sqrt is the hardware one (correctly rounded) and costs one call on the few
+    statistics this is applied to; without NumPy, the Tuckerman correction.
     """
-    e = torch.frexp(x)[1].to(_I64)
-    if eps > 0.0:
-        e = e.clamp(min=math.frexp(eps)[1] - 1000)
-    return e
-
-
-@dataclasses.dataclass(frozen=True)
-class Segments:
-    """Layout of M rows cut into consecutive segments (all int64, shape (M,)).
-
-    ``pos``: position of the row inside its segment; ``length``: length of its
-    segment; ``start``: row index of its segment's first row; ``steps``: number
-    of tree levels, ceil(log2(longest segment)) or an upper bound of it.
-    """
-
-    pos: torch.Tensor
-    length: torch.Tensor
-    start: torch.Tensor
-    steps: int
-
-    @property
-    def rows(self) -> int:
-        return self.pos.shape[0]
-
-
-def _levels(longest: int) -> int:
-    return max(0, int(longest - 1).bit_length())
-
-
-def equal_segments(rows: int, size: int, device) -> Segments:
-    """Contiguous segments of ``size`` rows each (``rows`` a multiple of size)."""
-    idx = torch.arange(rows, dtype=_I64, device=device)
-    pos = torch.remainder(idx, size)
-    return Segments(pos, torch.full_like(idx, size), idx - pos, _levels(size))
-
-
-def segments_from_sizes(sizes_dev: torch.Tensor, rows: int, longest: int) -> tuple[Segments, torch.Tensor]:
-    """Consecutive segments of the given sizes (int64 tensor on the data device,
-    non-negative, summing to ``rows``; empty segments hold no rows), and the
-    segment index of every row."""
-    device = sizes_dev.device
-    idx = torch.arange(rows, dtype=_I64, device=device)
-    ends = torch.cumsum(sizes_dev, 0)
-    unit = torch.searchsorted(ends, idx, right=True)
-    start = (ends - sizes_dev)[unit] if rows else idx
-    length = sizes_dev[unit] if rows else idx
-    return Segments(idx - start, length, start, _levels(longest)), unit
-
-
-def segments_from_sorted_labels(labels_sorted: torch.Tensor) -> Segments:
-    """Segments of equal consecutive labels (labels already sorted, stable).
-
-    The longest segment is unknown on the host without a synchronisation, so
-    the tree depth is bounded by the row count instead (extra levels are no-ops).
-    """
-    rows = labels_sorted.shape[0]
-    device = labels_sorted.device
-    idx = torch.arange(rows, dtype=_I64, device=device)
-    first = torch.ones(rows, dtype=torch.bool, device=device)
-    last = torch.ones(rows, dtype=torch.bool, device=device)
-    if rows > 1:
-        change = labels_sorted[1:] != labels_sorted[:-1]
-        first[1:] = change
-        last[:-1] = change
-    start = torch.cummax(torch.where(first, idx, torch.zeros_like(idx)), 0).values
-    end_marks = torch.where(last, idx, torch.full_like(idx, rows))
-    end = torch.flip(torch.cummin(torch.flip(end_marks, (0,)), 0).values, (0,))
-    return Segments(idx - start, end - start + 1, start, _levels(rows))
-
-
-def reduce(x: torch.Tensor, seg: Segments, op) -> torch.Tensor:
-    """Reduce ``x`` (M,) or (M, K) over each segment with the binary ``op``
-    (torch.add, torch.minimum, torch.maximum) along a pairwise tree, and return
-    the segment's result broadcast to every row of the segment."""
-    rows = seg.rows
-    if rows == 0:
-        return x
-    pos, length = seg.pos, seg.length
-    if x.dim() == 2:
-        pos, length = pos[:, None], length[:, None]
-    for level in range(seg.steps):
-        s = 1 << level
-        if s >= rows:
-            break
-        partner = torch.roll(x, -s, 0)
-        take = ((pos & (2 * s - 1)) == 0) & (pos + s < length)
-        x = torch.where(take, op(x, partner), x)
-    return x[seg.start]
+    if q.device.type == "cuda":
+        return torch.sqrt(q)
+    if q.device.type == "cpu":
+        np_sqrt = _numpy_sqrt()
+        if np_sqrt is not None:
+            return torch.from_numpy(np_sqrt(q.detach().numpy()))
+    return sqrt_tuckerman(q)

@@ -1,4 +1,10 @@
-"""Eq. 6, batch whitening per unit: local statistics, Chan merge, application.
+"""Eq. 6, batch whitening per unit: unit layouts, local statistics, Chan merge, application.
+
+Units are consecutive runs of rows whose sizes the host knows, so their layout
+costs no host read: equal sizes (one unit, or S units of m rows) are a view
+``(S, m)``; ragged sizes a padded ``(S, m_max)`` layout whose padding repeats
+each unit's first value (one scatter in, one gather out); sizes so ragged that
+the padding would exceed a few times the batch are taken one unit at a time.
 
 Each rank summarises each of its S units in one row of a (S, 7) float64 table
 
@@ -14,7 +20,12 @@ powers of two), re-expresses each rank's mean relative to the first non-empty
 rank's shift, and combines ranks along a fixed pairwise tree with Chan's
 formula. The merge is a pure function of the gathered table, so every rank
 computes bitwise-identical statistics; with one rank it reduces to the local
-two-pass (mean relative to the local shift is mean_d exactly).
+two-pass (mean relative to the local shift is mean_d exactly), which is why a
+local call skips it.
+
+Exact collapse: in a unit whose values are all equal every difference d is
++0 or -0, and the mean it is centred on is taken as -0 there, so that every
+deviation is +0 and a = +0 exactly, with or without eps.
 """
 
 from __future__ import annotations
@@ -25,50 +36,133 @@ import math
 import torch
 
 from impl import _segments as seg_ops
+from impl._normalize import PAD_FACTOR, PAD_SLACK, TwoPass, two_pass
 
 _F64 = torch.float64
 _I64 = torch.int64
 COLS = 7
 _N, _E, _SHIFT, _MEAN, _M2, _MIN, _MAX = range(COLS)
 
+host_to_device = seg_ops.host_to_device
 
-def host_to_device(values: list[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A small host list on ``device`` without a host synchronisation (pinned,
-    non-blocking copy on CUDA)."""
-    return seg_ops.to_device(torch.tensor(values, dtype=dtype), device)
+
+@dataclasses.dataclass
+class Layout:
+    """Where each unit's rows sit: ``kind`` is "empty", "view", "padded" or "loop"."""
+
+    sizes: list[int]
+    kind: str
+    device: torch.device
+    width: int = 0
+    slot: torch.Tensor | None = None  # (N,) row -> slot of the (S, width) padded layout
+    starts: list[int] = dataclasses.field(default_factory=list)
+
+
+def layout(sizes: list[int], rows: int, device) -> Layout:
+    units = len(sizes)
+    longest = max(sizes, default=0)
+    if rows == 0:
+        return Layout(sizes, "empty", device)
+    if all(s == longest for s in sizes):
+        return Layout(sizes, "view", device, longest)
+    starts = [0]
+    for s in sizes[:-1]:
+        starts.append(starts[-1] + s)
+    if units * longest > PAD_FACTOR * rows + PAD_SLACK:
+        return Layout(sizes, "loop", device, longest, starts=starts)
+    base = host_to_device([j * longest - o for j, o in enumerate(starts)] + sizes, _I64, device)
+    offset = torch.repeat_interleave(base[:units], base[units:], output_size=rows)
+    slot = offset.add_(torch.arange(rows, dtype=_I64, device=device))
+    return Layout(sizes, "padded", device, longest, slot, starts)
+
+
+def _padded(v: torch.Tensor, lay: Layout) -> tuple[torch.Tensor, torch.Tensor]:
+    """v in the (S, width) layout padded with each unit's first value, and the
+    member mask (1.0 on members, 0.0 on padding)."""
+    units, width = len(lay.sizes), lay.width
+    rows = v.shape[0]
+    firsts = host_to_device([min(o, rows - 1) for o in lay.starts], _I64, v.device)
+    buf = v.index_select(0, firsts)[:, None].expand(units, width).contiguous()
+    buf.view(-1).index_copy_(0, lay.slot, v)
+    mask = torch.zeros(units * width, dtype=_F64, device=v.device).index_fill_(0, lay.slot, 1.0)
+    return buf, mask.view(units, width)
 
 
 @dataclasses.dataclass
 class Local:
-    table: torch.Tensor  # (S, 7) float64
-    unit: torch.Tensor  # (N,) int64 unit index of every row
+    """This rank's per-unit statistics ((S, 1) tensors) and its values in the unit layout."""
+
+    lay: Layout
+    tp: TwoPass | None = None  # None for an empty rank and for "loop"
+    x: torch.Tensor | None = None  # the values in the layout (caller dtype)
+    parts: list | None = None  # "loop": one view Local per unit
+
+    def table(self, device) -> torch.Tensor:
+        """(S, 7) float64: count, e, shift, mean_d, M2, min, max (empty units:
+        count 0, e 0, min inf, max -inf)."""
+        sizes = self.lay.sizes
+        if self.lay.kind == "loop":
+            return torch.cat([p.table(device) for p in self.parts])
+        empty = host_to_device([0.0, 0.0, 0.0, 0.0, 0.0, math.inf, -math.inf], _F64, device)
+        if self.tp is None:
+            return empty.expand(len(sizes), COLS).clone()
+        tp = self.tp
+        cols = [host_to_device([float(s) for s in sizes], _F64, device)[:, None],
+                seg_ops.scale_exponent(tp.f).to(_F64), tp.shift, tp.mean, tp.m2, tp.lo.to(_F64), tp.hi.to(_F64)]
+        table = torch.cat([c.expand(len(sizes), 1) for c in cols], 1)
+        if 0 in sizes:
+            has = host_to_device([s > 0 for s in sizes], torch.bool, device)
+            table = torch.where(has[:, None], table, empty)
+        return table
 
 
-def local_table(v: torch.Tensor, sizes: list[int], eps: float) -> Local:
-    """This rank's (S, 7) summary of float64 values ``v`` cut into ``sizes``."""
-    device = v.device
-    rows = v.shape[0]
-    sizes_dev = host_to_device(sizes, _I64, device)
-    seg, unit = seg_ops.segments_from_sizes(sizes_dev, rows, max(sizes, default=0))
-    empty = torch.zeros(COLS, dtype=_F64, device=device)
-    empty[_MIN: _MIN + 1].fill_(math.inf)  # fill_ on a view: a kernel, not a host copy
-    empty[_MAX: _MAX + 1].fill_(-math.inf)
-    if rows == 0:
-        return Local(empty.expand(len(sizes), COLS).clone(), unit)
-    e = seg_ops.exponent(seg_ops.reduce(v.abs(), seg, torch.maximum), eps)
-    vs = seg_ops.ldexp(v, -e)
-    shift = vs[seg.start]
-    d = vs - shift
-    n = seg.length.to(_F64)
-    mean_d = seg_ops.reduce(d, seg, torch.add) / n
-    dev = d - mean_d
-    m2 = seg_ops.reduce(dev * dev, seg, torch.add)
-    lo = seg_ops.reduce(v, seg, torch.minimum)
-    hi = seg_ops.reduce(v, seg, torch.maximum)
-    per_row = torch.stack([n, e.to(_F64), shift, mean_d, m2, lo, hi], dim=1)
-    first = (torch.cumsum(sizes_dev, 0) - sizes_dev).clamp(max=rows - 1)
-    table = torch.where((sizes_dev > 0)[:, None], per_row[first], empty)
-    return Local(table, unit)
+def local_stats(v: torch.Tensor, sizes: list[int], eps: float) -> Local:
+    """This rank's statistics of values ``v`` (N,) cut into units of ``sizes``."""
+    lay = layout(sizes, v.shape[0], v.device)
+    if lay.kind == "empty":
+        return Local(lay)
+    if lay.kind == "loop":
+        return Local(lay, parts=[local_stats(v.narrow(0, o, s), [s], eps) for o, s in zip(lay.starts, sizes)])
+    mask = None
+    if lay.kind == "view":
+        x = v.view(len(sizes), lay.width)
+        count = host_to_device([float(lay.width)], _F64, v.device)
+    else:
+        x, mask = _padded(v, lay)
+        count = host_to_device([float(s) for s in sizes], _F64, v.device)[:, None]
+    return Local(lay, two_pass(x, count, eps, mask, centre_collapsed=True), x)
+
+
+def _den(m2: torch.Tensor, count: torch.Tensor, eps_f: torch.Tensor) -> torch.Tensor:
+    """std + eps in the unit's scale (unbiased); 1 where that is 0, which only a
+    collapsed unit without eps reaches (its deviations are all +0)."""
+    den = seg_ops.sqrt_rn(m2 / torch.where(count > 1, count - 1.0, 1.0)).add_(eps_f)
+    return den.masked_fill_(den == 0, 1.0)
+
+
+def _output(dev: torch.Tensor, den: torch.Tensor, lay: Layout, out_dtype) -> torch.Tensor:
+    """a = dev / den in row order; written in ``out_dtype`` directly (one rounding
+    from the float64 quotient, as a cast would), or float64 when it is None."""
+    if lay.kind == "padded":
+        a = dev.div_(den).view(-1).index_select(0, lay.slot)
+        return a if out_dtype is None else a.to(out_dtype)
+    if out_dtype is None or out_dtype == _F64:
+        return dev.div_(den).view(-1)
+    out = torch.empty(dev.shape, dtype=out_dtype, device=dev.device)
+    return torch.div(dev, den, out=out).view(-1)
+
+
+def apply_local(loc: Local, eps: float, out_dtype=None) -> torch.Tensor:
+    """Eq. 6 from one rank's own statistics (no process group): the deviations
+    of the two-pass are those of the merged statistics of a single rank."""
+    lay = loc.lay
+    if lay.kind == "empty":
+        return torch.empty(0, dtype=out_dtype or _F64, device=lay.device)
+    if lay.kind == "loop":
+        return torch.cat([apply_local(p, eps, out_dtype) for p in loc.parts])
+    tp = loc.tp
+    count = host_to_device([float(s) for s in lay.sizes], _F64, tp.m2.device)[:, None]
+    return _output(tp.dev, _den(tp.m2, count, tp.eps_f), lay, out_dtype)
 
 
 @dataclasses.dataclass
@@ -123,17 +217,22 @@ def merge(tables: torch.Tensor) -> Stats:
     return Stats(n[0], top, shift_g, mean[0], m2[0], lo, hi)
 
 
-def apply(v: torch.Tensor, unit: torch.Tensor, st: Stats, eps: float) -> torch.Tensor:
-    """a = (v - mean) / (std + eps) per unit, in the unit's 2**-e scale; a unit
-    whose values are all exactly equal (min == max) gives exactly 0."""
-    if v.shape[0] == 0:
-        return v
-    e = st.e[unit]
-    d = seg_ops.ldexp(v, -e) - st.shift[unit]
-    dev = d - st.mean[unit]
-    n = st.n
-    sigma = seg_ops.sqrt_rn(st.m2 / torch.where(n > 1, n - 1.0, torch.ones_like(n)))
-    den = (sigma + seg_ops.ldexp(torch.full_like(sigma, eps), -st.e))[unit]
-    a = torch.where(dev == 0, dev, dev / den)
-    collapsed = (st.lo == st.hi)[unit]
-    return torch.where(collapsed, torch.zeros_like(a), a)
+def apply_global(loc: Local, st: Stats, eps: float, out_dtype=None) -> torch.Tensor:
+    """Eq. 6 of this rank's rows from the merged statistics of every rank."""
+    lay = loc.lay
+    if lay.kind == "empty":
+        return torch.empty(0, dtype=out_dtype or _F64, device=lay.device)
+    f = seg_ops.pow2_normal(st.e)
+    mean = torch.where(st.lo == st.hi, -0.0, st.mean)  # collapsed across ranks: deviations +0
+    den = _den(st.m2, st.n, f * eps)
+    if lay.kind == "loop":
+        return torch.cat([_apply_x(p, f[j:j + 1], st.shift[j:j + 1], mean[j:j + 1], den[j:j + 1], out_dtype)
+                          for j, p in enumerate(loc.parts)])
+    return _apply_x(loc, f, st.shift, mean, den, out_dtype)
+
+
+def _apply_x(loc: Local, f, shift, mean, den, out_dtype):
+    if loc.lay.kind == "empty":
+        return torch.empty(0, dtype=out_dtype or _F64, device=loc.lay.device)
+    dev = (loc.x * f[:, None]).sub_(shift[:, None]).sub_(mean[:, None])
+    return _output(dev, den[:, None], loc.lay, out_dtype)
