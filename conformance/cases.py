@@ -1,0 +1,240 @@
+"""What one conformance example is, how it is written down, and what the oracle says about it.
+
+A :class:`Case` is what one process passes to ``gdpo_advantages``; a
+:class:`DistCase` is one :class:`Case` per rank (its shard) plus what they share.
+Both serialise to JSON with every float in hex (``float.hex``), so a found bug is
+stored exactly and replayed bit for bit (``python -m conformance.compare --case``).
+
+:func:`expected` is the judge: the oracle on the (reassembled, global) batch,
+either a :class:`oracle.gdpo.Result` or the contract error it raises. It is
+memoised on the exact inputs because every negative control and every call shape
+is graded on the same examples.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import math
+
+import numpy as np
+
+from oracle import gdpo as oracle
+from spec.errors import GDPOError
+
+#: torch dtype names the suite feeds as rewards (values stored as exact float64).
+INPUT_DTYPES = ("float64", "float32", "float16", "bfloat16")
+OUT_DTYPES = ("float32", "float64")
+
+
+def hexf(x: float) -> str:
+    return float(x).hex()
+
+
+def unhex(s) -> float:
+    return float.fromhex(s) if isinstance(s, str) else float(s)
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """One call: rewards (exact float64 values of ``dtype``), groups, weights, units."""
+
+    rewards: tuple  # N rows of K floats (exact values representable in ``dtype``)
+    dtype: str = "float32"
+    group_size: int | None = None
+    group_ids: tuple | None = None
+    weights: tuple | None = None  # float64 weights, None: ones
+    segment_sizes: tuple | None = None  # None: one unit of every sample
+    eps: float | None = None  # None: the implementation's default
+    out_dtype: str = "float32"
+    note: str = ""  # what the generator meant to build (shown in failures)
+    #: a malformed call the data above cannot express (error cases): "float_labels",
+    #: "both_groups", "no_groups", "rewards_3d", "empty", "int_out_dtype"
+    variant: str = ""
+    width: int = 0  # K of an empty shard (no rows to tell it)
+
+    # ------------------------------------------------------------ derived
+    @property
+    def n(self) -> int:
+        return len(self.rewards)
+
+    @property
+    def k(self) -> int:
+        return len(self.rewards[0]) if self.rewards else self.width
+
+    def rewards_array(self) -> np.ndarray:
+        if not self.rewards:
+            return np.zeros((0, max(self.width, 1)))
+        return np.array(self.rewards, dtype=np.float64).reshape(self.n, self.k)
+
+    def labels(self) -> np.ndarray:
+        """Group label of every row (group_size becomes consecutive labels)."""
+        if self.group_ids is not None:
+            return np.array(self.group_ids, dtype=np.int64)
+        return np.arange(self.n, dtype=np.int64) // self.group_size
+
+    def unit_ids(self) -> np.ndarray | None:
+        if self.segment_sizes is None:
+            return None
+        return np.repeat(np.arange(len(self.segment_sizes)), self.segment_sizes)
+
+    # ------------------------------------------------------------ hex form
+    def to_json(self) -> dict:
+        d = {"rewards": [[hexf(v) for v in row] for row in self.rewards], "dtype": self.dtype,
+             "out_dtype": self.out_dtype}
+        if self.group_size is not None:
+            d["group_size"] = self.group_size
+        if self.group_ids is not None:
+            d["group_ids"] = list(self.group_ids)
+        if self.weights is not None:
+            d["weights"] = [hexf(w) for w in self.weights]
+        if self.segment_sizes is not None:
+            d["segment_sizes"] = list(self.segment_sizes)
+        if self.eps is not None:
+            d["eps"] = hexf(self.eps)
+        if self.note:
+            d["note"] = self.note
+        if self.variant:
+            d["variant"] = self.variant
+        if not self.rewards:
+            d["width"] = self.width
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Case":
+        return cls(
+            rewards=tuple(tuple(unhex(v) for v in row) for row in d["rewards"]),
+            dtype=d.get("dtype", "float32"),
+            group_size=d.get("group_size"),
+            group_ids=tuple(d["group_ids"]) if d.get("group_ids") is not None else None,
+            weights=tuple(unhex(w) for w in d["weights"]) if d.get("weights") is not None else None,
+            segment_sizes=tuple(d["segment_sizes"]) if d.get("segment_sizes") is not None else None,
+            eps=unhex(d["eps"]) if d.get("eps") is not None else None,
+            out_dtype=d.get("out_dtype", "float32"),
+            note=d.get("note", ""),
+            variant=d.get("variant", ""),
+            width=d.get("width", 0),
+        )
+
+    def dumps(self) -> str:
+        return json.dumps(self.to_json(), separators=(",", ":"))
+
+    def key(self) -> tuple:
+        return ("case", self.dumps())
+
+
+@dataclasses.dataclass(frozen=True)
+class DistCase:
+    """One shard per rank; weights, eps and out_dtype are the same on every rank."""
+
+    shards: tuple  # of Case (each with its own group layout and segment_sizes)
+    note: str = ""
+
+    @property
+    def world(self) -> int:
+        return len(self.shards)
+
+    def to_json(self) -> dict:
+        d = {"shards": [s.to_json() for s in self.shards]}
+        if self.note:
+            d["note"] = self.note
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict) -> "DistCase":
+        return cls(tuple(Case.from_json(s) for s in d["shards"]), d.get("note", ""))
+
+    def dumps(self) -> str:
+        return json.dumps(self.to_json(), separators=(",", ":"))
+
+    def global_case(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[slice]]:
+        """The batch every rank's shard belongs to: rewards, group labels (made
+        unique per rank: groups never span ranks), unit labels, and each rank's rows."""
+        rows, groups, units, where = [], [], [], []
+        start = 0
+        for r, s in enumerate(self.shards):
+            if s.n:
+                rows.append(s.rewards_array())
+                lab = s.labels()
+                _, inv = np.unique(lab, return_inverse=True)
+                groups.append(inv.reshape(-1) + 1_000_000 * r)
+                u = s.unit_ids()
+                units.append(np.zeros(s.n, np.int64) if u is None else u)
+            where.append(slice(start, start + s.n))
+            start += s.n
+        k = next((s.k for s in self.shards if s.n), 1)
+        if not rows:
+            return np.zeros((0, k)), np.zeros(0, np.int64), np.zeros(0, np.int64), where
+        return np.concatenate(rows), np.concatenate(groups), np.concatenate(units), where
+
+
+# ---------------------------------------------------------------- the judge
+
+
+@dataclasses.dataclass
+class Expected:
+    """The oracle's verdict: a result, or the contract error it raises."""
+
+    result: object = None  # oracle.gdpo.Result
+    error: GDPOError | None = None
+
+
+@functools.lru_cache(maxsize=4096)
+def _oracle_cached(key, rewards_b, shape, groups_b, weights, units_b, eps, convention):
+    rewards = np.frombuffer(rewards_b, dtype=np.float64).reshape(shape)
+    groups = np.frombuffer(groups_b, dtype=np.int64)
+    units = None if units_b is None else np.frombuffer(units_b, dtype=np.int64)
+    try:
+        return Expected(result=oracle.advantages(rewards, groups, weights=None if weights is None else
+                                                 list(weights), unit_ids=units, eps=eps,
+                                                 convention=convention))
+    except GDPOError as e:
+        return Expected(error=e)
+
+
+def oracle_advantages(rewards: np.ndarray, groups: np.ndarray, weights, units, eps, convention) -> Expected:
+    rewards = np.ascontiguousarray(rewards, dtype=np.float64)
+    groups = np.ascontiguousarray(groups, dtype=np.int64)
+    ub = None if units is None else np.ascontiguousarray(units, dtype=np.int64).tobytes()
+    w = None if weights is None else tuple(float(x) for x in weights)
+    return _oracle_cached("adv", rewards.tobytes(), rewards.shape, groups.tobytes(), w, ub,
+                          None if eps is None else float(eps), convention)
+
+
+def expected(case, convention: str = "spec") -> Expected:
+    """The oracle's verdict on a Case (one process) or a DistCase (global batch)."""
+    if isinstance(case, DistCase):
+        r, g, u, _ = case.global_case()
+        first = case.shards[0]
+        if r.shape[0] == 0:
+            return Expected(result=None)
+        return oracle_advantages(r, g, first.weights, u, first.eps, convention)
+    return oracle_advantages(case.rewards_array(), case.labels(), case.weights, case.unit_ids(),
+                             case.eps, convention)
+
+
+@functools.lru_cache(maxsize=1024)
+def _whiten_cached(values_b, units_b, eps, convention):
+    values = np.frombuffer(values_b, dtype=np.float64)
+    units = None if units_b is None else np.frombuffer(units_b, dtype=np.int64)
+    try:
+        return Expected(result=oracle.whiten_units(values, unit_ids=units, eps=eps, convention=convention))
+    except GDPOError as e:
+        return Expected(error=e)
+
+
+def expected_whiten(values, segment_sizes, eps, convention="spec") -> Expected:
+    v = np.ascontiguousarray(values, dtype=np.float64)
+    u = None if segment_sizes is None else np.repeat(np.arange(len(segment_sizes)), segment_sizes).astype(np.int64)
+    return _whiten_cached(v.tobytes(), None if u is None else u.tobytes(),
+                          None if eps is None else float(eps), convention)
+
+
+def ulp(x: float, dtype: str) -> float:
+    """Spacing of ``dtype`` at |x| (the smallest subnormal at 0)."""
+    mag = abs(float(x))
+    if dtype == "float64":
+        return math.ulp(mag) if mag else math.ulp(0.0)
+    f = np.float32(min(mag, float(np.finfo(np.float32).max)))
+    return float(np.spacing(f))

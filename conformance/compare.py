@@ -1,0 +1,156 @@
+"""Comparing an output with the oracle, and failures that explain themselves.
+
+The tolerance of every output is the oracle's ``allowed(out_dtype)``: the spec's
+error model (``spec/error_model.py``) evaluated on the exact intermediate values,
+never a picked rtol. Where the specification demands an exact zero (a collapsed
+group column or unit, a group whose combined values cancel exactly; spec section
+7) the output must be exactly zero, either sign.
+
+A failure prints the equation, the convention, the inputs in hex, observed and
+exact values, the error in ulps of the output dtype, the allowed bound, the
+condition estimate, and a one-line repro::
+
+    python -m conformance.compare --impl M:F --convention C --call-shape S --case '<hex JSON>'
+
+which replays the case (a single-process Case or a DistCase) and prints the same report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import shlex
+import sys
+
+import numpy as np
+
+from conformance.cases import Case, DistCase, ulp
+
+MAX_LISTED = 6
+
+
+@dataclasses.dataclass
+class Verdict:
+    """Comparison of one output vector with one oracle stage."""
+
+    bad: list  # indices outside the bound (or not exactly zero where demanded)
+    ratio: float  # max error / allowed over outputs with allowed > 0 (for hypothesis.target)
+    rows: list  # per listed index: text
+
+    @property
+    def ok(self) -> bool:
+        return not self.bad
+
+
+def judge(observed: np.ndarray, exact: np.ndarray, allowed: np.ndarray, cond: np.ndarray, out_dtype: str,
+          must_be_zero: np.ndarray | None = None) -> Verdict:
+    """Outputs vs the correctly rounded exact values under the per-output bound."""
+    obs = np.asarray(observed, dtype=np.float64)
+    exact = np.asarray(exact, dtype=np.float64)
+    allowed = np.asarray(allowed, dtype=np.float64)
+    zero = (allowed == 0.0) & (exact == 0.0)
+    if must_be_zero is not None:
+        zero = zero | np.asarray(must_be_zero, bool)
+    with np.errstate(invalid="ignore", over="ignore"):
+        err = np.abs(obs - exact)
+        bad_zero = zero & (obs != 0.0)
+        bad_bound = ~zero & ~(err <= allowed)  # NaN fails
+        ratios = np.where(~zero & (allowed > 0), err / np.where(allowed > 0, allowed, 1.0), 0.0)
+    bad = np.flatnonzero(bad_zero | bad_bound)
+    finite = ratios[np.isfinite(ratios)]
+    ratio = float(finite.max()) if finite.size else 0.0
+    if np.any(~np.isfinite(obs)) or bad_zero.any():
+        ratio = max(ratio, 1e300)
+    order = sorted(bad.tolist(), key=lambda i: -(ratios[i] if np.isfinite(ratios[i]) else math.inf))
+    rows = []
+    for i in order[:MAX_LISTED]:
+        u = ulp(exact[i], out_dtype)
+        ulps = err[i] / u if u else math.inf
+        why = "exact zero demanded" if zero[i] else f"allowed {allowed[i]:.3e} (error/allowed {ratios[i]:.3g})"
+        rows.append(f"[{i}] observed {_hx(obs[i])} ({obs[i]:.9g}), exact {_hx(exact[i])} ({exact[i]:.17g}), "
+                    f"error {err[i]:.3e} = {ulps:.3g} ulp({out_dtype}), {why}, cond {cond[i]:.2e}")
+    return Verdict(bad.tolist(), ratio, rows)
+
+
+def _hx(x: float) -> str:
+    x = float(x)
+    return x.hex() if math.isfinite(x) else repr(x)
+
+
+def describe_inputs(case) -> str:
+    if isinstance(case, DistCase):
+        return "\n".join(f"    rank {r}: {describe_inputs(s)}" for r, s in enumerate(case.shards))
+    parts = [f"rewards ({case.dtype}, {case.n}x{case.k}) " + _matrix(case.rewards)]
+    parts.append(f"group_size {case.group_size}" if case.group_size is not None
+                 else f"group_ids {list(case.group_ids) if case.group_ids is not None else None}")
+    parts.append("weights " + ("ones" if case.weights is None else "[" + ", ".join(_hx(w) for w in case.weights) + "]"))
+    parts.append(f"segment_sizes {list(case.segment_sizes) if case.segment_sizes is not None else None}")
+    parts.append(f"eps {'default' if case.eps is None else _hx(case.eps)}")
+    parts.append(f"out {case.out_dtype}")
+    if case.variant:
+        parts.append(f"variant {case.variant}")
+    if case.note:
+        parts.append(f"built as {case.note}")
+    return "; ".join(parts)
+
+
+def _matrix(rows) -> str:
+    shown = [("[" + ", ".join(_hx(v) for v in row) + "]") for row in rows[:16]]
+    more = f", ... ({len(rows) - 16} more rows)" if len(rows) > 16 else ""
+    return "[" + ", ".join(shown) + more + "]"
+
+
+def repro(subject, case) -> str:
+    return (f"python -m conformance.compare --impl {subject.target} --convention {subject.convention} "
+            f"--call-shape {subject.shape} --case {shlex.quote(case.dumps())}")
+
+
+def failure(prop: str, equation: str, subject, case, headline: str, details=()) -> str:
+    lines = [f"[{prop}] {equation} of {subject.target} (call shape {subject.shape}, convention "
+             f"{subject.convention!r}): {headline}"]
+    lines += [f"  {d}" for d in details]
+    lines.append("  inputs: " + describe_inputs(case).lstrip())
+    lines.append("  repro: " + repro(subject, case))
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------ replaying
+
+
+def main(argv=None) -> int:
+    from conformance import properties
+    from conformance.plugins import DEFAULT_IMPL, Subject
+
+    ap = argparse.ArgumentParser(prog="python -m conformance.compare", description=__doc__.split("\n")[0])
+    ap.add_argument("--impl", default=DEFAULT_IMPL)
+    ap.add_argument("--convention", default="spec")
+    ap.add_argument("--call-shape", default="gdpo")
+    ap.add_argument("--property", default=None, help="property whose check to run (default: by case kind)")
+    ap.add_argument("--case", required=True, help="hex JSON of a Case or DistCase")
+    args = ap.parse_args(argv)
+    data = json.loads(args.case)
+    case = DistCase.from_json(data) if "shards" in data else Case.from_json(data)
+    subject = Subject(args.impl, args.call_shape, args.convention)
+    name = args.property or ("dist_values" if isinstance(case, DistCase) else
+                             "errors" if case.variant or _has_nonfinite(case) else "values")
+    check = properties.CHECKS[name]
+    try:
+        check(subject, case)
+    except AssertionError as e:
+        print(e)
+        return 1
+    except properties.NotJudged as e:
+        print(e)
+        return 2
+    print(f"[{name}] conforms: {describe_inputs(case)}")
+    return 0
+
+
+def _has_nonfinite(case: Case) -> bool:
+    return any(not math.isfinite(v) for row in case.rewards for v in row)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,83 @@
+"""Pinned examples, hex-encoded: replayed first by every run of their property.
+
+Two kinds, both permanent (the hypothesis database is only a cache):
+
+* the traps of GDPO_BRIEF section 5 and spec/gdpo.md sections 2, 4 and 8, written once in hex;
+* every case the suite found failing (an implementation, the controls' common base,
+  the oracle), with a comment saying what it caught.
+
+Each entry is the JSON a failure's repro line prints (``Case.dumps()`` or
+``DistCase.dumps()``); floats are ``float.hex`` strings, so a replay is bit-exact.
+"""
+
+from __future__ import annotations
+
+import json
+
+from conformance.cases import Case, DistCase
+
+
+def load(text: str):
+    data = json.loads(text)
+    return DistCase.from_json(data) if "shards" in data else Case.from_json(data)
+
+
+EXAMPLES: dict[str, tuple[str, ...]] = {
+    "plain": (
+        # the brief's two-group example: GDPO keeps group B twice as strong as A
+        '{"rewards":[["0x1.0000000000000p+0","0x0.0p+0"],["0x0.0p+0","0x0.0p+0"],["0x1.0000000000000p+0","0x1.0000000000000p+0"],["0x0.0p+0","0x0.0p+0"]],"dtype":"float64","out_dtype":"float64","group_size":2}',
+        # correctness [1, 1, 0, 0] against length [0, 100, 200, 300] in one group
+        '{"rewards":[["0x1.0000000000000p+0","0x0.0p+0"],["0x1.0000000000000p+0","0x1.9000000000000p+6"],["0x0.0p+0","0x1.9000000000000p+7"],["0x0.0p+0","0x1.2c00000000000p+8"]],"dtype":"float32","out_dtype":"float32","group_size":4}',
+        # K = 1 is not GRPO: groups [0, 1, 3, 7] and [1, 2, 2, 9]
+        '{"rewards":[["0x0.0p+0"],["0x1.0000000000000p+0"],["0x1.8000000000000p+1"],["0x1.c000000000000p+2"],["0x1.0000000000000p+0"],["0x1.0000000000000p+1"],["0x1.0000000000000p+1"],["0x1.2000000000000p+3"]],"dtype":"float64","out_dtype":"float64","group_size":4}',
+        # n_g = 2: [0, 1] and [0, 1000] standardize alike up to eps (known limit)
+        '{"rewards":[["0x0.0p+0"],["0x1.0000000000000p+0"],["0x0.0p+0"],["0x1.f400000000000p+9"]],"dtype":"float32","out_dtype":"float64","group_size":2}',
+    ),
+    "offsets": (
+        # one-pass float32 variance is exactly 0 here (exact std 1.29e-2)
+        '{"rewards":[["0x1.f400000000000p+9"],["0x1.f40147ae147aep+9"],["0x1.f4028f5c28f5cp+9"],["0x1.f403d70a3d70ap+9"]],"dtype":"float64","out_dtype":"float64","group_size":4}',
+        '{"rewards":[["0x1.f400000000000p+9"],["0x1.f40147ae147aep+9"],["0x1.f4028f5c28f5cp+9"],["0x1.f403d70a3d70ap+9"]],"dtype":"float32","out_dtype":"float32","group_size":4}',
+        # one-pass float32 gives std 4.6 here (exact 1.3e-3)
+        '{"rewards":[["0x1.3880000000000p+13","0x0.0p+0"],["0x1.3880020c49ba6p+13","0x1.0000000000000p+0"],["0x1.388004189374cp+13","0x0.0p+0"],["0x1.38800624dd2f2p+13","0x1.0000000000000p+0"]],"dtype":"float64","out_dtype":"float64","group_size":4}',
+        # relative spread 1.5e-6 is real signal: no relative collapse tolerance
+        '{"rewards":[["0x1.3880000000000p+13"],["0x1.38800a3d70a3dp+13"],["0x1.3880147ae147bp+13"],["0x1.38801eb851eb8p+13"],["0x0.0p+0"],["0x1.0000000000000p+0"],["0x0.0p+0"],["0x1.0000000000000p+0"]],"dtype":"float64","out_dtype":"float64","group_size":4}',
+    ),
+    "cancellation": (
+        # exact constant-sum r2 = 2^53 - r1 under equal weights: c = 0 and a = 0 exactly
+        '{"rewards":[["0x1.0000000000000p+0","0x1.fffffffffffffp+52"],["0x1.0000000000000p+1","0x1.ffffffffffffep+52"],["0x1.4000000000000p+2","0x1.ffffffffffffbp+52"],["0x1.2000000000000p+3","0x1.ffffffffffff7p+52"],["0x0.0p+0","0x1.0000000000000p+53"],["0x1.8000000000000p+1","0x1.ffffffffffffdp+52"]],"dtype":"float64","out_dtype":"float64","group_size":3}',
+        # the brief's [C - d, d], C = 1e15, in a unit of its own: the inputs do not sum to C, the exact
+        # advantage is O(1) (input quantization is real signal); naive float64 is O(1) off
+        '{"rewards":[["0x1.c6bf52633ffffp+49","0x1.999999999999ap-4"],["0x1.c6bf52633fffep+49","0x1.999999999999ap-3"],["0x1.c6bf52633fffep+49","0x1.3333333333333p-2"],["0x1.c6bf52633fffap+49","0x1.6666666666666p-1"]],"dtype":"float64","out_dtype":"float64","group_size":4}',
+        # the same at C = 1e11 beside an ordinary group
+        '{"rewards":[["0x1.74876e7ffe666p+36","0x1.999999999999ap-4"],["0x1.74876e7ffcccdp+36","0x1.999999999999ap-3"],["0x1.74876e7ffb333p+36","0x1.3333333333333p-2"],["0x1.74876e7ff4ccdp+36","0x1.6666666666666p-1"],["0x0.0p+0","0x1.0000000000000p+0"],["0x1.0000000000000p+0","0x0.0p+0"],["0x0.0p+0","0x0.0p+0"],["0x1.0000000000000p+0","0x1.0000000000000p+0"]],"dtype":"float64","out_dtype":"float32","group_size":4}',
+        # weights 1 and 1 + 2^-40 on exact anti columns: the signal is 2^-40 of the parts and real
+        # (a "rounding" threshold drops it; float32 weights merge the two weights)
+        '{"rewards":[["0x0.0p+0","0x1.0000000000000p+3"],["0x1.8000000000000p+1","0x1.4000000000000p+2"],["0x1.0000000000000p+3","0x0.0p+0"],["0x1.0000000000000p+0","0x1.c000000000000p+2"],["0x1.0000000000000p+1","0x1.8000000000000p+2"],["0x1.8000000000000p+2","0x1.0000000000000p+1"]],"dtype":"float32","out_dtype":"float32","group_size":3,"weights":["0x1.0000000000000p+0","0x1.0000000001000p+0"]}',
+        # weights [16777216, 16777217]: different in float64, equal in float32
+        '{"rewards":[["0x0.0p+0","0x1.0000000000000p+2"],["0x1.0000000000000p+0","0x1.8000000000000p+1"],["0x1.0000000000000p+2","0x0.0p+0"],["0x1.0000000000000p+1","0x1.0000000000000p+1"]],"dtype":"float32","out_dtype":"float64","group_size":2,"weights":["0x1.0000000000000p+24","0x1.0000010000000p+24"]}',
+    ),
+    "collapse": (
+        # constant columns at any magnitude (0.1, 3e38, subnormal, signed zeros): a constant unit, exactly 0
+        '{"rewards":[["0x1.999999999999ap-4","0x1.c363cbf21f28ap+127"],["0x1.999999999999ap-4","0x1.c363cbf21f28ap+127"],["0x1.999999999999ap-4","0x1.c363cbf21f28ap+127"],["0x0.0000000000001p-1022","-0x0.0p+0"],["0x0.0000000000001p-1022","0x0.0p+0"],["0x0.0000000000001p-1022","-0x0.0p+0"]],"dtype":"float64","out_dtype":"float64","group_size":3}',
+        # four copies of 0.1: a naive mean is not 0.1, so its deviations are not 0
+        '{"rewards":[["0x1.999999999999ap-4","0x0.0p+0"],["0x1.999999999999ap-4","0x1.0000000000000p+0"],["0x1.999999999999ap-4","0x0.0p+0"],["0x1.999999999999ap-4","0x1.0000000000000p+0"]],"dtype":"float64","out_dtype":"float64","group_size":4,"weights":["0x1.0000000000000p+0","0x0.0p+0"]}',
+    ),
+    "range": (
+        # [-FLT_MAX, FLT_MAX]: float32 statistics overflow, float64 computes them
+        '{"rewards":[["-0x1.fffffe0000000p+127"],["0x1.fffffe0000000p+127"],["0x0.0p+0"],["0x1.0000000000000p+0"]],"dtype":"float32","out_dtype":"float32","group_size":2}',
+        # [FLT_MAX] * 10 + [-FLT_MAX] (+ 0)
+        '{"rewards":[["0x1.fffffe0000000p+127"],["0x1.fffffe0000000p+127"],["0x1.fffffe0000000p+127"],["0x1.fffffe0000000p+127"],["0x1.fffffe0000000p+127"],["0x1.fffffe0000000p+127"],["0x1.fffffe0000000p+127"],["0x1.fffffe0000000p+127"],["0x1.fffffe0000000p+127"],["0x1.fffffe0000000p+127"],["-0x1.fffffe0000000p+127"],["0x0.0p+0"]],"dtype":"float32","out_dtype":"float64","group_ids":[0,0,0,0,0,0,0,0,0,0,0,0]}',
+        # float64 rewards of 1e300: squares of 1e200 overflow unless scaled
+        '{"rewards":[["0x1.7e43c8800759cp+996","0x1.0000000000000p+0"],["-0x1.7e43c8800759cp+996","0x1.0000000000000p+1"],["0x1.4e718d7d7625ap+664","0x0.0p+0"],["0x1.f5aa543c31387p+665","0x1.4000000000000p+2"]],"dtype":"float64","out_dtype":"float64","group_size":2}',
+    ),
+    "units": (
+        # one group 1..8 over two training batches of 4: merged whitening flips 4 of 8 signs
+        '{"rewards":[["0x1.0000000000000p+0"],["0x1.0000000000000p+1"],["0x1.8000000000000p+1"],["0x1.0000000000000p+2"],["0x1.4000000000000p+2"],["0x1.8000000000000p+2"],["0x1.c000000000000p+2"],["0x1.0000000000000p+3"]],"dtype":"float32","out_dtype":"float64","group_size":8,"segment_sizes":[4,4]}',
+    ),
+    "weights": (
+        # weights 16777216 and -16777217 on one column twice: c = -z exactly, float32 weights give 0
+        '{"rewards":[["0x0.0p+0","0x0.0p+0"],["0x1.0000000000000p+0","0x1.0000000000000p+0"],["0x1.8000000000000p+1","0x1.8000000000000p+1"],["0x0.0p+0","0x0.0p+0"]],"dtype":"float64","out_dtype":"float64","group_size":2,"weights":["0x1.0000000000000p+24","-0x1.0000010000000p+24"]}',
+        # a subnormal and a huge weight together
+        '{"rewards":[["0x0.0p+0","0x1.0000000000000p+0"],["0x1.0000000000000p+0","0x0.0p+0"],["0x1.0000000000000p+1","0x1.0000000000000p+1"],["0x0.0p+0","0x1.4000000000000p+2"]],"dtype":"float64","out_dtype":"float64","group_size":2,"weights":["0x0.0000000000001p-1022","0x1.7e43c8800759cp+996"]}',
+    ),
+}

@@ -1,0 +1,541 @@
+"""Hypothesis strategies that hunt the hard cases of GDPO (GDPO_BRIEF section 5).
+
+Values come from two sources:
+
+* **TestFloat-style tables**: an exponent table (subnormal bottom, the normal
+  boundary, around the precision p, the top of the range) crossed with significand
+  patterns (1.0, all ones, lowest bit, top bit, alternating, random), per input dtype;
+* **plain draws**: binary and small-integer rewards (what RL rewards mostly are),
+  bounded uniform floats.
+
+Columns are built per group from a *kind* (``COLUMN_KINDS``); some kinds build two
+columns at once (``PAIR_KINDS``), for cancellation: ``r2 = C - r1`` exact in floats
+(bases up to 2^53), ``r2 = r1 + C`` and ``r2 = r1`` under negated weights, the
+inexact ``[C - d, d]`` of the brief, ``r2 = r1 * 2^s``. A pair holds in some groups
+and not in others, so some whitening units combine to a constant and others not.
+Weights come from modes including equal, nearly equal (closer than float32 can
+tell apart: ``[16777216, 16777217]``), extreme (``2^-1074`` to ``2^1023``).
+
+Nothing is capped and nothing is discarded for being ill-conditioned: the oracle
+and the error model decide what a correct implementation must return.
+
+Every strategy takes a :class:`Context`: what the call shape can express
+(labels, units, eps, dtypes), so the same property runs under every shape.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import numpy as np
+import torch
+from hypothesis import strategies as st
+
+from conformance.cases import Case, DistCase
+from spec.constants import FLOAT32_MAX
+
+
+def cached(factory):
+    """Memoise a strategy factory: building strategies inside draws is what makes
+    generation slow (hypothesis validates every new strategy object)."""
+    memo = functools.lru_cache(maxsize=None)(factory)
+
+    @functools.wraps(factory)
+    def wrapper(*args, **kwargs):
+        args = tuple(tuple(a) if isinstance(a, list) else a for a in args)
+        kwargs = {k: tuple(v) if isinstance(v, list) else v for k, v in kwargs.items()}
+        return memo(*args, **kwargs)
+    return wrapper
+
+
+@cached
+def pick(values: tuple) -> st.SearchStrategy:
+    return st.sampled_from(values)
+
+
+@cached
+def ints(lo: int, hi: int) -> st.SearchStrategy:
+    return st.integers(lo, hi)
+
+
+BOOLS = st.booleans()
+
+
+@cached
+def anyof(*strategies) -> st.SearchStrategy:
+    return st.one_of(*strategies)
+
+
+@dataclasses.dataclass(frozen=True)
+class DtypeFacts:
+    name: str
+    p: int  # significand bits, implicit bit included
+    emin: int  # smallest normal exponent (value 2^emin)
+    emax: int  # largest exponent
+    max: float
+
+    @property
+    def sub_min(self) -> int:
+        return self.emin - self.p + 1
+
+
+DTYPES = {
+    "float64": DtypeFacts("float64", 53, -1022, 1023, 1.7976931348623157e308),
+    "float32": DtypeFacts("float32", 24, -126, 127, FLOAT32_MAX),
+    "float16": DtypeFacts("float16", 11, -14, 15, 65504.0),
+    "bfloat16": DtypeFacts("bfloat16", 8, -126, 127, float(torch.finfo(torch.bfloat16).max)),
+}
+
+_TORCH = {"float64": torch.float64, "float32": torch.float32, "float16": torch.float16,
+          "bfloat16": torch.bfloat16}
+
+
+def round_to(values, dtype: str) -> np.ndarray:
+    """Round float64 values to ``dtype`` (nearest even), clamped to its finite range first."""
+    a = np.asarray(values, dtype=np.float64)
+    if dtype == "float64":
+        return a.copy()
+    top = DTYPES[dtype].max
+    a = np.clip(a, -top, top)
+    return torch.from_numpy(np.ascontiguousarray(a)).to(_TORCH[dtype]).to(torch.float64).numpy()
+
+
+def exponent_table(dtype: str) -> list[int]:
+    """TestFloat-style exponents: range ends, the normal boundary, around p, the middle."""
+    f = DTYPES[dtype]
+    pts = {f.sub_min, f.sub_min + 1, f.emin - 1, f.emin, f.emin + 1, -f.p - 1, -f.p, -f.p + 1,
+           -2, -1, 0, 1, 2, f.p - 1, f.p, f.p + 1, f.emax - 1, f.emax}
+    if dtype == "float64":
+        pts |= {-600, -149, -126, -60, -24, 24, 60, 126, 127, 128, 500, 1000}
+    elif f.emax > 60:
+        pts |= {-60, -30, 30, 60}
+    return sorted(e for e in pts if f.sub_min <= e <= f.emax)
+
+
+@cached
+def significand_patterns(dtype: str) -> st.SearchStrategy:
+    """Fraction bits of a p-bit significand: the TestFloat patterns plus random bits."""
+    q = DTYPES[dtype].p - 1
+    fixed = [0, (1 << q) - 1, 1, 1 << (q - 1), (1 << (q - 1)) | 1, int("01" * (q // 2 + 1), 2) & ((1 << q) - 1),
+             (1 << q) - 2]
+    return st.one_of(st.sampled_from(fixed), st.integers(0, (1 << q) - 1))
+
+
+@cached
+@st.composite
+def testfloat(draw, dtype: str, exponents=None, signed=True) -> float:
+    f = DTYPES[dtype]
+    e = draw(st.sampled_from(exponents or exponent_table(dtype)))
+    frac = draw(significand_patterns(dtype))
+    sign = -1.0 if signed and draw(BOOLS) else 1.0
+    v = sign * math.ldexp((1 << (f.p - 1)) + frac, e - (f.p - 1)) if e <= 1023 else sign * f.max
+    return float(round_to([v], dtype)[0])
+
+
+@cached
+def plain_floats(dtype: str, lo=-1e3, hi=1e3) -> st.SearchStrategy:
+    width = {"float64": 64, "float32": 32, "float16": 16}.get(dtype, 64)
+    s = st.floats(min_value=lo, max_value=hi, allow_nan=False, allow_infinity=False, width=width)
+    return s.map(lambda v: float(round_to([v], dtype)[0]))
+
+
+# ---------------------------------------------------------------- columns per group
+#
+# A column generator draws the n values of one group column. ``col`` carries what
+# the kind decided once for the whole column (a scale, an offset), so that groups
+# of one column look alike while still differing.
+
+COLUMN_KINDS = ("binary", "ints", "plain", "testfloat", "offset", "constant", "runs", "near_constant",
+                "huge", "beyond32", "tiny")
+PAIR_KINDS = ("anti_exact", "anti_decimal", "shift_exact", "copy", "scaled")
+
+#: Offsets at which naive statistics lose the spread (brief section 5).
+OFFSETS = (1e3, 1e4, 1e6, 1e8, 1e11, 1e12, 2.0 ** 52, 2.0 ** 53, 1e15, 1e17, 3e38, 1e300)
+SPREADS = (0.5, 0.01, 0.005, 0.001, 1e-5, 1e-9)
+
+
+@cached
+def _values(dtype, n, elem):
+    return st.lists(elem, min_size=n, max_size=n)
+
+
+@cached
+@st.composite
+def column_values(draw, kind: str, dtype: str, n: int) -> list[float]:
+    f = DTYPES[dtype]
+    if kind == "binary":
+        scale = draw(pick((1.0, 1.0, 1.0, -1.0, 0.5, 3.0, 1e4,)))
+        bits = draw(_values(dtype, n, pick((0.0, 1.0,))))
+        return list(round_to([b * scale for b in bits], dtype))
+    if kind == "ints":
+        return [float(v) for v in draw(_values(dtype, n, ints(-3, 10)))]
+    if kind == "plain":
+        hi = draw(pick((1.0, 100.0, 1e3, min(1e6, f.max),)))
+        return draw(_values(dtype, n, plain_floats(dtype, -hi, hi)))
+    if kind == "testfloat":
+        table = exponent_table(dtype)
+        i = draw(ints(0, len(table) - 1))
+        width = draw(pick((0, 1, 3, len(table),)))
+        window = table[i:i + width + 1]
+        return draw(_values(dtype, n, testfloat(dtype, window)))
+    if kind == "offset":
+        c = draw(pick(tuple(o for o in OFFSETS if o < f.max)))
+        spread = draw(pick(SPREADS + (math.ulp(c) * 3,)))
+        steps = draw(_values(dtype, n, ints(0, 4)))
+        sign = draw(pick((1.0, -1.0,)))
+        return list(round_to([sign * (c + s * spread) for s in steps], dtype))
+    if kind == "constant":
+        v = draw(anyof(testfloat(dtype), plain_floats(dtype), pick((0.0, -0.0, 1.0))))
+        return [v] * n
+    if kind == "runs":  # few distinct values, mostly one: hypothesis' array fill in miniature
+        a = draw(anyof(testfloat(dtype), pick((0.0, 1.0))))
+        b = draw(anyof(testfloat(dtype), pick((0.0, 1.0))))
+        return draw(_values(dtype, n, st.sampled_from([a, a, a, b])))  # runtime values: not memoised
+    if kind == "near_constant":  # real signal, ulps apart: must not collapse
+        v = draw(anyof(testfloat(dtype), pick((1e4, 1.0, 0.1, 3e38))))
+        v = float(round_to([v], dtype)[0])
+        steps = draw(_values(dtype, n, ints(-1, 2)))
+        if all(s == steps[0] for s in steps):
+            steps[-1] += 1
+        out = []
+        for s in steps:
+            x = v
+            for _ in range(abs(s)):
+                x = _next(x, math.copysign(math.inf, s), dtype)
+            out.append(x)
+        return out
+    if kind == "huge":  # around the top of the input dtype (float32 statistics overflow there)
+        k = draw(_values(dtype, n, ints(0, 3)))
+        signs = draw(_values(dtype, n, pick((1.0, -1.0,))))
+        top = f.max
+        return list(round_to([s * top * (1.0 - j * 2.0 ** -(f.p - 1)) for s, j in zip(signs, k)], dtype))
+    if kind == "beyond32":  # float64 values float32 cannot hold: computed, or refused naming the input
+        if dtype != "float64":
+            return draw(column_values("huge", dtype, n))
+        e = draw(pick((128, 200, 500, 664, 1000, 1023,)))
+        return draw(_values(dtype, n, testfloat(dtype, [e, e - 1, e - 3])))
+    if kind == "tiny":  # subnormals and signed zeros
+        table = [f.sub_min, f.sub_min + 1, f.sub_min + 3, f.emin - 1, f.emin]
+        return draw(_values(dtype, n, anyof(testfloat(dtype, tuple(table)), pick((0.0, -0.0)))))
+    raise ValueError(kind)
+
+
+def _next(x: float, toward: float, dtype: str) -> float:
+    if dtype == "float64":
+        return math.nextafter(x, toward)
+    if dtype == "float32":
+        return float(np.nextafter(np.float32(x), np.float32(toward)))
+    t = torch.tensor([x], dtype=_TORCH[dtype])
+    return float(torch.nextafter(t, torch.tensor([toward], dtype=_TORCH[dtype])).double().item())
+
+
+@cached
+@st.composite
+def pair_values(draw, kind: str, dtype: str, n: int, holds: bool) -> tuple[list[float], list[float]]:
+    """Two columns of one group; where ``holds`` the pair relation is exact."""
+    f = DTYPES[dtype]
+    if kind in ("anti_exact", "shift_exact"):
+        # integers times 2^e: every value and every C - r1 (r1 + C) is exact
+        cbits = draw(pick((4, 10, 24, 30, 40, f.p - 1, f.p,)))
+        cbits = min(cbits, f.p)
+        big = 1 << cbits
+        e = draw(pick((0, 0, -10, -30, 20, max(f.sub_min, -1060), 60,)))
+        e = max(f.sub_min, min(e, f.emax - cbits - 1))
+        mode = draw(pick(("spread", "near_zero", "near_top",)))
+        if mode == "spread":
+            m = draw(_values(dtype, n, ints(0, big)))
+        elif mode == "near_zero":
+            m = draw(_values(dtype, n, ints(0, 7)))
+        else:
+            m = draw(_values(dtype, n, ints(big - 7, big)))
+        r1 = [math.ldexp(v, e) for v in m]
+        if kind == "anti_exact":
+            r2 = [math.ldexp(big - v, e) for v in m]
+        else:
+            shift = draw(ints(0, big - max(m)))
+            r2 = [math.ldexp(v + shift, e) for v in m]
+    elif kind == "anti_decimal":  # the brief's [C - d, d]: not exact in floats, real signal
+        c = draw(pick((1e3, 1e9, 1e11, 1e13, 1e15, 2.0 ** 53,)))
+        d = draw(_values(dtype, n, pick((0.1, 0.2, 0.3, 0.7, 0.0, 1.0,))))
+        r1 = list(round_to(d, dtype))
+        r2 = list(round_to([c - v for v in r1], dtype))
+    elif kind == "copy":
+        r1 = draw(column_values(draw(pick(("plain", "testfloat", "offset", "binary",))), dtype, n))
+        r2 = list(r1)
+    elif kind == "scaled":
+        r1 = draw(column_values(draw(pick(("plain", "testfloat", "binary",))), dtype, n))
+        s = draw(pick((1, -1, 10, -20,)))
+        top = DTYPES[dtype].max
+        r2 = list(round_to([math.copysign(min(abs(v) * 2.0 ** s, top), v) for v in r1], dtype))
+    else:
+        raise ValueError(kind)
+    r1 = list(round_to(r1, dtype))
+    r2 = list(round_to(r2, dtype))
+    if not holds:
+        r2 = draw(column_values(draw(pick(("binary", "plain", "offset",))), dtype, n))
+    return r1, r2
+
+
+#: Weight of the second column of a pair relative to the first, for it to cancel.
+_PAIR_SIGN = {"anti_exact": 1.0, "anti_decimal": 1.0, "shift_exact": -1.0, "copy": -1.0, "scaled": -1.0}
+
+
+# ----------------------------------------------------------------- whole batches
+
+
+@dataclasses.dataclass(frozen=True)
+class Context:
+    """What the call shape under test can express (see plugins.Subject)."""
+
+    labels: bool = True  # ragged groups by label (else contiguous equal groups only)
+    units: bool = True  # segment_sizes
+    eps: bool = True
+    input_dtypes: tuple = ("float32", "float64", "float16", "bfloat16")
+    out_dtypes: tuple = ("float32", "float64")
+    weights_dtype: str = "float64"  # float32 for the TRL shape (reward_weights is a float32 tensor)
+    max_n: int = 48
+
+
+@dataclasses.dataclass
+class Batch:
+    dtype: str
+    blocks: list  # per group: (n_g, K) float64 arrays of exact dtype values
+    weights: tuple | None
+    note: str
+
+
+WEIGHT_MODES = ("none", "ones", "equal", "random", "testfloat", "extreme", "signed")
+EXTREME_WEIGHTS = (2.0 ** -1074, 2.0 ** -1022, 1e-300, 1e-30, 1e30, FLOAT32_MAX, 1e300, 2.0 ** 1023,
+                   1.7976931348623157e308)
+
+
+@cached
+@st.composite
+def weight_vector(draw, k: int, modes=WEIGHT_MODES, dtype="float64") -> tuple | None:
+    mode = draw(pick(tuple(modes)))
+    if mode == "none":
+        return None
+    if mode == "ones":
+        w = [1.0] * k
+    elif mode == "equal":
+        v = draw(anyof(plain_floats("float64", 1e-3, 1e3), pick((0.5, 3.0, 16777216.0))))
+        w = [v] * k
+    elif mode == "random":
+        w = draw(_values("float64", k, plain_floats("float64", -10.0, 10.0)))
+    elif mode == "testfloat":
+        w = draw(_values("float64", k, testfloat("float64")))
+    elif mode == "extreme":
+        w = draw(_values("float64", k, pick(EXTREME_WEIGHTS + (1.0,))))
+        signs = draw(_values("float64", k, pick((1.0, -1.0))))
+        w = [a * b for a, b in zip(w, signs)]
+    else:  # signed: zeros and negatives among ordinary weights
+        w = draw(_values("float64", k, pick((0.0, 1.0, -1.0, 2.0, 0.25, -0.5))))
+    w = list(round_to(w, dtype)) if dtype != "float64" else [float(x) for x in w]
+    if not any(x != 0.0 for x in w):
+        w[0] = 1.0
+    return tuple(w)
+
+
+def _pair_weight(draw, w1: float, kind: str, wdtype: str) -> float:
+    """Second weight of a pair: cancelling, nearly cancelling, float32-indistinct or free
+    (``wdtype``: the dtype weights travel in, float32 for the TRL shape)."""
+    target = _PAIR_SIGN[kind] * w1
+    how = draw(pick(("cancel", "cancel", "near", "f32", "free",)))
+    if how == "cancel":
+        return target
+    if how == "near":  # real signal 2^-j of the parts: below any "rounding" threshold for large j
+        j = draw(pick((20, 30, 40, 52) if wdtype == "float64" else (8, 12, 20)))
+        v = target * (1.0 + 2.0 ** -j)
+        return v if v != target else math.nextafter(target, math.inf)
+    if how == "f32" and wdtype == "float64":  # distinct in float64, equal in float32
+        v = math.nextafter(target, math.inf)
+        return v if float(np.float32(v)) == float(np.float32(target)) else target
+    return draw(plain_floats("float64", -2.0, 2.0))
+
+
+@cached
+def _sizes_list():
+    return st.lists(pick((2, 2, 3, 4, 5, 7, 9)), min_size=1, max_size=8)
+
+
+@cached
+@st.composite
+def group_sizes(draw, ctx: Context, equal: bool) -> list[int]:
+    if equal:
+        n = draw(pick((2, 2, 3, 4, 4, 5, 8, 16,)))
+        g = draw(ints(1, max(1, ctx.max_n // n)))
+        return [n] * g
+    sizes = list(draw(_sizes_list()))
+    while sum(sizes) > ctx.max_n:
+        sizes.pop()
+    return sizes or [2]
+
+
+@cached
+@st.composite
+def batches(draw, ctx: Context, kinds=COLUMN_KINDS, pairs=PAIR_KINDS, k_max=8, weight_modes=WEIGHT_MODES,
+            equal_groups=None, dtype=None) -> Batch:
+    dtype = dtype or draw(pick(tuple(ctx.input_dtypes)))
+    equal = draw(BOOLS) if equal_groups is None else equal_groups
+    if not ctx.labels:
+        equal = True
+    sizes = draw(group_sizes(ctx, equal))
+    k = draw(pick(tuple(x for x in (1, 1, 2, 2, 2, 3, 4, 5, 8) if x <= k_max)))
+    cols: list[list[list[float]]] = []  # per column, per group
+    pair_of: dict[int, str] = {}
+    note = []
+    while len(cols) < k:
+        use_pair = pairs and len(cols) + 1 < k and draw(ints(0, 2)) == 0
+        if use_pair:
+            kind = draw(pick(tuple(pairs)))
+            share = draw(pick((1.0, 1.0, 0.5, 0.0,)))
+            a_groups, b_groups = [], []
+            for n in sizes:
+                holds = share == 1.0 or (share > 0 and draw(BOOLS))
+                a, b = draw(pair_values(kind, dtype, n, holds))
+                a_groups.append(a)
+                b_groups.append(b)
+            pair_of[len(cols) + 1] = kind
+            cols += [a_groups, b_groups]
+            note.append(f"pair:{kind}")
+        else:
+            kind = draw(pick(tuple(kinds)))
+            cols.append([draw(column_values(kind, dtype, n)) for n in sizes])
+            note.append(kind)
+    weights = draw(weight_vector(k, weight_modes, ctx.weights_dtype))
+    if pair_of:
+        w = list(weights) if weights is not None else [1.0] * k
+        for j, kind in pair_of.items():
+            w[j] = _pair_weight(draw, w[j - 1], kind, ctx.weights_dtype)
+        w = list(round_to(w, ctx.weights_dtype)) if ctx.weights_dtype != "float64" else w
+        if not any(x != 0.0 for x in w):
+            w[0] = 1.0
+        weights = tuple(w) if (weights is not None or any(x != 1.0 for x in w)) else None
+    blocks = [np.array([[cols[c][g][i] for c in range(k)] for i in range(n)], dtype=np.float64)
+              for g, n in enumerate(sizes)]
+    return Batch(dtype, blocks, weights, ",".join(note))
+
+
+UNIT_MODES = ("none", "one", "groups", "groups", "free")
+
+
+@cached
+@st.composite
+def unit_layout(draw, n: int, group_edges: list[int], modes=UNIT_MODES) -> tuple | None:
+    """Consecutive unit sizes summing to n (None: one unit), empty units included;
+    no unit of exactly one sample (an error case, tested by ``errors``)."""
+    mode = draw(pick(tuple(modes)))
+    if mode == "none":
+        return None
+    if mode == "one" or n < 4:
+        return (n,)
+    s = draw(ints(2, 4))
+    pool = group_edges if (mode == "groups" and group_edges) else list(range(0, n + 1))
+    cuts = sorted(draw(_values(None, s - 1, pick(tuple(pool)))))
+    edges = [0] + cuts + [n]
+    sizes = [b - a for a, b in zip(edges, edges[1:])]
+    while 1 in sizes:  # merge a unit of one into the nearest non-empty unit (n >= 4: one exists)
+        i = sizes.index(1)
+        j = min((j for j in range(len(sizes)) if j != i and sizes[j] > 0), key=lambda j: abs(j - i))
+        sizes[j] += 1
+        sizes[i] = 0
+    return tuple(sizes)
+
+
+@st.composite
+def cases(draw, ctx: Context, kinds=COLUMN_KINDS, pairs=PAIR_KINDS, weight_modes=WEIGHT_MODES, k_max=8,
+          eps_values=(None,), equal_groups=None, unit_modes=UNIT_MODES, dtype=None) -> Case:
+    """A single-process call (unit layouts only where the shape can express them)."""
+    b = draw(batches(ctx, kinds, pairs, k_max, weight_modes, equal_groups, dtype))
+    sizes = [blk.shape[0] for blk in b.blocks]
+    rows = np.concatenate(b.blocks)
+    n = rows.shape[0]
+    labels = np.repeat(np.arange(len(sizes)), sizes)
+    equal = len(set(sizes)) == 1
+    use_labels = ctx.labels and (not equal or draw(BOOLS))
+    group_size = None
+    group_ids = None
+    if use_labels:
+        names = draw(pick(("consecutive", "sparse", "negative", "huge",)))
+        pool = {"consecutive": list(range(len(sizes))),
+                "sparse": [3 * i + 7 for i in range(len(sizes))],
+                "negative": [-i - 1 for i in range(len(sizes))],
+                "huge": [2 ** 40 + i for i in range(len(sizes))]}[names]
+        mapping = draw(st.permutations(pool))
+        lab = np.array([mapping[i] for i in labels], dtype=np.int64)
+        if draw(BOOLS):  # interleave the groups' rows
+            perm = np.array(draw(st.permutations(list(range(n)))), dtype=np.int64)
+            rows, lab = rows[perm], lab[perm]
+        group_ids = tuple(int(x) for x in lab)
+    else:
+        group_size = sizes[0]
+    edges = list(np.cumsum(sizes)[:-1])  # group boundaries (before any interleaving)
+    seg = None
+    if ctx.units and unit_modes:
+        seg = draw(unit_layout(n, [int(e) for e in edges], unit_modes))
+    eps = draw(pick(tuple(eps_values))) if ctx.eps else None
+    out_dtype = draw(pick(tuple(ctx.out_dtypes)))
+    return Case(rewards=tuple(tuple(float(v) for v in row) for row in rows), dtype=b.dtype,
+                group_size=group_size, group_ids=group_ids, weights=b.weights, segment_sizes=seg,
+                eps=eps, out_dtype=out_dtype, note=b.note)
+
+
+@st.composite
+def dist_cases(draw, ctx: Context, world: int, kinds=COLUMN_KINDS, pairs=PAIR_KINDS,
+               weight_modes=WEIGHT_MODES, k_max=4) -> DistCase:
+    """Shards of one batch over ``world`` ranks: each group on one rank, units spanning
+    ranks with different counts per rank, empty shards, and one group twinned on two
+    ranks of the same unit (their advantages must agree bit for bit)."""
+    small = dataclasses.replace(ctx, max_n=min(ctx.max_n, 12 * world))
+    b = draw(batches(small, kinds, pairs, k_max, weight_modes))
+    g = len(b.blocks)
+    s = draw(ints(1, 3))
+    unit_of = list(draw(_values(None, g, ints(0, s - 1))))
+    rank_of = list(draw(_values(None, g, ints(0, world - 1))))
+    if world > 1 and draw(BOOLS):  # an empty shard
+        empty = draw(ints(0, world - 1))
+        rank_of = [r if r != empty else (r + 1) % world for r in rank_of]
+    blocks = list(b.blocks)
+    twin = None
+    if world > 1 and g and draw(BOOLS):
+        j = draw(ints(0, g - 1))
+        other = (rank_of[j] + draw(ints(1, world - 1))) % world
+        blocks.append(blocks[j].copy())
+        unit_of.append(unit_of[j])
+        rank_of.append(other)
+        twin = (j, g)
+    # a unit of exactly one sample is an error case; every group has >= 2, so none arises
+    shards = []
+    placed = {}
+    out_dtype = draw(pick(tuple(ctx.out_dtypes)))
+    for r in range(world):
+        rows, lab, seg = [], [], []
+        for u in range(s):
+            mine = [i for i in range(len(blocks)) if rank_of[i] == r and unit_of[i] == u]
+            cnt = 0
+            for i in mine:
+                placed[i] = (r, sum(x.shape[0] for x in rows))
+                rows.append(blocks[i])
+                lab += [i] * blocks[i].shape[0]
+                cnt += blocks[i].shape[0]
+            seg.append(cnt)
+        arr = np.concatenate(rows) if rows else np.zeros((0, blocks[0].shape[1]))
+        shards.append(Case(rewards=tuple(tuple(float(v) for v in row) for row in arr), dtype=b.dtype,
+                           group_ids=tuple(lab), weights=b.weights, segment_sizes=tuple(seg),
+                           out_dtype=out_dtype, note=b.note, width=arr.shape[1]))
+    note = b.note
+    if twin is not None:
+        (ra, oa), (rb, ob) = placed[twin[0]], placed[twin[1]]
+        note += f";twin:{ra}:{oa}:{rb}:{ob}:{blocks[twin[0]].shape[0]}"
+    return DistCase(tuple(shards), note=note)
+
+
+def twins(case: DistCase) -> list[tuple[int, int, int, int, int]]:
+    """(rank_a, row_a, rank_b, row_b, n) of groups placed twice (from the case note)."""
+    out = []
+    for part in case.note.split(";"):
+        if part.startswith("twin:"):
+            out.append(tuple(int(x) for x in part.split(":")[1:]))
+    return out
