@@ -1,0 +1,441 @@
+"""Negative controls: deliberately wrong GDPO implementations the suite must reject.
+
+A property that no wrong implementation fails proves nothing (STYLE, convention 3).
+Every control here is the same torch implementation, :func:`baseline`, with exactly
+one flaw switched on, so a rejection is the flaw's and not an accident of the base.
+``baseline`` itself must pass every property (``test_controls``): it is a second,
+deliberately plain, correct implementation in the ``gdpo`` call shape
+(shift-invariant two-pass float64 with exact power-of-two scaling, exact collapse,
+agreement before any data-dependent collective, a gather of every unit's values).
+
+Each control is importable as ``conformance.controls:<name>`` (spawned ranks load it
+by that name) and carries ``normalize_rewards`` and ``whiten`` attributes, so the
+stage properties grade it too. ``CONTROLS`` lists them with the flaw in one line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import numbers
+
+import torch
+
+from spec.errors import (
+    DistributedError,
+    GDPOError,
+    GroupError,
+    InputDtypeError,
+    NonFiniteError,
+    OutOfRangeError,
+    SegmentError,
+    ShapeError,
+    WeightError,
+)
+
+_F64 = torch.float64
+_CODES = (None, GDPOError, NonFiniteError, InputDtypeError, ShapeError, GroupError, WeightError, SegmentError,
+          OutOfRangeError)
+#: Eq. 7 weights above 2^990 are scaled down first: |z| < 2^32, so w z stays finite.
+_WEIGHT_EXP_CAP = 990
+
+
+@dataclasses.dataclass(frozen=True)
+class Flaws:
+    one_pass: bool = False  # Eq. 4 variance as (sum x^2 - (sum x)^2 / n) / (n - 1)
+    float32_weights: bool = False  # weights rounded to float32 before Eq. 7
+    float32_internals: bool = False  # every stage in float32
+    naive_centring: bool = False  # mean, then x - mean (not shift-invariant)
+    noise_floor: bool = False  # |c| <= 1e-9 * sum_k |w_k z_k| set to 0 ("that is rounding")
+    merged_units: bool = False  # Eq. 6 over the whole batch, segment_sizes ignored
+    local_statistics: bool = False  # Eq. 6 statistics of this rank's part only
+    local_raise: bool = False  # a rank raises its own refusal before the agreement collective
+    eps_in_sqrt: bool = False  # sqrt(var + eps) instead of std + eps
+    biased_std: bool = False  # ddof 0 at Eq. 4 and Eq. 6
+    nan_to_zero: bool = False  # NaN rewards silently replaced by 0
+    singleton_zero: bool = False  # a group of one gives z = 0 instead of an error
+
+
+class _Refusal(Exception):
+    def __init__(self, cls, msg):
+        super().__init__(msg)
+        self.cls, self.msg = cls, msg
+
+
+# ------------------------------------------------------------------ arithmetic
+
+
+def _ldexp(x: float, k: int) -> float:
+    """math.ldexp that saturates to inf instead of raising OverflowError."""
+    try:
+        return math.ldexp(x, k)
+    except OverflowError:
+        return math.copysign(math.inf, x)
+
+
+def _sum(t: torch.Tensor) -> torch.Tensor:
+    """Sequential left-to-right sum: negating the input negates the result bit for bit."""
+    return torch.cumsum(t, 0)[-1]
+
+
+def _scale(x: torch.Tensor, k: int) -> torch.Tensor:
+    """x * 2^k, exact for normal results (two representable factors)."""
+    h = k // 2
+    return x * math.ldexp(1.0, h) * math.ldexp(1.0, k - h)
+
+
+def _frame(x: torch.Tensor, eps: float) -> int:
+    """e with max|x| < 2^e, raised where needed so that eps * 2^-e stays finite."""
+    top = float(x.abs().max())
+    e = math.frexp(top)[1] if top else 0
+    if eps > 0:
+        e = max(e, math.frexp(eps)[1] - 1020)
+    return e
+
+
+def _standardize(x: torch.Tensor, eps: float, fl: Flaws) -> torch.Tensor:
+    """Eq. 4 on one group column (1-D)."""
+    n = x.numel()
+    if n < 2 or bool(x.max() == x.min()):
+        return torch.zeros_like(x)  # exact collapse (and the singleton_zero flaw)
+    e = _frame(x, eps)
+    xs = _scale(x, -e)
+    if fl.naive_centring or fl.one_pass:
+        dev = xs - _sum(xs) / n
+    else:
+        d = xs - xs[0]
+        dev = d - _sum(d) / n
+    ddof = 0 if fl.biased_std else 1
+    if fl.one_pass:
+        var = (_sum(xs * xs) - _sum(xs) * _sum(xs) / n) / (n - ddof)
+    else:
+        var = _sum(dev * dev) / (n - ddof)
+    if fl.eps_in_sqrt:
+        den = torch.sqrt(var + _ldexp(eps, -2 * e))
+    else:
+        den = torch.sqrt(var) + _ldexp(eps, -e)
+    return torch.where(dev == 0, torch.zeros_like(dev), dev / den)
+
+
+def _whiten_values(x: torch.Tensor, eps: float, fl: Flaws) -> torch.Tensor:
+    """Eq. 6 on one unit's values (1-D), eps in the same frame as x."""
+    n = x.numel()
+    if n == 0 or bool(x.max() == x.min()):
+        return torch.zeros_like(x)
+    e = _frame(x, eps)
+    xs = _scale(x, -e)
+    dev = xs - _sum(xs) / n
+    ddof = 0 if fl.biased_std else 1
+    var = _sum(dev * dev) / (n - ddof)
+    if fl.eps_in_sqrt:
+        den = torch.sqrt(var + _ldexp(eps, -2 * e))
+    else:
+        den = torch.sqrt(var) + _ldexp(eps, -e)
+    return dev / den
+
+
+# ------------------------------------------------------------------ validation
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
+def _as_float(x, what: str) -> torch.Tensor:
+    if not isinstance(x, torch.Tensor):
+        x = torch.as_tensor(x, dtype=_F64) if not hasattr(x, "dtype") else torch.as_tensor(x)
+    if not x.is_floating_point() or x.is_complex():
+        raise _Refusal(InputDtypeError, f"{what} has dtype {x.dtype}; a real floating dtype is required")
+    return x
+
+
+def _check_eps_out(eps, out_dtype):
+    try:
+        eps = float(eps)
+    except (TypeError, ValueError):
+        raise _Refusal(OutOfRangeError, f"eps={eps!r} is not a number") from None
+    if not (math.isfinite(eps) and eps >= 0):
+        raise _Refusal(OutOfRangeError, f"eps={eps!r} must be finite and >= 0")
+    if not (isinstance(out_dtype, torch.dtype) and out_dtype.is_floating_point):
+        raise _Refusal(InputDtypeError, f"out_dtype {out_dtype!r} is not a floating dtype")
+    return eps
+
+
+def _check_segments(segment_sizes, n: int, local_unit_of_one: bool):
+    if segment_sizes is None:
+        return [n], False
+    sizes = segment_sizes.tolist() if isinstance(segment_sizes, torch.Tensor) else list(segment_sizes)
+    if not all(_is_int(s) for s in sizes):
+        raise _Refusal(SegmentError, "segment_sizes must be ints")
+    if any(s < 0 for s in sizes):
+        raise _Refusal(SegmentError, f"segment_sizes {sizes} has a negative size")
+    if sum(sizes) != n:
+        raise _Refusal(SegmentError, f"segment_sizes sum to {sum(sizes)}, not the {n} local samples")
+    if local_unit_of_one and any(s == 1 for s in sizes):
+        raise _Refusal(SegmentError, f"unit {sizes.index(1)} holds one sample")
+    return [int(s) for s in sizes], True
+
+
+@dataclasses.dataclass
+class _Prepared:
+    x: torch.Tensor  # (N, K) float64 (float32 with the flaw)
+    groups: list  # row index tensors per group, first-appearance order
+    weights: list
+
+
+def _prepare(rewards, group_ids, group_size, weights, fl: Flaws, allow_empty: bool) -> _Prepared:
+    x = _as_float(rewards, "rewards")
+    if x.dim() == 1:
+        x = x[:, None]
+    if x.dim() != 2:
+        raise _Refusal(ShapeError, f"rewards must be (N, K), got {tuple(x.shape)}")
+    n, k = x.shape
+    if k == 0 or (n == 0 and not allow_empty):
+        raise _Refusal(ShapeError, f"rewards is empty {tuple(x.shape)}")
+    if (group_ids is None) == (group_size is None):
+        raise _Refusal(GroupError, "pass exactly one of group_ids and group_size")
+    if group_size is not None:
+        if not _is_int(group_size) or group_size < 2 or n % group_size:
+            raise _Refusal(GroupError, f"group_size={group_size!r} does not split N={n} into groups of >= 2")
+        labels = [i // group_size for i in range(n)]
+    else:
+        ids = group_ids if isinstance(group_ids, torch.Tensor) else torch.as_tensor(group_ids)
+        if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
+            raise _Refusal(GroupError, f"group_ids must be integer labels, got {ids.dtype}")
+        if ids.dim() != 1 or ids.shape[0] != n:
+            raise _Refusal(ShapeError, f"group_ids has shape {tuple(ids.shape)} for N={n} rows")
+        labels = ids.tolist()
+    if weights is None:
+        w = [1.0] * k
+    else:
+        w = [float(v) for v in (weights.tolist() if isinstance(weights, torch.Tensor) else weights)]
+        if len(w) != k:
+            raise _Refusal(WeightError, f"weights has length {len(w)}, rewards has K={k}")
+        if not all(math.isfinite(v) for v in w):
+            raise _Refusal(WeightError, "weights must be finite")
+        if not any(v != 0.0 for v in w):
+            raise _Refusal(WeightError, "all weights are zero")
+    x = x.to(torch.float32 if fl.float32_internals else _F64)
+    if fl.nan_to_zero:
+        x = torch.where(torch.isnan(x), torch.zeros_like(x), x)
+    if n and not bool(torch.isfinite(x).all()):
+        i = int(torch.nonzero(~torch.isfinite(x))[0, 0])
+        raise _Refusal(NonFiniteError, f"reward row {i} is not finite")
+    order: dict = {}
+    for i, lab in enumerate(labels):
+        order.setdefault(lab, []).append(i)
+    groups = [torch.tensor(v, dtype=torch.int64, device=x.device) for v in order.values()]
+    if not fl.singleton_zero:
+        for lab, v in order.items():
+            if len(v) < 2:
+                raise _Refusal(GroupError, f"group {lab} has 1 sample")
+    if fl.float32_weights:
+        w = [float(torch.tensor(v, dtype=torch.float32)) for v in w]
+    return _Prepared(x, groups, w)
+
+
+# ---------------------------------------------------------------- Eq. 4 and 7
+
+
+def _combine(p: _Prepared, eps: float, fl: Flaws) -> tuple[torch.Tensor, int]:
+    """c in a frame 2^-shift (shift > 0 only for weights above 2^990)."""
+    n, k = p.x.shape
+    z = torch.zeros_like(p.x)
+    for idx in p.groups:
+        for col in range(k):
+            z[idx, col] = _standardize(p.x[idx, col], eps, fl)
+    nonzero = [math.frexp(w)[1] for w in p.weights if w != 0.0 and math.isfinite(w)]
+    shift = max(0, max(nonzero, default=0) - _WEIGHT_EXP_CAP)
+    c = torch.zeros(n, dtype=p.x.dtype, device=p.x.device)
+    parts = torch.zeros_like(c)
+    for col, w in enumerate(p.weights):
+        term = z[:, col] * math.ldexp(w, -shift)
+        c = c + term
+        parts = parts + term.abs()
+    if fl.noise_floor:
+        c = torch.where(c.abs() <= 1e-9 * parts, torch.zeros_like(c), c)
+    return c, shift
+
+
+# ------------------------------------------------------------------------ Eq. 6
+
+
+def _cast(a: torch.Tensor, out_dtype) -> torch.Tensor:
+    out = a.to(out_dtype)
+    if not bool(torch.isfinite(out).all()):
+        raise _Refusal(OutOfRangeError, "a whitened value does not survive the cast to the output dtype")
+    return out
+
+
+def _whiten_local(c: torch.Tensor, sizes: list, eps: float, fl: Flaws) -> torch.Tensor:
+    if fl.merged_units:
+        sizes = [c.numel()]
+    a = torch.zeros_like(c)
+    start = 0
+    for s in sizes:
+        a[start:start + s] = _whiten_values(c[start:start + s], eps, fl)
+        start += s
+    return a
+
+
+def _agree(group, problem: _Refusal | None, units: int, given: bool, n: int, fl: Flaws):
+    """One fixed-shape all-reduce of every rank's facts; all raise together or none does."""
+    import torch.distributed as dist
+
+    world, me = dist.get_world_size(group), dist.get_rank(group)
+    if problem is not None and fl.local_raise:
+        raise problem.cls(problem.msg)
+    table = torch.zeros(world, 5, dtype=torch.int64)
+    code = 0 if problem is None else _CODES.index(problem.cls) if problem.cls in _CODES else 1
+    table[me] = torch.tensor([1, code, units, int(given), n])
+    dist.all_reduce(table, group=group)
+    rows = table.tolist()
+    reasons = [f"rank {r}: {_CODES[row[1]].__name__}" for r, row in enumerate(rows) if row[1]]
+    healthy = [row for row in rows if not row[1]]
+    if len({row[2] for row in healthy}) > 1 or (len({row[3] for row in healthy}) > 1
+                                                 and max(row[2] for row in healthy) > 1):
+        reasons.append("ranks disagree on the whitening units (" + ", ".join(
+            f"rank {r}: {row[2] if row[3] else 'None'}" for r, row in enumerate(rows) if not row[1]) + ")")
+    if reasons:
+        raise DistributedError("refused on every rank: " + "; ".join(reasons))
+    return rows
+
+
+def _whiten_distributed(group, c: torch.Tensor, sizes: list, eps: float, fl: Flaws, rows) -> torch.Tensor:
+    import torch.distributed as dist
+
+    world, me = dist.get_world_size(group), dist.get_rank(group)
+    if fl.merged_units:
+        sizes = [c.numel()]
+    s = len(sizes)
+    counts = torch.zeros(world, s, dtype=torch.int64)
+    counts[me] = torch.tensor(sizes, dtype=torch.int64)
+    dist.all_reduce(counts, group=group)
+    totals = counts.sum(0).tolist()
+    if any(t == 1 for t in totals):
+        raise DistributedError(f"refused on every rank: unit {totals.index(1)} holds one sample across ranks")
+    if fl.local_statistics:
+        return _whiten_local(c, sizes, eps, fl)
+    width = max(row[4] for row in rows)
+    buf = torch.zeros(world, max(width, 1), dtype=_F64)
+    buf[me, :c.numel()] = c.to(_F64)
+    dist.all_reduce(buf, group=group)  # an exact gather: x + 0 + ... + 0
+    cnt = counts.tolist()
+    a = torch.zeros_like(c)
+    offsets = [0] * world
+    start = 0
+    for u in range(s):
+        parts = [buf[r, offsets[r]:offsets[r] + cnt[r][u]] for r in range(world)]
+        values = torch.cat(parts).to(c.dtype)
+        whole = _whiten_values(values, eps, fl)
+        before = sum(cnt[r][u] for r in range(me))
+        a[start:start + cnt[me][u]] = whole[before:before + cnt[me][u]]
+        for r in range(world):
+            offsets[r] += cnt[r][u]
+        start += cnt[me][u]
+    return a
+
+
+# ---------------------------------------------------------------------- the API
+
+
+def _gdpo(fl: Flaws, rewards, *, group_ids=None, group_size=None, weights=None, segment_sizes=None,
+          process_group=None, eps=1e-4, out_dtype=torch.float32):
+    distributed = process_group is not None
+    problem, prep, sizes, given = None, None, None, False
+    try:
+        eps = _check_eps_out(eps, out_dtype)
+        prep = _prepare(rewards, group_ids, group_size, weights, fl, allow_empty=distributed)
+        sizes, given = _check_segments(segment_sizes, prep.x.shape[0], local_unit_of_one=not distributed)
+    except _Refusal as r:
+        problem = r
+    if not distributed:
+        if problem is not None:
+            raise problem.cls(problem.msg)
+        c, shift = _combine(prep, eps, fl)
+        return _cast(_whiten_local(c, sizes, _ldexp(eps, -shift), fl), out_dtype)
+    rows = _agree(process_group, problem, len(sizes) if sizes else 0, given,
+                  prep.x.shape[0] if prep is not None else 0, fl)
+    c, shift = _combine(prep, eps, fl)
+    a = _whiten_distributed(process_group, c, sizes, _ldexp(eps, -shift), fl, rows)
+    return _cast(a, out_dtype)
+
+
+def _normalize_rewards(fl: Flaws, rewards, *, group_ids=None, group_size=None, weights=None, eps=1e-4):
+    try:
+        eps = _check_eps_out(eps, torch.float64)
+        prep = _prepare(rewards, group_ids, group_size, weights, fl, allow_empty=False)
+    except _Refusal as r:
+        raise r.cls(r.msg) from None
+    c, shift = _combine(prep, eps, fl)
+    c = _scale(c.to(_F64), shift) if shift else c.to(_F64)
+    if not bool(torch.isfinite(c).all()):
+        raise OutOfRangeError("Eq. 7 overflows float64: scale the weights down")
+    return c
+
+
+def _whiten(fl: Flaws, values, *, segment_sizes=None, process_group=None, eps=1e-4, out_dtype=torch.float32):
+    distributed = process_group is not None
+    problem, v, sizes, given = None, None, None, False
+    try:
+        eps = _check_eps_out(eps, out_dtype)
+        v = _as_float(values, "values")
+        if v.dim() != 1:
+            raise _Refusal(ShapeError, "values must be 1-D")
+        v = v.to(torch.float32 if fl.float32_internals else _F64)
+        if not bool(torch.isfinite(v).all()):
+            raise _Refusal(NonFiniteError, "values must be finite")
+        sizes, given = _check_segments(segment_sizes, v.numel(), local_unit_of_one=not distributed)
+    except _Refusal as r:
+        problem = r
+    if not distributed:
+        if problem is not None:
+            raise problem.cls(problem.msg)
+        return _cast(_whiten_local(v, sizes, eps, fl), out_dtype)
+    rows = _agree(process_group, problem, len(sizes) if sizes else 0, given, v.numel() if v is not None else 0, fl)
+    return _cast(_whiten_distributed(process_group, v, sizes, eps, fl, rows), out_dtype)
+
+
+def _make(name: str, fl: Flaws, doc: str):
+    fn = functools.partial(_gdpo, fl)
+    fn.__name__ = fn.__qualname__ = name  # type: ignore[attr-defined]
+    fn.__doc__ = doc
+    fn.normalize_rewards = functools.partial(_normalize_rewards, fl)  # type: ignore[attr-defined]
+    fn.whiten = functools.partial(_whiten, fl)  # type: ignore[attr-defined]
+    fn.flaw = doc  # type: ignore[attr-defined]
+    return fn
+
+
+@dataclasses.dataclass(frozen=True)
+class Control:
+    name: str
+    flaw: str  # one line, for the table
+    fn: object
+
+    @property
+    def target(self) -> str:
+        return f"conformance.controls:{self.name}"
+
+
+_SPECS = (
+    ("one_pass_variance", Flaws(one_pass=True), "Eq. 4 variance one-pass: (sum x^2 - (sum x)^2/n)/(n-1), float64"),
+    ("float32_weights", Flaws(float32_weights=True), "weights rounded to float32 before Eq. 7"),
+    ("float32_internals", Flaws(float32_internals=True), "every stage computed in float32"),
+    ("naive_centring", Flaws(naive_centring=True), "float64 mean, then x - mean (not shift-invariant)"),
+    ("noise_floor", Flaws(noise_floor=True), "|c| <= 1e-9 sum_k |w_k z_k| treated as rounding and set to 0"),
+    ("merged_units", Flaws(merged_units=True), "Eq. 6 over the whole batch: segment_sizes ignored"),
+    ("rank_local_statistics", Flaws(local_statistics=True), "Eq. 6 statistics of each rank's part, no reduction"),
+    ("local_raise", Flaws(local_raise=True), "a rank raises its own refusal before the agreement collective"),
+    ("eps_in_sqrt", Flaws(eps_in_sqrt=True), "sqrt(var + eps) instead of std + eps (Eq. 4 and Eq. 6)"),
+    ("biased_std", Flaws(biased_std=True), "biased std (ddof 0) at Eq. 4 and Eq. 6"),
+    ("nan_to_zero", Flaws(nan_to_zero=True), "NaN rewards silently replaced by 0"),
+    ("singleton_zero", Flaws(singleton_zero=True), "a group of one sample gives z = 0 instead of a GroupError"),
+)
+
+baseline = _make("baseline", Flaws(), "none: the correct base every control differs from by one flaw")
+CONTROLS: dict[str, Control] = {}
+for _name, _fl, _doc in _SPECS:
+    globals()[_name] = _make(_name, _fl, _doc)
+    CONTROLS[_name] = Control(_name, _doc, globals()[_name])
+BASELINE = Control("baseline", baseline.flaw, baseline)

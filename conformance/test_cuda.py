@@ -1,0 +1,20 @@
+"""The single-process properties with CUDA tensors (skipped without a CUDA device).
+
+The distributed GPU part (NCCL at world size 1, gloo with CUDA tensors over two
+processes on one GPU) runs in ``python -m conformance.gpu_check --out FILE``, a
+script sized for one lent GPU; see conformance/gpu_check.py.
+"""
+
+import pytest
+import torch
+
+from conformance import properties as P
+from conformance.plugins import Subject
+
+pytestmark = [pytest.mark.cuda,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")]
+
+
+@pytest.mark.parametrize("prop", [p for p in P.PROPERTIES if p.world == 0], ids=lambda p: p.name)
+def test_property_on_cuda(prop, subject):
+    P.run_for_pytest(prop, Subject(subject.target, subject.shape, subject.convention, device="cuda"))

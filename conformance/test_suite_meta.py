@@ -1,0 +1,118 @@
+"""The suite's own machinery: hex round trips, pinned examples, oracle limits, strategies.
+
+What is checked here is the judge's plumbing, not the implementation under test.
+"""
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+
+from conformance import cases as K
+from conformance import properties as P
+from conformance import regressions
+from conformance import strategies as S
+from conformance.compare import judge
+from conformance.plugins import Subject
+
+
+@given(case=S.cases(S.Context()))
+def test_case_hex_round_trip(case):
+    again = K.Case.from_json(__import__("json").loads(case.dumps()))
+    assert again.dumps() == case.dumps()
+    assert np.array_equal(again.rewards_array(), case.rewards_array())
+    assert [math.copysign(1, v) for row in again.rewards for v in row] == \
+        [math.copysign(1, v) for row in case.rewards for v in row]  # signed zeros survive
+
+
+@given(case=S.dist_cases(S.Context(), 4))
+def test_dist_case_reassembles(case):
+    r, g, u, where = case.global_case()
+    assert r.shape[0] == sum(s.n for s in case.shards)
+    for rank, shard in enumerate(case.shards):
+        assert np.array_equal(r[where[rank]], shard.rewards_array()) or shard.n == 0
+        assert len(shard.segment_sizes) == len(case.shards[0].segment_sizes)  # units agree
+
+
+@given(case=S.cases(S.Context()))
+def test_strategies_values_are_exact_in_their_dtype(case):
+    r = case.rewards_array()
+    assert np.array_equal(S.round_to(r, case.dtype), r), "a generated reward is not a value of its dtype"
+    if case.segment_sizes is not None:
+        assert sum(case.segment_sizes) == case.n and 1 not in case.segment_sizes
+
+
+@pytest.mark.parametrize("name", sorted(regressions.EXAMPLES))
+def test_pinned_examples_load_and_are_valid(name):
+    assert name in P.BY_NAME, f"pinned examples for an unknown property {name}"
+    for text in regressions.EXAMPLES[name]:
+        case = regressions.load(text)
+        assert case.dumps() == regressions.load(case.dumps()).dumps()
+        assert K.expected(case).error is None, f"pinned example of {name} is an error case: {text}"
+
+
+@pytest.mark.parametrize("limit", P.ORACLE_LIMITS, ids=lambda lim: lim.name)
+def test_oracle_limit_still_reproduces(limit):
+    """A known oracle limit that no longer reproduces is stale: delete it (and its workaround).
+
+    Reproducing means: the oracle crashes, returns a NaN allowance, or (Eq. 7 underflow)
+    demands a bound that the controls' correct float64 base does not meet."""
+    case = regressions.load(limit.sample)
+    with pytest.raises(P.NotJudged, match=limit.name):
+        P.oracle_verdict(case, "spec")
+    try:
+        res = K.expected(case).result
+    except Exception:  # noqa: BLE001 - the crash is the limit
+        return
+    if np.isnan(res.allowed("float64")).any():
+        return
+    out = Subject("conformance.controls:baseline")
+    got = out.outcome(out.call, case)
+    verdict = judge(got.values, res.float64, res.allowed(case.out_dtype), res.cond, case.out_dtype)
+    assert not verdict.ok, (f"oracle limit {limit.name!r} no longer reproduces on {limit.sample}: "
+                            "remove the entry from conformance/properties.py ORACLE_LIMITS")
+
+
+def test_judge_demands_exact_zeros_and_rejects_nan():
+    exact = np.array([0.0, 1.0, 0.5])
+    allowed = np.array([0.0, 1e-7, 1e-7])
+    cond = np.zeros(3)
+    assert judge(np.array([-0.0, 1.0, 0.5]), exact, allowed, cond, "float32").ok  # either sign of zero
+    assert not judge(np.array([1e-300, 1.0, 0.5]), exact, allowed, cond, "float32").ok
+    assert not judge(np.array([0.0, np.nan, 0.5]), exact, allowed, cond, "float32").ok
+    assert not judge(np.array([0.0, 1.0 + 2e-7, 0.5]), exact, allowed, cond, "float32").ok
+    v = judge(np.array([0.0, 1.0, 0.5 + 5e-8]), exact, allowed, cond, "float32")
+    assert v.ok and 0.4 < v.ratio < 0.6
+
+
+def test_failure_message_explains_itself():
+    """A failure names the equation, convention, hex inputs, ulps, the bound and a repro line."""
+    case = regressions.load(regressions.EXAMPLES["plain"][0])
+    subject = Subject("conformance.controls:biased_std")
+    with pytest.raises(P.ConformanceFailure) as info:
+        P.check_values(subject, case)
+    text = str(info.value)
+    for needle in ("Eq. 4, 7, 6", "convention 'spec'", "0x1.0000000000000p+0", "ulp(float64)", "allowed",
+                   "repro: python -m conformance.compare --impl conformance.controls:biased_std"):
+        assert needle in text, (needle, text)
+
+
+def test_repro_command_replays_a_case(capsys):
+    from conformance import compare
+
+    case = regressions.load(regressions.EXAMPLES["plain"][0])
+    assert compare.main(["--impl", "conformance.controls:biased_std", "--case", case.dumps()]) == 1
+    assert compare.main(["--impl", "conformance.controls:baseline", "--case", case.dumps()]) == 0
+    assert "conforms" in capsys.readouterr().out
+
+
+def test_call_shapes_are_documented_and_enforced():
+    from conformance import plugins
+
+    doc = plugins.__doc__
+    assert "fn(rewards, num_generations, reward_weights)" in doc and "segment_sizes" in doc
+    why = Subject("conformance.plugins:impl_trl_shape", "trl").unsupported(P.BY_NAME["units"].needs)
+    assert why and "trl" in why
+    with pytest.raises(ValueError):
+        Subject(shape="jax")

@@ -1,0 +1,15 @@
+"""Spec section 8 and GDPO_BRIEF section 5: the traps, hunted.
+
+Offsets that defeat naive statistics, constant-sum cancellation with bases up to
+2^53, float32 overflow and float64 values beyond float32 range. The brief's own
+figures are pinned as hex examples (conformance/regressions.py).
+"""
+
+import pytest
+
+from conformance import properties as P
+
+
+@pytest.mark.parametrize("prop", P.of_section("traps"), ids=lambda p: p.name)
+def test_property(prop, subject):
+    P.run_for_pytest(prop, subject)
