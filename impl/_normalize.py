@@ -1,16 +1,26 @@
 """Eq. 4 (per-reward group standardization) and Eq. 7 (weighted combination).
 
-Layouts. Contiguous groups (``group_size``) are a view ``(G, n, K)`` of the
-rewards: no copy, no index. Labelled groups (``group_ids``) are sorted once by
-label (stable), and the rows scattered into a padded ``(G, n_max, K)`` layout
-whose padding repeats each group's first member; ``G`` and ``n_max`` come from
-the call's one host read (:func:`label_facts` puts them in the facts). Batches
-so ragged that the padding would exceed a few times the batch are cut into
-buckets of groups of similar size (lengths in (2**(b-1), 2**b]), each a padded
-layout of its own (one more host read, for the bucket sizes).
+Layout. Eq. 4 runs on a float64 ``(K, P, G)`` tensor: reward column, position
+inside the group, group. Groups are innermost, so every elementwise step, the
+min/max reductions and each level of the pairwise sums run over long
+contiguous rows (a ``(G, n, K)`` view would put the short group and K = 4
+dimensions innermost, several times slower on CPU).
 
-All arithmetic is float64 and device-side; findings that refuse the input are
-raw int64 scalars for the facts row (see ``_problems``), never raised here.
+* Contiguous groups (``group_size``): one strided copy of the rewards (which is
+  also the cast to float64), P = n.
+* Labelled groups (``group_ids``): one stable sort by label, then a gather into
+  P = n_max positions, the padding repeating each group's first member (its
+  difference from that member is +0, so sums are unchanged, and min/max too).
+  G and n_max come from the call's one host read (:func:`label_facts`).
+  Batches so ragged that the padding would exceed a few times the batch are
+  cut into buckets of groups of similar length (in (2**(b-1), 2**b]), each a
+  padded layout of its own (one more host read, for the bucket sizes).
+
+All arithmetic is device-side; findings that refuse the input are raw int64
+scalars for the facts row (see ``_problems``), never raised here. On CPU, where
+a read costs nothing, the search for the first non-finite reward runs only when
+the group minima and maxima (computed anyway) show one; on other devices it
+runs in every call, without a branch.
 """
 
 from __future__ import annotations
@@ -33,9 +43,14 @@ _I64 = torch.int64
 _WEIGHT_EXPONENT_CAP = 990
 
 #: A padded layout may hold up to this many slots per row of the batch (plus
-#: PAD_SLACK) before the groups are cut into size buckets instead.
+#: PAD_SLACK) before the groups (or units) are cut into buckets (or taken apart).
 PAD_FACTOR = 4
 PAD_SLACK = 1 << 16
+
+
+def lazy_checks(device: torch.device) -> bool:
+    """Look for non-finite inputs only when the statistics show one (CPU: a read is free)."""
+    return device.type == "cpu"
 
 
 # --- the arithmetic ------------------------------------------------------------------------
@@ -43,60 +58,77 @@ PAD_SLACK = 1 << 16
 
 @dataclasses.dataclass
 class TwoPass:
-    """Shift-invariant two-pass statistics of segments along dim 1 of x."""
+    """Shift-invariant two-pass statistics of the segments along dim 1 of x (keepdim)."""
 
-    lo: torch.Tensor  # raw minimum (caller dtype), keepdim
-    hi: torch.Tensor  # raw maximum
+    absmax: torch.Tensor  # largest magnitude (caller dtype)
+    lo: torch.Tensor | None  # raw minimum and maximum (only when asked for)
+    hi: torch.Tensor | None
     f: torch.Tensor  # scale 2**-e, float64
     eps_f: torch.Tensor  # eps * f
-    shift: torch.Tensor  # x[:, 0] * f: every difference is taken from it
+    shift: torch.Tensor  # first member times f: every difference is taken from it
     mean: torch.Tensor  # mean of the differences d = x * f - shift
-    dev: torch.Tensor  # d - mean, the layout of x (float64)
+    dev: torch.Tensor  # d - mean, in the layout of x (float64)
     m2: torch.Tensor  # sum of dev**2 over the segment
 
+    def finite(self) -> bool:
+        """Host check: are all inputs finite? (nan and inf show in the largest magnitude.)"""
+        return math.isfinite(float(self.absmax.amax()))
 
-def two_pass(x: torch.Tensor, count: torch.Tensor, eps: float, pad_mask: torch.Tensor | None = None,
-             centre_collapsed: bool = False) -> TwoPass:
-    """Statistics of the segments laid along dim 1 of ``x`` (caller dtype).
 
-    Each segment is scaled by an exact power of two f (|x f| < 1, so nothing
+def two_pass(x: torch.Tensor, count: torch.Tensor, eps: float, *, pad_mask: torch.Tensor | None = None,
+             own: bool = False, minmax: bool = False) -> TwoPass:
+    """Statistics of the segments laid along dim 1 of ``x``.
+
+    Each segment is scaled by an exact power of two f (|x f| < 4, so nothing
     below overflows; the scale is folded into eps by the callers), its first
     member is subtracted (exact by Sterbenz for close values, and symmetric: a
     column C - r gives exactly the negated differences), then the mean of the
     differences and the deviations from it. Padding repeats the first member,
     so its difference is exactly +0 and the sum of d is that of the segment;
     ``pad_mask`` (1.0 on members, 0.0 on padding) clears the padding's squares.
-    ``centre_collapsed``: a segment whose values are all equal (min == max) is
-    centred on -0 instead of its mean (+0): its differences are +-0, so every
-    deviation becomes +0 exactly (Eq. 6's exact collapse).
+    ``own``: x is a float64 buffer this call owns (computed in place).
+    ``minmax``: also the raw min and max, and a segment whose values are all
+    equal (min == max) is centred on -0 instead of its mean (+0): its
+    differences are +-0, so every deviation becomes +0 exactly (Eq. 6's exact
+    collapse).
     """
-    lo, hi = torch.aminmax(x, dim=1, keepdim=True)
-    f, eps_f = seg_ops.scale(torch.maximum(hi, -lo), eps)
-    d = x * f
+    lo = hi = None
+    if minmax:
+        lo, hi = x.amin(1, keepdim=True), x.amax(1, keepdim=True)
+        absmax = torch.maximum(hi, -lo)
+    else:
+        absmax = x.abs().amax(1, keepdim=True)
+    f, eps_f = seg_ops.scale(absmax, eps)
+    d = x.mul_(f) if own else x * f
     shift = d[:, :1].clone()
     d.sub_(shift)
-    mean = seg_ops.tree_sum(d, 1).div_(count)
-    if centre_collapsed:
+    mean = seg_ops.tree_sum(d).div_(count)
+    if minmax:
         mean = torch.where(lo == hi, -0.0, mean)
     dev = d.sub_(mean)
     sq = dev * dev
     if pad_mask is not None:
         sq.mul_(pad_mask)
-    return TwoPass(lo, hi, f, eps_f, shift, mean, dev, seg_ops.tree_sum(sq, 1))
+    return TwoPass(absmax, lo, hi, f, eps_f, shift, mean, dev, seg_ops.tree_sum(sq))
 
 
-def standardize(x: torch.Tensor, count: torch.Tensor, count_m1: torch.Tensor, eps: float,
-                pad_mask: torch.Tensor | None = None) -> torch.Tensor:
-    """Eq. 4 on a (G, P, K) layout: z = dev / (std + eps), ddof 1, float64, in place.
+def denominator(var: torch.Tensor, eps_f: torch.Tensor, eps: float) -> torch.Tensor:
+    """std + eps in the segment's scale (in place on var). It is 0 only for a
+    collapsed segment without eps (eps * f > 0 whenever eps >= 2**-52, as
+    f >= 2**-1022); there 1 is used: the deviations are all zero anyway."""
+    den = seg_ops.sqrt_rn(var).add_(eps_f)
+    if not eps >= 2.0 ** -52:
+        den.masked_fill_(den == 0, 1.0)
+    return den
+
+
+def standardize(tp: TwoPass, count_m1: torch.Tensor, eps: float) -> torch.Tensor:
+    """Eq. 4 from the two-pass: z = dev / (std + eps), ddof 1, float64, in place.
 
     With the scale folded into eps (eps * f), z does not depend on the scale.
-    A column whose values are all equal has all differences exactly 0, hence
-    z = 0 (its denominator, 0 only when eps is 0, is then replaced by 1).
+    A column whose values are all equal has all differences exactly 0, hence z = 0.
     """
-    tp = two_pass(x, count, eps, pad_mask)
-    den = seg_ops.sqrt_rn(tp.m2.div_(count_m1)).add_(tp.eps_f)
-    den.masked_fill_(den == 0, 1.0)
-    return tp.dev.div_(den)
+    return tp.dev.div_(denominator(tp.m2.div_(count_m1), tp.eps_f, eps))
 
 
 def weight_plan(weights: list[float]) -> tuple[list[float], int]:
@@ -107,19 +139,19 @@ def weight_plan(weights: list[float]) -> tuple[list[float], int]:
 
 
 def combine(z: torch.Tensor, weights: list[float]) -> torch.Tensor:
-    """Eq. 7 on z (..., K): c = sum_k w_k z_k, products rounded one by one and
+    """Eq. 7 on z (K, ...): c = sum_k w_k z_k, products rounded one by one and
     summed left to right (no fused multiply-add, no BLAS), so equal weights on z
     and -z cancel to exactly 0 and the result is the same on every device."""
     scaled, shift = weight_plan(weights)
-    k = z.shape[-1]
+    k = z.shape[0]
     if any(w != 1.0 for w in scaled):
-        z = z.mul_(seg_ops.host_to_device(scaled, _F64, z.device))
+        z = z.mul_(seg_ops.constant(tuple(scaled), _F64, z.device).view((k,) + (1,) * (z.dim() - 1)))
     if k == 1:
-        c = z[..., 0]
+        c = z[0]
     else:
-        c = torch.add(z[..., 0], z[..., 1])
+        c = torch.add(z[0], z[1])
         for j in range(2, k):
-            c.add_(z[..., j])
+            c.add_(z[j])
     return seg_ops.ldexp_scalar(c, shift) if shift else c
 
 
@@ -130,10 +162,10 @@ def overflow_possible(weights: list[float], longest: int) -> bool:
     return not 2.0 * math.sqrt(max(longest, 1)) * total < 2.0 ** (1023 - 64)
 
 
-def _first_nonfinite(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def first_nonfinite(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(index, float64 bits of the value there) of the first non-finite entry of
-    a 1-D tensor; index 0 and a finite value when there is none."""
-    at = torch.argmax(torch.ne(x - x, 0).view(torch.uint8))  # x - x is NaN exactly for nan and +-inf
+    a 1-D tensor; index 0 and a finite value when there is none. No branch."""
+    at = torch.argmax(torch.ne(x - x, 0).view(torch.uint8))  # x - x is nan exactly for nan and +-inf
     return at, seg_ops.take(x, at).to(_F64).view(_I64)
 
 
@@ -141,48 +173,55 @@ def value_facts(v: torch.Tensor) -> dict[int, torch.Tensor]:
     """Raw facts of Eq. 6 input (N,): the first non-finite value and its bits."""
     if v.shape[0] == 0:
         return {}
-    at, bits = _first_nonfinite(v)
+    at, bits = first_nonfinite(v)
     return {P.NF_VALUE: at, P.NF_VALUE_KIND: bits}
 
 
-# --- layouts -----------------------------------------------------------------------------------
+# --- phase one: facts before any arithmetic -------------------------------------------------
 
 
 @dataclasses.dataclass
 class Labelled:
-    """Phase one of labelled groups: the stable sort and the facts it yields."""
+    """The stable sort of labelled groups and the layout facts it yields."""
 
     perm: torch.Tensor  # sorted row -> input row
     gid: torch.Tensor  # sorted row -> group index (groups in label order)
     pos: torch.Tensor  # sorted row -> position inside its group
-    first_row: torch.Tensor | None = None  # group -> its first input row (after the read)
 
 
 @dataclasses.dataclass
 class Prepared:
-    """Eq. 4/7 input after phase one: what the facts row needs before any arithmetic."""
+    """Eq. 4/7 input after phase one."""
 
     inp: Rewards
     r: torch.Tensor  # (N, K) contiguous, caller dtype
     facts: dict[int, torch.Tensor]
     labelled: Labelled | None
+    lazy: bool  # the non-finite search is left to rewards_nonfinite_facts, on demand
 
 
-def prepare(inp: Rewards) -> Prepared:
-    """Phase one: raw facts (first non-finite reward; for labels the sort, the
-    group count, the longest group and the first group of one)."""
+def prepare(inp: Rewards, *, lazy: bool) -> Prepared:
+    """Phase one: raw facts (the first non-finite reward unless ``lazy``; for
+    labels the sort, the group count, the longest group, the first group of one)."""
     r = inp.rewards.contiguous()
-    n, k = r.shape
+    n = r.shape[0]
     facts: dict[int, torch.Tensor] = {}
     lab = None
     if n:
-        at, bits = _first_nonfinite(r.view(-1))
-        facts[P.NF_REWARD], facts[P.NF_REWARD_KIND] = at, bits
+        if not lazy:
+            facts.update(rewards_nonfinite_facts(inp, r))
         if inp.labels is not None:
-            facts[P.NF_REWARD_GROUP] = seg_ops.take(inp.labels, torch.div(at, k, rounding_mode="floor"))
             lab, more = label_facts(inp.labels)
             facts.update(more)
-    return Prepared(inp, r, facts, lab)
+    return Prepared(inp, r, facts, lab, lazy and n > 0)
+
+
+def rewards_nonfinite_facts(inp: Rewards, r: torch.Tensor) -> dict[int, torch.Tensor]:
+    at, bits = first_nonfinite(r.view(-1))
+    facts = {P.NF_REWARD: at, P.NF_REWARD_KIND: bits}
+    if inp.labels is not None:
+        facts[P.NF_REWARD_GROUP] = seg_ops.take(inp.labels, torch.div(at, r.shape[1], rounding_mode="floor"))
+    return facts
 
 
 def label_facts(labels: torch.Tensor) -> tuple[Labelled, dict[int, torch.Tensor]]:
@@ -203,12 +242,15 @@ def label_facts(labels: torch.Tensor) -> tuple[Labelled, dict[int, torch.Tensor]
     return Labelled(perm, gid, pos), facts
 
 
+# --- phase two: Eq. 4 and Eq. 7 -------------------------------------------------------------
+
+
 @dataclasses.dataclass
 class Normalized:
     """c in input order plus what group_has_signal and the facts row need."""
 
     c: torch.Tensor  # (N,) float64, input order
-    facts: dict[int, torch.Tensor]  # raw facts of Eq. 7 (only where it can overflow)
+    facts: dict[int, torch.Tensor]  # raw facts found in phase two (non-finite, Eq. 7 overflow)
     varies: torch.Tensor | None = None  # (G,) bool, groups by first appearance (if asked)
 
 
@@ -219,99 +261,102 @@ def finish(prep: Prepared, eps: float, groups: int = 0, longest: int = 0, *, sig
     tensor to the host (used only for pathologically ragged groups)."""
     inp, r = prep.inp, prep.r
     n, k = r.shape
+    facts: dict[int, torch.Tensor] = {}
     if prep.labelled is None:
         g = inp.group_size
-        count = seg_ops.host_to_device([float(g), float(g - 1)], _F64, r.device)
-        z = standardize(r.view(n // g, g, k), count[:1], count[1:], eps)
-        c = combine(z, inp.weights).reshape(n)
+        x = torch.empty(k, g, n // g, dtype=_F64, device=r.device)
+        x.copy_(r.view(n // g, g, k).permute(2, 1, 0))
+        count = seg_ops.constant((float(g), float(g - 1)), _F64, r.device)
+        tp = two_pass(x, count[:1], eps, own=True)
+        finite = not prep.lazy or tp.finite()
+        c = combine(standardize(tp, count[1:], eps), inp.weights)  # (g, G)
         varies = None
         if signal:
-            lo, hi = torch.aminmax(c.view(n // g, g), dim=1)
-            varies = lo != hi
+            varies = c.amin(0) != c.amax(0)
+        c = c.t().reshape(n)
         longest = g
     else:
-        c, varies = _finish_labelled(prep, eps, groups, longest, signal, read)
-    facts = {}
+        c, varies, finite = _finish_labelled(prep, eps, groups, longest, signal, read)
+    if not finite:
+        facts.update(rewards_nonfinite_facts(inp, r))
     if overflow_possible(inp.weights, longest):
-        at, bits = _first_nonfinite(c)
-        facts = {P.C_OVERFLOW: at, P.C_OVERFLOW_BITS: bits}
+        at, bits = first_nonfinite(c)
+        facts.update({P.C_OVERFLOW: at, P.C_OVERFLOW_BITS: bits})
         if inp.labels is not None:
             facts[P.C_OVERFLOW_GROUP] = seg_ops.take(inp.labels, at)
     return Normalized(c, facts, varies)
 
 
-def _padded_eq4(src: torch.Tensor, slot: torch.Tensor, first: torch.Tensor, groups: int, width: int,
-                weights: list[float], eps: float, signal: bool):
-    """Eq. 4/7 of ``src`` rows (M, K) placed at ``slot`` (M,) of a (groups, width)
-    layout padded with each group's first member ``first`` (groups, K); slot
-    groups * width is a sink for rows of other buckets. Returns c by slot
-    (groups * width,) and, if asked, whether each group's c varies."""
-    k = src.shape[1]
-    total = groups * width
-    buf = torch.empty(total + 1, k, dtype=src.dtype, device=src.device)
-    buf[:total].view(groups, width, k).copy_(first[:, None, :])
-    buf.index_copy_(0, slot, src)
-    member = torch.zeros(total + 1, dtype=_F64, device=src.device).index_fill_(0, slot, 1.0)
-    mask = member[:total].view(groups, width, 1)
+def _padded_eq4(r: torch.Tensor, source: torch.Tensor, groups: int, width: int, weights: list[float],
+                eps: float, signal: bool, lazy: bool):
+    """Eq. 4/7 on a (K, width, groups) layout gathered from rows ``source``
+    (width * groups,) of r, a negative entry -1 - j marking padding that repeats
+    row j (the group's first member). Returns c (width * groups,) by slot,
+    whether each group's c varies (if asked) and whether the inputs were finite."""
+    k = r.shape[1]
+    pad = source < 0
+    rows = torch.where(pad, -1 - source, source)
+    x = torch.empty(k, width, groups, dtype=_F64, device=r.device)
+    x.copy_(r.index_select(0, rows).view(width, groups, k).permute(2, 0, 1))
+    mask = (~pad).to(_F64).view(1, width, groups)
     count = mask.sum(1, keepdim=True)  # integers: exact in any order
-    z = standardize(buf[:total].view(groups, width, k), count, count - 1.0, eps, pad_mask=mask)
-    c = combine(z, weights)  # (groups, width); padding repeats the first member's c
-    varies = None
-    if signal:
-        lo, hi = torch.aminmax(c, dim=1)
-        varies = lo != hi
-    return c.reshape(total), varies
+    tp = two_pass(x, count, eps, pad_mask=mask, own=True)
+    finite = not lazy or tp.finite()
+    c = combine(standardize(tp, count - 1.0, eps), weights)  # (width, groups); padding repeats the first member's c
+    varies = (c.amin(0) != c.amax(0)) if signal else None
+    return c.reshape(-1), varies, finite
 
 
 def _finish_labelled(prep: Prepared, eps: float, groups: int, longest: int, signal: bool, read):
     inp, r, lab = prep.inp, prep.r, prep.labelled
-    n, k = r.shape
+    n = r.shape[0]
     device = r.device
     first_row = torch.full((groups,), n, dtype=_I64, device=device).scatter_reduce_(
         0, lab.gid, lab.perm, "amin", include_self=True)  # stable sort: the smallest input row
-    first = r.index_select(0, first_row)
     if groups * longest <= PAD_FACTOR * n + PAD_SLACK:
-        slot = torch.empty_like(lab.perm).index_copy_(0, lab.perm, lab.gid * longest + lab.pos)
-        c_slot, varies = _padded_eq4(r, slot, first, groups, longest, inp.weights, eps, signal)
-        c = c_slot.index_select(0, slot)
+        slot = lab.pos * groups + lab.gid  # sorted row -> slot of the (longest, groups) layout
+        source = (-1 - first_row).repeat(longest).index_copy_(0, slot, lab.perm)
+        c_slot, varies, finite = _padded_eq4(r, source, groups, longest, inp.weights, eps, signal, prep.lazy)
+        c = c_slot.index_select(0, torch.empty_like(slot).index_copy_(0, lab.perm, slot))
     else:
-        c, varies = _bucketed(prep, eps, groups, first, signal, read)
+        c, varies, finite = _bucketed(prep, eps, groups, first_row, signal, read)
     if varies is not None:
         varies = varies[torch.argsort(first_row)]  # groups in order of first appearance
-    return c, varies
+    return c, varies, finite
 
 
-def _bucketed(prep: Prepared, eps: float, groups: int, first: torch.Tensor, signal: bool, read):
+def _bucketed(prep: Prepared, eps: float, groups: int, first_row: torch.Tensor, signal: bool, read):
     """Groups cut into buckets of lengths (2**(b-1), 2**b], each padded to 2**b:
     the padding stays below the batch size, whatever the raggedness."""
     inp, r, lab = prep.inp, prep.r, prep.labelled
-    n, k = r.shape
+    n = r.shape[0]
     device = r.device
     length = torch.zeros(groups, dtype=_I64, device=device).scatter_reduce_(
         0, lab.gid, lab.pos + 1, "amax", include_self=True)
     bucket = torch.frexp((length - 1).to(_F64)).exponent.to(_I64)  # ceil(log2(length)) for length >= 2
     per_bucket = read(torch.bincount(bucket, minlength=64))  # one more host read, ragged batches only
     order = torch.argsort(bucket, stable=True)  # groups by bucket, label order inside
-    rank = torch.empty_like(order).index_copy_(0, order, torch.arange(groups, dtype=_I64, device=device))
     offsets = [0]
     for cnt in per_bucket:
         offsets.append(offsets[-1] + cnt)
+    rank = torch.empty_like(order).index_copy_(0, order, torch.arange(groups, dtype=_I64, device=device))
     rank = rank - seg_ops.host_to_device(offsets[:64], _I64, device)[bucket]  # rank inside the bucket
-    row_bucket = bucket[lab.gid]
-    row_rank = rank[lab.gid]
-    src = r.index_select(0, lab.perm)  # rows in sorted order
+    row_bucket, row_rank = bucket[lab.gid], rank[lab.gid]
     c_sorted = torch.empty(n, dtype=_F64, device=device)
     varies = torch.empty(groups, dtype=torch.bool, device=device) if signal else None
+    finite = True
     for b, cnt in enumerate(per_bucket):
         if not cnt:
             continue
         width = 1 << b
-        sink = cnt * width
-        inside = row_bucket == b
-        slot = torch.where(inside, row_rank * width + lab.pos, sink)
         members = order[offsets[b]: offsets[b] + cnt]
-        c_slot, v = _padded_eq4(src, slot, first.index_select(0, members), cnt, width, inp.weights, eps, signal)
-        c_sorted = torch.where(inside, c_slot.index_select(0, slot.clamp(max=sink - 1)), c_sorted)
+        inside = row_bucket == b
+        slot = torch.where(inside, lab.pos * cnt + row_rank, width * cnt)  # the last slot: a sink
+        source = torch.cat([(-1 - first_row.index_select(0, members)).repeat(width),
+                            torch.zeros(1, dtype=_I64, device=device)]).index_copy_(0, slot, lab.perm)
+        c_slot, v, ok = _padded_eq4(r, source[:-1], cnt, width, inp.weights, eps, signal, prep.lazy)
+        finite = finite and ok
+        c_sorted = torch.where(inside, c_slot.index_select(0, slot.clamp(max=width * cnt - 1)), c_sorted)
         if signal:
             varies.index_copy_(0, members, v)
-    return torch.empty_like(c_sorted).index_copy_(0, lab.perm, c_sorted), varies
+    return torch.empty_like(c_sorted).index_copy_(0, lab.perm, c_sorted), varies, finite

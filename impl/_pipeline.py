@@ -149,7 +149,7 @@ def _normalize_checked(inp, eps, *, signal=False, then=None):
     """Eq. 4/7 of validated input with the call's one host read: at the end for
     contiguous groups (after ``then``, the rest of the call, is launched), after
     phase one for labelled groups (their layout needs G and n_max)."""
-    prep = N.prepare(inp)
+    prep = N.prepare(inp, lazy=N.lazy_checks(inp.rewards.device))
     host = _rewards_host(inp)
     if prep.labelled is None:
         norm = N.finish(prep, eps, signal=signal)
@@ -158,9 +158,11 @@ def _normalize_checked(inp, eps, *, signal=False, then=None):
         P.raise_local(row)
         return norm, row, extra
     row = _local_row(host, prep.facts)  # the one host read
+    if prep.lazy and P.row_problems(row):  # a refusal: a non-finite reward is reported first
+        row = _local_row(row, N.rewards_nonfinite_facts(inp, prep.r))
     P.raise_local(row)
     norm = N.finish(prep, eps, row[P.GROUPS], row[P.N_MAX], signal=signal, read=_read)
-    if norm.facts:  # weights so large that Eq. 7 may overflow: a second read
+    if norm.facts:  # found in phase two: on CPU (free), or Eq. 7 overflow (weights beyond ~2**1000)
         P.raise_local(_local_row(row, norm.facts))
     return norm, row, then(norm) if then else None
 
@@ -193,9 +195,12 @@ def whiten_local(values, segment_sizes, eps, out_dtype):
         _units_of_one(sizes)
     except Problem as p:
         raise p.error() from None
-    facts = N.value_facts(v)
+    lazy = N.lazy_checks(v.device)
+    facts = {} if lazy else N.value_facts(v)
     loc = W.local_stats(v, sizes, eps)
     a = W.apply_local(loc, eps, _apply_dtype(out_dtype, v.shape[0]))
+    if lazy and not loc.finite():
+        facts = N.value_facts(v)
     row = _local_row({P.PRESENT: 1, P.ROWS: v.shape[0]}, facts)  # the one host read
     if P.row_problems(row):
         row[P.NF_VALUE_UNIT] = _unit_of(sizes, row[P.NF_VALUE])
@@ -273,7 +278,7 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
         for j, s in enumerate(sizes[: P.COUNT_SLOTS]):
             host[P.COUNTS + j] = s
         if api == P.API_GDPO:
-            prep = N.prepare(inp)
+            prep = N.prepare(inp, lazy=False)
             device_facts.update(prep.facts)
             if prep.labelled is None or n == 0:  # contiguous groups: all local work before the agreement
                 norm = N.finish(prep, eps) if n else None

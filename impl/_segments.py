@@ -1,13 +1,16 @@
 """Exact power-of-two scaling, the canonical pairwise sum, and a correctly rounded sqrt.
 
 Every reduction of Eq. 4 and Eq. 6 runs over a *segment* (a group column, a
-whitening unit) laid out along one dimension of a dense tensor: a contiguous
-view ``(G, n, K)`` for equal groups, or a padded ``(G, n_max, K)`` layout (see
-``_normalize`` and ``_whiten``). Sums use one fixed tree, :func:`tree_sum`:
+whitening unit) laid along dimension 1 of a dense tensor: ``(K, n, G)`` for
+Eq. 4 (members along dim 1, groups innermost, so every operation runs over
+long contiguous rows), ``(S, m)`` for Eq. 6 (see ``_normalize`` and
+``_whiten``). Sums use one fixed tree, :func:`tree_sum`:
 
 * level s pairs positions p and p + s (p a multiple of 2s) inside the segment;
   a position without a partner passes up unchanged. The tree depends only on
   the segment's own length, never on the layout, the device or the batch;
+  along dim 1 of a ``(K, n, G)`` layout each level adds two sets of whole
+  contiguous rows;
 * every step is one correctly rounded IEEE addition of two float64 tensors
   (no atomics, no library reduction, no fused multiply-add), so the result is
   deterministic and the same bits on CPU and CUDA;
@@ -128,28 +131,50 @@ def host_to_device(values: list, dtype: torch.dtype, device: torch.device) -> to
     return to_device(torch.tensor(values, dtype=dtype), device)
 
 
-def tree_sum(x: torch.Tensor, dim: int) -> torch.Tensor:
-    """Sum along ``dim`` (>= 0) by the canonical pairwise tree, keeping the dim.
+def tree_sum(x: torch.Tensor, dim: int = 1) -> torch.Tensor:
+    """Sum along dim 1 by the canonical pairwise tree, keeping the dim.
 
-    One elementwise addition per level: the pairs (p, p + s) of level s are the
-    even and odd entries of the previous level's partial sums, and an odd one
-    out is carried to the next level unchanged.
+    Level s pairs positions p and p + s (p a multiple of 2s); a position
+    without a partner passes up unchanged. One elementwise addition per level:
+    the pairs of a level are the even and odd entries of the previous level's
+    partial sums (an odd one out is carried along).
     """
-    m = x.shape[dim]
+    assert dim == 1
+    m = x.shape[1]
     while m > 1:
         h = m // 2
-        pairs = x.narrow(dim, 0, 2 * h).unflatten(dim, (h, 2))
-        even, odd = pairs.select(dim + 1, 0), pairs.select(dim + 1, 1)
+        size = list(x.shape)
+        size[1] = h
+        stride = list(x.stride())
+        step = stride[1]
+        stride[1] = 2 * step
+        at = x.storage_offset()
+        even = x.as_strided(size, stride, at)
+        odd = x.as_strided(size, stride, at + step)
         if m % 2:
-            shape = list(x.shape)
-            shape[dim] = h + 1
-            y = torch.empty(shape, dtype=x.dtype, device=x.device)
-            torch.add(even, odd, out=y.narrow(dim, 0, h))
-            y.narrow(dim, h, 1).copy_(x.narrow(dim, m - 1, 1))
+            size[1] = h + 1
+            y = torch.empty(size, dtype=x.dtype, device=x.device)
+            torch.add(even, odd, out=y.narrow(1, 0, h))
+            y.narrow(1, h, 1).copy_(x.narrow(1, m - 1, 1))
         else:
             y = even + odd
         x, m = y, h + m % 2
     return x
+
+
+_CONSTANTS: dict = {}
+
+
+def constant(values: tuple, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A small constant tensor on ``device``, made once (never modify it in place):
+    the per-call host-to-device copies of counts and weights cost a kernel each."""
+    key = (values, dtype, str(device))
+    t = _CONSTANTS.get(key)
+    if t is None:
+        if len(_CONSTANTS) > 256:
+            _CONSTANTS.clear()
+        t = _CONSTANTS[key] = host_to_device(list(values), dtype, device)
+    return t
 
 
 _SPLIT = 134217729.0  # 2**27 + 1, Veltkamp's splitting constant for float64

@@ -36,7 +36,7 @@ import math
 import torch
 
 from impl import _segments as seg_ops
-from impl._normalize import PAD_FACTOR, PAD_SLACK, TwoPass, two_pass
+from impl._normalize import PAD_FACTOR, PAD_SLACK, TwoPass, denominator, two_pass
 
 _F64 = torch.float64
 _I64 = torch.int64
@@ -97,6 +97,12 @@ class Local:
     x: torch.Tensor | None = None  # the values in the layout (caller dtype)
     parts: list | None = None  # "loop": one view Local per unit
 
+    def finite(self) -> bool:
+        """Host check: are all values finite? (nan and inf show in min or max.)"""
+        if self.lay.kind == "loop":
+            return all(p.finite() for p in self.parts)
+        return self.tp is None or self.tp.finite()
+
     def table(self, device) -> torch.Tensor:
         """(S, 7) float64: count, e, shift, mean_d, M2, min, max (empty units:
         count 0, e 0, min inf, max -inf)."""
@@ -126,18 +132,20 @@ def local_stats(v: torch.Tensor, sizes: list[int], eps: float) -> Local:
     mask = None
     if lay.kind == "view":
         x = v.view(len(sizes), lay.width)
-        count = host_to_device([float(lay.width)], _F64, v.device)
+        count = seg_ops.constant((float(lay.width),), _F64, v.device)
     else:
         x, mask = _padded(v, lay)
-        count = host_to_device([float(s) for s in sizes], _F64, v.device)[:, None]
-    return Local(lay, two_pass(x, count, eps, mask, centre_collapsed=True), x)
+        count = seg_ops.constant(tuple(float(s) for s in sizes), _F64, v.device)[:, None]
+    return Local(lay, two_pass(x, count, eps, pad_mask=mask, minmax=True), x)
 
 
-def _den(m2: torch.Tensor, count: torch.Tensor, eps_f: torch.Tensor) -> torch.Tensor:
-    """std + eps in the unit's scale (unbiased); 1 where that is 0, which only a
-    collapsed unit without eps reaches (its deviations are all +0)."""
-    den = seg_ops.sqrt_rn(m2 / torch.where(count > 1, count - 1.0, 1.0)).add_(eps_f)
-    return den.masked_fill_(den == 0, 1.0)
+def _den(m2: torch.Tensor, count: torch.Tensor, eps_f: torch.Tensor, eps: float) -> torch.Tensor:
+    """std + eps in the unit's scale (unbiased; units of 0 or 1 samples divide by 1)."""
+    return denominator(m2 / torch.where(count > 1, count - 1.0, 1.0), eps_f, eps)
+
+
+def _count_m1(sizes: list[int], device) -> torch.Tensor:
+    return seg_ops.constant(tuple(float(max(s - 1, 1)) for s in sizes), _F64, device)[:, None]
 
 
 def _output(dev: torch.Tensor, den: torch.Tensor, lay: Layout, out_dtype) -> torch.Tensor:
@@ -161,8 +169,7 @@ def apply_local(loc: Local, eps: float, out_dtype=None) -> torch.Tensor:
     if lay.kind == "loop":
         return torch.cat([apply_local(p, eps, out_dtype) for p in loc.parts])
     tp = loc.tp
-    count = host_to_device([float(s) for s in lay.sizes], _F64, tp.m2.device)[:, None]
-    return _output(tp.dev, _den(tp.m2, count, tp.eps_f), lay, out_dtype)
+    return _output(tp.dev, denominator(tp.m2 / _count_m1(lay.sizes, lay.device), tp.eps_f, eps), lay, out_dtype)
 
 
 @dataclasses.dataclass
@@ -224,7 +231,7 @@ def apply_global(loc: Local, st: Stats, eps: float, out_dtype=None) -> torch.Ten
         return torch.empty(0, dtype=out_dtype or _F64, device=lay.device)
     f = seg_ops.pow2_normal(st.e)
     mean = torch.where(st.lo == st.hi, -0.0, st.mean)  # collapsed across ranks: deviations +0
-    den = _den(st.m2, st.n, f * eps)
+    den = _den(st.m2, st.n, f * eps, eps)
     if lay.kind == "loop":
         return torch.cat([_apply_x(p, f[j:j + 1], st.shift[j:j + 1], mean[j:j + 1], den[j:j + 1], out_dtype)
                           for j, p in enumerate(loc.parts)])
