@@ -80,6 +80,8 @@ def _hx(x: float) -> str:
 
 
 def describe_inputs(case) -> str:
+    if isinstance(case, tuple):  # the errors property: one base call broken every way
+        return f"{len(case)} broken calls, e.g. " + describe_inputs(case[0])
     if isinstance(case, DistCase):
         return "\n".join(f"    rank {r}: {describe_inputs(s)}" for r, s in enumerate(case.shards))
     parts = [f"rewards ({case.dtype}, {case.n}x{case.k}) " + _matrix(case.rewards)]

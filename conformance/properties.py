@@ -63,7 +63,9 @@ class NotJudged(Exception):
 
 
 def _fail(prop, equation, subject, case, headline, details=()):
-    raise ConformanceFailure(failure(prop, equation, subject, case, headline, details))
+    exc = ConformanceFailure(failure(prop, equation, subject, case, headline, details))
+    exc.case = case  # the failing call itself (one of several for the errors property)
+    raise exc
 
 
 def _target(ratio: float, label: str) -> None:
@@ -727,9 +729,9 @@ def build_test(prop: Property, subject: Subject, config: settings | None = None,
             prop.check(subject, case)
         except UnsatisfiedAssumption:
             raise  # a case the oracle cannot judge (ORACLE_LIMITS), discarded
-        except Exception:
+        except Exception as exc:
             if record is not None:
-                record.append(case)
+                record.append(getattr(exc, "case", case))
             raise
 
     test = given(case=strategy)(run)

@@ -80,4 +80,20 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         # a subnormal and a huge weight together
         '{"rewards":[["0x0.0p+0","0x1.0000000000000p+0"],["0x1.0000000000000p+0","0x0.0p+0"],["0x1.0000000000000p+1","0x1.0000000000000p+1"],["0x0.0p+0","0x1.4000000000000p+2"]],"dtype":"float64","out_dtype":"float64","group_size":2,"weights":["0x0.0000000000001p-1022","0x1.7e43c8800759cp+996"]}',
     ),
+    "dist_values_2": (
+        # the K = 1 example split over 2 ranks, one unit spanning both: per-rank statistics differ
+        '{"shards":[{"rewards":[["0x0.0p+0"],["0x1.0000000000000p+0"],["0x1.8000000000000p+1"],["0x1.c000000000000p+2"]],"dtype":"float32","out_dtype":"float64","group_ids":[0,0,0,0],"segment_sizes":[4]},{"rewards":[["0x1.0000000000000p+0"],["0x1.0000000000000p+1"],["0x1.0000000000000p+1"],["0x1.2000000000000p+3"]],"dtype":"float32","out_dtype":"float64","group_ids":[0,0,0,0],"segment_sizes":[4]}],"note":"K = 1 example split over 2 ranks: one unit spanning both"}',
+    ),
+    "dist_values_4": (
+        # two units spanning ranks with different counts per rank, and an empty shard
+        '{"shards":[{"rewards":[["0x0.0p+0","0x1.0000000000000p+0"],["0x1.0000000000000p+0","0x0.0p+0"]],"dtype":"float32","out_dtype":"float32","group_ids":[0,0],"segment_sizes":[2,0]},{"rewards":[],"dtype":"float32","out_dtype":"float32","group_ids":[],"segment_sizes":[0,0],"width":2},{"rewards":[["0x1.8000000000000p+1","0x1.8000000000000p+1"],["0x1.c000000000000p+2","0x1.0000000000000p+0"],["0x0.0p+0","0x0.0p+0"],["0x1.4000000000000p+2","0x1.4000000000000p+2"]],"dtype":"float32","out_dtype":"float32","group_ids":[4,4,5,5],"segment_sizes":[2,2]},{"rewards":[["0x1.0000000000000p+0","0x1.0000000000000p+1"],["0x1.0000000000000p+1","0x1.0000000000000p+0"],["0x1.2000000000000p+3","0x1.2000000000000p+3"]],"dtype":"float32","out_dtype":"float32","group_ids":[1,1,1],"segment_sizes":[0,3]}],"note":"units spanning ranks, an empty shard"}',
+    ),
+    "dist_errors_2": (
+        # a NaN on rank 1 only: a local raise there leaves rank 0 waiting in the agreement
+        '{"shards":[{"rewards":[["0x0.0p+0"],["0x1.0000000000000p+0"]],"dtype":"float32","out_dtype":"float32","group_ids":[0,0],"segment_sizes":[2]},{"rewards":[["0x1.0000000000000p+0"],["nan"]],"dtype":"float32","out_dtype":"float32","group_ids":[0,0],"segment_sizes":[2]}],"note":"error:nan_on_one_rank:1"}',
+    ),
+    "dist_errors_4": (
+        # rank 2 (an empty shard) declares two units, the others one
+        '{"shards":[{"rewards":[["0x0.0p+0"],["0x1.0000000000000p+0"]],"dtype":"float32","out_dtype":"float32","group_ids":[0,0],"segment_sizes":[2]},{"rewards":[["0x1.0000000000000p+0"],["0x1.0000000000000p+1"]],"dtype":"float32","out_dtype":"float32","group_ids":[0,0],"segment_sizes":[2]},{"rewards":[],"dtype":"float32","out_dtype":"float32","group_ids":[],"segment_sizes":[0,0],"width":1},{"rewards":[["0x1.0000000000000p+0"],["0x1.8000000000000p+1"]],"dtype":"float32","out_dtype":"float32","group_ids":[3,3],"segment_sizes":[2]}],"note":"error:unit_count_mismatch:2"}',
+    ),
 }

@@ -1,0 +1,170 @@
+"""``python -m conformance.gpu_check --out FILE``: the GPU part of the conformance suite.
+
+Runs on a machine with a CUDA device (the lent H200) and writes a JSON results
+file after every part, so a run cut short still leaves what it did:
+
+1. **cuda**: every single-process property with CUDA tensors in and out (the
+   oracle judges the copied-back values; the output must stay on the device);
+2. **bitwise**: CUDA against CPU on the same inputs (informational: the spec asks
+   for the error bound, the implementation also claims identical bits);
+3. **nccl_world1**: the distributed properties at world size 1 over NCCL (NCCL
+   refuses two ranks on one GPU, "Duplicate GPU detected");
+4. **gloo_cuda_2**: the distributed properties with CUDA tensors over gloo,
+   2 processes sharing the one GPU.
+
+Budget: ``--examples`` per property (default 40, the ci profile's), derandomized;
+``--deadline`` seconds for the whole run (default 170): parts that would start after
+it are recorded as not run. Exit status 0 when every part that ran passed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+import traceback
+
+import numpy as np
+
+
+def _settings(examples: int):
+    from hypothesis import HealthCheck, settings
+
+    return settings(max_examples=examples, derandomize=True, deadline=None, database=None,
+                    suppress_health_check=list(HealthCheck), print_blob=False, report_multiple_bugs=False)
+
+
+def _run_property(prop, subject, examples: int) -> dict:
+    from conformance import properties as P
+
+    t0 = time.monotonic()
+    why = subject.unsupported(prop.needs)
+    if why:
+        return {"property": prop.name, "status": "skip", "reason": why, "seconds": 0.0}
+    record: list = []
+    try:
+        P.build_test(prop, subject, _settings(examples), record=record)()
+        status, message = "pass", ""
+    except Exception as e:  # noqa: BLE001
+        status, message = "fail", str(e)[-6000:]
+    return {"property": prop.name, "status": status, "examples": examples,
+            "seconds": round(time.monotonic() - t0, 2), "message": message,
+            "case": record[-1].dumps() if record else None}
+
+
+def _bitwise(target: str, examples: int) -> dict:
+    """CUDA vs CPU bits on the plain and testfloat strategies (informational)."""
+    from hypothesis import given
+
+    from conformance import strategies as S
+    from conformance.plugins import Subject
+
+    cpu, gpu = Subject(target), Subject(target, device="cuda")
+    stats = {"compared": 0, "identical": 0, "first_difference": None}
+
+    @_settings(examples)
+    @given(case=S.cases(S.Context(), kinds=("binary", "plain", "testfloat", "offset"), pairs=("anti_exact",)))
+    def run(case):
+        a, b = cpu.outcome(cpu.call, case), gpu.outcome(gpu.call, case)
+        if a.ok and b.ok:
+            stats["compared"] += 1
+            if a.values.tobytes() == b.values.tobytes():
+                stats["identical"] += 1
+            elif stats["first_difference"] is None:
+                i = int(np.flatnonzero(a.values != b.values)[0]) if np.any(a.values != b.values) else 0
+                stats["first_difference"] = {"case": case.dumps(), "index": i, "cpu": float(a.values[i]).hex(),
+                                             "cuda": float(b.values[i]).hex()}
+
+    t0 = time.monotonic()
+    run()
+    return {"property": "cpu_vs_cuda_bits", "status": "info", "seconds": round(time.monotonic() - t0, 2), **stats}
+
+
+def _dist_variant(prop, world: int):
+    """The distributed property at another world size (same check)."""
+    import dataclasses
+
+    from conformance import properties as P
+    from conformance import strategies as S
+
+    if prop.check is P.check_dist_values:
+        strat = lambda ctx, subject: S.dist_cases(ctx, world)  # noqa: E731
+    else:
+        strat = lambda ctx, subject: P.dist_error_cases(ctx, world)  # noqa: E731
+    return dataclasses.replace(prop, name=f"{prop.check.__name__.replace('check_', '')}_{world}", strategy=strat,
+                               world=world)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m conformance.gpu_check", description=__doc__.split("\n")[0])
+    ap.add_argument("--out", required=True, help="results file (JSON)")
+    ap.add_argument("--impl", default="impl.gdpo:gdpo_advantages")
+    ap.add_argument("--examples", type=int, default=40)
+    ap.add_argument("--deadline", type=float, default=170.0, help="seconds for the whole run")
+    args = ap.parse_args(argv)
+    start = time.monotonic()
+
+    import torch
+
+    from conformance import distributed
+    from conformance import properties as P
+    from conformance.plugins import Subject
+
+    results = {"impl": args.impl, "examples_per_property": args.examples, "python": platform.python_version(),
+               "torch": torch.__version__, "cuda_available": torch.cuda.is_available(), "parts": {},
+               "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    if torch.cuda.is_available():
+        results["device"] = torch.cuda.get_device_name(0)
+        results["cuda"] = torch.version.cuda
+        results["nccl"] = ".".join(map(str, torch.cuda.nccl.version())) if hasattr(torch.cuda, "nccl") else None
+
+    def save():
+        results["seconds"] = round(time.monotonic() - start, 1)
+        with open(args.out, "w") as f:
+            json.dump(results, f, indent=1)
+
+    if not torch.cuda.is_available():
+        results["parts"]["all"] = [{"status": "skip", "reason": "no CUDA device"}]
+        save()
+        print("no CUDA device: nothing to check")
+        return 0
+
+    single = [p for p in P.PROPERTIES if p.world == 0]
+    dist = [p for p in P.PROPERTIES if p.world == 2]
+    parts = [
+        ("cuda", lambda: [_run_property(p, Subject(args.impl, device="cuda"), args.examples) for p in single]),
+        ("bitwise", lambda: [_bitwise(args.impl, args.examples)]),
+        ("nccl_world1", lambda: [_run_property(_dist_variant(p, 1), Subject(args.impl, device="cuda",
+                                                                           backend="nccl"), args.examples)
+                                 for p in dist]),
+        ("gloo_cuda_2", lambda: [_run_property(_dist_variant(p, 2), Subject(args.impl, device="cuda",
+                                                                           backend="gloo"), args.examples)
+                                 for p in dist]),
+    ]
+    ok = True
+    for name, fn in parts:
+        if time.monotonic() - start > args.deadline:
+            results["parts"][name] = [{"status": "not run", "reason": f"past the {args.deadline:g} s deadline"}]
+            save()
+            continue
+        t0 = time.monotonic()
+        try:
+            rows = fn()
+        except Exception:  # noqa: BLE001 - a broken part is recorded, the next one still runs
+            rows = [{"status": "error", "message": traceback.format_exc()[-6000:]}]
+        finally:
+            distributed.close_all()
+        results["parts"][name] = rows
+        ok &= all(r.get("status") in ("pass", "skip", "info") for r in rows)
+        print(f"{name}: " + ", ".join(f"{r.get('property', '?')} {r['status']}" for r in rows)
+              + f" ({time.monotonic() - t0:.1f} s)", flush=True)
+        save()
+    results["ok"] = ok
+    save()
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
