@@ -495,6 +495,7 @@ class DistErrorCase:
     why: str
     build: Callable  # (draw, DistCase, offender) -> DistCase
     names_offender: bool = True
+    min_world: int = 1  # cross-rank disagreements need two ranks to disagree
 
 
 def _shard(case: DistCase, r: int, **changes) -> DistCase:
@@ -561,9 +562,10 @@ DIST_ERROR_CASES = (
     DistErrorCase("inf_on_one_rank", "an infinite reward on one rank", _d_nonfinite(-math.inf)),
     DistErrorCase("group_of_one_on_one_rank", "a group of one sample on one rank", _d_singleton),
     DistErrorCase("segments_sum_on_one_rank", "unit sizes not summing to the rank's samples", _d_segments_sum),
-    DistErrorCase("unit_count_mismatch", "ranks disagree on the number of units", _d_units_mismatch),
+    DistErrorCase("unit_count_mismatch", "ranks disagree on the number of units", _d_units_mismatch,
+                  min_world=2),
     DistErrorCase("segments_none_on_one_rank", "segment metadata missing on one rank, several units elsewhere",
-                  _d_segments_none),
+                  _d_segments_none, min_world=2),
     DistErrorCase("integer_rewards_on_one_rank", "an integer tensor on one rank",
                   lambda d, c, r: _shard(c, r, dtype="int64",
                                          rewards=tuple(tuple(float(round(v)) for v in row)
@@ -576,7 +578,7 @@ DIST_ERROR_BY_NAME = {e.name: e for e in DIST_ERROR_CASES}
 
 @st.composite
 def dist_error_cases(draw, ctx: S.Context, world: int) -> DistCase:
-    ec = draw(st.sampled_from(DIST_ERROR_CASES))
+    ec = draw(st.sampled_from([e for e in DIST_ERROR_CASES if world >= e.min_world]))
     base = draw(S.dist_cases(ctx, world, kinds=("binary", "ints", "plain"), pairs=(),
                              weight_modes=("none", "ones", "random"), k_max=3))
     r = _nonempty(base, draw(st.integers(0, world - 1)))
@@ -708,6 +710,9 @@ def expressible(case, ctx: S.Context) -> bool:
             return False
         if c.out_dtype not in ctx.out_dtypes:
             return False
+        if c.weights is not None and ctx.weights_dtype != "float64" and \
+                not np.array_equal(S.round_to(c.weights, ctx.weights_dtype), np.array(c.weights)):
+            return False
     return True
 
 
@@ -726,7 +731,7 @@ def build_test(prop: Property, subject: Subject, config: settings | None = None,
         if budget_s is not None and record and time.monotonic() - start > budget_s:
             return
         try:
-            prop.check(subject, case)
+            prop.check(subject, case, prop.name)
         except UnsatisfiedAssumption:
             raise  # a case the oracle cannot judge (ORACLE_LIMITS), discarded
         except Exception as exc:
