@@ -93,23 +93,25 @@ def two_pass(x: torch.Tensor, count: torch.Tensor, eps: float, *, pad_mask: torc
     collapse).
     """
     lo = hi = None
-    if minmax:
+    if minmax or x.device.type == "cpu":  # no full-size temporary (CPU pages are not cached)
         lo, hi = x.amin(1, keepdim=True), x.amax(1, keepdim=True)
         absmax = torch.maximum(hi, -lo)
-    else:
+    else:  # two kernels instead of four
         absmax = x.abs().amax(1, keepdim=True)
     f, eps_f = seg_ops.scale(absmax, eps)
     d = x.mul_(f) if own else x * f
     shift = d[:, :1].clone()
     d.sub_(shift)
-    mean = seg_ops.tree_sum(d).div_(count)
+    bufs = seg_ops.scratch(d)  # the tree levels of both sums live here
+    mean = torch.div(seg_ops.tree_sum(d, bufs), count)
     if minmax:
         mean = torch.where(lo == hi, -0.0, mean)
     dev = d.sub_(mean)
-    sq = dev * dev
-    if pad_mask is not None:
-        sq.mul_(pad_mask)
-    return TwoPass(absmax, lo, hi, f, eps_f, shift, mean, dev, seg_ops.tree_sum(sq))
+    if pad_mask is None:
+        m2 = seg_ops.tree_sum(dev, bufs, squares=True)
+    else:
+        m2 = seg_ops.tree_sum((dev * dev).mul_(pad_mask), bufs)
+    return TwoPass(absmax, lo if minmax else None, hi if minmax else None, f, eps_f, shift, mean, dev, m2)
 
 
 def denominator(var: torch.Tensor, eps_f: torch.Tensor, eps: float) -> torch.Tensor:

@@ -1,9 +1,12 @@
 """Orchestration: validation, the one host read, and the distributed protocol.
 
 Local calls (no process group) raise host-side problems at once, compute on the
-device, read the facts row once and raise its first problem. Distributed calls
-never raise before the agreement: every local problem, including an unexpected
-exception, becomes a code in this rank's row of the agreement table.
+device, read the facts row once and raise its first problem (contiguous
+groups: after the whole call is queued; labelled groups: after phase one,
+whose facts include the padded layout's shape). Distributed calls never raise
+before the agreement: every local problem, including an unexpected exception,
+becomes a code in this rank's row of the agreement table. Contiguous groups
+compute everything before it; labelled groups compute Eq. 4/7 after it.
 
 Collectives per distributed call (independent of the number of units):
 
@@ -15,8 +18,10 @@ Collectives per distributed call (independent of the number of units):
    exact gather (x + 0 on the bits), on every backend and device that can
    all-reduce int64 (gloo on CPU and CUDA, NCCL);
 3. only when the output dtype's range is below the Samuelson bound sqrt(N) of
-   a whitened value (float8 output and more than ~2e5 samples): an int64
-   all-reduce of "my values do not survive the cast", so all ranks raise together.
+   a whitened value (float8 output and more than ~2e5 samples), or when a rank
+   has labelled groups and the agreed weights are so large that Eq. 7 may
+   overflow: an int64 all-reduce of "my values do not survive the cast" and
+   "my combined values overflow here", so all ranks raise together.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import math
 import torch
 import torch.distributed as dist
 
+from impl import _graphs
 from impl import _normalize as N
 from impl import _problems as P
 from impl import _whiten as W
@@ -218,13 +224,36 @@ def gdpo_local(rewards, group_ids, group_size, weights, segment_sizes, eps, out_
     except Problem as p:
         raise p.error() from None
     direct = _apply_dtype(out_dtype, inp.n)
+    if _graphs.eligible(inp):
+        key = (tuple(inp.rewards.shape), inp.rewards.dtype, str(inp.rewards.device), inp.group_size,
+               tuple(P.float_bits(w) for w in inp.weights), tuple(sizes), P.float_bits(eps), out_dtype)
+        got = _graphs.run(key, inp, lambda i: _gdpo_device(i, sizes, eps, direct))
+        if got is not None:
+            a, cols, values = got
+            row = _local_row(_rewards_host(inp), {})
+            for col, v in zip(cols, values):
+                row[col] = v
+            P.raise_local(row)
+            return _finish_local(a, out_dtype), None
 
     def whiten(norm):
-        loc = W.local_stats(norm.c, sizes, eps)
+        loc = W.local_stats(norm.c, sizes, eps, own=True)  # c is not returned: work space
         return W.apply_local(loc, eps, direct), loc
 
     _, _, (a, loc) = _normalize_checked(inp, eps, then=whiten)
     return _finish_local(a, out_dtype), loc
+
+
+def _gdpo_device(inp, sizes, eps, direct):
+    """The device part of a local call with contiguous groups on a device where
+    every check is branch-free (CUDA): no host read, no host-to-device copy
+    except cached constants, so it can be captured in a CUDA graph."""
+    prep = N.prepare(inp, lazy=False)
+    norm = N.finish(prep, eps)
+    a = W.apply_local(W.local_stats(norm.c, sizes, eps, own=True), eps, direct)
+    facts = {**prep.facts, **norm.facts}
+    cols = tuple(sorted(facts))
+    return a, cols, torch.stack([facts[c].to(_I64).reshape(()) for c in cols])
 
 
 # --- distributed calls ----------------------------------------------------------

@@ -131,34 +131,68 @@ def host_to_device(values: list, dtype: torch.dtype, device: torch.device) -> to
     return to_device(torch.tensor(values, dtype=dtype), device)
 
 
-def tree_sum(x: torch.Tensor, dim: int = 1) -> torch.Tensor:
-    """Sum along dim 1 by the canonical pairwise tree, keeping the dim.
+def _halves(x: torch.Tensor, m: int):
+    """Even and odd entries (positions 2i and 2i + 1, i < m // 2) along dim 1."""
+    h = m // 2
+    size = list(x.shape)
+    size[1] = h
+    stride = list(x.stride())
+    step = stride[1]
+    stride[1] = 2 * step
+    at = x.storage_offset()
+    return x.as_strided(size, stride, at), x.as_strided(size, stride, at + step)
+
+
+def _level_out(x: torch.Tensor, m: int, buf: torch.Tensor | None) -> torch.Tensor:
+    size = list(x.shape)
+    size[1] = m // 2 + m % 2
+    if buf is None:
+        return torch.empty(size, dtype=x.dtype, device=x.device)
+    return buf[: math.prod(size)].view(size)
+
+
+def scratch(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two buffers for the levels of :func:`tree_sum` on x (each as large as the
+    first level): the levels alternate between them instead of allocating."""
+    m = x.shape[1]
+    n = x.numel() // max(m, 1) * (m // 2 + m % 2)
+    return (torch.empty(n, dtype=x.dtype, device=x.device), torch.empty(n, dtype=x.dtype, device=x.device))
+
+
+def tree_sum(x: torch.Tensor, bufs=None, *, squares: bool = False) -> torch.Tensor:
+    """Sum along dim 1 by the canonical pairwise tree, keeping the dim (of the
+    squares of x if ``squares``: each square rounded, then summed the same way).
 
     Level s pairs positions p and p + s (p a multiple of 2s); a position
     without a partner passes up unchanged. One elementwise addition per level:
     the pairs of a level are the even and odd entries of the previous level's
-    partial sums (an odd one out is carried along).
+    partial sums (an odd one out is carried along). ``bufs`` (from
+    :func:`scratch`) hold the levels; the result is then a view into them.
     """
-    assert dim == 1
     m = x.shape[1]
-    while m > 1:
+    if squares:
+        if m == 1:
+            return x * x
+        even, odd = _halves(x, m)
         h = m // 2
-        size = list(x.shape)
-        size[1] = h
-        stride = list(x.stride())
-        step = stride[1]
-        stride[1] = 2 * step
-        at = x.storage_offset()
-        even = x.as_strided(size, stride, at)
-        odd = x.as_strided(size, stride, at + step)
+        y = _level_out(x, m, bufs[0] if bufs else None)
+        torch.mul(even, even, out=y.narrow(1, 0, h))
+        tmp = bufs[1][: even.numel()].view(even.shape) if bufs else None
+        y.narrow(1, 0, h).add_(torch.mul(odd, odd, out=tmp) if tmp is not None else odd * odd)
         if m % 2:
-            size[1] = h + 1
-            y = torch.empty(size, dtype=x.dtype, device=x.device)
-            torch.add(even, odd, out=y.narrow(1, 0, h))
-            y.narrow(1, h, 1).copy_(x.narrow(1, m - 1, 1))
-        else:
-            y = even + odd
+            last = x.narrow(1, m - 1, 1)
+            torch.mul(last, last, out=y.narrow(1, h, 1))
         x, m = y, h + m % 2
+        bufs = (bufs[1], bufs[0]) if bufs else None
+    while m > 1:
+        even, odd = _halves(x, m)
+        h = m // 2
+        y = _level_out(x, m, bufs[0] if bufs else None)
+        torch.add(even, odd, out=y.narrow(1, 0, h))
+        if m % 2:
+            y.narrow(1, h, 1).copy_(x.narrow(1, m - 1, 1))
+        x, m = y, h + m % 2
+        bufs = (bufs[1], bufs[0]) if bufs else None
     return x
 
 

@@ -43,7 +43,7 @@ _I64 = torch.int64
 COLS = 7
 _N, _E, _SHIFT, _MEAN, _M2, _MIN, _MAX = range(COLS)
 
-host_to_device = seg_ops.host_to_device
+constant = seg_ops.constant
 
 
 @dataclasses.dataclass
@@ -70,7 +70,7 @@ def layout(sizes: list[int], rows: int, device) -> Layout:
         starts.append(starts[-1] + s)
     if units * longest > PAD_FACTOR * rows + PAD_SLACK:
         return Layout(sizes, "loop", device, longest, starts=starts)
-    base = host_to_device([j * longest - o for j, o in enumerate(starts)] + sizes, _I64, device)
+    base = constant(tuple(j * longest - o for j, o in enumerate(starts)) + tuple(sizes), _I64, device)
     offset = torch.repeat_interleave(base[:units], base[units:], output_size=rows)
     slot = offset.add_(torch.arange(rows, dtype=_I64, device=device))
     return Layout(sizes, "padded", device, longest, slot, starts)
@@ -81,7 +81,7 @@ def _padded(v: torch.Tensor, lay: Layout) -> tuple[torch.Tensor, torch.Tensor]:
     member mask (1.0 on members, 0.0 on padding)."""
     units, width = len(lay.sizes), lay.width
     rows = v.shape[0]
-    firsts = host_to_device([min(o, rows - 1) for o in lay.starts], _I64, v.device)
+    firsts = constant(tuple(min(o, rows - 1) for o in lay.starts), _I64, v.device)
     buf = v.index_select(0, firsts)[:, None].expand(units, width).contiguous()
     buf.view(-1).index_copy_(0, lay.slot, v)
     mask = torch.zeros(units * width, dtype=_F64, device=v.device).index_fill_(0, lay.slot, 1.0)
@@ -109,26 +109,27 @@ class Local:
         sizes = self.lay.sizes
         if self.lay.kind == "loop":
             return torch.cat([p.table(device) for p in self.parts])
-        empty = host_to_device([0.0, 0.0, 0.0, 0.0, 0.0, math.inf, -math.inf], _F64, device)
+        empty = constant((0.0, 0.0, 0.0, 0.0, 0.0, math.inf, -math.inf), _F64, device)
         if self.tp is None:
             return empty.expand(len(sizes), COLS).clone()
         tp = self.tp
-        cols = [host_to_device([float(s) for s in sizes], _F64, device)[:, None],
+        cols = [constant(tuple(float(s) for s in sizes), _F64, device)[:, None],
                 seg_ops.scale_exponent(tp.f).to(_F64), tp.shift, tp.mean, tp.m2, tp.lo.to(_F64), tp.hi.to(_F64)]
         table = torch.cat([c.expand(len(sizes), 1) for c in cols], 1)
         if 0 in sizes:
-            has = host_to_device([s > 0 for s in sizes], torch.bool, device)
+            has = constant(tuple(s > 0 for s in sizes), torch.bool, device)
             table = torch.where(has[:, None], table, empty)
         return table
 
 
-def local_stats(v: torch.Tensor, sizes: list[int], eps: float) -> Local:
-    """This rank's statistics of values ``v`` (N,) cut into units of ``sizes``."""
+def local_stats(v: torch.Tensor, sizes: list[int], eps: float, own: bool = False) -> Local:
+    """This rank's statistics of values ``v`` (N,) cut into units of ``sizes``
+    (``own``: v is a float64 tensor of this call's, used as work space)."""
     lay = layout(sizes, v.shape[0], v.device)
     if lay.kind == "empty":
         return Local(lay)
     if lay.kind == "loop":
-        return Local(lay, parts=[local_stats(v.narrow(0, o, s), [s], eps) for o, s in zip(lay.starts, sizes)])
+        return Local(lay, parts=[local_stats(v.narrow(0, o, s), [s], eps, own) for o, s in zip(lay.starts, sizes)])
     mask = None
     if lay.kind == "view":
         x = v.view(len(sizes), lay.width)
@@ -136,7 +137,8 @@ def local_stats(v: torch.Tensor, sizes: list[int], eps: float) -> Local:
     else:
         x, mask = _padded(v, lay)
         count = seg_ops.constant(tuple(float(s) for s in sizes), _F64, v.device)[:, None]
-    return Local(lay, two_pass(x, count, eps, pad_mask=mask, minmax=True), x)
+    inplace = own and x.dtype == _F64  # the values are not needed again (no merge across ranks)
+    return Local(lay, two_pass(x, count, eps, pad_mask=mask, minmax=True, own=inplace), None if inplace else x)
 
 
 def _den(m2: torch.Tensor, count: torch.Tensor, eps_f: torch.Tensor, eps: float) -> torch.Tensor:

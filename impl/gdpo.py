@@ -19,12 +19,23 @@ unit is scaled by an exact power of two folded into eps, so rewards up to the
 float64 limit (``[-1.7e308, 1.7e308]``) compute without overflow. Exact
 collapse is not a threshold: equal values give differences of exactly 0, hence
 exactly 0. Constant-sum columns (r2 = C - r1) give z2 = -z1 bit for bit and
-c = 0 exactly under equal weights. Reductions are fixed pairwise trees of
-correctly rounded elementwise operations (no atomics, no BLAS, no fused
-multiply-add, no scalar divisors), and the square root is corrected to the
-correctly rounded one (``torch.sqrt`` of float64 is only faithful on some CPU
-builds): the same input gives the same bits on every run, and the same bits on
-CPU and CUDA (checked on an H200 with torch 2.11).
+c = 0 exactly under equal weights. Sums are one fixed pairwise tree per group
+column or unit, made of correctly rounded elementwise additions (no atomics,
+no library reduction of floats, no BLAS, no fused multiply-add, no scalar
+divisors: CUDA turns those into a multiplication by the reciprocal); min and
+max are exact; the square root is the correctly rounded one (NumPy's IEEE
+sqrt on CPU, where torch's vectorised float64 sqrt is only faithful; CUDA's
+own sqrt.rn). So the same input gives the same bits on every run, and the same
+bits on CPU and CUDA (the tree depends on a segment's length only, not on the
+layout, device or thread count).
+
+Speed (see ``_normalize`` and ``_whiten``): the work is laid out densely, never
+as per-group or per-unit Python loops. Eq. 4 runs on one float64 copy of the
+rewards laid out (K, n, G), groups innermost, so every step is a handful of
+whole-tensor kernels over long contiguous rows (log2 n tree levels per sum);
+labelled groups take one stable sort and one gather into a padded
+(K, n_max, G) layout. Eq. 6 works on views (S, m) of the combined values (or a
+padded (S, m_max) layout for ragged units), log2 m tree levels per sum.
 
 Decisions this module makes (the brief left them open):
 
@@ -55,10 +66,16 @@ Decisions this module makes (the brief left them open):
   float64 inputs beyond float32 range are *not* an error: whitening bounds them.
 * Host synchronisations on CUDA: one per call (the read of the facts row / the
   agreement table), whatever the number of groups or units; host lists (labels,
-  sizes) are copied pinned and non-blocking. Extra ones only where stated:
-  weights or segment_sizes given as CUDA tensors (one read each; pass lists),
-  more than 32 units across ranks (their counts are read after the statistics
-  gather), and the float8 cast check.
+  sizes) are copied pinned and non-blocking, and small constants (counts,
+  weights) are kept on the device. With contiguous groups the read comes last,
+  after every kernel of the call is queued; labelled groups read G and n_max
+  (the padded layout's shape) in the same read, before Eq. 4. Extra reads only
+  where stated: weights or segment_sizes given as CUDA tensors (one read each;
+  pass lists), more than 32 units across ranks (their counts are read after
+  the statistics gather), the float8 cast check, labelled groups so ragged
+  that padding would exceed 4x the batch (the bucket sizes), labelled groups
+  with weights so large that Eq. 7 may overflow float64
+  (2 sqrt(n_max) sum|w| >= 2**1023), and refused calls (locating the culprit).
 
 Distributed protocol (``whiten`` / ``gdpo_advantages`` with ``process_group``):
 no rank raises before one fixed-shape all-reduce of an int64 (world_size, 64)
@@ -68,8 +85,12 @@ raises the same DistributedError naming the offending ranks, or none does. The
 statistics of all units then travel in one more all-reduce (an exact gather)
 and are merged in rank order with Chan's formula, identically on every rank:
 two collectives per call for any number of units (three only for the reachable
-float8 cast check). Collective failures (a dead peer, a timeout) are re-raised
-as DistributedError.
+float8 cast check, or for labelled groups with weights so large that Eq. 7 may
+overflow). Collective failures (a dead peer, a timeout) are re-raised as
+DistributedError. Labelled groups compute Eq. 4/7 between the two collectives
+(their layout needs the agreed table): every input problem is refused before,
+but an unexpected local exception there (out of memory) leaves the other ranks
+to fail at the second collective within the process group's timeout.
 """
 
 from __future__ import annotations

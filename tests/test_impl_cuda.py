@@ -3,9 +3,10 @@
 Claim tested: CUDA gives the *same bits* as CPU. The algorithm is the same on
 both devices: only correctly rounded IEEE operations (add, sub, mul, div, sqrt
 of float64 tensors, never a scalar divisor, no fused multiply-add, no BLAS),
-exact power-of-two scaling built from bit patterns, and reductions along fixed
-pairwise trees made of elementwise steps (no atomics, no library reductions of
-floats). So no tolerance is needed, and none is given.
+exact power-of-two scaling built from bit patterns, exact min/max, and sums
+along fixed pairwise trees made of elementwise steps (no atomics, no library
+reductions of floats), whatever the layout (contiguous, padded, bucketed,
+looped units). So no tolerance is needed, and none is given.
 
 Also: determinism on CUDA, the distributed protocol over NCCL at world size 1
 (one GPU; NCCL refuses two ranks on one device) and over gloo with CUDA tensors
@@ -90,6 +91,19 @@ def test_cuda_matches_cpu_bit_for_bit(name):
     assert not bad, f"{name}: {len(bad)} of {len(a)} differ; first at {bad[0]}: cpu {a[bad[0]]} cuda {b[bad[0]]}"
 
 
+def test_cuda_matches_cpu_in_bucketed_and_looped_layouts(monkeypatch):
+    """Labelled groups cut into size buckets and ragged units taken one at a time
+    (forced here; real batches reach them only when padding would exceed 4x)."""
+    import impl._normalize as norm_mod
+    import impl._whiten as whiten_mod
+
+    for mod in (norm_mod, whiten_mod):
+        monkeypatch.setattr(mod, "PAD_FACTOR", 0)
+        monkeypatch.setattr(mod, "PAD_SLACK", 0)
+    for name in ("normalize_ragged_labels", "gdpo_ragged_labels_units", "signal", "whiten_units"):
+        assert _bits(CASES[name]("cpu")) == _bits(CASES[name]("cuda")), name
+
+
 def test_cuda_is_deterministic():
     r, labels, sizes = _batch(5, n_groups=20000)  # ~170k rows: many blocks per kernel
     r, labels = r.cuda(), labels.cuda()
@@ -105,6 +119,34 @@ def test_cuda_refusals_name_the_place():
         gdpo.gdpo_advantages(r, group_ids=torch.tensor([9, 9, 3, 3], device="cuda"))
     with pytest.raises(gdpo.GroupError, match=r"group label 3 \(first row 2\) has 1 sample"):
         gdpo.normalize_rewards(r.nan_to_num(), group_ids=torch.tensor([9, 9, 3, 5], device="cuda"))
+
+
+def test_cuda_graph_replay_gives_the_eager_bits_and_one_sync(monkeypatch):
+    """GDPO_CUDA_GRAPHS=1: a captured call replays the same kernels, so the same
+    bits as eager, new data included, refusals included, one host read per call.
+    (A capture that fails falls back to eager; the counters printed say which ran.)"""
+    from impl import _graphs
+
+    g = torch.Generator().manual_seed(8)
+    r = (torch.randn(4096, 4, generator=g, dtype=F64) * 3 + 1e6).to(F32).cuda()
+    r2 = (torch.randn(4096, 4, generator=g, dtype=F64) * 1e-3).to(F32).cuda()
+
+    def call(x):
+        return gdpo.gdpo_advantages(x, group_size=16, weights=[1.0, 0.5, 2.0, 1.0], segment_sizes=[1024, 3072])
+
+    eager = [_bits(call(r)), _bits(call(r2))]
+    monkeypatch.setenv("GDPO_CUDA_GRAPHS", "1")
+    before = dict(_graphs.stats)
+    assert [_bits(call(r)), _bits(call(r2)), _bits(call(r))] == [eager[0], eager[1], eager[0]]
+    syncs = _syncs(lambda: call(r2))
+    bad = r.clone()
+    bad[5, 2] = math.nan
+    with pytest.raises(gdpo.NonFiniteError, match=r"rewards\[5, 2\] \(row 5, reward column 2, group 0"):
+        call(bad)
+    after = {k: _graphs.stats[k] - before[k] for k in before}
+    print(f"\nCUDA graphs: {after}, {len(syncs)} host sync(s) per replayed call")
+    assert len(syncs) <= 1, syncs
+    assert after["captures"] + after["fallbacks"] >= 1
 
 
 # --- host synchronisations -----------------------------------------------------------------------

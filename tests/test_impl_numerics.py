@@ -434,3 +434,81 @@ def test_square_root_is_correctly_rounded():
                    torch.tensor([0.0, 0.125, 2.0, 1.0, 3.0, 1e-300], dtype=F64)])
     ref = [math.sqrt(x).hex() for x in q.tolist()]
     assert [x.hex() for x in sqrt_rn(q).tolist()] == ref
+
+
+# --- layouts: the pairwise tree depends on a segment's length only ---------------------------
+
+
+def _ragged_labels(seed, n_groups=40, k=3):
+    g = torch.Generator().manual_seed(seed)
+    sizes = torch.randint(2, 9, (n_groups,), generator=g)
+    sizes[3] = 37  # one long group: padding everything to it would be wasteful
+    n = int(sizes.sum())
+    r = torch.randn(n, k, generator=g, dtype=F64) * 10.0 ** torch.randint(-3, 4, (k,), generator=g) \
+        + 10.0 ** torch.randint(0, 9, (k,), generator=g)
+    r[:, 0] = r[:, 0].round()
+    labels = torch.repeat_interleave(torch.randperm(n_groups, generator=g) * 3 - 7, sizes)
+    return r, labels[torch.randperm(n, generator=g)]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_padded_bucketed_and_looped_layouts_agree_bit_for_bit(seed, monkeypatch):
+    """Labelled groups padded to the longest group, cut into size buckets, and
+    ragged units padded or taken one at a time: the same bits (the tree of a
+    segment is fixed by its length, padding only adds zeros)."""
+    import impl._normalize as norm_mod
+    import impl._whiten as whiten_mod
+
+    r, labels = _ragged_labels(seed)
+    n = r.shape[0]
+    seg = [5, n - 5 - 40, 0, 40]
+    w = [1.0, -0.5, 3.0]
+
+    def run():
+        return (_bits(gdpo.normalize_rewards(r, group_ids=labels, weights=w)),
+                _bits(gdpo.gdpo_advantages(r, group_ids=labels, weights=w, segment_sizes=seg, out_dtype=F64)),
+                gdpo.group_has_signal(r, group_ids=labels, weights=w).tolist(),
+                _bits(gdpo.whiten(r[:, 1], segment_sizes=seg, out_dtype=F64)))
+
+    padded = run()
+    for mod in (norm_mod, whiten_mod):
+        monkeypatch.setattr(mod, "PAD_FACTOR", 0)
+        monkeypatch.setattr(mod, "PAD_SLACK", 0)
+    assert run() == padded
+    # and a unit alone gives the bits it has among others
+    alone = gdpo.whiten(r[5: n - 40, 1], out_dtype=F64)
+    assert _bits(alone) == padded[3][5: n - 40]
+
+
+def test_contiguous_and_labelled_groups_give_the_same_bits_for_every_group_size():
+    g = torch.Generator().manual_seed(9)
+    for size in (2, 3, 5, 8, 13, 16):
+        r = torch.randn(size * 7, 3, generator=g, dtype=F64) * 1e3 + 1e9
+        labels = torch.arange(size * 7) // size
+        a = gdpo.gdpo_advantages(r, group_size=size, out_dtype=F64, segment_sizes=[size * 3, size * 4])
+        b = gdpo.gdpo_advantages(r, group_ids=labels, out_dtype=F64, segment_sizes=[size * 3, size * 4])
+        assert _bits(a) == _bits(b), size
+
+
+def test_graphable_device_part_is_the_call():
+    """The device part a CUDA graph captures (no host read, checks without
+    branches) gives the call's bits and the facts that name a bad reward."""
+    from impl import _inputs, _pipeline
+    from impl import _problems as P
+
+    g = torch.Generator().manual_seed(4)
+    r = torch.randn(96, 3, generator=g) * 5 + 1e4
+    w = [1.0, -2.0, 0.5]
+    inp = _inputs.check_rewards(r, None, 8, w, allow_empty_rows=False)
+    a, cols, facts = _pipeline._gdpo_device(inp, [40, 56], DEFAULT_EPS, F32)
+    assert _bits(a) == _bits(gdpo.gdpo_advantages(r, group_size=8, weights=w, segment_sizes=[40, 56]))
+    bad = r.clone()
+    bad[50, 1] = -math.inf
+    inp = _inputs.check_rewards(bad, None, 8, w, allow_empty_rows=False)
+    _, cols, facts = _pipeline._gdpo_device(inp, [40, 56], DEFAULT_EPS, F32)
+    row = [0] * P.ROW_WIDTH
+    row[P.PRESENT], row[P.K], row[P.ROWS], row[P.GROUP_SIZE] = 1, 3, 96, 8
+    for col, v in zip(cols, facts.tolist()):
+        row[col] = v
+    with pytest.raises(gdpo.NonFiniteError, match=r"rewards\[50, 1\] \(row 50, reward column 1, group 6 .*\) is -inf"):
+        P.raise_local(row)

@@ -1,0 +1,85 @@
+"""Optional CUDA-graph replay of local ``gdpo_advantages`` calls (opt-in).
+
+Set ``GDPO_CUDA_GRAPHS=1`` to enable. At small batch sizes a call is bounded by
+kernel launches (about 80 eager kernels, each a few microseconds of host time),
+not by the GPU. With graphs, the first call of a *signature* (shape, dtype,
+device, group_size, weights, segment_sizes, eps, out_dtype) captures the
+device part of the call once; later calls with that signature copy the
+rewards into the graph's input, replay it (one launch), copy the result out
+and read the facts row (the call's one host synchronisation, as in eager).
+
+Same kernels, same order: the bits are those of the eager path. Only local
+calls with contiguous groups on CUDA are graphed, up to ``MAX_ELEMENTS``
+rewards (a graph keeps its intermediates, several times the input, on the
+device); at most ``MAX_GRAPHS`` signatures are kept (least recently used
+first out). A capture that fails leaves that signature to the eager path, for good.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import os
+
+import torch
+
+MAX_ELEMENTS = 1 << 22
+MAX_GRAPHS = 8
+
+_GRAPHS: collections.OrderedDict = collections.OrderedDict()
+_FAILED: set = set()
+#: Counters for benchmarks and tests: captures, replays, fallbacks (failed captures).
+stats = {"captures": 0, "replays": 0, "fallbacks": 0}
+
+
+def enabled() -> bool:
+    return os.environ.get("GDPO_CUDA_GRAPHS", "") == "1"
+
+
+def eligible(inp) -> bool:
+    r = inp.rewards
+    return (enabled() and r.is_cuda and inp.labels is None and r.numel() <= MAX_ELEMENTS
+            and not torch.cuda.is_current_stream_capturing())
+
+
+def run(key: tuple, inp, device_part):
+    """(result, facts columns, facts values) of ``device_part(inp)``, replayed
+    from a graph of this signature; None where no graph can be had."""
+    if key in _FAILED:
+        return None
+    entry = _GRAPHS.get(key)
+    if entry is None:
+        entry = _capture(key, inp, device_part)
+        if entry is None:
+            return None
+    _GRAPHS.move_to_end(key)
+    graph, static_in, out, cols, facts = entry
+    static_in.copy_(inp.rewards)
+    graph.replay()
+    stats["replays"] += 1
+    return out.clone(), cols, facts.tolist()  # the one host read
+
+
+def _capture(key, inp, device_part):
+    static_in = torch.empty_like(inp.rewards, memory_format=torch.contiguous_format)
+    static_in.copy_(inp.rewards)
+    static_inp = dataclasses.replace(inp, rewards=static_in)
+    try:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up: caches (constants, allocator) filled outside the capture
+            for _ in range(2):
+                device_part(static_inp)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out, cols, facts = device_part(static_inp)
+    except Exception:  # noqa: BLE001 - any capture failure: this signature stays eager
+        _FAILED.add(key)
+        stats["fallbacks"] += 1
+        return None
+    stats["captures"] += 1
+    _GRAPHS[key] = (graph, static_in, out, cols, facts)
+    while len(_GRAPHS) > MAX_GRAPHS:
+        _GRAPHS.popitem(last=False)
+    return _GRAPHS[key]
