@@ -69,6 +69,8 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         '{"rewards":[["0x1.fffffe0000000p+127"],["0x1.fffffe0000000p+127"],["0x1.fffffe0000000p+127"],["0x1.fffffe0000000p+127"],["0x1.fffffe0000000p+127"],["0x1.fffffe0000000p+127"],["0x1.fffffe0000000p+127"],["0x1.fffffe0000000p+127"],["0x1.fffffe0000000p+127"],["0x1.fffffe0000000p+127"],["-0x1.fffffe0000000p+127"],["0x0.0p+0"]],"dtype":"float32","out_dtype":"float64","group_ids":[0,0,0,0,0,0,0,0,0,0,0,0]}',
         # float64 rewards of 1e300: squares of 1e200 overflow unless scaled
         '{"rewards":[["0x1.7e43c8800759cp+996","0x1.0000000000000p+0"],["-0x1.7e43c8800759cp+996","0x1.0000000000000p+1"],["0x1.4e718d7d7625ap+664","0x0.0p+0"],["0x1.f5aa543c31387p+665","0x1.4000000000000p+2"]],"dtype":"float64","out_dtype":"float64","group_size":2}',
+        # found by this suite (oracle, fixed in d768062): DBL_MAX rewards beside a tiny weight
+        '{"rewards":[["0x1.fffffffffffffp+1023","0x1.0000000000000p+0"],["-0x1.fffffffffffffp+1023","0x0.0p+0"],["0x1.8000000000000p+1","0x1.fffffffffffffp+1023"],["-0x1.0000000000000p+0","-0x1.fffffffffffffp+1023"]],"dtype":"float64","out_dtype":"float32","group_size":2,"weights":["0x1.0000000000000p-1","0x1.0000000000000p-1000"]}',
     ),
     "units": (
         # one group 1..8 over two training batches of 4: merged whitening flips 4 of 8 signs
@@ -77,6 +79,8 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "weights": (
         # weights 16777216 and -16777217 on one column twice: c = -z exactly, float32 weights give 0
         '{"rewards":[["0x0.0p+0","0x0.0p+0"],["0x1.0000000000000p+0","0x1.0000000000000p+0"],["0x1.8000000000000p+1","0x1.8000000000000p+1"],["0x0.0p+0","0x0.0p+0"]],"dtype":"float64","out_dtype":"float64","group_size":2,"weights":["0x1.0000000000000p+24","-0x1.0000010000000p+24"]}',
+        # found by this suite (oracle, fixed in d768062): a weight of DBL_MAX gave a NaN bound
+        '{"rewards":[["0x1.0000000000000p+0","0x0.0p+0"],["0x0.0p+0","0x1.0000000000000p+0"],["0x0.0p+0","0x0.0p+0"],["0x1.0000000000000p+0","0x1.0000000000000p+0"]],"dtype":"float64","out_dtype":"float64","group_size":2,"weights":["0x1.0000000000000p+0","0x1.fffffffffffffp+1023"]}',
         # a subnormal and a huge weight together
         '{"rewards":[["0x0.0p+0","0x1.0000000000000p+0"],["0x1.0000000000000p+0","0x0.0p+0"],["0x1.0000000000000p+1","0x1.0000000000000p+1"],["0x0.0p+0","0x1.4000000000000p+2"]],"dtype":"float64","out_dtype":"float64","group_size":2,"weights":["0x0.0000000000001p-1022","0x1.7e43c8800759cp+996"]}',
     ),
