@@ -1,11 +1,13 @@
 """CPU benchmarks: impl.gdpo side by side with what users would otherwise run.
 
-    python -m benchmarks.cpu [--quick] [--out FILE.json]
+    python -m benchmarks.cpu [--quick] [--out FILE.json] [--md FILE.md]
 
 For each size, every implementation runs in the same process on the same data;
-the figure is the median wall time over repeats, and ratios are impl / other.
-The per-group Python loop (verl's style) is only timed up to N = 65,536: beyond
-that one call takes minutes.
+the figure is the median wall time over repeats (after one warm-up call), and
+ratios are impl / other (the loop column is loop / impl, a speed-up). The
+per-group Python loop (verl's style) is only timed up to N = 65,536 (one call
+there takes seconds, so one repeat); N = 16,777,216 runs two repeats.
+``--quick``: N <= 65,536 and K = 4 only (about a minute).
 """
 
 from __future__ import annotations
@@ -26,8 +28,9 @@ from impl import gdpo
 LOOP_LIMIT = 65_536
 
 
-def _median_time(fn, repeats: int) -> float:
-    fn()  # warm-up
+def _median_time(fn, repeats: int, warmup: bool = True) -> float:
+    if warmup:
+        fn()
     times = []
     for _ in range(repeats):
         t = time.perf_counter()
@@ -37,6 +40,8 @@ def _median_time(fn, repeats: int) -> float:
 
 
 def _repeats(n: int) -> int:
+    if n >= 16_000_000:
+        return 2
     return max(3, min(50, 2_000_000 // max(n, 1)))
 
 
@@ -64,7 +69,8 @@ def case(n: int, k: int, group: int, units: int, ragged: bool = False) -> dict:
         row["numpy_s"] = _median_time(lambda: numpy_gdpo(rn, group, np.array(w), seg), reps)
         if n <= LOOP_LIMIT:
             index = (torch.arange(n) // group).tolist()
-            row["verl_loop_s"] = _median_time(lambda: verl_group_loop(r, index, w), 1 if n > 8192 else 3)
+            row["verl_loop_s"] = _median_time(lambda: verl_group_loop(r, index, w), 1 if n > 8192 else 3,
+                                              warmup=False)  # pure Python: nothing to warm up
         for other in ("trl_mirror", "numpy", "verl_loop"):
             if f"{other}_s" in row:
                 row[f"impl_over_{other}"] = row["impl_s"] / row[f"{other}_s"]
@@ -78,7 +84,11 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.cpu")
     p.add_argument("--quick", action="store_true", help="N <= 65,536, K = 4 only")
     p.add_argument("--out", default=None)
+    p.add_argument("--md", default=None, help="also write the table as markdown")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own)")
     args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     env = {"machine": platform.machine(), "cpus": os.cpu_count(), "torch": torch.__version__,
            "threads": torch.get_num_threads(), "date": time.strftime("%Y-%m-%d")}
     print(json.dumps(env))
@@ -95,7 +105,28 @@ def main(argv=None) -> int:
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"env": env, "rows": rows}, f, indent=2)
+    if args.md:
+        with open(args.md, "w") as f:
+            f.write(markdown(rows) + "\n")
     return 0
+
+
+def _ms(row, key):
+    return f"{row[key] * 1e3:.3f}" if key in row else "-"
+
+
+def markdown(rows: list[dict]) -> str:
+    """The rows as a markdown table: times in ms, ratios impl / other, loop speed-up."""
+    lines = ["| N | K | groups | units | impl ms | TRL-style f32 ms | numpy f64 ms | verl loop ms "
+             "| impl / TRL | impl / numpy | loop / impl |",
+             "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        ratio = (lambda k: f"{r[k]:.2f}" if k in r else "-")
+        loop = f"{r['verl_loop_s'] / r['impl_s']:.0f}x" if "verl_loop_s" in r else "-"
+        lines.append(f"| {r['N']:,} | {r['K']} | {r['group']} | {r['units']} | {_ms(r, 'impl_s')} "
+                     f"| {_ms(r, 'trl_mirror_s')} | {_ms(r, 'numpy_s')} | {_ms(r, 'verl_loop_s')} "
+                     f"| {ratio('impl_over_trl_mirror')} | {ratio('impl_over_numpy')} | {loop} |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -131,26 +131,6 @@ def host_to_device(values: list, dtype: torch.dtype, device: torch.device) -> to
     return to_device(torch.tensor(values, dtype=dtype), device)
 
 
-def _halves(x: torch.Tensor, m: int):
-    """Even and odd entries (positions 2i and 2i + 1, i < m // 2) along dim 1."""
-    h = m // 2
-    size = list(x.shape)
-    size[1] = h
-    stride = list(x.stride())
-    step = stride[1]
-    stride[1] = 2 * step
-    at = x.storage_offset()
-    return x.as_strided(size, stride, at), x.as_strided(size, stride, at + step)
-
-
-def _level_out(x: torch.Tensor, m: int, buf: torch.Tensor | None) -> torch.Tensor:
-    size = list(x.shape)
-    size[1] = m // 2 + m % 2
-    if buf is None:
-        return torch.empty(size, dtype=x.dtype, device=x.device)
-    return buf[: math.prod(size)].view(size)
-
-
 def scratch(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Two buffers for the levels of :func:`tree_sum` on x (each as large as the
     first level): the levels alternate between them instead of allocating."""
@@ -160,8 +140,9 @@ def scratch(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def tree_sum(x: torch.Tensor, bufs=None, *, squares: bool = False) -> torch.Tensor:
-    """Sum along dim 1 by the canonical pairwise tree, keeping the dim (of the
-    squares of x if ``squares``: each square rounded, then summed the same way).
+    """Sum along dim 1 of a contiguous tensor by the canonical pairwise tree,
+    keeping the dim (of the squares of x if ``squares``: each square rounded,
+    then summed the same way).
 
     Level s pairs positions p and p + s (p a multiple of 2s); a position
     without a partner passes up unchanged. One elementwise addition per level:
@@ -169,31 +150,33 @@ def tree_sum(x: torch.Tensor, bufs=None, *, squares: bool = False) -> torch.Tens
     partial sums (an odd one out is carried along). ``bufs`` (from
     :func:`scratch`) hold the levels; the result is then a view into them.
     """
-    m = x.shape[1]
-    if squares:
-        if m == 1:
-            return x * x
-        even, odd = _halves(x, m)
-        h = m // 2
-        y = _level_out(x, m, bufs[0] if bufs else None)
-        torch.mul(even, even, out=y.narrow(1, 0, h))
-        tmp = bufs[1][: even.numel()].view(even.shape) if bufs else None
-        y.narrow(1, 0, h).add_(torch.mul(odd, odd, out=tmp) if tmp is not None else odd * odd)
-        if m % 2:
+    shape = list(x.shape)
+    a, m = shape[0], shape[1]
+    b = x.numel() // max(a * m, 1)
+    x = x.view(a, m, b)
+    if bufs is None:
+        bufs = scratch(x)
+    first = True
+    while m > 1 or (first and squares):
+        h, odd_one = m // 2, m % 2
+        y = bufs[0][: a * (h + odd_one) * b].view(a, h + odd_one, b)
+        if h:
+            pairs = (x if not odd_one else x.narrow(1, 0, 2 * h)).unflatten(1, (h, 2)).unbind(2)
+            if squares and first:
+                torch.mul(pairs[0], pairs[0], out=y[:, :h])
+                y[:, :h].add_(torch.mul(pairs[1], pairs[1], out=bufs[1][: a * h * b].view(a, h, b)))
+            else:
+                torch.add(pairs[0], pairs[1], out=y[:, :h] if odd_one else y)
+        if odd_one:
             last = x.narrow(1, m - 1, 1)
-            torch.mul(last, last, out=y.narrow(1, h, 1))
-        x, m = y, h + m % 2
-        bufs = (bufs[1], bufs[0]) if bufs else None
-    while m > 1:
-        even, odd = _halves(x, m)
-        h = m // 2
-        y = _level_out(x, m, bufs[0] if bufs else None)
-        torch.add(even, odd, out=y.narrow(1, 0, h))
-        if m % 2:
-            y.narrow(1, h, 1).copy_(x.narrow(1, m - 1, 1))
-        x, m = y, h + m % 2
-        bufs = (bufs[1], bufs[0]) if bufs else None
-    return x
+            if squares and first:
+                torch.mul(last, last, out=y[:, h:])
+            else:
+                y[:, h:].copy_(last)
+        x, m, first = y, h + odd_one, False
+        bufs = (bufs[1], bufs[0])
+    shape[1] = 1
+    return x.view(shape)
 
 
 _CONSTANTS: dict = {}
