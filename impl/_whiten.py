@@ -198,10 +198,13 @@ def merge(tables: torch.Tensor) -> Stats:
     big = torch.full_like(e, -(1 << 20))
     top = torch.where(has, e, big).amax(0)
     top = torch.where(top == -(1 << 20), torch.zeros_like(top), top)
-    k = torch.where(has, e - top, torch.zeros_like(e))  # <= 0: rescale to the global exponent
-    shift = seg_ops.ldexp(tables[..., _SHIFT], k)
-    mean_d = seg_ops.ldexp(tables[..., _MEAN], k)
-    m2 = seg_ops.ldexp(seg_ops.ldexp(tables[..., _M2], k), k)
+    k = torch.where(has, e - top, torch.zeros_like(e))  # in [-2043, 0]: rescale to the global exponent
+    # x * 2**k in two exact steps, 2**h and 2**(k - h) (h = floor(k / 2)): both normal powers of two
+    h = torch.div(k, 2, rounding_mode="floor")
+    up, down = seg_ops.pow2_normal(-h), seg_ops.pow2_normal(h - k)
+    shift = tables[..., _SHIFT] * up * down
+    mean_d = tables[..., _MEAN] * up * down
+    m2 = tables[..., _M2] * up * down * up * down
     first = torch.argmax(has.to(torch.int8), 0)  # first rank holding the unit
     shift_g = shift.gather(0, first[None]).squeeze(0)
     zero = torch.zeros_like(mean_d)
