@@ -500,7 +500,9 @@ def _group_numbers(idx, cols, r, wq, ws, dws, wexp, conv, eps_g, classes,
         nv = int(sel.sum())
         rho = float(Fraction(col.rho) * _pow2(col.E - e))
         d_model = em.model_dev_perturbation(rho, nv, tau=math.ldexp(em.TAU, -e))
-        ulps = np.ldexp(np.spacing(np.abs(vals[sel])), -e)
+        # one ulp of each input, measured in the frame (spacing(DBL_MAX) itself is inf);
+        # a subnormal's ulp is the absolute 2^-1074 whatever the frame
+        ulps = np.maximum(np.spacing(np.abs(np.ldexp(vals[sel], -e))), np.ldexp(5e-324, -e))
         d_cond = ulps + (ulps.mean() if ulps.size else 0.0)
         if col.raw:
             dz_model[sel, k] = em.group_stage(dev, 0.0, 1.0, denom, zs[sel, k], 1, 0)
