@@ -289,17 +289,23 @@ def finish(prep: Prepared, eps: float, groups: int = 0, longest: int = 0, *, sig
     return Normalized(c, facts, varies)
 
 
-def _padded_eq4(r: torch.Tensor, source: torch.Tensor, groups: int, width: int, weights: list[float],
+def _columns(r: torch.Tensor) -> torch.Tensor:
+    """The rewards as float64 columns (K, N): one transposing copy, gathered from after."""
+    rt = torch.empty(r.shape[1], r.shape[0], dtype=_F64, device=r.device)
+    return rt.copy_(r.t())
+
+
+def _padded_eq4(rt: torch.Tensor, source: torch.Tensor, groups: int, width: int, weights: list[float],
                 eps: float, signal: bool, lazy: bool):
-    """Eq. 4/7 on a (K, width, groups) layout gathered from rows ``source``
-    (width * groups,) of r, a negative entry -1 - j marking padding that repeats
-    row j (the group's first member). Returns c (width * groups,) by slot,
-    whether each group's c varies (if asked) and whether the inputs were finite."""
-    k = r.shape[1]
+    """Eq. 4/7 on a (K, width, groups) layout gathered from the reward columns
+    ``rt`` (K, N) at rows ``source`` (width * groups,), a negative entry -1 - j
+    marking padding that repeats row j (the group's first member). Returns c
+    (width * groups,) by slot, whether each group's c varies (if asked) and
+    whether the inputs were finite."""
+    k = rt.shape[0]
     pad = source < 0
     rows = torch.where(pad, -1 - source, source)
-    x = torch.empty(k, width, groups, dtype=_F64, device=r.device)
-    x.copy_(r.index_select(0, rows).view(width, groups, k).permute(2, 0, 1))
+    x = torch.index_select(rt, 1, rows).view(k, width, groups)
     mask = (~pad).to(_F64).view(1, width, groups)
     count = mask.sum(1, keepdim=True)  # integers: exact in any order
     tp = two_pass(x, count, eps, pad_mask=mask, own=True)
@@ -318,7 +324,8 @@ def _finish_labelled(prep: Prepared, eps: float, groups: int, longest: int, sign
     if groups * longest <= PAD_FACTOR * n + PAD_SLACK:
         slot = lab.pos * groups + lab.gid  # sorted row -> slot of the (longest, groups) layout
         source = (-1 - first_row).repeat(longest).index_copy_(0, slot, lab.perm)
-        c_slot, varies, finite = _padded_eq4(r, source, groups, longest, inp.weights, eps, signal, prep.lazy)
+        c_slot, varies, finite = _padded_eq4(_columns(r), source, groups, longest, inp.weights, eps, signal,
+                                             prep.lazy)
         c = c_slot.index_select(0, torch.empty_like(slot).index_copy_(0, lab.perm, slot))
     else:
         c, varies, finite = _bucketed(prep, eps, groups, first_row, signal, read)
@@ -347,6 +354,7 @@ def _bucketed(prep: Prepared, eps: float, groups: int, first_row: torch.Tensor, 
     c_sorted = torch.empty(n, dtype=_F64, device=device)
     varies = torch.empty(groups, dtype=torch.bool, device=device) if signal else None
     finite = True
+    rt = _columns(r)
     for b, cnt in enumerate(per_bucket):
         if not cnt:
             continue
@@ -356,7 +364,7 @@ def _bucketed(prep: Prepared, eps: float, groups: int, first_row: torch.Tensor, 
         slot = torch.where(inside, lab.pos * cnt + row_rank, width * cnt)  # the last slot: a sink
         source = torch.cat([(-1 - first_row.index_select(0, members)).repeat(width),
                             torch.zeros(1, dtype=_I64, device=device)]).index_copy_(0, slot, lab.perm)
-        c_slot, v, ok = _padded_eq4(r, source[:-1], cnt, width, inp.weights, eps, signal, prep.lazy)
+        c_slot, v, ok = _padded_eq4(rt, source[:-1], cnt, width, inp.weights, eps, signal, prep.lazy)
         finite = finite and ok
         c_sorted = torch.where(inside, c_slot.index_select(0, slot.clamp(max=width * cnt - 1)), c_sorted)
         if signal:

@@ -35,7 +35,10 @@ rewards laid out (K, n, G), groups innermost, so every step is a handful of
 whole-tensor kernels over long contiguous rows (log2 n tree levels per sum);
 labelled groups take one stable sort and one gather into a padded
 (K, n_max, G) layout. Eq. 6 works on views (S, m) of the combined values (or a
-padded (S, m_max) layout for ragged units), log2 m tree levels per sum.
+padded (S, m_max) layout for ragged units), log2 m tree levels per sum. On
+CUDA a small call is bound by kernel launches (about 80); ``GDPO_CUDA_GRAPHS=1``
+(opt-in, see ``_graphs``) replays local contiguous-groups calls from a CUDA
+graph captured once per signature: the same kernels, hence the same bits.
 
 Decisions this module makes (the brief left them open):
 
