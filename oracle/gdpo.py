@@ -304,7 +304,7 @@ def whiten_units(values, unit_ids=None, eps=None, convention="spec", token_count
     vexp = math.frexp(float(np.max(np.abs(v))))[1]
     uidx = _index(unit_ids)[1]
     # the inputs are exact: only the algorithm's rounding (model) and one ulp (cond) move them
-    cond = np.ldexp(np.spacing(np.abs(v)), -vexp)
+    cond = np.maximum(np.spacing(np.abs(np.ldexp(v, -vexp))), np.ldexp(5e-324, -vexp))
     # equal input floats are equal bit for bit, so every collapse of given values is structural
     out = _whiten(forms, np.zeros(n, bool), np.ldexp(v, -vexp), cond, np.zeros(n), uidx, t, conv,
                   eps_w, classes, vexp, np.ones(n, bool))
