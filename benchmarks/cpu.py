@@ -2,8 +2,9 @@
 
     python -m benchmarks.cpu [--quick] [--out FILE.json] [--md FILE.md]
 
-For each size, every implementation runs in the same process on the same data;
-the figure is the median wall time over repeats (after one warm-up call), and
+For each size, every implementation runs in the same process on the same data,
+taking turns call by call; the figure is the median wall time over repeats
+(after one warm-up call each), and
 ratios are impl / other (the loop column is loop / impl, a speed-up). The
 per-group Python loop (verl's style) is only timed up to N = 65,536 (one call
 there takes seconds, so one repeat). N = 16,777,216 is trimmed to fit a run in
@@ -28,6 +29,20 @@ from benchmarks.mirrors import numpy_gdpo, trl_normalize_then_sum, verl_group_lo
 from impl import gdpo
 
 LOOP_LIMIT = 65_536
+
+
+def _interleaved(fns: dict, repeats: int) -> dict:
+    """Median wall time of each function, the functions taking turns (one warm-up
+    call each first), so that a burst of load on a shared machine hits them alike."""
+    for fn in fns.values():
+        fn()
+    times = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            t = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t)
+    return {name: statistics.median(ts) for name, ts in times.items()}
 
 
 def _median_time(fn, repeats: int, warmup: bool = True) -> float:
@@ -64,11 +79,13 @@ def case(n: int, k: int, group: int, units: int, ragged: bool = False) -> dict:
         ours = lambda: gdpo.gdpo_advantages(r, group_ids=ids, weights=w, segment_sizes=seg)
     else:
         ours = lambda: gdpo.gdpo_advantages(r, group_size=group, weights=w, segment_sizes=seg)
-    row["impl_s"] = _median_time(ours, reps)
-    if not ragged:
-        row["trl_mirror_s"] = _median_time(lambda: trl_normalize_then_sum(r, group, wt), reps)
+    if ragged:
+        row["impl_s"] = _median_time(ours, reps)
+    else:
         rn = r.numpy().astype(np.float64)
-        row["numpy_s"] = _median_time(lambda: numpy_gdpo(rn, group, np.array(w), seg), reps)
+        timed = _interleaved({"impl_s": ours, "trl_mirror_s": lambda: trl_normalize_then_sum(r, group, wt),
+                              "numpy_s": lambda: numpy_gdpo(rn, group, np.array(w), seg)}, reps)
+        row.update(timed)
         if n <= LOOP_LIMIT:
             index = (torch.arange(n) // group).tolist()
             row["verl_loop_s"] = _median_time(lambda: verl_group_loop(r, index, w), 1 if n > 8192 else 3,
