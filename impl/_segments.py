@@ -131,18 +131,25 @@ def host_to_device(values: list, dtype: torch.dtype, device: torch.device) -> to
     return to_device(torch.tensor(values, dtype=dtype), device)
 
 
-def scratch(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+#: Tree levels go to two preallocated buffers only on CPU and from this many
+#: elements on: there fresh large allocations cost page faults; elsewhere the
+#: fewest dispatched operations per level win (CUDA caches its allocations).
+SCRATCH_MIN = 1 << 15
+
+
+def scratch(x: torch.Tensor):
     """Two buffers for the levels of :func:`tree_sum` on x (each as large as the
-    first level): the levels alternate between them instead of allocating."""
+    first level), or None where plain allocation is cheaper."""
+    if x.device.type != "cpu" or x.numel() < SCRATCH_MIN:
+        return None
     m = x.shape[1]
     n = x.numel() // max(m, 1) * (m // 2 + m % 2)
     return (torch.empty(n, dtype=x.dtype, device=x.device), torch.empty(n, dtype=x.dtype, device=x.device))
 
 
 def tree_sum(x: torch.Tensor, bufs=None, *, squares: bool = False) -> torch.Tensor:
-    """Sum along dim 1 of a contiguous tensor by the canonical pairwise tree,
-    keeping the dim (of the squares of x if ``squares``: each square rounded,
-    then summed the same way).
+    """Sum along dim 1 by the canonical pairwise tree, keeping the dim (of the
+    squares of x if ``squares``: each square rounded, then summed the same way).
 
     Level s pairs positions p and p + s (p a multiple of 2s); a position
     without a partner passes up unchanged. One elementwise addition per level:
@@ -150,33 +157,38 @@ def tree_sum(x: torch.Tensor, bufs=None, *, squares: bool = False) -> torch.Tens
     partial sums (an odd one out is carried along). ``bufs`` (from
     :func:`scratch`) hold the levels; the result is then a view into them.
     """
-    shape = list(x.shape)
-    a, m = shape[0], shape[1]
-    b = x.numel() // max(a * m, 1)
-    x = x.view(a, m, b)
-    if bufs is None:
-        bufs = scratch(x)
-    first = True
-    while m > 1 or (first and squares):
+    m = x.shape[1]
+    first = squares
+    while m > 1 or first:
         h, odd_one = m // 2, m % 2
-        y = bufs[0][: a * (h + odd_one) * b].view(a, h + odd_one, b)
-        if h:
-            pairs = (x if not odd_one else x.narrow(1, 0, 2 * h)).unflatten(1, (h, 2)).unbind(2)
-            if squares and first:
-                torch.mul(pairs[0], pairs[0], out=y[:, :h])
-                y[:, :h].add_(torch.mul(pairs[1], pairs[1], out=bufs[1][: a * h * b].view(a, h, b)))
-            else:
-                torch.add(pairs[0], pairs[1], out=y[:, :h] if odd_one else y)
-        if odd_one:
-            last = x.narrow(1, m - 1, 1)
-            if squares and first:
-                torch.mul(last, last, out=y[:, h:])
-            else:
-                y[:, h:].copy_(last)
+        last = x[:, m - 1:] if odd_one else None
+        if bufs is None:  # the fewest dispatched operations
+            if h:
+                even, odd = x[:, 0:2 * h:2], x[:, 1:2 * h:2]
+                if first:
+                    y = even * even
+                    y += odd * odd
+                else:
+                    y = even + odd
+            if odd_one:
+                last = last * last if first else last
+                y = torch.cat([y, last], 1) if h else last
+        else:  # levels alternate between the two buffers
+            shape = list(x.shape)
+            shape[1] = h + odd_one
+            y = bufs[0][: math.prod(shape)].view(shape)
+            if h:
+                even, odd = x[:, 0:2 * h:2], x[:, 1:2 * h:2]
+                if first:
+                    torch.mul(even, even, out=y[:, :h])
+                    y[:, :h] += torch.mul(odd, odd, out=bufs[1][: even.numel()].view(even.shape))
+                else:
+                    torch.add(even, odd, out=y[:, :h])
+            if odd_one:
+                torch.mul(last, last, out=y[:, h:]) if first else y[:, h:].copy_(last)
+            bufs = (bufs[1], bufs[0])
         x, m, first = y, h + odd_one, False
-        bufs = (bufs[1], bufs[0])
-    shape[1] = 1
-    return x.view(shape)
+    return x
 
 
 _CONSTANTS: dict = {}

@@ -512,3 +512,31 @@ def test_graphable_device_part_is_the_call():
         row[col] = v
     with pytest.raises(gdpo.NonFiniteError, match=r"rewards\[50, 1\] \(row 50, reward column 1, group 6 .*\) is -inf"):
         P.raise_local(row)
+
+
+def _tree_reference(vals):
+    """The canonical pairwise tree, position by position: level s adds p + s into p."""
+    vals = list(vals)
+    s = 1
+    while s < len(vals):
+        for p in range(0, len(vals), 2 * s):
+            if p + s < len(vals):
+                vals[p] = vals[p] + vals[p + s]
+        s *= 2
+    return vals[0]
+
+
+@pytest.mark.parametrize("m", [1, 2, 3, 5, 7, 8, 13, 16, 31, 100])
+def test_tree_sum_is_the_canonical_tree_with_and_without_scratch(m):
+    from impl import _segments as seg_ops
+
+    g = torch.Generator().manual_seed(m)
+    x = torch.randn(3, m, 5, generator=g, dtype=F64) * 10.0 ** torch.randint(-8, 9, (3, m, 5), generator=g)
+    bufs = (torch.empty(x.numel(), dtype=F64), torch.empty(x.numel(), dtype=F64))
+    for squares in (False, True):
+        plain = seg_ops.tree_sum(x, squares=squares)
+        buffered = seg_ops.tree_sum(x, bufs, squares=squares)
+        assert plain.shape == (3, 1, 5) and _bits(plain.reshape(-1)) == _bits(buffered.reshape(-1))
+        src = x * x if squares else x
+        ref = [_tree_reference(src[a, :, b].tolist()) for a in range(3) for b in range(5)]
+        assert _bits(plain.reshape(-1)) == [float(v).hex() for v in ref]
