@@ -294,6 +294,12 @@ def round_interval(iv: tuple, fmt: str) -> float | None:
     return None
 
 
+def round_both(iv: tuple) -> tuple[float, float] | None:
+    """The float64 and float32 both ends of ``iv`` round to, or None while either differs."""
+    f64, f32 = round_interval(iv, "float64"), round_interval(iv, "float32")
+    return None if f64 is None or f32 is None else (f64, f32)
+
+
 def mpf_to_float_nearest(x: tuple) -> float:
     return round_mpf(x, "float64")
 

@@ -456,11 +456,11 @@ def _group_numbers(idx, cols, r, wq, ws, dws, wexp, conv, eps_g, classes,
                     zzero[j, k] = True
                     continue
                 iv = _interval_of_z(col, pos, inv_iv, prec)
-                f64, f32 = ex.round_interval(iv, "float64"), ex.round_interval(iv, "float32")
-                if f64 is None or f32 is None:
+                both = ex.round_both(iv)
+                if both is None:
                     ok = False
                     break
-                z64[j, k], z32[j, k] = f64, f32
+                z64[j, k], z32[j, k] = both
             if not ok:
                 break
         if ok:
@@ -472,11 +472,11 @@ def _group_numbers(idx, cols, r, wq, ws, dws, wexp, conv, eps_g, classes,
                     c64[j] = c32[j] = 0.0
                     continue
                 iv = ex.iv_form(cforms[j], classes, prec)
-                f64, f32 = ex.round_interval(iv, "float64"), ex.round_interval(iv, "float32")
-                if f64 is None or f32 is None:
+                both = ex.round_both(iv)
+                if both is None:
                     ok = False
                     break
-                c64[j], c32[j] = f64, f32
+                c64[j], c32[j] = both
         if ok:
             break
         prec *= 2
@@ -648,11 +648,11 @@ def _whiten_unit_numbers(forms, idx, zero, tt, T, mean, conv, eps_w, classes, la
             if d is None or not ok:
                 continue
             iv = ex.iv_div(d, den, prec)
-            f64, f32 = ex.round_interval(iv, "float64"), ex.round_interval(iv, "float32")
-            if f64 is None or f32 is None:
+            both = ex.round_both(iv)
+            if both is None:
                 ok = False
                 break
-            vals64[p], vals32[p] = f64, f32
+            vals64[p], vals32[p] = both
         if ok:
             break
         prec *= 2
@@ -683,10 +683,9 @@ def _round_form(form: ex.Form, classes: ex.SqrtClasses) -> tuple[float, float]:
         return 0.0, 0.0
     prec = START_PREC
     while prec <= MAX_PREC:
-        iv = ex.iv_form(form, classes, prec)
-        f64, f32 = ex.round_interval(iv, "float64"), ex.round_interval(iv, "float32")
-        if f64 is not None and f32 is not None:
-            return f64, f32
+        both = ex.round_both(ex.iv_form(form, classes, prec))
+        if both is not None:
+            return both
         prec *= 2
     raise ex.CertificationError(f"could not certify {form!r} within {MAX_PREC} bits")
 
