@@ -48,6 +48,21 @@ def run_example(name: str, out=None) -> int:
     return 0
 
 
+def run_check(impl: str | None, convention: str | None, call_shape: str | None, select: str | None) -> int:
+    """The conformance suite (conformance/, ci profile) in a subprocess; pytest's exit code."""
+    import subprocess
+    from pathlib import Path
+
+    here = Path(__file__).resolve().parent
+    cmd = [sys.executable, "-m", "pytest", str(here), "-q", "-p", "no:cacheprovider", "--rootdir", str(here.parent)]
+    for flag, value in (("--impl", impl), ("--convention", convention), ("--call-shape", call_shape),
+                        ("-k", select)):
+        if value is not None:
+            cmd += [flag, value]
+    print("running: " + " ".join(cmd), flush=True)
+    return subprocess.call(cmd)
+
+
 def _version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -81,7 +96,14 @@ def main(argv: list[str] | None = None) -> int:
     p_li = sub.add_parser("limits", add_help=False,
                           help="regenerate spec/known_limits.md and its plots (see gdpo limits --help)")
     p_li.add_argument("rest", nargs=argparse.REMAINDER)
+    p_ck = sub.add_parser("check", help="run the conformance suite against impl.gdpo or another implementation")
+    p_ck.add_argument("--impl", default=None, help="package.module:function to grade (default impl.gdpo)")
+    p_ck.add_argument("--convention", default=None, help="convention the implementation means (default spec)")
+    p_ck.add_argument("--call-shape", default=None, choices=["gdpo", "trl"], help="how to call it")
+    p_ck.add_argument("-k", dest="select", default=None, help="only the tests matching this pytest -k expression")
     args = parser.parse_args(argv)
+    if args.command == "check":
+        return run_check(args.impl, args.convention, args.call_shape, args.select)
     if args.command == "audit":
         from conformance import audit
         from spec import DEFAULT_EPS

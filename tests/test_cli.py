@@ -24,3 +24,21 @@ def test_unknown_example_is_refused():
     proc = subprocess.run([sys.executable, "-m", "conformance.cli", "example", "nope"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "invalid choice" in proc.stderr
+
+
+def test_check_runs_the_conformance_suite():
+    proc = subprocess.run([sys.executable, "-m", "conformance.cli", "check", "-k", "test_property and plain"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "passed" in proc.stdout
+
+
+def test_check_fails_a_wrong_implementation(tmp_path):
+    (tmp_path / "wrong_gdpo.py").write_text(
+        "from impl import gdpo\n"
+        "def advantages(*args, **kwargs):\n"
+        "    return gdpo.gdpo_advantages(*args, **kwargs) * 1.001  # off by 0.1%\n")
+    env = dict(__import__("os").environ, PYTHONPATH=str(tmp_path))
+    proc = subprocess.run([sys.executable, "-m", "conformance.cli", "check", "--impl", "wrong_gdpo:advantages",
+                           "-k", "test_property and plain"], capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode != 0 and "failed" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
