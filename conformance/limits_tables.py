@@ -466,26 +466,20 @@ def build_ranges(fast: bool, seed: int, progress) -> tuple[list[Table], dict]:
     total = (len(reward_cases) + len(special_r) + len(weight_cases) + len(special_w)) * len(RANGE_IMPLS)
     step = progress("5 ranges", total)
     facts = {"rewards": {}, "weights": {}}
-    rows_r = []
-    for label, (m, case) in list(reward_cases.items()) + [(k, (None, v)) for k, v in special_r.items()]:
-        r, g, w = case
-        row = [label]
-        for name in RANGE_IMPLS:
-            cell, gr = range_outcome(name, r, g, w)
-            facts["rewards"][(label, name)] = gr.outcome
-            row.append(cell)
-            step()
-        rows_r.append(row)
-    rows_w = []
-    for label, (wv, pair, case) in list(weight_cases.items()) + [(k, (None, None, v)) for k, v in special_w.items()]:
-        r, g, w = case
-        row = [label]
-        for name in RANGE_IMPLS:
-            cell, gr = range_outcome(name, r, g, w)
-            facts["weights"][(label, name)] = gr.outcome
-            row.append(cell)
-            step()
-        rows_w.append(row)
+    def outcome_rows(labelled_cases, kind):
+        rows = []
+        for label, (r, g, w) in labelled_cases:
+            row = [label]
+            for name in RANGE_IMPLS:
+                cell, gr = range_outcome(name, r, g, w)
+                facts[kind][(label, name)] = gr.outcome
+                row.append(cell)
+                step()
+            rows.append(row)
+        return rows
+
+    rows_r = outcome_rows([(k, v[-1]) for k, v in reward_cases.items()] + list(special_r.items()), "rewards")
+    rows_w = outcome_rows([(k, v[-1]) for k, v in weight_cases.items()] + list(special_w.items()), "weights")
     head = ["case"] + list(RANGE_IMPLS)
     legend = (
         "Outcomes: `correct` (within the spec error model of the oracle's result at the implementation's "
