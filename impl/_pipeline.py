@@ -31,7 +31,7 @@ import math
 import torch
 import torch.distributed as dist
 
-from impl import _graphs
+from impl import _fused, _graphs
 from impl import _normalize as N
 from impl import _problems as P
 from impl import _whiten as W
@@ -224,17 +224,26 @@ def gdpo_local(rewards, group_ids, group_size, weights, segment_sizes, eps, out_
     except Problem as p:
         raise p.error() from None
     direct = _apply_dtype(out_dtype, inp.n)
+    fused = _fused.eligible(inp, sizes, direct)
+
+    def device_part(i):
+        return _fused.run(i, sizes, eps, direct) if fused else _gdpo_device(i, sizes, eps, direct)
+
+    got = None
     if _graphs.eligible(inp):
         key = (tuple(inp.rewards.shape), inp.rewards.dtype, str(inp.rewards.device), inp.group_size,
-               tuple(P.float_bits(w) for w in inp.weights), tuple(sizes), P.float_bits(eps), out_dtype)
-        got = _graphs.run(key, inp, lambda i: _gdpo_device(i, sizes, eps, direct))
-        if got is not None:
-            a, cols, values = got
-            row = _local_row(_rewards_host(inp), {})
-            for col, v in zip(cols, values):
-                row[col] = v
-            P.raise_local(row)
-            return _finish_local(a, out_dtype), None
+               tuple(P.float_bits(w) for w in inp.weights), tuple(sizes), P.float_bits(eps), out_dtype, fused)
+        got = _graphs.run(key, inp, device_part)
+    if got is None and fused:
+        a, cols, values = device_part(inp)
+        got = a, cols, _read(values)  # the one host read
+    if got is not None:
+        a, cols, values = got
+        row = _local_row(_rewards_host(inp), {})
+        for col, v in zip(cols, values):
+            row[col] = v
+        P.raise_local(row)
+        return _finish_local(a, out_dtype), None
 
     def whiten(norm):
         loc = W.local_stats(norm.c, sizes, eps, own=True)  # c is not returned: work space

@@ -1,0 +1,155 @@
+"""Optional fused fast path: local ``gdpo_advantages`` calls in 8 Triton kernels.
+
+The plain torch path runs about 80 small kernels per call (every level of every
+pairwise tree is one), so on a GPU a small call is bounded by kernel launches
+and a large one by the many passes over memory. This path computes the same
+thing in 8 kernels: Eq. 4 and Eq. 7 in one (the rewards are read once, the
+combined values c written once), then per whitening unit: block min/max, the
+unit's scale, the block sums of the differences, their tree and the mean, the
+block sums of the squared deviations, their tree and std + eps, and the
+output. It performs the plain path's operations in the plain path's order (see
+``_fused_kernels``), so its results are the plain path's bits; the test suite
+checks that on every input it draws (in Triton's interpreter without a GPU,
+compiled on a GPU) and runs the conformance suite through it.
+
+Opt-in, with the environment variable ``GDPO_FUSED``:
+
+* unset or ``0``: off (the plain path);
+* ``1``: local calls on CUDA tensors take this path where it applies (below);
+* ``interpret``: CPU tensors too, through Triton's interpreter (slow: for the
+  tests of this path on machines without a GPU). Set before ``impl`` is imported.
+
+Where it applies (anything else takes the plain path, with the same results):
+local calls (no process group) with contiguous groups (``group_size`` up to
+``MAX_GROUP``), K up to ``MAX_K`` reward columns, float64/float32/float16/
+bfloat16 rewards, float64 or float32 output, unit sizes up to ``MAX_UNIT``,
+weights below 2**990 and without the Eq. 7 overflow check (see
+``_normalize.overflow_possible``). When ``GDPO_FUSED=1`` is set but Triton
+cannot be imported, a warning says so once and the plain path runs.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import warnings
+
+import torch
+
+from impl import _problems as P
+from impl import _segments as seg_ops
+from impl._normalize import overflow_possible, weight_plan
+
+_F64 = torch.float64
+_I64 = torch.int64
+
+MAX_GROUP = 1024
+MAX_K = 16
+#: Largest unit: the unit's block sums are summed by one program (MAX_BLOCKS of them).
+MAX_BLOCKS = 1 << 14
+MAX_UNIT = MAX_BLOCKS * 8192
+_REWARD_DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
+
+#: Counters for benchmarks and tests: calls that took this path.
+stats = {"calls": 0}
+
+_STATE: dict = {}
+
+
+def mode() -> str:
+    """'' (off), '1' (CUDA) or 'interpret' (CUDA and CPU, the latter interpreted)."""
+    m = os.environ.get("GDPO_FUSED", "").strip().lower()
+    return m if m in ("1", "interpret") else ""
+
+
+def kernels():
+    """The kernel module, or None where Triton is not importable (warned once)."""
+    if "kernels" not in _STATE:
+        try:
+            if mode() == "interpret":
+                os.environ.setdefault("TRITON_INTERPRET", "1")
+            from impl import _fused_kernels
+            _STATE["kernels"] = _fused_kernels
+            _STATE["interp"] = os.environ.get("TRITON_INTERPRET", "") not in ("", "0")
+        except Exception as exc:  # noqa: BLE001 - no Triton, an old one, no compiler: the plain path
+            _STATE["kernels"] = None
+            warnings.warn(f"GDPO_FUSED is set but the fused path is unavailable ({type(exc).__name__}: {exc}); "
+                          "impl.gdpo uses the plain torch path", RuntimeWarning, stacklevel=3)
+    return _STATE["kernels"]
+
+
+def eligible(inp, sizes: list[int], direct) -> bool:
+    """Does this validated local call take the fused path?"""
+    m = mode()
+    if not m:
+        return False
+    r = inp.rewards
+    if r.device.type != "cuda" and not (m == "interpret" and r.device.type == "cpu"):
+        return False
+    if inp.labels is not None or inp.group_size > MAX_GROUP or inp.k > MAX_K or r.dtype not in _REWARD_DTYPES:
+        return False
+    if direct not in (None, torch.float32) or max(sizes) > MAX_UNIT:
+        return False
+    if weight_plan(inp.weights)[1] or overflow_possible(inp.weights, inp.group_size):
+        return False
+    return kernels() is not None
+
+
+def _pow2_at_least(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def run(inp, sizes: list[int], eps: float, direct):
+    """The device part of a fused call: (a, facts columns, facts values (int64 tensor)),
+    as ``_pipeline._gdpo_device`` returns them; no host read."""
+    K = kernels()
+    interp = _STATE["interp"]
+    r = inp.rewards.contiguous()
+    n, k = r.shape
+    g = inp.group_size
+    groups = n // g
+    device = r.device
+    tiny = not eps >= 2.0 ** -52
+    min_bits = seg_ops.min_scale_bits(eps)
+    prm = seg_ops.constant((eps, *inp.weights), _F64, device)
+
+    gp = _pow2_at_least(g)
+    bg = max(1, 1024 // gp)  # about 1024 rewards of a column per program
+    programs = -(-groups // bg)
+    c = torch.empty(n, dtype=_F64, device=device)
+    nf = torch.empty(programs, dtype=_I64, device=device)
+    opts = {"enable_fp_fusion": False}
+    K.eq47_kernel[(programs,)](r, prm, c, nf, groups, min_bits, K=k, G=g, GP=gp, LOG_GP=gp.bit_length() - 1,
+                               BG=bg, EPS_TINY=tiny, INTERP=interp, **opts)
+
+    units = len(sizes)
+    longest = max(sizes)
+    block = 1024 if longest <= (1 << 20) else 8192
+    blocks = -(-longest // block)
+    nbp = _pow2_at_least(blocks)
+    starts = [0]
+    for s in sizes[:-1]:
+        starts.append(starts[-1] + s)
+    starts_t = seg_ops.constant(tuple(starts), _I64, device)
+    sizes_t = seg_ops.constant(tuple(sizes), _I64, device)
+    lo = torch.empty(units * nbp, dtype=_F64, device=device)
+    hi = torch.empty_like(lo)
+    st = torch.empty(units * K.ST_COLS, dtype=_F64, device=device)
+    grid = (units, blocks)
+    log_block, log_nbp = block.bit_length() - 1, nbp.bit_length() - 1
+    K.unit_minmax_kernel[grid](c, starts_t, sizes_t, lo, hi, NBP=nbp, BLOCK=block, **opts)
+    K.unit_scale_kernel[(units,)](lo, hi, c, starts_t, sizes_t, prm, st, min_bits, NBP=nbp, BLOCK=block, **opts)
+    part = lo  # the minima are no longer needed: the block sums go there
+    for squares in (False, True):
+        K.unit_sum_kernel[grid](c, starts_t, sizes_t, st, part, NBP=nbp, BLOCK=block, LOG_BLOCK=log_block,
+                                SQUARES=squares, **opts)
+        K.unit_finish_kernel[(units,)](part, sizes_t, st, NBP=nbp, LOG_NBP=log_nbp, BLOCK=block, SQUARES=squares,
+                                       EPS_TINY=tiny, INTERP=interp, **opts)
+    a = torch.empty(n, dtype=direct or _F64, device=device)
+    K.unit_apply_kernel[grid](c, starts_t, sizes_t, st, a, BLOCK=block, INTERP=interp, **opts)
+
+    at = nf.amin()
+    at = torch.where(at >= n * k, 0, at)
+    bits = seg_ops.take(r.view(-1), at).to(_F64).view(_I64)
+    stats["calls"] += 1
+    return a, (P.NF_REWARD, P.NF_REWARD_KIND), torch.stack([at, bits])
