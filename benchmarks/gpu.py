@@ -1,6 +1,7 @@
 """GPU benchmarks of impl.gdpo against the TRL-style mirror on the same device.
 
     python -m benchmarks.gpu [--out results.json] [--repeats 50]
+    python -m benchmarks.gpu --smoke        # the same code on CPU, tiny sizes (no timing claims)
 
 * latency at N = 8,192 (K = 4, groups of 16, one unit and eight units): median
   wall time per call, each call synchronized (the implementation reads one host
@@ -10,8 +11,12 @@
   over the median time per call;
 * host synchronizations per call, counted with torch.cuda.set_sync_debug_mode
   (after a warm-up call);
-* each impl figure eager and with GDPO_CUDA_GRAPHS=1 (graph replay, up to
-  4M rewards; ``graphs`` says whether the replay or the eager fallback ran).
+* each impl figure in four modes: ``eager`` (the plain path), ``graphs``
+  (GDPO_CUDA_GRAPHS=1, graph replay up to 4M rewards), ``fused`` (GDPO_FUSED=1,
+  the Triton kernels of impl._fused) and ``fused_graphs`` (both). Every mode's
+  output is compared bit for bit with the eager plain path's (``*_same_bits``),
+  and the counters say which path ran;
+* at N = 16M, the fused path's block size swept (GDPO_FUSED_BLOCK).
 Medians over repeats; the ratios compare runs made side by side in this process.
 Every case is guarded: a failure is reported in its row, the others still run.
 """
@@ -29,7 +34,7 @@ import warnings
 import torch
 
 from benchmarks.mirrors import trl_normalize_then_sum
-from impl import _graphs, gdpo
+from impl import _fused, _graphs, gdpo
 
 
 def _time(fn, repeats: int, warmup: int) -> float:
@@ -58,67 +63,116 @@ def count_syncs(fn) -> int:
     return sum(1 for w in caught if "synchroniz" in str(w.message).lower())
 
 
-def _graphs_mode(on: bool) -> None:
-    if on:
-        os.environ["GDPO_CUDA_GRAPHS"] = "1"
-    else:
-        os.environ.pop("GDPO_CUDA_GRAPHS", None)
+_MODES = {"eager": {}, "graphs": {"GDPO_CUDA_GRAPHS": "1"}, "fused": {"GDPO_FUSED": "1"},
+          "fused_graphs": {"GDPO_CUDA_GRAPHS": "1", "GDPO_FUSED": "1"}}
+_KNOBS = ("GDPO_CUDA_GRAPHS", "GDPO_FUSED", "GDPO_FUSED_BLOCK")
 
 
-def run(repeats: int = 50) -> dict:
-    dev = torch.device("cuda")
-    res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-           "python": platform.python_version(), "date": time.strftime("%Y-%m-%d"), "cases": []}
+def _set_mode(env: dict) -> None:
+    for k in _KNOBS:
+        os.environ.pop(k, None)
+    os.environ.update(env)
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.int32 if t.element_size() == 4 else torch.int64)
+
+
+def _counters() -> dict:
+    return {**{f"graph_{k}": v for k, v in _graphs.stats.items()}, "fused_calls": _fused.stats["calls"]}
+
+
+def _measure(case, tag, fn, reps, traffic, reference, timer, syncs):
+    before = _counters()
+    try:
+        t = timer(fn, reps, 5)
+        case[f"{tag}_us"] = t * 1e6
+        case[f"{tag}_TBps"] = traffic / t / 1e12
+        case[f"{tag}_host_syncs"] = syncs(fn)
+        if "trl_mirror_us" in case:
+            case[f"{tag}_over_trl"] = case[f"{tag}_us"] / case["trl_mirror_us"]
+        if reference is not None:
+            case[f"{tag}_same_bits"] = bool(torch.equal(_bits(fn()), _bits(reference)))
+        case[f"{tag}_paths"] = {k: v - before[k] for k, v in _counters().items() if v != before[k]}
+    except Exception as exc:  # noqa: BLE001
+        case[f"{tag}_error"] = repr(exc)
+
+
+def run(repeats: int = 50, device: str = "cuda", sizes=(8192, 1 << 20, 1 << 24), blocks=(1024, 2048, 4096, 8192)) -> dict:
+    dev = torch.device(device)
+    cuda = dev.type == "cuda"
+    timer = _time if cuda else _time_cpu
+    syncs = count_syncs if cuda else (lambda fn: None)
+    res = {"device": torch.cuda.get_device_name() if cuda else "cpu (smoke run, interpreted kernels)",
+           "torch": torch.__version__, "python": platform.python_version(), "date": time.strftime("%Y-%m-%d"),
+           "cases": []}
+    try:
+        import triton
+        res["triton"] = triton.__version__
+    except ImportError:
+        res["triton"] = None
     w = [1.0, 0.5, 2.0, 1.0]
     wt = torch.tensor(w, device=dev)
-    for n, reps in ((8192, repeats * 4), (1 << 20, repeats), (1 << 24, max(5, repeats // 5))):
+    for n in sizes:
+        reps = repeats * 4 if n <= 8192 else (repeats if n <= (1 << 20) else max(5, repeats // 5))
         gen = torch.Generator(device=dev).manual_seed(0)
         r = torch.randn(n, 4, device=dev, generator=gen, dtype=torch.float32)
         traffic = n * 4 * 4 + n * 4
         case = {"N": n, "K": 4, "group_size": 16}
         trl = lambda: trl_normalize_then_sum(r, 16, wt)
         try:
-            case["trl_mirror_us"] = _time(trl, reps, 5) * 1e6
+            case["trl_mirror_us"] = timer(trl, reps, 5) * 1e6
             case["trl_mirror_TBps"] = traffic / case["trl_mirror_us"] / 1e6
-            case["trl_mirror_host_syncs"] = count_syncs(trl)
+            case["trl_mirror_host_syncs"] = syncs(trl)
         except Exception as exc:  # noqa: BLE001
             case["trl_mirror_error"] = repr(exc)
         for units in (1, 8):
             seg = [n // units] * units
             ours = lambda: gdpo.gdpo_advantages(r, group_size=16, weights=w, segment_sizes=seg)
-            for mode in ("eager", "graphs"):
-                if mode == "graphs" and n * 4 > _graphs.MAX_ELEMENTS:
+            _set_mode({})
+            reference = ours()
+            for mode, env in _MODES.items():
+                if "graphs" in mode and (not cuda or n * 4 > _graphs.MAX_ELEMENTS):
                     continue
-                tag = f"impl_{units}u_{mode}"
-                _graphs_mode(mode == "graphs")
-                before = dict(_graphs.stats)
+                _set_mode({**env, "GDPO_FUSED": "interpret"} if "GDPO_FUSED" in env and not cuda else env)
                 try:
-                    t = _time(ours, reps, 5)
-                    case[f"{tag}_us"] = t * 1e6
-                    case[f"{tag}_TBps"] = traffic / t / 1e12
-                    case[f"{tag}_host_syncs"] = count_syncs(ours)
-                    if "trl_mirror_us" in case:
-                        case[f"{tag}_over_trl"] = case[f"{tag}_us"] / case["trl_mirror_us"]
-                    if mode == "graphs":
-                        case[f"{tag}_graphs"] = {k: _graphs.stats[k] - before[k] for k in before}
-                except Exception as exc:  # noqa: BLE001
-                    case[f"{tag}_error"] = repr(exc)
+                    _measure(case, f"impl_{units}u_{mode}", ours, reps, traffic, reference, timer, syncs)
                 finally:
-                    _graphs_mode(False)
+                    _set_mode({})
+            if units == 1 and n == max(sizes):
+                for block in blocks:
+                    _set_mode({"GDPO_FUSED": "1" if cuda else "interpret", "GDPO_FUSED_BLOCK": str(block)})
+                    try:
+                        _measure(case, f"impl_1u_fused_block{block}", ours, reps, traffic, reference, timer, syncs)
+                    finally:
+                        _set_mode({})
         res["cases"].append(case)
         print(json.dumps(case), flush=True)
     return res
+
+
+def _time_cpu(fn, repeats: int, warmup: int) -> float:
+    fn()
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.gpu")
     p.add_argument("--out", default=None)
     p.add_argument("--repeats", type=int, default=50)
+    p.add_argument("--smoke", action="store_true",
+                   help="run the harness on CPU at tiny sizes (fused kernels interpreted): checks the code, not speed")
     args = p.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("no CUDA device: nothing to measure")
+    if args.smoke:
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+        res = run(1, "cpu", sizes=(256, 4096), blocks=(1024, 2048))
+    elif not torch.cuda.is_available():
+        print("no CUDA device: nothing to measure (--smoke runs the harness on CPU)")
         return 0
-    res = run(args.repeats)
+    else:
+        res = run(args.repeats)
     if args.out:
         with open(args.out, "w") as f:
             json.dump(res, f, indent=2)

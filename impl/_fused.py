@@ -21,7 +21,7 @@ Opt-in, with the environment variable ``GDPO_FUSED``:
 
 Where it applies (anything else takes the plain path, with the same results):
 local calls (no process group) with contiguous groups (``group_size`` up to
-``MAX_GROUP``), K up to ``MAX_K`` reward columns, float64/float32/float16/
+``MAX_GROUP``), any number K of reward columns, float64/float32/float16/
 bfloat16 rewards, float64 or float32 output, unit sizes up to ``MAX_UNIT``,
 weights below 2**990 and without the Eq. 7 overflow check (see
 ``_normalize.overflow_possible``). When ``GDPO_FUSED=1`` is set but Triton
@@ -44,9 +44,9 @@ _F64 = torch.float64
 _I64 = torch.int64
 
 MAX_GROUP = 1024
-MAX_K = 16
-#: Largest unit: the unit's block sums are summed by one program (MAX_BLOCKS of them).
-MAX_BLOCKS = 1 << 14
+#: A unit's block sums are summed by one program: at most MAX_BLOCKS of them, of at
+#: most 8192 rows each (the largest unit: MAX_UNIT rows).
+MAX_BLOCKS = 1 << 13
 MAX_UNIT = MAX_BLOCKS * 8192
 _REWARD_DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
 
@@ -86,13 +86,25 @@ def eligible(inp, sizes: list[int], direct) -> bool:
     r = inp.rewards
     if r.device.type != "cuda" and not (m == "interpret" and r.device.type == "cpu"):
         return False
-    if inp.labels is not None or inp.group_size > MAX_GROUP or inp.k > MAX_K or r.dtype not in _REWARD_DTYPES:
+    if inp.labels is not None or inp.group_size > MAX_GROUP or r.dtype not in _REWARD_DTYPES:
         return False
     if direct not in (None, torch.float32) or max(sizes) > MAX_UNIT:
         return False
     if weight_plan(inp.weights)[1] or overflow_possible(inp.weights, inp.group_size):
         return False
     return kernels() is not None
+
+
+def block_size(longest: int) -> int:
+    """Rows per program of the whitening kernels (a power of two): at most
+    MAX_BLOCKS blocks per unit. ``GDPO_FUSED_BLOCK`` overrides it (for the
+    benchmarks' sweep; the results do not depend on it)."""
+    want = os.environ.get("GDPO_FUSED_BLOCK", "")
+    block = int(want) if want.isdigit() and int(want) >= 1 else (1024 if longest <= (1 << 21) else 2048)
+    block = _pow2_at_least(block)
+    while -(-longest // block) > MAX_BLOCKS:
+        block *= 2
+    return block
 
 
 def _pow2_at_least(n: int) -> int:
@@ -113,18 +125,18 @@ def run(inp, sizes: list[int], eps: float, direct):
     min_bits = seg_ops.min_scale_bits(eps)
     prm = seg_ops.constant((eps, *inp.weights), _F64, device)
 
-    gp = _pow2_at_least(g)
+    gp = max(8, _pow2_at_least(g))  # few widths: one compiled kernel serves groups of 2..8, 9..16, ...
     bg = max(1, 1024 // gp)  # about 1024 rewards of a column per program
     programs = -(-groups // bg)
     c = torch.empty(n, dtype=_F64, device=device)
     nf = torch.empty(programs, dtype=_I64, device=device)
-    opts = {"enable_fp_fusion": False}
-    K.eq47_kernel[(programs,)](r, prm, c, nf, groups, min_bits, K=k, G=g, GP=gp, LOG_GP=gp.bit_length() - 1,
-                               BG=bg, EPS_TINY=tiny, INTERP=interp, **opts)
+    opts = {"enable_fp_fusion": False}  # no multiply-add contraction: the plain path's roundings
+    K.eq47_kernel[(programs,)](r, prm, c, nf, groups, g, k, min_bits, int(tiny), GP=gp, LOG_GP=gp.bit_length() - 1,
+                               BG=bg, INTERP=interp, **opts)
 
     units = len(sizes)
     longest = max(sizes)
-    block = 1024 if longest <= (1 << 20) else 8192
+    block = block_size(longest)
     blocks = -(-longest // block)
     nbp = _pow2_at_least(blocks)
     starts = [0]
@@ -137,16 +149,18 @@ def run(inp, sizes: list[int], eps: float, direct):
     st = torch.empty(units * K.ST_COLS, dtype=_F64, device=device)
     grid = (units, blocks)
     log_block, log_nbp = block.bit_length() - 1, nbp.bit_length() - 1
-    K.unit_minmax_kernel[grid](c, starts_t, sizes_t, lo, hi, NBP=nbp, BLOCK=block, **opts)
-    K.unit_scale_kernel[(units,)](lo, hi, c, starts_t, sizes_t, prm, st, min_bits, NBP=nbp, BLOCK=block, **opts)
+    wide = {**opts, "num_warps": 4 if block <= 1024 else 8}  # per (unit, block)
+    one = {**opts, "num_warps": 4 if nbp <= 1024 else 8}  # per unit, over its blocks
+    K.unit_minmax_kernel[grid](c, starts_t, sizes_t, lo, hi, NBP=nbp, BLOCK=block, **wide)
+    K.unit_scale_kernel[(units,)](lo, hi, c, starts_t, sizes_t, prm, st, min_bits, NBP=nbp, BLOCK=block, **one)
     part = lo  # the minima are no longer needed: the block sums go there
     for squares in (False, True):
         K.unit_sum_kernel[grid](c, starts_t, sizes_t, st, part, NBP=nbp, BLOCK=block, LOG_BLOCK=log_block,
-                                SQUARES=squares, **opts)
+                                SQUARES=squares, **wide)
         K.unit_finish_kernel[(units,)](part, sizes_t, st, NBP=nbp, LOG_NBP=log_nbp, BLOCK=block, SQUARES=squares,
-                                       EPS_TINY=tiny, INTERP=interp, **opts)
+                                       EPS_TINY=tiny, INTERP=interp, **one)
     a = torch.empty(n, dtype=direct or _F64, device=device)
-    K.unit_apply_kernel[grid](c, starts_t, sizes_t, st, a, BLOCK=block, INTERP=interp, **opts)
+    K.unit_apply_kernel[grid](c, starts_t, sizes_t, st, a, BLOCK=block, INTERP=interp, **wide)
 
     at = nf.amin()
     at = torch.where(at >= n * k, 0, at)

@@ -84,17 +84,20 @@ def _scale(absmax, min_bits):
     return ((2045 << 52) - bits).to(tl.float64, bitcast=True)
 
 
-@triton.jit
-def eq47_kernel(r_ptr, prm_ptr, c_ptr, nf_ptr, n_groups, min_bits,
-                K: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, LOG_GP: tl.constexpr,
-                BG: tl.constexpr, EPS_TINY: tl.constexpr, INTERP: tl.constexpr):
-    """Eq. 4 and Eq. 7 for BG contiguous groups of G rows of the (N, K) rewards.
+@triton.jit(do_not_specialize=["n_groups", "G", "K", "min_bits", "eps_tiny"])
+def eq47_kernel(r_ptr, prm_ptr, c_ptr, nf_ptr, n_groups, G, K, min_bits, eps_tiny,
+                GP: tl.constexpr, LOG_GP: tl.constexpr, BG: tl.constexpr, INTERP: tl.constexpr):
+    """Eq. 4 and Eq. 7 for BG contiguous groups of G rows (G <= GP = 2**LOG_GP) of
+    the (N, K) rewards.
 
     prm = [eps, w_0, ..., w_{K-1}] (float64). Writes c (N,) float64 in row order
     and, per program, the flat index of the first non-finite reward it holds
-    (NONE_FOUND if none).
+    (NONE_FOUND if none). K, G and the eps flag are run-time values, so one
+    compiled kernel serves every K and group size up to GP.
     """
     pid = tl.program_id(0)
+    G = G.to(tl.int64)
+    K = K.to(tl.int64)
     grp = pid.to(tl.int64) * BG + tl.arange(0, BG).to(tl.int64)
     pos = tl.arange(0, GP).to(tl.int64)
     has = grp < n_groups
@@ -103,7 +106,7 @@ def eq47_kernel(r_ptr, prm_ptr, c_ptr, nf_ptr, n_groups, min_bits,
     eps = tl.load(prm_ptr)
     first = tl.full((), 1 << 62, tl.int64)
     c = tl.zeros((BG, GP), tl.float64)
-    for k in tl.static_range(K):
+    for k in range(K):
         off = row * K + k
         x = tl.load(r_ptr + off, mask=valid, other=0.0).to(tl.float64)
         bad = valid & ((x - x) != 0.0)  # nan and +-inf
@@ -116,21 +119,16 @@ def eq47_kernel(r_ptr, prm_ptr, c_ptr, nf_ptr, n_groups, min_bits,
         d = x * f[:, None]
         d = d - shift[:, None]
         d = tl.where(valid, d, _neg_zero())
-        mean = _div(_tree_rows(d, BG, GP, LOG_GP), G * 1.0, INTERP)
+        mean = _div(_tree_rows(d, BG, GP, LOG_GP), G.to(tl.float64), INTERP)
         dev = d - mean[:, None]
         sq = dev * dev
         sq = tl.where(valid, sq, 0.0)
-        var = _div(_tree_rows(sq, BG, GP, LOG_GP), (G - 1) * 1.0, INTERP)
+        var = _div(_tree_rows(sq, BG, GP, LOG_GP), (G - 1).to(tl.float64), INTERP)
         den = _sqrt(var, INTERP) + eps_f
-        if EPS_TINY:
-            den = tl.where(den == 0.0, 1.0, den)
+        den = tl.where((eps_tiny != 0) & (den == 0.0), 1.0, den)
         z = _div(dev, den[:, None], INTERP)
-        w = tl.load(prm_ptr + 1 + k)
-        p = z * w
-        if k == 0:
-            c = p
-        else:
-            c = c + p
+        p = z * tl.load(prm_ptr + 1 + k)
+        c = tl.where(k == 0, p, c + p)  # Eq. 7 left to right: ((p0 + p1) + p2) + ...
     tl.store(c_ptr + row, c, mask=valid)
     tl.store(nf_ptr + pid, first)
 
@@ -154,7 +152,7 @@ ST_LO, ST_HI, ST_F, ST_EPSF, ST_SHIFT, ST_MEAN, ST_DEN = range(7)
 ST_COLS = 8
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["min_bits"])
 def unit_scale_kernel(lo_ptr, hi_ptr, c_ptr, starts_ptr, sizes_ptr, prm_ptr, st_ptr, min_bits,
                       NBP: tl.constexpr, BLOCK: tl.constexpr):
     """Per unit: min, max, the scale f, eps * f and the shift (first value times f)."""

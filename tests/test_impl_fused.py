@@ -75,7 +75,7 @@ _KINDS = ("normal", "binary", "constant_cols", "cancel", "huge", "tiny", "mixed_
 def problems(draw):
     g = draw(st.integers(2, 40))
     groups = draw(st.integers(1, 12))
-    k = draw(st.integers(1, 5))
+    k = draw(st.sampled_from([1, 2, 3, 4, 5, 11]))
     n = g * groups
     kind = draw(st.sampled_from(_KINDS))
     rng = np.random.default_rng(draw(st.integers(0, 2 ** 32 - 1)))
@@ -121,7 +121,8 @@ def problems(draw):
     return rewards, dict(group_size=g, weights=w, segment_sizes=sizes, eps=eps, out_dtype=out)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=25 if CUDA else 60, deadline=None,  # compiled: a kernel per (K, group width)
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(problem=problems())
 def test_fused_is_the_plain_path_bit_for_bit(problem, monkeypatch):
     rewards, kw = problem
@@ -156,7 +157,7 @@ def test_nonfinite_reward_same_error(monkeypatch, where, value):
     assert isinstance(err, GDPOError) and "row" in str(err)
 
 
-@pytest.mark.parametrize("case", ["labels", "float16_out", "group_too_large", "huge_weight", "too_many_k"])
+@pytest.mark.parametrize("case", ["labels", "float16_out", "group_too_large", "huge_weight"])
 def test_not_eligible_takes_plain_path(monkeypatch, case):
     r = torch.randn(32, 2, dtype=torch.float64)
     kw = dict(group_size=4, weights=[1.0, 1.0], eps=1e-4, out_dtype=torch.float32)
@@ -168,11 +169,8 @@ def test_not_eligible_takes_plain_path(monkeypatch, case):
     elif case == "group_too_large":
         r = torch.randn(2 * (_fused.MAX_GROUP + 1), 2, dtype=torch.float64)
         kw["group_size"] = _fused.MAX_GROUP + 1
-    elif case == "huge_weight":
-        kw["weights"] = [2.0 ** 1000, 1.0]
     else:
-        r = torch.randn(32, _fused.MAX_K + 1, dtype=torch.float64)
-        kw["weights"] = None
+        kw["weights"] = [2.0 ** 1000, 1.0]
     _same(monkeypatch, r.to(DEVICE), expect_fused=False, **kw)
 
 
@@ -214,3 +212,18 @@ def test_conformance_equations_through_the_fused_path(monkeypatch):
     for prop in P.of_section("equations"):
         P.run_for_pytest(prop, subject)
     assert _fused.stats["calls"] > before, "no conformance case reached the fused path"
+
+
+def test_gpu_benchmark_harness_runs(monkeypatch):
+    """benchmarks/gpu.py runs only on lent GPU time: its code is exercised here (CPU,
+    interpreted kernels, tiny sizes) so that a run there cannot die of a plain bug."""
+    from benchmarks import gpu as bench
+
+    for k in ("GDPO_FUSED", "GDPO_CUDA_GRAPHS", "GDPO_FUSED_BLOCK"):
+        monkeypatch.delenv(k, raising=False)
+    res = bench.run(1, DEVICE, sizes=(256,), blocks=(1024,))
+    (case,) = res["cases"]
+    assert not [k for k in case if k.endswith("_error")], case
+    assert all(v for k, v in case.items() if k.endswith("_same_bits")), case
+    assert case["impl_1u_fused_paths"].get("fused_calls", 0) > 0, case
+    assert os.environ.get("GDPO_FUSED") is None  # the harness leaves the knobs as it found them
