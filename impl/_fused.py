@@ -48,6 +48,8 @@ MAX_GROUP = 1024
 #: most 8192 rows each (the largest unit: MAX_UNIT rows).
 MAX_BLOCKS = 1 << 13
 MAX_UNIT = MAX_BLOCKS * 8192
+#: Units up to this many rows are whitened by one program each (one launch).
+WHOLE_UNIT = 8192
 _REWARD_DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
 
 #: Counters for benchmarks and tests: calls that took this path.
@@ -136,14 +138,31 @@ def run(inp, sizes: list[int], eps: float, direct):
 
     units = len(sizes)
     longest = max(sizes)
-    block = block_size(longest)
-    blocks = -(-longest // block)
-    nbp = _pow2_at_least(blocks)
     starts = [0]
     for s in sizes[:-1]:
         starts.append(starts[-1] + s)
     starts_t = seg_ops.constant(tuple(starts), _I64, device)
     sizes_t = seg_ops.constant(tuple(sizes), _I64, device)
+    a = torch.empty(n, dtype=direct or _F64, device=device)
+    if longest <= WHOLE_UNIT and not os.environ.get("GDPO_FUSED_BLOCK"):
+        whole = max(256, _pow2_at_least(longest))  # few compiled widths
+        K.unit_whole_kernel[(units,)](c, starts_t, sizes_t, prm, a, min_bits, int(tiny), BLOCK=whole,
+                                      LOG_BLOCK=whole.bit_length() - 1, INTERP=interp,
+                                      **opts, num_warps=4 if whole <= 2048 else 8)
+    else:
+        _whiten_blocks(K, c, a, starts_t, sizes_t, units, longest, prm, min_bits, tiny, interp, opts)
+    facts = torch.empty(2, dtype=_I64, device=device)
+    K.facts_kernel[(1,)](nf, programs, r, n * k, facts, CHUNK=1024, **opts)
+    stats["calls"] += 1
+    return a, (P.NF_REWARD, P.NF_REWARD_KIND), facts
+
+
+def _whiten_blocks(K, c, a, starts_t, sizes_t, units, longest, prm, min_bits, tiny, interp, opts):
+    """Eq. 6 of units of any size: seven kernels, per (unit, block) and per unit."""
+    device = c.device
+    block = block_size(longest)
+    blocks = -(-longest // block)
+    nbp = _pow2_at_least(blocks)
     lo = torch.empty(units * nbp, dtype=_F64, device=device)
     hi = torch.empty_like(lo)
     st = torch.empty(units * K.ST_COLS, dtype=_F64, device=device)
@@ -159,11 +178,4 @@ def run(inp, sizes: list[int], eps: float, direct):
                                 SQUARES=squares, **wide)
         K.unit_finish_kernel[(units,)](part, sizes_t, st, NBP=nbp, LOG_NBP=log_nbp, BLOCK=block, SQUARES=squares,
                                        EPS_TINY=tiny, INTERP=interp, **one)
-    a = torch.empty(n, dtype=direct or _F64, device=device)
     K.unit_apply_kernel[grid](c, starts_t, sizes_t, st, a, BLOCK=block, INTERP=interp, **wide)
-
-    at = nf.amin()
-    at = torch.where(at >= n * k, 0, at)
-    bits = seg_ops.take(r.view(-1), at).to(_F64).view(_I64)
-    stats["calls"] += 1
-    return a, (P.NF_REWARD, P.NF_REWARD_KIND), torch.stack([at, bits])

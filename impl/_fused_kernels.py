@@ -248,3 +248,49 @@ def unit_apply_kernel(c_ptr, starts_ptr, sizes_ptr, st_ptr, out_ptr, BLOCK: tl.c
     dev = d - mean
     a = _div(dev, den, INTERP)
     tl.store(out_ptr + start + offs, a.to(out_ptr.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def unit_whole_kernel(c_ptr, starts_ptr, sizes_ptr, prm_ptr, out_ptr, min_bits, eps_tiny,
+                      BLOCK: tl.constexpr, LOG_BLOCK: tl.constexpr, INTERP: tl.constexpr):
+    """Eq. 6 of a whole unit (at most BLOCK rows) in one program: the block kernels'
+    operations in the same order, with the unit held in registers (one launch
+    instead of seven, for small batches)."""
+    u = tl.program_id(0)
+    start = tl.load(starts_ptr + u)
+    size = tl.load(sizes_ptr + u)
+    offs = tl.arange(0, BLOCK).to(tl.int64)
+    m = offs < size
+    x = tl.load(c_ptr + start + offs, mask=m, other=0.0)
+    lo = tl.min(tl.where(m, x, float("inf")))
+    hi = tl.max(tl.where(m, x, float("-inf")))
+    f = _scale(tl.maximum(hi, -lo), min_bits)
+    eps_f = f * tl.load(prm_ptr)
+    shift = tl.load(c_ptr + start, mask=size > 0, other=0.0) * f
+    d = x * f
+    d = d - shift
+    d = tl.where(m, d, _neg_zero())
+    mean = _div(_tree_vec(d, BLOCK, LOG_BLOCK), tl.maximum(size, 1).to(tl.float64), INTERP)
+    mean = tl.where(lo == hi, _neg_zero(), mean)
+    dev = d - mean
+    sq = dev * dev
+    sq = tl.where(m, sq, 0.0)
+    var = _div(_tree_vec(sq, BLOCK, LOG_BLOCK), tl.maximum(size - 1, 1).to(tl.float64), INTERP)
+    den = _sqrt(var, INTERP) + eps_f
+    den = tl.where((eps_tiny != 0) & (den == 0.0), 1.0, den)
+    a = _div(dev, den, INTERP)
+    tl.store(out_ptr + start + offs, a.to(out_ptr.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def facts_kernel(nf_ptr, programs, r_ptr, n_flat, out_ptr, CHUNK: tl.constexpr):
+    """The facts of the call: [first non-finite flat index (0 if none), the float64
+    bits of the reward there], from eq47_kernel's per-program findings."""
+    first = tl.full((), 1 << 62, tl.int64)
+    for s in range(0, programs, CHUNK):
+        j = s + tl.arange(0, CHUNK)
+        first = tl.minimum(first, tl.min(tl.load(nf_ptr + j, mask=j < programs, other=1 << 62)))
+    at = tl.where(first >= n_flat, 0, first)
+    value = tl.load(r_ptr + at).to(tl.float64)
+    tl.store(out_ptr, at)
+    tl.store(out_ptr + 1, value.to(tl.int64, bitcast=True))

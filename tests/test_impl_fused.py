@@ -123,9 +123,15 @@ def problems(draw):
 
 @settings(max_examples=25 if CUDA else 60, deadline=None,  # compiled: a kernel per (K, group width)
           suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(problem=problems())
-def test_fused_is_the_plain_path_bit_for_bit(problem, monkeypatch):
+@given(problem=problems(), block=st.sampled_from([None, None, 2, 16, 64]))
+def test_fused_is_the_plain_path_bit_for_bit(problem, block, monkeypatch):
+    """``block``: None is the default (a unit of up to 8192 rows whitened by one program);
+    a size forces the blocked kernels with blocks that small (many blocks per unit)."""
     rewards, kw = problem
+    if block is None:
+        monkeypatch.delenv("GDPO_FUSED_BLOCK", raising=False)
+    else:
+        monkeypatch.setenv("GDPO_FUSED_BLOCK", str(block))
     _same(monkeypatch, rewards.to(DEVICE), **kw)
 
 
