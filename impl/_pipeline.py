@@ -112,7 +112,29 @@ def cast_reachable(dtype: torch.dtype, total_rows: int) -> bool:
 
 
 #: Output dtypes the division writes directly (one rounding of the float64 quotient).
-_DIRECT = (torch.float32, torch.float16, torch.bfloat16)
+#: float16, bfloat16 and float8 are not among them: torch converts a double to
+#: those through float (two roundings); they are written by :func:`round_to`.
+_DIRECT = (torch.float32,)
+
+
+def round_to(a: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """float64 ``a`` correctly rounded (to nearest, ties to even) to ``dtype``.
+
+    torch's double -> half/bfloat16/float8 conversion rounds to float first and
+    then again (measured: 0.50024414807558 becomes 0.5 in float16, not the
+    nearest 0.50048828125). Here the first step rounds to *odd* instead: the
+    float32 value truncated toward zero, its last bit set when inexact. float32
+    carries at least two more bits than each of these formats over their whole
+    range, so the second rounding is then the correct one (round-to-odd).
+    """
+    if dtype in (_F64, torch.float32) or a.dtype != _F64:
+        return a.to(dtype)
+    y = a.to(torch.float32)
+    back = y.to(_F64)
+    bits = y.view(torch.int32)
+    bits = torch.where(back.abs() > a.abs(), bits - 1, bits)  # one step toward zero: truncation
+    bits = torch.where(back != a, bits | 1, bits)  # inexact: round to odd
+    return bits.view(torch.float32).to(dtype)
 
 
 def _apply_dtype(out_dtype: torch.dtype, total_rows: int):
@@ -140,7 +162,7 @@ def _finish_local(a: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
                 f"whitened value {float(a[at])!r} at row {at} does not survive the cast to "
                 f"{P.dtype_name(P.dtype_code(out_dtype))} (largest finite {torch.finfo(out_dtype).max!r}); "
                 "choose a wider out_dtype")
-    return a.to(out_dtype)
+    return round_to(a, out_dtype)
 
 
 # --- local (single-process) calls ----------------------------------------------
@@ -386,7 +408,7 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
     reachable = cast_reachable(out_dtype, total)
     if reachable or overflow_row is not None:
         _late_checks(name, group, world, rank, comm, agreed, overflow_row, a if reachable else None, out_dtype)
-    return a.to(out_dtype), st
+    return round_to(a, out_dtype), st
 
 
 def _late_checks(name, group, world, rank, comm, agreed, overflow_row, a, out_dtype):

@@ -67,6 +67,12 @@ Decisions this module makes (the brief left them open):
   an inf, so a unit of more than ~215000 samples with one outlier fails).
   Values that round beyond the dtype's largest finite value raise OutOfRangeError;
   float64 inputs beyond float32 range are *not* an error: whitening bounds them.
+* Every output is the float64 result rounded once to ``out_dtype`` (to nearest,
+  ties to even). torch's own double -> float16/bfloat16/float8 conversion rounds
+  through float32 (twice, and then not always to nearest); impl rounds to odd in
+  float32 first, which makes the second rounding the correct one.
+* ``GDPO_FUSED=1`` (opt-in, needs Triton): local contiguous-group calls on CUDA
+  run as a few fused Triton kernels with the same bits (see ``impl._fused``).
 * Host synchronisations on CUDA: one per call (the read of the facts row / the
   agreement table), whatever the number of groups or units; host lists (labels,
   sizes) are copied pinned and non-blocking, and small constants (counts,
