@@ -64,6 +64,24 @@ def mode() -> str:
     return m if m in ("1", "interpret") else ""
 
 
+def disable(exc: BaseException) -> None:
+    """Turn the fused path off for this process after a failure of its own (warned once)."""
+    if _STATE.get("kernels") is not None:
+        warnings.warn(f"the fused path failed ({type(exc).__name__}: {exc}) and is off for this process; "
+                      "impl.gdpo uses the plain torch path", RuntimeWarning, stacklevel=3)
+    _STATE["kernels"] = None
+
+
+def guarded(fused_fn, plain_fn):
+    """``fused_fn()``; if it fails, the fused path is turned off and ``plain_fn()`` runs
+    instead (same results: the fused path only ever computes the plain path's bits)."""
+    try:
+        return fused_fn()
+    except Exception as exc:  # noqa: BLE001 - a Triton or compiler failure: fall back
+        disable(exc)
+        return plain_fn()
+
+
 def kernels():
     """The kernel module, or None where Triton is not importable (warned once)."""
     if "kernels" not in _STATE:
@@ -80,27 +98,39 @@ def kernels():
     return _STATE["kernels"]
 
 
-def eligible(inp, sizes: list[int], direct) -> bool:
-    """Does this validated local call take the fused path?"""
+def _on(device: torch.device) -> bool:
     m = mode()
-    if not m:
-        return False
+    return bool(m) and (device.type == "cuda" or (m == "interpret" and device.type == "cpu"))
+
+
+def eq47_eligible(inp) -> bool:
+    """Can Eq. 4/7 of these validated rewards run fused?"""
     r = inp.rewards
-    if r.device.type != "cuda" and not (m == "interpret" and r.device.type == "cpu"):
+    if not _on(r.device) or inp.labels is not None or r.shape[0] == 0:
         return False
-    if inp.labels is not None or inp.group_size > MAX_GROUP or r.dtype not in _REWARD_DTYPES:
-        return False
-    if direct not in (None, torch.float32) or max(sizes) > MAX_UNIT:
+    if inp.group_size > MAX_GROUP or r.dtype not in _REWARD_DTYPES:
         return False
     if weight_plan(inp.weights)[1] or overflow_possible(inp.weights, inp.group_size):
         return False
     return kernels() is not None
 
 
+def whiten_eligible(device: torch.device, sizes: list[int], direct) -> bool:
+    """Can Eq. 6 of units of these sizes, written in ``direct`` (None: float64), run fused?"""
+    if not _on(device) or direct not in (None, torch.float32) or max(sizes, default=0) > MAX_UNIT:
+        return False
+    return kernels() is not None
+
+
+def eligible(inp, sizes: list[int], direct) -> bool:
+    """Does this validated local gdpo_advantages call take the fused path?"""
+    return eq47_eligible(inp) and whiten_eligible(inp.rewards.device, sizes, direct)
+
+
 def block_size(longest: int) -> int:
     """Rows per program of the whitening kernels (a power of two): at most
     MAX_BLOCKS blocks per unit. ``GDPO_FUSED_BLOCK`` overrides it (for the
-    benchmarks' sweep; the results do not depend on it)."""
+    benchmarks' sweep and the tests; the results do not depend on it)."""
     want = os.environ.get("GDPO_FUSED_BLOCK", "")
     block = int(want) if want.isdigit() and int(want) >= 1 else (1024 if longest <= (1 << 21) else 2048)
     block = _pow2_at_least(block)
@@ -113,69 +143,134 @@ def _pow2_at_least(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-def run(inp, sizes: list[int], eps: float, direct):
-    """The device part of a fused call: (a, facts columns, facts values (int64 tensor)),
-    as ``_pipeline._gdpo_device`` returns them; no host read."""
+_OPTS = {"enable_fp_fusion": False}  # no multiply-add contraction: the plain path's roundings
+
+
+def eq47(inp, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eq. 4 and Eq. 7: c (N,) float64 in row order, and the facts [first
+    non-finite flat index (0 if none), the float64 bits of the reward there]
+    as an int64 (2,) tensor. No host read."""
     K = kernels()
-    interp = _STATE["interp"]
     r = inp.rewards.contiguous()
     n, k = r.shape
     g = inp.group_size
     groups = n // g
     device = r.device
-    tiny = not eps >= 2.0 ** -52
-    min_bits = seg_ops.min_scale_bits(eps)
     prm = seg_ops.constant((eps, *inp.weights), _F64, device)
-
     gp = max(8, _pow2_at_least(g))  # few widths: one compiled kernel serves groups of 2..8, 9..16, ...
     bg = max(1, 1024 // gp)  # about 1024 rewards of a column per program
     programs = -(-groups // bg)
     c = torch.empty(n, dtype=_F64, device=device)
     nf = torch.empty(programs, dtype=_I64, device=device)
-    opts = {"enable_fp_fusion": False}  # no multiply-add contraction: the plain path's roundings
-    K.eq47_kernel[(programs,)](r, prm, c, nf, groups, g, k, min_bits, int(tiny), GP=gp, LOG_GP=gp.bit_length() - 1,
-                               BG=bg, INTERP=interp, **opts)
-
-    units = len(sizes)
-    longest = max(sizes)
-    starts = [0]
-    for s in sizes[:-1]:
-        starts.append(starts[-1] + s)
-    starts_t = seg_ops.constant(tuple(starts), _I64, device)
-    sizes_t = seg_ops.constant(tuple(sizes), _I64, device)
-    a = torch.empty(n, dtype=direct or _F64, device=device)
-    if longest <= WHOLE_UNIT and not os.environ.get("GDPO_FUSED_BLOCK"):
-        whole = max(256, _pow2_at_least(longest))  # few compiled widths
-        K.unit_whole_kernel[(units,)](c, starts_t, sizes_t, prm, a, min_bits, int(tiny), BLOCK=whole,
-                                      LOG_BLOCK=whole.bit_length() - 1, INTERP=interp,
-                                      **opts, num_warps=4 if whole <= 2048 else 8)
-    else:
-        _whiten_blocks(K, c, a, starts_t, sizes_t, units, longest, prm, min_bits, tiny, interp, opts)
+    K.eq47_kernel[(programs,)](r, prm, c, nf, groups, g, k, seg_ops.min_scale_bits(eps), int(not eps >= 2.0 ** -52),
+                               GP=gp, LOG_GP=gp.bit_length() - 1, BG=bg, INTERP=_STATE["interp"], **_OPTS)
     facts = torch.empty(2, dtype=_I64, device=device)
-    K.facts_kernel[(1,)](nf, programs, r, n * k, facts, CHUNK=1024, **opts)
+    K.facts_kernel[(1,)](nf, programs, r, n * k, facts, CHUNK=1024, **_OPTS)
     stats["calls"] += 1
-    return a, (P.NF_REWARD, P.NF_REWARD_KIND), facts
+    return c, facts
 
 
-def _whiten_blocks(K, c, a, starts_t, sizes_t, units, longest, prm, min_bits, tiny, interp, opts):
-    """Eq. 6 of units of any size: seven kernels, per (unit, block) and per unit."""
-    device = c.device
-    block = block_size(longest)
-    blocks = -(-longest // block)
-    nbp = _pow2_at_least(blocks)
-    lo = torch.empty(units * nbp, dtype=_F64, device=device)
+class Units:
+    """Whitening units over a (N,) tensor: consecutive rows of the given sizes."""
+
+    def __init__(self, v: torch.Tensor, sizes: list[int]):
+        self.v, self.sizes = v, sizes
+        device = v.device
+        starts = [0]
+        for s in sizes[:-1]:
+            starts.append(starts[-1] + s)
+        self.starts_t = seg_ops.constant(tuple(starts), _I64, device)
+        self.sizes_t = seg_ops.constant(tuple(sizes), _I64, device)
+        self.longest = max(sizes)
+        self.block = block_size(self.longest)
+        self.blocks = -(-self.longest // self.block)
+        self.nbp = _pow2_at_least(self.blocks)
+        self.wide = {**_OPTS, "num_warps": 4 if self.block <= 1024 else 8}  # per (unit, block)
+        self.one = {**_OPTS, "num_warps": 4 if self.nbp <= 1024 else 8}  # per unit, over its blocks
+
+
+def whiten(v: torch.Tensor, sizes: list[int], eps: float, direct) -> torch.Tensor:
+    """Eq. 6 of this process's units of v (no process group), in ``direct`` (None: float64)."""
+    K = kernels()
+    u = Units(v, sizes)
+    a = torch.empty(v.shape[0], dtype=direct or _F64, device=v.device)
+    prm = seg_ops.constant((eps,), _F64, v.device)
+    if u.longest <= WHOLE_UNIT and not os.environ.get("GDPO_FUSED_BLOCK"):
+        whole = max(256, _pow2_at_least(u.longest))  # few compiled widths
+        K.unit_whole_kernel[(len(sizes),)](v, u.starts_t, u.sizes_t, prm, a, seg_ops.min_scale_bits(eps),
+                                           int(not eps >= 2.0 ** -52), BLOCK=whole, LOG_BLOCK=whole.bit_length() - 1,
+                                           INTERP=_STATE["interp"], **_OPTS, num_warps=4 if whole <= 2048 else 8)
+        return a
+    st = _unit_stats(u, eps)
+    _apply(u, st, a)
+    return a
+
+
+def _unit_stats(u: Units, eps: float) -> torch.Tensor:
+    """The (S, ST_COLS) statistics of each unit from this process's rows (flat)."""
+    K = kernels()
+    device = u.v.device
+    units = len(u.sizes)
+    tiny = not eps >= 2.0 ** -52
+    interp = _STATE["interp"]
+    prm = seg_ops.constant((eps,), _F64, device)
+    lo = torch.empty(units * u.nbp, dtype=_F64, device=device)
     hi = torch.empty_like(lo)
     st = torch.empty(units * K.ST_COLS, dtype=_F64, device=device)
-    grid = (units, blocks)
-    log_block, log_nbp = block.bit_length() - 1, nbp.bit_length() - 1
-    wide = {**opts, "num_warps": 4 if block <= 1024 else 8}  # per (unit, block)
-    one = {**opts, "num_warps": 4 if nbp <= 1024 else 8}  # per unit, over its blocks
-    K.unit_minmax_kernel[grid](c, starts_t, sizes_t, lo, hi, NBP=nbp, BLOCK=block, **wide)
-    K.unit_scale_kernel[(units,)](lo, hi, c, starts_t, sizes_t, prm, st, min_bits, NBP=nbp, BLOCK=block, **one)
+    grid = (units, u.blocks)
+    log_block, log_nbp = u.block.bit_length() - 1, u.nbp.bit_length() - 1
+    K.unit_minmax_kernel[grid](u.v, u.starts_t, u.sizes_t, lo, hi, NBP=u.nbp, BLOCK=u.block, **u.wide)
+    K.unit_scale_kernel[(units,)](lo, hi, u.v, u.starts_t, u.sizes_t, prm, st, seg_ops.min_scale_bits(eps),
+                                  NBP=u.nbp, BLOCK=u.block, **u.one)
     part = lo  # the minima are no longer needed: the block sums go there
     for squares in (False, True):
-        K.unit_sum_kernel[grid](c, starts_t, sizes_t, st, part, NBP=nbp, BLOCK=block, LOG_BLOCK=log_block,
-                                SQUARES=squares, **wide)
-        K.unit_finish_kernel[(units,)](part, sizes_t, st, NBP=nbp, LOG_NBP=log_nbp, BLOCK=block, SQUARES=squares,
-                                       EPS_TINY=tiny, INTERP=interp, **one)
-    K.unit_apply_kernel[grid](c, starts_t, sizes_t, st, a, BLOCK=block, INTERP=interp, **wide)
+        K.unit_sum_kernel[grid](u.v, u.starts_t, u.sizes_t, st, part, NBP=u.nbp, BLOCK=u.block, LOG_BLOCK=log_block,
+                                SQUARES=squares, **u.wide)
+        K.unit_finish_kernel[(units,)](part, u.sizes_t, st, NBP=u.nbp, LOG_NBP=log_nbp, BLOCK=u.block,
+                                       SQUARES=squares, EPS_TINY=tiny, INTERP=interp, **u.one)
+    return st
+
+
+def _apply(u: Units, st: torch.Tensor, a: torch.Tensor) -> None:
+    kernels().unit_apply_kernel[(len(u.sizes), u.blocks)](u.v, u.starts_t, u.sizes_t, st, a, BLOCK=u.block,
+                                                          INTERP=_STATE["interp"], **u.wide)
+
+
+def run(inp, sizes: list[int], eps: float, direct):
+    """The device part of a fused local gdpo_advantages call: (a, facts columns,
+    facts values (int64 tensor)), as ``_pipeline._gdpo_device`` returns them; no host read."""
+    c, facts = eq47(inp, eps)
+    return whiten(c, sizes, eps, direct), (P.NF_REWARD, P.NF_REWARD_KIND), facts
+
+
+class Local:
+    """This rank's whitening statistics for the distributed protocol (what
+    ``_whiten.Local`` offers it): the table to merge, then the application of
+    the merged statistics by the fused apply kernel."""
+
+    def __init__(self, v: torch.Tensor, sizes: list[int], eps: float):
+        self.units = Units(v, sizes)
+        self.st = _unit_stats(self.units, eps).view(len(sizes), kernels().ST_COLS)
+
+    def table(self, device) -> torch.Tensor:
+        """(S, 7) float64: count, e, shift, mean_d, M2, min, max (empty units as in ``_whiten``)."""
+        K = kernels()
+        st, sizes = self.st, self.units.sizes
+        e = seg_ops.scale_exponent(st[:, K.ST_F].contiguous()).to(_F64)
+        count = seg_ops.constant(tuple(float(x) for x in sizes), _F64, st.device)
+        table = torch.stack([count, e, st[:, K.ST_SHIFT], st[:, K.ST_MEAN], st[:, K.ST_M2],
+                             st[:, K.ST_LO], st[:, K.ST_HI]], 1)
+        if 0 in sizes:
+            empty = seg_ops.constant((0.0, 0.0, 0.0, 0.0, 0.0, math.inf, -math.inf), _F64, st.device)
+            has = seg_ops.constant(tuple(x > 0 for x in sizes), torch.bool, st.device)
+            table = torch.where(has[:, None], table, empty)
+        return table.to(device)
+
+    def apply(self, f: torch.Tensor, shift: torch.Tensor, mean: torch.Tensor, den: torch.Tensor,
+              direct) -> torch.Tensor:
+        """a = ((v * f - shift) - mean) / den per unit, from the merged statistics."""
+        zero = torch.zeros_like(f)
+        st = torch.stack([zero, zero, f, zero, shift, mean, den, zero], 1).contiguous()
+        a = torch.empty(self.units.v.shape[0], dtype=direct or _F64, device=f.device)
+        _apply(self.units, st, a)
+        return a

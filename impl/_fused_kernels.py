@@ -142,13 +142,15 @@ def unit_minmax_kernel(c_ptr, starts_ptr, sizes_ptr, lo_ptr, hi_ptr, NBP: tl.con
     size = tl.load(sizes_ptr + u)
     offs = b.to(tl.int64) * BLOCK + tl.arange(0, BLOCK).to(tl.int64)
     m = offs < size
-    x = tl.load(c_ptr + start + offs, mask=m, other=0.0)
+    x = tl.load(c_ptr + start + offs, mask=m, other=0.0).to(tl.float64)
     tl.store(lo_ptr + u * NBP + b, tl.min(tl.where(m, x, float("inf"))))
     tl.store(hi_ptr + u * NBP + b, tl.max(tl.where(m, x, float("-inf"))))
 
 
-#: Columns of the per-unit statistics (float64, one row of ST_COLS per unit).
-ST_LO, ST_HI, ST_F, ST_EPSF, ST_SHIFT, ST_MEAN, ST_DEN = range(7)
+#: Columns of the per-unit statistics (float64, one row of ST_COLS per unit). The
+#: apply kernel reads F, SHIFT, MEAN and DEN only, so a row built from the merged
+#: statistics of every rank drives it too.
+ST_LO, ST_HI, ST_F, ST_EPSF, ST_SHIFT, ST_MEAN, ST_DEN, ST_M2 = range(8)
 ST_COLS = 8
 
 
@@ -167,7 +169,7 @@ def unit_scale_kernel(lo_ptr, hi_ptr, c_ptr, starts_ptr, sizes_ptr, prm_ptr, st_
     absmax = tl.maximum(hi, -lo)
     f = _scale(absmax, min_bits)
     eps = tl.load(prm_ptr)
-    c0 = tl.load(c_ptr + start, mask=size > 0, other=0.0)
+    c0 = tl.load(c_ptr + start, mask=size > 0, other=0.0).to(tl.float64)
     st = st_ptr + u * 8
     tl.store(st + 0, lo)
     tl.store(st + 1, hi)
@@ -190,7 +192,7 @@ def unit_sum_kernel(c_ptr, starts_ptr, sizes_ptr, st_ptr, part_ptr, NBP: tl.cons
     shift = tl.load(st + 4)
     offs = b.to(tl.int64) * BLOCK + tl.arange(0, BLOCK).to(tl.int64)
     m = offs < size
-    x = tl.load(c_ptr + start + offs, mask=m, other=0.0)
+    x = tl.load(c_ptr + start + offs, mask=m, other=0.0).to(tl.float64)
     d = x * f
     d = d - shift
     if SQUARES:
@@ -221,6 +223,7 @@ def unit_finish_kernel(part_ptr, sizes_ptr, st_ptr, NBP: tl.constexpr, LOG_NBP: 
         if EPS_TINY:
             den = tl.where(den == 0.0, 1.0, den)
         tl.store(st + 6 + tl.arange(0, 1), den)
+        tl.store(st + 7 + tl.arange(0, 1), total)  # M2, for the merge across ranks
     else:
         total = _tree_vec(tl.load(part_ptr + u * NBP + j, mask=j < nb, other=_neg_zero()), NBP, LOG_NBP)
         mean = _div(total, tl.maximum(size, 1).to(tl.float64), INTERP)  # an empty unit: no row reads it
@@ -242,7 +245,7 @@ def unit_apply_kernel(c_ptr, starts_ptr, sizes_ptr, st_ptr, out_ptr, BLOCK: tl.c
     den = tl.load(st + 6)
     offs = b.to(tl.int64) * BLOCK + tl.arange(0, BLOCK).to(tl.int64)
     m = offs < size
-    x = tl.load(c_ptr + start + offs, mask=m, other=0.0)
+    x = tl.load(c_ptr + start + offs, mask=m, other=0.0).to(tl.float64)
     d = x * f
     d = d - shift
     dev = d - mean
@@ -261,12 +264,12 @@ def unit_whole_kernel(c_ptr, starts_ptr, sizes_ptr, prm_ptr, out_ptr, min_bits, 
     size = tl.load(sizes_ptr + u)
     offs = tl.arange(0, BLOCK).to(tl.int64)
     m = offs < size
-    x = tl.load(c_ptr + start + offs, mask=m, other=0.0)
+    x = tl.load(c_ptr + start + offs, mask=m, other=0.0).to(tl.float64)
     lo = tl.min(tl.where(m, x, float("inf")))
     hi = tl.max(tl.where(m, x, float("-inf")))
     f = _scale(tl.maximum(hi, -lo), min_bits)
     eps_f = f * tl.load(prm_ptr)
-    shift = tl.load(c_ptr + start, mask=size > 0, other=0.0) * f
+    shift = tl.load(c_ptr + start, mask=size > 0, other=0.0).to(tl.float64) * f
     d = x * f
     d = d - shift
     d = tl.where(m, d, _neg_zero())

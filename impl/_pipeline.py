@@ -177,8 +177,20 @@ def _normalize_checked(inp, eps, *, signal=False, then=None):
     """Eq. 4/7 of validated input with the call's one host read: at the end for
     contiguous groups (after ``then``, the rest of the call, is launched), after
     phase one for labelled groups (their layout needs G and n_max)."""
-    prep = N.prepare(inp, lazy=N.lazy_checks(inp.rewards.device))
     host = _rewards_host(inp)
+    fused = _fused.guarded(lambda: _fused.eq47(inp, eps), lambda: None) if (
+        then is None and _fused.eq47_eligible(inp)) else None
+    if fused is not None:
+        c, facts = fused
+        varies = None
+        if signal:
+            g = inp.group_size
+            cg = c.view(inp.n // g, g)
+            varies = cg.amin(1) != cg.amax(1)
+        row = _local_row(host, {P.NF_REWARD: facts[0], P.NF_REWARD_KIND: facts[1]})  # the one host read
+        P.raise_local(row)
+        return N.Normalized(c, {}, varies), row, None
+    prep = N.prepare(inp, lazy=N.lazy_checks(inp.rewards.device))
     if prep.labelled is None:
         norm = N.finish(prep, eps, signal=signal)
         extra = then(norm) if then else None
@@ -223,12 +235,18 @@ def whiten_local(values, segment_sizes, eps, out_dtype):
         _units_of_one(sizes)
     except Problem as p:
         raise p.error() from None
-    lazy = N.lazy_checks(v.device)
-    facts = {} if lazy else N.value_facts(v)
-    loc = W.local_stats(v, sizes, eps)
-    a = W.apply_local(loc, eps, _apply_dtype(out_dtype, v.shape[0]))
-    if lazy and not loc.finite():
-        facts = N.value_facts(v)
+    direct = _apply_dtype(out_dtype, v.shape[0])
+    a = None
+    if v.shape[0] and _fused.whiten_eligible(v.device, sizes, direct):
+        loc, facts = None, N.value_facts(v)
+        a = _fused.guarded(lambda: _fused.whiten(v.contiguous(), sizes, eps, direct), lambda: None)
+    if a is None:
+        lazy = N.lazy_checks(v.device)
+        facts = {} if lazy else N.value_facts(v)
+        loc = W.local_stats(v, sizes, eps)
+        a = W.apply_local(loc, eps, direct)
+        if lazy and not loc.finite():
+            facts = N.value_facts(v)
     row = _local_row({P.PRESENT: 1, P.ROWS: v.shape[0]}, facts)  # the one host read
     if P.row_problems(row):
         row[P.NF_VALUE_UNIT] = _unit_of(sizes, row[P.NF_VALUE])
@@ -257,8 +275,10 @@ def gdpo_local(rewards, group_ids, group_size, weights, segment_sizes, eps, out_
                tuple(P.float_bits(w) for w in inp.weights), tuple(sizes), P.float_bits(eps), out_dtype, fused)
         got = _graphs.run(key, inp, device_part)
     if got is None and fused:
-        a, cols, values = device_part(inp)
-        got = a, cols, _read(values)  # the one host read
+        def fused_call():
+            a, cols, values = device_part(inp)
+            return a, cols, _read(values)  # the one host read
+        got = _fused.guarded(fused_call, lambda: None)
     if got is not None:
         a, cols, values = got
         row = _local_row(_rewards_host(inp), {})
@@ -288,6 +308,14 @@ def _gdpo_device(inp, sizes, eps, direct):
 
 
 # --- distributed calls ----------------------------------------------------------
+
+def _fused_local(inp, eps, sizes, device_facts):
+    """Eq. 4/7 and this rank's Eq. 6 statistics on the fused path (contiguous groups)."""
+    c, facts = _fused.eq47(inp, eps)
+    loc = _fused.Local(c, sizes, eps)
+    device_facts.update({P.NF_REWARD: facts[0], P.NF_REWARD_KIND: facts[1]})
+    return loc
+
 
 def _comm_device(group, data_device: torch.device) -> torch.device:
     if str(dist.get_backend(group)).lower() == "nccl":
@@ -337,21 +365,28 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
         host.update({P.UNITS: len(sizes), P.SEG_NONE: int(not given)})
         for j, s in enumerate(sizes[: P.COUNT_SLOTS]):
             host[P.COUNTS + j] = s
+        fused = n > 0 and _fused.whiten_eligible(data_device, sizes, None)
         if api == P.API_GDPO:
-            prep = N.prepare(inp, lazy=False)
-            device_facts.update(prep.facts)
-            if prep.labelled is None or n == 0:  # contiguous groups: all local work before the agreement
-                norm = N.finish(prep, eps) if n else None
-                if norm is not None:
-                    device_facts.update(norm.facts)
-                loc = W.local_stats(norm.c if n else inp.rewards.new_empty(0, dtype=_F64), sizes, eps)
-                prep = None
+            if fused and _fused.eq47_eligible(inp):  # contiguous groups: all local work before the agreement
+                loc = _fused.guarded(lambda: _fused_local(inp, eps, sizes, device_facts), lambda: None)
+            if loc is None:
+                prep = N.prepare(inp, lazy=False)
+                device_facts.update(prep.facts)
+                if prep.labelled is None or n == 0:  # contiguous groups: all local work before the agreement
+                    norm = N.finish(prep, eps) if n else None
+                    if norm is not None:
+                        device_facts.update(norm.facts)
+                    loc = W.local_stats(norm.c if n else inp.rewards.new_empty(0, dtype=_F64), sizes, eps)
+                    prep = None
         else:
             device_facts.update(N.value_facts(v))
             if n:
                 ends = host_to_device([sum(sizes[: j + 1]) for j in range(len(sizes))], _I64, data_device)
                 device_facts[P.NF_VALUE_UNIT] = torch.searchsorted(ends, device_facts[P.NF_VALUE], right=True)
-            loc = W.local_stats(v, sizes, eps)
+            if fused:
+                loc = _fused.guarded(lambda: _fused.Local(v.contiguous(), sizes, eps), lambda: None)
+            if loc is None:
+                loc = W.local_stats(v, sizes, eps)
     except Problem as p:
         local_exc = p.error()
         host.update({P.HOST_CODE: p.code, P.HOST_A: p.a, P.HOST_B: p.b, P.HOST_C: p.c})
@@ -404,7 +439,12 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
             raise P.DistributedSegmentError(P.refusal_message(reasons, agreed))
     st = W.merge(stats.to(data_device))
     total = sum(r[P.ROWS] for r in agreed)
-    a = W.apply_global(loc, st, eps, _apply_dtype(out_dtype, total))
+    if isinstance(loc, _fused.Local):
+        direct = _apply_dtype(out_dtype, total)
+        a = _fused.guarded(lambda: loc.apply(*W.global_terms(st, eps), direct),
+                           lambda: W.apply_global(W.local_stats(loc.units.v, sizes, eps), st, eps, direct))
+    else:
+        a = W.apply_global(loc, st, eps, _apply_dtype(out_dtype, total))
     reachable = cast_reachable(out_dtype, total)
     if reachable or overflow_row is not None:
         _late_checks(name, group, world, rank, comm, agreed, overflow_row, a if reachable else None, out_dtype)

@@ -229,14 +229,19 @@ def merge(tables: torch.Tensor) -> Stats:
     return Stats(n[0], top, shift_g, mean[0], m2[0], lo, hi)
 
 
+def global_terms(st: Stats, eps: float):
+    """(f, shift, mean, den) per unit from the merged statistics: a = ((v f - shift) - mean) / den."""
+    f = seg_ops.pow2_normal(st.e)
+    mean = torch.where(st.lo == st.hi, -0.0, st.mean)  # collapsed across ranks: deviations +0
+    return f, st.shift, mean, _den(st.m2, st.n, f * eps, eps)
+
+
 def apply_global(loc: Local, st: Stats, eps: float, out_dtype=None) -> torch.Tensor:
     """Eq. 6 of this rank's rows from the merged statistics of every rank."""
     lay = loc.lay
     if lay.kind == "empty":
         return torch.empty(0, dtype=out_dtype or _F64, device=lay.device)
-    f = seg_ops.pow2_normal(st.e)
-    mean = torch.where(st.lo == st.hi, -0.0, st.mean)  # collapsed across ranks: deviations +0
-    den = _den(st.m2, st.n, f * eps, eps)
+    f, _, mean, den = global_terms(st, eps)
     if lay.kind == "loop":
         return torch.cat([_apply_x(p, f[j:j + 1], st.shift[j:j + 1], mean[j:j + 1], den[j:j + 1], out_dtype)
                           for j, p in enumerate(loc.parts)])

@@ -187,6 +187,8 @@ def _rank_main(rank, world, init_file, out_dir, scenarios, timeout_s, backend, d
         counter.counts = {}
         t0 = time.monotonic()
         rec = {"rank": rank, "name": name}
+        fused = sys.modules.get("impl._fused")
+        fused_before = fused.stats["calls"] if fused else 0
         kwargs = dict(kwargs)
         count_syncs = kwargs.pop("count_syncs", False)
         try:
@@ -204,7 +206,9 @@ def _rank_main(rank, world, init_file, out_dir, scenarios, timeout_s, backend, d
         except BaseException as exc:  # noqa: BLE001 - every outcome is reported
             rec.update(status="error", cls=type(exc).__name__, mro=[c.__name__ for c in type(exc).__mro__],
                        msg=str(exc), tb=traceback.format_exc()[-2000:])
-        rec.update(seconds=time.monotonic() - t0, collectives=dict(counter.counts))
+        fused = sys.modules.get("impl._fused")
+        rec.update(seconds=time.monotonic() - t0, collectives=dict(counter.counts),
+                   fused_calls=(fused.stats["calls"] if fused else 0) - fused_before)
         tmp = os.path.join(out_dir, f".r{rank}_{i}.tmp")
         with open(tmp, "wb") as f:
             pickle.dump(rec, f)

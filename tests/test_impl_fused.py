@@ -117,7 +117,7 @@ def problems(draw):
     if any(s == 1 for s in sizes):
         sizes = None
     eps = draw(st.sampled_from([1e-4, 0.0, 1e-8, 2.0 ** -60, 1e-300, 3.0]))
-    out = draw(st.sampled_from([torch.float32, torch.float64]))
+    out = draw(st.sampled_from([torch.float32, torch.float64, torch.float16, torch.bfloat16]))
     return rewards, dict(group_size=g, weights=w, segment_sizes=sizes, eps=eps, out_dtype=out)
 
 
@@ -163,15 +163,13 @@ def test_nonfinite_reward_same_error(monkeypatch, where, value):
     assert isinstance(err, GDPOError) and "row" in str(err)
 
 
-@pytest.mark.parametrize("case", ["labels", "float16_out", "group_too_large", "huge_weight"])
+@pytest.mark.parametrize("case", ["labels", "group_too_large", "huge_weight"])
 def test_not_eligible_takes_plain_path(monkeypatch, case):
     r = torch.randn(32, 2, dtype=torch.float64)
     kw = dict(group_size=4, weights=[1.0, 1.0], eps=1e-4, out_dtype=torch.float32)
     if case == "labels":
         kw.pop("group_size")
         kw["group_ids"] = torch.arange(32) % 5
-    elif case == "float16_out":
-        kw["out_dtype"] = torch.float16
     elif case == "group_too_large":
         r = torch.randn(2 * (_fused.MAX_GROUP + 1), 2, dtype=torch.float64)
         kw["group_size"] = _fused.MAX_GROUP + 1
@@ -233,3 +231,92 @@ def test_gpu_benchmark_harness_runs(monkeypatch):
     assert all(v for k, v in case.items() if k.endswith("_same_bits")), case
     assert case["impl_1u_fused_paths"].get("fused_calls", 0) > 0, case
     assert os.environ.get("GDPO_FUSED") is None  # the harness leaves the knobs as it found them
+
+
+@settings(max_examples=25 if CUDA else 40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(problem=problems(), block=st.sampled_from([None, 16]))
+def test_normalize_signal_and_whiten_fused_are_the_plain_path(problem, block, monkeypatch):
+    """normalize_rewards and group_has_signal (Eq. 4/7 kernel) and whiten (Eq. 6 kernels) alone."""
+    rewards, kw = problem
+    rewards = rewards.to(DEVICE)
+    if block is None:
+        monkeypatch.delenv("GDPO_FUSED_BLOCK", raising=False)
+    else:
+        monkeypatch.setenv("GDPO_FUSED_BLOCK", str(block))
+    results = {}
+    for fused in (True, False):
+        monkeypatch.setenv("GDPO_FUSED", MODE if fused else "0")
+        before = _fused.stats["calls"]
+        got = []
+        for fn in (lambda: gdpo.normalize_rewards(rewards, group_size=kw["group_size"], weights=kw["weights"],
+                                                  eps=kw["eps"]),
+                   lambda: gdpo.group_has_signal(rewards, group_size=kw["group_size"], weights=kw["weights"],
+                                                 eps=kw["eps"]),
+                   lambda: gdpo.whiten(rewards[:, 0], segment_sizes=kw["segment_sizes"], eps=kw["eps"],
+                                       out_dtype=kw["out_dtype"])):
+            try:
+                got.append(fn())
+            except GDPOError as exc:
+                got.append(f"{type(exc).__name__}: {exc}")
+        results[fused] = got
+        if fused:
+            assert _fused.stats["calls"] > before, "normalize_rewards never took the fused path"
+    for name, a, b in zip(("normalize_rewards", "group_has_signal", "whiten"), results[True], results[False]):
+        if isinstance(b, str) or isinstance(a, str):
+            assert a == b, f"{name}: fused {a!r}, plain {b!r}"
+        else:
+            assert a.dtype == b.dtype and torch.equal(_bits(a.contiguous()) if a.is_floating_point() else a,
+                                                      _bits(b.contiguous()) if b.is_floating_point() else b), \
+                f"{name}: fused and plain results differ"
+
+
+def test_kernel_failure_falls_back_to_the_plain_path(monkeypatch):
+    """A fused path that fails (a compiler missing on the machine, say) warns once and
+    leaves the call to the plain path: same result, nothing raised."""
+    monkeypatch.setenv("GDPO_FUSED", MODE)
+    monkeypatch.setattr(_fused, "_STATE", dict(_fused._STATE))
+    kernels = _fused.kernels()
+
+    class Broken:
+        def __getattr__(self, name):
+            value = getattr(kernels, name)
+            if name.endswith("_kernel"):
+                raise RuntimeError("simulated compiler failure")
+            return value
+
+    monkeypatch.setitem(_fused._STATE, "kernels", Broken())
+    r = torch.randn(64, 2, dtype=torch.float64, device=DEVICE)
+    with pytest.warns(RuntimeWarning, match="simulated compiler failure"):
+        a = gdpo.gdpo_advantages(r, group_size=8)
+    assert _fused._STATE["kernels"] is None  # off for the rest of the process
+    monkeypatch.setenv("GDPO_FUSED", "0")
+    assert torch.equal(a, gdpo.gdpo_advantages(r, group_size=8))
+
+
+@pytest.mark.distributed
+def test_distributed_fused_is_the_plain_path(monkeypatch):
+    """The distributed scenarios of tests/test_impl_distributed.py (two gloo ranks), run
+    with and without the fused path: the same records (results bit for bit, errors
+    word for word, collectives per call), and the fused path did run."""
+    import sys
+
+    sys.path.insert(0, os.path.dirname(__file__))
+    import _dist
+    from test_impl_distributed import DEADLINE_S, GROUP_TIMEOUT_S, scenarios
+
+    if CUDA:
+        pytest.skip("the gloo ranks hold CPU tensors; tests/test_impl_cuda.py covers CUDA tensors over gloo")
+    scen = [s for s in scenarios(2) if s[0] != "err_mixed_api"]
+    runs = {}
+    for fused in (True, False):
+        monkeypatch.setenv("GDPO_FUSED", MODE if fused else "0")
+        runs[fused] = _dist.run_group(2, scen, group_timeout_s=GROUP_TIMEOUT_S, deadline_s=DEADLINE_S)
+    took = 0
+    for name, _, _ in scen:
+        f, p = runs[True].by_rank(name), runs[False].by_rank(name)
+        for r in range(2):
+            keep = ("status", "result", "stats", "cls", "msg", "collectives")
+            assert {k: f[r].get(k) for k in keep} == {k: p[r].get(k) for k in keep}, \
+                f"{name}, rank {r}: fused {f[r].get('msg') or f[r].get('status')} vs plain {p[r].get('msg') or p[r].get('status')}"
+            took += f[r]["fused_calls"]
+    assert took > 0, "no distributed scenario reached the fused path"
