@@ -1,7 +1,14 @@
-# Shared by tests/ and conformance/: hypothesis profiles chosen explicitly.
+# Shared by tests/ and conformance/: hypothesis profiles chosen explicitly, and the
+# conformance suite's options (--impl, --convention, --call-shape).
 import os
 
 from hypothesis import HealthCheck, settings
+
+# The options live in conformance/plugins.py (pytest_addoption). Registered here, at
+# the root, pytest loads them on every run, so `pytest --impl mod:fn` works with no
+# path; `gdpo check` passes `-p conformance.plugins` too, and pytest registers a
+# plugin once by name, so the options are never added twice.
+pytest_plugins = ("conformance.plugins",)
 
 # Explicit profiles (hypothesis would otherwise switch itself when it detects CI):
 # "ci" is derandomized and bounded; "deep" hunts long with an example database.

@@ -12,6 +12,11 @@ import sys
 import numpy as np
 
 
+#: conformance.plugins.CALL_SHAPES, written out so that `gdpo` does not import torch to parse its
+#: arguments (tests/test_cli.py asserts the two agree).
+CHECK_CALL_SHAPES = ("gdpo", "trl", "verl")
+
+
 def _fmt(x: float) -> str:
     return f"{x:+.10f}" if x == x else "nan"
 
@@ -54,7 +59,10 @@ def run_check(impl: str | None, convention: str | None, call_shape: str | None, 
     from pathlib import Path
 
     here = Path(__file__).resolve().parent
-    cmd = [sys.executable, "-m", "pytest", str(here), "-q", "-p", "no:cacheprovider", "--rootdir", str(here.parent)]
+    # -p conformance.plugins: the options, also where the checkout's root conftest.py is absent
+    # (an installed package); in a checkout pytest registers the plugin once by name.
+    cmd = [sys.executable, "-m", "pytest", str(here), "-q", "-p", "no:cacheprovider", "-p", "conformance.plugins",
+           "--rootdir", str(here.parent)]
     for flag, value in (("--impl", impl), ("--convention", convention), ("--call-shape", call_shape),
                         ("-k", select)):
         if value is not None:
@@ -99,7 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     p_ck = sub.add_parser("check", help="run the conformance suite against impl.gdpo or another implementation")
     p_ck.add_argument("--impl", default=None, help="package.module:function to grade (default impl.gdpo)")
     p_ck.add_argument("--convention", default=None, help="convention the implementation means (default spec)")
-    p_ck.add_argument("--call-shape", default=None, choices=["gdpo", "trl"], help="how to call it")
+    p_ck.add_argument("--call-shape", default=None, choices=CHECK_CALL_SHAPES,
+                      help="how to call it (see conformance/plugins.py; default gdpo)")
     p_ck.add_argument("-k", dest="select", default=None, help="only the tests matching this pytest -k expression")
     args = parser.parse_args(argv)
     if args.command == "check":

@@ -1,22 +1,13 @@
-"""pytest options of the conformance suite: which implementation, which convention,
-which call shape (see conformance/plugins.py for the call shapes)."""
+"""The implementation under test as a fixture. The options it reads (--impl,
+--convention, --call-shape) are registered by conformance/plugins.py, a pytest plugin
+the root conftest.py loads (and `gdpo check` passes with -p), so that they work from
+the repository root with no path and are registered once."""
 
 from __future__ import annotations
 
 import pytest
 
-from conformance.plugins import CALL_SHAPES, DEFAULT_IMPL, Subject
-
-
-def pytest_addoption(parser):
-    group = parser.getgroup("gdpo-conformance", "GDPO conformance suite")
-    group.addoption("--impl", default=DEFAULT_IMPL,
-                    help=f"implementation under test, package.module:function (default {DEFAULT_IMPL})")
-    group.addoption("--convention", default="spec",
-                    help="convention the implementation claims (a preset of spec/conventions.py; default spec)")
-    group.addoption("--call-shape", default="gdpo", choices=CALL_SHAPES,
-                    help="how to call it: gdpo (impl.gdpo's signature) or trl (rewards, num_generations, "
-                         "reward_weights)")
+from conformance.plugins import Subject
 
 
 @pytest.fixture(scope="session")

@@ -2,7 +2,13 @@
 
 Pointing the suite at any implementation, without editing it::
 
-    pytest conformance/ --impl package.module:function [--convention NAME] [--call-shape gdpo|trl]
+    pytest --impl package.module:function [--convention NAME] [--call-shape gdpo|trl|verl]
+
+from the repository root (a path such as ``conformance/`` may follow; without one
+pytest runs every test path). The options are this module's ``pytest_addoption``:
+the root ``conftest.py`` registers this module as a pytest plugin, and ``gdpo check``
+passes ``-p conformance.plugins`` (pytest registers a plugin once by name, so the
+two never add the options twice).
 
 Defaults: ``--impl impl.gdpo:gdpo_advantages --convention spec --call-shape gdpo``.
 ``--convention`` names a preset of ``spec/conventions.py``; the oracle computes
@@ -36,6 +42,31 @@ Call shapes
   output. Properties this shape cannot express (labels, units, eps, stages,
   out_dtype float64, several ranks) are skipped for it, with that reason.
   ``conformance.plugins:impl_trl_shape`` wraps ``impl.gdpo`` in this shape.
+
+``verl`` (verl's per-token shape; ``impl.adapters:verl_advantages`` is one)::
+
+    fn(token_level_rewards={name: (B, T)}, response_mask=(B, T), index=(B,), weights={name: w} | None)
+        -> tensor (B, T)   (or a tuple whose first item is that tensor, as verl's (advantages, returns))
+
+  Each reward column ``k`` of the case becomes the float32 token rewards
+  ``token_level_rewards["reward_k"]``; the score of a response is the sum of its
+  response tokens' rewards: a sample's reward sits on its last response token, or
+  (every other sample and column, where the halves are exact) half on its first and
+  half on its last, so the sum is the reward exactly. ``response_mask`` is an int64
+  0/1 tensor, right-padded, with responses of 1 to ``VERL_TOKENS`` tokens
+  (:func:`verl_lengths`: every length occurs, sample 0 is always padded); rewards on
+  padding tokens are 0. ``index`` is a numpy object array of one string label per
+  sample (verl's ``uid``), ragged groups allowed; ``weights`` maps each reward name to
+  its float64 weight (None: ones). The result must carry one advantage per sample on
+  every response token of that sample and exactly 0 (either sign) on every padding
+  token; anything else raises :class:`CallShapeViolation` naming the sample and token.
+  The per-sample values are then graded like any other shape (float32 output). What
+  it cannot express (units, eps, stages, several ranks, input dtypes other than
+  float32) is skipped with that reason, and so are the error-contract cases, whose
+  table (``properties.ERROR_CASES``, field ``shapes``) lists no verl case yet. A
+  per-token convention (``--convention verl``, whose Eq. 6 weights each sample by its
+  token count) is not graded on values yet: the properties' oracle verdict
+  (``conformance.cases.expected``) takes no token counts.
 """
 
 from __future__ import annotations
@@ -53,7 +84,25 @@ from spec.conventions import get_convention
 from spec.errors import ERROR_CLASSES
 
 DEFAULT_IMPL = "impl.gdpo:gdpo_advantages"
-CALL_SHAPES = ("gdpo", "trl")
+CALL_SHAPES = ("gdpo", "trl", "verl")
+
+#: What a narrow call shape cannot express: a property needing one of these is skipped, with the reason.
+CANNOT_EXPRESS = {
+    "trl": (("units", "one whitening unit (no segment_sizes)"),
+            ("labels", "contiguous equal groups only (no group_ids)"),
+            ("eps", "no eps argument"),
+            ("stages", "no stage functions"),
+            ("distributed", "no process_group"),
+            ("dtypes", "float32 rewards and output only")),
+    "verl": (("units", "one whitening unit (no segment_sizes)"),
+             ("eps", "no eps argument"),
+             ("stages", "no stage functions"),
+             ("distributed", "no process_group"),
+             ("dtypes", "float32 token rewards and output only")),
+}
+
+#: T of the verl shape: responses have 1 to VERL_TOKENS tokens (right padding after them).
+VERL_TOKENS = 6
 
 TORCH_DTYPES = {"float64": torch.float64, "float32": torch.float32, "float16": torch.float16,
                 "bfloat16": torch.bfloat16, "int64": torch.int64, "int32": torch.int32, "bool": torch.bool,
@@ -69,6 +118,52 @@ def load(target: str):
     for part in attr.split("."):
         obj = getattr(obj, part)
     return obj
+
+
+def pytest_addoption(parser):
+    """The suite's options (this module is a pytest plugin: see the module docstring)."""
+    group = parser.getgroup("gdpo-conformance", "GDPO conformance suite")
+    group.addoption("--impl", default=DEFAULT_IMPL,
+                    help=f"implementation under test, package.module:function (default {DEFAULT_IMPL})")
+    group.addoption("--convention", default="spec",
+                    help="convention the implementation claims (a preset of spec/conventions.py; default spec)")
+    group.addoption("--call-shape", default="gdpo", choices=CALL_SHAPES,
+                    help="how to call it: gdpo (impl.gdpo's signature), trl (rewards, num_generations, "
+                         "reward_weights) or verl (token_level_rewards, response_mask, index, weights -> "
+                         "(B, T)); see conformance/plugins.py")
+
+
+class CallShapeViolation(Exception):
+    """The implementation's output breaks its call shape (e.g. a verl result that is not
+    one value per sample on its response tokens and 0 on padding)."""
+
+
+def verl_lengths(n: int, tokens: int = VERL_TOKENS) -> np.ndarray:
+    """Response lengths of the verl shape: 3, 2, 1, 6, 5, 4, 3, ... (every length in
+    1..tokens occurs within ``tokens`` samples; sample 0 is padded)."""
+    return 1 + (5 * np.arange(n, dtype=np.int64) + 2) % tokens
+
+
+def verl_token_rewards(rewards: np.ndarray, lengths: np.ndarray, dtype: str, tokens: int = VERL_TOKENS) -> np.ndarray:
+    """(N, K) rewards -> (N, T, K) token rewards whose sum over the response tokens is
+    each reward exactly: on the last response token, or split in two exact halves
+    (first and last token) where (i + k) is odd, the response has two tokens or more,
+    and the half is a value of ``dtype``. Padding tokens hold 0."""
+    from conformance.strategies import round_to
+
+    n, k = rewards.shape
+    out = np.zeros((n, tokens, k), dtype=np.float64)
+    for i in range(n):
+        last = int(lengths[i]) - 1
+        for j in range(k):
+            r = float(rewards[i, j])
+            half = r / 2.0
+            if last >= 1 and (i + j) % 2 == 1 and math.isfinite(r) and float(round_to([half], dtype)[0]) == half:
+                out[i, 0, j] = half
+                out[i, last, j] = half
+            else:
+                out[i, last, j] = r
+    return out
 
 
 @dataclasses.dataclass
@@ -150,6 +245,9 @@ class Subject:
         if self.shape == "trl":
             return Context(labels=False, units=False, eps=False, input_dtypes=("float32",),
                            out_dtypes=("float32",), weights_dtype="float32")
+        if self.shape == "verl":
+            return Context(labels=True, units=False, eps=False, input_dtypes=("float32",),
+                           out_dtypes=("float32",), weights_dtype="float64")
         return Context()
 
     def unsupported(self, needs: frozenset) -> str | None:
@@ -159,18 +257,15 @@ class Subject:
             return (f"the error contract and the distributed protocol are convention 'spec''s; "
                     f"--convention {self.convention} grades values only")
         if conv.whiten == "per_token" and "values" in needs:
+            if self.shape == "verl":
+                return (f"convention {conv.name!r} whitens per token: call shape 'verl' passes the token counts, "
+                        f"but the properties' oracle verdict (conformance.cases.expected) takes none yet")
             return f"convention {conv.name!r} whitens per token; call shape {self.shape!r} passes no token counts"
         if conv.group_eps != conv.whiten_eps and "eps" in needs:
             return f"convention {conv.name!r} has two eps; the eps argument sets one"
-        if self.shape == "trl":
-            for need, why in (("units", "one whitening unit (no segment_sizes)"),
-                              ("labels", "contiguous equal groups only (no group_ids)"),
-                              ("eps", "no eps argument"),
-                              ("stages", "no stage functions"),
-                              ("distributed", "no process_group"),
-                              ("dtypes", "float32 rewards and output only")):
-                if need in needs:
-                    return f"call shape 'trl' cannot express this: {why}"
+        for need, why in CANNOT_EXPRESS.get(self.shape, ()):
+            if need in needs:
+                return f"call shape {self.shape!r} cannot express this: {why}"
         if "stages" in needs and (self.stage("normalize_rewards") is None or self.stage("whiten") is None):
             return f"{self.target} has no normalize_rewards/whiten beside it"
         return None
@@ -226,10 +321,40 @@ class Subject:
             w = case.weights if case.weights is not None else (1.0,) * max(case.k, 1)
             rw = torch.tensor([float(x) for x in w], dtype=torch.float32, device=self.device)
             return self.fn(rewards, case.group_size, rw)
+        if self.shape == "verl":
+            return self.call_verl(case)
         kw = self.kwargs(case)
         if process_group is not None:
             kw["process_group"] = process_group
         return self.fn(rewards, **kw)
+
+    def verl_arguments(self, case: Case) -> dict:
+        """The verl-shape keyword arguments of a case (see the module docstring)."""
+        if case.variant or not case.rewards:
+            raise ValueError(f"call shape 'verl' cannot express a malformed call ({case.variant or 'no rows'}): "
+                             f"a suite bug, such cases are skipped for it")
+        r = case.rewards_array()
+        lengths = verl_lengths(case.n)
+        tok = verl_token_rewards(r, lengths, case.dtype)
+        dt = TORCH_DTYPES[case.dtype]
+        names = [f"reward_{j}" for j in range(case.k)]
+        rewards = {name: torch.from_numpy(np.ascontiguousarray(tok[:, :, j])).to(dt).to(self.device)
+                   for j, name in enumerate(names)}
+        mask = torch.from_numpy(np.arange(VERL_TOKENS)[None, :] < lengths[:, None]).to(torch.int64).to(self.device)
+        index = np.array([f"uid{int(g)}" for g in case.labels()], dtype=object)
+        weights = None if case.weights is None else {name: float(w) for name, w in zip(names, case.weights)}
+        return {"token_level_rewards": rewards, "response_mask": mask, "index": index, "weights": weights}
+
+    def call_verl(self, case: Case):
+        """Call a verl-shaped implementation; its (B, T) result back as the (B,) per-sample
+        advantages, or :class:`CallShapeViolation` where it is not one value per sample on
+        the response tokens and 0 on padding."""
+        out = self.fn(**self.verl_arguments(case))
+        if isinstance(out, (tuple, list)) and out and isinstance(out[0], torch.Tensor):
+            out = out[0]  # verl's estimators return (advantages, returns)
+        if not isinstance(out, torch.Tensor):
+            return out  # graded as "returned <type>, not a tensor"
+        return verl_per_sample(out, verl_lengths(case.n))
 
     def call_normalize(self, case: Case):
         kw = self.kwargs(case)
@@ -258,6 +383,33 @@ class Subject:
         if self.device != "cpu" and torch.cuda.is_available():
             torch.cuda.synchronize()
         return Outcome.from_output(out, time.perf_counter() - t0)
+
+
+def verl_per_sample(out: torch.Tensor, lengths: np.ndarray) -> torch.Tensor:
+    """(B, T) token advantages -> (B,) per-sample advantages (the first response token,
+    output dtype kept), after checking that each sample's response tokens carry one value
+    (NaN equal to NaN) and its padding tokens exactly 0 (either sign)."""
+    n, t = len(lengths), VERL_TOKENS
+    if tuple(out.shape) != (n, t):
+        raise CallShapeViolation(f"call shape 'verl': returned shape {tuple(out.shape)}; token advantages are "
+                                 f"(B, T) = ({n}, {t}), the shape of response_mask")
+    vals = out.detach().to("cpu").to(torch.float64).numpy()
+    for i in range(n):
+        length = int(lengths[i])
+        pad = vals[i, length:]
+        bad = np.flatnonzero(~(pad == 0.0))  # NaN is not 0
+        if bad.size:
+            j = length + int(bad[0])
+            raise CallShapeViolation(
+                f"call shape 'verl': sample {i} has {length} response token(s) of {t}; its padding token {j} "
+                f"(response_mask 0) carries {float(vals[i, j])!r}: masked tokens must be exactly 0 "
+                f"(token row {vals[i].tolist()})")
+        resp = vals[i, :length]
+        if not np.array_equal(resp, np.full_like(resp, resp[0]), equal_nan=True):
+            raise CallShapeViolation(
+                f"call shape 'verl': sample {i}'s {length} response tokens carry different values "
+                f"{resp.tolist()}: GDPO gives one advantage per sample, the same on each of its response tokens")
+    return out[:, 0]  # every response has at least one token
 
 
 def impl_trl_shape(rewards, num_generations, reward_weights):

@@ -42,3 +42,27 @@ def test_check_fails_a_wrong_implementation(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "conformance.cli", "check", "--impl", "wrong_gdpo:advantages",
                            "-k", "test_property and plain"], capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode != 0 and "failed" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
+
+
+def test_check_call_shapes_are_the_suites():
+    from conformance import plugins
+
+    assert cli.CHECK_CALL_SHAPES == plugins.CALL_SHAPES
+
+
+def test_check_grades_the_verl_call_shape(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "conformance.cli", "check", "--impl", "impl.adapters:verl_advantages",
+                           "--call-shape", "verl", "-k", "test_property[plain]"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0 and "1 passed" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
+    (tmp_path / "unmasked_verl.py").write_text(
+        "from impl import adapters\n"
+        "def advantages(token_level_rewards, response_mask, index, weights=None):\n"
+        "    adv = adapters.verl_advantages(token_level_rewards, response_mask, index, weights)\n"
+        "    return adv[:, :1].expand(adv.shape).clone()  # padding tokens not masked\n")
+    env = dict(__import__("os").environ, PYTHONPATH=str(tmp_path))
+    proc = subprocess.run([sys.executable, "-m", "conformance.cli", "check", "--impl", "unmasked_verl:advantages",
+                           "--call-shape", "verl", "-k", "test_property[plain]"],
+                          capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 1 and "masked tokens must be exactly 0" in proc.stdout, \
+        proc.stdout[-2000:] + proc.stderr[-2000:]
