@@ -52,8 +52,9 @@ MAX_UNIT = MAX_BLOCKS * 8192
 WHOLE_UNIT = 8192
 _REWARD_DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
 
-#: Counters for benchmarks and tests: calls that took this path.
-stats = {"calls": 0}
+#: Counters for benchmarks and tests: Eq. 4/7 computations ("calls") and Eq. 6
+#: computations ("whiten") that took this path.
+stats = {"calls": 0, "whiten": 0}
 
 _STATE: dict = {}
 
@@ -146,34 +147,67 @@ def _pow2_at_least(n: int) -> int:
 _OPTS = {"enable_fp_fusion": False}  # no multiply-add contraction: the plain path's roundings
 
 
-def eq47(inp, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Eq. 4 and Eq. 7: c (N,) float64 in row order, and the facts [first
-    non-finite flat index (0 if none), the float64 bits of the reward there]
-    as an int64 (2,) tensor. No host read."""
+def _eq47_launch(r, source, groups: int, width: int, weights: list[float], eps: float):
+    """c (N,) float64 and the per-program first non-finite flat index."""
     K = kernels()
-    r = inp.rewards.contiguous()
+    r = _exact_f64(r)
     n, k = r.shape
-    g = inp.group_size
-    groups = n // g
     device = r.device
-    prm = seg_ops.constant((eps, *inp.weights), _F64, device)
-    gp = max(8, _pow2_at_least(g))  # few widths: one compiled kernel serves groups of 2..8, 9..16, ...
+    prm = seg_ops.constant((eps, *weights), _F64, device)
+    gp = max(8, _pow2_at_least(width))  # few widths: one compiled kernel serves groups of 2..8, 9..16, ...
     bg = max(1, 1024 // gp)  # about 1024 rewards of a column per program
     programs = -(-groups // bg)
     c = torch.empty(n, dtype=_F64, device=device)
     nf = torch.empty(programs, dtype=_I64, device=device)
-    K.eq47_kernel[(programs,)](r, prm, c, nf, groups, g, k, seg_ops.min_scale_bits(eps), int(not eps >= 2.0 ** -52),
-                               GP=gp, LOG_GP=gp.bit_length() - 1, BG=bg, INTERP=_STATE["interp"], **_OPTS)
-    facts = torch.empty(2, dtype=_I64, device=device)
-    K.facts_kernel[(1,)](nf, programs, r, n * k, facts, CHUNK=1024, **_OPTS)
+    K.eq47_kernel[(programs,)](r, source if source is not None else nf, prm, c, nf, groups, width, k,
+                               seg_ops.min_scale_bits(eps), int(not eps >= 2.0 ** -52), GP=gp,
+                               LOG_GP=gp.bit_length() - 1, BG=bg, GATHER=source is not None,
+                               INTERP=_STATE["interp"], **_OPTS)
     stats["calls"] += 1
+    return c, nf, programs
+
+
+def eq47(inp, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eq. 4 and Eq. 7 of contiguous groups: c (N,) float64 in row order, and the
+    facts [first non-finite flat index (0 if none), the float64 bits of the
+    reward there] as an int64 (2,) tensor. No host read."""
+    r = _exact_f64(inp.rewards.contiguous())
+    n, k = r.shape
+    c, nf, programs = _eq47_launch(r, None, n // inp.group_size, inp.group_size, inp.weights, eps)
+    facts = torch.empty(2, dtype=_I64, device=r.device)
+    kernels().facts_kernel[(1,)](nf, programs, r, n * k, facts, CHUNK=1024, **_OPTS)
     return c, facts
+
+
+def padded_eligible(r: torch.Tensor, width: int, weights: list[float]) -> bool:
+    """Can Eq. 4/7 of labelled groups (padded layout of this width) run fused?"""
+    if not _on(r.device) or width > MAX_GROUP or r.dtype not in _REWARD_DTYPES:
+        return False
+    if weight_plan(weights)[1] or overflow_possible(weights, width):
+        return False
+    return kernels() is not None
+
+
+def eq47_padded(r: torch.Tensor, source: torch.Tensor, groups: int, width: int, weights: list[float],
+                eps: float) -> tuple[torch.Tensor, bool | None]:
+    """Eq. 4 and Eq. 7 of labelled groups from the padded layout's ``source`` (slot ->
+    input row, negative for padding): c (N,) float64 in input row order."""
+    c, _, _ = _eq47_launch(r.contiguous(), source, groups, width, weights, eps)
+    return c
+
+
+def _exact_f64(x: torch.Tensor) -> torch.Tensor:
+    """float16/bfloat16 input as float64 (torch's conversion, exact): Triton's
+    loads of these formats were measured to flush subnormals to zero (the
+    interpreter: bfloat16 2**-133 read as 0). float32 and float64 go in as they are."""
+    return x if x.dtype in (torch.float32, _F64) else x.to(_F64)
 
 
 class Units:
     """Whitening units over a (N,) tensor: consecutive rows of the given sizes."""
 
     def __init__(self, v: torch.Tensor, sizes: list[int]):
+        v = _exact_f64(v)
         self.v, self.sizes = v, sizes
         device = v.device
         starts = [0]
@@ -193,6 +227,7 @@ def whiten(v: torch.Tensor, sizes: list[int], eps: float, direct) -> torch.Tenso
     """Eq. 6 of this process's units of v (no process group), in ``direct`` (None: float64)."""
     K = kernels()
     u = Units(v, sizes)
+    stats["whiten"] += 1
     a = torch.empty(v.shape[0], dtype=direct or _F64, device=v.device)
     prm = seg_ops.constant((eps,), _F64, v.device)
     if u.longest <= WHOLE_UNIT and not os.environ.get("GDPO_FUSED_BLOCK"):
@@ -251,6 +286,7 @@ class Local:
     def __init__(self, v: torch.Tensor, sizes: list[int], eps: float):
         self.units = Units(v, sizes)
         self.st = _unit_stats(self.units, eps).view(len(sizes), kernels().ST_COLS)
+        stats["whiten"] += 1
 
     def table(self, device) -> torch.Tensor:
         """(S, 7) float64: count, e, shift, mean_d, M2, min, max (empty units as in ``_whiten``)."""

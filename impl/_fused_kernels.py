@@ -85,15 +85,19 @@ def _scale(absmax, min_bits):
 
 
 @triton.jit(do_not_specialize=["n_groups", "G", "K", "min_bits", "eps_tiny"])
-def eq47_kernel(r_ptr, prm_ptr, c_ptr, nf_ptr, n_groups, G, K, min_bits, eps_tiny,
-                GP: tl.constexpr, LOG_GP: tl.constexpr, BG: tl.constexpr, INTERP: tl.constexpr):
-    """Eq. 4 and Eq. 7 for BG contiguous groups of G rows (G <= GP = 2**LOG_GP) of
-    the (N, K) rewards.
+def eq47_kernel(r_ptr, src_ptr, prm_ptr, c_ptr, nf_ptr, n_groups, G, K, min_bits, eps_tiny,
+                GP: tl.constexpr, LOG_GP: tl.constexpr, BG: tl.constexpr, GATHER: tl.constexpr,
+                INTERP: tl.constexpr):
+    """Eq. 4 and Eq. 7 for BG groups of at most G <= GP = 2**LOG_GP rows of the (N, K) rewards.
 
-    prm = [eps, w_0, ..., w_{K-1}] (float64). Writes c (N,) float64 in row order
-    and, per program, the flat index of the first non-finite reward it holds
-    (NONE_FOUND if none). K, G and the eps flag are run-time values, so one
-    compiled kernel serves every K and group size up to GP.
+    Contiguous groups (GATHER false): group j is rows j*G .. j*G + G - 1.
+    Labelled groups (GATHER true): member p of group j is row src[p * n_groups + j],
+    a negative entry marking a slot past the group's end (the padded layout of
+    ``_normalize._finish_labelled``, whose padding is left out here: it adds
+    exact zeros there). prm = [eps, w_0, ..., w_{K-1}] (float64). Writes c (N,)
+    float64 at each member's row and, per program, the flat index of the first
+    non-finite reward it holds (NONE_FOUND if none). K, G and the eps flag are
+    run-time values: one compiled kernel serves every K and group size up to GP.
     """
     pid = tl.program_id(0)
     G = G.to(tl.int64)
@@ -101,8 +105,17 @@ def eq47_kernel(r_ptr, prm_ptr, c_ptr, nf_ptr, n_groups, G, K, min_bits, eps_tin
     grp = pid.to(tl.int64) * BG + tl.arange(0, BG).to(tl.int64)
     pos = tl.arange(0, GP).to(tl.int64)
     has = grp < n_groups
-    valid = has[:, None] & (pos < G)[None, :]
-    row = grp[:, None] * G + pos[None, :]
+    slot_ok = has[:, None] & (pos < G)[None, :]
+    if GATHER:
+        src = tl.load(src_ptr + pos[None, :] * n_groups + grp[:, None], mask=slot_ok, other=-1)
+        valid = slot_ok & (src >= 0)
+        row = tl.where(valid, src, 0)
+        row0 = tl.load(src_ptr + grp, mask=has, other=0)
+    else:
+        valid = slot_ok
+        row = grp[:, None] * G + pos[None, :]
+        row0 = grp * G
+    count = tl.sum(valid.to(tl.float64), axis=1)  # sums of ones: exact in any order
     eps = tl.load(prm_ptr)
     first = tl.full((), 1 << 62, tl.int64)
     c = tl.zeros((BG, GP), tl.float64)
@@ -114,16 +127,16 @@ def eq47_kernel(r_ptr, prm_ptr, c_ptr, nf_ptr, n_groups, G, K, min_bits, eps_tin
         absmax = tl.max(tl.where(valid, tl.abs(x), 0.0), axis=1)
         f = _scale(absmax, min_bits)
         eps_f = f * eps
-        x0 = tl.load(r_ptr + grp * (G * K) + k, mask=has, other=0.0).to(tl.float64)
+        x0 = tl.load(r_ptr + row0 * K + k, mask=has, other=0.0).to(tl.float64)
         shift = x0 * f
         d = x * f[:, None]
         d = d - shift[:, None]
         d = tl.where(valid, d, _neg_zero())
-        mean = _div(_tree_rows(d, BG, GP, LOG_GP), G.to(tl.float64), INTERP)
+        mean = _div(_tree_rows(d, BG, GP, LOG_GP), count, INTERP)
         dev = d - mean[:, None]
         sq = dev * dev
         sq = tl.where(valid, sq, 0.0)
-        var = _div(_tree_rows(sq, BG, GP, LOG_GP), (G - 1).to(tl.float64), INTERP)
+        var = _div(_tree_rows(sq, BG, GP, LOG_GP), count - 1.0, INTERP)
         den = _sqrt(var, INTERP) + eps_f
         den = tl.where((eps_tiny != 0) & (den == 0.0), 1.0, den)
         z = _div(dev, den[:, None], INTERP)

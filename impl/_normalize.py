@@ -324,6 +324,16 @@ def _finish_labelled(prep: Prepared, eps: float, groups: int, longest: int, sign
     if groups * longest <= PAD_FACTOR * n + PAD_SLACK:
         slot = lab.pos * groups + lab.gid  # sorted row -> slot of the (longest, groups) layout
         source = (-1 - first_row).repeat(longest).index_copy_(0, slot, lab.perm)
+        from impl import _fused  # the optional fused kernels (import cycle: _fused uses this module)
+
+        c = None
+        if not signal and _fused.padded_eligible(r, longest, inp.weights):
+            c = _fused.guarded(lambda: _fused.eq47_padded(r, source, groups, longest, inp.weights, eps),
+                               lambda: None)
+        if c is not None:
+            varies = None
+            finite = not prep.lazy or bool(torch.isfinite(r).all())  # lazy: CPU, where a read is free
+            return c, varies, finite
         c_slot, varies, finite = _padded_eq4(_columns(r), source, groups, longest, inp.weights, eps, signal,
                                              prep.lazy)
         c = c_slot.index_select(0, torch.empty_like(slot).index_copy_(0, lab.perm, slot))

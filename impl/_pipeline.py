@@ -288,6 +288,10 @@ def gdpo_local(rewards, group_ids, group_size, weights, segment_sizes, eps, out_
         return _finish_local(a, out_dtype), None
 
     def whiten(norm):
+        if _fused.whiten_eligible(norm.c.device, sizes, direct):
+            a = _fused.guarded(lambda: _fused.whiten(norm.c, sizes, eps, direct), lambda: None)
+            if a is not None:
+                return a, None
         loc = W.local_stats(norm.c, sizes, eps, own=True)  # c is not returned: work space
         return W.apply_local(loc, eps, direct), loc
 
@@ -423,7 +427,11 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
             mine = agreed[rank]
             norm = N.finish(prep, eps, mine[P.GROUPS], mine[P.N_MAX], read=_read)
             overflow_row = norm.facts
-            loc = W.local_stats(norm.c, sizes, eps)
+            loc = None
+            if _fused.whiten_eligible(data_device, sizes, None):
+                loc = _fused.guarded(lambda: _fused.Local(norm.c, sizes, eps), lambda: None)
+            if loc is None:
+                loc = W.local_stats(norm.c, sizes, eps)
         elif check_overflow:
             overflow_row = {}
         if not check_overflow:

@@ -68,7 +68,7 @@ def _same(monkeypatch, rewards, *, expect_fused=True, **kw):
 
 # --- inputs -----------------------------------------------------------------------------------
 
-_KINDS = ("normal", "binary", "constant_cols", "cancel", "huge", "tiny", "mixed_scale", "ints")
+_KINDS = ("normal", "binary", "constant_cols", "cancel", "huge", "tiny", "mixed_scale", "ints", "subnormal")
 
 
 @st.composite
@@ -96,11 +96,13 @@ def problems(draw):
         r = rng.standard_normal((n, k)) * 10.0 ** draw(st.integers(100, 307))
     elif kind == "tiny":
         r = rng.standard_normal((n, k)) * 10.0 ** -draw(st.integers(290, 320))
-    elif kind == "mixed_scale":
+    elif kind in ("mixed_scale", "subnormal"):
         r = rng.standard_normal((n, k)) * 10.0 ** rng.integers(-300, 300, (1, k))
     else:
         r = rng.integers(-5, 6, (n, k)).astype(float)
     dtype = draw(st.sampled_from([torch.float64, torch.float32, torch.bfloat16, torch.float16]))
+    if kind == "subnormal":  # around the smallest normal of the rewards' own format
+        r = rng.uniform(-2.0, 2.0, (n, k)) * torch.finfo(dtype).tiny
     if dtype != torch.float64:
         with np.errstate(over="ignore"):
             r = np.clip(r, -1e30, 1e30) if dtype == torch.float32 else np.clip(r, -6e4, 6e4)
@@ -163,14 +165,11 @@ def test_nonfinite_reward_same_error(monkeypatch, where, value):
     assert isinstance(err, GDPOError) and "row" in str(err)
 
 
-@pytest.mark.parametrize("case", ["labels", "group_too_large", "huge_weight"])
+@pytest.mark.parametrize("case", ["group_too_large", "huge_weight"])
 def test_not_eligible_takes_plain_path(monkeypatch, case):
     r = torch.randn(32, 2, dtype=torch.float64)
     kw = dict(group_size=4, weights=[1.0, 1.0], eps=1e-4, out_dtype=torch.float32)
-    if case == "labels":
-        kw.pop("group_size")
-        kw["group_ids"] = torch.arange(32) % 5
-    elif case == "group_too_large":
+    if case == "group_too_large":
         r = torch.randn(2 * (_fused.MAX_GROUP + 1), 2, dtype=torch.float64)
         kw["group_size"] = _fused.MAX_GROUP + 1
     else:
@@ -246,7 +245,7 @@ def test_normalize_signal_and_whiten_fused_are_the_plain_path(problem, block, mo
     results = {}
     for fused in (True, False):
         monkeypatch.setenv("GDPO_FUSED", MODE if fused else "0")
-        before = _fused.stats["calls"]
+        before = dict(_fused.stats)
         got = []
         for fn in (lambda: gdpo.normalize_rewards(rewards, group_size=kw["group_size"], weights=kw["weights"],
                                                   eps=kw["eps"]),
@@ -260,7 +259,8 @@ def test_normalize_signal_and_whiten_fused_are_the_plain_path(problem, block, mo
                 got.append(f"{type(exc).__name__}: {exc}")
         results[fused] = got
         if fused:
-            assert _fused.stats["calls"] > before, "normalize_rewards never took the fused path"
+            assert _fused.stats["calls"] >= before["calls"] + 2, "normalize_rewards/group_has_signal: not fused"
+            assert _fused.stats["whiten"] == before["whiten"] + 1 or isinstance(got[2], str), "whiten: not fused"
     for name, a, b in zip(("normalize_rewards", "group_has_signal", "whiten"), results[True], results[False]):
         if isinstance(b, str) or isinstance(a, str):
             assert a == b, f"{name}: fused {a!r}, plain {b!r}"
@@ -320,3 +320,45 @@ def test_distributed_fused_is_the_plain_path(monkeypatch):
                 f"{name}, rank {r}: fused {f[r].get('msg') or f[r].get('status')} vs plain {p[r].get('msg') or p[r].get('status')}"
             took += f[r]["fused_calls"]
     assert took > 0, "no distributed scenario reached the fused path"
+
+
+@st.composite
+def labelled_problems(draw):
+    """Labelled groups of ragged sizes (at least 2 rows each), rows shuffled."""
+    rewards, kw = draw(problems())
+    n = rewards.shape[0]
+    sizes, left = [], n
+    while left:
+        s = draw(st.integers(2, max(2, min(left, 30))))
+        s = left if left - s < 2 else s
+        sizes.append(s)
+        left -= s
+    labels = torch.tensor([draw(st.integers(-5, 10 ** 9)) for _ in sizes], dtype=torch.int64)
+    if labels.unique().numel() < len(sizes):
+        labels = torch.arange(len(sizes)) * 7 - 3
+    ids = torch.repeat_interleave(labels, torch.tensor(sizes))
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(draw(st.integers(0, 2 ** 31))))
+    kw = dict(kw)
+    kw.pop("group_size")
+    return rewards[perm], ids[perm], kw
+
+
+@settings(max_examples=25 if CUDA else 50, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(problem=labelled_problems())
+def test_labelled_groups_fused_are_the_plain_path(problem, monkeypatch):
+    """Labelled (ragged, shuffled) groups: the gather form of the Eq. 4/7 kernel, then Eq. 6."""
+    rewards, ids, kw = problem
+    monkeypatch.delenv("GDPO_FUSED_BLOCK", raising=False)
+    rewards, ids = rewards.to(DEVICE), ids.to(DEVICE)
+    _same(monkeypatch, rewards, group_ids=ids, **kw)
+    results = []
+    for fused in (True, False):
+        monkeypatch.setenv("GDPO_FUSED", MODE if fused else "0")
+        try:
+            results.append(gdpo.normalize_rewards(rewards, group_ids=ids, weights=kw["weights"], eps=kw["eps"]))
+        except GDPOError as exc:
+            results.append(f"{type(exc).__name__}: {exc}")
+    if isinstance(results[0], str) or isinstance(results[1], str):
+        assert results[0] == results[1]
+    else:
+        assert torch.equal(_bits(results[0]), _bits(results[1])), "normalize_rewards (labels): fused differs"
