@@ -192,30 +192,34 @@ def unit_scale_kernel(lo_ptr, hi_ptr, c_ptr, starts_ptr, sizes_ptr, prm_ptr, st_
 
 
 @triton.jit
+def _block_diffs(c_ptr, starts_ptr, sizes_ptr, st_ptr, BLOCK: tl.constexpr):
+    """This program's block of its unit: (rows, member mask, d = c*f - shift, the
+    unit's statistics row), program ids (unit, block)."""
+    u = tl.program_id(0)
+    offs = tl.program_id(1).to(tl.int64) * BLOCK + tl.arange(0, BLOCK).to(tl.int64)
+    m = offs < tl.load(sizes_ptr + u)
+    rows = tl.load(starts_ptr + u) + offs
+    st = st_ptr + u * 8
+    x = tl.load(c_ptr + rows, mask=m, other=0.0).to(tl.float64)
+    d = x * tl.load(st + 2)
+    d = d - tl.load(st + 4)
+    return rows, m, d, st
+
+
+@triton.jit
 def unit_sum_kernel(c_ptr, starts_ptr, sizes_ptr, st_ptr, part_ptr, NBP: tl.constexpr, BLOCK: tl.constexpr,
                     LOG_BLOCK: tl.constexpr, SQUARES: tl.constexpr):
     """Per (unit, block): the tree sum of the block's differences d = c*f - shift,
     or (SQUARES) of the squares of the deviations d - mean."""
-    u = tl.program_id(0)
-    b = tl.program_id(1)
-    start = tl.load(starts_ptr + u)
-    size = tl.load(sizes_ptr + u)
-    st = st_ptr + u * 8
-    f = tl.load(st + 2)
-    shift = tl.load(st + 4)
-    offs = b.to(tl.int64) * BLOCK + tl.arange(0, BLOCK).to(tl.int64)
-    m = offs < size
-    x = tl.load(c_ptr + start + offs, mask=m, other=0.0).to(tl.float64)
-    d = x * f
-    d = d - shift
+    rows, m, d, st = _block_diffs(c_ptr, starts_ptr, sizes_ptr, st_ptr, BLOCK)
     if SQUARES:
-        mean = tl.load(st + 5)
-        dev = d - mean
+        dev = d - tl.load(st + 5)
         v = dev * dev
         v = tl.where(m, v, 0.0)
     else:
         v = tl.where(m, d, _neg_zero())
-    tl.store(part_ptr + u * NBP + b + tl.arange(0, 1), _tree_vec(v, BLOCK, LOG_BLOCK))
+    slot = tl.program_id(0) * NBP + tl.program_id(1)
+    tl.store(part_ptr + slot + tl.arange(0, 1), _tree_vec(v, BLOCK, LOG_BLOCK))
 
 
 @triton.jit
@@ -247,23 +251,10 @@ def unit_finish_kernel(part_ptr, sizes_ptr, st_ptr, NBP: tl.constexpr, LOG_NBP: 
 @triton.jit
 def unit_apply_kernel(c_ptr, starts_ptr, sizes_ptr, st_ptr, out_ptr, BLOCK: tl.constexpr, INTERP: tl.constexpr):
     """Per (unit, block): a = ((c*f - shift) - mean) / den, written in the output dtype."""
-    u = tl.program_id(0)
-    b = tl.program_id(1)
-    start = tl.load(starts_ptr + u)
-    size = tl.load(sizes_ptr + u)
-    st = st_ptr + u * 8
-    f = tl.load(st + 2)
-    shift = tl.load(st + 4)
-    mean = tl.load(st + 5)
-    den = tl.load(st + 6)
-    offs = b.to(tl.int64) * BLOCK + tl.arange(0, BLOCK).to(tl.int64)
-    m = offs < size
-    x = tl.load(c_ptr + start + offs, mask=m, other=0.0).to(tl.float64)
-    d = x * f
-    d = d - shift
-    dev = d - mean
-    a = _div(dev, den, INTERP)
-    tl.store(out_ptr + start + offs, a.to(out_ptr.dtype.element_ty), mask=m)
+    rows, m, d, st = _block_diffs(c_ptr, starts_ptr, sizes_ptr, st_ptr, BLOCK)
+    dev = d - tl.load(st + 5)
+    a = _div(dev, tl.load(st + 6), INTERP)
+    tl.store(out_ptr + rows, a.to(out_ptr.dtype.element_ty), mask=m)
 
 
 @triton.jit
