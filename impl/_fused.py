@@ -218,7 +218,7 @@ class Units:
         self.longest = max(sizes)
         self.block = block_size(self.longest)
         self.blocks = -(-self.longest // self.block)
-        self.nbp = _pow2_at_least(self.blocks)
+        self.nbp = max(256, _pow2_at_least(self.blocks))  # few compiled widths (the tree of 256 sums is cheap)
         self.wide = {**_OPTS, "num_warps": 4 if self.block <= 1024 else 8}  # per (unit, block)
         self.one = {**_OPTS, "num_warps": 4 if self.nbp <= 1024 else 8}  # per unit, over its blocks
 
