@@ -67,7 +67,8 @@ def judge(observed: np.ndarray, exact: np.ndarray, allowed: np.ndarray, cond: np
     rows = []
     for i in order[:MAX_LISTED]:
         u = ulp(exact[i], out_dtype)
-        ulps = err[i] / u if u else math.inf
+        with np.errstate(over="ignore", invalid="ignore"):
+            ulps = err[i] / u if u else math.inf
         why = "exact zero demanded" if zero[i] else f"allowed {allowed[i]:.3e} (error/allowed {ratios[i]:.3g})"
         rows.append(f"[{i}] observed {_hx(obs[i])} ({obs[i]:.9g}), exact {_hx(exact[i])} ({exact[i]:.17g}), "
                     f"error {err[i]:.3e} = {ulps:.3g} ulp({out_dtype}), {why}, cond {cond[i]:.2e}")

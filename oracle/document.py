@@ -125,6 +125,25 @@ def context() -> dict[str, str]:
     zf = gdpo.standardize_groups(np.array([[-fm], [fm]], dtype=np.float32), [0, 0]).float64[:, 0]
     ctx["fltmax_z"] = f"[{zf[0]:+.4f}, {zf[1]:+.4f}]"
 
+    # the final cast: one correct rounding vs torch's float64 -> float32 -> float16
+    d = float.fromhex("0x1.25d6db655449ap-25")
+    res = gdpo.advantages(np.array([[d], [0.0]]), [0, 0])
+    twice = error_model.round_to(res.float32[:1], "float16")[0]
+    ctx["dr_reward"] = d.hex()
+    ctx["dr_exact"] = f"{res.float64[0]:.10f}"
+    ctx["dr_correct"] = f"{float(res.float16[0])!r} ({float(res.float16[0]).hex()})"
+    ctx["dr_twice"] = f"{float(twice)!r}"
+    ctx["f16_max"] = f"{error_model.largest_finite('float16'):g}"
+    ctx["f16_overflow"] = f"{error_model.overflow_threshold('float16'):g}"
+    ctx["f16_overflow_n"] = f"{error_model.overflow_threshold('float16') ** 2:.2g}"  # (n-1)/sqrt(n) < sqrt(n)
+    # eps = 0 on a unit that cancels in exact arithmetic only (three weighted copies of one column)
+    w = [float.fromhex(x) for x in ("0x1.1d0361dd0bf71p-2", "0x1.3b1b0f3282684p-3", "-0x1.ba90e9764d2b3p-2")]
+    col = np.array([0.0, 1.0, 0.0, 1.0, 1.0, 0.0])
+    res0 = gdpo.advantages(np.stack([col] * 3, 1), [0, 0, 0, 1, 1, 1], weights=w, eps=0.0)
+    assert res0.unit_collapsed.all() and not res0.required_zero.any()
+    ctx["eps0_bound"] = f"{float(res0.allowed('float64')[0]):.6f}"
+    ctx["eps0_sqrt"] = f"{math.sqrt(5):.6f}"
+
     rows = []
     for c in CONVENTIONS.values():
         rows.append([f"`{c.name}`", c.title, str(c.group_ddof), f"{c.group_eps!r} ({c.group_eps_placement})",

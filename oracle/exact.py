@@ -25,6 +25,7 @@ from fractions import Fraction
 
 from mpmath import libmp
 
+from spec import error_model as em
 from spec.errors import GDPOError
 
 _FLOOR = libmp.round_floor
@@ -253,8 +254,12 @@ def iv_contains_zero(a: tuple) -> bool:
 
 # ------------------------------------------------------------------ correct rounding
 
-#: (precision in bits, minimum normal exponent, maximum exponent) of IEEE binary formats.
-FORMATS = {"float64": (53, -1022, 1023), "float32": (24, -126, 127)}
+#: (precision in bits, minimum normal exponent, maximum exponent) of IEEE binary formats:
+#: the error model's table (float64, float32, float16, bfloat16), one source for both.
+FORMATS = em.FORMATS
+
+#: Every format the oracle certifies a rounding in, each rounded once from the exact value.
+ROUNDED = ("float64", "float32", "float16", "bfloat16")
 
 
 def round_mpf(x: tuple, fmt: str) -> float:
@@ -294,10 +299,17 @@ def round_interval(iv: tuple, fmt: str) -> float | None:
     return None
 
 
-def round_both(iv: tuple) -> tuple[float, float] | None:
-    """The float64 and float32 both ends of ``iv`` round to, or None while either differs."""
-    f64, f32 = round_interval(iv, "float64"), round_interval(iv, "float32")
-    return None if f64 is None or f32 is None else (f64, f32)
+def round_all(iv: tuple) -> tuple[float, ...] | None:
+    """The value of every format of :data:`ROUNDED` (in that order) both ends of ``iv``
+    round to, or None while any differs (each rounded once from the interval, never
+    float16 through float32 or float64)."""
+    out = []
+    for fmt in ROUNDED:
+        v = round_interval(iv, fmt)
+        if v is None:
+            return None
+        out.append(v)
+    return tuple(out)
 
 
 def mpf_to_float_nearest(x: tuple) -> float:

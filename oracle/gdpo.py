@@ -10,7 +10,8 @@ Steps carry the same names as in ``impl.gdpo`` so the two read side by side:
 Inputs are floats, which are exact rationals; every mean, deviation and variance
 is an exact rational, square roots live in exact quadratic forms
 (:mod:`oracle.exact`), and numbers come out of certified intervals, rounded once
-to float64 and once to float32 (never float32 through float64). Exact zeros and
+to each of float64, float32, float16 and bfloat16 (never one through another:
+``Stage.rounded(out_dtype)``). Exact zeros and
 collapse are decided on the exact forms. Each output also carries
 
 * ``cond``: the first-order change of the output when every input (reward and
@@ -61,10 +62,33 @@ class Stage:
     #: collapsed columns, pairwise cancelled groups, units of such groups); the
     #: other exact zeros are held to the error bound like any value
     required_zero: np.ndarray = None
+    #: the exact values correctly rounded to float16 and bfloat16 (each once, from the
+    #: exact value: never through float32 or float64), as float64 arrays
+    float16: np.ndarray = None
+    bfloat16: np.ndarray = None
 
     def allowed(self, out_dtype: str = "float64", unit_roundoff: float = FLOAT64_UNIT_ROUNDOFF) -> np.ndarray:
-        """Absolute tolerance of a correct implementation's result, per element."""
+        """Absolute tolerance of a correct implementation's result, per element (any
+        output format of ``spec.error_model.FORMATS``)."""
         return em.allowed_error(self.delta, self.float64, out_dtype, unit_roundoff, frame=self.frame)
+
+    def reach(self, unit_roundoff: float = FLOAT64_UNIT_ROUNDOFF) -> np.ndarray:
+        """|exact| + the error model's bound: the largest magnitude a correct float64
+        result can have before its final cast."""
+        return em.reach(self.delta, self.float64, unit_roundoff, frame=self.frame)
+
+    def rounded(self, out_dtype: str) -> np.ndarray:
+        """The exact values correctly rounded to ``out_dtype`` (float64, float32, float16,
+        bfloat16), as float64; +-inf where the rounding overflows the format."""
+        name = str(out_dtype).replace("torch.", "")
+        if name not in ex.ROUNDED:
+            raise ValueError(f"the oracle certifies roundings to {ex.ROUNDED}, not {out_dtype!r}")
+        return getattr(self, name)
+
+    def overflows(self, out_dtype: str) -> np.ndarray:
+        """Per element: the exact value does not survive a correct cast to ``out_dtype``
+        (its rounding is infinite): the contract refuses it (OutOfRangeError)."""
+        return ~np.isfinite(self.rounded(out_dtype)) & np.isfinite(self.float64)
 
 
 @dataclasses.dataclass
@@ -81,6 +105,16 @@ class Result(Stage):
     unit_index: np.ndarray = None
     unit_collapsed: np.ndarray = None  # (S,): combined values of the unit exactly equal
     convention: Convention = None
+
+
+def _stage(rounded: dict, zero, cond, delta, frame=0, required_zero=None) -> Stage:
+    """A Stage from a {format: values} dict of certified roundings."""
+    return Stage(rounded["float64"], rounded["float32"], zero, cond, delta, frame, required_zero,
+                 float16=rounded["float16"], bfloat16=rounded["bfloat16"])
+
+
+def _rounded_arrays(shape) -> dict:
+    return {fmt: np.zeros(shape) for fmt in ex.ROUNDED}
 
 
 # ------------------------------------------------------------------ input checks
@@ -306,9 +340,9 @@ def whiten_units(values, unit_ids=None, eps=None, convention="spec", token_count
     # the inputs are exact: only the algorithm's rounding (model) and one ulp (cond) move them
     cond = np.maximum(np.spacing(np.abs(np.ldexp(v, -vexp))), np.ldexp(5e-324, -vexp))
     # equal input floats are equal bit for bit, so every collapse of given values is structural
-    out = _whiten(forms, np.zeros(n, bool), np.ldexp(v, -vexp), cond, np.zeros(n), uidx, t, conv,
-                  eps_w, classes, vexp, np.ones(n, bool))
-    return Stage(*out[:5], required_zero=out[6])
+    ar, azero, acond, adelta, _, areq = _whiten(forms, np.zeros(n, bool), np.ldexp(v, -vexp), cond, np.zeros(n),
+                                                uidx, t, conv, eps_w, classes, vexp, np.ones(n, bool))
+    return _stage(ar, azero, acond, adelta, required_zero=areq)
 
 
 def _token_weights(conv: Convention, token_counts, n: int):
@@ -346,9 +380,9 @@ def advantages(rewards, group_ids, weights=None, unit_ids=None, eps=None, conven
     classes = ex.SqrtClasses()
 
     G = gl.size
-    z64 = np.zeros((N, K)); z32 = np.zeros((N, K)); zzero = np.zeros((N, K), bool)
+    zr = _rounded_arrays((N, K)); zzero = np.zeros((N, K), bool)
     zcond = np.zeros((N, K)); zdelta = np.zeros((N, K))
-    c64 = np.zeros(N); c32 = np.zeros(N); czero = np.zeros(N, bool)
+    cr = _rounded_arrays(N); czero = np.zeros(N, bool)
     ccond = np.zeros(N); cdelta = np.zeros(N)
     cforms: list = [None] * N
     cnan = np.zeros(N, bool)
@@ -367,27 +401,27 @@ def advantages(rewards, group_ids, weights=None, unit_ids=None, eps=None, conven
         cols = [_column(r[idx, k], conv, eps_g, classes, gl[g], k) for k in range(K)]
         collapsed[g] = [c.nan is False and c.collapsed for c in cols]
         _group_numbers(idx, cols, r, wq, ws, dws, wexp, conv, eps_g, classes,
-                       z64, z32, zzero, zcond, zdelta, c64, c32, czero, ccond, cdelta, cforms, cnan)
+                       zr, zzero, zcond, zdelta, cr, czero, ccond, cdelta, cforms, cnan)
         cancelled[g] = bool(np.all(czero[idx]))
         zreq[idx] = collapsed[g]
         creq[idx] = _structural_zero(cols, wq, cancelled[g])
 
-    zstage = Stage(z64, z32, zzero, zcond, zdelta, required_zero=zreq)
+    zstage = _stage(zr, zzero, zcond, zdelta, required_zero=zreq)
     # ccond/cdelta hold c's sensitivities in the weights' frame (c * 2^-wexp) so they cannot overflow
     with np.errstate(over="ignore"):
         ccond_abs = np.ldexp(ccond, wexp)
-    cstage = Stage(c64, c32, czero, ccond_abs, cdelta, frame=wexp, required_zero=creq)
+    cstage = _stage(cr, czero, ccond_abs, cdelta, frame=wexp, required_zero=creq)
     ul, uidx = _index(uid)
     if _stages_only:
         a = cstage
         ucoll = np.zeros(ul.size, bool)
     else:
-        a64, a32, azero, acond, adelta, ucoll, areq = _whiten(
-            cforms, cnan, _scaled_values(cforms, cnan, c64, wexp, classes), ccond, cdelta,
+        ar, azero, acond, adelta, ucoll, areq = _whiten(
+            cforms, cnan, _scaled_values(cforms, cnan, cr["float64"], wexp, classes), ccond, cdelta,
             uidx, t, conv, eps_w, classes, wexp, creq, labels=ul)
-        a = Stage(a64, a32, azero, acond, adelta, required_zero=areq)
+        a = _stage(ar, azero, acond, adelta, required_zero=areq)
     return Result(a.float64, a.float32, a.exact_zero, a.cond, a.delta, a.frame, a.required_zero,
-                  z=zstage, combined=cstage,
+                  float16=a.float16, bfloat16=a.bfloat16, z=zstage, combined=cstage,
                   group_labels=gl, group_index=gidx, group_collapsed=collapsed, group_cancelled=cancelled,
                   unit_labels=ul, unit_index=uidx, unit_collapsed=ucoll, convention=conv)
 
@@ -411,15 +445,16 @@ def _frame(col: _Column, vals: np.ndarray) -> int:
     if col.rho:
         e = col.rho.bit_length() + col.E
     else:
-        ref = float(np.max(np.spacing(np.abs(vals)))) if vals.size else 1.0
+        ref = max((math.ulp(float(v)) for v in vals), default=1.0)  # math.ulp(DBL_MAX) is finite
         e = math.frexp(ref)[1]
     # clamped so that eps * 2^-e stays finite while the spread stays representable
     return min(max(e, -900), 1000)
 
 
 def _group_numbers(idx, cols, r, wq, ws, dws, wexp, conv, eps_g, classes,
-                   z64, z32, zzero, zcond, zdelta, c64, c32, czero, ccond, cdelta, cforms, cnan):
+                   zr, zzero, zcond, zdelta, cr, czero, ccond, cdelta, cforms, cnan):
     n = idx.size
+    z64 = zr["float64"]
     K = len(cols)
     # exact forms of c_j
     weighted = [col.inv.scaled(wq[k] * col.f) if not col.nan else None for k, col in enumerate(cols)]
@@ -446,37 +481,37 @@ def _group_numbers(idx, cols, r, wq, ws, dws, wexp, conv, eps_g, classes,
         ok = True
         for k, col in enumerate(cols):
             if col.nan:
-                z64[idx, k] = z32[idx, k] = np.nan
+                _put(zr, (idx, k), np.nan)
                 continue
             inv_iv = ex.iv_scale_rational(col.inverse_interval(classes, prec), col.f, prec)
             for jj, j in enumerate(idx):
                 pos = _valid_pos(col, jj)
                 if pos is None or col.D[pos] == 0 or (col.collapsed and not col.raw):
-                    z64[j, k] = z32[j, k] = 0.0
+                    _put(zr, (j, k), 0.0)
                     zzero[j, k] = True
                     continue
                 iv = _interval_of_z(col, pos, inv_iv, prec)
-                both = ex.round_both(iv)
-                if both is None:
+                every = ex.round_all(iv)
+                if every is None:
                     ok = False
                     break
-                z64[j, k], z32[j, k] = both
+                _put(zr, (j, k), every)
             if not ok:
                 break
         if ok:
             for jj, j in enumerate(idx):
                 if cnan[j]:
-                    c64[j] = c32[j] = np.nan
+                    _put(cr, j, np.nan)
                     continue
                 if czero[j]:
-                    c64[j] = c32[j] = 0.0
+                    _put(cr, j, 0.0)
                     continue
                 iv = ex.iv_form(cforms[j], classes, prec)
-                both = ex.round_both(iv)
-                if both is None:
+                every = ex.round_all(iv)
+                if every is None:
                     ok = False
                     break
-                c64[j], c32[j] = both
+                _put(cr, j, every)
         if ok:
             break
         prec *= 2
@@ -517,6 +552,13 @@ def _group_numbers(idx, cols, r, wq, ws, dws, wexp, conv, eps_g, classes,
     zcond[idx] = dz_cond
     cdelta[idx] = em.combine_stage(dz_model, zs, ws, tau=math.ldexp(em.TAU, -wexp))
     ccond[idx] = em.combine_stage(dz_cond, zs, ws, d_weights=dws, rounding=False)
+
+
+def _put(arrays: dict, at, values) -> None:
+    """Store one certified value per format (a tuple in ``ex.ROUNDED`` order, or one
+    value for every format) at index ``at`` of each format's array."""
+    for i, fmt in enumerate(ex.ROUNDED):
+        arrays[fmt][at] = values[i] if isinstance(values, tuple) else values
 
 
 def _valid_pos(col: _Column, jj: int):
@@ -562,7 +604,7 @@ def _whiten(forms, nan, cs, dcond_s, dmodel_s, uidx, t, conv, eps_w, classes, fr
     """Eq. 6 per unit. ``cs``/``d*_s`` are c and its deltas scaled by 2^-frame, a
     frame where nothing overflows (a is dimensionless, eps scales with the frame)."""
     N = len(forms)
-    a64 = np.zeros(N); a32 = np.zeros(N); azero = np.zeros(N, bool)
+    ar = _rounded_arrays(N); azero = np.zeros(N, bool)
     acond = np.zeros(N); adelta = np.zeros(N)
     S = int(uidx.max()) + 1 if N else 0
     ucoll = np.zeros(S, bool)
@@ -574,13 +616,14 @@ def _whiten(forms, nan, cs, dcond_s, dmodel_s, uidx, t, conv, eps_w, classes, fr
         label = labels[s] if labels is not None else s
         if conv.whiten == "none":
             ok = idx[~nan[idx]]
-            _pass_through(forms, ok, classes, a64, a32, azero)
-            a64[idx[nan[idx]]] = a32[idx[nan[idx]]] = np.nan
+            _pass_through(forms, ok, classes, ar, azero)
+            _put(ar, idx[nan[idx]], np.nan)
             acond[idx] = np.ldexp(dcond_s[idx], frame)
             adelta[idx] = np.ldexp(dmodel_s[idx], frame)
             continue
         if nan[idx].any():  # convention nan="propagate": the unit's statistics are NaN
-            a64[idx] = a32[idx] = acond[idx] = adelta[idx] = np.nan
+            _put(ar, idx, np.nan)
+            acond[idx] = adelta[idx] = np.nan
             continue
         tt = np.ones(idx.size, dtype=np.int64) if t is None else t[idx]
         T = int(tt.sum())
@@ -602,7 +645,7 @@ def _whiten(forms, nan, cs, dcond_s, dmodel_s, uidx, t, conv, eps_w, classes, fr
         ucoll[s] = coll
         if coll:
             if conv.whiten_eps_placement == "skip_if_zero":  # the step is skipped: a = c
-                _pass_through(forms, idx, classes, a64, a32, azero)
+                _pass_through(forms, idx, classes, ar, azero)
                 acond[idx], adelta[idx] = np.ldexp(dcond_s[idx], frame), np.ldexp(dmodel_s[idx], frame)
                 continue
             azero[idx] = True
@@ -616,7 +659,7 @@ def _whiten(forms, nan, cs, dcond_s, dmodel_s, uidx, t, conv, eps_w, classes, fr
             vals64 = np.zeros(idx.size)
         else:
             vals64, var = _whiten_unit_numbers(forms, idx, zero, tt, T, mean, conv, eps_w, classes, label,
-                                               a64, a32, azero)
+                                               ar, azero)
         # error model in the frame (c * frame); eps scales with it
         m_s = ex.round_mpf(ex.iv_form(mean.scaled(frame_q), classes, 80)[0], "float64")
         s_s = ex.round_mpf(ex.iv_sqrt(ex.iv_scale_rational(var, frame_q * frame_q, 80), 80)[0], "float64")
@@ -625,10 +668,10 @@ def _whiten(forms, nan, cs, dcond_s, dmodel_s, uidx, t, conv, eps_w, classes, fr
         adelta[idx] = em.whiten_stage(dmodel_s[idx], cs[idx], m_s, vals64, s_s, den_s, conv.whiten_ddof, ttf)
         acond[idx] = em.whiten_stage(dcond_s[idx], cs[idx], m_s, vals64, s_s, den_s, conv.whiten_ddof, ttf,
                                      rounding=False)
-    return a64, a32, azero, acond, adelta, ucoll, areq
+    return ar, azero, acond, adelta, ucoll, areq
 
 
-def _whiten_unit_numbers(forms, idx, zero, tt, T, mean, conv, eps_w, classes, label, a64, a32, azero):
+def _whiten_unit_numbers(forms, idx, zero, tt, T, mean, conv, eps_w, classes, label, ar, azero):
     """Certified a for one non-collapsed unit; returns a (float64) and the variance interval."""
     prec = START_PREC
     while True:
@@ -643,23 +686,25 @@ def _whiten_unit_numbers(forms, idx, zero, tt, T, mean, conv, eps_w, classes, la
         den = _denominator_interval(var, eps_w, conv.whiten_eps_placement, prec)
         # without eps (skip_if_zero) a nonzero std may still touch zero at low precision
         ok = not ex.iv_contains_zero(den)
-        vals64 = np.zeros(idx.size); vals32 = np.zeros(idx.size)
+        vals = _rounded_arrays(idx.size)
         for p, d in enumerate(devs):
             if d is None or not ok:
                 continue
             iv = ex.iv_div(d, den, prec)
-            both = ex.round_both(iv)
-            if both is None:
+            every = ex.round_all(iv)
+            if every is None:
                 ok = False
                 break
-            vals64[p], vals32[p] = both
+            _put(vals, p, every)
         if ok:
             break
         prec *= 2
         if prec > MAX_PREC:
             raise ex.CertificationError(f"could not certify unit {_py(label)!r} within {MAX_PREC} bits")
-    a64[idx], a32[idx], azero[idx] = vals64, vals32, zero
-    return vals64, var
+    for fmt in ex.ROUNDED:
+        ar[fmt][idx] = vals[fmt]
+    azero[idx] = zero
+    return vals["float64"], var
 
 
 def _structural_zero(cols, wq, cancelled: bool) -> bool:
@@ -677,23 +722,23 @@ def _structural_zero(cols, wq, cancelled: bool) -> bool:
     return cancelled and len(live) == 2 and abs(wq[live[0]]) == abs(wq[live[1]])
 
 
-def _round_form(form: ex.Form, classes: ex.SqrtClasses) -> tuple[float, float]:
-    """Certified float64 and float32 roundings of an exact form (Ziv loop)."""
+def _round_form(form: ex.Form, classes: ex.SqrtClasses) -> tuple[float, ...]:
+    """Certified roundings of an exact form to every format of ``ex.ROUNDED`` (Ziv loop)."""
     if form.is_zero():
-        return 0.0, 0.0
+        return (0.0,) * len(ex.ROUNDED)
     prec = START_PREC
     while prec <= MAX_PREC:
-        both = ex.round_both(ex.iv_form(form, classes, prec))
-        if both is not None:
-            return both
+        every = ex.round_all(ex.iv_form(form, classes, prec))
+        if every is not None:
+            return every
         prec *= 2
     raise ex.CertificationError(f"could not certify {form!r} within {MAX_PREC} bits")
 
 
-def _pass_through(forms, idx, classes, a64, a32, azero):
+def _pass_through(forms, idx, classes, ar, azero):
     """A step that leaves values unchanged: certify their rounding like any other."""
     for j in idx:
-        a64[j], a32[j] = _round_form(forms[j], classes)
+        _put(ar, j, _round_form(forms[j], classes))
         azero[j] = forms[j].is_zero()
 
 

@@ -40,6 +40,39 @@ second-order terms the first-order analysis drops), plus half an ulp of the
 output dtype for the final cast, plus half an ulp of float64 because the
 reference it is compared with is the correctly rounded float64 of the exact value.
 
+The final cast. A correct implementation rounds its float64 result a' once, to
+nearest, into the output format; |a' - a| <= B = SAFETY u Δ and half an ulp of
+the format is evaluated at the largest magnitude a' can have, |a| + B (half an
+ulp grows with the magnitude, and a' may sit in the binade above a's):
+
+    |fl_out(a') - fl64(a)| <= B + half_ulp_out(|a| + B) + half_ulp_64(a)
+
+for every format of :data:`FORMATS` (float64, float32, float16, bfloat16): the
+same formula, the format's precision and exponent range (float16 subnormals
+below 2^-14, bfloat16 keeps float32's exponent range with 8 bits). A double
+rounding (float64 -> float32 -> float16 ties to even) can miss a correct
+rounding by a float32 half ulp more than this allows: it is not one cast. A
+value whose correct rounding overflows the format (|a| >= the format's overflow
+threshold, :func:`overflow_threshold`) cannot be returned at all: the contract
+refuses it (``OutOfRangeError``), the caller decides that before any bound.
+
+Zero denominators (eps = 0). With eps = 0 the denominator of Eq. 4 is zero only
+at a collapsed column, where the specification demands z = 0 exactly: Δz = 0
+(allowance 0, exact zero). At Eq. 6 a unit whose exact std is zero (its combined
+values are equal in exact arithmetic) with eps = 0 has no first-order bound: a
+correct float64 code divides its own rounding noise by that noise's std. The
+allowance there is the normalisation's own bound (Cauchy-Schwarz on the very
+deviations d' the algorithm divides, with s'^2 = Σ t d'^2 / (T - ddof)):
+
+    |a'_j| <= sqrt((T - ddof) / t_j) (1 + (n + 3) u)
+
+so ``SAFETY u Δa_j`` = that bound + |a_j|; since it holds for any eps >= 0 it also
+caps every unit's first-order Δa wherever that is larger (a tiny eps over a tiny std). The
+condition estimate (``rounding=False``) of such a zero denominator is
+Samuelson's bound sqrt((T - ddof)(T - t_j) / (T t_j)) (:func:`samuelson`): one
+ulp of input un-collapses the column or unit and moves its outputs by up to
+that much, not by a first-order amount. No bound is NaN or infinite.
+
 ``scale="magnitude"`` replaces ρ by max |r| of the column: the bound of a plain
 (not shift-invariant) two-pass algorithm, used by the tables to show what the
 naive algorithm is entitled to.
@@ -60,15 +93,84 @@ SAFETY: float = 2.0
 TAU: float = math.ldexp(1.0, -1021)
 
 
+#: IEEE binary formats an output may take: (precision p in bits, minimum normal
+#: exponent, maximum exponent). bfloat16 is float32's exponent range with 8 bits.
+FORMATS: dict[str, tuple[int, int, int]] = {
+    "float64": (53, -1022, 1023),
+    "float32": (24, -126, 127),
+    "float16": (11, -14, 15),
+    "bfloat16": (8, -126, 127),
+}
+
+
+def _format(dtype: str) -> tuple[int, int, int]:
+    try:
+        return FORMATS[str(dtype).replace("torch.", "")]
+    except KeyError:
+        raise ValueError(f"no error model for output dtype {dtype!r}; known: {sorted(FORMATS)}") from None
+
+
+def largest_finite(dtype: str) -> float:
+    """The largest finite value of ``dtype`` (65504 for float16)."""
+    p, _, emax = _format(dtype)
+    return math.ldexp(2.0 - math.ldexp(1.0, 1 - p), emax)
+
+
+def overflow_threshold(dtype: str) -> float:
+    """The smallest magnitude whose correct rounding into ``dtype`` is infinite: the
+    largest finite value plus half its ulp (65520 for float16); inf for float64."""
+    p, _, emax = _format(dtype)
+    if p == 53:
+        return math.inf
+    return math.ldexp(2.0 - math.ldexp(1.0, -p), emax)
+
+
+def round_to(values, dtype: str) -> np.ndarray:
+    """Each float64 value correctly rounded into ``dtype`` (to nearest, ties to even,
+    subnormals and signed zeros kept, overflow to +-inf), returned as float64 (exact)."""
+    p, emin, _ = _format(dtype)
+    x = np.asarray(values, dtype=np.float64)
+    if p == 53:
+        return x.copy()
+    out = np.array(x, dtype=np.float64, copy=True)
+    fin = np.isfinite(x) & (x != 0.0)
+    mag = np.abs(x[fin])
+    e = np.maximum(np.frexp(mag)[1], emin + 1)  # |x| < 2^e, subnormals share emin's spacing
+    with np.errstate(over="ignore"):  # a rounding up past float64's top is an overflow anyway
+        r = np.ldexp(np.rint(np.ldexp(mag, p - e)), e - p)  # rint: ties to even; both ldexp exact
+    r = np.where(r >= overflow_threshold(dtype), np.inf, r)
+    out[fin] = np.copysign(r, x[fin])  # a value rounding to zero keeps its sign
+    return out
+
+
 def half_ulp(values: np.ndarray, dtype: str) -> np.ndarray:
-    """Half an ulp of ``dtype`` at each |value| (the error of one correct rounding);
-    a whole ulp at the bottom of float64's subnormals, where half of one is not a float."""
-    np_dtype = np.dtype(dtype)
-    with np.errstate(over="ignore"):
-        mag = np.abs(np.asarray(values, dtype=np.float64)).astype(np_dtype)
-    ulp = np.spacing(mag).astype(np.float64)
+    """Half an ulp of ``dtype`` at each |value| (the error of one correct rounding),
+    the ulp taken where the value rounds to (the binade above when it rounds up to a
+    power of two); a whole ulp at the bottom of float64's subnormals, where half of one
+    is not a float; beyond the format's range, the top binade's (no finite output is
+    right there: the caller demands a refusal)."""
+    p, emin, emax = _format(dtype)
+    mag = np.abs(round_to(np.abs(np.asarray(values, dtype=np.float64)), dtype))
+    mag = np.where(np.isfinite(mag), mag, largest_finite(dtype))
+    e = np.where(mag > 0.0, np.maximum(np.frexp(mag)[1] - 1, emin), emin)  # binade of the rounded value
+    ulp = np.ldexp(1.0, e - p + 1)
     half = 0.5 * ulp
     return np.where(half == 0.0, ulp, half)
+
+
+def samuelson(T: float, ddof: int, t=1.0) -> np.ndarray:
+    """The largest |x_j - mean| / std over any values with weights t (T = Σ t, std with
+    ``ddof``): sqrt((T - ddof)(T - t_j) / (T t_j)); (n - 1)/sqrt(n) for n samples, ddof 1."""
+    t = np.asarray(t, dtype=np.float64)
+    return np.sqrt(np.maximum(T - ddof, 0.0) * np.maximum(T - t, 0.0) / (T * t))
+
+
+def noise_cap(T: float, ddof: int, t, n: int, a, unit_roundoff: float = FLOAT64_UNIT_ROUNDOFF) -> np.ndarray:
+    """Δa (units of u) that no whitened output can exceed: SAFETY u Δ equals
+    sqrt((T - ddof) / t_j) (1 + (n + 3) u) + |a_j| (the computed |a'_j| and the exact |a_j|)."""
+    t = np.asarray(t, dtype=np.float64)
+    top = np.sqrt(np.maximum(T - ddof, 0.0) / t) * (1.0 + (n + 3) * unit_roundoff)
+    return (top + np.abs(np.asarray(a, dtype=np.float64))) / (SAFETY * unit_roundoff)
 
 
 def group_stage(dev, d_dev, sigma, denom, z, n, ddof, rounding=True):
@@ -83,6 +185,10 @@ def group_stage(dev, d_dev, sigma, denom, z, n, ddof, rounding=True):
     d_dev = np.broadcast_to(np.asarray(d_dev, dtype=np.float64), dev.shape)
     if rounding and not np.any(d_dev > 0.0):
         return np.zeros_like(z)  # collapsed column: the exact zero is demanded
+    if not denom > 0.0:  # eps = 0 at a collapsed column: no first-order change exists
+        if rounding:  # (unreachable for the oracle: a zero std is a collapse, Δz = 0 above)
+            return noise_cap(n, ddof, 1.0, n, z) * np.ones_like(z)
+        return samuelson(n, ddof) * np.ones_like(z)
     if sigma > 0.0 and n > ddof:
         d_sigma = float(np.sum(dev * d_dev) / ((n - ddof) * sigma))
     else:  # at collapse the std is not differentiable; it moves by at most the perturbation
@@ -124,6 +230,8 @@ def whiten_stage(dc, c, mean, a, sigma, denom, ddof, t=None, collapsed=False, ro
     n = c.shape[0]
     t = np.ones(n) if t is None else np.asarray(t, dtype=np.float64)
     T = float(np.sum(t))
+    if not denom > 0.0:  # eps = 0 and a zero std: the unit's outputs are whitened rounding noise
+        return noise_cap(T, ddof, t, n, a) if rounding else samuelson(T, ddof, t)
     d_mean = float(np.sum(t * dc) / T)
     if rounding:
         d_mean += (n + 1) * float(np.max(np.abs(c)))
@@ -138,20 +246,42 @@ def whiten_stage(dc, c, mean, a, sigma, denom, ddof, t=None, collapsed=False, ro
     d_denom = d_sigma
     if rounding:
         d_denom += 0.5 * (n + 3) * sigma + 2.0 * denom
-    da = (d_dev2 + a * d_denom) / denom
-    return da + 3.0 * (a + TAU) if rounding else da
+    with np.errstate(over="ignore"):  # a denominator near zero: the cap below is the bound
+        da = (d_dev2 + a * d_denom) / denom
+        if not rounding:
+            return da
+        return np.minimum(da + 3.0 * (a + TAU), noise_cap(T, ddof, t, n, a))
+
+
+def computed_bound(delta, unit_roundoff=FLOAT64_UNIT_ROUNDOFF, frame=0) -> np.ndarray:
+    """B = SAFETY u Δ 2**frame: how far a correct float64 result is from the exact value
+    (before the final cast); inf where it is beyond float64 (no bound)."""
+    with np.errstate(over="ignore"):
+        return np.ldexp(SAFETY * unit_roundoff * np.asarray(delta, dtype=np.float64), frame)
+
+
+def reach(delta, exact, unit_roundoff=FLOAT64_UNIT_ROUNDOFF, frame=0) -> np.ndarray:
+    """|exact| + B: the largest magnitude a correct float64 result can have (whether its
+    final cast can overflow, and where the output format's half ulp is taken)."""
+    with np.errstate(over="ignore"):
+        return np.abs(np.asarray(exact, dtype=np.float64)) + computed_bound(delta, unit_roundoff, frame)
 
 
 def allowed_error(delta, exact, out_dtype="float64", unit_roundoff=FLOAT64_UNIT_ROUNDOFF, frame=0):
     """Absolute tolerance per output from the running bound ``delta`` (units of u * 2**frame).
 
-    ``exact`` is the reference (float64, correctly rounded) the result is compared with.
-    Where ``delta`` is 0 the specification demands the exact value, so the allowance
-    is 0 as well (no rounding slack: an exact zero must come out as zero).
+    ``exact`` is the reference (float64, correctly rounded) the result is compared with;
+    ``out_dtype`` any format of :data:`FORMATS`. With B = SAFETY u Δ the allowance is
+    B + half_ulp_out(|exact| + B) + half_ulp_64(exact): the computed float64 value, then
+    one correct rounding into the output format (module docstring). Where ``delta`` is 0
+    the specification demands the exact value: the allowance is 0 for an exact zero (no
+    rounding slack: it must come out as zero), else the output format's rounding of it
+    (plus float64's, when the output is not float64 itself).
     """
     delta = np.asarray(delta, dtype=np.float64)
     exact = np.asarray(exact, dtype=np.float64)
-    with np.errstate(over="ignore"):  # a bound beyond float64 is no bound: inf says so
-        bound = np.ldexp(SAFETY * unit_roundoff * delta, frame)
-    bound = bound + half_ulp(exact, out_dtype) + half_ulp(exact, "float64")
-    return np.where(delta == 0.0, np.where(exact == 0.0, 0.0, half_ulp(exact, out_dtype)), bound)
+    bound = computed_bound(delta, unit_roundoff, frame)  # a bound beyond float64 is no bound: inf says so
+    h64 = half_ulp(exact, "float64")
+    bound = bound + half_ulp(reach(delta, exact, unit_roundoff, frame), out_dtype) + h64
+    exact_demanded = half_ulp(exact, out_dtype) + (0.0 if _format(out_dtype)[0] == 53 else h64)
+    return np.where(delta == 0.0, np.where(exact == 0.0, 0.0, exact_demanded), bound)

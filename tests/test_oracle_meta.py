@@ -56,10 +56,25 @@ def _round(x, bits):
     return float(mpmath.mpf(libmp.normalize(v[0], v[1], v[2], v[3], bits, libmp.round_nearest)))
 
 
+def _round_format(x, fmt):
+    """Round-to-nearest-even of an mpf into an IEEE format with subnormals and overflow:
+    the grid of spacing 2^(max(e, emin) - p + 1), with mpmath's own nint."""
+    p, emin, emax = {"float16": (11, -14, 15), "bfloat16": (8, -126, 127)}[fmt]
+    if x == 0:
+        return 0.0
+    m, e = mpmath.frexp(x)  # |x| = |m| 2^e, 1/2 <= |m| < 1
+    step = mpmath.ldexp(mpmath.mpf(1), max(int(e) - 1, emin) - p + 1)
+    r = mpmath.nint(x / step) * step
+    return math.copysign(math.inf, float(x)) if abs(r) >= mpmath.ldexp(mpmath.mpf(1), emax + 1) else float(r)
+
+
 def _check(res, z, c, a):
     for got, zero, vals in ((res.float64, res.exact_zero, a), (res.combined.float64, res.combined.exact_zero, c)):
-        # a true zero evaluates to about 2^-1200 of the stage's scale; a true nonzero far above
-        tiny = TINY * max(max(abs(x) for x in vals), mpmath.mpf(2) ** -1074)
+        # a true zero evaluates to about 2^-1200 of the scale of its parts, which is O(1) here
+        # (z, c and a are dimensionless, weights at most 3); a true nonzero far above. Not the
+        # stage's own largest value: a stage of true zeros only has none (found by this test:
+        # two groups of constant-sum columns [1, 0] / [0.5, 0.5], each whitened alone)
+        tiny = TINY * max(max(abs(x) for x in vals), mpmath.mpf(1))
         for i, x in enumerate(vals):
             if zero[i]:
                 assert abs(x) < tiny, f"oracle says exact zero, independent value {x}"
@@ -70,6 +85,8 @@ def _check(res, z, c, a):
     for i, x in enumerate(a):
         if abs(x) > 2.0 ** -120 or x == 0:
             assert float(res.float32[i]) == _round(x, 24)
+        assert float(res.float16[i]) == _round_format(x, "float16")  # a true zero's ~2^-1200 rounds to 0
+        assert float(res.bfloat16[i]) == _round_format(x, "bfloat16")
     for i, row in enumerate(z):
         for k, x in enumerate(row):
             assert res.z.float64[i, k] == (0.0 if res.z.exact_zero[i, k] else _round(x, 53))
@@ -110,6 +127,8 @@ def batches(draw):
 
 
 @given(batches())
+@example((np.array([[0.0, 0.0]] * 5 + [[1.0, 0.0]] * 3 + [[0.5, 0.5], [1.0, 0.0]]), [0] * 5 + [1] * 5,
+          [1.0, 1.0], [0] * 5 + [1] * 5))  # every c and a a true zero
 @example((np.array([[1e15 - 0.1, 0.1], [1e15 - 0.2, 0.2], [1e15 - 0.3, 0.3], [1e15 - 0.7, 0.7]]),
           [0, 0, 0, 0], [1.0, 1.0], [0, 0, 0, 0]))
 def test_certified_results_match_an_independent_evaluation(batch):
