@@ -21,11 +21,13 @@ import math
 import numpy as np
 
 from oracle import gdpo as oracle
+from spec import error_model
 from spec.errors import GDPOError
 
 #: torch dtype names the suite feeds as rewards (values stored as exact float64).
 INPUT_DTYPES = ("float64", "float32", "float16", "bfloat16")
-OUT_DTYPES = ("float32", "float64")
+#: output dtypes the suite grades (the oracle certifies a rounding to each: Stage.rounded)
+OUT_DTYPES = ("float32", "float64", "float16", "bfloat16")
 
 
 def hexf(x: float) -> str:
@@ -232,9 +234,10 @@ def expected_whiten(values, segment_sizes, eps, convention="spec") -> Expected:
 
 
 def ulp(x: float, dtype: str) -> float:
-    """Spacing of ``dtype`` at |x| (the smallest subnormal at 0)."""
-    mag = abs(float(x))
-    if dtype == "float64":
-        return math.ulp(mag) if mag else math.ulp(0.0)
-    f = np.float32(min(mag, float(np.finfo(np.float32).max)))
-    return float(np.spacing(f))
+    """Spacing of ``dtype`` at |x| (the smallest subnormal at 0; the top binade's beyond
+    the format's range): twice the error model's half ulp, but a whole one everywhere."""
+    p, emin, _ = error_model.FORMATS[dtype]
+    mag = float(error_model.round_to([abs(float(x))], dtype)[0])
+    mag = min(mag, error_model.largest_finite(dtype))
+    e = max(math.frexp(mag)[1] - 1, emin) if mag else emin
+    return math.ldexp(1.0, e - p + 1)

@@ -6,6 +6,8 @@ one flaw switched on, so a rejection is the flaw's and not an accident of the ba
 ``baseline`` itself must pass every property (``test_controls``): it is a second,
 deliberately plain, correct implementation in the ``gdpo`` call shape
 (shift-invariant two-pass float64 with exact power-of-two scaling, exact collapse,
+one correct rounding into the output dtype (float16 and bfloat16 through float32
+rounded to odd, since torch's own float64 cast to them rounds twice),
 agreement before any data-dependent collective, a gather of every unit's values).
 
 Each control is importable as ``conformance.controls:<name>`` (spawned ranks load it
@@ -55,6 +57,8 @@ class Flaws:
     biased_std: bool = False  # ddof 0 at Eq. 4 and Eq. 6
     nan_to_zero: bool = False  # NaN rewards silently replaced by 0
     singleton_zero: bool = False  # a group of one gives z = 0 instead of an error
+    double_rounding: bool = False  # float16/bfloat16 written through float32 (torch's own float64 cast)
+    truncate_bfloat16: bool = False  # bfloat16 written by truncation (rounding toward zero)
 
 
 class _Refusal(Exception):
@@ -261,8 +265,40 @@ def _combine(p: _Prepared, eps: float, fl: Flaws) -> tuple[torch.Tensor, int]:
 # ------------------------------------------------------------------------ Eq. 6
 
 
-def _cast(a: torch.Tensor, out_dtype) -> torch.Tensor:
-    out = a.to(out_dtype)
+def _to_float32_odd(x: torch.Tensor) -> torch.Tensor:
+    """float64 -> float32 rounded to odd: truncate toward zero, then set the last bit
+    when the result is inexact. A second, nearest-even rounding from it to any format of
+    at most 22 bits (float16: 11, bfloat16: 8) is then the correct rounding of x, because
+    no float32 rounded to odd lands on such a format's midpoint unless x is on it."""
+    y = x.to(torch.float32)  # nearest even: at most one float32 ulp off the truncation
+    back = y.to(_F64)
+    bits = y.view(torch.int32)
+    bits = torch.where(back.abs() > x.abs(), bits - 1, bits)  # one ulp toward zero (sign-magnitude)
+    bits = torch.where(back != x, bits | 1, bits)
+    return bits.view(torch.float32)
+
+
+def _truncate(x: torch.Tensor, out_dtype) -> torch.Tensor:
+    """float64 -> bfloat16 rounded toward zero (the flaw: drop the low bits)."""
+    y = x.to(torch.float32)
+    bits = y.view(torch.int32)
+    bits = torch.where(y.to(_F64).abs() > x.abs(), bits - 1, bits)  # float32 truncation
+    return (bits & ~0xFFFF).view(torch.float32).to(out_dtype)  # then bfloat16's: exact
+
+
+def _round(a: torch.Tensor, out_dtype, fl: Flaws) -> torch.Tensor:
+    """One correct rounding of float64 values into ``out_dtype`` (nearest even)."""
+    if out_dtype in (torch.float16, torch.bfloat16) and a.dtype == _F64:
+        if fl.truncate_bfloat16 and out_dtype == torch.bfloat16:
+            return _truncate(a, out_dtype)
+        if fl.double_rounding:
+            return a.to(torch.float32).to(out_dtype)  # nearest even twice: a tie made by the first
+        return _to_float32_odd(a).to(out_dtype)  # torch's a.to(float16) rounds through float32
+    return a.to(out_dtype)
+
+
+def _cast(a: torch.Tensor, out_dtype, fl: Flaws) -> torch.Tensor:
+    out = _round(a, out_dtype, fl)
     if not bool(torch.isfinite(out).all()):
         raise _Refusal(OutOfRangeError, "a whitened value does not survive the cast to the output dtype")
     return out
@@ -354,12 +390,12 @@ def _gdpo(fl: Flaws, rewards, *, group_ids=None, group_size=None, weights=None, 
         if problem is not None:
             raise problem.cls(problem.msg)
         c, shift = _combine(prep, eps, fl)
-        return _cast(_whiten_local(c, sizes, _ldexp(eps, -shift), fl), out_dtype)
+        return _cast(_whiten_local(c, sizes, _ldexp(eps, -shift), fl), out_dtype, fl)
     rows = _agree(process_group, problem, len(sizes) if sizes else 0, given,
                   prep.x.shape[0] if prep is not None else 0, fl)
     c, shift = _combine(prep, eps, fl)
     a = _whiten_distributed(process_group, c, sizes, _ldexp(eps, -shift), fl, rows)
-    return _cast(a, out_dtype)
+    return _cast(a, out_dtype, fl)
 
 
 def _normalize_rewards(fl: Flaws, rewards, *, group_ids=None, group_size=None, weights=None, eps=1e-4):
@@ -392,9 +428,9 @@ def _whiten(fl: Flaws, values, *, segment_sizes=None, process_group=None, eps=1e
     if not distributed:
         if problem is not None:
             raise problem.cls(problem.msg)
-        return _cast(_whiten_local(v, sizes, eps, fl), out_dtype)
+        return _cast(_whiten_local(v, sizes, eps, fl), out_dtype, fl)
     rows = _agree(process_group, problem, len(sizes) if sizes else 0, given, v.numel() if v is not None else 0, fl)
-    return _cast(_whiten_distributed(process_group, v, sizes, eps, fl, rows), out_dtype)
+    return _cast(_whiten_distributed(process_group, v, sizes, eps, fl, rows), out_dtype, fl)
 
 
 def _make(name: str, fl: Flaws, doc: str):
@@ -431,6 +467,9 @@ _SPECS = (
     ("biased_std", Flaws(biased_std=True), "biased std (ddof 0) at Eq. 4 and Eq. 6"),
     ("nan_to_zero", Flaws(nan_to_zero=True), "NaN rewards silently replaced by 0"),
     ("singleton_zero", Flaws(singleton_zero=True), "a group of one sample gives z = 0 instead of a GroupError"),
+    ("double_rounding", Flaws(double_rounding=True), "float16/bfloat16 output rounded twice, float64 -> float32 -> "
+     "format, nearest even each time (what torch's float64 `.to(float16)` does)"),
+    ("truncated_bfloat16", Flaws(truncate_bfloat16=True), "bfloat16 output rounded toward zero (low bits dropped)"),
 )
 
 baseline = _make("baseline", Flaws(), "none: the correct base every control differs from by one flaw")

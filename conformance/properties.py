@@ -40,6 +40,7 @@ from conformance import strategies as S
 from conformance.cases import Case, DistCase, expected, expected_whiten
 from conformance.compare import failure, judge
 from conformance.plugins import Outcome, Subject
+from spec import error_model as em
 from spec.constants import FLOAT32_MAX
 from spec.errors import (
     DistributedError,
@@ -107,7 +108,8 @@ def eq7_underflows(case: Case, res) -> bool:
     w = np.array(case.weights if case.weights is not None else [1.0] * case.k)
     top = math.frexp(float(np.max(np.abs(w))))[1]
     floor = math.ldexp(1.0, -1022 + 53 + max(0, top - 990))
-    prod = np.abs(res.z.float64 * w[None, :]).max(axis=1)
+    with np.errstate(over="ignore"):  # a product beyond float64 is far above the floor
+        prod = np.abs(res.z.float64 * w[None, :]).max(axis=1)
     units = case.unit_ids()
     units = np.zeros(case.n, np.int64) if units is None else units
     for u in np.unique(units):
@@ -169,6 +171,18 @@ def _refusal_permitted(case: Case, res) -> bool:
     return _beyond_float32(case) or (res is not None and not np.all(np.isfinite(res.combined.float64)))
 
 
+def cast_overflow(stage, out_dtype: str) -> tuple[bool, bool]:
+    """(must, may) refuse: an exact output whose correct rounding to ``out_dtype`` is
+    infinite cannot survive the cast, so the contract refuses the call with
+    OutOfRangeError (never inf, never a saturated value); where a correct float64
+    result may reach the overflow threshold (|exact| + the model's bound), refusing is
+    permitted."""
+    must = bool(np.any(stage.overflows(out_dtype)))
+    with np.errstate(invalid="ignore"):
+        may = must or bool(np.any(stage.reach() >= em.overflow_threshold(out_dtype)))
+    return must, may
+
+
 def _check_output(prop, equation, subject, case, out: Outcome, n: int, out_dtype: str):
     if out.dtype != out_dtype or out.shape != (n,):
         _fail(prop, equation, subject, case,
@@ -201,8 +215,13 @@ def check_values(subject: Subject, case: Case, prop: str = "values") -> None:
         _expect_refusal(prop, eq, subject, case, out, (type(exp.error),), f"the oracle: {exp.error}")
         return
     res = exp.result
+    must, may = cast_overflow(res, case.out_dtype)
+    if must:
+        _expect_refusal(prop, eq, subject, case, out, (OutOfRangeError,),
+                        f"an exact advantage rounds beyond {case.out_dtype}'s range")
+        return
     if not out.ok:
-        if out.is_error(OutOfRangeError) and _refusal_permitted(case, res):
+        if out.is_error(OutOfRangeError) and (_refusal_permitted(case, res) or may):
             return
         _fail(prop, eq, subject, case, f"{out.describe()}; the contract computes this case",
               [f"exact advantages {res.float64.tolist()}"])
@@ -248,7 +267,14 @@ def check_whiten(subject: Subject, case: Case, prop: str = "stage_whiten") -> No
         _expect_refusal(prop, eq, subject, case, out, (type(exp.error),), f"the oracle: {exp.error}")
         return
     res = exp.result
+    must, may = cast_overflow(res, case.out_dtype)
+    if must:
+        _expect_refusal(prop, eq, subject, case, out, (OutOfRangeError,),
+                        f"an exact whitened value rounds beyond {case.out_dtype}'s range")
+        return
     if not out.ok:
+        if out.is_error(OutOfRangeError) and may:
+            return
         _fail(prop, eq, subject, case, f"{out.describe()}; the contract computes this case")
     _check_output(prop, eq, subject, case, out, case.n, case.out_dtype)
     v = judge(out.values, res.float64, res.allowed(case.out_dtype), res.cond, case.out_dtype)
@@ -459,11 +485,13 @@ def check_dist_values(subject: Subject, case: DistCase, prop: str = "dist_values
                     plain=(type(exp.error),))
         return
     res = exp.result
-    if any(not o.ok for o in outs.values()) and (any(_beyond_float32(sh) for sh in case.shards)
-                                                 or not np.all(np.isfinite(res.combined.float64))):
+    must, may = cast_overflow(res, case.shards[0].out_dtype)
+    if must or any(not o.ok for o in outs.values()) and (any(_beyond_float32(sh) for sh in case.shards)
+                                                         or not np.all(np.isfinite(res.combined.float64))
+                                                         or may):
         # the contract's OutOfRangeError, raised on every rank together
-        _all_refuse(prop, eq, subject, case, outs, "inputs beyond float32 range or an Eq. 7 beyond float64",
-                    plain=(OutOfRangeError,))
+        _all_refuse(prop, eq, subject, case, outs, "inputs beyond float32 range, an Eq. 7 beyond float64 or "
+                    "advantages beyond the output dtype's range", plain=(OutOfRangeError,))
         return
     _, _, _, where = case.global_case()
     out_dtype = case.shards[0].out_dtype
@@ -627,6 +655,10 @@ PROPERTIES = (
              "patterns), subnormals, signed zeros: within the error model",
              _values(kinds=("testfloat", "constant", "runs", "tiny"), pairs=("copy", "scaled"),
                      weight_modes=("none", "testfloat", "random")), check_values),
+    Property("rounding", "equations", "Eq. 6 + final cast", "an advantage just off a rounding midpoint of the "
+             "output format (float16, its subnormals, bfloat16, float32): one correct rounding of the float64 "
+             "result, within half an ulp of the format; rounding through float32 first, or toward zero, misses by "
+             "more than the bound", lambda ctx, subject: S.near_midpoint_cases(ctx), check_values),
     Property("offsets", "traps", "Eq. 4", "small spread on a large offset (1e3 to 1e300, 2^53): the "
              "shift-invariant bound, measured against the range, not the magnitude",
              _values(kinds=("offset", "near_constant", "plain"), pairs=("anti_decimal",)), check_values),

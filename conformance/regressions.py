@@ -33,6 +33,16 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         # n_g = 2: [0, 1] and [0, 1000] standardize alike up to eps (known limit)
         '{"rewards":[["0x0.0p+0"],["0x1.0000000000000p+0"],["0x0.0p+0"],["0x1.f400000000000p+9"]],"dtype":"float32","out_dtype":"float64","group_size":2}',
     ),
+    "rounding": (
+        # an advantage 2^-26 of a float16 ulp above the midpoint between 0.5 and 0.5 + 2^-11: float32 rounds
+        # it onto the midpoint and float16 then ties to even, 0.5 (torch's float64 cast does both): half an
+        # ulp plus 2^-26 ulp off, beyond the bound; one correct rounding gives 0.5 + 2^-11
+        '{"rewards":[["0x1.25d6db655449ap-25"],["0x0.0p+0"]],"dtype":"float64","out_dtype":"float16","group_size":2}',
+        # the same just below a midpoint of float16 subnormals (6.05e-06 rounds to 0x1.94p-18, not 0x1.98p-18)
+        '{"rewards":[["0x0.0p+0"],["-0x1.98b27fb1b33cap-43"],["0x0.0p+0"]],"dtype":"float64","out_dtype":"float16","group_size":3}',
+        # bfloat16 just above a midpoint: a double rounding and a truncation both give the lower neighbour
+        '{"rewards":[["0x1.54e9bc8006d9dp-124"],["0x0.0p+0"],["0x0.0p+0"],["0x0.0p+0"]],"dtype":"float64","out_dtype":"bfloat16","group_size":4}',
+    ),
     "offsets": (
         # one-pass float32 variance is exactly 0 here (exact std 1.29e-2)
         '{"rewards":[["0x1.f400000000000p+9"],["0x1.f40147ae147aep+9"],["0x1.f4028f5c28f5cp+9"],["0x1.f403d70a3d70ap+9"]],"dtype":"float64","out_dtype":"float64","group_size":4}',
@@ -71,6 +81,14 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         '{"rewards":[["0x1.7e43c8800759cp+996","0x1.0000000000000p+0"],["-0x1.7e43c8800759cp+996","0x1.0000000000000p+1"],["0x1.4e718d7d7625ap+664","0x0.0p+0"],["0x1.f5aa543c31387p+665","0x1.4000000000000p+2"]],"dtype":"float64","out_dtype":"float64","group_size":2}',
         # found by this suite (oracle, fixed in d768062): DBL_MAX rewards beside a tiny weight
         '{"rewards":[["0x1.fffffffffffffp+1023","0x1.0000000000000p+0"],["-0x1.fffffffffffffp+1023","0x0.0p+0"],["0x1.8000000000000p+1","0x1.fffffffffffffp+1023"],["-0x1.0000000000000p+0","-0x1.fffffffffffffp+1023"]],"dtype":"float64","out_dtype":"float32","group_size":2,"weights":["0x1.0000000000000p-1","0x1.0000000000000p-1000"]}',
+    ),
+    "eps": (
+        # eps = 0 and a unit whose combined values cancel in exact arithmetic only (three weighted copies of one
+        # column, w1 + w2 + w3 = 0 exactly): a correct float64 code whitens its rounding noise to O(1) values;
+        # the bound is the normalisation's own, sqrt(n - 1) = sqrt(5) (spec/error_model.py), not NaN or inf
+        '{"rewards":[["0x0.0p+0","0x0.0p+0","0x0.0p+0"],["0x1.0000000000000p+0","0x1.0000000000000p+0","0x1.0000000000000p+0"],["0x0.0p+0","0x0.0p+0","0x0.0p+0"],["0x1.0000000000000p+0","0x1.0000000000000p+0","0x1.0000000000000p+0"],["0x1.0000000000000p+0","0x1.0000000000000p+0","0x1.0000000000000p+0"],["0x0.0p+0","0x0.0p+0","0x0.0p+0"]],"dtype":"float64","out_dtype":"float64","group_size":3,"weights":["0x1.1d0361dd0bf71p-2","0x1.3b1b0f3282684p-3","-0x1.ba90e9764d2b3p-2"],"eps":"0x0.0p+0"}',
+        # eps = 0 beside a collapsed column: its z is exactly 0 by the collapse rule (allowance 0), not 0/0
+        '{"rewards":[["0x1.0000000000000p+0","0x0.0p+0"],["0x1.0000000000000p+0","0x1.0000000000000p+0"],["0x1.0000000000000p+0","0x0.0p+0"],["0x1.0000000000000p+0","0x1.0000000000000p+0"]],"dtype":"float64","out_dtype":"float16","group_size":2,"eps":"0x0.0p+0"}',
     ),
     "units": (
         # one group 1..8 over two training batches of 4: merged whitening flips 4 of 8 signs

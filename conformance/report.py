@@ -22,6 +22,7 @@ import time
 import zlib
 
 import hypothesis
+import hypothesis.errors
 from hypothesis import Phase, seed, settings, HealthCheck
 
 from conformance import controls as C
@@ -52,6 +53,8 @@ def verdict(prop: P.Property, target: str, shrink: bool = False, budget_s: float
         test()
     except Exception as e:  # noqa: BLE001 - any failure is a rejection
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        if shrink and isinstance(e, hypothesis.errors.Flaky) and record:
+            first = "(shrinking stopped at the time budget)"  # the replay passed unchecked
         return True, (record[-1] if record else None), first
     if shrink and record:  # the shrink budget ran out: the check passed on the replay
         return True, record[-1], "(shrinking stopped at the time budget)"

@@ -293,7 +293,7 @@ class Context:
     units: bool = True  # segment_sizes
     eps: bool = True
     input_dtypes: tuple = ("float32", "float64", "float16", "bfloat16")
-    out_dtypes: tuple = ("float32", "float64")
+    out_dtypes: tuple = ("float32", "float64", "float16", "bfloat16")
     weights_dtype: str = "float64"  # float32 for the TRL shape (reward_weights is a float32 tensor)
     max_n: int = 48
 
@@ -421,6 +421,15 @@ def batches(draw, ctx: Context, kinds=COLUMN_KINDS, pairs=PAIR_KINDS, k_max=8, w
 
 UNIT_MODES = ("none", "one", "groups", "groups", "free")
 
+#: Output dtypes as drawn: float64 and float32 twice as often as float16 and bfloat16,
+#: whose half ulp (2^-11, 2^-8 relative) hides the small errors of wrong algorithms that
+#: float64 and float32 outputs expose; the rounding property aims at the narrow ones.
+_OUT_WEIGHTS = ("float64", "float32", "float64", "float32", "float16", "bfloat16")
+
+
+def out_dtype_pool(ctx: Context) -> tuple:
+    return tuple(d for d in _OUT_WEIGHTS if d in ctx.out_dtypes) or tuple(ctx.out_dtypes)
+
 
 @cached
 @st.composite
@@ -477,7 +486,7 @@ def cases(draw, ctx: Context, kinds=COLUMN_KINDS, pairs=PAIR_KINDS, weight_modes
     if ctx.units and unit_modes:
         seg = draw(unit_layout(n, [int(e) for e in edges], unit_modes))
     eps = draw(pick(tuple(eps_values))) if ctx.eps else None
-    out_dtype = draw(pick(tuple(ctx.out_dtypes)))
+    out_dtype = draw(pick(out_dtype_pool(ctx)))
     return Case(rewards=tuple(tuple(float(v) for v in row) for row in rows), dtype=b.dtype,
                 group_size=group_size, group_ids=group_ids, weights=b.weights, segment_sizes=seg,
                 eps=eps, out_dtype=out_dtype, note=b.note)
@@ -510,7 +519,7 @@ def dist_cases(draw, ctx: Context, world: int, kinds=COLUMN_KINDS, pairs=PAIR_KI
     # a unit of exactly one sample is an error case; every group has >= 2, so none arises
     shards = []
     placed = {}
-    out_dtype = draw(pick(tuple(ctx.out_dtypes)))
+    out_dtype = draw(pick(out_dtype_pool(ctx)))
     for r in range(world):
         rows, lab, seg = [], [], []
         for u in range(s):
@@ -540,3 +549,88 @@ def twins(case: DistCase) -> list[tuple[int, int, int, int, int]]:
         if part.startswith("twin:"):
             out.append(tuple(int(x) for x in part.split(":")[1:]))
     return out
+
+
+# ------------------------------------------------------------ near a midpoint
+
+
+#: Output formats whose rounding midpoints :func:`near_midpoint_cases` aims at.
+MIDPOINT_FORMATS = ("float16", "bfloat16", "float32")
+
+
+def _g_inverse(y, n: int, eps, mp):
+    """x with x / (|x| / sqrt(n) + eps) = y (0 <= y < sqrt(n)): one standardization of
+    ``[x, 0, ..., 0]`` (n values, unbiased std) maps x to that value's distance from the rest."""
+    return y * eps / (1 - y / mp.sqrt(n))
+
+
+def _g(x, n: int, eps, mp):
+    return x / (abs(x) / mp.sqrt(n) + eps)
+
+
+def outlier_advantages(d: float, n: int, eps: float, mp=None):
+    """Exact advantages (mpmath, 200 bits) of ``[[d], [0], ..., [0]]``: one group of n
+    samples, one unit, convention ``spec`` (ddof 1, eps added to the std). The column
+    standardizes to the same shape, so a_0 = (n - 1)/n g(g(d)), a_j = -g(g(d))/n with
+    g(x) = x / (|x|/sqrt(n) + eps): both monotone in d, |g(g(d))| below g(sqrt(n)) =
+    sqrt(n) / (1 + eps), every value below that reachable."""
+    import mpmath
+
+    mp = mp or mpmath.MPContext()
+    mp.prec = 200
+    y = _g(_g(mp.mpf(d), n, mp.mpf(eps), mp), n, mp.mpf(eps), mp)
+    return y * (n - 1) / n, -y / n
+
+
+@st.composite
+def near_midpoint_cases(draw, ctx: Context) -> Case:
+    """One group ``[d, 0, ..., 0]`` (n samples, one unit) with d solved so that one exact
+    advantage lies just off a rounding midpoint M of the output format: M +- delta with
+    delta below half a float32 ulp (float32 then lands on M exactly) and far above the
+    float64 error bound. The tie-breaking neighbour of M is always the wrong one:
+    rounding through float32 first (ties to even) misses the correct rounding by half
+    an ulp plus delta, and so does truncation toward zero whenever M + delta is aimed at.
+    Normal and subnormal float16 values, bfloat16's and float32's, either sign."""
+    import mpmath
+
+    out = draw(pick(tuple(f for f in MIDPOINT_FORMATS if f in ctx.out_dtypes) or tuple(ctx.out_dtypes)))
+    p, emin, _ = DTYPES[out].p, DTYPES[out].emin, DTYPES[out].emax
+    n = draw(pick(tuple(x for x in (2, 3, 4, 8, 16) if x <= ctx.max_n)))
+    eps = draw(pick((None, 1e-6, 1e-2, 1.0))) if ctx.eps else None
+    eps_v = 1e-4 if eps is None else eps
+    which = draw(pick((0, 0, 1)))  # the outlier's advantage, or one of the others'
+    sign = draw(pick((1.0, -1.0)))
+    # sup |a| of that element: g(g(d)) < g(sqrt(n)) = sqrt(n) / (1 + eps)
+    top = math.sqrt(n) / (1.0 + eps_v) * ((n - 1) / n if which == 0 else 1.0 / n)
+    # a target magnitude: an exponent from the format's subnormal bottom to below the sup
+    e_hi = math.frexp(top)[1] - 1
+    e = draw(ints(DTYPES[out].sub_min, e_hi))
+    frac = draw(st.floats(1.0, 2.0, exclude_max=True))
+    v = min(math.ldexp(frac, e), top * (1 - 2.0 ** -20))
+    spacing = math.ldexp(1.0, max(math.frexp(v)[1] - 1, emin) - p + 1)
+    m = math.floor(v / spacing)
+    if (m + 1) * spacing >= top and m > 0:  # the midpoint above v may be out of reach
+        m -= 1
+        if m < 1 << (p - 1) and spacing > math.ldexp(1.0, emin - p + 1):  # into the binade below
+            spacing /= 2
+            m = (1 << p) - 1
+    mid = (m + 0.5) * spacing  # exact in float64
+    up = m % 2 == 0  # the lower neighbour even: a tie goes down, so aim above M (and vice versa)
+    half32 = math.ldexp(1.0, max(math.frexp(mid)[1] - 1, -126) - 24)  # half a float32 ulp at M
+    delta = half32 * 2.0 ** -draw(pick((2, 6, 10)))
+    mp = mpmath.MPContext()
+    mp.prec = 200
+    target = mp.mpf(mid) + (delta if up else -delta)
+    y = target * n / (n - 1) if which == 0 else target * n
+    d = float(_g_inverse(_g_inverse(y, n, mp.mpf(eps_v), mp), n, mp.mpf(eps_v), mp))
+    d = d if (which == 0) == (sign > 0) else -d  # a_0 has d's sign, the others the opposite
+    a0, a1 = outlier_advantages(d, n, eps_v, mp)
+    got = abs(a0 if which == 0 else a1)
+    hit = (mid < got < mid + 2 * delta) if up else (mid - 2 * delta < got < mid)
+    at = draw(ints(0, n - 1))
+    rows = [(0.0,)] * n
+    rows[at] = (d,)
+    dtype = "float64" if "float64" in ctx.input_dtypes else ctx.input_dtypes[0]
+    rows = [tuple(float(x) for x in round_to(r, dtype)) for r in rows]
+    return Case(rewards=tuple(rows), dtype=dtype, group_size=n, eps=eps, out_dtype=out,
+                note=f"near_midpoint:{out}:{'above' if up else 'below'}:{mid.hex()}" + ("" if hit else ":missed"))

@@ -51,3 +51,20 @@ def test_controls_are_importable_by_name():
     for ctl in C.CONTROLS.values():
         fn = P.Subject(ctl.target).fn
         assert fn is ctl.fn and callable(fn.normalize_rewards) and callable(fn.whiten)
+
+
+@pytest.mark.parametrize("text", P.regressions.EXAMPLES["rounding"], ids=lambda t: P.regressions.load(t).out_dtype)
+def test_rounding_controls_fail_the_pinned_midpoints(text):
+    """The final cast, independent of generation: on each pinned advantage just off a
+    midpoint, rounding through float32 first is rejected, truncating bfloat16 is rejected
+    where it is written, and the base (one rounding, to odd through float32) conforms."""
+    case = P.regressions.load(text)
+    P.check_values(P.Subject(C.BASELINE.target), case)
+    with pytest.raises(P.ConformanceFailure, match="outside the error model"):
+        P.check_values(P.Subject(C.CONTROLS["double_rounding"].target), case)
+    trunc = P.Subject(C.CONTROLS["truncated_bfloat16"].target)
+    if case.out_dtype == "bfloat16":
+        with pytest.raises(P.ConformanceFailure, match="outside the error model"):
+            P.check_values(trunc, case)
+    else:
+        P.check_values(trunc, case)  # the flaw touches bfloat16 only
