@@ -342,7 +342,8 @@ class Subject:
                    for j, name in enumerate(names)}
         mask = torch.from_numpy(np.arange(VERL_TOKENS)[None, :] < lengths[:, None]).to(torch.int64).to(self.device)
         index = np.array([f"uid{int(g)}" for g in case.labels()], dtype=object)
-        weights = None if case.weights is None else {name: float(w) for name, w in zip(names, case.weights)}
+        # weight j names reward_j, also past the columns: a wrong count is a name mismatch, never dropped
+        weights = None if case.weights is None else {f"reward_{j}": float(w) for j, w in enumerate(case.weights)}
         return {"token_level_rewards": rewards, "response_mask": mask, "index": index, "weights": weights}
 
     def call_verl(self, case: Case):

@@ -137,6 +137,9 @@ def test_verl_arguments_are_verls_types():
     assert kw["weights"] == {"reward_0": 1.0, "reward_1": 0.5}
     scores = torch.stack([t.double().sum(1) for t in kw["token_level_rewards"].values()], 1)
     assert torch.equal(scores, torch.tensor(case.rewards, dtype=torch.float64))
+    three = Subject(ADAPTER, "verl").verl_arguments(Case(rewards=case.rewards, group_ids=case.group_ids,
+                                                           weights=(1.0, 0.5, 2.0)))
+    assert three["weights"] == {"reward_0": 1.0, "reward_1": 0.5, "reward_2": 2.0}  # not silently dropped
 
 
 def test_verl_per_sample_names_the_sample_and_token():
