@@ -43,7 +43,7 @@ from impl._normalize import overflow_possible, weight_plan
 _F64 = torch.float64
 _I64 = torch.int64
 
-MAX_GROUP = 1024
+MAX_GROUP = 512
 #: A unit's block sums are summed by one program: at most MAX_BLOCKS of them, of at
 #: most 8192 rows each (the largest unit: MAX_UNIT rows).
 MAX_BLOCKS = 1 << 13
@@ -133,11 +133,41 @@ def block_size(longest: int) -> int:
     MAX_BLOCKS blocks per unit. ``GDPO_FUSED_BLOCK`` overrides it (for the
     benchmarks' sweep and the tests; the results do not depend on it)."""
     want = os.environ.get("GDPO_FUSED_BLOCK", "")
-    block = int(want) if want.isdigit() and int(want) >= 1 else (1024 if longest <= (1 << 21) else 2048)
-    block = _pow2_at_least(block)
+    block = _pow2_at_least(int(want)) if want.isdigit() and int(want) >= 1 else 2048
     while -(-longest // block) > MAX_BLOCKS:
         block *= 2
     return block
+
+
+# Launch shapes. Chosen from the register use ptxas reports for sm_90 (no GPU needed;
+# tests/test_impl_fused_ptx.py keeps them free of spills): the pairwise trees spill at
+# 1024 rows per program whatever the warp count, not at 2048 with 8 warps (42 registers
+# for the block sums); Eq. 4/7 over 1024 rewards of a column per program took 250
+# registers, over 256 about 60. Groups wider than 512 rows spill at every shape tried,
+# so they take the plain path. Speed itself is for a GPU run to measure.
+
+#: Padded group width -> (rewards of a column per program, num_warps): each the
+#: spill-free shape with the fewest registers found by ptxas for sm_90 (56-106).
+_EQ47_SHAPES = {8: (256, 8), 16: (256, 8), 32: (256, 8), 64: (256, 16), 128: (128, 4), 256: (256, 2),
+                512: (512, 2)}
+
+
+def eq47_config(width: int) -> tuple[int, int, int]:
+    """(GP, BG, num_warps) of the Eq. 4/7 kernel for groups of up to ``width`` rows."""
+    gp = max(8, _pow2_at_least(width))  # few widths: one compiled kernel serves groups of 2..8, 9..16, ...
+    tile, warps = _EQ47_SHAPES[gp]
+    return gp, tile // gp, warps
+
+
+def block_warps(block: int) -> int:
+    """num_warps of the per-(unit, block) kernels."""
+    return 8 if block <= 2048 else 16
+
+
+def whole_config(longest: int) -> tuple[int, int]:
+    """(BLOCK, num_warps) of the one-program-per-unit kernel (units up to WHOLE_UNIT rows)."""
+    width = max(2048, _pow2_at_least(longest))
+    return width, 8 if width <= 2048 else 16
 
 
 def _pow2_at_least(n: int) -> int:
@@ -154,15 +184,14 @@ def _eq47_launch(r, source, groups: int, width: int, weights: list[float], eps: 
     n, k = r.shape
     device = r.device
     prm = seg_ops.constant((eps, *weights), _F64, device)
-    gp = max(8, _pow2_at_least(width))  # few widths: one compiled kernel serves groups of 2..8, 9..16, ...
-    bg = max(1, 1024 // gp)  # about 1024 rewards of a column per program
+    gp, bg, warps = eq47_config(width)
     programs = -(-groups // bg)
     c = torch.empty(n, dtype=_F64, device=device)
     nf = torch.empty(programs, dtype=_I64, device=device)
     K.eq47_kernel[(programs,)](r, source if source is not None else nf, prm, c, nf, groups, width, k,
                                seg_ops.min_scale_bits(eps), int(not eps >= 2.0 ** -52), GP=gp,
                                LOG_GP=gp.bit_length() - 1, BG=bg, GATHER=source is not None,
-                               INTERP=_STATE["interp"], **_OPTS)
+                               INTERP=_STATE["interp"], **_OPTS, num_warps=warps)
     stats["calls"] += 1
     return c, nf, programs
 
@@ -219,8 +248,8 @@ class Units:
         self.block = block_size(self.longest)
         self.blocks = -(-self.longest // self.block)
         self.nbp = max(256, _pow2_at_least(self.blocks))  # few compiled widths (the tree of 256 sums is cheap)
-        self.wide = {**_OPTS, "num_warps": 4 if self.block <= 1024 else 8}  # per (unit, block)
-        self.one = {**_OPTS, "num_warps": 4 if self.nbp <= 1024 else 8}  # per unit, over its blocks
+        self.wide = {**_OPTS, "num_warps": block_warps(self.block)}  # per (unit, block)
+        self.one = {**_OPTS, "num_warps": 8}  # per unit, over its block sums
 
 
 def whiten(v: torch.Tensor, sizes: list[int], eps: float, direct) -> torch.Tensor:
@@ -231,10 +260,10 @@ def whiten(v: torch.Tensor, sizes: list[int], eps: float, direct) -> torch.Tenso
     a = torch.empty(v.shape[0], dtype=direct or _F64, device=v.device)
     prm = seg_ops.constant((eps,), _F64, v.device)
     if u.longest <= WHOLE_UNIT and not os.environ.get("GDPO_FUSED_BLOCK"):
-        whole = max(256, _pow2_at_least(u.longest))  # few compiled widths
+        whole, warps = whole_config(u.longest)
         K.unit_whole_kernel[(len(sizes),)](v, u.starts_t, u.sizes_t, prm, a, seg_ops.min_scale_bits(eps),
                                            int(not eps >= 2.0 ** -52), BLOCK=whole, LOG_BLOCK=whole.bit_length() - 1,
-                                           INTERP=_STATE["interp"], **_OPTS, num_warps=4 if whole <= 2048 else 8)
+                                           INTERP=_STATE["interp"], **_OPTS, num_warps=warps)
         return a
     st = _unit_stats(u, eps)
     _apply(u, st, a)

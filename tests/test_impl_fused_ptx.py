@@ -105,3 +105,74 @@ def test_control_fp_fusion_on_contracts_multiply_adds():
     products apart: with it on, the Eq. 4/7 kernel's PTX holds fma instructions."""
     ops = _f64_ops(_ptx(*KERNELS[0], fusion=True))
     assert ops["fma.rn.f64"] > 0, dict(ops)
+
+
+def _resources(name: str, constexprs: dict, num_warps: int) -> dict:
+    """Registers and stack frame (spills) of one kernel compiled for sm_90, as cuobjdump
+    (shipped with Triton) reads them from the cubin."""
+    import os
+    import subprocess
+    import tempfile
+
+    fn = getattr(K, name)
+    sig = {a: ("constexpr" if a in constexprs else TYPES[a]) for a in fn.arg_names}
+    kern = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=constexprs), target=GPUTarget(*SM90),
+                          options={"enable_fp_fusion": False, "num_warps": num_warps})
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    if not os.path.exists(tool):
+        pytest.skip(f"triton {triton.__version__} ships no cuobjdump")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "k.cubin")
+        with open(path, "wb") as f:
+            f.write(kern.asm["cubin"])
+        out = subprocess.run([tool, "--dump-resource-usage", path], capture_output=True, text=True).stdout
+    found = re.search(r"REG:(\d+) STACK:(\d+)", out)
+    assert found, out[-500:]
+    return {"registers": int(found.group(1)), "stack": int(found.group(2))}
+
+
+def _launch_shapes():
+    """The launch shapes impl._fused uses, for group widths and unit sizes that cover its branches."""
+    from impl import _fused
+
+    shapes = []
+    for width in (2, 9, 17, 33, 65, 129, 257, _fused.MAX_GROUP):
+        gp, bg, warps = _fused.eq47_config(width)
+        for gather in (False, True):
+            shapes.append(("eq47_kernel", {"GP": gp, "LOG_GP": gp.bit_length() - 1, "BG": bg, "GATHER": gather,
+                                           "INTERP": False}, warps))
+    for longest in (100, 3000, _fused.WHOLE_UNIT):
+        width, warps = _fused.whole_config(longest)
+        shapes.append(("unit_whole_kernel", {"BLOCK": width, "LOG_BLOCK": width.bit_length() - 1, "INTERP": False},
+                       warps))
+    for longest in (1 << 20, 1 << 24, _fused.MAX_UNIT):
+        block = _fused.block_size(longest)
+        nbp = max(256, 1 << max(0, (-(-longest // block) - 1).bit_length()))
+        w = _fused.block_warps(block)
+        common = {"NBP": nbp, "BLOCK": block}
+        shapes += [("unit_minmax_kernel", common, w), ("unit_scale_kernel", common, 8),
+                   ("unit_apply_kernel", {"BLOCK": block, "INTERP": False}, w)]
+        for sq in (False, True):
+            shapes.append(("unit_sum_kernel", {**common, "LOG_BLOCK": block.bit_length() - 1, "SQUARES": sq}, w))
+            shapes.append(("unit_finish_kernel", {**common, "LOG_NBP": nbp.bit_length() - 1, "SQUARES": sq,
+                                                  "EPS_TINY": False, "INTERP": False}, 8))
+    shapes.append(("facts_kernel", {"CHUNK": 1024}, 4))
+    return shapes
+
+
+def test_launch_shapes_compile_without_register_spills(monkeypatch):
+    """Every launch shape the fused path uses fits in registers on sm_90 (a spill to local
+    memory would cost the bandwidth these kernels exist to save)."""
+    monkeypatch.delenv("GDPO_FUSED_BLOCK", raising=False)
+    spills = {}
+    for name, constexprs, warps in _launch_shapes():
+        res = _resources(name, constexprs, warps)
+        if res["stack"]:
+            spills[f"{name} {constexprs} warps {warps}"] = res
+    assert not spills, f"kernels that spill registers: {spills}"
+
+
+def test_control_an_oversized_shape_spills():
+    """The check above can fail: 8,192 float64 rows held by one warp (256 a thread) spill."""
+    res = _resources("unit_apply_kernel", {"BLOCK": 8192, "INTERP": False}, 1)
+    assert res["stack"] > 0, res
