@@ -197,7 +197,9 @@ _CONSTANTS: dict = {}
 def constant(values: tuple, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """A small constant tensor on ``device``, made once (never modify it in place):
     the per-call host-to-device copies of counts and weights cost a kernel each."""
-    key = (values, dtype, str(device))
+    # floats keyed with their sign: 0.0 == -0.0 (and hash alike), but a weight of -0.0
+    # gives products of the opposite sign, so the two must not share a tensor
+    key = (tuple((v, math.copysign(1.0, v)) if isinstance(v, float) else v for v in values), dtype, str(device))
     t = _CONSTANTS.get(key)
     if t is None:
         if len(_CONSTANTS) > 256:

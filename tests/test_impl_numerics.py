@@ -540,3 +540,15 @@ def test_tree_sum_is_the_canonical_tree_with_and_without_scratch(m):
         src = x * x if squares else x
         ref = [_tree_reference(src[a, :, b].tolist()) for a in range(3) for b in range(5)]
         assert _bits(plain.reshape(-1)) == [float(v).hex() for v in ref]
+
+
+def test_cached_constants_keep_the_sign_of_zero():
+    """impl keeps small constants (weights, counts) on the device, keyed by value; 0.0 and
+    -0.0 compare equal, yet a weight of -0.0 flips the sign of zero products, so a call with
+    weights (1, -0.0) must not reuse the tensor of an earlier call with (1, 0.0)."""
+    from impl import _segments
+
+    plus = _segments.constant((1.0, 0.0), torch.float64, torch.device("cpu"))
+    minus = _segments.constant((1.0, -0.0), torch.float64, torch.device("cpu"))
+    assert math.copysign(1.0, float(plus[1])) == 1.0
+    assert math.copysign(1.0, float(minus[1])) == -1.0
