@@ -33,6 +33,13 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         # n_g = 2: [0, 1] and [0, 1000] standardize alike up to eps (known limit)
         '{"rewards":[["0x0.0p+0"],["0x1.0000000000000p+0"],["0x0.0p+0"],["0x1.f400000000000p+9"]],"dtype":"float32","out_dtype":"float64","group_size":2}',
     ),
+    "testfloat": (
+        # found by the deep profile (oracle, fixed with this entry): a collapsed column weighted 2^1022 beside
+        # live copies weighted 2^-126 and -(2^-126 - 2^-179); the oracle evaluated Eq. 7's bound in the largest
+        # weight's frame, where the live products underflowed: the bound of c became 0 and a correct a was failed
+        # by 8e14 times its allowance (spec/error_model.py combine_stage_framed: a frame per sample)
+        '{"rewards":[["0x0.0p+0","0x1.0000000000000p-148","0x1.0000000000000p-148"],["0x0.0p+0","0x1.0000000000000p-149","0x1.0000000000000p-149"]],"dtype":"float32","out_dtype":"float64","group_size":2,"weights":["0x1.0000000000000p+1022","0x1.0000000000000p-126","-0x1.fffffffffffffp-127"]}',
+    ),
     "rounding": (
         # an advantage 2^-26 of a float16 ulp above the midpoint between 0.5 and 0.5 + 2^-11: float32 rounds
         # it onto the midpoint and float16 then ties to even, 0.5 (torch's float64 cast does both): half an

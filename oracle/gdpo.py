@@ -335,13 +335,13 @@ def whiten_units(values, unit_ids=None, eps=None, convention="spec", token_count
     eps_w = Fraction(conv.whiten_eps if eps is None else float(eps))
     forms = [ex.Form(Fraction(x)) for x in v.tolist()]
     classes = ex.SqrtClasses()
-    vexp = math.frexp(float(np.max(np.abs(v))))[1]
     uidx = _index(unit_ids)[1]
     # the inputs are exact: only the algorithm's rounding (model) and one ulp (cond) move them
-    cond = np.maximum(np.spacing(np.abs(np.ldexp(v, -vexp))), np.ldexp(5e-324, -vexp))
+    cond = np.maximum(np.spacing(np.abs(v)), 5e-324)  # absolute (frame 0); spacing(DBL_MAX) is finite
+    zeros = np.zeros(n, dtype=np.int64)
     # equal input floats are equal bit for bit, so every collapse of given values is structural
-    ar, azero, acond, adelta, _, areq = _whiten(forms, np.zeros(n, bool), np.ldexp(v, -vexp), cond, np.zeros(n),
-                                                uidx, t, conv, eps_w, classes, vexp, np.ones(n, bool))
+    ar, azero, acond, adelta, _, areq = _whiten(forms, np.zeros(n, bool), v, cond, zeros, np.zeros(n), zeros,
+                                                uidx, t, conv, eps_w, classes, np.ones(n, bool))
     return _stage(ar, azero, acond, adelta, required_zero=areq)
 
 
@@ -390,35 +390,36 @@ def advantages(rewards, group_ids, weights=None, unit_ids=None, eps=None, conven
     cancelled = np.zeros(G, bool)
     zreq = np.zeros((N, K), bool)
     creq = np.zeros(N, bool)
-    # the weights' frame: c * 2^-wexp stays O(1) for huge weights; clamped so that eps
-    # measured in it (eps * 2^-wexp) stays finite for tiny ones
-    wexp = max(math.frexp(float(np.max(np.abs(w))))[1], -900)
-    ws = np.ldexp(w, -wexp)
-    dws = np.spacing(np.abs(ws))  # one ulp of each weight, measured in the frame (exact scaling)
+    # c's sensitivities are kept per sample in a frame of their own (Δc_j = cdelta_j 2^cframe_j,
+    # spec.error_model.combine_stage_framed): one frame for the batch, the largest weight's,
+    # flushed the bound of a sample whose live weights are 2^1074 below it to zero
+    cframe = np.zeros(N, dtype=np.int64); ccframe = np.zeros(N, dtype=np.int64)
+    mw, xw = np.frexp(np.abs(w))  # one ulp of each weight, absolute (np.spacing(DBL_MAX) is inf)
+    dws = np.maximum(np.ldexp(np.spacing(mw), xw), 5e-324)
     members = _members(gidx, G)
     for g in range(G):
         idx = members[g]
         cols = [_column(r[idx, k], conv, eps_g, classes, gl[g], k) for k in range(K)]
         collapsed[g] = [c.nan is False and c.collapsed for c in cols]
-        _group_numbers(idx, cols, r, wq, ws, dws, wexp, conv, eps_g, classes,
-                       zr, zzero, zcond, zdelta, cr, czero, ccond, cdelta, cforms, cnan)
+        _group_numbers(idx, cols, r, wq, w, dws, conv, eps_g, classes,
+                       zr, zzero, zcond, zdelta, cr, czero, ccond, cdelta, cframe, ccframe, cforms, cnan)
         cancelled[g] = bool(np.all(czero[idx]))
         zreq[idx] = collapsed[g]
         creq[idx] = _structural_zero(cols, wq, cancelled[g])
 
     zstage = _stage(zr, zzero, zcond, zdelta, required_zero=zreq)
-    # ccond/cdelta hold c's sensitivities in the weights' frame (c * 2^-wexp) so they cannot overflow
+    # ccond/cdelta hold c's sensitivities in per-sample frames (2^ccframe, 2^cframe) so they cannot overflow
     with np.errstate(over="ignore"):
-        ccond_abs = np.ldexp(ccond, wexp)
-    cstage = _stage(cr, czero, ccond_abs, cdelta, frame=wexp, required_zero=creq)
+        ccond_abs = np.ldexp(ccond, ccframe)
+    cstage = _stage(cr, czero, ccond_abs, cdelta, frame=cframe, required_zero=creq)
     ul, uidx = _index(uid)
     if _stages_only:
         a = cstage
         ucoll = np.zeros(ul.size, bool)
     else:
         ar, azero, acond, adelta, ucoll, areq = _whiten(
-            cforms, cnan, _scaled_values(cforms, cnan, cr["float64"], wexp, classes), ccond, cdelta,
-            uidx, t, conv, eps_w, classes, wexp, creq, labels=ul)
+            cforms, cnan, cr["float64"], ccond, ccframe, cdelta, cframe,
+            uidx, t, conv, eps_w, classes, creq, labels=ul)
         a = _stage(ar, azero, acond, adelta, required_zero=areq)
     return Result(a.float64, a.float32, a.exact_zero, a.cond, a.delta, a.frame, a.required_zero,
                   float16=a.float16, bfloat16=a.bfloat16, z=zstage, combined=cstage,
@@ -432,6 +433,26 @@ def _scaled_values(forms, nan, values: np.ndarray, e: int, classes) -> np.ndarra
     for j in np.flatnonzero(~np.isfinite(out) & ~nan):
         out[j] = ex.round_mpf(ex.iv_form(forms[j].scaled(_pow2(-e)), classes, 80)[0], "float64")
     return out
+
+
+def _unit_frame(forms, nan, values: np.ndarray, dframe: np.ndarray, delta: np.ndarray, classes) -> int:
+    """The power-of-two frame of one unit's Eq. 6 error model: its largest |c| (from the
+    exact form where the float64 overflowed) brought to [1/2, 1), or, for a unit of exact
+    zeros, its largest Δc's frame; clamped below so that eps measured in it stays finite."""
+    e = None
+    for j in np.flatnonzero(~nan):
+        x = values[j]
+        if x == 0.0:
+            continue
+        if math.isfinite(x):
+            ej = math.frexp(x)[1]
+        else:
+            ej = max(int(exp) + int(bc) for _, man, exp, bc in ex.iv_form(forms[j], classes, 80) if man)
+        e = ej if e is None else max(e, ej)
+    if e is None:
+        live = ~nan & (delta != 0.0)
+        e = int(dframe[live].max()) if live.any() else 0
+    return max(e, -900)
 
 
 def _members(index: np.ndarray, count: int) -> list[np.ndarray]:
@@ -451,8 +472,8 @@ def _frame(col: _Column, vals: np.ndarray) -> int:
     return min(max(e, -900), 1000)
 
 
-def _group_numbers(idx, cols, r, wq, ws, dws, wexp, conv, eps_g, classes,
-                   zr, zzero, zcond, zdelta, cr, czero, ccond, cdelta, cforms, cnan):
+def _group_numbers(idx, cols, r, wq, w, dws, conv, eps_g, classes,
+                   zr, zzero, zcond, zdelta, cr, czero, ccond, cdelta, cframe, ccframe, cforms, cnan):
     n = idx.size
     z64 = zr["float64"]
     K = len(cols)
@@ -550,8 +571,8 @@ def _group_numbers(idx, cols, r, wq, ws, dws, wexp, conv, eps_g, classes,
                                          rounding=False)
     zdelta[idx] = dz_model
     zcond[idx] = dz_cond
-    cdelta[idx] = em.combine_stage(dz_model, zs, ws, tau=math.ldexp(em.TAU, -wexp))
-    ccond[idx] = em.combine_stage(dz_cond, zs, ws, d_weights=dws, rounding=False)
+    cdelta[idx], cframe[idx] = em.combine_stage_framed(dz_model, zs, w)
+    ccond[idx], ccframe[idx] = em.combine_stage_framed(dz_cond, zs, w, d_weights=dws, rounding=False)
 
 
 def _put(arrays: dict, at, values) -> None:
@@ -600,9 +621,12 @@ def _scaled_denominator(col: _Column, conv: Convention, eps: Fraction, e: int, s
 # ----------------------------------------------------------------------- Eq. 6
 
 
-def _whiten(forms, nan, cs, dcond_s, dmodel_s, uidx, t, conv, eps_w, classes, frame, creq, labels=None):
-    """Eq. 6 per unit. ``cs``/``d*_s`` are c and its deltas scaled by 2^-frame, a
-    frame where nothing overflows (a is dimensionless, eps scales with the frame)."""
+def _whiten(forms, nan, c64, dcond, cond_frame, dmodel, model_frame, uidx, t, conv, eps_w, classes, creq,
+            labels=None):
+    """Eq. 6 per unit. ``c64`` is c (float64, inf where it overflowed), its condition and
+    model deltas are ``dcond * 2^cond_frame`` and ``dmodel * 2^model_frame`` per sample.
+    Each unit's error model is evaluated in a frame of its own (:func:`_unit_frame`),
+    where nothing overflows (a is dimensionless, eps scales with the frame)."""
     N = len(forms)
     ar = _rounded_arrays(N); azero = np.zeros(N, bool)
     acond = np.zeros(N); adelta = np.zeros(N)
@@ -610,7 +634,7 @@ def _whiten(forms, nan, cs, dcond_s, dmodel_s, uidx, t, conv, eps_w, classes, fr
     ucoll = np.zeros(S, bool)
     areq = np.zeros(N, bool)
     members = _members(uidx, S)
-    frame_q = _pow2(-frame)
+    cs = np.zeros(N); dcond_s = np.zeros(N); dmodel_s = np.zeros(N)  # each unit in its own frame
     for s in range(S):
         idx = members[s]
         label = labels[s] if labels is not None else s
@@ -618,9 +642,16 @@ def _whiten(forms, nan, cs, dcond_s, dmodel_s, uidx, t, conv, eps_w, classes, fr
             ok = idx[~nan[idx]]
             _pass_through(forms, ok, classes, ar, azero)
             _put(ar, idx[nan[idx]], np.nan)
-            acond[idx] = np.ldexp(dcond_s[idx], frame)
-            adelta[idx] = np.ldexp(dmodel_s[idx], frame)
+            with np.errstate(over="ignore"):
+                acond[idx] = np.ldexp(dcond[idx], cond_frame[idx])
+                adelta[idx] = np.ldexp(dmodel[idx], model_frame[idx])
             continue
+        frame = _unit_frame([forms[j] for j in idx], nan[idx], c64[idx], model_frame[idx], dmodel[idx], classes)
+        frame_q = _pow2(-frame)
+        cs[idx] = _scaled_values([forms[j] for j in idx], nan[idx], c64[idx], frame, classes)
+        with np.errstate(over="ignore"):  # a delta 2^1024 above the unit's largest c: no bound (inf)
+            dcond_s[idx] = np.ldexp(dcond[idx], np.clip(cond_frame[idx] - frame, -2200, 2200).astype(np.int32))
+            dmodel_s[idx] = np.ldexp(dmodel[idx], np.clip(model_frame[idx] - frame, -2200, 2200).astype(np.int32))
         if nan[idx].any():  # convention nan="propagate": the unit's statistics are NaN
             _put(ar, idx, np.nan)
             acond[idx] = adelta[idx] = np.nan
@@ -646,7 +677,9 @@ def _whiten(forms, nan, cs, dcond_s, dmodel_s, uidx, t, conv, eps_w, classes, fr
         if coll:
             if conv.whiten_eps_placement == "skip_if_zero":  # the step is skipped: a = c
                 _pass_through(forms, idx, classes, ar, azero)
-                acond[idx], adelta[idx] = np.ldexp(dcond_s[idx], frame), np.ldexp(dmodel_s[idx], frame)
+                with np.errstate(over="ignore"):
+                    acond[idx] = np.ldexp(dcond[idx], cond_frame[idx])
+                    adelta[idx] = np.ldexp(dmodel[idx], model_frame[idx])
                 continue
             azero[idx] = True
             areq[idx] = creq[idx].all()  # equal bit for bit only when every c is a structural zero

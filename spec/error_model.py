@@ -220,6 +220,49 @@ def combine_stage(dz, z, weights, d_weights=None, rounding=True, tau=TAU):
     return dc
 
 
+def combine_stage_framed(dz, z, weights, d_weights=None, rounding=True):
+    """:func:`combine_stage` for weights of any magnitude, each row in its own frame.
+
+    Returns ``(dc, frame)``: Δc_j (units of u) = dc_j * 2**frame_j, frame_j the
+    exponent of the largest term of row j (weights, z, Δz and the weights' ulps
+    ``d_weights`` taken as given, absolute). Every product is formed from its
+    factors' significands and exponents, so nothing overflows, and a term underflows
+    only when it is below 2^-1074 of the row's largest. One frame shared by the whole
+    batch (the largest weight's) flushes a row whose only live columns carry weights
+    2^1074 below it to Δc = 0: a bound that no longer depends on that row at all.
+    """
+    w = np.abs(np.asarray(weights, dtype=np.float64))
+    az = np.abs(np.asarray(z, dtype=np.float64))
+    dz = np.asarray(dz, dtype=np.float64)
+    K = w.shape[0]
+    mw, xw = np.frexp(w)
+    terms = [(np.frexp(dz), (mw, xw), 1.0)]  # Σ_k |w_k| Δz_jk
+    if d_weights is not None:
+        terms.append((np.frexp(az), np.frexp(np.asarray(d_weights, dtype=np.float64)), 1.0))
+    if rounding:
+        terms.append((np.frexp(az), (mw, xw), float(K + 1)))  # (K + 1) Σ_k |w_k z_jk|
+    neg = np.iinfo(np.int64).min // 4
+    top = np.full(az.shape[0], neg, dtype=np.int64)
+    for (ma, xa), (mb, xb), _ in terms:
+        live = (ma != 0) & (mb[None, :] != 0)
+        e = np.where(live, xa.astype(np.int64) + xb[None, :].astype(np.int64), neg)
+        top = np.maximum(top, e.max(axis=1, initial=neg))
+    tau_e = math.frexp(TAU)[1]
+    if rounding:
+        top = np.maximum(top, tau_e)  # the underflow term (K + 1) τ is always there
+    frame = np.where(top == neg, 0, top)
+    dc = np.zeros(az.shape[0])
+    with np.errstate(over="ignore", invalid="ignore"):
+        for (ma, xa), (mb, xb), factor in terms:
+            prod = ma * mb[None, :]  # in [1/4, 1): exact scaling below
+            sh = (xa.astype(np.int64) + xb[None, :].astype(np.int64) - frame[:, None])
+            sh = np.clip(sh, -2200, 64)  # below -1100 the term is 0 whatever the significand
+            dc = dc + factor * np.sum(np.ldexp(prod, sh.astype(np.int32)), axis=1)
+        if rounding:
+            dc = dc + (K + 1) * np.ldexp(0.5, (tau_e - frame).clip(-2200, 64).astype(np.int32))
+    return dc, frame.astype(np.int64)
+
+
 def whiten_stage(dc, c, mean, a, sigma, denom, ddof, t=None, collapsed=False, rounding=True):
     """Δa for one unit: arrays over its samples (exact values as float64)."""
     dc = np.asarray(dc, dtype=np.float64)

@@ -1,0 +1,67 @@
+"""Findings of the conformance suite's deep profile (GDPO_HYPOTHESIS_PROFILE=deep), pinned.
+
+Each test states the property the finding violated, on the smallest input that shows it;
+the conformance replay of the same input lives in conformance/regressions.py.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from conformance import regressions
+from conformance.plugins import Subject
+from conformance import properties as P
+from oracle import gdpo
+from spec import error_model as em
+
+ALMOST = -float.fromhex("0x1.fffffffffffffp-127")  # -(2^-126 - 2^-179)
+
+
+def _copies(tiny: bool) -> np.ndarray:
+    """Column 0 constant (collapsed), columns 1 and 2 copies of one another."""
+    a, b = (2.0 ** -148, 2.0 ** -149) if tiny else (1.0, 0.0)
+    return np.array([[0.0, a, a], [0.0, b, b]])
+
+
+@pytest.mark.parametrize("tiny", [True, False])
+@pytest.mark.parametrize("w0", [2.0 ** 1022, 2.0 ** 600, 2.0, 2.0 ** -1000])
+def test_bound_does_not_depend_on_the_weight_of_a_collapsed_column(w0, tiny):
+    """The collapsed column contributes nothing to c, to its error or to a: the error model's
+    bound must be the same whatever its weight. The oracle evaluated Eq. 7's bound in one
+    frame for the batch, the largest weight's, where products 2^1074 below it underflowed
+    and a sample's Δc became 0 (deep profile, testfloat property)."""
+    r = _copies(tiny)
+    w = [w0, 2.0 ** -126, ALMOST] if tiny else [w0, 1.0, -float.fromhex("0x1.fffffffffffffp-1")]
+    ref = gdpo.advantages(r, [0, 0], weights=[0.0] + w[1:])
+    res = gdpo.advantages(r, [0, 0], weights=w)
+    assert np.array_equal(res.float64, ref.float64)
+    assert np.all(res.combined.delta > 0)
+    assert np.array_equal(res.combined.allowed("float64"), ref.combined.allowed("float64"))
+    assert np.array_equal(res.allowed("float64"), ref.allowed("float64"))
+
+
+def test_framed_combine_matches_combine_stage_where_nothing_underflows():
+    rng = np.random.default_rng(0)
+    dz, z = rng.uniform(0, 10, (7, 3)), rng.normal(size=(7, 3))
+    w, dw = np.array([0.5, -3.0, 1e-3]), np.array([1e-16, 4e-16, 2e-19])
+    for d_weights, rounding in ((None, True), (dw, False), (dw, True)):
+        plain = em.combine_stage(dz, z, w, d_weights=d_weights, rounding=rounding)
+        dc, frame = em.combine_stage_framed(dz, z, w, d_weights=d_weights, rounding=rounding)
+        np.testing.assert_allclose(np.ldexp(dc, frame), plain, rtol=1e-14, atol=0)
+
+
+def test_framed_combine_keeps_every_row_whatever_the_weights():
+    """Weights 2^1023 and 2^-1074 together: no row's bound is 0, inf or NaN."""
+    z = np.array([[0.0, 0.7], [0.0, -0.7], [1e-300, 0.0]])
+    dz = np.array([[0.0, 5.0], [0.0, 5.0], [3.0, 0.0]])
+    dc, frame = em.combine_stage_framed(dz, z, [math.ldexp(1.0, 1023), 5e-324])
+    assert np.all(np.isfinite(dc)) and np.all(dc > 0)
+    assert frame[0] < -1000 < frame[2]  # rows 0, 1 carry only the tiny weight's terms
+
+
+def test_pinned_case_conforms():
+    case = regressions.load(regressions.EXAMPLES["testfloat"][0])
+    P.check_values(Subject("impl.gdpo:gdpo_advantages", "gdpo", "spec"), case)
