@@ -183,37 +183,47 @@ class Expected:
 
 
 @functools.lru_cache(maxsize=4096)
-def _oracle_cached(key, rewards_b, shape, groups_b, weights, units_b, eps, convention):
+def _oracle_cached(key, rewards_b, shape, groups_b, weights, units_b, eps, convention, tokens_b=None):
     rewards = np.frombuffer(rewards_b, dtype=np.float64).reshape(shape)
     groups = np.frombuffer(groups_b, dtype=np.int64)
     units = None if units_b is None else np.frombuffer(units_b, dtype=np.int64)
+    tokens = None if tokens_b is None else np.frombuffer(tokens_b, dtype=np.int64)
     try:
         return Expected(result=oracle.advantages(rewards, groups, weights=None if weights is None else
                                                  list(weights), unit_ids=units, eps=eps,
-                                                 convention=convention))
+                                                 convention=convention, token_counts=tokens))
     except GDPOError as e:
         return Expected(error=e)
 
 
-def oracle_advantages(rewards: np.ndarray, groups: np.ndarray, weights, units, eps, convention) -> Expected:
+def oracle_advantages(rewards: np.ndarray, groups: np.ndarray, weights, units, eps, convention,
+                      token_counts=None) -> Expected:
     rewards = np.ascontiguousarray(rewards, dtype=np.float64)
     groups = np.ascontiguousarray(groups, dtype=np.int64)
     ub = None if units is None else np.ascontiguousarray(units, dtype=np.int64).tobytes()
+    tb = None if token_counts is None else np.ascontiguousarray(token_counts, dtype=np.int64).tobytes()
     w = None if weights is None else tuple(float(x) for x in weights)
     return _oracle_cached("adv", rewards.tobytes(), rewards.shape, groups.tobytes(), w, ub,
-                          None if eps is None else float(eps), convention)
+                          None if eps is None else float(eps), convention, tb)
 
 
-def expected(case, convention: str = "spec") -> Expected:
-    """The oracle's verdict on a Case (one process) or a DistCase (global batch)."""
+def expected(case, convention: str = "spec", token_counts=None) -> Expected:
+    """The oracle's verdict on a Case (one process) or a DistCase (global batch).
+
+    ``token_counts`` (one positive int per sample, a Case only) weights Eq. 6 by each
+    sample's token count: a per-token convention (verl) needs them, a per-sample one
+    refuses them (the oracle's ShapeError); the caller passes what its call shape
+    gave the implementation (``plugins.Subject.token_counts``)."""
     if isinstance(case, DistCase):
+        if token_counts is not None:
+            raise ValueError("token counts of a distributed case: no call shape passes them")
         r, g, u, _ = case.global_case()
         first = case.shards[0]
         if r.shape[0] == 0:
             return Expected(result=None)
         return oracle_advantages(r, g, first.weights, u, first.eps, convention)
     return oracle_advantages(case.rewards_array(), case.labels(), case.weights, case.unit_ids(),
-                             case.eps, convention)
+                             case.eps, convention, token_counts)
 
 
 @functools.lru_cache(maxsize=1024)

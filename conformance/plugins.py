@@ -62,11 +62,25 @@ Call shapes
   token; anything else raises :class:`CallShapeViolation` naming the sample and token.
   The per-sample values are then graded like any other shape (float32 output). What
   it cannot express (units, eps, stages, several ranks, input dtypes other than
-  float32) is skipped with that reason, and so are the error-contract cases, whose
-  table (``properties.ERROR_CASES``, field ``shapes``) lists no verl case yet. A
-  per-token convention (``--convention verl``, whose Eq. 6 weights each sample by its
-  token count) is not graded on values yet: the properties' oracle verdict
-  (``conformance.cases.expected``) takes no token counts.
+  float32) is skipped with that reason.
+
+  Under a per-token convention (``--convention verl``, whose Eq. 6 weights each sample
+  by its token count, as verl's ``masked_whiten`` does) the oracle is given the response
+  lengths of the call (:meth:`Subject.token_counts`), so values are graded under that
+  convention; the gdpo and trl shapes pass no token counts and skip such values. Cases
+  whose allowance the oracle's model gets wrong under such a convention
+  (``properties.CONVENTION_LIMITS``) are discarded, not judged.
+
+  Error contract (``properties.ERROR_CASES`` whose ``shapes`` name ``verl``): a
+  non-finite reward sits on one response token (the first or the last) of its
+  sample; a group of one is a ``uid`` of one sample; ``group_size`` 1 is every sample
+  its own ``uid``; labels of the wrong length an ``index`` of B - 1 or B + 1 labels;
+  bad weights a ``weights`` dict holding them (a wrong count: ``reward_j`` names past
+  the reward keys); integer, bool or complex rewards token rewards of that dtype; an
+  empty batch (B, T) = (0, T) tensors; a 3-D rewards tensor token rewards of shape
+  (B, T, 1). Not expressible: a group size not dividing N (``index`` labels accept any
+  grouping), float labels (any hashable is a label), two or no group arguments (one
+  ``index``), and the eps, unit and output dtype arguments verl does not have.
 """
 
 from __future__ import annotations
@@ -103,6 +117,8 @@ CANNOT_EXPRESS = {
 
 #: T of the verl shape: responses have 1 to VERL_TOKENS tokens (right padding after them).
 VERL_TOKENS = 6
+#: Malformed calls (Case.variant) the verl shape expresses (see the module docstring).
+VERL_VARIANTS = ("", "empty", "rewards_3d")
 
 TORCH_DTYPES = {"float64": torch.float64, "float32": torch.float32, "float16": torch.float16,
                 "bfloat16": torch.bfloat16, "int64": torch.int64, "int32": torch.int32, "bool": torch.bool,
@@ -146,10 +162,11 @@ def verl_lengths(n: int, tokens: int = VERL_TOKENS) -> np.ndarray:
 
 def verl_token_rewards(rewards: np.ndarray, lengths: np.ndarray, dtype: str, tokens: int = VERL_TOKENS) -> np.ndarray:
     """(N, K) rewards -> (N, T, K) token rewards whose sum over the response tokens is
-    each reward exactly: on the last response token, or split in two exact halves
-    (first and last token) where (i + k) is odd, the response has two tokens or more,
-    and the half is a value of ``dtype``. Padding tokens hold 0."""
-    from conformance.strategies import round_to
+    each reward exactly: on the last response token, or, where (i + k) is odd and the
+    response has two tokens or more, split in two exact halves (first and last token)
+    when the half is a value of the float ``dtype``, and whole on the first token when
+    the reward is not finite (NaN + 0 is NaN, inf + 0 inf). Padding tokens hold 0."""
+    from conformance.strategies import DTYPES, round_to
 
     n, k = rewards.shape
     out = np.zeros((n, tokens, k), dtype=np.float64)
@@ -158,7 +175,10 @@ def verl_token_rewards(rewards: np.ndarray, lengths: np.ndarray, dtype: str, tok
         for j in range(k):
             r = float(rewards[i, j])
             half = r / 2.0
-            if last >= 1 and (i + j) % 2 == 1 and math.isfinite(r) and float(round_to([half], dtype)[0]) == half:
+            odd = last >= 1 and (i + j) % 2 == 1
+            if odd and not math.isfinite(r):
+                out[i, 0, j] = r
+            elif odd and dtype in DTYPES and float(round_to([half], dtype)[0]) == half:
                 out[i, 0, j] = half
                 out[i, last, j] = half
             else:
@@ -256,10 +276,7 @@ class Subject:
         if "spec_convention" in needs and self.convention != "spec":
             return (f"the error contract and the distributed protocol are convention 'spec''s; "
                     f"--convention {self.convention} grades values only")
-        if conv.whiten == "per_token" and "values" in needs:
-            if self.shape == "verl":
-                return (f"convention {conv.name!r} whitens per token: call shape 'verl' passes the token counts, "
-                        f"but the properties' oracle verdict (conformance.cases.expected) takes none yet")
+        if conv.whiten == "per_token" and "values" in needs and self.shape != "verl":
             return f"convention {conv.name!r} whitens per token; call shape {self.shape!r} passes no token counts"
         if conv.group_eps != conv.whiten_eps and "eps" in needs:
             return f"convention {conv.name!r} has two eps; the eps argument sets one"
@@ -269,6 +286,14 @@ class Subject:
         if "stages" in needs and (self.stage("normalize_rewards") is None or self.stage("whiten") is None):
             return f"{self.target} has no normalize_rewards/whiten beside it"
         return None
+
+    def token_counts(self, case: Case) -> np.ndarray | None:
+        """Each sample's token count, for the oracle of a per-token convention (verl's
+        token-weighted Eq. 6): the response lengths the verl shape passes for this case;
+        None where the convention whitens per sample (or the case has no rows)."""
+        if get_convention(self.convention).whiten != "per_token" or self.shape != "verl" or not case.rewards:
+            return None
+        return verl_lengths(case.n)
 
     # ---------------------------------------------------------------- calling
     def tensor(self, case: Case) -> torch.Tensor:
@@ -330,18 +355,26 @@ class Subject:
 
     def verl_arguments(self, case: Case) -> dict:
         """The verl-shape keyword arguments of a case (see the module docstring)."""
-        if case.variant or not case.rewards:
+        if case.variant not in VERL_VARIANTS or not case.rewards:
             raise ValueError(f"call shape 'verl' cannot express a malformed call ({case.variant or 'no rows'}): "
                              f"a suite bug, such cases are skipped for it")
         r = case.rewards_array()
-        lengths = verl_lengths(case.n)
+        if case.variant == "empty":
+            r = np.zeros((0, case.k))
+        lengths = verl_lengths(r.shape[0])
         tok = verl_token_rewards(r, lengths, case.dtype)
         dt = TORCH_DTYPES[case.dtype]
         names = [f"reward_{j}" for j in range(case.k)]
-        rewards = {name: torch.from_numpy(np.ascontiguousarray(tok[:, :, j])).to(dt).to(self.device)
-                   for j, name in enumerate(names)}
+        rewards = {}
+        for j, name in enumerate(names):
+            t = torch.from_numpy(np.ascontiguousarray(tok[:, :, j]))
+            t = (t != 0) if dt == torch.bool else t.to(dt)
+            if case.variant == "rewards_3d":
+                t = t.unsqueeze(-1)  # (B, T, 1): not the shape of response_mask
+            rewards[name] = t.to(self.device)
         mask = torch.from_numpy(np.arange(VERL_TOKENS)[None, :] < lengths[:, None]).to(torch.int64).to(self.device)
-        index = np.array([f"uid{int(g)}" for g in case.labels()], dtype=object)
+        labels = case.labels() if case.variant != "empty" else np.zeros(0, np.int64)
+        index = np.array([f"uid{int(g)}" for g in labels], dtype=object)
         # weight j names reward_j, also past the columns: a wrong count is a name mismatch, never dropped
         weights = None if case.weights is None else {f"reward_{j}": float(w) for j, w in enumerate(case.weights)}
         return {"token_level_rewards": rewards, "response_mask": mask, "index": index, "weights": weights}
@@ -350,12 +383,14 @@ class Subject:
         """Call a verl-shaped implementation; its (B, T) result back as the (B,) per-sample
         advantages, or :class:`CallShapeViolation` where it is not one value per sample on
         the response tokens and 0 on padding."""
-        out = self.fn(**self.verl_arguments(case))
+        kw = self.verl_arguments(case)
+        lengths = verl_lengths(kw["response_mask"].shape[0])  # before the call: the mask is the callee's
+        out = self.fn(**kw)
         if isinstance(out, (tuple, list)) and out and isinstance(out[0], torch.Tensor):
             out = out[0]  # verl's estimators return (advantages, returns)
         if not isinstance(out, torch.Tensor):
             return out  # graded as "returned <type>, not a tensor"
-        return verl_per_sample(out, verl_lengths(case.n))
+        return verl_per_sample(out, lengths)
 
     def call_normalize(self, case: Case):
         kw = self.kwargs(case)

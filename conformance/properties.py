@@ -28,6 +28,7 @@ import dataclasses
 import math
 import re
 import time
+from fractions import Fraction
 from typing import Callable
 
 import numpy as np
@@ -134,20 +135,104 @@ ORACLE_LIMITS = (
 )
 
 
-def oracle_verdict(case, convention: str):
-    """The oracle's Expected, or reject() for a known oracle limit (anything else fails loudly)."""
+class _EpsFrame(Exception):
+    """The case meets the condition of :func:`eq6_eps_misscaled`."""
+
+
+#: How far the oracle's Eq. 6 denominator may exceed the error model's before a case is
+#: not judged: Δa scales with 1/denominator, so below this the allowance shrinks by less
+#: than 0.1%, well inside the model's SAFETY factor of 2.
+EPS_FRAME_SLACK = 2.0 ** -10
+
+
+def eq6_eps_misscaled(case: Case, res, token_counts=None) -> bool:
+    """A unit whose Eq. 6 allowance the oracle makes tighter than the error model: a
+    convention adding eps to the variance (placement "var", verl), in a unit whose model
+    frame exponent f is positive.
+
+    The oracle evaluates each unit's Eq. 6 error model in a frame of its own (c * 2^-f, f the
+    exponent of the unit's largest |c|, or of its largest Δc where every c is 0;
+    oracle/gdpo.py ``_unit_frame``) and scales eps into it by 2^-f (``_whiten``: ``eps_w *
+    frame_q``): right for eps added to the std, but eps added to the variance scales by
+    2^-2f. Its denominator is sqrt(var + eps 2^f) where the model's is sqrt(var + eps), so
+    for f > 0 the allowance is too tight wherever eps is not negligible beside the unit's
+    variance. In a unit of groups of two or more (each group's c sum to 0, so var >=
+    max|c|^2 / (2 (T - 1))) that happens only where every c is exactly 0 without being a
+    structural zero (e.g. two cancelling column pairs of weights w, -w): such cases are not
+    judged. (For f < 0 the allowance is looser than the model's: judged.)"""
+    conv = res.convention
+    if conv is None or conv.whiten == "none" or conv.whiten_eps_placement != "var":
+        return False
+    eps = Fraction(conv.whiten_eps if case.eps is None else float(case.eps))
+    stage = res.combined
+    c = stage.float64
+    frames = np.broadcast_to(np.asarray(stage.frame), c.shape)
+    t = np.ones(case.n) if token_counts is None else np.asarray(token_counts, dtype=np.float64)
+    units = case.unit_ids()
+    units = np.zeros(case.n, np.int64) if units is None else units
+    slack = (1 + Fraction(EPS_FRAME_SLACK)) ** 2
+    for u in np.unique(units):
+        idx = np.flatnonzero(units == u)
+        cu, tu = c[idx], t[idx]
+        if not np.all(np.isfinite(cu)) or tu.sum() - conv.whiten_ddof <= 0:
+            continue  # NaN (propagated) or beyond float64: not this limit
+        if np.all(cu == cu[0]) and stage.required_zero[idx].all():
+            continue  # a structurally collapsed unit: exact zeros demanded, no denominator in the model
+        live = cu != 0.0
+        if live.any():
+            f = max(math.frexp(float(x))[1] for x in cu[live])
+        else:
+            moved = stage.delta[idx] != 0.0
+            f = int(frames[idx][moved].max()) if moved.any() else 0
+        if f <= 0:
+            continue
+        cs = np.ldexp(cu, -f)  # the oracle's frame: |cs| < 1, no square overflows
+        mean = float(np.sum(tu * cs) / tu.sum())
+        var = Fraction(float(np.sum(tu * (cs - mean) ** 2) / (tu.sum() - conv.whiten_ddof)))
+        model = var + eps * Fraction(1, 2 ** (2 * f))  # the error model's denominator^2, in the frame
+        taken = var + eps * Fraction(1, 2 ** f)  # the oracle's
+        if taken > slack * model:
+            return True
+    return False
+
+
+#: Oracle limits of a peer convention only (not ``spec``, whose limits above
+#: conformance/test_suite_meta.py replays): tests/test_call_shapes.py asserts that each
+#: still reproduces under its convention and call shape.
+CONVENTION_LIMITS = (
+    OracleLimit(
+        "eq6_eps_frame",
+        "convention verl adds eps to the variance of Eq. 6; the oracle's error model scales that eps into "
+        "a unit's frame like an eps added to the std (2^-f, not 2^-2f; oracle/gdpo.py _whiten), so for "
+        "f > 0 its allowance is tighter than the model's where eps is not negligible beside the unit's "
+        "variance: in practice a unit whose every c is exactly 0 without being a structural zero",
+        lambda case, exc: isinstance(exc, _EpsFrame),
+        # two column pairs cancelling under weights w, -w: every c exactly 0, not a structural zero
+        '{"rewards":[["0x1.0p+0","0x1.0p+0","0x1.4p+2","0x1.4p+2"],["0x1.0p+1","0x1.0p+1","0x1.0p+0","0x1.0p+0"],'
+        '["0x1.0p+2","0x1.0p+2","0x0.0p+0","0x0.0p+0"],["0x0.0p+0","0x0.0p+0","0x1.8p+1","0x1.8p+1"]],'
+        '"dtype":"float32","out_dtype":"float32","group_size":2,"weights":["0x1.0p+1","-0x1.0p+1","0x1.8p+1",'
+        '"-0x1.8p+1"]}',
+    ),
+)
+
+
+def oracle_verdict(case, convention: str, token_counts=None):
+    """The oracle's Expected, or reject() for a known oracle limit (anything else fails loudly).
+    ``token_counts``: each sample's token count, for a per-token convention (verl)."""
     try:
-        exp = expected(case, convention)
+        exp = expected(case, convention, token_counts)
         res = exp.result
         if res is not None and np.isnan(res.allowed("float64")).any():
             raise _Unjudged(f"NaN in the oracle's allowed(): {res.allowed('float64').tolist()}")
         if res is not None and isinstance(case, Case) and eq7_underflows(case, res):
             raise _Underflow("Eq. 7 underflows")
+        if res is not None and isinstance(case, Case) and eq6_eps_misscaled(case, res, token_counts):
+            raise _EpsFrame("the oracle's Eq. 6 model scales a variance eps like a std eps")
         return exp
     except GDPOError:
         raise
     except Exception as exc:  # noqa: BLE001
-        for lim in ORACLE_LIMITS:
+        for lim in ORACLE_LIMITS + CONVENTION_LIMITS:
             if lim.matches(case, exc):
                 if currently_in_test_context():
                     reject()
@@ -207,7 +292,7 @@ def _expect_refusal(prop, equation, subject, case, out: Outcome, classes, why: s
 
 def check_values(subject: Subject, case: Case, prop: str = "values") -> None:
     eq = "Eq. 4, 7, 6 (advantages)"
-    exp = oracle_verdict(case, subject.convention)
+    exp = oracle_verdict(case, subject.convention, subject.token_counts(case))
     if exp is None:
         return
     out = subject.outcome(subject.call, case)
@@ -295,6 +380,7 @@ class ErrorCase:
     expect: tuple
     why: str
     build: Callable  # (draw, case) -> case
+    #: call shapes that can express it (plugins.py says how the verl shape does)
     shapes: tuple = ("gdpo", "trl")
     oracle: bool = False  # cross-check: the oracle refuses the same batch with one of ``expect``
 
@@ -357,27 +443,32 @@ def _weights(case: Case, w) -> Case:
     return dataclasses.replace(case, weights=tuple(w))
 
 
+#: Every call shape (conformance.plugins.CALL_SHAPES).
+ALL_SHAPES = ("gdpo", "trl", "verl")
+
 ERROR_CASES = (
     ErrorCase("nan_reward", (NonFiniteError,), "a NaN reward",
-              lambda d, c: _set(c, *_cell(d, c), math.nan), oracle=True),
+              lambda d, c: _set(c, *_cell(d, c), math.nan), shapes=ALL_SHAPES, oracle=True),
     ErrorCase("inf_reward", (NonFiniteError,), "an infinite reward",
-              lambda d, c: _set(c, *_cell(d, c), d(st.sampled_from([math.inf, -math.inf]))), oracle=True),
+              lambda d, c: _set(c, *_cell(d, c), d(st.sampled_from([math.inf, -math.inf]))), shapes=ALL_SHAPES,
+              oracle=True),
     ErrorCase("integer_rewards", (InputDtypeError,), "an integer tensor where floats are required",
               lambda d, c: dataclasses.replace(c, rewards=tuple(tuple(float(round(v)) for v in r) for r in c.rewards),
-                                               dtype=d(st.sampled_from(["int64", "int32"]))), shapes=("gdpo",)),
+                                               dtype=d(st.sampled_from(["int64", "int32"]))), shapes=("gdpo", "verl")),
     ErrorCase("bool_rewards", (InputDtypeError,), "a bool tensor where floats are required",
-              lambda d, c: dataclasses.replace(c, dtype="bool"), shapes=("gdpo",)),
+              lambda d, c: dataclasses.replace(c, dtype="bool"), shapes=("gdpo", "verl")),
     ErrorCase("complex_rewards", (InputDtypeError,), "a complex tensor where real floats are required",
-              lambda d, c: dataclasses.replace(c, dtype="complex64"), shapes=("gdpo",)),
+              lambda d, c: dataclasses.replace(c, dtype="complex64"), shapes=("gdpo", "verl")),
     ErrorCase("group_of_one", (GroupError,), "a group of one sample has no unbiased std",
-              _add_singleton, shapes=("gdpo",), oracle=True),
+              _add_singleton, shapes=("gdpo", "verl"), oracle=True),
     ErrorCase("group_size_one", (GroupError,), "group_size 1: groups of one sample",
-              lambda d, c: dataclasses.replace(c, group_ids=None, group_size=1, segment_sizes=None), oracle=True),
+              lambda d, c: dataclasses.replace(c, group_ids=None, group_size=1, segment_sizes=None), shapes=ALL_SHAPES,
+              oracle=True),
     ErrorCase("group_size_not_dividing", (GroupError,), "N not a multiple of group_size", _drop_last_row),
     ErrorCase("labels_length", (ShapeError, GroupError), "group_ids of the wrong length",
               lambda d, c: dataclasses.replace(_labels(c), group_ids=_labels(c).group_ids[:-1]
                                                if d(st.booleans()) else _labels(c).group_ids + (0,)),
-              shapes=("gdpo",)),
+              shapes=("gdpo", "verl")),
     ErrorCase("float_labels", (GroupError, InputDtypeError), "float group labels",
               lambda d, c: dataclasses.replace(_labels(c), variant="float_labels"), shapes=("gdpo",)),
     ErrorCase("both_group_arguments", (GDPOError,), "group_ids and group_size together",
@@ -385,12 +476,14 @@ ERROR_CASES = (
     ErrorCase("no_group_argument", (GDPOError,), "neither group_ids nor group_size",
               lambda d, c: dataclasses.replace(c, variant="no_groups"), shapes=("gdpo",)),
     ErrorCase("weights_all_zero", (WeightError,), "all-zero weights would make every advantage zero",
-              lambda d, c: _weights(c, [d(st.sampled_from([0.0, -0.0])) for _ in range(c.k)]), oracle=True),
+              lambda d, c: _weights(c, [d(st.sampled_from([0.0, -0.0])) for _ in range(c.k)]), shapes=ALL_SHAPES,
+              oracle=True),
     ErrorCase("weight_nonfinite", (WeightError,), "a NaN or infinite weight",
               lambda d, c: _weights(c, [d(st.sampled_from([math.nan, math.inf, -math.inf])) if j == 0 else 1.0
-                                        for j in range(c.k)][::d(st.sampled_from([1, -1]))]), oracle=True),
+                                        for j in range(c.k)][::d(st.sampled_from([1, -1]))]), shapes=ALL_SHAPES,
+              oracle=True),
     ErrorCase("weights_length", (WeightError, ShapeError), "one weight per reward column",
-              lambda d, c: _weights(c, [1.0] * (c.k + d(st.sampled_from([1, 2])))), oracle=True),
+              lambda d, c: _weights(c, [1.0] * (c.k + d(st.sampled_from([1, 2])))), shapes=ALL_SHAPES, oracle=True),
     ErrorCase("segments_negative", (SegmentError,), "a negative unit size",
               lambda d, c: dataclasses.replace(c, segment_sizes=(c.n + 1, -1)), shapes=("gdpo",)),
     ErrorCase("segments_sum", (SegmentError,), "unit sizes that do not sum to the local sample count",
@@ -399,9 +492,9 @@ ERROR_CASES = (
     ErrorCase("unit_of_one", (SegmentError,), "a whitening unit of one sample has no unbiased std",
               _unit_of_one, shapes=("gdpo",), oracle=True),
     ErrorCase("empty_batch", (ShapeError,), "no samples", lambda d, c: dataclasses.replace(c, variant="empty"),
-              shapes=("gdpo",)),
-    ErrorCase("rewards_3d", (ShapeError,), "rewards must be (N, K) or (N,)",
-              lambda d, c: dataclasses.replace(c, variant="rewards_3d"), shapes=("gdpo",)),
+              shapes=("gdpo", "verl")),
+    ErrorCase("rewards_3d", (ShapeError,), "rewards must be (N, K) or (N,) (verl: token rewards (B, T))",
+              lambda d, c: dataclasses.replace(c, variant="rewards_3d"), shapes=("gdpo", "verl")),
     ErrorCase("eps_invalid", (GDPOError,), "eps must be finite and >= 0",
               lambda d, c: dataclasses.replace(c, eps=d(st.sampled_from([-1e-4, math.nan, math.inf]))),
               shapes=("gdpo",)),
@@ -427,7 +520,7 @@ def check_error(subject: Subject, cases, prop: str = "errors") -> None:
         ec = ERROR_BY_NAME[name]
         eq = f"error contract ({name})"
         if ec.oracle and not case.variant:
-            exp = expected(case, subject.convention)  # the spec's own judge refuses it too
+            exp = expected(case, subject.convention, subject.token_counts(case))  # the spec's own judge refuses it too
             said = repr(exp.error) if exp.error is not None else "it computes the case"
             assert exp.error is not None and isinstance(exp.error, ec.expect), (
                 f"suite bug: error case {name} expects {ec.expect} but the oracle says {said}: {case.dumps()}")

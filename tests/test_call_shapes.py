@@ -1,6 +1,9 @@
 """Call shapes of the conformance suite (conformance/plugins.py): the verl per-token shape
-grades impl.adapters.verl_advantages and rejects wrong verl-shaped implementations, and
-`pytest --impl` works from the repository root with no path.
+grades impl.adapters.verl_advantages (values and the error contract) and rejects wrong
+verl-shaped implementations; under the per-token convention verl it grades values with the
+shape's token counts (a faithful verl-style implementation, tests/verl_mirror.py, passes;
+its one-flaw variants and the per-sample adapter fail); `pytest --impl` works from the
+repository root with no path.
 
 The wrong implementations are written to a temporary module (importable by name, as
 --impl needs), each with exactly one flaw over the vetted adapter, so that a rejection
@@ -9,6 +12,7 @@ is the flaw's.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -19,13 +23,18 @@ import numpy as np
 import pytest
 import torch
 
+from hypothesis import given
+
 from conformance import plugins
 from conformance import properties as P
-from conformance.cases import Case
+from conformance import regressions
+from conformance.cases import Case, expected
 from conformance.plugins import CallShapeViolation, Subject
+from spec.errors import NonFiniteError, ShapeError
 
 ROOT = Path(__file__).resolve().parents[1]
 ADAPTER = "impl.adapters:verl_advantages"
+MIRROR = "verl_mirror:gdpo_advantages"  # tests/verl_mirror.py
 
 WRONG_VERL = textwrap.dedent('''
     """Wrong verl-shaped GDPO implementations (one flaw each over impl.adapters.verl_advantages)."""
@@ -83,6 +92,13 @@ WRONG_VERL = textwrap.dedent('''
         """Correct, returned as verl's estimators do: (advantages, returns)."""
         adv = adapters.verl_advantages(token_level_rewards, response_mask, index, weights)
         return adv, adv
+
+
+    def nan_to_zero(token_level_rewards, response_mask, index, weights=None):
+        """A NaN token reward silently becomes 0 (TRL's habit); infinities are kept."""
+        clean = {k: torch.nan_to_num(t, nan=0.0, posinf=float("inf"), neginf=float("-inf"))
+                 for k, t in token_level_rewards.items()}
+        return adapters.verl_advantages(clean, response_mask, index, weights)
 ''')
 
 
@@ -99,11 +115,28 @@ def wrong(wrong_dir, monkeypatch):
     return lambda name: Subject(f"wrong_verl_impls:{name}", "verl", "spec")
 
 
+@pytest.fixture
+def mirror(monkeypatch):
+    """Subjects of tests/verl_mirror.py (importable by name, as --impl needs)."""
+    monkeypatch.syspath_prepend(str(ROOT / "tests"))
+    return lambda name="gdpo_advantages", convention="verl": Subject(f"verl_mirror:{name}", "verl", convention)
+
+
 def _rejects(prop_name: str, subject: Subject) -> str:
     """Run a property without shrinking; the failure's text (the test fails if it passes)."""
     with pytest.raises(P.ConformanceFailure) as info:
         P.build_test(P.BY_NAME[prop_name], subject, config=P.control_settings())()
     return str(info.value)
+
+
+def _error_contract(subject: Subject, names) -> None:
+    """The error-contract cases ``names`` against ``subject`` (raises ConformanceFailure)."""
+    @P.control_settings()
+    @given(cases=P.error_cases(subject.context(), subject.shape, names=set(names)))
+    def run(cases):
+        P.check_error(subject, cases)
+
+    run()
 
 
 # ------------------------------------------------------------ the verl mapping
@@ -195,10 +228,189 @@ def test_verl_shape_states_what_it_skips():
                        ("distributed", "process_group")):
         why = s.unsupported(frozenset({"values", need}))
         assert why and why.startswith("call shape 'verl' cannot express this") and word in why, why
-    why = Subject(ADAPTER, "verl", "verl").unsupported(frozenset({"values"}))
-    assert why and "per token" in why and "conformance.cases.expected" in why, why
+    assert Subject(ADAPTER, "verl", "verl").unsupported(frozenset({"values"})) is None  # token counts passed
+    for shape in ("gdpo", "trl"):
+        why = Subject(ADAPTER, shape, "verl").unsupported(frozenset({"values"}))
+        assert why and "per token" in why and "passes no token counts" in why, why
+    why = Subject(ADAPTER, "verl", "verl").unsupported(P.BY_NAME["errors"].needs)
+    assert why and "convention 'spec'" in why, why
     ctx = s.context()
     assert ctx.labels and not ctx.units and not ctx.eps and ctx.out_dtypes == ("float32",)
+
+
+# ------------------------------------------------------------ the error contract through the verl shape
+
+#: What a verl-shaped call cannot express (no group_size, index labels of any hashable type,
+#: one index argument, no eps, units or output dtype arguments).
+VERL_INEXPRESSIBLE = {"group_size_not_dividing", "float_labels", "both_group_arguments", "no_group_argument",
+                      "segments_negative", "segments_sum", "unit_of_one", "eps_invalid", "out_dtype_integer"}
+
+
+def test_verl_error_cases_are_those_the_shape_expresses():
+    verl = {e.name for e in P.ERROR_CASES if "verl" in e.shapes}
+    assert verl == {e.name for e in P.ERROR_CASES} - VERL_INEXPRESSIBLE, sorted(verl)
+    assert {"nan_reward", "inf_reward", "group_of_one", "group_size_one", "weights_all_zero", "weight_nonfinite",
+            "weights_length"} <= verl
+
+
+def test_verl_error_cases_reach_the_call():
+    """Each error case's breakage arrives in the verl arguments (not dropped by the mapping)."""
+    s = Subject(ADAPTER, "verl", "spec")
+    base = Case(rewards=((1.0, 0.5), (0.0, 0.25), (1.0, 0.0), (0.0, 1.0)), group_size=2)
+    nan = s.verl_arguments(P._set(base, 1, 0, float("nan")))  # sample 1 (2 tokens), column 0: on its first token
+    assert torch.isnan(nan["token_level_rewards"]["reward_0"][1, 0]) and \
+        nan["response_mask"][1, 0] == 1, nan["token_level_rewards"]["reward_0"]
+    assert torch.isnan((nan["token_level_rewards"]["reward_0"] * nan["response_mask"]).sum(1)).tolist() == \
+        [False, True, False, False]
+    inf = s.verl_arguments(P._set(base, 0, 0, float("-inf")))  # sample 0 (3 tokens): on its last token
+    assert inf["token_level_rewards"]["reward_0"][0].tolist()[:3] == [0.0, 0.0, float("-inf")]
+    singleton = Case(rewards=base.rewards + ((1.0, 1.0),), group_ids=(0, 0, 1, 1, 2))  # group_of_one
+    assert list(s.verl_arguments(singleton)["index"]) == ["uid0", "uid0", "uid1", "uid1", "uid2"]
+    assert s.verl_arguments(dataclasses.replace(base, group_size=1))["index"].tolist() == ["uid0", "uid1", "uid2",
+                                                                                           "uid3"]
+    assert len(s.verl_arguments(dataclasses.replace(P._labels(base), group_ids=(0, 0, 1)))["index"]) == 3
+    assert s.verl_arguments(dataclasses.replace(base, weights=(0.0, -0.0)))["weights"] == \
+        {"reward_0": 0.0, "reward_1": -0.0}
+    ints = s.verl_arguments(dataclasses.replace(base, rewards=((1.0, 0.0), (0.0, 2.0), (1.0, 0.0), (0.0, 1.0)),
+                                                dtype="int32"))
+    assert all(t.dtype == torch.int32 for t in ints["token_level_rewards"].values())
+    assert s.verl_arguments(dataclasses.replace(base, dtype="bool"))["token_level_rewards"]["reward_1"].dtype == \
+        torch.bool
+    assert s.verl_arguments(dataclasses.replace(base, dtype="complex64"))["token_level_rewards"][
+        "reward_0"].dtype == torch.complex64
+    empty = s.verl_arguments(dataclasses.replace(base, variant="empty"))
+    assert empty["response_mask"].shape == (0, plugins.VERL_TOKENS) and len(empty["index"]) == 0
+    assert all(t.shape == (0, plugins.VERL_TOKENS) for t in empty["token_level_rewards"].values())
+    three = s.verl_arguments(dataclasses.replace(base, variant="rewards_3d"))
+    assert all(t.shape == (4, plugins.VERL_TOKENS, 1) for t in three["token_level_rewards"].values())
+    with pytest.raises(ValueError, match="cannot express a malformed call"):
+        s.verl_arguments(dataclasses.replace(base, variant="no_groups"))
+
+
+def test_verl_adapter_meets_the_error_contract():
+    subject = Subject(ADAPTER, "verl", "spec")
+    assert subject.unsupported(P.BY_NAME["errors"].needs) is None
+    P.build_test(P.BY_NAME["errors"], subject)()
+
+
+def test_verl_nan_zeroing_is_rejected(wrong):
+    """A verl-shaped implementation that trains on a made-up 0 for a NaN reward fails the
+    contract on that case, and only there."""
+    subject = wrong("nan_to_zero")
+    with pytest.raises(P.ConformanceFailure) as info:
+        _error_contract(subject, {"nan_reward"})
+    text = str(info.value)
+    assert "error contract (nan_reward)" in text and "returned a result" in text and "NonFiniteError" in text, text
+    others = {e.name for e in P.ERROR_CASES if "verl" in e.shapes} - {"nan_reward"}
+    _error_contract(subject, others)  # the flaw is the NaN, nothing else
+
+
+def test_verl_error_cases_are_refused_by_the_adapters_classes():
+    """The refusal the suite sees for each verl case is the class the contract names."""
+    s = Subject(ADAPTER, "verl", "spec")
+    base = Case(rewards=((1.0, 0.5), (0.0, 0.25), (1.0, 0.0), (0.0, 1.0)), group_size=2)
+    cases = {"nan_reward": (P._set(base, 2, 1, float("nan")), NonFiniteError),
+             "labels_length": (dataclasses.replace(P._labels(base), group_ids=(0, 0, 1, 1, 1)), ShapeError),
+             "empty_batch": (dataclasses.replace(base, variant="empty"), ShapeError),
+             "rewards_3d": (dataclasses.replace(base, variant="rewards_3d"), ShapeError)}
+    for name, (case, cls) in cases.items():
+        out = s.outcome(s.call, case)
+        assert out.is_error(cls) and out.message, (name, out.describe())
+        assert any(issubclass(cls, c) for c in P.ERROR_BY_NAME[name].expect), (name, cls)
+
+
+# ------------------------------------------------------------ per-token convention (verl) through the verl shape
+
+#: The value properties the verl shape runs (the others need units, eps, stages or ranks).
+VERL_VALUE_PROPERTIES = [p.name for p in P.PROPERTIES if p.needs == frozenset({"values"})]
+
+
+def test_token_counts_reach_the_oracle():
+    case = Case(rewards=((1.0, 0.5), (0.0, 0.25), (1.0, 0.0), (0.0, 1.0), (2.0, 0.0)), group_ids=(1, 1, 2, 2, 2))
+    tc = Subject(ADAPTER, "verl", "verl").token_counts(case)
+    assert tc.tolist() == plugins.verl_lengths(5).tolist() == [3, 2, 1, 6, 5]
+    assert Subject(ADAPTER, "verl", "spec").token_counts(case) is None  # per sample: none
+    assert Subject(ADAPTER, "gdpo", "verl").token_counts(case) is None  # the gdpo shape passes none
+    from oracle import gdpo as og
+    direct = og.advantages(case.rewards_array(), case.labels(), convention="verl", token_counts=tc)
+    got = expected(case, "verl", tc).result
+    assert np.array_equal(got.float64, direct.float64) and np.array_equal(got.allowed("float32"),
+                                                                           direct.allowed("float32"))
+    ones = expected(case, "verl", np.ones(5, np.int64)).result
+    assert not np.allclose(got.float64, ones.float64), "token counts change nothing: the test cannot tell"
+    assert isinstance(expected(case, "verl").error, ShapeError)  # per token without counts: refused
+
+
+@pytest.mark.parametrize("prop", VERL_VALUE_PROPERTIES)
+def test_verl_mirror_passes_under_the_verl_convention(mirror, prop):
+    subject = mirror()
+    assert subject.unsupported(P.BY_NAME[prop].needs) is None
+    P.build_test(P.BY_NAME[prop], subject)()
+
+
+@pytest.mark.parametrize("name, convention", [
+    ("gdpo_advantages", "spec"),  # right for verl, wrong for spec: eps 1e-6 / 1e-8 under the root, per token
+    ("per_sample_whitening", "verl"),  # Eq. 6 ignoring the token counts
+    ("biased_group_std", "verl"),  # Eq. 4 dividing by n
+])
+def test_wrong_convention_implementations_are_rejected(mirror, name, convention):
+    text = _rejects("plain", mirror(name, convention))
+    assert "advantages outside the error model" in text and f"convention {convention!r}" in text, text
+
+
+def test_per_sample_adapter_is_rejected_under_the_verl_convention():
+    text = _rejects("plain", Subject(ADAPTER, "verl", "verl"))
+    assert "advantages outside the error model" in text and "convention 'verl'" in text, text
+
+
+def test_root_run_under_the_verl_convention():
+    """`pytest --impl M:F --convention verl --call-shape verl` from the root grades values."""
+    sel = "test_property"  # conformance/test_equations.py: plain, testfloat, rounding; stage_normalize skips
+    good = _pytest_from_root("--impl", MIRROR, "--convention", "verl", "--call-shape", "verl", "-k", sel,
+                             "conformance/test_equations.py", pythonpath=ROOT / "tests")
+    assert good.returncode == 0 and "3 passed, 1 skipped" in good.stdout and "per token" not in good.stdout, \
+        good.stdout[-3000:] + good.stderr[-3000:]
+    bad = _pytest_from_root("--impl", MIRROR, "--convention", "spec", "--call-shape", "verl", "-k",
+                            "test_property[plain]", "conformance/test_equations.py", pythonpath=ROOT / "tests")
+    out = bad.stdout + bad.stderr
+    assert bad.returncode == 1 and "advantages outside the error model" in out, out[-3000:]
+
+
+def test_convention_oracle_limits_still_reproduce():
+    """eq6_eps_frame: the oracle's Eq. 6 error model under placement "var" is not invariant
+    under an exact rescaling (values by 2^s, eps by 4^s), whose exact results and whose
+    error model are the same; the sample is not judged. When the oracle scales a variance
+    eps by the frame squared (oracle/gdpo.py _whiten), the bounds agree: remove the entry from
+    conformance/properties.py CONVENTION_LIMITS and eq6_eps_misscaled."""
+    from oracle import gdpo as og
+    from spec.conventions import CONVENTIONS
+
+    (limit,) = P.CONVENTION_LIMITS
+    case = regressions.load(limit.sample)
+    with pytest.raises(P.NotJudged, match=limit.name):
+        P.oracle_verdict(case, "verl", plugins.verl_lengths(case.n))
+    verl = CONVENTIONS["verl"]
+    v = np.array([1.0, 1.0 + 2.0 ** -20, 1.0 - 2.0 ** -20, 1.0 + 2.0 ** -19])
+    t = np.array([3, 2, 1, 6])
+    a = og.whiten_units(v, convention=verl, token_counts=t)
+    b = og.whiten_units(v * 2.0 ** 30, convention=dataclasses.replace(verl, whiten_eps=verl.whiten_eps * 4.0 ** 30),
+                        token_counts=t)
+    assert np.array_equal(a.float64, b.float64)  # the same exact problem
+    assert not np.allclose(a.delta, b.delta, rtol=1e-6), (
+        f"oracle limit {limit.name!r} no longer reproduces (the Eq. 6 bound is scale-invariant): remove it "
+        "from conformance/properties.py CONVENTION_LIMITS, with eq6_eps_misscaled")
+
+
+def test_eq6_eps_limit_is_narrow():
+    """The limit discards only units with every c exactly 0 (not structurally): an ordinary
+    verl case and the spec convention are judged."""
+    case = regressions.load(P.CONVENTION_LIMITS[0].sample)
+    tc = plugins.verl_lengths(case.n)
+    assert P.eq6_eps_misscaled(case, expected(case, "verl", tc).result, tc)
+    assert not P.eq6_eps_misscaled(case, expected(case, "spec").result)
+    plain = Case(rewards=((1.0, 0.5), (0.0, 0.25), (1.0, 0.0), (0.0, 1.0)), group_size=2, weights=(3.0, -40.0))
+    tc = plugins.verl_lengths(plain.n)
+    assert not P.eq6_eps_misscaled(plain, expected(plain, "verl", tc).result, tc)
 
 
 # ------------------------------------------------------------ pytest --impl from the root, no path
