@@ -435,10 +435,18 @@ def _scaled_values(forms, nan, values: np.ndarray, e: int, classes) -> np.ndarra
     return out
 
 
-def _unit_frame(forms, nan, values: np.ndarray, dframe: np.ndarray, delta: np.ndarray, classes) -> int:
+def _unit_frame(forms, nan, values: np.ndarray, deltas, classes) -> int:
     """The power-of-two frame of one unit's Eq. 6 error model: its largest |c| (from the
-    exact form where the float64 overflowed) brought to [1/2, 1), or, for a unit of exact
-    zeros, its largest Δc's frame; clamped below so that eps measured in it stays finite."""
+    exact form where the float64 overflowed) brought to [1/2, 1), raised where a sample's
+    Δc (``deltas``: (delta, frame) pairs) would exceed 2^960 in it (a unit of exact zeros
+    beside tiny values: the tiny ones then vanish, as they are negligible beside that Δc);
+    clamped below so that eps measured in it stays finite."""
+    top = None
+    for delta, dframe in deltas:
+        live = ~nan & (delta != 0.0) & np.isfinite(delta)
+        if live.any():
+            x = int((dframe[live] + np.frexp(delta[live])[1]).max())
+            top = x if top is None else max(top, x)
     e = None
     for j in np.flatnonzero(~nan):
         x = values[j]
@@ -450,8 +458,9 @@ def _unit_frame(forms, nan, values: np.ndarray, dframe: np.ndarray, delta: np.nd
             ej = max(int(exp) + int(bc) for _, man, exp, bc in ex.iv_form(forms[j], classes, 80) if man)
         e = ej if e is None else max(e, ej)
     if e is None:
-        live = ~nan & (delta != 0.0)
-        e = int(dframe[live].max()) if live.any() else 0
+        e = top if top is not None else 0
+    elif top is not None:
+        e = max(e, top - 960)
     return max(e, -900)
 
 
@@ -646,7 +655,8 @@ def _whiten(forms, nan, c64, dcond, cond_frame, dmodel, model_frame, uidx, t, co
                 acond[idx] = np.ldexp(dcond[idx], cond_frame[idx])
                 adelta[idx] = np.ldexp(dmodel[idx], model_frame[idx])
             continue
-        frame = _unit_frame([forms[j] for j in idx], nan[idx], c64[idx], model_frame[idx], dmodel[idx], classes)
+        frame = _unit_frame([forms[j] for j in idx], nan[idx], c64[idx],
+                            ((dmodel[idx], model_frame[idx]), (dcond[idx], cond_frame[idx])), classes)
         frame_q = _pow2(-frame)
         cs[idx] = _scaled_values([forms[j] for j in idx], nan[idx], c64[idx], frame, classes)
         with np.errstate(over="ignore"):  # a delta 2^1024 above the unit's largest c: no bound (inf)

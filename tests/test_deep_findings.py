@@ -65,3 +65,13 @@ def test_framed_combine_keeps_every_row_whatever_the_weights():
 def test_pinned_case_conforms():
     case = regressions.load(regressions.EXAMPLES["testfloat"][0])
     P.check_values(Subject("impl.gdpo:gdpo_advantages", "gdpo", "spec"), case)
+
+
+def test_unit_frame_keeps_a_huge_delta_beside_tiny_values_finite():
+    """A group whose c cancels exactly under weights 2^1000 and -2^1000 (Δc near 2^1000) in the unit
+    of a group whose only live weight is 2^-1074: the unit's frame must hold both, not overflow the
+    first's Δc into inf (and inf * 0 into a NaN bound) by taking the tiny values' frame."""
+    r = np.array([[1.0, 1.0, 0.0], [0.0, 0.0, 0.0], [0.0, 0.0, 1.0], [0.0, 0.0, 0.0]])
+    with np.errstate(invalid="raise"):  # inf * 0 in the bound
+        res = gdpo.advantages(r, [0, 0, 1, 1], weights=[2.0 ** 1000, -2.0 ** 1000, 5e-324], eps=0.0)
+    assert np.all(np.isfinite(res.delta)) and np.all(np.isfinite(res.allowed("float64")))
