@@ -143,18 +143,33 @@ def weight_plan(weights: list[float]) -> tuple[list[float], int]:
 def combine(z: torch.Tensor, weights: list[float]) -> torch.Tensor:
     """Eq. 7 on z (K, ...): c = sum_k w_k z_k, products rounded one by one and
     summed left to right (no fused multiply-add, no BLAS), so equal weights on z
-    and -z cancel to exactly 0 and the result is the same on every device."""
+    and -z cancel to exactly 0 and the result is the same on every device.
+
+    With a weight above 2**990 a product may overflow on the way to a finite c
+    (huge terms that cancel); there the sum is also formed with every weight
+    scaled by 2**-shift and scaled back, and taken where the plain sum is not
+    finite. Only there: scaling the small weights too would push their products
+    deeper into the subnormals (found by the deep conformance profile: weights
+    2**-1023 and 2**1000, the latter on a collapsed column, lost 11 bits)."""
     scaled, shift = weight_plan(weights)
+    if shift:
+        plain = _weighted_sum(z, weights, in_place=False)
+        rescued = seg_ops.ldexp_scalar(_weighted_sum(z, scaled, in_place=True), shift)
+        return torch.where(torch.isfinite(plain), plain, rescued)
+    return _weighted_sum(z, weights, in_place=True)
+
+
+def _weighted_sum(z: torch.Tensor, weights: list[float], *, in_place: bool) -> torch.Tensor:
     k = z.shape[0]
-    if any(w != 1.0 for w in scaled):
-        z = z.mul_(seg_ops.constant(tuple(scaled), _F64, z.device).view((k,) + (1,) * (z.dim() - 1)))
+    if any(w != 1.0 for w in weights):
+        w = seg_ops.constant(tuple(weights), _F64, z.device).view((k,) + (1,) * (z.dim() - 1))
+        z = z.mul_(w) if in_place else z * w
     if k == 1:
-        c = z[0]
-    else:
-        c = torch.add(z[0], z[1])
-        for j in range(2, k):
-            c.add_(z[j])
-    return seg_ops.ldexp_scalar(c, shift) if shift else c
+        return z[0] if in_place else z[0].clone()
+    c = torch.add(z[0], z[1])
+    for j in range(2, k):
+        c.add_(z[j])
+    return c
 
 
 def overflow_possible(weights: list[float], longest: int) -> bool:
