@@ -39,6 +39,11 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         # weight's frame, where the live products underflowed: the bound of c became 0 and a correct a was failed
         # by 8e14 times its allowance (spec/error_model.py combine_stage_framed: a frame per sample)
         '{"rewards":[["0x0.0p+0","0x1.0000000000000p-148","0x1.0000000000000p-148"],["0x0.0p+0","0x1.0000000000000p-149","0x1.0000000000000p-149"]],"dtype":"float32","out_dtype":"float64","group_size":2,"weights":["0x1.0000000000000p+1022","0x1.0000000000000p-126","-0x1.fffffffffffffp-127"]}',
+        # found by the deep profile (oracle, fixed with this entry): only the 2^-1074 weight is live, every exact
+        # c rounds to 0 in float64; the unit's Eq. 6 frame came from c's float64 roundings (0) and the condition
+        # estimate (large: one ulp un-collapses the column weighted 2^126), so Δc underflowed in it and the correct
+        # a = 0 was failed by 156 times its allowance (oracle: a frame for the model from the exact c)
+        '{"rewards":[["0x1.0000000000000p-23","0x1.0000000000000p-24"],["0x1.0000000000000p-15","0x1.0000000000000p-24"],["0x1.0000000000000p-24","0x1.0000000000000p-24"],["0x1.0000000000000p-24","0x1.0000000000000p-24"]],"dtype":"float16","out_dtype":"float64","group_size":2,"weights":["0x0.0000000000001p-1022","0x1.0000000000000p+126"]}',
     ),
     "rounding": (
         # an advantage 2^-26 of a float16 ulp above the midpoint between 0.5 and 0.5 + 2^-11: float32 rounds

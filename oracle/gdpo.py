@@ -428,39 +428,46 @@ def advantages(rewards, group_ids, weights=None, unit_ids=None, eps=None, conven
 
 
 def _scaled_values(forms, nan, values: np.ndarray, e: int, classes) -> np.ndarray:
-    """values * 2^-e as floats; where a value overflowed float64, from its exact form."""
-    out = np.ldexp(values, -e)
-    for j in np.flatnonzero(~np.isfinite(out) & ~nan):
+    """values * 2^-e as floats; where a value overflowed float64 or was subnormal there (rounded
+    to 0 or to fewer bits), from its exact form."""
+    with np.errstate(over="ignore"):
+        out = np.ldexp(values, -e)
+    redo = ~nan & (~np.isfinite(out) | (np.abs(values) < 2.0 ** -1022))
+    for j in np.flatnonzero(redo):
+        if forms[j].is_zero():
+            continue
         out[j] = ex.round_mpf(ex.iv_form(forms[j].scaled(_pow2(-e)), classes, 80)[0], "float64")
     return out
 
 
-def _unit_frame(forms, nan, values: np.ndarray, deltas, classes) -> int:
-    """The power-of-two frame of one unit's Eq. 6 error model: its largest |c| (from the
-    exact form where the float64 overflowed) brought to [1/2, 1), raised where a sample's
-    Δc (``deltas``: (delta, frame) pairs) would exceed 2^960 in it (a unit of exact zeros
-    beside tiny values: the tiny ones then vanish, as they are negligible beside that Δc);
-    clamped below so that eps measured in it stays finite."""
-    top = None
-    for delta, dframe in deltas:
-        live = ~nan & (delta != 0.0) & np.isfinite(delta)
-        if live.any():
-            x = int((dframe[live] + np.frexp(delta[live])[1]).max())
-            top = x if top is None else max(top, x)
+def _top_exponent(forms, nan, values: np.ndarray, classes):
+    """The largest binary exponent (|c| < 2^e) over one unit's exact c, None when all are
+    exactly zero; from the exact form where the float64 rounded to 0 or overflowed."""
     e = None
     for j in np.flatnonzero(~nan):
         x = values[j]
-        if x == 0.0:
-            continue
-        if math.isfinite(x):
+        if x != 0.0 and math.isfinite(x):
             ej = math.frexp(x)[1]
+        elif forms[j].is_zero():
+            continue
         else:
             ej = max(int(exp) + int(bc) for _, man, exp, bc in ex.iv_form(forms[j], classes, 80) if man)
         e = ej if e is None else max(e, ej)
-    if e is None:
+    return e
+
+
+def _unit_frame(c_top, nan, delta: np.ndarray, dframe: np.ndarray) -> int:
+    """The power-of-two frame of one unit's Eq. 6 bound: its largest exact |c| (``c_top``)
+    brought to [1/2, 1), raised where a sample's Δc (``delta * 2^dframe``) would exceed 2^960
+    in it (values 2^1000 below that Δc are negligible beside it; the condition estimate gets a
+    frame of its own, so that its sizes never flush the model's); clamped below so that eps
+    measured in it stays finite."""
+    live = ~nan & (delta != 0.0) & np.isfinite(delta)
+    top = int((dframe[live] + np.frexp(delta[live])[1]).max()) if live.any() else None
+    if c_top is None:
         e = top if top is not None else 0
-    elif top is not None:
-        e = max(e, top - 960)
+    else:
+        e = c_top if top is None else max(c_top, top - 960)
     return max(e, -900)
 
 
@@ -655,12 +662,14 @@ def _whiten(forms, nan, c64, dcond, cond_frame, dmodel, model_frame, uidx, t, co
                 acond[idx] = np.ldexp(dcond[idx], cond_frame[idx])
                 adelta[idx] = np.ldexp(dmodel[idx], model_frame[idx])
             continue
-        frame = _unit_frame([forms[j] for j in idx], nan[idx], c64[idx],
-                            ((dmodel[idx], model_frame[idx]), (dcond[idx], cond_frame[idx])), classes)
-        frame_q = _pow2(-frame)
-        cs[idx] = _scaled_values([forms[j] for j in idx], nan[idx], c64[idx], frame, classes)
+        uforms = [forms[j] for j in idx]
+        c_top = _top_exponent(uforms, nan[idx], c64[idx], classes)
+        frame = _unit_frame(c_top, nan[idx], dmodel[idx], model_frame[idx])  # the error model's
+        cframe = _unit_frame(c_top, nan[idx], dcond[idx], cond_frame[idx])  # the condition estimate's
+        cs[idx] = _scaled_values(uforms, nan[idx], c64[idx], frame, classes)
+        ccs = _scaled_values(uforms, nan[idx], c64[idx], cframe, classes)
         with np.errstate(over="ignore"):  # a delta 2^1024 above the unit's largest c: no bound (inf)
-            dcond_s[idx] = np.ldexp(dcond[idx], np.clip(cond_frame[idx] - frame, -2200, 2200).astype(np.int32))
+            dcond_s[idx] = np.ldexp(dcond[idx], np.clip(cond_frame[idx] - cframe, -2200, 2200).astype(np.int32))
             dmodel_s[idx] = np.ldexp(dmodel[idx], np.clip(model_frame[idx] - frame, -2200, 2200).astype(np.int32))
         if nan[idx].any():  # convention nan="propagate": the unit's statistics are NaN
             _put(ar, idx, np.nan)
@@ -704,14 +713,21 @@ def _whiten(forms, nan, c64, dcond, cond_frame, dmodel, model_frame, uidx, t, co
             vals64, var = _whiten_unit_numbers(forms, idx, zero, tt, T, mean, conv, eps_w, classes, label,
                                                ar, azero)
         # error model in the frame (c * frame); eps scales with it
-        m_s = ex.round_mpf(ex.iv_form(mean.scaled(frame_q), classes, 80)[0], "float64")
-        s_s = ex.round_mpf(ex.iv_sqrt(ex.iv_scale_rational(var, frame_q * frame_q, 80), 80)[0], "float64")
-        den_s = _scaled_whiten_denominator(s_s, eps_w * frame_q, conv.whiten_eps_placement)
         ttf = tt.astype(np.float64)
+        m_s, s_s, den_s = _scaled_unit_terms(mean, var, eps_w, conv, frame, classes)
         adelta[idx] = em.whiten_stage(dmodel_s[idx], cs[idx], m_s, vals64, s_s, den_s, conv.whiten_ddof, ttf)
-        acond[idx] = em.whiten_stage(dcond_s[idx], cs[idx], m_s, vals64, s_s, den_s, conv.whiten_ddof, ttf,
+        m_s, s_s, den_s = _scaled_unit_terms(mean, var, eps_w, conv, cframe, classes)
+        acond[idx] = em.whiten_stage(dcond_s[idx], ccs, m_s, vals64, s_s, den_s, conv.whiten_ddof, ttf,
                                      rounding=False)
     return ar, azero, acond, adelta, ucoll, areq
+
+
+def _scaled_unit_terms(mean, var, eps_w, conv, frame: int, classes):
+    """A unit's mean, std and denominator measured in the frame 2^frame (eps scales with it)."""
+    q = _pow2(-frame)
+    m_s = ex.round_mpf(ex.iv_form(mean.scaled(q), classes, 80)[0], "float64")
+    s_s = ex.round_mpf(ex.iv_sqrt(ex.iv_scale_rational(var, q * q, 80), 80)[0], "float64")
+    return m_s, s_s, _scaled_whiten_denominator(s_s, eps_w * q, conv.whiten_eps_placement)
 
 
 def _whiten_unit_numbers(forms, idx, zero, tt, T, mean, conv, eps_w, classes, label, ar, azero):

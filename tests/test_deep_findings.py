@@ -93,3 +93,16 @@ def test_impl_tiny_weight_beside_a_huge_one_on_a_collapsed_column():
     res = gdpo.advantages(case.rewards_array(), case.labels(), weights=list(case.weights))
     assert np.all(np.abs(naive - res.float64) <= res.allowed("float64"))
     P.check_values(Subject("impl.gdpo:gdpo_advantages", "gdpo", "spec"), case)
+
+
+@pytest.mark.parametrize("w1", [2.0 ** 126, 1.0])
+def test_bound_of_a_unit_whose_c_round_to_zero_does_not_depend_on_a_collapsed_weight(w1):
+    """Only the 2^-1074 weight is live: every exact c rounds to 0 or to a subnormal. The unit's frame
+    was taken from the condition estimate (large with w1 = 2^126: one ulp un-collapses column 1)
+    and from c's float64 roundings (0), so the model's Δc underflowed in it and a correct 0 was
+    failed (deep profile, testfloat). The model now has a frame of its own from the exact c."""
+    r = np.array([[2.0 ** -23, 2.0 ** -24], [2.0 ** -15, 2.0 ** -24], [2.0 ** -24, 2.0 ** -24], [2.0 ** -24, 2.0 ** -24]])
+    ref = gdpo.advantages(r, [0, 0, 1, 1], weights=[5e-324, 0.0])
+    res = gdpo.advantages(r, [0, 0, 1, 1], weights=[5e-324, w1])
+    assert np.array_equal(res.allowed("float64"), ref.allowed("float64"))
+    assert np.all(res.allowed("float64") >= np.abs(res.float64))  # c = 0 (what float64 gives) is within
