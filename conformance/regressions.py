@@ -113,8 +113,8 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         '{"rewards":[["0x1.0000000000000p+0","0x0.0p+0"],["0x0.0p+0","0x1.0000000000000p+0"],["0x0.0p+0","0x0.0p+0"],["0x1.0000000000000p+0","0x1.0000000000000p+0"]],"dtype":"float64","out_dtype":"float64","group_size":2,"weights":["0x1.0000000000000p+0","0x1.fffffffffffffp+1023"]}',
         # a subnormal and a huge weight together
         '{"rewards":[["0x0.0p+0","0x1.0000000000000p+0"],["0x1.0000000000000p+0","0x0.0p+0"],["0x1.0000000000000p+1","0x1.0000000000000p+1"],["0x0.0p+0","0x1.4000000000000p+2"]],"dtype":"float64","out_dtype":"float64","group_size":2,"weights":["0x0.0000000000001p-1022","0x1.7e43c8800759cp+996"]}',
-        # found by the deep profile (impl.gdpo, open): weights [2^-1023, 2^1000], the huge one on a collapsed
-        # column. weight_plan scales every weight by 2^-11 for the huge one, so the live product w z falls
+        # found by the deep profile (impl.gdpo, fixed in e964114): weights [2^-1023, 2^1000], the huge one on a
+        # collapsed column. weight_plan scaled every weight by 2^-11 for the huge one, so the live product w z fell
         # 11 bits deeper into the subnormals: c is 2^11 x 2^-1075 off where the model allows 2^-1074, and with
         # eps dominating the std a is 3.4e3 ulp off (18.6 x its allowance); unscaled float64 is exact here
         '{"rewards":[["0x0.0p+0","0x0.0p+0"],["0x1.0000000000000p+0","0x0.0p+0"]],"dtype":"float32","out_dtype":"float64","group_size":2,"weights":["0x0.8000000000000p-1022","0x1.0000000000000p+1000"]}',
