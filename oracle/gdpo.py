@@ -337,7 +337,8 @@ def whiten_units(values, unit_ids=None, eps=None, convention="spec", token_count
     classes = ex.SqrtClasses()
     uidx = _index(unit_ids)[1]
     # the inputs are exact: only the algorithm's rounding (model) and one ulp (cond) move them
-    cond = np.maximum(np.spacing(np.abs(v)), 5e-324)  # absolute (frame 0); spacing(DBL_MAX) is finite
+    mv, xv = np.frexp(np.abs(v))  # one ulp of each value, absolute (np.spacing(DBL_MAX) is inf)
+    cond = np.maximum(np.ldexp(np.spacing(mv), xv), 5e-324)
     zeros = np.zeros(n, dtype=np.int64)
     # equal input floats are equal bit for bit, so every collapse of given values is structural
     ar, azero, acond, adelta, _, areq = _whiten(forms, np.zeros(n, bool), v, cond, zeros, np.zeros(n), zeros,
