@@ -250,13 +250,17 @@ def _combine(p: _Prepared, eps: float, fl: Flaws) -> tuple[torch.Tensor, int]:
         for col in range(k):
             z[idx, col] = _standardize(p.x[idx, col], eps, fl)
     nonzero = [math.frexp(w)[1] for w in p.weights if w != 0.0 and math.isfinite(w)]
-    shift = max(0, max(nonzero, default=0) - _WEIGHT_EXP_CAP)
-    c = torch.zeros(n, dtype=p.x.dtype, device=p.x.device)
-    parts = torch.zeros_like(c)
-    for col, w in enumerate(p.weights):
-        term = z[:, col] * math.ldexp(w, -shift)
-        c = c + term
-        parts = parts + term.abs()
+    # the plain sum first; the weights are scaled down only when it overflows (scaling them
+    # all would push a small weight's products into the subnormals)
+    for shift in (0, max(0, max(nonzero, default=0) - _WEIGHT_EXP_CAP)):
+        c = torch.zeros(n, dtype=p.x.dtype, device=p.x.device)
+        parts = torch.zeros_like(c)
+        for col, w in enumerate(p.weights):
+            term = z[:, col] * math.ldexp(w, -shift)
+            c = c + term
+            parts = parts + term.abs()
+        if bool(torch.isfinite(c).all()):
+            break
     if fl.noise_floor:
         c = torch.where(c.abs() <= 1e-9 * parts, torch.zeros_like(c), c)
     return c, shift
