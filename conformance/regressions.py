@@ -119,6 +119,13 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         # eps dominating the std a is 3.4e3 ulp off (18.6 x its allowance); unscaled float64 is exact here
         '{"rewards":[["0x0.0p+0","0x0.0p+0"],["0x1.0000000000000p+0","0x0.0p+0"]],"dtype":"float32","out_dtype":"float64","group_size":2,"weights":["0x0.8000000000000p-1022","0x1.0000000000000p+1000"]}',
     ),
+    "stage_normalize": (
+        # found by the deep profile (the judge, open: conformance/properties.py check_normalize): four columns
+        # cancel exactly, c = z(1) + z(3) - z(3) - z(1) = 0, which spec/gdpo.md section 7 holds to the error bound
+        # (not structural: oracle required_zero False, allowance 2.3e-14); impl.gdpo returns +-2^-53, within it,
+        # but check_normalize demands an exact zero for every exactly cancelling group (group_cancelled)
+        '{"rewards":[["0x1.0000000000000p+0","0x1.8000000000000p+1","0x0.0p+0","0x0.0p+0"],["0x0.0p+0","0x0.0p+0","0x1.8000000000000p+1","0x1.0000000000000p+0"]],"dtype":"float32","out_dtype":"float64","group_size":2}',
+    ),
     "dist_values_2": (
         # the K = 1 example split over 2 ranks, one unit spanning both: per-rank statistics differ
         '{"shards":[{"rewards":[["0x0.0p+0"],["0x1.0000000000000p+0"],["0x1.8000000000000p+1"],["0x1.c000000000000p+2"]],"dtype":"float32","out_dtype":"float64","group_ids":[0,0,0,0],"segment_sizes":[4]},{"rewards":[["0x1.0000000000000p+0"],["0x1.0000000000000p+1"],["0x1.0000000000000p+1"],["0x1.2000000000000p+3"]],"dtype":"float32","out_dtype":"float64","group_ids":[0,0,0,0],"segment_sizes":[4]}],"note":"K = 1 example split over 2 ranks: one unit spanning both"}',
