@@ -125,9 +125,7 @@ def test_four_column_cancellation_is_not_structural():
     assert judge(out.values, st.float64, st.allowed("float64"), st.cond, "float64", must_be_zero=st.required_zero).ok
 
 
-@pytest.mark.xfail(strict=True, raises=P.ConformanceFailure, reason="open judge bug (deep profile, stage_normalize): "
-                   "check_normalize demands exact zeros for every exactly cancelling group (group_cancelled), not only "
-                   "the structural ones (combined.required_zero); remove this marker when conformance/properties.py "
-                   "is fixed")
 def test_normalize_judge_demands_only_structural_zeros():
+    """check_normalize demanded an exact zero for every exactly cancelling group (deep profile,
+    stage_normalize; the judge fixed in 0de4a4f)."""
     P.check_normalize(Subject("impl.gdpo:gdpo_advantages", "gdpo", "spec"), _four_column_cancellation())
