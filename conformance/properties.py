@@ -266,21 +266,28 @@ def check_values(subject: Subject, case: Case, prop: str = "values") -> None:
         _expect_refusal(prop, eq, subject, case, out, (type(exp.error),), f"the oracle: {exp.error}")
         return
     res = exp.result
+    _judge_final(prop, eq, subject, case, out, res, "advantage", _refusal_permitted(case, res),
+                 [f"exact advantages {res.float64.tolist()}"])
+
+
+def _judge_final(prop, eq, subject, case, out, res, what: str, permitted: bool, context=()) -> None:
+    """The outputs of a final stage (Eq. 6, cast to out_dtype) against the oracle: a refusal where an
+    exact value rounds beyond the output range, else the values within ``allowed(out_dtype)``
+    (OutOfRangeError tolerated where ``permitted`` or where the rounding may reach the range)."""
     must, may = cast_overflow(res, case.out_dtype)
     if must:
         _expect_refusal(prop, eq, subject, case, out, (OutOfRangeError,),
-                        f"an exact advantage rounds beyond {case.out_dtype}'s range")
+                        f"an exact {what} rounds beyond {case.out_dtype}'s range")
         return
     if not out.ok:
-        if out.is_error(OutOfRangeError) and (_refusal_permitted(case, res) or may):
+        if out.is_error(OutOfRangeError) and (permitted or may):
             return
-        _fail(prop, eq, subject, case, f"{out.describe()}; the contract computes this case",
-              [f"exact advantages {res.float64.tolist()}"])
+        _fail(prop, eq, subject, case, f"{out.describe()}; the contract computes this case", context)
     _check_output(prop, eq, subject, case, out, case.n, case.out_dtype)
     v = judge(out.values, res.float64, res.allowed(case.out_dtype), res.cond, case.out_dtype)
     _target(v.ratio, f"{prop}: error/allowed")
     if not v.ok:
-        _fail(prop, eq, subject, case, f"{len(v.bad)} of {case.n} advantages outside the error model", v.rows)
+        _fail(prop, eq, subject, case, f"{len(v.bad)} of {case.n} {what}s outside the error model", v.rows)
 
 
 def check_normalize(subject: Subject, case: Case, prop: str = "stage_normalize") -> None:
@@ -320,21 +327,7 @@ def check_whiten(subject: Subject, case: Case, prop: str = "stage_whiten") -> No
     if exp.error is not None:
         _expect_refusal(prop, eq, subject, case, out, (type(exp.error),), f"the oracle: {exp.error}")
         return
-    res = exp.result
-    must, may = cast_overflow(res, case.out_dtype)
-    if must:
-        _expect_refusal(prop, eq, subject, case, out, (OutOfRangeError,),
-                        f"an exact whitened value rounds beyond {case.out_dtype}'s range")
-        return
-    if not out.ok:
-        if out.is_error(OutOfRangeError) and may:
-            return
-        _fail(prop, eq, subject, case, f"{out.describe()}; the contract computes this case")
-    _check_output(prop, eq, subject, case, out, case.n, case.out_dtype)
-    v = judge(out.values, res.float64, res.allowed(case.out_dtype), res.cond, case.out_dtype)
-    _target(v.ratio, f"{prop}: error/allowed")
-    if not v.ok:
-        _fail(prop, eq, subject, case, f"{len(v.bad)} of {case.n} whitened values outside the error model", v.rows)
+    _judge_final(prop, eq, subject, case, out, exp.result, "whitened value", False)
 
 
 # ------------------------------------------------------------ error contract

@@ -1,13 +1,13 @@
-"""Optional fused fast path: local ``gdpo_advantages`` calls in 8 Triton kernels.
+"""Optional fused fast path: Eq. 4, 7 and 6 in a few Triton kernels.
 
 The plain torch path runs about 80 small kernels per call (every level of every
 pairwise tree is one), so on a GPU a small call is bounded by kernel launches
 and a large one by the many passes over memory. This path computes the same
-thing in 8 kernels: Eq. 4 and Eq. 7 in one (the rewards are read once, the
-combined values c written once), then per whitening unit: block min/max, the
-unit's scale, the block sums of the differences, their tree and the mean, the
-block sums of the squared deviations, their tree and std + eps, and the
-output. It performs the plain path's operations in the plain path's order (see
+thing in a few kernels: Eq. 4 and Eq. 7 in one (the rewards are read once, the
+combined values c written once); Eq. 6 of a unit of up to WHOLE_UNIT rows in one
+program, of a larger unit in seven (block min/max, the unit's scale, the block
+sums of the differences, their tree and the mean, the block sums of the squared
+deviations, their tree and std + eps, the output); the facts row in one more. It performs the plain path's operations in the plain path's order (see
 ``_fused_kernels``), so its results are the plain path's bits; the test suite
 checks that on every input it draws (in Triton's interpreter without a GPU,
 compiled on a GPU) and runs the conformance suite through it.
@@ -15,17 +15,19 @@ compiled on a GPU) and runs the conformance suite through it.
 Opt-in, with the environment variable ``GDPO_FUSED``:
 
 * unset or ``0``: off (the plain path);
-* ``1``: local calls on CUDA tensors take this path where it applies (below);
+* ``1``: calls on CUDA tensors take this path where it applies (below);
 * ``interpret``: CPU tensors too, through Triton's interpreter (slow: for the
-  tests of this path on machines without a GPU). Set before ``impl`` is imported.
+  tests of this path on machines without a GPU). Set before the first call.
 
 Where it applies (anything else takes the plain path, with the same results):
-local calls (no process group) with contiguous groups (``group_size`` up to
-``MAX_GROUP``), any number K of reward columns, float64/float32/float16/
-bfloat16 rewards, float64 or float32 output, unit sizes up to ``MAX_UNIT``,
-weights below 2**990 and without the Eq. 7 overflow check (see
-``_normalize.overflow_possible``). When ``GDPO_FUSED=1`` is set but Triton
-cannot be imported, a warning says so once and the plain path runs.
+every API, local or across ranks, with contiguous groups or labelled ones (the
+padded layout; the very ragged bucketed layout and group_has_signal with labels
+stay plain), groups of up to ``MAX_GROUP`` rows, any number K of reward
+columns, float64/float32/float16/bfloat16 rewards, any output dtype (narrow
+ones are rounded from float64 by ``_pipeline.round_to``), units of up to
+``MAX_UNIT`` rows, weights below 2**990 and without the Eq. 7 overflow check
+(see ``_normalize.overflow_possible``). Whenever the fused path fails (no
+Triton, no compiler), a warning says so once and the plain path runs.
 """
 
 from __future__ import annotations
@@ -104,16 +106,18 @@ def _on(device: torch.device) -> bool:
     return bool(m) and (device.type == "cuda" or (m == "interpret" and device.type == "cpu"))
 
 
-def eq47_eligible(inp) -> bool:
-    """Can Eq. 4/7 of these validated rewards run fused?"""
-    r = inp.rewards
-    if not _on(r.device) or inp.labels is not None or r.shape[0] == 0:
+def padded_eligible(r: torch.Tensor, width: int, weights: list[float]) -> bool:
+    """Can Eq. 4/7 of groups of up to ``width`` rows of the rewards ``r`` run fused?"""
+    if not _on(r.device) or width > MAX_GROUP or r.dtype not in _REWARD_DTYPES:
         return False
-    if inp.group_size > MAX_GROUP or r.dtype not in _REWARD_DTYPES:
-        return False
-    if weight_plan(inp.weights)[1] or overflow_possible(inp.weights, inp.group_size):
+    if weight_plan(weights)[1] or overflow_possible(weights, width):
         return False
     return kernels() is not None
+
+
+def eq47_eligible(inp) -> bool:
+    """Can Eq. 4/7 of these validated rewards (contiguous groups) run fused?"""
+    return inp.labels is None and inp.n > 0 and padded_eligible(inp.rewards, inp.group_size, inp.weights)
 
 
 def whiten_eligible(device: torch.device, sizes: list[int], direct) -> bool:
@@ -208,17 +212,8 @@ def eq47(inp, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     return c, facts
 
 
-def padded_eligible(r: torch.Tensor, width: int, weights: list[float]) -> bool:
-    """Can Eq. 4/7 of labelled groups (padded layout of this width) run fused?"""
-    if not _on(r.device) or width > MAX_GROUP or r.dtype not in _REWARD_DTYPES:
-        return False
-    if weight_plan(weights)[1] or overflow_possible(weights, width):
-        return False
-    return kernels() is not None
-
-
 def eq47_padded(r: torch.Tensor, source: torch.Tensor, groups: int, width: int, weights: list[float],
-                eps: float) -> tuple[torch.Tensor, bool | None]:
+                eps: float) -> torch.Tensor:
     """Eq. 4 and Eq. 7 of labelled groups from the padded layout's ``source`` (slot ->
     input row, negative for padding): c (N,) float64 in input row order."""
     c, _, _ = _eq47_launch(r.contiguous(), source, groups, width, weights, eps)
