@@ -13,15 +13,28 @@ Collectives per distributed call (independent of the number of units):
 1. ``all_reduce(SUM)`` of the int64 (world_size, ROW_WIDTH) agreement table;
    the host reads it (the call's one host synchronisation) and every rank
    raises the same :class:`DistributedError` or none does;
-2. ``all_reduce(SUM)`` of the (world_size, S, 7) float64 statistics table, sent
-   as its int64 bit pattern: each rank fills its own slice, so the sum is an
+2. ``all_reduce(SUM)`` of the (world_size, S + 1, 7) float64 statistics table,
+   sent as its int64 bit pattern: each rank fills its own slice, so the sum is an
    exact gather (x + 0 on the bits), on every backend and device that can
-   all-reduce int64 (gloo on CPU and CUDA, NCCL);
+   all-reduce int64 (gloo on CPU and CUDA, NCCL). The extra row carries a flag
+   "my local computation failed since the agreement": a rank whose Eq. 4/7
+   (labelled groups) or statistics raise still joins, and every rank raises the
+   same :class:`DistributedError`;
 3. only when the output dtype's range is below the Samuelson bound sqrt(N) of
    a whitened value (float8 output and more than ~2e5 samples), or when a rank
    has labelled groups and the agreed weights are so large that Eq. 7 may
-   overflow: an int64 all-reduce of "my values do not survive the cast" and
-   "my combined values overflow here", so all ranks raise together.
+   overflow: an int64 all-reduce of "my values do not survive the cast", "my
+   combined values overflow here" and the failure flag, so all ranks raise
+   together.
+
+Host reads after the agreement: the flags of collective 2 are read where the
+call has labelled groups, runs on CPU, or has more units than the agreement
+table's count slots (read with those counts); with collective 3 to come, the
+flag rides in it instead. Contiguous groups on CUDA do no work between the
+collectives except copying their statistics, and read nothing: a failure there
+is raised before collective 2 and the peers fail at its timeout. A failure after
+the last collective (applying Eq. 6 to this rank's rows) is this rank's alone:
+every rank's statistics were complete, so the peers' results stand.
 """
 
 from __future__ import annotations
@@ -415,67 +428,126 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
     if lonely:
         raise P.DistributedSegmentError(P.refusal_message(lonely, agreed))
 
-    # Labelled groups compute Eq. 4/7 now: their layout needs G and n_max from the table.
-    # (An unexpected exception here leaves the peers to fail at collective 2 within the
-    # group's timeout; every input problem was refused above.)
-    overflow_row = None
-    if api == P.API_GDPO:
-        longest = max((r[P.N_MAX] if r[P.BY_LABEL] else r[P.GROUP_SIZE]) for r in agreed)
-        check_overflow = (any(r[P.BY_LABEL] for r in agreed)
-                          and N.overflow_possible(inp.weights, longest))  # the same on every rank
-        if prep is not None:
+    # Between the collectives every rank still answers: a local failure becomes a flag in this
+    # rank's slice of collective 2 (or 3), never a peer left waiting (see _told).
+    check_overflow = (api == P.API_GDPO and any(r[P.BY_LABEL] for r in agreed)
+                      and N.overflow_possible(inp.weights, _longest(agreed)))  # the same on every rank
+    total = sum(r[P.ROWS] for r in agreed)
+    reachable = cast_reachable(out_dtype, total)
+    late = reachable or check_overflow  # collective 3 runs: the same decision on every rank
+    tell = _told(agreed, units, comm, late)
+    failure = None
+    overflow_row = {} if check_overflow else None
+    try:
+        if prep is not None:  # labelled groups compute Eq. 4/7 now: their layout needs G and n_max
             mine = agreed[rank]
             norm = N.finish(prep, eps, mine[P.GROUPS], mine[P.N_MAX], read=_read)
-            overflow_row = norm.facts
+            if check_overflow:
+                overflow_row = norm.facts
             loc = None
             if _fused.whiten_eligible(data_device, sizes, None):
                 loc = _fused.guarded(lambda: _fused.Local(norm.c, sizes, eps), lambda: None)
             if loc is None:
                 loc = W.local_stats(norm.c, sizes, eps)
-        elif check_overflow:
-            overflow_row = {}
-        if not check_overflow:
-            overflow_row = None
+        mine_stats = loc.table(data_device).to(comm)
+    except Exception as exc:  # noqa: BLE001 - reported to the peers below, raised here
+        if not tell:
+            raise  # nobody would read the flag: the peers fail at collective 2's timeout instead
+        failure = exc
 
-    stats = torch.zeros(world, units, W.COLS, dtype=_F64, device=comm)
-    stats[rank] = loc.table(data_device).to(comm)
-    _all_reduce(stats.view(_I64), dist.ReduceOp.SUM, group, name, 2, rank)
-    if units > P.COUNT_SLOTS:  # counts of the units the agreement table had no slot for
-        counts = stats[:, P.COUNT_SLOTS:, 0].T.tolist()
-        reasons = [_lonely_unit(P.COUNT_SLOTS + j, c) for j, c in enumerate(counts) if sum(c) == 1]
-        if reasons:
-            raise P.DistributedSegmentError(P.refusal_message(reasons, agreed))
-    st = W.merge(stats.to(data_device))
-    total = sum(r[P.ROWS] for r in agreed)
-    if isinstance(loc, _fused.Local):
-        direct = _apply_dtype(out_dtype, total)
-        a = _fused.guarded(lambda: loc.apply(*W.global_terms(st, eps), direct),
-                           lambda: W.apply_global(W.local_stats(loc.units.v, sizes, eps), st, eps, direct))
+    stats = torch.zeros(world, units + 1, W.COLS, dtype=_F64, device=comm)
+    bits = stats.view(_I64)
+    if failure is None:
+        stats[rank, :units] = mine_stats
     else:
-        a = W.apply_global(loc, st, eps, _apply_dtype(out_dtype, total))
-    reachable = cast_reachable(out_dtype, total)
-    if reachable or overflow_row is not None:
-        _late_checks(name, group, world, rank, comm, agreed, overflow_row, a if reachable else None, out_dtype)
+        bits[rank, units, 0] = 1  # "my statistics are missing": a flag, not data
+    _all_reduce(bits, dist.ReduceOp.SUM, group, name, 2, rank)
+    if (tell and not late) or units > P.COUNT_SLOTS:  # flags and counts beyond the slots: one host read
+        failed, counts = _flags_and_counts(bits, units)  # (with collective 3 to come, it carries the flag)
+        _refuse_failed(failed, agreed, failure)
+        _refuse_lonely(counts, agreed)
+
+    a = None
+    if failure is None:
+        try:
+            st = W.merge(stats[:, :units].to(data_device))
+            if isinstance(loc, _fused.Local):
+                direct = _apply_dtype(out_dtype, total)
+                a = _fused.guarded(lambda: loc.apply(*W.global_terms(st, eps), direct),
+                                   lambda: W.apply_global(W.local_stats(loc.units.v, sizes, eps), st, eps, direct))
+            else:
+                a = W.apply_global(loc, st, eps, _apply_dtype(out_dtype, total))
+        except Exception as exc:  # noqa: BLE001
+            if not late:
+                raise  # after the last collective: this rank's own output fails; the peers' are complete
+            failure = exc
+    if late:
+        _late_checks(name, group, world, rank, comm, agreed, overflow_row if failure is None else None,
+                     a if reachable and failure is None else None, out_dtype, failure)
     return round_to(a, out_dtype), st
 
 
-def _late_checks(name, group, world, rank, comm, agreed, overflow_row, a, out_dtype):
+def _longest(agreed) -> int:
+    return max((r[P.N_MAX] if r[P.BY_LABEL] else r[P.GROUP_SIZE]) for r in agreed)
+
+
+def _told(agreed, units: int, comm: torch.device, late: bool) -> bool:
+    """Will every rank read collective 2's failure flags (or carry them into collective 3)?
+    Where a host read happens anyway (collective 3, units beyond the agreement's slots), where
+    a read is free (CPU), and where real work lies between the collectives (labelled groups'
+    Eq. 4/7): yes. Otherwise (contiguous groups on CUDA, whose only work there is copying
+    the statistics table) a read would cost the call a second host synchronisation, so a
+    failure there is raised at once and the peers fail at collective 2's timeout."""
+    return (late or units > P.COUNT_SLOTS or comm.type == "cpu"
+            or any(r[P.BY_LABEL] for r in agreed))
+
+
+def _flags_and_counts(bits: torch.Tensor, units: int) -> tuple[list[int], list[list[int]]]:
+    """Collective 2's failure flags per rank, and the counts of the units the agreement
+    table had no slot for (per unit, per rank), in one host read."""
+    extra = max(units - P.COUNT_SLOTS, 0)
+    host = torch.cat([bits[:, units, 0:1].to(_F64), bits.view(_F64)[:, P.COUNT_SLOTS:units, 0]], 1).tolist()
+    return [int(r[0]) for r in host], [[int(r[1 + j]) for r in host] for j in range(extra)]
+
+
+def _refuse_failed(failed: list[int], agreed, failure) -> None:
+    ranks = [r for r, f in enumerate(failed) if f]
+    if ranks:
+        raise P.DistributedError(P.refusal_message([_failed_after(ranks)], agreed)) from failure
+
+
+def _failed_after(ranks: list[int]) -> str:
+    return (f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}: the local computation "
+            "raised an unexpected exception after the agreement (chained on that rank)")
+
+
+def _refuse_lonely(counts: list[list[int]], agreed) -> None:
+    reasons = [_lonely_unit(P.COUNT_SLOTS + j, c) for j, c in enumerate(counts) if sum(c) == 1]
+    if reasons:
+        raise P.DistributedSegmentError(P.refusal_message(reasons, agreed))
+
+
+def _late_checks(name, group, world, rank, comm, agreed, overflow_row, a, out_dtype, failure=None):
     """Collective 3, only where needed: Eq. 7 overflow of labelled groups (weights
-    beyond ~2**1000) and whitened values that do not survive a float8 cast."""
+    beyond ~2**1000), whitened values that do not survive a float8 cast, and any
+    rank whose local computation failed since the agreement (``failure``)."""
     fields = (P.C_OVERFLOW, P.C_OVERFLOW_BITS, P.C_OVERFLOW_GROUP)
-    mine = torch.zeros(4, dtype=_I64, device=comm)
+    mine = torch.zeros(5, dtype=_I64, device=comm)
     if overflow_row:
         zero = torch.zeros((), dtype=_I64, device=comm)
         mine[:3] = torch.stack([overflow_row[f].to(comm, _I64).reshape(()) if f in overflow_row else zero
                                 for f in fields])
     if a is not None:
         mine[3] = (a.abs() >= cast_limit(out_dtype)).sum().to(comm)
-    late = torch.zeros(world, 4, dtype=_I64, device=comm)
+    if failure is not None:
+        mine[4] = 1
+    late = torch.zeros(world, 5, dtype=_I64, device=comm)
     late[rank] = mine
     _all_reduce(late, dist.ReduceOp.SUM, group, name, 3, rank)
     late = late.tolist()
+    _refuse_failed([row[4] for row in late], agreed, failure)
     reasons = []
-    for r, (at, bits, label, _) in enumerate(late):
+    for r, (at, bits, label, _, _) in enumerate(late):
         row = list(agreed[r])
         row[P.C_OVERFLOW], row[P.C_OVERFLOW_BITS], row[P.C_OVERFLOW_GROUP] = at, bits, label
         reasons += [f"rank {r}: {cls.__name__}: {msg}" for cls, msg in P.row_problems(row)]

@@ -123,7 +123,43 @@ def _die(rank, world, group, device, values, victim=1):
     return _whiten(rank, world, group, device, values)
 
 
-SCENARIOS = {"whiten": _whiten, "gdpo": _gdpo, "mixed_api": _mixed_api, "die": _die}
+#: Where ``_fail`` makes the victim's local computation raise: module, attribute.
+#: (The fused path's counterparts too, so that a run with GDPO_FUSED fails at the same point.)
+FAIL_AT = {"finish": [("impl._normalize", "finish")],  # labelled groups' Eq. 4/7, after the agreement
+           "table": [("impl._whiten", "Local.table"), ("impl._fused", "Local.table")],  # before collective 2
+           "apply": [("impl._whiten", "apply_global"), ("impl._fused", "Local.apply")]}  # after collective 2
+
+
+def _fail(rank, world, group, device, at, call_kind, victim=1, **kwargs):
+    """``victim``'s local computation raises RuntimeError at ``FAIL_AT[at]``; the call
+    itself is ``SCENARIOS[call_kind]``. Every rank must return (raise or succeed) in time."""
+    import importlib
+
+    patched = []
+    for mod_name, attr in FAIL_AT[at]:
+        owner = importlib.import_module(mod_name)
+        *path, leaf = attr.split(".")
+        for p in path:
+            owner = getattr(owner, p)
+        patched.append((owner, leaf, getattr(owner, leaf), attr))
+    if rank == victim:
+        for owner, leaf, _, attr in patched:
+            setattr(owner, leaf, _raiser(f"injected failure in {attr} on rank {rank}"))
+    try:
+        return SCENARIOS[call_kind](rank, world, group, device, **kwargs)
+    finally:
+        for owner, leaf, original, _ in patched:
+            setattr(owner, leaf, original)
+
+
+def _raiser(msg):
+    def broken(*args, **kwargs):
+        raise RuntimeError(msg)
+
+    return broken
+
+
+SCENARIOS = {"whiten": _whiten, "gdpo": _gdpo, "mixed_api": _mixed_api, "die": _die, "fail": _fail}
 
 
 # --- the rank process ------------------------------------------------------------------------

@@ -125,6 +125,21 @@ def scenarios(world):
         out.append((f"count_whiten_{units}u", "whiten", {"values": vals, "sizes": sizes}))
         rw = [[[rng.random(), rng.random()] for _ in range(2 * units)] for _ in range(world)]
         out.append((f"count_gdpo_{units}u", "gdpo", {"rewards": rw, "group_size": 2, "sizes": sizes}))
+
+    # a local computation that raises between or after the collectives (last: a fused-path
+    # failure turns that path off for the rest of the process)
+    labels = [[4, 9, 4, 9, 9, 4]] * world
+    huge = [[1e308, 0.0]] * world  # Eq. 7 may overflow: labelled groups take collective 3
+    out.append(("fail_finish_labelled", "fail", {"at": "finish", "call_kind": "gdpo", "rewards": rewards,
+                                                 "group_ids": labels}))
+    out.append(("fail_finish_labelled_late", "fail", {"at": "finish", "call_kind": "gdpo", "rewards": rewards,
+                                                      "group_ids": labels, "weights": huge}))
+    out.append(("fail_table", "fail", {"at": "table", "call_kind": "whiten", "values": plain, "sizes": None}))
+    out.append(("fail_table_forty_units", "fail", {"at": "table", "call_kind": "whiten",
+                                                   "values": [v * 8 for v in plain], "sizes": [[1] * 40] * world}))
+    out.append(("fail_apply_labelled_late", "fail", {"at": "apply", "call_kind": "gdpo", "rewards": rewards,
+                                                     "group_ids": labels, "weights": huge}))
+    out.append(("fail_apply_after_last", "fail", {"at": "apply", "call_kind": "whiten", "values": plain}))
     return out
 
 
@@ -246,6 +261,10 @@ REFUSALS = [
     ("err_gdpo_group_of_one", "DistributedError", r"rank 0: GroupError: group label 8 \(first row 2\) has 1 sample"),
     ("err_gdpo_weights_differ", "DistributedError", r"weights differ across ranks"),
 ]
+FAILED_AFTER = r"rank 1: the local computation raised an unexpected exception after the agreement"
+REFUSALS += [(name, "DistributedError", FAILED_AFTER) for name in
+             ("fail_finish_labelled", "fail_finish_labelled_late", "fail_table", "fail_table_forty_units",
+              "fail_apply_labelled_late")]
 
 
 @pytest.mark.parametrize("world", WORLDS)
@@ -264,6 +283,45 @@ def test_every_rank_raises_the_same_error(world, name, cls, pattern):
         assert re.search(pattern.format(last=world - 1), rec["msg"]), f"rank {r}: {rec['msg']}"
         msgs.add(rec["msg"])
     assert len(msgs) == 1, f"{name}: ranks raised different messages: {msgs}"
+
+
+@pytest.mark.parametrize("world", WORLDS)
+@pytest.mark.parametrize("name,where,collectives", [
+    ("fail_finish_labelled", "finish", 2), ("fail_finish_labelled_late", "finish", 3), ("fail_table", "table", 2),
+    ("fail_table_forty_units", "table", 2), ("fail_apply_labelled_late", "apply", 3)])
+def test_a_failure_between_collectives_fails_every_rank_at_once(world, name, where, collectives):
+    """Rank 1's own computation raises after the agreement (labelled groups' Eq. 4/7, the
+    statistics, or Eq. 6 with a collective 3 to come): it still joins the remaining
+    collectives with a failure flag, every rank raises the same error long before the
+    group's timeout, and rank 1's error chains the original exception."""
+    run = _run(world)
+    recs = _check_returned(run, name)
+    for r, rec in recs.items():
+        assert rec["status"] == "error", (r, rec.get("result"))
+        assert rec["seconds"] < GROUP_TIMEOUT_S / 2, (r, rec["seconds"])  # not a peer's timeout
+        assert sum(rec["collectives"].values()) == collectives, (r, rec["collectives"])
+    assert "RuntimeError: injected failure" in recs[1]["tb"] and where in recs[1]["tb"], recs[1]["tb"]
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_a_failure_after_the_last_collective_is_that_ranks_alone(world):
+    """Applying Eq. 6 to rank 1's rows raises after collective 2, the last one: rank 1
+    raises its own exception and the others return results from complete statistics
+    (equal to the unbroken run's)."""
+    run = _run(world)
+    recs = _check_returned(run, "fail_apply_after_last")
+    assert recs[1]["status"] == "error" and recs[1]["cls"] == "RuntimeError", recs[1]
+    kw = SCEN[world]["fail_apply_after_last"][2]
+    flat = [x for v in kw["values"] for x in v]
+    ex = exact_whiten(flat)
+    at = 0
+    for r in range(world):
+        n = len(kw["values"][r])
+        if r != 1:
+            assert recs[r]["status"] == "ok", recs[r]
+            assert_within(_floats(recs[r]), ex["a"][at:at + n], ex["da"][at:at + n], "float64",
+                          f"rank {r} (world {world})")
+        at += n
 
 
 # --- collectives per call -------------------------------------------------------------------------
