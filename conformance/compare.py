@@ -10,9 +10,12 @@ A failure prints the equation, the convention, the inputs in hex, observed and
 exact values, the error in ulps of the output dtype, the allowed bound, the
 condition estimate, and a one-line repro::
 
-    python -m conformance.compare --impl M:F --convention C --call-shape S --case '<hex JSON>'
+    python -m conformance.compare --impl M:F --convention C --call-shape S --property P --case '<hex JSON>'
 
-which replays the case (a single-process Case or a DistCase) and prints the same report.
+which replays the case (a single-process Case or a DistCase) under the check of the
+property P that found it (``stage_normalize`` judges ``normalize_rewards``'s c, not the
+advantages; ``errors`` the refusal the case's note names) and prints the same report.
+A subject on another device or rank backend adds ``--device`` / ``--backend``.
 """
 
 from __future__ import annotations
@@ -105,9 +108,17 @@ def _matrix(rows) -> str:
     return "[" + ", ".join(shown) + more + "]"
 
 
-def repro(subject, case) -> str:
-    return (f"python -m conformance.compare --impl {subject.target} --convention {subject.convention} "
-            f"--call-shape {subject.shape} --case {shlex.quote(case.dumps())}")
+def repro(subject, case, prop: str | None = None) -> str:
+    """The command line that replays ``case`` under the check of property ``prop`` (None: the
+    check main() picks by the case's kind, which is not the failing one for a stage or error property)."""
+    where = ""
+    if getattr(subject, "device", "cpu") != "cpu":
+        where += f" --device {shlex.quote(subject.device)}"
+    if getattr(subject, "backend", "gloo") != "gloo":
+        where += f" --backend {shlex.quote(subject.backend)}"
+    return (f"python -m conformance.compare --impl {shlex.quote(subject.target)} --convention {subject.convention} "
+            f"--call-shape {subject.shape}{where}" + (f" --property {shlex.quote(prop)}" if prop else "") +
+            f" --case {shlex.quote(case.dumps())}")
 
 
 def failure(prop: str, equation: str, subject, case, headline: str, details=()) -> str:
@@ -115,7 +126,7 @@ def failure(prop: str, equation: str, subject, case, headline: str, details=()) 
              f"{subject.convention!r}): {headline}"]
     lines += [f"  {d}" for d in details]
     lines.append("  inputs: " + describe_inputs(case).lstrip())
-    lines.append("  repro: " + repro(subject, case))
+    lines.append("  repro: " + repro(subject, case, prop))
     return "\n".join(lines)
 
 
@@ -130,17 +141,19 @@ def main(argv=None) -> int:
     ap.add_argument("--impl", default=DEFAULT_IMPL)
     ap.add_argument("--convention", default="spec")
     ap.add_argument("--call-shape", default="gdpo")
-    ap.add_argument("--property", default=None, help="property whose check to run (default: by case kind)")
+    ap.add_argument("--device", default="cpu", help="device of the input tensors (default: cpu)")
+    ap.add_argument("--backend", default="gloo", help="process-group backend of the spawned ranks (default: gloo)")
+    ap.add_argument("--property", default=None, choices=sorted(properties.CHECKS), metavar="PROPERTY",
+                    help="property whose check to run, as named in the failure (default: by case kind)")
     ap.add_argument("--case", required=True, help="hex JSON of a Case or DistCase")
     args = ap.parse_args(argv)
     data = json.loads(args.case)
     case = DistCase.from_json(data) if "shards" in data else Case.from_json(data)
-    subject = Subject(args.impl, args.call_shape, args.convention)
-    name = args.property or ("dist_values" if isinstance(case, DistCase) else
-                             "errors" if case.variant or _has_nonfinite(case) else "values")
+    subject = Subject(args.impl, args.call_shape, args.convention, device=args.device, backend=args.backend)
+    name = args.property or _default_property(case)
     check = properties.CHECKS[name]
     try:
-        check(subject, case)
+        check(subject, case, name)  # the failure then names the property the repro line came from
     except AssertionError as e:
         print(e)
         return 1
@@ -149,6 +162,15 @@ def main(argv=None) -> int:
         return 2
     print(f"[{name}] conforms: {describe_inputs(case)}")
     return 0
+
+
+def _default_property(case) -> str:
+    """The check for a case replayed without --property (a repro line older than --property):
+    an error case (noted ``error:<name>`` by the suite's generators) goes to the error contract."""
+    broken = case.note.startswith("error:")
+    if isinstance(case, DistCase):
+        return "dist_errors" if broken else "dist_values"
+    return "errors" if broken or case.variant or _has_nonfinite(case) else "values"
 
 
 def _has_nonfinite(case: Case) -> bool:
