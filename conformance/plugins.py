@@ -67,9 +67,7 @@ Call shapes
   Under a per-token convention (``--convention verl``, whose Eq. 6 weights each sample
   by its token count, as verl's ``masked_whiten`` does) the oracle is given the response
   lengths of the call (:meth:`Subject.token_counts`), so values are graded under that
-  convention; the gdpo and trl shapes pass no token counts and skip such values. Cases
-  whose allowance the oracle's model gets wrong under such a convention
-  (``properties.CONVENTION_LIMITS``) are discarded, not judged.
+  convention; the gdpo and trl shapes pass no token counts and skip such values.
 
   Error contract (``properties.ERROR_CASES`` whose ``shapes`` name ``verl``): a
   non-finite reward sits on one response token (the first or the last) of its

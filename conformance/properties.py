@@ -28,7 +28,6 @@ import dataclasses
 import math
 import re
 import time
-from fractions import Fraction
 from typing import Callable
 
 import numpy as np
@@ -85,7 +84,10 @@ def _target(ratio: float, label: str) -> None:
 # NaN bound on weights of DBL_MAX, were found by this suite and fixed in d768062; a
 # third, eq7_underflow, a zero bound for c where a weight 2^1074 below the largest
 # flushed the batch's one frame, was fixed in 8f67ffc: the oracle now keeps c's bound
-# per sample in a frame of its own.)
+# per sample in a frame of its own. A fourth, eq6_eps_frame, of convention verl only: an
+# eps added to the variance of Eq. 6 scaled into a unit's frame 2^f by 2^-f, not 2^-2f, so
+# the allowance was too tight for f > 0; the oracle now scales it by 2^-2f, the denominator
+# computed in mpmath (tests/test_call_shapes.py checks the bound's scale invariance).)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,87 +105,6 @@ class _Unjudged(Exception):
 ORACLE_LIMITS: tuple = ()  # none known under convention spec (eq7_underflow: fixed in 8f67ffc)
 
 
-class _EpsFrame(Exception):
-    """The case meets the condition of :func:`eq6_eps_misscaled`."""
-
-
-#: How far the oracle's Eq. 6 denominator may exceed the error model's before a case is
-#: not judged: Δa scales with 1/denominator, so below this the allowance shrinks by less
-#: than 0.1%, well inside the model's SAFETY factor of 2.
-EPS_FRAME_SLACK = 2.0 ** -10
-
-
-def eq6_eps_misscaled(case: Case, res, token_counts=None) -> bool:
-    """A unit whose Eq. 6 allowance the oracle makes tighter than the error model: a
-    convention adding eps to the variance (placement "var", verl), in a unit whose model
-    frame exponent f is positive.
-
-    The oracle evaluates each unit's Eq. 6 error model in a frame of its own (c * 2^-f, f the
-    exponent of the unit's largest |c|, or of its largest Δc where every c is 0;
-    oracle/gdpo.py ``_unit_frame``) and scales eps into it by 2^-f (``_whiten``: ``eps_w *
-    frame_q``): right for eps added to the std, but eps added to the variance scales by
-    2^-2f. Its denominator is sqrt(var + eps 2^f) where the model's is sqrt(var + eps), so
-    for f > 0 the allowance is too tight wherever eps is not negligible beside the unit's
-    variance. In a unit of groups of two or more (each group's c sum to 0, so var >=
-    max|c|^2 / (2 (T - 1))) that happens only where every c is exactly 0 without being a
-    structural zero (e.g. two cancelling column pairs of weights w, -w): such cases are not
-    judged. (For f < 0 the allowance is looser than the model's: judged.)"""
-    conv = res.convention
-    if conv is None or conv.whiten == "none" or conv.whiten_eps_placement != "var":
-        return False
-    eps = Fraction(conv.whiten_eps if case.eps is None else float(case.eps))
-    stage = res.combined
-    c = stage.float64
-    frames = np.broadcast_to(np.asarray(stage.frame), c.shape)
-    t = np.ones(case.n) if token_counts is None else np.asarray(token_counts, dtype=np.float64)
-    units = case.unit_ids()
-    units = np.zeros(case.n, np.int64) if units is None else units
-    slack = (1 + Fraction(EPS_FRAME_SLACK)) ** 2
-    for u in np.unique(units):
-        idx = np.flatnonzero(units == u)
-        cu, tu = c[idx], t[idx]
-        if not np.all(np.isfinite(cu)) or tu.sum() - conv.whiten_ddof <= 0:
-            continue  # NaN (propagated) or beyond float64: not this limit
-        if np.all(cu == cu[0]) and stage.required_zero[idx].all():
-            continue  # a structurally collapsed unit: exact zeros demanded, no denominator in the model
-        live = cu != 0.0
-        if live.any():
-            f = max(math.frexp(float(x))[1] for x in cu[live])
-        else:
-            moved = stage.delta[idx] != 0.0
-            f = int(frames[idx][moved].max()) if moved.any() else 0
-        if f <= 0:
-            continue
-        cs = np.ldexp(cu, -f)  # the oracle's frame: |cs| < 1, no square overflows
-        mean = float(np.sum(tu * cs) / tu.sum())
-        var = Fraction(float(np.sum(tu * (cs - mean) ** 2) / (tu.sum() - conv.whiten_ddof)))
-        model = var + eps * Fraction(1, 2 ** (2 * f))  # the error model's denominator^2, in the frame
-        taken = var + eps * Fraction(1, 2 ** f)  # the oracle's
-        if taken > slack * model:
-            return True
-    return False
-
-
-#: Oracle limits of a peer convention only (not ``spec``, whose limits above
-#: conformance/test_suite_meta.py replays): tests/test_call_shapes.py asserts that each
-#: still reproduces under its convention and call shape.
-CONVENTION_LIMITS = (
-    OracleLimit(
-        "eq6_eps_frame",
-        "convention verl adds eps to the variance of Eq. 6; the oracle's error model scales that eps into "
-        "a unit's frame like an eps added to the std (2^-f, not 2^-2f; oracle/gdpo.py _whiten), so for "
-        "f > 0 its allowance is tighter than the model's where eps is not negligible beside the unit's "
-        "variance: in practice a unit whose every c is exactly 0 without being a structural zero",
-        lambda case, exc: isinstance(exc, _EpsFrame),
-        # two column pairs cancelling under weights w, -w: every c exactly 0, not a structural zero
-        '{"rewards":[["0x1.0p+0","0x1.0p+0","0x1.4p+2","0x1.4p+2"],["0x1.0p+1","0x1.0p+1","0x1.0p+0","0x1.0p+0"],'
-        '["0x1.0p+2","0x1.0p+2","0x0.0p+0","0x0.0p+0"],["0x0.0p+0","0x0.0p+0","0x1.8p+1","0x1.8p+1"]],'
-        '"dtype":"float32","out_dtype":"float32","group_size":2,"weights":["0x1.0p+1","-0x1.0p+1","0x1.8p+1",'
-        '"-0x1.8p+1"]}',
-    ),
-)
-
-
 def oracle_verdict(case, convention: str, token_counts=None):
     """The oracle's Expected, or reject() for a known oracle limit (anything else fails loudly).
     ``token_counts``: each sample's token count, for a per-token convention (verl)."""
@@ -192,13 +113,11 @@ def oracle_verdict(case, convention: str, token_counts=None):
         res = exp.result
         if res is not None and np.isnan(res.allowed("float64")).any():
             raise _Unjudged(f"NaN in the oracle's allowed(): {res.allowed('float64').tolist()}")
-        if res is not None and isinstance(case, Case) and eq6_eps_misscaled(case, res, token_counts):
-            raise _EpsFrame("the oracle's Eq. 6 model scales a variance eps like a std eps")
         return exp
     except GDPOError:
         raise
     except Exception as exc:  # noqa: BLE001
-        for lim in ORACLE_LIMITS + CONVENTION_LIMITS:
+        for lim in ORACLE_LIMITS:
             if lim.matches(case, exc):
                 if currently_in_test_context():
                     reject()

@@ -457,19 +457,35 @@ def _top_exponent(forms, nan, values: np.ndarray, classes):
     return e
 
 
-def _unit_frame(c_top, nan, delta: np.ndarray, dframe: np.ndarray) -> int:
+def _unit_frame(c_top, nan, delta: np.ndarray, dframe: np.ndarray, floor: int = -900) -> int:
     """The power-of-two frame of one unit's Eq. 6 bound: its largest exact |c| (``c_top``)
     brought to [1/2, 1), raised where a sample's Δc (``delta * 2^dframe``) would exceed 2^960
     in it (values 2^1000 below that Δc are negligible beside it; the condition estimate gets a
-    frame of its own, so that its sizes never flush the model's); clamped below so that eps
-    measured in it stays finite."""
+    frame of its own, so that its sizes never flush the model's); clamped below at ``floor``
+    (:func:`_eps_floor`) so that eps measured in it, and so the denominator, stays finite."""
     live = ~nan & (delta != 0.0) & np.isfinite(delta)
     top = int((dframe[live] + np.frexp(delta[live])[1]).max()) if live.any() else None
     if c_top is None:
         e = top if top is not None else 0
     else:
         e = c_top if top is None else max(c_top, top - 960)
-    return max(e, -900)
+    return max(e, floor)
+
+
+def _eps_floor(eps: Fraction, placement: str) -> int:
+    """The lowest frame 2^f of an Eq. 6 bound: -900, raised where eps's share of the
+    denominator (eps 2^-f added to the std; sqrt(eps) 2^-f, eps 2^-2f added to the
+    variance) would exceed 2^960 in it; with eps = 1e-8 or 1e-4 it never is (eps below 2^60
+    added to the std, below 2^120 to the variance). Where the floor lifts the frame above a
+    unit's largest |c|, the denominator there is at least 2^959, and a c, deviation or
+    product below 2^-1074 there may flush to 0: such a term enters Δa divided by that
+    denominator, or times an |a_j| (below 2^-2000 where its deviation flushed), far below
+    the model's own underflow term 3 τ."""
+    if eps <= 0 or placement == "skip_if_zero":
+        return -900
+    x = math.frexp(float(eps))[1]  # eps < 2^x (eps is a float: exact)
+    top = -(-x // 2) if placement == "var" else x  # sqrt(eps) < 2^ceil(x/2)
+    return max(-900, top - 960)
 
 
 def _members(index: np.ndarray, count: int) -> list[np.ndarray]:
@@ -643,7 +659,8 @@ def _whiten(forms, nan, c64, dcond, cond_frame, dmodel, model_frame, uidx, t, co
     """Eq. 6 per unit. ``c64`` is c (float64, inf where it overflowed), its condition and
     model deltas are ``dcond * 2^cond_frame`` and ``dmodel * 2^model_frame`` per sample.
     Each unit's error model is evaluated in a frame of its own (:func:`_unit_frame`),
-    where nothing overflows (a is dimensionless, eps scales with the frame)."""
+    where nothing overflows (a is dimensionless; eps scales with the frame like what it is
+    added to: like c when added to the std, like c^2 when added to the variance)."""
     N = len(forms)
     ar = _rounded_arrays(N); azero = np.zeros(N, bool)
     acond = np.zeros(N); adelta = np.zeros(N)
@@ -651,6 +668,7 @@ def _whiten(forms, nan, c64, dcond, cond_frame, dmodel, model_frame, uidx, t, co
     ucoll = np.zeros(S, bool)
     areq = np.zeros(N, bool)
     members = _members(uidx, S)
+    floor = _eps_floor(eps_w, conv.whiten_eps_placement)
     cs = np.zeros(N); dcond_s = np.zeros(N); dmodel_s = np.zeros(N)  # each unit in its own frame
     for s in range(S):
         idx = members[s]
@@ -665,8 +683,8 @@ def _whiten(forms, nan, c64, dcond, cond_frame, dmodel, model_frame, uidx, t, co
             continue
         uforms = [forms[j] for j in idx]
         c_top = _top_exponent(uforms, nan[idx], c64[idx], classes)
-        frame = _unit_frame(c_top, nan[idx], dmodel[idx], model_frame[idx])  # the error model's
-        cframe = _unit_frame(c_top, nan[idx], dcond[idx], cond_frame[idx])  # the condition estimate's
+        frame = _unit_frame(c_top, nan[idx], dmodel[idx], model_frame[idx], floor)  # the error model's
+        cframe = _unit_frame(c_top, nan[idx], dcond[idx], cond_frame[idx], floor)  # the condition estimate's
         cs[idx] = _scaled_values(uforms, nan[idx], c64[idx], frame, classes)
         ccs = _scaled_values(uforms, nan[idx], c64[idx], cframe, classes)
         with np.errstate(over="ignore"):  # a delta 2^1024 above the unit's largest c: no bound (inf)
@@ -724,11 +742,18 @@ def _whiten(forms, nan, c64, dcond, cond_frame, dmodel, model_frame, uidx, t, co
 
 
 def _scaled_unit_terms(mean, var, eps_w, conv, frame: int, classes):
-    """A unit's mean, std and denominator measured in the frame 2^frame (eps scales with it)."""
+    """A unit's mean, std and denominator measured in the frame 2^frame: with q = 2^-frame,
+    c, the mean and the std scale by q, so an eps added to the std scales by q and one added
+    to the variance by q^2 (then the bound is invariant under c -> 2^k c, eps -> 4^k eps, as
+    the exact a is). The denominator comes from the exact variance and eps in mpmath, whose
+    exponents are unbounded: eps q^2 alone may be far beyond float64 (q up to 2^900) while
+    the denominator, sqrt(eps) q at most 2^960 or so (:func:`_eps_floor`), is not."""
     q = _pow2(-frame)
     m_s = ex.round_mpf(ex.iv_form(mean.scaled(q), classes, 80)[0], "float64")
-    s_s = ex.round_mpf(ex.iv_sqrt(ex.iv_scale_rational(var, q * q, 80), 80)[0], "float64")
-    return m_s, s_s, _scaled_whiten_denominator(s_s, eps_w * q, conv.whiten_eps_placement)
+    var_s = ex.iv_scale_rational(var, q * q, 80)
+    s_iv = ex.iv_sqrt(var_s, 80)
+    s_s = ex.round_mpf(s_iv[0], "float64")
+    return m_s, s_s, _scaled_whiten_denominator(s_s, var_s, eps_w, q, conv.whiten_eps_placement)
 
 
 def _whiten_unit_numbers(forms, idx, zero, tt, T, mean, conv, eps_w, classes, label, ar, azero):
@@ -810,9 +835,12 @@ def _denominator_interval(var, eps: Fraction, placement: str, prec: int):
     return ex.iv_sqrt(var, prec)
 
 
-def _scaled_whiten_denominator(s: float, eps: Fraction, placement: str) -> float:
+def _scaled_whiten_denominator(s: float, var_s, eps: Fraction, q: Fraction, placement: str) -> float:
+    """Eq. 6's denominator in the frame q = 2^-f: ``s`` the std there (float64), ``var_s`` the
+    variance there (an interval), ``eps`` the convention's (absolute)."""
     if placement in ("std", "std_if_positive"):
-        return s + float(eps)
-    if placement == "var":
-        return math.sqrt(s * s + float(eps))
+        return s + float(eps * q)  # at most 2^960 (_eps_floor)
+    if placement == "var":  # sqrt(var q^2 + eps q^2): eps q^2 itself may be beyond float64
+        w = ex.iv_add(var_s, ex.iv_rational(eps * q * q, 80), 80)
+        return ex.round_mpf(ex.iv_sqrt(w, 80)[0], "float64")
     return s

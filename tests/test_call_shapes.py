@@ -13,6 +13,7 @@ is the flaw's.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import subprocess
 import sys
@@ -376,41 +377,125 @@ def test_root_run_under_the_verl_convention():
     assert bad.returncode == 1 and "advantages outside the error model" in out, out[-3000:]
 
 
-def test_convention_oracle_limits_still_reproduce():
-    """eq6_eps_frame: the oracle's Eq. 6 error model under placement "var" is not invariant
-    under an exact rescaling (values by 2^s, eps by 4^s), whose exact results and whose
-    error model are the same; the sample is not judged. When the oracle scales a variance
-    eps by the frame squared (oracle/gdpo.py _whiten), the bounds agree: remove the entry from
-    conformance/properties.py CONVENTION_LIMITS and eq6_eps_misscaled."""
+#: The former oracle limit eq6_eps_frame's sample: two column pairs cancelling under weights
+#: w, -w, so every c is exactly 0 without being a structural zero; the unit's variance is 0
+#: and its Eq. 6 denominator is sqrt(eps) alone, so eps's scaling into the unit's frame
+#: decides the whole bound.
+EPS_FRAME_SAMPLE = (
+    '{"rewards":[["0x1.0p+0","0x1.0p+0","0x1.4p+2","0x1.4p+2"],["0x1.0p+1","0x1.0p+1","0x1.0p+0","0x1.0p+0"],'
+    '["0x1.0p+2","0x1.0p+2","0x0.0p+0","0x0.0p+0"],["0x0.0p+0","0x0.0p+0","0x1.8p+1","0x1.8p+1"]],'
+    '"dtype":"float32","out_dtype":"float32","group_size":2,"weights":["0x1.0p+1","-0x1.0p+1","0x1.8p+1",'
+    '"-0x1.8p+1"]}')
+
+
+def _verl_scaled(case: Case, k: int, whiten_eps: float | None = None):
+    """The oracle's Result under convention verl (its own token counts) with the weights
+    multiplied by 2^k (exact: c scales by 2^k, exactly) and Eq. 6's eps replaced."""
     from oracle import gdpo as og
     from spec.conventions import CONVENTIONS
 
-    (limit,) = P.CONVENTION_LIMITS
-    case = regressions.load(limit.sample)
-    with pytest.raises(P.NotJudged, match=limit.name):
-        P.oracle_verdict(case, "verl", plugins.verl_lengths(case.n))
-    verl = CONVENTIONS["verl"]
-    v = np.array([1.0, 1.0 + 2.0 ** -20, 1.0 - 2.0 ** -20, 1.0 + 2.0 ** -19])
-    t = np.array([3, 2, 1, 6])
-    a = og.whiten_units(v, convention=verl, token_counts=t)
-    b = og.whiten_units(v * 2.0 ** 30, convention=dataclasses.replace(verl, whiten_eps=verl.whiten_eps * 4.0 ** 30),
-                        token_counts=t)
-    assert np.array_equal(a.float64, b.float64)  # the same exact problem
-    assert not np.allclose(a.delta, b.delta, rtol=1e-6), (
-        f"oracle limit {limit.name!r} no longer reproduces (the Eq. 6 bound is scale-invariant): remove it "
-        "from conformance/properties.py CONVENTION_LIMITS, with eq6_eps_misscaled")
+    conv = CONVENTIONS["verl"]
+    if whiten_eps is not None:
+        conv = dataclasses.replace(conv, whiten_eps=whiten_eps)
+    w = [math.ldexp(x, k) for x in case.weights]
+    assert all(math.ldexp(x, -k) == y for x, y in zip(w, case.weights)), "the scaled weights are not exact"
+    return og.advantages(case.rewards_array(), case.labels(), weights=w, convention=conv,
+                         token_counts=plugins.verl_lengths(case.n))
 
 
-def test_eq6_eps_limit_is_narrow():
-    """The limit discards only units with every c exactly 0 (not structurally): an ordinary
-    verl case and the spec convention are judged."""
-    case = regressions.load(P.CONVENTION_LIMITS[0].sample)
+def test_eq6_bound_under_a_variance_eps_is_scale_invariant():
+    """Convention verl adds eps to the variance of Eq. 6: a = (c - m) / sqrt(var + eps). The
+    error model (spec/error_model.py) is homogeneous: Δa is unchanged when c, Δc and the
+    denominator scale together, i.e. c -> 2^k c with eps -> 4^k eps. The oracle evaluates each
+    unit's bound in a frame 2^f of its own, where eps must scale by 2^-2f (it scaled by 2^-f,
+    too tight for f > 0: the former oracle limit eq6_eps_frame, whose sample is used here).
+    Scaling the weights by 2^k scales c and Δc by 2^k exactly (rewards would not: Eq. 4
+    normalises them away), so the sample's bound must not move, over 2^990 of scales."""
+    from spec.conventions import CONVENTIONS
+
+    case = regressions.load(EPS_FRAME_SAMPLE)
+    eps = CONVENTIONS["verl"].whiten_eps  # 1e-8
+    base = _verl_scaled(case, 0, eps)
+    assert np.all(base.combined.float64 == 0.0) and not base.combined.required_zero.any()
+    assert np.all(base.delta > 0.0) and np.all(np.isfinite(base.delta))
+    for k in (-490, -300, -60, -7, 9, 64, 300, 500):  # eps 4^k stays a normal float64, exactly
+        res = _verl_scaled(case, k, math.ldexp(eps, 2 * k))
+        assert np.array_equal(res.float64, base.float64)  # the same exact problem
+        np.testing.assert_allclose(res.delta, base.delta, rtol=1e-12, err_msg=f"c scaled by 2^{k}")
+        np.testing.assert_allclose(res.allowed("float32"), base.allowed("float32"), rtol=1e-12,
+                                   err_msg=f"c scaled by 2^{k}")
+
+
+def test_eq6_bound_under_verls_own_eps_follows_the_model():
+    """With verl's own eps (1e-8) fixed and c scaled by 2^k, the sample's unit has variance 0
+    and a = 0, so the model reads Δa_j = (Δc_j + Σ t Δc / T) / sqrt(eps) + 3 τ, capped at the
+    normalisation bound (error_model.noise_cap): Δc, and so Δa, scales like 2^k (Eq. 7's
+    underflow term τ is negligible down to 2^-600) until the cap, and at 2^600 it is the cap.
+    A frame eps scaled by 2^-f would make it scale like 2^(k/2)."""
+    from spec import error_model as em
+
+    case = regressions.load(EPS_FRAME_SAMPLE)
+    base = _verl_scaled(case, 0)
+    t = plugins.verl_lengths(case.n).astype(np.float64)
+    cap = em.noise_cap(float(t.sum()), 1, t, case.n, base.float64)
+    assert np.all(base.delta < cap * 2.0 ** -30)  # room for 2^20 below the cap
+    for k in (-600, -300, -40, -10, 10, 20):
+        res = _verl_scaled(case, k)
+        np.testing.assert_allclose(res.delta, np.ldexp(base.delta, k), rtol=1e-12, err_msg=f"c scaled by 2^{k}")
+    for k in (40, 600):
+        assert np.array_equal(_verl_scaled(case, k).delta, cap), k
+
+
+#: Weights at the bottom of the subnormals put a unit's frame at 2^-1074 or so (clamped
+#: to 2^-900), where eps 2^-2f, about 2^1774, is beyond float64 while the denominator
+#: sqrt(eps) 2^-f is not: the oracle once crashed there (OverflowError).
+SUBNORMAL_FRAME_CASES = [
+    Case(rewards=((1.0, 0.5), (0.0, 0.25), (1.0, 0.0), (0.0, 1.0)), group_size=2, weights=(2.0 ** -1074, 0.0)),
+    Case(rewards=((1.0, 0.5), (0.0, 0.25), (1.0, 0.0), (0.0, 1.0)), group_size=2,
+         weights=(2.0 ** -1074, 2.0 ** -1074)),
+    Case(rewards=((1.0, 0.5), (0.0, 0.25), (1.0, 0.0), (0.0, 1.0)), group_size=2, weights=(1.0, 2.0 ** -1074)),
+    Case(rewards=((1.0, 0.5), (0.0, 0.25), (1.0, 0.0), (0.0, 1.0), (3.0, -2.0), (0.5, 0.5)), group_size=3,
+         weights=(2.0 ** -1000, -(2.0 ** -1000))),
+    Case(rewards=((1.0, 0.5), (0.0, 0.25), (1.0, 0.0), (0.0, 1.0)), group_size=2,
+         weights=(2.0 ** -1022, 2.0 ** 1000)),
+]
+
+
+@pytest.mark.parametrize("case", SUBNORMAL_FRAME_CASES + ["sample"], ids=lambda c: "sample" if c == "sample" else
+                         f"w={c.weights}")
+def test_verl_oracle_bounds_units_in_subnormal_frames(mirror, case):
+    """No overflow in the oracle at the bottom of the subnormals under convention verl: the
+    bound is finite and positive where a is not demanded exactly, and the verl mirror
+    (tests/verl_mirror.py) is graded, and passes."""
+    if case == "sample":  # the sample's weights times 2^-1074: (2^-1073, -2^-1073, 3 2^-1074, -3 2^-1074)
+        sample = regressions.load(EPS_FRAME_SAMPLE)
+        case = dataclasses.replace(sample, weights=tuple(math.ldexp(w, -1074) for w in sample.weights))
+        res = _verl_scaled(case, 0)
+        base = _verl_scaled(sample, 0)
+        assert np.all(res.delta >= np.ldexp(base.delta, -1074))  # τ only adds to the scaled bound
     tc = plugins.verl_lengths(case.n)
-    assert P.eq6_eps_misscaled(case, expected(case, "verl", tc).result, tc)
-    assert not P.eq6_eps_misscaled(case, expected(case, "spec").result)
-    plain = Case(rewards=((1.0, 0.5), (0.0, 0.25), (1.0, 0.0), (0.0, 1.0)), group_size=2, weights=(3.0, -40.0))
-    tc = plugins.verl_lengths(plain.n)
-    assert not P.eq6_eps_misscaled(plain, expected(plain, "verl", tc).result, tc)
+    res = P.oracle_verdict(case, "verl", tc).result
+    for stage in (res, res.combined):
+        live = ~stage.required_zero
+        assert np.all(np.isfinite(stage.delta)) and np.all(stage.delta[live] > 0.0), stage.delta
+        assert np.all(np.isfinite(stage.allowed("float32"))), stage.allowed("float32")
+    P.check_values(mirror(), case)
+
+
+@pytest.mark.parametrize("convention", ["verl", "spec"])
+@pytest.mark.parametrize("eps", [1e100, 1e300])
+def test_oracle_bounds_a_huge_eps_beside_tiny_c(convention, eps):
+    """An eps far beyond a unit's c (c down to 2^-1074, eps up to 1e300): the unit's frame is
+    lifted so that eps's share of the denominator stays finite (oracle/gdpo.py _eps_floor);
+    the bound is finite and positive, never an OverflowError."""
+    from oracle import gdpo as og
+
+    r = np.array([[1.0, 0.5], [0.0, 0.25], [1.0, 0.0], [0.0, 1.0]])
+    tc = np.array([3, 2, 1, 6]) if convention == "verl" else None
+    for w in ((2.0 ** -1074, 0.0), (1.0, 0.0), (1e300, -1e300)):
+        res = og.advantages(r, [0, 0, 1, 1], weights=w, eps=eps, convention=convention, token_counts=tc)
+        assert np.all(np.isfinite(res.delta)) and np.all(res.delta > 0.0), (w, res.delta)
+        assert np.all(np.isfinite(res.allowed("float64"))), (w, res.allowed("float64"))
 
 
 # ------------------------------------------------------------ pytest --impl from the root, no path
