@@ -646,8 +646,8 @@ def _scaled_denominator(col: _Column, conv: Convention, eps: Fraction, e: int, s
     p = conv.group_eps_placement
     if p in ("std", "std_if_positive"):
         return sigma + eps_s if sigma > 0 or p == "std" else 1.0
-    if p == "var":
-        return math.sqrt(sigma * sigma + float(eps * _pow2(-2 * e)))
+    if p == "var":  # sqrt(V + eps) in the frame, from the exact rationals: eps 2^-2e alone may be beyond float64
+        return _float_sqrt((col.V + eps) * _pow2(-2 * e))
     return sigma if sigma > 0 else 1.0
 
 

@@ -498,6 +498,20 @@ def test_oracle_bounds_a_huge_eps_beside_tiny_c(convention, eps):
         assert np.all(np.isfinite(res.allowed("float64"))), (w, res.allowed("float64"))
 
 
+def test_oracle_bounds_an_eq4_variance_eps_in_a_subnormal_frame():
+    """Eq. 4 with eps added to the variance (a custom convention): a column whose range is
+    subnormal has its frame at 2^-900, where eps 2^1800 alone is beyond float64; the
+    denominator sqrt(V + eps) comes from the exact rationals, never an OverflowError."""
+    from oracle import gdpo as og
+    from spec.conventions import CONVENTIONS
+
+    conv = dataclasses.replace(CONVENTIONS["verl"], group_eps_placement="var")
+    for r in ([[2.0 ** -1074], [0.0], [2.0 ** -1073], [0.0]], [[1.0], [0.0], [3.0], [0.0]]):
+        res = og.advantages(np.array(r), [0, 0, 1, 1], convention=conv, token_counts=[1, 2, 3, 4])
+        for stage in (res.z, res):
+            assert np.all(np.isfinite(stage.delta)) and np.all(stage.delta > 0.0), (r, stage.delta)
+
+
 # ------------------------------------------------------------ pytest --impl from the root, no path
 
 
