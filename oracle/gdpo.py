@@ -473,14 +473,21 @@ def _unit_frame(c_top, nan, delta: np.ndarray, dframe: np.ndarray, floor: int = 
 
 
 def _eps_floor(eps: Fraction, placement: str) -> int:
-    """The lowest frame 2^f of an Eq. 6 bound: -900, raised where eps's share of the
-    denominator (eps 2^-f added to the std; sqrt(eps) 2^-f, eps 2^-2f added to the
-    variance) would exceed 2^960 in it; with eps = 1e-8 or 1e-4 it never is (eps below 2^60
-    added to the std, below 2^120 to the variance). Where the floor lifts the frame above a
-    unit's largest |c|, the denominator there is at least 2^959, and a c, deviation or
-    product below 2^-1074 there may flush to 0: such a term enters Δa divided by that
-    denominator, or times an |a_j| (below 2^-2000 where its deviation flushed), far below
-    the model's own underflow term 3 τ."""
+    """The lowest frame 2^f of an Eq. 6 bound, or of an Eq. 4 bound (group column): -900,
+    raised where eps's share of the denominator (eps 2^-f added to the std; sqrt(eps) 2^-f,
+    eps 2^-2f added to the variance) would exceed 2^960 in it; with eps = 1e-8 or 1e-4 it
+    never is (eps below 2^60 added to the std, below 2^120 to the variance).
+
+    Eq. 6: where the floor lifts the frame above a unit's largest |c|, the denominator
+    there is at least 2^959, and a c, deviation or product below 2^-1074 there may flush
+    to 0: such a term enters Δa divided by that denominator, or times an |a_j| (below
+    2^-2000 where its deviation flushed), far below the model's own underflow term 3 τ.
+
+    Eq. 4: where it lifts a column's frame (:func:`_frame`, above the column's range), the
+    denominator there is again at least 2^959 and every deviation below 1, so |z| < 2^-959;
+    a deviation, std, τ 2^-f or input ulp that flushes to 0 there enters Δz divided by that
+    denominator (or times |z|): below 2^-2000. A range that flushes is kept at 2^-1074 there
+    (an upper bound), so that the model never takes a live column for a collapsed one."""
     if eps <= 0 or placement == "skip_if_zero":
         return -900
     x = math.frexp(float(eps))[1]  # eps < 2^x (eps is a float: exact)
@@ -501,7 +508,8 @@ def _frame(col: _Column, vals: np.ndarray) -> int:
     else:
         ref = max((math.ulp(float(v)) for v in vals), default=1.0)  # math.ulp(DBL_MAX) is finite
         e = math.frexp(ref)[1]
-    # clamped so that eps * 2^-e stays finite while the spread stays representable
+    # clamped so that the spread stays representable and eps * 2^-e finite for eps below 2^60
+    # (the caller raises the frame to _eps_floor for larger eps)
     return min(max(e, -900), 1000)
 
 
@@ -581,6 +589,8 @@ def _group_numbers(idx, cols, r, wq, w, dws, conv, eps_g, classes,
             continue
         vals = r[idx, k]
         e = _frame(col, vals)
+        if not col.raw:  # z = r / (1 + eps) is not measured in the frame: no eps to scale
+            e = max(e, _eps_floor(eps_g, conv.group_eps_placement))
         sel = np.array([_valid_pos(col, jj) is not None for jj in range(n)])
         g = col.f * _pow2(-e)  # int / int true division is correctly rounded, even for huge ints
         dev = np.array([d * g.numerator / g.denominator for d in col.D]) if col.D else np.zeros(0)
@@ -588,6 +598,8 @@ def _group_numbers(idx, cols, r, wq, w, dws, conv, eps_g, classes,
         denom = _scaled_denominator(col, conv, eps_g, e, sigma)
         nv = int(sel.sum())
         rho = float(Fraction(col.rho) * _pow2(col.E - e))
+        if col.rho and rho == 0.0:  # flushed in a frame lifted by a huge eps: a range, not a collapse
+            rho = 5e-324
         d_model = em.model_dev_perturbation(rho, nv, tau=math.ldexp(em.TAU, -e))
         # one ulp of each input, measured in the frame (spacing(DBL_MAX) itself is inf);
         # a subnormal's ulp is the absolute 2^-1074 whatever the frame
@@ -642,10 +654,10 @@ def _float_sqrt(v: Fraction) -> float:
 def _scaled_denominator(col: _Column, conv: Convention, eps: Fraction, e: int, sigma: float) -> float:
     if col.raw:  # z = r / (1 + eps): r is measured in the frame, 1 + eps is not
         return float(1 + eps)
-    eps_s = float(eps * _pow2(-e))
     p = conv.group_eps_placement
-    if p in ("std", "std_if_positive"):
-        return sigma + eps_s if sigma > 0 or p == "std" else 1.0
+    if p in ("std", "std_if_positive"):  # eps 2^-e is at most 2^960: the frame is at least _eps_floor's
+        # the std's sign from the exact variance: in a frame lifted by a huge eps, sigma may flush to 0
+        return sigma + float(eps * _pow2(-e)) if col.V > 0 or p == "std" else 1.0
     if p == "var":  # sqrt(V + eps) in the frame, from the exact rationals: eps 2^-2e alone may be beyond float64
         return _float_sqrt((col.V + eps) * _pow2(-2 * e))
     return sigma if sigma > 0 else 1.0
