@@ -18,7 +18,9 @@ deviations are taken after subtracting the first member (shift invariance, so a
 constant column or unit gives exact zeros); weights beyond 2^990 are scaled down by a
 power of two, so that w_k z_k cannot overflow; and Eq. 6 runs with c scaled by the power
 of two of its largest magnitude (eps by its square), so that no square overflows or
-underflows.
+underflows, a frame raised where eps measured in it would pass 2^960 (c below about
+2^-493 with eps 1e-8: eps then dwarfs every square, and squares that underflow there
+cannot matter).
 
 ``gdpo_advantages`` is the faithful one; the other two are the same code with one flaw
 each (negative controls of the per-token grading, tests/test_call_shapes.py). Run the
@@ -53,7 +55,7 @@ def _shifted_stats(x: torch.Tensor, weights: torch.Tensor, ddof: int):
 
 
 def _advantages(token_level_rewards, response_mask, index, weights=None, *, token_weighted=True, ddof=1,
-                group_eps=GROUP_EPS, whiten_eps=WHITEN_EPS):
+                group_eps=GROUP_EPS, whiten_eps=WHITEN_EPS, out_dtype=torch.float32):
     keys = list(token_level_rewards)
     mask = response_mask.to(torch.float64)
     scores = torch.stack([(token_level_rewards[k].to(torch.float64) * mask).sum(-1) for k in keys], dim=1)
@@ -87,18 +89,20 @@ def _advantages(token_level_rewards, response_mask, index, weights=None, *, toke
     # Eq. 6 in the frame of the largest c (its squares cannot overflow); eps follows as 2^-2f
     top = float(c.abs().max())
     f = math.frexp(top)[1] if top > 0 else 0
+    if whiten_eps > 0:  # raised so that eps 2^-2(e+f) stays below 2^960 (eps < 2^x: e + f >= (x - 960) / 2)
+        f = max(f, -((960 - math.frexp(whiten_eps)[1]) // 2) - e)
     for part in (-(f // 2), -(f - f // 2)):  # two steps: 2^-f alone may be beyond float64
         c = c * math.ldexp(1.0, part)
-    eps_frame = math.ldexp(whiten_eps, min(-2 * (e + f), 1023))  # beyond: eps dwarfs every c anyway
+    eps_frame = math.ldexp(whiten_eps, -2 * (e + f))  # below 2^960; 0 where eps is negligible beside c^2
     if token_weighted:  # Eq. 6 over the response tokens, each carrying its sample's c (masked_whiten)
         tok = mask.bool()
         dev, var = _shifted_stats(c[:, None].expand(mask.shape)[tok], torch.ones(int(tok.sum()),
                                                                                   dtype=torch.float64), 1)
         a = torch.zeros_like(mask)
         a[tok] = _scale(dev, var, eps_frame)
-        return _cast(a)
+        return _cast(a, out_dtype)
     dev, var = _shifted_stats(c, torch.ones(b, dtype=torch.float64), 1)  # one weight per sample
-    return _cast(_scale(dev, var, eps_frame)[:, None] * mask)
+    return _cast(_scale(dev, var, eps_frame)[:, None] * mask, out_dtype)
 
 
 def _scale(dev: torch.Tensor, var: torch.Tensor, eps: float) -> torch.Tensor:
@@ -106,10 +110,11 @@ def _scale(dev: torch.Tensor, var: torch.Tensor, eps: float) -> torch.Tensor:
     return torch.where(dev == 0, torch.zeros_like(dev), dev * torch.rsqrt(var + eps))
 
 
-def _cast(a: torch.Tensor) -> torch.Tensor:
-    out = a.to(torch.float32)
+def _cast(a: torch.Tensor, out_dtype=torch.float32) -> torch.Tensor:
+    """The one final cast (verl's float32; float64 for the tests that grade the float64 result)."""
+    out = a.to(out_dtype)
     if torch.isinf(out).any():
-        raise OutOfRangeError("an advantage beyond float32")
+        raise OutOfRangeError(f"an advantage beyond {out_dtype}")
     return out
 
 
