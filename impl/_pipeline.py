@@ -30,11 +30,12 @@ Collectives per distributed call (independent of the number of units):
 Host reads after the agreement: the flags of collective 2 are read where the
 call has labelled groups, runs on CPU, or has more units than the agreement
 table's count slots (read with those counts); with collective 3 to come, the
-flag rides in it instead. Contiguous groups on CUDA do no work between the
-collectives except copying their statistics, and read nothing: a failure there
-is raised before collective 2 and the peers fail at its timeout. A failure after
-the last collective (applying Eq. 6 to this rank's rows) is this rank's alone:
-every rank's statistics were complete, so the peers' results stand.
+flag rides in it instead. Contiguous groups and whiten compute their statistics
+before the agreement, so on CUDA nothing but allocating and filling collective
+2's buffer lies between the collectives, and they read no flag: a failure there
+is raised at once and the peers fail at the group's timeout. A failure after the
+last collective (applying Eq. 6 to this rank's rows) is this rank's alone: every
+rank's statistics were complete, so the peers' results stand.
 """
 
 from __future__ import annotations
@@ -363,7 +364,7 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
     host = {P.PRESENT: 1, P.API: api}
     device_facts: dict[int, torch.Tensor] = {}
     local_exc = None
-    loc = prep = inp = sizes = None
+    loc = prep = inp = sizes = mine_stats = None
     try:
         eps = check_eps(eps)
         host[P.EPS_BITS] = P.float_bits(eps)
@@ -404,6 +405,8 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
                 loc = _fused.guarded(lambda: _fused.Local(v.contiguous(), sizes, eps), lambda: None)
             if loc is None:
                 loc = W.local_stats(v, sizes, eps)
+        if loc is not None:  # contiguous groups and whiten: the statistics, before the agreement too
+            mine_stats = loc.table(data_device).to(_comm_device(group, data_device))
     except Problem as p:
         local_exc = p.error()
         host.update({P.HOST_CODE: p.code, P.HOST_A: p.a, P.HOST_B: p.b, P.HOST_C: p.c})
@@ -449,13 +452,14 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
                 loc = _fused.guarded(lambda: _fused.Local(norm.c, sizes, eps), lambda: None)
             if loc is None:
                 loc = W.local_stats(norm.c, sizes, eps)
-        mine_stats = loc.table(data_device).to(comm)
+            mine_stats = loc.table(data_device).to(comm)
+        stats = torch.zeros(world, units + 1, W.COLS, dtype=_F64, device=comm)
     except Exception as exc:  # noqa: BLE001 - reported to the peers below, raised here
         if not tell:
             raise  # nobody would read the flag: the peers fail at collective 2's timeout instead
         failure = exc
+        stats = torch.zeros(world, units + 1, W.COLS, dtype=_F64, device=comm)
 
-    stats = torch.zeros(world, units + 1, W.COLS, dtype=_F64, device=comm)
     bits = stats.view(_I64)
     if failure is None:
         stats[rank, :units] = mine_stats
@@ -495,9 +499,10 @@ def _told(agreed, units: int, comm: torch.device, late: bool) -> bool:
     """Will every rank read collective 2's failure flags (or carry them into collective 3)?
     Where a host read happens anyway (collective 3, units beyond the agreement's slots), where
     a read is free (CPU), and where real work lies between the collectives (labelled groups'
-    Eq. 4/7): yes. Otherwise (contiguous groups on CUDA, whose only work there is copying
-    the statistics table) a read would cost the call a second host synchronisation, so a
-    failure there is raised at once and the peers fail at collective 2's timeout."""
+    Eq. 4/7 and statistics): yes. Otherwise (contiguous groups and whiten on CUDA, whose
+    statistics exist before the agreement: only collective 2's buffer is made in between) a
+    read would cost the call a second host synchronisation, so a failure there is raised at
+    once and the peers fail at collective 2's timeout."""
     return (late or units > P.COUNT_SLOTS or comm.type == "cpu"
             or any(r[P.BY_LABEL] for r in agreed))
 

@@ -134,9 +134,13 @@ def scenarios(world):
                                                  "group_ids": labels}))
     out.append(("fail_finish_labelled_late", "fail", {"at": "finish", "call_kind": "gdpo", "rewards": rewards,
                                                       "group_ids": labels, "weights": huge}))
-    out.append(("fail_table", "fail", {"at": "table", "call_kind": "whiten", "values": plain, "sizes": None}))
-    out.append(("fail_table_forty_units", "fail", {"at": "table", "call_kind": "whiten",
-                                                   "values": [v * 8 for v in plain], "sizes": [[1] * 40] * world}))
+    out.append(("fail_table_labelled", "fail", {"at": "table", "call_kind": "gdpo", "rewards": rewards,
+                                                "group_ids": labels}))
+    out.append(("fail_table_labelled_forty_units", "fail", {
+        "at": "table", "call_kind": "gdpo", "rewards": [r * 7 for r in rewards],
+        "group_ids": [[lab + 10 * j for j in range(7) for lab in labels[0]]] * world,
+        "sizes": [[1] * 40 + [2]] * world}))
+    out.append(("fail_table_contiguous", "fail", {"at": "table", "call_kind": "whiten", "values": plain}))
     out.append(("fail_apply_labelled_late", "fail", {"at": "apply", "call_kind": "gdpo", "rewards": rewards,
                                                      "group_ids": labels, "weights": huge}))
     out.append(("fail_apply_after_last", "fail", {"at": "apply", "call_kind": "whiten", "values": plain}))
@@ -263,8 +267,10 @@ REFUSALS = [
 ]
 FAILED_AFTER = r"rank 1: the local computation raised an unexpected exception after the agreement"
 REFUSALS += [(name, "DistributedError", FAILED_AFTER) for name in
-             ("fail_finish_labelled", "fail_finish_labelled_late", "fail_table", "fail_table_forty_units",
-              "fail_apply_labelled_late")]
+             ("fail_finish_labelled", "fail_finish_labelled_late", "fail_table_labelled",
+              "fail_table_labelled_forty_units", "fail_apply_labelled_late")]
+REFUSALS += [("fail_table_contiguous", "DistributedError",  # statistics before the agreement: refused in it
+              r"rank 1: GDPOError: the local computation raised an unexpected exception")]
 
 
 @pytest.mark.parametrize("world", WORLDS)
@@ -287,13 +293,15 @@ def test_every_rank_raises_the_same_error(world, name, cls, pattern):
 
 @pytest.mark.parametrize("world", WORLDS)
 @pytest.mark.parametrize("name,where,collectives", [
-    ("fail_finish_labelled", "finish", 2), ("fail_finish_labelled_late", "finish", 3), ("fail_table", "table", 2),
-    ("fail_table_forty_units", "table", 2), ("fail_apply_labelled_late", "apply", 3)])
+    ("fail_finish_labelled", "finish", 2), ("fail_finish_labelled_late", "finish", 3),
+    ("fail_table_labelled", "table", 2), ("fail_table_labelled_forty_units", "table", 2),
+    ("fail_apply_labelled_late", "apply", 3), ("fail_table_contiguous", "table", 1)])
 def test_a_failure_between_collectives_fails_every_rank_at_once(world, name, where, collectives):
-    """Rank 1's own computation raises after the agreement (labelled groups' Eq. 4/7, the
+    """Rank 1's own computation raises after the agreement (labelled groups' Eq. 4/7 or
     statistics, or Eq. 6 with a collective 3 to come): it still joins the remaining
     collectives with a failure flag, every rank raises the same error long before the
-    group's timeout, and rank 1's error chains the original exception."""
+    group's timeout, and rank 1's error chains the original exception. (Contiguous
+    groups' statistics precede the agreement: refused in collective 1.)"""
     run = _run(world)
     recs = _check_returned(run, name)
     for r, rec in recs.items():
