@@ -16,7 +16,7 @@ that difference is exact or carries a relative error u of at most ρ):
 
     Δdev  = (n + 3) (ρ + τ)                         subtraction, mean, centring
     ΔD    = Σ_j |dev_j| Δdev / ((n - ddof) σ) + (n + 3)/2 σ + 2 D
-    Δz_j  = (Δdev + |z_j| ΔD) / D + 3 |z_j|
+    Δz_j  = (Δdev + |z_j| ΔD) / D + 3 (|z_j| + τ)
 
 where D is the exact denominator (σ + eps, or sqrt(σ² + eps)) and τ = 2^-1021
 accounts for underflow (an absolute 2^-1074 expressed in units of u). A collapsed
@@ -197,7 +197,7 @@ def group_stage(dev, d_dev, sigma, denom, z, n, ddof, rounding=True):
     if rounding:
         d_denom += 0.5 * (n + 3) * sigma + 2.0 * denom
     dz = (d_dev + z * d_denom) / denom
-    return dz + 3.0 * z if rounding else dz
+    return dz + 3.0 * (z + TAU) if rounding else dz  # τ: z itself may underflow (D > 2 (n + 3))
 
 
 def model_dev_perturbation(rho, n, tau=TAU):
