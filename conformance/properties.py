@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+import sys
 import time
 from typing import Callable
 
@@ -656,9 +657,10 @@ PROPERTIES = (
              "weights float32 cannot tell apart: float64 weights",
              _values(kinds=("binary", "plain", "ints"), pairs=("copy", "anti_exact"),
                      weight_modes=("extreme", "testfloat", "random", "signed")), check_values),
-    Property("eps", "decisions", "Eq. 4, 6", "eps from 0 to 100 (added to the std at both equations)",
+    Property("eps", "decisions", "Eq. 4, 6", "eps from 0 to DBL_MAX (added to the std at both equations)",
              _values(kinds=("binary", "plain", "offset", "testfloat"), pairs=("anti_exact",),
-                     eps_values=(0.0, 1e-12, 1e-8, 1e-6, 1e-4, 1e-2, 1.0, 100.0)), check_values,
+                     eps_values=(0.0, 1e-12, 1e-8, 1e-6, 1e-4, 1e-2, 1.0, 100.0, 2.0 ** 60, 1e300,
+                                 sys.float_info.max)), check_values,
              frozenset({"values", "eps"})),
     Property("units", "units", "Eq. 6", "several whitening units, empty units, units cutting through groups: "
              "each unit whitened on its own",

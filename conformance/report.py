@@ -83,7 +83,7 @@ def matrix(controls=None, props=None, progress=None) -> dict:
 def read_matrix(text: str | None = None) -> tuple[dict, str]:
     """The committed matrix and the hypothesis version it was computed with."""
     text = TABLE.read_text() if text is None else text
-    version = re.search(r"hypothesis (\S+)", text)
+    version = re.search(r"hypothesis (\d+(?:\.\d+)*)", text)  # not the sentence's full stop
     body = text.split("<!-- matrix -->")[1].split("<!-- /matrix -->")[0]
     lines = [ln for ln in body.strip().splitlines() if ln.startswith("|")]
     header = [h.strip() for h in lines[0].strip("|").split("|")]

@@ -39,6 +39,15 @@ def test_baseline_passes(prop):
     assert not ok, f"the controls' base fails {prop.name}: {first}\n{case.dumps() if case else ''}"
 
 
+def test_table_version_is_read_exactly():
+    """The version the rows were computed with is read as written (it once kept the
+    sentence's full stop, "6.155.2.", so the rows were never compared exactly)."""
+    import re
+
+    assert re.fullmatch(r"\d+(\.\d+)*", VERSION), VERSION
+    assert f"hypothesis {VERSION}." in report.TABLE.read_text()
+
+
 def test_table_lists_every_control_and_property():
     assert set(COMMITTED) == {p.name for p in P.PROPERTIES}
     for ctl in C.CONTROLS:
