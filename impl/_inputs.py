@@ -35,6 +35,9 @@ class Problem(Exception):
         return P.host_error(self.code, self.a, self.b, self.c)
 
 
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1  # what the agreement table can carry
+
+
 def _is_int(x) -> bool:
     return isinstance(x, numbers.Integral) and not isinstance(x, bool)
 
@@ -46,7 +49,7 @@ def check_eps(eps) -> float:
         raise Problem(P.P_EPS, P.float_bits(math.nan)) from None
     if not (math.isfinite(value) and value >= 0.0):
         raise Problem(P.P_EPS, P.float_bits(value))
-    return value
+    return value + 0.0  # -0.0 is 0.0: ranks passing either agree
 
 
 def check_out_dtype(out_dtype) -> torch.dtype:
@@ -107,6 +110,8 @@ def check_rewards(rewards, group_ids, group_size, weights, *, allow_empty_rows: 
         if not _is_int(group_size):
             raise Problem(P.P_GROUP_SIZE_TYPE)
         group_size = int(group_size)
+        if not _INT64_MIN <= group_size <= _INT64_MAX:
+            raise Problem(P.P_GROUP_SIZE_INT64)
         if group_size < 2:
             raise Problem(P.P_GROUP_SIZE_SMALL, group_size)
         if n % group_size:
@@ -116,8 +121,10 @@ def check_rewards(rewards, group_ids, group_size, weights, *, allow_empty_rows: 
         if not isinstance(ids, torch.Tensor):
             try:
                 ids = torch.as_tensor(ids)
-            except (TypeError, ValueError, RuntimeError):
+            except (TypeError, ValueError, RuntimeError, OverflowError):
                 raise Problem(P.P_GROUP_IDS_DTYPE, 0) from None
+            if ids.numel() == 0 and ids.is_floating_point():
+                ids = ids.to(torch.int64)  # an empty list (an empty shard) holds no float labels
         if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
             raise Problem(P.P_GROUP_IDS_DTYPE, P.dtype_code(ids.dtype))
         if ids.dim() != 1:
@@ -206,8 +213,11 @@ def check_segments(segment_sizes, n: int) -> tuple[list[int], bool]:
             raise Problem(P.P_SEGMENTS_TYPE)
         sizes = [int(s) for s in sizes]
     for j, s in enumerate(sizes):
+        if not _INT64_MIN <= s <= _INT64_MAX:
+            raise Problem(P.P_SEGMENT_INT64, j)
         if s < 0:
             raise Problem(P.P_SEGMENTS_NEGATIVE, j, s)
-    if sum(sizes) != n:
-        raise Problem(P.P_SEGMENTS_SUM, sum(sizes), n)
+    total = sum(sizes)
+    if total != n:
+        raise Problem(P.P_SEGMENTS_SUM, total if total <= _INT64_MAX else -1, n)
     return sizes, True

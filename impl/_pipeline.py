@@ -27,15 +27,15 @@ Collectives per distributed call (independent of the number of units):
    combined values overflow here" and the failure flag, so all ranks raise
    together.
 
-Host reads after the agreement: the flags of collective 2 are read where the
-call has labelled groups, runs on CPU, or has more units than the agreement
-table's count slots (read with those counts); with collective 3 to come, the
-flag rides in it instead. Contiguous groups and whiten compute their statistics
-before the agreement, so on CUDA nothing but allocating and filling collective
-2's buffer lies between the collectives, and they read no flag: a failure there
-is raised at once and the peers fail at the group's timeout. A failure after the
-last collective (applying Eq. 6 to this rank's rows) is this rank's alone: every
-rank's statistics were complete, so the peers' results stand.
+Local failures. Contiguous groups and whiten compute everything up to their
+statistics, and allocate the buffer of collectives 2 and 3, before the agreement:
+a failure there (and any host field the table cannot carry) is refused in
+collective 1. Labelled groups compute Eq. 4/7 and their statistics between the
+collectives: a failure there travels as the flag of collective 2, read by every
+rank (one more host read, labelled calls only; with more units than the table's
+count slots it is read with their counts), or in collective 3 where that runs.
+A failure after the last collective (applying Eq. 6 to this rank's rows) is this
+rank's alone: every rank's statistics were complete, so the peers' results stand.
 """
 
 from __future__ import annotations
@@ -364,7 +364,7 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
     host = {P.PRESENT: 1, P.API: api}
     device_facts: dict[int, torch.Tensor] = {}
     local_exc = None
-    loc = prep = inp = sizes = mine_stats = None
+    loc = prep = inp = sizes = buf = None
     try:
         eps = check_eps(eps)
         host[P.EPS_BITS] = P.float_bits(eps)
@@ -405,21 +405,28 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
                 loc = _fused.guarded(lambda: _fused.Local(v.contiguous(), sizes, eps), lambda: None)
             if loc is None:
                 loc = W.local_stats(v, sizes, eps)
-        if loc is not None:  # contiguous groups and whiten: the statistics, before the agreement too
-            mine_stats = loc.table(data_device).to(_comm_device(group, data_device))
+        # Collectives 2 and 3's buffer, before the agreement: after it, a failing rank allocates
+        # nothing. Contiguous groups and whiten fill their statistics now as well.
+        comm = _comm_device(group, data_device)
+        buf = _Buffers(world, len(sizes), comm)
+        if loc is not None:
+            buf.stats[rank, :len(sizes)] = loc.table(data_device).to(comm)
     except Problem as p:
         local_exc = p.error()
         host.update({P.HOST_CODE: p.code, P.HOST_A: p.a, P.HOST_B: p.b, P.HOST_C: p.c})
     except Exception as exc:  # never leave the peers waiting in the agreement
         local_exc = exc
         host.update({P.HOST_CODE: P.P_LOCAL_FAILURE})
-    if local_exc is not None:
-        device_facts = {}
 
     comm = _comm_device(group, data_device)
-    row = _facts_row(host, device_facts, data_device if local_exc is None else torch.device("cpu"))
     table = torch.zeros(world, P.ROW_WIDTH, dtype=_I64, device=comm)
-    table[rank] = row.to(comm)
+    try:
+        table[rank] = _facts_row(host, {} if local_exc else device_facts,
+                                 data_device if local_exc is None else torch.device("cpu")).to(comm)
+    except Exception as exc:  # noqa: BLE001 - e.g. a host field beyond int64: still join, refused
+        local_exc = local_exc or exc
+        table[rank] = _facts_row({P.PRESENT: 1, P.API: api, P.HOST_CODE: P.P_LOCAL_FAILURE}, {},
+                                 torch.device("cpu")).to(comm)
     _all_reduce(table, dist.ReduceOp.SUM, group, name, 1, rank)
     agreed = table.tolist()  # the call's one host synchronisation
     reasons = P.table_problems(agreed)
@@ -431,80 +438,77 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
     if lonely:
         raise P.DistributedSegmentError(P.refusal_message(lonely, agreed))
 
-    # Between the collectives every rank still answers: a local failure becomes a flag in this
-    # rank's slice of collective 2 (or 3), never a peer left waiting (see _told).
-    check_overflow = (api == P.API_GDPO and any(r[P.BY_LABEL] for r in agreed)
-                      and N.overflow_possible(inp.weights, _longest(agreed)))  # the same on every rank
+    # After the agreement every rank still answers: a local failure (only labelled groups
+    # compute here) becomes a flag in this rank's part of collective 2, or of collective 3.
+    labelled = api == P.API_GDPO and any(r[P.BY_LABEL] for r in agreed)
+    check_overflow = labelled and N.overflow_possible(inp.weights, _longest(agreed))  # same on every rank
     total = sum(r[P.ROWS] for r in agreed)
     reachable = cast_reachable(out_dtype, total)
     late = reachable or check_overflow  # collective 3 runs: the same decision on every rank
-    tell = _told(agreed, units, comm, late)
     failure = None
-    overflow_row = {} if check_overflow else None
+    overflow_row = {}
     try:
         if prep is not None:  # labelled groups compute Eq. 4/7 now: their layout needs G and n_max
             mine = agreed[rank]
             norm = N.finish(prep, eps, mine[P.GROUPS], mine[P.N_MAX], read=_read)
-            if check_overflow:
-                overflow_row = norm.facts
+            overflow_row = norm.facts
             loc = None
             if _fused.whiten_eligible(data_device, sizes, None):
                 loc = _fused.guarded(lambda: _fused.Local(norm.c, sizes, eps), lambda: None)
             if loc is None:
                 loc = W.local_stats(norm.c, sizes, eps)
-            mine_stats = loc.table(data_device).to(comm)
-        stats = torch.zeros(world, units + 1, W.COLS, dtype=_F64, device=comm)
-    except Exception as exc:  # noqa: BLE001 - reported to the peers below, raised here
-        if not tell:
-            raise  # nobody would read the flag: the peers fail at collective 2's timeout instead
+            buf.stats[rank, :units] = loc.table(data_device).to(comm)
+    except Exception as exc:  # noqa: BLE001 - reported to the peers, raised here
         failure = exc
-        stats = torch.zeros(world, units + 1, W.COLS, dtype=_F64, device=comm)
+        buf.bits[rank, units, 0] = 1  # "my statistics are missing": a flag, not data
 
-    bits = stats.view(_I64)
-    if failure is None:
-        stats[rank, :units] = mine_stats
-    else:
-        bits[rank, units, 0] = 1  # "my statistics are missing": a flag, not data
-    _all_reduce(bits, dist.ReduceOp.SUM, group, name, 2, rank)
-    if (tell and not late) or units > P.COUNT_SLOTS:  # flags and counts beyond the slots: one host read
-        failed, counts = _flags_and_counts(bits, units)  # (with collective 3 to come, it carries the flag)
+    _all_reduce(buf.bits, dist.ReduceOp.SUM, group, name, 2, rank)
+    if (labelled and not late) or units > P.COUNT_SLOTS:  # flags, counts beyond the slots: one host read
+        failed, counts = _flags_and_counts(buf.bits, units)  # (with collective 3 to come, it carries the flag)
         _refuse_failed(failed, agreed, failure)
         _refuse_lonely(counts, agreed)
 
-    a = None
+    a = st = None
     if failure is None:
         try:
-            st = W.merge(stats[:, :units].to(data_device))
+            st = W.merge(buf.stats[:, :units].to(data_device))
             if isinstance(loc, _fused.Local):
                 direct = _apply_dtype(out_dtype, total)
                 a = _fused.guarded(lambda: loc.apply(*W.global_terms(st, eps), direct),
                                    lambda: W.apply_global(W.local_stats(loc.units.v, sizes, eps), st, eps, direct))
             else:
                 a = W.apply_global(loc, st, eps, _apply_dtype(out_dtype, total))
+            if late:
+                _late_row(buf.late[rank], overflow_row if check_overflow else {}, a if reachable else None,
+                          out_dtype)
         except Exception as exc:  # noqa: BLE001
             if not late:
                 raise  # after the last collective: this rank's own output fails; the peers' are complete
             failure = exc
     if late:
-        _late_checks(name, group, world, rank, comm, agreed, overflow_row if failure is None else None,
-                     a if reachable and failure is None else None, out_dtype, failure)
+        if failure is not None:
+            buf.late[rank, _FAILED] = 1
+        _late_checks(name, group, world, rank, agreed, buf.late, out_dtype, failure)
     return round_to(a, out_dtype), st
+
+
+class _Buffers:
+    """One int64 allocation for collectives 2 and 3: ``late`` (world, 5) for collective 3
+    and ``stats`` (world, units + 1, 7) float64 (``bits``: its int64 view) for collective 2,
+    whose extra row carries the failure flag."""
+
+    def __init__(self, world: int, units: int, device: torch.device):
+        flat = torch.zeros(world * _LATE_COLS + world * (units + 1) * W.COLS, dtype=_I64, device=device)
+        self.late = flat[: world * _LATE_COLS].view(world, _LATE_COLS)
+        self.bits = flat[world * _LATE_COLS:].view(world, units + 1, W.COLS)
+        self.stats = self.bits.view(_F64)
+
+
+_LATE_COLS, _FAILED = 5, 4  # collective 3's row: Eq. 7 overflow (3 fields), cast count, failure flag
 
 
 def _longest(agreed) -> int:
     return max((r[P.N_MAX] if r[P.BY_LABEL] else r[P.GROUP_SIZE]) for r in agreed)
-
-
-def _told(agreed, units: int, comm: torch.device, late: bool) -> bool:
-    """Will every rank read collective 2's failure flags (or carry them into collective 3)?
-    Where a host read happens anyway (collective 3, units beyond the agreement's slots), where
-    a read is free (CPU), and where real work lies between the collectives (labelled groups'
-    Eq. 4/7 and statistics): yes. Otherwise (contiguous groups and whiten on CUDA, whose
-    statistics exist before the agreement: only collective 2's buffer is made in between) a
-    read would cost the call a second host synchronisation, so a failure there is raised at
-    once and the peers fail at collective 2's timeout."""
-    return (late or units > P.COUNT_SLOTS or comm.type == "cpu"
-            or any(r[P.BY_LABEL] for r in agreed))
 
 
 def _flags_and_counts(bits: torch.Tensor, units: int) -> tuple[list[int], list[list[int]]]:
@@ -532,22 +536,21 @@ def _refuse_lonely(counts: list[list[int]], agreed) -> None:
         raise P.DistributedSegmentError(P.refusal_message(reasons, agreed))
 
 
-def _late_checks(name, group, world, rank, comm, agreed, overflow_row, a, out_dtype, failure=None):
-    """Collective 3, only where needed: Eq. 7 overflow of labelled groups (weights
-    beyond ~2**1000), whitened values that do not survive a float8 cast, and any
-    rank whose local computation failed since the agreement (``failure``)."""
+def _late_row(mine: torch.Tensor, overflow_row: dict, a, out_dtype) -> None:
+    """This rank's row of collective 3: Eq. 7 overflow of labelled groups (weights beyond
+    ~2**1000) and the count of whitened values that do not survive a float8 cast."""
     fields = (P.C_OVERFLOW, P.C_OVERFLOW_BITS, P.C_OVERFLOW_GROUP)
-    mine = torch.zeros(5, dtype=_I64, device=comm)
     if overflow_row:
-        zero = torch.zeros((), dtype=_I64, device=comm)
-        mine[:3] = torch.stack([overflow_row[f].to(comm, _I64).reshape(()) if f in overflow_row else zero
+        zero = torch.zeros((), dtype=_I64, device=mine.device)
+        mine[:3] = torch.stack([overflow_row[f].to(mine.device, _I64).reshape(()) if f in overflow_row else zero
                                 for f in fields])
     if a is not None:
-        mine[3] = (a.abs() >= cast_limit(out_dtype)).sum().to(comm)
-    if failure is not None:
-        mine[4] = 1
-    late = torch.zeros(world, 5, dtype=_I64, device=comm)
-    late[rank] = mine
+        mine[3] = (a.abs() >= cast_limit(out_dtype)).sum().to(mine.device)
+
+
+def _late_checks(name, group, world, rank, agreed, late, out_dtype, failure=None):
+    """Collective 3, only where needed: every rank's late row (see :func:`_late_row`) and
+    its failure flag, so all ranks raise together."""
     _all_reduce(late, dist.ReduceOp.SUM, group, name, 3, rank)
     late = late.tolist()
     _refuse_failed([row[4] for row in late], agreed, failure)

@@ -153,6 +153,8 @@ P_UNIT_OF_ONE = 24
 P_OUT_DTYPE = 25
 P_EPS = 26
 P_LOCAL_FAILURE = 28
+P_GROUP_SIZE_INT64 = 29  # integers beyond int64 cannot travel in the agreement table
+P_SEGMENT_INT64 = 30
 
 HOST_PROBLEMS = {
     P_REWARDS_TYPE: (InputDtypeError, lambda a, b, c: "rewards must be a tensor or a sequence of floats"),
@@ -172,7 +174,9 @@ HOST_PROBLEMS = {
                           f"N={a} rows is not a multiple of group_size={b}: the last group would hold "
                           f"{a % b} sample(s)"),
     P_GROUP_IDS_DTYPE: (GroupError, lambda a, b, c:
-                        f"group_ids must hold integer labels; got dtype {dtype_name(a)}"),
+                        f"group_ids must hold integer labels; got dtype {dtype_name(a)}" if a else
+                        "group_ids could not be read as a 1-D sequence of int64 labels (a label beyond "
+                        "int64, or values of mixed or non-numeric types)"),
     P_GROUP_IDS_NDIM: (GroupLengthError, lambda a, b, c:
                        f"group_ids must be 1-D (one label per row); got a {a}-D tensor"),
     P_GROUP_IDS_LENGTH: (GroupLengthError, lambda a, b, c:
@@ -193,7 +197,8 @@ HOST_PROBLEMS = {
                       "segment_sizes must be a 1-D sequence or tensor of non-negative ints"),
     P_SEGMENTS_NEGATIVE: (SegmentError, lambda a, b, c: f"segment_sizes[{a}] (unit {a}) is {b} < 0"),
     P_SEGMENTS_SUM: (SegmentError, lambda a, b, c:
-                     f"segment_sizes sum to {a} but this rank holds {b} samples"),
+                     f"segment_sizes sum to {a if a >= 0 else 'more than 2**63 - 1'} but this rank "
+                     f"holds {b} samples"),
     P_UNIT_OF_ONE: (SegmentError, lambda a, b, c:
                     f"unit {a} holds a single sample; Eq. 6 needs at least 2 (unbiased std)"),
     P_OUT_DTYPE: (InputDtypeError, lambda a, b, c:
@@ -202,6 +207,9 @@ HOST_PROBLEMS = {
     P_EPS: (OutOfRangeError, lambda a, b, c: f"eps={bits_float(a)!r} must be finite and >= 0"),
     P_LOCAL_FAILURE: (GDPOError, lambda a, b, c:
                       "the local computation raised an unexpected exception (chained on that rank)"),
+    P_GROUP_SIZE_INT64: (GroupError, lambda a, b, c: "group_size is beyond int64 (|group_size| >= 2**63)"),
+    P_SEGMENT_INT64: (SegmentError, lambda a, b, c:
+                      f"segment_sizes[{a}] (unit {a}) is beyond int64 (|size| >= 2**63)"),
 }
 
 

@@ -17,6 +17,7 @@ import math
 import os
 import random
 import sys
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -144,6 +145,20 @@ def scenarios(world):
     out.append(("fail_apply_labelled_late", "fail", {"at": "apply", "call_kind": "gdpo", "rewards": rewards,
                                                      "group_ids": labels, "weights": huge}))
     out.append(("fail_apply_after_last", "fail", {"at": "apply", "call_kind": "whiten", "values": plain}))
+    out.append(("fail_buffers_labelled", "fail", {"at": "buffers", "call_kind": "gdpo", "rewards": rewards,
+                                                  "group_ids": labels}))
+    out.append(("fail_late_row", "fail", {"at": "late_row", "call_kind": "gdpo", "rewards": rewards,
+                                          "group_ids": labels, "weights": huge}))
+
+    # integers the agreement table (int64) cannot carry, and inputs that are the same thing
+    huge_sizes = [[len(v)] for v in plain]
+    huge_sizes[1] = [2 ** 70]
+    out.append(("err_segment_beyond_int64", "whiten", {"values": plain, "sizes": huge_sizes}))
+    out.append(("err_group_size_beyond_int64_empty_shard", "gdpo", {"rewards": rewards[:last] + [[]],
+                                                                     "group_size": 2 ** 63}))
+    out.append(("ok_eps_signed_zero", "whiten", {"values": plain, "eps": [0.0] * last + [-0.0]}))
+    out.append(("ok_gdpo_empty_shard_label_list", "gdpo", {"rewards": rewards[:last] + [[]],
+                                                           "group_ids": labels[:last] + [[]]}))
     return out
 
 
@@ -243,6 +258,24 @@ def test_pipeline_across_ranks(world):
     empty = _check_returned(run, "ok_gdpo_empty_shard")
     assert all(rec["status"] == "ok" for rec in empty.values()), [rec.get("msg") for rec in empty.values()]
     assert empty[world - 1]["result"]["shape"] == [0]
+    # an empty shard's labels as an empty list (torch reads [] as float32): accepted, same results
+    listed = _check_returned(run, "ok_gdpo_empty_shard_label_list")
+    assert all(rec["status"] == "ok" for rec in listed.values()), [rec.get("msg") for rec in listed.values()]
+    assert listed[world - 1]["result"]["shape"] == [0]
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_eps_zero_and_negative_zero_agree(world):
+    """eps 0.0 on some ranks and -0.0 on another are the same eps: no refusal, and the
+    results are those of eps 0.0 on every rank."""
+    run = _run(world)
+    recs = _check_returned(run, "ok_eps_signed_zero")
+    assert all(rec["status"] == "ok" for rec in recs.values()), [rec.get("msg") for rec in recs.values()]
+    kw = SCEN[world]["ok_eps_signed_zero"][2]
+    flat = [x for v in kw["values"] for x in v]
+    ex = exact_whiten(flat, eps=Fraction(0))
+    got = [x for r in range(world) for x in _floats(recs[r])]
+    assert_within(got, ex["a"], ex["da"], "float64", f"eps +-0 (world {world})")
 
 
 # --- refusals ---------------------------------------------------------------------------------------
@@ -270,7 +303,13 @@ REFUSALS += [(name, "DistributedError", FAILED_AFTER) for name in
              ("fail_finish_labelled", "fail_finish_labelled_late", "fail_table_labelled",
               "fail_table_labelled_forty_units", "fail_apply_labelled_late")]
 REFUSALS += [("fail_table_contiguous", "DistributedError",  # statistics before the agreement: refused in it
-              r"rank 1: GDPOError: the local computation raised an unexpected exception")]
+              r"rank 1: GDPOError: the local computation raised an unexpected exception"),
+             ("fail_buffers_labelled", "DistributedError", r"rank 1: GDPOError: the local computation raised"),
+             ("fail_late_row", "DistributedError", FAILED_AFTER),
+             ("err_segment_beyond_int64", "DistributedError",
+              r"rank 1: SegmentError: segment_sizes\[0\] \(unit 0\) is beyond int64"),
+             ("err_group_size_beyond_int64_empty_shard", "DistributedError",
+              r"rank 0: GroupError: group_size is beyond int64.*rank {last}: GroupError: group_size is beyond")]
 
 
 @pytest.mark.parametrize("world", WORLDS)
@@ -295,7 +334,8 @@ def test_every_rank_raises_the_same_error(world, name, cls, pattern):
 @pytest.mark.parametrize("name,where,collectives", [
     ("fail_finish_labelled", "finish", 2), ("fail_finish_labelled_late", "finish", 3),
     ("fail_table_labelled", "table", 2), ("fail_table_labelled_forty_units", "table", 2),
-    ("fail_apply_labelled_late", "apply", 3), ("fail_table_contiguous", "table", 1)])
+    ("fail_apply_labelled_late", "apply", 3), ("fail_table_contiguous", "table", 1),
+    ("fail_buffers_labelled", "Buffers", 1), ("fail_late_row", "late_row", 3)])
 def test_a_failure_between_collectives_fails_every_rank_at_once(world, name, where, collectives):
     """Rank 1's own computation raises after the agreement (labelled groups' Eq. 4/7 or
     statistics, or Eq. 6 with a collective 3 to come): it still joins the remaining
