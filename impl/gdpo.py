@@ -98,8 +98,13 @@ float8 cast check, or for labelled groups with weights so large that Eq. 7 may
 overflow). Collective failures (a dead peer, a timeout) are re-raised as
 DistributedError. Labelled groups compute Eq. 4/7 between the two collectives
 (their layout needs the agreed table): every input problem is refused before,
-but an unexpected local exception there (out of memory) leaves the other ranks
-to fail at the second collective within the process group's timeout.
+and an unexpected local exception there (out of memory) still reaches every
+rank, as a flag in the second collective: all ranks raise together. Only an
+exception after the last collective (applying Eq. 6 to this rank's rows) is
+that rank's alone; the other ranks' results are complete and correct.
+
+Autograd: advantages are data. Every function runs under ``torch.no_grad()``:
+inputs that require grad are read as values, and results never require grad.
 """
 
 from __future__ import annotations
@@ -141,6 +146,7 @@ _API_WHITEN = _P.API_WHITEN
 _API_GDPO = _P.API_GDPO
 
 
+@torch.no_grad()
 def normalize_rewards(rewards, *, group_ids=None, group_size=None, weights=None, eps=DEFAULT_EPS):
     """Eq. 4 then Eq. 7: the combined value c of every sample, float64 (N,), input order.
 
@@ -155,6 +161,7 @@ def normalize_rewards(rewards, *, group_ids=None, group_size=None, weights=None,
     return _pipeline.normalize_rewards(rewards, group_ids, group_size, weights, eps)
 
 
+@torch.no_grad()
 def group_has_signal(rewards, *, group_ids=None, group_size=None, weights=None, eps=DEFAULT_EPS):
     """(G,) bool: does each group carry a training signal? True iff the group's
     combined values c (exactly the float64 tensor normalize_rewards returns,
@@ -173,6 +180,7 @@ def group_has_signal(rewards, *, group_ids=None, group_size=None, weights=None, 
     return _pipeline.group_has_signal(rewards, group_ids, group_size, weights, eps)
 
 
+@torch.no_grad()
 def whiten(values, *, segment_sizes=None, process_group=None, eps=DEFAULT_EPS, out_dtype=torch.float32):
     """Eq. 6 per whitening unit: a = (v - mean_S) / (std_S + eps), unbiased, float64
     inside, cast once to ``out_dtype``.
@@ -191,6 +199,7 @@ def whiten(values, *, segment_sizes=None, process_group=None, eps=DEFAULT_EPS, o
                                      segment_sizes=segment_sizes, eps=eps, out_dtype=out_dtype)[0]
 
 
+@torch.no_grad()
 def gdpo_advantages(rewards, *, group_ids=None, group_size=None, weights=None, segment_sizes=None,
                     process_group=None, eps=DEFAULT_EPS, out_dtype=torch.float32):
     """GDPO advantages: whiten(normalize_rewards(...)) with the same bits, and with

@@ -552,3 +552,27 @@ def test_cached_constants_keep_the_sign_of_zero():
     minus = _segments.constant((1.0, -0.0), torch.float64, torch.device("cpu"))
     assert math.copysign(1.0, float(plus[1])) == 1.0
     assert math.copysign(1.0, float(minus[1])) == -1.0
+
+
+def test_inputs_that_require_grad_are_read_as_values():
+    """Advantages are data: every public function runs without autograd, so rewards or
+    values that require grad give the detached input's bits, and no result requires grad
+    (torch's out= kernels used to raise a RuntimeError on such input)."""
+    gen = torch.Generator().manual_seed(7)
+    r = torch.rand(12, 3, generator=gen, dtype=torch.float64)
+    labels = torch.tensor([3, 3, 1, 1, 1, 9, 9, 3, 1, 9, 9, 3])
+    calls = {
+        "gdpo_advantages": lambda x: gdpo.gdpo_advantages(x, group_size=2, segment_sizes=[4, 8]),
+        "gdpo_advantages_labels": lambda x: gdpo.gdpo_advantages(x, group_ids=labels, out_dtype=torch.float64),
+        "normalize_rewards": lambda x: gdpo.normalize_rewards(x, group_size=3),
+        "group_has_signal": lambda x: gdpo.group_has_signal(x, group_ids=labels),
+        "whiten": lambda x: gdpo.whiten(x[:, 0], segment_sizes=[5, 7]),
+    }
+    for name, call in calls.items():
+        want = call(r)
+        for dtype in (torch.float64, torch.float32):
+            leaf = r.to(dtype).requires_grad_(True)
+            got = call(leaf)
+            assert not got.requires_grad, name
+            assert torch.equal(got, call(leaf.detach())), name
+        assert torch.equal(call(r.clone().requires_grad_(True)), want), name
