@@ -71,6 +71,8 @@ def as_float_tensor(x, type_code: int, dtype_code_: int) -> torch.Tensor:
         x = t
     if not x.is_floating_point() or x.is_complex():
         raise Problem(dtype_code_, P.dtype_code(x.dtype))
+    if x.device.type not in ("cpu", "cuda"):
+        raise Problem(P.P_DEVICE, 1 if type_code == P.P_REWARDS_TYPE else 2, P.device_code(x.device))
     return x
 
 

@@ -100,7 +100,7 @@ def device_code(device: torch.device) -> int:
     return {"cpu": 1, "cuda": 2}.get(device.type, 3)
 
 
-_DEVICE_NAMES = {1: "cpu", 2: "cuda", 3: "another device type"}
+_DEVICE_NAMES = {1: "cpu", 2: "cuda", 3: "other than CPU and CUDA (e.g. meta or mps)"}
 
 
 def float_bits(x: float) -> int:
@@ -155,6 +155,7 @@ P_EPS = 26
 P_LOCAL_FAILURE = 28
 P_GROUP_SIZE_INT64 = 29  # integers beyond int64 cannot travel in the agreement table
 P_SEGMENT_INT64 = 30
+P_DEVICE = 31  # a = 1 rewards, 2 values; b: device code
 
 HOST_PROBLEMS = {
     P_REWARDS_TYPE: (InputDtypeError, lambda a, b, c: "rewards must be a tensor or a sequence of floats"),
@@ -208,6 +209,9 @@ HOST_PROBLEMS = {
     P_LOCAL_FAILURE: (GDPOError, lambda a, b, c:
                       "the local computation raised an unexpected exception (chained on that rank)"),
     P_GROUP_SIZE_INT64: (GroupError, lambda a, b, c: "group_size is beyond int64 (|group_size| >= 2**63)"),
+    P_DEVICE: (InputDtypeError, lambda a, b, c:
+               f"{'rewards' if a == 1 else 'values'} is on a device of type {_DEVICE_NAMES.get(b, b)}; "
+               "impl.gdpo computes on CPU or CUDA tensors (float64 inside)"),
     P_SEGMENT_INT64: (SegmentError, lambda a, b, c:
                       f"segment_sizes[{a}] (unit {a}) is beyond int64 (|size| >= 2**63)"),
 }

@@ -192,3 +192,14 @@ def test_import_is_light():
             "print(' '.join(sorted({m.split('.')[0] for m in set(sys.modules) - before})))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert set(out) <= {"impl", "spec"}, out
+
+
+def test_tensors_on_a_device_other_than_cpu_or_cuda_are_refused():
+    """A meta tensor (no data) used to fail inside the computation with torch's own
+    NotImplementedError; it is refused up front, naming the argument."""
+    with pytest.raises(InputDtypeError, match=r"values is on a device of type other than CPU and CUDA"):
+        gdpo.whiten(torch.zeros(4, device="meta"))
+    with pytest.raises(InputDtypeError, match=r"rewards is on a device of type other than CPU and CUDA"):
+        gdpo.gdpo_advantages(torch.zeros(4, 2, device="meta"), group_size=2)
+    with pytest.raises(InputDtypeError, match=r"rewards is on a device"):
+        gdpo.normalize_rewards(torch.zeros(4, 2, device="meta"), group_size=2)
