@@ -125,6 +125,11 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         # (not structural: oracle required_zero False, allowance 2.3e-14); impl.gdpo returns +-2^-53, within it,
         # but check_normalize demanded an exact zero for every exactly cancelling group (group_cancelled)
         '{"rewards":[["0x1.0000000000000p+0","0x1.8000000000000p+1","0x0.0p+0","0x0.0p+0"],["0x0.0p+0","0x0.0p+0","0x1.8000000000000p+1","0x1.0000000000000p+0"]],"dtype":"float32","out_dtype":"float64","group_size":2}',
+        # found by the deep profile (the judge: check_normalize tolerated OutOfRangeError only where the exact c
+        # is beyond float64): z = 1.5 exactly at row 3 times w = 0x1.5555555555555p+1023 is the midpoint between
+        # DBL_MAX and 2^1024, so every float64 code overflows, while the exact c (z a hair below 1.5 because of
+        # eps) rounds to DBL_MAX; its allowance reaches 2^1024, so the refusal is permitted
+        '{"rewards":[["0x0.0p+0","0x1.0000000000000p+64","0x0.0p+0","0x1.0000000000000p+4"],["0x0.0p+0","0x1.0000000000000p+64","0x0.0p+0","0x1.0000000000000p+4"],["0x0.0p+0","0x1.0000000000000p+64","0x0.0p+0","0x1.0000000000000p+4"],["0x1.0000000000000p+60","0x1.e000000000000p+63","0x0.0p+0","0x1.0000000000000p+4"]],"dtype":"float32","out_dtype":"float64","group_size":4,"weights":["0x1.5555555555555p+1023","0x0.0p+0","0x0.0000000000001p-1022","0x0.0000000000001p-1022"],"note":"pair:anti_exact,pair:anti_exact"}',
     ),
     "dist_values_2": (
         # the K = 1 example split over 2 ranks, one unit spanning both: per-rank statistics differ
