@@ -226,7 +226,8 @@ def _next(x: float, toward: float, dtype: str) -> float:
     if dtype == "float64":
         return math.nextafter(x, toward)
     if dtype == "float32":
-        return float(np.nextafter(np.float32(x), np.float32(toward)))
+        with np.errstate(over="ignore"):  # a target beyond float32 is inf: the direction is all that counts
+            return float(np.nextafter(np.float32(x), np.float32(toward)))
     t = torch.tensor([x], dtype=_TORCH[dtype])
     return float(torch.nextafter(t, torch.tensor([toward], dtype=_TORCH[dtype])).double().item())
 
