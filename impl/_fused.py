@@ -64,6 +64,10 @@ _STATE: dict = {}
 def mode() -> str:
     """'' (off), '1' (CUDA) or 'interpret' (CUDA and CPU, the latter interpreted)."""
     m = os.environ.get("GDPO_FUSED", "").strip().lower()
+    if m not in ("", "0", "1", "interpret") and _STATE.get("warned_value") != m:
+        _STATE["warned_value"] = m
+        warnings.warn(f"GDPO_FUSED={m!r} is not one of 0, 1, interpret: the fused path is off",
+                      RuntimeWarning, stacklevel=3)
     return m if m in ("1", "interpret") else ""
 
 

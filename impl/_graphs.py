@@ -20,6 +20,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import os
+import warnings
 
 import torch
 
@@ -32,8 +33,15 @@ _FAILED: set = set()
 stats = {"captures": 0, "replays": 0, "fallbacks": 0}
 
 
+_WARNED: set = set()
+
+
 def enabled() -> bool:
-    return os.environ.get("GDPO_CUDA_GRAPHS", "") == "1"
+    value = os.environ.get("GDPO_CUDA_GRAPHS", "")
+    if value not in ("", "0", "1") and value not in _WARNED:
+        _WARNED.add(value)
+        warnings.warn(f"GDPO_CUDA_GRAPHS={value!r} is not 0 or 1: CUDA graphs are off", RuntimeWarning, stacklevel=3)
+    return value == "1"
 
 
 def eligible(inp) -> bool:

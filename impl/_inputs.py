@@ -4,6 +4,7 @@ so the distributed path can record a problem and still join the agreement."""
 
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
 import math
 import numbers
@@ -42,11 +43,41 @@ def _is_int(x) -> bool:
     return isinstance(x, numbers.Integral) and not isinstance(x, bool)
 
 
+def _eps_kind(eps) -> int:
+    """0 for a real number eps (an int, a float, a NumPy real scalar, a 0-d real tensor),
+    else what it is instead (the codes of P.P_EPS_TYPE)."""
+    if eps is None:
+        return 1
+    if isinstance(eps, torch.Tensor):
+        if eps.dim() != 0:
+            return 5
+        return 2 if eps.dtype == torch.bool else 4 if eps.is_complex() else 0
+    kind = getattr(getattr(eps, "dtype", None), "kind", None)  # NumPy scalars and arrays
+    if kind is not None:
+        if getattr(eps, "ndim", 0) != 0:
+            return 5
+        return {"b": 2, "c": 4}.get(kind, 0 if kind in "iuf" else 6)
+    if isinstance(eps, bool):
+        return 2
+    if isinstance(eps, (str, bytes)):
+        return 3
+    if isinstance(eps, complex):
+        return 4
+    if isinstance(eps, (collections.abc.Sequence, collections.abc.Set, collections.abc.Mapping)):
+        return 5
+    return 0 if isinstance(eps, numbers.Real) else 6
+
+
 def check_eps(eps) -> float:
+    kind = _eps_kind(eps)
+    if kind:
+        raise Problem(P.P_EPS_TYPE, kind)
     try:
         value = float(eps)
+    except OverflowError:  # an int beyond float64
+        value = math.inf
     except (TypeError, ValueError):
-        raise Problem(P.P_EPS, P.float_bits(math.nan)) from None
+        raise Problem(P.P_EPS_TYPE, 6) from None
     if not (math.isfinite(value) and value >= 0.0):
         raise Problem(P.P_EPS, P.float_bits(value))
     return value + 0.0  # -0.0 is 0.0: ranks passing either agree
@@ -64,6 +95,8 @@ def as_float_tensor(x, type_code: int, dtype_code_: int) -> torch.Tensor:
     if not isinstance(x, torch.Tensor):
         try:
             t = torch.as_tensor(x)
+        except OverflowError:
+            raise Problem(type_code, 1) from None  # a Python int beyond float64 (and int64)
         except (TypeError, ValueError, RuntimeError):
             raise Problem(type_code) from None
         if t.is_floating_point() and t.dtype != _F64 and not hasattr(x, "dtype"):
@@ -128,7 +161,8 @@ def check_rewards(rewards, group_ids, group_size, weights, *, allow_empty_rows: 
             if ids.numel() == 0 and ids.is_floating_point():
                 ids = ids.to(torch.int64)  # an empty list (an empty shard) holds no float labels
         if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
-            raise Problem(P.P_GROUP_IDS_DTYPE, P.dtype_code(ids.dtype))
+            python_floats = ids.is_floating_point() and not hasattr(group_ids, "dtype")  # read as doubles
+            raise Problem(P.P_GROUP_IDS_DTYPE, P.dtype_code(torch.float64 if python_floats else ids.dtype))
         if ids.dim() != 1:
             raise Problem(P.P_GROUP_IDS_NDIM, ids.dim())
         if ids.shape[0] != n:
@@ -141,6 +175,12 @@ def check_rewards(rewards, group_ids, group_size, weights, *, allow_empty_rows: 
 def check_weights(weights, k: int) -> list[float]:
     if weights is None:
         return [1.0] * k
+    if isinstance(weights, (collections.abc.Mapping, str, bytes, collections.abc.Set)):
+        # iterating these would give keys, characters or an arbitrary order: never weights
+        raise Problem(P.P_WEIGHTS_TYPE, 1 if isinstance(weights, collections.abc.Mapping)
+                      else 3 if isinstance(weights, collections.abc.Set) else 2)
+    if getattr(getattr(weights, "dtype", None), "kind", None) in ("b", "c"):  # NumPy bool or complex
+        raise Problem(P.P_WEIGHTS_TYPE)
     if isinstance(weights, torch.Tensor):
         if weights.dim() != 1 or weights.is_complex() or weights.dtype == torch.bool:
             raise Problem(P.P_WEIGHTS_TYPE)
@@ -155,8 +195,10 @@ def check_weights(weights, k: int) -> list[float]:
         raise Problem(P.P_WEIGHTS_LENGTH, len(items), k)
     out = []
     for i, w in enumerate(items):
-        if isinstance(w, bool) or isinstance(w, complex):
+        if isinstance(w, (bool, complex)) or getattr(getattr(w, "dtype", None), "kind", None) in ("b", "c"):
             raise Problem(P.P_WEIGHTS_TYPE)
+        if isinstance(w, torch.Tensor):
+            raise Problem(P.P_WEIGHTS_TYPE)  # a sequence of tensors: pass one (K,) tensor
         if _is_int(w):
             try:
                 f = float(w)
@@ -173,6 +215,8 @@ def check_weights(weights, k: int) -> list[float]:
                 raise Problem(P.P_WEIGHTS_NONFINITE, i, 1)
             if math.isinf(f):
                 raise Problem(P.P_WEIGHTS_NONFINITE, i, 2 if f > 0 else 3)
+            if not isinstance(w, float) and f != w:  # Python compares float with Fraction, Decimal exactly
+                raise Problem(P.P_WEIGHTS_INEXACT, i)  # e.g. Fraction(2**53 + 1) or Decimal("0.1")
         out.append(f)
     if all(f == 0.0 for f in out):
         raise Problem(P.P_WEIGHTS_ZERO, k)

@@ -156,9 +156,11 @@ P_LOCAL_FAILURE = 28
 P_GROUP_SIZE_INT64 = 29  # integers beyond int64 cannot travel in the agreement table
 P_SEGMENT_INT64 = 30
 P_DEVICE = 31  # a = 1 rewards, 2 values; b: device code
+P_EPS_TYPE = 32  # a: what eps is instead of a real number
 
 HOST_PROBLEMS = {
-    P_REWARDS_TYPE: (InputDtypeError, lambda a, b, c: "rewards must be a tensor or a sequence of floats"),
+    P_REWARDS_TYPE: (InputDtypeError, lambda a, b, c: "rewards must be a tensor or a sequence of floats"
+                     + ("; a value does not fit float64 (a Python int beyond 1.8e308?)" if a == 1 else "")),
     P_REWARDS_DTYPE: (InputDtypeError, lambda a, b, c:
                       f"rewards has dtype {dtype_name(a)}; Eq. 4 needs a real floating dtype "
                       "(float16, bfloat16, float32 or float64)"),
@@ -183,14 +185,17 @@ HOST_PROBLEMS = {
     P_GROUP_IDS_LENGTH: (GroupLengthError, lambda a, b, c:
                          f"group_ids has {a} labels but rewards has N={b} rows: the labels do not "
                          "cover the batch"),
-    P_WEIGHTS_TYPE: (WeightError, lambda a, b, c: "weights must be a 1-D sequence or tensor of real numbers"),
+    P_WEIGHTS_TYPE: (WeightError, lambda a, b, c: "weights must be a 1-D sequence or tensor of real numbers"
+                     + {1: "; got a mapping (pass the weights in reward-column order)", 2: "; got a string",
+                        3: "; got a set, which has no order"}.get(a, "")),
     P_WEIGHTS_LENGTH: (WeightLengthError, lambda a, b, c:
                        f"weights has length {a} but rewards has K={b} reward columns"),
     P_WEIGHTS_NONFINITE: (WeightError, lambda a, b, c: f"weights[{a}] (reward column {a}) is {_KINDS[b]}"),
     P_WEIGHTS_ZERO: (WeightError, lambda a, b, c: f"all {a} weights are zero: Eq. 7 would discard every reward"),
     P_WEIGHTS_INEXACT: (WeightError, lambda a, b, c:
-                        f"weights[{a}] (reward column {a}) is an integer float64 cannot hold exactly"),
-    P_VALUES_TYPE: (InputDtypeError, lambda a, b, c: "values must be a tensor or a sequence of floats"),
+                        f"weights[{a}] (reward column {a}) is a number float64 cannot hold exactly"),
+    P_VALUES_TYPE: (InputDtypeError, lambda a, b, c: "values must be a tensor or a sequence of floats"
+                    + ("; a value does not fit float64 (a Python int beyond 1.8e308?)" if a == 1 else "")),
     P_VALUES_DTYPE: (InputDtypeError, lambda a, b, c:
                      f"values has dtype {dtype_name(a)}; Eq. 6 needs a real floating dtype"),
     P_VALUES_NDIM: (ShapeError, lambda a, b, c: f"values must be 1-D (N,); got a {a}-D tensor"),
@@ -206,6 +211,10 @@ HOST_PROBLEMS = {
                   f"out_dtype must be float64, float32, float16, bfloat16 or a signed float8; "
                   f"got {dtype_name(a)}"),
     P_EPS: (OutOfRangeError, lambda a, b, c: f"eps={bits_float(a)!r} must be finite and >= 0"),
+    P_EPS_TYPE: (InputDtypeError, lambda a, b, c:
+                 "eps must be a real number (an int, a float, a NumPy real scalar or a 0-d real tensor); got "
+                 + {1: "None", 2: "a bool", 3: "a string", 4: "a complex number",
+                    5: "a sequence or an array of more than 0 dimensions"}.get(a, "another type")),
     P_LOCAL_FAILURE: (GDPOError, lambda a, b, c:
                       "the local computation raised an unexpected exception (chained on that rank)"),
     P_GROUP_SIZE_INT64: (GroupError, lambda a, b, c: "group_size is beyond int64 (|group_size| >= 2**63)"),

@@ -242,8 +242,12 @@ def _rank_main(rank, world, init_file, out_dir, scenarios, timeout_s, backend, d
                 out, stats = SCENARIOS[kind](rank, world, dist.group.WORLD, device, **kwargs)
             rec.update(status="ok", result=_plain(out), stats=_plain(stats))
         except BaseException as exc:  # noqa: BLE001 - every outcome is reported
+            causes, cause = [], exc.__cause__ or exc.__context__
+            while cause is not None and len(causes) < 8:  # the chain, whatever the traceback's length
+                causes.append(f"{type(cause).__name__}: {cause}")
+                cause = cause.__cause__ or cause.__context__
             rec.update(status="error", cls=type(exc).__name__, mro=[c.__name__ for c in type(exc).__mro__],
-                       msg=str(exc), tb=traceback.format_exc()[-2000:])
+                       msg=str(exc), tb=traceback.format_exc()[-2000:], causes=causes)
         fused = sys.modules.get("impl._fused")
         rec.update(seconds=time.monotonic() - t0, collectives=dict(counter.counts),
                    fused_calls=(fused.stats["calls"] if fused else 0) - fused_before)

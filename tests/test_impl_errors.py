@@ -7,7 +7,10 @@ in the manner of OpInfo's ``ErrorInput``."""
 import math
 import subprocess
 import sys
+from decimal import Decimal
+from fractions import Fraction
 
+import numpy as np
 import pytest
 import torch
 
@@ -87,7 +90,7 @@ CASES = [
     ("weights_zero_int", S, (R,), {"group_size": 2, "weights": [0, 0]}, WeightError, r"all 2 weights are zero"),
     ("weights_bool", N, (R,), {"group_size": 2, "weights": [True, 1.0]}, WeightError, r"real numbers"),
     ("weights_inexact_int", N, (R,), {"group_size": 2, "weights": [1, 2 ** 53 + 1]}, WeightError,
-     r"weights\[1\] .* integer float64 cannot hold exactly"),
+     r"weights\[1\] .* a number float64 cannot hold exactly"),
     ("weights_huge_int", N, (R,), {"group_size": 2, "weights": [1, 10 ** 400]}, WeightError, r"weights\[1\]"),
     ("weights_2d", N, (R,), {"group_size": 2, "weights": torch.ones(2, 1)}, WeightError, r"1-D"),
     # --- Eq. 7 beyond float64 -----------------------------------------------------------------
@@ -119,6 +122,33 @@ CASES = [
      r"unit 1 holds a single sample"),
     ("unit_of_one_gdpo", A, (R,), {"group_size": 2, "segment_sizes": [3, 1]}, SegmentError, r"unit 1 holds"),
     ("whole_batch_of_one", Wh, (torch.tensor([1.0]),), {}, SegmentError, r"unit 0 holds a single sample"),
+    # --- found by a review: containers read the wrong way, raw Python errors ------------------------
+    ("weights_dict", A, (R,), {"group_size": 2, "weights": {0: 1.0, 1: 0.0}}, WeightError,
+     r"got a mapping \(pass the weights in reward-column order\)"),  # iterating gave its keys, silently
+    ("weights_string", A, (R,), {"group_size": 2, "weights": "12"}, WeightError, r"got a string"),
+    ("weights_set", N, (R,), {"group_size": 2, "weights": {2.0, 1.0}}, WeightError, r"a set, which has no order"),
+    ("weights_numpy_bool", A, (R,), {"group_size": 2, "weights": np.array([True, True])}, WeightError,
+     r"real numbers"),
+    ("weights_numpy_bool_items", N, (R,), {"group_size": 2, "weights": [np.True_, np.False_]}, WeightError,
+     r"real numbers"),
+    ("weights_inexact_fraction", A, (R,), {"group_size": 2, "weights": [Fraction(2 ** 53 + 1), 1]}, WeightError,
+     r"weights\[0\] .* a number float64 cannot hold exactly"),  # was rounded silently
+    ("weights_inexact_decimal", N, (R,), {"group_size": 2, "weights": [1.0, Decimal("0.1")]}, WeightError,
+     r"weights\[1\]"),
+    ("eps_huge_int", Wh, (R[:, 0],), {"eps": 10 ** 400}, OutOfRangeError, r"eps=inf must be finite"),
+    ("eps_none", A, (R,), {"group_size": 2, "eps": None}, InputDtypeError, r"eps must be a real number.*got None"),
+    ("eps_list", N, (R,), {"group_size": 2, "eps": [1e-4]}, InputDtypeError, r"got a sequence or an array"),
+    ("eps_numpy_array", Wh, (R[:, 0],), {"eps": np.array([1e-4, 1e-4])}, InputDtypeError, r"an array"),
+    ("eps_bool", Wh, (R[:, 0],), {"eps": True}, InputDtypeError, r"got a bool"),
+    ("eps_numpy_bool", Wh, (R[:, 0],), {"eps": np.bool_(False)}, InputDtypeError, r"got a bool"),
+    ("eps_string", A, (R,), {"group_size": 2, "eps": "0.0001"}, InputDtypeError, r"got a string"),
+    ("eps_complex", Wh, (R[:, 0],), {"eps": 1e-4 + 0j}, InputDtypeError, r"got a complex number"),
+    ("eps_complex_tensor", Wh, (R[:, 0],), {"eps": torch.tensor(1e-4 + 0j)}, InputDtypeError, r"complex"),
+    ("rewards_huge_int", A, ([[10 ** 400], [0.5]],), {"group_size": 2}, InputDtypeError,
+     r"a value does not fit float64"),
+    ("values_huge_int", Wh, ([10 ** 400, 0.5],), {}, InputDtypeError, r"values .* does not fit float64"),
+    ("ids_python_floats_are_doubles", N, (R,), {"group_ids": [0.0, 0.0, 1.0, 1.0]}, GroupError,
+     r"got dtype float64"),
 ]
 
 
@@ -203,3 +233,21 @@ def test_tensors_on_a_device_other_than_cpu_or_cuda_are_refused():
         gdpo.gdpo_advantages(torch.zeros(4, 2, device="meta"), group_size=2)
     with pytest.raises(InputDtypeError, match=r"rewards is on a device"):
         gdpo.normalize_rewards(torch.zeros(4, 2, device="meta"), group_size=2)
+
+
+@pytest.mark.parametrize("var, value", [("GDPO_FUSED", "true"), ("GDPO_CUDA_GRAPHS", "yes")])
+def test_an_unknown_switch_value_warns_instead_of_meaning_off_silently(monkeypatch, var, value):
+    """GDPO_FUSED=true or GDPO_CUDA_GRAPHS=yes used to mean "off" without a word."""
+    from impl import _fused, _graphs
+
+    monkeypatch.setenv(var, value)
+    monkeypatch.setitem(_fused._STATE, "warned_value", None)
+    monkeypatch.setattr(_graphs, "_WARNED", set())
+    with pytest.warns(RuntimeWarning, match=f"{var}='{value}' is not"):
+        gdpo.gdpo_advantages(R, group_size=2)
+    monkeypatch.setenv(var, "0")
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        gdpo.gdpo_advantages(R, group_size=2)  # 0 is a known value: silent
