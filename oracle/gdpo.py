@@ -59,8 +59,9 @@ class Stage:
     #: weights' frame so that huge weights cannot overflow its bound)
     frame: int = 0
     #: exact zeros the specification demands bit for bit (structural zeros:
-    #: collapsed columns, pairwise cancelled groups, units of such groups); the
-    #: other exact zeros are held to the error bound like any value
+    #: collapsed columns, groups cancelled by a pair of columns equal up to shift and
+    #: sign, units of such groups); the other exact zeros are held to the error bound
+    #: like any value
     required_zero: np.ndarray = None
     #: the exact values correctly rounded to float16 and bfloat16 (each once, from the
     #: exact value: never through float32 or float64), as float64 arrays
@@ -808,15 +809,44 @@ def _structural_zero(cols, wq, cancelled: bool) -> bool:
     """Is the group's exact zero combination reproduced bit for bit by the prescribed algorithm?
 
     Yes when no column contributes (all collapsed or zero weight), or when exactly two
-    contribute with weights of equal magnitude and cancel: their columns are then equal
-    up to shift and sign, and the shift-invariant algorithm rounds both alike.
+    contribute with weights of equal magnitude, cancel, and are equal up to shift and sign
+    (spec 7): their exact deviations from the group mean are equal up to one sign, so the
+    shift-invariant algorithm rounds both columns alike. Exact cancellation alone does not
+    say so at eps = 0 (or without eps): z is then scale-invariant, and any two affinely
+    related columns (r2 = k r1 + b, k != 0) cancel exactly while a correct float64 code
+    rounds them differently; that zero is held to the error bound.
     """
     if any(col.nan for col in cols):
         return False
     live = [k for k, col in enumerate(cols) if wq[k] != 0 and (col.raw or not col.collapsed)]
     if not live:
         return True
-    return cancelled and len(live) == 2 and abs(wq[live[0]]) == abs(wq[live[1]])
+    if not (cancelled and len(live) == 2 and abs(wq[live[0]]) == abs(wq[live[1]])):
+        return False
+    return _equal_up_to_shift_and_sign(cols[live[0]], cols[live[1]])
+
+
+def _equal_up_to_shift_and_sign(a: _Column, b: _Column) -> bool:
+    """Do two group columns have the same valid members and exact deviations (D_j f, the
+    value itself for a raw singleton column) equal up to one sign? With eps > 0 two live
+    columns that cancel with weights of equal magnitude always do (z is not scale-invariant
+    there: z_a = +-z_b forces dev_b = +-dev_a); at eps = 0 only this check tells."""
+    if bool(a.raw) != bool(b.raw) or a.n != b.n or len(a.D) != len(b.D):
+        return False
+    if not np.array_equal(a.valid, b.valid):
+        return False
+    sign = 0
+    for da, db in zip(a.D, b.D):
+        x, y = da * a.f, db * b.f  # exact rationals
+        if x == 0 or y == 0:
+            if x != y:
+                return False
+            continue
+        s = 1 if x == y else -1 if x == -y else 0
+        if s == 0 or sign not in (0, s):
+            return False
+        sign = s
+    return True
 
 
 def _round_form(form: ex.Form, classes: ex.SqrtClasses) -> tuple[float, ...]:

@@ -71,7 +71,10 @@ caps every unit's first-order Δa wherever that is larger (a tiny eps over a tin
 condition estimate (``rounding=False``) of such a zero denominator is
 Samuelson's bound sqrt((T - ddof)(T - t_j) / (T t_j)) (:func:`samuelson`): one
 ulp of input un-collapses the column or unit and moves its outputs by up to
-that much, not by a first-order amount. No bound is NaN or infinite.
+that much, not by a first-order amount. The same bound caps the condition
+estimate of any zero std (a collapsed column or unit) whatever eps: a tiny eps
+(5e-324) makes the first-order change ulp / eps, beyond float64, while the outputs
+still move by at most Samuelson's bound. No bound is NaN or infinite.
 
 ``scale="magnitude"`` replaces ρ by max |r| of the column: the bound of a plain
 (not shift-invariant) two-pass algorithm, used by the tables to show what the
@@ -196,8 +199,12 @@ def group_stage(dev, d_dev, sigma, denom, z, n, ddof, rounding=True):
     d_denom = d_sigma
     if rounding:
         d_denom += 0.5 * (n + 3) * sigma + 2.0 * denom
-    dz = (d_dev + z * d_denom) / denom
-    return dz + 3.0 * (z + TAU) if rounding else dz  # τ: z itself may underflow (D > 2 (n + 3))
+    if rounding:
+        return (d_dev + z * d_denom) / denom + 3.0 * (z + TAU)  # τ: z itself may underflow (D > 2 (n + 3))
+    if not sigma > 0.0:  # collapsed: one ulp un-collapses the column and z moves by at most
+        with np.errstate(over="ignore"):  # Samuelson's bound, however small eps makes the denominator
+            return np.minimum((d_dev + z * d_denom) / denom, samuelson(n, ddof) + z)
+    return (d_dev + z * d_denom) / denom
 
 
 def model_dev_perturbation(rho, n, tau=TAU):
@@ -292,6 +299,8 @@ def whiten_stage(dc, c, mean, a, sigma, denom, ddof, t=None, collapsed=False, ro
     with np.errstate(over="ignore"):  # a denominator near zero: the cap below is the bound
         da = (d_dev2 + a * d_denom) / denom
         if not rounding:
+            if not sigma > 0.0:  # collapsed: as at a zero denominator, whatever eps (a tiny eps
+                return np.minimum(da, samuelson(T, ddof, t) + a)  # makes the first order meaningless)
             return da
         return np.minimum(da + 3.0 * (a + TAU), noise_cap(T, ddof, t, n, a))
 
