@@ -5,6 +5,19 @@ Each adapter translates a framework's arguments into one call of
 path (float64 inside, exact collapse, segmented whitening across ranks). None of
 them imports the framework it imitates.
 
+Refusals are the classes :func:`impl.gdpo.gdpo_advantages` raises (subclasses of
+``GDPOError``), with messages in the caller's terms: the adapter's own argument
+names, the reward key instead of a column number, the caller's own group label
+(by ``repr``) instead of an internal number, the sample (and for verl the token).
+Under a ``process_group`` the ``DistributedError`` every rank raises must read the
+same on every rank: only argument names are rewritten there (``group_ids`` as
+``index`` or ``labels``, TRL's names), not labels or keys, which are each rank's
+own. Labels of the wrong length or shape are handed on to ``impl.gdpo`` there, so
+that every rank refuses them together; the adapters' other checks of an argument's
+structure (a mapping of keys, each reward's dtype, shape and device, the mask,
+hashable labels, weight keys) raise on the rank that fails them, before the
+agreement, where its peers wait until the group's timeout.
+
 * :func:`trl_advantages`: TRL's ``normalize_then_sum`` shape.
 
   >>> import torch
@@ -19,9 +32,15 @@ them imports the framework it imitates.
 
 * :func:`verl_advantages`: verl's shape: token-level rewards per key, a response
   mask, and ``index`` labels for the prompt groups. The score of a response is the
-  sum of its token-level rewards (as verl's outcome rewards are placed on the last
-  token); Eq. 6 is **per sample** here, whereas verl's ``masked_whiten`` weights each
-  sample by its token count. The result is broadcast over the response tokens.
+  sum of its token-level rewards on its response tokens (as verl's outcome rewards
+  are placed on the last token); whatever lies on padding tokens (nonzero mask
+  entries are response tokens) is ignored, NaN and inf included. A non-finite
+  reward on a response token is a ``NonFiniteError`` naming the key, the sample, the
+  token and the value; a sum of finite token rewards beyond float64 an
+  ``OutOfRangeError`` (without a process group; with one, the ``DistributedError``
+  names the sample's score). Eq. 6 is **per sample** here, whereas verl's ``masked_whiten``
+  weights each sample by its token count. The result is broadcast over the response
+  tokens, and is exactly 0 on padding.
 
   >>> from impl.adapters import verl_advantages
   >>> mask = torch.tensor([[1, 1, 0], [1, 1, 1], [1, 0, 0], [1, 1, 1]])
@@ -31,89 +50,438 @@ them imports the framework it imitates.
   (torch.Size([4, 3]), True)
 
 * :func:`labelled_advantages`: rewards per component as a mapping of name to (N,)
-  tensors, and one label per sample (any hashable labels, ragged groups).
+  rewards, and one label per sample (ragged groups).
+
+  >>> from impl.adapters import labelled_advantages
+  >>> a = labelled_advantages({"acc": [1.0, 0.0, 0.0, 1.0], "fmt": torch.tensor([0.5, 0.5, 1.0, 0.0])},
+  ...                         ["q1", "q1", "q2", "q2"])
+  >>> a.shape
+  torch.Size([4])
+
+Rewards (each verl key, each labelled component) are tensors of a real floating
+dtype, or Python/NumPy sequences of floats (Python floats are read as float64, as
+:func:`impl.gdpo.gdpo_advantages` does); integer, bool and complex values are
+refused naming the key. Labelled components of different floating dtypes are
+widened exactly before they are stacked (to float64 if one is float64, else to
+float32, which holds every float16, bfloat16 and float8 value); they must share one
+device.
+
+Labels (verl's ``index``, ``labels``): one per sample, in a list, tuple, NumPy array
+or tensor. Labels equal under Python's ``==`` name one group. Integer labels are
+the caller's numbers and are passed to ``impl.gdpo`` as they are (an integer tensor
+without a host read); any other hashable labels, floats included (in any of those
+containers), are numbered by first appearance, which reads a tensor of them to the
+host once. A NaN label (it equals no label, not even itself), an unhashable label,
+and containers that are no ordered sequence of labels (a set, a mapping, a string,
+None) are refused (``GroupError``);
+labels of the wrong number or shape are a ``GroupLengthError`` (both a
+``GroupError`` and a ``ShapeError``) naming ``index`` or ``labels``.
 """
 
 from __future__ import annotations
 
-from typing import Hashable, Mapping, Sequence
+import numbers
+import re
+import sys
+from collections.abc import Hashable, Mapping, Sequence, Set
 
 import torch
 
-from impl.gdpo import InputDtypeError, ShapeError, WeightError, gdpo_advantages
+from impl._problems import GroupLengthError
+from impl.gdpo import (
+    DistributedError,
+    GDPOError,
+    GroupError,
+    InputDtypeError,
+    NonFiniteError,
+    OutOfRangeError,
+    ShapeError,
+    WeightError,
+    gdpo_advantages,
+)
 from spec.constants import DEFAULT_EPS
+
+__all__ = ["trl_advantages", "verl_advantages", "labelled_advantages"]
+
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def _kind(x: float) -> str:
+    return "nan" if x != x else ("inf" if x > 0 else "-inf")
+
+
+def _numpy_array(x) -> bool:
+    np = sys.modules.get("numpy")  # a caller who passes a NumPy array has imported NumPy
+    return np is not None and isinstance(x, np.ndarray)
+
+
+def _numpy_scalar(x) -> bool:
+    np = sys.modules.get("numpy")
+    return np is not None and isinstance(x, np.generic)
+
+
+# ------------------------------------------------------------------ rewards
+
+
+def _float_tensor(x, where: str, device: torch.device | None) -> torch.Tensor:
+    """``x`` as a tensor of a real floating dtype (CPU or CUDA), or a clear refusal naming
+    ``where``. Python/NumPy sequences of floats are accepted (Python floats as float64)
+    and placed on ``device``; tensors are taken as they are."""
+    if isinstance(x, torch.Tensor):
+        t = x
+    else:
+        try:
+            t = torch.as_tensor(x)
+        except (TypeError, ValueError, RuntimeError, OverflowError):
+            raise InputDtypeError(f"{where} must be a tensor or a sequence of floats; got {type(x).__name__}") \
+                from None
+        if t.is_floating_point() and t.dtype != torch.float64 and not hasattr(x, "dtype"):
+            t = torch.as_tensor(x, dtype=torch.float64)  # Python floats are doubles: read them exactly
+        if device is not None:
+            t = t.to(device)
+    if not t.is_floating_point():
+        raise InputDtypeError(f"{where} has dtype {_dtype_name(t.dtype)}; rewards must be of a real floating "
+                              "dtype (float16, bfloat16, float32 or float64)")
+    if t.device.type not in ("cpu", "cuda"):
+        raise InputDtypeError(f"{where} is on a device of type {t.device.type}; impl.gdpo computes on CPU or "
+                              "CUDA tensors")
+    return t
+
+
+def _first_tensor_device(*candidates) -> torch.device | None:
+    for x in candidates:
+        if isinstance(x, torch.Tensor):
+            return x.device
+    return None
+
+
+def _widest(dtypes: list[torch.dtype]) -> torch.dtype:
+    """The dtype every one of ``dtypes`` converts to exactly: float64 holds every float,
+    float32 every float16, bfloat16 and float8 (torch.stack's promotion would not:
+    float16 with bfloat16 gives float32 too, but an integer with a float rounds)."""
+    if len(set(dtypes)) == 1:
+        return dtypes[0]
+    return torch.float64 if torch.float64 in dtypes else torch.float32
+
+
+# ------------------------------------------------------------------ labels
+
+
+class _Labels:
+    """The caller's labels as impl.gdpo group_ids, and the way back to the caller's names."""
+
+    def __init__(self, ids, items: list | None, by_id: list | None):
+        self.ids = ids  # what impl.gdpo gets as group_ids
+        self.items = items  # the caller's label of each sample (None: an integer tensor, read on demand)
+        self.by_id = by_id  # the caller's label of each internal id; None when ids are the caller's own
+
+    def of_sample(self, i: int):
+        if self.items is not None:
+            return self.items[i]
+        return self.ids[i].item()
+
+    def name(self, internal: int) -> str:
+        """The caller's label of a group label impl.gdpo printed."""
+        if self.by_id is None:
+            return str(internal)
+        return repr(self.by_id[internal]) if 0 <= internal < len(self.by_id) else str(internal)
+
+
+def _one_label(x, arg: str, i: int):
+    if isinstance(x, torch.Tensor) or _numpy_array(x):
+        if x.ndim != 0:
+            raise GroupError(f"{arg}[{i}] is a {x.ndim}-D {type(x).__name__} of shape {tuple(x.shape)}, "
+                             "not one label")
+        x = x.item()  # a 0-d tensor hashes by identity: read its value
+    elif _numpy_scalar(x):
+        x = x.item()
+    try:
+        hash(x)
+    except TypeError:
+        raise GroupError(f"{arg}[{i}] = {x!r} is unhashable ({type(x).__name__}); a label must be hashable "
+                         "(an int, str, tuple, ...)") from None
+    if isinstance(x, (float, complex)) and x != x:
+        raise GroupError(f"{arg}[{i}] is {x!r}: a NaN label equals no label, not even itself, so it names no "
+                         "group")
+    return x
+
+
+def _wrong_length(error: GroupLengthError, shape, distributed: bool) -> _Labels:
+    """Under a process group a rank must not raise before impl.gdpo's agreement (its peers
+    would wait in it): labels of the caller's shape go on, and impl.gdpo refuses them on
+    every rank together (a DistributedError naming this rank's GroupLengthError)."""
+    if not distributed:
+        raise error
+    return _Labels(torch.zeros(shape, dtype=torch.int64), None, None)
+
+
+def _labels(labels, n: int, arg: str, samples: str, distributed: bool) -> _Labels:
+    """Validate one label per sample (``arg`` is the caller's argument name, ``samples``
+    says what holds the n samples)."""
+    if isinstance(labels, torch.Tensor) or _numpy_array(labels):
+        if labels.ndim != 1:
+            return _wrong_length(GroupLengthError(f"{arg} must be 1-D (one label per sample); got a "
+                                                  f"{labels.ndim}-D {type(labels).__name__} of shape "
+                                                  f"{tuple(labels.shape)}"), tuple(labels.shape), distributed)
+        if labels.shape[0] != n:
+            return _wrong_length(GroupLengthError(f"{arg} has length {labels.shape[0]} but {samples} has {n} "
+                                                  "samples: one label per sample"), tuple(labels.shape), distributed)
+        if isinstance(labels, torch.Tensor) and not (labels.is_floating_point() or labels.is_complex()
+                                                     or labels.dtype == torch.bool):
+            return _Labels(labels, None, None)  # the caller's own integers: no host read
+        items = labels.tolist()  # Python scalars: a float or bool tensor's 0-d items hash by identity
+    elif labels is None or isinstance(labels, (str, bytes, Mapping, Set)) or not isinstance(labels, Sequence) \
+            and not hasattr(labels, "__iter__"):
+        raise GroupError(f"{arg} must hold one hashable label per sample, in order (a list, tuple, NumPy array "
+                         f"or tensor); got {type(labels).__name__}")
+    else:
+        items = list(labels)
+        if len(items) != n:
+            return _wrong_length(GroupLengthError(f"{arg} has length {len(items)} but {samples} has {n} "
+                                                  "samples: one label per sample"), (len(items),), distributed)
+    items = [_one_label(x, arg, i) for i, x in enumerate(items)]
+    if all(_is_int(x) and _INT64_MIN <= x <= _INT64_MAX for x in items):
+        items = [int(x) for x in items]
+        return _Labels(items, items, None)  # the caller's own integers, as impl.gdpo prints them
+    by_label: dict = {}
+    ids = [by_label.setdefault(x, len(by_label)) for x in items]
+    return _Labels(torch.tensor(ids, dtype=torch.int64), items, list(by_label))
+
+
+# ------------------------------------------------------------------ weights
+
+
+def _weights_in_order(weights, keys: list):
+    """Weights by key, in the order of the reward columns; a missing key is an error, never 0.
+    A sequence is passed on as it is (impl.gdpo checks it; its messages are translated)."""
+    if not isinstance(weights, Mapping):
+        return weights
+    missing = [k for k in keys if k not in weights]
+    extra = [k for k in weights if k not in keys]
+    if missing or extra:
+        raise WeightError(f"weights names the keys {list(weights)!r} but the reward keys are {keys!r} "
+                          f"(missing {missing!r}, unknown {extra!r})")
+    return [weights[k] for k in keys]
+
+
+# ------------------------------------------------------------------ messages in the caller's terms
+
+
+def _rename(e: GDPOError, msg: str) -> GDPOError:
+    """The same class as impl.gdpo raised, with the caller's names."""
+    return e if msg == str(e) else type(e)(msg)
+
+
+def _in_callers_terms(e: GDPOError, keys: list, labels: _Labels, weights_by_key: bool, rewards: str,
+                      arg: str) -> GDPOError:
+    """impl.gdpo's message with the reward keys, the caller's group labels and samples
+    (``rewards`` names the reward argument in the NaN message, ``arg`` the labels). A
+    DistributedError must read the same on every rank: only ``group_ids`` is renamed there
+    (labels and keys are each rank's own)."""
+    msg = re.sub(r"\bgroup_ids\b", arg, str(e))
+    if isinstance(e, DistributedError):
+        return _rename(e, msg)
+
+    def key(j: str) -> str:
+        j = int(j)
+        return repr(keys[j]) if 0 <= j < len(keys) else f"column {j}"
+
+    def weight(m):
+        j = int(m.group(1))
+        if weights_by_key and 0 <= j < len(keys):
+            return f"weights[{keys[j]!r}]"
+        return f"weights[{j}] (reward {key(m.group(1))})"
+
+    msg = re.sub(r"\brewards\[(\d+), (\d+)\] \(row \1, reward column \2, ",
+                 lambda m: f"{rewards.format(key=key(m.group(2)), i=m.group(1))} (sample {m.group(1)}, ", msg)
+    msg = re.sub(r"\bweights\[(\d+)\] \(reward column \1\)", weight, msg)
+    msg = re.sub(r"\breward column (\d+)", lambda m: f"reward {key(m.group(1))}", msg)
+    msg = re.sub(r"\bgroup label (-?\d+)", lambda m: f"group label {labels.name(int(m.group(1)))}", msg)
+    msg = re.sub(r"\b(first |at )?row (\d+)\b", lambda m: f"{m.group(1) or ''}sample {m.group(2)}", msg)
+    return _rename(e, msg)
+
+
+_TRL_NAMES = ((r"\bgroup_size\b", "num_generations"),
+              (r"\bweights(?=\[| has | must )", "reward_weights"),
+              (r"\brewards(?=\[| has | must | is empty)", "rewards_per_func"))
+
+
+# ------------------------------------------------------------------ the adapters
 
 
 def trl_advantages(rewards_per_func: torch.Tensor, num_generations: int, reward_weights=None, *,
                    segment_sizes=None, process_group=None, eps: float = DEFAULT_EPS,
                    out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """TRL's shape: (N, K) rewards, contiguous groups of ``num_generations``, weights (K,)."""
-    return gdpo_advantages(rewards_per_func, group_size=num_generations, weights=reward_weights,
-                           segment_sizes=segment_sizes, process_group=process_group, eps=eps, out_dtype=out_dtype)
+    """TRL's shape: (N, K) rewards, contiguous groups of ``num_generations``, weights (K,).
+
+    Refusals are impl.gdpo's, in TRL's argument names (``num_generations``,
+    ``reward_weights``, ``rewards_per_func``)."""
+    if process_group is None and not _is_int(num_generations):  # with one: refused by every rank, below
+        raise GroupError(f"num_generations must be a Python int (the completions per prompt); got "
+                         f"{num_generations!r} ({type(num_generations).__name__})")
+    try:
+        return gdpo_advantages(rewards_per_func, group_size=num_generations, weights=reward_weights,
+                               segment_sizes=segment_sizes, process_group=process_group, eps=eps,
+                               out_dtype=out_dtype)
+    except GDPOError as e:
+        msg = str(e)
+        for pattern, name in _TRL_NAMES:  # text only: a DistributedError still reads the same on every rank
+            msg = re.sub(pattern, name, msg)
+        renamed = _rename(e, msg)
+        if renamed is e:
+            raise
+        raise renamed from e
 
 
-def _labels_to_ids(labels: Sequence[Hashable] | torch.Tensor, n: int, device) -> torch.Tensor:
-    if isinstance(labels, torch.Tensor) and not labels.is_floating_point() and labels.dtype != torch.bool:
-        return labels
-    labels = list(labels)
-    if len(labels) != n:
-        raise ShapeError(f"index has {len(labels)} labels for {n} samples")
-    ids: dict = {}
-    return torch.tensor([ids.setdefault(x, len(ids)) for x in labels], dtype=torch.int64, device=device)
+def _response_mask(response_mask, device) -> torch.Tensor:
+    if isinstance(response_mask, torch.Tensor):
+        m = response_mask
+    else:
+        try:
+            m = torch.as_tensor(response_mask)
+        except (TypeError, ValueError, RuntimeError, OverflowError):
+            raise InputDtypeError(f"response_mask must be a (B, T) tensor of 0/1 (or bool); got "
+                                  f"{type(response_mask).__name__}") from None
+        if device is not None:
+            m = m.to(device)
+    if m.is_complex():
+        raise InputDtypeError(f"response_mask has dtype {_dtype_name(m.dtype)}; a mask is bool, integer 0/1 "
+                              "or real 0/1")
+    if m.dim() != 2:
+        raise ShapeError(f"response_mask must be (B, T), one row of tokens per sample; got shape "
+                         f"{tuple(m.shape)}")
+    return m.to(torch.bool)  # nonzero: a response token
 
 
-def _weights_in_order(weights, names: list[str]):
-    """Weights by name, in the order of the reward columns; a missing name is an error, never 0."""
-    if weights is None:
+_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _on_response_tokens(a: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """(B,) advantages broadcast to (B, T): the value on response tokens, +0.0 on padding.
+    Selected on the bits (all zero bits are +0.0 in every output dtype), so that no
+    float8 kernel is needed and nothing is multiplied (a * 0 would give -0.0)."""
+    bits = _BITS[a.element_size()]
+    return torch.where(mask, a.view(bits).unsqueeze(-1), torch.zeros((), dtype=bits, device=a.device)).view(a.dtype)
+
+
+def _locate_nonfinite(tokens: dict, keys: list, mask: torch.Tensor, scores: torch.Tensor, labels: _Labels):
+    """The first non-finite score (sample, key): its first non-finite response token, or
+    a sum beyond float64. Runs only on refusal (host reads)."""
+    bad = (~torch.isfinite(scores)).nonzero().tolist()
+    if not bad:
         return None
-    if not isinstance(weights, Mapping):
-        return list(weights)
-    missing = [k for k in names if k not in weights]
-    extra = [k for k in weights if k not in names]
-    if missing or extra:
-        raise WeightError(f"weights name {sorted(weights)} but the reward keys are {names}"
-                          f" (missing {missing}, unknown {extra})")
-    return [weights[k] for k in names]
+    i, j = bad[0]
+    key = keys[j]
+    row = tokens[key][i]
+    found = (~torch.isfinite(row) & mask[i]).nonzero().flatten().tolist()
+    label = repr(labels.of_sample(i))
+    if found:
+        tok = found[0]
+        return NonFiniteError(f"token_level_rewards[{key!r}][{i}, {tok}] (sample {i}, response token {tok}, "
+                              f"group label {label}) is {_kind(row[tok].item())}")
+    return OutOfRangeError(f"the score of sample {i} under token_level_rewards[{key!r}] (group label {label}), "
+                           f"the sum of its response tokens' finite rewards, is beyond float64 "
+                           f"({_kind(scores[i, j].item())})")
 
 
 def verl_advantages(token_level_rewards: Mapping[str, torch.Tensor], response_mask: torch.Tensor,
                     index: Sequence[Hashable] | torch.Tensor, weights: Mapping[str, float] | None = None, *,
                     segment_sizes=None, process_group=None, eps: float = DEFAULT_EPS,
                     out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """verl's shape: {key: (B, T) token-level rewards}, (B, T) mask, (B,) group labels -> (B, T)."""
+    """verl's shape: {key: (B, T) token-level rewards}, (B, T) mask, (B,) group labels -> (B, T).
+
+    A sample's score is the sum of its rewards on its response tokens (padding is
+    ignored); the advantage is broadcast over its response tokens, 0 on padding."""
+    if not isinstance(token_level_rewards, Mapping):
+        raise InputDtypeError(f"token_level_rewards must be a mapping {{reward key: (B, T) tensor}}; got "
+                              f"{type(token_level_rewards).__name__}")
     if not token_level_rewards:
         raise ShapeError("token_level_rewards is empty: GDPO needs at least one reward key")
     keys = list(token_level_rewards)
-    mask = response_mask.to(torch.bool)
-    cols = []
+    device = _first_tensor_device(response_mask, *token_level_rewards.values())
+    mask = _response_mask(response_mask, device)
+    tokens = {}
     for key in keys:
-        t = token_level_rewards[key]
+        where = f"token_level_rewards[{key!r}]"
+        t = _float_tensor(token_level_rewards[key], where, mask.device)
         if t.shape != mask.shape:
-            raise ShapeError(f"token_level_rewards[{key!r}] has shape {tuple(t.shape)}, "
-                             f"response_mask {tuple(mask.shape)}")
-        if not t.is_floating_point():
-            raise InputDtypeError(f"token_level_rewards[{key!r}] has dtype {t.dtype}; rewards must be floating")
-        cols.append((t.to(torch.float64) * mask).sum(dim=-1))
-    scores = torch.stack(cols, dim=1)
+            raise ShapeError(f"{where} has shape {tuple(t.shape)}, response_mask {tuple(mask.shape)}: token "
+                             "rewards are (B, T), like the mask")
+        if t.device != mask.device:
+            raise InputDtypeError(f"{where} is on {t.device} but response_mask on {mask.device}: pass them on "
+                                  "one device")
+        tokens[key] = t
+    b = mask.shape[0]
+    if b == 0 and process_group is None:  # with a process group a rank may hold no samples
+        raise ShapeError(f"token_level_rewards and response_mask hold no samples (B=0, shape "
+                         f"{tuple(mask.shape)})")
+    ids = _labels(index, b, "index", "response_mask", process_group is not None)
+    # Padding must not matter: inf * 0 would be NaN, so select, never multiply.
+    scores = torch.stack([torch.where(mask, tokens[k].to(torch.float64), 0.0).sum(dim=-1) for k in keys], dim=1)
     w = _weights_in_order(weights, keys)
-    ids = _labels_to_ids(index, scores.shape[0], scores.device)
-    a = gdpo_advantages(scores, group_ids=ids, weights=w, segment_sizes=segment_sizes,
-                        process_group=process_group, eps=eps, out_dtype=out_dtype)
-    return a.unsqueeze(-1) * mask.to(a.dtype)
+    try:
+        a = gdpo_advantages(scores, group_ids=ids.ids, weights=w, segment_sizes=segment_sizes,
+                            process_group=process_group, eps=eps, out_dtype=out_dtype)
+    except GDPOError as e:
+        better = None
+        if isinstance(e, NonFiniteError) and process_group is None:
+            better = _locate_nonfinite(tokens, keys, mask, scores, ids)
+        if better is None:
+            better = _in_callers_terms(e, keys, ids, isinstance(weights, Mapping),
+                                       "the score (sum of response tokens) of token_level_rewards[{key}][{i}]",
+                                       "index")
+        if better is e:
+            raise
+        raise better from e
+    return _on_response_tokens(a, mask)
 
 
 def labelled_advantages(rewards: Mapping[str, torch.Tensor], labels: Sequence[Hashable] | torch.Tensor,
                         weights: Mapping[str, float] | None = None, *, segment_sizes=None, process_group=None,
                         eps: float = DEFAULT_EPS, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """{name: (N,) rewards}, one label per sample -> (N,) advantages (columns in mapping order)."""
+    """{name: (N,) rewards}, one label per sample -> (N,) advantages (columns in mapping order).
+
+    Each component is a 1-D tensor of a real floating dtype or a sequence of floats; all
+    of one length and on one device (different floating dtypes are widened exactly)."""
+    if not isinstance(rewards, Mapping):
+        raise InputDtypeError(f"rewards must be a mapping {{name: (N,) rewards}}; got {type(rewards).__name__}")
     if not rewards:
         raise ShapeError("rewards is empty: GDPO needs at least one reward component")
     names = list(rewards)
-    lengths = {k: tuple(v.shape) for k, v in rewards.items()}
-    if len(set(lengths.values())) != 1 or len(next(iter(lengths.values()))) != 1:
-        raise ShapeError(f"every reward component must be a (N,) tensor of one length; got {lengths}")
-    r = torch.stack([rewards[k] for k in names], dim=1)
+    device = _first_tensor_device(*rewards.values())
+    comps = {}
+    for name in names:
+        where = f"rewards[{name!r}]"
+        t = _float_tensor(rewards[name], where, device)
+        if t.dim() != 1:
+            raise ShapeError(f"{where} must be 1-D (N,), one reward per sample; got shape {tuple(t.shape)}")
+        comps[name] = t
+    lengths = {k: v.shape[0] for k, v in comps.items()}
+    if len(set(lengths.values())) != 1:
+        raise ShapeError("every reward component must be a (N,) tensor of one length; got lengths "
+                         + "{" + ", ".join(f"{k!r}: {n}" for k, n in lengths.items()) + "}")
+    first = names[0]
+    for name in names[1:]:
+        if comps[name].device != comps[first].device:
+            raise InputDtypeError(f"rewards[{name!r}] is on {comps[name].device} but rewards[{first!r}] on "
+                                  f"{comps[first].device}: pass every component on one device")
+    dtype = _widest([c.dtype for c in comps.values()])
+    r = torch.stack([comps[k].to(dtype) for k in names], dim=1)
+    ids = _labels(labels, r.shape[0], "labels", "each reward component", process_group is not None)
     w = _weights_in_order(weights, names)
-    ids = _labels_to_ids(labels, r.shape[0], r.device)
-    return gdpo_advantages(r, group_ids=ids, weights=w, segment_sizes=segment_sizes,
-                           process_group=process_group, eps=eps, out_dtype=out_dtype)
+    try:
+        return gdpo_advantages(r, group_ids=ids.ids, weights=w, segment_sizes=segment_sizes,
+                               process_group=process_group, eps=eps, out_dtype=out_dtype)
+    except GDPOError as e:
+        better = _in_callers_terms(e, names, ids, isinstance(weights, Mapping), "rewards[{key}][{i}]", "labels")
+        if better is e:
+            raise
+        raise better from e

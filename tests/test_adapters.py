@@ -1,6 +1,8 @@
 """Drop-in call shapes (impl/adapters.py) agree with impl.gdpo and with the exact oracle."""
 
 import doctest
+import os
+import re
 import subprocess
 import sys
 
@@ -9,7 +11,10 @@ import pytest
 import torch
 
 from impl import adapters, gdpo
+from impl._problems import GroupLengthError
 from oracle import gdpo as oracle
+from spec.errors import (GDPOError, GroupError, InputDtypeError, NonFiniteError, OutOfRangeError, ShapeError,
+                         WeightError)
 
 
 def test_docstring_examples_run():
@@ -65,7 +70,7 @@ def test_labelled_shape_takes_any_hashable_labels():
     b = gdpo.gdpo_advantages(torch.stack([r["acc"], r["len"]], 1), group_ids=torch.tensor([0, 1, 0, 1, 0]),
                              out_dtype=torch.float64)
     assert torch.equal(a, b)
-    with pytest.raises(gdpo.ShapeError, match="index has 4 labels for 5 samples"):
+    with pytest.raises(gdpo.ShapeError, match="labels has length 4 but each reward component has 5 samples"):
         adapters.labelled_advantages(r, ["x"] * 4)
     with pytest.raises(gdpo.ShapeError, match="one length"):
         adapters.labelled_advantages({"a": torch.zeros(3), "b": torch.zeros(4)}, [0, 0, 0])
@@ -76,3 +81,330 @@ def test_importing_impl_stays_light():
             "print(sorted(m for m in ('mpmath', 'hypothesis', 'matplotlib', 'oracle', 'conformance') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+# ------------------------------------------------------------ review of the adapters: components, labels, messages
+
+X = torch.tensor([0.0, 1.0, 0.0, 1.0])
+MASK = torch.tensor([[1, 0], [1, 1], [1, 1], [1, 1]])
+
+
+def _tok(seed=0):
+    return torch.rand(4, 2, generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("bad", [
+    torch.tensor([2 ** 24 + 1, 2 ** 24] * 2, dtype=torch.int64),  # beside float32: stack rounded it to 2**24
+    torch.tensor([True, False, True, False]),
+    torch.tensor([1, 0, 1, 0], dtype=torch.int32),
+    torch.zeros(4, dtype=torch.complex64),
+    [1, 0, 1, 0],  # Python ints: int64, as impl.gdpo reads them
+], ids=["int64", "bool", "int32", "complex", "int_list"])
+def test_labelled_refuses_a_non_float_component_beside_floats_naming_its_key(bad):
+    with pytest.raises(InputDtypeError, match=r"rewards\['b'\] has dtype \w+; rewards must be of a real floating"):
+        adapters.labelled_advantages({"a": X, "b": bad}, [0, 0, 1, 1], weights={"a": 0.0, "b": 1.0})
+
+
+@pytest.mark.parametrize("dtypes, widened", [
+    ((torch.float16, torch.bfloat16), torch.float32),
+    ((torch.float8_e4m3fn, torch.float32), torch.float32),
+    ((torch.float8_e5m2, torch.float16), torch.float32),
+    ((torch.float32, torch.float64), torch.float64),
+    ((torch.bfloat16, torch.bfloat16), torch.bfloat16),
+])
+def test_labelled_widens_float_components_exactly(dtypes, widened):
+    a = torch.tensor([0.5, 1.0, 0.0, 3.0, 2.0, 0.25]).to(dtypes[0])
+    b = torch.tensor([1.0, 0.0, 0.0, 2.0, 0.5, 0.75]).to(dtypes[1])
+    got = adapters.labelled_advantages({"a": a, "b": b}, [0, 0, 1, 1, 2, 2], out_dtype=torch.float64)
+    want = gdpo.gdpo_advantages(torch.stack([a.to(widened), b.to(widened)], 1), group_ids=[0, 0, 1, 1, 2, 2],
+                                out_dtype=torch.float64)
+    assert torch.equal(got, want)
+    assert torch.equal(torch.stack([a.to(widened), b.to(widened)], 1).double(),
+                       torch.stack([a.double(), b.double()], 1))  # the widening is exact
+
+
+def test_labelled_component_shape_and_device_name_the_key():
+    with pytest.raises(ShapeError, match=r"rewards\['a'\] must be 1-D \(N,\).*shape \(4, 1\)"):
+        adapters.labelled_advantages({"a": torch.zeros(4, 1)}, [0, 0, 1, 1])
+    with pytest.raises(InputDtypeError, match=r"rewards\['b'\] is on a device of type meta"):
+        adapters.labelled_advantages({"a": X, "b": torch.zeros(4, device="meta")}, [0, 0, 1, 1])
+
+
+@pytest.mark.parametrize("component", [[0.0, 1.0, 0.0, 1.0], (0.0, 1.0, 0.0, 1.0), np.array([0.0, 1.0, 0.0, 1.0])],
+                         ids=["list", "tuple", "ndarray"])
+def test_labelled_accepts_sequences_of_floats_like_impl_gdpo(component):
+    got = adapters.labelled_advantages({"acc": component, "fmt": torch.tensor([0.5, 0.0, 1.0, 0.0])}, [0, 0, 1, 1],
+                                       out_dtype=torch.float64)
+    want = gdpo.gdpo_advantages(torch.tensor([[0.0, 0.5], [1.0, 0.0], [0.0, 1.0], [1.0, 0.0]], dtype=torch.float64),
+                                group_ids=[0, 0, 1, 1], out_dtype=torch.float64)
+    assert torch.equal(got, want)
+
+
+def test_labelled_reads_python_floats_as_float64():
+    x = [1.0, 1.0 + 2.0 ** -40, 0.0, 1.0]  # float32 would collapse the first group
+    got = adapters.labelled_advantages({"acc": x}, [0, 0, 1, 1], out_dtype=torch.float64)
+    assert torch.equal(got, gdpo.gdpo_advantages(x, group_ids=[0, 0, 1, 1], out_dtype=torch.float64))
+    assert got[0] != got[1]
+
+
+def test_verl_accepts_lists_for_rewards_and_mask():
+    tok = [[1.0, 0.0], [0.0, 0.5], [1.0, 0.0], [0.0, 2.0]]
+    got = adapters.verl_advantages({"acc": tok}, MASK.tolist(), [0, 0, 1, 1], out_dtype=torch.float64)
+    want = adapters.verl_advantages({"acc": torch.tensor(tok, dtype=torch.float64)}, MASK, [0, 0, 1, 1],
+                                    out_dtype=torch.float64)
+    assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("call, cls, needle", [
+    (lambda: adapters.verl_advantages({"acc": _tok(), "fmt": _tok(1)}, MASK, [0, 0, 1, 1],
+                                      weights={"acc": 1.0, 0: 2.0}),
+     WeightError, r"unknown \[0\]"),
+    (lambda: adapters.labelled_advantages({"acc": X}, [0, 0, 1, 1], weights={"acc": 1.0, 0: 2.0}),
+     WeightError, r"unknown \[0\]"),
+    (lambda: adapters.verl_advantages({"acc": torch.zeros(4)}, torch.ones(4), index=[0, 0, 1, 1]),
+     ShapeError, r"response_mask must be \(B, T\).*shape \(4,\)"),
+    (lambda: adapters.verl_advantages({"acc": torch.zeros(4)}, MASK, index=[0, 0, 1, 1]),
+     ShapeError, r"token_level_rewards\['acc'\] has shape \(4,\), response_mask \(4, 2\)"),
+    (lambda: adapters.verl_advantages([_tok()], MASK, index=[0, 0, 1, 1]),
+     InputDtypeError, "token_level_rewards must be a mapping"),
+    (lambda: adapters.verl_advantages({"acc": _tok()}, MASK, index=[[0], [0], [1], [1]]),
+     GroupError, r"index\[0\] = \[0\] is unhashable"),
+    (lambda: adapters.verl_advantages({"acc": _tok()}, object(), index=[0, 0, 1, 1]),
+     InputDtypeError, "response_mask must be a"),
+    (lambda: adapters.verl_advantages({"acc": "abcd"}, MASK, index=[0, 0, 1, 1]),
+     InputDtypeError, r"token_level_rewards\['acc'\] must be a tensor or a sequence of floats"),
+    (lambda: adapters.labelled_advantages({"acc": X}, None), GroupError, "labels must hold one hashable label"),
+    (lambda: adapters.labelled_advantages({"acc": X}, 4), GroupError, "labels must hold one hashable label"),
+    (lambda: adapters.labelled_advantages({"acc": X}, {0, 1}), GroupError, "in order"),
+    (lambda: adapters.labelled_advantages({"acc": X}, "aabb"), GroupError, "got str"),
+    (lambda: adapters.labelled_advantages([X], [0, 0, 1, 1]), InputDtypeError, "rewards must be a mapping"),
+    (lambda: adapters.labelled_advantages({"acc": X}, [0.0, 0.0, float("nan"), float("nan")]),
+     GroupError, r"labels\[2\] is nan"),
+    (lambda: adapters.labelled_advantages({"acc": X}, [0, 0, torch.tensor([1, 1]), 1]),
+     GroupError, r"labels\[2\] is a 1-D Tensor"),
+], ids=["verl_weight_key_types", "labelled_weight_key_types", "verl_1d_mask", "verl_1d_rewards", "verl_list_arg",
+        "verl_unhashable_index", "verl_mask_object", "verl_reward_str", "labelled_none", "labelled_int",
+        "labelled_set", "labelled_str", "labelled_list_arg", "labelled_nan_label", "labelled_tensor_label"])
+def test_malformed_arguments_are_gdpo_errors_naming_what(call, cls, needle):
+    with pytest.raises(cls, match=needle) as info:
+        call()
+    assert isinstance(info.value, GDPOError)
+
+
+LABELS = [0, 0, 1, 1]
+
+
+@pytest.mark.parametrize("labels", [
+    torch.tensor([0.0, 0.0, 1.0, 1.0]), torch.tensor([True, True, False, False]), list(torch.tensor(LABELS)),
+    np.array([0.0, 0.0, 1.0, 1.0]), [0.5, 0.5, 1.5, 1.5], list(np.array(LABELS)), torch.tensor(LABELS),
+    np.array(["p", "p", "q", "q"], dtype=object),
+], ids=["float_tensor", "bool_tensor", "list_of_0d", "float_ndarray", "float_list", "list_of_np_ints", "int_tensor",
+        "object_ndarray"])
+def test_tensor_and_array_labels_mean_their_values(labels):
+    r = torch.tensor([[1.0, 0.5], [0.0, 0.25], [1.0, 0.0], [0.0, 2.0]])
+    want = gdpo.gdpo_advantages(r, group_ids=LABELS, out_dtype=torch.float64)
+    got = adapters.labelled_advantages({"a": r[:, 0], "b": r[:, 1]}, labels, out_dtype=torch.float64)
+    assert torch.equal(got, want)
+    tok = torch.zeros(4, 2, dtype=torch.float64)
+    tok[:, 1] = r[:, 0].double()
+    got = adapters.verl_advantages({"a": tok}, torch.ones(4, 2), labels, out_dtype=torch.float64)
+    assert torch.equal(got[:, 0], gdpo.gdpo_advantages(r[:, 0], group_ids=LABELS, out_dtype=torch.float64))
+
+
+@pytest.mark.parametrize("junk", [float("nan"), float("inf"), float("-inf"), 1e30])
+def test_verl_padding_does_not_matter(junk):
+    tok = _tok()
+    clean = adapters.verl_advantages({"acc": tok}, MASK, ["a", "a", "b", "b"], out_dtype=torch.float64)
+    dirty = tok.clone()
+    dirty[0, 1] = junk  # sample 0's padding token
+    got = adapters.verl_advantages({"acc": dirty}, MASK, ["a", "a", "b", "b"], out_dtype=torch.float64)
+    assert torch.equal(got, clean) and got[0, 1].item() == 0.0
+
+
+@pytest.mark.parametrize("out_dtype", [torch.float64, torch.float32, torch.float16, torch.bfloat16,
+                                       torch.float8_e4m3fn, torch.float8_e5m2])
+def test_verl_padding_is_positive_zero_in_every_out_dtype(out_dtype):
+    tok = torch.tensor([[0.1, 5.0], [0.3, 0.2], [0.9, 0.0], [0.2, 0.1]])  # sample 0 scores 0.1 < 0.5
+    adv = adapters.verl_advantages({"acc": tok}, MASK, ["a", "a", "b", "b"], out_dtype=out_dtype)
+    assert adv.dtype == out_dtype and adv[0, 0].item() < 0  # sample 0 (padded) has a negative advantage
+    assert adv[0, 1].item() == 0.0 and not torch.signbit(adv[0, 1].float())  # +0.0, not a * 0 = -0.0
+    scores = torch.where(MASK.bool(), tok.double(), 0.0).sum(1)
+    per_sample = gdpo.gdpo_advantages(scores, group_ids=[0, 0, 1, 1], out_dtype=out_dtype)
+    assert torch.equal(adv.float(), per_sample.float()[:, None] * MASK)  # the bits, on every response token
+
+
+@pytest.mark.parametrize("value, kind", [(float("nan"), "nan"), (float("inf"), "inf"), (float("-inf"), "-inf")])
+def test_verl_nonfinite_response_token_names_key_sample_token_and_label(value, kind):
+    fmt = _tok(1)
+    fmt[2, 1] = value
+    fmt[0, 1] = float("nan")  # padding: not the culprit
+    with pytest.raises(NonFiniteError) as info:
+        adapters.verl_advantages({"acc": _tok(), "fmt": fmt}, MASK, ["a", "a", "b", "b"])
+    assert type(info.value) is NonFiniteError
+    assert str(info.value) == (f"token_level_rewards['fmt'][2, 1] (sample 2, response token 1, group label 'b') "
+                               f"is {kind}")
+
+
+def test_verl_score_overflow_is_out_of_range_not_an_invented_inf():
+    tok = torch.rand(4, 2, dtype=torch.float64)
+    tok[1] = 1e308  # two finite token rewards whose sum is beyond float64
+    with pytest.raises(OutOfRangeError, match=r"sample 1 under token_level_rewards\['acc'\].*beyond float64 \(inf\)"):
+        adapters.verl_advantages({"acc": tok}, MASK, ["a", "a", "b", "b"])
+
+
+@pytest.mark.parametrize("labels, name", [([10, 10, 20, 20, 30], "30"), (["x", "x", "y", "y", "z"], "'z'"),
+                                          (np.array([10, 10, 20, 20, 30]), "30"),
+                                          (torch.tensor([10, 10, 20, 20, 30]), "30"),
+                                          ([("q", 1)] * 2 + [("q", 2)] * 2 + [("q", 3)], "('q', 3)")])
+def test_group_errors_name_the_callers_label(labels, name):
+    with pytest.raises(GroupError) as info:
+        adapters.labelled_advantages({"acc": torch.rand(5)}, labels)
+    assert type(info.value) is GroupError
+    assert str(info.value).startswith(f"group label {name} (first sample 4) has 1 sample"), str(info.value)
+    assert isinstance(info.value.__cause__, GroupError)  # impl.gdpo's own refusal, chained
+    tok = torch.rand(5, 2)
+    with pytest.raises(GroupError, match=rf"group label {re.escape(name)} \(first sample 4\)"):
+        adapters.verl_advantages({"acc": tok}, torch.ones(5, 2), labels)
+
+
+def test_labelled_nonfinite_and_weight_errors_name_the_key():
+    fmt = torch.tensor([0.0, 1.0, float("nan"), 2.0])
+    with pytest.raises(NonFiniteError) as info:
+        adapters.labelled_advantages({"acc": X, "fmt": fmt}, ["x", "x", "y", "y"])
+    assert type(info.value) is NonFiniteError
+    assert str(info.value) == "rewards['fmt'][2] (sample 2, group label 'y') is nan"
+    with pytest.raises(WeightError, match=r"^weights\['fmt'\] is inf$"):
+        adapters.labelled_advantages({"acc": X, "fmt": X}, [0, 0, 1, 1], weights={"acc": 1.0, "fmt": float("inf")})
+    with pytest.raises(WeightError, match=r"^weights\[1\] \(reward 'fmt'\) is nan$"):
+        adapters.verl_advantages({"acc": _tok(), "fmt": _tok(1)}, MASK, [0, 0, 1, 1], weights=[1.0, float("nan")])
+
+
+@pytest.mark.parametrize("form", [list, torch.tensor, np.array, tuple], ids=["list", "tensor", "ndarray", "tuple"])
+@pytest.mark.parametrize("n", [3, 5])
+def test_wrong_length_labels_are_a_group_length_error_naming_the_argument(form, n):
+    labels = form([0, 0, 1, 1, 1][:n])
+    with pytest.raises(GroupLengthError, match=rf"^index has length {n} but response_mask has 4 samples"):
+        adapters.verl_advantages({"acc": _tok()}, MASK, labels)
+    with pytest.raises(GroupLengthError, match=rf"^labels has length {n} but each reward component has 4 samples"):
+        adapters.labelled_advantages({"acc": X}, labels)
+    assert issubclass(GroupLengthError, GroupError) and issubclass(GroupLengthError, ShapeError)
+
+
+def test_two_d_labels_are_a_group_length_error():
+    with pytest.raises(GroupLengthError, match=r"^index must be 1-D"):
+        adapters.verl_advantages({"acc": _tok()}, MASK, torch.zeros(4, 1, dtype=torch.int64))
+
+
+@pytest.mark.parametrize("g", [2.0, True, "2", None])
+def test_trl_names_num_generations(g):
+    with pytest.raises(GroupError, match=r"^num_generations must be a Python int"):
+        adapters.trl_advantages(torch.rand(4, 2), g)
+
+
+@pytest.mark.parametrize("call, needle", [
+    (lambda: adapters.trl_advantages(torch.rand(5, 2), 2), r"not a multiple of num_generations=2"),
+    (lambda: adapters.trl_advantages(torch.rand(4, 2), 1), r"^num_generations=1: Eq. 4"),
+    (lambda: adapters.trl_advantages(torch.rand(4, 2), 2, [1.0]), r"^reward_weights has length 1 but rewards_per_func"),
+    (lambda: adapters.trl_advantages(torch.ones(4, 2, dtype=torch.int64), 2), r"^rewards_per_func has dtype int64"),
+])
+def test_trl_refusals_use_trls_argument_names(call, needle):
+    with pytest.raises(GDPOError, match=needle) as info:
+        call()
+    assert type(info.value) is type(info.value.__cause__)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_labels_and_host_inputs():
+    dev = torch.device("cuda")
+    r = torch.tensor([[1.0, 0.5], [0.0, 0.25], [1.0, 0.0], [0.0, 2.0]], device=dev)
+    want = gdpo.gdpo_advantages(r, group_ids=LABELS, out_dtype=torch.float64)
+    for labels in (torch.tensor(LABELS, device=dev), torch.tensor([0.0, 0.0, 1.0, 1.0], device=dev),
+                   ["a"] * 2 + ["b"] * 2):
+        got = adapters.labelled_advantages({"a": r[:, 0], "b": r[:, 1]}, labels, out_dtype=torch.float64)
+        assert got.device.type == "cuda" and torch.equal(got, want)
+    got = adapters.labelled_advantages({"a": r[:, 0], "b": r[:, 1].tolist()}, LABELS, out_dtype=torch.float64)
+    assert torch.equal(got, want)  # the list lands on the first tensor's device
+    with pytest.raises(InputDtypeError, match=r"rewards\['b'\] is on cpu but rewards\['a'\] on cuda"):
+        adapters.labelled_advantages({"a": r[:, 0], "b": r[:, 1].cpu()}, LABELS)
+    mask = MASK.to(dev)
+    tok = _tok().to(dev)
+    tok[0, 1] = float("inf")
+    got = adapters.verl_advantages({"acc": tok, "f": tok.tolist()}, mask, ["a", "a", "b", "b"])
+    assert got.device.type == "cuda" and torch.isfinite(got).all() and got[0, 1].item() == 0.0
+    with pytest.raises(InputDtypeError, match=r"token_level_rewards\['acc'\] is on cpu but response_mask on cuda"):
+        adapters.verl_advantages({"acc": tok.cpu()}, mask, ["a", "a", "b", "b"])
+    tok[1, 1] = float("nan")
+    with pytest.raises(NonFiniteError, match=r"^token_level_rewards\['acc'\]\[1, 1\] \(sample 1, response token 1"):
+        adapters.verl_advantages({"acc": tok}, mask, ["a", "a", "b", "b"])
+
+
+# ------------------------------------------------------------ across ranks: nobody is left waiting
+
+
+def _adapters_rank(rank, world, init_file, out_dir):
+    """One gloo rank: the adapters under a process group; each scenario's outcome to a file."""
+    import datetime
+    import pickle
+
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=15))
+    group = dist.group.WORLD
+    tok = torch.rand(4, 2, generator=torch.Generator().manual_seed(rank))
+    x = torch.tensor([0.0, 1.0, 2.0, 0.5]) + rank
+    scenarios = {
+        "verl_short_index": lambda: adapters.verl_advantages(
+            {"acc": tok}, torch.ones(4, 2), ["a", "a", "b"] if rank == 1 else ["a", "a", "b", "b"],
+            process_group=group),
+        "labelled_long_tensor": lambda: adapters.labelled_advantages(
+            {"acc": x}, torch.tensor([0, 0, 1, 1, 1] if rank == 0 else [0, 0, 1, 1]), process_group=group),
+        "trl_float_generations": lambda: adapters.trl_advantages(torch.rand(4, 2), 2.0 if rank == 0 else 2,
+                                                                 process_group=group),
+        "labelled_strings": lambda: (
+            adapters.labelled_advantages({"acc": x, "fmt": x.flip(0)}, ["p", "p", "q", "q"], process_group=group,
+                                         out_dtype=torch.float64),
+            gdpo.gdpo_advantages(torch.stack([x, x.flip(0)], 1), group_ids=[0, 0, 1, 1], process_group=group,
+                                 out_dtype=torch.float64)),
+    }
+    out = {}
+    for name, call in scenarios.items():
+        try:
+            out[name] = ("ok", call())
+        except Exception as e:  # noqa: BLE001 - recorded for the parent
+            out[name] = (type(e).__name__, str(e))
+        with open(os.path.join(out_dir, f"{rank}.pkl"), "wb") as f:
+            pickle.dump(out, f)
+    dist.destroy_process_group()
+
+
+@pytest.mark.distributed
+def test_wrong_length_labels_under_a_process_group_fail_every_rank_together(tmp_path):
+    """A rank whose labels have the wrong length must not raise before impl.gdpo's agreement
+    (its peers would wait there until the timeout): every rank raises the same DistributedError."""
+    import multiprocessing
+    import pickle
+
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_adapters_rank, args=(r, 2, str(tmp_path / "rendezvous"), str(tmp_path)),
+                         daemon=True) for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    outs = {}
+    for r in range(2):
+        with open(tmp_path / f"{r}.pkl", "rb") as f:
+            outs[r] = pickle.load(f)
+    for name, culprit in (("verl_short_index", "rank 1: GroupLengthError: index has 3 labels"),
+                          ("labelled_long_tensor", "rank 0: GroupLengthError: labels has 5 labels")):
+        kinds = [outs[r][name] for r in range(2)]
+        assert kinds[0] == kinds[1] and kinds[0][0] == "DistributedError" and culprit in kinds[0][1], kinds
+    kinds = [outs[r]["trl_float_generations"] for r in range(2)]
+    assert kinds[0] == kinds[1] and "rank 0: GroupError: num_generations must be a Python int" in kinds[0][1], kinds
+    for r in range(2):
+        kind, (got, want) = outs[r]["labelled_strings"]
+        assert kind == "ok" and torch.equal(got, want)
