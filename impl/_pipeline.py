@@ -355,8 +355,12 @@ def _device_of(x) -> torch.device:
 
 
 def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, group_size=None,
-                    weights=None, segment_sizes=None, eps, out_dtype):
-    """Whitening (api whiten) or the whole pipeline (api gdpo) across ``group``."""
+                    weights=None, segment_sizes=None, eps, out_dtype, refused: Exception | None = None):
+    """Whitening (api whiten) or the whole pipeline (api gdpo) across ``group``.
+
+    ``refused``: an exception the caller (an adapter) raised on this rank before the call;
+    the rank then checks and computes nothing, joins the agreement refused (P_REFUSED),
+    and every rank raises the same DistributedError (chained here on ``refused``)."""
     name = P.API_NAMES[api]
     world = dist.get_world_size(group)
     rank = dist.get_rank(group)
@@ -366,6 +370,8 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
     local_exc = None
     loc = prep = inp = sizes = buf = None
     try:
+        if refused is not None:  # the adapter refused this rank's input: join the agreement, refused
+            raise Problem(P.P_REFUSED, P.refusal_code(refused))
         eps = check_eps(eps)
         host[P.EPS_BITS] = P.float_bits(eps)
         out_dtype = check_out_dtype(out_dtype)
@@ -412,7 +418,7 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
         if loc is not None:
             buf.stats[rank, :len(sizes)] = loc.table(data_device).to(comm)
     except Problem as p:
-        local_exc = p.error()
+        local_exc = p.error() if refused is None else refused
         host.update({P.HOST_CODE: p.code, P.HOST_A: p.a, P.HOST_B: p.b, P.HOST_C: p.c})
     except Exception as exc:  # never leave the peers waiting in the agreement
         local_exc = exc

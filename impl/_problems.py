@@ -157,6 +157,23 @@ P_GROUP_SIZE_INT64 = 29  # integers beyond int64 cannot travel in the agreement 
 P_SEGMENT_INT64 = 30
 P_DEVICE = 31  # a = 1 rewards, 2 values; b: device code
 P_EPS_TYPE = 32  # a: what eps is instead of a real number
+P_REFUSED = 33  # a: 1 + the index of the refusal's class in REFUSAL_CLASSES (0: another exception)
+
+#: The classes an adapter's own refusal is named by in P_REFUSED (most specific first):
+#: the agreement carries only the index, so every rank prints the same name.
+REFUSAL_CLASSES = (GroupLengthError, WeightLengthError, NonFiniteError, InputDtypeError, ShapeError, GroupError,
+                   WeightError, SegmentError, OutOfRangeError, DistributedError, GDPOError)
+
+
+def refusal_code(exc: BaseException) -> int:
+    """P_REFUSED's ``a``: 1 + the index of the first class in REFUSAL_CLASSES ``exc`` is an instance of."""
+    return next((i + 1 for i, cls in enumerate(REFUSAL_CLASSES) if isinstance(exc, cls)), 0)
+
+
+def _refused(a: int, b: int, c: int) -> str:
+    name = REFUSAL_CLASSES[a - 1].__name__ if 1 <= a <= len(REFUSAL_CLASSES) else "an exception (no GDPOError)"
+    return f"{name} raised by the caller's adapter before the call (chained on that rank)"
+
 
 HOST_PROBLEMS = {
     P_REWARDS_TYPE: (InputDtypeError, lambda a, b, c: "rewards must be a tensor or a sequence of floats"
@@ -223,6 +240,7 @@ HOST_PROBLEMS = {
                "impl.gdpo computes on CPU or CUDA tensors (float64 inside)"),
     P_SEGMENT_INT64: (SegmentError, lambda a, b, c:
                       f"segment_sizes[{a}] (unit {a}) is beyond int64 (|size| >= 2**63)"),
+    P_REFUSED: (GDPOError, _refused),
 }
 
 

@@ -13,10 +13,13 @@ Under a ``process_group`` the ``DistributedError`` every rank raises must read t
 same on every rank: only argument names are rewritten there (``group_ids`` as
 ``index`` or ``labels``, TRL's names), not labels or keys, which are each rank's
 own. Labels of the wrong length or shape are handed on to ``impl.gdpo`` there, so
-that every rank refuses them together; the adapters' other checks of an argument's
-structure (a mapping of keys, each reward's dtype, shape and device, the mask,
-hashable labels, weight keys) raise on the rank that fails them, before the
-agreement, where its peers wait until the group's timeout.
+that every rank refuses them together. A rank whose input fails one of the adapters'
+own checks (a mapping of keys, each reward's dtype, shape and device, the mask,
+hashable, non-NaN labels, weight keys) does not raise alone either: it joins
+``impl.gdpo``'s agreement refused, and every rank raises the same
+``DistributedError`` naming that rank and the class of its refusal ("rank 1:
+GDPOError: InputDtypeError raised by the caller's adapter before the call"); on
+that rank the adapter's own error, in its own words, is chained (``__cause__``).
 
 * :func:`trl_advantages`: TRL's ``normalize_then_sum`` shape.
 
@@ -309,6 +312,31 @@ def _in_callers_terms(e: GDPOError, keys: list, labels: _Labels, weights_by_key:
     return _rename(e, msg)
 
 
+def _refuse_with_peers(process_group, refusal: Exception, arg: str, eps, out_dtype, *candidates):
+    """This rank's input was refused by the adapter itself, before impl.gdpo: under a
+    process group it must not raise alone (its peers would wait in the agreement until the
+    group's timeout). It joins the agreement refused instead, and every rank raises the same
+    DistributedError (here chained on ``refusal``), renamed as the peers rename theirs."""
+    from impl import _pipeline, _problems
+
+    device = None  # where the peers' agreement tables most likely are (gloo)
+    try:
+        device = next(t.device for x in candidates for t in (x.values() if isinstance(x, Mapping) else (x,))
+                      if isinstance(t, torch.Tensor) and t.device.type in ("cpu", "cuda"))
+    except Exception:  # noqa: BLE001 - no tensor, or a mapping that cannot even be read: the CPU
+        pass
+    hint = None if device is None else torch.empty(0, device=device)
+    try:
+        _pipeline.run_distributed(_problems.API_GDPO, process_group, rewards=hint, eps=eps, out_dtype=out_dtype,
+                                  refused=refusal)
+    except DistributedError as e:
+        renamed = _rename(e, re.sub(r"\bgroup_ids\b", arg, str(e)))
+        if renamed is e:
+            raise
+        raise renamed from e
+    raise refusal  # not reached: a refused rank makes every rank raise
+
+
 _TRL_NAMES = ((r"\bgroup_size\b", "num_generations"),
               (r"\bweights(?=\[| has | must )", "reward_weights"),
               (r"\brewards(?=\[| has | must | is empty)", "rewards_per_func"))
@@ -392,14 +420,9 @@ def _locate_nonfinite(tokens: dict, keys: list, mask: torch.Tensor, scores: torc
                            f"({_kind(scores[i, j].item())})")
 
 
-def verl_advantages(token_level_rewards: Mapping[str, torch.Tensor], response_mask: torch.Tensor,
-                    index: Sequence[Hashable] | torch.Tensor, weights: Mapping[str, float] | None = None, *,
-                    segment_sizes=None, process_group=None, eps: float = DEFAULT_EPS,
-                    out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """verl's shape: {key: (B, T) token-level rewards}, (B, T) mask, (B,) group labels -> (B, T).
-
-    A sample's score is the sum of its rewards on its response tokens (padding is
-    ignored); the advantage is broadcast over its response tokens, 0 on padding."""
+def _verl_inputs(token_level_rewards, response_mask, index, weights, distributed: bool):
+    """verl's arguments checked: (keys, bool mask, token rewards by key, labels, (B, K) float64
+    scores, weights in key order), or the adapter's own refusal."""
     if not isinstance(token_level_rewards, Mapping):
         raise InputDtypeError(f"token_level_rewards must be a mapping {{reward key: (B, T) tensor}}; got "
                               f"{type(token_level_rewards).__name__}")
@@ -420,13 +443,30 @@ def verl_advantages(token_level_rewards: Mapping[str, torch.Tensor], response_ma
                                   "one device")
         tokens[key] = t
     b = mask.shape[0]
-    if b == 0 and process_group is None:  # with a process group a rank may hold no samples
+    if b == 0 and not distributed:  # with a process group a rank may hold no samples
         raise ShapeError(f"token_level_rewards and response_mask hold no samples (B=0, shape "
                          f"{tuple(mask.shape)})")
-    ids = _labels(index, b, "index", "response_mask", process_group is not None)
+    ids = _labels(index, b, "index", "response_mask", distributed)
     # Padding must not matter: inf * 0 would be NaN, so select, never multiply.
     scores = torch.stack([torch.where(mask, tokens[k].to(torch.float64), 0.0).sum(dim=-1) for k in keys], dim=1)
-    w = _weights_in_order(weights, keys)
+    return keys, mask, tokens, ids, scores, _weights_in_order(weights, keys)
+
+
+def verl_advantages(token_level_rewards: Mapping[str, torch.Tensor], response_mask: torch.Tensor,
+                    index: Sequence[Hashable] | torch.Tensor, weights: Mapping[str, float] | None = None, *,
+                    segment_sizes=None, process_group=None, eps: float = DEFAULT_EPS,
+                    out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """verl's shape: {key: (B, T) token-level rewards}, (B, T) mask, (B,) group labels -> (B, T).
+
+    A sample's score is the sum of its rewards on its response tokens (padding is
+    ignored); the advantage is broadcast over its response tokens, 0 on padding."""
+    try:
+        keys, mask, tokens, ids, scores, w = _verl_inputs(token_level_rewards, response_mask, index, weights,
+                                                          process_group is not None)
+    except Exception as e:  # noqa: BLE001 - under a process group the peers must hear of it
+        if process_group is None:
+            raise
+        _refuse_with_peers(process_group, e, "index", eps, out_dtype, response_mask, token_level_rewards)
     try:
         a = gdpo_advantages(scores, group_ids=ids.ids, weights=w, segment_sizes=segment_sizes,
                             process_group=process_group, eps=eps, out_dtype=out_dtype)
@@ -444,13 +484,9 @@ def verl_advantages(token_level_rewards: Mapping[str, torch.Tensor], response_ma
     return _on_response_tokens(a, mask)
 
 
-def labelled_advantages(rewards: Mapping[str, torch.Tensor], labels: Sequence[Hashable] | torch.Tensor,
-                        weights: Mapping[str, float] | None = None, *, segment_sizes=None, process_group=None,
-                        eps: float = DEFAULT_EPS, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """{name: (N,) rewards}, one label per sample -> (N,) advantages (columns in mapping order).
-
-    Each component is a 1-D tensor of a real floating dtype or a sequence of floats; all
-    of one length and on one device (different floating dtypes are widened exactly)."""
+def _labelled_inputs(rewards, labels, weights, distributed: bool):
+    """The labelled arguments checked: (names, (N, K) rewards, labels, weights in name
+    order), or the adapter's own refusal."""
     if not isinstance(rewards, Mapping):
         raise InputDtypeError(f"rewards must be a mapping {{name: (N,) rewards}}; got {type(rewards).__name__}")
     if not rewards:
@@ -475,8 +511,23 @@ def labelled_advantages(rewards: Mapping[str, torch.Tensor], labels: Sequence[Ha
                                   f"{comps[first].device}: pass every component on one device")
     dtype = _widest([c.dtype for c in comps.values()])
     r = torch.stack([comps[k].to(dtype) for k in names], dim=1)
-    ids = _labels(labels, r.shape[0], "labels", "each reward component", process_group is not None)
-    w = _weights_in_order(weights, names)
+    ids = _labels(labels, r.shape[0], "labels", "each reward component", distributed)
+    return names, r, ids, _weights_in_order(weights, names)
+
+
+def labelled_advantages(rewards: Mapping[str, torch.Tensor], labels: Sequence[Hashable] | torch.Tensor,
+                        weights: Mapping[str, float] | None = None, *, segment_sizes=None, process_group=None,
+                        eps: float = DEFAULT_EPS, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """{name: (N,) rewards}, one label per sample -> (N,) advantages (columns in mapping order).
+
+    Each component is a 1-D tensor of a real floating dtype or a sequence of floats; all
+    of one length and on one device (different floating dtypes are widened exactly)."""
+    try:
+        names, r, ids, w = _labelled_inputs(rewards, labels, weights, process_group is not None)
+    except Exception as e:  # noqa: BLE001 - under a process group the peers must hear of it
+        if process_group is None:
+            raise
+        _refuse_with_peers(process_group, e, "labels", eps, out_dtype, rewards)
     try:
         return gdpo_advantages(r, group_ids=ids.ids, weights=w, segment_sizes=segment_sizes,
                                process_group=process_group, eps=eps, out_dtype=out_dtype)

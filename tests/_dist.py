@@ -161,7 +161,29 @@ def _raiser(msg):
     return broken
 
 
-SCENARIOS = {"whiten": _whiten, "gdpo": _gdpo, "mixed_api": _mixed_api, "die": _die, "fail": _fail}
+def _built(x, device):
+    """Plain data to call arguments: ``("tensor", values, dtype)`` is a tensor on ``device``;
+    dicts are rebuilt value by value; anything else (labels, ...) is passed as it is."""
+    import torch
+
+    if isinstance(x, tuple) and len(x) == 3 and x[0] == "tensor":
+        return torch.tensor(x[1], dtype=getattr(torch, x[2]), device=device)
+    if isinstance(x, dict):
+        return {k: _built(v, device) for k, v in x.items()}
+    return x
+
+
+def _adapter(rank, world, group, device, adapter, args):
+    """``impl.adapters.<adapter>(**args[rank], process_group=group)``: per-rank arguments as
+    plain data (see ``_built``), so that one rank can pass what the adapter itself refuses."""
+    from impl import adapters
+
+    kwargs = {k: _built(v, device) for k, v in args[rank].items()}
+    return getattr(adapters, adapter)(process_group=group, **kwargs), None
+
+
+SCENARIOS = {"whiten": _whiten, "gdpo": _gdpo, "mixed_api": _mixed_api, "die": _die, "fail": _fail,
+             "adapter": _adapter}
 
 
 # --- the rank process ------------------------------------------------------------------------

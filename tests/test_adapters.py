@@ -408,3 +408,56 @@ def test_wrong_length_labels_under_a_process_group_fail_every_rank_together(tmp_
     for r in range(2):
         kind, (got, want) = outs[r]["labelled_strings"]
         assert kind == "ok" and torch.equal(got, want)
+
+
+def _tensor_arg(values, dtype="float32"):
+    return ("tensor", values, dtype)
+
+
+@pytest.mark.distributed
+def test_an_adapters_own_refusal_under_a_process_group_fails_every_rank_together():
+    """A refusal by the adapter itself (before impl.gdpo) on one rank must not leave its
+    peers waiting in the agreement until the group's timeout: every rank raises the same
+    DistributedError naming that rank at once, and that rank chains the adapter's own error."""
+    from tests._dist import run_group
+
+    tok = [[1.0, 0.5], [0.0, 0.25], [1.0, 1.0], [0.5, 0.0]]
+    mask = [[1, 1], [1, 0], [1, 1], [1, 1]]
+    good_verl = {"token_level_rewards": {"acc": _tensor_arg(tok)}, "response_mask": _tensor_arg(mask, "int64"),
+                 "index": ["a", "a", "b", "b"]}
+    good_lab = {"rewards": {"acc": _tensor_arg([0.0, 1.0, 2.0, 0.5]), "fmt": _tensor_arg([1.0, 0.0, 0.5, 0.5])},
+                "labels": ["p", "p", "q", "q"]}
+    cases = {  # name: (adapter, rank 1's arguments, rank 1's own refusal class, a word of its message)
+        "verl_int_reward": ("verl_advantages", {**good_verl, "token_level_rewards": {
+            "acc": _tensor_arg([[1, 0], [0, 0], [1, 1], [0, 1]], "int64")}}, "InputDtypeError", "int64"),
+        "verl_1d_mask": ("verl_advantages", {**good_verl, "response_mask": _tensor_arg([1, 1, 1, 1], "int64")},
+                         "ShapeError", "response_mask must be (B, T)"),
+        "verl_weight_keys": ("verl_advantages", {**good_verl, "weights": {"fmt": 1.0}}, "WeightError", "missing"),
+        "labelled_unhashable": ("labelled_advantages", {**good_lab, "labels": ["p", ["p"], "q", "q"]},
+                                "GroupError", "unhashable"),
+        "labelled_nan_label": ("labelled_advantages", {**good_lab, "labels": [0.5, 0.5, float("nan"), 1.0]},
+                               "GroupError", "NaN label"),
+        "labelled_int_reward": ("labelled_advantages", {**good_lab, "rewards": {
+            "acc": _tensor_arg([0, 1, 2, 0], "int64"), "fmt": _tensor_arg([1.0, 0.0, 0.5, 0.5])}},
+            "InputDtypeError", "int64"),
+        "labelled_not_a_mapping": ("labelled_advantages", {**good_lab, "rewards": [[0.0, 1.0]]},
+                                   "InputDtypeError", "must be a mapping"),
+    }
+    scenarios = [(name, "adapter", {"adapter": adapter, "args": [good_verl if adapter == "verl_advantages"
+                                                                 else good_lab, bad]})
+                 for name, (adapter, bad, _, _) in cases.items()]
+    scenarios.append(("still_in_step", "adapter", {"adapter": "labelled_advantages", "args": [good_lab, good_lab]}))
+    run = run_group(2, scenarios, group_timeout_s=20.0, deadline_s=120.0)
+    assert not run.hung, run.stderr[-3000:]
+    for name, (_, _, cls, words) in cases.items():
+        recs = run.by_rank(name)
+        assert [recs[r]["status"] for r in range(2)] == ["error", "error"], (name, recs)
+        assert recs[0]["cls"] == recs[1]["cls"] == "DistributedError", (name, recs[0]["tb"], recs[1]["tb"])
+        assert recs[0]["msg"] == recs[1]["msg"], name
+        assert f"rank 1: GDPOError: {cls} raised by the caller's adapter before the call" in recs[0]["msg"], \
+            (name, recs[0]["msg"])
+        assert "rank 0" not in recs[0]["msg"], (name, recs[0]["msg"])
+        assert all(recs[r]["seconds"] < 5 for r in range(2)), (name, [recs[r]["seconds"] for r in range(2)])
+        assert any(c.startswith(f"{cls}: ") and words in c for c in recs[1]["causes"]), (name, recs[1]["causes"])
+    recs = run.by_rank("still_in_step")  # the group is still usable afterwards
+    assert recs[0]["status"] == recs[1]["status"] == "ok", recs
