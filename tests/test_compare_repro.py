@@ -60,7 +60,7 @@ def _params():
         yield pytest.param(prop, id=prop.name, marks=marks)
 
 
-@pytest.mark.parametrize("prop", _params())
+@pytest.mark.parametrize("prop", list(_params()))
 def test_repro_line_replays_the_same_property(prop, capsys):
     control, case, message = _failing_case(prop)
     argv = _repro_argv(message)
