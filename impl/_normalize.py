@@ -43,7 +43,7 @@ _I64 = torch.int64
 _WEIGHT_EXPONENT_CAP = 990
 
 #: A padded layout may hold up to this many slots per row of the batch (plus
-#: PAD_SLACK) before the groups (or units) are cut into buckets (or taken apart).
+#: PAD_SLACK) before the groups (or whitening units) are cut into size-class buckets.
 PAD_FACTOR = 4
 PAD_SLACK = 1 << 16
 

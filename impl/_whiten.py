@@ -48,7 +48,9 @@ constant = seg_ops.constant
 
 @dataclasses.dataclass
 class Layout:
-    """Where each unit's rows sit: ``kind`` is "empty", "view", "padded" or "loop"."""
+    """Where each unit's rows sit: ``kind`` is "empty", "view", "padded" or "buckets"
+    (units so ragged that one padded layout would exceed PAD_FACTOR x the rows: units of
+    one power-of-two size class each share a padded layout, at most 2x their rows)."""
 
     sizes: list[int]
     kind: str
@@ -58,7 +60,8 @@ class Layout:
     starts: list[int] = dataclasses.field(default_factory=list)
 
 
-def layout(sizes: list[int], rows: int, device) -> Layout:
+def layout(sizes: list[int], rows: int, device, buckets: bool = True) -> Layout:
+    """The unit layout; ``buckets=False`` (inside a bucket) never cuts into buckets."""
     units = len(sizes)
     longest = max(sizes, default=0)
     if rows == 0:
@@ -68,8 +71,8 @@ def layout(sizes: list[int], rows: int, device) -> Layout:
     starts = [0]
     for s in sizes[:-1]:
         starts.append(starts[-1] + s)
-    if units * longest > PAD_FACTOR * rows + PAD_SLACK:
-        return Layout(sizes, "loop", device, longest, starts=starts)
+    if buckets and units * longest > PAD_FACTOR * rows + PAD_SLACK:
+        return Layout(sizes, "buckets", device, longest, starts=starts)
     base = constant(tuple(j * longest - o for j, o in enumerate(starts)) + tuple(sizes), _I64, device)
     offset = torch.repeat_interleave(base[:units], base[units:], output_size=rows)
     slot = offset.add_(torch.arange(rows, dtype=_I64, device=device))
@@ -93,23 +96,26 @@ class Local:
     """This rank's per-unit statistics ((S, 1) tensors) and its values in the unit layout."""
 
     lay: Layout
-    tp: TwoPass | None = None  # None for an empty rank and for "loop"
+    tp: TwoPass | None = None  # None for an empty rank and for "buckets"
     x: torch.Tensor | None = None  # the values in the layout (caller dtype)
-    parts: list | None = None  # "loop": one view Local per unit
+    parts: list | None = None  # "buckets": (unit indices, row indices, Local) per size class
 
     def finite(self) -> bool:
         """Host check: are all values finite? (nan and inf show in min or max.)"""
-        if self.lay.kind == "loop":
-            return all(p.finite() for p in self.parts)
+        if self.lay.kind == "buckets":
+            return all(p.finite() for _, _, p in self.parts)
         return self.tp is None or self.tp.finite()
 
     def table(self, device) -> torch.Tensor:
         """(S, 7) float64: count, e, shift, mean_d, M2, min, max (empty units:
         count 0, e 0, min inf, max -inf)."""
         sizes = self.lay.sizes
-        if self.lay.kind == "loop":
-            return torch.cat([p.table(device) for p in self.parts])
         empty = constant((0.0, 0.0, 0.0, 0.0, 0.0, math.inf, -math.inf), _F64, device)
+        if self.lay.kind == "buckets":
+            table = empty.expand(len(sizes), COLS).clone()  # empty units keep these rows
+            for units, _, p in self.parts:
+                table.index_copy_(0, units.to(device), p.table(device))
+            return table
         if self.tp is None:
             return empty.expand(len(sizes), COLS).clone()
         tp = self.tp
@@ -128,8 +134,35 @@ def local_stats(v: torch.Tensor, sizes: list[int], eps: float, own: bool = False
     lay = layout(sizes, v.shape[0], v.device)
     if lay.kind == "empty":
         return Local(lay)
-    if lay.kind == "loop":
-        return Local(lay, parts=[local_stats(v.narrow(0, o, s), [s], eps, own) for o, s in zip(lay.starts, sizes)])
+    if lay.kind == "buckets":
+        return Local(lay, parts=[(units, rows, _stats_in(v.index_select(0, rows), part, eps, own))
+                                 for units, rows, part in _buckets(lay, v.device)])
+    return _stats_in(v, lay, eps, own)
+
+
+def _buckets(lay: Layout, device):
+    """(unit indices, row indices, layout of those units) per power-of-two size class of
+    the non-empty units: within a class the longest unit is less than twice the shortest,
+    so its padded layout holds less than 2x its rows. Each unit's sums keep their tree
+    (it depends on the unit's length only), so the bits are those of any other layout."""
+    classes: dict[int, list[int]] = {}
+    for j, s in enumerate(lay.sizes):
+        if s:
+            classes.setdefault(s.bit_length(), []).append(j)
+    out = []
+    for _, units in sorted(classes.items()):
+        sizes = [lay.sizes[j] for j in units]
+        count = torch.tensor(sizes, dtype=_I64)
+        begin = torch.tensor([lay.starts[j] for j in units], dtype=_I64) - (torch.cumsum(count, 0) - count)
+        total = sum(sizes)
+        rows = torch.repeat_interleave(begin, count, output_size=total) + torch.arange(total, dtype=_I64)
+        out.append((torch.tensor(units, dtype=_I64, device=device), rows.to(device),
+                    layout(sizes, total, device, buckets=False)))
+    return out
+
+
+def _stats_in(v: torch.Tensor, lay: Layout, eps: float, own: bool) -> Local:
+    sizes = lay.sizes
     mask = None
     if lay.kind == "view":
         x = v.view(len(sizes), lay.width)
@@ -168,8 +201,8 @@ def apply_local(loc: Local, eps: float, out_dtype=None) -> torch.Tensor:
     lay = loc.lay
     if lay.kind == "empty":
         return torch.empty(0, dtype=out_dtype or _F64, device=lay.device)
-    if lay.kind == "loop":
-        return torch.cat([apply_local(p, eps, out_dtype) for p in loc.parts])
+    if lay.kind == "buckets":
+        return _scatter(lay, [(rows, apply_local(p, eps, out_dtype)) for _, rows, p in loc.parts], out_dtype)
     tp = loc.tp
     return _output(tp.dev, denominator(tp.m2 / _count_m1(lay.sizes, lay.device), tp.eps_f, eps), lay, out_dtype)
 
@@ -242,10 +275,18 @@ def apply_global(loc: Local, st: Stats, eps: float, out_dtype=None) -> torch.Ten
     if lay.kind == "empty":
         return torch.empty(0, dtype=out_dtype or _F64, device=lay.device)
     f, _, mean, den = global_terms(st, eps)
-    if lay.kind == "loop":
-        return torch.cat([_apply_x(p, f[j:j + 1], st.shift[j:j + 1], mean[j:j + 1], den[j:j + 1], out_dtype)
-                          for j, p in enumerate(loc.parts)])
+    if lay.kind == "buckets":
+        return _scatter(lay, [(rows, _apply_x(p, *(t.index_select(0, units) for t in (f, st.shift, mean, den)),
+                                              out_dtype)) for units, rows, p in loc.parts], out_dtype)
     return _apply_x(loc, f, st.shift, mean, den, out_dtype)
+
+
+def _scatter(lay: Layout, pieces, out_dtype) -> torch.Tensor:
+    """Each bucket's results back in row order."""
+    out = torch.empty(sum(lay.sizes), dtype=out_dtype or _F64, device=lay.device)
+    for rows, a in pieces:
+        out.index_copy_(0, rows, a)
+    return out
 
 
 def _apply_x(loc: Local, f, shift, mean, den, out_dtype):

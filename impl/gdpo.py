@@ -30,10 +30,9 @@ bits on CPU and CUDA (the tree depends on a segment's length only, not on the
 layout, device or thread count).
 
 Speed (see ``_normalize`` and ``_whiten``): the work is laid out densely, never
-as per-group Python loops, and per-unit loops only for whitening units so ragged
-that padding them would exceed 4x the batch (each unit is then its own pass,
-0.1-0.2 ms per unit on a 2-core CPU: 20,000 units of 2 beside one of 70,000 take
-3-4 s; labelled groups avoid this by bucketing, units do not yet). Eq. 4 runs on one float64 copy of the
+as per-group or per-unit Python loops (groups or units so ragged that padding
+would exceed 4x the batch are cut into power-of-two size classes, one padded
+layout each). Eq. 4 runs on one float64 copy of the
 rewards laid out (K, n, G), groups innermost, so every step is a handful of
 whole-tensor kernels over long contiguous rows (log2 n tree levels per sum);
 labelled groups take one stable sort and one gather into a padded

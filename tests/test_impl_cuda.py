@@ -91,8 +91,8 @@ def test_cuda_matches_cpu_bit_for_bit(name):
     assert not bad, f"{name}: {len(bad)} of {len(a)} differ; first at {bad[0]}: cpu {a[bad[0]]} cuda {b[bad[0]]}"
 
 
-def test_cuda_matches_cpu_in_bucketed_and_looped_layouts(monkeypatch):
-    """Labelled groups cut into size buckets and ragged units taken one at a time
+def test_cuda_matches_cpu_in_bucketed_layouts(monkeypatch):
+    """Labelled groups and ragged whitening units cut into size buckets
     (forced here; real batches reach them only when padding would exceed 4x)."""
     import impl._normalize as norm_mod
     import impl._whiten as whiten_mod
