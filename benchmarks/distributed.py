@@ -90,6 +90,8 @@ def _rank_main(rank, world, init_file, units, rows, blocks, calls, queue):
         out[name] = {"ms_per_call": statistics.median(times) * 1e3, "collectives_per_call": per_call}
     if rank == 0:
         queue.put(out)
+        queue.close()
+        queue.join_thread()  # os._exit would kill the queue's feeder thread before it wrote the result
     barrier(group)
     os._exit(0)
 
