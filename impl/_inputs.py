@@ -89,19 +89,27 @@ def check_out_dtype(out_dtype) -> torch.dtype:
     return out_dtype
 
 
+def read_tensor(x) -> torch.Tensor:
+    """``x`` as a tensor (a tensor as it is): Python floats become float64, since they are
+    doubles (torch would read them as float32). Raises what torch.as_tensor raises
+    (OverflowError for a Python int beyond float64, TypeError, ValueError, RuntimeError)."""
+    if isinstance(x, torch.Tensor):
+        return x
+    t = torch.as_tensor(x)
+    if t.is_floating_point() and t.dtype != _F64 and not hasattr(x, "dtype"):
+        t = torch.as_tensor(x, dtype=_F64)
+    return t
+
+
 def as_float_tensor(x, type_code: int, dtype_code_: int) -> torch.Tensor:
     """A tensor for ``x``; Python or NumPy sequences of floats become float64
     (Python floats are doubles). Refuses non-float dtypes with ``dtype_code_``."""
-    if not isinstance(x, torch.Tensor):
-        try:
-            t = torch.as_tensor(x)
-        except OverflowError:
-            raise Problem(type_code, 1) from None  # a Python int beyond float64 (and int64)
-        except (TypeError, ValueError, RuntimeError):
-            raise Problem(type_code) from None
-        if t.is_floating_point() and t.dtype != _F64 and not hasattr(x, "dtype"):
-            t = torch.as_tensor(x, dtype=_F64)
-        x = t
+    try:
+        x = read_tensor(x)
+    except OverflowError:
+        raise Problem(type_code, 1) from None  # a Python int beyond float64 (and int64)
+    except (TypeError, ValueError, RuntimeError):
+        raise Problem(type_code) from None
     if not x.is_floating_point() or x.is_complex():
         raise Problem(dtype_code_, P.dtype_code(x.dtype))
     if x.device.type not in ("cpu", "cuda"):

@@ -90,6 +90,7 @@ from collections.abc import Hashable, Mapping, Sequence, Set
 
 import torch
 
+from impl._inputs import read_tensor
 from impl._problems import GroupLengthError
 from impl.gdpo import (
     DistributedError,
@@ -138,18 +139,13 @@ def _float_tensor(x, where: str, device: torch.device | None) -> torch.Tensor:
     """``x`` as a tensor of a real floating dtype (CPU or CUDA), or a clear refusal naming
     ``where``. Python/NumPy sequences of floats are accepted (Python floats as float64)
     and placed on ``device``; tensors are taken as they are."""
-    if isinstance(x, torch.Tensor):
-        t = x
-    else:
-        try:
-            t = torch.as_tensor(x)
-        except (TypeError, ValueError, RuntimeError, OverflowError):
-            raise InputDtypeError(f"{where} must be a tensor or a sequence of floats; got {type(x).__name__}") \
-                from None
-        if t.is_floating_point() and t.dtype != torch.float64 and not hasattr(x, "dtype"):
-            t = torch.as_tensor(x, dtype=torch.float64)  # Python floats are doubles: read them exactly
-        if device is not None:
-            t = t.to(device)
+    try:
+        t = read_tensor(x)
+    except (TypeError, ValueError, RuntimeError, OverflowError):
+        raise InputDtypeError(f"{where} must be a tensor or a sequence of floats; got {type(x).__name__}") \
+            from None
+    if t is not x and device is not None:
+        t = t.to(device)
     if not t.is_floating_point():
         raise InputDtypeError(f"{where} has dtype {_dtype_name(t.dtype)}; rewards must be of a real floating "
                               "dtype (float16, bfloat16, float32 or float64)")
