@@ -215,7 +215,7 @@ def _normalize_checked(inp, eps, *, signal=False, then=None):
     if prep.lazy and P.row_problems(row):  # a refusal: a non-finite reward is reported first
         row = _local_row(row, N.rewards_nonfinite_facts(inp, prep.r))
     P.raise_local(row)
-    norm = N.finish(prep, eps, row[P.GROUPS], row[P.N_MAX], signal=signal, read=_read)
+    norm = N.finish(prep, eps, row[P.GROUPS], row[P.N_MAX], row[P.RUNS], signal=signal, read=_read)
     if norm.facts:  # found in phase two: on CPU (free), or Eq. 7 overflow (weights beyond ~2**1000)
         P.raise_local(_local_row(row, norm.facts))
     return norm, row, then(norm) if then else None
@@ -456,7 +456,7 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
     try:
         if prep is not None:  # labelled groups compute Eq. 4/7 now: their layout needs G and n_max
             mine = agreed[rank]
-            norm = N.finish(prep, eps, mine[P.GROUPS], mine[P.N_MAX], read=_read)
+            norm = N.finish(prep, eps, mine[P.GROUPS], mine[P.N_MAX], mine[P.RUNS], read=_read)
             overflow_row = norm.facts
             loc = None
             if _fused.whiten_eligible(data_device, sizes, None):

@@ -64,14 +64,15 @@ SINGLETON, SINGLETON_LABEL = 18, 19  # first input row of a group of one (ROWS i
 C_OVERFLOW, C_OVERFLOW_GROUP = 20, 21  # first non-finite c (Eq. 7 overflow): row, its label
 NF_VALUE, NF_VALUE_KIND, NF_VALUE_UNIT = 22, 23, 24  # whiten input: first non-finite index, bits, unit
 GROUPS, N_MAX, C_OVERFLOW_BITS = 25, 26, 27  # labelled groups: count, longest; the bits of c there
-BY_LABEL, GROUP_SIZE = 28, 29
+RUNS = 28  # labelled groups: runs of equal labels in input order (== GROUPS: every group contiguous)
+BY_LABEL, GROUP_SIZE = 29, 30
 #: Local sample counts of the first COUNT_SLOTS units ride along with the
 #: agreement, so a unit of one is caught there without a second host read.
 COUNTS = 32
 COUNT_SLOTS = 32
 ROW_WIDTH = COUNTS + COUNT_SLOTS
 
-DEVICE_FIELDS = tuple(range(NF_REWARD, C_OVERFLOW_BITS + 1))
+DEVICE_FIELDS = tuple(range(NF_REWARD, RUNS + 1))
 
 API_WHITEN, API_GDPO = 1, 2
 API_NAMES = {API_WHITEN: "whiten", API_GDPO: "gdpo_advantages"}

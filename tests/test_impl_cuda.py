@@ -93,7 +93,7 @@ def test_cuda_matches_cpu_bit_for_bit(name):
 
 def test_cuda_matches_cpu_in_bucketed_layouts(monkeypatch):
     """Labelled groups and ragged whitening units cut into size buckets
-    (forced here; real batches reach them only when padding would exceed 4x)."""
+    (forced here; on CUDA real batches reach them only when padding would exceed 4x)."""
     import impl._normalize as norm_mod
     import impl._whiten as whiten_mod
 

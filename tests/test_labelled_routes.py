@@ -1,0 +1,100 @@
+"""Labelled groups take the cheapest layout that gives the same bits.
+
+Routes (impl._normalize): contiguous runs of one length take the contiguous
+layout; on CPU labels already in order skip the sort, and groups whose single
+padded layout would more than double the rows are cut into size buckets. Each
+route is a speed decision only: these tests pin that it is taken where it
+should be, not taken where it would be wrong, and that the bits are those of
+the general path.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import impl._normalize as norm_mod
+from impl import gdpo
+
+F64 = torch.float64
+
+
+def _bits(t: torch.Tensor) -> list[int]:
+    return t.contiguous().view(torch.int64).tolist()
+
+
+def _forbid(monkeypatch, *names):
+    def refuse(*_a, **_k):
+        raise AssertionError("a layout this batch must not take")
+
+    for name in names:
+        monkeypatch.setattr(norm_mod, name, refuse)
+
+
+def _rewards(n, k=3, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, k, generator=g, dtype=F64) * 1e3 + 1e9
+
+
+def _all(r, **kw):
+    w = [1.0, -0.5, 3.0][: r.shape[1]]
+    return (_bits(gdpo.normalize_rewards(r, weights=w, **kw)),
+            _bits(gdpo.gdpo_advantages(r, weights=w, segment_sizes=[r.shape[0] - 8, 8], out_dtype=F64, **kw)),
+            gdpo.group_has_signal(r, weights=w, **kw).tolist())
+
+
+@pytest.mark.parametrize("size", [2, 3, 16])
+def test_contiguous_runs_of_one_length_take_the_contiguous_layout(size, monkeypatch):
+    r = _rewards(size * 9)
+    r[size: 2 * size] = 5.0  # one group without signal
+    labels = torch.tensor([40, -3, 7, 2**40, 0, 1, 9, -8, 5]).repeat_interleave(size)  # out of order
+    want = _all(r, group_size=size)
+    _forbid(monkeypatch, "_padded_eq4", "_bucketed")
+    assert _all(r, group_ids=labels) == want
+
+
+def test_a_label_in_two_runs_is_not_taken_for_contiguous_groups():
+    """[1, 2, 1, 2]: G * n_max == N, but each label is two runs: Eq. 4 must pair rows 0 and 2."""
+    r = _rewards(12)
+    labels = torch.tensor([1, 2, 3] * 4)
+    perm = torch.argsort(labels, stable=True)
+    ref = gdpo.normalize_rewards(r[perm], group_size=4, weights=[1.0, -0.5, 3.0])
+    got = gdpo.normalize_rewards(r, group_ids=labels, weights=[1.0, -0.5, 3.0])
+    assert _bits(got[perm]) == _bits(ref)
+
+
+def test_sorted_labels_skip_the_sort_on_cpu_with_the_same_bits(monkeypatch):
+    sizes = torch.tensor([3, 2, 7, 2, 5, 4])
+    labels = torch.repeat_interleave(torch.tensor([-5, 0, 3, 4, 90, 91]), sizes)  # in order, ragged
+    r = _rewards(int(sizes.sum()))
+    sorted_once = _all(r, group_ids=labels)
+    real_sort = torch.sort
+    calls = []
+
+    def spy(*a, **k):
+        calls.append(1)
+        return real_sort(*a, **k)
+
+    monkeypatch.setattr(torch, "sort", spy)
+    assert _all(r, group_ids=labels) == sorted_once
+    assert not calls, "labels in order were sorted"
+    assert _all(r, group_ids=labels.flip(0)) is not None and calls, "labels out of order were not sorted"
+    monkeypatch.setattr(norm_mod, "lazy_checks", lambda device: False)  # as on a device where reads cost
+    calls.clear()
+    assert _all(r, group_ids=labels) == sorted_once and calls
+
+
+def test_cpu_cuts_groups_into_buckets_when_padding_would_double_the_rows(monkeypatch):
+    sizes = torch.tensor([2] * 30 + [31])  # one layout: 31 x 31 slots for 91 rows
+    labels = torch.repeat_interleave(torch.arange(31), sizes)
+    r = _rewards(int(sizes.sum()))
+    monkeypatch.setattr(norm_mod, "CPU_PAD_FACTOR", math.inf)
+    padded = _all(r, group_ids=labels)
+    monkeypatch.undo()
+    taken = []
+    real = norm_mod._bucketed
+    monkeypatch.setattr(norm_mod, "_bucketed", lambda *a, **k: taken.append(1) or real(*a, **k))
+    assert _all(r, group_ids=labels) == padded
+    assert taken, "a batch padded to 10x its rows was not cut into buckets on CPU"
