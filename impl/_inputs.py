@@ -15,6 +15,7 @@ from impl import _problems as P
 from impl._segments import to_device
 
 _F64 = torch.float64
+_U64 = getattr(torch, "uint64", None)  # torch >= 2.3
 
 #: Output dtypes whose range is a finite number the final cast can be checked against.
 OUT_DTYPES = tuple(
@@ -126,6 +127,9 @@ class Rewards:
     group_size: int | None
     labels: torch.Tensor | None  # int64 (N,) on the rewards' device
     weights: list[float]
+    #: The caller's labels were uint64: ``labels`` holds their bits (labels >= 2**63 read
+    #: negative), and messages print them back as the caller's values (P.LABELS_UINT64).
+    labels_uint64: bool = False
 
     @property
     def n(self) -> int:
@@ -148,7 +152,7 @@ def check_rewards(rewards, group_ids, group_size, weights, *, allow_empty_rows: 
 
     if (group_ids is None) == (group_size is None):
         raise Problem(P.P_GROUPS_NONE if group_ids is None else P.P_GROUPS_BOTH)
-    labels = None
+    labels, unsigned = None, False
     if group_size is not None:
         if not _is_int(group_size):
             raise Problem(P.P_GROUP_SIZE_TYPE)
@@ -175,9 +179,13 @@ def check_rewards(rewards, group_ids, group_size, weights, *, allow_empty_rows: 
             raise Problem(P.P_GROUP_IDS_NDIM, ids.dim())
         if ids.shape[0] != n:
             raise Problem(P.P_GROUP_IDS_LENGTH, ids.shape[0], n)
-        labels = to_device(ids.to(torch.int64), r.device)
+        unsigned = ids.dtype == _U64
+        # uint64: the bits, so that equal labels stay equal (a value cast would saturate or
+        # wrap by platform); every other integer dtype converts exactly.
+        labels = to_device(ids.view(torch.int64) if unsigned else ids.to(torch.int64), r.device)
 
-    return Rewards(r, P.dtype_code(r.dtype), group_size, labels, check_weights(weights, k))
+    return Rewards(r, P.dtype_code(r.dtype), group_size, labels, check_weights(weights, k),
+                   labels_uint64=unsigned)
 
 
 def check_weights(weights, k: int) -> list[float]:

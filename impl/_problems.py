@@ -66,6 +66,9 @@ NF_VALUE, NF_VALUE_KIND, NF_VALUE_UNIT = 22, 23, 24  # whiten input: first non-f
 GROUPS, N_MAX, C_OVERFLOW_BITS = 25, 26, 27  # labelled groups: count, longest; the bits of c there
 RUNS = 28  # labelled groups: runs of equal labels in input order (== GROUPS: every group contiguous)
 BY_LABEL, GROUP_SIZE = 29, 30
+#: Host field: 1 when this row's labels were uint64. They travel as int64 (their bits: equal
+#: labels stay equal), and the label fields above are printed as the caller's values from it.
+LABELS_UINT64 = 31
 #: Local sample counts of the first COUNT_SLOTS units ride along with the
 #: agreement, so a unit of one is caught there without a second host read.
 COUNTS = 32
@@ -260,9 +263,14 @@ def _kind(bits: int) -> int:
     return 0
 
 
+def _label(row, col: int) -> int:
+    """The caller's label in ``row[col]``: uint64 labels travel as their int64 bits."""
+    return row[col] % (1 << 64) if row[LABELS_UINT64] else row[col]
+
+
 def _group_of(row, at: int, label_col: int) -> str:
     if row[BY_LABEL]:
-        return _group(row[label_col], 1)
+        return _group(_label(row, label_col), 1)
     return _group(at // max(row[GROUP_SIZE], 1), 0)
 
 
@@ -281,7 +289,7 @@ def row_problems(row) -> list[tuple[type, str]]:
                     f"{_group_of(row, flat // k, NF_REWARD_GROUP)}) is {_KINDS[kind]}"))
     if row[BY_LABEL] and row[SINGLETON] < row[ROWS]:
         out.append((GroupError,
-                    f"group label {row[SINGLETON_LABEL]} (first row {row[SINGLETON]}) has 1 sample; Eq. 4 needs "
+                    f"group label {_label(row, SINGLETON_LABEL)} (first row {row[SINGLETON]}) has 1 sample; Eq. 4 needs "
                     "at least 2 (unbiased std)"))
     if _kind(row[C_OVERFLOW_BITS]) and not out:
         out.append((OutOfRangeError,

@@ -181,6 +181,8 @@ class _Labels:
         self.ids = ids  # what impl.gdpo gets as group_ids
         self.items = items  # the caller's label of each sample (None: an integer tensor, read on demand)
         self.by_id = by_id  # the caller's label of each internal id; None when ids are the caller's own
+        # uint64 labels travel through impl.gdpo as their int64 bits: 2**64 - 1 may come back as -1
+        self.uint64 = isinstance(ids, torch.Tensor) and ids.dtype == getattr(torch, "uint64", None)
 
     def of_sample(self, i: int):
         if self.items is not None:
@@ -190,7 +192,7 @@ class _Labels:
     def name(self, internal: int) -> str:
         """The caller's label of a group label impl.gdpo printed."""
         if self.by_id is None:
-            return str(internal)
+            return str(internal % (1 << 64) if self.uint64 else internal)
         return repr(self.by_id[internal]) if 0 <= internal < len(self.by_id) else str(internal)
 
 
