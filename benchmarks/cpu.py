@@ -11,6 +11,10 @@ there takes seconds, so one repeat). N = 16,777,216 is trimmed to fit a run in
 about ten minutes on two cores: two repeats, groups of 16 only, ragged labels
 only for K = 4.
 ``--quick``: N <= 65,536 and K = 4 only (about a minute).
+
+"impl, labels" is the same batch given as ``group_ids``: labels in runs of the
+group size, in shuffled order (verl's uid layout); "ragged" rows are labelled
+groups of sizes 5, 9, 16, 2, 31 and 17 (no mirror takes them).
 """
 
 from __future__ import annotations
@@ -83,8 +87,11 @@ def case(n: int, k: int, group: int, units: int, ragged: bool = False) -> dict:
         row["impl_s"] = _median_time(ours, reps)
     else:
         rn = r.numpy().astype(np.float64)
+        runs = torch.randperm(n // group, generator=gen).repeat_interleave(group)  # verl's uid layout
         timed = _interleaved({"impl_s": ours, "trl_mirror_s": lambda: trl_normalize_then_sum(r, group, wt),
-                              "numpy_s": lambda: numpy_gdpo(rn, group, np.array(w), seg)}, reps)
+                              "numpy_s": lambda: numpy_gdpo(rn, group, np.array(w), seg),
+                              "impl_labels_s": lambda: gdpo.gdpo_advantages(r, group_ids=runs, weights=w,
+                                                                            segment_sizes=seg)}, reps)
         row.update(timed)
         if n <= LOOP_LIMIT:
             index = (torch.arange(n) // group).tolist()
@@ -138,13 +145,14 @@ def _ms(row, key):
 
 def markdown(rows: list[dict]) -> str:
     """The rows as a markdown table: times in ms, ratios impl / other, loop speed-up."""
-    lines = ["| N | K | groups | units | impl ms | TRL-style f32 ms | numpy f64 ms | verl loop ms "
-             "| impl / TRL | impl / numpy | loop / impl |",
-             "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| N | K | groups | units | impl ms | impl, labels ms | TRL-style f32 ms | numpy f64 ms "
+             "| verl loop ms | impl / TRL | impl / numpy | loop / impl |",
+             "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         ratio = (lambda k: f"{r[k]:.2f}" if k in r else "-")
         loop = f"{r['verl_loop_s'] / r['impl_s']:.0f}x" if "verl_loop_s" in r else "-"
         lines.append(f"| {r['N']:,} | {r['K']} | {r['group']} | {r['units']} | {_ms(r, 'impl_s')} "
+                     f"| {_ms(r, 'impl_labels_s')} "
                      f"| {_ms(r, 'trl_mirror_s')} | {_ms(r, 'numpy_s')} | {_ms(r, 'verl_loop_s')} "
                      f"| {ratio('impl_over_trl_mirror')} | {ratio('impl_over_numpy')} | {loop} |")
     return "\n".join(lines)
