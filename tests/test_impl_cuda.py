@@ -62,6 +62,9 @@ CASES = {
     "gdpo_ragged_labels_units": lambda dev: gdpo.gdpo_advantages(
         _batch(1)[0].to(dev), group_ids=_batch(1)[1].to(dev), segment_sizes=[100, 0, _batch(1)[0].shape[0] - 100],
         out_dtype=F64),
+    "gdpo_labels_in_runs": lambda dev: gdpo.gdpo_advantages(  # the contiguous route of labelled groups
+        _batch(5, ragged=False)[0].to(dev), group_ids=_batch(5, ragged=False)[1].to(dev), segment_sizes=[160, 240],
+        out_dtype=F64),
     "gdpo_group_size_float32_out": lambda dev: gdpo.gdpo_advantages(
         _batch(2, ragged=False)[0].to(dev), group_size=8, segment_sizes=[200, 200]),
     "signal": lambda dev: gdpo.group_has_signal(_batch(3)[0].to(dev), group_ids=_batch(3)[1].to(dev)),
