@@ -10,9 +10,11 @@ Refusals are the classes :func:`impl.gdpo.gdpo_advantages` raises (subclasses of
 names, the reward key instead of a column number, the caller's own group label
 (by ``repr``) instead of an internal number, the sample (and for verl the token).
 Under a ``process_group`` the ``DistributedError`` every rank raises must read the
-same on every rank: only argument names are rewritten there (``group_ids`` as
-``index`` or ``labels``, TRL's names), not labels or keys, which are each rank's
-own. Labels of the wrong length or shape are handed on to ``impl.gdpo`` there, so
+same on every rank: argument names are rewritten there (``group_ids`` as ``index``
+or ``labels``, TRL's names), and a group is named by the failing rank's sample ("rank
+1: GroupError: the group of labels[2] (sample 2) has 1 sample"), never by a label or
+a key, which are each rank's own (and impl.gdpo's label may be the adapter's own
+number of one). verl's failing rank chains its non-finite token in its own terms. Labels of the wrong length or shape are handed on to ``impl.gdpo`` there, so
 that every rank refuses them together. A rank whose input fails one of the adapters'
 own checks (a mapping of keys, each reward's dtype, shape and device, the mask,
 hashable, non-NaN labels, weight keys) does not raise alone either: it joins
@@ -281,15 +283,33 @@ def _rename(e: GDPOError, msg: str) -> GDPOError:
     return e if msg == str(e) else type(e)(msg)
 
 
+def _across_ranks(msg: str, arg: str, score: str, nan_note: str = "") -> str:
+    """A DistributedError's group labels in terms every rank can print alike. impl.gdpo names a
+    group by the label it was given: the caller's integer, or the adapter's own number of a
+    label of any other kind, and which one it is differs by rank (labels are each rank's
+    own), as does the label behind a number. The row beside it is the caller's sample index
+    on that rank, whoever prints it: the group is named by it (``score`` names the value of
+    a sample in one reward column; ``nan_note``, with ``{i}`` for the sample, follows a NaN)."""
+    msg = re.sub(r"\brewards\[(\d+), (\d+)\] \(row \1, reward column \2, group label -?\d+\) is (nan|-?inf)\b",
+                 lambda m: f"{score} of sample {m[1]} in reward column {m[2]} (the group of {arg}[{m[1]}]) is {m[3]}"
+                           + (nan_note.format(i=m[1]) if m[3] == "nan" else ""), msg)
+    msg = re.sub(r"\bgroup label -?\d+ \(first row (\d+)\)", lambda m: f"the group of {arg}[{m[1]}] (sample {m[1]})",
+                 msg)
+    msg = re.sub(r"\bat row (\d+) \(group label -?\d+\)", lambda m: f"at sample {m[1]} (the group of {arg}[{m[1]}])",
+                 msg)
+    return msg
+
+
 def _in_callers_terms(e: GDPOError, keys: list, labels: _Labels, weights_by_key: bool, rewards: str,
-                      arg: str) -> GDPOError:
+                      arg: str, score: str, nan_note: str = "") -> GDPOError:
     """impl.gdpo's message with the reward keys, the caller's group labels and samples
     (``rewards`` names the reward argument in the NaN message, ``arg`` the labels). A
-    DistributedError must read the same on every rank: only ``group_ids`` is renamed there
-    (labels and keys are each rank's own)."""
+    DistributedError must read the same on every rank: there ``group_ids`` is renamed and
+    groups are named by the failing rank's sample (see :func:`_across_ranks`), never by
+    labels or keys, which are each rank's own."""
     msg = re.sub(r"\bgroup_ids\b", arg, str(e))
     if isinstance(e, DistributedError):
-        return _rename(e, msg)
+        return _rename(e, _across_ranks(msg, arg, score, nan_note))
 
     def key(j: str) -> str:
         j = int(j)
@@ -469,13 +489,19 @@ def verl_advantages(token_level_rewards: Mapping[str, torch.Tensor], response_ma
         a = gdpo_advantages(scores, group_ids=ids.ids, weights=w, segment_sizes=segment_sizes,
                             process_group=process_group, eps=eps, out_dtype=out_dtype)
     except GDPOError as e:
-        better = None
-        if isinstance(e, NonFiniteError) and process_group is None:
-            better = _locate_nonfinite(tokens, keys, mask, scores, ids)
-        if better is None:
-            better = _in_callers_terms(e, keys, ids, isinstance(weights, Mapping),
-                                       "the score (sum of response tokens) of token_level_rewards[{key}][{i}]",
-                                       "index")
+        # This rank's own finding in the caller's terms (host reads: only on refusal): the first
+        # non-finite score's token.
+        own = None
+        if isinstance(e, (NonFiniteError, DistributedError)):
+            own = _locate_nonfinite(tokens, keys, mask, scores, ids)
+        if own is not None and process_group is None:
+            raise own from e
+        better = _in_callers_terms(e, keys, ids, isinstance(weights, Mapping),
+                                   "the score (sum of response tokens) of token_level_rewards[{key}][{i}]", "index",
+                                   "the score (sum of response tokens)")
+        if own is not None:  # under a process group: the same error on every rank, this rank's own chained
+            own.__context__ = e  # (and impl.gdpo's, with whatever it chained, behind it)
+            raise better from own
         if better is e:
             raise
         raise better from e
@@ -530,7 +556,8 @@ def labelled_advantages(rewards: Mapping[str, torch.Tensor], labels: Sequence[Ha
         return gdpo_advantages(r, group_ids=ids.ids, weights=w, segment_sizes=segment_sizes,
                                process_group=process_group, eps=eps, out_dtype=out_dtype)
     except GDPOError as e:
-        better = _in_callers_terms(e, names, ids, isinstance(weights, Mapping), "rewards[{key}][{i}]", "labels")
+        better = _in_callers_terms(e, names, ids, isinstance(weights, Mapping), "rewards[{key}][{i}]", "labels",
+                                   "the reward")
         if better is e:
             raise
         raise better from e

@@ -461,3 +461,88 @@ def test_an_adapters_own_refusal_under_a_process_group_fails_every_rank_together
         assert any(c.startswith(f"{cls}: ") and words in c for c in recs[1]["causes"]), (name, recs[1]["causes"])
     recs = run.by_rank("still_in_step")  # the group is still usable afterwards
     assert recs[0]["status"] == recs[1]["status"] == "ok", recs
+
+
+def _sample_names_rank(rank, world, init_file, out_dir):
+    """One gloo rank: refusals found by impl.gdpo on rank 1 only, through the adapters;
+    each scenario's class, message and (on the rank that chains one) cause to a file."""
+    import datetime
+    import pickle
+
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=15))
+    group = dist.group.WORLD
+    bad = rank == 1
+    acc = torch.tensor([0.0, 1.0, float("nan") if bad else 2.0, 0.5])
+    tok = torch.tensor([[1.0, 0.5], [0.0, 0.25], [float("inf") if bad else 1.0, 1.0], [0.5, 0.0]])
+    x = torch.tensor([0.0, 1.0, 2.0, 0.5])
+    huge = {"acc": 1.5e308, "fmt": 1.5e308}
+    scenarios = {
+        # rank 0: the caller's integers; rank 1: strings, numbered by the adapter (q is its group 1)
+        "group_of_one": lambda: adapters.labelled_advantages(
+            {"acc": x}, ["p", "p", "q", "r"] if bad else [0, 0, 1, 1], process_group=group),
+        "labelled_nan": lambda: adapters.labelled_advantages(
+            {"acc": acc, "fmt": x}, ["p", "p", "q", "q"], process_group=group),
+        "verl_inf": lambda: adapters.verl_advantages(
+            {"acc": tok}, torch.ones(4, 2), ["a", "a", "b", "b"], process_group=group),
+        # Eq. 7 beyond float64 on rank 1 only (rank 0's two components cancel)
+        "eq7_overflow": lambda: adapters.labelled_advantages(
+            {"acc": x, "fmt": x if bad else torch.tensor([1.0, 0.0, 0.5, 2.0])}, ["x", "x", "y", "y"],
+            weights=huge, process_group=group),
+    }
+    out = {}
+    for name, call in scenarios.items():
+        try:
+            call()
+            out[name] = ("ok", "", "")
+        except Exception as e:  # noqa: BLE001 - recorded for the parent
+            cause = e.__cause__
+            out[name] = (type(e).__name__, str(e), "" if cause is None else f"{type(cause).__name__}: {cause}")
+        with open(os.path.join(out_dir, f"{rank}.pkl"), "wb") as f:
+            pickle.dump(out, f)
+    dist.destroy_process_group()
+
+
+@pytest.mark.distributed
+def test_distributed_errors_name_the_failing_ranks_sample_not_an_internal_group_number(tmp_path):
+    """A DistributedError used to name a group by impl.gdpo's label, which for labels other
+    than integers is the adapter's own number on that rank ("group label 1"), a number no
+    caller passed. Every rank prints the same message, and labels differ by rank: the group
+    is named by the failing rank's sample instead, which that rank's caller can look up."""
+    import multiprocessing
+    import pickle
+
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_sample_names_rank, args=(r, 2, str(tmp_path / "rendezvous"), str(tmp_path)),
+                         daemon=True) for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    outs = {}
+    for r in range(2):
+        with open(tmp_path / f"{r}.pkl", "rb") as f:
+            outs[r] = pickle.load(f)
+    want = {
+        "group_of_one": r"rank 1: GroupError: the group of labels\[2\] \(sample 2\) has 1 sample; Eq. 4 needs",
+        "labelled_nan": r"rank 1: NonFiniteError: the reward of sample 2 in reward column 0 \(the group of "
+                        r"labels\[2\]\) is nan",
+        "verl_inf": r"rank 1: NonFiniteError: the score \(sum of response tokens\) of sample 2 in reward column 0 "
+                    r"\(the group of index\[2\]\) is inf$",
+        "eq7_overflow": r"rank 1: OutOfRangeError: Eq. 7 .* overflows float64 at sample (\d) \(the group of "
+                        r"labels\[\1\]\)",
+    }
+    for name, pattern in want.items():
+        (cls0, msg0, _), (cls1, msg1, cause1) = outs[0][name], outs[1][name]
+        assert cls0 == cls1 == "DistributedError" and msg0 == msg1, (name, outs[0][name], outs[1][name])
+        assert re.search(pattern, msg0), (name, msg0)
+        assert "group label" not in msg0 and "rank 0" not in msg0 and " row 2" not in msg0, (name, msg0)
+    causes = {name: outs[1][name][2] for name in want}  # the failing rank chains its own error, in its terms
+    assert causes["verl_inf"] == ("NonFiniteError: token_level_rewards['acc'][2, 0] (sample 2, response token 0, "
+                                  "group label 'b') is inf")
+    assert outs[0]["verl_inf"][2].startswith("DistributedError: "), outs[0]["verl_inf"]  # nothing of its own
