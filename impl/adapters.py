@@ -38,8 +38,15 @@ that rank the adapter's own error, in its own words, is chained (``__cause__``).
 * :func:`verl_advantages`: verl's shape: token-level rewards per key, a response
   mask, and ``index`` labels for the prompt groups. The score of a response is the
   sum of its token-level rewards on its response tokens (as verl's outcome rewards
-  are placed on the last token); whatever lies on padding tokens (nonzero mask
-  entries are response tokens) is ignored, NaN and inf included. A non-finite
+  are placed on the last token); whatever lies on padding tokens (mask entries 0)
+  is ignored, NaN and inf included. A mask holds 0 and 1 (or is bool): any other
+  entry (0.5, 2, NaN) is an ``OutOfRangeError`` naming it ("response_mask[3, 17]
+  (sample 3, token 17) is 0.5; expected 0 or 1"), never silently a response token.
+  On CPU the mask is read at once; on CUDA a sample with such an entry gets a NaN
+  score, which impl.gdpo's one host read refuses, and only then is the entry read,
+  so no host synchronisation is added (under a ``process_group`` on CUDA every rank
+  raises the DistributedError of that NaN score; the failing rank chains the mask
+  entry). A non-finite
   reward on a response token is a ``NonFiniteError`` naming the key, the sample, the
   token and the value; a sum of finite token rewards beyond float64 an
   ``OutOfRangeError`` (without a process group; with one, the ``DistributedError``
@@ -85,6 +92,7 @@ labels of the wrong number or shape are a ``GroupLengthError`` (both a
 
 from __future__ import annotations
 
+import math
 import numbers
 import re
 import sys
@@ -387,24 +395,73 @@ def trl_advantages(rewards_per_func: torch.Tensor, num_generations: int, reward_
         raise renamed from e
 
 
-def _response_mask(response_mask, device) -> torch.Tensor:
-    if isinstance(response_mask, torch.Tensor):
-        m = response_mask
-    else:
-        try:
-            m = torch.as_tensor(response_mask)
-        except (TypeError, ValueError, RuntimeError, OverflowError):
-            raise InputDtypeError(f"response_mask must be a (B, T) tensor of 0/1 (or bool); got "
-                                  f"{type(response_mask).__name__}") from None
-        if device is not None:
+def _host_reads_free(device: torch.device) -> bool:
+    """Whether reading a tensor on ``device`` to the host costs nothing (no GPU synchronisation)."""
+    return device.type == "cpu"
+
+
+def _not_zero_one(m: torch.Tensor) -> torch.Tensor | None:
+    """(B, T) bool: the entries of a mask other than 0 and 1 (NaN included); None for a bool mask."""
+    if m.dtype == torch.bool:
+        return None
+    if m.is_floating_point() and m.element_size() == 1:
+        m = m.float()  # float8: compared in float32, exactly
+    return (m != 0) & (m != 1)
+
+
+def _mask_error(m: torch.Tensor, bad: torch.Tensor) -> OutOfRangeError | None:
+    """The first (row-major) entry of ``m`` marked in ``bad``, named; a host read."""
+    at = bad.nonzero()
+    if at.shape[0] == 0:
+        return None
+    i, t = at[0].tolist()
+    value = m[i, t].item()
+    shown = _kind(value) if isinstance(value, float) and not math.isfinite(value) else repr(value)
+    return OutOfRangeError(f"response_mask[{i}, {t}] (sample {i}, token {t}) is {shown}; expected 0 or 1 "
+                           "(or a bool mask)")
+
+
+class _Mask:
+    """The response mask as bool, and what is left to check of its values: on CPU they are
+    checked at once (a read is free); on CUDA a sample whose mask holds a value other
+    than 0 and 1 gets NaN scores, so that impl.gdpo's own host read refuses the call, and
+    the adapter then names the entry (reads on refusal only: no extra synchronisation)."""
+
+    def __init__(self, response_mask, device):
+        if isinstance(response_mask, torch.Tensor):
+            m = response_mask
+        else:
+            try:
+                m = torch.as_tensor(response_mask)
+            except (TypeError, ValueError, RuntimeError, OverflowError):
+                raise InputDtypeError(f"response_mask must be a (B, T) tensor of 0/1 (or bool); got "
+                                      f"{type(response_mask).__name__}") from None
+        if m.is_complex():
+            raise InputDtypeError(f"response_mask has dtype {_dtype_name(m.dtype)}; a mask is bool, integer "
+                                  "0/1 or real 0/1")
+        if m.dim() != 2:
+            raise ShapeError(f"response_mask must be (B, T), one row of tokens per sample; got shape "
+                             f"{tuple(m.shape)}")
+        bad = _not_zero_one(m)
+        if bad is not None and _host_reads_free(m.device):  # a host sequence is checked here, on the CPU
+            error = _mask_error(m, bad)
+            if error is not None:
+                raise error
+            bad = None
+        if m is not response_mask and device is not None:
             m = m.to(device)
-    if m.is_complex():
-        raise InputDtypeError(f"response_mask has dtype {_dtype_name(m.dtype)}; a mask is bool, integer 0/1 "
-                              "or real 0/1")
-    if m.dim() != 2:
-        raise ShapeError(f"response_mask must be (B, T), one row of tokens per sample; got shape "
-                         f"{tuple(m.shape)}")
-    return m.to(torch.bool)  # nonzero: a response token
+        self.raw, self.bad = m, bad  # bad: None once checked (or bool)
+        self.bool = m.to(torch.bool)
+
+    def poison(self, scores: torch.Tensor) -> torch.Tensor:
+        """``scores`` with NaN on every sample whose mask is not yet known to be 0/1 and is not."""
+        if self.bad is None:
+            return scores
+        return torch.where(self.bad.any(dim=-1, keepdim=True), torch.nan, scores)
+
+    def error(self) -> OutOfRangeError | None:
+        """On refusal: the first entry other than 0 and 1 left unchecked (a host read)."""
+        return None if self.bad is None else _mask_error(self.raw, self.bad)
 
 
 _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -439,7 +496,7 @@ def _locate_nonfinite(tokens: dict, keys: list, mask: torch.Tensor, scores: torc
 
 
 def _verl_inputs(token_level_rewards, response_mask, index, weights, distributed: bool):
-    """verl's arguments checked: (keys, bool mask, token rewards by key, labels, (B, K) float64
+    """verl's arguments checked: (keys, the mask, token rewards by key, labels, (B, K) float64
     scores, weights in key order), or the adapter's own refusal."""
     if not isinstance(token_level_rewards, Mapping):
         raise InputDtypeError(f"token_level_rewards must be a mapping {{reward key: (B, T) tensor}}; got "
@@ -448,7 +505,8 @@ def _verl_inputs(token_level_rewards, response_mask, index, weights, distributed
         raise ShapeError("token_level_rewards is empty: GDPO needs at least one reward key")
     keys = list(token_level_rewards)
     device = _first_tensor_device(response_mask, *token_level_rewards.values())
-    mask = _response_mask(response_mask, device)
+    checked = _Mask(response_mask, device)
+    mask = checked.bool
     tokens = {}
     for key in keys:
         where = f"token_level_rewards[{key!r}]"
@@ -467,7 +525,13 @@ def _verl_inputs(token_level_rewards, response_mask, index, weights, distributed
     ids = _labels(index, b, "index", "response_mask", distributed)
     # Padding must not matter: inf * 0 would be NaN, so select, never multiply.
     scores = torch.stack([torch.where(mask, tokens[k].to(torch.float64), 0.0).sum(dim=-1) for k in keys], dim=1)
-    return keys, mask, tokens, ids, scores, _weights_in_order(weights, keys)
+    return keys, checked, tokens, ids, checked.poison(scores), _weights_in_order(weights, keys)
+
+
+#: After a NaN score in a DistributedError: on CUDA the mask's values are checked through that
+#: NaN (see _Mask), which every rank must print alike whatever its own device or mask.
+_MASK_NAN = (" (a NaN token reward, or on CUDA a response_mask entry other than 0 and 1 in row {i}; that rank "
+             "chains its own error)")
 
 
 def verl_advantages(token_level_rewards: Mapping[str, torch.Tensor], response_mask: torch.Tensor,
@@ -489,23 +553,23 @@ def verl_advantages(token_level_rewards: Mapping[str, torch.Tensor], response_ma
         a = gdpo_advantages(scores, group_ids=ids.ids, weights=w, segment_sizes=segment_sizes,
                             process_group=process_group, eps=eps, out_dtype=out_dtype)
     except GDPOError as e:
-        # This rank's own finding in the caller's terms (host reads: only on refusal): the first
-        # non-finite score's token.
-        own = None
-        if isinstance(e, (NonFiniteError, DistributedError)):
-            own = _locate_nonfinite(tokens, keys, mask, scores, ids)
+        # This rank's own finding in the caller's terms (host reads: only on refusal): a mask
+        # value left to impl.gdpo's read (CUDA), else the first non-finite score's token.
+        own = mask.error()
+        if own is None and isinstance(e, (NonFiniteError, DistributedError)):
+            own = _locate_nonfinite(tokens, keys, mask.bool, scores, ids)
         if own is not None and process_group is None:
             raise own from e
         better = _in_callers_terms(e, keys, ids, isinstance(weights, Mapping),
                                    "the score (sum of response tokens) of token_level_rewards[{key}][{i}]", "index",
-                                   "the score (sum of response tokens)")
+                                   "the score (sum of response tokens)", _MASK_NAN)
         if own is not None:  # under a process group: the same error on every rank, this rank's own chained
             own.__context__ = e  # (and impl.gdpo's, with whatever it chained, behind it)
             raise better from own
         if better is e:
             raise
         raise better from e
-    return _on_response_tokens(a, mask)
+    return _on_response_tokens(a, mask.bool)
 
 
 def _labelled_inputs(rewards, labels, weights, distributed: bool):

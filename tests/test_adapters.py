@@ -252,6 +252,84 @@ def test_verl_score_overflow_is_out_of_range_not_an_invented_inf():
         adapters.verl_advantages({"acc": tok}, MASK, ["a", "a", "b", "b"])
 
 
+def _defer_mask_checks(monkeypatch):
+    """The CUDA path on the CPU: no host read is free, so the mask's values ride impl.gdpo's read."""
+    monkeypatch.setattr(adapters, "_host_reads_free", lambda device: False)
+
+
+def _masked(dtype, *entries):
+    m = MASK.to(dtype, copy=True)
+    for (i, t), v in entries:
+        m[i, t] = v
+    return m
+
+
+@pytest.mark.parametrize("deferred", [False, True], ids=["read_at_once", "through_gdpos_read"])
+@pytest.mark.parametrize("mask, where, shown", [
+    (_masked(torch.float32, ((3, 1), 0.5)), "[3, 1] (sample 3, token 1)", "0.5"),
+    (_masked(torch.int64, ((1, 0), 2)), "[1, 0] (sample 1, token 0)", "2"),
+    (_masked(torch.float64, ((2, 1), float("nan"))), "[2, 1] (sample 2, token 1)", "nan"),
+    (_masked(torch.float64, ((0, 1), float("-inf"))), "[0, 1] (sample 0, token 1)", "-inf"),  # on padding too
+    (_masked(torch.int8, ((0, 1), -1)), "[0, 1] (sample 0, token 1)", "-1"),
+    (_masked(torch.uint8, ((2, 0), 255)), "[2, 0] (sample 2, token 0)", "255"),
+    (_masked(torch.float16, ((3, 0), 1.5)), "[3, 0] (sample 3, token 0)", "1.5"),
+    (_masked(torch.float8_e4m3fn, ((3, 1), 0.5)), "[3, 1] (sample 3, token 1)", "0.5"),
+    (_masked(torch.float32, ((2, 0), 3.0), ((1, 1), 0.25)), "[1, 1] (sample 1, token 1)", "0.25"),  # row-major
+    ([[1, 0], [1, 2], [1, 1], [1, 1]], "[1, 1] (sample 1, token 1)", "2"),
+], ids=["half", "int_two", "nan", "neg_inf_on_padding", "int8_minus_one", "uint8_255", "float16", "float8",
+        "first_in_row_major_order", "list"])
+def test_verl_mask_entries_other_than_0_and_1_are_refused_naming_the_entry(monkeypatch, deferred, mask, where,
+                                                                           shown):
+    """Any nonzero used to count as a response token: a mask of 0.5 (a soft mask, a
+    weighting, a bug upstream) summed the whole reward silently."""
+    if deferred:
+        _defer_mask_checks(monkeypatch)
+    with pytest.raises(OutOfRangeError) as info:
+        adapters.verl_advantages({"acc": _tok(), "fmt": _tok(1)}, mask, ["a", "a", "b", "b"])
+    assert type(info.value) is OutOfRangeError
+    assert str(info.value) == f"response_mask{where} is {shown}; expected 0 or 1 (or a bool mask)"
+    if deferred and not isinstance(mask, list):
+        assert isinstance(info.value.__cause__, NonFiniteError)  # found by impl.gdpo's one host read
+
+
+@pytest.mark.parametrize("deferred", [False, True], ids=["read_at_once", "through_gdpos_read"])
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int32, torch.int64, torch.float32, torch.float64,
+                                   torch.bfloat16, torch.float8_e5m2])
+def test_verl_masks_of_0_and_1_mean_the_bool_mask_in_every_dtype(monkeypatch, deferred, dtype):
+    want = adapters.verl_advantages({"acc": _tok()}, MASK.bool(), ["a", "a", "b", "b"], out_dtype=torch.float64)
+    if deferred:
+        _defer_mask_checks(monkeypatch)
+    mask = MASK.to(dtype, copy=True)
+    if mask.is_floating_point():
+        mask[0, 1] = -0.0  # zero
+    got = adapters.verl_advantages({"acc": _tok()}, mask, ["a", "a", "b", "b"], out_dtype=torch.float64)
+    assert torch.equal(got, want)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_mask_values_are_checked_without_another_host_sync():
+    import warnings
+
+    tok, index = _tok().cuda(), torch.tensor([0, 0, 1, 1], device="cuda")
+
+    def syncs(mask):
+        adapters.verl_advantages({"acc": tok}, mask, index)  # warm-up
+        torch.cuda.synchronize()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                adapters.verl_advantages({"acc": tok}, mask, index)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        return [str(w.message) for w in caught if "synchronizing" in str(w.message)]
+
+    assert len(syncs(MASK.cuda().float())) == len(syncs(MASK.cuda().bool())), syncs(MASK.cuda().float())
+    bad = _masked(torch.float32, ((3, 1), 0.5)).cuda()
+    with pytest.raises(OutOfRangeError, match=r"^response_mask\[3, 1\] \(sample 3, token 1\) is 0.5; expected 0 or 1"):
+        adapters.verl_advantages({"acc": tok}, bad, index)
+
+
 @pytest.mark.parametrize("labels, name", [([10, 10, 20, 20, 30], "30"), (["x", "x", "y", "y", "z"], "'z'"),
                                           (np.array([10, 10, 20, 20, 30]), "30"),
                                           (torch.tensor([10, 10, 20, 20, 30]), "30"),
@@ -433,6 +511,9 @@ def test_an_adapters_own_refusal_under_a_process_group_fails_every_rank_together
         "verl_1d_mask": ("verl_advantages", {**good_verl, "response_mask": _tensor_arg([1, 1, 1, 1], "int64")},
                          "ShapeError", "response_mask must be (B, T)"),
         "verl_weight_keys": ("verl_advantages", {**good_verl, "weights": {"fmt": 1.0}}, "WeightError", "missing"),
+        "verl_mask_half": ("verl_advantages", {**good_verl, "response_mask": _tensor_arg([[1, 1], [1, 0.5], [1, 1],
+                                                                                          [1, 1]])},
+                           "OutOfRangeError", "response_mask[1, 1] (sample 1, token 1) is 0.5; expected 0 or 1"),
         "labelled_unhashable": ("labelled_advantages", {**good_lab, "labels": ["p", ["p"], "q", "q"]},
                                 "GroupError", "unhashable"),
         "labelled_nan_label": ("labelled_advantages", {**good_lab, "labels": [0.5, 0.5, float("nan"), 1.0]},
@@ -477,6 +558,7 @@ def _sample_names_rank(rank, world, init_file, out_dir):
     bad = rank == 1
     acc = torch.tensor([0.0, 1.0, float("nan") if bad else 2.0, 0.5])
     tok = torch.tensor([[1.0, 0.5], [0.0, 0.25], [float("inf") if bad else 1.0, 1.0], [0.5, 0.0]])
+    mask = torch.tensor([[1, 1], [1, 0.5 if bad else 0.0], [1, 1], [1, 1]])
     x = torch.tensor([0.0, 1.0, 2.0, 0.5])
     huge = {"acc": 1.5e308, "fmt": 1.5e308}
     scenarios = {
@@ -491,15 +573,22 @@ def _sample_names_rank(rank, world, init_file, out_dir):
         "eq7_overflow": lambda: adapters.labelled_advantages(
             {"acc": x, "fmt": x if bad else torch.tensor([1.0, 0.0, 0.5, 2.0])}, ["x", "x", "y", "y"],
             weights=huge, process_group=group),
+        "verl_mask_through_gdpos_read": lambda: adapters.verl_advantages(
+            {"acc": torch.ones(4, 2)}, mask, ["a", "a", "b", "b"], process_group=group),
     }
     out = {}
     for name, call in scenarios.items():
+        reads_free = adapters._host_reads_free
+        if name == "verl_mask_through_gdpos_read":  # the CUDA path, on gloo
+            adapters._host_reads_free = lambda device: False
         try:
             call()
             out[name] = ("ok", "", "")
         except Exception as e:  # noqa: BLE001 - recorded for the parent
             cause = e.__cause__
             out[name] = (type(e).__name__, str(e), "" if cause is None else f"{type(cause).__name__}: {cause}")
+        finally:
+            adapters._host_reads_free = reads_free
         with open(os.path.join(out_dir, f"{rank}.pkl"), "wb") as f:
             pickle.dump(out, f)
     dist.destroy_process_group()
@@ -536,6 +625,9 @@ def test_distributed_errors_name_the_failing_ranks_sample_not_an_internal_group_
                     r"\(the group of index\[2\]\) is inf$",
         "eq7_overflow": r"rank 1: OutOfRangeError: Eq. 7 .* overflows float64 at sample (\d) \(the group of "
                         r"labels\[\1\]\)",
+        "verl_mask_through_gdpos_read": r"rank 1: NonFiniteError: the score \(sum of response tokens\) of sample 1 "
+                                        r"in reward column 0 \(the group of index\[1\]\) is nan \(a NaN token "
+                                        r"reward, or on CUDA a response_mask entry other than 0 and 1 in row 1",
     }
     for name, pattern in want.items():
         (cls0, msg0, _), (cls1, msg1, cause1) = outs[0][name], outs[1][name]
@@ -545,4 +637,6 @@ def test_distributed_errors_name_the_failing_ranks_sample_not_an_internal_group_
     causes = {name: outs[1][name][2] for name in want}  # the failing rank chains its own error, in its terms
     assert causes["verl_inf"] == ("NonFiniteError: token_level_rewards['acc'][2, 0] (sample 2, response token 0, "
                                   "group label 'b') is inf")
+    assert causes["verl_mask_through_gdpos_read"] == ("OutOfRangeError: response_mask[1, 1] (sample 1, token 1) is "
+                                                      "0.5; expected 0 or 1 (or a bool mask)")
     assert outs[0]["verl_inf"][2].startswith("DistributedError: "), outs[0]["verl_inf"]  # nothing of its own
