@@ -184,7 +184,7 @@ def _finish_local(a: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
 
 def _rewards_host(inp) -> dict[int, int]:
     return {P.PRESENT: 1, P.K: inp.k, P.ROWS: inp.n, P.BY_LABEL: int(inp.labels is not None),
-            P.GROUP_SIZE: inp.group_size or 0}
+            P.GROUP_SIZE: inp.group_size or 0, P.LABELS_UINT64: int(inp.labels_uint64)}
 
 
 def _normalize_checked(inp, eps, *, signal=False, then=None):

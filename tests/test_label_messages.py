@@ -112,8 +112,6 @@ def test_uint64_labels_group_by_their_values():
     assert torch.equal(gdpo.gdpo_advantages(r, group_ids=big, out_dtype=torch.float64), want)
 
 
-@pytest.mark.xfail(strict=True, reason="impl/_pipeline.py's _rewards_host does not yet copy Rewards.labels_uint64 "
-                                       "into the facts row's LABELS_UINT64 column (a file this change may not edit)")
 def test_direct_calls_name_the_uint64_label():
     r = torch.tensor([[1.0], [0.0], [3.0]], dtype=torch.float64)
     with pytest.raises(GroupError, match=rf"^group label {TOP} \(first row 2\) has 1 sample"):
