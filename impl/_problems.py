@@ -289,8 +289,8 @@ def row_problems(row) -> list[tuple[type, str]]:
                     f"{_group_of(row, flat // k, NF_REWARD_GROUP)}) is {_KINDS[kind]}"))
     if row[BY_LABEL] and row[SINGLETON] < row[ROWS]:
         out.append((GroupError,
-                    f"group label {_label(row, SINGLETON_LABEL)} (first row {row[SINGLETON]}) has 1 sample; Eq. 4 needs "
-                    "at least 2 (unbiased std)"))
+                    f"group label {_label(row, SINGLETON_LABEL)} (first row {row[SINGLETON]}) has 1 sample; "
+                    "Eq. 4 needs at least 2 (unbiased std)"))
     if _kind(row[C_OVERFLOW_BITS]) and not out:
         out.append((OutOfRangeError,
                     f"Eq. 7 (sum of weights x standardized rewards) overflows float64 at row "

@@ -14,7 +14,8 @@ same on every rank: argument names are rewritten there (``group_ids`` as ``index
 or ``labels``, TRL's names), and a group is named by the failing rank's sample ("rank
 1: GroupError: the group of labels[2] (sample 2) has 1 sample"), never by a label or
 a key, which are each rank's own (and impl.gdpo's label may be the adapter's own
-number of one). verl's failing rank chains its non-finite token in its own terms. Labels of the wrong length or shape are handed on to ``impl.gdpo`` there, so
+number of one). verl's failing rank chains its non-finite token in its own terms.
+Labels of the wrong length or shape are handed on to ``impl.gdpo`` there, so
 that every rank refuses them together. A rank whose input fails one of the adapters'
 own checks (a mapping of keys, each reward's dtype, shape and device, the mask,
 hashable, non-NaN labels, weight keys) does not raise alone either: it joins
