@@ -42,13 +42,14 @@ that rank the adapter's own error, in its own words, is chained (``__cause__``).
   are placed on the last token); whatever lies on padding tokens (mask entries 0)
   is ignored, NaN and inf included. A mask holds 0 and 1 (or is bool): any other
   entry (0.5, 2, NaN) is an ``OutOfRangeError`` naming it ("response_mask[3, 17]
-  (sample 3, token 17) is 0.5; expected 0 or 1"), never silently a response token.
-  On CPU the mask is read at once; on CUDA a sample with such an entry gets a NaN
-  score, which impl.gdpo's one host read refuses, and only then is the entry read,
-  so no host synchronisation is added (under a ``process_group`` on CUDA every rank
-  raises the DistributedError of that NaN score; the failing rank chains the mask
-  entry). A non-finite
-  reward on a response token is a ``NonFiniteError`` naming the key, the sample, the
+  (sample 3, token 17) is 0.5; expected 0 or 1"), never silently a response token;
+  a sample without a response token (its mask row all 0) is a ``ShapeError`` naming
+  it, never a score of 0 that no reward gave. On CPU the mask is read at once; on
+  CUDA a sample failing either check gets a NaN score, which impl.gdpo's one host
+  read refuses, and only then is the mask read, so no host synchronisation is added
+  (under a ``process_group`` on CUDA every rank raises the DistributedError of that
+  NaN score; the failing rank chains the mask's error). A non-finite reward on a
+  response token is a ``NonFiniteError`` naming the key, the sample, the
   token and the value; a sum of finite token rewards beyond float64 an
   ``OutOfRangeError`` (without a process group; with one, the ``DistributedError``
   names the sample's score). Eq. 6 is **per sample** here, whereas verl's ``masked_whiten``
@@ -422,11 +423,22 @@ def _mask_error(m: torch.Tensor, bad: torch.Tensor) -> OutOfRangeError | None:
                            "(or a bool mask)")
 
 
+def _empty_row_error(empty: torch.Tensor) -> ShapeError | None:
+    """The first sample of ``empty`` (B,) bool, named; a host read."""
+    at = empty.nonzero()
+    if at.shape[0] == 0:
+        return None
+    i = int(at[0, 0])
+    return ShapeError(f"response_mask[{i}] (sample {i}) has no response token: its score would be a sum over "
+                      "nothing, a 0 that no reward gave; drop the sample or fix the mask")
+
+
 class _Mask:
-    """The response mask as bool, and what is left to check of its values: on CPU they are
-    checked at once (a read is free); on CUDA a sample whose mask holds a value other
-    than 0 and 1 gets NaN scores, so that impl.gdpo's own host read refuses the call, and
-    the adapter then names the entry (reads on refusal only: no extra synchronisation)."""
+    """The response mask as bool, and what is left to check of it: every entry 0 or 1,
+    every sample at least one response token. On CPU both are checked at once (a read
+    is free); on CUDA a sample failing either gets NaN scores, so that impl.gdpo's own
+    host read refuses the call, and the adapter then names the entry or the sample
+    (reads on refusal only: no extra synchronisation)."""
 
     def __init__(self, response_mask, device):
         if isinstance(response_mask, torch.Tensor):
@@ -444,25 +456,30 @@ class _Mask:
             raise ShapeError(f"response_mask must be (B, T), one row of tokens per sample; got shape "
                              f"{tuple(m.shape)}")
         bad = _not_zero_one(m)
-        if bad is not None and _host_reads_free(m.device):  # a host sequence is checked here, on the CPU
-            error = _mask_error(m, bad)
+        empty = ~m.to(torch.bool).any(dim=-1)  # NaN is true: a NaN entry is refused as a value, not here
+        if _host_reads_free(m.device):  # a host sequence is checked here, on the CPU
+            error = (None if bad is None else _mask_error(m, bad)) or _empty_row_error(empty)
             if error is not None:
                 raise error
-            bad = None
+            bad = empty = None
         if m is not response_mask and device is not None:
             m = m.to(device)
-        self.raw, self.bad = m, bad  # bad: None once checked (or bool)
+        self.raw, self.bad, self.empty = m, bad, empty  # None once checked (bad: or bool)
         self.bool = m.to(torch.bool)
 
     def poison(self, scores: torch.Tensor) -> torch.Tensor:
-        """``scores`` with NaN on every sample whose mask is not yet known to be 0/1 and is not."""
-        if self.bad is None:
+        """``scores`` with NaN on every sample whose mask is not yet checked and fails."""
+        if self.empty is None:
             return scores
-        return torch.where(self.bad.any(dim=-1, keepdim=True), torch.nan, scores)
+        failing = self.empty if self.bad is None else self.empty | self.bad.any(dim=-1)
+        return torch.where(failing.to(scores.device).unsqueeze(-1), torch.nan, scores)
 
-    def error(self) -> OutOfRangeError | None:
-        """On refusal: the first entry other than 0 and 1 left unchecked (a host read)."""
-        return None if self.bad is None else _mask_error(self.raw, self.bad)
+    def error(self) -> GDPOError | None:
+        """On refusal: the first entry other than 0 and 1 left unchecked, else the first
+        sample without a response token (host reads)."""
+        if self.empty is None:
+            return None
+        return (None if self.bad is None else _mask_error(self.raw, self.bad)) or _empty_row_error(self.empty)
 
 
 _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -531,8 +548,8 @@ def _verl_inputs(token_level_rewards, response_mask, index, weights, distributed
 
 #: After a NaN score in a DistributedError: on CUDA the mask's values are checked through that
 #: NaN (see _Mask), which every rank must print alike whatever its own device or mask.
-_MASK_NAN = (" (a NaN token reward, or on CUDA a response_mask entry other than 0 and 1 in row {i}; that rank "
-             "chains its own error)")
+_MASK_NAN = (" (a NaN token reward, or on CUDA a response_mask row {i} with an entry other than 0 and 1 or no "
+             "response token; that rank chains its own error)")
 
 
 def verl_advantages(token_level_rewards: Mapping[str, torch.Tensor], response_mask: torch.Tensor,

@@ -627,7 +627,8 @@ def test_distributed_errors_name_the_failing_ranks_sample_not_an_internal_group_
                         r"labels\[\1\]\)",
         "verl_mask_through_gdpos_read": r"rank 1: NonFiniteError: the score \(sum of response tokens\) of sample 1 "
                                         r"in reward column 0 \(the group of index\[1\]\) is nan \(a NaN token "
-                                        r"reward, or on CUDA a response_mask entry other than 0 and 1 in row 1",
+                                        r"reward, or on CUDA a response_mask row 1 with an entry other than 0 and 1 or no "
+                                        r"response token",
     }
     for name, pattern in want.items():
         (cls0, msg0, _), (cls1, msg1, cause1) = outs[0][name], outs[1][name]
@@ -640,3 +641,24 @@ def test_distributed_errors_name_the_failing_ranks_sample_not_an_internal_group_
     assert causes["verl_mask_through_gdpos_read"] == ("OutOfRangeError: response_mask[1, 1] (sample 1, token 1) is "
                                                       "0.5; expected 0 or 1 (or a bool mask)")
     assert outs[0]["verl_inf"][2].startswith("DistributedError: "), outs[0]["verl_inf"]  # nothing of its own
+
+
+@pytest.mark.parametrize("deferred", [False, True], ids=["read_at_once", "through_gdpos_read"])
+@pytest.mark.parametrize("dtype", [torch.bool, torch.int64, torch.float32, torch.float8_e4m3fn])
+def test_verl_a_sample_without_a_response_token_is_refused_naming_it(monkeypatch, deferred, dtype):
+    """Its score used to be the sum over nothing, a 0 that no reward gave, and its group
+    was standardized against that phantom score."""
+    if deferred:
+        _defer_mask_checks(monkeypatch)
+    mask = MASK.to(dtype, copy=True)
+    mask[2] = 0
+    with pytest.raises(ShapeError) as info:
+        adapters.verl_advantages({"acc": _tok(), "fmt": _tok(1)}, mask, ["a", "a", "b", "b"])
+    assert str(info.value) == ("response_mask[2] (sample 2) has no response token: its score would be a sum over "
+                               "nothing, a 0 that no reward gave; drop the sample or fix the mask")
+    if deferred:
+        assert isinstance(info.value.__cause__, NonFiniteError)  # found by impl.gdpo's one host read
+    value = _masked(torch.float32, ((1, 0), 0.5))
+    value[3] = 0  # a bad value is named before an empty row, whatever their order
+    with pytest.raises(OutOfRangeError, match=r"^response_mask\[1, 0\]"):
+        adapters.verl_advantages({"acc": _tok()}, value, ["a", "a", "b", "b"])
