@@ -373,8 +373,8 @@ def render(run: Run, out: Path) -> str:
         "the reference, the spec error model (`spec/error_model.py`) the tolerance, and each implementation "
         "runs as it ships (`impl.gdpo`) or as a faithful mirror of a peer's published formula "
         "(`conformance/mirrors.py`, `conformance/limits_peers.py`). Regenerate with "
-        f"`{COMMAND}` (well under a minute on two cores; `--fast` for the subset CI checks, `--seed N` for other "
-        "peer cases, `gdpo limits` once the CLI wires it). `tests/test_limits.py` regenerates the fast subset "
+        f"`{COMMAND}` or `gdpo limits` (well under a minute on two cores; `--fast` for the subset CI checks, "
+        "`--seed N` for other peer cases). `tests/test_limits.py` regenerates the fast subset "
         "and fails when a committed row disagrees with it or a documented limit stops reproducing.",
         "",
         f"Seed: {run.seed}. Numbers carry two or three significant digits so that platform noise in the last "
