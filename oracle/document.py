@@ -23,7 +23,7 @@ from oracle import gdpo
 from oracle.examples import CORRECTNESS_LENGTH, TWO_GROUP, grpo_reference
 from spec import CONVENTIONS, DEFAULT_OUT_DTYPE, FLOAT32_MAX, MIN_GROUP_SIZE
 from spec import error_model
-from spec.errors import ERROR_CLASSES
+from spec.errors import ERROR_CLASSES, ERROR_EXAMPLES, NOT_RAISED, example_ranks
 
 SPEC_DIR = Path(__file__).resolve().parent.parent / "spec"
 TEMPLATE = SPEC_DIR / "gdpo.template.md"
@@ -51,6 +51,24 @@ def _table(head: list[str], rows: list[list[str]]) -> str:
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     out += ["| " + " | ".join(r) + " |" for r in rows]
     return "\n".join(out)
+
+
+def _error_rows() -> list[list[str]]:
+    """Section 6: each class's docstring, the calls that raise it and those that do not
+    (spec/errors.py; tests/test_spec.py runs every call shown against impl.gdpo)."""
+    rows = []
+    for name, cls in ERROR_CLASSES.items():
+        shown = []
+        for call in ERROR_EXAMPLES.get(name, ()):
+            ranks = example_ranks(call)
+            shown.append(f"`{call}`" + (f" (on each of {ranks} ranks)" if ranks > 1 else ""))
+        for call, outcome in NOT_RAISED.get(name, ()):
+            ranks = example_ranks(call)
+            instead = "computes" if outcome == "computes" else f"raises {outcome}"
+            shown.append(f"not `{call}`" + (f" (on each of {ranks} ranks)" if ranks > 1 else "")
+                         + f": {instead}")
+        rows.append([f"`{name}`", " ".join((cls.__doc__ or "").split()), "<br>".join(shown) or "any of the below"])
+    return rows
 
 
 def context() -> dict[str, str]:
@@ -151,8 +169,7 @@ def context() -> dict[str, str]:
                      c.native_dtype])
     ctx["convention_table"] = _table(["name", "implementation", "Eq. 4 ddof", "Eq. 4 eps (placement)",
                                       "Eq. 6", "Eq. 6 eps (placement)", "n_g = 1", "NaN", "dtype"], rows)
-    rows = [[f"`{name}`", " ".join((cls.__doc__ or "").split())] for name, cls in ERROR_CLASSES.items()]
-    ctx["error_table"] = _table(["class", "raised when"], rows)
+    ctx["error_table"] = _table(["class", "raised when", "for example"], _error_rows())
     return ctx
 
 

@@ -3,6 +3,11 @@
 ``GDPOError`` derives from ``ValueError`` so that callers who already catch
 ``ValueError`` around their advantage computation keep working. Each subclass
 names one kind of bad input; the message names where (group, column, rank).
+
+Each class's docstring is its "raised when" in spec/gdpo.md section 6, and
+:data:`ERROR_EXAMPLES` / :data:`NOT_RAISED` are its examples there: calls that
+raise it, and nearby calls that do not. tests/test_spec.py executes every one of
+them against ``impl.gdpo``, so a description whose example is wrong fails a test.
 """
 
 
@@ -11,39 +16,57 @@ class GDPOError(ValueError):
 
 
 class NonFiniteError(GDPOError):
-    """A reward or weight is NaN or infinite (convention ``nan="error"``)."""
+    """A reward (or a value passed to ``whiten``) is NaN or infinite (convention
+    ``nan="error"``). A NaN or infinite *weight* is a WeightError, not this."""
 
 
 class InputDtypeError(GDPOError, TypeError):
-    """An integer, bool or complex tensor where real floats are required."""
+    """Rewards (or ``whiten``'s values) of an integer, bool or complex dtype, or not a
+    tensor or sequence of real numbers; an ``out_dtype`` that is not a supported
+    floating dtype;
+    an ``eps`` that is not a real number. Also a ``TypeError``."""
 
 
 class ShapeError(GDPOError):
-    """Shapes or lengths disagree (rewards vs labels vs weights), or input is empty."""
+    """Rewards not (N,) or (N, K) (``whiten``: values not (N,)), an empty batch (without
+    a process group), or lengths that disagree: ``group_ids`` not one label per row
+    (also a GroupError), ``weights`` not one per reward column (also a WeightError)."""
 
 
 class GroupError(GDPOError):
-    """Malformed group metadata: a group of one, labels not covering the batch,
-    a batch that is not a multiple of ``group_size``."""
+    """Malformed group metadata: a group of one sample (a label used once, or
+    ``group_size`` 1), N not a multiple of ``group_size``, both or neither of
+    ``group_ids`` and ``group_size``, labels that are not integers, or labels not
+    covering the batch (wrong length: also a ShapeError)."""
 
 
 class WeightError(GDPOError):
-    """Weights that are all zero, non-finite, or of the wrong length."""
+    """Weights that are all zero, NaN or infinite, of the wrong length (also a
+    ShapeError), not a sequence of real numbers, or a number float64 cannot hold
+    exactly."""
 
 
 class SegmentError(GDPOError):
-    """Malformed whitening-unit metadata: missing, negative, not summing to the
-    local sample count, or a unit count that differs between ranks."""
+    """Malformed whitening-unit metadata (``segment_sizes``): not a sequence of ints, a
+    negative size, sizes not summing to this rank's sample count, or a unit of one
+    sample over all ranks (with a process group also a DistributedError). Ranks that
+    disagree on the number of units, or give ``segment_sizes`` on some ranks and None
+    on others, raise a DistributedError, not this."""
 
 
 class OutOfRangeError(GDPOError):
-    """A value that cannot be computed or cannot survive the cast to the output
-    dtype (for example a float64 reward beyond float32 range)."""
+    """A value that cannot be computed or cannot survive the cast to the output dtype:
+    ``eps`` NaN, infinite or negative; Eq. 7 overflowing float64 (weights too large);
+    a whitened value whose correct rounding overflows ``out_dtype`` (section 7: in
+    practice float8 outputs only). Rewards anywhere in float64 range are computed: a float64
+    reward beyond float32 range is not an error."""
 
 
 class DistributedError(GDPOError):
-    """Raised on every rank together when any rank's input is refused; the message
-    names the offending rank(s) and the reason."""
+    """With a process group, raised on every rank together when any rank's input is
+    refused, when ranks disagree on what must agree (``segment_sizes`` given or None,
+    the number of units, input or output dtype, device type, eps, K, weights), or when
+    a collective fails; the message names the offending rank(s) and the reason."""
 
 
 #: Every class of the contract, by short name: tests and docs iterate over this.
@@ -61,3 +84,109 @@ ERROR_CLASSES = {
         DistributedError,
     )
 }
+
+#: Ranks of the process group ``group`` that a ranked example (one naming ``group``)
+#: runs on; ``rank`` is the caller's rank in it.
+EXAMPLE_WORLD = 2
+
+#: Calls that raise each class, in the ``gdpo`` call shape (conformance/plugins.py):
+#: Python expressions over the names of :func:`example_namespace`. An example naming
+#: ``group`` is evaluated on every rank of a gloo process group of EXAMPLE_WORLD ranks,
+#: and every rank must raise the class. Rendered in spec/gdpo.md section 6; run by
+#: tests/test_spec.py against impl.gdpo. GDPOError, the base, is every example's.
+ERROR_EXAMPLES: dict[str, tuple[str, ...]] = {
+    "GDPOError": (),
+    "NonFiniteError": (
+        "gdpo_advantages(torch.tensor([[1.0], [nan]]), group_size=2)",
+        "whiten(torch.tensor([0.0, 1.0, inf]))",
+    ),
+    "InputDtypeError": (
+        "gdpo_advantages(torch.tensor([[1], [2]]), group_size=2)",
+        "gdpo_advantages(torch.tensor([[True], [False]]), group_size=2)",
+        "gdpo_advantages(torch.tensor([[1j], [2j]]), group_size=2)",
+        "gdpo_advantages(torch.tensor([[1.0], [2.0]]), group_size=2, out_dtype=torch.int64)",
+        "gdpo_advantages(torch.tensor([[1.0], [2.0]]), group_size=2, eps=\"1e-4\")",
+    ),
+    "ShapeError": (
+        "gdpo_advantages(torch.zeros(2, 1, 1), group_size=2)",
+        "gdpo_advantages(torch.zeros(0, 2), group_size=2)",
+        "whiten(torch.zeros(2, 2))",
+        "gdpo_advantages(torch.tensor([[1.0], [2.0]]), group_ids=torch.tensor([0, 0, 0]))",
+        "gdpo_advantages(torch.tensor([[1.0], [2.0]]), group_size=2, weights=[1.0, 1.0])",
+    ),
+    "GroupError": (
+        "gdpo_advantages(torch.tensor([[1.0], [2.0], [3.0]]), group_ids=torch.tensor([0, 0, 1]))",
+        "gdpo_advantages(torch.tensor([[1.0], [2.0]]), group_size=1)",
+        "gdpo_advantages(torch.tensor([[1.0], [2.0], [3.0]]), group_size=2)",
+        "gdpo_advantages(torch.tensor([[1.0], [2.0]]), group_size=2, group_ids=torch.tensor([0, 0]))",
+        "gdpo_advantages(torch.tensor([[1.0], [2.0]]))",
+        "gdpo_advantages(torch.tensor([[1.0], [2.0]]), group_ids=torch.tensor([0.0, 0.0]))",
+        "gdpo_advantages(torch.tensor([[1.0], [2.0]]), group_ids=torch.tensor([0, 0, 0]))",
+    ),
+    "WeightError": (
+        "gdpo_advantages(torch.tensor([[1.0, 0.0], [2.0, 1.0]]), group_size=2, weights=[0.0, 0.0])",
+        "gdpo_advantages(torch.tensor([[1.0, 0.0], [2.0, 1.0]]), group_size=2, weights=[nan, 1.0])",
+        "gdpo_advantages(torch.tensor([[1.0, 0.0], [2.0, 1.0]]), group_size=2, weights=[1.0, inf])",
+        "gdpo_advantages(torch.tensor([[1.0, 0.0], [2.0, 1.0]]), group_size=2, weights=[1.0])",
+        "gdpo_advantages(torch.tensor([[1.0], [2.0]]), group_size=2, weights=\"1\")",
+        "gdpo_advantages(torch.tensor([[1.0], [2.0]]), group_size=2, weights=[2**53 + 1])",
+    ),
+    "SegmentError": (
+        "gdpo_advantages(torch.tensor([[1.0], [2.0], [3.0], [4.0]]), group_size=2, segment_sizes=[3])",
+        "gdpo_advantages(torch.tensor([[1.0], [2.0], [3.0], [4.0]]), group_size=2, segment_sizes=[5, -1])",
+        "gdpo_advantages(torch.tensor([[1.0], [2.0], [3.0], [4.0]]), group_size=2, segment_sizes=[3, 1])",
+        "gdpo_advantages(torch.tensor([[1.0], [2.0]]), group_size=2, segment_sizes=[1, 1] if rank == 0 else [2, 0], "
+        "process_group=group)",
+    ),
+    "OutOfRangeError": (
+        "gdpo_advantages(torch.tensor([[1.0], [2.0]]), group_size=2, eps=-1e-4)",
+        "gdpo_advantages(torch.tensor([[1.0], [2.0]]), group_size=2, eps=nan)",
+        "gdpo_advantages(torch.tensor([[1.0, 1.0], [2.0, 2.0]]), group_size=2, weights=[1.5e308, 1.5e308])",
+        "gdpo_advantages(torch.cat([torch.ones(1, 1), torch.zeros(300000, 1)]), group_size=300001, "
+        "out_dtype=torch.float8_e4m3fn)",
+    ),
+    "DistributedError": (
+        "gdpo_advantages(torch.tensor([[1.0], [nan if rank == 0 else 2.0]]), group_size=2, process_group=group)",
+        "gdpo_advantages(torch.tensor([[1.0], [2.0]]), group_size=2, segment_sizes=[2] if rank == 0 else None, "
+        "process_group=group)",
+        "gdpo_advantages(torch.tensor([[1.0], [2.0]]), group_size=2, segment_sizes=[2] if rank == 0 else [2, 0], "
+        "process_group=group)",
+        "gdpo_advantages(torch.tensor([[1.0], [2.0]]), group_size=2, weights=[1.0 + rank], process_group=group)",
+    ),
+}
+
+#: Calls near each class's territory that do *not* raise it: (call, outcome), the
+#: outcome the name of the class they raise instead, or ``"computes"``. Rendered and
+#: run like ERROR_EXAMPLES.
+NOT_RAISED: dict[str, tuple[tuple[str, str], ...]] = {
+    "NonFiniteError": (
+        ("gdpo_advantages(torch.tensor([[1.0, 0.0], [2.0, 1.0]]), group_size=2, weights=[nan, 1.0])",
+         "WeightError"),
+    ),
+    "SegmentError": (
+        ("gdpo_advantages(torch.tensor([[1.0], [2.0]]), group_size=2, segment_sizes=[2] if rank == 0 else [2, 0], "
+         "process_group=group)", "DistributedError"),
+    ),
+    "OutOfRangeError": (
+        ("gdpo_advantages(torch.tensor([[1e300], [0.0]], dtype=torch.float64), group_size=2)", "computes"),
+        ("gdpo_advantages(torch.tensor([[1.0], [2.0]]), group_size=2, weights=[1e308])", "computes"),
+    ),
+}
+
+
+def example_ranks(call: str) -> int:
+    """How many ranks an example runs on: EXAMPLE_WORLD where it names ``group``, else 1."""
+    import re
+
+    return EXAMPLE_WORLD if re.search(r"\bgroup\b", call) else 1
+
+
+def example_namespace(gdpo_advantages, whiten, group=None, rank: int = 0) -> dict:
+    """The names an example may use: ``torch``, the implementation's ``gdpo_advantages``
+    and ``whiten``, ``nan``, ``inf``, and for a ranked example its ``group`` and ``rank``."""
+    import math
+
+    import torch
+
+    return {"torch": torch, "gdpo_advantages": gdpo_advantages, "whiten": whiten, "nan": math.nan,
+            "inf": math.inf, "group": group, "rank": rank}
