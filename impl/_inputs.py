@@ -102,16 +102,23 @@ def read_tensor(x) -> torch.Tensor:
     return t
 
 
+_LAYOUT_PROBLEM = {P.P_REWARDS_TYPE: P.P_REWARDS_LAYOUT, P.P_VALUES_TYPE: P.P_VALUES_LAYOUT}
+
+
 def as_float_tensor(x, type_code: int, dtype_code_: int) -> torch.Tensor:
-    """A tensor for ``x``; Python or NumPy sequences of floats become float64
-    (Python floats are doubles). Refuses non-float dtypes with ``dtype_code_``."""
+    """A dense tensor for ``x``; Python or NumPy sequences of floats become float64
+    (Python floats are doubles). Refuses sparse and nested tensors, and dtypes other
+    than P.INPUT_DTYPES (integers, bool, complex, float8) with ``dtype_code_``."""
     try:
         x = read_tensor(x)
     except OverflowError:
         raise Problem(type_code, 1) from None  # a Python int beyond float64 (and int64)
     except (TypeError, ValueError, RuntimeError):
         raise Problem(type_code) from None
-    if not x.is_floating_point() or x.is_complex():
+    layout = P.layout_code(x)
+    if layout:  # sparse, nested, mkldnn: torch's own error would come from deep inside
+        raise Problem(_LAYOUT_PROBLEM[type_code], layout)
+    if x.dtype not in P.INPUT_DTYPES:  # float8 too: most CPU kernels (add, min) do not exist for it
         raise Problem(dtype_code_, P.dtype_code(x.dtype))
     if x.device.type not in ("cpu", "cuda"):
         raise Problem(P.P_DEVICE, 1 if type_code == P.P_REWARDS_TYPE else 2, P.device_code(x.device))
@@ -165,6 +172,8 @@ def check_rewards(rewards, group_ids, group_size, weights, *, allow_empty_rows: 
             raise Problem(P.P_GROUP_SIZE_DIVIDE, n, group_size)
     else:
         ids = group_ids
+        if isinstance(ids, torch.Tensor) and P.layout_code(ids):
+            raise Problem(P.P_GROUP_IDS_LAYOUT, P.layout_code(ids))
         if not isinstance(ids, torch.Tensor):
             try:
                 ids = torch.as_tensor(ids)
@@ -198,6 +207,8 @@ def check_weights(weights, k: int) -> list[float]:
     if getattr(getattr(weights, "dtype", None), "kind", None) in ("b", "c"):  # NumPy bool or complex
         raise Problem(P.P_WEIGHTS_TYPE)
     if isinstance(weights, torch.Tensor):
+        if P.layout_code(weights):
+            raise Problem(P.P_WEIGHTS_LAYOUT, P.layout_code(weights))
         if weights.dim() != 1 or weights.is_complex() or weights.dtype == torch.bool:
             raise Problem(P.P_WEIGHTS_TYPE)
         # One read of a (K,) tensor: a host sync if it lives on a GPU (pass a list to avoid it).
@@ -261,6 +272,8 @@ def check_segments(segment_sizes, n: int) -> tuple[list[int], bool]:
     if segment_sizes is None:
         return [n], False
     if isinstance(segment_sizes, torch.Tensor):
+        if P.layout_code(segment_sizes):
+            raise Problem(P.P_SEGMENTS_LAYOUT, P.layout_code(segment_sizes))
         if segment_sizes.dim() != 1 or segment_sizes.is_floating_point() or segment_sizes.is_complex() \
                 or segment_sizes.dtype == torch.bool:
             raise Problem(P.P_SEGMENTS_TYPE)

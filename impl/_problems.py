@@ -100,6 +100,36 @@ def dtype_name(code: int) -> str:
     return str(_DTYPES[code - 1]).replace("torch.", "") if 1 <= code <= len(_DTYPES) else "another dtype"
 
 
+#: The dtypes rewards and values may have (the formats of the contract; float8 is an
+#: output format only: widen float8 inputs to float32 first, exactly).
+INPUT_DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
+_INPUT_NAMES = "float16, bfloat16, float32 or float64"
+
+#: Non-strided layouts, by code (0: a dense strided tensor, no problem).
+_LAYOUT_NAMES = ("sparse_coo", "sparse_csr", "sparse_csc", "sparse_bsr", "sparse_bsc", "jagged", "_mkldnn")
+_LAYOUTS = tuple(getattr(torch, n, None) for n in _LAYOUT_NAMES)
+_NESTED_STRIDED = len(_LAYOUTS) + 1
+_OTHER_LAYOUT = len(_LAYOUTS) + 2
+
+
+def layout_code(t: torch.Tensor) -> int:
+    """0 for a dense strided tensor; else which layout it has (nested tensors included)."""
+    if t.layout == torch.strided:
+        return _NESTED_STRIDED if t.is_nested else 0
+    return _LAYOUTS.index(t.layout) + 1 if t.layout in _LAYOUTS else _OTHER_LAYOUT
+
+
+def _layout(arg: str):
+    def fmt(a, b, c):
+        name = _LAYOUT_NAMES[a - 1] if 1 <= a <= len(_LAYOUTS) else None
+        if a == _NESTED_STRIDED or name == "jagged":
+            return (f"{arg} is a nested tensor (layout torch.{name or 'strided'}); impl.gdpo reads dense "
+                    "(strided) tensors only: pass one dense tensor")
+        return (f"{arg} has layout {'torch.' + name if name else 'other than torch.strided'}; impl.gdpo reads "
+                f"dense (strided) tensors only: convert it with {arg}.to_dense()")
+    return fmt
+
+
 def device_code(device: torch.device) -> int:
     return {"cpu": 1, "cuda": 2}.get(device.type, 3)
 
@@ -162,6 +192,11 @@ P_SEGMENT_INT64 = 30
 P_DEVICE = 31  # a = 1 rewards, 2 values; b: device code
 P_EPS_TYPE = 32  # a: what eps is instead of a real number
 P_REFUSED = 33  # a: 1 + the index of the refusal's class in REFUSAL_CLASSES (0: another exception)
+P_REWARDS_LAYOUT = 35  # a: layout_code (sparse, nested, ...)
+P_VALUES_LAYOUT = 36
+P_GROUP_IDS_LAYOUT = 37
+P_WEIGHTS_LAYOUT = 38
+P_SEGMENTS_LAYOUT = 39
 
 #: The classes an adapter's own refusal is named by in P_REFUSED (most specific first):
 #: the agreement carries only the index, so every rank prints the same name.
@@ -184,7 +219,7 @@ HOST_PROBLEMS = {
                      + ("; a value does not fit float64 (a Python int beyond 1.8e308?)" if a == 1 else "")),
     P_REWARDS_DTYPE: (InputDtypeError, lambda a, b, c:
                       f"rewards has dtype {dtype_name(a)}; Eq. 4 needs a real floating dtype "
-                      "(float16, bfloat16, float32 or float64)"),
+                      f"({_INPUT_NAMES})" + _float8_hint("rewards", a)),
     P_REWARDS_NDIM: (ShapeError, lambda a, b, c:
                      f"rewards must be (N,) or (N, K); got a {a}-D tensor"),
     P_REWARDS_EMPTY: (ShapeError, lambda a, b, c:
@@ -218,7 +253,8 @@ HOST_PROBLEMS = {
     P_VALUES_TYPE: (InputDtypeError, lambda a, b, c: "values must be a tensor or a sequence of floats"
                     + ("; a value does not fit float64 (a Python int beyond 1.8e308?)" if a == 1 else "")),
     P_VALUES_DTYPE: (InputDtypeError, lambda a, b, c:
-                     f"values has dtype {dtype_name(a)}; Eq. 6 needs a real floating dtype"),
+                     f"values has dtype {dtype_name(a)}; Eq. 6 needs a real floating dtype ({_INPUT_NAMES})"
+                     + _float8_hint("values", a)),
     P_VALUES_NDIM: (ShapeError, lambda a, b, c: f"values must be 1-D (N,); got a {a}-D tensor"),
     P_SEGMENTS_TYPE: (SegmentError, lambda a, b, c:
                       "segment_sizes must be a 1-D sequence or tensor of non-negative ints"),
@@ -245,7 +281,18 @@ HOST_PROBLEMS = {
     P_SEGMENT_INT64: (SegmentError, lambda a, b, c:
                       f"segment_sizes[{a}] (unit {a}) is beyond int64 (|size| >= 2**63)"),
     P_REFUSED: (GDPOError, _refused),
+    P_REWARDS_LAYOUT: (InputDtypeError, _layout("rewards")),
+    P_VALUES_LAYOUT: (InputDtypeError, _layout("values")),
+    P_GROUP_IDS_LAYOUT: (GroupError, _layout("group_ids")),
+    P_WEIGHTS_LAYOUT: (WeightError, _layout("weights")),
+    P_SEGMENTS_LAYOUT: (SegmentError, _layout("segment_sizes")),
 }
+
+
+def _float8_hint(arg: str, code: int) -> str:
+    if not dtype_name(code).startswith("float8"):
+        return ""
+    return f"; float8 is an output format only: pass {arg}.float() (exact)"
 
 
 def host_error(code: int, a: int = 0, b: int = 0, c: int = 0) -> GDPOError:

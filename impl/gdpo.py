@@ -46,6 +46,11 @@ Decisions this module makes (the brief left them open):
 
 * ``rewards`` of shape (N,) is one reward column (K = 1). Python/NumPy
   sequences are accepted; Python floats are read as float64.
+* Input dtypes (``rewards``, ``values``) are float16, bfloat16, float32 and float64,
+  the formats of the contract; float8 inputs are refused (InputDtypeError; float8 is an
+  output format only, and widening it with ``.float()`` is exact). Tensors must be dense
+  (strided): sparse and nested ``rewards``, ``values``, ``group_ids``, ``weights`` and
+  ``segment_sizes`` are refused naming the argument and its layout.
 * ``process_group=None`` means *local only*; pass ``torch.distributed.group.WORLD``
   (or any group) to whiten across ranks. Groups of Eq. 4 never span ranks.
 * ``segment_sizes=None`` is one unit of all local rows, and with a process group
@@ -152,8 +157,9 @@ _API_GDPO = _P.API_GDPO
 def normalize_rewards(rewards, *, group_ids=None, group_size=None, weights=None, eps=DEFAULT_EPS):
     """Eq. 4 then Eq. 7: the combined value c of every sample, float64 (N,), input order.
 
-    rewards: (N, K) or (N,) (K = 1) tensor of a real floating dtype, CPU or CUDA.
-    group_size: contiguous groups of this many rows (>= 2, dividing N); or
+    rewards: (N, K) or (N,) (K = 1) dense tensor of float16, bfloat16, float32 or
+    float64, CPU or CUDA. group_size: contiguous groups of this many rows (>= 2,
+    dividing N); or
     group_ids: one integer label per row, any labels, ragged sizes (each >= 2);
     exactly one of the two. weights: K real numbers (default ones), float64.
 
@@ -187,7 +193,7 @@ def whiten(values, *, segment_sizes=None, process_group=None, eps=DEFAULT_EPS, o
     """Eq. 6 per whitening unit: a = (v - mean_S) / (std_S + eps), unbiased, float64
     inside, cast once to ``out_dtype``.
 
-    values: (N,) tensor of a real floating dtype. segment_sizes: this rank's
+    values: (N,) dense tensor of float16, bfloat16, float32 or float64. segment_sizes: this rank's
     sample counts per consecutive unit (non-negative ints summing to N); None is
     one unit over all local rows (and over all ranks with a process group).
     A unit whose values are all exactly equal (across ranks) gives 0; a unit of
