@@ -29,12 +29,63 @@ OUT_DTYPES = tuple(
 class Problem(Exception):
     """Internal carrier of a host-side problem code (never escapes the package)."""
 
-    def __init__(self, code: int, a: int = 0, b: int = 0, c: int = 0):
+    def __init__(self, code: int, a: int = 0, b: int = 0, c: int = 0, detail: str = ""):
         super().__init__(code, a, b, c)
         self.code, self.a, self.b, self.c = code, int(a), int(b), int(c)
+        self.detail = detail  # the caller's value as text: this rank's own message only
 
     def error(self):
-        return P.host_error(self.code, self.a, self.b, self.c)
+        return P.host_error(self.code, self.a, self.b, self.c, self.detail)
+
+
+def _shown(x, limit: int = 40) -> str:
+    """A short repr of the caller's value, for a message."""
+    try:
+        text = repr(x)
+    except Exception:  # noqa: BLE001 - a broken __repr__ must not hide the refusal
+        return f"a {type(x).__name__}"
+    if text.startswith("(") and text.endswith(")"):
+        text = text[1:-1]  # a complex number's repr: (1+2j)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _np_kind(x):
+    """The NumPy dtype kind of a NumPy scalar or array ('b', 'i', 'f', ...), else None."""
+    kind = getattr(getattr(x, "dtype", None), "kind", None)
+    return kind if isinstance(kind, str) and not isinstance(x, torch.Tensor) else None
+
+
+def _not_a_number(x) -> tuple[int, int, str]:
+    """What ``x`` is instead of a real number: (a P.K_* code, a bool's value, the detail),
+    or (0, 0, "") when it may be one (float() decides)."""
+    if x is None:
+        return P.K_NONE, 0, ""
+    if isinstance(x, torch.Tensor):
+        return P.K_TENSOR, 0, f"shape {tuple(x.shape)}, dtype {str(x.dtype).replace('torch.', '')}"
+    if isinstance(x, bool):
+        return P.K_BOOL, int(x), ""
+    if isinstance(x, str):  # NumPy's str_ too
+        return P.K_STR, 0, _shown(x)
+    if isinstance(x, (bytes, bytearray)):
+        return P.K_BYTES, 0, _shown(x)
+    if isinstance(x, complex):  # NumPy's complex128 too
+        return P.K_COMPLEX, 0, _shown(x)
+    kind = _np_kind(x)
+    if kind is not None:
+        if getattr(x, "ndim", 0) != 0:
+            return P.K_ARRAY, 0, f"shape {tuple(x.shape)}"
+        if kind == "b":
+            return P.K_BOOL, int(bool(x)), ""
+        if kind == "c":
+            return P.K_COMPLEX, 0, _shown(x)
+        return (0, 0, "") if kind in "iuf" else (P.K_OTHER, 0, _of_type(x))
+    return 0, 0, ""
+
+
+def _of_type(x) -> str:
+    """``x`` for a message: its type and value ("a list ([1.0])")."""
+    name = type(x).__name__
+    return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name} ({_shown(x)})"
 
 
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1  # what the agreement table can carry
@@ -161,9 +212,7 @@ def check_rewards(rewards, group_ids, group_size, weights, *, allow_empty_rows: 
         raise Problem(P.P_GROUPS_NONE if group_ids is None else P.P_GROUPS_BOTH)
     labels, unsigned = None, False
     if group_size is not None:
-        if not _is_int(group_size):
-            raise Problem(P.P_GROUP_SIZE_TYPE)
-        group_size = int(group_size)
+        group_size = _check_group_size(group_size)
         if not _INT64_MIN <= group_size <= _INT64_MAX:
             raise Problem(P.P_GROUP_SIZE_INT64)
         if group_size < 2:
@@ -197,6 +246,34 @@ def check_rewards(rewards, group_ids, group_size, weights, *, allow_empty_rows: 
                    labels_uint64=unsigned)
 
 
+def _check_group_size(gs) -> int:
+    """An integer scalar (a Python int, a NumPy integer, a 0-d integer tensor or array) as
+    a Python int; bool, floats and everything else are refused, saying what was given."""
+    if isinstance(gs, torch.Tensor):
+        if P.layout_code(gs) or gs.device.type not in ("cpu", "cuda"):
+            raise Problem(P.P_GROUP_SIZE_TYPE, P.K_OTHER,
+                          detail=f"a tensor of layout {gs.layout} on {gs.device.type}")
+        if gs.dim() != 0:
+            raise Problem(P.P_GROUP_SIZE_TYPE, P.K_TENSOR, gs.dim(), 1)
+        if gs.is_floating_point() or gs.is_complex() or gs.dtype == torch.bool:
+            raise Problem(P.P_GROUP_SIZE_TYPE, P.K_TENSOR, P.dtype_code(gs.dtype), 0)
+        return int(gs.item())  # a host read if it lives on a GPU (pass an int to avoid it)
+    if _is_int(gs):
+        return int(gs)
+    kind = _np_kind(gs)
+    if kind is not None:
+        if getattr(gs, "ndim", 0) != 0:
+            raise Problem(P.P_GROUP_SIZE_TYPE, P.K_ARRAY, gs.ndim)
+        if kind in "iu":
+            return int(gs)  # a 0-d integer array
+    what, value, detail = _not_a_number(gs)
+    if what:
+        raise Problem(P.P_GROUP_SIZE_TYPE, what, value, detail=detail)
+    if isinstance(gs, float) or kind == "f":
+        raise Problem(P.P_GROUP_SIZE_TYPE, P.K_FLOAT, P.float_bits(gs))
+    raise Problem(P.P_GROUP_SIZE_TYPE, P.K_OTHER, detail=_of_type(gs))
+
+
 def check_weights(weights, k: int) -> list[float]:
     if weights is None:
         return [1.0] * k
@@ -204,28 +281,29 @@ def check_weights(weights, k: int) -> list[float]:
         # iterating these would give keys, characters or an arbitrary order: never weights
         raise Problem(P.P_WEIGHTS_TYPE, 1 if isinstance(weights, collections.abc.Mapping)
                       else 3 if isinstance(weights, collections.abc.Set) else 2)
-    if getattr(getattr(weights, "dtype", None), "kind", None) in ("b", "c"):  # NumPy bool or complex
-        raise Problem(P.P_WEIGHTS_TYPE)
+    if _np_kind(weights) in ("b", "c"):  # NumPy bools or complex numbers
+        raise Problem(P.P_WEIGHTS_TYPE, 6 if _np_kind(weights) == "b" else 7)
     if isinstance(weights, torch.Tensor):
         if P.layout_code(weights):
             raise Problem(P.P_WEIGHTS_LAYOUT, P.layout_code(weights))
-        if weights.dim() != 1 or weights.is_complex() or weights.dtype == torch.bool:
-            raise Problem(P.P_WEIGHTS_TYPE)
+        if weights.dim() != 1:
+            raise Problem(P.P_WEIGHTS_TYPE, 5, weights.dim())
+        if weights.is_complex() or weights.dtype == torch.bool:
+            raise Problem(P.P_WEIGHTS_TYPE, 4, P.dtype_code(weights.dtype))
         # One read of a (K,) tensor: a host sync if it lives on a GPU (pass a list to avoid it).
         items = weights.detach().cpu().tolist()
     else:
         try:
             items = list(weights)
         except TypeError:
-            raise Problem(P.P_WEIGHTS_TYPE) from None
+            raise Problem(P.P_WEIGHTS_TYPE, 8, detail=_of_type(weights)) from None
     if len(items) != k:
         raise Problem(P.P_WEIGHTS_LENGTH, len(items), k)
     out = []
     for i, w in enumerate(items):
-        if isinstance(w, (bool, complex)) or getattr(getattr(w, "dtype", None), "kind", None) in ("b", "c"):
-            raise Problem(P.P_WEIGHTS_TYPE)
-        if isinstance(w, torch.Tensor):
-            raise Problem(P.P_WEIGHTS_TYPE)  # a sequence of tensors: pass one (K,) tensor
+        what, value, detail = _not_a_number(w)  # float() would read a str, a 0-d tensor, a bool
+        if what:
+            raise Problem(P.P_WEIGHTS_ITEM, i, what, value, detail=detail)
         if _is_int(w):
             try:
                 f = float(w)
@@ -236,8 +314,9 @@ def check_weights(weights, k: int) -> list[float]:
         else:
             try:
                 f = float(w)
-            except (TypeError, ValueError):
-                raise Problem(P.P_WEIGHTS_TYPE) from None
+            except (TypeError, ValueError, ArithmeticError):
+                raise Problem(P.P_WEIGHTS_ITEM, i, P.K_OTHER, detail=_of_type(w)) \
+                    from None
             if math.isnan(f):
                 raise Problem(P.P_WEIGHTS_NONFINITE, i, 1)
             if math.isinf(f):

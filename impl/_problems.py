@@ -192,6 +192,7 @@ P_SEGMENT_INT64 = 30
 P_DEVICE = 31  # a = 1 rewards, 2 values; b: device code
 P_EPS_TYPE = 32  # a: what eps is instead of a real number
 P_REFUSED = 33  # a: 1 + the index of the refusal's class in REFUSAL_CLASSES (0: another exception)
+P_WEIGHTS_ITEM = 34  # a: the index; b: what the item is instead of a real number (_ITEM_KINDS); c: a bool's value
 P_REWARDS_LAYOUT = 35  # a: layout_code (sparse, nested, ...)
 P_VALUES_LAYOUT = 36
 P_GROUP_IDS_LAYOUT = 37
@@ -207,6 +208,45 @@ REFUSAL_CLASSES = (GroupLengthError, WeightLengthError, NonFiniteError, InputDty
 def refusal_code(exc: BaseException) -> int:
     """P_REFUSED's ``a``: 1 + the index of the first class in REFUSAL_CLASSES ``exc`` is an instance of."""
     return next((i + 1 for i, cls in enumerate(REFUSAL_CLASSES) if isinstance(exc, cls)), 0)
+
+
+#: What a weight (or group_size) is instead of a real number (an integer): codes of
+#: P_WEIGHTS_ITEM's ``b`` and P_GROUP_SIZE_TYPE's ``a``. Strings travel in no agreement,
+#: so the value itself is named only in the local message (``detail``).
+K_STR, K_BYTES, K_BOOL, K_COMPLEX, K_NONE, K_TENSOR, K_OTHER, K_FLOAT, K_ARRAY = range(1, 10)
+_ITEM_KINDS = {K_STR: "a str", K_BYTES: "bytes", K_BOOL: "a bool", K_COMPLEX: "a complex number", K_NONE: "None",
+               K_TENSOR: "a tensor", K_OTHER: "not a number", K_FLOAT: "a float", K_ARRAY: "an array"}
+
+
+def _what(kind: int, value: int, detail: str) -> str:
+    """``kind`` in words, with the value where the codes carry it (a bool's, a float's
+    bits) or the caller's value ``detail`` (the local message only)."""
+    what = _ITEM_KINDS.get(kind, "not a number")
+    if kind == K_BOOL:
+        return f"{what} ({bool(value)})"
+    if kind == K_FLOAT:
+        return f"{what} ({bits_float(value)!r})"
+    if kind == K_OTHER and detail:
+        return detail  # its type and value: "a list ([1.0])"
+    return f"{what} ({detail})" if detail and kind != K_NONE else what
+
+
+def _weight_item(a: int, b: int, c: int, detail: str = "") -> str:
+    return (f"weights[{a}] (reward column {a}) is {_what(b, c, detail)}; weights are real numbers "
+            "(ints, floats, NumPy real scalars)" + ("; pass the weights as one (K,) tensor or a list of numbers"
+                                                     if b == K_TENSOR else ""))
+
+
+def _group_size_type(a: int, b: int, c: int, detail: str = "") -> str:
+    """a: what group_size is (_ITEM_KINDS); b: a bool's value, a float's bits, a tensor's
+    dtype code (c = 0) or dimension count (c = 1), an array's dimension count."""
+    if a == K_TENSOR:
+        got = f"a {b}-D tensor" if c else f"a tensor of dtype {dtype_name(b)}"
+    elif a == K_ARRAY:
+        got = f"a {b}-D array"
+    else:
+        got = _what(a, b, detail)
+    return f"group_size must be a Python int, a NumPy integer or a 0-d integer tensor (not a bool); got {got}"
 
 
 def _refused(a: int, b: int, c: int) -> str:
@@ -226,7 +266,7 @@ HOST_PROBLEMS = {
                       f"rewards is empty (N={a} rows, K={b} reward columns)"),
     P_GROUPS_BOTH: (GroupError, lambda a, b, c: "pass exactly one of group_ids and group_size, not both"),
     P_GROUPS_NONE: (GroupError, lambda a, b, c: "pass exactly one of group_ids and group_size (got neither)"),
-    P_GROUP_SIZE_TYPE: (GroupError, lambda a, b, c: "group_size must be a Python int"),
+    P_GROUP_SIZE_TYPE: (GroupError, _group_size_type),
     P_GROUP_SIZE_SMALL: (GroupError, lambda a, b, c:
                          f"group_size={a}: Eq. 4 needs groups of at least 2 samples (unbiased std)"),
     P_GROUP_SIZE_DIVIDE: (GroupError, lambda a, b, c:
@@ -241,9 +281,13 @@ HOST_PROBLEMS = {
     P_GROUP_IDS_LENGTH: (GroupLengthError, lambda a, b, c:
                          f"group_ids has {a} labels but rewards has N={b} rows: the labels do not "
                          "cover the batch"),
-    P_WEIGHTS_TYPE: (WeightError, lambda a, b, c: "weights must be a 1-D sequence or tensor of real numbers"
+    P_WEIGHTS_TYPE: (WeightError, lambda a, b, c, detail="":
+                     "weights must be a 1-D sequence or tensor of real numbers"
                      + {1: "; got a mapping (pass the weights in reward-column order)", 2: "; got a string",
-                        3: "; got a set, which has no order"}.get(a, "")),
+                        3: "; got a set, which has no order", 4: f"; got a tensor of dtype {dtype_name(b)}",
+                        5: f"; got a {b}-D tensor", 6: "; got NumPy bools",
+                        7: "; got NumPy complex numbers",
+                        8: f"; got {detail or 'an object'}, which is not iterable"}.get(a, "")),
     P_WEIGHTS_LENGTH: (WeightLengthError, lambda a, b, c:
                        f"weights has length {a} but rewards has K={b} reward columns"),
     P_WEIGHTS_NONFINITE: (WeightError, lambda a, b, c: f"weights[{a}] (reward column {a}) is {_KINDS[b]}"),
@@ -281,6 +325,7 @@ HOST_PROBLEMS = {
     P_SEGMENT_INT64: (SegmentError, lambda a, b, c:
                       f"segment_sizes[{a}] (unit {a}) is beyond int64 (|size| >= 2**63)"),
     P_REFUSED: (GDPOError, _refused),
+    P_WEIGHTS_ITEM: (WeightError, _weight_item),
     P_REWARDS_LAYOUT: (InputDtypeError, _layout("rewards")),
     P_VALUES_LAYOUT: (InputDtypeError, _layout("values")),
     P_GROUP_IDS_LAYOUT: (GroupError, _layout("group_ids")),
@@ -295,9 +340,12 @@ def _float8_hint(arg: str, code: int) -> str:
     return f"; float8 is an output format only: pass {arg}.float() (exact)"
 
 
-def host_error(code: int, a: int = 0, b: int = 0, c: int = 0) -> GDPOError:
+def host_error(code: int, a: int = 0, b: int = 0, c: int = 0, detail: str = "") -> GDPOError:
+    """The error of a host problem. ``detail`` (the caller's value, as text) is named in
+    this local message only: the agreement carries integers (every rank's message is built
+    from them, and a rank's own error, with its detail, is chained on that rank)."""
     cls, fmt = HOST_PROBLEMS[code]
-    return cls(fmt(a, b, c))
+    return cls(fmt(a, b, c, detail) if detail else fmt(a, b, c))
 
 
 def _kind(bits: int) -> int:

@@ -51,6 +51,8 @@ Decisions this module makes (the brief left them open):
   output format only, and widening it with ``.float()`` is exact). Tensors must be dense
   (strided): sparse and nested ``rewards``, ``values``, ``group_ids``, ``weights`` and
   ``segment_sizes`` are refused naming the argument and its layout.
+* ``group_size`` is an integer scalar: a Python int, a NumPy integer or a 0-d integer
+  tensor (a CUDA one is read once); bool and floats are refused (GroupError).
 * ``process_group=None`` means *local only*; pass ``torch.distributed.group.WORLD``
   (or any group) to whiten across ranks. Groups of Eq. 4 never span ranks.
 * ``segment_sizes=None`` is one unit of all local rows, and with a process group
@@ -159,7 +161,7 @@ def normalize_rewards(rewards, *, group_ids=None, group_size=None, weights=None,
 
     rewards: (N, K) or (N,) (K = 1) dense tensor of float16, bfloat16, float32 or
     float64, CPU or CUDA. group_size: contiguous groups of this many rows (>= 2,
-    dividing N); or
+    dividing N; an integer scalar); or
     group_ids: one integer label per row, any labels, ragged sizes (each >= 2);
     exactly one of the two. weights: K real numbers (default ones), float64.
 

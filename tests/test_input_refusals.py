@@ -6,7 +6,9 @@ messages' own rule, or refused with a message naming neither the place nor the c
   bfloat16, float32 and float64 as the input dtypes). They are refused, consistently
   with those messages, the adapters', the conformance suite's input dtypes and the
   oracle's formats: float8 is an output format, and ``.float()`` widens it exactly;
-* sparse and nested tensors (``unsupported memory format option Contiguous``, ...).
+* sparse and nested tensors (``unsupported memory format option Contiguous``, ...);
+* weights that are a str (read as a number by float()), a bool, a complex number or
+  None; ``group_size`` given as a 0-d integer tensor while a NumPy integer was accepted.
 
 Under a process group each of these joins the agreement like every other refusal:
 all ranks raise the same DistributedError naming the rank.
@@ -20,6 +22,7 @@ import os
 import sys
 import warnings
 
+import numpy as np
 import pytest
 import torch
 
@@ -126,6 +129,57 @@ def test_non_strided_tensors_are_refused_naming_the_argument_and_layout(case):
     _refused(cls, pattern, fn, *args, **kwargs)
 
 
+# --- 4. weights and group_size: the index and the cause ------------------------------------------
+
+_REAL = r"; weights are real numbers"
+WEIGHTS = [
+    (["1", 1.0], r"^weights\[0\] \(reward column 0\) is a str \('1'\)" + _REAL),  # said "cannot hold exactly"
+    ([1.0, "nan"], r"^weights\[1\] \(reward column 1\) is a str \('nan'\)" + _REAL),  # float() read it as nan
+    ([True, False], r"^weights\[0\] \(reward column 0\) is a bool \(True\)" + _REAL),
+    ([1.0, np.False_], r"^weights\[1\] \(reward column 1\) is a bool \(False\)" + _REAL),
+    ([1j, 1], r"^weights\[0\] \(reward column 0\) is a complex number \(1j\)" + _REAL),
+    ([None, 1], r"^weights\[0\] \(reward column 0\) is None" + _REAL),
+    ([1.0, b"1"], r"^weights\[1\] \(reward column 1\) is bytes \(b'1'\)" + _REAL),
+    ([torch.tensor(1.0), 1.0], r"^weights\[0\] \(reward column 0\) is a tensor \(shape \(\), dtype float32\)"
+     + _REAL + r".*pass the weights as one \(K,\) tensor"),
+    ([1.0, [2.0]], r"^weights\[1\] \(reward column 1\) is a list \(\[2.0\]\)" + _REAL),
+    ([np.array([1.0]), 1.0], r"^weights\[0\] \(reward column 0\) is an array \(shape \(1,\)\)" + _REAL),
+    (1.0, r"^weights must be a 1-D sequence or tensor of real numbers; got a float \(1.0\), which is not iterable"),
+    (torch.tensor([True, False]), r"^weights must be .* real numbers; got a tensor of dtype bool$"),
+    (torch.ones(2, 1), r"^weights must be a 1-D sequence .*; got a 2-D tensor$"),
+    (np.array([1j, 1.0]), r"^weights must be .*; got NumPy complex numbers$"),
+]
+
+
+@pytest.mark.parametrize("weights, pattern", WEIGHTS, ids=[f"w{i}" for i in range(len(WEIGHTS))])
+def test_a_bad_weight_is_named_by_index_and_what_it_is(weights, pattern):
+    _refused(WeightError, pattern, gdpo.gdpo_advantages, R, group_size=2, weights=weights)
+
+
+@pytest.mark.parametrize("group_size", [np.int64(2), np.uint8(2), torch.tensor(2), torch.tensor(2, dtype=torch.int32),
+                                        torch.tensor(2, dtype=torch.uint8), np.array(2)],
+                         ids=["np_int64", "np_uint8", "tensor", "tensor_int32", "tensor_uint8", "np_0d_array"])
+def test_group_size_may_be_any_integer_scalar(group_size):
+    """np.int64(2) was accepted and torch.tensor(2) refused with "must be a Python int"."""
+    want = gdpo.gdpo_advantages(R, group_size=2, out_dtype=F64)
+    assert torch.equal(gdpo.gdpo_advantages(R, group_size=group_size, out_dtype=F64), want)
+    assert torch.equal(gdpo.normalize_rewards(R, group_size=group_size), gdpo.normalize_rewards(R, group_size=2))
+
+
+_GS = r"^group_size must be a Python int, a NumPy integer or a 0-d integer tensor \(not a bool\); got "
+GROUP_SIZES = [
+    (True, r"a bool \(True\)"), (np.True_, r"a bool \(True\)"), (torch.tensor(True), r"a tensor of dtype bool"),
+    (2.0, r"a float \(2.0\)"), (np.float32(2.0), r"a float \(2.0\)"), (torch.tensor(2.0), r"a tensor of dtype float32"),
+    (torch.tensor([2]), r"a 1-D tensor"), (np.array([2]), r"a 1-D array"), ("2", r"a str \('2'\)"),
+    ([2], r"a list \(\[2\]\)"), (2 + 0j, r"a complex number \(2\+0j\)"),
+]
+
+
+@pytest.mark.parametrize("group_size, got", GROUP_SIZES, ids=[f"gs{i}" for i in range(len(GROUP_SIZES))])
+def test_group_size_refusals_say_the_rule_and_what_was_given(group_size, got):
+    _refused(GroupError, _GS + got + "$", gdpo.gdpo_advantages, R, group_size=group_size)
+
+
 # --- under a process group: every rank raises together ------------------------------------------
 
 
@@ -161,6 +215,15 @@ DIST = [
     ("err_sparse_group_ids", "gdpo", {"rewards": _REWARDS, "group_ids": [[0, 0, 1, 1]] * 2, "call": _OnRank(
         1, "gdpo", rewards=R, group_ids=torch.tensor([0, 0, 1, 1]).to_sparse())},
      r"rank 1: GroupError: group_ids has layout torch.sparse_coo"),
+    ("err_weight_str", "gdpo", {"rewards": _REWARDS, "group_size": 2, "weights": [[1.0, 1.0], ["1", 1.0]]},
+     r"rank 1: WeightError: weights\[0\] \(reward column 0\) is a str; weights are real numbers"),
+    ("err_weight_bool", "gdpo", {"rewards": _REWARDS, "group_size": 2, "weights": [[True, 1.0], [1.0, 1.0]]},
+     r"rank 0: WeightError: weights\[0\] \(reward column 0\) is a bool \(True\)"),
+    ("err_group_size_float", "gdpo", {"rewards": _REWARDS, "group_size": 2,
+                                      "call": _OnRank(1, "gdpo", rewards=R, group_size=2.0)},
+     r"rank 1: GroupError: group_size must be a Python int.*; got a float \(2.0\)"),
+    ("ok_group_size_tensor", "gdpo", {"rewards": _REWARDS, "group_size": torch.tensor(2)}, None),
+    ("ok_group_size_int", "gdpo", {"rewards": _REWARDS, "group_size": 2}, None),
 ]
 
 
@@ -186,3 +249,14 @@ def test_under_a_process_group_every_rank_raises_the_same_error(name, pattern):
         assert rec["cls"] == "DistributedError", (r, rec["cls"], rec["msg"])
         assert re.search(pattern, rec["msg"]), f"rank {r}: {rec['msg']}"
     assert len(msgs) == 1, msgs
+    if name == "err_weight_str":  # the refusing rank's own error, chained, names the value too
+        assert any("is a str ('1')" in c for c in recs[1]["causes"]), recs[1]["causes"]
+
+
+@pytest.mark.distributed
+def test_under_a_process_group_a_0d_tensor_group_size_computes():
+    run = _dist_run()
+    tensor, plain = run.by_rank("ok_group_size_tensor"), run.by_rank("ok_group_size_int")
+    for r in range(2):
+        assert tensor[r]["status"] == plain[r]["status"] == "ok", (tensor[r].get("msg"), plain[r].get("msg"))
+        assert tensor[r]["result"] == plain[r]["result"]
