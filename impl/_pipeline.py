@@ -51,6 +51,7 @@ from impl import _problems as P
 from impl import _whiten as W
 from impl._inputs import (
     Problem,
+    _shown,
     check_eps,
     check_out_dtype,
     check_rewards,
@@ -362,8 +363,7 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
     the rank then checks and computes nothing, joins the agreement refused (P_REFUSED),
     and every rank raises the same DistributedError (chained here on ``refused``)."""
     name = P.API_NAMES[api]
-    world = dist.get_world_size(group)
-    rank = dist.get_rank(group)
+    world, rank = _group_of(api, group, refused)
     data_device = _device_of(rewards if api == P.API_GDPO else values)
     host = {P.PRESENT: 1, P.API: api}
     device_facts: dict[int, torch.Tensor] = {}
@@ -496,6 +496,27 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
             buf.late[rank, _FAILED] = 1
         _late_checks(name, group, world, rank, agreed, buf.late, out_dtype, failure)
     return round_to(a, out_dtype), st
+
+
+def _group_of(api, group, refused=None) -> tuple[int, int]:
+    """(world size, this rank) of ``group``, or a clear refusal of a ``process_group`` that
+    names no usable group: raised at once (no agreement can run without a group), chained on
+    an adapter's own refusal (``refused``) where there is one."""
+    pg_type = getattr(dist, "ProcessGroup", None) if dist.is_available() else None
+    shown = f"{type(group).__name__} {_shown(group, 60)}"
+    if type(group) is int and group == getattr(getattr(dist, "GroupMember", None), "NON_GROUP_MEMBER", None):
+        raise P.process_group_error(api, group, shown, "non_member") from refused
+    if pg_type is None or not isinstance(group, pg_type):
+        raise P.process_group_error(api, group, shown, "type") from refused
+    if not dist.is_initialized():
+        raise P.process_group_error(api, group, shown, "uninitialized") from refused
+    try:
+        world, rank = dist.get_world_size(group), dist.get_rank(group)
+    except Exception as exc:  # e.g. a group destroyed, or one that belongs to no initialized world
+        raise P.process_group_error(api, group, shown, f"{type(exc).__name__}: {exc}") from (refused or exc)
+    if world < 1 or not 0 <= rank < world:
+        raise P.process_group_error(api, group, shown, "this rank is not a member of it")
+    return world, rank
 
 
 class _Buffers:

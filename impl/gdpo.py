@@ -54,7 +54,10 @@ Decisions this module makes (the brief left them open):
 * ``group_size`` is an integer scalar: a Python int, a NumPy integer or a 0-d integer
   tensor (a CUDA one is read once); bool and floats are refused (GroupError).
 * ``process_group=None`` means *local only*; pass ``torch.distributed.group.WORLD``
-  (or any group) to whiten across ranks. Groups of Eq. 4 never span ranks.
+  (or any group) to whiten across ranks. Groups of Eq. 4 never span ranks. Anything
+  else than None or a ProcessGroup is an InputDtypeError; a ProcessGroup while
+  torch.distributed is not initialized (or one destroyed) is a DistributedError, raised
+  at once on that rank (no agreement can run without a group).
 * ``segment_sizes=None`` is one unit of all local rows, and with a process group
   one unit over all ranks; every rank must then pass None. Passing sizes on
   some ranks and None on others is refused (DistributedError).
@@ -202,6 +205,8 @@ def whiten(values, *, segment_sizes=None, process_group=None, eps=DEFAULT_EPS, o
     exactly one sample (across ranks) is a SegmentError; an empty unit computes
     nothing. process_group: whiten each unit across the group's ranks (see the
     module docstring for the protocol); None: local only.
+    ``torch.distributed.group.WORLD`` is None before ``init_process_group``, so passing it
+    then runs a local call.
     """
     if process_group is None:
         return _pipeline.whiten_local(values, segment_sizes, eps, out_dtype)[0]
@@ -216,6 +221,8 @@ def gdpo_advantages(rewards, *, group_ids=None, group_size=None, weights=None, s
     every refusal (of any rank) raised before any statistics are exchanged.
 
     Arguments as in :func:`normalize_rewards` and :func:`whiten`.
+    ``torch.distributed.group.WORLD`` is None before ``init_process_group``, so passing it
+    then runs a local call.
     """
     if process_group is None:
         return _pipeline.gdpo_local(rewards, group_ids, group_size, weights, segment_sizes, eps, out_dtype)[0]

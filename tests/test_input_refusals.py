@@ -6,6 +6,8 @@ messages' own rule, or refused with a message naming neither the place nor the c
   bfloat16, float32 and float64 as the input dtypes). They are refused, consistently
   with those messages, the adapters', the conformance suite's input dtypes and the
   oracle's formats: float8 is an output format, and ``.float()`` widens it exactly;
+* a ``process_group`` that is no ProcessGroup (an AttributeError from deep inside
+  torch.distributed), or a ProcessGroup without an initialized torch.distributed;
 * sparse and nested tensors (``unsupported memory format option Contiguous``, ...);
 * weights that are a str (read as a number by float()), a bool, a complex number or
   None; ``group_size`` given as a 0-d integer tensor while a NumPy integer was accepted.
@@ -19,7 +21,9 @@ from __future__ import annotations
 import functools
 import math
 import os
+import subprocess
 import sys
+import textwrap
 import warnings
 
 import numpy as np
@@ -28,6 +32,7 @@ import torch
 
 from impl import gdpo
 from impl.gdpo import (
+    DistributedError,
     GDPOError,
     GroupError,
     InputDtypeError,
@@ -87,6 +92,66 @@ def test_float8_outputs_still_work(out_dtype):
     a = gdpo.gdpo_advantages(R, group_size=2, out_dtype=out_dtype)
     w = gdpo.whiten(V, out_dtype=out_dtype)
     assert a.dtype == w.dtype == out_dtype and a.float().isfinite().all() and w.float().isfinite().all()
+
+
+# --- 2. process_group -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("group, shown", [("world", r"str 'world'"), (object(), r"object <object object at"),
+                                          (3, r"int 3"), (True, r"bool True"), ([None], r"list \[None\]")],
+                         ids=["str", "object", "int", "bool", "list"])
+@pytest.mark.parametrize("api", ["gdpo_advantages", "whiten"])
+def test_a_process_group_that_is_no_group_is_refused_naming_it(api, group, shown):
+    """It raised AttributeError ('str' object has no attribute ...) from distributed_c10d."""
+    call = (lambda: gdpo.gdpo_advantages(R, group_size=2, process_group=group)) if api == "gdpo_advantages" \
+        else (lambda: gdpo.whiten(V, process_group=group))
+    err = _refused(InputDtypeError, rf"^{api}: process_group must be a torch.distributed ProcessGroup .*or None "
+                                    rf"for a local call; got {shown}", call)
+    assert isinstance(err, TypeError)
+
+
+def test_a_non_member_rank_is_told_so():
+    """torch.distributed.new_group returns GroupMember.NON_GROUP_MEMBER (-100) on the ranks
+    outside the group."""
+    _refused(DistributedError, r"process_group is GroupMember.NON_GROUP_MEMBER .*this rank is not a member",
+             gdpo.gdpo_advantages, R, group_size=2, process_group=torch.distributed.GroupMember.NON_GROUP_MEMBER)
+
+
+def test_world_before_init_is_none_and_runs_locally():
+    assert not torch.distributed.is_initialized()
+    assert torch.distributed.group.WORLD is None
+    assert torch.equal(gdpo.whiten(V, process_group=torch.distributed.group.WORLD), gdpo.whiten(V))
+
+
+def test_a_process_group_after_destroy_is_a_clear_error():
+    """A ProcessGroup outliving its torch.distributed (destroyed) gave ValueError "Default
+    process group has not been initialized", from torch; a destroyed subgroup "not registered"."""
+    script = textwrap.dedent("""
+        import tempfile, torch, torch.distributed as dist
+        from impl import gdpo
+        dist.init_process_group("gloo", init_method="file://" + tempfile.mktemp(), rank=0, world_size=1)
+        world, sub = dist.group.WORLD, dist.new_group([0])
+        assert torch.equal(gdpo.whiten(torch.tensor([1.0, 2.0, 4.0]), process_group=sub),
+                           gdpo.whiten(torch.tensor([1.0, 2.0, 4.0])))
+        dist.destroy_process_group(sub)
+        for group in (sub, world):
+            try:
+                gdpo.gdpo_advantages(torch.tensor([1.0, 2.0]), group_size=2, process_group=group)
+            except gdpo.DistributedError as e:
+                print(type(e).__name__, e)
+            if group is sub:
+                dist.destroy_process_group()
+    """)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")])))
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env,
+                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = out.stdout.strip().splitlines()
+    assert len(lines) == 2, out.stdout + out.stderr[-2000:]
+    assert lines[0].startswith("DistributedError gdpo_advantages: process_group (ProcessGroup ")
+    assert "cannot be used on this rank" in lines[0] and "not registered" in lines[0]
+    assert lines[1] == ("DistributedError gdpo_advantages: process_group is a ProcessGroup but torch.distributed "
+                        "is not initialized (call init_process_group first; was the group destroyed?)")
 
 
 # --- 3. sparse and nested tensors -----------------------------------------------------------------
