@@ -53,11 +53,37 @@ def run_example(name: str, out=None) -> int:
     return 0
 
 
+def check_impl_spec(impl: str | None) -> str | None:
+    """Why ``--impl`` names no callable (one line), or None: resolved here, before the
+    suite starts, on the path the suite's pytest will have (the working directory and
+    this checkout's root first), so a bad spec stops at once instead of failing every
+    property."""
+    import os
+    from pathlib import Path
+
+    from conformance.plugins import DEFAULT_IMPL, ImplSpecError, resolve_impl
+
+    saved = list(sys.path)
+    sys.path[:0] = [os.getcwd(), str(Path(__file__).resolve().parent.parent)]
+    try:
+        resolve_impl(DEFAULT_IMPL if impl is None else impl)
+    except ImplSpecError as e:
+        return str(e)
+    finally:
+        sys.path[:] = saved
+    return None
+
+
 def run_check(impl: str | None, convention: str | None, call_shape: str | None, select: str | None) -> int:
-    """The conformance suite (conformance/, ci profile) in a subprocess; pytest's exit code."""
+    """The conformance suite (conformance/, ci profile) in a subprocess; pytest's exit code,
+    or 2 (a usage error, as argparse's) where ``--impl`` names no callable."""
     import subprocess
     from pathlib import Path
 
+    why = check_impl_spec(impl)
+    if why is not None:
+        print(f"gdpo check: error: {why}", file=sys.stderr)
+        return 2
     here = Path(__file__).resolve().parent
     # -p conformance.plugins: the options, also where the checkout's root conftest.py is absent
     # (an installed package); in a checkout pytest registers the plugin once by name.

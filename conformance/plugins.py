@@ -134,6 +134,56 @@ def load(target: str):
     return obj
 
 
+class ImplSpecError(ValueError):
+    """An ``--impl`` spec that does not name a callable: the one-line reason."""
+
+
+def resolve_impl(target: str):
+    """``package.module:attr[.attr]`` -> the callable it names, or :class:`ImplSpecError`
+    saying in one line why not (no ``:``, module not found, import failed, no such
+    attribute, not callable). ``gdpo check`` and ``pytest --impl`` call it before
+    anything runs, so a bad spec stops at once instead of failing every property."""
+    mod_name, colon, attr = target.partition(":")
+    if not colon or not mod_name or not attr or "" in attr.split("."):
+        raise ImplSpecError(f"--impl {target!r}: expected package.module:function")
+    try:
+        obj = importlib.import_module(mod_name)
+    except ModuleNotFoundError as e:
+        if e.name is not None and (mod_name == e.name or mod_name.startswith(e.name + ".")):
+            raise ImplSpecError(f"--impl {target!r}: module {e.name!r} not found "
+                                f"(not installed, or not on sys.path / PYTHONPATH)") from None
+        raise ImplSpecError(f"--impl {target!r}: importing {mod_name!r} failed: "
+                            f"{type(e).__name__}: {' '.join(str(e).split())}") from None
+    except BaseException as e:  # noqa: BLE001 - whatever the module raises on import, SystemExit included
+        if isinstance(e, KeyboardInterrupt):
+            raise
+        raise ImplSpecError(f"--impl {target!r}: importing {mod_name!r} raised "
+                            f"{type(e).__name__}: {' '.join(str(e).split())}") from None
+    where = mod_name
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ImplSpecError(f"--impl {target!r}: {where!r} has no attribute {part!r}")
+        obj = getattr(obj, part)
+        where = f"{where}:{part}" if where == mod_name else f"{where}.{part}"
+    if not callable(obj):
+        raise ImplSpecError(f"--impl {target!r}: {where} is a {type(obj).__name__}, not callable")
+    return obj
+
+
+def pytest_configure(config):
+    """A bad ``--impl`` is a usage error before collection, not a failure per property.
+    Only a spec other than the default is resolved here: ``impl.gdpo`` is this checkout's
+    own, and the tests that use it import it themselves."""
+    import pytest
+
+    target = config.getoption("--impl", default=DEFAULT_IMPL)
+    if target != DEFAULT_IMPL:
+        try:
+            resolve_impl(target)
+        except ImplSpecError as e:
+            raise pytest.UsageError(str(e)) from None
+
+
 def pytest_addoption(parser):
     """The suite's options (this module is a pytest plugin: see the module docstring)."""
     group = parser.getgroup("gdpo-conformance", "GDPO conformance suite")
