@@ -158,6 +158,10 @@ def _float_tensor(x, where: str, device: torch.device | None) -> torch.Tensor:
             from None
     if t is not x and device is not None:
         t = t.to(device)
+    if t.layout != torch.strided or t.is_nested:
+        how = "" if t.is_nested else ": convert it with .to_dense()"
+        raise InputDtypeError(f"{where} has layout {'nested' if t.is_nested else t.layout}; impl.gdpo reads dense "
+                              f"(strided) tensors only{how}")
     if not t.is_floating_point():
         raise InputDtypeError(f"{where} has dtype {_dtype_name(t.dtype)}; rewards must be of a real floating "
                               "dtype (float16, bfloat16, float32 or float64)")
@@ -175,12 +179,13 @@ def _first_tensor_device(*candidates) -> torch.device | None:
 
 
 def _widest(dtypes: list[torch.dtype]) -> torch.dtype:
-    """The dtype every one of ``dtypes`` converts to exactly: float64 holds every float,
-    float32 every float16, bfloat16 and float8 (torch.stack's promotion would not:
-    float16 with bfloat16 gives float32 too, but an integer with a float rounds)."""
-    if len(set(dtypes)) == 1:
+    """The dtype every one of ``dtypes`` converts to exactly, never float8 (impl.gdpo reads
+    no float8): float64 holds every float, float32 every float16, bfloat16 and float8
+    (torch.stack's promotion would not: float16 with bfloat16 gives float32 too, but an
+    integer with a float rounds)."""
+    if len(set(dtypes)) == 1 and dtypes[0].itemsize > 1:
         return dtypes[0]
-    return torch.float64 if torch.float64 in dtypes else torch.float32
+    return torch.float64 if torch.float64 in dtypes else torch.float32  # float8 alone too: impl reads no float8
 
 
 # ------------------------------------------------------------------ labels

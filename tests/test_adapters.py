@@ -111,6 +111,8 @@ def test_labelled_refuses_a_non_float_component_beside_floats_naming_its_key(bad
     ((torch.float8_e5m2, torch.float16), torch.float32),
     ((torch.float32, torch.float64), torch.float64),
     ((torch.bfloat16, torch.bfloat16), torch.bfloat16),
+    ((torch.float8_e4m3fn, torch.float8_e4m3fn), torch.float32),  # impl.gdpo reads no float8
+    ((torch.float8_e5m2, torch.float8_e5m2), torch.float32),
 ])
 def test_labelled_widens_float_components_exactly(dtypes, widened):
     a = torch.tensor([0.5, 1.0, 0.0, 3.0, 2.0, 0.25]).to(dtypes[0])
@@ -662,3 +664,10 @@ def test_verl_a_sample_without_a_response_token_is_refused_naming_it(monkeypatch
     value[3] = 0  # a bad value is named before an empty row, whatever their order
     with pytest.raises(OutOfRangeError, match=r"^response_mask\[1, 0\]"):
         adapters.verl_advantages({"acc": _tok()}, value, ["a", "a", "b", "b"])
+
+
+@pytest.mark.parametrize("make, shown", [(lambda t: t.to_sparse(), "torch.sparse_coo"),
+                                         (lambda t: torch.nested.nested_tensor([t], layout=torch.jagged), "nested")])
+def test_labelled_refuses_a_component_that_is_not_dense_naming_its_key(make, shown):
+    with pytest.raises(InputDtypeError, match=rf"^rewards\['b'\] has layout {shown}; impl.gdpo reads dense"):
+        adapters.labelled_advantages({"a": X, "b": make(X)}, [0, 0, 1, 1])
