@@ -372,7 +372,7 @@ def _refuse_with_peers(process_group, refusal: Exception, arg: str, eps, out_dty
 
 _TRL_NAMES = ((r"\bgroup_size\b", "num_generations"),
               (r"\bweights(?=\[| has | must )", "reward_weights"),
-              (r"\brewards(?=\[| has | must | is empty)", "rewards_per_func"))
+              (r"\brewards(?=\[| has | must | is empty|\.to_dense\(\)|\.float\(\))", "rewards_per_func"))
 
 
 # ------------------------------------------------------------------ the adapters
@@ -454,6 +454,9 @@ class _Mask:
             except (TypeError, ValueError, RuntimeError, OverflowError):
                 raise InputDtypeError(f"response_mask must be a (B, T) tensor of 0/1 (or bool); got "
                                       f"{type(response_mask).__name__}") from None
+        if m.layout != torch.strided or m.is_nested:
+            raise InputDtypeError(f"response_mask has layout {'nested' if m.is_nested else m.layout}; impl.gdpo "
+                                  "reads dense (strided) tensors only")
         if m.is_complex():
             raise InputDtypeError(f"response_mask has dtype {_dtype_name(m.dtype)}; a mask is bool, integer "
                                   "0/1 or real 0/1")

@@ -671,3 +671,17 @@ def test_verl_a_sample_without_a_response_token_is_refused_naming_it(monkeypatch
 def test_labelled_refuses_a_component_that_is_not_dense_naming_its_key(make, shown):
     with pytest.raises(InputDtypeError, match=rf"^rewards\['b'\] has layout {shown}; impl.gdpo reads dense"):
         adapters.labelled_advantages({"a": X, "b": make(X)}, [0, 0, 1, 1])
+
+
+def test_sparse_inputs_to_verl_and_trl_are_refused_in_the_callers_names():
+    tok = _tok()
+    with pytest.raises(InputDtypeError, match=r"^response_mask has layout torch.sparse_coo; impl.gdpo reads dense"):
+        adapters.verl_advantages({"acc": tok}, MASK.to_sparse(), ["a", "a", "b", "b"])
+    with pytest.raises(InputDtypeError, match=r"^token_level_rewards\['acc'\] has layout torch.sparse_coo"):
+        adapters.verl_advantages({"acc": tok.to_sparse()}, MASK, ["a", "a", "b", "b"])
+    with pytest.raises(InputDtypeError, match=r"^rewards_per_func has layout torch.sparse_coo; .* "
+                                              r"rewards_per_func.to_dense\(\)$"):
+        adapters.trl_advantages(tok.to_sparse(), 2)
+    with pytest.raises(InputDtypeError, match=r"^rewards_per_func has dtype float8_e4m3fn; .* "
+                                              r"rewards_per_func.float\(\) \(exact\)$"):
+        adapters.trl_advantages(tok.to(torch.float8_e4m3fn), 2)
