@@ -21,10 +21,12 @@ class NonFiniteError(GDPOError):
 
 
 class InputDtypeError(GDPOError, TypeError):
-    """Rewards (or ``whiten``'s values) of an integer, bool or complex dtype, or not a
-    tensor or sequence of real numbers; an ``out_dtype`` that is not a supported
-    floating dtype;
-    an ``eps`` that is not a real number. Also a ``TypeError``."""
+    """Rewards (or ``whiten``'s values) of an integer, bool, complex or float8 dtype
+    (float8 is an output format only), not a tensor or sequence of real numbers, or a
+    sparse or nested tensor; an ``out_dtype`` that is not a supported floating dtype;
+    an ``eps`` that is not a real number; a ``process_group`` that is not a torch
+    ProcessGroup (a refusal on that rank alone: without a usable group there is
+    nothing to agree over). Also a ``TypeError``."""
 
 
 class ShapeError(GDPOError):
@@ -66,7 +68,10 @@ class DistributedError(GDPOError):
     """With a process group, raised on every rank together when any rank's input is
     refused, when ranks disagree on what must agree (``segment_sizes`` given or None,
     the number of units, input or output dtype, device type, eps, K, weights), or when
-    a collective fails; the message names the offending rank(s) and the reason."""
+    a collective fails; the message names the offending rank(s) and the reason. Also a
+    ProcessGroup that cannot be used (torch.distributed not initialized, this rank not
+    a member, the group destroyed): raised on that rank at once. ``group.WORLD`` is None
+    before ``init_process_group``, so passing it then runs a local call."""
 
 
 #: Every class of the contract, by short name: tests and docs iterate over this.
@@ -106,6 +111,9 @@ ERROR_EXAMPLES: dict[str, tuple[str, ...]] = {
         "gdpo_advantages(torch.tensor([[1j], [2j]]), group_size=2)",
         "gdpo_advantages(torch.tensor([[1.0], [2.0]]), group_size=2, out_dtype=torch.int64)",
         "gdpo_advantages(torch.tensor([[1.0], [2.0]]), group_size=2, eps=\"1e-4\")",
+        "gdpo_advantages(torch.tensor([[1.0], [2.0]]).to(torch.float8_e4m3fn), group_size=2)",
+        "gdpo_advantages(torch.tensor([[1.0], [2.0]]).to_sparse(), group_size=2)",
+        "gdpo_advantages(torch.tensor([[1.0], [2.0]]), group_size=2, process_group=\"world\")",
     ),
     "ShapeError": (
         "gdpo_advantages(torch.zeros(2, 1, 1), group_size=2)",
@@ -162,6 +170,9 @@ NOT_RAISED: dict[str, tuple[tuple[str, str], ...]] = {
     "NonFiniteError": (
         ("gdpo_advantages(torch.tensor([[1.0, 0.0], [2.0, 1.0]]), group_size=2, weights=[nan, 1.0])",
          "WeightError"),
+    ),
+    "InputDtypeError": (
+        ("gdpo_advantages(torch.tensor([[1.0], [2.0]]), group_size=2, out_dtype=torch.float8_e4m3fn)", "computes"),
     ),
     "SegmentError": (
         ("gdpo_advantages(torch.tensor([[1.0], [2.0]]), group_size=2, segment_sizes=[2] if rank == 0 else [2, 0], "
