@@ -60,8 +60,10 @@ class OutOfRangeError(GDPOError):
     """A value that cannot be computed or cannot survive the cast to the output dtype:
     ``eps`` NaN, infinite or negative; Eq. 7 overflowing float64 (weights too large);
     a whitened value whose correct rounding overflows ``out_dtype`` (section 7: in
-    practice float8 outputs only). Rewards anywhere in float64 range are computed: a float64
-    reward beyond float32 range is not an error."""
+    practice float8 outputs only). impl.gdpo computes rewards anywhere in float64 range:
+    a float64 reward beyond float32 range is not an error there. The contract permits
+    either answer for such a reward, computed correctly or refused with this class naming
+    it, and the conformance suite grades both."""
 
 
 class DistributedError(GDPOError):
