@@ -458,16 +458,14 @@ def _adapters_rank(rank, world, init_file, out_dir):
     dist.destroy_process_group()
 
 
-@pytest.mark.distributed
-def test_wrong_length_labels_under_a_process_group_fail_every_rank_together(tmp_path):
-    """A rank whose labels have the wrong length must not raise before impl.gdpo's agreement
-    (its peers would wait there until the timeout): every rank raises the same DistributedError."""
+def _two_ranks(target, tmp_path) -> dict:
+    """Run ``target(rank, world, rendezvous, out_dir)`` on 2 spawned gloo ranks; each rank's pickled results."""
     import multiprocessing
     import pickle
 
     ctx = multiprocessing.get_context("spawn")
-    procs = [ctx.Process(target=_adapters_rank, args=(r, 2, str(tmp_path / "rendezvous"), str(tmp_path)),
-                         daemon=True) for r in range(2)]
+    procs = [ctx.Process(target=target, args=(r, 2, str(tmp_path / "rendezvous"), str(tmp_path)), daemon=True)
+             for r in range(2)]
     for p in procs:
         p.start()
     for p in procs:
@@ -479,6 +477,14 @@ def test_wrong_length_labels_under_a_process_group_fail_every_rank_together(tmp_
     for r in range(2):
         with open(tmp_path / f"{r}.pkl", "rb") as f:
             outs[r] = pickle.load(f)
+    return outs
+
+
+@pytest.mark.distributed
+def test_wrong_length_labels_under_a_process_group_fail_every_rank_together(tmp_path):
+    """A rank whose labels have the wrong length must not raise before impl.gdpo's agreement
+    (its peers would wait there until the timeout): every rank raises the same DistributedError."""
+    outs = _two_ranks(_adapters_rank, tmp_path)
     for name, culprit in (("verl_short_index", "rank 1: GroupLengthError: index has 3 labels"),
                           ("labelled_long_tensor", "rank 0: GroupLengthError: labels has 5 labels")):
         kinds = [outs[r][name] for r in range(2)]
@@ -602,23 +608,7 @@ def test_distributed_errors_name_the_failing_ranks_sample_not_an_internal_group_
     than integers is the adapter's own number on that rank ("group label 1"), a number no
     caller passed. Every rank prints the same message, and labels differ by rank: the group
     is named by the failing rank's sample instead, which that rank's caller can look up."""
-    import multiprocessing
-    import pickle
-
-    ctx = multiprocessing.get_context("spawn")
-    procs = [ctx.Process(target=_sample_names_rank, args=(r, 2, str(tmp_path / "rendezvous"), str(tmp_path)),
-                         daemon=True) for r in range(2)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(120)
-    for p in procs:
-        if p.is_alive():
-            p.terminate()
-    outs = {}
-    for r in range(2):
-        with open(tmp_path / f"{r}.pkl", "rb") as f:
-            outs[r] = pickle.load(f)
+    outs = _two_ranks(_sample_names_rank, tmp_path)
     want = {
         "group_of_one": r"rank 1: GroupError: the group of labels\[2\] \(sample 2\) has 1 sample; Eq. 4 needs",
         "labelled_nan": r"rank 1: NonFiniteError: the reward of sample 2 in reward column 0 \(the group of "
