@@ -13,7 +13,7 @@ dimensions innermost, several times slower on CPU).
   difference from that member is +0, so sums are unchanged, and min/max too).
   G and n_max come from the call's one host read (:func:`label_facts`).
   Batches so ragged that the padding would exceed a few times the batch (on
-  CPU, where a host read is free: twice the batch) are cut into buckets of
+  CPU, where a host read is free: twice the batch, for large batches) are cut into buckets of
   groups of similar length (in (2**(b-1), 2**b]), each a padded layout of its
   own (one more host read, for the bucket sizes). Labelled groups that are
   contiguous runs of one length take the contiguous layout, and on CPU labels
@@ -50,8 +50,10 @@ _WEIGHT_EXPONENT_CAP = 990
 PAD_FACTOR = 4
 PAD_SLACK = 1 << 16
 #: Where a host read is free (CPU), labelled groups are cut into buckets as soon
-#: as one padded layout would hold more than this many slots per row: the buckets'
-#: layouts hold at most 2 (measured at N = 1M, sizes 2 to 31: 1.7x faster).
+#: as one padded layout would hold more than this many slots per row (plus
+#: PAD_SLACK): the buckets' layouts hold at most 2. Measured with sizes 5, 9, 16, 2,
+#: 31, 17 (2.3 slots per row): 1.4x faster at N = 1M, even at 65,536, and 1.2x slower
+#: at 8,192, where the buckets' fixed cost dominates.
 CPU_PAD_FACTOR = 2
 
 
@@ -366,7 +368,7 @@ def _finish_labelled(prep: Prepared, eps: float, groups: int, longest: int, sign
     slots = groups * longest
     fused = not signal and _fused_padded(r, longest, inp.weights)
     cheap_read = lazy_checks(device) and not fused
-    if slots <= PAD_FACTOR * n + PAD_SLACK and not (cheap_read and slots > CPU_PAD_FACTOR * n):
+    if slots <= PAD_FACTOR * n + PAD_SLACK and not (cheap_read and slots > CPU_PAD_FACTOR * n + PAD_SLACK):
         slot = lab.pos * groups + lab.gid  # sorted row -> slot of the (longest, groups) layout
         source = (-1 - first_row).repeat(longest).index_copy_(0, slot, lab.perm)
         from impl import _fused

@@ -87,14 +87,20 @@ def test_sorted_labels_skip_the_sort_on_cpu_with_the_same_bits(monkeypatch):
 
 
 def test_cpu_cuts_groups_into_buckets_when_padding_would_double_the_rows(monkeypatch):
-    sizes = torch.tensor([2] * 30 + [31])  # one layout: 31 x 31 slots for 91 rows
-    labels = torch.repeat_interleave(torch.arange(31), sizes)
+    """The slack of large batches set to 0: 11 groups padded to 8 rows hold 88 slots for 28
+    rows, more than twice the rows (CPU's rule) but less than 4 times (every device's)."""
+    sizes = torch.tensor([2] * 10 + [8])
+    labels = torch.repeat_interleave(torch.arange(11), sizes)
     r = _rewards(int(sizes.sum()))
+    monkeypatch.setattr(norm_mod, "PAD_SLACK", 0)
     monkeypatch.setattr(norm_mod, "CPU_PAD_FACTOR", math.inf)
     padded = _all(r, group_ids=labels)
-    monkeypatch.undo()
+    monkeypatch.setattr(norm_mod, "CPU_PAD_FACTOR", 2)
     taken = []
     real = norm_mod._bucketed
     monkeypatch.setattr(norm_mod, "_bucketed", lambda *a, **k: taken.append(1) or real(*a, **k))
     assert _all(r, group_ids=labels) == padded
-    assert taken, "a batch padded to 10x its rows was not cut into buckets on CPU"
+    assert taken, "a batch padded to 3x its rows was not cut into buckets on CPU"
+    taken.clear()
+    monkeypatch.setattr(norm_mod, "lazy_checks", lambda device: False)  # a device where reads cost
+    assert _all(r, group_ids=labels) == padded and not taken
