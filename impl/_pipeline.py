@@ -36,11 +36,17 @@ rank (one more host read, labelled calls only; with more units than the table's
 count slots it is read with their counts), or in collective 3 where that runs.
 A failure after the last collective (applying Eq. 6 to this rank's rows) is this
 rank's alone: every rank's statistics were complete, so the peers' results stand.
+
+Calls in step. The agreement row carries how many calls this process has started on
+the group (``P.CALL_SEQ``); a call whose process_group is not a ProcessGroup, which
+raises alone, still counts (see ``_CALLS``), so the peers' waiting call never meets a
+later call of that rank unnoticed: differing counts are refused on every rank.
 """
 
 from __future__ import annotations
 
 import math
+import weakref
 
 import torch
 import torch.distributed as dist
@@ -337,9 +343,12 @@ def _fused_local(inp, eps, sizes, device_facts):
 
 
 def _comm_device(group, data_device: torch.device) -> torch.device:
+    """Where the collectives' tensors live: NCCL's GPU, else the data's device when it is
+    CUDA, else the CPU (data on a device impl refuses, meta included, must still join:
+    an all-reduce of a meta tensor would return without reaching the peers)."""
     if str(dist.get_backend(group)).lower() == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
-    return data_device
+    return data_device if data_device.type == "cuda" else torch.device("cpu")
 
 
 def _all_reduce(tensor, op, group, api, step, rank):
@@ -364,8 +373,9 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
     and every rank raises the same DistributedError (chained here on ``refused``)."""
     name = P.API_NAMES[api]
     world, rank = _group_of(api, group, refused)
+    seq = _next_call(group)
     data_device = _device_of(rewards if api == P.API_GDPO else values)
-    host = {P.PRESENT: 1, P.API: api}
+    host = {P.PRESENT: 1, P.API: api, P.CALL_SEQ: seq}
     device_facts: dict[int, torch.Tensor] = {}
     local_exc = None
     loc = prep = inp = sizes = buf = None
@@ -431,7 +441,7 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
                                  data_device if local_exc is None else torch.device("cpu")).to(comm)
     except Exception as exc:  # noqa: BLE001 - e.g. a host field beyond int64: still join, refused
         local_exc = local_exc or exc
-        table[rank] = _facts_row({P.PRESENT: 1, P.API: api, P.HOST_CODE: P.P_LOCAL_FAILURE}, {},
+        table[rank] = _facts_row({P.PRESENT: 1, P.API: api, P.CALL_SEQ: seq, P.HOST_CODE: P.P_LOCAL_FAILURE}, {},
                                  torch.device("cpu")).to(comm)
     _all_reduce(table, dist.ReduceOp.SUM, group, name, 1, rank)
     agreed = table.tolist()  # the call's one host synchronisation
@@ -498,6 +508,30 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
     return round_to(a, out_dtype), st
 
 
+#: Calls this process has started on each process group (``P.CALL_SEQ``), and calls that
+#: joined no group because their process_group was not one (counted into the default group
+#: and every group this process has used: the call was meant for one of them, and its
+#: peers wait there for a partner). Ranks whose counts differ meet different calls: every rank refuses every such
+#: meeting, for good, since no later call can realign them (a group created afterwards
+#: starts in step). A rank that passes None instead of the group makes a local call, which
+#: no count can see: like any collective skipped on one rank, that is the caller's to avoid.
+_CALLS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _next_call(group) -> int:
+    seq = _CALLS.get(group, 0)
+    _CALLS[group] = seq + 1
+    return seq
+
+
+def _unjoined_call() -> None:
+    world = dist.group.WORLD if dist.is_available() and dist.is_initialized() else None
+    if world is not None:
+        _CALLS.setdefault(world, 0)  # the group such a call most likely meant, used or not
+    for g in list(_CALLS.keys()):
+        _CALLS[g] += 1
+
+
 def _group_of(api, group, refused=None) -> tuple[int, int]:
     """(world size, this rank) of ``group``, or a clear refusal of a ``process_group`` that
     names no usable group: raised at once (no agreement can run without a group), chained on
@@ -507,6 +541,7 @@ def _group_of(api, group, refused=None) -> tuple[int, int]:
     if type(group) is int and group == getattr(getattr(dist, "GroupMember", None), "NON_GROUP_MEMBER", None):
         raise P.process_group_error(api, group, shown, "non_member") from refused
     if pg_type is None or not isinstance(group, pg_type):
+        _unjoined_call()  # the peers wait for this call: their next agreement must not pair with ours
         raise P.process_group_error(api, group, shown, "type") from refused
     if not dist.is_initialized():
         raise P.process_group_error(api, group, shown, "uninitialized") from refused

@@ -69,9 +69,13 @@ BY_LABEL, GROUP_SIZE = 29, 30
 #: Host field: 1 when this row's labels were uint64. They travel as int64 (their bits: equal
 #: labels stay equal), and the label fields above are printed as the caller's values from it.
 LABELS_UINT64 = 31
+#: Host field: how many calls this process started on the process group before this
+#: one (impl._pipeline). Ranks whose numbers differ are pairing different calls: a rank
+#: made a call the others never joined.
+CALL_SEQ = 32
 #: Local sample counts of the first COUNT_SLOTS units ride along with the
 #: agreement, so a unit of one is caught there without a second host read.
-COUNTS = 32
+COUNTS = 33
 COUNT_SLOTS = 32
 ROW_WIDTH = COUNTS + COUNT_SLOTS
 
@@ -442,6 +446,14 @@ def table_problems(table: list[list[int]]) -> list[str]:
     missing = [r for r in range(world) if table[r][PRESENT] != 1]
     if missing:
         reasons.append(f"ranks {missing} did not fill their row of the agreement table")
+    seqs = {r: table[r][CALL_SEQ] for r in range(world)}
+    if len(set(seqs.values())) > 1:  # different calls met here: nothing else in the rows is comparable
+        reasons.append("ranks are out of step on this process group, meeting different calls ("
+                       + _by_value({r: f"call {x} on it" for r, x in seqs.items()})
+                       + "): a rank made a call the others never joined (its process_group was not a "
+                       "ProcessGroup), so every later call on this group meets the wrong partner and is "
+                       "refused; create the group anew (or restart) to continue")
+        return reasons
     healthy = []
     for r, row in enumerate(table):
         probs = row_problems(row)

@@ -99,7 +99,7 @@ Decisions this module makes (the brief left them open):
   (2 sqrt(n_max) sum|w| >= 2**1023), and refused calls (locating the culprit).
 
 Distributed protocol (``whiten`` / ``gdpo_advantages`` with ``process_group``):
-no rank raises before one fixed-shape all-reduce of an int64 (world_size, 64)
+no rank raises before one fixed-shape all-reduce of an int64 (world_size, 65)
 table in which each rank records its facts (unit count, sample count, dtype,
 device type, eps, weights digest, any refusal of its own input); then every rank
 raises the same DistributedError naming the offending ranks, or none does. The

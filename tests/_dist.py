@@ -109,6 +109,31 @@ def _gdpo(rank, world, group, device, rewards, sizes=None, group_size=None, grou
     return out, None
 
 
+def _steps(rank, world, group, device, steps):
+    """Several whiten calls in a row: ``steps[rank]`` lists (values, how), ``how`` "ok",
+    "meta" (this rank's values on the meta device), "not_a_group" (process_group="world",
+    a call that joins no group) or "new_group" (no call: the later ones use a new group of
+    every rank). The result: each step's (class name or "ok", message or bits)."""
+    import torch
+    import torch.distributed as dist
+
+    from impl import gdpo
+
+    out = []
+    for values, how in steps[rank]:
+        if how == "new_group":
+            group = dist.new_group(list(range(world)))
+            out.append(["new_group", ""])
+            continue
+        v = torch.tensor(values, dtype=torch.float64, device="meta" if how == "meta" else device)
+        try:
+            a = gdpo.whiten(v, process_group="world" if how == "not_a_group" else group, out_dtype=torch.float64)
+            out.append(["ok", [float(x).hex() for x in a.tolist()]])
+        except Exception as exc:  # noqa: BLE001 - every outcome is the result
+            out.append([type(exc).__name__, str(exc)])
+    return out, None
+
+
 def _mixed_api(rank, world, group, device, values):
     """Rank 0 calls whiten, the others gdpo_advantages: refused, nobody hangs."""
     if rank == 0:
@@ -183,7 +208,7 @@ def _adapter(rank, world, group, device, adapter, args):
 
 
 SCENARIOS = {"whiten": _whiten, "gdpo": _gdpo, "mixed_api": _mixed_api, "die": _die, "fail": _fail,
-             "adapter": _adapter}
+             "adapter": _adapter, "steps": _steps}
 
 
 # --- the rank process ------------------------------------------------------------------------
@@ -226,8 +251,8 @@ def _count_syncs(fn, seen: list):
 
 def _plain(t):
     """A tensor as exact float64 hex strings (+0 and -0 differ)."""
-    if t is None:
-        return None
+    if t is None or isinstance(t, list):  # None, or a result already plain (steps)
+        return t
     import torch
 
     return {"dtype": str(t.dtype).replace("torch.", ""), "shape": list(t.shape),

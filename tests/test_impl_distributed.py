@@ -413,3 +413,46 @@ def test_dead_rank_makes_the_others_fail_within_the_timeout():
 
 
 import re  # noqa: E402
+
+
+# --- a rank that cannot join, and the calls after it ---------------------------------------------
+
+
+def test_a_rank_with_data_on_the_meta_device_joins_the_refusal():
+    """Its agreement table used to live on the meta device, where an all-reduce reaches
+    nobody: it raised torch's own error alone, and its peers met its next call instead."""
+    a, b = [[1.0, 2.0, 4.0], [3.0, 5.0]], [[0.5, 8.0], [1.5, 2.5, 9.0]]
+    steps = [[(a[0], "ok"), (b[0], "ok")], [(a[1], "meta"), (b[1], "ok")]]
+    alone = [[(b[0], "ok")], [(b[1], "ok")]]  # the second call with nothing before it
+    run = _dist.run_group(2, [("meta", "steps", {"steps": steps}), ("alone", "steps", {"steps": alone})],
+                          group_timeout_s=GROUP_TIMEOUT_S, deadline_s=DEADLINE_S)
+    recs, ref = run.by_rank("meta"), run.by_rank("alone")
+    first = [recs[r]["result"][0] for r in range(2)]
+    assert first[0] == first[1] and first[0][0] == "DistributedError", first
+    assert "rank 1: InputDtypeError: values is on a device of type other than CPU and CUDA" in first[0][1], first
+    for r in range(2):
+        assert recs[r]["result"][1] == ref[r]["result"][0] and ref[r]["result"][0][0] == "ok", r
+
+
+def test_a_call_that_joins_no_group_is_never_silently_paired_with_another():
+    """Rank 1 passes a process_group that is not one: it raises alone, and rank 0 waits in
+    the agreement. Rank 1's next call used to meet rank 0's waiting one, and both returned
+    whitened values of two different batches. Now every meeting of different calls is
+    refused on every rank, for good on that group; a group created afterwards starts in step."""
+    a, b, c, d = [[1.0, 2.0], [3.0, 4.0]], [[0.5, 8.0], [1.5, 2.5]], [[7.0, 1.0], [2.0, 6.0]], [[1.0, 9.0], [4.0, 4.5]]
+    permanent = [[(a[0], "ok"), (b[0], "ok")], [(a[1], "not_a_group"), (b[1], "ok"), (c[1], "ok")]]
+    fresh = [[(None, "new_group"), (d[0], "ok")], [(None, "new_group"), (d[1], "ok")]]
+    run = _dist.run_group(2, [("permanent", "steps", {"steps": permanent}), ("fresh", "steps", {"steps": fresh})],
+                          group_timeout_s=GROUP_TIMEOUT_S, deadline_s=DEADLINE_S)
+    recs = run.by_rank("permanent")
+    r0, r1 = recs[0]["result"], recs[1]["result"]
+    assert r1[0][0] == "InputDtypeError" and "process_group" in r1[0][1], r1[0]
+    for (mine, theirs), seqs in (((r0[0], r1[1]), (0, 1)), ((r0[1], r1[2]), (1, 2))):  # the calls that met
+        assert mine == theirs and mine[0] == "DistributedError", (mine, theirs)
+        assert f"ranks are out of step on this process group, meeting different calls (rank 0: call {seqs[0]} " \
+               f"on it; rank 1: call {seqs[1]} on it)" in mine[1], mine[1]
+    fresh = run.by_rank("fresh")
+    got = [fresh[r]["result"][1] for r in range(2)]
+    assert got[0][0] == got[1][0] == "ok", got
+    ex = exact_whiten([x for part in d for x in part])  # all 4 samples, one unit
+    assert_within([float.fromhex(h) for g in got for h in g[1]], ex["a"], ex["da"], "float64", "a new group")
