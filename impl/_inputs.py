@@ -124,11 +124,12 @@ def check_eps(eps) -> float:
     kind = _eps_kind(eps)
     if kind:
         raise Problem(P.P_EPS_TYPE, kind)
+    _check_device(eps, P.ARG_EPS)
     try:
         value = float(eps)
     except OverflowError:  # an int beyond float64
         value = math.inf
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, RuntimeError):
         raise Problem(P.P_EPS_TYPE, 6) from None
     if not (math.isfinite(value) and value >= 0.0):
         raise Problem(P.P_EPS, P.float_bits(value))
@@ -172,7 +173,8 @@ def as_float_tensor(x, type_code: int, dtype_code_: int) -> torch.Tensor:
     if x.dtype not in P.INPUT_DTYPES:  # float8 too: most CPU kernels (add, min) do not exist for it
         raise Problem(dtype_code_, P.dtype_code(x.dtype))
     if x.device.type not in ("cpu", "cuda"):
-        raise Problem(P.P_DEVICE, 1 if type_code == P.P_REWARDS_TYPE else 2, P.device_code(x.device))
+        raise Problem(P.P_DEVICE, P.ARG_REWARDS if type_code == P.P_REWARDS_TYPE else P.ARG_VALUES,
+                      P.device_code(x.device))
     return x
 
 
@@ -223,6 +225,7 @@ def check_rewards(rewards, group_ids, group_size, weights, *, allow_empty_rows: 
         ids = group_ids
         if isinstance(ids, torch.Tensor) and P.layout_code(ids):
             raise Problem(P.P_GROUP_IDS_LAYOUT, P.layout_code(ids))
+        _check_device(ids, P.ARG_GROUP_IDS)
         if not isinstance(ids, torch.Tensor):
             try:
                 ids = torch.as_tensor(ids)
@@ -244,6 +247,12 @@ def check_rewards(rewards, group_ids, group_size, weights, *, allow_empty_rows: 
 
     return Rewards(r, P.dtype_code(r.dtype), group_size, labels, check_weights(weights, k),
                    labels_uint64=unsigned)
+
+
+def _check_device(x, arg: int) -> None:
+    """A tensor argument read on the host (labels, weights, sizes) must hold data: CPU or CUDA."""
+    if isinstance(x, torch.Tensor) and x.device.type not in ("cpu", "cuda"):
+        raise Problem(P.P_DEVICE, arg, P.device_code(x.device))
 
 
 def _check_group_size(gs) -> int:
@@ -286,6 +295,7 @@ def check_weights(weights, k: int) -> list[float]:
     if isinstance(weights, torch.Tensor):
         if P.layout_code(weights):
             raise Problem(P.P_WEIGHTS_LAYOUT, P.layout_code(weights))
+        _check_device(weights, P.ARG_WEIGHTS)
         if weights.dim() != 1:
             raise Problem(P.P_WEIGHTS_TYPE, 5, weights.dim())
         if weights.is_complex() or weights.dtype == torch.bool:
@@ -353,6 +363,7 @@ def check_segments(segment_sizes, n: int) -> tuple[list[int], bool]:
     if isinstance(segment_sizes, torch.Tensor):
         if P.layout_code(segment_sizes):
             raise Problem(P.P_SEGMENTS_LAYOUT, P.layout_code(segment_sizes))
+        _check_device(segment_sizes, P.ARG_SEGMENTS)
         if segment_sizes.dim() != 1 or segment_sizes.is_floating_point() or segment_sizes.is_complex() \
                 or segment_sizes.dtype == torch.bool:
             raise Problem(P.P_SEGMENTS_TYPE)

@@ -447,12 +447,12 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
     agreed = table.tolist()  # the call's one host synchronisation
     reasons = P.table_problems(agreed)
     if reasons:
-        raise P.DistributedError(P.refusal_message(reasons, agreed)) from local_exc
+        raise P.DistributedError(_refusal(reasons, agreed, group)) from local_exc
     units = agreed[0][P.UNITS]
     lonely = [_lonely_unit(j, [r[P.COUNTS + j] for r in agreed])
               for j in range(min(units, P.COUNT_SLOTS)) if sum(r[P.COUNTS + j] for r in agreed) == 1]
     if lonely:
-        raise P.DistributedSegmentError(P.refusal_message(lonely, agreed))
+        raise P.DistributedSegmentError(_refusal(lonely, agreed, group))
 
     # After the agreement every rank still answers: a local failure (only labelled groups
     # compute here) becomes a flag in this rank's part of collective 2, or of collective 3.
@@ -481,8 +481,8 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
     _all_reduce(buf.bits, dist.ReduceOp.SUM, group, name, 2, rank)
     if (labelled and not late) or units > P.COUNT_SLOTS:  # flags, counts beyond the slots: one host read
         failed, counts = _flags_and_counts(buf.bits, units)  # (with collective 3 to come, it carries the flag)
-        _refuse_failed(failed, agreed, failure)
-        _refuse_lonely(counts, agreed)
+        _refuse_failed(failed, agreed, failure, group)
+        _refuse_lonely(counts, agreed, group)
 
     a = st = None
     if failure is None:
@@ -530,6 +530,15 @@ def _unjoined_call() -> None:
         _CALLS.setdefault(world, 0)  # the group such a call most likely meant, used or not
     for g in list(_CALLS.keys()):
         _CALLS[g] += 1
+
+
+def _refusal(reasons: list[str], agreed, group) -> str:
+    """The message every rank raises; a subgroup's ranks are also given as global ranks."""
+    try:
+        ranks = [dist.get_global_rank(group, r) for r in range(len(agreed))]
+    except Exception:  # noqa: BLE001 - an older torch, or a group without a mapping: its own ranks only
+        ranks = None
+    return P.refusal_message(reasons, agreed, ranks)
 
 
 def _group_of(api, group, refused=None) -> tuple[int, int]:
@@ -581,10 +590,10 @@ def _flags_and_counts(bits: torch.Tensor, units: int) -> tuple[list[int], list[l
     return [int(r[0]) for r in host], [[int(r[1 + j]) for r in host] for j in range(extra)]
 
 
-def _refuse_failed(failed: list[int], agreed, failure) -> None:
+def _refuse_failed(failed: list[int], agreed, failure, group) -> None:
     ranks = [r for r, f in enumerate(failed) if f]
     if ranks:
-        raise P.DistributedError(P.refusal_message([_failed_after(ranks)], agreed)) from failure
+        raise P.DistributedError(_refusal([_failed_after(ranks)], agreed, group)) from failure
 
 
 def _failed_after(ranks: list[int]) -> str:
@@ -592,10 +601,10 @@ def _failed_after(ranks: list[int]) -> str:
             "raised an unexpected exception after the agreement (chained on that rank)")
 
 
-def _refuse_lonely(counts: list[list[int]], agreed) -> None:
+def _refuse_lonely(counts: list[list[int]], agreed, group) -> None:
     reasons = [_lonely_unit(P.COUNT_SLOTS + j, c) for j, c in enumerate(counts) if sum(c) == 1]
     if reasons:
-        raise P.DistributedSegmentError(P.refusal_message(reasons, agreed))
+        raise P.DistributedSegmentError(_refusal(reasons, agreed, group))
 
 
 def _late_row(mine: torch.Tensor, overflow_row: dict, a, out_dtype) -> None:
@@ -615,14 +624,14 @@ def _late_checks(name, group, world, rank, agreed, late, out_dtype, failure=None
     its failure flag, so all ranks raise together."""
     _all_reduce(late, dist.ReduceOp.SUM, group, name, 3, rank)
     late = late.tolist()
-    _refuse_failed([row[4] for row in late], agreed, failure)
+    _refuse_failed([row[4] for row in late], agreed, failure, group)
     reasons = []
     for r, (at, bits, label, _, _) in enumerate(late):
         row = list(agreed[r])
         row[P.C_OVERFLOW], row[P.C_OVERFLOW_BITS], row[P.C_OVERFLOW_GROUP] = at, bits, label
         reasons += [f"rank {r}: {cls.__name__}: {msg}" for cls, msg in P.row_problems(row)]
     if reasons:
-        raise P.DistributedError(P.refusal_message(reasons, agreed))
+        raise P.DistributedError(_refusal(reasons, agreed, group))
     counts = [c[3] for c in late]
     if any(counts):
         where = "; ".join(f"rank {r}: {c} value(s)" for r, c in enumerate(counts) if c)

@@ -193,7 +193,10 @@ P_EPS = 26
 P_LOCAL_FAILURE = 28
 P_GROUP_SIZE_INT64 = 29  # integers beyond int64 cannot travel in the agreement table
 P_SEGMENT_INT64 = 30
-P_DEVICE = 31  # a = 1 rewards, 2 values; b: device code
+P_DEVICE = 31  # a: the argument (ARG_*); b: device code
+ARG_REWARDS, ARG_VALUES, ARG_GROUP_IDS, ARG_WEIGHTS, ARG_SEGMENTS, ARG_EPS = 1, 2, 3, 4, 5, 6
+_ARG_NAMES = {ARG_REWARDS: "rewards", ARG_VALUES: "values", ARG_GROUP_IDS: "group_ids", ARG_WEIGHTS: "weights",
+              ARG_SEGMENTS: "segment_sizes", ARG_EPS: "eps"}
 P_EPS_TYPE = 32  # a: what eps is instead of a real number
 P_REFUSED = 33  # a: 1 + the index of the refusal's class in REFUSAL_CLASSES (0: another exception)
 P_WEIGHTS_ITEM = 34  # a: the index; b: what the item is instead of a real number (_ITEM_KINDS); c: a bool's value
@@ -324,7 +327,7 @@ HOST_PROBLEMS = {
                       "the local computation raised an unexpected exception (chained on that rank)"),
     P_GROUP_SIZE_INT64: (GroupError, lambda a, b, c: "group_size is beyond int64 (|group_size| >= 2**63)"),
     P_DEVICE: (InputDtypeError, lambda a, b, c:
-               f"{'rewards' if a == 1 else 'values'} is on a device of type {_DEVICE_NAMES.get(b, b)}; "
+               f"{_ARG_NAMES.get(a, 'an argument')} is on a device of type {_DEVICE_NAMES.get(b, b)}; "
                "impl.gdpo computes on CPU or CUDA tensors (float64 inside)"),
     P_SEGMENT_INT64: (SegmentError, lambda a, b, c:
                       f"segment_sizes[{a}] (unit {a}) is beyond int64 (|size| >= 2**63)"),
@@ -496,8 +499,13 @@ def table_problems(table: list[list[int]]) -> list[str]:
     return reasons
 
 
-def refusal_message(reasons: list[str], table: list[list[int]]) -> str:
+def refusal_message(reasons: list[str], table: list[list[int]], global_ranks: list[int] | None = None) -> str:
     """The message every rank raises: built from the agreed table only (rank 0's
     function name), so it is the same string on every rank."""
-    api = API_NAMES.get(table[0][API], "GDPO")
-    return f"{api} refused on all {len(table)} ranks: " + "; ".join(reasons)
+    apis = {row[API] for row in table}
+    api = API_NAMES.get(table[0][API], "GDPO") if len(apis) == 1 else "impl.gdpo"  # ranks called different ones
+    where = f"all {len(table)} ranks"
+    if global_ranks is not None and list(global_ranks) != list(range(len(table))):
+        shown = ", ".join(map(str, global_ranks[:16])) + (", ..." if len(global_ranks) > 16 else "")
+        where += f" of the process group (ranks below are its own; global ranks {shown})"
+    return f"{api} refused on {where}: " + "; ".join(reasons)

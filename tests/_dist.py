@@ -134,6 +134,16 @@ def _steps(rank, world, group, device, steps):
     return out, None
 
 
+def _subgroup(rank, world, group, device, members, values):
+    """whiten over a new group of ``members`` (global ranks); the others only create it."""
+    import torch.distributed as dist
+
+    sub = dist.new_group(members)
+    if rank not in members:
+        return None, None
+    return _whiten(rank, world, sub, device, values)
+
+
 def _mixed_api(rank, world, group, device, values):
     """Rank 0 calls whiten, the others gdpo_advantages: refused, nobody hangs."""
     if rank == 0:
@@ -208,7 +218,7 @@ def _adapter(rank, world, group, device, adapter, args):
 
 
 SCENARIOS = {"whiten": _whiten, "gdpo": _gdpo, "mixed_api": _mixed_api, "die": _die, "fail": _fail,
-             "adapter": _adapter, "steps": _steps}
+             "adapter": _adapter, "steps": _steps, "subgroup": _subgroup}
 
 
 # --- the rank process ------------------------------------------------------------------------

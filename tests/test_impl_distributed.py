@@ -292,7 +292,8 @@ REFUSALS = [
     ("err_eps_mismatch", "DistributedError", r"eps differs across ranks .*rank {last}: 1e-06"),
     ("err_unit_of_one", "DistributedSegmentError", r"unit 1 holds a single sample across all ranks \(on rank {last}\)"),
     ("err_unit_of_one_beyond_slots", "DistributedSegmentError", r"unit 35 holds a single sample .*on rank {last}"),
-    ("err_mixed_api", "DistributedError", r"ranks call different functions \(rank 0: whiten; ranks? 1.*gdpo_advantages"),
+    ("err_mixed_api", "DistributedError", r"^impl.gdpo refused on all \d ranks: ranks call different functions "
+                                          r"\(rank 0: whiten; ranks? 1.*gdpo_advantages"),  # not rank 0's name
     ("err_gdpo_nan_reward", "DistributedError",
      r"rank 1: NonFiniteError: rewards\[3, 1\] \(row 3, reward column 1, group 1 .*\) is nan"),
     ("err_gdpo_group_of_one", "DistributedError", r"rank 0: GroupError: group label 8 \(first row 2\) has 1 sample"),
@@ -456,3 +457,16 @@ def test_a_call_that_joins_no_group_is_never_silently_paired_with_another():
     assert got[0][0] == got[1][0] == "ok", got
     ex = exact_whiten([x for part in d for x in part])  # all 4 samples, one unit
     assert_within([float.fromhex(h) for g in got for h in g[1]], ex["a"], ex["da"], "float64", "a new group")
+
+
+def test_a_subgroups_refusal_says_its_ranks_are_its_own():
+    """Rank numbers in a subgroup's message are the subgroup's: "rank 1" was global rank 2,
+    which read as if the healthy global rank 1 were at fault."""
+    values = [[0.0], [1.0, 2.0, 3.0], [4.0, math.nan]]
+    run = _dist.run_group(3, [("sub", "subgroup", {"members": [1, 2], "values": values})],
+                          group_timeout_s=GROUP_TIMEOUT_S, deadline_s=DEADLINE_S)
+    recs = run.by_rank("sub")
+    assert recs[0]["status"] == "ok" and recs[0]["result"] is None
+    assert recs[1]["msg"] == recs[2]["msg"] and recs[1]["cls"] == "DistributedError", (recs[1], recs[2])
+    assert recs[1]["msg"].startswith("whiten refused on all 2 ranks of the process group (ranks below are its "
+                                     "own; global ranks 1, 2): rank 1: NonFiniteError"), recs[1]["msg"]

@@ -325,3 +325,18 @@ def test_under_a_process_group_a_0d_tensor_group_size_computes():
     for r in range(2):
         assert tensor[r]["status"] == plain[r]["status"] == "ok", (tensor[r].get("msg"), plain[r].get("msg"))
         assert tensor[r]["result"] == plain[r]["result"]
+
+
+@pytest.mark.parametrize("arg, kw", [
+    ("group_ids", dict(group_ids=torch.tensor([0, 0, 1, 1], device="meta"))),
+    ("weights", dict(group_size=2, weights=torch.tensor([1.0, 1.0], device="meta"))),
+    ("segment_sizes", dict(group_size=2, segment_sizes=torch.tensor([4], device="meta"))),
+    ("eps", dict(group_size=2, eps=torch.tensor(1e-6, device="meta"))),
+])
+def test_tensor_arguments_on_a_device_without_data_are_named(arg, kw):
+    """They used to reach torch's "Cannot copy out of meta tensor" (NotImplementedError)."""
+    with pytest.raises(InputDtypeError, match=rf"^{arg} is on a device of type other than CPU and CUDA"):
+        gdpo.gdpo_advantages(R, **kw)
+    if arg == "segment_sizes":
+        with pytest.raises(InputDtypeError, match=r"^segment_sizes is on a device of type other than"):
+            gdpo.whiten(V, segment_sizes=kw["segment_sizes"])
