@@ -118,6 +118,9 @@ def scenarios(world):
                                                     "weights": [[1.0, 1.0]] * last + [[1.0, 2.0]]}))
     out.append(("ok_gdpo_empty_shard", "gdpo", {"rewards": rewards[:last] + [[]], "group_size": 2,
                                                 "dtype": "float64"}))
+    wider = rewards[:last] + [[row + [1.0] for row in rewards[last]]]  # K = 3 on the last rank
+    out.append(("err_gdpo_k_differs", "gdpo", {"rewards": wider, "group_size": 2,
+                                               "weights": [[1.0, 1.0]] * last + [[1.0, 1.0, 1.0]]}))
 
     # collectives per call for 1 and 8 units (public API)
     for units in (1, 8):
@@ -297,7 +300,9 @@ REFUSALS = [
     ("err_gdpo_nan_reward", "DistributedError",
      r"rank 1: NonFiniteError: rewards\[3, 1\] \(row 3, reward column 1, group 1 .*\) is nan"),
     ("err_gdpo_group_of_one", "DistributedError", r"rank 0: GroupError: group label 8 \(first row 2\) has 1 sample"),
-    ("err_gdpo_weights_differ", "DistributedError", r"weights differ across ranks"),
+    ("err_gdpo_weights_differ", "DistributedError", r"weights differ across ranks \(.*digest.*\)$"),
+    ("err_gdpo_k_differs", "DistributedError",  # and nothing about weights, which differ with K
+     r"the number of reward columns K differs across ranks \(ranks? [\d, ]+: K=2; rank {last}: K=3\)$"),
 ]
 FAILED_AFTER = r"rank 1: the local computation raised an unexpected exception after the agreement"
 REFUSALS += [(name, "DistributedError", FAILED_AFTER) for name in
