@@ -564,7 +564,7 @@ def _group_of(api, group, refused=None) -> tuple[int, int]:
 
 
 class _Buffers:
-    """One int64 allocation for collectives 2 and 3: ``late`` (world, 5) for collective 3
+    """One int64 allocation for collectives 2 and 3: ``late`` (world, 7) for collective 3
     and ``stats`` (world, units + 1, 7) float64 (``bits``: its int64 view) for collective 2,
     whose extra row carries the failure flag."""
 
@@ -575,7 +575,9 @@ class _Buffers:
         self.stats = self.bits.view(_F64)
 
 
-_LATE_COLS, _FAILED = 5, 4  # collective 3's row: Eq. 7 overflow (3 fields), cast count, failure flag
+#: collective 3's row: Eq. 7 overflow (3 fields), cast count, failure flag, the first value
+#: that does not survive the cast (its row on this rank, its float64 bits)
+_LATE_COLS, _FAILED = 7, 4
 
 
 def _longest(agreed) -> int:
@@ -616,7 +618,12 @@ def _late_row(mine: torch.Tensor, overflow_row: dict, a, out_dtype) -> None:
         mine[:3] = torch.stack([overflow_row[f].to(mine.device, _I64).reshape(()) if f in overflow_row else zero
                                 for f in fields])
     if a is not None:
-        mine[3] = (a.abs() >= cast_limit(out_dtype)).sum().to(mine.device)
+        beyond = a.abs() >= cast_limit(out_dtype)
+        mine[3] = beyond.sum().to(mine.device)
+        if a.shape[0]:
+            at = torch.argmax(beyond.view(torch.uint8))  # the first such row (0 when none: unread then)
+            mine[5] = at.to(mine.device)
+            mine[6] = a[at].view(_I64).to(mine.device)
 
 
 def _late_checks(name, group, world, rank, agreed, late, out_dtype, failure=None):
@@ -626,7 +633,7 @@ def _late_checks(name, group, world, rank, agreed, late, out_dtype, failure=None
     late = late.tolist()
     _refuse_failed([row[4] for row in late], agreed, failure, group)
     reasons = []
-    for r, (at, bits, label, _, _) in enumerate(late):
+    for r, (at, bits, label, *_) in enumerate(late):
         row = list(agreed[r])
         row[P.C_OVERFLOW], row[P.C_OVERFLOW_BITS], row[P.C_OVERFLOW_GROUP] = at, bits, label
         reasons += [f"rank {r}: {cls.__name__}: {msg}" for cls, msg in P.row_problems(row)]
@@ -634,7 +641,8 @@ def _late_checks(name, group, world, rank, agreed, late, out_dtype, failure=None
         raise P.DistributedError(_refusal(reasons, agreed, group))
     counts = [c[3] for c in late]
     if any(counts):
-        where = "; ".join(f"rank {r}: {c} value(s)" for r, c in enumerate(counts) if c)
+        where = "; ".join(f"rank {r}: {row[3]} value(s), the first {P.bits_float(row[6])!r} at its row {row[5]}"
+                          for r, row in enumerate(late) if row[3])
         raise P.DistributedOutOfRangeError(
             f"{name} refused on all {world} ranks: whitened values do not survive the cast to "
             f"{P.dtype_name(P.dtype_code(out_dtype))} (largest finite {torch.finfo(out_dtype).max!r}) "

@@ -475,3 +475,17 @@ def test_a_subgroups_refusal_says_its_ranks_are_its_own():
     assert recs[1]["msg"] == recs[2]["msg"] and recs[1]["cls"] == "DistributedError", (recs[1], recs[2])
     assert recs[1]["msg"].startswith("whiten refused on all 2 ranks of the process group (ranks below are its "
                                      "own; global ranks 1, 2): rank 1: NonFiniteError"), recs[1]["msg"]
+
+
+def test_a_float8_cast_refusal_names_the_first_value_and_its_row():
+    """It used to say only "rank 1: 1 value(s)"; a local call names the value and its row."""
+    values = [[0.0] * 150_001, [0.0] * 7 + [1.0] + [0.0] * 149_993]  # 300,002 samples: a ~ 519 > 448
+    run = _dist.run_group(2, [("f8", "whiten", {"values": values, "out_dtype": "float8_e4m3fn"}),
+                              ("f64", "whiten", {"values": values, "out_dtype": "float64"})],
+                          group_timeout_s=GROUP_TIMEOUT_S, deadline_s=DEADLINE_S)
+    recs = run.by_rank("f8")
+    assert recs[0]["msg"] == recs[1]["msg"] and recs[0]["cls"] == "DistributedOutOfRangeError", recs[0]
+    m = re.search(r"do not survive the cast to float8_e4m3fn .*\(rank 1: 1 value\(s\), the first ([\d.]+) "
+                  r"at its row 7\); choose a wider out_dtype$", recs[0]["msg"])
+    assert m, recs[0]["msg"]
+    assert float(m[1]) == float.fromhex(run.by_rank("f64")[1]["result"]["hex"][7])  # the same call in float64
