@@ -24,6 +24,7 @@ import numbers
 
 import torch
 
+from spec.constants import FLOAT32_MAX
 from spec.errors import (
     DistributedError,
     GDPOError,
@@ -59,12 +60,23 @@ class Flaws:
     singleton_zero: bool = False  # a group of one gives z = 0 instead of an error
     double_rounding: bool = False  # float16/bfloat16 written through float32 (torch's own float64 cast)
     truncate_bfloat16: bool = False  # bfloat16 written by truncation (rounding toward zero)
+    large_batch_float32: bool = False  # beyond 64 rows: float32 internals and ddof 0 (correct up to 64)
+    int32_labels: bool = False  # group_ids cast to int32 (wrapping) before grouping
+    refuse_big_weights: bool = False  # a weight beyond float32's range refused (OutOfRangeError)
+    base_class_refusals: bool = False  # bad group arguments, eps, out_dtype refused as the base GDPOError
+    mutates_rewards: bool = False  # the caller's rewards tensor overwritten (halved) in place
 
 
 class _Refusal(Exception):
-    def __init__(self, cls, msg):
+    def __init__(self, cls, msg, argument: bool = False):
         super().__init__(msg)
         self.cls, self.msg = cls, msg
+        self.argument = argument  # a refusal of a call argument (groups, eps, out_dtype)
+
+    def flawed(self, fl: "Flaws") -> "_Refusal":
+        if fl.base_class_refusals and self.argument:
+            self.cls = GDPOError
+        return self
 
 
 # ------------------------------------------------------------------ arithmetic
@@ -158,11 +170,11 @@ def _check_eps_out(eps, out_dtype):
     try:
         eps = float(eps)
     except (TypeError, ValueError):
-        raise _Refusal(OutOfRangeError, f"eps={eps!r} is not a number") from None
+        raise _Refusal(OutOfRangeError, f"eps={eps!r} is not a number", True) from None
     if not (math.isfinite(eps) and eps >= 0):
-        raise _Refusal(OutOfRangeError, f"eps={eps!r} must be finite and >= 0")
+        raise _Refusal(OutOfRangeError, f"eps={eps!r} must be finite and >= 0", True)
     if not (isinstance(out_dtype, torch.dtype) and out_dtype.is_floating_point):
-        raise _Refusal(InputDtypeError, f"out_dtype {out_dtype!r} is not a floating dtype")
+        raise _Refusal(InputDtypeError, f"out_dtype {out_dtype!r} is not a floating dtype", True)
     return eps
 
 
@@ -198,7 +210,7 @@ def _prepare(rewards, group_ids, group_size, weights, fl: Flaws, allow_empty: bo
     if k == 0 or (n == 0 and not allow_empty):
         raise _Refusal(ShapeError, f"rewards is empty {tuple(x.shape)}")
     if (group_ids is None) == (group_size is None):
-        raise _Refusal(GroupError, "pass exactly one of group_ids and group_size")
+        raise _Refusal(GroupError, "pass exactly one of group_ids and group_size", True)
     if group_size is not None:
         if not _is_int(group_size) or group_size < 2 or n % group_size:
             raise _Refusal(GroupError, f"group_size={group_size!r} does not split N={n} into groups of >= 2")
@@ -209,6 +221,8 @@ def _prepare(rewards, group_ids, group_size, weights, fl: Flaws, allow_empty: bo
             raise _Refusal(GroupError, f"group_ids must be integer labels, got {ids.dtype}")
         if ids.dim() != 1 or ids.shape[0] != n:
             raise _Refusal(ShapeError, f"group_ids has shape {tuple(ids.shape)} for N={n} rows")
+        if fl.int32_labels:
+            ids = ids.to(torch.int32)  # wraps modulo 2^32: k and 2^32 + k become one group
         labels = ids.tolist()
     if weights is None:
         w = [1.0] * k
@@ -220,6 +234,8 @@ def _prepare(rewards, group_ids, group_size, weights, fl: Flaws, allow_empty: bo
             raise _Refusal(WeightError, "weights must be finite")
         if not any(v != 0.0 for v in w):
             raise _Refusal(WeightError, "all weights are zero")
+        if fl.refuse_big_weights and any(abs(v) > FLOAT32_MAX for v in w):
+            raise _Refusal(OutOfRangeError, "a weight is beyond float32's range")
     x = x.to(torch.float32 if fl.float32_internals else _F64)
     if fl.nan_to_zero:
         x = torch.where(torch.isnan(x), torch.zeros_like(x), x)
@@ -380,8 +396,20 @@ def _whiten_distributed(group, c: torch.Tensor, sizes: list, eps: float, fl: Fla
 # ---------------------------------------------------------------------- the API
 
 
+def _sized(fl: Flaws, x) -> Flaws:
+    """The large_batch_float32 flaw: a call of more than 64 rows computed in float32 with ddof 0."""
+    try:
+        n = len(x)
+    except TypeError:
+        return fl
+    if fl.large_batch_float32 and n > 64:
+        return dataclasses.replace(fl, float32_internals=True, biased_std=True)
+    return fl
+
+
 def _gdpo(fl: Flaws, rewards, *, group_ids=None, group_size=None, weights=None, segment_sizes=None,
           process_group=None, eps=1e-4, out_dtype=torch.float32):
+    fl = _sized(fl, rewards)
     distributed = process_group is not None
     problem, prep, sizes, given = None, None, None, False
     try:
@@ -389,11 +417,13 @@ def _gdpo(fl: Flaws, rewards, *, group_ids=None, group_size=None, weights=None, 
         prep = _prepare(rewards, group_ids, group_size, weights, fl, allow_empty=distributed)
         sizes, given = _check_segments(segment_sizes, prep.x.shape[0], local_unit_of_one=not distributed)
     except _Refusal as r:
-        problem = r
+        problem = r.flawed(fl)
     if not distributed:
         if problem is not None:
             raise problem.cls(problem.msg)
         c, shift = _combine(prep, eps, fl)
+        if fl.mutates_rewards and isinstance(rewards, torch.Tensor):
+            rewards.mul_(0.5)
         return _cast(_whiten_local(c, sizes, _ldexp(eps, -shift), fl), out_dtype, fl)
     rows = _agree(process_group, problem, len(sizes) if sizes else 0, given,
                   prep.x.shape[0] if prep is not None else 0, fl)
@@ -403,10 +433,12 @@ def _gdpo(fl: Flaws, rewards, *, group_ids=None, group_size=None, weights=None, 
 
 
 def _normalize_rewards(fl: Flaws, rewards, *, group_ids=None, group_size=None, weights=None, eps=1e-4):
+    fl = _sized(fl, rewards)
     try:
         eps = _check_eps_out(eps, torch.float64)
         prep = _prepare(rewards, group_ids, group_size, weights, fl, allow_empty=False)
     except _Refusal as r:
+        r = r.flawed(fl)
         raise r.cls(r.msg) from None
     c, shift = _combine(prep, eps, fl)
     c = _scale(c.to(_F64), shift) if shift else c.to(_F64)
@@ -416,6 +448,7 @@ def _normalize_rewards(fl: Flaws, rewards, *, group_ids=None, group_size=None, w
 
 
 def _whiten(fl: Flaws, values, *, segment_sizes=None, process_group=None, eps=1e-4, out_dtype=torch.float32):
+    fl = _sized(fl, values)
     distributed = process_group is not None
     problem, v, sizes, given = None, None, None, False
     try:
@@ -428,7 +461,7 @@ def _whiten(fl: Flaws, values, *, segment_sizes=None, process_group=None, eps=1e
             raise _Refusal(NonFiniteError, "values must be finite")
         sizes, given = _check_segments(segment_sizes, v.numel(), local_unit_of_one=not distributed)
     except _Refusal as r:
-        problem = r
+        problem = r.flawed(fl)
     if not distributed:
         if problem is not None:
             raise problem.cls(problem.msg)
@@ -474,6 +507,16 @@ _SPECS = (
     ("double_rounding", Flaws(double_rounding=True), "float16/bfloat16 output rounded twice, float64 -> float32 -> "
      "format, nearest even each time (what torch's float64 `.to(float16)` does)"),
     ("truncated_bfloat16", Flaws(truncate_bfloat16=True), "bfloat16 output rounded toward zero (low bits dropped)"),
+    ("large_batch_float32", Flaws(large_batch_float32=True), "correct up to 64 rows; beyond, float32 internals "
+     "and biased std (ddof 0)"),
+    ("int32_labels", Flaws(int32_labels=True), "group_ids cast to int32 (wrapping) before grouping: k and "
+     "2^32 + k share a group"),
+    ("refuses_big_weights", Flaws(refuse_big_weights=True), "a weight beyond float32's range refused "
+     "(OutOfRangeError): the contract computes it in float64"),
+    ("base_class_refusals", Flaws(base_class_refusals=True), "bad group arguments, eps and out_dtype refused as "
+     "the base GDPOError, not the class the contract names"),
+    ("mutates_rewards", Flaws(mutates_rewards=True), "correct advantages, but the caller's rewards tensor is "
+     "overwritten in place"),
 )
 
 baseline = _make("baseline", Flaws(), "none: the correct base every control differs from by one flaw")

@@ -202,6 +202,29 @@ class CallShapeViolation(Exception):
     one value per sample on its response tokens and 0 on padding)."""
 
 
+class InputModified(CallShapeViolation):
+    """The implementation wrote into a tensor the caller passed (the contract reads its
+    inputs and never changes them)."""
+
+
+def _bits_of(t: torch.Tensor) -> torch.Tensor:
+    """A copy of ``t``'s bits (NaN compares equal to itself, -0.0 differs from 0.0)."""
+    t = t.detach().clone()
+    return t.view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]) \
+        if not t.is_complex() and t.dtype != torch.bool else t
+
+
+def _unchanged(fn, tensors: dict):
+    """Call ``fn()``; raise InputModified if it changed any of ``tensors`` (name -> tensor)."""
+    before = {k: _bits_of(v) for k, v in tensors.items()}
+    out = fn()
+    for k, v in tensors.items():
+        if not torch.equal(_bits_of(v), before[k]):
+            raise InputModified(f"the implementation modified its input {k} in place; the contract reads its "
+                                "inputs and never writes them")
+    return out
+
+
 def verl_lengths(n: int, tokens: int = VERL_TOKENS) -> np.ndarray:
     """Response lengths of the verl shape: 3, 2, 1, 6, 5, 4, 3, ... (every length in
     1..tokens occurs within ``tokens`` samples; sample 0 is padded)."""
@@ -393,13 +416,15 @@ class Subject:
         if self.shape == "trl":
             w = case.weights if case.weights is not None else (1.0,) * max(case.k, 1)
             rw = torch.tensor([float(x) for x in w], dtype=torch.float32, device=self.device)
-            return self.fn(rewards, case.group_size, rw)
+            return _unchanged(lambda: self.fn(rewards, case.group_size, rw),
+                              {"rewards_per_func": rewards, "reward_weights": rw})
         if self.shape == "verl":
             return self.call_verl(case)
         kw = self.kwargs(case)
         if process_group is not None:
             kw["process_group"] = process_group
-        return self.fn(rewards, **kw)
+        watched = {"rewards": rewards, **{k: v for k, v in kw.items() if isinstance(v, torch.Tensor)}}
+        return _unchanged(lambda: self.fn(rewards, **kw), watched)
 
     def verl_arguments(self, case: Case) -> dict:
         """The verl-shape keyword arguments of a case (see the module docstring)."""

@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import zlib
 
 import numpy as np
 import torch
@@ -375,20 +376,54 @@ def group_sizes(draw, ctx: Context, equal: bool) -> list[int]:
     return sizes or [2]
 
 
+#: Batches of the ``large`` property: N from 65 (past every small-batch special case up to
+#: 64 rows) to about 300, groups of up to 64 samples, every K of 1..8, up to 8 units.
+LARGE_N = (65, 300)
+LARGE_K = (1, 2, 3, 4, 5, 6, 7, 8)
+LARGE_UNITS = 8
+
+
+@cached
+def _large_sizes_list():
+    return st.lists(pick((2, 3, 5, 7, 9, 16, 17, 31, 33, 48, 64)), min_size=1, max_size=24)
+
+
+@cached
+@st.composite
+def large_group_sizes(draw, ctx: Context, equal: bool) -> list[int]:
+    """Group sizes summing to N in ``LARGE_N`` (ctx.max_n, the small batches' cap, does not apply)."""
+    lo, hi = LARGE_N
+    if equal:
+        n = draw(pick((2, 4, 8, 13, 16, 32, 64,)))
+        return [n] * draw(ints(-(-lo // n), hi // n))
+    sizes = list(draw(_large_sizes_list()))
+    while sum(sizes) > hi:
+        sizes.pop()
+    while sum(sizes) < lo:  # runtime values: grown until the batch is large
+        sizes.append(draw(pick((2, 3, 5, 7, 9, 16, 17, 31, 33, 48, 64,))))
+    return sizes  # below lo + 64 <= hi once grown
+
+
 @cached
 @st.composite
 def batches(draw, ctx: Context, kinds=COLUMN_KINDS, pairs=PAIR_KINDS, k_max=8, weight_modes=WEIGHT_MODES,
-            equal_groups=None, dtype=None) -> Batch:
+            equal_groups=None, dtype=None, large=False) -> Batch:
     dtype = dtype or draw(pick(tuple(ctx.input_dtypes)))
     equal = draw(BOOLS) if equal_groups is None else equal_groups
     if not ctx.labels:
         equal = True
-    sizes = draw(group_sizes(ctx, equal))
-    k = draw(pick(tuple(x for x in (1, 1, 2, 2, 2, 3, 4, 5, 8) if x <= k_max)))
+    sizes = draw(large_group_sizes(ctx, equal) if large else group_sizes(ctx, equal))
     cols: list[list[list[float]]] = []  # per column, per group
     pair_of: dict[int, str] = {}
     note = []
+    pool = tuple(x for x in LARGE_K if x <= k_max)
+    if large:  # max(pool) columns drawn, K chosen after them (below)
+        k = max(pool)
+    else:
+        k = draw(pick(tuple(x for x in (1, 1, 2, 2, 2, 3, 4, 5, 6, 7, 8) if x <= k_max)))
+    starts = []  # the first column of each note entry
     while len(cols) < k:
+        starts.append(len(cols))
         use_pair = pairs and len(cols) + 1 < k and draw(ints(0, 2)) == 0
         if use_pair:
             kind = draw(pick(tuple(pairs)))
@@ -406,6 +441,14 @@ def batches(draw, ctx: Context, kinds=COLUMN_KINDS, pairs=PAIR_KINDS, k_max=8, w
             kind = draw(pick(tuple(kinds)))
             cols.append([draw(column_values(kind, dtype, n)) for n in sizes])
             note.append(kind)
+    if large:
+        # K from the drawn values as well as a draw of its own: hypothesis runs only a few fresh
+        # examples in 40 and mutates each several times, copying spans of equal label (column
+        # values, never a lone K), so a K drawn alone repeats in runs and misses some of 1..8
+        k = pool[(draw(ints(0, len(pool) - 1)) + zlib.crc32(repr(cols).encode())) % len(pool)]
+        cols = cols[:k]
+        pair_of = {j: kind for j, kind in pair_of.items() if j < k}
+        note = [(f"{t}(cut)" if t.startswith("pair:") and j + 1 >= k else t) for j, t in zip(starts, note) if j < k]
     weights = draw(weight_vector(k, weight_modes, ctx.weights_dtype))
     if pair_of:
         w = list(weights) if weights is not None else [1.0] * k
@@ -434,7 +477,7 @@ def out_dtype_pool(ctx: Context) -> tuple:
 
 @cached
 @st.composite
-def unit_layout(draw, n: int, group_edges: list[int], modes=UNIT_MODES) -> tuple | None:
+def unit_layout(draw, n: int, group_edges: list[int], modes=UNIT_MODES, max_units=4) -> tuple | None:
     """Consecutive unit sizes summing to n (None: one unit), empty units included;
     no unit of exactly one sample (an error case, tested by ``errors``)."""
     mode = draw(pick(tuple(modes)))
@@ -442,7 +485,7 @@ def unit_layout(draw, n: int, group_edges: list[int], modes=UNIT_MODES) -> tuple
         return None
     if mode == "one" or n < 4:
         return (n,)
-    s = draw(ints(2, 4))
+    s = draw(ints(2, max_units))
     pool = group_edges if (mode == "groups" and group_edges) else list(range(0, n + 1))
     cuts = sorted(draw(_values(None, s - 1, pick(tuple(pool)))))
     edges = [0] + cuts + [n]
@@ -455,11 +498,35 @@ def unit_layout(draw, n: int, group_edges: list[int], modes=UNIT_MODES) -> tuple
     return tuple(sizes)
 
 
+#: Label pools (one drawn per labelled case). ``wrap32``: distinct int64 labels in pairs that
+#: collide once narrowed to int32 (k and 2^32 + k, -1 and 2^32 - 1, -2^31 and 2^31, ...).
+LABEL_POOLS = ("consecutive", "sparse", "negative", "huge", "wrap32")
+_WRAP32_PAIRS = ((0, 2 ** 32), (-1, 2 ** 32 - 1), (-2 ** 31, 2 ** 31), (2 ** 31 - 1, -2 ** 31 - 1),
+                 (1, 2 ** 63 - 2 ** 32 + 1), (-2 ** 63, 2 ** 62))
+
+
+def label_pool(name: str, g: int) -> list[int]:
+    """g distinct int64 labels of pool ``name``."""
+    if name == "consecutive":
+        return list(range(g))
+    if name == "sparse":
+        return [3 * i + 7 for i in range(g)]
+    if name == "negative":
+        return [-i - 1 for i in range(g)]
+    if name == "huge":
+        return [2 ** 40 + i for i in range(g)]
+    if name == "wrap32":  # pair j: two labels equal modulo 2^32 (beyond the table: j and j + 2^32 j)
+        pairs = list(_WRAP32_PAIRS) + [(j, j + (j << 32)) for j in range(len(_WRAP32_PAIRS) + 10, g + 10)]
+        return [x for pair in pairs for x in pair][:g]
+    raise ValueError(name)
+
+
 @st.composite
 def cases(draw, ctx: Context, kinds=COLUMN_KINDS, pairs=PAIR_KINDS, weight_modes=WEIGHT_MODES, k_max=8,
-          eps_values=(None,), equal_groups=None, unit_modes=UNIT_MODES, dtype=None) -> Case:
-    """A single-process call (unit layouts only where the shape can express them)."""
-    b = draw(batches(ctx, kinds, pairs, k_max, weight_modes, equal_groups, dtype))
+          eps_values=(None,), equal_groups=None, unit_modes=UNIT_MODES, dtype=None, large=False) -> Case:
+    """A single-process call (unit layouts only where the shape can express them);
+    ``large``: N of ``LARGE_N``, every K of ``LARGE_K``, up to ``LARGE_UNITS`` units."""
+    b = draw(batches(ctx, kinds, pairs, k_max, weight_modes, equal_groups, dtype, large))
     sizes = [blk.shape[0] for blk in b.blocks]
     rows = np.concatenate(b.blocks)
     n = rows.shape[0]
@@ -469,11 +536,7 @@ def cases(draw, ctx: Context, kinds=COLUMN_KINDS, pairs=PAIR_KINDS, weight_modes
     group_size = None
     group_ids = None
     if use_labels:
-        names = draw(pick(("consecutive", "sparse", "negative", "huge",)))
-        pool = {"consecutive": list(range(len(sizes))),
-                "sparse": [3 * i + 7 for i in range(len(sizes))],
-                "negative": [-i - 1 for i in range(len(sizes))],
-                "huge": [2 ** 40 + i for i in range(len(sizes))]}[names]
+        pool = label_pool(draw(pick(LABEL_POOLS)), len(sizes))
         mapping = draw(st.permutations(pool))
         lab = np.array([mapping[i] for i in labels], dtype=np.int64)
         if draw(BOOLS):  # interleave the groups' rows
@@ -485,7 +548,7 @@ def cases(draw, ctx: Context, kinds=COLUMN_KINDS, pairs=PAIR_KINDS, weight_modes
     edges = list(np.cumsum(sizes)[:-1])  # group boundaries (before any interleaving)
     seg = None
     if ctx.units and unit_modes:
-        seg = draw(unit_layout(n, [int(e) for e in edges], unit_modes))
+        seg = draw(unit_layout(n, [int(e) for e in edges], unit_modes, LARGE_UNITS if large else 4))
     eps = draw(pick(tuple(eps_values))) if ctx.eps else None
     out_dtype = draw(pick(out_dtype_pool(ctx)))
     return Case(rewards=tuple(tuple(float(v) for v in row) for row in rows), dtype=b.dtype,
