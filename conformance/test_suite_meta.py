@@ -182,14 +182,22 @@ def test_call_shapes_are_documented_and_enforced():
 
 def test_the_large_property_draws_what_its_claim_says():
     """K coverage of ``large`` comes from hypothesis's generation (K is mixed from the drawn
-    values): under the profile this run uses, every K of 1..8 must appear, batches must be
-    past 64 rows, some with more than 4 units, and some labels must collide modulo 2^32.
-    The check is replaced by a recorder, so generation runs without the oracle."""
+    values): in the run that grades the controls (conformance/report.py: its settings, its
+    seed, no local constants, so the same in every process), every K of 1..8 must appear,
+    batches must be past 64 rows, some with more than 4 units, and some labels must collide
+    modulo 2^32. The check is replaced by a recorder: generation runs without the oracle."""
     import dataclasses
 
+    from hypothesis import seed
+
+    from conformance import report
+
     seen = []
-    probe = dataclasses.replace(P.BY_NAME["large"], check=lambda subject, case, name: seen.append(case))
-    P.build_test(probe, Subject("impl.gdpo:gdpo_advantages"))()
+    prop = P.BY_NAME["large"]
+    probe = dataclasses.replace(prop, check=lambda subject, case, name: seen.append(case))
+    with report._no_local_constants():
+        test = P.build_test(probe, Subject("impl.gdpo:gdpo_advantages"), P.control_settings())
+        seed(report.property_seed(prop))(test)()
     assert {c.k for c in seen} == set(range(1, 9)), sorted({c.k for c in seen})
     assert min(c.n for c in seen) > 64 and max(c.n for c in seen) >= 200, sorted({c.n for c in seen})
     assert max(len(c.segment_sizes or ()) for c in seen) > 4
