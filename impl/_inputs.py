@@ -172,9 +172,7 @@ def as_float_tensor(x, type_code: int, dtype_code_: int) -> torch.Tensor:
         raise Problem(_LAYOUT_PROBLEM[type_code], layout)
     if x.dtype not in P.INPUT_DTYPES:  # float8 too: most CPU kernels (add, min) do not exist for it
         raise Problem(dtype_code_, P.dtype_code(x.dtype))
-    if x.device.type not in ("cpu", "cuda"):
-        raise Problem(P.P_DEVICE, P.ARG_REWARDS if type_code == P.P_REWARDS_TYPE else P.ARG_VALUES,
-                      P.device_code(x.device))
+    _check_device(x, P.ARG_REWARDS if type_code == P.P_REWARDS_TYPE else P.ARG_VALUES)
     return x
 
 
@@ -250,7 +248,7 @@ def check_rewards(rewards, group_ids, group_size, weights, *, allow_empty_rows: 
 
 
 def _check_device(x, arg: int) -> None:
-    """A tensor argument read on the host (labels, weights, sizes) must hold data: CPU or CUDA."""
+    """A tensor argument (``P.ARG_*``) must hold data impl computes on: CPU or CUDA."""
     if isinstance(x, torch.Tensor) and x.device.type not in ("cpu", "cuda"):
         raise Problem(P.P_DEVICE, arg, P.device_code(x.device))
 
