@@ -206,13 +206,24 @@ def value_facts(v: torch.Tensor) -> dict[int, torch.Tensor]:
 # --- phase one: facts before any arithmetic -------------------------------------------------
 
 
-@dataclasses.dataclass
 class Labelled:
-    """The stable sort of labelled groups and the layout facts it yields."""
+    """The stable sort of labelled groups and the layout it yields: ``perm``
+    (sorted row -> input row), ``gid`` (sorted row -> group index, groups in
+    label order) and ``pos`` (sorted row -> position inside its group).
+    Computed on first use where phase one found its facts without the sort."""
 
-    perm: torch.Tensor  # sorted row -> input row
-    gid: torch.Tensor  # sorted row -> group index (groups in label order)
-    pos: torch.Tensor  # sorted row -> position inside its group
+    def __init__(self, labels: torch.Tensor, layout: tuple[torch.Tensor, ...] | None = None):
+        self._labels = labels
+        self._layout = layout
+
+    def _get(self, i: int) -> torch.Tensor:
+        if self._layout is None:
+            self._layout = _sorted_layout(self._labels, reads_free=True)[:3]
+        return self._layout[i]
+
+    perm = property(lambda self: self._get(0))
+    gid = property(lambda self: self._get(1))
+    pos = property(lambda self: self._get(2))
 
 
 @dataclasses.dataclass
@@ -252,8 +263,26 @@ def rewards_nonfinite_facts(inp: Rewards, r: torch.Tensor) -> dict[int, torch.Te
 
 def label_facts(labels: torch.Tensor, *, reads_free: bool = False) -> tuple[Labelled, dict[int, torch.Tensor]]:
     """Sort the labels (stably) and find the facts the host needs. Where a host
-    read costs nothing (CPU), labels already in order skip the sort: its
-    permutation is then the identity."""
+    read costs nothing (CPU), labels already in order skip the sort (its
+    permutation is then the identity), and labels whose every group is one run
+    of rows (verl's layout) find their facts from the run heads alone: the sort
+    of all rows is left until a layout needs it."""
+    if reads_free:
+        found = _run_facts(labels)
+        if found is not None:
+            return Labelled(labels), found
+    n = labels.shape[0]
+    perm, gid, pos, first, last = _sorted_layout(labels, reads_free=reads_free)
+    runs = (labels[1:] != labels[:-1]).sum() + 1  # == groups: each label one run of rows
+    lonely = torch.where(first & last, perm, n).amin()  # first input row of a group of one
+    facts = {P.GROUPS: gid[-1] + 1, P.N_MAX: pos.amax() + 1, P.RUNS: runs, P.SINGLETON: lonely,
+             P.SINGLETON_LABEL: seg_ops.take(labels, lonely.clamp(max=n - 1))}
+    return Labelled(labels, (perm, gid, pos)), facts
+
+
+def _sorted_layout(labels: torch.Tensor, *, reads_free: bool) -> tuple[torch.Tensor, ...]:
+    """perm, gid, pos of the stable sort by label, and each sorted row's
+    first/last-of-group flags."""
     n = labels.shape[0]
     device = labels.device
     if reads_free and bool((labels[1:] >= labels[:-1]).all()):
@@ -263,16 +292,32 @@ def label_facts(labels: torch.Tensor, *, reads_free: bool = False) -> tuple[Labe
     first = torch.ones(n, dtype=torch.bool, device=device)
     last = torch.ones(n, dtype=torch.bool, device=device)
     change = sorted_labels[1:] != sorted_labels[:-1]
-    runs = (labels[1:] != labels[:-1]).sum() + 1  # == groups: each label one run of rows
     first[1:] = change
     last[:-1] = change
     gid = torch.cumsum(first, 0).sub_(1)
     idx = torch.arange(n, dtype=_I64, device=device)
     pos = idx.sub_(torch.cummax(torch.where(first, idx, 0), 0).values)
-    lonely = torch.where(first & last, perm, n).amin()  # first input row of a group of one
-    facts = {P.GROUPS: gid[-1] + 1, P.N_MAX: pos.amax() + 1, P.RUNS: runs, P.SINGLETON: lonely,
-             P.SINGLETON_LABEL: seg_ops.take(labels, lonely.clamp(max=n - 1))}
-    return Labelled(perm, gid, pos), facts
+    return perm, gid, pos, first, last
+
+
+def _run_facts(labels: torch.Tensor) -> dict[int, torch.Tensor] | None:
+    """Phase one's facts when every label is one run of rows, from the runs'
+    heads (a sort of G labels, not N); None when some label has several runs.
+    The same facts as the sort's: a group is then its run."""
+    n = labels.shape[0]
+    device = labels.device
+    heads = torch.ones(n, dtype=torch.bool, device=device)
+    heads[1:] = labels[1:] != labels[:-1]
+    start = heads.nonzero().view(-1)  # a host read: free here
+    runs = start.shape[0]
+    head_labels = torch.sort(labels.index_select(0, start)).values
+    if bool((head_labels[1:] == head_labels[:-1]).any()):
+        return None
+    length = torch.diff(start, append=start.new_full((1,), n))
+    lonely = torch.where(length == 1, start, n).amin()  # the first row of a group of one
+    count = torch.tensor(runs, dtype=_I64, device=device)
+    return {P.GROUPS: count, P.N_MAX: length.amax(), P.RUNS: count.clone(), P.SINGLETON: lonely,
+            P.SINGLETON_LABEL: seg_ops.take(labels, lonely.clamp(max=n - 1))}
 
 
 # --- phase two: Eq. 4 and Eq. 7 -------------------------------------------------------------

@@ -74,16 +74,56 @@ def test_sorted_labels_skip_the_sort_on_cpu_with_the_same_bits(monkeypatch):
     calls = []
 
     def spy(*a, **k):
-        calls.append(1)
+        calls.append(a[0].numel())
         return real_sort(*a, **k)
 
+    n = labels.numel()
     monkeypatch.setattr(torch, "sort", spy)
     assert _all(r, group_ids=labels) == sorted_once
-    assert not calls, "labels in order were sorted"
-    assert _all(r, group_ids=labels.flip(0)) is not None and calls, "labels out of order were not sorted"
+    assert n not in calls, "labels in order were sorted"
+    assert _all(r, group_ids=labels.flip(0)) is not None and n in calls, "labels out of order were not sorted"
     monkeypatch.setattr(norm_mod, "lazy_checks", lambda device: False)  # as on a device where reads cost
     calls.clear()
-    assert _all(r, group_ids=labels) == sorted_once and calls
+    assert _all(r, group_ids=labels) == sorted_once and n in calls
+
+
+def test_labels_in_runs_of_one_length_never_sort_the_rows_on_cpu(monkeypatch):
+    """verl's layout (each uid one run, uids in no order): the facts come from the
+    run heads, and the contiguous layout needs no sort of the rows at all."""
+    labels = torch.tensor([40, -3, 7, 2**40, 0, 1, 9, -8, 5]).repeat_interleave(4)
+    r = _rewards(labels.numel())
+    want = _all(r, group_size=4)
+    real_sort = torch.sort
+    calls = []
+    monkeypatch.setattr(torch, "sort", lambda *a, **k: calls.append(a[0].numel()) or real_sort(*a, **k))
+    assert _all(r, group_ids=labels) == want
+    assert calls and max(calls) == 9, calls  # the heads only
+
+
+def _facts(labels, reads_free):
+    lab, facts = norm_mod.label_facts(labels, reads_free=reads_free)
+    return {k: int(v) for k, v in facts.items()}, lab
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_facts_from_the_run_heads_are_the_sorts_facts(seed):
+    """Every label layout (runs of one length or ragged, a label split into several
+    runs, groups of one, labels in and out of order): the CPU's facts and layout
+    equal those of the full sort, whichever way CPU found them."""
+    g = torch.Generator().manual_seed(seed)
+    groups = int(torch.randint(1, 9, (1,), generator=g))
+    sizes = torch.randint(1, 5, (groups,), generator=g) if seed % 3 else torch.full((groups,), 3)
+    values = torch.randperm(50, generator=g)[:groups] * (1 - 2 * (seed % 2)) * 2**35
+    labels = torch.repeat_interleave(values, sizes)
+    if seed % 4 == 0:
+        labels = labels[torch.randperm(labels.numel(), generator=g)]  # runs split
+    elif seed % 4 == 1:
+        labels = torch.sort(labels).values
+    want, ref = _facts(labels, False)
+    got, lab = _facts(labels, True)
+    assert got == want, (labels.tolist(), got, want)
+    for name in ("perm", "gid", "pos"):
+        assert getattr(lab, name).tolist() == getattr(ref, name).tolist(), name
 
 
 def test_cpu_cuts_groups_into_buckets_when_padding_would_double_the_rows(monkeypatch):
