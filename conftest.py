@@ -10,6 +10,14 @@ from hypothesis import HealthCheck, settings
 # plugin once by name, so the options are never added twice.
 pytest_plugins = ("conformance.plugins",)
 
+# Without a GPU the fused kernels' tests (tests/test_impl_fused.py) run them in Triton's
+# interpreter, which Triton chooses when it is first imported: set here, before any test
+# module can import it (torch._dynamo, imported by some torch features, imports Triton).
+import torch  # noqa: E402
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 # Explicit profiles (hypothesis would otherwise switch itself when it detects CI):
 # "ci" is derandomized and bounded; "deep" hunts long with an example database.
 settings.register_profile("ci", derandomize=True, max_examples=40, deadline=None, database=None,

@@ -89,12 +89,27 @@ def guarded(fused_fn, plain_fn):
         return plain_fn()
 
 
+def _interpreter_ready() -> None:
+    """Set TRITON_INTERPRET=1 for GDPO_FUSED=interpret, or say why it is too late:
+    Triton decides at its own import whether its library functions (``tl.sum``, ...)
+    are interpreted, so a Triton imported earlier (``torch._dynamo`` imports it, for
+    one) would fail inside the first kernel with an error that names neither cause."""
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+    import sys
+
+    if "triton.language" in sys.modules:
+        tl = sys.modules["triton.language"]
+        if type(getattr(tl, "sum", None)).__name__ == "JITFunction":
+            raise RuntimeError("GDPO_FUSED=interpret needs TRITON_INTERPRET=1 in the environment before "
+                               "anything imports triton (here it was imported first, perhaps by torch._dynamo)")
+
+
 def kernels():
     """The kernel module, or None where Triton is not importable (warned once)."""
     if "kernels" not in _STATE:
         try:
             if mode() == "interpret":
-                os.environ.setdefault("TRITON_INTERPRET", "1")
+                _interpreter_ready()
             from impl import _fused_kernels
             _STATE["kernels"] = _fused_kernels
             _STATE["interp"] = os.environ.get("TRITON_INTERPRET", "") not in ("", "0")

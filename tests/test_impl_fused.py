@@ -362,3 +362,32 @@ def test_labelled_groups_fused_are_the_plain_path(problem, monkeypatch):
         assert results[0] == results[1]
     else:
         assert torch.equal(_bits(results[0]), _bits(results[1])), "normalize_rewards (labels): fused differs"
+
+
+def test_interpret_mode_after_triton_was_imported_says_why_and_runs_the_plain_path():
+    """Triton picks interpreted library functions at its own import: GDPO_FUSED=interpret
+    set after something imported Triton (torch._dynamo does) used to fail inside the first
+    kernel with "Cannot call @triton.jit'd outside of the scope of a kernel"."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import os, warnings, torch, triton.language\n"
+            "os.environ['GDPO_FUSED'] = 'interpret'\n"
+            "from impl import gdpo, _fused\n"
+            "r = torch.tensor([[1.0], [2.0], [4.0], [3.0]], dtype=torch.float64)\n"
+            "with warnings.catch_warnings(record=True) as w:\n"
+            "    warnings.simplefilter('always')\n"
+            "    a = gdpo.gdpo_advantages(r, group_size=2, weights=[1.0], segment_sizes=[4])\n"
+            "os.environ['GDPO_FUSED'] = '0'\n"
+            "b = gdpo.gdpo_advantages(r, group_size=2, weights=[1.0], segment_sizes=[4])\n"
+            "print(torch.equal(a, b), _fused.stats['calls'], '|'.join(str(x.message) for x in w))\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "GDPO_FUSED")}
+    root = Path(__file__).resolve().parent.parent
+    env["PYTHONPATH"] = os.pathsep.join([str(root)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    same, calls, messages = out.stdout.strip().split(" ", 2)
+    assert same == "True" and calls == "0", out.stdout
+    assert "needs TRITON_INTERPRET=1 in the environment before anything imports triton" in messages, messages
+    assert "outside of the scope of a kernel" not in messages, messages
