@@ -4,8 +4,10 @@ Pointing the suite at any implementation, without editing it::
 
     pytest --impl package.module:function [--convention NAME] [--call-shape gdpo|trl|verl]
 
-from the repository root (a path such as ``conformance/`` may follow; without one
-pytest runs every test path). The options are this module's ``pytest_addoption``:
+from the repository root (a path such as ``conformance/`` may follow). When the
+options name anything other than the defaults, only the tests under ``conformance/``
+run (the rest test this checkout, not the implementation named): the others are
+deselected, so the verdict is the implementation's alone, as ``gdpo check``'s. The options are this module's ``pytest_addoption``:
 the root ``conftest.py`` registers this module as a pytest plugin, and ``gdpo check``
 passes ``-p conformance.plugins`` (pytest registers a plugin once by name, so the
 two never add the options twice).
@@ -182,6 +184,38 @@ def pytest_configure(config):
             resolve_impl(target)
         except ImplSpecError as e:
             raise pytest.UsageError(str(e)) from None
+
+
+def grades_another(config) -> bool:
+    """Do the options name anything but this checkout's own defaults?"""
+    return (config.getoption("--impl", default=DEFAULT_IMPL) != DEFAULT_IMPL
+            or config.getoption("--call-shape", default="gdpo") != "gdpo"
+            or config.getoption("--convention", default="spec") != "spec")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Grading another implementation (or call shape, or convention): keep the
+    conformance suite's tests only. The repository's other tests never call
+    ``--impl``; run with it, they would only mix this checkout's verdict into it."""
+    if not grades_another(config):
+        return
+    from pathlib import Path
+
+    suite = Path(__file__).resolve().parent
+    keep, drop = [], []
+    for item in items:
+        (keep if suite in Path(str(item.path)).resolve().parents else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
+def pytest_report_header(config):
+    if grades_another(config):
+        return [f"gdpo conformance: grading {config.getoption('--impl')} (call shape "
+                f"{config.getoption('--call-shape')}, convention {config.getoption('--convention')}); "
+                "tests outside conformance/ are deselected"]
+    return []
 
 
 def pytest_addoption(parser):

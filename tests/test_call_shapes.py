@@ -558,3 +558,17 @@ def test_options_are_registered_once_with_the_plugin_named_twice():
 def test_unknown_call_shape_is_a_usage_error():
     proc = _pytest_from_root("--call-shape", "jax", "--collect-only")
     assert proc.returncode == 4 and "invalid choice: 'jax'" in proc.stderr, proc.stderr[-2000:]
+
+
+def test_root_run_grading_another_implementation_runs_the_conformance_suite_only():
+    """From the root with no path, `pytest --impl X` must not mix this checkout's own
+    tests (which never call X) into X's verdict: they are deselected, as in `gdpo check`."""
+    mine = _pytest_from_root("--collect-only")
+    theirs = _pytest_from_root("--impl", "conformance.plugins:impl_trl_shape", "--call-shape", "trl",
+                               "--collect-only")
+    assert mine.returncode == 0 and theirs.returncode == 0, theirs.stdout[-2000:] + theirs.stderr[-2000:]
+    own = [line for line in mine.stdout.splitlines() if line.startswith("tests/")]
+    kept = [line for line in theirs.stdout.splitlines() if "::" in line]
+    assert own, "the checkout's own tests were not collected by a plain run"
+    assert kept and all(line.startswith("conformance/") for line in kept), kept[:5]
+    assert f"({len(own)} deselected)" in theirs.stdout or "deselected" in theirs.stdout
