@@ -9,6 +9,10 @@ Input formats (the reward components, group labels, optional units and weights):
   "rewards": {"name": value, ...}}`` (or ``"rewards": [values]``);
 * ``.csv``: a header with ``group``, optional ``unit``, and one column per component.
 
+Rewards and weights are real numbers (integers must be exact in float64); labels are
+integers. Anything else is refused, never reinterpreted: rewards of another shape,
+bool, complex, text or object values, arrays of the wrong shape or length (labels
+and weights are 1-D), ``rewards`` together with ``reward_<name>`` arrays.
 Weights on the command line (``--weights``) override those in the file.
 
 The report, per group and per unit: whether the group reaches training with a
@@ -28,11 +32,14 @@ import csv
 import dataclasses
 import json
 import sys
+import zipfile
 from pathlib import Path
 
 import numpy as np
 
 from spec import CONVENTIONS, DEFAULT_EPS, FLOAT32_MAX, GDPOError
+from spec.errors import (GroupError, InputDtypeError, OutOfRangeError, SegmentError, ShapeError,
+                         WeightError)
 
 #: Diagnostics only (they never change a result): a group column whose std is
 #: below this multiple of eps has its Eq. 4 scale set mostly by eps, not the data.
@@ -47,7 +54,44 @@ OK, WARN, MALFORMED, DISAGREE = 0, 1, 2, 3
 
 
 class AuditInputError(GDPOError):
-    """A dumped batch that cannot be read: the message names the file, column and row."""
+    """A dumped batch that cannot be read: the message names the file, the array or column, and the row.
+    Each refusal is also the spec's class for its kind (spec/errors.py), through the subclasses below."""
+
+
+class AuditShapeError(AuditInputError, ShapeError):
+    """An array of the wrong shape: rewards not (N,) or (N, K), an empty batch, lengths that disagree."""
+
+
+class AuditDtypeError(AuditInputError, InputDtypeError):
+    """Rewards that are not real numbers: bool, complex, text, Python objects."""
+
+
+class AuditRangeError(AuditInputError, OutOfRangeError):
+    """A reward float64 cannot hold exactly (an integer beyond 2**53, a long double)."""
+
+
+class AuditGroupError(AuditInputError, GroupError):
+    """Group labels that are not integers, or no group labels at all."""
+
+
+class AuditUnitError(AuditInputError, SegmentError):
+    """Whitening-unit labels that are not integers."""
+
+
+class AuditWeightError(AuditInputError, WeightError):
+    """Weights that are not real numbers float64 holds exactly."""
+
+
+class AuditGroupShapeError(AuditShapeError, AuditGroupError):
+    """``group_ids`` not one label per sample."""
+
+
+class AuditUnitShapeError(AuditShapeError, AuditUnitError):
+    """``unit_ids`` not one label per sample."""
+
+
+class AuditWeightShapeError(AuditShapeError, AuditWeightError):
+    """Weights not one per reward column."""
 
 
 @dataclasses.dataclass
@@ -62,146 +106,367 @@ class Batch:
 
 # ------------------------------------------------------------------------- reading
 
+_INT64 = 2**63
+_KINDS = {"b": "booleans", "c": "complex numbers", "U": "text", "S": "bytes", "O": "Python objects",
+          "V": "structured records", "M": "datetimes", "m": "timedeltas"}
+_HINTS = {"b": "; save 0/1 as floats if that is meant",
+          "c": " (impl.gdpo refuses complex rewards; reading them as real would drop the imaginary part)",
+          "U": "; save numbers, not their text", "S": "; save numbers, not their text"}
 
-def _float_column(values, name: str, source: str) -> np.ndarray:
-    out = np.empty(len(values))
-    for i, v in enumerate(values):
+
+def _as_array(value, what: str) -> np.ndarray:
+    """One entry of a .npz/.pt mapping as a numpy array; refuses what is not a rectangular array."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(value, torch.Tensor):
+        if value.layout != torch.strided:
+            raise AuditInputError(f"{what} is a {value.layout} tensor; save it dense (.to_dense())")
+        value = value.detach().cpu().resolve_conj().resolve_neg()
+        if value.is_floating_point() and value.dtype not in (torch.float16, torch.float32, torch.float64):
+            value = value.to(torch.float32)  # bfloat16, float8: widening to float32 is exact
         try:
-            out[i] = float(v)
-        except (TypeError, ValueError):
-            raise AuditInputError(f"{source}: column {name!r}, row {i}: {v!r} is not a number") from None
+            return value.numpy()
+        except (TypeError, RuntimeError) as e:
+            raise AuditInputError(f"{what} is a tensor of dtype {value.dtype}, which numpy cannot hold ({e})") from None
+    if isinstance(value, dict):
+        raise AuditInputError(f"{what} is a dict (keys {sorted(map(str, value))}), not an array")
+    try:
+        return np.asarray(value)
+    except (ValueError, TypeError) as e:
+        raise AuditShapeError(f"{what} is not a rectangular array ({e})") from None
+
+
+def _first(mask: np.ndarray) -> tuple[int, ...]:
+    return tuple(int(i) for i in np.argwhere(mask)[0])
+
+
+def _real(arr: np.ndarray, what: str, where, dtype_error=AuditDtypeError, range_error=AuditRangeError) -> np.ndarray:
+    """``arr`` as float64: refuses dtypes that are not real numbers and values float64 cannot hold
+    exactly (integers beyond 2**53, long doubles). ``where(index)`` names an element's place."""
+    kind = arr.dtype.kind
+    if kind not in "iuf":
+        raise dtype_error(f"{what} holds {_KINDS.get(kind, str(arr.dtype))} (dtype {arr.dtype}), not real numbers"
+                          + _HINTS.get(kind, ""))
+    out = arr.astype(np.float64)
+    bad = None
+    if kind in "iu" and arr.dtype.itemsize > 4:
+        with np.errstate(invalid="ignore"):
+            fits = out < (float(_INT64) if kind == "i" else 2.0**64)
+            bad = ~fits | (np.where(fits, out, 0).astype(arr.dtype) != arr)
+    elif kind == "f" and arr.dtype.itemsize > 8:
+        with np.errstate(over="ignore", invalid="ignore"):
+            bad = (out.astype(arr.dtype) != arr) & ~np.isnan(arr)
+    if bad is not None and bad.any():
+        ix = _first(bad)
+        raise range_error(f"{what} {where(ix)}: {arr[ix]} is not exactly a float64 (the nearest is {out[ix]!r})")
     return out
 
 
-def _int_column(values, name: str, source: str) -> np.ndarray:
-    out = np.empty(len(values), dtype=np.int64)
-    for i, v in enumerate(values):
-        try:
-            f = float(v)
-            if not f.is_integer():
-                raise ValueError
-            out[i] = int(f)
-        except (TypeError, ValueError, OverflowError):
-            raise AuditInputError(f"{source}: column {name!r}, row {i}: {v!r} is not an integer label") from None
-    return out
+_LABEL_ERRORS = {"group_ids": (AuditGroupError, AuditGroupShapeError),
+                 "unit_ids": (AuditUnitError, AuditUnitShapeError)}
+
+
+def _labels(value, n: int, key: str, source: str) -> np.ndarray:
+    """One integer label per sample (``group_ids``, ``unit_ids``) from an array."""
+    err, shape_err = _LABEL_ERRORS[key]
+    what = f"{source}: {key!r}"
+    arr = _as_array(value, what)
+    if arr.ndim != 1:
+        raise shape_err(f"{what} has shape {arr.shape}; expected one label per sample, shape ({n},)")
+    if arr.size != n:
+        raise shape_err(f"{what} has {arr.size} entries for {n} samples")
+    kind = arr.dtype.kind
+    if kind == "i":
+        return arr.astype(np.int64)
+    if kind == "u":
+        bad = arr >= _INT64
+    elif kind == "f":
+        with np.errstate(invalid="ignore"):
+            bad = ~np.isfinite(arr) | (arr != np.floor(arr)) | (arr < -_INT64) | (arr >= _INT64)
+    else:
+        raise err(f"{what} holds {_KINDS.get(kind, str(arr.dtype))} (dtype {arr.dtype}); labels must be integers")
+    if bad.any():
+        i = _first(bad)[0]
+        raise err(f"{what} row {i}: {arr[i].item()!r} is not an integer label")
+    return arr.astype(np.int64)
+
+
+def _weights(value, names: list[str], what: str) -> np.ndarray:
+    """One real weight per reward column."""
+    arr = _as_array(value, what)
+    if arr.shape != (len(names),):
+        raise AuditWeightShapeError(f"{what} has shape {arr.shape}; expected one weight per reward column "
+                                    f"{names}, shape ({len(names)},)")
+    return _real(arr, what, lambda ix: f"entry {ix[0]} ({names[ix[0]]!r})", AuditWeightError, AuditWeightError)
+
+
+def _names(value, K: int, source: str) -> list[str]:
+    what = f"{source}: 'names'"
+    arr = _as_array(value, what)
+    if arr.dtype.kind != "U":
+        raise AuditInputError(f"{what} holds {_KINDS.get(arr.dtype.kind, str(arr.dtype))} (dtype {arr.dtype}), "
+                              "not text")
+    if arr.shape != (K,):
+        raise AuditShapeError(f"{what} has shape {arr.shape}; expected one name per reward column, shape ({K},)")
+    names = [str(n) for n in arr]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise AuditInputError(f"{what} repeats {dup}")
+    return names
+
+
+def _check_samples(shape: tuple, what: str) -> None:
+    if shape[0] == 0:
+        raise AuditShapeError(f"{what} has shape {shape}: no samples")
+    if len(shape) == 2 and shape[1] == 0:
+        raise AuditShapeError(f"{what} has shape {shape}: no reward columns")
 
 
 def _from_mapping(data: dict, source: str) -> Batch:
+    odd = [k for k in data if not isinstance(k, str)]
+    if odd:
+        raise AuditInputError(f"{source}: keys must be array names (strings), found {odd[0]!r}")
     keys = set(data)
+    comp = sorted(k for k in keys if k.startswith("reward_"))
+    if "rewards" in keys and comp:
+        raise AuditInputError(f"{source}: both a 'rewards' array and per-component arrays {comp}; "
+                              "give one or the other")
     if "rewards" in keys:
-        rewards = np.asarray(data["rewards"], dtype=np.float64)
-        if rewards.ndim == 1:
-            rewards = rewards[:, None]
-        names = [str(n) for n in data["names"]] if "names" in keys else [f"r{k}" for k in range(rewards.shape[1])]
+        what = f"{source}: 'rewards'"
+        arr = _as_array(data["rewards"], what)
+        if arr.ndim not in (1, 2):
+            raise AuditShapeError(f"{what} has shape {arr.shape}; expected (N,) or (N, K): one row per sample, "
+                                  "one column per reward component")
+        if arr.ndim == 1:
+            arr = arr[:, None]
+        _check_samples(arr.shape, what)
+        names = _names(data["names"], arr.shape[1], source) if "names" in keys else [
+            f"r{k}" for k in range(arr.shape[1])]
+        rewards = _real(arr, what, lambda ix: f"row {ix[0]}, column {names[ix[1]]!r}")
     else:
-        comp = sorted(k for k in keys if k.startswith("reward_"))
         if not comp:
             raise AuditInputError(f"{source}: no 'rewards' array and no 'reward_<name>' arrays (found {sorted(keys)})")
-        cols = [np.asarray(data[k], dtype=np.float64).reshape(-1) for k in comp]
-        if len({c.size for c in cols}) != 1:
-            sizes = {k: c.size for k, c in zip(comp, cols)}
-            raise AuditInputError(f"{source}: reward arrays differ in length: {sizes}")
-        rewards = np.stack(cols, 1)
+        if "names" in keys:
+            raise AuditInputError(f"{source}: a 'names' array goes with 'rewards'; the arrays {comp} are named "
+                                  "by their keys")
+        arrs = {k: _as_array(data[k], f"{source}: {k!r}") for k in comp}
+        for k, a in arrs.items():
+            if a.ndim != 1:
+                raise AuditShapeError(f"{source}: {k!r} has shape {a.shape}; expected one value per sample, "
+                                      "shape (N,)")
+        if len({a.size for a in arrs.values()}) != 1:
+            raise AuditShapeError(f"{source}: reward arrays differ in length: { {k: a.size for k, a in arrs.items()} }")
+        _check_samples(arrs[comp[0]].shape, f"{source}: {comp[0]!r}")
+        rewards = np.stack([_real(a, f"{source}: {k!r}", lambda ix: f"row {ix[0]}") for k, a in arrs.items()], 1)
         names = [k[len("reward_"):] for k in comp]
     if "group_ids" not in keys:
-        raise AuditInputError(f"{source}: no 'group_ids' array (found {sorted(keys)})")
+        raise AuditGroupError(f"{source}: no 'group_ids' array (found {sorted(keys)})")
     n = rewards.shape[0]
+    group = _labels(data["group_ids"], n, "group_ids", source)
+    unit = _labels(data["unit_ids"], n, "unit_ids", source) if "unit_ids" in keys else None
+    weights = _weights(data["weights"], names, f"{source}: 'weights'") if "weights" in keys else None
+    return Batch(rewards, group, unit, weights, names, source)
 
-    def labels(key):
-        if key not in keys:
-            return None
-        arr = np.asarray(data[key]).reshape(-1)
-        if arr.size != n:
-            raise AuditInputError(f"{source}: {key!r} has {arr.size} entries for {n} samples")
-        return _int_column(arr.tolist(), key, source)
 
-    weights = None if "weights" not in keys else np.asarray(data["weights"], dtype=np.float64).reshape(-1)
-    return Batch(rewards, labels("group_ids"), labels("unit_ids"), weights, names, source)
+def _json_type(v) -> str:
+    for t, name in ((bool, "boolean"), (dict, "object"), (list, "array"), (str, "string"), (int, "number"),
+                    (float, "number")):
+        if isinstance(v, t):
+            return name
+    return "null" if v is None else type(v).__name__
+
+
+def _float_column(values, name: str, source: str, text: bool = False) -> np.ndarray:
+    """Reward values of one column: numbers (JSON) or their text (CSV); an integer must be exact in float64."""
+    out = np.empty(len(values))
+    for i, v in enumerate(values):
+        place = f"{source}: column {name!r}, row {i}"
+        x = v
+        if text and isinstance(v, str):
+            try:
+                x = int(v)
+            except ValueError:
+                try:
+                    x = float(v)
+                except ValueError:
+                    raise AuditDtypeError(f"{place}: {v!r} is not a number") from None
+        if isinstance(x, bool) or not isinstance(x, (int, float)):
+            raise AuditDtypeError(f"{place}: {v!r} is not a number"
+                                  + (f" (a JSON {_json_type(v)})" if not text else ""))
+        if isinstance(x, int):
+            try:
+                f = float(x)
+            except OverflowError:
+                f = float("inf")
+            if f != x:  # int == float compares exactly
+                raise AuditRangeError(f"{place}: {v} is not exactly a float64 (the nearest is {f!r})")
+            x = f
+        out[i] = x
+    return out
+
+
+def _int_column(values, name: str, source: str, text: bool = False, err=AuditGroupError) -> np.ndarray:
+    """Integer labels of one column: JSON integers (or integral floats) or their text (CSV)."""
+    out = np.empty(len(values), dtype=np.int64)
+    for i, v in enumerate(values):
+        x = v
+        if text and isinstance(v, str):
+            try:
+                x = int(v)
+            except ValueError:
+                try:
+                    x = float(v)
+                except ValueError:
+                    x = None
+        if isinstance(x, float) and x.is_integer():
+            x = int(x)
+        if isinstance(x, bool) or not isinstance(x, int) or not -_INT64 <= x < _INT64:
+            raise err(f"{source}: column {name!r}, row {i}: {v!r} is not an integer label"
+                      + (f" (a JSON {_json_type(v)})" if not text and type(v) not in (int, float) else ""))
+        out[i] = x
+    return out
+
+
+def _open_text(path: Path, src: str):
+    try:
+        return path.open(newline="", encoding="utf-8-sig")
+    except OSError as e:
+        raise AuditInputError(f"{src}: cannot be read ({e.strerror or e})") from None
 
 
 def _read_csv(path: Path) -> Batch:
     src = str(path)
-    with path.open(newline="") as f:
+    with _open_text(path, src) as f:
         reader = csv.DictReader(f)
-        if not reader.fieldnames or "group" not in reader.fieldnames:
-            raise AuditInputError(f"{src}: the header must name a 'group' column (found {reader.fieldnames})")
-        rows = list(reader)
+        try:
+            fields = reader.fieldnames
+            if not fields or "group" not in fields:
+                raise AuditGroupError(f"{src}: the header must name a 'group' column (found {fields})")
+            rows = list(reader)
+        except UnicodeDecodeError as e:
+            raise AuditInputError(f"{src}: not UTF-8 text (byte {e.start}: {e.reason})") from None
+        except csv.Error as e:
+            raise AuditInputError(f"{src}: not valid CSV at line {reader.line_num}: {e}") from None
+    dup = sorted({c for c in fields if fields.count(c) > 1})
+    if dup:
+        raise AuditInputError(f"{src}: the header names {dup} more than once")
     if not rows:
-        raise AuditInputError(f"{src}: no rows")
-    names = [c for c in reader.fieldnames if c not in ("group", "unit")]
+        raise AuditShapeError(f"{src}: no rows")
+    names = [c for c in fields if c not in ("group", "unit")]
     if not names:
-        raise AuditInputError(f"{src}: no reward columns besides 'group'/'unit'")
+        raise AuditShapeError(f"{src}: no reward columns besides 'group'/'unit'")
     for i, row in enumerate(rows):
         if None in row or any(v is None for v in row.values()):
-            raise AuditInputError(f"{src}: row {i} has {'more' if None in row else 'fewer'} fields than the header")
-    rewards = np.stack([_float_column([r[c] for r in rows], c, src) for c in names], 1)
-    group = _int_column([r["group"] for r in rows], "group", src)
-    unit = _int_column([r["unit"] for r in rows], "unit", src) if "unit" in reader.fieldnames else None
+            raise AuditShapeError(f"{src}: row {i} has {'more' if None in row else 'fewer'} fields than the header")
+    rewards = np.stack([_float_column([r[c] for r in rows], c, src, text=True) for c in names], 1)
+    group = _int_column([r["group"] for r in rows], "group", src, text=True)
+    unit = (_int_column([r["unit"] for r in rows], "unit", src, text=True, err=AuditUnitError)
+            if "unit" in fields else None)
     return Batch(rewards, group, unit, None, names, src)
 
 
 def _read_jsonl(path: Path) -> Batch:
     src = str(path)
     recs = []
-    with path.open() as f:
-        for i, line in enumerate(f):
-            if not line.strip():
-                continue
-            try:
-                recs.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                raise AuditInputError(f"{src}: row {len(recs)} (line {i + 1}) is not JSON: {e.msg}") from None
+    with _open_text(path, src) as f:
+        try:
+            for i, line in enumerate(f):
+                if not line.strip():
+                    continue
+                try:
+                    recs.append(json.loads(line))
+                except json.JSONDecodeError as e:
+                    raise AuditInputError(f"{src}: row {len(recs)} (line {i + 1}) is not JSON: {e.msg}") from None
+        except UnicodeDecodeError as e:
+            raise AuditInputError(f"{src}: not UTF-8 text (byte {e.start}: {e.reason})") from None
     if not recs:
-        raise AuditInputError(f"{src}: no records")
-    first = recs[0].get("rewards")
-    names = list(first) if isinstance(first, dict) else [f"r{k}" for k in range(len(first or []))]
-    rows = []
+        raise AuditShapeError(f"{src}: no records")
     for i, rec in enumerate(recs):
         if not isinstance(rec, dict) or "group" not in rec or "rewards" not in rec:
-            raise AuditInputError(f"{src}: row {i} needs 'group' and 'rewards'")
+            got = f"an object with keys {sorted(rec)}" if isinstance(rec, dict) else f"a JSON {_json_type(rec)}"
+            raise AuditInputError(f"{src}: row {i} needs 'group' and 'rewards' (it is {got})")
+        if not isinstance(rec["rewards"], (dict, list)):
+            raise AuditDtypeError(f"{src}: row {i}: 'rewards' is a JSON {_json_type(rec['rewards'])}; expected an "
+                                  "object {name: value} or an array of values")
+    first = recs[0]["rewards"]
+    names = list(first) if isinstance(first, dict) else [f"r{k}" for k in range(len(first))]
+    if not names:
+        raise AuditShapeError(f"{src}: row 0 has no rewards")
+    rows = []
+    for i, rec in enumerate(recs):
         rw = rec["rewards"]
+        if isinstance(rw, dict) != isinstance(first, dict):
+            raise AuditInputError(f"{src}: row {i} gives 'rewards' as a JSON {_json_type(rw)}, row 0 as a JSON "
+                                  f"{_json_type(first)}")
         if isinstance(rw, dict):
             if set(rw) != set(names):
-                raise AuditInputError(f"{src}: row {i} has reward keys {sorted(rw)}, expected {sorted(names)}")
+                raise AuditShapeError(f"{src}: row {i} has reward keys {sorted(rw)}, expected {sorted(names)}")
             rw = [rw[n] for n in names]
         if len(rw) != len(names):
-            raise AuditInputError(f"{src}: row {i} has {len(rw)} rewards, expected {len(names)}")
+            raise AuditShapeError(f"{src}: row {i} has {len(rw)} rewards, expected {len(names)}")
         rows.append(rw)
     rewards = np.stack([_float_column([r[k] for r in rows], names[k], src) for k in range(len(names))], 1)
     group = _int_column([r["group"] for r in recs], "group", src)
     has_unit = ["unit" in r for r in recs]
     if any(has_unit) and not all(has_unit):
-        raise AuditInputError(f"{src}: row {has_unit.index(not has_unit[0])} lacks the 'unit' the others have")
-    unit = _int_column([r["unit"] for r in recs], "unit", src) if all(has_unit) else None
+        raise AuditUnitError(f"{src}: row {has_unit.index(False)} has no 'unit' but row {has_unit.index(True)} has "
+                             "one; give every row a unit or none")
+    unit = _int_column([r["unit"] for r in recs], "unit", src, err=AuditUnitError) if all(has_unit) else None
     return Batch(rewards, group, unit, None, names, src)
+
+
+def _dtype_error(key: str) -> type:
+    """The refusal for an entry ``key`` whose dtype is wrong."""
+    if key == "rewards" or key.startswith("reward_"):
+        return AuditDtypeError
+    return {"group_ids": AuditGroupError, "unit_ids": AuditUnitError, "weights": AuditWeightError}.get(
+        key, AuditInputError)
+
+
+def _read_npz(path: Path) -> Batch:
+    try:
+        data = np.load(path, allow_pickle=False)
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as e:
+        raise AuditInputError(f"{path}: not a readable .npz file ({e})") from None
+    if not isinstance(data, np.lib.npyio.NpzFile):
+        raise AuditInputError(f"{path}: one bare array (np.save), not an archive of named arrays (np.savez)")
+    arrays = {}
+    with data:
+        for k in data.files:
+            try:
+                arrays[k] = data[k]
+            except ValueError as e:
+                if "allow_pickle" not in str(e):
+                    raise AuditInputError(f"{path}: array {k!r} is not readable ({e})") from None
+                raise _dtype_error(k)(f"{path}: {k!r} holds Python objects (dtype object), which audit does not "
+                                      "unpickle; save numbers (or str names)") from None
+            except Exception as e:  # a damaged member: zlib, zipfile, EOF errors
+                raise AuditInputError(f"{path}: array {k!r} is not readable ({type(e).__name__}: {e})") from None
+    return _from_mapping(arrays, str(path))
+
+
+def _read_pt(path: Path) -> Batch:
+    import torch
+
+    try:
+        data = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # torch raises many types for a bad file
+        raise AuditInputError(f"{path}: not a readable .pt file ({type(e).__name__}: {e})") from None
+    if not isinstance(data, dict):
+        raise AuditInputError(f"{path}: expected a dict of tensors, got {type(data).__name__}")
+    return _from_mapping(data, str(path))
 
 
 def read_batch(path: str | Path) -> Batch:
     path = Path(path)
     if not path.exists():
         raise AuditInputError(f"{path}: no such file")
+    if path.is_dir():
+        raise AuditInputError(f"{path}: a directory, not a file")
     suffix = path.suffix.lower()
-    if suffix == ".csv":
-        return _read_csv(path)
-    if suffix == ".jsonl":
-        return _read_jsonl(path)
-    if suffix == ".npz":
-        try:
-            with np.load(path, allow_pickle=False) as data:
-                return _from_mapping({k: data[k] for k in data.files}, str(path))
-        except (ValueError, OSError) as e:
-            raise AuditInputError(f"{path}: not a readable .npz file ({e})") from None
-    if suffix == ".pt":
-        import torch
-
-        try:
-            data = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as e:  # torch raises many types for a bad file
-            raise AuditInputError(f"{path}: not a readable .pt file ({type(e).__name__}: {e})") from None
-        if not isinstance(data, dict):
-            raise AuditInputError(f"{path}: expected a dict of tensors, got {type(data).__name__}")
-        return _from_mapping({k: (v.numpy() if hasattr(v, "numpy") else v) for k, v in data.items()}, str(path))
-    raise AuditInputError(f"{path}: unknown format {suffix!r} (expected .npz, .pt, .jsonl or .csv)")
+    readers = {".csv": _read_csv, ".jsonl": _read_jsonl, ".npz": _read_npz, ".pt": _read_pt}
+    if suffix not in readers:
+        raise AuditInputError(f"{path}: unknown format {suffix!r} (expected .npz, .pt, .jsonl or .csv)")
+    return readers[suffix](path)
 
 
 def example_batch() -> Batch:
@@ -248,10 +513,12 @@ def audit(batch: Batch, weights=None, eps: float = DEFAULT_EPS, progress: bool |
 
     r = batch.rewards
     N, K = r.shape
-    w = np.asarray(weights if weights is not None else
-                   (batch.weights if batch.weights is not None else np.ones(K)), dtype=np.float64)
-    if w.shape != (K,):
-        raise AuditInputError(f"{batch.source}: {w.size} weights for {K} reward columns {batch.names}")
+    if weights is not None:
+        w = _weights(weights, batch.names, "the weights given (--weights)")
+    elif batch.weights is not None:
+        w = _weights(batch.weights, batch.names, f"{batch.source}: 'weights'")
+    else:
+        w = np.ones(K)
     units = batch.unit_ids if batch.unit_ids is not None else np.zeros(N, dtype=np.int64)
     order = np.argsort(units, kind="stable")  # whitening units as consecutive segments for impl
     ulabels, usizes = np.unique(units[order], return_counts=True)

@@ -1,0 +1,268 @@
+"""`gdpo audit` on malformed files: every one is a clean refusal (exit 2, one message naming the
+array or column, its shape or dtype, and the row), never a traceback or a silent reinterpretation.
+Each refusal is also the spec's error class for its kind (spec/errors.py)."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from conformance import audit, cli
+from spec.errors import GroupError, InputDtypeError, OutOfRangeError, SegmentError, ShapeError, WeightError
+
+R = np.array([[1.0, 0.0], [0.0, 0.0], [1.0, 1.0], [0.0, 1.0]])
+G = np.array([0, 0, 1, 1])
+BIG = 2**53 + 1  # the first integer float64 cannot hold
+
+
+def npz(**arrays):
+    def write(p):
+        np.savez(p, **arrays)  # allow_pickle defaults to True: object arrays are written
+    return "npz", write
+
+
+def pt(obj):
+    return "pt", lambda p: torch.save(obj, p)
+
+
+def text(suffix, body):
+    if isinstance(body, bytes):
+        return suffix, lambda p: p.write_bytes(body)
+    return suffix, lambda p: p.write_text(body)
+
+
+def jsonl(*recs):
+    return text("jsonl", "\n".join(r if isinstance(r, str) else json.dumps(r) for r in recs))
+
+
+def bare_npy(p):
+    with open(p, "wb") as f:
+        np.save(f, R)
+
+
+def sparse_pt():
+    return pt({"rewards": torch.tensor(R).to_sparse(), "group_ids": torch.tensor(G)})
+
+
+LONG_DOUBLE = np.finfo(np.longdouble).nmant > 52
+
+# (id, (suffix, writer), spec class the refusal must also be, pattern the message must match)
+CASES = [
+    # rewards: shape
+    ("rewards_3d_npz", npz(rewards=R[:, :, None], group_ids=G), ShapeError, r"'rewards' has shape \(4, 2, 1\)"),
+    ("rewards_3d_pt", pt({"rewards": torch.tensor(R)[:, :, None], "group_ids": torch.tensor(G)}), ShapeError,
+     r"'rewards' has shape \(4, 2, 1\); expected \(N,\) or \(N, K\)"),
+    ("rewards_0d", npz(rewards=np.float64(1.0), group_ids=G), ShapeError, r"'rewards' has shape \(\)"),
+    ("rewards_no_rows", npz(rewards=np.zeros((0, 2)), group_ids=np.zeros(0, int)), ShapeError,
+     r"'rewards' has shape \(0, 2\): no samples"),
+    ("rewards_no_columns", npz(rewards=np.zeros((4, 0)), group_ids=G), ShapeError,
+     r"'rewards' has shape \(4, 0\): no reward columns"),
+    ("reward_component_2d", npz(reward_x=R, group_ids=G), ShapeError, r"'reward_x' has shape \(4, 2\)"),
+    ("reward_component_empty", npz(reward_x=np.zeros(0), group_ids=np.zeros(0, int)), ShapeError,
+     r"'reward_x' has shape \(0,\): no samples"),
+    ("ragged_list_pt", pt({"rewards": [[1.0, 0.0], [1.0]], "group_ids": [0, 0]}), ShapeError,
+     r"'rewards' is not a rectangular array"),
+    # rewards: dtype
+    ("rewards_complex", npz(rewards=R + 1j, group_ids=G), InputDtypeError,
+     r"'rewards' holds complex numbers \(dtype complex128\)"),
+    ("rewards_complex_pt", pt({"rewards": torch.tensor(R + 1j), "group_ids": torch.tensor(G)}), InputDtypeError,
+     r"'rewards' holds complex numbers"),
+    ("rewards_bool", npz(rewards=R > 0, group_ids=G), InputDtypeError, r"'rewards' holds booleans \(dtype bool\)"),
+    ("rewards_text", npz(rewards=R.astype(str), group_ids=G), InputDtypeError, r"'rewards' holds text"),
+    ("rewards_object", npz(rewards=R.astype(object), group_ids=G), InputDtypeError,
+     r"'rewards' holds Python objects \(dtype object\)"),
+    ("reward_component_bool", npz(reward_x=R[:, 0] > 0, reward_y=R[:, 1], group_ids=G), InputDtypeError,
+     r"'reward_x' holds booleans"),
+    ("rewards_dict_pt", pt({"rewards": {"acc": torch.tensor(R[:, 0])}, "group_ids": torch.tensor(G)}), None,
+     r"'rewards' is a dict \(keys \['acc'\]\), not an array"),
+    ("rewards_sparse_pt", sparse_pt(), None, r"'rewards' is a torch.sparse_coo tensor"),
+    # rewards: values float64 cannot hold
+    ("rewards_int_inexact", npz(rewards=np.array([[1, 0], [0, 0], [1, BIG], [0, 1]]), group_ids=G),
+     OutOfRangeError, rf"'rewards' row 2, column 'r1': {BIG} is not exactly a float64"),
+    ("rewards_uint64_inexact", npz(reward_x=np.array([0, 1, 2**64 - 1, 3], np.uint64), group_ids=G),
+     OutOfRangeError, rf"'reward_x' row 2: {2**64 - 1} is not exactly a float64"),
+    pytest.param("rewards_longdouble", npz(rewards=R.astype(np.longdouble) + np.longdouble(2) ** -60, group_ids=G),
+                 OutOfRangeError, r"'rewards' row 0, column 'r0': .* is not exactly a float64",
+                 marks=pytest.mark.skipif(not LONG_DOUBLE, reason="long double is float64 here")),
+    # both layouts, names
+    ("rewards_and_components", npz(rewards=R, reward_x=R[:, 0], group_ids=G), None,
+     r"both a 'rewards' array and per-component arrays \['reward_x'\]"),
+    ("names_wrong_length", npz(rewards=R, group_ids=G, names=np.array(["a"])), ShapeError,
+     r"'names' has shape \(1,\); expected one name per reward column, shape \(2,\)"),
+    ("names_2d", npz(rewards=R, group_ids=G, names=np.array([["a", "b"]])), ShapeError, r"'names' has shape \(1, 2\)"),
+    ("names_numbers", npz(rewards=R, group_ids=G, names=np.array([0, 1])), None, r"'names' holds .* not text"),
+    ("names_repeated", npz(rewards=R, group_ids=G, names=np.array(["a", "a"])), None, r"'names' repeats \['a'\]"),
+    ("names_with_components", npz(reward_x=R[:, 0], group_ids=G, names=np.array(["y"])), None,
+     r"a 'names' array goes with 'rewards'"),
+    ("names_object", npz(rewards=R, group_ids=G, names=np.array(["a", 1], dtype=object)), None,
+     r"'names' holds Python objects"),
+    # group and unit labels
+    ("group_ids_2d", npz(rewards=R, group_ids=G.reshape(2, 2)), GroupError,
+     r"'group_ids' has shape \(2, 2\); expected one label per sample, shape \(4,\)"),
+    ("group_ids_column", npz(rewards=R, group_ids=G[:, None]), ShapeError, r"'group_ids' has shape \(4, 1\)"),
+    ("group_ids_nan", npz(rewards=R, group_ids=np.array([0.0, 0.0, np.nan, 1.0])), GroupError,
+     r"'group_ids' row 2: nan is not an integer label"),
+    ("group_ids_inf", npz(rewards=R, group_ids=np.array([0.0, 0.0, 1.0, np.inf])), GroupError,
+     r"'group_ids' row 3: inf is not an integer label"),
+    ("group_ids_bool", npz(rewards=R, group_ids=G > 0), GroupError, r"'group_ids' holds booleans"),
+    ("group_ids_complex", npz(rewards=R, group_ids=G + 0j), GroupError, r"'group_ids' holds complex numbers"),
+    ("group_ids_text", npz(rewards=R, group_ids=np.array(["0", "0", "1", "1"])), GroupError,
+     r"'group_ids' holds text \(dtype <U1\)"),
+    ("group_ids_uint64_overflow", npz(rewards=R, group_ids=np.array([0, 0, 2**64 - 1, 2**64 - 1], np.uint64)),
+     GroupError, rf"'group_ids' row 2: {2**64 - 1} is not an integer label"),
+    ("unit_ids_2d", npz(rewards=R, group_ids=G, unit_ids=G.reshape(2, 2)), SegmentError,
+     r"'unit_ids' has shape \(2, 2\)"),
+    ("unit_ids_float", npz(rewards=R, group_ids=G, unit_ids=np.array([0.0, 0.5, 1.0, 1.0])), SegmentError,
+     r"'unit_ids' row 1: 0.5 is not an integer label"),
+    # weights
+    ("weights_wrong_length", npz(rewards=R, group_ids=G, weights=np.ones(3)), WeightError,
+     r"'weights' has shape \(3,\); expected one weight per reward column \['r0', 'r1'\], shape \(2,\)"),
+    ("weights_2d", npz(rewards=R, group_ids=G, weights=np.ones((1, 2))), ShapeError, r"'weights' has shape \(1, 2\)"),
+    ("weights_0d", npz(rewards=R[:, :1], group_ids=G, weights=np.float64(2.0)), WeightError,
+     r"'weights' has shape \(\)"),
+    ("weights_complex", npz(rewards=R, group_ids=G, weights=np.array([1.0, 1j])), WeightError,
+     r"'weights' holds complex numbers"),
+    ("weights_text", npz(rewards=R, group_ids=G, weights=np.array(["1", "2"])), WeightError, r"'weights' holds text"),
+    ("weights_int_inexact", npz(rewards=R, group_ids=G, weights=np.array([1, BIG])), WeightError,
+     rf"'weights' entry 1 \('r1'\): {BIG} is not exactly a float64"),
+    # containers
+    ("pt_int_key", pt({"rewards": torch.tensor(R), "group_ids": torch.tensor(G), 3: torch.tensor(1.0)}), None,
+     r"keys must be array names \(strings\), found 3"),
+    ("npz_bare_array", ("npz", bare_npy), None, r"one bare array \(np.save\), not an archive of named arrays"),
+    # CSV
+    ("csv_duplicate_column", text("csv", "group,acc,acc\n0,1,0\n0,0,1\n"), None,
+     r"the header names \['acc'\] more than once"),
+    ("csv_not_utf8", text("csv", b"group,acc\n0,\xff\n0,1\n"), None, r"not UTF-8 text"),
+    ("csv_int_inexact", text("csv", f"group,acc\n0,1\n0,{BIG}\n"), OutOfRangeError,
+     rf"column 'acc', row 1: {BIG} is not exactly a float64"),
+    ("csv_unit_label", text("csv", "group,unit,acc\n0,0,1\n0,x,0\n"), SegmentError,
+     r"column 'unit', row 1: 'x' is not an integer label"),
+    # JSONL
+    ("jsonl_record_not_object", jsonl([1, 2], {"group": 0, "rewards": [1]}), None,
+     r"row 0 needs 'group' and 'rewards' \(it is a JSON array\)"),
+    ("jsonl_rewards_number", jsonl({"group": 0, "rewards": 5}, {"group": 0, "rewards": 6}), InputDtypeError,
+     r"row 0: 'rewards' is a JSON number"),
+    ("jsonl_rewards_empty", jsonl({"group": 0, "rewards": []}, {"group": 0, "rewards": []}), ShapeError,
+     r"row 0 has no rewards"),
+    ("jsonl_mixed_layouts", jsonl({"group": 0, "rewards": {"a": 1, "b": 0}}, {"group": 0, "rewards": [0, 1]}), None,
+     r"row 1 gives 'rewards' as a JSON array, row 0 as a JSON object"),
+    ("jsonl_bool_reward", jsonl({"group": 0, "rewards": [1.0]}, {"group": 0, "rewards": [True]}), InputDtypeError,
+     r"column 'r0', row 1: True is not a number \(a JSON boolean\)"),
+    ("jsonl_string_reward", jsonl({"group": 0, "rewards": {"a": "1.5"}}, {"group": 0, "rewards": {"a": 1}}),
+     InputDtypeError, r"column 'a', row 0: '1.5' is not a number \(a JSON string\)"),
+    ("jsonl_huge_int_reward", jsonl({"group": 0, "rewards": [1]}, '{"group": 0, "rewards": [1' + "0" * 400 + "]}"),
+     OutOfRangeError, r"column 'r0', row 1: 10+ is not exactly a float64 \(the nearest is inf\)"),
+    ("jsonl_int_inexact_reward", jsonl({"group": 0, "rewards": [1]}, {"group": 0, "rewards": [BIG]}),
+     OutOfRangeError, rf"column 'r0', row 1: {BIG} is not exactly a float64"),
+    ("jsonl_bool_group", jsonl({"group": True, "rewards": [1]}, {"group": True, "rewards": [0]}), GroupError,
+     r"column 'group', row 0: True is not an integer label \(a JSON boolean\)"),
+    ("jsonl_string_group", jsonl({"group": "0", "rewards": [1]}, {"group": "0", "rewards": [0]}), GroupError,
+     r"column 'group', row 0: '0' is not an integer label \(a JSON string\)"),
+    ("jsonl_unit_missing_first", jsonl({"group": 0, "rewards": [1]}, {"group": 0, "unit": 0, "rewards": [0]}),
+     SegmentError, r"row 0 has no 'unit' but row 1 has one"),
+]
+
+
+def _case_id(c):
+    return c.values[0] if hasattr(c, "values") else c[0]
+
+
+@pytest.mark.parametrize("name,writer,spec_class,pattern", CASES, ids=[_case_id(c) for c in CASES])
+def test_malformed_file_is_refused_cleanly(tmp_path, capsys, name, writer, spec_class, pattern):
+    suffix, write = writer
+    p = tmp_path / f"{name}.{suffix}"
+    write(p)
+    with pytest.raises(audit.AuditInputError, match=pattern) as info:
+        audit.read_batch(p)
+    if spec_class is not None:
+        assert isinstance(info.value, spec_class)
+    assert cli.main(["audit", str(p)]) == audit.MALFORMED
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"gdpo audit: {p}: "), err
+
+
+def test_npz_messages_are_not_wrapped_twice(tmp_path):
+    """A refusal from inside an .npz reads as itself, not as 'not a readable .npz file (...)'."""
+    p = tmp_path / "b.npz"
+    np.savez(p, rewards=R, group_ids=G[:3])
+    with pytest.raises(audit.AuditInputError) as info:
+        audit.read_batch(p)
+    assert str(info.value) == f"{p}: 'group_ids' has 3 entries for 4 samples"
+    assert isinstance(info.value, GroupError) and isinstance(info.value, ShapeError)
+
+
+def test_directory_is_refused(tmp_path, capsys):
+    d = tmp_path / "batch.csv"
+    d.mkdir()
+    with pytest.raises(audit.AuditInputError, match="a directory, not a file"):
+        audit.read_batch(d)
+    assert cli.main(["audit", str(d)]) == audit.MALFORMED
+
+
+def test_weights_given_of_the_wrong_length_or_kind(tmp_path, capsys):
+    b = audit.read_batch(_ok_npz(tmp_path))
+    with pytest.raises(audit.AuditInputError, match=r"weights given \(--weights\) has shape \(3,\)") as info:
+        audit.audit(b, weights=[1.0, 2.0, 3.0])
+    assert isinstance(info.value, WeightError) and isinstance(info.value, ShapeError)
+    with pytest.raises(WeightError, match="holds complex numbers"):
+        audit.audit(b, weights=[1.0, 1j])
+
+
+def test_file_weights_are_checked_even_when_overridden(tmp_path, capsys):
+    p = tmp_path / "w.npz"
+    np.savez(p, rewards=R, group_ids=G, weights=np.ones(3))
+    assert cli.main(["audit", str(p), "--weights", "1", "2"]) == audit.MALFORMED
+    assert "'weights' has shape (3,)" in capsys.readouterr().err
+
+
+def _ok_npz(tmp_path):
+    p = tmp_path / "ok.npz"
+    np.savez(p, rewards=R, group_ids=G)
+    return p
+
+
+# ----------------------------------------------------------- near misses that are read, exactly
+
+
+def _groups(p):
+    return sorted(g["group"] for g in audit.audit(audit.read_batch(p))["groups"])
+
+
+@pytest.mark.parametrize("fmt", ["npz", "csv", "jsonl"])
+def test_large_integer_labels_stay_distinct(tmp_path, fmt):
+    """2**53 and 2**53 + 1 are two groups (read through float64, they merged into one)."""
+    a, b = 2**53, 2**53 + 1
+    p = tmp_path / f"big.{fmt}"
+    if fmt == "npz":
+        np.savez(p, rewards=R, group_ids=np.array([a, a, b, b]))
+    elif fmt == "csv":
+        p.write_text("group,acc,fmt\n" + "\n".join(f"{g},{r[0]},{r[1]}" for g, r in zip([a, a, b, b], R.tolist())))
+    else:
+        p.write_text("\n".join(json.dumps({"group": g, "rewards": r}) for g, r in zip([a, a, b, b], R.tolist())))
+    assert _groups(p) == [a, b]
+
+
+def test_pt_tensors_torch_can_dump_are_read(tmp_path):
+    """bfloat16 (widened exactly) and tensors that require grad are read, not a traceback."""
+    p = tmp_path / "bf16.pt"
+    torch.save({"rewards": torch.tensor(R, dtype=torch.bfloat16), "group_ids": torch.tensor(G)}, p)
+    assert np.array_equal(audit.read_batch(p).rewards, R)
+    q = tmp_path / "grad.pt"
+    torch.save({"rewards": torch.tensor(R, requires_grad=True), "group_ids": torch.tensor(G)}, q)
+    assert np.array_equal(audit.read_batch(q).rewards, R)
+
+
+def test_exact_integers_and_integral_labels_are_read(tmp_path):
+    p = tmp_path / "ints.npz"
+    big = 2**60  # beyond 2**53, but float64 holds it exactly
+    np.savez(p, rewards=np.array([[1, big], [0, 0], [1, 1], [0, 1]]), group_ids=np.array([0.0, 0.0, 1.0, 1.0]),
+             unit_ids=np.zeros(4, np.uint8), weights=np.array([1, 2]))
+    b = audit.read_batch(p)
+    assert b.rewards[0, 1] == float(big) and b.group_ids.dtype == np.int64 and b.weights.tolist() == [1.0, 2.0]
+
+
+def test_csv_with_a_byte_order_mark_is_read(tmp_path):
+    p = tmp_path / "bom.csv"
+    p.write_bytes("\ufeffgroup,acc\n0,1\n0,0\n".encode())
+    assert audit.read_batch(p).names == ["acc"]
