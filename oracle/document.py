@@ -81,6 +81,7 @@ def context() -> dict[str, str]:
     ctx["safety"] = repr(error_model.SAFETY)
     ctx["start_prec"] = str(gdpo.START_PREC)
     ctx["max_prec"] = str(gdpo.MAX_PREC)
+    ctx["tie_test_prec"] = str(gdpo.TIE_TEST_PREC)
     sig = [10000.0, 10000.005, 10000.010, 10000.015]
     ctx["signal_relative_spread"] = _g((max(sig) - min(sig)) / max(sig), 2)
     ctx["w_merged"] = repr(float(np.float32(16777217.0)))
@@ -122,6 +123,20 @@ def context() -> dict[str, str]:
         rr = np.stack([C - d, d], 1)
         conds.append(_g(float(gdpo.advantages(rr, [0] * 4).cond.max()), 2))
     ctx["cd_cond"] = ", ".join(conds)
+    exacts = []
+    for C in (1e9, 1e11, 1e13, 1e15):
+        exacts.append(_g(float(np.abs(gdpo.advantages(np.stack([C - d, d], 1), [0] * 4).float64).max()), 2))
+    ctx["cd_exact"] = ", ".join(exacts)
+    # cond is an upper bound: a group of two, whose z moves only through eps (z = +-(1/2) d / D,
+    # d = r_2 - r_1, D = |d| / sqrt(2) + eps, so dz/dd = eps / (2 D^2) exactly)
+    eps2 = CONVENTIONS["spec"].group_eps
+    z2 = gdpo.standardize_groups(np.array([[0.0], [1.0]]), [0, 0])
+    D = 1 / math.sqrt(2) + eps2
+    ulps = math.ulp(1.0) + 5e-324  # the oracle's ulp of 0 is the least subnormal
+    ctx["n2_eps"] = repr(eps2)
+    ctx["n2_cond"] = _g(float(z2.cond.max()), 2)
+    ctx["n2_first_order"] = _g(eps2 * ulps / (2 * D * D), 2)
+    assert float(z2.cond.max()) > 1e3 * eps2 * ulps / (2 * D * D)
 
     s1000 = [1000.0, 1000.01, 1000.02, 1000.03]
     s10000 = [10000.0, 10000.001, 10000.002, 10000.003]
@@ -129,8 +144,12 @@ def context() -> dict[str, str]:
     ctx["onepass_10000_f32"] = _one_pass_std(s10000, np.float32)
     ctx["onepass_1000_f64"] = _one_pass_std(s1000, np.float64)
     ctx["onepass_10000_f64"] = _one_pass_std(s10000, np.float64)
-    ctx["exact_std_1000"] = _g(_exact_std(s1000), 3)
-    ctx["exact_std_10000"] = _g(_exact_std(s10000), 3)
+    # each row's exact std is of the very inputs that row computes on: the float32 roundings
+    # of the decimals for the float32 rows, the float64 ones for the float64 row
+    ctx["exact_std_1000"] = _g(_exact_std(np.array(s1000, dtype=np.float32).tolist()), 3)
+    ctx["exact_std_10000"] = _g(_exact_std(np.array(s10000, dtype=np.float32).tolist()), 3)
+    ctx["exact_std_1000_f64"] = _g(_exact_std(s1000), 3)
+    ctx["exact_std_10000_f64"] = _g(_exact_std(s10000), 3)
 
     base = np.array([[0.0, 0.0], [1.0, 1e-3], [2.0, 2e-3], [3.0, 0.5e-3]])
     grp = [0, 0, 0, 0]
@@ -161,6 +180,10 @@ def context() -> dict[str, str]:
     assert res0.unit_collapsed.all() and not res0.required_zero.any()
     ctx["eps0_bound"] = f"{float(res0.allowed('float64')[0]):.6f}"
     ctx["eps0_sqrt"] = f"{math.sqrt(5):.6f}"
+
+    # verl's masked_mean divides by mask.sum() + 1e-8: a no-op in float32 for any count >= 1
+    assert all(np.float32(t) + np.float32(1e-8) == np.float32(t) for t in (1, 2, 3, 1000, 2**24))
+    ctx["f32_half_ulp_1"] = _g(float(np.spacing(np.float32(1.0))) / 2, 2)
 
     rows = []
     for c in CONVENTIONS.values():

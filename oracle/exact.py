@@ -75,6 +75,27 @@ class Form:
             return Form()
         return Form(self.q0 * scale, {c: p * scale for c, p in self.terms.items()})
 
+    def is_rational(self) -> bool:
+        """No square-root term: the form is its rational part (Besicovitch: a form with a
+        term is irrational, so it is never a midpoint between two floats)."""
+        return not self.terms
+
+    def times(self, other: "Form", classes: "SqrtClasses") -> "Form":
+        """The exact product (sqrt(x_a) sqrt(x_b) = sqrt(x_a x_b), re-registered in
+        ``classes``, which may grow)."""
+        out = Form(self.q0 * other.q0)
+        if self.q0:
+            out.add_scaled(Form(Fraction(0), dict(other.terms)), self.q0)
+        if other.q0:
+            out.add_scaled(Form(Fraction(0), dict(self.terms)), other.q0)
+        for ca, pa in self.terms.items():
+            for cb, pb in other.terms.items():
+                if ca == cb:
+                    out.add_scaled(Form(Fraction(classes.radicands[ca])), pa * pb)
+                else:
+                    out.add_scaled(classes.sqrt(Fraction(classes.radicands[ca] * classes.radicands[cb])), pa * pb)
+        return out
+
     def minus(self, other: "Form") -> "Form":
         out = Form(self.q0, dict(self.terms))
         out.add_scaled(other, Fraction(-1))
@@ -310,6 +331,87 @@ def round_all(iv: tuple) -> tuple[float, ...] | None:
             return None
         out.append(v)
     return tuple(out)
+
+
+def round_fraction(q: Fraction, fmt: str) -> float:
+    """Round an exact rational to the nearest value of ``fmt`` (ties to even), subnormals
+    and overflow to infinity included, in integer arithmetic: a rational value is rounded
+    exactly, never through an interval (whose ends never meet on a non-dyadic factor such
+    as 1 / (s + eps), so that a value exactly halfway between two floats could not be
+    certified)."""
+    p, emin, emax = FORMATS[fmt]
+    if q == 0:
+        return 0.0
+    neg = q < 0
+    n, d = abs(q.numerator), q.denominator
+    e = n.bit_length() - d.bit_length()  # floor(log2(n / d)) is e or e - 1
+    if (n << max(0, -e)) < (d << max(0, e)):
+        e -= 1
+    k = max(e - p + 1, emin - p + 1)  # the value's last bit: 2^k
+    num, den = (n, d << k) if k >= 0 else (n << -k, d)
+    m, rem = divmod(num, den)
+    if 2 * rem > den or (2 * rem == den and m & 1):
+        m += 1
+    if m == 0:
+        return -0.0 if neg else 0.0
+    if m.bit_length() + k > emax + 1:
+        return -math.inf if neg else math.inf
+    v = math.ldexp(m, k)
+    return -v if neg else v
+
+
+def round_all_fraction(q: Fraction) -> tuple[float, ...]:
+    """:func:`round_fraction` to every format of :data:`ROUNDED` (in that order)."""
+    return tuple(round_fraction(q, fmt) for fmt in ROUNDED)
+
+
+def boundaries(iv: tuple) -> list[Fraction]:
+    """The rounding boundaries that keep ``iv`` from certifying: for each format of
+    :data:`ROUNDED` whose two ends round to *adjacent* values, the midpoint between them
+    (or the overflow threshold, between the largest finite value and infinity). Empty
+    where every end rounds alike or the interval is still wide. An exact value equal to
+    one of them is a tie, which the caller rounds exactly (to even)."""
+    out = []
+    for fmt in ROUNDED:
+        lo, hi = round_mpf(iv[0], fmt), round_mpf(iv[1], fmt)
+        if lo == hi:
+            continue  # certified, or only the sign of a zero differs (no midpoint there)
+        p, _, emax = FORMATS[fmt]
+        top = Fraction(math.ldexp(2.0 - math.ldexp(1.0, 1 - p), emax))
+        threshold = top + Fraction(2) ** (emax - p)
+        if math.isinf(hi) and Fraction(lo) == top:
+            out.append(threshold)
+        elif math.isinf(lo) and Fraction(hi) == -top:
+            out.append(-threshold)
+        elif math.isfinite(lo) and math.isfinite(hi) and Fraction(hi) == _next_up(Fraction(lo), fmt):
+            out.append((Fraction(lo) + Fraction(hi)) / 2)
+    return out
+
+
+def _next_up(x: Fraction, fmt: str) -> Fraction:
+    """The least value of ``fmt`` above the value ``x`` of ``fmt`` (finite, below the largest)."""
+    p, emin, _ = FORMATS[fmt]
+    if x < 0:
+        return -_next_down(-x, fmt)
+    e = emin if x == 0 else max(_floor_log2(x), emin)
+    return x + Fraction(2) ** (e - p + 1)
+
+
+def _next_down(x: Fraction, fmt: str) -> Fraction:
+    """The greatest value of ``fmt`` below the positive value ``x`` of ``fmt``."""
+    p, emin, _ = FORMATS[fmt]
+    e = max(_floor_log2(x), emin)
+    if x == Fraction(2) ** e and e > emin:
+        e -= 1  # a power of two: the binade below is finer
+    return x - Fraction(2) ** (e - p + 1)
+
+
+def _floor_log2(x: Fraction) -> int:
+    n, d = x.numerator, x.denominator
+    e = n.bit_length() - d.bit_length()
+    if (n << max(0, -e)) < (d << max(0, e)):
+        e -= 1
+    return e
 
 
 def mpf_to_float_nearest(x: tuple) -> float:

@@ -7,15 +7,21 @@ Steps carry the same names as in ``impl.gdpo`` so the two read side by side:
 * :func:`whiten_units` (Eq. 6): a per whitening unit,
 * :func:`advantages`: all three, with every intermediate stage attached.
 
-Inputs are floats, which are exact rationals; every mean, deviation and variance
-is an exact rational, square roots live in exact quadratic forms
-(:mod:`oracle.exact`), and numbers come out of certified intervals, rounded once
-to each of float64, float32, float16 and bfloat16 (never one through another:
-``Stage.rounded(out_dtype)``). Exact zeros and
+Inputs are floats, taken exactly or refused (never rounded: :func:`_as_float_matrix`),
+so exact rationals; every mean, deviation and variance is an exact rational, square
+roots live in exact quadratic forms (:mod:`oracle.exact`), and numbers are rounded
+once to each of float64, float32, float16 and bfloat16 (never one through another:
+``Stage.rounded(out_dtype)``): a rational value exactly from its fraction (ties to
+even included), an irrational one from certified intervals. Exact zeros and
 collapse are decided on the exact forms. Each output also carries
 
-* ``cond``: the first-order change of the output when every input (reward and
-  weight) moves by one ulp: the problem's own conditioning;
+* ``cond``: an *upper bound* on the first-order change of the output when every
+  input (reward and weight) moves by one ulp (sum of |d output / dx| ulp(x)): the
+  error model's running bound with its rounding terms off, each stage's effects
+  added in absolute value, so it drops every cancellation and may exceed the true
+  first-order change many times over (without limit as eps shrinks beside a std);
+  at a zero std it is Samuelson's cap instead (spec/gdpo.md section 7). A small
+  ``cond`` shows a well-conditioned output; a large one proves nothing;
 * ``delta``: the error model's running bound (:mod:`spec.error_model`, units of
   u) for a correct float64 implementation; ``allowed(out_dtype)`` turns it into
   the absolute tolerance every comparison uses.
@@ -23,8 +29,10 @@ collapse are decided on the exact forms. Each output also carries
 
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
 import math
+import numbers
 from fractions import Fraction
 
 import numpy as np
@@ -36,6 +44,7 @@ from spec.errors import (
     GroupError,
     InputDtypeError,
     NonFiniteError,
+    OutOfRangeError,
     SegmentError,
     ShapeError,
     WeightError,
@@ -53,6 +62,7 @@ class Stage:
     float64: np.ndarray
     float32: np.ndarray
     exact_zero: np.ndarray
+    #: an upper bound on the first-order change per one ulp of every input (module docstring)
     cond: np.ndarray
     delta: np.ndarray
     #: ``delta`` is in units of u * 2**frame (the combined stage is kept in the
@@ -121,22 +131,109 @@ def _rounded_arrays(shape) -> dict:
 # ------------------------------------------------------------------ input checks
 
 
-def _as_float_matrix(rewards) -> np.ndarray:
-    if isinstance(rewards, np.ndarray):
+def _as_float_matrix(rewards, what: str = "rewards") -> np.ndarray:
+    """The inputs as a float64 matrix, every value exactly as given, or a refusal: the oracle
+    never rounds an input (a rounded input would decide zeros and collapse for another one).
+
+    Tensors of a floating dtype (float64, float32, float16, bfloat16: each a float64 exactly)
+    and NumPy floating arrays are read whole; an extended-precision array (longdouble) and a
+    sequence of numbers are read value by value, and a value float64 cannot hold exactly (an
+    int beyond 2^53, a longdouble's extra bits, a Fraction or Decimal that is no float) is
+    refused with InputDtypeError naming its row and column, like an integer, bool, complex
+    or float8 dtype."""
+    if hasattr(rewards, "detach") and hasattr(rewards, "cpu") and not isinstance(rewards, np.ndarray):
+        t = rewards.detach()  # a torch tensor, without importing torch
+        name = str(t.dtype).replace("torch.", "")
+        if "strided" not in str(getattr(t, "layout", "strided")):
+            raise InputDtypeError(f"{what} is a {str(t.layout).replace('torch.', '')} tensor; the oracle "
+                                  "takes dense tensors")
+        if not t.is_floating_point() or "float8" in name:
+            raise InputDtypeError(f"{what} must be a floating array (float64, float32, float16 or bfloat16), "
+                                  f"got dtype {name}")
+        arr = t.cpu().double().numpy()  # exact: every value of these formats is a float64
+    elif isinstance(rewards, np.ndarray) and rewards.dtype.kind != "O":
         arr = rewards
-    elif hasattr(rewards, "detach") and hasattr(rewards, "cpu"):  # a torch tensor, without importing torch
-        arr = rewards.detach().cpu().numpy()
+        if arr.dtype.kind != "f":
+            raise InputDtypeError(f"{what} must be a floating array, got dtype {arr.dtype}")
+        if arr.dtype.itemsize > 8:  # longdouble: exact only where the values are float64s
+            arr64 = arr.astype(np.float64)
+            bad = np.argwhere((arr64.astype(arr.dtype) != arr) & ~np.isnan(arr))
+            if bad.size:
+                raise InputDtypeError(f"{what} {_where(bad[0], arr.ndim)} is {arr[tuple(bad[0])]!r} "
+                                      f"({arr.dtype}), which float64 cannot hold exactly; the oracle takes "
+                                      "its inputs exactly or refuses them")
+            arr = arr64
     else:
-        arr = np.asarray(rewards, dtype=np.float64)
-    if arr.dtype.kind != "f":
-        raise InputDtypeError(f"rewards must be a floating array, got dtype {arr.dtype}")
+        arr = _exact_sequence(rewards, what)
     if arr.ndim == 1:
         arr = arr[:, None]
     if arr.ndim != 2:
-        raise ShapeError(f"rewards must be (N, K) or (N,), got shape {arr.shape}")
+        raise ShapeError(f"{what} must be (N, K) or (N,), got shape {arr.shape}")
     if arr.shape[0] == 0 or arr.shape[1] == 0:
-        raise ShapeError(f"rewards is empty (shape {arr.shape})")
+        raise ShapeError(f"{what} is empty (shape {arr.shape})")
     return arr.astype(np.float64)  # exact: every float16/32 value is a float64
+
+
+def _where(pos, ndim: int) -> str:
+    pos = [int(v) for v in pos]
+    return f"row {pos[0]}, column {pos[1]}" if ndim == 2 else f"row {pos[0]}" if ndim == 1 else f"at {pos}"
+
+
+def _exact_sequence(x, what: str) -> np.ndarray:
+    """A (nested) sequence or object array of numbers as float64, each value exactly."""
+    try:
+        obj = np.asarray(x, dtype=object)
+    except ValueError as e:
+        raise ShapeError(f"{what} must be (N, K) or (N,): {e}") from None
+    out = np.empty(obj.shape, dtype=np.float64)
+    for pos, v in np.ndenumerate(obj):
+        f = _exact_float(v)
+        if f is None:
+            if isinstance(v, (list, tuple)) or getattr(v, "ndim", 0):
+                raise ShapeError(f"{what} must be (N, K) or (N,): rows of unequal length "
+                                 f"({what} {_where(pos, obj.ndim)} is a sequence)")
+            name = type(v).__name__
+            bad = f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
+            kind = ("a number float64 cannot hold exactly" if _is_real_number(v)
+                    else "not a real number")
+            raise InputDtypeError(f"{what} {_where(pos, obj.ndim)} is {_shown(v)} ({bad}), {kind}; "
+                                  "the oracle takes its inputs exactly or refuses them")
+        out[pos] = f
+    return out
+
+
+def _is_real_number(v) -> bool:
+    if isinstance(v, (bool, np.bool_, str, bytes, complex, np.complexfloating)):
+        return False
+    if hasattr(v, "detach") or getattr(v, "ndim", 0):
+        return False  # a tensor, an array: never one number here
+    try:
+        float(v)
+    except OverflowError:
+        return True  # an int (or Fraction) beyond float64's range: a number, not a float64
+    except (TypeError, ValueError, ArithmeticError):
+        return False
+    return True
+
+
+def _exact_float(v):
+    """``v`` as the float64 equal to it, or None (not a real number, or not a float64)."""
+    if type(v) is float:
+        return v
+    if not _is_real_number(v):
+        return None
+    try:
+        f = float(v)
+    except OverflowError:
+        return None
+    if math.isnan(f):
+        return f
+    return f if f == v else None  # Python compares a float with an int, Fraction or Decimal exactly
+
+
+def _shown(v, limit: int = 40) -> str:
+    text = repr(v)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _as_labels(labels, n: int, what: str) -> np.ndarray:
@@ -163,24 +260,80 @@ def _index(labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _as_weights(weights, k: int) -> np.ndarray:
+    """The weights as float64, each exactly as given, or a WeightError (as impl.gdpo: a
+    sequence or tensor of real numbers, one per reward column, finite, not all zero, each
+    one a number float64 holds exactly)."""
     if weights is None:
         return np.ones(k)
-    w = np.asarray(weights)
-    if w.dtype.kind not in "fiu":
-        raise WeightError(f"weights must be real numbers, got dtype {w.dtype}")
-    w = w.astype(np.float64) if w.dtype.kind == "f" else w
-    if w.ndim != 1 or w.shape[0] != k:
-        raise WeightError(f"weights must have one entry per reward column ({k}), got shape {w.shape}")
-    if w.dtype.kind in "iu":
-        if any(int(x) != float(x) for x in w.tolist()):
-            raise WeightError("integer weights must be exactly representable as float64")
-        w = w.astype(np.float64)
-    bad = np.flatnonzero(~np.isfinite(w))
-    if bad.size:
-        raise WeightError(f"weight of column {int(bad[0])} is {w[bad[0]]!r}; weights must be finite")
-    if not np.any(w != 0):
+    if isinstance(weights, (str, bytes, dict, set, frozenset)) or _is_mapping(weights):
+        raise WeightError(f"weights must be a 1-D sequence or tensor of real numbers, got {_shown(weights)}")
+    if hasattr(weights, "detach") and hasattr(weights, "cpu"):
+        t = weights.detach().cpu()
+        if t.dim() != 1 or t.is_complex() or "bool" in str(t.dtype):
+            raise WeightError(f"weights must be a 1-D tensor of real numbers, got shape {tuple(t.shape)}, "
+                              f"dtype {str(t.dtype).replace('torch.', '')}")
+        items = (t.double() if t.is_floating_point() else t).tolist()  # floats exactly, ints as ints
+    elif isinstance(weights, np.ndarray):
+        if weights.dtype.kind not in "fiuO":
+            raise WeightError(f"weights must be real numbers, got dtype {weights.dtype}")
+        if weights.ndim != 1:
+            raise WeightError(f"weights must have one entry per reward column ({k}), got shape {weights.shape}")
+        items = list(weights)
+    else:
+        try:
+            items = list(weights)
+        except TypeError:
+            raise WeightError(f"weights must be a 1-D sequence of real numbers, got {_shown(weights)}") from None
+    if len(items) != k:
+        raise WeightError(f"weights must have one entry per reward column ({k}), got {len(items)}")
+    out = np.empty(k)
+    for i, v in enumerate(items):
+        if not _is_real_number(v):
+            raise WeightError(f"weights[{i}] (reward column {i}) is {_shown(v)}, not a real number")
+        f = _exact_float(v)
+        if f is None:
+            try:
+                float(v)
+                why = "a number float64 cannot hold exactly"
+            except OverflowError:
+                why = "beyond float64's range (|w| > 1.8e308)"
+            raise WeightError(f"weights[{i}] (reward column {i}) is {why}: {_shown(v)}")
+        if not math.isfinite(f):
+            raise WeightError(f"weight of column {i} is {f!r}; weights must be finite")
+        out[i] = f
+    if not np.any(out != 0):
         raise WeightError("all weights are zero: every advantage would be silently zero")
-    return w
+    return out
+
+
+def _is_mapping(x) -> bool:
+    return isinstance(x, collections.abc.Mapping)
+
+
+def _as_eps(eps):
+    """A caller's eps as a float64 (None: the convention's), or the contract's refusal, as
+    impl.gdpo: InputDtypeError for what is not a real number (a str, a bool, a complex
+    number, a sequence), OutOfRangeError for NaN, an infinity or a negative eps."""
+    if eps is None:
+        return None
+    if hasattr(eps, "detach") and hasattr(eps, "cpu"):
+        t = eps.detach().cpu()
+        if t.dim() != 0 or t.is_complex() or "bool" in str(t.dtype):
+            raise InputDtypeError("eps must be a real number (an int, a float, a NumPy real scalar or a 0-d real "
+                                  f"tensor); got a tensor of shape {tuple(t.shape)}, dtype "
+                                  f"{str(t.dtype).replace('torch.', '')}")
+        eps = t.item()
+    if isinstance(eps, (bool, np.bool_)) or getattr(eps, "ndim", 0) or not isinstance(eps, numbers.Real):
+        raise InputDtypeError("eps must be a real number (an int, a float, a NumPy real scalar or a 0-d real "
+                              f"tensor); got {_shown(eps)} (a {type(eps).__name__})")
+    try:
+        value = float(eps)
+    except OverflowError:
+        raise OutOfRangeError("eps is an int beyond float64's range (|eps| > 1.8e308); eps must be finite "
+                              "and >= 0") from None
+    if not (math.isfinite(value) and value >= 0.0):
+        raise OutOfRangeError(f"eps={value!r} must be finite and >= 0")
+    return value + 0.0
 
 
 def _check_finite(r: np.ndarray, group_labels: np.ndarray, gidx: np.ndarray, conv: Convention) -> np.ndarray:
@@ -323,9 +476,9 @@ def combine(rewards, group_ids, weights=None, eps=None, convention="spec") -> St
 def whiten_units(values, unit_ids=None, eps=None, convention="spec", token_counts=None) -> Stage:
     """Eq. 6 alone on given float values (exact rationals), per unit."""
     conv = get_convention(convention)
-    v = _as_float_matrix(values)
+    v = _as_float_matrix(values, "values")
     if v.shape[1] != 1:
-        raise ShapeError(f"values must be a vector, got shape {np.asarray(values).shape}")
+        raise ShapeError(f"values must be a vector, got shape {v.shape}")
     v = v[:, 0]
     if not np.all(np.isfinite(v)):
         i = int(np.flatnonzero(~np.isfinite(v))[0])
@@ -333,7 +486,8 @@ def whiten_units(values, unit_ids=None, eps=None, convention="spec", token_count
     n = v.size
     unit_ids = np.zeros(n, dtype=np.int64) if unit_ids is None else _as_labels(unit_ids, n, "unit_ids")
     t = _token_weights(conv, token_counts, n)
-    eps_w = Fraction(conv.whiten_eps if eps is None else float(eps))
+    eps = _as_eps(eps)
+    eps_w = Fraction(conv.whiten_eps if eps is None else eps)
     forms = [ex.Form(Fraction(x)) for x in v.tolist()]
     classes = ex.SqrtClasses()
     uidx = _index(unit_ids)[1]
@@ -376,8 +530,9 @@ def advantages(rewards, group_ids, weights=None, unit_ids=None, eps=None, conven
     uid = np.zeros(N, dtype=np.int64) if unit_ids is None else _as_labels(unit_ids, N, "unit_ids")
     t = None if _stages_only else _token_weights(conv, token_counts, N)
     r = _check_finite(r, gl, gidx, conv)
-    eps_g = Fraction(conv.group_eps if eps is None else float(eps))
-    eps_w = Fraction(conv.whiten_eps if eps is None else float(eps))
+    eps = _as_eps(eps)
+    eps_g = Fraction(conv.group_eps if eps is None else eps)
+    eps_w = Fraction(conv.whiten_eps if eps is None else eps)
     wq = [Fraction(x) for x in w.tolist()]
     classes = ex.SqrtClasses()
 
@@ -546,12 +701,16 @@ def _group_numbers(idx, cols, r, wq, w, dws, conv, eps_g, classes,
             if col.nan:
                 _put(zr, (idx, k), np.nan)
                 continue
-            inv_iv = ex.iv_scale_rational(col.inverse_interval(classes, prec), col.f, prec)
+            inv_iv = None if col.inv.is_rational() else \
+                ex.iv_scale_rational(col.inverse_interval(classes, prec), col.f, prec)
             for jj, j in enumerate(idx):
                 pos = _valid_pos(col, jj)
                 if pos is None or col.D[pos] == 0 or (col.collapsed and not col.raw):
                     _put(zr, (j, k), 0.0)
                     zzero[j, k] = True
+                    continue
+                if col.inv.is_rational():  # z is rational: rounded exactly (a tie included)
+                    _put(zr, (j, k), ex.round_all_fraction(col.D[pos] * col.f * col.inv.q0))
                     continue
                 iv = _interval_of_z(col, pos, inv_iv, prec)
                 every = ex.round_all(iv)
@@ -568,6 +727,9 @@ def _group_numbers(idx, cols, r, wq, w, dws, conv, eps_g, classes,
                     continue
                 if czero[j]:
                     _put(cr, j, 0.0)
+                    continue
+                if cforms[j].is_rational():
+                    _put(cr, j, ex.round_all_fraction(cforms[j].q0))
                     continue
                 iv = ex.iv_form(cforms[j], classes, prec)
                 every = ex.round_all(iv)
@@ -770,7 +932,22 @@ def _scaled_unit_terms(mean, var, eps_w, conv, frame: int, classes):
 
 
 def _whiten_unit_numbers(forms, idx, zero, tt, T, mean, conv, eps_w, classes, label, ar, azero):
-    """Certified a for one non-collapsed unit; returns a (float64) and the variance interval."""
+    """Certified a for one non-collapsed unit; returns a (float64) and the variance interval.
+
+    Where every c of the unit is rational and so is the denominator (a rational square
+    root), each a is an exact rational, rounded exactly. Otherwise a value interval that
+    keeps straddling a rounding boundary (a midpoint between two floats) is tested for an
+    exact tie on the forms (:func:`_whitened_equals`): a rational a there is rounded exactly
+    too; an irrational one is no midpoint, so raising the precision separates it."""
+    exact = _whiten_rational(forms, idx, zero, tt, T, mean, conv, eps_w, classes)
+    if exact is not None:
+        vals, var = exact
+        for fmt in ex.ROUNDED:
+            ar[fmt][idx] = vals[fmt]
+        azero[idx] = zero
+        return vals["float64"], var
+    tie_state: dict = {}
+    ties: dict[int, tuple] = {}
     prec = START_PREC
     while True:
         m_iv = ex.iv_form(mean, classes, prec)
@@ -788,8 +965,20 @@ def _whiten_unit_numbers(forms, idx, zero, tt, T, mean, conv, eps_w, classes, la
         for p, d in enumerate(devs):
             if d is None or not ok:
                 continue
+            if p in ties:
+                _put(vals, p, ties[p])
+                continue
             iv = ex.iv_div(d, den, prec)
             every = ex.round_all(iv)
+            if every is None and prec >= TIE_TEST_PREC:
+                for m in ex.boundaries(iv):
+                    if (p, m) in tie_state.setdefault("no", set()):
+                        continue  # tested once: not this boundary
+                    if _whitened_equals(m, forms[idx[p]].minus(mean), forms, idx, zero, tt, T, mean, conv,
+                                        eps_w, classes, tie_state):
+                        every = ties[p] = ex.round_all_fraction(m)
+                        break
+                    tie_state["no"].add((p, m))
             if every is None:
                 ok = False
                 break
@@ -803,6 +992,72 @@ def _whiten_unit_numbers(forms, idx, zero, tt, T, mean, conv, eps_w, classes, la
         ar[fmt][idx] = vals[fmt]
     azero[idx] = zero
     return vals["float64"], var
+
+
+def _whiten_rational(forms, idx, zero, tt, T, mean, conv, eps_w, classes):
+    """Eq. 6 of a unit in exact rationals, where it is rational: every c rational and the
+    denominator a rational (the variance, or variance + eps, a rational square). Returns
+    ({format: values}, the variance as a point interval), or None."""
+    if not mean.is_rational() or not all(forms[j].is_rational() for j in idx):
+        return None
+    devs = [forms[j].q0 - mean.q0 for j in idx]
+    var = sum((Fraction(tj) * d * d for d, tj in zip(devs, tt.tolist())), Fraction(0)) / (T - conv.whiten_ddof)
+    placement = conv.whiten_eps_placement
+    root = classes.sqrt(var + eps_w if placement == "var" else var)
+    if not root.is_rational():
+        return None
+    den = root.q0 + eps_w if placement in ("std", "std_if_positive") else root.q0
+    if den == 0:
+        return None
+    vals = _rounded_arrays(idx.size)
+    for p, (d, z) in enumerate(zip(devs, zero)):
+        _put(vals, p, 0.0 if z else ex.round_all_fraction(d / den))
+    return vals, ex.iv_rational(var, START_PREC)
+
+
+#: From this precision on, a whitened value whose interval still straddles a rounding
+#: boundary is tested for being exactly that boundary (a tie), on the exact forms.
+TIE_TEST_PREC = 4 * START_PREC
+
+
+def _whitened_equals(m: Fraction, dev: ex.Form, forms, idx, zero, tt, T, mean, conv, eps_w, classes,
+                     state: dict) -> bool:
+    """Is a = dev / den exactly the rational m (den = s + eps, sqrt(s^2 + eps) or s, with
+    s^2 = sum t dev^2 / (T - ddof))? Decided on exact forms: a = m exactly when
+    dev - m eps = m s (std), dev = m sqrt(s^2 + eps) (var) or dev = m s (no eps), i.e. when
+    the two sides have one sign and equal squares. The variance form is built once per
+    unit (``state``)."""
+    if m == 0:
+        return dev.is_zero()
+    var = state.get("var")
+    if var is None:  # sum t (c - m)^2 = sum t c^2 - T m^2: each c has its group's few classes only
+        acc = mean.times(mean, classes).scaled(Fraction(-T))
+        for j, tj in zip(idx, tt.tolist()):
+            acc.add_scaled(forms[j].times(forms[j], classes), Fraction(tj))
+        var = state["var"] = acc.scaled(Fraction(1, T - conv.whiten_ddof))
+    placement = conv.whiten_eps_placement
+    lhs = dev
+    rhs2 = var.scaled(m * m)
+    if placement in ("std", "std_if_positive"):
+        lhs = dev.minus(ex.Form(m * eps_w))
+    elif placement == "var":
+        rhs2 = ex.Form(var.q0 + eps_w, dict(var.terms)).scaled(m * m)
+    if lhs.is_zero() or not lhs.times(lhs, classes) == rhs2:
+        return False
+    return _form_sign(lhs, classes) == (1 if m > 0 else -1)
+
+
+def _form_sign(form: ex.Form, classes: ex.SqrtClasses) -> int:
+    """The sign of a nonzero form (its interval excludes zero at some precision)."""
+    if form.is_rational():
+        return 1 if form.q0 > 0 else -1
+    prec = START_PREC
+    while prec <= MAX_PREC:
+        iv = ex.iv_form(form, classes, prec)
+        if not ex.iv_contains_zero(iv):
+            return 1 if ex.libmp.mpf_sign(iv[0]) > 0 else -1
+        prec *= 2
+    raise ex.CertificationError(f"could not certify the sign of {form!r} within {MAX_PREC} bits")
 
 
 def _structural_zero(cols, wq, cancelled: bool) -> bool:
@@ -853,6 +1108,8 @@ def _round_form(form: ex.Form, classes: ex.SqrtClasses) -> tuple[float, ...]:
     """Certified roundings of an exact form to every format of ``ex.ROUNDED`` (Ziv loop)."""
     if form.is_zero():
         return (0.0,) * len(ex.ROUNDED)
+    if form.is_rational():
+        return ex.round_all_fraction(form.q0)
     prec = START_PREC
     while prec <= MAX_PREC:
         every = ex.round_all(ex.iv_form(form, classes, prec))
