@@ -8,6 +8,7 @@ import collections.abc
 import dataclasses
 import math
 import numbers
+import sys
 
 import torch
 
@@ -95,6 +96,84 @@ def _is_int(x) -> bool:
     return isinstance(x, numbers.Integral) and not isinstance(x, bool)
 
 
+def _int_shown(x) -> str:
+    """A Python int for a message: its digits, or about how large it is (an int of
+    thousands of digits has no str() at all in recent Pythons)."""
+    x = int(x)
+    if abs(x) < 10 ** 30:
+        return str(x)
+    shift = max(abs(x).bit_length() - 64, 0)
+    lg = math.log10(abs(x) >> shift) + shift * math.log10(2)
+    e = math.floor(lg)
+    return f"about {'-' if x < 0 else ''}{10 ** (lg - e):.2f}e+{e}"
+
+
+def _is_row(x) -> bool:
+    """A row of a nested sequence: a list, a tuple, a tensor or array of at least one dimension."""
+    if isinstance(x, torch.Tensor) or _np_kind(x) is not None:
+        return getattr(x, "ndim", 0) >= 1
+    return isinstance(x, collections.abc.Sequence) and not isinstance(x, (str, bytes, bytearray))
+
+
+def _unreadable_number(x) -> tuple[int, str] | None:
+    """What an entry of a rewards / values sequence is, if torch cannot read it as a number
+    (a P.K_* code and the caller's value, as text); None if it can."""
+    if isinstance(x, torch.Tensor):
+        return None if x.dim() == 0 else (P.K_TENSOR, f"shape {tuple(x.shape)}")
+    kind = _np_kind(x)
+    if kind is not None:
+        if getattr(x, "ndim", 0) != 0:
+            return P.K_ARRAY, f"shape {tuple(x.shape)}"
+        return None if kind in "biufc" else (P.K_OTHER, _of_type(x))
+    if isinstance(x, bool):
+        return None
+    if isinstance(x, int):
+        try:
+            float(x)
+        except OverflowError:
+            return P.K_BEYOND_FLOAT64, _int_shown(x)
+        return None
+    if isinstance(x, (float, complex)):
+        return None
+    what, _, detail = _not_a_number(x)
+    return (what, detail) if what else (P.K_OTHER, _of_type(x))
+
+
+_ENTRY_PROBLEM = {P.P_REWARDS_TYPE: (P.P_REWARDS_ENTRY, P.P_REWARDS_RAGGED),
+                  P.P_VALUES_TYPE: (P.P_VALUES_ENTRY, P.P_VALUES_RAGGED)}
+
+
+def unreadable(x, type_code: int, overflow: bool) -> Problem:
+    """Why torch could not read the Python/NumPy sequence ``x`` as real numbers: the first
+    entry it cannot read (row, column, what it is), the first row of another length, or
+    (found nowhere) what ``x`` is."""
+    entry, ragged = _ENTRY_PROBLEM[type_code]
+    whole = Problem(type_code, int(overflow), detail="" if overflow else _of_type(x))
+    if isinstance(x, (str, bytes, bytearray, collections.abc.Mapping, collections.abc.Set)) \
+            or not isinstance(x, collections.abc.Sized) or not _is_row(x):
+        return whole
+    try:
+        rows = list(x)
+    except Exception:  # noqa: BLE001 - a broken container: say what it is
+        return whole
+    width = len(rows[0]) if rows and _is_row(rows[0]) else None
+    for i, row in enumerate(rows):
+        if width is None:
+            bad = (P.K_OTHER, _of_type(row)) if _is_row(row) else _unreadable_number(row)
+            if bad:
+                return Problem(entry, i, -1, bad[0], detail=bad[1])
+            continue
+        if not _is_row(row):
+            return Problem(ragged, i, -1, width, detail=_of_type(row))
+        if len(row) != width:
+            return Problem(ragged, i, len(row), width)
+        for j, v in enumerate(row):
+            bad = _unreadable_number(v)
+            if bad:
+                return Problem(entry, i, j, bad[0], detail=bad[1])
+    return whole
+
+
 def _eps_kind(eps) -> int:
     """0 for a real number eps (an int, a float, a NumPy real scalar, a 0-d real tensor),
     else what it is instead (the codes of P.P_EPS_TYPE)."""
@@ -128,7 +207,7 @@ def check_eps(eps) -> float:
     try:
         value = float(eps)
     except OverflowError:  # an int beyond float64
-        value = math.inf
+        raise Problem(P.P_EPS, P.float_bits(math.inf), 1) from None
     except (TypeError, ValueError, RuntimeError):
         raise Problem(P.P_EPS_TYPE, 6) from None
     if not (math.isfinite(value) and value >= 0.0):
@@ -137,9 +216,31 @@ def check_eps(eps) -> float:
 
 
 def check_out_dtype(out_dtype) -> torch.dtype:
-    if out_dtype not in OUT_DTYPES:
-        raise Problem(P.P_OUT_DTYPE, P.dtype_code(out_dtype))
-    return out_dtype
+    if isinstance(out_dtype, torch.dtype):
+        if out_dtype not in OUT_DTYPES:
+            code = P.dtype_code(out_dtype)
+            raise Problem(P.P_OUT_DTYPE, code, detail=str(out_dtype).replace("torch.", ""))
+        return out_dtype
+    raise Problem(P.P_OUT_DTYPE, 0, detail=_not_a_dtype(out_dtype))
+
+
+def _not_a_dtype(x) -> str:
+    """What ``out_dtype`` is instead of a torch.dtype, with the torch.dtype it may have meant."""
+    name = None
+    if isinstance(x, str):
+        name = x.removeprefix("torch.")
+    np = sys.modules.get("numpy")
+    if np is not None and x is not None and (name is None or not hasattr(torch, name)):
+        try:
+            name = np.dtype(x).name  # np.float32, np.dtype("float32"), float, "double"
+        except Exception:  # noqa: BLE001 - not a NumPy dtype either
+            pass
+    meant = getattr(torch, name, None) if isinstance(name, str) else None
+    hint = f"; pass torch.{name}" if meant in OUT_DTYPES else ""
+    if x is None:
+        return "None, not a torch.dtype"
+    what = "a NumPy dtype" if np is not None and isinstance(x, np.dtype) else _of_type(x).split(" (")[0]
+    return f"{_shown(x)} ({what}, not a torch.dtype{hint})"
 
 
 def read_tensor(x) -> torch.Tensor:
@@ -164,9 +265,9 @@ def as_float_tensor(x, type_code: int, dtype_code_: int) -> torch.Tensor:
     try:
         x = read_tensor(x)
     except OverflowError:
-        raise Problem(type_code, 1) from None  # a Python int beyond float64 (and int64)
+        raise unreadable(x, type_code, overflow=True) from None  # a Python int beyond float64 (and int64)
     except (TypeError, ValueError, RuntimeError):
-        raise Problem(type_code) from None
+        raise unreadable(x, type_code, overflow=False) from None
     layout = P.layout_code(x)
     if layout:  # sparse, nested, mkldnn: torch's own error would come from deep inside
         raise Problem(_LAYOUT_PROBLEM[type_code], layout)
@@ -214,7 +315,7 @@ def check_rewards(rewards, group_ids, group_size, weights, *, allow_empty_rows: 
     if group_size is not None:
         group_size = _check_group_size(group_size)
         if not _INT64_MIN <= group_size <= _INT64_MAX:
-            raise Problem(P.P_GROUP_SIZE_INT64)
+            raise Problem(P.P_GROUP_SIZE_INT64, detail=_int_shown(group_size))
         if group_size < 2:
             raise Problem(P.P_GROUP_SIZE_SMALL, group_size)
         if n % group_size:
@@ -225,12 +326,20 @@ def check_rewards(rewards, group_ids, group_size, weights, *, allow_empty_rows: 
             raise Problem(P.P_GROUP_IDS_LAYOUT, P.layout_code(ids))
         _check_device(ids, P.ARG_GROUP_IDS)
         if not isinstance(ids, torch.Tensor):
+            if isinstance(ids, (str, bytes, bytearray, collections.abc.Mapping, collections.abc.Set)):
+                raise Problem(P.P_GROUP_IDS_DTYPE, 0, detail=_of_type(ids))  # characters, keys, no order
             try:
                 ids = torch.as_tensor(ids)
             except (TypeError, ValueError, RuntimeError, OverflowError):
-                raise Problem(P.P_GROUP_IDS_DTYPE, 0) from None
+                raise (_label_problem(group_ids) or Problem(P.P_GROUP_IDS_DTYPE, 0, detail=_of_type(group_ids))) \
+                    from None
             if ids.numel() == 0 and ids.is_floating_point():
                 ids = ids.to(torch.int64)  # an empty list (an empty shard) holds no float labels
+            if (ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool) and ids.dim() == 1 \
+                    and not hasattr(group_ids, "dtype"):  # a Python sequence: name its first non-integer label
+                problem = _label_problem(group_ids)
+                if problem is not None:
+                    raise problem
         if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
             python_floats = ids.is_floating_point() and not hasattr(group_ids, "dtype")  # read as doubles
             raise Problem(P.P_GROUP_IDS_DTYPE, P.dtype_code(torch.float64 if python_floats else ids.dtype))
@@ -245,6 +354,33 @@ def check_rewards(rewards, group_ids, group_size, weights, *, allow_empty_rows: 
 
     return Rewards(r, P.dtype_code(r.dtype), group_size, labels, check_weights(weights, k),
                    labels_uint64=unsigned)
+
+
+def _label_problem(group_ids) -> Problem | None:
+    """The first label of a Python/NumPy sequence that is no int64 integer, named by its row
+    and value; None if there is none (or ``group_ids`` is no sized sequence to look into)."""
+    if not isinstance(group_ids, collections.abc.Sized):
+        return None
+    try:
+        items = list(group_ids)
+    except Exception:  # noqa: BLE001 - a broken container: the caller says what it is
+        return None
+    for i, x in enumerate(items):
+        if isinstance(x, torch.Tensor) and x.dim() == 0 and not (
+                x.is_floating_point() or x.is_complex() or x.dtype == torch.bool):
+            x = int(x.item())
+        if _is_int(x):
+            if not _INT64_MIN <= int(x) <= _INT64_MAX:
+                return Problem(P.P_GROUP_IDS_ITEM, i, P.K_BEYOND_INT64, int(0 <= int(x) >> 63 < 2),
+                               detail=_int_shown(x))  # c: 1 where a uint64 tensor could hold it
+            continue
+        what, value, detail = _not_a_number(x)
+        if what:
+            return Problem(P.P_GROUP_IDS_ITEM, i, what, value, detail=detail)
+        if isinstance(x, float) or _np_kind(x) == "f":
+            return Problem(P.P_GROUP_IDS_ITEM, i, P.K_FLOAT, P.float_bits(x))
+        return Problem(P.P_GROUP_IDS_ITEM, i, P.K_OTHER, detail=_of_type(x))
+    return None
 
 
 def _check_device(x, arg: int) -> None:
@@ -316,17 +452,21 @@ def check_weights(weights, k: int) -> list[float]:
             try:
                 f = float(w)
             except OverflowError:
-                raise Problem(P.P_WEIGHTS_INEXACT, i) from None
+                raise Problem(P.P_WEIGHTS_INEXACT, i, 1, detail=_int_shown(w)) from None
             if int(f) != int(w):
                 raise Problem(P.P_WEIGHTS_INEXACT, i)
         else:
             try:
                 f = float(w)
+            except OverflowError:  # e.g. Fraction(10**400)
+                raise Problem(P.P_WEIGHTS_INEXACT, i, 1, detail=_of_type(w)) from None
             except (TypeError, ValueError, ArithmeticError):
                 raise Problem(P.P_WEIGHTS_ITEM, i, P.K_OTHER, detail=_of_type(w)) \
                     from None
             if math.isnan(f):
                 raise Problem(P.P_WEIGHTS_NONFINITE, i, 1)
+            if math.isinf(f) and f != w:  # a finite number beyond float64's range: Decimal("1e400")
+                raise Problem(P.P_WEIGHTS_INEXACT, i, 1, detail=_of_type(w))
             if math.isinf(f):
                 raise Problem(P.P_WEIGHTS_NONFINITE, i, 2 if f > 0 else 3)
             if not isinstance(w, float) and f != w:  # Python compares float with Fraction, Decimal exactly
@@ -362,22 +502,34 @@ def check_segments(segment_sizes, n: int) -> tuple[list[int], bool]:
         if P.layout_code(segment_sizes):
             raise Problem(P.P_SEGMENTS_LAYOUT, P.layout_code(segment_sizes))
         _check_device(segment_sizes, P.ARG_SEGMENTS)
-        if segment_sizes.dim() != 1 or segment_sizes.is_floating_point() or segment_sizes.is_complex() \
-                or segment_sizes.dtype == torch.bool:
-            raise Problem(P.P_SEGMENTS_TYPE)
+        if segment_sizes.dim() != 1:
+            raise Problem(P.P_SEGMENTS_TYPE, 5, segment_sizes.dim())
+        if segment_sizes.is_floating_point() or segment_sizes.is_complex() or segment_sizes.dtype == torch.bool:
+            raise Problem(P.P_SEGMENTS_TYPE, 4, P.dtype_code(segment_sizes.dtype))
         # A (S,) read: a host sync if the tensor lives on a GPU (pass a list to avoid it).
         sizes = segment_sizes.detach().cpu().tolist()
     else:
+        if isinstance(segment_sizes, (collections.abc.Mapping, str, bytes, bytearray, collections.abc.Set)):
+            # iterating these would give keys, characters or an arbitrary order: never sizes
+            raise Problem(P.P_SEGMENTS_TYPE, 1 if isinstance(segment_sizes, collections.abc.Mapping)
+                          else 3 if isinstance(segment_sizes, collections.abc.Set) else 2)
         try:
             sizes = list(segment_sizes)
         except TypeError:
-            raise Problem(P.P_SEGMENTS_TYPE) from None
-        if not all(_is_int(s) for s in sizes):
-            raise Problem(P.P_SEGMENTS_TYPE)
+            raise Problem(P.P_SEGMENTS_TYPE, 8, detail=_of_type(segment_sizes)) from None
+        for j, s in enumerate(sizes):
+            if _is_int(s):
+                continue
+            what, value, detail = _not_a_number(s)
+            if what:
+                raise Problem(P.P_SEGMENTS_ITEM, j, what, value, detail=detail)
+            if isinstance(s, float) or _np_kind(s) == "f":
+                raise Problem(P.P_SEGMENTS_ITEM, j, P.K_FLOAT, P.float_bits(s))
+            raise Problem(P.P_SEGMENTS_ITEM, j, P.K_OTHER, detail=_of_type(s))
         sizes = [int(s) for s in sizes]
     for j, s in enumerate(sizes):
         if not _INT64_MIN <= s <= _INT64_MAX:
-            raise Problem(P.P_SEGMENT_INT64, j)
+            raise Problem(P.P_SEGMENT_INT64, j, detail=_int_shown(s))
         if s < 0:
             raise Problem(P.P_SEGMENTS_NEGATIVE, j, s)
     total = sum(sizes)

@@ -126,9 +126,9 @@ def layout_code(t: torch.Tensor) -> int:
 def _layout(arg: str):
     def fmt(a, b, c):
         name = _LAYOUT_NAMES[a - 1] if 1 <= a <= len(_LAYOUTS) else None
-        if a == _NESTED_STRIDED or name == "jagged":
-            return (f"{arg} is a nested tensor (layout torch.{name or 'strided'}); impl.gdpo reads dense "
-                    "(strided) tensors only: pass one dense tensor")
+        if a == _NESTED_STRIDED or name == "jagged":  # torch reports a nested tensor's layout as strided
+            return (f"{arg} is a nested tensor{' (layout torch.jagged)' if name else ''}; impl.gdpo reads "
+                    "ordinary dense tensors only, not nested ones: pass one dense tensor")
         return (f"{arg} has layout {'torch.' + name if name else 'other than torch.strided'}; impl.gdpo reads "
                 f"dense (strided) tensors only: convert it with {arg}.to_dense()")
     return fmt
@@ -205,6 +205,14 @@ P_VALUES_LAYOUT = 36
 P_GROUP_IDS_LAYOUT = 37
 P_WEIGHTS_LAYOUT = 38
 P_SEGMENTS_LAYOUT = 39
+#: a: the row; b: what the label is instead of an int64 (_ITEM_KINDS); c: a bool's value, a float's bits,
+#: 1 for an int beyond int64 a uint64 tensor could hold
+P_GROUP_IDS_ITEM = 40
+P_SEGMENTS_ITEM = 41  # a: the unit; b, c: as P_GROUP_IDS_ITEM's
+P_REWARDS_ENTRY = 42  # a: the row; b: the column (-1: a 1-D sequence); c: what the entry is (_ITEM_KINDS)
+P_VALUES_ENTRY = 43
+P_REWARDS_RAGGED = 44  # a: the row; b: its length (-1: no sequence); c: row 0's length
+P_VALUES_RAGGED = 45
 
 #: The classes an adapter's own refusal is named by in P_REFUSED (most specific first):
 #: the agreement carries only the index, so every rank prints the same name.
@@ -221,8 +229,13 @@ def refusal_code(exc: BaseException) -> int:
 #: P_WEIGHTS_ITEM's ``b`` and P_GROUP_SIZE_TYPE's ``a``. Strings travel in no agreement,
 #: so the value itself is named only in the local message (``detail``).
 K_STR, K_BYTES, K_BOOL, K_COMPLEX, K_NONE, K_TENSOR, K_OTHER, K_FLOAT, K_ARRAY = range(1, 10)
+#: A Python int that no int64 (a label, a size) or no float64 (a reward, a weight) can hold.
+K_BEYOND_INT64, K_BEYOND_FLOAT64 = 10, 11
 _ITEM_KINDS = {K_STR: "a str", K_BYTES: "bytes", K_BOOL: "a bool", K_COMPLEX: "a complex number", K_NONE: "None",
-               K_TENSOR: "a tensor", K_OTHER: "not a number", K_FLOAT: "a float", K_ARRAY: "an array"}
+               K_TENSOR: "a tensor", K_OTHER: "not a number", K_FLOAT: "a float", K_ARRAY: "an array",
+               K_BEYOND_INT64: "an int beyond int64", K_BEYOND_FLOAT64: "an int beyond float64's range"}
+#: Said of a K_BEYOND_* int when its value (a local ``detail``) is not at hand.
+_BEYOND = {K_BEYOND_INT64: "|x| >= 2**63", K_BEYOND_FLOAT64: "|x| > 1.8e308"}
 
 
 def _what(kind: int, value: int, detail: str) -> str:
@@ -235,6 +248,8 @@ def _what(kind: int, value: int, detail: str) -> str:
         return f"{what} ({bits_float(value)!r})"
     if kind == K_OTHER and detail:
         return detail  # its type and value: "a list ([1.0])"
+    if kind in _BEYOND:
+        return f"{what} ({detail or _BEYOND[kind]})"
     return f"{what} ({detail})" if detail and kind != K_NONE else what
 
 
@@ -256,14 +271,85 @@ def _group_size_type(a: int, b: int, c: int, detail: str = "") -> str:
     return f"group_size must be a Python int, a NumPy integer or a 0-d integer tensor (not a bool); got {got}"
 
 
+def _group_ids_item(a: int, b: int, c: int, detail: str = "") -> str:
+    hint = "; labels from 2**63 to 2**64 - 1 may be passed as a uint64 tensor" if b == K_BEYOND_INT64 and c else ""
+    return (f"group_ids[{a}] (row {a}) is {_what(b, c, detail)}; group labels are int64 integers (Python ints, "
+            f"NumPy integers, or one integer tensor or array){hint}")
+
+
+def _group_ids_type(a: int, b: int, c: int, detail: str = "") -> str:
+    """a: the dtype code of a tensor or array of labels, or 0 (``detail``: what was given)."""
+    if a:
+        name = dtype_name(a)
+        hint = (": float labels are refused by their dtype, whatever their values (convert whole-number "
+                "labels to an integer dtype)" if name.startswith(("float", "bfloat")) else "")
+        return f"group_ids must hold integer labels; got dtype {name}{hint}"
+    return ("group_ids must be a 1-D sequence, tensor or array of integer labels; got "
+            + (f"{detail}" if detail else "a value torch cannot read as one"))
+
+
+def _segments_item(a: int, b: int, c: int, detail: str = "") -> str:
+    return (f"segment_sizes[{a}] (unit {a}) is {_what(b, c, detail)}; segment_sizes must be a 1-D sequence or "
+            "tensor of non-negative ints (Python ints, NumPy integers)")
+
+
+def _segments_type(a: int, b: int, c: int, detail: str = "") -> str:
+    got = {1: "; got a mapping (pass the sizes in unit order)", 2: "; got a string",
+           3: "; got a set, which has no order", 4: f"; got a tensor of dtype {dtype_name(b)}",
+           5: f"; got a {b}-D tensor", 8: f"; got {detail or 'an object'}, which is not iterable"}.get(a, "")
+    return "segment_sizes must be a 1-D sequence or tensor of non-negative ints" + got
+
+
+#: How an entry of ``rewards`` / ``values`` torch could not read is shown: (arg, word for its columns).
+_ENTRY_ARGS = {"rewards": "reward column", "values": "column"}
+
+
+def entry_message(arg: str, a: int, b: int, c: int, detail: str = "", row: str = "row",
+                  column: str | None = None) -> str:
+    """An entry of a Python/NumPy sequence ``arg`` torch cannot read as real numbers: a row ``a``,
+    column ``b`` (-1: a 1-D sequence), what it is ``c`` (_ITEM_KINDS). ``row``, ``column``: what
+    an adapter calls them."""
+    column = column or _ENTRY_ARGS.get(arg, "column")
+    at = f"{arg}[{a}, {b}] ({row} {a}, {column} {b})" if b >= 0 else f"{arg}[{a}] ({row} {a})"
+    return f"{at} is {_what(c, 0, detail)}; {arg} must be a tensor or a sequence of real numbers"
+
+
+def ragged_message(arg: str, a: int, b: int, c: int, detail: str = "", row: str = "row") -> str:
+    """Row ``a`` of ``arg`` has ``b`` entries (-1: it is no sequence) where row 0 has ``c``."""
+    got = f"is {detail or 'no sequence'}" if b < 0 else f"has {b} entries"
+    return (f"{arg}[{a}] ({row} {a}) {got} but {arg}[0] has {c}: the rows of {arg} must be sequences of one "
+            "length")
+
+
+def _type_message(arg: str):
+    def fmt(a, b, c, detail=""):
+        if a == 1:  # an int beyond float64, somewhere (the entry is named by P_*_ENTRY where it is found)
+            return f"{arg} must be a tensor or a sequence of floats; a value does not fit float64 (a Python int " \
+                   "beyond 1.8e308?)"
+        return f"{arg} must be a tensor or a sequence of floats" + (f"; got {detail}" if detail else "")
+    return fmt
+
+
+#: The torch dtypes out_dtype may be, by name (those this torch has).
+_OUT_NAMES = tuple(n for n in ("float64", "float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2",
+                               "float8_e4m3fnuz", "float8_e5m2fnuz") if hasattr(torch, n))
+
+
+def _out_dtype(a: int, b: int, c: int, detail: str = "") -> str:
+    """a: the dtype code of a torch.dtype, or 0 for anything that is no torch.dtype (``detail``: what)."""
+    rule = "out_dtype must be one of " + ", ".join(f"torch.{n}" for n in _OUT_NAMES)
+    if a and a <= len(_DTYPES):
+        return f"{rule}; got {dtype_name(a)}"
+    return f"{rule}; got {detail or ('a value that is not a torch.dtype' if not a else 'another torch.dtype')}"
+
+
 def _refused(a: int, b: int, c: int) -> str:
     name = REFUSAL_CLASSES[a - 1].__name__ if 1 <= a <= len(REFUSAL_CLASSES) else "an exception (no GDPOError)"
     return f"{name} raised by the caller's adapter before the call (chained on that rank)"
 
 
 HOST_PROBLEMS = {
-    P_REWARDS_TYPE: (InputDtypeError, lambda a, b, c: "rewards must be a tensor or a sequence of floats"
-                     + ("; a value does not fit float64 (a Python int beyond 1.8e308?)" if a == 1 else "")),
+    P_REWARDS_TYPE: (InputDtypeError, _type_message("rewards")),
     P_REWARDS_DTYPE: (InputDtypeError, lambda a, b, c:
                       f"rewards has dtype {dtype_name(a)}; Eq. 4 needs a real floating dtype "
                       f"({_INPUT_NAMES})" + _float8_hint("rewards", a)),
@@ -279,10 +365,7 @@ HOST_PROBLEMS = {
     P_GROUP_SIZE_DIVIDE: (GroupError, lambda a, b, c:
                           f"N={a} rows is not a multiple of group_size={b}: the last group would hold "
                           f"{a % b} sample(s)"),
-    P_GROUP_IDS_DTYPE: (GroupError, lambda a, b, c:
-                        f"group_ids must hold integer labels; got dtype {dtype_name(a)}" if a else
-                        "group_ids could not be read as a 1-D sequence of int64 labels (a label beyond "
-                        "int64, or values of mixed or non-numeric types)"),
+    P_GROUP_IDS_DTYPE: (GroupError, _group_ids_type),
     P_GROUP_IDS_NDIM: (GroupLengthError, lambda a, b, c:
                        f"group_ids must be 1-D (one label per row); got a {a}-D tensor"),
     P_GROUP_IDS_LENGTH: (GroupLengthError, lambda a, b, c:
@@ -299,38 +382,40 @@ HOST_PROBLEMS = {
                        f"weights has length {a} but rewards has K={b} reward columns"),
     P_WEIGHTS_NONFINITE: (WeightError, lambda a, b, c: f"weights[{a}] (reward column {a}) is {_KINDS[b]}"),
     P_WEIGHTS_ZERO: (WeightError, lambda a, b, c: f"all {a} weights are zero: Eq. 7 would discard every reward"),
-    P_WEIGHTS_INEXACT: (WeightError, lambda a, b, c:
-                        f"weights[{a}] (reward column {a}) is a number float64 cannot hold exactly"),
-    P_VALUES_TYPE: (InputDtypeError, lambda a, b, c: "values must be a tensor or a sequence of floats"
-                    + ("; a value does not fit float64 (a Python int beyond 1.8e308?)" if a == 1 else "")),
+    P_WEIGHTS_INEXACT: (WeightError, lambda a, b, c, detail="":
+                        f"weights[{a}] (reward column {a}) is " + (
+                            f"{detail or 'a number'}, beyond float64's range (|w| <= 1.797e308)" if b else
+                            "a number float64 cannot hold exactly")),
+    P_VALUES_TYPE: (InputDtypeError, _type_message("values")),
     P_VALUES_DTYPE: (InputDtypeError, lambda a, b, c:
                      f"values has dtype {dtype_name(a)}; Eq. 6 needs a real floating dtype ({_INPUT_NAMES})"
                      + _float8_hint("values", a)),
     P_VALUES_NDIM: (ShapeError, lambda a, b, c: f"values must be 1-D (N,); got a {a}-D tensor"),
-    P_SEGMENTS_TYPE: (SegmentError, lambda a, b, c:
-                      "segment_sizes must be a 1-D sequence or tensor of non-negative ints"),
+    P_SEGMENTS_TYPE: (SegmentError, _segments_type),
     P_SEGMENTS_NEGATIVE: (SegmentError, lambda a, b, c: f"segment_sizes[{a}] (unit {a}) is {b} < 0"),
     P_SEGMENTS_SUM: (SegmentError, lambda a, b, c:
                      f"segment_sizes sum to {a if a >= 0 else 'more than 2**63 - 1'} but this rank "
                      f"holds {b} samples"),
     P_UNIT_OF_ONE: (SegmentError, lambda a, b, c:
                     f"unit {a} holds a single sample; Eq. 6 needs at least 2 (unbiased std)"),
-    P_OUT_DTYPE: (InputDtypeError, lambda a, b, c:
-                  f"out_dtype must be float64, float32, float16, bfloat16 or a signed float8; "
-                  f"got {dtype_name(a)}"),
-    P_EPS: (OutOfRangeError, lambda a, b, c: f"eps={bits_float(a)!r} must be finite and >= 0"),
+    P_OUT_DTYPE: (InputDtypeError, _out_dtype),
+    P_EPS: (OutOfRangeError, lambda a, b, c, detail="":
+            "eps is an int beyond float64's range (|eps| > 1.8e308); eps must be finite and >= 0" if b else
+            f"eps={bits_float(a)!r} must be finite and >= 0"),
     P_EPS_TYPE: (InputDtypeError, lambda a, b, c:
                  "eps must be a real number (an int, a float, a NumPy real scalar or a 0-d real tensor); got "
                  + {1: "None", 2: "a bool", 3: "a string", 4: "a complex number",
                     5: "a sequence or an array of more than 0 dimensions"}.get(a, "another type")),
     P_LOCAL_FAILURE: (GDPOError, lambda a, b, c:
                       "the local computation raised an unexpected exception (chained on that rank)"),
-    P_GROUP_SIZE_INT64: (GroupError, lambda a, b, c: "group_size is beyond int64 (|group_size| >= 2**63)"),
+    P_GROUP_SIZE_INT64: (GroupError, lambda a, b, c, detail="":
+                         "group_size is beyond int64 (|group_size| >= 2**63)" + (f": got {detail}" if detail else "")),
     P_DEVICE: (InputDtypeError, lambda a, b, c:
                f"{_ARG_NAMES.get(a, 'an argument')} is on a device of type {_DEVICE_NAMES.get(b, b)}; "
                "impl.gdpo computes on CPU or CUDA tensors (float64 inside)"),
-    P_SEGMENT_INT64: (SegmentError, lambda a, b, c:
-                      f"segment_sizes[{a}] (unit {a}) is beyond int64 (|size| >= 2**63)"),
+    P_SEGMENT_INT64: (SegmentError, lambda a, b, c, detail="":
+                      f"segment_sizes[{a}] (unit {a}) is beyond int64 (|size| >= 2**63)"
+                      + (f": got {detail}" if detail else "")),
     P_REFUSED: (GDPOError, _refused),
     P_WEIGHTS_ITEM: (WeightError, _weight_item),
     P_REWARDS_LAYOUT: (InputDtypeError, _layout("rewards")),
@@ -338,6 +423,12 @@ HOST_PROBLEMS = {
     P_GROUP_IDS_LAYOUT: (GroupError, _layout("group_ids")),
     P_WEIGHTS_LAYOUT: (WeightError, _layout("weights")),
     P_SEGMENTS_LAYOUT: (SegmentError, _layout("segment_sizes")),
+    P_GROUP_IDS_ITEM: (GroupError, _group_ids_item),
+    P_SEGMENTS_ITEM: (SegmentError, _segments_item),
+    P_REWARDS_ENTRY: (InputDtypeError, lambda a, b, c, detail="": entry_message("rewards", a, b, c, detail)),
+    P_VALUES_ENTRY: (InputDtypeError, lambda a, b, c, detail="": entry_message("values", a, b, c, detail)),
+    P_REWARDS_RAGGED: (InputDtypeError, lambda a, b, c, detail="": ragged_message("rewards", a, b, c, detail)),
+    P_VALUES_RAGGED: (InputDtypeError, lambda a, b, c, detail="": ragged_message("values", a, b, c, detail)),
 }
 
 

@@ -147,15 +147,30 @@ def _numpy_scalar(x) -> bool:
 # ------------------------------------------------------------------ rewards
 
 
-def _float_tensor(x, where: str, device: torch.device | None) -> torch.Tensor:
+def _unreadable_error(x, where: str, overflow: bool, column: str) -> InputDtypeError:
+    """The refusal of a Python/NumPy sequence torch cannot read as real numbers: its first
+    entry torch cannot read (sample, ``column``, what it is) or first row of another length,
+    as impl.gdpo finds them for ``rewards``."""
+    from impl import _problems as P
+    from impl._inputs import unreadable
+
+    p = unreadable(x, P.P_REWARDS_TYPE, overflow)
+    if p.code == P.P_REWARDS_ENTRY:
+        return InputDtypeError(P.entry_message(where, p.a, p.b, p.c, p.detail, row="sample", column=column))
+    if p.code == P.P_REWARDS_RAGGED:
+        return InputDtypeError(P.ragged_message(where, p.a, p.b, p.c, p.detail, row="sample"))
+    return InputDtypeError(f"{where} must be a tensor or a sequence of floats; got {type(x).__name__}"
+                           + ("; a value does not fit float64 (a Python int beyond 1.8e308?)" if overflow else ""))
+
+
+def _float_tensor(x, where: str, device: torch.device | None, column: str = "column") -> torch.Tensor:
     """``x`` as a tensor of a real floating dtype (CPU or CUDA), or a clear refusal naming
     ``where``. Python/NumPy sequences of floats are accepted (Python floats as float64)
     and placed on ``device``; tensors are taken as they are."""
     try:
         t = read_tensor(x)
-    except (TypeError, ValueError, RuntimeError, OverflowError):
-        raise InputDtypeError(f"{where} must be a tensor or a sequence of floats; got {type(x).__name__}") \
-            from None
+    except (TypeError, ValueError, RuntimeError, OverflowError) as exc:
+        raise _unreadable_error(x, where, isinstance(exc, OverflowError), column) from None
     if t is not x and device is not None:
         t = t.to(device)
     if t.layout != torch.strided or t.is_nested:
@@ -385,9 +400,16 @@ def trl_advantages(rewards_per_func: torch.Tensor, num_generations: int, reward_
 
     Refusals are impl.gdpo's, in TRL's argument names (``num_generations``,
     ``reward_weights``, ``rewards_per_func``)."""
-    if process_group is None and not _is_int(num_generations):  # with one: refused by every rank, below
-        raise GroupError(f"num_generations must be a Python int (the completions per prompt); got "
-                         f"{num_generations!r} ({type(num_generations).__name__})")
+    if num_generations is None:  # impl.gdpo would read it as "no group_size" (neither groups nor labels)
+        from impl import _problems as P
+
+        refusal = P.host_error(P.P_GROUP_SIZE_TYPE, P.K_NONE)  # the words of impl.gdpo's group_size refusal
+        refusal = type(refusal)(re.sub(r"\bgroup_size\b", "num_generations", str(refusal)))
+        if process_group is None:
+            raise refusal
+        _refuse_with_peers(process_group, refusal, "num_generations", eps, out_dtype, rewards_per_func)
+    # Any other value is impl.gdpo's group_size, checked there (any integer scalar: a Python int, a NumPy
+    # integer, a 0-d integer tensor), with or without a process group; its refusal is renamed below.
     try:
         return gdpo_advantages(rewards_per_func, group_size=num_generations, weights=reward_weights,
                                segment_sizes=segment_sizes, process_group=process_group, eps=eps,
@@ -536,7 +558,7 @@ def _verl_inputs(token_level_rewards, response_mask, index, weights, distributed
     tokens = {}
     for key in keys:
         where = f"token_level_rewards[{key!r}]"
-        t = _float_tensor(token_level_rewards[key], where, mask.device)
+        t = _float_tensor(token_level_rewards[key], where, mask.device, column="response token")
         if t.shape != mask.shape:
             raise ShapeError(f"{where} has shape {tuple(t.shape)}, response_mask {tuple(mask.shape)}: token "
                              "rewards are (B, T), like the mask")

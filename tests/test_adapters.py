@@ -381,6 +381,35 @@ def test_trl_names_num_generations(g):
         adapters.trl_advantages(torch.rand(4, 2), g)
 
 
+@pytest.mark.parametrize("g", [np.int64(2), np.uint8(2), np.array(2), torch.tensor(2),
+                               torch.tensor(2, dtype=torch.int32)],
+                         ids=["np_int64", "np_uint8", "np_0d", "tensor", "tensor_int32"])
+def test_trl_num_generations_takes_every_integer_scalar_group_size_takes(g):
+    """Without a process group torch.tensor(2) was refused ("must be a Python int") and np.int64(2)
+    accepted; with one, both were accepted (impl.gdpo's group_size rule)."""
+    r = torch.rand(4, 2, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    want = adapters.trl_advantages(r, 2, out_dtype=torch.float64)
+    assert torch.equal(adapters.trl_advantages(r, g, out_dtype=torch.float64), want)
+
+
+@pytest.mark.parametrize("g", [2.0, True, "2", None, torch.tensor(2.0), torch.tensor([2]), np.float32(2.0), [2]],
+                         ids=["float", "bool", "str", "none", "tensor_float", "tensor_1d", "np_float", "list"])
+def test_trl_num_generations_refusal_is_group_sizes_in_trls_name(g):
+    """The message is impl.gdpo's group_size one (the rule as it is applied, what was given) with
+    TRL's name: it said "must be a Python int" while NumPy integers were accepted."""
+    r = torch.rand(4, 2)
+    with pytest.raises(GroupError) as info:
+        adapters.trl_advantages(r, g)
+    if g is None:  # impl.gdpo reads group_size=None as "no groups given"; the adapter names the value
+        want = ("num_generations must be a Python int, a NumPy integer or a 0-d integer tensor (not a bool); "
+                "got None")
+    else:
+        with pytest.raises(GroupError) as plain:
+            gdpo.gdpo_advantages(r, group_size=g)
+        want = str(plain.value).replace("group_size", "num_generations")
+    assert str(info.value) == want
+
+
 @pytest.mark.parametrize("call, needle", [
     (lambda: adapters.trl_advantages(torch.rand(5, 2), 2), r"not a multiple of num_generations=2"),
     (lambda: adapters.trl_advantages(torch.rand(4, 2), 1), r"^num_generations=1: Eq. 4"),
@@ -441,6 +470,12 @@ def _adapters_rank(rank, world, init_file, out_dir):
             {"acc": x}, torch.tensor([0, 0, 1, 1, 1] if rank == 0 else [0, 0, 1, 1]), process_group=group),
         "trl_float_generations": lambda: adapters.trl_advantages(torch.rand(4, 2), 2.0 if rank == 0 else 2,
                                                                  process_group=group),
+        "trl_scalar_generations": lambda: (  # a 0-d tensor and a NumPy integer: accepted as without a group
+            adapters.trl_advantages(x[:, None].double(), torch.tensor(2) if rank == 0 else np.int64(2),
+                                    process_group=group, out_dtype=torch.float64),
+            adapters.trl_advantages(x[:, None].double(), 2, process_group=group, out_dtype=torch.float64)),
+        "trl_none_generations": lambda: adapters.trl_advantages(torch.rand(4, 2), None if rank == 1 else 2,
+                                                                process_group=group),
         "labelled_strings": lambda: (
             adapters.labelled_advantages({"acc": x, "fmt": x.flip(0)}, ["p", "p", "q", "q"], process_group=group,
                                          out_dtype=torch.float64),
@@ -491,6 +526,12 @@ def test_wrong_length_labels_under_a_process_group_fail_every_rank_together(tmp_
         assert kinds[0] == kinds[1] and kinds[0][0] == "DistributedError" and culprit in kinds[0][1], kinds
     kinds = [outs[r]["trl_float_generations"] for r in range(2)]
     assert kinds[0] == kinds[1] and "rank 0: GroupError: num_generations must be a Python int" in kinds[0][1], kinds
+    for r in range(2):
+        kind, (got, want) = outs[r]["trl_scalar_generations"]
+        assert kind == "ok" and torch.equal(got, want)
+    kinds = [outs[r]["trl_none_generations"] for r in range(2)]
+    assert kinds[0] == kinds[1] and kinds[0][0] == "DistributedError" \
+        and "rank 1: GDPOError: GroupError raised by the caller's adapter" in kinds[0][1], kinds
     for r in range(2):
         kind, (got, want) = outs[r]["labelled_strings"]
         assert kind == "ok" and torch.equal(got, want)

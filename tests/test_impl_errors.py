@@ -76,7 +76,10 @@ CASES = [
     ("ids_too_long_is_shape", A, (R,), {"group_ids": [0, 0, 1, 1, 1]}, ShapeError,
      r"5 labels .* do not cover the batch"),
     ("ids_2d", N, (R,), {"group_ids": torch.zeros(2, 2, dtype=torch.long)}, GroupError, r"2-D"),
-    ("ids_float", N, (R,), {"group_ids": [0.0, 0.0, 1.0, 1.0]}, GroupError, r"integer labels; got dtype float"),
+    ("ids_float", N, (R,), {"group_ids": [0, 0, 1.0, 1]}, GroupError,
+     r"^group_ids\[2\] \(row 2\) is a float \(1.0\); group labels are int64 integers"),
+    ("ids_float_tensor", N, (R,), {"group_ids": torch.tensor([0.0, 0.0, 1.0, 1.0])}, GroupError,
+     r"integer labels; got dtype float32: float labels are refused by their dtype"),
     ("ids_bool", N, (R,), {"group_ids": torch.tensor([True, True, False, False])}, GroupError, r"dtype bool"),
     # --- weights ------------------------------------------------------------------------------
     ("weights_short", N, (R,), {"group_size": 2, "weights": [1.0]}, WeightError,
@@ -135,7 +138,8 @@ CASES = [
      r"weights\[0\] .* a number float64 cannot hold exactly"),  # was rounded silently
     ("weights_inexact_decimal", N, (R,), {"group_size": 2, "weights": [1.0, Decimal("0.1")]}, WeightError,
      r"weights\[1\]"),
-    ("eps_huge_int", Wh, (R[:, 0],), {"eps": 10 ** 400}, OutOfRangeError, r"eps=inf must be finite"),
+    ("eps_huge_int", Wh, (R[:, 0],), {"eps": 10 ** 400}, OutOfRangeError,
+     r"^eps is an int beyond float64's range \(\|eps\| > 1.8e308\); eps must be finite"),  # said "eps=inf"
     ("eps_none", A, (R,), {"group_size": 2, "eps": None}, InputDtypeError, r"eps must be a real number.*got None"),
     ("eps_list", N, (R,), {"group_size": 2, "eps": [1e-4]}, InputDtypeError, r"got a sequence or an array"),
     ("eps_numpy_array", Wh, (R[:, 0],), {"eps": np.array([1e-4, 1e-4])}, InputDtypeError, r"an array"),
@@ -144,11 +148,12 @@ CASES = [
     ("eps_string", A, (R,), {"group_size": 2, "eps": "0.0001"}, InputDtypeError, r"got a string"),
     ("eps_complex", Wh, (R[:, 0],), {"eps": 1e-4 + 0j}, InputDtypeError, r"got a complex number"),
     ("eps_complex_tensor", Wh, (R[:, 0],), {"eps": torch.tensor(1e-4 + 0j)}, InputDtypeError, r"complex"),
-    ("rewards_huge_int", A, ([[10 ** 400], [0.5]],), {"group_size": 2}, InputDtypeError,
-     r"a value does not fit float64"),
-    ("values_huge_int", Wh, ([10 ** 400, 0.5],), {}, InputDtypeError, r"values .* does not fit float64"),
-    ("ids_python_floats_are_doubles", N, (R,), {"group_ids": [0.0, 0.0, 1.0, 1.0]}, GroupError,
-     r"got dtype float64"),
+    ("rewards_huge_int", A, ([[0.5], [10 ** 400]],), {"group_size": 2}, InputDtypeError,
+     r"^rewards\[1, 0\] \(row 1, reward column 0\) is an int beyond float64's range \(about 1.00e\+400\)"),
+    ("values_huge_int", Wh, ([0.5, -(10 ** 400)],), {}, InputDtypeError,
+     r"^values\[1\] \(row 1\) is an int beyond float64's range \(about -1.00e\+400\)"),
+    ("ids_python_floats_named_by_row", N, (R,), {"group_ids": [0.0, 0.0, 1.0, 1.0]}, GroupError,
+     r"^group_ids\[0\] \(row 0\) is a float \(0.0\)"),
 ]
 
 

@@ -262,7 +262,7 @@ class _OnRank:
         if dist.get_rank() != self.rank:
             return planned()
         fn = gdpo.whiten if self.api == "whiten" else gdpo.gdpo_advantages
-        return fn(**self.kwargs, process_group=dist.group.WORLD, out_dtype=F64)
+        return fn(**{"out_dtype": F64, **self.kwargs}, process_group=dist.group.WORLD)
 
 
 _REWARDS = [[[0.0, 1.0], [1.0, 0.0], [2.0, 2.0], [3.0, 5.0]]] * 2
@@ -287,6 +287,16 @@ DIST = [
     ("err_group_size_float", "gdpo", {"rewards": _REWARDS, "group_size": 2,
                                       "call": _OnRank(1, "gdpo", rewards=R, group_size=2.0)},
      r"rank 1: GroupError: group_size must be a Python int.*; got a float \(2.0\)"),
+    # the place and the type travel in the agreement; a value that is text only in the rank's own error
+    ("err_label_str", "gdpo", {"rewards": _REWARDS, "group_ids": [[0, 0, 1, 1], [0, 0, "b", "b"]]},
+     r"rank 1: GroupError: group_ids\[2\] \(row 2\) is a str; group labels are int64 integers"),
+    ("err_label_beyond_int64", "gdpo", {"rewards": _REWARDS, "group_ids": [[2 ** 63] * 2 + [1, 1], [0, 0, 1, 1]]},
+     r"rank 0: GroupError: group_ids\[0\] \(row 0\) is an int beyond int64 \(\|x\| >= 2\*\*63\)"),
+    ("err_segment_float", "whiten", {"values": _VALUES, "sizes": [[2, 2], [2.0, 2]]},
+     r"rank 1: SegmentError: segment_sizes\[0\] \(unit 0\) is a float \(2.0\)"),
+    ("err_out_dtype_str", "gdpo", {"rewards": _REWARDS, "group_size": 2,
+                                   "call": _OnRank(0, "gdpo", rewards=R, group_size=2, out_dtype="float32")},
+     r"rank 0: InputDtypeError: out_dtype must be one of torch.float64, .*; got a value that is not a torch.dtype"),
     ("ok_group_size_tensor", "gdpo", {"rewards": _REWARDS, "group_size": torch.tensor(2)}, None),
     ("ok_group_size_int", "gdpo", {"rewards": _REWARDS, "group_size": 2}, None),
 ]
@@ -316,6 +326,11 @@ def test_under_a_process_group_every_rank_raises_the_same_error(name, pattern):
     assert len(msgs) == 1, msgs
     if name == "err_weight_str":  # the refusing rank's own error, chained, names the value too
         assert any("is a str ('1')" in c for c in recs[1]["causes"]), recs[1]["causes"]
+    if name == "err_label_str":
+        assert any("group_ids[2] (row 2) is a str ('b')" in c for c in recs[1]["causes"]), recs[1]["causes"]
+    if name == "err_out_dtype_str":
+        assert any("got 'float32' (a str, not a torch.dtype; pass torch.float32)" in c for c in recs[0]["causes"]), \
+            recs[0]["causes"]
 
 
 @pytest.mark.distributed
