@@ -44,8 +44,9 @@ from spec.errors import (GroupError, InputDtypeError, OutOfRangeError, SegmentEr
 #: Diagnostics only (they never change a result): a group column whose std is
 #: below this multiple of eps has its Eq. 4 scale set mostly by eps, not the data.
 EPS_DOMINATED_FACTOR = 10.0
-#: A group whose combined values (Eq. 7) move by more than this fraction of their
-#: scale when every input moves one ulp (the oracle's ``cond``) is reported as
+#: A group whose combined values (Eq. 7) may move by more than this fraction of their
+#: scale when every input moves one ulp (the oracle's ``cond``, an upper bound on that
+#: first-order change) is reported as
 #: ill-conditioned: ten orders of magnitude above a healthy group's ~1e-16, so its
 #: values are set by the inputs' last bits (typical near-cancellation).
 ILL_CONDITIONED = 1e-6
@@ -557,7 +558,7 @@ def audit(batch: Batch, weights=None, eps: float = DEFAULT_EPS, progress: bool |
         cond = float(res.combined.cond[m].max())
         scale = max(float(np.abs(res.combined.float64[m]).max()), 1.0)
         if cond > ILL_CONDITIONED * scale:
-            flags.append(f"ill-conditioned: one ulp of input moves a combined value by {cond:.2g}")
+            flags.append(f"ill-conditioned: one ulp of input may move a combined value by up to {cond:.2g}")
         dom = [batch.names[k] for k in range(K) if 0 < std[k] < EPS_DOMINATED_FACTOR * eps]
         if dom:
             flags.append(f"eps-dominated std: {', '.join(dom)}")

@@ -109,7 +109,8 @@ LIMITS: tuple[Limit, ...] = (
                      f"{fmt(_cd(f, 'cd', 'own', 1e15)['impl_ratio'])}")),
     Limit("cancellation-conditioning", "cancellation",
           "The exact result of the float64 `[C - d, d]` inputs is itself O(1) from C = 1e13 and one ulp of input "
-          "moves it by O(1) from C = 1e11 (own unit): the problem's conditioning, which no implementation removes "
+          "may move it by O(1) from C = 1e11 (own unit; `cond`, an upper bound on that first-order change, reaches 1): "
+          "the problem's conditioning, which no implementation removes "
           "(the intended decimal inputs would give exactly 0).",
           lambda f: (_cd(f, "cd", "own", 1e13)["exact_max"] >= 0.5 and _cd(f, "cd", "own", 1e11)["cond_max"] >= 1,
                      f"exact max abs a {fmt(_cd(f, 'cd', 'own', 1e13)['exact_max'])} at 1e13, max cond "

@@ -44,8 +44,8 @@ class GroupError(GDPOError):
 
 class WeightError(GDPOError):
     """Weights that are all zero, NaN or infinite, of the wrong length (also a
-    ShapeError), not a sequence of real numbers, or a number float64 cannot hold
-    exactly."""
+    ShapeError), not a sequence of real numbers, a number float64 cannot hold
+    exactly, or one beyond float64's range."""
 
 
 class SegmentError(GDPOError):
