@@ -125,7 +125,12 @@ def table() -> str:
     return "\n".join(rows)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    argparse.ArgumentParser(prog="python -m benchmarks.kernels",
+                            description="Compile every fused kernel for sm_90 (no GPU needed) and print "
+                                        "each launch shape's registers and stack (spills).").parse_args(argv)
     os.environ.pop("GDPO_FUSED_BLOCK", None)
     print(f"triton {triton.__version__}, target sm_90, enable_fp_fusion=False")
     print(table())

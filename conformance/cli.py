@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["limits"]:  # its own parser takes every option, --help included
         from conformance import limits
 
-        return limits.main(argv[1:])
+        return limits.main(argv[1:], prog="gdpo limits")
 
     parser = argparse.ArgumentParser(prog="gdpo", description="GDPO numerical reference")
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")

@@ -468,8 +468,8 @@ def compare(committed: str, regenerated: str) -> list[str]:
 # ----------------------------------------------------------------------- CLI
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m conformance.limits", description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None, prog: str = "python -m conformance.limits") -> int:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     parser.add_argument("--fast", action="store_true", help="the small deterministic subset CI regenerates")
     parser.add_argument("--seed", type=int, default=0, help="seed of the peer-table cases (default 0)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="markdown file to write "

@@ -31,8 +31,6 @@ from spec.errors import GDPOError  # noqa: E402
 DEVICE = "cuda" if CUDA else "cpu"
 MODE = "1" if CUDA else "interpret"
 
-if not CUDA:  # the interpreter evaluates with NumPy, which warns on inf - inf (the non-finite test)
-    pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
