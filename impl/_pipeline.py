@@ -65,6 +65,7 @@ from impl._inputs import (
     check_values,
 )
 from impl._segments import host_to_device
+from spec.constants import REFUSAL_WORDS_BYTES
 
 _F64 = torch.float64
 _I64 = torch.int64
@@ -447,6 +448,10 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
     agreed = table.tolist()  # the call's one host synchronisation
     reasons = P.table_problems(agreed)
     if reasons:
+        if _in_step(agreed) and any(row[P.HOST_CODE] for row in agreed):  # the same decision on every rank
+            words = _own_words(_words_of(local_exc) if agreed[rank][P.HOST_CODE] else None,
+                               group, comm, world, rank, name)
+            reasons = P.table_problems(agreed, words)
         raise P.DistributedError(_refusal(reasons, agreed, group)) from local_exc
     units = agreed[0][P.UNITS]
     lonely = [_lonely_unit(j, [r[P.COUNTS + j] for r in agreed])
@@ -481,7 +486,7 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
     _all_reduce(buf.bits, dist.ReduceOp.SUM, group, name, 2, rank)
     if (labelled and not late) or units > P.COUNT_SLOTS:  # flags, counts beyond the slots: one host read
         failed, counts = _flags_and_counts(buf.bits, units)  # (with collective 3 to come, it carries the flag)
-        _refuse_failed(failed, agreed, failure, group)
+        _refuse_failed(failed, agreed, failure, group, comm, name)
         _refuse_lonely(counts, agreed, group)
 
     a = st = None
@@ -592,15 +597,66 @@ def _flags_and_counts(bits: torch.Tensor, units: int) -> tuple[list[int], list[l
     return [int(r[0]) for r in host], [[int(r[1 + j]) for r in host] for j in range(extra)]
 
 
-def _refuse_failed(failed: list[int], agreed, failure, group) -> None:
+def _refuse_failed(failed: list[int], agreed, failure, group, comm, name) -> None:
     ranks = [r for r, f in enumerate(failed) if f]
     if ranks:
-        raise P.DistributedError(_refusal([_failed_after(ranks)], agreed, group)) from failure
+        rank = dist.get_rank(group)
+        words = _own_words(_words_of(failure) if failed[rank] else None, group, comm, len(failed), rank, name)
+        raise P.DistributedError(_refusal([_failed_after(ranks, words)], agreed, group)) from failure
 
 
-def _failed_after(ranks: list[int]) -> str:
+def _failed_after(ranks: list[int], words: dict[int, str] | None = None) -> str:
+    words = words or {}
+    said = "".join(f"; rank {r}: {words[r]}" for r in ranks if r in words)
     return (f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}: the local computation "
-            "raised an unexpected exception after the agreement (chained on that rank)")
+            f"raised an unexpected exception after the agreement (chained on that rank){said}")
+
+
+#: Bytes of its own message each refusing rank sends its peers (UTF-8, cut beyond).
+WORDS_BYTES = REFUSAL_WORDS_BYTES
+
+
+def _in_step(agreed) -> bool:
+    """Every rank present and in the same call: only then may a refusal run one more
+    collective (ranks out of step would pair it with another call's)."""
+    return all(r[P.PRESENT] == 1 for r in agreed) and len({r[P.CALL_SEQ] for r in agreed}) == 1
+
+
+def _words_of(exc) -> str | None:
+    """What a refusing rank tells its peers: its exception's own message (an adapter's
+    refusal, a message with the caller's values in it) or, for an unexpected exception,
+    its type and message."""
+    if exc is None:
+        return None
+    text = str(exc)
+    return text if isinstance(exc, P.GDPOError) else f"{type(exc).__name__}: {text}"
+
+
+def _own_words(text: str | None, group, comm: torch.device, world: int, rank: int, name: str) -> dict[int, str]:
+    """One more collective, on the refusal path only (every rank takes it, by a decision
+    made from the agreed table): each refusing rank's own message, so that the peers'
+    error says what only that rank could see (an adapter's refusal, an unexpected
+    exception, the values behind a code). {rank: message}; {} if the exchange fails (the
+    refusal is then raised as it stands)."""
+    buf = torch.zeros(world, WORDS_BYTES // 8, dtype=_I64)
+    if text:
+        raw = text.encode("utf-8", "replace")
+        if len(raw) > WORDS_BYTES:
+            raw = raw[: WORDS_BYTES - 3].decode("utf-8", "ignore").encode("utf-8") + b"..."  # whole characters
+        mine = torch.frombuffer(bytearray(raw.ljust(WORDS_BYTES, b"\0")), dtype=torch.uint8).view(_I64)
+        buf[rank] = mine
+    try:
+        buf = buf.to(comm)
+        dist.all_reduce(buf, op=dist.ReduceOp.SUM, group=group)
+        rows = buf.cpu()
+    except Exception:  # noqa: BLE001 - the refusal stands without the words
+        return {}
+    words = {}
+    for r in range(world):
+        said = bytes(rows[r].view(torch.uint8).tolist()).rstrip(b"\0").decode("utf-8", "replace")
+        if said:
+            words[r] = said
+    return words
 
 
 def _refuse_lonely(counts: list[list[int]], agreed, group) -> None:
@@ -630,8 +686,9 @@ def _late_checks(name, group, world, rank, agreed, late, out_dtype, failure=None
     """Collective 3, only where needed: every rank's late row (see :func:`_late_row`) and
     its failure flag, so all ranks raise together."""
     _all_reduce(late, dist.ReduceOp.SUM, group, name, 3, rank)
+    comm = late.device
     late = late.tolist()
-    _refuse_failed([row[4] for row in late], agreed, failure, group)
+    _refuse_failed([row[4] for row in late], agreed, failure, group, comm, name)
     reasons = []
     for r, (at, bits, label, *_) in enumerate(late):
         row = list(agreed[r])

@@ -489,6 +489,17 @@ def _group_of(row, at: int, label_col: int) -> str:
     return _group(at // max(row[GROUP_SIZE], 1), 0)
 
 
+def _in_own_words(row, said: str) -> str:
+    """A host refusal told in the refusing rank's own words: an adapter's refusal (its
+    class and message), an unexpected exception (its type and message), or impl's own
+    message with the caller's values the codes cannot carry."""
+    if row[HOST_CODE] == P_REFUSED:
+        return _refused(row[HOST_A], 0, 0).replace(" (chained on that rank)", "") + f": {said}"
+    if row[HOST_CODE] == P_LOCAL_FAILURE:
+        return f"the local computation raised {said} (chained on that rank)"
+    return said
+
+
 def row_problems(row) -> list[tuple[type, str]]:
     """Problems recorded in one facts row, most fundamental first."""
     out = []
@@ -532,9 +543,11 @@ def _by_value(values: dict[int, object]) -> str:
                      for v, r in groups.items())
 
 
-def table_problems(table: list[list[int]]) -> list[str]:
+def table_problems(table: list[list[int]], words: dict[int, str] | None = None) -> list[str]:
     """Reasons to refuse, from the agreed (world_size, ROW_WIDTH) table; the
-    same list on every rank because every rank holds the same table."""
+    same list on every rank because every rank holds the same table. ``words``:
+    the own messages of the ranks that refused before the agreement (exchanged on
+    the refusal path, the same on every rank), in place of what their codes say."""
     world = len(table)
     reasons = []
     missing = [r for r in range(world) if table[r][PRESENT] != 1]
@@ -551,6 +564,8 @@ def table_problems(table: list[list[int]]) -> list[str]:
     healthy = []
     for r, row in enumerate(table):
         probs = row_problems(row)
+        if probs and row[HOST_CODE] and words and r in words:
+            probs = [(probs[0][0], _in_own_words(row, words[r]))]
         for cls, msg in probs:
             reasons.append(f"rank {r}: {cls.__name__}: {msg}")
         if not probs:

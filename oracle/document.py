@@ -23,6 +23,7 @@ from oracle import gdpo
 from oracle.examples import CORRECTNESS_LENGTH, TWO_GROUP, grpo_reference
 from spec import CONVENTIONS, DEFAULT_OUT_DTYPE, FLOAT32_MAX, MIN_GROUP_SIZE
 from spec import error_model
+from spec.constants import REFUSAL_WORDS_BYTES
 from spec.errors import ERROR_CLASSES, ERROR_EXAMPLES, NOT_RAISED, example_ranks
 
 SPEC_DIR = Path(__file__).resolve().parent.parent / "spec"
@@ -78,6 +79,7 @@ def context() -> dict[str, str]:
         ctx[f"spec.{field}"] = repr(value) if isinstance(value, float) else str(value)
     ctx["default_out_dtype"] = DEFAULT_OUT_DTYPE
     ctx["min_group_size"] = str(MIN_GROUP_SIZE)
+    ctx["words_bytes"] = f"{REFUSAL_WORDS_BYTES:,}"
     ctx["safety"] = repr(error_model.SAFETY)
     ctx["start_prec"] = str(gdpo.START_PREC)
     ctx["max_prec"] = str(gdpo.MAX_PREC)

@@ -13,6 +13,10 @@ MIN_GROUP_SIZE: int = 2
 #: The dtype results are cast to once, at the end, unless the caller asks otherwise.
 DEFAULT_OUT_DTYPE: str = "float32"
 
+#: Under a process group a refusing rank's own message reaches its peers in one more
+#: all-reduce on the refusal path (section 5, item 6): at most this many UTF-8 bytes of it.
+REFUSAL_WORDS_BYTES: int = 2048
+
 #: Largest finite float32 (0x1.fffffep+127).
 FLOAT32_MAX: float = float.fromhex("0x1.fffffep+127")
 

@@ -584,8 +584,9 @@ def test_an_adapters_own_refusal_under_a_process_group_fails_every_rank_together
         assert [recs[r]["status"] for r in range(2)] == ["error", "error"], (name, recs)
         assert recs[0]["cls"] == recs[1]["cls"] == "DistributedError", (name, recs[0]["tb"], recs[1]["tb"])
         assert recs[0]["msg"] == recs[1]["msg"], name
-        assert f"rank 1: GDPOError: {cls} raised by the caller's adapter before the call" in recs[0]["msg"], \
+        assert f"rank 1: GDPOError: {cls} raised by the caller's adapter before the call: " in recs[0]["msg"], \
             (name, recs[0]["msg"])
+        assert words in recs[0]["msg"], (name, recs[0]["msg"])  # rank 1's own words reach rank 0
         assert "rank 0" not in recs[0]["msg"], (name, recs[0]["msg"])
         assert all(recs[r]["seconds"] < 5 for r in range(2)), (name, [recs[r]["seconds"] for r in range(2)])
         assert any(c.startswith(f"{cls}: ") and words in c for c in recs[1]["causes"]), (name, recs[1]["causes"])

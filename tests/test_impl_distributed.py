@@ -304,13 +304,15 @@ REFUSALS = [
     ("err_gdpo_k_differs", "DistributedError",  # and nothing about weights, which differ with K
      r"the number of reward columns K differs across ranks \(ranks? [\d, ]+: K=2; rank {last}: K=3\)$"),
 ]
-FAILED_AFTER = r"rank 1: the local computation raised an unexpected exception after the agreement"
+FAILED_AFTER = (r"rank 1: the local computation raised an unexpected exception after the agreement "
+                r"\(chained on that rank\); rank 1: RuntimeError: injected failure")  # its own words, on every rank
 REFUSALS += [(name, "DistributedError", FAILED_AFTER) for name in
              ("fail_finish_labelled", "fail_finish_labelled_late", "fail_table_labelled",
               "fail_table_labelled_forty_units", "fail_apply_labelled_late")]
 REFUSALS += [("fail_table_contiguous", "DistributedError",  # statistics before the agreement: refused in it
-              r"rank 1: GDPOError: the local computation raised an unexpected exception"),
-             ("fail_buffers_labelled", "DistributedError", r"rank 1: GDPOError: the local computation raised"),
+              r"rank 1: GDPOError: the local computation raised RuntimeError: injected failure"),
+             ("fail_buffers_labelled", "DistributedError",
+              r"rank 1: GDPOError: the local computation raised RuntimeError: injected failure"),
              ("fail_late_row", "DistributedError", FAILED_AFTER),
              ("err_segment_beyond_int64", "DistributedError",
               r"rank 1: SegmentError: segment_sizes\[0\] \(unit 0\) is beyond int64"),
@@ -342,18 +344,22 @@ def test_every_rank_raises_the_same_error(world, name, cls, pattern):
     ("fail_table_labelled", "table", 2), ("fail_table_labelled_forty_units", "table", 2),
     ("fail_apply_labelled_late", "apply", 3), ("fail_table_contiguous", "table", 1),
     ("fail_buffers_labelled", "Buffers", 1), ("fail_late_row", "late_row", 3)])
+# collectives: the protocol's, plus the one exchange of the failing rank's own words
 def test_a_failure_between_collectives_fails_every_rank_at_once(world, name, where, collectives):
     """Rank 1's own computation raises after the agreement (labelled groups' Eq. 4/7 or
     statistics, or Eq. 6 with a collective 3 to come): it still joins the remaining
     collectives with a failure flag, every rank raises the same error long before the
-    group's timeout, and rank 1's error chains the original exception. (Contiguous
-    groups' statistics precede the agreement: refused in collective 1.)"""
+    group's timeout, and rank 1's error chains the original exception; every rank's
+    message carries rank 1's own words, exchanged in one more collective on the failure
+    path only. (Contiguous groups' statistics precede the agreement: refused in collective 1.)"""
     run = _run(world)
     recs = _check_returned(run, name)
     for r, rec in recs.items():
         assert rec["status"] == "error", (r, rec.get("result"))
         assert rec["seconds"] < GROUP_TIMEOUT_S / 2, (r, rec["seconds"])  # not a peer's timeout
-        assert sum(rec["collectives"].values()) == collectives, (r, rec["collectives"])
+        assert sum(rec["collectives"].values()) == collectives + 1, (r, rec["collectives"])
+        said = rec["msg"].partition("RuntimeError: injected failure in ")[2]  # rank 1's own words
+        assert where in said and "on rank 1" in said, (r, rec["msg"])
     assert any(c.startswith("RuntimeError: injected failure") and where in c for c in recs[1]["causes"]), \
         (recs[1]["causes"], recs[1]["tb"])
 

@@ -281,7 +281,7 @@ DIST = [
         1, "gdpo", rewards=R, group_ids=torch.tensor([0, 0, 1, 1]).to_sparse())},
      r"rank 1: GroupError: group_ids has layout torch.sparse_coo"),
     ("err_weight_str", "gdpo", {"rewards": _REWARDS, "group_size": 2, "weights": [[1.0, 1.0], ["1", 1.0]]},
-     r"rank 1: WeightError: weights\[0\] \(reward column 0\) is a str; weights are real numbers"),
+     r"rank 1: WeightError: weights\[0\] \(reward column 0\) is a str \('1'\); weights are real numbers"),
     ("err_weight_bool", "gdpo", {"rewards": _REWARDS, "group_size": 2, "weights": [[True, 1.0], [1.0, 1.0]]},
      r"rank 0: WeightError: weights\[0\] \(reward column 0\) is a bool \(True\)"),
     ("err_group_size_float", "gdpo", {"rewards": _REWARDS, "group_size": 2,
@@ -289,14 +289,15 @@ DIST = [
      r"rank 1: GroupError: group_size must be a Python int.*; got a float \(2.0\)"),
     # the place and the type travel in the agreement; a value that is text only in the rank's own error
     ("err_label_str", "gdpo", {"rewards": _REWARDS, "group_ids": [[0, 0, 1, 1], [0, 0, "b", "b"]]},
-     r"rank 1: GroupError: group_ids\[2\] \(row 2\) is a str; group labels are int64 integers"),
+     r"rank 1: GroupError: group_ids\[2\] \(row 2\) is a str \('b'\); group labels are int64 integers"),
     ("err_label_beyond_int64", "gdpo", {"rewards": _REWARDS, "group_ids": [[2 ** 63] * 2 + [1, 1], [0, 0, 1, 1]]},
-     r"rank 0: GroupError: group_ids\[0\] \(row 0\) is an int beyond int64 \(\|x\| >= 2\*\*63\)"),
+     r"rank 0: GroupError: group_ids\[0\] \(row 0\) is an int beyond int64 \(9223372036854775808\)"),
     ("err_segment_float", "whiten", {"values": _VALUES, "sizes": [[2, 2], [2.0, 2]]},
      r"rank 1: SegmentError: segment_sizes\[0\] \(unit 0\) is a float \(2.0\)"),
     ("err_out_dtype_str", "gdpo", {"rewards": _REWARDS, "group_size": 2,
                                    "call": _OnRank(0, "gdpo", rewards=R, group_size=2, out_dtype="float32")},
-     r"rank 0: InputDtypeError: out_dtype must be one of torch.float64, .*; got a value that is not a torch.dtype"),
+     r"rank 0: InputDtypeError: out_dtype must be one of torch.float64, .*; got 'float32' "
+     r"\(a str, not a torch.dtype; pass torch.float32\)"),
     ("ok_group_size_tensor", "gdpo", {"rewards": _REWARDS, "group_size": torch.tensor(2)}, None),
     ("ok_group_size_int", "gdpo", {"rewards": _REWARDS, "group_size": 2}, None),
 ]

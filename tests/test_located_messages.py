@@ -262,7 +262,8 @@ def test_the_adapters_name_the_entry_in_their_own_terms():
     ("P_REWARDS_RAGGED", (2, 1, 3), "rewards[2] (row 2) has 1 entries but rewards[0] has 3"),
 ], ids=lambda x: x if isinstance(x, str) and x.startswith("P_") else None)
 def test_messages_without_the_local_value_still_name_the_place(code, abc, want):
-    """Under a process group every rank builds the message from the agreed integers (no text travels)."""
+    """Under a process group every rank builds the message from the agreed integers; the refusing rank's own
+    words travel in one more exchange, and where that fails these are what every rank says."""
     row = [0] * P.ROW_WIDTH
     row[P.PRESENT], row[P.HOST_CODE] = 1, getattr(P, code)
     row[P.HOST_A], row[P.HOST_B], row[P.HOST_C] = (getattr(P, x) if isinstance(x, str) else x for x in abc)
