@@ -74,9 +74,11 @@ def check_impl_spec(impl: str | None) -> str | None:
     return None
 
 
-def run_check(impl: str | None, convention: str | None, call_shape: str | None, select: str | None) -> int:
+def run_check(impl: str | None, convention: str | None, call_shape: str | None, select: str | None,
+              single_process: bool = False) -> int:
     """The conformance suite (conformance/, ci profile) in a subprocess; pytest's exit code,
-    or 2 (a usage error, as argparse's) where ``--impl`` names no callable."""
+    or 2 (a usage error, as argparse's) where ``--impl`` names no callable. ``single_process``:
+    the multi-process properties are deselected (``--single-process``, conformance/plugins.py)."""
     import subprocess
     from pathlib import Path
 
@@ -93,6 +95,9 @@ def run_check(impl: str | None, convention: str | None, call_shape: str | None, 
                         ("-k", select)):
         if value is not None:
             cmd += [flag, value]
+    if single_process:
+        cmd.append("--single-process")
+        print("gdpo check: --single-process: the multi-process properties are deselected, not graded", flush=True)
     print("running: " + " ".join(cmd), flush=True)
     return subprocess.call(cmd)
 
@@ -136,9 +141,12 @@ def main(argv: list[str] | None = None) -> int:
     p_ck.add_argument("--call-shape", default=None, choices=CHECK_CALL_SHAPES,
                       help="how to call it (see conformance/plugins.py; default gdpo)")
     p_ck.add_argument("-k", dest="select", default=None, help="only the tests matching this pytest -k expression")
+    p_ck.add_argument("--single-process", action="store_true",
+                      help="the implementation runs in one process (no process_group): deselect the multi-process "
+                           "properties, reported as not graded")
     args = parser.parse_args(argv)
     if args.command == "check":
-        return run_check(args.impl, args.convention, args.call_shape, args.select)
+        return run_check(args.impl, args.convention, args.call_shape, args.select, args.single_process)
     if args.command == "audit":
         from conformance import audit
         from spec import DEFAULT_EPS

@@ -8,7 +8,14 @@ group column or unit, a group whose combined values cancel exactly; spec section
 
 A failure prints the equation, the convention, the inputs in hex, observed and
 exact values, the error in ulps of the output dtype, the allowed bound, the
-condition estimate, and a one-line repro::
+condition estimate, and a one-line repro. The error/allowed ratio has as many digits
+as it takes to read above 1 (1.00003, never 1), and an error and allowance equal to
+four digits are printed to 17 digits and in hex; a float16/bfloat16 output equal to
+the exact value rounded through float32 first is named as rounded twice, beside the
+correctly rounded value. A demanded exact zero is stated as such, with the clause of
+the specification that demands it (a collapsed column or unit, two columns equal up
+to shift and sign cancelling), never as a distance in ulps at 0; a refusal the
+contract does not permit says why it computes the case. The repro::
 
     python -m conformance.compare --impl M:F --convention C --call-shape S --property P --case '<hex JSON>'
 
@@ -48,8 +55,14 @@ class Verdict:
 
 
 def judge(observed: np.ndarray, exact: np.ndarray, allowed: np.ndarray, cond: np.ndarray, out_dtype: str,
-          must_be_zero: np.ndarray | None = None) -> Verdict:
-    """Outputs vs the correctly rounded exact values under the per-output bound."""
+          must_be_zero: np.ndarray | None = None, rounded: np.ndarray | None = None,
+          zero_why=None) -> Verdict:
+    """Outputs vs the correctly rounded exact values under the per-output bound.
+
+    ``rounded``: the exact values correctly rounded into ``out_dtype`` (the oracle's
+    ``rounded(out_dtype)``), named in a failure where the output looks rounded twice;
+    ``zero_why(i)``: the clause of the specification that demands output ``i``'s exact
+    zero (a failure states it instead of a distance in ulps taken at 0)."""
     obs = np.asarray(observed, dtype=np.float64)
     exact = np.asarray(exact, dtype=np.float64)
     allowed = np.asarray(allowed, dtype=np.float64)
@@ -68,14 +81,63 @@ def judge(observed: np.ndarray, exact: np.ndarray, allowed: np.ndarray, cond: np
         ratio = max(ratio, 1e300)
     order = sorted(bad.tolist(), key=lambda i: -(ratios[i] if np.isfinite(ratios[i]) else math.inf))
     rows = []
+    said: dict = {}  # clause -> the first row that stated it
     for i in order[:MAX_LISTED]:
-        u = ulp(exact[i], out_dtype)
-        with np.errstate(over="ignore", invalid="ignore"):
-            ulps = err[i] / u if u else math.inf
-        why = "exact zero demanded" if zero[i] else f"allowed {allowed[i]:.3e} (error/allowed {ratios[i]:.3g})"
-        rows.append(f"[{i}] observed {_hx(obs[i])} ({obs[i]:.9g}), exact {_hx(exact[i])} ({exact[i]:.17g}), "
-                    f"error {err[i]:.3e} = {ulps:.3g} ulp({out_dtype}), {why}, cond {cond[i]:.2e}")
+        if zero[i]:
+            clause = (zero_why(i) if zero_why is not None else None) or \
+                "the error model gives it no allowance (spec section 7: the exact value is demanded)"
+            stated = f"as for [{said[clause]}]" if clause in said else clause
+            said.setdefault(clause, i)
+            rows.append(f"[{i}] returned {_hx(obs[i])} ({float(obs[i]):.9g}); the exact result is exactly 0, "
+                        f"and {stated}: the specification demands 0 bit for bit (either sign), cond {cond[i]:.2e}")
+            continue
+        rows.append(_bound_row(i, obs[i], exact[i], err[i], allowed[i], ratios[i], cond[i], out_dtype,
+                               None if rounded is None else float(np.asarray(rounded, dtype=np.float64)[i])))
     return Verdict(bad.tolist(), ratio, rows)
+
+
+def _bound_row(i, obs, exact, err, allowed, ratio, cond, out_dtype, rounded) -> str:
+    """One output outside its bound, with as many digits as it takes to see that it is."""
+    obs, exact, err, allowed, ratio, cond = (float(x) for x in (obs, exact, err, allowed, ratio, cond))
+    u = ulp(exact, out_dtype)
+    with np.errstate(over="ignore", invalid="ignore"):
+        ulps = err / u if u else math.inf
+    p = _digits(ratio)
+    if f"{err:.3e}" == f"{allowed:.3e}":  # equal to four digits: show the bits
+        e_txt, a_txt = f"{err:.17g} ({_hx(err)})", f"{allowed:.17g} ({_hx(allowed)})"
+    else:
+        e_txt, a_txt = f"{err:.3e}", f"{allowed:.3e}"
+    # err > allowed, both doubles: err / allowed >= 1 + 2^-52 / m > 1 + 2^-53 never rounds to 1
+    in_ulps = f" = {ulps:.{p}g} ulp({out_dtype})" if exact != 0.0 else ""  # no ulp scale at an exact 0
+    text = (f"[{i}] observed {_hx(obs)} ({obs:.9g}), exact {_hx(exact)} ({exact:.17g}), "
+            f"error {e_txt}{in_ulps}, allowed {a_txt} (error/allowed {ratio:.{p}g}), cond {cond:.2e}")
+    twice = _rounded_twice(exact, out_dtype)
+    if rounded is not None and twice is not None and obs == twice and obs != rounded and math.isfinite(obs):
+        text += (f"; rounded twice? {obs!r} ({_hx(obs)}) is the exact value rounded to float64, then float32, "
+                 f"then {out_dtype}; the correctly rounded {out_dtype} value is {rounded!r} ({_hx(rounded)})")
+    return text
+
+
+def _digits(ratio: float) -> int:
+    """Significant digits (3 at least) that show a ratio as it is against 1: a ratio above 1
+    never reads as 1 (1.00003 is 1.00003, not 1)."""
+    if not math.isfinite(ratio) or ratio == 1.0:
+        return 3
+    for p in range(3, 18):
+        shown = float(f"{ratio:.{p}g}")
+        if (shown > 1.0) == (ratio > 1.0) and shown != 1.0:
+            return p
+    return 17
+
+
+def _rounded_twice(x: float, out_dtype: str) -> float | None:
+    """float64 ``x`` rounded to float32, then to ``out_dtype`` (float16/bfloat16), each
+    nearest even (what torch's float64 ``.to(float16)`` does); None for other formats."""
+    if out_dtype not in ("float16", "bfloat16") or not math.isfinite(x):
+        return None
+    from spec.error_model import round_to
+
+    return float(round_to(round_to([x], "float32"), out_dtype)[0])
 
 
 def _hx(x: float) -> str:

@@ -13,6 +13,18 @@ passes ``-p conformance.plugins`` (pytest registers a plugin once by name, so th
 two never add the options twice).
 
 Defaults: ``--impl impl.gdpo:gdpo_advantages --convention spec --call-shape gdpo``.
+
+``--single-process`` (``gdpo check --single-process``) grades an implementation for
+one process, one that takes no ``process_group`` (or refuses one): the multi-process
+properties (``conformance/test_distributed.py``: ``dist_values_2``, ``dist_values_4``,
+``dist_errors_2``, ``dist_errors_4``, which spawn gloo ranks and pass each a process
+group) are deselected, not skipped, and the report header and summary say that they
+were deselected by the option and so were not graded: the verdict is then the
+single-process contract's only (spec sections 1-4, 6, 7), never the distributed
+protocol's (section 5). Without it such an implementation fails them ("rank 0
+raised ...; the contract computes this batch"). The trl and verl call shapes pass no
+process group, and skip those properties with that reason.
+
 ``--convention`` names a preset of ``spec/conventions.py``; the oracle computes
 that convention's mathematics exactly, so a peer is graded against its own
 intended formula (the error contract and the distributed protocol are graded
@@ -20,6 +32,12 @@ under ``spec`` only).
 
 Call shapes
 -----------
+In every shape a refusal is graded by class: the error contract expects the classes of
+``spec.errors`` (each a ``GDPOError``, itself a ``ValueError``), raised as they are or
+subclassed by the implementation's own exceptions; a plain ``ValueError`` fails, the
+failure naming the class expected. Each shape's paragraph below says how it expresses
+the error cases (``properties.ERROR_CASES``) and which it cannot.
+
 ``gdpo`` (this project's API)::
 
     fn(rewards, *, group_ids=None, group_size=None, weights=None, segment_sizes=None,
@@ -44,6 +62,14 @@ Call shapes
   output. Properties this shape cannot express (labels, units, eps, stages,
   out_dtype float64, several ranks) are skipped for it, with that reason.
   ``conformance.plugins:impl_trl_shape`` wraps ``impl.gdpo`` in this shape.
+
+  Error contract (``properties.ERROR_CASES`` whose ``shapes`` name ``trl``): a
+  non-finite reward is that value in ``rewards``; ``group_size`` 1 is
+  ``num_generations`` 1, N not a multiple of the group size a ``num_generations``
+  that does not divide N; bad weights a ``reward_weights`` tensor holding them (all
+  zero, NaN or infinite; a wrong count: K + 1 or K + 2 entries). Not expressible:
+  labels, dtypes other than float32, empty or 3-D rewards, two or no group arguments,
+  and the eps, unit and output dtype arguments the shape does not have.
 
 ``verl`` (verl's per-token shape; ``impl.adapters:verl_advantages`` is one)::
 
@@ -193,29 +219,65 @@ def grades_another(config) -> bool:
             or config.getoption("--convention", default="spec") != "spec")
 
 
+def single_process(config) -> bool:
+    return bool(config.getoption("--single-process", default=False))
+
+
+def multi_process_properties() -> list[str]:
+    """The properties that spawn ranks (deselected by ``--single-process``)."""
+    from conformance import properties
+
+    return [p.name for p in properties.PROPERTIES if p.world > 0]
+
+
 def pytest_collection_modifyitems(config, items):
     """Grading another implementation (or call shape, or convention): keep the
     conformance suite's tests only. The repository's other tests never call
-    ``--impl``; run with it, they would only mix this checkout's verdict into it."""
-    if not grades_another(config):
-        return
+    ``--impl``; run with it, they would only mix this checkout's verdict into it.
+    ``--single-process``: deselect the tests that spawn ranks (marked ``distributed``)."""
     from pathlib import Path
 
     suite = Path(__file__).resolve().parent
-    keep, drop = [], []
+    keep, drop, multi = [], [], []
     for item in items:
-        (keep if suite in Path(str(item.path)).resolve().parents else drop).append(item)
-    if drop:
-        config.hook.pytest_deselected(items=drop)
+        if grades_another(config) and suite not in Path(str(item.path)).resolve().parents:
+            drop.append(item)
+        elif single_process(config) and item.get_closest_marker("distributed") is not None:
+            multi.append(item)
+        else:
+            keep.append(item)
+    config._gdpo_single_process_deselected = [item.nodeid for item in multi]
+    if drop or multi:
+        config.hook.pytest_deselected(items=drop + multi)
         items[:] = keep
 
 
 def pytest_report_header(config):
+    lines = []
     if grades_another(config):
-        return [f"gdpo conformance: grading {config.getoption('--impl')} (call shape "
-                f"{config.getoption('--call-shape')}, convention {config.getoption('--convention')}); "
-                "tests outside conformance/ are deselected"]
-    return []
+        lines.append(f"gdpo conformance: grading {config.getoption('--impl')} (call shape "
+                     f"{config.getoption('--call-shape')}, convention {config.getoption('--convention')}); "
+                     "tests outside conformance/ are deselected")
+    if single_process(config):
+        lines.append("gdpo conformance: --single-process: the multi-process properties ("
+                     + ", ".join(multi_process_properties()) + ", and every test marked distributed) are "
+                     "deselected by this option and so are NOT graded: this verdict does not cover the "
+                     "distributed protocol (spec section 5)")
+    return lines
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    if not single_process(config):
+        return
+    gone = getattr(config, "_gdpo_single_process_deselected", None)
+    if gone is None:  # collected elsewhere (pytest-xdist's workers): name the properties
+        terminalreporter.write_line("gdpo conformance: the multi-process properties (" +
+                                    ", ".join(multi_process_properties()) +
+                                    ") were deselected by --single-process, not graded")
+        return
+    terminalreporter.write_line(
+        f"gdpo conformance: {len(gone)} multi-process test(s) deselected by --single-process, "
+        "not graded" + (": " + ", ".join(gone) if gone else ""))
 
 
 def pytest_addoption(parser):
@@ -229,6 +291,9 @@ def pytest_addoption(parser):
                     help="how to call it: gdpo (impl.gdpo's signature), trl (rewards, num_generations, "
                          "reward_weights) or verl (token_level_rewards, response_mask, index, weights -> "
                          "(B, T)); see conformance/plugins.py")
+    group.addoption("--single-process", action="store_true", default=False,
+                    help="grade an implementation for one process (no process_group): deselect the "
+                         "multi-process properties (conformance/test_distributed.py), reported as not graded")
 
 
 class CallShapeViolation(Exception):

@@ -11,8 +11,10 @@ The checks, in the spec's terms:
 
 * ``check_values``: Eq. 4, 7, 6 end to end; each output within the oracle's
   ``allowed(out_dtype)``, exact zeros where structural; refusals only where the
-  contract refuses (OutOfRangeError tolerated only for rewards beyond float32 range
-  or an Eq. 7 that overflows float64);
+  contract refuses (OutOfRangeError tolerated only for rewards beyond float32 range,
+  an Eq. 7 that overflows float64, or an Eq. 7 term |w_k z_k| beyond DBL_MAX where
+  the sum fits); a rejected refusal says why the contract computes the case, a
+  demanded exact zero the clause that demands it;
 * ``check_normalize`` / ``check_whiten``: the stage functions against the oracle's
   combined stage (Eq. 4 + 7, float64) and ``whiten_units`` (Eq. 6 alone);
 * ``check_error``: the error contract (spec section 6) per error case;
@@ -29,6 +31,7 @@ import math
 import re
 import sys
 import time
+from fractions import Fraction
 from typing import Callable
 
 import numpy as np
@@ -139,8 +142,79 @@ def _beyond_float32(case: Case) -> bool:
 
 def _refusal_permitted(case: Case, res) -> bool:
     """OutOfRangeError is the contract's answer for rewards beyond float32 range
-    ("computed, or refused naming the input") and for an Eq. 7 overflowing float64."""
-    return _beyond_float32(case) or (res is not None and _c_may_overflow(res.combined))
+    ("computed, or refused naming the input"), for an Eq. 7 overflowing float64, and for
+    an Eq. 7 term w_k z_k beyond DBL_MAX (:func:`_eq7_term_overflow`)."""
+    return _permission(case, res) is not None
+
+
+def _permission(case, res) -> str | None:
+    """Why the contract permits OutOfRangeError on this case (Case or DistCase), or None."""
+    shards = case.shards if isinstance(case, DistCase) else (case,)
+    if any(_beyond_float32(s) for s in shards):
+        return "a reward is beyond float32's range"
+    if res is None:
+        return None
+    if _c_may_overflow(res.combined):
+        return "Eq. 7's c overflows float64, or may in a correct float64 computation"
+    term = _eq7_term_overflow(shards[0].weights, res)
+    if term is not None:
+        j, k, mag = term
+        return f"the Eq. 7 term w_{k} z_{k} of row {j} exceeds DBL_MAX ({mag:.4g})"
+    return None
+
+
+def _eq7_term_overflow(weights, res):
+    """(row, column, |w_k| times the reach of z) of the first Eq. 7 term w_k z_k whose
+    magnitude exceeds DBL_MAX, exactly or within the error model's bound on a correct
+    float64 z; None where no term does. Such a term overflows float64 even where the sum
+    c fits (w = [DBL_MAX, -DBL_MAX/2] on equal columns): the contract then permits
+    OutOfRangeError, and grades a computed result as any other (impl.gdpo scales the
+    weights by a power of two and computes it)."""
+    z = getattr(res, "z", None)
+    if z is None or z.float64.size == 0:
+        return None
+    k_cols = z.float64.shape[1]
+    w = np.ones(k_cols) if weights is None else np.abs(np.asarray(weights, dtype=np.float64))
+    if w.shape != (k_cols,):
+        return None
+    with np.errstate(over="ignore", invalid="ignore"):
+        zr = z.reach()
+        big = w[None, :] * np.where(np.isfinite(zr), zr, 0.0)
+    limit = Fraction(sys.float_info.max)
+    for j, k in zip(*np.nonzero(big >= sys.float_info.max / 2)):  # candidates, then exactly
+        if Fraction(float(w[k])) * Fraction(float(zr[j, k])) > limit:
+            return int(j), int(k), float(big[j, k])
+    return None
+
+
+def _computes_because(case, res, out_dtype: str) -> list[str]:
+    """Why the contract computes this case (a refusal was rejected): each permitted
+    OutOfRangeError, and why it does not apply (or, where one does, that it is the only
+    refusal permitted)."""
+    perm = _permission(case, res)
+    if perm is not None:
+        return [f"the contract computes this case or refuses it with OutOfRangeError ({perm}); no other "
+                "refusal is permitted"]
+    shards = case.shards if isinstance(case, DistCase) else (case,)
+    top_r = max((abs(v) for s in shards for row in s.rewards for v in row if math.isfinite(v)), default=0.0)
+    parts = [f"no reward is beyond float32's range (largest |r| {top_r:.4g})"]
+    if getattr(res, "z", None) is not None and res.z.float64.size:
+        k_cols = res.z.float64.shape[1]
+        w = shards[0].weights
+        w = np.ones(k_cols) if w is None else np.abs(np.asarray(w, dtype=np.float64))
+        with np.errstate(over="ignore", invalid="ignore"):
+            terms = w[None, :] * np.abs(res.z.float64)
+            reach = res.combined.reach()
+        if np.isfinite(terms).any():
+            j, k = np.unravel_index(int(np.argmax(np.where(np.isfinite(terms), terms, -1.0))), terms.shape)
+            parts.append(f"no Eq. 7 term |w_k z_k| exceeds DBL_MAX (largest {terms[j, k]:.4g}, row {j} column {k})")
+        if np.isfinite(reach).any():
+            parts.append(f"c stays within float64 (largest |c| plus the model's bound "
+                         f"{np.max(reach[np.isfinite(reach)]):.4g})")
+        exact = np.abs(res.float64[np.isfinite(res.float64)])
+        if out_dtype != "float64" and exact.size:
+            parts.append(f"every exact result rounds into {out_dtype} (largest |exact| {exact.max():.4g})")
+    return ["refusing is not allowed here: " + "; ".join(parts)]
 
 
 def _c_may_overflow(stage) -> bool:
@@ -180,8 +254,11 @@ def _expect_refusal(prop, equation, subject, case, out: Outcome, classes, why: s
     if out.ok:
         _fail(prop, equation, subject, case, f"returned a result; the contract refuses this case with {names} ({why})")
     if not out.is_error(*classes):
+        hint = "" if out.error_classes else (
+            f"; the classes are spec.errors' ({names} is a GDPOError, itself a ValueError): raise them, or "
+            "subclass them")
         _fail(prop, equation, subject, case,
-              f"raised {out.error_type}: {out.message!r}; the contract refuses this case with {names} ({why})")
+              f"raised {out.error_type}: {out.message!r}; the contract refuses this case with {names} ({why}){hint}")
     if not out.message.strip():
         _fail(prop, equation, subject, case, f"raised {out.error_type} with an empty message")
 
@@ -200,10 +277,11 @@ def check_values(subject: Subject, case: Case, prop: str = "values") -> None:
         return
     res = exp.result
     _judge_final(prop, eq, subject, case, out, res, "advantage", _refusal_permitted(case, res),
-                 [f"exact advantages {res.float64.tolist()}"])
+                 [f"exact advantages {res.float64.tolist()}"], zero_why=_advantage_zero_clause(res, case.weights))
 
 
-def _judge_final(prop, eq, subject, case, out, res, what: str, permitted: bool, context=()) -> None:
+def _judge_final(prop, eq, subject, case, out, res, what: str, permitted: bool, context=(), zero_why=None,
+                 because=None) -> None:
     """The outputs of a final stage (Eq. 6, cast to out_dtype) against the oracle: a refusal where an
     exact value rounds beyond the output range, else the values within ``allowed(out_dtype)``
     (OutOfRangeError tolerated where ``permitted`` or where the rounding may reach the range)."""
@@ -215,12 +293,63 @@ def _judge_final(prop, eq, subject, case, out, res, what: str, permitted: bool, 
     if not out.ok:
         if out.is_error(OutOfRangeError) and (permitted or may):
             return
-        _fail(prop, eq, subject, case, f"{out.describe()}; the contract computes this case", context)
+        why = because if because is not None else _computes_because(case, res, case.out_dtype)
+        _fail(prop, eq, subject, case, f"{out.describe()}; the contract computes this case", list(context) + why)
     _check_output(prop, eq, subject, case, out, case.n, case.out_dtype)
-    v = judge(out.values, res.float64, res.allowed(case.out_dtype), res.cond, case.out_dtype)
+    v = judge(out.values, res.float64, res.allowed(case.out_dtype), res.cond, case.out_dtype,
+              rounded=res.rounded(case.out_dtype), zero_why=zero_why)
     _target(v.ratio, f"{prop}: error/allowed")
     if not v.ok:
         _fail(prop, eq, subject, case, f"{len(v.bad)} of {case.n} {what}s outside the error model", v.rows)
+
+
+def _group_zero_clause(res, weights, g: int) -> str:
+    """The clause of spec section 7 that makes group ``g``'s combined values a structural zero."""
+    label = res.group_labels[g].item() if hasattr(res.group_labels[g], "item") else res.group_labels[g]
+    k_cols = res.group_collapsed.shape[1]
+    w = [1.0] * k_cols if weights is None else [float(x) for x in weights]
+    live = [k for k in range(k_cols) if w[k] != 0.0 and not res.group_collapsed[g, k]]
+    if not live:
+        return (f"every reward column with a nonzero weight is constant in group {label!r} (a collapsed column "
+                f"gives z = 0 exactly, spec sections 2 and 7)")
+    if len(live) == 2:
+        i, j = live
+        return (f"columns {i} and {j} of group {label!r} are equal up to shift and sign and carry weights of "
+                f"equal magnitude ({w[i]!r}, {w[j]!r}), so Eq. 7 cancels them exactly (structural "
+                f"cancellation, spec section 7)")
+    return f"group {label!r}'s combined value is a structural zero (spec section 7)"
+
+
+def _combined_zero_clause(res, weights):
+    """zero_why for c (normalize_rewards): row -> its group's clause."""
+    return lambda i: _group_zero_clause(res, weights, int(res.group_index[i]))
+
+
+def _advantage_zero_clause(res, weights):
+    """zero_why for the advantages: a collapsed unit made only of structural zeros of c."""
+    def why(i: int) -> str:
+        if res.unit_index is None or res.group_index is None:
+            return ""
+        u = int(res.unit_index[i])
+        if res.unit_collapsed is None or not res.unit_collapsed[u]:
+            return ""
+        label = res.unit_labels[u].item() if hasattr(res.unit_labels[u], "item") else res.unit_labels[u]
+        groups = sorted({int(g) for g in res.group_index[res.unit_index == u]})
+        clauses = [_group_zero_clause(res, weights, g) for g in groups[:2]]
+        more = f" (and {len(groups) - 2} more groups alike)" if len(groups) > 2 else ""
+        return (f"whitening unit {label!r} is collapsed: each of its combined values c is a structural zero ("
+                + "; ".join(clauses) + more + "), so Eq. 6 gives exactly 0")
+    return why
+
+
+def _whiten_zero_clause(case: Case):
+    units = case.unit_ids()
+
+    def why(i: int) -> str:
+        u = 0 if units is None else int(units[i])
+        return (f"whitening unit {u}'s given values are all equal (a collapsed unit gives a = 0 exactly, "
+                f"spec section 2)")
+    return why
 
 
 def check_normalize(subject: Subject, case: Case, prop: str = "stage_normalize") -> None:
@@ -235,15 +364,17 @@ def check_normalize(subject: Subject, case: Case, prop: str = "stage_normalize")
     res = exp.result
     stage = res.combined
     if not out.ok:
-        if out.is_error(OutOfRangeError) and _c_may_overflow(stage):
-            return  # c, or a correct float64 computation of it, is beyond float64: the contract's OutOfRangeError
-        _fail(prop, eq, subject, case, f"{out.describe()}; the contract computes this case")
+        if out.is_error(OutOfRangeError) and _permission(case, res) is not None:
+            return  # c, a term of it, or a reward is beyond what the contract must compute: its OutOfRangeError
+        _fail(prop, eq, subject, case, f"{out.describe()}; the contract computes this case",
+              _computes_because(case, res, "float64"))
     _check_output(prop, eq, subject, case, out, case.n, "float64")
     # spec 7: a structural zero of c (the oracle's required_zero: collapsed columns, a pair of columns
     # cancelling exactly) must be exactly 0; other exact cancellations (four columns, say) are held to
     # the error bound like every value (found by the deep profile: +-2^-53 there is within it)
     required = stage.required_zero if stage.required_zero is not None else res.group_cancelled[res.group_index]
-    v = judge(out.values, stage.float64, stage.allowed("float64"), stage.cond, "float64", must_be_zero=required)
+    v = judge(out.values, stage.float64, stage.allowed("float64"), stage.cond, "float64", must_be_zero=required,
+              zero_why=_combined_zero_clause(res, case.weights))
     _target(v.ratio, f"{prop}: error/allowed")
     if not v.ok:
         _fail(prop, eq, subject, case, f"{len(v.bad)} of {case.n} combined values outside the error model", v.rows)
@@ -260,7 +391,11 @@ def check_whiten(subject: Subject, case: Case, prop: str = "stage_whiten") -> No
     if exp.error is not None:
         _expect_refusal(prop, eq, subject, case, out, (type(exp.error),), f"the oracle: {exp.error}")
         return
-    _judge_final(prop, eq, subject, case, out, exp.result, "whitened value", False)
+    top = float(np.max(np.abs(exp.result.float64))) if exp.result.float64.size else 0.0
+    _judge_final(prop, eq, subject, case, out, exp.result, "whitened value", False,
+                 zero_why=_whiten_zero_clause(case),
+                 because=[f"refusing is not allowed here: the values are finite and every exact whitened value "
+                          f"rounds into {case.out_dtype} (largest |exact| {top:.4g})"])
 
 
 # ------------------------------------------------------------ error contract
@@ -443,10 +578,22 @@ def _dist_outcomes(prop, eq, subject, case: DistCase, api="gdpo"):
     return job.outcomes
 
 
+def _single_process_hint(outs: dict) -> list[str]:
+    """A line for a failure where every rank raised something other than a DistributedError:
+    perhaps an implementation for one process only, which --single-process grades as such."""
+    if outs and all(not o.ok and not o.is_error(DistributedError) for o in outs.values()):
+        return ["every rank raised: if the implementation runs in one process only (no process_group), grade "
+                "it with --single-process (gdpo check --single-process, or pytest --single-process), which "
+                "deselects the multi-process properties and reports them as not graded"]
+    return []
+
+
 def _all_refuse(prop, eq, subject, case: DistCase, outs: dict, why: str, offender=None, plain=()):
     """Every rank raises the same DistributedError (world 1: also the plain class)."""
     world = case.world
     details = [f"rank {r}: {o.describe()}" for r, o in sorted(outs.items())]
+    if world > 1:
+        details += _single_process_hint(outs)
     allowed = (DistributedError,) + (tuple(plain) if world == 1 else ())
     for r, o in sorted(outs.items()):
         if o.ok or not o.is_error(*allowed):
@@ -474,12 +621,12 @@ def check_dist_values(subject: Subject, case: DistCase, prop: str = "dist_values
         return
     res = exp.result
     must, may = cast_overflow(res, case.shards[0].out_dtype)
-    if must or any(not o.ok for o in outs.values()) and (any(_beyond_float32(sh) for sh in case.shards)
+    if must or any(not o.ok for o in outs.values()) and (_permission(case, res) is not None
                                                          or not np.all(np.isfinite(res.combined.float64))
                                                          or may):
         # the contract's OutOfRangeError, raised on every rank together
-        _all_refuse(prop, eq, subject, case, outs, "inputs beyond float32 range, an Eq. 7 beyond float64 or "
-                    "advantages beyond the output dtype's range", plain=(OutOfRangeError,))
+        _all_refuse(prop, eq, subject, case, outs, "inputs beyond float32 range, an Eq. 7 (or a term of it) "
+                    "beyond float64 or advantages beyond the output dtype's range", plain=(OutOfRangeError,))
         return
     _, _, _, where = case.global_case()
     out_dtype = case.shards[0].out_dtype
@@ -488,11 +635,13 @@ def check_dist_values(subject: Subject, case: DistCase, prop: str = "dist_values
         shard = case.shards[r]
         if not o.ok:
             _fail(prop, eq, subject, case, f"rank {r} {o.describe()}; the contract computes this batch",
-                  [f"rank {q}: {p.describe()}" for q, p in sorted(outs.items())])
+                  [f"rank {q}: {p.describe()}" for q, p in sorted(outs.items())]
+                  + _computes_because(case, res, out_dtype) + _single_process_hint(outs))
         if o.dtype != out_dtype or o.shape != (shard.n,):
             _fail(prop, eq, subject, case, f"rank {r} returned {o.dtype} {o.shape}; wanted {out_dtype} ({shard.n},)")
         observed[where[r]] = o.values
-    v = judge(observed, res.float64, res.allowed(out_dtype), res.cond, out_dtype)
+    v = judge(observed, res.float64, res.allowed(out_dtype), res.cond, out_dtype, rounded=res.rounded(out_dtype),
+              zero_why=_advantage_zero_clause(res, case.shards[0].weights))
     _target(v.ratio, f"{prop}: error/allowed")
     if not v.ok:
         _fail(prop, eq, subject, case, f"{len(v.bad)} of {observed.size} advantages (global rows, rank order) "
@@ -663,7 +812,8 @@ PROPERTIES = (
                      pairs=("anti_exact", "shift_exact", "copy"), weight_modes=("none", "ones", "equal"),
                      unit_modes=("none", "groups", "groups")), check_values),
     Property("range", "traps", "Eq. 4, 7, 6", "rewards near FLT_MAX (float32 statistics overflow), float64 "
-             "rewards beyond float32 range, extreme weights: computed, or OutOfRangeError only beyond float32",
+             "rewards beyond float32 range, extreme weights: computed, or OutOfRangeError only beyond float32 "
+             "(rewards) or float64 (Eq. 7, or one of its terms w_k z_k)",
              _values(kinds=("huge", "beyond32", "testfloat", "plain"), pairs=(),
                      weight_modes=("none", "extreme", "testfloat")), check_values),
     Property("weights", "decisions", "Eq. 7", "weights from 2^-1074 to 2^1023, negative and zero weights, "

@@ -1,0 +1,268 @@
+"""The grader's verdicts on legitimately written implementations (a reviewer's false-positive hunt):
+
+A. an Eq. 7 term |w_k z_k| beyond DBL_MAX while the sum c fits: OutOfRangeError is a permitted
+   refusal there (as for rewards beyond float32), a computed result is graded as any other, and a
+   refusal where no term overflows is still rejected, saying why the contract computes the case;
+B. a value just outside its bound never reads as "error/allowed 1"; a float16/bfloat16 value
+   rounded through float32 first is named as rounded twice;
+C. a demanded exact zero states the clause that demands it, not a distance in ulps at 0;
+D. ``--single-process`` (pytest and ``gdpo check``) deselects the multi-process properties and
+   says so;
+E. a refusal of the wrong class (a plain ValueError) names the spec.errors class expected.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from conformance import controls as C
+from conformance import properties as P
+from conformance import regressions
+from conformance.cases import Case, DistCase, expected
+from conformance.compare import judge
+from conformance.plugins import Subject
+from spec.errors import NonFiniteError
+
+ROOT = Path(__file__).resolve().parents[1]
+DBL_MAX = sys.float_info.max
+
+#: rewards [[0, 0], [0, 0], [1, 1]] (one group): z is the same in both columns, +-1.1547 / -0.577
+RUNS = ((0.0, 0.0), (0.0, 0.0), (1.0, 1.0))
+#: w1 z1 = DBL_MAX * 1.1547 overflows float64; c = (DBL_MAX / 2) z fits (1.04e308)
+TERM_OVERFLOW = Case(RUNS, group_size=3, weights=(DBL_MAX, -DBL_MAX / 2))
+#: the same with weights +-DBL_MAX: c is exactly 0 (demanded bit for bit), each term overflows
+TERM_OVERFLOW_ZERO = Case(RUNS, group_size=3, weights=(DBL_MAX, -DBL_MAX))
+#: weights beyond float32's range, no term near DBL_MAX: the contract computes it
+NO_TERM_OVERFLOW = Case(RUNS, group_size=3, weights=(2.0 ** 1000, -(2.0 ** 999)))
+#: the reviewer's case_wdiv.json: |w z| = DBL_MAX / sqrt(2) fits, only (w * dev) would not
+WDIV = Case(((0.0, 0.0), (3.0, 3.0)), group_size=2, weights=(DBL_MAX, -DBL_MAX), out_dtype="float64")
+
+REFUSES = Subject(C.CONTROLS["refuses_big_weights"].target)  # OutOfRangeError for any |w| > FLT_MAX
+BASE = Subject(C.BASELINE.target)
+
+
+def _subject(fn, normalize=None, whiten=None, name="tests.grader:fn") -> Subject:
+    """A Subject calling ``fn`` in-process (its stage functions as attributes)."""
+    fn.normalize_rewards = normalize or C.baseline.normalize_rewards
+    fn.whiten = whiten or C.baseline.whiten
+    s = Subject(name)
+    s._fn = fn
+    return s
+
+
+# ----------------------------------------------------------------------------- A
+
+
+def test_the_cases_are_what_they_claim():
+    """A term beyond DBL_MAX where c fits; exactly 0 where the weights cancel; none near it otherwise."""
+    res = expected(TERM_OVERFLOW).result
+    assert np.all(np.isfinite(res.combined.float64)) and np.max(np.abs(res.combined.float64)) < DBL_MAX
+    assert DBL_MAX * float(np.max(np.abs(res.z.float64))) == math.inf
+    assert np.all(expected(TERM_OVERFLOW_ZERO).result.float64 == 0.0)
+    assert np.max(np.abs(expected(NO_TERM_OVERFLOW).result.combined.float64)) < 1e302
+
+
+@pytest.mark.parametrize("case", [TERM_OVERFLOW, TERM_OVERFLOW_ZERO], ids=["c_fits", "c_exact_zero"])
+def test_refusing_where_an_eq7_term_overflows_is_permitted(case):
+    P.check_values(REFUSES, case, "weights")
+    P.check_normalize(REFUSES, case)
+    P.check_values(BASE, case, "weights")  # computing it is conforming too, and graded
+    P.check_normalize(BASE, case)
+
+
+def test_a_computed_result_is_still_graded_where_a_term_overflows():
+    wrong = _subject(lambda *a, **k: -C.baseline(*a, **k))
+    with pytest.raises(P.ConformanceFailure, match="outside the error model"):
+        P.check_values(wrong, TERM_OVERFLOW, "weights")
+    noisy = _subject(lambda *a, **k: C.baseline(*a, **k) + 2.0 ** -60)
+    with pytest.raises(P.ConformanceFailure, match="exact result is exactly 0"):
+        P.check_values(noisy, TERM_OVERFLOW_ZERO, "weights")
+
+
+@pytest.mark.parametrize("case", [NO_TERM_OVERFLOW, WDIV], ids=["weights_2^1000", "wdiv"])
+def test_refusing_where_no_term_overflows_is_rejected_saying_why(case):
+    with pytest.raises(P.ConformanceFailure) as info:
+        P.check_values(REFUSES, case, "weights")
+    text = str(info.value)
+    assert "the contract computes this case" in text and "refusing is not allowed here" in text, text
+    assert "no Eq. 7 term |w_k z_k| exceeds DBL_MAX" in text and "no reward is beyond float32's range" in text
+    with pytest.raises(P.ConformanceFailure, match="refusing is not allowed here"):
+        P.check_normalize(REFUSES, case)
+
+
+def test_the_refuses_big_weights_control_is_still_rejected_by_its_pinned_example():
+    """The control's minimal example in CONTROLS.md (a weight 2^1022 on a collapsed column): no
+    term overflows, so its refusal is still a failure."""
+    case = regressions.load(regressions.EXAMPLES["testfloat"][0])
+    assert P._eq7_term_overflow(case.weights, expected(case).result) is None
+    with pytest.raises(P.ConformanceFailure, match="the contract computes this case"):
+        P.check_values(REFUSES, case, "testfloat")
+
+
+@pytest.mark.distributed
+def test_refusing_on_every_rank_where_a_term_overflows_is_permitted():
+    """Across 2 gloo ranks (one group each): every rank refusing together is accepted where a term
+    overflows, rejected where none does."""
+    def dist(case):
+        return DistCase(tuple(Case(case.rewards, group_ids=(0, 0, 0), weights=case.weights,
+                                   segment_sizes=(3,)) for _ in range(2)))
+
+    P.check_dist_values(REFUSES, dist(TERM_OVERFLOW))
+    P.check_dist_values(BASE, dist(TERM_OVERFLOW))
+    with pytest.raises(P.ConformanceFailure, match="refusing is not allowed here"):
+        P.check_dist_values(REFUSES, dist(NO_TERM_OVERFLOW))
+
+
+# ----------------------------------------------------------------------------- B
+
+
+def test_a_ratio_just_above_one_never_reads_as_one():
+    h = float.fromhex
+    allowed = np.array([h("0x1.0000000024194p-12")])
+    err = h("0x1.0002000000000p-12")
+    v = judge(np.array([0.5 + err]), np.array([0.5]), allowed, np.zeros(1), "float16")
+    assert not v.ok
+    row = v.rows[0]
+    assert "error/allowed 1.00003" in row and "(error/allowed 1)" not in row, row
+    assert "0x1.0002000000000p-12" in row and "0x1.0000000024194p-12" in row, row  # 4 digits agree: the bits
+    # one float64 ulp above: the quotient is 1 + 2^-52, shown in full
+    allowed = np.array([h("0x1.fffffffffffffp-13")])
+    v = judge(np.array([0.5 + 2.0 ** -12]), np.array([0.5]), allowed, np.zeros(1), "float64")
+    assert not v.ok and "error/allowed 1.0000000000000002" in v.rows[0], v.rows
+
+
+def test_a_value_rounded_twice_is_named_with_the_correct_rounding():
+    case = regressions.load(regressions.EXAMPLES["rounding"][0])  # float16 output just off a midpoint
+    with pytest.raises(P.ConformanceFailure) as info:
+        P.check_values(Subject(C.CONTROLS["double_rounding"].target), case, "rounding")
+    text = str(info.value)
+    assert "rounded twice?" in text and "the correctly rounded float16 value is 0.50048828125" in text, text
+    assert "(error/allowed 1)" not in text and "error/allowed 1.00003" in text, text
+
+
+# ----------------------------------------------------------------------------- C
+
+ANTIPAIR = Case(((1.0, 0.0), (0.0, 1.0), (0.0, 1.0)), group_size=3)  # r2 = 1 - r1: c = 0 structurally
+COLLAPSED = Case(((1.0, 0.0), (1.0, 1.0)), group_size=2, weights=(1.0, 0.0))  # the live column is constant
+
+
+def _noisy(x):
+    return x + torch.where(x == 0, torch.full_like(x, 2.0 ** -40), torch.zeros_like(x))
+
+
+def test_a_demanded_zero_names_its_clause_not_ulps():
+    s = _subject(lambda *a, **k: _noisy(C.baseline(*a, **k)),
+                 normalize=lambda *a, **k: _noisy(C.baseline.normalize_rewards(*a, **k)),
+                 whiten=lambda *a, **k: _noisy(C.baseline.whiten(*a, **k)))
+    with pytest.raises(P.ConformanceFailure) as info:
+        P.check_values(s, ANTIPAIR, "cancellation")
+    text = str(info.value)
+    assert "the exact result is exactly 0" in text and "ulp(float32)" not in text, text
+    assert "columns 0 and 1 of group 0 are equal up to shift and sign" in text and "returned 0x1" in text, text
+    assert "whitening unit 0 is collapsed" in text and "as for [" in text, text
+    with pytest.raises(P.ConformanceFailure, match="structural cancellation") as info:
+        P.check_normalize(s, ANTIPAIR)
+    assert "ulp(float64)" not in str(info.value)
+    with pytest.raises(P.ConformanceFailure, match="constant in group 0"):
+        P.check_values(s, COLLAPSED, "collapse")
+    const = Case(((3.0,), (3.0,), (3.0,)), group_size=3, dtype="float64")
+    with pytest.raises(P.ConformanceFailure, match="given values are all equal"):
+        P.check_whiten(s, const)
+
+
+def test_a_rejected_refusal_says_what_the_contract_computes():
+    from spec.errors import OutOfRangeError
+
+    def refuse(*a, **k):
+        raise OutOfRangeError("refused")
+
+    with pytest.raises(P.ConformanceFailure) as info:
+        P.check_values(_subject(refuse), ANTIPAIR, "plain")
+    text = str(info.value)
+    assert "refusing is not allowed here" in text and "largest |r| 1" in text, text
+
+
+# ----------------------------------------------------------------------------- D
+
+SINGLE = textwrap.dedent('''
+    """A correct implementation for one process only."""
+    from impl import gdpo
+    from spec.errors import InputDtypeError
+
+
+    def advantages(rewards, *, process_group=None, **kwargs):
+        if process_group is not None:
+            raise InputDtypeError("this implementation runs in one process only")
+        return gdpo.gdpo_advantages(rewards, **kwargs)
+''')
+
+
+@pytest.fixture
+def single_env(tmp_path):
+    (tmp_path / "single_gdpo.py").write_text(SINGLE)
+    return dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT)]))
+
+
+def test_single_process_option_deselects_the_multi_process_properties(single_env):
+    proc = subprocess.run([sys.executable, "-m", "pytest", "conformance/test_distributed.py",
+                           "conformance/test_units.py",
+                           "-p", "no:xdist", "-p", "no:cacheprovider", "--impl", "single_gdpo:advantages",
+                           "--single-process"], capture_output=True, text=True, timeout=600, cwd=ROOT, env=single_env)
+    out = proc.stdout
+    assert proc.returncode == 0, out[-3000:] + proc.stderr[-2000:]
+    assert "1 passed" in out and "4 deselected" in out and "failed" not in out, out[-3000:]
+    assert "deselected by this option and so are NOT graded" in out  # the report header
+    assert "4 multi-process test(s) deselected by --single-process, not graded" in out  # the summary
+    assert "dist_values_2" in out
+
+
+def test_gdpo_check_single_process(single_env):
+    proc = subprocess.run([sys.executable, "-m", "conformance.cli", "check", "--impl", "single_gdpo:advantages",
+                           "--single-process", "-k", "test_property[units] or test_property[dist_values_2]"],
+                          capture_output=True, text=True, timeout=600, cwd=ROOT, env=single_env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert "deselected by --single-process, not graded" in proc.stdout, proc.stdout[-3000:]
+    assert "test_property[dist_values_2]" in proc.stdout and "1 passed" in proc.stdout, proc.stdout[-3000:]
+
+
+def test_a_multi_process_failure_of_a_single_process_implementation_points_at_the_option():
+    from conformance.plugins import Outcome
+
+    outs = {r: Outcome.from_exception(NonFiniteError("one process only")) for r in range(2)}
+    assert "--single-process" in " ".join(P._single_process_hint(outs))
+    outs[1] = Outcome(True)
+    assert P._single_process_hint(outs) == []
+
+
+# ----------------------------------------------------------------------------- E
+
+
+def test_a_plain_value_error_names_the_spec_errors_class():
+    def plain(rewards, **kwargs):
+        if torch.isnan(rewards).any():
+            raise ValueError("NaN reward")
+        return C.baseline(rewards, **kwargs)
+
+    case = Case(((math.nan,), (0.0,)), group_size=2, note="error:nan_reward")
+    with pytest.raises(P.ConformanceFailure) as info:
+        P.check_error(_subject(plain), case)
+    text = str(info.value)
+    assert "NonFiniteError" in text and "spec.errors" in text and "subclass them" in text, text
+
+
+def test_plugins_document_the_error_contract_per_call_shape():
+    from conformance import plugins
+
+    doc = plugins.__doc__
+    assert "spec.errors" in doc and "Error contract (``properties.ERROR_CASES`` whose ``shapes`` name ``trl``)" in doc
+    assert "Error contract (``properties.ERROR_CASES`` whose ``shapes`` name ``verl``)" in doc
+    assert "--single-process" in doc
