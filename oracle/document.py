@@ -87,6 +87,9 @@ def context() -> dict[str, str]:
     sig = [10000.0, 10000.005, 10000.010, 10000.015]
     ctx["signal_relative_spread"] = _g((max(sig) - min(sig)) / max(sig), 2)
     ctx["w_merged"] = repr(float(np.float32(16777217.0)))
+    big = np.finfo(np.float64).max
+    terms = gdpo.advantages(np.array([[0.0, 0.0], [0.0, 0.0], [1.0, 1.0]]), [0, 0, 0], weights=[big, -big / 2])
+    ctx["eq7_term_c"] = f"{float(np.max(np.abs(terms.combined.float64))):.3g}"
 
     r, g = TWO_GROUP["rewards"], TWO_GROUP["group_ids"]
     res = gdpo.advantages(r, g)

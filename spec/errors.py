@@ -58,7 +58,8 @@ class SegmentError(GDPOError):
 
 class OutOfRangeError(GDPOError):
     """A value that cannot be computed or cannot survive the cast to the output dtype:
-    ``eps`` NaN, infinite or negative; Eq. 7 overflowing float64 (weights too large);
+    ``eps`` NaN, infinite or negative; Eq. 7 overflowing float64 (weights too large), or,
+    as a permitted refusal, a single term w_k z_k beyond DBL_MAX where c fits;
     a whitened value whose correct rounding overflows ``out_dtype`` (section 7: in
     practice float8 outputs only). impl.gdpo computes rewards anywhere in float64 range:
     a float64 reward beyond float32 range is not an error there. The contract permits
