@@ -302,12 +302,16 @@ def _sorted_layout(labels: torch.Tensor, *, reads_free: bool) -> tuple[torch.Ten
 
 def _run_facts(labels: torch.Tensor) -> dict[int, torch.Tensor] | None:
     """Phase one's facts when every label is one run of rows, from the runs'
-    heads (a sort of G labels, not N); None when some label has several runs.
+    heads (a sort of G labels, not N); None when some label has several runs, or
+    when more than half the rows start a run (the heads' sort would cost about what
+    the full sort does, which would then run as well).
     The same facts as the sort's: a group is then its run."""
     n = labels.shape[0]
     device = labels.device
     heads = torch.ones(n, dtype=torch.bool, device=device)
     heads[1:] = labels[1:] != labels[:-1]
+    if 2 * int(heads.sum()) > n:  # mostly runs of one (shuffled, interleaved): the full sort it is
+        return None
     start = heads.nonzero().view(-1)  # a host read: free here
     runs = start.shape[0]
     head_labels = torch.sort(labels.index_select(0, start)).values
