@@ -436,12 +436,18 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
         host.update({P.HOST_CODE: P.P_LOCAL_FAILURE})
 
     comm = _comm_device(group, data_device)
-    table = torch.zeros(world, P.ROW_WIDTH, dtype=_I64, device=comm)
+    # The agreement table and, beside it, the buffer a refusal's words travel in (allocated
+    # now: on the refusal path a failing rank allocates nothing before joining every collective).
+    flat = torch.zeros(world * (P.ROW_WIDTH + _WORDS_COLS), dtype=_I64, device=comm)
+    table = flat[: world * P.ROW_WIDTH].view(world, P.ROW_WIDTH)
+    words_buf = flat[world * P.ROW_WIDTH:].view(world, _WORDS_COLS)
+    told = local_exc  # the exception this rank's row describes
     try:
         table[rank] = _facts_row(host, {} if local_exc else device_facts,
                                  data_device if local_exc is None else torch.device("cpu")).to(comm)
     except Exception as exc:  # noqa: BLE001 - e.g. a host field beyond int64: still join, refused
         local_exc = local_exc or exc
+        told = exc
         table[rank] = _facts_row({P.PRESENT: 1, P.API: api, P.CALL_SEQ: seq, P.HOST_CODE: P.P_LOCAL_FAILURE}, {},
                                  torch.device("cpu")).to(comm)
     _all_reduce(table, dist.ReduceOp.SUM, group, name, 1, rank)
@@ -449,8 +455,7 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
     reasons = P.table_problems(agreed)
     if reasons:
         if _in_step(agreed) and any(row[P.HOST_CODE] for row in agreed):  # the same decision on every rank
-            words = _own_words(_words_of(local_exc) if agreed[rank][P.HOST_CODE] else None,
-                               group, comm, world, rank, name)
+            words = _own_words(told if agreed[rank][P.HOST_CODE] else None, group, words_buf, rank)
             reasons = P.table_problems(agreed, words)
         raise P.DistributedError(_refusal(reasons, agreed, group)) from local_exc
     units = agreed[0][P.UNITS]
@@ -486,7 +491,7 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
     _all_reduce(buf.bits, dist.ReduceOp.SUM, group, name, 2, rank)
     if (labelled and not late) or units > P.COUNT_SLOTS:  # flags, counts beyond the slots: one host read
         failed, counts = _flags_and_counts(buf.bits, units)  # (with collective 3 to come, it carries the flag)
-        _refuse_failed(failed, agreed, failure, group, comm, name)
+        _refuse_failed(failed, agreed, failure, group, words_buf)
         _refuse_lonely(counts, agreed, group)
 
     a = st = None
@@ -509,7 +514,7 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
     if late:
         if failure is not None:
             buf.late[rank, _FAILED] = 1
-        _late_checks(name, group, world, rank, agreed, buf.late, out_dtype, failure)
+        _late_checks(name, group, world, rank, agreed, buf.late, out_dtype, failure, words_buf)
     return round_to(a, out_dtype), st
 
 
@@ -597,11 +602,11 @@ def _flags_and_counts(bits: torch.Tensor, units: int) -> tuple[list[int], list[l
     return [int(r[0]) for r in host], [[int(r[1 + j]) for r in host] for j in range(extra)]
 
 
-def _refuse_failed(failed: list[int], agreed, failure, group, comm, name) -> None:
+def _refuse_failed(failed: list[int], agreed, failure, group, words_buf) -> None:
     ranks = [r for r, f in enumerate(failed) if f]
     if ranks:
         rank = dist.get_rank(group)
-        words = _own_words(_words_of(failure) if failed[rank] else None, group, comm, len(failed), rank, name)
+        words = _own_words(failure if failed[rank] else None, group, words_buf, rank)
         raise P.DistributedError(_refusal([_failed_after(ranks, words)], agreed, group)) from failure
 
 
@@ -614,6 +619,7 @@ def _failed_after(ranks: list[int], words: dict[int, str] | None = None) -> str:
 
 #: Bytes of its own message each refusing rank sends its peers (UTF-8, cut beyond).
 WORDS_BYTES = REFUSAL_WORDS_BYTES
+_WORDS_COLS = WORDS_BYTES // 8
 
 
 def _in_step(agreed) -> bool:
@@ -625,70 +631,61 @@ def _in_step(agreed) -> bool:
 def _words_of(exc) -> str | None:
     """What a refusing rank tells its peers: its exception's own message (an adapter's
     refusal, a message with the caller's values in it) or, for an unexpected exception,
-    its type and message."""
+    its type and message. Never raises: an exception whose str() fails is named by type."""
     if exc is None:
         return None
-    text = str(exc)
+    try:
+        text = str(exc)
+        if not isinstance(text, str):
+            raise TypeError
+    except Exception:  # noqa: BLE001 - a broken __str__ must not keep this rank from the exchange
+        text = "(its message could not be read)"
     return text if isinstance(exc, P.GDPOError) else f"{type(exc).__name__}: {text}"
 
 
-def _own_words(text: str | None, group, comm: torch.device, world: int, rank: int, name: str) -> dict[int, str]:
+def _words_row(text: str | None) -> torch.Tensor | None:
+    """``text`` as WORDS_BYTES of UTF-8 in int64s (cut between characters, with '...')."""
+    if not text:
+        return None
+    raw = text.encode("utf-8", "replace")
+    if len(raw) > WORDS_BYTES:
+        raw = raw[: WORDS_BYTES - 3].decode("utf-8", "ignore").encode("utf-8") + b"..."  # whole characters
+    return torch.frombuffer(bytearray(raw.ljust(WORDS_BYTES, b"\0")), dtype=torch.uint8).view(_I64)
+
+
+def _own_words(exc, group, words_buf: torch.Tensor, rank: int) -> dict[int, str]:
     """One more collective, on the refusal path only (every rank takes it, by a decision
-    made from the agreed table): each refusing rank's own message, so that the peers'
-    error says what only that rank could see (an adapter's refusal, an unexpected
-    exception, the values behind a code). {rank: message}; {} if the exchange fails (the
-    refusal is then raised as it stands)."""
-    buf = torch.zeros(world, WORDS_BYTES // 8, dtype=_I64)
-    if text:
-        raw = text.encode("utf-8", "replace")
-        if len(raw) > WORDS_BYTES:
-            raw = raw[: WORDS_BYTES - 3].decode("utf-8", "ignore").encode("utf-8") + b"..."  # whole characters
-        mine = torch.frombuffer(bytearray(raw.ljust(WORDS_BYTES, b"\0")), dtype=torch.uint8).view(_I64)
-        buf[rank] = mine
+    made from the agreed table): each refusing rank's own message (``exc``'s, see
+    :func:`_words_of`), so that the peers' error says what only that rank could see (an
+    adapter's refusal, an unexpected exception, the values behind a code). Every rank
+    joins the all-reduce whatever happens before it (``words_buf`` was allocated with the
+    agreement table); {rank: message}, or {} if the exchange fails (the refusal is then
+    raised as the table alone tells it)."""
     try:
-        buf = buf.to(comm)
-        dist.all_reduce(buf, op=dist.ReduceOp.SUM, group=group)
-        rows = buf.cpu()
+        mine = _words_row(_words_of(exc))
+        if mine is not None:
+            words_buf[rank].copy_(mine)
+    except Exception:  # noqa: BLE001 - this rank's words are lost; it still joins
+        pass
+    try:
+        dist.all_reduce(words_buf, op=dist.ReduceOp.SUM, group=group)
+        rows = words_buf.cpu()
     except Exception:  # noqa: BLE001 - the refusal stands without the words
         return {}
     words = {}
-    for r in range(world):
+    for r in range(rows.shape[0]):
         said = bytes(rows[r].view(torch.uint8).tolist()).rstrip(b"\0").decode("utf-8", "replace")
         if said:
             words[r] = said
     return words
 
 
-def _refuse_lonely(counts: list[list[int]], agreed, group) -> None:
-    reasons = [_lonely_unit(P.COUNT_SLOTS + j, c) for j, c in enumerate(counts) if sum(c) == 1]
-    if reasons:
-        raise P.DistributedSegmentError(_refusal(reasons, agreed, group))
-
-
-def _late_row(mine: torch.Tensor, overflow_row: dict, a, out_dtype) -> None:
-    """This rank's row of collective 3: Eq. 7 overflow of labelled groups (weights beyond
-    ~2**1000) and the count of whitened values that do not survive a float8 cast."""
-    fields = (P.C_OVERFLOW, P.C_OVERFLOW_BITS, P.C_OVERFLOW_GROUP)
-    if overflow_row:
-        zero = torch.zeros((), dtype=_I64, device=mine.device)
-        mine[:3] = torch.stack([overflow_row[f].to(mine.device, _I64).reshape(()) if f in overflow_row else zero
-                                for f in fields])
-    if a is not None:
-        beyond = a.abs() >= cast_limit(out_dtype)
-        mine[3] = beyond.sum().to(mine.device)
-        if a.shape[0]:
-            at = torch.argmax(beyond.view(torch.uint8))  # the first such row (0 when none: unread then)
-            mine[5] = at.to(mine.device)
-            mine[6] = a[at].view(_I64).to(mine.device)
-
-
-def _late_checks(name, group, world, rank, agreed, late, out_dtype, failure=None):
+def _late_checks(name, group, world, rank, agreed, late, out_dtype, failure, words_buf):
     """Collective 3, only where needed: every rank's late row (see :func:`_late_row`) and
     its failure flag, so all ranks raise together."""
     _all_reduce(late, dist.ReduceOp.SUM, group, name, 3, rank)
-    comm = late.device
     late = late.tolist()
-    _refuse_failed([row[4] for row in late], agreed, failure, group, comm, name)
+    _refuse_failed([row[4] for row in late], agreed, failure, group, words_buf)
     reasons = []
     for r, (at, bits, label, *_) in enumerate(late):
         row = list(agreed[r])

@@ -167,9 +167,10 @@ FAIL_AT = {"finish": [("impl._normalize", "finish")],  # labelled groups' Eq. 4/
            "late_row": [("impl._pipeline", "_late_row")]}  # this rank's row of collective 3
 
 
-def _fail(rank, world, group, device, at, call_kind, victim=1, **kwargs):
-    """``victim``'s local computation raises RuntimeError at ``FAIL_AT[at]``; the call
-    itself is ``SCENARIOS[call_kind]``. Every rank must return (raise or succeed) in time."""
+def _fail(rank, world, group, device, at, call_kind, victim=1, unreadable=False, **kwargs):
+    """``victim``'s local computation raises RuntimeError at ``FAIL_AT[at]`` (``unreadable``:
+    an exception whose str() itself raises); the call itself is ``SCENARIOS[call_kind]``.
+    Every rank must return (raise or succeed) in time."""
     import importlib
 
     patched = []
@@ -181,7 +182,7 @@ def _fail(rank, world, group, device, at, call_kind, victim=1, **kwargs):
         patched.append((owner, leaf, getattr(owner, leaf), attr))
     if rank == victim:
         for owner, leaf, _, attr in patched:
-            setattr(owner, leaf, _raiser(f"injected failure in {attr} on rank {rank}"))
+            setattr(owner, leaf, _raiser(f"injected failure in {attr} on rank {rank}", unreadable))
     try:
         return SCENARIOS[call_kind](rank, world, group, device, **kwargs)
     finally:
@@ -189,9 +190,23 @@ def _fail(rank, world, group, device, at, call_kind, victim=1, **kwargs):
             setattr(owner, leaf, original)
 
 
-def _raiser(msg):
+def _readable(exc) -> str:
+    try:
+        return str(exc)
+    except Exception:  # noqa: BLE001 - e.g. Unreadable below
+        return "<unreadable>"
+
+
+class Unreadable(RuntimeError):
+    """An exception whose message cannot be read: str() raises."""
+
+    def __str__(self):
+        raise RuntimeError("no message")
+
+
+def _raiser(msg, unreadable=False):
     def broken(*args, **kwargs):
-        raise RuntimeError(msg)
+        raise (Unreadable if unreadable else RuntimeError)(msg)
 
     return broken
 
@@ -301,7 +316,7 @@ def _rank_main(rank, world, init_file, out_dir, scenarios, timeout_s, backend, d
         except BaseException as exc:  # noqa: BLE001 - every outcome is reported
             causes, cause = [], exc.__cause__ or exc.__context__
             while cause is not None and len(causes) < 8:  # the chain, whatever the traceback's length
-                causes.append(f"{type(cause).__name__}: {cause}")
+                causes.append(f"{type(cause).__name__}: {_readable(cause)}")
                 cause = cause.__cause__ or cause.__context__
             rec.update(status="error", cls=type(exc).__name__, mro=[c.__name__ for c in type(exc).__mro__],
                        msg=str(exc), tb=traceback.format_exc()[-2000:], causes=causes)

@@ -8,21 +8,27 @@ import torch
 
 from impl import _pipeline
 from spec.constants import REFUSAL_WORDS_BYTES
+from spec.errors import GDPOError
 
 
 def _exchange(monkeypatch, texts: dict[int, str], world: int = 3):
     """Every rank's buffer summed, as the all-reduce would: run _own_words once per rank."""
-    bufs = {}
+    bufs = []
 
     def fake_all_reduce(buf, op=None, group=None):
-        bufs[len(bufs)] = buf.clone()
+        bufs.append(buf.clone())
 
     monkeypatch.setattr(_pipeline.dist, "all_reduce", fake_all_reduce)
     for r in range(world):
-        _pipeline._own_words(texts.get(r), None, torch.device("cpu"), world, r, "gdpo_advantages")
-    total = sum(bufs.values())
+        _pipeline._own_words(_Said(texts[r]) if r in texts else None, None,
+                             torch.zeros(world, _pipeline._WORDS_COLS, dtype=torch.int64), r)
+    total = sum(bufs)
     monkeypatch.setattr(_pipeline.dist, "all_reduce", lambda buf, op=None, group=None: buf.copy_(total))
-    return _pipeline._own_words(texts.get(0), None, torch.device("cpu"), world, 0, "gdpo_advantages")
+    return _pipeline._own_words(None, None, torch.zeros(world, _pipeline._WORDS_COLS, dtype=torch.int64), 0)
+
+
+class _Said(GDPOError):
+    """A refusal whose message is the words themselves."""
 
 
 def test_each_refusing_ranks_words_arrive_whole(monkeypatch):
@@ -42,4 +48,39 @@ def test_a_failed_exchange_leaves_the_refusal_as_the_table_tells_it(monkeypatch)
         raise RuntimeError("peer gone")
 
     monkeypatch.setattr(_pipeline.dist, "all_reduce", broken)
-    assert _pipeline._own_words("mine", None, torch.device("cpu"), 2, 0, "whiten") == {}
+    assert _pipeline._own_words(_Said("mine"), None, torch.zeros(2, _pipeline._WORDS_COLS, dtype=torch.int64), 0) == {}
+
+
+def test_words_of_an_exception_whose_message_cannot_be_read():
+    from tests._dist import Unreadable
+
+    assert _pipeline._words_of(Unreadable("x")) == "Unreadable: (its message could not be read)"
+
+
+def test_a_rank_whose_exception_cannot_be_printed_still_joins_and_stays_in_step():
+    """The refusing rank computed its words outside any guard: an exception whose str()
+    raised made it leave before the words' all-reduce, which then met its next call's
+    agreement (gloo aborted the process: "collective mismatch"). Before and after the
+    agreement; then a healthy call on the same group must succeed on every rank."""
+    from tests._dist import run_group
+
+    rewards = [[[0.1], [0.5], [0.3], [0.9]]] * 2
+    labels = [[0, 0, 1, 1]] * 2
+    scenarios = [
+        ("before", "fail", {"at": "table", "call_kind": "gdpo", "unreadable": True, "rewards": rewards,
+                            "group_size": 2}),
+        ("healthy_1", "gdpo", {"rewards": rewards, "group_size": 2}),
+        ("after", "fail", {"at": "finish", "call_kind": "gdpo", "unreadable": True, "rewards": rewards,
+                           "group_ids": labels}),
+        ("healthy_2", "gdpo", {"rewards": rewards, "group_size": 2}),
+    ]
+    run = run_group(2, scenarios, group_timeout_s=20.0, deadline_s=120.0)
+    assert not run.hung, run.stderr[-3000:]
+    for name in ("before", "after"):
+        recs = run.by_rank(name)
+        assert [recs[r]["cls"] for r in range(2)] == ["DistributedError"] * 2, (name, recs)
+        assert recs[0]["msg"] == recs[1]["msg"], name
+        assert "Unreadable: (its message could not be read)" in recs[0]["msg"], recs[0]["msg"]
+    for name in ("healthy_1", "healthy_2"):
+        recs = run.by_rank(name)
+        assert [recs[r]["status"] for r in range(2)] == ["ok", "ok"], (name, recs)
