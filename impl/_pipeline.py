@@ -680,6 +680,29 @@ def _own_words(exc, group, words_buf: torch.Tensor, rank: int) -> dict[int, str]
     return words
 
 
+def _refuse_lonely(counts: list[list[int]], agreed, group) -> None:
+    reasons = [_lonely_unit(P.COUNT_SLOTS + j, c) for j, c in enumerate(counts) if sum(c) == 1]
+    if reasons:
+        raise P.DistributedSegmentError(_refusal(reasons, agreed, group))
+
+
+def _late_row(mine: torch.Tensor, overflow_row: dict, a, out_dtype) -> None:
+    """This rank's row of collective 3: Eq. 7 overflow of labelled groups (weights beyond
+    ~2**1000) and the count of whitened values that do not survive a float8 cast."""
+    fields = (P.C_OVERFLOW, P.C_OVERFLOW_BITS, P.C_OVERFLOW_GROUP)
+    if overflow_row:
+        zero = torch.zeros((), dtype=_I64, device=mine.device)
+        mine[:3] = torch.stack([overflow_row[f].to(mine.device, _I64).reshape(()) if f in overflow_row else zero
+                                for f in fields])
+    if a is not None:
+        beyond = a.abs() >= cast_limit(out_dtype)
+        mine[3] = beyond.sum().to(mine.device)
+        if a.shape[0]:
+            at = torch.argmax(beyond.view(torch.uint8))  # the first such row (0 when none: unread then)
+            mine[5] = at.to(mine.device)
+            mine[6] = a[at].view(_I64).to(mine.device)
+
+
 def _late_checks(name, group, world, rank, agreed, late, out_dtype, failure, words_buf):
     """Collective 3, only where needed: every rank's late row (see :func:`_late_row`) and
     its failure flag, so all ranks raise together."""
