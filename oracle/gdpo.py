@@ -220,6 +220,9 @@ def _exact_float(v):
     """``v`` as the float64 equal to it, or None (not a real number, or not a float64)."""
     if type(v) is float:
         return v
+    if hasattr(v, "detach") and getattr(v, "ndim", None) == 0 and v.is_floating_point() \
+            and "float8" not in str(v.dtype):
+        return float(v.detach().cpu().double().item())  # a 0-d real tensor (as impl takes it): exact in float64
     if not _is_real_number(v):
         return None
     try:
@@ -323,6 +326,8 @@ def _as_eps(eps):
                                   f"tensor); got a tensor of shape {tuple(t.shape)}, dtype "
                                   f"{str(t.dtype).replace('torch.', '')}")
         eps = t.item()
+    if isinstance(eps, np.ndarray) and eps.ndim == 0 and eps.dtype.kind in "iuf":
+        eps = eps[()]  # a 0-d NumPy array: its scalar, as impl takes it
     if isinstance(eps, (bool, np.bool_)) or getattr(eps, "ndim", 0) or not isinstance(eps, numbers.Real):
         raise InputDtypeError("eps must be a real number (an int, a float, a NumPy real scalar or a 0-d real "
                               f"tensor); got {_shown(eps)} (a {type(eps).__name__})")

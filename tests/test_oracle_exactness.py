@@ -181,3 +181,18 @@ def test_exact_weights_of_any_type_are_taken_exactly():
         w[1] += np.longdouble(2.0) ** -60
         with pytest.raises(WeightError, match=r"weights\[1\]"):
             gdpo.advantages(R, G, weights=w)
+
+
+def test_inputs_impl_takes_the_oracle_takes_too():
+    """A review found the oracle refusing two inputs impl accepts: eps as a 0-d NumPy array,
+    rewards as lists of 0-d tensors (each exact in float64)."""
+    import torch
+
+    from oracle import gdpo as oracle_gdpo
+
+    r = [[0.25, 1.0], [0.5, 3.0], [1.0, 2.0], [4.0, 0.5]]
+    want = oracle_gdpo.advantages(r, [0, 0, 1, 1], eps=1e-4).float64
+    got = oracle_gdpo.advantages(r, [0, 0, 1, 1], eps=np.array(1e-4)).float64
+    assert np.array_equal(got, want)
+    rows = [[torch.tensor(x, dtype=torch.float32) for x in row] for row in r]
+    assert np.array_equal(oracle_gdpo.advantages(rows, [0, 0, 1, 1], eps=1e-4).float64, want)
