@@ -276,20 +276,24 @@ def _json_type(v) -> str:
     return "null" if v is None else type(v).__name__
 
 
+def _parsed(text: str):
+    """A CSV cell as a number: an int where it reads as one (exact), else a float; None if neither."""
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return None
+
+
 def _float_column(values, name: str, source: str, text: bool = False) -> np.ndarray:
     """Reward values of one column: numbers (JSON) or their text (CSV); an integer must be exact in float64."""
     out = np.empty(len(values))
     for i, v in enumerate(values):
         place = f"{source}: column {name!r}, row {i}"
-        x = v
-        if text and isinstance(v, str):
-            try:
-                x = int(v)
-            except ValueError:
-                try:
-                    x = float(v)
-                except ValueError:
-                    raise AuditDtypeError(f"{place}: {v!r} is not a number") from None
+        x = _parsed(v) if text and isinstance(v, str) else v
+        if x is None:
+            raise AuditDtypeError(f"{place}: {v!r} is not a number")
         if isinstance(x, bool) or not isinstance(x, (int, float)):
             raise AuditDtypeError(f"{place}: {v!r} is not a number"
                                   + (f" (a JSON {_json_type(v)})" if not text else ""))
@@ -309,15 +313,7 @@ def _int_column(values, name: str, source: str, text: bool = False, err=AuditGro
     """Integer labels of one column: JSON integers (or integral floats) or their text (CSV)."""
     out = np.empty(len(values), dtype=np.int64)
     for i, v in enumerate(values):
-        x = v
-        if text and isinstance(v, str):
-            try:
-                x = int(v)
-            except ValueError:
-                try:
-                    x = float(v)
-                except ValueError:
-                    x = None
+        x = _parsed(v) if text and isinstance(v, str) else v
         if isinstance(x, float) and x.is_integer():
             x = int(x)
         if isinstance(x, bool) or not isinstance(x, int) or not -_INT64 <= x < _INT64:

@@ -374,13 +374,18 @@ def _label_problem(group_ids) -> Problem | None:
                 return Problem(P.P_GROUP_IDS_ITEM, i, P.K_BEYOND_INT64, int(0 <= int(x) >> 63 < 2),
                                detail=_int_shown(x))  # c: 1 where a uint64 tensor could hold it
             continue
-        what, value, detail = _not_a_number(x)
-        if what:
-            return Problem(P.P_GROUP_IDS_ITEM, i, what, value, detail=detail)
-        if isinstance(x, float) or _np_kind(x) == "f":
-            return Problem(P.P_GROUP_IDS_ITEM, i, P.K_FLOAT, P.float_bits(x))
-        return Problem(P.P_GROUP_IDS_ITEM, i, P.K_OTHER, detail=_of_type(x))
+        return _item_problem(P.P_GROUP_IDS_ITEM, i, x)
     return None
+
+
+def _item_problem(code: int, i: int, x) -> Problem:
+    """Entry ``i`` of a sequence of integers is ``x``, no integer: what it is instead."""
+    what, value, detail = _not_a_number(x)
+    if what:
+        return Problem(code, i, what, value, detail=detail)
+    if isinstance(x, float) or _np_kind(x) == "f":
+        return Problem(code, i, P.K_FLOAT, P.float_bits(x))
+    return Problem(code, i, P.K_OTHER, detail=_of_type(x))
 
 
 def _check_device(x, arg: int) -> None:
@@ -518,14 +523,8 @@ def check_segments(segment_sizes, n: int) -> tuple[list[int], bool]:
         except TypeError:
             raise Problem(P.P_SEGMENTS_TYPE, 8, detail=_of_type(segment_sizes)) from None
         for j, s in enumerate(sizes):
-            if _is_int(s):
-                continue
-            what, value, detail = _not_a_number(s)
-            if what:
-                raise Problem(P.P_SEGMENTS_ITEM, j, what, value, detail=detail)
-            if isinstance(s, float) or _np_kind(s) == "f":
-                raise Problem(P.P_SEGMENTS_ITEM, j, P.K_FLOAT, P.float_bits(s))
-            raise Problem(P.P_SEGMENTS_ITEM, j, P.K_OTHER, detail=_of_type(s))
+            if not _is_int(s):
+                raise _item_problem(P.P_SEGMENTS_ITEM, j, s)
         sizes = [int(s) for s in sizes]
     for j, s in enumerate(sizes):
         if not _INT64_MIN <= s <= _INT64_MAX:

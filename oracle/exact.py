@@ -304,12 +304,18 @@ def round_mpf(x: tuple, fmt: str) -> float:
             m += 1
     else:
         m = man << (exp - q)
+    return _from_significand(m, q, sign, emax)
+
+
+def _from_significand(m: int, q: int, neg: bool, emax: int) -> float:
+    """(-1)^neg * m * 2^q of a rounded significand: a signed zero, the value, or an
+    infinity where it overflows the format."""
     if m == 0:
-        return -0.0 if sign else 0.0
+        return -0.0 if neg else 0.0
     if m.bit_length() + q > emax + 1:
-        return -math.inf if sign else math.inf
+        return -math.inf if neg else math.inf
     v = math.ldexp(m, q)
-    return -v if sign else v
+    return -v if neg else v
 
 
 def round_interval(iv: tuple, fmt: str) -> float | None:
@@ -352,12 +358,7 @@ def round_fraction(q: Fraction, fmt: str) -> float:
     m, rem = divmod(num, den)
     if 2 * rem > den or (2 * rem == den and m & 1):
         m += 1
-    if m == 0:
-        return -0.0 if neg else 0.0
-    if m.bit_length() + k > emax + 1:
-        return -math.inf if neg else math.inf
-    v = math.ldexp(m, k)
-    return -v if neg else v
+    return _from_significand(m, k, neg, emax)
 
 
 def round_all_fraction(q: Fraction) -> tuple[float, ...]:
