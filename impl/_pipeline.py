@@ -454,8 +454,12 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
     agreed = table.tolist()  # the call's one host synchronisation
     reasons = P.table_problems(agreed)
     if reasons:
-        if _in_step(agreed) and any(row[P.HOST_CODE] for row in agreed):  # the same decision on every rank
-            words = _own_words(told if agreed[rank][P.HOST_CODE] else None, group, words_buf, rank)
+        weights_differ = P.weights_disagree(agreed)
+        if _in_step(agreed) and (weights_differ or any(row[P.HOST_CODE] for row in agreed)):  # same on every rank
+            if agreed[rank][P.HOST_CODE]:
+                words = _own_words(told, group, words_buf, rank)
+            else:  # a healthy rank speaks only to show its weights
+                words = _own_words(None, group, words_buf, rank, text=_weights_text(inp) if weights_differ else None)
             reasons = P.table_problems(agreed, words)
         raise P.DistributedError(_refusal(reasons, agreed, group)) from local_exc
     units = agreed[0][P.UNITS]
@@ -653,16 +657,25 @@ def _words_row(text: str | None) -> torch.Tensor | None:
     return torch.frombuffer(bytearray(raw.ljust(WORDS_BYTES, b"\0")), dtype=torch.uint8).view(_I64)
 
 
-def _own_words(exc, group, words_buf: torch.Tensor, rank: int) -> dict[int, str]:
+def _weights_text(inp) -> str | None:
+    """This rank's weights as it tells them (never raises: the rank must still join)."""
+    try:
+        return P.weights_words(inp.weights)
+    except Exception:  # noqa: BLE001 - the refusal then shows the digest
+        return None
+
+
+def _own_words(exc, group, words_buf: torch.Tensor, rank: int, text: str | None = None) -> dict[int, str]:
     """One more collective, on the refusal path only (every rank takes it, by a decision
     made from the agreed table): each refusing rank's own message (``exc``'s, see
     :func:`_words_of`), so that the peers' error says what only that rank could see (an
     adapter's refusal, an unexpected exception, the values behind a code). Every rank
     joins the all-reduce whatever happens before it (``words_buf`` was allocated with the
     agreement table); {rank: message}, or {} if the exchange fails (the refusal is then
-    raised as the table alone tells it)."""
+    raised as the table alone tells it). A rank without an exception may say ``text``
+    instead (its weights, when the ranks' weights differ)."""
     try:
-        mine = _words_row(_words_of(exc))
+        mine = _words_row(_words_of(exc) if exc is not None else text)
         if mine is not None:
             words_buf[rank].copy_(mine)
     except Exception:  # noqa: BLE001 - this rank's words are lost; it still joins

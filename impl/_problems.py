@@ -543,6 +543,20 @@ def _by_value(values: dict[int, object]) -> str:
                      for v, r in groups.items())
 
 
+def weights_disagree(table: list[list[int]]) -> bool:
+    """The whole pipeline on every rank, one K, and ranks whose weights were read (no host
+    refusal) holding different weights: the refusal then shows each rank's weights, sent in
+    its own words (the same decision on every rank: it reads the agreed table only)."""
+    if len({row[API] for row in table}) != 1 or table[0][API] != API_GDPO or len({row[K] for row in table}) != 1:
+        return False
+    return len({row[WEIGHTS_FP] for row in table if not row[HOST_CODE]}) > 1
+
+
+def weights_words(values) -> str:
+    """How a rank states its weights to its peers: the float64 values, shortest round-trip."""
+    return "[" + ", ".join(repr(float(x)) for x in values) + "]"
+
+
 def table_problems(table: list[list[int]], words: dict[int, str] | None = None) -> list[str]:
     """Reasons to refuse, from the agreed (world_size, ROW_WIDTH) table; the
     same list on every rank because every rank holds the same table. ``words``:
@@ -601,9 +615,14 @@ def table_problems(table: list[list[int]], words: dict[int, str] | None = None) 
     differ(K, lambda v: "the number of reward columns K differs across ranks ("
            + _by_value({r: f"K={x}" for r, x in v.items()}) + ")")
     if len({table[r][K] for r in consider}) == 1:  # with different K the weights differ anyway
-        differ(WEIGHTS_FP, lambda v: "weights differ across ranks ("
-               + _by_value({r: f"digest {x:#x}" for r, x in v.items()})
-               + "; the digest of the float64 bits of the K weights: -0.0 and 0.0 differ)")
+        said = words or {}
+        if all(r in said and not table[r][HOST_CODE] for r in consider):  # each rank's weights, in its own words
+            differ(WEIGHTS_FP, lambda v: "weights differ across ranks ("
+                   + _by_value({r: said[r] for r in v}) + "; compared bit for bit: -0.0 and 0.0 differ)")
+        else:
+            differ(WEIGHTS_FP, lambda v: "weights differ across ranks ("
+                   + _by_value({r: f"digest {x:#x}" for r, x in v.items()})
+                   + "; the digest of the float64 bits of the K weights: -0.0 and 0.0 differ)")
     return reasons
 
 
