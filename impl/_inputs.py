@@ -428,7 +428,7 @@ def check_weights(weights, k: int) -> list[float]:
     if isinstance(weights, (collections.abc.Mapping, str, bytes, collections.abc.Set)):
         # iterating these would give keys, characters or an arbitrary order: never weights
         raise Problem(P.P_WEIGHTS_TYPE, 1 if isinstance(weights, collections.abc.Mapping)
-                      else 3 if isinstance(weights, collections.abc.Set) else 2)
+                      else 3 if isinstance(weights, collections.abc.Set) else 2, detail=_of_type(weights))
     if _np_kind(weights) in ("b", "c"):  # NumPy bools or complex numbers
         raise Problem(P.P_WEIGHTS_TYPE, 6 if _np_kind(weights) == "b" else 7)
     if isinstance(weights, torch.Tensor):
@@ -517,7 +517,8 @@ def check_segments(segment_sizes, n: int) -> tuple[list[int], bool]:
         if isinstance(segment_sizes, (collections.abc.Mapping, str, bytes, bytearray, collections.abc.Set)):
             # iterating these would give keys, characters or an arbitrary order: never sizes
             raise Problem(P.P_SEGMENTS_TYPE, 1 if isinstance(segment_sizes, collections.abc.Mapping)
-                          else 3 if isinstance(segment_sizes, collections.abc.Set) else 2)
+                          else 3 if isinstance(segment_sizes, collections.abc.Set) else 2,
+                          detail=_of_type(segment_sizes))
         try:
             sizes = list(segment_sizes)
         except TypeError:

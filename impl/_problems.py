@@ -295,8 +295,8 @@ def _segments_item(a: int, b: int, c: int, detail: str = "") -> str:
 
 def _segments_type(a: int, b: int, c: int, detail: str = "") -> str:
     got = {1: "; got a mapping (pass the sizes in unit order)", 2: "; got a string",
-           3: "; got a set, which has no order", 4: f"; got a tensor of dtype {dtype_name(b)}",
-           5: f"; got a {b}-D tensor", 8: f"; got {detail or 'an object'}, which is not iterable"}.get(a, "")
+           3: f"; got {detail or 'a set'}: set-like, so its order is no order of units",
+           4: f"; got a tensor of dtype {dtype_name(b)}", 5: f"; got a {b}-D tensor", 8: f"; got {detail or 'an object'}, which is not iterable"}.get(a, "")
     return "segment_sizes must be a 1-D sequence or tensor of non-negative ints" + got
 
 
@@ -374,7 +374,8 @@ HOST_PROBLEMS = {
     P_WEIGHTS_TYPE: (WeightError, lambda a, b, c, detail="":
                      "weights must be a 1-D sequence or tensor of real numbers"
                      + {1: "; got a mapping (pass the weights in reward-column order)", 2: "; got a string",
-                        3: "; got a set, which has no order", 4: f"; got a tensor of dtype {dtype_name(b)}",
+                        3: f"; got {detail or 'a set'}: set-like, so its order is no order of columns",
+                        4: f"; got a tensor of dtype {dtype_name(b)}",
                         5: f"; got a {b}-D tensor", 6: "; got NumPy bools",
                         7: "; got NumPy complex numbers",
                         8: f"; got {detail or 'an object'}, which is not iterable"}.get(a, "")),

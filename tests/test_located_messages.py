@@ -112,7 +112,9 @@ SEGMENTS = [
     (4, _RULE + r"; got an int \(4\), which is not iterable$"),
     ("22", _RULE + r"; got a string$"),
     ({0: 2, 1: 2}, _RULE + r"; got a mapping \(pass the sizes in unit order\)$"),
-    ({2}, _RULE + r"; got a set, which has no order$"),
+    ({2}, _RULE + r"; got a set \(\{2\}\): set-like, so its order is no order of units$"),
+    ({2: 0, 3: 1}.keys(), _RULE + r"; got a dict_keys \(dict_keys\(\[2, 3\]\)\): set-like, so its order is no order "
+                          r"of units$"),  # once said "a set, which has no order"
     (torch.tensor([2.0, 2.0]), _RULE + r"; got a tensor of dtype float32$"),
     (torch.tensor([[2, 2]]), _RULE + r"; got a 2-D tensor$"),
     ([2 ** 64, 4],
