@@ -243,12 +243,26 @@ def _not_a_dtype(x) -> str:
     return f"{_shown(x)} ({what}, not a torch.dtype{hint})"
 
 
+def numpy_view(x):
+    """``x``, or where it is a NumPy array torch cannot share (negative strides, as
+    ``a[::-1]`` or ``np.flip(a)`` give) or may not write (read-only), a contiguous copy of it:
+    the same values, which impl only reads. Anything else is returned as it is."""
+    strides = getattr(x, "strides", None)
+    flags = getattr(x, "flags", None)
+    if strides is None or flags is None or isinstance(x, torch.Tensor) or _np_kind(x) is None:
+        return x
+    if any(s < 0 for s in strides) or not getattr(flags, "writeable", True):
+        return sys.modules["numpy"].array(x, copy=True, order="C")
+    return x
+
+
 def read_tensor(x) -> torch.Tensor:
     """``x`` as a tensor (a tensor as it is): Python floats become float64, since they are
     doubles (torch would read them as float32). Raises what torch.as_tensor raises
     (OverflowError for a Python int beyond float64, TypeError, ValueError, RuntimeError)."""
     if isinstance(x, torch.Tensor):
         return x
+    x = numpy_view(x)
     t = torch.as_tensor(x)
     if t.is_floating_point() and t.dtype != _F64 and not hasattr(x, "dtype"):
         t = torch.as_tensor(x, dtype=_F64)
@@ -329,7 +343,7 @@ def check_rewards(rewards, group_ids, group_size, weights, *, allow_empty_rows: 
             if isinstance(ids, (str, bytes, bytearray, collections.abc.Mapping, collections.abc.Set)):
                 raise Problem(P.P_GROUP_IDS_DTYPE, 0, detail=_of_type(ids))  # characters, keys, no order
             try:
-                ids = torch.as_tensor(ids)
+                ids = torch.as_tensor(numpy_view(ids))
             except (TypeError, ValueError, RuntimeError, OverflowError):
                 raise (_label_problem(group_ids) or Problem(P.P_GROUP_IDS_DTYPE, 0, detail=_of_type(group_ids))) \
                     from None

@@ -102,7 +102,7 @@ from collections.abc import Hashable, Mapping, Sequence, Set
 
 import torch
 
-from impl._inputs import read_tensor
+from impl._inputs import numpy_view, read_tensor
 from impl._problems import GroupLengthError
 from impl.gdpo import (
     DistributedError,
@@ -472,7 +472,7 @@ class _Mask:
             m = response_mask
         else:
             try:
-                m = torch.as_tensor(response_mask)
+                m = torch.as_tensor(numpy_view(response_mask))
             except (TypeError, ValueError, RuntimeError, OverflowError):
                 raise InputDtypeError(f"response_mask must be a (B, T) tensor of 0/1 (or bool); got "
                                       f"{type(response_mask).__name__}") from None
