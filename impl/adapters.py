@@ -247,26 +247,17 @@ def _one_label(x, arg: str, i: int):
     return x
 
 
-def _wrong_length(error: GroupLengthError, shape, distributed: bool) -> _Labels:
-    """Under a process group a rank must not raise before impl.gdpo's agreement (its peers
-    would wait in it): labels of the caller's shape go on, and impl.gdpo refuses them on
-    every rank together (a DistributedError naming this rank's GroupLengthError)."""
-    if not distributed:
-        raise error
-    return _Labels(torch.zeros(shape, dtype=torch.int64), None, None)
-
-
-def _labels(labels, n: int, arg: str, samples: str, distributed: bool) -> _Labels:
+def _labels(labels, n: int, arg: str, samples: str) -> _Labels:
     """Validate one label per sample (``arg`` is the caller's argument name, ``samples``
-    says what holds the n samples)."""
+    says what holds the n samples). Under a process group the adapter's caller turns a
+    refusal here into one every rank raises (:func:`_refuse_with_peers`)."""
     if isinstance(labels, torch.Tensor) or _numpy_array(labels):
         if labels.ndim != 1:
-            return _wrong_length(GroupLengthError(f"{arg} must be 1-D (one label per sample); got a "
-                                                  f"{labels.ndim}-D {type(labels).__name__} of shape "
-                                                  f"{tuple(labels.shape)}"), tuple(labels.shape), distributed)
+            raise GroupLengthError(f"{arg} must be 1-D (one label per sample); got a {labels.ndim}-D "
+                                   f"{type(labels).__name__} of shape {tuple(labels.shape)}")
         if labels.shape[0] != n:
-            return _wrong_length(GroupLengthError(f"{arg} has length {labels.shape[0]} but {samples} has {n} "
-                                                  "samples: one label per sample"), tuple(labels.shape), distributed)
+            raise GroupLengthError(f"{arg} has length {labels.shape[0]} but {samples} has {n} samples: one label "
+                                   "per sample")
         if isinstance(labels, torch.Tensor) and not (labels.is_floating_point() or labels.is_complex()
                                                      or labels.dtype == torch.bool):
             return _Labels(labels, None, None)  # the caller's own integers: no host read
@@ -278,8 +269,8 @@ def _labels(labels, n: int, arg: str, samples: str, distributed: bool) -> _Label
     else:
         items = list(labels)
         if len(items) != n:
-            return _wrong_length(GroupLengthError(f"{arg} has length {len(items)} but {samples} has {n} "
-                                                  "samples: one label per sample"), (len(items),), distributed)
+            raise GroupLengthError(f"{arg} has length {len(items)} but {samples} has {n} samples: one label "
+                                   "per sample")
     items = [_one_label(x, arg, i) for i, x in enumerate(items)]
     if all(_is_int(x) and _INT64_MIN <= x <= _INT64_MAX for x in items):
         items = [int(x) for x in items]
@@ -570,7 +561,7 @@ def _verl_inputs(token_level_rewards, response_mask, index, weights, distributed
     if b == 0 and not distributed:  # with a process group a rank may hold no samples
         raise ShapeError(f"token_level_rewards and response_mask hold no samples (B=0, shape "
                          f"{tuple(mask.shape)})")
-    ids = _labels(index, b, "index", "response_mask", distributed)
+    ids = _labels(index, b, "index", "response_mask")
     # Padding must not matter: inf * 0 would be NaN, so select, never multiply.
     scores = torch.stack([torch.where(mask, tokens[k].to(torch.float64), 0.0).sum(dim=-1) for k in keys], dim=1)
     return keys, checked, tokens, ids, checked.poison(scores), _weights_in_order(weights, keys)
@@ -620,7 +611,7 @@ def verl_advantages(token_level_rewards: Mapping[str, torch.Tensor], response_ma
     return _on_response_tokens(a, mask.bool)
 
 
-def _labelled_inputs(rewards, labels, weights, distributed: bool):
+def _labelled_inputs(rewards, labels, weights):
     """The labelled arguments checked: (names, (N, K) rewards, labels, weights in name
     order), or the adapter's own refusal."""
     if not isinstance(rewards, Mapping):
@@ -647,7 +638,7 @@ def _labelled_inputs(rewards, labels, weights, distributed: bool):
                                   f"{comps[first].device}: pass every component on one device")
     dtype = _widest([c.dtype for c in comps.values()])
     r = torch.stack([comps[k].to(dtype) for k in names], dim=1)
-    ids = _labels(labels, r.shape[0], "labels", "each reward component", distributed)
+    ids = _labels(labels, r.shape[0], "labels", "each reward component")
     return names, r, ids, _weights_in_order(weights, names)
 
 
@@ -659,7 +650,7 @@ def labelled_advantages(rewards: Mapping[str, torch.Tensor], labels: Sequence[Ha
     Each component is a 1-D tensor of a real floating dtype or a sequence of floats; all
     of one length and on one device (different floating dtypes are widened exactly)."""
     try:
-        names, r, ids, w = _labelled_inputs(rewards, labels, weights, process_group is not None)
+        names, r, ids, w = _labelled_inputs(rewards, labels, weights)
     except Exception as e:  # noqa: BLE001 - under a process group the peers must hear of it
         if process_group is None:
             raise

@@ -520,10 +520,15 @@ def test_wrong_length_labels_under_a_process_group_fail_every_rank_together(tmp_
     """A rank whose labels have the wrong length must not raise before impl.gdpo's agreement
     (its peers would wait there until the timeout): every rank raises the same DistributedError."""
     outs = _two_ranks(_adapters_rank, tmp_path)
-    for name, culprit in (("verl_short_index", "rank 1: GroupLengthError: index has 3 labels"),
-                          ("labelled_long_tensor", "rank 0: GroupLengthError: labels has 5 labels")):
+    # in the adapter's own words: verl has no `rewards` (it once said "index has 3 labels but rewards has N=4 rows")
+    for name, culprit in (("verl_short_index", "rank 1: GDPOError: GroupLengthError raised by the caller's adapter "
+                                               "before the call: index has length 3 but response_mask has 4 samples"),
+                          ("labelled_long_tensor", "rank 0: GDPOError: GroupLengthError raised by the caller's adapter "
+                                                   "before the call: labels has length 5 but each reward component "
+                                                   "has 4 samples")):
         kinds = [outs[r][name] for r in range(2)]
         assert kinds[0] == kinds[1] and kinds[0][0] == "DistributedError" and culprit in kinds[0][1], kinds
+        assert "rewards has N=" not in kinds[0][1], kinds
     kinds = [outs[r]["trl_float_generations"] for r in range(2)]
     assert kinds[0] == kinds[1] and "rank 0: GroupError: num_generations must be a Python int" in kinds[0][1], kinds
     for r in range(2):
