@@ -15,14 +15,14 @@ or ``labels``, TRL's names), and a group is named by the failing rank's sample (
 1: GroupError: the group of labels[2] (sample 2) has 1 sample"), never by a label or
 a key, which are each rank's own (and impl.gdpo's label may be the adapter's own
 number of one). verl's failing rank chains its non-finite token in its own terms.
-Labels of the wrong length or shape are handed on to ``impl.gdpo`` there, so
-that every rank refuses them together. A rank whose input fails one of the adapters'
-own checks (a mapping of keys, each reward's dtype, shape and device, the mask,
-hashable, non-NaN labels, weight keys) does not raise alone either: it joins
+A rank whose input fails one of the adapters' own checks (a mapping of keys, each
+reward's dtype, shape and device, the mask, labels of the right length and shape,
+hashable, non-NaN labels, weight keys) does not raise alone: it joins
 ``impl.gdpo``'s agreement refused, and every rank raises the same
-``DistributedError`` naming that rank and the class of its refusal ("rank 1:
-GDPOError: InputDtypeError raised by the caller's adapter before the call"); on
-that rank the adapter's own error, in its own words, is chained (``__cause__``).
+``DistributedError`` naming that rank, the class of its refusal and its own words
+("rank 1: GDPOError: GroupLengthError raised by the caller's adapter before the
+call: index has length 31 but response_mask has 32 samples: ..."); on that rank the
+adapter's own error is chained (``__cause__``).
 
 * :func:`trl_advantages`: TRL's ``normalize_then_sum`` shape.
 
