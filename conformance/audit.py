@@ -45,8 +45,8 @@ from spec.errors import (GroupError, InputDtypeError, OutOfRangeError, SegmentEr
 #: below this multiple of eps has its Eq. 4 scale set mostly by eps, not the data.
 EPS_DOMINATED_FACTOR = 10.0
 #: A group whose combined values (Eq. 7) may move by more than this fraction of their
-#: scale when every input moves one ulp (the oracle's ``cond``, an upper bound on that
-#: first-order change) is reported as
+#: scale when every input moves one ulp (the oracle's ``cond``: that first-order change
+#: itself where ``cond_sharp``, an upper bound on it elsewhere) is reported as
 #: ill-conditioned: ten orders of magnitude above a healthy group's ~1e-16, so its
 #: values are set by the inputs' last bits (typical near-cancellation).
 ILL_CONDITIONED = 1e-6
@@ -552,9 +552,13 @@ def audit(batch: Batch, weights=None, eps: float = DEFAULT_EPS, progress: bool |
         if res.group_cancelled[gi] and len(collapsed) < K:
             flags.append("exact cancellation: the components cancel to exactly zero")
         cond = float(res.combined.cond[m].max())
+        sharp = bool(res.combined.cond_sharp[m].all())  # then cond is the first-order change itself
         scale = max(float(np.abs(res.combined.float64[m]).max()), 1.0)
         if cond > ILL_CONDITIONED * scale:
-            flags.append(f"ill-conditioned: one ulp of input may move a combined value by up to {cond:.2g}")
+            flags.append(f"ill-conditioned: one ulp of input moves a combined value by {cond:.2g} "
+                         "(first-order change, sharp)" if sharp else
+                         f"ill-conditioned: one ulp of input may move a combined value by up to {cond:.2g} "
+                         "(a bound)")
         dom = [batch.names[k] for k in range(K) if 0 < std[k] < EPS_DOMINATED_FACTOR * eps]
         if dom:
             flags.append(f"eps-dominated std: {', '.join(dom)}")
@@ -564,12 +568,13 @@ def audit(batch: Batch, weights=None, eps: float = DEFAULT_EPS, progress: bool |
             flags.append("float32 range: rewards or weighted sums beyond float32 (float32 code overflows)")
         warn |= bool(flags)
         groups.append({"group": _py(label), "size": n, "signal": bool(signal[gi]), "flags": flags,
-                       "max_cond_combined": cond, "impl_error_over_bound": float(ratio[m].max())})
+                       "max_cond_combined": cond, "max_cond_combined_sharp": sharp,
+                       "impl_error_over_bound": float(ratio[m].max())})
     unit_rows = []
     for ui, label in enumerate(res.unit_labels):
         m = res.unit_index == ui
         unit_rows.append({"unit": _py(label), "size": int(m.sum()), "collapsed": bool(res.unit_collapsed[ui]),
-                          "max_cond": float(res.cond[m].max())})
+                          "max_cond": float(res.cond[m].max()), "max_cond_sharp": bool(res.cond_sharp[m].all())})
         warn |= bool(res.unit_collapsed[ui])
     peers = {}
     for name, conv in CONVENTIONS.items():
@@ -608,8 +613,10 @@ def render(report: dict) -> str:
         lines.append(f"{str(g['group']):>8} {g['size']:>5} {('yes' if g['signal'] else 'NO'):>6}  {findings}")
     lines.append("")
     for u in report["units"]:
-        lines.append(f"unit {u['unit']}: {u['size']} samples, one ulp of input moves an advantage by up to "
-                     f"{u['max_cond']:.2g}" + (", COLLAPSED (all advantages 0)" if u["collapsed"] else ""))
+        moves = ("moves an advantage by {:.2g} (first-order change, sharp)" if u.get("max_cond_sharp") else
+                 "may move an advantage by up to {:.2g} (a bound)").format(u["max_cond"])
+        lines.append(f"unit {u['unit']}: {u['size']} samples, one ulp of input {moves}"
+                     + (", COLLAPSED (all advantages 0)" if u["collapsed"] else ""))
     iv = report["impl_vs_oracle"]
     lines.append(f"impl.gdpo vs exact oracle: worst error {iv['max_abs_error']:.3g} "
                  f"({iv['max_error_over_bound']:.3g} of the spec's error bound)")

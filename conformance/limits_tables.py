@@ -99,6 +99,7 @@ def measure_cancellation(r, g) -> dict:
     m = {
         "exact_max": _max_abs(res.float64[grp]),
         "cond_max": float(np.max(res.cond[grp])),
+        "cond_sharp": bool(np.all(res.cond_sharp[grp])),  # cond is the first-order change itself, not a bound
         "impl_err": _err(out, res.float64),
         "impl_ratio": _ratio(np.abs(out - res.float64), res.allowed("float64")),
         "impl_max": _max_abs(out[grp]),
@@ -161,10 +162,13 @@ def build_cancellation(fast: bool, seed: int, progress) -> tuple[list[Table], di
         "GDPO result of the *intended* inputs is exactly 0 everywhere. The float64 inputs are not those "
         "decimals: `fl(C - d) + d != C`, and the exact result of the quantized inputs grows to O(1) once ulp(C) "
         "is comparable to the spread (column `exact max abs a`). That growth is the problem's own "
-        "conditioning: `cond` bounds from above the first-order change of an output when every input moves by "
-        "one ulp (a bound, at times a loose one: spec section 7), so an algorithm that perturbs its inputs by an ulp of their magnitude may be that far off. The naive "
-        "algorithm (mean, then deviations) does exactly that: its error grows with C like the conditioning "
-        "(`naive err/cond` stays below 1) and reaches O(1) at C = 1e15. The impl subtracts one member of the "
+        "conditioning: `cond` is the first-order change of an output when every input moves by one ulp, sharp "
+        "(`cond_sharp`, to 2^-19: spec section 7) on every row but C = 1e16, where `C - d` rounds to one "
+        "constant and the collapsed column leaves only the stage-wise upper bound. So an algorithm that "
+        "perturbs its inputs by an ulp of their magnitude may be that far off. The naive "
+        "algorithm (mean, then deviations) does about that: its error grows with C like the conditioning "
+        "and stays below it (`naive err/cond` below 1 on every row) and reaches O(1) at C = 1e15. The impl "
+        "subtracts one member of the "
         "group first, so its rounding is measured against the group's range, not C: its error stays at the "
         "last bits and within the spec bound (`err/bound <= 1`) on every row. The implementation error and "
         "the conditioning are separated column by column: `impl err` and `naive f64 err` are algorithms, "

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from oracle import gdpo
+from oracle import condition, gdpo
 from oracle.examples import CORRECTNESS_LENGTH, TWO_GROUP, grpo_reference
 from spec import CONVENTIONS, DEFAULT_OUT_DTYPE, FLOAT32_MAX, MIN_GROUP_SIZE
 from spec import error_model
@@ -46,6 +46,15 @@ def _one_pass_std(values, dtype) -> str:
     n = x.size
     v = ((x * x).mean(dtype=dtype) - x.mean(dtype=dtype) ** 2) * dtype(n) / dtype(n - 1)
     return "NaN (negative variance)" if v < 0 else _g(float(np.sqrt(v)))
+
+
+def _stagewise(fn, *args, **kwargs):
+    """What ``fn`` reports with every cond the stage-wise running bound (oracle.condition off)."""
+    condition.ENABLED = False
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        condition.ENABLED = True
 
 
 def _table(head: list[str], rows: list[list[str]]) -> str:
@@ -123,25 +132,33 @@ def context() -> dict[str, str]:
     ctx["merge_sign_flips"] = str(int(np.sum(np.sign(per_unit) != np.sign(merged))))
 
     d = np.array([0.1, 0.2, 0.3, 0.7])
-    conds = []
+    conds, stagewise, exacts = [], [], []
     for C in (1e9, 1e11, 1e13, 1e15):
         rr = np.stack([C - d, d], 1)
-        conds.append(_g(float(gdpo.advantages(rr, [0] * 4).cond.max()), 2))
+        res = gdpo.advantages(rr, [0] * 4)
+        assert res.cond_sharp.all()  # the section says so: the first-order change itself
+        conds.append(_g(float(res.cond.max()), 2))
+        stagewise.append(_g(float(_stagewise(gdpo.advantages, rr, [0] * 4).cond.max()), 2))
+        exacts.append(_g(float(np.abs(res.float64).max()), 2))
     ctx["cd_cond"] = ", ".join(conds)
-    exacts = []
-    for C in (1e9, 1e11, 1e13, 1e15):
-        exacts.append(_g(float(np.abs(gdpo.advantages(np.stack([C - d, d], 1), [0] * 4).float64).max()), 2))
+    ctx["cd_cond_stagewise"] = ", ".join(stagewise)
     ctx["cd_exact"] = ", ".join(exacts)
-    # cond is an upper bound: a group of two, whose z moves only through eps (z = +-(1/2) d / D,
-    # d = r_2 - r_1, D = |d| / sqrt(2) + eps, so dz/dd = eps / (2 D^2) exactly)
+    ctx["cd_samuelson"] = _g(3 / 2, 2)  # (n - 1)/sqrt(n), n = 4: the largest |a| of a unit of 4
+    # a group of two moves only through eps: z = +-(1/2) d / D, d = r_2 - r_1, D = |d| / sqrt(2) + eps,
+    # so |dz/dr_j| = eps / (2 D^2) exactly; cond is that first-order change, sharp
     eps2 = CONVENTIONS["spec"].group_eps
     z2 = gdpo.standardize_groups(np.array([[0.0], [1.0]]), [0, 0])
     D = 1 / math.sqrt(2) + eps2
     ulps = math.ulp(1.0) + 5e-324  # the oracle's ulp of 0 is the least subnormal
+    first_order = eps2 * ulps / (2 * D * D)
     ctx["n2_eps"] = repr(eps2)
     ctx["n2_cond"] = _g(float(z2.cond.max()), 2)
-    ctx["n2_first_order"] = _g(eps2 * ulps / (2 * D * D), 2)
-    assert float(z2.cond.max()) > 1e3 * eps2 * ulps / (2 * D * D)
+    ctx["n2_first_order"] = _g(first_order, 2)
+    ctx["n2_stagewise"] = _g(float(_stagewise(gdpo.standardize_groups, np.array([[0.0], [1.0]]), [0, 0]).cond.max()), 2)
+    # within 2^-19 (and float64's evaluation of first_order, a few ulps) of the first-order change
+    assert z2.cond_sharp.all() and np.all(np.abs(z2.cond / first_order - 1) <= 2.0 ** -19 + 1e-15)
+    ctx["cond_sharp_bits"] = "2^-19"
+    ctx["cond_cap"] = str(condition.CAP)
 
     s1000 = [1000.0, 1000.01, 1000.02, 1000.03]
     s10000 = [10000.0, 10000.001, 10000.002, 10000.003]

@@ -15,13 +15,18 @@ once to each of float64, float32, float16 and bfloat16 (never one through anothe
 even included), an irrational one from certified intervals. Exact zeros and
 collapse are decided on the exact forms. Each output also carries
 
-* ``cond``: an *upper bound* on the first-order change of the output when every
-  input (reward and weight) moves by one ulp (sum of |d output / dx| ulp(x)): the
-  error model's running bound with its rounding terms off, each stage's effects
-  added in absolute value, so it drops every cancellation and may exceed the true
-  first-order change many times over (without limit as eps shrinks beside a std);
-  at a zero std it is Samuelson's cap instead (spec/gdpo.md section 7). A small
-  ``cond`` shows a well-conditioned output; a large one proves nothing;
+* ``cond``: the first-order change of the output when every input (reward and
+  weight) moves by one ulp, sum of |d output / dx| ulp(x), from the Jacobians of
+  Eq. 4, 7 and 6 in closed form (:mod:`oracle.condition`), evaluated in float64 with a
+  bound on that evaluation's error added, so always an upper bound; ``cond_sharp``
+  (per output) says where it is the first-order change itself, to within 2^-19.
+  Where the closed form does not apply (NaN entries, singleton or collapsed columns,
+  collapsed units, groups beyond ``condition.CAP`` samples or straddling two units,
+  per-token whitening, values out of float64's range: ``cond_sharp`` False) it is the
+  error model's running bound with its rounding terms off, each stage's effects added
+  in absolute value, which drops every cancellation and may exceed the first-order
+  change many times over; at a zero std that is Samuelson's cap (spec/gdpo.md section
+  7). Where both exist ``cond`` is the smaller;
 * ``delta``: the error model's running bound (:mod:`spec.error_model`, units of
   u) for a correct float64 implementation; ``allowed(out_dtype)`` turns it into
   the absolute tolerance every comparison uses.
@@ -49,6 +54,7 @@ from spec.errors import (
     ShapeError,
     WeightError,
 )
+from oracle import condition as cn
 from oracle import exact as ex
 
 START_PREC = 96
@@ -62,7 +68,8 @@ class Stage:
     float64: np.ndarray
     float32: np.ndarray
     exact_zero: np.ndarray
-    #: an upper bound on the first-order change per one ulp of every input (module docstring)
+    #: the first-order change per one ulp of every input, an upper bound on it always,
+    #: the change itself (to 2^-19) where ``cond_sharp`` (module docstring)
     cond: np.ndarray
     delta: np.ndarray
     #: ``delta`` is in units of u * 2**frame (the combined stage is kept in the
@@ -77,6 +84,10 @@ class Stage:
     #: exact value: never through float32 or float64), as float64 arrays
     float16: np.ndarray = None
     bfloat16: np.ndarray = None
+    #: per element: ``cond`` is the first-order change itself, to 2^-19 relative (the
+    #: closed form of :mod:`oracle.condition`, its evaluation error at most 2^-20 of it);
+    #: False where ``cond`` is only an upper bound (the fallbacks; module docstring)
+    cond_sharp: np.ndarray = None
 
     def allowed(self, out_dtype: str = "float64", unit_roundoff: float = FLOAT64_UNIT_ROUNDOFF) -> np.ndarray:
         """Absolute tolerance of a correct implementation's result, per element (any
@@ -118,10 +129,11 @@ class Result(Stage):
     convention: Convention = None
 
 
-def _stage(rounded: dict, zero, cond, delta, frame=0, required_zero=None) -> Stage:
+def _stage(rounded: dict, zero, cond, delta, frame=0, required_zero=None, sharp=None) -> Stage:
     """A Stage from a {format: values} dict of certified roundings."""
     return Stage(rounded["float64"], rounded["float32"], zero, cond, delta, frame, required_zero,
-                 float16=rounded["float16"], bfloat16=rounded["bfloat16"])
+                 float16=rounded["float16"], bfloat16=rounded["bfloat16"],
+                 cond_sharp=np.zeros(np.shape(cond), bool) if sharp is None else sharp)
 
 
 def _rounded_arrays(shape) -> dict:
@@ -501,9 +513,14 @@ def whiten_units(values, unit_ids=None, eps=None, convention="spec", token_count
     cond = np.maximum(np.ldexp(np.spacing(mv), xv), 5e-324)
     zeros = np.zeros(n, dtype=np.int64)
     # equal input floats are equal bit for bit, so every collapse of given values is structural
+    uinfo = _unit_info(int(uidx.max()) + 1)
     ar, azero, acond, adelta, _, areq = _whiten(forms, np.zeros(n, bool), v, cond, zeros, np.zeros(n), zeros,
-                                                uidx, t, conv, eps_w, classes, np.ones(n, bool))
-    return _stage(ar, azero, acond, adelta, required_zero=areq)
+                                                uidx, t, conv, eps_w, classes, np.ones(n, bool), uinfo=uinfo)
+    sharp = np.zeros(n, bool)
+    if conv.whiten == "per_sample":  # the tight first-order change where a closed form applies
+        acond, sharp = cn.whiten_values(v, ar["float64"], _members(uidx, uidx.max() + 1), uinfo,
+                                        conv.whiten_eps_placement, float(eps_w), acond)
+    return _stage(ar, azero, acond, adelta, required_zero=areq, sharp=sharp)
 
 
 def _token_weights(conv: Convention, token_counts, n: int):
@@ -534,6 +551,7 @@ def advantages(rewards, group_ids, weights=None, unit_ids=None, eps=None, conven
     w = _as_weights(weights, K)
     uid = np.zeros(N, dtype=np.int64) if unit_ids is None else _as_labels(unit_ids, N, "unit_ids")
     t = None if _stages_only else _token_weights(conv, token_counts, N)
+    nan_in = np.isnan(r)  # before a NaN policy replaces any (cond falls back on such columns)
     r = _check_finite(r, gl, gidx, conv)
     eps = _as_eps(eps)
     eps_g = Fraction(conv.group_eps if eps is None else eps)
@@ -559,32 +577,48 @@ def advantages(rewards, group_ids, weights=None, unit_ids=None, eps=None, conven
     mw, xw = np.frexp(np.abs(w))  # one ulp of each weight, absolute (np.spacing(DBL_MAX) is inf)
     dws = np.maximum(np.ldexp(np.spacing(mw), xw), 5e-324)
     members = _members(gidx, G)
+    colinfo = {"frame": np.zeros((G, K), dtype=np.int64), "sigma": np.zeros((G, K)), "denom": np.ones((G, K)),
+               "ok": np.zeros((G, K), bool)}
     for g in range(G):
         idx = members[g]
         cols = [_column(r[idx, k], conv, eps_g, classes, gl[g], k) for k in range(K)]
         collapsed[g] = [c.nan is False and c.collapsed for c in cols]
         _group_numbers(idx, cols, r, wq, w, dws, conv, eps_g, classes,
-                       zr, zzero, zcond, zdelta, cr, czero, ccond, cdelta, cframe, ccframe, cforms, cnan)
+                       zr, zzero, zcond, zdelta, cr, czero, ccond, cdelta, cframe, ccframe, cforms, cnan,
+                       info=(g, colinfo))
         cancelled[g] = bool(np.all(czero[idx]))
         zreq[idx] = collapsed[g]
         creq[idx] = _structural_zero(cols, wq, cancelled[g])
 
-    zstage = _stage(zr, zzero, zcond, zdelta, required_zero=zreq)
     # ccond/cdelta hold c's sensitivities in per-sample frames (2^ccframe, 2^cframe) so they cannot overflow
     with np.errstate(over="ignore"):
         ccond_abs = np.ldexp(ccond, ccframe)
-    cstage = _stage(cr, czero, ccond_abs, cdelta, frame=cframe, required_zero=creq)
+    # the tight first-order change (oracle.condition) where a closed form applies; the
+    # stage-wise bound above where it is smaller or where none does
+    zc = cn.group_columns(r, zr["float64"], members, colinfo, conv.group_eps_placement, float(eps_g), nan_in)
+    zcond_t, zsharp = cn.finish(zc.T, zc.E, zc.x, zc.ok, zcond)
+    ccond_t, csharp, cok = cn.combined(zc, zr["float64"], w, ccond_abs)
+    zstage = _stage(zr, zzero, zcond_t, zdelta, required_zero=zreq, sharp=zsharp)
+    cstage = _stage(cr, czero, ccond_t, cdelta, frame=cframe, required_zero=creq, sharp=csharp)
     ul, uidx = _index(uid)
     if _stages_only:
         a = cstage
         ucoll = np.zeros(ul.size, bool)
     else:
+        uinfo = _unit_info(ul.size)
         ar, azero, acond, adelta, ucoll, areq = _whiten(
             cforms, cnan, cr["float64"], ccond, ccframe, cdelta, cframe,
-            uidx, t, conv, eps_w, classes, creq, labels=ul)
-        a = _stage(ar, azero, acond, adelta, required_zero=areq)
+            uidx, t, conv, eps_w, classes, creq, labels=ul, uinfo=uinfo)
+        if conv.whiten == "none":  # a = c
+            acond, asharp = ccond_t.copy(), csharp.copy()
+        elif conv.whiten == "per_sample":
+            acond, asharp = cn.whitened(zc, cok, zr["float64"], ar["float64"], w, gidx, members, uidx, uinfo,
+                                        conv.whiten_eps_placement, float(eps_w), acond)
+        else:  # per token: the stage-wise bound
+            asharp = np.zeros(N, bool)
+        a = _stage(ar, azero, acond, adelta, required_zero=areq, sharp=asharp)
     return Result(a.float64, a.float32, a.exact_zero, a.cond, a.delta, a.frame, a.required_zero,
-                  float16=a.float16, bfloat16=a.bfloat16, z=zstage, combined=cstage,
+                  float16=a.float16, bfloat16=a.bfloat16, cond_sharp=a.cond_sharp, z=zstage, combined=cstage,
                   group_labels=gl, group_index=gidx, group_collapsed=collapsed, group_cancelled=cancelled,
                   unit_labels=ul, unit_index=uidx, unit_collapsed=ucoll, convention=conv)
 
@@ -675,7 +709,10 @@ def _frame(col: _Column, vals: np.ndarray) -> int:
 
 
 def _group_numbers(idx, cols, r, wq, w, dws, conv, eps_g, classes,
-                   zr, zzero, zcond, zdelta, cr, czero, ccond, cdelta, cframe, ccframe, cforms, cnan):
+                   zr, zzero, zcond, zdelta, cr, czero, ccond, cdelta, cframe, ccframe, cforms, cnan, info=None):
+    """Certified z and c of one group, their error model and stage-wise condition; ``info``
+    (group index, dict of (G, K) arrays) receives each live column's frame, sigma and
+    denominator in that frame, for :mod:`oracle.condition`."""
     n = idx.size
     z64 = zr["float64"]
     K = len(cols)
@@ -782,6 +819,11 @@ def _group_numbers(idx, cols, r, wq, w, dws, conv, eps_g, classes,
         dz_model[sel, k] = em.group_stage(dev, d_model, sigma, denom, zs[sel, k], nv, conv.group_ddof)
         dz_cond[sel, k] = em.group_stage(dev, d_cond, sigma, denom, zs[sel, k], nv, conv.group_ddof,
                                          rounding=False)
+        if info is not None and not col.collapsed and nv == n and col.V > 0 and sigma > 0.0 \
+                and 0.0 < denom < math.inf:
+            g, arrays = info
+            arrays["frame"][g, k], arrays["sigma"][g, k], arrays["denom"][g, k] = e, sigma, denom
+            arrays["ok"][g, k] = True
     zdelta[idx] = dz_model
     zcond[idx] = dz_cond
     cdelta[idx], cframe[idx] = em.combine_stage_framed(dz_model, zs, w)
@@ -834,8 +876,16 @@ def _scaled_denominator(col: _Column, conv: Convention, eps: Fraction, e: int, s
 # ----------------------------------------------------------------------- Eq. 6
 
 
+def _unit_info(S: int) -> dict:
+    """Per whitening unit, for :mod:`oracle.condition`: the condition estimate's frame, the
+    std and denominator measured in it, and whether the unit is live (whitened per sample,
+    no NaN, not collapsed)."""
+    return {"frame": np.zeros(S, dtype=np.int64), "sigma": np.zeros(S), "denom": np.ones(S),
+            "ok": np.zeros(S, bool)}
+
+
 def _whiten(forms, nan, c64, dcond, cond_frame, dmodel, model_frame, uidx, t, conv, eps_w, classes, creq,
-            labels=None):
+            labels=None, uinfo=None):
     """Eq. 6 per unit. ``c64`` is c (float64, inf where it overflowed), its condition and
     model deltas are ``dcond * 2^cond_frame`` and ``dmodel * 2^model_frame`` per sample.
     Each unit's error model is evaluated in a frame of its own (:func:`_unit_frame`),
@@ -918,6 +968,9 @@ def _whiten(forms, nan, c64, dcond, cond_frame, dmodel, model_frame, uidx, t, co
         m_s, s_s, den_s = _scaled_unit_terms(mean, var, eps_w, conv, cframe, classes)
         acond[idx] = em.whiten_stage(dcond_s[idx], ccs, m_s, vals64, s_s, den_s, conv.whiten_ddof, ttf,
                                      rounding=False)
+        if uinfo is not None and not coll and t is None and s_s > 0.0 and 0.0 < den_s < math.inf:
+            uinfo["frame"][s], uinfo["sigma"][s], uinfo["denom"][s] = cframe, s_s, den_s
+            uinfo["ok"][s] = True
     return ar, azero, acond, adelta, ucoll, areq
 
 

@@ -37,21 +37,23 @@ def test_one_pass_rows_quote_the_exact_std_of_the_inputs_they_use():
     assert "float32 inputs: 0.00126" in row
 
 
-def test_cond_is_documented_as_the_upper_bound_it_is():
-    """cond is the error model's running bound without rounding terms: never below the
-    first-order change, possibly far above it. A group of two moves only through eps
-    (dz/dd = eps / (2 D^2)), so there cond overstates it by about D / eps."""
+def test_cond_is_documented_as_the_first_order_change_it_is():
+    """cond is the first-order change itself where cond_sharp (oracle.condition): a group
+    of two moves only through eps (|dz/dr_j| = eps / (2 D^2) exactly), and there cond is
+    that change to within 2^-19 (plus float64's few ulps in first_order below), where the
+    stage-wise bound overstated it by about D / eps."""
     eps = 1e-4
     z = gdpo.standardize_groups(np.array([[0.0], [1.0]]), [0, 0], eps=eps)
     D = 1 / math.sqrt(2) + eps
     first_order = eps * (math.ulp(1.0) + 5e-324) / (2 * D * D)
-    assert np.all(z.cond >= first_order) and np.all(z.cond > 1e3 * first_order)
+    assert z.cond_sharp.all() and np.all(np.abs(z.cond / first_order - 1) <= 2.0 ** -19 + 1e-15)
     sec7 = _section("## 7.")
-    assert "*upper bound* on the first-order" in sec7 and "It is the problem's own conditioning" not in sec7
+    assert "*upper bound* on the first-order" not in sec7 and "`cond_sharp`" in sec7
+    assert "a large one does not show an ill-conditioned one" not in sec7
+    assert "a large one an ill-conditioned one" in sec7
     assert "no implementation\ncan be more accurate" not in sec7
-    assert "a large one does not show an ill-conditioned one" in sec7
-    assert "upper bound" in oracle.gdpo.__doc__
-    assert "first-order change when every input moves one ulp: the problem's own" not in oracle.gdpo.__doc__
+    assert "cond_sharp" in oracle.gdpo.__doc__ and "first-order change" in oracle.gdpo.__doc__
+    assert "a large one proves nothing" not in oracle.gdpo.__doc__
 
 
 def test_verl_preset_documents_the_mask_sum_term_it_leaves_out():

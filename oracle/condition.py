@@ -1,0 +1,550 @@
+"""The first-order condition of z, c and a, tight where a closed form applies.
+
+The oracle's ``cond`` of an output o is meant to be the first-order change of o when
+every input x (reward and weight) moves by one ulp: sum_x |d o / dx| ulp(x), with
+ulp(x) = ``math.ulp(x)`` (a power of two; ulp(0) = 2^-1074, ulp(DBL_MAX) = 2^971). The
+stage-wise running bound (:mod:`spec.error_model`, ``rounding=False``) adds every
+stage's effects in absolute value and so drops their cancellations. This module
+evaluates the Jacobians themselves, in closed form, and bounds its own float64
+evaluation error, so that its result stays an upper bound; the oracle reports the
+smaller of the two bounds (:func:`finish`).
+
+The mathematics. Standardizing a vector x of n entries (Eq. 4 per group column; Eq. 6
+per unit, sample weights 1): d = x - mean(x), v = sum d^2 / (n - ddof), sigma =
+sqrt(v), denominator h = sigma + eps ("std", "std_if_positive" at sigma > 0),
+sqrt(v + eps) ("var") or sigma ("skip_if_zero" at sigma > 0); y = d / |d| (a unit
+vector orthogonal to the ones vector), z = d / h. Then
+
+    dz_l / dx_j = (1/h) [delta_lj - 1/n - theta y_l y_j],
+    theta = sigma / h (std), sigma^2 / h^2 (var), 1 (skip_if_zero),
+    1 - theta = eps / h (std), eps / h^2 (var), 0 (skip_if_zero).
+
+Every column of that Jacobian sums to 0. y is recovered from the oracle's correctly
+rounded outputs (y = z / |z|, Y = a / |a|), so no deviation is recomputed. For n = 2
+the bracket is exactly (1 - theta)(delta_lj - 1/2) (then delta - 1/2 = y y^T): it
+is evaluated so, without cancellation, which makes a group of two sharp for any eps.
+
+Eq. 7: dc_i / dr_jk = w_k J_k[i, j] (j in i's group), dc_i / dw_k = z_ik; each r_jk is
+an input of its own, so cond(c_i) = sum_k |w_k| cond(z_ik) + sum_k |z_ik| ulp(w_k).
+
+Eq. 6 per unit U of M samples (per-sample whitening): with Y, H, Theta the unit's
+normalized deviations of c, denominator and theta, groups nested in units, and c
+summing to 0 over every group (each z column does, exactly), so mean_g(Y) = 0 and
+mean_U(z_k) = 0:
+
+    da_i / dr_jk = (w_k / H) [[i in g] J_k[i, j] - Theta Y_i t_jk],
+    t_jk = sum_{l in g} Y_l J_k[l, j] = (1/h_k) [Y_j - theta_k y_jk s_gk],
+    s_gk = sum_{l in g} Y_l y_lk,
+    da_i / dw_k = (1/H) [z_ik - Theta Y_i p_k],   p_k = sum_{l in U} Y_l z_lk.
+
+The own group is summed densely; the other groups of the unit enter through the
+separable term Theta |Y_i| sum_{g' != g(i)} Q_g', Q_g = sum_k |w_k| / h_k sum_j |t_jk|
+ulp(r_jk) (an exclusive sum formed from prefix and suffix sums: no subtraction).
+
+Frames. Every factor is kept as a float significand and an integer power of two (the
+oracle's frames: a column's deviations, sigma and denominator measured in 2^e, a
+unit's in its 2^f); ulps are powers of two, normalized by their group column's
+largest; |z| / max |z| and |a| / max |a| are in [0, 1]. So every float64 quantity
+below is O(1) (at most a few times n) and nothing overflows or underflows except
+at the 2^-1074 level; a weight of 1e308 or a reward of DBL_MAX only moves exponents.
+
+Rigour. Write every computed row value R as a sum of terms, each a product and
+difference of float64 quantities that are each within a few roundings of exact (the
+oracle's z, c, a are correctly rounded: one rounding; its sigma and denominators:
+at most three), followed by a sum. With the standard model fl(x op y) = (x op y)(1 +
+delta), |delta| <= u = 2^-53, and Higham's lemma 3.3 (a product of m factors (1 +
+delta)^(+-1) is 1 + theta_m, |theta_m| <= gamma_m = m u / (1 - m u)), the computed
+value satisfies |R_computed - R| <= gamma_m A, where A is the same expression with
+every term taken in absolute value (no cancellation) and m the largest number of
+roundings along any term (a sum of k terms adds k - 1 to every term, in any order of
+summation, FMA included). Tallies, with n the group size and M the unit size (y_j =
+z_j / sqrt(sum z^2) costs n/2 + 4; theta at most 11 (var: sigma'^2 / h'^2, each of the
+oracle's sigma' and h' within 2 roundings); 1 - theta at most 6):
+
+* z: b_lj = (delta_lj - 1/n) - theta y_l y_j: n + 22; |b| ulp summed over j:
+  2n + 22; the final 1 / h (h within 3 roundings, one division): 2n + 26;
+* c: sum over 2K framed terms of z's values times weights: z's own error bound
+  times |w_k|, plus 2K + 2;
+* a: Y_i: M/2 + 4; s_gk: M/2 + 3n/2 + 8; t_jk: M/2 + 2n + 26; the own-group term
+  b - Theta Y_i t summed over j and scaled: M + 3n + 49; the other groups' term
+  (prefix and suffix sums over at most M/2 groups): 3M/2 + 3n' + K + 47 (n' the
+  largest group of the unit, at most M); the weights' term: 2M + 23; the sum of the
+  2K + 1 terms and the final 1 / H: at most 9M/2 + 3K + 53.
+
+The error bound charged is (count) u A_computed with count = 3n + 60 (z), 8M + 4K +
+120 (a) and 3M + 60 (:func:`whiten_values`), each at least the tally + 8; the 8 cover
+A_computed's own underestimate (second order), the roundings that form the bound itself,
+and the flush to zero of terms 2^1074 below their sum's largest (framed sums). Underflow
+adds absolute errors: a product or quotient that underflows is off by at most 2^-1075
+(an addition of floats is exact there); a subnormal z (or a), off by 2^-1075 while its
+column's largest |z| (its unit's largest |a|) is at least :data:`ZMIN` = 2^-1000 (else:
+fallback), moves y = z / |z| by at most 2^-1074 / max |z| <= 2^-74. Every such quantity
+multiplies factors of at most a few times n, so each row carries an absolute term
+``noise`` = n (2^-1060 + 2^-1066 / max |z| where its column holds a subnormal z), in
+the row's own units, and the a-level the same per piece (:func:`_noise`). The value
+reported is fl(T + E) raised by 2^-50 relatively (covering that addition and the final
+scaling; plus 2^-1074 where it lands among the subnormals), so cond >= T + E >= the
+exact first-order change, and ``cond_sharp`` says E <= 2^-20 (T - E): then T - E is a
+certified lower bound and cond is within (1 + 2^-19)(1 + 2^-48) of the exact
+first-order change. The oracle reports min(stage-wise bound, this value): the
+stage-wise bound is evaluated in float64 frames too, and where both land among the
+subnormals (where the stage-wise one may have flushed below the change) this value.
+
+Fallbacks (the stage-wise bound kept, ``cond_sharp`` False): a group column with a NaN
+entry (any NaN policy), of fewer than two valid entries (singletons, raw columns),
+collapsed (zero std: there one ulp may un-collapse it; spec section 7's Samuelson cap),
+larger than :data:`CAP`, or whose largest |z| is below :data:`ZMIN`; at Eq. 7 a group
+with any such column; at Eq. 6 a unit that is collapsed, whitened per token, holds a
+group that straddles two units or falls back at Eq. 7, or whose largest |a| is below
+:data:`ZMIN`. ``cond_sharp`` is also False where the value is finite but its error
+bound exceeds 2^-20 of it (heavy cancellation: eps tiny beside a std, or an output that
+cannot move at all, as a group of two at eps = 0) or where it is a subnormal.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+#: unit roundoff of float64
+U = 2.0 ** -53
+#: the largest group column (or whitening unit of :func:`whiten_values`) summed densely
+CAP = 4096
+#: ``cond_sharp``: the evaluation error bound is at most this fraction of T - E
+SHARP = 2.0 ** -20
+#: a column (unit) whose largest |z| (|a|) is below this falls back
+ZMIN = 2.0 ** -1000
+_TINY = 2.0 ** -1022
+#: absolute error of a computed O(1) quantity from underflow alone (module docstring)
+_NOISE = 2.0 ** -1060
+#: elements per dense block (rows x columns x groups)
+_BLOCK = 1 << 21
+_NEG = np.iinfo(np.int64).min // 4
+
+#: False: every cond is the stage-wise bound (what the oracle reported before this module)
+ENABLED = True
+#: negative controls for the tests, never set in production: "one_minus_theta" drops the
+#: bracket's (1 - theta) y y^T term (theta = 1), "theta" drops its whole theta y y^T term
+#: (theta = 0), "error_bound" reports the computed T without its error bound
+_CONTROL = None
+
+
+def z_count(n):
+    return 3 * np.asarray(n) + 60
+
+
+def a_count(M, K):
+    return 8 * np.asarray(M) + 4 * K + 120
+
+
+def ulp_exponent(x: np.ndarray) -> np.ndarray:
+    """kappa with ulp(x) = 2^kappa (``math.ulp``: 2^-1074 at 0 and among the subnormals)."""
+    x = np.abs(np.asarray(x, dtype=np.float64))
+    e = np.frexp(x)[1].astype(np.int64) - 53
+    return np.where(x == 0.0, -1074, np.maximum(e, -1074))
+
+
+def _exp_of(m: np.ndarray) -> np.ndarray:
+    return np.frexp(m)[1].astype(np.int64)
+
+
+def framed_sum(terms):
+    """Sum of nonnegative framed terms (m, x) (value m 2^x, any broadcastable shapes) as
+    (m, x) with m in [0, 1]-ish: each term is scaled to the largest's exponent first, so
+    nothing overflows; a term 2^1074 below the largest flushes (relative error 2^-1073)."""
+    shape = np.broadcast_shapes(*(np.shape(m) for m, _ in terms), *(np.shape(x) for _, x in terms))
+    top = np.full(shape, _NEG, dtype=np.int64)
+    for m, x in terms:
+        top = np.maximum(top, np.where(np.asarray(m) > 0, np.asarray(x, dtype=np.int64) + _exp_of(m), _NEG))
+    top = np.where(top == _NEG, 0, top)
+    s = np.zeros(shape)
+    for m, x in terms:
+        sh = np.clip(np.asarray(x, dtype=np.int64) - top, -1200, 1100).astype(np.int32)
+        s = s + np.ldexp(m, sh)
+    return s, top
+
+
+def _theta(placement: str, sigma, den, eps: float, frame):
+    """theta, 1 - theta and the denominator as significand hm in [1/2, 1) and exponent hx
+    (absolute h = hm 2^hx), from the oracle's sigma and denominator in the frame 2^frame."""
+    hm, ed = np.frexp(den)
+    hx = np.asarray(frame, dtype=np.int64) + ed.astype(np.int64)
+    with np.errstate(under="ignore"):
+        if placement in ("std", "std_if_positive"):
+            theta = sigma / den
+            om = np.ldexp(eps, np.clip(-hx, -3000, 3000).astype(np.int32)) / hm  # eps / h <= 1
+        elif placement == "var":
+            q = sigma / den
+            theta = q * q
+            om = np.ldexp(eps, np.clip(-2 * hx, -3000, 3000).astype(np.int32)) / (hm * hm)  # eps / h^2 <= 1
+        else:
+            theta = np.ones_like(np.asarray(sigma, dtype=np.float64))
+            om = np.zeros_like(theta)
+    if _CONTROL == "one_minus_theta":
+        theta, om = np.ones_like(theta), np.zeros_like(om)
+    elif _CONTROL == "theta":
+        theta, om = np.zeros_like(theta), np.ones_like(om)
+    return theta, om, hm, hx
+
+
+def _dense(y, theta, om, nu, u=None, tau=None, tau_abs=None):
+    """Row sums over blocks of B vectors of length n: R_i = sum_j |b_ij| nu_j and
+    A_i = sum_j alpha_ij nu_j (its terms in absolute value), with
+    b_ij = (delta_ij - 1/n) - theta y_i y_j - u_i tau_j   (n = 2: om (delta_ij - 1/2) - u_i tau_j),
+    alpha_ij = |delta_ij - 1/n| + theta |y_i y_j| + |u_i| tau_abs_j."""
+    B, n = y.shape
+    R = np.zeros((B, n))
+    A = np.zeros((B, n))
+    inv = 1.0 / n
+    gb = max(1, _BLOCK // (n * n))
+    rb = n if n * n <= _BLOCK else max(1, _BLOCK // n)
+    cols = np.arange(n)
+    with np.errstate(under="ignore"):
+        for g0 in range(0, B, gb):
+            gs = slice(g0, g0 + gb)
+            for r0 in range(0, n, rb):
+                rows = np.arange(r0, min(n, r0 + rb))
+                rs = slice(r0, r0 + rows.size)
+                base = np.where(rows[:, None] == cols[None, :], 1.0 - inv, -inv)
+                if n == 2:
+                    b = om[gs, None, None] * base  # +-om/2: exact given om
+                    alpha = np.abs(b)
+                else:
+                    t = theta[gs, None, None] * (y[gs, rs, None] * y[gs, None, :])
+                    b = base - t
+                    alpha = np.abs(base) + np.abs(t)
+                if u is not None:
+                    b = b - u[gs, rs, None] * tau[gs, None, :]
+                    alpha = alpha + np.abs(u[gs, rs, None]) * tau_abs[gs, None, :]
+                R[gs, rs] = np.einsum("brn,bn->br", np.abs(b), nu[gs])
+                A[gs, rs] = np.einsum("brn,bn->br", alpha, nu[gs])
+    return R, A
+
+
+def _noise(sub, zmax):
+    """The absolute error bound per O(1) quantity of a row: 2^-1060 from underflow, plus
+    2^-1066 / max |z| where a subnormal z (off by 2^-1075) moves y = z / |z| (at most
+    2^-66 when max |z| >= :data:`ZMIN`)."""
+    with np.errstate(over="ignore", divide="ignore"):
+        return _NOISE + np.where(sub, 2.0 ** -1066 / np.maximum(zmax, ZMIN), 0.0)
+
+
+def _unit_vectors(Z):
+    """y = Z / |Z| per row (rows of (B, n)), and whether a row holds a subnormal."""
+    az = np.abs(Z)
+    zmax = az.max(axis=1)
+    ez = _exp_of(np.where(zmax > 0, zmax, 1.0))
+    with np.errstate(under="ignore"):
+        zs = np.ldexp(Z, -ez[:, None].astype(np.int32))
+        nz = np.sqrt(np.einsum("bn,bn->b", zs, zs))
+        y = zs / np.where(nz > 0, nz, 1.0)[:, None]
+    sub = ((az > 0) & (az < _TINY)).any(axis=1)
+    return y, zmax, sub
+
+
+def _ulps(X):
+    """nu_j = ulp(x_j) / max_j ulp(x_j) (exact powers of two, flushed below 2^-1100) and
+    the exponent of that largest ulp, per row."""
+    kap = ulp_exponent(X)
+    kmax = kap.max(axis=1)
+    with np.errstate(under="ignore"):
+        nu = np.ldexp(1.0, np.clip(kap - kmax[:, None], -1100, 0).astype(np.int32))
+    return nu, kmax
+
+
+def standardize(X, Z, theta, om, hm, hx, count):
+    """Tight first-order change of standardized outputs Z (rows of (B, n), correctly rounded)
+    per one ulp of each input X. Returns (T, E, x, ok, y, nu, kmax): T and E (the bound
+    on T's evaluation error, noise included) are significands of one exponent x per row,
+    absolute value T 2^x; ok: the row's largest |Z| is at least :data:`ZMIN`."""
+    B, n = X.shape
+    nu, kmax = _ulps(X)
+    y, zmax, sub = _unit_vectors(Z)
+    ok = zmax >= ZMIN
+    R, A = _dense(y, theta, om, nu)
+    noise = n * _noise(sub, zmax)
+    E = count(n) * U * A + noise[:, None]
+    T = R / hm[:, None]
+    E = E / hm[:, None]
+    x = np.broadcast_to((kmax - hx)[:, None], (B, n))
+    return T, E, x, ok, y, nu, kmax
+
+
+def finish(T, E, x, ok, old, xe=None):
+    """cond = min(old, fl(T + E) raised) where ``ok``, else ``old``; sharp where ok and
+    E <= 2^-20 (T - E) and the value lands among the normal floats. T 2^x and E 2^xe
+    (xe: x when None) are the tight value and its error bound."""
+    old = np.asarray(old, dtype=np.float64)
+    if not ENABLED:
+        return old.copy(), np.zeros(old.shape, bool)
+    if xe is not None:  # one exponent for both: the larger one's (the other may flush: 2^-1073 relative)
+        T, E, x = _common(T, x, E, xe)
+    bound = _CONTROL != "error_bound"
+    if not bound:  # negative control: the computed T alone
+        E = np.zeros_like(E)
+    with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+        s = T + E
+        if bound:
+            s = s + s * 2.0 ** -50
+        v = np.ldexp(s, np.clip(x, -3000, 3000).astype(np.int32))
+        v = np.where(np.abs(v) < _TINY, v + 5e-324, v) if bound else v
+        crit = E * (1 + 2.0 ** -40) <= SHARP * (T - E)
+    ok = ok & np.isfinite(v)
+    sharp = ok & crit & (v >= _TINY)
+    # the stage-wise bound is evaluated in float64 frames too: among the subnormals it may
+    # have flushed below the change it bounds; there the value above (at least 2^-1074) is kept
+    new = np.where(ok, np.where((v < _TINY) & (old < _TINY), v, np.minimum(old, v)), old)
+    new = np.where(np.isnan(old), old, new)
+    return new, sharp & ~np.isnan(old)
+
+
+def _common(T, x, E, xe):
+    x = np.asarray(x, dtype=np.int64)
+    xe = np.asarray(xe, dtype=np.int64)
+    top = np.maximum(np.where(T > 0, x + _exp_of(T), _NEG), np.where(E > 0, xe + _exp_of(E), _NEG))
+    top = np.where(top == _NEG, x, top)
+    with np.errstate(under="ignore"):
+        T = np.ldexp(T, np.clip(x - top, -1200, 1100).astype(np.int32))
+        E = np.ldexp(E, np.clip(xe - top, -1200, 1100).astype(np.int32))
+    # a flushed E (2^1074 below T) is covered by the 2^-50 raise in finish
+    return T, E, top
+
+
+def whiten_values(v, a64, members, info, placement, eps, old):
+    """Eq. 6 alone on given values (the inputs are the values): per unit, the z
+    formula with the unit's Y, Theta and H. ``info``: per unit frame, sigma, denominator
+    (in the frame) and eligibility. Returns (cond, sharp)."""
+    N = v.size
+    T = np.zeros(N)
+    E = np.zeros(N)
+    X = np.zeros(N, dtype=np.int64)
+    good = np.zeros(N, bool)
+    eligible = [s for s, idx in enumerate(members) if info["ok"][s] and 2 <= idx.size <= CAP]
+    by_size: dict[int, list[int]] = {}
+    for s in eligible:
+        by_size.setdefault(members[s].size, []).append(s)
+    for n, units in by_size.items():
+        us = np.array(units)
+        idx = np.stack([members[s] for s in units])
+        theta, om, hm, hx = _theta(placement, info["sigma"][us], info["denom"][us], eps, info["frame"][us])
+        t, e, x, ok, *_ = standardize(v[idx], a64[idx], theta, om, hm, hx,
+                                      lambda m: 3 * np.asarray(m) + 60)
+        T[idx], E[idx], X[idx] = t, e, x
+        good[idx] = ok[:, None]
+    return finish(T, E, X, good, old)
+
+
+class ZStage:
+    """The z-level results, kept per group-size bucket for the later stages."""
+
+    def __init__(self, N, K):
+        self.T = np.zeros((N, K))
+        self.E = np.zeros((N, K))
+        self.x = np.zeros((N, K), dtype=np.int64)
+        self.ok = np.zeros((N, K), bool)
+        self.buckets: dict[int, dict] = {}
+
+
+def group_columns(r, z64, members, info, placement, eps, nan_mask) -> ZStage:
+    """Tight cond of every eligible group column (``info``: per (group, column) frame,
+    sigma, denominator in the frame, and ``ok``: live, no NaN, at least two members)."""
+    N, K = r.shape
+    out = ZStage(N, K)
+    sizes = np.array([m.size for m in members])
+    for n in np.unique(sizes):
+        n = int(n)
+        if n < 2 or n > CAP:
+            continue
+        gs = np.flatnonzero(sizes == n)
+        idx = np.stack([members[g] for g in gs])  # (B, n)
+        colok = info["ok"][gs] & ~nan_mask[idx].any(axis=1)  # (B, K)
+        Bn = gs.size
+        X = np.transpose(r[idx], (0, 2, 1)).reshape(Bn * K, n)
+        Z = np.transpose(z64[idx], (0, 2, 1)).reshape(Bn * K, n)
+        flat = np.flatnonzero(colok.reshape(-1))
+        y = np.zeros((Bn * K, n))
+        nu = np.zeros((Bn * K, n))
+        theta = np.zeros(Bn * K)
+        om = np.zeros(Bn * K)
+        hm = np.ones(Bn * K)
+        hx = np.zeros(Bn * K, dtype=np.int64)
+        kmax = np.zeros(Bn * K, dtype=np.int64)
+        noise = np.zeros(Bn * K)
+        okr = np.zeros(Bn * K, bool)
+        if flat.size:
+            th, o, m_, x_ = _theta(placement, info["sigma"][gs].reshape(-1)[flat],
+                                   info["denom"][gs].reshape(-1)[flat], eps, info["frame"][gs].reshape(-1)[flat])
+            t, e, x, ok, yy, nn, km = standardize(X[flat], Z[flat], th, o, m_, x_, z_count)
+            theta[flat], om[flat], hm[flat], hx[flat] = th, o, m_, x_
+            y[flat], nu[flat], kmax[flat], okr[flat] = yy, nn, km, ok
+            az = np.abs(Z[flat])
+            noise[flat] = _noise(((az > 0) & (az < _TINY)).any(axis=1), az.max(axis=1))
+            rows = np.zeros((Bn * K, n)); rows[flat] = t; T = rows
+            rows = np.zeros((Bn * K, n)); rows[flat] = e; Er = rows
+            rows = np.zeros((Bn * K, n), dtype=np.int64); rows[flat] = x; Xr = rows
+            back = lambda a: np.transpose(a.reshape(Bn, K, n), (0, 2, 1))  # noqa: E731
+            out.T[idx], out.E[idx], out.x[idx] = back(T), back(Er), back(Xr)
+            out.ok[idx] = back(np.broadcast_to(okr[:, None], (Bn * K, n)))
+        okr = okr.reshape(Bn, K)
+        out.buckets[n] = {"groups": gs, "idx": idx, "ok": okr, "y": y.reshape(Bn, K, n),
+                          "nu": nu.reshape(Bn, K, n), "theta": theta.reshape(Bn, K), "om": om.reshape(Bn, K),
+                          "hm": hm.reshape(Bn, K), "hx": hx.reshape(Bn, K), "kmax": kmax.reshape(Bn, K),
+                          "noise": noise.reshape(Bn, K)}
+    return out
+
+
+def combined(zs: ZStage, z64, w, old):
+    """Tight cond of c: sum_k |w_k| cond(z_ik) + sum_k |z_ik| ulp(w_k), where every
+    column of the sample's group is eligible. Returns (cond, sharp, ok per sample)."""
+    N, K = z64.shape
+    ok = zs.ok.all(axis=1)
+    mw, xw = np.frexp(np.abs(w))
+    xw = xw.astype(np.int64)
+    lam = ulp_exponent(w)
+    terms = [(mw[None, :] * zs.T, xw[None, :] + zs.x), (np.abs(z64), np.broadcast_to(lam[None, :], (N, K)))]
+    T, x = _sum_over_k(terms)
+    Ew, xe = _sum_over_k([(mw[None, :] * zs.E, xw[None, :] + zs.x)])
+    # z's own bounds times |w_k|; the weights' products and the z's roundings, 2K framed
+    # terms: (2K + 8) u T; a subnormal z is off by 2^-1075: times ulp(w_k)
+    E, xe = framed_sum([(Ew * (1 + 2.0 ** -40), xe), ((2 * K + 8) * U * T, x),
+                        (np.full(N, float(K)), np.full(N, -1070 + int(lam.max()), dtype=np.int64))])
+    ok = ok & np.all(np.isfinite(z64), axis=1)
+    cond, sharp = finish(T, E, x, ok, old, xe=xe)
+    return cond, sharp, ok
+
+
+def _sum_over_k(terms):
+    """Framed sum over the last axis of several (m, x) arrays of shape (N, K)."""
+    flat = []
+    for m, x in terms:
+        for k in range(np.shape(m)[-1]):
+            flat.append((np.asarray(m)[:, k], np.asarray(x)[:, k]))
+    return framed_sum(flat)
+
+
+def whitened(zs: ZStage, cok, z64, a64, w, gidx, members, uidx, uinfo, placement, eps, old):
+    """Tight cond of a (per-sample whitening), per eligible unit: not collapsed, groups
+    nested, every group eligible at Eq. 7, largest |a| at least :data:`ZMIN`. ``uinfo``:
+    per unit frame, sigma, denominator (in the frame) and eligibility. Returns (cond, sharp)."""
+    N, K = z64.shape
+    S = int(uidx.max()) + 1 if N else 0
+    G = len(members)
+    # groups: nested in one unit and eligible at Eq. 7
+    gunit = np.array([uidx[m[0]] for m in members])
+    nested = np.array([bool(np.all(uidx[m] == uidx[m[0]])) for m in members])
+    gok = nested & np.array([bool(cok[m].all()) for m in members])
+    uok = np.asarray(uinfo["ok"], bool).copy()
+    bad_units = np.unique(uidx[np.concatenate([members[g] for g in np.flatnonzero(~gok)])]) \
+        if (~gok).any() else np.zeros(0, np.int64)
+    uok[bad_units] = False
+    amax = np.zeros(S)
+    np.maximum.at(amax, uidx, np.where(np.isnan(a64), 0.0, np.abs(a64)))
+    uok &= amax >= ZMIN
+    usize = np.bincount(uidx, minlength=S)
+    if not uok.any():
+        return old.copy(), np.zeros(N, bool)
+    sel = uok[uidx]
+    # Y = a / |a| per unit (scaled by the unit's largest |a|), Theta, 1 - Theta, H
+    ea = _exp_of(np.where(amax > 0, amax, 1.0))
+    with np.errstate(under="ignore"):
+        as_ = np.ldexp(np.where(sel, a64, 0.0), -ea[uidx].astype(np.int32))
+        na = np.sqrt(np.bincount(uidx, weights=as_ * as_, minlength=S))
+        Y = as_ / np.where(na > 0, na, 1.0)[uidx]
+    usub = np.zeros(S, bool)
+    np.logical_or.at(usub, uidx, (np.abs(a64) > 0) & (np.abs(a64) < _TINY))
+    good_u = np.flatnonzero(uok)
+    TH = np.zeros(S); OM = np.zeros(S); HM = np.ones(S); HX = np.zeros(S, dtype=np.int64)
+    th, o, m_, x_ = _theta(placement, uinfo["sigma"][good_u], uinfo["denom"][good_u], eps, uinfo["frame"][good_u])
+    TH[good_u], OM[good_u], HM[good_u], HX[good_u] = th, o, m_, x_
+    u_i = TH[uidx] * Y
+    # the weights' term: p_k = sum_{l in U} Y_l z_lk
+    p = np.stack([np.bincount(uidx, weights=Y * z64[:, k], minlength=S) for k in range(K)], 1)
+    pabs = np.stack([np.bincount(uidx, weights=np.abs(Y * z64[:, k]), minlength=S) for k in range(K)], 1)
+    lam = ulp_exponent(w)
+    mw, xw = np.frexp(np.abs(w))
+    xw = xw.astype(np.int64)
+    own_T = np.zeros((N, K)); own_A = np.zeros((N, K)); own_x = np.zeros((N, K), dtype=np.int64)
+    noise_own = np.zeros((N, K))
+    # per group: Q_g = sum_k F_gk Q_gk (and in absolute value), framed
+    Qm = np.zeros(G); Qx = np.zeros(G, dtype=np.int64)
+    QAm = np.zeros(G); QAx = np.zeros(G, dtype=np.int64)
+    SFm = np.zeros(G); SFx = np.zeros(G, dtype=np.int64)
+    gnoise = np.zeros(G)
+    for n, bk in zs.buckets.items():
+        gs = bk["groups"]
+        keep = np.flatnonzero(gok[gs] & uok[gunit[gs]])
+        if keep.size == 0:
+            continue
+        g_ = gs[keep]
+        idx = bk["idx"][keep]                      # (B, n)
+        y, nu = bk["y"][keep], bk["nu"][keep]      # (B, K, n)
+        theta, hm, hx, kmax = bk["theta"][keep], bk["hm"][keep], bk["hx"][keep], bk["kmax"][keep]
+        gnoise[g_] = bk["noise"][keep].max(axis=1)
+        Yg = Y[idx]                                # (B, n)
+        with np.errstate(under="ignore"):
+            s = np.einsum("bn,bkn->bk", Yg, y)
+            sabs = np.einsum("bn,bkn->bk", np.abs(Yg), np.abs(y))
+            tau = Yg[:, None, :] - theta[:, :, None] * y * s[:, :, None]
+            tau_abs = np.abs(Yg)[:, None, :] + theta[:, :, None] * np.abs(y) * sabs[:, :, None]
+            Q = np.einsum("bkn,bkn->bk", np.abs(tau), nu)
+            QA = np.einsum("bkn,bkn->bk", tau_abs, nu)
+        # F_gk = |w_k| 2^kmax / h_k
+        Fm = mw[None, :] / hm
+        Fx = xw[None, :] + kmax - hx
+        ug = u_i[idx]
+        for k in range(K):
+            R, A = _dense(y[:, k], theta[:, k], bk["om"][keep][:, k], nu[:, k], ug, tau[:, k], tau_abs[:, k])
+            own_T[idx, k] = Fm[:, k, None] * R
+            own_A[idx, k] = Fm[:, k, None] * A
+            own_x[idx, k] = Fx[:, k, None]
+            noise_own[idx, k] = Fm[:, k, None] * n
+        Qm[g_], Qx[g_] = framed_sum([(Fm[:, k] * Q[:, k], Fx[:, k]) for k in range(K)])
+        QAm[g_], QAx[g_] = framed_sum([(Fm[:, k] * QA[:, k], Fx[:, k]) for k in range(K)])
+        SFm[g_], SFx[g_] = framed_sum([(Fm[:, k] * n, Fx[:, k]) for k in range(K)])
+    # the other groups of the unit: exclusive sums (prefix + suffix), per unit
+    Xm = np.zeros(G); Xx = np.zeros(G, dtype=np.int64)
+    XAm = np.zeros(G); XAx = np.zeros(G, dtype=np.int64)
+    SUm = np.zeros(S); SUx = np.zeros(S, dtype=np.int64)
+    for s_ in good_u:
+        gl = np.flatnonzero(gunit == s_)
+        Xm[gl], Xx[gl] = _exclusive(Qm[gl], Qx[gl])
+        XAm[gl], XAx[gl] = _exclusive(QAm[gl], QAx[gl])
+        pre, top = _exclusive(np.append(SFm[gl], 0.0), np.append(SFx[gl], 0))
+        SUm[s_], SUx[s_] = pre[-1], top[-1]  # the sum of every group of the unit
+    gi = gidx
+    with np.errstate(under="ignore"):
+        wt = np.abs(z64 - u_i[:, None] * p[uidx])
+        wtA = np.abs(z64) + np.abs(u_i)[:, None] * pabs[uidx]
+    lamN = np.broadcast_to(lam[None, :], (N, K))
+    absu = np.abs(u_i)
+    terms_T = [(own_T[:, k], own_x[:, k]) for k in range(K)] + [(absu * Xm[gi], Xx[gi])] + \
+              [(wt[:, k], lamN[:, k]) for k in range(K)]
+    terms_A = [(own_A[:, k], own_x[:, k]) for k in range(K)] + [(absu * XAm[gi], XAx[gi])] + \
+              [(wtA[:, k], lamN[:, k]) for k in range(K)]
+    M = usize[uidx]
+    unoise = _noise(usub, amax)
+    np.maximum.at(unoise, gunit, gnoise)
+    eta = unoise[uidx]
+    terms_N = [(noise_own[:, k], own_x[:, k]) for k in range(K)] + [(SUm[uidx], SUx[uidx])] + \
+              [((M + 2).astype(np.float64), lamN[:, k]) for k in range(K)]
+    T, x = framed_sum(terms_T)
+    A, xa = framed_sum(terms_A)
+    Nz, xn = framed_sum(terms_N)
+    E, xe = framed_sum([(a_count(M, K) * U * A, xa), (eta * Nz, xn)])
+    # times 1 / H, H = hm 2^hx
+    T = T / HM[uidx]
+    E = E / HM[uidx] * (1 + 2.0 ** -40)
+    return finish(T, E, x - HX[uidx], sel, old, xe=xe - HX[uidx])
+
+
+def _exclusive(m, x):
+    """For framed nonnegative values (m, x) of a unit's groups: for each group, the sum of
+    the others, from prefix and suffix sums (no subtraction), framed at the unit's top."""
+    if m.size == 0:
+        return m, x
+    top = np.where(m > 0, x + _exp_of(m), _NEG).max()
+    top = 0 if top == _NEG else int(top)
+    with np.errstate(under="ignore"):
+        v = np.ldexp(m, np.clip(x - top, -1200, 1100).astype(np.int32))
+    pre = np.concatenate([[0.0], np.cumsum(v)[:-1]])
+    suf = np.concatenate([np.cumsum(v[::-1])[::-1][1:], [0.0]])
+    return pre + suf, np.full(m.size, top, dtype=np.int64)

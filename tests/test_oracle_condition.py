@@ -1,0 +1,532 @@
+"""The oracle's ``cond`` against brute force: the exact first-order change, by central
+finite differences of a straightforward mpmath implementation of Eq. 4, 7 and 6
+written here (independent of oracle.condition and oracle.gdpo).
+
+Slack, each from an argument:
+
+* upper bound: ``cond >= brute (1 - 1e-12)``. Where the reported value is the tight
+  one it is >= the exact first-order change by construction (oracle.condition's error
+  bound); where it is the stage-wise bound, that is >= the exact change up to its own
+  float64 evaluation, a few times (n + M + K) u relative (below 1e-12 for these sizes); the
+  brute value is off by at most 2^-200 relative (below).
+* sharp: ``cond <= brute (1 + 2^-19)(1 + 2^-48)``. Where ``cond_sharp``, E <= 2^-20 (T - E)
+  and T - E <= exact, so T + E <= exact + 2E <= exact (1 + 2^-19); the reported value is
+  fl(T + E) raised by 2^-50 (at most (1 + 2^-50)(1 + 2^-52)^2 <= 1 + 2^-48 more).
+* brute: central differences with step h = 2^-120 ulp(x) at 1500 bits: the truncation
+  error is h^2 |f'''| / 6, relative 2^-240 of the scale of the function's derivatives;
+  the rounding error 2^-1500 |f| / h, far below 5e-324 once times ulp(x) = 2^120 h.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import mpmath
+import numpy as np
+import pytest
+from mpmath import mp, mpf
+
+from oracle import condition as cn
+from oracle import gdpo
+from spec.conventions import CONVENTIONS, get_convention
+
+PREC = 1500
+STEP = 2.0 ** -120
+UPPER = 1 - 1e-12
+SHARP = (1 + 2.0 ** -19) * (1 + 2.0 ** -48)
+
+
+# ------------------------------------------------------------- brute force
+
+
+def _standardize(vals, ddof, eps, placement):
+    n = len(vals)
+    m = mpmath.fsum(vals) / n
+    d = [v - m for v in vals]
+    var = mpmath.fsum(x * x for x in d) / (n - ddof)
+    s = mpmath.sqrt(var)
+    if placement in ("std", "std_if_positive"):
+        h = s + eps
+    elif placement == "var":
+        h = mpmath.sqrt(var + eps)
+    else:
+        h = s
+    return [x / h for x in d]
+
+
+def reference(r, w, groups, units, conv, eps_g, eps_w):
+    """z (N x K), c and a (N) of mpf inputs: Eq. 4 per group column, Eq. 7, Eq. 6 per unit."""
+    N, K = len(r), len(w)
+    z = [[mpf(0)] * K for _ in range(N)]
+    for g in sorted(set(groups)):
+        rows = [i for i in range(N) if groups[i] == g]
+        for k in range(K):
+            for i, v in zip(rows, _standardize([r[i][k] for i in rows], conv.group_ddof, eps_g,
+                                               conv.group_eps_placement)):
+                z[i][k] = v
+    c = [mpmath.fsum(w[k] * z[i][k] for k in range(K)) for i in range(N)]
+    if conv.whiten == "none":
+        return z, c, list(c)
+    a = [mpf(0)] * N
+    for s in sorted(set(units)):
+        rows = [i for i in range(N) if units[i] == s]
+        for i, v in zip(rows, _standardize([c[i] for i in rows], conv.whiten_ddof, eps_w,
+                                           conv.whiten_eps_placement)):
+            a[i] = v
+    return z, c, a
+
+
+def _ulp(x: float) -> mpf:
+    return mpf(math.ulp(x))  # ulp(0) = 5e-324 and ulp(DBL_MAX) = 2^971, as the oracle takes them
+
+
+def brute(r, w, groups, units, conv, eps):
+    """sum_x |d out / dx| ulp(x) over every reward and weight, for z, c and a."""
+    eps_g = mpf(conv.group_eps if eps is None else eps)
+    eps_w = mpf(conv.whiten_eps if eps is None else eps)
+    N, K = r.shape
+    with mp.workprec(PREC):
+        R = [[mpf(float(v)) for v in row] for row in r]
+        W = [mpf(float(v)) for v in w]
+        bz = [[mpf(0)] * K for _ in range(N)]
+        bc = [mpf(0)] * N
+        ba = [mpf(0)] * N
+
+        def add(plus, minus, h, ulp):
+            for i in range(N):
+                for k in range(K):
+                    bz[i][k] += abs(plus[0][i][k] - minus[0][i][k]) / (2 * h) * ulp
+                bc[i] += abs(plus[1][i] - minus[1][i]) / (2 * h) * ulp
+                ba[i] += abs(plus[2][i] - minus[2][i]) / (2 * h) * ulp
+
+        for j in range(N):
+            for k in range(K):
+                ulp = _ulp(float(r[j, k]))
+                h = ulp * STEP
+                x = R[j][k]
+                R[j][k] = x + h
+                plus = reference(R, W, groups, units, conv, eps_g, eps_w)
+                R[j][k] = x - h
+                minus = reference(R, W, groups, units, conv, eps_g, eps_w)
+                R[j][k] = x
+                add(plus, minus, h, ulp)
+        for k in range(K):
+            ulp = _ulp(float(w[k]))
+            h = ulp * STEP
+            x = W[k]
+            W[k] = x + h
+            plus = reference(R, W, groups, units, conv, eps_g, eps_w)
+            W[k] = x - h
+            minus = reference(R, W, groups, units, conv, eps_g, eps_w)
+            W[k] = x
+            add(plus, minus, h, ulp)
+        return np.array(bz, dtype=object), np.array(bc, dtype=object), np.array(ba, dtype=object)
+
+
+def brute_whiten(v, units, conv, eps):
+    conv = get_convention(conv)
+    eps_w = mpf(conv.whiten_eps if eps is None else eps)
+    out = [mpf(0)] * len(v)
+    with mp.workprec(PREC):
+        V = [mpf(float(x)) for x in v]
+
+        def whiten(vals):
+            res = [mpf(0)] * len(vals)
+            for s in sorted(set(units)):
+                rows = [i for i in range(len(vals)) if units[i] == s]
+                for i, a in zip(rows, _standardize([vals[i] for i in rows], conv.whiten_ddof, eps_w,
+                                                   conv.whiten_eps_placement)):
+                    res[i] = a
+            return res
+
+        for j in range(len(v)):
+            ulp = _ulp(float(v[j]))
+            h = ulp * STEP
+            x = V[j]
+            V[j] = x + h
+            plus = whiten(V)
+            V[j] = x - h
+            minus = whiten(V)
+            V[j] = x
+            for i in range(len(v)):
+                out[i] += abs(plus[i] - minus[i]) / (2 * h) * ulp
+    return np.array(out, dtype=object)
+
+
+STATS = {"cases": 0, "sharp": 0, "elements": 0, "max_ratio": 0.0}
+
+
+def check_stage(cond, sharp, exact, what=""):
+    """Upper bound everywhere; within (1 + 2^-19)(1 + 2^-48) where sharp. Returns the
+    largest cond / brute where sharp."""
+    cond = np.asarray(cond, dtype=np.float64).reshape(-1)
+    sharp = np.asarray(sharp, bool).reshape(-1)
+    exact = exact.reshape(-1)
+    worst = 0.0
+    for i, (cv, sv, ev) in enumerate(zip(cond, sharp, exact)):
+        with mp.workprec(PREC):
+            assert mpf(float(cv)) >= ev * UPPER, f"{what}[{i}]: cond {cv!r} below the first-order change {ev}"
+            if sv:
+                assert mpf(float(cv)) <= ev * SHARP, f"{what}[{i}]: sharp cond {cv!r} above {ev} (1 + 2^-19)"
+                if ev > 0:
+                    worst = max(worst, float(mpf(float(cv)) / ev))
+    STATS["elements"] += cond.size
+    STATS["sharp"] += int(sharp.sum())
+    return worst
+
+
+def check_all(r, g, w=None, u=None, convention="spec", eps=None):
+    r = np.asarray(r, dtype=np.float64)
+    if r.ndim == 1:
+        r = r[:, None]
+    conv = get_convention(convention)
+    w = np.ones(r.shape[1]) if w is None else np.asarray(w, dtype=np.float64)
+    u = np.zeros(len(g), dtype=np.int64) if u is None else np.asarray(u)
+    res = gdpo.advantages(r, np.asarray(g), weights=w, unit_ids=u, eps=eps, convention=conv)
+    bz, bc, ba = brute(r, w, list(np.asarray(g)), list(u), conv, eps)
+    worst = max(check_stage(res.z.cond, res.z.cond_sharp, bz, "z"),
+                check_stage(res.combined.cond, res.combined.cond_sharp, bc, "c"),
+                check_stage(res.cond, res.cond_sharp, ba, "a"))
+    STATS["cases"] += 1
+    STATS["max_ratio"] = max(STATS["max_ratio"], worst)
+    return res, (bz, bc, ba)
+
+
+# ------------------------------------------------------------- cases
+
+
+def _conventions():
+    spec = CONVENTIONS["spec"]
+    return [
+        ("spec", None), ("spec", 1e-8), ("spec", 0.0), ("trl", None), ("nemo_rl", None),
+        ("multireward_grpo", None), ("ms_swift", None), ("nvlabs", None),
+        (dataclasses.replace(spec, name="var", group_eps_placement="var", whiten_eps_placement="var"), None),
+        (dataclasses.replace(spec, name="ddof0", group_ddof=0, whiten_ddof=0), None),
+        (dataclasses.replace(spec, name="skip", group_eps_placement="skip_if_zero",
+                             whiten_eps_placement="skip_if_zero"), None),
+    ]
+
+
+def random_case(seed: int):
+    """N <= 24, K <= 3, groups of 2-8, 1-3 units made of whole groups, no constant column in a
+    group; rewards of several kinds (binary, small integers, normal, offset, huge, tiny)."""
+    rng = np.random.default_rng(seed)
+    K = int(rng.integers(1, 4))
+    sizes = []
+    while True:
+        n = int(rng.integers(2, 9))
+        if sum(sizes) + n > 24:
+            break
+        sizes.append(n)
+        if len(sizes) >= 2 and rng.random() < 0.3:
+            break
+    G = len(sizes)
+    S = int(rng.integers(1, min(3, G) + 1))
+    gunit = np.concatenate([np.arange(S), rng.integers(0, S, size=G - S)])
+    groups = np.repeat(np.arange(G), sizes)
+    N = groups.size
+    r = np.zeros((N, K))
+    for k in range(K):
+        kind = rng.choice(["binary", "int", "normal", "offset", "huge", "tiny"])
+        for g in range(G):
+            m = groups == g
+            while True:
+                if kind == "binary":
+                    v = rng.integers(0, 2, size=m.sum()).astype(float)
+                elif kind == "int":
+                    v = rng.integers(-3, 4, size=m.sum()).astype(float)
+                elif kind == "normal":
+                    v = rng.normal(size=m.sum())
+                elif kind == "offset":
+                    v = 1e6 + rng.normal(size=m.sum()) * 1e-3
+                elif kind == "huge":
+                    v = rng.normal(size=m.sum()) * 1e300
+                else:
+                    v = rng.normal(size=m.sum()) * 1e-300
+                if np.ptp(v) > 0:
+                    break
+            r[m, k] = v
+    w = rng.choice([np.ones(K), rng.normal(size=K), rng.normal(size=K) * 1e300, rng.normal(size=K) * 1e-300],
+                   axis=0) if rng.random() < 0.8 else np.ones(K)
+    perm = rng.permutation(N)
+    return r[perm], groups[perm], w, gunit[groups][perm]
+
+
+CONVS = _conventions()
+
+
+@pytest.mark.parametrize("ci", range(len(CONVS)),
+                         ids=[f"{getattr(c, 'name', c)}-eps{e}" for c, e in CONVS])
+@pytest.mark.parametrize("seed", range(8))
+def test_random_batches_against_brute_force(ci, seed):
+    conv, eps = CONVS[ci]
+    for attempt in range(20):
+        r, g, w, u = random_case(100 * ci + seed + 10_000 * attempt)
+        res = gdpo.advantages(r, g, weights=w, unit_ids=u, eps=eps, convention=conv)
+        if not res.unit_collapsed.any() and not _underflows(res):
+            break
+    else:
+        pytest.fail("no usable case")
+    check_all(r, g, w, u, conv, eps)
+
+
+def _underflows(res) -> bool:
+    """An exact c or a below float64's normal range (a tiny weight on a z that eps already made
+    tiny): its first-order change is below 2^-1074, where no float64 bound says anything and the
+    stage-wise fallback flushes to 0 (a collapsed unit has no first-order change at all)."""
+    for st in (res.combined, res):
+        x = np.abs(st.float64)
+        if np.any(~st.exact_zero & (x < 2.0 ** -1000)):
+            return True
+    return False
+
+
+# ------------------------------------------------------------- named cases
+
+
+def test_group_of_two_cond_is_the_first_order_change():
+    """[0, 1], eps 1e-4: z = +-(1/2) d / D, d = r_2 - r_1, D = |d| / sqrt(2) + eps, so
+    |dz / dr_j| = eps / (2 D^2) exactly and the first-order change is eps (ulp(1) + ulp(0)) / (2 D^2)."""
+    eps = 1e-4
+    z = gdpo.standardize_groups(np.array([[0.0], [1.0]]), [0, 0], eps=eps)
+    with mp.workprec(PREC):
+        D = 1 / mpmath.sqrt(2) + mpf(eps)
+        first = mpf(eps) * (mpf(math.ulp(1.0)) + mpf(5e-324)) / (2 * D * D)
+        assert z.cond_sharp.all()
+        for v in z.cond.ravel():
+            assert first * UPPER <= mpf(float(v)) <= first * SHARP
+    assert 2.2e-20 < z.cond.max() < 2.3e-20
+    check_all(np.array([0.0, 1.0]), [0, 0])
+    for e in (1e-8, 1e-6):
+        res, _ = check_all(np.array([0.0, 1.0]), [0, 0], eps=e)
+        assert res.z.cond_sharp.all()
+
+
+def test_eps_zero_group_of_two_has_no_first_order_change():
+    """At eps = 0 a group of two is +-1/sqrt(2) whatever its inputs: the first-order change
+    is 0, and cond is its error bound alone (2^-1074: its underflow term, flushed)."""
+    res, (bz, _, _) = check_all(np.array([0.0, 1.0]), [0, 0], eps=0.0)
+    assert all(v == 0 for v in bz.ravel())
+    assert np.all(res.z.cond <= 5e-324)
+
+
+@pytest.mark.parametrize("C", [1e9, 1e11, 1e13, 1e15])
+def test_constant_sum_group_in_its_own_unit(C):
+    """Spec section 7's [C - d, d]: every stage sharp, checked against brute force."""
+    d = np.array([0.1, 0.2, 0.3, 0.7])
+    res, _ = check_all(np.stack([C - d, d], 1), [0] * 4)
+    assert res.z.cond_sharp.all() and res.combined.cond_sharp.all() and res.cond_sharp.all()
+
+
+@pytest.mark.parametrize("rewards,weights,eps", [
+    (np.array([[1e300, -3e299], [-2e300, 1e299], [5e299, 2e300], [1.7976931348623157e308, 0.0]]), [1.0, 1e308], None),
+    (np.array([[1.7976931348623157e308], [-1.7976931348623157e308], [0.0]]), [1e-300], None),
+    (np.array([[1e-300, 3e-300], [-2e-300, 5e-324], [4e-300, -1e-310], [0.0, 2e-300]]), [1e300, -2e300], 0.0),
+    (np.array([[1e-300, 3e-300], [-2e-300, 5e-324], [4e-300, -1e-310], [0.0, 2e-300]]), [1e300, -2e300], None),
+    (np.array([[1.0 + 2.0 ** -52 * k] for k in (0, 1, 3, 7)]), [1.0], 1e-20),
+    (np.array([[0.0, 1.0], [1.0, 2.0], [3.0, 5.0], [7.0, 1.0]]), [1.0, -1.0], 2.0 ** 250),
+])
+def test_extreme_magnitudes(rewards, weights, eps):
+    """Rewards up to DBL_MAX, weights up to 1e308, spreads of 1e-300 and of one ulp, eps far
+    beyond the spread: the frames keep every evaluation in range; cond against brute force."""
+    g = [0] * 2 + [1] * 2 if len(rewards) == 4 else [0] * len(rewards)
+    res, _ = check_all(rewards, g, w=weights, u=None, eps=eps)
+    assert np.all(np.isfinite(res.cond)) and np.all(np.isfinite(res.z.cond))
+
+
+@pytest.mark.parametrize("ci", [0, 8, 9, 10], ids=["spec", "var", "ddof0", "skip"])
+def test_whiten_units_against_brute_force(ci):
+    conv, _ = CONVS[ci]
+    v = np.array([0.5, -1.25, 3.0, 1e6, 1e6 + 0.5, 7.0, 7.0 + 2.0 ** -40, -3.0])
+    units = [0, 0, 0, 1, 1, 2, 2, 2]
+    st = gdpo.whiten_units(v, unit_ids=units, convention=conv)
+    exact = brute_whiten(v, units, conv, None)
+    check_stage(st.cond, st.cond_sharp, exact, "a")
+    assert st.cond_sharp.any()
+
+
+def test_entry_points_carry_the_tight_value():
+    r = np.array([[0.0, 2.0], [1.0, 3.5], [3.0, -1.0], [7.0, 0.25], [1.0, 1.0], [2.0, 0.0]])
+    g = [0, 0, 0, 1, 1, 1]
+    res = gdpo.advantages(r, g, weights=[1.0, 0.5])
+    z = gdpo.standardize_groups(r, g)
+    c = gdpo.combine(r, g, weights=[1.0, 0.5])
+    assert np.array_equal(z.cond, res.z.cond) and np.array_equal(z.cond_sharp, res.z.cond_sharp)
+    assert np.array_equal(c.cond, res.combined.cond) and np.array_equal(c.cond_sharp, res.combined.cond_sharp)
+    assert z.cond_sharp.all() and c.cond_sharp.all() and res.cond_sharp.all()
+
+
+# ------------------------------------------------------------- fallbacks
+
+
+def _old(fn, *args, **kwargs):
+    """The stage-wise bound, as the oracle reported it before oracle.condition."""
+    cn.ENABLED = False
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        cn.ENABLED = True
+
+
+def _same(new, old, mask):
+    a, b = np.asarray(new)[mask], np.asarray(old)[mask]
+    return np.array_equal(a, b, equal_nan=True)
+
+
+def _fallback(new, old, mask):
+    assert not np.asarray(new.cond_sharp)[mask].any()
+    assert _same(new.cond, old.cond, mask)
+
+
+HEALTHY = np.array([[1.0, 0.0], [0.0, 2.0], [3.0, 1.0], [0.5, 0.25]])
+
+
+def test_fallback_per_token_whitening():
+    r = np.concatenate([HEALTHY, HEALTHY[::-1] * 2])
+    g, tc = [0] * 4 + [1] * 4, np.arange(1, 9)
+    new = gdpo.advantages(r, g, convention="verl", token_counts=tc)
+    old = _old(gdpo.advantages, r, g, convention="verl", token_counts=tc)
+    _fallback(new, old, np.ones(8, bool))
+    assert new.z.cond_sharp.all() and new.combined.cond_sharp.all()  # Eq. 4 and Eq. 7 are sharp there
+
+
+@pytest.mark.parametrize("convention", ["trl", "nvlabs", "ms_swift"])
+def test_fallback_nan_entries(convention):
+    r = np.concatenate([HEALTHY, HEALTHY[::-1] * 2])
+    r[1, 0] = np.nan
+    g, u = [0] * 4 + [1] * 4, [0] * 4 + [1] * 4
+    new = gdpo.advantages(r, g, unit_ids=u, convention=convention)
+    old = _old(gdpo.advantages, r, g, unit_ids=u, convention=convention)
+    grp0 = np.arange(8) < 4
+    zmask = np.zeros((8, 2), bool)
+    zmask[:4, 0] = True
+    _fallback(new.z, old.z, zmask)
+    _fallback(new.combined, old.combined, grp0)
+    _fallback(new, old, grp0)
+    assert new.cond_sharp[~grp0].all()  # the other unit
+    if convention != "ms_swift":
+        assert new.z.cond_sharp[:4, 1].all()
+    else:  # NaN flows through the group (and its unit): no cond at all there
+        assert np.isnan(new.cond[grp0]).all() and np.isnan(new.z.cond[:4, 0]).all()
+
+
+@pytest.mark.parametrize("convention", ["trl", "verl"])
+def test_fallback_singleton_groups(convention):
+    r = np.concatenate([HEALTHY, [[2.0, 3.0]]])
+    g = [0] * 4 + [1]
+    tc = np.ones(5, dtype=np.int64) if convention == "verl" else None
+    new = gdpo.advantages(r, g, convention=convention, token_counts=tc)
+    old = _old(gdpo.advantages, r, g, convention=convention, token_counts=tc)
+    one = np.arange(5) == 4
+    _fallback(new.z, old.z, np.broadcast_to(one[:, None], (5, 2)))
+    _fallback(new.combined, old.combined, one)
+    _fallback(new, old, np.ones(5, bool))  # the unit holds the singleton (and verl whitens per token)
+    assert new.z.cond_sharp[:4].all() and new.combined.cond_sharp[:4].all()
+
+
+def test_fallback_collapsed_column_and_unit():
+    r = np.array([[1.0, 0.0], [1.0, 2.0], [1.0, 5.0], [0.0, 1.0], [2.0, 0.0], [1.0, 3.0]])
+    g, u = [0, 0, 0, 1, 1, 1], [0, 0, 0, 1, 1, 1]
+    new = gdpo.advantages(r, g, unit_ids=u)
+    old = _old(gdpo.advantages, r, g, unit_ids=u)
+    assert new.group_collapsed[0, 0] and not new.group_collapsed[1].any()
+    first = np.arange(6) < 3
+    zmask = np.zeros((6, 2), bool)
+    zmask[:3, 0] = True
+    _fallback(new.z, old.z, zmask)
+    _fallback(new.combined, old.combined, first)
+    _fallback(new, old, first)
+    assert new.z.cond_sharp[:3, 1].all() and new.cond_sharp[~first].all()
+    # a unit whose combined values are equal in exact arithmetic (three weighted copies cancel)
+    w = [float.fromhex(x) for x in ("0x1.1d0361dd0bf71p-2", "0x1.3b1b0f3282684p-3", "-0x1.ba90e9764d2b3p-2")]
+    col = np.array([0.0, 1.0, 0.0, 1.0, 1.0, 0.0])
+    rr = np.stack([col] * 3, 1)
+    new = gdpo.advantages(rr, [0, 0, 0, 1, 1, 1], weights=w)
+    old = _old(gdpo.advantages, rr, [0, 0, 0, 1, 1, 1], weights=w)
+    assert new.unit_collapsed.all()
+    _fallback(new, old, np.ones(6, bool))
+
+
+def test_fallback_group_beyond_the_cap(monkeypatch):
+    monkeypatch.setattr(cn, "CAP", 4)
+    r = np.array([[0.0], [1.0], [3.0], [7.0], [2.0], [5.0], [1.0], [4.0]])
+    g = [0] * 6 + [1] * 2
+    new = gdpo.advantages(r, g, unit_ids=[0] * 6 + [1] * 2)
+    old = _old(gdpo.advantages, r, g, unit_ids=[0] * 6 + [1] * 2)
+    big = np.arange(8) < 6
+    _fallback(new.z, old.z, big[:, None])
+    _fallback(new.combined, old.combined, big)
+    _fallback(new, old, big)
+    assert new.z.cond_sharp[~big].all() and new.cond_sharp[~big].all()
+
+
+def test_fallback_group_straddling_two_units():
+    r = np.array([[0.0], [1.0], [3.0], [7.0], [2.0], [5.0], [1.0], [4.0], [0.5], [2.5]])
+    g = [0, 0, 0, 1, 1, 1, 2, 2, 3, 3]
+    u = [0, 0, 1, 1, 1, 1, 2, 2, 2, 2]  # group 0 straddles units 0 and 1
+    new = gdpo.advantages(r, g, unit_ids=u)
+    old = _old(gdpo.advantages, r, g, unit_ids=u)
+    straddled = np.arange(10) < 6
+    _fallback(new, old, straddled)
+    assert new.z.cond_sharp.all() and new.combined.cond_sharp.all() and new.cond_sharp[~straddled].all()
+
+
+def test_fallback_z_below_the_frames():
+    """A column whose range (2^-1000) is far below eps (2^124): |z| < 2^-1100."""
+    r = np.array([[2.0 ** -1000], [0.0], [3 * 2.0 ** -1000], [2.0 ** -1000]])
+    new = gdpo.advantages(r, [0, 0, 0, 0], eps=2.0 ** 124)
+    old = _old(gdpo.advantages, r, [0, 0, 0, 0], eps=2.0 ** 124)
+    _fallback(new.z, old.z, np.ones((4, 1), bool))
+    _fallback(new, old, np.ones(4, bool))
+
+
+def test_no_whitening_is_the_combined_stage():
+    r, g = HEALTHY, [0, 0, 1, 1]
+    res = gdpo.advantages(r, g, convention="multireward_grpo")
+    assert np.array_equal(res.cond, res.combined.cond) and np.array_equal(res.cond_sharp, res.combined.cond_sharp)
+    assert res.cond_sharp.all()
+
+
+# ------------------------------------------------------------- negative controls
+
+
+@pytest.fixture
+def control(monkeypatch):
+    def set_(name):
+        monkeypatch.setattr(cn, "_CONTROL", name)
+    return set_
+
+
+def test_control_without_one_minus_theta_breaks_the_checks(control):
+    """Dropping the bracket's (1 - theta) y y^T term: on [0, 1, 3, 7] the sharp value moves
+    above the first-order change (an absolute value of a sum is no sum of absolute values);
+    on [0, 1] (where the bracket is that term alone) cond falls below it."""
+    control("one_minus_theta")
+    with pytest.raises(AssertionError, match="sharp cond"):
+        check_all(np.array([0.0, 1.0, 3.0, 7.0]), [0] * 4)
+    with pytest.raises(AssertionError, match="below the first-order change"):
+        check_all(np.array([0.0, 1.0]), [0, 0])
+
+
+def test_control_without_theta_breaks_sharpness(control):
+    control("theta")
+    with pytest.raises(AssertionError, match="sharp cond"):
+        check_all(np.array([0.0, 1.0, 3.0, 7.0]), [0] * 4)
+
+
+def test_control_without_the_error_bound_breaks_the_upper_bound(control):
+    """[0, 1, 1, 1] at eps 1e-8: the outlier's row of the projector vanishes exactly, its
+    first-order change is (1 - theta) ~ eps / h of the terms, and the float64 evaluation of
+    the cancelling bracket lands below it: only the error bound makes cond an upper bound."""
+    control("error_bound")
+    with pytest.raises(AssertionError, match="below the first-order change"):
+        check_all(np.array([0.0, 1.0, 1.0, 1.0]), [0] * 4, eps=1e-8)
+    control(None)
+    check_all(np.array([0.0, 1.0, 1.0, 1.0]), [0] * 4, eps=1e-8)
+
+
+def test_zz_report_statistics():
+    """Not a check: prints what the brute-force runs above covered (run with -s)."""
+    print(f"\nbrute force: {STATS['cases']} cases, {STATS['elements']} outputs, {STATS['sharp']} sharp, "
+          f"max cond/brute where sharp {STATS['max_ratio']!r} (1 + {STATS['max_ratio'] - 1:.3g})")
