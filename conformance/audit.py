@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from spec import CONVENTIONS, DEFAULT_EPS, FLOAT32_MAX, GDPOError
-from spec.errors import (GroupError, InputDtypeError, OutOfRangeError, SegmentError, ShapeError,
+from spec.errors import (GroupError, InputDtypeError, NonFiniteError, OutOfRangeError, SegmentError, ShapeError,
                          WeightError)
 
 #: Diagnostics only (they never change a result): a group column whose std is
@@ -502,6 +502,20 @@ class _Progress:
             sys.stderr.flush()
 
 
+def _refuse_nonfinite(batch: Batch) -> None:
+    """A NaN or infinite reward, named as the file names it (the column's name, the row, the
+    group label): the specification refuses it, so there is nothing to audit."""
+    bad = np.argwhere(~np.isfinite(batch.rewards))
+    if bad.size:
+        i, k = (int(v) for v in bad[0])
+        v = float(batch.rewards[i, k])
+        label = batch.group_ids[i].item()
+        more = f" (and {len(bad) - 1} more non-finite rewards)" if len(bad) > 1 else ""
+        shown = "NaN" if v != v else repr(v)
+        raise NonFiniteError(f"{batch.source}: column {batch.names[k]!r}, row {i} (group {label!r}) is "
+                             f"{shown}{more}: the specification refuses non-finite rewards")
+
+
 def audit(batch: Batch, weights=None, eps: float = DEFAULT_EPS, progress: bool | None = None) -> dict:
     import torch
 
@@ -516,6 +530,7 @@ def audit(batch: Batch, weights=None, eps: float = DEFAULT_EPS, progress: bool |
         w = _weights(batch.weights, batch.names, f"{batch.source}: 'weights'")
     else:
         w = np.ones(K)
+    _refuse_nonfinite(batch)
     units = batch.unit_ids if batch.unit_ids is not None else np.zeros(N, dtype=np.int64)
     order = np.argsort(units, kind="stable")  # whitening units as consecutive segments for impl
     ulabels, usizes = np.unique(units[order], return_counts=True)

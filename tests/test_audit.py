@@ -92,6 +92,20 @@ def test_bad_npz_and_contract_errors(tmp_path, capsys):
     assert "NaN" in capsys.readouterr().err
 
 
+def test_nonfinite_rewards_are_named_by_the_files_column(tmp_path, capsys):
+    """A NaN reward in CSV column 'acc' was reported as 'reward row 1, column 0' (the oracle's words)."""
+    p = tmp_path / "nan.csv"
+    p.write_text("group,acc,fmt\n0,1.0,0\n0,nan,1\n1,0.5,1\n1,0.25,0\n")
+    assert cli.main(["audit", str(p)]) == audit.MALFORMED
+    err = capsys.readouterr().err
+    assert f"{p}: column 'acc', row 1 (group 0) is NaN: the specification refuses non-finite rewards" in err, err
+    q = tmp_path / "inf.csv"
+    q.write_text("group,acc,fmt\n0,1.0,0\n0,1.0,-inf\n1,0.5,nan\n1,0.25,0\n")
+    assert cli.main(["audit", str(q)]) == audit.MALFORMED
+    err = capsys.readouterr().err
+    assert f"column 'fmt', row 1 (group 0) is -inf (and 1 more non-finite rewards)" in err, err
+
+
 def test_disagreeing_implementation_exits_3(monkeypatch, tmp_path):
     from impl import gdpo as impl
 
