@@ -62,6 +62,9 @@ class Flaws:
     truncate_bfloat16: bool = False  # bfloat16 written by truncation (rounding toward zero)
     large_batch_float32: bool = False  # beyond 64 rows: float32 internals and ddof 0 (correct up to 64)
     int32_labels: bool = False  # group_ids cast to int32 (wrapping) before grouping
+    float64_labels: bool = False  # group_ids cast to float64 before grouping (beyond 2^53 labels merge)
+    big_groups_float32: bool = False  # Eq. 4 of a group of more than 64 rows in float32 (correct up to 64)
+    zero_weight_unchecked: bool = False  # zero-weight columns dropped before the finiteness check
     refuse_big_weights: bool = False  # a weight beyond float32's range refused (OutOfRangeError)
     base_class_refusals: bool = False  # bad group arguments, eps, out_dtype refused as the base GDPOError
     mutates_rewards: bool = False  # the caller's rewards tensor overwritten (halved) in place
@@ -117,6 +120,8 @@ def _standardize(x: torch.Tensor, eps: float, fl: Flaws) -> torch.Tensor:
         return torch.zeros_like(x)  # exact collapse (and the singleton_zero flaw)
     e = _frame(x, eps)
     xs = _scale(x, -e)
+    if fl.big_groups_float32 and n > 64:  # a "fast path" for long groups: float32 statistics
+        return _standardize_float32(xs, _ldexp(eps, -e)).to(x.dtype)
     if fl.naive_centring or fl.one_pass:
         dev = xs - _sum(xs) / n
     else:
@@ -131,6 +136,15 @@ def _standardize(x: torch.Tensor, eps: float, fl: Flaws) -> torch.Tensor:
         den = torch.sqrt(var + _ldexp(eps, -2 * e))
     else:
         den = torch.sqrt(var) + _ldexp(eps, -e)
+    return torch.where(dev == 0, torch.zeros_like(dev), dev / den)
+
+
+def _standardize_float32(xs: torch.Tensor, eps: float) -> torch.Tensor:
+    """Eq. 4 of one framed group column (max |xs| < 1), the base's algorithm in float32."""
+    xs = xs.to(torch.float32)
+    d = xs - xs[0]
+    dev = d - _sum(d) / xs.numel()
+    den = torch.sqrt(_sum(dev * dev) / (xs.numel() - 1)) + eps
     return torch.where(dev == 0, torch.zeros_like(dev), dev / den)
 
 
@@ -223,6 +237,8 @@ def _prepare(rewards, group_ids, group_size, weights, fl: Flaws, allow_empty: bo
             raise _Refusal(ShapeError, f"group_ids has shape {tuple(ids.shape)} for N={n} rows")
         if fl.int32_labels:
             ids = ids.to(torch.int32)  # wraps modulo 2^32: k and 2^32 + k become one group
+        if fl.float64_labels:
+            ids = ids.to(_F64)  # rounds beyond 2^53: 2^62 and 2^62 + 1 become one group
         labels = ids.tolist()
     if weights is None:
         w = [1.0] * k
@@ -237,6 +253,9 @@ def _prepare(rewards, group_ids, group_size, weights, fl: Flaws, allow_empty: bo
         if fl.refuse_big_weights and any(abs(v) > FLOAT32_MAX for v in w):
             raise _Refusal(OutOfRangeError, "a weight is beyond float32's range")
     x = x.to(torch.float32 if fl.float32_internals else _F64)
+    if fl.zero_weight_unchecked and any(v == 0.0 for v in w):  # "they contribute nothing": gone, unchecked
+        live = [j for j, v in enumerate(w) if v != 0.0]
+        x, w = x[:, live], [w[j] for j in live]
     if fl.nan_to_zero:
         x = torch.where(torch.isnan(x), torch.zeros_like(x), x)
     if n and not bool(torch.isfinite(x).all()):
@@ -511,6 +530,12 @@ _SPECS = (
      "and biased std (ddof 0)"),
     ("int32_labels", Flaws(int32_labels=True), "group_ids cast to int32 (wrapping) before grouping: k and "
      "2^32 + k share a group"),
+    ("labels_through_float64", Flaws(float64_labels=True), "group_ids cast to float64 before grouping: labels "
+     "beyond 2^53 closer than float64's spacing (2^62 and 2^62 + 1) share a group"),
+    ("big_groups_float32", Flaws(big_groups_float32=True), "Eq. 4 statistics of a group of more than 64 rows in "
+     "float32 (a size-dependent fast path; correct up to 64)"),
+    ("zero_weight_columns_unchecked", Flaws(zero_weight_unchecked=True), "columns of weight 0 dropped before "
+     "validation: a NaN or infinite reward there is never refused"),
     ("refuses_big_weights", Flaws(refuse_big_weights=True), "a weight beyond float32's range refused "
      "(OutOfRangeError): the contract computes it in float64"),
     ("base_class_refusals", Flaws(base_class_refusals=True), "bad group arguments, eps and out_dtype refused as "

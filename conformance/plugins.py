@@ -7,7 +7,11 @@ Pointing the suite at any implementation, without editing it::
 from the repository root (a path such as ``conformance/`` may follow). When the
 options name anything other than the defaults, only the tests under ``conformance/``
 run (the rest test this checkout, not the implementation named): the others are
-deselected, so the verdict is the implementation's alone, as ``gdpo check``'s. The options are this module's ``pytest_addoption``:
+deselected, so the verdict is the implementation's alone, as ``gdpo check``'s; so are
+the suite's self-tests (``SELF_TESTS``: ``conformance/test_controls.py``, every negative
+control against every property, and ``conformance/test_suite_meta.py``, the judge's
+plumbing), which grade the suite, not the implementation named; the report header and
+summary say so. The options are this module's ``pytest_addoption``:
 the root ``conftest.py`` registers this module as a pytest plugin, and ``gdpo check``
 passes ``-p conformance.plugins`` (pytest registers a plugin once by name, so the
 two never add the options twice).
@@ -230,26 +234,41 @@ def multi_process_properties() -> list[str]:
     return [p.name for p in properties.PROPERTIES if p.world > 0]
 
 
+#: The suite's tests of itself (every negative control against every property, the judge's
+#: plumbing): they grade the suite, not the implementation named, take most of a run's time,
+#: and a failure there is no fault of that implementation; grading another one deselects them.
+SELF_TESTS = ("test_controls.py", "test_suite_meta.py")
+
+
 def pytest_collection_modifyitems(config, items):
     """Grading another implementation (or call shape, or convention): keep the
-    conformance suite's tests only. The repository's other tests never call
-    ``--impl``; run with it, they would only mix this checkout's verdict into it.
+    conformance suite's tests of that implementation only. The repository's other tests
+    never call ``--impl``; run with it, they would only mix this checkout's verdict into
+    it; the suite's self-tests (``SELF_TESTS``) grade the suite, not it.
     ``--single-process``: deselect the tests that spawn ranks (marked ``distributed``)."""
     from pathlib import Path
 
     suite = Path(__file__).resolve().parent
-    keep, drop, multi = [], [], []
+    keep, drop, own, multi = [], [], [], []
     for item in items:
-        if grades_another(config) and suite not in Path(str(item.path)).resolve().parents:
+        path = Path(str(item.path)).resolve()
+        if grades_another(config) and suite not in path.parents:
             drop.append(item)
+        elif grades_another(config) and path.parent == suite and path.name in SELF_TESTS:
+            own.append(item)
         elif single_process(config) and item.get_closest_marker("distributed") is not None:
             multi.append(item)
         else:
             keep.append(item)
     config._gdpo_single_process_deselected = [item.nodeid for item in multi]
-    if drop or multi:
-        config.hook.pytest_deselected(items=drop + multi)
+    config._gdpo_self_tests_deselected = [item.nodeid for item in own]
+    if drop or own or multi:
+        config.hook.pytest_deselected(items=drop + own + multi)
         items[:] = keep
+
+
+def _self_tests() -> str:
+    return ", ".join(f"conformance/{name}" for name in SELF_TESTS)
 
 
 def pytest_report_header(config):
@@ -257,7 +276,8 @@ def pytest_report_header(config):
     if grades_another(config):
         lines.append(f"gdpo conformance: grading {config.getoption('--impl')} (call shape "
                      f"{config.getoption('--call-shape')}, convention {config.getoption('--convention')}); "
-                     "tests outside conformance/ are deselected")
+                     f"tests outside conformance/ are deselected, and so are the suite's self-tests ({_self_tests()}: "
+                     "they grade the suite, not this implementation)")
     if single_process(config):
         lines.append("gdpo conformance: --single-process: the multi-process properties ("
                      + ", ".join(multi_process_properties()) + ", and every test marked distributed) are "
@@ -267,6 +287,12 @@ def pytest_report_header(config):
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    if grades_another(config):
+        own = getattr(config, "_gdpo_self_tests_deselected", None)
+        count = "the" if own is None else f"{len(own)}"  # None: collected elsewhere (pytest-xdist's workers)
+        terminalreporter.write_line(
+            f"gdpo conformance: {count} self-test(s) of the suite ({_self_tests()}) deselected: they grade the "
+            f"suite, not {config.getoption('--impl')}")
     if not single_process(config):
         return
     gone = getattr(config, "_gdpo_single_process_deselected", None)

@@ -32,6 +32,9 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         '{"rewards":[["0x0.0p+0"],["0x1.0000000000000p+0"],["0x1.8000000000000p+1"],["0x1.c000000000000p+2"],["0x1.0000000000000p+0"],["0x1.0000000000000p+1"],["0x1.0000000000000p+1"],["0x1.2000000000000p+3"]],"dtype":"float64","out_dtype":"float64","group_size":4}',
         # n_g = 2: [0, 1] and [0, 1000] standardize alike up to eps (known limit)
         '{"rewards":[["0x0.0p+0"],["0x1.0000000000000p+0"],["0x0.0p+0"],["0x1.f400000000000p+9"]],"dtype":"float32","out_dtype":"float64","group_size":2}',
+        # found by a reviewer (an implementation grouping by labels cast to float64, passed by the grader):
+        # labels 2^62 and 2^62 + 1 are one float64, so its two groups [0, 1] and [2, 3] became one group of four
+        '{"rewards":[["0x0.0p+0"],["0x1.0000000000000p+0"],["0x1.0000000000000p+1"],["0x1.8000000000000p+1"]],"dtype":"float64","out_dtype":"float64","group_ids":[4611686018427387904,4611686018427387904,4611686018427387905,4611686018427387905]}',
     ),
     "testfloat": (
         # found by the deep profile (oracle, fixed with this entry): a collapsed column weighted 2^1022 beside
@@ -119,6 +122,13 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         # eps dominating the std a is 3.4e3 ulp off (18.6 x its allowance); unscaled float64 is exact here
         '{"rewards":[["0x0.0p+0","0x0.0p+0"],["0x1.0000000000000p+0","0x0.0p+0"]],"dtype":"float32","out_dtype":"float64","group_size":2,"weights":["0x0.8000000000000p-1022","0x1.0000000000000p+1000"]}',
     ),
+    "large": (
+        # found by a reviewer (an implementation with a float32 "fast path" for groups over 64 rows, passed by the
+        # grader, whose groups then stopped at 64): one group of 65 binary rewards, mean 22/65; float32 statistics
+        # are about 1e-8 off, far beyond the float64 bound (also replayed first, so such an implementation is
+        # rejected without shrinking a generated group of hundreds of rows)
+        '{"rewards":[["0x1.0000000000000p+0"],["0x0.0p+0"],["0x0.0p+0"],["0x1.0000000000000p+0"],["0x0.0p+0"],["0x0.0p+0"],["0x1.0000000000000p+0"],["0x0.0p+0"],["0x0.0p+0"],["0x1.0000000000000p+0"],["0x0.0p+0"],["0x0.0p+0"],["0x1.0000000000000p+0"],["0x0.0p+0"],["0x0.0p+0"],["0x1.0000000000000p+0"],["0x0.0p+0"],["0x0.0p+0"],["0x1.0000000000000p+0"],["0x0.0p+0"],["0x0.0p+0"],["0x1.0000000000000p+0"],["0x0.0p+0"],["0x0.0p+0"],["0x1.0000000000000p+0"],["0x0.0p+0"],["0x0.0p+0"],["0x1.0000000000000p+0"],["0x0.0p+0"],["0x0.0p+0"],["0x1.0000000000000p+0"],["0x0.0p+0"],["0x0.0p+0"],["0x1.0000000000000p+0"],["0x0.0p+0"],["0x0.0p+0"],["0x1.0000000000000p+0"],["0x0.0p+0"],["0x0.0p+0"],["0x1.0000000000000p+0"],["0x0.0p+0"],["0x0.0p+0"],["0x1.0000000000000p+0"],["0x0.0p+0"],["0x0.0p+0"],["0x1.0000000000000p+0"],["0x0.0p+0"],["0x0.0p+0"],["0x1.0000000000000p+0"],["0x0.0p+0"],["0x0.0p+0"],["0x1.0000000000000p+0"],["0x0.0p+0"],["0x0.0p+0"],["0x1.0000000000000p+0"],["0x0.0p+0"],["0x0.0p+0"],["0x1.0000000000000p+0"],["0x0.0p+0"],["0x0.0p+0"],["0x1.0000000000000p+0"],["0x0.0p+0"],["0x0.0p+0"],["0x1.0000000000000p+0"],["0x0.0p+0"]],"dtype":"float64","out_dtype":"float64","group_size":65}',
+    ),
     "stage_normalize": (
         # found by the deep profile (the judge, fixed in 0de4a4f: conformance/properties.py check_normalize): four columns
         # cancel exactly, c = z(1) + z(3) - z(3) - z(1) = 0, which spec/gdpo.md section 7 holds to the error bound
@@ -130,6 +140,11 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         # DBL_MAX and 2^1024, so every float64 code overflows, while the exact c (z a hair below 1.5 because of
         # eps) rounds to DBL_MAX; its allowance reaches 2^1024, so the refusal is permitted
         '{"rewards":[["0x0.0p+0","0x1.0000000000000p+64","0x0.0p+0","0x1.0000000000000p+4"],["0x0.0p+0","0x1.0000000000000p+64","0x0.0p+0","0x1.0000000000000p+4"],["0x0.0p+0","0x1.0000000000000p+64","0x0.0p+0","0x1.0000000000000p+4"],["0x1.0000000000000p+60","0x1.e000000000000p+63","0x0.0p+0","0x1.0000000000000p+4"]],"dtype":"float32","out_dtype":"float64","group_size":4,"weights":["0x1.5555555555555p+1023","0x0.0p+0","0x0.0000000000001p-1022","0x0.0000000000001p-1022"],"note":"pair:anti_exact,pair:anti_exact"}',
+    ),
+    "errors": (
+        # found by a reviewer (an implementation dropping zero-weight columns before validating, passed by the
+        # grader): a NaN reward in the column of weight 0 returned advantages instead of a NonFiniteError
+        '{"rewards":[["0x1.0000000000000p+0","nan"],["0x0.0p+0","0x0.0p+0"]],"dtype":"float32","out_dtype":"float32","group_size":2,"weights":["0x1.0000000000000p+0","0x0.0p+0"],"note":"error:nan_reward"}',
     ),
     "dist_values_2": (
         # the K = 1 example split over 2 ranks, one unit spanning both: per-rank statistics differ

@@ -381,6 +381,19 @@ def group_sizes(draw, ctx: Context, equal: bool) -> list[int]:
 LARGE_N = (65, 300)
 LARGE_K = (1, 2, 3, 4, 5, 6, 7, 8)
 LARGE_UNITS = 8
+#: The sparse very-large tier of the ``large`` property: in about one example in ``BIG_EVERY``
+#: one or two groups of 65 to 600 samples (past 64, where a size-dependent "fast path" may
+#: switch, and past 512, where impl.gdpo's fused path hands groups to the plain one) join
+#: the batch: N up to about 1,500. Sparse (about 5 of the ci profile's 40 examples) because
+#: the oracle's cost grows with N (1,200 x 2: 0.35-0.5 s on one core; 300 x 2: 0.1 s).
+BIG_GROUP_SIZES = (65, 96, 127, 128, 129, 200, 255, 256, 257, 384, 511, 512, 513, 600)
+BIG_GROUP_MAX = 600
+BIG_EVERY = 8
+#: Groups of more rows than this draw a few values per column (a template) and spread them
+#: over their rows by a drawn seed, every value of the template on some row: hypothesis draws
+#: each value otherwise, and a group of 600 rows would cost thousands of choices per column
+#: (hypothesis gives up on an example past 8,192).
+DRAWN_ROWS_MAX = 64
 
 
 @cached
@@ -405,6 +418,23 @@ def large_group_sizes(draw, ctx: Context, equal: bool) -> list[int]:
 
 
 @cached
+def _big_size() -> st.SearchStrategy:
+    return st.one_of(pick(BIG_GROUP_SIZES), ints(DRAWN_ROWS_MAX + 1, BIG_GROUP_MAX))
+
+
+@cached
+@st.composite
+def row_spread(draw, n: int) -> np.ndarray:
+    """For a group of more than ``DRAWN_ROWS_MAX`` rows: which of m template values each row
+    takes (every one on some row, the rest by a drawn seed)."""
+    m = draw(pick((3, 5, 8, 16, 32)))
+    rng = np.random.default_rng(draw(ints(0, 2 ** 32 - 1)))
+    idx = np.concatenate([np.arange(m), rng.integers(0, m, n - m)])
+    rng.shuffle(idx)
+    return idx
+
+
+@cached
 @st.composite
 def batches(draw, ctx: Context, kinds=COLUMN_KINDS, pairs=PAIR_KINDS, k_max=8, weight_modes=WEIGHT_MODES,
             equal_groups=None, dtype=None, large=False) -> Batch:
@@ -422,6 +452,7 @@ def batches(draw, ctx: Context, kinds=COLUMN_KINDS, pairs=PAIR_KINDS, k_max=8, w
     else:
         k = draw(pick(tuple(x for x in (1, 1, 2, 2, 2, 3, 4, 5, 6, 7, 8) if x <= k_max)))
     starts = []  # the first column of each note entry
+    entries = []  # what each note entry drew: (kind, None) or (pair kind, share)
     while len(cols) < k:
         starts.append(len(cols))
         use_pair = pairs and len(cols) + 1 < k and draw(ints(0, 2)) == 0
@@ -437,18 +468,26 @@ def batches(draw, ctx: Context, kinds=COLUMN_KINDS, pairs=PAIR_KINDS, k_max=8, w
             pair_of[len(cols) + 1] = kind
             cols += [a_groups, b_groups]
             note.append(f"pair:{kind}")
+            entries.append((kind, share))
         else:
             kind = draw(pick(tuple(kinds)))
             cols.append([draw(column_values(kind, dtype, n)) for n in sizes])
             note.append(kind)
+            entries.append((kind, None))
     if large:
         # K from the drawn values as well as a draw of its own: hypothesis runs only a few fresh
         # examples in 40 and mutates each several times, copying spans of equal label (column
         # values, never a lone K), so a K drawn alone repeats in runs and misses some of 1..8
         k = pool[(draw(ints(0, len(pool) - 1)) + zlib.crc32(repr(cols).encode())) % len(pool)]
+        # the very-large tier (BIG_EVERY), decided the same way
+        big = (draw(ints(0, BIG_EVERY - 1)) + zlib.crc32(b"big" + repr(cols).encode())) % BIG_EVERY == 0
+        if big:
+            sizes, cols = _with_big_groups(draw, dtype, sizes, cols, starts, entries, equal)
         cols = cols[:k]
         pair_of = {j: kind for j, kind in pair_of.items() if j < k}
         note = [(f"{t}(cut)" if t.startswith("pair:") and j + 1 >= k else t) for j, t in zip(starts, note) if j < k]
+        if big:
+            note.append("big_groups:" + "/".join(str(n) for n in sizes if n > DRAWN_ROWS_MAX))
     weights = draw(weight_vector(k, weight_modes, ctx.weights_dtype))
     if pair_of:
         w = list(weights) if weights is not None else [1.0] * k
@@ -461,6 +500,41 @@ def batches(draw, ctx: Context, kinds=COLUMN_KINDS, pairs=PAIR_KINDS, k_max=8, w
     blocks = [np.array([[cols[c][g][i] for c in range(k)] for i in range(n)], dtype=np.float64)
               for g, n in enumerate(sizes)]
     return Batch(dtype, blocks, weights, ",".join(note))
+
+
+def _with_big_groups(draw, dtype, sizes, cols, starts, entries, equal):
+    """(sizes, cols) with one or two groups of 65 to 600 rows: among the drawn groups, or, for
+    contiguous equal groups, instead of them. Each column of a new group is its column's kind
+    (a pair's relation as drawn, holding or not), a few values spread over the rows."""
+    count = draw(ints(1, 2))
+    big = [draw(_big_size()) for _ in range(count)]
+    if equal:
+        big = [big[0]] * count
+        order = [("new", j) for j in range(count)]
+    else:
+        order = [("old", g) for g in range(len(sizes))]
+        for j in range(count):
+            order.insert(draw(ints(0, len(order))), ("new", j))
+    spreads = [draw(row_spread(n)) for n in big]
+    new: dict[int, list] = {c: [] for c in range(len(cols))}  # per column, per new group
+    for c, (kind, share) in zip(starts, entries):
+        for spread in spreads:
+            m = int(spread.max()) + 1
+            if share is None:
+                new[c].append(_spread_out(draw(column_values(kind, dtype, m)), spread))
+            else:
+                holds = share == 1.0 or (share > 0 and draw(BOOLS))
+                a, b = draw(pair_values(kind, dtype, m, holds))
+                new[c].append(_spread_out(a, spread))
+                new[c + 1].append(_spread_out(b, spread))
+    sizes = [sizes[i] if tag == "old" else big[i] for tag, i in order]
+    cols = [[col[i] if tag == "old" else new[c][i] for tag, i in order] for c, col in enumerate(cols)]
+    return sizes, cols
+
+
+def _spread_out(values: list, spread) -> list:
+    """A group column from its drawn values: as drawn, or a template spread over the rows."""
+    return values if spread is None else [values[i] for i in spread]
 
 
 UNIT_MODES = ("none", "one", "groups", "groups", "free")
@@ -500,7 +574,12 @@ def unit_layout(draw, n: int, group_edges: list[int], modes=UNIT_MODES, max_unit
 
 #: Label pools (one drawn per labelled case). ``wrap32``: distinct int64 labels in pairs that
 #: collide once narrowed to int32 (k and 2^32 + k, -1 and 2^32 - 1, -2^31 and 2^31, ...).
-LABEL_POOLS = ("consecutive", "sparse", "negative", "huge", "wrap32")
+#: ``near64``: distinct int64 labels in pairs that collide once cast to float64 (beyond 2^53
+#: float64 skips integers): 2^62 + 4t and 2^62 + 4t + 1, 2^53 + 4t and 2^53 + 4t + 1 (a tie,
+#: rounded to the even 2^53 + 4t), -2^63 + 4t and -2^63 + 4t + 1, the three bases in turn.
+LABEL_POOLS = ("consecutive", "sparse", "negative", "huge", "wrap32", "near64")
+#: The bases of ``near64``'s pairs (float64's spacing there: 1024, 2 and 1024).
+_NEAR64_BASES = (2 ** 62, 2 ** 53, -2 ** 63)
 _WRAP32_PAIRS = ((0, 2 ** 32), (-1, 2 ** 32 - 1), (-2 ** 31, 2 ** 31), (2 ** 31 - 1, -2 ** 31 - 1),
                  (1, 2 ** 63 - 2 ** 32 + 1), (-2 ** 63, 2 ** 62))
 
@@ -518,6 +597,8 @@ def label_pool(name: str, g: int) -> list[int]:
     if name == "wrap32":  # pair j: two labels equal modulo 2^32 (beyond the table: j and j + 2^32 j)
         pairs = list(_WRAP32_PAIRS) + [(j, j + (j << 32)) for j in range(len(_WRAP32_PAIRS) + 10, g + 10)]
         return [x for pair in pairs for x in pair][:g]
+    if name == "near64":  # pair q: base + 4t and base + 4t + 1, one float64 (t = q // 3, base q % 3)
+        return [_NEAR64_BASES[(j // 2) % 3] + 4 * (j // 6) + j % 2 for j in range(g)]
     raise ValueError(name)
 
 
@@ -525,7 +606,9 @@ def label_pool(name: str, g: int) -> list[int]:
 def cases(draw, ctx: Context, kinds=COLUMN_KINDS, pairs=PAIR_KINDS, weight_modes=WEIGHT_MODES, k_max=8,
           eps_values=(None,), equal_groups=None, unit_modes=UNIT_MODES, dtype=None, large=False) -> Case:
     """A single-process call (unit layouts only where the shape can express them);
-    ``large``: N of ``LARGE_N``, every K of ``LARGE_K``, up to ``LARGE_UNITS`` units."""
+    ``large``: N of ``LARGE_N``, every K of ``LARGE_K``, up to ``LARGE_UNITS`` units, and in
+    about one example in ``BIG_EVERY`` one or two groups of 65 to ``BIG_GROUP_MAX`` rows
+    (output float64 or float32 there)."""
     b = draw(batches(ctx, kinds, pairs, k_max, weight_modes, equal_groups, dtype, large))
     sizes = [blk.shape[0] for blk in b.blocks]
     rows = np.concatenate(b.blocks)
@@ -539,8 +622,11 @@ def cases(draw, ctx: Context, kinds=COLUMN_KINDS, pairs=PAIR_KINDS, weight_modes
         pool = label_pool(draw(pick(LABEL_POOLS)), len(sizes))
         mapping = draw(st.permutations(pool))
         lab = np.array([mapping[i] for i in labels], dtype=np.int64)
-        if draw(BOOLS):  # interleave the groups' rows
-            perm = np.array(draw(st.permutations(list(range(n)))), dtype=np.int64)
+        if draw(BOOLS):  # interleave the groups' rows (by a drawn seed in the very-large tier)
+            if n > LARGE_N[1]:
+                perm = np.random.default_rng(draw(ints(0, 2 ** 32 - 1))).permutation(n).astype(np.int64)
+            else:
+                perm = np.array(draw(st.permutations(list(range(n)))), dtype=np.int64)
             rows, lab = rows[perm], lab[perm]
         group_ids = tuple(int(x) for x in lab)
     else:
@@ -550,7 +636,10 @@ def cases(draw, ctx: Context, kinds=COLUMN_KINDS, pairs=PAIR_KINDS, weight_modes
     if ctx.units and unit_modes:
         seg = draw(unit_layout(n, [int(e) for e in edges], unit_modes, LARGE_UNITS if large else 4))
     eps = draw(pick(tuple(eps_values))) if ctx.eps else None
-    out_dtype = draw(pick(out_dtype_pool(ctx)))
+    out_pool = out_dtype_pool(ctx)
+    if "big_groups:" in b.note:  # few and costly: outputs whose ulp shows a float32 statistic's error
+        out_pool = tuple(d for d in out_pool if d in ("float64", "float32")) or out_pool
+    out_dtype = draw(pick(out_pool))
     return Case(rewards=tuple(tuple(float(v) for v in row) for row in rows), dtype=b.dtype,
                 group_size=group_size, group_ids=group_ids, weights=b.weights, segment_sizes=seg,
                 eps=eps, out_dtype=out_dtype, note=b.note)

@@ -3,13 +3,27 @@
 Parametrized from the table of error cases (conformance/properties.py, ERROR_CASES,
 one id each); where the oracle can express a case, the oracle is asserted to refuse
 it with the same class, so the table and the spec's own judge cannot drift apart.
+The ``errors`` property's pinned examples (conformance/regressions.py) are replayed
+first by the test of the error case each one names.
 """
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 
 from conformance import properties as P
+from conformance import regressions
 from spec.errors import ERROR_CLASSES
+
+
+def pinned(name: str, ctx) -> list:
+    """The pinned examples of the ``errors`` property noted ``error:<name>`` that the call
+    shape can express."""
+    out = []
+    for text in P.BY_NAME["errors"].examples:
+        case = regressions.load(text)
+        if case.note == f"error:{name}" and P.expressible(case, ctx):
+            out.append(case)
+    return out
 
 
 @pytest.mark.parametrize("case", P.ERROR_CASES, ids=lambda e: e.name)
@@ -20,11 +34,24 @@ def test_error_case(case, subject):
     if subject.shape not in case.shapes:
         pytest.skip(f"call shape {subject.shape!r} cannot express {case.name}")
 
-    @given(cases=P.error_cases(subject.context(), subject.shape, names={case.name}))
-    def run(cases):
+    def check(cases):
         P.check_error(subject, cases)
 
+    run = given(cases=P.error_cases(subject.context(), subject.shape, names={case.name}))(check)
+    for c in reversed(pinned(case.name, subject.context())):
+        run = example(cases=(c,))(run)
     run()
+
+
+def test_pinned_error_examples_reach_their_tests():
+    """Every pinned example of the errors property names an error case, and the gdpo shape replays it."""
+    from conformance.strategies import Context
+
+    for text in P.BY_NAME["errors"].examples:
+        case = regressions.load(text)
+        name = case.note.split(":", 1)[1]
+        assert name in P.ERROR_BY_NAME, case.note
+        assert any(c.dumps() == case.dumps() for c in pinned(name, Context())), text
 
 
 def test_every_contract_class_is_exercised():

@@ -3,6 +3,7 @@
 What is checked here is the judge's plumbing, not the implementation under test.
 """
 
+import dataclasses
 import math
 
 import numpy as np
@@ -184,8 +185,10 @@ def test_the_large_property_draws_what_its_claim_says():
     """K coverage of ``large`` comes from hypothesis's generation (K is mixed from the drawn
     values): in the run that grades the controls (conformance/report.py: its settings, its
     seed, no local constants, so the same in every process), every K of 1..8 must appear,
-    batches must be past 64 rows, some with more than 4 units, and some labels must collide
-    modulo 2^32. The check is replaced by a recorder: generation runs without the oracle."""
+    batches must be past 64 rows, some with more than 4 units, some labels must collide
+    modulo 2^32 and some in float64, and the very-large tier must appear: a group of more
+    than 64 samples, one of more than 512, none beyond 600. The check is replaced by a
+    recorder: generation runs without the oracle."""
     import dataclasses
 
     from hypothesis import seed
@@ -203,3 +206,38 @@ def test_the_large_property_draws_what_its_claim_says():
     assert max(len(c.segment_sizes or ()) for c in seen) > 4
     assert any(c.group_ids is not None and len({g % 2 ** 32 for g in c.group_ids}) < len(set(c.group_ids))
                for c in seen), "no labelled batch with labels equal modulo 2^32"
+    assert any(c.group_ids is not None and len({float(g) for g in c.group_ids}) < len(set(c.group_ids))
+               for c in seen), "no labelled batch with labels equal in float64"
+    biggest = [int(np.unique(c.labels(), return_counts=True)[1].max()) for c in seen]
+    assert max(biggest) > 512 and max(biggest) <= S.BIG_GROUP_MAX, sorted(set(biggest))
+    assert 0 < sum(b > 64 for b in biggest) <= len(seen) // 3, sorted(biggest)  # a sparse tier
+    assert max(c.n for c in seen) <= 1_500, max(c.n for c in seen)
+
+
+def test_the_errors_property_puts_bad_rewards_in_zero_weight_columns():
+    """The contract refuses a non-finite reward in any column, whatever its weight (spec section 6):
+    in the run that grades the controls, nan_reward and inf_reward each put the bad value in a
+    column of weight 0 at least once (an implementation dropping such columns before validating
+    computes there), and elsewhere too."""
+    from hypothesis import seed
+
+    from conformance import report
+
+    seen = []
+    prop = P.BY_NAME["errors"]
+    probe = dataclasses.replace(prop, check=lambda subject, cases, name: seen.extend(
+        c for c in (cases if isinstance(cases, tuple) else (cases,)) if c.note in ("error:nan_reward",
+                                                                                   "error:inf_reward")))
+    with report._no_local_constants():
+        test = P.build_test(probe, Subject("impl.gdpo:gdpo_advantages"), P.control_settings())
+        seed(report.property_seed(prop))(test)()
+    for name in ("error:nan_reward", "error:inf_reward"):
+        where = []
+        for c in seen:
+            if c.note != name:
+                continue
+            r = c.rewards_array()
+            w = np.ones(c.k) if c.weights is None else np.asarray(c.weights)
+            cols = np.nonzero(~np.isfinite(r))[1]
+            where.append(bool(np.all(w[cols] == 0.0)))
+        assert any(where) and not all(where), (name, where)

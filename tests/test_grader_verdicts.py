@@ -7,7 +7,8 @@ B. a value just outside its bound never reads as "error/allowed 1"; a float16/bf
    rounded through float32 first is named as rounded twice;
 C. a demanded exact zero states the clause that demands it, not a distance in ulps at 0;
 D. ``--single-process`` (pytest and ``gdpo check``) deselects the multi-process properties and
-   says so;
+   says so; grading another implementation deselects the suite's self-tests (test_controls,
+   test_suite_meta) and says so;
 E. a refusal of the wrong class (a plain ValueError) names the spec.errors class expected.
 """
 
@@ -223,6 +224,26 @@ def test_single_process_option_deselects_the_multi_process_properties(single_env
     assert "deselected by this option and so are NOT graded" in out  # the report header
     assert "4 multi-process test(s) deselected by --single-process, not graded" in out  # the summary
     assert "dist_values_2" in out
+
+
+def test_grading_another_implementation_deselects_the_suites_self_tests(single_env):
+    """The negative controls and the judge's plumbing grade the suite, not the implementation
+    named by --impl: they are deselected (a failure there would fail its verdict, and they take
+    most of the run), the header and summary say so; without --impl they run."""
+    files = ["conformance/test_controls.py", "conformance/test_suite_meta.py", "conformance/test_units.py"]
+    base = [sys.executable, "-m", "pytest", *files, "-p", "no:xdist", "-p", "no:cacheprovider", "--collect-only"]
+    theirs = subprocess.run(base + ["--impl", "single_gdpo:advantages"], capture_output=True, text=True,
+                            timeout=600, cwd=ROOT, env=single_env)
+    mine = subprocess.run(base, capture_output=True, text=True, timeout=600, cwd=ROOT, env=single_env)
+    assert theirs.returncode == 0 and mine.returncode == 0, theirs.stdout[-3000:] + theirs.stderr[-2000:]
+    out = theirs.stdout
+    assert "<Module test_controls.py>" not in out and "<Module test_suite_meta.py>" not in out, out[-3000:]
+    assert "<Module test_units.py>" in out and "deselected" in out, out[-3000:]
+    assert "and so are the suite's self-tests (conformance/test_controls.py, conformance/test_suite_meta.py" in out
+    assert "self-test(s) of the suite (conformance/test_controls.py, conformance/test_suite_meta.py) deselected: " \
+           "they grade the suite, not single_gdpo:advantages" in out, out[-3000:]
+    assert "<Module test_controls.py>" in mine.stdout and "<Module test_suite_meta.py>" in mine.stdout
+    assert "self-test(s) of the suite" not in mine.stdout
 
 
 def test_gdpo_check_single_process(single_env):
