@@ -86,19 +86,26 @@ reported is fl(T + E) raised by 2^-50 relatively (covering that addition and the
 scaling; plus 2^-1074 where it lands among the subnormals), so cond >= T + E >= the
 exact first-order change, and ``cond_sharp`` says E <= 2^-20 (T - E): then T - E is a
 certified lower bound and cond is within (1 + 2^-19)(1 + 2^-48) of the exact
-first-order change. The oracle reports min(stage-wise bound, this value): the
-stage-wise bound is evaluated in float64 frames too, and where both land among the
-subnormals (where the stage-wise one may have flushed below the change) this value.
+first-order change. The oracle reports this value where it applies, not the smaller of
+it and the stage-wise bound: that bound is the same sums with every cancellation
+dropped, so in exact arithmetic at least T, and where its float64 value (rounded to
+nearest, flushed among the subnormals) lay below this one it lay below the change
+itself (a sharp output whose triangle inequalities are tight: 1e-16 below).
 
 Fallbacks (the stage-wise bound kept, ``cond_sharp`` False): a group column with a NaN
 entry (any NaN policy), of fewer than two valid entries (singletons, raw columns),
-collapsed (zero std: there one ulp may un-collapse it; spec section 7's Samuelson cap),
+collapsed (zero std: there one ulp may un-collapse it; spec section 7's Samuelson cap,
+structural collapses included),
 larger than :data:`CAP`, or whose largest |z| is below :data:`ZMIN`; at Eq. 7 a group
 with any such column; at Eq. 6 a unit that is collapsed, whitened per token, holds a
 group that straddles two units or falls back at Eq. 7, or whose largest |a| is below
 :data:`ZMIN`. ``cond_sharp`` is also False where the value is finite but its error
 bound exceeds 2^-20 of it (heavy cancellation: eps tiny beside a std, or an output that
-cannot move at all, as a group of two at eps = 0) or where it is a subnormal.
+cannot move at all, as a group of two at eps = 0) or where it is a subnormal. Where it falls back, the stage-wise bound is raised by
+1 + (m + 2) u (``oracle.gdpo._stagewise_up``: m its roundings along a term, from the sizes;
+the one subtraction, Eq. 6's |c - mean| at a unit with a nonzero mean, relies on that
+bound's own slack) and floored at 5e-324; a live unit whose std is not a normal float
+in its frame gets a Cauchy-Schwarz bound (inf where that std is its denominator).
 """
 
 from __future__ import annotations
@@ -270,7 +277,7 @@ def standardize(X, Z, theta, om, hm, hx, count):
 
 
 def finish(T, E, x, ok, old, xe=None):
-    """cond = min(old, fl(T + E) raised) where ``ok``, else ``old``; sharp where ok and
+    """cond = fl(T + E) raised where ``ok``, else ``old``; sharp where ok and
     E <= 2^-20 (T - E) and the value lands among the normal floats. T 2^x and E 2^xe
     (xe: x when None) are the tight value and its error bound."""
     old = np.asarray(old, dtype=np.float64)
@@ -290,9 +297,12 @@ def finish(T, E, x, ok, old, xe=None):
         crit = E * (1 + 2.0 ** -40) <= SHARP * (T - E)
     ok = ok & np.isfinite(v)
     sharp = ok & crit & (v >= _TINY)
-    # the stage-wise bound is evaluated in float64 frames too: among the subnormals it may
-    # have flushed below the change it bounds; there the value above (at least 2^-1074) is kept
-    new = np.where(ok, np.where((v < _TINY) & (old < _TINY), v, np.minimum(old, v)), old)
+    # v itself, not min(old, v): v >= T + E >= the exact change by construction, while the
+    # stage-wise bound is a float64 evaluation rounded to nearest (and flushed among the
+    # subnormals) of sums that drop the cancellations v keeps: it never lies meaningfully
+    # below v (at most its own few roundings: 1e-14 relative), and where it does it may lie
+    # below the change itself (a sharp output whose triangle inequalities are tight)
+    new = np.where(ok, v, old)
     new = np.where(np.isnan(old), old, new)
     return new, sharp & ~np.isnan(old)
 

@@ -380,9 +380,9 @@ def boundaries(iv: tuple) -> list[Fraction]:
         p, _, emax = FORMATS[fmt]
         top = Fraction(math.ldexp(2.0 - math.ldexp(1.0, 1 - p), emax))
         threshold = top + Fraction(2) ** (emax - p)
-        if math.isinf(hi) and Fraction(lo) == top:
+        if math.isinf(hi) and math.isfinite(lo) and Fraction(lo) == top:
             out.append(threshold)
-        elif math.isinf(lo) and Fraction(hi) == -top:
+        elif math.isinf(lo) and math.isfinite(hi) and Fraction(hi) == -top:
             out.append(-threshold)
         elif math.isfinite(lo) and math.isfinite(hi) and Fraction(hi) == _next_up(Fraction(lo), fmt):
             out.append((Fraction(lo) + Fraction(hi)) / 2)

@@ -25,8 +25,15 @@ collapse are decided on the exact forms. Each output also carries
   per-token whitening, values out of float64's range: ``cond_sharp`` False) it is the
   error model's running bound with its rounding terms off, each stage's effects added
   in absolute value, which drops every cancellation and may exceed the first-order
-  change many times over; at a zero std that is Samuelson's cap (spec/gdpo.md section
-  7). Where both exist ``cond`` is the smaller;
+  change many times over, raised by 1 + (m + 2) u for its own float64 evaluation (m its
+  roundings along a term, from the group and unit sizes: :func:`_m_group`); at a zero std
+  (a collapsed column or unit, structural or not) that is Samuelson's cap (spec/gdpo.md
+  section 7), which bounds the change itself, not a first-order one. A live unit whose
+  spread of c is below float64's range in its frame gets a Cauchy-Schwarz bound, inf
+  where its denominator is that std (no eps). Where the closed form applies ``cond`` is
+  its value (the stage-wise bound, the same sums without the cancellations, is never
+  meaningfully below it). Every ``cond`` not NaN is at least 5e-324, also where the
+  change is below float64's range;
 * ``delta``: the error model's running bound (:mod:`spec.error_model`, units of
   u) for a correct float64 implementation; ``allowed(out_dtype)`` turns it into
   the absolute tolerance every comparison uses.
@@ -68,8 +75,9 @@ class Stage:
     float64: np.ndarray
     float32: np.ndarray
     exact_zero: np.ndarray
-    #: the first-order change per one ulp of every input, an upper bound on it always,
-    #: the change itself (to 2^-19) where ``cond_sharp`` (module docstring)
+    #: the first-order change per one ulp of every input, an upper bound on it always
+    #: (at least 5e-324; inf where none is representable), the change itself (to 2^-19)
+    #: where ``cond_sharp``; at a zero std Samuelson's cap instead (module docstring)
     cond: np.ndarray
     delta: np.ndarray
     #: ``delta`` is in units of u * 2**frame (the combined stage is kept in the
@@ -129,8 +137,31 @@ class Result(Stage):
     convention: Convention = None
 
 
+def _stagewise_up(cond, m, keep=None):
+    """The stage-wise condition bound made an upper bound on the change it bounds despite
+    its own float64 evaluation (rounded to nearest, flushed among the subnormals): times
+    1 + (m + 2) u, m the roundings along any of its terms (module docstring, ``cond``), and
+    at least 2^-1074 (a final flush loses at most 2^-1075). NaN and inf stay, and so does
+    ``keep`` (a zero std's cond, Samuelson's cap: a bound on the change itself, not a
+    first-order quantity evaluated in float64)."""
+    cond = np.asarray(cond, dtype=np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        up = np.maximum(cond * (1.0 + (m + 2) * FLOAT64_UNIT_ROUNDOFF), 5e-324)
+    if keep is not None:
+        up = np.where(keep, cond, up)
+    return np.where(np.isnan(cond), cond, up)
+
+
+def _floor_cond(cond):
+    """cond at least 2^-1074 wherever it is not NaN: a first-order change below float64's
+    range still bounds as 5e-324 (an upper bound stays one)."""
+    cond = np.asarray(cond, dtype=np.float64)
+    return np.where(np.isnan(cond), cond, np.maximum(cond, 5e-324))
+
+
 def _stage(rounded: dict, zero, cond, delta, frame=0, required_zero=None, sharp=None) -> Stage:
     """A Stage from a {format: values} dict of certified roundings."""
+    cond = _floor_cond(cond)
     return Stage(rounded["float64"], rounded["float32"], zero, cond, delta, frame, required_zero,
                  float16=rounded["float16"], bfloat16=rounded["bfloat16"],
                  cond_sharp=np.zeros(np.shape(cond), bool) if sharp is None else sharp)
@@ -514,9 +545,11 @@ def whiten_units(values, unit_ids=None, eps=None, convention="spec", token_count
     zeros = np.zeros(n, dtype=np.int64)
     # equal input floats are equal bit for bit, so every collapse of given values is structural
     uinfo = _unit_info(int(uidx.max()) + 1)
-    ar, azero, acond, adelta, _, areq = _whiten(forms, np.zeros(n, bool), v, cond, zeros, np.zeros(n), zeros,
+    ar, azero, acond, adelta, ucoll, areq = _whiten(forms, np.zeros(n, bool), v, cond, zeros, np.zeros(n), zeros,
                                                 uidx, t, conv, eps_w, classes, np.ones(n, bool), uinfo=uinfo)
     sharp = np.zeros(n, bool)
+    capped = ucoll[uidx] if conv.whiten_eps_placement != "skip_if_zero" else None  # skip: a = c
+    acond = _stagewise_up(acond, _m_whiten(_members(uidx, uidx.max() + 1)), keep=capped)
     if conv.whiten == "per_sample":  # the tight first-order change where a closed form applies
         acond, sharp = cn.whiten_values(v, ar["float64"], _members(uidx, uidx.max() + 1), uinfo,
                                         conv.whiten_eps_placement, float(eps_w), acond)
@@ -596,8 +629,10 @@ def advantages(rewards, group_ids, weights=None, unit_ids=None, eps=None, conven
     # the tight first-order change (oracle.condition) where a closed form applies; the
     # stage-wise bound above where it is smaller or where none does
     zc = cn.group_columns(r, zr["float64"], members, colinfo, conv.group_eps_placement, float(eps_g), nan_in)
-    zcond_t, zsharp = cn.finish(zc.T, zc.E, zc.x, zc.ok, zcond)
-    ccond_t, csharp, cok = cn.combined(zc, zr["float64"], w, ccond_abs)
+    m_z = _m_group(members)
+    m_c = m_z + 2 * K + 8
+    zcond_t, zsharp = cn.finish(zc.T, zc.E, zc.x, zc.ok, _stagewise_up(zcond, m_z, keep=collapsed[gidx]))
+    ccond_t, csharp, cok = cn.combined(zc, zr["float64"], w, _stagewise_up(ccond_abs, m_c))
     zstage = _stage(zr, zzero, zcond_t, zdelta, required_zero=zreq, sharp=zsharp)
     cstage = _stage(cr, czero, ccond_t, cdelta, frame=cframe, required_zero=creq, sharp=csharp)
     ul, uidx = _index(uid)
@@ -609,6 +644,8 @@ def advantages(rewards, group_ids, weights=None, unit_ids=None, eps=None, conven
         ar, azero, acond, adelta, ucoll, areq = _whiten(
             cforms, cnan, cr["float64"], ccond, ccframe, cdelta, cframe,
             uidx, t, conv, eps_w, classes, creq, labels=ul, uinfo=uinfo)
+        capped = ucoll[uidx] if conv.whiten_eps_placement != "skip_if_zero" else None  # skip: a = c
+        acond = _stagewise_up(acond, m_c + _m_whiten(_members(uidx, ul.size)), keep=capped)
         if conv.whiten == "none":  # a = c
             acond, asharp = ccond_t.copy(), csharp.copy()
         elif conv.whiten == "per_sample":
@@ -688,6 +725,23 @@ def _eps_floor(eps: Fraction, placement: str) -> int:
     x = math.frexp(float(eps))[1]  # eps < 2^x (eps is a float: exact)
     top = -(-x // 2) if placement == "var" else x  # sqrt(eps) < 2^ceil(x/2)
     return max(-900, top - 960)
+
+
+def _m_group(members) -> int:
+    """Roundings along any term of Eq. 4's stage-wise bound (:func:`spec.error_model.group_stage`,
+    ``rounding=False``) for groups of at most n samples: the mean of the ulps n, d_dev n + 1, a
+    deviation 1, their products and sum 2n, the std's product and quotient 4 (sigma within 2),
+    z times it and the sum and quotient by the denominator (within 3) 6: 3n + 12; counted as
+    4n + 40."""
+    return 4 * max((m.size for m in members), default=1) + 40
+
+
+def _m_whiten(members) -> int:
+    """Roundings added along any term by Eq. 6's stage-wise bound (:func:`spec.error_model.
+    whiten_stage`, ``rounding=False``) for units of at most M samples (token weights add one
+    product each): d_mean M + 1, d_dev2 1, a deviation |c - mean| 3, products and the sum
+    2M + 1, the std's product and quotient 4, the final terms 6: 3M + 16; counted as 4M + 40."""
+    return 4 * max((m.size for m in members), default=1) + 40
 
 
 def _members(index: np.ndarray, count: int) -> list[np.ndarray]:
@@ -812,7 +866,7 @@ def _group_numbers(idx, cols, r, wq, w, dws, conv, eps_g, classes,
         d_cond = ulps + (ulps.mean() if ulps.size else 0.0)
         if col.raw:
             dz_model[sel, k] = em.group_stage(dev, 0.0, 1.0, denom, zs[sel, k], 1, 0)
-            dz_cond[sel, k] = np.abs(np.ldexp(ulps, 0)) / denom
+            dz_cond[sel, k] = np.ldexp(ulps, e) / denom  # ulps are measured in the frame 2^e
             continue
         if nv == 0:
             continue
@@ -825,6 +879,9 @@ def _group_numbers(idx, cols, r, wq, w, dws, conv, eps_g, classes,
             arrays["frame"][g, k], arrays["sigma"][g, k], arrays["denom"][g, k] = e, sigma, denom
             arrays["ok"][g, k] = True
     zdelta[idx] = dz_model
+    # dz_cond is absolute (z is dimensionless): a change below 2^-1074 flushed to 0 there would
+    # be multiplied by a weight at Eq. 7 (1e300 times 0); 5e-324 bounds it
+    dz_cond = _floor_cond(dz_cond)
     zcond[idx] = dz_cond
     cdelta[idx], cframe[idx] = em.combine_stage_framed(dz_model, zs, w)
     ccond[idx], ccframe[idx] = em.combine_stage_framed(dz_cond, zs, w, d_weights=dws, rounding=False)
@@ -951,11 +1008,10 @@ def _whiten(forms, nan, c64, dcond, cond_frame, dmodel, model_frame, uidx, t, co
                 continue
             azero[idx] = True
             areq[idx] = creq[idx].all()  # equal bit for bit only when every c is a structural zero
-            if areq[idx[0]]:
-                acond[idx] = adelta[idx] = 0.0
-                continue
             # equal in exact arithmetic only: a correct float64 code whitens its rounding
-            # noise, which eps keeps small; the bound below (std 0) says how small
+            # noise, which eps keeps small; the bound below (std 0) says how small. A structural
+            # zero is demanded bit for bit (delta 0, below), but one ulp of input still
+            # un-collapses the unit: its cond is the same as any zero std's (spec section 7)
             var = (ex.ZERO, ex.ZERO)
             vals64 = np.zeros(idx.size)
         else:
@@ -965,10 +1021,26 @@ def _whiten(forms, nan, c64, dcond, cond_frame, dmodel, model_frame, uidx, t, co
         ttf = tt.astype(np.float64)
         m_s, s_s, den_s = _scaled_unit_terms(mean, var, eps_w, conv, frame, classes)
         adelta[idx] = em.whiten_stage(dmodel_s[idx], cs[idx], m_s, vals64, s_s, den_s, conv.whiten_ddof, ttf)
+        if coll and areq[idx[0]]:
+            adelta[idx] = 0.0  # the structural zero: demanded bit for bit
         m_s, s_s, den_s = _scaled_unit_terms(mean, var, eps_w, conv, cframe, classes)
-        acond[idx] = em.whiten_stage(dcond_s[idx], ccs, m_s, vals64, s_s, den_s, conv.whiten_ddof, ttf,
-                                     rounding=False)
-        if uinfo is not None and not coll and t is None and s_s > 0.0 and 0.0 < den_s < math.inf:
+        if not coll and not s_s >= 2.0 ** -1022:
+            # a live unit whose std is not a normal float in the condition frame (its spread of
+            # c below float64's range there, or flushed): the stage-wise formula would take it
+            # for a zero std and cap it. Cauchy-Schwarz instead: |dsigma| <= sqrt(T/(T - ddof))
+            # max |d dev|, |dh| <= |dsigma|, so |da_j| <= (|d dev_j| + |a_j| sqrt(T/(T - ddof))
+            # max |d dev|) / h, d dev_j <= dc_j + sum t dc / T; no bound (inf) where the
+            # denominator itself is not a normal float there (no eps: it is that std)
+            dd = dcond_s[idx] + float(np.sum(ttf * dcond_s[idx]) / T)
+            with np.errstate(over="ignore", invalid="ignore"):
+                ds = math.sqrt(T / (T - conv.whiten_ddof)) * (1 + 2.0 ** -50) * float(np.max(dd))
+                acond[idx] = (dd + np.abs(vals64) * ds) / den_s * (1 + 2.0 ** -48) \
+                    if den_s >= 2.0 ** -1022 else math.inf
+            acond[idx] = np.where(np.isnan(acond[idx]), math.inf, acond[idx])
+        else:
+            acond[idx] = em.whiten_stage(dcond_s[idx], ccs, m_s, vals64, s_s, den_s, conv.whiten_ddof, ttf,
+                                         rounding=False)
+        if uinfo is not None and not coll and t is None and s_s >= 2.0 ** -1022 and 2.0 ** -1022 <= den_s < math.inf:
             uinfo["frame"][s], uinfo["sigma"][s], uinfo["denom"][s] = cframe, s_s, den_s
             uinfo["ok"][s] = True
     return ar, azero, acond, adelta, ucoll, areq

@@ -4,11 +4,14 @@ written here (independent of oracle.condition and oracle.gdpo).
 
 Slack, each from an argument:
 
-* upper bound: ``cond >= brute (1 - 1e-12)``. Where the reported value is the tight
-  one it is >= the exact first-order change by construction (oracle.condition's error
-  bound); where it is the stage-wise bound, that is >= the exact change up to its own
-  float64 evaluation, a few times (n + M + K) u relative (below 1e-12 for these sizes); the
-  brute value is off by at most 2^-200 relative (below).
+* upper bound: ``cond >= brute``, exactly (as mpf). Where the reported value is the tight
+  one it is fl(T + E) raised by 2^-50 with T + E >= the exact first-order change, E at least
+  count u A (A the terms' absolute sum, the derivatives' scale); where it is the stage-wise
+  bound, that bound's float64 value times 1 + (m + 2) u, m its roundings along a term (so at
+  least 2u above the change). Either margin is far above the brute value's own error, 2^-240
+  of the derivatives' scale (below); an exact 0 (an output that no input moves) is computed
+  as exactly 0 by the differences. A tolerance here (it was 1 - 1e-12) hid a stage-wise
+  value rounded to nearest 1e-16 below the change.
 * sharp: ``cond <= brute (1 + 2^-19)(1 + 2^-48)``. Where ``cond_sharp``, E <= 2^-20 (T - E)
   and T - E <= exact, so T + E <= exact + 2E <= exact (1 + 2^-19); the reported value is
   fl(T + E) raised by 2^-50 (at most (1 + 2^-50)(1 + 2^-52)^2 <= 1 + 2^-48 more).
@@ -33,7 +36,6 @@ from spec.conventions import CONVENTIONS, get_convention
 
 PREC = 1500
 STEP = 2.0 ** -120
-UPPER = 1 - 1e-12
 SHARP = (1 + 2.0 ** -19) * (1 + 2.0 ** -48)
 
 
@@ -166,7 +168,7 @@ def check_stage(cond, sharp, exact, what=""):
     worst = 0.0
     for i, (cv, sv, ev) in enumerate(zip(cond, sharp, exact)):
         with mp.workprec(PREC):
-            assert mpf(float(cv)) >= ev * UPPER, f"{what}[{i}]: cond {cv!r} below the first-order change {ev}"
+            assert mpf(float(cv)) >= ev, f"{what}[{i}]: cond {cv!r} below the first-order change {ev}"
             if sv:
                 assert mpf(float(cv)) <= ev * SHARP, f"{what}[{i}]: sharp cond {cv!r} above {ev} (1 + 2^-19)"
                 if ev > 0:
@@ -295,7 +297,7 @@ def test_group_of_two_cond_is_the_first_order_change():
         first = mpf(eps) * (mpf(math.ulp(1.0)) + mpf(5e-324)) / (2 * D * D)
         assert z.cond_sharp.all()
         for v in z.cond.ravel():
-            assert first * UPPER <= mpf(float(v)) <= first * SHARP
+            assert first <= mpf(float(v)) <= first * SHARP
     assert 2.2e-20 < z.cond.max() < 2.3e-20
     check_all(np.array([0.0, 1.0]), [0, 0])
     for e in (1e-8, 1e-6):
@@ -530,3 +532,92 @@ def test_zz_report_statistics():
     """Not a check: prints what the brute-force runs above covered (run with -s)."""
     print(f"\nbrute force: {STATS['cases']} cases, {STATS['elements']} outputs, {STATS['sharp']} sharp, "
           f"max cond/brute where sharp {STATS['max_ratio']!r} (1 + {STATS['max_ratio'] - 1:.3g})")
+
+
+# ------------------------------------------------------------- an upper bound, always
+
+
+@pytest.mark.parametrize("rewards,eps", [
+    (np.array([[1.0], [-1.0], [0.0]]), None),  # z[2]: the stage-wise 1.4801493512317522e-16 < 1.48014935123175221e-16
+    (np.array([[0.0], [0.0], [1.0]]), 2.0 ** 250),  # z[0]: the stage-wise 4.0909112210814386e-92, 1 - 5e-17 below
+])
+def test_sharp_output_is_never_below_the_change(rewards, eps):
+    """Where the stage-wise triangle inequalities are tight (z of a sample at its group's mean,
+    whose own ulp is 2^-1074), the stage-wise bound equals the change up to its float64
+    rounding: it was reported (the smaller of the two) and lay just below it. The tight value,
+    an upper bound by construction, is reported wherever the closed form applies."""
+    res, _ = check_all(rewards, [0, 0, 0], eps=eps)
+    assert res.z.cond_sharp.all()
+
+
+def test_first_order_change_below_float64_is_bounded_by_5e_324():
+    """z of [0, 5e-324, 1e-323] with eps 1e10 moves by 6.6e-334 per ulp: below 2^-1074, yet
+    positive; cond was 0.0. Every cond not NaN is now at least 5e-324 (an upper bound)."""
+    r = np.array([[0.0], [5e-324], [1e-323]])
+    z = gdpo.standardize_groups(r, [0, 0, 0], eps=1e10)
+    assert np.all(z.cond >= 5e-324)
+    check_all(r, [0, 0, 0], eps=1e10)
+
+
+def test_underflowed_z_sensitivity_times_a_huge_weight():
+    """c = 1e300 z with z ~ 5e-334 (below ZMIN: the stage-wise fallback): z's sensitivity
+    flushed to 0 and 1e300 times it was 0, while c moves by 6.6e-34 per ulp. z's sensitivity
+    is floored at 2^-1074 where it enters Eq. 7: 1e300 * 5e-324 = 4.9e-24."""
+    r = np.array([[0.0], [5e-324], [1e-323]])
+    c = gdpo.combine(r, [0, 0, 0], weights=[1e300], eps=1e10)
+    assert np.all(c.cond >= 4.9e-24)
+    check_all(r, [0, 0, 0], w=[1e300], eps=1e10)
+
+
+def test_unit_spread_below_float64_has_no_cap():
+    """nemo_rl (no eps at Eq. 6): columns 1 and 2 cancel exactly, c is 1e-300 z_3 ~ 1e-618,
+    beyond float64, with a nonzero std. One ulp of r_1 moves c by 1e-16: the first-order change
+    of a is 6.6e601. The stage-wise bound, whose std flushed to 0 in its frame, took it for a
+    zero std and reported Samuelson's cap 2/sqrt(3); the unit is live, so cond is a
+    Cauchy-Schwarz bound there, inf where the denominator (that std) is not a float."""
+    r = np.array([[1.0, -1.0, 0.0], [2.0, -2.0, 5e-324], [4.0, -4.0, 1.5e-323]])
+    res, _ = check_all(r, [0, 0, 0], w=[1.0, 1.0, 1e-300], convention="nemo_rl")
+    assert not res.unit_collapsed.any() and np.all(np.isinf(res.cond)) and not res.cond_sharp.any()
+
+
+def test_structural_collapse_cond_follows_the_zero_std_rule():
+    """A structurally collapsed unit (equal input values; two columns cancelled by weights
+    [1, -1]) demands its zero bit for bit (delta 0, allowed 0), but one ulp of input
+    un-collapses it: cond was 0 while one ulp moved a by 1.1e-12 (4.2e-13). cond follows spec
+    section 7's rule for any zero std: the first-order stage-wise value capped by Samuelson."""
+    v = np.array([1.0, 1.0, 2.0, 3.0])
+    st = gdpo.whiten_units(v, [0, 0, 1, 1])
+    moved = gdpo.whiten_units(np.array([np.nextafter(1.0, 2.0), 1.0, 2.0, 3.0]), [0, 0, 1, 1])
+    assert st.required_zero[:2].all() and np.all(st.delta[:2] == 0) and np.all(st.allowed()[:2] == 0)
+    assert np.all(st.cond[:2] >= np.abs(moved.float64[:2])) and np.all(st.cond[:2] <= 1 / math.sqrt(2))
+    r = np.array([[1.0, 1.0], [2.0, 2.0], [4.0, 4.0]])
+    res = gdpo.advantages(r, [0, 0, 0], weights=[1.0, -1.0])
+    r2 = r.copy()
+    r2[0, 0] = np.nextafter(1.0, 2.0)
+    moved = gdpo.advantages(r2, [0, 0, 0], weights=[1.0, -1.0])
+    assert res.required_zero.all() and np.all(res.allowed() == 0) and res.unit_collapsed.all()
+    assert np.all(res.cond >= np.abs(moved.float64)) and np.all(res.cond <= 2 / math.sqrt(3))
+    assert not res.cond_sharp.any()
+
+
+def test_interval_straddling_both_overflows_is_refined_not_a_crash():
+    """An Eq. 6 value interval whose ends both round to infinity, of opposite signs, made
+    exact.boundaries convert -inf to a Fraction (OverflowError); the precision is raised
+    instead. c = 1e300 (z_1 + z_2) cancels to below float64's range and to +-2.4e-290,
+    eps 2^250: a = 1.2e-569 and -+1.3e-365, which round to +0, -0 and +0."""
+    r = np.array([[2.2987977977315063e279, -2.2987977977315063e279],
+                  [0.0, -6.4555211051719361e-311],
+                  [-8.7584252605599352e-311, 8.7584252605599352e-311]])
+    res, _ = check_all(r, [0, 0, 0], w=[1e300, 1e300], eps=2.0 ** 250)
+    assert np.all(res.float64 == 0.0) and list(np.signbit(res.float64)) == [False, True, False]
+    assert not res.exact_zero.any()
+
+
+def test_raw_singleton_cond_is_absolute():
+    """A raw singleton column (verl: z = r / (1 + eps)) measured its ulp in the column's frame
+    and reported it as absolute: cond 0.5 for r = 1e300, whose ulp moves z by 1.5e284."""
+    z = gdpo.standardize_groups(np.array([[1.0], [2.0], [1e300]]), [0, 0, 1], convention="verl")
+    eps = get_convention("verl").group_eps
+    with mp.workprec(PREC):
+        first = mpf(math.ulp(1e300)) / (1 + mpf(eps))
+        assert first <= mpf(float(z.cond[2, 0])) <= first * (1 + mpf(2) ** -40)
