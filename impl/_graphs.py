@@ -24,6 +24,8 @@ import warnings
 
 import torch
 
+from impl import _segments
+
 MAX_ELEMENTS = 1 << 22
 MAX_GRAPHS = 8
 
@@ -61,7 +63,7 @@ def run(key: tuple, inp, device_part):
         if entry is None:
             return None
     _GRAPHS.move_to_end(key)
-    graph, static_in, out, cols, facts = entry
+    graph, static_in, out, cols, facts, _kept = entry
     static_in.copy_(inp.rewards)
     graph.replay()
     stats["replays"] += 1
@@ -87,7 +89,10 @@ def _capture(key, inp, device_part):
         stats["fallbacks"] += 1
         return None
     stats["captures"] += 1
-    _GRAPHS[key] = (graph, static_in, out, cols, facts)
+    # The graph reads the cached constants it was captured with (eps, weights, unit tables) by
+    # address: the entry holds them, so that the cache's eviction never frees memory a replay reads.
+    kept = tuple(_segments.cached_constants())
+    _GRAPHS[key] = (graph, static_in, out, cols, facts, kept)
     while len(_GRAPHS) > MAX_GRAPHS:
         _GRAPHS.popitem(last=False)
     return _GRAPHS[key]

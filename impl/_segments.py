@@ -194,6 +194,11 @@ def tree_sum(x: torch.Tensor, bufs=None, *, squares: bool = False) -> torch.Tens
 _CONSTANTS: dict = {}
 
 
+def cached_constants() -> list[torch.Tensor]:
+    """Every constant tensor the cache holds now (a captured CUDA graph keeps those it read)."""
+    return list(_CONSTANTS.values())
+
+
 def constant(values: tuple, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """A small constant tensor on ``device``, made once (never modify it in place):
     the per-call host-to-device copies of counts and weights cost a kernel each."""

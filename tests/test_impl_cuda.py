@@ -152,6 +152,32 @@ def test_cuda_graph_replay_gives_the_eager_bits_and_one_sync(monkeypatch):
     assert after["captures"] + after["fallbacks"] >= 1
 
 
+def test_cuda_graph_replay_survives_the_constant_cache_eviction(monkeypatch):
+    """A captured graph reads cached constants (eps, weights, unit tables) by address; the
+    cache clears itself beyond 256 entries. The graph entry keeps what it read, so a replay
+    after an eviction (and fresh allocations that would reuse freed memory) gives the eager bits."""
+    from impl import _graphs, _segments
+
+    g = torch.Generator().manual_seed(9)
+    r = torch.randn(2048, 3, generator=g, dtype=F64).to(F32).cuda()
+
+    def call(x):
+        return gdpo.gdpo_advantages(x, group_size=8, weights=[1.0, 0.25, 3.0], segment_sizes=[512, 1536], eps=2e-4)
+
+    eager = _bits(call(r))
+    monkeypatch.setenv("GDPO_CUDA_GRAPHS", "1")
+    before = dict(_graphs.stats)
+    assert _bits(call(r)) == eager  # captured (or fallen back: counted below)
+    for i in range(300):  # evict: the cache clears past 256 entries
+        _segments.constant((float(i), 1.0, 2.0), F64, r.device)
+    junk = [torch.full((64,), float("nan"), dtype=F64, device="cuda") for _ in range(2000)]  # reuse freed blocks
+    assert _bits(call(r)) == eager
+    del junk
+    after = {k: _graphs.stats[k] - before[k] for k in before}
+    print(f"\nCUDA graphs after eviction: {after}")
+    assert after["captures"] + after["fallbacks"] >= 1
+
+
 # --- host synchronisations -----------------------------------------------------------------------
 
 
