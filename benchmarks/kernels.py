@@ -1,6 +1,12 @@
 """The fused kernels compiled for sm_90 (H100/H200) without a GPU: PTX and resource use.
 
     python -m benchmarks.kernels        # registers and spills of every launch shape, a Markdown table
+    python -m benchmarks.kernels --json # per launch shape: its float64 PTX operations, registers, spills
+
+Compile only in a process where Triton was imported without TRITON_INTERPRET: Triton
+fixes at its import whether its library functions (tl.sum, tl.min, ...) are interpreted,
+and an interpreted one cannot be compiled. The test suite's processes interpret the
+kernels on CPU, so tests/test_impl_fused_ptx.py runs ``--json`` in a clean subprocess.
 
 Triton compiles to PTX and runs the ptxas it ships without a device; cuobjdump (also
 shipped) reads the registers and stack frame (spills) from the cubin. Used by
@@ -125,13 +131,48 @@ def table() -> str:
     return "\n".join(rows)
 
 
+F64_OP = re.compile(r"\b((?:add|sub|mul|div|sqrt|fma|rcp|rsqrt|mad)(?:\.[a-z0-9]+)*\.f64)\b")
+
+
+def f64_ops(text: str) -> dict:
+    """How many of each float64 arithmetic instruction a PTX text holds."""
+    counts: dict = {}
+    for op in F64_OP.findall(text):
+        counts[op] = counts.get(op, 0) + 1
+    return counts
+
+
+def report() -> dict:
+    """Every launch shape compiled for sm_90: its float64 PTX operations, registers and
+    spills; plus the two controls (the first shape with fp fusion on; an oversized shape)."""
+    shapes = []
+    for name, cx, warps in launch_shapes():
+        shapes.append({"name": name, "constexprs": cx, "warps": warps, "ops": f64_ops(ptx(name, cx, warps)),
+                       **resources(name, cx, warps)})
+    name, cx, warps = launch_shapes()[0]
+    return {"triton": triton.__version__, "shapes": shapes,
+            "fusion_on_ops": f64_ops(ptx(name, cx, warps, fusion=True)),
+            "oversized": resources("unit_apply_kernel", {"BLOCK": 8192, "INTERP": False}, 1)}
+
+
 def main(argv: list[str] | None = None) -> int:
     import argparse
+    import json
 
-    argparse.ArgumentParser(prog="python -m benchmarks.kernels",
-                            description="Compile every fused kernel for sm_90 (no GPU needed) and print "
-                                        "each launch shape's registers and stack (spills).").parse_args(argv)
+    p = argparse.ArgumentParser(prog="python -m benchmarks.kernels",
+                                description="Compile every fused kernel for sm_90 (no GPU needed) and print "
+                                            "each launch shape's registers and stack (spills).")
+    p.add_argument("--json", action="store_true", help="print every shape's PTX float64 operations, registers "
+                                                       "and spills, and the controls, as JSON")
+    args = p.parse_args(argv)
     os.environ.pop("GDPO_FUSED_BLOCK", None)
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        print("TRITON_INTERPRET is set: Triton's library functions would be interpreted and cannot be "
+              "compiled; run without it", flush=True)
+        return 2
+    if args.json:
+        print(json.dumps(report()))
+        return 0
     print(f"triton {triton.__version__}, target sm_90, enable_fp_fusion=False")
     print(table())
     return 0
