@@ -275,7 +275,6 @@ def whiten(v: torch.Tensor, sizes: list[int], eps: float, direct) -> torch.Tenso
     """Eq. 6 of this process's units of v (no process group), in ``direct`` (None: float64)."""
     K = kernels()
     u = Units(v, sizes)
-    stats["whiten"] += 1
     a = torch.empty(v.shape[0], dtype=direct or _F64, device=v.device)
     prm = seg_ops.constant((eps,), _F64, v.device)
     if u.longest <= WHOLE_UNIT and not os.environ.get("GDPO_FUSED_BLOCK"):
@@ -283,9 +282,9 @@ def whiten(v: torch.Tensor, sizes: list[int], eps: float, direct) -> torch.Tenso
         K.unit_whole_kernel[(len(sizes),)](v, u.starts_t, u.sizes_t, prm, a, seg_ops.min_scale_bits(eps),
                                            int(not eps >= 2.0 ** -52), BLOCK=whole, LOG_BLOCK=whole.bit_length() - 1,
                                            INTERP=_STATE["interp"], **_OPTS, num_warps=warps)
-        return a
-    st = _unit_stats(u, eps)
-    _apply(u, st, a)
+    else:
+        _apply(u, _unit_stats(u, eps), a)
+    stats["whiten"] += 1  # counted once its kernels launched: a failed compile is no fused call
     return a
 
 

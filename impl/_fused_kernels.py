@@ -149,7 +149,7 @@ def eq47_kernel(r_ptr, src_ptr, prm_ptr, c_ptr, nf_ptr, n_groups, G, K, min_bits
 @triton.jit
 def unit_minmax_kernel(c_ptr, starts_ptr, sizes_ptr, lo_ptr, hi_ptr, NBP: tl.constexpr, BLOCK: tl.constexpr):
     """Per (unit, block): the block's minimum and maximum of c."""
-    u = tl.program_id(0)
+    u = tl.program_id(0).to(tl.int64)
     b = tl.program_id(1)
     start = tl.load(starts_ptr + u)
     size = tl.load(sizes_ptr + u)
@@ -171,7 +171,7 @@ ST_COLS = 8
 def unit_scale_kernel(lo_ptr, hi_ptr, c_ptr, starts_ptr, sizes_ptr, prm_ptr, st_ptr, min_bits,
                       NBP: tl.constexpr, BLOCK: tl.constexpr):
     """Per unit: min, max, the scale f, eps * f and the shift (first value times f)."""
-    u = tl.program_id(0)
+    u = tl.program_id(0).to(tl.int64)
     start = tl.load(starts_ptr + u)
     size = tl.load(sizes_ptr + u)
     nb = (size + BLOCK - 1) // BLOCK
@@ -195,7 +195,7 @@ def unit_scale_kernel(lo_ptr, hi_ptr, c_ptr, starts_ptr, sizes_ptr, prm_ptr, st_
 def _block_diffs(c_ptr, starts_ptr, sizes_ptr, st_ptr, BLOCK: tl.constexpr):
     """This program's block of its unit: (rows, member mask, d = c*f - shift, the
     unit's statistics row), program ids (unit, block)."""
-    u = tl.program_id(0)
+    u = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1).to(tl.int64) * BLOCK + tl.arange(0, BLOCK).to(tl.int64)
     m = offs < tl.load(sizes_ptr + u)
     rows = tl.load(starts_ptr + u) + offs
@@ -218,7 +218,7 @@ def unit_sum_kernel(c_ptr, starts_ptr, sizes_ptr, st_ptr, part_ptr, NBP: tl.cons
         v = tl.where(m, v, 0.0)
     else:
         v = tl.where(m, d, _neg_zero())
-    slot = tl.program_id(0) * NBP + tl.program_id(1)
+    slot = tl.program_id(0).to(tl.int64) * NBP + tl.program_id(1)
     tl.store(part_ptr + slot + tl.arange(0, 1), _tree_vec(v, BLOCK, LOG_BLOCK))
 
 
@@ -228,7 +228,7 @@ def unit_finish_kernel(part_ptr, sizes_ptr, st_ptr, NBP: tl.constexpr, LOG_NBP: 
                        INTERP: tl.constexpr):
     """Per unit: the tree of the blocks' sums; then the mean (-0 for a unit whose
     values are all equal) or, from the squares, std + eps in the unit's scale."""
-    u = tl.program_id(0)
+    u = tl.program_id(0).to(tl.int64)
     size = tl.load(sizes_ptr + u)
     nb = (size + BLOCK - 1) // BLOCK
     j = tl.arange(0, NBP)
@@ -263,7 +263,7 @@ def unit_whole_kernel(c_ptr, starts_ptr, sizes_ptr, prm_ptr, out_ptr, min_bits, 
     """Eq. 6 of a whole unit (at most BLOCK rows) in one program: the block kernels'
     operations in the same order, with the unit held in registers (one launch
     instead of seven, for small batches)."""
-    u = tl.program_id(0)
+    u = tl.program_id(0).to(tl.int64)
     start = tl.load(starts_ptr + u)
     size = tl.load(sizes_ptr + u)
     offs = tl.arange(0, BLOCK).to(tl.int64)
