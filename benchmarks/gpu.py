@@ -79,7 +79,31 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
 
 
 def _counters() -> dict:
-    return {**{f"graph_{k}": v for k, v in _graphs.stats.items()}, "fused_calls": _fused.stats["calls"]}
+    return {**{f"graph_{k}": v for k, v in _graphs.stats.items()}, "fused_calls": _fused.stats["calls"],
+            "fused_whiten": _fused.stats["whiten"]}
+
+
+def problems(res: dict) -> list[str]:
+    """What makes a run's figures unusable: a measurement that raised, results whose bits
+    differ from the plain path's, a fused mode in which no fused kernel ran (the fused path
+    fell back: it warns and answers with the plain path), a graphs mode on CUDA that never
+    replayed a graph (its capture failed: eager ran)."""
+    out = []
+    cuda = not str(res.get("device", "")).startswith("cpu")
+    for case in res["cases"]:
+        where = f"N={case['N']}"
+        for key, value in case.items():
+            if key.endswith("_error"):
+                out.append(f"{where} {key[:-6]}: raised {value}")
+            elif key.endswith("_same_bits") and value is not True:
+                out.append(f"{where} {key[:-10]}: bits differ from the plain path")
+            elif key.endswith("_paths"):
+                tag = key[:-6]
+                if "fused" in tag and not (value.get("fused_calls") or value.get("fused_whiten")):
+                    out.append(f"{where} {tag}: no fused kernel ran (the fused path fell back)")
+                if cuda and "graphs" in tag and not value.get("graph_replays"):
+                    out.append(f"{where} {tag}: no graph replayed (the capture failed: eager ran)")
+    return out
 
 
 def _measure(case, tag, fn, reps, traffic, reference, timer, syncs):
@@ -98,7 +122,10 @@ def _measure(case, tag, fn, reps, traffic, reference, timer, syncs):
         case[f"{tag}_error"] = repr(exc)
 
 
-def run(repeats: int = 50, device: str = "cuda", sizes=(8192, 1 << 20, 1 << 24), blocks=(1024, 2048, 4096, 8192)) -> dict:
+def run(repeats: int = 50, device: str = "cuda", sizes=(8192, 1 << 20, 1 << 24), blocks=(1024, 2048, 4096, 8192),
+        out: str | None = None) -> dict:
+    """Every case, side by side; with ``out``, the JSON is rewritten after each case, so a
+    run cut short by its time limit still leaves what it measured."""
     dev = torch.device(device)
     cuda = dev.type == "cuda"
     timer = _time if cuda else _time_cpu
@@ -143,12 +170,21 @@ def run(repeats: int = 50, device: str = "cuda", sizes=(8192, 1 << 20, 1 << 24),
                 for block in blocks:
                     _set_mode({"GDPO_FUSED": "1" if cuda else "interpret", "GDPO_FUSED_BLOCK": str(block)})
                     try:
+                        # the block asked for is raised where a unit would need too many blocks: say which ran
+                        case[f"impl_1u_fused_block{block}_block_used"] = _fused.block_size(n)
                         _measure(case, f"impl_1u_fused_block{block}", ours, reps, traffic, reference, timer, syncs)
                     finally:
                         _set_mode({})
         res["cases"].append(case)
         print(json.dumps(case), flush=True)
+        if out:
+            _write(res, out)
     return res
+
+
+def _write(res: dict, out: str) -> None:
+    with open(out, "w") as f:
+        json.dump(res, f, indent=2)
 
 
 def _time_cpu(fn, repeats: int, warmup: int) -> float:
@@ -167,16 +203,18 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.smoke:
         os.environ.setdefault("TRITON_INTERPRET", "1")
-        res = run(1, "cpu", sizes=(256, 4096), blocks=(1024, 2048))
+        res = run(1, "cpu", sizes=(256, 4096), blocks=(1024, 2048), out=args.out)
     elif not torch.cuda.is_available():
         print("no CUDA device: nothing to measure (--smoke runs the harness on CPU)")
         return 0
     else:
-        res = run(args.repeats)
+        res = run(args.repeats, out=args.out)
+    res["problems"] = problems(res)
     if args.out:
-        with open(args.out, "w") as f:
-            json.dump(res, f, indent=2)
-    return 0
+        _write(res, args.out)
+    for line in res["problems"]:
+        print(f"PROBLEM: {line}", flush=True)
+    return 1 if res["problems"] else 0
 
 
 if __name__ == "__main__":

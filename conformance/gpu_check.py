@@ -13,7 +13,9 @@ file after every part, so a run cut short still leaves what it did:
 3. **nccl_world1**: the distributed properties at world size 1 over NCCL (NCCL
    refuses two ranks on one GPU, "Duplicate GPU detected");
 4. **gloo_cuda_2**: the distributed properties with CUDA tensors over gloo,
-   2 processes sharing the one GPU.
+   2 processes sharing the one GPU;
+5. **nccl_world1_fused**: part 3 with ``GDPO_FUSED=1`` (the fused kernels' statistics
+   exchanged over NCCL).
 
 Budget: ``--examples`` per property (default 40, the ci profile's), derandomized;
 ``--deadline`` seconds for the whole run (default 170): parts that would start after
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import sys
 import time
@@ -111,6 +114,25 @@ def _dist_variant(prop, world: int):
                                world=world)
 
 
+def _fused_env(dry_run_cpu: bool) -> dict:
+    """GDPO_FUSED for the ranks: compiled kernels on a GPU, Triton's interpreter in a dry run
+    (set before the ranks import Triton, which they do after they start)."""
+    return {"GDPO_FUSED": "interpret", "TRITON_INTERPRET": "1"} if dry_run_cpu else {"GDPO_FUSED": "1"}
+
+
+def _with_env(env: dict, fn):
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        return fn()
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m conformance.gpu_check", description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True, help="results file (JSON)")
@@ -159,6 +181,11 @@ def main(argv=None) -> int:
                                                args.examples) for p in dist]),
         ("gloo_cuda_2", lambda: [_run_property(_dist_variant(p, 2), Subject(args.impl, device=dev, backend="gloo"),
                                                args.examples) for p in dist]),
+        # the fused path's distributed statistics (impl._fused.Local) over NCCL: its ranks are new
+        # processes, started after GDPO_FUSED is set (a kernel failure there warns and falls back)
+        ("nccl_world1_fused", lambda: _with_env(_fused_env(args.dry_run_cpu), lambda: [
+            _run_property(_dist_variant(p, 1), Subject(args.impl, device=dev, backend=nccl), args.examples)
+            for p in dist])),
     ]
     ok = True
     for name, fn in parts:

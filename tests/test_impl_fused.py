@@ -23,7 +23,17 @@ CUDA = torch.cuda.is_available()
 if not CUDA:  # the interpreter must be chosen before the kernels are defined
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-triton = pytest.importorskip("triton", reason="the fused path needs Triton (pip install triton)")
+try:
+    import triton  # noqa: F401
+except ImportError:
+    if CUDA:  # on a GPU this file is the fused path's only proof: a skip there would pass unseen
+        raise
+    pytest.skip("the fused path needs Triton (pip install triton)", allow_module_level=True)
+
+# A kernel that fails to compile turns the fused path off with a warning and the plain path
+# answers: every comparison would still pass. Here that warning is an error (the tests that
+# provoke a failure on purpose catch it with pytest.warns).
+pytestmark = pytest.mark.filterwarnings("error:the fused path failed:RuntimeWarning")
 
 from impl import _fused, gdpo  # noqa: E402
 from spec.errors import GDPOError  # noqa: E402
@@ -228,6 +238,29 @@ def test_gpu_benchmark_harness_runs(monkeypatch):
     assert all(v for k, v in case.items() if k.endswith("_same_bits")), case
     assert case["impl_1u_fused_paths"].get("fused_calls", 0) > 0, case
     assert os.environ.get("GDPO_FUSED") is None  # the harness leaves the knobs as it found them
+    assert bench.problems(res) == [], bench.problems(res)
+    if CUDA:  # the graphs modes replayed graphs (a failed capture runs eager, unseen otherwise)
+        assert case["impl_1u_fused_graphs_paths"].get("graph_replays", 0) > 0, case
+        assert case["impl_1u_graphs_paths"].get("graph_replays", 0) > 0, case
+
+
+def test_gpu_benchmark_flags_unusable_figures():
+    """The benchmark exits 1, naming the case, where its figures cannot be used: a raise,
+    bits unlike the plain path's, a fused mode in which the fused path fell back, a graphs
+    mode on CUDA that never replayed (its figures would be eager's under another name)."""
+    from benchmarks import gpu as bench
+
+    good = {"N": 8, "impl_1u_fused_same_bits": True, "impl_1u_fused_paths": {"fused_calls": 3},
+            "impl_1u_graphs_paths": {"graph_captures": 1, "graph_replays": 50}}
+    assert bench.problems({"device": "NVIDIA H200", "cases": [good]}) == []
+    bad = {"N": 8, "impl_1u_eager_error": "RuntimeError('x')", "impl_1u_fused_same_bits": False,
+           "impl_1u_fused_paths": {}, "impl_1u_graphs_paths": {"graph_fallbacks": 1}}
+    found = bench.problems({"device": "NVIDIA H200", "cases": [bad]})
+    assert found == ["N=8 impl_1u_eager: raised RuntimeError('x')", "N=8 impl_1u_fused: bits differ from the plain path",
+                     "N=8 impl_1u_fused: no fused kernel ran (the fused path fell back)",
+                     "N=8 impl_1u_graphs: no graph replayed (the capture failed: eager ran)"], found
+    # on CPU (the smoke run) there are no graphs to replay
+    assert bench.problems({"device": "cpu (smoke run)", "cases": [{"N": 8, "impl_1u_graphs_paths": {}}]}) == []
 
 
 @settings(max_examples=25 if CUDA else 40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
