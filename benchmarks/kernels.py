@@ -52,15 +52,20 @@ K = _compiled_copy()
 TYPES = {
     "r_ptr": "*fp32", "src_ptr": "*i64", "prm_ptr": "*fp64", "c_ptr": "*fp64", "nf_ptr": "*i64",
     "starts_ptr": "*i64", "sizes_ptr": "*i64", "lo_ptr": "*fp64", "hi_ptr": "*fp64", "st_ptr": "*fp64",
-    "part_ptr": "*fp64", "out_ptr": "*fp32", "n_groups": "i64", "G": "i64", "K": "i64", "min_bits": "i64",
-    "eps_tiny": "i64", "programs": "i64", "n_flat": "i64",
+    "part_ptr": "*fp64", "out_ptr": "*fp32", "n_groups": "i32", "G": "i32", "K": "i32", "min_bits": "i32",
+    "eps_tiny": "i32", "programs": "i32", "n_flat": "i32",
 }
+#: where a kernel's argument of that name has another type (the facts kernel writes int64 facts)
+TYPES_OF = {"facts_kernel": {"out_ptr": "*i64"}}
+# Python ints below 2**31 reach a launch as i32 (Triton specializes them), as every size here
+# does up to N = 16M rows x K = 4 (n_flat = 2**26): so they are compiled as i32.
 
 
 def compile_kernel(name: str, constexprs: dict, num_warps: int = 4, fusion: bool = False):
     """One kernel of impl/_fused_kernels.py compiled for sm_90 (Triton's cache makes repeats cheap)."""
     fn = getattr(K, name)
-    sig = {a: ("constexpr" if a in constexprs else TYPES[a]) for a in fn.arg_names}
+    types = {**TYPES, **TYPES_OF.get(name, {})}
+    sig = {a: ("constexpr" if a in constexprs else types[a]) for a in fn.arg_names}
     return triton.compile(ASTSource(fn=fn, signature=sig, constexprs=constexprs), target=GPUTarget(*SM90),
                           options={"enable_fp_fusion": fusion, "num_warps": num_warps})
 
