@@ -544,13 +544,25 @@ def _by_value(values: dict[int, object]) -> str:
                      for v, r in groups.items())
 
 
+def _weighed(table: list[list[int]]) -> list[int]:
+    """The ranks whose weights a refusal compares: those with no problem of their own (all
+    of them if every rank has one), as :func:`table_problems` considers them."""
+    healthy = [r for r, row in enumerate(table) if not row_problems(row)]
+    return healthy if healthy else list(range(len(table)))
+
+
 def weights_disagree(table: list[list[int]]) -> bool:
-    """The whole pipeline on every rank, one K, and ranks whose weights were read (no host
-    refusal) holding different weights: the refusal then shows each rank's weights, sent in
-    its own words (the same decision on every rank: it reads the agreed table only)."""
-    if len({row[API] for row in table}) != 1 or table[0][API] != API_GDPO or len({row[K] for row in table}) != 1:
+    """The whole pipeline on the ranks compared (:func:`_weighed`), one K among them, no host
+    refusal among them (their weights were read), and different weights: the refusal then
+    shows each of their weights, sent in their own words. The same decision on every rank:
+    it reads the agreed table only."""
+    ranks = _weighed(table)
+    rows = [table[r] for r in ranks]
+    if len({row[API] for row in table}) != 1 or table[0][API] != API_GDPO or len({row[K] for row in rows}) != 1:
         return False
-    return len({row[WEIGHTS_FP] for row in table if not row[HOST_CODE]}) > 1
+    if any(row[HOST_CODE] for row in rows):
+        return False
+    return len({row[WEIGHTS_FP] for row in rows}) > 1
 
 
 def weights_words(values) -> str:
@@ -617,7 +629,10 @@ def table_problems(table: list[list[int]], words: dict[int, str] | None = None) 
            + _by_value({r: f"K={x}" for r, x in v.items()}) + ")")
     if len({table[r][K] for r in consider}) == 1:  # with different K the weights differ anyway
         said = words or {}
-        if all(r in said and not table[r][HOST_CODE] for r in consider):  # each rank's weights, in its own words
+        fps = {r: table[r][WEIGHTS_FP] for r in consider}
+        if all(r in said and not table[r][HOST_CODE] for r in consider) \
+                and len({said[r] for r in consider}) == len(set(fps.values())):  # each rank's weights, in its words
+            # (words cut at WORDS_BYTES could make different weights read alike: then the digests)
             differ(WEIGHTS_FP, lambda v: "weights differ across ranks ("
                    + _by_value({r: said[r] for r in v}) + "; compared bit for bit: -0.0 and 0.0 differ)")
         else:

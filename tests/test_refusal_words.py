@@ -4,9 +4,12 @@ what is cut, how it decodes, and that a failed exchange leaves the refusal as th
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from impl import _pipeline
+from impl import _problems as P
 from spec.constants import REFUSAL_WORDS_BYTES
 from spec.errors import GDPOError
 
@@ -84,3 +87,50 @@ def test_a_rank_whose_exception_cannot_be_printed_still_joins_and_stays_in_step(
     for name in ("healthy_1", "healthy_2"):
         recs = run.by_rank(name)
         assert [recs[r]["status"] for r in range(2)] == ["ok", "ok"], (name, recs)
+
+
+# --- differing weights, in each rank's words (decided from the agreed table) --------------------------
+
+def _rows(*weights, host=None):
+    """Agreed-table rows of the whole pipeline, one per rank, K = 2, with these weights'
+    fingerprints; ``host``: {rank: host code}."""
+    table = []
+    for r, w in enumerate(weights):
+        row = [0] * P.ROW_WIDTH
+        row[P.PRESENT], row[P.API], row[P.CALL_SEQ], row[P.K] = 1, P.API_GDPO, 1, 2
+        row[P.WEIGHTS_FP] = P.weights_fingerprint(w)
+        if host and r in host:
+            row[P.HOST_CODE], row[P.K], row[P.WEIGHTS_FP] = host[r], 0, 0  # a host refusal fills neither
+        table.append(row)
+    return table
+
+
+def test_weights_are_shown_even_beside_another_ranks_host_refusal():
+    """Rank 0 refused on the host (so its K and fingerprint are 0): the weights of ranks 1 and 2
+    still differ, so they are exchanged and shown (they were shown by digest)."""
+    table = _rows([1.0, 1.0], [1.0, 1.0], [1.0, 2.0], host={0: P.P_LOCAL_FAILURE})
+    assert P.weights_disagree(table)
+    words = {0: "RuntimeError: boom", 1: P.weights_words([1.0, 1.0]), 2: P.weights_words([1.0, 2.0])}
+    text = "; ".join(P.table_problems(table, words))
+    assert "weights differ across ranks (rank 1: [1.0, 1.0]; rank 2: [1.0, 2.0]" in text, text
+    assert "digest" not in text, text
+
+
+def test_weights_cut_alike_by_the_words_budget_fall_back_to_digests():
+    """Words are cut at WORDS_BYTES: two different weight lists that read alike once cut must not
+    be shown as one (the digests tell them apart)."""
+    a, b = [1 / 3] * 120, [1 / 3] * 119 + [0.5]
+    table = _rows(a, b)
+    assert P.weights_disagree(table)
+    cut = P.weights_words(a)[:100] + "..."
+    text = "; ".join(P.table_problems(table, {0: cut, 1: cut}))
+    assert "rank 0: digest" in text and "rank 1: digest" in text, text
+
+
+def test_weights_of_a_rank_with_a_problem_of_its_own_are_not_compared():
+    """A rank refused for a NaN reward (a device fact, no host code) is not among the ranks whose
+    weights are compared, by the decision or by the message: no exchange for nothing."""
+    table = _rows([1.0, 1.0], [1.0, 1.0], [1.0, 2.0])
+    table[2][P.NF_REWARD_KIND] = P.float_bits(math.nan)  # rank 2: a NaN reward (its float64 bits)
+    assert not P.weights_disagree(table)
+    assert not any("weights differ" in x for x in P.table_problems(table))
