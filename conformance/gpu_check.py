@@ -114,10 +114,18 @@ def _dist_variant(prop, world: int):
                                world=world)
 
 
+#: In the fused part a rank whose fused path fails (or is unavailable) must not answer with the
+#: plain path unseen: its warning is an error there, so the property fails.
+FUSED_WARNINGS_ARE_ERRORS = ("error:the fused path failed:RuntimeWarning,"
+                             "error:GDPO_FUSED is set but the fused path is unavailable:RuntimeWarning")
+
+
 def _fused_env(dry_run_cpu: bool) -> dict:
     """GDPO_FUSED for the ranks: compiled kernels on a GPU, Triton's interpreter in a dry run
-    (set before the ranks import Triton, which they do after they start)."""
-    return {"GDPO_FUSED": "interpret", "TRITON_INTERPRET": "1"} if dry_run_cpu else {"GDPO_FUSED": "1"}
+    (set before the ranks import Triton, which they do after they start); a fallback of the
+    fused path raises in them (PYTHONWARNINGS) instead of passing on the plain path's bits."""
+    env = {"GDPO_FUSED": "interpret", "TRITON_INTERPRET": "1"} if dry_run_cpu else {"GDPO_FUSED": "1"}
+    return {**env, "PYTHONWARNINGS": FUSED_WARNINGS_ARE_ERRORS}
 
 
 def _with_env(env: dict, fn):

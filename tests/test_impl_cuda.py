@@ -175,7 +175,7 @@ def test_cuda_graph_replay_survives_the_constant_cache_eviction(monkeypatch):
     del junk
     after = {k: _graphs.stats[k] - before[k] for k in before}
     print(f"\nCUDA graphs after eviction: {after}")
-    assert after["captures"] + after["fallbacks"] >= 1
+    assert after["captures"] >= 1 and after["replays"] >= 1, after  # else eager ran and proved nothing
 
 
 # --- host synchronisations -----------------------------------------------------------------------
