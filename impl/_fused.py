@@ -175,7 +175,8 @@ def block_size(longest: int) -> int:
 # so they take the plain path. Speed itself is for a GPU run to measure.
 
 #: Padded group width -> (rewards of a column per program, num_warps): each the
-#: spill-free shape with the fewest registers found by ptxas for sm_90 (56-106).
+#: spill-free shape with the fewest registers found by ptxas for sm_90 (56-138, compiled with the
+#: argument types a launch passes: benchmarks/kernels.py).
 _EQ47_SHAPES = {8: (256, 8), 16: (256, 8), 32: (256, 8), 64: (256, 8), 128: (128, 4), 256: (256, 2),
                 512: (512, 2)}
 

@@ -48,15 +48,6 @@ def _one_pass_std(values, dtype) -> str:
     return "NaN (negative variance)" if v < 0 else _g(float(np.sqrt(v)))
 
 
-def _stagewise(fn, *args, **kwargs):
-    """What ``fn`` reports with every cond the stage-wise running bound (oracle.condition off)."""
-    condition.ENABLED = False
-    try:
-        return fn(*args, **kwargs)
-    finally:
-        condition.ENABLED = True
-
-
 def _table(head: list[str], rows: list[list[str]]) -> str:
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     out += ["| " + " | ".join(r) + " |" for r in rows]
@@ -138,7 +129,7 @@ def context() -> dict[str, str]:
         res = gdpo.advantages(rr, [0] * 4)
         assert res.cond_sharp.all()  # the section says so: the first-order change itself
         conds.append(_g(float(res.cond.max()), 2))
-        stagewise.append(_g(float(_stagewise(gdpo.advantages, rr, [0] * 4).cond.max()), 2))
+        stagewise.append(_g(float(condition.stagewise(gdpo.advantages, rr, [0] * 4).cond.max()), 2))
         exacts.append(_g(float(np.abs(res.float64).max()), 2))
     ctx["cd_cond"] = ", ".join(conds)
     ctx["cd_cond_stagewise"] = ", ".join(stagewise)
@@ -154,7 +145,7 @@ def context() -> dict[str, str]:
     ctx["n2_eps"] = repr(eps2)
     ctx["n2_cond"] = _g(float(z2.cond.max()), 2)
     ctx["n2_first_order"] = _g(first_order, 2)
-    ctx["n2_stagewise"] = _g(float(_stagewise(gdpo.standardize_groups, np.array([[0.0], [1.0]]), [0, 0]).cond.max()), 2)
+    ctx["n2_stagewise"] = _g(float(condition.stagewise(gdpo.standardize_groups, np.array([[0.0], [1.0]]), [0, 0]).cond.max()), 2)
     # within 2^-19 (and float64's evaluation of first_order, a few ulps) of the first-order change
     assert z2.cond_sharp.all() and np.all(np.abs(z2.cond / first_order - 1) <= 2.0 ** -19 + 1e-15)
     ctx["cond_sharp_bits"] = "2^-19"

@@ -627,7 +627,7 @@ def advantages(rewards, group_ids, weights=None, unit_ids=None, eps=None, conven
     with np.errstate(over="ignore"):
         ccond_abs = np.ldexp(ccond, ccframe)
     # the tight first-order change (oracle.condition) where a closed form applies; the
-    # stage-wise bound above where it is smaller or where none does
+    # stage-wise bound above (raised for its own rounding) where none does
     zc = cn.group_columns(r, zr["float64"], members, colinfo, conv.group_eps_placement, float(eps_g), nan_in)
     m_z = _m_group(members)
     m_c = m_z + 2 * K + 8

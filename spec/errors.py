@@ -17,7 +17,9 @@ class GDPOError(ValueError):
 
 class NonFiniteError(GDPOError):
     """A reward (or a value passed to ``whiten``) is NaN or infinite (convention
-    ``nan="error"``). A NaN or infinite *weight* is a WeightError, not this."""
+    ``nan="error"``), in any column, whatever that column's weight (0 included: a
+    zero weight does not make a NaN reward data). A NaN or infinite *weight* is a
+    WeightError, not this."""
 
 
 class InputDtypeError(GDPOError, TypeError):
@@ -106,6 +108,7 @@ ERROR_EXAMPLES: dict[str, tuple[str, ...]] = {
     "GDPOError": (),
     "NonFiniteError": (
         "gdpo_advantages(torch.tensor([[1.0], [nan]]), group_size=2)",
+        "gdpo_advantages(torch.tensor([[1.0, nan], [0.0, 0.0]]), group_size=2, weights=[1.0, 0.0])",
         "whiten(torch.tensor([0.0, 1.0, inf]))",
     ),
     "InputDtypeError": (
