@@ -25,6 +25,21 @@ rounded outputs (y = z / |z|, Y = a / |a|), so no deviation is recomputed. For n
 the bracket is exactly (1 - theta)(delta_lj - 1/2) (then delta - 1/2 = y y^T): it
 is evaluated so, without cancellation, which makes a group of two sharp for any eps.
 
+A zero std (a collapsed column, z = 0 by the collapse rule; a collapsed unit, a = 0): with
+eps > 0 and h = sigma + eps ("std"; "std_if_positive" too, since a perturbed column has
+sigma > 0) or sqrt(v + eps) ("var"), z = d / h is differentiable at d = 0: sigma is
+|d|-sized, so z(d) = d / h0 - O(|d|^2) with h0 = eps (std) or sqrt(eps) (var), and
+dz_l / dx_j = (1/h0)(delta_lj - 1/n): the formula above with theta = 0, 1 - theta = 1
+(the y y^T term vanishes; y = 0 as computed from z = 0). Eq. 6 the same for a collapsed
+unit (Theta = 0, Y = 0, H0 = eps_w or sqrt(eps_w)); its other terms need only that every
+z column and c sums to 0 over each group, which a collapsed column (all 0) does. Such a
+column or unit is measured in its frame as any other (h0 2^-e; where h0 is not a normal
+float there, eps tiny beside the ulps: fallback). Spec section 7's cap stays: where that
+first-order value exceeds Samuelson's (n - 1)/sqrt(n) ((M - 1)/sqrt(M), ddof 1), one ulp
+moves the output by at most the cap, which is reported (fallback, :func:`_within_cap`), and
+Eq. 7 and Eq. 6 fall back with the column. "skip_if_zero" (no eps) and eps = 0 are not
+differentiable at a zero std: the cap.
+
 Eq. 7: dc_i / dr_jk = w_k J_k[i, j] (j in i's group), dc_i / dw_k = z_ik; each r_jk is
 an input of its own, so cond(c_i) = sum_k |w_k| cond(z_ik) + sum_k |z_ik| ulp(w_k).
 
@@ -72,6 +87,10 @@ oracle's sigma' and h' within 2 roundings); 1 - theta at most 6):
   largest group of the unit, at most M); the weights' term: 2M + 23; the sum of the
   2K + 1 terms and the final 1 / H: at most 9M/2 + 3K + 53.
 
+At a zero std theta = 0 and y = 0 exactly, h0 is within one rounding (std: exact in the
+frame) and 1 - theta within the tally's 6 (std: exactly 1): every term is one of the terms
+above with fewer roundings, so the tallies stand.
+
 The error bound charged is (count) u A_computed with count = 3n + 60 (z), 8M + 4K +
 120 (a) and 3M + 60 (:func:`whiten_values`), each at least the tally + 8; the 8 cover
 A_computed's own underestimate (second order), the roundings that form the bound itself,
@@ -95,18 +114,23 @@ itself (a sharp output whose triangle inequalities are tight: 1e-16 below).
 
 Fallbacks (the stage-wise bound kept, ``cond_sharp`` False): a group column with a NaN
 entry (any NaN policy), of fewer than two valid entries (singletons, raw columns),
-collapsed (zero std: there one ulp may un-collapse it; spec section 7's Samuelson cap,
-structural collapses included),
-larger than :data:`CAP`, or whose largest |z| is below :data:`ZMIN`; at Eq. 7 a group
-with any such column; at Eq. 6 a unit that is collapsed, whitened per token, holds a
-group that straddles two units or falls back at Eq. 7, or whose largest |a| is below
-:data:`ZMIN`. ``cond_sharp`` is also False where the value is finite but its error
-bound exceeds 2^-20 of it (heavy cancellation: eps tiny beside a std, or an output that
-cannot move at all, as a group of two at eps = 0) or where it is a subnormal. Where it falls back, the stage-wise bound is raised by
-1 + (m + 2) u (``oracle.gdpo._stagewise_up``: m its roundings along a term, from the sizes;
+collapsed (zero std) where no first order exists (eps = 0, "skip_if_zero": one ulp
+un-collapses it; spec section 7's Samuelson cap, structural collapses included) or where
+it exceeds that cap or h0 leaves float64 in the frame (eps tiny beside the ulps, as 5e-324),
+larger than :data:`CAP`, or live and whose largest |z| is below :data:`ZMIN`; at Eq. 7 a
+group with any such column; at Eq. 6 a unit that is collapsed under the same conditions,
+whitened per token, holds a group that straddles two units or falls back at Eq. 7, or
+live and whose largest |a| is below :data:`ZMIN`. ``cond_sharp`` is also False where the
+value is finite but its error bound exceeds 2^-20 of it (heavy cancellation: eps tiny
+beside a std, or an output that cannot move at all, as a group of two at eps = 0) or
+where it is a subnormal (a collapsed column of zeros: 2^-1074 / eps). Where it falls
+back, the stage-wise bound is raised by 1 + (m + 2) u (``oracle.gdpo._stagewise_up``: m its roundings along a term, from the sizes;
 the one subtraction, Eq. 6's |c - mean| at a unit with a nonzero mean, relies on that
 bound's own slack) and floored at 5e-324; a live unit whose std is not a normal float
-in its frame gets a Cauchy-Schwarz bound (inf where that std is its denominator).
+in its frame gets a Cauchy-Schwarz bound (inf where that std is its denominator). At a
+collapsed column the stage-wise value divides by the denominator a perturbed column has
+(eps; none for "skip_if_zero" or eps = 0, hence the cap), not the collapse rule's
+placeholder 1 (``oracle.gdpo._collapsed_denominator``).
 """
 
 from __future__ import annotations
@@ -270,15 +294,18 @@ def _ulps(X):
     return nu, kmax
 
 
-def standardize(X, Z, theta, om, hm, hx, count):
+def standardize(X, Z, theta, om, hm, hx, count, collapsed=None):
     """Tight first-order change of standardized outputs Z (rows of (B, n), correctly rounded)
     per one ulp of each input X. Returns (T, E, x, ok, y, nu, kmax): T and E (the bound
     on T's evaluation error, noise included) are significands of one exponent x per row,
-    absolute value T 2^x; ok: the row's largest |Z| is at least :data:`ZMIN`."""
+    absolute value T 2^x; ok: the row's largest |Z| is at least :data:`ZMIN`, or the row is
+    ``collapsed`` (a zero std, Z = 0: y = 0 and theta = 0 exactly, the bracket delta - 1/n)."""
     B, n = X.shape
     nu, kmax = _ulps(X)
     y, zmax, sub = _unit_vectors(Z)
     ok = zmax >= ZMIN
+    if collapsed is not None:
+        ok = ok | collapsed
     R, A = _dense(y, theta, om, nu)
     noise = n * _noise(sub, zmax)
     E = count(n) * U * A + noise[:, None]
@@ -286,6 +313,17 @@ def standardize(X, Z, theta, om, hm, hx, count):
     E = E / hm[:, None]
     x = np.broadcast_to((kmax - hx)[:, None], (B, n))
     return T, E, x, ok, y, nu, kmax
+
+
+def _within_cap(T, E, x, cap, xe=None):
+    """Where a zero std's first-order value fl(T + E) 2^x (raised) stays at most Samuelson's
+    ``cap`` (spec section 7: one ulp moves such an output by at most the cap; beyond it the
+    cap is reported, not sharp). ``cap`` inf: a live std, always."""
+    if xe is not None:
+        T, E, x = _common(T, x, E, xe)
+    with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+        v = np.ldexp((T + E) * (1 + 2.0 ** -49), np.clip(x, -3000, 3000).astype(np.int32))
+    return ~(v > cap)
 
 
 def finish(T, E, x, ok, old, xe=None):
@@ -348,8 +386,10 @@ def whiten_values(v, a64, members, info, placement, eps, old):
         us = np.array(units)
         idx = np.stack([members[s] for s in units])
         theta, om, hm, hx = _theta(placement, info["sigma"][us], info["denom"][us], eps, info["frame"][us])
+        coll = np.asarray(info["collapsed"], bool)[us]
         t, e, x, ok, *_ = standardize(v[idx], a64[idx], theta, om, hm, hx,
-                                      lambda m: 3 * np.asarray(m) + 60)
+                                      lambda m: 3 * np.asarray(m) + 60, collapsed=coll)
+        ok &= _within_cap(t, e, x, np.asarray(info["cap"])[us][:, None]).all(axis=1)
         T[idx], E[idx], X[idx] = t, e, x
         good[idx] = ok[:, None]
     return finish(T, E, X, good, old)
@@ -395,7 +435,11 @@ def group_columns(r, z64, members, info, placement, eps, nan_mask) -> ZStage:
         if flat.size:
             th, o, m_, x_ = _theta(placement, info["sigma"][gs].reshape(-1)[flat],
                                    info["denom"][gs].reshape(-1)[flat], eps, info["frame"][gs].reshape(-1)[flat])
-            t, e, x, ok, yy, nn, km = standardize(X[flat], Z[flat], th, o, m_, x_, z_count)
+            coll = np.asarray(info["collapsed"], bool)[gs].reshape(-1)[flat]
+            t, e, x, ok, yy, nn, km = standardize(X[flat], Z[flat], th, o, m_, x_, z_count, collapsed=coll)
+            # a zero std whose first-order value exceeds Samuelson's cap: the cap (spec section 7),
+            # and Eq. 7 and Eq. 6 fall back with it
+            ok &= _within_cap(t, e, x, np.asarray(info["cap"])[gs].reshape(-1)[flat][:, None]).all(axis=1)
             theta[flat], om[flat], hm[flat], hx[flat] = th, o, m_, x_
             y[flat], nu[flat], kmax[flat], okr[flat] = yy, nn, km, ok
             az = np.abs(Z[flat])
@@ -460,7 +504,8 @@ def whitened(zs: ZStage, cok, z64, a64, w, gidx, members, uidx, uinfo, placement
     uok[bad_units] = False
     amax = np.zeros(S)
     np.maximum.at(amax, uidx, np.where(np.isnan(a64), 0.0, np.abs(a64)))
-    uok &= amax >= ZMIN
+    ucoll = np.asarray(uinfo["collapsed"], bool)
+    uok &= (amax >= ZMIN) | ucoll  # a collapsed unit: a = 0, Y = 0 and Theta = 0 exactly
     usize = np.bincount(uidx, minlength=S)
     if not uok.any():
         return old.copy(), np.zeros(N, bool)
@@ -555,7 +600,12 @@ def whitened(zs: ZStage, cok, z64, a64, w, gidx, members, uidx, uinfo, placement
     # times 1 / H, H = hm 2^hx
     T = T / HM[uidx]
     E = E / HM[uidx] * (1 + 2.0 ** -40)
-    return finish(T, E, x - HX[uidx], sel, old, xe=xe - HX[uidx])
+    x, xe = x - HX[uidx], xe - HX[uidx]
+    # a collapsed unit whose first-order value exceeds Samuelson's cap: the cap (spec section 7)
+    within = _within_cap(T, E, x, np.asarray(uinfo["cap"])[uidx], xe=xe)
+    bad = np.zeros(S, bool)
+    np.logical_or.at(bad, uidx, ~within)
+    return finish(T, E, x, sel & ~bad[uidx], old, xe=xe)
 
 
 def _exclusive(m, x):

@@ -20,15 +20,18 @@ collapse are decided on the exact forms. Each output also carries
   Eq. 4, 7 and 6 in closed form (:mod:`oracle.condition`), evaluated in float64 with a
   bound on that evaluation's error added, so always an upper bound; ``cond_sharp``
   (per output) says where it is the first-order change itself, to within 2^-19.
-  Where the closed form does not apply (NaN entries, singleton or collapsed columns,
-  collapsed units, groups beyond ``condition.CAP`` samples or straddling two units,
+  Where the closed form does not apply (NaN entries, singleton columns, collapsed
+  columns and units where no eps makes a zero std differentiable or its first-order value
+  exceeds Samuelson's cap, groups beyond ``condition.CAP`` samples or straddling two units,
   per-token whitening, values out of float64's range: ``cond_sharp`` False) it is the
   error model's running bound with its rounding terms off, each stage's effects added
   in absolute value, which drops every cancellation and may exceed the first-order
   change many times over, raised by 1 + (m + 2) u for its own float64 evaluation (m its
   roundings along a term, from the group and unit sizes: :func:`_m_group`); at a zero std
-  (a collapsed column or unit, structural or not) that is Samuelson's cap (spec/gdpo.md
-  section 7), which bounds the change itself, not a first-order one. A live unit whose
+  (a collapsed column or unit, structural or not) with eps = 0, no eps (skip_if_zero) or
+  a first-order value beyond it, that is Samuelson's cap (spec/gdpo.md section 7), which
+  bounds the change itself, not a first-order one. With eps > 0 added to the std or the
+  variance a zero std is differentiable, and takes the closed form (theta = 0). A live unit whose
   spread of c is below float64's range in its frame gets a Cauchy-Schwarz bound, inf
   where its denominator is that std (no eps). Where the closed form applies ``cond`` is
   its value (the stage-wise bound, the same sums without the cancellations, is never
@@ -77,7 +80,8 @@ class Stage:
     exact_zero: np.ndarray
     #: the first-order change per one ulp of every input, an upper bound on it always
     #: (at least 5e-324; inf where none is representable), the change itself (to 2^-19)
-    #: where ``cond_sharp``; at a zero std Samuelson's cap instead (module docstring)
+    #: where ``cond_sharp``; at a zero std with no first order (eps = 0, skip_if_zero) or one
+    #: beyond it, Samuelson's cap instead (module docstring)
     cond: np.ndarray
     delta: np.ndarray
     #: ``delta`` is in units of u * 2**frame (the combined stage is kept in the
@@ -611,7 +615,7 @@ def advantages(rewards, group_ids, weights=None, unit_ids=None, eps=None, conven
     dws = np.maximum(np.ldexp(np.spacing(mw), xw), 5e-324)
     members = _members(gidx, G)
     colinfo = {"frame": np.zeros((G, K), dtype=np.int64), "sigma": np.zeros((G, K)), "denom": np.ones((G, K)),
-               "ok": np.zeros((G, K), bool)}
+               "ok": np.zeros((G, K), bool), "collapsed": np.zeros((G, K), bool), "cap": np.full((G, K), math.inf)}
     for g in range(G):
         idx = members[g]
         cols = [_column(r[idx, k], conv, eps_g, classes, gl[g], k) for k in range(K)]
@@ -871,13 +875,26 @@ def _group_numbers(idx, cols, r, wq, w, dws, conv, eps_g, classes,
         if nv == 0:
             continue
         dz_model[sel, k] = em.group_stage(dev, d_model, sigma, denom, zs[sel, k], nv, conv.group_ddof)
-        dz_cond[sel, k] = em.group_stage(dev, d_cond, sigma, denom, zs[sel, k], nv, conv.group_ddof,
+        # at a zero std the stage-wise condition sees the denominator a perturbed column has as it
+        # un-collapses: eps (std, std_if_positive) or none, 0 (skip_if_zero, or eps = 0): then
+        # Samuelson's cap (not the placeholder 1 the collapse rule divides by)
+        cdenom = _collapsed_denominator(eps_g, conv.group_eps_placement, e) if col.collapsed else denom
+        dz_cond[sel, k] = em.group_stage(dev, d_cond, sigma, cdenom, zs[sel, k], nv, conv.group_ddof,
                                          rounding=False)
         if info is not None and not col.collapsed and nv == n and col.V > 0 and sigma > 0.0 \
                 and 0.0 < denom < math.inf:
             g, arrays = info
             arrays["frame"][g, k], arrays["sigma"][g, k], arrays["denom"][g, k] = e, sigma, denom
             arrays["ok"][g, k] = True
+        elif info is not None and col.collapsed and nv == n >= 2 and col.V == 0:
+            # a zero std with eps > 0 added to it (or to the variance): z = d / h is differentiable
+            # at d = 0, with h0 = eps (sqrt(eps)) and theta = 0 (oracle.condition)
+            h0 = _collapsed_denominator(eps_g, conv.group_eps_placement, e)
+            if 2.0 ** -1022 <= h0 < math.inf:
+                g, arrays = info
+                arrays["frame"][g, k], arrays["sigma"][g, k], arrays["denom"][g, k] = e, 0.0, h0
+                arrays["ok"][g, k] = arrays["collapsed"][g, k] = True
+                arrays["cap"][g, k] = float(em.samuelson(n, conv.group_ddof))
     zdelta[idx] = dz_model
     # dz_cond is absolute (z is dimensionless): a change below 2^-1074 flushed to 0 there would
     # be multiplied by a weight at Eq. 7 (1e300 times 0); 5e-324 bounds it
@@ -910,6 +927,19 @@ def _pow2(e: int) -> Fraction:
     return Fraction(2) ** e if e >= 0 else Fraction(1, 2 ** -e)
 
 
+def _collapsed_denominator(eps: Fraction, placement: str, e: int) -> float:
+    """The denominator at a zero std measured in the frame 2^e, where its first order exists:
+    eps 2^-e ("std", "std_if_positive": a perturbed std is positive) or sqrt(eps) 2^-e ("var");
+    0 (no closed form: Samuelson's cap) for "skip_if_zero" or eps = 0."""
+    if eps <= 0:
+        return 0.0
+    if placement in ("std", "std_if_positive"):
+        return float(eps * _pow2(-e))
+    if placement == "var":
+        return _float_sqrt(eps * _pow2(-2 * e))
+    return 0.0
+
+
 def _float_sqrt(v: Fraction) -> float:
     if v == 0:
         return 0.0
@@ -938,7 +968,7 @@ def _unit_info(S: int) -> dict:
     std and denominator measured in it, and whether the unit is live (whitened per sample,
     no NaN, not collapsed)."""
     return {"frame": np.zeros(S, dtype=np.int64), "sigma": np.zeros(S), "denom": np.ones(S),
-            "ok": np.zeros(S, bool)}
+            "ok": np.zeros(S, bool), "collapsed": np.zeros(S, bool), "cap": np.full(S, math.inf)}
 
 
 def _whiten(forms, nan, c64, dcond, cond_frame, dmodel, model_frame, uidx, t, conv, eps_w, classes, creq,
@@ -1043,6 +1073,12 @@ def _whiten(forms, nan, c64, dcond, cond_frame, dmodel, model_frame, uidx, t, co
         if uinfo is not None and not coll and t is None and s_s >= 2.0 ** -1022 and 2.0 ** -1022 <= den_s < math.inf:
             uinfo["frame"][s], uinfo["sigma"][s], uinfo["denom"][s] = cframe, s_s, den_s
             uinfo["ok"][s] = True
+        elif uinfo is not None and coll and t is None:  # a zero std: the first order at eps > 0
+            h0 = _collapsed_denominator(eps_w, conv.whiten_eps_placement, cframe)
+            if 2.0 ** -1022 <= h0 < math.inf:
+                uinfo["frame"][s], uinfo["sigma"][s], uinfo["denom"][s] = cframe, 0.0, h0
+                uinfo["ok"][s] = uinfo["collapsed"][s] = True
+                uinfo["cap"][s] = float(em.samuelson(idx.size, conv.whiten_ddof))
     return ar, azero, acond, adelta, ucoll, areq
 
 

@@ -421,11 +421,21 @@ def test_fallback_singleton_groups(convention):
     assert new.z.cond_sharp[:4].all() and new.combined.cond_sharp[:4].all()
 
 
-def test_fallback_collapsed_column_and_unit():
+_SKIP = dataclasses.replace(CONVENTIONS["spec"], name="skip", group_eps_placement="skip_if_zero",
+                            whiten_eps_placement="skip_if_zero")
+
+
+# This test ran under the spec convention (eps 1e-4), where a collapsed column and a collapsed
+# unit now take the closed form with theta = 0 (z = d / h is differentiable at a zero std when
+# eps > 0 is added to it: test_collapsed_column_takes_the_closed_form). The fallback remains
+# where no first order exists or it exceeds Samuelson's cap: eps = 0, eps = 5e-324, no eps.
+@pytest.mark.parametrize("conv,eps", [("spec", 0.0), ("spec", 5e-324), (_SKIP, None)],
+                         ids=["eps0", "eps5e-324", "skip"])
+def test_fallback_collapsed_column_and_unit(conv, eps):
     r = np.array([[1.0, 0.0], [1.0, 2.0], [1.0, 5.0], [0.0, 1.0], [2.0, 0.0], [1.0, 3.0]])
     g, u = [0, 0, 0, 1, 1, 1], [0, 0, 0, 1, 1, 1]
-    new = gdpo.advantages(r, g, unit_ids=u)
-    old = _old(gdpo.advantages, r, g, unit_ids=u)
+    new = gdpo.advantages(r, g, unit_ids=u, eps=eps, convention=conv)
+    old = _old(gdpo.advantages, r, g, unit_ids=u, eps=eps, convention=conv)
     assert new.group_collapsed[0, 0] and not new.group_collapsed[1].any()
     first = np.arange(6) < 3
     zmask = np.zeros((6, 2), bool)
@@ -438,8 +448,8 @@ def test_fallback_collapsed_column_and_unit():
     w = [float.fromhex(x) for x in ("0x1.1d0361dd0bf71p-2", "0x1.3b1b0f3282684p-3", "-0x1.ba90e9764d2b3p-2")]
     col = np.array([0.0, 1.0, 0.0, 1.0, 1.0, 0.0])
     rr = np.stack([col] * 3, 1)
-    new = gdpo.advantages(rr, [0, 0, 0, 1, 1, 1], weights=w)
-    old = _old(gdpo.advantages, rr, [0, 0, 0, 1, 1, 1], weights=w)
+    new = gdpo.advantages(rr, [0, 0, 0, 1, 1, 1], weights=w, eps=eps, convention=conv)
+    old = _old(gdpo.advantages, rr, [0, 0, 0, 1, 1, 1], weights=w, eps=eps, convention=conv)
     assert new.unit_collapsed.all()
     _fallback(new, old, np.ones(6, bool))
 
@@ -578,7 +588,8 @@ def test_structural_collapse_cond_follows_the_zero_std_rule():
     """A structurally collapsed unit (equal input values; two columns cancelled by weights
     [1, -1]) demands its zero bit for bit (delta 0, allowed 0), but one ulp of input
     un-collapses it: cond was 0 while one ulp moved a by 1.1e-12 (4.2e-13). cond follows spec
-    section 7's rule for any zero std: the first-order stage-wise value capped by Samuelson."""
+    section 7's rule for any zero std: the closed form where eps > 0 makes it differentiable,
+    Samuelson's cap where no first order exists (eps = 0) or it exceeds the cap."""
     v = np.array([1.0, 1.0, 2.0, 3.0])
     st = gdpo.whiten_units(v, [0, 0, 1, 1])
     moved = gdpo.whiten_units(np.array([np.nextafter(1.0, 2.0), 1.0, 2.0, 3.0]), [0, 0, 1, 1])
@@ -591,7 +602,13 @@ def test_structural_collapse_cond_follows_the_zero_std_rule():
     moved = gdpo.advantages(r2, [0, 0, 0], weights=[1.0, -1.0])
     assert res.required_zero.all() and np.all(res.allowed() == 0) and res.unit_collapsed.all()
     assert np.all(res.cond >= np.abs(moved.float64)) and np.all(res.cond <= 2 / math.sqrt(3))
-    assert not res.cond_sharp.any()
+    # eps 1e-4 > 0 at Eq. 6: a = d / H is differentiable at the zero std, and cond is now its
+    # closed form (Theta = 0), sharp; it was the stage-wise value under the cap, not sharp
+    assert res.cond_sharp.all() and st.cond_sharp.all()
+    for eps in (0.0, 5e-324):  # no first order there, or one beyond the cap: Samuelson's, not sharp
+        res = gdpo.advantages(r, [0, 0, 0], weights=[1.0, -1.0], eps=eps)
+        assert np.all(res.cond >= np.abs(moved.float64)) and np.all(res.cond <= 2 / math.sqrt(3))
+        assert not res.cond_sharp.any()
 
 
 def test_interval_straddling_both_overflows_is_refined_not_a_crash():
@@ -615,3 +632,138 @@ def test_raw_singleton_cond_is_absolute():
     with mp.workprec(PREC):
         first = mpf(math.ulp(1e300)) / (1 + mpf(eps))
         assert first <= mpf(float(z.cond[2, 0])) <= first * (1 + mpf(2) ** -40)
+
+
+# ------------------------------------------------------------- a zero std, eps > 0
+
+
+#: conventions whose denominator is differentiable at a zero std: eps > 0 added to the std
+#: ("std"; "std_if_positive", whose perturbed std is positive) or to the variance ("var")
+VAR = dataclasses.replace(CONVENTIONS["spec"], name="var", group_eps_placement="var", whiten_eps_placement="var")
+COLLAPSE_CONVS = [("spec", None), ("spec", 1e-8), ("trl", None), ("nemo_rl", None), (VAR, None)]
+
+
+def _collapsed_first_order(n, value, eps, placement):
+    """The first-order change of z_l in a collapsed column of n equal values: z = d / h with
+    h -> h0 = eps (std) or sqrt(eps) (var) as d -> 0 (the std's share is |d|-sized, so second
+    order in z = d / h), dz_l / dx_j = (delta_lj - 1/n) / h0, and with every ulp equal,
+    sum_j |delta_lj - 1/n| ulp / h0 = 2 (n - 1) / n ulp / h0 (exact, as an mpf)."""
+    with mp.workprec(PREC):
+        h0 = mpf(eps) if placement in ("std", "std_if_positive") else mpmath.sqrt(mpf(eps))
+        return 2 * mpf(n - 1) / n * _ulp(value) / h0
+
+
+@pytest.mark.parametrize("ci", range(len(COLLAPSE_CONVS)),
+                         ids=[f"{getattr(c, 'name', c)}-eps{e}" for c, e in COLLAPSE_CONVS])
+@pytest.mark.parametrize("n", [2, 3, 16])
+def test_collapsed_column_takes_the_closed_form(ci, n):
+    """A group column of n equal rewards (z = 0 by the collapse rule) beside a live one, and a
+    second group: with eps > 0 in the denominator, z = d / h is differentiable at d = 0 and
+    its first-order change is the closed form with theta = 0. It was the stage-wise value
+    capped by Samuelson, not sharp, and every c and a of its unit fell back with it."""
+    conv, eps = COLLAPSE_CONVS[ci]
+    conv = get_convention(conv)
+    rng = np.random.default_rng(n)
+    r = np.zeros((n + 3, 2))
+    r[:n, 0] = 1.0  # collapsed, binary-like
+    r[:n, 1] = rng.normal(size=n)  # live (generic: no cancelling bracket at eps 1e-8)
+    r[n:, 0] = [0.0, 1.0, 1.0]
+    r[n:, 1] = [0.5, -1.25, 2.0]
+    g = [0] * n + [1] * 3
+    res, (bz, _, _) = check_all(r, g, w=[1.0, 0.5], convention=conv, eps=eps)
+    assert res.group_collapsed[0, 0] and not res.group_collapsed[0, 1] and not res.group_collapsed[1].any()
+    assert res.z.cond_sharp.all() and res.combined.cond_sharp.all() and res.cond_sharp.all()
+    e = conv.group_eps if eps is None else eps
+    first = _collapsed_first_order(n, 1.0, e, conv.group_eps_placement)
+    with mp.workprec(PREC):
+        for i in range(n):
+            # the brute force differentiates through the collapse: the central difference of
+            # d / (s |delta| + eps) is (d / eps)(1 - s |delta| / eps), 2^-160 relative here
+            assert abs(bz[i, 0] - first) <= first * mpf(2) ** -100
+            assert first <= mpf(float(res.z.cond[i, 0])) <= first * SHARP
+    assert res.z.cond[:n, 0].max() < 1e-6  # ulp / eps-sized, far below the cap (n - 1)/sqrt(n)
+
+
+UNIT_CONVS = [c for c in COLLAPSE_CONVS if c[0] != "nemo_rl"]  # nemo_rl whitens with no eps
+
+
+@pytest.mark.parametrize("ci", range(len(UNIT_CONVS)),
+                         ids=[f"{getattr(c, 'name', c)}-eps{e}" for c, e in UNIT_CONVS])
+def test_collapsed_unit_takes_the_closed_form(ci):
+    """Units whose combined values are equal in exact arithmetic: three weighted copies of one
+    column cancelling (not structural), and two equal columns with weights [1, -1] (a
+    structural zero, demanded bit for bit: delta and allowance 0 unchanged). With eps > 0 at
+    Eq. 6 a = d / H is differentiable at d = 0 (Theta = 0, H0 = eps or sqrt(eps)): sharp,
+    where it was the stage-wise value capped by Samuelson."""
+    conv, eps = UNIT_CONVS[ci]
+    conv = get_convention(conv)
+    w = [float.fromhex(x) for x in ("0x1.1d0361dd0bf71p-2", "0x1.3b1b0f3282684p-3", "-0x1.ba90e9764d2b3p-2")]
+    col = np.array([0.0, 1.0, 0.0, 1.0, 1.0, 0.0])
+    res, _ = check_all(np.stack([col] * 3, 1), [0, 0, 0, 1, 1, 1], w=w, convention=conv, eps=eps)
+    assert res.unit_collapsed.all() and not res.required_zero.any()
+    assert res.cond_sharp.all()
+    r = np.array([[1.0, 1.0], [2.0, 2.0], [4.0, 4.0]])
+    res, _ = check_all(r, [0, 0, 0], w=[1.0, -1.0], convention=conv, eps=eps)
+    assert res.unit_collapsed.all() and res.required_zero.all() and np.all(res.allowed() == 0)
+    assert np.all(res.delta == 0)
+    assert res.cond_sharp.all()
+
+
+def test_collapsed_column_in_a_unit_with_a_collapsed_group():
+    """A unit of three groups, one of them collapsed in both columns (c = 0 there) and one in
+    one column: every z, c and a matches brute force, and every one is sharp but the columns
+    of zeros, whose first-order change 2 (n - 1)/n 2^-1074 / eps is a subnormal (not sharp by rule)."""
+    r = np.array([[1.0, 0.0], [1.0, 0.0], [1.0, 0.0],
+                  [0.0, 1.0], [0.0, 2.0], [0.0, 5.0],
+                  [0.0, 1.0], [1.0, 0.0], [1.0, 3.0], [0.0, 0.5]])
+    g = [0, 0, 0, 1, 1, 1, 2, 2, 2, 2]
+    res, _ = check_all(r, g, w=[1.0, -0.75])
+    assert res.group_collapsed[0].all() and res.group_collapsed[1, 0] and not res.group_collapsed[2].any()
+    zeros = np.zeros((10, 2), bool)
+    zeros[3:6, 0] = zeros[0:3, 1] = True
+    assert res.z.cond_sharp[~zeros].all() and not res.z.cond_sharp[zeros].any()
+    assert np.all(res.z.cond[zeros] < 1e-318)
+    assert res.combined.cond_sharp.all() and res.cond_sharp.all()
+
+
+def test_whiten_units_collapsed_unit_takes_the_closed_form():
+    v = np.array([1.0, 1.0, 2.0, 3.0, 0.25, 0.25, 0.25])
+    units = [0, 0, 1, 1, 2, 2, 2]
+    for conv in ("spec", VAR):
+        st = gdpo.whiten_units(v, units, convention=conv)
+        assert st.cond_sharp.all() and st.required_zero[[0, 1, 4, 5, 6]].all()
+        check_stage(st.cond, st.cond_sharp, brute_whiten(v, units, conv, None), "a")
+
+
+@pytest.mark.parametrize("n", [2, 3, 16])
+def test_collapsed_column_beyond_the_cap_keeps_the_cap(n):
+    """eps = 5e-324: the first-order change of a collapsed column is an ulp over eps, beyond
+    float64 and far beyond Samuelson's cap (n - 1)/sqrt(n), which one ulp cannot exceed: the
+    cap (spec section 7), not sharp, and so are its c and a (as before). Likewise where the
+    denominator has no eps (skip_if_zero) or eps = 0: no first order at a zero std. (There the
+    stage-wise value divided by the collapse rule's placeholder denominator 1 and reported 1.0
+    for n = 3 and 16, below the 1.15 and 3.75 that one ulp of one input moves z by.)"""
+    r = np.zeros((n + 3, 1))
+    r[:n, 0] = 1.0
+    r[n:, 0] = [0.0, 1.0, 3.0]
+    g = [0] * n + [1] * 3
+    skip = dataclasses.replace(CONVENTIONS["spec"], name="skip", group_eps_placement="skip_if_zero",
+                               whiten_eps_placement="skip_if_zero")
+    cap = (n - 1) / math.sqrt(n)
+    for conv, eps in (("spec", 5e-324), ("spec", 0.0), (skip, None), (VAR, 5e-324)):
+        res = gdpo.advantages(r, g, eps=eps, convention=conv)
+        old = _old(gdpo.advantages, r, g, eps=eps, convention=conv)
+        assert res.group_collapsed[0, 0]
+        first = np.arange(n + 3) < n
+        assert np.allclose(res.z.cond[first, 0], cap, rtol=1e-15, atol=0)
+        _fallback(res.z, old.z, first[:, None])
+        _fallback(res.combined, old.combined, first)
+        _fallback(res, old, np.ones(n + 3, bool))  # one unit, holding the collapsed column
+    # a collapsed unit at eps = 5e-324: Samuelson's cap, as before
+    w = [float.fromhex(x) for x in ("0x1.1d0361dd0bf71p-2", "0x1.3b1b0f3282684p-3", "-0x1.ba90e9764d2b3p-2")]
+    rr = np.stack([np.array([0.0, 1.0, 0.0, 1.0, 1.0, 0.0])] * 3, 1)
+    res = gdpo.advantages(rr, [0, 0, 0, 1, 1, 1], weights=w, eps=5e-324)
+    old = _old(gdpo.advantages, rr, [0, 0, 0, 1, 1, 1], weights=w, eps=5e-324)
+    assert res.unit_collapsed.all()
+    _fallback(res, old, np.ones(6, bool))
+    assert np.allclose(res.cond, 5 / math.sqrt(6), rtol=1e-15, atol=0)
