@@ -349,8 +349,10 @@ def check_rewards(rewards, group_ids, group_size, weights, *, allow_empty_rows: 
                     from None
             if ids.numel() == 0 and ids.is_floating_point():
                 ids = ids.to(torch.int64)  # an empty list (an empty shard) holds no float labels
-            if (ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool) and ids.dim() == 1 \
-                    and not hasattr(group_ids, "dtype"):  # a Python sequence: name its first non-integer label
+            if ids.dim() == 1 and not hasattr(group_ids, "dtype") and (
+                    ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool
+                    or bool in set(map(type, group_ids))):  # torch reads [1, True] as int64 [1, 1]
+                # a Python sequence: name its first non-integer label
                 problem = _label_problem(group_ids)
                 if problem is not None:
                     raise problem

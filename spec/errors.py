@@ -40,7 +40,8 @@ class ShapeError(GDPOError):
 class GroupError(GDPOError):
     """Malformed group metadata: a group of one sample (a label used once, or
     ``group_size`` 1), N not a multiple of ``group_size``, both or neither of
-    ``group_ids`` and ``group_size``, labels that are not integers, or labels not
+    ``group_ids`` and ``group_size``, labels that are not integers (a bool among them too:
+    torch would read ``[1, True]`` as ``[1, 1]``), or labels not
     covering the batch (wrong length: also a ShapeError)."""
 
 

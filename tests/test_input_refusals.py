@@ -194,6 +194,16 @@ def test_non_strided_tensors_are_refused_naming_the_argument_and_layout(case):
     _refused(cls, pattern, fn, *args, **kwargs)
 
 
+@pytest.mark.parametrize("ids, row, value", [([0, True, 0, True], 1, "True"), ((1, 1, False, False), 2, "False"),
+                                              ([2, 2, 1, True], 3, "True")], ids=["list", "tuple", "among_ones"])
+def test_a_bool_among_integer_labels_is_refused_not_read_as_one(ids, row, value):
+    """torch reads ``[1, True]`` as the int64 labels ``[1, 1]``: the bool joined group 1
+    (and ``[2, 2, 1, True]`` grouped rows 2 and 3) with no word. A bool is no int64 label."""
+    for fn in (gdpo.gdpo_advantages, gdpo.normalize_rewards, gdpo.group_has_signal):
+        _refused(GroupError, rf"^group_ids\[{row}\] \(row {row}\) is a bool \({value}\); group labels are int64",
+                 fn, R, group_ids=ids)
+
+
 # --- 4. weights and group_size: the index and the cause ------------------------------------------
 
 _REAL = r"; weights are real numbers"
