@@ -104,6 +104,7 @@ import torch
 
 from impl._inputs import numpy_view, read_tensor
 from impl._problems import GroupLengthError
+from impl.gdpo import _opaque_to_dynamo
 from impl.gdpo import (
     DistributedError,
     GDPOError,
@@ -384,6 +385,7 @@ _TRL_NAMES = ((r"\bgroup_size\b", "num_generations"),
 # ------------------------------------------------------------------ the adapters
 
 
+@_opaque_to_dynamo
 def trl_advantages(rewards_per_func: torch.Tensor, num_generations: int, reward_weights=None, *,
                    segment_sizes=None, process_group=None, eps: float = DEFAULT_EPS,
                    out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -573,6 +575,7 @@ _MASK_NAN = (" (a NaN token reward, or on CUDA a response_mask row {i} with an e
              "response token; that rank chains its own error)")
 
 
+@_opaque_to_dynamo
 def verl_advantages(token_level_rewards: Mapping[str, torch.Tensor], response_mask: torch.Tensor,
                     index: Sequence[Hashable] | torch.Tensor, weights: Mapping[str, float] | None = None, *,
                     segment_sizes=None, process_group=None, eps: float = DEFAULT_EPS,
@@ -642,6 +645,7 @@ def _labelled_inputs(rewards, labels, weights):
     return names, r, ids, _weights_in_order(weights, names)
 
 
+@_opaque_to_dynamo
 def labelled_advantages(rewards: Mapping[str, torch.Tensor], labels: Sequence[Hashable] | torch.Tensor,
                         weights: Mapping[str, float] | None = None, *, segment_sizes=None, process_group=None,
                         eps: float = DEFAULT_EPS, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:

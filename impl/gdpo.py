@@ -131,6 +131,8 @@ inputs that require grad are read as values, and results never require grad.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from spec.constants import DEFAULT_EPS
@@ -165,9 +167,26 @@ __all__ = [
 ]
 
 _API_WHITEN = _P.API_WHITEN
+
+
+def _opaque_to_dynamo(fn):
+    """An entry point torch.compile calls instead of tracing. impl validates on the host
+    (``.item()``, Python loops over labels), which dynamo cannot trace: traced, a compiled
+    step broke into several graphs around it and printed dynamo's warnings. Opaque, the
+    caller's graph breaks around the call, which runs eagerly with the same bits
+    (tests/test_compile.py). ``torch.compiler.disable`` is applied only while dynamo
+    traces (``is_compiling`` is a flag read): applying it at import would import
+    torch._dynamo, and with it Triton, in every process that imports impl (1.5 s)."""
+    @functools.wraps(fn)
+    def entry(*args, **kwargs):
+        if torch.compiler.is_compiling():
+            return torch.compiler.disable(fn)(*args, **kwargs)
+        return fn(*args, **kwargs)
+    return entry
 _API_GDPO = _P.API_GDPO
 
 
+@_opaque_to_dynamo
 @torch.no_grad()
 def normalize_rewards(rewards, *, group_ids=None, group_size=None, weights=None, eps=DEFAULT_EPS):
     """Eq. 4 then Eq. 7: the combined value c of every sample, float64 (N,), input order.
@@ -184,6 +203,7 @@ def normalize_rewards(rewards, *, group_ids=None, group_size=None, weights=None,
     return _pipeline.normalize_rewards(rewards, group_ids, group_size, weights, eps)
 
 
+@_opaque_to_dynamo
 @torch.no_grad()
 def group_has_signal(rewards, *, group_ids=None, group_size=None, weights=None, eps=DEFAULT_EPS):
     """(G,) bool: does each group carry a training signal? True iff the group's
@@ -203,6 +223,7 @@ def group_has_signal(rewards, *, group_ids=None, group_size=None, weights=None, 
     return _pipeline.group_has_signal(rewards, group_ids, group_size, weights, eps)
 
 
+@_opaque_to_dynamo
 @torch.no_grad()
 def whiten(values, *, segment_sizes=None, process_group=None, eps=DEFAULT_EPS, out_dtype=torch.float32):
     """Eq. 6 per whitening unit: a = (v - mean_S) / (std_S + eps), unbiased, float64
@@ -224,6 +245,7 @@ def whiten(values, *, segment_sizes=None, process_group=None, eps=DEFAULT_EPS, o
                                      segment_sizes=segment_sizes, eps=eps, out_dtype=out_dtype)[0]
 
 
+@_opaque_to_dynamo
 @torch.no_grad()
 def gdpo_advantages(rewards, *, group_ids=None, group_size=None, weights=None, segment_sizes=None,
                     process_group=None, eps=DEFAULT_EPS, out_dtype=torch.float32):
