@@ -276,7 +276,7 @@ def label_facts(labels: torch.Tensor, *, reads_free: bool = False) -> tuple[Labe
     runs = (labels[1:] != labels[:-1]).sum() + 1  # == groups: each label one run of rows
     lonely = torch.where(first & last, perm, n).amin()  # first input row of a group of one
     facts = {P.GROUPS: gid[-1] + 1, P.N_MAX: pos.amax() + 1, P.RUNS: runs, P.SINGLETON: lonely,
-             P.SINGLETON_LABEL: seg_ops.take(labels, lonely.clamp(max=n - 1))}
+             P.SINGLETON_LABEL: seg_ops.take(labels, lonely.clamp(max=n - 1)), P.SINGLETONS: (first & last).sum()}
     return Labelled(labels, (perm, gid, pos)), facts
 
 
@@ -321,7 +321,7 @@ def _run_facts(labels: torch.Tensor) -> dict[int, torch.Tensor] | None:
     lonely = torch.where(length == 1, start, n).amin()  # the first row of a group of one
     count = torch.tensor(runs, dtype=_I64, device=device)
     return {P.GROUPS: count, P.N_MAX: length.amax(), P.RUNS: count.clone(), P.SINGLETON: lonely,
-            P.SINGLETON_LABEL: seg_ops.take(labels, lonely.clamp(max=n - 1))}
+            P.SINGLETON_LABEL: seg_ops.take(labels, lonely.clamp(max=n - 1)), P.SINGLETONS: (length == 1).sum()}
 
 
 # --- phase two: Eq. 4 and Eq. 7 -------------------------------------------------------------

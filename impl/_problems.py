@@ -65,21 +65,22 @@ C_OVERFLOW, C_OVERFLOW_GROUP = 20, 21  # first non-finite c (Eq. 7 overflow): ro
 NF_VALUE, NF_VALUE_KIND, NF_VALUE_UNIT = 22, 23, 24  # whiten input: first non-finite index, bits, unit
 GROUPS, N_MAX, C_OVERFLOW_BITS = 25, 26, 27  # labelled groups: count, longest; the bits of c there
 RUNS = 28  # labelled groups: runs of equal labels in input order (== GROUPS: every group contiguous)
-BY_LABEL, GROUP_SIZE = 29, 30
+SINGLETONS = 29  # labelled groups: how many have one sample (the refusal names the first, counts all)
+BY_LABEL, GROUP_SIZE = 30, 31
 #: Host field: 1 when this row's labels were uint64. They travel as int64 (their bits: equal
 #: labels stay equal), and the label fields above are printed as the caller's values from it.
-LABELS_UINT64 = 31
+LABELS_UINT64 = 32
 #: Host field: how many calls this process started on the process group before this
 #: one (impl._pipeline). Ranks whose numbers differ are pairing different calls: a rank
 #: made a call the others never joined.
-CALL_SEQ = 32
+CALL_SEQ = 33
 #: Local sample counts of the first COUNT_SLOTS units ride along with the
 #: agreement, so a unit of one is caught there without a second host read.
-COUNTS = 33
+COUNTS = 34
 COUNT_SLOTS = 32
 ROW_WIDTH = COUNTS + COUNT_SLOTS
 
-DEVICE_FIELDS = tuple(range(NF_REWARD, RUNS + 1))
+DEVICE_FIELDS = tuple(range(NF_REWARD, SINGLETONS + 1))
 
 API_WHITEN, API_GDPO = 1, 2
 API_NAMES = {API_WHITEN: "whiten", API_GDPO: "gdpo_advantages"}
@@ -469,6 +470,13 @@ def host_error(code: int, a: int = 0, b: int = 0, c: int = 0, detail: str = "") 
     return cls(fmt(a, b, c, detail) if detail else fmt(a, b, c))
 
 
+def _and_others(others: int) -> str:
+    """The other groups of one, counted (the first is named)."""
+    if others <= 0:
+        return ""
+    return ", as does 1 other group" if others == 1 else f", as do {others} other groups"
+
+
 def _kind(bits: int) -> int:
     """0 for a finite value, else 1 nan, 2 +inf, 3 -inf (from float64 bits)."""
     x = bits_float(bits)
@@ -516,8 +524,8 @@ def row_problems(row) -> list[tuple[type, str]]:
                     f"{_group_of(row, flat // k, NF_REWARD_GROUP)}) is {_KINDS[kind]}"))
     if row[BY_LABEL] and row[SINGLETON] < row[ROWS]:
         out.append((GroupError,
-                    f"group label {_label(row, SINGLETON_LABEL)} (first row {row[SINGLETON]}) has 1 sample; "
-                    "Eq. 4 needs at least 2 (unbiased std)"))
+                    f"group label {_label(row, SINGLETON_LABEL)} (first row {row[SINGLETON]}) has 1 sample"
+                    f"{_and_others(row[SINGLETONS] - 1)}; Eq. 4 needs at least 2 (unbiased std)"))
     if _kind(row[C_OVERFLOW_BITS]) and not out:
         out.append((OutOfRangeError,
                     f"Eq. 7 (sum of weights x standardized rewards) overflows float64 at row "

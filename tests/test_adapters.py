@@ -657,7 +657,8 @@ def test_distributed_errors_name_the_failing_ranks_sample_not_an_internal_group_
     is named by the failing rank's sample instead, which that rank's caller can look up."""
     outs = _two_ranks(_sample_names_rank, tmp_path)
     want = {
-        "group_of_one": r"rank 1: GroupError: the group of labels\[2\] \(sample 2\) has 1 sample; Eq. 4 needs",
+        "group_of_one": r"rank 1: GroupError: the group of labels\[2\] \(sample 2\) has 1 sample, as does 1 other "
+                        r"group; Eq. 4 needs",  # q and r: the first named, the other counted
         "labelled_nan": r"rank 1: NonFiniteError: the reward of sample 2 in reward column 0 \(the group of "
                         r"labels\[2\]\) is nan",
         "verl_inf": r"rank 1: NonFiniteError: the score \(sum of response tokens\) of sample 2 in reward column 0 "

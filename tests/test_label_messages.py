@@ -148,3 +148,34 @@ def test_adapters_name_the_uint64_label_of_a_nonfinite_reward():
         adapters.verl_advantages({"acc": tok}, torch.ones(5, 2), torch.tensor(UINT64_LABELS[:4] + [7],
                                                                              dtype=torch.uint64))
     assert str(info.value) == f"token_level_rewards['acc'][2, 1] (sample 2, response token 1, group label {HALF}) is inf"
+
+
+# --- groups of one: the first named, all counted -----------------------------------------------------
+
+ONES = [  # (labels, first row, its label, how many groups of one); sorted and run layouts both
+    ([0, 0, 0, 0, 1, 2, 2, 2, 2, 3, 4, 4, 4, 4], 4, 1, 2),  # runs, at most half the rows heads: run-head path
+    ([0, 0, 1, 2, 2, 3, 4], 2, 1, 3),  # runs, but most rows heads: the full sort
+    ([4, 0, 3, 0, 1, 1, 9], 0, 4, 3),  # interleaved: the full sort
+    ([7, 5, 5, 6, 6], 0, 7, 1),
+    ([0, 1, 2, 3], 0, 0, 4),  # every group of one
+]
+
+
+@pytest.mark.parametrize("labels, row, label, count", ONES)
+def test_a_group_of_one_refusal_counts_the_others(labels, row, label, count):
+    """It used to name the first group of one only: a batch with many read as one to fix."""
+    others = {1: "", 2: ", as does 1 other group"}.get(count, f", as do {count - 1} other groups")
+    want = f"group label {label} (first row {row}) has 1 sample{others}; Eq. 4 needs at least 2 (unbiased std)"
+    r = torch.arange(len(labels) * 2, dtype=torch.float64).view(-1, 2)
+    for fn in (gdpo.gdpo_advantages, gdpo.normalize_rewards, gdpo.group_has_signal):
+        with pytest.raises(GroupError) as info:
+            fn(r, group_ids=torch.tensor(labels))
+        assert str(info.value) == want
+
+
+def test_each_rank_counts_its_own_groups_of_one():
+    table = [_row(False, SINGLETON=2, SINGLETON_LABEL=5, SINGLETONS=3), _row(False, SINGLETON=1, SINGLETON_LABEL=8,
+                                                                            SINGLETONS=1)]
+    reasons = P.table_problems(table)
+    assert "rank 0: GroupError: group label 5 (first row 2) has 1 sample, as do 2 other groups; Eq. 4" in reasons[0]
+    assert "rank 1: GroupError: group label 8 (first row 1) has 1 sample; Eq. 4" in reasons[1]
