@@ -37,10 +37,11 @@ count slots it is read with their counts), or in collective 3 where that runs.
 A failure after the last collective (applying Eq. 6 to this rank's rows) is this
 rank's alone: every rank's statistics were complete, so the peers' results stand.
 
-Calls in step. The agreement row carries how many calls this process has started on
-the group (``P.CALL_SEQ``); a call whose process_group is not a ProcessGroup, which
-raises alone, still counts (see ``_CALLS``), so the peers' waiting call never meets a
-later call of that rank unnoticed: differing counts are refused on every rank.
+Calls in step. A call whose process_group is not a ProcessGroup raises alone, and its
+peers may wait for it. The agreement row carries how many such calls this process made
+since its last agreement on the group (``P.CALL_SEQ``, see ``_UNJOINED``), so the peers'
+waiting call never meets a later call of that rank unnoticed: differing counts refuse
+that call on every rank, and the calls after it are in step again.
 """
 
 from __future__ import annotations
@@ -522,28 +523,30 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
     return round_to(a, out_dtype), st
 
 
-#: Calls this process has started on each process group (``P.CALL_SEQ``), and calls that
-#: joined no group because their process_group was not one (counted into the default group
-#: and every group this process has used: the call was meant for one of them, and its
-#: peers wait there for a partner). Ranks whose counts differ meet different calls: every rank refuses every such
-#: meeting, for good, since no later call can realign them (a group created afterwards
-#: starts in step). A rank that passes None instead of the group makes a local call, which
-#: no count can see: like any collective skipped on one rank, that is the caller's to avoid.
-_CALLS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+#: Calls whose process_group was no process group (``_group_of``), made by this process.
+#: Such a call raises alone, and its peers may be waiting for it in an agreement on some
+#: group: their call would pair with this process's next call on that group. Which group
+#: that is, this process cannot know, so every group's next agreement carries how many such
+#: calls this process made since its last agreement there (``P.CALL_SEQ``). Counts that
+#: differ refuse that one call on every rank; the pairing that refusal ended realigned
+#: the ranks (each side's waiting call is spent), so the next call proceeds. A group on
+#: which no one waited is refused once too: the price of not knowing. A rank that passes
+#: None instead of the group makes a local call, which no count can see: like any
+#: collective skipped on one rank, that is the caller's to avoid.
+_UNJOINED = [0]
+#: ``_UNJOINED`` at this process's last agreement on each group (absent: 0, none yet).
+_SEEN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _next_call(group) -> int:
-    seq = _CALLS.get(group, 0)
-    _CALLS[group] = seq + 1
-    return seq
+    """Calls that joined no group since this process's last agreement on ``group``."""
+    missed = _UNJOINED[0] - _SEEN.get(group, 0)
+    _SEEN[group] = _UNJOINED[0]
+    return missed
 
 
 def _unjoined_call() -> None:
-    world = dist.group.WORLD if dist.is_available() and dist.is_initialized() else None
-    if world is not None:
-        _CALLS.setdefault(world, 0)  # the group such a call most likely meant, used or not
-    for g in list(_CALLS.keys()):
-        _CALLS[g] += 1
+    _UNJOINED[0] += 1
 
 
 def _refusal(reasons: list[str], agreed, group) -> str:

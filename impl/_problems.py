@@ -70,9 +70,9 @@ BY_LABEL, GROUP_SIZE = 30, 31
 #: Host field: 1 when this row's labels were uint64. They travel as int64 (their bits: equal
 #: labels stay equal), and the label fields above are printed as the caller's values from it.
 LABELS_UINT64 = 32
-#: Host field: how many calls this process started on the process group before this
-#: one (impl._pipeline). Ranks whose numbers differ are pairing different calls: a rank
-#: made a call the others never joined.
+#: Host field: how many calls whose process_group was no group this process made since its
+#: last agreement on this group (impl._pipeline). Ranks whose numbers differ may be pairing
+#: different calls: a rank made a call its peers waited for in vain.
 CALL_SEQ = 33
 #: Local sample counts of the first COUNT_SLOTS units ride along with the
 #: agreement, so a unit of one is caught there without a second host read.
@@ -589,12 +589,12 @@ def table_problems(table: list[list[int]], words: dict[int, str] | None = None) 
     if missing:
         reasons.append(f"ranks {missing} did not fill their row of the agreement table")
     seqs = {r: table[r][CALL_SEQ] for r in range(world)}
-    if len(set(seqs.values())) > 1:  # different calls met here: nothing else in the rows is comparable
-        reasons.append("ranks are out of step on this process group, meeting different calls ("
-                       + _by_value({r: f"call {x} on it" for r, x in seqs.items()})
-                       + "): a rank made a call the others never joined (its process_group was not a "
-                       "ProcessGroup), so every later call on this group meets the wrong partner and is "
-                       "refused; create the group anew (or restart) to continue")
+    if len(set(seqs.values())) > 1:  # different calls may meet here: nothing else in the rows is comparable
+        reasons.append("ranks may be meeting different calls: calls whose process_group was not a ProcessGroup "
+                       "(each raised alone) since the rank's last call on this process group ("
+                       + _by_value(seqs) + "); a peer that waited for such a call on this group meets this "
+                       "call instead, so it is refused on every rank, which spends the waiting call: the "
+                       "next call on this group proceeds")
         return reasons
     healthy = []
     for r, row in enumerate(table):

@@ -112,22 +112,26 @@ def _gdpo(rank, world, group, device, rewards, sizes=None, group_size=None, grou
 def _steps(rank, world, group, device, steps):
     """Several whiten calls in a row: ``steps[rank]`` lists (values, how), ``how`` "ok",
     "meta" (this rank's values on the meta device), "not_a_group" (process_group="world",
-    a call that joins no group) or "new_group" (no call: the later ones use a new group of
-    every rank). The result: each step's (class name or "ok", message or bits)."""
+    a call that joins no group), "new_group" (no call: the later ones use a new group of
+    every rank), "second_group" (no call: create another group of every rank) or "second"
+    (a call on that group). The result: each step's (class name or "ok", message or bits)."""
     import torch
     import torch.distributed as dist
 
     from impl import gdpo
 
     out = []
+    second = None
     for values, how in steps[rank]:
-        if how == "new_group":
-            group = dist.new_group(list(range(world)))
-            out.append(["new_group", ""])
+        if how in ("new_group", "second_group"):
+            made = dist.new_group(list(range(world)))
+            group, second = (made, second) if how == "new_group" else (group, made)
+            out.append([how, ""])
             continue
         v = torch.tensor(values, dtype=torch.float64, device="meta" if how == "meta" else device)
+        pg = {"not_a_group": "world", "second": second}.get(how, group)
         try:
-            a = gdpo.whiten(v, process_group="world" if how == "not_a_group" else group, out_dtype=torch.float64)
+            a = gdpo.whiten(v, process_group=pg, out_dtype=torch.float64)
             out.append(["ok", [float(x).hex() for x in a.tolist()]])
         except Exception as exc:  # noqa: BLE001 - every outcome is the result
             out.append([type(exc).__name__, str(exc)])
