@@ -54,7 +54,8 @@ Decisions this module makes (the brief left them open):
 * ``group_size`` is an integer scalar: a Python int, a NumPy integer or a 0-d integer
   tensor (a CUDA one is read once); bool and floats are refused (GroupError).
 * ``process_group=None`` means *local only*; pass ``torch.distributed.group.WORLD``
-  (or any group) to whiten across ranks. Groups of Eq. 4 never span ranks. Anything
+  (or any group) to whiten across ranks. Groups of Eq. 4 never span ranks: labels are
+  local, so a label on two ranks is two groups (not detected). Anything
   else than None or a ProcessGroup is an InputDtypeError; a ProcessGroup while
   torch.distributed is not initialized (or one destroyed) is a DistributedError, raised
   at once on that rank (no agreement can run without a group).

@@ -516,3 +516,20 @@ def test_a_float8_cast_refusal_names_the_first_value_and_its_row():
                   r"at its row 7\); choose a wider out_dtype$", recs[0]["msg"])
     assert m, recs[0]["msg"]
     assert float(m[1]) == float.fromhex(run.by_rank("f64")[1]["result"]["hex"][7])  # the same call in float64
+
+
+def test_a_label_on_two_ranks_is_two_groups_a_known_limit():
+    """Known limit (spec section 2, README): group labels are local, so label 1 on ranks 0
+    and 1 is two groups of Eq. 4, one per rank, and nothing says so. This pins it: the
+    advantages are those of the split groups, far from those of the merged one."""
+    rewards = [[[0.0, 1.0], [1.0, 0.0], [0.0, 0.0], [1.0, 1.0]], [[1.0, 1.0], [1.0, 1.0], [0.0, 1.0], [3.0, 0.0]]]
+    labels = [[0, 0, 1, 1], [1, 1, 2, 2]]
+    run = _dist.run_group(2, [("split", "gdpo", {"rewards": rewards, "group_ids": labels})],
+                          group_timeout_s=GROUP_TIMEOUT_S, deadline_s=DEADLINE_S)
+    recs = run.by_rank("split")
+    got = _floats(recs[0]) + _floats(recs[1])
+    flat = rewards[0] + rewards[1]
+    split = exact_gdpo(flat, [0, 0, 1, 1, "1 on rank 1", "1 on rank 1", 2, 2])
+    merged = exact_gdpo(flat, [0, 0, 1, 1, 1, 1, 2, 2])
+    assert_within(got, split["a"], split["da"], "float64", "split label")
+    assert max(abs(g - float(m)) for g, m in zip(got, merged["a"])) > 0.1
