@@ -46,6 +46,7 @@ that call on every rank, and the calls after it are in step again.
 
 from __future__ import annotations
 
+import contextvars
 import math
 import weakref
 
@@ -392,7 +393,7 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
             inp = check_rewards(rewards, group_ids, group_size, weights, allow_empty_rows=True)
             n, dtype = inp.n, inp.rewards.dtype
             host.update(_rewards_host(inp))
-            host[P.WEIGHTS_FP] = P.weights_fingerprint(inp.weights)
+            host[P.WEIGHTS_FP] = P.weights_fingerprint(inp.weights, COLUMN_NAMES.get())
         else:
             v = check_values(values)
             n, dtype = v.shape[0], v.dtype
@@ -521,6 +522,12 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
             buf.late[rank, _FAILED] = 1
         _late_checks(name, group, world, rank, agreed, buf.late, out_dtype, failure, words_buf)
     return round_to(a, out_dtype), st
+
+
+#: The reward names of an adapter's call (impl.adapters sets them around a call under a
+#: process group): the agreement compares them with the weights, so ranks whose reward
+#: mappings name different components are refused, not computed column by column.
+COLUMN_NAMES: contextvars.ContextVar = contextvars.ContextVar("gdpo_column_names", default=None)
 
 
 #: Calls whose process_group was no process group (``_group_of``), made by this process.
@@ -663,7 +670,7 @@ def _words_row(text: str | None) -> torch.Tensor | None:
 def _weights_text(inp) -> str | None:
     """This rank's weights as it tells them (never raises: the rank must still join)."""
     try:
-        return P.weights_words(inp.weights)
+        return P.weights_words(inp.weights, COLUMN_NAMES.get())
     except Exception:  # noqa: BLE001 - the refusal then shows the digest
         return None
 

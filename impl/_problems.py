@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import re
 import struct
 
 import torch
@@ -150,10 +151,20 @@ def bits_float(b: int) -> float:
     return struct.unpack("<d", struct.pack("<q", int(b)))[0]
 
 
-def weights_fingerprint(values) -> int:
-    """62-bit digest of the float64 weight bits (equal weights, equal digest)."""
-    blob = struct.pack(f"<{len(values)}d", *values)
+def weights_fingerprint(values, names=None) -> int:
+    """62-bit digest of the float64 weight bits (equal weights, equal digest). An adapter's
+    reward names go in with them, paired and in name order: ranks whose names differ
+    differ, ranks whose mappings only list them in another order agree."""
+    if names is None:
+        blob = struct.pack(f"<{len(values)}d", *values)
+    else:
+        blob = repr(_named(values, names)).encode()
     return int.from_bytes(hashlib.blake2b(blob, digest_size=8).digest(), "little") >> 2
+
+
+def _named(values, names) -> list[tuple[str, str]]:
+    """(name, weight) of an adapter's columns, as text, in the order of the names' reprs."""
+    return sorted((repr(n), repr(float(w))) for n, w in zip(names, values))
 
 
 _KINDS = {1: "nan", 2: "inf", 3: "-inf"}
@@ -573,8 +584,11 @@ def weights_disagree(table: list[list[int]]) -> bool:
     return len({row[WEIGHTS_FP] for row in rows}) > 1
 
 
-def weights_words(values) -> str:
-    """How a rank states its weights to its peers: the float64 values, shortest round-trip."""
+def weights_words(values, names=None) -> str:
+    """How a rank states its weights to its peers: the float64 values, shortest round-trip;
+    an adapter's as {name: weight}, in the order :func:`weights_fingerprint` reads them."""
+    if names is not None:
+        return "{" + ", ".join(f"{n}: {w}" for n, w in _named(values, names)) + "}"
     return "[" + ", ".join(repr(float(x)) for x in values) + "]"
 
 
@@ -641,13 +655,22 @@ def table_problems(table: list[list[int]], words: dict[int, str] | None = None) 
         if all(r in said and not table[r][HOST_CODE] for r in consider) \
                 and len({said[r] for r in consider}) == len(set(fps.values())):  # each rank's weights, in its words
             # (words cut at WORDS_BYTES could make different weights read alike: then the digests)
-            differ(WEIGHTS_FP, lambda v: "weights differ across ranks ("
-                   + _by_value({r: said[r] for r in v}) + "; compared bit for bit: -0.0 and 0.0 differ)")
+            named = any(said[r].startswith("{") for r in consider)  # an adapter's {name: weight}
+            differ(WEIGHTS_FP, lambda v: ("reward names or weights" if named else "weights")
+                   + " differ across ranks (" + _by_value({r: said[r] for r in v})
+                   + ("" if not any(_signed_zero(said[r]) for r in v) else
+                      "; compared bit for bit: -0.0 and 0.0 differ") + ")")
         else:
-            differ(WEIGHTS_FP, lambda v: "weights differ across ranks ("
+            differ(WEIGHTS_FP, lambda v: "weights (or an adapter's reward names) differ across ranks ("
                    + _by_value({r: f"digest {x:#x}" for r, x in v.items()})
-                   + "; the digest of the float64 bits of the K weights: -0.0 and 0.0 differ)")
+                   + "; the digest of the float64 bits of the K weights, and of the names an adapter "
+                   "passes: -0.0 and 0.0 differ)")
     return reasons
+
+
+def _signed_zero(words: str) -> bool:
+    """Do a rank's stated weights hold a zero (whose sign the comparison reads)?"""
+    return bool(re.search(r"(?<![\d.e])-?0\.0(?![\d])", words))
 
 
 def refusal_message(reasons: list[str], table: list[list[int]], global_ranks: list[int] | None = None) -> str:

@@ -94,6 +94,7 @@ labels of the wrong number or shape are a ``GroupLengthError`` (both a
 
 from __future__ import annotations
 
+import contextlib
 import math
 import numbers
 import re
@@ -102,6 +103,7 @@ from collections.abc import Hashable, Mapping, Sequence, Set
 
 import torch
 
+from impl import _pipeline
 from impl._inputs import numpy_view, read_tensor
 from impl._problems import GroupLengthError
 from impl.gdpo import _opaque_to_dynamo
@@ -385,6 +387,18 @@ _TRL_NAMES = ((r"\bgroup_size\b", "num_generations"),
 # ------------------------------------------------------------------ the adapters
 
 
+@contextlib.contextmanager
+def _named_columns(names: list):
+    """The reward names travel with the weights in the agreement (impl._pipeline.COLUMN_NAMES):
+    ranks whose mappings name different components are refused, and ranks whose mappings list
+    the same ones in another order agree (each rank's weights follow its own names)."""
+    token = _pipeline.COLUMN_NAMES.set(list(names))
+    try:
+        yield
+    finally:
+        _pipeline.COLUMN_NAMES.reset(token)
+
+
 @_opaque_to_dynamo
 def trl_advantages(rewards_per_func: torch.Tensor, num_generations: int, reward_weights=None, *,
                    segment_sizes=None, process_group=None, eps: float = DEFAULT_EPS,
@@ -592,8 +606,9 @@ def verl_advantages(token_level_rewards: Mapping[str, torch.Tensor], response_ma
             raise
         _refuse_with_peers(process_group, e, "index", eps, out_dtype, response_mask, token_level_rewards)
     try:
-        a = gdpo_advantages(scores, group_ids=ids.ids, weights=w, segment_sizes=segment_sizes,
-                            process_group=process_group, eps=eps, out_dtype=out_dtype)
+        with _named_columns(keys):
+            a = gdpo_advantages(scores, group_ids=ids.ids, weights=w, segment_sizes=segment_sizes,
+                                process_group=process_group, eps=eps, out_dtype=out_dtype)
     except GDPOError as e:
         # This rank's own finding in the caller's terms (host reads: only on refusal): a mask
         # value left to impl.gdpo's read (CUDA), else the first non-finite score's token.
@@ -660,8 +675,9 @@ def labelled_advantages(rewards: Mapping[str, torch.Tensor], labels: Sequence[Ha
             raise
         _refuse_with_peers(process_group, e, "labels", eps, out_dtype, rewards)
     try:
-        return gdpo_advantages(r, group_ids=ids.ids, weights=w, segment_sizes=segment_sizes,
-                               process_group=process_group, eps=eps, out_dtype=out_dtype)
+        with _named_columns(names):
+            return gdpo_advantages(r, group_ids=ids.ids, weights=w, segment_sizes=segment_sizes,
+                                   process_group=process_group, eps=eps, out_dtype=out_dtype)
     except GDPOError as e:
         better = _in_callers_terms(e, names, ids, isinstance(weights, Mapping), "rewards[{key}][{i}]", "labels",
                                    "the reward")

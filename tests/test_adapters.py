@@ -723,3 +723,66 @@ def test_sparse_inputs_to_verl_and_trl_are_refused_in_the_callers_names():
     with pytest.raises(InputDtypeError, match=r"^rewards_per_func has dtype float8_e4m3fn; .* "
                                               r"rewards_per_func.float\(\) \(exact\)$"):
         adapters.trl_advantages(tok.to(torch.float8_e4m3fn), 2)
+
+
+def _reward_names_rank(rank, world, init_file, out_dir):
+    """One gloo rank: the adapters' reward mappings name different components, or the same
+    ones in another order, on rank 1; each scenario's class and message (or hex bits)."""
+    import datetime
+    import pickle
+
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=15))
+    group = dist.group.WORLD
+    bad = rank == 1
+    x = torch.tensor([0.0, 1.0, 2.0, 0.5]) + rank
+    y = torch.tensor([1.0, 0.0, 0.5, 3.0]) * (rank + 1)
+    labels = ["p", "p", "q", "q"]
+    mask = torch.ones(4, 2)
+    scenarios = {
+        "labelled_other_names": lambda: adapters.labelled_advantages(
+            {"acc": x, "len" if bad else "fmt": y}, labels, process_group=group),
+        "verl_other_names": lambda: adapters.verl_advantages(
+            {"acc": x[:, None].expand(4, 2), "len" if bad else "fmt": y[:, None].expand(4, 2)}, mask, labels,
+            process_group=group),
+        "labelled_other_order": lambda: adapters.labelled_advantages(
+            {"len": y, "acc": x} if bad else {"acc": x, "len": y}, labels, weights={"acc": 1.0, "len": 0.5},
+            process_group=group),
+        "labelled_same_order": lambda: adapters.labelled_advantages(
+            {"acc": x, "len": y}, labels, weights={"acc": 1.0, "len": 0.5}, process_group=group),
+        "labelled_other_weights": lambda: adapters.labelled_advantages(
+            {"acc": x, "len": y}, labels, weights={"acc": 1.0, "len": 0.25 if bad else 0.5}, process_group=group),
+    }
+    out = {}
+    for name, call in scenarios.items():
+        try:
+            out[name] = ("ok", [float(v).hex() for v in call().reshape(-1).tolist()])
+        except Exception as e:  # noqa: BLE001 - recorded for the parent
+            out[name] = (type(e).__name__, str(e))
+    with open(os.path.join(out_dir, f"{rank}.pkl"), "wb") as f:
+        pickle.dump(out, f)
+    dist.destroy_process_group()
+
+
+@pytest.mark.distributed
+def test_reward_names_are_agreed_across_ranks(tmp_path):
+    """Found by review: the adapters took columns in mapping order and the agreement compared
+    K and the weights only. Ranks whose mappings named different components computed column
+    by column ("fmt" on rank 0 with "len" on rank 1); ranks whose mappings listed the same
+    components in another order were refused as if their weights differed."""
+    outs = _two_ranks(_reward_names_rank, tmp_path)
+    for name in ("labelled_other_names", "verl_other_names"):
+        for r in range(2):
+            cls, msg = outs[r][name]
+            assert cls == "DistributedError", (name, r, outs[r][name])
+            assert msg.endswith("refused on all 2 ranks: reward names or weights differ across ranks (rank 0: "
+                                "{'acc': 1.0, 'fmt': 1.0}; rank 1: {'acc': 1.0, 'len': 1.0})"), (name, msg)
+    for r in range(2):  # another order, the same names and weights: the same call, bit for bit (K = 2)
+        assert outs[r]["labelled_other_order"][0] == "ok", outs[r]["labelled_other_order"]
+        assert outs[r]["labelled_other_order"] == outs[r]["labelled_same_order"]
+        cls, msg = outs[r]["labelled_other_weights"]
+        assert cls == "DistributedError" and msg.endswith(
+            "reward names or weights differ across ranks (rank 0: {'acc': 1.0, 'len': 0.5}; rank 1: {'acc': 1.0, "
+            "'len': 0.25})"), msg  # no word of signed zeros where no weight is zero

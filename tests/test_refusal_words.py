@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 
 from impl import _pipeline
@@ -134,3 +135,22 @@ def test_weights_of_a_rank_with_a_problem_of_its_own_are_not_compared():
     table[2][P.NF_REWARD_KIND] = P.float_bits(math.nan)  # rank 2: a NaN reward (its float64 bits)
     assert not P.weights_disagree(table)
     assert not any("weights differ" in x for x in P.table_problems(table))
+
+
+@pytest.mark.parametrize("a, b, signed", [([1.0, 0.0], [1.0, -0.0], True), ([1.0, 1.0], [1.0, 2.0], False),
+                                          ([10.0, 0.05], [10.0, 0.5], False), ([-0.0, 3.0], [1.0, 3.0], True)])
+def test_the_signed_zero_remark_only_where_a_weight_is_zero(a, b, signed):
+    """Found by review: every weights refusal ended "compared bit for bit: -0.0 and 0.0
+    differ", as if a signed zero were the cause of [1, 1] against [1, 2]."""
+    words = {0: P.weights_words(a), 1: P.weights_words(b)}
+    text = "; ".join(P.table_problems(_rows(a, b), words))
+    assert text.startswith(f"weights differ across ranks (rank 0: {words[0]}; rank 1: {words[1]}"), text
+    assert ("compared bit for bit: -0.0 and 0.0 differ" in text) == signed, text
+
+
+def test_an_adapters_names_travel_with_its_weights_in_name_order():
+    """Same names and weights in another mapping order: one digest. Other names: another."""
+    same = P.weights_fingerprint([1.0, 0.5], ["acc", "len"]) == P.weights_fingerprint([0.5, 1.0], ["len", "acc"])
+    assert same and P.weights_fingerprint([1.0, 0.5], ["acc", "len"]) != P.weights_fingerprint([1.0, 0.5],
+                                                                                                ["acc", "fmt"])
+    assert P.weights_words([0.5, 1.0], ["len", "acc"]) == "{'acc': 1.0, 'len': 0.5}"
