@@ -347,8 +347,6 @@ def check_rewards(rewards, group_ids, group_size, weights, *, allow_empty_rows: 
             except (TypeError, ValueError, RuntimeError, OverflowError):
                 raise (_label_problem(group_ids) or Problem(P.P_GROUP_IDS_DTYPE, 0, detail=_of_type(group_ids))) \
                     from None
-            if ids.numel() == 0 and ids.is_floating_point():
-                ids = ids.to(torch.int64)  # an empty list (an empty shard) holds no float labels
             if ids.dim() == 1 and not hasattr(group_ids, "dtype") and (
                     ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool
                     or bool in set(map(type, group_ids))):  # torch reads [1, True] as int64 [1, 1]
@@ -356,6 +354,8 @@ def check_rewards(rewards, group_ids, group_size, weights, *, allow_empty_rows: 
                 problem = _label_problem(group_ids)
                 if problem is not None:
                     raise problem
+        if ids.numel() == 0 and ids.dim() == 1 and ids.is_floating_point():
+            ids = ids.to(torch.int64)  # an empty shard's labels (torch.tensor([]) is float32) hold no float
         if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
             python_floats = ids.is_floating_point() and not hasattr(group_ids, "dtype")  # read as doubles
             raise Problem(P.P_GROUP_IDS_DTYPE, P.dtype_code(torch.float64 if python_floats else ids.dtype))

@@ -366,3 +366,19 @@ def test_tensor_arguments_on_a_device_without_data_are_named(arg, kw):
     if arg == "segment_sizes":
         with pytest.raises(InputDtypeError, match=r"^segment_sizes is on a device of type other than"):
             gdpo.whiten(V, segment_sizes=kw["segment_sizes"])
+
+
+@pytest.mark.parametrize("labels", [[], np.array([]), torch.tensor([]), torch.tensor([], dtype=torch.float64),
+                                    torch.tensor([], dtype=torch.int32)], ids=["list", "numpy", "tensor_float32",
+                                                                               "tensor_float64", "tensor_int32"])
+def test_an_empty_shards_labels_are_taken_however_they_come(labels):
+    """Found by review: on a rank with no rows, [] and np.array([]) were taken but
+    torch.tensor([]) (float32 by default) was refused as float labels, failing the step on
+    every rank. An empty container holds no float label."""
+    from impl._inputs import check_rewards
+
+    inp = check_rewards(torch.zeros(0, 2), labels, None, None, allow_empty_rows=True)
+    assert inp.labels.dtype == torch.int64 and inp.labels.shape == (0,)
+    # a float label, where there is one, is still refused
+    _refused(GroupError, r"^group_ids must hold integer labels; got dtype float32", gdpo.gdpo_advantages, R[:2],
+             group_ids=torch.tensor([0.0, 0.0]))
