@@ -245,12 +245,16 @@ def _not_a_dtype(x) -> str:
 
 def numpy_view(x):
     """``x``, or where it is a NumPy array torch cannot share (negative strides, as
-    ``a[::-1]`` or ``np.flip(a)`` give) or may not write (read-only), a contiguous copy of it:
-    the same values, which impl only reads. Anything else is returned as it is."""
+    ``a[::-1]`` or ``np.flip(a)`` give), may not write (read-only) or whose bytes are in the
+    other byte order (``a.astype('>f8')``), a contiguous native copy of it: the same values,
+    which impl only reads. Anything else is returned as it is."""
     strides = getattr(x, "strides", None)
     flags = getattr(x, "flags", None)
     if strides is None or flags is None or isinstance(x, torch.Tensor) or _np_kind(x) is None:
         return x
+    dtype = getattr(x, "dtype", None)
+    if dtype is not None and not getattr(dtype, "isnative", True):
+        return sys.modules["numpy"].ascontiguousarray(x, dtype=dtype.newbyteorder("="))
     if any(s < 0 for s in strides) or not getattr(flags, "writeable", True):
         return sys.modules["numpy"].array(x, copy=True, order="C")
     return x

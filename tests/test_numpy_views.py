@@ -1,6 +1,7 @@
 """NumPy arrays torch cannot share (negative strides: ``a[::-1]``, ``np.flip``) or may not
 write (read-only) are read by value, as the oracle reads them: the same results as their
-contiguous copies, and no warning (impl never writes its inputs). Both used to be refused
+contiguous copies, and no warning (impl never writes its inputs). Both used to be refused,
+as were arrays in the other byte order
 ("rewards must be a tensor or a sequence of floats") or to warn about non-writable tensors."""
 
 import warnings
@@ -28,6 +29,8 @@ VIEWS = {
     "np.flip": np.flip,
     "every other row": lambda x: np.concatenate([x, x])[::2],  # positive strides: shared as before
     "read-only": _read_only,
+    "big-endian": lambda x: x.astype(x.dtype.newbyteorder(">")),  # refused as "a ndarray" (found by review)
+    "big-endian reversed": lambda x: x.astype(x.dtype.newbyteorder(">"))[::-1],
 }
 
 
