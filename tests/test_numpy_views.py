@@ -1,8 +1,8 @@
 """NumPy arrays torch cannot share (negative strides: ``a[::-1]``, ``np.flip``) or may not
 write (read-only) are read by value, as the oracle reads them: the same results as their
-contiguous copies, and no warning (impl never writes its inputs). Both used to be refused,
-as were arrays in the other byte order
-("rewards must be a tensor or a sequence of floats") or to warn about non-writable tensors."""
+contiguous copies, and no warning (impl never writes its inputs). Both used to be refused
+("rewards must be a tensor or a sequence of floats") or to warn about non-writable tensors;
+arrays in the other byte order (``a.astype('>f8')``) were refused the same way."""
 
 import warnings
 
