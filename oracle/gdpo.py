@@ -997,6 +997,10 @@ def _whiten(forms, nan, c64, dcond, cond_frame, dmodel, model_frame, uidx, t, co
             with np.errstate(over="ignore"):
                 acond[idx] = np.ldexp(dcond[idx], cond_frame[idx])
                 adelta[idx] = np.ldexp(dmodel[idx], model_frame[idx])
+            # no Eq. 6, but the unit's combined values may still be all exactly equal (the
+            # field says so under every convention; it read False here, found by review)
+            ucoll[s] = idx.size > 0 and not nan[idx].any() and all(
+                forms[j].minus(forms[idx[0]]).is_zero() for j in idx[1:])
             continue
         uforms = [forms[j] for j in idx]
         c_top = _top_exponent(uforms, nan[idx], c64[idx], classes)

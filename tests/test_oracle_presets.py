@@ -70,3 +70,13 @@ def test_spec_refuses_what_peers_accept():
     r[0, 0] = np.nan
     with pytest.raises(ValueError, match="NaN"):
         gdpo.advantages(r, g, convention="spec")
+
+
+def test_unit_collapsed_is_reported_without_batch_whitening_too():
+    """Found by review: under a convention with no Eq. 6 (multireward_grpo) the flag read
+    False for a unit whose combined values are all exactly 0 (each column constant in its group)."""
+    og = gdpo
+    res = og.advantages([[5e-324, 0.8], [5e-324, 0.8]], [0, 0], weights=[1.0, -1.0], convention="multireward_grpo")
+    assert res.combined.exact_zero.all() and res.unit_collapsed.tolist() == [True]
+    res = og.advantages([[1.0, 0.8], [0.0, 0.8]], [0, 0], weights=[1.0, -1.0], convention="multireward_grpo")
+    assert res.unit_collapsed.tolist() == [False]
