@@ -39,7 +39,7 @@ rank's alone: every rank's statistics were complete, so the peers' results stand
 
 Calls in step. A call whose process_group is not a ProcessGroup raises alone, and its
 peers may wait for it. The agreement row carries how many such calls this process made
-since its last agreement on the group (``P.CALL_SEQ``, see ``_UNJOINED``), so the peers'
+since its last agreement on the group (``P.UNJOINED``, see ``_UNJOINED``), so the peers'
 waiting call never meets a later call of that rank unnoticed: differing counts refuse
 that call on every rank, and the calls after it are in step again.
 """
@@ -376,9 +376,9 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
     and every rank raises the same DistributedError (chained here on ``refused``)."""
     name = P.API_NAMES[api]
     world, rank = _group_of(api, group, refused)
-    seq = _next_call(group)
+    missed = _unjoined_since(group)
     data_device = _device_of(rewards if api == P.API_GDPO else values)
-    host = {P.PRESENT: 1, P.API: api, P.CALL_SEQ: seq}
+    host = {P.PRESENT: 1, P.API: api, P.UNJOINED: missed}
     device_facts: dict[int, torch.Tensor] = {}
     local_exc = None
     loc = prep = inp = sizes = buf = None
@@ -450,7 +450,7 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
     except Exception as exc:  # noqa: BLE001 - e.g. a host field beyond int64: still join, refused
         local_exc = local_exc or exc
         told = exc
-        table[rank] = _facts_row({P.PRESENT: 1, P.API: api, P.CALL_SEQ: seq, P.HOST_CODE: P.P_LOCAL_FAILURE}, {},
+        table[rank] = _facts_row({P.PRESENT: 1, P.API: api, P.UNJOINED: missed, P.HOST_CODE: P.P_LOCAL_FAILURE}, {},
                                  torch.device("cpu")).to(comm)
     _all_reduce(table, dist.ReduceOp.SUM, group, name, 1, rank)
     agreed = table.tolist()  # the call's one host synchronisation
@@ -534,7 +534,7 @@ COLUMN_NAMES: contextvars.ContextVar = contextvars.ContextVar("gdpo_column_names
 #: Such a call raises alone, and its peers may be waiting for it in an agreement on some
 #: group: their call would pair with this process's next call on that group. Which group
 #: that is, this process cannot know, so every group's next agreement carries how many such
-#: calls this process made since its last agreement there (``P.CALL_SEQ``). Counts that
+#: calls this process made since its last agreement there (``P.UNJOINED``). Counts that
 #: differ refuse that one call on every rank; the pairing that refusal ended realigned
 #: the ranks (each side's waiting call is spent), so the next call proceeds. A group on
 #: which no one waited is refused once too: the price of not knowing. A rank that passes
@@ -545,7 +545,7 @@ _UNJOINED = [0]
 _SEEN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def _next_call(group) -> int:
+def _unjoined_since(group) -> int:
     """Calls that joined no group since this process's last agreement on ``group``."""
     missed = _UNJOINED[0] - _SEEN.get(group, 0)
     _SEEN[group] = _UNJOINED[0]
@@ -639,7 +639,7 @@ _WORDS_COLS = WORDS_BYTES // 8
 def _in_step(agreed) -> bool:
     """Every rank present and in the same call: only then may a refusal run one more
     collective (ranks out of step would pair it with another call's)."""
-    return all(r[P.PRESENT] == 1 for r in agreed) and len({r[P.CALL_SEQ] for r in agreed}) == 1
+    return all(r[P.PRESENT] == 1 for r in agreed) and len({r[P.UNJOINED] for r in agreed}) == 1
 
 
 def _words_of(exc) -> str | None:

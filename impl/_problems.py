@@ -74,7 +74,7 @@ LABELS_UINT64 = 32
 #: Host field: how many calls whose process_group was no group this process made since its
 #: last agreement on this group (impl._pipeline). Ranks whose numbers differ may be pairing
 #: different calls: a rank made a call its peers waited for in vain.
-CALL_SEQ = 33
+UNJOINED = 33
 #: Local sample counts of the first COUNT_SLOTS units ride along with the
 #: agreement, so a unit of one is caught there without a second host read.
 COUNTS = 34
@@ -602,7 +602,7 @@ def table_problems(table: list[list[int]], words: dict[int, str] | None = None) 
     missing = [r for r in range(world) if table[r][PRESENT] != 1]
     if missing:
         reasons.append(f"ranks {missing} did not fill their row of the agreement table")
-    seqs = {r: table[r][CALL_SEQ] for r in range(world)}
+    seqs = {r: table[r][UNJOINED] for r in range(world)}
     if len(set(seqs.values())) > 1:  # different calls may meet here: nothing else in the rows is comparable
         reasons.append("ranks may be meeting different calls: calls whose process_group was not a ProcessGroup "
                        "(each raised alone) since the rank's last call on this process group ("

@@ -98,7 +98,7 @@ def _rows(*weights, host=None):
     table = []
     for r, w in enumerate(weights):
         row = [0] * P.ROW_WIDTH
-        row[P.PRESENT], row[P.API], row[P.CALL_SEQ], row[P.K] = 1, P.API_GDPO, 1, 2
+        row[P.PRESENT], row[P.API], row[P.UNJOINED], row[P.K] = 1, P.API_GDPO, 1, 2
         row[P.WEIGHTS_FP] = P.weights_fingerprint(w)
         if host and r in host:
             row[P.HOST_CODE], row[P.K], row[P.WEIGHTS_FP] = host[r], 0, 0  # a host refusal fills neither
