@@ -316,7 +316,9 @@ def _group_zero_clause(res, weights, g: int) -> str:
         i, j = live
         return (f"columns {i} and {j} of group {label!r} are equal up to shift and sign and carry weights of "
                 f"equal magnitude ({w[i]!r}, {w[j]!r}), so Eq. 7 cancels them exactly (structural "
-                f"cancellation, spec section 7)")
+                f"cancellation, spec section 7: bit for bit only where both columns' arithmetic mirrors "
+                f"itself: the same row subtracted in every column, sums in an order fixed by position (no "
+                f"sorting by value, no atomic adds), each product w z rounded on its own (no fused multiply-add))")
     return f"group {label!r}'s combined value is a structural zero (spec section 7)"
 
 

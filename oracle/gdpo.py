@@ -1054,7 +1054,8 @@ def _whiten(forms, nan, c64, dcond, cond_frame, dmodel, model_frame, uidx, t, co
         # error model in the frame (c * frame); eps scales with it
         ttf = tt.astype(np.float64)
         m_s, s_s, den_s = _scaled_unit_terms(mean, var, eps_w, conv, frame, classes)
-        adelta[idx] = em.whiten_stage(dmodel_s[idx], cs[idx], m_s, vals64, s_s, den_s, conv.whiten_ddof, ttf)
+        adelta[idx] = em.whiten_stage(dmodel_s[idx], cs[idx], m_s, vals64, s_s, den_s, conv.whiten_ddof, ttf,
+                                      tau=math.ldexp(em.TAU, -frame))
         if coll and areq[idx[0]]:
             adelta[idx] = 0.0  # the structural zero: demanded bit for bit
         m_s, s_s, den_s = _scaled_unit_terms(mean, var, eps_w, conv, cframe, classes)

@@ -29,8 +29,8 @@ Eq. 7, per sample, K rewards:
 Eq. 6, per unit S with sample weights t (1 per sample, or token counts),
 T = Σ t, n = number of samples in the unit:
 
-    Δm    = Σ t Δc / T + (n + 1) max |c|
-    Δdev2 = Δc_j + Δm + |c_j - m|
+    Δm    = Σ t Δc / T + (n + 1) (max |c| + τ)
+    Δdev2 = Δc_j + Δm + |c_j - m| + τ
     ΔD    = Σ t |dev2| Δdev2 / ((T - ddof) s) + (n + 3)/2 s + 2 D
     Δa_j  = (Δdev2_j + |a_j| ΔD) / D + 3 (|a_j| + τ)
 
@@ -279,8 +279,10 @@ def combine_stage_framed(dz, z, weights, d_weights=None, rounding=True):
     return dc, frame.astype(np.int64)
 
 
-def whiten_stage(dc, c, mean, a, sigma, denom, ddof, t=None, collapsed=False, rounding=True):
-    """Δa for one unit: arrays over its samples (exact values as float64)."""
+def whiten_stage(dc, c, mean, a, sigma, denom, ddof, t=None, collapsed=False, rounding=True, tau=TAU):
+    """Δa for one unit: arrays over its samples (exact values as float64). ``tau``: the
+    underflow term, scaled like ``c`` when the caller rescales (as at Eq. 4: a code that
+    does not rescale rounds the mean and deviations of subnormal c absolutely)."""
     dc = np.asarray(dc, dtype=np.float64)
     c = np.asarray(c, dtype=np.float64)
     a = np.abs(np.asarray(a, dtype=np.float64))
@@ -293,11 +295,11 @@ def whiten_stage(dc, c, mean, a, sigma, denom, ddof, t=None, collapsed=False, ro
         return noise_cap(T, ddof, t, n, a) if rounding else samuelson(T, ddof, t)
     d_mean = float(np.sum(t * dc) / T)
     if rounding:
-        d_mean += (n + 1) * float(np.max(np.abs(c)))
+        d_mean += (n + 1) * (float(np.max(np.abs(c))) + tau)
     dev2 = np.abs(c - mean)
     d_dev2 = dc + d_mean
     if rounding:
-        d_dev2 = d_dev2 + dev2
+        d_dev2 = d_dev2 + dev2 + tau
     if sigma > 0.0 and T > ddof:
         d_sigma = float(np.sum(t * dev2 * d_dev2) / ((T - ddof) * sigma))
     else:

@@ -67,7 +67,9 @@ class OutOfRangeError(GDPOError):
     practice float8 outputs only). impl.gdpo computes rewards anywhere in float64 range:
     a float64 reward beyond float32 range is not an error there. The contract permits
     either answer for such a reward, computed correctly or refused with this class naming
-    it, and the conformance suite grades both."""
+    it, and the conformance suite grades both. The permission is for rewards only:
+    ``whiten`` computes every finite float64 value (its values are Eq. 7's float64 c,
+    which leave float32's range whenever the weights are large)."""
 
 
 class DistributedError(GDPOError):

@@ -28,7 +28,7 @@ import torch
 from conformance import controls as C
 from conformance import properties as P
 from conformance import regressions
-from conformance.cases import Case, DistCase, expected
+from conformance.cases import Case, DistCase, expected, expected_whiten
 from conformance.compare import judge
 from conformance.plugins import Subject
 from spec.errors import NonFiniteError
@@ -287,3 +287,104 @@ def test_plugins_document_the_error_contract_per_call_shape():
     assert "spec.errors" in doc and "Error contract (``properties.ERROR_CASES`` whose ``shapes`` name ``trl``)" in doc
     assert "Error contract (``properties.ERROR_CASES`` whose ``shapes`` name ``verl``)" in doc
     assert "--single-process" in doc
+
+
+# ----------------------------------------------------------------------------- F
+
+
+def _mirrorless(sum_fn, combine_fn):
+    """A float64 GDPO that follows section 2 (contiguous groups, the group's first row subtracted in
+    every column, two-pass) with its own sum and Eq. 7: the (gdpo, normalize_rewards, whiten) trio."""
+    def z_of(x, eps):
+        if bool((x == x[0]).all()):  # the collapse rule: all exactly equal gives exactly 0
+            return torch.zeros_like(x)
+        n = x.numel()
+        dev = x - sum_fn(x) / n
+        return dev / (torch.sqrt(sum_fn(dev * dev) / (n - 1)) + eps)
+
+    def normalize(rewards, *, group_size=None, group_ids=None, weights=None, eps=1e-4):
+        r = torch.as_tensor(rewards, dtype=torch.float64)
+        r = r[:, None] if r.dim() == 1 else r
+        k = r.shape[1]
+        w = torch.ones(k, dtype=torch.float64) if weights is None else torch.as_tensor(weights, dtype=torch.float64)
+        z = torch.empty_like(r)
+        for g in range(0, r.shape[0], group_size):
+            for col in range(k):
+                x = r[g:g + group_size, col]
+                z[g:g + group_size, col] = z_of(x - x[0], eps)
+        return combine_fn(z, w)
+
+    def whiten(values, *, segment_sizes=None, process_group=None, eps=1e-4, out_dtype=torch.float32):
+        c = torch.as_tensor(values, dtype=torch.float64)
+        return z_of(c - c[0], eps).to(out_dtype)
+
+    def gdpo(rewards, *, group_size=None, group_ids=None, weights=None, segment_sizes=None, process_group=None,
+             eps=1e-4, out_dtype=torch.float32):
+        c = normalize(rewards, group_size=group_size, weights=weights, eps=eps)
+        return whiten(c, eps=eps, out_dtype=out_dtype)
+
+    return gdpo, normalize, whiten
+
+
+def _in_order(x):
+    out = x.new_zeros(())
+    for v in x:
+        out = out + v
+    return out
+
+
+def _value_sorted(x):  # a classic accuracy device; the order then depends on the values
+    return _in_order(torch.sort(x).values)
+
+
+def _separate(z, w):
+    out = z[:, 0] * w[0]
+    for k in range(1, z.shape[1]):
+        out = out + z[:, k] * w[k]
+    return out
+
+
+def _fused(z, w):  # torch.addcmul is one fused multiply-add on CPU
+    out = z[:, 0] * w[0]
+    for k in range(1, z.shape[1]):
+        out = torch.addcmul(out, z[:, k], torch.full_like(out, float(w[k])))
+    return out
+
+
+MIRRORED = _mirrorless(_in_order, _separate)
+UNMIRRORED = {"value_sorted_sums": _mirrorless(_value_sorted, _separate), "fused_eq7": _mirrorless(_in_order, _fused)}
+PINNED_ANTI = [regressions.load(t) for t in regressions.EXAMPLES["cancellation"][:2]]
+
+
+@pytest.mark.parametrize("case", PINNED_ANTI, ids=["eps_default", "eps_0"])
+def test_structural_cancellation_needs_mirrored_arithmetic(case):
+    """Found by a reviewer: codes that follow section 2 (same row subtracted) but sum in value order
+    or fuse Eq. 7's multiply-add passed the default run; the pinned examples reject them, and the
+    message names the three requirements of spec section 7. The same code with positional sums and
+    separate products conforms."""
+    assert case.weights == (0.3, 0.3) and expected(case).result.combined.required_zero.all()
+    P.check_values(_subject(*MIRRORED), case, "cancellation")
+    P.check_normalize(_subject(*MIRRORED), case)
+    for name, trio in UNMIRRORED.items():
+        with pytest.raises(P.ConformanceFailure) as info:
+            P.check_normalize(_subject(*trio), case)
+        assert "no fused multiply-add" in str(info.value) and "order fixed by position" in str(info.value), name
+        with pytest.raises(P.ConformanceFailure, match="exactly 0"):
+            P.check_values(_subject(*trio), case, "cancellation")
+
+
+def test_eq6_bound_holds_the_underflow_term_as_eq4_does():
+    """Found by a reviewer: plain float64 arithmetic without power-of-two frames was accepted at
+    Eq. 4 on subnormal rewards (its bound carries an underflow term tau) but rejected at Eq. 6
+    on the same values (error 2.5e-320 against an allowance of 4e-323): the Eq. 6 bound had no
+    tau in the mean and the deviations. spec/error_model.py now adds it, scaled like c."""
+    case = Case(((5e-324,), (1e-323,)), group_size=2, dtype="float64", out_dtype="float64")
+    assert abs(float(expected_whiten(case.rewards_array()[:, 0], None, None, "spec").result.float64[0])) > 1e-320
+    P.check_whiten(_subject(*MIRRORED), case)
+
+    def std_alone(values, **kw):  # eps left out: +-0.7071 where the exact values are +-2.5e-320
+        return MIRRORED[2](torch.as_tensor(values, dtype=torch.float64) * 2.0 ** 1000, out_dtype=kw["out_dtype"],
+                           eps=0.0)
+
+    with pytest.raises(P.ConformanceFailure, match="outside the error model"):
+        P.check_whiten(_subject(*MIRRORED[:2], std_alone), case)  # a term of noise, not of signal
