@@ -68,13 +68,6 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         '{"rewards":[["0x1.3880000000000p+13"],["0x1.38800a3d70a3dp+13"],["0x1.3880147ae147bp+13"],["0x1.38801eb851eb8p+13"],["0x0.0p+0"],["0x1.0000000000000p+0"],["0x0.0p+0"],["0x1.0000000000000p+0"]],"dtype":"float64","out_dtype":"float64","group_size":4}',
     ),
     "cancellation": (
-        # found by a reviewer (two implementations that follow section 2, passed by the grader's default run):
-        # exact anti columns (r1 + r2 = 1 exactly in every row: 0.763 + 0.237, ...) weighted 0.3 and 0.3.
-        # c = 0 is structural only if the two columns' arithmetic mirrors itself bit for bit: sums in an
-        # order fixed by position (a value-sorted sum gave +-5.6e-13) and each product w z rounded on its own
-        # (torch.addcmul, fused on CPU, gave 5e-14); spec/gdpo.md section 7. Then at eps 0, where the noise is O(1)
-        '{"rewards":[["0x1.86a7ef9db22d1p-1","0x1.e5604189374bcp-3"],["0x1.65604189374bcp-1","0x1.353f7ced91688p-2"],["0x1.083126e978d50p-3","0x1.bdf3b645a1cacp-1"],["0x1.810624dd2f1aap-2","0x1.3f7ced916872bp-1"]],"dtype":"float64","out_dtype":"float32","group_size":4,"weights":["0x1.3333333333333p-2","0x1.3333333333333p-2"]}',
-        '{"rewards":[["0x1.86a7ef9db22d1p-1","0x1.e5604189374bcp-3"],["0x1.65604189374bcp-1","0x1.353f7ced91688p-2"],["0x1.083126e978d50p-3","0x1.bdf3b645a1cacp-1"],["0x1.810624dd2f1aap-2","0x1.3f7ced916872bp-1"]],"dtype":"float64","out_dtype":"float32","group_size":4,"weights":["0x1.3333333333333p-2","0x1.3333333333333p-2"],"eps":"0x0.0p+0"}',
         # exact constant-sum r2 = 2^53 - r1 under equal weights: c = 0 and a = 0 exactly
         '{"rewards":[["0x1.0000000000000p+0","0x1.fffffffffffffp+52"],["0x1.0000000000000p+1","0x1.ffffffffffffep+52"],["0x1.4000000000000p+2","0x1.ffffffffffffbp+52"],["0x1.2000000000000p+3","0x1.ffffffffffff7p+52"],["0x0.0p+0","0x1.0000000000000p+53"],["0x1.8000000000000p+1","0x1.ffffffffffffdp+52"]],"dtype":"float64","out_dtype":"float64","group_size":3}',
         # the brief's [C - d, d], C = 1e15, in a unit of its own: the inputs do not sum to C, the exact
@@ -87,6 +80,13 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         '{"rewards":[["0x0.0p+0","0x1.0000000000000p+3"],["0x1.8000000000000p+1","0x1.4000000000000p+2"],["0x1.0000000000000p+3","0x0.0p+0"],["0x1.0000000000000p+0","0x1.c000000000000p+2"],["0x1.0000000000000p+1","0x1.8000000000000p+2"],["0x1.8000000000000p+2","0x1.0000000000000p+1"]],"dtype":"float32","out_dtype":"float32","group_size":3,"weights":["0x1.0000000000000p+0","0x1.0000000001000p+0"]}',
         # weights [16777216, 16777217]: different in float64, equal in float32
         '{"rewards":[["0x0.0p+0","0x1.0000000000000p+2"],["0x1.0000000000000p+0","0x1.8000000000000p+1"],["0x1.0000000000000p+2","0x0.0p+0"],["0x1.0000000000000p+1","0x1.0000000000000p+1"]],"dtype":"float32","out_dtype":"float64","group_size":2,"weights":["0x1.0000000000000p+24","0x1.0000010000000p+24"]}',
+        # found by a reviewer (two implementations that follow section 2, passed by the grader's default run):
+        # exact anti columns (r1 + r2 = 1 exactly in every row: 0.763 + 0.237, ...) weighted 0.3 and 0.3.
+        # c = 0 is structural only if the two columns' arithmetic mirrors itself bit for bit: sums in an
+        # order fixed by position (a value-sorted sum gave +-5.6e-13) and each product w z rounded on its own
+        # (torch.addcmul, fused on CPU, gave 5e-14); spec/gdpo.md section 7. Then at eps 0, where the noise is O(1)
+        '{"rewards":[["0x1.86a7ef9db22d1p-1","0x1.e5604189374bcp-3"],["0x1.65604189374bcp-1","0x1.353f7ced91688p-2"],["0x1.083126e978d50p-3","0x1.bdf3b645a1cacp-1"],["0x1.810624dd2f1aap-2","0x1.3f7ced916872bp-1"]],"dtype":"float64","out_dtype":"float32","group_size":4,"weights":["0x1.3333333333333p-2","0x1.3333333333333p-2"]}',
+        '{"rewards":[["0x1.86a7ef9db22d1p-1","0x1.e5604189374bcp-3"],["0x1.65604189374bcp-1","0x1.353f7ced91688p-2"],["0x1.083126e978d50p-3","0x1.bdf3b645a1cacp-1"],["0x1.810624dd2f1aap-2","0x1.3f7ced916872bp-1"]],"dtype":"float64","out_dtype":"float32","group_size":4,"weights":["0x1.3333333333333p-2","0x1.3333333333333p-2"],"eps":"0x0.0p+0"}',
     ),
     "collapse": (
         # constant columns at any magnitude (0.1, 3e38, subnormal, signed zeros): a constant unit, exactly 0
@@ -137,13 +137,6 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         '{"rewards":[["0x1.0000000000000p+0"],["0x0.0p+0"],["0x0.0p+0"],["0x1.0000000000000p+0"],["0x0.0p+0"],["0x0.0p+0"],["0x1.0000000000000p+0"],["0x0.0p+0"],["0x0.0p+0"],["0x1.0000000000000p+0"],["0x0.0p+0"],["0x0.0p+0"],["0x1.0000000000000p+0"],["0x0.0p+0"],["0x0.0p+0"],["0x1.0000000000000p+0"],["0x0.0p+0"],["0x0.0p+0"],["0x1.0000000000000p+0"],["0x0.0p+0"],["0x0.0p+0"],["0x1.0000000000000p+0"],["0x0.0p+0"],["0x0.0p+0"],["0x1.0000000000000p+0"],["0x0.0p+0"],["0x0.0p+0"],["0x1.0000000000000p+0"],["0x0.0p+0"],["0x0.0p+0"],["0x1.0000000000000p+0"],["0x0.0p+0"],["0x0.0p+0"],["0x1.0000000000000p+0"],["0x0.0p+0"],["0x0.0p+0"],["0x1.0000000000000p+0"],["0x0.0p+0"],["0x0.0p+0"],["0x1.0000000000000p+0"],["0x0.0p+0"],["0x0.0p+0"],["0x1.0000000000000p+0"],["0x0.0p+0"],["0x0.0p+0"],["0x1.0000000000000p+0"],["0x0.0p+0"],["0x0.0p+0"],["0x1.0000000000000p+0"],["0x0.0p+0"],["0x0.0p+0"],["0x1.0000000000000p+0"],["0x0.0p+0"],["0x0.0p+0"],["0x1.0000000000000p+0"],["0x0.0p+0"],["0x0.0p+0"],["0x1.0000000000000p+0"],["0x0.0p+0"],["0x0.0p+0"],["0x1.0000000000000p+0"],["0x0.0p+0"],["0x0.0p+0"],["0x1.0000000000000p+0"],["0x0.0p+0"]],"dtype":"float64","out_dtype":"float64","group_size":65}',
     ),
     "stage_normalize": (
-        # found by a reviewer (two implementations that follow section 2, passed by the grader's default run):
-        # exact anti columns (r1 + r2 = 1 exactly in every row: 0.763 + 0.237, ...) weighted 0.3 and 0.3.
-        # c = 0 is structural only if the two columns' arithmetic mirrors itself bit for bit: sums in an
-        # order fixed by position (a value-sorted sum gave +-5.6e-13) and each product w z rounded on its own
-        # (torch.addcmul, fused on CPU, gave 5e-14); spec/gdpo.md section 7. Then at eps 0, where the noise is O(1)
-        '{"rewards":[["0x1.86a7ef9db22d1p-1","0x1.e5604189374bcp-3"],["0x1.65604189374bcp-1","0x1.353f7ced91688p-2"],["0x1.083126e978d50p-3","0x1.bdf3b645a1cacp-1"],["0x1.810624dd2f1aap-2","0x1.3f7ced916872bp-1"]],"dtype":"float64","out_dtype":"float32","group_size":4,"weights":["0x1.3333333333333p-2","0x1.3333333333333p-2"]}',
-        '{"rewards":[["0x1.86a7ef9db22d1p-1","0x1.e5604189374bcp-3"],["0x1.65604189374bcp-1","0x1.353f7ced91688p-2"],["0x1.083126e978d50p-3","0x1.bdf3b645a1cacp-1"],["0x1.810624dd2f1aap-2","0x1.3f7ced916872bp-1"]],"dtype":"float64","out_dtype":"float32","group_size":4,"weights":["0x1.3333333333333p-2","0x1.3333333333333p-2"],"eps":"0x0.0p+0"}',
         # found by the deep profile (the judge, fixed in 0de4a4f: conformance/properties.py check_normalize): four columns
         # cancel exactly, c = z(1) + z(3) - z(3) - z(1) = 0, which spec/gdpo.md section 7 holds to the error bound
         # (not structural: oracle required_zero False, allowance 2.3e-14); impl.gdpo returns +-2^-53, within it,
@@ -154,6 +147,13 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         # DBL_MAX and 2^1024, so every float64 code overflows, while the exact c (z a hair below 1.5 because of
         # eps) rounds to DBL_MAX; its allowance reaches 2^1024, so the refusal is permitted
         '{"rewards":[["0x0.0p+0","0x1.0000000000000p+64","0x0.0p+0","0x1.0000000000000p+4"],["0x0.0p+0","0x1.0000000000000p+64","0x0.0p+0","0x1.0000000000000p+4"],["0x0.0p+0","0x1.0000000000000p+64","0x0.0p+0","0x1.0000000000000p+4"],["0x1.0000000000000p+60","0x1.e000000000000p+63","0x0.0p+0","0x1.0000000000000p+4"]],"dtype":"float32","out_dtype":"float64","group_size":4,"weights":["0x1.5555555555555p+1023","0x0.0p+0","0x0.0000000000001p-1022","0x0.0000000000001p-1022"],"note":"pair:anti_exact,pair:anti_exact"}',
+        # found by a reviewer (two implementations that follow section 2, passed by the grader's default run):
+        # exact anti columns (r1 + r2 = 1 exactly in every row: 0.763 + 0.237, ...) weighted 0.3 and 0.3.
+        # c = 0 is structural only if the two columns' arithmetic mirrors itself bit for bit: sums in an
+        # order fixed by position (a value-sorted sum gave +-5.6e-13) and each product w z rounded on its own
+        # (torch.addcmul, fused on CPU, gave 5e-14); spec/gdpo.md section 7. Then at eps 0, where the noise is O(1)
+        '{"rewards":[["0x1.86a7ef9db22d1p-1","0x1.e5604189374bcp-3"],["0x1.65604189374bcp-1","0x1.353f7ced91688p-2"],["0x1.083126e978d50p-3","0x1.bdf3b645a1cacp-1"],["0x1.810624dd2f1aap-2","0x1.3f7ced916872bp-1"]],"dtype":"float64","out_dtype":"float32","group_size":4,"weights":["0x1.3333333333333p-2","0x1.3333333333333p-2"]}',
+        '{"rewards":[["0x1.86a7ef9db22d1p-1","0x1.e5604189374bcp-3"],["0x1.65604189374bcp-1","0x1.353f7ced91688p-2"],["0x1.083126e978d50p-3","0x1.bdf3b645a1cacp-1"],["0x1.810624dd2f1aap-2","0x1.3f7ced916872bp-1"]],"dtype":"float64","out_dtype":"float32","group_size":4,"weights":["0x1.3333333333333p-2","0x1.3333333333333p-2"],"eps":"0x0.0p+0"}',
     ),
     "errors": (
         # found by a reviewer (an implementation dropping zero-weight columns before validating, passed by the
