@@ -21,7 +21,9 @@ conditioning, eps-dominated std, n_g = 2 magnitude loss, float32 range risk; the
 implementation's difference from the exact oracle (in units of the spec's error
 bound); and how far each peer convention's exact result moves from the spec's.
 
-Exit codes: 0 audited, nothing to warn about; 1 audited, warnings; 2 the input is
+Exit codes: 0 audited, nothing to warn about (collapsed columns and groups without
+signal are reported, but routine); 1 audited, warnings (exact cancellation,
+ill-conditioning, eps-dominated std, n_g = 2, float32 range, a collapsed unit); 2 the input is
 malformed (the message names the column and row); 3 impl.gdpo disagrees with
 the oracle beyond the error model (a bug to report).
 """
@@ -52,6 +54,10 @@ EPS_DOMINATED_FACTOR = 10.0
 ILL_CONDITIONED = 1e-6
 
 OK, WARN, MALFORMED, DISAGREE = 0, 1, 2, 3
+#: Group findings that are reported but are no warning (exit code 0): with binary rewards a
+#: column constant within a group, or a group all of whose samples scored alike, is routine
+#: (Eq. 4 gives such a column z = 0 exactly; dynamic sampling drops a group without signal).
+ROUTINE = ("collapsed:", "no signal:")
 
 
 class AuditInputError(GDPOError):
@@ -581,7 +587,7 @@ def audit(batch: Batch, weights=None, eps: float = DEFAULT_EPS, progress: bool |
             flags.append("n_g = 2: magnitudes lost, each varying column is +-0.7071")
         if np.any(np.abs(cols) > FLOAT32_MAX) or np.any(np.abs(np.abs(cols) @ np.abs(w)) > FLOAT32_MAX):
             flags.append("float32 range: rewards or weighted sums beyond float32 (float32 code overflows)")
-        warn |= bool(flags)
+        warn |= any(not f.startswith(ROUTINE) for f in flags)
         groups.append({"group": _py(label), "size": n, "signal": bool(signal[gi]), "flags": flags,
                        "max_cond_combined": cond, "max_cond_combined_sharp": sharp,
                        "impl_error_over_bound": float(ratio[m].max())})

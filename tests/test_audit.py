@@ -112,3 +112,17 @@ def test_disagreeing_implementation_exits_3(monkeypatch, tmp_path):
     real = impl.gdpo_advantages
     monkeypatch.setattr(impl, "gdpo_advantages", lambda *a, **k: real(*a, **k) * 1.001)
     assert cli.main(["audit", str(_write(tmp_path, "csv"))]) == audit.DISAGREE
+
+
+def test_routine_binary_findings_are_reported_but_exit_zero(tmp_path, capsys):
+    """Found by review: a healthy binary-reward batch exited 1 because a column was constant in a
+    group (routine with binary rewards), so a CI gate on the exit code could not tell it from a
+    suspect batch. Collapsed columns and groups without signal are still reported."""
+    p = tmp_path / "binary.csv"
+    p.write_text("group,correct,format\n0,1,1\n0,0,1\n0,1,1\n0,0,1\n1,1,1\n1,1,1\n1,1,1\n1,1,1\n"
+                 "2,0,1\n2,1,0\n2,1,1\n2,0,0\n")
+    assert cli.main(["audit", str(p)]) == audit.OK
+    out = capsys.readouterr().out
+    assert "collapsed: format" in out and "no signal" in out
+    p.write_text(p.read_text() + "3,0,1\n3,1,1\n")  # a group of two: a warning
+    assert cli.main(["audit", str(p)]) == audit.WARN
