@@ -522,6 +522,18 @@ def _refuse_nonfinite(batch: Batch) -> None:
                              f"{shown}{more}: the specification refuses non-finite rewards")
 
 
+def _refuse_singletons(batch: Batch) -> None:
+    """A group of one has no unbiased std (spec section 2): named by its label and first row."""
+    labels, first, counts = np.unique(batch.group_ids, return_index=True, return_counts=True)
+    lonely = np.flatnonzero(counts == 1)
+    if lonely.size:
+        j = lonely[np.argmin(first[lonely])]
+        others = lonely.size - 1
+        more = "" if not others else f", as {'does 1 other group' if others == 1 else f'do {others} other groups'}"
+        raise GroupError(f"{batch.source}: group {_py(labels[j])!r} (row {int(first[j])}) has 1 sample{more}; "
+                         "Eq. 4's unbiased std needs at least 2 (drop such groups, or merge them)")
+
+
 def audit(batch: Batch, weights=None, eps: float = DEFAULT_EPS, progress: bool | None = None) -> dict:
     import torch
 
@@ -537,6 +549,12 @@ def audit(batch: Batch, weights=None, eps: float = DEFAULT_EPS, progress: bool |
     else:
         w = np.ones(K)
     _refuse_nonfinite(batch)
+    _refuse_singletons(batch)
+    try:  # impl's own refusals (Eq. 7 overflow) in the file's row order, before units reorder the rows
+        impl.normalize_rewards(torch.from_numpy(r), group_ids=torch.from_numpy(batch.group_ids),
+                               weights=w.tolist(), eps=eps)
+    except GDPOError as e:
+        raise type(e)(f"{batch.source}: impl.gdpo refuses the batch: {e}") from e
     units = batch.unit_ids if batch.unit_ids is not None else np.zeros(N, dtype=np.int64)
     order = np.argsort(units, kind="stable")  # whitening units as consecutive segments for impl
     ulabels, usizes = np.unique(units[order], return_counts=True)
@@ -651,12 +669,30 @@ def render(report: dict) -> str:
 
 def main(file: str | None, weights=None, as_json: bool = False, eps: float = DEFAULT_EPS, out=None) -> int:
     out = out if out is not None else sys.stdout
+    batch = None
     try:
         batch = read_batch(file) if file else example_batch()
         report = audit(batch, weights=weights, eps=eps)
     except GDPOError as e:
-        print(f"gdpo audit: {e}", file=sys.stderr)
+        said = str(e)
+        if batch is not None and not said.startswith(f"{batch.source}:"):  # every refusal names the file
+            said = f"{batch.source}: {said}"
+        print(f"gdpo audit: {said}", file=sys.stderr)
         return MALFORMED
-    print(json.dumps(report, indent=2) if as_json else render(report), file=out)
+    print(json.dumps(_strict_json(report), indent=2, allow_nan=False) if as_json else render(report), file=out)
     return report["status"]
+
+
+def _strict_json(x):
+    """The report with every non-finite float as the string "inf", "-inf" or "nan": JSON has no
+    such numbers, and json.dumps would write Infinity, which strict parsers refuse."""
+    if isinstance(x, dict):
+        return {k: _strict_json(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_strict_json(v) for v in x]
+    if isinstance(x, float) and x != x:
+        return "nan"
+    if isinstance(x, float) and x in (float("inf"), float("-inf")):
+        return "inf" if x > 0 else "-inf"
+    return x
 

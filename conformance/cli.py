@@ -83,6 +83,11 @@ def run_check(impl: str | None, convention: str | None, call_shape: str | None, 
     from pathlib import Path
 
     why = check_impl_spec(impl)
+    if why is None and convention is not None:
+        from spec import CONVENTIONS
+
+        if convention not in CONVENTIONS:  # else every property errors, and the run exits 1 as a failed grade
+            why = f"unknown convention {convention!r}; the conventions are {', '.join(sorted(CONVENTIONS))}"
     if why is not None:
         print(f"gdpo check: error: {why}", file=sys.stderr)
         return 2

@@ -126,3 +126,28 @@ def test_routine_binary_findings_are_reported_but_exit_zero(tmp_path, capsys):
     assert "collapsed: format" in out and "no signal" in out
     p.write_text(p.read_text() + "3,0,1\n3,1,1\n")  # a group of two: a warning
     assert cli.main(["audit", str(p)]) == audit.WARN
+
+
+def test_refusals_name_the_file_and_the_files_own_row(tmp_path, capsys):
+    """Found by review: with a unit column impl.gdpo saw the rows sorted by unit, so its Eq. 7
+    overflow named row 0 for a group on file rows 4-7; a group of one and impl's refusals
+    named no file."""
+    p = tmp_path / "units.csv"
+    p.write_text("group,unit,a,b,c\n1,1,1,2,3\n1,1,2,3,1\n0,0,1,0,1\n0,0,0,1,1\n1,1,3,1,2\n1,1,0,0,1\n"
+                 "0,0,1,1,0\n0,0,2,2,2\n")
+    assert cli.main(["audit", str(p), "--weights", "1e308", "1e308", "1e308"]) == audit.MALFORMED
+    err = capsys.readouterr().err
+    assert err.startswith(f"gdpo audit: {p}: impl.gdpo refuses the batch: Eq. 7") and "row 5 (group label 1)" in err
+    p = tmp_path / "ones.csv"
+    p.write_text("group,a,b\n0,1,0\n0,0,1\n77,1,1\n1,1,0\n1,0,1\n5,0,0\n")
+    assert cli.main(["audit", str(p)]) == audit.MALFORMED
+    assert capsys.readouterr().err == (f"gdpo audit: {p}: group 77 (row 2) has 1 sample, as does 1 other group; "
+                                       "Eq. 4's unbiased std needs at least 2 (drop such groups, or merge them)\n")
+
+
+def test_json_is_strict_json(tmp_path, capsys):
+    """Found by review: an infinite difference was written as Infinity, which strict parsers refuse."""
+    report = {"a": float("inf"), "b": [float("-inf"), float("nan"), 1.5], "c": {"d": 2}}
+    assert audit._strict_json(report) == {"a": "inf", "b": ["-inf", "nan", 1.5], "c": {"d": 2}}
+    assert cli.main(["audit", str(_write(tmp_path, "csv")), "--json"]) == audit.WARN
+    json.loads(capsys.readouterr().out, parse_constant=lambda name: pytest.fail(f"non-standard JSON {name}"))

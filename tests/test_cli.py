@@ -66,3 +66,10 @@ def test_check_grades_the_verl_call_shape(tmp_path):
                           capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 1 and "masked tokens must be exactly 0" in proc.stdout, \
         proc.stdout[-2000:] + proc.stderr[-2000:]
+
+
+def test_check_refuses_an_unknown_convention_before_the_suite():
+    """Found by review: every property errored on it and the run exited 1, as a failed grade."""
+    from conformance import cli
+
+    assert cli.run_check(None, "nosuch", None, None) == 2
