@@ -190,7 +190,8 @@ def _labels(value, n: int, key: str, source: str) -> np.ndarray:
         with np.errstate(invalid="ignore"):
             bad = ~np.isfinite(arr) | (arr != np.floor(arr)) | (arr < -_INT64) | (arr >= _INT64)
     else:
-        raise err(f"{what} holds {_KINDS.get(kind, str(arr.dtype))} (dtype {arr.dtype}); labels must be integers")
+        raise err(f"{what} holds {_KINDS.get(kind, str(arr.dtype))} (dtype {arr.dtype}); labels must be integers"
+                  + (_UID_HINT if kind in "USO" else ""))
     if bad.any():
         i = _first(bad)[0]
         raise err(f"{what} row {i}: {arr[i].item()!r} is not an integer label")
@@ -315,6 +316,17 @@ def _float_column(values, name: str, source: str, text: bool = False) -> np.ndar
     return out
 
 
+_UID_HINT = "; map string labels (verl's uids) to integers first, as pandas.factorize does"
+
+
+def _looks_numeric(v: str) -> bool:
+    try:
+        float(v)
+    except ValueError:
+        return False
+    return True
+
+
 def _int_column(values, name: str, source: str, text: bool = False, err=AuditGroupError) -> np.ndarray:
     """Integer labels of one column: JSON integers (or integral floats) or their text (CSV)."""
     out = np.empty(len(values), dtype=np.int64)
@@ -324,7 +336,8 @@ def _int_column(values, name: str, source: str, text: bool = False, err=AuditGro
             x = int(x)
         if isinstance(x, bool) or not isinstance(x, int) or not -_INT64 <= x < _INT64:
             raise err(f"{source}: column {name!r}, row {i}: {v!r} is not an integer label"
-                      + (f" (a JSON {_json_type(v)})" if not text and type(v) not in (int, float) else ""))
+                      + (f" (a JSON {_json_type(v)})" if not text and type(v) not in (int, float) else "")
+                      + (_UID_HINT if isinstance(v, str) and not (text and _looks_numeric(v)) else ""))
         out[i] = x
     return out
 
@@ -343,7 +356,9 @@ def _read_csv(path: Path) -> Batch:
         try:
             fields = reader.fieldnames
             if not fields or "group" not in fields:
-                raise AuditGroupError(f"{src}: the header must name a 'group' column (found {fields})")
+                near = [f for f in fields or [] if f.strip().lower() in ("group", "uid", "index", "prompt_id")]
+                raise AuditGroupError(f"{src}: the header must name a 'group' column (found {fields})"
+                                      + (f"; rename {near[0]!r} to 'group' (exactly, no spaces)" if near else ""))
             rows = list(reader)
         except UnicodeDecodeError as e:
             raise AuditInputError(f"{src}: not UTF-8 text (byte {e.start}: {e.reason})") from None

@@ -151,3 +151,17 @@ def test_json_is_strict_json(tmp_path, capsys):
     assert audit._strict_json(report) == {"a": "inf", "b": ["-inf", "nan", 1.5], "c": {"d": 2}}
     assert cli.main(["audit", str(_write(tmp_path, "csv")), "--json"]) == audit.WARN
     json.loads(capsys.readouterr().out, parse_constant=lambda name: pytest.fail(f"non-standard JSON {name}"))
+
+
+@pytest.mark.parametrize("text, said", [
+    ("uid,a,b\nx,1,0\nx,0,1\n", "rename 'uid' to 'group' (exactly, no spaces)"),
+    (" group,a,b\n0,1,0\n0,0,1\n", "rename ' group' to 'group' (exactly, no spaces)"),
+    ("group,a,b\n00a-1,1,0\n00a-1,0,1\n", "'00a-1' is not an integer label; map string labels (verl's uids) to "
+                                        "integers first"),
+], ids=["uid_column", "spaced_header", "string_uids"])
+def test_verl_style_labels_are_refused_saying_what_to_do(tmp_path, capsys, text, said):
+    """Found by review: string uids and a group column under another name were refused with no hint."""
+    p = tmp_path / "b.csv"
+    p.write_text(text)
+    assert cli.main(["audit", str(p)]) == audit.MALFORMED
+    assert said in capsys.readouterr().err
