@@ -388,3 +388,25 @@ def test_eq6_bound_holds_the_underflow_term_as_eq4_does():
 
     with pytest.raises(P.ConformanceFailure, match="outside the error model"):
         P.check_whiten(_subject(*MIRRORED[:2], std_alone), case)  # a term of noise, not of signal
+
+
+# ----------------------------------------------------------------------------- G
+
+
+def test_a_grading_run_stops_shrinking_at_its_budget_and_reports_the_smallest_case(monkeypatch):
+    """Found by review: `gdpo check` of a mean-then-subtract code ran over 15 minutes with no output
+    (hypothesis shrinking and hill-climbing a case of hundreds of rows). Past the budget the smallest
+    failing case found so far is reported as the failure."""
+    monkeypatch.setattr(P, "GRADE_SHRINK_BUDGET_S", 0.0)
+    monkeypatch.setitem(regressions.EXAMPLES, "plain", ())  # a generated failure, not a pinned one, is shrunk
+    prop = next(p for p in P.PROPERTIES if p.name == "plain")
+    subject = Subject(C.CONTROLS["float32_internals"].target)
+    with pytest.raises(P.ConformanceFailure) as info:
+        P.run_for_pytest(prop, subject)
+    assert "shrinking stopped after 0 s: the smallest failing case found by then" in str(info.value)
+    assert "repro: python -m conformance.compare" in str(info.value)
+
+
+def test_costly_cases_are_not_hill_climbed():
+    """`large` draws batches of hundreds of rows: its target phase is off under pytest."""
+    assert [p.name for p in P.PROPERTIES if not p.hill_climb] == ["large"]
