@@ -38,17 +38,16 @@ A failure after the last collective (applying Eq. 6 to this rank's rows) is this
 rank's alone: every rank's statistics were complete, so the peers' results stand.
 
 Calls in step. A call whose process_group is not a ProcessGroup raises alone, and its
-peers may wait for it. The agreement row carries how many such calls this process made
-since its last agreement on the group (``P.UNJOINED``, see ``_UNJOINED``), so the peers'
-waiting call never meets a later call of that rank unnoticed: differing counts refuse
-that call on every rank, and the calls after it are in step again.
+peers may wait for it. The agreement row carries how many such calls this process has
+made (``P.UNJOINED``, see ``_UNJOINED``), so the peers' waiting call never meets a later
+call of that rank unnoticed: while the counts differ, every agreement is refused on
+every rank.
 """
 
 from __future__ import annotations
 
 import contextvars
 import math
-import weakref
 
 import torch
 import torch.distributed as dist
@@ -530,26 +529,24 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
 COLUMN_NAMES: contextvars.ContextVar = contextvars.ContextVar("gdpo_column_names", default=None)
 
 
-#: Calls whose process_group was no process group (``_group_of``), made by this process.
-#: Such a call raises alone, and its peers may be waiting for it in an agreement on some
-#: group: their call would pair with this process's next call on that group. Which group
-#: that is, this process cannot know, so every group's next agreement carries how many such
-#: calls this process made since its last agreement there (``P.UNJOINED``). Counts that
-#: differ refuse that one call on every rank; the pairing that refusal ended realigned
-#: the ranks (each side's waiting call is spent), so the next call proceeds. A group on
-#: which no one waited is refused once too: the price of not knowing. A rank that passes
-#: None instead of the group makes a local call, which no count can see: like any
+#: Calls whose process_group was no process group (``_group_of``), made by this process in
+#: its lifetime; every agreement row carries the count (``P.UNJOINED``). Such a call raises
+#: alone, and its peers may be waiting for it in an agreement on a group this process cannot
+#: name. What the failing rank does next decides whether the ranks can ever pair up again:
+#: a rank that retries the same batch meets the waiting call with the right partner, a rank
+#: that goes on to its next step meets it one step ahead, and then every later call too.
+#: No rank can tell the two apart, so while the ranks' counts differ every agreement, on any
+#: group, is refused on every rank: never two different steps whitened together. Ranks
+#: whose counts are equal (every rank made the same failed calls) are in step. A rank that
+#: passes None instead of the group makes a local call, which no count can see: like any
 #: collective skipped on one rank, that is the caller's to avoid.
 _UNJOINED = [0]
-#: ``_UNJOINED`` at this process's last agreement on each group (absent: 0, none yet).
-_SEEN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _unjoined_since(group) -> int:
-    """Calls that joined no group since this process's last agreement on ``group``."""
-    missed = _UNJOINED[0] - _SEEN.get(group, 0)
-    _SEEN[group] = _UNJOINED[0]
-    return missed
+    """This process's calls that joined no group (its lifetime count; ``group`` is where the
+    count travels, the same on every group)."""
+    return _UNJOINED[0]
 
 
 def _unjoined_call() -> None:

@@ -71,9 +71,9 @@ BY_LABEL, GROUP_SIZE = 30, 31
 #: Host field: 1 when this row's labels were uint64. They travel as int64 (their bits: equal
 #: labels stay equal), and the label fields above are printed as the caller's values from it.
 LABELS_UINT64 = 32
-#: Host field: how many calls whose process_group was no group this process made since its
-#: last agreement on this group (impl._pipeline). Ranks whose numbers differ may be pairing
-#: different calls: a rank made a call its peers waited for in vain.
+#: Host field: how many calls whose process_group was no group this process has made
+#: (impl._pipeline). Ranks whose numbers differ may be pairing different calls: a rank
+#: made a call its peers may have waited for in vain.
 UNJOINED = 33
 #: Local sample counts of the first COUNT_SLOTS units ride along with the
 #: agreement, so a unit of one is caught there without a second host read.
@@ -604,11 +604,11 @@ def table_problems(table: list[list[int]], words: dict[int, str] | None = None) 
         reasons.append(f"ranks {missing} did not fill their row of the agreement table")
     seqs = {r: table[r][UNJOINED] for r in range(world)}
     if len(set(seqs.values())) > 1:  # different calls may meet here: nothing else in the rows is comparable
-        reasons.append("ranks may be meeting different calls: calls whose process_group was not a ProcessGroup "
-                       "(each raised alone) since the rank's last call on this process group ("
-                       + _by_value(seqs) + "); a peer that waited for such a call on this group meets this "
-                       "call instead, so it is refused on every rank, which spends the waiting call: the "
-                       "next call on this group proceeds")
+        reasons.append("ranks may be meeting calls of different steps: calls whose process_group was not a "
+                       "ProcessGroup, each of which raised on its rank alone (" + _by_value(seqs) + "); a peer "
+                       "that waited for such a call meets a later call of that rank instead, so while these "
+                       "counts differ every call on a process group is refused on every rank; end the run "
+                       "when a rank raises (or make every rank make the same calls)")
         return reasons
     healthy = []
     for r, row in enumerate(table):

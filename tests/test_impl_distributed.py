@@ -447,48 +447,38 @@ def test_a_rank_with_data_on_the_meta_device_joins_the_refusal():
         assert recs[r]["result"][1] == ref[r]["result"][0] and ref[r]["result"][0][0] == "ok", r
 
 
-def _whitened(run, name, step, parts):
-    got = [run.by_rank(name)[r]["result"][step] for r in range(2)]
-    assert got[0][0] == got[1][0] == "ok", got
-    ex = exact_whiten([x for part in parts for x in part])  # every rank's samples, one unit
-    assert_within([float.fromhex(h) for g in got for h in g[1]], ex["a"], ex["da"], "float64", f"{name} {step}")
-
-
 def test_a_call_that_joins_no_group_is_never_silently_paired_with_another():
     """Rank 1 passes a process_group that is not one: it raises alone, and rank 0 waits in
     the agreement. Rank 1's next call used to meet rank 0's waiting one, and both returned
-    whitened values of two different batches. That meeting is now refused on every rank;
-    it spends rank 0's waiting call, so the calls after it are in step and proceed.
+    whitened values of two different batches. Rank 1 goes on to its next step, so from then
+    on each of its calls meets rank 0's call of the step before: every such meeting is
+    refused on every rank, on every group, the main group used first after the failed call
+    (a DeviceMesh group) and a group created afterwards included.
 
-    Found by review: the guard (a per-group call count) counted such a call only on WORLD
-    and on groups this process had used, so on a group's first use (a DeviceMesh group)
-    the two batches still paired silently; and it refused every later call on every group
-    this process had used, for good, where no call was missed."""
+    Found by review: a per-group count caught such a call only on WORLD and on groups this
+    process had used, so on a group's first use the two batches paired silently; and a
+    count reset at each refusal (tried next) paired step s + 1 with step s from then on."""
     a, b, c = [[1.0, 2.0], [3.0, 4.0]], [[0.5, 8.0], [1.5, 2.5]], [[7.0, 1.0], [2.0, 6.0]]
     x, y, z = [[1.0, 9.0], [4.0, 4.5]], [[2.0, 3.0], [5.0, 7.0]], [[0.0, 1.0], [3.0, 3.5]]
     steps = [[(None, "new_group"), (None, "second_group"), (x[0], "second"),  # the main group: first use below
-              (a[0], "ok"), (b[0], "ok"), (y[0], "second"), (z[0], "second")],
+              (a[0], "ok"), (b[0], "ok"), (y[0], "second"), (None, "new_group"), (z[0], "ok")],
              [(None, "new_group"), (None, "second_group"), (x[1], "second"),
-              (a[1], "not_a_group"), (b[1], "ok"), (c[1], "ok"), (y[1], "second"), (z[1], "second")]]
+              (a[1], "not_a_group"), (b[1], "ok"), (c[1], "ok"), (y[1], "second"), (None, "new_group"),
+              (z[1], "ok")]]
     run = _dist.run_group(2, [("steps", "steps", {"steps": steps})],
                           group_timeout_s=GROUP_TIMEOUT_S, deadline_s=DEADLINE_S)
     r0, r1 = (run.by_rank("steps")[r]["result"] for r in range(2))
     assert r1[3][0] == "InputDtypeError" and "process_group" in r1[3][1], r1[3]
-    _whitened(run, "steps", 2, [x[0], x[1]])
-    # the main group: rank 0's a (waiting) meets rank 1's b; refused on both ranks
-    mine, theirs = r0[3], r1[4]
-    assert mine == theirs and mine[0] == "DistributedError", (mine, theirs)
-    assert "ranks may be meeting different calls: calls whose process_group was not a ProcessGroup (each raised " \
-           "alone) since the rank's last call on this process group (rank 0: 0; rank 1: 1)" in mine[1], mine[1]
-    # in step again: rank 0's b with rank 1's c, whitened together
-    assert r0[4][0] == r1[5][0] == "ok", (r0[4], r1[5])
-    ex = exact_whiten(b[0] + c[1])
-    assert_within([float.fromhex(h) for h in r0[4][1] + r1[5][1]], ex["a"], ex["da"], "float64", "b with c")
-    # the second group, where no one waited: refused once (no rank can know), then in step
-    assert r0[5] == r1[6] and r0[5][0] == "DistributedError" and "(rank 0: 0; rank 1: 1)" in r0[5][1], r0[5]
-    assert r0[6][0] == r1[7][0] == "ok", (r0[6], r1[7])
-    ex = exact_whiten(z[0] + z[1])
-    assert_within([float.fromhex(h) for h in r0[6][1] + r1[7][1]], ex["a"], ex["da"], "float64", "z")
+    got = r0[2][1] + r1[2][1]  # before the failed call: in step
+    ex = exact_whiten(x[0] + x[1])
+    assert r0[2][0] == r1[2][0] == "ok", (r0[2], r1[2])
+    assert_within([float.fromhex(h) for h in got], ex["a"], ex["da"], "float64", "x")
+    # after it: rank 0's a meets rank 1's b, b meets c (the main group), y meets y (no one waited
+    # there, yet no rank can know), and z meets z on a group created afterwards: all refused
+    for mine, theirs in ((r0[3], r1[4]), (r0[4], r1[5]), (r0[5], r1[6]), (r0[7], r1[8])):
+        assert mine == theirs and mine[0] == "DistributedError", (mine, theirs)
+        assert "ranks may be meeting calls of different steps: calls whose process_group was not a ProcessGroup, " \
+               "each of which raised on its rank alone (rank 0: 0; rank 1: 1)" in mine[1], mine[1]
 
 
 def test_a_subgroups_refusal_says_its_ranks_are_its_own():
