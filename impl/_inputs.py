@@ -353,13 +353,13 @@ def check_rewards(rewards, group_ids, group_size, weights, *, allow_empty_rows: 
                     from None
             if ids.dim() == 1 and not hasattr(group_ids, "dtype") and (
                     ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool
-                    or bool in set(map(type, group_ids))):  # torch reads [1, True] as int64 [1, 1]
+                    or _holds_a_bool(group_ids)):  # torch reads [1, True] as int64 [1, 1]
                 # a Python sequence: name its first non-integer label
                 problem = _label_problem(group_ids)
                 if problem is not None:
                     raise problem
-        if ids.numel() == 0 and ids.dim() == 1 and ids.is_floating_point():
-            ids = ids.to(torch.int64)  # an empty shard's labels (torch.tensor([]) is float32) hold no float
+        if ids.numel() == 0 and ids.dim() == 1:
+            ids = ids.to(torch.int64)  # an empty shard's labels (torch.tensor([]) is float32) hold no label at all
         if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
             python_floats = ids.is_floating_point() and not hasattr(group_ids, "dtype")  # read as doubles
             raise Problem(P.P_GROUP_IDS_DTYPE, P.dtype_code(torch.float64 if python_floats else ids.dtype))
@@ -374,6 +374,14 @@ def check_rewards(rewards, group_ids, group_size, weights, *, allow_empty_rows: 
 
     return Rewards(r, P.dtype_code(r.dtype), group_size, labels, check_weights(weights, k),
                    labels_uint64=unsigned)
+
+
+def _holds_a_bool(items) -> bool:
+    """Is a bool (Python, NumPy or a 0-d bool tensor) among a sequence's items?"""
+    kinds = set(map(type, items))
+    if bool in kinds or any(getattr(k, "__name__", "") == "bool" for k in kinds):  # NumPy's np.bool
+        return True
+    return torch.Tensor in kinds and any(isinstance(x, torch.Tensor) and x.dtype == torch.bool for x in items)
 
 
 def _label_problem(group_ids) -> Problem | None:

@@ -407,6 +407,20 @@ def test_a_grading_run_stops_shrinking_at_its_budget_and_reports_the_smallest_ca
     assert "repro: python -m conformance.compare" in str(info.value)
 
 
-def test_costly_cases_are_not_hill_climbed():
-    """`large` draws batches of hundreds of rows: its target phase is off under pytest."""
+def test_costly_cases_are_not_hill_climbed(monkeypatch):
+    """`large` draws batches of hundreds of rows: its target phase is off under pytest (the
+    settings run_for_pytest hands build_test say so), and every other property keeps it."""
+    from hypothesis import Phase
+
     assert [p.name for p in P.PROPERTIES if not p.hill_climb] == ["large"]
+    seen = {}
+
+    def spy(prop, subject, config=None, **kw):
+        seen[prop.name] = config
+        return lambda: None
+
+    monkeypatch.setattr(P, "build_test", spy)
+    for name in ("large", "plain"):
+        P.run_for_pytest(next(p for p in P.PROPERTIES if p.name == name), BASE)
+    assert Phase.target not in seen["large"].phases and Phase.generate in seen["large"].phases
+    assert seen["plain"] is None  # the loaded profile, target phase included

@@ -194,13 +194,18 @@ def test_non_strided_tensors_are_refused_naming_the_argument_and_layout(case):
     _refused(cls, pattern, fn, *args, **kwargs)
 
 
-@pytest.mark.parametrize("ids, row, value", [([0, True, 0, True], 1, "True"), ((1, 1, False, False), 2, "False"),
-                                              ([2, 2, 1, True], 3, "True")], ids=["list", "tuple", "among_ones"])
+@pytest.mark.parametrize("ids, row, value", [([0, True, 0, True], 1, "a bool \\(True\\)"),
+                                              ((1, 1, False, False), 2, "a bool \\(False\\)"),
+                                              ([2, 2, 1, True], 3, "a bool \\(True\\)"),
+                                              ([torch.tensor(1), torch.tensor(True), torch.tensor(0), torch.tensor(0)],
+                                               1, "a tensor \\(shape \\(\\), dtype bool\\)")],
+                         ids=["list", "tuple", "among_ones", "0d_tensors"])
 def test_a_bool_among_integer_labels_is_refused_not_read_as_one(ids, row, value):
     """torch reads ``[1, True]`` as the int64 labels ``[1, 1]``: the bool joined group 1
-    (and ``[2, 2, 1, True]`` grouped rows 2 and 3) with no word. A bool is no int64 label."""
+    (and ``[2, 2, 1, True]`` grouped rows 2 and 3) with no word. A bool is no int64 label,
+    nor is a 0-d bool tensor among 0-d integer ones (found by review)."""
     for fn in (gdpo.gdpo_advantages, gdpo.normalize_rewards, gdpo.group_has_signal):
-        _refused(GroupError, rf"^group_ids\[{row}\] \(row {row}\) is a bool \({value}\); group labels are int64",
+        _refused(GroupError, rf"^group_ids\[{row}\] \(row {row}\) is {value}; group labels are int64",
                  fn, R, group_ids=ids)
 
 
@@ -369,8 +374,10 @@ def test_tensor_arguments_on_a_device_without_data_are_named(arg, kw):
 
 
 @pytest.mark.parametrize("labels", [[], np.array([]), torch.tensor([]), torch.tensor([], dtype=torch.float64),
-                                    torch.tensor([], dtype=torch.int32)], ids=["list", "numpy", "tensor_float32",
-                                                                               "tensor_float64", "tensor_int32"])
+                                    torch.tensor([], dtype=torch.int32), torch.tensor([], dtype=torch.bool),
+                                    torch.tensor([], dtype=torch.complex64)],
+                         ids=["list", "numpy", "tensor_float32", "tensor_float64", "tensor_int32", "tensor_bool",
+                              "tensor_complex64"])
 def test_an_empty_shards_labels_are_taken_however_they_come(labels):
     """Found by review: on a rank with no rows, [] and np.array([]) were taken but
     torch.tensor([]) (float32 by default) was refused as float labels, failing the step on
