@@ -165,3 +165,19 @@ def test_verl_style_labels_are_refused_saying_what_to_do(tmp_path, capsys, text,
     p.write_text(text)
     assert cli.main(["audit", str(p)]) == audit.MALFORMED
     assert said in capsys.readouterr().err
+
+
+def test_a_large_batch_lists_only_groups_with_warnings(tmp_path, capsys):
+    """Found by review: a 100k-row batch printed one line per group (12,514 lines), clean ones
+    included, with no summary. Beyond LIST_ALL_GROUPS groups only those with warnings are listed."""
+    rows = ["group,a,b"]
+    for g in range(60):
+        rows += [f"{g},{g % 2},1", f"{g},{1 - g % 2},1", f"{g},1,0"] if g != 7 else [f"{g},0,1", f"{g},1,1"]
+    p = tmp_path / "many.csv"
+    p.write_text("\n".join(rows) + "\n")
+    assert cli.main(["audit", str(p)]) == audit.WARN
+    out = capsys.readouterr().out
+    assert "groups: 60; with warnings 1; with routine findings only 0; without signal 0" in out, out[:400]
+    table = out.split("findings\n")[1].split("\n\n")[0].splitlines()
+    assert table[0].split()[0] == "7" and "n_g = 2" in table[0] and len(table) == 2, table
+    assert table[1] == "(59 groups without warnings not listed: more than 50 groups; --json lists every group)"
