@@ -107,6 +107,17 @@ def run_check(impl: str | None, convention: str | None, call_shape: str | None, 
     return subprocess.call(cmd)
 
 
+def _weight(text: str) -> float:
+    """A --weights value; a file's name there means the file came after --weights."""
+    try:
+        return float(text)
+    except ValueError:
+        from pathlib import Path
+
+        hint = ": it names a file; give the file before --weights" if Path(text).exists() else ""
+        raise argparse.ArgumentTypeError(f"invalid weight {text!r}{hint}") from None
+
+
 def _version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -131,11 +142,14 @@ def main(argv: list[str] | None = None) -> int:
     p_ex = sub.add_parser("example", help="exact result for a built-in example batch (the default)")
     p_ex.add_argument("name", nargs="?", default="two_group", choices=sorted(EXAMPLES))
     p_au = sub.add_parser("audit", help="what GDPO does with a dumped batch (.npz, .pt, .jsonl, .csv)",
+                          # the file first: after --weights it would be read as one more weight
+                          usage="gdpo audit [file] [--weights W [W ...]] [--eps EPS] [--json]",
                           description=__import__("conformance.audit", fromlist=["x"]).__doc__,
                           formatter_class=argparse.RawDescriptionHelpFormatter)
     p_au.add_argument("file", nargs="?", help="the batch (default: a built-in example batch)")
     p_au.add_argument("--json", action="store_true", help="machine-readable report")
-    p_au.add_argument("--weights", type=float, nargs="+", help="one weight per reward component")
+    p_au.add_argument("--weights", type=_weight, nargs="+", metavar="W",
+                      help="one weight per reward component (give the file before --weights)")
     p_au.add_argument("--eps", type=float, default=None, help="eps of Eq. 4 and Eq. 6 (default: the spec's)")
     p_li = sub.add_parser("limits", add_help=False,
                           help="regenerate spec/known_limits.md and its plots (see gdpo limits --help)")

@@ -3,6 +3,8 @@
 import subprocess
 import sys
 
+import pytest
+
 from conformance import cli
 
 
@@ -73,3 +75,16 @@ def test_check_refuses_an_unknown_convention_before_the_suite():
     from conformance import cli
 
     assert cli.run_check(None, "nosuch", None, None) == 2
+
+
+def test_a_file_after_weights_is_named_as_such(tmp_path, capsys):
+    """Found by review: `gdpo audit --weights 1 2 FILE` said only "invalid float value: 'FILE'"."""
+    from conformance import cli
+
+    p = tmp_path / "b.csv"
+    p.write_text("group,a,b\n0,1,0\n0,0,1\n")
+    with pytest.raises(SystemExit) as info:
+        cli.main(["audit", "--weights", "1", "2", str(p)])
+    assert info.value.code == 2
+    assert "give the file before --weights" in capsys.readouterr().err
+    assert cli.main(["audit", str(p), "--weights", "1", "2"]) in (0, 1)
