@@ -375,7 +375,7 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
     and every rank raises the same DistributedError (chained here on ``refused``)."""
     name = P.API_NAMES[api]
     world, rank = _group_of(api, group, refused)
-    missed = _unjoined_since(group)
+    missed = _UNJOINED[0]  # this process's calls that joined no group, in every agreement row
     data_device = _device_of(rewards if api == P.API_GDPO else values)
     host = {P.PRESENT: 1, P.API: api, P.UNJOINED: missed}
     device_facts: dict[int, torch.Tensor] = {}
@@ -541,12 +541,6 @@ COLUMN_NAMES: contextvars.ContextVar = contextvars.ContextVar("gdpo_column_names
 #: passes None instead of the group makes a local call, which no count can see: like any
 #: collective skipped on one rank, that is the caller's to avoid.
 _UNJOINED = [0]
-
-
-def _unjoined_since(group) -> int:
-    """This process's calls that joined no group (its lifetime count; ``group`` is where the
-    count travels, the same on every group)."""
-    return _UNJOINED[0]
 
 
 def _unjoined_call() -> None:
