@@ -33,7 +33,7 @@ import warnings
 
 import torch
 
-from benchmarks.mirrors import trl_normalize_then_sum
+from gdpo_tools.peer_formulas import trl_normalize_then_sum
 from impl import _fused, _graphs, gdpo
 
 

@@ -3,7 +3,7 @@
 A :class:`Case` is what one process passes to ``gdpo_advantages``; a
 :class:`DistCase` is one :class:`Case` per rank (its shard) plus what they share.
 Both serialise to JSON with every float in hex (``float.hex``), so a found bug is
-stored exactly and replayed bit for bit (``python -m conformance.compare --case``).
+stored exactly and replayed bit for bit (``python -m conformance.replay --case``).
 
 :func:`expected` is the judge: the oracle on the (reassembled, global) batch,
 either a :class:`oracle.gdpo.Result` or the contract error it raises. It is
@@ -213,7 +213,7 @@ def expected(case, convention: str = "spec", token_counts=None) -> Expected:
     ``token_counts`` (one positive int per sample, a Case only) weights Eq. 6 by each
     sample's token count: a per-token convention (verl) needs them, a per-sample one
     refuses them (the oracle's ShapeError); the caller passes what its call shape
-    gave the implementation (``plugins.Subject.token_counts``)."""
+    gave the implementation (``subject.Subject.token_counts``)."""
     if isinstance(case, DistCase):
         if token_counts is not None:
             raise ValueError("token counts of a distributed case: no call shape passes them")

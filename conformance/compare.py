@@ -15,28 +15,21 @@ the exact value rounded through float32 first is named as rounded twice, beside 
 correctly rounded value. A demanded exact zero is stated as such, with the clause of
 the specification that demands it (a collapsed column or unit, two columns equal up
 to shift and sign cancelling), never as a distance in ulps at 0; a refusal the
-contract does not permit says why it computes the case. The repro::
-
-    python -m conformance.compare --impl M:F --convention C --call-shape S --property P --case '<hex JSON>'
-
-which replays the case (a single-process Case or a DistCase) under the check of the
-property P that found it (``stage_normalize`` judges ``normalize_rewards``'s c, not the
-advantages; ``errors`` the refusal the case's note names) and prints the same report.
-A subject on another device or rank backend adds ``--device`` / ``--backend``.
+contract does not permit says why it computes the case. The repro line
+(``python -m conformance.replay ...``, :mod:`conformance.replay`) replays the case
+under the property that found it and prints the same report.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import json
 import math
 import shlex
-import sys
 
 import numpy as np
 
-from conformance.cases import Case, DistCase, ulp
+from conformance.cases import DistCase, ulp
+from spec.error_model import round_to
 
 MAX_LISTED = 6
 
@@ -135,7 +128,6 @@ def _rounded_twice(x: float, out_dtype: str) -> float | None:
     nearest even (what torch's float64 ``.to(float16)`` does); None for other formats."""
     if out_dtype not in ("float16", "bfloat16") or not math.isfinite(x):
         return None
-    from spec.error_model import round_to
 
     return float(round_to(round_to([x], "float32"), out_dtype)[0])
 
@@ -178,7 +170,7 @@ def repro(subject, case, prop: str | None = None) -> str:
         where += f" --device {shlex.quote(subject.device)}"
     if getattr(subject, "backend", "gloo") != "gloo":
         where += f" --backend {shlex.quote(subject.backend)}"
-    return (f"python -m conformance.compare --impl {shlex.quote(subject.target)} --convention {subject.convention} "
+    return (f"python -m conformance.replay --impl {shlex.quote(subject.target)} --convention {subject.convention} "
             f"--call-shape {subject.shape}{where}" + (f" --property {shlex.quote(prop)}" if prop else "") +
             f" --case {shlex.quote(case.dumps())}")
 
@@ -190,54 +182,3 @@ def failure(prop: str, equation: str, subject, case, headline: str, details=()) 
     lines.append("  inputs: " + describe_inputs(case).lstrip())
     lines.append("  repro: " + repro(subject, case, prop))
     return "\n".join(lines)
-
-
-# ------------------------------------------------------------------ replaying
-
-
-def main(argv=None) -> int:
-    from conformance import properties
-    from conformance.plugins import DEFAULT_IMPL, Subject
-
-    ap = argparse.ArgumentParser(prog="python -m conformance.compare", description=__doc__.split("\n")[0])
-    ap.add_argument("--impl", default=DEFAULT_IMPL)
-    ap.add_argument("--convention", default="spec")
-    ap.add_argument("--call-shape", default="gdpo")
-    ap.add_argument("--device", default="cpu", help="device of the input tensors (default: cpu)")
-    ap.add_argument("--backend", default="gloo", help="process-group backend of the spawned ranks (default: gloo)")
-    ap.add_argument("--property", default=None, choices=sorted(properties.CHECKS), metavar="PROPERTY",
-                    help="property whose check to run, as named in the failure (default: by case kind)")
-    ap.add_argument("--case", required=True, help="hex JSON of a Case or DistCase")
-    args = ap.parse_args(argv)
-    data = json.loads(args.case)
-    case = DistCase.from_json(data) if "shards" in data else Case.from_json(data)
-    subject = Subject(args.impl, args.call_shape, args.convention, device=args.device, backend=args.backend)
-    name = args.property or _default_property(case)
-    check = properties.CHECKS[name]
-    try:
-        check(subject, case, name)  # the failure then names the property the repro line came from
-    except AssertionError as e:
-        print(e)
-        return 1
-    except properties.NotJudged as e:
-        print(e)
-        return 2
-    print(f"[{name}] conforms: {describe_inputs(case)}")
-    return 0
-
-
-def _default_property(case) -> str:
-    """The check for a case replayed without --property (a repro line older than --property):
-    an error case (noted ``error:<name>`` by the suite's generators) goes to the error contract."""
-    broken = case.note.startswith("error:")
-    if isinstance(case, DistCase):
-        return "dist_errors" if broken else "dist_values"
-    return "errors" if broken or case.variant or _has_nonfinite(case) else "values"
-
-
-def _has_nonfinite(case: Case) -> bool:
-    return any(not math.isfinite(v) for row in case.rewards for v in row)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from conformance.plugins import Subject
+from conformance.subject import Subject
+from conformance import distributed
 
 
 @pytest.fixture(scope="session")
@@ -19,6 +20,5 @@ def subject(request) -> Subject:
 @pytest.fixture(scope="session", autouse=True)
 def _close_rank_pools():
     yield
-    from conformance import distributed
 
     distributed.close_all()

@@ -11,7 +11,7 @@ fixed port, a timeout on every group) and reuses it for every example:
 * world size 1: a subgroup of global rank [1].
 
 A job sends each member rank its shard; the parent collects one
-:class:`~conformance.plugins.Outcome` per rank under a hard deadline. A rank that
+:class:`~conformance.subject.Outcome` per rank under a hard deadline. A rank that
 has not returned ``GRACE`` seconds after the first one did (or ``DEADLINE`` after
 the start) is a hang: the job reports it as a failure and the pool is killed
 (its ranks may be stuck in a collective) and respawned for the next job.
@@ -28,6 +28,9 @@ import tempfile
 import time
 import traceback
 from datetime import timedelta
+
+from conformance.cases import Case
+from conformance.subject import Outcome, Subject
 
 #: Global ranks of the pool and the subgroups it serves, by world size.
 POOL_WORLD = 4
@@ -83,7 +86,6 @@ def _rank_main(rank: int, world: int, init_file: str, device: str, backend: str,
         try:
             outcome = run_rank(payload, groups[size], device)
         except BaseException as e:  # noqa: BLE001 - reported, never lost
-            from conformance.plugins import Outcome
             outcome = Outcome.from_exception(e)
             outcome.message = traceback.format_exc()[-2000:]
         results.put(("done", rank, (job_id, outcome)))
@@ -104,9 +106,6 @@ _SUBJECTS: dict = {}
 
 def run_rank(job: dict, group, device: str):
     """Make this rank's call (in the spawned rank) and describe what happened."""
-    from conformance.cases import Case
-    from conformance.plugins import Subject
-
     key = (job["target"], job["shape"], job["convention"], device)
     if key not in _SUBJECTS:
         _SUBJECTS[key] = Subject(job["target"], job["shape"], job["convention"], device)

@@ -33,12 +33,19 @@ import time
 import traceback
 
 import numpy as np
+import subprocess
+from hypothesis import HealthCheck, settings
+from conformance import properties as P
+from hypothesis import given
+from conformance import strategies as S
+from conformance.subject import Subject
+import dataclasses
+import torch
+from conformance import distributed
 
 
 def _git(*args) -> str | None:
     """Best effort: which code ran (the device copy may have no .git)."""
-    import subprocess
-
     try:
         out = subprocess.run(["git", *args], capture_output=True, text=True, timeout=10)
         return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() not in ("", "HEAD") else None
@@ -47,15 +54,11 @@ def _git(*args) -> str | None:
 
 
 def _settings(examples: int):
-    from hypothesis import HealthCheck, settings
-
     return settings(max_examples=examples, derandomize=True, deadline=None, database=None,
                     suppress_health_check=list(HealthCheck), print_blob=False, report_multiple_bugs=False)
 
 
 def _run_property(prop, subject, examples: int) -> dict:
-    from conformance import properties as P
-
     t0 = time.monotonic()
     why = subject.unsupported(prop.needs)
     if why:
@@ -73,10 +76,6 @@ def _run_property(prop, subject, examples: int) -> dict:
 
 def _bitwise(target: str, examples: int, device: str = "cuda") -> dict:
     """CUDA vs CPU bits on the plain and testfloat strategies (informational)."""
-    from hypothesis import given
-
-    from conformance import strategies as S
-    from conformance.plugins import Subject
 
     cpu, gpu = Subject(target), Subject(target, device=device)
     stats = {"compared": 0, "identical": 0, "first_difference": None}
@@ -101,10 +100,6 @@ def _bitwise(target: str, examples: int, device: str = "cuda") -> dict:
 
 def _dist_variant(prop, world: int):
     """The distributed property at another world size (same check)."""
-    import dataclasses
-
-    from conformance import properties as P
-    from conformance import strategies as S
 
     if prop.check is P.check_dist_values:
         strat = lambda ctx, subject: S.dist_cases(ctx, world)  # noqa: E731
@@ -152,11 +147,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     start = time.monotonic()
 
-    import torch
 
-    from conformance import distributed
-    from conformance import properties as P
-    from conformance.plugins import Subject
 
     results = {"impl": args.impl, "examples_per_property": args.examples, "python": platform.python_version(),
                "commit": _git("rev-parse", "HEAD"), "dirty": _git("status", "--porcelain", "--", "impl", "conformance"),

@@ -39,11 +39,12 @@ from hypothesis import HealthCheck, Phase, example, given, reject, settings, str
 from hypothesis.control import currently_in_test_context
 from hypothesis.errors import Flaky, UnsatisfiedAssumption
 
+from conformance import distributed
 from conformance import regressions
 from conformance import strategies as S
 from conformance.cases import Case, DistCase, expected, expected_whiten
 from conformance.compare import failure, judge
-from conformance.plugins import Outcome, Subject
+from conformance.subject import Outcome, Subject
 from spec import error_model as em
 from spec.constants import FLOAT32_MAX
 from spec.errors import (
@@ -57,6 +58,7 @@ from spec.errors import (
     ShapeError,
     WeightError,
 )
+import pytest
 
 
 class ConformanceFailure(AssertionError):
@@ -407,12 +409,11 @@ def check_whiten(subject: Subject, case: Case, prop: str = "stage_whiten") -> No
 class ErrorCase:
     """One refusal of the contract (OpInfo's ErrorInput): how to break a valid call,
     which classes the contract allows, and whether the oracle refuses it too."""
-
     name: str
     expect: tuple
     why: str
     build: Callable  # (draw, case) -> case
-    #: call shapes that can express it (plugins.py says how the verl shape does)
+    #: call shapes that can express it (subject.py says how the verl shape does)
     shapes: tuple = ("gdpo", "trl")
     oracle: bool = False  # cross-check: the oracle refuses the same batch with one of ``expect``
 
@@ -501,7 +502,7 @@ def _weights(case: Case, w) -> Case:
     return dataclasses.replace(case, weights=tuple(w))
 
 
-#: Every call shape (conformance.plugins.CALL_SHAPES).
+#: Every call shape (conformance.subject.CALL_SHAPES).
 ALL_SHAPES = ("gdpo", "trl", "verl")
 
 ERROR_CASES = (
@@ -589,8 +590,6 @@ def check_error(subject: Subject, cases, prop: str = "errors") -> None:
 
 
 def _dist_outcomes(prop, eq, subject, case: DistCase, api="gdpo"):
-    from conformance import distributed
-
     if subject.device == "cpu" and subject.backend == "gloo":
         pool = distributed.pool()  # one 4-rank pool serves world sizes 4, 2 and 1
     else:
@@ -968,8 +967,6 @@ def control_settings() -> settings:
 def run_for_pytest(prop: Property, subject: Subject) -> None:
     """Run ``prop`` against the implementation under test, under the loaded profile;
     a property the call shape or convention cannot express is skipped with the reason."""
-    import pytest
-
     why = subject.unsupported(prop.needs)
     if why:
         pytest.skip(why)

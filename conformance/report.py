@@ -29,7 +29,7 @@ from hypothesis import Phase, seed, settings, HealthCheck
 from conformance import controls as C
 from conformance import properties as P
 from conformance.compare import describe_inputs
-from conformance.plugins import Subject
+from conformance.subject import Subject
 
 TABLE = pathlib.Path(__file__).with_name("CONTROLS.md")
 SHRINK_BUDGET_S = 30.0

@@ -289,7 +289,7 @@ _PAIR_SIGN = {"anti_exact": 1.0, "anti_decimal": 1.0, "shift_exact": -1.0, "copy
 
 @dataclasses.dataclass(frozen=True)
 class Context:
-    """What the call shape under test can express (see plugins.Subject)."""
+    """What the call shape under test can express (see subject.Subject)."""
 
     labels: bool = True  # ragged groups by label (else contiguous equal groups only)
     units: bool = True  # segment_sizes

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from conformance import properties as P
-from conformance.plugins import Subject
+from conformance.subject import Subject
 
 pytestmark = [pytest.mark.cuda,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")]

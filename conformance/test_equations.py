@@ -8,7 +8,7 @@ oracle's ``allowed(out_dtype)``; see conformance/properties.py for the claims.
 import pytest
 
 from conformance import properties as P
-from conformance.plugins import Subject
+from conformance.subject import Subject
 
 
 @pytest.mark.parametrize("prop", P.of_section("equations"), ids=lambda p: p.name)
@@ -18,7 +18,7 @@ def test_property(prop, subject):
 
 @pytest.mark.parametrize("prop", [P.BY_NAME["plain"], P.BY_NAME["cancellation"]], ids=lambda p: p.name)
 def test_trl_call_shape(prop, subject):
-    """The TRL-like call shape works end to end (impl.gdpo behind conformance.plugins:impl_trl_shape)."""
+    """The TRL-like call shape works end to end (impl.gdpo behind conformance.subject:impl_trl_shape)."""
     if subject.target != "impl.gdpo:gdpo_advantages" or subject.convention != "spec":
         pytest.skip("self-test of the trl call shape with the project's implementation only")
-    P.run_for_pytest(prop, Subject("conformance.plugins:impl_trl_shape", "trl", "spec"))
+    P.run_for_pytest(prop, Subject("conformance.subject:impl_trl_shape", "trl", "spec"))

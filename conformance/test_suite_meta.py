@@ -15,7 +15,7 @@ from conformance import properties as P
 from conformance import regressions
 from conformance import strategies as S
 from conformance.compare import judge
-from conformance.plugins import Subject
+from conformance.subject import Subject
 
 
 @given(case=S.cases(S.Context()))
@@ -157,25 +157,25 @@ def test_failure_message_explains_itself():
         P.check_values(subject, case)
     text = str(info.value)
     for needle in ("Eq. 4, 7, 6", "convention 'spec'", "0x1.0000000000000p+0", "ulp(float64)", "allowed",
-                   "repro: python -m conformance.compare --impl conformance.controls:biased_std"):
+                   "repro: python -m conformance.replay --impl conformance.controls:biased_std"):
         assert needle in text, (needle, text)
 
 
 def test_repro_command_replays_a_case(capsys):
-    from conformance import compare
+    from conformance import replay
 
     case = regressions.load(regressions.EXAMPLES["plain"][0])
-    assert compare.main(["--impl", "conformance.controls:biased_std", "--case", case.dumps()]) == 1
-    assert compare.main(["--impl", "conformance.controls:baseline", "--case", case.dumps()]) == 0
+    assert replay.main(["--impl", "conformance.controls:biased_std", "--case", case.dumps()]) == 1
+    assert replay.main(["--impl", "conformance.controls:baseline", "--case", case.dumps()]) == 0
     assert "conforms" in capsys.readouterr().out
 
 
 def test_call_shapes_are_documented_and_enforced():
-    from conformance import plugins
+    from conformance import subject
 
-    doc = plugins.__doc__
+    doc = subject.__doc__
     assert "fn(rewards, num_generations, reward_weights)" in doc and "segment_sizes" in doc
-    why = Subject("conformance.plugins:impl_trl_shape", "trl").unsupported(P.BY_NAME["units"].needs)
+    why = Subject("conformance.subject:impl_trl_shape", "trl").unsupported(P.BY_NAME["units"].needs)
     assert why and "trl" in why
     with pytest.raises(ValueError):
         Subject(shape="jax")

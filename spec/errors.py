@@ -102,7 +102,7 @@ ERROR_CLASSES = {
 #: runs on; ``rank`` is the caller's rank in it.
 EXAMPLE_WORLD = 2
 
-#: Calls that raise each class, in the ``gdpo`` call shape (conformance/plugins.py):
+#: Calls that raise each class, in the ``gdpo`` call shape (conformance/subject.py):
 #: Python expressions over the names of :func:`example_namespace`. An example naming
 #: ``group`` is evaluated on every rank of a gloo process group of EXAMPLE_WORLD ranks,
 #: and every rank must raise the class. Rendered in spec/gdpo.md section 6; run by

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from conformance import audit, cli
+from gdpo_tools import audit, cli
 
 R = np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [0.0, 0.0], [2.0, 2.0], [2.0, 2.0]])
 G = np.array([0, 0, 0, 0, 1, 1])

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from conformance import audit, cli
+from gdpo_tools import audit, cli
 from spec.errors import GroupError, InputDtypeError, OutOfRangeError, SegmentError, ShapeError, WeightError
 
 R = np.array([[1.0, 0.0], [0.0, 0.0], [1.0, 1.0], [0.0, 1.0]])

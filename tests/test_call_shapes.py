@@ -1,4 +1,4 @@
-"""Call shapes of the conformance suite (conformance/plugins.py): the verl per-token shape
+"""Call shapes of the conformance suite (conformance/subject.py): the verl per-token shape
 grades impl.adapters.verl_advantages (values and the error contract) and rejects wrong
 verl-shaped implementations; under the per-token convention verl it grades values with the
 shape's token counts (a faithful verl-style implementation, tests/verl_mirror.py, passes;
@@ -26,11 +26,11 @@ import torch
 
 from hypothesis import given
 
-from conformance import plugins
+from conformance import subject as shapes
 from conformance import properties as P
 from conformance import regressions
 from conformance.cases import Case, expected
-from conformance.plugins import CallShapeViolation, Subject
+from conformance.subject import CallShapeViolation, Subject
 from spec.errors import NonFiniteError, ShapeError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -147,11 +147,11 @@ def test_verl_token_rewards_sum_to_the_rewards_and_vary_lengths():
     gen = np.random.default_rng(3)
     r = np.round(gen.normal(size=(13, 3)) * 8) / 8  # halves exact
     r[0, 1] = 2.0 ** -149  # float32's smallest subnormal: no exact half, stays whole
-    lengths = plugins.verl_lengths(13)
-    assert sorted(set(lengths.tolist())) == list(range(1, plugins.VERL_TOKENS + 1)) and lengths[0] < plugins.VERL_TOKENS
-    tok = plugins.verl_token_rewards(r, lengths, "float32")
+    lengths = shapes.verl_lengths(13)
+    assert sorted(set(lengths.tolist())) == list(range(1, shapes.VERL_TOKENS + 1)) and lengths[0] < shapes.VERL_TOKENS
+    tok = shapes.verl_token_rewards(r, lengths, "float32")
     assert np.array_equal(tok.sum(axis=1), r)
-    pad = np.arange(plugins.VERL_TOKENS)[None, :] >= lengths[:, None]
+    pad = np.arange(shapes.VERL_TOKENS)[None, :] >= lengths[:, None]
     assert not tok[pad].any(), "a reward on a padding token"
     split = (tok[:, 0, :] != 0) & (tok[np.arange(13), lengths - 1, :] != 0) & (lengths[:, None] > 1)
     assert split.sum() >= 5, "the split placement (first and last token) is never used"
@@ -164,7 +164,7 @@ def test_verl_arguments_are_verls_types():
     kw = Subject(ADAPTER, "verl").verl_arguments(case)
     assert set(kw) == {"token_level_rewards", "response_mask", "index", "weights"}
     assert list(kw["token_level_rewards"]) == ["reward_0", "reward_1"]
-    assert all(t.dtype == torch.float32 and t.shape == (4, plugins.VERL_TOKENS)
+    assert all(t.dtype == torch.float32 and t.shape == (4, shapes.VERL_TOKENS)
                for t in kw["token_level_rewards"].values())
     assert kw["response_mask"].dtype == torch.int64 and kw["response_mask"].sum(1).tolist() == [3, 2, 1, 6]
     assert kw["index"].dtype == object and list(kw["index"]) == ["uid7", "uid7", "uid9", "uid9"]
@@ -178,24 +178,24 @@ def test_verl_arguments_are_verls_types():
 
 def test_verl_per_sample_names_the_sample_and_token():
     lengths = np.array([2, 3])
-    good = torch.zeros(2, plugins.VERL_TOKENS)
+    good = torch.zeros(2, shapes.VERL_TOKENS)
     good[0, :2] = 0.5
     good[1, :3] = -0.5
-    assert plugins.verl_per_sample(good, lengths).tolist() == [0.5, -0.5]
+    assert shapes.verl_per_sample(good, lengths).tolist() == [0.5, -0.5]
     bad = good.clone()
     bad[1, 4] = 0.25
     with pytest.raises(CallShapeViolation, match=r"sample 1 has 3 response token\(s\) of 6; its padding token 4"):
-        plugins.verl_per_sample(bad, lengths)
+        shapes.verl_per_sample(bad, lengths)
     bad = good.clone()
     bad[0, 3] = float("nan")
     with pytest.raises(CallShapeViolation, match="padding token 3 .* carries nan"):
-        plugins.verl_per_sample(bad, lengths)
+        shapes.verl_per_sample(bad, lengths)
     bad = good.clone()
     bad[1, 0] = 0.0
     with pytest.raises(CallShapeViolation, match="sample 1's 3 response tokens carry different values"):
-        plugins.verl_per_sample(bad, lengths)
+        shapes.verl_per_sample(bad, lengths)
     with pytest.raises(CallShapeViolation, match=r"returned shape \(2,\); token advantages are \(B, T\) = \(2, 6\)"):
-        plugins.verl_per_sample(torch.zeros(2), lengths)
+        shapes.verl_per_sample(torch.zeros(2), lengths)
 
 
 # ------------------------------------------------------------ grading through the verl shape
@@ -280,10 +280,10 @@ def test_verl_error_cases_reach_the_call():
     assert s.verl_arguments(dataclasses.replace(base, dtype="complex64"))["token_level_rewards"][
         "reward_0"].dtype == torch.complex64
     empty = s.verl_arguments(dataclasses.replace(base, variant="empty"))
-    assert empty["response_mask"].shape == (0, plugins.VERL_TOKENS) and len(empty["index"]) == 0
-    assert all(t.shape == (0, plugins.VERL_TOKENS) for t in empty["token_level_rewards"].values())
+    assert empty["response_mask"].shape == (0, shapes.VERL_TOKENS) and len(empty["index"]) == 0
+    assert all(t.shape == (0, shapes.VERL_TOKENS) for t in empty["token_level_rewards"].values())
     three = s.verl_arguments(dataclasses.replace(base, variant="rewards_3d"))
-    assert all(t.shape == (4, plugins.VERL_TOKENS, 1) for t in three["token_level_rewards"].values())
+    assert all(t.shape == (4, shapes.VERL_TOKENS, 1) for t in three["token_level_rewards"].values())
     with pytest.raises(ValueError, match="cannot express a malformed call"):
         s.verl_arguments(dataclasses.replace(base, variant="no_groups"))
 
@@ -329,7 +329,7 @@ VERL_VALUE_PROPERTIES = [p.name for p in P.PROPERTIES if p.needs == frozenset({"
 def test_token_counts_reach_the_oracle():
     case = Case(rewards=((1.0, 0.5), (0.0, 0.25), (1.0, 0.0), (0.0, 1.0), (2.0, 0.0)), group_ids=(1, 1, 2, 2, 2))
     tc = Subject(ADAPTER, "verl", "verl").token_counts(case)
-    assert tc.tolist() == plugins.verl_lengths(5).tolist() == [3, 2, 1, 6, 5]
+    assert tc.tolist() == shapes.verl_lengths(5).tolist() == [3, 2, 1, 6, 5]
     assert Subject(ADAPTER, "verl", "spec").token_counts(case) is None  # per sample: none
     assert Subject(ADAPTER, "gdpo", "verl").token_counts(case) is None  # the gdpo shape passes none
     from oracle import gdpo as og
@@ -400,7 +400,7 @@ def _verl_scaled(case: Case, k: int, whiten_eps: float | None = None):
     w = [math.ldexp(x, k) for x in case.weights]
     assert all(math.ldexp(x, -k) == y for x, y in zip(w, case.weights)), "the scaled weights are not exact"
     return og.advantages(case.rewards_array(), case.labels(), weights=w, convention=conv,
-                         token_counts=plugins.verl_lengths(case.n))
+                         token_counts=shapes.verl_lengths(case.n))
 
 
 def test_eq6_bound_under_a_variance_eps_is_scale_invariant():
@@ -436,7 +436,7 @@ def test_eq6_bound_under_verls_own_eps_follows_the_model():
 
     case = regressions.load(EPS_FRAME_SAMPLE)
     base = _verl_scaled(case, 0)
-    t = plugins.verl_lengths(case.n).astype(np.float64)
+    t = shapes.verl_lengths(case.n).astype(np.float64)
     cap = em.noise_cap(float(t.sum()), 1, t, case.n, base.float64)
     assert np.all(base.delta < cap * 2.0 ** -30)  # room for 2^20 below the cap
     for k in (-600, -300, -40, -10, 10, 20):
@@ -473,7 +473,7 @@ def test_verl_oracle_bounds_units_in_subnormal_frames(mirror, case):
         res = _verl_scaled(case, 0)
         base = _verl_scaled(sample, 0)
         assert np.all(res.delta >= np.ldexp(base.delta, -1074))  # τ only adds to the scaled bound
-    tc = plugins.verl_lengths(case.n)
+    tc = shapes.verl_lengths(case.n)
     res = P.oracle_verdict(case, "verl", tc).result
     for stage in (res, res.combined):
         live = ~stage.required_zero
@@ -564,7 +564,7 @@ def test_root_run_grading_another_implementation_runs_the_conformance_suite_only
     """From the root with no path, `pytest --impl X` must not mix this checkout's own
     tests (which never call X) into X's verdict: they are deselected, as in `gdpo check`."""
     mine = _pytest_from_root("--collect-only")
-    theirs = _pytest_from_root("--impl", "conformance.plugins:impl_trl_shape", "--call-shape", "trl",
+    theirs = _pytest_from_root("--impl", "conformance.subject:impl_trl_shape", "--call-shape", "trl",
                                "--collect-only")
     assert mine.returncode == 0 and theirs.returncode == 0, theirs.stdout[-2000:] + theirs.stderr[-2000:]
     own = [line for line in mine.stdout.splitlines() if line.startswith("tests/")]

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from conformance import cli
+from gdpo_tools import cli
 
 
 def test_default_prints_certified_two_group_example(capsys):
@@ -16,20 +16,20 @@ def test_default_prints_certified_two_group_example(capsys):
 
 
 def test_console_script_runs():
-    proc = subprocess.run([sys.executable, "-m", "conformance.cli", "example", "correctness_length"],
+    proc = subprocess.run([sys.executable, "-m", "gdpo_tools.cli", "example", "correctness_length"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "1.0413683621779732" in proc.stdout
 
 
 def test_unknown_example_is_refused():
-    proc = subprocess.run([sys.executable, "-m", "conformance.cli", "example", "nope"],
+    proc = subprocess.run([sys.executable, "-m", "gdpo_tools.cli", "example", "nope"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "invalid choice" in proc.stderr
 
 
 def test_check_runs_the_conformance_suite():
-    proc = subprocess.run([sys.executable, "-m", "conformance.cli", "check", "-k", "test_property and plain"],
+    proc = subprocess.run([sys.executable, "-m", "gdpo_tools.cli", "check", "-k", "test_property and plain"],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "passed" in proc.stdout
@@ -41,19 +41,19 @@ def test_check_fails_a_wrong_implementation(tmp_path):
         "def advantages(*args, **kwargs):\n"
         "    return gdpo.gdpo_advantages(*args, **kwargs) * 1.001  # off by 0.1%\n")
     env = dict(__import__("os").environ, PYTHONPATH=str(tmp_path))
-    proc = subprocess.run([sys.executable, "-m", "conformance.cli", "check", "--impl", "wrong_gdpo:advantages",
+    proc = subprocess.run([sys.executable, "-m", "gdpo_tools.cli", "check", "--impl", "wrong_gdpo:advantages",
                            "-k", "test_property and plain"], capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode != 0 and "failed" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
 
 
 def test_check_call_shapes_are_the_suites():
-    from conformance import plugins
+    from conformance import subject
 
-    assert cli.CHECK_CALL_SHAPES == plugins.CALL_SHAPES
+    assert cli.CHECK_CALL_SHAPES == subject.CALL_SHAPES
 
 
 def test_check_grades_the_verl_call_shape(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "conformance.cli", "check", "--impl", "impl.adapters:verl_advantages",
+    proc = subprocess.run([sys.executable, "-m", "gdpo_tools.cli", "check", "--impl", "impl.adapters:verl_advantages",
                            "--call-shape", "verl", "-k", "test_property[plain]"],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0 and "1 passed" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
@@ -63,7 +63,7 @@ def test_check_grades_the_verl_call_shape(tmp_path):
         "    adv = adapters.verl_advantages(token_level_rewards, response_mask, index, weights)\n"
         "    return adv[:, :1].expand(adv.shape).clone()  # padding tokens not masked\n")
     env = dict(__import__("os").environ, PYTHONPATH=str(tmp_path))
-    proc = subprocess.run([sys.executable, "-m", "conformance.cli", "check", "--impl", "unmasked_verl:advantages",
+    proc = subprocess.run([sys.executable, "-m", "gdpo_tools.cli", "check", "--impl", "unmasked_verl:advantages",
                            "--call-shape", "verl", "-k", "test_property[plain]"],
                           capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 1 and "masked tokens must be exactly 0" in proc.stdout, \
@@ -72,14 +72,14 @@ def test_check_grades_the_verl_call_shape(tmp_path):
 
 def test_check_refuses_an_unknown_convention_before_the_suite():
     """Found by review: every property errored on it and the run exited 1, as a failed grade."""
-    from conformance import cli
+    from gdpo_tools import cli
 
     assert cli.run_check(None, "nosuch", None, None) == 2
 
 
 def test_a_file_after_weights_is_named_as_such(tmp_path, capsys):
     """Found by review: `gdpo audit --weights 1 2 FILE` said only "invalid float value: 'FILE'"."""
-    from conformance import cli
+    from gdpo_tools import cli
 
     p = tmp_path / "b.csv"
     p.write_text("group,a,b\n0,1,0\n0,0,1\n")

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from conformance import cli, plugins
+from conformance import subject
+from gdpo_tools import cli
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -33,29 +34,29 @@ def _env(extra=None):
 
 @pytest.mark.parametrize("spec,says", BAD_SPECS)
 def test_resolve_impl_says_why_in_one_line(spec, says):
-    with pytest.raises(plugins.ImplSpecError) as info:
-        plugins.resolve_impl(spec)
+    with pytest.raises(subject.ImplSpecError) as info:
+        subject.resolve_impl(spec)
     assert says in str(info.value) and "\n" not in str(info.value)
 
 
 def test_resolve_impl_returns_the_callable():
     from impl.gdpo import gdpo_advantages
 
-    assert plugins.resolve_impl("impl.gdpo:gdpo_advantages") is gdpo_advantages
-    assert plugins.resolve_impl("conformance.plugins:Subject.call") is plugins.Subject.call
+    assert subject.resolve_impl("impl.gdpo:gdpo_advantages") is gdpo_advantages
+    assert subject.resolve_impl("conformance.subject:Subject.call") is subject.Subject.call
 
 
 def test_a_module_whose_import_fails_is_not_called_missing(tmp_path, monkeypatch):
     (tmp_path / "needs_missing_dep.py").write_text("import no_such_dependency_xyz\ndef fn(*a, **k): pass\n")
     (tmp_path / "raises_on_import.py").write_text("raise RuntimeError('boom\\nsecond line')\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    with pytest.raises(plugins.ImplSpecError) as info:
-        plugins.resolve_impl("needs_missing_dep:fn")
+    with pytest.raises(subject.ImplSpecError) as info:
+        subject.resolve_impl("needs_missing_dep:fn")
     msg = str(info.value)
     assert "importing 'needs_missing_dep' failed" in msg and "no_such_dependency_xyz" in msg, msg
     assert "module 'needs_missing_dep' not found" not in msg
-    with pytest.raises(plugins.ImplSpecError, match=r"importing 'raises_on_import' raised RuntimeError: boom second"):
-        plugins.resolve_impl("raises_on_import:fn")
+    with pytest.raises(subject.ImplSpecError, match=r"importing 'raises_on_import' raised RuntimeError: boom second"):
+        subject.resolve_impl("raises_on_import:fn")
 
 
 @pytest.mark.parametrize("spec,says", BAD_SPECS)
@@ -70,7 +71,7 @@ def test_check_refuses_a_bad_spec_before_running_anything(spec, says, monkeypatc
 
 
 def test_check_exits_2_at_once_from_the_command_line():
-    proc = subprocess.run([sys.executable, "-m", "conformance.cli", "check", "--impl", "nonexist:fn"],
+    proc = subprocess.run([sys.executable, "-m", "gdpo_tools.cli", "check", "--impl", "nonexist:fn"],
                           capture_output=True, text=True, timeout=120, cwd=ROOT, env=_env())
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert proc.stderr.strip() == ("gdpo check: error: --impl 'nonexist:fn': module 'nonexist' not found "

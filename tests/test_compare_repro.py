@@ -2,7 +2,7 @@
 
 For every property of the suite: a negative control (conformance/controls.py) that the
 property rejects gives a failing case; the failure's message carries a repro line; that
-line, handed to ``conformance.compare.main``, must report the same property's failure
+line, handed to ``conformance.replay.main``, must report the same property's failure
 (exit 1, the same headline, the same repro line), and the same line with the controls'
 correct base as ``--impl`` must conform (exit 0). A repro line without ``--property``
 replays a stage or error property's case under the end-to-end check (``values``): a
@@ -17,13 +17,14 @@ import shlex
 import pytest
 
 from conformance import compare
+from conformance import replay
 from conformance import controls as C
 from conformance import properties as P
 from conformance import report
-from conformance.plugins import Subject
+from conformance.subject import Subject
 
 COMMITTED, _ = report.read_matrix()
-PREFIX = ["python", "-m", "conformance.compare"]
+PREFIX = ["python", "-m", "conformance.replay"]
 
 
 def _failing_case(prop: P.Property):
@@ -67,14 +68,14 @@ def test_repro_line_replays_the_same_property(prop, capsys):
     assert argv[argv.index("--property") + 1] == prop.name, message
     capsys.readouterr()
 
-    assert compare.main(argv) == 1, f"the repro of {control}'s {prop.name} failure does not fail:\n{message}"
+    assert replay.main(argv) == 1, f"the repro of {control}'s {prop.name} failure does not fail:\n{message}"
     out = capsys.readouterr().out
     assert out.splitlines()[0] == message.splitlines()[0], (
         f"the repro replays another check than {prop.name}'s:\nfailure: {message}\nreplay: {out}")
     assert _repro_argv(out) == argv  # the replay's own repro line is the same command
 
     fixed = _with(argv, "--impl", C.BASELINE.target)
-    assert compare.main(fixed) == 0, capsys.readouterr().out
+    assert replay.main(fixed) == 0, capsys.readouterr().out
     assert capsys.readouterr().out.startswith(f"[{prop.name}] conforms: ")
 
 
@@ -89,7 +90,7 @@ def test_repro_line_names_the_subjects_device_and_backend():
 def test_unknown_property_is_refused():
     case = P.regressions.load(P.regressions.EXAMPLES["plain"][0])
     with pytest.raises(SystemExit):
-        compare.main(["--property", "stage_normalise", "--case", case.dumps()])
+        replay.main(["--property", "stage_normalise", "--case", case.dumps()])
 
 
 def test_error_case_without_property_goes_to_the_error_contract(capsys):
@@ -98,10 +99,10 @@ def test_error_case_without_property_goes_to_the_error_contract(capsys):
     base = P.regressions.load(P.regressions.EXAMPLES["plain"][0])
     broken = dataclasses.replace(base, rewards=base.rewards[:3], group_size=None, group_ids=(1, 0, 0),
                                  note="error:group_of_one")
-    assert compare._default_property(broken) == "errors"
-    assert compare.main(["--impl", C.BASELINE.target, "--case", broken.dumps()]) == 0
+    assert replay._default_property(broken) == "errors"
+    assert replay.main(["--impl", C.BASELINE.target, "--case", broken.dumps()]) == 0
     assert capsys.readouterr().out.startswith("[errors] conforms: ")
-    assert compare.main(["--impl", C.CONTROLS["singleton_zero"].target, "--case", broken.dumps()]) == 1
+    assert replay.main(["--impl", C.CONTROLS["singleton_zero"].target, "--case", broken.dumps()]) == 1
     assert capsys.readouterr().out.startswith("[errors] error contract (group_of_one)")
     dist = P.regressions.load(P.regressions.EXAMPLES["dist_errors_2"][0])
-    assert dist.note.startswith("error:") and compare._default_property(dist) == "dist_errors"
+    assert dist.note.startswith("error:") and replay._default_property(dist) == "dist_errors"

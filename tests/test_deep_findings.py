@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from conformance import regressions
-from conformance.plugins import Subject
+from conformance.subject import Subject
 from conformance import properties as P
 from oracle import gdpo
 from spec import error_model as em

@@ -30,7 +30,7 @@ from conformance import properties as P
 from conformance import regressions
 from conformance.cases import Case, DistCase, expected, expected_whiten
 from conformance.compare import judge
-from conformance.plugins import Subject
+from conformance.subject import Subject
 from spec.errors import NonFiniteError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -247,7 +247,7 @@ def test_grading_another_implementation_deselects_the_suites_self_tests(single_e
 
 
 def test_gdpo_check_single_process(single_env):
-    proc = subprocess.run([sys.executable, "-m", "conformance.cli", "check", "--impl", "single_gdpo:advantages",
+    proc = subprocess.run([sys.executable, "-m", "gdpo_tools.cli", "check", "--impl", "single_gdpo:advantages",
                            "--single-process", "-k", "test_property[units] or test_property[dist_values_2]"],
                           capture_output=True, text=True, timeout=600, cwd=ROOT, env=single_env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
@@ -256,7 +256,7 @@ def test_gdpo_check_single_process(single_env):
 
 
 def test_a_multi_process_failure_of_a_single_process_implementation_points_at_the_option():
-    from conformance.plugins import Outcome
+    from conformance.subject import Outcome
 
     outs = {r: Outcome.from_exception(NonFiniteError("one process only")) for r in range(2)}
     assert "--single-process" in " ".join(P._single_process_hint(outs))
@@ -281,12 +281,12 @@ def test_a_plain_value_error_names_the_spec_errors_class():
 
 
 def test_plugins_document_the_error_contract_per_call_shape():
-    from conformance import plugins
+    from conformance import plugins, subject
 
-    doc = plugins.__doc__
+    doc = subject.__doc__
     assert "spec.errors" in doc and "Error contract (``properties.ERROR_CASES`` whose ``shapes`` name ``trl``)" in doc
     assert "Error contract (``properties.ERROR_CASES`` whose ``shapes`` name ``verl``)" in doc
-    assert "--single-process" in doc
+    assert "--single-process" in plugins.__doc__
 
 
 # ----------------------------------------------------------------------------- F
@@ -404,7 +404,7 @@ def test_a_grading_run_stops_shrinking_at_its_budget_and_reports_the_smallest_ca
     with pytest.raises(P.ConformanceFailure) as info:
         P.run_for_pytest(prop, subject)
     assert "shrinking stopped after 0 s: the smallest failing case found by then" in str(info.value)
-    assert "repro: python -m conformance.compare" in str(info.value)
+    assert "repro: python -m conformance.replay" in str(info.value)
 
 
 def test_costly_cases_are_not_hill_climbed(monkeypatch):

@@ -28,12 +28,12 @@ import pytest
 import torch
 from hypothesis import given
 
-from conformance import plugins
+from conformance import subject as shapes
 from conformance import properties as P
 from conformance import strategies as S
 from conformance.cases import Case
 from conformance.compare import judge
-from conformance.plugins import Subject
+from conformance.subject import Subject
 from oracle import gdpo as og
 from spec.conventions import CONVENTIONS
 
@@ -180,13 +180,13 @@ def _mirror_float64(case: Case) -> None:
     convention verl (its call's token counts) with the float64 allowance."""
     subject = Subject("verl_mirror:gdpo_advantages", "verl", "verl")
     kw = subject.verl_arguments(case)
-    tc = plugins.verl_lengths(case.n)
+    tc = shapes.verl_lengths(case.n)
     exp = P.oracle_verdict(case, "verl", tc)
     assert exp.error is None, exp.error
     res = exp.result
     out = verl_mirror._advantages(**kw, out_dtype=torch.float64)
     assert out.dtype == torch.float64
-    got = plugins.verl_per_sample(out, tc).numpy()
+    got = shapes.verl_per_sample(out, tc).numpy()
     v = judge(got, res.float64, res.allowed("float64"), res.cond, "float64", must_be_zero=res.required_zero)
     assert v.ok, f"{case.dumps()}\n" + "\n".join(v.rows)
 

@@ -215,7 +215,7 @@ def test_without_triton_warns_once_and_falls_back(monkeypatch):
 def test_conformance_equations_through_the_fused_path(monkeypatch):
     """The conformance suite's equation properties (oracle-graded), with impl.gdpo on the fused path."""
     from conformance import properties as P
-    from conformance.plugins import Subject
+    from conformance.subject import Subject
 
     monkeypatch.setenv("GDPO_FUSED", MODE)
     before = _fused.stats["calls"]

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from conformance.mirrors import formula
+from gdpo_tools.peer_formulas import formula
 from oracle import gdpo as oracle
 from oracle.examples import CORRECTNESS_LENGTH, TWO_GROUP
 from impl import gdpo as impl

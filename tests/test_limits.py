@@ -1,6 +1,6 @@
 """spec/known_limits.md is generated, and stays true: a fresh fast run must agree with it.
 
-The fast subset (``python -m conformance.limits --fast``) regenerates a subset of
+The fast subset (``python -m gdpo_tools.limits --fast``) regenerates a subset of
 the committed rows cell for cell (a row depends only on its own case and the
 seed), and every documented limit must still reproduce, so a fix that removes a
 limit fails here until the table and the entry are regenerated with it.
@@ -12,11 +12,11 @@ import re
 
 import pytest
 
-from conformance import limits
-from conformance import limits_tables as T
-from conformance.limits_tables import Table
+from gdpo_tools.limits import generate as limits
+from gdpo_tools.limits import tables as T
+from gdpo_tools.limits.tables import Table
 
-REGENERATE = ("regenerate with `python -m conformance.limits` (about a minute at most here) and commit "
+REGENERATE = ("regenerate with `python -m gdpo_tools.limits` (about a minute at most here) and commit "
               "spec/known_limits.md together with spec/limits/*.png")
 
 
@@ -42,7 +42,7 @@ def test_committed_tables_agree_with_a_fresh_fast_run_and_every_limit_reproduces
     message = []
     if stale:
         message.append("documented limits that no longer reproduce (a fix landed? then rewrite or delete the "
-                       "entry in LIMITS, conformance/limits.py):\n  " + "\n  ".join(stale))
+                       "entry in LIMITS, gdpo_tools/limits/generate.py):\n  " + "\n  ".join(stale))
     if problems:
         message.append(f"spec/known_limits.md is stale ({len(problems)} cells differ):\n  {shown}")
     assert not message, "\n".join(message) + "\n" + REGENERATE
@@ -68,7 +68,7 @@ def test_every_table_states_its_cases_and_rerun_command():
     for section in re.split(r"\n(?=### )", text)[1:]:
         if "<!-- table:" not in section:
             continue
-        assert "Rerun: `python -m conformance.limits" in section, section[:80]
+        assert "Rerun: `python -m gdpo_tools.limits" in section, section[:80]
     assert text.count("Cases:") >= 8
 
 

@@ -9,7 +9,7 @@ rules, which the inputs below exercise where the convention defines them.
 import numpy as np
 import pytest
 
-from conformance.mirrors import formula
+from gdpo_tools.peer_formulas import formula
 from oracle import gdpo
 from spec import CONVENTIONS
 

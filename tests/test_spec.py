@@ -5,14 +5,14 @@ import dataclasses
 import numpy as np
 import pytest
 
-from oracle import document
+from gdpo_tools import spec_document as document
 from spec import CONVENTIONS, Convention, GDPOError, error_model, get_convention
 from spec.errors import ERROR_CLASSES, ERROR_EXAMPLES, EXAMPLE_WORLD, NOT_RAISED, example_namespace, example_ranks
 
 
 def test_document_is_generated_from_code():
     assert document.OUTPUT.read_text() == document.render(), (
-        "spec/gdpo.md is stale: run `python -m oracle.document`")
+        "spec/gdpo.md is stale: run `python -m gdpo_tools.spec_document`")
 
 
 def test_every_placeholder_is_filled():

@@ -19,7 +19,7 @@ import pytest
 import oracle.gdpo as O
 from conformance import properties as P
 from conformance.cases import Case
-from conformance.plugins import Subject
+from conformance.subject import Subject
 
 IMPL = Subject("impl.gdpo:gdpo_advantages", "gdpo", "spec")
 

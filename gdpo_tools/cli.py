@@ -12,7 +12,7 @@ import sys
 import numpy as np
 
 
-#: conformance.plugins.CALL_SHAPES, written out so that `gdpo` does not import torch to parse its
+#: conformance.subject.CALL_SHAPES, written out so that `gdpo` does not import torch to parse its
 #: arguments (tests/test_cli.py asserts the two agree).
 CHECK_CALL_SHAPES = ("gdpo", "trl", "verl")
 
@@ -61,7 +61,7 @@ def check_impl_spec(impl: str | None) -> str | None:
     import os
     from pathlib import Path
 
-    from conformance.plugins import DEFAULT_IMPL, ImplSpecError, resolve_impl
+    from conformance.subject import DEFAULT_IMPL, ImplSpecError, resolve_impl
 
     saved = list(sys.path)
     sys.path[:0] = [os.getcwd(), str(Path(__file__).resolve().parent.parent)]
@@ -91,7 +91,9 @@ def run_check(impl: str | None, convention: str | None, call_shape: str | None, 
     if why is not None:
         print(f"gdpo check: error: {why}", file=sys.stderr)
         return 2
-    here = Path(__file__).resolve().parent
+    import conformance
+
+    here = Path(conformance.__file__).resolve().parent
     # -p conformance.plugins: the options, also where the checkout's root conftest.py is absent
     # (an installed package); in a checkout pytest registers the plugin once by name.
     cmd = [sys.executable, "-m", "pytest", str(here), "-q", "-p", "no:cacheprovider", "-p", "conformance.plugins",
@@ -132,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
 
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["limits"]:  # its own parser takes every option, --help included
-        from conformance import limits
+        from gdpo_tools.limits import generate as limits
 
         return limits.main(argv[1:], prog="gdpo limits")
 
@@ -144,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     p_au = sub.add_parser("audit", help="what GDPO does with a dumped batch (.npz, .pt, .jsonl, .csv)",
                           # the file first: after --weights it would be read as one more weight
                           usage="gdpo audit [file] [--weights W [W ...]] [--eps EPS] [--json]",
-                          description=__import__("conformance.audit", fromlist=["x"]).__doc__,
+                          description=__import__("gdpo_tools.audit", fromlist=["x"]).__doc__,
                           formatter_class=argparse.RawDescriptionHelpFormatter)
     p_au.add_argument("file", nargs="?", help="the batch (default: a built-in example batch)")
     p_au.add_argument("--json", action="store_true", help="machine-readable report")
@@ -158,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     p_ck.add_argument("--impl", default=None, help="package.module:function to grade (default impl.gdpo)")
     p_ck.add_argument("--convention", default=None, help="convention the implementation means (default spec)")
     p_ck.add_argument("--call-shape", default=None, choices=CHECK_CALL_SHAPES,
-                      help="how to call it (see conformance/plugins.py; default gdpo)")
+                      help="how to call it (see conformance/subject.py; default gdpo)")
     p_ck.add_argument("-k", dest="select", default=None, help="only the tests matching this pytest -k expression")
     p_ck.add_argument("--single-process", action="store_true",
                       help="the implementation runs in one process (no process_group): deselect the multi-process "
@@ -167,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "check":
         return run_check(args.impl, args.convention, args.call_shape, args.select, args.single_process)
     if args.command == "audit":
-        from conformance import audit
+        from gdpo_tools import audit
         from spec import DEFAULT_EPS
 
         return audit.main(args.file, weights=args.weights, as_json=args.json,

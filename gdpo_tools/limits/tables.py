@@ -2,7 +2,7 @@
 
 Every builder takes ``(fast, seed, progress)`` and returns its tables (with the
 cases they ran) and the measured facts the plots and the documented limits
-(:mod:`conformance.limits`) read. A row depends only on its own case (and the
+(:mod:`gdpo_tools.limits`) read. A row depends only on its own case (and the
 seed), never on which other rows run, so ``--fast`` produces a subset of the
 full run's rows, identical cell for cell.
 """
@@ -15,9 +15,10 @@ from fractions import Fraction
 
 import numpy as np
 
-from conformance import limits_families as fam
-from conformance import limits_peers as P
+from gdpo_tools.limits import families as fam
+from gdpo_tools.limits import peers as P
 from spec.constants import FLOAT32_MAX
+import mpmath
 
 DBL_MAX = float(np.finfo(np.float64).max)
 
@@ -219,8 +220,6 @@ def exact_std(values, ddof: int = 1) -> float:
 
 
 def _sqrt_fraction(v: Fraction) -> float:
-    import mpmath
-
     with mpmath.workprec(120):
         return float(mpmath.sqrt(mpmath.mpf(v.numerator) / v.denominator))
 
@@ -345,8 +344,6 @@ VARIANCE_ALGORITHMS = {"one-pass": variance_one_pass, "two-pass": variance_two_p
 
 
 def _variance_cell(var, exact: float) -> tuple[str, float]:
-    import mpmath
-
     var = float(var)
     if math.isnan(var) or var < 0:
         return f"NaN (variance {fmt(var)})", math.inf
@@ -562,7 +559,7 @@ def build_peers(fast: bool, seed: int, progress) -> tuple[list[Table], dict]:
             rows.append([f"{name} ({P.IMPLEMENTATIONS[name].convention})",
                          *(_peer_cell(facts[(name, f, grading)]) for f in families)])
         intro = (
-            f"Cases: {PEER_CASES} seeded cases per family (`conformance/limits_families.py`, seed shown in the "
+            f"Cases: {PEER_CASES} seeded cases per family (`gdpo_tools/limits/families.py`, seed shown in the "
             "header), float32 reward values, one or several groups per unit. Each implementation runs its "
             "convention's formula in its own dtype (float32 mirrors; `impl64` is `impl.gdpo` with float64 "
             "output; `multireward_grpo` float64, its native dtype). Cell: the worst |error| / bound over the "

@@ -7,7 +7,8 @@ from fractions import Fraction
 import numpy as np
 
 import oracle.gdpo
-from oracle import document, gdpo
+from gdpo_tools import spec_document as document
+from oracle import gdpo
 
 SPEC = document.OUTPUT.read_text()
 

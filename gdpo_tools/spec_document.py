@@ -1,7 +1,7 @@
 """Render ``spec/gdpo.md`` from ``spec/gdpo.template.md`` with numbers computed here.
 
-    python -m oracle.document            # rewrite spec/gdpo.md
-    python -m oracle.document --check    # exit 1 if the committed file is stale
+    python -m gdpo_tools.spec_document            # rewrite spec/gdpo.md
+    python -m gdpo_tools.spec_document --check    # exit 1 if the committed file is stale
 
 Every number in the specification document is produced by this module (from the
 spec constants, the exact oracle, or a stated float computation), so a change in
@@ -219,13 +219,13 @@ def render() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m oracle.document", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m gdpo_tools.spec_document", description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="exit 1 if spec/gdpo.md is stale")
     args = parser.parse_args(argv)
     text = render()
     if args.check:
         if OUTPUT.read_text() != text:
-            print(f"{OUTPUT} is stale: run `python -m oracle.document`", file=sys.stderr)
+            print(f"{OUTPUT} is stale: run `python -m gdpo_tools.spec_document`", file=sys.stderr)
             return 1
         return 0
     OUTPUT.write_text(text)

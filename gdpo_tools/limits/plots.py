@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from conformance import limits_tables as T
+from gdpo_tools.limits import tables as T
 
 #: Exact zeros cannot sit on a log axis: they are drawn on this floor, and the legend says so.
 FLOOR = 1e-20

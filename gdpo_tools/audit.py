@@ -42,6 +42,9 @@ import numpy as np
 from spec import CONVENTIONS, DEFAULT_EPS, FLOAT32_MAX, GDPOError
 from spec.errors import (GroupError, InputDtypeError, NonFiniteError, OutOfRangeError, SegmentError, ShapeError,
                          WeightError)
+import torch
+from impl import gdpo as impl
+from oracle import gdpo as oracle
 
 #: Diagnostics only (they never change a result): a group column whose std is
 #: below this multiple of eps has its Eq. 4 scale set mostly by eps, not the data.
@@ -466,7 +469,6 @@ def _read_npz(path: Path) -> Batch:
 
 
 def _read_pt(path: Path) -> Batch:
-    import torch
 
     try:
         data = torch.load(path, map_location="cpu", weights_only=True)
@@ -512,7 +514,6 @@ def example_batch() -> Batch:
 
 class _Progress:
     """Stage-by-stage progress on stderr for large batches (the oracle is the slow part)."""
-
     def __init__(self, total: int, enabled: bool):
         self.total, self.done, self.enabled = total, 0, enabled
 
@@ -553,10 +554,6 @@ def _refuse_singletons(batch: Batch) -> None:
 
 
 def audit(batch: Batch, weights=None, eps: float = DEFAULT_EPS, progress: bool | None = None) -> dict:
-    import torch
-
-    from impl import gdpo as impl
-    from oracle import gdpo as oracle
 
     r = batch.rewards
     N, K = r.shape

@@ -7,14 +7,14 @@ token counts or None) and returns a float64 array of its outputs, or raises.
 * ``impl`` / ``impl64``: this project's ``impl.gdpo.gdpo_advantages`` (float64
   internals), cast to float32 (its default) or returned in float64 (so its own
   error shows instead of the final cast's half ulp);
-* ``naive_f64``: ``conformance.mirrors.formula("spec", ..., float64)``, mean then
+* ``naive_f64``: ``gdpo_tools.peer_formulas.formula("spec", ..., float64)``, mean then
   deviations: the plain (not shift-invariant) evaluation of the same mathematics;
 * one faithful mirror per peer preset (``spec/conventions.py``): float32 for the
   float32 peers, float64 for ``multireward_grpo`` (its native dtype). NeMo-RL's
-  mirror is written here because its group variance is one-pass
+  mirror (``peer_formulas.nemo_rl_one_pass``) is its own because its group variance is one-pass
   (``E[x^2] - E[x]^2`` in float32, a negative variance giving NaN that
   ``nan_to_num`` turns into a zero std), which ``formula`` does not model;
-* ``trl_torch``: the eager torch float32 TRL mirror of ``benchmarks.mirrors``
+* ``trl_torch``: the eager torch float32 TRL mirror of ``gdpo_tools.peer_formulas``
   (contiguous equal groups, one unit only).
 
 Grading (:func:`grade`) compares with the oracle under a named convention, in
@@ -29,55 +29,13 @@ from typing import Callable
 
 import numpy as np
 
-from conformance.mirrors import formula
+from gdpo_tools.peer_formulas import formula, nemo_rl_one_pass, trl_normalize_then_sum
 from spec.constants import FLOAT32_UNIT_ROUNDOFF, FLOAT64_UNIT_ROUNDOFF
 from spec.conventions import get_convention
 from spec.errors import GDPOError
-
-
-# ------------------------------------------------------------------ mirrors
-
-
-def nemo_rl_one_pass(rewards, group_ids, unit_ids=None, weights=None, token_counts=None, dtype=np.float32):
-    """NeMo-RL's GDPO estimator in ``dtype``: per group and column a one-pass
-    variance ``(sum x^2 / n - (sum x / n)^2) * n / (n - 1)``, its square root with
-    NaN (negative variance) mapped to 0 and inf to the largest finite value, then
-    ``(x - mean) / (std + 1e-6)`` where std > 0, the bare deviation elsewhere;
-    Eq. 7; Eq. 6 unbiased without eps, skipped where the unit's std is 0."""
-    conv = get_convention("nemo_rl")
-    dt = np.dtype(dtype)
-    r = np.asarray(rewards, dtype=np.float64)
-    r = (r[:, None] if r.ndim == 1 else r).astype(dt)
-    n_rows, k_cols = r.shape
-    w = np.ones(k_cols, dt) if weights is None else np.asarray(weights, dtype=np.float64).astype(dt)
-    g = np.asarray(group_ids)
-    eps = dt.type(conv.group_eps)
-    z = np.zeros((n_rows, k_cols), dt)
-    with np.errstate(all="ignore"):
-        for label in np.unique(g):
-            m = g == label
-            n = int(m.sum())
-            if n < 2:
-                continue  # singleton: z = 0
-            for k in range(k_cols):
-                x = r[m, k]
-                mean = x.sum(dtype=dt) / dt.type(n)
-                mean_sq = (x * x).sum(dtype=dt) / dt.type(n)
-                var = (mean_sq - mean * mean) * (dt.type(n) / dt.type(n - 1))
-                std = np.nan_to_num(np.sqrt(var), nan=0.0)
-                dev = x - mean
-                z[m, k] = dev / (std + eps) if std > 0 else dev
-        c = (z * w).sum(axis=1, dtype=dt)
-        u = np.zeros(n_rows, np.int64) if unit_ids is None else np.asarray(unit_ids)
-        a = np.zeros(n_rows, dt)
-        for label in np.unique(u):
-            m = u == label
-            cu = c[m]
-            mean = cu.sum(dtype=dt) / dt.type(cu.size)
-            dev = cu - mean
-            std = np.sqrt((dev * dev).sum(dtype=dt) / dt.type(cu.size - 1))
-            a[m] = cu if std == 0 else dev / std
-    return a
+import torch
+from impl.gdpo import gdpo_advantages
+from oracle import gdpo as og
 
 
 def _formula(convention, dtype):
@@ -93,9 +51,6 @@ def _formula(convention, dtype):
 
 def _impl(out_dtype: str):
     def run(rewards, group_ids, unit_ids=None, weights=None, token_counts=None):
-        import torch
-
-        from impl.gdpo import gdpo_advantages
 
         r = np.asarray(rewards, dtype=np.float64)
         t = torch.from_numpy(np.ascontiguousarray(r))
@@ -107,9 +62,6 @@ def _impl(out_dtype: str):
 
 
 def _trl_torch(rewards, group_ids, unit_ids=None, weights=None, token_counts=None):
-    import torch
-
-    trl_normalize_then_sum = _benchmark_mirrors().trl_normalize_then_sum
     g = np.asarray(group_ids)
     n = int(np.sum(g == g[0]))
     if unit_ids is not None and len(set(np.asarray(unit_ids).tolist())) > 1:
@@ -120,21 +72,6 @@ def _trl_torch(rewards, group_ids, unit_ids=None, weights=None, token_counts=Non
     k = r.shape[1]
     w = torch.ones(k) if weights is None else torch.tensor(list(weights), dtype=torch.float64).to(torch.float32)
     return trl_normalize_then_sum(r, n, w).to(torch.float64).numpy()
-
-
-def _benchmark_mirrors():
-    """``benchmarks.mirrors`` (a checkout directory, not an installed package)."""
-    try:
-        from benchmarks import mirrors
-    except ImportError:
-        import importlib.util
-        from pathlib import Path
-
-        path = Path(__file__).resolve().parent.parent / "benchmarks" / "mirrors.py"
-        spec = importlib.util.spec_from_file_location("gdpo_benchmarks_mirrors", path)
-        mirrors = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mirrors)
-    return mirrors
 
 
 def _segment_sizes(unit_ids) -> list[int]:
@@ -215,8 +152,6 @@ def run(impl: Implementation, rewards, group_ids, unit_ids=None, weights=None, t
 
 def oracle(rewards, group_ids, unit_ids=None, weights=None, token_counts=None, convention="spec", eps=None):
     """The oracle's Result, or the contract error it raises (returned)."""
-    from oracle import gdpo as og
-
     conv = get_convention(convention)
     tc = None
     if conv.whiten == "per_token":

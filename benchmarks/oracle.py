@@ -1,6 +1,6 @@
 """Time the oracle on the issue's reference batch: 512 groups x 16 samples x 4 rewards, 8 units.
 
-    python -m oracle.bench [--repeats 3]
+    python -m benchmarks.oracle [--repeats 3]
 
 Prints the median wall time over the repeats (one core, one process).
 """
@@ -27,7 +27,7 @@ def reference_batch(seed: int = 0):
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m oracle.bench")
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.oracle")
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args(argv)
     r, g, u, w = reference_batch()

@@ -1,0 +1,503 @@
+"""The implementation under test: how the suite finds it (``--impl``), how it calls it
+(the call shapes), and what one call did (:class:`Outcome`). The pytest options that
+choose it live in :mod:`conformance.plugins`.
+
+Call shapes
+-----------
+In every shape a refusal is graded by class: the error contract expects the classes of
+``spec.errors`` (each a ``GDPOError``, itself a ``ValueError``), raised as they are or
+subclassed by the implementation's own exceptions; a plain ``ValueError`` fails, the
+failure naming the class expected. Each shape's paragraph below says how it expresses
+the error cases (``properties.ERROR_CASES``) and which it cannot.
+
+``gdpo`` (this project's API)::
+
+    fn(rewards, *, group_ids=None, group_size=None, weights=None, segment_sizes=None,
+       process_group=None, eps=..., out_dtype=torch.float32) -> tensor (N,)
+
+  ``rewards`` is a (N, K) tensor of float64/float32/float16/bfloat16; exactly one of
+  ``group_ids`` (an int64 tensor of labels, ragged groups) and ``group_size``;
+  ``weights`` a list of K Python floats; ``segment_sizes`` a list of ints (this
+  rank's consecutive counts per whitening unit); ``eps`` only passed when a
+  property varies it; errors are ``spec.errors.GDPOError`` subclasses. If the
+  function's module (or the function, as attributes) also has
+  ``normalize_rewards(rewards, *, group_ids, group_size, weights, eps)`` (Eq. 4 and
+  7, float64 (N,)) and ``whiten(values, *, segment_sizes, process_group, eps,
+  out_dtype)`` (Eq. 6), the stage properties test them too.
+
+``trl`` (an (N, K) rewards + group size shape like TRL's ``normalize_then_sum``)::
+
+    fn(rewards, num_generations, reward_weights) -> tensor (N,)
+
+  ``rewards`` a float32 (N, K) tensor, contiguous groups of ``num_generations``
+  rows, ``reward_weights`` a float32 (K,) tensor, one whitening unit, float32
+  output. Properties this shape cannot express (labels, units, eps, stages,
+  out_dtype float64, several ranks) are skipped for it, with that reason.
+  ``conformance.subject:impl_trl_shape`` wraps ``impl.gdpo`` in this shape.
+
+  Error contract (``properties.ERROR_CASES`` whose ``shapes`` name ``trl``): a
+  non-finite reward is that value in ``rewards``; ``group_size`` 1 is
+  ``num_generations`` 1, N not a multiple of the group size a ``num_generations``
+  that does not divide N; bad weights a ``reward_weights`` tensor holding them (all
+  zero, NaN or infinite; a wrong count: K + 1 or K + 2 entries). Not expressible:
+  labels, dtypes other than float32, empty or 3-D rewards, two or no group arguments,
+  and the eps, unit and output dtype arguments the shape does not have.
+
+``verl`` (verl's per-token shape; ``impl.adapters:verl_advantages`` is one)::
+
+    fn(token_level_rewards={name: (B, T)}, response_mask=(B, T), index=(B,), weights={name: w} | None)
+        -> tensor (B, T)   (or a tuple whose first item is that tensor, as verl's (advantages, returns))
+
+  Each reward column ``k`` of the case becomes the float32 token rewards
+  ``token_level_rewards["reward_k"]``; the score of a response is the sum of its
+  response tokens' rewards: a sample's reward sits on its last response token, or
+  (every other sample and column, where the halves are exact) half on its first and
+  half on its last, so the sum is the reward exactly. ``response_mask`` is an int64
+  0/1 tensor, right-padded, with responses of 1 to ``VERL_TOKENS`` tokens
+  (:func:`verl_lengths`: every length occurs, sample 0 is always padded); rewards on
+  padding tokens are 0. ``index`` is a numpy object array of one string label per
+  sample (verl's ``uid``), ragged groups allowed; ``weights`` maps each reward name to
+  its float64 weight (None: ones). The result must carry one advantage per sample on
+  every response token of that sample and exactly 0 (either sign) on every padding
+  token; anything else raises :class:`CallShapeViolation` naming the sample and token.
+  The per-sample values are then graded like any other shape (float32 output). What
+  it cannot express (units, eps, stages, several ranks, input dtypes other than
+  float32) is skipped with that reason.
+
+  Under a per-token convention (``--convention verl``, whose Eq. 6 weights each sample
+  by its token count, as verl's ``masked_whiten`` does) the oracle is given the response
+  lengths of the call (:meth:`Subject.token_counts`), so values are graded under that
+  convention; the gdpo and trl shapes pass no token counts and skip such values.
+
+  Error contract (``properties.ERROR_CASES`` whose ``shapes`` name ``verl``): a
+  non-finite reward sits on one response token (the first or the last) of its
+  sample; a group of one is a ``uid`` of one sample; ``group_size`` 1 is every sample
+  its own ``uid``; labels of the wrong length an ``index`` of B - 1 or B + 1 labels;
+  bad weights a ``weights`` dict holding them (a wrong count: ``reward_j`` names past
+  the reward keys); integer, bool or complex rewards token rewards of that dtype; an
+  empty batch (B, T) = (0, T) tensors; a 3-D rewards tensor token rewards of shape
+  (B, T, 1). Not expressible: a group size not dividing N (``index`` labels accept any
+  grouping), float labels (any hashable is a label), two or no group arguments (one
+  ``index``), and the eps, unit and output dtype arguments verl does not have.
+"""
+
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import math
+
+import numpy as np
+import torch
+
+from conformance.cases import Case
+from conformance.strategies import Context
+from spec.conventions import get_convention
+from spec.errors import ERROR_CLASSES
+from conformance.strategies import DTYPES, round_to
+import time
+from impl.gdpo import gdpo_advantages
+
+DEFAULT_IMPL = "impl.gdpo:gdpo_advantages"
+CALL_SHAPES = ("gdpo", "trl", "verl")
+
+#: What a narrow call shape cannot express: a property needing one of these is skipped, with the reason.
+CANNOT_EXPRESS = {
+    "trl": (("units", "one whitening unit (no segment_sizes)"),
+            ("labels", "contiguous equal groups only (no group_ids)"),
+            ("eps", "no eps argument"),
+            ("stages", "no stage functions"),
+            ("distributed", "no process_group"),
+            ("dtypes", "float32 rewards and output only")),
+    "verl": (("units", "one whitening unit (no segment_sizes)"),
+             ("eps", "no eps argument"),
+             ("stages", "no stage functions"),
+             ("distributed", "no process_group"),
+             ("dtypes", "float32 token rewards and output only")),
+}
+
+#: T of the verl shape: responses have 1 to VERL_TOKENS tokens (right padding after them).
+VERL_TOKENS = 6
+#: Malformed calls (Case.variant) the verl shape expresses (see the module docstring).
+VERL_VARIANTS = ("", "empty", "rewards_3d")
+
+TORCH_DTYPES = {"float64": torch.float64, "float32": torch.float32, "float16": torch.float16,
+                "bfloat16": torch.bfloat16, "int64": torch.int64, "int32": torch.int32, "bool": torch.bool,
+                "complex64": torch.complex64}
+
+
+def load(target: str):
+    """``package.module:attr[.attr]`` -> the object."""
+    if ":" not in target:
+        raise ValueError(f"--impl wants package.module:function, got {target!r}")
+    mod_name, _, attr = target.partition(":")
+    obj = importlib.import_module(mod_name)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+class ImplSpecError(ValueError):
+    """An ``--impl`` spec that does not name a callable: the one-line reason."""
+
+def resolve_impl(target: str):
+    """``package.module:attr[.attr]`` -> the callable it names, or :class:`ImplSpecError`
+    saying in one line why not (no ``:``, module not found, import failed, no such
+    attribute, not callable). ``gdpo check`` and ``pytest --impl`` call it before
+    anything runs, so a bad spec stops at once instead of failing every property."""
+    mod_name, colon, attr = target.partition(":")
+    if not colon or not mod_name or not attr or "" in attr.split("."):
+        raise ImplSpecError(f"--impl {target!r}: expected package.module:function")
+    try:
+        obj = importlib.import_module(mod_name)
+    except ModuleNotFoundError as e:
+        if e.name is not None and (mod_name == e.name or mod_name.startswith(e.name + ".")):
+            raise ImplSpecError(f"--impl {target!r}: module {e.name!r} not found "
+                                f"(not installed, or not on sys.path / PYTHONPATH)") from None
+        raise ImplSpecError(f"--impl {target!r}: importing {mod_name!r} failed: "
+                            f"{type(e).__name__}: {' '.join(str(e).split())}") from None
+    except BaseException as e:  # noqa: BLE001 - whatever the module raises on import, SystemExit included
+        if isinstance(e, KeyboardInterrupt):
+            raise
+        raise ImplSpecError(f"--impl {target!r}: importing {mod_name!r} raised "
+                            f"{type(e).__name__}: {' '.join(str(e).split())}") from None
+    where = mod_name
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ImplSpecError(f"--impl {target!r}: {where!r} has no attribute {part!r}")
+        obj = getattr(obj, part)
+        where = f"{where}:{part}" if where == mod_name else f"{where}.{part}"
+    if not callable(obj):
+        raise ImplSpecError(f"--impl {target!r}: {where} is a {type(obj).__name__}, not callable")
+    return obj
+
+
+class CallShapeViolation(Exception):
+    """The implementation's output breaks its call shape (e.g. a verl result that is not
+    one value per sample on its response tokens and 0 on padding)."""
+
+class InputModified(CallShapeViolation):
+    """The implementation wrote into a tensor the caller passed (the contract reads its
+    inputs and never changes them)."""
+
+
+def _bits_of(t: torch.Tensor) -> torch.Tensor:
+    """A copy of ``t``'s bits (NaN compares equal to itself, -0.0 differs from 0.0)."""
+    t = t.detach().clone()
+    return t.view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]) \
+        if not t.is_complex() and t.dtype != torch.bool else t
+
+
+def _unchanged(fn, tensors: dict):
+    """Call ``fn()``; raise InputModified if it changed any of ``tensors`` (name -> tensor)."""
+    before = {k: _bits_of(v) for k, v in tensors.items()}
+    out = fn()
+    for k, v in tensors.items():
+        if not torch.equal(_bits_of(v), before[k]):
+            raise InputModified(f"the implementation modified its input {k} in place; the contract reads its "
+                                "inputs and never writes them")
+    return out
+
+
+def verl_lengths(n: int, tokens: int = VERL_TOKENS) -> np.ndarray:
+    """Response lengths of the verl shape: 3, 2, 1, 6, 5, 4, 3, ... (every length in
+    1..tokens occurs within ``tokens`` samples; sample 0 is padded)."""
+    return 1 + (5 * np.arange(n, dtype=np.int64) + 2) % tokens
+
+
+def verl_token_rewards(rewards: np.ndarray, lengths: np.ndarray, dtype: str, tokens: int = VERL_TOKENS) -> np.ndarray:
+    """(N, K) rewards -> (N, T, K) token rewards whose sum over the response tokens is
+    each reward exactly: on the last response token, or, where (i + k) is odd and the
+    response has two tokens or more, split in two exact halves (first and last token)
+    when the half is a value of the float ``dtype``, and whole on the first token when
+    the reward is not finite (NaN + 0 is NaN, inf + 0 inf). Padding tokens hold 0."""
+    n, k = rewards.shape
+    out = np.zeros((n, tokens, k), dtype=np.float64)
+    for i in range(n):
+        last = int(lengths[i]) - 1
+        for j in range(k):
+            r = float(rewards[i, j])
+            half = r / 2.0
+            odd = last >= 1 and (i + j) % 2 == 1
+            if odd and not math.isfinite(r):
+                out[i, 0, j] = r
+            elif odd and dtype in DTYPES and float(round_to([half], dtype)[0]) == half:
+                out[i, 0, j] = half
+                out[i, last, j] = half
+            else:
+                out[i, last, j] = r
+    return out
+
+
+@dataclasses.dataclass
+class Outcome:
+    """What one call did, in a form that crosses process boundaries."""
+
+    ok: bool
+    values: np.ndarray | None = None  # float64 copy of the output (exact)
+    dtype: str = ""  # torch dtype name of the output
+    shape: tuple = ()
+    device: str = ""
+    error_type: str = ""
+    error_classes: tuple = ()  # names of spec.errors classes the exception is an instance of
+    message: str = ""
+    seconds: float = 0.0
+
+    @classmethod
+    def from_output(cls, out, seconds=0.0) -> "Outcome":
+        if not isinstance(out, torch.Tensor):
+            return cls(False, error_type="NotATensor", message=f"returned {type(out).__name__}, not a tensor",
+                       seconds=seconds)
+        t = out.detach()
+        vals = t.to("cpu").to(torch.float64).numpy().copy() if t.is_floating_point() else \
+            t.to("cpu").numpy().astype(np.float64)
+        return cls(True, vals, str(t.dtype).replace("torch.", ""), tuple(t.shape), t.device.type,
+                   seconds=seconds)
+
+    @classmethod
+    def from_exception(cls, e: BaseException, seconds=0.0) -> "Outcome":
+        names = tuple(n for n, c in ERROR_CLASSES.items() if isinstance(e, c))
+        return cls(False, error_type=type(e).__name__, error_classes=names, message=str(e)[:2000],
+                   seconds=seconds)
+
+    def is_error(self, *classes) -> bool:
+        return (not self.ok) and any(c.__name__ in self.error_classes for c in classes)
+
+    def describe(self) -> str:
+        if self.ok:
+            return f"returned {self.dtype} {self.shape} on {self.device}"
+        return f"raised {self.error_type}: {self.message}"
+
+
+class Subject:
+    """The implementation under test behind one call shape."""
+
+    def __init__(self, target: str = DEFAULT_IMPL, shape: str = "gdpo", convention: str = "spec",
+                 device: str = "cpu", backend: str = "gloo"):
+        if shape not in CALL_SHAPES:
+            raise ValueError(f"--call-shape must be one of {CALL_SHAPES}, got {shape!r}")
+        self.target = target
+        self.shape = shape
+        self.convention = get_convention(convention).name
+        self.device = device
+        self.backend = backend  # of the spawned ranks' process groups
+        self._fn = None
+        self._stages = None
+
+    def __repr__(self) -> str:
+        return f"Subject({self.target!r}, shape={self.shape!r}, convention={self.convention!r})"
+
+    @property
+    def fn(self):
+        if self._fn is None:
+            self._fn = load(self.target)
+        return self._fn
+
+    def stage(self, name: str):
+        """``normalize_rewards`` / ``whiten`` next to the function, or None."""
+        if self.shape != "gdpo":
+            return None
+        f = getattr(self.fn, name, None)
+        if f is None:
+            mod = importlib.import_module(self.target.partition(":")[0])
+            f = getattr(mod, name, None)
+        return f if callable(f) else None
+
+    # -------------------------------------------------------- what it expresses
+    def context(self) -> Context:
+        if self.shape == "trl":
+            return Context(labels=False, units=False, eps=False, input_dtypes=("float32",),
+                           out_dtypes=("float32",), weights_dtype="float32")
+        if self.shape == "verl":
+            return Context(labels=True, units=False, eps=False, input_dtypes=("float32",),
+                           out_dtypes=("float32",), weights_dtype="float64")
+        return Context()
+
+    def unsupported(self, needs: frozenset) -> str | None:
+        """Why a property with these needs cannot run here (None: it can)."""
+        conv = get_convention(self.convention)
+        if "spec_convention" in needs and self.convention != "spec":
+            return (f"the error contract and the distributed protocol are convention 'spec''s; "
+                    f"--convention {self.convention} grades values only")
+        if conv.whiten == "per_token" and "values" in needs and self.shape != "verl":
+            return f"convention {conv.name!r} whitens per token; call shape {self.shape!r} passes no token counts"
+        if conv.group_eps != conv.whiten_eps and "eps" in needs:
+            return f"convention {conv.name!r} has two eps; the eps argument sets one"
+        for need, why in CANNOT_EXPRESS.get(self.shape, ()):
+            if need in needs:
+                return f"call shape {self.shape!r} cannot express this: {why}"
+        if "stages" in needs and (self.stage("normalize_rewards") is None or self.stage("whiten") is None):
+            return f"{self.target} has no normalize_rewards/whiten beside it"
+        return None
+
+    def token_counts(self, case: Case) -> np.ndarray | None:
+        """Each sample's token count, for the oracle of a per-token convention (verl's
+        token-weighted Eq. 6): the response lengths the verl shape passes for this case;
+        None where the convention whitens per sample (or the case has no rows)."""
+        if get_convention(self.convention).whiten != "per_token" or self.shape != "verl" or not case.rewards:
+            return None
+        return verl_lengths(case.n)
+
+    # ---------------------------------------------------------------- calling
+    def tensor(self, case: Case) -> torch.Tensor:
+        r = case.rewards_array()
+        if case.variant == "rewards_3d":
+            r = r.reshape(r.shape[0], r.shape[1], 1)
+        if case.variant == "empty":
+            r = np.zeros((0, max(case.k, 1)))
+        dt = TORCH_DTYPES[case.dtype]
+        t = torch.from_numpy(r)
+        if dt.is_complex:
+            t = t.to(dt)
+        elif dt == torch.bool:
+            t = t != 0
+        else:
+            t = t.to(dt)
+        return t.to(self.device)
+
+    def kwargs(self, case: Case) -> dict:
+        """The gdpo-shape keyword arguments of a case (process_group added by the caller)."""
+        kw: dict = {}
+        v = case.variant
+        if case.group_ids is not None:
+            kw["group_ids"] = torch.tensor(case.group_ids, dtype=torch.int64, device=self.device)
+            if v == "float_labels":
+                kw["group_ids"] = kw["group_ids"].to(torch.float64)
+        if case.group_size is not None:
+            kw["group_size"] = case.group_size
+        if v == "both_groups":
+            kw["group_size"] = kw.get("group_size") or 2
+            kw["group_ids"] = torch.zeros(case.n, dtype=torch.int64, device=self.device)
+        if v == "no_groups":
+            kw.pop("group_ids", None)
+            kw.pop("group_size", None)
+        if case.weights is not None:
+            kw["weights"] = [float(w) for w in case.weights]
+        if case.segment_sizes is not None:
+            kw["segment_sizes"] = [int(s) for s in case.segment_sizes]
+        if case.eps is not None:
+            kw["eps"] = float(case.eps)
+        kw["out_dtype"] = TORCH_DTYPES[case.out_dtype]
+        if v == "int_out_dtype":
+            kw["out_dtype"] = torch.int64
+        return kw
+
+    def call(self, case: Case, process_group=None):
+        """Call the implementation on one case; returns its output or raises what it raises."""
+        rewards = self.tensor(case)
+        if self.shape == "trl":
+            w = case.weights if case.weights is not None else (1.0,) * max(case.k, 1)
+            rw = torch.tensor([float(x) for x in w], dtype=torch.float32, device=self.device)
+            return _unchanged(lambda: self.fn(rewards, case.group_size, rw),
+                              {"rewards_per_func": rewards, "reward_weights": rw})
+        if self.shape == "verl":
+            return self.call_verl(case)
+        kw = self.kwargs(case)
+        if process_group is not None:
+            kw["process_group"] = process_group
+        watched = {"rewards": rewards, **{k: v for k, v in kw.items() if isinstance(v, torch.Tensor)}}
+        return _unchanged(lambda: self.fn(rewards, **kw), watched)
+
+    def verl_arguments(self, case: Case) -> dict:
+        """The verl-shape keyword arguments of a case (see the module docstring)."""
+        if case.variant not in VERL_VARIANTS or not case.rewards:
+            raise ValueError(f"call shape 'verl' cannot express a malformed call ({case.variant or 'no rows'}): "
+                             f"a suite bug, such cases are skipped for it")
+        r = case.rewards_array()
+        if case.variant == "empty":
+            r = np.zeros((0, case.k))
+        lengths = verl_lengths(r.shape[0])
+        tok = verl_token_rewards(r, lengths, case.dtype)
+        dt = TORCH_DTYPES[case.dtype]
+        names = [f"reward_{j}" for j in range(case.k)]
+        rewards = {}
+        for j, name in enumerate(names):
+            t = torch.from_numpy(np.ascontiguousarray(tok[:, :, j]))
+            t = (t != 0) if dt == torch.bool else t.to(dt)
+            if case.variant == "rewards_3d":
+                t = t.unsqueeze(-1)  # (B, T, 1): not the shape of response_mask
+            rewards[name] = t.to(self.device)
+        mask = torch.from_numpy(np.arange(VERL_TOKENS)[None, :] < lengths[:, None]).to(torch.int64).to(self.device)
+        labels = case.labels() if case.variant != "empty" else np.zeros(0, np.int64)
+        index = np.array([f"uid{int(g)}" for g in labels], dtype=object)
+        # weight j names reward_j, also past the columns: a wrong count is a name mismatch, never dropped
+        weights = None if case.weights is None else {f"reward_{j}": float(w) for j, w in enumerate(case.weights)}
+        return {"token_level_rewards": rewards, "response_mask": mask, "index": index, "weights": weights}
+
+    def call_verl(self, case: Case):
+        """Call a verl-shaped implementation; its (B, T) result back as the (B,) per-sample
+        advantages, or :class:`CallShapeViolation` where it is not one value per sample on
+        the response tokens and 0 on padding."""
+        kw = self.verl_arguments(case)
+        lengths = verl_lengths(kw["response_mask"].shape[0])  # before the call: the mask is the callee's
+        out = self.fn(**kw)
+        if isinstance(out, (tuple, list)) and out and isinstance(out[0], torch.Tensor):
+            out = out[0]  # verl's estimators return (advantages, returns)
+        if not isinstance(out, torch.Tensor):
+            return out  # graded as "returned <type>, not a tensor"
+        return verl_per_sample(out, lengths)
+
+    def call_normalize(self, case: Case):
+        kw = self.kwargs(case)
+        kw.pop("segment_sizes", None)
+        kw.pop("out_dtype", None)
+        return self.stage("normalize_rewards")(self.tensor(case), **kw)
+
+    def call_whiten(self, values: np.ndarray, dtype: str, segment_sizes, eps, out_dtype, process_group=None):
+        kw: dict = {"out_dtype": TORCH_DTYPES[out_dtype]}
+        if segment_sizes is not None:
+            kw["segment_sizes"] = [int(s) for s in segment_sizes]
+        if eps is not None:
+            kw["eps"] = float(eps)
+        if process_group is not None:
+            kw["process_group"] = process_group
+        t = torch.from_numpy(np.asarray(values, dtype=np.float64)).to(TORCH_DTYPES[dtype]).to(self.device)
+        return self.stage("whiten")(t, **kw)
+
+    def outcome(self, fn, *args, **kwargs) -> Outcome:
+        t0 = time.perf_counter()
+        try:
+            out = fn(*args, **kwargs)
+        except Exception as e:  # noqa: BLE001 - every exception is graded, not only GDPOError
+            return Outcome.from_exception(e, time.perf_counter() - t0)
+        if self.device != "cpu" and torch.cuda.is_available():
+            torch.cuda.synchronize()
+        return Outcome.from_output(out, time.perf_counter() - t0)
+
+
+def verl_per_sample(out: torch.Tensor, lengths: np.ndarray) -> torch.Tensor:
+    """(B, T) token advantages -> (B,) per-sample advantages (the first response token,
+    output dtype kept), after checking that each sample's response tokens carry one value
+    (NaN equal to NaN) and its padding tokens exactly 0 (either sign)."""
+    n, t = len(lengths), VERL_TOKENS
+    if tuple(out.shape) != (n, t):
+        raise CallShapeViolation(f"call shape 'verl': returned shape {tuple(out.shape)}; token advantages are "
+                                 f"(B, T) = ({n}, {t}), the shape of response_mask")
+    vals = out.detach().to("cpu").to(torch.float64).numpy()
+    for i in range(n):
+        length = int(lengths[i])
+        pad = vals[i, length:]
+        bad = np.flatnonzero(~(pad == 0.0))  # NaN is not 0
+        if bad.size:
+            j = length + int(bad[0])
+            raise CallShapeViolation(
+                f"call shape 'verl': sample {i} has {length} response token(s) of {t}; its padding token {j} "
+                f"(response_mask 0) carries {float(vals[i, j])!r}: masked tokens must be exactly 0 "
+                f"(token row {vals[i].tolist()})")
+        resp = vals[i, :length]
+        if not np.array_equal(resp, np.full_like(resp, resp[0]), equal_nan=True):
+            raise CallShapeViolation(
+                f"call shape 'verl': sample {i}'s {length} response tokens carry different values "
+                f"{resp.tolist()}: GDPO gives one advantage per sample, the same on each of its response tokens")
+    return out[:, 0]  # every response has at least one token
+
+
+def impl_trl_shape(rewards, num_generations, reward_weights):
+    """``impl.gdpo`` in the TRL-like call shape (self-test of the ``trl`` shape)."""
+    return gdpo_advantages(rewards, group_size=int(num_generations),
+                           weights=[float(w) for w in reward_weights.tolist()], out_dtype=torch.float32)
+
+
+def finite(x) -> bool:
+    return isinstance(x, float) and math.isfinite(x)

@@ -1,0 +1,3 @@
+from gdpo_tools.limits.generate import main
+
+raise SystemExit(main())
