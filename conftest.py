@@ -1,8 +1,6 @@
-# Shared by tests/ and conformance/: hypothesis profiles chosen explicitly, and the
-# conformance suite's options (--impl, --convention, --call-shape).
+# Shared by tests/ and conformance/: the conformance suite's pytest plugin (its options
+# --impl, --convention, --call-shape, its markers and its hypothesis profiles).
 import os
-
-from hypothesis import HealthCheck, settings
 
 # The options live in conformance/plugins.py (pytest_addoption). Registered here, at
 # the root, pytest loads them on every run, so `pytest --impl mod:fn` works with no
@@ -17,11 +15,3 @@ import torch  # noqa: E402
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
-
-# Explicit profiles (hypothesis would otherwise switch itself when it detects CI):
-# "ci" is derandomized and bounded; "deep" hunts long with an example database.
-settings.register_profile("ci", derandomize=True, max_examples=40, deadline=None, database=None,
-                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-settings.register_profile("deep", max_examples=10_000, deadline=None,
-                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-settings.load_profile(os.environ.get("GDPO_HYPOTHESIS_PROFILE", "ci"))

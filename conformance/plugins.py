@@ -43,14 +43,27 @@ from pathlib import Path
 
 import pytest
 
-from conformance import properties
+from conformance import profiles, properties
 from conformance.subject import CALL_SHAPES, DEFAULT_IMPL, ImplSpecError, resolve_impl
 
 
+#: The suite's pytest markers, registered by the plugin itself, so that ``--strict-markers``
+#: holds wherever the suite runs (an installed package has no pyproject.toml of ours).
+MARKERS = {
+    "slow": "long-running (still part of CI)",
+    "cuda": "needs a CUDA device (skipped without one)",
+    "distributed": "spawns torch.distributed process groups",
+}
+
+
 def pytest_configure(config):
-    """A bad ``--impl`` is a usage error before collection, not a failure per property.
+    """Register the markers and load the hypothesis profile (``conformance.profiles``);
+    a bad ``--impl`` is a usage error before collection, not a failure per property.
     Only a spec other than the default is resolved here: ``impl.gdpo`` is this checkout's
     own, and the tests that use it import it themselves."""
+    for name, what in MARKERS.items():
+        config.addinivalue_line("markers", f"{name}: {what}")
+    profiles.load()
     target = config.getoption("--impl", default=DEFAULT_IMPL)
     if target != DEFAULT_IMPL:
         try:

@@ -27,6 +27,7 @@ import hypothesis.errors
 from hypothesis import Phase, seed, settings, HealthCheck
 
 from conformance import controls as C
+from conformance import profiles
 from conformance import properties as P
 from conformance.compare import describe_inputs
 from conformance.subject import Subject
@@ -166,16 +167,8 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def _load_profiles() -> None:
-    """Outside pytest, register the project's profiles (the repository root conftest.py)."""
-    try:
-        import conftest  # noqa: F401 - registers and loads "ci"/"deep"
-    except ImportError:
-        pass
-
-
 def main(argv=None) -> int:
-    _load_profiles()
+    profiles.load()
     ap = argparse.ArgumentParser(prog="python -m conformance.report", description=__doc__.split("\n")[0])
     ap.add_argument("--check", action="store_true", help="compare with the committed table, write nothing")
     ap.add_argument("--quiet", action="store_true")

@@ -79,6 +79,7 @@ def run_check(impl: str | None, convention: str | None, call_shape: str | None, 
     """The conformance suite (conformance/, ci profile) in a subprocess; pytest's exit code,
     or 2 (a usage error, as argparse's) where ``--impl`` names no callable. ``single_process``:
     the multi-process properties are deselected (``--single-process``, conformance/plugins.py)."""
+    import os
     import subprocess
     from pathlib import Path
 
@@ -96,8 +97,11 @@ def run_check(impl: str | None, convention: str | None, call_shape: str | None, 
     here = Path(conformance.__file__).resolve().parent
     # -p conformance.plugins: the options, also where the checkout's root conftest.py is absent
     # (an installed package); in a checkout pytest registers the plugin once by name.
-    cmd = [sys.executable, "-m", "pytest", str(here), "-q", "-p", "no:cacheprovider", "-p", "conformance.plugins",
-           "--rootdir", str(here.parent)]
+    # The run is hermetic: pytest loads no plugin of the environment's on its own (a plugin
+    # that reorders, reseeds or writes files would change the verdict or the user's
+    # directory), only hypothesis's and the suite's; no cache is written.
+    cmd = [sys.executable, "-m", "pytest", str(here), "-q", "-p", "no:cacheprovider", "-p", "_hypothesis_pytestplugin",
+           "-p", "conformance.plugins", "--rootdir", str(here.parent)]
     for flag, value in (("--impl", impl), ("--convention", convention), ("--call-shape", call_shape),
                         ("-k", select)):
         if value is not None:
@@ -106,7 +110,7 @@ def run_check(impl: str | None, convention: str | None, call_shape: str | None, 
         cmd.append("--single-process")
         print("gdpo check: --single-process: the multi-process properties are deselected, not graded", flush=True)
     print("running: " + " ".join(cmd), flush=True)
-    return subprocess.call(cmd)
+    return subprocess.call(cmd, env={**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"})
 
 
 def _weight(text: str) -> float:
@@ -154,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
                       help="one weight per reward component (give the file before --weights)")
     p_au.add_argument("--eps", type=float, default=None, help="eps of Eq. 4 and Eq. 6 (default: the spec's)")
     p_li = sub.add_parser("limits", add_help=False,
-                          help="regenerate spec/known_limits.md and its plots (see gdpo limits --help)")
+                          help="measure the known-limit tables and plots into --out DIR (see gdpo limits --help)")
     p_li.add_argument("rest", nargs=argparse.REMAINDER)
     p_ck = sub.add_parser("check", help="run the conformance suite against impl.gdpo or another implementation")
     p_ck.add_argument("--impl", default=None, help="package.module:function to grade (default impl.gdpo)")

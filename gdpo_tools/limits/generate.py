@@ -1,8 +1,9 @@
 """Known-limit tables of GDPO implementations, measured against the exact oracle.
 
-    python -m gdpo_tools.limits                 # rewrite spec/known_limits.md and spec/limits/*.png
-    python -m gdpo_tools.limits --fast --out /tmp/kl.md --no-plots   # the subset CI regenerates
-    python -m gdpo_tools.limits --only cancellation                  # print one table group
+    python -m gdpo_tools.limits                 # in a checkout: rewrite spec/known_limits.md and spec/limits/*.png
+    gdpo limits --out DIR                       # anywhere: write DIR/known_limits.md and DIR/limits/*.png
+    gdpo limits --fast --out DIR --no-plots     # the subset CI regenerates
+    gdpo limits --only cancellation             # print one table group
 
 Six table groups (``gdpo_tools/limits/tables.py``): cancellation, eps, n_g = 2
 and correlated components, variance algorithms, ranges, peers. Every number is
@@ -33,8 +34,10 @@ from gdpo_tools.limits.tables import Table, fmt
 import torch
 from gdpo_tools.limits import plots as limits_plots
 
-ROOT = Path(__file__).resolve().parents[2]  # the checkout (gdpo_tools/limits/generate.py)
+ROOT = Path(__file__).resolve().parents[2]  # the checkout (gdpo_tools/limits/generate.py), or site-packages
 DEFAULT_OUT = ROOT / "spec" / "known_limits.md"
+#: The file written into the output folder; the plots go to its limits/ subfolder.
+PAGE = DEFAULT_OUT.name
 COMMAND = "python -m gdpo_tools.limits"
 ENV_BEGIN = "<!-- environment: begin (machine-dependent; tests/test_limits.py ignores this block) -->"
 ENV_END = "<!-- environment: end -->"
@@ -302,6 +305,8 @@ def environment(seed: int, fast: bool, wall: float) -> list[list[str]]:
     except OSError:
         pass
     try:
+        if checkout_spec_dir() is None:
+            raise OSError("an installed package: no commit of ours to name")
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
                                 timeout=10).stdout.strip() or "unknown"
         dirty = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True,
@@ -480,12 +485,30 @@ def compare(committed: str, regenerated: str) -> list[str]:
 # ----------------------------------------------------------------------- CLI
 
 
+def checkout_spec_dir() -> Path | None:
+    """This source checkout's spec/ folder, or None where the package runs installed
+    (a wheel's files sit in site-packages, beside no pyproject.toml of ours)."""
+    project = ROOT / "pyproject.toml"
+    try:
+        ours = project.is_file() and 'name = "gdpo-spec"' in project.read_text()
+    except OSError:
+        ours = False
+    return ROOT / "spec" if ours and DEFAULT_OUT.is_file() else None
+
+
+def _have_matplotlib() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("matplotlib") is not None
+
+
 def main(argv: list[str] | None = None, prog: str = "python -m gdpo_tools.limits") -> int:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     parser.add_argument("--fast", action="store_true", help="the small deterministic subset CI regenerates")
     parser.add_argument("--seed", type=int, default=0, help="seed of the peer-table cases (default 0)")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="markdown file to write "
-                        "(plots go to a limits/ folder beside it)")
+    parser.add_argument("--out", type=Path, default=None, metavar="DIR",
+                        help=f"folder to write {PAGE} into (its plots go to DIR/limits/); default, in a "
+                             "source checkout only: the checkout's spec/")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     parser.add_argument("--only", choices=sorted(T.BUILDERS), action="append",
                         help="print this table group to stdout instead of writing the file (repeatable)")
@@ -498,8 +521,16 @@ def main(argv: list[str] | None = None, prog: str = "python -m gdpo_tools.limits
             for t in tables:
                 print(render_section(t, name) + "\n")
         return 0
-    out = args.out
-    plots_dir = None if args.no_plots else out.parent / "limits"
+    folder = args.out if args.out is not None else checkout_spec_dir()
+    if folder is None:
+        parser.error("give --out DIR: outside a source checkout there is no spec/ folder of ours to rewrite "
+                     "(the installed package's own files are never written)")
+    if folder.exists() and not folder.is_dir():
+        parser.error(f"--out {folder}: not a folder (it is written as {folder}/{PAGE} and {folder}/limits/)")
+    if not args.no_plots and not _have_matplotlib():
+        parser.error("the plots need matplotlib: pip install 'gdpo-spec[limits]', or pass --no-plots")
+    out = folder / PAGE
+    plots_dir = None if args.no_plots else folder / "limits"
     run = generate(args.fast, args.seed, plots_dir=plots_dir, progress=progress)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(render(run, out))

@@ -1,0 +1,142 @@
+"""The project installed as a maintainer's CI installs it: a built wheel (not this
+checkout) in a fresh venv, every ``gdpo`` command run from an empty directory.
+
+The venv reuses the running interpreter's packages (``--system-site-packages``: torch,
+numpy, hypothesis, pytest), so nothing large is downloaded; the wheel itself goes in with
+``--no-index --no-deps``. Each command must work from the installed files alone (nothing
+read from this checkout by path), and leave the directory it ran in as it found it
+(issue 17).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+#: What the source tree copy leaves out (build outputs, caches, this checkout's venvs).
+IGNORED = shutil.ignore_patterns(".git", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache",
+                                 ".hypothesis", ".venv", ".whl", ".benchmarks", "*.pyc")
+
+#: An outside implementation, in its own folder on PYTHONPATH (never the working directory):
+#: one that computes the contract (it calls the installed impl.gdpo), one 0.1% off.
+THEIRS = textwrap.dedent("""\
+    import torch
+    from impl import gdpo
+
+
+    def advantages(rewards, **kw):
+        return gdpo.gdpo_advantages(rewards, **kw)
+
+
+    def off_by_a_thousandth(rewards, **kw):
+        out = gdpo.gdpo_advantages(rewards, **kw)
+        return out * torch.tensor(1.001, dtype=out.dtype)
+""")
+
+
+class Installed:
+    def __init__(self, venv: Path, theirs: Path, base: Path):
+        self.venv, self.theirs, self.base = venv, theirs, base
+        self.python = venv / "bin" / "python"
+        self.gdpo = venv / "bin" / "gdpo"
+
+    def env(self) -> dict:
+        """The environment of a user's shell: none of this run's pytest, gdpo or hypothesis
+        settings, and only the outside implementation's folder on PYTHONPATH."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "GDPO_", "HYPOTHESIS_"))}
+        env["PYTHONPATH"] = str(self.theirs)
+        return env
+
+    def site(self) -> Path:
+        """Where the venv's python imports the project from (run outside this checkout)."""
+        out = subprocess.run([str(self.python), "-c", "import impl, pathlib; print(pathlib.Path(impl.__file__).parent.parent)"],
+                             cwd=self.base, env=self.env(), capture_output=True, text=True, timeout=120, check=True)
+        return Path(out.stdout.strip())
+
+    def run(self, *args: str, timeout: float = 900) -> tuple[subprocess.CompletedProcess, Path]:
+        """``gdpo ARGS`` from a new empty directory; the process and that directory."""
+        work = Path(subprocess.run(["mktemp", "-d", str(self.base / "work.XXXX")], capture_output=True, text=True,
+                                   check=True).stdout.strip())
+        proc = subprocess.run([str(self.gdpo), *args], cwd=work, env=self.env(), capture_output=True, text=True,
+                              timeout=timeout)
+        return proc, work
+
+
+def _show(proc: subprocess.CompletedProcess) -> str:
+    return f"exit {proc.returncode}\n--- stdout (end)\n{proc.stdout[-4000:]}\n--- stderr (end)\n{proc.stderr[-4000:]}"
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory) -> Installed:
+    base = tmp_path_factory.mktemp("wheel")
+    src, wheels, venv, theirs = base / "src", base / "wheels", base / "venv", base / "theirs"
+    shutil.copytree(ROOT, src, ignore=IGNORED)  # building writes build/ into its source tree: not ours
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
+                    str(wheels), str(src)], check=True, timeout=600, capture_output=True)
+    (wheel,) = wheels.glob("gdpo_spec-*.whl")
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True, timeout=300)
+    subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--no-index", "--no-deps",
+                    "--force-reinstall", str(wheel)], check=True, timeout=600, capture_output=True)
+    theirs.mkdir()
+    (theirs / "theirpkg.py").write_text(THEIRS)
+    inst = Installed(venv, theirs, base)
+    site = inst.site()
+    assert site.is_relative_to(venv), f"impl is imported from {site}, not from the venv's installed wheel"
+    return inst
+
+
+def test_the_wheel_holds_what_the_commands_read(installed):
+    site = installed.site()
+    for path in ("conformance/CONTROLS.md", "spec/known_limits.md", "spec/gdpo.md", "spec/limits/eps.png",
+                 "gdpo_tools/cli.py", "gdpo_tools/peer_formulas.py"):
+        assert (site / path).is_file(), f"the wheel does not install {path}"
+    assert not (site / "benchmarks").exists() and not (site / "tests").exists()
+
+
+def test_check_passes_a_correct_outside_implementation(installed):
+    proc, work = installed.run("check", "--impl", "theirpkg:advantages")
+    assert proc.returncode == 0, _show(proc)
+    assert " passed" in proc.stdout and "error" not in proc.stdout.splitlines()[-1], _show(proc)
+    assert list(work.iterdir()) == [], f"gdpo check wrote into the directory it ran in: {list(work.iterdir())}"
+
+
+def test_check_gives_a_verdict_on_one_a_thousandth_off(installed):
+    proc, work = installed.run("check", "--impl", "theirpkg:off_by_a_thousandth")
+    last = proc.stdout.strip().splitlines()[-1]
+    assert proc.returncode == 1, _show(proc)
+    assert " failed" in last and " passed" in last and "error" not in last, _show(proc)  # a verdict, not a crash
+    assert "[plain]" in proc.stdout and "allowed" in proc.stdout, _show(proc)  # the judge's own failure text
+    assert list(work.iterdir()) == [], f"gdpo check wrote into the directory it ran in: {list(work.iterdir())}"
+
+
+def test_audit_and_the_example_run_installed(installed):
+    from gdpo_tools import audit
+
+    proc, work = installed.run("audit")
+    assert proc.returncode == audit.main(None, out=open(os.devnull, "w")), _show(proc)  # as from the checkout
+    assert "GDPO audit of built-in example" in proc.stdout, _show(proc)
+    proc, _ = installed.run()
+    assert proc.returncode == 0 and "exact and certified" in proc.stdout, _show(proc)
+    assert list(work.iterdir()) == []
+
+
+def test_limits_writes_where_it_is_told_and_never_into_site_packages(installed):
+    page = installed.site() / "spec" / "known_limits.md"
+    before = page.read_bytes()
+    proc, work = installed.run("limits", "--fast", "--quiet")
+    assert proc.returncode == 2 and "give --out DIR" in proc.stderr, _show(proc)
+    proc, work = installed.run("limits", "--fast", "--quiet", "--out", "tables")
+    assert proc.returncode == 0, _show(proc)
+    assert sorted(p.relative_to(work).as_posix() for p in work.rglob("*")) == [
+        "tables", "tables/known_limits.md", "tables/limits", "tables/limits/cancellation.png",
+        "tables/limits/eps.png", "tables/limits/variance.png"]
+    text = (work / "tables" / "known_limits.md").read_text()
+    assert "(limits/eps.png)" in text and "| commit | unknown |" in text
+    assert page.read_bytes() == before
