@@ -36,6 +36,14 @@ def _divide(dev, std, var, eps, placement):
     return dev / std if std > 0 else dev  # skip_if_zero
 
 
+def _members(labels: np.ndarray) -> list[np.ndarray]:
+    """Each label's rows, ascending (what ``labels == label`` selects, in the same order),
+    in label order: one sort instead of a pass over the batch per group."""
+    order = np.argsort(labels, kind="stable")
+    edges = np.flatnonzero(labels[order][1:] != labels[order][:-1]) + 1
+    return np.split(order, edges)
+
+
 def formula(convention, rewards, group_ids, unit_ids=None, weights=None, token_counts=None,
             dtype=np.float64, eps=None):
     conv: Convention = get_convention(convention)
@@ -52,8 +60,7 @@ def formula(convention, rewards, group_ids, unit_ids=None, weights=None, token_c
     if conv.nan == "zero_first":
         r = np.where(np.isnan(r), dt.type(0), r)
     z = np.zeros((N, K), dt)
-    for label in np.unique(g):
-        m = g == label
+    for m in _members(g):
         for k in range(K):
             x = r[m, k]
             if conv.nan == "nan_aware":
@@ -82,8 +89,7 @@ def formula(convention, rewards, group_ids, unit_ids=None, weights=None, token_c
     u = np.zeros(N, np.int64) if unit_ids is None else np.asarray(unit_ids)
     t = np.ones(N, dt) if conv.whiten == "per_sample" else np.asarray(token_counts).astype(dt)
     a = np.zeros(N, dt)
-    for label in np.unique(u):
-        m = u == label
+    for m in _members(u):
         cu, tu = c[m], t[m]
         T = tu.sum(dtype=dt)
         mean = (tu * cu).sum(dtype=dt) / T
@@ -113,9 +119,8 @@ def nemo_rl_one_pass(rewards, group_ids, unit_ids=None, weights=None, token_coun
     eps = dt.type(conv.group_eps)
     z = np.zeros((n_rows, k_cols), dt)
     with np.errstate(all="ignore"):
-        for label in np.unique(g):
-            m = g == label
-            n = int(m.sum())
+        for m in _members(g):
+            n = int(m.size)
             if n < 2:
                 continue  # singleton: z = 0
             for k in range(k_cols):
@@ -129,8 +134,7 @@ def nemo_rl_one_pass(rewards, group_ids, unit_ids=None, weights=None, token_coun
         c = (z * w).sum(axis=1, dtype=dt)
         u = np.zeros(n_rows, np.int64) if unit_ids is None else np.asarray(unit_ids)
         a = np.zeros(n_rows, dt)
-        for label in np.unique(u):
-            m = u == label
+        for m in _members(u):
             cu = c[m]
             mean = cu.sum(dtype=dt) / dt.type(cu.size)
             dev = cu - mean
