@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     p_ex.add_argument("name", nargs="?", default="two_group", choices=sorted(EXAMPLES))
     p_au = sub.add_parser("audit", help="what GDPO does with a dumped batch (.npz, .pt, .jsonl, .csv)",
                           # the file first: after --weights it would be read as one more weight
-                          usage="gdpo audit [file] [--weights W [W ...]] [--eps EPS] [--json]",
+                          usage="gdpo audit [file] [--weights W [W ...]] [--eps EPS] [--json] [--exact] [--peers]",
                           description=__import__("gdpo_tools.audit", fromlist=["x"]).__doc__,
                           formatter_class=argparse.RawDescriptionHelpFormatter)
     p_au.add_argument("file", nargs="?", help="the batch (default: a built-in example batch)")
@@ -157,6 +157,10 @@ def main(argv: list[str] | None = None) -> int:
     p_au.add_argument("--weights", type=_weight, nargs="+", metavar="W",
                       help="one weight per reward component (give the file before --weights)")
     p_au.add_argument("--eps", type=float, default=None, help="eps of Eq. 4 and Eq. 6 (default: the spec's)")
+    p_au.add_argument("--exact", action="store_true", default=None,
+                      help="the exact oracle on every group, also beyond 20,000 samples (slow: minutes per 100,000)")
+    p_au.add_argument("--peers", action="store_true", default=None,
+                      help="compute the peer conventions, also beyond 20,000 samples (their float formulas)")
     p_li = sub.add_parser("limits", add_help=False,
                           help="measure the known-limit tables and plots into --out DIR (see gdpo limits --help)")
     p_li.add_argument("rest", nargs=argparse.REMAINDER)
@@ -176,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         from gdpo_tools import audit
         from spec import DEFAULT_EPS
 
-        return audit.main(args.file, weights=args.weights, as_json=args.json,
+        return audit.main(args.file, weights=args.weights, as_json=args.json, exact=args.exact, peers=args.peers,
                           eps=DEFAULT_EPS if args.eps is None else args.eps)
     if args.command in (None, "example"):
         return run_example(getattr(args, "name", "two_group"))

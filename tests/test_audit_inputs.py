@@ -107,8 +107,6 @@ CASES = [
      r"'group_ids' row 3: inf is not an integer label"),
     ("group_ids_bool", npz(rewards=R, group_ids=G > 0), GroupError, r"'group_ids' holds booleans"),
     ("group_ids_complex", npz(rewards=R, group_ids=G + 0j), GroupError, r"'group_ids' holds complex numbers"),
-    ("group_ids_text", npz(rewards=R, group_ids=np.array(["0", "0", "1", "1"])), GroupError,
-     r"'group_ids' holds text \(dtype <U1\)"),
     ("group_ids_uint64_overflow", npz(rewards=R, group_ids=np.array([0, 0, 2**64 - 1, 2**64 - 1], np.uint64)),
      GroupError, rf"'group_ids' row 2: {2**64 - 1} is not an integer label"),
     ("unit_ids_2d", npz(rewards=R, group_ids=G, unit_ids=G.reshape(2, 2)), SegmentError,
@@ -156,9 +154,9 @@ CASES = [
     ("jsonl_int_inexact_reward", jsonl({"group": 0, "rewards": [1]}, {"group": 0, "rewards": [BIG]}),
      OutOfRangeError, rf"column 'r0', row 1: {BIG} is not exactly a float64"),
     ("jsonl_bool_group", jsonl({"group": True, "rewards": [1]}, {"group": True, "rewards": [0]}), GroupError,
-     r"column 'group', row 0: True is not an integer label \(a JSON boolean\)"),
-    ("jsonl_string_group", jsonl({"group": "0", "rewards": [1]}, {"group": "0", "rewards": [0]}), GroupError,
-     r"column 'group', row 0: '0' is not an integer label \(a JSON string\)"),
+     r"column 'group', row 0: True is not an integer or text label \(a JSON boolean\)"),
+    ("jsonl_float_group", jsonl({"group": 0.5, "rewards": [1]}, {"group": 0.5, "rewards": [0]}), GroupError,
+     r"column 'group', row 0: 0.5 is not an integer label \(a label is an integer, or text"),
     ("jsonl_unit_missing_first", jsonl({"group": 0, "rewards": [1]}, {"group": 0, "unit": 0, "rewards": [0]}),
      SegmentError, r"row 0 has no 'unit' but row 1 has one"),
 ]
@@ -266,3 +264,16 @@ def test_csv_with_a_byte_order_mark_is_read(tmp_path):
     p = tmp_path / "bom.csv"
     p.write_bytes("\ufeffgroup,acc\n0,1\n0,0\n".encode())
     assert audit.read_batch(p).names == ["acc"]
+
+
+def test_text_group_labels_are_groups_in_every_format(tmp_path):
+    """Issue 19: string uids (text group_ids in .npz, JSON strings in .jsonl) are one group per
+    distinct text, as the adapters take them; a non-integral number is still no label."""
+    r = np.array([[1.0], [0.0], [1.0], [0.5]])
+    p = tmp_path / "t.npz"
+    np.savez(p, rewards=r, group_ids=np.array(["b", "b", "a", "a"]))
+    q = tmp_path / "t.jsonl"
+    q.write_text("".join(json.dumps({"group": g, "rewards": [float(v)]}) + "\n" for g, v in zip("bbaa", r[:, 0])))
+    for path in (p, q):
+        batch = audit.read_batch(path)
+        assert [batch.group_label(g) for g in batch.group_ids] == ["b", "b", "a", "a"], path

@@ -1,0 +1,77 @@
+"""``gdpo audit``: read a dumped batch and say what GDPO will do with it, in words, with
+what to do about each finding.
+
+Input formats (the reward components, group labels, optional units and weights):
+
+* ``.npz`` / ``.pt`` (a dict saved with ``torch.save``): arrays ``rewards`` (N, K)
+  *or* one array per component ``reward_<name>``; ``group_ids`` (N,); optional
+  ``unit_ids`` (N,), ``weights`` (K,), ``names`` (K,);
+* ``.jsonl``: one object per sample: ``{"group": g, "unit": u (optional),
+  "rewards": {"name": value, ...}}`` (or ``"rewards": [values]``);
+* ``.csv``: a header with ``group``, optional ``unit``, and one column per component.
+
+Rewards and weights are real numbers (integers must be exact in float64). Group labels
+are integers or text, as the adapters take them (verl's string uids): where every label
+of a file reads as an integer the labels are those integers ("1" and "1.0" one group),
+otherwise each distinct text is one group. Unit labels are integers. Anything else is
+refused, never reinterpreted: rewards of another shape, bool, complex, text or object
+values, arrays of the wrong shape or length (labels and weights are 1-D), ``rewards``
+together with ``reward_<name>`` arrays. Weights on the command line (``--weights``)
+override those in the file. Text files are read in chunks into arrays (never a Python
+object per cell), with progress and an estimate of the time left on stderr for files
+over 2 MB.
+
+How it checks (:mod:`gdpo_tools.audit.run`): up to 20,000 samples the exact oracle runs on
+the whole batch and on every peer convention; beyond, impl.gdpo's float64 values settle
+each group, and the oracle runs where a finding needs it and on a sample of groups
+(``--exact`` forces it everywhere; ``--peers`` computes the peers' float formulas).
+
+Findings (:data:`gdpo_tools.audit.findings.KINDS`): each has a stable code, a severity, a
+sentence with the numbers and what to do. ``routine`` (``collapsed-column``, ``no-signal``)
+exit 0; ``warning`` (``exact-cancellation``, ``ill-conditioned``, ``eps-dominated``,
+``two-samples``, ``float32-range``, ``unit-collapsed``) exit 1; ``error``
+(``impl-disagrees``) exit 3. The text report defines every term it uses.
+
+Exit codes: 0 audited, nothing to warn about; 1 audited, warnings; 2 the input is
+malformed (the message names the file, the column and the row); 3 impl.gdpo disagrees
+with the oracle beyond the error model (a bug to report).
+
+JSON (``--json``), schema ``gdpo-audit/2``: ``schema``, ``source``, ``samples``,
+``groups_total``, ``units_total``, ``components``, ``weights``, ``eps``; ``method``
+(``exact``, ``groups_checked_by_oracle``, ``units_checked_by_oracle``, ``peers``,
+``text``); ``counts`` (code -> how many groups or units have it); ``groups_without_signal``;
+``groups_listed`` ("all", or "with findings" beyond 10,000 groups) and ``groups``, each
+``{group, size, signal, findings, max_cond_combined, max_cond_combined_sharp, cond_from
+("oracle" or "estimate"), impl_error_over_bound (null where not checked)}``, each finding
+``{code, severity, message, advice, ...facts}``; ``units``, each ``{unit, size, collapsed,
+findings, max_cond, max_cond_sharp, impl_error_over_bound}``; ``peers`` (name ->
+``{why, note, method, max_abs_difference}``; empty when not computed);
+``impl_vs_oracle`` (``max_error_over_bound``, ``groups_checked``); ``status``,
+``status_text``. On malformed input: ``{schema, source, status: 2, status_text, error:
+{code: "malformed-input", class, spec_classes, message}}``, with exit code 2 as in text.
+Non-finite numbers are the strings "inf", "-inf", "nan" (strict JSON).
+"""
+
+from gdpo_tools.audit.findings import EPS_DOMINATED_FACTOR, ILL_CONDITIONED, KINDS, TERMS  # noqa: F401
+from gdpo_tools.audit.read import (  # noqa: F401
+    AuditDtypeError,
+    AuditGroupError,
+    AuditInputError,
+    AuditRangeError,
+    AuditShapeError,
+    AuditUnitError,
+    AuditWeightError,
+    Batch,
+    example_batch,
+    read_batch,
+)
+from gdpo_tools.audit.report import JSON_ALL_GROUPS, LIST_ALL_GROUPS, _strict_json, json_report, main, render  # noqa: F401
+from gdpo_tools.audit.run import (  # noqa: F401
+    DISAGREE,
+    EXACT_SAMPLES,
+    MALFORMED,
+    OK,
+    SCHEMA,
+    WARN,
+    audit,
+)

@@ -1,0 +1,601 @@
+"""Reading a dumped batch for ``gdpo audit`` (formats: :mod:`gdpo_tools.audit`): every refusal names
+the file, the array or column, and the row, and is also the spec's class for its kind."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import itertools
+import json
+import sys
+import zipfile
+from pathlib import Path
+
+import numpy as np
+
+import torch
+
+from spec import GDPOError
+from spec.errors import GroupError, InputDtypeError, OutOfRangeError, SegmentError, ShapeError, WeightError
+
+#: Rows parsed at a time from a text file: the batch is held as numpy arrays, never as a
+#: Python object per cell (a 12M-row CSV read with csv.DictReader took 4.7 GB).
+CHUNK_ROWS = 65_536
+
+
+class AuditInputError(GDPOError):
+    """A dumped batch that cannot be read: the message names the file, the array or column, and the row.
+    Each refusal is also the spec's class for its kind (spec/errors.py), through the subclasses below."""
+
+
+class AuditShapeError(AuditInputError, ShapeError):
+    """An array of the wrong shape: rewards not (N,) or (N, K), an empty batch, lengths that disagree."""
+
+
+class AuditDtypeError(AuditInputError, InputDtypeError):
+    """Rewards that are not real numbers: bool, complex, text, Python objects."""
+
+
+class AuditRangeError(AuditInputError, OutOfRangeError):
+    """A reward float64 cannot hold exactly (an integer beyond 2**53, a long double)."""
+
+
+class AuditGroupError(AuditInputError, GroupError):
+    """Group labels that are not integers, or no group labels at all."""
+
+
+class AuditUnitError(AuditInputError, SegmentError):
+    """Whitening-unit labels that are not integers."""
+
+
+class AuditWeightError(AuditInputError, WeightError):
+    """Weights that are not real numbers float64 holds exactly."""
+
+
+class AuditGroupShapeError(AuditShapeError, AuditGroupError):
+    """``group_ids`` not one label per sample."""
+
+
+class AuditUnitShapeError(AuditShapeError, AuditUnitError):
+    """``unit_ids`` not one label per sample."""
+
+
+class AuditWeightShapeError(AuditShapeError, AuditWeightError):
+    """Weights not one per reward column."""
+
+
+@dataclasses.dataclass
+class Batch:
+    rewards: np.ndarray  # (N, K) float64
+    group_ids: np.ndarray  # (N,) int64: the file's integer labels, or codes into group_names
+    unit_ids: np.ndarray | None
+    weights: np.ndarray | None
+    names: list[str]
+    source: str
+    #: the file's group labels where they are text (verl's uids): group_ids[i] indexes it
+    group_names: list[str] | None = None
+
+    def group_label(self, code):
+        """A group as the file names it."""
+        code = code.item() if hasattr(code, "item") else code
+        return self.group_names[code] if self.group_names is not None else code
+
+
+# ------------------------------------------------------------------------- reading
+
+_INT64 = 2**63
+_KINDS = {"b": "booleans", "c": "complex numbers", "U": "text", "S": "bytes", "O": "Python objects",
+          "V": "structured records", "M": "datetimes", "m": "timedeltas"}
+_HINTS = {"b": "; save 0/1 as floats if that is meant",
+          "c": " (impl.gdpo refuses complex rewards; reading them as real would drop the imaginary part)",
+          "U": "; save numbers, not their text", "S": "; save numbers, not their text"}
+
+
+def _as_array(value, what: str) -> np.ndarray:
+    """One entry of a .npz/.pt mapping as a numpy array; refuses what is not a rectangular array."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(value, torch.Tensor):
+        if value.layout != torch.strided:
+            raise AuditInputError(f"{what} is a {value.layout} tensor; save it dense (.to_dense())")
+        value = value.detach().cpu().resolve_conj().resolve_neg()
+        if value.is_floating_point() and value.dtype not in (torch.float16, torch.float32, torch.float64):
+            value = value.to(torch.float32)  # bfloat16, float8: widening to float32 is exact
+        try:
+            return value.numpy()
+        except (TypeError, RuntimeError) as e:
+            raise AuditInputError(f"{what} is a tensor of dtype {value.dtype}, which numpy cannot hold ({e})") from None
+    if isinstance(value, dict):
+        raise AuditInputError(f"{what} is a dict (keys {sorted(map(str, value))}), not an array")
+    try:
+        return np.asarray(value)
+    except (ValueError, TypeError) as e:
+        raise AuditShapeError(f"{what} is not a rectangular array ({e})") from None
+
+
+def _first(mask: np.ndarray) -> tuple[int, ...]:
+    return tuple(int(i) for i in np.argwhere(mask)[0])
+
+
+def _real(arr: np.ndarray, what: str, where, dtype_error=AuditDtypeError, range_error=AuditRangeError) -> np.ndarray:
+    """``arr`` as float64: refuses dtypes that are not real numbers and values float64 cannot hold
+    exactly (integers beyond 2**53, long doubles). ``where(index)`` names an element's place."""
+    kind = arr.dtype.kind
+    if kind not in "iuf":
+        raise dtype_error(f"{what} holds {_KINDS.get(kind, str(arr.dtype))} (dtype {arr.dtype}), not real numbers"
+                          + _HINTS.get(kind, ""))
+    out = arr.astype(np.float64)
+    bad = None
+    if kind in "iu" and arr.dtype.itemsize > 4:
+        with np.errstate(invalid="ignore"):
+            fits = out < (float(_INT64) if kind == "i" else 2.0**64)
+            bad = ~fits | (np.where(fits, out, 0).astype(arr.dtype) != arr)
+    elif kind == "f" and arr.dtype.itemsize > 8:
+        with np.errstate(over="ignore", invalid="ignore"):
+            bad = (out.astype(arr.dtype) != arr) & ~np.isnan(arr)
+    if bad is not None and bad.any():
+        ix = _first(bad)
+        raise range_error(f"{what} {where(ix)}: {arr[ix]} is not exactly a float64 (the nearest is {out[ix]!r})")
+    return out
+
+
+_LABEL_ERRORS = {"group_ids": (AuditGroupError, AuditGroupShapeError),
+                 "unit_ids": (AuditUnitError, AuditUnitShapeError)}
+
+
+def _labels(value, n: int, key: str, source: str) -> tuple[np.ndarray, list[str] | None]:
+    """One label per sample (``group_ids``, ``unit_ids``) from an array: integers, or, for
+    ``group_ids``, text (verl's uids: each distinct text one group), returned as codes and
+    the texts they index."""
+    err, shape_err = _LABEL_ERRORS[key]
+    what = f"{source}: {key!r}"
+    arr = _as_array(value, what)
+    if arr.ndim != 1:
+        raise shape_err(f"{what} has shape {arr.shape}; expected one label per sample, shape ({n},)")
+    if arr.size != n:
+        raise shape_err(f"{what} has {arr.size} entries for {n} samples")
+    kind = arr.dtype.kind
+    if kind == "i":
+        return arr.astype(np.int64), None
+    if kind == "U" and key == "group_ids":
+        texts, codes = np.unique(arr, return_inverse=True)
+        return codes.astype(np.int64), [str(t) for t in texts]
+    if kind == "u":
+        bad = arr >= _INT64
+    elif kind == "f":
+        with np.errstate(invalid="ignore"):
+            bad = ~np.isfinite(arr) | (arr != np.floor(arr)) | (arr < -_INT64) | (arr >= _INT64)
+    else:
+        raise err(f"{what} holds {_KINDS.get(kind, str(arr.dtype))} (dtype {arr.dtype}); labels must be integers"
+                  + (" or, for groups, str" if key == "group_ids" else ""))
+    if bad.any():
+        i = _first(bad)[0]
+        raise err(f"{what} row {i}: {arr[i].item()!r} is not an integer label")
+    return arr.astype(np.int64), None
+
+
+def _weights(value, names: list[str], what: str) -> np.ndarray:
+    """One real weight per reward column."""
+    arr = _as_array(value, what)
+    if arr.shape != (len(names),):
+        raise AuditWeightShapeError(f"{what} has shape {arr.shape}; expected one weight per reward column "
+                                    f"{names}, shape ({len(names)},)")
+    return _real(arr, what, lambda ix: f"entry {ix[0]} ({names[ix[0]]!r})", AuditWeightError, AuditWeightError)
+
+
+def _names(value, K: int, source: str) -> list[str]:
+    what = f"{source}: 'names'"
+    arr = _as_array(value, what)
+    if arr.dtype.kind != "U":
+        raise AuditInputError(f"{what} holds {_KINDS.get(arr.dtype.kind, str(arr.dtype))} (dtype {arr.dtype}), "
+                              "not text")
+    if arr.shape != (K,):
+        raise AuditShapeError(f"{what} has shape {arr.shape}; expected one name per reward column, shape ({K},)")
+    names = [str(n) for n in arr]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise AuditInputError(f"{what} repeats {dup}")
+    return names
+
+
+def _check_samples(shape: tuple, what: str) -> None:
+    if shape[0] == 0:
+        raise AuditShapeError(f"{what} has shape {shape}: no samples")
+    if len(shape) == 2 and shape[1] == 0:
+        raise AuditShapeError(f"{what} has shape {shape}: no reward columns")
+
+
+def _from_mapping(data: dict, source: str) -> Batch:
+    odd = [k for k in data if not isinstance(k, str)]
+    if odd:
+        raise AuditInputError(f"{source}: keys must be array names (strings), found {odd[0]!r}")
+    keys = set(data)
+    comp = sorted(k for k in keys if k.startswith("reward_"))
+    if "rewards" in keys and comp:
+        raise AuditInputError(f"{source}: both a 'rewards' array and per-component arrays {comp}; "
+                              "give one or the other")
+    if "rewards" in keys:
+        what = f"{source}: 'rewards'"
+        arr = _as_array(data["rewards"], what)
+        if arr.ndim not in (1, 2):
+            raise AuditShapeError(f"{what} has shape {arr.shape}; expected (N,) or (N, K): one row per sample, "
+                                  "one column per reward component")
+        if arr.ndim == 1:
+            arr = arr[:, None]
+        _check_samples(arr.shape, what)
+        names = _names(data["names"], arr.shape[1], source) if "names" in keys else [
+            f"r{k}" for k in range(arr.shape[1])]
+        rewards = _real(arr, what, lambda ix: f"row {ix[0]}, column {names[ix[1]]!r}")
+    else:
+        if not comp:
+            raise AuditInputError(f"{source}: no 'rewards' array and no 'reward_<name>' arrays (found {sorted(keys)})")
+        if "names" in keys:
+            raise AuditInputError(f"{source}: a 'names' array goes with 'rewards'; the arrays {comp} are named "
+                                  "by their keys")
+        arrs = {k: _as_array(data[k], f"{source}: {k!r}") for k in comp}
+        for k, a in arrs.items():
+            if a.ndim != 1:
+                raise AuditShapeError(f"{source}: {k!r} has shape {a.shape}; expected one value per sample, "
+                                      "shape (N,)")
+        if len({a.size for a in arrs.values()}) != 1:
+            raise AuditShapeError(f"{source}: reward arrays differ in length: { {k: a.size for k, a in arrs.items()} }")
+        _check_samples(arrs[comp[0]].shape, f"{source}: {comp[0]!r}")
+        rewards = np.stack([_real(a, f"{source}: {k!r}", lambda ix: f"row {ix[0]}") for k, a in arrs.items()], 1)
+        names = [k[len("reward_"):] for k in comp]
+    if "group_ids" not in keys:
+        raise AuditGroupError(f"{source}: no 'group_ids' array (found {sorted(keys)})")
+    n = rewards.shape[0]
+    group, group_names = _labels(data["group_ids"], n, "group_ids", source)
+    unit = _labels(data["unit_ids"], n, "unit_ids", source)[0] if "unit_ids" in keys else None
+    weights = _weights(data["weights"], names, f"{source}: 'weights'") if "weights" in keys else None
+    return Batch(rewards, group, unit, weights, names, source, group_names)
+
+
+def _json_type(v) -> str:
+    for t, name in ((bool, "boolean"), (dict, "object"), (list, "array"), (str, "string"), (int, "number"),
+                    (float, "number")):
+        if isinstance(v, t):
+            return name
+    return "null" if v is None else type(v).__name__
+
+
+def _parsed(text: str):
+    """A CSV cell as a number: an int where it reads as one (exact), else a float; None if neither."""
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return None
+
+
+def _float_column(values, name: str, source: str, text: bool = False, row0: int = 0, rows=None) -> np.ndarray:
+    """Reward values of one column, cell by cell: numbers (JSON) or their text (CSV); an
+    integer must be exact in float64. ``rows``: each value's row (default row0, row0 + 1, ...)."""
+    out = np.empty(len(values))
+    for i, v in enumerate(values):
+        place = f"{source}: column {name!r}, row {rows[i] if rows is not None else row0 + i}"
+        x = _parsed(v) if text and isinstance(v, str) else v
+        if x is None:
+            raise AuditDtypeError(f"{place}: {v!r} is not a number")
+        if isinstance(x, bool) or not isinstance(x, (int, float)):
+            raise AuditDtypeError(f"{place}: {v!r} is not a number"
+                                  + (f" (a JSON {_json_type(v)})" if not text else ""))
+        if isinstance(x, int):
+            try:
+                f = float(x)
+            except OverflowError:
+                f = float("inf")
+            if f != x:  # int == float compares exactly
+                raise AuditRangeError(f"{place}: {v} is not exactly a float64 (the nearest is {f!r})")
+            x = f
+        out[i] = x
+    return out
+
+
+def _int_label(v):
+    """``v`` (a JSON value, or a CSV cell's text) as an integer label, or None: an integer, or
+    an integral float, within int64 (bool is no label)."""
+    x = _parsed(v) if isinstance(v, str) else v
+    if isinstance(x, float) and x.is_integer():
+        x = int(x)
+    if isinstance(x, bool) or not isinstance(x, int) or not -_INT64 <= x < _INT64:
+        return None
+    return x
+
+
+class _Labels:
+    """One column of labels of a text file, met chunk by chunk: each distinct label gets a
+    code in the order met (a Python dict, one entry a label, not a row). :meth:`finish`
+    gives the file's integer labels where every label is an integer, else (``text``
+    allowed: the group column) the codes and the labels' texts, each distinct text one
+    group (verl's uids)."""
+
+    def __init__(self, name: str, source: str, err, text: bool):
+        self.name, self.source, self.err, self.text = name, source, err, text
+        self.codes: dict = {}
+        self.first_row: dict = {}
+        self.parts: list[np.ndarray] = []
+
+    def add(self, values, row0: int) -> None:
+        codes, first = self.codes, self.first_row
+        out = np.empty(len(values), dtype=np.int64)
+        for i, v in enumerate(values):
+            try:
+                c = codes.get(v)
+            except TypeError:  # unhashable: a JSON array or object
+                c = None
+                self._refuse(v, row0 + i)
+            if c is None:
+                if isinstance(v, bool) or not isinstance(v, (int, float, str)):
+                    self._refuse(v, row0 + i)
+                c = codes[v] = len(codes)
+                first[c] = row0 + i
+            out[i] = c
+        self.parts.append(out)
+
+    def _refuse(self, v, row: int):
+        what = f"{self.source}: column {self.name!r}, row {row}: {v!r}"
+        kind = "" if isinstance(v, str) else f" (a JSON {_json_type(v)})"
+        allowed = "an integer or text label" if self.text else "an integer label"
+        raise self.err(f"{what} is not {allowed}{kind}")
+
+    def finish(self) -> tuple[np.ndarray, list[str] | None]:
+        codes = np.concatenate(self.parts) if self.parts else np.zeros(0, np.int64)
+        keys = list(self.codes)
+        ints = [_int_label(k) for k in keys]
+        if all(x is not None for x in ints):
+            return np.asarray(ints, dtype=np.int64)[codes], None
+        # a number that is not an integer is no label (a float column taken for the labels?);
+        # text that is no number (a uid) makes every label text
+        numbers = [not isinstance(k, str) or _parsed(k) is not None for k in keys]
+        text = self.text and not all(numbers)
+        bad = [j for j, x in enumerate(ints) if x is None and (numbers[j] or not isinstance(keys[j], str) or not text)]
+        if bad:
+            j = min(bad, key=lambda j: self.first_row[j])
+            raise self.err(f"{self.source}: column {self.name!r}, row {self.first_row[j]}: {keys[j]!r} is not an "
+                           "integer label" + (" (a label is an integer, or text that is no number, such as a uid)"
+                                              if self.text else ""))
+        return codes, [k if isinstance(k, str) else str(x) for k, x in zip(keys, ints)]
+
+
+def _float_cells(cells, name: str, source: str, row0: int, text: bool) -> np.ndarray:
+    """One reward column of a chunk as float64, converted in C; where that fails (a cell
+    that is no number, a bool), the cell-by-cell check names the row. An integer beyond
+    2**53 that float64 cannot hold exactly is refused: only cells that large can be one."""
+    try:
+        if not text and any(isinstance(v, (bool, str)) or v is None for v in cells):
+            raise ValueError
+        out = np.array(cells, dtype=np.float64)
+    except (ValueError, TypeError, OverflowError):
+        return _float_column(cells, name, source, text=text, row0=row0)
+    with np.errstate(invalid="ignore"):
+        big = np.flatnonzero(np.abs(out) >= 2.0**53)
+    if big.size:
+        _float_column([cells[i] for i in big], name, source, text=text, rows=(row0 + big).tolist())
+    return out
+
+
+def _open_text(path: Path, src: str):
+    try:
+        return path.open(newline="", encoding="utf-8-sig")
+    except OSError as e:
+        raise AuditInputError(f"{src}: cannot be read ({e.strerror or e})") from None
+
+
+class _Lines:
+    """A text file's lines, counting the characters read (the reading progress)."""
+
+    def __init__(self, f):
+        self.f, self.read = f, 0
+
+    def __iter__(self):
+        for line in self.f:
+            self.read += len(line)
+            yield line
+
+
+def _read_csv(path: Path, progress=None) -> Batch:
+    src = str(path)
+    size = max(path.stat().st_size, 1)
+    with _open_text(path, src) as f:
+        lines = _Lines(f)
+        reader = csv.reader(lines)
+        try:
+            fields = next(reader, None)
+            if not fields or "group" not in fields:
+                near = [f for f in fields or [] if f.strip().lower() in ("group", "uid", "index", "prompt_id")]
+                raise AuditGroupError(f"{src}: the header must name a 'group' column (found {fields})"
+                                      + (f"; rename {near[0]!r} to 'group' (exactly, no spaces)" if near else ""))
+            dup = sorted({c for c in fields if fields.count(c) > 1})
+            if dup:
+                raise AuditInputError(f"{src}: the header names {dup} more than once")
+            names = [c for c in fields if c not in ("group", "unit")]
+            if not names:
+                raise AuditShapeError(f"{src}: no reward columns besides 'group'/'unit'")
+            cols = [fields.index(c) for c in names]
+            groups = _Labels("group", src, AuditGroupError, text=True)
+            units = _Labels("unit", src, AuditUnitError, text=False) if "unit" in fields else None
+            parts, row0 = [], 0
+            while True:
+                rows = list(itertools.islice(reader, CHUNK_ROWS))
+                if not rows:
+                    break
+                for i, row in enumerate(rows):
+                    if len(row) != len(fields):
+                        raise AuditShapeError(f"{src}: row {row0 + i} has "
+                                              f"{'more' if len(row) > len(fields) else 'fewer'} fields than the header")
+                by_col = list(zip(*rows))
+                parts.append(np.stack([_float_cells(by_col[j], fields[j], src, row0, text=True) for j in cols], 1))
+                groups.add(by_col[fields.index("group")], row0)
+                if units is not None:
+                    units.add(by_col[fields.index("unit")], row0)
+                row0 += len(rows)
+                if progress is not None:
+                    progress(lines.read / size)
+        except UnicodeDecodeError as e:
+            raise AuditInputError(f"{src}: not UTF-8 text (byte {e.start}: {e.reason})") from None
+        except csv.Error as e:
+            raise AuditInputError(f"{src}: not valid CSV at line {reader.line_num}: {e}") from None
+    if not parts:
+        raise AuditShapeError(f"{src}: no rows")
+    group, group_names = groups.finish()
+    unit = units.finish()[0] if units is not None else None
+    return Batch(np.concatenate(parts), group, unit, None, names, src, group_names)
+
+
+def _read_jsonl(path: Path, progress=None) -> Batch:
+    src = str(path)
+    size = max(path.stat().st_size, 1)
+    names = first = None
+    groups = _Labels("group", src, AuditGroupError, text=True)
+    units = None
+    parts, row = [], 0
+    with _open_text(path, src) as f:
+        lines = _Lines(f)
+        numbered = ((i, line) for i, line in enumerate(lines) if line.strip())
+        try:
+            while True:
+                chunk = list(itertools.islice(numbered, CHUNK_ROWS))
+                if not chunk:
+                    break
+                recs = []
+                for i, line in chunk:
+                    try:
+                        recs.append(json.loads(line))
+                    except json.JSONDecodeError as e:
+                        raise AuditInputError(f"{src}: row {row + len(recs)} (line {i + 1}) is not JSON: "
+                                              f"{e.msg}") from None
+                if first is None:
+                    if not isinstance(recs[0], dict) or "rewards" not in recs[0] or \
+                            not isinstance(recs[0]["rewards"], (dict, list)):
+                        _check_record(recs[0], 0, src)
+                    first = recs[0]["rewards"]
+                    names = list(first) if isinstance(first, dict) else [f"r{k}" for k in range(len(first))]
+                    if not names:
+                        raise AuditShapeError(f"{src}: row 0 has no rewards")
+                    if "unit" in recs[0]:
+                        units = _Labels("unit", src, AuditUnitError, text=False)
+                values = []
+                for j, rec in enumerate(recs):
+                    values.append(_record_rewards(rec, row + j, src, names, first))
+                    if ("unit" in rec) != (units is not None):
+                        has, hasnt = (0, row + j) if units is not None else (row + j, 0)
+                        raise AuditUnitError(f"{src}: row {hasnt} has no 'unit' but row {has} has one; give every "
+                                             "row a unit or none")
+                by_col = list(zip(*values))
+                parts.append(np.stack([_float_cells(by_col[k], names[k], src, row, text=False)
+                                       for k in range(len(names))], 1))
+                groups.add([rec["group"] for rec in recs], row)
+                if units is not None:
+                    units.add([rec["unit"] for rec in recs], row)
+                row += len(recs)
+                if progress is not None:
+                    progress(lines.read / size)
+        except UnicodeDecodeError as e:
+            raise AuditInputError(f"{src}: not UTF-8 text (byte {e.start}: {e.reason})") from None
+    if not parts:
+        raise AuditShapeError(f"{src}: no records")
+    group, group_names = groups.finish()
+    unit = units.finish()[0] if units is not None else None
+    return Batch(np.concatenate(parts), group, unit, None, names, src, group_names)
+
+
+def _check_record(rec, i: int, src: str) -> None:
+    if not isinstance(rec, dict) or "group" not in rec or "rewards" not in rec:
+        got = f"an object with keys {sorted(rec)}" if isinstance(rec, dict) else f"a JSON {_json_type(rec)}"
+        raise AuditInputError(f"{src}: row {i} needs 'group' and 'rewards' (it is {got})")
+    if not isinstance(rec["rewards"], (dict, list)):
+        raise AuditDtypeError(f"{src}: row {i}: 'rewards' is a JSON {_json_type(rec['rewards'])}; expected an "
+                              "object {name: value} or an array of values")
+
+
+def _record_rewards(rec, i: int, src: str, names: list[str], first) -> list:
+    _check_record(rec, i, src)
+    rw = rec["rewards"]
+    if isinstance(rw, dict) != isinstance(first, dict):
+        raise AuditInputError(f"{src}: row {i} gives 'rewards' as a JSON {_json_type(rw)}, row 0 as a JSON "
+                              f"{_json_type(first)}")
+    if isinstance(rw, dict):
+        if set(rw) != set(names):
+            raise AuditShapeError(f"{src}: row {i} has reward keys {sorted(rw)}, expected {sorted(names)}")
+        rw = [rw[n] for n in names]
+    if len(rw) != len(names):
+        raise AuditShapeError(f"{src}: row {i} has {len(rw)} rewards, expected {len(names)}")
+    return rw
+
+
+def _dtype_error(key: str) -> type:
+    """The refusal for an entry ``key`` whose dtype is wrong."""
+    if key == "rewards" or key.startswith("reward_"):
+        return AuditDtypeError
+    return {"group_ids": AuditGroupError, "unit_ids": AuditUnitError, "weights": AuditWeightError}.get(
+        key, AuditInputError)
+
+
+def _read_npz(path: Path) -> Batch:
+    try:
+        data = np.load(path, allow_pickle=False)
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as e:
+        raise AuditInputError(f"{path}: not a readable .npz file ({e})") from None
+    if not isinstance(data, np.lib.npyio.NpzFile):
+        raise AuditInputError(f"{path}: one bare array (np.save), not an archive of named arrays (np.savez)")
+    arrays = {}
+    with data:
+        for k in data.files:
+            try:
+                arrays[k] = data[k]
+            except ValueError as e:
+                if "allow_pickle" not in str(e):
+                    raise AuditInputError(f"{path}: array {k!r} is not readable ({e})") from None
+                raise _dtype_error(k)(f"{path}: {k!r} holds Python objects (dtype object), which audit does not "
+                                      "unpickle; save numbers (or str names)") from None
+            except Exception as e:  # a damaged member: zlib, zipfile, EOF errors
+                raise AuditInputError(f"{path}: array {k!r} is not readable ({type(e).__name__}: {e})") from None
+    return _from_mapping(arrays, str(path))
+
+
+def _read_pt(path: Path) -> Batch:
+
+    try:
+        data = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # torch raises many types for a bad file
+        raise AuditInputError(f"{path}: not a readable .pt file ({type(e).__name__}: {e})") from None
+    if not isinstance(data, dict):
+        raise AuditInputError(f"{path}: expected a dict of tensors, got {type(data).__name__}")
+    return _from_mapping(data, str(path))
+
+
+def read_batch(path: str | Path, progress=None) -> Batch:
+    """The batch in ``path`` (.csv, .jsonl, .npz, .pt); ``progress(fraction)`` is called as a
+    text file is read."""
+    path = Path(path)
+    if not path.exists():
+        raise AuditInputError(f"{path}: no such file")
+    if path.is_dir():
+        raise AuditInputError(f"{path}: a directory, not a file")
+    suffix = path.suffix.lower()
+    readers = {".csv": _read_csv, ".jsonl": _read_jsonl, ".npz": _read_npz, ".pt": _read_pt}
+    if suffix not in readers:
+        raise AuditInputError(f"{path}: unknown format {suffix!r} (expected .npz, .pt, .jsonl or .csv)")
+    if suffix in (".csv", ".jsonl"):
+        return readers[suffix](path, progress)
+    return readers[suffix](path)
+
+
+def example_batch() -> Batch:
+    """The built-in batch: one group of each kind the audit reports on."""
+    C = 1e12
+    d = np.array([0.1, 0.2, 0.3, 0.7])
+    rows = [
+        [[1.0, 0.0], [0.0, 0.0], [1.0, 1.0], [0.0, 1.0]],  # healthy
+        [[1.0, 0.5], [1.0, 0.5], [1.0, 0.5], [1.0, 0.5]],  # fully collapsed: no signal
+        np.stack([C - d, C - (C - d)], 1).tolist(),  # exact constant sum: cancels
+        np.stack([C - d, d], 1).tolist(),  # near-constant sum: quantization is the signal
+        [[0.0, 1.0], [0.0, 1.00001], [1.0, 1.00002], [1.0, 1.00003]],  # second column std ~1e-5
+        [[0.0, 3.0], [1.0, 9.0]],  # n_g = 2
+    ]
+    rewards = np.vstack([np.asarray(r, dtype=np.float64) for r in rows])
+    groups = np.concatenate([[g] * len(r) for g, r in enumerate(rows)])
+    return Batch(rewards, groups, None, None, ["correctness", "format"], "built-in example")
+
+
