@@ -31,12 +31,12 @@ GROUPS_PER_UNIT = 512
 def make_batch(rows: int, seed: int = 0):
     """Rewards (rows, 3), group labels and unit labels of a run-shaped dump."""
     rng = np.random.default_rng(seed)
-    sizes = []
-    while sum(sizes) < rows:
-        sizes.append(int(rng.choice([8, 16])))
-    sizes[-1] -= sum(sizes) - rows
+    sizes = rng.choice([8, 16], size=rows // 8 + 1)
+    sizes = sizes[:np.searchsorted(np.cumsum(sizes), rows) + 1]
+    sizes[-1] -= int(sizes.sum()) - rows
     if sizes[-1] < 2:
-        sizes[-2] += sizes.pop()
+        sizes[-2] += sizes[-1]
+        sizes = sizes[:-1]
     group = np.repeat(np.arange(len(sizes)), sizes)
     unit = group // GROUPS_PER_UNIT
     p = rng.random(len(sizes))[group]  # per prompt difficulty: some all right, some all wrong
