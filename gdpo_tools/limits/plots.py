@@ -11,6 +11,12 @@ from gdpo_tools.limits import tables as T
 
 #: Exact zeros cannot sit on a log axis: they are drawn on this floor, and the legend says so.
 FLOOR = 1e-20
+#: The ranges real rewards live in, shaded on the plots: rewards from 0/1 correctness up to
+#: response lengths in tokens (4,096 here), and the smallest std a binary reward column with
+#: signal has in a group of up to 16 samples (one sample differing from the other 15).
+REAL_MAX_REWARD = 4096.0
+REAL_MIN_BINARY_STD = float(np.std([1.0] + [0.0] * 15, ddof=1))
+_SHADE = dict(color="tab:green", alpha=0.08, lw=0)
 
 
 def _pyplot():
@@ -62,7 +68,10 @@ def cancellation(curve: dict, path: Path) -> Path:
                  label="TRL float32 mirror error (vs exact of its inputs)")
     right.set_title("exact constant sum r2 = C - r1, own unit (exact result: 0)")
     for ax in (left, right):
-        ax.set_xlabel("C")
+        ax.axvspan(c.min(), REAL_MAX_REWARD, **_SHADE)
+        ax.text(c.min() * 1.3, 1e4, f"real rewards\n(0/1 to {REAL_MAX_REWARD:,.0f}-token\nlengths)", fontsize=7,
+                color="tab:green", va="top")
+        ax.set_xlabel(f"C (constructed families; real rewards stay below {REAL_MAX_REWARD:,.0f})")
         ax.set_ylim(FLOOR / 3, 1e6)
         ax.grid(True, which="major", alpha=0.3)
         ax.axhline(FLOOR, color="gray", lw=0.5)
@@ -95,7 +104,10 @@ def variance(offsets, path: Path) -> Path:
                     rel.append(min(cap, abs(math.sqrt(var) - ex) / ex))
             ax.loglog(offsets, _floored(rel), styles[aname], color=color, ms=3, label=f"{aname} {dname}")
     ax.axhline(cap, color="gray", lw=0.5)
-    ax.set_xlabel("offset of the group offset + [0, 0.01, 0.02, 0.03]")
+    ax.axvspan(min(offsets), REAL_MAX_REWARD, **_SHADE)
+    ax.text(1.02, 0.12, f"shaded: offsets of real\nrewards (up to {REAL_MAX_REWARD:,.0f}-token\nlengths), whose spread "
+            "is\nfar above the 0.01 drawn\nhere", fontsize=7, color="tab:green", va="top", transform=ax.transAxes)
+    ax.set_xlabel("offset of the group offset + [0, 0.01, 0.02, 0.03] (a constructed family)")
     ax.set_ylabel("relative error of the std")
     ax.set_ylim(FLOOR / 3, cap * 3)
     ax.grid(True, alpha=0.3)
@@ -117,6 +129,10 @@ def eps(stds, path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     ax.loglog(stds, _floored(d4), "o-", label="eps 1e-4 vs 1e-8")
     ax.loglog(stds, _floored(d6), "s-", label="eps 1e-6 vs 1e-8")
+    ax.set_xlim(min(stds) / 1.5, 1.0)
+    ax.axvspan(REAL_MIN_BINARY_STD, 1.0, **_SHADE)
+    ax.text(REAL_MIN_BINARY_STD * 0.9, 0.5, "shaded: binary rewards with\nsignal (groups up to 16);\ncontinuous scores "
+            "can lie\nanywhere", fontsize=7, color="tab:green", ha="right", va="top")
     ax.set_xlabel("std of one group column")
     ax.set_ylabel("largest change of an advantage (exact)")
     ax.grid(True, alpha=0.3)
