@@ -8,6 +8,8 @@ limit fails here until the table and the entry are regenerated with it.
 
 from __future__ import annotations
 
+import dataclasses
+
 import re
 
 import pytest
@@ -132,3 +134,17 @@ def test_only_prints_one_group(capsys):
     out = capsys.readouterr().out
     assert "<!-- table:ng2 keys=1 -->" in out and "<!-- table:correlation keys=1 -->" in out
     assert "table:cancellation" not in out
+
+
+def test_what_it_means_for_training_is_generated_and_classifies_by_the_real_ranges():
+    """Issue 19: the page opens with which limits a realistic batch can reach, computed from where
+    each entry's case starts against the ranges of real rewards (spec/known_limits.md)."""
+    text = _committed()
+    assert text.index("## What this means for your training") < text.index("## Documented limits")
+    rows = limits.parse_tables(text)["training"]["rows"]
+    assert {key[0] if isinstance(key, tuple) else key for key in rows} == {lim.id for lim in limits.LIMITS}
+    lim = limits.LIMITS[0]
+    inside = dataclasses.replace(lim, reach=("magnitude", limits.REAL_MAX_REWARD))
+    beyond = dataclasses.replace(lim, reach=("magnitude", limits.REAL_MAX_REWARD * 2))
+    tiny = dataclasses.replace(lim, reach=("std", limits.REAL_MIN_STD / 2))
+    assert [limits.reach_verdict(x)[2] for x in (inside, beyond, tiny)] == ["real", "constructed", "constructed"]

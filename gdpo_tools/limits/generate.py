@@ -90,6 +90,26 @@ class Limit:
     group: str  # the table group whose facts it reads
     text: str
     check: Callable[[dict], tuple[bool, str]]
+    #: where it starts on an axis real batches have a range on (:data:`REAL`): (axis, value),
+    #: ("setting", the training choice that reaches it), or ("guarantee", "") for what holds everywhere
+    reach: tuple = ("guarantee", "")
+
+
+#: What a realistic batch is, for "what this means for your training": rewards from 0/1 up to
+#: response lengths in tokens, integer-valued, in groups of up to 16; weights of order one.
+#: Per axis: what it measures, the realistic bound, and whether a limit starting at or below
+#: ("le") or at or above ("ge") that bound is within reach.
+REAL_MAX_REWARD = limits_plots.REAL_MAX_REWARD
+REAL_MIN_STD = limits_plots.REAL_MIN_BINARY_STD  # an integer column that varies, in a group of up to 16
+REAL = {
+    "digits": ("a group column's offset over its std", REAL_MAX_REWARD / REAL_MIN_STD, "le"),
+    "std": ("a varying group column's std", REAL_MIN_STD, "ge"),
+    "magnitude": ("a reward's magnitude", REAL_MAX_REWARD, "le"),
+    "weight": ("a weight's magnitude", 1e3, "le"),
+}
+#: The offset-over-std ratio of the `[C - d, d]` columns and of the variance table's groups.
+_D_STD = float(T.D.std(ddof=1))
+_STEPS_STD = float(T._STEPS.std(ddof=1))
 
 
 def _cd(f, kind, unit, c):
@@ -116,7 +136,8 @@ LIMITS: tuple[Limit, ...] = (
           "the impl stays within the spec bound.",
           lambda f: (_cd(f, "cd", "own", 1e15)["naive_err"] >= 0.1 and _cd(f, "cd", "own", 1e15)["impl_ratio"] <= 1,
                      f"naive err {fmt(_cd(f, 'cd', 'own', 1e15)['naive_err'])}, impl err/bound "
-                     f"{fmt(_cd(f, 'cd', 'own', 1e15)['impl_ratio'])}")),
+                     f"{fmt(_cd(f, 'cd', 'own', 1e15)['impl_ratio'])}"),
+          reach=("digits", 1e15 / _D_STD)),
     Limit("cancellation-conditioning", "cancellation",
           "The exact result of the float64 `[C - d, d]` inputs is itself O(1) from C = 1e13, where one ulp of "
           "every input moves it by more than 1 (own unit; `cond`, that first-order change, is sharp there): "
@@ -126,86 +147,101 @@ LIMITS: tuple[Limit, ...] = (
                      and _cd(f, "cd", "own", 1e13)["cond_sharp"],
                      f"exact max abs a {fmt(_cd(f, 'cd', 'own', 1e13)['exact_max'])} at 1e13, max cond "
                      f"{fmt(_cd(f, 'cd', 'own', 1e13)['cond_max'])} at 1e13 (sharp: "
-                     f"{_cd(f, 'cd', 'own', 1e13)['cond_sharp']})")),
+                     f"{_cd(f, 'cd', 'own', 1e13)['cond_sharp']})"),
+          reach=("digits", 1e13 / _D_STD)),
     Limit("cancellation-naive-within-conditioning", "cancellation",
           "Naive float64 (mean, then deviations) on `[C - d, d]` errs by less than the problem's own first-order "
           "change (`naive err/cond` below 1) on every row where `cond` is sharp: an error of the size an ulp of "
           "input perturbation explains, which the shift-invariant impl avoids.",
           lambda f: (bool(_sharp_cd(f)) and max(m["naive_per_cond"] for m in _sharp_cd(f)) < 1,
-                     f"largest naive err/cond {fmt(max(m['naive_per_cond'] for m in _sharp_cd(f)))} (sharp rows)")),
+                     f"largest naive err/cond {fmt(max(m['naive_per_cond'] for m in _sharp_cd(f)))} (sharp rows)"),
+          reach=("guarantee", "")),
     Limit("constant-sum-exact-zero", "cancellation",
           "Exact constant-sum groups `r2 = C - r1` (own unit): the impl returns exactly 0 at every C; naive float64 "
           "leaves a residue that is O(1) at C = 1e15.",
           lambda f: (_all_cs_own_zero(f)[0] and _cd(f, "cs", "own", 1e15)["naive_max"] >= 0.1,
                      f"impl exactly 0 on every C: {_all_cs_own_zero(f)[0]}, naive max abs a "
-                     f"{fmt(_cd(f, 'cs', 'own', 1e15)['naive_max'])} at 1e15")),
+                     f"{fmt(_cd(f, 'cs', 'own', 1e15)['naive_max'])} at 1e15"),
+          reach=("digits", 1e15 / _D_STD)),
     Limit("float32-inputs", "cancellation",
           "Float32 peers cannot hold `[C - d, d]` from C = 1e9: the TRL mirror is O(1) off the exact result of the "
           "float64 inputs although it is accurate on the float32 inputs it holds.",
           lambda f: (_cd(f, "cd", "own", 1e9)["trl_vs_f64"] >= 0.5 and _cd(f, "cd", "own", 1e9)["trl_err"] < 1e-3,
                      f"TRL vs exact(f64) {fmt(_cd(f, 'cd', 'own', 1e9)['trl_vs_f64'])}, vs exact of its inputs "
-                     f"{fmt(_cd(f, 'cd', 'own', 1e9)['trl_err'])}")),
+                     f"{fmt(_cd(f, 'cd', 'own', 1e9)['trl_err'])}"),
+          reach=("digits", 1e9 / _D_STD)),
     Limit("nemo-one-pass-cancellation", "cancellation",
           "NeMo-RL's one-pass float32 group variance is O(1) off its own exact result on `[C - d, d]` at "
           "C = 1e3 (own unit).",
           lambda f: (_cd(f, "cd", "own", 1e3)["peer_worst"] == "nemo_rl"
                      and _cd(f, "cd", "own", 1e3)["peer_err"] >= 0.5,
-                     f"{_cd(f, 'cd', 'own', 1e3)['peer_worst']} err {fmt(_cd(f, 'cd', 'own', 1e3)['peer_err'])}")),
+                     f"{_cd(f, 'cd', 'own', 1e3)['peer_worst']} err {fmt(_cd(f, 'cd', 'own', 1e3)['peer_err'])}"),
+          reach=("digits", 1e3 / _D_STD)),
     Limit("eps-1e-3", "eps",
           "With one column's group std at 1e-3, eps 1e-4 instead of 1e-8 moves advantages by more than 1e-2.",
-          lambda f: (f["eps"][1e-3]["d4"] > 1e-2, f"max abs da {fmt(f['eps'][1e-3]['d4'])}")),
+          lambda f: (f["eps"][1e-3]["d4"] > 1e-2, f"max abs da {fmt(f['eps'][1e-3]['d4'])}"),
+          reach=("std", 1e-3)),
     Limit("eps-mutes", "eps",
           "Below eps (column std 1e-5), eps 1e-4 mutes the column (max abs z < 0.2) while eps 1e-8 keeps it at "
           "full size (max abs z > 1).",
           lambda f: (f["eps"][1e-5]["z"][1e-4] < 0.2 and f["eps"][1e-5]["z"][1e-8] > 1,
-                     f"max abs z {fmt(f['eps'][1e-5]['z'][1e-4])} vs {fmt(f['eps'][1e-5]['z'][1e-8])}")),
+                     f"max abs z {fmt(f['eps'][1e-5]['z'][1e-4])} vs {fmt(f['eps'][1e-5]['z'][1e-8])}"),
+          reach=("std", 1e-5)),
     Limit("ng2-magnitude", "pairs",
           "n_g = 2: gaps 1 and 1e4 give the same advantage (to 1e-3); only a gap near eps is damped.",
           lambda f: (abs(f["pairs"]["gap"][1e4]["a"] - f["pairs"]["gap"][1.0]["a"]) < 1e-3
                      and f["pairs"]["gap"][1e-4]["z"] < 0.5,
                      f"a {f['pairs']['gap'][1.0]['a']:.4f} vs {f['pairs']['gap'][1e4]['a']:.4f}; z at gap 1e-4 "
-                     f"{f['pairs']['gap'][1e-4]['z']:.4f}")),
+                     f"{f['pairs']['gap'][1e-4]['z']:.4f}"),
+          reach=("setting", "two generations per prompt")),
     Limit("correlation", "pairs",
           "rho = -1 cancels exactly (c = 0: no signal); rho = +1 amplifies the combined std sqrt 2 times over rho = 0.",
           lambda f: (f["pairs"]["rho"][-1.0]["c_zero"]
                      and abs(f["pairs"]["rho"][1.0]["std_c"] / f["pairs"]["rho"][0.0]["std_c"] - math.sqrt(2)) < 0.01,
                      f"c exactly 0: {f['pairs']['rho'][-1.0]['c_zero']}, std ratio "
-                     f"{fmt(f['pairs']['rho'][1.0]['std_c'] / f['pairs']['rho'][0.0]['std_c'], 3)}")),
+                     f"{fmt(f['pairs']['rho'][1.0]['std_c'] / f['pairs']['rho'][0.0]['std_c'], 3)}"),
+          reach=("setting", "two reward components that are exact complements (r2 = 1 - r1)")),
     Limit("one-pass-float32", "variance",
           "One-pass float32 variance gives std 0 (a silent zero) at offsets 1e3 and 1e4, where the exact std is "
           "0.0129.",
           lambda f: (f["variance"][(1e3, "float32", "one-pass")]["var"] <= 0
                      and f["variance"][(1e4, "float32", "one-pass")]["var"] <= 0,
                      f"variance {fmt(f['variance'][(1e3, 'float32', 'one-pass')]['var'])} and "
-                     f"{fmt(f['variance'][(1e4, 'float32', 'one-pass')]['var'])}")),
+                     f"{fmt(f['variance'][(1e4, 'float32', 'one-pass')]['var'])}"),
+          reach=("digits", 1e3 / _STEPS_STD)),
     Limit("one-pass-float64", "variance",
           "One-pass float64 variance is off by more than 100% at offset 1e8; the shifted two-pass stays at the "
           "last bits.",
           lambda f: (f["variance"][(1e8, "float64", "one-pass")]["rel"] > 1
                      and f["variance"][(1e8, "float64", "shifted two-pass")]["rel"] < 1e-14,
                      f"{fmt(f['variance'][(1e8, 'float64', 'one-pass')]['rel'])} vs "
-                     f"{fmt(f['variance'][(1e8, 'float64', 'shifted two-pass')]['rel'])}")),
+                     f"{fmt(f['variance'][(1e8, 'float64', 'shifted two-pass')]['rel'])}"),
+          reach=("digits", 1e8 / _STEPS_STD)),
     Limit("two-pass-float32-offset", "variance",
           "Float32 two-pass (mean first) loses digits with the offset: at 1e4 it is 100 times worse than the "
           "shifted two-pass.",
           lambda f: (f["variance"][(1e4, "float32", "two-pass")]["rel"]
                      > 100 * f["variance"][(1e4, "float32", "shifted two-pass")]["rel"],
                      f"{fmt(f['variance'][(1e4, 'float32', 'two-pass')]['rel'])} vs "
-                     f"{fmt(f['variance'][(1e4, 'float32', 'shifted two-pass')]['rel'])}")),
+                     f"{fmt(f['variance'][(1e4, 'float32', 'shifted two-pass')]['rel'])}"),
+          reach=("digits", 1e4 / _STEPS_STD)),
     Limit("float32-reward-overflow", "ranges",
           "Float32 peers: rewards `M * [...]` with M = 1e20 give silent zeros (squares overflow float32), beyond "
           "FLT_MAX NaN.",
           lambda f: (f["ranges"]["rewards"][("1e+20", "trl")] == "silent zero"
                      and f["ranges"]["rewards"][("1e+39", "trl")] == "NaN",
-                     f"TRL: {f['ranges']['rewards'][('1e+20', 'trl')]}, {f['ranges']['rewards'][('1e+39', 'trl')]}")),
+                     f"TRL: {f['ranges']['rewards'][('1e+20', 'trl')]}, {f['ranges']['rewards'][('1e+39', 'trl')]}"),
+          reach=("magnitude", 1e20)),
     Limit("naive-float64-overflow", "ranges",
           "Naive float64: squares overflow at M = 1e155 and the group silently becomes zero.",
           lambda f: (f["ranges"]["rewards"][("1e+155", "naive_f64")] == "silent zero",
-                     f["ranges"]["rewards"][("1e+155", "naive_f64")])),
+                     f["ranges"]["rewards"][("1e+155", "naive_f64")]),
+          reach=("magnitude", 1e155)),
     Limit("impl-reward-range", "ranges",
           "impl: correct on every reward magnitude up to DBL_MAX and on both float32 extremes.",
           lambda f: (all(o == "correct" for (case, name), o in f["ranges"]["rewards"].items() if name == "impl"),
-                     ", ".join(sorted({o for (c, n), o in f["ranges"]["rewards"].items() if n == "impl"})))),
+                     ", ".join(sorted({o for (c, n), o in f["ranges"]["rewards"].items() if n == "impl"}))),
+          reach=("guarantee", "")),
     Limit("float32-weights", "ranges",
           "Weights `(16777216, -16777217)` on identical columns: float32 peers merge them and return silent zeros; "
           "impl is correct.",
@@ -214,14 +250,16 @@ LIMITS: tuple[Limit, ...] = (
                      and f["ranges"]["weights"][("(2^24, -(2^24 + 1)), r2 = r1", "impl")] == "correct",
                      "float32 peers: " + ", ".join(sorted({f["ranges"]["weights"][("(2^24, -(2^24 + 1)), r2 = r1", n)]
                                                           for n in ("trl", "verl", "nemo_rl", "nvlabs",
-                                                                    "ms_swift")})))),
+                                                                    "ms_swift")}))),
+          reach=("weight", 2.0 ** 24)),
     Limit("impl-weight-range", "ranges",
           "impl: correct with weights up to `(1e39, 1e39)` and `(DBL_MAX, 1)`; `(DBL_MAX, DBL_MAX)` overflows the "
           "combined value and is refused with OutOfRangeError (clear error, not inf).",
           lambda f: (f["ranges"]["weights"][("(1e+39, 1e+39)", "impl")] == "correct"
                      and f["ranges"]["weights"][("(DBL_MAX, 1)", "impl")] == "correct"
                      and f["ranges"]["weights"][("(DBL_MAX, DBL_MAX)", "impl")] == "clear error",
-                     f["ranges"]["weights"][("(DBL_MAX, DBL_MAX)", "impl")])),
+                     f["ranges"]["weights"][("(DBL_MAX, DBL_MAX)", "impl")]),
+          reach=("guarantee", "")),
     Limit("nan-reward", "peers",
           "A NaN reward: impl raises (NonFiniteError) on every case; every peer returns numbers or NaN without an "
           "error.",
@@ -229,7 +267,8 @@ LIMITS: tuple[Limit, ...] = (
                      and all(g.outcome == "no error" for n in ("trl", "verl", "nemo_rl", "nvlabs", "ms_swift",
                                                                 "multireward_grpo")
                              for g, _ in f["peers"][(n, "NaN reward", "spec")]),
-                     "impl: clear error; peers: no error")),
+                     "impl: clear error; peers: no error"),
+          reach=("setting", "a reward function that fails and returns NaN")),
     Limit("float32-offset", "peers",
           "Large-offset groups: every float32 peer exceeds the float32 error bound under its own convention "
           "(mean-then-subtract at an offset); NeMo-RL's one-pass variance the most.",
@@ -240,11 +279,13 @@ LIMITS: tuple[Limit, ...] = (
                             for n in ("trl", "verl", "nvlabs", "ms_swift")),
                      "worst err/bound: " + ", ".join(
                          f"{n} {fmt(max(g.ratio for g, _ in f['peers'][(n, 'large offset', 'own')]))}"
-                         for n in ("trl", "verl", "nemo_rl", "nvlabs", "ms_swift")))),
+                         for n in ("trl", "verl", "nemo_rl", "nvlabs", "ms_swift"))),
+          reach=("setting", "rewards with a large common offset (table 6a: offsets 1e3 to 1e6, steps 0.01 to 1)")),
     Limit("impl-peers", "peers",
           "impl (out float64) is within the spec bound on every case of every family, and refuses the NaN family.",
           lambda f: (all(g.outcome in ("correct", "clear error") and g.ratio <= 1 for g in _impl_grades(f)),
-                     f"worst err/bound {fmt(max(g.ratio for g in _impl_grades(f)))}")),
+                     f"worst err/bound {fmt(max(g.ratio for g in _impl_grades(f)))}"),
+          reach=("guarantee", "")),
 )
 
 
@@ -268,6 +309,44 @@ def limits_table(results) -> Table:
         "`tests/test_limits.py` fails when one stops reproducing, so a fix cannot leave a stale entry behind "
         "(delete or rewrite the entry in `LIMITS`, `gdpo_tools/limits/generate.py`, together with the fix).",
         ["id", "limit", "measured", "still reproduces"], rows)
+
+
+def reach_verdict(lim: Limit) -> tuple[str, str, str]:
+    """(where the limit starts, what it means for a realistic batch, its kind: "real",
+    "setting", "constructed" or "guarantee")."""
+    axis, at = lim.reach
+    if axis == "guarantee":
+        return "-", "holds for every batch (a guarantee of impl.gdpo, not a limit)", "guarantee"
+    if axis == "setting":
+        return at, "reached by that training choice", "setting"
+    what, bound, side = REAL[axis]
+    real = at <= bound if side == "le" else at >= bound
+    where = f"{what} {fmt(at)}"
+    if real:
+        return where, f"**within reach**: real rewards go to {fmt(bound)} there", "real"
+    if axis == "std":
+        return where, (f"not with integer rewards (their varying columns have std >= {fmt(bound)}); continuous "
+                       "scores can go there"), "constructed"
+    return where, f"constructed inputs only: real batches stay {'below' if side == 'le' else 'above'} {fmt(bound)}", \
+        "constructed"
+
+
+def training_table(results) -> Table:
+    rows = [[lim.id, *reach_verdict(lim)[:2]] for lim, _ok, _measured in results]
+    kinds = [reach_verdict(lim)[2] for lim, _ok, _measured in results]
+    real = [lim.id for (lim, _o, _m), k in zip(results, kinds) if k == "real"]
+    setting = [lim.id for (lim, _o, _m), k in zip(results, kinds) if k == "setting"]
+    intro = (f"A realistic batch, here: rewards from 0/1 up to response lengths of {REAL_MAX_REWARD:,.0f} tokens, "
+             f"integer-valued (so a column that varies within a group of up to 16 has std >= {fmt(REAL_MIN_STD)}), "
+             "weights of order one. Of the "
+             f"{len(results)} documented limits, {len(real)} can be reached by such a batch with no special setting "
+             f"({', '.join(real) or 'none'}), {len(setting)} by a training choice ({', '.join(setting)}), "
+             f"{kinds.count('constructed')} only by constructed inputs (or continuous scores with a tiny spread), "
+             f"and {kinds.count('guarantee')} are guarantees. impl.gdpo computes the constructed cases correctly "
+             "too (the impl-* rows); the float32 peers do not. Where each starts comes from the case the entry is "
+             "measured on.")
+    return Table("training", "What this means for your training", intro,
+                 ["limit", "where it starts", "a realistic batch"], rows)
 
 
 # ----------------------------------------------------------------- rendering
@@ -403,6 +482,8 @@ def render(run: Run, out: Path) -> str:
         "|---|---|",
         *(f"| {k} | {v} |" for k, v in environment(run.seed, run.fast, run.wall)),
         ENV_END,
+        "",
+        render_section(training_table(run.limits), None).replace("### ", "## ", 1),
         "",
         render_section(limits_table(run.limits), None).replace("### ", "## ", 1),
     ]
