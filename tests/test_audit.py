@@ -199,3 +199,19 @@ def test_a_large_batch_lists_only_groups_with_warnings(tmp_path, capsys):
     table = out.split("findings\n")[1].split("\n\n")[0].splitlines()
     assert table[0].split()[0] == "7" and "[two-samples]" in table[0] and len(table) == 2, table
     assert table[1] == "(59 groups without warnings not listed: more than 50 groups; --json lists them)"
+
+
+def test_signal_belongs_to_its_group_whatever_the_label_order(tmp_path):
+    """Found while scaling audit: impl.gdpo.group_has_signal orders groups by first appearance,
+    the report by label, and audit read one by the other's index: a file whose labels first
+    appear unsorted (group 7 before group 3) reported the signal of one group for the other."""
+    p = tmp_path / "order.csv"
+    p.write_text("group,a,b\n7,1,0\n7,1,0\n7,1,0\n3,0,0\n3,1,0\n3,1,1\n")
+    report = audit.audit(audit.read_batch(p))
+    by_label = {g["group"]: g for g in report["groups"]}
+    assert by_label[7]["signal"] is False and "no-signal" in {f["code"] for f in by_label[7]["findings"]}
+    assert by_label[3]["signal"] is True and "no-signal" not in {f["code"] for f in by_label[3]["findings"]}
+    q = tmp_path / "units.csv"  # unit 1 (every group without signal) first, unit 0 second
+    q.write_text("group,unit,a\n7,1,1\n7,1,1\n3,0,0\n3,0,1\n")
+    units = {u["unit"]: u for u in audit.audit(audit.read_batch(q))["units"]}
+    assert units[1]["collapsed"] and not units[0]["collapsed"]

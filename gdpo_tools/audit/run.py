@@ -35,6 +35,8 @@ OK, WARN, MALFORMED, DISAGREE = 0, 1, 2, 3
 STATUS = {OK: "ok", WARN: "warnings", MALFORMED: "malformed input", DISAGREE: "IMPLEMENTATION DISAGREES"}
 #: Up to this many samples the exact oracle runs on every group, unit and convention.
 EXACT_SAMPLES = 20_000
+#: impl.gdpo runs on chunks of whole units of about this many samples (its working memory).
+CHUNK_SAMPLES = 500_000
 #: Beyond it, the oracle also checks this many groups spread evenly through the batch.
 SAMPLED_GROUPS = 200
 #: ... and the Eq. 6 step of this many units (spread evenly) of at most EXACT_UNIT samples.
@@ -118,9 +120,14 @@ class _Groups:
     the findings read (min, max, std), computed once for the whole batch."""
 
     def __init__(self, r: np.ndarray, group_ids: np.ndarray):
-        self.labels, self.first, inverse, self.counts = np.unique(group_ids, return_index=True, return_inverse=True,
-                                                                  return_counts=True)
-        self.index = inverse.reshape(-1)
+        # groups in order of first appearance, as the oracle and impl.gdpo.group_has_signal order them
+        self._sorted, first, inverse, counts = np.unique(group_ids, return_index=True, return_inverse=True,
+                                                         return_counts=True)
+        seq = np.argsort(first, kind="stable")
+        self._rank = np.empty_like(seq)
+        self._rank[seq] = np.arange(seq.size)
+        self.labels, self.first, self.counts = self._sorted[seq], first[seq], counts[seq]
+        self.index = self._rank[inverse.reshape(-1)]
         self.order = np.argsort(self.index, kind="stable")
         self.starts = np.concatenate([[0], np.cumsum(self.counts)[:-1]])
         rs = r[self.order]
@@ -133,6 +140,10 @@ class _Groups:
         with np.errstate(invalid="ignore", divide="ignore"):
             self.std = np.sqrt(np.add.reduceat(dev * dev, self.starts, axis=0) / (n - 1))
         self.collapsed = self.min == self.max
+
+    def position(self, labels) -> np.ndarray:
+        """The index of each of these group labels among the groups."""
+        return self._rank[np.searchsorted(self._sorted, labels)]
 
     def rows(self, g: int) -> np.ndarray:
         return self.order[self.starts[g]:self.starts[g] + self.counts[g]]
@@ -152,6 +163,55 @@ def _cond_estimate(groups: _Groups, w: np.ndarray, eps: float) -> np.ndarray:
     with np.errstate(over="ignore", invalid="ignore"):
         per_col = np.abs(w)[None, :] * spacing * (2.0 + 2.0 * n) / (np.nan_to_num(groups.std) + eps)
     return per_col.sum(axis=1)
+
+
+def _chunks(groups: _Groups, uinverse, usizes, limit: int) -> list[np.ndarray] | None:
+    """Unit indices in runs of about ``limit`` samples, each run whole units holding whole
+    groups; None where a group spans units (then the batch is one chunk)."""
+    gu = uinverse[groups.order]
+    if np.any(np.minimum.reduceat(gu, groups.starts) != np.maximum.reduceat(gu, groups.starts)):
+        return None
+    runs, start, total = [], 0, 0
+    for u, size in enumerate(usizes):
+        total += int(size)
+        if total >= limit:
+            runs.append(np.arange(start, u + 1))
+            start, total = u + 1, 0
+    if start < len(usizes):
+        runs.append(np.arange(start, len(usizes)))
+    return runs
+
+
+def _impl_values(batch: Batch, groups: _Groups, uorder, uinverse, usizes, w, eps, bar):
+    """impl.gdpo's combined values c and advantages a (float64, file order) and each group's
+    signal, in chunks of whole units of about CHUNK_SAMPLES samples, so that impl's working
+    memory does not grow with the batch. A refusal is named by the file's own rows: the
+    whole batch is then run once more in file order for impl's message."""
+    r, g = batch.rewards, batch.group_ids
+    N = r.shape[0]
+    c, a = np.empty(N), np.empty(N)
+    signal = np.empty(groups.labels.size, bool)
+    runs = _chunks(groups, uinverse, usizes, CHUNK_SAMPLES) or [np.arange(len(usizes))]
+    ustarts = np.concatenate([[0], np.cumsum(usizes)])
+    kw = dict(weights=w.tolist(), eps=eps)
+    try:
+        for j, run_units in enumerate(runs):
+            rows = uorder[ustarts[run_units[0]]:ustarts[run_units[-1] + 1]]  # whole units, by unit
+            tr, tg = torch.from_numpy(r[rows]), torch.from_numpy(g[rows])
+            c[rows] = impl.normalize_rewards(tr, group_ids=tg, **kw).numpy()
+            a[rows] = impl.gdpo_advantages(tr, group_ids=tg, segment_sizes=usizes[run_units].tolist(),
+                                           out_dtype=torch.float64, **kw).numpy()
+            gc = g[rows]  # group_has_signal orders the groups by first appearance (impl.gdpo's docstring)
+            met = gc[np.sort(np.unique(gc, return_index=True)[1])]
+            signal[groups.position(met)] = impl.group_has_signal(tr, group_ids=tg, **kw).numpy()
+            bar.update((j + 1) / len(runs))
+    except GDPOError as e:
+        try:  # impl's own refusals (Eq. 7 overflow) in the file's row order
+            impl.normalize_rewards(torch.from_numpy(r), group_ids=torch.from_numpy(g), **kw)
+        except GDPOError as whole:
+            e = whole
+        raise type(e)(f"{batch.source}: impl.gdpo refuses the batch: {e}") from e
+    return c, a, signal
 
 
 def audit(batch: Batch, weights=None, eps: float = DEFAULT_EPS, progress: bool | None = None,
@@ -175,21 +235,12 @@ def audit(batch: Batch, weights=None, eps: float = DEFAULT_EPS, progress: bool |
     groups = _Groups(r, batch.group_ids)
     _refuse_singletons(batch, groups.labels, groups.first, groups.counts)
     G = groups.labels.size
-    t_r, t_g = torch.from_numpy(r), torch.from_numpy(batch.group_ids)
-    bar.start("impl.gdpo")
-    try:  # impl's own refusals (Eq. 7 overflow) in the file's row order, before units reorder the rows
-        c = impl.normalize_rewards(t_r, group_ids=t_g, weights=w.tolist(), eps=eps).numpy()
-    except GDPOError as e:
-        raise type(e)(f"{batch.source}: impl.gdpo refuses the batch: {e}") from e
     units = batch.unit_ids if batch.unit_ids is not None else np.zeros(N, dtype=np.int64)
     uorder = np.argsort(units, kind="stable")  # whitening units as consecutive segments for impl
     ulabels, uinverse, usizes = np.unique(units, return_inverse=True, return_counts=True)
     uinverse = uinverse.reshape(-1)
-    got = impl.gdpo_advantages(t_r[uorder], group_ids=t_g[uorder], weights=w.tolist(), segment_sizes=usizes.tolist(),
-                               eps=eps, out_dtype=torch.float64).numpy()
-    impl_a = np.empty(N)
-    impl_a[uorder] = got
-    signal = impl.group_has_signal(t_r, group_ids=t_g, weights=w.tolist(), eps=eps).numpy()
+    bar.start("impl.gdpo")
+    c, impl_a, signal = _impl_values(batch, groups, uorder, uinverse, usizes, w, eps, bar)
     bar.update(1.0)
 
     # ---- per group: the decisions that need the oracle, from it (every group, or those that need it)
@@ -205,13 +256,13 @@ def audit(batch: Batch, weights=None, eps: float = DEFAULT_EPS, progress: bool |
     if exact:
         bar.start("exact oracle, whole batch")
         res = oracle.advantages(r, batch.group_ids, weights=w, unit_ids=units, eps=eps)
-        cancelled[:] = res.group_cancelled
+        cancelled[groups.position(res.group_labels)] = res.group_cancelled
         cond = groups.reduce_max(res.combined.cond)
         cond_sharp = np.minimum.reduceat(res.combined.cond_sharp[groups.order], groups.starts).astype(bool)
         cond_from[:] = "oracle"
         ratio = _over_bound(impl_a, res.float64, res.allowed("float64"), res.required_zero)
         over = groups.reduce_max(ratio)
-        unit_collapsed[:] = res.unit_collapsed
+        unit_collapsed[np.searchsorted(ulabels, res.unit_labels)] = res.unit_collapsed
         unit_cond = np.maximum.reduceat(res.cond[uorder], np.concatenate([[0], np.cumsum(usizes)[:-1]]))
         unit_cond_sharp = np.minimum.reduceat(res.cond_sharp[uorder],
                                               np.concatenate([[0], np.cumsum(usizes)[:-1]])).astype(bool)
@@ -230,9 +281,8 @@ def audit(batch: Batch, weights=None, eps: float = DEFAULT_EPS, progress: bool |
             part = checked[lo:lo + 64]
             rows = np.concatenate([groups.rows(g) for g in part])
             res = oracle.advantages(r[rows], batch.group_ids[rows], weights=w, eps=eps)
-            # the oracle orders groups by label, as _Groups does, and part is ascending: the same order
-            cancelled[part] = res.group_cancelled
-            sub = _Groups(r[rows], batch.group_ids[rows])
+            cancelled[groups.position(res.group_labels)] = res.group_cancelled
+            sub = _Groups(r[rows], batch.group_ids[rows])  # the same groups, in the same order (part ascends)
             cond[part] = sub.reduce_max(res.combined.cond)
             cond_sharp[part] = np.minimum.reduceat(res.combined.cond_sharp[sub.order], sub.starts).astype(bool)
             cond_from[part] = "oracle"
