@@ -64,6 +64,15 @@ class Convention:
     nan: str
     native_dtype: str
     notes: str = ""
+    #: Provenance of a peer preset: the distribution it was read from (as pip names it),
+    #: its exact version, the entry point (``module:function``, or ``module:Class.method``)
+    #: whose code path was read, and the file inside the package that holds it. Empty for
+    #: ``spec`` and for a peer whose code is not installable from the package index
+    #: (``read_from`` then says what the preset rests on instead).
+    package: str = ""
+    version: str = ""
+    entry_point: str = ""
+    read_from: str = ""
 
     def __post_init__(self) -> None:
         checks = {
@@ -86,6 +95,13 @@ class Convention:
             value = getattr(self, field)
             if not (value >= 0.0 and value < float("inf")):
                 raise ValueError(f"convention {self.name!r}: {field}={value!r} must be finite and >= 0")
+
+    @property
+    def provenance(self) -> str:
+        """``package==version, path: entry point`` (or what the preset rests on)."""
+        if not self.package:
+            return self.read_from or "-"
+        return f"{self.package}=={self.version}, {self.read_from}: {self.entry_point}"
 
     @property
     def min_group_size(self) -> int:
