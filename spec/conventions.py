@@ -150,7 +150,11 @@ CONVENTIONS: dict[str, Convention] = {
             singleton="zero",
             nan="nan_aware",
             native_dtype="float32",
-            notes="Eq. 6 over the gathered generation batch",
+            notes="Eq. 6 over the gathered generation batch; advantages nan_to_num(nan=0) at the end",
+            package="trl",
+            version="1.16.0",
+            entry_point="trl.trainer.grpo_trainer:GRPOTrainer._generate_and_score_completions",
+            read_from="trl/trainer/grpo_trainer.py",
         ),
         Convention(
             name="verl",
@@ -168,6 +172,10 @@ CONVENTIONS: dict[str, Convention] = {
             nan="propagate",
             native_dtype="float32",
             notes="Eq. 6 is token-weighted masked_whiten: rsqrt(var + 1e-8)",
+            package="verl",
+            version="0.9.1",
+            entry_point="verl.trainer.ppo.core_algos:compute_gdpo_outcome_advantage",
+            read_from="verl/trainer/ppo/core_algos.py (+ verl/utils/torch_functional.py masked_whiten)",
         ),
         Convention(
             name="nemo_rl",
@@ -185,6 +193,8 @@ CONVENTIONS: dict[str, Convention] = {
             nan="propagate",
             native_dtype="float32",
             notes="group variance computed one-pass E[x^2]-E[x]^2 in float32",
+            read_from="not installable from the package index (nemo-rl 0.0.0 there is a placeholder); "
+                      "preset from the GDPO brief, unverified against code",
         ),
         Convention(
             name="nvlabs",
@@ -202,11 +212,13 @@ CONVENTIONS: dict[str, Convention] = {
             nan="zero_first",
             native_dtype="float32",
             notes="Eq. 6 over the whole gathered batch",
+            read_from="not on the package index (a TRL 0.18 fork in a repository); "
+                      "preset from the GDPO brief, unverified against code",
         ),
         Convention(
             name="ms_swift",
             title="ms-swift scale_rewards='gdpo'",
-            source="ms-swift GRPO trainer scale_rewards='gdpo'",
+            source="ms-swift compute_advantages scale_rewards='gdpo'",
             group_ddof=1,
             group_eps=1e-8,
             group_eps_placement="std",
@@ -215,10 +227,14 @@ CONVENTIONS: dict[str, Convention] = {
             whiten_eps=1e-8,
             whiten_eps_placement="std",
             collapse="none",
-            singleton="error",
-            nan="propagate",
+            singleton="zero",
+            nan="nan_aware",
             native_dtype="float32",
-            notes="a NaN reward poisons the whole batch",
+            notes="nanmean/nanstd per group, then nan_to_num(nan=0) of z; a group of one has nanstd NaN, so z = 0",
+            package="ms-swift",
+            version="4.6.0",
+            entry_point="swift.rl_core.advantage:compute_advantages",
+            read_from="swift/rl_core/advantage.py (+ swift/utils/torch_utils.py nanstd)",
         ),
         Convention(
             name="multireward_grpo",
@@ -235,7 +251,11 @@ CONVENTIONS: dict[str, Convention] = {
             singleton="zero",
             nan="propagate",
             native_dtype="float64",
-            notes="biased std, no batch whitening",
+            notes="biased std, no batch whitening; equal-size groups only ((P, m, R))",
+            package="multireward-grpo",
+            version="0.1.1",
+            entry_point="multireward_grpo.advantage:compute_advantage_batch",
+            read_from="multireward_grpo/advantage.py",
         ),
     )
 }
