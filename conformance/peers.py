@@ -19,8 +19,8 @@ message names the peer and the argument; it is never silently approximated.
 * :func:`verl` (verl shape): ``verl.trainer.ppo.core_algos.compute_gdpo_outcome_advantage``
   with an ``AlgoConfig`` naming the reward keys and weights, the per-sample scores in
   ``non_tensor_batch`` and the token rewards in ``batch`` as verl's trainer passes them.
-* :func:`trl` (trl shape): TRL's ``GRPOTrainer._generate_and_score_completions``
-  (``multi_objective_aggregation="normalize_then_sum"``), see its docstring.
+* :func:`trl` (trl shape): TRL's real ``GRPOTrainer._generate_and_score_completions``
+  (``multi_objective_aggregation="normalize_then_sum"``) driven without a model (see its docstring).
 """
 
 from __future__ import annotations
@@ -145,3 +145,64 @@ def verl(token_level_rewards, response_mask, index, weights=None):
              "token_level_rewards": total}
     return compute_gdpo_outcome_advantage(token_level_rewards=total, response_mask=mask, index=index,
                                           config=config, non_tensor_batch=non_tensor_batch, batch=batch)
+
+
+class _OneProcess:
+    """The ``accelerator`` of a single CPU process: TRL gathers across processes, here one."""
+
+    device = torch.device("cpu")
+    process_index = 0
+    num_processes = 1
+    is_main_process = True
+
+    def gather(self, t):
+        return t
+
+
+def trl(rewards_per_func, num_generations, reward_weights):
+    """TRL's real ``GRPOTrainer._generate_and_score_completions`` with
+    ``multi_objective_aggregation="normalize_then_sum"``, driven without a model, in the trl
+    shape. TRL has no standalone function: its Eq. 4, 7 and 6 are lines of that method. The
+    method runs unchanged on a trainer object made without ``__init__`` (no model, no
+    tokenizer, no accelerate launch) holding only what the method reads: ``_generate``
+    returns one-token prompts and completions, the reward functions (plain callables, as a
+    user's) return the case's columns, ``beta = 0`` and one generation step so no log-probs
+    are computed, one process. The advantages are those of the dict it returns."""
+    import collections
+    import types
+
+    from trl.trainer.grpo_trainer import GRPOTrainer
+
+    n, k = rewards_per_func.shape
+    columns = [rewards_per_func[:, j].tolist() for j in range(k)]
+
+    def reward_function(j):
+        def reward(prompts, completions, **kwargs):
+            return columns[j]
+        reward.__name__ = f"reward_{j}"
+        return reward
+
+    def generate(prompts):  # prompt ids, completion ids, tool mask, completions, logps, extra, images, tool images
+        return [[1]] * len(prompts), [[2]] * len(prompts), None, ["c"] * len(prompts), None, {}, None, None
+
+    trainer = GRPOTrainer.__new__(GRPOTrainer)
+    trainer.__dict__.update(
+        environment_factories=None, environments=None, tools=None, accelerator=_OneProcess(),
+        model=types.SimpleNamespace(training=True, is_gradient_checkpointing=False),
+        _tokenizer=types.SimpleNamespace(pad_token_id=0), pad_to_multiple_of=None,
+        mask_truncated_completions=False, use_vllm=False, _generate=generate,
+        reward_funcs=[reward_function(j) for j in range(k)], reward_processing_classes=[None] * k,
+        reward_func_names=[f"reward_{j}" for j in range(k)], reward_weights=reward_weights,
+        num_generations=int(num_generations), num_generations_eval=int(num_generations),
+        multi_objective_aggregation="normalize_then_sum", scale_rewards="group", beta=0.0, num_iterations=1,
+        state=types.SimpleNamespace(global_step=0), _log_completion_extra=None, _log_metric=None,
+        _metrics={"train": collections.defaultdict(list), "eval": collections.defaultdict(list)},
+        _logs={"prompt": [], "completion": [], "advantages": [], "images": [],
+               "rewards": collections.defaultdict(list), "extra": collections.defaultdict(list)},
+        _pending_extra_logs={}, _pending_metrics={}, log_multimodal=False,
+        args=types.SimpleNamespace(per_device_train_batch_size=n, per_device_eval_batch_size=n,
+                                   steps_per_generation=1, gradient_accumulation_steps=1,
+                                   gradient_checkpointing=False, gradient_checkpointing_kwargs=None, report_to=[]),
+    )
+    out = GRPOTrainer._generate_and_score_completions(trainer, [{"prompt": "p"} for _ in range(n)])
+    return out["advantages"]

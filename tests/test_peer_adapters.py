@@ -131,3 +131,23 @@ def test_verl_hand_checked():
     ref = exact(np.array(REWARDS), LABELS, weights=WEIGHTS, convention="verl", token_counts=subject.token_counts(case))
     # group std, eps, divide, weight, token-weighted mean and variance over 6 samples, rsqrt, multiply
     _close(out.tolist(), ref.float32, 32, U32)
+
+
+# ------------------------------------------------------------------ TRL
+def test_trl_hand_checked():
+    """TRL's trainer method, driven without a model, on the ms-swift batch: eps 1e-4 at both
+    equations, so the result is sqrt(3)/2 shrunk by the eps (the oracle's trl convention)."""
+    pytest.importorskip("trl.trainer.grpo_trainer")
+    r = torch.tensor([[1.0, 0.0], [0.0, 0.0], [1.0, 1.0], [0.0, 1.0]], dtype=torch.float32)
+    out = peers.trl(r, 2, torch.tensor([1.0, 1.0]))
+    ref = exact(r.double().numpy(), [0, 0, 1, 1], convention="trl")
+    _close(out.tolist(), ref.float32, 16, U32)
+    assert abs(float(out[0]) - math.sqrt(3) / 2) > 1e-5  # the 1e-4 eps shows at this size
+
+
+def test_trl_nan_reward_is_skipped():
+    pytest.importorskip("trl.trainer.grpo_trainer")
+    r = torch.tensor([[1.0, float("nan")], [0.0, 2.0], [1.0, 1.0], [0.0, 3.0], [0.0, 0.0], [1.0, 5.0]])
+    out = peers.trl(r, 3, torch.tensor([1.0, 1.0]))
+    ref = exact(r.double().numpy(), [0, 0, 0, 1, 1, 1], convention="trl")
+    _close(out.tolist(), ref.float32, 16, U32)
