@@ -205,6 +205,10 @@ def context() -> dict[str, str]:
                      c.native_dtype])
     ctx["convention_table"] = _table(["name", "implementation", "Eq. 4 ddof", "Eq. 4 eps (placement)",
                                       "Eq. 6", "Eq. 6 eps (placement)", "n_g = 1", "NaN", "dtype"], rows)
+    ctx["provenance_table"] = _table(
+        ["name", "read from (package==version, file)", "entry point"],
+        [[f"`{c.name}`", f"{c.package}=={c.version}, `{c.read_from}`" if c.package else c.read_from,
+          f"`{c.entry_point}`" if c.entry_point else "-"] for c in CONVENTIONS.values() if c.name != "spec"])
     ctx["error_table"] = _table(["class", "raised when", "for example"], _error_rows())
     return ctx
 

@@ -64,6 +64,15 @@ class Convention:
     nan: str
     native_dtype: str
     notes: str = ""
+    #: Provenance of a peer preset: the distribution it was read from (as pip names it),
+    #: its exact version, the entry point (``module:function``, or ``module:Class.method``)
+    #: whose code path was read, and the file inside the package that holds it. Empty for
+    #: ``spec`` and for a peer whose code is not installable from the package index
+    #: (``read_from`` then says what the preset rests on instead).
+    package: str = ""
+    version: str = ""
+    entry_point: str = ""
+    read_from: str = ""
 
     def __post_init__(self) -> None:
         checks = {
@@ -86,6 +95,13 @@ class Convention:
             value = getattr(self, field)
             if not (value >= 0.0 and value < float("inf")):
                 raise ValueError(f"convention {self.name!r}: {field}={value!r} must be finite and >= 0")
+
+    @property
+    def provenance(self) -> str:
+        """``package==version, path: entry point`` (or what the preset rests on)."""
+        if not self.package:
+            return self.read_from or "-"
+        return f"{self.package}=={self.version}, {self.read_from}: {self.entry_point}"
 
     @property
     def min_group_size(self) -> int:
@@ -134,7 +150,11 @@ CONVENTIONS: dict[str, Convention] = {
             singleton="zero",
             nan="nan_aware",
             native_dtype="float32",
-            notes="Eq. 6 over the gathered generation batch",
+            notes="Eq. 6 over the gathered generation batch; advantages nan_to_num(nan=0) at the end",
+            package="trl",
+            version="1.16.0",
+            entry_point="trl.trainer.grpo_trainer:GRPOTrainer._generate_and_score_completions",
+            read_from="trl/trainer/grpo_trainer.py",
         ),
         Convention(
             name="verl",
@@ -152,6 +172,10 @@ CONVENTIONS: dict[str, Convention] = {
             nan="propagate",
             native_dtype="float32",
             notes="Eq. 6 is token-weighted masked_whiten: rsqrt(var + 1e-8)",
+            package="verl",
+            version="0.9.1",
+            entry_point="verl.trainer.ppo.core_algos:compute_gdpo_outcome_advantage",
+            read_from="verl/trainer/ppo/core_algos.py (+ verl/utils/torch_functional.py masked_whiten)",
         ),
         Convention(
             name="nemo_rl",
@@ -169,6 +193,8 @@ CONVENTIONS: dict[str, Convention] = {
             nan="propagate",
             native_dtype="float32",
             notes="group variance computed one-pass E[x^2]-E[x]^2 in float32",
+            read_from="not installable from the package index (nemo-rl 0.0.0 there is a placeholder); "
+                      "preset from the GDPO brief, unverified against code",
         ),
         Convention(
             name="nvlabs",
@@ -186,11 +212,13 @@ CONVENTIONS: dict[str, Convention] = {
             nan="zero_first",
             native_dtype="float32",
             notes="Eq. 6 over the whole gathered batch",
+            read_from="not on the package index (a TRL 0.18 fork in a repository); "
+                      "preset from the GDPO brief, unverified against code",
         ),
         Convention(
             name="ms_swift",
             title="ms-swift scale_rewards='gdpo'",
-            source="ms-swift GRPO trainer scale_rewards='gdpo'",
+            source="ms-swift compute_advantages scale_rewards='gdpo'",
             group_ddof=1,
             group_eps=1e-8,
             group_eps_placement="std",
@@ -199,10 +227,14 @@ CONVENTIONS: dict[str, Convention] = {
             whiten_eps=1e-8,
             whiten_eps_placement="std",
             collapse="none",
-            singleton="error",
-            nan="propagate",
+            singleton="zero",
+            nan="nan_aware",
             native_dtype="float32",
-            notes="a NaN reward poisons the whole batch",
+            notes="nanmean/nanstd per group, then nan_to_num(nan=0) of z; a group of one has nanstd NaN, so z = 0",
+            package="ms-swift",
+            version="4.6.0",
+            entry_point="swift.rl_core.advantage:compute_advantages",
+            read_from="swift/rl_core/advantage.py (+ swift/utils/torch_utils.py nanstd)",
         ),
         Convention(
             name="multireward_grpo",
@@ -219,7 +251,11 @@ CONVENTIONS: dict[str, Convention] = {
             singleton="zero",
             nan="propagate",
             native_dtype="float64",
-            notes="biased std, no batch whitening",
+            notes="biased std, no batch whitening; equal-size groups only ((P, m, R))",
+            package="multireward-grpo",
+            version="0.1.1",
+            entry_point="multireward_grpo.advantage:compute_advantage_batch",
+            read_from="multireward_grpo/advantage.py",
         ),
     )
 }
