@@ -22,25 +22,19 @@ from spec.errors import (
     DistributedError,
     GDPOError,
     GroupError,
+    GroupLengthError,
     InputDtypeError,
     NonFiniteError,
     OutOfRangeError,
     SegmentError,
     ShapeError,
     WeightError,
+    WeightLengthError,
 )
 
 
 # --- error classes for cases the contract files under two headings ----------
-
-
-class GroupLengthError(GroupError, ShapeError):
-    """``group_ids`` of the wrong length: both malformed group metadata
-    (labels do not cover the batch) and a length disagreement."""
-
-
-class WeightLengthError(WeightError, ShapeError):
-    """``weights`` of the wrong length: a bad weight vector and a length disagreement."""
+# (GroupLengthError and WeightLengthError are the spec's, in spec.errors; imported above)
 
 
 class DistributedSegmentError(DistributedError, SegmentError):
