@@ -16,39 +16,21 @@ Old names, kept for their callers (deprecated): ``advantages`` (gdpo_advantages)
 was Eq. 4 + 7: detected by its second positional argument or its Eq. 4 keywords, it returns
 normalize_rewards with a DeprecationWarning.
 
-Inputs are floats, taken exactly or refused (never rounded: :func:`_as_float_matrix`),
-so exact rationals; every mean, deviation and variance is an exact rational, square
-roots live in exact quadratic forms (:mod:`oracle.exact`), and numbers are rounded
-once to each of float64, float32, float16 and bfloat16 (never one through another:
-``Stage.rounded(out_dtype)``): a rational value exactly from its fraction (ties to
-even included), an irrational one from certified intervals. Exact zeros and
-collapse are decided on the exact forms. Each output also carries
+Inputs are floats taken exactly (or refused, never rounded: :func:`_as_float_matrix`), so
+exact rationals; means, deviations and variances are exact, square roots live in exact
+quadratic forms (:mod:`oracle.exact`), exact zeros and collapse are decided on those forms,
+and every output is rounded once to each of float64, float32, float16 and bfloat16
+(``Stage.rounded(out_dtype)``): spec/gdpo.md section 10. Each output also carries
 
-* ``cond``: the first-order change of the output when every input (reward and
-  weight) moves by one ulp, sum of |d output / dx| ulp(x), from the Jacobians of
-  Eq. 4, 7 and 6 in closed form (:mod:`oracle.condition`), evaluated in float64 with a
-  bound on that evaluation's error added, so always an upper bound; ``cond_sharp``
-  (per output) says where it is the first-order change itself, to within 2^-19.
-  Where the closed form does not apply (NaN entries, singleton columns, collapsed
-  columns and units where no eps makes a zero std differentiable or its first-order value
-  exceeds Samuelson's cap, groups beyond ``condition.CAP`` samples or straddling two units,
-  per-token whitening, values out of float64's range: ``cond_sharp`` False) it is the
-  error model's running bound with its rounding terms off, each stage's effects added
-  in absolute value, which drops every cancellation and may exceed the first-order
-  change many times over, raised by 1 + (m + 2) u for its own float64 evaluation (m its
-  roundings along a term, from the group and unit sizes: :func:`_m_group`); at a zero std
-  (a collapsed column or unit, structural or not) with eps = 0, no eps (skip_if_zero) or
-  a first-order value beyond it, that is Samuelson's cap (spec/gdpo.md section 7), which
-  bounds the change itself, not a first-order one. With eps > 0 added to the std or the
-  variance a zero std is differentiable, and takes the closed form (theta = 0). A live unit whose
-  spread of c is below float64's range in its frame gets a Cauchy-Schwarz bound, inf
-  where its denominator is that std (no eps). Where the closed form applies ``cond`` is
-  its value (the stage-wise bound, the same sums without the cancellations, is never
-  meaningfully below it). Every ``cond`` not NaN is at least 5e-324, also where the
-  change is below float64's range;
-* ``delta``: the error model's running bound (:mod:`spec.error_model`, units of
-  u) for a correct float64 implementation; ``allowed(out_dtype)`` turns it into
-  the absolute tolerance every comparison uses.
+* ``cond``: the first-order change of the output when every input (reward and weight)
+  moves by one ulp, from the Jacobians of Eq. 4, 7 and 6 in closed form
+  (:mod:`oracle.condition`), always an upper bound; ``cond_sharp`` (per output) says where
+  it is that change itself, to within 2^-19; where no closed form applies, the error model's
+  running bound with its rounding terms off, or Samuelson's cap at a zero std without a
+  first order (spec/gdpo.md section 7, where the cases are listed);
+* ``delta``: the error model's running bound (:mod:`spec.error_model`, units of u) for a
+  correct float64 implementation; ``allowed(out_dtype)`` turns it into the absolute
+  tolerance every comparison uses (spec/gdpo.md section 7).
 """
 
 from __future__ import annotations
