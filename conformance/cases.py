@@ -189,7 +189,7 @@ def _oracle_cached(key, rewards_b, shape, groups_b, weights, units_b, eps, conve
     units = None if units_b is None else np.frombuffer(units_b, dtype=np.int64)
     tokens = None if tokens_b is None else np.frombuffer(tokens_b, dtype=np.int64)
     try:
-        return Expected(result=oracle.advantages(rewards, groups, weights=None if weights is None else
+        return Expected(result=oracle.gdpo_advantages(rewards, groups, weights=None if weights is None else
                                                  list(weights), unit_ids=units, eps=eps,
                                                  convention=convention, token_counts=tokens))
     except GDPOError as e:
@@ -227,20 +227,19 @@ def expected(case, convention: str = "spec", token_counts=None) -> Expected:
 
 
 @functools.lru_cache(maxsize=1024)
-def _whiten_cached(values_b, units_b, eps, convention):
+def _whiten_cached(values_b, segment_sizes, eps, convention):
     values = np.frombuffer(values_b, dtype=np.float64)
-    units = None if units_b is None else np.frombuffer(units_b, dtype=np.int64)
+    sizes = None if segment_sizes is None else list(segment_sizes)
     try:
-        return Expected(result=oracle.whiten_units(values, unit_ids=units, eps=eps, convention=convention))
+        return Expected(result=oracle.whiten(values, segment_sizes=sizes, eps=eps, convention=convention))
     except GDPOError as e:
         return Expected(error=e)
 
 
 def expected_whiten(values, segment_sizes, eps, convention="spec") -> Expected:
     v = np.ascontiguousarray(values, dtype=np.float64)
-    u = None if segment_sizes is None else np.repeat(np.arange(len(segment_sizes)), segment_sizes).astype(np.int64)
-    return _whiten_cached(v.tobytes(), None if u is None else u.tobytes(),
-                          None if eps is None else float(eps), convention)
+    sizes = None if segment_sizes is None else tuple(int(s) for s in segment_sizes)  # the oracle takes them too
+    return _whiten_cached(v.tobytes(), sizes, None if eps is None else float(eps), convention)
 
 
 def ulp(x: float, dtype: str) -> float:

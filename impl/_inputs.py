@@ -520,6 +520,26 @@ class Values:
     sizes_given: bool
 
 
+def check_standardized(z, weights) -> tuple[torch.Tensor, list[float]]:
+    """Eq. 7's input: z (N, K) or (N,) finite floats, as a float64 (K, N) copy, and the weights."""
+    z = as_float_tensor(z, P.P_VALUES_TYPE, P.P_Z_DTYPE)
+    if z.dim() == 1:
+        z = z[:, None]
+    elif z.dim() != 2:
+        raise Problem(P.P_Z_NDIM, z.dim())
+    n, k = z.shape
+    if n == 0 or k == 0:
+        raise Problem(P.P_Z_EMPTY, n, k)
+    w = check_weights(weights, k)
+    zt = torch.empty(k, n, dtype=torch.float64, device=z.device).copy_(z.t())  # exact: every input format
+    bad = ~torch.isfinite(zt.t())
+    if bool(bad.any()):  # a host read: Eq. 7 alone is a local call
+        at = int(torch.argmax(bad.reshape(-1).view(torch.uint8)))
+        x = float(z.reshape(-1)[at])
+        raise Problem(P.P_Z_NONFINITE, at // k, at % k, 1 if x != x else 2 if x > 0 else 3)
+    return zt, w
+
+
 def check_values(values) -> torch.Tensor:
     v = as_float_tensor(values, P.P_VALUES_TYPE, P.P_VALUES_DTYPE)
     if v.dim() != 1:

@@ -133,13 +133,16 @@ def denominator(var: torch.Tensor, eps_f: torch.Tensor, eps: float) -> torch.Ten
     return den
 
 
-def standardize(tp: TwoPass, count_m1: torch.Tensor, eps: float) -> torch.Tensor:
+def standardize_groups(tp: TwoPass, count_m1: torch.Tensor, eps: float) -> torch.Tensor:
     """Eq. 4 from the two-pass: z = dev / (std + eps), ddof 1, float64, in place.
 
     With the scale folded into eps (eps * f), z does not depend on the scale.
     A column whose values are all equal has all differences exactly 0, hence z = 0.
     """
     return tp.dev.div_(denominator(tp.m2.div_(count_m1), tp.eps_f, eps))
+
+
+standardize = standardize_groups  # the old name (deprecated): Eq. 4 is standardize_groups everywhere
 
 
 def weight_plan(weights: list[float]) -> tuple[list[float], int]:
@@ -331,16 +334,18 @@ def _run_facts(labels: torch.Tensor) -> dict[int, torch.Tensor] | None:
 class Normalized:
     """c in input order plus what group_has_signal and the facts row need."""
 
-    c: torch.Tensor  # (N,) float64, input order
+    c: torch.Tensor  # (N,) float64, input order; z (N, K) where finish ran without Eq. 7
     facts: dict[int, torch.Tensor]  # raw facts found in phase two (non-finite, Eq. 7 overflow)
     varies: torch.Tensor | None = None  # (G,) bool, groups by first appearance (if asked)
 
 
 def finish(prep: Prepared, eps: float, groups: int = 0, longest: int = 0, runs: int = 0, *,
-           signal: bool = False, read=None) -> Normalized:
+           signal: bool = False, read=None, combined: bool = True) -> Normalized:
     """Phase two: Eq. 4 and Eq. 7. For labelled groups ``groups``, ``longest``
     and ``runs`` come from the host read of phase one's facts; ``read`` reads a
     small device tensor to the host (used only for pathologically ragged groups).
+    ``combined=False``: Eq. 4 alone, z (N, K) in input order, by the same arithmetic
+    (public ``standardize_groups``; never fused, never with ``signal``).
 
     Labelled groups that are contiguous runs of one length (``runs == groups``
     and ``groups * longest == N``, the usual layout of a rollout batch) take the
@@ -350,7 +355,7 @@ def finish(prep: Prepared, eps: float, groups: int = 0, longest: int = 0, runs: 
     n, k = r.shape
     facts: dict[int, torch.Tensor] = {}
     as_runs = (prep.labelled is not None and runs == groups and groups * longest == n
-               and (signal or not _fused_padded(r, longest, inp.weights)))  # the fused kernel gathers anyway
+               and (signal or not combined or not _fused_padded(r, longest, inp.weights)))  # fused: gathers anyway
     if prep.labelled is None or as_runs:
         g = longest if as_runs else inp.group_size
         x = torch.empty(k, g, n // g, dtype=_F64, device=r.device)
@@ -358,17 +363,22 @@ def finish(prep: Prepared, eps: float, groups: int = 0, longest: int = 0, runs: 
         count = seg_ops.constant((float(g), float(g - 1)), _F64, r.device)
         tp = two_pass(x, count[:1], eps, own=True)
         finite = not prep.lazy or tp.finite()
-        c = combine(standardize(tp, count[1:], eps), inp.weights)  # (g, G)
+        z = standardize_groups(tp, count[1:], eps)  # (K, g, G)
+        if not combined:
+            c = z.permute(2, 1, 0).reshape(n, k)
+        else:
+            c = combine(z, inp.weights)  # (g, G)
         varies = None
         if signal:
             varies = c.amin(0) != c.amax(0)
-        c = c.t().reshape(n)
+        if combined:
+            c = c.t().reshape(n)
         longest = g
     else:
-        c, varies, finite = _finish_labelled(prep, eps, groups, longest, signal, read)
+        c, varies, finite = _finish_labelled(prep, eps, groups, longest, signal, read, combined)
     if not finite:
         facts.update(rewards_nonfinite_facts(inp, r))
-    if overflow_possible(inp.weights, longest):
+    if combined and overflow_possible(inp.weights, longest):
         at, bits = first_nonfinite(c)
         facts.update({P.C_OVERFLOW: at, P.C_OVERFLOW_BITS: bits})
         if inp.labels is not None:
@@ -389,12 +399,12 @@ def _columns(r: torch.Tensor) -> torch.Tensor:
 
 
 def _padded_eq4(rt: torch.Tensor, source: torch.Tensor, groups: int, width: int, weights: list[float],
-                eps: float, signal: bool, lazy: bool):
+                eps: float, signal: bool, lazy: bool, combined: bool = True):
     """Eq. 4/7 on a (K, width, groups) layout gathered from the reward columns
     ``rt`` (K, N) at rows ``source`` (width * groups,), a negative entry -1 - j
     marking padding that repeats row j (the group's first member). Returns c
-    (width * groups,) by slot, whether each group's c varies (if asked) and
-    whether the inputs were finite."""
+    (width * groups,) by slot (``combined=False``: z, (K, width * groups)), whether
+    each group's c varies (if asked) and whether the inputs were finite."""
     k = rt.shape[0]
     pad = source < 0
     rows = torch.where(pad, -1 - source, source)
@@ -403,19 +413,23 @@ def _padded_eq4(rt: torch.Tensor, source: torch.Tensor, groups: int, width: int,
     count = mask.sum(1, keepdim=True)  # integers: exact in any order
     tp = two_pass(x, count, eps, pad_mask=mask, own=True)
     finite = not lazy or tp.finite()
-    c = combine(standardize(tp, count - 1.0, eps), weights)  # (width, groups); padding repeats the first member's c
+    z = standardize_groups(tp, count - 1.0, eps)
+    if not combined:
+        return z.reshape(k, -1), None, finite
+    c = combine(z, weights)  # (width, groups); padding repeats the first member's c
     varies = (c.amin(0) != c.amax(0)) if signal else None
     return c.reshape(-1), varies, finite
 
 
-def _finish_labelled(prep: Prepared, eps: float, groups: int, longest: int, signal: bool, read):
+def _finish_labelled(prep: Prepared, eps: float, groups: int, longest: int, signal: bool, read,
+                     combined: bool = True):
     inp, r, lab = prep.inp, prep.r, prep.labelled
     n = r.shape[0]
     device = r.device
     first_row = torch.full((groups,), n, dtype=_I64, device=device).scatter_reduce_(
         0, lab.gid, lab.perm, "amin", include_self=True)  # stable sort: the smallest input row
     slots = groups * longest
-    fused = not signal and _fused_padded(r, longest, inp.weights)
+    fused = not signal and combined and _fused_padded(r, longest, inp.weights)
     cheap_read = lazy_checks(device) and not fused
     if slots <= PAD_FACTOR * n + PAD_SLACK and not (cheap_read and slots > CPU_PAD_FACTOR * n + PAD_SLACK):
         slot = lab.pos * groups + lab.gid  # sorted row -> slot of the (longest, groups) layout
@@ -431,16 +445,18 @@ def _finish_labelled(prep: Prepared, eps: float, groups: int, longest: int, sign
             finite = not prep.lazy or bool(torch.isfinite(r).all())  # lazy: CPU, where a read is free
             return c, varies, finite
         c_slot, varies, finite = _padded_eq4(_columns(r), source, groups, longest, inp.weights, eps, signal,
-                                             prep.lazy)
-        c = c_slot.index_select(0, torch.empty_like(slot).index_copy_(0, lab.perm, slot))
+                                             prep.lazy, combined)
+        at = torch.empty_like(slot).index_copy_(0, lab.perm, slot)
+        c = c_slot.index_select(0, at) if combined else c_slot.index_select(1, at).t()
     else:
-        c, varies, finite = _bucketed(prep, eps, groups, first_row, signal, read)
+        c, varies, finite = _bucketed(prep, eps, groups, first_row, signal, read, combined)
     if varies is not None:
         varies = varies[torch.argsort(first_row)]  # groups in order of first appearance
     return c, varies, finite
 
 
-def _bucketed(prep: Prepared, eps: float, groups: int, first_row: torch.Tensor, signal: bool, read):
+def _bucketed(prep: Prepared, eps: float, groups: int, first_row: torch.Tensor, signal: bool, read,
+              combined: bool = True):
     """Groups cut into buckets of lengths (2**(b-1), 2**b], each padded to 2**b:
     the padding stays below the batch size, whatever the raggedness."""
     inp, r, lab = prep.inp, prep.r, prep.labelled
@@ -457,7 +473,8 @@ def _bucketed(prep: Prepared, eps: float, groups: int, first_row: torch.Tensor, 
     rank = torch.empty_like(order).index_copy_(0, order, torch.arange(groups, dtype=_I64, device=device))
     rank = rank - seg_ops.host_to_device(offsets[:64], _I64, device)[bucket]  # rank inside the bucket
     row_bucket, row_rank = bucket[lab.gid], rank[lab.gid]
-    c_sorted = torch.empty(n, dtype=_F64, device=device)
+    k = r.shape[1]
+    c_sorted = torch.empty(n if combined else (k, n), dtype=_F64, device=device)
     varies = torch.empty(groups, dtype=torch.bool, device=device) if signal else None
     finite = True
     rt = _columns(r)
@@ -470,9 +487,12 @@ def _bucketed(prep: Prepared, eps: float, groups: int, first_row: torch.Tensor, 
         slot = torch.where(inside, lab.pos * cnt + row_rank, width * cnt)  # the last slot: a sink
         source = torch.cat([(-1 - first_row.index_select(0, members)).repeat(width),
                             torch.zeros(1, dtype=_I64, device=device)]).index_copy_(0, slot, lab.perm)
-        c_slot, v, ok = _padded_eq4(rt, source[:-1], cnt, width, inp.weights, eps, signal, prep.lazy)
+        c_slot, v, ok = _padded_eq4(rt, source[:-1], cnt, width, inp.weights, eps, signal, prep.lazy, combined)
         finite = finite and ok
-        c_sorted = torch.where(inside, c_slot.index_select(0, slot.clamp(max=width * cnt - 1)), c_sorted)
+        c_sorted = torch.where(inside, c_slot.index_select(c_slot.dim() - 1, slot.clamp(max=width * cnt - 1)),
+                               c_sorted)
         if signal:
             varies.index_copy_(0, members, v)
+    if not combined:
+        return torch.empty_like(c_sorted).index_copy_(1, lab.perm, c_sorted).t(), varies, finite
     return torch.empty_like(c_sorted).index_copy_(0, lab.perm, c_sorted), varies, finite

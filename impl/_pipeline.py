@@ -63,6 +63,7 @@ from impl._inputs import (
     check_out_dtype,
     check_rewards,
     check_segments,
+    check_standardized,
     check_values,
 )
 from impl._segments import host_to_device
@@ -196,13 +197,14 @@ def _rewards_host(inp) -> dict[int, int]:
             P.GROUP_SIZE: inp.group_size or 0, P.LABELS_UINT64: int(inp.labels_uint64)}
 
 
-def _normalize_checked(inp, eps, *, signal=False, then=None):
+def _normalize_checked(inp, eps, *, signal=False, then=None, combined=True):
     """Eq. 4/7 of validated input with the call's one host read: at the end for
     contiguous groups (after ``then``, the rest of the call, is launched), after
-    phase one for labelled groups (their layout needs G and n_max)."""
+    phase one for labelled groups (their layout needs G and n_max).
+    ``combined=False``: Eq. 4 alone (``norm.c`` is z, (N, K))."""
     host = _rewards_host(inp)
     fused = _fused.guarded(lambda: _fused.eq47(inp, eps), lambda: None) if (
-        then is None and _fused.eq47_eligible(inp)) else None
+        then is None and combined and _fused.eq47_eligible(inp)) else None
     if fused is not None:
         c, facts = fused
         varies = None
@@ -215,7 +217,7 @@ def _normalize_checked(inp, eps, *, signal=False, then=None):
         return N.Normalized(c, {}, varies), row, None
     prep = N.prepare(inp, lazy=N.lazy_checks(inp.rewards.device))
     if prep.labelled is None:
-        norm = N.finish(prep, eps, signal=signal)
+        norm = N.finish(prep, eps, signal=signal, combined=combined)
         extra = then(norm) if then else None
         row = _local_row(host, {**prep.facts, **norm.facts})  # the one host read
         P.raise_local(row)
@@ -224,7 +226,8 @@ def _normalize_checked(inp, eps, *, signal=False, then=None):
     if prep.lazy and P.row_problems(row):  # a refusal: a non-finite reward is reported first
         row = _local_row(row, N.rewards_nonfinite_facts(inp, prep.r))
     P.raise_local(row)
-    norm = N.finish(prep, eps, row[P.GROUPS], row[P.N_MAX], row[P.RUNS], signal=signal, read=_read)
+    norm = N.finish(prep, eps, row[P.GROUPS], row[P.N_MAX], row[P.RUNS], signal=signal, read=_read,
+                    combined=combined)
     if norm.facts:  # found in phase two: on CPU (free), or Eq. 7 overflow (weights beyond ~2**1000)
         P.raise_local(_local_row(row, norm.facts))
     return norm, row, then(norm) if then else None
@@ -242,6 +245,25 @@ def _check_rewards(rewards, group_ids, group_size, weights, eps):
 def normalize_rewards(rewards, group_ids, group_size, weights, eps):
     inp, eps = _check_rewards(rewards, group_ids, group_size, weights, eps)
     return _normalize_checked(inp, eps)[0].c
+
+
+def standardize_groups(rewards, group_ids, group_size, eps):
+    """Eq. 4 alone: z (N, K) float64, by the arithmetic normalize_rewards runs before Eq. 7."""
+    inp, eps = _check_rewards(rewards, group_ids, group_size, None, eps)
+    return _normalize_checked(inp, eps, combined=False)[0].c
+
+
+def combine(z, weights):
+    """Eq. 7 alone on given z (N, K): c (N,) float64, by normalize_rewards' Eq. 7 arithmetic."""
+    try:
+        zt, w = check_standardized(z, weights)
+    except Problem as p:
+        raise p.error() from None
+    c = N.combine(zt, w)
+    at, bits = N.first_nonfinite(c)
+    if not math.isfinite(P.bits_float(int(bits))):  # the one host read; z is finite: an overflow
+        raise P.host_error(P.P_Z_OVERFLOW, int(at))
+    return c
 
 
 def group_has_signal(rewards, group_ids, group_size, weights, eps):

@@ -22,25 +22,19 @@ from spec.errors import (
     DistributedError,
     GDPOError,
     GroupError,
+    GroupLengthError,
     InputDtypeError,
     NonFiniteError,
     OutOfRangeError,
     SegmentError,
     ShapeError,
     WeightError,
+    WeightLengthError,
 )
 
 
 # --- error classes for cases the contract files under two headings ----------
-
-
-class GroupLengthError(GroupError, ShapeError):
-    """``group_ids`` of the wrong length: both malformed group metadata
-    (labels do not cover the batch) and a length disagreement."""
-
-
-class WeightLengthError(WeightError, ShapeError):
-    """``weights`` of the wrong length: a bad weight vector and a length disagreement."""
+# (GroupLengthError and WeightLengthError are the spec's, in spec.errors; imported above)
 
 
 class DistributedSegmentError(DistributedError, SegmentError):
@@ -225,6 +219,12 @@ P_REWARDS_ENTRY = 42  # a: the row; b: the column (-1: a 1-D sequence); c: what 
 P_VALUES_ENTRY = 43
 P_REWARDS_RAGGED = 44  # a: the row; b: its length (-1: no sequence); c: row 0's length
 P_VALUES_RAGGED = 45
+#: Eq. 7 alone (impl.gdpo.combine) on given z, local only: its own words for z
+P_Z_DTYPE = 46  # a: dtype code
+P_Z_NDIM = 47  # a: ndim
+P_Z_EMPTY = 48  # a: N, b: K
+P_Z_NONFINITE = 49  # a: row, b: column, c: kind (_KINDS)
+P_Z_OVERFLOW = 50  # a: row
 
 #: The classes an adapter's own refusal is named by in P_REFUSED (most specific first):
 #: the agreement carries only the index, so every rank prints the same name.
@@ -442,6 +442,15 @@ HOST_PROBLEMS = {
     P_VALUES_ENTRY: (InputDtypeError, lambda a, b, c, detail="": entry_message("values", a, b, c, detail)),
     P_REWARDS_RAGGED: (InputDtypeError, lambda a, b, c, detail="": ragged_message("rewards", a, b, c, detail)),
     P_VALUES_RAGGED: (InputDtypeError, lambda a, b, c, detail="": ragged_message("values", a, b, c, detail)),
+    P_Z_DTYPE: (InputDtypeError, lambda a, b, c:
+                f"z has dtype {dtype_name(a)}; Eq. 7 needs a real floating dtype ({_INPUT_NAMES})"
+                + _float8_hint("z", a)),
+    P_Z_NDIM: (ShapeError, lambda a, b, c: f"z must be (N,) or (N, K); got a {a}-D tensor"),
+    P_Z_EMPTY: (ShapeError, lambda a, b, c: f"z is empty (N={a} rows, K={b} reward columns)"),
+    P_Z_NONFINITE: (NonFiniteError, lambda a, b, c: f"z[{a}, {b}] (row {a}, reward column {b}) is {_KINDS[c]}"),
+    P_Z_OVERFLOW: (OutOfRangeError, lambda a, b, c:
+                   f"Eq. 7 (sum of weights x standardized rewards) overflows float64 at row {a}; "
+                   "the weights are too large, scale them down"),
 }
 
 

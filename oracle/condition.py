@@ -294,7 +294,7 @@ def _ulps(X):
     return nu, kmax
 
 
-def standardize(X, Z, theta, om, hm, hx, count, collapsed=None):
+def standardize_groups(X, Z, theta, om, hm, hx, count, collapsed=None):
     """Tight first-order change of standardized outputs Z (rows of (B, n), correctly rounded)
     per one ulp of each input X. Returns (T, E, x, ok, y, nu, kmax): T and E (the bound
     on T's evaluation error, noise included) are significands of one exponent x per row,
@@ -313,6 +313,10 @@ def standardize(X, Z, theta, om, hm, hx, count, collapsed=None):
     E = E / hm[:, None]
     x = np.broadcast_to((kmax - hx)[:, None], (B, n))
     return T, E, x, ok, y, nu, kmax
+
+
+#: The old name of :func:`standardize_groups` (deprecated).
+standardize = standardize_groups
 
 
 def _within_cap(T, E, x, cap, xe=None):
@@ -387,7 +391,7 @@ def whiten_values(v, a64, members, info, placement, eps, old):
         idx = np.stack([members[s] for s in units])
         theta, om, hm, hx = _theta(placement, info["sigma"][us], info["denom"][us], eps, info["frame"][us])
         coll = np.asarray(info["collapsed"], bool)[us]
-        t, e, x, ok, *_ = standardize(v[idx], a64[idx], theta, om, hm, hx,
+        t, e, x, ok, *_ = standardize_groups(v[idx], a64[idx], theta, om, hm, hx,
                                       lambda m: 3 * np.asarray(m) + 60, collapsed=coll)
         ok &= _within_cap(t, e, x, np.asarray(info["cap"])[us][:, None]).all(axis=1)
         T[idx], E[idx], X[idx] = t, e, x
@@ -436,7 +440,7 @@ def group_columns(r, z64, members, info, placement, eps, nan_mask) -> ZStage:
             th, o, m_, x_ = _theta(placement, info["sigma"][gs].reshape(-1)[flat],
                                    info["denom"][gs].reshape(-1)[flat], eps, info["frame"][gs].reshape(-1)[flat])
             coll = np.asarray(info["collapsed"], bool)[gs].reshape(-1)[flat]
-            t, e, x, ok, yy, nn, km = standardize(X[flat], Z[flat], th, o, m_, x_, z_count, collapsed=coll)
+            t, e, x, ok, yy, nn, km = standardize_groups(X[flat], Z[flat], th, o, m_, x_, z_count, collapsed=coll)
             # a zero std whose first-order value exceeds Samuelson's cap: the cap (spec section 7),
             # and Eq. 7 and Eq. 6 fall back with it
             ok &= _within_cap(t, e, x, np.asarray(info["cap"])[gs].reshape(-1)[flat][:, None]).all(axis=1)

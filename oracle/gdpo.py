@@ -1,45 +1,36 @@
 """The exact GDPO reference: Eq. 4, Eq. 7 and Eq. 6, certified and correctly rounded.
 
-Steps carry the same names as in ``impl.gdpo`` so the two read side by side:
+Steps carry the names and keywords of ``impl.gdpo`` (``group_ids`` or ``group_size``,
+``weights``, ``segment_sizes``, ``eps``; here also ``unit_ids``, ``convention``,
+``token_counts``), so the exact and the fast version of one step read side by side and a
+test can take ``getattr`` of either (tests/test_same_names.py):
 
 * :func:`standardize_groups` (Eq. 4): z per group and reward column,
-* :func:`combine` (Eq. 7): c = sum_k w_k z_k,
-* :func:`whiten_units` (Eq. 6): a per whitening unit,
-* :func:`advantages`: all three, with every intermediate stage attached.
+* :func:`combine` (Eq. 7): c = sum_k w_k z_k of given z, the exact dot product,
+* :func:`normalize_rewards` (Eq. 4 + 7): c from the rewards,
+* :func:`whiten` (Eq. 6): a per whitening unit,
+* :func:`gdpo_advantages`: all three, with every intermediate stage attached.
 
-Inputs are floats, taken exactly or refused (never rounded: :func:`_as_float_matrix`),
-so exact rationals; every mean, deviation and variance is an exact rational, square
-roots live in exact quadratic forms (:mod:`oracle.exact`), and numbers are rounded
-once to each of float64, float32, float16 and bfloat16 (never one through another:
-``Stage.rounded(out_dtype)``): a rational value exactly from its fraction (ties to
-even included), an irrational one from certified intervals. Exact zeros and
-collapse are decided on the exact forms. Each output also carries
+Old names, kept for their callers (deprecated): ``advantages`` (gdpo_advantages),
+``whiten_units(values, unit_ids)`` (whiten), and ``combine(rewards, group_ids, ...)``, which
+was Eq. 4 + 7: detected by its second positional argument or its Eq. 4 keywords, it returns
+normalize_rewards with a DeprecationWarning.
 
-* ``cond``: the first-order change of the output when every input (reward and
-  weight) moves by one ulp, sum of |d output / dx| ulp(x), from the Jacobians of
-  Eq. 4, 7 and 6 in closed form (:mod:`oracle.condition`), evaluated in float64 with a
-  bound on that evaluation's error added, so always an upper bound; ``cond_sharp``
-  (per output) says where it is the first-order change itself, to within 2^-19.
-  Where the closed form does not apply (NaN entries, singleton columns, collapsed
-  columns and units where no eps makes a zero std differentiable or its first-order value
-  exceeds Samuelson's cap, groups beyond ``condition.CAP`` samples or straddling two units,
-  per-token whitening, values out of float64's range: ``cond_sharp`` False) it is the
-  error model's running bound with its rounding terms off, each stage's effects added
-  in absolute value, which drops every cancellation and may exceed the first-order
-  change many times over, raised by 1 + (m + 2) u for its own float64 evaluation (m its
-  roundings along a term, from the group and unit sizes: :func:`_m_group`); at a zero std
-  (a collapsed column or unit, structural or not) with eps = 0, no eps (skip_if_zero) or
-  a first-order value beyond it, that is Samuelson's cap (spec/gdpo.md section 7), which
-  bounds the change itself, not a first-order one. With eps > 0 added to the std or the
-  variance a zero std is differentiable, and takes the closed form (theta = 0). A live unit whose
-  spread of c is below float64's range in its frame gets a Cauchy-Schwarz bound, inf
-  where its denominator is that std (no eps). Where the closed form applies ``cond`` is
-  its value (the stage-wise bound, the same sums without the cancellations, is never
-  meaningfully below it). Every ``cond`` not NaN is at least 5e-324, also where the
-  change is below float64's range;
-* ``delta``: the error model's running bound (:mod:`spec.error_model`, units of
-  u) for a correct float64 implementation; ``allowed(out_dtype)`` turns it into
-  the absolute tolerance every comparison uses.
+Inputs are floats taken exactly (or refused, never rounded: :func:`_as_float_matrix`), so
+exact rationals; means, deviations and variances are exact, square roots live in exact
+quadratic forms (:mod:`oracle.exact`), exact zeros and collapse are decided on those forms,
+and every output is rounded once to each of float64, float32, float16 and bfloat16
+(``Stage.rounded(out_dtype)``): spec/gdpo.md section 10. Each output also carries
+
+* ``cond``: the first-order change of the output when every input (reward and weight)
+  moves by one ulp, from the Jacobians of Eq. 4, 7 and 6 in closed form
+  (:mod:`oracle.condition`), always an upper bound; ``cond_sharp`` (per output) says where
+  it is that change itself, to within 2^-19; where no closed form applies, the error model's
+  running bound with its rounding terms off, or Samuelson's cap at a zero std without a
+  first order (spec/gdpo.md section 7, where the cases are listed);
+* ``delta``: the error model's running bound (:mod:`spec.error_model`, units of u) for a
+  correct float64 implementation; ``allowed(out_dtype)`` turns it into the absolute
+  tolerance every comparison uses (spec/gdpo.md section 7).
 """
 
 from __future__ import annotations
@@ -48,6 +39,7 @@ import collections.abc
 import dataclasses
 import math
 import numbers
+import warnings
 from fractions import Fraction
 
 import numpy as np
@@ -510,23 +502,115 @@ def _interval_of_z(col: _Column, j: int, scaled_inv_iv, prec):
 # ----------------------------------------------------------------- public steps
 
 
-def standardize_groups(rewards, group_ids, eps=None, convention="spec") -> Stage:
+def _group_labels(n: int, group_ids, group_size) -> np.ndarray:
+    """Eq. 4's groups as one label per sample, from exactly one of ``group_ids`` (labels) and
+    ``group_size`` (contiguous groups of that many samples, as in impl.gdpo)."""
+    if (group_ids is None) == (group_size is None):
+        raise GroupError("pass exactly one of group_ids and group_size"
+                         + (", not both" if group_ids is not None else " (got neither)"))
+    if group_ids is not None:
+        return group_ids
+    if isinstance(group_size, bool) or not isinstance(group_size, numbers.Integral):
+        raise GroupError(f"group_size must be an integer, got {_shown(group_size)}")
+    group_size = int(group_size)
+    if group_size < 1 or n % group_size:
+        raise GroupError(f"N={n} samples is not a positive multiple of group_size={group_size}")
+    return np.repeat(np.arange(n // group_size, dtype=np.int64), group_size)
+
+
+def _unit_labels(n: int, unit_ids, segment_sizes):
+    """Eq. 6's units as one label per sample (None: one unit), from ``unit_ids`` or
+    ``segment_sizes`` (consecutive counts, as in impl.gdpo; empty units hold no sample)."""
+    if segment_sizes is None:
+        return unit_ids
+    if unit_ids is not None:
+        raise SegmentError("pass at most one of unit_ids and segment_sizes")
+    sizes = list(segment_sizes.tolist() if hasattr(segment_sizes, "tolist") else segment_sizes)
+    if any(isinstance(s, bool) or not isinstance(s, numbers.Integral) or s < 0 for s in sizes):
+        raise SegmentError(f"segment_sizes must be non-negative integers, got {_shown(sizes)}")
+    if sum(sizes) != n:
+        raise SegmentError(f"segment_sizes sum to {sum(sizes)} but there are {n} samples")
+    return np.repeat(np.arange(len(sizes), dtype=np.int64), [int(s) for s in sizes])
+
+
+def standardize_groups(rewards, group_ids=None, eps=None, convention="spec", *, group_size=None) -> Stage:
     """Eq. 4 alone: z per sample and reward column (weights ones, no whitening)."""
     r = _as_float_matrix(rewards)
-    res = advantages(r, group_ids, weights=None, unit_ids=None, eps=eps, convention=convention,
-                     _stages_only=True)
+    res = gdpo_advantages(r, _group_labels(r.shape[0], group_ids, group_size), weights=None, unit_ids=None,
+                          eps=eps, convention=convention, _stages_only=True)
     return res.z
 
 
-def combine(rewards, group_ids, weights=None, eps=None, convention="spec") -> Stage:
-    """Eq. 4 then Eq. 7: the combined value c per sample."""
-    res = advantages(rewards, group_ids, weights=weights, unit_ids=None, eps=eps, convention=convention,
-                     _stages_only=True)
+def normalize_rewards(rewards, group_ids=None, weights=None, eps=None, convention="spec", *,
+                      group_size=None) -> Stage:
+    """Eq. 4 then Eq. 7: the combined value c per sample (before 2026-12: ``combine``)."""
+    r = _as_float_matrix(rewards)
+    res = gdpo_advantages(r, _group_labels(r.shape[0], group_ids, group_size), weights=weights, unit_ids=None,
+                          eps=eps, convention=convention, _stages_only=True)
     return res.combined
 
 
+_OLD_COMBINE = ("group_ids", "group_size", "eps", "convention")
+
+
+def combine(z, *old_args, weights=None, **old_kwargs) -> Stage:
+    """Eq. 7 alone: c_j = sum_k w_k z_jk of given floats z (N, K) or (N,) and weights (K,),
+    each taken as the exact rational it is: the exact sum, correctly rounded once to each format.
+
+    ``delta`` is the error model's Eq. 7 bound (``spec.error_model.combine_stage_framed`` with
+    Δz = 0: the inputs are exact) for a correct float64 implementation; ``cond`` the first-order
+    change when every z and weight moves by one ulp. No zero is structural here
+    (``required_zero`` all False): an exact zero is held to the bound like any value.
+
+    Deprecated: ``combine(rewards, group_ids, weights=...)`` (and any call naming
+    ``group_ids``, ``group_size``, ``eps`` or ``convention``) was Eq. 4 + 7; it still
+    returns :func:`normalize_rewards`, with a DeprecationWarning.
+    """
+    if old_args or set(old_kwargs) & set(_OLD_COMBINE):
+        unknown = set(old_kwargs) - set(_OLD_COMBINE)
+        if unknown:
+            raise TypeError(f"combine() got unexpected keyword arguments {sorted(unknown)}")
+        warnings.warn("oracle.gdpo.combine(rewards, group_ids, ...) is Eq. 4 + 7: call normalize_rewards; "
+                      "combine(z, weights=...) is Eq. 7 alone", DeprecationWarning, stacklevel=2)
+        return normalize_rewards(z, *old_args, weights=weights, **old_kwargs)
+    if old_kwargs:
+        raise TypeError(f"combine() got unexpected keyword arguments {sorted(old_kwargs)}")
+    v = _as_float_matrix(z, "z")
+    n, k = v.shape
+    if not np.all(np.isfinite(v)):
+        i, j = (int(x[0]) for x in np.nonzero(~np.isfinite(v)))
+        raise NonFiniteError(f"z[{i}, {j}] (row {i}, reward column {j}) is {v[i, j]!r}; Eq. 7 needs finite values")
+    w = _as_weights(weights, k)
+    wq = [Fraction(x) for x in w.tolist()]
+    rounded = _rounded_arrays(n)
+    zero = np.zeros(n, bool)
+    for j in range(n):
+        c = sum((wk * Fraction(x) for wk, x in zip(wq, v[j].tolist())), Fraction(0))
+        _put(rounded, j, ex.round_all_fraction(c))
+        zero[j] = c == 0
+    delta, frame = em.combine_stage_framed(np.zeros((n, k)), v, w)
+    # one ulp of every input, absolute (np.spacing(DBL_MAX) is inf): the first-order change
+    # of a sum of products is the sum of |w| ulp(z) + |z| ulp(w), evaluated here in float64
+    mz, xz = np.frexp(np.abs(v))
+    mw, xw = np.frexp(np.abs(w))
+    dcond, cframe = em.combine_stage_framed(np.maximum(np.ldexp(np.spacing(mz), xz), 5e-324), v, w,
+                                            d_weights=np.maximum(np.ldexp(np.spacing(mw), xw), 5e-324),
+                                            rounding=False)
+    with np.errstate(over="ignore"):
+        cond = _stagewise_up(np.ldexp(dcond, cframe), 2 * k + 2)
+    return _stage(rounded, zero, cond, delta, frame=frame, required_zero=np.zeros(n, bool))
+
+
+def whiten(values, *, segment_sizes=None, unit_ids=None, eps=None, convention="spec", token_counts=None) -> Stage:
+    """Eq. 6 alone on given float values (exact rationals), per unit: ``segment_sizes``
+    (consecutive counts, as in impl.gdpo) or ``unit_ids`` (a label per sample); neither: one unit."""
+    return whiten_units(values, _unit_labels(np.shape(values)[0] if np.ndim(values) else 0, unit_ids,
+                                             segment_sizes), eps=eps, convention=convention,
+                        token_counts=token_counts)
+
+
 def whiten_units(values, unit_ids=None, eps=None, convention="spec", token_counts=None) -> Stage:
-    """Eq. 6 alone on given float values (exact rationals), per unit."""
+    """Eq. 6 by unit labels: the old name of :func:`whiten` (deprecated; kept for its callers)."""
     conv = get_convention(convention)
     v = _as_float_matrix(values, "values")
     if v.shape[1] != 1:
@@ -573,19 +657,21 @@ def _token_weights(conv: Convention, token_counts, n: int):
     return t
 
 
-def advantages(rewards, group_ids, weights=None, unit_ids=None, eps=None, convention="spec",
-               token_counts=None, _stages_only=False) -> Result:
-    """Exact GDPO advantages of ``rewards`` (N, K) grouped by ``group_ids``.
+def gdpo_advantages(rewards, group_ids=None, weights=None, unit_ids=None, eps=None, convention="spec",
+                    token_counts=None, *, group_size=None, segment_sizes=None, _stages_only=False) -> Result:
+    """Exact GDPO advantages of ``rewards`` (N, K) grouped by ``group_ids`` or ``group_size``.
 
-    ``unit_ids`` labels the whitening units (None: one unit); ``eps`` overrides
-    both eps of the convention (None: the convention's own, 1e-4 for ``spec``);
-    ``token_counts`` is required by per-token conventions (verl).
+    ``unit_ids`` (a label per sample) or ``segment_sizes`` (consecutive counts) give the
+    whitening units (neither: one unit); ``eps`` overrides both eps of the convention
+    (None: the convention's own, 1e-4 for ``spec``); ``token_counts`` is required by
+    per-token conventions (verl).
     """
     conv = get_convention(convention)
     r = _as_float_matrix(rewards)
     N, K = r.shape
-    gl, gidx = _index(_as_labels(group_ids, N, "group_ids"))
+    gl, gidx = _index(_as_labels(_group_labels(N, group_ids, group_size), N, "group_ids"))
     w = _as_weights(weights, K)
+    unit_ids = _unit_labels(N, unit_ids, segment_sizes)
     uid = np.zeros(N, dtype=np.int64) if unit_ids is None else _as_labels(unit_ids, N, "unit_ids")
     t = None if _stages_only else _token_weights(conv, token_counts, N)
     nan_in = np.isnan(r)  # before a NaN policy replaces any (cond falls back on such columns)
@@ -662,6 +748,10 @@ def advantages(rewards, group_ids, weights=None, unit_ids=None, eps=None, conven
                   float16=a.float16, bfloat16=a.bfloat16, cond_sharp=a.cond_sharp, z=zstage, combined=cstage,
                   group_labels=gl, group_index=gidx, group_collapsed=collapsed, group_cancelled=cancelled,
                   unit_labels=ul, unit_index=uidx, unit_collapsed=ucoll, convention=conv)
+
+
+#: The old name of :func:`gdpo_advantages` (deprecated; kept for its callers).
+advantages = gdpo_advantages
 
 
 def _scaled_values(forms, nan, values: np.ndarray, e: int, classes) -> np.ndarray:

@@ -185,7 +185,7 @@ def noise_cap(T: float, ddof: int, t, n: int, a, unit_roundoff: float = FLOAT64_
     return (top + np.abs(np.asarray(a, dtype=np.float64))) / (SAFETY * unit_roundoff)
 
 
-def group_stage(dev, d_dev, sigma, denom, z, n, ddof, rounding=True):
+def standardize_groups_stage(dev, d_dev, sigma, denom, z, n, ddof, rounding=True):
     """Δz for one group column: arrays over its n samples (exact values as float64).
 
     ``d_dev`` is the perturbation of each deviation: ``(n + 3)(ρ + τ)`` for the
@@ -215,6 +215,9 @@ def group_stage(dev, d_dev, sigma, denom, z, n, ddof, rounding=True):
             return np.minimum((d_dev + z * d_denom) / denom, samuelson(n, ddof) + z)
     return (d_dev + z * d_denom) / denom
 
+
+#: The old name of :func:`standardize_groups_stage` (deprecated; the stages carry the steps' names).
+group_stage = standardize_groups_stage
 
 def model_dev_perturbation(rho, n, tau=TAU):
     """The error model's Δdev for a group column of range ``rho`` and size ``n``

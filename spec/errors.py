@@ -72,6 +72,18 @@ class OutOfRangeError(GDPOError):
     which leave float32's range whenever the weights are large)."""
 
 
+
+# --- cases the contract files under two headings (spec/gdpo.md section 6: "also a ...") -----------
+
+
+class GroupLengthError(GroupError, ShapeError):
+    """``group_ids`` of the wrong length: both malformed group metadata
+    (labels do not cover the batch) and a length disagreement."""
+
+
+class WeightLengthError(WeightError, ShapeError):
+    """``weights`` of the wrong length: a bad weight vector and a length disagreement."""
+
 class DistributedError(GDPOError):
     """With a process group, raised on every rank together when any rank's input is
     refused, when ranks disagree on what must agree (``segment_sizes`` given or None,

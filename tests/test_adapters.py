@@ -27,7 +27,7 @@ def test_trl_shape_is_gdpo_with_contiguous_groups():
     w = [1.0, 0.5, 2.0]
     a = adapters.trl_advantages(r, num_generations=8, reward_weights=w, out_dtype=torch.float64)
     assert torch.equal(a, gdpo.gdpo_advantages(r, group_size=8, weights=w, out_dtype=torch.float64))
-    res = oracle.advantages(r.numpy().astype(np.float64), np.repeat(np.arange(4), 8), weights=w)
+    res = oracle.gdpo_advantages(r.numpy().astype(np.float64), group_size=8, weights=w)  # the same keywords as impl
     assert np.all(np.abs(a.numpy() - res.float64) <= res.allowed("float64"))
 
 

@@ -82,7 +82,7 @@ def test_random_batches(seed, out_dtype):
 @pytest.mark.parametrize("seed", range(6))
 def test_stages_separately(seed):
     r, g, w, units = _random_batch(seed)
-    comb = oracle.combine(r, g, weights=w)
+    comb = oracle.normalize_rewards(r, g, weights=w)
     c = impl.normalize_rewards(torch.as_tensor(r), group_ids=torch.as_tensor(g), weights=w).numpy()
     _assert_within(comb, c, "float64", "Eq. 4 + Eq. 7")
     vals = np.round(c, 3) + 0.25  # exact floats, whitened on their own

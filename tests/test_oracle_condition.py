@@ -353,7 +353,7 @@ def test_entry_points_carry_the_tight_value():
     g = [0, 0, 0, 1, 1, 1]
     res = gdpo.advantages(r, g, weights=[1.0, 0.5])
     z = gdpo.standardize_groups(r, g)
-    c = gdpo.combine(r, g, weights=[1.0, 0.5])
+    c = gdpo.normalize_rewards(r, g, weights=[1.0, 0.5])
     assert np.array_equal(z.cond, res.z.cond) and np.array_equal(z.cond_sharp, res.z.cond_sharp)
     assert np.array_equal(c.cond, res.combined.cond) and np.array_equal(c.cond_sharp, res.combined.cond_sharp)
     assert z.cond_sharp.all() and c.cond_sharp.all() and res.cond_sharp.all()
@@ -568,7 +568,7 @@ def test_underflowed_z_sensitivity_times_a_huge_weight():
     flushed to 0 and 1e300 times it was 0, while c moves by 6.6e-34 per ulp. z's sensitivity
     is floored at 2^-1074 where it enters Eq. 7: 1e300 * 5e-324 = 4.9e-24."""
     r = np.array([[0.0], [5e-324], [1e-323]])
-    c = gdpo.combine(r, [0, 0, 0], weights=[1e300], eps=1e10)
+    c = gdpo.normalize_rewards(r, [0, 0, 0], weights=[1e300], eps=1e10)
     assert np.all(c.cond >= 4.9e-24)
     check_all(r, [0, 0, 0], w=[1e300], eps=1e10)
 
