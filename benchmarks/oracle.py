@@ -34,7 +34,7 @@ def main(argv=None) -> int:
     times = []
     for _ in range(args.repeats):
         t = time.perf_counter()
-        gdpo.advantages(r, g, weights=w, unit_ids=u)
+        gdpo.gdpo_advantages(r, g, weights=w, unit_ids=u)
         times.append(time.perf_counter() - t)
     print(f"oracle, 512 groups x 16 samples x 4 rewards in 8 units: median {statistics.median(times):.2f} s "
           f"over {args.repeats} runs (min {min(times):.2f} s)")

@@ -88,11 +88,11 @@ def context() -> dict[str, str]:
     ctx["signal_relative_spread"] = _g((max(sig) - min(sig)) / max(sig), 2)
     ctx["w_merged"] = repr(float(np.float32(16777217.0)))
     big = np.finfo(np.float64).max
-    terms = gdpo.advantages(np.array([[0.0, 0.0], [0.0, 0.0], [1.0, 1.0]]), [0, 0, 0], weights=[big, -big / 2])
+    terms = gdpo.gdpo_advantages(np.array([[0.0, 0.0], [0.0, 0.0], [1.0, 1.0]]), [0, 0, 0], weights=[big, -big / 2])
     ctx["eq7_term_c"] = f"{float(np.max(np.abs(terms.combined.float64))):.3g}"
 
     r, g = TWO_GROUP["rewards"], TWO_GROUP["group_ids"]
-    res = gdpo.advantages(r, g)
+    res = gdpo.gdpo_advantages(r, g)
     grpo = grpo_reference(r, g)
     ctx["two_group_grpo"] = _g(abs(grpo[0]))
     rows = []
@@ -105,28 +105,28 @@ def context() -> dict[str, str]:
          "a (Eq. 6)", "GRPO"], rows)
 
     r, g = CORRECTNESS_LENGTH["rewards"], CORRECTNESS_LENGTH["group_ids"]
-    a = gdpo.advantages(r, g).float64
+    a = gdpo.gdpo_advantages(r, g).float64
     grpo = grpo_reference(r, g)
     ctx["cl_gdpo_argmax"], ctx["cl_gdpo_best"] = str(int(np.argmax(a))), f"{a.max():.4f}"
     ctx["cl_grpo_argmax"], ctx["cl_grpo_best"] = str(int(np.argmax(grpo))), f"{grpo.max():.4f}"
 
     r1 = np.array([[0.0], [1.0], [3.0], [7.0], [1.0], [2.0], [2.0], [9.0]])
     g1 = [0] * 4 + [1] * 4
-    ctx["single_reward_vs_grpo"] = _g(float(np.max(np.abs(gdpo.advantages(r1, g1).float64
+    ctx["single_reward_vs_grpo"] = _g(float(np.max(np.abs(gdpo.gdpo_advantages(r1, g1).float64
                                                           - grpo_reference(r1, g1)))), 3)
     h = gdpo.standardize_groups(np.array([[0.0], [1.0]]), [0, 0]).float64
     ctx["ng2_z"] = f"{abs(h[0, 0]):.4f}"
 
     r8 = np.arange(1.0, 9.0)[:, None]
-    per_unit = gdpo.advantages(r8, [0] * 8, unit_ids=[0] * 4 + [1] * 4).float64
-    merged = gdpo.advantages(r8, [0] * 8).float64
+    per_unit = gdpo.gdpo_advantages(r8, [0] * 8, unit_ids=[0] * 4 + [1] * 4).float64
+    merged = gdpo.gdpo_advantages(r8, [0] * 8).float64
     ctx["merge_sign_flips"] = str(int(np.sum(np.sign(per_unit) != np.sign(merged))))
 
     d = np.array([0.1, 0.2, 0.3, 0.7])
     conds, stagewise, exacts = [], [], []
     for C in (1e9, 1e11, 1e13, 1e15):
         rr = np.stack([C - d, d], 1)
-        res = gdpo.advantages(rr, [0] * 4)
+        res = gdpo.gdpo_advantages(rr, [0] * 4)
         assert res.cond_sharp.all()  # the section says so: the first-order change itself
         conds.append(_g(float(res.cond.max()), 2))
         stagewise.append(_g(float(condition.stagewise(gdpo.advantages, rr, [0] * 4).cond.max()), 2))
@@ -166,8 +166,8 @@ def context() -> dict[str, str]:
 
     base = np.array([[0.0, 0.0], [1.0, 1e-3], [2.0, 2e-3], [3.0, 0.5e-3]])
     grp = [0, 0, 0, 0]
-    e4 = gdpo.advantages(base, grp, eps=1e-4).float64
-    e8 = gdpo.advantages(base, grp, eps=1e-8).float64
+    e4 = gdpo.gdpo_advantages(base, grp, eps=1e-4).float64
+    e8 = gdpo.gdpo_advantages(base, grp, eps=1e-8).float64
     ctx["eps_effect"] = _g(float(np.max(np.abs(e4 - e8))), 2) + (
         f" (second column's std {_g(_exact_std(base[:, 1]), 2)})")
 
@@ -177,7 +177,7 @@ def context() -> dict[str, str]:
 
     # the final cast: one correct rounding vs torch's float64 -> float32 -> float16
     d = float.fromhex("0x1.25d6db655449ap-25")
-    res = gdpo.advantages(np.array([[d], [0.0]]), [0, 0])
+    res = gdpo.gdpo_advantages(np.array([[d], [0.0]]), [0, 0])
     twice = error_model.round_to(res.float32[:1], "float16")[0]
     ctx["dr_reward"] = d.hex()
     ctx["dr_exact"] = f"{res.float64[0]:.10f}"
@@ -189,7 +189,7 @@ def context() -> dict[str, str]:
     # eps = 0 on a unit that cancels in exact arithmetic only (three weighted copies of one column)
     w = [float.fromhex(x) for x in ("0x1.1d0361dd0bf71p-2", "0x1.3b1b0f3282684p-3", "-0x1.ba90e9764d2b3p-2")]
     col = np.array([0.0, 1.0, 0.0, 1.0, 1.0, 0.0])
-    res0 = gdpo.advantages(np.stack([col] * 3, 1), [0, 0, 0, 1, 1, 1], weights=w, eps=0.0)
+    res0 = gdpo.gdpo_advantages(np.stack([col] * 3, 1), [0, 0, 0, 1, 1, 1], weights=w, eps=0.0)
     assert res0.unit_collapsed.all() and not res0.required_zero.any()
     ctx["eps0_bound"] = f"{float(res0.allowed('float64')[0]):.6f}"
     ctx["eps0_sqrt"] = f"{math.sqrt(5):.6f}"

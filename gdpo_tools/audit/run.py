@@ -255,7 +255,7 @@ def audit(batch: Batch, weights=None, eps: float = DEFAULT_EPS, progress: bool |
     unit_over = np.full(ulabels.size, np.nan)
     if exact:
         bar.start("exact oracle, whole batch")
-        res = oracle.advantages(r, batch.group_ids, weights=w, unit_ids=units, eps=eps)
+        res = oracle.gdpo_advantages(r, batch.group_ids, weights=w, unit_ids=units, eps=eps)
         cancelled[groups.position(res.group_labels)] = res.group_cancelled
         cond = groups.reduce_max(res.combined.cond)
         cond_sharp = np.minimum.reduceat(res.combined.cond_sharp[groups.order], groups.starts).astype(bool)
@@ -280,7 +280,7 @@ def audit(batch: Batch, weights=None, eps: float = DEFAULT_EPS, progress: bool |
         for lo in range(0, checked.size, 64):  # in chunks, for the progress line
             part = checked[lo:lo + 64]
             rows = np.concatenate([groups.rows(g) for g in part])
-            res = oracle.advantages(r[rows], batch.group_ids[rows], weights=w, eps=eps)
+            res = oracle.gdpo_advantages(r[rows], batch.group_ids[rows], weights=w, eps=eps)
             cancelled[groups.position(res.group_labels)] = res.group_cancelled
             sub = _Groups(r[rows], batch.group_ids[rows])  # the same groups, in the same order (part ascends)
             cond[part] = sub.reduce_max(res.combined.cond)
@@ -302,7 +302,7 @@ def audit(batch: Batch, weights=None, eps: float = DEFAULT_EPS, progress: bool |
             bar.start(f"exact oracle, Eq. 6 of {checked_units.size} units")
         for j, u in enumerate(checked_units):
             rows = uorder[ustarts[u]:ustarts[u] + usizes[u]]
-            st = oracle.whiten_units(c[rows], eps=eps)
+            st = oracle.whiten(c[rows], eps=eps)
             mine = impl.whiten(torch.from_numpy(c[rows]), segment_sizes=[int(rows.size)], eps=eps,
                                out_dtype=torch.float64).numpy()
             unit_over[u] = float(np.max(_over_bound(mine, st.float64, st.allowed("float64"), st.required_zero)))
@@ -353,7 +353,7 @@ def audit(batch: Batch, weights=None, eps: float = DEFAULT_EPS, progress: bool |
                    "note": "one token per sample" if token is not None else ""}
             try:
                 if exact:
-                    pa = oracle.advantages(r, batch.group_ids, weights=w, unit_ids=units, convention=name,
+                    pa = oracle.gdpo_advantages(r, batch.group_ids, weights=w, unit_ids=units, convention=name,
                                            token_counts=token).float64
                     ref, row["method"] = res.float64, "exact, against the exact spec result"
                 else:

@@ -158,7 +158,7 @@ def oracle(rewards, group_ids, unit_ids=None, weights=None, token_counts=None, c
         tc = np.ones(len(group_ids), np.int64) if token_counts is None else np.asarray(token_counts, np.int64)
     try:
         with np.errstate(all="ignore"):  # bounds beyond float64 are inf by design
-            return og.advantages(np.asarray(rewards, dtype=np.float64), np.asarray(group_ids, dtype=np.int64),
+            return og.gdpo_advantages(np.asarray(rewards, dtype=np.float64), np.asarray(group_ids, dtype=np.int64),
                                  weights=None if weights is None else list(weights),
                                  unit_ids=None if unit_ids is None else np.asarray(unit_ids, dtype=np.int64),
                                  eps=eps, convention=conv, token_counts=tc)
