@@ -87,7 +87,8 @@ def test_the_scaled_method_is_chosen_beyond_exact_samples(monkeypatch, capsys, t
 def _check_schema(report: dict) -> None:
     """The schema documented in gdpo_tools/audit/__init__.py, key by key."""
     top = {"schema", "source", "samples", "groups_total", "units_total", "components", "weights", "eps", "method",
-           "counts", "groups_without_signal", "groups_listed", "groups", "units", "peers", "impl_vs_oracle",
+           "counts", "groups_without_signal", "groups_with_warnings", "groups_with_routine_findings_only",
+           "groups_listed", "groups", "units", "peers", "impl_vs_oracle",
            "status", "status_text"}
     assert set(report) == top, set(report) ^ top
     assert report["schema"] == audit.SCHEMA
@@ -101,7 +102,8 @@ def _check_schema(report: dict) -> None:
     for u in report["units"]:
         assert set(u) == {"unit", "size", "collapsed", "findings", "max_cond", "max_cond_sharp",
                           "impl_error_over_bound"}
-    assert sum(report["counts"].values()) == sum(len(g["findings"]) for g in report["groups"] + report["units"])
+    if report["groups_listed"] == "all":
+        assert sum(report["counts"].values()) == sum(len(g["findings"]) for g in report["groups"] + report["units"])
     for p in report["peers"].values():
         assert set(p) == {"why", "note", "method", "max_abs_difference"}
 
@@ -183,3 +185,14 @@ def test_chunks_of_whole_units_give_the_same_report(monkeypatch):
                  np.ones(3), 1e-4, run.Progress(False))
     for x, y in zip(captured["out"], whole):
         assert np.array_equal(x, y)
+
+
+def test_beyond_list_every_group_routine_groups_are_counted_not_listed(monkeypatch):
+    monkeypatch.setattr(run, "LIST_EVERY_GROUP", 10)
+    monkeypatch.setattr(run, "SAMPLED_GROUPS", 20)
+    full = audit.audit(_batch(), exact=False, peers=False)
+    assert full["groups_listed"] == "with warnings" and len(full["groups"]) == full["groups_with_warnings"]
+    assert all(any(f["severity"] != "routine" for f in g["findings"]) for g in full["groups"])
+    assert full["counts"]["collapsed-column"] > sum(1 for g in full["groups"] for f in g["findings"]
+                                                    if f["code"] == "collapsed-column")
+    _check_schema(full)

@@ -39,8 +39,9 @@ with the oracle beyond the error model (a bug to report).
 JSON (``--json``), schema ``gdpo-audit/2``: ``schema``, ``source``, ``samples``,
 ``groups_total``, ``units_total``, ``components``, ``weights``, ``eps``; ``method``
 (``exact``, ``groups_checked_by_oracle``, ``units_checked_by_oracle``, ``peers``,
-``text``); ``counts`` (code -> how many groups or units have it); ``groups_without_signal``;
-``groups_listed`` ("all", or "with findings" beyond 10,000 groups) and ``groups``, each
+``text``); ``counts`` (code -> how many groups or units have it); ``groups_without_signal``,
+``groups_with_warnings``, ``groups_with_routine_findings_only``; ``groups_listed`` ("all", or
+"with warnings" beyond 10,000 groups, the others counted only) and ``groups``, each
 ``{group, size, signal, findings, max_cond_combined, max_cond_combined_sharp, cond_from
 ("oracle" or "estimate"), impl_error_over_bound (null where not checked)}``, each finding
 ``{code, severity, message, advice, ...facts}``; ``units``, each ``{unit, size, collapsed,
@@ -65,7 +66,7 @@ from gdpo_tools.audit.read import (  # noqa: F401
     example_batch,
     read_batch,
 )
-from gdpo_tools.audit.report import JSON_ALL_GROUPS, LIST_ALL_GROUPS, _strict_json, json_report, main, render  # noqa: F401
+from gdpo_tools.audit.report import LIST_ALL_GROUPS, _strict_json, json_report, main, render  # noqa: F401
 from gdpo_tools.audit.run import (  # noqa: F401
     DISAGREE,
     EXACT_SAMPLES,
