@@ -10,7 +10,8 @@ Input formats (the reward components, group labels, optional units and weights):
 * ``.csv``: a header with ``group``, optional ``unit``, and one column per component.
 
 Rewards and weights are real numbers (integers must be exact in float64); labels are
-integers. Anything else is refused, never reinterpreted: rewards of another shape,
+integers (a float label is refused whatever its value, as impl and the oracle refuse
+it). Anything else is refused, never reinterpreted: rewards of another shape,
 bool, complex, text or object values, arrays of the wrong shape or length (labels
 and weights are 1-D), ``rewards`` together with ``reward_<name>`` arrays.
 Weights on the command line (``--weights``) override those in the file.
@@ -192,6 +193,10 @@ def _labels(value, n: int, key: str, source: str) -> np.ndarray:
     elif kind == "f":
         with np.errstate(invalid="ignore"):
             bad = ~np.isfinite(arr) | (arr != np.floor(arr)) | (arr < -_INT64) | (arr >= _INT64)
+        if not bad.any():  # whole numbers, but of a float dtype: refused as impl and the oracle refuse them
+            raise err(f"{what} holds floats (dtype {arr.dtype}: {_preview(arr)}); labels must be integers, and "
+                      "float labels are refused whatever their values, by impl.gdpo and the oracle as here "
+                      "(spec section 6, GroupError); save them with an integer dtype (.astype(np.int64))")
     else:
         raise err(f"{what} holds {_KINDS.get(kind, str(arr.dtype))} (dtype {arr.dtype}); labels must be integers"
                   + (_UID_HINT if kind in "USO" else ""))
@@ -330,13 +335,21 @@ def _looks_numeric(v: str) -> bool:
     return True
 
 
+def _preview(arr: np.ndarray) -> str:
+    shown = ", ".join(repr(float(x)) for x in arr[:4])
+    return f"[{shown}{', ...' if arr.size > 4 else ''}]"
+
+
 def _int_column(values, name: str, source: str, text: bool = False, err=AuditGroupError) -> np.ndarray:
-    """Integer labels of one column: JSON integers (or integral floats) or their text (CSV)."""
+    """Integer labels of one column: JSON integers or their text (CSV); a float (JSON ``0.0``,
+    CSV ``0.0``) is refused whatever its value, as impl.gdpo and the oracle refuse float labels."""
     out = np.empty(len(values), dtype=np.int64)
     for i, v in enumerate(values):
         x = _parsed(v) if text and isinstance(v, str) else v
         if isinstance(x, float) and x.is_integer():
-            x = int(x)
+            raise err(f"{source}: column {name!r}, row {i}: {v!r} is a float, not an integer label; float labels "
+                      "are refused whatever their values, by impl.gdpo and the oracle as here (spec section 6, "
+                      "GroupError): write the labels as integers")
         if isinstance(x, bool) or not isinstance(x, int) or not -_INT64 <= x < _INT64:
             raise err(f"{source}: column {name!r}, row {i}: {v!r} is not an integer label"
                       + (f" (a JSON {_json_type(v)})" if not text and type(v) not in (int, float) else "")
