@@ -192,15 +192,24 @@ def local_stats(v: torch.Tensor, sizes: list[int], eps: float, own: bool = False
         return Local(lay)
     if lay.kind == "buckets":
         return Local(lay, parts=[(units, rows, _stats_in(v.index_select(0, rows), part, eps, own,
-                                                         _whole_part(whole, units)))
-                                 for units, rows, part in _buckets(lay, v.device)])
+                                                         _whole_part(whole, units, host)))
+                                 for (units, rows, part), host in zip(_buckets(lay, v.device), _classes(sizes))])
     return _stats_in(v, lay, eps, own, whole)
 
 
-def _whole_part(whole, units: torch.Tensor):
-    """``whole`` of the units ``units`` (a bucket's)."""
+def _classes(sizes: list[int]) -> list[list[int]]:
+    """The non-empty units of each power-of-two size class, in :func:`_buckets`' order (host)."""
+    classes: dict[int, list[int]] = {}
+    for j, s in enumerate(sizes):
+        if s:
+            classes.setdefault(s.bit_length(), []).append(j)
+    return [units for _, units in sorted(classes.items())]
+
+
+def _whole_part(whole, units: torch.Tensor, host: list[int]):
+    """``whole`` of a bucket's units (``units`` on the device, ``host`` the same indices)."""
     if whole is None or isinstance(whole, tuple):
-        return None if whole is None else tuple(whole[j] for j in units.tolist())  # host indices: free
+        return None if whole is None else tuple(whole[j] for j in host)
     return whole.index_select(0, units.to(whole.device))
 
 
@@ -209,12 +218,8 @@ def _buckets(lay: Layout, device):
     the non-empty units: within a class the longest unit is less than twice the shortest,
     so its padded layout holds less than 2x its rows. Each unit's sums keep their tree
     (it depends on the unit's length only), so the bits are those of any other layout."""
-    classes: dict[int, list[int]] = {}
-    for j, s in enumerate(lay.sizes):
-        if s:
-            classes.setdefault(s.bit_length(), []).append(j)
     out = []
-    for _, units in sorted(classes.items()):
+    for units in _classes(lay.sizes):
         sizes = [lay.sizes[j] for j in units]
         count = torch.tensor(sizes, dtype=_I64)
         begin = torch.tensor([lay.starts[j] for j in units], dtype=_I64) - (torch.cumsum(count, 0) - count)

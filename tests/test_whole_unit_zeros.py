@@ -230,3 +230,22 @@ def test_interleaved_labels_with_cut_units_stay_within_the_bound(seed):
                              out_dtype=torch.float64).numpy()
     err = np.abs(a - res.float64)
     assert np.all(err <= res.allowed("float64")), (err.max(), sizes)
+
+
+def test_bucketed_units_of_whole_groups():
+    """Units so ragged that they are cut into size classes (the bucketed layout): each class
+    takes its own units' flags (host indices for contiguous groups, no device read)."""
+    from impl import _whiten as W
+
+    n = 4
+    sizes = [8] * 30 + [6, 2] + [40000]
+    assert W.layout(sizes, sum(sizes), torch.device("cpu")).kind == "buckets"
+    gen = torch.Generator().manual_seed(5)
+    r = torch.randn(sum(sizes), 2, generator=gen, dtype=torch.float64)
+    r[4:8] = 1.0  # a group without signal in a unit of two whole groups
+    r[252:256] = 0.0  # one in the unit of 40000 rows (from row 248)
+    a = gdpo.gdpo_advantages(r, group_size=n, segment_sizes=sizes, out_dtype=torch.float64)
+    assert torch.all(a[4:8] == 0.0) and torch.all(a[252:256] == 0.0)
+    labels = torch.arange(sum(sizes) // n).repeat_interleave(n)
+    assert torch.equal(gdpo.gdpo_advantages(r, group_ids=labels, segment_sizes=sizes,
+                                            out_dtype=torch.float64).view(torch.int64), a.view(torch.int64))
