@@ -51,7 +51,7 @@ K = _compiled_copy()
 #: argument types of the kernels' run-time arguments, by name
 TYPES = {
     "r_ptr": "*fp32", "src_ptr": "*i64", "prm_ptr": "*fp64", "c_ptr": "*fp64", "nf_ptr": "*i64",
-    "starts_ptr": "*i64", "sizes_ptr": "*i64", "lo_ptr": "*fp64", "hi_ptr": "*fp64", "st_ptr": "*fp64",
+    "starts_ptr": "*i64", "sizes_ptr": "*i64", "whole_ptr": "*i8", "lo_ptr": "*fp64", "hi_ptr": "*fp64", "st_ptr": "*fp64",
     "part_ptr": "*fp64", "out_ptr": "*fp32", "n_groups": "i32", "G": "i32", "K": "i32", "min_bits": "i32",
     "eps_tiny": "i32", "programs": "i32", "n_flat": "i32",
 }

@@ -6,6 +6,7 @@ one flaw switched on, so a rejection is the flaw's and not an accident of the ba
 ``baseline`` itself must pass every property (``test_controls``): it is a second,
 deliberately plain, correct implementation in the ``gdpo`` call shape
 (shift-invariant two-pass float64 with exact power-of-two scaling, exact collapse,
+the structural zero mean of a whitening unit of whole groups,
 one correct rounding into the output dtype (float16 and bfloat16 through float32
 rounded to odd, since torch's own float64 cast to them rounds twice),
 agreement before any data-dependent collective, a gather of every unit's values).
@@ -68,6 +69,7 @@ class Flaws:
     refuse_big_weights: bool = False  # a weight beyond float32's range refused (OutOfRangeError)
     base_class_refusals: bool = False  # bad group arguments, eps, out_dtype refused as the base GDPOError
     mutates_rewards: bool = False  # the caller's rewards tensor overwritten (halved) in place
+    rounded_unit_mean: bool = False  # Eq. 6 subtracts the rounded mean even in a unit of whole groups
 
 
 class _Refusal(Exception):
@@ -148,14 +150,16 @@ def _standardize_float32(xs: torch.Tensor, eps: float) -> torch.Tensor:
     return torch.where(dev == 0, torch.zeros_like(dev), dev / den)
 
 
-def _whiten_values(x: torch.Tensor, eps: float, fl: Flaws) -> torch.Tensor:
-    """Eq. 6 on one unit's values (1-D), eps in the same frame as x."""
+def _whiten_values(x: torch.Tensor, eps: float, fl: Flaws, whole: bool = False) -> torch.Tensor:
+    """Eq. 6 on one unit's values (1-D), eps in the same frame as x. ``whole``: the unit
+    holds whole groups, so its exact mean is 0 (Eq. 4 centres every group column) and that
+    structural mean is used, not a rounded one (spec section 7)."""
     n = x.numel()
     if n == 0 or bool(x.max() == x.min()):
         return torch.zeros_like(x)
     e = _frame(x, eps)
     xs = _scale(x, -e)
-    dev = xs - _sum(xs) / n
+    dev = xs if whole and not fl.rounded_unit_mean else xs - _sum(xs) / n
     ddof = 0 if fl.biased_std else 1
     var = _sum(dev * dev) / (n - ddof)
     if fl.eps_in_sqrt:
@@ -277,8 +281,9 @@ def _prepare(rewards, group_ids, group_size, weights, fl: Flaws, allow_empty: bo
 # ---------------------------------------------------------------- Eq. 4 and 7
 
 
-def _combine(p: _Prepared, eps: float, fl: Flaws) -> tuple[torch.Tensor, int]:
-    """c in a frame 2^-shift (shift > 0 only for weights above 2^990)."""
+def _combine(p: _Prepared, eps: float, fl: Flaws, frame: int | None = None) -> tuple[torch.Tensor, int]:
+    """c in a frame 2^-shift (shift > 0 only for weights above 2^990; ``frame``: that shift,
+    agreed across ranks, whose combined values must share one frame)."""
     n, k = p.x.shape
     z = torch.zeros_like(p.x)
     for idx in p.groups:
@@ -287,7 +292,7 @@ def _combine(p: _Prepared, eps: float, fl: Flaws) -> tuple[torch.Tensor, int]:
     nonzero = [math.frexp(w)[1] for w in p.weights if w != 0.0 and math.isfinite(w)]
     # the plain sum first; the weights are scaled down only when it overflows (scaling them
     # all would push a small weight's products into the subnormals)
-    for shift in (0, max(0, max(nonzero, default=0) - _WEIGHT_EXP_CAP)):
+    for shift in (0, max(0, max(nonzero, default=0) - _WEIGHT_EXP_CAP)) if frame is None else (frame,):
         c = torch.zeros(n, dtype=p.x.dtype, device=p.x.device)
         parts = torch.zeros_like(c)
         for col, w in enumerate(p.weights):
@@ -343,13 +348,29 @@ def _cast(a: torch.Tensor, out_dtype, fl: Flaws) -> torch.Tensor:
     return out
 
 
-def _whiten_local(c: torch.Tensor, sizes: list, eps: float, fl: Flaws) -> torch.Tensor:
+def _whole_units(groups: list | None, sizes: list) -> list:
+    """Per unit: does every group with a member in it have all its members in it?"""
+    if groups is None:
+        return [False] * len(sizes)
+    unit = []
+    for j, s in enumerate(sizes):
+        unit += [j] * s
+    whole = [True] * len(sizes)
+    for idx in groups:
+        mine = {unit[i] for i in idx.tolist()}
+        if len(mine) > 1:
+            for j in mine:
+                whole[j] = False
+    return whole
+
+
+def _whiten_local(c: torch.Tensor, sizes: list, eps: float, fl: Flaws, groups=None) -> torch.Tensor:
     if fl.merged_units:
         sizes = [c.numel()]
     a = torch.zeros_like(c)
     start = 0
-    for s in sizes:
-        a[start:start + s] = _whiten_values(c[start:start + s], eps, fl)
+    for s, whole in zip(sizes, _whole_units(groups, sizes)):
+        a[start:start + s] = _whiten_values(c[start:start + s], eps, fl, whole)
         start += s
     return a
 
@@ -377,16 +398,19 @@ def _agree(group, problem: _Refusal | None, units: int, given: bool, n: int, fl:
     return rows
 
 
-def _whiten_distributed(group, c: torch.Tensor, sizes: list, eps: float, fl: Flaws, rows) -> torch.Tensor:
+def _whiten_distributed(group, c: torch.Tensor, sizes: list, eps: float, fl: Flaws, rows,
+                        groups=None) -> torch.Tensor:
     import torch.distributed as dist
 
     world, me = dist.get_world_size(group), dist.get_rank(group)
     if fl.merged_units:
         sizes = [c.numel()]
     s = len(sizes)
-    counts = torch.zeros(world, s, dtype=torch.int64)
-    counts[me] = torch.tensor(sizes, dtype=torch.int64)
+    counts = torch.zeros(world, 2 * s, dtype=torch.int64)  # the sizes, then "my part cuts a group"
+    counts[me] = torch.tensor(sizes + [int(not w) for w in _whole_units(groups, sizes)], dtype=torch.int64)
     dist.all_reduce(counts, group=group)
+    whole = [not x for x in counts[:, s:].sum(0).tolist()]  # groups never span ranks
+    counts = counts[:, :s]
     totals = counts.sum(0).tolist()
     if any(t == 1 for t in totals):
         raise DistributedError(f"refused on every rank: unit {totals.index(1)} holds one sample across ranks")
@@ -403,9 +427,9 @@ def _whiten_distributed(group, c: torch.Tensor, sizes: list, eps: float, fl: Fla
     for u in range(s):
         parts = [buf[r, offsets[r]:offsets[r] + cnt[r][u]] for r in range(world)]
         values = torch.cat(parts).to(c.dtype)
-        whole = _whiten_values(values, eps, fl)
+        whole_a = _whiten_values(values, eps, fl, whole[u])
         before = sum(cnt[r][u] for r in range(me))
-        a[start:start + cnt[me][u]] = whole[before:before + cnt[me][u]]
+        a[start:start + cnt[me][u]] = whole_a[before:before + cnt[me][u]]
         for r in range(world):
             offsets[r] += cnt[r][u]
         start += cnt[me][u]
@@ -443,11 +467,17 @@ def _gdpo(fl: Flaws, rewards, *, group_ids=None, group_size=None, weights=None, 
         c, shift = _combine(prep, eps, fl)
         if fl.mutates_rewards and isinstance(rewards, torch.Tensor):
             rewards.mul_(0.5)
-        return _cast(_whiten_local(c, sizes, _ldexp(eps, -shift), fl), out_dtype, fl)
+        return _cast(_whiten_local(c, sizes, _ldexp(eps, -shift), fl, prep.groups), out_dtype, fl)
+    import torch.distributed as dist
+
     rows = _agree(process_group, problem, len(sizes) if sizes else 0, given,
                   prep.x.shape[0] if prep is not None else 0, fl)
     c, shift = _combine(prep, eps, fl)
-    a = _whiten_distributed(process_group, c, sizes, _ldexp(eps, -shift), fl, rows)
+    shifts = torch.tensor([shift], dtype=torch.int64)  # one frame for every rank's c (found by the
+    dist.all_reduce(shifts, op=dist.ReduceOp.MAX, group=process_group)  # deep search: ranks used their own)
+    if int(shifts) != shift:
+        c, shift = _combine(prep, eps, fl, frame=int(shifts))
+    a = _whiten_distributed(process_group, c, sizes, _ldexp(eps, -shift), fl, rows, prep.groups)
     return _cast(a, out_dtype, fl)
 
 
@@ -542,6 +572,8 @@ _SPECS = (
      "the base GDPOError, not the class the contract names"),
     ("mutates_rewards", Flaws(mutates_rewards=True), "correct advantages, but the caller's rewards tensor is "
      "overwritten in place"),
+    ("rounded_unit_mean", Flaws(rounded_unit_mean=True), "Eq. 6 subtracts the unit's rounded float64 mean even "
+     "where the unit holds whole groups (its structural mean is 0): a group without signal gets rounding noise"),
 )
 
 baseline = _make("baseline", Flaws(), "none: the correct base every control differs from by one flaw")

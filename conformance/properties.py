@@ -335,9 +335,15 @@ def _advantage_zero_clause(res, weights):
         if res.unit_index is None or res.group_index is None:
             return ""
         u = int(res.unit_index[i])
+        label = res.unit_labels[u].item() if hasattr(res.unit_labels[u], "item") else res.unit_labels[u]
+        if (res.unit_collapsed is None or not res.unit_collapsed[u]) and res.required_zero is not None \
+                and res.required_zero[i]:
+            clause = _group_zero_clause(res, weights, int(res.group_index[i]))
+            return (f"whitening unit {label!r} holds whole groups, so its mean is exactly 0 (Eq. 4 centres every "
+                    f"group column), and this sample's c is a structural zero ({clause}), so Eq. 6 gives exactly "
+                    f"0 (spec section 7: a code that subtracts a rounded batch mean returns rounding noise here)")
         if res.unit_collapsed is None or not res.unit_collapsed[u]:
             return ""
-        label = res.unit_labels[u].item() if hasattr(res.unit_labels[u], "item") else res.unit_labels[u]
         groups = sorted({int(g) for g in res.group_index[res.unit_index == u]})
         clauses = [_group_zero_clause(res, weights, g) for g in groups[:2]]
         more = f" (and {len(groups) - 2} more groups alike)" if len(groups) > 2 else ""

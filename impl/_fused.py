@@ -253,12 +253,21 @@ def _exact_f64(x: torch.Tensor) -> torch.Tensor:
 
 
 class Units:
-    """Whitening units over a (N,) tensor: consecutive rows of the given sizes."""
+    """Whitening units over a (N,) tensor: consecutive rows of the given sizes; ``whole``
+    marks the units made of whole groups (``_whiten.local_stats``: a host tuple, an (S,)
+    bool tensor or None), centred on their structural mean 0."""
 
-    def __init__(self, v: torch.Tensor, sizes: list[int]):
+    def __init__(self, v: torch.Tensor, sizes: list[int], whole=None):
         v = _exact_f64(v)
         self.v, self.sizes = v, sizes
         device = v.device
+        #: every unit whole, known on the host: the pass for the mean is skipped
+        self.all_whole = isinstance(whole, tuple) and all(whole)
+        if whole is None or isinstance(whole, tuple):
+            self.whole_t = seg_ops.constant(tuple(int(bool(w)) for w in (whole or (0,) * len(sizes))),
+                                            torch.int8, device)
+        else:
+            self.whole_t = whole.to(device=device, dtype=torch.int8)
         starts = [0]
         for s in sizes[:-1]:
             starts.append(starts[-1] + s)
@@ -272,15 +281,15 @@ class Units:
         self.one = {**_OPTS, "num_warps": 8}  # per unit, over its block sums
 
 
-def whiten(v: torch.Tensor, sizes: list[int], eps: float, direct) -> torch.Tensor:
+def whiten(v: torch.Tensor, sizes: list[int], eps: float, direct, whole=None) -> torch.Tensor:
     """Eq. 6 of this process's units of v (no process group), in ``direct`` (None: float64)."""
     K = kernels()
-    u = Units(v, sizes)
+    u = Units(v, sizes, whole)
     a = torch.empty(v.shape[0], dtype=direct or _F64, device=v.device)
     prm = seg_ops.constant((eps,), _F64, v.device)
     if u.longest <= WHOLE_UNIT and not os.environ.get("GDPO_FUSED_BLOCK"):
         whole, warps = whole_config(u.longest)
-        K.unit_whole_kernel[(len(sizes),)](v, u.starts_t, u.sizes_t, prm, a, seg_ops.min_scale_bits(eps),
+        K.unit_whole_kernel[(len(sizes),)](v, u.starts_t, u.sizes_t, u.whole_t, prm, a, seg_ops.min_scale_bits(eps),
                                            int(not eps >= 2.0 ** -52), BLOCK=whole, LOG_BLOCK=whole.bit_length() - 1,
                                            INTERP=_STATE["interp"], **_OPTS, num_warps=warps)
     else:
@@ -303,13 +312,13 @@ def _unit_stats(u: Units, eps: float) -> torch.Tensor:
     grid = (units, u.blocks)
     log_block, log_nbp = u.block.bit_length() - 1, u.nbp.bit_length() - 1
     K.unit_minmax_kernel[grid](u.v, u.starts_t, u.sizes_t, lo, hi, NBP=u.nbp, BLOCK=u.block, **u.wide)
-    K.unit_scale_kernel[(units,)](lo, hi, u.v, u.starts_t, u.sizes_t, prm, st, seg_ops.min_scale_bits(eps),
-                                  NBP=u.nbp, BLOCK=u.block, **u.one)
+    K.unit_scale_kernel[(units,)](lo, hi, u.v, u.starts_t, u.sizes_t, u.whole_t, prm, st,
+                                  seg_ops.min_scale_bits(eps), NBP=u.nbp, BLOCK=u.block, **u.one)
     part = lo  # the minima are no longer needed: the block sums go there
-    for squares in (False, True):
+    for squares in ((True,) if u.all_whole else (False, True)):  # all whole: the mean is the structural 0
         K.unit_sum_kernel[grid](u.v, u.starts_t, u.sizes_t, st, part, NBP=u.nbp, BLOCK=u.block, LOG_BLOCK=log_block,
                                 SQUARES=squares, **u.wide)
-        K.unit_finish_kernel[(units,)](part, u.sizes_t, st, NBP=u.nbp, LOG_NBP=log_nbp, BLOCK=u.block,
+        K.unit_finish_kernel[(units,)](part, u.sizes_t, u.whole_t, st, NBP=u.nbp, LOG_NBP=log_nbp, BLOCK=u.block,
                                        SQUARES=squares, EPS_TINY=tiny, INTERP=interp, **u.one)
     return st
 
@@ -319,11 +328,11 @@ def _apply(u: Units, st: torch.Tensor, a: torch.Tensor) -> None:
                                                           INTERP=_STATE["interp"], **u.wide)
 
 
-def run(inp, sizes: list[int], eps: float, direct):
+def run(inp, sizes: list[int], eps: float, direct, whole=None):
     """The device part of a fused local gdpo_advantages call: (a, facts columns,
     facts values (int64 tensor)), as ``_pipeline._gdpo_device`` returns them; no host read."""
     c, facts = eq47(inp, eps)
-    return whiten(c, sizes, eps, direct), (P.NF_REWARD, P.NF_REWARD_KIND), facts
+    return whiten(c, sizes, eps, direct, whole), (P.NF_REWARD, P.NF_REWARD_KIND), facts
 
 
 class Local:
@@ -331,8 +340,8 @@ class Local:
     ``_whiten.Local`` offers it): the table to merge, then the application of
     the merged statistics by the fused apply kernel."""
 
-    def __init__(self, v: torch.Tensor, sizes: list[int], eps: float):
-        self.units = Units(v, sizes)
+    def __init__(self, v: torch.Tensor, sizes: list[int], eps: float, whole=None):
+        self.units = Units(v, sizes, whole)
         self.st = _unit_stats(self.units, eps).view(len(sizes), kernels().ST_COLS)
         stats["whiten"] += 1
 

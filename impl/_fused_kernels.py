@@ -168,9 +168,10 @@ ST_COLS = 8
 
 
 @triton.jit(do_not_specialize=["min_bits"])
-def unit_scale_kernel(lo_ptr, hi_ptr, c_ptr, starts_ptr, sizes_ptr, prm_ptr, st_ptr, min_bits,
+def unit_scale_kernel(lo_ptr, hi_ptr, c_ptr, starts_ptr, sizes_ptr, whole_ptr, prm_ptr, st_ptr, min_bits,
                       NBP: tl.constexpr, BLOCK: tl.constexpr):
-    """Per unit: min, max, the scale f, eps * f and the shift (first value times f)."""
+    """Per unit: min, max, the scale f, eps * f and the shift (first value times f; +0 for a
+    unit of whole groups that is not collapsed, whose mean, the structural +0, is stored too)."""
     u = tl.program_id(0).to(tl.int64)
     start = tl.load(starts_ptr + u)
     size = tl.load(sizes_ptr + u)
@@ -183,12 +184,14 @@ def unit_scale_kernel(lo_ptr, hi_ptr, c_ptr, starts_ptr, sizes_ptr, prm_ptr, st_
     f = _scale(absmax, min_bits)
     eps = tl.load(prm_ptr)
     c0 = tl.load(c_ptr + start, mask=size > 0, other=0.0).to(tl.float64)
+    whole = tl.load(whole_ptr + u) != 0
     st = st_ptr + u * 8
     tl.store(st + 0, lo)
     tl.store(st + 1, hi)
     tl.store(st + 2, f)
     tl.store(st + 3, f * eps)
-    tl.store(st + 4, c0 * f)
+    tl.store(st + 4, tl.where(whole & (lo != hi), 0.0, c0 * f))
+    tl.store(st + 5, tl.where(lo == hi, _neg_zero(), 0.0))  # a whole unit's mean (others: unit_finish_kernel)
 
 
 @triton.jit
@@ -223,11 +226,12 @@ def unit_sum_kernel(c_ptr, starts_ptr, sizes_ptr, st_ptr, part_ptr, NBP: tl.cons
 
 
 @triton.jit
-def unit_finish_kernel(part_ptr, sizes_ptr, st_ptr, NBP: tl.constexpr, LOG_NBP: tl.constexpr,
+def unit_finish_kernel(part_ptr, sizes_ptr, whole_ptr, st_ptr, NBP: tl.constexpr, LOG_NBP: tl.constexpr,
                        BLOCK: tl.constexpr, SQUARES: tl.constexpr, EPS_TINY: tl.constexpr,
                        INTERP: tl.constexpr):
     """Per unit: the tree of the blocks' sums; then the mean (-0 for a unit whose
-    values are all equal) or, from the squares, std + eps in the unit's scale."""
+    values are all equal, +0 for a unit of whole groups) or, from the squares, std + eps
+    in the unit's scale."""
     u = tl.program_id(0).to(tl.int64)
     size = tl.load(sizes_ptr + u)
     nb = (size + BLOCK - 1) // BLOCK
@@ -244,6 +248,7 @@ def unit_finish_kernel(part_ptr, sizes_ptr, st_ptr, NBP: tl.constexpr, LOG_NBP: 
     else:
         total = _tree_vec(tl.load(part_ptr + u * NBP + j, mask=j < nb, other=_neg_zero()), NBP, LOG_NBP)
         mean = _div(total, tl.maximum(size, 1).to(tl.float64), INTERP)  # an empty unit: no row reads it
+        mean = tl.where(tl.load(whole_ptr + u) != 0, 0.0, mean)
         mean = tl.where(tl.load(st + 0) == tl.load(st + 1), _neg_zero(), mean)
         tl.store(st + 5 + tl.arange(0, 1), mean)
 
@@ -258,11 +263,12 @@ def unit_apply_kernel(c_ptr, starts_ptr, sizes_ptr, st_ptr, out_ptr, BLOCK: tl.c
 
 
 @triton.jit
-def unit_whole_kernel(c_ptr, starts_ptr, sizes_ptr, prm_ptr, out_ptr, min_bits, eps_tiny,
+def unit_whole_kernel(c_ptr, starts_ptr, sizes_ptr, whole_ptr, prm_ptr, out_ptr, min_bits, eps_tiny,
                       BLOCK: tl.constexpr, LOG_BLOCK: tl.constexpr, INTERP: tl.constexpr):
     """Eq. 6 of a whole unit (at most BLOCK rows) in one program: the block kernels'
     operations in the same order, with the unit held in registers (one launch
-    instead of seven, for small batches)."""
+    instead of seven, for small batches). A unit of whole groups (``whole_ptr``) is
+    centred on its structural mean +0, as in the block kernels."""
     u = tl.program_id(0).to(tl.int64)
     start = tl.load(starts_ptr + u)
     size = tl.load(sizes_ptr + u)
@@ -273,11 +279,14 @@ def unit_whole_kernel(c_ptr, starts_ptr, sizes_ptr, prm_ptr, out_ptr, min_bits, 
     hi = tl.max(tl.where(m, x, float("-inf")))
     f = _scale(tl.maximum(hi, -lo), min_bits)
     eps_f = f * tl.load(prm_ptr)
+    whole = tl.load(whole_ptr + u) != 0
     shift = tl.load(c_ptr + start, mask=size > 0, other=0.0).to(tl.float64) * f
+    shift = tl.where(whole & (lo != hi), 0.0, shift)
     d = x * f
     d = d - shift
     d = tl.where(m, d, _neg_zero())
     mean = _div(_tree_vec(d, BLOCK, LOG_BLOCK), tl.maximum(size, 1).to(tl.float64), INTERP)
+    mean = tl.where(whole, 0.0, mean)
     mean = tl.where(lo == hi, _neg_zero(), mean)
     dev = d - mean
     sq = dev * dev

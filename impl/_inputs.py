@@ -276,16 +276,65 @@ def read_tensor(x) -> torch.Tensor:
 _LAYOUT_PROBLEM = {P.P_REWARDS_TYPE: P.P_REWARDS_LAYOUT, P.P_VALUES_TYPE: P.P_VALUES_LAYOUT}
 
 
+#: Python ints from this magnitude on may not be float64s: checked one by one.
+_EXACT_INT = 2.0 ** 53
+
+
 def as_float_tensor(x, type_code: int, dtype_code_: int) -> torch.Tensor:
     """A dense tensor for ``x``; Python or NumPy sequences of floats become float64
     (Python floats are doubles). Refuses sparse and nested tensors, and dtypes other
-    than P.INPUT_DTYPES (integers, bool, complex, float8) with ``dtype_code_``."""
+    than P.INPUT_DTYPES (integers, bool, complex, float8) with ``dtype_code_``.
+
+    A Python sequence has no dtype: its numbers are values, ints as well as floats
+    (binary correctness ``[[1], [0], [1]]``), read as float64 when each is one exactly;
+    a bool, or an int that float64 cannot hold exactly (beyond 2**53), is refused naming
+    its row and column (spec/errors.py, INPUT_RULES). A tensor or array of an integer
+    dtype is refused by its dtype."""
+    python = not isinstance(x, torch.Tensor) and not hasattr(x, "dtype")
+    x_in = x
     try:
         x = read_tensor(x)
-    except OverflowError:
-        raise unreadable(x, type_code, overflow=True) from None  # a Python int beyond float64 (and int64)
-    except (TypeError, ValueError, RuntimeError):
+    except (OverflowError, TypeError, ValueError, RuntimeError) as exc:
+        if python and _is_row(x_in) and not isinstance(exc, TypeError):  # e.g. an int beyond int64
+            # (2**70 is a float64): value by value
+            return _checked(_python_values(x_in, type_code), type_code)
+        raise unreadable(x, type_code, overflow=isinstance(exc, OverflowError)) from None
+    if python and (not x.is_floating_point() and not x.is_complex()
+                   or x.is_floating_point() and x.numel() and bool(x.abs().amax() >= _EXACT_INT)):
+        x = _python_values(x_in, type_code)  # ints (or bools), or magnitudes where an int may round
+    return _checked(x, type_code, dtype_code_)
+
+
+def _python_values(x, type_code: int) -> torch.Tensor:
+    """A Python (nested) sequence of real numbers as float64, each exactly, or the first
+    entry that is a bool or an int no float64 equals."""
+    entry, _ = _ENTRY_PROBLEM[type_code]
+    rows = list(x)
+    for i, row in enumerate(rows):
+        items = list(row) if _is_row(row) else [row]
+        for j, v in enumerate(items):
+            col = j if _is_row(row) else -1
+            if isinstance(v, (bool, getattr(sys.modules.get("numpy"), "bool_", bool))):
+                raise Problem(entry, i, col, P.K_OTHER, detail=f"a bool ({bool(v)!r}), not a number here")
+            if _is_int(v):
+                try:
+                    exact = float(v) == v
+                except OverflowError:
+                    raise Problem(entry, i, col, P.K_BEYOND_FLOAT64, detail=_int_shown(v)) from None
+                if not exact:
+                    raise Problem(entry, i, col, P.K_INEXACT_INT, detail=_int_shown(v))
+            elif not isinstance(v, float) and _np_kind(v) != "f" and not (
+                    isinstance(v, torch.Tensor) and v.dim() == 0 and v.is_floating_point()):
+                raise unreadable(x, type_code, overflow=False)  # a Fraction, a str: named there
+    try:
+        return torch.as_tensor(x, dtype=_F64)
+    except (TypeError, ValueError, RuntimeError, OverflowError):
         raise unreadable(x, type_code, overflow=False) from None
+
+
+def _checked(x: torch.Tensor, type_code: int, dtype_code_: int | None = None) -> torch.Tensor:
+    if dtype_code_ is None:
+        dtype_code_ = P.P_REWARDS_DTYPE if type_code == P.P_REWARDS_TYPE else P.P_VALUES_DTYPE
     layout = P.layout_code(x)
     if layout:  # sparse, nested, mkldnn: torch's own error would come from deep inside
         raise Problem(_LAYOUT_PROBLEM[type_code], layout)

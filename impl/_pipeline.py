@@ -218,7 +218,7 @@ def _normalize_checked(inp, eps, *, signal=False, then=None, combined=True):
     prep = N.prepare(inp, lazy=N.lazy_checks(inp.rewards.device))
     if prep.labelled is None:
         norm = N.finish(prep, eps, signal=signal, combined=combined)
-        extra = then(norm) if then else None
+        extra = then(norm, None) if then else None
         row = _local_row(host, {**prep.facts, **norm.facts})  # the one host read
         P.raise_local(row)
         return norm, row, extra
@@ -230,7 +230,7 @@ def _normalize_checked(inp, eps, *, signal=False, then=None, combined=True):
                     combined=combined)
     if norm.facts:  # found in phase two: on CPU (free), or Eq. 7 overflow (weights beyond ~2**1000)
         P.raise_local(_local_row(row, norm.facts))
-    return norm, row, then(norm) if then else None
+    return norm, row, then(norm, prep.labelled) if then else None
 
 
 def _check_rewards(rewards, group_ids, group_size, weights, eps):
@@ -312,7 +312,8 @@ def gdpo_local(rewards, group_ids, group_size, weights, segment_sizes, eps, out_
     fused = _fused.eligible(inp, sizes, direct)
 
     def device_part(i):
-        return _fused.run(i, sizes, eps, direct) if fused else _gdpo_device(i, sizes, eps, direct)
+        return _fused.run(i, sizes, eps, direct, _whole_units(i, sizes)) if fused else \
+            _gdpo_device(i, sizes, eps, direct)
 
     got = None
     if _graphs.eligible(inp):
@@ -332,16 +333,29 @@ def gdpo_local(rewards, group_ids, group_size, weights, segment_sizes, eps, out_
         P.raise_local(row)
         return _finish_local(a, out_dtype), None
 
-    def whiten(norm):
+    def whiten(norm, lab):
+        whole = _whole_units(inp, sizes, lab)
         if _fused.whiten_eligible(norm.c.device, sizes, direct):
-            a = _fused.guarded(lambda: _fused.whiten(norm.c, sizes, eps, direct), lambda: None)
+            a = _fused.guarded(lambda: _fused.whiten(norm.c, sizes, eps, direct, whole), lambda: None)
             if a is not None:
                 return a, None
-        loc = W.local_stats(norm.c, sizes, eps, own=True)  # c is not returned: work space
+        loc = W.local_stats(norm.c, sizes, eps, own=True, whole=whole)  # c is not returned: work space
         return W.apply_local(loc, eps, direct), loc
 
     _, _, (a, loc) = _normalize_checked(inp, eps, then=whiten)
     return _finish_local(a, out_dtype), loc
+
+
+def _whole_units(inp, sizes: list[int], lab=None):
+    """The units of this rank's rows made of whole groups (``_whiten.local_stats``'s
+    ``whole``): from the sizes for contiguous groups (host), from the labels otherwise
+    (device, no host read). Groups never span ranks, so each rank's part of a unit is
+    judged alone, and its row of the statistics states that part's exact mean."""
+    if inp.n == 0:
+        return None
+    if inp.labels is None:
+        return W.whole_contiguous(sizes, inp.group_size)
+    return W.whole_labelled(inp.labels, lab, sizes)
 
 
 def _gdpo_device(inp, sizes, eps, direct):
@@ -350,7 +364,7 @@ def _gdpo_device(inp, sizes, eps, direct):
     except cached constants, so it can be captured in a CUDA graph."""
     prep = N.prepare(inp, lazy=False)
     norm = N.finish(prep, eps)
-    a = W.apply_local(W.local_stats(norm.c, sizes, eps, own=True), eps, direct)
+    a = W.apply_local(W.local_stats(norm.c, sizes, eps, own=True, whole=_whole_units(inp, sizes)), eps, direct)
     facts = {**prep.facts, **norm.facts}
     cols = tuple(sorted(facts))
     return a, cols, torch.stack([facts[c].to(_I64).reshape(()) for c in cols])
@@ -361,7 +375,7 @@ def _gdpo_device(inp, sizes, eps, direct):
 def _fused_local(inp, eps, sizes, device_facts):
     """Eq. 4/7 and this rank's Eq. 6 statistics on the fused path (contiguous groups)."""
     c, facts = _fused.eq47(inp, eps)
-    loc = _fused.Local(c, sizes, eps)
+    loc = _fused.Local(c, sizes, eps, _whole_units(inp, sizes))
     device_facts.update({P.NF_REWARD: facts[0], P.NF_REWARD_KIND: facts[1]})
     return loc
 
@@ -434,7 +448,8 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
                     norm = N.finish(prep, eps) if n else None
                     if norm is not None:
                         device_facts.update(norm.facts)
-                    loc = W.local_stats(norm.c if n else inp.rewards.new_empty(0, dtype=_F64), sizes, eps)
+                    loc = W.local_stats(norm.c if n else inp.rewards.new_empty(0, dtype=_F64), sizes, eps,
+                                        whole=_whole_units(inp, sizes))
                     prep = None
         else:
             device_facts.update(N.value_facts(v))
@@ -506,10 +521,11 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
             norm = N.finish(prep, eps, mine[P.GROUPS], mine[P.N_MAX], mine[P.RUNS], read=_read)
             overflow_row = norm.facts
             loc = None
+            whole = _whole_units(inp, sizes, prep.labelled)
             if _fused.whiten_eligible(data_device, sizes, None):
-                loc = _fused.guarded(lambda: _fused.Local(norm.c, sizes, eps), lambda: None)
+                loc = _fused.guarded(lambda: _fused.Local(norm.c, sizes, eps, whole), lambda: None)
             if loc is None:
-                loc = W.local_stats(norm.c, sizes, eps)
+                loc = W.local_stats(norm.c, sizes, eps, whole=whole)
             buf.stats[rank, :units] = loc.table(data_device).to(comm)
     except Exception as exc:  # noqa: BLE001 - reported to the peers, raised here
         failure = exc

@@ -243,11 +243,14 @@ def refusal_code(exc: BaseException) -> int:
 K_STR, K_BYTES, K_BOOL, K_COMPLEX, K_NONE, K_TENSOR, K_OTHER, K_FLOAT, K_ARRAY = range(1, 10)
 #: A Python int that no int64 (a label, a size) or no float64 (a reward, a weight) can hold.
 K_BEYOND_INT64, K_BEYOND_FLOAT64 = 10, 11
+#: A Python int in a rewards / values sequence that no float64 equals (beyond 2**53, odd bits).
+K_INEXACT_INT = 12
 _ITEM_KINDS = {K_STR: "a str", K_BYTES: "bytes", K_BOOL: "a bool", K_COMPLEX: "a complex number", K_NONE: "None",
                K_TENSOR: "a tensor", K_OTHER: "not a number", K_FLOAT: "a float", K_ARRAY: "an array",
-               K_BEYOND_INT64: "an int beyond int64", K_BEYOND_FLOAT64: "an int beyond float64's range"}
+               K_BEYOND_INT64: "an int beyond int64", K_BEYOND_FLOAT64: "an int beyond float64's range",
+               K_INEXACT_INT: "an int that float64 cannot hold exactly"}
 #: Said of a K_BEYOND_* int when its value (a local ``detail``) is not at hand.
-_BEYOND = {K_BEYOND_INT64: "|x| >= 2**63", K_BEYOND_FLOAT64: "|x| > 1.8e308"}
+_BEYOND = {K_BEYOND_INT64: "|x| >= 2**63", K_BEYOND_FLOAT64: "|x| > 1.8e308", K_INEXACT_INT: "|x| > 2**53"}
 
 
 def _what(kind: int, value: int, detail: str) -> str:

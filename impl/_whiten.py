@@ -26,6 +26,15 @@ local call skips it.
 Exact collapse: in a unit whose values are all equal every difference d is
 +0 or -0, and the mean it is centred on is taken as -0 there, so that every
 deviation is +0 and a = +0 exactly, with or without eps.
+
+Structural zero mean (spec section 7): a unit (this rank's part of it) made of whole
+groups of gdpo_advantages has combined values whose exact mean is 0, since Eq. 4
+centres every group column. There the statistics use that mean, not a rounded one:
+shift +0 and mean +0 (unless the part is collapsed, above), so d = c f exactly,
+M2 is the sum of (c f)**2, the pass for the mean is skipped, and a structural zero
+of c (c = +-0) whitens to exactly 0. Every rank's row states its own part's exact
+mean, so the merge needs no agreement on it: a unit whole on every rank merges to
+mean 0 exactly, a unit that a boundary cuts somewhere merges to its rounded mean.
 """
 
 from __future__ import annotations
@@ -128,16 +137,80 @@ class Local:
         return table
 
 
-def local_stats(v: torch.Tensor, sizes: list[int], eps: float, own: bool = False) -> Local:
+def whole_contiguous(sizes: list[int], group_size: int) -> tuple[bool, ...]:
+    """Per unit: does it hold whole groups of ``group_size`` consecutive rows (its start
+    and its size multiples of the group size)? Known on the host, from the sizes alone."""
+    out, start = [], 0
+    for s in sizes:
+        out.append(start % group_size == 0 and s % group_size == 0)
+        start += s
+    return tuple(out)
+
+
+def whole_labelled(labels: torch.Tensor, lab, sizes: list[int]) -> torch.Tensor:
+    """(S,) bool on the labels' device: does each unit hold whole labelled groups (no
+    group with members in two units)? No host read. ``lab`` is the labels' stable sort
+    (``_normalize.Labelled``), whose groups are runs in label order; where phase one found
+    every group one run of rows without sorting (its layout left unmade), the rows on
+    both sides of each unit boundary are compared instead (same answer, no sort)."""
+    device = labels.device
+    units = len(sizes)
+    bad = torch.zeros(units, dtype=_I64, device=device)
+    if getattr(lab, "_layout", None) is None:  # phase one found every group one run of rows, unsorted
+        # a run crosses a unit boundary iff the rows on both sides carry one label: S - 1 reads
+        left, right, at, last, start = [], [], [], None, 0
+        for j, s in enumerate(sizes):
+            if s and last is not None:
+                left.append(last)
+                right.append(j)
+                at.append(start)
+            if s:
+                last = j
+            start += s
+        if not at:
+            return bad == 0
+        rows = constant(tuple(at), _I64, device)
+        cut = (labels.index_select(0, rows) == labels.index_select(0, rows - 1)).to(_I64)
+        for side in (left, right):
+            bad.scatter_reduce_(0, constant(tuple(side), _I64, device), cut, "amax")
+        return bad == 0
+    unit = torch.repeat_interleave(constant(tuple(range(units)), _I64, device),
+                                   constant(tuple(sizes), _I64, device), output_size=labels.shape[0])
+    unit = unit.index_select(0, lab.perm)  # in label order, where each group is one run of rows
+    cut = ((lab.gid[1:] == lab.gid[:-1]) & (unit[1:] != unit[:-1])).to(_I64)  # a group crosses a boundary here
+    bad.scatter_reduce_(0, unit[1:], cut, "amax").scatter_reduce_(0, unit[:-1], cut, "amax")
+    return bad == 0
+
+
+def local_stats(v: torch.Tensor, sizes: list[int], eps: float, own: bool = False, whole=None) -> Local:
     """This rank's statistics of values ``v`` (N,) cut into units of ``sizes``
-    (``own``: v is a float64 tensor of this call's, used as work space)."""
+    (``own``: v is a float64 tensor of this call's, used as work space). ``whole``: the
+    units made of whole groups (a host tuple of bools or an (S,) bool tensor; None: none),
+    whose mean is the structural 0 (module docstring)."""
     lay = layout(sizes, v.shape[0], v.device)
     if lay.kind == "empty":
         return Local(lay)
     if lay.kind == "buckets":
-        return Local(lay, parts=[(units, rows, _stats_in(v.index_select(0, rows), part, eps, own))
-                                 for units, rows, part in _buckets(lay, v.device)])
-    return _stats_in(v, lay, eps, own)
+        return Local(lay, parts=[(units, rows, _stats_in(v.index_select(0, rows), part, eps, own,
+                                                         _whole_part(whole, units, host)))
+                                 for (units, rows, part), host in zip(_buckets(lay, v.device), _classes(sizes))])
+    return _stats_in(v, lay, eps, own, whole)
+
+
+def _classes(sizes: list[int]) -> list[list[int]]:
+    """The non-empty units of each power-of-two size class, in :func:`_buckets`' order (host)."""
+    classes: dict[int, list[int]] = {}
+    for j, s in enumerate(sizes):
+        if s:
+            classes.setdefault(s.bit_length(), []).append(j)
+    return [units for _, units in sorted(classes.items())]
+
+
+def _whole_part(whole, units: torch.Tensor, host: list[int]):
+    """``whole`` of a bucket's units (``units`` on the device, ``host`` the same indices)."""
+    if whole is None or isinstance(whole, tuple):
+        return None if whole is None else tuple(whole[j] for j in host)
+    return whole.index_select(0, units.to(whole.device))
 
 
 def _buckets(lay: Layout, device):
@@ -145,12 +218,8 @@ def _buckets(lay: Layout, device):
     the non-empty units: within a class the longest unit is less than twice the shortest,
     so its padded layout holds less than 2x its rows. Each unit's sums keep their tree
     (it depends on the unit's length only), so the bits are those of any other layout."""
-    classes: dict[int, list[int]] = {}
-    for j, s in enumerate(lay.sizes):
-        if s:
-            classes.setdefault(s.bit_length(), []).append(j)
     out = []
-    for _, units in sorted(classes.items()):
+    for units in _classes(lay.sizes):
         sizes = [lay.sizes[j] for j in units]
         count = torch.tensor(sizes, dtype=_I64)
         begin = torch.tensor([lay.starts[j] for j in units], dtype=_I64) - (torch.cumsum(count, 0) - count)
@@ -161,7 +230,7 @@ def _buckets(lay: Layout, device):
     return out
 
 
-def _stats_in(v: torch.Tensor, lay: Layout, eps: float, own: bool) -> Local:
+def _stats_in(v: torch.Tensor, lay: Layout, eps: float, own: bool, whole=None) -> Local:
     sizes = lay.sizes
     mask = None
     if lay.kind == "view":
@@ -171,7 +240,45 @@ def _stats_in(v: torch.Tensor, lay: Layout, eps: float, own: bool) -> Local:
         x, mask = _padded(v, lay)
         count = seg_ops.constant(tuple(float(s) for s in sizes), _F64, v.device)[:, None]
     inplace = own and x.dtype == _F64  # the values are not needed again (no merge across ranks)
-    return Local(lay, two_pass(x, count, eps, pad_mask=mask, minmax=True, own=inplace), None if inplace else x)
+    if isinstance(whole, tuple):
+        whole = True if all(whole) else None if not any(whole) else constant(whole, torch.bool, v.device)[:, None]
+    elif whole is not None:
+        whole = whole.to(v.device)[:, None]
+    if whole is None:
+        tp = two_pass(x, count, eps, pad_mask=mask, minmax=True, own=inplace)
+    else:
+        tp = _zero_mean_pass(x, count, eps, mask, inplace, whole)
+    return Local(lay, tp, None if inplace else x)
+
+
+def _zero_mean_pass(x: torch.Tensor, count: torch.Tensor, eps: float, pad_mask, own: bool, whole) -> TwoPass:
+    """``_normalize.two_pass`` (minmax) where the units marked ``whole`` (True: all; else an
+    (S, 1) bool tensor) take their structural mean 0: shift +0 and mean +0, so d = x f
+    exactly and the deviations are d itself; a collapsed unit keeps the collapse rule (its
+    first value subtracted, mean -0). With every unit whole the mean's pass is skipped and
+    d - 0 - 0 is one subtraction (x - +0 == x bit for bit, +0 - -0 == +0)."""
+    lo, hi = x.amin(1, keepdim=True), x.amax(1, keepdim=True)
+    absmax = torch.maximum(hi, -lo)
+    f, eps_f = seg_ops.scale(absmax, eps)
+    d = x.mul_(f) if own else x * f
+    coll = lo == hi
+    bufs = seg_ops.scratch(d)
+    if whole is True:
+        shift = torch.where(coll, d[:, :1], 0.0)
+        mean = torch.zeros_like(f).masked_fill_(coll, -0.0)
+        dev = d.sub_(shift)  # == (d - shift) - mean, bit for bit, for either kind of unit
+    else:
+        live = whole & ~coll
+        shift = torch.where(live, 0.0, d[:, :1])
+        d.sub_(shift)
+        mean = torch.div(seg_ops.tree_sum(d, bufs), count)  # a whole unit's padding is not +0 here: unused
+        mean = torch.where(coll, -0.0, torch.where(live, 0.0, mean))
+        dev = d.sub_(mean)
+    if pad_mask is None:
+        m2 = seg_ops.tree_sum(dev, bufs, squares=True)
+    else:
+        m2 = seg_ops.tree_sum((dev * dev).mul_(pad_mask), bufs)
+    return TwoPass(absmax, lo, hi, f, eps_f, shift, mean, dev, m2)
 
 
 def _den(m2: torch.Tensor, count: torch.Tensor, eps_f: torch.Tensor, eps: float) -> torch.Tensor:

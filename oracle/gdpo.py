@@ -733,7 +733,8 @@ def gdpo_advantages(rewards, group_ids=None, weights=None, unit_ids=None, eps=No
         uinfo = _unit_info(ul.size)
         ar, azero, acond, adelta, ucoll, areq = _whiten(
             cforms, cnan, cr["float64"], ccond, ccframe, cdelta, cframe,
-            uidx, t, conv, eps_w, classes, creq, labels=ul, uinfo=uinfo)
+            uidx, t, conv, eps_w, classes, creq, labels=ul, uinfo=uinfo,
+            whole=_units_of_whole_groups(gidx, uidx, G, ul.size) if _structural_mean(conv) else None)
         capped = ucoll[uidx] if conv.whiten_eps_placement != "skip_if_zero" else None  # skip: a = c
         acond = _stagewise_up(acond, m_c + _m_whiten(_members(uidx, ul.size)), keep=capped)
         if conv.whiten == "none":  # a = c
@@ -1061,9 +1062,33 @@ def _unit_info(S: int) -> dict:
             "ok": np.zeros(S, bool), "collapsed": np.zeros(S, bool), "cap": np.full(S, math.inf)}
 
 
+def _structural_mean(conv: Convention) -> bool:
+    """Does the convention demand the structural zero mean of a unit of whole groups (spec
+    section 7)? Only ``spec``'s exact collapse does: Eq. 4 centres every group column (no raw
+    singleton), Eq. 6 weighs samples alike. The peers' float codes test collapse their own
+    way (``collapse``) and subtract a rounded batch mean; they are graded by the formula."""
+    return (conv.collapse == "exact_equality" and conv.whiten == "per_sample" and conv.singleton != "raw")
+
+
+def _units_of_whole_groups(gidx: np.ndarray, uidx: np.ndarray, G: int, S: int) -> np.ndarray:
+    """(S,) bool: every group with a member in the unit has all its members in it."""
+    if gidx.size == 0:
+        return np.zeros(S, bool)
+    lo = np.full(G, S, dtype=np.int64)
+    hi = np.full(G, -1, dtype=np.int64)
+    np.minimum.at(lo, gidx, uidx)
+    np.maximum.at(hi, gidx, uidx)
+    cut = lo[gidx] != hi[gidx]  # per sample: its group spans two or more units
+    whole = np.ones(S, bool)
+    whole[uidx[cut]] = False
+    return whole
+
+
 def _whiten(forms, nan, c64, dcond, cond_frame, dmodel, model_frame, uidx, t, conv, eps_w, classes, creq,
-            labels=None, uinfo=None):
-    """Eq. 6 per unit. ``c64`` is c (float64, inf where it overflowed), its condition and
+            labels=None, uinfo=None, whole=None):
+    """Eq. 6 per unit. ``whole`` (S,) marks the units made of whole groups, whose mean is
+    structurally zero where the convention demands it (:func:`_structural_mean`): there a
+    structural zero of c is a required zero of a (spec section 7). ``c64`` is c (float64, inf where it overflowed), its condition and
     model deltas are ``dcond * 2^cond_frame`` and ``dmodel * 2^model_frame`` per sample.
     Each unit's error model is evaluated in a frame of its own (:func:`_unit_frame`),
     where nothing overflows (a is dimensionless; eps scales with the frame like what it is
@@ -1141,6 +1166,10 @@ def _whiten(forms, nan, c64, dcond, cond_frame, dmodel, model_frame, uidx, t, co
         else:
             vals64, var = _whiten_unit_numbers(forms, idx, zero, tt, T, mean, conv, eps_w, classes, label,
                                                ar, azero)
+            if whole is not None and whole[s] and t is None and mean.is_zero():
+                # a unit of whole groups: Eq. 4 centres every group column, so the unit's mean
+                # is exactly 0 by structure, and a structural zero of c whitens to exactly 0
+                areq[idx] = creq[idx]
         # error model in the frame (c * frame); eps scales with it
         ttf = tt.astype(np.float64)
         m_s, s_s, den_s = _scaled_unit_terms(mean, var, eps_w, conv, frame, classes)
@@ -1148,6 +1177,8 @@ def _whiten(forms, nan, c64, dcond, cond_frame, dmodel, model_frame, uidx, t, co
                                       tau=math.ldexp(em.TAU, -frame))
         if coll and areq[idx[0]]:
             adelta[idx] = 0.0  # the structural zero: demanded bit for bit
+        elif areq[idx].any():
+            adelta[idx[areq[idx]]] = 0.0  # structural zeros in a unit of whole groups
         m_s, s_s, den_s = _scaled_unit_terms(mean, var, eps_w, conv, cframe, classes)
         if not coll and not s_s >= 2.0 ** -1022:
             # a live unit whose std is not a normal float in the condition frame (its spread of

@@ -25,7 +25,11 @@ class NonFiniteError(GDPOError):
 class InputDtypeError(GDPOError, TypeError):
     """Rewards (or ``whiten``'s values) of an integer, bool, complex or float8 dtype
     (float8 is an output format only), not a tensor or sequence of real numbers, or a
-    sparse or nested tensor; an ``out_dtype`` that is not a supported floating dtype;
+    sparse or nested tensor. A Python (nested) list or tuple has no dtype: its ints and
+    floats are values alike (binary rewards ``[[1], [0], [1], [1]]`` compute), each read
+    exactly; a bool in it, or an int that no float64 equals (beyond 2**53), is refused,
+    named by row and column (impl, oracle and ``gdpo audit`` alike), while a tensor or
+    array of an integer dtype is refused by its dtype. Also an ``out_dtype`` that is not a supported floating dtype;
     an ``eps`` that is not a real number; a ``process_group`` that is not a torch
     ProcessGroup (a refusal on that rank alone: without a usable group there is
     nothing to agree over). Also a ``TypeError``."""
@@ -41,7 +45,9 @@ class GroupError(GDPOError):
     """Malformed group metadata: a group of one sample (a label used once, or
     ``group_size`` 1), N not a multiple of ``group_size``, both or neither of
     ``group_ids`` and ``group_size``, labels that are not integers (a bool among them too:
-    torch would read ``[1, True]`` as ``[1, 1]``), or labels not
+    torch would read ``[1, True]`` as ``[1, 1]``; float labels, a tensor, an array or a list
+    of floats, are refused whatever their values, ``[0.0, 0.0, 1.0, 1.0]`` included, by impl,
+    the oracle and ``gdpo audit`` alike: a float label is not a label), or labels not
     covering the batch (wrong length: also a ShapeError)."""
 
 
@@ -129,6 +135,8 @@ ERROR_EXAMPLES: dict[str, tuple[str, ...]] = {
     "InputDtypeError": (
         "gdpo_advantages(torch.tensor([[1], [2]]), group_size=2)",
         "gdpo_advantages(torch.tensor([[True], [False]]), group_size=2)",
+        "gdpo_advantages([[True], [False]], group_size=2)",
+        "gdpo_advantages([[2**53 + 1], [0]], group_size=2)",
         "gdpo_advantages(torch.tensor([[1j], [2j]]), group_size=2)",
         "gdpo_advantages(torch.tensor([[1.0], [2.0]]), group_size=2, out_dtype=torch.int64)",
         "gdpo_advantages(torch.tensor([[1.0], [2.0]]), group_size=2, eps=\"1e-4\")",
@@ -150,6 +158,7 @@ ERROR_EXAMPLES: dict[str, tuple[str, ...]] = {
         "gdpo_advantages(torch.tensor([[1.0], [2.0]]), group_size=2, group_ids=torch.tensor([0, 0]))",
         "gdpo_advantages(torch.tensor([[1.0], [2.0]]))",
         "gdpo_advantages(torch.tensor([[1.0], [2.0]]), group_ids=torch.tensor([0.0, 0.0]))",
+        "gdpo_advantages(torch.tensor([[1.0], [2.0]]), group_ids=[0.0, 0.0])",
         "gdpo_advantages(torch.tensor([[1.0], [2.0]]), group_ids=torch.tensor([0, 0, 0]))",
     ),
     "WeightError": (
@@ -194,6 +203,8 @@ NOT_RAISED: dict[str, tuple[tuple[str, str], ...]] = {
     ),
     "InputDtypeError": (
         ("gdpo_advantages(torch.tensor([[1.0], [2.0]]), group_size=2, out_dtype=torch.float8_e4m3fn)", "computes"),
+        ("gdpo_advantages([[1], [0], [1], [1]], group_size=2)", "computes"),
+        ("gdpo_advantages([[2**60], [0]], group_size=2)", "computes"),
     ),
     "SegmentError": (
         ("gdpo_advantages(torch.tensor([[1.0], [2.0]]), group_size=2, segment_sizes=[2] if rank == 0 else [2, 0], "

@@ -251,13 +251,42 @@ def test_pt_tensors_torch_can_dump_are_read(tmp_path):
     assert np.array_equal(audit.read_batch(q).rewards, R)
 
 
-def test_exact_integers_and_integral_labels_are_read(tmp_path):
+def test_exact_integers_are_read(tmp_path):
     p = tmp_path / "ints.npz"
     big = 2**60  # beyond 2**53, but float64 holds it exactly
-    np.savez(p, rewards=np.array([[1, big], [0, 0], [1, 1], [0, 1]]), group_ids=np.array([0.0, 0.0, 1.0, 1.0]),
+    np.savez(p, rewards=np.array([[1, big], [0, 0], [1, 1], [0, 1]]), group_ids=np.array([0, 0, 1, 1]),
              unit_ids=np.zeros(4, np.uint8), weights=np.array([1, 2]))
     b = audit.read_batch(p)
     assert b.rewards[0, 1] == float(big) and b.group_ids.dtype == np.int64 and b.weights.tolist() == [1.0, 2.0]
+
+
+@pytest.mark.parametrize("fmt", ["npz", "pt", "jsonl", "csv"])
+def test_float_labels_are_refused_as_impl_and_the_oracle_refuse_them(tmp_path, fmt):
+    """Issue 18: audit read whole-number float labels [0., 0., 1., 1.] that impl.gdpo refuses by
+    their dtype (and the oracle too): one rule, spec section 6 (GroupError), in every format."""
+    import torch
+
+    from impl import gdpo
+    from oracle import gdpo as og
+    from spec.errors import GDPOError
+
+    labels = [0.0, 0.0, 1.0, 1.0]
+    p = tmp_path / f"b.{fmt}"
+    if fmt == "npz":
+        np.savez(p, rewards=R, group_ids=np.array(labels))
+    elif fmt == "pt":
+        torch.save({"rewards": torch.tensor(R), "group_ids": torch.tensor(labels)}, p)
+    elif fmt == "jsonl":
+        p.write_text("".join(json.dumps({"group": g, "rewards": list(r)}) + "\n" for g, r in zip(labels, R.tolist())))
+    else:
+        p.write_text("group,r0,r1\n" + "".join(f"{g},{r[0]},{r[1]}\n" for g, r in zip(labels, R.tolist())))
+    with pytest.raises(GroupError, match=r"float"):
+        audit.read_batch(p)
+    for ids in (labels, torch.tensor(labels), np.array(labels)):
+        with pytest.raises(GroupError, match=r"float"):
+            gdpo.gdpo_advantages(torch.tensor(R), group_ids=ids)
+        with pytest.raises(GDPOError, match=r"integers"):
+            og.advantages(R, ids)
 
 
 def test_csv_with_a_byte_order_mark_is_read(tmp_path):

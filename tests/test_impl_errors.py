@@ -46,7 +46,8 @@ CASES = [
     ("int64_rewards", N, (R.long(),), {"group_size": 2}, InputDtypeError, r"rewards has dtype int64"),
     ("bool_rewards", N, (R > 0,), {"group_size": 2}, InputDtypeError, r"rewards has dtype bool"),
     ("complex_rewards", N, (R.to(torch.complex128),), {"group_size": 2}, InputDtypeError, r"complex128"),
-    ("int_list_rewards", A, ([1, 2, 3, 4],), {"group_size": 2}, InputDtypeError, r"int64"),
+    # a Python list has no dtype: its ints are values (issue 18, spec/errors.py); a bool in it is refused
+    ("bool_in_list_rewards", A, ([1, 2, True, 4],), {"group_size": 2}, InputDtypeError, r"rewards\[2\].* a bool"),
     ("empty_rows", N, (torch.empty(0, 2, dtype=F64),), {"group_size": 2}, ShapeError, r"empty \(N=0 rows, K=2"),
     ("empty_columns", N, (torch.empty(4, 0, dtype=F64),), {"group_size": 2}, ShapeError, r"K=0"),
     ("empty_1d", A, (torch.empty(0),), {"group_size": 2}, ShapeError, r"empty"),

@@ -157,6 +157,32 @@ def test_several_blocks_per_unit(monkeypatch, n, g, sizes):
           eps=1e-4, out_dtype=torch.float32)
 
 
+@pytest.mark.parametrize("block", [None, 16])
+@pytest.mark.parametrize("sizes", [[96], [32, 64], [32, 30, 34], [44, 52]])  # all whole, mixed, none whole
+@pytest.mark.parametrize("labelled", [False, True])
+def test_units_of_whole_groups_are_the_plain_path(monkeypatch, block, sizes, labelled):
+    """Units of whole groups take the structural mean 0 (spec section 7) on both paths: the
+    mean's kernels skipped (every unit whole, blocked), per unit (mixed), or not at all."""
+    if block is None:
+        monkeypatch.delenv("GDPO_FUSED_BLOCK", raising=False)
+    else:
+        monkeypatch.setenv("GDPO_FUSED_BLOCK", str(block))
+    gen = torch.Generator().manual_seed(len(sizes))
+    r = torch.randint(0, 2, (96, 3), generator=gen).to(torch.float64)
+    r[8:16] = r[8]  # a group without signal
+    kw = dict(weights=[1.0, 0.5, 2.0], segment_sizes=sizes, eps=1e-4, out_dtype=torch.float32)
+    if labelled:  # groups of 8 interleaved inside each unit of whole groups (the sorted layout)
+        ids = torch.arange(96) // 8 * 5 + 1
+        perm = torch.cat([torch.randperm(s, generator=gen) + o for s, o in zip(sizes, [0, *torch.tensor(sizes).cumsum(0).tolist()[:-1]])])
+        a = _same(monkeypatch, r[perm].to(DEVICE), group_ids=ids[perm].to(DEVICE), **kw)
+        quiet = (ids[perm] == ids[8]).to(a.device)
+    else:
+        a = _same(monkeypatch, r.to(DEVICE), group_size=8, **kw)
+        quiet = (torch.arange(96) // 8 == 1).to(a.device)
+    if sizes[0] % 8 == 0:  # the group without signal sits in a unit of whole groups
+        assert torch.all(a[quiet] == 0.0)
+
+
 def test_exact_constant_sum_cancels_to_zero(monkeypatch):
     c = 2.0 ** 40
     d = torch.arange(64, dtype=torch.float64) * 0.25

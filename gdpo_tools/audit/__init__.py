@@ -12,8 +12,9 @@ Input formats (the reward components, group labels, optional units and weights):
 
 Rewards and weights are real numbers (integers must be exact in float64). Group labels
 are integers or text, as the adapters take them (verl's string uids): where every label
-of a file reads as an integer the labels are those integers ("1" and "1.0" one group),
-otherwise each distinct text is one group. Unit labels are integers. Anything else is
+of a file is an integer the labels are those integers ("1" and "01" one group), otherwise
+each distinct text that is no number is one group. A float label is refused whatever its
+value, as impl.gdpo and the oracle refuse it (spec section 6). Unit labels are integers. Anything else is
 refused, never reinterpreted: rewards of another shape, bool, complex, text or object
 values, arrays of the wrong shape or length (labels and weights are 1-D), ``rewards``
 together with ``reward_<name>`` arrays. Weights on the command line (``--weights``)

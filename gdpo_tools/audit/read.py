@@ -164,6 +164,11 @@ def _labels(value, n: int, key: str, source: str) -> tuple[np.ndarray, list[str]
     elif kind == "f":
         with np.errstate(invalid="ignore"):
             bad = ~np.isfinite(arr) | (arr != np.floor(arr)) | (arr < -_INT64) | (arr >= _INT64)
+        if not bad.any():  # whole numbers, but of a float dtype: refused as impl and the oracle refuse them
+            shown = ", ".join(repr(float(x)) for x in arr[:4]) + (", ..." if arr.size > 4 else "")
+            raise err(f"{what} holds floats (dtype {arr.dtype}: [{shown}]); labels must be integers, and float "
+                      f"labels are refused whatever their values, {_AS_IMPL}; save them with an integer dtype "
+                      "(.astype(np.int64))")
     else:
         raise err(f"{what} holds {_KINDS.get(kind, str(arr.dtype))} (dtype {arr.dtype}); labels must be integers"
                   + (" or, for groups, str" if key == "group_ids" else ""))
@@ -292,12 +297,14 @@ def _float_column(values, name: str, source: str, text: bool = False, row0: int 
     return out
 
 
+#: Why a float label is refused whatever its value (spec section 6, one rule everywhere).
+_AS_IMPL = "by impl.gdpo and the oracle as here (spec section 6, GroupError)"
+
+
 def _int_label(v):
-    """``v`` (a JSON value, or a CSV cell's text) as an integer label, or None: an integer, or
-    an integral float, within int64 (bool is no label)."""
+    """``v`` (a JSON value, or a CSV cell's text) as an integer label, or None: an integer
+    within int64 (a float, even a whole one, is no label; nor is bool)."""
     x = _parsed(v) if isinstance(v, str) else v
-    if isinstance(x, float) and x.is_integer():
-        x = int(x)
     if isinstance(x, bool) or not isinstance(x, int) or not -_INT64 <= x < _INT64:
         return None
     return x
@@ -352,6 +359,11 @@ class _Labels:
         bad = [j for j, x in enumerate(ints) if x is None and (numbers[j] or not isinstance(keys[j], str) or not text)]
         if bad:
             j = min(bad, key=lambda j: self.first_row[j])
+            x = _parsed(keys[j]) if isinstance(keys[j], str) else keys[j]
+            if isinstance(x, float) and x.is_integer():
+                raise self.err(f"{self.source}: column {self.name!r}, row {self.first_row[j]}: {keys[j]!r} is a "
+                               f"float, not an integer label; float labels are refused whatever their values, "
+                               f"{_AS_IMPL}: write the labels as integers")
             raise self.err(f"{self.source}: column {self.name!r}, row {self.first_row[j]}: {keys[j]!r} is not an "
                            "integer label" + (" (a label is an integer, or text that is no number, such as a uid)"
                                               if self.text else ""))
