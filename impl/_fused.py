@@ -26,7 +26,7 @@ stay plain), groups of up to ``MAX_GROUP`` rows, any number K of reward
 columns, float64/float32/float16/bfloat16 rewards, any output dtype (narrow
 ones are rounded from float64 by ``_pipeline.round_to``), units of up to
 ``MAX_UNIT`` rows, weights below 2**990 and without the Eq. 7 overflow check
-(see ``_normalize.overflow_possible``). Whenever the fused path fails (no
+(see ``_stats.overflow_possible``). Whenever the fused path fails (no
 Triton, no compiler), a warning says so once and the plain path runs.
 """
 
@@ -40,7 +40,7 @@ import torch
 
 from impl import _problems as P
 from impl import _segments as seg_ops
-from impl._normalize import overflow_possible, weight_plan
+from impl._stats import overflow_possible, weight_plan
 
 _F64 = torch.float64
 _I64 = torch.int64

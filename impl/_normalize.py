@@ -29,26 +29,19 @@ runs in every call, without a branch.
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import torch
 
 from impl import _problems as P
+from impl import _fused  # the optional fused kernels
 from impl import _segments as seg_ops
+from impl._stats import PAD_FACTOR, PAD_SLACK, TwoPass, denominator, overflow_possible, two_pass, weight_plan
 from impl._inputs import Rewards
 
 _F64 = torch.float64
 _I64 = torch.int64
 
-#: Weights are scaled by a power of two before Eq. 7 only when their largest
-#: magnitude exceeds 2**990: |z| < sqrt(n) < 2**32, so every product then stays
-#: finite, and for ordinary weights Eq. 7 runs on the weights as given.
-_WEIGHT_EXPONENT_CAP = 990
 
-#: A padded layout may hold up to this many slots per row of the batch (plus
-#: PAD_SLACK) before the groups (or whitening units) are cut into size-class buckets.
-PAD_FACTOR = 4
-PAD_SLACK = 1 << 16
 #: Where a host read is free (CPU), labelled groups are cut into buckets as soon
 #: as one padded layout would hold more than this many slots per row (plus
 #: PAD_SLACK): the buckets' layouts hold at most 2. Measured with sizes 5, 9, 16, 2,
@@ -65,74 +58,6 @@ def lazy_checks(device: torch.device) -> bool:
 # --- the arithmetic ------------------------------------------------------------------------
 
 
-@dataclasses.dataclass
-class TwoPass:
-    """Shift-invariant two-pass statistics of the segments along dim 1 of x (keepdim)."""
-
-    absmax: torch.Tensor  # largest magnitude (caller dtype)
-    lo: torch.Tensor | None  # raw minimum and maximum (only when asked for)
-    hi: torch.Tensor | None
-    f: torch.Tensor  # scale 2**-e, float64
-    eps_f: torch.Tensor  # eps * f
-    shift: torch.Tensor  # first member times f: every difference is taken from it
-    mean: torch.Tensor  # mean of the differences d = x * f - shift
-    dev: torch.Tensor  # d - mean, in the layout of x (float64)
-    m2: torch.Tensor  # sum of dev**2 over the segment
-
-    def finite(self) -> bool:
-        """Host check: are all inputs finite? (nan and inf show in the largest magnitude.)"""
-        return math.isfinite(float(self.absmax.amax()))
-
-
-def two_pass(x: torch.Tensor, count: torch.Tensor, eps: float, *, pad_mask: torch.Tensor | None = None,
-             own: bool = False, minmax: bool = False) -> TwoPass:
-    """Statistics of the segments laid along dim 1 of ``x``.
-
-    Each segment is scaled by an exact power of two f (|x f| < 4, so nothing
-    below overflows; the scale is folded into eps by the callers), its first
-    member is subtracted (exact by Sterbenz for close values, and symmetric: a
-    column C - r gives exactly the negated differences), then the mean of the
-    differences and the deviations from it. Padding repeats the first member,
-    so its difference is exactly +0 and the sum of d is that of the segment;
-    ``pad_mask`` (1.0 on members, 0.0 on padding) clears the padding's squares.
-    ``own``: x is a float64 buffer this call owns (computed in place).
-    ``minmax``: also the raw min and max, and a segment whose values are all
-    equal (min == max) is centred on -0 instead of its mean (+0): its
-    differences are +-0, so every deviation becomes +0 exactly (Eq. 6's exact
-    collapse).
-    """
-    lo = hi = None
-    if minmax or x.device.type == "cpu":  # no full-size temporary (CPU pages are not cached)
-        lo, hi = x.amin(1, keepdim=True), x.amax(1, keepdim=True)
-        absmax = torch.maximum(hi, -lo)
-    else:  # two kernels instead of four
-        absmax = x.abs().amax(1, keepdim=True)
-    f, eps_f = seg_ops.scale(absmax, eps)
-    d = x.mul_(f) if own else x * f
-    shift = d[:, :1].clone()
-    d.sub_(shift)
-    bufs = seg_ops.scratch(d)  # the tree levels of both sums live here
-    mean = torch.div(seg_ops.tree_sum(d, bufs), count)
-    if minmax:
-        mean = torch.where(lo == hi, -0.0, mean)
-    dev = d.sub_(mean)
-    if pad_mask is None:
-        m2 = seg_ops.tree_sum(dev, bufs, squares=True)
-    else:
-        m2 = seg_ops.tree_sum((dev * dev).mul_(pad_mask), bufs)
-    return TwoPass(absmax, lo if minmax else None, hi if minmax else None, f, eps_f, shift, mean, dev, m2)
-
-
-def denominator(var: torch.Tensor, eps_f: torch.Tensor, eps: float) -> torch.Tensor:
-    """std + eps in the segment's scale (in place on var). It is 0 only for a
-    collapsed segment without eps (eps * f > 0 whenever eps >= 2**-52, as
-    f >= 2**-1022); there 1 is used: the deviations are all zero anyway."""
-    den = seg_ops.sqrt_rn(var).add_(eps_f)
-    if not eps >= 2.0 ** -52:
-        den.masked_fill_(den == 0, 1.0)
-    return den
-
-
 def standardize_groups(tp: TwoPass, count_m1: torch.Tensor, eps: float) -> torch.Tensor:
     """Eq. 4 from the two-pass: z = dev / (std + eps), ddof 1, float64, in place.
 
@@ -143,13 +68,6 @@ def standardize_groups(tp: TwoPass, count_m1: torch.Tensor, eps: float) -> torch
 
 
 standardize = standardize_groups  # the old name (deprecated): Eq. 4 is standardize_groups everywhere
-
-
-def weight_plan(weights: list[float]) -> tuple[list[float], int]:
-    """Weights as used in Eq. 7 (scaled by 2**-shift when above 2**990) and the shift."""
-    top = max(math.frexp(w)[1] for w in weights if w != 0.0)
-    shift = max(0, top - _WEIGHT_EXPONENT_CAP)
-    return [math.ldexp(w, -shift) for w in weights], shift
 
 
 def combine(z: torch.Tensor, weights: list[float]) -> torch.Tensor:
@@ -182,13 +100,6 @@ def _weighted_sum(z: torch.Tensor, weights: list[float], *, in_place: bool) -> t
     for j in range(2, k):
         c.add_(z[j])
     return c
-
-
-def overflow_possible(weights: list[float], longest: int) -> bool:
-    """Can Eq. 7 overflow float64? |z| <= (n-1)/sqrt(n) < sqrt(n) (Samuelson;
-    eps only shrinks z), so |c| < sqrt(n_max) sum |w|; a factor 2 covers rounding."""
-    total = sum(math.ldexp(abs(w), -64) for w in weights)  # scaled: no overflow
-    return not 2.0 * math.sqrt(max(longest, 1)) * total < 2.0 ** (1023 - 64)
 
 
 def first_nonfinite(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -387,8 +298,6 @@ def finish(prep: Prepared, eps: float, groups: int = 0, longest: int = 0, runs: 
 
 
 def _fused_padded(r: torch.Tensor, width: int, weights: list[float]) -> bool:
-    from impl import _fused  # the optional fused kernels (import cycle: _fused uses this module)
-
     return _fused.padded_eligible(r, width, weights)
 
 
@@ -434,8 +343,6 @@ def _finish_labelled(prep: Prepared, eps: float, groups: int, longest: int, sign
     if slots <= PAD_FACTOR * n + PAD_SLACK and not (cheap_read and slots > CPU_PAD_FACTOR * n + PAD_SLACK):
         slot = lab.pos * groups + lab.gid  # sorted row -> slot of the (longest, groups) layout
         source = (-1 - first_row).repeat(longest).index_copy_(0, slot, lab.perm)
-        from impl import _fused
-
         c = None
         if fused:
             c = _fused.guarded(lambda: _fused.eq47_padded(r, source, groups, longest, inp.weights, eps),

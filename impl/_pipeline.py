@@ -67,6 +67,7 @@ from impl._inputs import (
     check_values,
 )
 from impl._segments import host_to_device
+from impl._stats import overflow_possible
 from spec.constants import REFUSAL_WORDS_BYTES
 
 _F64 = torch.float64
@@ -509,7 +510,7 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
     # After the agreement every rank still answers: a local failure (only labelled groups
     # compute here) becomes a flag in this rank's part of collective 2, or of collective 3.
     labelled = api == P.API_GDPO and any(r[P.BY_LABEL] for r in agreed)
-    check_overflow = labelled and N.overflow_possible(inp.weights, _longest(agreed))  # same on every rank
+    check_overflow = labelled and overflow_possible(inp.weights, _longest(agreed))  # same on every rank
     total = sum(r[P.ROWS] for r in agreed)
     reachable = cast_reachable(out_dtype, total)
     late = reachable or check_overflow  # collective 3 runs: the same decision on every rank

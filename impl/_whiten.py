@@ -45,7 +45,7 @@ import math
 import torch
 
 from impl import _segments as seg_ops
-from impl._normalize import PAD_FACTOR, PAD_SLACK, TwoPass, denominator, two_pass
+from impl._stats import PAD_FACTOR, PAD_SLACK, TwoPass, denominator, two_pass
 
 _F64 = torch.float64
 _I64 = torch.int64
@@ -252,7 +252,7 @@ def _stats_in(v: torch.Tensor, lay: Layout, eps: float, own: bool, whole=None) -
 
 
 def _zero_mean_pass(x: torch.Tensor, count: torch.Tensor, eps: float, pad_mask, own: bool, whole) -> TwoPass:
-    """``_normalize.two_pass`` (minmax) where the units marked ``whole`` (True: all; else an
+    """``_stats.two_pass`` (minmax) where the units marked ``whole`` (True: all; else an
     (S, 1) bool tensor) take their structural mean 0: shift +0 and mean +0, so d = x f
     exactly and the deviations are d itself; a collapsed unit keeps the collapse rule (its
     first value subtracted, mean -0). With every unit whole the mean's pass is skipped and

@@ -1,0 +1,140 @@
+"""The layout the README draws holds in the code (issue 16): which package may import
+which, and no import cycle among the product's modules, counting the imports inside
+functions too (a function-level import does not make a cycle go away, it only hides it).
+
+Read from the source with ``ast``; nothing is imported.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("spec", "oracle", "impl", "conformance", "gdpo_tools", "benchmarks")
+
+#: What each package may import of the others (itself always). spec depends on nothing of the
+#: project; the oracle judges independently of the implementation it judges; the drop-in
+#: stays torch and the standard library; the grader never needs the tools built on it.
+MAY_IMPORT = {
+    "spec": set(),
+    "oracle": {"spec"},
+    "impl": {"spec"},
+    "conformance": {"spec", "oracle", "impl"},
+    "gdpo_tools": {"spec", "oracle", "impl", "conformance"},
+    "benchmarks": {"spec", "oracle", "impl", "gdpo_tools"},
+}
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for pkg in PACKAGES:
+        for path in sorted((ROOT / pkg).rglob("*.py")):
+            rel = path.relative_to(ROOT).with_suffix("")
+            parts = list(rel.parts)
+            if parts[-1].startswith("test_") or parts[-1] == "conftest":
+                continue  # tests are not product code
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            out[".".join(parts)] = path
+    return out
+
+
+MODULES = _modules()
+
+
+def _resolve(name: str) -> str | None:
+    """The project module an imported name lands in (a package's ``__init__`` for a package)."""
+    while name and name not in MODULES:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def _imports(module: str, path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(), str(path))
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(tree):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(up + ([base] if base else []))
+            # `from pkg import sub` lands in pkg.sub (a submodule), `from pkg import name` in pkg
+            names = [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names]
+        for name in names:
+            target = _resolve(name)
+            if target is not None and target != module:
+                found.add(target)
+    return found
+
+
+GRAPH = {m: _imports(m, p) for m, p in MODULES.items()}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on, out, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_the_layout_is_read_from_the_whole_tree():
+    assert {"spec.errors", "oracle.gdpo", "impl.gdpo", "conformance.properties", "gdpo_tools.cli",
+            "gdpo_tools.limits.generate", "gdpo_tools.peer_formulas"} <= set(MODULES)
+    assert "conformance.properties" in GRAPH["conformance.plugins"]  # imports are seen
+
+
+def test_no_import_cycles_among_the_products_modules():
+    cycles = _cycles(GRAPH)
+    shown = ["; ".join(f"{a} -> {b}" for a in c for b in sorted(GRAPH[a]) if b in c) for c in cycles]
+    assert not cycles, "import cycles (function-level imports counted):\n  " + "\n  ".join(shown)
+
+
+def test_each_package_imports_only_what_the_layout_allows():
+    wrong = [f"{m} imports {t}" for m, targets in sorted(GRAPH.items()) for t in sorted(targets)
+             if t.split(".")[0] != m.split(".")[0] and t.split(".")[0] not in MAY_IMPORT[m.split(".")[0]]]
+    assert not wrong, "imports against the layout (tests/test_layout.py MAY_IMPORT):\n  " + "\n  ".join(wrong)
+
+
+def test_the_cycle_finder_finds_a_cycle_hidden_in_a_function():
+    """Negative control: a cycle made only by a function-level import is found."""
+    src = {"a": "import b\n", "b": "def f():\n    import a\n"}
+    graph = {}
+    for name, text in src.items():
+        graph[name] = {n.names[0].name for n in ast.walk(ast.parse(text)) if isinstance(n, ast.Import)}
+    assert _cycles(graph) == [["a", "b"]]
+
+
+def test_the_grader_holds_no_command_line_audit_or_limits_code():
+    names = {m.split(".")[-1] for m in MODULES if m.startswith("conformance.")}
+    assert not names & {"cli", "audit", "limits", "mirrors", "document"}, names
+    assert not any(n.startswith("limits") for n in names), names
