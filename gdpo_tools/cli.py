@@ -158,7 +158,8 @@ def main(argv: list[str] | None = None) -> int:
                       help="one weight per reward component (give the file before --weights)")
     p_au.add_argument("--eps", type=float, default=None, help="eps of Eq. 4 and Eq. 6 (default: the spec's)")
     p_au.add_argument("--exact", action="store_true", default=None,
-                      help="the exact oracle on every group, also beyond 20,000 samples (slow: minutes per 100,000)")
+                      help="the exact oracle on every group, also beyond 20,000 samples (slow: minutes per 100,000; "
+                           "with --peers, each peer convention exactly too)")
     p_au.add_argument("--peers", action="store_true", default=None,
                       help="compute the peer conventions, also beyond 20,000 samples (their float formulas)")
     p_li = sub.add_parser("limits", add_help=False,

@@ -306,3 +306,31 @@ def test_text_group_labels_are_groups_in_every_format(tmp_path):
     for path in (p, q):
         batch = audit.read_batch(path)
         assert [batch.group_label(g) for g in batch.group_ids] == ["b", "b", "a", "a"], path
+
+
+@pytest.mark.parametrize("records, said", [
+    ([1, 1.0, 2, 2], r"row 1: 1.0 is a float, not an integer label"),
+    ([1, True, 2, 2], r"row 1: True is not an integer or text label \(a JSON boolean\)"),
+], ids=["float_after_int", "bool_after_int"])
+def test_a_json_float_or_bool_label_is_refused_after_an_equal_integer(tmp_path, records, said):
+    """Found by review: 1.0 and true hash as 1, so after a label 1 they joined group 1 silently."""
+    p = tmp_path / "b.jsonl"
+    p.write_text("".join(json.dumps({"group": g, "rewards": [float(i % 2)]}) + "\n" for i, g in enumerate(records)))
+    with pytest.raises(GroupError, match=said):
+        audit.read_batch(p)
+
+
+def test_json_integer_and_its_text_are_one_group(tmp_path):
+    p = tmp_path / "b.jsonl"
+    p.write_text("".join(json.dumps({"group": g, "rewards": [float(v)]}) + "\n"
+                         for g, v in zip([1, "1", "u", "u"], [0, 1, 0, 1])))
+    b = audit.read_batch(p)
+    assert b.group_names == ["1", "u"] and b.group_ids.tolist() == [0, 0, 1, 1]
+
+
+def test_json_rewards_that_are_arrays_are_refused_by_row(tmp_path):
+    """Found by review: one-element arrays as reward values read as a (N, 1, 1) batch and crashed."""
+    p = tmp_path / "n.jsonl"
+    p.write_text("".join(json.dumps({"group": 0, "rewards": {"a": [1.0]}}) + "\n" for _ in range(4)))
+    with pytest.raises(audit.AuditDtypeError, match=r"column 'a', row 0: \[1.0\] is not a number \(a JSON array\)"):
+        audit.read_batch(p)

@@ -10,11 +10,15 @@ Input formats (the reward components, group labels, optional units and weights):
   "rewards": {"name": value, ...}}`` (or ``"rewards": [values]``);
 * ``.csv``: a header with ``group``, optional ``unit``, and one column per component.
 
-Rewards and weights are real numbers (integers must be exact in float64). Group labels
-are integers or text, as the adapters take them (verl's string uids): where every label
-of a file is an integer the labels are those integers ("1" and "01" one group), otherwise
-each distinct text that is no number is one group. A float label is refused whatever its
-value, as impl.gdpo and the oracle refuse it (spec section 6). Unit labels are integers. Anything else is
+Rewards and weights are real numbers (integers must be exact in float64); a file's
+``weights`` go with the components in the order the report lists them (with
+``reward_<name>`` arrays: sorted by name). Group labels are integers or text, as the
+adapters take them (verl's string uids). Where every label is an integer (a CSV cell of
+digits, a JSON or array integer) the labels are those integers (CSV "1" and "01": one
+group); otherwise each distinct text is one group (JSON 1 and "1": one group, "1"; a
+.npz text array is always text). A float label is refused whatever its value, as
+impl.gdpo and the oracle refuse it (spec section 6), and so is a bool. Unit labels are
+integers. Anything else is
 refused, never reinterpreted: rewards of another shape, bool, complex, text or object
 values, arrays of the wrong shape or length (labels and weights are 1-D), ``rewards``
 together with ``reward_<name>`` arrays. Weights on the command line (``--weights``)

@@ -327,18 +327,24 @@ class _Labels:
         codes, first = self.codes, self.first_row
         out = np.empty(len(values), dtype=np.int64)
         for i, v in enumerate(values):
-            try:
-                c = codes.get(v)
-            except TypeError:  # unhashable: a JSON array or object
-                c = None
+            if type(v) is not str and type(v) is not int:  # JSON: 1.0 and true hash as 1, so check every row
+                if isinstance(v, float) and not isinstance(v, bool):
+                    self._refuse_float(v, row0 + i)
                 self._refuse(v, row0 + i)
+            c = codes.get(v)
             if c is None:
-                if isinstance(v, bool) or not isinstance(v, (int, float, str)):
-                    self._refuse(v, row0 + i)
                 c = codes[v] = len(codes)
                 first[c] = row0 + i
             out[i] = c
         self.parts.append(out)
+
+    def _refuse_float(self, v, row: int):
+        if v == v and v not in (float("inf"), float("-inf")) and float(v).is_integer():
+            raise self.err(f"{self.source}: column {self.name!r}, row {row}: {v!r} is a float, not an integer "
+                           f"label; float labels are refused whatever their values, {_AS_IMPL}: write the labels "
+                           "as integers")
+        raise self.err(f"{self.source}: column {self.name!r}, row {row}: {v!r} is not an integer label"
+                       + (" (a label is an integer, or text that is no number, such as a uid)" if self.text else ""))
 
     def _refuse(self, v, row: int):
         what = f"{self.source}: column {self.name!r}, row {row}: {v!r}"
@@ -367,7 +373,17 @@ class _Labels:
             raise self.err(f"{self.source}: column {self.name!r}, row {self.first_row[j]}: {keys[j]!r} is not an "
                            "integer label" + (" (a label is an integer, or text that is no number, such as a uid)"
                                               if self.text else ""))
-        return codes, [k if isinstance(k, str) else str(x) for k, x in zip(keys, ints)]
+        names = [k if isinstance(k, str) else str(x) for k, x in zip(keys, ints)]
+        texts, remap = np.unique(np.asarray(names, dtype=object).astype(str), return_inverse=True)
+        if texts.size < len(names):  # JSON 1 and "1": one text, so one group
+            first = {}
+            for j, t in enumerate(remap.tolist()):
+                first.setdefault(t, j)
+            order = sorted(first, key=lambda t: self.first_row[first[t]])
+            renum = np.empty(texts.size, np.int64)
+            renum[order] = np.arange(len(order))
+            return renum[remap][codes], [str(texts[t]) for t in order]
+        return codes, names
 
 
 def _float_cells(cells, name: str, source: str, row0: int, text: bool) -> np.ndarray:
@@ -378,6 +394,8 @@ def _float_cells(cells, name: str, source: str, row0: int, text: bool) -> np.nda
         if not text and any(isinstance(v, (bool, str)) or v is None for v in cells):
             raise ValueError
         out = np.array(cells, dtype=np.float64)
+        if out.ndim != 1:  # JSON arrays as values: named cell by cell below
+            raise ValueError
     except (ValueError, TypeError, OverflowError):
         return _float_column(cells, name, source, text=text, row0=row0)
     with np.errstate(invalid="ignore"):

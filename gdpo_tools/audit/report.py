@@ -46,8 +46,10 @@ def render(report: dict) -> str:
             said = "; ".join(f"[{f['code']}] {f['message']}" for f in g["findings"]) or "-"
             lines.append(f"{str(g['group']):>8} {g['size']:>5} {('yes' if g['signal'] else 'NO'):>6}  {said}")
     if len(shown) < report["groups_total"]:
+        where = ("--json lists them" if report["groups_listed"] == "all" else
+                 "counted in the findings above; --json lists only the groups with warnings too")
         lines.append(f"({report['groups_total'] - len(shown):,} groups without warnings not listed: more than "
-                     f"{LIST_ALL_GROUPS} groups; --json lists them)")
+                     f"{LIST_ALL_GROUPS} groups; {where})")
     lines.append("")
     for u in report["units"][:LIST_ALL_GROUPS]:
         if u["max_cond"] is None:

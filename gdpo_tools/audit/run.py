@@ -224,8 +224,8 @@ def audit(batch: Batch, weights=None, eps: float = DEFAULT_EPS, progress: bool |
     conventions (default: when exact)."""
     r = batch.rewards
     N, K = r.shape
+    peers = N <= EXACT_SAMPLES if peers is None else peers  # --exact alone adds no peer passes
     exact = N <= EXACT_SAMPLES if exact is None else exact
-    peers = exact if peers is None else peers
     bar = bar or Progress(N > EXACT_SAMPLES if progress is None else progress)
     if weights is not None:
         w = _weights(weights, batch.names, "the weights given (--weights)")
