@@ -318,7 +318,7 @@ def reach_verdict(lim: Limit) -> tuple[str, str, str]:
     if axis == "guarantee":
         return "-", "holds for every batch (a guarantee of impl.gdpo, not a limit)", "guarantee"
     if axis == "setting":
-        return at, "reached by that training choice", "setting"
+        return at, "reached when the run has this (a setting, or rewards of that kind)", "setting"
     what, bound, side = REAL[axis]
     real = at <= bound if side == "le" else at >= bound
     where = f"{what} {fmt(at)}"
@@ -332,15 +332,17 @@ def reach_verdict(lim: Limit) -> tuple[str, str, str]:
 
 
 def training_table(results) -> Table:
-    rows = [[lim.id, *reach_verdict(lim)[:2]] for lim, _ok, _measured in results]
-    kinds = [reach_verdict(lim)[2] for lim, _ok, _measured in results]
+    verdicts = [reach_verdict(lim) for lim, _ok, _measured in results]
+    rows = [[lim.id, where, said] for (lim, _ok, _measured), (where, said, _kind) in zip(results, verdicts)]
+    kinds = [kind for _where, _said, kind in verdicts]
     real = [lim.id for (lim, _o, _m), k in zip(results, kinds) if k == "real"]
     setting = [lim.id for (lim, _o, _m), k in zip(results, kinds) if k == "setting"]
     intro = (f"A realistic batch, here: rewards from 0/1 up to response lengths of {REAL_MAX_REWARD:,.0f} tokens, "
              f"integer-valued (so a column that varies within a group of up to 16 has std >= {fmt(REAL_MIN_STD)}), "
              "weights of order one. Of the "
              f"{len(results)} documented limits, {len(real)} can be reached by such a batch with no special setting "
-             f"({', '.join(real) or 'none'}), {len(setting)} by a training choice ({', '.join(setting)}), "
+             f"({', '.join(real) or 'none'}), {len(setting)} when the run has a particular setting or kind of reward "
+             f"({', '.join(setting)}), "
              f"{kinds.count('constructed')} only by constructed inputs (or continuous scores with a tiny spread), "
              f"and {kinds.count('guarantee')} are guarantees. impl.gdpo computes the constructed cases correctly "
              "too (the impl-* rows); the float32 peers do not. Where each starts comes from the case the entry is "
