@@ -401,7 +401,7 @@ def test_fallback_nan_entries(convention):
     _fallback(new.combined, old.combined, grp0)
     _fallback(new, old, grp0)
     assert new.cond_sharp[~grp0].all()  # the other unit
-    if convention != "ms_swift":
+    if get_convention(convention).nan != "propagate":  # ms_swift 4.6.0 skips NaN too (its preset, issue 20)
         assert new.z.cond_sharp[:4, 1].all()
     else:  # NaN flows through the group (and its unit): no cond at all there
         assert np.isnan(new.cond[grp0]).all() and np.isnan(new.z.cond[:4, 0]).all()

@@ -31,7 +31,7 @@ def test_oracle_example_says_verl_needs_token_counts():
     """The oracle example lists its conventions; "verl" whitens per token and raises
     ShapeError without token_counts, so the README says so where it names it, and the
     example runs under "verl" once token_counts are passed."""
-    block = next(b for b in BLOCKS if "gdpo.advantages(" in b and 'convention="spec"' in b)
+    block = next(b for b in BLOCKS if "gdpo.gdpo_advantages(" in b and 'convention="spec"' in b)
     line = next(ln for ln in block.splitlines() if '"verl"' in ln)
     assert "token_counts" in line, line
     from spec import ShapeError
