@@ -242,6 +242,7 @@ def audit(batch: Batch, weights=None, eps: float = DEFAULT_EPS, progress: bool |
     uorder = np.argsort(units, kind="stable")  # whitening units as consecutive segments for impl
     ulabels, uinverse, usizes = np.unique(units, return_inverse=True, return_counts=True)
     uinverse = uinverse.reshape(-1)
+    ustarts = np.concatenate([[0], np.cumsum(usizes)[:-1]])  # each unit's first row in uorder
     bar.start("impl.gdpo")
     c, impl_a, signal = _impl_values(batch, groups, uorder, uinverse, usizes, w, eps, bar)
     bar.update(1.0)
@@ -266,10 +267,10 @@ def audit(batch: Batch, weights=None, eps: float = DEFAULT_EPS, progress: bool |
         ratio = _over_bound(impl_a, res.float64, res.allowed("float64"), res.required_zero)
         over = groups.reduce_max(ratio)
         unit_collapsed[np.searchsorted(ulabels, res.unit_labels)] = res.unit_collapsed
-        unit_cond = np.maximum.reduceat(res.cond[uorder], np.concatenate([[0], np.cumsum(usizes)[:-1]]))
+        unit_cond = np.maximum.reduceat(res.cond[uorder], ustarts)
         unit_cond_sharp = np.minimum.reduceat(res.cond_sharp[uorder],
-                                              np.concatenate([[0], np.cumsum(usizes)[:-1]])).astype(bool)
-        unit_over = np.maximum.reduceat(ratio[uorder], np.concatenate([[0], np.cumsum(usizes)[:-1]]))
+                                              ustarts).astype(bool)
+        unit_over = np.maximum.reduceat(ratio[uorder], ustarts)
         checked = np.arange(G)
         checked_units = np.arange(ulabels.size)
         bar.update(1.0)
@@ -295,7 +296,6 @@ def audit(batch: Batch, weights=None, eps: float = DEFAULT_EPS, progress: bool |
             bar.update(min(1.0, (lo + part.size) / checked.size))
         # units: collapsed where impl's combined values are all equal (exact there: structural
         # zeros are exact in impl.gdpo); Eq. 6 checked exactly on a few units of moderate size
-        ustarts = np.concatenate([[0], np.cumsum(usizes)[:-1]])
         cu = c[uorder]
         unit_collapsed = np.minimum.reduceat(cu, ustarts) == np.maximum.reduceat(cu, ustarts)
         small = np.flatnonzero(usizes <= EXACT_UNIT)
