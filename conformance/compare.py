@@ -175,8 +175,11 @@ def repro(subject, case, prop: str | None = None) -> str:
             f" --case {shlex.quote(case.dumps())}")
 
 
-def failure(prop: str, equation: str, subject, case, headline: str, details=()) -> str:
-    lines = [f"[{prop}] {equation} of {subject.target} (call shape {subject.shape}, convention "
+def failure(prop: str, equation: str, subject, case, headline: str, details=(), category=None) -> str:
+    from conformance.verdicts import label
+
+    what = f" [{label(category)}]" if category else ""
+    lines = [f"[{prop}]{what} {equation} of {subject.target} (call shape {subject.shape}, convention "
              f"{subject.convention!r}): {headline}"]
     lines += [f"  {d}" for d in details]
     lines.append("  inputs: " + describe_inputs(case).lstrip())

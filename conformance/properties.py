@@ -62,16 +62,26 @@ import pytest
 
 
 class ConformanceFailure(AssertionError):
-    """A property does not hold for the implementation under test."""
+    """A property does not hold for the implementation under test.
+
+    ``category``: one of :data:`conformance.verdicts.CATEGORIES` (what the failure means);
+    ``worst_ulps`` / ``worst_dtype``: the worst error in ulps of the dtype the
+    implementation is judged at, where the failure is a distance (else None)."""
+
+    category: str | None = None
+    worst_ulps: float | None = None
+    worst_dtype: str | None = None
 
 
 class NotJudged(Exception):
     """Outside a hypothesis run: the case falls under a known oracle limit."""
 
 
-def _fail(prop, equation, subject, case, headline, details=()):
-    exc = ConformanceFailure(failure(prop, equation, subject, case, headline, details))
+def _fail(prop, equation, subject, case, headline, details=(), category=None, worst_ulps=None,
+          worst_dtype=None):
+    exc = ConformanceFailure(failure(prop, equation, subject, case, headline, details, category))
     exc.case = case  # the failing call itself (one of several for the errors property)
+    exc.category, exc.worst_ulps, exc.worst_dtype = category, worst_ulps, worst_dtype
     raise exc
 
 

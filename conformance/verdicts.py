@@ -1,0 +1,58 @@
+"""What a failure means for the maintainer who reads it: its category, and its worst error.
+
+Every :class:`conformance.properties.ConformanceFailure` carries one category of
+:data:`CATEGORIES` (``failure.category``) and, where the failure is a distance from
+the exact value, the worst error in ulps of the dtype the implementation is judged
+at (``failure.worst_ulps``, ``failure.worst_dtype``). The summary table of a grading
+run (:mod:`conformance.plugins`), its JSON and the generated peers page
+(``spec/peers.md``) print them.
+
+A category is decided by the judge from what the implementation returned, never from
+the text of the failure:
+
+``silent_zero``
+    an output exactly 0 where the exact value is not 0 and the error model does not
+    allow 0 (a column or a group dropped without a word: float overflow squared to
+    inf, an inf reward turned into 0);
+``non_finite``
+    a NaN or an infinity returned where the exact result is finite (padding tokens
+    included: NaN times a 0 mask is NaN);
+``precision``
+    a finite output farther from the exact value than the error model of the
+    convention's own algorithm at its own working precision allows;
+``exact_zero``
+    a structural zero the convention demands bit for bit is not exactly 0;
+``refused``
+    an exception where the contract computes the case;
+``accepted``
+    a result where the contract refuses the input (bad input accepted silently);
+``wrong_class``
+    a clear refusal of a bad input with an exception class other than
+    ``spec.errors``' (reported, and a failure only under the strict error contract);
+``call_shape``
+    the output breaks its call shape (dtype, shape, device, an input written to);
+``formula``
+    graded against ``spec``, the output follows a different formula (which equation,
+    how: :func:`formula_differences`).
+"""
+
+from __future__ import annotations
+
+CATEGORIES: dict[str, str] = {
+    "silent_zero": "silent zero",
+    "non_finite": "non-finite output",
+    "precision": "accuracy beyond its own precision",
+    "exact_zero": "structural zero not exact",
+    "refused": "refused where the contract computes",
+    "accepted": "bad input accepted silently",
+    "wrong_class": "refused with another exception class",
+    "call_shape": "output breaks its call shape",
+    "formula": "formula differs from the paper",
+}
+
+
+def label(category: str | None) -> str:
+    """The category's words (``-`` for none)."""
+    if not category:
+        return "-"
+    return CATEGORIES.get(category, category)
