@@ -41,15 +41,28 @@ class Verdict:
     bad: list  # indices outside the bound (or not exactly zero where demanded)
     ratio: float  # max error / allowed over outputs with allowed > 0 (for hypothesis.target)
     rows: list  # per listed index: text
+    #: what the failure means (conformance.verdicts): non_finite, silent_zero, exact_zero or precision
+    category: str | None = None
+    #: the worst error among the bad outputs, in ulps of ``judged_dtype`` (inf: a non-finite output)
+    worst_ulps: float | None = None
+    judged_dtype: str | None = None
 
     @property
     def ok(self) -> bool:
         return not self.bad
 
 
+def judged_dtype(out_dtype: str, native_dtype: str = "float64") -> str:
+    """The dtype whose ulps measure an error: the output's where it is narrower than the
+    working precision, else the working precision's (a float32 code returning float64)."""
+    from spec.error_model import FORMATS
+
+    return out_dtype if FORMATS[out_dtype][0] <= FORMATS[native_dtype][0] else native_dtype
+
+
 def judge(observed: np.ndarray, exact: np.ndarray, allowed: np.ndarray, cond: np.ndarray, out_dtype: str,
           must_be_zero: np.ndarray | None = None, rounded: np.ndarray | None = None,
-          zero_why=None) -> Verdict:
+          zero_why=None, native_dtype: str = "float64") -> Verdict:
     """Outputs vs the correctly rounded exact values under the per-output bound.
 
     ``rounded``: the exact values correctly rounded into ``out_dtype`` (the oracle's
@@ -86,7 +99,23 @@ def judge(observed: np.ndarray, exact: np.ndarray, allowed: np.ndarray, cond: np
             continue
         rows.append(_bound_row(i, obs[i], exact[i], err[i], allowed[i], ratios[i], cond[i], out_dtype,
                                None if rounded is None else float(np.asarray(rounded, dtype=np.float64)[i])))
-    return Verdict(bad.tolist(), ratio, rows)
+    category = worst = None
+    in_dtype = judged_dtype(out_dtype, native_dtype)
+    if bad.size:
+        b = bad
+        if np.any(~np.isfinite(obs[b]) & np.isfinite(exact[b])):
+            category = "non_finite"
+        elif np.any((obs[b] == 0.0) & (exact[b] != 0.0) & ~zero[b]):
+            category = "silent_zero"
+        elif np.all(zero[b]):
+            category = "exact_zero"
+        else:
+            category = "precision"
+        with np.errstate(over="ignore", invalid="ignore"):
+            ulps = [err[i] / ulp(exact[i], in_dtype) for i in b.tolist()]
+        fin = [u for u in ulps if np.isfinite(u)]
+        worst = math.inf if len(fin) < len(ulps) else float(max(fin))
+    return Verdict(bad.tolist(), ratio, rows, category, worst, in_dtype)
 
 
 def _bound_row(i, obs, exact, err, allowed, ratio, cond, out_dtype, rounded) -> str:

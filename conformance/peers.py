@@ -101,6 +101,15 @@ def multireward_grpo(rewards, *, group_ids=None, group_size=None, weights=None, 
     return _to_out_dtype(adv, out_dtype)
 
 
+multireward_grpo.gdpo_convention = "multireward_grpo"
+multireward_grpo.gdpo_domain = {
+    "out_dtypes": ("float64",),
+    "units": False,
+    "why": "multireward-grpo returns float64 (a narrower output would be this adapter's cast, not the peer's) "
+           "and has no Eq. 6 (no whitening units to pass)",
+}
+
+
 def ms_swift(rewards_per_func, num_generations, reward_weights):
     """ms-swift's ``compute_advantages(rewards_per_func, reward_weights, num_generations,
     scale_rewards="gdpo")`` in the trl shape (its own argument names, contiguous groups
@@ -206,3 +215,10 @@ def trl(rewards_per_func, num_generations, reward_weights):
     )
     out = GRPOTrainer._generate_and_score_completions(trainer, [{"prompt": "p"} for _ in range(n)])
     return out["advantages"]
+
+
+# the convention each adapter's peer computes (graded against spec, a failure that holds under it is
+# a formula difference: conformance.properties)
+ms_swift.gdpo_convention = "ms_swift"
+verl.gdpo_convention = "verl"
+trl.gdpo_convention = "trl"

@@ -177,6 +177,12 @@ class CallShapeViolation(Exception):
     """The implementation's output breaks its call shape (e.g. a verl result that is not
     one value per sample on its response tokens and 0 on padding)."""
 
+class NonFiniteOutput(CallShapeViolation):
+    """A NaN or an infinity in the output where the call shape reads one value per sample
+    (e.g. NaN on a verl padding token: NaN times a 0 mask is NaN): graded as a non-finite
+    output, not as a breach of the call shape."""
+
+
 class InputModified(CallShapeViolation):
     """The implementation wrote into a tensor the caller passed (the contract reads its
     inputs and never changes them)."""
@@ -305,14 +311,55 @@ class Subject:
         return f if callable(f) else None
 
     # -------------------------------------------------------- what it expresses
+    def domain(self) -> dict:
+        """The implementation's declared domain: the function's ``gdpo_domain`` attribute, a
+        dict of :class:`conformance.strategies.Context` fields it narrows (``input_dtypes``,
+        ``out_dtypes``, ``labels``, ``units``, ``eps``) and ``why``, one line saying why. The
+        search stays inside it and the report states it; {} where none is declared."""
+        d = getattr(self.fn, "gdpo_domain", None) or {}
+        if not isinstance(d, dict):
+            raise ValueError(f"{self.target}.gdpo_domain must be a dict, got {type(d).__name__}")
+        fields = {f.name for f in dataclasses.fields(Context)}
+        unknown = set(d) - fields - {"why"}
+        if unknown:
+            raise ValueError(f"{self.target}.gdpo_domain: unknown field(s) {sorted(unknown)}; known: {sorted(fields)}")
+        return dict(d)
+
+    def own_convention(self) -> str | None:
+        """The convention the implementation declares it computes (its function's
+        ``gdpo_convention`` attribute, a preset name), or None. Graded against ``spec``, a
+        failure that holds under this convention is a formula difference, named as such."""
+        name = getattr(self.fn, "gdpo_convention", None)
+        return None if name is None else get_convention(name).name
+
+    def domain_statement(self) -> str:
+        """One line: the declared domain, or that none is declared."""
+        d = self.domain()
+        if not d:
+            return "no domain declared: graded on every input its call shape expresses"
+        parts = [f"{k}={v!r}" for k, v in d.items() if k != "why"]
+        return "declared domain " + ", ".join(parts) + (f" ({d['why']})" if d.get("why") else "")
+
     def context(self) -> Context:
         if self.shape == "trl":
-            return Context(labels=False, units=False, eps=False, input_dtypes=("float32",),
-                           out_dtypes=("float32",), weights_dtype="float32")
-        if self.shape == "verl":
-            return Context(labels=True, units=False, eps=False, input_dtypes=("float32",),
-                           out_dtypes=("float32",), weights_dtype="float64")
-        return Context()
+            ctx = Context(labels=False, units=False, eps=False, input_dtypes=("float32",),
+                          out_dtypes=("float32",), weights_dtype="float32")
+        elif self.shape == "verl":
+            ctx = Context(labels=True, units=False, eps=False, input_dtypes=("float32",),
+                          out_dtypes=("float32",), weights_dtype="float64")
+        else:
+            ctx = Context()
+        narrowed = {}
+        for key, value in self.domain().items():
+            if key == "why":
+                continue
+            have = getattr(ctx, key)
+            if isinstance(have, tuple):  # a domain narrows what the shape expresses, never widens it
+                value = tuple(v for v in value if v in have)
+            elif isinstance(have, bool):
+                value = bool(value) and have
+            narrowed[key] = value
+        return dataclasses.replace(ctx, **narrowed)
 
     def unsupported(self, needs: frozenset) -> str | None:
         """Why a property with these needs cannot run here (None: it can)."""
@@ -327,6 +374,9 @@ class Subject:
         for need, why in CANNOT_EXPRESS.get(self.shape, ()):
             if need in needs:
                 return f"call shape {self.shape!r} cannot express this: {why}"
+        for need in ("units", "eps"):
+            if need in needs and self.domain().get(need, True) is False:
+                return f"outside the declared domain ({need}): {self.domain_statement()}"
         if "stages" in needs and (self.stage("normalize_rewards") is None or self.stage("whiten") is None):
             return f"{self.target} has no normalize_rewards/whiten beside it"
         return None
@@ -431,7 +481,9 @@ class Subject:
         the response tokens and 0 on padding."""
         kw = self.verl_arguments(case)
         lengths = verl_lengths(kw["response_mask"].shape[0])  # before the call: the mask is the callee's
-        out = self.fn(**kw)
+        watched = {f"token_level_rewards[{k!r}]": v for k, v in kw["token_level_rewards"].items()}
+        watched["response_mask"] = kw["response_mask"]
+        out = _unchanged(lambda: self.fn(**kw), watched)
         if isinstance(out, (tuple, list)) and out and isinstance(out[0], torch.Tensor):
             out = out[0]  # verl's estimators return (advantages, returns)
         if not isinstance(out, torch.Tensor):
@@ -481,7 +533,8 @@ def verl_per_sample(out: torch.Tensor, lengths: np.ndarray) -> torch.Tensor:
         bad = np.flatnonzero(~(pad == 0.0))  # NaN is not 0
         if bad.size:
             j = length + int(bad[0])
-            raise CallShapeViolation(
+            kind = CallShapeViolation if np.isfinite(vals[i, j]) else NonFiniteOutput
+            raise kind(
                 f"call shape 'verl': sample {i} has {length} response token(s) of {t}; its padding token {j} "
                 f"(response_mask 0) carries {float(vals[i, j])!r}: masked tokens must be exactly 0 "
                 f"(token row {vals[i].tolist()})")

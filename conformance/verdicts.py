@@ -31,6 +31,9 @@ the text of the failure:
     ``spec.errors``' (reported, and a failure only under the strict error contract);
 ``call_shape``
     the output breaks its call shape (dtype, shape, device, an input written to);
+``policy``
+    under a peer's convention, an input its NaN or singleton policy computes gives
+    another result than that policy's;
 ``formula``
     graded against ``spec``, the output follows a different formula (which equation,
     how: :func:`formula_differences`).
@@ -48,6 +51,7 @@ CATEGORIES: dict[str, str] = {
     "wrong_class": "refused with another exception class",
     "call_shape": "output breaks its call shape",
     "formula": "formula differs from the paper",
+    "policy": "not the convention's own NaN or singleton policy",
 }
 
 

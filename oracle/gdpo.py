@@ -710,8 +710,9 @@ def gdpo_advantages(rewards, group_ids=None, weights=None, unit_ids=None, eps=No
                        zr, zzero, zcond, zdelta, cr, czero, ccond, cdelta, cframe, ccframe, cforms, cnan,
                        info=(g, colinfo))
         cancelled[g] = bool(np.all(czero[idx]))
-        zreq[idx] = collapsed[g]
-        creq[idx] = _structural_zero(cols, wq, cancelled[g])
+        if conv.algorithm == "shift_invariant":  # a code subtracting a rounded mean reproduces no zero bit
+            zreq[idx] = collapsed[g]               # for bit (a constant column's mean leaves a residue):
+            creq[idx] = _structural_zero(cols, wq, cancelled[g])  # its zeros are held to its bound
 
     # ccond/cdelta hold c's sensitivities in per-sample frames (2^ccframe, 2^cframe) so they cannot overflow
     with np.errstate(over="ignore"):
@@ -954,6 +955,8 @@ def _group_numbers(idx, cols, r, wq, w, dws, conv, eps_g, classes,
         rho = float(Fraction(col.rho) * _pow2(col.E - e))
         if col.rho and rho == 0.0:  # flushed in a frame lifted by a huge eps: a range, not a collapse
             rho = 5e-324
+        if conv.algorithm == "mean_then_subtract" and nv:  # r - mean(r): rounding scales with the magnitude
+            rho = max(rho, float(np.max(np.abs(np.ldexp(vals[sel], -e)))))
         d_model = em.model_dev_perturbation(rho, nv, tau=math.ldexp(em.TAU, -e))
         # one ulp of each input, measured in the frame (spacing(DBL_MAX) itself is inf);
         # a subnormal's ulp is the absolute 2^-1074 whatever the frame
@@ -965,7 +968,9 @@ def _group_numbers(idx, cols, r, wq, w, dws, conv, eps_g, classes,
             continue
         if nv == 0:
             continue
-        dz_model[sel, k] = em.group_stage(dev, d_model, sigma, denom, zs[sel, k], nv, conv.group_ddof)
+        cap_u = conv.unit_roundoff if (conv.algorithm == "mean_then_subtract"
+                                       and conv.group_eps_placement in ("std", "var")) else None
+        dz_model[sel, k] = em.group_stage(dev, d_model, sigma, denom, zs[sel, k], nv, conv.group_ddof, cap_u=cap_u)
         # at a zero std the stage-wise condition sees the denominator a perturbed column has as it
         # un-collapses: eps (std, std_if_positive) or none, 0 (skip_if_zero, or eps = 0): then
         # Samuelson's cap (not the placeholder 1 the collapse rule divides by)
@@ -1174,7 +1179,7 @@ def _whiten(forms, nan, c64, dcond, cond_frame, dmodel, model_frame, uidx, t, co
         ttf = tt.astype(np.float64)
         m_s, s_s, den_s = _scaled_unit_terms(mean, var, eps_w, conv, frame, classes)
         adelta[idx] = em.whiten_stage(dmodel_s[idx], cs[idx], m_s, vals64, s_s, den_s, conv.whiten_ddof, ttf,
-                                      tau=math.ldexp(em.TAU, -frame))
+                                      tau=math.ldexp(em.TAU, -frame), unit_roundoff=conv.unit_roundoff)
         if coll and areq[idx[0]]:
             adelta[idx] = 0.0  # the structural zero: demanded bit for bit
         elif areq[idx].any():

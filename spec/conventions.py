@@ -30,6 +30,16 @@ Field values (each is checked in ``Convention.__post_init__``):
 ``whiten``
     ``"per_sample"`` (Eq. 6 over samples of a unit), ``"per_token"`` (each
     sample weighted by its token count, verl's ``masked_whiten``), ``"none"``.
+``native_dtype``
+    The working precision of the convention's code (``"float32"``, ``"float64"``):
+    a grading under the convention judges the code at this precision (the error
+    model evaluated with its unit roundoff, :attr:`Convention.unit_roundoff`).
+``algorithm``
+    How the code computes a group's deviations, which decides the error model it
+    is entitled to (``spec/error_model.py``): ``"shift_invariant"`` (this
+    project's: one member of the group subtracted first, so rounding scales with
+    the group's range) or ``"mean_then_subtract"`` (the textbook two-pass of every
+    peer: ``r - mean(r)``, so rounding scales with the group's magnitude).
 """
 
 from __future__ import annotations
@@ -45,6 +55,9 @@ _SINGLETON = ("error", "zero", "raw")
 _NAN = ("error", "propagate", "zero_first", "nan_aware")
 _WHITEN = ("per_sample", "per_token", "none")
 _DTYPES = ("float32", "float64")
+_ALGORITHMS = ("shift_invariant", "mean_then_subtract")
+#: unit roundoff of each working precision
+_UNIT_ROUNDOFF = {"float32": 2.0 ** -24, "float64": 2.0 ** -53}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,6 +77,7 @@ class Convention:
     nan: str
     native_dtype: str
     notes: str = ""
+    algorithm: str = "mean_then_subtract"
     #: Provenance of a peer preset: the distribution it was read from (as pip names it),
     #: its exact version, the entry point (``module:function``, or ``module:Class.method``)
     #: whose code path was read, and the file inside the package that holds it. Empty for
@@ -85,6 +99,7 @@ class Convention:
             "nan": (self.nan, _NAN),
             "whiten": (self.whiten, _WHITEN),
             "native_dtype": (self.native_dtype, _DTYPES),
+            "algorithm": (self.algorithm, _ALGORITHMS),
         }
         for field, (value, allowed) in checks.items():
             if value not in allowed:
@@ -102,6 +117,11 @@ class Convention:
         if not self.package:
             return self.read_from or "-"
         return f"{self.package}=={self.version}, {self.read_from}: {self.entry_point}"
+
+    @property
+    def unit_roundoff(self) -> float:
+        """The unit roundoff of the working precision (2^-24 for float32, 2^-53 for float64)."""
+        return _UNIT_ROUNDOFF[self.native_dtype]
 
     @property
     def min_group_size(self) -> int:
@@ -129,6 +149,7 @@ SPEC = Convention(
     nan="error",
     native_dtype="float64",
     notes="float64 internals, one final cast; Eq. 6 per training batch (unit) across ranks",
+    algorithm="shift_invariant",
 )
 
 CONVENTIONS: dict[str, Convention] = {
@@ -271,3 +292,42 @@ def get_convention(convention: "str | Convention") -> Convention:
         raise ValueError(
             f"unknown convention {convention!r}; known: {', '.join(sorted(CONVENTIONS))}"
         ) from None
+
+
+def differences(convention: "str | Convention", base: "str | Convention" = "spec") -> list[str]:
+    """How ``convention``'s formula differs from ``base``'s (default ``spec``), one line per
+    choice, naming the equation: what a grading against ``spec`` calls a formula difference."""
+    c, b = get_convention(convention), get_convention(base)
+    out = []
+
+    def eps_text(eps, placement):
+        return {"std": f"std + {eps:g}", "var": f"sqrt(var + {eps:g})",
+                "std_if_positive": f"std + {eps:g} where std > 0, else undivided",
+                "skip_if_zero": "std (no eps), the step skipped where std = 0"}[placement]
+
+    if c.group_ddof != b.group_ddof:
+        out.append(f"Eq. 4: {'biased' if c.group_ddof == 0 else 'unbiased'} std (ddof {c.group_ddof}), "
+                   f"{b.name} ddof {b.group_ddof}")
+    if (c.group_eps, c.group_eps_placement) != (b.group_eps, b.group_eps_placement):
+        out.append(f"Eq. 4: divides by {eps_text(c.group_eps, c.group_eps_placement)}, "
+                   f"{b.name} by {eps_text(b.group_eps, b.group_eps_placement)}")
+    if c.whiten != b.whiten:
+        what = {"none": "no Eq. 6 (no batch whitening)", "per_token": "Eq. 6 weighted by token counts",
+                "per_sample": "Eq. 6 per sample"}[c.whiten]
+        out.append(f"Eq. 6: {what}, {b.name} {b.whiten.replace('_', ' ')}")
+    if c.whiten != "none" and ((c.whiten_ddof, c.whiten_eps, c.whiten_eps_placement)
+                               != (b.whiten_ddof, b.whiten_eps, b.whiten_eps_placement)):
+        out.append(f"Eq. 6: ddof {c.whiten_ddof}, divides by {eps_text(c.whiten_eps, c.whiten_eps_placement)}; "
+                   f"{b.name} ddof {b.whiten_ddof}, {eps_text(b.whiten_eps, b.whiten_eps_placement)}")
+    if c.singleton != b.singleton:
+        out.append(f"Eq. 4: a group of one gives {'z = 0' if c.singleton == 'zero' else 'z = r / (1 + eps)' if c.singleton == 'raw' else 'an error'}"
+                   f", {b.name}: {b.singleton}")
+    if c.nan != b.nan:
+        out.append(f"NaN rewards: {c.nan.replace('_', ' ')}, {b.name}: {b.nan}")
+    if c.algorithm != b.algorithm:
+        out.append(f"Eq. 4 algorithm: {c.algorithm.replace('_', ' ')} (rounding relative to the "
+                   f"{'magnitude' if c.algorithm == 'mean_then_subtract' else 'range'}), {b.name} "
+                   f"{b.algorithm.replace('_', '-')}")
+    if c.native_dtype != b.native_dtype:
+        out.append(f"arithmetic in {c.native_dtype}, {b.name} in {b.native_dtype}")
+    return out

@@ -85,9 +85,28 @@ std it is the Samuelson cap above instead) and may overstate it many times over:
 it drops the cancellations that make z, c and a nearly shift- and scale-invariant
 (a group of two with eps 1e-4: about 3.5e4 times; without limit as eps shrinks).
 
-``scale="magnitude"`` replaces ρ by max |r| of the column: the bound of a plain
-(not shift-invariant) two-pass algorithm, used by the tables to show what the
-naive algorithm is entitled to.
+A peer's own code (grading under a convention). A convention names the algorithm
+its code runs (``Convention.algorithm``) and its working precision
+(``Convention.native_dtype``); a grading under it evaluates this same running bound
+for that algorithm at that precision, never this project's algorithm in float64:
+
+* ``mean_then_subtract`` (every peer: ``r - mean(r)``, then the std of r): ρ is
+  replaced by max |r| of the column (the deviations from a rounded mean carry an
+  error relative to the magnitude, not the range), so a constant column of
+  nonzero values is not a collapse to that code (its rounded mean leaves a
+  residue) and gets a bound instead of a demanded zero. Where that first order
+  overshoots (the residue of a large constant divided by a small eps) Δz is capped
+  by Cauchy-Schwarz on the deviations the code divides by their own std:
+  SAFETY u Δz_j <= sqrt(n - ddof) (1 + (n + 3) u) + |z_j| (:func:`deviation_cap`);
+  likewise the Eq. 6 cap (:func:`noise_cap`) is taken in the code's own u;
+* the unit roundoff u is the working precision's: 2^-24 for float32, 2^-53 for
+  float64 (``Convention.unit_roundoff``).
+
+So a float32 code is judged in float32 ulps (about ten correctly rounded float32
+operations stand between a reward and an advantage), and an error that no
+nearby-input answer explains (a pair whose float32 mean rounds to one of the two)
+still fails: the bound is first order in the code's own u, and a rounding that
+breaks a group's symmetry moves z by O(1).
 """
 
 from __future__ import annotations
@@ -185,7 +204,17 @@ def noise_cap(T: float, ddof: int, t, n: int, a, unit_roundoff: float = FLOAT64_
     return (top + np.abs(np.asarray(a, dtype=np.float64))) / (SAFETY * unit_roundoff)
 
 
-def standardize_groups_stage(dev, d_dev, sigma, denom, z, n, ddof, rounding=True):
+def deviation_cap(n: int, ddof: int, z, unit_roundoff: float = FLOAT64_UNIT_ROUNDOFF) -> np.ndarray:
+    """Δz (units of u) that no z = d / (s + eps) can exceed when s is the std of the very
+    deviations d it divides (Cauchy-Schwarz: d_j^2 <= Σ d^2 = (n - ddof) s^2, centred or
+    not): SAFETY u Δ equals sqrt(n - ddof) (1 + (n + 3) u) + |z_j|. It caps the
+    mean-then-subtract model where its first order overshoots (a constant column of large
+    magnitude: the rounded mean's error over a small eps)."""
+    top = math.sqrt(max(n - ddof, 1)) * (1.0 + (n + 3) * unit_roundoff)
+    return (top + np.abs(np.asarray(z, dtype=np.float64))) / (SAFETY * unit_roundoff)
+
+
+def standardize_groups_stage(dev, d_dev, sigma, denom, z, n, ddof, rounding=True, cap_u=None):
     """Δz for one group column: arrays over its n samples (exact values as float64).
 
     ``d_dev`` is the perturbation of each deviation: ``(n + 3)(ρ + τ)`` for the
@@ -209,7 +238,10 @@ def standardize_groups_stage(dev, d_dev, sigma, denom, z, n, ddof, rounding=True
     if rounding:
         d_denom += 0.5 * (n + 3) * sigma + 2.0 * denom
     if rounding:
-        return (d_dev + z * d_denom) / denom + 3.0 * (z + TAU)  # τ: z itself may underflow (D > 2 (n + 3))
+        with np.errstate(over="ignore"):
+            dz = (d_dev + z * d_denom) / denom + 3.0 * (z + TAU)  # τ: z itself may underflow (D > 2 (n + 3))
+        # cap_u: the unit roundoff of a mean-then-subtract code dividing by its own std (+ eps)
+        return dz if cap_u is None else np.minimum(dz, deviation_cap(n, ddof, z, cap_u))
     if not sigma > 0.0:  # collapsed: one ulp un-collapses the column and z moves by at most
         with np.errstate(over="ignore"):  # Samuelson's bound, however small eps makes the denominator
             return np.minimum((d_dev + z * d_denom) / denom, samuelson(n, ddof) + z)
@@ -282,7 +314,8 @@ def combine_stage_framed(dz, z, weights, d_weights=None, rounding=True):
     return dc, frame.astype(np.int64)
 
 
-def whiten_stage(dc, c, mean, a, sigma, denom, ddof, t=None, collapsed=False, rounding=True, tau=TAU):
+def whiten_stage(dc, c, mean, a, sigma, denom, ddof, t=None, collapsed=False, rounding=True, tau=TAU,
+                 unit_roundoff=FLOAT64_UNIT_ROUNDOFF):
     """Δa for one unit: arrays over its samples (exact values as float64). ``tau``: the
     underflow term, scaled like ``c`` when the caller rescales (as at Eq. 4: a code that
     does not rescale rounds the mean and deviations of subnormal c absolutely)."""
@@ -295,7 +328,7 @@ def whiten_stage(dc, c, mean, a, sigma, denom, ddof, t=None, collapsed=False, ro
     t = np.ones(n) if t is None else np.asarray(t, dtype=np.float64)
     T = float(np.sum(t))
     if not denom > 0.0:  # eps = 0 and a zero std: the unit's outputs are whitened rounding noise
-        return noise_cap(T, ddof, t, n, a) if rounding else samuelson(T, ddof, t)
+        return noise_cap(T, ddof, t, n, a, unit_roundoff) if rounding else samuelson(T, ddof, t)
     d_mean = float(np.sum(t * dc) / T)
     if rounding:
         d_mean += (n + 1) * (float(np.max(np.abs(c))) + tau)
@@ -316,7 +349,7 @@ def whiten_stage(dc, c, mean, a, sigma, denom, ddof, t=None, collapsed=False, ro
             if not sigma > 0.0:  # collapsed: as at a zero denominator, whatever eps (a tiny eps
                 return np.minimum(da, samuelson(T, ddof, t) + a)  # makes the first order meaningless)
             return da
-        return np.minimum(da + 3.0 * (a + TAU), noise_cap(T, ddof, t, n, a))
+        return np.minimum(da + 3.0 * (a + TAU), noise_cap(T, ddof, t, n, a, unit_roundoff))
 
 
 def computed_bound(delta, unit_roundoff=FLOAT64_UNIT_ROUNDOFF, frame=0) -> np.ndarray:

@@ -1,0 +1,75 @@
+"""Implementations for tests/test_native_precision.py: float32 and float64 codes of the peers'
+formula, right and deliberately wrong, in the call shapes the grader takes."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from gdpo_tools.peer_formulas import formula, trl_normalize_then_sum
+from impl.gdpo import gdpo_advantages
+from spec.errors import GDPOError
+
+
+def trl_float32(rewards, num_generations, reward_weights):
+    """TRL's normalize_then_sum in float32 (eager torch): correct at float32's precision."""
+    return trl_normalize_then_sum(rewards, int(num_generations), reward_weights)
+
+
+def trl_bfloat16_deviations(rewards, num_generations, reward_weights, eps=1e-4):
+    """The same, but the deviations rounded to bfloat16 (8 bits) before the divide: wrong by
+    far more than float32's own precision."""
+    r = rewards.to(torch.float32)
+    n, k = r.shape
+    grouped = r.view(-1, int(num_generations), k)
+    dev = (grouped - grouped.mean(dim=1, keepdim=True)).to(torch.bfloat16).to(torch.float32)
+    z = (dev / (grouped.std(dim=1, keepdim=True) + eps)).view(n, k)
+    c = (z * reward_weights.to(torch.float32)).sum(dim=1)
+    return (c - c.mean()) / (c.std() + eps)
+
+
+def _groups(rewards, group_ids, group_size):
+    n = rewards.shape[0]
+    if group_ids is not None:
+        return torch.as_tensor(group_ids).numpy()
+    return np.arange(n) // int(group_size)
+
+
+def multireward_float64(rewards, *, group_ids=None, group_size=None, weights=None, segment_sizes=None,
+                        process_group=None, eps=None, out_dtype=torch.float64):
+    """multireward-grpo's formula (biased std, eps 1e-8 on the std, no Eq. 6) in float64,
+    mean then subtract: correct under convention multireward_grpo at float64's precision."""
+    r = rewards.detach().to(torch.float64).numpy()
+    a = formula("multireward_grpo", r, _groups(rewards, group_ids, group_size), weights=weights,
+                dtype=np.float64)
+    return torch.from_numpy(np.asarray(a, dtype=np.float64)).to(out_dtype)
+
+
+multireward_float64.gdpo_convention = "multireward_grpo"
+multireward_float64.gdpo_domain = {"out_dtypes": ("float64",), "units": False, "eps": False,
+                                   "why": "float64 output, no Eq. 6, the package's eps"}
+
+
+def multireward_noise_floor(rewards, **kw):
+    """The same plus a noise floor: every advantage moved by 1e-12 (far above float64's
+    rounding on advantages of order 1, far below what a float32 grading would see)."""
+    a = multireward_float64(rewards, **kw)
+    return a + torch.where(a >= 0, 1e-12, -1e-12).to(a.dtype)
+
+
+multireward_noise_floor.gdpo_domain = multireward_float64.gdpo_domain
+
+
+def plain_value_errors(rewards, **kw):
+    """impl.gdpo, but every refusal re-raised as a plain ValueError with the same message:
+    a clear refusal of another class than spec.errors'."""
+    try:
+        return gdpo_advantages(rewards, **kw)
+    except GDPOError as e:
+        raise ValueError(str(e)) from None
+
+
+def verl_nan_everywhere(token_level_rewards, response_mask, index, weights=None):
+    """A verl-shaped code whose output is NaN on every token, padding included."""
+    any_t = next(iter(token_level_rewards.values()))
+    return torch.full(any_t.shape, float("nan"), dtype=torch.float32)
