@@ -35,6 +35,7 @@ from fractions import Fraction
 from typing import Callable
 
 import numpy as np
+import torch
 from hypothesis import HealthCheck, Phase, example, given, reject, settings, strategies as st, target
 from hypothesis.control import currently_in_test_context
 from hypothesis.errors import Flaky, UnsatisfiedAssumption
@@ -712,10 +713,16 @@ def error_cases(draw, ctx: S.Context, shape: str, names=None) -> tuple:
 #: that says so, and the value that means "refuse".
 _POLICY_CASES = {"nan_reward": ("nan", "error"), "group_of_one": ("singleton", "error"),
                  "group_size_one": ("singleton", "error")}
+#: Error cases whose input has a value under every convention: integer and bool rewards are exact
+#: floats. A peer that computes them must return the convention's result on those values (a peer
+#: that refuses them passes too); accepting them is not a defect of the formula.
+_VALUE_CASES = ("integer_rewards", "bool_rewards")
 #: Error cases that are this project's choices, not defects of a peer's formula: graded under spec only
 #: (float labels: any hashable is a label to a peer; the two group arguments and the output dtype are the
-#: gdpo shape's own, which an adapter of a peer supplies).
-_SPEC_ONLY_CASES = ("float_labels", "both_group_arguments", "no_group_argument", "out_dtype_integer")
+#: gdpo shape's own, which an adapter of a peer supplies; an empty batch has an empty answer, which
+#: refusing is this project's choice).
+_SPEC_ONLY_CASES = ("float_labels", "both_group_arguments", "no_group_argument", "out_dtype_integer",
+                    "empty_batch")
 
 
 def _check_policy(subject: Subject, case: Case, prop: str, name: str) -> None:
@@ -725,7 +732,10 @@ def _check_policy(subject: Subject, case: Case, prop: str, name: str) -> None:
     convention's code; a refusal is better than the convention and passes."""
     conv = get_convention(subject.convention)
     eq = f"{name} under convention {conv.name!r}'s policy (nan={conv.nan!r}, singleton={conv.singleton!r})"
-    exp = oracle_verdict(case, subject.convention, subject.token_counts(case))
+    if case.dtype in ("bool", "int64", "int32"):  # judged on the values the tensor holds (bool: 0 and 1)
+        held = subject.tensor(case).to("cpu").to(torch.float64).numpy()
+        case = dataclasses.replace(case, rewards=tuple(tuple(float(v) for v in row) for row in held))
+    exp = expected(case, subject.convention, subject.token_counts(case))  # NaN bounds where NaN propagates
     out = subject.outcome(subject.call, case)
     if exp.error is not None or not out.ok:
         return  # the convention refuses it too, or the implementation refuses it (spec's answer)
@@ -741,9 +751,10 @@ def _check_policy(subject: Subject, case: Case, prop: str, name: str) -> None:
               f"the convention gives {res.float64[i]!r}",
               [f"exact under the convention: {res.float64.tolist()}"], category="policy")
     live = ~want_nan
-    v = judge(np.where(live, obs, 0.0), np.where(live, res.float64, 0.0),
-              np.where(live, res.allowed(case.out_dtype, conv.unit_roundoff), 0.0), res.cond, case.out_dtype,
-              native_dtype=conv.native_dtype)
+    with np.errstate(invalid="ignore"):
+        allowed = np.where(live, np.nan_to_num(res.allowed(case.out_dtype, conv.unit_roundoff), nan=0.0), 0.0)
+    v = judge(np.where(live, obs, 0.0), np.where(live, res.float64, 0.0), allowed,
+              np.nan_to_num(res.cond, nan=0.0), case.out_dtype, native_dtype=conv.native_dtype)
     if not v.ok:
         _fail(prop, eq, subject, case, f"{len(v.bad)} of {case.n} advantages outside the error model of the "
               f"convention's policy", v.rows, category="policy" if v.category == "precision" else v.category,
@@ -767,7 +778,7 @@ def check_error(subject: Subject, cases, prop: str = "errors") -> None:
             if name in _SPEC_ONLY_CASES:
                 continue
             policy = _POLICY_CASES.get(name)
-            if policy is not None and getattr(conv, policy[0]) != policy[1]:
+            if (policy is not None and getattr(conv, policy[0]) != policy[1]) or name in _VALUE_CASES:
                 _check_policy(subject, case, prop, name)
                 continue
             out = subject.outcome(subject.call, case)

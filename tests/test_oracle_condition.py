@@ -704,8 +704,11 @@ def test_collapsed_unit_takes_the_closed_form(ci):
     assert res.cond_sharp.all()
     r = np.array([[1.0, 1.0], [2.0, 2.0], [4.0, 4.0]])
     res, _ = check_all(r, [0, 0, 0], w=[1.0, -1.0], convention=conv, eps=eps)
-    assert res.unit_collapsed.all() and res.required_zero.all() and np.all(res.allowed() == 0)
-    assert np.all(res.delta == 0)
+    if conv.algorithm == "shift_invariant":
+        assert res.unit_collapsed.all() and res.required_zero.all() and np.all(res.allowed() == 0)
+        assert np.all(res.delta == 0)
+    else:  # a peer's mean-then-subtract code is not held to bitwise zeros: its zeros get its bound
+        assert res.unit_collapsed.all() and not res.required_zero.any() and np.all(res.delta > 0)
     assert res.cond_sharp.all()
 
 
