@@ -79,6 +79,23 @@ the error cases (``properties.ERROR_CASES``) and which it cannot.
   (B, T, 1). Not expressible: a group size not dividing N (``index`` labels accept any
   grouping), float labels (any hashable is a label), two or no group arguments (one
   ``index``), and the eps, unit and output dtype arguments verl does not have.
+
+Declarations of the implementation
+----------------------------------
+An implementation may declare, as attributes of its function:
+
+``gdpo_domain``
+  a dict narrowing what the suite draws for it: ``input_dtypes``, ``out_dtypes``
+  (tuples), ``labels``, ``units``, ``eps`` (False: never passed), and ``why``, one
+  line. The search stays inside it (a property needing what it excludes is skipped,
+  saying so) and the report states it (:meth:`Subject.domain_statement`). It narrows
+  the call shape, never widens it.
+``gdpo_convention``
+  the preset of ``spec.conventions`` it computes. Graded against ``spec``, a failure
+  whose output holds under that convention is reported as a formula difference, with
+  the equations where the two differ (``spec.conventions.differences``).
+
+``conformance.peers`` declares both for each published peer.
 """
 
 

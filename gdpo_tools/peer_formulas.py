@@ -63,7 +63,7 @@ def formula(convention, rewards, group_ids, unit_ids=None, weights=None, token_c
     for m in _members(g):
         for k in range(K):
             x = r[m, k]
-            if conv.nan == "nan_aware":
+            if conv.nan in ("nan_aware", "nan_aware_unscored"):
                 ok = ~np.isnan(x)
                 vals = x[ok]
             else:
@@ -89,7 +89,11 @@ def formula(convention, rewards, group_ids, unit_ids=None, weights=None, token_c
     u = np.zeros(N, np.int64) if unit_ids is None else np.asarray(unit_ids)
     t = np.ones(N, dt) if conv.whiten == "per_sample" else np.asarray(token_counts).astype(dt)
     a = np.zeros(N, dt)
+    scored = ~np.all(np.isnan(r), axis=1) if conv.nan == "nan_aware_unscored" else np.ones(N, bool)
     for m in _members(u):
+        m = m[scored[m]]  # TRL: an unscored sample (every reward NaN) is left out of Eq. 6, advantage 0
+        if m.size < 2 and conv.nan == "nan_aware_unscored":
+            continue
         cu, tu = c[m], t[m]
         T = tu.sum(dtype=dt)
         mean = (tu * cu).sum(dtype=dt) / T

@@ -436,7 +436,7 @@ def _column(vals: np.ndarray, conv: Convention, eps_g: Fraction, classes: ex.Sqr
     n = len(use)
     col.n = n
     if n < 2 and conv.group_ddof == 1 or n == 0:
-        if conv.nan == "nan_aware" and vals.size >= 2:
+        if conv.nan in ("nan_aware", "nan_aware_unscored") and vals.size >= 2:
             n_rule = "zero"  # nanstd of fewer than two values is NaN, later replaced by 0
         else:
             n_rule = conv.singleton
@@ -732,14 +732,22 @@ def gdpo_advantages(rewards, group_ids=None, weights=None, unit_ids=None, eps=No
         ucoll = np.zeros(ul.size, bool)
     else:
         uinfo = _unit_info(ul.size)
-        ar, azero, acond, adelta, ucoll, areq = _whiten(
-            cforms, cnan, cr["float64"], ccond, ccframe, cdelta, cframe,
-            uidx, t, conv, eps_w, classes, creq, labels=ul, uinfo=uinfo,
-            whole=_units_of_whole_groups(gidx, uidx, G, ul.size) if _structural_mean(conv) else None)
+        if conv.nan == "nan_aware_unscored" and nan_in.all(axis=1).any():
+            ar, azero, acond, adelta, ucoll, areq = _whiten_scored(
+                nan_in.all(axis=1), cforms, cnan, cr["float64"], ccond, ccframe, cdelta, cframe,
+                uidx, t, conv, eps_w, classes, creq, ul)
+            uinfo = None
+        else:
+            ar, azero, acond, adelta, ucoll, areq = _whiten(
+                cforms, cnan, cr["float64"], ccond, ccframe, cdelta, cframe,
+                uidx, t, conv, eps_w, classes, creq, labels=ul, uinfo=uinfo,
+                whole=_units_of_whole_groups(gidx, uidx, G, ul.size) if _structural_mean(conv) else None)
         capped = ucoll[uidx] if conv.whiten_eps_placement != "skip_if_zero" else None  # skip: a = c
         acond = _stagewise_up(acond, m_c + _m_whiten(_members(uidx, ul.size)), keep=capped)
         if conv.whiten == "none":  # a = c
             acond, asharp = ccond_t.copy(), csharp.copy()
+        elif uinfo is None:  # unscored samples left out of Eq. 6: the stage-wise bound
+            asharp = np.zeros(N, bool)
         elif conv.whiten == "per_sample":
             acond, asharp = cn.whitened(zc, cok, zr["float64"], ar["float64"], w, gidx, members, uidx, uinfo,
                                         conv.whiten_eps_placement, float(eps_w), acond)
@@ -957,7 +965,8 @@ def _group_numbers(idx, cols, r, wq, w, dws, conv, eps_g, classes,
             rho = 5e-324
         if conv.algorithm == "mean_then_subtract" and nv:  # r - mean(r): rounding scales with the magnitude
             rho = max(rho, float(np.max(np.abs(np.ldexp(vals[sel], -e)))))
-        d_model = em.model_dev_perturbation(rho, nv, tau=math.ldexp(em.TAU, -e))
+        tau = em.underflow_tau(conv.native_dtype)  # the code's own subnormal spacing, in its own u
+        d_model = em.model_dev_perturbation(rho, nv, tau=math.ldexp(tau, -e))
         # one ulp of each input, measured in the frame (spacing(DBL_MAX) itself is inf);
         # a subnormal's ulp is the absolute 2^-1074 whatever the frame
         ulps = np.maximum(np.spacing(np.abs(np.ldexp(vals[sel], -e))), np.ldexp(5e-324, -e))
@@ -970,7 +979,8 @@ def _group_numbers(idx, cols, r, wq, w, dws, conv, eps_g, classes,
             continue
         cap_u = conv.unit_roundoff if (conv.algorithm == "mean_then_subtract"
                                        and conv.group_eps_placement in ("std", "var")) else None
-        dz_model[sel, k] = em.group_stage(dev, d_model, sigma, denom, zs[sel, k], nv, conv.group_ddof, cap_u=cap_u)
+        dz_model[sel, k] = em.group_stage(dev, d_model, sigma, denom, zs[sel, k], nv, conv.group_ddof, cap_u=cap_u,
+                                          tau=tau)
         # at a zero std the stage-wise condition sees the denominator a perturbed column has as it
         # un-collapses: eps (std, std_if_positive) or none, 0 (skip_if_zero, or eps = 0): then
         # Samuelson's cap (not the placeholder 1 the collapse rule divides by)
@@ -996,7 +1006,7 @@ def _group_numbers(idx, cols, r, wq, w, dws, conv, eps_g, classes,
     # be multiplied by a weight at Eq. 7 (1e300 times 0); 5e-324 bounds it
     dz_cond = _floor_cond(dz_cond)
     zcond[idx] = dz_cond
-    cdelta[idx], cframe[idx] = em.combine_stage_framed(dz_model, zs, w)
+    cdelta[idx], cframe[idx] = em.combine_stage_framed(dz_model, zs, w, tau=em.underflow_tau(conv.native_dtype))
     ccond[idx], ccframe[idx] = em.combine_stage_framed(dz_cond, zs, w, d_weights=dws, rounding=False)
 
 
@@ -1065,6 +1075,31 @@ def _unit_info(S: int) -> dict:
     no NaN, not collapsed)."""
     return {"frame": np.zeros(S, dtype=np.int64), "sigma": np.zeros(S), "denom": np.ones(S),
             "ok": np.zeros(S, bool), "collapsed": np.zeros(S, bool), "cap": np.full(S, math.inf)}
+
+
+def _whiten_scored(unscored, cforms, cnan, c64, ccond, ccframe, cdelta, cframe, uidx, t, conv, eps_w, classes,
+                   creq, ul):
+    """Eq. 6 of convention nan="nan_aware_unscored" (TRL): a sample whose every reward is NaN
+    is left out of its unit's statistics and gets advantage 0 (exactly, bound 0); a unit left
+    with fewer than two scored samples gets 0 throughout (the NaN std of one value, then
+    nan_to_num). The other samples are whitened among themselves (:func:`_whiten`)."""
+    N = len(cforms)
+    counts = np.bincount(uidx[~unscored], minlength=ul.size)
+    keep = np.flatnonzero(~unscored & (counts[uidx] >= 2))
+    ar = _rounded_arrays(N); azero = np.ones(N, bool)
+    acond = np.zeros(N); adelta = np.zeros(N); areq = np.zeros(N, bool)
+    ucoll = counts < 2
+    if keep.size:
+        kept_units, sub_uidx = np.unique(uidx[keep], return_inverse=True)
+        sub_t = None if t is None else t[keep]
+        sub = _whiten([cforms[j] for j in keep], cnan[keep], c64[keep], ccond[keep], ccframe[keep], cdelta[keep],
+                      cframe[keep], sub_uidx.reshape(-1), sub_t, conv, eps_w, classes, creq[keep],
+                      labels=ul[kept_units])
+        for fmt in ar:
+            ar[fmt][keep] = sub[0][fmt]
+        azero[keep], acond[keep], adelta[keep], areq[keep] = sub[1], sub[2], sub[3], sub[5]
+        ucoll[kept_units] = sub[4]
+    return ar, azero, acond, adelta, ucoll, areq
 
 
 def _structural_mean(conv: Convention) -> bool:
@@ -1179,7 +1214,8 @@ def _whiten(forms, nan, c64, dcond, cond_frame, dmodel, model_frame, uidx, t, co
         ttf = tt.astype(np.float64)
         m_s, s_s, den_s = _scaled_unit_terms(mean, var, eps_w, conv, frame, classes)
         adelta[idx] = em.whiten_stage(dmodel_s[idx], cs[idx], m_s, vals64, s_s, den_s, conv.whiten_ddof, ttf,
-                                      tau=math.ldexp(em.TAU, -frame), unit_roundoff=conv.unit_roundoff)
+                                      tau=math.ldexp(em.underflow_tau(conv.native_dtype), -frame),
+                                      unit_roundoff=conv.unit_roundoff)
         if coll and areq[idx[0]]:
             adelta[idx] = 0.0  # the structural zero: demanded bit for bit
         elif areq[idx].any():

@@ -26,7 +26,10 @@ Field values (each is checked in ``Convention.__post_init__``):
 ``nan``
     ``"error"``; ``"propagate"`` (NaN flows through the formula);
     ``"zero_first"`` (NaN rewards replaced by 0 before Eq. 4);
-    ``"nan_aware"`` (group statistics skip NaN entries, whose z is then 0).
+    ``"nan_aware"`` (group statistics skip NaN entries, whose z is then 0);
+    ``"nan_aware_unscored"`` (the same, and a sample whose every reward is NaN, one
+    no reward function scored, is left out of Eq. 6 and gets advantage 0; a unit with
+    fewer than two scored samples gets 0 throughout: TRL's ``unscorable_mask``).
 ``whiten``
     ``"per_sample"`` (Eq. 6 over samples of a unit), ``"per_token"`` (each
     sample weighted by its token count, verl's ``masked_whiten``), ``"none"``.
@@ -52,7 +55,7 @@ _DDOF = (0, 1)
 _EPS_PLACEMENT = ("std", "var", "std_if_positive", "skip_if_zero")
 _COLLAPSE = ("exact_equality", "std_positive", "none")
 _SINGLETON = ("error", "zero", "raw")
-_NAN = ("error", "propagate", "zero_first", "nan_aware")
+_NAN = ("error", "propagate", "zero_first", "nan_aware", "nan_aware_unscored")
 _WHITEN = ("per_sample", "per_token", "none")
 _DTYPES = ("float32", "float64")
 _ALGORITHMS = ("shift_invariant", "mean_then_subtract")
@@ -169,9 +172,10 @@ CONVENTIONS: dict[str, Convention] = {
             whiten_eps_placement="std",
             collapse="none",
             singleton="zero",
-            nan="nan_aware",
+            nan="nan_aware_unscored",
             native_dtype="float32",
-            notes="Eq. 6 over the gathered generation batch; advantages nan_to_num(nan=0) at the end",
+            notes="Eq. 6 over the gathered generation batch, unscored samples (every reward NaN) left out of it; "
+                  "advantages nan_to_num(nan=0) at the end",
             package="trl",
             version="1.16.0",
             entry_point="trl.trainer.grpo_trainer:GRPOTrainer._generate_and_score_completions",

@@ -124,6 +124,14 @@ SAFETY: float = 2.0
 TAU: float = math.ldexp(1.0, -1021)
 
 
+def underflow_tau(dtype: str = "float64") -> float:
+    """τ of a working precision: its smallest subnormal in units of its unit roundoff
+    (2^-1074 / 2^-53 = 2^-1021 for float64, 2^-149 / 2^-24 = 2^-125 for float32): a code
+    computing in float32 rounds absolutely to 2^-149 among float32's subnormals."""
+    p, emin, _ = _format(dtype)
+    return math.ldexp(1.0, (emin - p + 1) - (-p))
+
+
 #: IEEE binary formats an output may take: (precision p in bits, minimum normal
 #: exponent, maximum exponent). bfloat16 is float32's exponent range with 8 bits.
 FORMATS: dict[str, tuple[int, int, int]] = {
@@ -214,7 +222,7 @@ def deviation_cap(n: int, ddof: int, z, unit_roundoff: float = FLOAT64_UNIT_ROUN
     return (top + np.abs(np.asarray(z, dtype=np.float64))) / (SAFETY * unit_roundoff)
 
 
-def standardize_groups_stage(dev, d_dev, sigma, denom, z, n, ddof, rounding=True, cap_u=None):
+def standardize_groups_stage(dev, d_dev, sigma, denom, z, n, ddof, rounding=True, cap_u=None, tau=TAU):
     """Δz for one group column: arrays over its n samples (exact values as float64).
 
     ``d_dev`` is the perturbation of each deviation: ``(n + 3)(ρ + τ)`` for the
@@ -239,7 +247,7 @@ def standardize_groups_stage(dev, d_dev, sigma, denom, z, n, ddof, rounding=True
         d_denom += 0.5 * (n + 3) * sigma + 2.0 * denom
     if rounding:
         with np.errstate(over="ignore"):
-            dz = (d_dev + z * d_denom) / denom + 3.0 * (z + TAU)  # τ: z itself may underflow (D > 2 (n + 3))
+            dz = (d_dev + z * d_denom) / denom + 3.0 * (z + tau)  # τ: z itself may underflow (D > 2 (n + 3))
         # cap_u: the unit roundoff of a mean-then-subtract code dividing by its own std (+ eps)
         return dz if cap_u is None else np.minimum(dz, deviation_cap(n, ddof, z, cap_u))
     if not sigma > 0.0:  # collapsed: one ulp un-collapses the column and z moves by at most
@@ -271,7 +279,7 @@ def combine_stage(dz, z, weights, d_weights=None, rounding=True, tau=TAU):
     return dc
 
 
-def combine_stage_framed(dz, z, weights, d_weights=None, rounding=True):
+def combine_stage_framed(dz, z, weights, d_weights=None, rounding=True, tau=TAU):
     """:func:`combine_stage` for weights of any magnitude, each row in its own frame.
 
     Returns ``(dc, frame)``: Δc_j (units of u) = dc_j * 2**frame_j, frame_j the
@@ -298,7 +306,7 @@ def combine_stage_framed(dz, z, weights, d_weights=None, rounding=True):
         live = (ma != 0) & (mb[None, :] != 0)
         e = np.where(live, xa.astype(np.int64) + xb[None, :].astype(np.int64), neg)
         top = np.maximum(top, e.max(axis=1, initial=neg))
-    tau_e = math.frexp(TAU)[1]
+    tau_e = math.frexp(tau)[1]
     if rounding:
         top = np.maximum(top, tau_e)  # the underflow term (K + 1) τ is always there
     frame = np.where(top == neg, 0, top)
@@ -349,7 +357,13 @@ def whiten_stage(dc, c, mean, a, sigma, denom, ddof, t=None, collapsed=False, ro
             if not sigma > 0.0:  # collapsed: as at a zero denominator, whatever eps (a tiny eps
                 return np.minimum(da, samuelson(T, ddof, t) + a)  # makes the first order meaningless)
             return da
-        return np.minimum(da + 3.0 * (a + TAU), noise_cap(T, ddof, t, n, a, unit_roundoff))
+        return np.minimum(da + 3.0 * (a + underflow_tau(_dtype_of(unit_roundoff))),
+                          noise_cap(T, ddof, t, n, a, unit_roundoff))
+
+
+def _dtype_of(unit_roundoff: float) -> str:
+    """The working precision whose unit roundoff this is (float64 unless float32's)."""
+    return "float32" if unit_roundoff == math.ldexp(1.0, -24) else "float64"
 
 
 def computed_bound(delta, unit_roundoff=FLOAT64_UNIT_ROUNDOFF, frame=0) -> np.ndarray:
