@@ -361,7 +361,7 @@ def _judge_final(prop, eq, subject, case, out, res, what: str, permitted: bool, 
               category=_refusal_category(out))
     _check_output(prop, eq, subject, case, out, case.n, case.out_dtype)
     conv = get_convention(subject.convention)
-    v = judge(out.values, res.float64, res.allowed(case.out_dtype, conv.unit_roundoff), res.cond, case.out_dtype,
+    v = judge(out.values, res.float64, native_allowed(res, case.out_dtype, conv), res.cond, case.out_dtype,
               rounded=res.rounded(case.out_dtype), zero_why=zero_why, native_dtype=conv.native_dtype)
     _target(v.ratio, f"{prop}: error/allowed")
     if not v.ok:
@@ -399,13 +399,28 @@ def _formula_difference(subject: Subject, case, out: Outcome) -> list[str] | Non
     if exp.error is not None or exp.result is None:
         return None
     res, conv = exp.result, get_convention(own)
-    v = judge(out.values, res.float64, res.allowed(case.out_dtype, conv.unit_roundoff), res.cond, case.out_dtype,
+    v = judge(out.values, res.float64, native_allowed(res, case.out_dtype, conv), res.cond, case.out_dtype,
               native_dtype=conv.native_dtype)
     if not v.ok:
         return None
     return [f"the output is within the error model of the implementation's own convention {own!r} (exact "
             f"there {res.float64.tolist()[:6]}{' ...' if case.n > 6 else ''}): a formula difference from spec, "
             f"not an accuracy defect; {own} differs from spec in: " + "; ".join(differences(own))]
+
+
+def native_allowed(stage, out_dtype: str, conv) -> np.ndarray:
+    """The allowance of a code of convention ``conv`` (spec/error_model.py, "A peer's own
+    code"): the running bound of its algorithm at its unit roundoff, and, under a peer's
+    convention, also what a change of every input by SAFETY ulps of its working precision
+    can cause (the oracle's cond, per float64 ulp, scaled to that precision): an answer of
+    inputs that near is its working precision's answer (backward error), whatever the
+    first-order bound, which says nothing once the problem's own condition is O(1)."""
+    allowed = stage.allowed(out_dtype, conv.unit_roundoff)
+    if conv.name == "spec":
+        return allowed
+    with np.errstate(over="ignore", invalid="ignore"):
+        backward = em.SAFETY * np.nan_to_num(stage.cond, nan=0.0) * (conv.unit_roundoff / 2.0 ** -53)
+    return np.where(allowed > 0.0, np.maximum(allowed, backward), allowed)
 
 
 def _refusal_category(out: Outcome) -> str:
@@ -505,7 +520,7 @@ def check_normalize(subject: Subject, case: Case, prop: str = "stage_normalize")
     # the error bound like every value (found by the deep profile: +-2^-53 there is within it)
     required = stage.required_zero if stage.required_zero is not None else res.group_cancelled[res.group_index]
     conv = get_convention(subject.convention)
-    v = judge(out.values, stage.float64, stage.allowed("float64", conv.unit_roundoff), stage.cond, "float64",
+    v = judge(out.values, stage.float64, native_allowed(stage, "float64", conv), stage.cond, "float64",
               must_be_zero=required, zero_why=_combined_zero_clause(res, case.weights),
               native_dtype=conv.native_dtype)
     _target(v.ratio, f"{prop}: error/allowed")
@@ -752,7 +767,7 @@ def _check_policy(subject: Subject, case: Case, prop: str, name: str) -> None:
               [f"exact under the convention: {res.float64.tolist()}"], category="policy")
     live = ~want_nan
     with np.errstate(invalid="ignore"):
-        allowed = np.where(live, np.nan_to_num(res.allowed(case.out_dtype, conv.unit_roundoff), nan=0.0), 0.0)
+        allowed = np.where(live, np.nan_to_num(native_allowed(res, case.out_dtype, conv), nan=0.0), 0.0)
     v = judge(np.where(live, obs, 0.0), np.where(live, res.float64, 0.0), allowed,
               np.nan_to_num(res.cond, nan=0.0), case.out_dtype, native_dtype=conv.native_dtype)
     if not v.ok:

@@ -102,6 +102,14 @@ for that algorithm at that precision, never this project's algorithm in float64:
 * the unit roundoff u is the working precision's: 2^-24 for float32, 2^-53 for
   float64 (``Convention.unit_roundoff``).
 
+* under a peer's convention the allowance is also at least SAFETY times the
+  condition estimate scaled to the working precision (cond, per float64 ulp of each
+  input, times u / 2^-53): a result that inputs SAFETY ulps of the working precision
+  away would give exactly is that precision's answer (backward error). It matters
+  where the problem's own condition is O(1) (a column a few ulps from constant, a
+  small eps), where the first-order running bound says nothing; a demanded exact
+  zero stays demanded (``conformance.properties.native_allowed``).
+
 So a float32 code is judged in float32 ulps (about ten correctly rounded float32
 operations stand between a reward and an advantage), and an error that no
 nearby-input answer explains (a pair whose float32 mean rounds to one of the two)
