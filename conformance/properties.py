@@ -307,7 +307,12 @@ def _expect_refusal(prop, equation, subject, case, out: Outcome, classes, why: s
         _fail(prop, equation, subject, case,
               f"returned a result; the contract refuses this case with {names} ({why})",
               [f"returned {_output_summary(out)}: the bad input was accepted without a word"], category="accepted")
-    if out.error_type in ("CallShapeViolation", "InputModified", "NonFiniteOutput"):
+    if out.error_type == "NonFiniteOutput":  # a result, NaN or inf, seen by the call shape
+        _fail(prop, equation, subject, case,
+              f"returned a result; the contract refuses this case with {names} ({why})",
+              [f"returned non-finite values ({out.message}): the bad input was accepted without a word"],
+              category="accepted")
+    if out.error_type in ("CallShapeViolation", "InputModified"):
         _fail(prop, equation, subject, case, f"{out.describe()}; the contract refuses this case with {names} ({why})",
               category="call_shape")
     if not out.is_error(*classes):
