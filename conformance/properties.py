@@ -371,6 +371,11 @@ def _judge_final(prop, eq, subject, case, out, res, what: str, permitted: bool, 
     _target(v.ratio, f"{prop}: error/allowed")
     if not v.ok:
         rows, category = list(v.rows), v.category
+        if category == "precision":
+            dropped = _overflowed_columns(subject, case, out, conv)
+            if dropped:
+                category = "silent_zero"
+                rows.append(dropped)
         own = _formula_difference(subject, case, out) if conv.name == "spec" else None
         if own is not None:
             category = "formula"
@@ -378,6 +383,48 @@ def _judge_final(prop, eq, subject, case, out, res, what: str, permitted: bool, 
         _fail(prop, eq, subject, case, f"{len(v.bad)} of {case.n} {what}s outside the error model"
               + _precision_note(conv), rows, category=category, worst_ulps=v.worst_ulps,
               worst_dtype=v.judged_dtype)
+
+
+def _overflowed_columns(subject: Subject, case, out: Outcome, conv) -> str | None:
+    """A silent zero that hides inside other values: where a group column is large enough that
+    its squared deviations overflow the working precision (|r| beyond the square root of its
+    largest finite value, over the group size), a code whose std turns inf gives that column
+    z = 0 and every other value moves with it (Eq. 7, Eq. 6). If the output is within the
+    error model of the same batch with those group columns set to 0 (a constant column: z = 0
+    exactly), say so; else None."""
+    if not isinstance(case, Case) or not case.rewards:
+        return None
+    r = case.rewards_array()
+    labels = case.labels()
+    limit = math.sqrt(em.largest_finite(conv.native_dtype))
+    hit = []
+    zeroed = r.copy()
+    for g in np.unique(labels):
+        m = labels == g
+        for k in range(r.shape[1]):
+            col = r[m, k]
+            if np.all(np.isfinite(col)) and np.max(np.abs(col)) > limit / max(int(m.sum()), 1):
+                zeroed[m, k] = 0.0
+                hit.append((g, k))
+    if not hit:
+        return None
+    alt = dataclasses.replace(case, rewards=tuple(tuple(float(v) for v in row) for row in zeroed))
+    try:
+        exp = expected(alt, subject.convention, subject.token_counts(alt))
+    except Exception:  # noqa: BLE001 - no verdict on the explanation
+        return None
+    if exp.error is not None or exp.result is None:
+        return None
+    res = exp.result
+    v = judge(out.values, res.float64, native_allowed(res, case.out_dtype, conv), res.cond, case.out_dtype,
+              native_dtype=conv.native_dtype)
+    if not v.ok:
+        return None
+    shown = ", ".join(f"group {int(g) if float(g).is_integer() else g} column {k}" for g, k in hit[:4])
+    more = f" and {len(hit) - 4} more" if len(hit) > 4 else ""
+    return (f"the output is that of this batch with {shown}{more} set to 0: those columns' squared deviations "
+            f"overflow {conv.native_dtype} (|r| > {limit:.3g} / n), their std turns inf and their z silently 0, "
+            f"moving every value that depends on them")
 
 
 def _formula_difference(subject: Subject, case, out: Outcome) -> list[str] | None:

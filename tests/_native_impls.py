@@ -73,3 +73,18 @@ def verl_nan_everywhere(token_level_rewards, response_mask, index, weights=None)
     """A verl-shaped code whose output is NaN on every token, padding included."""
     any_t = next(iter(token_level_rewards.values()))
     return torch.full(any_t.shape, float("nan"), dtype=torch.float32)
+
+
+def trl_squares_overflow(rewards, num_generations, reward_weights, eps=1e-4):
+    """TRL's float32 formula with its std from the mean of squared deviations (as its nanstd):
+    a group column of 1e20 has squares beyond FLT_MAX, std inf, z silently 0."""
+    r = rewards.to(torch.float32)
+    n, k = r.shape
+    grouped = r.view(-1, int(num_generations), k)
+    m = int(num_generations)
+    dev = grouped - grouped.mean(dim=1, keepdim=True)
+    std = ((dev * dev).mean(dim=1, keepdim=True) * (m / (m - 1))).sqrt()
+    z = (dev / (std + eps)).view(n, k)
+    c = (z * reward_weights.to(torch.float32)).sum(dim=1)
+    a = (c - c.mean()) / (c.std() + eps)
+    return torch.nan_to_num(a, nan=0.0)

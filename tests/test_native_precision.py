@@ -126,3 +126,20 @@ def test_differences_name_each_equation():
     d = differences("verl")
     assert any(x.startswith("Eq. 6: Eq. 6 weighted by token counts") for x in d), d
     assert any("float32" in x for x in d), d
+
+
+def test_a_column_zeroed_by_float32_overflow_is_a_silent_zero_with_its_explanation():
+    """[[1e20], [0], [0], [1]] in groups of 2: the first group's squared deviations overflow
+    float32, its z is silently 0 and Eq. 6 moves the other group too (TRL and ms-swift 4.6.0
+    do this): reported as a silent zero, naming the group column."""
+    from conformance.cases import Case
+
+    subject = Subject("_native_impls:trl_squares_overflow", "trl", "trl")
+    case = Case(rewards=((1e20,), (0.0,), (0.0,), (1.0,)), group_size=2, dtype="float32", out_dtype="float32")
+    with pytest.raises(P.ConformanceFailure) as info:
+        P.check_values(subject, case, "range")
+    e = info.value
+    assert e.category == "silent_zero", e
+    assert "group 0 column 0 set to 0" in str(e) and "overflow float32" in str(e), e
+    # the same code on rewards that fit: within float32's precision
+    P.check_values(subject, Case(rewards=((3.0,), (0.0,), (0.0,), (1.0,)), group_size=2), "plain")
