@@ -371,7 +371,7 @@ def _judge_final(prop, eq, subject, case, out, res, what: str, permitted: bool, 
     _target(v.ratio, f"{prop}: error/allowed")
     if not v.ok:
         rows, category = list(v.rows), v.category
-        if category == "precision":
+        if category in ("precision", "silent_zero"):
             dropped = _overflowed_columns(subject, case, out, conv)
             if dropped:
                 category = "silent_zero"
