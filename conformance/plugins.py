@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import time
 from pathlib import Path
 
@@ -443,6 +444,8 @@ def grading_json(config, rows: list[dict], exitstatus) -> dict:
         "profile": getattr(config, "_gdpo_profile", None),
         "shrink_budget_s": properties.GRADE_SHRINK_BUDGET_S,
         "hypothesis": hypothesis.__version__,
+        "python": sys.version.split()[0],
+        "torch": getattr(sys.modules.get("torch"), "__version__", None),
         "exit_status": int(exitstatus),
         "seconds": round(time.monotonic() - getattr(config, "_gdpo_start", time.monotonic()), 3),
         "counts": counts(rows),
@@ -482,7 +485,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         for r in failed:
             tr.write_line(f"* {r['name']}: {r['headline']}")
             if r.get("detail"):
-                tr.write_line(f"    {r['detail']}")
+                detail = r["detail"]
+                tr.write_line(f"    {detail if len(detail) <= 400 else detail[:397] + '...'}")
             if r.get("note"):
                 tr.write_line(f"    ({r['note']})")
             if r.get("repro"):

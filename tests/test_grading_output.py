@@ -32,7 +32,7 @@ def _table(stdout: str) -> list[str]:
     """The summary table's lines (header, rule, rows)."""
     lines = stdout.splitlines()
     start = next(i for i, ln in enumerate(lines) if "gdpo conformance summary" in ln) + 1
-    end = next(i for i in range(start, len(lines)) if not lines[i].strip())
+    end = next(i for i in range(start, len(lines)) if not lines[i].strip() or lines[i].startswith("gdpo conformance:"))
     return lines[start:end]
 
 
