@@ -393,11 +393,10 @@ def render_table(rows: list[dict]) -> list[str]:
 def total_line(config, rows: list[dict]) -> str:
     c = counts(rows)
     impl = config.getoption("--impl", default=DEFAULT_IMPL)
-    parts = [f"{c['called_impl']} propert{'y' if c['called_impl'] == 1 else 'ies'} called {impl}: "
-             f"{c['passed']} passed, {c['failed']} failed"]
-    if c["error"]:
-        parts[0] += f", {c['error']} error"
-    parts.append(f"{c['skipped']} skipped (not expressible in this call shape or convention, or no device)")
+    verdicts = ", ".join(f"{c[v]} {v}" for v in ("passed", "failed", "error") if c[v]) or "none graded"
+    parts = [f"{c['called_impl']} propert{'y' if c['called_impl'] == 1 else 'ies'} called {impl}: {verdicts}"]
+    if c["skipped"]:
+        parts.append(f"{c['skipped']} skipped (not expressible in this call shape or convention, or no device)")
     if c["suite_checks"]:
         parts.append(f"{c['suite_checks']} suite check(s) that never call it, not counted")
     own = getattr(config, "_gdpo_self_tests_deselected", None) or []

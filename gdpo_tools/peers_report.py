@@ -282,13 +282,18 @@ def main(argv=None, prog: str = COMMAND) -> int:
                                  epilog=__doc__.split("\n\n", 2)[2], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--from", dest="from_files", nargs="+", default=[], metavar="FILE",
                     help="grading JSON files (gdpo check --json) of peers graded elsewhere; globs are expanded")
-    ap.add_argument("--out", default=str(PAGE), help=f"the page to write (default {PAGE.relative_to(PAGE.parents[1])})")
+    ap.add_argument("--out", default=None,
+                    help=f"the page to write (default, in a checkout: {PAGE.relative_to(PAGE.parents[1])})")
     ap.add_argument("--save-json", default=None, metavar="DIR", help="also keep each live grading's JSON in DIR")
     ap.add_argument("--only", nargs="+", default=None, metavar="NAME", help="grade only these peers live")
     ap.add_argument("--check", action="store_true",
                     help="write nothing; exit 1 where the committed page is stale (presets; tables of the peers "
                          "graded now)")
     args = ap.parse_args(argv)
+    if args.out is None:
+        if not (PAGE.parents[1] / "pyproject.toml").is_file():  # an installed package: never into site-packages
+            ap.error("--out PAGE is needed outside a checkout of gdpo-spec")
+        args.out = str(PAGE)
     results = load(args.from_files)
     for conv in peers():
         if args.only is not None and conv.name not in args.only:

@@ -69,7 +69,7 @@ def test_the_projects_implementation_passes_and_self_tests_are_not_counted(tmp_p
                for n in data["self_tests_deselected"]), data["self_tests_deselected"]
     assert data["counts"] == {"passed": 1, "failed": 0, "error": 0, "skipped": 1, "called_impl": 1,
                               "suite_checks": 0}, data["counts"]
-    assert "1 property called impl.gdpo:gdpo_advantages: 1 passed, 0 failed" in proc.stdout
+    assert "1 property called impl.gdpo:gdpo_advantages: 1 passed; " in proc.stdout  # no "0 failed"
     assert "self-test(s) of the suite deselected" in proc.stdout
     row = next(ln for ln in _table(proc.stdout) if ln.split()[0] == "plain")
     assert row.split()[1:] == ["passed", "-", "-"], row
