@@ -178,8 +178,14 @@ def _short(headline: str) -> str:
     return m.group(1) if m else headline
 
 
-def render(results: dict) -> str:
-    """The page, from {peer name: grading JSON} (a peer without one: not graded here)."""
+#: Where the heavy peers' gradings made in their own environments are kept (``--save-json``,
+#: ``gdpo check --json``), so that the page is regenerated here with ``--from``.
+GRADED = PAGE.parent / "peers_graded"
+
+
+def render(results: dict, command: str = COMMAND) -> str:
+    """The page, from {peer name: grading JSON} (a peer without one: not graded here);
+    ``command``: the command line that wrote it, printed in its header."""
     from spec.conventions import CONVENTIONS  # noqa: F401 - peers() reads it
 
     head = [
@@ -200,6 +206,11 @@ def render(results: dict) -> str:
         "none); the worst error in ulps of the dtype the peer is judged at (`-` where the failure is no distance "
         "or the judge gives none). Verdicts are of the `grade` profile (`conformance/profiles.py`), "
         "`--single-process`.",
+        "",
+        f"This page was written by `{command}`. The peers in `spec/peers_graded/` were graded in their own "
+        "virtual environments (torch 2.13.0, this checkout importable first), each by the `graded by` command "
+        "of its section with `--json spec/peers_graded/NAME.json`; the hypothesis version of each grading is "
+        "in its result line (generation depends on it).",
         "",
     ]
     body = []
@@ -321,7 +332,9 @@ def main(argv=None, prog: str = COMMAND) -> int:
             print(f"stale: {p}")
         print(f"{args.out}: {'stale' if problems else 'up to date'}")
         return 1 if problems else 0
-    Path(args.out).write_text(render(results))
+    command = COMMAND + "".join(f" --from {shlex.quote(os.path.relpath(f) if os.path.exists(f) else f)}"
+                                for f in args.from_files)
+    Path(args.out).write_text(render(results, command))
     print(f"wrote {args.out} ({len(results)} of {len(peers())} peers graded)")
     return 0
 
