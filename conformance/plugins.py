@@ -31,6 +31,17 @@ protocol's (section 5). Without it such an implementation fails them ("rank 0
 raised ...; the contract computes this batch"). The trl and verl call shapes pass no
 process group, and skip those properties with that reason.
 
+A grading run (another implementation named, or ``--gdpo-grade``, which ``gdpo check``
+passes so that grading ``impl.gdpo`` deselects the self-tests too) ends with a summary
+table, before pytest's failure texts: per property the verdict (passed, failed, skipped and
+why), the failure's category (``conformance/verdicts.py``; ``-`` where the judge gives none)
+and its worst error in ulps of the dtype judged, then one line, the worst listed output and
+the repro line of each failure, and a total that counts only the tests that call the
+implementation (the suite's own table checks in ``conformance/test_errors.py`` never do).
+``--gdpo-json PATH`` writes the same as JSON (``grading_json``). A failure whose shrinking
+stopped at the time budget is printed without hypothesis's ``Flaky`` (see
+``_hide_shrink_budget_flaky``).
+
 ``--convention`` names a preset of ``spec/conventions.py``; the oracle computes
 that convention's mathematics exactly, so a peer is graded against its own
 intended formula (the error contract and the distributed protocol are graded
@@ -39,6 +50,10 @@ under ``spec`` only).
 
 from __future__ import annotations
 
+import json
+import math
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -63,7 +78,13 @@ def pytest_configure(config):
     own, and the tests that use it import it themselves."""
     for name, what in MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {what}")
-    profiles.load()
+    loaded = profiles.load()
+    budget = profiles.shrink_budget_s(loaded)
+    if budget is not None:  # the profile's shrink budget (grade: 8 s), read by run_for_pytest at each run
+        properties.GRADE_SHRINK_BUDGET_S = budget
+    config._gdpo_profile = loaded
+    config._gdpo_results = {}
+    config._gdpo_start = time.monotonic()
     target = config.getoption("--impl", default=DEFAULT_IMPL)
     if target != DEFAULT_IMPL:
         try:
@@ -77,6 +98,13 @@ def grades_another(config) -> bool:
     return (config.getoption("--impl", default=DEFAULT_IMPL) != DEFAULT_IMPL
             or config.getoption("--call-shape", default="gdpo") != "gdpo"
             or config.getoption("--convention", default="spec") != "spec")
+
+
+def grading(config) -> bool:
+    """A grading run: another implementation named, or ``--gdpo-grade`` (``gdpo check``, which
+    grades this checkout's own implementation the same way: the suite's self-tests are no
+    grade of it)."""
+    return grades_another(config) or bool(config.getoption("--gdpo-grade", default=False))
 
 
 def single_process(config) -> bool:
@@ -104,9 +132,9 @@ def pytest_collection_modifyitems(config, items):
     keep, drop, own, multi = [], [], [], []
     for item in items:
         path = Path(str(item.path)).resolve()
-        if grades_another(config) and suite not in path.parents:
+        if grading(config) and suite not in path.parents:
             drop.append(item)
-        elif grades_another(config) and path.parent == suite and path.name in SELF_TESTS:
+        elif grading(config) and path.parent == suite and path.name in SELF_TESTS:
             own.append(item)
         elif single_process(config) and item.get_closest_marker("distributed") is not None:
             multi.append(item)
@@ -125,7 +153,7 @@ def _self_tests() -> str:
 
 def pytest_report_header(config):
     lines = []
-    if grades_another(config):
+    if grading(config):
         lines.append(f"gdpo conformance: grading {config.getoption('--impl')} (call shape "
                      f"{config.getoption('--call-shape')}, convention {config.getoption('--convention')}); "
                      f"tests outside conformance/ are deselected, and so are the suite's self-tests ({_self_tests()}: "
@@ -138,8 +166,342 @@ def pytest_report_header(config):
     return lines
 
 
+# ------------------------------------------------------------------ the grading summary
+#
+# Every test's verdict is collected as it is reported (``pytest_runtest_makereport`` puts what the
+# summary needs into the report's ``user_properties``, so it also crosses pytest-xdist's workers):
+# the verdict, the failure's category and worst error (``ConformanceFailure.category``,
+# ``.worst_ulps``, ``.worst_dtype``; ``-`` where the judge gave none), its first line, first
+# listed output and repro line. The summary table comes first in pytest's terminal summary,
+# ``--gdpo-json PATH`` writes the same as JSON.
+
+#: The JSON's layout version (``schema``), raised when a key changes meaning.
+JSON_SCHEMA = 1
+
+#: test function -> the prefix of its rows' names (``test_property[plain]`` is ``plain``).
+_ROW_PREFIX = {"test_property": "", "test_property_on_cuda": "cuda:", "test_error_case": "errors:",
+               "test_trl_call_shape": "trl_shape:"}
+
+
+def row_name(nodeid: str) -> str:
+    """The property a test grades, as the summary names it."""
+    func = nodeid.rsplit("::", 1)[-1]
+    base, _, param = func.partition("[")
+    if base in _ROW_PREFIX and param:
+        return _ROW_PREFIX[base] + param[:-1]
+    return func
+
+
+def _walk(exc):
+    """``exc``, the exceptions of its groups and its causes and contexts, each once, outermost first."""
+    seen, todo = set(), [exc]
+    while todo:
+        e = todo.pop(0)
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        yield e
+        todo.extend(getattr(e, "exceptions", ()) or ())
+        todo.extend([e.__cause__, e.__context__])
+
+
+def _is_flaky(e) -> bool:
+    try:
+        from hypothesis.errors import Flaky
+    except ImportError:  # pragma: no cover - hypothesis is the suite's dependency
+        return False
+    return isinstance(e, Flaky)
+
+
+def _text_parts(text: str) -> tuple[str, str | None, str | None]:
+    """(first line, first listed output or detail, repro command) of a failure's text."""
+    lines = text.strip().splitlines() or [""]
+    head, detail, repro = lines[0], None, None
+    for ln in lines[1:]:
+        body = ln.strip()
+        if body.startswith("repro: ") and repro is None:
+            repro = body[len("repro: "):]
+        elif detail is None and ln.startswith("  ") and not body.startswith(("inputs: ", "repro: ", "(")):
+            detail = body
+    return head, detail, repro
+
+
+def failure_info(exc: BaseException) -> dict:
+    """What the summary says of a failed test's exception (see the section comment above).
+
+    The failure may come wrapped: by hypothesis (an exception group of several distinct
+    failures, or a ``Flaky`` whose members are the failures it saw), or re-raised by
+    ``run_for_pytest`` once its shrink budget ran out (a ``ConformanceFailure`` with the
+    judge's failure as its context, and hypothesis's ``Flaky`` as its cause: the replay of
+    the shrunk case ran unchecked, not a second verdict). The outermost failure's text is
+    shown, the category and worst error are the first ones any failure in the chain carries."""
+    chain = list(_walk(exc))
+    found = [e for e in chain if isinstance(e, properties.ConformanceFailure)]
+    info = {"category": None, "worst_ulps": None, "worst_dtype": None, "note": None}
+    if found:
+        head, detail, repro = _text_parts(str(found[0]))
+        info["category"] = next((e.category for e in found if getattr(e, "category", None)), None)
+        for e in found:
+            if getattr(e, "worst_ulps", None) is not None:
+                info["worst_ulps"], info["worst_dtype"] = float(e.worst_ulps), getattr(e, "worst_dtype", None)
+                break
+        if "(shrinking stopped after" in str(found[0]):
+            info["note"] = "shrinking stopped at its time budget: the smallest failing case found by then"
+        distinct = {str(e).splitlines()[0] for e in found}
+        if len(distinct) > 1 and any(getattr(e, "exceptions", None) and not _is_flaky(e) for e in chain):
+            info["note"] = f"{len(distinct)} distinct failures; the first is shown"
+    else:
+        text = str(exc).strip()
+        head, detail, repro = _text_parts(text)
+        head = f"{type(exc).__name__}: {head}" if head else type(exc).__name__
+        if "not deterministic" in text:
+            info["note"] = "nondeterministic: a case failed, then passed when checked again"
+        elif _is_flaky(exc):
+            info["note"] = ("hypothesis reported Flaky: a case failed, then passed when replayed "
+                            "(the implementation or the suite is not deterministic)")
+    info.update(headline=head, detail=detail, repro=repro)
+    return info
+
+
+def _hide_shrink_budget_flaky(exc) -> None:
+    """``run_for_pytest``'s failure after its shrink budget carries hypothesis's ``Flaky``
+    as its cause: hypothesis replayed the shrunk case while the run function no longer
+    checked (the budget), and the replay "passed". The case was checked again and failed,
+    so the implementation is deterministic there: the Flaky is the budget's, and printing
+    its traceback (\"produces unreliable results\") would call deterministic code flaky."""
+    if (isinstance(exc, properties.ConformanceFailure) and _is_flaky(exc.__cause__)
+            and "(shrinking stopped after" in str(exc)):
+        exc.__cause__ = None
+        exc.__suppress_context__ = True
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    if call.excinfo is not None:
+        _hide_shrink_budget_flaky(call.excinfo.value)
+    report = yield
+    if call.when == "setup":
+        report.user_properties.append(("gdpo_calls_impl", "subject" in getattr(item, "fixturenames", ())))
+    if report.failed and call.excinfo is not None and not call.excinfo.errisinstance(pytest.skip.Exception):
+        report.user_properties.append(("gdpo_failure", failure_info(call.excinfo.value)))
+    return report
+
+
+def _skip_reason(report) -> str:
+    lr = report.longrepr
+    reason = lr[2] if isinstance(lr, tuple) and len(lr) == 3 else str(lr)
+    return reason[len("Skipped: "):] if reason.startswith("Skipped: ") else reason
+
+
+def pytest_runtest_logreport(report):
+    config = _CONFIG.get("config")
+    results = getattr(config, "_gdpo_results", None)
+    if results is None:
+        return
+    row = results.setdefault(report.nodeid, {
+        "name": row_name(report.nodeid), "nodeid": report.nodeid, "verdict": "passed", "category": None,
+        "worst_ulps": None, "worst_dtype": None, "headline": None, "detail": None, "repro": None, "note": None,
+        "skip_reason": None, "seconds": 0.0, "calls_impl": False})
+    props = dict(report.user_properties)
+    if "gdpo_calls_impl" in props:
+        row["calls_impl"] = bool(props["gdpo_calls_impl"])
+    row["seconds"] += float(getattr(report, "duration", 0.0) or 0.0)
+    if report.skipped:
+        row["verdict"], row["skip_reason"] = "skipped", _skip_reason(report)
+    elif report.failed:
+        row["verdict"] = "failed" if report.when == "call" else "error"
+        info = props.get("gdpo_failure")
+        if info is None:
+            crash = getattr(getattr(report, "longrepr", None), "reprcrash", None)
+            info = {"headline": getattr(crash, "message", str(report.longrepr)).splitlines()[0]}
+        if row["headline"] is None:  # the call's failure, not a teardown's after it
+            row.update({k: v for k, v in info.items() if k in row})
+
+
+#: The config of this process's session (``pytest_runtest_logreport`` receives no config).
+_CONFIG: dict = {}
+
+
+def pytest_sessionstart(session):
+    _CONFIG["config"] = session.config
+
+
+def graded_rows(config) -> list[dict]:
+    """The rows of the tests that ran, in the order they were reported."""
+    return list(getattr(config, "_gdpo_results", {}).values())
+
+
+def counts(rows: list[dict]) -> dict:
+    """Verdict counts over the tests that call the implementation (``calls_impl``), a suite
+    check that never calls it (``conformance/test_errors.py``'s table checks) apart."""
+    graded = [r for r in rows if r["calls_impl"]]
+    out = {v: sum(r["verdict"] == v for r in graded) for v in ("passed", "failed", "error", "skipped")}
+    out["called_impl"] = sum(r["verdict"] != "skipped" for r in graded)
+    out["suite_checks"] = len(rows) - len(graded)
+    return out
+
+
+def format_ulps(ulps, dtype) -> str:
+    """``4.5 ulp(float32)``, or ``-``."""
+    if ulps is None:
+        return "-"
+    if not math.isfinite(ulps):
+        return f"{ulps} ulp" + (f"({dtype})" if dtype else "")
+    return f"{ulps:.3g} ulp" + (f"({dtype})" if dtype else "")
+
+
+def verdict_cell(row: dict, width: int = 60) -> str:
+    if row["verdict"] == "skipped":
+        reason = " ".join((row["skip_reason"] or "").split())
+        reason = reason if len(reason) <= width else reason[:width - 3] + "..."
+        return f"skipped: {reason}"
+    if not row["calls_impl"]:
+        return f"{row['verdict']} (suite check, never calls it: not counted)"
+    return row["verdict"]
+
+
+def table_rows(rows: list[dict]) -> list[tuple[str, str, str, str]]:
+    """(property, verdict, category, worst error) per row; consecutive rows of one test function
+    that passed, or were skipped for one reason, are merged (``errors:* (22)``) so that the table
+    stays one screen (a failed row is always its own)."""
+    out, i = [], 0
+    while i < len(rows):
+        r = rows[i]
+        j = i + 1
+        if r["verdict"] in ("skipped", "passed"):
+            func = r["nodeid"].split("[")[0]
+            while (j < len(rows) and rows[j]["verdict"] == r["verdict"] and rows[j]["nodeid"].split("[")[0] == func
+                   and rows[j]["skip_reason"] == r["skip_reason"] and rows[j]["calls_impl"] == r["calls_impl"]):
+                j += 1
+        name = r["name"]
+        if j > i + 1:
+            prefix = r["name"].split(":")[0] + ":" if ":" in r["name"] else ""
+            name = f"{prefix}* ({j - i})" if prefix else ", ".join(x["name"] for x in rows[i:j])
+        out.append((name, verdict_cell(r), r["category"] or "-", format_ulps(r["worst_ulps"], r["worst_dtype"])))
+        i = j
+    return out
+
+
+def render_table(rows: list[dict]) -> list[str]:
+    head = ("property", "verdict", "category", "worst error")
+    body = table_rows(rows)
+    widths = [max(len(h), *(len(b[k]) for b in body)) if body else len(h) for k, h in enumerate(head)]
+    line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
+    return [line(head), line(tuple("-" * w for w in widths))] + [line(b) for b in body]
+
+
+def total_line(config, rows: list[dict]) -> str:
+    c = counts(rows)
+    impl = config.getoption("--impl", default=DEFAULT_IMPL)
+    verdicts = ", ".join(f"{c[v]} {v}" for v in ("passed", "failed", "error") if c[v]) or "none graded"
+    parts = [f"{c['called_impl']} propert{'y' if c['called_impl'] == 1 else 'ies'} called {impl}: {verdicts}"]
+    if c["skipped"]:
+        parts.append(f"{c['skipped']} skipped (not expressible in this call shape or convention, or no device)")
+    if c["suite_checks"]:
+        parts.append(f"{c['suite_checks']} suite check(s) that never call it, not counted")
+    own = getattr(config, "_gdpo_self_tests_deselected", None) or []
+    multi = getattr(config, "_gdpo_single_process_deselected", None) or []
+    if own:
+        parts.append(f"{len(own)} self-test(s) of the suite deselected")
+    if multi:
+        parts.append(f"{len(multi)} multi-process test(s) deselected by --single-process (not graded)")
+    return "gdpo conformance: " + "; ".join(parts)
+
+
+def peer_of(convention: str) -> dict | None:
+    """The preset's provenance (package, version, entry point) and the installed version, or None."""
+    from spec import get_convention
+
+    try:
+        conv = get_convention(convention)
+    except Exception:  # noqa: BLE001 - an unknown convention errored every test already
+        return None
+    if not getattr(conv, "package", ""):
+        return None
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        installed = version(conv.package)
+    except PackageNotFoundError:
+        installed = None
+    return {"package": conv.package, "version": conv.version, "entry_point": conv.entry_point,
+            "read_from": conv.read_from, "installed_version": installed}
+
+
+def grading_json(config, rows: list[dict], exitstatus) -> dict:
+    import hypothesis
+
+    opt = config.getoption
+    convention = opt("--convention", default="spec")
+    return {
+        "schema": JSON_SCHEMA,
+        "impl": opt("--impl", default=DEFAULT_IMPL),
+        "convention": convention,
+        "call_shape": opt("--call-shape", default="gdpo"),
+        "single_process": single_process(config),
+        "peer": peer_of(convention),
+        "profile": getattr(config, "_gdpo_profile", None),
+        "shrink_budget_s": properties.GRADE_SHRINK_BUDGET_S,
+        "hypothesis": hypothesis.__version__,
+        "python": sys.version.split()[0],
+        "torch": getattr(sys.modules.get("torch"), "__version__", None),
+        "exit_status": int(exitstatus),
+        "seconds": round(time.monotonic() - getattr(config, "_gdpo_start", time.monotonic()), 3),
+        "counts": counts(rows),
+        "self_tests_deselected": list(getattr(config, "_gdpo_self_tests_deselected", None) or []),
+        "multi_process_deselected": list(getattr(config, "_gdpo_single_process_deselected", None) or []),
+        "properties": [{**r, "category_label": None if r["category"] is None else _label(r["category"]),
+                        "seconds": round(r["seconds"], 3)} for r in rows],
+    }
+
+
+def _label(category):
+    from conformance.verdicts import label
+
+    return label(category)
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
-    if grades_another(config):
+    """In a grading run (``gdpo check``, ``--impl``/``--convention``/``--call-shape`` named, or
+    ``--gdpo-json``): the summary table first (before pytest's failure texts), one line, the worst
+    output and the repro line per failure, and the total; then pytest's own summary, then what
+    was deselected; ``--gdpo-json`` is written last."""
+    rows = graded_rows(config)
+    tr = terminalreporter
+    path = config.getoption("--gdpo-json", default=None)
+    if rows and (grading(config) or path) and not getattr(config, "workerinput", None):
+        tr.section("gdpo conformance summary", sep="=")
+        for ln in render_table(rows):
+            tr.write_line(ln)
+        used = sorted({r["category"] for r in rows if r["category"]})
+        if used:
+            tr.write_line("categories: " + "; ".join(f"{c}: {_label(c)}" for c in used))
+        failed = [r for r in rows if r["verdict"] in ("failed", "error")]
+        if failed:
+            tr.write_line("")
+            tr.write_line("failures (the full texts: gdpo check --details, or pytest --tb=short):")
+        for r in failed:
+            tr.write_line(f"* {r['name']}: {r['headline']}")
+            if r.get("detail"):
+                detail = r["detail"]
+                tr.write_line(f"    {detail if len(detail) <= 400 else detail[:397] + '...'}")
+            if r.get("note"):
+                tr.write_line(f"    ({r['note']})")
+            if r.get("repro"):
+                tr.write_line(f"    repro: {r['repro']}")
+        tr.write_line(total_line(config, rows))
+    try:
+        return (yield)
+    finally:
+        _deselection_summary(tr, config)
+        if path:
+            Path(path).write_text(json.dumps(grading_json(config, rows, exitstatus), indent=1) + "\n")
+            tr.write_line(f"gdpo conformance: the grading as JSON in {path}")
+
+
+def _deselection_summary(terminalreporter, config):
+    if grading(config):
         own = getattr(config, "_gdpo_self_tests_deselected", None)
         count = "the" if own is None else f"{len(own)}"  # None: collected elsewhere (pytest-xdist's workers)
         terminalreporter.write_line(
@@ -172,3 +534,10 @@ def pytest_addoption(parser):
     group.addoption("--single-process", action="store_true", default=False,
                     help="grade an implementation for one process (no process_group): deselect the "
                          "multi-process properties (conformance/test_distributed.py), reported as not graded")
+    group.addoption("--gdpo-grade", action="store_true", default=False,
+                    help="a grading run (what gdpo check passes): the suite's self-tests and the tests outside "
+                         "conformance/ are deselected also for the default implementation")
+    group.addoption("--gdpo-json", default=None, metavar="PATH",
+                    help="write the grading (per property: verdict, category, worst error, first line, repro "
+                         "line, skip reason, seconds; the implementation, convention, call shape and peer) "
+                         "as JSON to PATH")

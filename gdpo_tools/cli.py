@@ -74,24 +74,19 @@ def check_impl_spec(impl: str | None) -> str | None:
     return None
 
 
-def run_check(impl: str | None, convention: str | None, call_shape: str | None, select: str | None,
-              single_process: bool = False) -> int:
-    """The conformance suite (conformance/, ci profile) in a subprocess; pytest's exit code,
-    or 2 (a usage error, as argparse's) where ``--impl`` names no callable. ``single_process``:
-    the multi-process properties are deselected (``--single-process``, conformance/plugins.py)."""
-    import os
-    import subprocess
+#: The hypothesis profile ``gdpo check`` grades under (``conformance/profiles.py``): ``ci``'s
+#: examples with a shrink budget of seconds, not a minute, per failing property; ``--deep``
+#: loads ``deep`` (thousands of examples, an example database in ``.hypothesis/``). A
+#: ``GDPO_HYPOTHESIS_PROFILE`` set by the user is honoured over this default.
+CHECK_PROFILE = "grade"
+
+
+def check_command(impl: str | None, convention: str | None, call_shape: str | None, select: str | None,
+                  single_process: bool = False, json_path: str | None = None, details: bool = False,
+                  self_tests: bool = False) -> list[str]:
+    """The pytest command line of ``gdpo check`` (see :func:`run_check`)."""
     from pathlib import Path
 
-    why = check_impl_spec(impl)
-    if why is None and convention is not None:
-        from spec import CONVENTIONS
-
-        if convention not in CONVENTIONS:  # else every property errors, and the run exits 1 as a failed grade
-            why = f"unknown convention {convention!r}; the conventions are {', '.join(sorted(CONVENTIONS))}"
-    if why is not None:
-        print(f"gdpo check: error: {why}", file=sys.stderr)
-        return 2
     import conformance
 
     here = Path(conformance.__file__).resolve().parent
@@ -103,14 +98,53 @@ def run_check(impl: str | None, convention: str | None, call_shape: str | None, 
     cmd = [sys.executable, "-m", "pytest", str(here), "-q", "-p", "no:cacheprovider", "-p", "_hypothesis_pytestplugin",
            "-p", "conformance.plugins", "--rootdir", str(here.parent)]
     for flag, value in (("--impl", impl), ("--convention", convention), ("--call-shape", call_shape),
-                        ("-k", select)):
+                        ("-k", select), ("--gdpo-json", json_path)):
         if value is not None:
             cmd += [flag, value]
     if single_process:
         cmd.append("--single-process")
+    if not self_tests:
+        cmd.append("--gdpo-grade")  # the suite's self-tests are no grade of the implementation, the default's too
+    # The summary table (conformance/plugins.py) is what one reads: one line, a listed output and a
+    # repro line per failure; --details prints pytest's full failure texts after it.
+    cmd += ["--tb=short", "-rfE"] if details else ["--tb=no", "-rN", "--disable-warnings"]
+    return cmd
+
+
+def run_check(impl: str | None, convention: str | None, call_shape: str | None, select: str | None,
+              single_process: bool = False, json_path: str | None = None, details: bool = False,
+              deep: bool = False, self_tests: bool = False) -> int:
+    """The conformance suite (conformance/) in a subprocess; pytest's exit code, or 2 (a usage
+    error, as argparse's) where ``--impl`` names no callable. ``single_process``: the
+    multi-process properties are deselected (``--single-process``, conformance/plugins.py);
+    ``json_path``: the grading as JSON (``--gdpo-json``); ``details``: pytest's full failure
+    texts after the summary table; ``deep``: the ``deep`` hypothesis profile instead of
+    :data:`CHECK_PROFILE`; ``self_tests``: the suite's self-tests too (``conformance/test_controls.py``,
+    ``conformance/test_suite_meta.py``, which grade the suite, not the implementation)."""
+    import os
+    import subprocess
+
+    why = check_impl_spec(impl)
+    if why is None and convention is not None:
+        from spec import CONVENTIONS
+
+        if convention not in CONVENTIONS:  # else every property errors, and the run exits 1 as a failed grade
+            why = f"unknown convention {convention!r}; the conventions are {', '.join(sorted(CONVENTIONS))}"
+    if why is not None:
+        print(f"gdpo check: error: {why}", file=sys.stderr)
+        return 2
+    from conformance import profiles
+
+    cmd = check_command(impl, convention, call_shape, select, single_process, json_path, details, self_tests)
+    env = {**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+    if deep:
+        env[profiles.ENV] = "deep"
+    else:
+        env.setdefault(profiles.ENV, CHECK_PROFILE)
+    if single_process:
         print("gdpo check: --single-process: the multi-process properties are deselected, not graded", flush=True)
-    print("running: " + " ".join(cmd), flush=True)
-    return subprocess.call(cmd, env={**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"})
+    print(f"running ({profiles.ENV}={env[profiles.ENV]}): " + " ".join(cmd), flush=True)
+    return subprocess.call(cmd, env=env)
 
 
 def _weight(text: str) -> float:
@@ -174,9 +208,29 @@ def main(argv: list[str] | None = None) -> int:
     p_ck.add_argument("--single-process", action="store_true",
                       help="the implementation runs in one process (no process_group): deselect the multi-process "
                            "properties, reported as not graded")
+    p_ck.add_argument("--json", dest="json_path", default=None, metavar="PATH",
+                      help="also write the grading as JSON to PATH (per property: verdict, category, worst error, "
+                           "first line, repro line, skip reason, seconds)")
+    p_ck.add_argument("--details", action="store_true",
+                      help="print pytest's full failure texts after the summary table (default: the table, and one "
+                           "line, the worst output and a repro line per failure)")
+    p_ck.add_argument("--deep", action="store_true",
+                      help="the long hunt: hypothesis profile 'deep' (10,000 examples per property, a minute of "
+                           "shrinking, an example database in .hypothesis/) instead of 'grade'")
+    p_ck.add_argument("--self-tests", action="store_true",
+                      help="also run the suite's self-tests (conformance/test_controls.py, test_suite_meta.py: "
+                           "they grade the suite, not the implementation; minutes)")
+    p_pe = sub.add_parser("peers", help="grade every installed peer and write the generated peers page "
+                                        "(spec/peers.md; see gdpo peers --help)", add_help=False)
+    p_pe.add_argument("rest", nargs=argparse.REMAINDER)
+    if argv[:1] == ["peers"]:  # its own parser takes every option, --help included
+        from gdpo_tools import peers_report
+
+        return peers_report.main(argv[1:], prog="gdpo peers")
     args = parser.parse_args(argv)
     if args.command == "check":
-        return run_check(args.impl, args.convention, args.call_shape, args.select, args.single_process)
+        return run_check(args.impl, args.convention, args.call_shape, args.select, args.single_process,
+                         args.json_path, args.details, args.deep, args.self_tests)
     if args.command == "audit":
         from gdpo_tools import audit
         from spec import DEFAULT_EPS

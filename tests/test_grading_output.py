@@ -1,0 +1,162 @@
+"""What a maintainer reads after ``gdpo check`` (issue 20 part 5): the summary table first
+(property, verdict, category, worst error), one line and a repro line per failure, counts that
+leave the suite's own checks out, ``--json`` for machines, and no hypothesis "Flaky" for a
+deterministic implementation whose shrinking stopped at the time budget."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis.errors import FlakyFailure
+
+from conformance import plugins
+from conformance.properties import ConformanceFailure
+from gdpo_tools import cli
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _check(tmp_path, *args):
+    out = tmp_path / "grading.json"
+    proc = subprocess.run([sys.executable, "-m", "gdpo_tools.cli", "check", *args, "--json", str(out)],
+                          capture_output=True, text=True, timeout=600, cwd=ROOT)
+    data = json.loads(out.read_text()) if out.exists() else None
+    return proc, data
+
+
+def _table(stdout: str) -> list[str]:
+    """The summary table's lines (header, rule, rows)."""
+    lines = stdout.splitlines()
+    start = next(i for i, ln in enumerate(lines) if "gdpo conformance summary" in ln) + 1
+    end = next(i for i in range(start, len(lines)) if not lines[i].strip() or lines[i].startswith("gdpo conformance:"))
+    return lines[start:end]
+
+
+def test_a_negative_control_fails_with_its_row_a_repro_and_json(tmp_path):
+    proc, data = _check(tmp_path, "--impl", "conformance.controls:float32_internals", "-k", "test_property and plain")
+    out = proc.stdout
+    assert proc.returncode == 1, out[-3000:] + proc.stderr[-2000:]
+    table = _table(out)
+    assert table[0].split() == ["property", "verdict", "category", "worst", "error"], table
+    row = next(ln for ln in table if ln.split()[0] == "plain")
+    assert row.split()[1] == "failed", row
+    # the table comes before pytest's own summary line, and the failure's one line and repro follow it
+    assert out.index("gdpo conformance summary") < out.index("* plain: [plain]") < out.rindex("1 failed")
+    assert "repro: python -m conformance.replay --impl conformance.controls:float32_internals" in out
+    assert "allowed" in out  # the worst listed output, as the judge wrote it
+    assert "Traceback" not in out and "Flaky" not in out  # the table is what one reads; --details for the rest
+    assert data["impl"] == "conformance.controls:float32_internals" and data["convention"] == "spec"
+    assert data["call_shape"] == "gdpo" and data["peer"] is None and data["profile"] == cli.CHECK_PROFILE
+    plain = next(p for p in data["properties"] if p["name"] == "plain")
+    assert plain["verdict"] == "failed" and plain["repro"].startswith("python -m conformance.replay ")
+    assert plain["headline"].startswith("[plain] ") and plain["calls_impl"] is True
+    assert set(plain) >= {"category", "worst_ulps", "worst_dtype", "skip_reason", "seconds", "note"}
+    assert data["counts"]["failed"] == 1 and data["counts"]["called_impl"] == 1, data["counts"]
+
+
+def test_the_projects_implementation_passes_and_self_tests_are_not_counted(tmp_path):
+    # "test_property and plain" also matches conformance/test_controls.py's
+    # test_property_rejects_its_controls[plain]: a self-test, deselected by gdpo check
+    proc, data = _check(tmp_path, "-k", "test_property and plain")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    names = [p["nodeid"] for p in data["properties"]]
+    assert not any("test_controls" in n or "test_suite_meta" in n for n in names), names
+    assert any("test_controls.py::test_property_rejects_its_controls[plain]" in n
+               for n in data["self_tests_deselected"]), data["self_tests_deselected"]
+    assert data["counts"] == {"passed": 1, "failed": 0, "error": 0, "skipped": 1, "called_impl": 1,
+                              "suite_checks": 0}, data["counts"]
+    assert "1 property called impl.gdpo:gdpo_advantages: 1 passed; " in proc.stdout  # no "0 failed"
+    assert "self-test(s) of the suite deselected" in proc.stdout
+    row = next(ln for ln in _table(proc.stdout) if ln.split()[0] == "plain")
+    assert row.split()[1:] == ["passed", "-", "-"], row
+
+
+def test_details_prints_the_full_failure_texts_after_the_table():
+    short = cli.check_command("m:f", None, None, None)
+    full = cli.check_command("m:f", None, None, None, details=True)
+    assert "--tb=no" in short and "--gdpo-grade" in short and "--tb=short" in full
+    assert "--gdpo-json" in cli.check_command("m:f", None, None, None, json_path="x.json")
+    assert "--gdpo-grade" not in cli.check_command("m:f", None, None, None, self_tests=True)
+
+
+# ----------------------------------------------------------------------------- the rows
+
+
+def _failure(text, category=None, ulps=None, dtype=None):
+    exc = ConformanceFailure(text)
+    exc.category, exc.worst_ulps, exc.worst_dtype = category, ulps, dtype
+    return exc
+
+
+TEXT = ("[plain] Eq. 4, 7, 6 (advantages) of m:f (call shape gdpo, convention 'spec'): 1 of 2 advantages outside\n"
+        "  [0] observed 0x1p+0 (1), exact 0x1.8p+0 (1.5), error 5.0e-01, allowed 1e-16\n"
+        "  inputs: rewards (float64, 2x1) [[0x0.0p+0], [0x1.0p+0]]\n"
+        "  repro: python -m conformance.replay --impl m:f --property plain --case '{}'")
+
+
+def test_a_failure_shows_its_category_and_worst_error_and_dash_without():
+    info = plugins.failure_info(_failure(TEXT, "precision", 4.5, "float32"))
+    assert info["category"] == "precision" and info["worst_ulps"] == 4.5 and info["worst_dtype"] == "float32"
+    assert info["headline"].startswith("[plain] ") and info["detail"].startswith("[0] observed")
+    assert info["repro"] == "python -m conformance.replay --impl m:f --property plain --case '{}'"
+    row = {"name": "plain", "nodeid": "t.py::test_property[plain]", "verdict": "failed", "skip_reason": None,
+           "calls_impl": True, **info}
+    assert plugins.table_rows([row]) == [("plain", "failed", "precision", "4.5 ulp(float32)")]
+    bare = {**row, **plugins.failure_info(_failure(TEXT))}
+    assert plugins.table_rows([bare]) == [("plain", "failed", "-", "-")]
+
+
+def test_a_failure_wrapped_by_hypothesis_or_the_shrink_budget_keeps_its_category():
+    inner = _failure(TEXT, "silent_zero", 1e15, "float64")
+    group = FlakyFailure("produces unreliable results", [inner])
+    info = plugins.failure_info(group)
+    assert info["category"] == "silent_zero" and info["headline"].startswith("[plain]")
+    # run_for_pytest after its shrink budget: a new failure (no category of its own), the judge's
+    # failure as its context and hypothesis's Flaky (the unchecked replay) as its cause
+    try:
+        try:
+            raise inner
+        except ConformanceFailure:
+            raise ConformanceFailure(TEXT + "\n  (shrinking stopped after 8 s: the smallest failing case found "
+                                     "by then)") from group
+    except ConformanceFailure as outer:
+        wrapped = outer
+    info = plugins.failure_info(wrapped)
+    assert info["category"] == "silent_zero" and info["worst_ulps"] == 1e15
+    assert "shrinking stopped" in info["note"] and "Flaky" not in info["note"]
+    plugins._hide_shrink_budget_flaky(wrapped)
+    assert wrapped.__cause__ is None and wrapped.__suppress_context__  # no "unreliable results" printed
+
+
+def test_real_nondeterminism_is_named_as_such():
+    info = plugins.failure_info(AssertionError("plain: a case failed, then passed when checked again (the "
+                                               "implementation is not deterministic): Case(...)"))
+    assert "nondeterministic" in info["note"]
+    info = plugins.failure_info(FlakyFailure("unreliable", [ValueError("x")]))
+    assert "Flaky" in info["note"] and info["category"] is None
+
+
+def test_counts_leave_out_the_suite_checks_and_skips():
+    rows = [{"verdict": "passed", "calls_impl": True}, {"verdict": "failed", "calls_impl": True},
+            {"verdict": "skipped", "calls_impl": True}, {"verdict": "passed", "calls_impl": False}]
+    assert plugins.counts(rows) == {"passed": 1, "failed": 1, "error": 0, "skipped": 1, "called_impl": 2,
+                                    "suite_checks": 1}
+
+
+@pytest.mark.parametrize("nodeid,name", [("conformance/test_traps.py::test_property[large]", "large"),
+                                         ("conformance/test_errors.py::test_error_case[nan_reward]", "errors:nan_reward"),
+                                         ("conformance/test_cuda.py::test_property_on_cuda[plain]", "cuda:plain"),
+                                         ("conformance/test_errors.py::test_every_contract_class_is_exercised",
+                                          "test_every_contract_class_is_exercised")])
+def test_row_names(nodeid, name):
+    assert plugins.row_name(nodeid) == name
+
+
+def test_format_of_the_worst_error():
+    assert plugins.format_ulps(4.5, "float32") == "4.5 ulp(float32)"
+    assert plugins.format_ulps(None, None) == "-"
+    assert plugins.format_ulps(float("inf"), "float64") == "inf ulp(float64)"
