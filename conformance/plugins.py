@@ -80,8 +80,9 @@ def pytest_configure(config):
         config.addinivalue_line("markers", f"{name}: {what}")
     loaded = profiles.load()
     budget = profiles.shrink_budget_s(loaded)
-    if budget is not None:  # the profile's shrink budget (grade: 8 s), read by run_for_pytest at each run
+    if budget is not None:  # the profile's shrink budget (grade: 30 s), read by run_for_pytest at each run
         properties.GRADE_SHRINK_BUDGET_S = budget
+    properties.GRADE_SHRINK_CALLS = profiles.shrink_calls(loaded)  # grade: a count, the same on any machine
     config._gdpo_profile = loaded
     config._gdpo_results = {}
     config._gdpo_start = time.monotonic()

@@ -83,6 +83,8 @@ def _verdict(prop: P.Property, target: str, shrink: bool, budget_s: float):
     test = seed(property_seed(prop))(test)
     try:
         test()
+    except P.ShrinkBudgetSpent:
+        return True, record[-1], "(shrinking stopped at the time budget)"
     except Exception as e:  # noqa: BLE001 - any failure is a rejection
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         if shrink and isinstance(e, hypothesis.errors.Flaky) and record:
