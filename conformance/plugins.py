@@ -44,8 +44,11 @@ stopped at the time budget is printed without hypothesis's ``Flaky`` (see
 
 ``--convention`` names a preset of ``spec/conventions.py``; the oracle computes
 that convention's mathematics exactly, so a peer is graded against its own
-intended formula (the error contract and the distributed protocol are graded
-under ``spec`` only).
+intended formula, at its own precision (``spec/error_model.py``, "A peer's own code");
+the error contract is graded under it too (what its NaN and singleton policies compute
+against them, every other refusal demanded), the distributed protocol under ``spec`` only.
+A clear refusal with an exception class other than ``spec.errors``' passes and is reported
+(category ``wrong_class``) unless ``--strict-errors`` asks for the strict error contract.
 """
 
 from __future__ import annotations
@@ -78,6 +81,10 @@ def pytest_configure(config):
     own, and the tests that use it import it themselves."""
     for name, what in MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {what}")
+    if config.getoption("--strict-errors", default=False):
+        import os
+
+        os.environ[properties.STRICT_ENV] = "1"  # read by properties.strict_errors at each refusal
     loaded = profiles.load()
     budget = profiles.shrink_budget_s(loaded)
     if budget is not None:  # the profile's shrink budget (grade: 30 s), read by run_for_pytest at each run
@@ -246,8 +253,8 @@ def failure_info(exc: BaseException) -> dict:
             if getattr(e, "worst_ulps", None) is not None:
                 info["worst_ulps"], info["worst_dtype"] = float(e.worst_ulps), getattr(e, "worst_dtype", None)
                 break
-        if "(shrinking stopped after" in str(found[0]):
-            info["note"] = "shrinking stopped at its time budget: the smallest failing case found by then"
+        if "(shrinking stopped at its budget" in str(found[0]):
+            info["note"] = "shrinking stopped at its budget: the smallest failing case found by then"
         distinct = {str(e).splitlines()[0] for e in found}
         if len(distinct) > 1 and any(getattr(e, "exceptions", None) and not _is_flaky(e) for e in chain):
             info["note"] = f"{len(distinct)} distinct failures; the first is shown"
@@ -271,7 +278,7 @@ def _hide_shrink_budget_flaky(exc) -> None:
     so the implementation is deterministic there: the Flaky is the budget's, and printing
     its traceback (\"produces unreliable results\") would call deterministic code flaky."""
     if (isinstance(exc, properties.ConformanceFailure) and _is_flaky(exc.__cause__)
-            and "(shrinking stopped after" in str(exc)):
+            and "(shrinking stopped at its budget" in str(exc)):
         exc.__cause__ = None
         exc.__suppress_context__ = True
 
@@ -285,6 +292,15 @@ def pytest_runtest_makereport(item, call):
         report.user_properties.append(("gdpo_calls_impl", "subject" in getattr(item, "fixturenames", ())))
     if report.failed and call.excinfo is not None and not call.excinfo.errisinstance(pytest.skip.Exception):
         report.user_properties.append(("gdpo_failure", failure_info(call.excinfo.value)))
+    if call.when == "call" and report.passed:
+        name = row_name(item.nodeid)
+        case = name.split(":", 1)[1] if name.startswith("errors:") else None
+        classes = sorted({cls for c, cls in properties.NOTES.get("errors", ()) if c == case})
+        if classes:  # a clear refusal of another class than spec.errors': passed, and said
+            report.user_properties.append(("gdpo_note", {
+                "category": "wrong_class",
+                "note": f"refused with {', '.join(classes)}, not the spec.errors class the contract names "
+                        "(a clear refusal: passes; fails under --strict-errors)"}))
     return report
 
 
@@ -307,6 +323,8 @@ def pytest_runtest_logreport(report):
     if "gdpo_calls_impl" in props:
         row["calls_impl"] = bool(props["gdpo_calls_impl"])
     row["seconds"] += float(getattr(report, "duration", 0.0) or 0.0)
+    if "gdpo_note" in props and report.passed:
+        row.update(props["gdpo_note"])
     if report.skipped:
         row["verdict"], row["skip_reason"] = "skipped", _skip_reason(report)
     elif report.failed:
@@ -532,6 +550,9 @@ def pytest_addoption(parser):
                     help="how to call it: gdpo (impl.gdpo's signature), trl (rewards, num_generations, "
                          "reward_weights) or verl (token_level_rewards, response_mask, index, weights -> "
                          "(B, T)); see conformance/plugins.py")
+    group.addoption("--strict-errors", action="store_true", default=False,
+                    help="the strict error contract: a refusal must raise the spec.errors class the contract "
+                         "names (without it a clear refusal of another class passes, reported as wrong_class)")
     group.addoption("--single-process", action="store_true", default=False,
                     help="grade an implementation for one process (no process_group): deselect the "
                          "multi-process properties (conformance/test_distributed.py), reported as not graded")

@@ -113,14 +113,15 @@ def check_command(impl: str | None, convention: str | None, call_shape: str | No
 
 def run_check(impl: str | None, convention: str | None, call_shape: str | None, select: str | None,
               single_process: bool = False, json_path: str | None = None, details: bool = False,
-              deep: bool = False, self_tests: bool = False) -> int:
+              deep: bool = False, self_tests: bool = False, strict_errors: bool = False) -> int:
     """The conformance suite (conformance/) in a subprocess; pytest's exit code, or 2 (a usage
     error, as argparse's) where ``--impl`` names no callable. ``single_process``: the
     multi-process properties are deselected (``--single-process``, conformance/plugins.py);
     ``json_path``: the grading as JSON (``--gdpo-json``); ``details``: pytest's full failure
     texts after the summary table; ``deep``: the ``deep`` hypothesis profile instead of
     :data:`CHECK_PROFILE`; ``self_tests``: the suite's self-tests too (``conformance/test_controls.py``,
-    ``conformance/test_suite_meta.py``, which grade the suite, not the implementation)."""
+    ``conformance/test_suite_meta.py``, which grade the suite, not the implementation);
+    ``strict_errors``: the strict error contract (a refusal must raise the spec.errors class named)."""
     import os
     import subprocess
 
@@ -137,6 +138,8 @@ def run_check(impl: str | None, convention: str | None, call_shape: str | None, 
 
     cmd = check_command(impl, convention, call_shape, select, single_process, json_path, details, self_tests)
     env = {**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+    if strict_errors:
+        env["GDPO_STRICT_ERRORS"] = "1"  # conformance.properties.STRICT_ENV
     if deep:
         env[profiles.ENV] = "deep"
     else:
@@ -220,6 +223,9 @@ def main(argv: list[str] | None = None) -> int:
     p_ck.add_argument("--self-tests", action="store_true",
                       help="also run the suite's self-tests (conformance/test_controls.py, test_suite_meta.py: "
                            "they grade the suite, not the implementation; minutes)")
+    p_ck.add_argument("--strict-errors", action="store_true",
+                      help="the strict error contract: a refusal must raise the spec.errors class it names (default: "
+                           "a clear refusal of another class passes, reported as wrong_class)")
     p_pe = sub.add_parser("peers", help="grade every installed peer and write the generated peers page "
                                         "(spec/peers.md; see gdpo peers --help)", add_help=False)
     p_pe.add_argument("rest", nargs=argparse.REMAINDER)
@@ -230,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "check":
         return run_check(args.impl, args.convention, args.call_shape, args.select, args.single_process,
-                         args.json_path, args.details, args.deep, args.self_tests)
+                         args.json_path, args.details, args.deep, args.self_tests, args.strict_errors)
     if args.command == "audit":
         from gdpo_tools import audit
         from spec import DEFAULT_EPS

@@ -103,6 +103,6 @@ def test_error_case_without_property_goes_to_the_error_contract(capsys):
     assert replay.main(["--impl", C.BASELINE.target, "--case", broken.dumps()]) == 0
     assert capsys.readouterr().out.startswith("[errors] conforms: ")
     assert replay.main(["--impl", C.CONTROLS["singleton_zero"].target, "--case", broken.dumps()]) == 1
-    assert capsys.readouterr().out.startswith("[errors] error contract (group_of_one)")
+    assert capsys.readouterr().out.startswith("[errors] [bad input accepted silently] error contract (group_of_one)")
     dist = P.regressions.load(P.regressions.EXAMPLES["dist_errors_2"][0])
     assert dist.note.startswith("error:") and replay._default_property(dist) == "dist_errors"

@@ -121,7 +121,7 @@ def test_a_failure_wrapped_by_hypothesis_or_the_shrink_budget_keeps_its_category
         try:
             raise inner
         except ConformanceFailure:
-            raise ConformanceFailure(TEXT + "\n  (shrinking stopped after 8 s: the smallest failing case found "
+            raise ConformanceFailure(TEXT + "\n  (shrinking stopped at its budget (8 s): the smallest failing case found "
                                      "by then)") from group
     except ConformanceFailure as outer:
         wrapped = outer
