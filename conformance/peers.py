@@ -10,11 +10,15 @@ provenance of its preset (``spec.conventions``: ``package``, ``version``,
 
 What a peer cannot express (ragged groups for a (P, m, R) API, several ranks, an
 output dtype it does not make) is refused with :class:`PeerCannotExpress`, whose
-message names the peer and the argument; it is never silently approximated.
+message names the peer and the argument; it is never silently approximated. Each
+adapter declares the convention its peer computes (``gdpo_convention``) and, where it
+narrows the call shape, its domain (``gdpo_domain``; ``conformance.subject``,
+"Declarations of the implementation"). ``spec/peers.md`` (``gdpo peers``) is what
+grading them gives.
 
 * :func:`multireward_grpo` (gdpo shape): ``multireward_grpo.advantage.compute_advantage_batch``,
   mode ``"na"``, on (P, m, R) rewards.
-* :func:`ms_swift` (gdpo shape): ``swift.rl_core.advantage.compute_advantages`` with
+* :func:`ms_swift` (trl shape: its arguments are TRL's): ``swift.rl_core.advantage.compute_advantages`` with
   ``scale_rewards="gdpo"``; its tuple's advantages.
 * :func:`verl` (verl shape): ``verl.trainer.ppo.core_algos.compute_gdpo_outcome_advantage``
   with an ``AlgoConfig`` naming the reward keys and weights, the per-sample scores in
