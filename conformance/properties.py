@@ -386,6 +386,22 @@ def _judge_final(prop, eq, subject, case, out, res, what: str, permitted: bool, 
               worst_dtype=v.judged_dtype)
 
 
+def _holds_under(out: Outcome, case: Case, conv, token_counts=None):
+    """The oracle's result of ``case`` under ``conv`` where ``out`` is within that convention's
+    own error model (:func:`native_allowed`); None where it is not, or the oracle refuses or
+    cannot judge the case (then it explains nothing)."""
+    try:
+        exp = expected(case, conv.name, token_counts)
+    except Exception:  # noqa: BLE001 - no verdict on the explanation
+        return None
+    if exp.error is not None or exp.result is None:
+        return None
+    res = exp.result
+    v = judge(out.values, res.float64, native_allowed(res, case.out_dtype, conv), res.cond, case.out_dtype,
+              native_dtype=conv.native_dtype)
+    return res if v.ok else None
+
+
 def _overflowed_columns(subject: Subject, case, out: Outcome, conv) -> str | None:
     """A silent zero that hides inside other values: where a group column is large enough that
     its squared deviations overflow the working precision (|r| beyond the square root of its
@@ -410,16 +426,7 @@ def _overflowed_columns(subject: Subject, case, out: Outcome, conv) -> str | Non
     if not hit:
         return None
     alt = dataclasses.replace(case, rewards=tuple(tuple(float(v) for v in row) for row in zeroed))
-    try:
-        exp = expected(alt, subject.convention, subject.token_counts(alt))
-    except Exception:  # noqa: BLE001 - no verdict on the explanation
-        return None
-    if exp.error is not None or exp.result is None:
-        return None
-    res = exp.result
-    v = judge(out.values, res.float64, native_allowed(res, case.out_dtype, conv), res.cond, case.out_dtype,
-              native_dtype=conv.native_dtype)
-    if not v.ok:
+    if _holds_under(out, alt, conv, subject.token_counts(alt)) is None:
         return None
     shown = ", ".join(f"group {int(g) if float(g).is_integer() else g} column {k}" for g, k in hit[:4])
     more = f" and {len(hit) - 4} more" if len(hit) > 4 else ""
@@ -445,16 +452,8 @@ def _formula_difference(subject: Subject, case, out: Outcome) -> list[str] | Non
         from conformance.subject import verl_lengths
 
         counts = verl_lengths(case.n)
-    try:
-        exp = expected(case, own, counts)
-    except Exception:  # noqa: BLE001 - the own convention cannot judge it: no verdict on the formula
-        return None
-    if exp.error is not None or exp.result is None:
-        return None
-    res, conv = exp.result, get_convention(own)
-    v = judge(out.values, res.float64, native_allowed(res, case.out_dtype, conv), res.cond, case.out_dtype,
-              native_dtype=conv.native_dtype)
-    if not v.ok:
+    res = _holds_under(out, case, get_convention(own), counts)
+    if res is None:
         return None
     return [f"the output is within the error model of the implementation's own convention {own!r} (exact "
             f"there {res.float64.tolist()[:6]}{' ...' if case.n > 6 else ''}): a formula difference from spec, "
