@@ -14,20 +14,27 @@ compiled on a GPU) and runs the conformance suite through it.
 
 Opt-in, with the environment variable ``GDPO_FUSED``:
 
-* unset or ``0``: off (the plain path);
-* ``1``: calls on CUDA tensors take this path where it applies (below);
-* ``interpret``: CPU tensors too, through Triton's interpreter (slow: for the
-  tests of this path on machines without a GPU). Set before the first call.
+* unset or ``GDPO_FUSED=0``: off (the plain path);
+* ``GDPO_FUSED=1``: calls on CUDA tensors take this path where it applies (below);
+* ``GDPO_FUSED=interpret``: CPU tensors too, through Triton's interpreter (slow: for
+  the tests of this path on machines without a GPU). Set before the first call.
 
-Where it applies (anything else takes the plain path, with the same results):
-every API, local or across ranks, with contiguous groups or labelled ones (the
-padded layout; the very ragged bucketed layout and group_has_signal with labels
-stay plain), groups of up to ``MAX_GROUP`` rows, any number K of reward
-columns, float64/float32/float16/bfloat16 rewards, any output dtype (narrow
-ones are rounded from float64 by ``_pipeline.round_to``), units of up to
-``MAX_UNIT`` rows, weights below 2**990 and without the Eq. 7 overflow check
-(see ``_stats.overflow_possible``). Whenever the fused path fails (no
-Triton, no compiler), a warning says so once and the plain path runs.
+Where it applies. This is the one list: ``impl.gdpo``'s docstring and
+docs/performance.md point here, and tests/test_located_messages.py holds it to the
+code. Every API, local or across ranks, with contiguous or labelled groups (labelled
+ones in their padded layout), any number K of reward columns,
+float64/float32/float16/bfloat16 rewards, any output dtype (narrow ones are rounded
+from float64 by ``_pipeline.round_to``). Left on the plain path, with the same results:
+
+* labelled groups so ragged that they take the bucketed layout (see ``_normalize``);
+* ``group_has_signal`` with labels;
+* groups of more than 512 rows (``MAX_GROUP``);
+* whitening units of more than 2**26 rows (``MAX_UNIT``);
+* weights of 2**990 or more, or large enough for the Eq. 7 overflow check
+  (``_stats.overflow_possible``: 2 sqrt(n_max) sum|w| >= 2**1023).
+
+Whenever the fused path fails (no Triton, no compiler), a warning says so once and
+the plain path runs.
 """
 
 from __future__ import annotations

@@ -29,17 +29,8 @@ their cast (OutOfRangeError).
 Opt-ins and costs:
 
 * ``GDPO_FUSED=1`` (opt-in, needs Triton): calls on CUDA tensors run Eq. 4/7 and
-  Eq. 6 as a few fused Triton kernels with the same bits (see ``impl._fused``;
-  ``GDPO_FUSED=interpret`` runs them on CPU tensors too, in Triton's interpreter,
-  for tests). Every API, local or across ranks, with contiguous or labelled groups
-  (labelled ones in their padded layout), any K, float64/float32/float16/bfloat16
-  rewards and any output dtype. Left on the plain path, with the same results:
-  labelled groups so ragged that they take the bucketed layout,
-  ``group_has_signal`` with labels, groups of more than 512 rows
-  (``_fused.MAX_GROUP``), whitening units of more than 2**26 rows
-  (``_fused.MAX_UNIT``), and weights of 2**990 or more or large enough for the
-  Eq. 7 overflow check. Where Triton or its compiler fails, a warning says so
-  once and the plain path runs.
+  Eq. 6 as a few fused Triton kernels with the same bits. Which calls take it, and
+  which stay on the plain path, is listed once, in ``impl._fused``'s docstring.
 * Host synchronisations on CUDA: one per call (the read of the facts row / the
   agreement table), whatever the number of groups or units; host lists (labels,
   sizes) are copied pinned and non-blocking, and small constants (counts,

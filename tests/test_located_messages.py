@@ -273,18 +273,18 @@ def test_messages_without_the_local_value_still_name_the_place(code, abc, want):
     assert want in msg, msg
 
 
-# --- the GDPO_FUSED paragraph of impl.gdpo's docstring matches impl._fused ------------------------------
+# --- the one list of what GDPO_FUSED=1 takes, impl._fused's docstring, matches impl._fused ------------
 
 
 def test_the_fused_path_is_described_as_impl_fused_applies_it():
-    """The docstring said GDPO_FUSED=1 applies to "local contiguous-group calls on CUDA"; impl._fused
-    takes labelled groups and calls across ranks too, with the exclusions named here."""
-    doc = " ".join(gdpo.__doc__.split())
-    start = doc.index("``GDPO_FUSED=1``")
-    text = doc[start:doc.index("* Host synchronisations", start)]
+    """impl.gdpo's docstring said GDPO_FUSED=1 applies to "local contiguous-group calls on CUDA";
+    impl._fused takes labelled groups and calls across ranks too, with the exclusions named here.
+    The list is told once, in impl._fused's docstring; impl.gdpo's points to it."""
+    text = " ".join(_fused.__doc__.split())
     assert "local contiguous-group calls" not in text
     for needed in ("local or across ranks", "contiguous or labelled groups", "bucketed layout",
                    "``group_has_signal`` with labels", f"more than {_fused.MAX_GROUP} rows",
                    f"more than 2**{int(math.log2(_fused.MAX_UNIT))} rows", "2**990", "GDPO_FUSED=interpret"):
         assert needed in text, (needed, text)
+    assert "``impl._fused``'s docstring" in " ".join(gdpo.__doc__.split())
     assert _fused.MAX_UNIT == 2 ** int(math.log2(_fused.MAX_UNIT))
