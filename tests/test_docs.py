@@ -1,0 +1,84 @@
+"""The documents hang together (issue 24): every relative link in README.md and docs/*.md
+reaches an existing file (and heading, where it names one), the README links every page
+under docs/, and the fused path's exceptions are told once, in impl/_fused.py's docstring."""
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+DOCS = sorted((ROOT / "docs").glob("*.md"))
+PAGES = [README, *DOCS]
+
+
+def _prose(text: str) -> str:
+    """The text without fenced blocks and inline code, where brackets are not links."""
+    text = re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)
+    return re.sub(r"`[^`\n]*`", "", text)
+
+
+def _links(text: str) -> list[str]:
+    """The targets of the Markdown links and images of a page."""
+    return re.findall(r"\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)", _prose(text))
+
+
+def _slugs(text: str) -> set[str]:
+    """GitHub's anchors of a page's headings: lower case, punctuation dropped, spaces as
+    hyphens, a repeated anchor numbered -1, -2, ..."""
+    seen: dict[str, int] = {}
+    out = set()
+    for heading in re.findall(r"^#{1,6}[ \t]+(.+?)[ \t#]*$", re.sub(r"^```.*?^```", "", text, flags=re.S | re.M),
+                              flags=re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        n = seen.get(slug, 0)
+        seen[slug] = n + 1
+        out.add(slug if n == 0 else f"{slug}-{n}")
+    return out
+
+
+def _relative(page: Path) -> list[str]:
+    return [t for t in _links(page.read_text()) if not re.match(r"[a-z][a-z0-9+.-]*:", t)]
+
+
+def test_there_are_pages_and_links():
+    """A regex that stopped finding links would pass every page; the README links several."""
+    assert len(DOCS) >= 6, DOCS
+    assert len(_relative(README)) >= len(DOCS), _relative(README)
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[p.relative_to(ROOT).as_posix() for p in PAGES])
+def test_relative_links_resolve(page):
+    broken = []
+    for target in _relative(page):
+        path, _, anchor = target.partition("#")
+        dest = (page.parent / path).resolve() if path else page
+        if not dest.exists():
+            broken.append(f"{target}: no such file")
+        elif anchor and dest.suffix == ".md" and anchor not in _slugs(dest.read_text()):
+            broken.append(f"{target}: no heading #{anchor} in {dest.relative_to(ROOT)}")
+    assert not broken, f"{page.relative_to(ROOT)}: " + "; ".join(broken)
+
+
+def test_readme_links_every_docs_page():
+    linked = {(ROOT / t.partition("#")[0]).resolve() for t in _relative(README)}
+    missing = [p.relative_to(ROOT).as_posix() for p in DOCS if p.resolve() not in linked]
+    assert not missing, f"README.md does not link {missing}"
+
+
+def test_fused_exceptions_are_told_once():
+    """The calls GDPO_FUSED=1 leaves on the plain path are listed in impl/_fused.py's docstring
+    only (tests/test_located_messages.py holds that list to the code); the README, the docs
+    and impl/gdpo.py's docstring point there instead of repeating it."""
+    gdpo_doc = ast.get_docstring(ast.parse((ROOT / "impl" / "gdpo.py").read_text()))
+    fused_doc = ast.get_docstring(ast.parse((ROOT / "impl" / "_fused.py").read_text()))
+    marks = ("2**990", "with labels", "512 rows")
+    assert all(m in " ".join(fused_doc.split()) for m in marks), fused_doc
+    texts = {p.relative_to(ROOT).as_posix(): p.read_text() for p in PAGES}
+    texts["impl/gdpo.py docstring"] = gdpo_doc
+    repeated = {name: [m for m in marks if m in " ".join(text.split())] for name, text in texts.items()}
+    assert not any(repeated.values()), {k: v for k, v in repeated.items() if v}
+    assert "impl/_fused.py" in texts["docs/performance.md"]
+    assert "impl._fused" in gdpo_doc
