@@ -84,7 +84,7 @@ def test_entry_points_keep_their_names_signatures_and_docs():
 
 
 def test_fullgraph_says_it_cannot_hold_the_call():
-    """README: ``fullgraph=True`` cannot hold it; dynamo says so rather than tracing impl."""
+    """docs/adopting.md: ``fullgraph=True`` cannot hold it; dynamo says so rather than tracing impl."""
     torch._dynamo.reset()
     fn, build = CALLS["gdpo_advantages"]
 

@@ -509,7 +509,7 @@ def test_a_float8_cast_refusal_names_the_first_value_and_its_row():
 
 
 def test_a_label_on_two_ranks_is_two_groups_a_known_limit():
-    """Known limit (spec section 2, README): group labels are local, so label 1 on ranks 0
+    """Known limit (spec section 2, docs/adopting.md): group labels are local, so label 1 on ranks 0
     and 1 is two groups of Eq. 4, one per rank, and nothing says so. This pins it: the
     advantages are those of the split groups, far from those of the merged one."""
     rewards = [[[0.0, 1.0], [1.0, 0.0], [0.0, 0.0], [1.0, 1.0]], [[1.0, 1.0], [1.0, 1.0], [0.0, 1.0], [3.0, 0.0]]]

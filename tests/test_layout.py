@@ -1,4 +1,4 @@
-"""The layout the README draws holds in the code (issue 16): which package may import
+"""The layout docs/layout.md draws holds in the code (issue 16): which package may import
 which, and no import cycle among the product's modules, counting the imports inside
 functions too (a function-level import does not make a cycle go away, it only hides it).
 
