@@ -36,6 +36,8 @@ import numpy as np
 import subprocess
 from hypothesis import HealthCheck, settings
 from conformance import properties as P
+from conformance import runner as R
+from conformance import runner as R
 from hypothesis import given
 from conformance import strategies as S
 from conformance.subject import Subject
@@ -65,7 +67,7 @@ def _run_property(prop, subject, examples: int) -> dict:
         return {"property": prop.name, "status": "skip", "reason": why, "seconds": 0.0}
     record: list = []
     try:
-        P.build_test(prop, subject, _settings(examples), record=record)()
+        R.build_test(prop, subject, _settings(examples), record=record)()
         status, message = "pass", ""
     except Exception as e:  # noqa: BLE001
         status, message = "fail", str(e)[-6000:]

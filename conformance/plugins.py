@@ -55,13 +55,14 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from conformance import profiles, properties
+from conformance import profiles, properties, runner
 from conformance.subject import CALL_SHAPES, DEFAULT_IMPL, ImplSpecError, resolve_impl
 
 
@@ -86,10 +87,7 @@ def pytest_configure(config):
 
         os.environ[properties.STRICT_ENV] = "1"  # read by properties.strict_errors at each refusal
     loaded = profiles.load()
-    budget = profiles.shrink_budget_s(loaded)
-    if budget is not None:  # the profile's shrink budget (grade: 30 s), read by run_for_pytest at each run
-        properties.GRADE_SHRINK_BUDGET_S = budget
-    properties.GRADE_SHRINK_CALLS = profiles.shrink_calls(loaded)  # grade: a count, the same on any machine
+    runner.DRAW_FIRST = profiles.draws_first(loaded)  # grade: cases drawn first, read by run_for_pytest
     config._gdpo_profile = loaded
     config._gdpo_results = {}
     config._gdpo_start = time.monotonic()
@@ -255,6 +253,9 @@ def failure_info(exc: BaseException) -> dict:
                 break
         if "(shrinking stopped at its budget" in str(found[0]):
             info["note"] = "shrinking stopped at its budget: the smallest failing case found by then"
+        many = re.search(r"\((\d+ of \d+ cases failed \(categories: [^)]*\))", str(found[0]))
+        if many:  # a drawn-first run: how many of its cases failed, and in which categories
+            info["note"] = many.group(1)
         distinct = {str(e).splitlines()[0] for e in found}
         if len(distinct) > 1 and any(getattr(e, "exceptions", None) and not _is_flaky(e) for e in chain):
             info["note"] = f"{len(distinct)} distinct failures; the first is shown"
@@ -292,6 +293,10 @@ def pytest_runtest_makereport(item, call):
         report.user_properties.append(("gdpo_calls_impl", "subject" in getattr(item, "fixturenames", ())))
     if report.failed and call.excinfo is not None and not call.excinfo.errisinstance(pytest.skip.Exception):
         report.user_properties.append(("gdpo_failure", failure_info(call.excinfo.value)))
+    if call.when == "call":
+        run = _drawn_run(item)
+        if run is not None:  # what a drawn-first run checked (the same on any machine)
+            report.user_properties.append(("gdpo_cases", run))
     if call.when == "call" and report.passed:
         name = row_name(item.nodeid)
         case = name.split(":", 1)[1] if name.startswith("errors:") else None
@@ -302,6 +307,13 @@ def pytest_runtest_makereport(item, call):
                 "note": f"refused with {', '.join(classes)}, not the spec.errors class the contract names "
                         "(a clear refusal: passes; fails under --strict-errors)"}))
     return report
+
+
+def _drawn_run(item):
+    """The drawn-first run of the property this test ran (``runner.RUNS``), or None."""
+    name = row_name(item.nodeid)
+    device = "cuda" if name.startswith("cuda:") else "cpu"
+    return runner.RUNS.pop((name.split(":", 1)[-1], device), None)
 
 
 def _skip_reason(report) -> str:
@@ -318,8 +330,11 @@ def pytest_runtest_logreport(report):
     row = results.setdefault(report.nodeid, {
         "name": row_name(report.nodeid), "nodeid": report.nodeid, "verdict": "passed", "category": None,
         "worst_ulps": None, "worst_dtype": None, "headline": None, "detail": None, "repro": None, "note": None,
-        "skip_reason": None, "seconds": 0.0, "calls_impl": False})
+        "skip_reason": None, "seconds": 0.0, "calls_impl": False, "cases": None, "cases_digest": None,
+        "failed_cases": None})
     props = dict(report.user_properties)
+    if "gdpo_cases" in props:
+        row.update(props["gdpo_cases"])
     if "gdpo_calls_impl" in props:
         row["calls_impl"] = bool(props["gdpo_calls_impl"])
     row["seconds"] += float(getattr(report, "duration", 0.0) or 0.0)
@@ -460,7 +475,7 @@ def grading_json(config, rows: list[dict], exitstatus) -> dict:
         "single_process": single_process(config),
         "peer": peer_of(convention),
         "profile": getattr(config, "_gdpo_profile", None),
-        "shrink_budget_s": properties.GRADE_SHRINK_BUDGET_S,
+        "draws_first": runner.DRAW_FIRST,
         "hypothesis": hypothesis.__version__,
         "python": sys.version.split()[0],
         "torch": getattr(sys.modules.get("torch"), "__version__", None),

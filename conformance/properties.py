@@ -30,16 +30,13 @@ import dataclasses
 import math
 import re
 import sys
-import time
-import zlib
 from fractions import Fraction
 from typing import Callable
 
 import numpy as np
 import torch
-from hypothesis import HealthCheck, Phase, example, given, reject, seed, settings, strategies as st, target
+from hypothesis import reject, strategies as st, target
 from hypothesis.control import currently_in_test_context
-from hypothesis.errors import UnsatisfiedAssumption
 
 from conformance import distributed
 from conformance import regressions
@@ -1177,131 +1174,3 @@ CHECKS = {"values": check_values, "errors": check_error, "dist_values": check_di
 
 def of_section(section: str) -> list:
     return [p for p in PROPERTIES if p.section == section]
-
-
-# -------------------------------------------------------------------- running
-
-
-def expressible(case, ctx: S.Context) -> bool:
-    """Can this call shape express a pinned example?"""
-    shards = case.shards if isinstance(case, DistCase) else (case,)
-    for c in shards:
-        if c.group_ids is not None and not ctx.labels:
-            return False
-        if c.segment_sizes is not None and not ctx.units:
-            return False
-        if c.eps is not None and not ctx.eps:
-            return False
-        if c.dtype in S.DTYPES and c.dtype not in ctx.input_dtypes:
-            return False
-        if c.out_dtype not in ctx.out_dtypes:
-            return False
-        if c.weights is not None and ctx.weights_dtype != "float64" and \
-                not np.array_equal(S.round_to(c.weights, ctx.weights_dtype), np.array(c.weights)):
-            return False
-    return True
-
-
-def build_test(prop: Property, subject: Subject, config: settings | None = None, record: list | None = None,
-               budget_s: float | None = None, budget_calls: int | None = None):
-    """The hypothesis test of ``prop`` against ``subject`` (call it to run).
-
-    ``record``, if given, receives every failing case in order (the last one is
-    the minimal example hypothesis reports). ``budget_s`` bounds shrinking: once
-    that many seconds have passed since the run began and a case has failed, the
-    run stops (:class:`ShrinkBudgetSpent`); ``budget_calls`` likewise, once that many
-    calls have followed the first failure (a bound that does not depend on the
-    machine's speed, so the case reported is the same on every run)."""
-    ctx = subject.context()
-    strategy = prop.strategy(ctx, subject)
-    start = time.monotonic()
-    after_failure = [0]
-
-    def run(case):
-        if record:
-            after_failure[0] += 1
-        if record and ((budget_s is not None and time.monotonic() - start > budget_s)
-                       or (budget_calls is not None and after_failure[0] > budget_calls)):
-            raise ShrinkBudgetSpent
-        try:
-            prop.check(subject, case, prop.name)
-        except UnsatisfiedAssumption:
-            raise  # a case the oracle cannot judge (ORACLE_LIMITS), discarded
-        except Exception as exc:
-            if record is not None:
-                record.append(getattr(exc, "case", case))
-            raise
-
-    test = given(case=strategy)(run)
-    for text in reversed(prop.examples):
-        case = regressions.load(text)
-        if expressible(case, ctx):
-            test = example(case=case)(test)
-    if config is not None:
-        test = config(test)
-    return test
-
-
-def control_settings() -> settings:
-    """The ci profile (whatever profile is loaded), without shrinking or hill-climbing
-    (the target phase can spend thousands of calls on a near miss): a verdict, fast."""
-    return settings(settings.get_profile("ci"), phases=[Phase.explicit, Phase.generate],
-                    suppress_health_check=list(HealthCheck), report_multiple_bugs=False, print_blob=False)
-
-
-def run_for_pytest(prop: Property, subject: Subject) -> None:
-    """Run ``prop`` against the implementation under test, under the loaded profile;
-    a property the call shape or convention cannot express is skipped with the reason."""
-    why = subject.unsupported(prop.needs)
-    if why:
-        pytest.skip(why)
-    record: list = []
-    config = None
-    if not prop.hill_climb:
-        loaded = settings()  # the loaded profile
-        config = settings(loaded, phases=[ph for ph in loaded.phases if ph != Phase.target])
-    test = build_test(prop, subject, config, record=record, budget_s=GRADE_SHRINK_BUDGET_S,
-                      budget_calls=GRADE_SHRINK_CALLS)
-    if settings().derandomize:  # the property's own seed: examples that do not move when code is edited
-        test = seed(zlib.crc32(prop.name.encode()))(test)  # (derandomize hashes the test's source otherwise)
-    try:
-        test()
-    except ShrinkBudgetSpent:  # the budget ran out while shrinking: report the smallest case found
-        _smallest_found(prop, subject, record, None)
-
-
-#: Seconds into a property's run under pytest after which, once a case has failed, shrinking
-#: stops (hypothesis allows itself five minutes of shrinking, then asks for a bug report in
-#: hypothesis; a case of several hundred rows can shrink for longer, and a grading run took
-#: over 15 minutes). The smallest failing case found by then is reported.
-GRADE_SHRINK_BUDGET_S = 60.0
-#: Calls after the first failure after which shrinking stops (None: no such bound); set from the
-#: loaded profile by the plugin (grade: a fixed count, so a grading reports the same case and
-#: category on a loaded CI machine as here).
-GRADE_SHRINK_CALLS: int | None = None
-
-
-class ShrinkBudgetSpent(BaseException):
-    """Raised by a property's run function once its shrink budget is spent. Not an Exception,
-    so hypothesis ends the run at once (no more shrinking, no final replay, so no "Flaky" for
-    a deterministic implementation); the caller reports the smallest failing case recorded."""
-
-
-#: Read by conformance.profiles: the run stops shrinking at once at its budget, so the grade
-#: profile may keep its shrink phase (bounded) and report shrunk examples.
-SHRINK_STOPS_AT_BUDGET = True
-
-
-def _smallest_found(prop: Property, subject: Subject, record: list, exc) -> None:
-    """Raise the failure of the last (smallest) failing case found before the budget ran out."""
-    try:
-        prop.check(subject, record[-1], prop.name)
-    except ConformanceFailure as failure:
-        again = ConformanceFailure(f"{failure}\n  (shrinking stopped at its budget ({GRADE_SHRINK_BUDGET_S:g} s"
-                                   + (f" or {GRADE_SHRINK_CALLS} calls" if GRADE_SHRINK_CALLS else "")
-                                   + "): the smallest failing case found by then)")
-        again.case = getattr(failure, "case", record[-1])
-        again.category, again.worst_ulps, again.worst_dtype = failure.category, failure.worst_ulps, failure.worst_dtype
-        raise again from exc
-    raise AssertionError(f"{prop.name}: a case failed, then passed when checked again (the implementation is "
-                         f"not deterministic): {record[-1]!r}"[:2000]) from exc

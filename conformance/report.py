@@ -1,11 +1,12 @@
 """``python -m conformance.report``: regenerate conformance/CONTROLS.md.
 
 For every negative control (``conformance/controls.py``) and every property
-(``conformance/properties.py``) it runs the property under the ``ci`` profile's
-budget with a fixed seed per property and no shrinking (the verdict matrix, which
-``test_controls`` recomputes and compares), then shrinks the first rejecting
-property's counterexample for the table (bounded in time; the last failing case
-before the bound is shown).
+(``conformance/properties.py``) it checks the property's cases drawn first
+(``conformance.runner``: the pinned examples, then the ``ci`` profile's budget drawn
+with a fixed seed per property, the same cases for every control) up to the first
+failure (the verdict matrix, which ``test_controls`` recomputes and compares), then
+reduces the first rejecting property's counterexample for the table (the judge's
+reduction, bounded in checks).
 
 ``--check`` only computes the matrix and exits 1 if it differs from the committed
 table (what ``test_controls`` does, property by property).
@@ -14,85 +15,43 @@ table (what ``test_controls`` does, property by property).
 from __future__ import annotations
 
 import argparse
-import contextlib
-import dataclasses
 import pathlib
 import re
 import sys
 import time
-import zlib
 
 import hypothesis
-import hypothesis.errors
-from hypothesis import Phase, seed, settings, HealthCheck
+from hypothesis import settings
 
 from conformance import controls as C
 from conformance import profiles
 from conformance import properties as P
+from conformance import runner
 from conformance.compare import describe_inputs
 from conformance.subject import Subject
 
 TABLE = pathlib.Path(__file__).with_name("CONTROLS.md")
-SHRINK_BUDGET_S = 30.0
 
 
-def property_seed(prop: P.Property) -> int:
-    return zlib.crc32(prop.name.encode())
-
-
-@contextlib.contextmanager
-def _no_local_constants():
-    """Hypothesis (6.1xx) mixes into generation the literal constants of every local module
-    imported so far in the process, so a verdict depended on what ran before it (the table
-    differed between the report, a single test and the whole suite). Verdicts run with that
-    pool empty; generation then depends on the seed and the hypothesis version alone. (An
-    internal of hypothesis: where it is missing, nothing is changed.)"""
-    try:
-        from hypothesis.internal.conjecture import providers as hp
-
-        original, cache = hp._get_local_constants, hp.CONSTANTS_CACHE.cache
-        empty = hp.Constants(integers=hp.SortedSet(), floats=hp.SortedSet(key=hp.float_to_int),
-                             bytes=hp.SortedSet(), strings=hp.SortedSet())
-    except (ImportError, AttributeError):
-        yield
-        return
-    cache.clear()
-    hp._get_local_constants = lambda: empty
-    try:
-        yield
-    finally:
-        hp._get_local_constants = original
-        cache.clear()
-
-
-def verdict(prop: P.Property, target: str, shrink: bool = False, budget_s: float = SHRINK_BUDGET_S):
-    """(rejected?, minimal failing case or None, first line of the failure)."""
-    with _no_local_constants():
-        return _verdict(prop, target, shrink, budget_s)
-
-
-def _verdict(prop: P.Property, target: str, shrink: bool, budget_s: float):
+def verdict(prop: P.Property, target: str, shrink: bool = False):
+    """(rejected?, failing case or None, first line of the failure): the property's cases drawn
+    first (``conformance.runner``: the pinned examples, then the ``ci`` budget drawn with the
+    property's seed, shared by every control) checked in order up to the first failure; with
+    ``shrink``, that failure reduced by the judge (``runner.reduce``) for the table's example."""
     subject = Subject(target)
     if subject.unsupported(prop.needs):
         return None, None, "skipped"
-    record: list = []
-    config = P.control_settings()
-    if shrink:  # the verdict's run, then shrinking
-        config = settings(config, phases=list(config.phases) + [Phase.shrink])
-    test = P.build_test(prop, subject, config, record=record, budget_s=budget_s if shrink else None)
-    test = seed(property_seed(prop))(test)
-    try:
-        test()
-    except P.ShrinkBudgetSpent:
-        return True, record[-1], "(shrinking stopped at the time budget)"
-    except Exception as e:  # noqa: BLE001 - any failure is a rejection
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        if shrink and isinstance(e, hypothesis.errors.Flaky) and record:
-            first = "(shrinking stopped at the time budget)"  # the replay passed unchecked
-        return True, (record[-1] if record else None), first
-    if shrink and record:  # the shrink budget ran out: the check passed on the replay
-        return True, record[-1], "(shrinking stopped at the time budget)"
-    return False, None, ""
+    cases = runner.planned_cases(prop, subject, settings.get_profile("ci").max_examples)
+    found = runner.first_failure(prop, subject, cases)
+    if found is None:
+        return False, None, ""
+    index, exc = found
+    case = getattr(exc, "case", cases[index])
+    if shrink and isinstance(exc, P.ConformanceFailure):
+        exc, _ = runner.reduce(lambda c: prop.check(subject, c, prop.name), subject, case, exc)
+        case = getattr(exc, "case", case)
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return True, case, first
 
 
 def matrix(controls=None, props=None, progress=None) -> dict:
@@ -138,8 +97,9 @@ def render(mat: dict, examples: dict) -> str:
         "",
         "Each control is `conformance/controls.py:baseline` with exactly one flaw; the base itself passes",
         "every property (`conformance/test_controls.py`), so each rejection below is the flaw's.",
-        f"Verdicts: the `ci` profile's budget ({settings.get_profile('ci').max_examples} examples), a fixed seed per",
-        f"property, no shrinking, hypothesis {hypothesis.__version__}. `test_controls` recomputes every row",
+        f"Verdicts: the pinned examples, then the `ci` profile's budget ({settings.get_profile('ci').max_examples} "
+        "examples) drawn first with a fixed seed per",
+        f"property (`conformance/runner.py`), hypothesis {hypothesis.__version__}. `test_controls` recomputes every row",
         "and compares it with this table (exactly with this hypothesis version; with another one it only",
         "requires every control to be rejected and every property to reject something).",
         "",
@@ -153,7 +113,7 @@ def render(mat: dict, examples: dict) -> str:
         rej = set(mat.get(prop.name, ()))
         lines.append(f"| `{prop.name}` | " + " | ".join("x" if n in rej else "." for n in ctl_names) + " |")
     lines += ["<!-- /matrix -->", "", "## Controls, and the smallest example found", "",
-              "| control | flaw | rejected by | minimal example (shrunk, first rejecting property) |",
+              "| control | flaw | rejected by | example (reduced by the judge, first rejecting property) |",
               "|---|---|---|---|"]
     for ctl in C.CONTROLS.values():
         by = [p for p, rej in mat.items() if ctl.name in rej]
@@ -192,7 +152,7 @@ def main(argv=None) -> int:
         t0 = time.monotonic()
         _, case, headline = verdict(first, ctl.target, shrink=True)
         if say:
-            say(f"shrunk {ctl.name} on {first.name} in {time.monotonic() - t0:.1f} s")
+            say(f"reduced {ctl.name} on {first.name} in {time.monotonic() - t0:.1f} s")
         if case is not None:
             examples[ctl.name] = _cell(f"`{first.name}`: {headline.split(': ', 1)[-1]}; "
                                        f"{describe_inputs(case).strip()}")

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from conformance import properties as P
+from conformance import runner as R
 from conformance.subject import Subject
 
 pytestmark = [pytest.mark.cuda,
@@ -17,4 +18,4 @@ pytestmark = [pytest.mark.cuda,
 
 @pytest.mark.parametrize("prop", [p for p in P.PROPERTIES if p.world == 0], ids=lambda p: p.name)
 def test_property_on_cuda(prop, subject):
-    P.run_for_pytest(prop, Subject(subject.target, subject.shape, subject.convention, device="cuda"))
+    R.run_for_pytest(prop, Subject(subject.target, subject.shape, subject.convention, device="cuda"))

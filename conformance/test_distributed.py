@@ -9,10 +9,11 @@ failure (a hang), never a stuck test.
 import pytest
 
 from conformance import properties as P
+from conformance import runner as R
 
 pytestmark = pytest.mark.distributed
 
 
 @pytest.mark.parametrize("prop", P.of_section("distributed"), ids=lambda p: p.name)
 def test_property(prop, subject):
-    P.run_for_pytest(prop, subject)
+    R.run_for_pytest(prop, subject)

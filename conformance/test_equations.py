@@ -8,12 +8,13 @@ oracle's ``allowed(out_dtype)``; see conformance/properties.py for the claims.
 import pytest
 
 from conformance import properties as P
+from conformance import runner as R
 from conformance.subject import Subject
 
 
 @pytest.mark.parametrize("prop", P.of_section("equations"), ids=lambda p: p.name)
 def test_property(prop, subject):
-    P.run_for_pytest(prop, subject)
+    R.run_for_pytest(prop, subject)
 
 
 @pytest.mark.parametrize("prop", [P.BY_NAME["plain"], P.BY_NAME["cancellation"]], ids=lambda p: p.name)
@@ -21,4 +22,4 @@ def test_trl_call_shape(prop, subject):
     """The TRL-like call shape works end to end (impl.gdpo behind conformance.subject:impl_trl_shape)."""
     if subject.target != "impl.gdpo:gdpo_advantages" or subject.convention != "spec":
         pytest.skip("self-test of the trl call shape with the project's implementation only")
-    P.run_for_pytest(prop, Subject("conformance.subject:impl_trl_shape", "trl", "spec"))
+    R.run_for_pytest(prop, Subject("conformance.subject:impl_trl_shape", "trl", "spec"))

@@ -12,6 +12,7 @@ from hypothesis import given, settings, strategies as st
 
 from conformance import cases as K
 from conformance import properties as P
+from conformance import runner as R
 from conformance import regressions
 from conformance import strategies as S
 from conformance.compare import judge
@@ -198,9 +199,9 @@ def test_the_large_property_draws_what_its_claim_says():
     seen = []
     prop = P.BY_NAME["large"]
     probe = dataclasses.replace(prop, check=lambda subject, case, name: seen.append(case))
-    with report._no_local_constants():
-        test = P.build_test(probe, Subject("impl.gdpo:gdpo_advantages"), P.control_settings())
-        seed(report.property_seed(prop))(test)()
+    with R.no_local_constants():
+        test = R.build_test(probe, Subject("impl.gdpo:gdpo_advantages"), R.control_settings())
+        seed(R.property_seed(prop))(test)()
     assert {c.k for c in seen} == set(range(1, 9)), sorted({c.k for c in seen})
     assert min(c.n for c in seen) > 64 and max(c.n for c in seen) >= 200, sorted({c.n for c in seen})
     assert max(len(c.segment_sizes or ()) for c in seen) > 4
@@ -228,9 +229,9 @@ def test_the_errors_property_puts_bad_rewards_in_zero_weight_columns():
     probe = dataclasses.replace(prop, check=lambda subject, cases, name: seen.extend(
         c for c in (cases if isinstance(cases, tuple) else (cases,)) if c.note in ("error:nan_reward",
                                                                                    "error:inf_reward")))
-    with report._no_local_constants():
-        test = P.build_test(probe, Subject("impl.gdpo:gdpo_advantages"), P.control_settings())
-        seed(report.property_seed(prop))(test)()
+    with R.no_local_constants():
+        test = R.build_test(probe, Subject("impl.gdpo:gdpo_advantages"), R.control_settings())
+        seed(R.property_seed(prop))(test)()
     for name in ("error:nan_reward", "error:inf_reward"):
         where = []
         for c in seen:

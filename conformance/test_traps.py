@@ -8,8 +8,9 @@ figures are pinned as hex examples (conformance/regressions.py).
 import pytest
 
 from conformance import properties as P
+from conformance import runner as R
 
 
 @pytest.mark.parametrize("prop", P.of_section("traps"), ids=lambda p: p.name)
 def test_property(prop, subject):
-    P.run_for_pytest(prop, subject)
+    R.run_for_pytest(prop, subject)

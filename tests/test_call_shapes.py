@@ -28,6 +28,7 @@ from hypothesis import given
 
 from conformance import subject as shapes
 from conformance import properties as P
+from conformance import runner as R
 from conformance import regressions
 from conformance.cases import Case, expected
 from conformance.subject import CallShapeViolation, Subject
@@ -126,13 +127,13 @@ def mirror(monkeypatch):
 def _rejects(prop_name: str, subject: Subject) -> str:
     """Run a property without shrinking; the failure's text (the test fails if it passes)."""
     with pytest.raises(P.ConformanceFailure) as info:
-        P.build_test(P.BY_NAME[prop_name], subject, config=P.control_settings())()
+        R.build_test(P.BY_NAME[prop_name], subject, config=R.control_settings())()
     return str(info.value)
 
 
 def _error_contract(subject: Subject, names) -> None:
     """The error-contract cases ``names`` against ``subject`` (raises ConformanceFailure)."""
-    @P.control_settings()
+    @R.control_settings()
     @given(cases=P.error_cases(subject.context(), subject.shape, names=set(names)))
     def run(cases):
         P.check_error(subject, cases)
@@ -205,7 +206,7 @@ def test_verl_per_sample_names_the_sample_and_token():
 def test_verl_adapter_passes_through_the_verl_shape(prop):
     subject = Subject(ADAPTER, "verl", "spec")
     assert subject.unsupported(P.BY_NAME[prop].needs) is None
-    P.build_test(P.BY_NAME[prop], subject)()
+    R.build_test(P.BY_NAME[prop], subject)()
 
 
 @pytest.mark.parametrize("name, needle", [
@@ -220,7 +221,7 @@ def test_wrong_verl_implementations_are_rejected(wrong, name, needle):
 
 
 def test_verl_returns_tuple_is_graded_on_its_advantages(wrong):
-    P.build_test(P.BY_NAME["plain"], wrong("returns_tuple"), config=P.control_settings())()
+    R.build_test(P.BY_NAME["plain"], wrong("returns_tuple"), config=R.control_settings())()
 
 
 def test_verl_shape_states_what_it_skips():
@@ -294,7 +295,7 @@ def test_verl_error_cases_reach_the_call():
 def test_verl_adapter_meets_the_error_contract():
     subject = Subject(ADAPTER, "verl", "spec")
     assert subject.unsupported(P.BY_NAME["errors"].needs) is None
-    P.build_test(P.BY_NAME["errors"], subject)()
+    R.build_test(P.BY_NAME["errors"], subject)()
 
 
 def test_verl_nan_zeroing_is_rejected(wrong):
@@ -349,7 +350,7 @@ def test_token_counts_reach_the_oracle():
 def test_verl_mirror_passes_under_the_verl_convention(mirror, prop):
     subject = mirror()
     assert subject.unsupported(P.BY_NAME[prop].needs) is None
-    P.build_test(P.BY_NAME[prop], subject)()
+    R.build_test(P.BY_NAME[prop], subject)()
 
 
 @pytest.mark.parametrize("name, convention", [

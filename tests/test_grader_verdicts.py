@@ -27,6 +27,7 @@ import torch
 
 from conformance import controls as C
 from conformance import properties as P
+from conformance import runner as R
 from conformance import regressions
 from conformance.cases import Case, DistCase, expected, expected_whiten
 from conformance.compare import judge
@@ -407,12 +408,12 @@ def test_a_grading_run_stops_shrinking_at_its_budget_and_reports_the_smallest_ca
     """Found by review: `gdpo check` of a mean-then-subtract code ran over 15 minutes with no output
     (hypothesis shrinking and hill-climbing a case of hundreds of rows). Past the budget the smallest
     failing case found so far is reported as the failure."""
-    monkeypatch.setattr(P, "GRADE_SHRINK_BUDGET_S", 0.0)
+    monkeypatch.setattr(R, "SHRINK_BUDGET_S", 0.0)
     monkeypatch.setitem(regressions.EXAMPLES, "plain", ())  # a generated failure, not a pinned one, is shrunk
     prop = next(p for p in P.PROPERTIES if p.name == "plain")
     subject = Subject(C.CONTROLS["float32_internals"].target)
     with pytest.raises(P.ConformanceFailure) as info:
-        P.run_for_pytest(prop, subject)
+        R.run_for_pytest(prop, subject)
     assert "shrinking stopped at its budget (0 s): the smallest failing case found by then" in str(info.value)
     assert "repro: python -m conformance.replay" in str(info.value)
 
@@ -429,9 +430,9 @@ def test_costly_cases_are_not_hill_climbed(monkeypatch):
         seen[prop.name] = config
         return lambda: None
 
-    monkeypatch.setattr(P, "build_test", spy)
+    monkeypatch.setattr(R, "build_test", spy)
     for name in ("large", "plain"):
-        P.run_for_pytest(next(p for p in P.PROPERTIES if p.name == name), BASE)
+        R.run_for_pytest(next(p for p in P.PROPERTIES if p.name == name), BASE)
     assert Phase.target not in seen["large"].phases and Phase.generate in seen["large"].phases
     assert seen["plain"] is None  # the loaded profile, target phase included
 
@@ -454,5 +455,5 @@ def test_a_nondeterministic_implementation_is_not_reported_as_a_stopped_shrink(m
     monkeypatch.setitem(regressions.EXAMPLES, "plain", ())  # a generated case, which hypothesis replays
     prop = next(p for p in P.PROPERTIES if p.name == "plain")
     with pytest.raises(Flaky) as info:
-        P.run_for_pytest(prop, _subject(sometimes))
+        R.run_for_pytest(prop, _subject(sometimes))
     assert "shrinking stopped" not in str(info.value)

@@ -30,6 +30,7 @@ from hypothesis import given
 
 from conformance import subject as shapes
 from conformance import properties as P
+from conformance import runner as R
 from conformance import strategies as S
 from conformance.cases import Case
 from conformance.compare import judge
@@ -117,7 +118,7 @@ HUGE_EPS_PROPERTIES = (
 
 @pytest.mark.parametrize("prop", HUGE_EPS_PROPERTIES, ids=lambda p: p.name)
 def test_impl_within_the_error_model_at_huge_eps(prop):
-    P.build_test(prop, IMPL)()
+    R.build_test(prop, IMPL)()
 
 
 def _case(rewards, eps, out_dtype="float64", weights=None, group_size=2):

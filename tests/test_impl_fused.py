@@ -241,13 +241,14 @@ def test_without_triton_warns_once_and_falls_back(monkeypatch):
 def test_conformance_equations_through_the_fused_path(monkeypatch):
     """The conformance suite's equation properties (oracle-graded), with impl.gdpo on the fused path."""
     from conformance import properties as P
+    from conformance import runner as R
     from conformance.subject import Subject
 
     monkeypatch.setenv("GDPO_FUSED", MODE)
     before = _fused.stats["calls"]
     subject = Subject("impl.gdpo:gdpo_advantages", shape="gdpo", convention="spec", device=DEVICE)
     for prop in P.of_section("equations"):
-        P.run_for_pytest(prop, subject)
+        R.run_for_pytest(prop, subject)
     assert _fused.stats["calls"] > before, "no conformance case reached the fused path"
 
 

@@ -14,6 +14,7 @@ import pytest
 from hypothesis import seed
 
 from conformance import properties as P
+from conformance import runner as R
 from conformance import report
 from conformance.compare import judge
 from conformance.subject import Subject
@@ -26,9 +27,9 @@ def _grade(prop: str, target: str, shape: str = "gdpo", convention: str = "spec"
     subject = Subject(target, shape, convention)
     why = subject.unsupported(p.needs)
     assert why is None, why
-    test = seed(report.property_seed(p))(P.build_test(p, subject, P.control_settings()))
+    test = seed(R.property_seed(p))(R.build_test(p, subject, R.control_settings()))
     try:
-        with report._no_local_constants():  # generation independent of which modules are loaded
+        with R.no_local_constants():  # generation independent of which modules are loaded
             test()
     except P.ConformanceFailure as e:
         return e

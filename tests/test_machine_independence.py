@@ -1,0 +1,119 @@
+"""What a grading checks does not depend on what the graded code returns (issue 24 part 1).
+
+`gdpo check` (the ``grade`` profile) draws every property's cases first, with the property's
+seed (conformance/runner.py), so two machines whose arithmetic differs in the last bits check
+the same cases. Proved here by grading implementations that return very different things (the
+correct base, a negative control wrong everywhere, one that refuses every call, one whose answers
+depend on a process-wide coin) and comparing the cases each was checked on, as the grading's
+JSON records them (a digest per property). The negative control of that comparison is
+hypothesis's own search (the ``ci`` profile): there the cases checked follow the outcomes.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from conformance import controls as C
+from conformance import profiles
+from conformance import properties as P
+from conformance import runner as R
+from conformance.properties import ConformanceFailure
+from conformance.subject import Subject
+
+PROPS = ("plain", "range", "errors")
+N = profiles.GRADE_MAX_EXAMPLES  # what gdpo check draws
+
+
+def _refuses(rewards, *a, **k):
+    raise RuntimeError("no")
+
+
+def _garbage(rewards, *a, **k):
+    out = C.baseline(rewards, *a, **k)
+    return out * float("nan")
+
+
+def _in_process(fn) -> Subject:
+    fn.normalize_rewards, fn.whiten = C.baseline.normalize_rewards, C.baseline.whiten
+    s = Subject(f"tests.test_machine_independence:{fn.__name__}")
+    s._fn = fn
+    return s
+
+
+SUBJECTS = {
+    "base": lambda: Subject(C.BASELINE.target),
+    "float32_internals": lambda: Subject(C.CONTROLS["float32_internals"].target),
+    "refuses": lambda: _in_process(_refuses),
+    "garbage": lambda: _in_process(_garbage),
+}
+
+
+def _checked(prop, subject) -> list[str]:
+    """The cases a drawn-first run of ``prop`` checked before its reduction, as exact JSON."""
+    seen: list[str] = []
+    cases = R.planned_cases(prop, subject, N)
+
+    def check(case):
+        seen.append(R.case_text(case))
+        prop.check(subject, case, prop.name)
+
+    try:
+        R.grade_cases(prop.name, subject, cases, check)
+    except ConformanceFailure:
+        pass
+    return seen[:len(cases)]  # what follows is the reduction of a failure, which may follow outcomes
+
+
+@pytest.mark.parametrize("name", PROPS)
+def test_the_cases_checked_are_the_same_whatever_the_code_returns(name, monkeypatch):
+    monkeypatch.setattr(R, "REDUCE_CALLS", 0)  # what follows a failure is not compared: not spent either
+    prop = P.BY_NAME[name]
+    runs = {who: _checked(prop, make()) for who, make in SUBJECTS.items()}
+    base = runs.pop("base")
+    assert len(base) >= N, (name, len(base))
+    for who, seen in runs.items():
+        assert seen == base, f"{name}: the cases checked for {who} differ from those for the correct base"
+
+
+def test_the_digest_recorded_is_that_of_the_cases_checked():
+    prop = P.BY_NAME["plain"]
+    subject = SUBJECTS["float32_internals"]()
+    with pytest.raises(ConformanceFailure):
+        R.grade(prop, subject)
+    run = R.RUNS.pop(("plain", "cpu"))
+    assert run["cases_digest"] == R.digest(R.planned_cases(prop, subject))
+    assert run["failed_cases"] >= 1 and run["cases"] == len(R.planned_cases(prop, subject))
+
+
+def test_the_drawn_cases_do_not_depend_on_the_graded_codes_source():
+    """hypothesis mixes the literal constants of loaded local modules into generation: the drawing
+    empties that pool, so a graded module full of constants changes nothing."""
+    prop = P.BY_NAME["plain"]
+    before = R.digest(R.drawn_cases(prop, SUBJECTS["base"](), 10))
+    R._DRAWN.clear()
+    import tests._native_impls  # noqa: F401 - a local module with many float literals
+    assert R.digest(R.drawn_cases(prop, SUBJECTS["base"](), 10)) == before
+
+
+def test_hypothesis_search_follows_the_outcomes():
+    """The negative control: under hypothesis's search (the ci profile, as `pytest conformance/`
+    runs), the cases a failing implementation is checked on are not those a correct one is, so
+    the comparison above can fail."""
+    prop = P.BY_NAME["plain"]
+
+    def searched(subject) -> list[str]:
+        seen: list[str] = []
+        real = prop.check
+
+        def check(s, case, name):
+            seen.append(R.case_text(case))
+            return real(s, case, name)
+
+        probe = P.dataclasses.replace(prop, check=check)
+        try:
+            R.build_test(probe, subject, R.control_settings())()
+        except Exception:  # noqa: BLE001 - the failing one fails
+            pass
+        return seen
+
+    assert searched(SUBJECTS["base"]()) != searched(SUBJECTS["float32_internals"]())
