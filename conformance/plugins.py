@@ -442,6 +442,19 @@ def total_line(config, rows: list[dict]) -> str:
     return "gdpo conformance: " + "; ".join(parts)
 
 
+def machine_line(rows: list[dict]) -> str:
+    """What of a drawn-first grading holds on any machine, and what may not."""
+    from conformance.verdicts import ARITHMETIC
+
+    line = ("gdpo conformance: the cases checked were drawn first from each property's seed: the same on any "
+            "machine, whatever the code returns (per property in --json: cases, cases_digest)")
+    moved = sorted({r["name"] for r in rows if r["verdict"] == "failed" and r["category"] in ARITHMETIC})
+    if moved:
+        line += (f"; {len(moved)} failure(s) of arithmetic ({', '.join(moved)}) rest on this machine's float "
+                 "arithmetic of the graded code on those cases, which may differ on a CPU of another SIMD width")
+    return line
+
+
 def peer_of(convention: str) -> dict | None:
     """The preset's provenance (package, version, entry point) and the installed version, or None."""
     from spec import get_convention
@@ -525,6 +538,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
             if r.get("repro"):
                 tr.write_line(f"    repro: {r['repro']}")
         tr.write_line(total_line(config, rows))
+        if runner.DRAW_FIRST:
+            tr.write_line(machine_line(rows))
     try:
         return (yield)
     finally:

@@ -236,6 +236,27 @@ def planned_cases(prop: Property, subject: Subject, max_examples: int | None = N
     return pinned_cases(prop, subject) + list(drawn_cases(prop, subject, max_examples))
 
 
+def error_row_cases(name: str, subject: Subject, max_examples: int | None = None) -> list:
+    """The cases of the error contract's row ``errors:<name>`` (``conformance/test_errors.py``): its
+    pinned examples the call shape can express, then the cases drawn for it."""
+    from conformance.properties import BY_NAME, error_cases
+
+    ctx = subject.context()
+    pinned = [(c,) for c in (regressions.load(t) for t in BY_NAME["errors"].examples)
+              if c.note == f"error:{name}" and expressible(c, ctx)]
+    return pinned + list(draw(f"errors:{name}", error_cases(ctx, subject.shape, names={name}), max_examples,
+                              (repr(ctx), subject.shape, subject.convention)))
+
+
+def row_cases(row: str, subject: Subject, max_examples: int | None = None) -> list:
+    """The cases a drawn-first run of the summary row ``row`` (``plain``, ``errors:nan_reward``) checks."""
+    from conformance.properties import BY_NAME
+
+    if row.startswith("errors:"):
+        return error_row_cases(row.split(":", 1)[1], subject, max_examples)
+    return planned_cases(BY_NAME[row], subject, max_examples)
+
+
 def case_text(case) -> str:
     """A case's exact JSON (tuples of cases, the errors property's, as a list)."""
     if isinstance(case, tuple):
@@ -394,13 +415,14 @@ def _candidates(case: Case):
             yield dataclasses.replace(
                 case, rewards=tuple(r[:k] + r[k + 1:] for r in case.rewards),
                 weights=None if case.weights is None else case.weights[:k] + case.weights[k + 1:])
-    _, first, counts = np.unique(labels, return_index=True, return_counts=True)
-    if counts.max() > 2:  # every group one member shorter (its last)
-        keep = np.ones(case.n, bool)
-        for g, c in zip(np.unique(labels), counts):
-            if c > 2:
-                keep[np.flatnonzero(labels == g)[-1]] = False
-        yield _keep_rows(case, keep)
+    uniq, counts = np.unique(labels, return_counts=True)
+    if counts.max() > 2:  # every group halved (its first members kept), then one member shorter
+        for keep_of in (lambda c: max(2, c // 2), lambda c: c - 1):
+            keep = np.ones(case.n, bool)
+            for g, c in zip(uniq, counts):
+                if c > 2:
+                    keep[np.flatnonzero(labels == g)[keep_of(c):]] = False
+            yield _keep_rows(case, keep)
     if case.weights is not None:
         yield dataclasses.replace(case, weights=None)
     if case.eps is not None:

@@ -55,6 +55,12 @@ CATEGORIES: dict[str, str] = {
 }
 
 
+#: The categories decided by the graded code's float arithmetic on a case (a last bit; an overflow
+#: of a sum whose order another CPU's SIMD width may choose): the only verdicts that may differ
+#: between two machines grading the same cases (``docs/grading.md``, "The same cases on any machine").
+ARITHMETIC = ("precision", "non_finite", "silent_zero", "exact_zero")
+
+
 def label(category: str | None) -> str:
     """The category's words (``-`` for none)."""
     if not category:

@@ -36,6 +36,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from conformance.verdicts import ARITHMETIC  # the verdicts another machine may not share
+
 #: The committed page.
 PAGE = Path(__file__).resolve().parent.parent / "spec" / "peers.md"
 #: The call shape of each peer's adapter (``conformance/peers.py``): ms-swift and TRL take TRL's
@@ -125,13 +127,24 @@ def rows_of(data: dict) -> list[tuple[str, str, str, str]]:
     return table_rows([r for r in data["properties"] if r.get("calls_impl", True)])
 
 
+def digests_of(data: dict) -> dict:
+    """{property: (number of cases checked, their digest)} of a grading whose cases were drawn
+    first (``conformance/runner.py``): the same on any machine, whatever the peer returns."""
+    return {r["name"]: (r["cases"], r["cases_digest"]) for r in data["properties"]
+            if r.get("cases_digest") and r.get("calls_impl", True)}
+
+
 def _md(cell: str) -> str:
     return cell.replace("|", "\\|")
 
 
-def render_table(rows) -> str:
-    lines = ["| property | verdict | category | worst error |", "|---|---|---|---|"]
-    lines += [f"| `{_md(p)}` | {_md(v)} | {_md(c)} | {_md(w)} |" for p, v, c, w in rows]
+def render_table(rows, digests: dict | None = None) -> str:
+    digests = digests or {}
+    lines = ["| property | verdict | category | worst error | cases checked |", "|---|---|---|---|---|"]
+    for p, v, c, w in rows:
+        n, d = digests.get(p, (None, None))
+        cases = f"{n} `{d}`" if d else "-"
+        lines.append(f"| `{_md(p)}` | {_md(v)} | {_md(c)} | {_md(w)} | {cases} |")
     return "\n".join(lines) + "\n"
 
 
@@ -157,7 +170,8 @@ def _section(conv, data: dict | None) -> list[str]:
     out.append(f"- result: {c['failed']} failed, {c['passed']} passed of the {c['called_impl']} properties that "
                f"called it ({c['skipped']} skipped, {c.get('error', 0)} errors); profile `{data.get('profile')}`, "
                f"hypothesis {data.get('hypothesis')}; {took}")
-    out += ["", f"<!-- table:{name} -->", render_table(rows_of(data)).rstrip("\n"), f"<!-- /table:{name} -->", ""]
+    out += ["", f"<!-- table:{name} -->", render_table(rows_of(data), digests_of(data)).rstrip("\n"),
+            f"<!-- /table:{name} -->", ""]
     failed = [r for r in data["properties"] if r["verdict"] in ("failed", "error") and r.get("calls_impl", True)]
     if failed:
         out += ["One replayable example per failed property (the case the grading reported; the command "
@@ -199,13 +213,19 @@ def render(results: dict, command: str = COMMAND) -> str:
         f"command runs are graded live; the others are merged from `gdpo check --json` files (`{COMMAND} --from "
         "FILE ...`), made in an environment that has them (see `spec/peers_findings.md` for the environments and "
         "a hand classification of the failures). `tests/test_peers_page.py` fails when this page disagrees with "
-        "the presets, or, for multireward-grpo, with a live grading's verdicts.",
+        "the presets, when the cases a property checked (drawn first from its seed: the same on any machine, "
+        "whatever the peer returns) are not those drawn now, or, for multireward-grpo, installed in CI, when a "
+        "failure's replay line no longer fails in its category or a live grading differs otherwise than by the "
+        "peer's own arithmetic: a property passed here may fail on a machine whose float arithmetic differs "
+        "(another SIMD width reorders a peer's sums), in a category of arithmetic (precision, non_finite, "
+        "silent_zero, exact_zero); `gdpo peers --check` says so as a note.",
         "",
         "Columns: the verdict of each property that called the peer (skipped: what its call shape or convention "
         "cannot express); the category of the failure (`conformance/verdicts.py`; `-` where the judge gives "
         "none); the worst error in ulps of the dtype the peer is judged at (`-` where the failure is no distance "
-        "or the judge gives none). Verdicts are of the `grade` profile (`conformance/profiles.py`), "
-        "`--single-process`.",
+        "or the judge gives none); the cases checked, with the digest of their exact inputs. Verdicts are of the "
+        "`grade` profile (`conformance/profiles.py`: the cases drawn first, every case checked, a failure "
+        "reduced by the judge), `--single-process`.",
         "",
         f"This page was written by `{command}`. The peers in `spec/peers_graded/` were graded in their own "
         "virtual environments (torch 2.13.0, this checkout importable first), each by the `graded by` command "
@@ -232,17 +252,28 @@ def parse(text: str) -> dict:
         entry = re.search(r"^- entry point: `([^`]+)`", block, re.M)
         pkg = re.search(r"^- package: `([^`=]+)==([^`]+)`", block, re.M)
         table = _TABLE.search(block)
-        rows = None
+        rows, digests = None, {}
         if table:
             rows = []
             for ln in table.group(2).splitlines()[2:]:
                 cells = [c.strip() for c in re.split(r"(?<!\\)\|", ln.strip())[1:-1]]
-                if len(cells) == 4:
+                if len(cells) in (4, 5):
                     rows.append((cells[0].strip("`").replace("\\|", "|"), cells[1].replace("\\|", "|"),
                                  cells[2].replace("\\|", "|")))
+                    d = re.fullmatch(r"(\d+) `([0-9a-f]+)`", cells[4]) if len(cells) == 5 else None
+                    if d:
+                        digests[rows[-1][0]] = (int(d.group(1)), d.group(2))
         out[m.group(3)] = {"package": pkg.group(1) if pkg else None, "version": pkg.group(2) if pkg else None,
                            "heading": (m.group(1), m.group(2)), "entry_point": entry.group(1) if entry else None,
-                           "rows": rows}
+                           "rows": rows, "digests": digests, "repros": _repros(block)}
+    return out
+
+
+def _repros(block: str) -> dict:
+    """{property: its replay command} of a peer's section."""
+    out = {}
+    for m in re.finditer(r"^- `([^`]+)`: (?:(?!\n- `).)*?```\n\s*(python -m conformance\.replay [^\n]+)\n", block, re.M | re.S):
+        out[m.group(1)] = m.group(2).strip()
     return out
 
 
@@ -265,6 +296,80 @@ def preset_problems(text: str) -> list[str]:
             if want != have:
                 problems.append(f"{conv.name}: {what} on the page is {have!r}, the preset says {want!r}")
     return problems
+
+
+
+def digest_problems(text: str, name: str) -> list[str]:
+    """Where the cases the page says a property of peer ``name`` checked are not those drawn now
+    (the same on any machine, whatever the peer returns: its package is not needed)."""
+    from conformance import profiles, runner
+    from conformance.subject import Subject
+
+    page = parse(text).get(name) or {}
+    subject = Subject(adapter(name), CALL_SHAPES[name], name)
+    problems = []
+    for row, (n, d) in page.get("digests", {}).items():
+        cases = runner.row_cases(row, subject, profiles.GRADE_MAX_EXAMPLES)
+        if (len(cases), runner.digest(cases)) != (n, d):
+            problems.append(f"{name} {row}: the page checked {n} cases `{d}`, drawn now: {len(cases)} "
+                            f"`{runner.digest(cases)}`")
+    return problems
+
+
+def replay_problems(text: str, name: str) -> list[str]:
+    """Where a failure on the page of peer ``name`` no longer fails, replayed from its repro line, in
+    the category the page gives (the peer must be installed)."""
+    import shlex
+
+    from conformance import properties
+    from conformance.cases import Case, DistCase
+    from conformance.subject import Subject
+
+    page = parse(text).get(name) or {}
+    problems = []
+    categories = {row: cat for row, verdict, cat in page.get("rows") or () if verdict == "failed"}
+    for row, cat in categories.items():
+        line = page.get("repros", {}).get(row)
+        if line is None:
+            problems.append(f"{name} {row}: failed on the page, with no replay line")
+            continue
+        argv = shlex.split(line)[3:]
+        opts = dict(zip(argv[::2], argv[1::2]))
+        data = json.loads(opts["--case"])
+        case = DistCase.from_json(data) if "shards" in data else Case.from_json(data)
+        subject = Subject(opts["--impl"], opts["--call-shape"], opts["--convention"])
+        prop = opts.get("--property", "values")
+        try:
+            properties.CHECKS[prop](subject, case, prop)
+        except properties.ConformanceFailure as exc:
+            if (exc.category or "-") != cat:
+                problems.append(f"{name} {row}: replayed, it fails as {exc.category}, the page says {cat}")
+            continue
+        problems.append(f"{name} {row}: failed on the page ({cat}); its replay line now passes")
+    return problems
+
+
+def live_problems(text: str, name: str, data: dict) -> tuple[list[str], list[str]]:
+    """A live grading against the page: (problems, differences of arithmetic). The cases are the
+    same on any machine (:func:`digest_problems`), but a peer's own float arithmetic on one case
+    need not be: a property the page passed that fails here in a category of :data:`ARITHMETIC`
+    is such a difference, said but not a problem; any other difference is a stale page."""
+    got = parse(text).get(name, {}).get("rows")
+    want = [r[:3] for r in rows_of(data)]
+    if got is None:
+        return [f"{name}: the page has no table (not graded), a live grading has {len(want)} rows"], []
+    problems, arithmetic = [], []
+    if [r[0] for r in got] != [r[0] for r in want]:
+        return row_problems(name, got, want), []
+    for g, w in zip(got, want):
+        if g == w:
+            continue
+        if g[1] == "passed" and w[1] == "failed" and w[2] in ARITHMETIC:
+            arithmetic.append(f"{name} {w[0]}: fails here ({w[2]}) on a case the page's machine passed: the "
+                              "peer's own arithmetic differs between the two machines")
+        else:
+            problems.append(f"{name} {g[0]}: page {g[1:]}, live {w[1:]}")
+    return problems, arithmetic
 
 
 def table_problems(text: str, name: str, data: dict) -> list[str]:
@@ -326,8 +431,13 @@ def main(argv=None, prog: str = COMMAND) -> int:
     if args.check:
         text = Path(args.out).read_text()
         problems = preset_problems(text)
+        for conv in peers():
+            problems += digest_problems(text, conv.name)
         for name, data in results.items():
-            problems += table_problems(text, name, data)
+            found, arithmetic = live_problems(text, name, data)
+            problems += found + replay_problems(text, name)
+            for a in arithmetic:
+                print(f"note: {a}")
         for p in problems:
             print(f"stale: {p}")
         print(f"{args.out}: {'stale' if problems else 'up to date'}")
