@@ -312,8 +312,9 @@ def pytest_runtest_makereport(item, call):
 def _drawn_run(item):
     """The drawn-first run of the property this test ran (``runner.RUNS``), or None."""
     name = row_name(item.nodeid)
-    device = "cuda" if name.startswith("cuda:") else "cpu"
-    return runner.RUNS.pop((name.split(":", 1)[-1], device), None)
+    if name.startswith("cuda:"):
+        return runner.RUNS.pop((name[len("cuda:"):], "cuda"), None)
+    return runner.RUNS.pop((name, "cpu"), None)
 
 
 def _skip_reason(report) -> str:

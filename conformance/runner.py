@@ -200,7 +200,9 @@ RUNS: dict = {}
 def draw(name: str, strategy, max_examples: int | None = None, key: tuple = ()) -> tuple:
     """``max_examples`` (default: the loaded profile's) cases drawn from ``strategy`` with the seed of
     the property ``name``, by a body that records and never fails: nothing the graded code returns
-    can change them. Memoised on ``(name, key, max_examples)``: the negative controls share them."""
+    can change them. Memoised on ``(name, key, max_examples)``, ``key`` being what the strategy is a
+    function of (a property's strategy: the call shape and its context, never the convention): the
+    negative controls, and peers of one call shape, share them."""
     n = settings().max_examples if max_examples is None else max_examples
     memo = (name, key, n)
     if memo not in _DRAWN:
@@ -221,8 +223,7 @@ def draw(name: str, strategy, max_examples: int | None = None, key: tuple = ()) 
 def drawn_cases(prop: Property, subject: Subject, max_examples: int | None = None) -> tuple:
     """The cases drawn for ``prop`` in ``subject``'s call shape (:func:`draw`)."""
     ctx = subject.context()
-    return draw(prop.name, prop.strategy(ctx, subject), max_examples,
-                (repr(ctx), subject.shape, subject.convention))
+    return draw(prop.name, prop.strategy(ctx, subject), max_examples, (repr(ctx), subject.shape))
 
 
 def pinned_cases(prop: Property, subject: Subject) -> list:
@@ -245,7 +246,7 @@ def error_row_cases(name: str, subject: Subject, max_examples: int | None = None
     pinned = [(c,) for c in (regressions.load(t) for t in BY_NAME["errors"].examples)
               if c.note == f"error:{name}" and expressible(c, ctx)]
     return pinned + list(draw(f"errors:{name}", error_cases(ctx, subject.shape, names={name}), max_examples,
-                              (repr(ctx), subject.shape, subject.convention)))
+                              (repr(ctx), subject.shape)))
 
 
 def row_cases(row: str, subject: Subject, max_examples: int | None = None) -> list:
