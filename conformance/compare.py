@@ -166,17 +166,35 @@ def _hx(x: float) -> str:
     return x.hex() if math.isfinite(x) else repr(x)
 
 
+def decimal(x: float, dtype: str = "float64") -> str:
+    """``x`` (a value ``dtype`` holds) as the shortest decimal that reads back to it in ``dtype``
+    (float32's 0x1.2ced32p+126 is ``1e+38``: ``torch.tensor(1e38, dtype=torch.float32)`` is that
+    value), the way a maintainer types it; the repro line keeps the exact hex."""
+    x = float(x)
+    if not math.isfinite(x) or x == 0.0:
+        return repr(x)
+    if dtype not in ("float64", "float32", "float16", "bfloat16"):
+        return repr(x)
+    if x.is_integer() and abs(x) < 1e16:
+        return str(int(x))
+    for digits in range(1, 18):
+        text = f"{x:.{digits}g}"
+        if float(round_to([float(text)], dtype)[0]) == x:
+            return text
+    return x.hex()
+
+
 def describe_inputs(case) -> str:
     if isinstance(case, tuple):  # the errors property: one base call broken every way
         return f"{len(case)} broken calls, e.g. " + describe_inputs(case[0])
     if isinstance(case, DistCase):
         return "\n".join(f"    rank {r}: {describe_inputs(s)}" for r, s in enumerate(case.shards))
-    parts = [f"rewards ({case.dtype}, {case.n}x{case.k}) " + _matrix(case.rewards)]
+    parts = [f"rewards ({case.dtype}, {case.n}x{case.k}) " + _matrix(case.rewards, case.dtype)]
     parts.append(f"group_size {case.group_size}" if case.group_size is not None
                  else f"group_ids {list(case.group_ids) if case.group_ids is not None else None}")
-    parts.append("weights " + ("ones" if case.weights is None else "[" + ", ".join(_hx(w) for w in case.weights) + "]"))
+    parts.append("weights " + ("ones" if case.weights is None else "[" + ", ".join(decimal(w) for w in case.weights) + "]"))
     parts.append(f"segment_sizes {list(case.segment_sizes) if case.segment_sizes is not None else None}")
-    parts.append(f"eps {'default' if case.eps is None else _hx(case.eps)}")
+    parts.append(f"eps {'default' if case.eps is None else decimal(case.eps)}")
     parts.append(f"out {case.out_dtype}")
     if case.variant:
         parts.append(f"variant {case.variant}")
@@ -185,8 +203,8 @@ def describe_inputs(case) -> str:
     return "; ".join(parts)
 
 
-def _matrix(rows) -> str:
-    shown = [("[" + ", ".join(_hx(v) for v in row) + "]") for row in rows[:16]]
+def _matrix(rows, dtype: str = "float64") -> str:
+    shown = [("[" + ", ".join(decimal(v, dtype) for v in row) + "]") for row in rows[:16]]
     more = f", ... ({len(rows) - 16} more rows)" if len(rows) > 16 else ""
     return "[" + ", ".join(shown) + more + "]"
 
