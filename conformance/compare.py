@@ -171,7 +171,9 @@ def decimal(x: float, dtype: str = "float64") -> str:
     (float32's 0x1.2ced32p+126 is ``1e+38``: ``torch.tensor(1e38, dtype=torch.float32)`` is that
     value), the way a maintainer types it; the repro line keeps the exact hex."""
     x = float(x)
-    if not math.isfinite(x) or x == 0.0:
+    if x == 0.0:
+        return "-0" if math.copysign(1.0, x) < 0 else "0"
+    if not math.isfinite(x):
         return repr(x)
     if dtype not in ("float64", "float32", "float16", "bfloat16"):
         return repr(x)

@@ -332,7 +332,7 @@ def pytest_runtest_logreport(report):
         "name": row_name(report.nodeid), "nodeid": report.nodeid, "verdict": "passed", "category": None,
         "worst_ulps": None, "worst_dtype": None, "headline": None, "detail": None, "repro": None, "note": None,
         "skip_reason": None, "seconds": 0.0, "calls_impl": False, "cases": None, "cases_digest": None,
-        "failed_cases": None})
+        "failed_cases": None, "findings": []})
     props = dict(report.user_properties)
     if "gdpo_cases" in props:
         row.update(props["gdpo_cases"])
@@ -443,6 +443,23 @@ def total_line(config, rows: list[dict]) -> str:
     return "gdpo conformance: " + "; ".join(parts)
 
 
+def grading_findings(rows: list[dict]) -> list[dict]:
+    """The findings of a grading (``conformance/findings.py``): every failed property's records,
+    merged by category and regime."""
+    from conformance import findings
+
+    return findings.group([f for r in rows if r["verdict"] == "failed" for f in r.get("findings") or ()])
+
+
+def render_findings(found: list[dict]) -> list[str]:
+    from conformance import findings
+
+    lines = []
+    for i, f in enumerate(found, 1):
+        lines.append(f"{i}. {f['category']}: {findings.cause(f)} ({', '.join(f['properties'])}): {f['example']}")
+    return lines
+
+
 def machine_line(rows: list[dict]) -> str:
     """What of a drawn-first grading holds on any machine, and what may not."""
     from conformance.verdicts import ARITHMETIC
@@ -496,6 +513,7 @@ def grading_json(config, rows: list[dict], exitstatus) -> dict:
         "exit_status": int(exitstatus),
         "seconds": round(time.monotonic() - getattr(config, "_gdpo_start", time.monotonic()), 3),
         "counts": counts(rows),
+        "findings": grading_findings(rows),
         "self_tests_deselected": list(getattr(config, "_gdpo_self_tests_deselected", None) or []),
         "multi_process_deselected": list(getattr(config, "_gdpo_single_process_deselected", None) or []),
         "properties": [{**r, "category_label": None if r["category"] is None else _label(r["category"]),
@@ -520,6 +538,12 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     path = config.getoption("--gdpo-json", default=None)
     if rows and (grading(config) or path) and not getattr(config, "workerinput", None):
         tr.section("gdpo conformance summary", sep="=")
+        found = grading_findings(rows)
+        if found:
+            tr.write_line("findings (one per cause; the per-property table follows):")
+            for ln in render_findings(found):
+                tr.write_line(ln)
+            tr.write_line("")
         for ln in render_table(rows):
             tr.write_line(ln)
         used = sorted({r["category"] for r in rows if r["category"]})

@@ -33,6 +33,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, example, given, seed, settings
 from hypothesis.errors import UnsatisfiedAssumption
 
+from conformance import findings
 from conformance import regressions
 from conformance import strategies as S
 from conformance.cases import Case, DistCase
@@ -327,14 +328,21 @@ def grade_cases(name: str, subject: Subject, cases, check) -> Graded:
     in which categories (a failure that is no ``ConformanceFailure``, a crash of the judge or of
     the graded code outside a call, is raised as it is). ``name``: the row the plugin reports."""
     graded = check_all(check, cases)
-    RUNS[(name, subject.device)] = {"cases": len(graded.cases), "cases_digest": digest(graded.cases),
-                                    "failed_cases": len(graded.failures)}
+    run = RUNS[(name, subject.device)] = {"cases": len(graded.cases), "cases_digest": digest(graded.cases),
+                                          "failed_cases": len(graded.failures), "findings": []}
     if not graded.failures:
         return graded
     index, exc = graded.failures[0]
     if not isinstance(exc, ConformanceFailure):
         raise exc
-    reduced, calls = reduce(check, subject, getattr(exc, "case", graded.cases[index]), exc)
+    first = {}  # the first failure of each category, reduced: one finding each
+    for i, e in graded.failures:
+        if isinstance(e, ConformanceFailure) and e.category not in first:
+            first[e.category] = reduce(check, subject, getattr(e, "case", graded.cases[i]), e)
+            red = first[e.category][0]
+            run["findings"].append(findings.record(name, e.category, getattr(red, "case", graded.cases[i]), check,
+                                                   _repro_of(red)))
+    reduced, calls = first[exc.category]
     cats = ", ".join(str(c) for c in graded.categories())
     note = (f"\n  ({len(graded.failures)} of {len(graded.cases)} cases failed (categories: {cats}); the first, "
             f"case {index}, is shown")
@@ -343,6 +351,11 @@ def grade_cases(name: str, subject: Subject, cases, check) -> Graded:
     _carry(reduced, out)
     out.graded = graded
     raise out from None
+
+
+def _repro_of(exc) -> str | None:
+    return next((ln.strip()[len("repro: "):] for ln in str(exc).splitlines() if ln.strip().startswith("repro: ")),
+                None)
 
 
 # --------------------------------------------------------------- reduction
@@ -458,7 +471,8 @@ def _score(v: float) -> float:
         return 0.0
     if abs(v) == 1.0:
         return 1.0
-    text = repr(float(np.float32(v))) if float(np.float32(v)) == v else repr(v)
+    with np.errstate(over="ignore"):
+        text = repr(float(np.float32(v))) if float(np.float32(v)) == v else repr(v)
     return 2.0 + len(text.lstrip("-"))
 
 

@@ -88,3 +88,29 @@ def trl_squares_overflow(rewards, num_generations, reward_weights, eps=1e-4):
     c = (z * reward_weights.to(torch.float32)).sum(dim=1)
     a = (c - c.mean()) / (c.std() + eps)
     return torch.nan_to_num(a, nan=0.0)
+
+
+def _trl_like(rewards, num_generations, reward_weights, eps=1e-4, ddof=1, clip=None):
+    """TRL's normalize_then_sum in float32 with one choice changed (for tests/test_findings.py)."""
+    r = rewards.to(torch.float32)
+    n, k = r.shape
+    grouped = r.view(-1, int(num_generations), k)
+    z = ((grouped - grouped.mean(dim=1, keepdim=True)) / (grouped.std(dim=1, keepdim=True, correction=ddof) + eps))
+    c = (z.view(n, k) * reward_weights.to(torch.float32)).sum(dim=1)
+    a = (c - c.mean()) / (c.std() + eps)
+    return a.clamp(-clip, clip) if clip is not None else a
+
+
+def trl_clipped(rewards, num_generations, reward_weights):
+    """TRL's float32 code, every advantage clipped to [-1, 1]: a second defect beside its overflow."""
+    return _trl_like(rewards, num_generations, reward_weights, clip=1.0)
+
+
+def trl_biased_std(rewards, num_generations, reward_weights):
+    """TRL's float32 code with the biased std (ddof 0) at Eq. 4."""
+    return _trl_like(rewards, num_generations, reward_weights, ddof=0)
+
+
+def trl_eps_1e_2(rewards, num_generations, reward_weights):
+    """TRL's float32 code with eps 1e-2 at Eq. 4 and Eq. 6."""
+    return _trl_like(rewards, num_generations, reward_weights, eps=1e-2)

@@ -171,10 +171,10 @@ def test_inputs_are_written_as_the_decimal_a_maintainer_types():
 
     assert decimal(float.fromhex("0x1.2ced32p+126"), "float32") == "1e+38"  # float32's value nearest 1e38
     assert decimal(float.fromhex("0x1.2ced32p+126"), "float64") == "9.999999680285692e+37"  # float64 tells it from 1e38
-    assert decimal(65504.0, "float16") == "65504" and decimal(0.1) == "0.1" and decimal(-0.0) == "-0.0"
+    assert decimal(65504.0, "float16") == "65504" and decimal(0.1) == "0.1" and decimal(-0.0) == "-0"
     for dtype in ("float32", "float16", "bfloat16", "float64"):
         for x in (1 / 3, -2.5e-7, 1e30 if dtype != "float16" else 1e4, 6.1e-5):
             v = float(round_to([x], dtype)[0])
             assert float(round_to([float(decimal(v, dtype))], dtype)[0]) == v, (dtype, x)
     text = describe_inputs(Case(((float.fromhex("0x1.2ced32p+126"),), (0.0,)), group_size=2))
-    assert "[[1e+38], [0.0]]" in text, text
+    assert "[[1e+38], [0]]" in text, text

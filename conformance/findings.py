@@ -1,0 +1,162 @@
+"""Findings: a grading's failures grouped by root cause, so that one defect is reported once.
+
+A property that fails lists, in a drawn-first run (``conformance/runner.py``), every case that
+failed and its category. Five properties of one float32 implementation may fail on one cause
+(its squared deviations overflow past about 1.8e19); a second defect (a clip, a wrong eps) fails
+cases of ordinary magnitude in another category. A :class:`Finding` is one such cause:
+
+* the **regime** where it shows, decided by the judge from the failing case itself: a bad input
+  (an error case of the contract), several ranks, *extreme magnitudes* (the failure goes away when
+  the case's rewards, or its weights, are scaled down toward ordinary values: the threshold is
+  the smallest magnitude at which it still failed), or *ordinary magnitudes* (it still fails at
+  |r| <= 1e4: no overflow explains it);
+* the category (``conformance/verdicts.py``);
+* the properties where it showed, and the smallest example (the judge's reduction, in decimal).
+
+Findings are keyed on (category, regime): a maintainer fixes one per row.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+from conformance.cases import Case, DistCase
+from conformance.compare import decimal
+from conformance.properties import ConformanceFailure
+from conformance.verdicts import label
+from spec.error_model import round_to
+
+#: Below this magnitude (rewards and weights) a case is ordinary: no float32 square overflows.
+ORDINARY = 1e4
+#: Checks one threshold probe may spend (each a power of ten down).
+PROBE_CALLS = 40
+
+
+def regime(check, case, category) -> tuple[str, float | None]:
+    """(regime, threshold) of a failure of ``case`` in ``category``: ``bad input``, ``several
+    ranks``, ``extreme magnitudes`` with the smallest magnitude that still failed, or ``ordinary
+    magnitudes``."""
+    if isinstance(case, tuple) or (isinstance(case, Case) and (case.note.startswith("error:") or case.variant)):
+        return "bad input", None
+    if isinstance(case, DistCase):
+        return "several ranks", None
+    if not isinstance(case, Case) or not case.rewards:
+        return "ordinary magnitudes", None
+    r = max((abs(v) for row in case.rewards for v in row if math.isfinite(v)), default=0.0)
+    w = max((abs(v) for v in case.weights or () if math.isfinite(v)), default=1.0)
+    if max(r, w) <= ORDINARY:
+        return "ordinary magnitudes", None
+    scale_weights = w > ORDINARY and r <= ORDINARY
+    top = w if scale_weights else r
+    smallest = top
+    for j in range(1, PROBE_CALLS + 1):
+        factor = 10.0 ** -j
+        probe = _scaled(case, factor, scale_weights)
+        if probe is None:
+            break
+        if not _fails(check, probe, category):
+            return "extreme magnitudes", _magnitude(smallest)
+        smallest = top * factor
+        if smallest <= ORDINARY:
+            return "ordinary magnitudes", None
+    return "extreme magnitudes", _magnitude(smallest)
+
+
+def _magnitude(x: float) -> float:
+    """A threshold as a power of ten (down), the way it is read."""
+    return 10.0 ** math.floor(math.log10(x)) if x > 0 else x
+
+
+def _scaled(case: Case, factor: float, weights: bool) -> Case | None:
+    """The case with its rewards (or weights) times ``factor``, rounded into their dtype; None
+    where that loses every value (an underflow) or cannot be held."""
+    if weights:
+        w = tuple(float(v) * factor for v in case.weights)
+        return dataclasses.replace(case, weights=w) if any(w) else None
+    if case.dtype not in ("float64", "float32", "float16", "bfloat16"):
+        return None
+    vals = np.array(case.rewards, dtype=np.float64) * factor
+    held = round_to(vals, case.dtype)
+    if not np.all(np.isfinite(held)) or not np.any(held):
+        return None
+    return dataclasses.replace(case, rewards=tuple(tuple(float(v) for v in row) for row in held))
+
+
+def _fails(check, case, category) -> bool:
+    try:
+        check(case)
+    except ConformanceFailure as exc:
+        return exc.category == category
+    except Exception:  # noqa: BLE001 - another failure is another finding
+        return False
+    return False
+
+
+def describe(case, limit: int = 8) -> str:
+    """A case in decimal, short: ``[[1e+20], [0], [0], [1]]`` and what else it sets."""
+    if isinstance(case, tuple):
+        case = case[0]
+    if isinstance(case, DistCase):
+        return f"{case.world} ranks: " + "; ".join(describe(s, limit) for s in case.shards)
+    rows = ["[" + ", ".join(decimal(v, case.dtype) for v in row) + "]" for row in case.rewards[:limit]]
+    more = f", ... ({case.n - limit} more rows)" if case.n > limit else ""
+    text = "[" + ", ".join(rows) + more + "]"
+    extras = [case.dtype]
+    if case.group_ids is not None:
+        extras.append(f"group_ids {list(case.group_ids)}")
+    elif case.group_size is not None and case.group_size != case.n:
+        extras.append(f"groups of {case.group_size}")
+    if case.weights is not None:
+        extras.append("weights [" + ", ".join(decimal(w) for w in case.weights) + "]")
+    if case.segment_sizes is not None:
+        extras.append(f"units {list(case.segment_sizes)}")
+    if case.eps is not None:
+        extras.append(f"eps {decimal(case.eps)}")
+    if case.note.startswith("error:"):
+        extras.append(case.note)
+    return f"`{text}` ({', '.join(extras)})"
+
+
+def size(case) -> tuple:
+    """How big an example reads (rows x columns, then its text): the smaller is shown."""
+    if isinstance(case, tuple):
+        case = case[0]
+    if isinstance(case, DistCase):
+        return (sum(s.n for s in case.shards), 0, len(case.dumps()))
+    return (case.n * max(case.k, 1), case.k, len(case.dumps()))
+
+
+def record(prop: str, category, case, check, repro: str | None = None) -> dict:
+    """One property's failure of one category, as the plugin carries it (JSON-able)."""
+    reg, threshold = regime(check, case, category)
+    return {"category": category, "regime": reg, "threshold": threshold, "property": prop,
+            "example": describe(case), "size": list(size(case)), "repro": repro}
+
+
+def group(records: list[dict]) -> list[dict]:
+    """The findings of a grading: its failures' records merged by (category, regime), each with the
+    properties where it showed, the smallest threshold and the smallest example."""
+    out: dict = {}
+    for r in records:
+        key = (r["category"], r["regime"])
+        f = out.setdefault(key, {"category": r["category"], "regime": r["regime"], "threshold": None,
+                                 "properties": [], "example": r["example"], "size": r["size"],
+                                 "repro": r.get("repro")})
+        if r["property"] not in f["properties"]:
+            f["properties"].append(r["property"])
+        if r["threshold"] is not None and (f["threshold"] is None or r["threshold"] < f["threshold"]):
+            f["threshold"] = r["threshold"]
+        if r["size"] < f["size"]:
+            f["example"], f["size"], f["repro"] = r["example"], r["size"], r.get("repro")
+    return list(out.values())
+
+
+def cause(f: dict) -> str:
+    """The cause in words: the category's label and where it shows, with its threshold."""
+    where = f["regime"]
+    if f["threshold"] is not None:
+        where += f" (from |value| of about {f['threshold']:.0e})"
+    return f"{label(f['category'])}, at {where}" if f["regime"] != "bad input" else f"{label(f['category'])}"

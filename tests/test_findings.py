@@ -1,0 +1,78 @@
+"""Findings, not first failures (issue 25 part 1): a grading lists each cause once, with the
+regime where it shows, the properties it showed in and the smallest example, and a second defect
+beside a float32 overflow is not hidden by it.
+
+The implementations are TRL's float32 formula (graded under the trl convention, at float32's
+own precision: correct except where float32 overflows) and the same with one choice changed
+(tests/_native_impls.py): each change must add a finding at ordinary magnitudes, and the
+unchanged formula must have none there (the negative control of the regime's decision).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from conformance import findings as F
+from conformance import profiles
+from conformance import properties as P
+from conformance import runner as R
+from conformance.cases import Case
+from conformance.subject import Subject
+
+PROPS = ("plain", "testfloat", "range", "weights")
+
+
+def _findings(fn: str) -> list[dict]:
+    subject = Subject(f"_native_impls:{fn}", "trl", "trl")
+    records = []
+    for name in PROPS:
+        cases = R.planned_cases(P.BY_NAME[name], subject, profiles.GRADE_MAX_EXAMPLES)
+        try:
+            R.grade_cases(name, subject, cases, lambda c, n=name: P.BY_NAME[n].check(subject, c, n))
+        except P.ConformanceFailure:
+            pass
+        records += R.RUNS.pop((name, "cpu"))["findings"]
+    return F.group(records)
+
+
+@pytest.fixture(scope="module")
+def trl_float32():
+    return _findings("trl_float32")
+
+
+def test_a_float32_overflow_is_found_at_extreme_magnitudes_only(trl_float32):
+    assert trl_float32, "TRL's float32 formula overflows on rewards near FLT_MAX: no finding"
+    assert {f["regime"] for f in trl_float32} == {"extreme magnitudes"}, trl_float32
+    for f in trl_float32:
+        assert f["category"] in ("silent_zero", "non_finite") and f["threshold"] >= 1e18, f
+    merged = max(trl_float32, key=lambda f: len(f["properties"]))
+    assert len(merged["properties"]) >= 2, "one cause showing in several properties is one finding"
+
+
+@pytest.mark.parametrize("fn", ["trl_clipped", "trl_biased_std", "trl_eps_1e_2"])
+def test_a_second_defect_beside_the_overflow_gets_its_own_finding(fn, trl_float32):
+    found = _findings(fn)
+    ordinary = [f for f in found if f["regime"] == "ordinary magnitudes"]
+    assert ordinary, f"{fn}: its own defect is not reported: {found}"
+    assert any(f["regime"] == "extreme magnitudes" for f in found), f"{fn}: the overflow is no longer reported"
+    small = min(ordinary, key=lambda f: f["size"])
+    assert small["size"][0] <= 8 and small["size"][1] <= 3, small  # rows x columns of the example
+
+
+def test_the_regime_of_a_case():
+    """The decision itself, on checks that fail only beyond a magnitude (or always)."""
+    big = Case(((0.0,), (1e30,)), dtype="float64", group_size=2)
+
+    def fails_beyond(limit):
+        def check(case):
+            if max(abs(v) for r in case.rewards for v in r) >= limit:
+                e = P.ConformanceFailure("x")
+                e.category = "silent_zero"
+                raise e
+        return check
+
+    assert F.regime(fails_beyond(1e19), big, "silent_zero") == ("extreme magnitudes", 1e19)
+    assert F.regime(fails_beyond(0.0), big, "silent_zero") == ("ordinary magnitudes", None)
+    assert F.regime(fails_beyond(0.0), Case(((0.0,), (1.0,)), group_size=2), "precision")[0] == "ordinary magnitudes"
+    assert F.regime(fails_beyond(0.0), Case(((0.0,), (1.0,)), group_size=2, note="error:nan_reward"),
+                    "accepted")[0] == "bad input"
