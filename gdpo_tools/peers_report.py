@@ -170,6 +170,13 @@ def _section(conv, data: dict | None) -> list[str]:
     out.append(f"- result: {c['failed']} failed, {c['passed']} passed of the {c['called_impl']} properties that "
                f"called it ({c['skipped']} skipped, {c.get('error', 0)} errors); profile `{data.get('profile')}`, "
                f"hypothesis {data.get('hypothesis')}; {took}")
+    found = data.get("findings") or []
+    if found:
+        from conformance.findings import cause
+
+        out += ["", f"Findings (one per cause: category and where it shows, the properties, the smallest example):", ""]
+        out += [f"{i}. **{f['category']}**: {cause(f)} ({', '.join(f'`{p}`' for p in f['properties'])}): "
+                f"{f['example']}" for i, f in enumerate(found, 1)]
     out += ["", f"<!-- table:{name} -->", render_table(rows_of(data), digests_of(data)).rstrip("\n"),
             f"<!-- /table:{name} -->", ""]
     failed = [r for r in data["properties"] if r["verdict"] in ("failed", "error") and r.get("calls_impl", True)]

@@ -32,6 +32,7 @@ def _table(stdout: str) -> list[str]:
     """The summary table's lines (header, rule, rows)."""
     lines = stdout.splitlines()
     start = next(i for i, ln in enumerate(lines) if "gdpo conformance summary" in ln) + 1
+    start = next(i for i in range(start, len(lines)) if lines[i].split()[:2] == ["property", "verdict"])
     end = next(i for i in range(start, len(lines)) if not lines[i].strip() or lines[i].startswith("gdpo conformance:"))
     return lines[start:end]
 
@@ -56,6 +57,13 @@ def test_a_negative_control_fails_with_its_row_a_repro_and_json(tmp_path):
     assert plain["headline"].startswith("[plain] ") and plain["calls_impl"] is True
     assert set(plain) >= {"category", "worst_ulps", "worst_dtype", "skip_reason", "seconds", "note"}
     assert data["counts"]["failed"] == 1 and data["counts"]["called_impl"] == 1, data["counts"]
+    # the findings come first: one per category and regime, with the properties and the smallest example
+    summary = out.split("gdpo conformance summary", 1)[1]
+    assert summary.index("findings (one per cause") < summary.index("property  ") < summary.index("* plain: ")
+    assert data["findings"] and all(f["properties"] == ["plain"] for f in data["findings"]), data["findings"]
+    assert "precision" in {f["category"] for f in data["findings"]}  # float32 internals, at ordinary magnitudes
+    assert all(f["regime"] in ("ordinary magnitudes", "extreme magnitudes") and f["example"].startswith("`[[")
+               for f in data["findings"]), data["findings"]
 
 
 def test_the_projects_implementation_passes_and_self_tests_are_not_counted(tmp_path):
