@@ -19,6 +19,9 @@ from pathlib import Path
 
 import pytest
 
+sys.path.insert(0, os.path.dirname(__file__))
+import _once  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
 #: What the source tree copy leaves out (build outputs, caches, this checkout's venvs).
 IGNORED = shutil.ignore_patterns(".git", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache",
@@ -73,9 +76,9 @@ def _show(proc: subprocess.CompletedProcess) -> str:
     return f"exit {proc.returncode}\n--- stdout (end)\n{proc.stdout[-4000:]}\n--- stderr (end)\n{proc.stderr[-4000:]}"
 
 
-@pytest.fixture(scope="module")
-def installed(tmp_path_factory) -> Installed:
-    base = tmp_path_factory.mktemp("wheel")
+def _build(base: Path) -> None:
+    """The wheel of a copy of this checkout, installed in a fresh venv under ``base``, and the
+    outside implementation's folder."""
     src, wheels, venv, theirs = base / "src", base / "wheels", base / "venv", base / "theirs"
     shutil.copytree(ROOT, src, ignore=IGNORED)  # building writes build/ into its source tree: not ours
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
@@ -86,9 +89,15 @@ def installed(tmp_path_factory) -> Installed:
                     "--force-reinstall", str(wheel)], check=True, timeout=600, capture_output=True)
     theirs.mkdir()
     (theirs / "theirpkg.py").write_text(THEIRS)
-    inst = Installed(venv, theirs, base)
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory) -> Installed:
+    # built once per test run: pytest-xdist workers that each get some of these tests share it
+    base = _once.once_per_run(tmp_path_factory, "wheel", _build)
+    inst = Installed(base / "venv", base / "theirs", base)
     site = inst.site()
-    assert site.is_relative_to(venv), f"impl is imported from {site}, not from the venv's installed wheel"
+    assert site.is_relative_to(inst.venv), f"impl is imported from {site}, not from the venv's installed wheel"
     return inst
 
 
