@@ -36,33 +36,38 @@ PROBE_CALLS = 40
 
 
 def regime(check, case, category) -> tuple[str, float | None]:
-    """(regime, threshold) of a failure of ``case`` in ``category``: ``bad input``, ``several
-    ranks``, ``extreme magnitudes`` with the smallest magnitude that still failed, or ``ordinary
-    magnitudes``."""
+    """(regime, threshold) of a failure of ``case`` in ``category`` (:func:`probe`)."""
+    return probe(check, case, category)[:2]
+
+
+def probe(check, case, category) -> tuple[str, float | None, object]:
+    """(regime, threshold, example) of a failure of ``case`` in ``category``: ``bad input``,
+    ``several ranks``, ``extreme magnitudes`` with the smallest magnitude (a power of ten) that
+    still failed and the case scaled down to it, or ``ordinary magnitudes``."""
     if isinstance(case, tuple) or (isinstance(case, Case) and (case.note.startswith("error:") or case.variant)):
-        return "bad input", None
+        return "bad input", None, case
     if isinstance(case, DistCase):
-        return "several ranks", None
+        return "several ranks", None, case
     if not isinstance(case, Case) or not case.rewards:
-        return "ordinary magnitudes", None
+        return "ordinary magnitudes", None, case
     r = max((abs(v) for row in case.rewards for v in row if math.isfinite(v)), default=0.0)
     w = max((abs(v) for v in case.weights or () if math.isfinite(v)), default=1.0)
     if max(r, w) <= ORDINARY:
-        return "ordinary magnitudes", None
+        return "ordinary magnitudes", None, case
     scale_weights = w > ORDINARY and r <= ORDINARY
     top = w if scale_weights else r
-    smallest = top
+    smallest, example = top, case
     for j in range(1, PROBE_CALLS + 1):
         factor = 10.0 ** -j
-        probe = _scaled(case, factor, scale_weights)
-        if probe is None:
+        scaled = _scaled(case, factor, scale_weights)
+        if scaled is None:
             break
-        if not _fails(check, probe, category):
-            return "extreme magnitudes", _magnitude(smallest)
-        smallest = top * factor
+        if not _fails(check, scaled, category):
+            return "extreme magnitudes", _magnitude(smallest), example
+        smallest, example = top * factor, scaled
         if smallest <= ORDINARY:
-            return "ordinary magnitudes", None
-    return "extreme magnitudes", _magnitude(smallest)
+            return "ordinary magnitudes", None, case
+    return "extreme magnitudes", _magnitude(smallest), example
 
 
 def _magnitude(x: float) -> float:
@@ -131,9 +136,9 @@ def size(case) -> tuple:
 
 def record(prop: str, category, case, check, repro: str | None = None) -> dict:
     """One property's failure of one category, as the plugin carries it (JSON-able)."""
-    reg, threshold = regime(check, case, category)
+    reg, threshold, example = probe(check, case, category)
     return {"category": category, "regime": reg, "threshold": threshold, "property": prop,
-            "example": describe(case), "size": list(size(case)), "repro": repro}
+            "example": describe(example), "size": list(size(example)), "repro": repro}
 
 
 def group(records: list[dict]) -> list[dict]:

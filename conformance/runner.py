@@ -37,6 +37,7 @@ from conformance import findings
 from conformance import regressions
 from conformance import strategies as S
 from conformance.cases import Case, DistCase
+from conformance.compare import decimal
 from conformance.properties import ConformanceFailure, Property
 from conformance.subject import Subject
 
@@ -458,22 +459,22 @@ def _simpler(v: float, dtype: str) -> list:
     if not math.isfinite(v) or v == 0.0:
         return []
     out = [0.0, math.copysign(1.0, v)]
-    p = math.copysign(10.0 ** round(math.log10(abs(v))), v) if abs(v) > 1e-300 else v
-    if math.isfinite(p):
-        out.append(float(S.round_to([p], dtype)[0]) if dtype in S.DTYPES else p)
+    if abs(v) > 1e-300:
+        e = math.log10(abs(v))
+        for p in (10.0 ** math.floor(e), 10.0 ** math.ceil(e)):  # the powers of ten around it
+            if math.isfinite(p) and (dtype not in S.DTYPES or p <= S.DTYPES[dtype].max):
+                out.append(math.copysign(float(S.round_to([p], dtype)[0]) if dtype in S.DTYPES else p, v))
     return [x for x in dict.fromkeys(out) if x != v and math.isfinite(x) and
-            (dtype not in S.DTYPES or float(S.round_to([x], dtype)[0]) == x) and _score(x) < _score(v)]
+            (dtype not in S.DTYPES or float(S.round_to([x], dtype)[0]) == x) and _score(x, dtype) < _score(v, dtype)]
 
 
-def _score(v: float) -> float:
-    """How complicated a value reads: 0 < 1 < a power of ten (by its exponent) < anything else."""
+def _score(v: float, dtype: str = "float64") -> float:
+    """How complicated a value reads: 0 < 1 < the length of its shortest decimal in ``dtype``."""
     if v == 0.0:
         return 0.0
     if abs(v) == 1.0:
         return 1.0
-    with np.errstate(over="ignore"):
-        text = repr(float(np.float32(v))) if float(np.float32(v)) == v else repr(v)
-    return 2.0 + len(text.lstrip("-"))
+    return 2.0 + len(decimal(v, dtype).lstrip("-"))
 
 
 def reduce(check, subject: Subject, case, failure: ConformanceFailure,
