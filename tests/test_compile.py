@@ -13,7 +13,6 @@ import math
 
 import pytest
 import torch
-from torch._dynamo.utils import counters
 
 from impl import adapters, gdpo
 from impl.gdpo import NonFiniteError
@@ -52,6 +51,8 @@ def _compiled_step(name: str, graphs: list):
 
 @pytest.mark.parametrize("name", list(CALLS))
 def test_a_compiled_step_breaks_once_around_the_call_and_keeps_the_bits(name):
+    from torch._dynamo.utils import counters  # here, not at collection: importing dynamo costs 1.5 s
+
     torch._dynamo.reset()
     counters.clear()
     graphs: list = []
