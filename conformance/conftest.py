@@ -7,14 +7,15 @@ from __future__ import annotations
 
 import pytest
 
-from conformance.subject import Subject
+from conformance.subject import Subject, parse_domain
 from conformance import distributed
 
 
 @pytest.fixture(scope="session")
 def subject(request) -> Subject:
     opt = request.config.getoption
-    return Subject(opt("--impl"), opt("--call-shape"), opt("--convention"))
+    return Subject(opt("--impl"), opt("--call-shape"), opt("--convention"),
+                   domain=parse_domain(opt("--domain", default=None)))
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -91,12 +91,26 @@ def pytest_configure(config):
     config._gdpo_profile = loaded
     config._gdpo_results = {}
     config._gdpo_start = time.monotonic()
+    try:
+        from conformance.subject import parse_domain
+
+        parse_domain(config.getoption("--domain", default=None))
+    except ValueError as e:
+        raise pytest.UsageError(str(e)) from None
     target = config.getoption("--impl", default=DEFAULT_IMPL)
     if target != DEFAULT_IMPL:
         try:
             resolve_impl(target)
         except ImplSpecError as e:
             raise pytest.UsageError(str(e)) from None
+
+
+def _subject(config):
+    from conformance.subject import Subject, parse_domain
+
+    opt = config.getoption
+    return Subject(opt("--impl", default=DEFAULT_IMPL), opt("--call-shape", default="gdpo"),
+                   opt("--convention", default="spec"), domain=parse_domain(opt("--domain", default=None)))
 
 
 def grades_another(config) -> bool:
@@ -164,6 +178,8 @@ def pytest_report_header(config):
                      f"{config.getoption('--call-shape')}, convention {config.getoption('--convention')}); "
                      f"tests outside conformance/ are deselected, and so are the suite's self-tests ({_self_tests()}: "
                      "they grade the suite, not this implementation)")
+    if grading(config):
+        lines.append("gdpo conformance: " + _subject(config).domain_statement())
     if single_process(config):
         lines.append("gdpo conformance: --single-process: the multi-process properties ("
                      + ", ".join(multi_process_properties()) + ", and every test marked distributed) are "
@@ -443,6 +459,13 @@ def total_line(config, rows: list[dict]) -> str:
     return "gdpo conformance: " + "; ".join(parts)
 
 
+def _domain_json(config) -> dict:
+    try:
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in _subject(config).domain().items()}
+    except Exception:  # noqa: BLE001 - an implementation that cannot be loaded errored every test already
+        return {}
+
+
 def grading_findings(rows: list[dict]) -> list[dict]:
     """The findings of a grading (``conformance/findings.py``): every failed property's records,
     merged by category and regime."""
@@ -513,6 +536,7 @@ def grading_json(config, rows: list[dict], exitstatus) -> dict:
         "exit_status": int(exitstatus),
         "seconds": round(time.monotonic() - getattr(config, "_gdpo_start", time.monotonic()), 3),
         "counts": counts(rows),
+        "domain": _domain_json(config),
         "findings": grading_findings(rows),
         "self_tests_deselected": list(getattr(config, "_gdpo_self_tests_deselected", None) or []),
         "multi_process_deselected": list(getattr(config, "_gdpo_single_process_deselected", None) or []),
@@ -563,6 +587,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
             if r.get("repro"):
                 tr.write_line(f"    repro: {r['repro']}")
         tr.write_line(total_line(config, rows))
+        tr.write_line("gdpo conformance: " + _subject(config).domain_statement())
         if runner.DRAW_FIRST:
             tr.write_line(machine_line(rows))
     try:
@@ -608,6 +633,10 @@ def pytest_addoption(parser):
     group.addoption("--strict-errors", action="store_true", default=False,
                     help="the strict error contract: a refusal must raise the spec.errors class the contract "
                          "names (without it a clear refusal of another class passes, reported as wrong_class)")
+    group.addoption("--domain", action="append", default=[], metavar="KEY=VALUE",
+                    help="declare the implementation's domain without changing it (over its gdpo_domain): "
+                         "min_columns, max_columns, group_sizes (4,8 or 4+), max_abs_reward, max_abs_weight, "
+                         "input_dtypes, out_dtypes, labels, units, eps; the search stays inside it")
     group.addoption("--single-process", action="store_true", default=False,
                     help="grade an implementation for one process (no process_group): deselect the "
                          "multi-process properties (conformance/test_distributed.py), reported as not graded")

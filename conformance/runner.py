@@ -30,7 +30,7 @@ import zlib
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, Phase, example, given, seed, settings
+from hypothesis import HealthCheck, Phase, example, given, reject, seed, settings
 from hypothesis.errors import UnsatisfiedAssumption
 
 from conformance import findings
@@ -116,6 +116,8 @@ def build_test(prop: Property, subject: Subject, config: settings | None = None,
         if record and ((budget_s is not None and time.monotonic() - start > budget_s)
                        or (budget_calls is not None and after_failure[0] > budget_calls)):
             raise ShrinkBudgetSpent
+        if not subject.inside(case):
+            reject()  # outside the declared domain: not drawn
         try:
             prop.check(subject, case, prop.name)
         except UnsatisfiedAssumption:
@@ -235,8 +237,23 @@ def pinned_cases(prop: Property, subject: Subject) -> list:
 
 
 def planned_cases(prop: Property, subject: Subject, max_examples: int | None = None) -> list:
-    """Every case a drawn-first run checks, in order: the pinned examples, then the drawn ones."""
-    return pinned_cases(prop, subject) + list(drawn_cases(prop, subject, max_examples))
+    """Every case a drawn-first run checks, in order: the pinned examples, then the drawn ones;
+    those outside the declared domain (``Subject.inside``) left out."""
+    return [c for c in pinned_cases(prop, subject) if subject.inside(c)] + _inside(
+        lambda budget: drawn_cases(prop, subject, budget), subject, max_examples)
+
+
+def _inside(drawn, subject: Subject, max_examples: int | None) -> list:
+    """The first ``max_examples`` drawn cases inside the declared domain: where the domain leaves
+    out some, more are drawn (twice as many, up to 8 times), so that a narrow domain is graded on
+    as many cases as a wide one."""
+    n = settings().max_examples if max_examples is None else max_examples
+    budget = n
+    while True:
+        kept = [c for c in drawn(budget) if subject.inside(c)]
+        if len(kept) >= n or budget >= 8 * n:
+            return kept[:n]
+        budget *= 2
 
 
 def error_row_cases(name: str, subject: Subject, max_examples: int | None = None) -> list:
@@ -247,8 +264,9 @@ def error_row_cases(name: str, subject: Subject, max_examples: int | None = None
     ctx = subject.context()
     pinned = [(c,) for c in (regressions.load(t) for t in BY_NAME["errors"].examples)
               if c.note == f"error:{name}" and expressible(c, ctx)]
-    return pinned + list(draw(f"errors:{name}", error_cases(ctx, subject.shape, names={name}), max_examples,
-                              (repr(ctx), subject.shape)))
+    strategy = error_cases(ctx, subject.shape, names={name})
+    return [c for c in pinned if subject.inside(c)] + _inside(
+        lambda budget: draw(f"errors:{name}", strategy, budget, (repr(ctx), subject.shape)), subject, max_examples)
 
 
 def row_cases(row: str, subject: Subject, max_examples: int | None = None) -> list:
@@ -493,7 +511,7 @@ def reduce(check, subject: Subject, case, failure: ConformanceFailure,
         for cand in _candidates(best):
             if calls >= budget:
                 break
-            if not _valid(cand) or not expressible(cand, subject.context()):
+            if not _valid(cand) or not expressible(cand, subject.context()) or not subject.inside(cand):
                 continue
             calls += 1
             exc = _same(check, cand, failure.category)

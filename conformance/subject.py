@@ -293,14 +293,50 @@ class Outcome:
         return f"raised {self.error_type}: {self.message}"
 
 
+#: The limits a domain may declare beyond what a call shape expresses (``Subject.inside``): the
+#: number of reward columns, the group sizes (a list of the allowed sizes, or an int: the smallest),
+#: the largest |reward| and |weight|.
+LIMITS = ("min_columns", "max_columns", "group_sizes", "max_abs_reward", "max_abs_weight")
+
+
+def parse_domain(items) -> dict:
+    """``KEY=VALUE`` strings (``gdpo check --domain``) as a domain dict: ``min_columns=2``,
+    ``group_sizes=4,8`` (allowed sizes) or ``group_sizes=4+`` (at least 4), ``max_abs_reward=1e6``,
+    ``input_dtypes=float32,float64``, ``labels=false``."""
+    out: dict = {}
+    for item in items or ():
+        key, sep, value = item.partition("=")
+        key, value = key.strip(), value.strip()
+        if not sep or not key:
+            raise ValueError(f"--domain takes KEY=VALUE, got {item!r}")
+        if key in ("min_columns", "max_columns"):
+            out[key] = int(value)
+        elif key == "group_sizes":
+            out[key] = int(value[:-1]) if value.endswith("+") else tuple(int(v) for v in value.split(","))
+        elif key in ("max_abs_reward", "max_abs_weight"):
+            out[key] = float(value)
+        elif key in ("input_dtypes", "out_dtypes"):
+            out[key] = tuple(v.strip() for v in value.split(",") if v.strip())
+        elif key in ("labels", "units", "eps"):
+            if value.lower() not in ("true", "false"):
+                raise ValueError(f"--domain {key} takes true or false, got {value!r}")
+            out[key] = value.lower() == "true"
+        elif key == "why":
+            out[key] = value
+        else:
+            raise ValueError(f"--domain: unknown field {key!r}; known: {sorted(LIMITS + ('input_dtypes', 'out_dtypes', 'labels', 'units', 'eps', 'why'))}")
+    return out
+
+
 class Subject:
     """The implementation under test behind one call shape."""
 
     def __init__(self, target: str = DEFAULT_IMPL, shape: str = "gdpo", convention: str = "spec",
-                 device: str = "cpu", backend: str = "gloo"):
+                 device: str = "cpu", backend: str = "gloo", domain: dict | None = None):
         if shape not in CALL_SHAPES:
             raise ValueError(f"--call-shape must be one of {CALL_SHAPES}, got {shape!r}")
         self.target = target
+        self.declared = dict(domain or {})  # gdpo check --domain KEY=VALUE: over the function's gdpo_domain
         self.shape = shape
         self.convention = get_convention(convention).name
         self.device = device
@@ -329,18 +365,49 @@ class Subject:
 
     # -------------------------------------------------------- what it expresses
     def domain(self) -> dict:
-        """The implementation's declared domain: the function's ``gdpo_domain`` attribute, a
-        dict of :class:`conformance.strategies.Context` fields it narrows (``input_dtypes``,
-        ``out_dtypes``, ``labels``, ``units``, ``eps``) and ``why``, one line saying why. The
-        search stays inside it and the report states it; {} where none is declared."""
+        """The implementation's declared domain: the function's ``gdpo_domain`` attribute, with
+        ``gdpo check --domain KEY=VALUE`` over it, a dict of :class:`conformance.strategies.Context`
+        fields it narrows (``input_dtypes``, ``out_dtypes``, ``labels``, ``units``, ``eps``), of the
+        limits of :data:`LIMITS` (``min_columns``, ``max_columns``, ``group_sizes``,
+        ``max_abs_reward``, ``max_abs_weight``) and ``why``, one line saying why. The search stays
+        inside it (:meth:`inside`), a refusal outside it is never asked for, and the report states
+        it; {} where none is declared."""
         d = getattr(self.fn, "gdpo_domain", None) or {}
         if not isinstance(d, dict):
             raise ValueError(f"{self.target}.gdpo_domain must be a dict, got {type(d).__name__}")
+        d = {**d, **self.declared}
         fields = {f.name for f in dataclasses.fields(Context)}
-        unknown = set(d) - fields - {"why"}
+        unknown = set(d) - fields - set(LIMITS) - {"why"}
         if unknown:
-            raise ValueError(f"{self.target}.gdpo_domain: unknown field(s) {sorted(unknown)}; known: {sorted(fields)}")
+            raise ValueError(f"{self.target}: unknown domain field(s) {sorted(unknown)}; known: "
+                             f"{sorted(fields | set(LIMITS))}")
         return dict(d)
+
+    def inside(self, case) -> bool:
+        """Is ``case`` inside the declared limits (:data:`LIMITS`)? An error case is judged by its
+        number of columns only: its other breaks are what it tests."""
+        d = self.domain()
+        if not any(k in d for k in LIMITS):
+            return True
+        for c in (case if isinstance(case, tuple) else getattr(case, "shards", None) or (case,)):
+            if not c.rewards:
+                continue
+            if not (d.get("min_columns", 1) <= c.k <= d.get("max_columns", c.k)):
+                return False
+            if c.note.startswith("error:") or c.variant:
+                continue
+            sizes = d.get("group_sizes")
+            if sizes is not None:
+                _, counts = np.unique(c.labels(), return_counts=True)
+                ok = counts >= sizes if isinstance(sizes, int) else np.isin(counts, list(sizes))
+                if not np.all(ok):
+                    return False
+            top = max((abs(v) for r in c.rewards for v in r), default=0.0)
+            if top > d.get("max_abs_reward", math.inf):
+                return False
+            if c.weights is not None and max(abs(w) for w in c.weights) > d.get("max_abs_weight", math.inf):
+                return False
+        return True
 
     def own_convention(self) -> str | None:
         """The convention the implementation declares it computes (its function's
@@ -368,7 +435,7 @@ class Subject:
             ctx = Context()
         narrowed = {}
         for key, value in self.domain().items():
-            if key == "why":
+            if key == "why" or key in LIMITS:
                 continue
             have = getattr(ctx, key)
             if isinstance(have, tuple):  # a domain narrows what the shape expresses, never widens it

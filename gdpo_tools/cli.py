@@ -83,7 +83,7 @@ CHECK_PROFILE = "grade"
 
 def check_command(impl: str | None, convention: str | None, call_shape: str | None, select: str | None,
                   single_process: bool = False, json_path: str | None = None, details: bool = False,
-                  self_tests: bool = False) -> list[str]:
+                  self_tests: bool = False, domain=()) -> list[str]:
     """The pytest command line of ``gdpo check`` (see :func:`run_check`)."""
     from pathlib import Path
 
@@ -103,6 +103,8 @@ def check_command(impl: str | None, convention: str | None, call_shape: str | No
             cmd += [flag, value]
     if single_process:
         cmd.append("--single-process")
+    for item in domain or ():
+        cmd += ["--domain", item]
     if not self_tests:
         cmd.append("--gdpo-grade")  # the suite's self-tests are no grade of the implementation, the default's too
     # The summary table (conformance/plugins.py) is what one reads: one line, a listed output and a
@@ -113,7 +115,7 @@ def check_command(impl: str | None, convention: str | None, call_shape: str | No
 
 def run_check(impl: str | None, convention: str | None, call_shape: str | None, select: str | None,
               single_process: bool = False, json_path: str | None = None, details: bool = False,
-              deep: bool = False, self_tests: bool = False, strict_errors: bool = False) -> int:
+              deep: bool = False, self_tests: bool = False, strict_errors: bool = False, domain=()) -> int:
     """The conformance suite (conformance/) in a subprocess; pytest's exit code, or 2 (a usage
     error, as argparse's) where ``--impl`` names no callable. ``single_process``: the
     multi-process properties are deselected (``--single-process``, conformance/plugins.py);
@@ -121,7 +123,8 @@ def run_check(impl: str | None, convention: str | None, call_shape: str | None, 
     texts after the summary table; ``deep``: the ``deep`` hypothesis profile instead of
     :data:`CHECK_PROFILE`; ``self_tests``: the suite's self-tests too (``conformance/test_controls.py``,
     ``conformance/test_suite_meta.py``, which grade the suite, not the implementation);
-    ``strict_errors``: the strict error contract (a refusal must raise the spec.errors class named)."""
+    ``strict_errors``: the strict error contract (a refusal must raise the spec.errors class named);
+    ``domain``: ``KEY=VALUE`` declarations of the implementation's domain (``--domain``)."""
     import os
     import subprocess
 
@@ -131,12 +134,19 @@ def run_check(impl: str | None, convention: str | None, call_shape: str | None, 
 
         if convention not in CONVENTIONS:  # else every property errors, and the run exits 1 as a failed grade
             why = f"unknown convention {convention!r}; the conventions are {', '.join(sorted(CONVENTIONS))}"
+    if why is None and domain:
+        from conformance.subject import parse_domain
+
+        try:
+            parse_domain(domain)
+        except ValueError as e:
+            why = str(e)
     if why is not None:
         print(f"gdpo check: error: {why}", file=sys.stderr)
         return 2
     from conformance import profiles
 
-    cmd = check_command(impl, convention, call_shape, select, single_process, json_path, details, self_tests)
+    cmd = check_command(impl, convention, call_shape, select, single_process, json_path, details, self_tests, domain)
     env = {**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
     if strict_errors:
         env["GDPO_STRICT_ERRORS"] = "1"  # conformance.properties.STRICT_ENV
@@ -223,6 +233,10 @@ def main(argv: list[str] | None = None) -> int:
     p_ck.add_argument("--self-tests", action="store_true",
                       help="also run the suite's self-tests (conformance/test_controls.py, test_suite_meta.py: "
                            "they grade the suite, not the implementation; minutes)")
+    p_ck.add_argument("--domain", action="append", default=[], metavar="KEY=VALUE",
+                      help="declare your implementation's domain without changing it: min_columns, max_columns, "
+                           "group_sizes (4,8 or 4+), max_abs_reward, max_abs_weight, input_dtypes, out_dtypes "
+                           "(see docs/grading.md); the search stays inside it and the report states it")
     p_ck.add_argument("--strict-errors", action="store_true",
                       help="the strict error contract: a refusal must raise the spec.errors class it names (default: "
                            "a clear refusal of another class passes, reported as wrong_class)")
@@ -236,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "check":
         return run_check(args.impl, args.convention, args.call_shape, args.select, args.single_process,
-                         args.json_path, args.details, args.deep, args.self_tests, args.strict_errors)
+                         args.json_path, args.details, args.deep, args.self_tests, args.strict_errors, args.domain)
     if args.command == "audit":
         from gdpo_tools import audit
         from spec import DEFAULT_EPS

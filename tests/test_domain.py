@@ -1,0 +1,86 @@
+"""Declarations a maintainer needs (issue 25 part 3): ``fn.gdpo_domain`` and
+``gdpo check --domain KEY=VALUE`` accept min_columns, max_columns, group_sizes, max_abs_reward,
+max_abs_weight, input_dtypes and out_dtypes; the search stays inside the domain, so a refusal
+outside it is never asked for, and the report states the declaration. The negative controls: the
+same implementations graded without the declaration fail as refused."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conformance import profiles
+from conformance import properties as P
+from conformance import runner as R
+from conformance.subject import Subject, parse_domain
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _grade(subject: Subject, name: str = "plain"):
+    prop = P.BY_NAME[name]
+    cases = R.planned_cases(prop, subject, profiles.GRADE_MAX_EXAMPLES)
+    try:
+        R.grade_cases(name, subject, cases, lambda c: prop.check(subject, c, name))
+    except P.ConformanceFailure as e:
+        return cases, e
+    return cases, None
+
+
+class _Undeclared(Subject):
+    """The same function with its own gdpo_domain ignored."""
+
+    def domain(self):
+        return dict(self.declared)
+
+
+def test_a_declared_minimum_of_columns_keeps_the_search_inside_it():
+    subject = Subject("_domain_impls:needs_two_columns")
+    cases, failure = _grade(subject)
+    assert failure is None, failure
+    assert cases and all(c.k >= 2 for c in cases)
+    assert "min_columns=2" in subject.domain_statement()
+    _, failure = _grade(_Undeclared("_domain_impls:needs_two_columns"))  # the negative control
+    assert failure is not None and failure.category == "refused", failure
+
+
+def test_gdpo_check_domain_declares_without_changing_the_code():
+    declared = ["max_abs_reward=1e6", "group_sizes=4+"]
+    subject = Subject("_domain_impls:bounded_rewards", domain=parse_domain(declared))
+    for name in ("plain", "range"):
+        cases, failure = _grade(subject, name)
+        assert failure is None, (name, failure)
+        # more are drawn where the domain leaves some out (up to 8 times): plain keeps its full count;
+        # range hunts huge values, most of them outside this domain, and keeps what is inside
+        assert len(cases) >= (profiles.GRADE_MAX_EXAMPLES if name == "plain" else 1), (name, len(cases))
+        for c in cases:
+            assert max(abs(v) for r in c.rewards for v in r) <= 1e6
+    _, failure = _grade(Subject("_domain_impls:bounded_rewards"), "range")
+    assert failure is not None and failure.category == "refused", failure
+
+
+def test_parse_domain_reads_every_key_and_refuses_unknown_ones():
+    d = parse_domain(["min_columns=2", "max_columns=4", "group_sizes=4,8", "max_abs_reward=1e6",
+                      "max_abs_weight=10", "input_dtypes=float32,float64", "out_dtypes=float32"])
+    assert d == {"min_columns": 2, "max_columns": 4, "group_sizes": (4, 8), "max_abs_reward": 1e6,
+                 "max_abs_weight": 10.0, "input_dtypes": ("float32", "float64"), "out_dtypes": ("float32",)}
+    assert parse_domain(["group_sizes=4+"]) == {"group_sizes": 4}
+    for bad in (["nope=1"], ["min_columns"], ["labels=maybe"]):
+        with pytest.raises(ValueError):
+            parse_domain(bad)
+
+
+def test_the_domain_reaches_the_report_and_json(tmp_path):
+    out = tmp_path / "g.json"
+    proc = subprocess.run([sys.executable, "-m", "gdpo_tools.cli", "check", "--impl", "_domain_impls:bounded_rewards",
+                           "--domain", "max_abs_reward=1e6", "--domain", "group_sizes=4+", "--single-process",
+                           "-k", "test_property and plain", "--json", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env={**__import__("os").environ, "PYTHONPATH": str(ROOT / "tests")})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert "declared domain max_abs_reward=1000000.0, group_sizes=4" in proc.stdout, proc.stdout[-3000:]
+    assert json.loads(out.read_text())["domain"] == {"max_abs_reward": 1e6, "group_sizes": 4}
