@@ -1,8 +1,9 @@
 """Negative controls: every control is rejected, the controls' base is not, and
 conformance/CONTROLS.md is what the code produces.
 
-One test per property runs it against every control (ci budget, fixed seed per
-property, no shrinking) and compares the set of rejected controls with the
+One test per property runs it against every control (its pinned examples, then the
+ci budget drawn first with the property's seed, one draw shared by every control:
+conformance/runner.py) and compares the set of rejected controls with the
 committed table's row. Generation depends on the hypothesis version, so the rows
 are compared exactly only under the version the table records; under another
 version the test still requires that every control is rejected by some property
