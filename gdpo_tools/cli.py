@@ -171,6 +171,17 @@ def _weight(text: str) -> float:
         raise argparse.ArgumentTypeError(f"invalid weight {text!r}{hint}") from None
 
 
+def _audit_doc() -> str:
+    """``gdpo audit``'s help: the docstring of gdpo_tools/audit, read without importing it
+    (importing it imports torch, two seconds every other command would wait for)."""
+    import ast
+    import importlib.util
+    from pathlib import Path
+
+    origin = importlib.util.find_spec("gdpo_tools.audit").origin
+    return ast.get_docstring(ast.parse(Path(origin).read_text(encoding="utf-8")), clean=False)
+
+
 def _version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -197,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     p_au = sub.add_parser("audit", help="what GDPO does with a dumped batch (.npz, .pt, .jsonl, .csv)",
                           # the file first: after --weights it would be read as one more weight
                           usage="gdpo audit [file] [--weights W [W ...]] [--eps EPS] [--json] [--exact] [--peers]",
-                          description=__import__("gdpo_tools.audit", fromlist=["x"]).__doc__,
+                          description=_audit_doc(),
                           formatter_class=argparse.RawDescriptionHelpFormatter)
     p_au.add_argument("file", nargs="?", help="the batch (default: a built-in example batch)")
     p_au.add_argument("--json", action="store_true", help="machine-readable report")
