@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from decimal import Decimal
 
 import numpy as np
 
@@ -59,7 +60,7 @@ def probe(check, case, category) -> tuple[str, float | None, object]:
     smallest, example = top, case
     for j in range(1, PROBE_CALLS + 1):
         factor = 10.0 ** -j
-        scaled = _scaled(case, factor, scale_weights)
+        scaled = _scaled(case, j, scale_weights)
         if scaled is None:
             break
         if not _fails(check, scaled, category):
@@ -75,15 +76,23 @@ def _magnitude(x: float) -> float:
     return 10.0 ** math.floor(math.log10(x)) if x > 0 else x
 
 
-def _scaled(case: Case, factor: float, weights: bool) -> Case | None:
-    """The case with its rewards (or weights) times ``factor``, rounded into their dtype; None
+def _shift(v: float, j: int, dtype: str) -> float:
+    """``v`` divided by 10^j in decimal (its shortest decimal in ``dtype``, the exponent moved),
+    so that float32's 1e+38 becomes float32's 1e+19, not 1e38's float32 times 1e-19."""
+    if v == 0.0 or not math.isfinite(v):
+        return v
+    return float(Decimal(decimal(v, dtype)).scaleb(-j))
+
+
+def _scaled(case: Case, j: int, weights: bool) -> Case | None:
+    """The case with its rewards (or weights) divided by 10^j, rounded into their dtype; None
     where that loses every value (an underflow) or cannot be held."""
     if weights:
-        w = tuple(float(v) * factor for v in case.weights)
+        w = tuple(_shift(float(v), j, "float64") for v in case.weights)
         return dataclasses.replace(case, weights=w) if any(w) else None
     if case.dtype not in ("float64", "float32", "float16", "bfloat16"):
         return None
-    vals = np.array(case.rewards, dtype=np.float64) * factor
+    vals = np.array([[_shift(v, j, case.dtype) for v in row] for row in case.rewards], dtype=np.float64)
     held = round_to(vals, case.dtype)
     if not np.all(np.isfinite(held)) or not np.any(held):
         return None
