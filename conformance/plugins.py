@@ -62,8 +62,8 @@ from pathlib import Path
 
 import pytest
 
-from conformance import profiles, properties, runner
-from conformance.subject import CALL_SHAPES, DEFAULT_IMPL, ImplSpecError, resolve_impl
+from conformance import findings, profiles, properties, runner
+from conformance.subject import CALL_SHAPES, DEFAULT_IMPL, ImplSpecError, Subject, parse_domain, resolve_impl
 
 
 #: The suite's pytest markers, registered by the plugin itself, so that ``--strict-markers``
@@ -92,8 +92,6 @@ def pytest_configure(config):
     config._gdpo_results = {}
     config._gdpo_start = time.monotonic()
     try:
-        from conformance.subject import parse_domain
-
         parse_domain(config.getoption("--domain", default=None))
     except ValueError as e:
         raise pytest.UsageError(str(e)) from None
@@ -106,8 +104,6 @@ def pytest_configure(config):
 
 
 def _subject(config):
-    from conformance.subject import Subject, parse_domain
-
     opt = config.getoption
     return Subject(opt("--impl", default=DEFAULT_IMPL), opt("--call-shape", default="gdpo"),
                    opt("--convention", default="spec"), domain=parse_domain(opt("--domain", default=None)))
@@ -469,14 +465,10 @@ def _domain_json(config) -> dict:
 def grading_findings(rows: list[dict]) -> list[dict]:
     """The findings of a grading (``conformance/findings.py``): every failed property's records,
     merged by category and regime."""
-    from conformance import findings
-
     return findings.group([f for r in rows if r["verdict"] == "failed" for f in r.get("findings") or ()])
 
 
 def render_findings(found: list[dict]) -> list[str]:
-    from conformance import findings
-
     lines = []
     for i, f in enumerate(found, 1):
         lines.append(f"{i}. {f['category']}: {findings.cause(f)} ({', '.join(f['properties'])}): {f['example']}")

@@ -38,7 +38,7 @@ from conformance import regressions
 from conformance import strategies as S
 from conformance.cases import Case, DistCase
 from conformance.compare import decimal
-from conformance.properties import ConformanceFailure, Property
+from conformance.properties import BY_NAME, ConformanceFailure, Property, error_cases
 from conformance.subject import Subject
 
 
@@ -259,8 +259,6 @@ def _inside(drawn, subject: Subject, max_examples: int | None) -> list:
 def error_row_cases(name: str, subject: Subject, max_examples: int | None = None) -> list:
     """The cases of the error contract's row ``errors:<name>`` (``conformance/test_errors.py``): its
     pinned examples the call shape can express, then the cases drawn for it."""
-    from conformance.properties import BY_NAME, error_cases
-
     ctx = subject.context()
     pinned = [(c,) for c in (regressions.load(t) for t in BY_NAME["errors"].examples)
               if c.note == f"error:{name}" and expressible(c, ctx)]
@@ -271,8 +269,6 @@ def error_row_cases(name: str, subject: Subject, max_examples: int | None = None
 
 def row_cases(row: str, subject: Subject, max_examples: int | None = None) -> list:
     """The cases a drawn-first run of the summary row ``row`` (``plain``, ``errors:nan_reward``) checks."""
-    from conformance.properties import BY_NAME
-
     if row.startswith("errors:"):
         return error_row_cases(row.split(":", 1)[1], subject, max_examples)
     return planned_cases(BY_NAME[row], subject, max_examples)
