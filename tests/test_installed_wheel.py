@@ -10,6 +10,7 @@ read from this checkout by path), and leave the directory it ran in as it found 
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import subprocess
@@ -57,6 +58,7 @@ class Installed:
         env["PYTHONPATH"] = str(self.theirs)
         return env
 
+    @functools.cache  # noqa: B019 - one per module: its python imports torch to answer (2 s)
     def site(self) -> Path:
         """Where the venv's python imports the project from (run outside this checkout)."""
         out = subprocess.run([str(self.python), "-c", "import impl, pathlib; print(pathlib.Path(impl.__file__).parent.parent)"],
