@@ -42,3 +42,29 @@ def once_per_run(tmp_path_factory, name: str, build: Callable[[Path], None]) -> 
             build(folder)
             (folder / DONE).write_text("")
     return folder
+
+
+def default_check(tmp_path_factory):
+    """``gdpo check -k "test_property and plain" --json FILE`` of this checkout's own
+    implementation, from the repository root, run once per test run: tests/test_cli.py (the
+    suite runs and passes) and tests/test_grading_output.py (what its summary and JSON say)
+    read the same run. The process (returncode, stdout, stderr) and the JSON, or None."""
+    import json
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+
+    def run(folder: Path) -> None:
+        proc = subprocess.run([sys.executable, "-m", "gdpo_tools.cli", "check", "-k", "test_property and plain",
+                               "--json", str(folder / "grading.json")],
+                              capture_output=True, text=True, timeout=600, cwd=root)
+        (folder / "returncode").write_text(str(proc.returncode))
+        (folder / "stdout").write_text(proc.stdout)
+        (folder / "stderr").write_text(proc.stderr)
+
+    folder = once_per_run(tmp_path_factory, "default_check", run)
+    proc = subprocess.CompletedProcess(["gdpo", "check"], int((folder / "returncode").read_text()),
+                                       (folder / "stdout").read_text(), (folder / "stderr").read_text())
+    out = folder / "grading.json"
+    return proc, (json.loads(out.read_text()) if out.exists() else None)
