@@ -475,7 +475,8 @@ def _simpler(v: float, dtype: str) -> list:
     out = [0.0, math.copysign(1.0, v)]
     if abs(v) > 1e-300:
         e = math.log10(abs(v))
-        for p in (10.0 ** math.floor(e), 10.0 ** math.ceil(e)):  # the powers of ten around it
+        for p in (float(f"1e{math.floor(e)}"), float(f"1e{math.ceil(e)}")):  # the powers of ten around it (inf
+            # beyond float64, where 10.0 ** 309 would raise)
             if math.isfinite(p) and (dtype not in S.DTYPES or p <= S.DTYPES[dtype].max):
                 out.append(math.copysign(float(S.round_to([p], dtype)[0]) if dtype in S.DTYPES else p, v))
     return [x for x in dict.fromkeys(out) if x != v and math.isfinite(x) and
