@@ -178,8 +178,11 @@ def _audit_doc() -> str:
     import importlib.util
     from pathlib import Path
 
-    origin = importlib.util.find_spec("gdpo_tools.audit").origin
-    return ast.get_docstring(ast.parse(Path(origin).read_text(encoding="utf-8")), clean=False)
+    try:
+        origin = importlib.util.find_spec("gdpo_tools.audit").origin
+        return ast.get_docstring(ast.parse(Path(origin).read_text(encoding="utf-8")), clean=False)
+    except (AttributeError, OSError, TypeError, SyntaxError):  # no source file to read (a zip, a frozen build)
+        return __import__("gdpo_tools.audit", fromlist=["x"]).__doc__
 
 
 def _version() -> str:
