@@ -15,3 +15,18 @@ import torch  # noqa: E402
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+# Compiled once: a shell with PYTHONDONTWRITEBYTECODE=1 would make every Python this suite
+# starts (the xdist workers, each `pytest` and `gdpo` subprocess, every gloo rank) compile the
+# project again and rewrite every test module's asserts again (about 2 s per pytest process).
+# The bytecode goes to a folder of its own in the temporary directory instead (PEP 3147's
+# prefix, which pytest's assertion rewriting honours too): nothing is written into the tree,
+# which is what that setting asks for. Set here, before the xdist workers start.
+if os.environ.get("PYTHONDONTWRITEBYTECODE"):
+    import sys
+    import tempfile
+
+    _prefix = os.path.join(tempfile.gettempdir(), f"gdpo-spec-pycache-{os.getuid()}")
+    del os.environ["PYTHONDONTWRITEBYTECODE"]
+    os.environ["PYTHONPYCACHEPREFIX"] = _prefix
+    sys.dont_write_bytecode, sys.pycache_prefix = False, _prefix

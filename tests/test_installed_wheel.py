@@ -23,26 +23,10 @@ import pytest
 sys.path.insert(0, os.path.dirname(__file__))
 import _once  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
-#: What the source tree copy leaves out (build outputs, caches, this checkout's venvs).
-IGNORED = shutil.ignore_patterns(".git", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache",
-                                 ".hypothesis", ".venv", ".whl", ".benchmarks", "*.pyc")
-
-#: An outside implementation, in its own folder on PYTHONPATH (never the working directory):
-#: one that computes the contract (it calls the installed impl.gdpo), one 0.1% off.
-THEIRS = textwrap.dedent("""\
-    import torch
-    from impl import gdpo
-
-
-    def advantages(rewards, **kw):
-        return gdpo.gdpo_advantages(rewards, **kw)
-
-
-    def off_by_a_thousandth(rewards, **kw):
-        out = gdpo.gdpo_advantages(rewards, **kw)
-        return out * torch.tensor(1.001, dtype=out.dtype)
-""")
+#: What the installed `gdpo check` grades: one property of values, the error contract and one
+#: multi-process property (its gloo ranks import the installed package): every kind of module the
+#: grader reads. The whole suite on impl.gdpo runs in-process in conformance/ (the same code).
+SELECT = "test_property and (plain or errors or dist_values_2)"
 
 
 class Installed:
@@ -52,11 +36,7 @@ class Installed:
         self.gdpo = venv / "bin" / "gdpo"
 
     def env(self) -> dict:
-        """The environment of a user's shell: none of this run's pytest, gdpo or hypothesis
-        settings, and only the outside implementation's folder on PYTHONPATH."""
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "GDPO_", "HYPOTHESIS_"))}
-        env["PYTHONPATH"] = str(self.theirs)
-        return env
+        return _once.user_env(self.theirs)
 
     @functools.cache  # noqa: B019 - one per module: its python imports torch to answer (2 s)
     def site(self) -> Path:
@@ -78,25 +58,10 @@ def _show(proc: subprocess.CompletedProcess) -> str:
     return f"exit {proc.returncode}\n--- stdout (end)\n{proc.stdout[-4000:]}\n--- stderr (end)\n{proc.stderr[-4000:]}"
 
 
-def _build(base: Path) -> None:
-    """The wheel of a copy of this checkout, installed in a fresh venv under ``base``, and the
-    outside implementation's folder."""
-    src, wheels, venv, theirs = base / "src", base / "wheels", base / "venv", base / "theirs"
-    shutil.copytree(ROOT, src, ignore=IGNORED)  # building writes build/ into its source tree: not ours
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
-                    str(wheels), str(src)], check=True, timeout=600, capture_output=True)
-    (wheel,) = wheels.glob("gdpo_spec-*.whl")
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True, timeout=300)
-    subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--no-index", "--no-deps",
-                    "--force-reinstall", str(wheel)], check=True, timeout=600, capture_output=True)
-    theirs.mkdir()
-    (theirs / "theirpkg.py").write_text(THEIRS)
-
-
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory) -> Installed:
     # built once per test run: pytest-xdist workers that each get some of these tests share it
-    base = _once.once_per_run(tmp_path_factory, "wheel", _build)
+    base = _once.installed_wheel(tmp_path_factory)
     inst = Installed(base / "venv", base / "theirs", base)
     site = inst.site()
     assert site.is_relative_to(inst.venv), f"impl is imported from {site}, not from the venv's installed wheel"
@@ -112,14 +77,14 @@ def test_the_wheel_holds_what_the_commands_read(installed):
 
 
 def test_check_passes_a_correct_outside_implementation(installed):
-    proc, work = installed.run("check", "--impl", "theirpkg:advantages")
+    proc, work = installed.run("check", "--impl", "theirpkg:advantages", "-k", SELECT)
     assert proc.returncode == 0, _show(proc)
     assert " passed" in proc.stdout and "error" not in proc.stdout.splitlines()[-1], _show(proc)
     assert list(work.iterdir()) == [], f"gdpo check wrote into the directory it ran in: {list(work.iterdir())}"
 
 
 def test_check_gives_a_verdict_on_one_a_thousandth_off(installed):
-    proc, work = installed.run("check", "--impl", "theirpkg:off_by_a_thousandth")
+    proc, work = installed.run("check", "--impl", "theirpkg:off_by_a_thousandth", "-k", SELECT)
     last = proc.stdout.strip().splitlines()[-1]
     assert proc.returncode == 1, _show(proc)
     assert " failed" in last and " passed" in last and "error" not in last, _show(proc)  # a verdict, not a crash
@@ -138,13 +103,17 @@ def test_audit_and_the_example_run_installed(installed):
     assert list(work.iterdir()) == []
 
 
-def test_limits_writes_where_it_is_told_and_never_into_site_packages(installed):
+def test_limits_writes_where_it_is_told_and_never_into_site_packages(installed, tmp_path_factory):
     page = installed.site() / "spec" / "known_limits.md"
     before = page.read_bytes()
     proc, work = installed.run("limits", "--fast", "--quiet")
     assert proc.returncode == 2 and "give --out DIR" in proc.stderr, _show(proc)
-    proc, work = installed.run("limits", "--fast", "--quiet", "--out", "tables")
+    # `gdpo limits --fast --quiet --out tables`, run once for this test and tests/test_limits.py
+    ran = _once.wheel_limits(tmp_path_factory)
+    proc = subprocess.CompletedProcess(["gdpo", "limits"], int((ran / "returncode").read_text()),
+                                       (ran / "stdout").read_text(), (ran / "stderr").read_text())
     assert proc.returncode == 0, _show(proc)
+    work = ran / "work"
     assert sorted(p.relative_to(work).as_posix() for p in work.rglob("*")) == [
         "tables", "tables/known_limits.md", "tables/limits", "tables/limits/cancellation.png",
         "tables/limits/eps.png", "tables/limits/variance.png"]
