@@ -22,7 +22,6 @@ under the property that found it and prints the same report.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import shlex
 
@@ -31,94 +30,8 @@ import numpy as np
 from conformance.cases import DistCase, ulp
 from spec.error_model import round_to
 
-MAX_LISTED = 6
 
-
-@dataclasses.dataclass
-class Verdict:
-    """Comparison of one output vector with one oracle stage."""
-
-    bad: list  # indices outside the bound (or not exactly zero where demanded)
-    ratio: float  # max error / allowed over outputs with allowed > 0 (for hypothesis.target)
-    rows: list  # per listed index: text
-    #: what the failure means (conformance.verdicts): non_finite, silent_zero, exact_zero or precision
-    category: str | None = None
-    #: the worst error among the bad outputs, in ulps of ``judged_dtype`` (inf: a non-finite output)
-    worst_ulps: float | None = None
-    judged_dtype: str | None = None
-
-    @property
-    def ok(self) -> bool:
-        return not self.bad
-
-
-def judged_dtype(out_dtype: str, native_dtype: str = "float64") -> str:
-    """The dtype whose ulps measure an error: the output's where it is narrower than the
-    working precision, else the working precision's (a float32 code returning float64)."""
-    from spec.error_model import FORMATS
-
-    return out_dtype if FORMATS[out_dtype][0] <= FORMATS[native_dtype][0] else native_dtype
-
-
-def judge(observed: np.ndarray, exact: np.ndarray, allowed: np.ndarray, cond: np.ndarray, out_dtype: str,
-          must_be_zero: np.ndarray | None = None, rounded: np.ndarray | None = None,
-          zero_why=None, native_dtype: str = "float64") -> Verdict:
-    """Outputs vs the correctly rounded exact values under the per-output bound.
-
-    ``rounded``: the exact values correctly rounded into ``out_dtype`` (the oracle's
-    ``rounded(out_dtype)``), named in a failure where the output looks rounded twice;
-    ``zero_why(i)``: the clause of the specification that demands output ``i``'s exact
-    zero (a failure states it instead of a distance in ulps taken at 0)."""
-    obs = np.asarray(observed, dtype=np.float64)
-    exact = np.asarray(exact, dtype=np.float64)
-    allowed = np.asarray(allowed, dtype=np.float64)
-    zero = (allowed == 0.0) & (exact == 0.0)
-    if must_be_zero is not None:
-        zero = zero | np.asarray(must_be_zero, bool)
-    with np.errstate(invalid="ignore", over="ignore"):
-        err = np.abs(obs - exact)
-        bad_zero = zero & (obs != 0.0)
-        bad_bound = ~zero & ~(err <= allowed)  # NaN fails
-        ratios = np.where(~zero & (allowed > 0), err / np.where(allowed > 0, allowed, 1.0), 0.0)
-    bad = np.flatnonzero(bad_zero | bad_bound)
-    finite = ratios[np.isfinite(ratios)]
-    ratio = float(finite.max()) if finite.size else 0.0
-    if np.any(~np.isfinite(obs)) or bad_zero.any():
-        ratio = max(ratio, 1e300)
-    order = sorted(bad.tolist(), key=lambda i: -(ratios[i] if np.isfinite(ratios[i]) else math.inf))
-    rows = []
-    said: dict = {}  # clause -> the first row that stated it
-    for i in order[:MAX_LISTED]:
-        if zero[i]:
-            clause = (zero_why(i) if zero_why is not None else None) or \
-                "the error model gives it no allowance (spec section 7: the exact value is demanded)"
-            stated = f"as for [{said[clause]}]" if clause in said else clause
-            said.setdefault(clause, i)
-            rows.append(f"[{i}] returned {_hx(obs[i])} ({float(obs[i]):.9g}); the exact result is exactly 0, "
-                        f"and {stated}: the specification demands 0 bit for bit (either sign), cond {cond[i]:.2e}")
-            continue
-        rows.append(_bound_row(i, obs[i], exact[i], err[i], allowed[i], ratios[i], cond[i], out_dtype,
-                               None if rounded is None else float(np.asarray(rounded, dtype=np.float64)[i])))
-    category = worst = None
-    in_dtype = judged_dtype(out_dtype, native_dtype)
-    if bad.size:
-        b = bad
-        if np.any(~np.isfinite(obs[b])):  # NaN or inf returned (an exact beyond float64 is refused, never inf)
-            category = "non_finite"
-        elif np.any((obs[b] == 0.0) & (exact[b] != 0.0) & ~zero[b]):
-            category = "silent_zero"
-        elif np.all(zero[b]):
-            category = "exact_zero"
-        else:
-            category = "precision"
-        with np.errstate(over="ignore", invalid="ignore"):
-            ulps = [err[i] / ulp(exact[i], in_dtype) for i in b.tolist()]
-        fin = [u for u in ulps if np.isfinite(u)]
-        worst = math.inf if len(fin) < len(ulps) else float(max(fin))
-    return Verdict(bad.tolist(), ratio, rows, category, worst, in_dtype)
-
-
-def _bound_row(i, obs, exact, err, allowed, ratio, cond, out_dtype, rounded) -> str:
+def bound_row(i, obs, exact, err, allowed, ratio, cond, out_dtype, rounded) -> str:
     """One output outside its bound, with as many digits as it takes to see that it is."""
     obs, exact, err, allowed, ratio, cond = (float(x) for x in (obs, exact, err, allowed, ratio, cond))
     u = ulp(exact, out_dtype)
@@ -126,17 +39,17 @@ def _bound_row(i, obs, exact, err, allowed, ratio, cond, out_dtype, rounded) -> 
         ulps = err / u if u else math.inf
     p = _digits(ratio)
     if f"{err:.3e}" == f"{allowed:.3e}":  # equal to four digits: show the bits
-        e_txt, a_txt = f"{err:.17g} ({_hx(err)})", f"{allowed:.17g} ({_hx(allowed)})"
+        e_txt, a_txt = f"{err:.17g} ({hx(err)})", f"{allowed:.17g} ({hx(allowed)})"
     else:
         e_txt, a_txt = f"{err:.3e}", f"{allowed:.3e}"
     # err > allowed, both doubles: err / allowed >= 1 + 2^-52 / m > 1 + 2^-53 never rounds to 1
     in_ulps = f" = {ulps:.{p}g} ulp({out_dtype})" if exact != 0.0 else ""  # no ulp scale at an exact 0
-    text = (f"[{i}] observed {_hx(obs)} ({obs:.9g}), exact {_hx(exact)} ({exact:.17g}), "
+    text = (f"[{i}] observed {hx(obs)} ({obs:.9g}), exact {hx(exact)} ({exact:.17g}), "
             f"error {e_txt}{in_ulps}, allowed {a_txt} (error/allowed {ratio:.{p}g}), cond {cond:.2e}")
     twice = _rounded_twice(exact, out_dtype)
     if rounded is not None and twice is not None and obs == twice and obs != rounded and math.isfinite(obs):
-        text += (f"; rounded twice? {obs!r} ({_hx(obs)}) is the exact value rounded to float64, then float32, "
-                 f"then {out_dtype}; the correctly rounded {out_dtype} value is {rounded!r} ({_hx(rounded)})")
+        text += (f"; rounded twice? {obs!r} ({hx(obs)}) is the exact value rounded to float64, then float32, "
+                 f"then {out_dtype}; the correctly rounded {out_dtype} value is {rounded!r} ({hx(rounded)})")
     return text
 
 
@@ -161,7 +74,7 @@ def _rounded_twice(x: float, out_dtype: str) -> float | None:
     return float(round_to(round_to([x], "float32"), out_dtype)[0])
 
 
-def _hx(x: float) -> str:
+def hx(x: float) -> str:
     x = float(x)
     return x.hex() if math.isfinite(x) else repr(x)
 

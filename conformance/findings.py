@@ -26,7 +26,7 @@ import numpy as np
 
 from conformance.cases import Case, DistCase
 from conformance.compare import decimal
-from conformance.properties import ConformanceFailure
+from conformance.judge import ConformanceFailure
 from conformance.verdicts import label
 from spec.error_model import round_to
 

@@ -63,6 +63,8 @@ from pathlib import Path
 import pytest
 
 from conformance import findings, profiles, properties, runner
+
+from conformance import judge as J
 from conformance.subject import CALL_SHAPES, DEFAULT_IMPL, ImplSpecError, Subject, parse_domain, resolve_impl
 
 
@@ -85,7 +87,7 @@ def pytest_configure(config):
     if config.getoption("--strict-errors", default=False):
         import os
 
-        os.environ[properties.STRICT_ENV] = "1"  # read by properties.strict_errors at each refusal
+        os.environ[J.STRICT_ENV] = "1"  # read by J.strict_errors at each refusal
     loaded = profiles.load()
     runner.DRAW_FIRST = profiles.draws_first(loaded)  # grade: cases drawn first, read by run_for_pytest
     config._gdpo_profile = loaded
@@ -254,7 +256,7 @@ def failure_info(exc: BaseException) -> dict:
     the shrunk case ran unchecked, not a second verdict). The outermost failure's text is
     shown, the category and worst error are the first ones any failure in the chain carries."""
     chain = list(_walk(exc))
-    found = [e for e in chain if isinstance(e, properties.ConformanceFailure)]
+    found = [e for e in chain if isinstance(e, J.ConformanceFailure)]
     info = {"category": None, "worst_ulps": None, "worst_dtype": None, "note": None}
     if found:
         head, detail, repro = _text_parts(str(found[0]))
@@ -290,7 +292,7 @@ def _hide_shrink_budget_flaky(exc) -> None:
     checked (the budget), and the replay "passed". The case was checked again and failed,
     so the implementation is deterministic there: the Flaky is the budget's, and printing
     its traceback (\"produces unreliable results\") would call deterministic code flaky."""
-    if (isinstance(exc, properties.ConformanceFailure) and _is_flaky(exc.__cause__)
+    if (isinstance(exc, J.ConformanceFailure) and _is_flaky(exc.__cause__)
             and "(shrinking stopped at its budget" in str(exc)):
         exc.__cause__ = None
         exc.__suppress_context__ = True
@@ -312,7 +314,7 @@ def pytest_runtest_makereport(item, call):
     if call.when == "call" and report.passed:
         name = row_name(item.nodeid)
         case = name.split(":", 1)[1] if name.startswith("errors:") else None
-        classes = sorted({cls for c, cls in properties.NOTES.get("errors", ()) if c == case})
+        classes = sorted({cls for c, cls in J.NOTES.get("errors", ()) if c == case})
         if classes:  # a clear refusal of another class than spec.errors': passed, and said
             report.user_properties.append(("gdpo_note", {
                 "category": "wrong_class",

@@ -17,6 +17,8 @@ import math
 import sys
 
 from conformance import properties
+
+from conformance import judge as J
 from conformance.cases import Case, DistCase
 from conformance.compare import describe_inputs
 from conformance.subject import DEFAULT_IMPL, Subject
@@ -43,7 +45,7 @@ def main(argv=None) -> int:
     except AssertionError as e:
         print(e)
         return 1
-    except properties.NotJudged as e:
+    except J.NotJudged as e:
         print(e)
         return 2
     print(f"[{name}] conforms: {describe_inputs(case)}")

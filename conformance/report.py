@@ -26,6 +26,7 @@ from hypothesis import settings
 from conformance import controls as C
 from conformance import profiles
 from conformance import properties as P
+from conformance import judge as J
 from conformance import runner
 from conformance.compare import describe_inputs
 from conformance.subject import Subject
@@ -47,7 +48,7 @@ def verdict(prop: P.Property, target: str, shrink: bool = False):
         return False, None, ""
     index, exc = found
     case = getattr(exc, "case", cases[index])
-    if shrink and isinstance(exc, P.ConformanceFailure):
+    if shrink and isinstance(exc, J.ConformanceFailure):
         exc, _ = runner.reduce(lambda c: prop.check(subject, c, prop.name), subject, case, exc)
         case = getattr(exc, "case", case)
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

@@ -38,7 +38,9 @@ from conformance import regressions
 from conformance import strategies as S
 from conformance.cases import Case, DistCase
 from conformance.compare import decimal
-from conformance.properties import BY_NAME, ConformanceFailure, Property, error_cases
+from conformance.error_cases import error_cases
+from conformance.judge import ConformanceFailure
+from conformance.properties import BY_NAME, Property
 from conformance.subject import Subject
 
 

@@ -8,7 +8,7 @@ In every shape a refusal is graded by class: the error contract expects the clas
 ``spec.errors`` (each a ``GDPOError``, itself a ``ValueError``), raised as they are or
 subclassed by the implementation's own exceptions; a plain ``ValueError`` fails, the
 failure naming the class expected. Each shape's paragraph below says how it expresses
-the error cases (``properties.ERROR_CASES``) and which it cannot.
+the error cases (``error_cases.ERROR_CASES``) and which it cannot.
 
 ``gdpo`` (this project's API)::
 
@@ -35,7 +35,7 @@ the error cases (``properties.ERROR_CASES``) and which it cannot.
   out_dtype float64, several ranks) are skipped for it, with that reason.
   ``conformance.subject:impl_trl_shape`` wraps ``impl.gdpo`` in this shape.
 
-  Error contract (``properties.ERROR_CASES`` whose ``shapes`` name ``trl``): a
+  Error contract (``error_cases.ERROR_CASES`` whose ``shapes`` name ``trl``): a
   non-finite reward is that value in ``rewards``; ``group_size`` 1 is
   ``num_generations`` 1, N not a multiple of the group size a ``num_generations``
   that does not divide N; bad weights a ``reward_weights`` tensor holding them (all
@@ -69,7 +69,7 @@ the error cases (``properties.ERROR_CASES``) and which it cannot.
   lengths of the call (:meth:`Subject.token_counts`), so values are graded under that
   convention; the gdpo and trl shapes pass no token counts and skip such values.
 
-  Error contract (``properties.ERROR_CASES`` whose ``shapes`` name ``verl``): a
+  Error contract (``error_cases.ERROR_CASES`` whose ``shapes`` name ``verl``): a
   non-finite reward sits on one response token (the first or the last) of its
   sample; a group of one is a ``uid`` of one sample; ``group_size`` 1 is every sample
   its own ``uid``; labels of the wrong length an ``index`` of B - 1 or B + 1 labels;

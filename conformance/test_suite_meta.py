@@ -12,10 +12,12 @@ from hypothesis import given, settings, strategies as st
 
 from conformance import cases as K
 from conformance import properties as P
+from conformance import judge as J
+from conformance import checks as CK
 from conformance import runner as R
 from conformance import regressions
 from conformance import strategies as S
-from conformance.compare import judge
+from conformance.judge import distance
 from conformance.subject import Subject
 
 
@@ -79,8 +81,8 @@ def _assert_limit_reproduces(limit):
     Reproducing means: the oracle crashes, returns a NaN allowance, or (Eq. 7 underflow)
     demands a bound that the controls' correct float64 base does not meet."""
     case = regressions.load(limit.sample)
-    with pytest.raises(P.NotJudged, match=limit.name):
-        P.oracle_verdict(case, "spec")
+    with pytest.raises(J.NotJudged, match=limit.name):
+        J.oracle_verdict(case, "spec")
     try:
         res = K.expected(case).result
     except Exception:  # noqa: BLE001 - the crash is the limit
@@ -89,25 +91,25 @@ def _assert_limit_reproduces(limit):
         return
     out = Subject("conformance.controls:baseline")
     got = out.outcome(out.call, case)
-    verdict = judge(got.values, res.float64, res.allowed(case.out_dtype), res.cond, case.out_dtype)
+    verdict = distance(got.values, res.float64, res.allowed(case.out_dtype), res.cond, case.out_dtype)
     assert not verdict.ok, (f"oracle limit {limit.name!r} no longer reproduces on {limit.sample}: "
-                            "remove the entry from conformance/properties.py ORACLE_LIMITS")
+                            "remove the entry from conformance/judge.py ORACLE_LIMITS")
 
 
 def test_oracle_limits_still_reproduce_and_former_ones_are_judged():
     """Every entry of ORACLE_LIMITS still reproduces (none may go stale); every former limit's
     sample is judged again: no entry excuses it, the oracle gives finite allowances, and the
     controls' correct base conforms (with ORACLE_LIMITS empty, as now, this half is what runs)."""
-    for limit in P.ORACLE_LIMITS:
+    for limit in J.ORACLE_LIMITS:
         _assert_limit_reproduces(limit)
     base = Subject("conformance.controls:baseline")
     for name, text in FORMER_LIMITS.items():
         case = regressions.load(text)
-        exp = P.oracle_verdict(case, "spec")  # NotJudged or ConformanceFailure here: the limit is back
+        exp = J.oracle_verdict(case, "spec")  # NotJudged or ConformanceFailure here: the limit is back
         assert exp.error is None and exp.result is not None, f"former limit {name}: the oracle refuses {text}"
         allowed = exp.result.allowed(case.out_dtype)
         assert np.all(np.isfinite(allowed)) and np.all(allowed >= 0), (name, allowed.tolist())
-        P.check_values(base, case, f"former limit {name}")
+        CK.check_values(base, case, f"former limit {name}")
 
 
 def test_an_oracle_failure_matching_no_limit_is_a_failure_not_a_discard(monkeypatch):
@@ -120,33 +122,33 @@ def test_an_oracle_failure_matching_no_limit_is_a_failure_not_a_discard(monkeypa
         raise ZeroDivisionError("planted oracle crash")
 
     monkeypatch.setattr(P, "expected", crash)
-    with pytest.raises(P.ConformanceFailure, match="the oracle itself failed.*planted oracle crash"):
-        P.oracle_verdict(case, "spec")
+    with pytest.raises(J.ConformanceFailure, match="the oracle itself failed.*planted oracle crash"):
+        J.oracle_verdict(case, "spec")
 
     @settings(max_examples=3, database=None)
     @given(st.just(case))
     def inside_hypothesis(c):
-        P.oracle_verdict(c, "spec")
+        J.oracle_verdict(c, "spec")
 
-    with pytest.raises(P.ConformanceFailure, match="the oracle itself failed"):
+    with pytest.raises(J.ConformanceFailure, match="the oracle itself failed"):
         inside_hypothesis()
 
-    planted = P.OracleLimit("planted_limit", "a planted limit", lambda c, exc: isinstance(exc, ZeroDivisionError),
+    planted = J.OracleLimit("planted_limit", "a planted limit", lambda c, exc: isinstance(exc, ZeroDivisionError),
                             case.dumps())
     monkeypatch.setattr(P, "ORACLE_LIMITS", (planted,))
-    with pytest.raises(P.NotJudged, match="planted_limit"):
-        P.oracle_verdict(case, "spec")
+    with pytest.raises(J.NotJudged, match="planted_limit"):
+        J.oracle_verdict(case, "spec")
 
 
 def test_judge_demands_exact_zeros_and_rejects_nan():
     exact = np.array([0.0, 1.0, 0.5])
     allowed = np.array([0.0, 1e-7, 1e-7])
     cond = np.zeros(3)
-    assert judge(np.array([-0.0, 1.0, 0.5]), exact, allowed, cond, "float32").ok  # either sign of zero
-    assert not judge(np.array([1e-300, 1.0, 0.5]), exact, allowed, cond, "float32").ok
-    assert not judge(np.array([0.0, np.nan, 0.5]), exact, allowed, cond, "float32").ok
-    assert not judge(np.array([0.0, 1.0 + 2e-7, 0.5]), exact, allowed, cond, "float32").ok
-    v = judge(np.array([0.0, 1.0, 0.5 + 5e-8]), exact, allowed, cond, "float32")
+    assert distance(np.array([-0.0, 1.0, 0.5]), exact, allowed, cond, "float32").ok  # either sign of zero
+    assert not distance(np.array([1e-300, 1.0, 0.5]), exact, allowed, cond, "float32").ok
+    assert not distance(np.array([0.0, np.nan, 0.5]), exact, allowed, cond, "float32").ok
+    assert not distance(np.array([0.0, 1.0 + 2e-7, 0.5]), exact, allowed, cond, "float32").ok
+    v = distance(np.array([0.0, 1.0, 0.5 + 5e-8]), exact, allowed, cond, "float32")
     assert v.ok and 0.4 < v.ratio < 0.6
 
 
@@ -154,8 +156,8 @@ def test_failure_message_explains_itself():
     """A failure names the equation, convention, hex inputs, ulps, the bound and a repro line."""
     case = regressions.load(regressions.EXAMPLES["plain"][0])
     subject = Subject("conformance.controls:biased_std")
-    with pytest.raises(P.ConformanceFailure) as info:
-        P.check_values(subject, case)
+    with pytest.raises(J.ConformanceFailure) as info:
+        CK.check_values(subject, case)
     text = str(info.value)
     for needle in ("Eq. 4, 7, 6", "convention 'spec'", "0x1.0000000000000p+0", "ulp(float64)", "allowed",
                    "repro: python -m conformance.replay --impl conformance.controls:biased_std"):

@@ -1,9 +1,9 @@
 """What a failure means for the maintainer who reads it: its category, and its worst error.
 
-Every :class:`conformance.properties.ConformanceFailure` carries one category of
-:data:`CATEGORIES` (``failure.category``) and, where the failure is a distance from
-the exact value, the worst error in ulps of the dtype the implementation is judged
-at (``failure.worst_ulps``, ``failure.worst_dtype``). The summary table of a grading
+Every :class:`conformance.judge.ConformanceFailure` carries one :class:`Category`
+(``failure.category``) and, where the failure is a distance from the exact value, the
+worst error in ulps of the dtype the implementation is judged at (``failure.worst_ulps``,
+``failure.worst_dtype``). The summary table of a grading
 run (:mod:`conformance.plugins`), its JSON and the generated peers page
 (``spec/peers.md``) print them.
 
@@ -35,11 +35,40 @@ the text of the failure:
     under a peer's convention, an input its NaN or singleton policy computes gives
     another result than that policy's;
 ``formula``
-    graded against ``spec``, the output follows a different formula (which equation,
-    how: :func:`formula_differences`).
+    the output follows a different formula (which equation, how:
+    :mod:`conformance.formulas`);
+``protocol``
+    across several ranks: a rank that hangs, ranks that raise different errors or not
+    together, a refusal that does not name the offending rank, or twinned groups whose
+    advantages differ bit for bit.
 """
 
 from __future__ import annotations
+
+import enum
+
+
+class Category(enum.StrEnum):
+    """What a failure means; the judge (:mod:`conformance.judge`) sets exactly one per failure.
+    A member is its own value as a string (``Category.PRECISION == "precision"``), so JSON,
+    the summary table and the peers page carry the plain name."""
+
+    SILENT_ZERO = "silent_zero"
+    NON_FINITE = "non_finite"
+    PRECISION = "precision"
+    EXACT_ZERO = "exact_zero"
+    REFUSED = "refused"
+    ACCEPTED = "accepted"
+    WRONG_CLASS = "wrong_class"
+    CALL_SHAPE = "call_shape"
+    FORMULA = "formula"
+    POLICY = "policy"
+    PROTOCOL = "protocol"
+
+    @property
+    def words(self) -> str:
+        return CATEGORIES[self.value]
+
 
 CATEGORIES: dict[str, str] = {
     "silent_zero": "silent zero",
@@ -52,13 +81,15 @@ CATEGORIES: dict[str, str] = {
     "call_shape": "output breaks its call shape",
     "formula": "formula differs from the paper",
     "policy": "not the convention's own NaN or singleton policy",
+    "protocol": "breaks the protocol across ranks",
 }
+assert set(CATEGORIES) == {c.value for c in Category}
 
 
 #: The categories decided by the graded code's float arithmetic on a case (a last bit; an overflow
 #: of a sum whose order another CPU's SIMD width may choose): the only verdicts that may differ
 #: between two machines grading the same cases (``docs/grading.md``, "The same cases on any machine").
-ARITHMETIC = ("precision", "non_finite", "silent_zero", "exact_zero")
+ARITHMETIC = (Category.PRECISION, Category.NON_FINITE, Category.SILENT_ZERO, Category.EXACT_ZERO)
 
 
 def label(category: str | None) -> str:

@@ -149,7 +149,7 @@ def run_check(impl: str | None, convention: str | None, call_shape: str | None, 
     cmd = check_command(impl, convention, call_shape, select, single_process, json_path, details, self_tests, domain)
     env = {**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
     if strict_errors:
-        env["GDPO_STRICT_ERRORS"] = "1"  # conformance.properties.STRICT_ENV
+        env["GDPO_STRICT_ERRORS"] = "1"  # conformance.judge.STRICT_ENV
     if deep:
         env[profiles.ENV] = "deep"
     else:

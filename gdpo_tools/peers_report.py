@@ -329,6 +329,8 @@ def replay_problems(text: str, name: str) -> list[str]:
     import shlex
 
     from conformance import properties
+
+    from conformance import judge as J
     from conformance.cases import Case, DistCase
     from conformance.subject import Subject
 
@@ -348,7 +350,7 @@ def replay_problems(text: str, name: str) -> list[str]:
         prop = opts.get("--property", "values")
         try:
             properties.CHECKS[prop](subject, case, prop)
-        except properties.ConformanceFailure as exc:
+        except J.ConformanceFailure as exc:
             if (exc.category or "-") != cat:
                 problems.append(f"{name} {row}: replayed, it fails as {exc.category}, the page says {cat}")
             continue

@@ -108,7 +108,7 @@ for that algorithm at that precision, never this project's algorithm in float64:
   away would give exactly is that precision's answer (backward error). It matters
   where the problem's own condition is O(1) (a column a few ulps from constant, a
   small eps), where the first-order running bound says nothing; a demanded exact
-  zero stays demanded (``conformance.properties.native_allowed``).
+  zero stays demanded (``conformance.judge.native_allowed``).
 
 So a float32 code is judged in float32 ulps (about ten correctly rounded float32
 operations stand between a reward and an advantage), and an error that no

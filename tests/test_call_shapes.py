@@ -28,6 +28,9 @@ from hypothesis import given
 
 from conformance import subject as shapes
 from conformance import properties as P
+from conformance import judge as J
+from conformance import checks as CK
+from conformance import error_cases as EC
 from conformance import runner as R
 from conformance import regressions
 from conformance.cases import Case, expected
@@ -126,7 +129,7 @@ def mirror(monkeypatch):
 
 def _rejects(prop_name: str, subject: Subject) -> str:
     """Run a property without shrinking; the failure's text (the test fails if it passes)."""
-    with pytest.raises(P.ConformanceFailure) as info:
+    with pytest.raises(J.ConformanceFailure) as info:
         R.build_test(P.BY_NAME[prop_name], subject, config=R.control_settings())()
     return str(info.value)
 
@@ -134,9 +137,9 @@ def _rejects(prop_name: str, subject: Subject) -> str:
 def _error_contract(subject: Subject, names) -> None:
     """The error-contract cases ``names`` against ``subject`` (raises ConformanceFailure)."""
     @R.control_settings()
-    @given(cases=P.error_cases(subject.context(), subject.shape, names=set(names)))
+    @given(cases=EC.error_cases(subject.context(), subject.shape, names=set(names)))
     def run(cases):
-        P.check_error(subject, cases)
+        CK.check_error(subject, cases)
 
     run()
 
@@ -252,8 +255,8 @@ VERL_INEXPRESSIBLE = {"group_size_not_dividing", "float_labels", "both_group_arg
 
 
 def test_verl_error_cases_are_those_the_shape_expresses():
-    verl = {e.name for e in P.ERROR_CASES if "verl" in e.shapes}
-    assert verl == {e.name for e in P.ERROR_CASES} - VERL_INEXPRESSIBLE, sorted(verl)
+    verl = {e.name for e in EC.ERROR_CASES if "verl" in e.shapes}
+    assert verl == {e.name for e in EC.ERROR_CASES} - VERL_INEXPRESSIBLE, sorted(verl)
     assert {"nan_reward", "inf_reward", "group_of_one", "group_size_one", "weights_all_zero", "weight_nonfinite",
             "weights_length"} <= verl
 
@@ -262,18 +265,18 @@ def test_verl_error_cases_reach_the_call():
     """Each error case's breakage arrives in the verl arguments (not dropped by the mapping)."""
     s = Subject(ADAPTER, "verl", "spec")
     base = Case(rewards=((1.0, 0.5), (0.0, 0.25), (1.0, 0.0), (0.0, 1.0)), group_size=2)
-    nan = s.verl_arguments(P._set(base, 1, 0, float("nan")))  # sample 1 (2 tokens), column 0: on its first token
+    nan = s.verl_arguments(EC._set(base, 1, 0, float("nan")))  # sample 1 (2 tokens), column 0: on its first token
     assert torch.isnan(nan["token_level_rewards"]["reward_0"][1, 0]) and \
         nan["response_mask"][1, 0] == 1, nan["token_level_rewards"]["reward_0"]
     assert torch.isnan((nan["token_level_rewards"]["reward_0"] * nan["response_mask"]).sum(1)).tolist() == \
         [False, True, False, False]
-    inf = s.verl_arguments(P._set(base, 0, 0, float("-inf")))  # sample 0 (3 tokens): on its last token
+    inf = s.verl_arguments(EC._set(base, 0, 0, float("-inf")))  # sample 0 (3 tokens): on its last token
     assert inf["token_level_rewards"]["reward_0"][0].tolist()[:3] == [0.0, 0.0, float("-inf")]
     singleton = Case(rewards=base.rewards + ((1.0, 1.0),), group_ids=(0, 0, 1, 1, 2))  # group_of_one
     assert list(s.verl_arguments(singleton)["index"]) == ["uid0", "uid0", "uid1", "uid1", "uid2"]
     assert s.verl_arguments(dataclasses.replace(base, group_size=1))["index"].tolist() == ["uid0", "uid1", "uid2",
                                                                                            "uid3"]
-    assert len(s.verl_arguments(dataclasses.replace(P._labels(base), group_ids=(0, 0, 1)))["index"]) == 3
+    assert len(s.verl_arguments(dataclasses.replace(EC._labels(base), group_ids=(0, 0, 1)))["index"]) == 3
     assert s.verl_arguments(dataclasses.replace(base, weights=(0.0, -0.0)))["weights"] == \
         {"reward_0": 0.0, "reward_1": -0.0}
     ints = s.verl_arguments(dataclasses.replace(base, rewards=((1.0, 0.0), (0.0, 2.0), (1.0, 0.0), (0.0, 1.0)),
@@ -302,11 +305,11 @@ def test_verl_nan_zeroing_is_rejected(wrong):
     """A verl-shaped implementation that trains on a made-up 0 for a NaN reward fails the
     contract on that case, and only there."""
     subject = wrong("nan_to_zero")
-    with pytest.raises(P.ConformanceFailure) as info:
+    with pytest.raises(J.ConformanceFailure) as info:
         _error_contract(subject, {"nan_reward"})
     text = str(info.value)
     assert "error contract (nan_reward)" in text and "returned a result" in text and "NonFiniteError" in text, text
-    others = {e.name for e in P.ERROR_CASES if "verl" in e.shapes} - {"nan_reward"}
+    others = {e.name for e in EC.ERROR_CASES if "verl" in e.shapes} - {"nan_reward"}
     _error_contract(subject, others)  # the flaw is the NaN, nothing else
 
 
@@ -314,14 +317,14 @@ def test_verl_error_cases_are_refused_by_the_adapters_classes():
     """The refusal the suite sees for each verl case is the class the contract names."""
     s = Subject(ADAPTER, "verl", "spec")
     base = Case(rewards=((1.0, 0.5), (0.0, 0.25), (1.0, 0.0), (0.0, 1.0)), group_size=2)
-    cases = {"nan_reward": (P._set(base, 2, 1, float("nan")), NonFiniteError),
-             "labels_length": (dataclasses.replace(P._labels(base), group_ids=(0, 0, 1, 1, 1)), ShapeError),
+    cases = {"nan_reward": (EC._set(base, 2, 1, float("nan")), NonFiniteError),
+             "labels_length": (dataclasses.replace(EC._labels(base), group_ids=(0, 0, 1, 1, 1)), ShapeError),
              "empty_batch": (dataclasses.replace(base, variant="empty"), ShapeError),
              "rewards_3d": (dataclasses.replace(base, variant="rewards_3d"), ShapeError)}
     for name, (case, cls) in cases.items():
         out = s.outcome(s.call, case)
         assert out.is_error(cls) and out.message, (name, out.describe())
-        assert any(issubclass(cls, c) for c in P.ERROR_BY_NAME[name].expect), (name, cls)
+        assert any(issubclass(cls, c) for c in EC.ERROR_BY_NAME[name].expect), (name, cls)
 
 
 # ------------------------------------------------------------ per-token convention (verl) through the verl shape
@@ -487,12 +490,12 @@ def test_verl_oracle_bounds_units_in_subnormal_frames(mirror, case):
         base = _verl_scaled(sample, 0)
         assert np.all(res.delta >= np.ldexp(base.delta, -1074))  # τ only adds to the scaled bound
     tc = shapes.verl_lengths(case.n)
-    res = P.oracle_verdict(case, "verl", tc).result
+    res = J.oracle_verdict(case, "verl", tc).result
     for stage in (res, res.combined):
         live = ~stage.required_zero
         assert np.all(np.isfinite(stage.delta)) and np.all(stage.delta[live] > 0.0), stage.delta
         assert np.all(np.isfinite(stage.allowed("float32"))), stage.allowed("float32")
-    P.check_values(mirror(), case)
+    CK.check_values(mirror(), case)
 
 
 @pytest.mark.parametrize("convention", ["verl", "spec"])

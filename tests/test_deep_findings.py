@@ -13,7 +13,7 @@ import pytest
 
 from conformance import regressions
 from conformance.subject import Subject
-from conformance import properties as P
+from conformance import checks as CK
 from oracle import gdpo
 from spec import error_model as em
 
@@ -64,7 +64,7 @@ def test_framed_combine_keeps_every_row_whatever_the_weights():
 
 def test_pinned_case_conforms():
     case = regressions.load(regressions.EXAMPLES["testfloat"][0])
-    P.check_values(Subject("impl.gdpo:gdpo_advantages", "gdpo", "spec"), case)
+    CK.check_values(Subject("impl.gdpo:gdpo_advantages", "gdpo", "spec"), case)
 
 
 def test_unit_frame_keeps_a_huge_delta_beside_tiny_values_finite():
@@ -90,7 +90,7 @@ def test_impl_tiny_weight_beside_a_huge_one_on_a_collapsed_column():
     naive = ((c - c.mean()) / (c.std() + 1e-4)).numpy()
     res = gdpo.advantages(case.rewards_array(), case.labels(), weights=list(case.weights))
     assert np.all(np.abs(naive - res.float64) <= res.allowed("float64"))
-    P.check_values(Subject("impl.gdpo:gdpo_advantages", "gdpo", "spec"), case)
+    CK.check_values(Subject("impl.gdpo:gdpo_advantages", "gdpo", "spec"), case)
 
 
 @pytest.mark.parametrize("w1", [2.0 ** 126, 1.0])
@@ -114,7 +114,7 @@ def test_four_column_cancellation_is_not_structural():
     """c = z(1) + z(3) - z(3) - z(1) = 0 exactly: four contributing columns, so spec section 7 holds
     the zero to the error bound (required_zero False), and impl.gdpo's +-2^-53 is within it."""
     from conformance.cases import expected
-    from conformance.compare import judge
+    from conformance.judge import distance
 
     case = _four_column_cancellation()
     res = expected(case).result
@@ -122,13 +122,13 @@ def test_four_column_cancellation_is_not_structural():
     assert res.group_cancelled.all() and not st.required_zero.any()
     subject = Subject("impl.gdpo:gdpo_advantages", "gdpo", "spec")
     out = subject.outcome(subject.call_normalize, case)
-    assert judge(out.values, st.float64, st.allowed("float64"), st.cond, "float64", must_be_zero=st.required_zero).ok
+    assert distance(out.values, st.float64, st.allowed("float64"), st.cond, "float64", must_be_zero=st.required_zero).ok
 
 
 def test_normalize_judge_demands_only_structural_zeros():
     """check_normalize demanded an exact zero for every exactly cancelling group (deep profile,
     stage_normalize; the judge fixed in 0de4a4f)."""
-    P.check_normalize(Subject("impl.gdpo:gdpo_advantages", "gdpo", "spec"), _four_column_cancellation())
+    CK.check_normalize(Subject("impl.gdpo:gdpo_advantages", "gdpo", "spec"), _four_column_cancellation())
 
 
 def test_normalize_judge_permits_a_refusal_on_the_overflow_boundary():
@@ -145,5 +145,5 @@ def test_normalize_judge_permits_a_refusal_on_the_overflow_boundary():
     subject = Subject("impl.gdpo:gdpo_advantages", "gdpo", "spec")
     out = subject.outcome(subject.call_normalize, case)
     assert out.error_type == "OutOfRangeError", out.describe()
-    P.check_normalize(subject, case)
-    P.check_values(subject, case)  # gdpo_advantages scales the weights: computed, and within the model
+    CK.check_normalize(subject, case)
+    CK.check_values(subject, case)  # gdpo_advantages scales the weights: computed, and within the model

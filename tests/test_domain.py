@@ -15,6 +15,7 @@ import pytest
 
 from conformance import profiles
 from conformance import properties as P
+from conformance import judge as J
 from conformance import runner as R
 from conformance.subject import Subject, parse_domain
 
@@ -26,7 +27,7 @@ def _grade(subject: Subject, name: str = "plain", n: int = profiles.GRADE_MAX_EX
     cases = R.planned_cases(prop, subject, n)
     try:
         R.grade_cases(name, subject, cases, lambda c: prop.check(subject, c, name))
-    except P.ConformanceFailure as e:
+    except J.ConformanceFailure as e:
         return cases, e
     return cases, None
 

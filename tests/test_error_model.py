@@ -13,7 +13,7 @@ import warnings
 import numpy as np
 import pytest
 
-from conformance.compare import judge
+from conformance.judge import distance
 from oracle import gdpo
 from spec import error_model as em
 
@@ -96,9 +96,9 @@ def test_eps_zero_noise_unit_bound_is_the_normalisations_own():
     assert np.all(allowed >= 5 / math.sqrt(6))  # Samuelson: what noise whitening can really reach
     # the bound judges: an output beyond it, or NaN, is rejected; the largest reachable one is not
     cond = res.cond
-    assert judge(np.full(6, 5 / math.sqrt(6)), res.float64, allowed, cond, "float64").ok
-    assert not judge(np.full(6, 2.3), res.float64, allowed, cond, "float64").ok
-    assert not judge(np.full(6, np.nan), res.float64, allowed, cond, "float64").ok
+    assert distance(np.full(6, 5 / math.sqrt(6)), res.float64, allowed, cond, "float64").ok
+    assert not distance(np.full(6, 2.3), res.float64, allowed, cond, "float64").ok
+    assert not distance(np.full(6, np.nan), res.float64, allowed, cond, "float64").ok
     # with a positive eps the first-order bound is below the cap (the cap only binds at eps -> 0)
     pos = gdpo.advantages(NOISE_R, NOISE_G, weights=NOISE_W, eps=1e-4)
     assert np.all(pos.allowed("float64") < allowed)

@@ -15,6 +15,7 @@ import pytest
 from conformance import findings as F
 from conformance import profiles
 from conformance import properties as P
+from conformance import judge as J
 from conformance import runner as R
 from conformance.cases import Case
 from conformance.subject import Subject
@@ -29,7 +30,7 @@ def _findings(fn: str) -> list[dict]:
         cases = R.planned_cases(P.BY_NAME[name], subject, profiles.GRADE_MAX_EXAMPLES)
         try:
             R.grade_cases(name, subject, cases, lambda c, n=name: P.BY_NAME[n].check(subject, c, n))
-        except P.ConformanceFailure:
+        except J.ConformanceFailure:
             pass
         records += R.RUNS.pop((name, "cpu"))["findings"]
     return F.group(records)
@@ -66,7 +67,7 @@ def test_the_regime_of_a_case():
     def fails_beyond(limit):
         def check(case):
             if max(abs(v) for r in case.rewards for v in r) >= limit:
-                e = P.ConformanceFailure("x")
+                e = J.ConformanceFailure("x")
                 e.category = "silent_zero"
                 raise e
         return check

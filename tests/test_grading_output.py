@@ -14,7 +14,7 @@ import pytest
 from hypothesis.errors import FlakyFailure
 
 from conformance import plugins
-from conformance.properties import ConformanceFailure
+from conformance.judge import ConformanceFailure
 from gdpo_tools import cli
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -11,13 +11,15 @@ hypothesis's own search (the ``ci`` profile): there the cases checked follow the
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from conformance import controls as C
 from conformance import profiles
 from conformance import properties as P
 from conformance import runner as R
-from conformance.properties import ConformanceFailure
+from conformance.judge import ConformanceFailure
 from conformance.subject import Subject
 
 PROPS = ("plain", "range", "errors")
@@ -109,7 +111,7 @@ def test_hypothesis_search_follows_the_outcomes():
             seen.append(R.case_text(case))
             return real(s, case, name)
 
-        probe = P.dataclasses.replace(prop, check=check)
+        probe = dataclasses.replace(prop, check=check)
         try:
             R.build_test(probe, subject, R.control_settings())()
         except Exception:  # noqa: BLE001 - the failing one fails

@@ -14,9 +14,13 @@ import pytest
 from hypothesis import seed
 
 from conformance import properties as P
+
+from conformance import judge as J
+
+from conformance import checks as CK
 from conformance import runner as R
 from conformance import report
-from conformance.compare import judge
+from conformance.judge import distance
 from conformance.subject import Subject
 from spec.conventions import CONVENTIONS, differences
 
@@ -31,7 +35,7 @@ def _grade(prop: str, target: str, shape: str = "gdpo", convention: str = "spec"
     try:
         with R.no_local_constants():  # generation independent of which modules are loaded
             test()
-    except P.ConformanceFailure as e:
+    except J.ConformanceFailure as e:
         return e
     return None
 
@@ -46,7 +50,7 @@ def test_a_correct_float32_code_passes_at_float32():
 
     subject = Subject("_native_impls:trl_float32", "trl", "trl")
     binary = Case(rewards=((0.0,), (1.0,), (0.0,), (1.0,)), group_size=2, dtype="float32", out_dtype="float32")
-    P.check_values(subject, binary, "plain")  # raises ConformanceFailure if it fails
+    CK.check_values(subject, binary, "plain")  # raises ConformanceFailure if it fails
     e = _grade("plain", "_native_impls:trl_float32", "trl", "trl")
     assert e is not None and e.category == "non_finite", e
 
@@ -73,11 +77,11 @@ def test_graded_against_spec_a_peer_formula_is_named_a_formula_difference():
 
 
 def test_a_clear_refusal_of_another_class_passes_and_is_noted_unless_strict(monkeypatch):
-    P.NOTES.clear()
-    monkeypatch.delenv(P.STRICT_ENV, raising=False)
+    J.NOTES.clear()
+    monkeypatch.delenv(J.STRICT_ENV, raising=False)
     assert _grade("errors", "_native_impls:plain_value_errors") is None
-    assert any(cls == "ValueError" for _, cls in P.NOTES.get("errors", ())), P.NOTES
-    monkeypatch.setenv(P.STRICT_ENV, "1")
+    assert any(cls == "ValueError" for _, cls in J.NOTES.get("errors", ())), J.NOTES
+    monkeypatch.setenv(J.STRICT_ENV, "1")
     e = _grade("errors", "_native_impls:plain_value_errors")
     assert e is not None and e.category == "wrong_class" and "raised ValueError" in str(e), e
 
@@ -92,17 +96,17 @@ def test_categories_of_the_judge():
     one = np.ones(2)
     cond = np.ones(2)
     exact = np.array([1.0, -1.0])
-    zero = judge(np.zeros(2), exact, one * 1e-7, cond, "float32", native_dtype="float32")
+    zero = distance(np.zeros(2), exact, one * 1e-7, cond, "float32", native_dtype="float32")
     assert zero.category == "silent_zero"
-    nan = judge(np.array([math.nan, -1.0]), exact, one * 1e-7, cond, "float32", native_dtype="float32")
+    nan = distance(np.array([math.nan, -1.0]), exact, one * 1e-7, cond, "float32", native_dtype="float32")
     assert nan.category == "non_finite" and nan.worst_ulps == math.inf
-    off = judge(np.array([1.0 + 2 ** -20, -1.0]), exact, one * 1e-7, cond, "float32", native_dtype="float32")
+    off = distance(np.array([1.0 + 2 ** -20, -1.0]), exact, one * 1e-7, cond, "float32", native_dtype="float32")
     assert off.category == "precision" and off.worst_ulps == pytest.approx(8.0)  # 2^-20 / ulp32(1) = 2^-20 / 2^-23
-    demanded = judge(np.array([1e-30, 0.0]), np.zeros(2), np.zeros(2), cond, "float32")
+    demanded = distance(np.array([1e-30, 0.0]), np.zeros(2), np.zeros(2), cond, "float32")
     assert demanded.category == "exact_zero"
     # a float32 code returning float64 is measured in float32 ulps, a float64 code's float32 output in float32's
-    assert judge(exact, exact, one, cond, "float64", native_dtype="float32").judged_dtype == "float32"
-    assert judge(exact, exact, one, cond, "float32", native_dtype="float64").judged_dtype == "float32"
+    assert distance(exact, exact, one, cond, "float64", native_dtype="float32").judged_dtype == "float32"
+    assert distance(exact, exact, one, cond, "float32", native_dtype="float64").judged_dtype == "float32"
 
 
 def test_the_error_model_of_a_peer_is_its_own_algorithm_at_its_own_precision():
@@ -137,10 +141,10 @@ def test_a_column_zeroed_by_float32_overflow_is_a_silent_zero_with_its_explanati
 
     subject = Subject("_native_impls:trl_squares_overflow", "trl", "trl")
     case = Case(rewards=((1e20,), (0.0,), (0.0,), (1.0,)), group_size=2, dtype="float32", out_dtype="float32")
-    with pytest.raises(P.ConformanceFailure) as info:
-        P.check_values(subject, case, "range")
+    with pytest.raises(J.ConformanceFailure) as info:
+        CK.check_values(subject, case, "range")
     e = info.value
     assert e.category == "silent_zero", e
     assert "group 0 column 0 set to 0" in str(e) and "overflow float32" in str(e), e
     # the same code on rewards that fit: within float32's precision
-    P.check_values(subject, Case(rewards=((3.0,), (0.0,), (0.0,), (1.0,)), group_size=2), "plain")
+    CK.check_values(subject, Case(rewards=((3.0,), (0.0,), (0.0,), (1.0,)), group_size=2), "plain")

@@ -13,7 +13,7 @@ from hypothesis import given, strategies as st
 from conformance import strategies as S
 from conformance.cases import Case, expected
 from conformance.controls import Flaws, _round
-from conformance.properties import cast_overflow
+from conformance.judge import cast_overflow
 from oracle import exact as ex
 from oracle import gdpo
 from spec import error_model as em
