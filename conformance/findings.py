@@ -144,9 +144,15 @@ def size(case) -> tuple:
 
 
 def record(prop: str, category, case, check, repro: str | None = None) -> dict:
-    """One property's failure of one category, as the plugin carries it (JSON-able)."""
+    """One property's failure of one category, as the plugin carries it (JSON-able). ``repro``:
+    the replay line of ``case``; where the example shown is another case (scaled down to the
+    threshold), the line replays that example instead."""
     reg, threshold, example = probe(check, case, category)
-    return {"category": category, "regime": reg, "threshold": threshold, "property": prop,
+    if repro and example is not case and " --case " in repro:
+        import shlex
+
+        repro = repro.rsplit(" --case ", 1)[0] + " --case " + shlex.quote(example.dumps())
+    return {"category": str(category), "regime": reg, "threshold": threshold, "property": prop,
             "example": describe(example), "size": list(size(example)), "repro": repro}
 
 

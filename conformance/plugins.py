@@ -409,26 +409,78 @@ def verdict_cell(row: dict, width: int = 60) -> str:
     return row["verdict"]
 
 
-def table_rows(rows: list[dict]) -> list[tuple[str, str, str, str]]:
-    """(property, verdict, category, worst error) per row; consecutive rows of one test function
-    that passed, or were skipped for one reason, are merged (``errors:* (22)``) so that the table
-    stays one screen (a failed row is always its own)."""
-    out, i = [], 0
-    while i < len(rows):
-        r = rows[i]
-        j = i + 1
+def _merge_key(r: dict) -> tuple:
+    """What makes two passed or skipped rows one: the verdict, the test function, whether it calls
+    the implementation, and (skipped) the reason without the row's own name at its end (``call
+    shape 'trl' cannot express integer_rewards`` and ``... bool_rewards`` are one reason)."""
+    reason = " ".join((r["skip_reason"] or "").split())
+    own = r["name"].split(":", 1)[1] if ":" in r["name"] else r["name"]
+    if reason.endswith(" " + own):
+        reason = reason[:-len(own)] + "these"
+    return r["verdict"], r["nodeid"].split("[")[0], r["calls_impl"], reason
+
+
+def table_rows(rows: list[dict], list_names: bool = False) -> list[tuple[str, str, str, str]]:
+    """(property, verdict, category, worst error) per row of the table (:func:`table_groups`)."""
+    return [cells for cells, _ in table_groups(rows, list_names)]
+
+
+def table_groups(rows: list[dict], list_names: bool = False) -> list[tuple[tuple, list[dict]]]:
+    """The table's rows, each ((property, verdict, category, worst error), the grading rows it
+    stands for). The rows of one test function that passed, or were skipped for one reason
+    (``call shape 'trl' cannot express these``), are merged wherever they stand, at the place of
+    the first (``errors:* (22)``), so that the table stays one screen; a failed row is always its
+    own. ``list_names``: a merged row that is not every row of its prefix names its members
+    (``errors: a, b, c``) instead of counting them (the peers page, which has the width)."""
+    groups: dict = {}
+    for r in rows:
         if r["verdict"] in ("skipped", "passed"):
-            func = r["nodeid"].split("[")[0]
-            while (j < len(rows) and rows[j]["verdict"] == r["verdict"] and rows[j]["nodeid"].split("[")[0] == func
-                   and rows[j]["skip_reason"] == r["skip_reason"] and rows[j]["calls_impl"] == r["calls_impl"]):
-                j += 1
-        name = r["name"]
-        if j > i + 1:
-            prefix = r["name"].split(":")[0] + ":" if ":" in r["name"] else ""
-            name = f"{prefix}* ({j - i})" if prefix else ", ".join(x["name"] for x in rows[i:j])
-        out.append((name, verdict_cell(r), r["category"] or "-", format_ulps(r["worst_ulps"], r["worst_dtype"])))
-        i = j
+            groups.setdefault(_merge_key(r), []).append(r)
+    prefixes: dict = {}
+    for r in rows:
+        if ":" in r["name"]:
+            prefixes[r["name"].split(":")[0]] = prefixes.get(r["name"].split(":")[0], 0) + 1
+    done: set = set()
+    out = []
+
+    def name_of(group: list[dict]) -> str:
+        if len(group) == 1:
+            return group[0]["name"]
+        first = group[0]["name"]
+        if ":" not in first:
+            return ", ".join(x["name"] for x in group)
+        prefix = first.split(":")[0]
+        if list_names and len(group) < prefixes[prefix]:
+            return prefix + ": " + ", ".join(x["name"].split(":", 1)[1] for x in group)
+        return f"{prefix}:* ({len(group)})"
+
+    for r in rows:
+        if r["verdict"] not in ("skipped", "passed"):
+            out.append(((r["name"], verdict_cell(r), r["category"] or "-",
+                         format_ulps(r["worst_ulps"], r["worst_dtype"])), [r]))
+            continue
+        key = _merge_key(r)
+        if key in done:
+            continue
+        done.add(key)
+        group = groups[key]
+        if r["verdict"] == "skipped" and len(group) > 1:
+            cell = "skipped: " + (key[3] if len(key[3]) <= 60 else key[3][:57] + "...")
+        else:
+            cell = verdict_cell(r)
+        out.append(((name_of(group), cell, "-", "-"), group))
     return out
+
+
+def members(cell: str) -> list[str]:
+    """The row names a merged property cell stands for (``errors: a, b`` -> ``errors:a``, ``errors:b``;
+    ``offsets, cancellation``; a single name); a counted cell (``cuda:* (14)``) names none."""
+    if re.search(r":\* \(\d+\)$", cell):
+        return []
+    if ": " in cell:
+        prefix, names = cell.split(": ", 1)
+        return [f"{prefix}:{n}" for n in names.split(", ")]
+    return cell.split(", ")
 
 
 def render_table(rows: list[dict]) -> list[str]:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import glob
+import hashlib
 import importlib.util
 import json
 import os
@@ -119,19 +120,38 @@ def load(paths) -> dict:
 # ------------------------------------------------------------------------------ the page
 
 
+def _graded_rows(data: dict) -> list[dict]:
+    """A grading's rows that called the peer (the suite's own checks never do)."""
+    return [r for r in data["properties"] if r.get("calls_impl", True)]
+
+
 def rows_of(data: dict) -> list[tuple[str, str, str, str]]:
-    """The table of one grading: (property, verdict, category, worst error), the suite's own
-    checks (which never call the peer) left out."""
+    """The table of one grading: (property, verdict, category, worst error), rows of one verdict
+    merged as ``conformance.plugins.table_groups`` merges them, their members named."""
     from conformance.plugins import table_rows
 
-    return table_rows([r for r in data["properties"] if r.get("calls_impl", True)])
+    return table_rows(_graded_rows(data), list_names=True)
+
+
+def combined_digest(digests: list[str]) -> str:
+    """One digest for a merged row's members' digests (the members' own, in order; one member:
+    its digest)."""
+    if len(digests) == 1:
+        return digests[0]
+    return hashlib.sha256(" ".join(digests).encode()).hexdigest()[:16]
 
 
 def digests_of(data: dict) -> dict:
-    """{property: (number of cases checked, their digest)} of a grading whose cases were drawn
-    first (``conformance/runner.py``): the same on any machine, whatever the peer returns."""
-    return {r["name"]: (r["cases"], r["cases_digest"]) for r in data["properties"]
-            if r.get("cases_digest") and r.get("calls_impl", True)}
+    """{table row: (number of cases checked, their digest)} of a grading whose cases were drawn
+    first (``conformance/runner.py``): the same on any machine, whatever the peer returns. A merged
+    row has its members' total and :func:`combined_digest` where every member has one."""
+    from conformance.plugins import table_groups
+
+    out = {}
+    for cells, group in table_groups(_graded_rows(data), list_names=True):
+        if group and all(r.get("cases_digest") for r in group):
+            out[cells[0]] = (sum(r["cases"] for r in group), combined_digest([r["cases_digest"] for r in group]))
+    return out
 
 
 def _md(cell: str) -> str:
@@ -174,22 +194,19 @@ def _section(conv, data: dict | None) -> list[str]:
     if found:
         from conformance.findings import cause
 
-        out += ["", f"Findings (one per cause: category and where it shows, the properties, the smallest example):", ""]
-        out += [f"{i}. **{f['category']}**: {cause(f)} ({', '.join(f'`{p}`' for p in f['properties'])}): "
-                f"{f['example']}" for i, f in enumerate(found, 1)]
+        out += ["", "Findings (one per cause: the category, where it shows, the properties it failed, the "
+                "smallest example, and the line that replays it with the judge's full report):", ""]
+        for i, f in enumerate(found, 1):
+            out.append(f"{i}. **{f['category']}**: {cause(f)} ({', '.join(f'`{p}`' for p in f['properties'])}): "
+                       f"{f['example']}")
+            if f.get("repro"):
+                out += ["", "   ```", f"   {f['repro']}", "   ```"]
+            out.append("")
+    errored = [r for r in _graded_rows(data) if r["verdict"] == "error"]
+    for r in errored:  # a crash, not a verdict: its first line, and its repro where it has one
+        out.append(f"- `{r['name']}` errored: {_short(r['headline'] or '')}")
     out += ["", f"<!-- table:{name} -->", render_table(rows_of(data), digests_of(data)).rstrip("\n"),
             f"<!-- /table:{name} -->", ""]
-    failed = [r for r in data["properties"] if r["verdict"] in ("failed", "error") and r.get("calls_impl", True)]
-    if failed:
-        out += ["One replayable example per failed property (the case the grading reported; the command "
-                "prints the judge's full report):", ""]
-        for r in failed:
-            out.append(f"- `{r['name']}`: {_short(r['headline'] or '')}")
-            if r.get("note"):
-                out.append(f"  ({r['note']})")
-            if r.get("repro"):
-                out += ["", "  ```", f"  {r['repro']}", "  ```"]
-            out.append("")
     return out
 
 
@@ -272,15 +289,18 @@ def parse(text: str) -> dict:
                         digests[rows[-1][0]] = (int(d.group(1)), d.group(2))
         out[m.group(3)] = {"package": pkg.group(1) if pkg else None, "version": pkg.group(2) if pkg else None,
                            "heading": (m.group(1), m.group(2)), "entry_point": entry.group(1) if entry else None,
-                           "rows": rows, "digests": digests, "repros": _repros(block)}
+                           "rows": rows, "digests": digests, "findings": _findings(block)}
     return out
 
 
-def _repros(block: str) -> dict:
-    """{property: its replay command} of a peer's section."""
-    out = {}
-    for m in re.finditer(r"^- `([^`]+)`: (?:(?!\n- `).)*?```\n\s*(python -m conformance\.replay [^\n]+)\n", block, re.M | re.S):
-        out[m.group(1)] = m.group(2).strip()
+def _findings(block: str) -> list[dict]:
+    """[{"category", "properties", "repro"}] of a peer's section, in order."""
+    out = []
+    for m in re.finditer(r"^\d+\. \*\*(\w+)\*\*: (.*?)(?=^\d+\. \*\*|^<!-- table:|\Z)", block, re.M | re.S):
+        head = m.group(2).split("\n", 1)[0]
+        props = re.findall(r"`([^`]+)`", head.split("): ", 1)[0]) if "): " in head else []
+        repro = re.search(r"^\s*(python -m conformance\.replay [^\n]+)$", m.group(2), re.M)
+        out.append({"category": m.group(1), "properties": props, "repro": repro.group(1).strip() if repro else None})
     return out
 
 
@@ -307,40 +327,51 @@ def preset_problems(text: str) -> list[str]:
 
 
 def digest_problems(text: str, name: str) -> list[str]:
-    """Where the cases the page says a property of peer ``name`` checked are not those drawn now
-    (the same on any machine, whatever the peer returns: its package is not needed)."""
-    from conformance import profiles, runner
+    """Where the cases the page says a row of peer ``name`` checked are not those drawn now (the
+    same on any machine, whatever the peer returns: its package is not needed)."""
+    from conformance import plugins, profiles, runner
     from conformance.subject import Subject
 
     page = parse(text).get(name) or {}
     subject = Subject(adapter(name), CALL_SHAPES[name], name)
     problems = []
     for row, (n, d) in page.get("digests", {}).items():
-        cases = runner.row_cases(row, subject, profiles.GRADE_MAX_EXAMPLES)
-        if (len(cases), runner.digest(cases)) != (n, d):
-            problems.append(f"{name} {row}: the page checked {n} cases `{d}`, drawn now: {len(cases)} "
-                            f"`{runner.digest(cases)}`")
+        drawn = [runner.row_cases(m, subject, profiles.GRADE_MAX_EXAMPLES) for m in plugins.members(row)]
+        now = (sum(len(c) for c in drawn), combined_digest([runner.digest(c) for c in drawn]))
+        if now != (n, d):
+            problems.append(f"{name} {row}: the page checked {n} cases `{d}`, drawn now: {now[0]} `{now[1]}`")
+    return problems
+
+
+def finding_problems(text: str, name: str) -> list[str]:
+    """Where the findings of peer ``name`` on the page do not account for its table: a failed row
+    that no finding lists, a finding without a replay line (needs no package)."""
+    page = parse(text).get(name) or {}
+    found = page.get("findings") or []
+    listed = {p for f in found for p in f["properties"]}
+    problems = [f"{name} {row}: failed on the page, and no finding lists it"
+                for row, verdict, _ in page.get("rows") or () if verdict == "failed" and row not in listed]
+    problems += [f"{name} finding {i} ({f['category']}): no replay line" for i, f in enumerate(found, 1)
+                 if not f["repro"]]
     return problems
 
 
 def replay_problems(text: str, name: str) -> list[str]:
-    """Where a failure on the page of peer ``name`` no longer fails, replayed from its repro line, in
-    the category the page gives (the peer must be installed)."""
+    """Where a finding on the page of peer ``name`` no longer fails, replayed from its repro line, in
+    the finding's category (the peer must be installed)."""
     import shlex
 
-    from conformance import properties
-
     from conformance import judge as J
+    from conformance import properties
     from conformance.cases import Case, DistCase
     from conformance.subject import Subject
 
     page = parse(text).get(name) or {}
     problems = []
-    categories = {row: cat for row, verdict, cat in page.get("rows") or () if verdict == "failed"}
-    for row, cat in categories.items():
-        line = page.get("repros", {}).get(row)
+    for i, f in enumerate(page.get("findings") or (), 1):
+        line, cat = f["repro"], f["category"]
         if line is None:
-            problems.append(f"{name} {row}: failed on the page, with no replay line")
+            problems.append(f"{name} finding {i} ({cat}): no replay line")
             continue
         argv = shlex.split(line)[3:]
         opts = dict(zip(argv[::2], argv[1::2]))
@@ -352,9 +383,10 @@ def replay_problems(text: str, name: str) -> list[str]:
             properties.CHECKS[prop](subject, case, prop)
         except J.ConformanceFailure as exc:
             if (exc.category or "-") != cat:
-                problems.append(f"{name} {row}: replayed, it fails as {exc.category}, the page says {cat}")
+                problems.append(f"{name} finding {i} ({prop}): replayed, it fails as {exc.category}, the page "
+                                f"says {cat}")
             continue
-        problems.append(f"{name} {row}: failed on the page ({cat}); its replay line now passes")
+        problems.append(f"{name} finding {i} ({prop}): fails on the page ({cat}); its replay line now passes")
     return problems
 
 
@@ -445,6 +477,8 @@ def main(argv=None, prog: str = COMMAND) -> int:
         for name, data in results.items():
             found, arithmetic = live_problems(text, name, data)
             problems += found + replay_problems(text, name)
+        for conv in peers():
+            problems += finding_problems(text, conv.name)
             for a in arithmetic:
                 print(f"note: {a}")
         for p in problems:

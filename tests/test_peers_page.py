@@ -44,7 +44,7 @@ def test_a_peer_graded_live_has_the_committed_table(live):
                           + "\n  ".join(problems))
     for note in arithmetic:  # the same cases, another machine's float arithmetic: said, not failed
         warnings.warn(note)
-    assert live["seconds"] <= 60, f"grading {LIVE} took {live['seconds']} s in pytest (the budget is 60 s)"
+    # how long it took is a benchmark figure (python -m benchmarks.grading --peers), never a test
 
 
 @pytest.mark.parametrize("name", [c.name for c in R.peers()])
@@ -62,15 +62,10 @@ def test_every_failure_on_the_page_replays_in_its_category():
     assert not problems, "spec/peers.md is stale (regenerate: gdpo peers):\n  " + "\n  ".join(problems)
 
 
-def test_a_failed_property_on_the_page_has_its_replay_line():
-    page = R.parse(TEXT)
-    for name, peer in page.items():
-        for prop, verdict, _ in peer["rows"] or ():
-            if verdict == "failed":
-                section = TEXT.split(f"(`{name}`)", 1)[1].split("\n## ", 1)[0]
-                assert f"- `{prop}`: " in section, (name, prop)
-                after = section.split(f"- `{prop}`: ", 1)[1]
-                assert "python -m conformance.replay --impl conformance.peers:" in after.split("\n- `", 1)[0]
+def test_every_failed_row_is_in_a_finding_with_its_replay_line():
+    for name in R.parse(TEXT):
+        problems = R.finding_problems(TEXT, name)
+        assert not problems, "spec/peers.md is stale (regenerate: gdpo peers):\n  " + "\n  ".join(problems)
 
 
 # ------------------------------------------------------------------ the checks can fail
@@ -138,8 +133,10 @@ def test_a_tampered_digest_or_replay_is_stale():
     row, (n, d) = next(iter(page["digests"].items()))
     bad = TEXT.replace(f"{n} `{d}`", f"{n} `{'0' * len(d)}`", 1)
     assert any(row in p for p in R.digest_problems(bad, LIVE))
+    unlisted = TEXT.replace(f"(`{page['findings'][0]['properties'][0]}`", "(`elsewhere`", 1)
+    assert any("no finding lists it" in p for p in R.finding_problems(unlisted, LIVE))
     pytest.importorskip("multireward_grpo")
-    row, line = next(iter(page["repros"].items()))
+    line = next(f["repro"] for f in page["findings"] if f["category"] in R.ARITHMETIC)
     tame = '{"rewards":[["0x0.0p+0"],["0x1.0000000000000p+0"]],"dtype":"float64","out_dtype":"float64","group_size":2}'
     replaced = TEXT.replace(line, line.split(" --case ")[0] + f" --case '{tame}'", 1)
-    assert any(row in p and "now passes" in p for p in R.replay_problems(replaced, LIVE))
+    assert any("now passes" in p for p in R.replay_problems(replaced, LIVE))
