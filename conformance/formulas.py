@@ -1,0 +1,834 @@
+"""The formula, diagnosed: which variant of GDPO an implementation computes.
+
+Where an implementation's finite outputs on ordinary inputs are farther from the exact
+advantages than any rounding explains, the difference is usually not an accident of float
+arithmetic but another formula: a leave-one-out baseline, no division by the std, a
+biased std, another eps, no Eq. 6, clipped advantages. :func:`diagnose` searches a
+catalogue of such variants and names the one that reproduces the output within the
+implementation's own precision, as its differences from the paper equation by equation
+("Eq. 4: leave-one-out baseline; Eq. 6: no eps"). No declaration is needed.
+
+The catalogue (:data:`CATALOGUE`, one :class:`Choice` per way to differ) holds every
+choice the presets of ``spec/conventions.py`` encode (ddof, eps value and placement, the
+NaN and singleton policies, collapse handling, the whitening scope, token weighting, no
+Eq. 6) and the published GRPO-family variants (RLOO's leave-one-out baseline, Dr. GRPO's
+missing division by the std, a batch-level std, weights applied before normalisation,
+i.e. GRPO on the weighted sum, clipped advantages), alone and combined: a
+:class:`Variant` is one value per choice. eps values are enumerated (the call's, 0 and the
+values peers use) and, at Eq. 6, also fitted from the output; a clip value is read off the
+output. Each variant is computed in float64 numpy (:func:`evaluate`), exactly as it reads.
+
+"Within its own precision": the running error bound of ``spec/error_model.py`` (the
+mean-then-subtract model every peer is held to, its deviations' perturbation taken from
+each group column's magnitude), evaluated on the variant's own intermediate values, at the
+unit roundoff of the output dtype (float32's for float32, float16 and bfloat16 outputs,
+which no code computes in), plus half an ulp of the output dtype (``allowed_error``), plus
+the float64 evaluation's own bound. Nothing is tuned.
+
+What a case does not exercise it cannot tell apart: a NaN policy needs a NaN reward, a
+singleton policy a group of one, collapse handling a constant group column or unit, the
+whitening scope several units, token weighting the token counts, a clip a value beyond
+it. Such choices are not searched on that case and the diagnosis lists them
+(``Diagnosis.not_exercised``); variants the case cannot separate (an eps of 1e-8 and none
+at all, on values of order one) all match, and the diagnosis lists the others
+(``Diagnosis.alternatives``): ambiguity is data, not a guess. :func:`diagnose_many`
+intersects several cases. Where several variants match, the one named has the fewest
+differences; among those, a peer preset's formula, standard eps values and the smallest
+error come first.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+from spec import error_model as em
+from spec.constants import DEFAULT_EPS, FLOAT32_UNIT_ROUNDOFF, FLOAT64_UNIT_ROUNDOFF
+from spec.conventions import CONVENTIONS, Convention
+
+#: eps values searched at Eq. 4 and Eq. 6 besides the call's own (None in a Variant):
+#: none, and the values the peers use (spec/conventions.py) and their neighbours
+EPS_VALUES: tuple = (0.0, 1e-8, 1e-6, 1e-5, 1e-4, 1e-3)
+
+#: how many candidates, best first by their relative error, are checked against their
+#: own error bound (the rest are farther from the output than the last one checked)
+CHECKED = 48
+
+
+# ------------------------------------------------------------------ the catalogue
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    """One formula: a value per choice. The defaults are the paper's (``spec``); an eps
+    of None is the eps the call passes (1e-4 where it passes none)."""
+
+    baseline: str = "mean"          # Eq. 4: "mean", "leave_one_out"
+    scale: str = "group_std"        # Eq. 4: "group_std", "batch_std", "none"
+    group_ddof: int = 1
+    group_placement: str = "std"    # "std" (std + eps), "var" (sqrt(var + eps)), "skip_if_zero"
+    group_eps: float | None = None
+    singleton: str = "error"        # a group of one: "error", "zero", "raw"
+    nan: str = "error"              # "error", "zero_first", "nan_aware", "nan_aware_unscored", "propagate"
+    weights: str = "after"          # Eq. 7: "after" (GDPO), "before" (GRPO on the weighted sum)
+    whiten: str = "per_sample"      # Eq. 6: "per_sample", "per_token", "center", "none"
+    whiten_scope: str = "unit"      # "unit" (per training batch), "batch" (the whole call)
+    whiten_ddof: int = 1
+    whiten_placement: str = "std"
+    whiten_eps: float | None = None
+    clip: float | None = None       # advantages clipped to [-clip, clip]
+
+    def canonical(self) -> "Variant":
+        """The same formula with the choices it does not use set to the paper's (no std:
+        no ddof or eps; no Eq. 6: no Eq. 6 choices; ``skip_if_zero`` has no eps)."""
+        v = self
+        if v.scale == "none":
+            v = dataclasses.replace(v, group_ddof=1, group_placement="std", group_eps=None)
+        elif v.group_placement == "skip_if_zero":
+            v = dataclasses.replace(v, group_eps=0.0)
+        elif v.group_placement == "var" and v.group_eps == 0.0:  # sqrt(var + 0) is the std
+            v = dataclasses.replace(v, group_placement="std")
+        if v.whiten in ("none", "center"):
+            v = dataclasses.replace(v, whiten_ddof=1, whiten_placement="std", whiten_eps=None)
+            if v.whiten == "none":
+                v = dataclasses.replace(v, whiten_scope="unit")
+        elif v.whiten_placement == "skip_if_zero":
+            v = dataclasses.replace(v, whiten_eps=0.0)
+        elif v.whiten_placement == "var" and v.whiten_eps == 0.0:
+            v = dataclasses.replace(v, whiten_placement="std")
+        return v
+
+
+PAPER = Variant()
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+    """One way to differ from the paper: the field of :class:`Variant` and its value
+    (``"fitted"`` for an eps or clip value found from the output), the words a
+    diagnosis uses, who computes it, and what a case needs to exercise it."""
+
+    equation: str
+    field: str
+    value: object
+    words: str
+    who: str
+    needs: str = ""
+
+
+CATALOGUE: tuple[Choice, ...] = (
+    Choice("NaN rewards", "nan", "zero_first", "replaced by 0 before Eq. 4", "nvlabs", "a NaN reward"),
+    Choice("NaN rewards", "nan", "nan_aware", "left out of the group statistics, their z 0", "ms_swift",
+           "a NaN reward"),
+    Choice("NaN rewards", "nan", "nan_aware_unscored",
+           "left out of the group statistics, their z 0; a sample with every reward NaN left out of Eq. 6, "
+           "advantage 0", "trl", "a NaN reward"),
+    Choice("NaN rewards", "nan", "propagate", "flow through the formula (NaN advantages)", "verl, nemo_rl",
+           "a NaN reward"),
+    Choice("Eq. 4", "baseline", "leave_one_out", "leave-one-out baseline (the mean of the group's other members)",
+           "RLOO"),
+    Choice("Eq. 4", "scale", "none", "no division by the std", "Dr. GRPO"),
+    Choice("Eq. 4", "scale", "batch_std", "divides by the std of the column over the whole batch, not the group's",
+           "TRL scale_rewards='batch'"),
+    Choice("Eq. 4", "group_ddof", 0, "biased std (ddof 0)", "multireward_grpo"),
+    Choice("Eq. 4", "group_placement", "var", "eps added to the variance: sqrt(var + eps)", "-"),
+    Choice("Eq. 4", "group_placement", "skip_if_zero", "no eps; a column of std 0 left undivided", "-",
+           "a constant group column"),
+    Choice("Eq. 4", "group_eps", "fitted", "eps other than the call's: 0 (no eps) or a value, enumerated",
+           "verl, nemo_rl, ms_swift, multireward_grpo"),
+    Choice("Eq. 4", "singleton", "zero", "a group of one gives z = 0", "trl, nemo_rl, ms_swift, multireward_grpo",
+           "a group of one"),
+    Choice("Eq. 4", "singleton", "raw", "a group of one gives z = r / (1 + eps) (mean 0, std 1)", "verl",
+           "a group of one"),
+    Choice("Eq. 7", "weights", "before", "weights applied to the rewards before Eq. 4 (GRPO on the weighted sum)",
+           "GRPO", "K >= 2 or a weight other than 1"),
+    Choice("Eq. 6", "whiten", "none", "none (no batch whitening)", "GRPO, multireward_grpo"),
+    Choice("Eq. 6", "whiten", "center", "centred only, no division by the std", "Dr. GRPO"),
+    Choice("Eq. 6", "whiten", "per_token", "each sample weighted by its token count", "verl", "token counts"),
+    Choice("Eq. 6", "whiten_scope", "batch", "over the whole batch, not per unit", "trl, nvlabs",
+           "several whitening units"),
+    Choice("Eq. 6", "whiten_ddof", 0, "biased std (ddof 0)", "-"),
+    Choice("Eq. 6", "whiten_placement", "var", "eps added to the variance: sqrt(var + eps)", "verl"),
+    Choice("Eq. 6", "whiten_placement", "skip_if_zero", "no eps; a unit of std 0 passed through unchanged",
+           "nemo_rl", "a unit whose combined values are all equal"),
+    Choice("Eq. 6", "whiten_eps", "fitted", "eps other than the call's: 0 (no eps) or a value, enumerated "
+           "and fitted from the output", "verl, nemo_rl, ms_swift"),
+    Choice("after Eq. 6", "clip", "fitted", "advantages clipped to [-C, C], C read off the output", "PPO-style codes",
+           "an advantage beyond C"),
+)
+
+
+def _eps_words(placement: str, eps, paper_eps: float | None, what: str) -> str | None:
+    if placement == "skip_if_zero":
+        return f"no eps; a {what} of std 0 left undivided" if what == "column" else \
+            f"no eps; a {what} of std 0 passed through unchanged"
+    e = eps
+    if placement == "std":
+        if e is None:
+            return None
+        if paper_eps is not None and e == paper_eps:
+            return None
+        return "no eps" if e == 0.0 else f"eps {e:g}"
+    shown = "the call's eps" if e is None else f"{e:g}"
+    return f"eps added to the variance: sqrt(var + {shown})"
+
+
+def differences(variant: Variant, paper_eps: float | None = None) -> list[str]:
+    """How ``variant`` differs from the paper, one line per choice, each naming its
+    equation (empty: the paper's formula). ``paper_eps``: the eps the call passed (an
+    eps equal to it is the paper's)."""
+    v = variant.canonical()
+    words = {(c.field, c.value): c.words for c in CATALOGUE}
+    out = []
+    if v.nan != "error":
+        out.append(f"NaN rewards: {words[('nan', v.nan)]}")
+    on = " (on the weighted sum)" if v.weights == "before" else ""
+    if v.weights == "before":
+        out.append(f"Eq. 7: {words[('weights', 'before')]}")
+    for field in ("baseline", "scale"):
+        if getattr(v, field) != getattr(PAPER, field):
+            out.append(f"Eq. 4{on}: {words[(field, getattr(v, field))]}")
+    if v.scale != "none":
+        if v.group_ddof != 1:
+            out.append(f"Eq. 4{on}: {words[('group_ddof', 0)]}")
+        eps = _eps_words(v.group_placement, v.group_eps, paper_eps, "column")
+        if eps:
+            out.append(f"Eq. 4{on}: {eps}")
+    if v.singleton != "error":
+        out.append(f"Eq. 4{on}: {words[('singleton', v.singleton)]}")
+    if v.whiten != "per_sample":
+        out.append(f"Eq. 6: {words[('whiten', v.whiten)]}")
+    if v.whiten != "none" and v.whiten_scope != "unit":
+        out.append(f"Eq. 6: {words[('whiten_scope', 'batch')]}")
+    if v.whiten not in ("none", "center"):
+        if v.whiten_ddof != 1:
+            out.append(f"Eq. 6: {words[('whiten_ddof', 0)]}")
+        eps = _eps_words(v.whiten_placement, v.whiten_eps, paper_eps, "unit")
+        if eps:
+            out.append(f"Eq. 6: {eps}")
+    if v.clip is not None:
+        out.append(f"after Eq. 6: advantages clipped to [-{v.clip:g}, {v.clip:g}]")
+    return out
+
+
+def from_convention(convention: "str | Convention") -> Variant:
+    """A preset's formula as a :class:`Variant` (``std_if_positive`` is ``std`` in exact
+    arithmetic: a deviation of a constant column is 0 whatever divides it)."""
+    c = CONVENTIONS[convention] if isinstance(convention, str) else convention
+    spec = c.name == "spec"
+    gp = "std" if c.group_eps_placement == "std_if_positive" else c.group_eps_placement
+    wp = "std" if c.whiten_eps_placement == "std_if_positive" else c.whiten_eps_placement
+    return Variant(group_ddof=c.group_ddof, group_placement=gp, group_eps=None if spec else c.group_eps,
+                   singleton=c.singleton, nan=c.nan, whiten=c.whiten,
+                   whiten_scope="unit" if spec else "batch", whiten_ddof=c.whiten_ddof,
+                   whiten_placement=wp, whiten_eps=None if spec else c.whiten_eps).canonical()
+
+
+def catalogue_size() -> int:
+    """The number of structural variants (every choice combined, where it applies; each
+    eps or clip counted once however many values it takes)."""
+    g4 = 1 + 2 * 2 * 3  # no std, or (group or batch std) x ddof x (std, var, skip_if_zero)
+    eq4 = 2 * g4 * 3    # baseline x ... x singleton
+    eq6 = 2 + 2 * 2 * 2 * 3  # none, centred (x scope counted below), or (sample, token) x scope x ddof x placement
+    eq6 += 1            # centred over the whole batch
+    return eq4 * 5 * 2 * eq6 * 2  # x NaN policy x Eq. 7 order x ... x clip
+
+
+# ------------------------------------------------------------------ evaluation
+
+
+class _Batch:
+    """A case, prepared once: rewards, group and unit indices, weights, eps."""
+
+    def __init__(self, case, token_counts=None):
+        r = case.rewards_array()
+        self.r = r
+        self.n, self.k = r.shape
+        _, gi = np.unique(case.labels(), return_inverse=True)
+        self.gi = gi.reshape(-1)
+        self.G = int(self.gi.max()) + 1 if self.n else 0
+        units = case.unit_ids()
+        if units is None:
+            self.ui, self.S = np.zeros(self.n, np.int64), 1
+        else:
+            _, ui = np.unique(units, return_inverse=True)
+            self.ui, self.S = ui.reshape(-1), int(ui.max()) + 1
+        self.w = np.ones(self.k) if case.weights is None else np.asarray(case.weights, dtype=np.float64)
+        self.eps = DEFAULT_EPS if case.eps is None else float(case.eps)
+        self.out_dtype = case.out_dtype
+        self.t = None if token_counts is None else np.asarray(token_counts, dtype=np.float64)
+        if self.t is not None and self.t.shape != (self.n,):
+            raise ValueError(f"token_counts: {self.t.shape[0]} counts for {self.n} samples")
+        self.size = np.bincount(self.gi, minlength=self.G)
+        order = np.argsort(self.gi, kind="stable")
+        self.members = np.split(order, np.cumsum(self.size)[:-1])
+        self.has_nan = bool(np.isnan(r).any())
+        self.has_singleton = bool((self.size == 1).any())
+        fin = np.where(np.isfinite(r), r, 0.0)
+        self.constant_column = any(np.all(fin[m] == fin[m][:1], axis=0).any() for m in self.members if m.size > 1)
+
+
+@dataclasses.dataclass
+class _Parts:
+    """A variant's float64 values, and what its error bound reads."""
+
+    x: np.ndarray      # the input of Eq. 4 (rewards, or their weighted sum)
+    w: np.ndarray      # the weights of Eq. 7 (ones where applied before)
+    z: np.ndarray
+    dev: np.ndarray    # the numerator of Eq. 4 (deviation from the baseline)
+    sigma: np.ndarray  # per row and column: the std divided by
+    denom: np.ndarray
+    n: np.ndarray      # per row and column: the group's count
+    c: np.ndarray
+
+
+def _eq4(b: _Batch, v: Variant) -> _Parts:
+    r = b.r
+    if v.nan == "zero_first":
+        r = np.where(np.isnan(r), 0.0, r)
+    w = b.w
+    if v.weights == "before":
+        r = (r * w).sum(axis=1, keepdims=True)
+        w = np.ones(1)
+    aware = v.nan in ("nan_aware", "nan_aware_unscored")
+    ok = ~np.isnan(r) if aware else np.ones(r.shape, bool)
+    x = np.where(ok, r, 0.0) if aware else r
+    gi, G, K = b.gi, b.G, r.shape[1]
+    eps = b.eps if v.group_eps is None else v.group_eps
+    with np.errstate(all="ignore"):
+        n = np.stack([np.bincount(gi, ok[:, k], G) for k in range(K)], axis=1)
+        mean = np.stack([np.bincount(gi, x[:, k], G) for k in range(K)], axis=1) / n
+        dev = np.where(ok, x - mean[gi], 0.0)
+        var = np.stack([np.bincount(gi, dev[:, k] ** 2, G) for k in range(K)], axis=1) / (n - v.group_ddof)
+        if v.scale == "batch_std":
+            nb = ok.sum(axis=0)
+            db = np.where(ok, x - x.sum(axis=0) / nb, 0.0)
+            var_row = np.broadcast_to((db ** 2).sum(axis=0) / (nb - v.group_ddof), r.shape)
+        else:
+            var_row = var[gi]
+        sigma = np.sqrt(var_row)
+        nrow = n[gi]
+        num = dev * (nrow / (nrow - 1.0)) if v.baseline == "leave_one_out" else dev
+        if v.scale == "none":
+            denom = np.ones(r.shape)
+        elif v.group_placement == "std":
+            denom = sigma + eps
+        elif v.group_placement == "var":
+            denom = np.sqrt(var_row + eps)
+        else:  # skip_if_zero
+            denom = np.where(sigma > 0.0, sigma, 1.0)
+        z = num / denom
+        few = nrow < 2
+        if few.any():
+            raw = (b.size[gi] == 1)[:, None] & few & (v.singleton == "raw")
+            z = np.where(few, np.where(raw, x / (1.0 + eps), 0.0), z)
+            if v.singleton == "error":  # the paper has no z of a group of one: no output to reproduce
+                z = np.where((b.size[gi] == 1)[:, None], np.nan, z)
+        if aware:
+            z = np.where(ok, np.nan_to_num(z, nan=0.0), 0.0)
+        c = (z * w).sum(axis=1)
+    return _Parts(x, w, z, num, np.asarray(sigma), denom, nrow, c)
+
+
+def _scored(b: _Batch, v: Variant) -> np.ndarray:
+    if v.nan == "nan_aware_unscored":
+        return ~np.all(np.isnan(b.r), axis=1)
+    return np.ones(b.n, bool)
+
+
+def _unit_stats(b: _Batch, v: Variant, c: np.ndarray):
+    """Per sample: unit index, weight t, and the unit's T, mean and sum of t dev^2."""
+    ui, S = (b.ui, b.S) if v.whiten_scope == "unit" else (np.zeros(b.n, np.int64), 1)
+    t = b.t if (v.whiten == "per_token" and b.t is not None) else np.ones(b.n)
+    tt = t * _scored(b, v)
+    with np.errstate(all="ignore"):
+        cc = np.where(tt > 0, c, 0.0)
+        T = np.bincount(ui, tt, S)
+        mean = np.bincount(ui, tt * cc, S) / T
+        dev = c - mean[ui]
+        ss = np.bincount(ui, tt * np.where(tt > 0, dev, 0.0) ** 2, S)
+    return ui, S, t, tt, T, mean, dev, ss
+
+
+def _whitened(b: _Batch, v: Variant, c: np.ndarray, stats=None) -> np.ndarray:
+    if v.whiten == "none":
+        a = c.copy()
+    else:
+        ui, S, t, tt, T, mean, dev, ss = stats if stats is not None else _unit_stats(b, v, c)
+        eps = b.eps if v.whiten_eps is None else v.whiten_eps
+        with np.errstate(all="ignore"):
+            if v.whiten == "center":
+                a = dev
+            else:
+                var = (ss / (T - v.whiten_ddof))[ui]
+                std = np.sqrt(var)
+                if v.whiten_placement == "std":
+                    a = dev / (std + eps)
+                elif v.whiten_placement == "var":
+                    a = dev / np.sqrt(var + eps)
+                else:
+                    a = np.where(std == 0.0, c, dev / np.where(std == 0.0, 1.0, std))
+        if v.nan == "nan_aware_unscored":
+            scored = _scored(b, v)
+            enough = np.bincount(ui, scored, S)[ui] >= 2
+            a = np.where(scored & enough, a, 0.0)
+    if v.clip is not None:
+        a = np.clip(a, -v.clip, v.clip)
+    return a
+
+
+def evaluate(case, variant: Variant, token_counts=None) -> np.ndarray:
+    """``variant``'s advantages of ``case`` (a ``conformance.cases.Case``), in float64, as
+    the formula reads (mean, deviations, std; Eq. 7; Eq. 6; the clip)."""
+    b = case if isinstance(case, _Batch) else _Batch(case, token_counts)
+    return _whitened(b, variant, _eq4(b, variant).c)
+
+
+# ------------------------------------------------------------------ the error bound
+
+
+def unit_roundoff_of(out_dtype: str) -> float:
+    """The working precision a code returning ``out_dtype`` is held to: float64's for
+    float64, else float32's (no code computes in float16 or bfloat16)."""
+    return FLOAT64_UNIT_ROUNDOFF if out_dtype == "float64" else FLOAT32_UNIT_ROUNDOFF
+
+
+def _allowance(b: _Batch, v: Variant, p: _Parts, a: np.ndarray, u: float) -> np.ndarray:
+    """Per output: how far a correct code of this variant, computing at unit roundoff
+    ``u`` (mean then subtract) and rounding once to the output dtype, may be from the
+    variant's exact value (spec/error_model.py's stages on the float64 intermediates)."""
+    K = p.x.shape[1]
+    dz = np.zeros_like(p.z)
+    extra = (b.k + 1) if v.weights == "before" else 0  # the weighted sum's own rounding
+    with np.errstate(all="ignore"):
+        for m in b.members:
+            for k in range(K):
+                x = p.x[m, k]
+                fin = np.isfinite(x)
+                mag = float(np.max(np.abs(x[fin]))) if fin.any() else 0.0
+                nn = int(p.n[m[0], k])
+                d_dev = em.model_dev_perturbation(mag, max(nn, 1)) + extra * mag
+                z = p.z[m, k]
+                if nn < 2:  # the policy's z: 0, or r / (1 + eps) rounded twice
+                    dz[m, k] = 3.0 * np.abs(z)
+                    continue
+                if v.scale == "none":
+                    dz[m, k] = d_dev * (nn / (nn - 1) if v.baseline == "leave_one_out" else 1.0) + 3.0 * np.abs(z)
+                    continue
+                dz[m, k] = em.standardize_groups_stage(p.dev[m, k], d_dev, float(p.sigma[m[0], k]),
+                                                       float(p.denom[m[0], k]), z, nn, v.group_ddof, cap_u=u)
+        if v.nan in ("nan_aware", "nan_aware_unscored"):
+            dz = np.where(np.isnan(b.r if v.weights == "after" else p.x), 0.0, dz)  # a skipped reward's z is 0
+        dc = em.combine_stage(np.nan_to_num(dz, nan=0.0, posinf=0.0), np.nan_to_num(p.z), p.w)
+        if v.whiten == "none":
+            delta = dc
+        else:
+            ui, S, t, tt, T, mean, dev, ss = _unit_stats(b, v, p.c)
+            delta = np.zeros(b.n)
+            for s in range(S):
+                m = np.flatnonzero(ui == s)
+                if not m.size:
+                    continue
+                cu = p.c[m]
+                if v.whiten == "center":
+                    dm = float(np.sum(tt[m] * dc[m]) / T[s]) + (m.size + 1) * (float(np.max(np.abs(cu))) + em.TAU)
+                    delta[m] = dc[m] + dm + np.abs(dev[m]) + em.TAU
+                    continue
+                var = ss[s] / (T[s] - v.whiten_ddof)
+                sigma = math.sqrt(var) if var >= 0 else 0.0
+                eps = b.eps if v.whiten_eps is None else v.whiten_eps
+                if v.whiten_placement == "skip_if_zero" and sigma == 0.0:
+                    delta[m] = dc[m]
+                    continue
+                denom = {"std": sigma + eps, "var": math.sqrt(var + eps)}.get(v.whiten_placement, sigma)
+                delta[m] = em.whiten_stage(dc[m], cu, float(mean[s]), a[m] if v.clip is None else
+                                           _whitened(b, dataclasses.replace(v, clip=None), p.c)[m],
+                                           sigma, denom, v.whiten_ddof, t=t[m], unit_roundoff=u)
+        if v.clip is not None:
+            delta = np.where(np.abs(a) >= v.clip, 0.0, delta)
+        delta = np.where(np.isfinite(delta), delta, np.inf)
+        tol = em.allowed_error(delta, np.nan_to_num(a), b.out_dtype, u) + em.computed_bound(delta)
+    return tol
+
+
+def _ulps(err: np.ndarray, a: np.ndarray, o: np.ndarray, out_dtype: str) -> float:
+    """The worst error in ulps of ``out_dtype`` at the output's largest magnitude (its
+    values are rounded relative to the values they came from, not to themselves: an ulp at
+    a value near 0 measures no formula)."""
+    with np.errstate(all="ignore"):
+        mags = np.concatenate([np.abs(a[np.isfinite(a)]), np.abs(o[np.isfinite(o)]), [0.0]])
+        ulp = 2.0 * float(em.half_ulp(np.array([mags.max()]), out_dtype)[0])
+        q = err[~np.isnan(err)] / ulp
+    return float(q.max()) if q.size else 0.0
+
+
+# ------------------------------------------------------------------ the search
+
+
+@dataclasses.dataclass(frozen=True)
+class Diagnosis:
+    """What :func:`diagnose` found: the variant that reproduces the output (None where
+    none does), its differences from the paper, its worst error in ulps of the output
+    dtype and as a fraction of its error bound (``ratio`` <= 1: within its own
+    precision); where none matches, the nearest and its differences. ``alternatives``:
+    the differences of the other variants that reproduce the output as well (the case
+    cannot separate them); ``presets``: the conventions whose formula is the named one on
+    this case; ``not_exercised``: the choices this case cannot tell apart at all."""
+
+    variant: Variant | None
+    differences: tuple
+    residual_ulps: float
+    ratio: float
+    out_dtype: str
+    nearest: Variant
+    alternatives: tuple = ()
+    presets: tuple = ()
+    not_exercised: tuple = ()
+    cases: int = 1
+    #: every matching variant, the named one first
+    matches: tuple = ()
+
+    @property
+    def matched(self) -> bool:
+        return self.variant is not None
+
+    @property
+    def ambiguous(self) -> bool:
+        return bool(self.alternatives)
+
+    @property
+    def no_difference(self) -> bool:
+        return self.matched and not self.differences
+
+
+def _not_exercised(b: _Batch, token_counts) -> tuple:
+    out = []
+    if not b.has_nan:
+        out.append("NaN policy (no NaN reward)")
+    if not b.has_singleton:
+        out.append("singleton policy (no group of one)")
+    if not b.constant_column:
+        out.append("collapse handling at Eq. 4 (no constant group column)")
+    if b.S < 2:
+        out.append("whitening scope (one unit)")
+    if token_counts is None:
+        out.append("token weighting (no token counts)")
+    return tuple(out)
+
+
+def _eq4_variants(b: _Batch):
+    eps_list = [None] + [e for e in EPS_VALUES if e != b.eps]
+    nans = ("zero_first", "nan_aware", "nan_aware_unscored", "propagate") if b.has_nan else ("error",)
+    singles = ("zero", "raw") if b.has_singleton else ("error",)
+    orders = ("after", "before") if (b.k > 1 or np.any(b.w != 1.0)) else ("after",)
+    places = ("std", "var", "skip_if_zero") if b.constant_column else ("std", "var")
+    out = []
+    for nan in nans:
+        for single in singles:
+            for order in orders:
+                for base in ("mean", "leave_one_out"):
+                    out.append(Variant(baseline=base, scale="none", singleton=single, nan=nan, weights=order))
+                    for scale in ("group_std", "batch_std"):
+                        for ddof in (1, 0):
+                            for place in places:
+                                for eps in (eps_list if place != "skip_if_zero" else [0.0]):
+                                    out.append(Variant(baseline=base, scale=scale, group_ddof=ddof,
+                                                       group_placement=place, group_eps=eps, singleton=single,
+                                                       nan=nan, weights=order))
+    return out
+
+
+def _snap(x: float) -> list:
+    """A fitted eps as the values a code would write: 0, and 1 and 2 significant digits."""
+    if not (x > 0 and math.isfinite(x)):
+        return [0.0]
+    out = []
+    for digits in (1, 2):
+        e = math.floor(math.log10(x))
+        out.append(float(f"{round(x / 10 ** e, digits - 1)}e{e}"))
+    return out
+
+
+def _fit_scale(o: np.ndarray, dev: np.ndarray, ui: np.ndarray, S: int, keep: np.ndarray):
+    """Per unit the least-squares alpha of o = alpha dev over the ``keep`` samples."""
+    with np.errstate(all="ignore"):
+        num = np.bincount(ui, np.where(keep, dev * o, 0.0), S)
+        den = np.bincount(ui, np.where(keep, dev * dev, 0.0), S)
+        return num / den
+
+
+class _Search:
+    def __init__(self, b: _Batch, o: np.ndarray, u: float):
+        self.b, self.o, self.u = b, o, u
+        fin = np.isfinite(o)
+        self.scale = float(np.max(np.abs(o[fin]))) if fin.any() else 1.0
+        self.scale = self.scale if self.scale > 0 else 1.0
+        self.nan_o = np.isnan(o)
+        self.found: dict = {}  # canonical variant -> rough relative error
+        #: a relative error that rounding alone may well explain (64 ulps of the output's scale)
+        self.near = 64.0 * 2.0 * em.half_ulp(np.array([1.0]), b.out_dtype)[0]
+
+    def rough(self, a: np.ndarray) -> float:
+        if not np.array_equal(np.isnan(a), self.nan_o):
+            return math.inf
+        with np.errstate(all="ignore"):
+            err = np.abs(np.where(self.nan_o, 0.0, self.o - a))
+        e = float(err.max()) if err.size else 0.0
+        return e / self.scale if math.isfinite(e) else math.inf
+
+    def add(self, v: Variant, a: np.ndarray) -> float:
+        v = v.canonical()
+        e = self.rough(a)
+        if e < self.found.get(v, math.inf):
+            self.found[v] = e
+        return e
+
+
+def _clip_values(o: np.ndarray) -> list:
+    fin = o[np.isfinite(o)]
+    if not fin.size:
+        return []
+    top = float(np.max(np.abs(fin)))
+    return [top] if top > 0 and np.sum(np.abs(fin) == top) >= 1 else []
+
+
+def _search(b: _Batch, o: np.ndarray, u: float) -> _Search:
+    s = _Search(b, o, u)
+    clips = _clip_values(o)
+    eq4 = [(v, _eq4(b, v)) for v in _eq4_variants(b)]
+    scopes = ("unit", "batch") if b.S > 1 else ("unit",)
+    kinds = ("per_sample", "per_token") if b.t is not None else ("per_sample",)
+    top = max(np.max(np.abs(o[np.isfinite(o)])) if np.isfinite(o).any() else 0.0, 0.0)
+    keep = np.isfinite(o) & (np.abs(o) < top) if clips else np.isfinite(o)
+    screened = []
+    for v4, p in eq4:
+        for clip in [None] + clips:
+            s.add(dataclasses.replace(v4, whiten="none", clip=clip), _whitened(b, dataclasses.replace(
+                v4, whiten="none", clip=clip), p.c))
+        for scope in scopes:
+            vc = dataclasses.replace(v4, whiten="center", whiten_scope=scope)
+            stats = _unit_stats(b, vc, p.c)
+            for clip in [None] + clips:
+                s.add(dataclasses.replace(vc, clip=clip), _whitened(b, dataclasses.replace(vc, clip=clip), p.c, stats))
+            for kind in kinds:
+                vw = dataclasses.replace(v4, whiten=kind, whiten_scope=scope)
+                stats = _unit_stats(b, vw, p.c)
+                ui, S, dev = stats[0], stats[1], stats[6]
+                sel = keep if (np.bincount(ui, keep & (dev != 0), S) > 0).all() else np.isfinite(o)
+                alpha = _fit_scale(o, dev, ui, S, sel)
+                with np.errstate(all="ignore"):
+                    guess = np.where(np.isfinite(alpha[ui]), alpha[ui] * dev, 0.0)
+                    fit = s.rough(np.clip(guess, -top, top) if clips else guess)
+                screened.append((fit, vw, p, stats, alpha))
+    if not screened:
+        return s
+    best = min(f for f, *_ in screened)
+    for fit, vw, p, stats, alpha in screened:
+        if not fit <= max(100.0 * best, 1e-5):
+            continue
+        ui, S, t, tt, T, mean, dev, ss = stats
+        standard = [None] + [e for e in EPS_VALUES if e != b.eps]
+        closest = math.inf
+        for ddof in (1, 0):
+            for place in ("std", "var"):
+                for eps in standard:
+                    for clip in [None] + clips:
+                        v = dataclasses.replace(vw, whiten_ddof=ddof, whiten_placement=place, whiten_eps=eps,
+                                                clip=clip)
+                        closest = min(closest, s.add(v, _whitened(b, v, p.c, stats)))
+            if np.any(ss == 0.0):  # a unit of std 0: passed through, or not
+                v = dataclasses.replace(vw, whiten_ddof=ddof, whiten_placement="skip_if_zero", whiten_eps=0.0)
+                s.add(v, _whitened(b, v, p.c, stats))
+        if closest <= s.near:
+            continue  # a fitted eps only where no standard one comes near (one unit: any scale has one)
+        for ddof in (1, 0):
+            var = ss / (T - ddof)
+            with np.errstate(all="ignore"):
+                D = 1.0 / alpha
+                fits = {"std": D - np.sqrt(var), "var": D * D - var}
+            for place in ("std", "var"):
+                fitted = []
+                for e in fits[place][np.isfinite(fits[place])][:4]:
+                    fitted += [x for x in _snap(float(e)) if x not in standard + fitted]
+                for eps in fitted:
+                    for clip in [None] + clips:
+                        v = dataclasses.replace(vw, whiten_ddof=ddof, whiten_placement=place, whiten_eps=eps,
+                                                clip=clip)
+                        s.add(v, _whitened(b, v, p.c, stats))
+    return s
+
+
+_STANDARD_EPS = frozenset(EPS_VALUES)
+
+
+def _preference(v: Variant, lines: list, ratio: float, presets: tuple):
+    """Fewest differences; a preset's formula; standard eps values; no Eq. 6 before a
+    centring one (over whole groups the combined values' mean is 0: the two agree); the
+    smallest error."""
+    odd = sum(1 for e in (v.group_eps, v.whiten_eps) if e is not None and e not in _STANDARD_EPS)
+    return (len(lines), 0 if presets else 1, odd, v.whiten == "center", ratio)
+
+
+def _presets_of(b: _Batch, v: Variant, token_counts) -> tuple:
+    """The conventions whose formula is ``v`` on this case (choices the case does not
+    exercise taken as the paper's)."""
+    def key(x: Variant):
+        x = x.canonical()
+        repl = {}
+        if not b.has_nan:
+            repl["nan"] = "error"
+        if not b.has_singleton:
+            repl["singleton"] = "error"
+        if b.S < 2:
+            repl["whiten_scope"] = "unit"
+        if token_counts is None and x.whiten == "per_token":
+            repl["whiten"] = "per_sample"
+        if x.group_placement == "skip_if_zero" and not b.constant_column:
+            repl.update(group_placement="std", group_eps=0.0)
+        if x.whiten_placement == "skip_if_zero":
+            repl.update(whiten_placement="std", whiten_eps=0.0)
+        x = dataclasses.replace(x, **repl).canonical()
+        return dataclasses.replace(x, group_eps=b.eps if x.group_eps is None else x.group_eps,
+                                   whiten_eps=b.eps if x.whiten_eps is None else x.whiten_eps)
+    kv = key(v)
+    return tuple(name for name in CONVENTIONS if key(from_convention(name)) == kv)
+
+
+def _judge(b: _Batch, v: Variant, o: np.ndarray, u: float):
+    """(ratio, ulps, bites, widest) of output ``o`` against variant ``v`` on batch ``b``;
+    ``bites``: the variant's clip changes a value beyond its rounding (a clip that does not
+    is, on this case, the unclipped variant); ``widest``: its largest allowance."""
+    p = _eq4(b, v)
+    a = _whitened(b, v, p.c)
+    bites = False
+    with np.errstate(all="ignore"):
+        if v.clip is not None:
+            vf = dataclasses.replace(v, clip=None)
+            free = _whitened(b, vf, p.c)
+            bites = bool(np.any(np.abs(free - a) > _allowance(b, vf, p, free, u)))
+        if not np.array_equal(np.isnan(a), np.isnan(o)):
+            return math.inf, math.inf, bites, 0.0
+        tol = _allowance(b, v, p, a, u)
+        err = np.abs(np.where(np.isnan(o), 0.0, o - a))
+        r = np.where(err == 0.0, 0.0, err / tol)
+    ratio = float(np.max(r)) if r.size else 0.0
+    widest = float(np.max(np.where(np.isfinite(tol), tol, 0.0))) if tol.size else 0.0
+    return (ratio if math.isfinite(ratio) else math.inf), _ulps(err, a, o, b.out_dtype), bites, widest
+
+
+def _as_output(output, n: int) -> np.ndarray:
+    o = output.detach().to("cpu").double().numpy() if hasattr(output, "detach") else np.asarray(output, np.float64)
+    o = np.asarray(o, dtype=np.float64).reshape(-1)
+    if o.shape != (n,):
+        raise ValueError(f"output: {o.size} values for a case of {n} samples")
+    return o
+
+
+def _checked(b: _Batch, o: np.ndarray, u: float, s: _Search, token_counts):
+    """The candidates nearest by relative error, judged against their own bounds."""
+    ranked = sorted(s.found.items(), key=lambda kv: kv[1])[:CHECKED]
+    rows = []
+    widest = 0.0  # the largest allowance seen, relative to the output's scale
+    for i, (v, rough) in enumerate(ranked):
+        if i >= 8 and rough > 4.0 * widest:
+            break  # farther from the output, everywhere, than any allowance judged so far
+        ratio, ulps, bites, wide = _judge(b, v, o, u)
+        widest = max(widest, wide / s.scale)
+        if v.clip is not None and not bites:
+            continue  # the unclipped variant, already among the candidates
+        lines = differences(v, b.eps)
+        rows.append((v, lines, ratio, ulps, _presets_of(b, v, token_counts)))
+    return rows
+
+
+def _verdict(rows, b: _Batch, token_counts, cases: int = 1, not_exercised=()) -> Diagnosis:
+    matches = [r for r in rows if r[2] <= 1.0]
+    if matches:
+        matches.sort(key=lambda r: _preference(r[0], r[1], r[2], r[4]))
+        v, lines, ratio, ulps, presets = matches[0]
+        alts, seen = [], {tuple(lines)}
+        for _, l2, *_ in matches[1:]:
+            if tuple(l2) not in seen:
+                seen.add(tuple(l2))
+                alts.append(tuple(l2))
+        return Diagnosis(v, tuple(lines), ulps, ratio, b.out_dtype, v, tuple(alts), presets, not_exercised, cases,
+                         tuple(r[0] for r in matches))
+    best = min(r[2] for r in rows)  # the nearest: the simplest of those within twice the smallest error
+    near = [r for r in rows if r[2] <= 2.0 * best] or rows
+    v, lines, ratio, ulps, presets = min(near, key=lambda r: _preference(r[0], r[1], r[2], r[4]))
+    return Diagnosis(None, tuple(lines), ulps, ratio, b.out_dtype, v, (), presets, not_exercised, cases)
+
+
+def diagnose(case, output, token_counts=None, unit_roundoff: float | None = None) -> Diagnosis:
+    """Which variant of the catalogue ``output`` (the implementation's advantages of
+    ``case``, a ``conformance.cases.Case``; an array or tensor of N values) follows.
+
+    ``token_counts``: the samples' token counts where the call passed them (Eq. 6 may be
+    token-weighted); ``unit_roundoff``: the implementation's working precision (default:
+    float32's for a float32, float16 or bfloat16 output, float64's for float64)."""
+    b = _Batch(case, token_counts)
+    o = _as_output(output, b.n)
+    u = unit_roundoff_of(b.out_dtype) if unit_roundoff is None else float(unit_roundoff)
+    s = _search(b, o, u)
+    s.add(PAPER, evaluate(b, PAPER))
+    return _verdict(_checked(b, o, u, s, token_counts), b, token_counts,
+                    not_exercised=_not_exercised(b, token_counts))
+
+
+def diagnose_many(cases_and_outputs, token_counts=None, unit_roundoff: float | None = None) -> Diagnosis:
+    """One diagnosis of several cases of one implementation: the variants that reproduce
+    every output (each case's matches and nearest, judged on every case). Where one case
+    cannot separate two variants (a clip that does not bite there), another may."""
+    pairs = list(cases_and_outputs)
+    if not pairs:
+        raise ValueError("diagnose_many: no cases")
+    prepared = []
+    candidates: dict = {}
+    for case, output in pairs:
+        b = _Batch(case, token_counts)
+        o = _as_output(output, b.n)
+        u = unit_roundoff_of(b.out_dtype) if unit_roundoff is None else float(unit_roundoff)
+        s = _search(b, o, u)
+        s.add(PAPER, evaluate(b, PAPER))
+        for v, e in sorted(s.found.items(), key=lambda kv: kv[1])[:CHECKED]:
+            candidates.setdefault(v, None)
+        prepared.append((b, o, u))
+    rows = []
+    for v in candidates:
+        worst, worst_ulps, bites = 0.0, 0.0, False
+        for b, o, u in prepared:
+            ratio, ulps, bit, _ = _judge(b, v, o, u)
+            worst, worst_ulps, bites = max(worst, ratio), max(worst_ulps, ulps), bites or bit
+        if v.clip is not None and not bites:
+            continue
+        b0 = prepared[0][0]
+        rows.append((v, differences(v, b0.eps), worst, worst_ulps,
+                     tuple(set.intersection(*[set(_presets_of(b, v, token_counts)) for b, _, _ in prepared]))))
+    exercised = set.intersection(*[set(_not_exercised(b, token_counts)) for b, _, _ in prepared])
+    return _verdict(rows, prepared[0][0], token_counts, cases=len(pairs),
+                    not_exercised=tuple(x for x in _not_exercised(prepared[0][0], token_counts) if x in exercised))
+
+
+def describe(diagnosis: Diagnosis) -> str:
+    """One line for a report: ``formula: Eq. 4: leave-one-out baseline; Eq. 6: no eps
+    (reproduces the output within 3 ulp(float32))``."""
+    d = diagnosis
+    ulps = f"{d.residual_ulps:.3g} ulp({d.out_dtype})"
+    on = f" on {d.cases} cases" if d.cases > 1 else ""
+    if d.matched:
+        what = "; ".join(d.differences) if d.differences else "no difference from the paper"
+        line = f"formula: {what} (reproduces the output{on} within {ulps}"
+        named = [p for p in d.presets if p != "spec"]
+        if named and d.differences:
+            line += f"; preset {', '.join(named)}"
+        line += ")"
+        if d.alternatives:
+            shown = " | ".join("; ".join(a) or "no difference from the paper" for a in d.alternatives[:3])
+            more = f" and {len(d.alternatives) - 3} more" if len(d.alternatives) > 3 else ""
+            line += f"; this case cannot separate it from: {shown}{more}"
+        return line
+    nearest = "; ".join(d.differences) if d.differences else "the paper's formula"
+    return (f"formula: no variant of the catalogue reproduces the output{on}; nearest: {nearest} "
+            f"(off by {ulps}, {d.ratio:.3g} x its error bound)")
