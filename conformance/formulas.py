@@ -85,23 +85,30 @@ class Variant:
         no ddof or eps; no Eq. 6: no Eq. 6 choices; ``skip_if_zero`` has no eps)."""
         v = self
         if v.scale == "none":
-            v = dataclasses.replace(v, group_ddof=1, group_placement="std", group_eps=None)
+            v = _with(v, group_ddof=1, group_placement="std", group_eps=None)
         elif v.group_placement == "skip_if_zero":
-            v = dataclasses.replace(v, group_eps=0.0)
+            v = _with(v, group_eps=0.0)
         elif v.group_placement == "var" and v.group_eps == 0.0:  # sqrt(var + 0) is the std
-            v = dataclasses.replace(v, group_placement="std")
+            v = _with(v, group_placement="std")
         if v.whiten in ("none", "center"):
-            v = dataclasses.replace(v, whiten_ddof=1, whiten_placement="std", whiten_eps=None)
+            v = _with(v, whiten_ddof=1, whiten_placement="std", whiten_eps=None)
             if v.whiten == "none":
-                v = dataclasses.replace(v, whiten_scope="unit")
+                v = _with(v, whiten_scope="unit")
         elif v.whiten_placement == "skip_if_zero":
-            v = dataclasses.replace(v, whiten_eps=0.0)
+            v = _with(v, whiten_eps=0.0)
         elif v.whiten_placement == "var" and v.whiten_eps == 0.0:
-            v = dataclasses.replace(v, whiten_placement="std")
+            v = _with(v, whiten_placement="std")
         return v
 
 
 PAPER = Variant()
+
+
+def _with(v: Variant, **changes) -> Variant:
+    """``dataclasses.replace`` without its checks (the search makes thousands)."""
+    d = dict(v.__dict__)
+    d.update(changes)
+    return Variant(**d)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -226,14 +233,24 @@ def from_convention(convention: "str | Convention") -> Variant:
                    whiten_placement=wp, whiten_eps=None if spec else c.whiten_eps).canonical()
 
 
+#: the options of each structural choice, as the search enumerates them (the paper's first)
+NANS = ("error", "zero_first", "nan_aware", "nan_aware_unscored", "propagate")
+SINGLETONS = ("error", "zero", "raw")
+ORDERS = ("after", "before")
+BASELINES = ("mean", "leave_one_out")
+SCALES = ("group_std", "batch_std")  # and "none" (no ddof, eps or placement)
+DDOFS = (1, 0)
+PLACEMENTS = ("std", "var", "skip_if_zero")
+WHITENS = ("per_sample", "per_token")  # and "center" (per scope) and "none"
+SCOPES = ("unit", "batch")
+
+
 def catalogue_size() -> int:
-    """The number of structural variants (every choice combined, where it applies; each
-    eps or clip counted once however many values it takes)."""
-    g4 = 1 + 2 * 2 * 3  # no std, or (group or batch std) x ddof x (std, var, skip_if_zero)
-    eq4 = 2 * g4 * 3    # baseline x ... x singleton
-    eq6 = 2 + 2 * 2 * 2 * 3  # none, centred (x scope counted below), or (sample, token) x scope x ddof x placement
-    eq6 += 1            # centred over the whole batch
-    return eq4 * 5 * 2 * eq6 * 2  # x NaN policy x Eq. 7 order x ... x clip
+    """The number of structural variants: every choice combined where it applies, each
+    eps and clip counted once however many values it takes."""
+    eq4 = len(NANS) * len(SINGLETONS) * len(ORDERS) * len(BASELINES) * (1 + len(SCALES) * len(DDOFS) * len(PLACEMENTS))
+    eq6 = 1 + len(SCOPES) + len(WHITENS) * len(SCOPES) * len(DDOFS) * len(PLACEMENTS)
+    return eq4 * eq6 * 2
 
 
 # ------------------------------------------------------------------ evaluation
@@ -265,6 +282,7 @@ class _Batch:
         order = np.argsort(self.gi, kind="stable")
         self.members = np.split(order, np.cumsum(self.size)[:-1])
         self.has_nan = bool(np.isnan(r).any())
+        self.unscored = bool(np.isnan(r).all(axis=1).any())  # a sample no reward function scored
         self.has_singleton = bool((self.size == 1).any())
         fin = np.where(np.isfinite(r), r, 0.0)
         self.constant_column = any(np.all(fin[m] == fin[m][:1], axis=0).any() for m in self.members if m.size > 1)
@@ -395,6 +413,19 @@ def unit_roundoff_of(out_dtype: str) -> float:
     return FLOAT64_UNIT_ROUNDOFF if out_dtype == "float64" else FLOAT32_UNIT_ROUNDOFF
 
 
+def _exact_constant(x: np.ndarray, u: float) -> bool:
+    """A constant column whose every partial sum is exact at unit roundoff ``u``: any
+    summation order gives n x, and n x / n is x, so a mean-then-subtract code's deviations
+    are exactly 0 (z = 0 by any formula that divides them; the model's first-order bound,
+    capped by Cauchy-Schwarz at O(1), would otherwise cover every variant of the unit)."""
+    if x.size < 2 or not np.all(x == x[0]):
+        return False
+    dt = np.float32 if u >= FLOAT32_UNIT_ROUNDOFF else np.float64
+    sums = x[0] * np.arange(1, x.size + 1, dtype=np.float64)
+    with np.errstate(over="ignore"):
+        return bool(np.all(sums.astype(dt).astype(np.float64) == sums))
+
+
 def _allowance(b: _Batch, v: Variant, p: _Parts, a: np.ndarray, u: float) -> np.ndarray:
     """Per output: how far a correct code of this variant, computing at unit roundoff
     ``u`` (mean then subtract) and rounding once to the output dtype, may be from the
@@ -411,6 +442,8 @@ def _allowance(b: _Batch, v: Variant, p: _Parts, a: np.ndarray, u: float) -> np.
                 nn = int(p.n[m[0], k])
                 d_dev = em.model_dev_perturbation(mag, max(nn, 1)) + extra * mag
                 z = p.z[m, k]
+                if nn >= 2 and _exact_constant(x[fin], u):  # its mean is exact: deviations exactly 0
+                    continue
                 if nn < 2:  # the policy's z: 0, or r / (1 + eps) rounded twice
                     dz[m, k] = 3.0 * np.abs(z)
                     continue
@@ -444,7 +477,7 @@ def _allowance(b: _Batch, v: Variant, p: _Parts, a: np.ndarray, u: float) -> np.
                     continue
                 denom = {"std": sigma + eps, "var": math.sqrt(var + eps)}.get(v.whiten_placement, sigma)
                 delta[m] = em.whiten_stage(dc[m], cu, float(mean[s]), a[m] if v.clip is None else
-                                           _whitened(b, dataclasses.replace(v, clip=None), p.c)[m],
+                                           _whitened(b, _with(v, clip=None), p.c)[m],
                                            sigma, denom, v.whiten_ddof, t=t[m], unit_roundoff=u)
         if v.clip is not None:
             delta = np.where(np.abs(a) >= v.clip, 0.0, delta)
@@ -507,6 +540,8 @@ def _not_exercised(b: _Batch, token_counts) -> tuple:
     out = []
     if not b.has_nan:
         out.append("NaN policy (no NaN reward)")
+    elif not b.unscored:
+        out.append("unscored samples left out of Eq. 6 (no sample with every reward NaN)")
     if not b.has_singleton:
         out.append("singleton policy (no group of one)")
     if not b.constant_column:
@@ -518,20 +553,23 @@ def _not_exercised(b: _Batch, token_counts) -> tuple:
     return tuple(out)
 
 
-def _eq4_variants(b: _Batch):
+def _eq4_variants(b: _Batch, o_nan: bool = False):
+    """The Eq. 4 and 7 variants this case exercises (a choice it cannot show keeps the paper's)."""
     eps_list = [None] + [e for e in EPS_VALUES if e != b.eps]
-    nans = ("zero_first", "nan_aware", "nan_aware_unscored", "propagate") if b.has_nan else ("error",)
-    singles = ("zero", "raw") if b.has_singleton else ("error",)
-    orders = ("after", "before") if (b.k > 1 or np.any(b.w != 1.0)) else ("after",)
-    places = ("std", "var", "skip_if_zero") if b.constant_column else ("std", "var")
+    nans = NANS[:1]
+    if b.has_nan:  # a NaN output is propagation's; nan_aware_unscored differs only where a row is all NaN
+        nans = ("propagate",) if o_nan else tuple(x for x in NANS[1:4] if b.unscored or x != "nan_aware_unscored")
+    singles = SINGLETONS[1:] if b.has_singleton else SINGLETONS[:1]
+    orders = ORDERS if (b.k > 1 or np.any(b.w != 1.0)) else ORDERS[:1]
+    places = PLACEMENTS if b.constant_column else PLACEMENTS[:2]
     out = []
     for nan in nans:
         for single in singles:
             for order in orders:
-                for base in ("mean", "leave_one_out"):
+                for base in BASELINES:
                     out.append(Variant(baseline=base, scale="none", singleton=single, nan=nan, weights=order))
-                    for scale in ("group_std", "batch_std"):
-                        for ddof in (1, 0):
+                    for scale in SCALES:
+                        for ddof in DDOFS:
                             for place in places:
                                 for eps in (eps_list if place != "skip_if_zero" else [0.0]):
                                     out.append(Variant(baseline=base, scale=scale, group_ddof=ddof,
@@ -597,23 +635,23 @@ def _clip_values(o: np.ndarray) -> list:
 def _search(b: _Batch, o: np.ndarray, u: float) -> _Search:
     s = _Search(b, o, u)
     clips = _clip_values(o)
-    eq4 = [(v, _eq4(b, v)) for v in _eq4_variants(b)]
-    scopes = ("unit", "batch") if b.S > 1 else ("unit",)
-    kinds = ("per_sample", "per_token") if b.t is not None else ("per_sample",)
+    eq4 = [(v, _eq4(b, v)) for v in _eq4_variants(b, bool(np.isnan(o).any()))]
+    scopes = SCOPES if b.S > 1 else SCOPES[:1]
+    kinds = WHITENS if b.t is not None else WHITENS[:1]
     top = max(np.max(np.abs(o[np.isfinite(o)])) if np.isfinite(o).any() else 0.0, 0.0)
     keep = np.isfinite(o) & (np.abs(o) < top) if clips else np.isfinite(o)
     screened = []
     for v4, p in eq4:
         for clip in [None] + clips:
-            s.add(dataclasses.replace(v4, whiten="none", clip=clip), _whitened(b, dataclasses.replace(
+            s.add(_with(v4, whiten="none", clip=clip), _whitened(b, _with(
                 v4, whiten="none", clip=clip), p.c))
         for scope in scopes:
-            vc = dataclasses.replace(v4, whiten="center", whiten_scope=scope)
+            vc = _with(v4, whiten="center", whiten_scope=scope)
             stats = _unit_stats(b, vc, p.c)
             for clip in [None] + clips:
-                s.add(dataclasses.replace(vc, clip=clip), _whitened(b, dataclasses.replace(vc, clip=clip), p.c, stats))
+                s.add(_with(vc, clip=clip), _whitened(b, _with(vc, clip=clip), p.c, stats))
             for kind in kinds:
-                vw = dataclasses.replace(v4, whiten=kind, whiten_scope=scope)
+                vw = _with(v4, whiten=kind, whiten_scope=scope)
                 stats = _unit_stats(b, vw, p.c)
                 ui, S, dev = stats[0], stats[1], stats[6]
                 sel = keep if (np.bincount(ui, keep & (dev != 0), S) > 0).all() else np.isfinite(o)
@@ -635,11 +673,11 @@ def _search(b: _Batch, o: np.ndarray, u: float) -> _Search:
             for place in ("std", "var"):
                 for eps in standard:
                     for clip in [None] + clips:
-                        v = dataclasses.replace(vw, whiten_ddof=ddof, whiten_placement=place, whiten_eps=eps,
+                        v = _with(vw, whiten_ddof=ddof, whiten_placement=place, whiten_eps=eps,
                                                 clip=clip)
                         closest = min(closest, s.add(v, _whitened(b, v, p.c, stats)))
             if np.any(ss == 0.0):  # a unit of std 0: passed through, or not
-                v = dataclasses.replace(vw, whiten_ddof=ddof, whiten_placement="skip_if_zero", whiten_eps=0.0)
+                v = _with(vw, whiten_ddof=ddof, whiten_placement="skip_if_zero", whiten_eps=0.0)
                 s.add(v, _whitened(b, v, p.c, stats))
         if closest <= s.near:
             continue  # a fitted eps only where no standard one comes near (one unit: any scale has one)
@@ -654,7 +692,7 @@ def _search(b: _Batch, o: np.ndarray, u: float) -> _Search:
                     fitted += [x for x in _snap(float(e)) if x not in standard + fitted]
                 for eps in fitted:
                     for clip in [None] + clips:
-                        v = dataclasses.replace(vw, whiten_ddof=ddof, whiten_placement=place, whiten_eps=eps,
+                        v = _with(vw, whiten_ddof=ddof, whiten_placement=place, whiten_eps=eps,
                                                 clip=clip)
                         s.add(v, _whitened(b, v, p.c, stats))
     return s
@@ -681,6 +719,8 @@ def _presets_of(b: _Batch, v: Variant, token_counts) -> tuple:
             repl["nan"] = "error"
         if not b.has_singleton:
             repl["singleton"] = "error"
+        if b.has_nan and x.nan == "nan_aware_unscored" and not b.unscored:
+            repl["nan"] = "nan_aware"
         if b.S < 2:
             repl["whiten_scope"] = "unit"
         if token_counts is None and x.whiten == "per_token":
@@ -689,8 +729,8 @@ def _presets_of(b: _Batch, v: Variant, token_counts) -> tuple:
             repl.update(group_placement="std", group_eps=0.0)
         if x.whiten_placement == "skip_if_zero":
             repl.update(whiten_placement="std", whiten_eps=0.0)
-        x = dataclasses.replace(x, **repl).canonical()
-        return dataclasses.replace(x, group_eps=b.eps if x.group_eps is None else x.group_eps,
+        x = _with(x, **repl).canonical()
+        return _with(x, group_eps=b.eps if x.group_eps is None else x.group_eps,
                                    whiten_eps=b.eps if x.whiten_eps is None else x.whiten_eps)
     kv = key(v)
     return tuple(name for name in CONVENTIONS if key(from_convention(name)) == kv)
@@ -705,7 +745,7 @@ def _judge(b: _Batch, v: Variant, o: np.ndarray, u: float):
     bites = False
     with np.errstate(all="ignore"):
         if v.clip is not None:
-            vf = dataclasses.replace(v, clip=None)
+            vf = _with(v, clip=None)
             free = _whitened(b, vf, p.c)
             bites = bool(np.any(np.abs(free - a) > _allowance(b, vf, p, free, u)))
         if not np.array_equal(np.isnan(a), np.isnan(o)):
@@ -716,6 +756,11 @@ def _judge(b: _Batch, v: Variant, o: np.ndarray, u: float):
     ratio = float(np.max(r)) if r.size else 0.0
     widest = float(np.max(np.where(np.isfinite(tol), tol, 0.0))) if tol.size else 0.0
     return (ratio if math.isfinite(ratio) else math.inf), _ulps(err, a, o, b.out_dtype), bites, widest
+
+
+def _largest(o: np.ndarray) -> float:
+    fin = o[np.isfinite(o)]
+    return float(np.max(np.abs(fin))) if fin.size else math.inf
 
 
 def _as_output(output, n: int) -> np.ndarray:
@@ -743,11 +788,17 @@ def _checked(b: _Batch, o: np.ndarray, u: float, s: _Search, token_counts):
     return rows
 
 
-def _verdict(rows, b: _Batch, token_counts, cases: int = 1, not_exercised=()) -> Diagnosis:
+def _clip_unseen(top: float) -> str:
+    return f"a clip at {top:.6g} or beyond (no advantage beyond it)"
+
+
+def _verdict(rows, b: _Batch, token_counts, cases: int = 1, not_exercised=(), top: float = math.inf) -> Diagnosis:
     matches = [r for r in rows if r[2] <= 1.0]
     if matches:
         matches.sort(key=lambda r: _preference(r[0], r[1], r[2], r[4]))
         v, lines, ratio, ulps, presets = matches[0]
+        if v.clip is None and math.isfinite(top):
+            not_exercised = tuple(not_exercised) + (_clip_unseen(top),)
         alts, seen = [], {tuple(lines)}
         for _, l2, *_ in matches[1:]:
             if tuple(l2) not in seen:
@@ -774,41 +825,45 @@ def diagnose(case, output, token_counts=None, unit_roundoff: float | None = None
     s = _search(b, o, u)
     s.add(PAPER, evaluate(b, PAPER))
     return _verdict(_checked(b, o, u, s, token_counts), b, token_counts,
-                    not_exercised=_not_exercised(b, token_counts))
+                    not_exercised=_not_exercised(b, token_counts), top=_largest(o))
 
 
-def diagnose_many(cases_and_outputs, token_counts=None, unit_roundoff: float | None = None) -> Diagnosis:
+def diagnose_many(cases_and_outputs, unit_roundoff: float | None = None) -> Diagnosis:
     """One diagnosis of several cases of one implementation: the variants that reproduce
-    every output (each case's matches and nearest, judged on every case). Where one case
-    cannot separate two variants (a clip that does not bite there), another may."""
-    pairs = list(cases_and_outputs)
-    if not pairs:
-        raise ValueError("diagnose_many: no cases")
+    every output (each case's candidates, judged on every case). Items are ``(case,
+    output)`` or ``(case, output, token_counts)``. Where one case cannot separate two
+    variants (a clip that does not bite there, equal group sizes), another may."""
     prepared = []
     candidates: dict = {}
-    for case, output in pairs:
-        b = _Batch(case, token_counts)
+    for item in cases_and_outputs:
+        case, output, tokens = (tuple(item) + (None,))[:3]
+        b = _Batch(case, tokens)
         o = _as_output(output, b.n)
         u = unit_roundoff_of(b.out_dtype) if unit_roundoff is None else float(unit_roundoff)
         s = _search(b, o, u)
         s.add(PAPER, evaluate(b, PAPER))
-        for v, e in sorted(s.found.items(), key=lambda kv: kv[1])[:CHECKED]:
+        for v, _ in sorted(s.found.items(), key=lambda kv: kv[1])[:CHECKED]:
             candidates.setdefault(v, None)
-        prepared.append((b, o, u))
+        prepared.append((b, o, u, tokens))
+    if not prepared:
+        raise ValueError("diagnose_many: no cases")
     rows = []
     for v in candidates:
         worst, worst_ulps, bites = 0.0, 0.0, False
-        for b, o, u in prepared:
+        for b, o, u, _ in prepared:
             ratio, ulps, bit, _ = _judge(b, v, o, u)
             worst, worst_ulps, bites = max(worst, ratio), max(worst_ulps, ulps), bites or bit
+            if worst > 1.0 and len(rows) > CHECKED:
+                break
         if v.clip is not None and not bites:
             continue
-        b0 = prepared[0][0]
-        rows.append((v, differences(v, b0.eps), worst, worst_ulps,
-                     tuple(set.intersection(*[set(_presets_of(b, v, token_counts)) for b, _, _ in prepared]))))
-    exercised = set.intersection(*[set(_not_exercised(b, token_counts)) for b, _, _ in prepared])
-    return _verdict(rows, prepared[0][0], token_counts, cases=len(pairs),
-                    not_exercised=tuple(x for x in _not_exercised(prepared[0][0], token_counts) if x in exercised))
+        presets = set.intersection(*[set(_presets_of(b, v, t)) for b, _, _, t in prepared])
+        rows.append((v, differences(v, prepared[0][0].eps), worst, worst_ulps,
+                     tuple(p for p in CONVENTIONS if p in presets)))
+    unseen = [_not_exercised(b, t) for b, _, _, t in prepared]
+    common = tuple(x for x in unseen[0] if all(x in other for other in unseen[1:]))
+    return _verdict(rows, prepared[0][0], None, cases=len(prepared), not_exercised=common,
+                    top=max(_largest(o) for _, o, _, _ in prepared))
 
 
 def describe(diagnosis: Diagnosis) -> str:
@@ -832,3 +887,47 @@ def describe(diagnosis: Diagnosis) -> str:
     nearest = "; ".join(d.differences) if d.differences else "the paper's formula"
     return (f"formula: no variant of the catalogue reproduces the output{on}; nearest: {nearest} "
             f"(off by {ulps}, {d.ratio:.3g} x its error bound)")
+
+
+# ------------------------------------------------------------------ the catalogue, for the docs
+
+_MARK = "<!-- the formula catalogue: generated by `python -m conformance.formulas --write`; do not edit -->"
+_END = "<!-- end of the formula catalogue -->"
+
+
+def catalogue_markdown() -> str:
+    """The catalogue as the Markdown table docs/grading.md shows (between its markers)."""
+    rows = [_MARK, "", "| equation | difference from the paper | who computes it | a case shows it with |",
+            "|---|---|---|---|"]
+    for c in CATALOGUE:
+        rows.append(f"| {c.equation} | {c.words} | {c.who} | {c.needs or 'any ordinary case'} |")
+    rows += ["", f"Combined, {catalogue_size():,} structural variants; eps values searched: the call's, "
+             f"{', '.join(f'{e:g}' for e in EPS_VALUES)}, and at Eq. 6 fitted from the output.", "", _END]
+    return "\n".join(rows)
+
+
+def _write_docs(path) -> bool:
+    """Put the generated catalogue between the markers of ``path``; True if it changed."""
+    from pathlib import Path
+
+    page = Path(path)
+    text = page.read_text()
+    if _MARK not in text or _END not in text:
+        raise SystemExit(f"{path}: no catalogue markers ({_MARK!r} ... {_END!r})")
+    head, rest = text.split(_MARK, 1)
+    _, tail = rest.split(_END, 1)
+    new = head + catalogue_markdown() + tail
+    if new != text:
+        page.write_text(new)
+    return new != text
+
+
+if __name__ == "__main__":  # pragma: no cover - a maintenance command
+    import sys
+    from pathlib import Path
+
+    doc = Path(__file__).resolve().parent.parent / "docs" / "grading.md"
+    if "--write" in sys.argv[1:]:
+        print(f"{doc}: {'rewritten' if _write_docs(doc) else 'up to date'}")
+    else:
+        print(catalogue_markdown())
