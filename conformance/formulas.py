@@ -285,6 +285,7 @@ class _Batch:
         self.unscored = bool(np.isnan(r).all(axis=1).any())  # a sample no reward function scored
         self.has_singleton = bool((self.size == 1).any())
         fin = np.where(np.isfinite(r), r, 0.0)
+        self.bounds: dict = {}  # (Eq. 4 and 7 of a variant, u) -> its Δc
         self.constant_column = any(np.all(fin[m] == fin[m][:1], axis=0).any() for m in self.members if m.size > 1)
 
 
@@ -426,10 +427,14 @@ def _exact_constant(x: np.ndarray, u: float) -> bool:
         return bool(np.all(sums.astype(dt).astype(np.float64) == sums))
 
 
-def _allowance(b: _Batch, v: Variant, p: _Parts, a: np.ndarray, u: float) -> np.ndarray:
-    """Per output: how far a correct code of this variant, computing at unit roundoff
-    ``u`` (mean then subtract) and rounding once to the output dtype, may be from the
-    variant's exact value (spec/error_model.py's stages on the float64 intermediates)."""
+def _combined_bound(b: _Batch, v: Variant, p: _Parts, u: float) -> np.ndarray:
+    """Δc (units of u) of the variant's Eq. 4 and 7, kept per batch: every Eq. 6 choice
+    shares it."""
+    key = (_with(v, whiten="none", whiten_scope="unit", whiten_ddof=1, whiten_placement="std", whiten_eps=None,
+                 clip=None), u)
+    hit = b.bounds.get(key)
+    if hit is not None:
+        return hit
     K = p.x.shape[1]
     dz = np.zeros_like(p.z)
     extra = (b.k + 1) if v.weights == "before" else 0  # the weighted sum's own rounding
@@ -455,6 +460,16 @@ def _allowance(b: _Batch, v: Variant, p: _Parts, a: np.ndarray, u: float) -> np.
         if v.nan in ("nan_aware", "nan_aware_unscored"):
             dz = np.where(np.isnan(b.r if v.weights == "after" else p.x), 0.0, dz)  # a skipped reward's z is 0
         dc = em.combine_stage(np.nan_to_num(dz, nan=0.0, posinf=0.0), np.nan_to_num(p.z), p.w)
+    b.bounds[key] = dc
+    return dc
+
+
+def _allowance(b: _Batch, v: Variant, p: _Parts, a: np.ndarray, u: float) -> np.ndarray:
+    """Per output: how far a correct code of this variant, computing at unit roundoff
+    ``u`` (mean then subtract) and rounding once to the output dtype, may be from the
+    variant's exact value (spec/error_model.py's stages on the float64 intermediates)."""
+    dc = _combined_bound(b, v, p, u)
+    with np.errstate(all="ignore"):
         if v.whiten == "none":
             delta = dc
         else:
@@ -522,6 +537,8 @@ class Diagnosis:
     cases: int = 1
     #: every matching variant, the named one first
     matches: tuple = ()
+    #: of several cases (:func:`diagnose_many`): each case's own diagnosis
+    each: tuple = ()
 
     @property
     def matched(self) -> bool:
@@ -624,31 +641,35 @@ class _Search:
         return e
 
 
-def _clip_values(o: np.ndarray) -> list:
-    fin = o[np.isfinite(o)]
-    if not fin.size:
-        return []
-    top = float(np.max(np.abs(fin)))
-    return [top] if top > 0 and np.sum(np.abs(fin) == top) >= 1 else []
+#: at Eq. 6 a (ddof, eps) whose scale 1/D is off the fitted one by more than this (relative)
+#: is not evaluated, unless none is nearer: its outputs are off by as much, far beyond rounding
+SCALE_SLACK = 1e-3
 
 
 def _search(b: _Batch, o: np.ndarray, u: float) -> _Search:
+    """Every exercised variant's float64 advantages, each with its relative distance from
+    the output. Eq. 4 and 7 are enumerated; for each, Eq. 6 per sample or per token is
+    ``dev / D`` per unit, so the least-squares scale 1/D of the output is fitted first and
+    only the (ddof, placement, eps) whose D comes near it are evaluated; a clip is read off
+    the output where the fitted values exceed its largest magnitude."""
     s = _Search(b, o, u)
-    clips = _clip_values(o)
     eq4 = [(v, _eq4(b, v)) for v in _eq4_variants(b, bool(np.isnan(o).any()))]
     scopes = SCOPES if b.S > 1 else SCOPES[:1]
     kinds = WHITENS if b.t is not None else WHITENS[:1]
-    top = max(np.max(np.abs(o[np.isfinite(o)])) if np.isfinite(o).any() else 0.0, 0.0)
-    keep = np.isfinite(o) & (np.abs(o) < top) if clips else np.isfinite(o)
+    top = _largest(o)
+    clip_at = [top] if math.isfinite(top) and top > 0 else []
+    keep = np.isfinite(o) & (np.abs(o) < top) if clip_at else np.isfinite(o)
+    beyond = top * (1.0 + 2.0 ** -20) if clip_at else math.inf
     screened = []
     for v4, p in eq4:
-        for clip in [None] + clips:
-            s.add(_with(v4, whiten="none", clip=clip), _whitened(b, _with(
-                v4, whiten="none", clip=clip), p.c))
+        reach = float(np.max(np.abs(p.c[np.isfinite(p.c)]), initial=0.0))
+        for clip in [None] + (clip_at if reach > beyond else []):
+            vn = _with(v4, whiten="none", clip=clip)
+            s.add(vn, _whitened(b, vn, p.c))
         for scope in scopes:
             vc = _with(v4, whiten="center", whiten_scope=scope)
             stats = _unit_stats(b, vc, p.c)
-            for clip in [None] + clips:
+            for clip in [None] + (clip_at if float(np.nanmax(np.abs(stats[6]), initial=0.0)) > beyond else []):
                 s.add(_with(vc, clip=clip), _whitened(b, _with(vc, clip=clip), p.c, stats))
             for kind in kinds:
                 vw = _with(v4, whiten=kind, whiten_scope=scope)
@@ -658,42 +679,52 @@ def _search(b: _Batch, o: np.ndarray, u: float) -> _Search:
                 alpha = _fit_scale(o, dev, ui, S, sel)
                 with np.errstate(all="ignore"):
                     guess = np.where(np.isfinite(alpha[ui]), alpha[ui] * dev, 0.0)
+                    clips = clip_at if float(np.max(np.abs(guess), initial=0.0)) > beyond else []
                     fit = s.rough(np.clip(guess, -top, top) if clips else guess)
-                screened.append((fit, vw, p, stats, alpha))
+                screened.append((fit, vw, p, stats, alpha, clips))
     if not screened:
         return s
     best = min(f for f, *_ in screened)
-    for fit, vw, p, stats, alpha in screened:
+    for fit, vw, p, stats, alpha, clips in screened:
         if not fit <= max(100.0 * best, 1e-5):
             continue
         ui, S, t, tt, T, mean, dev, ss = stats
         standard = [None] + [e for e in EPS_VALUES if e != b.eps]
-        closest = math.inf
-        for ddof in (1, 0):
-            for place in ("std", "var"):
-                for eps in standard:
-                    for clip in [None] + clips:
-                        v = _with(vw, whiten_ddof=ddof, whiten_placement=place, whiten_eps=eps,
-                                                clip=clip)
-                        closest = min(closest, s.add(v, _whitened(b, v, p.c, stats)))
+        trials = []  # (mismatch of the scale, ddof, placement, eps)
+        for ddof in DDOFS:
+            with np.errstate(all="ignore"):
+                var = ss / (T - ddof)
+                for place in PLACEMENTS[:2]:
+                    for eps in standard:
+                        e = b.eps if eps is None else eps
+                        D = np.sqrt(var) + e if place == "std" else np.sqrt(var + e)
+                        off = np.abs(D * alpha - 1.0)
+                        off = off[np.isfinite(off)]
+                        trials.append((float(off.max()) if off.size else math.inf, ddof, place, eps))
             if np.any(ss == 0.0):  # a unit of std 0: passed through, or not
                 v = _with(vw, whiten_ddof=ddof, whiten_placement="skip_if_zero", whiten_eps=0.0)
                 s.add(v, _whitened(b, v, p.c, stats))
+        nearest = min(t[0] for t in trials)
+        closest = math.inf
+        for off, ddof, place, eps in trials:
+            if off <= max(SCALE_SLACK, 10.0 * nearest):
+                for clip in [None] + clips:
+                    v = _with(vw, whiten_ddof=ddof, whiten_placement=place, whiten_eps=eps, clip=clip)
+                    closest = min(closest, s.add(v, _whitened(b, v, p.c, stats)))
         if closest <= s.near:
             continue  # a fitted eps only where no standard one comes near (one unit: any scale has one)
-        for ddof in (1, 0):
-            var = ss / (T - ddof)
+        for ddof in DDOFS:
             with np.errstate(all="ignore"):
+                var = ss / (T - ddof)
                 D = 1.0 / alpha
                 fits = {"std": D - np.sqrt(var), "var": D * D - var}
-            for place in ("std", "var"):
+            for place in PLACEMENTS[:2]:
                 fitted = []
                 for e in fits[place][np.isfinite(fits[place])][:4]:
                     fitted += [x for x in _snap(float(e)) if x not in standard + fitted]
                 for eps in fitted:
                     for clip in [None] + clips:
-                        v = _with(vw, whiten_ddof=ddof, whiten_placement=place, whiten_eps=eps,
-                                                clip=clip)
+                        v = _with(vw, whiten_ddof=ddof, whiten_placement=place, whiten_eps=eps, clip=clip)
                         s.add(v, _whitened(b, v, p.c, stats))
     return s
 
@@ -701,12 +732,13 @@ def _search(b: _Batch, o: np.ndarray, u: float) -> _Search:
 _STANDARD_EPS = frozenset(EPS_VALUES)
 
 
-def _preference(v: Variant, lines: list, ratio: float, presets: tuple):
+def _preference(row: "_Row"):
     """Fewest differences; a preset's formula; standard eps values; no Eq. 6 before a
     centring one (over whole groups the combined values' mean is 0: the two agree); the
     smallest error."""
+    v = row.variant
     odd = sum(1 for e in (v.group_eps, v.whiten_eps) if e is not None and e not in _STANDARD_EPS)
-    return (len(lines), 0 if presets else 1, odd, v.whiten == "center", ratio)
+    return (len(row.lines), 0 if row.presets else 1, odd, v.whiten == "center", row.rms)
 
 
 def _presets_of(b: _Batch, v: Variant, token_counts) -> tuple:
@@ -736,26 +768,44 @@ def _presets_of(b: _Batch, v: Variant, token_counts) -> tuple:
     return tuple(name for name in CONVENTIONS if key(from_convention(name)) == kv)
 
 
+@dataclasses.dataclass
+class _Row:
+    """A variant judged on one case or several: its worst error over its allowance
+    (``ratio``), the root mean square of that quotient (``rms``: what the nearest of no
+    match is chosen by, which noise moves less than a maximum), its worst error in ulps."""
+
+    variant: Variant
+    lines: list
+    ratio: float
+    rms: float
+    ulps: float
+    bites: bool
+    presets: tuple = ()
+
+
 def _judge(b: _Batch, v: Variant, o: np.ndarray, u: float):
-    """(ratio, ulps, bites, widest) of output ``o`` against variant ``v`` on batch ``b``;
-    ``bites``: the variant's clip changes a value beyond its rounding (a clip that does not
-    is, on this case, the unclipped variant); ``widest``: its largest allowance."""
+    """``(row, widest)``: ``v`` judged on output ``o`` of batch ``b`` (``row.bites``: the
+    clip changes a value beyond its rounding; a clip that does not is, on this case, the
+    unclipped variant); ``widest``: its largest allowance."""
     p = _eq4(b, v)
     a = _whitened(b, v, p.c)
     bites = False
+    lines = differences(v, b.eps)
     with np.errstate(all="ignore"):
         if v.clip is not None:
             vf = _with(v, clip=None)
             free = _whitened(b, vf, p.c)
             bites = bool(np.any(np.abs(free - a) > _allowance(b, vf, p, free, u)))
         if not np.array_equal(np.isnan(a), np.isnan(o)):
-            return math.inf, math.inf, bites, 0.0
+            return _Row(v, lines, math.inf, math.inf, math.inf, bites), 0.0
         tol = _allowance(b, v, p, a, u)
         err = np.abs(np.where(np.isnan(o), 0.0, o - a))
         r = np.where(err == 0.0, 0.0, err / tol)
     ratio = float(np.max(r)) if r.size else 0.0
+    rms = float(np.sqrt(np.mean(r * r))) if r.size else 0.0
     widest = float(np.max(np.where(np.isfinite(tol), tol, 0.0))) if tol.size else 0.0
-    return (ratio if math.isfinite(ratio) else math.inf), _ulps(err, a, o, b.out_dtype), bites, widest
+    fix = (lambda x: x if math.isfinite(x) else math.inf)
+    return _Row(v, lines, fix(ratio), fix(rms), _ulps(err, a, o, b.out_dtype), bites), widest
 
 
 def _largest(o: np.ndarray) -> float:
@@ -771,20 +821,22 @@ def _as_output(output, n: int) -> np.ndarray:
     return o
 
 
-def _checked(b: _Batch, o: np.ndarray, u: float, s: _Search, token_counts):
+def _checked(b: _Batch, o: np.ndarray, u: float, s: _Search, token_counts) -> list:
     """The candidates nearest by relative error, judged against their own bounds."""
     ranked = sorted(s.found.items(), key=lambda kv: kv[1])[:CHECKED]
+    if PAPER not in dict(ranked):  # always judged: the nearest of no match is often the paper
+        ranked.append((PAPER, 0.0))
     rows = []
     widest = 0.0  # the largest allowance seen, relative to the output's scale
     for i, (v, rough) in enumerate(ranked):
-        if i >= 8 and rough > 4.0 * widest:
-            break  # farther from the output, everywhere, than any allowance judged so far
-        ratio, ulps, bites, wide = _judge(b, v, o, u)
+        if i >= 8 and rough > 4.0 * widest and v != PAPER:
+            continue  # farther from the output, everywhere, than any allowance judged so far
+        row, wide = _judge(b, v, o, u)
         widest = max(widest, wide / s.scale)
-        if v.clip is not None and not bites:
+        if v.clip is not None and not row.bites:
             continue  # the unclipped variant, already among the candidates
-        lines = differences(v, b.eps)
-        rows.append((v, lines, ratio, ulps, _presets_of(b, v, token_counts)))
+        row.presets = _presets_of(b, v, token_counts)
+        rows.append(row)
     return rows
 
 
@@ -792,24 +844,32 @@ def _clip_unseen(top: float) -> str:
     return f"a clip at {top:.6g} or beyond (no advantage beyond it)"
 
 
-def _verdict(rows, b: _Batch, token_counts, cases: int = 1, not_exercised=(), top: float = math.inf) -> Diagnosis:
-    matches = [r for r in rows if r[2] <= 1.0]
+def _verdict(rows: list, out_dtype: str, cases: int = 1, not_exercised=(), top: float = math.inf) -> Diagnosis:
+    matches = sorted((r for r in rows if r.ratio <= 1.0), key=_preference)
     if matches:
-        matches.sort(key=lambda r: _preference(r[0], r[1], r[2], r[4]))
-        v, lines, ratio, ulps, presets = matches[0]
-        if v.clip is None and math.isfinite(top):
+        first = matches[0]
+        if first.variant.clip is None and math.isfinite(top):
             not_exercised = tuple(not_exercised) + (_clip_unseen(top),)
-        alts, seen = [], {tuple(lines)}
-        for _, l2, *_ in matches[1:]:
-            if tuple(l2) not in seen:
-                seen.add(tuple(l2))
-                alts.append(tuple(l2))
-        return Diagnosis(v, tuple(lines), ulps, ratio, b.out_dtype, v, tuple(alts), presets, not_exercised, cases,
-                         tuple(r[0] for r in matches))
-    best = min(r[2] for r in rows)  # the nearest: the simplest of those within twice the smallest error
-    near = [r for r in rows if r[2] <= 2.0 * best] or rows
-    v, lines, ratio, ulps, presets = min(near, key=lambda r: _preference(r[0], r[1], r[2], r[4]))
-    return Diagnosis(None, tuple(lines), ulps, ratio, b.out_dtype, v, (), presets, not_exercised, cases)
+        alts, seen = [], {tuple(first.lines)}
+        for r in matches[1:]:
+            if tuple(r.lines) not in seen:
+                seen.add(tuple(r.lines))
+                alts.append(tuple(r.lines))
+        return Diagnosis(first.variant, tuple(first.lines), first.ulps, first.ratio, out_dtype, first.variant,
+                         tuple(alts), first.presets, not_exercised, cases, tuple(r.variant for r in matches))
+    best = min(r.rms for r in rows)  # the nearest: the simplest of those within twice the smallest rms error
+    first = min([r for r in rows if r.rms <= 2.0 * best] or rows, key=_preference)
+    return Diagnosis(None, tuple(first.lines), first.ulps, first.ratio, out_dtype, first.variant, (),
+                     first.presets, not_exercised, cases)
+
+
+def _one(case, output, token_counts, unit_roundoff):
+    b = _Batch(case, token_counts)
+    o = _as_output(output, b.n)
+    u = unit_roundoff_of(b.out_dtype) if unit_roundoff is None else float(unit_roundoff)
+    s = _search(b, o, u)
+    s.add(PAPER, evaluate(b, PAPER))
+    return b, o, u, _checked(b, o, u, s, token_counts)
 
 
 def diagnose(case, output, token_counts=None, unit_roundoff: float | None = None) -> Diagnosis:
@@ -819,51 +879,58 @@ def diagnose(case, output, token_counts=None, unit_roundoff: float | None = None
     ``token_counts``: the samples' token counts where the call passed them (Eq. 6 may be
     token-weighted); ``unit_roundoff``: the implementation's working precision (default:
     float32's for a float32, float16 or bfloat16 output, float64's for float64)."""
-    b = _Batch(case, token_counts)
-    o = _as_output(output, b.n)
-    u = unit_roundoff_of(b.out_dtype) if unit_roundoff is None else float(unit_roundoff)
-    s = _search(b, o, u)
-    s.add(PAPER, evaluate(b, PAPER))
-    return _verdict(_checked(b, o, u, s, token_counts), b, token_counts,
-                    not_exercised=_not_exercised(b, token_counts), top=_largest(o))
+    b, o, _, rows = _one(case, output, token_counts, unit_roundoff)
+    return _verdict(rows, b.out_dtype, not_exercised=_not_exercised(b, token_counts), top=_largest(o))
 
 
 def diagnose_many(cases_and_outputs, unit_roundoff: float | None = None) -> Diagnosis:
     """One diagnosis of several cases of one implementation: the variants that reproduce
-    every output (each case's candidates, judged on every case). Items are ``(case,
-    output)`` or ``(case, output, token_counts)``. Where one case cannot separate two
-    variants (a clip that does not bite there, equal group sizes), another may."""
-    prepared = []
-    candidates: dict = {}
+    every output. Items are ``(case, output)`` or ``(case, output, token_counts)``. Each
+    case is diagnosed alone; what matched one (and each case's nearest) is judged on every
+    case. Where one case cannot separate two variants (a clip that does not bite there,
+    equal group sizes), another may."""
+    done = []
     for item in cases_and_outputs:
         case, output, tokens = (tuple(item) + (None,))[:3]
-        b = _Batch(case, tokens)
-        o = _as_output(output, b.n)
-        u = unit_roundoff_of(b.out_dtype) if unit_roundoff is None else float(unit_roundoff)
-        s = _search(b, o, u)
-        s.add(PAPER, evaluate(b, PAPER))
-        for v, _ in sorted(s.found.items(), key=lambda kv: kv[1])[:CHECKED]:
-            candidates.setdefault(v, None)
-        prepared.append((b, o, u, tokens))
-    if not prepared:
+        done.append((_one(case, output, tokens, unit_roundoff), tokens))
+    if not done:
         raise ValueError("diagnose_many: no cases")
-    rows = []
+    candidates: dict = {}
+    for (_, _, _, rows), _ in done:
+        near = sorted(rows, key=lambda r: r.rms)[:4]
+        for r in [r for r in rows if r.ratio <= 1.0] + near:
+            candidates.setdefault(r.variant, None)
+    candidates.setdefault(PAPER, None)  # a clip biting on one case is among that case's matches
+    def judged(v, stop):
+        worst = _Row(v, differences(v, done[0][0][0].eps), 0.0, 0.0, 0.0, False)
+        for (b, o, u, _), tokens in done:
+            row, _ = _judge(b, v, o, u)
+            worst.ratio, worst.rms = max(worst.ratio, row.ratio), max(worst.rms, row.rms)
+            worst.ulps, worst.bites = max(worst.ulps, row.ulps), worst.bites or row.bites
+            if stop and worst.ratio > 1.0:
+                return worst, False  # fails a case: no match (its errors so far are a lower bound)
+        presets = set.intersection(*[set(_presets_of(b, v, t)) for (b, _, _, _), t in done])
+        worst.presets = tuple(p for p in CONVENTIONS if p in presets)
+        return worst, True
+
+    rows, partial = [], []
     for v in candidates:
-        worst, worst_ulps, bites = 0.0, 0.0, False
-        for b, o, u, _ in prepared:
-            ratio, ulps, bit, _ = _judge(b, v, o, u)
-            worst, worst_ulps, bites = max(worst, ratio), max(worst_ulps, ulps), bites or bit
-            if worst > 1.0 and len(rows) > CHECKED:
-                break
-        if v.clip is not None and not bites:
+        row, whole = judged(v, stop=True)
+        if v.clip is not None and whole and not row.bites:
             continue
-        presets = set.intersection(*[set(_presets_of(b, v, t)) for b, _, _, t in prepared])
-        rows.append((v, differences(v, prepared[0][0].eps), worst, worst_ulps,
-                     tuple(p for p in CONVENTIONS if p in presets)))
-    unseen = [_not_exercised(b, t) for b, _, _, t in prepared]
+        (rows if whole else partial).append(row)
+    if not any(r.ratio <= 1.0 for r in rows):  # no match: the nearest, judged on every case
+        partial.sort(key=lambda r: r.rms)
+        rows += [judged(r.variant, stop=False)[0] for r in partial[:8]
+                 if r.variant.clip is None or r.bites]
+        if not any(r.variant == PAPER for r in rows):
+            rows.append(judged(PAPER, stop=False)[0])
+    unseen = [_not_exercised(b, t) for (b, _, _, _), t in done]
     common = tuple(x for x in unseen[0] if all(x in other for other in unseen[1:]))
-    return _verdict(rows, prepared[0][0], None, cases=len(prepared), not_exercised=common,
-                    top=max(_largest(o) for _, o, _, _ in prepared))
+    each = tuple(_verdict(r, b.out_dtype, not_exercised=_not_exercised(b, t), top=_largest(o))
+                 for (b, o, _, r), t in done)
+    return dataclasses.replace(_verdict(rows, done[0][0][0].out_dtype, cases=len(done), not_exercised=common,
+                                        top=max(_largest(o) for (_, o, _, _), _ in done)), each=each)
 
 
 def describe(diagnosis: Diagnosis) -> str:
