@@ -83,22 +83,23 @@ class Variant:
     def canonical(self) -> "Variant":
         """The same formula with the choices it does not use set to the paper's (no std:
         no ddof or eps; no Eq. 6: no Eq. 6 choices; ``skip_if_zero`` has no eps)."""
-        v = self
+        v, ch = self, {}
         if v.scale == "none":
-            v = _with(v, group_ddof=1, group_placement="std", group_eps=None)
+            ch.update(group_ddof=1, group_placement="std", group_eps=None)
         elif v.group_placement == "skip_if_zero":
-            v = _with(v, group_eps=0.0)
+            ch.update(group_eps=0.0)
         elif v.group_placement == "var" and v.group_eps == 0.0:  # sqrt(var + 0) is the std
-            v = _with(v, group_placement="std")
+            ch.update(group_placement="std")
         if v.whiten in ("none", "center"):
-            v = _with(v, whiten_ddof=1, whiten_placement="std", whiten_eps=None)
+            ch.update(whiten_ddof=1, whiten_placement="std", whiten_eps=None)
             if v.whiten == "none":
-                v = _with(v, whiten_scope="unit")
+                ch.update(whiten_scope="unit")
         elif v.whiten_placement == "skip_if_zero":
-            v = _with(v, whiten_eps=0.0)
+            ch.update(whiten_eps=0.0)
         elif v.whiten_placement == "var" and v.whiten_eps == 0.0:
-            v = _with(v, whiten_placement="std")
-        return v
+            ch.update(whiten_placement="std")
+        ch = {k: x for k, x in ch.items() if getattr(v, k) != x or (x is None) != (getattr(v, k) is None)}
+        return _with(v, **ch) if ch else v
 
 
 PAPER = Variant()
@@ -260,6 +261,10 @@ class _Batch:
     """A case, prepared once: rewards, group and unit indices, weights, eps."""
 
     def __init__(self, case, token_counts=None):
+        if not hasattr(case, "rewards_array") or not hasattr(case, "labels"):
+            raise TypeError(f"a conformance.cases.Case (one process's call) is diagnosed, not {type(case).__name__}")
+        if not case.rewards:
+            raise ValueError("an empty case has no output to diagnose")
         r = case.rewards_array()
         self.r = r
         self.n, self.k = r.shape
@@ -621,16 +626,19 @@ class _Search:
         self.scale = float(np.max(np.abs(o[fin]))) if fin.any() else 1.0
         self.scale = self.scale if self.scale > 0 else 1.0
         self.nan_o = np.isnan(o)
+        self.any_nan = bool(self.nan_o.any())
         self.found: dict = {}  # canonical variant -> rough relative error
         #: a relative error that rounding alone may well explain (64 ulps of the output's scale)
         self.near = 64.0 * 2.0 * em.half_ulp(np.array([1.0]), b.out_dtype)[0]
 
     def rough(self, a: np.ndarray) -> float:
-        if not np.array_equal(np.isnan(a), self.nan_o):
-            return math.inf
         with np.errstate(all="ignore"):
-            err = np.abs(np.where(self.nan_o, 0.0, self.o - a))
-        e = float(err.max()) if err.size else 0.0
+            err = np.abs(self.o - a)
+            if self.any_nan:
+                if not np.array_equal(np.isnan(a), self.nan_o):
+                    return math.inf
+                err = np.where(self.nan_o, 0.0, err)
+            e = float(err.max()) if err.size else 0.0  # a NaN of the variant alone: NaN, not finite
         return e / self.scale if math.isfinite(e) else math.inf
 
     def add(self, v: Variant, a: np.ndarray) -> float:
@@ -657,7 +665,9 @@ def _search(b: _Batch, o: np.ndarray, u: float) -> _Search:
     scopes = SCOPES if b.S > 1 else SCOPES[:1]
     kinds = WHITENS if b.t is not None else WHITENS[:1]
     top = _largest(o)
-    clip_at = [top] if math.isfinite(top) and top > 0 else []
+    # a clip explains the values it reaches, never the formula: fewer than half may sit on it
+    on_top = int(np.sum(np.abs(o) == top)) if math.isfinite(top) else b.n
+    clip_at = [top] if math.isfinite(top) and top > 0 and 2 * on_top < b.n else []
     keep = np.isfinite(o) & (np.abs(o) < top) if clip_at else np.isfinite(o)
     beyond = top * (1.0 + 2.0 ** -20) if clip_at else math.inf
     screened = []

@@ -9,6 +9,8 @@ plain loops, in float32 torch or float64 numpy, and share no code with the catal
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import torch
 
@@ -176,7 +178,8 @@ def nan_skipped(r, labels, w, units, eps, tokens=None):
     z = np.zeros_like(r)
     for m in _groups(labels):
         x = r[m]
-        with np.errstate(all="ignore"):
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # a column of one non-NaN value: its nanstd is NaN
             mu = np.nanmean(x, 0)
             sd = np.nanstd(x, 0, ddof=1)
             z[m] = np.nan_to_num((x - mu) / (sd + eps), nan=0.0)
