@@ -290,3 +290,34 @@ def noisy32(r, labels, w, units, eps, tokens=None):
     a = paper64(r, labels, w, units, eps)
     rng = np.random.default_rng(len(a))
     return (a + 1e-3 * rng.standard_normal(a.shape)).astype(np.float32)
+
+
+def unscored_left_out(r, labels, w, units, eps, tokens=None):
+    """NaN rewards skipped in their group's statistics (z 0); a sample no reward function
+    scored (every reward NaN) is left out of Eq. 6 and gets advantage 0."""
+    c = np.zeros(len(r))
+    z = np.zeros_like(r)
+    for m in _groups(labels):
+        for k in range(r.shape[1]):
+            x = r[m, k]
+            ok = ~np.isnan(x)
+            if ok.sum() >= 2:
+                d = x[ok] - x[ok].mean()
+                col = np.zeros(len(m))
+                col[ok] = d / (np.sqrt((d * d).sum() / (ok.sum() - 1)) + eps)
+                z[m, k] = col
+    c = z @ w
+    scored = ~np.isnan(r).all(axis=1)
+    a = np.zeros_like(c)
+    s = c[scored]
+    a[scored] = (s - s.mean()) / (s.std(ddof=1) + eps)
+    return a
+
+
+def nan_flows_no_eq6(r, labels, w, units, eps, tokens=None):
+    """No NaN handling at all and no Eq. 6: a NaN reward makes its group's advantages NaN."""
+    z = np.zeros_like(r)
+    for m in _groups(labels):
+        x = r[m]
+        z[m] = (x - x.mean(0)) / (x.std(0, ddof=1) + eps)
+    return z @ w
