@@ -13,7 +13,8 @@ cases of ordinary magnitude in another category. A :class:`Finding` is one such 
 * the category (``conformance/verdicts.py``);
 * the properties where it showed, and the smallest example (the judge's reduction, in decimal).
 
-Findings are keyed on (category, regime): a maintainer fixes one per row.
+Findings are keyed on (category, regime, and for a formula its differences from the paper,
+``conformance/formulas.py``): a maintainer fixes one per row.
 """
 
 from __future__ import annotations
@@ -143,7 +144,7 @@ def size(case) -> tuple:
     return (case.n * max(case.k, 1), case.k, len(case.dumps()))
 
 
-def record(prop: str, category, case, check, repro: str | None = None) -> dict:
+def record(prop: str, category, case, check, repro: str | None = None, formula: str | None = None) -> dict:
     """One property's failure of one category, as the plugin carries it (JSON-able). ``repro``:
     the replay line of ``case``; where the example shown is another case (scaled down to the
     threshold), the line replays that example instead."""
@@ -153,18 +154,19 @@ def record(prop: str, category, case, check, repro: str | None = None) -> dict:
 
         repro = repro.rsplit(" --case ", 1)[0] + " --case " + shlex.quote(example.dumps())
     return {"category": str(category), "regime": reg, "threshold": threshold, "property": prop,
-            "example": describe(example), "size": list(size(example)), "repro": repro}
+            "example": describe(example), "size": list(size(example)), "repro": repro, "formula": formula}
 
 
 def group(records: list[dict]) -> list[dict]:
-    """The findings of a grading: its failures' records merged by (category, regime), each with the
-    properties where it showed, the smallest threshold and the smallest example."""
+    """The findings of a grading: its failures' records merged by (category, regime, and for a
+    formula the differences diagnosed), each with the properties where it showed, the smallest
+    threshold and the smallest example."""
     out: dict = {}
     for r in records:
-        key = (r["category"], r["regime"])
+        key = (r["category"], r["regime"], r.get("formula"))
         f = out.setdefault(key, {"category": r["category"], "regime": r["regime"], "threshold": None,
                                  "properties": [], "example": r["example"], "size": r["size"],
-                                 "repro": r.get("repro")})
+                                 "repro": r.get("repro"), "formula": r.get("formula")})
         if r["property"] not in f["properties"]:
             f["properties"].append(r["property"])
         if r["threshold"] is not None and (f["threshold"] is None or r["threshold"] < f["threshold"]):
@@ -179,4 +181,5 @@ def cause(f: dict) -> str:
     where = f["regime"]
     if f["threshold"] is not None:
         where += f" (from |value| of about {f['threshold']:.0e})"
-    return f"{label(f['category'])}, at {where}" if f["regime"] != "bad input" else f"{label(f['category'])}"
+    what = label(f["category"]) + (f" ({f['formula']})" if f.get("formula") else "")
+    return f"{what}, at {where}" if f["regime"] != "bad input" else what

@@ -55,13 +55,15 @@ MAX_LISTED = 6
 class ConformanceFailure(AssertionError):
     """A property does not hold for the implementation under test.
 
-    ``category``: one of :data:`conformance.verdicts.CATEGORIES` (what the failure means);
+    ``category``: a :class:`conformance.verdicts.Category` (what the failure means);
     ``worst_ulps`` / ``worst_dtype``: the worst error in ulps of the dtype the
     implementation is judged at, where the failure is a distance (else None)."""
 
     category: str | None = None
     worst_ulps: float | None = None
     worst_dtype: str | None = None
+    #: category ``formula``: how the formula differs from the paper ("Eq. 4: leave-one-out baseline")
+    formula: str | None = None
 
 
 class NotJudged(Exception):
@@ -69,10 +71,11 @@ class NotJudged(Exception):
 
 
 def fail(prop, equation, subject, case, headline, details=(), category=None, worst_ulps=None,
-          worst_dtype=None):
+         worst_dtype=None, formula=None):
     exc = ConformanceFailure(failure(prop, equation, subject, case, headline, details, category))
     exc.case = case  # the failing call itself (one of several for the errors property)
     exc.category, exc.worst_ulps, exc.worst_dtype = category, worst_ulps, worst_dtype
+    exc.formula = formula
     raise exc
 
 
@@ -350,12 +353,64 @@ def final(prop, eq, subject, case, out, res, what: str, permitted: bool, context
                 category = Category.SILENT_ZERO
                 rows.append(dropped)
         own = _formula_difference(subject, case, out) if conv.name == "spec" else None
+        formula = None
         if own is not None:
-            category = Category.FORMULA
+            category, formula = Category.FORMULA, f"convention {subject.own_convention()!r}"
             rows += own
+        elif category == Category.PRECISION and what == "advantage":
+            found = diagnosed(subject, case, out, conv)
+            if found is not None:
+                named, line = found
+                rows.append(line)
+                if named is not None:
+                    category, formula = Category.FORMULA, named
         fail(prop, eq, subject, case, f"{len(v.bad)} of {case.n} {what}s outside the error model"
-              + _precision_note(conv), rows, category=category, worst_ulps=v.worst_ulps,
-              worst_dtype=v.judged_dtype)
+             + _precision_note(conv), rows, category=category, worst_ulps=v.worst_ulps,
+             worst_dtype=v.judged_dtype, formula=formula)
+
+
+def _ordinary(case) -> bool:
+    """Rewards and weights of ordinary magnitude (``conformance.findings.ORDINARY``): where no
+    float32 square overflows, so an output off by more than rounding is another formula or a
+    defect of arithmetic, never an overflow."""
+    from conformance.findings import ORDINARY
+
+    if not isinstance(case, Case) or not case.rewards:
+        return False
+    top = max((abs(v) for row in case.rewards for v in row), default=0.0)
+    w = max((abs(v) for v in case.weights or ()), default=1.0)
+    return math.isfinite(top) and math.isfinite(w) and max(top, w) <= ORDINARY
+
+
+_DIAGNOSED: dict = {}
+
+
+def diagnosed(subject: Subject, case, out: Outcome, conv) -> tuple[str | None, str] | None:
+    """Which formula a precision failure's finite outputs follow, on ordinary inputs
+    (:mod:`conformance.formulas`, no declaration needed): (the differences from the paper where a
+    variant other than the graded convention's own reproduces the output, else None; the line
+    for the report), or None where the case is not ordinary. Under a peer's convention an output
+    that is that peer's own formula stays a failure of precision."""
+    from conformance import formulas
+
+    if not _ordinary(case) or out.values is None or not np.all(np.isfinite(out.values)):
+        return None
+    counts = subject.token_counts(case)
+    u = max(formulas.unit_roundoff_of(case.out_dtype), conv.unit_roundoff)
+    key = (case.dumps(), np.asarray(out.values, dtype=np.float64).tobytes(), u,
+           None if counts is None else tuple(int(c) for c in counts))
+    if key not in _DIAGNOSED:
+        try:
+            d = formulas.diagnose(case, out.values, token_counts=counts, unit_roundoff=u)
+            line = formulas.describe(d)
+            own = conv.name != "spec" and conv.name in d.presets
+            named = "; ".join(d.differences) if d.matched and not d.no_difference and not own else None
+        except Exception as exc:  # noqa: BLE001 - no diagnosis is no verdict: the failure stands as it is
+            named, line = None, f"formula: not diagnosed ({type(exc).__name__}: {exc})"
+        if len(_DIAGNOSED) > 4096:
+            _DIAGNOSED.clear()
+        _DIAGNOSED[key] = (named, line)
+    return _DIAGNOSED[key]
 
 
 def _holds_under(out: Outcome, case: Case, conv, token_counts=None):

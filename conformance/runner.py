@@ -189,6 +189,7 @@ def _smallest_found(prop: Property, subject: Subject, record: list) -> None:
 def _carry(src: ConformanceFailure, dst: ConformanceFailure) -> None:
     dst.case = getattr(src, "case", None)
     dst.category, dst.worst_ulps, dst.worst_dtype = src.category, src.worst_ulps, src.worst_dtype
+    dst.formula = getattr(src, "formula", None)
 
 
 # --------------------------------------------------------------- cases drawn first
@@ -358,7 +359,7 @@ def grade_cases(name: str, subject: Subject, cases, check) -> Graded:
             first[e.category] = reduce(check, subject, getattr(e, "case", graded.cases[i]), e)
             red = first[e.category][0]
             run["findings"].append(findings.record(name, e.category, getattr(red, "case", graded.cases[i]), check,
-                                                   _repro_of(red)))
+                                                   _repro_of(red), getattr(red, "formula", None)))
     reduced, calls = first[exc.category]
     cats = ", ".join(str(c) for c in graded.categories())
     note = (f"\n  ({len(graded.failures)} of {len(graded.cases)} cases failed (categories: {cats}); the first, "

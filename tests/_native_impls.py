@@ -90,12 +90,14 @@ def trl_squares_overflow(rewards, num_generations, reward_weights, eps=1e-4):
     return torch.nan_to_num(a, nan=0.0)
 
 
-def _trl_like(rewards, num_generations, reward_weights, eps=1e-4, ddof=1, clip=None):
+def _trl_like(rewards, num_generations, reward_weights, eps=1e-4, ddof=1, clip=None, loo=False):
     """TRL's normalize_then_sum in float32 with one choice changed (for tests/test_findings.py)."""
     r = rewards.to(torch.float32)
     n, k = r.shape
-    grouped = r.view(-1, int(num_generations), k)
-    z = ((grouped - grouped.mean(dim=1, keepdim=True)) / (grouped.std(dim=1, keepdim=True, correction=ddof) + eps))
+    m = int(num_generations)
+    grouped = r.view(-1, m, k)
+    base = (grouped.sum(dim=1, keepdim=True) - grouped) / (m - 1) if loo else grouped.mean(dim=1, keepdim=True)
+    z = ((grouped - base) / (grouped.std(dim=1, keepdim=True, correction=ddof) + eps))
     c = (z.view(n, k) * reward_weights.to(torch.float32)).sum(dim=1)
     a = (c - c.mean()) / (c.std() + eps)
     return a.clamp(-clip, clip) if clip is not None else a
@@ -114,3 +116,9 @@ def trl_biased_std(rewards, num_generations, reward_weights):
 def trl_eps_1e_2(rewards, num_generations, reward_weights):
     """TRL's float32 code with eps 1e-2 at Eq. 4 and Eq. 6."""
     return _trl_like(rewards, num_generations, reward_weights, eps=1e-2)
+
+
+def trl_leave_one_out(rewards, num_generations, reward_weights):
+    """TRL's float32 code with RLOO's leave-one-out baseline at Eq. 4 (a group of two: the other
+    sample's reward)."""
+    return _trl_like(rewards, num_generations, reward_weights, loo=True)

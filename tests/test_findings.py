@@ -10,6 +10,8 @@ unchanged formula must have none there (the negative control of the regime's dec
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 
 from conformance import findings as F
@@ -23,6 +25,7 @@ from conformance.subject import Subject
 PROPS = ("plain", "testfloat", "range", "weights")
 
 
+@functools.cache  # each implementation graded once per worker: several tests read its findings
 def _findings(fn: str) -> list[dict]:
     subject = Subject(f"_native_impls:{fn}", "trl", "trl")
     records = []
@@ -44,13 +47,14 @@ def trl_float32():
 def test_a_float32_overflow_is_found_at_extreme_magnitudes_only(trl_float32):
     assert trl_float32, "TRL's float32 formula overflows on rewards near FLT_MAX: no finding"
     assert {f["regime"] for f in trl_float32} == {"extreme magnitudes"}, trl_float32
+    assert not any(f["category"] == "formula" for f in trl_float32), trl_float32  # trl's own formula
     for f in trl_float32:
         assert f["category"] in ("silent_zero", "non_finite") and f["threshold"] >= 1e18, f
     merged = max(trl_float32, key=lambda f: len(f["properties"]))
     assert len(merged["properties"]) >= 2, "one cause showing in several properties is one finding"
 
 
-@pytest.mark.parametrize("fn", ["trl_clipped", "trl_biased_std", "trl_eps_1e_2"])
+@pytest.mark.parametrize("fn", ["trl_clipped", "trl_biased_std", "trl_eps_1e_2", "trl_leave_one_out"])
 def test_a_second_defect_beside_the_overflow_gets_its_own_finding(fn, trl_float32):
     found = _findings(fn)
     ordinary = [f for f in found if f["regime"] == "ordinary magnitudes"]
@@ -58,6 +62,24 @@ def test_a_second_defect_beside_the_overflow_gets_its_own_finding(fn, trl_float3
     assert any(f["regime"] == "extreme magnitudes" for f in found), f"{fn}: the overflow is no longer reported"
     small = min(ordinary, key=lambda f: f["size"])
     assert small["size"][0] <= 8 and small["size"][1] <= 3, small  # rows x columns of the example
+
+
+#: What the diagnosis must name for each second defect (conformance/formulas.py's words).
+NAMED = {"trl_clipped": "clipped", "trl_biased_std": "biased std", "trl_eps_1e_2": "eps",
+         "trl_leave_one_out": "leave-one-out"}
+
+
+@pytest.mark.parametrize("fn", sorted(NAMED))
+def test_the_second_defect_is_named_as_a_formula(fn):
+    """Issue 25 part 2: no declaration, and the finding at ordinary magnitudes is category formula
+    naming the difference; the unchanged formula has no such finding (the negative control:
+    test_a_float32_overflow_is_found_at_extreme_magnitudes_only)."""
+    found = _findings(fn)
+    formula = [f for f in found if f["category"] == "formula"]
+    assert formula, f"{fn}: no formula finding: {found}"
+    assert any(NAMED[fn] in (f["formula"] or "") for f in formula), formula
+    assert all(f["regime"] == "ordinary magnitudes" for f in formula), formula
+    assert any(f["regime"] == "extreme magnitudes" for f in found), f"{fn}: the overflow is no longer reported"
 
 
 def test_the_regime_of_a_case():
