@@ -19,6 +19,7 @@ from conformance import properties as P
 from conformance import judge as J
 from conformance import checks as CK
 from conformance import report
+from conformance.subject import Subject
 
 COMMITTED, VERSION = report.read_matrix()
 EXACT = VERSION == hypothesis.__version__
@@ -61,7 +62,7 @@ def test_table_lists_every_control_and_property():
 
 def test_controls_are_importable_by_name():
     for ctl in C.CONTROLS.values():
-        fn = P.Subject(ctl.target).fn
+        fn = Subject(ctl.target).fn
         assert fn is ctl.fn and callable(fn.normalize_rewards) and callable(fn.whiten)
 
 
@@ -71,10 +72,10 @@ def test_rounding_controls_fail_the_pinned_midpoints(text):
     midpoint, rounding through float32 first is rejected, truncating bfloat16 is rejected
     where it is written, and the base (one rounding, to odd through float32) conforms."""
     case = P.regressions.load(text)
-    CK.check_values(P.Subject(C.BASELINE.target), case)
+    CK.check_values(Subject(C.BASELINE.target), case)
     with pytest.raises(J.ConformanceFailure, match="outside the error model"):
-        CK.check_values(P.Subject(C.CONTROLS["double_rounding"].target), case)
-    trunc = P.Subject(C.CONTROLS["truncated_bfloat16"].target)
+        CK.check_values(Subject(C.CONTROLS["double_rounding"].target), case)
+    trunc = Subject(C.CONTROLS["truncated_bfloat16"].target)
     if case.out_dtype == "bfloat16":
         with pytest.raises(J.ConformanceFailure, match="outside the error model"):
             CK.check_values(trunc, case)

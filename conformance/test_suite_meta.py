@@ -121,7 +121,7 @@ def test_an_oracle_failure_matching_no_limit_is_a_failure_not_a_discard(monkeypa
     def crash(*args, **kwargs):
         raise ZeroDivisionError("planted oracle crash")
 
-    monkeypatch.setattr(P, "expected", crash)
+    monkeypatch.setattr(J, "expected", crash)
     with pytest.raises(J.ConformanceFailure, match="the oracle itself failed.*planted oracle crash"):
         J.oracle_verdict(case, "spec")
 
@@ -135,7 +135,7 @@ def test_an_oracle_failure_matching_no_limit_is_a_failure_not_a_discard(monkeypa
 
     planted = J.OracleLimit("planted_limit", "a planted limit", lambda c, exc: isinstance(exc, ZeroDivisionError),
                             case.dumps())
-    monkeypatch.setattr(P, "ORACLE_LIMITS", (planted,))
+    monkeypatch.setattr(J, "ORACLE_LIMITS", (planted,))
     with pytest.raises(J.NotJudged, match="planted_limit"):
         J.oracle_verdict(case, "spec")
 

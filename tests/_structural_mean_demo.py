@@ -82,6 +82,7 @@ def main(names: list[str]) -> None:
     from conformance import judge as J
     from conformance import checks as CK
     from conformance import report
+    from conformance.subject import Subject
 
     props = [p for p in P.PROPERTIES if not names or p.name in names]
     only = os.environ.get("DEMO_TARGETS")
@@ -94,7 +95,7 @@ def main(names: list[str]) -> None:
             rejected.append(prop.name)
             try:  # the failing case's report: every row a demanded exact zero?
                 check = CK.check_dist_values if prop.name.startswith("dist_values") else CK.check_values
-                check(P.Subject(target), case)
+                check(Subject(target), case)
             except J.ConformanceFailure as exc:
                 rows = [r for r in str(exc).splitlines() if re.match(r"^\s+\[\d+\] ", r)]
                 if not rows or any("demands 0 bit for bit" not in r for r in rows):
