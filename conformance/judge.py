@@ -377,9 +377,8 @@ def _ordinary(case) -> bool:
 
     if not isinstance(case, Case) or not case.rewards:
         return False
-    top = max((abs(v) for row in case.rewards for v in row), default=0.0)
-    w = max((abs(v) for v in case.weights or ()), default=1.0)
-    return math.isfinite(top) and math.isfinite(w) and max(top, w) <= ORDINARY
+    values = [v for row in case.rewards for v in row] + list(case.weights or ())
+    return all(math.isfinite(v) and abs(v) <= ORDINARY for v in values)  # a NaN (missing) reward too
 
 
 _DIAGNOSED: dict = {}
