@@ -71,7 +71,7 @@ from conformance.subject import CALL_SHAPES, DEFAULT_IMPL, ImplSpecError, Subjec
 #: The suite's pytest markers, registered by the plugin itself, so that ``--strict-markers``
 #: holds wherever the suite runs (an installed package has no pyproject.toml of ours).
 MARKERS = {
-    "slow": "long-running (still part of CI)",
+    "slow": "the slow tier: deselected by the README's test command (-m \"not slow\"), run by .ci/run after it (-m slow)",
     "cuda": "needs a CUDA device (skipped without one)",
     "distributed": "spawns torch.distributed process groups",
 }

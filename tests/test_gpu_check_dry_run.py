@@ -11,6 +11,9 @@ import sys
 
 import pytest
 
+#: the slow tier (`python3 -m pytest -n auto -q -m slow`, run by .ci/run after the fast suite)
+pytestmark = pytest.mark.slow
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

@@ -23,6 +23,9 @@ import pytest
 sys.path.insert(0, os.path.dirname(__file__))
 import _once  # noqa: E402
 
+#: the slow tier (`python3 -m pytest -n auto -q -m slow`, run by .ci/run after the fast suite)
+pytestmark = pytest.mark.slow
+
 #: What the installed `gdpo check` grades: one property of values, the error contract and one
 #: multi-process property (its gloo ranks import the installed package): every kind of module the
 #: grader reads. The whole suite on impl.gdpo runs in-process in conformance/ (the same code).

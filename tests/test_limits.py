@@ -39,6 +39,7 @@ def _committed_seed(text: str) -> int:
     return int(m.group(1))
 
 
+@pytest.mark.slow  # the wheel's `gdpo limits --fast` run: the slow tier, with tests/test_installed_wheel.py
 def test_committed_tables_agree_with_a_fresh_fast_run_and_every_limit_reproduces(tmp_path_factory):
     # the fast run is `gdpo limits --fast --out tables` of this checkout's wheel, made once per test run
     # for this test and tests/test_installed_wheel.py (the same code: a minute spent once)

@@ -37,6 +37,7 @@ def test_the_page_names_every_peer_as_its_preset_does():
     assert {c.name for c in R.peers()} == set(R.CALL_SHAPES), "a peer preset without a call shape in CALL_SHAPES"
 
 
+@pytest.mark.slow
 def test_a_peer_graded_live_has_the_committed_table(live):
     assert live["peer"]["installed_version"] == live["peer"]["version"], live["peer"]
     problems, arithmetic = R.live_problems(TEXT, LIVE, live)
@@ -47,6 +48,7 @@ def test_a_peer_graded_live_has_the_committed_table(live):
     # how long it took is a benchmark figure (python -m benchmarks.grading --peers), never a test
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", [c.name for c in R.peers()])
 def test_the_cases_on_the_page_are_those_drawn_now(name):
     page = R.parse(TEXT)[name]
@@ -56,6 +58,7 @@ def test_the_cases_on_the_page_are_those_drawn_now(name):
     assert not problems, "spec/peers.md is stale (regenerate: gdpo peers):\n  " + "\n  ".join(problems)
 
 
+@pytest.mark.slow
 def test_every_failure_on_the_page_replays_in_its_category():
     pytest.importorskip("multireward_grpo")
     problems = R.replay_problems(TEXT, LIVE)
@@ -109,6 +112,7 @@ def test_a_tampered_verdict_or_category_is_stale():
     assert shorter and "page None" in shorter[0]
 
 
+@pytest.mark.slow
 def test_live_problems_reports_a_flipped_row(live):
     """The comparison of the live test, on a page with one verdict flipped: a failure the page calls
     passed is an arithmetic difference only in a category of arithmetic; a passed row the page calls
@@ -127,6 +131,7 @@ def test_live_problems_reports_a_flipped_row(live):
     assert len(problems) == 1 and failed[0] in problems[0], problems
 
 
+@pytest.mark.slow
 def test_a_tampered_digest_or_replay_is_stale():
     """The two checks that need no live grading fail on a page whose digest or replay line was changed."""
     page = R.parse(TEXT)[LIVE]
