@@ -99,6 +99,9 @@ def test_the_regime_of_a_case():
     assert F.regime(fails_beyond(0.0), Case(((0.0,), (1.0,)), group_size=2), "precision")[0] == "ordinary magnitudes"
     assert F.regime(fails_beyond(0.0), Case(((0.0,), (1.0,)), group_size=2, note="error:nan_reward"),
                     "accepted")[0] == "bad input"
+    # a value property's case whose reward rounded to inf in its dtype (offsets in float16) is bad input
+    assert F.regime(fails_beyond(0.0), Case(((0.0,), (float("inf"),)), dtype="float16", group_size=2),
+                    "accepted")[0] == "bad input"
 
 
 def test_the_reduction_reaches_the_ends_of_float64():
