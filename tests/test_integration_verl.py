@@ -41,11 +41,15 @@ def verl():
                         pytrace=False)
         pytest.skip("verl is not installed; CI installs it (.ci/run)")
     # verl installed but one of its trainer's modules does not import: a failure, never a skip
+    fresh = "verl" not in sys.modules
     import verl
+
+    # the plugin waits for verl's core_algos, which `import verl` alone does not import
+    lazy = fresh and "verl.trainer.ppo.core_algos" not in sys.modules and PLUGIN in sys.modules
     from verl.trainer.ppo import core_algos, ray_trainer
     from verl.trainer.ppo.v1 import utils as v1_utils
     return {"verl": verl, "core_algos": core_algos, "ray_trainer": ray_trainer, "v1_utils": v1_utils,
-            "plugin_before": plugin_before}
+            "plugin_before": plugin_before, "fresh": fresh, "lazy": lazy}
 
 
 def _algorithm(**extra):
@@ -126,6 +130,11 @@ def test_import_verl_loads_the_plugin_through_its_entry_point(verl):
     assert installed()
     registered = verl["core_algos"].ADV_ESTIMATOR_REGISTRY["gdpo"]
     assert registered._gdpo_spec_original is verl["core_algos"].compute_gdpo_outcome_advantage
+    if verl["fresh"]:  # import verl alone left core_algos (seconds) to whoever needs it
+        assert verl["lazy"]
+    from impl.integrations.verl import _CoreAlgosFinder
+
+    assert not any(isinstance(f, _CoreAlgosFinder) for f in sys.meta_path)  # used once, then gone
 
 
 def test_opted_in_legacy_batch_is_impls_bit_for_bit(verl):
@@ -255,5 +264,26 @@ def test_a_plugin_that_fails_to_load_logs_an_error(verl, monkeypatch, caplog):
     monkeypatch.setattr(verl["core_algos"], "ADV_ESTIMATOR_REGISTRY", {})
     with caplog.at_level(logging.ERROR), pytest.raises(plugin.VerlIntegrationError, match="no 'gdpo'"):
         plugin._load_as_plugin()
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR and r.name == PLUGIN]
+    assert errors and "failed to load" in errors[0].getMessage(), caplog.records
+
+
+def test_a_failure_when_core_algos_is_imported_is_logged_not_raised(verl, caplog):
+    """The wrapping runs inside verl's import of core_algos: it must never break that import."""
+    import types
+
+    from impl.integrations.verl import _InstallingLoader
+
+    class Stub:
+        def create_module(self, spec):
+            return None
+
+        def exec_module(self, module):
+            module.ADV_ESTIMATOR_REGISTRY = {}  # a verl without a gdpo estimator
+
+    module = types.ModuleType("stub_core_algos")
+    with caplog.at_level(logging.ERROR):
+        _InstallingLoader(Stub()).exec_module(module)
+    assert module.ADV_ESTIMATOR_REGISTRY == {}
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR and r.name == PLUGIN]
     assert errors and "failed to load" in errors[0].getMessage(), caplog.records

@@ -1,8 +1,9 @@
 """verl's ``gdpo`` advantage estimator computed by :mod:`impl.gdpo`, opted into by config.
 
 Installed with the package, verl loads this module in every process that imports verl
-(the ``verl.plugins`` entry point in pyproject.toml). It replaces verl's registered
-``gdpo`` estimator by a wrapper which, unless the run's config opts in, calls verl's own
+(the ``verl.plugins`` entry point in pyproject.toml). When that process imports verl's
+``core_algos`` (at once if it already has; verl's trainer does, ``import verl`` alone does
+not), this module replaces verl's registered ``gdpo`` estimator by a wrapper which, unless the run's config opts in, calls verl's own
 function with the very arguments it was given: without the opt-in nothing changes.
 The opt-in, beside verl's own GDPO settings::
 
@@ -303,10 +304,11 @@ def installed() -> bool:
     return getattr(fn, "_gdpo_spec_original", None) is not None
 
 
-def install() -> bool:
-    """Wrap verl's registered ``gdpo`` estimator (idempotent: False when already wrapped)."""
-    from verl.trainer.ppo import core_algos
-
+def install(core_algos=None) -> bool:
+    """Wrap verl's registered ``gdpo`` estimator (idempotent: False when already wrapped).
+    ``core_algos``: verl.trainer.ppo.core_algos (imported when not given)."""
+    if core_algos is None:
+        from verl.trainer.ppo import core_algos
     registry = core_algos.ADV_ESTIMATOR_REGISTRY
     current = registry.get("gdpo")
     if current is None:
@@ -322,15 +324,68 @@ def install() -> bool:
     return True
 
 
+_CORE_ALGOS = "verl.trainer.ppo.core_algos"
+
+
+def _log_failure() -> None:
+    _log.error("gdpo-spec: its verl plugin (impl.integrations.verl) failed to load, so algorithm.%s=%s cannot "
+               "take effect in this process (verl's own gdpo would run)", OPT_IN_KEY, OPT_IN_VALUE, exc_info=True)
+
+
+class _InstallingLoader:
+    """core_algos' own loader; once it has run the module, :func:`install` on it. A failure
+    of ours is logged, never raised: verl must import whatever happens to this plugin."""
+
+    def __init__(self, inner):
+        self._inner = inner
+
+    def create_module(self, spec):
+        return self._inner.create_module(spec)
+
+    def exec_module(self, module):
+        self._inner.exec_module(module)
+        try:
+            install(module)
+        except Exception:  # noqa: BLE001 - logged as an error; verl's import goes on
+            _log_failure()
+
+    def __getattr__(self, name):  # get_source, get_filename, ...: the real loader's
+        return getattr(self._inner, name)
+
+
+class _CoreAlgosFinder:
+    """Finds verl.trainer.ppo.core_algos as the other finders do, with an installing loader."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != _CORE_ALGOS:
+            return None
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)  # once
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None)
+            spec = None if find is None else find(fullname, path, target)
+            if spec is not None:
+                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                    spec.loader = _InstallingLoader(spec.loader)
+                return spec
+        return None
+
+
 def _load_as_plugin() -> None:
-    """What verl's plugin loader runs (importing this module). verl logs a plugin's
-    failure at debug level only, so the failure is logged here, as an error."""
+    """What verl's plugin loader runs (importing this module), in every verl process.
+
+    Wrapping verl's estimator needs verl.trainer.ppo.core_algos, which costs seconds to
+    import, and which many of verl's processes never import: so the wrapping waits for
+    that import (a finder on ``sys.meta_path``), or happens now where it is done. verl
+    logs a plugin's failure at debug level only, so a failure is logged here, as an error."""
     try:
-        install()
+        core_algos = sys.modules.get(_CORE_ALGOS)
+        if core_algos is not None:
+            install(core_algos)
+        elif not any(isinstance(f, _CoreAlgosFinder) for f in sys.meta_path):
+            sys.meta_path.insert(0, _CoreAlgosFinder())
     except Exception:
-        _log.error("gdpo-spec: its verl plugin (impl.integrations.verl) failed to load, so "
-                   "algorithm.%s=%s cannot take effect in this process (verl's own gdpo would run)",
-                   OPT_IN_KEY, OPT_IN_VALUE, exc_info=True)
+        _log_failure()
         raise
 
 
