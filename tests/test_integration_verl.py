@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 import torch
 
-from impl.gdpo import GroupError, InputDtypeError, NonFiniteError, gdpo_advantages, normalize_rewards, whiten
+from impl.gdpo import GroupError, InputDtypeError, NonFiniteError, OutOfRangeError, gdpo_advantages, normalize_rewards, whiten
 
 REQUIRED = os.environ.get("GDPO_REQUIRE_INTEGRATIONS") == "1"
 PLUGIN = "impl.integrations.verl"
@@ -233,6 +233,13 @@ def test_refusals_name_the_setting_or_the_sample(verl):
     scores["format"][5] = None  # compute_score's dict without a value: np.array makes an object array
     with pytest.raises(InputDtypeError, match=r"non_tensor_batch\['format'\]\[5\] .* is None"):
         _advantage(verl, _legacy(scores=scores), _algorithm(**OPT_IN))
+    for bad in (2, 0.5):  # a mask entry other than 0 and 1, integer or float
+        data = _legacy()
+        mask = data.batch["response_mask"].to(torch.float64 if bad == 0.5 else torch.int64)
+        mask[3, 0] = bad
+        data.batch["response_mask"] = mask
+        with pytest.raises(OutOfRangeError, match=rf"response_mask\[3, 0\] \(sample 3, token 0\) is {bad}"):
+            _advantage(verl, data, _algorithm(**OPT_IN))
     scores["format"] = [True, False] * 12
     with pytest.raises(InputDtypeError, match=r"non_tensor_batch\['format'\] has dtype bool"):
         _advantage(verl, _legacy(scores=scores), _algorithm(**OPT_IN))

@@ -204,7 +204,7 @@ def _groups(index, n: int):
     return gid
 
 
-def _mask(response_mask, n: int | None = None):
+def _mask(response_mask):
     import torch
 
     from impl.gdpo import OutOfRangeError, ShapeError
@@ -213,8 +213,12 @@ def _mask(response_mask, n: int | None = None):
     if m.dim() != 2:
         raise ShapeError(f"response_mask must be (B, T); got shape {tuple(m.shape)}")
     if m.dtype != torch.bool:
-        bad = ((m != 0) & (m != 1)).nonzero()
-        if bad.numel():
+        if m.is_floating_point():
+            ok = bool(((m == 0) | (m == 1)).all())
+        else:  # an integer in [0, 1] is 0 or 1: one pass over verl's int64 mask
+            ok = m.numel() == 0 or all(0 <= v <= 1 for v in (x.item() for x in torch.aminmax(m)))
+        if not ok:
+            bad = ((m != 0) & (m != 1)).nonzero()
             i, t = bad[0].tolist()
             raise OutOfRangeError(f"response_mask[{i}, {t}] (sample {i}, token {t}) is {m[i, t].item()}; "
                                   "expected 0 or 1")
