@@ -215,6 +215,8 @@ def test_refusals_name_the_setting_or_the_sample(verl):
         (_algorithm(**OPT_IN, gdpo_whiten="tokens"), VerlIntegrationError, r"algorithm\.gdpo_whiten is 'tokens'"),
         (_algorithm(**{**OPT_IN, "gdpo_reward_keys": ["accuracy", "fmt"]}), VerlIntegrationError,
          r"names \['fmt'\], not in non_tensor_batch"),
+        (_algorithm(**{**OPT_IN, "gdpo_reward_keys": None}), VerlIntegrationError, r"gdpo_reward_keys is not set"),
+        (_algorithm(**{**OPT_IN, "gdpo_reward_keys": "accuracy"}), VerlIntegrationError, r"write a list"),
         (_algorithm(**{**OPT_IN, "gdpo_reward_weights": [1.0]}), VerlIntegrationError,
          r"gdpo_reward_weights has 1 weights"),
         (_algorithm(**{**OPT_IN, "norm_adv_by_std_in_grpo": False}), VerlIntegrationError,

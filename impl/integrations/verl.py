@@ -136,15 +136,16 @@ def _column(values, key: str, n: int, index):
     return out
 
 
-def _rewards(config, non_tensor_batch, batch, n: int, index):
-    """(keys, (n, K) float64 NumPy scores, weights or None) read where verl's gdpo reads them."""
-    import numpy as np
-
+def _reward_keys(config, non_tensor_batch, batch) -> list:
+    """algorithm.gdpo_reward_keys, each present in non_tensor_batch (where verl's gdpo reads them)."""
     keys = _setting(config, "gdpo_reward_keys")
     if not keys:
         raise VerlIntegrationError(
             "algorithm.gdpo_reward_keys is not set: GDPO needs the reward keys your compute_score returns in its "
             "dict, e.g. +algorithm.gdpo_reward_keys=[accuracy,format]")
+    if isinstance(keys, str):
+        raise VerlIntegrationError(f"algorithm.gdpo_reward_keys is the string {keys!r}; write a list: "
+                                   f"+algorithm.gdpo_reward_keys=[{keys}]")
     keys = list(keys)
     have = [] if non_tensor_batch is None else list(non_tensor_batch.keys())
     missing = [k for k in keys if k not in have]
@@ -159,15 +160,26 @@ def _rewards(config, non_tensor_batch, batch, n: int, index):
         raise VerlIntegrationError(
             f"algorithm.gdpo_reward_keys names {missing}, not in non_tensor_batch (it holds {have}): each key must "
             "be one your compute_score returns in its dict")
+    return keys
+
+
+def _rewards(config, keys: list, non_tensor_batch, n: int, index):
+    """((n, K) float64 NumPy scores, weights or None)."""
+    import numpy as np
+
     scores = np.stack([_column(non_tensor_batch[k], k, n, index) for k in keys], axis=1)
     weights = _setting(config, "gdpo_reward_weights")
     if weights is not None:
-        weights = [float(w) for w in weights]
+        try:
+            weights = [float(w) for w in weights]
+        except (TypeError, ValueError):
+            raise VerlIntegrationError(f"algorithm.gdpo_reward_weights is {weights!r}; expected one number per "
+                                       "reward key") from None
         if len(weights) != len(keys):
             raise VerlIntegrationError(
                 f"algorithm.gdpo_reward_weights has {len(weights)} weights but algorithm.gdpo_reward_keys "
                 f"{len(keys)} keys ({keys}): one weight per key")
-    return keys, scores, weights
+    return scores, weights
 
 
 def _groups(index, n: int):
@@ -246,10 +258,12 @@ def compute_gdpo_advantage(token_level_rewards, response_mask, index, *, config,
         raise VerlIntegrationError(
             "algorithm.norm_adv_by_std_in_grpo=False asks for advantages not divided by the group std, but "
             "GDPO's Eq. 4 divides every reward by its group's std (verl's own gdpo ignores this setting); drop it")
-    _keys, scores, weights = _rewards(config, non_tensor_batch, batch, n, index)
+    keys = _reward_keys(config, non_tensor_batch, batch)  # the v1 trainer's batch refused first
+    groups = _groups(index, n)  # then the uids: the scores' refusals name a sample's uid
+    scores, weights = _rewards(config, keys, non_tensor_batch, n, index)
     device = token_level_rewards.device
     r = torch.from_numpy(scores).to(device)
-    gid = torch.tensor(_groups(index, n), dtype=torch.int64, device=device)
+    gid = torch.tensor(groups, dtype=torch.int64, device=device)
     mask = mask.to(device)
     zero = torch.zeros((), dtype=torch.float32, device=device)
     if whiten == WHITEN_SAMPLE:
