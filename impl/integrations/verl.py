@@ -311,6 +311,8 @@ def _wrap(original):
                                       config=a.get("config"), non_tensor_batch=a.get("non_tensor_batch"),
                                       batch=a.get("batch"), whiten=whiten)
 
+    # verl's signature and docstring (inspect follows __wrapped__), but our name where it is shown
+    gdpo_estimator.__module__, gdpo_estimator.__qualname__ = __name__, "gdpo_estimator"
     gdpo_estimator._gdpo_spec_original = original
     return gdpo_estimator
 
