@@ -74,8 +74,11 @@ def installed(tmp_path_factory) -> Installed:
 def test_the_wheel_holds_what_the_commands_read(installed):
     site = installed.site()
     for path in ("conformance/CONTROLS.md", "spec/known_limits.md", "spec/gdpo.md", "spec/limits/eps.png",
-                 "gdpo_tools/cli.py", "gdpo_tools/peer_formulas.py"):
+                 "gdpo_tools/cli.py", "gdpo_tools/peer_formulas.py", "impl/integrations/verl.py"):
         assert (site / path).is_file(), f"the wheel does not install {path}"
+    # verl loads its plugins by this entry point, in every process (docs/adopting.md, In verl)
+    (meta,) = site.glob("gdpo_spec-*.dist-info")
+    assert "[verl.plugins]\ngdpo_spec = impl.integrations.verl\n" in (meta / "entry_points.txt").read_text()
     assert not (site / "benchmarks").exists() and not (site / "tests").exists()
 
 
