@@ -42,7 +42,13 @@ Opt-ins and costs:
   the statistics gather), the float8 cast check, labelled groups so ragged
   that padding would exceed 4x the batch (the bucket sizes), labelled groups
   with weights so large that Eq. 7 may overflow float64
-  (2 sqrt(n_max) sum|w| >= 2**1023), and refused calls (locating the culprit).
+  (2 sqrt(n_max) sum|w| >= 2**1023), ``missing="unscored"`` (the scored rows' mask,
+  on every call with the option; it also takes the plain path), and refused calls
+  (locating the culprit).
+
+Missing rewards: ``missing="refuse"`` (the default) refuses a NaN reward;
+``missing="unscored"`` reads it as one its reward function did not score (spec/gdpo.md
+section 2), and :class:`Diagnostics` counts the rows with no scored reward.
 """
 
 from __future__ import annotations
