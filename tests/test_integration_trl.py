@@ -19,8 +19,9 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))
 from _frameworks import import_framework  # noqa: E402
 
-trl = import_framework("trl", "trl")
-datasets = import_framework("datasets", "trl")
+HOW = "install it with pip install -e '.[trl]'"
+trl = import_framework("trl", HOW)
+datasets = import_framework("datasets", HOW)
 
 from impl import gdpo  # noqa: E402
 from impl.integrations import trl as gdpo_trl  # noqa: E402
@@ -30,14 +31,11 @@ WORDS = ["<pad>", "<eos>", "<unk>"] + [f"w{i}" for i in range(13)]
 G = 4  # completions per prompt
 
 
-def _has_missing_option() -> bool:
-    import inspect
-
-    return "missing" in inspect.signature(gdpo.gdpo_advantages).parameters
-
-
-needs_missing = pytest.mark.skipif(not _has_missing_option(),
-                                   reason="impl.gdpo has no missing= option yet (issue 26 part 3)")
+#: A chat template of our own that renders tool calls, which TRL requires of environments (the
+#: environments here have no tools, and the prompts are plain text, so it is never applied).
+TOOL_TEMPLATE = ("{% for m in messages %}{{ m['role'] }} {{ m['content'] }}"
+                 "{% for c in m.get('tool_calls', []) %} {{ c['function']['name'] }} "
+                 "{{ c['function']['arguments'] | tojson }}{% endfor %} {% endfor %}")
 
 
 @pytest.fixture(scope="module")
@@ -98,6 +96,7 @@ class _Record:
         out = super()._generate_and_score_completions(inputs)
         self.seen.append((self._seen_rewards, out["advantages"].clone(),
                           list(self._logs["advantages"])[-self._seen_rewards.shape[0]:]))
+        self.unscored_metric = list(self._metrics["train"].get("gdpo/unscored_rows", []))
         return out
 
     def _calculate_rewards(self, *args):
@@ -110,19 +109,20 @@ class _Record:
         return super()._compute_loss(model, inputs)
 
 
-def _train(base, tiny, tmp_path, reward_funcs, dataset=None, **kw):
+def _train(base, tiny, tmp_path, reward_funcs, dataset=None, environment_factory=None, **kw):
     model, tokenizer = tiny
     cls = type("Recorded", (_Record, base), {})
     trainer = cls(model=model(), reward_funcs=reward_funcs, args=_config(tmp_path, **kw),
-                  train_dataset=dataset if dataset is not None else _dataset(), processing_class=tokenizer)
+                  train_dataset=dataset if dataset is not None else _dataset(), processing_class=tokenizer,
+                  environment_factory=environment_factory)
     trainer.seen, trainer.loss_advantages = [], []
     trainer.train()
     assert len(trainer.seen) == 1 and len(trainer.loss_advantages) == 1
     return trainer
 
 
-def _impl(rewards, weights, **kw):
-    return gdpo.gdpo_advantages(rewards, group_size=G, weights=weights, **kw)
+def _impl(rewards, weights):
+    return gdpo.gdpo_advantages(rewards, group_size=G, weights=weights, missing="unscored")
 
 
 def _check_step(trainer, expected):
@@ -139,7 +139,10 @@ def test_train_step_advantages_are_impl_bit_for_bit(tiny, tmp_path):
     trainer = _train(gdpo_trl.GDPOTrainer, tiny, tmp_path, [_reward_a, _reward_b])
     rewards = trainer.seen[0][0]
     assert rewards.shape == (8, 2) and not rewards.isnan().any()
-    _check_step(trainer, _impl(rewards, [0.75, 1.5]))
+    expected = _impl(rewards, [0.75, 1.5])
+    assert torch.equal(expected, gdpo.gdpo_advantages(rewards, group_size=G, weights=[0.75, 1.5]))  # no NaN: "refuse"'s bits
+    _check_step(trainer, expected)
+    assert trainer.unscored_metric == [0.0]
 
 
 def test_plain_trl_is_unchanged_and_differs_in_bits(tiny, tmp_path):
@@ -165,7 +168,6 @@ def test_refuse_policy_names_the_reward_function(tiny, tmp_path):
     assert "_reward_b_with_none" in "".join(getattr(info.value, "__notes__", []))
 
 
-@needs_missing
 def test_unscorable_and_partly_scored_rows(tiny, tmp_path):
     """Row 1 scored by no function (TRL's unscorable completion): advantage 0, out of Eq. 6.
     Row 6 scored by the first function only: left out of the second column's statistics."""
@@ -173,9 +175,11 @@ def test_unscorable_and_partly_scored_rows(tiny, tmp_path):
     trainer = _train(gdpo_trl.GDPOTrainer, tiny, tmp_path, funcs)
     rewards = trainer.seen[0][0]
     assert rewards[1].isnan().all() and rewards[6, 1].isnan() and not rewards[6, 0].isnan()
-    expected = _impl(rewards, [0.75, 1.5], missing="unscored")
+    expected = _impl(rewards, [0.75, 1.5])
     assert expected[1] == 0 and expected[6] != 0
     _check_step(trainer, expected)
+    assert trainer.unscored_metric == [1.0]
+    assert trainer.state.log_history[0]["gdpo/unscored_rows"] == 1.0  # TRL logs it with its own metrics
 
 
 class _EnvA:
@@ -199,11 +203,12 @@ class _EnvB:
         return 0.5 * (_EnvB.calls % 4)
 
 
-@needs_missing
-def test_multi_environment_rows(tiny, tmp_path):
+def test_multi_environment_rows(tiny, tmp_path, monkeypatch):
     """TRL's multi-environment mode: two environments, each with its own reward column, NaN on
     the other environment's rows; plus one reward function scoring every row."""
     data = _dataset(2, environment=["a", "b"])
+    monkeypatch.setattr(tiny[1], "chat_template", TOOL_TEMPLATE, raising=False)
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
     trainer = _train(gdpo_trl.GDPOTrainer, tiny, tmp_path, [_reward_a], dataset=data,
                      reward_weights=[0.75], environment_factory={"a": _EnvA, "b": _EnvB})
     assert trainer.reward_func_names[1:] == ["_EnvA", "_EnvB"]
@@ -212,7 +217,7 @@ def test_multi_environment_rows(tiny, tmp_path):
     nan = rewards.isnan()
     # each group is one environment: the other environment's column is NaN on all its rows
     assert sorted(nan[:, 1:].view(2, G, 2).all(dim=1).flatten().tolist()) == [False, False, True, True]
-    expected = _impl(rewards, [0.75, 1.0, 1.0], missing="unscored")
+    expected = _impl(rewards, [0.75, 1.0, 1.0])
     assert not expected.isnan().any()
     _check_step(trainer, expected)
 

@@ -15,9 +15,10 @@ from impl import gdpo
 MISSING_POLICIES = ("unscored", "refuse")
 
 
-def check_version(distribution: str, supported: tuple[str, str], module: str, what: str,
+def check_version(distribution: str, name: str, supported: tuple[str, str], module: str, what: str,
                   version: str | None = None) -> str:
-    """The installed version of ``distribution`` (or ``version``), or an error naming the range."""
+    """The installed version of ``distribution`` (``name`` in messages), or of ``version``, or an
+    error naming the supported range."""
     from packaging.version import Version  # a dependency of transformers, hence of both frameworks
 
     low, high = supported
@@ -25,28 +26,35 @@ def check_version(distribution: str, supported: tuple[str, str], module: str, wh
         try:
             version = metadata.version(distribution)
         except metadata.PackageNotFoundError:
-            raise ImportError(f"{module} needs {distribution}: pip install '{distribution}>={low},<{high}'") from None
+            raise ImportError(f"{module} needs {name}: pip install '{distribution}>={low},<{high}'") from None
     if not Version(low) <= Version(version) < Version(high):
-        raise RuntimeError(f"{module} was tested on {distribution} >={low},<{high}; {distribution} {version} is "
+        raise RuntimeError(f"{module} was tested on {name} >={low},<{high}; {name} {version} is "
                            f"installed. It {what}, which other releases may change: install "
                            f"'{distribution}>={low},<{high}'.")
     return version
 
 
-def batch_advantages(trainer, rewards: torch.Tensor, group_size: int, policy: str) -> torch.Tensor:
+def batch_advantages(trainer, rewards: torch.Tensor, group_size: int, policy: str, mode: str) -> torch.Tensor:
     """impl.gdpo's advantages of a batch gathered from every process ((N, K) rewards, contiguous
     groups of ``group_size``, the trainer's ``reward_weights``): (N,) float32 on the rewards' device.
-    Groups of one (evaluation with one generation) give 0, as both frameworks' formulas do."""
+    Groups of one (evaluation with one generation) give 0, as both frameworks' formulas do.
+
+    The count of rows no reward function scored (advantage 0, outside Eq. 6) is appended to the
+    trainer's metric ``gdpo/unscored_rows`` (``trainer._metrics[mode]``, logged as the
+    frameworks log theirs), so what the policy left out is never silent."""
     if policy not in MISSING_POLICIES:
         raise ValueError(f"gdpo_missing is {policy!r}; expected one of {MISSING_POLICIES}")
     if group_size == 1:
+        trainer._metrics[mode]["gdpo/unscored_rows"].append(float(torch.isnan(rewards).all(dim=1).sum()))
         return torch.zeros(rewards.shape[0], dtype=torch.float32, device=rewards.device)
-    missing = {} if policy == "refuse" else {"missing": policy}  # "refuse" is impl.gdpo's default
+    diagnostics = gdpo.Diagnostics()
     try:
-        return gdpo.gdpo_advantages(rewards, group_size=group_size, weights=trainer.reward_weights.tolist(),
-                                    **missing)
+        advantages = gdpo.gdpo_advantages(rewards, group_size=group_size, weights=trainer.reward_weights.tolist(),
+                                          missing=policy, diagnostics=diagnostics)
     except gdpo.GDPOError as exc:
         names = ", ".join(f"{k} = {name!r}" for k, name in enumerate(trainer.reward_func_names))
         exc.add_note(f"in {type(trainer).__name__}: rows of the batch gathered from every process "
                      f"({rewards.shape[0]} rows, groups of {group_size}); reward columns: {names}")
         raise
+    trainer._metrics[mode]["gdpo/unscored_rows"].append(float(diagnostics.unscored_rows))
+    return advantages

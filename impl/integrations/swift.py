@@ -59,7 +59,7 @@ def plugin_path() -> str:
 
 def check_swift_version(version: str | None = None) -> str:
     """The installed ms-swift version (or ``version``), or a RuntimeError naming the supported range."""
-    return check_version("ms-swift", SUPPORTED_SWIFT, "impl.integrations.swift",
+    return check_version("ms-swift", "ms-swift", SUPPORTED_SWIFT, "impl.integrations.swift",
                          "overrides GRPOTrainer._compute_advantages", version)
 
 
@@ -98,17 +98,17 @@ class GDPOSwiftMixin:
         if self.gdpo_missing not in MISSING_POLICIES:
             raise ValueError(f"gdpo_missing is {self.gdpo_missing!r}; expected one of {MISSING_POLICIES}")
 
-    def gdpo_advantages(self, rewards_per_func, group_size: int):
+    def gdpo_advantages(self, rewards_per_func, group_size: int, mode: str = "train"):
         """impl.gdpo's advantages of the whole gathered batch: (N,) float32 on the rewards' device
         (0 for groups of one: evaluation with one generation)."""
-        return batch_advantages(self, rewards_per_func, group_size, self.gdpo_missing)
+        return batch_advantages(self, rewards_per_func, group_size, self.gdpo_missing, mode)
 
     def _compute_advantages(self, samples, rewards_per_func, batch_encoded_inputs):
         self._gdpo_check_config()
         theirs = super()._compute_advantages(samples, rewards_per_func, batch_encoded_inputs)  # logs as usual
         mode = "train" if self.model.training else "eval"
         group_size = self.num_generations if mode == "train" else self.num_generations_eval
-        ours = self.gdpo_advantages(rewards_per_func, group_size)
+        ours = self.gdpo_advantages(rewards_per_func, group_size, mode)
         if ours.shape != theirs.shape:
             raise RuntimeError(f"{type(self).__name__}: ms-swift's advantages have shape {tuple(theirs.shape)}, "
                                f"impl's {tuple(ours.shape)}")

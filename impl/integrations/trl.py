@@ -65,7 +65,7 @@ logger = logging.getLogger(__name__)
 
 def check_trl_version(version: str | None = None) -> str:
     """The installed TRL version (or ``version``), or a RuntimeError naming the supported range."""
-    return check_version("trl", SUPPORTED_TRL, "impl.integrations.trl",
+    return check_version("trl", "TRL", SUPPORTED_TRL, "impl.integrations.trl",
                          "replaces advantages inside GRPOTrainer's private methods", version)
 
 
@@ -100,10 +100,10 @@ class GDPOMixin:
         self._gdpo_rewards = rewards  # gathered: (N, K), every process's rows
         return rewards
 
-    def gdpo_advantages(self, rewards, group_size: int):
+    def gdpo_advantages(self, rewards, group_size: int, mode: str = "train"):
         """impl.gdpo's advantages of the whole gathered batch: (N,) float32 on ``rewards``' device
         (0 for groups of one: evaluation only, TRL refuses num_generations < 2 for training)."""
-        return batch_advantages(self, rewards, group_size, self.gdpo_missing)
+        return batch_advantages(self, rewards, group_size, self.gdpo_missing, mode)
 
     def _generate_and_score_completions(self, inputs):
         self._gdpo_rewards = None
@@ -114,7 +114,7 @@ class GDPOMixin:
                                "this TRL does not work the way impl.integrations.trl was written for")
         mode = "train" if self.model.training else "eval"
         group_size = self.num_generations if mode == "train" else self.num_generations_eval
-        advantages = self.gdpo_advantages(rewards, group_size)
+        advantages = self.gdpo_advantages(rewards, group_size, mode)
         n = len(inputs)
         start = self.accelerator.process_index * n
         local = advantages[start:start + n]
