@@ -145,3 +145,17 @@ def test_without_the_plugin_nothing_changes():
     """)
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
+
+
+def test_readme_lines_name_what_exists():
+    """The README's ms-swift lines: the extra, the install, the plugin's path command."""
+    text = (ROOT / "README.md").read_text()
+    assert "pip install -e '.[swift]' && pip install --no-deps ms-swift==" + swift_version() in text
+    assert '--rlhf_type grpo --scale_rewards gdpo' in text
+    assert '--external_plugins "$(python3 -m impl.integrations.swift)"' in text
+
+
+def swift_version():
+    import swift
+
+    return swift.__version__

@@ -272,8 +272,46 @@ def test_import_patches_nothing():
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
 
 
+def test_each_process_keeps_its_slice():
+    """Under two processes TRL gathers both processes' rows and keeps rows [i*n, (i+1)*n) on
+    process i (its process_slice); the mixin keeps the same rows of impl's advantages, and logs
+    the whole batch. TRL's own method is stood in for here (one process cannot gather two)."""
+    n, gathered = 4, torch.tensor([[0.0, 1.0], [1.0, 0.5], [2.0, 0.0], [0.5, 0.25]] * 2) * torch.arange(1, 9)[:, None]
+
+    class TRLStandIn:
+        def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+            return gathered
+
+        def _generate_and_score_completions(self, inputs):
+            self._calculate_rewards(inputs, None, None, None)
+            self._logs["advantages"].extend([9.0] * gathered.shape[0])
+            return {"advantages": torch.full((len(inputs),), 9.0)}
+
+    class Trainer(gdpo_trl.GDPOMixin, TRLStandIn):
+        pass
+
+    import collections
+    import types
+
+    expected = gdpo.gdpo_advantages(gathered, group_size=G, weights=[1.0, 2.0], missing="unscored")
+    for rank in (0, 1):
+        t = Trainer.__new__(Trainer)
+        t.accelerator = types.SimpleNamespace(process_index=rank)
+        t.model = types.SimpleNamespace(training=True)
+        t.num_generations, t.reward_weights, t.reward_func_names = G, torch.tensor([1.0, 2.0]), ["a", "b"]
+        t._logs = {"advantages": collections.deque([7.0], maxlen=16)}
+        t._metrics = {"train": collections.defaultdict(list)}
+        out = t._generate_and_score_completions([{}] * n)
+        assert torch.equal(out["advantages"], expected[rank * n:(rank + 1) * n])
+        assert list(t._logs["advantages"]) == [7.0] + expected.tolist()
+
+
 def test_readme_lines_name_what_exists():
-    """The README's TRL lines import names this module has and set the setting it requires."""
+    """The README's TRL lines import what this module has and set the setting it requires."""
     text = (ROOT / "README.md").read_text()
-    assert "from impl.integrations.trl import GDPOTrainer" in text
-    assert 'multi_objective_aggregation="normalize_then_sum"' in text
+    block = text[text.index("from impl.integrations.trl import"):].splitlines()[:3]
+    namespace = {}
+    exec(block[0].split("#")[0], namespace)
+    assert namespace["GDPOTrainer"] is gdpo_trl.GDPOTrainer
+    assert 'multi_objective_aggregation="normalize_then_sum"' in block[1]
+    assert block[2].split("#")[0].strip().startswith("trainer = GDPOTrainer(")
