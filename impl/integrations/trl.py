@@ -39,10 +39,12 @@ What is kept from TRL, and what is decided here:
   ``"sum_then_normalize"`` the class would silently compute something other than what the
   configuration says, so it refuses when built.
 * TRL's logged reward metrics (``reward``, ``reward_std``, ``frac_reward_zero_std``,
-  ``rewards/<name>/mean``) are TRL's, computed from the rewards, unchanged.
-* TRL versions: only those this was tested on (:data:`SUPPORTED_TRL`); another is refused
-  when the trainer is built (or ``GDPOTrainer`` first imported), naming the range, since the
-  mixin relies on TRL's private methods.
+  ``rewards/<name>/mean``) are TRL's, computed from the rewards, unchanged; the rows no
+  function scored are counted in one more, ``gdpo/unscored_rows``.
+* TRL versions: :data:`SUPPORTED_TRL`, ``>=1.16.0,<1.17.0`` (tested on 1.16.0; a patch
+  release of 1.16 is accepted, a pre-release of 1.16.0 is not); another is refused when the
+  trainer is built (or ``GDPOTrainer`` first imported), naming the range, since the mixin
+  relies on TRL's private methods.
 
 Without this class (TRL's own ``GRPOTrainer``) nothing changes: the module patches nothing.
 Importing it costs no TRL import: ``GDPOTrainer`` is built on first access.
