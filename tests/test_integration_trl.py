@@ -272,6 +272,23 @@ def test_import_patches_nothing():
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
 
 
+def test_two_processes_keep_their_slices():
+    """A real two-process step (torch.distributed.run, gloo on CPU): TRL gathers both ranks'
+    rows (an unscorable one on each), every rank computes impl's advantages of the whole batch
+    and keeps its own rows, and logs the whole batch."""
+    import json
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                          "tests/_trl_two_ranks.py"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    reports = sorted((json.loads(line) for line in out.stdout.splitlines() if line.startswith('{"rank"')),
+                     key=lambda r: r["rank"])
+    assert out.returncode == 0 and len(reports) == 2, (out.stdout[-2000:], out.stderr[-4000:])
+    for rank, r in enumerate(reports):
+        assert (r["rank"], r["world"], r["gathered"], r["local"]) == (rank, 2, [8, 2], 4), r
+        assert r["slice"] and r["log"] and r["unscored"] == 2, r
+
+
 def test_each_process_keeps_its_slice():
     """Under two processes TRL gathers both processes' rows and keeps rows [i*n, (i+1)*n) on
     process i (its process_slice); the mixin keeps the same rows of impl's advantages, and logs
