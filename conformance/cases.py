@@ -55,6 +55,9 @@ class Case:
     #: "both_groups", "no_groups", "rewards_3d", "empty", "int_out_dtype"
     variant: str = ""
     width: int = 0  # K of an empty shard (no rows to tell it)
+    #: "" (the keyword is not passed: the default, a NaN reward refused) or "unscored"
+    #: (``missing="unscored"``: a NaN reward is one its reward function did not score)
+    missing: str = ""
 
     # ------------------------------------------------------------ derived
     @property
@@ -101,6 +104,8 @@ class Case:
             d["variant"] = self.variant
         if not self.rewards:
             d["width"] = self.width
+        if self.missing:
+            d["missing"] = self.missing
         return d
 
     @classmethod
@@ -117,6 +122,7 @@ class Case:
             note=d.get("note", ""),
             variant=d.get("variant", ""),
             width=d.get("width", 0),
+            missing=d.get("missing", ""),
         )
 
     def dumps(self) -> str:
@@ -183,7 +189,8 @@ class Expected:
 
 
 @functools.lru_cache(maxsize=4096)
-def _oracle_cached(key, rewards_b, shape, groups_b, weights, units_b, eps, convention, tokens_b=None):
+def _oracle_cached(key, rewards_b, shape, groups_b, weights, units_b, eps, convention, tokens_b=None,
+                   missing="refuse"):
     rewards = np.frombuffer(rewards_b, dtype=np.float64).reshape(shape)
     groups = np.frombuffer(groups_b, dtype=np.int64)
     units = None if units_b is None else np.frombuffer(units_b, dtype=np.int64)
@@ -191,20 +198,20 @@ def _oracle_cached(key, rewards_b, shape, groups_b, weights, units_b, eps, conve
     try:
         return Expected(result=oracle.gdpo_advantages(rewards, groups, weights=None if weights is None else
                                                  list(weights), unit_ids=units, eps=eps,
-                                                 convention=convention, token_counts=tokens))
+                                                 convention=convention, token_counts=tokens, missing=missing))
     except GDPOError as e:
         return Expected(error=e)
 
 
 def oracle_advantages(rewards: np.ndarray, groups: np.ndarray, weights, units, eps, convention,
-                      token_counts=None) -> Expected:
+                      token_counts=None, missing: str = "") -> Expected:
     rewards = np.ascontiguousarray(rewards, dtype=np.float64)
     groups = np.ascontiguousarray(groups, dtype=np.int64)
     ub = None if units is None else np.ascontiguousarray(units, dtype=np.int64).tobytes()
     tb = None if token_counts is None else np.ascontiguousarray(token_counts, dtype=np.int64).tobytes()
     w = None if weights is None else tuple(float(x) for x in weights)
     return _oracle_cached("adv", rewards.tobytes(), rewards.shape, groups.tobytes(), w, ub,
-                          None if eps is None else float(eps), convention, tb)
+                          None if eps is None else float(eps), convention, tb, missing or "refuse")
 
 
 def expected(case, convention: str = "spec", token_counts=None) -> Expected:
@@ -221,9 +228,9 @@ def expected(case, convention: str = "spec", token_counts=None) -> Expected:
         first = case.shards[0]
         if r.shape[0] == 0:
             return Expected(result=None)
-        return oracle_advantages(r, g, first.weights, u, first.eps, convention)
+        return oracle_advantages(r, g, first.weights, u, first.eps, convention, missing=first.missing)
     return oracle_advantages(case.rewards_array(), case.labels(), case.weights, case.unit_ids(),
-                             case.eps, convention, token_counts)
+                             case.eps, convention, token_counts, case.missing)
 
 
 @functools.lru_cache(maxsize=1024)

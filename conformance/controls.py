@@ -9,7 +9,9 @@ deliberately plain, correct implementation in the ``gdpo`` call shape
 the structural zero mean of a whitening unit of whole groups,
 one correct rounding into the output dtype (float16 and bfloat16 through float32
 rounded to odd, since torch's own float64 cast to them rounds twice),
-agreement before any data-dependent collective, a gather of every unit's values).
+agreement before any data-dependent collective, a gather of every unit's values;
+``missing="unscored"`` in local calls: a column's statistics over its scored rewards,
+rows with no scored reward out of Eq. 6 with advantage 0).
 
 Each control is importable as ``conformance.controls:<name>`` (spawned ranks load it
 by that name) and carries ``normalize_rewards`` and ``whiten`` attributes, so the
@@ -70,6 +72,7 @@ class Flaws:
     base_class_refusals: bool = False  # bad group arguments, eps, out_dtype refused as the base GDPOError
     mutates_rewards: bool = False  # the caller's rewards tensor overwritten (halved) in place
     rounded_unit_mean: bool = False  # Eq. 6 subtracts the rounded mean even in a unit of whole groups
+    unscored_in_eq6: bool = False  # missing="unscored": rows with no scored reward kept in Eq. 6 (their c = 0)
 
 
 class _Refusal(Exception):
@@ -213,12 +216,21 @@ def _check_segments(segment_sizes, n: int, local_unit_of_one: bool):
 
 @dataclasses.dataclass
 class _Prepared:
-    x: torch.Tensor  # (N, K) float64 (float32 with the flaw)
+    x: torch.Tensor  # (N, K) float64 (float32 with the flaw); NaN where not scored (missing="unscored")
     groups: list  # row index tensors per group, first-appearance order
     weights: list
+    scored: torch.Tensor | None = None  # (N,) bool: rows with a scored reward (missing="unscored")
 
 
-def _prepare(rewards, group_ids, group_size, weights, fl: Flaws, allow_empty: bool) -> _Prepared:
+def _check_missing(missing) -> str:
+    if type(missing) is not str or missing not in ("refuse", "unscored"):
+        raise _Refusal(InputDtypeError, f"missing must be 'refuse' or 'unscored', got {missing!r}", True)
+    return missing
+
+
+def _prepare(rewards, group_ids, group_size, weights, fl: Flaws, allow_empty: bool,
+             missing: str = "refuse") -> _Prepared:
+    missing = _check_missing(missing)
     x = _as_float(rewards, "rewards")
     if x.dim() == 1:
         x = x[:, None]
@@ -262,8 +274,9 @@ def _prepare(rewards, group_ids, group_size, weights, fl: Flaws, allow_empty: bo
         x, w = x[:, live], [w[j] for j in live]
     if fl.nan_to_zero:
         x = torch.where(torch.isnan(x), torch.zeros_like(x), x)
-    if n and not bool(torch.isfinite(x).all()):
-        i = int(torch.nonzero(~torch.isfinite(x))[0, 0])
+    bad = torch.isinf(x) if missing == "unscored" else ~torch.isfinite(x)  # unscored: a NaN is data
+    if n and bool(bad.any()):
+        i = int(torch.nonzero(bad)[0, 0])
         raise _Refusal(NonFiniteError, f"reward row {i} is not finite")
     order: dict = {}
     for i, lab in enumerate(labels):
@@ -275,7 +288,10 @@ def _prepare(rewards, group_ids, group_size, weights, fl: Flaws, allow_empty: bo
                 raise _Refusal(GroupError, f"group {lab} has 1 sample")
     if fl.float32_weights:
         w = [float(torch.tensor(v, dtype=torch.float32)) for v in w]
-    return _Prepared(x, groups, w)
+    scored = None
+    if missing == "unscored":
+        scored = torch.ones(n, dtype=torch.bool) if fl.unscored_in_eq6 else ~torch.isnan(x).all(1)
+    return _Prepared(x, groups, w, scored)
 
 
 # ---------------------------------------------------------------- Eq. 4 and 7
@@ -288,7 +304,12 @@ def _combine(p: _Prepared, eps: float, fl: Flaws, frame: int | None = None) -> t
     z = torch.zeros_like(p.x)
     for idx in p.groups:
         for col in range(k):
-            z[idx, col] = _standardize(p.x[idx, col], eps, fl)
+            x = p.x[idx, col]
+            scored = ~torch.isnan(x)  # missing="unscored": the column's scored members only, z = 0 elsewhere
+            if bool(scored.all()):
+                z[idx, col] = _standardize(x, eps, fl)
+            else:
+                z[idx[scored], col] = _standardize(x[scored], eps, fl)  # fewer than two: zeros
     nonzero = [math.frexp(w)[1] for w in p.weights if w != 0.0 and math.isfinite(w)]
     # the plain sum first; the weights are scaled down only when it overflows (scaling them
     # all would push a small weight's products into the subnormals)
@@ -364,13 +385,18 @@ def _whole_units(groups: list | None, sizes: list) -> list:
     return whole
 
 
-def _whiten_local(c: torch.Tensor, sizes: list, eps: float, fl: Flaws, groups=None) -> torch.Tensor:
+def _whiten_local(c: torch.Tensor, sizes: list, eps: float, fl: Flaws, groups=None, scored=None) -> torch.Tensor:
+    """``scored`` (missing="unscored"): the rows Eq. 6 takes; the others get 0."""
     if fl.merged_units:
         sizes = [c.numel()]
     a = torch.zeros_like(c)
     start = 0
     for s, whole in zip(sizes, _whole_units(groups, sizes)):
-        a[start:start + s] = _whiten_values(c[start:start + s], eps, fl, whole)
+        if scored is None:
+            a[start:start + s] = _whiten_values(c[start:start + s], eps, fl, whole)
+        else:
+            rows = start + torch.nonzero(scored[start:start + s]).view(-1)
+            a[rows] = _whiten_values(c[rows], eps, fl, whole)
         start += s
     return a
 
@@ -451,13 +477,15 @@ def _sized(fl: Flaws, x) -> Flaws:
 
 
 def _gdpo(fl: Flaws, rewards, *, group_ids=None, group_size=None, weights=None, segment_sizes=None,
-          process_group=None, eps=1e-4, out_dtype=torch.float32):
+          process_group=None, eps=1e-4, out_dtype=torch.float32, missing="refuse"):
     fl = _sized(fl, rewards)
     distributed = process_group is not None
+    if distributed and missing != "refuse":  # no distributed property draws missing rewards
+        raise NotImplementedError("the controls' distributed path takes missing='refuse' only")
     problem, prep, sizes, given = None, None, None, False
     try:
         eps = _check_eps_out(eps, out_dtype)
-        prep = _prepare(rewards, group_ids, group_size, weights, fl, allow_empty=distributed)
+        prep = _prepare(rewards, group_ids, group_size, weights, fl, allow_empty=distributed, missing=missing)
         sizes, given = _check_segments(segment_sizes, prep.x.shape[0], local_unit_of_one=not distributed)
     except _Refusal as r:
         problem = r.flawed(fl)
@@ -467,7 +495,7 @@ def _gdpo(fl: Flaws, rewards, *, group_ids=None, group_size=None, weights=None, 
         c, shift = _combine(prep, eps, fl)
         if fl.mutates_rewards and isinstance(rewards, torch.Tensor):
             rewards.mul_(0.5)
-        return _cast(_whiten_local(c, sizes, _ldexp(eps, -shift), fl, prep.groups), out_dtype, fl)
+        return _cast(_whiten_local(c, sizes, _ldexp(eps, -shift), fl, prep.groups, prep.scored), out_dtype, fl)
     import torch.distributed as dist
 
     rows = _agree(process_group, problem, len(sizes) if sizes else 0, given,
@@ -481,11 +509,12 @@ def _gdpo(fl: Flaws, rewards, *, group_ids=None, group_size=None, weights=None, 
     return _cast(a, out_dtype, fl)
 
 
-def _normalize_rewards(fl: Flaws, rewards, *, group_ids=None, group_size=None, weights=None, eps=1e-4):
+def _normalize_rewards(fl: Flaws, rewards, *, group_ids=None, group_size=None, weights=None, eps=1e-4,
+                       missing="refuse"):
     fl = _sized(fl, rewards)
     try:
         eps = _check_eps_out(eps, torch.float64)
-        prep = _prepare(rewards, group_ids, group_size, weights, fl, allow_empty=False)
+        prep = _prepare(rewards, group_ids, group_size, weights, fl, allow_empty=False, missing=missing)
     except _Refusal as r:
         r = r.flawed(fl)
         raise r.cls(r.msg) from None
@@ -574,6 +603,8 @@ _SPECS = (
      "overwritten in place"),
     ("rounded_unit_mean", Flaws(rounded_unit_mean=True), "Eq. 6 subtracts the unit's rounded float64 mean even "
      "where the unit holds whole groups (its structural mean is 0): a group without signal gets rounding noise"),
+    ("unscored_rows_whitened", Flaws(unscored_in_eq6=True), "missing=\"unscored\": a row with no scored reward "
+     "kept in Eq. 6's statistics (its c = 0 counted with the scored rows) instead of left out"),
 )
 
 baseline = _make("baseline", Flaws(), "none: the correct base every control differs from by one flaw")

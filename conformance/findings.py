@@ -28,11 +28,9 @@ import numpy as np
 from conformance.cases import Case, DistCase
 from conformance.compare import decimal
 from conformance.judge import ConformanceFailure
-from conformance.verdicts import label
+from conformance.verdicts import ORDINARY, label
 from spec.error_model import round_to
 
-#: Below this magnitude (rewards and weights) a case is ordinary: no float32 square overflows.
-ORDINARY = 1e4
 #: Checks one threshold probe may spend (each a power of ten down).
 PROBE_CALLS = 40
 

@@ -43,7 +43,7 @@ from conformance import error_cases as EC
 from conformance.cases import Case, DistCase, expected, ulp
 from conformance.compare import bound_row, failure, hx
 from conformance.subject import Outcome, Subject
-from conformance.verdicts import Category
+from conformance.verdicts import ORDINARY, Category
 from spec import error_model as em
 from spec.constants import FLOAT32_MAX
 from spec.conventions import get_convention
@@ -370,11 +370,9 @@ def final(prop, eq, subject, case, out, res, what: str, permitted: bool, context
 
 
 def _ordinary(case) -> bool:
-    """Rewards and weights of ordinary magnitude (``conformance.findings.ORDINARY``): where no
+    """Rewards and weights of ordinary magnitude (``conformance.verdicts.ORDINARY``): where no
     float32 square overflows, so an output off by more than rounding is another formula or a
     defect of arithmetic, never an overflow."""
-    from conformance.findings import ORDINARY
-
     if not isinstance(case, Case) or not case.rewards:
         return False
     values = [v for row in case.rewards for v in row] + list(case.weights or ())

@@ -96,6 +96,15 @@ PROPERTIES = (
                      eps_values=(0.0, 1e-12, 1e-8, 1e-6, 1e-4, 1e-2, 1.0, 100.0, 2.0 ** 60, 1e300,
                                  sys.float_info.max)), check_values,
              frozenset({"values", "eps"})),
+    Property("missing", "decisions", "Eq. 4, 6", "missing=\"unscored\" (spec section 2): NaN rewards left "
+             "out of their group column's statistics (z = 0 there, 0 throughout a column of fewer than two "
+             "scored), rows with no scored reward advantage exactly 0 and out of Eq. 6; scattered NaN, whole "
+             "rows, TRL's multi-environment batches, everything or nothing unscored",
+             lambda ctx, subject: S.missing_cases(ctx, kinds=("binary", "ints", "plain", "runs", "constant"),
+                                                  pairs=("anti_exact", "copy"),
+                                                  weight_modes=("none", "ones", "random", "signed"),
+                                                  unit_modes=("none", "groups", "free")),
+             check_values, frozenset({"values", "missing"})),
     Property("units", "units", "Eq. 6", "several whitening units, empty units, units cutting through groups: "
              "each unit whitened on its own",
              _values(kinds=("binary", "plain", "ints", "constant"), pairs=("anti_exact",),

@@ -112,6 +112,15 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         # eps = 0 beside a collapsed column: its z is exactly 0 by the collapse rule (allowance 0), not 0/0
         '{"rewards":[["0x1.0000000000000p+0","0x0.0p+0"],["0x1.0000000000000p+0","0x1.0000000000000p+0"],["0x1.0000000000000p+0","0x0.0p+0"],["0x1.0000000000000p+0","0x1.0000000000000p+0"]],"dtype":"float64","out_dtype":"float16","group_size":2,"eps":"0x0.0p+0"}',
     ),
+    "missing": (
+        # missing="unscored" (spec section 2): scattered NaN and two rows with no scored reward (rows 2 and 7):
+        # NaN read as 0 before Eq. 4 (nan_to_zero), or the unscored rows kept in Eq. 6, miss the exact values
+        '{"rewards":[["0x1.0000000000000p+0","nan"],["0x1.0000000000000p+1","0x1.0000000000000p-1"],["nan","nan"],["0x1.0000000000000p+2","0x1.0000000000000p+0"],["nan","0x1.8000000000000p+1"],["0x0.0p+0","nan"],["0x1.0000000000000p+0","0x1.0000000000000p+1"],["nan","nan"]],"dtype":"float64","out_dtype":"float64","group_size":4,"missing":"unscored"}',
+        # TRL's multi-environment batch: group 7 scored by column 0 only (and one row by none), group 3 by column 1
+        '{"rewards":[["0x1.0000000000000p+0","nan"],["0x0.0p+0","nan"],["0x1.0000000000000p+0","nan"],["nan","nan"],["nan","0x1.0000000000000p-2"],["nan","0x1.8000000000000p-1"],["nan","0x1.0000000000000p-1"],["nan","0x0.0p+0"]],"dtype":"float32","out_dtype":"float32","group_ids":[7,7,7,7,3,3,3,3],"missing":"unscored"}',
+        # columns of one scored member (z = 0), a second unit left with one scored row (0 throughout), weights 1, -2
+        '{"rewards":[["0x1.0000000000000p+0","0x1.4000000000000p+2"],["0x0.0p+0","nan"],["nan","nan"],["0x1.8000000000000p+1","0x1.0000000000000p+1"],["nan","0x1.0000000000000p+0"],["nan","nan"]],"dtype":"float64","out_dtype":"float64","group_size":2,"weights":["0x1.0000000000000p+0","-0x1.0000000000000p+1"],"segment_sizes":[4,2],"missing":"unscored"}',
+    ),
     "units": (
         # one group 1..8 over two training batches of 4: merged whitening flips 4 of 8 signs
         '{"rewards":[["0x1.0000000000000p+0"],["0x1.0000000000000p+1"],["0x1.8000000000000p+1"],["0x1.0000000000000p+2"],["0x1.4000000000000p+2"],["0x1.8000000000000p+2"],["0x1.c000000000000p+2"],["0x1.0000000000000p+3"]],"dtype":"float32","out_dtype":"float64","group_size":8,"segment_sizes":[4,4]}',

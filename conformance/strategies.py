@@ -645,6 +645,48 @@ def cases(draw, ctx: Context, kinds=COLUMN_KINDS, pairs=PAIR_KINDS, weight_modes
                 eps=eps, out_dtype=out_dtype, note=b.note)
 
 
+#: How :func:`missing_cases` leaves rewards unscored (NaN): scattered cells, whole rows (no reward
+#: scored), a group column left with 0 or 1 scored members, TRL's multi-environment batches (each
+#: group scored by the columns of its environment only, NaN in the others), everything at once,
+#: or nothing (the option on finite rewards: the bits of the default).
+MISSING_MODES = ("cells", "rows", "few_in_column", "environments", "mixed", "all", "none")
+
+
+@st.composite
+def missing_cases(draw, ctx: Context, **kw) -> Case:
+    """A :func:`cases` call under ``missing="unscored"`` (spec/gdpo.md section 2), with a
+    NaN mask drawn over its rewards by one of :data:`MISSING_MODES`."""
+    case = draw(cases(ctx, **kw))
+    r = case.rewards_array().copy()
+    n, k = r.shape
+    labels = case.labels()
+    groups = [np.flatnonzero(labels == g) for g in dict.fromkeys(labels.tolist())]
+    mode = draw(pick(MISSING_MODES))
+    rng = np.random.default_rng(draw(ints(0, 2 ** 32 - 1)))
+    nan = np.zeros((n, k), bool)
+    if mode in ("cells", "mixed"):
+        nan |= rng.random((n, k)) < draw(pick((0.1, 0.3, 0.6)))
+    if mode in ("rows", "mixed"):
+        nan[rng.random(n) < draw(pick((0.15, 0.4, 0.8))), :] = True
+    if mode in ("few_in_column", "mixed"):
+        for idx in groups:
+            if rng.random() < 0.5:
+                col = int(rng.integers(k))
+                keep = idx[rng.permutation(idx.size)[:int(rng.integers(2))]]  # 0 or 1 scored member
+                nan[np.setdiff1d(idx, keep), col] = True
+    if mode == "environments":  # each group scored by the columns of its environment only
+        envs = max(1, min(k, int(rng.integers(1, 4))))
+        env_of_col = rng.integers(envs, size=k)
+        for idx in groups:
+            nan[np.ix_(idx, env_of_col != rng.integers(envs))] = True
+    if mode == "all":
+        nan[:] = True
+    r[nan] = np.nan
+    return dataclasses.replace(case, rewards=tuple(tuple(float(v) for v in row) for row in r), missing="unscored",
+                               note=f"{case.note}; unscored: {mode}, {int(nan.sum())} of {n * k} rewards NaN, "
+                                    f"{int(nan.all(axis=1).sum())} rows unscored")
+
+
 @st.composite
 def dist_cases(draw, ctx: Context, world: int, kinds=COLUMN_KINDS, pairs=PAIR_KINDS,
                weight_modes=WEIGHT_MODES, k_max=4) -> DistCase:

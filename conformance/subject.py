@@ -103,6 +103,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import inspect
 import math
 
 import numpy as np
@@ -463,7 +464,24 @@ class Subject:
                 return f"outside the declared domain ({need}): {self.domain_statement()}"
         if "stages" in needs and (self.stage("normalize_rewards") is None or self.stage("whiten") is None):
             return f"{self.target} has no normalize_rewards/whiten beside it"
+        if "missing" in needs and not self.takes_missing():
+            return (f"{self.target} takes no missing= keyword: rewards its reward functions did not score "
+                    "(missing=\"unscored\", spec/gdpo.md section 2) are an option of the gdpo call shape")
         return None
+
+    def takes_missing(self) -> bool:
+        """Does the implementation declare ``missing="unscored"`` (spec/gdpo.md section 2)? In the
+        gdpo call shape, by a ``missing`` keyword in its signature (or ``gdpo_missing = True``
+        where the signature cannot show it); the other shapes have no such argument."""
+        if self.shape != "gdpo":
+            return False
+        declared = getattr(self.fn, "gdpo_missing", None)
+        if declared is not None:
+            return bool(declared)
+        try:
+            return "missing" in inspect.signature(self.fn).parameters
+        except (TypeError, ValueError):
+            return False
 
     def token_counts(self, case: Case) -> np.ndarray | None:
         """Each sample's token count, for the oracle of a per-token convention (verl's
@@ -515,6 +533,8 @@ class Subject:
         kw["out_dtype"] = TORCH_DTYPES[case.out_dtype]
         if v == "int_out_dtype":
             kw["out_dtype"] = torch.int64
+        if case.missing:
+            kw["missing"] = case.missing
         return kw
 
     def call(self, case: Case, process_group=None):

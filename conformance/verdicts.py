@@ -92,6 +92,12 @@ assert set(CATEGORIES) == {c.value for c in Category}
 ARITHMETIC = (Category.PRECISION, Category.NON_FINITE, Category.SILENT_ZERO, Category.EXACT_ZERO)
 
 
+#: Below this magnitude (rewards and weights) a case is ordinary: no float32 square overflows, so
+#: an output off by more than rounding there is another formula or a defect of arithmetic
+#: (the judge's formula diagnosis, the findings' regimes).
+ORDINARY = 1e4
+
+
 def label(category: str | None) -> str:
     """The category's words (``-`` for none)."""
     if not category:

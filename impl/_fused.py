@@ -31,7 +31,9 @@ from float64 by ``_pipeline.round_to``). Left on the plain path, with the same r
 * groups of more than 512 rows (``MAX_GROUP``);
 * whitening units of more than 2**26 rows (``MAX_UNIT``);
 * weights of 2**990 or more, or large enough for the Eq. 7 overflow check
-  (``_stats.overflow_possible``: 2 sqrt(n_max) sum|w| >= 2**1023).
+  (``_stats.overflow_possible``: 2 sqrt(n_max) sum|w| >= 2**1023);
+* calls with ``missing="unscored"`` (Eq. 4/7 over the scored rewards, Eq. 6 over the
+  scored rows: ``_normalize.standardize_scored``).
 
 Whenever the fused path fails (no Triton, no compiler), a warning says so once and
 the plain path runs.
@@ -148,7 +150,8 @@ def padded_eligible(r: torch.Tensor, width: int, weights: list[float]) -> bool:
 
 def eq47_eligible(inp) -> bool:
     """Can Eq. 4/7 of these validated rewards (contiguous groups) run fused?"""
-    return inp.labels is None and inp.n > 0 and padded_eligible(inp.rewards, inp.group_size, inp.weights)
+    return (inp.labels is None and inp.n > 0 and inp.missing == "refuse"
+            and padded_eligible(inp.rewards, inp.group_size, inp.weights))
 
 
 def whiten_eligible(device: torch.device, sizes: list[int], direct) -> bool:

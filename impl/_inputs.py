@@ -215,6 +215,13 @@ def check_eps(eps) -> float:
     return value + 0.0  # -0.0 is 0.0: ranks passing either agree
 
 
+def check_missing(missing) -> str:
+    """The ``missing`` policy: exactly "refuse" or "unscored" (a str; nothing else is read as one)."""
+    if type(missing) is str and missing in P.MISSING_CODES:
+        return missing
+    raise Problem(P.P_MISSING, int(isinstance(missing, str)), detail=_shown(missing))
+
+
 def check_out_dtype(out_dtype) -> torch.dtype:
     if isinstance(out_dtype, torch.dtype):
         if out_dtype not in OUT_DTYPES:
@@ -356,6 +363,9 @@ class Rewards:
     #: The caller's labels were uint64: ``labels`` holds their bits (labels >= 2**63 read
     #: negative), and messages print them back as the caller's values (P.LABELS_UINT64).
     labels_uint64: bool = False
+    #: The NaN policy (``check_missing``): "refuse", or "unscored" (a NaN reward is one its
+    #: reward function did not score; spec/gdpo.md section 2).
+    missing: str = "refuse"
 
     @property
     def n(self) -> int:

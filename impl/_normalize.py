@@ -70,6 +70,38 @@ def standardize_groups(tp: TwoPass, count_m1: torch.Tensor, eps: float) -> torch
 standardize = standardize_groups  # the old name (deprecated): Eq. 4 is standardize_groups everywhere
 
 
+def standardize_scored(x: torch.Tensor, eps: float, lazy: bool, members: torch.Tensor | None = None):
+    """Eq. 4 under ``missing="unscored"`` (spec/gdpo.md section 2) on a float64 (K, P, G)
+    layout ``x`` (owned: computed in place), ``members`` (1, P, G) bool marking the group
+    members where the layout is padded: each group column's statistics over its scored
+    (non-NaN) members only, z = 0 where a reward is NaN, and z = 0 throughout a column with
+    fewer than two scored members. Returns z and whether the scored rewards were finite.
+
+    The same two-pass as :func:`standardize_groups`: every unscored slot is given the value
+    of the column's first scored member, the shift, so its difference is exactly +0 and the
+    sums are those of the scored members; its square is cleared by the member mask, and the
+    mean divides by the scored count. On rewards without a NaN this is the plain path's
+    arithmetic operation for operation (a mask of ones), hence its bits."""
+    valid = x == x  # not NaN (an infinity is kept: it is refused, and shows in the largest magnitude)
+    if members is not None:
+        valid &= members
+    first = torch.argmax(valid.to(torch.uint8), 1, keepdim=True)  # the first scored slot (0 if none)
+    fill = torch.gather(x, 1, first)
+    fill = torch.where(fill == fill, fill, 0.0)  # a column with no scored member: any finite value
+    x = torch.where(valid, x, fill)
+    mask = valid.to(_F64)
+    count = mask.sum(1, keepdim=True)  # integers: exact in any order
+    tp = two_pass(x, count.clamp(min=1.0), eps, pad_mask=mask, own=True)
+    finite = not lazy or tp.finite()
+    z = standardize_groups(tp, (count - 1.0).clamp_(min=1.0), eps)  # a column of one: dev 0, z 0
+    return z.masked_fill_(~valid, 0.0), finite
+
+
+def scored_rows(r: torch.Tensor) -> torch.Tensor:
+    """(N,) bool: rows with at least one scored (non-NaN) reward (``missing="unscored"``)."""
+    return (r == r).any(1)
+
+
 def combine(z: torch.Tensor, weights: list[float]) -> torch.Tensor:
     """Eq. 7 on z (K, ...): c = sum_k w_k z_k, products rounded one by one and
     summed left to right (no fused multiply-add, no BLAS), so equal weights on z
@@ -167,8 +199,16 @@ def prepare(inp: Rewards, *, lazy: bool) -> Prepared:
     return Prepared(inp, r, facts, lab, lazy and n > 0)
 
 
+def first_infinite(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`first_nonfinite` for ``missing="unscored"``, where a NaN is data: the first
+    infinite entry of a 1-D tensor (index 0 and the bits of +0.0 when there is none)."""
+    inf = torch.isinf(x)
+    at = torch.argmax(inf.view(torch.uint8))
+    return at, torch.where(seg_ops.take(inf, at), seg_ops.take(x, at).to(_F64), 0.0).view(_I64)
+
+
 def rewards_nonfinite_facts(inp: Rewards, r: torch.Tensor) -> dict[int, torch.Tensor]:
-    at, bits = first_nonfinite(r.view(-1))
+    at, bits = (first_infinite if inp.missing == "unscored" else first_nonfinite)(r.view(-1))
     facts = {P.NF_REWARD: at, P.NF_REWARD_KIND: bits}
     if inp.labels is not None:
         facts[P.NF_REWARD_GROUP] = seg_ops.take(inp.labels, torch.div(at, r.shape[1], rounding_mode="floor"))
@@ -266,15 +306,18 @@ def finish(prep: Prepared, eps: float, groups: int = 0, longest: int = 0, runs: 
     n, k = r.shape
     facts: dict[int, torch.Tensor] = {}
     as_runs = (prep.labelled is not None and runs == groups and groups * longest == n
-               and (signal or not combined or not _fused_padded(r, longest, inp.weights)))  # fused: gathers anyway
+               and (signal or not combined or not _fused_padded(r, longest, inp)))  # fused: gathers anyway
     if prep.labelled is None or as_runs:
         g = longest if as_runs else inp.group_size
         x = torch.empty(k, g, n // g, dtype=_F64, device=r.device)
         x.copy_(r.view(n // g, g, k).permute(2, 1, 0))
-        count = seg_ops.constant((float(g), float(g - 1)), _F64, r.device)
-        tp = two_pass(x, count[:1], eps, own=True)
-        finite = not prep.lazy or tp.finite()
-        z = standardize_groups(tp, count[1:], eps)  # (K, g, G)
+        if inp.missing == "unscored":
+            z, finite = standardize_scored(x, eps, prep.lazy)  # (K, g, G)
+        else:
+            count = seg_ops.constant((float(g), float(g - 1)), _F64, r.device)
+            tp = two_pass(x, count[:1], eps, own=True)
+            finite = not prep.lazy or tp.finite()
+            z = standardize_groups(tp, count[1:], eps)  # (K, g, G)
         if not combined:
             c = z.permute(2, 1, 0).reshape(n, k)
         else:
@@ -297,8 +340,8 @@ def finish(prep: Prepared, eps: float, groups: int = 0, longest: int = 0, runs: 
     return Normalized(c, facts, varies)
 
 
-def _fused_padded(r: torch.Tensor, width: int, weights: list[float]) -> bool:
-    return _fused.padded_eligible(r, width, weights)
+def _fused_padded(r: torch.Tensor, width: int, inp: Rewards) -> bool:
+    return inp.missing == "refuse" and _fused.padded_eligible(r, width, inp.weights)
 
 
 def _columns(r: torch.Tensor) -> torch.Tensor:
@@ -308,7 +351,7 @@ def _columns(r: torch.Tensor) -> torch.Tensor:
 
 
 def _padded_eq4(rt: torch.Tensor, source: torch.Tensor, groups: int, width: int, weights: list[float],
-                eps: float, signal: bool, lazy: bool, combined: bool = True):
+                eps: float, signal: bool, lazy: bool, combined: bool = True, missing: str = "refuse"):
     """Eq. 4/7 on a (K, width, groups) layout gathered from the reward columns
     ``rt`` (K, N) at rows ``source`` (width * groups,), a negative entry -1 - j
     marking padding that repeats row j (the group's first member). Returns c
@@ -318,11 +361,14 @@ def _padded_eq4(rt: torch.Tensor, source: torch.Tensor, groups: int, width: int,
     pad = source < 0
     rows = torch.where(pad, -1 - source, source)
     x = torch.gather(rt, 1, rows.expand(k, -1)).view(k, width, groups)  # gather: ~2x index_select on dim 1 (CPU)
-    mask = (~pad).to(_F64).view(1, width, groups)
-    count = mask.sum(1, keepdim=True)  # integers: exact in any order
-    tp = two_pass(x, count, eps, pad_mask=mask, own=True)
-    finite = not lazy or tp.finite()
-    z = standardize_groups(tp, count - 1.0, eps)
+    if missing == "unscored":
+        z, finite = standardize_scored(x, eps, lazy, (~pad).view(1, width, groups))
+    else:
+        mask = (~pad).to(_F64).view(1, width, groups)
+        count = mask.sum(1, keepdim=True)  # integers: exact in any order
+        tp = two_pass(x, count, eps, pad_mask=mask, own=True)
+        finite = not lazy or tp.finite()
+        z = standardize_groups(tp, count - 1.0, eps)
     if not combined:
         return z.reshape(k, -1), None, finite
     c = combine(z, weights)  # (width, groups); padding repeats the first member's c
@@ -338,7 +384,7 @@ def _finish_labelled(prep: Prepared, eps: float, groups: int, longest: int, sign
     first_row = torch.full((groups,), n, dtype=_I64, device=device).scatter_reduce_(
         0, lab.gid, lab.perm, "amin", include_self=True)  # stable sort: the smallest input row
     slots = groups * longest
-    fused = not signal and combined and _fused_padded(r, longest, inp.weights)
+    fused = not signal and combined and _fused_padded(r, longest, inp)
     cheap_read = lazy_checks(device) and not fused
     if slots <= PAD_FACTOR * n + PAD_SLACK and not (cheap_read and slots > CPU_PAD_FACTOR * n + PAD_SLACK):
         slot = lab.pos * groups + lab.gid  # sorted row -> slot of the (longest, groups) layout
@@ -352,7 +398,7 @@ def _finish_labelled(prep: Prepared, eps: float, groups: int, longest: int, sign
             finite = not prep.lazy or bool(torch.isfinite(r).all())  # lazy: CPU, where a read is free
             return c, varies, finite
         c_slot, varies, finite = _padded_eq4(_columns(r), source, groups, longest, inp.weights, eps, signal,
-                                             prep.lazy, combined)
+                                             prep.lazy, combined, inp.missing)
         at = torch.empty_like(slot).index_copy_(0, lab.perm, slot)
         c = c_slot.index_select(0, at) if combined else c_slot.index_select(1, at).t()
     else:
@@ -394,7 +440,8 @@ def _bucketed(prep: Prepared, eps: float, groups: int, first_row: torch.Tensor, 
         slot = torch.where(inside, lab.pos * cnt + row_rank, width * cnt)  # the last slot: a sink
         source = torch.cat([(-1 - first_row.index_select(0, members)).repeat(width),
                             torch.zeros(1, dtype=_I64, device=device)]).index_copy_(0, slot, lab.perm)
-        c_slot, v, ok = _padded_eq4(rt, source[:-1], cnt, width, inp.weights, eps, signal, prep.lazy, combined)
+        c_slot, v, ok = _padded_eq4(rt, source[:-1], cnt, width, inp.weights, eps, signal, prep.lazy, combined,
+                                    inp.missing)
         finite = finite and ok
         c_sorted = torch.where(inside, c_slot.index_select(c_slot.dim() - 1, slot.clamp(max=width * cnt - 1)),
                                c_sorted)

@@ -47,6 +47,7 @@ every rank.
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 import math
 
 import torch
@@ -60,6 +61,7 @@ from impl._inputs import (
     Problem,
     _shown,
     check_eps,
+    check_missing,
     check_out_dtype,
     check_rewards,
     check_segments,
@@ -195,7 +197,76 @@ def _finish_local(a: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
 
 def _rewards_host(inp) -> dict[int, int]:
     return {P.PRESENT: 1, P.K: inp.k, P.ROWS: inp.n, P.BY_LABEL: int(inp.labels is not None),
-            P.GROUP_SIZE: inp.group_size or 0, P.LABELS_UINT64: int(inp.labels_uint64)}
+            P.GROUP_SIZE: inp.group_size or 0, P.LABELS_UINT64: int(inp.labels_uint64),
+            P.MISSING: P.MISSING_CODES[inp.missing]}
+
+
+# --- missing="unscored": rows with no scored reward ----------------------------------------
+
+
+@dataclasses.dataclass
+class Diagnostics:
+    """What a call left out under ``missing="unscored"`` (spec/gdpo.md section 2): pass one as
+    ``diagnostics=`` and the call fills it in when it returns (a refused call leaves it as it
+    was). Under ``missing="refuse"`` every count is 0 (a NaN is refused, never left out).
+
+    ``unscored_rows``: this rank's rows whose every reward is NaN (advantage 0, outside Eq. 6);
+    ``unscored_rows_all_ranks``: the same over every rank of the process group (the local
+    count without one; standardize_groups, normalize_rewards and group_has_signal are local);
+    ``unscored``: (N,) bool on the rewards' device, True on those rows (None before a call)."""
+
+    unscored_rows: int = 0
+    unscored_rows_all_ranks: int = 0
+    unscored: torch.Tensor | None = None
+
+
+def _check_diagnostics(diagnostics) -> None:
+    if diagnostics is not None and not isinstance(diagnostics, Diagnostics):
+        raise TypeError(f"diagnostics must be an impl.gdpo.Diagnostics (or None); got {_shown(diagnostics)}")
+
+
+@dataclasses.dataclass
+class _Scored:
+    """Which rows Eq. 6 takes under ``missing="unscored"``: ``rows`` (device int64, the scored
+    rows in order) and ``sizes`` (scored rows per unit), or rows None when every row is scored
+    (the call is then the plain one); ``mask`` (N,) bool, True on the scored rows, and
+    ``unscored`` (the count of the others)."""
+
+    mask: torch.Tensor
+    unscored: int
+    rows: torch.Tensor | None
+    sizes: list[int]
+
+    def report(self, diagnostics, all_ranks: int | None = None) -> None:
+        if diagnostics is not None:
+            diagnostics.unscored_rows = self.unscored
+            diagnostics.unscored_rows_all_ranks = self.unscored if all_ranks is None else all_ranks
+            diagnostics.unscored = ~self.mask
+
+    def scatter(self, a: torch.Tensor, n: int) -> torch.Tensor:
+        """This rank's advantages in row order: +0 on the unscored rows."""
+        if self.rows is None:
+            return a
+        return torch.zeros(n, dtype=a.dtype, device=a.device).index_copy_(0, self.rows, a)
+
+
+def _scored(inp, sizes: list[int]) -> _Scored:
+    """The scored rows of ``inp`` and their count per unit of ``sizes``: one host read of the
+    (N,) mask (free on CPU; on CUDA the one more read a call under "unscored" costs)."""
+    mask = N.scored_rows(inp.rewards)
+    host = mask.cpu()
+    unscored = inp.n - int(host.sum())
+    if unscored == 0:
+        return _Scored(mask, 0, None, sizes)
+    ends = torch.tensor([0] + sizes, dtype=_I64).cumsum(0)
+    upto = torch.cat([torch.zeros(1, dtype=_I64), host.to(_I64).cumsum(0)])
+    scored_sizes = (upto[ends[1:]] - upto[ends[:-1]]).tolist()
+    rows = host.nonzero().view(-1).to(inp.rewards.device, non_blocking=True)
+    return _Scored(mask, unscored, rows, scored_sizes)
+
+
+def _no_missing(inp) -> _Scored:
+    return _Scored(torch.ones(inp.n, dtype=torch.bool, device=inp.rewards.device), 0, None, [])
 
 
 def _normalize_checked(inp, eps, *, signal=False, then=None, combined=True):
@@ -234,24 +305,37 @@ def _normalize_checked(inp, eps, *, signal=False, then=None, combined=True):
     return norm, row, then(norm, prep.labelled) if then else None
 
 
-def _check_rewards(rewards, group_ids, group_size, weights, eps):
+def _check_rewards(rewards, group_ids, group_size, weights, eps, missing="refuse", diagnostics=None):
+    _check_diagnostics(diagnostics)
     try:
         eps = check_eps(eps)
+        missing = check_missing(missing)
         inp = check_rewards(rewards, group_ids, group_size, weights, allow_empty_rows=False)
+        inp.missing = missing
     except Problem as p:
         raise p.error() from None
     return inp, eps
 
 
-def normalize_rewards(rewards, group_ids, group_size, weights, eps):
-    inp, eps = _check_rewards(rewards, group_ids, group_size, weights, eps)
-    return _normalize_checked(inp, eps)[0].c
+def _report_local(inp, diagnostics) -> None:
+    """Fill ``diagnostics`` after a local Eq. 4/7 call (one more host read under "unscored")."""
+    if diagnostics is not None:
+        (_scored(inp, [inp.n]) if inp.missing == "unscored" else _no_missing(inp)).report(diagnostics)
 
 
-def standardize_groups(rewards, group_ids, group_size, eps):
+def normalize_rewards(rewards, group_ids, group_size, weights, eps, missing="refuse", diagnostics=None):
+    inp, eps = _check_rewards(rewards, group_ids, group_size, weights, eps, missing, diagnostics)
+    c = _normalize_checked(inp, eps)[0].c
+    _report_local(inp, diagnostics)
+    return c
+
+
+def standardize_groups(rewards, group_ids, group_size, eps, missing="refuse", diagnostics=None):
     """Eq. 4 alone: z (N, K) float64, by the arithmetic normalize_rewards runs before Eq. 7."""
-    inp, eps = _check_rewards(rewards, group_ids, group_size, None, eps)
-    return _normalize_checked(inp, eps, combined=False)[0].c
+    inp, eps = _check_rewards(rewards, group_ids, group_size, None, eps, missing, diagnostics)
+    z = _normalize_checked(inp, eps, combined=False)[0].c
+    _report_local(inp, diagnostics)
+    return z
 
 
 def combine(z, weights):
@@ -267,9 +351,11 @@ def combine(z, weights):
     return c
 
 
-def group_has_signal(rewards, group_ids, group_size, weights, eps):
-    inp, eps = _check_rewards(rewards, group_ids, group_size, weights, eps)
-    return _normalize_checked(inp, eps, signal=True)[0].varies
+def group_has_signal(rewards, group_ids, group_size, weights, eps, missing="refuse", diagnostics=None):
+    inp, eps = _check_rewards(rewards, group_ids, group_size, weights, eps, missing, diagnostics)
+    varies = _normalize_checked(inp, eps, signal=True)[0].varies
+    _report_local(inp, diagnostics)
+    return varies
 
 
 def whiten_local(values, segment_sizes, eps, out_dtype):
@@ -300,16 +386,23 @@ def whiten_local(values, segment_sizes, eps, out_dtype):
     return _finish_local(a, out_dtype), loc
 
 
-def gdpo_local(rewards, group_ids, group_size, weights, segment_sizes, eps, out_dtype):
+def gdpo_local(rewards, group_ids, group_size, weights, segment_sizes, eps, out_dtype, missing="refuse",
+               diagnostics=None):
+    _check_diagnostics(diagnostics)
     try:
         eps = check_eps(eps)
         out_dtype = check_out_dtype(out_dtype)
+        missing = check_missing(missing)
         inp = check_rewards(rewards, group_ids, group_size, weights, allow_empty_rows=False)
+        inp.missing = missing
         sizes, _ = check_segments(segment_sizes, inp.n)
         _units_of_one(sizes)
     except Problem as p:
         raise p.error() from None
     direct = _apply_dtype(out_dtype, inp.n)
+    if missing == "unscored":  # the plain path (impl._fused lists it), Eq. 6 over the scored rows
+        return _gdpo_unscored(inp, sizes, eps, out_dtype, direct, diagnostics)
+    _no_missing(inp).report(diagnostics)
     fused = _fused.eligible(inp, sizes, direct)
 
     def device_part(i):
@@ -345,6 +438,26 @@ def gdpo_local(rewards, group_ids, group_size, weights, segment_sizes, eps, out_
 
     _, _, (a, loc) = _normalize_checked(inp, eps, then=whiten)
     return _finish_local(a, out_dtype), loc
+
+
+def _gdpo_unscored(inp, sizes, eps, out_dtype, direct, diagnostics):
+    """A local call under ``missing="unscored"``: Eq. 4/7 over the scored rewards, then
+    Eq. 6 of each unit over its scored rows (``_whiten`` on them alone, whole-group units
+    keeping their structural mean), the unscored rows +0."""
+    plan = None
+
+    def whiten(norm, lab):
+        nonlocal plan
+        plan = _scored(inp, sizes)
+        whole = _whole_units(inp, sizes, lab)  # of the rows' groups: their scored rows sum to 0 exactly
+        c = norm.c if plan.rows is None else norm.c.index_select(0, plan.rows)
+        loc = W.local_stats(c, plan.sizes, eps, own=True, whole=whole)  # c is not returned: work space
+        return plan.scatter(W.apply_local(loc, eps, direct), inp.n), loc
+
+    _, _, (a, loc) = _normalize_checked(inp, eps, then=whiten)
+    out = _finish_local(a, out_dtype)
+    plan.report(diagnostics)
+    return out, loc
 
 
 def _whole_units(inp, sizes: list[int], lab=None):
@@ -404,12 +517,21 @@ def _device_of(x) -> torch.device:
 
 
 def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, group_size=None,
-                    weights=None, segment_sizes=None, eps, out_dtype, refused: Exception | None = None):
+                    weights=None, segment_sizes=None, eps, out_dtype, refused: Exception | None = None,
+                    missing="refuse", diagnostics=None):
     """Whitening (api whiten) or the whole pipeline (api gdpo) across ``group``.
 
     ``refused``: an exception the caller (an adapter) raised on this rank before the call;
     the rank then checks and computes nothing, joins the agreement refused (P_REFUSED),
-    and every rank raises the same DistributedError (chained here on ``refused``)."""
+    and every rank raises the same DistributedError (chained here on ``refused``).
+
+    ``missing="unscored"`` (api gdpo): every rank's policy and its count of rows with no
+    scored reward ride in the agreement row; this rank's statistics (collective 2) are those
+    of its scored rows, so the merged count of a unit is its scored rows over all ranks (a
+    unit of fewer than two gives 0), and with more units than the agreement's count slots
+    their row counts ride in collective 2 as well (the unit-of-one-row refusal reads them).
+    The same collectives as any call."""
+    _check_diagnostics(diagnostics)
     name = P.API_NAMES[api]
     world, rank = _group_of(api, group, refused)
     missed = _UNJOINED[0]  # this process's calls that joined no group, in every agreement row
@@ -417,7 +539,7 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
     host = {P.PRESENT: 1, P.API: api, P.UNJOINED: missed}
     device_facts: dict[int, torch.Tensor] = {}
     local_exc = None
-    loc = prep = inp = sizes = buf = None
+    loc = prep = inp = sizes = buf = plan = None
     try:
         if refused is not None:  # the adapter refused this rank's input: join the agreement, refused
             raise Problem(P.P_REFUSED, P.refusal_code(refused))
@@ -426,7 +548,9 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
         out_dtype = check_out_dtype(out_dtype)
         host[P.OUT_DTYPE] = P.dtype_code(out_dtype)
         if api == P.API_GDPO:
+            missing = check_missing(missing)
             inp = check_rewards(rewards, group_ids, group_size, weights, allow_empty_rows=True)
+            inp.missing = missing
             n, dtype = inp.n, inp.rewards.dtype
             host.update(_rewards_host(inp))
             host[P.WEIGHTS_FP] = P.weights_fingerprint(inp.weights, COLUMN_NAMES.get())
@@ -440,6 +564,10 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
             host[P.COUNTS + j] = s
         fused = n > 0 and _fused.whiten_eligible(data_device, sizes, None)
         if api == P.API_GDPO:
+            if missing == "unscored":  # Eq. 6 takes the scored rows (the plain path: impl._fused lists it)
+                plan = _scored(inp, sizes)
+                host[P.UNSCORED] = plan.unscored
+                fused = False
             if fused and _fused.eq47_eligible(inp):  # contiguous groups: all local work before the agreement
                 loc = _fused.guarded(lambda: _fused_local(inp, eps, sizes, device_facts), lambda: None)
             if loc is None:
@@ -449,7 +577,8 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
                     norm = N.finish(prep, eps) if n else None
                     if norm is not None:
                         device_facts.update(norm.facts)
-                    loc = W.local_stats(norm.c if n else inp.rewards.new_empty(0, dtype=_F64), sizes, eps,
+                    c = norm.c if n else inp.rewards.new_empty(0, dtype=_F64)
+                    loc = W.local_stats(_scored_values(c, plan), _scored_sizes(sizes, plan), eps,
                                         whole=_whole_units(inp, sizes))
                     prep = None
         else:
@@ -464,7 +593,9 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
         # Collectives 2 and 3's buffer, before the agreement: after it, a failing rank allocates
         # nothing. Contiguous groups and whiten fill their statistics now as well.
         comm = _comm_device(group, data_device)
-        buf = _Buffers(world, len(sizes), comm)
+        buf = _Buffers(world, len(sizes), comm, row_counts=plan is not None)
+        if plan is not None:
+            buf.row_counts[rank] = torch.tensor(sizes[P.COUNT_SLOTS:], dtype=_F64).to(comm)
         if loc is not None:
             buf.stats[rank, :len(sizes)] = loc.table(data_device).to(comm)
     except Problem as p:
@@ -523,10 +654,10 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
             overflow_row = norm.facts
             loc = None
             whole = _whole_units(inp, sizes, prep.labelled)
-            if _fused.whiten_eligible(data_device, sizes, None):
+            if plan is None and _fused.whiten_eligible(data_device, sizes, None):
                 loc = _fused.guarded(lambda: _fused.Local(norm.c, sizes, eps, whole), lambda: None)
             if loc is None:
-                loc = W.local_stats(norm.c, sizes, eps, whole=whole)
+                loc = W.local_stats(_scored_values(norm.c, plan), _scored_sizes(sizes, plan), eps, whole=whole)
             buf.stats[rank, :units] = loc.table(data_device).to(comm)
     except Exception as exc:  # noqa: BLE001 - reported to the peers, raised here
         failure = exc
@@ -534,7 +665,7 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
 
     _all_reduce(buf.bits, dist.ReduceOp.SUM, group, name, 2, rank)
     if (labelled and not late) or units > P.COUNT_SLOTS:  # flags, counts beyond the slots: one host read
-        failed, counts = _flags_and_counts(buf.bits, units)  # (with collective 3 to come, it carries the flag)
+        failed, counts = _flags_and_counts(buf, units)  # (with collective 3 to come, it carries the flag)
         _refuse_failed(failed, agreed, failure, group, words_buf)
         _refuse_lonely(counts, agreed, group)
 
@@ -548,6 +679,8 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
                                    lambda: W.apply_global(W.local_stats(loc.units.v, sizes, eps), st, eps, direct))
             else:
                 a = W.apply_global(loc, st, eps, _apply_dtype(out_dtype, total))
+            if plan is not None:
+                a = plan.scatter(a, inp.n)
             if late:
                 _late_row(buf.late[rank], overflow_row if check_overflow else {}, a if reachable else None,
                           out_dtype)
@@ -559,7 +692,19 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
         if failure is not None:
             buf.late[rank, _FAILED] = 1
         _late_checks(name, group, world, rank, agreed, buf.late, out_dtype, failure, words_buf)
-    return round_to(a, out_dtype), st
+    out = round_to(a, out_dtype)
+    if api == P.API_GDPO:
+        (plan or _no_missing(inp)).report(diagnostics, sum(r[P.UNSCORED] for r in agreed))
+    return out, st
+
+
+def _scored_values(c: torch.Tensor, plan) -> torch.Tensor:
+    """The combined values Eq. 6 takes: all of them, or the scored rows' (``missing="unscored"``)."""
+    return c if plan is None or plan.rows is None else c.index_select(0, plan.rows)
+
+
+def _scored_sizes(sizes: list[int], plan) -> list[int]:
+    return sizes if plan is None else plan.sizes
 
 
 #: The reward names of an adapter's call (impl.adapters sets them around a call under a
@@ -620,13 +765,19 @@ def _group_of(api, group, refused=None) -> tuple[int, int]:
 class _Buffers:
     """One int64 allocation for collectives 2 and 3: ``late`` (world, 7) for collective 3
     and ``stats`` (world, units + 1, 7) float64 (``bits``: its int64 view) for collective 2,
-    whose extra row carries the failure flag."""
+    whose extra row carries the failure flag. ``row_counts`` (``missing="unscored"``, where
+    the statistics count scored rows only): after those, (world, units - COUNT_SLOTS) float64
+    row counts of the units the agreement has no count slot for (for the unit-of-one check)."""
 
-    def __init__(self, world: int, units: int, device: torch.device):
-        flat = torch.zeros(world * _LATE_COLS + world * (units + 1) * W.COLS, dtype=_I64, device=device)
+    def __init__(self, world: int, units: int, device: torch.device, row_counts: bool = False):
+        extra = max(units - P.COUNT_SLOTS, 0) if row_counts else 0
+        rows = units + 1 + -(-extra // W.COLS)
+        flat = torch.zeros(world * _LATE_COLS + world * rows * W.COLS, dtype=_I64, device=device)
         self.late = flat[: world * _LATE_COLS].view(world, _LATE_COLS)
-        self.bits = flat[world * _LATE_COLS:].view(world, units + 1, W.COLS)
+        self.bits = flat[world * _LATE_COLS:].view(world, rows, W.COLS)
         self.stats = self.bits.view(_F64)
+        self.units = units
+        self.row_counts = self.stats[:, units + 1:].reshape(world, -1)[:, :extra] if row_counts else None
 
 
 #: collective 3's row: Eq. 7 overflow (3 fields), cast count, failure flag, the first value
@@ -638,11 +789,14 @@ def _longest(agreed) -> int:
     return max((r[P.N_MAX] if r[P.BY_LABEL] else r[P.GROUP_SIZE]) for r in agreed)
 
 
-def _flags_and_counts(bits: torch.Tensor, units: int) -> tuple[list[int], list[list[int]]]:
-    """Collective 2's failure flags per rank, and the counts of the units the agreement
-    table had no slot for (per unit, per rank), in one host read."""
+def _flags_and_counts(buf: _Buffers, units: int) -> tuple[list[int], list[list[int]]]:
+    """Collective 2's failure flags per rank, and the row counts of the units the agreement
+    table had no slot for (per unit, per rank), in one host read: the statistics' counts, or
+    under ``missing="unscored"`` (whose statistics count scored rows) the row counts beside them."""
+    bits = buf.bits
     extra = max(units - P.COUNT_SLOTS, 0)
-    host = torch.cat([bits[:, units, 0:1].to(_F64), bits.view(_F64)[:, P.COUNT_SLOTS:units, 0]], 1).tolist()
+    counts = buf.row_counts if buf.row_counts is not None else bits.view(_F64)[:, P.COUNT_SLOTS:units, 0]
+    host = torch.cat([bits[:, units, 0:1].to(_F64), counts], 1).tolist()
     return [int(r[0]) for r in host], [[int(r[1 + j]) for r in host] for j in range(extra)]
 
 

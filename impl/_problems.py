@@ -69,9 +69,12 @@ LABELS_UINT64 = 32
 #: (impl._pipeline). Ranks whose numbers differ may be pairing different calls: a rank
 #: made a call its peers may have waited for in vain.
 UNJOINED = 33
+#: Host field: the call's ``missing`` policy (MISSING_CODES: 1 "refuse", 2 "unscored"), which
+#: every rank must share; and, under "unscored", this rank's rows with no scored reward.
+MISSING, UNSCORED = 34, 35
 #: Local sample counts of the first COUNT_SLOTS units ride along with the
 #: agreement, so a unit of one is caught there without a second host read.
-COUNTS = 34
+COUNTS = 36
 COUNT_SLOTS = 32
 ROW_WIDTH = COUNTS + COUNT_SLOTS
 
@@ -225,6 +228,10 @@ P_Z_NDIM = 47  # a: ndim
 P_Z_EMPTY = 48  # a: N, b: K
 P_Z_NONFINITE = 49  # a: row, b: column, c: kind (_KINDS)
 P_Z_OVERFLOW = 50  # a: row
+P_MISSING = 51  # a: 0 (not a str) or 1 (another str); detail: the caller's value
+
+#: The ``missing`` policies (spec/gdpo.md section 2) and their codes in the agreement row.
+MISSING_CODES = {"refuse": 1, "unscored": 2}
 
 #: The classes an adapter's own refusal is named by in P_REFUSED (most specific first):
 #: the agreement carries only the index, so every rank prints the same name.
@@ -451,6 +458,9 @@ HOST_PROBLEMS = {
     P_Z_NDIM: (ShapeError, lambda a, b, c: f"z must be (N,) or (N, K); got a {a}-D tensor"),
     P_Z_EMPTY: (ShapeError, lambda a, b, c: f"z is empty (N={a} rows, K={b} reward columns)"),
     P_Z_NONFINITE: (NonFiniteError, lambda a, b, c: f"z[{a}, {b}] (row {a}, reward column {b}) is {_KINDS[c]}"),
+    P_MISSING: (InputDtypeError, lambda a, b, c, detail="":
+                "missing must be 'refuse' (a NaN reward is refused, the default) or 'unscored' (a NaN reward "
+                f"is one its reward function did not score); got {detail or 'another value'}"),
     P_Z_OVERFLOW: (OutOfRangeError, lambda a, b, c:
                    f"Eq. 7 (sum of weights x standardized rewards) overflows float64 at row {a}; "
                    "the weights are too large, scale them down"),
@@ -544,7 +554,9 @@ def row_problems(row) -> list[tuple[type, str]]:
         flat = row[NF_REWARD]
         out.append((NonFiniteError,
                     f"rewards[{flat // k}, {flat % k}] (row {flat // k}, reward column {flat % k}, "
-                    f"{_group_of(row, flat // k, NF_REWARD_GROUP)}) is {_KINDS[kind]}"))
+                    f"{_group_of(row, flat // k, NF_REWARD_GROUP)}) is {_KINDS[kind]}"
+                    + ("; missing='unscored' reads a NaN reward as not scored, never an infinity"
+                       if row[MISSING] == MISSING_CODES["unscored"] else "")))
     if row[BY_LABEL] and row[SINGLETON] < row[ROWS]:
         out.append((GroupError,
                     f"group label {_label(row, SINGLETON_LABEL)} (first row {row[SINGLETON]}) has 1 sample"
@@ -659,6 +671,9 @@ def table_problems(table: list[list[int]], words: dict[int, str] | None = None) 
            + _by_value({r: _DEVICE_NAMES.get(x, "?") for r, x in v.items()}) + ")")
     differ(EPS_BITS, lambda v: "eps differs across ranks ("
            + _by_value({r: repr(bits_float(x)) for r, x in v.items()}) + ")")
+    differ(MISSING, lambda v: "the missing policy differs across ranks ("
+           + _by_value({r: repr(next((n for n, c in MISSING_CODES.items() if c == x), "?"))
+                        for r, x in v.items()}) + ")")
     differ(K, lambda v: "the number of reward columns K differs across ranks ("
            + _by_value({r: f"K={x}" for r, x in v.items()}) + ")")
     if len({table[r][K] for r in consider}) == 1:  # with different K the weights differ anyway

@@ -402,8 +402,11 @@ def _named_columns(names: list):
 @_opaque_to_dynamo
 def trl_advantages(rewards_per_func: torch.Tensor, num_generations: int, reward_weights=None, *,
                    segment_sizes=None, process_group=None, eps: float = DEFAULT_EPS,
-                   out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+                   out_dtype: torch.dtype = torch.float32, missing: str = "refuse",
+                   diagnostics=None) -> torch.Tensor:
     """TRL's shape: (N, K) rewards, contiguous groups of ``num_generations``, weights (K,).
+    ``missing`` and ``diagnostics`` as in impl.gdpo (``missing="unscored"``: a NaN reward is
+    one its reward function did not score, TRL's own reading of a None reward).
 
     Refusals are impl.gdpo's, in TRL's argument names (``num_generations``,
     ``reward_weights``, ``rewards_per_func``)."""
@@ -420,7 +423,7 @@ def trl_advantages(rewards_per_func: torch.Tensor, num_generations: int, reward_
     try:
         return gdpo_advantages(rewards_per_func, group_size=num_generations, weights=reward_weights,
                                segment_sizes=segment_sizes, process_group=process_group, eps=eps,
-                               out_dtype=out_dtype)
+                               out_dtype=out_dtype, missing=missing, diagnostics=diagnostics)
     except GDPOError as e:
         msg = str(e)
         for pattern, name in _TRL_NAMES:  # text only: a DistributedError still reads the same on every rank
@@ -663,11 +666,13 @@ def _labelled_inputs(rewards, labels, weights):
 @_opaque_to_dynamo
 def labelled_advantages(rewards: Mapping[str, torch.Tensor], labels: Sequence[Hashable] | torch.Tensor,
                         weights: Mapping[str, float] | None = None, *, segment_sizes=None, process_group=None,
-                        eps: float = DEFAULT_EPS, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+                        eps: float = DEFAULT_EPS, out_dtype: torch.dtype = torch.float32,
+                        missing: str = "refuse", diagnostics=None) -> torch.Tensor:
     """{name: (N,) rewards}, one label per sample -> (N,) advantages (columns in mapping order).
 
     Each component is a 1-D tensor of a real floating dtype or a sequence of floats; all
-    of one length and on one device (different floating dtypes are widened exactly)."""
+    of one length and on one device (different floating dtypes are widened exactly).
+    ``missing`` and ``diagnostics`` as in impl.gdpo."""
     try:
         names, r, ids, w = _labelled_inputs(rewards, labels, weights)
     except Exception as e:  # noqa: BLE001 - under a process group the peers must hear of it
@@ -677,7 +682,8 @@ def labelled_advantages(rewards: Mapping[str, torch.Tensor], labels: Sequence[Ha
     try:
         with _named_columns(names):
             return gdpo_advantages(r, group_ids=ids.ids, weights=w, segment_sizes=segment_sizes,
-                                   process_group=process_group, eps=eps, out_dtype=out_dtype)
+                                   process_group=process_group, eps=eps, out_dtype=out_dtype, missing=missing,
+                                   diagnostics=diagnostics)
     except GDPOError as e:
         better = _in_callers_terms(e, names, ids, isinstance(weights, Mapping), "rewards[{key}][{i}]", "labels",
                                    "the reward")

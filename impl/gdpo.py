@@ -42,7 +42,13 @@ Opt-ins and costs:
   the statistics gather), the float8 cast check, labelled groups so ragged
   that padding would exceed 4x the batch (the bucket sizes), labelled groups
   with weights so large that Eq. 7 may overflow float64
-  (2 sqrt(n_max) sum|w| >= 2**1023), and refused calls (locating the culprit).
+  (2 sqrt(n_max) sum|w| >= 2**1023), ``missing="unscored"`` (the scored rows' mask,
+  on every call with the option; it also takes the plain path), and refused calls
+  (locating the culprit).
+
+Missing rewards: ``missing="refuse"`` (the default) refuses a NaN reward;
+``missing="unscored"`` reads it as one its reward function did not score (spec/gdpo.md
+section 2), and :class:`Diagnostics` counts the rows with no scored reward.
 """
 
 from __future__ import annotations
@@ -67,6 +73,7 @@ from impl import _pipeline
 from impl import _problems as _P
 
 __all__ = [
+    "Diagnostics",
     "standardize_groups",
     "combine",
     "normalize_rewards",
@@ -85,6 +92,9 @@ __all__ = [
 ]
 
 _API_WHITEN = _P.API_WHITEN
+
+#: What a call under ``missing="unscored"`` left out: pass one as ``diagnostics=``.
+Diagnostics = _pipeline.Diagnostics
 
 
 def _opaque_to_dynamo(fn):
@@ -106,14 +116,15 @@ _API_GDPO = _P.API_GDPO
 
 @_opaque_to_dynamo
 @torch.no_grad()
-def standardize_groups(rewards, *, group_ids=None, group_size=None, eps=DEFAULT_EPS):
+def standardize_groups(rewards, *, group_ids=None, group_size=None, eps=DEFAULT_EPS, missing="refuse",
+                       diagnostics=None):
     """Eq. 4 alone: z (N, K) float64, input order, the very z normalize_rewards combines
     (``combine(standardize_groups(r, ...), weights=w)`` is ``normalize_rewards(r, ..., weights=w)``
     bit for bit).
 
     Arguments and refusals as in :func:`normalize_rewards` (no weights: Eq. 7 is not applied).
     """
-    return _pipeline.standardize_groups(rewards, group_ids, group_size, eps)
+    return _pipeline.standardize_groups(rewards, group_ids, group_size, eps, missing, diagnostics)
 
 
 @_opaque_to_dynamo
@@ -131,7 +142,8 @@ def combine(z, *, weights=None):
 
 @_opaque_to_dynamo
 @torch.no_grad()
-def normalize_rewards(rewards, *, group_ids=None, group_size=None, weights=None, eps=DEFAULT_EPS):
+def normalize_rewards(rewards, *, group_ids=None, group_size=None, weights=None, eps=DEFAULT_EPS,
+                      missing="refuse", diagnostics=None):
     """Eq. 4 then Eq. 7: the combined value c of every sample, float64 (N,), input order.
 
     rewards: (N, K) or (N,) (K = 1) dense tensor of float16, bfloat16, float32 or
@@ -140,15 +152,25 @@ def normalize_rewards(rewards, *, group_ids=None, group_size=None, weights=None,
     group_ids: one integer label per row, any labels, ragged sizes (each >= 2);
     exactly one of the two. weights: K real numbers (default ones), float64.
 
-    Raises InputDtypeError, ShapeError, NonFiniteError (first bad row, column
-    and group), GroupError, WeightError, OutOfRangeError (Eq. 7 overflows float64).
+    missing: what a NaN reward is (spec/gdpo.md section 2). "refuse" (the default): an
+    error (NonFiniteError). "unscored": its reward function did not score that sample: it is
+    left out of its group column's Eq. 4 statistics and its z is 0 there; a group column
+    with fewer than two scored rewards has z = 0 throughout; a row with no scored reward
+    has c = 0 (and, in gdpo_advantages, advantage 0 and no part in Eq. 6). An infinity is
+    refused under both. diagnostics: an :class:`Diagnostics` the call fills in (how many
+    rows had no scored reward, and which).
+
+    Raises InputDtypeError (also a ``missing`` other than those two), ShapeError,
+    NonFiniteError (first bad row, column and group), GroupError, WeightError,
+    OutOfRangeError (Eq. 7 overflows float64).
     """
-    return _pipeline.normalize_rewards(rewards, group_ids, group_size, weights, eps)
+    return _pipeline.normalize_rewards(rewards, group_ids, group_size, weights, eps, missing, diagnostics)
 
 
 @_opaque_to_dynamo
 @torch.no_grad()
-def group_has_signal(rewards, *, group_ids=None, group_size=None, weights=None, eps=DEFAULT_EPS):
+def group_has_signal(rewards, *, group_ids=None, group_size=None, weights=None, eps=DEFAULT_EPS,
+                     missing="refuse", diagnostics=None):
     """(G,) bool: does each group carry a training signal? True iff the group's
     combined values c (exactly the float64 tensor normalize_rewards returns,
     computed by the same code) are not all equal, i.e. min != max.
@@ -162,8 +184,9 @@ def group_has_signal(rewards, *, group_ids=None, group_size=None, weights=None, 
     could disagree with the advantages computed from the same c.
 
     Groups are ordered by first appearance (group_ids) or contiguously (group_size).
+    ``missing`` and ``diagnostics`` as in :func:`normalize_rewards` (an unscored row's c is 0).
     """
-    return _pipeline.group_has_signal(rewards, group_ids, group_size, weights, eps)
+    return _pipeline.group_has_signal(rewards, group_ids, group_size, weights, eps, missing, diagnostics)
 
 
 @_opaque_to_dynamo
@@ -191,16 +214,24 @@ def whiten(values, *, segment_sizes=None, process_group=None, eps=DEFAULT_EPS, o
 @_opaque_to_dynamo
 @torch.no_grad()
 def gdpo_advantages(rewards, *, group_ids=None, group_size=None, weights=None, segment_sizes=None,
-                    process_group=None, eps=DEFAULT_EPS, out_dtype=torch.float32):
+                    process_group=None, eps=DEFAULT_EPS, out_dtype=torch.float32, missing="refuse",
+                    diagnostics=None):
     """GDPO advantages: whiten(normalize_rewards(...)) with the same bits, and with
     every refusal (of any rank) raised before any statistics are exchanged.
 
-    Arguments as in :func:`normalize_rewards` and :func:`whiten`.
+    Arguments as in :func:`normalize_rewards` and :func:`whiten`. Under
+    ``missing="unscored"`` a row with no scored reward gets advantage exactly 0 and is
+    left out of its unit's Eq. 6 statistics (count and moments, across ranks too); a unit
+    with fewer than two scored rows gives 0 throughout, while a unit of one row is still a
+    SegmentError. Every rank must pass the same ``missing``; ``diagnostics`` then also
+    counts the unscored rows of all ranks. Costs: the plain path (no ``GDPO_FUSED``, no
+    CUDA graph) and one more host read (the scored rows), the same collectives.
     ``torch.distributed.group.WORLD`` is None before ``init_process_group``, so passing it
     then runs a local call.
     """
     if process_group is None:
-        return _pipeline.gdpo_local(rewards, group_ids, group_size, weights, segment_sizes, eps, out_dtype)[0]
+        return _pipeline.gdpo_local(rewards, group_ids, group_size, weights, segment_sizes, eps, out_dtype,
+                                    missing, diagnostics)[0]
     return _pipeline.run_distributed(_API_GDPO, process_group, rewards=rewards, group_ids=group_ids,
                                      group_size=group_size, weights=weights, segment_sizes=segment_sizes,
-                                     eps=eps, out_dtype=out_dtype)[0]
+                                     eps=eps, out_dtype=out_dtype, missing=missing, diagnostics=diagnostics)[0]

@@ -533,20 +533,38 @@ def _unit_labels(n: int, unit_ids, segment_sizes):
     return np.repeat(np.arange(len(sizes), dtype=np.int64), [int(s) for s in sizes])
 
 
-def standardize_groups(rewards, group_ids=None, eps=None, convention="spec", *, group_size=None) -> Stage:
+#: The ``missing`` policies, as in impl.gdpo (spec/gdpo.md section 2).
+MISSING = ("refuse", "unscored")
+
+
+def _with_missing(conv: Convention, missing) -> Convention:
+    """The convention a call computes: ``missing="refuse"`` keeps the convention's own NaN
+    rule (``spec``: a NaN reward is refused); ``missing="unscored"`` reads a NaN reward as
+    one its reward function did not score (``nan="nan_aware_unscored"``: left out of its
+    group column's Eq. 4 statistics with z = 0 there, a column with fewer than two scored
+    members z = 0 throughout, a row with no scored reward advantage 0 and out of Eq. 6, a
+    unit with fewer than two scored rows 0 throughout), every other choice the convention's."""
+    if type(missing) is not str or missing not in MISSING:
+        raise InputDtypeError("missing must be 'refuse' (a NaN reward is refused, the default) or 'unscored' "
+                              f"(a NaN reward is one its reward function did not score); got {_shown(missing)}")
+    return conv if missing == "refuse" else dataclasses.replace(conv, nan="nan_aware_unscored")
+
+
+def standardize_groups(rewards, group_ids=None, eps=None, convention="spec", *, group_size=None,
+                       missing="refuse") -> Stage:
     """Eq. 4 alone: z per sample and reward column (weights ones, no whitening)."""
     r = _as_float_matrix(rewards)
     res = gdpo_advantages(r, _group_labels(r.shape[0], group_ids, group_size), weights=None, unit_ids=None,
-                          eps=eps, convention=convention, _stages_only=True)
+                          eps=eps, convention=convention, missing=missing, _stages_only=True)
     return res.z
 
 
 def normalize_rewards(rewards, group_ids=None, weights=None, eps=None, convention="spec", *,
-                      group_size=None) -> Stage:
+                      group_size=None, missing="refuse") -> Stage:
     """Eq. 4 then Eq. 7: the combined value c per sample (before 2026-12: ``combine``)."""
     r = _as_float_matrix(rewards)
     res = gdpo_advantages(r, _group_labels(r.shape[0], group_ids, group_size), weights=weights, unit_ids=None,
-                          eps=eps, convention=convention, _stages_only=True)
+                          eps=eps, convention=convention, missing=missing, _stages_only=True)
     return res.combined
 
 
@@ -658,15 +676,18 @@ def _token_weights(conv: Convention, token_counts, n: int):
 
 
 def gdpo_advantages(rewards, group_ids=None, weights=None, unit_ids=None, eps=None, convention="spec",
-                    token_counts=None, *, group_size=None, segment_sizes=None, _stages_only=False) -> Result:
+                    token_counts=None, *, group_size=None, segment_sizes=None, missing="refuse",
+                    _stages_only=False) -> Result:
     """Exact GDPO advantages of ``rewards`` (N, K) grouped by ``group_ids`` or ``group_size``.
 
     ``unit_ids`` (a label per sample) or ``segment_sizes`` (consecutive counts) give the
     whitening units (neither: one unit); ``eps`` overrides both eps of the convention
     (None: the convention's own, 1e-4 for ``spec``); ``token_counts`` is required by
-    per-token conventions (verl).
+    per-token conventions (verl). ``missing``: "refuse" (the convention's own NaN rule;
+    ``spec`` refuses a NaN) or "unscored" (a NaN reward was not scored: :func:`_with_missing`;
+    a unit of one row is still a SegmentError, whatever is scored in it).
     """
-    conv = get_convention(convention)
+    conv = _with_missing(get_convention(convention), missing)
     r = _as_float_matrix(rewards)
     N, K = r.shape
     gl, gidx = _index(_as_labels(_group_labels(N, group_ids, group_size), N, "group_ids"))
@@ -732,10 +753,17 @@ def gdpo_advantages(rewards, group_ids=None, weights=None, unit_ids=None, eps=No
         ucoll = np.zeros(ul.size, bool)
     else:
         uinfo = _unit_info(ul.size)
+        if missing == "unscored":  # the metadata rule holds whatever is scored: a unit of one row is refused
+            rows = np.bincount(uidx, minlength=ul.size)
+            if conv.whiten != "none" and np.any(rows == 1):
+                s = int(np.flatnonzero(rows == 1)[0])
+                raise SegmentError(f"whitening unit {_py(ul[s])!r} has 1 sample(s); "
+                                   "the unbiased std of Eq. 6 needs at least 2")
         if conv.nan == "nan_aware_unscored" and nan_in.all(axis=1).any():
             ar, azero, acond, adelta, ucoll, areq = _whiten_scored(
                 nan_in.all(axis=1), cforms, cnan, cr["float64"], ccond, ccframe, cdelta, cframe,
-                uidx, t, conv, eps_w, classes, creq, ul)
+                uidx, t, conv, eps_w, classes, creq, ul,
+                whole=_units_of_whole_groups(gidx, uidx, G, ul.size) if _structural_mean(conv) else None)
             uinfo = None
         else:
             ar, azero, acond, adelta, ucoll, areq = _whiten(
@@ -1078,23 +1106,32 @@ def _unit_info(S: int) -> dict:
 
 
 def _whiten_scored(unscored, cforms, cnan, c64, ccond, ccframe, cdelta, cframe, uidx, t, conv, eps_w, classes,
-                   creq, ul):
+                   creq, ul, whole=None):
     """Eq. 6 of convention nan="nan_aware_unscored" (TRL): a sample whose every reward is NaN
     is left out of its unit's statistics and gets advantage 0 (exactly, bound 0); a unit left
     with fewer than two scored samples gets 0 throughout (the NaN std of one value, then
-    nan_to_num). The other samples are whitened among themselves (:func:`_whiten`)."""
+    nan_to_num). The other samples are whitened among themselves (:func:`_whiten`).
+
+    ``whole`` (S,): the units made of whole groups, where the convention demands the
+    structural zero mean (spec's, under ``missing="unscored"``): the scored rows of a whole
+    group still sum to exactly 0 (each column is centred over its scored members, and a row
+    not scored in it has z = 0 there), so a structural zero of c whitens to a required 0; and
+    every advantage this function sets to 0 (unscored rows, units of fewer than two scored
+    rows) is then a required zero too."""
     N = len(cforms)
     counts = np.bincount(uidx[~unscored], minlength=ul.size)
     keep = np.flatnonzero(~unscored & (counts[uidx] >= 2))
     ar = _rounded_arrays(N); azero = np.ones(N, bool)
-    acond = np.zeros(N); adelta = np.zeros(N); areq = np.zeros(N, bool)
+    acond = np.zeros(N); adelta = np.zeros(N)
+    areq = np.ones(N, bool) if whole is not None else np.zeros(N, bool)
+    areq[keep] = False
     ucoll = counts < 2
     if keep.size:
         kept_units, sub_uidx = np.unique(uidx[keep], return_inverse=True)
         sub_t = None if t is None else t[keep]
         sub = _whiten([cforms[j] for j in keep], cnan[keep], c64[keep], ccond[keep], ccframe[keep], cdelta[keep],
                       cframe[keep], sub_uidx.reshape(-1), sub_t, conv, eps_w, classes, creq[keep],
-                      labels=ul[kept_units])
+                      labels=ul[kept_units], whole=None if whole is None else whole[kept_units])
         for fmt in ar:
             ar[fmt][keep] = sub[0][fmt]
         azero[keep], acond[keep], adelta[keep], areq[keep] = sub[1], sub[2], sub[3], sub[5]

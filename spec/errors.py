@@ -17,9 +17,11 @@ class GDPOError(ValueError):
 
 class NonFiniteError(GDPOError):
     """A reward (or a value passed to ``whiten``) is NaN or infinite (convention
-    ``nan="error"``), in any column, whatever that column's weight (0 included: a
-    zero weight does not make a NaN reward data). A NaN or infinite *weight* is a
-    WeightError, not this."""
+    ``nan="error"``, the default ``missing="refuse"``), in any column, whatever that
+    column's weight (0 included: a zero weight does not make a NaN reward data). Under
+    ``missing="unscored"`` a NaN reward is data (its reward function did not score that
+    sample: section 2) and only an infinite one is refused. A NaN or infinite *weight* is
+    a WeightError, not this."""
 
 
 class InputDtypeError(GDPOError, TypeError):
@@ -30,7 +32,8 @@ class InputDtypeError(GDPOError, TypeError):
     exactly; a bool in it, or an int that no float64 equals (beyond 2**53), is refused,
     named by row and column (impl, oracle and ``gdpo audit`` alike), while a tensor or
     array of an integer dtype is refused by its dtype. Also an ``out_dtype`` that is not a supported floating dtype;
-    an ``eps`` that is not a real number; a ``process_group`` that is not a torch
+    an ``eps`` that is not a real number; a ``missing`` other than ``"refuse"`` and
+    ``"unscored"``; a ``process_group`` that is not a torch
     ProcessGroup (a refusal on that rank alone: without a usable group there is
     nothing to agree over). Also a ``TypeError``."""
 
@@ -93,7 +96,7 @@ class WeightLengthError(WeightError, ShapeError):
 class DistributedError(GDPOError):
     """With a process group, raised on every rank together when any rank's input is
     refused, when ranks disagree on what must agree (``segment_sizes`` given or None,
-    the number of units, input or output dtype, device type, eps, K, weights), or when
+    the number of units, input or output dtype, device type, eps, K, weights, ``missing``), or when
     a collective fails; the message names the offending rank(s) and the reason. Also a
     ProcessGroup that cannot be used (torch.distributed not initialized, this rank not
     a member, the group destroyed): raised on that rank at once. ``group.WORLD`` is None
@@ -131,6 +134,7 @@ ERROR_EXAMPLES: dict[str, tuple[str, ...]] = {
         "gdpo_advantages(torch.tensor([[1.0], [nan]]), group_size=2)",
         "gdpo_advantages(torch.tensor([[1.0, nan], [0.0, 0.0]]), group_size=2, weights=[1.0, 0.0])",
         "whiten(torch.tensor([0.0, 1.0, inf]))",
+        "gdpo_advantages(torch.tensor([[1.0, nan], [inf, 0.0]]), group_size=2, missing=\"unscored\")",
     ),
     "InputDtypeError": (
         "gdpo_advantages(torch.tensor([[1], [2]]), group_size=2)",
@@ -140,6 +144,7 @@ ERROR_EXAMPLES: dict[str, tuple[str, ...]] = {
         "gdpo_advantages(torch.tensor([[1j], [2j]]), group_size=2)",
         "gdpo_advantages(torch.tensor([[1.0], [2.0]]), group_size=2, out_dtype=torch.int64)",
         "gdpo_advantages(torch.tensor([[1.0], [2.0]]), group_size=2, eps=\"1e-4\")",
+        "gdpo_advantages(torch.tensor([[1.0], [nan]]), group_size=2, missing=\"skip\")",
         "gdpo_advantages(torch.tensor([[1.0], [2.0]]).to(torch.float8_e4m3fn), group_size=2)",
         "gdpo_advantages(torch.tensor([[1.0], [2.0]]).to_sparse(), group_size=2)",
         "gdpo_advantages(torch.tensor([[1.0], [2.0]]), group_size=2, process_group=\"world\")",
@@ -190,6 +195,8 @@ ERROR_EXAMPLES: dict[str, tuple[str, ...]] = {
         "gdpo_advantages(torch.tensor([[1.0], [2.0]]), group_size=2, segment_sizes=[2] if rank == 0 else [2, 0], "
         "process_group=group)",
         "gdpo_advantages(torch.tensor([[1.0], [2.0]]), group_size=2, weights=[1.0 + rank], process_group=group)",
+        "gdpo_advantages(torch.tensor([[1.0], [2.0]]), group_size=2, missing=\"unscored\" if rank == 0 else "
+        "\"refuse\", process_group=group)",
     ),
 }
 
@@ -200,6 +207,8 @@ NOT_RAISED: dict[str, tuple[tuple[str, str], ...]] = {
     "NonFiniteError": (
         ("gdpo_advantages(torch.tensor([[1.0, 0.0], [2.0, 1.0]]), group_size=2, weights=[nan, 1.0])",
          "WeightError"),
+        ("gdpo_advantages(torch.tensor([[1.0, nan], [nan, nan], [2.0, 0.0], [0.0, 1.0]]), group_size=2, "
+         "missing=\"unscored\")", "computes"),
     ),
     "InputDtypeError": (
         ("gdpo_advantages(torch.tensor([[1.0], [2.0]]), group_size=2, out_dtype=torch.float8_e4m3fn)", "computes"),

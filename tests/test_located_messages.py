@@ -284,7 +284,8 @@ def test_the_fused_path_is_described_as_impl_fused_applies_it():
     assert "local contiguous-group calls" not in text
     for needed in ("local or across ranks", "contiguous or labelled groups", "bucketed layout",
                    "``group_has_signal`` with labels", f"more than {_fused.MAX_GROUP} rows",
-                   f"more than 2**{int(math.log2(_fused.MAX_UNIT))} rows", "2**990", "GDPO_FUSED=interpret"):
+                   f"more than 2**{int(math.log2(_fused.MAX_UNIT))} rows", "2**990", "GDPO_FUSED=interpret",
+                   'calls with ``missing="unscored"``'):
         assert needed in text, (needed, text)
     assert "``impl._fused``'s docstring" in " ".join(gdpo.__doc__.split())
     assert _fused.MAX_UNIT == 2 ** int(math.log2(_fused.MAX_UNIT))

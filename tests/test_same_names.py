@@ -41,13 +41,14 @@ class Step:
 
 
 STEPS = (
-    Step("standardize_groups", "Eq. 4", "standardize_groups_stage", ("group_ids", "group_size", "eps"), False),
-    Step("combine", "Eq. 7", "combine_stage_framed", ("weights",), False),
-    Step("normalize_rewards", "Eq. 4 + 7", "combine_stage_framed", ("group_ids", "group_size", "weights", "eps"),
+    Step("standardize_groups", "Eq. 4", "standardize_groups_stage", ("group_ids", "group_size", "eps", "missing"),
          False),
+    Step("combine", "Eq. 7", "combine_stage_framed", ("weights",), False),
+    Step("normalize_rewards", "Eq. 4 + 7", "combine_stage_framed",
+         ("group_ids", "group_size", "weights", "eps", "missing"), False),
     Step("whiten", "Eq. 6", "whiten_stage", ("segment_sizes", "eps"), True),
     Step("gdpo_advantages", "Eq. 4, 7, 6", "whiten_stage",
-         ("group_ids", "group_size", "weights", "segment_sizes", "eps"), True),
+         ("group_ids", "group_size", "weights", "segment_sizes", "eps", "missing"), True),
 )
 BY_NAME = {s.name: s for s in STEPS}
 

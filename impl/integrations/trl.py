@@ -1,0 +1,158 @@
+"""impl.gdpo inside TRL's ``GRPOTrainer``: the advantages of a real training run, vetted.
+
+TRL (1.16) computes ``multi_objective_aggregation="normalize_then_sum"`` inline in
+``GRPOTrainer._generate_and_score_completions``; there is no method to override. So
+:class:`GDPOMixin` keeps the rewards ``_calculate_rewards`` returns (already gathered from
+every process: the whole ``(N, K)`` generation batch, groups of ``num_generations``
+contiguous rows), lets TRL finish the batch, then replaces ``out["advantages"]`` (this
+process's slice) and the entries TRL appended to ``_logs["advantages"]`` (the whole batch)
+by :func:`impl.gdpo.gdpo_advantages` of those rewards::
+
+    from trl import GRPOConfig
+    from impl.integrations.trl import GDPOTrainer      # instead of trl's GRPOTrainer
+
+    args = GRPOConfig(..., multi_objective_aggregation="normalize_then_sum")
+    trainer = GDPOTrainer(model=..., reward_funcs=[...], args=args)
+
+The call is ``gdpo_advantages(rewards, group_size=G, weights=trainer.reward_weights,
+missing=...)``, with no ``process_group``: every process already holds the whole batch, so
+each computes the same advantages and keeps its own slice, as TRL does
+(docs/adopting.md, "Under TRL: no process_group").
+
+What is kept from TRL, and what is decided here:
+
+* Unscored rewards. A reward function's ``None`` is NaN in TRL's rewards. With
+  ``gdpo_missing = "unscored"`` (the default, TRL's reading) a NaN is "not scored": left out
+  of its column's Eq. 4 statistics, contributing 0 there; a row with no scored reward
+  (TRL's "unscorable" completion) gets advantage 0 and is left out of Eq. 6. This is what
+  TRL's multi-environment mode needs: every row has a reward column per environment type,
+  NaN for the other types' rows. ``gdpo_missing = "refuse"`` (set it on a subclass or the
+  instance) stops training at the first NaN instead (``NonFiniteError`` naming the row of the
+  gathered batch and the column, with the reward functions' names added as a note).
+* Weights: ``trainer.reward_weights``, the float32 tensor TRL itself multiplies by (its
+  values, read exactly as float64), with the environments' reward columns (weight 1).
+* ``num_generations_eval = 1``: groups of one have no Eq. 4 statistics, which impl refuses
+  (``GroupError``); TRL's own formula gives 0 there (every z is 0). Evaluation advantages are
+  then 0 (they only enter the evaluation loss), impl is not called, and a warning says so once,
+  when the trainer is built. Training always has ``num_generations >= 2`` (TRL refuses less).
+* Only ``multi_objective_aggregation="normalize_then_sum"`` (GDPO) is accepted: under
+  ``"sum_then_normalize"`` the class would silently compute something other than what the
+  configuration says, so it refuses when built.
+* TRL's logged reward metrics (``reward``, ``reward_std``, ``frac_reward_zero_std``,
+  ``rewards/<name>/mean``) are TRL's, computed from the rewards, unchanged; the rows no
+  function scored are counted in one more, ``gdpo/unscored_rows``.
+* TRL versions: :data:`SUPPORTED_TRL`, ``>=1.16.0,<1.17.0`` (tested on 1.16.0; a patch
+  release of 1.16 is accepted, a pre-release of 1.16.0 is not); another is refused when the
+  trainer is built (or ``GDPOTrainer`` first imported), naming the range, since the mixin
+  relies on TRL's private methods.
+
+Without this class (TRL's own ``GRPOTrainer``) nothing changes: the module patches nothing.
+Importing it costs no TRL import: ``GDPOTrainer`` is built on first access.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from impl.integrations._common import MISSING_POLICIES, batch_advantages, check_version
+
+__all__ = ["GDPOMixin", "GDPOTrainer", "SUPPORTED_TRL", "check_trl_version"]
+
+#: The TRL releases this integration was tested on: ``low <= version < high``. It reads TRL's
+#: private ``_calculate_rewards`` and ``_logs``, which a minor release may change.
+SUPPORTED_TRL = ("1.16.0", "1.17.0")
+
+logger = logging.getLogger(__name__)
+
+
+def check_trl_version(version: str | None = None) -> str:
+    """The installed TRL version (or ``version``), or a RuntimeError naming the supported range."""
+    return check_version("trl", "TRL", SUPPORTED_TRL, "impl.integrations.trl",
+                         "replaces advantages inside GRPOTrainer's private methods", version)
+
+
+class GDPOMixin:
+    """Put before TRL's ``GRPOTrainer`` (or a subclass of it) in the bases: its advantages
+    become :func:`impl.gdpo.gdpo_advantages` of the gathered rewards (module docstring)."""
+
+    #: "unscored" (a reward function's None is left out of that column's statistics, TRL's
+    #: reading) or "refuse" (the first None stops training with impl's NonFiniteError).
+    gdpo_missing = "unscored"
+
+    def __init__(self, *args, **kwargs):
+        check_trl_version()
+        super().__init__(*args, **kwargs)
+        if self.multi_objective_aggregation != "normalize_then_sum":
+            raise ValueError(
+                f"{type(self).__name__} computes GDPO (TRL's multi_objective_aggregation='normalize_then_sum') with "
+                f"impl.gdpo, but args.multi_objective_aggregation is {self.multi_objective_aggregation!r}: set "
+                "GRPOConfig(multi_objective_aggregation='normalize_then_sum'), or use trl.GRPOTrainer")
+        self._gdpo_check_missing()
+        self._gdpo_rewards = None
+        if self.num_generations_eval == 1 and self.args.eval_strategy != "no":
+            logger.warning("num_generations_eval=1: evaluation groups have one completion each, so their advantages "
+                           "are 0 (as TRL's own formula gives); impl.gdpo is not called for them")
+
+    def _gdpo_check_missing(self):
+        if self.gdpo_missing not in MISSING_POLICIES:
+            raise ValueError(f"gdpo_missing is {self.gdpo_missing!r}; expected one of {MISSING_POLICIES}")
+
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        self._gdpo_rewards = rewards  # gathered: (N, K), every process's rows
+        return rewards
+
+    def gdpo_advantages(self, rewards, group_size: int, mode: str = "train"):
+        """impl.gdpo's advantages of the whole gathered batch: (N,) float32 on ``rewards``' device
+        (0 for groups of one: evaluation only, TRL refuses num_generations < 2 for training)."""
+        return batch_advantages(self, rewards, group_size, self.gdpo_missing, mode)
+
+    def _generate_and_score_completions(self, inputs):
+        self._gdpo_rewards = None
+        out = super()._generate_and_score_completions(inputs)
+        rewards, self._gdpo_rewards = self._gdpo_rewards, None
+        if rewards is None:
+            raise RuntimeError(f"{type(self).__name__}: TRL computed advantages without calling _calculate_rewards; "
+                               "this TRL does not work the way impl.integrations.trl was written for")
+        mode = "train" if self.model.training else "eval"
+        group_size = self.num_generations if mode == "train" else self.num_generations_eval
+        advantages = self.gdpo_advantages(rewards, group_size, mode)
+        n = len(inputs)
+        start = self.accelerator.process_index * n
+        local = advantages[start:start + n]
+        if local.shape != out["advantages"].shape:
+            raise RuntimeError(f"{type(self).__name__}: this process's advantages have shape "
+                               f"{tuple(out['advantages'].shape)} in TRL but {tuple(local.shape)} here "
+                               f"(rows {start}..{start + n - 1} of {advantages.shape[0]} gathered)")
+        out["advantages"] = local.to(out["advantages"].device)
+        # TRL appended the whole batch's advantages to this bounded deque: replace those entries.
+        logged = self._logs["advantages"]
+        m = min(advantages.shape[0], len(logged))
+        for _ in range(m):
+            logged.pop()
+        logged.extend(advantages[advantages.shape[0] - m:].tolist())
+        return out
+
+
+_TRAINER = None
+
+
+def _trainer_class():
+    global _TRAINER
+    if _TRAINER is None:
+        check_trl_version()
+        from trl import GRPOTrainer
+
+        class GDPOTrainer(GDPOMixin, GRPOTrainer):
+            """TRL's ``GRPOTrainer`` whose advantages are impl.gdpo's (see :mod:`impl.integrations.trl`)."""
+
+        GDPOTrainer.__module__ = __name__
+        GDPOTrainer.__qualname__ = "GDPOTrainer"
+        _TRAINER = GDPOTrainer
+    return _TRAINER
+
+
+def __getattr__(name):
+    if name == "GDPOTrainer":
+        return _trainer_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
