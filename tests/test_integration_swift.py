@@ -17,8 +17,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, os.path.dirname(__file__))
 from _frameworks import import_framework  # noqa: E402
+
+#: the slow tier (`python3 -m pytest -n auto -q -m slow`): the real frameworks, installed by .ci/run
+pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parent.parent
 SWIFT_PYTHON = "GDPO_SWIFT_PYTHON"

@@ -26,6 +26,9 @@ datasets = import_framework("datasets", HOW)
 from impl import gdpo  # noqa: E402
 from impl.integrations import trl as gdpo_trl  # noqa: E402
 
+#: the slow tier (`python3 -m pytest -n auto -q -m slow`): the real frameworks, installed by .ci/run
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parent.parent
 WORDS = ["<pad>", "<eos>", "<unk>"] + [f"w{i}" for i in range(13)]
 G = 4  # completions per prompt

@@ -25,6 +25,9 @@ import torch
 
 from impl.gdpo import GroupError, InputDtypeError, NonFiniteError, OutOfRangeError, gdpo_advantages, normalize_rewards, whiten
 
+#: the slow tier (`python3 -m pytest -n auto -q -m slow`): the real frameworks, installed by .ci/run
+pytestmark = pytest.mark.slow
+
 REQUIRED = os.environ.get("GDPO_REQUIRE_INTEGRATIONS") == "1"
 PLUGIN = "impl.integrations.verl"
 KEYS = ["accuracy", "format"]
