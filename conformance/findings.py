@@ -50,7 +50,7 @@ def probe(check, case, category) -> tuple[str, float | None, object]:
         return "several ranks", None, case
     if not isinstance(case, Case) or not case.rewards:
         return "ordinary magnitudes", None, case
-    if getattr(case, "missing", "refuse") == "refuse" and not all(
+    if getattr(case, "missing", "") in ("", "refuse") and not all(
             math.isfinite(v) for row in case.rewards for v in row):
         return "bad input", None, case  # a value property's case that rounded to inf in its dtype
     r = max((abs(v) for row in case.rewards for v in row if math.isfinite(v)), default=0.0)
