@@ -649,7 +649,7 @@ def cases(draw, ctx: Context, kinds=COLUMN_KINDS, pairs=PAIR_KINDS, weight_modes
 #: scored), a group column left with 0 or 1 scored members, TRL's multi-environment batches (each
 #: group scored by the columns of its environment only, NaN in the others), everything at once,
 #: or nothing (the option on finite rewards: the bits of the default).
-MISSING_MODES = ("cells", "rows", "few_in_column", "environments", "mixed", "all", "none")
+MISSING_MODES = ("cells", "rows", "few_in_column", "environments", "mixed", "mixed", "all", "none")
 
 
 @st.composite
@@ -661,8 +661,10 @@ def missing_cases(draw, ctx: Context, **kw) -> Case:
     n, k = r.shape
     labels = case.labels()
     groups = [np.flatnonzero(labels == g) for g in dict.fromkeys(labels.tolist())]
-    mode = draw(pick(MISSING_MODES))
-    rng = np.random.default_rng(draw(ints(0, 2 ** 32 - 1)))
+    # the mask from a generator seeded by a draw and the case's digest (the drawn seed alone is
+    # often 0 or small, so many cases would share one mask pattern), the mode from it too
+    rng = np.random.default_rng([draw(ints(0, 2 ** 32 - 1)), zlib.crc32(case.dumps().encode())])
+    mode = MISSING_MODES[int(rng.integers(len(MISSING_MODES)))]
     nan = np.zeros((n, k), bool)
     if mode in ("cells", "mixed"):
         nan |= rng.random((n, k)) < draw(pick((0.1, 0.3, 0.6)))
