@@ -10,8 +10,8 @@ the structural zero mean of a whitening unit of whole groups,
 one correct rounding into the output dtype (float16 and bfloat16 through float32
 rounded to odd, since torch's own float64 cast to them rounds twice),
 agreement before any data-dependent collective, a gather of every unit's values;
-``missing="unscored"`` in local calls: a column's statistics over its scored rewards,
-rows with no scored reward out of Eq. 6 with advantage 0).
+``missing="unscored"``: a column's statistics over its scored rewards, rows with no scored
+reward out of Eq. 6 with advantage 0, across ranks too).
 
 Each control is importable as ``conformance.controls:<name>`` (spawned ranks load it
 by that name) and carries ``normalize_rewards`` and ``whiten`` attributes, so the
@@ -425,7 +425,9 @@ def _agree(group, problem: _Refusal | None, units: int, given: bool, n: int, fl:
 
 
 def _whiten_distributed(group, c: torch.Tensor, sizes: list, eps: float, fl: Flaws, rows,
-                        groups=None) -> torch.Tensor:
+                        groups=None, scored=None) -> torch.Tensor:
+    """``scored`` (missing="unscored"): this rank's rows Eq. 6 takes; the unit-of-one check
+    reads the row counts, the gather only the scored rows' values, the others get 0."""
     import torch.distributed as dist
 
     world, me = dist.get_world_size(group), dist.get_rank(group)
@@ -441,7 +443,17 @@ def _whiten_distributed(group, c: torch.Tensor, sizes: list, eps: float, fl: Fla
     if any(t == 1 for t in totals):
         raise DistributedError(f"refused on every rank: unit {totals.index(1)} holds one sample across ranks")
     if fl.local_statistics:
-        return _whiten_local(c, sizes, eps, fl)
+        return _whiten_local(c, sizes, eps, fl, scored=scored)
+    every = c
+    if scored is not None:  # the scored rows' counts per unit and rank, then their values only
+        mine, start = [], 0
+        for size in sizes:
+            mine.append(int(scored[start:start + size].sum()))
+            start += size
+        kept = torch.zeros(world, s, dtype=torch.int64)
+        kept[me] = torch.tensor(mine, dtype=torch.int64)
+        dist.all_reduce(kept, group=group)
+        counts, c = kept, c[scored]
     width = max(row[4] for row in rows)
     buf = torch.zeros(world, max(width, 1), dtype=_F64)
     buf[me, :c.numel()] = c.to(_F64)
@@ -459,6 +471,8 @@ def _whiten_distributed(group, c: torch.Tensor, sizes: list, eps: float, fl: Fla
         for r in range(world):
             offsets[r] += cnt[r][u]
         start += cnt[me][u]
+    if scored is not None:
+        return torch.zeros_like(every).index_put_((torch.nonzero(scored).view(-1),), a)
     return a
 
 
@@ -480,8 +494,6 @@ def _gdpo(fl: Flaws, rewards, *, group_ids=None, group_size=None, weights=None, 
           process_group=None, eps=1e-4, out_dtype=torch.float32, missing="refuse"):
     fl = _sized(fl, rewards)
     distributed = process_group is not None
-    if distributed and missing != "refuse":  # no distributed property draws missing rewards
-        raise NotImplementedError("the controls' distributed path takes missing='refuse' only")
     problem, prep, sizes, given = None, None, None, False
     try:
         eps = _check_eps_out(eps, out_dtype)
@@ -505,7 +517,7 @@ def _gdpo(fl: Flaws, rewards, *, group_ids=None, group_size=None, weights=None, 
     dist.all_reduce(shifts, op=dist.ReduceOp.MAX, group=process_group)  # deep search: ranks used their own)
     if int(shifts) != shift:
         c, shift = _combine(prep, eps, fl, frame=int(shifts))
-    a = _whiten_distributed(process_group, c, sizes, _ldexp(eps, -shift), fl, rows, prep.groups)
+    a = _whiten_distributed(process_group, c, sizes, _ldexp(eps, -shift), fl, rows, prep.groups, prep.scored)
     return _cast(a, out_dtype, fl)
 
 

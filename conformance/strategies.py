@@ -649,25 +649,17 @@ def cases(draw, ctx: Context, kinds=COLUMN_KINDS, pairs=PAIR_KINDS, weight_modes
 #: scored), a group column left with 0 or 1 scored members, TRL's multi-environment batches (each
 #: group scored by the columns of its environment only, NaN in the others), everything at once,
 #: or nothing (the option on finite rewards: the bits of the default).
-MISSING_MODES = ("cells", "rows", "few_in_column", "environments", "mixed", "all", "none")
+MISSING_MODES = ("cells", "rows", "few_in_column", "environments", "mixed", "mixed", "all", "none")
 
 
-@st.composite
-def missing_cases(draw, ctx: Context, **kw) -> Case:
-    """A :func:`cases` call under ``missing="unscored"`` (spec/gdpo.md section 2), with a
-    NaN mask drawn over its rewards by one of :data:`MISSING_MODES`."""
-    case = draw(cases(ctx, **kw))
-    r = case.rewards_array().copy()
-    n, k = r.shape
-    labels = case.labels()
+def _nan_mask(rng, mode: str, n: int, k: int, labels: np.ndarray) -> np.ndarray:
+    """(n, k) bool: the rewards :data:`MISSING_MODES`' ``mode`` leaves unscored."""
     groups = [np.flatnonzero(labels == g) for g in dict.fromkeys(labels.tolist())]
-    mode = draw(pick(MISSING_MODES))
-    rng = np.random.default_rng(draw(ints(0, 2 ** 32 - 1)))
     nan = np.zeros((n, k), bool)
     if mode in ("cells", "mixed"):
-        nan |= rng.random((n, k)) < draw(pick((0.1, 0.3, 0.6)))
+        nan |= rng.random((n, k)) < rng.choice((0.1, 0.3, 0.6))
     if mode in ("rows", "mixed"):
-        nan[rng.random(n) < draw(pick((0.15, 0.4, 0.8))), :] = True
+        nan[rng.random(n) < rng.choice((0.15, 0.4, 0.8)), :] = True
     if mode in ("few_in_column", "mixed"):
         for idx in groups:
             if rng.random() < 0.5:
@@ -681,10 +673,50 @@ def missing_cases(draw, ctx: Context, **kw) -> Case:
             nan[np.ix_(idx, env_of_col != rng.integers(envs))] = True
     if mode == "all":
         nan[:] = True
+    return nan
+
+
+def _unscored(case: Case, nan: np.ndarray, note: str) -> Case:
+    r = case.rewards_array().copy()
     r[nan] = np.nan
     return dataclasses.replace(case, rewards=tuple(tuple(float(v) for v in row) for row in r), missing="unscored",
-                               note=f"{case.note}; unscored: {mode}, {int(nan.sum())} of {n * k} rewards NaN, "
-                                    f"{int(nan.all(axis=1).sum())} rows unscored")
+                               note=note)
+
+
+def _missing_rng(draw, case) -> tuple:
+    """A generator seeded by a draw and the case's digest (the drawn seed alone is often 0 or
+    small, so many cases would share one mask pattern), and the mode drawn from it."""
+    rng = np.random.default_rng([draw(ints(0, 2 ** 32 - 1)), zlib.crc32(case.dumps().encode())])
+    return rng, MISSING_MODES[int(rng.integers(len(MISSING_MODES)))]
+
+
+@st.composite
+def missing_cases(draw, ctx: Context, **kw) -> Case:
+    """A :func:`cases` call under ``missing="unscored"`` (spec/gdpo.md section 2), with a
+    NaN mask drawn over its rewards by one of :data:`MISSING_MODES`."""
+    case = draw(cases(ctx, **kw))
+    rng, mode = _missing_rng(draw, case)
+    n, k = case.n, case.k
+    nan = _nan_mask(rng, mode, n, k, case.labels())
+    return _unscored(case, nan, f"{case.note}; unscored: {mode}, {int(nan.sum())} of {n * k} rewards NaN, "
+                                f"{int(nan.all(axis=1).sum())} rows unscored")
+
+
+@st.composite
+def dist_missing_cases(draw, ctx: Context, world: int, **kw) -> DistCase:
+    """:func:`dist_cases` under ``missing="unscored"`` on every rank, a NaN mask per shard by
+    one mode (a twinned group keeps its twin's mask: their advantages must still agree bit
+    for bit)."""
+    case = draw(dist_cases(ctx, world, **kw))
+    rng, mode = _missing_rng(draw, case)
+    masks = [_nan_mask(rng, mode, sh.n, sh.k, sh.labels()) if sh.n else np.zeros((0, sh.k), bool)
+             for sh in case.shards]
+    for ra, oa, rb, ob, n in twins(case):
+        masks[rb][ob:ob + n] = masks[ra][oa:oa + n]
+    shards = tuple(_unscored(sh, m, sh.note) if sh.n else dataclasses.replace(sh, missing="unscored")
+                   for sh, m in zip(case.shards, masks))
+    total = sum(int(m.all(axis=1).sum()) for m in masks)
+    return DistCase(shards, note=f"{case.note};unscored: {mode}, {total} rows unscored")
 
 
 @st.composite

@@ -4,6 +4,7 @@ What is checked here is the judge's plumbing, not the implementation under test.
 """
 
 import dataclasses
+import json
 import math
 
 import numpy as np
@@ -45,6 +46,19 @@ def test_strategies_values_are_exact_in_their_dtype(case):
     assert np.array_equal(S.round_to(r, case.dtype), r), "a generated reward is not a value of its dtype"
     if case.segment_sizes is not None:
         assert sum(case.segment_sizes) == case.n and 1 not in case.segment_sizes
+
+
+@given(case=S.missing_cases(S.Context()))
+def test_missing_cases_are_exact_and_replay(case):
+    """The missing property's cases: NaN where unscored, every other reward a value of its dtype,
+    and the hex form (NaN as "nan") replays them bit for bit, the option included."""
+    r = case.rewards_array()
+    scored = ~np.isnan(r)
+    assert case.missing == "unscored"
+    assert np.array_equal(S.round_to(r[scored], case.dtype), r[scored])
+    back = K.Case.from_json(json.loads(case.dumps()))
+    assert back.missing == "unscored" and back.dumps() == case.dumps()
+    assert np.array_equal(np.isnan(back.rewards_array()), ~scored)
 
 
 @pytest.mark.parametrize("name", sorted(regressions.EXAMPLES))

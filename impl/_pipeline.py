@@ -402,7 +402,6 @@ def gdpo_local(rewards, group_ids, group_size, weights, segment_sizes, eps, out_
     direct = _apply_dtype(out_dtype, inp.n)
     if missing == "unscored":  # the plain path (impl._fused lists it), Eq. 6 over the scored rows
         return _gdpo_unscored(inp, sizes, eps, out_dtype, direct, diagnostics)
-    _no_missing(inp).report(diagnostics)
     fused = _fused.eligible(inp, sizes, direct)
 
     def device_part(i):
@@ -425,7 +424,9 @@ def gdpo_local(rewards, group_ids, group_size, weights, segment_sizes, eps, out_
         for col, v in zip(cols, values):
             row[col] = v
         P.raise_local(row)
-        return _finish_local(a, out_dtype), None
+        out = _finish_local(a, out_dtype)
+        _no_missing(inp).report(diagnostics)  # only once the call succeeded
+        return out, None
 
     def whiten(norm, lab):
         whole = _whole_units(inp, sizes, lab)
@@ -437,7 +438,9 @@ def gdpo_local(rewards, group_ids, group_size, weights, segment_sizes, eps, out_
         return W.apply_local(loc, eps, direct), loc
 
     _, _, (a, loc) = _normalize_checked(inp, eps, then=whiten)
-    return _finish_local(a, out_dtype), loc
+    out = _finish_local(a, out_dtype)
+    _no_missing(inp).report(diagnostics)
+    return out, loc
 
 
 def _gdpo_unscored(inp, sizes, eps, out_dtype, direct, diagnostics):

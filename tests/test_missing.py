@@ -329,3 +329,11 @@ def test_cuda_gives_the_cpu_bits(name, rewards, grouping, extra):
     b = impl.gdpo_advantages(r.cuda(), **grouping, **extra, missing="unscored", diagnostics=d_gpu)
     assert torch.equal(a.view(torch.int32), b.cpu().view(torch.int32))
     assert d_gpu.unscored_rows == d_cpu.unscored_rows and d_gpu.unscored.is_cuda
+
+
+def test_a_refused_call_leaves_the_diagnostics_as_they_were():
+    for missing, r in (("refuse", [[1.0], [NAN]]), ("unscored", [[1.0], [math.inf]])):
+        d = impl.Diagnostics(unscored_rows=7)
+        with pytest.raises(NonFiniteError):
+            impl.gdpo_advantages(torch.tensor(r), group_size=2, missing=missing, diagnostics=d)
+        assert d.unscored_rows == 7 and d.unscored is None
