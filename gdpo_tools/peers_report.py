@@ -437,7 +437,7 @@ def row_problems(name: str, got: list, want: list) -> list[str]:
 def main(argv=None, prog: str = COMMAND) -> int:
     ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0].split(": ", 1)[1],
                                  epilog=__doc__.split("\n\n", 2)[2], formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--from", dest="from_files", nargs="+", default=[], metavar="FILE",
+    ap.add_argument("--from", dest="from_files", nargs="+", action="extend", default=[], metavar="FILE",
                     help="grading JSON files (gdpo check --json) of peers graded elsewhere; globs are expanded")
     ap.add_argument("--out", default=None,
                     help=f"the page to write (default, in a checkout: {PAGE.relative_to(PAGE.parents[1])})")
