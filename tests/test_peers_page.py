@@ -138,8 +138,11 @@ def test_a_tampered_digest_or_replay_is_stale():
     row, (n, d) = next(iter(page["digests"].items()))
     bad = TEXT.replace(f"{n} `{d}`", f"{n} `{'0' * len(d)}`", 1)
     assert any(row in p for p in R.digest_problems(bad, LIVE))
-    unlisted = TEXT.replace(f"(`{page['findings'][0]['properties'][0]}`", "(`elsewhere`", 1)
-    assert any("no finding lists it" in p for p in R.finding_problems(unlisted, LIVE))
+    # a failed row that no finding of this peer lists any more (its findings, above its table)
+    prop = page["findings"][0]["properties"][0]
+    start, end = TEXT.index(f"(`{LIVE}`)"), TEXT.index(f"<!-- table:{LIVE} -->")
+    unlisted = TEXT[:start] + TEXT[start:end].replace(f"`{prop}`", "`elsewhere`") + TEXT[end:]
+    assert any(prop in p and "no finding lists it" in p for p in R.finding_problems(unlisted, LIVE))
     pytest.importorskip("multireward_grpo")
     line = next(f["repro"] for f in page["findings"] if f["category"] in R.ARITHMETIC)
     tame = '{"rewards":[["0x0.0p+0"],["0x1.0000000000000p+0"]],"dtype":"float64","out_dtype":"float64","group_size":2}'
