@@ -39,7 +39,6 @@ from conformance import properties as P
 from conformance import checks as CK
 from conformance import error_cases as EC
 from conformance import runner as R
-from conformance import runner as R
 from hypothesis import given
 from conformance import strategies as S
 from conformance.subject import Subject

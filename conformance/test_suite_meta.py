@@ -210,7 +210,6 @@ def test_the_large_property_draws_what_its_claim_says():
 
     from hypothesis import seed
 
-    from conformance import report
 
     seen = []
     prop = P.BY_NAME["large"]
@@ -238,7 +237,6 @@ def test_the_errors_property_puts_bad_rewards_in_zero_weight_columns():
     computes there), and elsewhere too."""
     from hypothesis import seed
 
-    from conformance import report
 
     seen = []
     prop = P.BY_NAME["errors"]
