@@ -210,7 +210,6 @@ def test_the_large_property_draws_what_its_claim_says():
 
     from hypothesis import seed
 
-
     seen = []
     prop = P.BY_NAME["large"]
     probe = dataclasses.replace(prop, check=lambda subject, case, name: seen.append(case))
@@ -236,7 +235,6 @@ def test_the_errors_property_puts_bad_rewards_in_zero_weight_columns():
     column of weight 0 at least once (an implementation dropping such columns before validating
     computes there), and elsewhere too."""
     from hypothesis import seed
-
 
     seen = []
     prop = P.BY_NAME["errors"]
