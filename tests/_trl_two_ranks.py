@@ -1,7 +1,8 @@
 """One GDPOTrainer training step on two processes (gloo, CPU), launched by
 tests/test_integration_trl.py with ``python -m torch.distributed.run --standalone
---nproc_per_node 2``: each rank prints, as one JSON line, what it gathered and whether its
-slice of the batch and the logged advantages are impl.gdpo's."""
+--nproc_per_node 2``: each rank writes, as JSON in ``$GDPO_REPORT_DIR/rank<N>.json`` (a file of
+its own: two ranks printing to one pipe can interleave their lines), what it gathered and
+whether its slice of the batch and the logged advantages are impl.gdpo's."""
 
 import json
 import os
@@ -21,6 +22,8 @@ trainer = t._train(t.gdpo_trl.GDPOTrainer, t.tiny._get_wrapped_function()(), tem
 rewards, local, logged = trainer.seen[0]
 rank, n = trainer.accelerator.process_index, local.shape[0]
 full = gdpo.gdpo_advantages(rewards, group_size=t.G, weights=[0.75, 1.5], missing="unscored")
-print(json.dumps({"rank": rank, "world": trainer.accelerator.num_processes, "gathered": list(rewards.shape),
-                  "local": n, "slice": torch.equal(local, full[rank * n:(rank + 1) * n]),
-                  "log": logged == full.tolist(), "unscored": int(rewards.isnan().all(dim=1).sum())}), flush=True)
+report = {"rank": rank, "world": trainer.accelerator.num_processes, "gathered": list(rewards.shape),
+          "local": n, "slice": torch.equal(local, full[rank * n:(rank + 1) * n]),
+          "log": logged == full.tolist(), "unscored": int(rewards.isnan().all(dim=1).sum())}
+with open(os.path.join(os.environ["GDPO_REPORT_DIR"], f"rank{rank}.json"), "w") as f:
+    json.dump(report, f)

@@ -275,18 +275,17 @@ def test_import_patches_nothing():
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
 
 
-def test_two_processes_keep_their_slices():
+def test_two_processes_keep_their_slices(tmp_path):
     """A real two-process step (torch.distributed.run, gloo on CPU): TRL gathers both ranks'
     rows (an unscorable one on each), every rank computes impl's advantages of the whole batch
-    and keeps its own rows, and logs the whole batch."""
+    and keeps its own rows, and logs the whole batch. Each rank reports in a file of its own."""
     import json
 
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "GDPO_REPORT_DIR": str(tmp_path)}
     out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                           "tests/_trl_two_ranks.py"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    reports = sorted((json.loads(line) for line in out.stdout.splitlines() if line.startswith('{"rank"')),
-                     key=lambda r: r["rank"])
-    assert out.returncode == 0 and len(reports) == 2, (out.stdout[-2000:], out.stderr[-4000:])
+    assert out.returncode == 0, (out.stdout[-2000:], out.stderr[-4000:])
+    reports = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
     for rank, r in enumerate(reports):
         assert (r["rank"], r["world"], r["gathered"], r["local"]) == (rank, 2, [8, 2], 4), r
         assert r["slice"] and r["log"] and r["unscored"] == 2, r
