@@ -53,7 +53,7 @@ import math
 import torch
 import torch.distributed as dist
 
-from impl import _fused, _graphs
+from impl import _certify, _fused, _graphs
 from impl import _normalize as N
 from impl import _problems as P
 from impl import _whiten as W
@@ -166,8 +166,9 @@ def round_to(a: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 def _apply_dtype(out_dtype: torch.dtype, total_rows: int):
     """The dtype Eq. 6 writes: the output dtype itself, or float64 (None) when the
-    cast must be checked first or is not a plain floating write."""
-    if cast_reachable(out_dtype, total_rows) or out_dtype not in _DIRECT:
+    cast must be checked first, is not a plain floating write, or is certified
+    (``impl._certify``: the float64 result and its bound decide the rounding)."""
+    if cast_reachable(out_dtype, total_rows) or out_dtype not in _DIRECT or _certify.enabled():
         return None
     return out_dtype
 
@@ -178,8 +179,10 @@ def _units_of_one(sizes: list[int]) -> None:
             raise Problem(P.P_UNIT_OF_ONE, j)
 
 
-def _finish_local(a: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
-    if a.dtype == out_dtype:
+def _finish_local(a: torch.Tensor, out_dtype: torch.dtype, problem=None, diagnostics=None) -> torch.Tensor:
+    """The output: ``a`` checked against the cast's range, then rounded; certified
+    (``impl._certify``) where ``problem`` (a -> _certify.Problem) is given."""
+    if a.dtype == out_dtype and problem is None:
         return a
     if cast_reachable(out_dtype, a.shape[0]):
         limit = cast_limit(out_dtype)
@@ -189,6 +192,12 @@ def _finish_local(a: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
                 f"whitened value {float(a[at])!r} at row {at} does not survive the cast to "
                 f"{P.dtype_name(P.dtype_code(out_dtype))} (largest finite {torch.finfo(out_dtype).max!r}); "
                 "choose a wider out_dtype")
+    if problem is not None and out_dtype in _certify.FORMATS and _certify.enabled() and a.dtype == _F64:
+        counts = _certify.Counts()
+        out = _certify.finish(problem(a), out_dtype, counts)
+        if diagnostics is not None:
+            diagnostics.certified = counts
+        return out
     return round_to(a, out_dtype)
 
 
@@ -218,6 +227,9 @@ class Diagnostics:
     unscored_rows: int = 0
     unscored_rows_all_ranks: int = 0
     unscored: torch.Tensor | None = None
+    #: How the outputs' rounding was decided (``impl._certify``): samples certified by the
+    #: float64 bound, recomputed in double-double, decided exactly; None before a call.
+    certified: "_certify.Counts | None" = None
 
 
 def _check_diagnostics(diagnostics) -> None:
@@ -383,7 +395,7 @@ def whiten_local(values, segment_sizes, eps, out_dtype):
     if P.row_problems(row):
         row[P.NF_VALUE_UNIT] = _unit_of(sizes, row[P.NF_VALUE])
         P.raise_local(row)
-    return _finish_local(a, out_dtype), loc
+    return _finish_local(a, out_dtype, lambda a64: _certify.for_whiten(v, a64, sizes, eps)), loc
 
 
 def gdpo_local(rewards, group_ids, group_size, weights, segment_sizes, eps, out_dtype, missing="refuse",
@@ -424,21 +436,28 @@ def gdpo_local(rewards, group_ids, group_size, weights, segment_sizes, eps, out_
         for col, v in zip(cols, values):
             row[col] = v
         P.raise_local(row)
-        out = _finish_local(a, out_dtype)
+        out = _finish_local(a, out_dtype, lambda a64: _certify.for_gdpo(
+            inp, a64, _normalize_checked(inp, eps)[0].c, sizes, eps, _whole_units(inp, sizes)), diagnostics)
         _no_missing(inp).report(diagnostics)  # only once the call succeeded
         return out, None
 
+    certifying = _certify.enabled()
+    whole_of = []
+
     def whiten(norm, lab):
         whole = _whole_units(inp, sizes, lab)
+        whole_of.append(whole)
         if _fused.whiten_eligible(norm.c.device, sizes, direct):
             a = _fused.guarded(lambda: _fused.whiten(norm.c, sizes, eps, direct, whole), lambda: None)
             if a is not None:
                 return a, None
-        loc = W.local_stats(norm.c, sizes, eps, own=True, whole=whole)  # c is not returned: work space
+        # c is work space unless the certificate reads it
+        loc = W.local_stats(norm.c, sizes, eps, own=not certifying, whole=whole)
         return W.apply_local(loc, eps, direct), loc
 
-    _, _, (a, loc) = _normalize_checked(inp, eps, then=whiten)
-    out = _finish_local(a, out_dtype)
+    norm, _, (a, loc) = _normalize_checked(inp, eps, then=whiten)
+    out = _finish_local(a, out_dtype, lambda a64: _certify.for_gdpo(inp, a64, norm.c, sizes, eps, whole_of[0]),
+                        diagnostics)
     _no_missing(inp).report(diagnostics)
     return out, loc
 
@@ -596,7 +615,9 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
         # Collectives 2 and 3's buffer, before the agreement: after it, a failing rank allocates
         # nothing. Contiguous groups and whiten fill their statistics now as well.
         comm = _comm_device(group, data_device)
-        buf = _Buffers(world, len(sizes), comm, row_counts=plan is not None)
+        certifying = (_certify.enabled() and out_dtype in _certify.FORMATS and plan is None
+                      and (api != P.API_GDPO or missing == "refuse"))
+        buf = _Buffers(world, len(sizes), comm, row_counts=plan is not None, certified=certifying)
         if plan is not None:
             buf.row_counts[rank] = torch.tensor(sizes[P.COUNT_SLOTS:], dtype=_F64).to(comm)
         if loc is not None:
@@ -665,9 +686,24 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
     except Exception as exc:  # noqa: BLE001 - reported to the peers, raised here
         failure = exc
         buf.bits[rank, units, 0] = 1  # "my statistics are missing": a flag, not data
+    dd_rows = None
+    if buf.dd is not None and failure is None:  # the certificate's statistics (impl._certify)
+        try:
+            if api == P.API_GDPO:
+                dd_rows = _certify.dd_rows_gdpo(inp, eps)
+            else:
+                v64 = v.to(_F64)
+                dd_rows = (v64, torch.zeros_like(v64), torch.zeros_like(v64)) if _certify._dd.safe(v64, eps) else None
+            whole_dd = _whole_units(inp, sizes, prep.labelled if prep is not None else None) \
+                if api == P.API_GDPO else None
+            buf.dd[rank] = (_certify.dd_unsafe_table(sizes, data_device) if dd_rows is None else
+                            _certify.dd_table(*dd_rows, sizes, whole_dd)).to(comm)
+        except Exception as exc:  # noqa: BLE001 - reported to the peers, raised here
+            failure = exc
+            buf.bits[rank, units, 0] = 1
 
     _all_reduce(buf.bits, dist.ReduceOp.SUM, group, name, 2, rank)
-    if (labelled and not late) or units > P.COUNT_SLOTS:  # flags, counts beyond the slots: one host read
+    if (labelled and not late) or units > P.COUNT_SLOTS or buf.dd is not None:  # flags, counts beyond the slots: one host read
         failed, counts = _flags_and_counts(buf, units)  # (with collective 3 to come, it carries the flag)
         _refuse_failed(failed, agreed, failure, group, words_buf)
         _refuse_lonely(counts, agreed, group)
@@ -695,9 +731,21 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
         if failure is not None:
             buf.late[rank, _FAILED] = 1
         _late_checks(name, group, world, rank, agreed, buf.late, out_dtype, failure, words_buf)
-    out = round_to(a, out_dtype)
+    counts = _certify.Counts()
+    if buf.dd is not None and a.dtype == _F64:
+        merged = _certify.dd_merged(buf.dd.to(data_device), eps)
+        if dd_rows is None:  # this rank's inputs left the dd path's range: its plain result, uncertified
+            counts.uncertified += a.shape[0]
+            out = round_to(a, out_dtype)
+        else:
+            out = _certify.dd_finish(merged, *dd_rows, sizes, eps, out_dtype, counts, a)
+    else:
+        out = round_to(a, out_dtype)
+        counts.uncertified += a.shape[0]
     if api == P.API_GDPO:
         (plan or _no_missing(inp)).report(diagnostics, sum(r[P.UNSCORED] for r in agreed))
+        if diagnostics is not None:
+            diagnostics.certified = counts
     return out, st
 
 
@@ -772,15 +820,22 @@ class _Buffers:
     the statistics count scored rows only): after those, (world, units - COUNT_SLOTS) float64
     row counts of the units the agreement has no count slot for (for the unit-of-one check)."""
 
-    def __init__(self, world: int, units: int, device: torch.device, row_counts: bool = False):
+    def __init__(self, world: int, units: int, device: torch.device, row_counts: bool = False,
+                 certified: bool = False):
         extra = max(units - P.COUNT_SLOTS, 0) if row_counts else 0
-        rows = units + 1 + -(-extra // W.COLS)
+        extra_rows = -(-extra // W.COLS)
+        dd_rows = -(-(units * _certify.DDC) // W.COLS) if certified else 0
+        rows = units + 1 + extra_rows + dd_rows
         flat = torch.zeros(world * _LATE_COLS + world * rows * W.COLS, dtype=_I64, device=device)
         self.late = flat[: world * _LATE_COLS].view(world, _LATE_COLS)
         self.bits = flat[world * _LATE_COLS:].view(world, rows, W.COLS)
         self.stats = self.bits.view(_F64)
         self.units = units
         self.row_counts = self.stats[:, units + 1:].reshape(world, -1)[:, :extra] if row_counts else None
+        #: the certificate's double-double statistics (``impl._certify.dd_table``), (world, units, DDC)
+        start = units + 1 + extra_rows
+        self.dd = (self.stats[:, start:].reshape(world, -1)[:, : units * _certify.DDC]
+                   .view(world, units, _certify.DDC) if certified else None)
 
 
 #: collective 3's row: Eq. 7 overflow (3 fields), cast count, failure flag, the first value

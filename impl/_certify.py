@@ -1,0 +1,559 @@
+"""The certificate: every narrow output is the exact advantage correctly rounded.
+
+The pipeline computes each advantage in float64 (``a``). This stage bounds, per sample, how far
+``a`` can be from the exact advantage (the running error bound of spec/error_model.py, evaluated
+on the quantities at hand, worst case where a quantity is not at hand), and rounds:
+
+* tier 0, float64. If the interval ``[a - B, a + B]`` lies strictly between two rounding
+  boundaries of the output format, every value in it rounds to the same output: that output is
+  the correctly rounded exact value (float32, bfloat16, float16), or within one ulp of the exact
+  value (float64: faithful).
+* tier 1, double-double (:mod:`impl._dd`). The samples tier 0 left are recomputed with their
+  whole unit (and the groups its rows belong to) in double-double, with the same bound in the
+  dd unit roundoff (2**-100), and certified the same way.
+* tier 2, exact. What tier 1 leaves (the exact value on a rounding midpoint, or within the dd
+  bound of one; inputs outside the dd path's safe range; rows with unscored rewards) is decided
+  by :mod:`oracle.gdpo`'s exact arithmetic, on this process's rows.
+
+The result is the same bits whatever the layout (ranks, shards, group order, device, thread
+count): the correctly rounded exact value is a function of the inputs alone. Diagnostics count
+the samples each tier decided (``impl.gdpo.Diagnostics``).
+
+Bounds (first order, times SAFETY = 2 for the second-order terms, as in spec/error_model.py), u
+the unit roundoff of the tier, n the largest group, L = ceil(log2 n), K columns, W = sum |w|:
+
+    Eq. 4   |z - z*| <= u [(L + 4) sqrt(2 (n - 1)) (1 + |z| sqrt(n / (n - 1))) + |z| ((L + 1)/2 + 6)]
+    Eq. 7   |c - c*| <= sum_k |w_k| |z_k - z_k*| + (K + 1) u sum_k |w_k z_k|     (E, per row)
+
+since the range of a group column is at most sqrt(2 (n - 1)) times its std (Samuelson), and
+|z| < sqrt(n). A row whose group has every column constant has z = 0 exactly (E = 0). Eq. 6, a
+unit of T rows, its denominator D (std + eps, evaluated from c), R = (max a - min a):
+
+    |a_j - a_j*| <= u [A + |a_j| rel + 2 |a_j|] + (E_j + E_m) / D + |a_j| (E_max + E_m) sqrt(T / (T - 1)) / D
+
+with A = (L_T + 4) R and E_m = max E (the rounded mean, and the mean of the rows' errors)
+except in a unit of whole groups, whose exact mean is 0 and whose algorithm uses 0 (A = 0,
+E_m = 0); rel = sqrt(T / (T - 1)) A + (L_T + 1)/2 + 4. A unit whose rows all have E = 0 and
+whose values are all equal is exactly collapsed (a = +0 exactly, bound 0).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+
+import numpy as np
+import torch
+
+from impl import _dd
+
+_F64 = torch.float64
+_I64 = torch.int64
+U64 = 2.0 ** -53
+SAFETY = 2.0
+#: absolute underflow allowance (a few float64 subnormal steps)
+_TAU = 2.0 ** -1070
+
+_ENABLED = [True]
+
+
+@contextlib.contextmanager
+def disabled():
+    """The plain path (one rounding of the float64 result, no certificate): benchmarks and
+    the negative control of the conformance property ``certified``."""
+    old = _ENABLED[0]
+    _ENABLED[0] = False
+    try:
+        yield
+    finally:
+        _ENABLED[0] = old
+
+
+def enabled() -> bool:
+    return _ENABLED[0]
+
+
+@dataclasses.dataclass
+class Counts:
+    """How many samples each tier decided."""
+
+    float64: int = 0
+    double_double: int = 0
+    exact: int = 0
+    uncertified: int = 0
+
+
+# --- rounding intervals ---------------------------------------------------------------------------
+
+def _neighbours(y: torch.Tensor):
+    """(pred, succ) of ``y`` in its own format, as float64 (beyond the largest finite value:
+    infinity; at +-0 the smallest subnormals of either sign)."""
+    inf = torch.full_like(y, math.inf)
+    return torch.nextafter(y, -inf).to(_F64), torch.nextafter(y, inf).to(_F64)
+
+
+def round_out(h: torch.Tensor, out_dtype) -> torch.Tensor:
+    from impl._pipeline import round_to
+    return round_to(h, out_dtype)
+
+
+def certify(h: torch.Tensor, l: torch.Tensor, B: torch.Tensor, out_dtype):
+    """Certify the dd value h + l with error bound B (float64 tensors): (ok, y) with y the
+    output (the correct rounding of h + l; where ok, of every value within B of it)."""
+    if out_dtype == _F64:
+        y = h + l
+        r = (h - y) + l  # h - y is exact (y is h or a neighbour of it)
+        lo_n = torch.nextafter(y, torch.full_like(y, -math.inf))
+        hi_n = torch.nextafter(y, torch.full_like(y, math.inf))
+        gap = torch.minimum(y - lo_n, hi_n - y)
+        margin = r.abs() + B * (1 + 2 ** -40) + 4 * U64 * (r.abs()) + _TAU
+        ok = margin < gap
+        exact_zero = (h == 0) & (l == 0) & (B == 0)
+        y = torch.where(exact_zero, 0.0, y)
+        return ok | exact_zero, y, margin < gap / 2
+    y = round_out(h, out_dtype)
+    pred, succ = _neighbours(y)
+    y64 = y.to(_F64)
+    m_hi = (y64 + succ) * 0.5
+    m_lo = (y64 + pred) * 0.5
+    Bp = B * (1 + 2 ** -40) + 4 * U64 * (h.abs() + m_hi.abs() + m_lo.abs() + l.abs()) + _TAU
+    ok = (((h - m_hi) + l + Bp) < 0) & (((h - m_lo) + l - Bp) > 0)
+    # an output zero carries the exact value's sign: certain only away from 0, or at an exact 0
+    zero_out = y64 == 0
+    exact_zero = (h == 0) & (l == 0) & (B == 0)
+    sign_known = ((h + l - Bp) > 0) | ((h + l + Bp) < 0)
+    ok = ok & (~zero_out | sign_known | exact_zero)
+    y = torch.where(exact_zero, torch.zeros_like(y), y)
+    return ok, y, ok
+
+
+# --- bounds ------------------------------------------------------------------------------------------
+
+
+def eq47_bound(u: float, n: int, k: int, weights: list[float]) -> float:
+    """Worst-case |c - c*| of a row (Eq. 4 then Eq. 7) in absolute terms, groups of <= n rows."""
+    if n < 2:
+        return 0.0
+    L = math.ceil(math.log2(n))
+    zmax = math.sqrt(n)
+    dz = u * ((L + 4) * math.sqrt(2 * (n - 1)) * (1 + zmax * math.sqrt(n / (n - 1))) + zmax * ((L + 1) / 2 + 6))
+    wsum = sum(abs(w) for w in weights)
+    return wsum * dz + (k + 1) * u * wsum * zmax
+
+
+def eq47_bound_rows(u: float, z_abs: torch.Tensor, n: torch.Tensor, weights: list[float]) -> torch.Tensor:
+    """Per row: the Eq. 4/7 bound with each row's own |z| (K columns) and group size n."""
+    n = n.to(_F64).clamp(min=2.0)
+    L = torch.ceil(torch.log2(n))
+    s2 = torch.sqrt(2 * (n - 1))
+    w = torch.tensor([abs(x) for x in weights], dtype=_F64, device=z_abs.device)
+    dz = u * ((L + 4)[:, None] * s2[:, None] * (1 + z_abs * torch.sqrt(n / (n - 1))[:, None])
+              + z_abs * ((L + 1) / 2 + 6)[:, None])
+    k = z_abs.shape[1]
+    return (dz * w).sum(1) + (k + 1) * u * (z_abs * w).sum(1)
+
+
+def eq6_bound(u: float, a: torch.Tensor, D: torch.Tensor, unit: torch.Tensor, T: torch.Tensor,
+              whole: torch.Tensor, E: torch.Tensor, R: torch.Tensor, Emax=None) -> torch.Tensor:
+    """Per row j: the bound on |a_j - a_j*| of a unit (index ``unit``; per unit: D (>= the
+    true denominator's lower bound), T rows, whole groups, R = range of a); E per row."""
+    S = D.shape[0]
+    if Emax is None:  # the units' largest E (across ranks: given)
+        Emax = torch.zeros(S, dtype=_F64, device=a.device).scatter_reduce_(0, unit, E, "amax", include_self=True)
+    Tf = T.to(_F64).clamp(min=2.0)
+    L = torch.ceil(torch.log2(Tf))
+    A = torch.where(whole, 0.0, (L + 4) * R)
+    Em = torch.where(whole, 0.0, Emax)
+    q = torch.sqrt(Tf / (Tf - 1))
+    with np.errstate(all="ignore"):
+        invD = torch.where(D > 0, 1.0 / D, math.inf)
+    rel_u = q * A + (L + 1) / 2 + 4  # in units of u
+    rel_e = (Emax + Em) * q * invD  # absolute relative error of D from c's errors
+    aj = a.abs()
+    b = u * (A.index_select(0, unit) + aj * (rel_u.index_select(0, unit) + 2)) \
+        + (E + Em.index_select(0, unit)) * invD.index_select(0, unit) + aj * rel_e.index_select(0, unit)
+    b = SAFETY * b + _TAU
+    return torch.where(torch.isnan(b), math.inf, b)
+
+
+def unit_terms(c: torch.Tensor, a: torch.Tensor, unit: torch.Tensor, S: int, eps: float):
+    """Per unit, from c and a (float64): T, a lower bound of the denominator D = std + eps, the
+    range of a, and whether every c is equal."""
+    dev = c.device
+    T = torch.bincount(unit, minlength=S)
+    Tf = T.to(_F64)
+    mean = torch.zeros(S, dtype=_F64, device=dev).index_add_(0, unit, c) / Tf.clamp(min=1)
+    d = c - mean.index_select(0, unit)
+    m2 = torch.zeros(S, dtype=_F64, device=dev).index_add_(0, unit, d * d)
+    sd = torch.sqrt(m2 / (Tf - 1).clamp(min=1))
+    D = (sd + eps) * (1 - 2.0 ** -30)  # its own rounding: far below 2**-30 relative
+    big = math.inf
+    amax = torch.full((S,), -big, dtype=_F64, device=dev).scatter_reduce_(0, unit, a, "amax")
+    amin = torch.full((S,), big, dtype=_F64, device=dev).scatter_reduce_(0, unit, a, "amin")
+    cmax = torch.full((S,), -big, dtype=_F64, device=dev).scatter_reduce_(0, unit, c, "amax")
+    cmin = torch.full((S,), big, dtype=_F64, device=dev).scatter_reduce_(0, unit, c, "amin")
+    R = ((amax - amin) * (1 + 2.0 ** -30)).clamp(min=0)
+    return T, D, R, cmax == cmin
+
+
+# --- the tiers --------------------------------------------------------------------------------------
+
+
+def _unit_index(sizes: list[int], device) -> torch.Tensor:
+    return torch.repeat_interleave(torch.arange(len(sizes), device=device),
+                                   torch.tensor(sizes, dtype=_I64, device=device))
+
+
+def _whole_tensor(whole, S: int, device) -> torch.Tensor:
+    if whole is None:
+        return torch.zeros(S, dtype=torch.bool, device=device)
+    if isinstance(whole, torch.Tensor):
+        return whole.to(device=device, dtype=torch.bool).reshape(S)
+    return torch.tensor([bool(w) for w in whole], dtype=torch.bool, device=device).reshape(S)
+
+
+@dataclasses.dataclass
+class Problem:
+    """What the tiers need to know of a call (local rows only)."""
+
+    a: torch.Tensor  # (N,) float64 result of the plain path
+    c: torch.Tensor  # (N,) float64 values Eq. 6 whitened
+    sizes: list[int]  # unit sizes
+    eps: float
+    whole: object  # per unit: made of whole groups (exact mean 0)
+    E: torch.Tensor  # (N,) bound on |c - c*|
+    dd: object = None  # () -> (h, l, B) over every row, or None (no dd tier)
+    exact: object = None  # (name) -> np.ndarray float64 of the correctly rounded outputs, or None
+
+
+def finish(p: Problem, out_dtype, counts: Counts | None = None) -> torch.Tensor:
+    """The certified output of ``p`` in ``out_dtype``."""
+    counts = counts if counts is not None else Counts()
+    a = p.a
+    n = a.shape[0]
+    if n == 0 or not enabled():
+        return round_out(a, out_dtype)
+    device = a.device
+    S = len(p.sizes)
+    unit = _unit_index(p.sizes, device)
+    whole = _whole_tensor(p.whole, S, device)
+    T, D, R, flat = unit_terms(p.c, a, unit, S, p.eps)
+    B = eq6_bound(U64, a, D, unit, T, whole, p.E, R)
+    Emax = torch.zeros(S, dtype=_F64, device=device).scatter_reduce_(0, unit, p.E, "amax", include_self=True)
+    exact0 = (flat & (Emax == 0)).index_select(0, unit) | ((p.c == 0) & (p.E == 0) & whole.index_select(0, unit))
+    B = torch.where(exact0, 0.0, B)
+    ok, y, _ = certify(a, torch.zeros_like(a), B, out_dtype)
+    done = int(ok.sum())
+    counts.float64 += done
+    if done == n:
+        return y
+    todo = ~ok
+    if p.dd is not None:
+        got = p.dd()
+        if got is not None:
+            h, l, Bd = got
+            ok1, y1, _ = certify(h, l, Bd, out_dtype)
+            take = todo & ok1
+            y = torch.where(take, y1, y)
+            counts.double_double += int(take.sum())
+            todo = todo & ~ok1
+            if not bool(todo.any()):
+                return y
+    left = int(todo.sum())
+    if p.exact is not None:
+        ex = p.exact(str(out_dtype).replace("torch.", ""))
+        if ex is not None:
+            exact_vals = torch.from_numpy(np.ascontiguousarray(ex, dtype=np.float64)).to(device)
+            y = torch.where(todo, round_out(exact_vals, out_dtype), y)
+            counts.exact += left
+            return y
+    counts.uncertified += left
+    if p.dd is not None and got is not None:
+        y = torch.where(todo, round_out(h + l, out_dtype) if out_dtype != _F64 else h + l, y)
+    return y
+
+
+# --- the dd tier on a whole call -------------------------------------------------------------------
+
+
+def dd_gdpo(r: torch.Tensor, gid: torch.Tensor, G: int, weights: list[float], eps: float,
+            sizes: list[int], whole) -> tuple | None:
+    """Eq. 4, 7 and 6 of every row in double-double: (h, l, B) per row, or None where the
+    inputs leave the dd path's safe range."""
+    r = r.to(_F64)
+    if not _dd.safe(r, *weights, eps):
+        return None
+    device = r.device
+    n, k = r.shape
+    segs = _dd.Segments(gid, G)
+    X = segs.gather(r)
+    z, _, collapsed = _dd.standardize(X, torch.zeros_like(X), segs, eps)
+    zh, zl = segs.rows(z[0]), segs.rows(z[1])
+    ch = cl = None
+    for j, w in enumerate(weights):
+        term = _dd.mul_f((zh[:, j], zl[:, j]), torch.full_like(zh[:, j], w))
+        if ch is None:
+            ch, cl = term
+        else:
+            ch, cl = _dd.add((ch, cl), term)
+    nrow = segs.sizes.view(-1).index_select(0, gid)
+    E = eq47_bound_rows(_dd.UNIT, zh.abs(), nrow, weights)
+    allflat = collapsed.view(G, k).all(1).index_select(0, gid)
+    E = torch.where(allflat, 0.0, E)
+    return dd_whiten(ch, cl, E, eps, sizes, whole)
+
+
+def dd_whiten(ch: torch.Tensor, cl: torch.Tensor, E: torch.Tensor, eps: float, sizes: list[int], whole):
+    """Eq. 6 in double-double of dd values (ch, cl) whose errors are bounded by E per row."""
+    if not _dd.safe(ch, eps):
+        return None
+    device = ch.device
+    S = len(sizes)
+    unit = _unit_index(sizes, device)
+    wt = _whole_tensor(whole, S, device)
+    segs = _dd.Segments(unit, S)
+    C = segs.gather(torch.stack([ch, cl], 1))
+    a, den, flat = _dd.standardize(C[:, :, :1], C[:, :, 1:], segs, eps, zero_mean=wt)
+    h, l = segs.rows(a[0]).view(-1), segs.rows(a[1]).view(-1)
+    T = torch.bincount(unit, minlength=S)
+    big = math.inf
+    amax = torch.full((S,), -big, dtype=_F64, device=device).scatter_reduce_(0, unit, h, "amax")
+    amin = torch.full((S,), big, dtype=_F64, device=device).scatter_reduce_(0, unit, h, "amin")
+    R = ((amax - amin) * (1 + 2.0 ** -30)).clamp(min=0)
+    D = den[0].view(S) * (1 - 2.0 ** -60)
+    D = torch.where(flat.view(S), torch.full_like(D, eps), D)
+    B = eq6_bound(_dd.UNIT, h, D, unit, T, wt, E, R)
+    Emax = torch.zeros(S, dtype=_F64, device=device).scatter_reduce_(0, unit, E, "amax", include_self=True)
+    exact0 = (flat.view(S) & (Emax == 0)).index_select(0, unit) | ((h == 0) & (l == 0) & (E == 0) & wt.index_select(0, unit) & (ch == 0) & (cl == 0))
+    B = torch.where(exact0, 0.0, B)
+    return h, l, B
+
+
+# --- the problems of the API calls ----------------------------------------------------------------
+
+
+def _group_index(inp) -> tuple[torch.Tensor, int]:
+    """Per row its group's index (0..G-1) and G."""
+    n = inp.n
+    device = inp.rewards.device
+    if inp.labels is None:
+        g = inp.group_size
+        return torch.arange(n, device=device) // g, n // g
+    uniq, inv = torch.unique(inp.labels, return_inverse=True)
+    return inv.view(-1), int(uniq.shape[0])
+
+
+def _flat_rows(inp, gid_G=None) -> torch.Tensor:
+    """(N,) bool: the row's group has every reward column constant (z = 0 exactly, c = 0)."""
+    r = inp.rewards
+    n, k = r.shape
+    if inp.labels is None:
+        g = inp.group_size
+        v = r.view(n // g, g, k)
+        flat = (v.amax(1) == v.amin(1)).all(1)
+        return flat.repeat_interleave(g)
+    gid, G = gid_G or _group_index(inp)
+    idx = gid[:, None].expand(n, k)
+    hi = torch.full((G, k), -math.inf, dtype=r.dtype, device=r.device).scatter_reduce_(0, idx, r, "amax")
+    lo = torch.full((G, k), math.inf, dtype=r.dtype, device=r.device).scatter_reduce_(0, idx, r, "amin")
+    return (hi == lo).all(1).index_select(0, gid)
+
+
+def _longest(inp, gid_G=None) -> int:
+    if inp.labels is None:
+        return inp.group_size
+    gid, G = gid_G or _group_index(inp)
+    return int(torch.bincount(gid, minlength=G).max())
+
+
+def _oracle_gdpo(inp, sizes, eps):
+    def run(name):
+        from oracle import gdpo as og
+        r = inp.rewards.detach().to("cpu", _F64).numpy()
+        labels = None if inp.labels is None else inp.labels.detach().cpu().numpy()
+        res = og.gdpo_advantages(r, group_ids=labels, weights=list(inp.weights), eps=eps,
+                                 group_size=inp.group_size if labels is None else None,
+                                 segment_sizes=list(sizes), missing=inp.missing)
+        return res.rounded(name)
+    return run
+
+
+def for_gdpo(inp, a: torch.Tensor, c: torch.Tensor, sizes: list[int], eps: float, whole) -> Problem:
+    """The certificate's view of a local gdpo_advantages call (missing="refuse")."""
+    gid_G = _group_index(inp) if inp.labels is not None else None
+    n_max = _longest(inp, gid_G)
+    e = eq47_bound(U64, n_max, inp.k, inp.weights)
+    E = torch.full_like(a, e)
+    if bool((c == 0).any()):
+        E = torch.where(_flat_rows(inp, gid_G), 0.0, E)
+
+    def dd():
+        gid, G = gid_G or _group_index(inp)
+        return dd_gdpo(inp.rewards, gid, G, inp.weights, eps, sizes, whole)
+    return Problem(a, c, sizes, eps, whole, E, dd, _oracle_gdpo(inp, sizes, eps))
+
+
+def for_whiten(v: torch.Tensor, a: torch.Tensor, sizes: list[int], eps: float) -> Problem:
+    c = v.to(_F64)
+    E = torch.zeros_like(a)
+
+    def dd():
+        return dd_whiten(c, torch.zeros_like(c), E, eps, sizes, None)
+
+    def exact(name):
+        from oracle import gdpo as og
+        return og.whiten(c.detach().cpu().numpy(), segment_sizes=list(sizes), eps=eps).rounded(name)
+    return Problem(a, c, sizes, eps, None, E, dd, exact)
+
+
+#: the output formats the certificate covers (float8 is rounded once, uncertified)
+FORMATS = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
+
+
+# --- across ranks: the dd statistics ride in collective 2 ---------------------------------------------
+
+#: per unit and rank: count, shift, sum of (c - shift) (dd), sum of its squares (dd), max E,
+#: "this part is not whole groups", min and max of c
+DDC = 10
+
+
+def dd_rows_gdpo(inp, eps: float):
+    """This rank's combined values in double-double, and their bounds: (ch, cl, E), or None
+    outside the dd path's safe range."""
+    r = inp.rewards.to(_F64)
+    if inp.n == 0:
+        z = r.new_zeros(0)
+        return z, z, z
+    if not _dd.safe(r, *inp.weights, eps):
+        return None
+    gid, G = _group_index(inp)
+    k = r.shape[1]
+    segs = _dd.Segments(gid, G)
+    X = segs.gather(r)
+    z, _, collapsed = _dd.standardize(X, torch.zeros_like(X), segs, eps)
+    zh, zl = segs.rows(z[0]), segs.rows(z[1])
+    ch = cl = None
+    for j, w in enumerate(inp.weights):
+        term = _dd.mul_f((zh[:, j], zl[:, j]), torch.full_like(zh[:, j], w))
+        ch, cl = term if ch is None else _dd.add((ch, cl), term)
+    nrow = segs.sizes.view(-1).index_select(0, gid)
+    E = eq47_bound_rows(_dd.UNIT, zh.abs(), nrow, inp.weights)
+    E = torch.where(collapsed.view(G, k).all(1).index_select(0, gid), 0.0, E)
+    return ch, cl, E
+
+
+def dd_table(ch, cl, E, sizes: list[int], whole) -> torch.Tensor:
+    """(S, DDC) float64: this rank's part of every unit (see :data:`DDC`)."""
+    device = ch.device
+    S = len(sizes)
+    out = torch.zeros(S, DDC, dtype=_F64, device=device)
+    out[:, 8] = math.inf
+    out[:, 9] = -math.inf
+    if ch.shape[0] == 0:
+        return out
+    unit = _unit_index(sizes, device)
+    wt = _whole_tensor(whole, S, device)
+    segs = _dd.Segments(unit, S)
+    firsts = ch.index_select(0, segs.first)
+    shift = torch.where(wt, 0.0, firsts)
+    sh = shift.index_select(0, unit)
+    d = _dd.add_f((ch, cl), -sh)
+    Dh = segs.gather(torch.stack([d[0], d[1]], 1))
+    m = segs.mask[:, :, None]
+    Dh0 = torch.where(m, Dh[:, :, :1], 0.0)
+    Dl0 = torch.where(m, Dh[:, :, 1:], 0.0)
+    s1 = _dd.tree_sum((Dh0, Dl0))
+    q = _dd.tree_sum(_dd.mul((Dh0, Dl0), (Dh0, Dl0)))
+    T = torch.bincount(unit, minlength=S).to(_F64)
+    out[:, 0] = T
+    out[:, 1] = shift
+    out[:, 2], out[:, 3] = s1[0].view(S), s1[1].view(S)
+    out[:, 4], out[:, 5] = q[0].view(S), q[1].view(S)
+    out[:, 6] = torch.zeros(S, dtype=_F64, device=device).scatter_reduce_(0, unit, E, "amax", include_self=True)
+    out[:, 7] = (~wt).to(_F64)
+    out[:, 8] = torch.full((S,), math.inf, dtype=_F64, device=device).scatter_reduce_(0, unit, ch, "amin")
+    out[:, 9] = torch.full((S,), -math.inf, dtype=_F64, device=device).scatter_reduce_(0, unit, ch, "amax")
+    return torch.where((T > 0)[:, None], out, torch.tensor([0, 0, 0, 0, 0, 0, 0, 0, math.inf, -math.inf],
+                                                          dtype=_F64, device=device))
+
+
+def dd_merged(tables: torch.Tensor, eps: float):
+    """The units' global dd statistics from every rank's :func:`dd_table` (W, S, DDC), ranks
+    in order: (T, mean (dd), den (dd), whole, Emax, cmin, cmax) per unit, the same on every rank."""
+    W, S, _ = tables.shape
+    n = tables[..., 0]
+    T = n.sum(0)
+    whole = tables[..., 7].sum(0) == 0
+    # the sum of every value: n shift + s1 per rank
+    tot = (torch.zeros(S, dtype=_F64, device=tables.device),) * 2
+    for r in range(W):
+        part = _dd.add_f((tables[r, :, 2], tables[r, :, 3]), 0.0)
+        ns = _dd.two_prod(n[r], tables[r, :, 1])
+        tot = _dd.add(tot, _dd.add(part, ns))
+    Tsafe = torch.where(T > 0, T, 1.0)
+    mean = _dd.div_f(tot, Tsafe)
+    mean = (torch.where(whole, 0.0, mean[0]), torch.where(whole, 0.0, mean[1]))
+    m2 = (torch.zeros(S, dtype=_F64, device=tables.device),) * 2
+    for r in range(W):
+        s1 = (tables[r, :, 2], tables[r, :, 3])
+        q = (tables[r, :, 4], tables[r, :, 5])
+        delta = _dd.add_f(_dd.neg(mean), tables[r, :, 1])  # shift_r - mean
+        t1 = _dd.mul(_dd.mul_f(delta, torch.full_like(n[r], 2.0)), s1)
+        t2 = _dd.mul_f(_dd.mul(delta, delta), n[r])
+        part = _dd.add(q, _dd.add(t1, t2))
+        has = n[r] > 0
+        part = (torch.where(has, part[0], 0.0), torch.where(has, part[1], 0.0))
+        m2 = _dd.add(m2, part)
+    m2 = (m2[0].clamp(min=0), torch.where(m2[0] > 0, m2[1], 0.0))
+    nm1 = torch.clamp(T - 1.0, min=1.0)
+    sd = _dd.sqrt(_dd.div_f(m2, nm1))
+    den = _dd.add_f(sd, torch.full_like(sd[0], eps))
+    Emax = tables[..., 6].amax(0)
+    cmin = tables[..., 8].amin(0)
+    cmax = tables[..., 9].amax(0)
+    return T, mean, den, whole, Emax, cmin, cmax
+
+
+def dd_finish(merged, ch, cl, E, sizes: list[int], eps: float, out_dtype, counts: Counts,
+              plain: torch.Tensor) -> torch.Tensor:
+    """This rank's outputs from the merged dd statistics: certified where the bound allows,
+    elsewhere the plain float64 result ``plain`` rounded once (counted as uncertified)."""
+    T, mean, den, whole, Emax, cmin, cmax = merged
+    device = ch.device
+    if ch.shape[0] == 0:
+        return torch.empty(0, dtype=out_dtype, device=device)
+    unit = _unit_index(sizes, device)
+    flat = (cmin == cmax) & (Emax == 0) & (T > 0)
+    Dsafe = (torch.where(flat | (den[0] == 0), 1.0, den[0]), torch.where(flat | (den[0] == 0), 0.0, den[1]))
+    m = (mean[0].index_select(0, unit), mean[1].index_select(0, unit))
+    Du = (Dsafe[0].index_select(0, unit), Dsafe[1].index_select(0, unit))
+    a = _dd.div(_dd.add((ch, cl), _dd.neg(m)), Du)
+    fu = flat.index_select(0, unit)
+    h = torch.where(fu, 0.0, a[0])
+    l = torch.where(fu, 0.0, a[1])
+    D = torch.where(flat, torch.full_like(den[0], eps), den[0]) * (1 - 2.0 ** -60)
+    with np.errstate(all="ignore"):
+        R = torch.where(D > 0, (cmax - cmin) / D, math.inf) * (1 + 2.0 ** -30) + 2 * Emax / D
+    R = torch.where(torch.isnan(R), math.inf, R)
+    B = eq6_bound(_dd.UNIT, h, D, unit, T, whole, E, R, Emax)
+    exact0 = fu | ((ch == 0) & (cl == 0) & (E == 0) & whole.index_select(0, unit))
+    B = torch.where(exact0, 0.0, B)
+    ok, y, _ = certify(h, l, B, out_dtype)
+    counts.double_double += int(ok.sum())
+    bad = ~ok
+    if bool(bad.any()):
+        counts.uncertified += int(bad.sum())
+        y = torch.where(bad, round_out(plain, out_dtype), y)
+    return y
+
+
+def dd_unsafe_table(sizes: list[int], device) -> torch.Tensor:
+    """A rank whose inputs leave the dd path's safe range: its parts carry E = inf, so no
+    sample of those units is certified on any rank (each rounds its plain result)."""
+    out = torch.zeros(len(sizes), DDC, dtype=_F64, device=device)
+    out[:, 6] = math.inf
+    out[:, 7] = 1.0
+    out[:, 8] = math.inf
+    out[:, 9] = -math.inf
+    return out
