@@ -225,6 +225,9 @@ class Problem:
     E: torch.Tensor  # (N,) bound on |c - c*|
     dd: object = None  # () -> (h, l, B) over every row, or None (no dd tier)
     exact: object = None  # (name) -> np.ndarray float64 of the correctly rounded outputs, or None
+    #: (rows (M,) int64) -> (ch, cl, E) of those rows' combined values in dd (their groups
+    #: recomputed), or None: the targeted tier (1a)
+    dd_rows: object = None
 
 
 def finish(p: Problem, out_dtype, counts: Counts | None = None) -> torch.Tensor:
@@ -249,6 +252,18 @@ def finish(p: Problem, out_dtype, counts: Counts | None = None) -> torch.Tensor:
     if done == n:
         return y
     todo = ~ok
+    if p.dd_rows is not None:  # tier 1a: the rows' own c in dd, the units' statistics of c in dd
+        rows = todo.nonzero().view(-1)
+        got1 = _targeted(p, rows, unit, T, whole, S)
+        if got1 is not None:
+            h, l, Bd = got1
+            ok1, y1, _ = certify(h, l, Bd, out_dtype)
+            y = y.index_copy(0, rows, torch.where(ok1, y1, y.index_select(0, rows)))
+            counts.double_double += int(ok1.sum())
+            todo = todo.index_fill(0, rows[ok1], False)
+            if not bool(todo.any()):
+                return y
+    got = None
     if p.dd is not None:
         got = p.dd()
         if got is not None:
@@ -272,6 +287,55 @@ def finish(p: Problem, out_dtype, counts: Counts | None = None) -> torch.Tensor:
     if p.dd is not None and got is not None:
         y = torch.where(todo, round_out(h + l, out_dtype) if out_dtype != _F64 else h + l, y)
     return y
+
+
+def _targeted(p: Problem, rows: torch.Tensor, unit: torch.Tensor, T: torch.Tensor, whole: torch.Tensor, S: int):
+    """Tier 1a: the rows' a from their own c in dd (their groups recomputed) and each unit's
+    mean and std of the float64 c summed in dd; the float64 c's errors (E) bound what those
+    statistics miss. (h, l, B) for ``rows``, or None."""
+    got = p.dd_rows(rows)
+    if got is None or not _dd.safe(p.c, p.eps):
+        return None
+    ch, cl, Er = got
+    c = p.c
+    device = c.device
+    z = torch.zeros_like(c)
+    # per unit: sum and sum of squares of deviations of c (dd), exact mean 0 for whole units
+    segs = _dd.Segments(unit, S)
+    C = segs.gather(c[:, None])[:, :, 0]
+    m = segs.mask
+    Ch = torch.where(m, C, 0.0)
+    s1 = _dd.tree_sum((Ch, torch.zeros_like(Ch)))
+    Tf = T.to(_F64).clamp(min=1)[:, None]
+    mean = _dd.div_f(s1, Tf)
+    mean = (torch.where(whole[:, None], 0.0, mean[0]), torch.where(whole[:, None], 0.0, mean[1]))
+    d = _dd.add_f(_dd.neg(mean), 0.0)
+    dev = _dd.add_f((d[0].expand_as(Ch), d[1].expand_as(Ch)), 0.0)
+    dev = _dd.add((Ch, torch.zeros_like(Ch)), dev)
+    dev = (torch.where(m, dev[0], 0.0), torch.where(m, dev[1], 0.0))
+    m2 = _dd.tree_sum(_dd.mul(dev, dev))
+    sd = _dd.sqrt(_dd.div_f(m2, (T.to(_F64) - 1).clamp(min=1)[:, None]))
+    den = _dd.add_f(sd, torch.full_like(sd[0], p.eps))
+    ur = unit.index_select(0, rows)
+    mu = (mean[0].view(S).index_select(0, ur), mean[1].view(S).index_select(0, ur))
+    Du = (den[0].view(S).index_select(0, ur), den[1].view(S).index_select(0, ur))
+    ok_den = Du[0] > 0
+    Dsafe = (torch.where(ok_den, Du[0], 1.0), torch.where(ok_den, Du[1], 0.0))
+    a = _dd.div(_dd.add((ch, cl), _dd.neg(mu)), Dsafe)
+    Emax = torch.zeros(S, dtype=_F64, device=device).scatter_reduce_(0, unit, p.E, "amax", include_self=True)
+    Tq = T.to(_F64).clamp(min=2.0)
+    q = torch.sqrt(Tq / (Tq - 1))
+    Em = torch.where(whole, 0.0, Emax)
+    D = den[0].view(S) * (1 - 2.0 ** -60)
+    with np.errstate(all="ignore"):
+        invD = torch.where(D > 0, 1.0 / D, math.inf)
+    aj = a[0].abs()
+    L = torch.ceil(torch.log2(Tq)).index_select(0, ur)
+    B = SAFETY * (_dd.UNIT * (aj * ((L + 1) / 2 + 8) + (L + 4) * (aj + 1)) + (Er + Em.index_select(0, ur)) * invD.index_select(0, ur)
+                  + aj * ((Emax + Em) * q * invD).index_select(0, ur)) + _TAU
+    B = torch.where(torch.isnan(B) | ~ok_den, math.inf, B)
+    del z
+    return a[0], a[1], B
 
 
 # --- the dd tier on a whole call -------------------------------------------------------------------
@@ -391,7 +455,20 @@ def for_gdpo(inp, a: torch.Tensor, c: torch.Tensor, sizes: list[int], eps: float
     def dd():
         gid, G = gid_G or _group_index(inp)
         return dd_gdpo(inp.rewards, gid, G, inp.weights, eps, sizes, whole)
-    return Problem(a, c, sizes, eps, whole, E, dd, _oracle_gdpo(inp, sizes, eps))
+
+    def dd_rows(rows):
+        gid, G = gid_G or _group_index(inp)
+        gsel = torch.zeros(G, dtype=torch.bool, device=gid.device)
+        gsel[gid.index_select(0, rows)] = True
+        mine = gsel.index_select(0, gid).nonzero().view(-1)  # every row of those groups
+        sub = dataclasses.replace(inp, rewards=inp.rewards.index_select(0, mine), group_size=None,
+                                  labels=gid.index_select(0, mine))
+        got = dd_rows_gdpo(sub, eps)
+        if got is None:
+            return None
+        at = torch.searchsorted(mine, rows)  # rows within the selection (mine is sorted)
+        return tuple(t.index_select(0, at) for t in got)
+    return Problem(a, c, sizes, eps, whole, E, dd, _oracle_gdpo(inp, sizes, eps), dd_rows)
 
 
 def for_whiten(v: torch.Tensor, a: torch.Tensor, sizes: list[int], eps: float) -> Problem:
