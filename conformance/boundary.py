@@ -577,7 +577,7 @@ def strategy(families=FAMILIES, targets=TARGETS, out_dtypes=None):
             from hypothesis import reject
 
             reject()
-        if others and draw(st.integers(0, 3)) == 0:
+        if others and draw(st.integers(0, 3)) == 3:  # hypothesis favours 0: the hunted target first
             case = dataclasses.replace(case, out_dtype=draw(st.sampled_from(others)))
         return case
 
