@@ -84,13 +84,16 @@ def _mp(prec: int) -> mpmath.MPContext:
     return ctx
 
 
-def exact_values(case: Case, prec: int = 200) -> list:
+def exact_values(case: Case, prec: int = 200, stage: str = "gdpo") -> list:
     """Every advantage of ``case`` (convention ``spec``) in mpmath at ``prec`` bits: Eq. 4
     (unbiased std, eps added to it, a constant group column gives 0), Eq. 7, Eq. 6 per unit
-    (a unit of equal c gives 0). Independent of the oracle (which certifies the roundings)."""
+    (a unit of equal c gives 0). Independent of the oracle (which certifies the roundings).
+    ``stage="whiten"``: Eq. 6 alone on the case's first column (``whiten``'s values)."""
     mp = _mp(prec)
     r = case.rewards_array()
     n, k = r.shape
+    if stage == "whiten":
+        return _whitened(mp, [mp.mpf(float(v)) for v in r[:, 0]], case)
     labels = case.labels()
     units = case.unit_ids()
     units = np.zeros(n, np.int64) if units is None else units
@@ -109,6 +112,15 @@ def exact_values(case: Case, prec: int = 200) -> list:
             for i, d in zip(idx, dev):
                 z[i][col] = d / (std + eps)
     c = [mp.fsum(w[col] * z[i][col] for col in range(k)) for i in range(n)]
+    return _whitened(mp, c, case)
+
+
+def _whitened(mp, c: list, case: Case) -> list:
+    """Eq. 6 per unit of ``case`` on the values ``c`` (mpf)."""
+    n = len(c)
+    units = case.unit_ids()
+    units = np.zeros(n, np.int64) if units is None else units
+    eps = mp.mpf(DEFAULT_EPS if case.eps is None else case.eps)
     a = [mp.zero] * n
     for u in dict.fromkeys(units.tolist()):
         idx = np.flatnonzero(units == u).tolist()
@@ -163,25 +175,25 @@ def below(x: float) -> object:
     return x - _X.ldexp(abs(x) if x else 1, -200)
 
 
-def certified(case: Case, row: int, fmt: str) -> float:
+def certified(case: Case, row: int, fmt: str, stage: str = "gdpo") -> float:
     """The correct rounding of ``row``'s exact advantage to ``fmt`` (precision raised until
     the side of the nearest midpoint is resolved; a value on it ties to even)."""
-    x = exact_values(case, 200)[row]
+    x = exact_values(case, 200, stage)[row]
     if x == 0:
         return 0.0
     lo, mid, hi = neighbours(x, fmt)
-    d, _ = offset_from(case, row, mid)
+    d, _ = offset_from(case, row, mid, stage=stage)
     if d == 0:
         return round_exact(mid, fmt)
     return hi if d > 0 else lo
 
 
-def offset_from(case: Case, row: int, point: float, precs=(200, 1200, 2600)):
+def offset_from(case: Case, row: int, point: float, precs=(200, 1200, 2600), stage: str = "gdpo"):
     """(exact advantage of ``row`` minus ``point`` as an mpf at the last precision used, bits):
     the precision is raised until the difference is resolved (``0`` where it stays below the
     last precision's resolution: the value is the point itself, to that many bits)."""
     for prec in precs:
-        x = _X.mpf(exact_values(case, prec)[row])
+        x = _X.mpf(exact_values(case, prec, stage)[row])
         d = x - _X.mpf(point)
         scale = abs(x) if x != 0 else _X.mpf(1)
         if abs(d) > _X.ldexp(scale, 12 - prec):
@@ -225,13 +237,13 @@ def _unkey(i: int) -> float:
 # ------------------------------------------------------------------ the hunt
 
 
-def _hunt(build, grid, row: int, fmt: str, rng: random.Random):
+def _hunt(build, grid, row: int, fmt: str, rng: random.Random, stage: str = "gdpo"):
     """Bisect the continuous parameter of ``build(p) -> Case`` so that ``row``'s exact
     advantage lands next to a midpoint of ``fmt``: scan ``grid`` (sorted float64 values) for
     a step over which the correct rounding changes, then bisect over the float64 bit
     patterns of the parameter down to adjacent floats; one of the two (chosen by ``rng``)."""
     def value(p):
-        return exact_values(build(p), 160)[row]
+        return exact_values(build(p), 160, stage)[row]
 
     seen = [(p, value(p)) for p in grid]
     steps = [(a, b) for a, b in zip(seen, seen[1:])
@@ -587,3 +599,76 @@ def strategy(families=FAMILIES, targets=TARGETS, out_dtypes=None):
 @functools.lru_cache(maxsize=4096)
 def _generated(family, fmt, seed):
     return generate(family, fmt, seed)
+
+
+# ------------------------------------------------------------------ whiten (Eq. 6 alone)
+
+WHITEN_FAMILIES = ("eps_bisect", "exact_tie", "tie_below")
+
+
+def whiten_generate(family: str, fmt: str, seed: int) -> Case | None:
+    """A hunted case of ``whiten`` (Eq. 6 alone on given float64 values, the case's first
+    column, units by ``segment_sizes``), noted ``boundary_whiten:<family>:<target>:row<j>:<mid>``:
+    ``eps_bisect`` (random values, eps bisected), ``exact_tie`` (values offset + integer deviations
+    of std sigma, eps 0: the whitened value is d / sigma = M exactly), ``tie_below`` (the same at
+    eps 5e-324); some with a second unit of random values. Verified against the oracle's
+    ``whiten``."""
+    from conformance.cases import expected_whiten
+
+    rng = random.Random(zlib.crc32(f"whiten:{family}:{fmt}:{seed}".encode()))
+    extra = [float(np.float32(rng.uniform(-5, 5))) for _ in range(rng.choice((0, 0, 3, 5)))]
+    if family == "eps_bisect":
+        vals = [float(np.float32(rng.uniform(-3, 3))) for _ in range(rng.randint(3, 12))]
+        eps = None
+    else:
+        below_ = family == "tie_below"
+        p = FORMATS[fmt][0]
+        mid = _tie_midpoint(fmt, rng, below_, 0 if fmt == "float32" else -2)
+        sigma = 1 << (p if fmt == "float32" else p + 2)
+        a = int(mid * sigma)
+        if a != mid * sigma:
+            return None
+        d = _tie_group(rng, a, sigma, rng.randint(1, 3))
+        off = rng.choice((0.0, 0.0, 1e4))
+        scale = -(p if fmt == "float32" else p + 2) if off else rng.choice((0, -(p if fmt == "float32" else p + 2)))
+        vals = [off + math.ldexp(float(x), scale) for x in d]
+        eps = TINY_EPS if below_ else 0.0
+    n1 = len(vals)
+    sizes = None if not extra else (n1, len(extra))
+    values = vals + extra
+
+    def build(e):
+        return Case(rewards=tuple((v,) for v in values), dtype="float64", group_size=None, group_ids=None,
+                    segment_sizes=sizes, eps=e, out_dtype=fmt)
+
+    if family == "eps_bisect":
+        row = rng.randrange(n1)
+        got = _hunt(build, _eps_grid(rng, fmt), row, fmt, rng, stage="whiten")
+        if got is None:
+            return None
+        case, mid = got
+    else:
+        row = rng.choice((0, 1))  # +M or -M
+        mid = mid if row == 0 else -mid
+        case = build(eps)
+    case = dataclasses.replace(case, note=f"boundary_whiten:{family}:{fmt}:row{row}:{float(mid).hex()}")
+    exp = expected_whiten(np.array(values), sizes, case.eps)
+    if exp.error is not None or certified(case, row, fmt, "whiten") != float(exp.result.rounded(fmt)[row]):
+        return None
+    d, _ = offset_from(case, row, mid, stage="whiten")
+    return case if abs(d) <= 2 * math.ulp(mid) else None
+
+
+@functools.lru_cache(maxsize=None)
+def whiten_cases(family: str, count: int = COUNT, seed: int = 0) -> tuple:
+    """``count`` verified whiten cases of ``family`` per target format, deterministic."""
+    out = []
+    for target in TARGETS:
+        got, s = 0, seed
+        while got < count and s < seed + 40 * count:
+            c = whiten_generate(family, target, s)
+            s += 1
+            if c is not None:
+                out.append(c)
+                got += 1
+    return tuple(out)

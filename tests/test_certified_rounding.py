@@ -92,6 +92,40 @@ def test_correctly_rounded(family, out_dtype):
                         f"rounding; the first:\n{failed[0]}")
 
 
+def _whiten_wrong(case: Case, out_dtype: str) -> list[str]:
+    """impl.gdpo.whiten on a hunted whiten case: the rows that are not the certified rounding."""
+    from conformance.cases import expected_whiten
+
+    values = case.rewards_array()[:, 0]
+    kw = {"out_dtype": TORCH[out_dtype]}
+    if case.segment_sizes is not None:
+        kw["segment_sizes"] = list(case.segment_sizes)
+    if case.eps is not None:
+        kw["eps"] = case.eps
+    got = gdpo.whiten(torch.tensor(values, dtype=torch.float64), **kw).to(torch.float64).numpy()
+    want = expected_whiten(values, case.segment_sizes, case.eps).result.rounded(out_dtype)
+    bad = []
+    for i in np.flatnonzero(got != want).tolist():
+        if out_dtype == "float64" and want[i] != 0 and abs(got[i] - want[i]) <= np.spacing(abs(want[i])):
+            d, _ = B.offset_from(case, i, float(want[i]), stage="whiten")
+            if d != 0 and (d > 0) == (got[i] > want[i]):
+                continue  # the other float64 neighbour of the exact value: faithful
+        bad.append(f"[{i}] {float(got[i])!r} ({float(got[i]).hex()}), correctly rounded {float(want[i])!r} "
+                   f"({float(want[i]).hex()})")
+    return bad
+
+
+@pytest.mark.parametrize("out_dtype", OUT_DTYPES)
+@pytest.mark.parametrize("family", B.WHITEN_FAMILIES)
+def test_whiten_correctly_rounded(family, out_dtype):
+    """impl.gdpo.whiten (Eq. 6 alone) on hunted whiten cases: the same claim."""
+    cases = B.whiten_cases(family)
+    failed = [(c, w) for c in cases for w in [_whiten_wrong(c, out_dtype)] if w]
+    assert not failed, (f"whiten {family}, out {out_dtype}: {len(failed)} of {len(cases)} hunted cases not the "
+                        f"certified rounding; the first ({failed[0][0].note}): {failed[0][1][:3]}\n"
+                        f"{failed[0][0].dumps()}")
+
+
 def test_families_are_hunted():
     """Every case is what its family says: verified by the oracle (boundary.verify), on or within
     two float64 ulps of a midpoint of its target; ties exactly on it, tie_below below it in
