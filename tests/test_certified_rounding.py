@@ -17,7 +17,12 @@ of its cases fail, the "before" figure of the certificate.
 * ``test_layouts_bit_identical``: the same batches computed locally, with whole groups
   permuted (output un-permuted), and across 1, 2, 3 and 4 gloo ranks (a rank holds whole
   groups; ``segment_sizes=None`` is one unit across all ranks, else each rank passes its
-  counts per unit): every layout the same values, and the oracle's correct rounding.
+  counts per unit): every layout the same values, and the oracle's correct rounding (float64:
+  faithful in every layout; the claim does not make its bits layout-independent).
+* ``test_whiten_correctly_rounded``: impl.gdpo.whiten (Eq. 6 alone) on hunted whiten cases.
+
+Run: ``python3 -m pytest -q tests/test_certified_rounding.py`` (about 2 minutes on 2 cores,
+most of it spawning the gloo ranks; ``-k "not layouts"`` leaves them out).
 """
 
 from __future__ import annotations
@@ -263,7 +268,9 @@ def _gathered(world: int, ci: int, od: str, n: int) -> np.ndarray:
 @pytest.mark.parametrize("out_dtype", OUT_DTYPES)
 def test_layouts_bit_identical(out_dtype):
     """Local, groups permuted, 1, 2, 3 and 4 gloo ranks: the same values (either sign of zero)
-    on every hunted and ordinary batch, each the oracle's certified rounding."""
+    on every hunted and ordinary batch, each the oracle's certified rounding. A float64 output
+    is only claimed faithful (either float64 neighbour of the exact value), so it is held to
+    that in every layout, not to the same bits."""
     differ, wrong = [], {}
     cases = layout_cases()
     for ci, case in enumerate(cases):
@@ -273,12 +280,12 @@ def test_layouts_bit_identical(out_dtype):
             layouts[f"{world} rank(s)"] = _gathered(world, ci, out_dtype, case.n)
         ref = layouts["local"]
         for name, got in layouts.items():
-            if not np.array_equal(got, ref):
+            if out_dtype != "float64" and not np.array_equal(got, ref):  # float64: faithful, either neighbour
                 i = int(np.flatnonzero(got != ref)[0])
                 differ.append(f"{case.note or ci}: {name} row {i} {got[i]!r} vs local {ref[i]!r}")
             text = verdict(case, got, out_dtype)
             if text is not None:
-                wrong.setdefault(name, []).append(case.note.split(":")[1] if case.note else str(ci))
+                wrong.setdefault(name, []).append(case.note.split(":")[0 if case.note.startswith("ordinary") else 1])
     msg = []
     if differ:
         msg.append(f"{len(differ)} layout(s) differ from the local call (out {out_dtype}); the first: {differ[:3]}")
