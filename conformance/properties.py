@@ -85,7 +85,7 @@ PROPERTIES = (
              "large offsets) every float32/bfloat16/float16 advantage is the exact value correctly rounded (ties "
              "to even), float64 within one ulp (faithful); one that does not declare it is skipped (graded within "
              "the error model only)", _boundary, check_certified,
-             frozenset({"values", "certified", "eps", "units"}), hill_climb=False),
+             frozenset({"values", "certified", "eps", "units"})),
     Property("offsets", "traps", "Eq. 4", "small spread on a large offset (1e3 to 1e300, 2^53): the "
              "shift-invariant bound, measured against the range, not the magnitude",
              _values(kinds=("offset", "near_constant", "plain"), pairs=("anti_decimal",)), check_values),

@@ -292,3 +292,63 @@ def test_layouts_bit_identical(out_dtype):
     for name, fams in wrong.items():
         msg.append(f"{name}: {len(fams)} of {len(cases)} batches not the certified rounding ({sorted(set(fams))})")
     assert not msg, "\n".join(msg)
+
+
+# ------------------------------------------------------------------ the property's own controls
+
+
+def oracle_rounded(rewards, *, group_ids=None, group_size=None, weights=None, segment_sizes=None,
+                   process_group=None, eps=None, out_dtype=torch.float32):
+    """A certified implementation by construction (the oracle's correct rounding, float64
+    correctly rounded too): the positive control of the property ``certified``."""
+    from oracle import gdpo as O
+
+    name = str(out_dtype).replace("torch.", "")
+    r = rewards.to(torch.float64).numpy()
+    ids = None if group_ids is None else group_ids.numpy()
+    res = O.gdpo_advantages(r, ids, weights=weights, eps=eps, group_size=group_size,
+                            segment_sizes=None if segment_sizes is None else list(segment_sizes))
+    return torch.tensor(res.rounded(name), dtype=torch.float64).to(out_dtype)
+
+
+oracle_rounded.gdpo_certified = True
+
+
+def test_the_property_passes_a_certified_implementation_and_rejects_the_claim_without_it():
+    """``certified`` on its planned cases (pinned, then the ci budget drawn with its seed): the
+    oracle's own rounding passes; the controls' base declaring the claim is rejected on the
+    pinned tie_below cases, in category ``rounding``, the verdict naming the midpoint; the base
+    itself (no declaration) is skipped with the reason, and declared from the command line
+    (``--domain certified=true``) it is graded and rejected."""
+    from hypothesis import settings
+
+    from conformance import checks as CK
+    from conformance import profiles
+    from conformance import properties as P
+    from conformance import regressions
+    from conformance import runner as R
+    from conformance.subject import parse_domain
+
+    profiles.load()
+    prop = P.BY_NAME["certified"]
+    good = Subject("tests.test_certified_rounding:oracle_rounded")
+    assert good.certifies() and good.unsupported(prop.needs) is None
+    for case in R.planned_cases(prop, good, settings.get_profile("ci").max_examples):
+        CK.check_certified(good, case)
+    claim = Subject("conformance.controls:claims_certified_rounding")
+    for text in regressions.EXAMPLES["certified"]:
+        case = regressions.load(text)
+        with pytest.raises(J.ConformanceFailure) as info:
+            CK.check_certified(claim, case)
+        assert info.value.category == "rounding" and info.value.worst_ulps == 1.0
+        msg = str(info.value)
+        assert "is not the correctly rounded exact value" in msg, msg
+        assert "below the midpoint" in msg or "above the midpoint" in msg, msg
+        assert "family 'tie_below'" in msg, msg
+    base = Subject("conformance.controls:baseline")
+    assert "does not declare certified rounding (gdpo_certified)" in base.unsupported(prop.needs)
+    declared = Subject("conformance.controls:baseline", domain=parse_domain(["certified=true"]))
+    assert declared.certifies() and declared.domain() == {} and declared.unsupported(prop.needs) is None
+    with pytest.raises(J.ConformanceFailure):
+        CK.check_certified(declared, regressions.load(regressions.EXAMPLES["certified"][0]))
+    CK.check_certified(base, regressions.load(regressions.EXAMPLES["certified"][0]))  # the error model: passes
