@@ -428,10 +428,12 @@ class Subject:
     def domain_statement(self) -> str:
         """One line: the declared domain, or that none is declared."""
         d = self.domain()
+        cert = "; certified rounding declared (gdpo_certified): graded bit for bit by 'certified'" \
+            if self.shape == "gdpo" and self.certifies() else ""
         if not d:
-            return "no domain declared: graded on every input its call shape expresses"
+            return "no domain declared: graded on every input its call shape expresses" + cert
         parts = [f"{k}={v!r}" for k, v in d.items() if k != "why"]
-        return "declared domain " + ", ".join(parts) + (f" ({d['why']})" if d.get("why") else "")
+        return "declared domain " + ", ".join(parts) + (f" ({d['why']})" if d.get("why") else "") + cert
 
     def context(self) -> Context:
         if self.shape == "trl":
