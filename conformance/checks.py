@@ -6,6 +6,8 @@ or one gloo rank per shard) and hands both to :mod:`conformance.judge`, which al
 decides the verdict:
 
 * :func:`check_values`: Eq. 4, 7, 6 end to end (:func:`conformance.judge.values`);
+* :func:`check_certified`: the same where the implementation declares certified rounding:
+  the exact value correctly rounded, bit for bit (:func:`conformance.judge.certified_rounding`);
 * :func:`check_normalize` / :func:`check_whiten`: the stage functions against the oracle's
   combined stage (Eq. 4 + 7, float64) and ``whiten_units`` (Eq. 6 alone);
 * :func:`check_error`: the error contract (spec section 6) per error case
@@ -37,6 +39,22 @@ def check_values(subject: Subject, case: Case, prop: str = "values") -> None:
         return
     out = subject.outcome(subject.call, case)
     J.values(prop, "Eq. 4, 7, 6 (advantages)", subject, case, out, exp)
+
+
+def check_certified(subject: Subject, case: Case, prop: str = "certified") -> None:
+    """Certified rounding (issue 27), for an implementation that declares it
+    (``Subject.certifies``): every float32/bfloat16/float16 advantage the exact value correctly
+    rounded, float64 faithful (:func:`conformance.judge.certified_rounding`). One that does not
+    declare it is graded within the error model only (:func:`check_values`: what a replay with
+    such an implementation runs; the property itself is skipped for it)."""
+    if not subject.certifies() or subject.convention != "spec":
+        check_values(subject, case, prop)
+        return
+    exp = J.oracle_verdict(case, subject.convention)
+    if exp is None:
+        return
+    out = subject.outcome(subject.call, case)
+    J.certified_rounding(prop, "Eq. 4, 7, 6 and the final cast (certified rounding)", subject, case, out, exp)
 
 
 def check_normalize(subject: Subject, case: Case, prop: str = "stage_normalize") -> None:

@@ -560,13 +560,16 @@ def _whiten(fl: Flaws, values, *, segment_sizes=None, process_group=None, eps=1e
     return _cast(_whiten_distributed(process_group, v, sizes, eps, fl, rows), out_dtype, fl)
 
 
-def _make(name: str, fl: Flaws, doc: str):
+def _make(name: str, fl: Flaws, doc: str, **declared):
     fn = functools.partial(_gdpo, fl)
     fn.__name__ = fn.__qualname__ = name  # type: ignore[attr-defined]
     fn.__doc__ = doc
     fn.normalize_rewards = functools.partial(_normalize_rewards, fl)  # type: ignore[attr-defined]
     fn.whiten = functools.partial(_whiten, fl)  # type: ignore[attr-defined]
     fn.flaw = doc  # type: ignore[attr-defined]
+    for key, value in declared.items():  # declarations (gdpo_certified): on the stages too
+        setattr(fn, key, value)
+        setattr(fn.whiten, key, value)
     return fn
 
 
@@ -617,11 +620,14 @@ _SPECS = (
      "where the unit holds whole groups (its structural mean is 0): a group without signal gets rounding noise"),
     ("unscored_rows_whitened", Flaws(unscored_in_eq6=True), "missing=\"unscored\": a row with no scored reward "
      "kept in Eq. 6's statistics (its c = 0 counted with the scored rows) instead of left out"),
+    ("claims_certified_rounding", Flaws(), "the correct base (float64, one rounding into the output dtype) declaring "
+     "certified rounding (gdpo_certified = True) without certifying it: off by one ulp next to a midpoint",
+     {"gdpo_certified": True}),
 )
 
 baseline = _make("baseline", Flaws(), "none: the correct base every control differs from by one flaw")
 CONTROLS: dict[str, Control] = {}
-for _name, _fl, _doc in _SPECS:
-    globals()[_name] = _make(_name, _fl, _doc)
+for _name, _fl, _doc, *_declared in _SPECS:
+    globals()[_name] = _make(_name, _fl, _doc, **(_declared[0] if _declared else {}))
     CONTROLS[_name] = Control(_name, _doc, globals()[_name])
 BASELINE = Control("baseline", baseline.flaw, baseline)

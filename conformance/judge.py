@@ -672,6 +672,94 @@ def values(prop, eq, subject: Subject, case: Case, out: Outcome, exp) -> None:
           [f"exact advantages {res.float64.tolist()}"], zero_why=_advantage_zero_clause(res, case.weights))
 
 
+def certified_rounding(prop, eq, subject: Subject, case: Case, out: Outcome, exp) -> None:
+    """The advantages of an implementation that declares certified rounding
+    (``Subject.certifies``): every float32, bfloat16 and float16 output must be the oracle's
+    correct rounding of the exact value (ties to even; either sign of zero, as the suite demands
+    of every zero), every float64 output faithful (the exact value itself where it is a float64,
+    else one of its two float64 neighbours). A refusal is judged as in :func:`final`, except that
+    OutOfRangeError is accepted only where the correct rounding itself overflows."""
+    from conformance import boundary
+
+    if exp.error is not None:
+        refusal(prop, eq, subject, case, out, (type(exp.error),), f"the oracle: {exp.error}")
+        return
+    res = exp.result
+    od = case.out_dtype
+    if bool(np.any(res.overflows(od))):
+        refusal(prop, eq, subject, case, out, (OutOfRangeError,), f"an exact advantage rounds beyond {od}'s range")
+        return
+    if not out.ok:
+        fail(prop, eq, subject, case, f"{out.describe()}; the contract computes this case",
+             _computes_because(case, res, od), category=_refusal_category(out))
+    check_output(prop, eq, subject, case, out, case.n, od)
+    obs = np.asarray(out.values, dtype=np.float64)
+    want = np.asarray(res.rounded(od), dtype=np.float64)
+    if not np.all(np.isfinite(obs)):
+        i = int(np.flatnonzero(~np.isfinite(obs))[0])
+        fail(prop, eq, subject, case, f"[{i}] returned {float(obs[i])!r}; the exact advantage is finite",
+             [f"correctly rounded ({od}): {want.tolist()}"], category=Category.NON_FINITE)
+    if od == "float64":
+        bad = []
+        for i in np.flatnonzero(obs != want).tolist():
+            if abs(obs[i] - want[i]) > np.spacing(abs(want[i])) or want[i] == 0.0:
+                bad.append(i)  # neither float64 neighbour of the exact value (or it is 0 itself)
+                continue
+            d, _ = boundary.offset_from(case, i, float(want[i]))  # exact - RN(exact): the side of want
+            if d == 0 or (d > 0) != (obs[i] > want[i]):
+                bad.append(i)  # the exact value is a float64 (then nothing else), or lies on the other side
+    else:
+        bad = np.flatnonzero(obs != want).tolist()  # NaN differs, -0.0 == 0.0
+    if not bad:
+        return
+    rows, worst = [], 0.0
+    for i in bad:
+        ulps = abs(obs[i] - want[i]) / ulp(want[i], od)
+        worst = max(worst, float(ulps))
+    for i in bad[:MAX_LISTED]:
+        if od == "float64":
+            rows.append(f"[{i}] output {float(obs[i])!r} ({hx(obs[i])}) is not within one ulp of the exact value (faithful "
+                        f"rounding): the exact value correctly rounded is {float(want[i])!r} ({hx(want[i])}), "
+                        f"{abs(obs[i] - want[i]) / ulp(want[i], od):.3g} ulp(float64) from the output, and "
+                        + _where_exact(case, i, float(obs[i]), od))
+        else:
+            rows.append(f"[{i}] output {float(obs[i])!r} ({hx(obs[i])}) is not the correctly rounded exact value "
+                        f"{float(want[i])!r} ({hx(want[i])}) ({od}, ties to even), "
+                        f"{abs(obs[i] - want[i]) / ulp(want[i], od):.3g} ulp({od}) away; "
+                        + _where_exact(case, i, float(obs[i]), od))
+    fam = boundary.parse_note(case.note)
+    if fam is not None and _still_hunted(case, fam):
+        rows.append(f"hunted boundary case: family {fam[0]!r}, aimed at a midpoint of {fam[1]} next to "
+                    f"{fam[3]!r} in row {fam[2]} (conformance/boundary.py)")
+    fail(prop, eq, subject, case, f"{len(bad)} of {case.n} advantages not the certified rounding ({od}) the "
+         "implementation declares (gdpo_certified)", rows, category=Category.ROUNDING, worst_ulps=worst,
+         worst_dtype=od)
+
+
+def _still_hunted(case: Case, fam) -> bool:
+    """Is the hunted row still next to its midpoint (a reduced case may no longer be)?"""
+    from conformance import boundary
+
+    try:
+        d, _ = boundary.offset_from(case, fam[2], fam[3])
+        return abs(d) <= 2 * math.ulp(fam[3])
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def _where_exact(case: Case, i: int, observed: float, od: str) -> str:
+    """Where the exact value lies, for a certified-rounding verdict (mpmath, convention spec)."""
+    from conformance import boundary
+
+    try:
+        if od == "float64":
+            x = boundary.exact_values(case, 200)[i]
+            return f"the exact value is {boundary.mpmath.nstr(x, 25)}"
+        return boundary.midpoint_report(case, i, observed, od)
+    except Exception as exc:  # noqa: BLE001 - no clause is no verdict: the failure stands
+        return f"(where the exact value lies: not evaluated, {type(exc).__name__}: {exc})"
+
+
 def normalized(prop, eq, subject: Subject, case: Case, out: Outcome, exp) -> None:
     """normalize_rewards' float64 c (Eq. 4 + 7) against the oracle's combined stage."""
     if exp.error is not None:

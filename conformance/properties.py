@@ -18,6 +18,7 @@ from typing import Callable
 from conformance import regressions
 from conformance import strategies as S
 from conformance.checks import (
+    check_certified,
     check_dist_errors,
     check_dist_values,
     check_error,
@@ -50,6 +51,16 @@ class Property:
         return regressions.EXAMPLES.get(self.name, ())
 
 
+def _boundary(ctx, subject):
+    """Hunted boundary cases (conformance/boundary.py) the call shape can express, aimed at the
+    narrow output formats it takes, sometimes with float64 output (graded as faithful)."""
+    from conformance import boundary as B
+
+    fams = tuple(f for f in B.FAMILIES if (ctx.labels and ctx.units) or f not in ("ragged_units", "tie_collapsed"))
+    targets = tuple(t for t in B.TARGETS if t in ctx.out_dtypes) or B.TARGETS
+    return B.strategy(fams, targets, tuple(d for d in ctx.out_dtypes if d == "float64"))
+
+
 def _values(**kw):
     return lambda ctx, subject: S.cases(ctx, **kw)
 
@@ -67,6 +78,14 @@ PROPERTIES = (
              "output format (float16, its subnormals, bfloat16, float32): one correct rounding of the float64 "
              "result, within half an ulp of the format; rounding through float32 first, or toward zero, misses by "
              "more than the bound", lambda ctx, subject: S.near_midpoint_cases(ctx), check_values),
+    Property("certified", "equations", "Eq. 4, 7, 6 + final cast", "an implementation that declares certified "
+             "rounding (gdpo_certified = True): on hunted boundary cases (exact advantages on a rounding midpoint "
+             "of float32, bfloat16 or float16, or within two float64 ulps of one: eps or a reward bisected, exact "
+             "ties at eps 0, a hair below a tie at eps 5e-324, Eq. 7 weights, ragged units, near cancellation, "
+             "large offsets) every float32/bfloat16/float16 advantage is the exact value correctly rounded (ties "
+             "to even), float64 within one ulp (faithful); one that does not declare it is skipped (graded within "
+             "the error model only)", _boundary, check_certified,
+             frozenset({"values", "certified", "eps", "units"})),
     Property("offsets", "traps", "Eq. 4", "small spread on a large offset (1e3 to 1e300, 2^53): the "
              "shift-invariant bound, measured against the range, not the magnitude",
              _values(kinds=("offset", "near_constant", "plain"), pairs=("anti_decimal",)), check_values),

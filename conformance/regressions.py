@@ -58,6 +58,19 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         # bfloat16 just above a midpoint: a double rounding and a truncation both give the lower neighbour
         '{"rewards":[["0x1.54e9bc8006d9dp-124"],["0x0.0p+0"],["0x0.0p+0"],["0x0.0p+0"]],"dtype":"float64","out_dtype":"bfloat16","group_size":4}',
     ),
+    "certified": (
+        # issue 27, hunted by conformance/boundary.py (family tie_below): one group of integer deviations
+        # (a, -a, four pairs from a four-square decomposition, zeros) with std sigma = 2^24, so z = a/sigma = M
+        # and the unit's std is exactly 1; M is a float32 midpoint whose even neighbour is the upper one, and eps
+        # 5e-324 puts the exact advantage a hair (2^-1074 relative) below M. Every step is exact in float64, so
+        # a plain float64 code returns M exactly and the final cast ties to even: one ulp off, on every machine
+        # (the correct rounding is the lower neighbour). Rejects claims_certified_rounding.
+        '{"rewards":[["0x1.32c4cf0000000p+0"],["-0x1.36bf000000000p-8"],["-0x1.8410000000000p-12"],["0x0.0p+0"],["0x1.0000000000000p-23"],["-0x1.32c4cf0000000p+0"],["-0x1.11741d8000000p+1"],["0x0.0p+0"],["0x1.36bf000000000p-8"],["0x0.0p+0"],["-0x1.0000000000000p-23"],["0x1.8410000000000p-12"],["0x1.11741d8000000p+1"]],"dtype":"float64","out_dtype":"float32","group_size":13,"eps":"0x0.0000000000001p-1022","note":"boundary:tie_below:float32:row0:0x1.32c4cf0000000p+0"}',
+        # the same aimed at a bfloat16 midpoint (sigma 2^10, rewards integers)
+        '{"rewards":[["-0x1.1400000000000p+8"],["-0x1.9f00000000000p+10"],["0x0.0p+0"],["0x1.0000000000000p+2"],["0x1.1400000000000p+8"],["-0x1.0000000000000p+2"],["0x0.0p+0"],["-0x1.d100000000000p+10"],["-0x1.0000000000000p+3"],["0x0.0p+0"],["0x1.9f00000000000p+10"],["0x1.0000000000000p+3"],["0x1.d100000000000p+10"]],"dtype":"float64","out_dtype":"bfloat16","group_size":13,"eps":"0x0.0000000000001p-1022","note":"boundary:tie_below:bfloat16:row1:-0x1.9f00000000000p+0"}',
+        # and at a float16 midpoint (sigma 2^13)
+        '{"rewards":[["0x1.0000000000000p+1"],["0x1.1b6c000000000p+14"],["-0x1.1b6c000000000p+14"],["0x0.0p+0"],["0x1.6900000000000p+8"],["-0x1.3960000000000p+11"],["0x1.4500000000000p+8"],["-0x1.4500000000000p+8"],["-0x1.6900000000000p+8"],["-0x1.0000000000000p+1"],["0x1.3960000000000p+11"]],"dtype":"float64","out_dtype":"float16","group_size":11,"eps":"0x0.0000000000001p-1022","note":"boundary:tie_below:float16:row10:0x1.3960000000000p-2"}',
+    ),
     "offsets": (
         # one-pass float32 variance is exactly 0 here (exact std 1.29e-2)
         '{"rewards":[["0x1.f400000000000p+9"],["0x1.f40147ae147aep+9"],["0x1.f4028f5c28f5cp+9"],["0x1.f403d70a3d70ap+9"]],"dtype":"float64","out_dtype":"float64","group_size":4}',

@@ -90,6 +90,13 @@ An implementation may declare, as attributes of its function:
   line. The search stays inside it (a property needing what it excludes is skipped,
   saying so) and the report states it (:meth:`Subject.domain_statement`). It narrows
   the call shape, never widens it.
+``gdpo_certified``
+  True: every float32, bfloat16 and float16 output is the exact advantage correctly rounded
+  (ties to even), hence the same bits whatever the layout, and a float64 output is within one
+  ulp of the exact value (faithful); on ``gdpo_advantages`` (and its ``whiten``). The property
+  ``certified`` then grades that claim on hunted boundary cases (``conformance/boundary.py``);
+  an implementation that does not declare it is graded within the error model only.
+  ``gdpo check --domain certified=true`` declares it from the command line (:meth:`Subject.certifies`).
 ``gdpo_convention``
   the preset of ``spec.conventions`` it computes. Graded against ``spec``, a failure
   whose output holds under that convention is reported as a formula difference, with
@@ -303,7 +310,8 @@ LIMITS = ("min_columns", "max_columns", "group_sizes", "max_abs_reward", "max_ab
 def parse_domain(items) -> dict:
     """``KEY=VALUE`` strings (``gdpo check --domain``) as a domain dict: ``min_columns=2``,
     ``group_sizes=4,8`` (allowed sizes) or ``group_sizes=4+`` (at least 4), ``max_abs_reward=1e6``,
-    ``input_dtypes=float32,float64``, ``labels=false``."""
+    ``input_dtypes=float32,float64``, ``labels=false``; ``certified=true`` is a declaration, not a
+    narrowing: certified rounding (:meth:`Subject.certifies`)."""
     out: dict = {}
     for item in items or ():
         key, sep, value = item.partition("=")
@@ -318,14 +326,14 @@ def parse_domain(items) -> dict:
             out[key] = float(value)
         elif key in ("input_dtypes", "out_dtypes"):
             out[key] = tuple(v.strip() for v in value.split(",") if v.strip())
-        elif key in ("labels", "units", "eps"):
+        elif key in ("labels", "units", "eps", "certified"):
             if value.lower() not in ("true", "false"):
                 raise ValueError(f"--domain {key} takes true or false, got {value!r}")
             out[key] = value.lower() == "true"
         elif key == "why":
             out[key] = value
         else:
-            raise ValueError(f"--domain: unknown field {key!r}; known: {sorted(LIMITS + ('input_dtypes', 'out_dtypes', 'labels', 'units', 'eps', 'why'))}")
+            raise ValueError(f"--domain: unknown field {key!r}; known: {sorted(LIMITS + ('input_dtypes', 'out_dtypes', 'labels', 'units', 'eps', 'certified', 'why'))}")
     return out
 
 
@@ -376,7 +384,7 @@ class Subject:
         d = getattr(self.fn, "gdpo_domain", None) or {}
         if not isinstance(d, dict):
             raise ValueError(f"{self.target}.gdpo_domain must be a dict, got {type(d).__name__}")
-        d = {**d, **self.declared}
+        d = {**d, **{k: v for k, v in self.declared.items() if k != "certified"}}  # a declaration, not a domain
         fields = {f.name for f in dataclasses.fields(Context)}
         unknown = set(d) - fields - set(LIMITS) - {"why"}
         if unknown:
@@ -420,10 +428,12 @@ class Subject:
     def domain_statement(self) -> str:
         """One line: the declared domain, or that none is declared."""
         d = self.domain()
+        cert = "; certified rounding declared (gdpo_certified): graded bit for bit by 'certified'" \
+            if self.shape == "gdpo" and self.certifies() else ""
         if not d:
-            return "no domain declared: graded on every input its call shape expresses"
+            return "no domain declared: graded on every input its call shape expresses" + cert
         parts = [f"{k}={v!r}" for k, v in d.items() if k != "why"]
-        return "declared domain " + ", ".join(parts) + (f" ({d['why']})" if d.get("why") else "")
+        return "declared domain " + ", ".join(parts) + (f" ({d['why']})" if d.get("why") else "") + cert
 
     def context(self) -> Context:
         if self.shape == "trl":
@@ -464,10 +474,25 @@ class Subject:
                 return f"outside the declared domain ({need}): {self.domain_statement()}"
         if "stages" in needs and (self.stage("normalize_rewards") is None or self.stage("whiten") is None):
             return f"{self.target} has no normalize_rewards/whiten beside it"
+        if "certified" in needs and self.convention != "spec":
+            return (f"certified rounding is a claim about convention 'spec''s exact values; --convention "
+                    f"{self.convention} grades within the error model only")
+        if "certified" in needs and not self.certifies():
+            return (f"{self.target} does not declare certified rounding (gdpo_certified): graded within the "
+                    "error model only")
         if "missing" in needs and not self.takes_missing():
             return (f"{self.target} takes no missing= keyword: rewards its reward functions did not score "
                     "(missing=\"unscored\", spec/gdpo.md section 2) are an option of the gdpo call shape")
         return None
+
+    def certifies(self) -> bool:
+        """Does the implementation declare certified rounding: ``gdpo_certified = True`` on its
+        function (as ``gdpo_missing`` declares what its signature cannot show), or ``gdpo check
+        --domain certified=true``? Every float32, bfloat16 and float16 output is then the exact
+        advantage correctly rounded (ties to even), a float64 output faithful (within one ulp)."""
+        if "certified" in self.declared:
+            return bool(self.declared["certified"])
+        return bool(getattr(self.fn, "gdpo_certified", False))
 
     def takes_missing(self) -> bool:
         """Does the implementation declare ``missing="unscored"`` (spec/gdpo.md section 2)? In the

@@ -37,6 +37,11 @@ the text of the failure:
 ``formula``
     the output follows a different formula (which equation, how:
     :mod:`conformance.formulas`);
+``rounding``
+    an implementation that declares certified rounding (``gdpo_certified = True``) returned
+    a float32, bfloat16 or float16 output other than the exact value correctly rounded (ties
+    to even), or a float64 output more than one ulp from the exact value (not faithful);
+    within the error model it may well be (property ``certified``);
 ``protocol``
     across several ranks: a rank that hangs, ranks that raise different errors or not
     together, a refusal that does not name the offending rank, or twinned groups whose
@@ -63,6 +68,7 @@ class Category(enum.StrEnum):
     CALL_SHAPE = "call_shape"
     FORMULA = "formula"
     POLICY = "policy"
+    ROUNDING = "rounding"
     PROTOCOL = "protocol"
 
     @property
@@ -81,6 +87,7 @@ CATEGORIES: dict[str, str] = {
     "call_shape": "output breaks its call shape",
     "formula": "formula differs from the paper",
     "policy": "not the convention's own NaN or singleton policy",
+    "rounding": "not the certified rounding it declares",
     "protocol": "breaks the protocol across ranks",
 }
 assert set(CATEGORIES) == {c.value for c in Category}
@@ -89,7 +96,8 @@ assert set(CATEGORIES) == {c.value for c in Category}
 #: The categories decided by the graded code's float arithmetic on a case (a last bit; an overflow
 #: of a sum whose order another CPU's SIMD width may choose): the only verdicts that may differ
 #: between two machines grading the same cases (``docs/grading.md``, "The same cases on any machine").
-ARITHMETIC = (Category.PRECISION, Category.NON_FINITE, Category.SILENT_ZERO, Category.EXACT_ZERO)
+ARITHMETIC = (Category.PRECISION, Category.NON_FINITE, Category.SILENT_ZERO, Category.EXACT_ZERO,
+              Category.ROUNDING)
 
 
 #: Below this magnitude (rewards and weights) a case is ordinary: no float32 square overflows, so

@@ -94,9 +94,10 @@ def _whiten(rank, world, group, device, values, sizes=None, dtype="float64", out
 
 
 def _gdpo(rank, world, group, device, rewards, sizes=None, group_size=None, group_ids=None, weights=None,
-          dtype="float64", out_dtype="float64", missing=None, call=_plain_call):
+          dtype="float64", out_dtype="float64", missing=None, call=_plain_call, eps=None):
     """``missing`` (one for every rank, or per rank): passed on, and the call's Diagnostics
-    come back as the record's stats, [unscored_rows, unscored_rows_all_ranks, mask...]."""
+    come back as the record's stats, [unscored_rows, unscored_rows_all_ranks, mask...].
+    ``eps`` (one for every rank): passed on where given (None: impl's default)."""
     import torch
 
     from impl import gdpo
@@ -104,9 +105,9 @@ def _gdpo(rank, world, group, device, rewards, sizes=None, group_size=None, grou
     r = _tensor(rewards[rank], _mine(dtype, rank), device)
     if r.numel() == 0:  # an empty shard still has K reward columns
         r = r.reshape(0, len(next(row for rows in rewards for row in rows)))
-    extra = {}
+    extra = {} if eps is None else {"eps": eps}
     if missing is not None:
-        extra = {"missing": _mine(missing, rank), "diagnostics": gdpo.Diagnostics()}
+        extra.update(missing=_mine(missing, rank), diagnostics=gdpo.Diagnostics())
     out = call(lambda: gdpo.gdpo_advantages(
         r, group_size=group_size, group_ids=_mine(group_ids, rank), weights=_mine(weights, rank),
         segment_sizes=_mine(sizes, rank), process_group=group,

@@ -1,0 +1,354 @@
+"""Certified rounding of impl.gdpo (issue 27): correct rounding on hunted boundary cases, and
+the same bits whatever the layout.
+
+The claim: for float32, bfloat16 and float16 outputs every advantage is the exact advantage
+correctly rounded (ties to even), hence bit-identical across layouts; a float64 output is
+within one ulp of the exact value (faithful). The cases are conformance/boundary.py's hunted
+families (exact advantages on a rounding midpoint, or within two float64 ulps of one), each
+verified against the oracle, plus ordinary random batches. Verdicts are the conformance
+judge's (``conformance.judge.certified_rounding``); zeros compare equal whatever their sign,
+as the suite demands of every zero.
+
+A plain one-rounding float64 implementation fails these tests on the hunted cases: that is
+their point (they are not skipped and not xfailed). Each family/dtype test reports how many
+of its cases fail, the "before" figure of the certificate.
+
+* ``test_correctly_rounded``: every family x every output dtype, local calls.
+* ``test_layouts_bit_identical``: the same batches computed locally, with whole groups
+  permuted (output un-permuted), and across 1, 2, 3 and 4 gloo ranks (a rank holds whole
+  groups; ``segment_sizes=None`` is one unit across all ranks, else each rank passes its
+  counts per unit): every layout the same values, and the oracle's correct rounding (float64:
+  faithful in every layout; the claim does not make its bits layout-independent).
+* ``test_whiten_correctly_rounded``: impl.gdpo.whiten (Eq. 6 alone) on hunted whiten cases.
+
+Run: ``python3 -m pytest -q tests/test_certified_rounding.py`` (about 2 minutes on 2 cores,
+most of it spawning the gloo ranks; ``-k "not layouts"`` leaves them out).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import random
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from conformance import boundary as B
+from conformance import judge as J
+from conformance.cases import Case, expected
+from conformance.subject import Outcome, Subject
+
+sys.path.insert(0, os.path.dirname(__file__))
+import _dist  # noqa: E402
+
+from impl import gdpo  # noqa: E402
+
+OUT_DTYPES = ("float32", "bfloat16", "float16", "float64")
+TORCH = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
+#: the subject named in the verdicts (its declaration is not read: the claim is checked directly)
+SUBJECT = Subject("impl.gdpo:gdpo_advantages")
+#: hunted cases per family and target in the layout tests (the per-family tests take boundary.COUNT)
+LAYOUT_COUNT = 2
+WORLDS = (1, 2, 3, 4)
+GROUP_TIMEOUT_S = 30.0
+DEADLINE_S = 400.0
+
+
+def _local(case: Case) -> np.ndarray:
+    """impl.gdpo on one process, the case as it is (float64 copy of the output)."""
+    kw = SUBJECT.kwargs(case)
+    return gdpo.gdpo_advantages(SUBJECT.tensor(case), **kw).to(torch.float64).numpy().copy()
+
+
+def verdict(case: Case, values: np.ndarray, out_dtype: str) -> str | None:
+    """None where every value is the certified rounding of the exact advantage, else the judge's
+    failure text."""
+    case = dataclasses.replace(case, out_dtype=out_dtype)
+    out = Outcome(True, np.asarray(values, dtype=np.float64), out_dtype, (case.n,), "cpu")
+    try:
+        J.certified_rounding("certified", "Eq. 4, 7, 6 and the final cast (certified rounding)", SUBJECT, case,
+                             out, expected(case))
+    except J.ConformanceFailure as exc:
+        return str(exc)
+    return None
+
+
+# ------------------------------------------------------------------ correct rounding, per family
+
+
+@pytest.mark.parametrize("out_dtype", OUT_DTYPES)
+@pytest.mark.parametrize("family", B.FAMILIES)
+def test_correctly_rounded(family, out_dtype):
+    """Every hunted case of ``family`` (each target format), computed with ``out_dtype``: every
+    narrow output the oracle's correct rounding, float64 faithful."""
+    cases = B.cases(family)
+    assert len(cases) == B.COUNT * len(B.TARGETS), f"{family}: {len(cases)} cases generated"
+    failed = []
+    for case in cases:
+        case = dataclasses.replace(case, out_dtype=out_dtype)
+        text = verdict(case, _local(case), out_dtype)
+        if text is not None:
+            failed.append(text)
+    assert not failed, (f"{family}, out {out_dtype}: {len(failed)} of {len(cases)} hunted cases not the certified "
+                        f"rounding; the first:\n{failed[0]}")
+
+
+def _whiten_wrong(case: Case, out_dtype: str) -> list[str]:
+    """impl.gdpo.whiten on a hunted whiten case: the rows that are not the certified rounding."""
+    from conformance.cases import expected_whiten
+
+    values = case.rewards_array()[:, 0]
+    kw = {"out_dtype": TORCH[out_dtype]}
+    if case.segment_sizes is not None:
+        kw["segment_sizes"] = list(case.segment_sizes)
+    if case.eps is not None:
+        kw["eps"] = case.eps
+    got = gdpo.whiten(torch.tensor(values, dtype=torch.float64), **kw).to(torch.float64).numpy()
+    want = expected_whiten(values, case.segment_sizes, case.eps).result.rounded(out_dtype)
+    bad = []
+    for i in np.flatnonzero(got != want).tolist():
+        if out_dtype == "float64" and want[i] != 0 and abs(got[i] - want[i]) <= np.spacing(abs(want[i])):
+            d, _ = B.offset_from(case, i, float(want[i]), stage="whiten")
+            if d != 0 and (d > 0) == (got[i] > want[i]):
+                continue  # the other float64 neighbour of the exact value: faithful
+        bad.append(f"[{i}] {float(got[i])!r} ({float(got[i]).hex()}), correctly rounded {float(want[i])!r} "
+                   f"({float(want[i]).hex()})")
+    return bad
+
+
+@pytest.mark.parametrize("out_dtype", OUT_DTYPES)
+@pytest.mark.parametrize("family", B.WHITEN_FAMILIES)
+def test_whiten_correctly_rounded(family, out_dtype):
+    """impl.gdpo.whiten (Eq. 6 alone) on hunted whiten cases: the same claim."""
+    cases = B.whiten_cases(family)
+    failed = [(c, w) for c in cases for w in [_whiten_wrong(c, out_dtype)] if w]
+    assert not failed, (f"whiten {family}, out {out_dtype}: {len(failed)} of {len(cases)} hunted cases not the "
+                        f"certified rounding; the first ({failed[0][0].note}): {failed[0][1][:3]}\n"
+                        f"{failed[0][0].dumps()}")
+
+
+def test_families_are_hunted():
+    """Every case is what its family says: verified by the oracle (boundary.verify), on or within
+    two float64 ulps of a midpoint of its target; ties exactly on it, tie_below below it in
+    magnitude; each family has cases for every target format."""
+    for family in B.FAMILIES:
+        cases = B.cases(family)
+        assert {c.out_dtype for c in cases} == set(B.TARGETS), family
+        for case in cases:
+            fam, fmt, row, mid = B.parse_note(case.note)
+            assert (fam, fmt) == (family, case.out_dtype) and B.verify(case), case.dumps()
+            d, _ = B.offset_from(case, row, mid)
+            if family == "exact_tie":
+                assert d == 0 and case.eps == 0.0, case.dumps()
+            if family == "tie_below":
+                assert d != 0 and (d < 0) == (mid > 0) and case.eps == B.TINY_EPS, case.dumps()
+            res = expected(case).result
+            if family in ("exact_tie", "tie_below"):  # the tie, or a hair off it, is M in float64
+                assert float(res.float64[row]) == mid, case.dumps()
+
+
+def test_cases_are_deterministic():
+    B.cases.cache_clear()
+    B._generated.cache_clear()
+    first = [c.dumps() for c in B.cases("eps_bisect", "float16", 2)]
+    B.cases.cache_clear()
+    assert [c.dumps() for c in B.cases("eps_bisect", "float16", 2)] == first
+
+
+# ------------------------------------------------------------------ layouts
+
+
+def _ordinary(seed: int) -> Case:
+    """An ordinary random batch: ragged labelled groups, K of 1 to 3, units or none, eps default."""
+    rng = random.Random(seed)
+    sizes = [rng.randint(2, 6) for _ in range(rng.randint(2, 6))]
+    k = rng.randint(1, 3)
+    labels = [10 + j for j, s in enumerate(sizes) for _ in range(s)]
+    kind = rng.choice(("binary", "ints", "plain"))
+    rows = []
+    for _ in labels:
+        if kind == "binary":
+            rows.append(tuple(float(rng.random() < 0.5) for _ in range(k)))
+        elif kind == "ints":
+            rows.append(tuple(float(rng.randint(0, 5)) for _ in range(k)))
+        else:
+            rows.append(tuple(float(np.float32(rng.gauss(0, 1))) for _ in range(k)))
+    n = len(labels)
+    units = None if rng.random() < 0.5 else (n // 2, n - n // 2)
+    weights = None if k == 1 else tuple(round(rng.uniform(0.1, 2.0), 2) for _ in range(k))
+    return Case(rewards=tuple(rows), dtype="float64", group_ids=tuple(labels), weights=weights,
+                segment_sizes=units, out_dtype="float32", note=f"ordinary:{seed}")
+
+
+@functools.lru_cache(maxsize=None)
+def layout_cases() -> tuple:
+    hunted = [c for f in B.FAMILIES for c in B.cases(f, None, LAYOUT_COUNT)]
+    return tuple(hunted + [_ordinary(s) for s in range(8)])
+
+
+def _layout(case: Case, world: int, seed: int, permute: bool):
+    """Whole groups dealt to ``world`` ranks (seeded; with ``permute`` their order shuffled too):
+    per rank its rows (original indices, sorted by unit so that each unit's rows are consecutive),
+    group labels and segment sizes (None where the case has one unit)."""
+    labels = case.labels()
+    units = case.unit_ids()
+    rng = random.Random(seed)
+    groups = list(dict.fromkeys(labels.tolist()))
+    if permute:
+        rng.shuffle(groups)
+    owner = {g: (rng.randrange(world) if world > 1 else 0) for g in groups}
+    s = 0 if units is None else len(case.segment_sizes)
+    out = []
+    for r in range(world):
+        rows = [i for g in groups if owner[g] == r for i in np.flatnonzero(labels == g).tolist()]
+        if units is not None:
+            rows.sort(key=lambda i: units[i])  # stable: the group order kept inside a unit
+            sizes = [int(np.sum(units[rows] == u)) for u in range(s)] if rows else [0] * s
+        else:
+            sizes = None
+        out.append((rows, [int(labels[i]) for i in rows], sizes))
+    return out
+
+
+def _permuted_local(case: Case, seed: int) -> np.ndarray:
+    """(b) whole groups permuted (then rows sorted by unit), computed in one process, un-permuted."""
+    ((rows, labels, sizes),) = _layout(case, 1, seed, permute=True)
+    moved = dataclasses.replace(case, rewards=tuple(case.rewards[i] for i in rows), group_ids=tuple(labels),
+                                group_size=None, segment_sizes=None if sizes is None else tuple(sizes))
+    got = _local(moved)
+    out = np.empty_like(got)
+    out[rows] = got
+    return out
+
+
+def _scenarios(world: int) -> tuple[list, dict]:
+    scen, where = [], {}
+    for ci, case in enumerate(layout_cases()):
+        shards = _layout(case, world, 1000 * world + ci, permute=True)
+        r = case.rewards_array()
+        for od in OUT_DTYPES:
+            name = f"c{ci}_{od}"
+            kw = {"rewards": [[list(map(float, r[i])) for i in rows] for rows, _, _ in shards],
+                  "group_ids": [labels for _, labels, _ in shards],
+                  "sizes": None if case.segment_sizes is None else [sizes for _, _, sizes in shards],
+                  "weights": None if case.weights is None else [list(case.weights)] * world,
+                  "dtype": "float64", "out_dtype": od}
+            if case.eps is not None:
+                kw["eps"] = case.eps
+            scen.append((name, "gdpo", kw))
+            where[name] = [rows for rows, _, _ in shards]
+    return scen, where
+
+
+@functools.lru_cache(maxsize=None)
+def _ranks(world: int):
+    scen, where = _scenarios(world)
+    run = _dist.run_group(world, scen, group_timeout_s=GROUP_TIMEOUT_S, deadline_s=DEADLINE_S)
+    print(f"\n[world {world}] {len(run.records)} scenarios in {run.wall_s:.1f} s")
+    return run, where
+
+
+def _gathered(world: int, ci: int, od: str, n: int) -> np.ndarray:
+    run, where = _ranks(world)
+    assert not run.hung, f"world {world}: ranks {run.hung} hung\n{run.stderr[-2000:]}"
+    name = f"c{ci}_{od}"
+    recs = run.by_rank(name)
+    out = np.full(n, np.nan)
+    for r, rec in recs.items():
+        assert rec["status"] == "ok", f"world {world} {name} rank {r}: {rec.get('cls')}: {rec.get('msg')}"
+        out[where[name][r]] = [float.fromhex(h) for h in rec["result"]["hex"]]
+    return out
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("out_dtype", OUT_DTYPES)
+def test_layouts_bit_identical(out_dtype):
+    """Local, groups permuted, 1, 2, 3 and 4 gloo ranks: the same values (either sign of zero)
+    on every hunted and ordinary batch, each the oracle's certified rounding. A float64 output
+    is only claimed faithful (either float64 neighbour of the exact value), so it is held to
+    that in every layout, not to the same bits."""
+    differ, wrong = [], {}
+    cases = layout_cases()
+    for ci, case in enumerate(cases):
+        case = dataclasses.replace(case, out_dtype=out_dtype)
+        layouts = {"local": _local(case), "groups permuted": _permuted_local(case, ci)}
+        for world in WORLDS:
+            layouts[f"{world} rank(s)"] = _gathered(world, ci, out_dtype, case.n)
+        ref = layouts["local"]
+        for name, got in layouts.items():
+            if out_dtype != "float64" and not np.array_equal(got, ref):  # float64: faithful, either neighbour
+                i = int(np.flatnonzero(got != ref)[0])
+                differ.append(f"{case.note or ci}: {name} row {i} {got[i]!r} vs local {ref[i]!r}")
+            text = verdict(case, got, out_dtype)
+            if text is not None:
+                wrong.setdefault(name, []).append(case.note.split(":")[0 if case.note.startswith("ordinary") else 1])
+    msg = []
+    if differ:
+        msg.append(f"{len(differ)} layout(s) differ from the local call (out {out_dtype}); the first: {differ[:3]}")
+    for name, fams in wrong.items():
+        msg.append(f"{name}: {len(fams)} of {len(cases)} batches not the certified rounding ({sorted(set(fams))})")
+    assert not msg, "\n".join(msg)
+
+
+# ------------------------------------------------------------------ the property's own controls
+
+
+def oracle_rounded(rewards, *, group_ids=None, group_size=None, weights=None, segment_sizes=None,
+                   process_group=None, eps=None, out_dtype=torch.float32):
+    """A certified implementation by construction (the oracle's correct rounding, float64
+    correctly rounded too): the positive control of the property ``certified``."""
+    from oracle import gdpo as O
+
+    name = str(out_dtype).replace("torch.", "")
+    r = rewards.to(torch.float64).numpy()
+    ids = None if group_ids is None else group_ids.numpy()
+    res = O.gdpo_advantages(r, ids, weights=weights, eps=eps, group_size=group_size,
+                            segment_sizes=None if segment_sizes is None else list(segment_sizes))
+    return torch.tensor(res.rounded(name), dtype=torch.float64).to(out_dtype)
+
+
+oracle_rounded.gdpo_certified = True
+
+
+def test_the_property_passes_a_certified_implementation_and_rejects_the_claim_without_it():
+    """``certified`` on its planned cases (pinned, then the ci budget drawn with its seed): the
+    oracle's own rounding passes; the controls' base declaring the claim is rejected on the
+    pinned tie_below cases, in category ``rounding``, the verdict naming the midpoint; the base
+    itself (no declaration) is skipped with the reason, and declared from the command line
+    (``--domain certified=true``) it is graded and rejected."""
+    from hypothesis import settings
+
+    from conformance import checks as CK
+    from conformance import profiles
+    from conformance import properties as P
+    from conformance import regressions
+    from conformance import runner as R
+    from conformance.subject import parse_domain
+
+    profiles.load()
+    prop = P.BY_NAME["certified"]
+    good = Subject("tests.test_certified_rounding:oracle_rounded")
+    assert good.certifies() and good.unsupported(prop.needs) is None
+    for case in R.planned_cases(prop, good, settings.get_profile("ci").max_examples):
+        CK.check_certified(good, case)
+    claim = Subject("conformance.controls:claims_certified_rounding")
+    for text in regressions.EXAMPLES["certified"]:
+        case = regressions.load(text)
+        with pytest.raises(J.ConformanceFailure) as info:
+            CK.check_certified(claim, case)
+        assert info.value.category == "rounding" and info.value.worst_ulps == 1.0
+        msg = str(info.value)
+        assert "is not the correctly rounded exact value" in msg, msg
+        assert "below the midpoint" in msg or "above the midpoint" in msg, msg
+        assert "family 'tie_below'" in msg, msg
+    base = Subject("conformance.controls:baseline")
+    assert "does not declare certified rounding (gdpo_certified)" in base.unsupported(prop.needs)
+    declared = Subject("conformance.controls:baseline", domain=parse_domain(["certified=true"]))
+    assert declared.certifies() and declared.domain() == {} and declared.unsupported(prop.needs) is None
+    with pytest.raises(J.ConformanceFailure):
+        CK.check_certified(declared, regressions.load(regressions.EXAMPLES["certified"][0]))
+    CK.check_certified(base, regressions.load(regressions.EXAMPLES["certified"][0]))  # the error model: passes
