@@ -112,18 +112,32 @@ def certify(h: torch.Tensor, l: torch.Tensor, B: torch.Tensor, out_dtype):
         exact_zero = (h == 0) & (l == 0) & (B == 0)
         y = torch.where(exact_zero, 0.0, y)
         return ok | exact_zero, y, margin < gap / 2
-    y = round_out(h, out_dtype)
-    pred, succ = _neighbours(y)
-    y64 = y.to(_F64)
-    m_hi = (y64 + succ) * 0.5
-    m_lo = (y64 + pred) * 0.5
-    Bp = B * (1 + 2 ** -40) + 4 * U64 * (h.abs() + m_hi.abs() + m_lo.abs() + l.abs()) + _TAU
-    ok = (((h - m_hi) + l + Bp) < 0) & (((h - m_lo) + l - Bp) > 0)
-    # an output zero carries the exact value's sign: certain only away from 0, or at an exact 0
-    zero_out = y64 == 0
     exact_zero = (h == 0) & (l == 0) & (B == 0)
-    sign_known = ((h + l - Bp) > 0) | ((h + l + Bp) < 0)
-    ok = ok & (~zero_out | sign_known | exact_zero)
+
+    def check(y):
+        pred, succ = _neighbours(y)
+        y64 = y.to(_F64)
+        m_hi = (y64 + succ) * 0.5
+        m_lo = (y64 + pred) * 0.5
+        # h - m is exact where they are within a factor 2 (Sterbenz), else off by u |h - m|;
+        # each further operation rounds by u of its result: 4 u (|h - m| + |l|) covers them
+        t_hi, t_lo = h - m_hi, h - m_lo
+        Bb = B * (1 + 2 ** -40) + _TAU
+        ok = ((t_hi + l + (Bb + 4 * U64 * (t_hi.abs() + l.abs()))) < 0) & \
+             ((t_lo + l - (Bb + 4 * U64 * (t_lo.abs() + l.abs()))) > 0)
+        # an output zero carries the exact value's sign: certain only away from 0, or at an exact 0
+        Bz = Bb + 4 * U64 * (h.abs() + l.abs())
+        sign_known = ((h + l - Bz) > 0) | ((h + l + Bz) < 0)
+        return ok & ((y64 != 0) | sign_known | exact_zero)
+
+    y = round_out(h, out_dtype)
+    ok = check(y)
+    # h itself on (or a float64 step from) a midpoint: the rounding of h + l may be the other side
+    toward = torch.where(l > 0, math.inf, -math.inf)
+    y2 = round_out(torch.where(l != 0, torch.nextafter(h, toward), h), out_dtype)
+    ok2 = check(y2) & ~ok
+    y = torch.where(ok2, y2, y)
+    ok = ok | ok2
     y = torch.where(exact_zero, torch.zeros_like(y), y)
     return ok, y, ok
 
