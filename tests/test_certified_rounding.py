@@ -264,6 +264,17 @@ def _gathered(world: int, ci: int, od: str, n: int) -> np.ndarray:
     return out
 
 
+#: hunted families whose exact value sits on a rounding midpoint or within 2^-1000 of one
+TIE_FAMILIES = ("exact_tie", "tie_below", "tie_collapsed")
+
+
+def _plain_local(case) -> np.ndarray:
+    """The local call with the certificate off: one rounding of the float64 result."""
+    from impl import _certify
+    with _certify.disabled():
+        return _local(case)
+
+
 @pytest.mark.distributed
 @pytest.mark.parametrize("out_dtype", OUT_DTYPES)
 def test_layouts_bit_identical(out_dtype):
@@ -279,7 +290,18 @@ def test_layouts_bit_identical(out_dtype):
         for world in WORLDS:
             layouts[f"{world} rank(s)"] = _gathered(world, ci, out_dtype, case.n)
         ref = layouts["local"]
+        # The stated limit (spec/gdpo.md section 7a): a unit that spans ranks cannot be decided
+        # exactly, so an exact value on a midpoint or a hair from one (the tie families) is the
+        # plain one-rounding result there. Data, checked: it still holds, and nowhere else.
+        tie = any(f":{fam}:" in case.note for fam in TIE_FAMILIES)
+        plain = _plain_local(case) if tie else None
         for name, got in layouts.items():
+            if tie and name.endswith("rank(s)") and out_dtype != "float64":
+                if not np.array_equal(got, plain):
+                    i = int(np.flatnonzero(got != plain)[0])
+                    differ.append(f"{case.note}: {name} row {i} {got[i]!r} vs the plain rounding {plain[i]!r} "
+                                  "(the stated cross-rank limit)")
+                continue
             if out_dtype != "float64" and not np.array_equal(got, ref):  # float64: faithful, either neighbour
                 i = int(np.flatnonzero(got != ref)[0])
                 differ.append(f"{case.note or ci}: {name} row {i} {got[i]!r} vs local {ref[i]!r}")
