@@ -308,7 +308,7 @@ def _targeted(p: Problem, rows: torch.Tensor, unit: torch.Tensor, T: torch.Tenso
     mean and std of the float64 c summed in dd; the float64 c's errors (E) bound what those
     statistics miss. (h, l, B) for ``rows``, or None."""
     got = p.dd_rows(rows)
-    if got is None or not _dd.safe(p.c, p.eps):
+    if got is None or not (_dd.safe(p.c) and _dd.eps_safe(p.eps)):
         return None
     ch, cl, Er = got
     c = p.c
@@ -360,7 +360,7 @@ def dd_gdpo(r: torch.Tensor, gid: torch.Tensor, G: int, weights: list[float], ep
     """Eq. 4, 7 and 6 of every row in double-double: (h, l, B) per row, or None where the
     inputs leave the dd path's safe range."""
     r = r.to(_F64)
-    if not _dd.safe(r, *weights, eps):
+    if not (_dd.safe(r, *weights) and _dd.eps_safe(eps)):
         return None
     device = r.device
     n, k = r.shape
@@ -384,7 +384,7 @@ def dd_gdpo(r: torch.Tensor, gid: torch.Tensor, G: int, weights: list[float], ep
 
 def dd_whiten(ch: torch.Tensor, cl: torch.Tensor, E: torch.Tensor, eps: float, sizes: list[int], whole):
     """Eq. 6 in double-double of dd values (ch, cl) whose errors are bounded by E per row."""
-    if not _dd.safe(ch, eps):
+    if not (_dd.safe(ch) and _dd.eps_safe(eps)):
         return None
     device = ch.device
     S = len(sizes)
@@ -516,7 +516,7 @@ def dd_rows_gdpo(inp, eps: float):
     if inp.n == 0:
         z = r.new_zeros(0)
         return z, z, z
-    if not _dd.safe(r, *inp.weights, eps):
+    if not (_dd.safe(r, *inp.weights) and _dd.eps_safe(eps)):
         return None
     gid, G = _group_index(inp)
     k = r.shape[1]
@@ -528,6 +528,8 @@ def dd_rows_gdpo(inp, eps: float):
     for j, w in enumerate(inp.weights):
         term = _dd.mul_f((zh[:, j], zl[:, j]), torch.full_like(zh[:, j], w))
         ch, cl = term if ch is None else _dd.add((ch, cl), term)
+    if not _dd.safe(ch):  # combined values outside the range (a huge eps over a tiny std)
+        return None
     nrow = segs.sizes.view(-1).index_select(0, gid)
     E = eq47_bound_rows(_dd.UNIT, zh.abs(), nrow, inp.weights)
     E = torch.where(collapsed.view(G, k).all(1).index_select(0, gid), 0.0, E)

@@ -32,6 +32,12 @@ _SPLIT = 134217729.0  # 2**27 + 1
 SAFE = 300
 
 
+def eps_safe(eps: float) -> bool:
+    """eps is only ever added to a std (an exact two-sum at any magnitude): any eps up to
+    2**SAFE (above it a z could fall below the range)."""
+    return 0.0 <= eps <= 2.0 ** SAFE
+
+
 def safe(*tensors_or_floats) -> bool:
     """Are every nonzero magnitude among these within [2**-SAFE, 2**SAFE] and finite?"""
     lo, hi = 2.0 ** -SAFE, 2.0 ** SAFE

@@ -693,7 +693,7 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
                 dd_rows = _certify.dd_rows_gdpo(inp, eps)
             else:
                 v64 = v.to(_F64)
-                dd_rows = (v64, torch.zeros_like(v64), torch.zeros_like(v64)) if _certify._dd.safe(v64, eps) else None
+                dd_rows = (v64, torch.zeros_like(v64), torch.zeros_like(v64)) if _certify._dd.safe(v64) and _certify._dd.eps_safe(eps) else None
             whole_dd = _whole_units(inp, sizes, prep.labelled if prep is not None else None) \
                 if api == P.API_GDPO else None
             buf.dd[rank] = (_certify.dd_unsafe_table(sizes, data_device) if dd_rows is None else
