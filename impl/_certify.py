@@ -132,12 +132,13 @@ def certify(h: torch.Tensor, l: torch.Tensor, B: torch.Tensor, out_dtype):
 
     y = round_out(h, out_dtype)
     ok = check(y)
-    # h itself on (or a float64 step from) a midpoint: the rounding of h + l may be the other side
-    toward = torch.where(l > 0, math.inf, -math.inf)
-    y2 = round_out(torch.where(l != 0, torch.nextafter(h, toward), h), out_dtype)
-    ok2 = check(y2) & ~ok
-    y = torch.where(ok2, y2, y)
-    ok = ok | ok2
+    if not bool(ok.all()) and bool((l != 0).any()):
+        # h itself on (or a float64 step from) a midpoint: h + l may round to the other side
+        toward = torch.where(l > 0, math.inf, -math.inf)
+        y2 = round_out(torch.where(l != 0, torch.nextafter(h, toward), h), out_dtype)
+        ok2 = check(y2) & ~ok
+        y = torch.where(ok2, y2, y)
+        ok = ok | ok2
     y = torch.where(exact_zero, torch.zeros_like(y), y)
     return ok, y, ok
 
@@ -168,46 +169,86 @@ def eq47_bound_rows(u: float, z_abs: torch.Tensor, n: torch.Tensor, weights: lis
     return (dz * w).sum(1) + (k + 1) * u * (z_abs * w).sum(1)
 
 
-def eq6_bound(u: float, a: torch.Tensor, D: torch.Tensor, unit: torch.Tensor, T: torch.Tensor,
-              whole: torch.Tensor, E: torch.Tensor, R: torch.Tensor, Emax=None) -> torch.Tensor:
-    """Per row j: the bound on |a_j - a_j*| of a unit (index ``unit``; per unit: D (>= the
-    true denominator's lower bound), T rows, whole groups, R = range of a); E per row."""
-    S = D.shape[0]
-    if Emax is None:  # the units' largest E (across ranks: given)
-        Emax = torch.zeros(S, dtype=_F64, device=a.device).scatter_reduce_(0, unit, E, "amax", include_self=True)
+def eq6_bound(u: float, a: torch.Tensor, D: torch.Tensor, spread, T: torch.Tensor,
+              whole: torch.Tensor, E: torch.Tensor, R: torch.Tensor, Emax: torch.Tensor, eps: float) -> torch.Tensor:
+    """Per row j: the bound on |a_j - a_j*| in its unit (per unit: D, a lower bound of the
+    computed values' std + eps; T rows; whole groups; R = range of a; Emax the largest E;
+    ``spread`` maps per-unit values to rows); E per row. The exact values' denominator is at
+    least D - Emax sqrt(T / (T - 1)) (and at least eps): the bound uses that."""
     Tf = T.to(_F64).clamp(min=2.0)
     L = torch.ceil(torch.log2(Tf))
     A = torch.where(whole, 0.0, (L + 4) * R)
     Em = torch.where(whole, 0.0, Emax)
     q = torch.sqrt(Tf / (Tf - 1))
+    # the exact values' denominator, at least (and at least eps: their std is >= 0)
+    Dx = torch.clamp(D - (Emax + Em) * q * (1 + 2 ** -40), min=eps * (1 - 2.0 ** -50))
     with np.errstate(all="ignore"):
-        invD = torch.where(D > 0, 1.0 / D, math.inf)
+        invD = torch.where(Dx > 0, 1.0 / Dx, math.inf)
     rel_u = q * A + (L + 1) / 2 + 4  # in units of u
-    rel_e = (Emax + Em) * q * invD  # absolute relative error of D from c's errors
+    rel_e = (Emax + Em) * q * invD  # relative error of D from c's errors
     aj = a.abs()
-    b = u * (A.index_select(0, unit) + aj * (rel_u.index_select(0, unit) + 2)) \
-        + (E + Em.index_select(0, unit)) * invD.index_select(0, unit) + aj * rel_e.index_select(0, unit)
+    b = u * (spread(A) + aj * (spread(rel_u) + 2)) + (E + spread(Em)) * spread(invD) + aj * spread(rel_e)
     b = SAFETY * b + _TAU
     return torch.where(torch.isnan(b), math.inf, b)
 
 
-def unit_terms(c: torch.Tensor, a: torch.Tensor, unit: torch.Tensor, S: int, eps: float):
-    """Per unit, from c and a (float64): T, a lower bound of the denominator D = std + eps, the
+class _Units:
+    """Per-unit reductions of (N,) rows: views where every unit has the same size (one unit,
+    or S units of m rows), scatters otherwise."""
+
+    def __init__(self, sizes: list[int], device):
+        self.S = len(sizes)
+        self.sizes = sizes
+        self.device = device
+        n = sum(sizes)
+        self.equal = self.S > 0 and n > 0 and all(s == sizes[0] for s in sizes)
+        self.unit = None if self.equal else _unit_index(sizes, device)
+        self.T = torch.tensor(sizes, dtype=_F64, device=device)
+
+    def index(self) -> torch.Tensor:
+        if self.unit is None:
+            self.unit = _unit_index(self.sizes, self.device)
+        return self.unit
+
+    def sum(self, x):
+        if self.equal:
+            return x.view(self.S, -1).sum(1)
+        return torch.zeros(self.S, dtype=x.dtype, device=x.device).index_add_(0, self.unit, x)
+
+    def amax(self, x):
+        if self.equal:
+            return x.view(self.S, -1).amax(1)
+        return torch.full((self.S,), -math.inf, dtype=x.dtype, device=x.device).scatter_reduce_(0, self.unit, x, "amax")
+
+    def amin(self, x):
+        if self.equal:
+            return x.view(self.S, -1).amin(1)
+        return torch.full((self.S,), math.inf, dtype=x.dtype, device=x.device).scatter_reduce_(0, self.unit, x, "amin")
+
+    def spread(self, v):
+        """(S,) per unit -> (N,) per row."""
+        if self.equal:
+            return v.repeat_interleave(self.sizes[0])
+        return v.index_select(0, self.unit)
+
+
+def unit_terms(c: torch.Tensor, a: torch.Tensor, units: _Units, eps: float):
+    """Per unit, from c and a (float64): T, a lower bound of the denominator std(c) + eps (any
+    order of summation: the sums' rounding, and the computed mean's excess, taken off), the
     range of a, and whether every c is equal."""
-    dev = c.device
-    T = torch.bincount(unit, minlength=S)
-    Tf = T.to(_F64)
-    mean = torch.zeros(S, dtype=_F64, device=dev).index_add_(0, unit, c) / Tf.clamp(min=1)
-    d = c - mean.index_select(0, unit)
-    m2 = torch.zeros(S, dtype=_F64, device=dev).index_add_(0, unit, d * d)
-    sd = torch.sqrt(m2 / (Tf - 1).clamp(min=1))
-    D = (sd + eps) * (1 - 2.0 ** -30)  # its own rounding: far below 2**-30 relative
-    big = math.inf
-    amax = torch.full((S,), -big, dtype=_F64, device=dev).scatter_reduce_(0, unit, a, "amax")
-    amin = torch.full((S,), big, dtype=_F64, device=dev).scatter_reduce_(0, unit, a, "amin")
-    cmax = torch.full((S,), -big, dtype=_F64, device=dev).scatter_reduce_(0, unit, c, "amax")
-    cmin = torch.full((S,), big, dtype=_F64, device=dev).scatter_reduce_(0, unit, c, "amin")
-    R = ((amax - amin) * (1 + 2.0 ** -30)).clamp(min=0)
+    T = units.T
+    cmax, cmin = units.amax(c), units.amin(c)
+    mean = units.sum(c) / T.clamp(min=1)
+    d = c - units.spread(mean)
+    m2 = units.sum(d * d)
+    # sum (c - m')^2 = sum (c - m)^2 + T (m' - m)^2: take off the rounded mean's excess
+    # (|m' - m| <= (T + 1) u max|c|) and the sums' rounding (T + 2) u relative
+    cabs = torch.maximum(cmax.abs(), cmin.abs())
+    excess = T * ((T + 1) * U64 * cabs) ** 2
+    m2_low = (m2 * (1 - (2 * T + 4) * U64) - excess).clamp(min=0)
+    sd = torch.sqrt(m2_low / (T - 1).clamp(min=1)) * (1 - 4 * U64)
+    D = (sd + eps) * (1 - 4 * U64)
+    R = ((units.amax(a) - units.amin(a)) * (1 + 2.0 ** -30)).clamp(min=0)
     return T, D, R, cmax == cmin
 
 
@@ -253,12 +294,12 @@ def finish(p: Problem, out_dtype, counts: Counts | None = None) -> torch.Tensor:
         return round_out(a, out_dtype)
     device = a.device
     S = len(p.sizes)
-    unit = _unit_index(p.sizes, device)
+    units = _Units(p.sizes, device)
     whole = _whole_tensor(p.whole, S, device)
-    T, D, R, flat = unit_terms(p.c, a, unit, S, p.eps)
-    B = eq6_bound(U64, a, D, unit, T, whole, p.E, R)
-    Emax = torch.zeros(S, dtype=_F64, device=device).scatter_reduce_(0, unit, p.E, "amax", include_self=True)
-    exact0 = (flat & (Emax == 0)).index_select(0, unit) | ((p.c == 0) & (p.E == 0) & whole.index_select(0, unit))
+    T, D, R, flat = unit_terms(p.c, a, units, p.eps)
+    Emax = units.amax(p.E)
+    B = eq6_bound(U64, a, D, units.spread, T, whole, p.E, R, Emax, p.eps)
+    exact0 = units.spread(flat & (Emax == 0)) | ((p.c == 0) & (p.E == 0) & units.spread(whole))
     B = torch.where(exact0, 0.0, B)
     ok, y, _ = certify(a, torch.zeros_like(a), B, out_dtype)
     done = int(ok.sum())
@@ -268,7 +309,7 @@ def finish(p: Problem, out_dtype, counts: Counts | None = None) -> torch.Tensor:
     todo = ~ok
     if p.dd_rows is not None:  # tier 1a: the rows' own c in dd, the units' statistics of c in dd
         rows = todo.nonzero().view(-1)
-        got1 = _targeted(p, rows, unit, T, whole, S)
+        got1 = _targeted(p, rows, units, whole)
         if got1 is not None:
             h, l, Bd = got1
             ok1, y1, _ = certify(h, l, Bd, out_dtype)
@@ -303,7 +344,7 @@ def finish(p: Problem, out_dtype, counts: Counts | None = None) -> torch.Tensor:
     return y
 
 
-def _targeted(p: Problem, rows: torch.Tensor, unit: torch.Tensor, T: torch.Tensor, whole: torch.Tensor, S: int):
+def _targeted(p: Problem, rows: torch.Tensor, units: _Units, whole: torch.Tensor):
     """Tier 1a: the rows' a from their own c in dd (their groups recomputed) and each unit's
     mean and std of the float64 c summed in dd; the float64 c's errors (E) bound what those
     statistics miss. (h, l, B) for ``rows``, or None."""
@@ -312,43 +353,44 @@ def _targeted(p: Problem, rows: torch.Tensor, unit: torch.Tensor, T: torch.Tenso
         return None
     ch, cl, Er = got
     c = p.c
-    device = c.device
-    z = torch.zeros_like(c)
-    # per unit: sum and sum of squares of deviations of c (dd), exact mean 0 for whole units
-    segs = _dd.Segments(unit, S)
-    C = segs.gather(c[:, None])[:, :, 0]
-    m = segs.mask
-    Ch = torch.where(m, C, 0.0)
-    s1 = _dd.tree_sum((Ch, torch.zeros_like(Ch)))
-    Tf = T.to(_F64).clamp(min=1)[:, None]
-    mean = _dd.div_f(s1, Tf)
+    S = units.S
+    if units.equal:
+        C = c.view(S, -1)
+        m = None
+    else:
+        segs = _dd.Segments(units.index(), S)
+        m = segs.mask
+        C = torch.where(m, segs.gather(c[:, None])[:, :, 0], 0.0)
+    zero = torch.zeros_like(C)
+    T = units.T[:, None]
+    mean = _dd.div_f(_dd.tree_sum((C, zero)), T.clamp(min=1))
     mean = (torch.where(whole[:, None], 0.0, mean[0]), torch.where(whole[:, None], 0.0, mean[1]))
-    d = _dd.add_f(_dd.neg(mean), 0.0)
-    dev = _dd.add_f((d[0].expand_as(Ch), d[1].expand_as(Ch)), 0.0)
-    dev = _dd.add((Ch, torch.zeros_like(Ch)), dev)
-    dev = (torch.where(m, dev[0], 0.0), torch.where(m, dev[1], 0.0))
+    dev = _dd.add((C, zero), (-mean[0].expand_as(C), -mean[1].expand_as(C)))
+    if m is not None:
+        dev = (torch.where(m, dev[0], 0.0), torch.where(m, dev[1], 0.0))
     m2 = _dd.tree_sum(_dd.mul(dev, dev))
-    sd = _dd.sqrt(_dd.div_f(m2, (T.to(_F64) - 1).clamp(min=1)[:, None]))
+    sd = _dd.sqrt(_dd.div_f(m2, (T - 1).clamp(min=1)))
     den = _dd.add_f(sd, torch.full_like(sd[0], p.eps))
-    ur = unit.index_select(0, rows)
+    ur = units.index().index_select(0, rows)
     mu = (mean[0].view(S).index_select(0, ur), mean[1].view(S).index_select(0, ur))
     Du = (den[0].view(S).index_select(0, ur), den[1].view(S).index_select(0, ur))
     ok_den = Du[0] > 0
     Dsafe = (torch.where(ok_den, Du[0], 1.0), torch.where(ok_den, Du[1], 0.0))
     a = _dd.div(_dd.add((ch, cl), _dd.neg(mu)), Dsafe)
-    Emax = torch.zeros(S, dtype=_F64, device=device).scatter_reduce_(0, unit, p.E, "amax", include_self=True)
-    Tq = T.to(_F64).clamp(min=2.0)
+    Emax = units.amax(p.E)
+    Tq = units.T.clamp(min=2.0)
     q = torch.sqrt(Tq / (Tq - 1))
     Em = torch.where(whole, 0.0, Emax)
-    D = den[0].view(S) * (1 - 2.0 ** -60)
+    # the exact values' denominator is at least the computed values' (in dd) less what their errors move
+    D = torch.clamp(den[0].view(S) * (1 - 2.0 ** -60) - (Emax + Em) * q * (1 + 2 ** -40), min=p.eps * (1 - 2.0 ** -50))
     with np.errstate(all="ignore"):
         invD = torch.where(D > 0, 1.0 / D, math.inf)
     aj = a[0].abs()
     L = torch.ceil(torch.log2(Tq)).index_select(0, ur)
-    B = SAFETY * (_dd.UNIT * (aj * ((L + 1) / 2 + 8) + (L + 4) * (aj + 1)) + (Er + Em.index_select(0, ur)) * invD.index_select(0, ur)
+    B = SAFETY * (_dd.UNIT * (aj * ((L + 1) / 2 + 8) + (L + 4) * (aj + 1))
+                  + (Er + Em.index_select(0, ur)) * invD.index_select(0, ur)
                   + aj * ((Emax + Em) * q * invD).index_select(0, ur)) + _TAU
     B = torch.where(torch.isnan(B) | ~ok_den, math.inf, B)
-    del z
     return a[0], a[1], B
 
 
@@ -394,16 +436,13 @@ def dd_whiten(ch: torch.Tensor, cl: torch.Tensor, E: torch.Tensor, eps: float, s
     C = segs.gather(torch.stack([ch, cl], 1))
     a, den, flat = _dd.standardize(C[:, :, :1], C[:, :, 1:], segs, eps, zero_mean=wt)
     h, l = segs.rows(a[0]).view(-1), segs.rows(a[1]).view(-1)
-    T = torch.bincount(unit, minlength=S)
-    big = math.inf
-    amax = torch.full((S,), -big, dtype=_F64, device=device).scatter_reduce_(0, unit, h, "amax")
-    amin = torch.full((S,), big, dtype=_F64, device=device).scatter_reduce_(0, unit, h, "amin")
-    R = ((amax - amin) * (1 + 2.0 ** -30)).clamp(min=0)
+    units = _Units(sizes, device)
+    R = ((units.amax(h) - units.amin(h)) * (1 + 2.0 ** -30)).clamp(min=0)
     D = den[0].view(S) * (1 - 2.0 ** -60)
     D = torch.where(flat.view(S), torch.full_like(D, eps), D)
-    B = eq6_bound(_dd.UNIT, h, D, unit, T, wt, E, R)
-    Emax = torch.zeros(S, dtype=_F64, device=device).scatter_reduce_(0, unit, E, "amax", include_self=True)
-    exact0 = (flat.view(S) & (Emax == 0)).index_select(0, unit) | ((h == 0) & (l == 0) & (E == 0) & wt.index_select(0, unit) & (ch == 0) & (cl == 0))
+    Emax = units.amax(E)
+    B = eq6_bound(_dd.UNIT, h, D, units.spread, units.T, wt, E, R, Emax, eps)
+    exact0 = units.spread(flat.view(S) & (Emax == 0)) | ((h == 0) & (l == 0) & (E == 0) & units.spread(wt) & (ch == 0) & (cl == 0))
     B = torch.where(exact0, 0.0, B)
     return h, l, B
 
@@ -629,7 +668,7 @@ def dd_finish(merged, ch, cl, E, sizes: list[int], eps: float, out_dtype, counts
     with np.errstate(all="ignore"):
         R = torch.where(D > 0, (cmax - cmin) / D, math.inf) * (1 + 2.0 ** -30) + 2 * Emax / D
     R = torch.where(torch.isnan(R), math.inf, R)
-    B = eq6_bound(_dd.UNIT, h, D, unit, T, whole, E, R, Emax)
+    B = eq6_bound(_dd.UNIT, h, D, lambda v: v.index_select(0, unit), T, whole, E, R, Emax, eps)
     exact0 = fu | ((ch == 0) & (cl == 0) & (E == 0) & whole.index_select(0, unit))
     B = torch.where(exact0, 0.0, B)
     ok, y, _ = certify(h, l, B, out_dtype)
