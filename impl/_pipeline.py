@@ -436,8 +436,11 @@ def gdpo_local(rewards, group_ids, group_size, weights, segment_sizes, eps, out_
         for col, v in zip(cols, values):
             row[col] = v
         P.raise_local(row)
+        # the certificate reads c: the plain path's Eq. 4/7 (the fused kernels' bits; a ``then`` keeps
+        # _normalize_checked off the fused path, which counts its calls)
         out = _finish_local(a, out_dtype, lambda a64: _certify.for_gdpo(
-            inp, a64, _normalize_checked(inp, eps)[0].c, sizes, eps, _whole_units(inp, sizes)), diagnostics)
+            inp, a64, _normalize_checked(inp, eps, then=lambda norm, lab: None)[0].c, sizes, eps,
+            _whole_units(inp, sizes)), diagnostics)
         _no_missing(inp).report(diagnostics)  # only once the call succeeded
         return out, None
 

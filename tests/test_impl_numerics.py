@@ -335,11 +335,16 @@ def test_random_batches_within_error_model(seed):
 
 
 def test_pipeline_is_whiten_of_normalize_bitwise():
+    """The plain path's arithmetic (the certificate off: a certified float64 output is the exact
+    advantage's faithful rounding, not whiten of the rounded c)."""
+    from impl import _certify
+
     r, sizes, labels = _random_batch(7)
     c = gdpo.normalize_rewards(r, group_ids=labels)
     seg = [5, r.shape[0] - 5]
-    assert _bits(gdpo.gdpo_advantages(r, group_ids=labels, segment_sizes=seg, out_dtype=F64)) == \
-        _bits(gdpo.whiten(c, segment_sizes=seg, out_dtype=F64))
+    with _certify.disabled():
+        assert _bits(gdpo.gdpo_advantages(r, group_ids=labels, segment_sizes=seg, out_dtype=F64)) == \
+            _bits(gdpo.whiten(c, segment_sizes=seg, out_dtype=F64))
 
 
 def test_contiguous_labels_equal_group_size_bitwise_and_order_follows_input():
@@ -587,6 +592,7 @@ def test_very_ragged_units_share_a_padded_layout_per_size_class():
     CPU). Each unit keeps the bits it has alone, through the local path and through
     the statistics table and merge the distributed path uses."""
     import impl._whiten as W
+    from impl import _certify
 
     g = torch.Generator().manual_seed(11)
     sizes = [2] * 3000 + [0] * 50 + [3, 5, 7] * 40 + [9000]
@@ -603,4 +609,5 @@ def test_very_ragged_units_share_a_padded_layout_per_size_class():
         at += s
     assert _bits(got) == _bits(torch.cat(alone))
     merged = W.apply_global(loc, W.merge(loc.table(v.device)[None]), eps, F64)
-    assert _bits(merged) == _bits(gdpo.whiten(v, segment_sizes=sizes, eps=eps, out_dtype=F64))
+    with _certify.disabled():  # the merge against the plain local path (the certificate reads neither)
+        assert _bits(merged) == _bits(gdpo.whiten(v, segment_sizes=sizes, eps=eps, out_dtype=F64))
