@@ -47,6 +47,7 @@ import numpy as np
 import torch
 
 from impl import _dd
+from impl import _segments as seg_ops
 
 _F64 = torch.float64
 _I64 = torch.int64
@@ -193,8 +194,9 @@ def eq6_bound(u: float, a: torch.Tensor, D: torch.Tensor, spread, T: torch.Tenso
 
 
 class _Units:
-    """Per-unit reductions of (N,) rows: views where every unit has the same size (one unit,
-    or S units of m rows), scatters otherwise."""
+    """Per-unit reductions of (N,) rows: (S, m) views where every unit has the same size (one
+    unit, or S units of m rows), scatters otherwise. ``view(x)`` shapes rows for the per-unit
+    broadcast ``bc(v)``; ``rows(y)`` flattens the result back."""
 
     def __init__(self, sizes: list[int], device):
         self.S = len(sizes)
@@ -210,10 +212,27 @@ class _Units:
             self.unit = _unit_index(self.sizes, self.device)
         return self.unit
 
+    def view(self, x):
+        return x.view(self.S, -1) if self.equal else x
+
+    def bc(self, v):
+        return v.view(self.S, 1) if self.equal else v.index_select(0, self.unit)
+
+    def rows(self, y):
+        return y.reshape(-1)
+
     def sum(self, x):
+        """Per-unit sums; (S,), and the relative error bound of each (in units of u, times sum |x|)."""
         if self.equal:
-            return x.view(self.S, -1).sum(1)
+            return seg_ops.tree_sum(x.view(self.S, -1)).view(self.S)
         return torch.zeros(self.S, dtype=x.dtype, device=x.device).index_add_(0, self.unit, x)
+
+    def sum_error(self):
+        """The sums' rounding, relative to the sum of magnitudes, in units of u: the pairwise tree's
+        depth (views) or the row count (scatters, any order)."""
+        if self.equal:
+            return torch.full_like(self.T, float(math.ceil(math.log2(max(self.sizes[0], 2)))) + 1)
+        return self.T + 1
 
     def amax(self, x):
         if self.equal:
@@ -232,24 +251,87 @@ class _Units:
         return v.index_select(0, self.unit)
 
 
-def unit_terms(c: torch.Tensor, a: torch.Tensor, units: _Units, eps: float):
-    """Per unit, from c and a (float64): T, a lower bound of the denominator std(c) + eps (any
-    order of summation: the sums' rounding, and the computed mean's excess, taken off), the
-    range of a, and whether every c is equal."""
+@dataclasses.dataclass
+class UnitStats:
+    """Per unit, (S,) each: what the float64 tier knows of Eq. 6."""
+
+    T: torch.Tensor
+    whole: torch.Tensor
+    flat: torch.Tensor  # every c equal
+    mean: torch.Tensor  # the mean used (0 for whole units)
+    dmean: torch.Tensor  # bound on |mean - mean(c*)|
+    D: torch.Tensor  # std(c) + eps as computed (float64)
+    dD: torch.Tensor  # relative bound on |D - (std(c*) + eps)| / Dx
+    Dx: torch.Tensor  # lower bound of std(c*) + eps
+    R: torch.Tensor  # range of a
+    Emax: torch.Tensor
+    L: torch.Tensor  # ceil(log2 T)
+
+
+def unit_stats(c: torch.Tensor, a: torch.Tensor, E: torch.Tensor, units: _Units, whole: torch.Tensor,
+               eps: float) -> UnitStats:
+    """The units' statistics of the float64 c, with rigorous bounds of how far they are from those
+    of the exact c* (|c - c*| <= E per row)."""
     T = units.T
+    Tc = T.clamp(min=2.0)
+    L = torch.ceil(torch.log2(Tc))
+    q = torch.sqrt(Tc / (Tc - 1))
     cmax, cmin = units.amax(c), units.amin(c)
-    mean = units.sum(c) / T.clamp(min=1)
-    d = c - units.spread(mean)
-    m2 = units.sum(d * d)
-    # sum (c - m')^2 = sum (c - m)^2 + T (m' - m)^2: take off the rounded mean's excess
-    # (|m' - m| <= (T + 1) u max|c|) and the sums' rounding (T + 2) u relative
     cabs = torch.maximum(cmax.abs(), cmin.abs())
-    excess = T * ((T + 1) * U64 * cabs) ** 2
-    m2_low = (m2 * (1 - (2 * T + 4) * U64) - excess).clamp(min=0)
-    sd = torch.sqrt(m2_low / (T - 1).clamp(min=1)) * (1 - 4 * U64)
-    D = (sd + eps) * (1 - 4 * U64)
+    Emax = units.amax(E)
+    se = units.sum_error()
+    if bool(whole.all()):
+        mean = torch.zeros_like(T)
+        d = c
+        excess = torch.zeros_like(T)
+        dmean = torch.zeros_like(T)
+    else:
+        mean = torch.where(whole, 0.0, units.sum(c) / T.clamp(min=1))
+        d = c - units.spread(mean)
+        dm = (se + 1) * U64 * cabs  # the rounded mean's error: sum rounding, the division
+        excess = torch.where(whole, 0.0, T * dm * dm)
+        dmean = torch.where(whole, 0.0, dm + Emax)
+    m2 = units.sum(d * d)
+    # sum (c - m')^2 = sum (c - m)^2 + T (m' - m)^2 >= the true sum: take off that excess and the rounding
+    m2_low = (m2 * (1 - (se + 2) * U64) - excess).clamp(min=0)
+    sd = torch.sqrt(m2 / (T - 1).clamp(min=1))
+    sd_low = torch.sqrt(m2_low / (T - 1).clamp(min=1)) * (1 - 2 * U64)
+    D = sd + eps
+    D_low = (sd_low + eps) * (1 - 2 * U64)
+    # the exact values' std is within Emax q (2 Emax q off a rounded mean) of the computed values'
+    Ec = torch.where(whole, Emax, 2 * Emax) * q
+    Dx = torch.clamp(D_low - Ec * (1 + 2 ** -40), min=eps * (1 - 2.0 ** -50))
+    with np.errstate(all="ignore"):
+        dD = torch.where(Dx > 0, (2 * (D - D_low) + Ec) / Dx + 4 * U64, math.inf)
     R = ((units.amax(a) - units.amin(a)) * (1 + 2.0 ** -30)).clamp(min=0)
-    return T, D, R, cmax == cmin
+    return UnitStats(T, whole, cmax == cmin, mean, dmean, D, dD, Dx, R, Emax, L)
+
+
+def float64_bound(st: UnitStats, units: _Units, a: torch.Tensor, E: torch.Tensor) -> torch.Tensor:
+    """Per row: the bound on |a - a*| of the float64 result (per-unit alpha + beta |a|, E as
+    Emax): the algorithm's rounding (A = (L + 4) R off whole units, the denominator's
+    (L + 1)/2 + 6), the rows' own c error and the mean's, over the exact denominator's lower
+    bound, and the relative error of the denominator."""
+    with np.errstate(all="ignore"):
+        invD = torch.where(st.Dx > 0, 1.0 / st.Dx, math.inf)
+    A = torch.where(st.whole, 0.0, (st.L + 4) * st.R)
+    alpha = SAFETY * (U64 * A + (st.Emax + st.dmean) * invD) + _TAU
+    beta = SAFETY * (U64 * (A + (st.L + 1) / 2 + 8) + st.dD)
+    alpha = torch.where(torch.isnan(alpha), math.inf, alpha)
+    beta = torch.where(torch.isnan(beta), math.inf, beta)
+    B = units.bc(alpha) + units.bc(beta) * units.view(a).abs()
+    return units.rows(B)
+
+
+def certify_float(a: torch.Tensor, B: torch.Tensor, out_dtype):
+    """Tier 0's test for narrow formats: (ok, y). Rounding is monotone, so if the float64 ends
+    of [a - B, a + B], rounded outward, round to one value, every value in between does."""
+    Bp = B * (1 + 2 ** -40) + 2 * U64 * a.abs() + _TAU
+    lo = round_out(a - Bp, out_dtype)
+    hi = round_out(a + Bp, out_dtype)
+    it = {torch.float32: torch.int32, torch.float16: torch.int16, torch.bfloat16: torch.int16}[out_dtype]
+    ok = lo.view(it) == hi.view(it)  # bit for bit: +0 and -0 differ (the sign of a tiny value)
+    return ok, lo
 
 
 # --- the tiers --------------------------------------------------------------------------------------
@@ -296,20 +378,25 @@ def finish(p: Problem, out_dtype, counts: Counts | None = None) -> torch.Tensor:
     S = len(p.sizes)
     units = _Units(p.sizes, device)
     whole = _whole_tensor(p.whole, S, device)
-    T, D, R, flat = unit_terms(p.c, a, units, p.eps)
-    Emax = units.amax(p.E)
-    B = eq6_bound(U64, a, D, units.spread, T, whole, p.E, R, Emax, p.eps)
-    exact0 = units.spread(flat & (Emax == 0)) | ((p.c == 0) & (p.E == 0) & units.spread(whole))
-    B = torch.where(exact0, 0.0, B)
-    ok, y, _ = certify(a, torch.zeros_like(a), B, out_dtype)
+    st = unit_stats(p.c, a, p.E, units, whole, p.eps)
+    B = float64_bound(st, units, a, p.E)
+    zeroE = p.E == 0
+    if bool(zeroE.any()):  # exact zeros: a unit of equal exact values, or c* = 0 in a whole unit
+        flat_u = st.flat & (st.Emax == 0)
+        exact0 = units.rows(units.bc(flat_u) | (units.view(zeroE & (p.c == 0)) & units.bc(whole)))
+        B = torch.where(exact0, 0.0, B)
+    if out_dtype == _F64:
+        ok, y, _ = certify(a, torch.zeros_like(a), B, out_dtype)
+    else:
+        ok, y = certify_float(a, B, out_dtype)
     done = int(ok.sum())
     counts.float64 += done
     if done == n:
         return y
     todo = ~ok
-    if p.dd_rows is not None:  # tier 1a: the rows' own c in dd, the units' statistics of c in dd
+    if p.dd_rows is not None and not _dd_needed_everywhere(todo, n):  # tier 1a: the rows' own c in dd
         rows = todo.nonzero().view(-1)
-        got1 = _targeted(p, rows, units, whole)
+        got1 = _targeted(p, rows, units, st)
         if got1 is not None:
             h, l, Bd = got1
             ok1, y1, _ = certify(h, l, Bd, out_dtype)
@@ -344,52 +431,31 @@ def finish(p: Problem, out_dtype, counts: Counts | None = None) -> torch.Tensor:
     return y
 
 
-def _targeted(p: Problem, rows: torch.Tensor, units: _Units, whole: torch.Tensor):
-    """Tier 1a: the rows' a from their own c in dd (their groups recomputed) and each unit's
-    mean and std of the float64 c summed in dd; the float64 c's errors (E) bound what those
-    statistics miss. (h, l, B) for ``rows``, or None."""
+def _dd_needed_everywhere(todo: torch.Tensor, n: int) -> bool:
+    """Skip the targeted tier when most rows are left (float64 outputs): the whole call in dd is
+    then cheaper than row by row."""
+    return int(todo.sum()) * 4 > n
+
+
+def _targeted(p: Problem, rows: torch.Tensor, units: _Units, st: UnitStats):
+    """Tier 1a: the rows' own c in dd (their groups recomputed), whitened by the units' float64
+    statistics, whose distance to the exact values' the bound carries. (h, l, B) for ``rows``,
+    or None."""
     got = p.dd_rows(rows)
-    if got is None or not (_dd.safe(p.c) and _dd.eps_safe(p.eps)):
+    if got is None:
         return None
     ch, cl, Er = got
-    c = p.c
-    S = units.S
-    if units.equal:
-        C = c.view(S, -1)
-        m = None
-    else:
-        segs = _dd.Segments(units.index(), S)
-        m = segs.mask
-        C = torch.where(m, segs.gather(c[:, None])[:, :, 0], 0.0)
-    zero = torch.zeros_like(C)
-    T = units.T[:, None]
-    mean = _dd.div_f(_dd.tree_sum((C, zero)), T.clamp(min=1))
-    mean = (torch.where(whole[:, None], 0.0, mean[0]), torch.where(whole[:, None], 0.0, mean[1]))
-    dev = _dd.add((C, zero), (-mean[0].expand_as(C), -mean[1].expand_as(C)))
-    if m is not None:
-        dev = (torch.where(m, dev[0], 0.0), torch.where(m, dev[1], 0.0))
-    m2 = _dd.tree_sum(_dd.mul(dev, dev))
-    sd = _dd.sqrt(_dd.div_f(m2, (T - 1).clamp(min=1)))
-    den = _dd.add_f(sd, torch.full_like(sd[0], p.eps))
     ur = units.index().index_select(0, rows)
-    mu = (mean[0].view(S).index_select(0, ur), mean[1].view(S).index_select(0, ur))
-    Du = (den[0].view(S).index_select(0, ur), den[1].view(S).index_select(0, ur))
-    ok_den = Du[0] > 0
-    Dsafe = (torch.where(ok_den, Du[0], 1.0), torch.where(ok_den, Du[1], 0.0))
-    a = _dd.div(_dd.add((ch, cl), _dd.neg(mu)), Dsafe)
-    Emax = units.amax(p.E)
-    Tq = units.T.clamp(min=2.0)
-    q = torch.sqrt(Tq / (Tq - 1))
-    Em = torch.where(whole, 0.0, Emax)
-    # the exact values' denominator is at least the computed values' (in dd) less what their errors move
-    D = torch.clamp(den[0].view(S) * (1 - 2.0 ** -60) - (Emax + Em) * q * (1 + 2 ** -40), min=p.eps * (1 - 2.0 ** -50))
+    mean, D = st.mean.index_select(0, ur), st.D.index_select(0, ur)
+    ok_den = D > 0
+    num = _dd.add_f((ch, cl), -mean)
+    Dsafe = torch.where(ok_den, D, 1.0)
+    a = _dd.div(num, (Dsafe, torch.zeros_like(Dsafe)))
     with np.errstate(all="ignore"):
-        invD = torch.where(D > 0, 1.0 / D, math.inf)
+        invD = torch.where(st.Dx > 0, 1.0 / st.Dx, math.inf).index_select(0, ur)
     aj = a[0].abs()
-    L = torch.ceil(torch.log2(Tq)).index_select(0, ur)
-    B = SAFETY * (_dd.UNIT * (aj * ((L + 1) / 2 + 8) + (L + 4) * (aj + 1))
-                  + (Er + Em.index_select(0, ur)) * invD.index_select(0, ur)
-                  + aj * ((Emax + Em) * q * invD).index_select(0, ur)) + _TAU
+    B = SAFETY * (_dd.UNIT * (aj * 8 + 4) + 2 * U64 * mean.abs() * invD
+                  + (Er + st.dmean.index_select(0, ur)) * invD + aj * st.dD.index_select(0, ur)) + _TAU
     B = torch.where(torch.isnan(B) | ~ok_den, math.inf, B)
     return a[0], a[1], B
 

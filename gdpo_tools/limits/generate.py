@@ -456,6 +456,7 @@ _GROUP_TITLES = {
     "variance": "4. Variance algorithms",
     "ranges": "5. Ranges",
     "peers": "6. Peers",
+    "certified": "7. Certified rounding",
 }
 _PLOT_CAPTIONS = {
     "cancellation": ("cancellation.png", "Error against C for `[C - d, d]` and exact constant-sum groups (own unit)"),

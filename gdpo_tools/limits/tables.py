@@ -625,6 +625,107 @@ def _peer_cell(grades) -> str:
     return " ".join(parts + ([", ".join(tags)] if tags else [])) or "-"
 
 
+# --------------------------------------------------------- 7. certified rounding
+
+#: cases per family, the same in the fast and the full run (a fast row is the full run's row)
+CERT_COUNT = 3
+CERT_DTYPES = ("float32", "bfloat16", "float16", "float64")
+
+
+def _certified_call(case, out_dtype: str):
+    """impl.gdpo on a families case (one unit, or its contiguous units), with its Diagnostics."""
+    import torch
+
+    from impl import gdpo
+
+    sizes = None
+    if case.units is not None:
+        sizes = [int(x) for x in np.bincount(case.units)]
+    d = gdpo.Diagnostics()
+    out = gdpo.gdpo_advantages(torch.tensor(case.rewards), group_ids=torch.tensor(case.groups),
+                               weights=None if case.weights is None else list(case.weights), segment_sizes=sizes,
+                               out_dtype=getattr(torch, out_dtype), diagnostics=d)
+    return out.double().numpy(), d.certified, sizes
+
+
+def _boundary_cases(count: int, families=None):
+    """``count`` hunted cases per target format of each family (conformance/boundary.py)."""
+    from conformance import boundary as B
+
+    return {family: list(B.cases(family, None, count)) for family in (families or B.FAMILIES)}
+
+
+def build_certified(fast: bool, seed: int, progress) -> tuple[list[Table], dict]:
+    """Which tier decided each output of impl.gdpo (issue 27): the float64 bound, double-double,
+    exact arithmetic; and whether every output is the oracle's rounding."""
+    import torch
+
+    from conformance.cases import expected
+    count = CERT_COUNT
+    ordinary = [f for f in fam.FAMILIES if f != "NaN reward"]
+    hunted = _boundary_cases(1, ("eps_bisect", "cancellation", "tie_below") if fast else None)
+    step = progress("7 certified rounding", len(ordinary) + len(hunted))
+    facts, rows = {}, []
+
+    def row(name, kind, calls):
+        for od in CERT_DTYPES:
+            tot = {"n": 0, "float64": 0, "double_double": 0, "exact": 0, "uncertified": 0, "wrong": 0}
+            for out, cert, want in calls(od):
+                tot["n"] += out.size
+                for f in ("float64", "double_double", "exact", "uncertified"):
+                    tot[f] += getattr(cert, f)
+                if od == "float64":
+                    tot["wrong"] += int(np.sum(np.abs(out - want) > np.spacing(np.abs(want))))
+                else:
+                    tot["wrong"] += int(np.sum(out != want))
+            facts[(name, od)] = tot
+            n = max(tot["n"], 1)
+            rows.append([name, kind, od, str(tot["n"]), f"{100 * tot['float64'] / n:.1f}%",
+                         f"{100 * tot['double_double'] / n:.1f}%", f"{100 * tot['exact'] / n:.1f}%",
+                         str(tot["uncertified"]), str(tot["wrong"])])
+
+    for name in ordinary:
+        cs = fam.cases(name, count, seed)
+
+        def calls(od, cs=cs):
+            for case in cs:
+                out, cert, sizes = _certified_call(case, od)
+                want = P.oracle(case.rewards, case.groups, unit_ids=case.units, weights=case.weights).rounded(od)
+                yield out, cert, want
+        row(name, "ordinary", calls)
+        step()
+    for name, cs in hunted.items():
+        def calls(od, cs=cs):
+            from impl import gdpo
+            for case in cs:
+                d = gdpo.Diagnostics()
+                kw = dict(group_size=case.group_size, weights=None if case.weights is None else list(case.weights),
+                          segment_sizes=None if case.segment_sizes is None else list(case.segment_sizes),
+                          out_dtype=getattr(torch, od), diagnostics=d)
+                if case.group_ids is not None:
+                    kw["group_ids"] = torch.tensor(case.group_ids)
+                if case.eps is not None:
+                    kw["eps"] = case.eps
+                out = gdpo.gdpo_advantages(torch.tensor(case.rewards, dtype=getattr(torch, case.dtype)), **kw)
+                yield out.double().numpy(), d.certified, expected(case).result.rounded(od)
+        row(name, "hunted", calls)
+        step()
+    t = Table(
+        "certified", "7. Certified rounding: which tier decided each output",
+        "`impl.gdpo` certifies the rounding of every output (spec section 7a): the float64 result where its "
+        "run-time bound leaves no rounding boundary in reach, else a double-double recomputation, else exact "
+        "arithmetic. Per input family and output dtype: the samples, the share each tier decided, the samples "
+        "left uncertified (only across ranks: none in these local calls) and the outputs that differ from the "
+        "oracle's correct rounding (float64: more than one ulp). Ordinary families: the peer table's seeded "
+        f"families ({count} cases each); hunted families: `conformance/boundary.py`, one case per target "
+        "format (the fast run: three families), cases whose exact value lies on a rounding midpoint of float32, bfloat16 or float16, or within two float64 ulps of one). A "
+        "float64 output is faithful, not unique: the float64 tier cannot certify it (its bound spans more "
+        "than an ulp), so float64 outputs come from double-double.",
+        ["family", "kind", "out dtype", "samples", "float64", "double-double", "exact", "uncertified",
+         "not the correct rounding"], rows, keys=3)
+    return [t], facts
+
+
 BUILDERS = {
     "cancellation": build_cancellation,
     "eps": build_eps,
@@ -632,4 +733,5 @@ BUILDERS = {
     "variance": build_variance,
     "ranges": build_ranges,
     "peers": build_peers,
+    "certified": build_certified,
 }
