@@ -42,6 +42,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import os
 
 import numpy as np
 import torch
@@ -56,7 +57,10 @@ SAFETY = 2.0
 #: absolute underflow allowance (a few float64 subnormal steps)
 _TAU = 2.0 ** -1070
 
-_ENABLED = [True]
+#: Opt-in for now (issue 27 stays open: its cost at N = 65,536 is above the 15% asked, and the
+#: test suite's run time with it on is not yet within CI's): ``GDPO_CERTIFIED=1`` in the
+#: environment before impl is imported, or :func:`enabled_here` around calls.
+_ENABLED = [os.environ.get("GDPO_CERTIFIED", "0").strip().lower() in ("1", "true", "yes", "on")]
 
 
 @contextlib.contextmanager
@@ -65,6 +69,17 @@ def disabled():
     the negative control of the conformance property ``certified``."""
     old = _ENABLED[0]
     _ENABLED[0] = False
+    try:
+        yield
+    finally:
+        _ENABLED[0] = old
+
+
+@contextlib.contextmanager
+def enabled_here():
+    """Certified rounding for the calls inside (whatever ``GDPO_CERTIFIED`` says)."""
+    old = _ENABLED[0]
+    _ENABLED[0] = True
     try:
         yield
     finally:

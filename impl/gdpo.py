@@ -9,6 +9,12 @@ protocol (section 5: one fixed-shape agreement all-reduce before any data-depend
 collective, the statistics in one more; all ranks raise together or none does), the error
 contract (section 6) and the tolerances this module is held to (section 7).
 
+Certified rounding (opt-in: ``GDPO_CERTIFIED=1``; ``_certify``, spec/gdpo.md section 7a):
+every float32, bfloat16 and float16 output is the exact advantage correctly rounded, every
+float64 output within one ulp of it: a run-time bound certifies the float64 result's
+rounding, and the samples it cannot are recomputed in double-double, then exactly.
+``Diagnostics.certified`` counts each tier.
+
 How (see ``_normalize``, ``_whiten``, ``_segments``): float64 inside and one correctly
 rounded cast at the end (to odd in float32 first, so float16, bfloat16 and float8 are
 rounded once); shift-invariant two-pass statistics scaled by exact powers of two, so
@@ -241,5 +247,9 @@ def gdpo_advantages(rewards, *, group_ids=None, group_size=None, weights=None, s
 # correctly rounded (ties to even), so the same bits whatever the layout; a float64 output is within
 # one ulp of the exact value. Graded by the conformance property ``certified`` on hunted boundary
 # cases (conformance/boundary.py) and by tests/test_certified_rounding.py.
-gdpo_advantages.gdpo_certified = True
-whiten.gdpo_certified = True
+# Opt-in for now: ``GDPO_CERTIFIED=1`` (read at import; impl._certify) turns it on, and only then
+# does impl declare it.
+from impl import _certify  # noqa: E402
+
+gdpo_advantages.gdpo_certified = _certify.enabled()
+whiten.gdpo_certified = _certify.enabled()

@@ -46,6 +46,15 @@ sys.path.insert(0, os.path.dirname(__file__))
 import _dist  # noqa: E402
 
 from impl import gdpo  # noqa: E402
+from impl import _certify  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _certified(monkeypatch):
+    """Certified rounding is opt-in (GDPO_CERTIFIED=1): on in this process and in the ranks it spawns."""
+    monkeypatch.setenv("GDPO_CERTIFIED", "1")
+    with _certify.enabled_here():
+        yield
 
 OUT_DTYPES = ("float32", "bfloat16", "float16", "float64")
 TORCH = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}

@@ -657,7 +657,15 @@ def _boundary_cases(count: int, families=None):
 
 def build_certified(fast: bool, seed: int, progress) -> tuple[list[Table], dict]:
     """Which tier decided each output of impl.gdpo (issue 27): the float64 bound, double-double,
-    exact arithmetic; and whether every output is the oracle's rounding."""
+    exact arithmetic; and whether every output is the oracle's rounding. Certification on,
+    whatever GDPO_CERTIFIED says (it is opt-in for now)."""
+    from impl import _certify
+
+    with _certify.enabled_here():
+        return _build_certified(fast, seed, progress)
+
+
+def _build_certified(fast: bool, seed: int, progress) -> tuple[list[Table], dict]:
     import torch
 
     from conformance.cases import expected
