@@ -44,14 +44,16 @@ def run(n: int = 65536, k: int = 4, batches: int = 8, repeats: int = 15, out_dty
             r = torch.randn(n, k, generator=gen, dtype=torch.float32)
 
             def certified():
-                return gdpo.gdpo_advantages(r, group_size=group_size, out_dtype=out_dtype)
+                with _certify.enabled_here():
+                    return gdpo.gdpo_advantages(r, group_size=group_size, out_dtype=out_dtype)
 
             def plain():
                 with _certify.disabled():
                     return gdpo.gdpo_advantages(r, group_size=group_size, out_dtype=out_dtype)
 
             d = gdpo.Diagnostics()
-            gdpo.gdpo_advantages(r, group_size=group_size, out_dtype=out_dtype, diagnostics=d)
+            with _certify.enabled_here():
+                gdpo.gdpo_advantages(r, group_size=group_size, out_dtype=out_dtype, diagnostics=d)
             t_cert, t_plain = _median_ms(certified, repeats, plain)
             c = d.certified
             rows.append({"n": n, "k": k, "group_size": group_size, "seed": seed, "out_dtype": str(out_dtype),
