@@ -48,6 +48,7 @@ import numpy as np
 import torch
 
 from impl import _dd
+from impl._cast import round_to
 from impl import _segments as seg_ops
 
 _F64 = torch.float64
@@ -110,7 +111,6 @@ def _neighbours(y: torch.Tensor):
 
 
 def round_out(h: torch.Tensor, out_dtype) -> torch.Tensor:
-    from impl._pipeline import round_to
     return round_to(h, out_dtype)
 
 
