@@ -30,4 +30,8 @@ def test_every_part_runs_and_passes_on_the_cpu(tmp_path):
     assert res["ok"] is True and res["dry_run_cpu"] is True
     assert set(res["parts"]) == {"cuda", "bitwise", "nccl_world1", "gloo_cuda_2", "nccl_world1_fused"}, res["parts"]
     for name, rows in res["parts"].items():
-        assert rows and all(r["status"] in ("pass", "info") for r in rows), (name, rows)
+        # the one skip allowed: the certified property, while impl's certified rounding is opt-in
+        # (GDPO_CERTIFIED unset: impl does not declare it)
+        assert rows and all(r["status"] in ("pass", "info") or (
+            r["status"] == "skip" and "does not declare certified rounding" in r.get("reason", ""))
+            for r in rows), (name, rows)
