@@ -549,11 +549,17 @@ def verify(case: Case) -> bool:
 def cases(family: str, fmt: str | None = None, count: int = COUNT, seed: int = 0) -> tuple:
     """``count`` verified cases of ``family`` per target format (``fmt``: one target only),
     deterministic: seeds ``seed``, ``seed + 1``, ... until each target has ``count``."""
+    return _collect(generate, family, TARGETS if fmt is None else (fmt,), count, seed)
+
+
+def _collect(make, family: str, targets, count: int, seed: int) -> tuple:
+    """``count`` cases of ``make(family, target, seed)`` per target: seeds ``seed``, ``seed + 1``,
+    ... (at most 40 per case wanted), the ones that verify."""
     out = []
-    for target in (TARGETS if fmt is None else (fmt,)):
+    for target in targets:
         got, s = 0, seed
         while got < count and s < seed + 40 * count:
-            c = generate(family, target, s)
+            c = make(family, target, s)
             s += 1
             if c is not None:
                 out.append(c)
@@ -670,13 +676,4 @@ def whiten_generate(family: str, fmt: str, seed: int) -> Case | None:
 @functools.lru_cache(maxsize=None)
 def whiten_cases(family: str, count: int = COUNT, seed: int = 0) -> tuple:
     """``count`` verified whiten cases of ``family`` per target format, deterministic."""
-    out = []
-    for target in TARGETS:
-        got, s = 0, seed
-        while got < count and s < seed + 40 * count:
-            c = whiten_generate(family, target, s)
-            s += 1
-            if c is not None:
-                out.append(c)
-                got += 1
-    return tuple(out)
+    return _collect(whiten_generate, family, TARGETS, count, seed)

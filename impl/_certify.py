@@ -482,27 +482,8 @@ def dd_gdpo(r: torch.Tensor, gid: torch.Tensor, G: int, weights: list[float], ep
             sizes: list[int], whole) -> tuple | None:
     """Eq. 4, 7 and 6 of every row in double-double: (h, l, B) per row, or None where the
     inputs leave the dd path's safe range."""
-    r = r.to(_F64)
-    if not (_dd.safe(r, *weights) and _dd.eps_safe(eps)):
-        return None
-    device = r.device
-    n, k = r.shape
-    segs = _dd.Segments(gid, G)
-    X = segs.gather(r)
-    z, _, collapsed = _dd.standardize(X, torch.zeros_like(X), segs, eps)
-    zh, zl = segs.rows(z[0]), segs.rows(z[1])
-    ch = cl = None
-    for j, w in enumerate(weights):
-        term = _dd.mul_f((zh[:, j], zl[:, j]), torch.full_like(zh[:, j], w))
-        if ch is None:
-            ch, cl = term
-        else:
-            ch, cl = _dd.add((ch, cl), term)
-    nrow = segs.sizes.view(-1).index_select(0, gid)
-    E = eq47_bound_rows(_dd.UNIT, zh.abs(), nrow, weights)
-    allflat = collapsed.view(G, k).all(1).index_select(0, gid)
-    E = torch.where(allflat, 0.0, E)
-    return dd_whiten(ch, cl, E, eps, sizes, whole)
+    got = _dd_combined(r, gid, G, weights, eps)
+    return None if got is None else dd_whiten(*got, eps, sizes, whole)
 
 
 def dd_whiten(ch: torch.Tensor, cl: torch.Tensor, E: torch.Tensor, eps: float, sizes: list[int], whole):
@@ -632,26 +613,33 @@ DDC = 10
 def dd_rows_gdpo(inp, eps: float):
     """This rank's combined values in double-double, and their bounds: (ch, cl, E), or None
     outside the dd path's safe range."""
-    r = inp.rewards.to(_F64)
     if inp.n == 0:
-        z = r.new_zeros(0)
+        z = inp.rewards.new_zeros(0, dtype=_F64)
         return z, z, z
-    if not (_dd.safe(r, *inp.weights) and _dd.eps_safe(eps)):
-        return None
     gid, G = _group_index(inp)
+    return _dd_combined(inp.rewards, gid, G, inp.weights, eps)
+
+
+def _dd_combined(r: torch.Tensor, gid: torch.Tensor, G: int, weights: list[float], eps: float):
+    """Eq. 4 and 7 of every row in double-double, rows grouped by ``gid``: (ch, cl, E), E the
+    bound on each row's error; None outside the dd path's safe range (inputs, or combined
+    values: a huge eps over a tiny std)."""
+    r = r.to(_F64)
+    if not (_dd.safe(r, *weights) and _dd.eps_safe(eps)):
+        return None
     k = r.shape[1]
     segs = _dd.Segments(gid, G)
     X = segs.gather(r)
     z, _, collapsed = _dd.standardize(X, torch.zeros_like(X), segs, eps)
     zh, zl = segs.rows(z[0]), segs.rows(z[1])
     ch = cl = None
-    for j, w in enumerate(inp.weights):
+    for j, w in enumerate(weights):
         term = _dd.mul_f((zh[:, j], zl[:, j]), torch.full_like(zh[:, j], w))
         ch, cl = term if ch is None else _dd.add((ch, cl), term)
-    if not _dd.safe(ch):  # combined values outside the range (a huge eps over a tiny std)
+    if not _dd.safe(ch):
         return None
     nrow = segs.sizes.view(-1).index_select(0, gid)
-    E = eq47_bound_rows(_dd.UNIT, zh.abs(), nrow, inp.weights)
+    E = eq47_bound_rows(_dd.UNIT, zh.abs(), nrow, weights)
     E = torch.where(collapsed.view(G, k).all(1).index_select(0, gid), 0.0, E)
     return ch, cl, E
 
