@@ -43,6 +43,7 @@ import contextlib
 import dataclasses
 import math
 import os
+from fractions import Fraction
 
 import numpy as np
 import torch
@@ -50,6 +51,7 @@ import torch
 from impl import _dd
 from impl._cast import round_to
 from impl import _segments as seg_ops
+from impl._stats import denominator
 
 _F64 = torch.float64
 _I64 = torch.int64
@@ -96,6 +98,8 @@ class Counts:
     """How many samples each tier decided."""
 
     float64: int = 0
+    #: rows whose own group was recomputed in exact integer arithmetic (tier 1a)
+    group_exact: int = 0
     double_double: int = 0
     exact: int = 0
     uncertified: int = 0
@@ -220,7 +224,13 @@ class _Units:
         n = sum(sizes)
         self.equal = self.S > 0 and n > 0 and all(s == sizes[0] for s in sizes)
         self.unit = None if self.equal else _unit_index(sizes, device)
-        self.T = torch.tensor(sizes, dtype=_F64, device=device)
+        self._T = None
+
+    @property
+    def T(self) -> torch.Tensor:
+        if self._T is None:
+            self._T = torch.tensor(self.sizes, dtype=_F64, device=self.device)
+        return self._T
 
     def index(self) -> torch.Tensor:
         if self.unit is None:
@@ -349,6 +359,291 @@ def certify_float(a: torch.Tensor, B: torch.Tensor, out_dtype):
     return ok, lo
 
 
+# --- tier 0 from the plain path's own statistics (a posteriori bounds) ------------------------------
+#
+# Every bound below is a sum of first-order rounding terms (each rounding's |delta| <= u of its
+# result, a pairwise tree of depth L: L u of the sum of magnitudes), evaluated on the statistics the
+# plain path computed, times (1 + 2**-30): the second-order terms (products of two roundings, gamma_m
+# = m u / (1 - m u) instead of m u) are below 2**-40 of the first-order ones wherever a bound is used
+# (each is used only where its relative size is below 1/4; elsewhere it is infinite).
+
+_SLACK = 1.0 + 2.0 ** -30
+
+#: input formats whose values are multiples of a quantum set by their smallest magnitude:
+#: (mantissa bits, the exponent of the smallest normal)
+_QUANTUM = {torch.float32: (23, -126), torch.float16: (10, -14), torch.bfloat16: (7, -126)}
+
+
+_SCRATCH: dict = {}
+
+
+def _reuse(x: torch.Tensor, tag: str = "", dtype=None) -> torch.Tensor:
+    """A work buffer shaped like x (in ``dtype``, default x's), kept between calls (one per
+    tag): on CPU a fresh large allocation costs its page faults every call."""
+    dtype = dtype or x.dtype
+    if x.device.type != "cpu" or x.numel() < seg_ops.SCRATCH_MIN:
+        return torch.empty(x.shape, dtype=dtype, device=x.device)
+    buf = _SCRATCH.get(tag)
+    if buf is None or buf.shape != x.shape or buf.dtype != dtype:
+        buf = _SCRATCH[tag] = torch.empty(x.shape, dtype=dtype)
+    return buf
+
+
+def magnitudes(r: torch.Tensor) -> tuple[float, float]:
+    """The rewards' smallest nonzero magnitude (inf where every reward is 0) and their largest,
+    over the whole batch (host floats; one pass over r and one host read)."""
+    if r.numel() == 0:
+        return math.inf, 0.0
+    ax = torch.abs(r, out=_reuse(r, "abs"))
+    lo_hi = torch.stack(torch.aminmax(ax)).to(_F64).tolist()
+    if lo_hi[0] == 0:  # zeros are multiples of any quantum: the smallest nonzero magnitude
+        lo_hi[0] = float(ax.masked_fill_(ax == 0, math.inf).amin())
+    return lo_hi[0], lo_hi[1]
+
+
+def exact_sums(dtype, mags: tuple[float, float], n: int) -> bool:
+    """Are every difference d = (x - x_first) f of a group column and every partial sum of its
+    mean's tree exact in float64, in every group of ``n`` rows? Rewards in a narrow format are
+    multiples of q, the quantum of their smallest nonzero magnitude (``mags``, over the batch:
+    :func:`magnitudes`); d and the partial sums are multiples of q f of magnitude at most
+    n (hi - lo) f <= 2 n max|x| f, exact while that is at most 2**53 q f. Float64 rewards
+    have no such quantum: False."""
+    spec = _QUANTUM.get(dtype)
+    if spec is None:
+        return False
+    mant, emin = spec
+    small, large = mags
+    if not math.isfinite(small):  # every reward 0: nothing to sum
+        return True
+    e = max(math.frexp(small)[1] - 1, emin)  # floor(log2 m), at least the smallest normal's
+    return 2 * n * large * (1 + 2.0 ** -50) <= math.ldexp(1.0, e - mant + 53)
+
+
+def eq4_error(dtype, mags: tuple[float, float], n: int, weights: list[float]) -> float:
+    """A bound on |c - c*| of every row, groups of ``n`` contiguous rows, rewards of ``dtype``
+    with :func:`magnitudes` ``mags``: :func:`eq47_rows_bound`, the sums exact or not
+    (:func:`exact_sums`)."""
+    if n < 2:
+        return 0.0
+    ex = exact_sums(dtype, mags, n)
+    return eq47_rows_bound(n, weights, [ex] * len(weights))
+
+
+def eq47_rows_bound(n: int, weights: list[float], exact: list[bool]) -> float:
+    """The bound on |c - c*| of a row of a group of at most ``n`` rows (Eq. 4 then Eq. 7 as the
+    plain path computes them), ``exact[k]``: column k's differences and sums are exact.
+
+    Scaled domain (the group column's power of two f, exact): d = x f - s (s the first
+    member's), |d| <= rho, the range, and rho <= sqrt(2 (n - 1)) sigma (Samuelson), the exact
+    deviations |d - mean| <= (n - 1)/sqrt(n) sigma. Relative to D >= sigma: the mean's error
+    dmu = u rho (exact sums: the division only) or (L + 2) u rho (the differences, the tree, the
+    division); a deviation's ddev = dmu + u (rho + dmu) (+ u rho for inexact differences); the
+    denominator's dD = ((L + 1)/2 + 2.5) u + sqrt(n/(n-1)) ddev (the squares and their tree,
+    the division, the root, eps; the std is 1-Lipschitz in the deviations' l2 norm over
+    sqrt(n - 1)); zb = ((n - 1)/sqrt(n) + ddev) / (1 - dD) bounds |z| and |z*|;
+    |z - z*| <= u zb + ddev + zb dD; Eq. 7 adds K u sum_k |w_k| zb."""
+    if n < 2:
+        return 0.0
+    u = U64
+    K = len(weights)
+    L = math.ceil(math.log2(n))
+    rho = math.sqrt(2 * (n - 1)) * (1 + 8 * u)
+    zmax = (n - 1) / math.sqrt(n) * (1 + 4 * u)
+    q = math.sqrt(n / (n - 1))
+    total = 0.0
+    for w, ex in zip(weights, exact):
+        dmu = u * rho if ex else (L + 2) * u * rho
+        ddev = dmu + u * (rho + dmu) + (0.0 if ex else u * rho)
+        dD = u * ((L + 1) / 2 + 2.5) + q * ddev
+        if not dD < 0.25:
+            return math.inf
+        zb = (zmax + ddev) / (1 - dD)
+        zeta = u * zb + ddev + zb * dD
+        total += abs(w) * (zeta + K * u * zb)
+    return total * _SLACK + _TAU
+
+
+def eq6_alpha_beta(tp, sizes: list[int], width: int, whole: torch.Tensor, Emax: torch.Tensor, eps: float):
+    """(alpha, beta, exact0), (S, 1) each: |a - a*| <= alpha + beta |a| for every row of a unit,
+    from the plain path's statistics ``tp`` of Eq. 6 ((S, width) view or padded layout) and
+    the largest bound ``Emax`` (S,) of its rows' |c - c*|; exact0: the unit is exactly
+    collapsed (every c equal and exact: a = +0 exactly).
+
+    Scaled domain as in :func:`eq4_error`. A whole unit's mean is the structural 0 and
+    d = c f exactly, so a deviation's error is the row's own, E f; elsewhere the mean adds its
+    rounding ((L + 1) rho + |mean|) u and the mean of the rows' errors. The denominator:
+    dD = ((L + 1)/2 + 2.5) u D + sqrt(T/(T-1)) ddev; with rD = dD / D,
+    |a - a*| <= u |a| + ddev / D + |a*| rD, |a*| <= (|a| (1 + u) + ddev / D) / (1 - rD)."""
+    u = U64
+    device = tp.f.device
+    T = torch.tensor([float(s) for s in sizes], dtype=_F64, device=device)[:, None]
+    L = float(math.ceil(math.log2(max(width, 2))))
+    f = tp.f
+    Ef = Emax.view(-1, 1) * f * (1 + 2 * u)
+    lo, hi = tp.lo.to(_F64), tp.hi.to(_F64)
+    rho = (hi - lo) * f * (1 + 4 * u)
+    wh = whole.view(-1, 1)
+    dm = ((L + 1) * rho + tp.mean.abs()) * u
+    ddev = torch.where(wh, Ef, dm + u * (2 * rho + dm) + 2 * Ef)
+    den = denominator(tp.m2 / (T - 1).clamp(min=1), tp.eps_f, eps)
+    q = torch.sqrt(T.clamp(min=2) / (T.clamp(min=2) - 1))
+    with np.errstate(all="ignore"):
+        dD = den * (u * ((L + 1) / 2 + 2.5)) + q * ddev
+        rD = dD / den
+        alpha = ddev / den / (1 - rD) * _SLACK + _TAU
+        beta = (u + rD * (1 + u) / (1 - rD)) * _SLACK
+    good = rD < 0.25
+    alpha = torch.where(good, alpha, math.inf)
+    beta = torch.where(good, beta, math.inf)
+    exact0 = (lo == hi) & (Emax.view(-1, 1) == 0)
+    return alpha, beta, exact0
+
+
+#: up to this many units, tier 0's per-unit bounds are evaluated on the host (one read)
+_HOST_UNITS = 16
+
+
+def _whole_list(whole, S: int) -> list[bool]:
+    if whole is None:
+        return [False] * S
+    if isinstance(whole, torch.Tensor):
+        return [bool(w) for w in whole.view(-1).tolist()]
+    return [bool(w) for w in whole]
+
+
+@dataclasses.dataclass
+class UnitNumbers:
+    """One unit's Eq. 6 as the plain path computed it (scaled domain: the unit's power of two
+    f), with the bounds of :func:`eq6_alpha_beta`: a = ((c f - M) / den) rounded, the exact
+    value a* = (c* f - M*) / D* with |M* - M| <= dmean (M = 0 = M* for a whole unit) and
+    |D* - den| <= dD (and D* >= eps f)."""
+
+    alpha: float
+    beta: float
+    exact0: bool  # every c equal and exact: a = +0 exactly
+    f: float
+    M: Fraction
+    dmean: float
+    den: float
+    dD: float
+    eps_f: float
+    whole: bool
+    flat: bool  # every c equal
+
+
+def _unit_numbers(tp, sizes: list[int], width: int, wl: list[bool], emax: float, eps: float,
+                  which: list[int]) -> list[UnitNumbers]:
+    """:func:`eq6_alpha_beta` on the host for the units ``which``, every row's E at most
+    ``emax``: the same formulas in Python floats (IEEE 754 double, correctly rounded sqrt), so
+    the denominator is the plain path's bit for bit."""
+    S = len(sizes)
+    parts = torch.cat([tp.lo.to(_F64).view(S, 1), tp.hi.to(_F64).view(S, 1), tp.f.view(S, 1),
+                       tp.mean.view(S, 1), tp.m2.view(S, 1), tp.eps_f.view(S, 1), tp.shift.view(S, 1)], 1)
+    if len(which) < S:
+        parts = parts.index_select(0, torch.tensor(which, dtype=_I64, device=parts.device))
+    u = U64
+    L = float(math.ceil(math.log2(max(width, 2))))
+    out = []
+    for (lo, hi, f, mean, m2, eps_f, shift), j in zip(parts.tolist(), which):
+        T, wh = sizes[j], wl[j]
+        Ef = emax * f * (1 + 2 * u)
+        rho = (hi - lo) * f * (1 + 4 * u)
+        if wh:
+            ddev = Ef
+            dmean = 0.0
+        else:
+            dm = ((L + 1) * rho + abs(mean)) * u
+            ddev = dm + u * (2 * rho + dm) + 2 * Ef
+            dmean = (dm + Ef) * (1 + 4 * u)
+        den = math.sqrt(m2 / max(T - 1, 1)) + eps_f
+        if not eps >= 2.0 ** -52 and den == 0:
+            den = 1.0
+        Tq = max(T, 2)
+        dD = (den * (u * ((L + 1) / 2 + 2.5)) + math.sqrt(Tq / (Tq - 1)) * ddev) * _SLACK
+        rD = dD / den if den > 0 else math.inf
+        if rD < 0.25:
+            alpha = ddev / den / (1 - rD) * _SLACK + _TAU
+            beta = (u + rD * (1 + u) / (1 - rD)) * _SLACK
+        else:
+            alpha = beta = math.inf
+        M = Fraction(0) if wh else Fraction(shift) + Fraction(mean)
+        out.append(UnitNumbers(alpha, beta, lo == hi and emax == 0, f, M, dmean, den, dD, eps_f, wh, lo == hi))
+    return out
+
+
+def _eq6_host(tp, sizes: list[int], width: int, whole, emax: float, eps: float, device):
+    """(alpha, beta, exact0) of every unit from :func:`_unit_numbers` (host scalars for one
+    unit, (S, 1) tensors otherwise)."""
+    S = len(sizes)
+    nums = _unit_numbers(tp, sizes, width, _whole_list(whole, S), emax, eps, list(range(S)))
+    if S == 1:  # host scalars: no tensors to make
+        return nums[0].alpha, nums[0].beta, nums[0].exact0
+    t = torch.tensor([[x.alpha for x in nums], [x.beta for x in nums]], dtype=_F64).to(device)
+    ex = torch.tensor([x.exact0 for x in nums], dtype=torch.bool).to(device).view(S, 1)
+    return t[0].view(S, 1), t[1].view(S, 1), ex
+
+
+#: output formats: half the spacing of their subnormals (the rounding interval of 0)
+_FORMAT = {torch.float32: (24, 2.0 ** -150), torch.float16: (11, 2.0 ** -25), torch.bfloat16: (8, 2.0 ** -134)}
+
+
+def gap_certify(a: torch.Tensor, y: torch.Tensor, alpha, beta) -> torch.Tensor:
+    """Tier 0's test (float form): ok where [a - B, a + B], B = alpha + beta |a|, lies strictly
+    inside y's rounding interval (y = a correctly rounded to the output format; ``alpha``,
+    ``beta`` broadcast against a). The distance from y to either of its midpoints is at least
+    half the gap from |y| to its neighbour toward 0 (the smaller gap where y is a power of two),
+    exact in y's format; |a - y| is exact (Sterbenz), the sum |a - y| + B is given a relative
+    margin for its own rounding. A zero y is never certified here (its sign is the caller's)."""
+    y64 = y.to(_F64)
+    t = (a - y64).abs_()
+    ay = y.abs()
+    hg = (ay - torch.nextafter(ay, torch.zeros((), dtype=y.dtype, device=y.device))).to(_F64).mul_(0.5)
+    B = torch.addcmul(alpha * (1 + 2.0 ** -40), beta * (1 + 2.0 ** -40), a.abs())
+    return t.add_(B).mul_(1 + 2.0 ** -50) < hg
+
+
+#: output formats: (mantissa bits, the exponent of the smallest normal)
+_NARROW = {torch.float32: (23, -126), torch.float16: (10, -14), torch.bfloat16: (7, -126)}
+_NEVER = 1 << 62
+
+
+def bits_certify(a: torch.Tensor, alpha, beta, out_dtype) -> torch.Tensor | None:
+    """Tier 0's test on a's float64 bits: ok where every value within B = alpha + beta |a| of
+    a rounds as a does (``alpha``, ``beta`` broadcast against a); None where every row is.
+
+    In a's binade [2**e, 2**(e+1)) the output format's midpoints sit where the low
+    drop = 52 - mantissa bits of a are 100...0, so a's distance to the nearest one, in units
+    of a's last place 2**(e-52), is |low - 2**(drop-1)|; the nearest midpoint outside the
+    binade is at least 2**(drop-2) such units away (below a power of two the cells are half as
+    wide): dist = min(|low - 2**(drop-1)|, 2**(drop-2)). B <= alpha + beta 2**(e+1), so a is
+    certified where (dist - beta 2**53) 2**e > alpha 2**52 (2**e read from a's exponent bits;
+    the products by powers of two are exact, the margins cover the rest). Below the output's
+    normal range the test cannot pass: alpha is raised to at least 2**(drop + emin - 54)
+    there, which keeps (dist - C) 2**e < 2**(drop - 1 + emin - 1) below it (a = 0 included)."""
+    mant, emin = _NARROW[out_dtype]
+    drop = 52 - mant
+    floor = 2.0 ** (drop + emin - 54)
+    if isinstance(alpha, torch.Tensor):
+        A = alpha.clamp(min=floor) * (2.0 ** 52 * (1 + 2.0 ** -40))
+        C = beta * (2.0 ** 53 * (1 + 2.0 ** -40)) + 1
+    else:
+        A = max(alpha, floor) * (2.0 ** 52 * (1 + 2.0 ** -40))
+        C = beta * (2.0 ** 53 * (1 + 2.0 ** -40)) + 1
+    bits = a.view(_I64)
+    low = torch.bitwise_and(bits, (1 << drop) - 1, out=_reuse(bits, "low"))
+    dist = _reuse(a, "dist").copy_(low.sub_(1 << (drop - 1)).abs_().clamp_(max=1 << (drop - 2)))
+    p2 = torch.bitwise_and(bits, 0x7FF0000000000000, out=low).view(_F64)
+    v = dist.sub_(C).mul_(p2)
+    # the common case without a boolean pass: every row's margin above its unit's A
+    if not isinstance(A, torch.Tensor):
+        if bool(v.amin() > A):
+            return None
+    elif a.dim() == 2 and A.shape == (a.shape[0], 1):
+        if bool((v.amin(1, keepdim=True) > A).all()):
+            return None
+    return v > A
+
+
 # --- the tiers --------------------------------------------------------------------------------------
 
 
@@ -374,12 +669,25 @@ class Problem:
     sizes: list[int]  # unit sizes
     eps: float
     whole: object  # per unit: made of whole groups (exact mean 0)
-    E: torch.Tensor  # (N,) bound on |c - c*|
+    E: object  # (N,) bound on |c - c*|, or a callable making it (see :meth:`rows_E`)
     dd: object = None  # () -> (h, l, B) over every row, or None (no dd tier)
     exact: object = None  # (name) -> np.ndarray float64 of the correctly rounded outputs, or None
     #: (rows (M,) int64) -> (ch, cl, E) of those rows' combined values in dd (their groups
     #: recomputed), or None: the targeted tier (1a)
     dd_rows: object = None
+    #: the plain path's Eq. 6 statistics (``impl._whiten.Local``), or None: tier 0 then
+    #: recomputes the units' statistics
+    loc: object = None
+    #: a bound on every row's E (host float), or None
+    emax: float | None = None
+    #: (rows: list of int) -> [(lo, hi, zero)] enclosing each row's exact c* (Fractions; zero:
+    #: c* = 0 exactly), from its group alone (:mod:`impl._exact_rows`), or None
+    exact_rows: object = None
+
+    def rows_E(self) -> torch.Tensor:
+        if callable(self.E):
+            self.E = self.E()
+        return self.E
 
 
 def finish(p: Problem, out_dtype, counts: Counts | None = None) -> torch.Tensor:
@@ -392,23 +700,39 @@ def finish(p: Problem, out_dtype, counts: Counts | None = None) -> torch.Tensor:
     device = a.device
     S = len(p.sizes)
     units = _Units(p.sizes, device)
-    whole = _whole_tensor(p.whole, S, device)
-    st = unit_stats(p.c, a, p.E, units, whole, p.eps)
-    B = float64_bound(st, units, a, p.E)
-    zeroE = p.E == 0
-    if bool(zeroE.any()):  # exact zeros: a unit of equal exact values, or c* = 0 in a whole unit
-        flat_u = st.flat & (st.Emax == 0)
-        exact0 = units.rows(units.bc(flat_u) | (units.view(zeroE & (p.c == 0)) & units.bc(whole)))
-        B = torch.where(exact0, 0.0, B)
-    if out_dtype == _F64:
-        ok, y, _ = certify(a, torch.zeros_like(a), B, out_dtype)
+    whole = p.whole if isinstance(p.whole, torch.Tensor) and p.whole.dtype == torch.bool and p.whole.dim() == 1 \
+        else _whole_tensor(p.whole, S, device)
+    st = None
+    got0 = _tier0_loc(p, units, whole, out_dtype) if out_dtype != _F64 else None
+    if got0 is not None:
+        ok, y = got0
+        if ok is None:  # every row certified
+            counts.float64 += n
+            return y
     else:
-        ok, y = certify_float(a, B, out_dtype)
+        st = unit_stats(p.c, a, p.rows_E(), units, whole, p.eps)
+        B = float64_bound(st, units, a, p.rows_E())
+        zeroE = p.rows_E() == 0
+        if bool(zeroE.any()):  # exact zeros: a unit of equal exact values, or c* = 0 in a whole unit
+            flat_u = st.flat & (st.Emax == 0)
+            exact0 = units.rows(units.bc(flat_u) | (units.view(zeroE & (p.c == 0)) & units.bc(whole)))
+            B = torch.where(exact0, 0.0, B)
+        if out_dtype == _F64:
+            ok, y, _ = certify(a, torch.zeros_like(a), B, out_dtype)
+        else:
+            ok, y = certify_float(a, B, out_dtype)
     done = int(ok.sum())
     counts.float64 += done
     if done == n:
         return y
     todo = ~ok
+    if got0 is not None and p.exact_rows is not None and n - done <= _EXACT_ROWS_MAX:
+        y, todo, k = _group_exact(p, todo, y, out_dtype, units)
+        counts.group_exact += k
+        if not bool(todo.any()):
+            return y
+    if st is None:
+        st = unit_stats(p.c, a, p.rows_E(), units, whole, p.eps)
     if p.dd_rows is not None and not _dd_needed_everywhere(todo, n):  # tier 1a: the rows' own c in dd
         rows = todo.nonzero().view(-1)
         got1 = _targeted(p, rows, units, st)
@@ -444,6 +768,102 @@ def finish(p: Problem, out_dtype, counts: Counts | None = None) -> torch.Tensor:
     if p.dd is not None and got is not None:
         y = torch.where(todo, round_out(h + l, out_dtype) if out_dtype != _F64 else h + l, y)
     return y
+
+
+def _tier0_loc(p: Problem, units: _Units, whole: torch.Tensor, out_dtype):
+    """Tier 0 from the plain path's own Eq. 6 statistics (``p.loc``): (ok, y), or None where
+    they are not at hand (buckets, the fused whitening, a device without the raw extremes)."""
+    loc = p.loc
+    if loc is None or loc.tp is None or loc.tp.lo is None or loc.lay.kind not in ("view", "padded"):
+        return None
+    a = p.a
+    lay = loc.lay
+    S = len(p.sizes)
+    if p.emax is not None and S <= _HOST_UNITS:
+        alpha, beta, exact0 = _eq6_host(loc.tp, p.sizes, lay.width, p.whole, p.emax, p.eps, a.device)
+    else:
+        Emax = torch.full((S,), p.emax, dtype=_F64, device=a.device) if p.emax is not None else units.amax(p.rows_E())
+        alpha, beta, exact0 = eq6_alpha_beta(loc.tp, p.sizes, lay.width, whole, Emax, p.eps)
+    y = round_out(a, out_dtype)
+    if S == 1 and not isinstance(alpha, torch.Tensor):
+        ok = bits_certify(a, alpha, beta, out_dtype)
+        if ok is None:
+            return None, y
+        alpha, beta = (torch.tensor([[x]], dtype=_F64, device=a.device) for x in (alpha, beta))
+        exact0 = torch.tensor([[bool(exact0)]], device=a.device)
+    elif lay.kind == "view":
+        ok = bits_certify(a.view(S, -1), alpha, beta, out_dtype)
+        ok = None if ok is None else ok.view(-1)
+    else:
+        idx = units.index()
+        ok = bits_certify(a, alpha.view(-1).index_select(0, idx), beta.view(-1).index_select(0, idx), out_dtype)
+    if ok is None:
+        return None, y
+    if not bool(ok.all()):
+        zero = ~ok & (y == 0)
+        if bool(zero.any()):
+            # exact zeros (a unit of equal exact values, or c* = 0 in a whole unit), and zeros
+            # whose sign is certain (|a| > B: the whole interval rounds to a zero of a's sign)
+            exact = units.spread(exact0.view(-1)) | (units.spread(whole) & (p.rows_E() == 0) & (p.c == 0))
+            ab = units.spread(alpha.view(-1)) + units.spread(beta.view(-1)) * a.abs()
+            _, th = _FORMAT[out_dtype]
+            signed = (a.abs() > ab * (1 + 2.0 ** -40)) & (a.abs() + ab * (1 + 2.0 ** -40) < th)
+            fix = zero & ((exact & (a == 0)) | signed)
+            y = torch.where(fix & (a == 0), torch.zeros_like(y), y)
+            ok = ok | fix
+    return ok, y
+
+
+#: at most this many rows per call go to the group-exact tier (beyond, the double-double tiers)
+_EXACT_ROWS_MAX = 256
+
+_FMT_NAME = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
+
+
+def _group_exact(p: Problem, todo: torch.Tensor, y: torch.Tensor, out_dtype, units: _Units):
+    """Tier 1a: the rows left get their exact c* from their own groups (:mod:`impl._exact_rows`),
+    whitened by their unit's float64 statistics with those statistics' bounds
+    (:class:`UnitNumbers`), in exact rational interval arithmetic; a row is certified where both
+    ends of its interval round to the same output (sign included), or where c* = 0 exactly in a
+    unit of whole groups (a* = +0). Returns (y, todo, how many were certified)."""
+    from oracle.exact import round_fraction
+    rows = todo.nonzero().view(-1)
+    rl = rows.tolist()
+    S = len(p.sizes)
+    ul = [0] * len(rl) if S == 1 else units.index().index_select(0, rows).tolist()
+    need = sorted(set(ul))
+    emax = p.emax if p.emax is not None else float(p.rows_E().max())
+    loc = p.loc
+    nums = dict(zip(need, _unit_numbers(loc.tp, p.sizes, loc.lay.width, _whole_list(p.whole, S), emax,
+                                         p.eps, need)))
+    fmt = _FMT_NAME[out_dtype]
+    got_rows, got_vals = [], []
+    for r, u, (lo, hi, zero) in zip(rl, ul, p.exact_rows(rl)):
+        un = nums[u]
+        if not math.isfinite(un.alpha) or un.flat:
+            continue
+        if zero and un.whole:
+            got_rows.append(r)
+            got_vals.append(0.0)
+            continue
+        f = Fraction(un.f)
+        dm = Fraction(un.dmean)
+        nlo, nhi = lo * f - (un.M + dm), hi * f - (un.M - dm)
+        dlo = max(Fraction(un.den) - Fraction(un.dD), Fraction(un.eps_f))
+        dhi = Fraction(un.den) + Fraction(un.dD)
+        if dlo <= 0:
+            continue
+        alo = nlo / dhi if nlo >= 0 else nlo / dlo
+        ahi = nhi / dlo if nhi >= 0 else nhi / dhi
+        ylo, yhi = round_fraction(alo, fmt), round_fraction(ahi, fmt)
+        if ylo == yhi and math.copysign(1.0, ylo) == math.copysign(1.0, yhi):
+            got_rows.append(r)
+            got_vals.append(ylo)
+    if not got_rows:
+        return y, todo, 0
+    at = torch.tensor(got_rows, dtype=_I64, device=y.device)
+    y = y.index_copy(0, at, torch.tensor(got_vals, dtype=_F64).to(y.device, y.dtype))
+    return y, todo.index_fill(0, at, False), len(got_rows)
 
 
 def _dd_needed_everywhere(todo: torch.Tensor, n: int) -> bool:
@@ -558,14 +978,26 @@ def _oracle_gdpo(inp, sizes, eps):
     return run
 
 
-def for_gdpo(inp, a: torch.Tensor, c: torch.Tensor, sizes: list[int], eps: float, whole) -> Problem:
-    """The certificate's view of a local gdpo_advantages call (missing="refuse")."""
+def for_gdpo(inp, a: torch.Tensor, c: torch.Tensor, sizes: list[int], eps: float, whole, err=None,
+             loc=None) -> Problem:
+    """The certificate's view of a local gdpo_advantages call (missing="refuse"). ``err``:
+    (per group bound on |c - c*|, rows per group) from :func:`eq4_error`, where the plain path
+    had contiguous groups; ``loc``: its Eq. 6 statistics."""
     gid_G = _group_index(inp) if inp.labels is not None else None
-    n_max = _longest(inp, gid_G)
-    e = eq47_bound(U64, n_max, inp.k, inp.weights)
-    E = torch.full_like(a, e)
-    if bool((c == 0).any()):
-        E = torch.where(_flat_rows(inp, gid_G), 0.0, E)
+    emax = None
+    if err is not None and err[0] is not None:
+        emax = err[0]
+
+        def E():
+            if bool((c == 0).any()):
+                return torch.where(_flat_rows(inp, gid_G), 0.0, torch.full_like(a, emax))
+            return torch.full_like(a, emax)
+    else:
+        n_max = _longest(inp, gid_G)
+        e = eq47_bound(U64, n_max, inp.k, inp.weights)
+        E = torch.full_like(a, e)
+        if bool((c == 0).any()):
+            E = torch.where(_flat_rows(inp, gid_G), 0.0, E)
 
     def dd():
         gid, G = gid_G or _group_index(inp)
@@ -583,7 +1015,29 @@ def for_gdpo(inp, a: torch.Tensor, c: torch.Tensor, sizes: list[int], eps: float
             return None
         at = torch.searchsorted(mine, rows)  # rows within the selection (mine is sorted)
         return tuple(t.index_select(0, at) for t in got)
-    return Problem(a, c, sizes, eps, whole, E, dd, _oracle_gdpo(inp, sizes, eps), dd_rows)
+    def exact_rows(rows: list[int]):
+        from impl import _exact_rows
+        r = inp.rewards
+        if inp.labels is None:
+            g = inp.group_size
+            members = {}
+            for row in rows:
+                members.setdefault(row // g, None)
+            groups = {q: list(range(q * g, (q + 1) * g)) for q in members}
+            key = [row // g for row in rows]
+        else:
+            gid, _ = gid_G or _group_index(inp)
+            key = gid.index_select(0, torch.tensor(rows, dtype=_I64, device=gid.device)).tolist()
+            groups = {q: (gid == q).nonzero().view(-1).tolist() for q in set(key)}
+        out = {}
+        for q, mem in groups.items():
+            vals = r.index_select(0, torch.tensor(mem, dtype=_I64, device=r.device)).to("cpu", _F64).tolist()
+            pos = {m: i for i, m in enumerate(mem)}
+            mine = [row for row, kq in zip(rows, key) if kq == q]
+            for row, res in zip(mine, _exact_rows.combined(vals, list(inp.weights), eps, [pos[m] for m in mine])):
+                out[row] = res
+        return [out[row] for row in rows]
+    return Problem(a, c, sizes, eps, whole, E, dd, _oracle_gdpo(inp, sizes, eps), dd_rows, loc, emax, exact_rows)
 
 
 def for_whiten(v: torch.Tensor, a: torch.Tensor, sizes: list[int], eps: float) -> Problem:

@@ -34,6 +34,7 @@ import torch
 
 from impl import _problems as P
 from impl import _fused  # the optional fused kernels
+from impl import _certify  # the certificate reads the two-pass statistics of Eq. 4
 from impl import _segments as seg_ops
 from impl._stats import PAD_FACTOR, PAD_SLACK, TwoPass, denominator, overflow_possible, two_pass, weight_plan
 from impl._inputs import Rewards
@@ -288,6 +289,10 @@ class Normalized:
     c: torch.Tensor  # (N,) float64, input order; z (N, K) where finish ran without Eq. 7
     facts: dict[int, torch.Tensor]  # raw facts found in phase two (non-finite, Eq. 7 overflow)
     varies: torch.Tensor | None = None  # (G,) bool, groups by first appearance (if asked)
+    #: the certificate's bound on |c - c*| of every row, groups of ``err_rows`` contiguous rows
+    #: (certifying only, contiguous layouts only; elsewhere None: the certificate's worst case)
+    err: float | None = None
+    err_rows: int = 0
 
 
 def finish(prep: Prepared, eps: float, groups: int = 0, longest: int = 0, runs: int = 0, *,
@@ -305,6 +310,7 @@ def finish(prep: Prepared, eps: float, groups: int = 0, longest: int = 0, runs: 
     inp, r = prep.inp, prep.r
     n, k = r.shape
     facts: dict[int, torch.Tensor] = {}
+    err = None
     as_runs = (prep.labelled is not None and runs == groups and groups * longest == n
                and (signal or not combined or not _fused_padded(r, longest, inp)))  # fused: gathers anyway
     if prep.labelled is None or as_runs:
@@ -318,6 +324,8 @@ def finish(prep: Prepared, eps: float, groups: int = 0, longest: int = 0, runs: 
             tp = two_pass(x, count[:1], eps, own=True)
             finite = not prep.lazy or tp.finite()
             z = standardize_groups(tp, count[1:], eps)  # (K, g, G)
+            if combined and finite and n and _certify.enabled():  # the certificate's bound on c
+                err = _certify.eq4_error(r.dtype, _certify.magnitudes(r), g, inp.weights)
         if not combined:
             c = z.permute(2, 1, 0).reshape(n, k)
         else:
@@ -337,7 +345,7 @@ def finish(prep: Prepared, eps: float, groups: int = 0, longest: int = 0, runs: 
         facts.update({P.C_OVERFLOW: at, P.C_OVERFLOW_BITS: bits})
         if inp.labels is not None:
             facts[P.C_OVERFLOW_GROUP] = seg_ops.take(inp.labels, at)
-    return Normalized(c, facts, varies)
+    return Normalized(c, facts, varies, err, longest if err is not None else 0)
 
 
 def _fused_padded(r: torch.Tensor, width: int, inp: Rewards) -> bool:

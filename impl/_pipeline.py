@@ -419,9 +419,11 @@ def gdpo_local(rewards, group_ids, group_size, weights, segment_sizes, eps, out_
         P.raise_local(row)
         # the certificate reads c: the plain path's Eq. 4/7 (the fused kernels' bits; a ``then`` keeps
         # _normalize_checked off the fused path, which counts its calls)
-        out = _finish_local(a, out_dtype, lambda a64: _certify.for_gdpo(
-            inp, a64, _normalize_checked(inp, eps, then=lambda norm, lab: None)[0].c, sizes, eps,
-            _whole_units(inp, sizes)), diagnostics)
+        def problem(a64):
+            norm = _normalize_checked(inp, eps, then=lambda norm, lab: None)[0]
+            return _certify.for_gdpo(inp, a64, norm.c, sizes, eps, _whole_units(inp, sizes),
+                                     (norm.err, norm.err_rows))
+        out = _finish_local(a, out_dtype, problem, diagnostics)
         _no_missing(inp).report(diagnostics)  # only once the call succeeded
         return out, None
 
@@ -440,8 +442,8 @@ def gdpo_local(rewards, group_ids, group_size, weights, segment_sizes, eps, out_
         return W.apply_local(loc, eps, direct), loc
 
     norm, _, (a, loc) = _normalize_checked(inp, eps, then=whiten)
-    out = _finish_local(a, out_dtype, lambda a64: _certify.for_gdpo(inp, a64, norm.c, sizes, eps, whole_of[0]),
-                        diagnostics)
+    out = _finish_local(a, out_dtype, lambda a64: _certify.for_gdpo(inp, a64, norm.c, sizes, eps, whole_of[0],
+                                                                    (norm.err, norm.err_rows), loc), diagnostics)
     _no_missing(inp).report(diagnostics)
     return out, loc
 

@@ -33,7 +33,7 @@ class TwoPass:
     """Shift-invariant two-pass statistics of the segments along dim 1 of x (keepdim)."""
 
     absmax: torch.Tensor  # largest magnitude (caller dtype)
-    lo: torch.Tensor | None  # raw minimum and maximum (only when asked for)
+    lo: torch.Tensor | None  # raw minimum and maximum (where computed: on CPU, or when asked for)
     hi: torch.Tensor | None
     f: torch.Tensor  # scale 2**-e, float64
     eps_f: torch.Tensor  # eps * f
@@ -83,7 +83,7 @@ def two_pass(x: torch.Tensor, count: torch.Tensor, eps: float, *, pad_mask: torc
         m2 = seg_ops.tree_sum(dev, bufs, squares=True)
     else:
         m2 = seg_ops.tree_sum((dev * dev).mul_(pad_mask), bufs)
-    return TwoPass(absmax, lo if minmax else None, hi if minmax else None, f, eps_f, shift, mean, dev, m2)
+    return TwoPass(absmax, lo, hi, f, eps_f, shift, mean, dev, m2)
 
 
 def denominator(var: torch.Tensor, eps_f: torch.Tensor, eps: float) -> torch.Tensor:
