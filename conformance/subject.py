@@ -95,7 +95,9 @@ An implementation may declare, as attributes of its function:
   (ties to even), hence the same bits whatever the layout, and a float64 output is within one
   ulp of the exact value (faithful); on ``gdpo_advantages`` (and its ``whiten``). The property
   ``certified`` then grades that claim on hunted boundary cases (``conformance/boundary.py``);
-  an implementation that does not declare it is graded within the error model only.
+  an implementation that does not declare it is graded within the error model only. A tuple
+  of format names (``("float32", "bfloat16", "float16")``) declares it for those output
+  formats only (the others are graded within the error model).
   ``gdpo check --domain certified=true`` declares it from the command line (:meth:`Subject.certifies`).
 ``gdpo_convention``
   the preset of ``spec.conventions`` it computes. Graded against ``spec``, a failure
@@ -490,9 +492,16 @@ class Subject:
         function (as ``gdpo_missing`` declares what its signature cannot show), or ``gdpo check
         --domain certified=true``? Every float32, bfloat16 and float16 output is then the exact
         advantage correctly rounded (ties to even), a float64 output faithful (within one ulp)."""
-        if "certified" in self.declared:
-            return bool(self.declared["certified"])
-        return bool(getattr(self.fn, "gdpo_certified", False))
+        return bool(self.certified_formats())
+
+    def certified_formats(self) -> frozenset:
+        """The output formats whose certified rounding is declared: every format for
+        ``gdpo_certified = True``, the named ones for a tuple of names, none otherwise."""
+        every = frozenset({"float64", "float32", "bfloat16", "float16"})
+        value = self.declared["certified"] if "certified" in self.declared else getattr(self.fn, "gdpo_certified", False)
+        if isinstance(value, (tuple, list, frozenset, set)):
+            return frozenset(str(v) for v in value) & every
+        return every if value else frozenset()
 
     def takes_missing(self) -> bool:
         """Does the implementation declare ``missing="unscored"`` (spec/gdpo.md section 2)? In the

@@ -1,26 +1,37 @@
 """The certificate: every narrow output is the exact advantage correctly rounded.
 
 The pipeline computes each advantage in float64 (``a``). This stage bounds, per sample, how far
-``a`` can be from the exact advantage (the running error bound of spec/error_model.py, evaluated
-on the quantities at hand, worst case where a quantity is not at hand), and rounds:
+``a`` can be from the exact advantage, and rounds:
 
-* tier 0, float64. If the interval ``[a - B, a + B]`` lies strictly between two rounding
-  boundaries of the output format, every value in it rounds to the same output: that output is
-  the correctly rounded exact value (float32, bfloat16, float16), or within one ulp of the exact
-  value (float64: faithful).
-* tier 1, double-double (:mod:`impl._dd`). The samples tier 0 left are recomputed with their
-  whole unit (and the groups its rows belong to) in double-double, with the same bound in the
-  dd unit roundoff (2**-100), and certified the same way.
-* tier 2, exact. What tier 1 leaves (the exact value on a rounding midpoint, or within the dd
-  bound of one; inputs outside the dd path's safe range; rows with unscored rewards) is decided
-  by :mod:`oracle.gdpo`'s exact arithmetic, on this process's rows.
+* tier 0, float64, from the plain path's own statistics. Where the groups are contiguous runs of
+  rows, Eq. 4/7's error is bounded a posteriori (:func:`eq47_rows_bound`: the rewards' dtype and
+  magnitudes say whether every difference and every partial sum of the group means is exact,
+  :func:`exact_sums`), and Eq. 6's from the whitening's two-pass statistics
+  (:func:`eq6_alpha_beta`, :class:`UnitNumbers`): |a - a*| <= alpha + beta |a| per unit. A sample
+  whose interval [a - B, a + B] holds no rounding boundary of the output format rounds as the
+  exact value does (:func:`bits_certify`, on a's float64 bits). Elsewhere (labelled groups in a
+  padded layout, the fused whitening, size buckets) the worst-case bound below and the units'
+  recomputed statistics (:func:`unit_stats`, :func:`float64_bound`) play the same part.
+* tier 1a, a row's group in exact integer arithmetic (:mod:`impl._exact_rows`). The rows tier 0
+  left (usually none, a few at most) get their exact combined value c* enclosed between two
+  rationals 2**-128 apart, from their own group alone, and are whitened by their unit's float64
+  statistics and those statistics' bounds, in exact rational interval arithmetic; c* = 0 is
+  decided exactly. A row is certified where both ends of its interval round alike.
+* tier 1b, double-double (:mod:`impl._dd`). What is left (a sample close to a boundary through
+  the unit's denominator, whose bound spans every row's error) is recomputed with its whole unit
+  (and the groups its rows belong to) in double-double, the same bounds in the dd unit
+  roundoff (2**-100), and certified the same way.
+* tier 2, exact. What tier 1b leaves (the exact value on a rounding midpoint, or within the dd
+  bound of one; inputs outside the dd path's safe range) is decided by :mod:`oracle.gdpo`'s
+  exact arithmetic, on this process's rows.
 
 The result is the same bits whatever the layout (ranks, shards, group order, device, thread
 count): the correctly rounded exact value is a function of the inputs alone. Diagnostics count
 the samples each tier decided (``impl.gdpo.Diagnostics``).
 
-Bounds (first order, times SAFETY = 2 for the second-order terms, as in spec/error_model.py), u
-the unit roundoff of the tier, n the largest group, L = ceil(log2 n), K columns, W = sum |w|:
+Worst-case bounds (first order, times SAFETY = 2 for the second-order terms, as in
+spec/error_model.py), used where the plain path's statistics are not at hand: u the unit
+roundoff of the tier, n the largest group, L = ceil(log2 n), K columns, W = sum |w|:
 
     Eq. 4   |z - z*| <= u [(L + 4) sqrt(2 (n - 1)) (1 + |z| sqrt(n / (n - 1))) + |z| ((L + 1)/2 + 6)]
     Eq. 7   |c - c*| <= sum_k |w_k| |z_k - z_k*| + (K + 1) u sum_k |w_k z_k|     (E, per row)
@@ -43,7 +54,6 @@ import contextlib
 import dataclasses
 import math
 import os
-from fractions import Fraction
 
 import numpy as np
 import torch
@@ -60,37 +70,52 @@ SAFETY = 2.0
 #: absolute underflow allowance (a few float64 subnormal steps)
 _TAU = 2.0 ** -1070
 
-#: Opt-in for now (issue 27 stays open: its cost at N = 65,536 is above the 15% asked, and the
-#: test suite's run time with it on is not yet within CI's): ``GDPO_CERTIFIED=1`` in the
-#: environment before impl is imported, or :func:`enabled_here` around calls.
-_ENABLED = [os.environ.get("GDPO_CERTIFIED", "0").strip().lower() in ("1", "true", "yes", "on")]
+#: What is certified: "narrow" (the default: every float32, bfloat16 and float16 output; a
+#: float64 output is the plain path's one rounding, within the error model), "all" (float64
+#: outputs too, faithful: the double-double tier on every call, about 25 times the plain
+#: path at N = 65,536) or "off" (the plain path). ``GDPO_CERTIFIED`` in the environment before
+#: impl is imported: 1/all, 0/off, narrow; or :func:`enabled_here` / :func:`disabled` around calls.
+_MODES = {"1": "all", "all": "all", "true": "all", "yes": "all", "on": "all", "0": "off", "off": "off",
+          "false": "off", "no": "off", "narrow": "narrow", "": "narrow"}
+_MODE = [_MODES.get(os.environ.get("GDPO_CERTIFIED", "").strip().lower(), "narrow")]
 
 
-@contextlib.contextmanager
-def disabled():
-    """The plain path (one rounding of the float64 result, no certificate): benchmarks and
-    the negative control of the conformance property ``certified``."""
-    old = _ENABLED[0]
-    _ENABLED[0] = False
-    try:
-        yield
-    finally:
-        _ENABLED[0] = old
+def _scoped(mode: str):
+    @contextlib.contextmanager
+    def scope():
+        old = _MODE[0]
+        _MODE[0] = mode
+        try:
+            yield
+        finally:
+            _MODE[0] = old
+    return scope
 
 
-@contextlib.contextmanager
-def enabled_here():
-    """Certified rounding for the calls inside (whatever ``GDPO_CERTIFIED`` says)."""
-    old = _ENABLED[0]
-    _ENABLED[0] = True
-    try:
-        yield
-    finally:
-        _ENABLED[0] = old
+#: The plain path (one rounding of the float64 result, no certificate): benchmarks and the
+#: negative control of the conformance property ``certified``.
+disabled = _scoped("off")
+#: Certified rounding of every output format, float64 included, for the calls inside.
+enabled_here = _scoped("all")
+#: The default: float32, bfloat16 and float16 outputs certified, float64 not.
+narrow_here = _scoped("narrow")
 
 
-def enabled() -> bool:
-    return _ENABLED[0]
+def enabled(out_dtype=None) -> bool:
+    """Is ``out_dtype``'s rounding certified (None: is any output format's)?"""
+    mode = _MODE[0]
+    if mode == "off":
+        return False
+    if out_dtype is None or mode == "all":
+        return True
+    return out_dtype in _NARROW
+
+
+def declared():
+    """What impl declares (``gdpo_certified``): True (every format, float64 faithful), the
+    narrow formats' names, or False."""
+    mode = _MODE[0]
+    return True if mode == "all" else False if mode == "off" else ("float32", "bfloat16", "float16")
 
 
 @dataclasses.dataclass
@@ -355,7 +380,7 @@ def certify_float(a: torch.Tensor, B: torch.Tensor, out_dtype):
     lo = round_out(a - Bp, out_dtype)
     hi = round_out(a + Bp, out_dtype)
     it = {torch.float32: torch.int32, torch.float16: torch.int16, torch.bfloat16: torch.int16}[out_dtype]
-    ok = lo.view(it) == hi.view(it)  # bit for bit: +0 and -0 differ (the sign of a tiny value)
+    ok = (lo.view(it) == hi.view(it)) & torch.isfinite(B)  # bit for bit: +0 and -0 differ (the sign of a tiny value)
     return ok, lo
 
 
@@ -394,6 +419,13 @@ def magnitudes(r: torch.Tensor) -> tuple[float, float]:
     over the whole batch (host floats; one pass over r and one host read)."""
     if r.numel() == 0:
         return math.inf, 0.0
+    if r.device.type == "cpu" and r.numel() <= _NUMPY_ROWS and r.dtype in (torch.float32, torch.float64):
+        ax = np.abs(r.detach().numpy())
+        lo, hi = float(ax.min()), float(ax.max())
+        if lo == 0:
+            nz = ax[ax != 0]
+            lo = float(nz.min()) if nz.size else math.inf
+        return lo, hi
     ax = torch.abs(r, out=_reuse(r, "abs"))
     lo_hi = torch.stack(torch.aminmax(ax)).to(_F64).tolist()
     if lo_hi[0] == 0:  # zeros are multiples of any quantum: the smallest nonzero magnitude
@@ -460,7 +492,7 @@ def eq47_rows_bound(n: int, weights: list[float], exact: list[bool]) -> float:
         zb = (zmax + ddev) / (1 - dD)
         zeta = u * zb + ddev + zb * dD
         total += abs(w) * (zeta + K * u * zb)
-    return total * _SLACK + _TAU
+    return total * _SLACK + (K + 1) * _TAU  # an underflowing product or sum: 2**-1075 each
 
 
 def eq6_alpha_beta(tp, sizes: list[int], width: int, whole: torch.Tensor, Emax: torch.Tensor, eps: float):
@@ -488,11 +520,12 @@ def eq6_alpha_beta(tp, sizes: list[int], width: int, whole: torch.Tensor, Emax: 
     den = denominator(tp.m2 / (T - 1).clamp(min=1), tp.eps_f, eps)
     q = torch.sqrt(T.clamp(min=2) / (T.clamp(min=2) - 1))
     with np.errstate(all="ignore"):
-        dD = den * (u * ((L + 1) / 2 + 2.5)) + q * ddev
+        dD = (den * (u * ((L + 1) / 2 + 2.5)) + q * ddev) * _SLACK
         rD = dD / den
         alpha = ddev / den / (1 - rD) * _SLACK + _TAU
         beta = (u + rD * (1 + u) / (1 - rD)) * _SLACK
-    good = rD < 0.25
+    # every computed c equal, the exact ones perhaps not: no bound from den
+    good = (rD < 0.25) & ~((lo == hi) & (Emax.view(-1, 1) > 0))
     alpha = torch.where(good, alpha, math.inf)
     beta = torch.where(good, beta, math.inf)
     exact0 = (lo == hi) & (Emax.view(-1, 1) == 0)
@@ -522,7 +555,7 @@ class UnitNumbers:
     beta: float
     exact0: bool  # every c equal and exact: a = +0 exactly
     f: float
-    M: Fraction
+    M: object  # a Fraction
     dmean: float
     den: float
     dD: float
@@ -536,6 +569,7 @@ def _unit_numbers(tp, sizes: list[int], width: int, wl: list[bool], emax: float,
     """:func:`eq6_alpha_beta` on the host for the units ``which``, every row's E at most
     ``emax``: the same formulas in Python floats (IEEE 754 double, correctly rounded sqrt), so
     the denominator is the plain path's bit for bit."""
+    from fractions import Fraction  # not at import: impl's import stays light
     S = len(sizes)
     parts = torch.cat([tp.lo.to(_F64).view(S, 1), tp.hi.to(_F64).view(S, 1), tp.f.view(S, 1),
                        tp.mean.view(S, 1), tp.m2.view(S, 1), tp.eps_f.view(S, 1), tp.shift.view(S, 1)], 1)
@@ -561,6 +595,8 @@ def _unit_numbers(tp, sizes: list[int], width: int, wl: list[bool], emax: float,
         Tq = max(T, 2)
         dD = (den * (u * ((L + 1) / 2 + 2.5)) + math.sqrt(Tq / (Tq - 1)) * ddev) * _SLACK
         rD = dD / den if den > 0 else math.inf
+        if lo == hi and emax > 0:
+            rD = math.inf  # every computed c equal, the exact ones perhaps not: no bound from den
         if rD < 0.25:
             alpha = ddev / den / (1 - rD) * _SLACK + _TAU
             beta = (u + rD * (1 + u) / (1 - rD)) * _SLACK
@@ -607,6 +643,25 @@ _NARROW = {torch.float32: (23, -126), torch.float16: (10, -14), torch.bfloat16: 
 _NEVER = 1 << 62
 
 
+#: up to this many rows on CPU, tier 0's per-row work runs in NumPy (the same operations)
+_NUMPY_ROWS = 1 << 14
+
+
+def _bits_certify_np(a: torch.Tensor, A, C, drop: int):
+    """:func:`bits_certify`'s arithmetic in NumPy (CPU, few rows)."""
+    bits = a.detach().numpy().view(np.int64)
+    dist = np.minimum(np.abs((bits & ((1 << drop) - 1)) - (1 << (drop - 1))), 1 << (drop - 2)).astype(np.float64)
+    p2 = (bits & 0x7FF0000000000000).view(np.float64)
+    An = A.detach().cpu().numpy() if isinstance(A, torch.Tensor) else A
+    Cn = C.detach().cpu().numpy() if isinstance(C, torch.Tensor) else C
+    with np.errstate(all="ignore"):  # an infinite bound times a zero a: NaN, not certified
+        v = (dist - Cn) * p2
+        ok = v > An
+    if bool(ok.all()):
+        return None
+    return torch.from_numpy(ok)
+
+
 def bits_certify(a: torch.Tensor, alpha, beta, out_dtype) -> torch.Tensor | None:
     """Tier 0's test on a's float64 bits: ok where every value within B = alpha + beta |a| of
     a rounds as a does (``alpha``, ``beta`` broadcast against a); None where every row is.
@@ -629,6 +684,8 @@ def bits_certify(a: torch.Tensor, alpha, beta, out_dtype) -> torch.Tensor | None
     else:
         A = max(alpha, floor) * (2.0 ** 52 * (1 + 2.0 ** -40))
         C = beta * (2.0 ** 53 * (1 + 2.0 ** -40)) + 1
+    if a.device.type == "cpu" and a.numel() <= _NUMPY_ROWS:  # small: NumPy's dispatch is the cheaper
+        return _bits_certify_np(a, A, C, drop)
     bits = a.view(_I64)
     low = torch.bitwise_and(bits, (1 << drop) - 1, out=_reuse(bits, "low"))
     dist = _reuse(a, "dist").copy_(low.sub_(1 << (drop - 1)).abs_().clamp_(max=1 << (drop - 2)))
@@ -700,15 +757,14 @@ def finish(p: Problem, out_dtype, counts: Counts | None = None) -> torch.Tensor:
     device = a.device
     S = len(p.sizes)
     units = _Units(p.sizes, device)
-    whole = p.whole if isinstance(p.whole, torch.Tensor) and p.whole.dtype == torch.bool and p.whole.dim() == 1 \
-        else _whole_tensor(p.whole, S, device)
     st = None
-    got0 = _tier0_loc(p, units, whole, out_dtype) if out_dtype != _F64 else None
+    got0 = _tier0_loc(p, units, out_dtype) if out_dtype != _F64 else None
+    if got0 is not None and got0[0] is None:  # every row certified
+        counts.float64 += n
+        return got0[1]
+    whole = _whole_tensor(p.whole, S, device)
     if got0 is not None:
         ok, y = got0
-        if ok is None:  # every row certified
-            counts.float64 += n
-            return y
     else:
         st = unit_stats(p.c, a, p.rows_E(), units, whole, p.eps)
         B = float64_bound(st, units, a, p.rows_E())
@@ -770,7 +826,7 @@ def finish(p: Problem, out_dtype, counts: Counts | None = None) -> torch.Tensor:
     return y
 
 
-def _tier0_loc(p: Problem, units: _Units, whole: torch.Tensor, out_dtype):
+def _tier0_loc(p: Problem, units: _Units, out_dtype):
     """Tier 0 from the plain path's own Eq. 6 statistics (``p.loc``): (ok, y), or None where
     they are not at hand (buckets, the fused whitening, a device without the raw extremes)."""
     loc = p.loc
@@ -783,7 +839,8 @@ def _tier0_loc(p: Problem, units: _Units, whole: torch.Tensor, out_dtype):
         alpha, beta, exact0 = _eq6_host(loc.tp, p.sizes, lay.width, p.whole, p.emax, p.eps, a.device)
     else:
         Emax = torch.full((S,), p.emax, dtype=_F64, device=a.device) if p.emax is not None else units.amax(p.rows_E())
-        alpha, beta, exact0 = eq6_alpha_beta(loc.tp, p.sizes, lay.width, whole, Emax, p.eps)
+        alpha, beta, exact0 = eq6_alpha_beta(loc.tp, p.sizes, lay.width, _whole_tensor(p.whole, S, a.device), Emax,
+                                             p.eps)
     y = round_out(a, out_dtype)
     if S == 1 and not isinstance(alpha, torch.Tensor):
         ok = bits_certify(a, alpha, beta, out_dtype)
@@ -804,6 +861,7 @@ def _tier0_loc(p: Problem, units: _Units, whole: torch.Tensor, out_dtype):
         if bool(zero.any()):
             # exact zeros (a unit of equal exact values, or c* = 0 in a whole unit), and zeros
             # whose sign is certain (|a| > B: the whole interval rounds to a zero of a's sign)
+            whole = _whole_tensor(p.whole, S, a.device)
             exact = units.spread(exact0.view(-1)) | (units.spread(whole) & (p.rows_E() == 0) & (p.c == 0))
             ab = units.spread(alpha.view(-1)) + units.spread(beta.view(-1)) * a.abs()
             _, th = _FORMAT[out_dtype]
@@ -826,6 +884,8 @@ def _group_exact(p: Problem, todo: torch.Tensor, y: torch.Tensor, out_dtype, uni
     (:class:`UnitNumbers`), in exact rational interval arithmetic; a row is certified where both
     ends of its interval round to the same output (sign included), or where c* = 0 exactly in a
     unit of whole groups (a* = +0). Returns (y, todo, how many were certified)."""
+    from fractions import Fraction
+
     from oracle.exact import round_fraction
     rows = todo.nonzero().view(-1)
     rl = rows.tolist()

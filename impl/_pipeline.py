@@ -149,7 +149,7 @@ def _apply_dtype(out_dtype: torch.dtype, total_rows: int):
     """The dtype Eq. 6 writes: the output dtype itself, or float64 (None) when the
     cast must be checked first, is not a plain floating write, or is certified
     (``impl._certify``: the float64 result and its bound decide the rounding)."""
-    if cast_reachable(out_dtype, total_rows) or out_dtype not in _DIRECT or _certify.enabled():
+    if cast_reachable(out_dtype, total_rows) or out_dtype not in _DIRECT or _certify.enabled(out_dtype):
         return None
     return out_dtype
 
@@ -173,7 +173,7 @@ def _finish_local(a: torch.Tensor, out_dtype: torch.dtype, problem=None, diagnos
                 f"whitened value {float(a[at])!r} at row {at} does not survive the cast to "
                 f"{P.dtype_name(P.dtype_code(out_dtype))} (largest finite {torch.finfo(out_dtype).max!r}); "
                 "choose a wider out_dtype")
-    if problem is not None and out_dtype in _certify.FORMATS and _certify.enabled() and a.dtype == _F64:
+    if problem is not None and out_dtype in _certify.FORMATS and _certify.enabled(out_dtype) and a.dtype == _F64:
         counts = _certify.Counts()
         out = _certify.finish(problem(a), out_dtype, counts)
         if diagnostics is not None:
@@ -421,13 +421,15 @@ def gdpo_local(rewards, group_ids, group_size, weights, segment_sizes, eps, out_
         # _normalize_checked off the fused path, which counts its calls)
         def problem(a64):
             norm = _normalize_checked(inp, eps, then=lambda norm, lab: None)[0]
-            return _certify.for_gdpo(inp, a64, norm.c, sizes, eps, _whole_units(inp, sizes),
-                                     (norm.err, norm.err_rows))
+            whole = _whole_units(inp, sizes)
+            # the plain path's Eq. 6 statistics of the same c (the fused kernels' bits): tier 0's bound
+            loc = W.local_stats(norm.c, sizes, eps, own=False, whole=whole)
+            return _certify.for_gdpo(inp, a64, norm.c, sizes, eps, whole, (norm.err, norm.err_rows), loc)
         out = _finish_local(a, out_dtype, problem, diagnostics)
         _no_missing(inp).report(diagnostics)  # only once the call succeeded
         return out, None
 
-    certifying = _certify.enabled()
+    certifying = _certify.enabled(out_dtype)
     whole_of = []
 
     def whiten(norm, lab):
@@ -601,7 +603,7 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
         # Collectives 2 and 3's buffer, before the agreement: after it, a failing rank allocates
         # nothing. Contiguous groups and whiten fill their statistics now as well.
         comm = _comm_device(group, data_device)
-        certifying = (_certify.enabled() and out_dtype in _certify.FORMATS and plan is None
+        certifying = (_certify.enabled(out_dtype) and out_dtype in _certify.FORMATS and plan is None
                       and (api != P.API_GDPO or missing == "refuse"))
         buf = _Buffers(world, len(sizes), comm, row_counts=plan is not None, certified=certifying)
         if plan is not None:
