@@ -722,7 +722,7 @@ class Problem:
     """What the tiers need to know of a call (local rows only)."""
 
     a: torch.Tensor  # (N,) float64 result of the plain path
-    c: torch.Tensor  # (N,) float64 values Eq. 6 whitened
+    c: object  # (N,) float64 values Eq. 6 whitened, or a callable making them (see :meth:`values`)
     sizes: list[int]  # unit sizes
     eps: float
     whole: object  # per unit: made of whole groups (exact mean 0)
@@ -740,6 +740,12 @@ class Problem:
     #: (rows: list of int) -> [(lo, hi, zero)] enclosing each row's exact c* (Fractions; zero:
     #: c* = 0 exactly), from its group alone (:mod:`impl._exact_rows`), or None
     exact_rows: object = None
+
+    def values(self) -> torch.Tensor:
+        """c (computed again where the plain path used its buffer as work space)."""
+        if callable(self.c):
+            self.c = self.c()
+        return self.c
 
     def rows_E(self) -> torch.Tensor:
         if callable(self.E):
@@ -766,12 +772,12 @@ def finish(p: Problem, out_dtype, counts: Counts | None = None) -> torch.Tensor:
     if got0 is not None:
         ok, y = got0
     else:
-        st = unit_stats(p.c, a, p.rows_E(), units, whole, p.eps)
+        st = unit_stats(p.values(), a, p.rows_E(), units, whole, p.eps)
         B = float64_bound(st, units, a, p.rows_E())
         zeroE = p.rows_E() == 0
         if bool(zeroE.any()):  # exact zeros: a unit of equal exact values, or c* = 0 in a whole unit
             flat_u = st.flat & (st.Emax == 0)
-            exact0 = units.rows(units.bc(flat_u) | (units.view(zeroE & (p.c == 0)) & units.bc(whole)))
+            exact0 = units.rows(units.bc(flat_u) | (units.view(zeroE & (p.values() == 0)) & units.bc(whole)))
             B = torch.where(exact0, 0.0, B)
         if out_dtype == _F64:
             ok, y, _ = certify(a, torch.zeros_like(a), B, out_dtype)
@@ -788,7 +794,7 @@ def finish(p: Problem, out_dtype, counts: Counts | None = None) -> torch.Tensor:
         if not bool(todo.any()):
             return y
     if st is None:
-        st = unit_stats(p.c, a, p.rows_E(), units, whole, p.eps)
+        st = unit_stats(p.values(), a, p.rows_E(), units, whole, p.eps)
     if p.dd_rows is not None and not _dd_needed_everywhere(todo, n):  # tier 1a: the rows' own c in dd
         rows = todo.nonzero().view(-1)
         got1 = _targeted(p, rows, units, st)
@@ -862,7 +868,7 @@ def _tier0_loc(p: Problem, units: _Units, out_dtype):
             # exact zeros (a unit of equal exact values, or c* = 0 in a whole unit), and zeros
             # whose sign is certain (|a| > B: the whole interval rounds to a zero of a's sign)
             whole = _whole_tensor(p.whole, S, a.device)
-            exact = units.spread(exact0.view(-1)) | (units.spread(whole) & (p.rows_E() == 0) & (p.c == 0))
+            exact = units.spread(exact0.view(-1)) | (units.spread(whole) & (p.rows_E() == 0))  # E = 0: c = +0
             ab = units.spread(alpha.view(-1)) + units.spread(beta.view(-1)) * a.abs()
             _, th = _FORMAT[out_dtype]
             signed = (a.abs() > ab * (1 + 2.0 ** -40)) & (a.abs() + ab * (1 + 2.0 ** -40) < th)
@@ -1048,16 +1054,13 @@ def for_gdpo(inp, a: torch.Tensor, c: torch.Tensor, sizes: list[int], eps: float
     if err is not None and err[0] is not None:
         emax = err[0]
 
-        def E():
-            if bool((c == 0).any()):
-                return torch.where(_flat_rows(inp, gid_G), 0.0, torch.full_like(a, emax))
-            return torch.full_like(a, emax)
+        def E():  # rows of groups whose columns are all constant: z = 0 exactly, c = +0 (E = 0)
+            return torch.where(_flat_rows(inp, gid_G), 0.0, torch.full_like(a, emax))
     else:
-        n_max = _longest(inp, gid_G)
-        e = eq47_bound(U64, n_max, inp.k, inp.weights)
-        E = torch.full_like(a, e)
-        if bool((c == 0).any()):
-            E = torch.where(_flat_rows(inp, gid_G), 0.0, E)
+        e = eq47_bound(U64, _longest(inp, gid_G), inp.k, inp.weights)
+
+        def E():  # as above, the worst-case bound elsewhere
+            return torch.where(_flat_rows(inp, gid_G), 0.0, torch.full_like(a, e))
 
     def dd():
         gid, G = gid_G or _group_index(inp)

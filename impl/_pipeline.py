@@ -429,7 +429,6 @@ def gdpo_local(rewards, group_ids, group_size, weights, segment_sizes, eps, out_
         _no_missing(inp).report(diagnostics)  # only once the call succeeded
         return out, None
 
-    certifying = _certify.enabled(out_dtype)
     whole_of = []
 
     def whiten(norm, lab):
@@ -439,12 +438,15 @@ def gdpo_local(rewards, group_ids, group_size, weights, segment_sizes, eps, out_
             a = _fused.guarded(lambda: _fused.whiten(norm.c, sizes, eps, direct, whole), lambda: None)
             if a is not None:
                 return a, None
-        # c is work space unless the certificate reads it
-        loc = W.local_stats(norm.c, sizes, eps, own=not certifying, whole=whole)
+        # c is work space: the certificate computes it again in the rare case it needs it
+        loc = W.local_stats(norm.c, sizes, eps, own=True, whole=whole)
         return W.apply_local(loc, eps, direct), loc
 
     norm, _, (a, loc) = _normalize_checked(inp, eps, then=whiten)
-    out = _finish_local(a, out_dtype, lambda a64: _certify.for_gdpo(inp, a64, norm.c, sizes, eps, whole_of[0],
+
+    def c_again():
+        return _normalize_checked(inp, eps, then=lambda norm, lab: None)[0].c
+    out = _finish_local(a, out_dtype, lambda a64: _certify.for_gdpo(inp, a64, c_again, sizes, eps, whole_of[0],
                                                                     (norm.err, norm.err_rows), loc), diagnostics)
     _no_missing(inp).report(diagnostics)
     return out, loc

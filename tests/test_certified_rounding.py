@@ -51,7 +51,8 @@ from impl import _certify  # noqa: E402
 
 @pytest.fixture(autouse=True)
 def _certified(monkeypatch):
-    """Certified rounding is opt-in (GDPO_CERTIFIED=1): on in this process and in the ranks it spawns."""
+    """Certified rounding of every format (float64 is opt-in: GDPO_CERTIFIED=1): on in this process
+    and in the ranks it spawns."""
     monkeypatch.setenv("GDPO_CERTIFIED", "1")
     with _certify.enabled_here():
         yield
@@ -59,7 +60,9 @@ def _certified(monkeypatch):
 OUT_DTYPES = ("float32", "bfloat16", "float16", "float64")
 TORCH = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 #: the subject named in the verdicts (its declaration is not read: the claim is checked directly)
-SUBJECT = Subject("impl.gdpo:gdpo_advantages")
+#: every format graded, float64 faithful included: this file turns certification of every format on
+#: (impl declares the narrow formats only by default, float64 under GDPO_CERTIFIED=1)
+SUBJECT = Subject("impl.gdpo:gdpo_advantages", domain={"certified": True})
 #: hunted cases per family and target in the layout tests (the per-family tests take boundary.COUNT)
 LAYOUT_COUNT = 2
 WORLDS = (1, 2, 3, 4)
@@ -383,3 +386,47 @@ def test_the_property_passes_a_certified_implementation_and_rejects_the_claim_wi
     with pytest.raises(J.ConformanceFailure):
         CK.check_certified(declared, regressions.load(regressions.EXAMPLES["certified"][0]))
     CK.check_certified(base, regressions.load(regressions.EXAMPLES["certified"][0]))  # the error model: passes
+
+
+# ------------------------------------------------------------------ the default: narrow formats
+
+def test_the_default_certifies_the_narrow_formats(monkeypatch):
+    """Without GDPO_CERTIFIED, impl declares and certifies float32, bfloat16 and float16 (float64:
+    the plain one rounding): hunted cases of three families, one per target format, come out the
+    correct rounding; GDPO_CERTIFIED=0 (the plain path) misses some of them."""
+    monkeypatch.delenv("GDPO_CERTIFIED", raising=False)
+    assert _certify._MODES.get("", None) == "narrow"
+    subject = Subject("impl.gdpo:gdpo_advantages", domain={"certified": ("float32", "bfloat16", "float16")})
+    plain_wrong = 0
+    for family in ("eps_bisect", "reward_bisect", "tie_below"):
+        for case in B.cases(family, None, 1):
+            for out_dtype in ("float32", "bfloat16", "float16"):
+                case_o = dataclasses.replace(case, out_dtype=out_dtype)
+                with _certify.narrow_here():
+                    got = _local(case_o)
+                out = Outcome(True, got, out_dtype, (case.n,), "cpu")
+                J.certified_rounding("certified", "default", subject, case_o, out, expected(case_o))  # raises if wrong
+                with _certify.disabled():
+                    plain = _local(case_o)
+                plain_wrong += int(np.any(plain != expected(case_o).result.rounded(out_dtype)))
+    assert plain_wrong > 0, "the plain path got every hunted case right: the cases no longer test the default"
+
+
+def test_the_declaration_follows_the_mode():
+    """``gdpo_certified``: the narrow formats by default, True with float64 (GDPO_CERTIFIED=1), False off."""
+    with _certify.narrow_here():
+        assert _certify.declared() == ("float32", "bfloat16", "float16")
+        assert _certify.enabled(torch.float32) and not _certify.enabled(torch.float64)
+    with _certify.enabled_here():
+        assert _certify.declared() is True and _certify.enabled(torch.float64)
+    with _certify.disabled():
+        assert _certify.declared() is False and not _certify.enabled(torch.float32)
+    import subprocess
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for value, want in ((None, "('float32', 'bfloat16', 'float16')"), ("1", "True"), ("0", "False")):
+        env = {k: v for k, v in os.environ.items() if k != "GDPO_CERTIFIED"}
+        if value is not None:
+            env["GDPO_CERTIFIED"] = value
+        got = subprocess.run([sys.executable, "-c", "import impl.gdpo as g; print(g.gdpo_advantages.gdpo_certified)"],
+                             env=env, cwd=root, capture_output=True, text=True, timeout=120)
+        assert got.stdout.strip() == want, (value, got.stdout, got.stderr[-500:])
