@@ -656,9 +656,9 @@ def _boundary_cases(count: int, families=None):
 
 
 def build_certified(fast: bool, seed: int, progress) -> tuple[list[Table], dict]:
-    """Which tier decided each output of impl.gdpo (issue 27): the float64 bound, double-double,
-    exact arithmetic; and whether every output is the oracle's rounding. Certification on,
-    whatever GDPO_CERTIFIED says (it is opt-in for now)."""
+    """Which tier decided each output of impl.gdpo (issue 27): the float64 bound, the row's group
+    exact, double-double, exact arithmetic; and whether every output is the oracle's rounding.
+    Certification of every format on (float64 included), whatever GDPO_CERTIFIED says."""
     from impl import _certify
 
     with _certify.enabled_here():
@@ -677,10 +677,11 @@ def _build_certified(fast: bool, seed: int, progress) -> tuple[list[Table], dict
 
     def row(name, kind, calls):
         for od in CERT_DTYPES:
-            tot = {"n": 0, "float64": 0, "double_double": 0, "exact": 0, "uncertified": 0, "wrong": 0}
+            tot = {"n": 0, "float64": 0, "group_exact": 0, "double_double": 0, "exact": 0, "uncertified": 0,
+                   "wrong": 0}
             for out, cert, want in calls(od):
                 tot["n"] += out.size
-                for f in ("float64", "double_double", "exact", "uncertified"):
+                for f in ("float64", "group_exact", "double_double", "exact", "uncertified"):
                     tot[f] += getattr(cert, f)
                 if od == "float64":
                     tot["wrong"] += int(np.sum(np.abs(out - want) > np.spacing(np.abs(want))))
@@ -689,6 +690,7 @@ def _build_certified(fast: bool, seed: int, progress) -> tuple[list[Table], dict
             facts[(name, od)] = tot
             n = max(tot["n"], 1)
             rows.append([name, kind, od, str(tot["n"]), f"{100 * tot['float64'] / n:.1f}%",
+                         f"{100 * tot['group_exact'] / n:.1f}%",
                          f"{100 * tot['double_double'] / n:.1f}%", f"{100 * tot['exact'] / n:.1f}%",
                          str(tot["uncertified"]), str(tot["wrong"])])
 
@@ -720,16 +722,18 @@ def _build_certified(fast: bool, seed: int, progress) -> tuple[list[Table], dict
         step()
     t = Table(
         "certified", "7. Certified rounding: which tier decided each output",
-        "`impl.gdpo` certifies the rounding of every output (spec section 7a): the float64 result where its "
-        "run-time bound leaves no rounding boundary in reach, else a double-double recomputation, else exact "
-        "arithmetic. Per input family and output dtype: the samples, the share each tier decided, the samples "
+        "`impl.gdpo` certifies the rounding of every output (spec section 7a; float64 outputs under "
+        "`GDPO_CERTIFIED=1`, as here): the float64 result where its run-time bound leaves no rounding boundary "
+        "in reach, else the row's group in exact integer arithmetic (group-exact), else a double-double "
+        "recomputation, else exact arithmetic. Per input family and output dtype: the samples, the share each "
+        "tier decided, the samples "
         "left uncertified (only across ranks: none in these local calls) and the outputs that differ from the "
         "oracle's correct rounding (float64: more than one ulp). Ordinary families: the peer table's seeded "
         f"families ({count} cases each); hunted families: `conformance/boundary.py`, one case per target "
         "format (the fast run: three families), cases whose exact value lies on a rounding midpoint of float32, bfloat16 or float16, or within two float64 ulps of one). A "
         "float64 output is faithful, not unique: the float64 tier cannot certify it (its bound spans more "
         "than an ulp), so float64 outputs come from double-double.",
-        ["family", "kind", "out dtype", "samples", "float64", "double-double", "exact", "uncertified",
+        ["family", "kind", "out dtype", "samples", "float64", "group-exact", "double-double", "exact", "uncertified",
          "not the correct rounding"], rows, keys=3)
     return [t], facts
 
