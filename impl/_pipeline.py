@@ -446,7 +446,9 @@ def gdpo_local(rewards, group_ids, group_size, weights, segment_sizes, eps, out_
 
     def c_again():
         return _normalize_checked(inp, eps, then=lambda norm, lab: None)[0].c
-    out = _finish_local(a, out_dtype, lambda a64: _certify.for_gdpo(inp, a64, c_again, sizes, eps, whole_of[0],
+    # the fused whitening leaves c as it was; the plain one used it as work space
+    c = norm.c if loc is None else c_again
+    out = _finish_local(a, out_dtype, lambda a64: _certify.for_gdpo(inp, a64, c, sizes, eps, whole_of[0],
                                                                     (norm.err, norm.err_rows), loc), diagnostics)
     _no_missing(inp).report(diagnostics)
     return out, loc
