@@ -623,21 +623,6 @@ def _eq6_host(tp, sizes: list[int], width: int, whole, emax: float, eps: float, 
 _FORMAT = {torch.float32: (24, 2.0 ** -150), torch.float16: (11, 2.0 ** -25), torch.bfloat16: (8, 2.0 ** -134)}
 
 
-def gap_certify(a: torch.Tensor, y: torch.Tensor, alpha, beta) -> torch.Tensor:
-    """Tier 0's test (float form): ok where [a - B, a + B], B = alpha + beta |a|, lies strictly
-    inside y's rounding interval (y = a correctly rounded to the output format; ``alpha``,
-    ``beta`` broadcast against a). The distance from y to either of its midpoints is at least
-    half the gap from |y| to its neighbour toward 0 (the smaller gap where y is a power of two),
-    exact in y's format; |a - y| is exact (Sterbenz), the sum |a - y| + B is given a relative
-    margin for its own rounding. A zero y is never certified here (its sign is the caller's)."""
-    y64 = y.to(_F64)
-    t = (a - y64).abs_()
-    ay = y.abs()
-    hg = (ay - torch.nextafter(ay, torch.zeros((), dtype=y.dtype, device=y.device))).to(_F64).mul_(0.5)
-    B = torch.addcmul(alpha * (1 + 2.0 ** -40), beta * (1 + 2.0 ** -40), a.abs())
-    return t.add_(B).mul_(1 + 2.0 ** -50) < hg
-
-
 #: output formats: (mantissa bits, the exponent of the smallest normal)
 _NARROW = {torch.float32: (23, -126), torch.float16: (10, -14), torch.bfloat16: (7, -126)}
 _NEVER = 1 << 62
