@@ -54,6 +54,7 @@ import contextlib
 import dataclasses
 import math
 import os
+import struct
 
 import numpy as np
 import torch
@@ -414,23 +415,87 @@ def _reuse(x: torch.Tensor, tag: str = "", dtype=None) -> torch.Tensor:
     return buf
 
 
+#: integer views of the narrow reward formats: (the int dtype of their width, the NumPy unsigned
+#: dtype, the mask of every bit but the sign)
+_BITS = {torch.float32: (torch.int32, np.uint32, 0x7FFFFFFF), torch.float16: (torch.int16, np.uint16, 0x7FFF),
+         torch.bfloat16: (torch.int16, np.uint16, 0x7FFF)}
+
+
 def magnitudes(r: torch.Tensor) -> tuple[float, float]:
     """The rewards' smallest nonzero magnitude (inf where every reward is 0) and their largest,
-    over the whole batch (host floats; one pass over r and one host read)."""
+    over the whole batch (host floats), for rewards in a narrow format (:data:`_QUANTUM`).
+
+    On the bits: a finite float's magnitude orders as its bits without the sign, so the largest
+    magnitude is the largest of those and the smallest nonzero one the smallest of those minus 1
+    where 0 wraps to the top. On CPU in NumPy, where the sign is shifted out of an unsigned view
+    (2 |bits|; minus 2 only where a zero made the smallest 0); on other devices in torch's
+    signed integers (|bits| - 1 masked: 0 goes to the mask). Three or four passes over the
+    rewards, no boolean pass, one host read."""
     if r.numel() == 0:
         return math.inf, 0.0
-    if r.device.type == "cpu" and r.numel() <= _NUMPY_ROWS and r.dtype in (torch.float32, torch.float64):
-        ax = np.abs(r.detach().numpy())
-        lo, hi = float(ax.min()), float(ax.max())
-        if lo == 0:
-            nz = ax[ax != 0]
-            lo = float(nz.min()) if nz.size else math.inf
-        return lo, hi
-    ax = torch.abs(r, out=_reuse(r, "abs"))
-    lo_hi = torch.stack(torch.aminmax(ax)).to(_F64).tolist()
-    if lo_hi[0] == 0:  # zeros are multiples of any quantum: the smallest nonzero magnitude
-        lo_hi[0] = float(ax.masked_fill_(ax == 0, math.inf).amin())
-    return lo_hi[0], lo_hi[1]
+    lo, hi = (_magnitude_bits_np if r.device.type == "cpu" else _magnitude_bits_torch)(r)
+    value = _FROM_BITS[r.dtype]
+    return (math.inf if lo is None else value(lo)), value(hi)
+
+
+#: NumPy's passes over a large batch run block by block, each block's work arrays staying in
+#: the core's cache: one read of the data from memory instead of one per pass
+_BLOCK = 1 << 15
+
+
+def _magnitude_bits_np(r: torch.Tensor) -> tuple[int | None, int]:
+    """:func:`magnitudes` as bits (None: every reward 0), in NumPy (CPU), block by block."""
+    idt, udt, _ = _BITS[r.dtype]
+    u = r.detach().view(idt).numpy().view(udt).reshape(-1)
+    top = (1 << 8 * u.itemsize) - 2
+    hi, lo = 0, top
+    buf = np.empty(min(u.size, _BLOCK), udt)
+    for at in range(0, u.size, _BLOCK):
+        v = buf[: min(_BLOCK, u.size - at)]
+        np.left_shift(u[at: at + _BLOCK], 1, out=v)  # 2 |bits|
+        hi = max(hi, int(v.max()))
+        low = int(v.min())
+        if low == 0:  # a zero (of either sign): it wraps to the top, minus 2
+            np.subtract(v, 2, out=v)
+            low = int(v.min()) + 2
+            if low == top + 2:
+                continue
+        lo = min(lo, low - 2)
+    return (None if lo == top else (lo >> 1) + 1), hi >> 1
+
+
+def _magnitude_bits_torch(r: torch.Tensor) -> tuple[int | None, int]:
+    """:func:`magnitudes` as bits (None: every reward 0), in torch (any device)."""
+    idt, _, mask = _BITS[r.dtype]
+    b = torch.bitwise_and(r.detach().view(idt), mask)
+    hi_t = b.amax()
+    lo_t = b.sub_(1).bitwise_and_(mask).amin()  # 0 - 1 = -1 masks to the top
+    lo, hi = torch.stack([lo_t, hi_t]).tolist()
+    return (None if lo == mask else lo + 1), hi
+
+
+#: a narrow format's value of its bits (a non-negative int), as a host float
+_FROM_BITS = {
+    torch.float32: lambda b: struct.unpack("<f", struct.pack("<I", b))[0],
+    torch.bfloat16: lambda b: struct.unpack("<f", struct.pack("<I", b << 16))[0],
+    torch.float16: lambda b: float(np.uint16(b).view(np.float16)),
+}
+
+
+_SCRATCH_NP: dict = {}
+
+
+def _scratch_np(u: np.ndarray, tag: str = "", dtype=None) -> np.ndarray:
+    """A NumPy work array shaped like ``u`` (typed ``dtype``, default u's), kept between calls
+    (one per tag) above ``seg_ops.SCRATCH_MIN`` elements: a fresh large allocation costs its
+    page faults."""
+    dtype = np.dtype(dtype or u.dtype)
+    if u.size < seg_ops.SCRATCH_MIN:
+        return np.empty(u.shape, dtype)
+    buf = _SCRATCH_NP.get(tag)
+    if buf is None or buf.shape != u.shape or buf.dtype != dtype:
+        buf = _SCRATCH_NP[tag] = np.empty(u.shape, dtype)
+    return buf
 
 
 def exact_sums(dtype, mags: tuple[float, float], n: int) -> bool:
@@ -451,13 +516,26 @@ def exact_sums(dtype, mags: tuple[float, float], n: int) -> bool:
     return 2 * n * large * (1 + 2.0 ** -50) <= math.ldexp(1.0, e - mant + 53)
 
 
-def eq4_error(dtype, mags: tuple[float, float], n: int, weights: list[float]) -> float:
-    """A bound on |c - c*| of every row, groups of ``n`` contiguous rows, rewards of ``dtype``
-    with :func:`magnitudes` ``mags``: :func:`eq47_rows_bound`, the sums exact or not
-    (:func:`exact_sums`)."""
+def quantum_exponent(r: torch.Tensor) -> int | None:
+    """q = 2**e dividing every reward of ``r`` (a narrow format: the quantum of its smallest
+    nonzero magnitude, :func:`magnitudes`; at least the format's subnormal quantum), or None."""
+    spec = _QUANTUM.get(r.dtype)
+    if spec is None:
+        return None
+    mant, emin = spec
+    small = magnitudes(r)[0]
+    if not math.isfinite(small):
+        return 0  # every reward 0: any power of two divides them
+    return max(math.frexp(small)[1] - 1, emin) - mant
+
+
+def eq4_error(r: torch.Tensor, n: int, weights: list[float]) -> float:
+    """A bound on |c - c*| of every row, groups of ``n`` contiguous rows of the rewards ``r``:
+    :func:`eq47_rows_bound`, the sums exact or not (:func:`exact_sums`; the rewards'
+    :func:`magnitudes` are read only for a narrow reward format, which alone has a quantum)."""
     if n < 2:
         return 0.0
-    ex = exact_sums(dtype, mags, n)
+    ex = r.dtype in _QUANTUM and exact_sums(r.dtype, magnitudes(r), n)
     return eq47_rows_bound(n, weights, [ex] * len(weights))
 
 
@@ -628,19 +706,29 @@ _NARROW = {torch.float32: (23, -126), torch.float16: (10, -14), torch.bfloat16: 
 _NEVER = 1 << 62
 
 
-#: up to this many rows on CPU, tier 0's per-row work runs in NumPy (the same operations)
-_NUMPY_ROWS = 1 << 14
 
 
 def _bits_certify_np(a: torch.Tensor, A, C, drop: int):
-    """:func:`bits_certify`'s arithmetic in NumPy (CPU, few rows)."""
+    """:func:`bits_certify`'s arithmetic in NumPy (CPU), in kept work arrays: seven passes."""
     bits = a.detach().numpy().view(np.int64)
-    dist = np.minimum(np.abs((bits & ((1 << drop) - 1)) - (1 << (drop - 1))), 1 << (drop - 2)).astype(np.float64)
-    p2 = (bits & 0x7FF0000000000000).view(np.float64)
+    low, p2 = _scratch_np(bits, "low"), _scratch_np(bits, "p2")
+    v = _scratch_np(bits, "v", np.float64)
+    np.bitwise_and(bits, (1 << drop) - 1, out=low)
+    np.subtract(low, 1 << (drop - 1), out=low)
+    np.abs(low, out=low)
+    np.minimum(low, 1 << (drop - 2), out=low)
+    np.bitwise_and(bits, 0x7FF0000000000000, out=p2)
     An = A.detach().cpu().numpy() if isinstance(A, torch.Tensor) else A
     Cn = C.detach().cpu().numpy() if isinstance(C, torch.Tensor) else C
     with np.errstate(all="ignore"):  # an infinite bound times a zero a: NaN, not certified
-        v = (dist - Cn) * p2
+        np.subtract(low, Cn, out=v)
+        np.multiply(v, p2.view(np.float64), out=v)
+        if np.ndim(An) == 0:
+            if v.min() > An:
+                return None
+        elif v.ndim == 2 and np.shape(An) == (v.shape[0], 1):
+            if bool((v.min(axis=1, keepdims=True) > An).all()):
+                return None
         ok = v > An
     if bool(ok.all()):
         return None
@@ -669,7 +757,7 @@ def bits_certify(a: torch.Tensor, alpha, beta, out_dtype) -> torch.Tensor | None
     else:
         A = max(alpha, floor) * (2.0 ** 52 * (1 + 2.0 ** -40))
         C = beta * (2.0 ** 53 * (1 + 2.0 ** -40)) + 1
-    if a.device.type == "cpu" and a.numel() <= _NUMPY_ROWS:  # small: NumPy's dispatch is the cheaper
+    if a.device.type == "cpu":  # NumPy: its ufuncs write into kept arrays, int to float in the subtract
         return _bits_certify_np(a, A, C, drop)
     bits = a.view(_I64)
     low = torch.bitwise_and(bits, (1 << drop) - 1, out=_reuse(bits, "low"))
@@ -725,6 +813,9 @@ class Problem:
     #: (rows: list of int) -> [(lo, hi, zero)] enclosing each row's exact c* (Fractions; zero:
     #: c* = 0 exactly), from its group alone (:mod:`impl._exact_rows`), or None
     exact_rows: object = None
+    #: (rows (R,) int64) -> (R,) bool: c* = 0 exactly (:mod:`impl._exact_zeros`; False: not
+    #: decided there), or None
+    zero_rows: object = None
 
     def values(self) -> torch.Tensor:
         """c (computed again where the plain path used its buffer as work space)."""
@@ -773,7 +864,12 @@ def finish(p: Problem, out_dtype, counts: Counts | None = None) -> torch.Tensor:
     if done == n:
         return y
     todo = ~ok
-    if got0 is not None and p.exact_rows is not None and n - done <= _EXACT_ROWS_MAX:
+    if p.zero_rows is not None:  # tier 1a, vectorized: c* = 0 exactly in a unit of whole groups
+        y, todo, k = _exact_zeros(p, todo, y, units, whole)
+        counts.group_exact += k
+        if k and not bool(todo.any()):
+            return y
+    if got0 is not None and p.exact_rows is not None and int(todo.sum()) <= _EXACT_ROWS_MAX:
         y, todo, k = _group_exact(p, todo, y, out_dtype, units)
         counts.group_exact += k
         if not bool(todo.any()):
@@ -848,19 +944,37 @@ def _tier0_loc(p: Problem, units: _Units, out_dtype):
     if ok is None:
         return None, y
     if not bool(ok.all()):
-        zero = ~ok & (y == 0)
-        if bool(zero.any()):
-            # exact zeros (a unit of equal exact values, or c* = 0 in a whole unit), and zeros
-            # whose sign is certain (|a| > B: the whole interval rounds to a zero of a's sign)
-            whole = _whole_tensor(p.whole, S, a.device)
-            exact = units.spread(exact0.view(-1)) | (units.spread(whole) & (p.rows_E() == 0))  # E = 0: c = +0
-            ab = units.spread(alpha.view(-1)) + units.spread(beta.view(-1)) * a.abs()
+        rows = (~ok & (y == 0)).nonzero().view(-1)
+        if rows.numel():
+            # exact zeros (a unit of equal exact values; c* = 0 in a whole unit where no exact-zero
+            # tier follows), and zeros whose sign is certain (|a| > B: the whole interval rounds to
+            # a zero of a's sign); worked out on those rows alone
+            u = torch.zeros_like(rows) if S == 1 else units.index().index_select(0, rows)
+            ar = a.index_select(0, rows)
+            exact = exact0.view(-1).index_select(0, u)
+            if p.zero_rows is None:
+                whole = _whole_tensor(p.whole, S, a.device)
+                exact = exact | (whole.index_select(0, u) & (p.rows_E().index_select(0, rows) == 0))  # E = 0: c = +0
+            ab = alpha.view(-1).index_select(0, u) + beta.view(-1).index_select(0, u) * ar.abs()
             _, th = _FORMAT[out_dtype]
-            signed = (a.abs() > ab * (1 + 2.0 ** -40)) & (a.abs() + ab * (1 + 2.0 ** -40) < th)
-            fix = zero & ((exact & (a == 0)) | signed)
-            y = torch.where(fix & (a == 0), torch.zeros_like(y), y)
-            ok = ok | fix
+            signed = (ar.abs() > ab * (1 + 2.0 ** -40)) & (ar.abs() + ab * (1 + 2.0 ** -40) < th)
+            fix = (exact & (ar == 0)) | signed
+            y = y.index_fill(0, rows[fix & (ar == 0)], 0.0)
+            ok = ok.index_fill(0, rows[fix], True)
     return ok, y
+
+
+def _exact_zeros(p: Problem, todo: torch.Tensor, y: torch.Tensor, units: _Units, whole: torch.Tensor):
+    """The rows left in units of whole groups whose c* is exactly 0 (:mod:`impl._exact_zeros`)
+    get a* = +0 exactly (the unit's exact mean is 0). Returns (y, todo, how many)."""
+    rows = (todo & units.spread(whole)).nonzero().view(-1)
+    if rows.numel() == 0:
+        return y, todo, 0
+    zero = p.zero_rows(rows)
+    got = rows[zero]
+    if got.numel() == 0:
+        return y, todo, 0
+    return y.index_fill(0, got, 0.0), todo.index_fill(0, got, False), int(got.numel())
 
 
 #: at most this many rows per call go to the group-exact tier (beyond, the double-double tiers)
@@ -1085,7 +1199,17 @@ def for_gdpo(inp, a: torch.Tensor, c: torch.Tensor, sizes: list[int], eps: float
             for row, res in zip(mine, _exact_rows.combined(vals, list(inp.weights), eps, [pos[m] for m in mine])):
                 out[row] = res
         return [out[row] for row in rows]
-    return Problem(a, c, sizes, eps, whole, E, dd, _oracle_gdpo(inp, sizes, eps), dd_rows, loc, emax, exact_rows)
+
+    def zero_rows(rows: torch.Tensor) -> torch.Tensor:
+        from impl import _exact_zeros
+        if inp.labels is None:
+            return _exact_zeros.zero_rows_contiguous(rows, inp.rewards, inp.group_size, list(inp.weights),
+                                                     quantum_exponent(inp.rewards))
+        gid, G = gid_G or _group_index(inp)
+        return _exact_zeros.zero_rows_labelled(rows, gid, G, inp.rewards, list(inp.weights),
+                                               quantum_exponent(inp.rewards))
+    return Problem(a, c, sizes, eps, whole, E, dd, _oracle_gdpo(inp, sizes, eps), dd_rows, loc, emax, exact_rows,
+                   zero_rows)
 
 
 def for_whiten(v: torch.Tensor, a: torch.Tensor, sizes: list[int], eps: float) -> Problem:

@@ -325,7 +325,7 @@ def finish(prep: Prepared, eps: float, groups: int = 0, longest: int = 0, runs: 
             finite = not prep.lazy or tp.finite()
             z = standardize_groups(tp, count[1:], eps)  # (K, g, G)
             if combined and finite and n and _certify.enabled():  # the certificate's bound on c
-                err = _certify.eq4_error(r.dtype, _certify.magnitudes(r), g, inp.weights)
+                err = _certify.eq4_error(r, g, inp.weights)
         if not combined:
             c = z.permute(2, 1, 0).reshape(n, k)
         else:

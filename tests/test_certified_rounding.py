@@ -430,3 +430,124 @@ def test_the_declaration_follows_the_mode():
         got = subprocess.run([sys.executable, "-c", "import impl.gdpo as g; print(g.gdpo_advantages.gdpo_certified)"],
                              env=env, cwd=root, capture_output=True, text=True, timeout=120)
         assert got.stdout.strip() == want, (value, got.stdout, got.stderr[-500:])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_magnitudes_read_on_the_bits(dtype):
+    """Tier 0's batch magnitudes (the smallest nonzero |r| and the largest), read on the rewards'
+    bits in NumPy (CPU) and in torch (other devices), equal those of a plain float64 reading:
+    zeros of either sign skipped, subnormals counted, every reward 0 giving inf."""
+    def plain(r):
+        x = r.double().abs().view(-1)
+        nz = x[x != 0]
+        return (float(nz.min()) if nz.numel() else float("inf")), float(x.max())
+
+    gen = torch.Generator().manual_seed(7)
+    cases = [torch.randn(40_000, 4, generator=gen), (torch.rand(40_000, 4, generator=gen) < 0.5).float(),
+             torch.zeros(3, 2), torch.tensor([[-0.0, 0.0], [1e-45, -3.0]]), torch.tensor([[0.0, -1e-40], [2.0, -0.0]]),
+             torch.tensor([[-0.0, 5.0], [0.25, 0.0]]), torch.tensor([[65504.0, -6e-8]])]
+    for c in cases:
+        r = c.to(dtype)
+        want = plain(r)
+        assert _certify.magnitudes(r) == want, (c[:2], _certify.magnitudes(r), want)
+        lo, hi = _certify._magnitude_bits_torch(r)
+        value = _certify._FROM_BITS[dtype]
+        assert (float("inf") if lo is None else value(lo), value(hi)) == want
+
+
+# ------------------------------------------------------------------ exact zeros of c (0/1 rewards)
+
+
+def _discrete_groups(seed: int, g: int, k: int, levels: int, groups: int = 40) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(0, levels, (groups * g, k), generator=gen).float() * 0.5
+
+
+def _zero_mismatches(decide, weights_sets=((1.0, 1.0, 1.0, 1.0), (1.0, 0.5, 1.0, 0.5), (1.0, 0.0, 1.0, 1.0),
+                                           (2.0, 1.0, 1.0, 2.0))) -> tuple[int, int, int]:
+    """Compare ``decide(rows, rewards, g, weights)`` (R,) bool, "c* = 0 exactly", with the row-by-row
+    exact enclosure of impl._exact_rows (Fractions): (unsound: decided 0 where c* != 0, missed:
+    equal weights, c* = 0 not decided, decided) over discrete groups of several shapes."""
+    from impl import _exact_rows
+    unsound = missed = decided = 0
+    for seed, (g, levels) in enumerate(((4, 2), (8, 2), (6, 3), (8, 3))):
+        for weights in weights_sets:
+            r = _discrete_groups(seed, g, 4, levels)
+            rows = torch.arange(r.shape[0])
+            got = decide(rows, r, g, list(weights)).tolist()
+            for q in range(r.shape[0] // g):
+                vals = r[q * g:(q + 1) * g].double().tolist()
+                for i, (_, _, zero) in enumerate(_exact_rows.combined(vals, list(weights), 1e-4)):
+                    mine = got[q * g + i]
+                    decided += mine
+                    unsound += mine and not zero
+                    missed += zero and not mine and len(set(w for w in weights if w)) == 1
+    return unsound, missed, decided
+
+
+def test_exact_zero_rows_are_sound_and_catch_equal_variance_cancellation():
+    """impl._exact_zeros decides c* = 0 exactly (the vectorized half of tier 1a) only where it is,
+    and, with one weight, wherever the exact enclosure does: same verdicts as impl._exact_rows
+    row by row, contiguous and labelled groups alike."""
+    from impl import _exact_zeros as Z
+
+    def contiguous(rows, r, g, w):
+        return Z.zero_rows_contiguous(rows, r, g, w)
+
+    def labelled(rows, r, g, w):
+        return Z.zero_rows_labelled(rows, torch.arange(r.shape[0]) // g, r.shape[0] // g, r, w)
+
+    for decide in (contiguous, labelled):
+        unsound, missed, decided = _zero_mismatches(decide)
+        assert unsound == 0 and missed == 0, (decide.__name__, unsound, missed)
+        assert decided >= 20, decided  # the cases do cancel exactly (28 rows of these seeds)
+
+
+def test_exact_zero_rows_negative_control():
+    """A decision that sums the deviations across columns of different variance (classes ignored)
+    is caught declaring zeros that are not."""
+    from impl import _exact_zeros as Z
+
+    def classless(rows, r, g, w):
+        X = r.double().view(-1, g, r.shape[1])
+        P = g * X - X.sum(1, keepdim=True)
+        live = torch.tensor([x != 0 for x in w])
+        return (P.reshape(-1, r.shape[1])[:, live].sum(1) == 0)[rows]
+
+    unsound, _, _ = _zero_mismatches(classless)
+    assert unsound > 0
+
+
+@pytest.mark.parametrize("in_dtype", [torch.float32, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("labelled", [False, True])
+def test_binary_rewards_correctly_rounded_without_the_oracle(labelled, in_dtype):
+    """0/1 rewards, 4 columns, groups of 8: about 3% of rows cancel exactly (c* = 0, a* = +0); every
+    output is the oracle's correct rounding (sign of zero included) and no row needs the exact
+    tier (which once took the whole batch to the oracle: 47 s at N = 65,536)."""
+    from oracle import gdpo as og
+    n, g = 1024, 8
+    r = (torch.rand(n, 4, generator=torch.Generator().manual_seed(11)) < 0.5).to(in_dtype)
+    kw = {"group_ids": torch.arange(n) // g} if labelled else {"group_size": g}
+    for out_dtype in (torch.float32, torch.bfloat16):
+        d = gdpo.Diagnostics()
+        with _certify.narrow_here():
+            out = gdpo.gdpo_advantages(r, out_dtype=out_dtype, diagnostics=d, **kw).double()
+        want = og.gdpo_advantages(r.double().numpy(), group_ids=(kw["group_ids"].numpy() if labelled else None),
+                                  eps=1e-4, group_size=None if labelled else g)
+        want = torch.from_numpy(np.ascontiguousarray(want.rounded(str(out_dtype).replace("torch.", "")), np.float64))
+        same = (out == want) & (torch.signbit(out) == torch.signbit(want))
+        assert bool(same.all()), (out_dtype, int((~same).sum()))
+        c = d.certified
+        assert c.exact == 0 and c.double_double == 0 and c.uncertified == 0, c
+        assert c.group_exact >= 10, c  # the exact zeros are found
+
+
+def test_the_cost_benchmark_runs():
+    """benchmarks/certified.py (the figures of benchmarks/RESULTS.md) runs, both reward families,
+    and its table has a median row per family and group size: no timing is asserted."""
+    from benchmarks import certified as bench
+    rows = bench.run(n=256, k=3, batches=1, repeats=1)
+    assert {(r["family"], r["group_size"]) for r in rows} == {(f, g) for f in bench.FAMILIES for g in (8, 16)}
+    assert all(r["uncertified"] == 0 for r in rows), rows
+    text = bench.table(rows)
+    assert text.count("| median, ") == 4, text

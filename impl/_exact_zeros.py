@@ -1,0 +1,139 @@
+"""Exact zeros of the combined value, decided for many rows at once (the certificate's tier 1a,
+its vectorized half).
+
+With rewards that take few values (0/1 correctness, small integer scores), columns of one group
+often have exactly equal variances, and a row's deviations cancel across them exactly: c* = 0.
+The float64 c is then a rounding residue (about 1e-17), the advantage a* of a unit of whole
+groups is exactly +0 (its exact mean is 0), and no float bound can say so. A batch of 0/1
+rewards in groups of 8 with 4 columns has about 3% such rows.
+
+Every reward is an integer multiple of a power of two q common to the groups looked at (the
+smallest of their members' quanta), so X = x / q are integers, and per group column
+
+    S1 = sum X,   Q = n sum X**2 - S1**2,   P_i = n X_i - S1,
+
+are exact in int64 when n**2 max|X|**2 < 2**62 (checked; otherwise this tier declines). The
+column's std is sqrt(Q / (n**2 (n - 1))) q, the same for columns of equal Q (one group, one n),
+so
+
+    c*_i = sum over classes of equal Q of  (q / (n (std + eps))) sum_{k in class} w_k P_ik.
+
+A class whose columns, gathered by equal weight, have integer sums sum_k P_ik = 0 contributes
+exactly 0; where every class does, c*_i = 0 exactly. This is a sufficient condition (a
+coincidence across classes of different variance is left to the row-by-row tier,
+:mod:`impl._exact_rows`), decided in integer arithmetic, no rounding anywhere.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+#: int64 headroom: n**2 max|X|**2 must stay below this
+_LIMIT = 2.0 ** 62
+
+
+def _scaled(v: np.ndarray) -> np.ndarray | None:
+    """``v`` (float64, finite) as integers X = v / q (int64), q the largest power of two
+    dividing every value; None where some |X| reaches 2**53 (not exact in float64 on the way)
+    or 1/q overflows. Read on the bits: v = M 2**e with M the significand as an integer, and
+    q = 2**min(e + trailing zeros of M) over the nonzero values."""
+    bits = v.view(np.int64)
+    field = (bits >> 52) & 0x7FF
+    sub = (field == 0).astype(np.int64)  # subnormal (or zero): no hidden bit, exponent as for field 1
+    M = (bits & ((1 << 52) - 1)) | ((1 - sub) << 52)
+    nz = M != 0
+    if not nz.any():
+        return np.zeros(v.shape, np.int64)
+    low = M & -M  # the lowest set bit of M, a power of two below 2**53
+    tz = (low.astype(np.float64).view(np.int64) >> 52) - 1023  # its exponent, exact
+    qexp = int((field + sub - 1075 + tz + (~nz) * (1 << 20)).min())  # zeros lifted out of the minimum
+    if -qexp > 1023:
+        return None
+    X = v * 2.0 ** -qexp  # exact: a power of two, and every X an integer
+    if not np.abs(X).max() < 2.0 ** 53:
+        return None
+    return X.astype(np.int64)
+
+
+def _integers(v: np.ndarray, qexp: int | None) -> np.ndarray | None:
+    """``v`` as integers X = v / 2**qexp where every value is known to be a multiple of
+    2**qexp (checked: X must come out integral and below 2**53), else by :func:`_scaled`."""
+    if qexp is not None and -qexp <= 1023:
+        X = v * 2.0 ** -qexp
+        if np.abs(X).max() < 2.0 ** 53 and np.array_equal(np.trunc(X), X):
+            return X.astype(np.int64)
+    return _scaled(v)
+
+
+def _cancel(P: np.ndarray, Q: np.ndarray, weights: list[float]) -> np.ndarray:
+    """(R,) bool: in each row, the columns of one weight and equal Q have P summing to 0, for
+    every weight and Q (zero weights skipped; a collapsed column, Q = 0, has P = 0). Column by
+    column: the sum of P over the columns of its class must be 0 (K**2 passes over the rows)."""
+    P, Q = np.ascontiguousarray(P.T), np.ascontiguousarray(Q.T)  # (K, R)
+    ok = np.ones(P.shape[1], dtype=bool)
+    for k, wk in enumerate(weights):
+        if wk == 0:
+            continue
+        total = P[k].copy()
+        for j, wj in enumerate(weights):
+            if j != k and wj == wk:
+                total += P[j] * (Q[j] == Q[k])
+        ok &= total == 0
+    return ok
+
+
+def _fits(X: np.ndarray, n_max: int) -> bool:
+    top = float(np.abs(X).max(initial=0)) * float(n_max)
+    return top * top < _LIMIT
+
+
+def zero_rows_contiguous(rows: torch.Tensor, rewards: torch.Tensor, g: int, weights: list[float],
+                         qexp: int | None = None) -> torch.Tensor:
+    """(R,) bool: c* = 0 exactly for each of ``rows`` (decided by the sufficient condition of
+    the module's docstring; False: not decided here), groups of ``g`` contiguous rows; on the
+    host, in NumPy's int64. ``qexp``: every reward is a multiple of 2**qexp, or None."""
+    R = rows.shape[0]
+    device = rewards.device
+    if R == 0:
+        return torch.zeros(0, dtype=torch.bool, device=device)
+    rl = rows.cpu().numpy()
+    ug, rg = np.unique(rl // g, return_inverse=True)
+    N, K = rewards.shape
+    at = torch.from_numpy(ug).to(device)
+    v = rewards.detach().view(N // g, g, K).index_select(0, at).to("cpu", torch.float64).numpy()
+    X = _integers(v, qexp)
+    if X is None or not _fits(X, g):
+        return torch.zeros(R, dtype=torch.bool, device=device)
+    Xt = torch.from_numpy(X)  # torch's reduction over the middle axis is the faster here
+    S1 = Xt.sum(1).numpy()  # (U, K)
+    Q = g * (Xt * Xt).sum(1).numpy() - S1 * S1
+    P = g * X[rg, rl % g] - S1[rg]  # (R, K)
+    return torch.from_numpy(_cancel(P, Q[rg], weights)).to(device)
+
+
+def zero_rows_labelled(rows: torch.Tensor, gid: torch.Tensor, G: int, rewards: torch.Tensor, weights: list[float],
+                       qexp: int | None = None) -> torch.Tensor:
+    """:func:`zero_rows_contiguous` for labelled groups: ``gid`` (N,) each row's group (0..G-1)."""
+    R = rows.shape[0]
+    device = rewards.device
+    if R == 0:
+        return torch.zeros(0, dtype=torch.bool, device=device)
+    ug, row_group = torch.unique(gid.index_select(0, rows), return_inverse=True)
+    sel = torch.zeros(G, dtype=torch.bool, device=gid.device)
+    sel[ug] = True
+    members = sel.index_select(0, gid).nonzero().view(-1)  # every row of those groups, sorted
+    mg = torch.searchsorted(ug, gid.index_select(0, members)).cpu().numpy()
+    X = _integers(rewards.index_select(0, members).to("cpu", torch.float64).numpy(), qexp)
+    n = np.bincount(mg, minlength=ug.numel()).astype(np.int64)  # every group holds its row
+    if X is None or not _fits(X, int(n.max())):
+        return torch.zeros(R, dtype=torch.bool, device=device)
+    order = np.argsort(mg, kind="stable")
+    Xs = X[order]
+    starts = np.concatenate([[0], np.cumsum(n)[:-1]])
+    S1 = np.add.reduceat(Xs, starts, axis=0)
+    Q = n[:, None] * np.add.reduceat(Xs * Xs, starts, axis=0) - S1 * S1
+    rg = row_group.cpu().numpy()
+    at = np.searchsorted(members.cpu().numpy(), rows.cpu().numpy())  # the rows among the members
+    P = n[rg][:, None] * X[at] - S1[rg]
+    return torch.from_numpy(_cancel(P, Q[rg], weights)).to(device)
