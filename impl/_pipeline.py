@@ -54,6 +54,8 @@ import torch
 import torch.distributed as dist
 
 from impl import _certify, _facts, _fused, _graphs
+from impl import _cast
+from impl._cast import _DIRECT, cast_limit, cast_reachable
 from impl._cast import round_to  # noqa: F401 - impl._pipeline.round_to, as before
 from impl import _normalize as N
 from impl import _problems as P
@@ -80,27 +82,6 @@ _I64 = torch.int64
 # --- helpers -----------------------------------------------------------------
 
 
-def cast_limit(dtype: torch.dtype) -> float:
-    """Smallest magnitude that no longer rounds to a finite value of ``dtype``
-    (max + half an ulp at max); inf for float64."""
-    if dtype == _F64:
-        return math.inf
-    fi = torch.finfo(dtype)
-    return fi.max + math.ldexp(1.0, math.frexp(fi.max)[1] - 1) * fi.eps / 2
-
-
-def cast_reachable(dtype: torch.dtype, total_rows: int) -> bool:
-    """Can a whitened value fail the cast? |a| <= (n-1)/sqrt(n) < sqrt(N)
-    (Samuelson's inequality; eps only shrinks a), with a margin for rounding."""
-    return math.sqrt(max(total_rows, 0)) * (1.0 + 2.0 ** -20) >= cast_limit(dtype)
-
-
-#: Output dtypes the division writes directly (one rounding of the float64 quotient).
-#: float16, bfloat16 and float8 are not among them: torch converts a double to
-#: those through float (two roundings); they are written by :func:`round_to`.
-_DIRECT = (torch.float32,)
-
-
 def _apply_dtype(out_dtype: torch.dtype, total_rows: int):
     """The dtype Eq. 6 writes: the output dtype itself, or float64 (None) when the
     cast must be checked first, is not a plain floating write, or is certified
@@ -121,21 +102,14 @@ def _finish_local(a: torch.Tensor, out_dtype: torch.dtype, problem=None, diagnos
     (``impl._certify``) where ``problem`` (a -> _certify.Problem) is given."""
     if a.dtype == out_dtype and problem is None:
         return a
-    if cast_reachable(out_dtype, a.shape[0]):
-        limit = cast_limit(out_dtype)
-        at = int(torch.argmax((a.abs() >= limit).view(torch.uint8)))  # a second host read, only here
-        if a.shape[0] and abs(float(a[at])) >= limit:
-            raise P.OutOfRangeError(
-                f"whitened value {float(a[at])!r} at row {at} does not survive the cast to "
-                f"{P.dtype_name(P.dtype_code(out_dtype))} (largest finite {torch.finfo(out_dtype).max!r}); "
-                "choose a wider out_dtype")
+    _cast.check_range(a, out_dtype)
     if problem is not None and out_dtype in _certify.FORMATS and _certify.enabled(out_dtype) and a.dtype == _F64:
         counts = _certify.Counts()
         out = _certify.finish(problem(a), out_dtype, counts)
         if diagnostics is not None:
             diagnostics.certified = counts
         return out
-    return round_to(a, out_dtype)
+    return _cast.output(a, out_dtype, checked=True)
 
 
 # --- local (single-process) calls ----------------------------------------------
@@ -677,11 +651,11 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
         merged = _certify.dd_merged(buf.dd.to(data_device), eps)
         if dd_rows is None:  # this rank's inputs left the dd path's range: its plain result, uncertified
             counts.uncertified += a.shape[0]
-            out = round_to(a, out_dtype)
+            out = _cast.output(a, out_dtype, checked=True)  # the range: collective 3, where it can fail
         else:
             out = _certify.dd_finish(merged, *dd_rows, sizes, eps, out_dtype, counts, a)
     else:
-        out = round_to(a, out_dtype)
+        out = _cast.output(a, out_dtype, checked=True)  # the range: collective 3, where it can fail
         counts.uncertified += a.shape[0]
     if api == P.API_GDPO:
         (plan or _no_missing(inp)).report(diagnostics, sum(r[P.UNSCORED] for r in agreed))
