@@ -60,16 +60,21 @@ from impl._cast import round_to  # noqa: F401 - impl._pipeline.round_to, as befo
 from impl import _normalize as N
 from impl import _problems as P
 from impl import _whiten as W
-from impl._inputs import (
+from impl._inputs import (  # Diagnostics: impl._pipeline.Diagnostics, as before (impl.gdpo reads it)
+    Diagnostics,  # noqa: F401
     Problem,
+    _check_diagnostics,
     _shown,
     check_eps,
+    check_gdpo,
     check_missing,
+    check_normalize,
     check_out_dtype,
     check_rewards,
     check_segments,
     check_standardized,
     check_values,
+    check_whiten,
 )
 from impl._segments import host_to_device
 from impl._stats import overflow_possible
@@ -91,12 +96,6 @@ def _apply_dtype(out_dtype: torch.dtype, total_rows: int):
     return out_dtype
 
 
-def _units_of_one(sizes: list[int]) -> None:
-    for j, s in enumerate(sizes):
-        if s == 1:
-            raise Problem(P.P_UNIT_OF_ONE, j)
-
-
 def _finish_local(a: torch.Tensor, out_dtype: torch.dtype, problem=None, diagnostics=None) -> torch.Tensor:
     """The output: ``a`` checked against the cast's range, then rounded; certified
     (``impl._certify``) where ``problem`` (a -> _certify.Problem) is given."""
@@ -116,30 +115,6 @@ def _finish_local(a: torch.Tensor, out_dtype: torch.dtype, problem=None, diagnos
 
 
 # --- missing="unscored": rows with no scored reward ----------------------------------------
-
-
-@dataclasses.dataclass
-class Diagnostics:
-    """What a call left out under ``missing="unscored"`` (spec/gdpo.md section 2): pass one as
-    ``diagnostics=`` and the call fills it in when it returns (a refused call leaves it as it
-    was). Under ``missing="refuse"`` every count is 0 (a NaN is refused, never left out).
-
-    ``unscored_rows``: this rank's rows whose every reward is NaN (advantage 0, outside Eq. 6);
-    ``unscored_rows_all_ranks``: the same over every rank of the process group (the local
-    count without one; standardize_groups, normalize_rewards and group_has_signal are local);
-    ``unscored``: (N,) bool on the rewards' device, True on those rows (None before a call)."""
-
-    unscored_rows: int = 0
-    unscored_rows_all_ranks: int = 0
-    unscored: torch.Tensor | None = None
-    #: How the outputs' rounding was decided (``impl._certify``): samples certified by the
-    #: float64 bound, recomputed in double-double, decided exactly; None before a call.
-    certified: "_certify.Counts | None" = None
-
-
-def _check_diagnostics(diagnostics) -> None:
-    if diagnostics is not None and not isinstance(diagnostics, Diagnostics):
-        raise TypeError(f"diagnostics must be an impl.gdpo.Diagnostics (or None); got {_shown(diagnostics)}")
 
 
 @dataclasses.dataclass
@@ -222,18 +197,6 @@ def _normalize_checked(inp, eps, *, signal=False, then=None, combined=True):
     return norm, row, then(norm, prep.labelled) if then else None
 
 
-def _check_rewards(rewards, group_ids, group_size, weights, eps, missing="refuse", diagnostics=None):
-    _check_diagnostics(diagnostics)
-    try:
-        eps = check_eps(eps)
-        missing = check_missing(missing)
-        inp = check_rewards(rewards, group_ids, group_size, weights, allow_empty_rows=False)
-        inp.missing = missing
-    except Problem as p:
-        raise p.error() from None
-    return inp, eps
-
-
 def _report_local(inp, diagnostics) -> None:
     """Fill ``diagnostics`` after a local Eq. 4/7 call (one more host read under "unscored")."""
     if diagnostics is not None:
@@ -241,7 +204,8 @@ def _report_local(inp, diagnostics) -> None:
 
 
 def normalize_rewards(rewards, group_ids, group_size, weights, eps, missing="refuse", diagnostics=None):
-    inp, eps = _check_rewards(rewards, group_ids, group_size, weights, eps, missing, diagnostics)
+    call = check_normalize(rewards, group_ids, group_size, weights, eps, missing, diagnostics)
+    inp, eps = call.inp, call.eps
     c = _normalize_checked(inp, eps)[0].c
     _report_local(inp, diagnostics)
     return c
@@ -249,7 +213,8 @@ def normalize_rewards(rewards, group_ids, group_size, weights, eps, missing="ref
 
 def standardize_groups(rewards, group_ids, group_size, eps, missing="refuse", diagnostics=None):
     """Eq. 4 alone: z (N, K) float64, by the arithmetic normalize_rewards runs before Eq. 7."""
-    inp, eps = _check_rewards(rewards, group_ids, group_size, None, eps, missing, diagnostics)
+    call = check_normalize(rewards, group_ids, group_size, None, eps, missing, diagnostics)
+    inp, eps = call.inp, call.eps
     z = _normalize_checked(inp, eps, combined=False)[0].c
     _report_local(inp, diagnostics)
     return z
@@ -269,21 +234,16 @@ def combine(z, weights):
 
 
 def group_has_signal(rewards, group_ids, group_size, weights, eps, missing="refuse", diagnostics=None):
-    inp, eps = _check_rewards(rewards, group_ids, group_size, weights, eps, missing, diagnostics)
+    call = check_normalize(rewards, group_ids, group_size, weights, eps, missing, diagnostics)
+    inp, eps = call.inp, call.eps
     varies = _normalize_checked(inp, eps, signal=True)[0].varies
     _report_local(inp, diagnostics)
     return varies
 
 
 def whiten_local(values, segment_sizes, eps, out_dtype):
-    try:
-        eps = check_eps(eps)
-        out_dtype = check_out_dtype(out_dtype)
-        v = check_values(values)
-        sizes, _ = check_segments(segment_sizes, v.shape[0])
-        _units_of_one(sizes)
-    except Problem as p:
-        raise p.error() from None
+    call = check_whiten(values, segment_sizes, eps, out_dtype)
+    v, sizes, eps, out_dtype = call.values, call.sizes, call.eps, call.out_dtype
     direct = _apply_dtype(out_dtype, v.shape[0])
     a = None
     if v.shape[0] and _fused.whiten_eligible(v.device, sizes, direct):
@@ -305,19 +265,10 @@ def whiten_local(values, segment_sizes, eps, out_dtype):
 
 def gdpo_local(rewards, group_ids, group_size, weights, segment_sizes, eps, out_dtype, missing="refuse",
                diagnostics=None):
-    _check_diagnostics(diagnostics)
-    try:
-        eps = check_eps(eps)
-        out_dtype = check_out_dtype(out_dtype)
-        missing = check_missing(missing)
-        inp = check_rewards(rewards, group_ids, group_size, weights, allow_empty_rows=False)
-        inp.missing = missing
-        sizes, _ = check_segments(segment_sizes, inp.n)
-        _units_of_one(sizes)
-    except Problem as p:
-        raise p.error() from None
+    call = check_gdpo(rewards, group_ids, group_size, weights, segment_sizes, eps, out_dtype, missing, diagnostics)
+    inp, sizes, eps, out_dtype = call.inp, call.sizes, call.eps, call.out_dtype
     direct = _apply_dtype(out_dtype, inp.n)
-    if missing == "unscored":  # the plain path (impl._fused lists it), Eq. 6 over the scored rows
+    if inp.missing == "unscored":  # the plain path (impl._fused lists it), Eq. 6 over the scored rows
         return _gdpo_unscored(inp, sizes, eps, out_dtype, direct, diagnostics)
     fused = _fused.eligible(inp, sizes, direct)
 
