@@ -235,16 +235,17 @@ def _eq47_launch(r, source, groups: int, width: int, weights: list[float], eps: 
     return c, nf, programs
 
 
-def eq47(inp, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+def eq47(inp, eps: float) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
     """Eq. 4 and Eq. 7 of contiguous groups: c (N,) float64 in row order, and the
-    facts [first non-finite flat index (0 if none), the float64 bits of the
-    reward there] as an int64 (2,) tensor. No host read."""
+    facts (``_facts.Facts``): ``NF_REWARD``, the first non-finite flat index (0 if
+    none), and ``NF_REWARD_KIND``, the float64 bits of the reward there, 0-d views of
+    the one int64 (2,) tensor the facts kernel writes. No host read."""
     r = _exact_f64(inp.rewards.contiguous())
     n, k = r.shape
     c, nf, programs = _eq47_launch(r, None, n // inp.group_size, inp.group_size, inp.weights, eps)
     facts = torch.empty(2, dtype=_I64, device=r.device)
     kernels().facts_kernel[(1,)](nf, programs, r, n * k, facts, CHUNK=1024, **_OPTS)
-    return c, facts
+    return c, {P.NF_REWARD: facts[0], P.NF_REWARD_KIND: facts[1]}
 
 
 def eq47_padded(r: torch.Tensor, source: torch.Tensor, groups: int, width: int, weights: list[float],
@@ -339,10 +340,10 @@ def _apply(u: Units, st: torch.Tensor, a: torch.Tensor) -> None:
 
 
 def run(inp, sizes: list[int], eps: float, direct, whole=None):
-    """The device part of a fused local gdpo_advantages call: (a, facts columns,
-    facts values (int64 tensor)), as ``_pipeline._gdpo_device`` returns them; no host read."""
+    """The device part of a fused local gdpo_advantages call: (a, facts (``_facts.Facts``)),
+    as ``_pipeline._gdpo_device`` returns them; no host read."""
     c, facts = eq47(inp, eps)
-    return whiten(c, sizes, eps, direct, whole), (P.NF_REWARD, P.NF_REWARD_KIND), facts
+    return whiten(c, sizes, eps, direct, whole), facts
 
 
 class Local:

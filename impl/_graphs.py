@@ -24,7 +24,7 @@ import warnings
 
 import torch
 
-from impl import _segments
+from impl import _facts, _segments
 
 MAX_ELEMENTS = 1 << 22
 MAX_GRAPHS = 8
@@ -53,8 +53,10 @@ def eligible(inp) -> bool:
 
 
 def run(key: tuple, inp, device_part):
-    """(result, facts columns, facts values) of ``device_part(inp)``, replayed
-    from a graph of this signature; None where no graph can be had."""
+    """(result, facts) of ``device_part(inp)`` (facts: ``_facts.Facts``), replayed
+    from a graph of this signature; None where no graph can be had. The facts are
+    0-d views of the graph's static output, for the caller to read at once (the call's
+    one host read), before anything replays this graph again."""
     if key in _FAILED:
         return None
     entry = _GRAPHS.get(key)
@@ -67,7 +69,7 @@ def run(key: tuple, inp, device_part):
     static_in.copy_(inp.rewards)
     graph.replay()
     stats["replays"] += 1
-    return out.clone(), cols, facts.tolist()  # the one host read
+    return out.clone(), dict(zip(cols, facts.unbind()))
 
 
 def _capture(key, inp, device_part):
@@ -83,7 +85,8 @@ def _capture(key, inp, device_part):
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            out, cols, facts = device_part(static_inp)
+            out, found = device_part(static_inp)
+            cols, facts = _facts.stacked(found)  # one static tensor: a replay refreshes every fact
     except Exception:  # noqa: BLE001 - any capture failure: this signature stays eager
         _FAILED.add(key)
         stats["fallbacks"] += 1

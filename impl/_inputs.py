@@ -1,6 +1,8 @@
 """Host-side checks of the arguments: each returns a problem ``(code, a, b, c)``
 or the normalised argument. Nothing here raises and nothing reads the device,
-so the distributed path can record a problem and still join the agreement."""
+so the distributed path can record a problem and still join the agreement; only
+the local entries' checks at the end (``check_gdpo``, ``check_normalize``,
+``check_whiten``) raise the first problem's error, as a local call does at once."""
 
 from __future__ import annotations
 
@@ -643,3 +645,99 @@ def check_segments(segment_sizes, n: int) -> tuple[list[int], bool]:
     if total != n:
         raise Problem(P.P_SEGMENTS_SUM, total if total <= _INT64_MAX else -1, n)
     return sizes, True
+
+
+# --- the local entries: every host check of a call, raised at once ----------------------------
+#
+# The order of the checks decides which refusal a call with several bad arguments gets (the
+# bit corpus records the messages): keep it. A distributed call runs the same checks in its
+# own order inside impl._pipeline.run_distributed, recording the problem instead of raising.
+
+
+@dataclasses.dataclass
+class Diagnostics:
+    """What a call left out under ``missing="unscored"`` (spec/gdpo.md section 2): pass one as
+    ``diagnostics=`` and the call fills it in when it returns (a refused call leaves it as it
+    was). Under ``missing="refuse"`` every count is 0 (a NaN is refused, never left out).
+
+    ``unscored_rows``: this rank's rows whose every reward is NaN (advantage 0, outside Eq. 6);
+    ``unscored_rows_all_ranks``: the same over every rank of the process group (the local
+    count without one; standardize_groups, normalize_rewards and group_has_signal are local);
+    ``unscored``: (N,) bool on the rewards' device, True on those rows (None before a call)."""
+
+    unscored_rows: int = 0
+    unscored_rows_all_ranks: int = 0
+    unscored: torch.Tensor | None = None
+    #: How the outputs' rounding was decided (``impl._certify``): samples certified by the
+    #: float64 bound, recomputed in double-double, decided exactly; None before a call.
+    certified: "_certify.Counts | None" = None  # impl._certify.Counts (not imported here)
+
+
+def _check_diagnostics(diagnostics) -> None:
+    if diagnostics is not None and not isinstance(diagnostics, Diagnostics):
+        raise TypeError(f"diagnostics must be an impl.gdpo.Diagnostics (or None); got {_shown(diagnostics)}")
+
+
+def _units_of_one(sizes: list[int]) -> None:
+    for j, s in enumerate(sizes):
+        if s == 1:
+            raise Problem(P.P_UNIT_OF_ONE, j)
+
+
+@dataclasses.dataclass
+class Call:
+    """A validated local call: its arguments as the checks normalised them."""
+
+    eps: float
+    inp: Rewards | None = None  # gdpo_advantages and the Eq. 4/7 APIs (None: whiten)
+    values: torch.Tensor | None = None  # whiten: the values (N,)
+    sizes: list[int] | None = None  # gdpo_advantages, whiten: this process's unit sizes
+    out_dtype: torch.dtype | None = None  # gdpo_advantages, whiten (None: float64 out)
+
+
+def check_gdpo(rewards, group_ids, group_size, weights, segment_sizes, eps, out_dtype, missing="refuse",
+               diagnostics=None) -> Call:
+    """A local gdpo_advantages call's checks, in this order: diagnostics (a TypeError), eps,
+    out_dtype, missing, the rewards (their groups, then the weights), the segment sizes, units
+    of one row. Raises the first refusal."""
+    _check_diagnostics(diagnostics)
+    try:
+        eps = check_eps(eps)
+        out_dtype = check_out_dtype(out_dtype)
+        missing = check_missing(missing)
+        inp = check_rewards(rewards, group_ids, group_size, weights, allow_empty_rows=False)
+        inp.missing = missing
+        sizes, _ = check_segments(segment_sizes, inp.n)
+        _units_of_one(sizes)
+    except Problem as p:
+        raise p.error() from None
+    return Call(eps, inp=inp, sizes=sizes, out_dtype=out_dtype)
+
+
+def check_normalize(rewards, group_ids, group_size, weights, eps, missing="refuse", diagnostics=None) -> Call:
+    """The checks of a local Eq. 4/7 call (normalize_rewards, standardize_groups with weights
+    None, group_has_signal), in this order: diagnostics (a TypeError), eps, missing, the
+    rewards (their groups, then the weights). Raises the first refusal."""
+    _check_diagnostics(diagnostics)
+    try:
+        eps = check_eps(eps)
+        missing = check_missing(missing)
+        inp = check_rewards(rewards, group_ids, group_size, weights, allow_empty_rows=False)
+        inp.missing = missing
+    except Problem as p:
+        raise p.error() from None
+    return Call(eps, inp=inp)
+
+
+def check_whiten(values, segment_sizes, eps, out_dtype) -> Call:
+    """A local whiten call's checks, in this order: eps, out_dtype, the values, the segment
+    sizes, units of one row. Raises the first refusal."""
+    try:
+        eps = check_eps(eps)
+        out_dtype = check_out_dtype(out_dtype)
+        v = check_values(values)
+        sizes, _ = check_segments(segment_sizes, v.shape[0])
+        _units_of_one(sizes)
+    except Problem as p:
+        raise p.error() from None
+    return Call(eps, values=v, sizes=sizes, out_dtype=out_dtype)

@@ -36,6 +36,7 @@ from impl import _problems as P
 from impl import _fused  # the optional fused kernels
 from impl import _certify  # the certificate reads the two-pass statistics of Eq. 4
 from impl import _segments as seg_ops
+from impl._facts import first_nonfinite, rewards_nonfinite_facts
 from impl._stats import PAD_FACTOR, PAD_SLACK, TwoPass, denominator, overflow_possible, two_pass, weight_plan
 from impl._inputs import Rewards
 
@@ -135,21 +136,6 @@ def _weighted_sum(z: torch.Tensor, weights: list[float], *, in_place: bool) -> t
     return c
 
 
-def first_nonfinite(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(index, float64 bits of the value there) of the first non-finite entry of
-    a 1-D tensor; index 0 and a finite value when there is none. No branch."""
-    at = torch.argmax(torch.ne(x - x, 0).view(torch.uint8))  # x - x is nan exactly for nan and +-inf
-    return at, seg_ops.take(x, at).to(_F64).view(_I64)
-
-
-def value_facts(v: torch.Tensor) -> dict[int, torch.Tensor]:
-    """Raw facts of Eq. 6 input (N,): the first non-finite value and its bits."""
-    if v.shape[0] == 0:
-        return {}
-    at, bits = first_nonfinite(v)
-    return {P.NF_VALUE: at, P.NF_VALUE_KIND: bits}
-
-
 # --- phase one: facts before any arithmetic -------------------------------------------------
 
 
@@ -198,22 +184,6 @@ def prepare(inp: Rewards, *, lazy: bool) -> Prepared:
             lab, more = label_facts(inp.labels, reads_free=lazy)
             facts.update(more)
     return Prepared(inp, r, facts, lab, lazy and n > 0)
-
-
-def first_infinite(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`first_nonfinite` for ``missing="unscored"``, where a NaN is data: the first
-    infinite entry of a 1-D tensor (index 0 and the bits of +0.0 when there is none)."""
-    inf = torch.isinf(x)
-    at = torch.argmax(inf.view(torch.uint8))
-    return at, torch.where(seg_ops.take(inf, at), seg_ops.take(x, at).to(_F64), 0.0).view(_I64)
-
-
-def rewards_nonfinite_facts(inp: Rewards, r: torch.Tensor) -> dict[int, torch.Tensor]:
-    at, bits = (first_infinite if inp.missing == "unscored" else first_nonfinite)(r.view(-1))
-    facts = {P.NF_REWARD: at, P.NF_REWARD_KIND: bits}
-    if inp.labels is not None:
-        facts[P.NF_REWARD_GROUP] = seg_ops.take(inp.labels, torch.div(at, r.shape[1], rounding_mode="floor"))
-    return facts
 
 
 def label_facts(labels: torch.Tensor, *, reads_free: bool = False) -> tuple[Labelled, dict[int, torch.Tensor]]:

@@ -53,21 +53,28 @@ import math
 import torch
 import torch.distributed as dist
 
-from impl import _certify, _fused, _graphs
+from impl import _certify, _facts, _fused, _graphs
+from impl import _cast
+from impl._cast import _DIRECT, cast_limit, cast_reachable
 from impl._cast import round_to  # noqa: F401 - impl._pipeline.round_to, as before
 from impl import _normalize as N
 from impl import _problems as P
 from impl import _whiten as W
-from impl._inputs import (
+from impl._inputs import (  # Diagnostics: impl._pipeline.Diagnostics, as before (impl.gdpo reads it)
+    Diagnostics,  # noqa: F401
     Problem,
+    _check_diagnostics,
     _shown,
     check_eps,
+    check_gdpo,
     check_missing,
+    check_normalize,
     check_out_dtype,
     check_rewards,
     check_segments,
     check_standardized,
     check_values,
+    check_whiten,
 )
 from impl._segments import host_to_device
 from impl._stats import overflow_possible
@@ -80,71 +87,6 @@ _I64 = torch.int64
 # --- helpers -----------------------------------------------------------------
 
 
-def _read(t: torch.Tensor) -> list[int]:
-    """A small device tensor on the host: on CUDA, a host synchronisation."""
-    return t.tolist()
-
-
-def _local_row(host, device_facts: dict[int, torch.Tensor]) -> list[int]:
-    """The facts row of a local call: host fields as given (a dict, or a row
-    read before), device fields read in one host read (none when there are none)."""
-    if isinstance(host, list):
-        row = list(host)
-    else:
-        row = [0] * P.ROW_WIDTH
-        for col, v in host.items():
-            row[col] = int(v)
-    if device_facts:
-        cols = sorted(device_facts)
-        vals = _read(torch.stack([device_facts[c].to(_I64).reshape(()) for c in cols]))
-        for col, v in zip(cols, vals):
-            row[col] = v
-    return row
-
-
-def _facts_row(host: dict[int, int], device_facts: dict[int, torch.Tensor], device) -> torch.Tensor:
-    values = [0] * P.ROW_WIDTH
-    for col, v in host.items():
-        values[col] = int(v)
-    row = host_to_device(values, _I64, device)
-    if device_facts:
-        zero = torch.zeros((), dtype=_I64, device=device)
-        block = torch.stack([device_facts.get(c, zero).to(_I64).reshape(()) for c in P.DEVICE_FIELDS])
-        row[P.DEVICE_FIELDS[0]: P.DEVICE_FIELDS[-1] + 1] = block
-    return row
-
-
-def _unit_of(sizes: list[int], at: int) -> int:
-    """The unit holding row ``at`` (host, from the sizes)."""
-    end = 0
-    for j, s in enumerate(sizes):
-        end += s
-        if at < end:
-            return j
-    return max(len(sizes) - 1, 0)
-
-
-def cast_limit(dtype: torch.dtype) -> float:
-    """Smallest magnitude that no longer rounds to a finite value of ``dtype``
-    (max + half an ulp at max); inf for float64."""
-    if dtype == _F64:
-        return math.inf
-    fi = torch.finfo(dtype)
-    return fi.max + math.ldexp(1.0, math.frexp(fi.max)[1] - 1) * fi.eps / 2
-
-
-def cast_reachable(dtype: torch.dtype, total_rows: int) -> bool:
-    """Can a whitened value fail the cast? |a| <= (n-1)/sqrt(n) < sqrt(N)
-    (Samuelson's inequality; eps only shrinks a), with a margin for rounding."""
-    return math.sqrt(max(total_rows, 0)) * (1.0 + 2.0 ** -20) >= cast_limit(dtype)
-
-
-#: Output dtypes the division writes directly (one rounding of the float64 quotient).
-#: float16, bfloat16 and float8 are not among them: torch converts a double to
-#: those through float (two roundings); they are written by :func:`round_to`.
-_DIRECT = (torch.float32,)
-
-
 def _apply_dtype(out_dtype: torch.dtype, total_rows: int):
     """The dtype Eq. 6 writes: the output dtype itself, or float64 (None) when the
     cast must be checked first, is not a plain floating write, or is certified
@@ -154,68 +96,25 @@ def _apply_dtype(out_dtype: torch.dtype, total_rows: int):
     return out_dtype
 
 
-def _units_of_one(sizes: list[int]) -> None:
-    for j, s in enumerate(sizes):
-        if s == 1:
-            raise Problem(P.P_UNIT_OF_ONE, j)
-
-
 def _finish_local(a: torch.Tensor, out_dtype: torch.dtype, problem=None, diagnostics=None) -> torch.Tensor:
     """The output: ``a`` checked against the cast's range, then rounded; certified
     (``impl._certify``) where ``problem`` (a -> _certify.Problem) is given."""
     if a.dtype == out_dtype and problem is None:
         return a
-    if cast_reachable(out_dtype, a.shape[0]):
-        limit = cast_limit(out_dtype)
-        at = int(torch.argmax((a.abs() >= limit).view(torch.uint8)))  # a second host read, only here
-        if a.shape[0] and abs(float(a[at])) >= limit:
-            raise P.OutOfRangeError(
-                f"whitened value {float(a[at])!r} at row {at} does not survive the cast to "
-                f"{P.dtype_name(P.dtype_code(out_dtype))} (largest finite {torch.finfo(out_dtype).max!r}); "
-                "choose a wider out_dtype")
+    _cast.check_range(a, out_dtype)
     if problem is not None and out_dtype in _certify.FORMATS and _certify.enabled(out_dtype) and a.dtype == _F64:
         counts = _certify.Counts()
         out = _certify.finish(problem(a), out_dtype, counts)
         if diagnostics is not None:
             diagnostics.certified = counts
         return out
-    return round_to(a, out_dtype)
+    return _cast.output(a, out_dtype, checked=True)
 
 
 # --- local (single-process) calls ----------------------------------------------
 
 
-def _rewards_host(inp) -> dict[int, int]:
-    return {P.PRESENT: 1, P.K: inp.k, P.ROWS: inp.n, P.BY_LABEL: int(inp.labels is not None),
-            P.GROUP_SIZE: inp.group_size or 0, P.LABELS_UINT64: int(inp.labels_uint64),
-            P.MISSING: P.MISSING_CODES[inp.missing]}
-
-
 # --- missing="unscored": rows with no scored reward ----------------------------------------
-
-
-@dataclasses.dataclass
-class Diagnostics:
-    """What a call left out under ``missing="unscored"`` (spec/gdpo.md section 2): pass one as
-    ``diagnostics=`` and the call fills it in when it returns (a refused call leaves it as it
-    was). Under ``missing="refuse"`` every count is 0 (a NaN is refused, never left out).
-
-    ``unscored_rows``: this rank's rows whose every reward is NaN (advantage 0, outside Eq. 6);
-    ``unscored_rows_all_ranks``: the same over every rank of the process group (the local
-    count without one; standardize_groups, normalize_rewards and group_has_signal are local);
-    ``unscored``: (N,) bool on the rewards' device, True on those rows (None before a call)."""
-
-    unscored_rows: int = 0
-    unscored_rows_all_ranks: int = 0
-    unscored: torch.Tensor | None = None
-    #: How the outputs' rounding was decided (``impl._certify``): samples certified by the
-    #: float64 bound, recomputed in double-double, decided exactly; None before a call.
-    certified: "_certify.Counts | None" = None
-
-
-def _check_diagnostics(diagnostics) -> None:
-    if diagnostics is not None and not isinstance(diagnostics, Diagnostics):
-        raise TypeError(f"diagnostics must be an impl.gdpo.Diagnostics (or None); got {_shown(diagnostics)}")
 
 
 @dataclasses.dataclass
@@ -267,7 +166,7 @@ def _normalize_checked(inp, eps, *, signal=False, then=None, combined=True):
     contiguous groups (after ``then``, the rest of the call, is launched), after
     phase one for labelled groups (their layout needs G and n_max).
     ``combined=False``: Eq. 4 alone (``norm.c`` is z, (N, K))."""
-    host = _rewards_host(inp)
+    host = _facts.rewards_host(inp)
     fused = _fused.guarded(lambda: _fused.eq47(inp, eps), lambda: None) if (
         then is None and combined and _fused.eq47_eligible(inp)) else None
     if fused is not None:
@@ -277,37 +176,25 @@ def _normalize_checked(inp, eps, *, signal=False, then=None, combined=True):
             g = inp.group_size
             cg = c.view(inp.n // g, g)
             varies = cg.amin(1) != cg.amax(1)
-        row = _local_row(host, {P.NF_REWARD: facts[0], P.NF_REWARD_KIND: facts[1]})  # the one host read
+        row = _facts.read_row(host, facts)  # the one host read
         P.raise_local(row)
         return N.Normalized(c, {}, varies), row, None
     prep = N.prepare(inp, lazy=N.lazy_checks(inp.rewards.device))
     if prep.labelled is None:
         norm = N.finish(prep, eps, signal=signal, combined=combined)
         extra = then(norm, None) if then else None
-        row = _local_row(host, {**prep.facts, **norm.facts})  # the one host read
+        row = _facts.read_row(host, {**prep.facts, **norm.facts})  # the one host read
         P.raise_local(row)
         return norm, row, extra
-    row = _local_row(host, prep.facts)  # the one host read
+    row = _facts.read_row(host, prep.facts)  # the one host read
     if prep.lazy and P.row_problems(row):  # a refusal: a non-finite reward is reported first
-        row = _local_row(row, N.rewards_nonfinite_facts(inp, prep.r))
+        row = _facts.read_row(row, _facts.rewards_nonfinite_facts(inp, prep.r))
     P.raise_local(row)
-    norm = N.finish(prep, eps, row[P.GROUPS], row[P.N_MAX], row[P.RUNS], signal=signal, read=_read,
+    norm = N.finish(prep, eps, row[P.GROUPS], row[P.N_MAX], row[P.RUNS], signal=signal, read=_facts.read,
                     combined=combined)
     if norm.facts:  # found in phase two: on CPU (free), or Eq. 7 overflow (weights beyond ~2**1000)
-        P.raise_local(_local_row(row, norm.facts))
+        P.raise_local(_facts.read_row(row, norm.facts))
     return norm, row, then(norm, prep.labelled) if then else None
-
-
-def _check_rewards(rewards, group_ids, group_size, weights, eps, missing="refuse", diagnostics=None):
-    _check_diagnostics(diagnostics)
-    try:
-        eps = check_eps(eps)
-        missing = check_missing(missing)
-        inp = check_rewards(rewards, group_ids, group_size, weights, allow_empty_rows=False)
-        inp.missing = missing
-    except Problem as p:
-        raise p.error() from None
-    return inp, eps
 
 
 def _report_local(inp, diagnostics) -> None:
@@ -317,7 +204,8 @@ def _report_local(inp, diagnostics) -> None:
 
 
 def normalize_rewards(rewards, group_ids, group_size, weights, eps, missing="refuse", diagnostics=None):
-    inp, eps = _check_rewards(rewards, group_ids, group_size, weights, eps, missing, diagnostics)
+    call = check_normalize(rewards, group_ids, group_size, weights, eps, missing, diagnostics)
+    inp, eps = call.inp, call.eps
     c = _normalize_checked(inp, eps)[0].c
     _report_local(inp, diagnostics)
     return c
@@ -325,7 +213,8 @@ def normalize_rewards(rewards, group_ids, group_size, weights, eps, missing="ref
 
 def standardize_groups(rewards, group_ids, group_size, eps, missing="refuse", diagnostics=None):
     """Eq. 4 alone: z (N, K) float64, by the arithmetic normalize_rewards runs before Eq. 7."""
-    inp, eps = _check_rewards(rewards, group_ids, group_size, None, eps, missing, diagnostics)
+    call = check_normalize(rewards, group_ids, group_size, None, eps, missing, diagnostics)
+    inp, eps = call.inp, call.eps
     z = _normalize_checked(inp, eps, combined=False)[0].c
     _report_local(inp, diagnostics)
     return z
@@ -338,62 +227,48 @@ def combine(z, weights):
     except Problem as p:
         raise p.error() from None
     c = N.combine(zt, w)
-    at, bits = N.first_nonfinite(c)
+    at, bits = _facts.first_nonfinite(c)
     if not math.isfinite(P.bits_float(int(bits))):  # the one host read; z is finite: an overflow
         raise P.host_error(P.P_Z_OVERFLOW, int(at))
     return c
 
 
 def group_has_signal(rewards, group_ids, group_size, weights, eps, missing="refuse", diagnostics=None):
-    inp, eps = _check_rewards(rewards, group_ids, group_size, weights, eps, missing, diagnostics)
+    call = check_normalize(rewards, group_ids, group_size, weights, eps, missing, diagnostics)
+    inp, eps = call.inp, call.eps
     varies = _normalize_checked(inp, eps, signal=True)[0].varies
     _report_local(inp, diagnostics)
     return varies
 
 
 def whiten_local(values, segment_sizes, eps, out_dtype):
-    try:
-        eps = check_eps(eps)
-        out_dtype = check_out_dtype(out_dtype)
-        v = check_values(values)
-        sizes, _ = check_segments(segment_sizes, v.shape[0])
-        _units_of_one(sizes)
-    except Problem as p:
-        raise p.error() from None
+    call = check_whiten(values, segment_sizes, eps, out_dtype)
+    v, sizes, eps, out_dtype = call.values, call.sizes, call.eps, call.out_dtype
     direct = _apply_dtype(out_dtype, v.shape[0])
     a = None
     if v.shape[0] and _fused.whiten_eligible(v.device, sizes, direct):
-        loc, facts = None, N.value_facts(v)
+        loc, facts = None, _facts.value_facts(v)
         a = _fused.guarded(lambda: _fused.whiten(v.contiguous(), sizes, eps, direct), lambda: None)
     if a is None:
         lazy = N.lazy_checks(v.device)
-        facts = {} if lazy else N.value_facts(v)
+        facts = {} if lazy else _facts.value_facts(v)
         loc = W.local_stats(v, sizes, eps)
         a = W.apply_local(loc, eps, direct)
         if lazy and not loc.finite():
-            facts = N.value_facts(v)
-    row = _local_row({P.PRESENT: 1, P.ROWS: v.shape[0]}, facts)  # the one host read
+            facts = _facts.value_facts(v)
+    row = _facts.read_row({P.PRESENT: 1, P.ROWS: v.shape[0]}, facts)  # the one host read
     if P.row_problems(row):
-        row[P.NF_VALUE_UNIT] = _unit_of(sizes, row[P.NF_VALUE])
+        row[P.NF_VALUE_UNIT] = _facts.unit_of(sizes, row[P.NF_VALUE])
         P.raise_local(row)
     return _finish_local(a, out_dtype, lambda a64: _certify.for_whiten(v, a64, sizes, eps)), loc
 
 
 def gdpo_local(rewards, group_ids, group_size, weights, segment_sizes, eps, out_dtype, missing="refuse",
                diagnostics=None):
-    _check_diagnostics(diagnostics)
-    try:
-        eps = check_eps(eps)
-        out_dtype = check_out_dtype(out_dtype)
-        missing = check_missing(missing)
-        inp = check_rewards(rewards, group_ids, group_size, weights, allow_empty_rows=False)
-        inp.missing = missing
-        sizes, _ = check_segments(segment_sizes, inp.n)
-        _units_of_one(sizes)
-    except Problem as p:
-        raise p.error() from None
+    call = check_gdpo(rewards, group_ids, group_size, weights, segment_sizes, eps, out_dtype, missing, diagnostics)
+    inp, sizes, eps, out_dtype = call.inp, call.sizes, call.eps, call.out_dtype
     direct = _apply_dtype(out_dtype, inp.n)
-    if missing == "unscored":  # the plain path (impl._fused lists it), Eq. 6 over the scored rows
+    if inp.missing == "unscored":  # the plain path (impl._fused lists it), Eq. 6 over the scored rows
         return _gdpo_unscored(inp, sizes, eps, out_dtype, direct, diagnostics)
     fused = _fused.eligible(inp, sizes, direct)
 
@@ -405,17 +280,17 @@ def gdpo_local(rewards, group_ids, group_size, weights, segment_sizes, eps, out_
     if _graphs.eligible(inp):
         key = (tuple(inp.rewards.shape), inp.rewards.dtype, str(inp.rewards.device), inp.group_size,
                tuple(P.float_bits(w) for w in inp.weights), tuple(sizes), P.float_bits(eps), out_dtype, fused)
-        got = _graphs.run(key, inp, device_part)
+        replayed = _graphs.run(key, inp, device_part)
+        if replayed is not None:
+            a, facts = replayed
+            got = a, _facts.read_row(_facts.rewards_host(inp), facts)  # the one host read
     if got is None and fused:
         def fused_call():
-            a, cols, values = device_part(inp)
-            return a, cols, _read(values)  # the one host read
+            a, facts = device_part(inp)
+            return a, _facts.read_row(_facts.rewards_host(inp), facts)  # the one host read
         got = _fused.guarded(fused_call, lambda: None)
     if got is not None:
-        a, cols, values = got
-        row = _local_row(_rewards_host(inp), {})
-        for col, v in zip(cols, values):
-            row[col] = v
+        a, row = got
         P.raise_local(row)
         # the certificate reads c: the plain path's Eq. 4/7 (the fused kernels' bits; a ``then`` keeps
         # _normalize_checked off the fused path, which counts its calls)
@@ -489,13 +364,12 @@ def _whole_units(inp, sizes: list[int], lab=None):
 def _gdpo_device(inp, sizes, eps, direct):
     """The device part of a local call with contiguous groups on a device where
     every check is branch-free (CUDA): no host read, no host-to-device copy
-    except cached constants, so it can be captured in a CUDA graph."""
+    except cached constants, so it can be captured in a CUDA graph. (a, facts
+    (``_facts.Facts``)), as ``_fused.run`` returns them."""
     prep = N.prepare(inp, lazy=False)
     norm = N.finish(prep, eps)
     a = W.apply_local(W.local_stats(norm.c, sizes, eps, own=True, whole=_whole_units(inp, sizes)), eps, direct)
-    facts = {**prep.facts, **norm.facts}
-    cols = tuple(sorted(facts))
-    return a, cols, torch.stack([facts[c].to(_I64).reshape(()) for c in cols])
+    return a, {**prep.facts, **norm.facts}
 
 
 # --- distributed calls ----------------------------------------------------------
@@ -504,7 +378,7 @@ def _fused_local(inp, eps, sizes, device_facts):
     """Eq. 4/7 and this rank's Eq. 6 statistics on the fused path (contiguous groups)."""
     c, facts = _fused.eq47(inp, eps)
     loc = _fused.Local(c, sizes, eps, _whole_units(inp, sizes))
-    device_facts.update({P.NF_REWARD: facts[0], P.NF_REWARD_KIND: facts[1]})
+    device_facts.update(facts)
     return loc
 
 
@@ -566,7 +440,7 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
             inp = check_rewards(rewards, group_ids, group_size, weights, allow_empty_rows=True)
             inp.missing = missing
             n, dtype = inp.n, inp.rewards.dtype
-            host.update(_rewards_host(inp))
+            host.update(_facts.rewards_host(inp))
             host[P.WEIGHTS_FP] = P.weights_fingerprint(inp.weights, COLUMN_NAMES.get())
         else:
             v = check_values(values)
@@ -596,7 +470,7 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
                                         whole=_whole_units(inp, sizes))
                     prep = None
         else:
-            device_facts.update(N.value_facts(v))
+            device_facts.update(_facts.value_facts(v))
             if n:
                 ends = host_to_device([sum(sizes[: j + 1]) for j in range(len(sizes))], _I64, data_device)
                 device_facts[P.NF_VALUE_UNIT] = torch.searchsorted(ends, device_facts[P.NF_VALUE], right=True)
@@ -629,12 +503,12 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
     words_buf = flat[world * P.ROW_WIDTH:].view(world, _WORDS_COLS)
     told = local_exc  # the exception this rank's row describes
     try:
-        table[rank] = _facts_row(host, {} if local_exc else device_facts,
+        table[rank] = _facts.device_row(host, {} if local_exc else device_facts,
                                  data_device if local_exc is None else torch.device("cpu")).to(comm)
     except Exception as exc:  # noqa: BLE001 - e.g. a host field beyond int64: still join, refused
         local_exc = local_exc or exc
         told = exc
-        table[rank] = _facts_row({P.PRESENT: 1, P.API: api, P.UNJOINED: missed, P.HOST_CODE: P.P_LOCAL_FAILURE}, {},
+        table[rank] = _facts.device_row({P.PRESENT: 1, P.API: api, P.UNJOINED: missed, P.HOST_CODE: P.P_LOCAL_FAILURE}, {},
                                  torch.device("cpu")).to(comm)
     _all_reduce(table, dist.ReduceOp.SUM, group, name, 1, rank)
     agreed = table.tolist()  # the call's one host synchronisation
@@ -666,7 +540,7 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
     try:
         if prep is not None:  # labelled groups compute Eq. 4/7 now: their layout needs G and n_max
             mine = agreed[rank]
-            norm = N.finish(prep, eps, mine[P.GROUPS], mine[P.N_MAX], mine[P.RUNS], read=_read)
+            norm = N.finish(prep, eps, mine[P.GROUPS], mine[P.N_MAX], mine[P.RUNS], read=_facts.read)
             overflow_row = norm.facts
             loc = None
             whole = _whole_units(inp, sizes, prep.labelled)
@@ -728,11 +602,11 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
         merged = _certify.dd_merged(buf.dd.to(data_device), eps)
         if dd_rows is None:  # this rank's inputs left the dd path's range: its plain result, uncertified
             counts.uncertified += a.shape[0]
-            out = round_to(a, out_dtype)
+            out = _cast.output(a, out_dtype, checked=True)  # the range: collective 3, where it can fail
         else:
             out = _certify.dd_finish(merged, *dd_rows, sizes, eps, out_dtype, counts, a)
     else:
-        out = round_to(a, out_dtype)
+        out = _cast.output(a, out_dtype, checked=True)  # the range: collective 3, where it can fail
         counts.uncertified += a.shape[0]
     if api == P.API_GDPO:
         (plan or _no_missing(inp)).report(diagnostics, sum(r[P.UNSCORED] for r in agreed))

@@ -507,16 +507,17 @@ def test_graphable_device_part_is_the_call():
     r = torch.randn(96, 3, generator=g) * 5 + 1e4
     w = [1.0, -2.0, 0.5]
     inp = _inputs.check_rewards(r, None, 8, w, allow_empty_rows=False)
-    a, cols, facts = _pipeline._gdpo_device(inp, [40, 56], DEFAULT_EPS, F32)
+    a, facts = _pipeline._gdpo_device(inp, [40, 56], DEFAULT_EPS, F32)
     assert _bits(a) == _bits(gdpo.gdpo_advantages(r, group_size=8, weights=w, segment_sizes=[40, 56]))
     bad = r.clone()
     bad[50, 1] = -math.inf
     inp = _inputs.check_rewards(bad, None, 8, w, allow_empty_rows=False)
-    _, cols, facts = _pipeline._gdpo_device(inp, [40, 56], DEFAULT_EPS, F32)
+    _, facts = _pipeline._gdpo_device(inp, [40, 56], DEFAULT_EPS, F32)
+    assert all(isinstance(v, torch.Tensor) and v.dim() == 0 for v in facts.values())  # impl._facts.Facts
     row = [0] * P.ROW_WIDTH
     row[P.PRESENT], row[P.K], row[P.ROWS], row[P.GROUP_SIZE] = 1, 3, 96, 8
-    for col, v in zip(cols, facts.tolist()):
-        row[col] = v
+    for col, v in facts.items():
+        row[col] = int(v)
     with pytest.raises(gdpo.NonFiniteError, match=r"rewards\[50, 1\] \(row 50, reward column 1, group 6 .*\) is -inf"):
         P.raise_local(row)
 
