@@ -816,6 +816,9 @@ class Problem:
     #: (rows (R,) int64) -> (R,) bool: c* = 0 exactly (:mod:`impl._exact_zeros`; False: not
     #: decided there), or None
     zero_rows: object = None
+    #: tier 0's bound |a - a*| <= alpha + beta |a| per unit ((alpha, beta): host floats for one
+    #: unit, (S, 1) tensors otherwise), once tier 0 ran
+    ab: object = None
 
     def values(self) -> torch.Tensor:
         """c (computed again where the plain path used its buffer as work space)."""
@@ -928,6 +931,7 @@ def _tier0_loc(p: Problem, units: _Units, out_dtype):
         Emax = torch.full((S,), p.emax, dtype=_F64, device=a.device) if p.emax is not None else units.amax(p.rows_E())
         alpha, beta, exact0 = eq6_alpha_beta(loc.tp, p.sizes, lay.width, _whole_tensor(p.whole, S, a.device), Emax,
                                              p.eps)
+    p.ab = (alpha, beta)
     y = round_out(a, out_dtype)
     if S == 1 and not isinstance(alpha, torch.Tensor):
         ok = bits_certify(a, alpha, beta, out_dtype)
@@ -968,6 +972,16 @@ def _exact_zeros(p: Problem, todo: torch.Tensor, y: torch.Tensor, units: _Units,
     """The rows left in units of whole groups whose c* is exactly 0 (:mod:`impl._exact_zeros`)
     get a* = +0 exactly (the unit's exact mean is 0). Returns (y, todo, how many)."""
     rows = (todo & units.spread(whole)).nonzero().view(-1)
+    if rows.numel() and p.ab is not None:
+        # a* = 0 needs |a| <= alpha + beta |a|, i.e. |a| <= alpha / (1 - beta): the others are not zeros
+        alpha, beta = p.ab
+        if isinstance(alpha, torch.Tensor):
+            u = torch.zeros_like(rows) if len(p.sizes) == 1 else units.index().index_select(0, rows)
+            alpha, beta = alpha.view(-1).index_select(0, u), beta.view(-1).index_select(0, u)
+            reach = torch.where(beta < 1, alpha / (1 - beta), math.inf)
+        else:
+            reach = alpha / (1 - beta) if beta < 1 else math.inf
+        rows = rows[p.a.index_select(0, rows).abs() <= reach * (1 + 2.0 ** -30)]
     if rows.numel() == 0:
         return y, todo, 0
     zero = p.zero_rows(rows)
@@ -1204,10 +1218,9 @@ def for_gdpo(inp, a: torch.Tensor, c: torch.Tensor, sizes: list[int], eps: float
         from impl import _exact_zeros
         if inp.labels is None:
             return _exact_zeros.zero_rows_contiguous(rows, inp.rewards, inp.group_size, list(inp.weights),
-                                                     quantum_exponent(inp.rewards))
+                                                     quantum_exponent)
         gid, G = gid_G or _group_index(inp)
-        return _exact_zeros.zero_rows_labelled(rows, gid, G, inp.rewards, list(inp.weights),
-                                               quantum_exponent(inp.rewards))
+        return _exact_zeros.zero_rows_labelled(rows, gid, G, inp.rewards, list(inp.weights), quantum_exponent)
     return Problem(a, c, sizes, eps, whole, E, dd, _oracle_gdpo(inp, sizes, eps), dd_rows, loc, emax, exact_rows,
                    zero_rows)
 

@@ -88,11 +88,19 @@ def _fits(X: np.ndarray, n_max: int) -> bool:
     return top * top < _LIMIT
 
 
+def _values(sub: torch.Tensor, quantum) -> np.ndarray | None:
+    """The gathered rewards ``sub`` as integers (:func:`_integers`), their quantum from
+    ``quantum(sub)`` (2**e dividing every value, or None) where given."""
+    qexp = quantum(sub) if quantum is not None else None
+    return _integers(sub.to("cpu", torch.float64).numpy(), qexp)
+
+
 def zero_rows_contiguous(rows: torch.Tensor, rewards: torch.Tensor, g: int, weights: list[float],
-                         qexp: int | None = None) -> torch.Tensor:
+                         quantum=None) -> torch.Tensor:
     """(R,) bool: c* = 0 exactly for each of ``rows`` (decided by the sufficient condition of
     the module's docstring; False: not decided here), groups of ``g`` contiguous rows; on the
-    host, in NumPy's int64. ``qexp``: every reward is a multiple of 2**qexp, or None."""
+    host, in NumPy's int64. ``quantum``: (rewards) -> e with 2**e dividing every one, or None
+    (then read on the values' bits)."""
     R = rows.shape[0]
     device = rewards.device
     if R == 0:
@@ -101,8 +109,7 @@ def zero_rows_contiguous(rows: torch.Tensor, rewards: torch.Tensor, g: int, weig
     ug, rg = np.unique(rl // g, return_inverse=True)
     N, K = rewards.shape
     at = torch.from_numpy(ug).to(device)
-    v = rewards.detach().view(N // g, g, K).index_select(0, at).to("cpu", torch.float64).numpy()
-    X = _integers(v, qexp)
+    X = _values(rewards.detach().view(N // g, g, K).index_select(0, at), quantum)
     if X is None or not _fits(X, g):
         return torch.zeros(R, dtype=torch.bool, device=device)
     Xt = torch.from_numpy(X)  # torch's reduction over the middle axis is the faster here
@@ -113,7 +120,7 @@ def zero_rows_contiguous(rows: torch.Tensor, rewards: torch.Tensor, g: int, weig
 
 
 def zero_rows_labelled(rows: torch.Tensor, gid: torch.Tensor, G: int, rewards: torch.Tensor, weights: list[float],
-                       qexp: int | None = None) -> torch.Tensor:
+                       quantum=None) -> torch.Tensor:
     """:func:`zero_rows_contiguous` for labelled groups: ``gid`` (N,) each row's group (0..G-1)."""
     R = rows.shape[0]
     device = rewards.device
@@ -124,7 +131,7 @@ def zero_rows_labelled(rows: torch.Tensor, gid: torch.Tensor, G: int, rewards: t
     sel[ug] = True
     members = sel.index_select(0, gid).nonzero().view(-1)  # every row of those groups, sorted
     mg = torch.searchsorted(ug, gid.index_select(0, members)).cpu().numpy()
-    X = _integers(rewards.index_select(0, members).to("cpu", torch.float64).numpy(), qexp)
+    X = _values(rewards.detach().index_select(0, members), quantum)
     n = np.bincount(mg, minlength=ug.numel()).astype(np.int64)  # every group holds its row
     if X is None or not _fits(X, int(n.max())):
         return torch.zeros(R, dtype=torch.bool, device=device)

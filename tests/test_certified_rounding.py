@@ -491,10 +491,10 @@ def test_exact_zero_rows_are_sound_and_catch_equal_variance_cancellation():
     row by row, contiguous and labelled groups alike."""
     from impl import _exact_zeros as Z
 
-    def contiguous(rows, r, g, w):
-        return Z.zero_rows_contiguous(rows, r, g, w)
+    def contiguous(rows, r, g, w):  # the quantum from the narrow format's magnitudes
+        return Z.zero_rows_contiguous(rows, r, g, w, _certify.quantum_exponent)
 
-    def labelled(rows, r, g, w):
+    def labelled(rows, r, g, w):  # the quantum read on the values' bits
         return Z.zero_rows_labelled(rows, torch.arange(r.shape[0]) // g, r.shape[0] // g, r, w)
 
     for decide in (contiguous, labelled):
