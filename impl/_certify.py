@@ -633,7 +633,7 @@ class UnitNumbers:
     beta: float
     exact0: bool  # every c equal and exact: a = +0 exactly
     f: float
-    M: object  # a Fraction
+    centre: tuple  # (shift, mean): M = shift + mean exactly (0 for a whole unit)
     dmean: float
     den: float
     dD: float
@@ -641,13 +641,18 @@ class UnitNumbers:
     whole: bool
     flat: bool  # every c equal
 
+    @property
+    def M(self):
+        """The unit's computed centre as a Fraction (exact)."""
+        from fractions import Fraction  # not at import: impl's import stays light
+        return Fraction(self.centre[0]) + Fraction(self.centre[1])
+
 
 def _unit_numbers(tp, sizes: list[int], width: int, wl: list[bool], emax: float, eps: float,
                   which: list[int]) -> list[UnitNumbers]:
     """:func:`eq6_alpha_beta` on the host for the units ``which``, every row's E at most
     ``emax``: the same formulas in Python floats (IEEE 754 double, correctly rounded sqrt), so
     the denominator is the plain path's bit for bit."""
-    from fractions import Fraction  # not at import: impl's import stays light
     S = len(sizes)
     parts = torch.cat([tp.lo.to(_F64).view(S, 1), tp.hi.to(_F64).view(S, 1), tp.f.view(S, 1),
                        tp.mean.view(S, 1), tp.m2.view(S, 1), tp.eps_f.view(S, 1), tp.shift.view(S, 1)], 1)
@@ -680,8 +685,8 @@ def _unit_numbers(tp, sizes: list[int], width: int, wl: list[bool], emax: float,
             beta = (u + rD * (1 + u) / (1 - rD)) * _SLACK
         else:
             alpha = beta = math.inf
-        M = Fraction(0) if wh else Fraction(shift) + Fraction(mean)
-        out.append(UnitNumbers(alpha, beta, lo == hi and emax == 0, f, M, dmean, den, dD, eps_f, wh, lo == hi))
+        centre = (0.0, 0.0) if wh else (shift, mean)
+        out.append(UnitNumbers(alpha, beta, lo == hi and emax == 0, f, centre, dmean, den, dD, eps_f, wh, lo == hi))
     return out
 
 
@@ -1030,7 +1035,8 @@ def _group_exact(p: Problem, todo: torch.Tensor, y: torch.Tensor, out_dtype, uni
             continue
         f = Fraction(un.f)
         dm = Fraction(un.dmean)
-        nlo, nhi = lo * f - (un.M + dm), hi * f - (un.M - dm)
+        M = un.M
+        nlo, nhi = lo * f - (M + dm), hi * f - (M - dm)
         dlo = max(Fraction(un.den) - Fraction(un.dD), Fraction(un.eps_f))
         dhi = Fraction(un.den) + Fraction(un.dD)
         if dlo <= 0:
