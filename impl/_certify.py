@@ -55,6 +55,7 @@ import dataclasses
 import math
 import os
 import struct
+import threading
 
 import numpy as np
 import torch
@@ -400,7 +401,16 @@ _SLACK = 1.0 + 2.0 ** -30
 _QUANTUM = {torch.float32: (23, -126), torch.float16: (10, -14), torch.bfloat16: (7, -126)}
 
 
-_SCRATCH: dict = {}
+#: work buffers kept between calls, per thread (two threads certifying at once must not share them)
+_KEPT = threading.local()
+
+
+def _kept(kind: str) -> dict:
+    got = getattr(_KEPT, kind, None)
+    if got is None:
+        got = {}
+        setattr(_KEPT, kind, got)
+    return got
 
 
 def _reuse(x: torch.Tensor, tag: str = "", dtype=None) -> torch.Tensor:
@@ -409,9 +419,10 @@ def _reuse(x: torch.Tensor, tag: str = "", dtype=None) -> torch.Tensor:
     dtype = dtype or x.dtype
     if x.device.type != "cpu" or x.numel() < seg_ops.SCRATCH_MIN:
         return torch.empty(x.shape, dtype=dtype, device=x.device)
-    buf = _SCRATCH.get(tag)
+    kept = _kept("torch")
+    buf = kept.get(tag)
     if buf is None or buf.shape != x.shape or buf.dtype != dtype:
-        buf = _SCRATCH[tag] = torch.empty(x.shape, dtype=dtype)
+        buf = kept[tag] = torch.empty(x.shape, dtype=dtype)
     return buf
 
 
@@ -482,9 +493,6 @@ _FROM_BITS = {
 }
 
 
-_SCRATCH_NP: dict = {}
-
-
 def _scratch_np(u: np.ndarray, tag: str = "", dtype=None) -> np.ndarray:
     """A NumPy work array shaped like ``u`` (typed ``dtype``, default u's), kept between calls
     (one per tag) above ``seg_ops.SCRATCH_MIN`` elements: a fresh large allocation costs its
@@ -492,9 +500,10 @@ def _scratch_np(u: np.ndarray, tag: str = "", dtype=None) -> np.ndarray:
     dtype = np.dtype(dtype or u.dtype)
     if u.size < seg_ops.SCRATCH_MIN:
         return np.empty(u.shape, dtype)
-    buf = _SCRATCH_NP.get(tag)
+    kept = _kept("numpy")
+    buf = kept.get(tag)
     if buf is None or buf.shape != u.shape or buf.dtype != dtype:
-        buf = _SCRATCH_NP[tag] = np.empty(u.shape, dtype)
+        buf = kept[tag] = np.empty(u.shape, dtype)
     return buf
 
 
