@@ -1,4 +1,5 @@
-"""Eq. 4 (per-reward group standardization) and Eq. 7 (weighted combination).
+"""Eq. 4 (per-reward group standardization), in the groups' layout; Eq. 7 (the weighted
+combination) then runs in that layout (``_eq7``).
 
 Layout. Eq. 4 runs on a float64 ``(K, P, G)`` tensor: reward column, position
 inside the group, group. Groups are innermost, so every elementwise step, the
@@ -36,8 +37,8 @@ from impl import _problems as P
 from impl import _fused  # the optional fused kernels
 from impl import _certify  # the certificate reads the two-pass statistics of Eq. 4
 from impl import _segments as seg_ops
-from impl._facts import first_nonfinite, rewards_nonfinite_facts
-from impl._stats import PAD_FACTOR, PAD_SLACK, TwoPass, denominator, overflow_possible, two_pass, weight_plan
+from impl._facts import rewards_nonfinite_facts
+from impl._stats import PAD_FACTOR, PAD_SLACK, TwoPass, denominator, two_pass
 from impl._inputs import Rewards
 
 _F64 = torch.float64
@@ -102,38 +103,6 @@ def standardize_scored(x: torch.Tensor, eps: float, lazy: bool, members: torch.T
 def scored_rows(r: torch.Tensor) -> torch.Tensor:
     """(N,) bool: rows with at least one scored (non-NaN) reward (``missing="unscored"``)."""
     return (r == r).any(1)
-
-
-def combine(z: torch.Tensor, weights: list[float]) -> torch.Tensor:
-    """Eq. 7 on z (K, ...): c = sum_k w_k z_k, products rounded one by one and
-    summed left to right (no fused multiply-add, no BLAS), so equal weights on z
-    and -z cancel to exactly 0 and the result is the same on every device.
-
-    With a weight above 2**990 a product may overflow on the way to a finite c
-    (huge terms that cancel); there the sum is also formed with every weight
-    scaled by 2**-shift and scaled back, and taken where the plain sum is not
-    finite. Only there: scaling the small weights too would push their products
-    deeper into the subnormals (found by the deep conformance profile: weights
-    2**-1023 and 2**1000, the latter on a collapsed column, lost 11 bits)."""
-    scaled, shift = weight_plan(weights)
-    if shift:
-        plain = _weighted_sum(z, weights, in_place=False)
-        rescued = seg_ops.ldexp_scalar(_weighted_sum(z, scaled, in_place=True), shift)
-        return torch.where(torch.isfinite(plain), plain, rescued)
-    return _weighted_sum(z, weights, in_place=True)
-
-
-def _weighted_sum(z: torch.Tensor, weights: list[float], *, in_place: bool) -> torch.Tensor:
-    k = z.shape[0]
-    if any(w != 1.0 for w in weights):
-        w = seg_ops.constant(tuple(weights), _F64, z.device).view((k,) + (1,) * (z.dim() - 1))
-        z = z.mul_(w) if in_place else z * w
-    if k == 1:
-        return z[0] if in_place else z[0].clone()
-    c = torch.add(z[0], z[1])
-    for j in range(2, k):
-        c.add_(z[j])
-    return c
 
 
 # --- phase one: facts before any arithmetic -------------------------------------------------
@@ -249,14 +218,77 @@ def _run_facts(labels: torch.Tensor) -> dict[int, torch.Tensor] | None:
             P.SINGLETON_LABEL: seg_ops.take(labels, lonely.clamp(max=n - 1)), P.SINGLETONS: (length == 1).sum()}
 
 
-# --- phase two: Eq. 4 and Eq. 7 -------------------------------------------------------------
+# --- phase two: Eq. 4, in its layout ---------------------------------------------------------
+
+
+class GroupLayout:
+    """Where Eq. 4's layout holds each row, and the way back: ``rows`` brings slot values
+    of every part ((P, G): one value a slot, as c; (K, P, G): as z) to input order,
+    ``groups`` brings one value a group of every part to the groups' order of first
+    appearance. ``kind``: "contiguous" (groups of consecutive rows, one part), "padded"
+    (labelled groups in one padded layout, ``at``: input row -> slot) or "buckets" (one
+    padded layout per size bucket, ``slots``: each bucket's (slot of each sorted row,
+    clamped; whether the row is in the bucket), ``members``: each bucket's groups, ``perm``:
+    sorted row -> input row). ``first_row``: labelled groups (label order) -> first input row."""
+
+    def __init__(self, n: int, kind: str, *, at=None, perm=None, slots=(), members=(), groups=0,
+                 first_row=None):
+        self.n, self.kind, self.at, self.perm = n, kind, at, perm
+        self.slots, self.members, self.count, self.first_row = list(slots), list(members), groups, first_row
+
+    def rows(self, parts: list[torch.Tensor]) -> torch.Tensor:
+        """(N,) from (P, G) parts, (N, K) from (K, P, G) parts, in input order."""
+        z = parts[0].dim() == 3
+        if self.kind == "contiguous":
+            x = parts[0]
+            return x.permute(2, 1, 0).reshape(self.n, x.shape[0]) if z else x.t().reshape(self.n)
+        flat = [x.reshape(x.shape[0], -1) if z else x.reshape(-1) for x in parts]
+        if self.kind == "padded":
+            return flat[0].index_select(1, self.at).t() if z else flat[0].index_select(0, self.at)
+        x0 = flat[0]
+        by_sorted = torch.empty(x0.shape[:-1] + (self.n,), dtype=x0.dtype, device=x0.device)
+        for x, (slot, inside) in zip(flat, self.slots):
+            by_sorted = torch.where(inside, x.index_select(x.dim() - 1, slot), by_sorted)
+        back = torch.empty_like(by_sorted).index_copy_(by_sorted.dim() - 1, self.perm, by_sorted)
+        return back.t() if z else back
+
+    def groups(self, parts: list[torch.Tensor]) -> torch.Tensor:
+        """(G,) in the groups' order of first appearance, from (G_part,) parts in layout order."""
+        if self.kind == "contiguous":
+            return parts[0]
+        if self.kind == "padded":
+            v = parts[0]
+        else:
+            v = torch.empty(self.count, dtype=parts[0].dtype, device=parts[0].device)
+            for part, members in zip(parts, self.members):
+                v.index_copy_(0, members, part)
+        return v[torch.argsort(self.first_row)]  # groups in order of first appearance
+
+
+@dataclasses.dataclass
+class Z:
+    """Eq. 4's result, in its layout (Eq. 7 combines it there, see ``_eq7``)."""
+
+    parts: list[torch.Tensor]  # z, float64 (K, P, G) per part of the layout (owned: Eq. 7 works in place)
+    layout: GroupLayout
+    longest: int  # P of the groups' layout (labelled: n_max): Eq. 7's overflow bound
+    facts: dict[int, torch.Tensor]  # raw facts found here (non-finite rewards)
+    #: the certificate's bound on |c - c*| of every row, groups of ``err_rows`` contiguous rows
+    #: (certifying only, contiguous layouts only; elsewhere None: the certificate's worst case)
+    err: float | None = None
+    err_rows: int = 0
+    c: torch.Tensor | None = None  # the fused kernel's c (Eq. 4 and 7 in one), input order; parts empty
+
+    def rows(self) -> torch.Tensor:
+        """z (N, K) in input order (``standardize_groups``)."""
+        return self.layout.rows(self.parts)
 
 
 @dataclasses.dataclass
 class Normalized:
     """c in input order plus what group_has_signal and the facts row need."""
 
-    c: torch.Tensor  # (N,) float64, input order; z (N, K) where finish ran without Eq. 7
+    c: torch.Tensor  # (N,) float64, input order; z (N, K) where Eq. 7 did not run
     facts: dict[int, torch.Tensor]  # raw facts found in phase two (non-finite, Eq. 7 overflow)
     varies: torch.Tensor | None = None  # (G,) bool, groups by first appearance (if asked)
     #: the certificate's bound on |c - c*| of every row, groups of ``err_rows`` contiguous rows
@@ -266,12 +298,12 @@ class Normalized:
 
 
 def finish(prep: Prepared, eps: float, groups: int = 0, longest: int = 0, runs: int = 0, *,
-           signal: bool = False, read=None, combined: bool = True) -> Normalized:
-    """Phase two: Eq. 4 and Eq. 7. For labelled groups ``groups``, ``longest``
-    and ``runs`` come from the host read of phase one's facts; ``read`` reads a
-    small device tensor to the host (used only for pathologically ragged groups).
-    ``combined=False``: Eq. 4 alone, z (N, K) in input order, by the same arithmetic
-    (public ``standardize_groups``; never fused, never with ``signal``).
+           read=None, fuse: bool = False) -> Z:
+    """Phase two: Eq. 4, z in its layout (``_eq7.eq7`` combines it there). For labelled
+    groups ``groups``, ``longest`` and ``runs`` come from the host read of phase one's facts;
+    ``read`` reads a small device tensor to the host (used only for pathologically ragged
+    groups). ``fuse``: Eq. 7 follows without ``group_has_signal``, so the fused kernel may run
+    both (``Z.c``).
 
     Labelled groups that are contiguous runs of one length (``runs == groups``
     and ``groups * longest == N``, the usual layout of a rollout batch) take the
@@ -279,10 +311,9 @@ def finish(prep: Prepared, eps: float, groups: int = 0, longest: int = 0, runs: 
     without the gather into a padded layout."""
     inp, r = prep.inp, prep.r
     n, k = r.shape
-    facts: dict[int, torch.Tensor] = {}
     err = None
     as_runs = (prep.labelled is not None and runs == groups and groups * longest == n
-               and (signal or not combined or not _fused_padded(r, longest, inp)))  # fused: gathers anyway
+               and (not fuse or not _fused_padded(r, longest, inp)))  # fused: gathers anyway
     if prep.labelled is None or as_runs:
         g = longest if as_runs else inp.group_size
         x = torch.empty(k, g, n // g, dtype=_F64, device=r.device)
@@ -294,28 +325,14 @@ def finish(prep: Prepared, eps: float, groups: int = 0, longest: int = 0, runs: 
             tp = two_pass(x, count[:1], eps, own=True)
             finite = not prep.lazy or tp.finite()
             z = standardize_groups(tp, count[1:], eps)  # (K, g, G)
-            if combined and finite and n and _certify.enabled():  # the certificate's bound on c
+            if fuse and finite and n and _certify.enabled():  # the certificate's bound on c
                 err = _certify.eq4_error(r, g, inp.weights)
-        if not combined:
-            c = z.permute(2, 1, 0).reshape(n, k)
-        else:
-            c = combine(z, inp.weights)  # (g, G)
-        varies = None
-        if signal:
-            varies = c.amin(0) != c.amax(0)
-        if combined:
-            c = c.t().reshape(n)
-        longest = g
+        out = Z([z], GroupLayout(n, "contiguous"), g, {}, err, g if err is not None else 0)
     else:
-        c, varies, finite = _finish_labelled(prep, eps, groups, longest, signal, read, combined)
+        out, finite = _finish_labelled(prep, eps, groups, longest, read, fuse)
     if not finite:
-        facts.update(rewards_nonfinite_facts(inp, r))
-    if combined and overflow_possible(inp.weights, longest):
-        at, bits = first_nonfinite(c)
-        facts.update({P.C_OVERFLOW: at, P.C_OVERFLOW_BITS: bits})
-        if inp.labels is not None:
-            facts[P.C_OVERFLOW_GROUP] = seg_ops.take(inp.labels, at)
-    return Normalized(c, facts, varies, err, longest if err is not None else 0)
+        out.facts.update(rewards_nonfinite_facts(inp, r))
+    return out
 
 
 def _fused_padded(r: torch.Tensor, width: int, inp: Rewards) -> bool:
@@ -328,41 +345,34 @@ def _columns(r: torch.Tensor) -> torch.Tensor:
     return rt.copy_(r.t())
 
 
-def _padded_eq4(rt: torch.Tensor, source: torch.Tensor, groups: int, width: int, weights: list[float],
-                eps: float, signal: bool, lazy: bool, combined: bool = True, missing: str = "refuse"):
-    """Eq. 4/7 on a (K, width, groups) layout gathered from the reward columns
+def _padded_eq4(rt: torch.Tensor, source: torch.Tensor, groups: int, width: int, eps: float, lazy: bool,
+                missing: str = "refuse"):
+    """Eq. 4 on a (K, width, groups) layout gathered from the reward columns
     ``rt`` (K, N) at rows ``source`` (width * groups,), a negative entry -1 - j
-    marking padding that repeats row j (the group's first member). Returns c
-    (width * groups,) by slot (``combined=False``: z, (K, width * groups)), whether
-    each group's c varies (if asked) and whether the inputs were finite."""
+    marking padding that repeats row j (the group's first member). Returns z
+    (K, width, groups) (padding repeats the first member's z) and whether the inputs
+    were finite."""
     k = rt.shape[0]
     pad = source < 0
     rows = torch.where(pad, -1 - source, source)
     x = torch.gather(rt, 1, rows.expand(k, -1)).view(k, width, groups)  # gather: ~2x index_select on dim 1 (CPU)
     if missing == "unscored":
-        z, finite = standardize_scored(x, eps, lazy, (~pad).view(1, width, groups))
-    else:
-        mask = (~pad).to(_F64).view(1, width, groups)
-        count = mask.sum(1, keepdim=True)  # integers: exact in any order
-        tp = two_pass(x, count, eps, pad_mask=mask, own=True)
-        finite = not lazy or tp.finite()
-        z = standardize_groups(tp, count - 1.0, eps)
-    if not combined:
-        return z.reshape(k, -1), None, finite
-    c = combine(z, weights)  # (width, groups); padding repeats the first member's c
-    varies = (c.amin(0) != c.amax(0)) if signal else None
-    return c.reshape(-1), varies, finite
+        return standardize_scored(x, eps, lazy, (~pad).view(1, width, groups))
+    mask = (~pad).to(_F64).view(1, width, groups)
+    count = mask.sum(1, keepdim=True)  # integers: exact in any order
+    tp = two_pass(x, count, eps, pad_mask=mask, own=True)
+    finite = not lazy or tp.finite()
+    return standardize_groups(tp, count - 1.0, eps), finite
 
 
-def _finish_labelled(prep: Prepared, eps: float, groups: int, longest: int, signal: bool, read,
-                     combined: bool = True):
+def _finish_labelled(prep: Prepared, eps: float, groups: int, longest: int, read, fuse: bool):
     inp, r, lab = prep.inp, prep.r, prep.labelled
     n = r.shape[0]
     device = r.device
     first_row = torch.full((groups,), n, dtype=_I64, device=device).scatter_reduce_(
         0, lab.gid, lab.perm, "amin", include_self=True)  # stable sort: the smallest input row
     slots = groups * longest
-    fused = not signal and combined and _fused_padded(r, longest, inp)
+    fused = fuse and _fused_padded(r, longest, inp)
     cheap_read = lazy_checks(device) and not fused
     if slots <= PAD_FACTOR * n + PAD_SLACK and not (cheap_read and slots > CPU_PAD_FACTOR * n + PAD_SLACK):
         slot = lab.pos * groups + lab.gid  # sorted row -> slot of the (longest, groups) layout
@@ -372,26 +382,21 @@ def _finish_labelled(prep: Prepared, eps: float, groups: int, longest: int, sign
             c = _fused.guarded(lambda: _fused.eq47_padded(r, source, groups, longest, inp.weights, eps),
                                lambda: None)
         if c is not None:
-            varies = None
             finite = not prep.lazy or bool(torch.isfinite(r).all())  # lazy: CPU, where a read is free
-            return c, varies, finite
-        c_slot, varies, finite = _padded_eq4(_columns(r), source, groups, longest, inp.weights, eps, signal,
-                                             prep.lazy, combined, inp.missing)
+            return Z([], GroupLayout(n, "padded"), longest, {}, c=c), finite
+        z, finite = _padded_eq4(_columns(r), source, groups, longest, eps, prep.lazy, inp.missing)
         at = torch.empty_like(slot).index_copy_(0, lab.perm, slot)
-        c = c_slot.index_select(0, at) if combined else c_slot.index_select(1, at).t()
-    else:
-        c, varies, finite = _bucketed(prep, eps, groups, first_row, signal, read, combined)
-    if varies is not None:
-        varies = varies[torch.argsort(first_row)]  # groups in order of first appearance
-    return c, varies, finite
+        layout = GroupLayout(n, "padded", at=at, first_row=first_row)
+        return Z([z], layout, longest, {}), finite
+    parts, layout, finite = _bucketed(prep, eps, groups, first_row, read)
+    return Z(parts, layout, longest, {}), finite
 
 
-def _bucketed(prep: Prepared, eps: float, groups: int, first_row: torch.Tensor, signal: bool, read,
-              combined: bool = True):
+def _bucketed(prep: Prepared, eps: float, groups: int, first_row: torch.Tensor, read):
     """Groups cut into buckets of lengths (2**(b-1), 2**b], each padded to 2**b:
-    the padding stays below the batch size, whatever the raggedness."""
+    the padding stays below the batch size, whatever the raggedness. z of each bucket,
+    their layout, and whether the inputs were finite."""
     inp, r, lab = prep.inp, prep.r, prep.labelled
-    n = r.shape[0]
     device = r.device
     length = torch.zeros(groups, dtype=_I64, device=device).scatter_reduce_(
         0, lab.gid, lab.pos + 1, "amax", include_self=True)
@@ -404,9 +409,7 @@ def _bucketed(prep: Prepared, eps: float, groups: int, first_row: torch.Tensor, 
     rank = torch.empty_like(order).index_copy_(0, order, torch.arange(groups, dtype=_I64, device=device))
     rank = rank - seg_ops.host_to_device(offsets[:64], _I64, device)[bucket]  # rank inside the bucket
     row_bucket, row_rank = bucket[lab.gid], rank[lab.gid]
-    k = r.shape[1]
-    c_sorted = torch.empty(n if combined else (k, n), dtype=_F64, device=device)
-    varies = torch.empty(groups, dtype=torch.bool, device=device) if signal else None
+    parts, slots, members_of = [], [], []
     finite = True
     rt = _columns(r)
     for b, cnt in enumerate(per_bucket):
@@ -418,13 +421,11 @@ def _bucketed(prep: Prepared, eps: float, groups: int, first_row: torch.Tensor, 
         slot = torch.where(inside, lab.pos * cnt + row_rank, width * cnt)  # the last slot: a sink
         source = torch.cat([(-1 - first_row.index_select(0, members)).repeat(width),
                             torch.zeros(1, dtype=_I64, device=device)]).index_copy_(0, slot, lab.perm)
-        c_slot, v, ok = _padded_eq4(rt, source[:-1], cnt, width, inp.weights, eps, signal, prep.lazy, combined,
-                                    inp.missing)
+        z, ok = _padded_eq4(rt, source[:-1], cnt, width, eps, prep.lazy, inp.missing)
         finite = finite and ok
-        c_sorted = torch.where(inside, c_slot.index_select(c_slot.dim() - 1, slot.clamp(max=width * cnt - 1)),
-                               c_sorted)
-        if signal:
-            varies.index_copy_(0, members, v)
-    if not combined:
-        return torch.empty_like(c_sorted).index_copy_(1, lab.perm, c_sorted).t(), varies, finite
-    return torch.empty_like(c_sorted).index_copy_(0, lab.perm, c_sorted), varies, finite
+        parts.append(z)
+        slots.append((slot.clamp(max=width * cnt - 1), inside))
+        members_of.append(members)
+    layout = GroupLayout(r.shape[0], "buckets", perm=lab.perm, slots=slots, members=members_of, groups=groups,
+                         first_row=first_row)
+    return parts, layout, finite

@@ -58,6 +58,7 @@ from impl import _cast
 from impl._cast import _DIRECT, cast_limit, cast_reachable
 from impl._cast import round_to  # noqa: F401 - impl._pipeline.round_to, as before
 from impl import _normalize as N
+from impl import _eq7
 from impl import _problems as P
 from impl import _whiten as W
 from impl._inputs import (  # Diagnostics: impl._pipeline.Diagnostics, as before (impl.gdpo reads it)
@@ -181,7 +182,7 @@ def _normalize_checked(inp, eps, *, signal=False, then=None, combined=True):
         return N.Normalized(c, {}, varies), row, None
     prep = N.prepare(inp, lazy=N.lazy_checks(inp.rewards.device))
     if prep.labelled is None:
-        norm = N.finish(prep, eps, signal=signal, combined=combined)
+        norm = _eq47(prep, eps, signal=signal, combined=combined)
         extra = then(norm, None) if then else None
         row = _facts.read_row(host, {**prep.facts, **norm.facts})  # the one host read
         P.raise_local(row)
@@ -190,11 +191,21 @@ def _normalize_checked(inp, eps, *, signal=False, then=None, combined=True):
     if prep.lazy and P.row_problems(row):  # a refusal: a non-finite reward is reported first
         row = _facts.read_row(row, _facts.rewards_nonfinite_facts(inp, prep.r))
     P.raise_local(row)
-    norm = N.finish(prep, eps, row[P.GROUPS], row[P.N_MAX], row[P.RUNS], signal=signal, read=_facts.read,
-                    combined=combined)
+    norm = _eq47(prep, eps, row[P.GROUPS], row[P.N_MAX], row[P.RUNS], signal=signal, read=_facts.read,
+                 combined=combined)
     if norm.facts:  # found in phase two: on CPU (free), or Eq. 7 overflow (weights beyond ~2**1000)
         P.raise_local(_facts.read_row(row, norm.facts))
     return norm, row, then(norm, prep.labelled) if then else None
+
+
+def _eq47(prep, eps, groups=0, longest=0, runs=0, *, signal=False, read=None, combined=True) -> N.Normalized:
+    """Eq. 4 (z in its layout), then Eq. 7 there (c, and ``varies`` where ``signal``, in input
+    order). ``combined=False``: Eq. 4 alone, z (N, K) in input order."""
+    z = N.finish(prep, eps, groups, longest, runs, read=read, fuse=combined and not signal)
+    if not combined:
+        return N.Normalized(z.rows(), z.facts)
+    c, varies, facts = _eq7.eq7(z, prep.inp.weights, signal=signal, labels=prep.inp.labels)
+    return N.Normalized(c, {**z.facts, **facts}, varies, z.err, z.err_rows)
 
 
 def _report_local(inp, diagnostics) -> None:
@@ -226,7 +237,7 @@ def combine(z, weights):
         zt, w = check_standardized(z, weights)
     except Problem as p:
         raise p.error() from None
-    c = N.combine(zt, w)
+    c = _eq7.combine(zt, w)
     at, bits = _facts.first_nonfinite(c)
     if not math.isfinite(P.bits_float(int(bits))):  # the one host read; z is finite: an overflow
         raise P.host_error(P.P_Z_OVERFLOW, int(at))
@@ -367,7 +378,7 @@ def _gdpo_device(inp, sizes, eps, direct):
     except cached constants, so it can be captured in a CUDA graph. (a, facts
     (``_facts.Facts``)), as ``_fused.run`` returns them."""
     prep = N.prepare(inp, lazy=False)
-    norm = N.finish(prep, eps)
+    norm = _eq47(prep, eps)
     a = W.apply_local(W.local_stats(norm.c, sizes, eps, own=True, whole=_whole_units(inp, sizes)), eps, direct)
     return a, {**prep.facts, **norm.facts}
 
@@ -462,7 +473,7 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
                 prep = N.prepare(inp, lazy=False)
                 device_facts.update(prep.facts)
                 if prep.labelled is None or n == 0:  # contiguous groups: all local work before the agreement
-                    norm = N.finish(prep, eps) if n else None
+                    norm = _eq47(prep, eps) if n else None
                     if norm is not None:
                         device_facts.update(norm.facts)
                     c = norm.c if n else inp.rewards.new_empty(0, dtype=_F64)
@@ -540,7 +551,7 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
     try:
         if prep is not None:  # labelled groups compute Eq. 4/7 now: their layout needs G and n_max
             mine = agreed[rank]
-            norm = N.finish(prep, eps, mine[P.GROUPS], mine[P.N_MAX], mine[P.RUNS], read=_facts.read)
+            norm = _eq47(prep, eps, mine[P.GROUPS], mine[P.N_MAX], mine[P.RUNS], read=_facts.read)
             overflow_row = norm.facts
             loc = None
             whole = _whole_units(inp, sizes, prep.labelled)
