@@ -1,6 +1,6 @@
 """Eq. 7 (the weighted combination of the standardized rewards), after Eq. 4.
 
-``eq7`` takes Eq. 4's z in its layout (``_normalize.Z``: the float64 ``(K, P, G)``
+``eq7`` takes Eq. 4's z in its layout (``_eq4.Z``: the float64 ``(K, P, G)``
 parts and the layout that brings a slot back to its row), combines each part
 where it lies, and only then brings c (and, if asked, each group's
 ``group_has_signal``) back to input order: Eq. 7 is elementwise, so where it

@@ -57,7 +57,8 @@ from impl import _certify, _facts, _fused, _graphs
 from impl import _cast
 from impl._cast import _DIRECT, cast_limit, cast_reachable
 from impl._cast import round_to  # noqa: F401 - impl._pipeline.round_to, as before
-from impl import _normalize as N
+from impl import _eq4
+from impl import _groups
 from impl import _eq7
 from impl import _problems as P
 from impl import _whiten as W
@@ -146,7 +147,7 @@ class _Scored:
 def _scored(inp, sizes: list[int]) -> _Scored:
     """The scored rows of ``inp`` and their count per unit of ``sizes``: one host read of the
     (N,) mask (free on CPU; on CUDA the one more read a call under "unscored" costs)."""
-    mask = N.scored_rows(inp.rewards)
+    mask = _eq4.scored_rows(inp.rewards)
     host = mask.cpu()
     unscored = inp.n - int(host.sum())
     if unscored == 0:
@@ -179,8 +180,8 @@ def _normalize_checked(inp, eps, *, signal=False, then=None, combined=True):
             varies = cg.amin(1) != cg.amax(1)
         row = _facts.read_row(host, facts)  # the one host read
         P.raise_local(row)
-        return N.Normalized(c, {}, varies), row, None
-    prep = N.prepare(inp, lazy=N.lazy_checks(inp.rewards.device))
+        return _eq4.Normalized(c, {}, varies), row, None
+    prep = _groups.prepare(inp, lazy=_groups.lazy_checks(inp.rewards.device))
     if prep.labelled is None:
         norm = _eq47(prep, eps, signal=signal, combined=combined)
         extra = then(norm, None) if then else None
@@ -198,14 +199,14 @@ def _normalize_checked(inp, eps, *, signal=False, then=None, combined=True):
     return norm, row, then(norm, prep.labelled) if then else None
 
 
-def _eq47(prep, eps, groups=0, longest=0, runs=0, *, signal=False, read=None, combined=True) -> N.Normalized:
+def _eq47(prep, eps, groups=0, longest=0, runs=0, *, signal=False, read=None, combined=True) -> _eq4.Normalized:
     """Eq. 4 (z in its layout), then Eq. 7 there (c, and ``varies`` where ``signal``, in input
     order). ``combined=False``: Eq. 4 alone, z (N, K) in input order."""
-    z = N.finish(prep, eps, groups, longest, runs, read=read, fuse=combined and not signal)
+    z = _eq4.finish(prep, eps, groups, longest, runs, read=read, fuse=combined and not signal)
     if not combined:
-        return N.Normalized(z.rows(), z.facts)
+        return _eq4.Normalized(z.rows(), z.facts)
     c, varies, facts = _eq7.eq7(z, prep.inp.weights, signal=signal, labels=prep.inp.labels)
-    return N.Normalized(c, {**z.facts, **facts}, varies, z.err, z.err_rows)
+    return _eq4.Normalized(c, {**z.facts, **facts}, varies, z.err, z.err_rows)
 
 
 def _report_local(inp, diagnostics) -> None:
@@ -261,7 +262,7 @@ def whiten_local(values, segment_sizes, eps, out_dtype):
         loc, facts = None, _facts.value_facts(v)
         a = _fused.guarded(lambda: _fused.whiten(v.contiguous(), sizes, eps, direct), lambda: None)
     if a is None:
-        lazy = N.lazy_checks(v.device)
+        lazy = _groups.lazy_checks(v.device)
         facts = {} if lazy else _facts.value_facts(v)
         loc = W.local_stats(v, sizes, eps)
         a = W.apply_local(loc, eps, direct)
@@ -377,7 +378,7 @@ def _gdpo_device(inp, sizes, eps, direct):
     every check is branch-free (CUDA): no host read, no host-to-device copy
     except cached constants, so it can be captured in a CUDA graph. (a, facts
     (``_facts.Facts``)), as ``_fused.run`` returns them."""
-    prep = N.prepare(inp, lazy=False)
+    prep = _groups.prepare(inp, lazy=False)
     norm = _eq47(prep, eps)
     a = W.apply_local(W.local_stats(norm.c, sizes, eps, own=True, whole=_whole_units(inp, sizes)), eps, direct)
     return a, {**prep.facts, **norm.facts}
@@ -470,7 +471,7 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
             if fused and _fused.eq47_eligible(inp):  # contiguous groups: all local work before the agreement
                 loc = _fused.guarded(lambda: _fused_local(inp, eps, sizes, device_facts), lambda: None)
             if loc is None:
-                prep = N.prepare(inp, lazy=False)
+                prep = _groups.prepare(inp, lazy=False)
                 device_facts.update(prep.facts)
                 if prep.labelled is None or n == 0:  # contiguous groups: all local work before the agreement
                     norm = _eq47(prep, eps) if n else None

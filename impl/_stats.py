@@ -1,4 +1,4 @@
-"""The arithmetic that Eq. 4 (``_normalize``), Eq. 7 (``_eq7``), Eq. 6 (``_whiten``) and the fused
+"""The arithmetic that Eq. 4 (``_eq4``), Eq. 7 (``_eq7``), Eq. 6 (``_whiten``) and the fused
 kernels (``_fused``) share: the shift-invariant two-pass statistics and the denominator
 (spec/gdpo.md section 7), the weights' power-of-two plan and the Eq. 7 overflow test, and
 the padding budget of the padded layouts. One module, so that each of them imports
