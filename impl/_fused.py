@@ -26,14 +26,14 @@ ones in their padded layout), any number K of reward columns,
 float64/float32/float16/bfloat16 rewards, any output dtype (narrow ones are rounded
 from float64 by ``_pipeline.round_to``). Left on the plain path, with the same results:
 
-* labelled groups so ragged that they take the bucketed layout (see ``_normalize``);
+* labelled groups so ragged that they take the bucketed layout (see ``_groups``);
 * ``group_has_signal`` with labels;
 * groups of more than 512 rows (``MAX_GROUP``);
 * whitening units of more than 2**26 rows (``MAX_UNIT``);
 * weights of 2**990 or more, or large enough for the Eq. 7 overflow check
   (``_stats.overflow_possible``: 2 sqrt(n_max) sum|w| >= 2**1023);
 * calls with ``missing="unscored"`` (Eq. 4/7 over the scored rewards, Eq. 6 over the
-  scored rows: ``_normalize.standardize_scored``).
+  scored rows: ``_eq4.standardize_scored``).
 
 Whenever the fused path fails (no Triton, no compiler), a warning says so once and
 the plain path runs.

@@ -93,7 +93,7 @@ def eq47_kernel(r_ptr, src_ptr, prm_ptr, c_ptr, nf_ptr, n_groups, G, K, min_bits
     Contiguous groups (GATHER false): group j is rows j*G .. j*G + G - 1.
     Labelled groups (GATHER true): member p of group j is row src[p * n_groups + j],
     a negative entry marking a slot past the group's end (the padded layout of
-    ``_normalize._finish_labelled``, whose padding is left out here: it adds
+    ``_groups.GroupLayout``, whose padding is left out here: it adds
     exact zeros there). prm = [eps, w_0, ..., w_{K-1}] (float64). Writes c (N,)
     float64 at each member's row and, per program, the flat index of the first
     non-finite reward it holds (NONE_FOUND if none). K, G and the eps flag are

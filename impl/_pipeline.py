@@ -57,7 +57,9 @@ from impl import _certify, _facts, _fused, _graphs
 from impl import _cast
 from impl._cast import _DIRECT, cast_limit, cast_reachable
 from impl._cast import round_to  # noqa: F401 - impl._pipeline.round_to, as before
-from impl import _normalize as N
+from impl import _eq4
+from impl import _groups
+from impl import _eq7
 from impl import _problems as P
 from impl import _whiten as W
 from impl._inputs import (  # Diagnostics: impl._pipeline.Diagnostics, as before (impl.gdpo reads it)
@@ -145,7 +147,7 @@ class _Scored:
 def _scored(inp, sizes: list[int]) -> _Scored:
     """The scored rows of ``inp`` and their count per unit of ``sizes``: one host read of the
     (N,) mask (free on CPU; on CUDA the one more read a call under "unscored" costs)."""
-    mask = N.scored_rows(inp.rewards)
+    mask = _eq4.scored_rows(inp.rewards)
     host = mask.cpu()
     unscored = inp.n - int(host.sum())
     if unscored == 0:
@@ -178,10 +180,10 @@ def _normalize_checked(inp, eps, *, signal=False, then=None, combined=True):
             varies = cg.amin(1) != cg.amax(1)
         row = _facts.read_row(host, facts)  # the one host read
         P.raise_local(row)
-        return N.Normalized(c, {}, varies), row, None
-    prep = N.prepare(inp, lazy=N.lazy_checks(inp.rewards.device))
+        return _eq4.Normalized(c, {}, varies), row, None
+    prep = _groups.prepare(inp, lazy=_groups.lazy_checks(inp.rewards.device))
     if prep.labelled is None:
-        norm = N.finish(prep, eps, signal=signal, combined=combined)
+        norm = _eq47(prep, eps, signal=signal, combined=combined)
         extra = then(norm, None) if then else None
         row = _facts.read_row(host, {**prep.facts, **norm.facts})  # the one host read
         P.raise_local(row)
@@ -190,11 +192,21 @@ def _normalize_checked(inp, eps, *, signal=False, then=None, combined=True):
     if prep.lazy and P.row_problems(row):  # a refusal: a non-finite reward is reported first
         row = _facts.read_row(row, _facts.rewards_nonfinite_facts(inp, prep.r))
     P.raise_local(row)
-    norm = N.finish(prep, eps, row[P.GROUPS], row[P.N_MAX], row[P.RUNS], signal=signal, read=_facts.read,
-                    combined=combined)
+    norm = _eq47(prep, eps, row[P.GROUPS], row[P.N_MAX], row[P.RUNS], signal=signal, read=_facts.read,
+                 combined=combined)
     if norm.facts:  # found in phase two: on CPU (free), or Eq. 7 overflow (weights beyond ~2**1000)
         P.raise_local(_facts.read_row(row, norm.facts))
     return norm, row, then(norm, prep.labelled) if then else None
+
+
+def _eq47(prep, eps, groups=0, longest=0, runs=0, *, signal=False, read=None, combined=True) -> _eq4.Normalized:
+    """Eq. 4 (z in its layout), then Eq. 7 there (c, and ``varies`` where ``signal``, in input
+    order). ``combined=False``: Eq. 4 alone, z (N, K) in input order."""
+    z = _eq4.finish(prep, eps, groups, longest, runs, read=read, fuse=combined and not signal)
+    if not combined:
+        return _eq4.Normalized(z.rows(), z.facts)
+    c, varies, facts = _eq7.eq7(z, prep.inp.weights, signal=signal, labels=prep.inp.labels)
+    return _eq4.Normalized(c, {**z.facts, **facts}, varies, z.err, z.err_rows)
 
 
 def _report_local(inp, diagnostics) -> None:
@@ -226,7 +238,7 @@ def combine(z, weights):
         zt, w = check_standardized(z, weights)
     except Problem as p:
         raise p.error() from None
-    c = N.combine(zt, w)
+    c = _eq7.combine(zt, w)
     at, bits = _facts.first_nonfinite(c)
     if not math.isfinite(P.bits_float(int(bits))):  # the one host read; z is finite: an overflow
         raise P.host_error(P.P_Z_OVERFLOW, int(at))
@@ -250,7 +262,7 @@ def whiten_local(values, segment_sizes, eps, out_dtype):
         loc, facts = None, _facts.value_facts(v)
         a = _fused.guarded(lambda: _fused.whiten(v.contiguous(), sizes, eps, direct), lambda: None)
     if a is None:
-        lazy = N.lazy_checks(v.device)
+        lazy = _groups.lazy_checks(v.device)
         facts = {} if lazy else _facts.value_facts(v)
         loc = W.local_stats(v, sizes, eps)
         a = W.apply_local(loc, eps, direct)
@@ -366,8 +378,8 @@ def _gdpo_device(inp, sizes, eps, direct):
     every check is branch-free (CUDA): no host read, no host-to-device copy
     except cached constants, so it can be captured in a CUDA graph. (a, facts
     (``_facts.Facts``)), as ``_fused.run`` returns them."""
-    prep = N.prepare(inp, lazy=False)
-    norm = N.finish(prep, eps)
+    prep = _groups.prepare(inp, lazy=False)
+    norm = _eq47(prep, eps)
     a = W.apply_local(W.local_stats(norm.c, sizes, eps, own=True, whole=_whole_units(inp, sizes)), eps, direct)
     return a, {**prep.facts, **norm.facts}
 
@@ -459,10 +471,10 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
             if fused and _fused.eq47_eligible(inp):  # contiguous groups: all local work before the agreement
                 loc = _fused.guarded(lambda: _fused_local(inp, eps, sizes, device_facts), lambda: None)
             if loc is None:
-                prep = N.prepare(inp, lazy=False)
+                prep = _groups.prepare(inp, lazy=False)
                 device_facts.update(prep.facts)
                 if prep.labelled is None or n == 0:  # contiguous groups: all local work before the agreement
-                    norm = N.finish(prep, eps) if n else None
+                    norm = _eq47(prep, eps) if n else None
                     if norm is not None:
                         device_facts.update(norm.facts)
                     c = norm.c if n else inp.rewards.new_empty(0, dtype=_F64)
@@ -540,7 +552,7 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
     try:
         if prep is not None:  # labelled groups compute Eq. 4/7 now: their layout needs G and n_max
             mine = agreed[rank]
-            norm = N.finish(prep, eps, mine[P.GROUPS], mine[P.N_MAX], mine[P.RUNS], read=_facts.read)
+            norm = _eq47(prep, eps, mine[P.GROUPS], mine[P.N_MAX], mine[P.RUNS], read=_facts.read)
             overflow_row = norm.facts
             loc = None
             whole = _whole_units(inp, sizes, prep.labelled)

@@ -3,7 +3,7 @@
 Every reduction of Eq. 4 and Eq. 6 runs over a *segment* (a group column, a
 whitening unit) laid along dimension 1 of a dense tensor: ``(K, n, G)`` for
 Eq. 4 (members along dim 1, groups innermost, so every operation runs over
-long contiguous rows), ``(S, m)`` for Eq. 6 (see ``_normalize`` and
+long contiguous rows), ``(S, m)`` for Eq. 6 (see ``_groups`` and
 ``_whiten``). Sums use one fixed tree, :func:`tree_sum`:
 
 * level s pairs positions p and p + s (p a multiple of 2s) inside the segment;

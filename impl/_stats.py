@@ -1,7 +1,7 @@
-"""The arithmetic that Eq. 4 and 7 (``_normalize``), Eq. 6 (``_whiten``) and the fused
+"""The arithmetic that Eq. 4 (``_eq4``), Eq. 7 (``_eq7``), Eq. 6 (``_whiten``) and the fused
 kernels (``_fused``) share: the shift-invariant two-pass statistics and the denominator
 (spec/gdpo.md section 7), the weights' power-of-two plan and the Eq. 7 overflow test, and
-the padding budget of the padded layouts. One module, so that each of those three imports
+the padding budget of the padded layouts. One module, so that each of them imports
 it and none imports another for it."""
 
 from __future__ import annotations

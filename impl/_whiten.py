@@ -150,7 +150,7 @@ def whole_contiguous(sizes: list[int], group_size: int) -> tuple[bool, ...]:
 def whole_labelled(labels: torch.Tensor, lab, sizes: list[int]) -> torch.Tensor:
     """(S,) bool on the labels' device: does each unit hold whole labelled groups (no
     group with members in two units)? No host read. ``lab`` is the labels' stable sort
-    (``_normalize.Labelled``), whose groups are runs in label order; where phase one found
+    (``_groups.Labelled``), whose groups are runs in label order; where phase one found
     every group one run of rows without sorting (its layout left unmade), the rows on
     both sides of each unit boundary are compared instead (same answer, no sort)."""
     device = labels.device

@@ -15,7 +15,7 @@ float64 output within one ulp of it: a run-time bound certifies the float64 resu
 rounding, and the samples it cannot are recomputed in double-double, then exactly.
 ``Diagnostics.certified`` counts each tier.
 
-How (see ``_normalize``, ``_whiten``, ``_segments``): float64 inside and one correctly
+How (see ``_groups``, ``_eq4``, ``_eq7``, ``_whiten``, ``_segments``): float64 inside and one correctly
 rounded cast at the end (to odd in float32 first, so float16, bfloat16 and float8 are
 rounded once); shift-invariant two-pass statistics scaled by exact powers of two, so
 rewards up to float64's limit compute without overflow and exact collapse needs no

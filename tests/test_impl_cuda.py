@@ -97,10 +97,10 @@ def test_cuda_matches_cpu_bit_for_bit(name):
 def test_cuda_matches_cpu_in_bucketed_layouts(monkeypatch):
     """Labelled groups and ragged whitening units cut into size buckets
     (forced here; on CUDA real batches reach them only when padding would exceed 4x)."""
-    import impl._normalize as norm_mod
+    import impl._groups as groups_mod
     import impl._whiten as whiten_mod
 
-    for mod in (norm_mod, whiten_mod):
+    for mod in (groups_mod, whiten_mod):
         monkeypatch.setattr(mod, "PAD_FACTOR", 0)
         monkeypatch.setattr(mod, "PAD_SLACK", 0)
     for name in ("normalize_ragged_labels", "gdpo_ragged_labels_units", "signal", "whiten_units"):

@@ -461,7 +461,7 @@ def test_padded_bucketed_and_looped_layouts_agree_bit_for_bit(seed, monkeypatch)
     """Labelled groups padded to the longest group, cut into size buckets, and
     ragged units padded or taken one at a time: the same bits (the tree of a
     segment is fixed by its length, padding only adds zeros)."""
-    import impl._normalize as norm_mod
+    import impl._groups as groups_mod
     import impl._whiten as whiten_mod
 
     r, labels = _ragged_labels(seed)
@@ -475,13 +475,22 @@ def test_padded_bucketed_and_looped_layouts_agree_bit_for_bit(seed, monkeypatch)
                 gdpo.group_has_signal(r, group_ids=labels, weights=w).tolist(),
                 _bits(gdpo.whiten(r[:, 1], segment_sizes=seg, out_dtype=F64)))
 
-    monkeypatch.setattr(norm_mod, "CPU_PAD_FACTOR", math.inf)  # one padded layout, even on CPU
+    real_bucketed, cut = groups_mod._bucketed, []
+
+    def spy():  # the layout each run takes: the comparison pins nothing if both take the same
+        monkeypatch.setattr(groups_mod, "_bucketed", lambda *a, **k: cut.append(1) or real_bucketed(*a, **k))
+
+    spy()
+    monkeypatch.setattr(groups_mod, "CPU_PAD_FACTOR", math.inf)  # one padded layout, even on CPU
     padded = run()
+    assert not cut, "the padded reference was cut into buckets"
     monkeypatch.undo()
-    for mod in (norm_mod, whiten_mod):
+    spy()
+    for mod in (groups_mod, whiten_mod):
         monkeypatch.setattr(mod, "PAD_FACTOR", 0)
         monkeypatch.setattr(mod, "PAD_SLACK", 0)
     assert run() == padded
+    assert cut, "the bucketed run was not cut into buckets"
     # and a unit alone gives the bits it has among others
     alone = gdpo.whiten(r[5: n - 40, 1], out_dtype=F64)
     assert _bits(alone) == padded[3][5: n - 40]

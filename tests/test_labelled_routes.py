@@ -1,7 +1,7 @@
 """Labelled groups take the cheapest layout that gives the same bits.
 
-Routes (impl._normalize): contiguous runs of one length take the contiguous
-layout; on CPU labels already in order skip the sort, and groups whose single
+Routes (impl._groups lays the groups out, impl._eq4 runs Eq. 4 on the layout): contiguous
+runs of one length take the contiguous layout; on CPU labels already in order skip the sort, and groups whose single
 padded layout would more than double the rows are cut into size buckets. Each
 route is a speed decision only: these tests pin that it is taken where it
 should be, not taken where it would be wrong, and that the bits are those of
@@ -15,7 +15,8 @@ import math
 import pytest
 import torch
 
-import impl._normalize as norm_mod
+import impl._eq4 as eq4_mod
+import impl._groups as groups_mod
 from impl import gdpo
 
 F64 = torch.float64
@@ -25,12 +26,12 @@ def _bits(t: torch.Tensor) -> list[int]:
     return t.contiguous().view(torch.int64).tolist()
 
 
-def _forbid(monkeypatch, *names):
+def _forbid(monkeypatch, *where):
     def refuse(*_a, **_k):
         raise AssertionError("a layout this batch must not take")
 
-    for name in names:
-        monkeypatch.setattr(norm_mod, name, refuse)
+    for mod, name in where:
+        monkeypatch.setattr(mod, name, refuse)
 
 
 def _rewards(n, k=3, seed=0):
@@ -51,7 +52,7 @@ def test_contiguous_runs_of_one_length_take_the_contiguous_layout(size, monkeypa
     r[size: 2 * size] = 5.0  # one group without signal
     labels = torch.tensor([40, -3, 7, 2**40, 0, 1, 9, -8, 5]).repeat_interleave(size)  # out of order
     want = _all(r, group_size=size)
-    _forbid(monkeypatch, "_padded_eq4", "_bucketed")
+    _forbid(monkeypatch, (groups_mod, "_padded"), (groups_mod, "_bucketed"), (eq4_mod, "_padded_eq4"))
     assert _all(r, group_ids=labels) == want
 
 
@@ -82,7 +83,7 @@ def test_sorted_labels_skip_the_sort_on_cpu_with_the_same_bits(monkeypatch):
     assert _all(r, group_ids=labels) == sorted_once
     assert n not in calls, "labels in order were sorted"
     assert _all(r, group_ids=labels.flip(0)) is not None and n in calls, "labels out of order were not sorted"
-    monkeypatch.setattr(norm_mod, "lazy_checks", lambda device: False)  # as on a device where reads cost
+    monkeypatch.setattr(groups_mod, "lazy_checks", lambda device: False)  # as on a device where reads cost
     calls.clear()
     assert _all(r, group_ids=labels) == sorted_once and n in calls
 
@@ -101,7 +102,7 @@ def test_labels_in_runs_of_one_length_never_sort_the_rows_on_cpu(monkeypatch):
 
 
 def _facts(labels, reads_free):
-    lab, facts = norm_mod.label_facts(labels, reads_free=reads_free)
+    lab, facts = groups_mod.label_facts(labels, reads_free=reads_free)
     return {k: int(v) for k, v in facts.items()}, lab
 
 
@@ -132,15 +133,16 @@ def test_cpu_cuts_groups_into_buckets_when_padding_would_double_the_rows(monkeyp
     sizes = torch.tensor([2] * 10 + [8])
     labels = torch.repeat_interleave(torch.arange(11), sizes)
     r = _rewards(int(sizes.sum()))
-    monkeypatch.setattr(norm_mod, "PAD_SLACK", 0)
-    monkeypatch.setattr(norm_mod, "CPU_PAD_FACTOR", math.inf)
-    padded = _all(r, group_ids=labels)
-    monkeypatch.setattr(norm_mod, "CPU_PAD_FACTOR", 2)
+    monkeypatch.setattr(groups_mod, "PAD_SLACK", 0)
+    monkeypatch.setattr(groups_mod, "CPU_PAD_FACTOR", math.inf)
     taken = []
-    real = norm_mod._bucketed
-    monkeypatch.setattr(norm_mod, "_bucketed", lambda *a, **k: taken.append(1) or real(*a, **k))
+    real = groups_mod._bucketed
+    monkeypatch.setattr(groups_mod, "_bucketed", lambda *a, **k: taken.append(1) or real(*a, **k))
+    padded = _all(r, group_ids=labels)
+    assert not taken, "the reference (CPU_PAD_FACTOR inf) was cut into buckets: it pins nothing"
+    monkeypatch.setattr(groups_mod, "CPU_PAD_FACTOR", 2)
     assert _all(r, group_ids=labels) == padded
     assert taken, "a batch padded to 3x its rows was not cut into buckets on CPU"
     taken.clear()
-    monkeypatch.setattr(norm_mod, "lazy_checks", lambda device: False)  # a device where reads cost
+    monkeypatch.setattr(groups_mod, "lazy_checks", lambda device: False)  # a device where reads cost
     assert _all(r, group_ids=labels) == padded and not taken

@@ -1,0 +1,177 @@
+"""Eq. 4 (per-reward group standardization), in the groups' layout (``_groups``);
+Eq. 7 (the weighted combination) then runs in that layout (``_eq7``).
+
+Eq. 4 runs on a float64 ``(K, P, G)`` tensor: reward column, position inside the
+group, group, one per part of the layout (see ``_groups``), with the shift-invariant
+two-pass statistics (``_stats``), ddof 1. Padding repeats each group's first member:
+its difference from that member is +0, so the sums are unchanged, and min/max too.
+
+All arithmetic is device-side; findings that refuse the input are raw int64
+scalars for the facts row (see ``_problems``), never raised here. On CPU, where
+a read costs nothing, the search for the first non-finite reward runs only when
+the group minima and maxima (computed anyway) show one; on other devices it
+runs in every call, without a branch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from impl import _fused  # the optional fused kernels
+from impl import _certify  # the certificate reads the two-pass statistics of Eq. 4
+from impl import _groups as G
+from impl import _segments as seg_ops
+from impl._facts import rewards_nonfinite_facts
+from impl._groups import Prepared
+from impl._inputs import Rewards
+from impl._stats import TwoPass, denominator, two_pass
+
+_F64 = torch.float64
+
+
+# --- the arithmetic ------------------------------------------------------------------------
+
+
+def standardize_groups(tp: TwoPass, count_m1: torch.Tensor, eps: float) -> torch.Tensor:
+    """Eq. 4 from the two-pass: z = dev / (std + eps), ddof 1, float64, in place.
+
+    With the scale folded into eps (eps * f), z does not depend on the scale.
+    A column whose values are all equal has all differences exactly 0, hence z = 0.
+    """
+    return tp.dev.div_(denominator(tp.m2.div_(count_m1), tp.eps_f, eps))
+
+
+standardize = standardize_groups  # the old name (deprecated): Eq. 4 is standardize_groups everywhere
+
+
+def standardize_scored(x: torch.Tensor, eps: float, lazy: bool, members: torch.Tensor | None = None):
+    """Eq. 4 under ``missing="unscored"`` (spec/gdpo.md section 2) on a float64 (K, P, G)
+    layout ``x`` (owned: computed in place), ``members`` (1, P, G) bool marking the group
+    members where the layout is padded: each group column's statistics over its scored
+    (non-NaN) members only, z = 0 where a reward is NaN, and z = 0 throughout a column with
+    fewer than two scored members. Returns z and whether the scored rewards were finite.
+
+    The same two-pass as :func:`standardize_groups`: every unscored slot is given the value
+    of the column's first scored member, the shift, so its difference is exactly +0 and the
+    sums are those of the scored members; its square is cleared by the member mask, and the
+    mean divides by the scored count. On rewards without a NaN this is the plain path's
+    arithmetic operation for operation (a mask of ones), hence its bits."""
+    valid = x == x  # not NaN (an infinity is kept: it is refused, and shows in the largest magnitude)
+    if members is not None:
+        valid &= members
+    first = torch.argmax(valid.to(torch.uint8), 1, keepdim=True)  # the first scored slot (0 if none)
+    fill = torch.gather(x, 1, first)
+    fill = torch.where(fill == fill, fill, 0.0)  # a column with no scored member: any finite value
+    x = torch.where(valid, x, fill)
+    mask = valid.to(_F64)
+    count = mask.sum(1, keepdim=True)  # integers: exact in any order
+    tp = two_pass(x, count.clamp(min=1.0), eps, pad_mask=mask, own=True)
+    finite = not lazy or tp.finite()
+    z = standardize_groups(tp, (count - 1.0).clamp_(min=1.0), eps)  # a column of one: dev 0, z 0
+    return z.masked_fill_(~valid, 0.0), finite
+
+
+def scored_rows(r: torch.Tensor) -> torch.Tensor:
+    """(N,) bool: rows with at least one scored (non-NaN) reward (``missing="unscored"``)."""
+    return (r == r).any(1)
+
+
+# --- phase two: Eq. 4, in its layout ---------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Z:
+    """Eq. 4's result, in its layout (Eq. 7 combines it there, see ``_eq7``)."""
+
+    parts: list[torch.Tensor]  # z, float64 (K, P, G) per part of the layout (owned: Eq. 7 works in place)
+    layout: G.GroupLayout
+    longest: int  # P of the groups' layout (labelled: n_max): Eq. 7's overflow bound
+    facts: dict[int, torch.Tensor]  # raw facts found here (non-finite rewards)
+    #: the certificate's bound on |c - c*| of every row, groups of ``err_rows`` contiguous rows
+    #: (certifying only, contiguous layouts only; elsewhere None: the certificate's worst case)
+    err: float | None = None
+    err_rows: int = 0
+    c: torch.Tensor | None = None  # the fused kernel's c (Eq. 4 and 7 in one), input order; parts empty
+
+    def rows(self) -> torch.Tensor:
+        """z (N, K) in input order (``standardize_groups``)."""
+        return self.layout.rows(self.parts)
+
+
+@dataclasses.dataclass
+class Normalized:
+    """c in input order plus what group_has_signal and the facts row need."""
+
+    c: torch.Tensor  # (N,) float64, input order; z (N, K) where Eq. 7 did not run
+    facts: dict[int, torch.Tensor]  # raw facts found in phase two (non-finite, Eq. 7 overflow)
+    varies: torch.Tensor | None = None  # (G,) bool, groups by first appearance (if asked)
+    #: the certificate's bound on |c - c*| of every row, groups of ``err_rows`` contiguous rows
+    #: (certifying only, contiguous layouts only; elsewhere None: the certificate's worst case)
+    err: float | None = None
+    err_rows: int = 0
+
+
+def finish(prep: Prepared, eps: float, groups: int = 0, longest: int = 0, runs: int = 0, *,
+           read=None, fuse: bool = False) -> Z:
+    """Phase two: Eq. 4, z in its layout (``_eq7.eq7`` combines it there). For labelled
+    groups ``groups``, ``longest`` and ``runs`` come from the host read of phase one's facts;
+    ``read`` reads a small device tensor to the host (used only for pathologically ragged
+    groups). ``fuse``: Eq. 7 follows for c alone (no ``group_has_signal``), so the fused
+    kernel may run both (``Z.c``), and the certificate's bound on c is taken."""
+    inp, r = prep.inp, prep.r
+    n = r.shape[0]
+    fused = prep.labelled is not None and fuse and _fused_padded(r, longest, inp)
+    layout = G.layout(prep, groups, longest, runs, fused=fused, read=read)
+    err = None
+    if layout.kind == "contiguous":
+        (x, _), = layout.gather(r)
+        g = layout.parts[0].width
+        if inp.missing == "unscored":
+            z, finite = standardize_scored(x, eps, prep.lazy)  # (K, g, G)
+        else:
+            count = seg_ops.constant((float(g), float(g - 1)), _F64, r.device)
+            tp = two_pass(x, count[:1], eps, own=True)
+            finite = not prep.lazy or tp.finite()
+            z = standardize_groups(tp, count[1:], eps)  # (K, g, G)
+            if fuse and finite and n and _certify.enabled():  # the certificate's bound on c
+                err = _certify.eq4_error(r, g, inp.weights)
+        out = Z([z], layout, g, {}, err, g if err is not None else 0)
+    else:
+        out, finite = None, True
+        if fused and layout.kind == "padded":
+            part = layout.parts[0]
+            c = _fused.guarded(lambda: _fused.eq47_padded(r, part.source, groups, longest, inp.weights, eps),
+                               lambda: None)
+            if c is not None:
+                finite = not prep.lazy or bool(torch.isfinite(r).all())  # lazy: CPU, where a read is free
+                out = Z([], layout, longest, {}, c=c)
+        if out is None:
+            zs = []
+            for x, pad in layout.gather(r):
+                z, ok = _padded_eq4(x, pad, eps, prep.lazy, inp.missing)
+                finite = finite and ok
+                zs.append(z)
+            out = Z(zs, layout, longest, {})
+    if not finite:
+        out.facts.update(rewards_nonfinite_facts(inp, r))
+    return out
+
+
+def _fused_padded(r: torch.Tensor, width: int, inp: Rewards) -> bool:
+    return inp.missing == "refuse" and _fused.padded_eligible(r, width, inp.weights)
+
+
+def _padded_eq4(x: torch.Tensor, pad: torch.Tensor, eps: float, lazy: bool, missing: str = "refuse"):
+    """Eq. 4 on a (K, width, groups) layout ``x`` gathered by ``_groups.GroupLayout.gather``,
+    ``pad`` (width * groups,) marking padding that repeats the group's first member. Returns z
+    (K, width, groups) (padding repeats the first member's z) and whether the inputs were finite."""
+    _, width, groups = x.shape
+    if missing == "unscored":
+        return standardize_scored(x, eps, lazy, (~pad).view(1, width, groups))
+    mask = (~pad).to(_F64).view(1, width, groups)
+    count = mask.sum(1, keepdim=True)  # integers: exact in any order
+    tp = two_pass(x, count, eps, pad_mask=mask, own=True)
+    finite = not lazy or tp.finite()
+    return standardize_groups(tp, count - 1.0, eps), finite

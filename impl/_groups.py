@@ -1,0 +1,319 @@
+"""The groups' layout for Eq. 4: which rows form a group, and where Eq. 4's float64
+``(K, P, G)`` tensor (reward column, position inside the group, group) holds each of them.
+
+Groups are innermost, so every elementwise step, the min/max reductions and each level of
+the pairwise sums run over long contiguous rows (a ``(G, n, K)`` view would put the short
+group and K = 4 dimensions innermost, several times slower on CPU).
+
+* Contiguous groups (``group_size``): one strided copy of the rewards (which is
+  also the cast to float64), P = n.
+* Labelled groups (``group_ids``): one stable sort by label, then a gather into
+  P = n_max positions, the padding repeating each group's first member (its
+  difference from that member is +0, so sums are unchanged, and min/max too).
+  G and n_max come from the call's one host read (:func:`label_facts`).
+  Batches so ragged that the padding would exceed a few times the batch (on
+  CPU, where a host read is free: twice the batch, for large batches) are cut into buckets of
+  groups of similar length (in (2**(b-1), 2**b]), each a padded layout of its
+  own (one more host read, for the bucket sizes). Labelled groups that are
+  contiguous runs of one length take the contiguous layout, and on CPU labels
+  already in order skip the sort.
+
+Phase one (:func:`prepare`) finds the facts the host needs before any arithmetic (the
+labels' sort, the group count, the longest group, the first group of one; the first
+non-finite reward unless that search is left lazy); :func:`layout` then lays the groups
+out. :class:`GroupLayout` gathers each part of the layout and brings results back: slot
+values to input order (``rows``), group values to the groups' order of first appearance
+(``groups``). All device-side; findings are raw int64 scalars for the facts row (see
+``_problems``), never raised here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from impl import _problems as P
+from impl import _segments as seg_ops
+from impl._facts import rewards_nonfinite_facts
+from impl._inputs import Rewards
+from impl._stats import PAD_FACTOR, PAD_SLACK
+
+_F64 = torch.float64
+_I64 = torch.int64
+
+
+#: Where a host read is free (CPU), labelled groups are cut into buckets as soon
+#: as one padded layout would hold more than this many slots per row (plus
+#: PAD_SLACK): the buckets' layouts hold at most 2. Measured with sizes 5, 9, 16, 2,
+#: 31, 17 (2.3 slots per row): 1.4x faster at N = 1M, even at 65,536, and 1.2x slower
+#: at 8,192, where the buckets' fixed cost dominates.
+CPU_PAD_FACTOR = 2
+
+
+def lazy_checks(device: torch.device) -> bool:
+    """Look for non-finite inputs only when the statistics show one (CPU: a read is free)."""
+    return device.type == "cpu"
+
+
+# --- phase one: facts before any arithmetic -------------------------------------------------
+
+
+class Labelled:
+    """The stable sort of labelled groups and the layout it yields: ``perm``
+    (sorted row -> input row), ``gid`` (sorted row -> group index, groups in
+    label order) and ``pos`` (sorted row -> position inside its group).
+    Computed on first use where phase one found its facts without the sort."""
+
+    def __init__(self, labels: torch.Tensor, layout: tuple[torch.Tensor, ...] | None = None):
+        self._labels = labels
+        self._layout = layout
+
+    def _get(self, i: int) -> torch.Tensor:
+        if self._layout is None:
+            self._layout = _sorted_layout(self._labels, reads_free=True)[:3]
+        return self._layout[i]
+
+    perm = property(lambda self: self._get(0))
+    gid = property(lambda self: self._get(1))
+    pos = property(lambda self: self._get(2))
+
+
+@dataclasses.dataclass
+class Prepared:
+    """Eq. 4/7 input after phase one."""
+
+    inp: Rewards
+    r: torch.Tensor  # (N, K) contiguous, caller dtype
+    facts: dict[int, torch.Tensor]
+    labelled: Labelled | None
+    lazy: bool  # the non-finite search is left to rewards_nonfinite_facts, on demand
+
+
+def prepare(inp: Rewards, *, lazy: bool) -> Prepared:
+    """Phase one: raw facts (the first non-finite reward unless ``lazy``; for
+    labels the sort, the group count, the longest group, the first group of one)."""
+    r = inp.rewards.contiguous()
+    n = r.shape[0]
+    facts: dict[int, torch.Tensor] = {}
+    lab = None
+    if n:
+        if not lazy:
+            facts.update(rewards_nonfinite_facts(inp, r))
+        if inp.labels is not None:
+            lab, more = label_facts(inp.labels, reads_free=lazy)
+            facts.update(more)
+    return Prepared(inp, r, facts, lab, lazy and n > 0)
+
+
+def label_facts(labels: torch.Tensor, *, reads_free: bool = False) -> tuple[Labelled, dict[int, torch.Tensor]]:
+    """Sort the labels (stably) and find the facts the host needs. Where a host
+    read costs nothing (CPU), labels already in order skip the sort (its
+    permutation is then the identity), and labels whose every group is one run
+    of rows (verl's layout) find their facts from the run heads alone: the sort
+    of all rows is left until a layout needs it."""
+    if reads_free:
+        found = _run_facts(labels)
+        if found is not None:
+            return Labelled(labels), found
+    n = labels.shape[0]
+    perm, gid, pos, first, last = _sorted_layout(labels, reads_free=reads_free)
+    runs = (labels[1:] != labels[:-1]).sum() + 1  # == groups: each label one run of rows
+    lonely = torch.where(first & last, perm, n).amin()  # first input row of a group of one
+    facts = {P.GROUPS: gid[-1] + 1, P.N_MAX: pos.amax() + 1, P.RUNS: runs, P.SINGLETON: lonely,
+             P.SINGLETON_LABEL: seg_ops.take(labels, lonely.clamp(max=n - 1)), P.SINGLETONS: (first & last).sum()}
+    return Labelled(labels, (perm, gid, pos)), facts
+
+
+def _sorted_layout(labels: torch.Tensor, *, reads_free: bool) -> tuple[torch.Tensor, ...]:
+    """perm, gid, pos of the stable sort by label, and each sorted row's
+    first/last-of-group flags."""
+    n = labels.shape[0]
+    device = labels.device
+    if reads_free and bool((labels[1:] >= labels[:-1]).all()):
+        sorted_labels, perm = labels, torch.arange(n, dtype=_I64, device=device)
+    else:
+        sorted_labels, perm = torch.sort(labels, stable=True)
+    first = torch.ones(n, dtype=torch.bool, device=device)
+    last = torch.ones(n, dtype=torch.bool, device=device)
+    change = sorted_labels[1:] != sorted_labels[:-1]
+    first[1:] = change
+    last[:-1] = change
+    gid = torch.cumsum(first, 0).sub_(1)
+    idx = torch.arange(n, dtype=_I64, device=device)
+    pos = idx.sub_(torch.cummax(torch.where(first, idx, 0), 0).values)
+    return perm, gid, pos, first, last
+
+
+def _run_facts(labels: torch.Tensor) -> dict[int, torch.Tensor] | None:
+    """Phase one's facts when every label is one run of rows, from the runs'
+    heads (a sort of G labels, not N); None when some label has several runs, or
+    when more than half the rows start a run (the heads' sort would cost about what
+    the full sort does, which would then run as well).
+    The same facts as the sort's: a group is then its run."""
+    n = labels.shape[0]
+    device = labels.device
+    heads = torch.ones(n, dtype=torch.bool, device=device)
+    heads[1:] = labels[1:] != labels[:-1]
+    if 2 * int(heads.sum()) > n:  # mostly runs of one (shuffled, interleaved): the full sort it is
+        return None
+    start = heads.nonzero().view(-1)  # a host read: free here
+    runs = start.shape[0]
+    head_labels = torch.sort(labels.index_select(0, start)).values
+    if bool((head_labels[1:] == head_labels[:-1]).any()):
+        return None
+    length = torch.diff(start, append=start.new_full((1,), n))
+    lonely = torch.where(length == 1, start, n).amin()  # the first row of a group of one
+    count = torch.tensor(runs, dtype=_I64, device=device)
+    return {P.GROUPS: count, P.N_MAX: length.amax(), P.RUNS: count.clone(), P.SINGLETON: lonely,
+            P.SINGLETON_LABEL: seg_ops.take(labels, lonely.clamp(max=n - 1)), P.SINGLETONS: (length == 1).sum()}
+
+
+# --- the layout ------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Part:
+    """One padded (or contiguous) layout of ``count`` groups of up to ``width`` rows."""
+
+    width: int  # P
+    count: int  # G
+    source: torch.Tensor | None = None  # slot -> input row, -1 - j: padding repeating row j; None: contiguous
+    slot: torch.Tensor | None = None  # buckets: sorted row -> its slot here (clamped), where ``inside``
+    inside: torch.Tensor | None = None  # buckets: sorted row -> whether its group is here
+    members: torch.Tensor | None = None  # buckets: this part's groups (indices in label order)
+
+
+class GroupLayout:
+    """Where Eq. 4's layout holds each row, and the way back. ``kind``: "contiguous"
+    (groups of consecutive rows, one part), "padded" (labelled groups in one padded layout,
+    ``at``: input row -> slot) or "buckets" (one padded layout per size bucket; ``perm``:
+    sorted row -> input row). ``first_row``: labelled groups (label order) -> their first
+    input row."""
+
+    def __init__(self, n: int, kind: str, parts: list[Part], *, at=None, perm=None, groups: int = 0,
+                 first_row=None):
+        self.n, self.kind, self.parts = n, kind, parts
+        self.at, self.perm, self.count, self.first_row = at, perm, groups, first_row
+
+    def gather(self, r: torch.Tensor):
+        """Each part's float64 (K, P, G) copy of the rewards ``r`` (N, K), with its padding:
+        ``pad`` (P * G,) bool, None where the part has none. One part at a time (lazy)."""
+        n, k = r.shape
+        if self.kind == "contiguous":
+            g = self.parts[0].width
+            x = torch.empty(k, g, n // g, dtype=_F64, device=r.device)
+            x.copy_(r.view(n // g, g, k).permute(2, 1, 0))
+            yield x, None
+            return
+        rt = _columns(r)
+        for part in self.parts:
+            pad = part.source < 0
+            rows = torch.where(pad, -1 - part.source, part.source)
+            # gather: ~2x index_select on dim 1 (CPU)
+            yield torch.gather(rt, 1, rows.expand(k, -1)).view(k, part.width, part.count), pad
+
+    def rows(self, parts: list[torch.Tensor]) -> torch.Tensor:
+        """Slot values of each part in input order: (N,) from (P, G) parts (as c),
+        (N, K) from (K, P, G) parts (as z)."""
+        z = parts[0].dim() == 3
+        if self.kind == "contiguous":
+            x = parts[0]
+            return x.permute(2, 1, 0).reshape(self.n, x.shape[0]) if z else x.t().reshape(self.n)
+        flat = [x.reshape(x.shape[0], -1) if z else x.reshape(-1) for x in parts]
+        if self.kind == "padded":
+            return flat[0].index_select(1, self.at).t() if z else flat[0].index_select(0, self.at)
+        x0 = flat[0]
+        by_sorted = torch.empty(x0.shape[:-1] + (self.n,), dtype=x0.dtype, device=x0.device)
+        for x, part in zip(flat, self.parts):
+            by_sorted = torch.where(part.inside, x.index_select(x.dim() - 1, part.slot), by_sorted)
+        back = torch.empty_like(by_sorted).index_copy_(by_sorted.dim() - 1, self.perm, by_sorted)
+        return back.t() if z else back
+
+    def groups(self, parts: list[torch.Tensor]) -> torch.Tensor:
+        """(G,) in the groups' order of first appearance, from each part's (G_part,) values."""
+        if self.kind == "contiguous":
+            return parts[0]
+        if self.kind == "padded":
+            v = parts[0]
+        else:
+            v = torch.empty(self.count, dtype=parts[0].dtype, device=parts[0].device)
+            for x, part in zip(parts, self.parts):
+                v.index_copy_(0, part.members, x)
+        return v[torch.argsort(self.first_row)]  # groups in order of first appearance
+
+
+def contiguous(n: int, group_size: int) -> GroupLayout:
+    """Groups of ``group_size`` consecutive rows."""
+    return GroupLayout(n, "contiguous", [Part(group_size, n // group_size if group_size else 0)])
+
+
+def layout(prep: Prepared, groups: int = 0, longest: int = 0, runs: int = 0, *, fused: bool = False,
+           read=None) -> GroupLayout:
+    """The layout of phase one's groups. For labelled groups ``groups``, ``longest`` and
+    ``runs`` come from the host read of phase one's facts; ``read`` reads a small device
+    tensor to the host (used only for pathologically ragged groups). ``fused``: the fused
+    kernel runs Eq. 4/7 of one padded layout (it gathers anyway, and a host read is not free
+    to it), so neither the contiguous layout of runs nor CPU's buckets are taken for it.
+
+    Labelled groups that are contiguous runs of one length (``runs == groups``
+    and ``groups * longest == N``, the usual layout of a rollout batch) take the
+    contiguous layout: the same per-group arithmetic, hence the same bits,
+    without the gather into a padded layout."""
+    n = prep.r.shape[0]
+    lab = prep.labelled
+    if lab is None:
+        return contiguous(n, prep.inp.group_size)
+    if runs == groups and groups * longest == n and not fused:
+        return contiguous(n, longest)
+    device = prep.r.device
+    first_row = torch.full((groups,), n, dtype=_I64, device=device).scatter_reduce_(
+        0, lab.gid, lab.perm, "amin", include_self=True)  # stable sort: the smallest input row
+    slots = groups * longest
+    cheap_read = lazy_checks(device) and not fused
+    if slots <= PAD_FACTOR * n + PAD_SLACK and not (cheap_read and slots > CPU_PAD_FACTOR * n + PAD_SLACK):
+        return _padded(lab, n, groups, longest, first_row)
+    return _bucketed(lab, n, groups, first_row, read)
+
+
+def _padded(lab: Labelled, n: int, groups: int, longest: int, first_row: torch.Tensor) -> GroupLayout:
+    """All groups padded to the longest."""
+    slot = lab.pos * groups + lab.gid  # sorted row -> slot of the (longest, groups) layout
+    source = (-1 - first_row).repeat(longest).index_copy_(0, slot, lab.perm)
+    at = torch.empty_like(slot).index_copy_(0, lab.perm, slot)
+    return GroupLayout(n, "padded", [Part(longest, groups, source)], at=at, first_row=first_row)
+
+
+def _bucketed(lab: Labelled, n: int, groups: int, first_row: torch.Tensor, read) -> GroupLayout:
+    """Groups cut into buckets of lengths (2**(b-1), 2**b], each padded to 2**b:
+    the padding stays below the batch size, whatever the raggedness."""
+    device = first_row.device
+    length = torch.zeros(groups, dtype=_I64, device=device).scatter_reduce_(
+        0, lab.gid, lab.pos + 1, "amax", include_self=True)
+    bucket = torch.frexp((length - 1).to(_F64)).exponent.to(_I64)  # ceil(log2(length)) for length >= 2
+    per_bucket = read(torch.bincount(bucket, minlength=64))  # one more host read, ragged batches only
+    order = torch.argsort(bucket, stable=True)  # groups by bucket, label order inside
+    offsets = [0]
+    for cnt in per_bucket:
+        offsets.append(offsets[-1] + cnt)
+    rank = torch.empty_like(order).index_copy_(0, order, torch.arange(groups, dtype=_I64, device=device))
+    rank = rank - seg_ops.host_to_device(offsets[:64], _I64, device)[bucket]  # rank inside the bucket
+    row_bucket, row_rank = bucket[lab.gid], rank[lab.gid]
+    parts = []
+    for b, cnt in enumerate(per_bucket):
+        if not cnt:
+            continue
+        width = 1 << b
+        members = order[offsets[b]: offsets[b] + cnt]
+        inside = row_bucket == b
+        slot = torch.where(inside, lab.pos * cnt + row_rank, width * cnt)  # the last slot: a sink
+        source = torch.cat([(-1 - first_row.index_select(0, members)).repeat(width),
+                            torch.zeros(1, dtype=_I64, device=device)]).index_copy_(0, slot, lab.perm)
+        parts.append(Part(width, cnt, source[:-1], slot.clamp(max=width * cnt - 1), inside, members))
+    return GroupLayout(n, "buckets", parts, perm=lab.perm, groups=groups, first_row=first_row)
+
+
+def _columns(r: torch.Tensor) -> torch.Tensor:
+    """The rewards as float64 columns (K, N): one transposing copy, gathered from after."""
+    rt = torch.empty(r.shape[1], r.shape[0], dtype=_F64, device=r.device)
+    return rt.copy_(r.t())
