@@ -883,6 +883,8 @@ def finish(p: Problem, out_dtype, counts: Counts | None = None) -> torch.Tensor:
     counts.float64 += done
     if done == n:
         return y
+    if y.data_ptr() == a.data_ptr():  # the tiers below write into y: never into the caller's a
+        y = y.clone()
     todo = ~ok
     if p.zero_rows is not None:  # tier 1a, vectorized: c* = 0 exactly in a unit of whole groups
         y, todo, k = _exact_zeros(p, todo, y, units, whole)
@@ -902,9 +904,9 @@ def finish(p: Problem, out_dtype, counts: Counts | None = None) -> torch.Tensor:
         if got1 is not None:
             h, l, Bd = got1
             ok1, y1, _ = certify(h, l, Bd, out_dtype)
-            y = y.index_copy(0, rows, torch.where(ok1, y1, y.index_select(0, rows)))
+            y.index_copy_(0, rows, torch.where(ok1, y1, y.index_select(0, rows)))
             counts.double_double += int(ok1.sum())
-            todo = todo.index_fill(0, rows[ok1], False)
+            todo.index_fill_(0, rows[ok1], False)
             if not bool(todo.any()):
                 return y
     got = None
@@ -980,15 +982,19 @@ def _tier0_loc(p: Problem, units: _Units, out_dtype):
             _, th = _FORMAT[out_dtype]
             signed = (ar.abs() > ab * (1 + 2.0 ** -40)) & (ar.abs() + ab * (1 + 2.0 ** -40) < th)
             fix = (exact & (ar == 0)) | signed
-            y = y.index_fill(0, rows[fix & (ar == 0)], 0.0)
-            ok = ok.index_fill(0, rows[fix], True)
+            y.index_fill_(0, rows[fix & (ar == 0)], 0.0)  # y and ok: this call's own tensors
+            ok.index_fill_(0, rows[fix], True)
     return ok, y
 
 
 def _exact_zeros(p: Problem, todo: torch.Tensor, y: torch.Tensor, units: _Units, whole: torch.Tensor):
     """The rows left in units of whole groups whose c* is exactly 0 (:mod:`impl._exact_zeros`)
     get a* = +0 exactly (the unit's exact mean is 0). Returns (y, todo, how many)."""
-    rows = (todo & units.spread(whole)).nonzero().view(-1)
+    rows = todo.nonzero().view(-1)
+    if len(p.sizes) == 1:
+        rows = rows if bool(whole[0]) else rows[:0]
+    else:
+        rows = rows[whole.index_select(0, units.index().index_select(0, rows))]
     if rows.numel() and p.ab is not None:
         # a* = 0 needs |a| <= alpha + beta |a|, i.e. |a| <= alpha / (1 - beta): the others are not zeros
         alpha, beta = p.ab
@@ -1005,7 +1011,7 @@ def _exact_zeros(p: Problem, todo: torch.Tensor, y: torch.Tensor, units: _Units,
     got = rows[zero]
     if got.numel() == 0:
         return y, todo, 0
-    return y.index_fill(0, got, 0.0), todo.index_fill(0, got, False), int(got.numel())
+    return y.index_fill_(0, got, 0.0), todo.index_fill_(0, got, False), int(got.numel())
 
 
 #: at most this many rows per call go to the group-exact tier (beyond, the double-double tiers)
@@ -1059,8 +1065,8 @@ def _group_exact(p: Problem, todo: torch.Tensor, y: torch.Tensor, out_dtype, uni
     if not got_rows:
         return y, todo, 0
     at = torch.tensor(got_rows, dtype=_I64, device=y.device)
-    y = y.index_copy(0, at, torch.tensor(got_vals, dtype=_F64).to(y.device, y.dtype))
-    return y, todo.index_fill(0, at, False), len(got_rows)
+    y.index_copy_(0, at, torch.tensor(got_vals, dtype=_F64).to(y.device, y.dtype))
+    return y, todo.index_fill_(0, at, False), len(got_rows)
 
 
 def _dd_needed_everywhere(todo: torch.Tensor, n: int) -> bool:
