@@ -18,8 +18,9 @@ so
 
     c*_i = sum over classes of equal Q of  (q / (n (std + eps))) sum_{k in class} w_k P_ik.
 
-A class whose columns, gathered by equal weight, have integer sums sum_k P_ik = 0 contributes
-exactly 0; where every class does, c*_i = 0 exactly. This is a sufficient condition (a
+A class whose integer sum sum_k W_k P_ik is 0 (the weights as integers W = w 2**s) contributes
+exactly 0; where every class does, c*_i = 0 exactly (where those sums would leave int64, the
+classes are split by |w| and the sign of w taken into P: still exact, less often decided). This is a sufficient condition (a
 coincidence across classes of different variance is left to the row-by-row tier,
 :mod:`impl._exact_rows`), decided in integer arithmetic, no rounding anywhere.
 """
@@ -66,19 +67,39 @@ def _integers(v: np.ndarray, qexp: int | None) -> np.ndarray | None:
     return _scaled(v)
 
 
+def _integer_weights(weights: list[float]) -> list[int]:
+    """The weights times 2**s as integers (exact: s the largest power of two in their
+    denominators)."""
+    ratios = [float(w).as_integer_ratio() for w in weights]
+    s = max(d.bit_length() - 1 for _, d in ratios)
+    return [num << (s - (d.bit_length() - 1)) for num, d in ratios]
+
+
 def _cancel(P: np.ndarray, Q: np.ndarray, weights: list[float]) -> np.ndarray:
-    """(R,) bool: in each row, the columns of one weight and equal Q have P summing to 0, for
-    every weight and Q (zero weights skipped; a collapsed column, Q = 0, has P = 0). Column by
-    column: the sum of P over the columns of its class must be 0 (K**2 passes over the rows)."""
+    """(R,) bool: in each row, within every class of columns of equal Q, sum_k w_k P_k = 0
+    exactly (a collapsed column, Q = 0, has P = 0; zero weights add nothing). With the weights
+    as integers W = w 2**s, the class sums sum_k W_k P_k are exact in int64 where
+    K max|W| max|P| < 2**62; otherwise classes are split further by |w|, the sign of w taken
+    into P, and each such sum must be 0 (a weaker, still exact, test). Column by column: K**2
+    passes over the rows."""
+    K = P.shape[1]
     P, Q = np.ascontiguousarray(P.T), np.ascontiguousarray(Q.T)  # (K, R)
+    W = _integer_weights(weights)
+    top = float(np.abs(P).max(initial=0)) * max(abs(x) for x in W) * K
+    if top < _LIMIT:
+        terms = [P[k] * W[k] for k in range(K)]  # exact in int64
+        key = [0] * K  # one class per equal Q
+    else:
+        terms = [P[k] * (1 if w > 0 else -1) for k, w in enumerate(weights)]
+        key = [abs(w) for w in weights]
     ok = np.ones(P.shape[1], dtype=bool)
-    for k, wk in enumerate(weights):
-        if wk == 0:
+    for k in range(K):
+        if weights[k] == 0:
             continue
-        total = P[k].copy()
-        for j, wj in enumerate(weights):
-            if j != k and wj == wk:
-                total += P[j] * (Q[j] == Q[k])
+        total = terms[k].copy()
+        for j in range(K):
+            if j != k and weights[j] != 0 and key[j] == key[k]:
+                total += terms[j] * (Q[j] == Q[k])
         ok &= total == 0
     return ok
 
