@@ -12,8 +12,12 @@ The pipeline computes each advantage in float64 (``a``). This stage bounds, per 
   exact value does (:func:`bits_certify`, on a's float64 bits). Elsewhere (labelled groups in a
   padded layout, the fused whitening, size buckets) the worst-case bound below and the units'
   recomputed statistics (:func:`unit_stats`, :func:`float64_bound`) play the same part.
-* tier 1a, a row's group in exact integer arithmetic (:mod:`impl._exact_rows`). The rows tier 0
-  left (usually none, a few at most) get their exact combined value c* enclosed between two
+* tier 1a, a row's group in exact integer arithmetic. First, vectorized over every row tier 0
+  left in a unit of whole groups with |a| within its bound of 0 (:mod:`impl._exact_zeros`):
+  c* = 0 exactly, hence a* = +0, where the row's deviations cancel within each class of columns
+  of equal exact variance (0/1 rewards: about 3% of rows). Then, row by row
+  (:mod:`impl._exact_rows`), the rows left (usually none, a few at most) get their exact
+  combined value c* enclosed between two
   rationals 2**-128 apart, from their own group alone, and are whitened by their unit's float64
   statistics and those statistics' bounds, in exact rational interval arithmetic; c* = 0 is
   decided exactly. A row is certified where both ends of its interval round alike.
