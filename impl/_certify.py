@@ -834,9 +834,6 @@ class Problem:
     #: (rows (R,) int64) -> (R,) bool: c* = 0 exactly (:mod:`impl._exact_zeros`; False: not
     #: decided there), or None
     zero_rows: object = None
-    #: (rows (R,) int64) -> (R,) bool: the row's group has every column constant (z = 0 and
-    #: c = +0 exactly, E = 0), or None (then read from :meth:`rows_E`)
-    flat_rows: object = None
     #: tier 0's bound |a - a*| <= alpha + beta |a| per unit ((alpha, beta): host floats for one
     #: unit, (S, 1) tensors otherwise), once tier 0 ran
     ab: object = None
@@ -979,9 +976,9 @@ def _tier0_loc(p: Problem, units: _Units, out_dtype):
             u = torch.zeros_like(rows) if S == 1 else units.index().index_select(0, rows)
             ar = a.index_select(0, rows)
             exact = exact0.view(-1).index_select(0, u)
-            whole = _whole_tensor(p.whole, S, a.device)
-            flat = p.flat_rows(rows) if p.flat_rows is not None else p.rows_E().index_select(0, rows) == 0
-            exact = exact | (whole.index_select(0, u) & flat)  # every column of the group constant: c = +0
+            if p.zero_rows is None:  # (else the exact-zero tier decides them, constant groups included)
+                whole = _whole_tensor(p.whole, S, a.device)
+                exact = exact | (whole.index_select(0, u) & (p.rows_E().index_select(0, rows) == 0))  # c = +0
             ab = alpha.view(-1).index_select(0, u) + beta.view(-1).index_select(0, u) * ar.abs()
             _, th = _FORMAT[out_dtype]
             signed = (ar.abs() > ab * (1 + 2.0 ** -40)) & (ar.abs() + ab * (1 + 2.0 ** -40) < th)
@@ -1249,14 +1246,8 @@ def for_gdpo(inp, a: torch.Tensor, c: torch.Tensor, sizes: list[int], eps: float
                                                      quantum_exponent)
         gid, G = gid_G or _group_index(inp)
         return _exact_zeros.zero_rows_labelled(rows, gid, G, inp.rewards, list(inp.weights), quantum_exponent)
-    def flat_rows(rows: torch.Tensor) -> torch.Tensor:
-        if inp.labels is None:  # the rows' own groups only
-            g = inp.group_size
-            v = inp.rewards.view(-1, g, inp.k).index_select(0, rows // g)
-            return (v.amax(1) == v.amin(1)).all(1)
-        return _flat_rows(inp, gid_G).index_select(0, rows)
     return Problem(a, c, sizes, eps, whole, E, dd, _oracle_gdpo(inp, sizes, eps), dd_rows, loc, emax, exact_rows,
-                   zero_rows, flat_rows=flat_rows)
+                   zero_rows)
 
 
 def for_whiten(v: torch.Tensor, a: torch.Tensor, sizes: list[int], eps: float) -> Problem:

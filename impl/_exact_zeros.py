@@ -20,7 +20,9 @@ so
 
 A class whose integer sum sum_k W_k P_ik is 0 (the weights as integers W = w 2**s) contributes
 exactly 0; where every class does, c*_i = 0 exactly (where those sums would leave int64, the
-classes are split by |w| and the sign of w taken into P: still exact, less often decided). This is a sufficient condition (a
+classes are split by |w| and the sign of w taken into P: still exact, less often decided).
+Where the integers would leave int64 altogether, only the rows of groups whose every column is
+constant (z = 0, c* = +0) are decided. This is a sufficient condition (a
 coincidence across classes of different variance is left to the row-by-row tier,
 :mod:`impl._exact_rows`), decided in integer arithmetic, no rounding anywhere.
 """
@@ -109,11 +111,12 @@ def _fits(X: np.ndarray, n_max: int) -> bool:
     return top * top < _LIMIT
 
 
-def _values(sub: torch.Tensor, quantum) -> np.ndarray | None:
-    """The gathered rewards ``sub`` as integers (:func:`_integers`), their quantum from
-    ``quantum(sub)`` (2**e dividing every value, or None) where given."""
+def _values(sub: torch.Tensor, quantum) -> tuple[np.ndarray, np.ndarray | None]:
+    """The gathered rewards ``sub`` as float64 and as integers (:func:`_integers`, or None),
+    their quantum from ``quantum(sub)`` (2**e dividing every value, or None) where given."""
     qexp = quantum(sub) if quantum is not None else None
-    return _integers(sub.to("cpu", torch.float64).numpy(), qexp)
+    v = sub.to("cpu", torch.float64).numpy()
+    return v, _integers(v, qexp)
 
 
 def zero_rows_contiguous(rows: torch.Tensor, rewards: torch.Tensor, g: int, weights: list[float],
@@ -130,9 +133,9 @@ def zero_rows_contiguous(rows: torch.Tensor, rewards: torch.Tensor, g: int, weig
     ug, rg = np.unique(rl // g, return_inverse=True)
     N, K = rewards.shape
     at = torch.from_numpy(ug).to(device)
-    X = _values(rewards.detach().view(N // g, g, K).index_select(0, at), quantum)
-    if X is None or not _fits(X, g):
-        return torch.zeros(R, dtype=torch.bool, device=device)
+    v, X = _values(rewards.detach().view(N // g, g, K).index_select(0, at), quantum)
+    if X is None or not _fits(X, g):  # beyond int64: the groups whose every column is constant
+        return torch.from_numpy((v.max(1) == v.min(1)).all(-1)[rg]).to(device)
     Xt = torch.from_numpy(X)  # torch's reduction over the middle axis is the faster here
     S1 = Xt.sum(1).numpy()  # (U, K)
     Q = g * (Xt * Xt).sum(1).numpy() - S1 * S1
@@ -152,16 +155,18 @@ def zero_rows_labelled(rows: torch.Tensor, gid: torch.Tensor, G: int, rewards: t
     sel[ug] = True
     members = sel.index_select(0, gid).nonzero().view(-1)  # every row of those groups, sorted
     mg = torch.searchsorted(ug, gid.index_select(0, members)).cpu().numpy()
-    X = _values(rewards.detach().index_select(0, members), quantum)
+    v, X = _values(rewards.detach().index_select(0, members), quantum)
     n = np.bincount(mg, minlength=ug.numel()).astype(np.int64)  # every group holds its row
-    if X is None or not _fits(X, int(n.max())):
-        return torch.zeros(R, dtype=torch.bool, device=device)
     order = np.argsort(mg, kind="stable")
-    Xs = X[order]
     starts = np.concatenate([[0], np.cumsum(n)[:-1]])
+    rg = row_group.cpu().numpy()
+    if X is None or not _fits(X, int(n.max())):  # beyond int64: the groups whose every column is constant
+        vs = v[order]
+        flat = (np.maximum.reduceat(vs, starts, axis=0) == np.minimum.reduceat(vs, starts, axis=0)).all(-1)
+        return torch.from_numpy(flat[rg]).to(device)
+    Xs = X[order]
     S1 = np.add.reduceat(Xs, starts, axis=0)
     Q = n[:, None] * np.add.reduceat(Xs * Xs, starts, axis=0) - S1 * S1
-    rg = row_group.cpu().numpy()
     at = np.searchsorted(members.cpu().numpy(), rows.cpu().numpy())  # the rows among the members
     P = n[rg][:, None] * X[at] - S1[rg]
     return torch.from_numpy(_cancel(P, Q[rg], weights)).to(device)
