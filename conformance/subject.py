@@ -312,8 +312,9 @@ LIMITS = ("min_columns", "max_columns", "group_sizes", "max_abs_reward", "max_ab
 def parse_domain(items) -> dict:
     """``KEY=VALUE`` strings (``gdpo check --domain``) as a domain dict: ``min_columns=2``,
     ``group_sizes=4,8`` (allowed sizes) or ``group_sizes=4+`` (at least 4), ``max_abs_reward=1e6``,
-    ``input_dtypes=float32,float64``, ``labels=false``; ``certified=true`` is a declaration, not a
-    narrowing: certified rounding (:meth:`Subject.certifies`)."""
+    ``input_dtypes=float32,float64``, ``labels=false``; ``certified=true`` (or the formats,
+    ``certified=float32,bfloat16,float16``) is a declaration, not a narrowing: certified rounding
+    (:meth:`Subject.certifies`, :meth:`Subject.certified_formats`)."""
     out: dict = {}
     for item in items or ():
         key, sep, value = item.partition("=")
@@ -328,6 +329,15 @@ def parse_domain(items) -> dict:
             out[key] = float(value)
         elif key in ("input_dtypes", "out_dtypes"):
             out[key] = tuple(v.strip() for v in value.split(",") if v.strip())
+        elif key == "certified" and value.lower() not in ("true", "false"):
+            # the formats whose rounding is declared certified: certified=float32,bfloat16,float16
+            formats = tuple(v.strip() for v in value.split(",") if v.strip())
+            known = ("float64", "float32", "bfloat16", "float16")
+            wrong = [f for f in formats if f not in known]
+            if not formats or wrong:
+                raise ValueError(f"--domain certified takes true, false or formats among {', '.join(known)} "
+                                 f"(comma-separated), got {value!r}")
+            out[key] = formats
         elif key in ("labels", "units", "eps", "certified"):
             if value.lower() not in ("true", "false"):
                 raise ValueError(f"--domain {key} takes true or false, got {value!r}")

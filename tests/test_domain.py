@@ -73,7 +73,11 @@ def test_parse_domain_reads_every_key_and_refuses_unknown_ones():
     assert d == {"min_columns": 2, "max_columns": 4, "group_sizes": (4, 8), "max_abs_reward": 1e6,
                  "max_abs_weight": 10.0, "input_dtypes": ("float32", "float64"), "out_dtypes": ("float32",)}
     assert parse_domain(["group_sizes=4+"]) == {"group_sizes": 4}
-    for bad in (["nope=1"], ["min_columns"], ["labels=maybe"]):
+    assert parse_domain(["certified=true"]) == {"certified": True}
+    narrow = parse_domain(["certified=float32,bfloat16,float16"])
+    assert narrow == {"certified": ("float32", "bfloat16", "float16")}
+    assert Subject("impl.gdpo:gdpo_advantages", domain=narrow).certified_formats() == {"float32", "bfloat16", "float16"}
+    for bad in (["nope=1"], ["min_columns"], ["labels=maybe"], ["certified=float8"], ["certified=,"]):
         with pytest.raises(ValueError):
             parse_domain(bad)
 
