@@ -139,10 +139,16 @@ class Counts:
 # --- rounding intervals ---------------------------------------------------------------------------
 
 def _neighbours(y: torch.Tensor):
-    """(pred, succ) of ``y`` in its own format, as float64 (beyond the largest finite value:
-    infinity; at +-0 the smallest subnormals of either sign)."""
+    """(pred, succ) of ``y`` in its own format, as float64 (beyond the largest finite value the
+    format's next power of two, max + ulp(max), whose midpoint with max is where rounding
+    overflows to infinity; at +-0 the smallest subnormals of either sign)."""
     inf = torch.full_like(y, math.inf)
-    return torch.nextafter(y, -inf).to(_F64), torch.nextafter(y, inf).to(_F64)
+    pred, succ = torch.nextafter(y, -inf).to(_F64), torch.nextafter(y, inf).to(_F64)
+    top = 2.0 ** math.frexp(torch.finfo(y.dtype).max)[1]  # max + ulp(max)
+    finite = torch.isfinite(y)
+    succ = torch.where(torch.isinf(succ) & finite, top, succ)
+    pred = torch.where(torch.isinf(pred) & finite, -top, pred)
+    return pred, succ
 
 
 def round_out(h: torch.Tensor, out_dtype) -> torch.Tensor:

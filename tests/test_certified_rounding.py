@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import os
 import random
 import sys
@@ -552,3 +553,20 @@ def test_the_cost_benchmark_runs():
     assert all(r["uncertified"] == 0 for r in rows), rows
     text = bench.table(rows)
     assert text.count("| median, ") == 4, text
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_certify_sees_the_overflow_midpoint_above_the_largest_finite_value(dtype):
+    """Above the format's largest finite value m the rounding boundary is the midpoint between m
+    and the next power of two (beyond it a value rounds to infinity): an interval across it is
+    not certified, one below it is (the successor of m once read as infinity put that boundary
+    at infinity)."""
+    m = float(torch.finfo(dtype).max)
+    edge = (m + 2.0 ** math.frexp(m)[1]) / 2
+    gap = edge - m
+    h = torch.tensor([edge - gap / 4], dtype=torch.float64)
+    zero = torch.zeros_like(h)
+    ok, y, _ = _certify.certify(h, zero, torch.tensor([gap / 2], dtype=torch.float64), dtype)
+    assert not bool(ok[0]), "an interval across the overflow boundary was certified"
+    ok, y, _ = _certify.certify(h, zero, torch.tensor([gap / 8], dtype=torch.float64), dtype)
+    assert bool(ok[0]) and float(y[0]) == m
