@@ -25,7 +25,6 @@ from impl import _groups as G
 from impl import _segments as seg_ops
 from impl._facts import rewards_nonfinite_facts
 from impl._groups import Prepared
-from impl._inputs import Rewards
 from impl._stats import TwoPass, denominator, two_pass
 
 _F64 = torch.float64
@@ -113,17 +112,15 @@ class Normalized:
     err_rows: int = 0
 
 
-def finish(prep: Prepared, eps: float, groups: int = 0, longest: int = 0, runs: int = 0, *,
-           read=None, fuse: bool = False) -> Z:
-    """Phase two: Eq. 4, z in its layout (``_eq7.eq7`` combines it there). For labelled
-    groups ``groups``, ``longest`` and ``runs`` come from the host read of phase one's facts;
-    ``read`` reads a small device tensor to the host (used only for pathologically ragged
-    groups). ``fuse``: Eq. 7 follows for c alone (no ``group_has_signal``), so the fused
-    kernel may run both (``Z.c``), and the certificate's bound on c is taken."""
+def finish(prep: Prepared, eps: float, layout: G.GroupLayout, longest: int, *, fused: bool = False,
+           bound: bool = False) -> Z:
+    """Phase two: Eq. 4, z in ``layout`` (``_eq7.eq7`` combines it there); ``longest``: the
+    longest group (labelled: n_max, from the host read of phase one's facts). The plan
+    (``_plan``) chose the layout and the backend: ``fused``, the fused kernel runs Eq. 4 and 7
+    of labelled groups' padded layout in one (``Z.c``); ``bound``, Eq. 7 follows for c alone,
+    so the certificate's bound on c is taken."""
     inp, r = prep.inp, prep.r
     n = r.shape[0]
-    fused = prep.labelled is not None and fuse and _fused_padded(r, longest, inp)
-    layout = G.layout(prep, groups, longest, runs, fused=fused, read=read)
     err = None
     if layout.kind == "contiguous":
         (x, _), = layout.gather(r)
@@ -135,14 +132,14 @@ def finish(prep: Prepared, eps: float, groups: int = 0, longest: int = 0, runs: 
             tp = two_pass(x, count[:1], eps, own=True)
             finite = not prep.lazy or tp.finite()
             z = standardize_groups(tp, count[1:], eps)  # (K, g, G)
-            if fuse and finite and n and _certify.enabled():  # the certificate's bound on c
+            if bound and finite and n and _certify.enabled():  # the certificate's bound on c
                 err = _certify.eq4_error(r, g, inp.weights)
         out = Z([z], layout, g, {}, err, g if err is not None else 0)
     else:
         out, finite = None, True
         if fused and layout.kind == "padded":
             part = layout.parts[0]
-            c = _fused.guarded(lambda: _fused.eq47_padded(r, part.source, groups, longest, inp.weights, eps),
+            c = _fused.guarded(lambda: _fused.eq47_padded(r, part.source, part.count, longest, inp.weights, eps),
                                lambda: None)
             if c is not None:
                 finite = not prep.lazy or bool(torch.isfinite(r).all())  # lazy: CPU, where a read is free
@@ -157,10 +154,6 @@ def finish(prep: Prepared, eps: float, groups: int = 0, longest: int = 0, runs: 
     if not finite:
         out.facts.update(rewards_nonfinite_facts(inp, r))
     return out
-
-
-def _fused_padded(r: torch.Tensor, width: int, inp: Rewards) -> bool:
-    return inp.missing == "refuse" and _fused.padded_eligible(r, width, inp.weights)
 
 
 def _padded_eq4(x: torch.Tensor, pad: torch.Tensor, eps: float, lazy: bool, missing: str = "refuse"):

@@ -53,9 +53,9 @@ import math
 import torch
 import torch.distributed as dist
 
-from impl import _certify, _facts, _fused, _graphs
+from impl import _certify, _facts, _fused, _graphs, _plan
 from impl import _cast
-from impl._cast import _DIRECT, cast_limit, cast_reachable
+from impl._cast import cast_limit, cast_reachable
 from impl._cast import round_to  # noqa: F401 - impl._pipeline.round_to, as before
 from impl import _eq4
 from impl import _groups
@@ -89,15 +89,6 @@ _I64 = torch.int64
 # --- helpers -----------------------------------------------------------------
 
 
-def _apply_dtype(out_dtype: torch.dtype, total_rows: int):
-    """The dtype Eq. 6 writes: the output dtype itself, or float64 (None) when the
-    cast must be checked first, is not a plain floating write, or is certified
-    (``impl._certify``: the float64 result and its bound decide the rounding)."""
-    if cast_reachable(out_dtype, total_rows) or out_dtype not in _DIRECT or _certify.enabled(out_dtype):
-        return None
-    return out_dtype
-
-
 def _finish_local(a: torch.Tensor, out_dtype: torch.dtype, problem=None, diagnostics=None) -> torch.Tensor:
     """The output: ``a`` checked against the cast's range, then rounded; certified
     (``impl._certify``) where ``problem`` (a -> _certify.Problem) is given."""
@@ -116,119 +107,75 @@ def _finish_local(a: torch.Tensor, out_dtype: torch.dtype, problem=None, diagnos
 # --- local (single-process) calls ----------------------------------------------
 
 
-# --- missing="unscored": rows with no scored reward ----------------------------------------
-
-
-@dataclasses.dataclass
-class _Scored:
-    """Which rows Eq. 6 takes under ``missing="unscored"``: ``rows`` (device int64, the scored
-    rows in order) and ``sizes`` (scored rows per unit), or rows None when every row is scored
-    (the call is then the plain one); ``mask`` (N,) bool, True on the scored rows, and
-    ``unscored`` (the count of the others)."""
-
-    mask: torch.Tensor
-    unscored: int
-    rows: torch.Tensor | None
-    sizes: list[int]
-
-    def report(self, diagnostics, all_ranks: int | None = None) -> None:
-        if diagnostics is not None:
-            diagnostics.unscored_rows = self.unscored
-            diagnostics.unscored_rows_all_ranks = self.unscored if all_ranks is None else all_ranks
-            diagnostics.unscored = ~self.mask
-
-    def scatter(self, a: torch.Tensor, n: int) -> torch.Tensor:
-        """This rank's advantages in row order: +0 on the unscored rows."""
-        if self.rows is None:
-            return a
-        return torch.zeros(n, dtype=a.dtype, device=a.device).index_copy_(0, self.rows, a)
-
-
-def _scored(inp, sizes: list[int]) -> _Scored:
-    """The scored rows of ``inp`` and their count per unit of ``sizes``: one host read of the
-    (N,) mask (free on CPU; on CUDA the one more read a call under "unscored" costs)."""
-    mask = _eq4.scored_rows(inp.rewards)
-    host = mask.cpu()
-    unscored = inp.n - int(host.sum())
-    if unscored == 0:
-        return _Scored(mask, 0, None, sizes)
-    ends = torch.tensor([0] + sizes, dtype=_I64).cumsum(0)
-    upto = torch.cat([torch.zeros(1, dtype=_I64), host.to(_I64).cumsum(0)])
-    scored_sizes = (upto[ends[1:]] - upto[ends[:-1]]).tolist()
-    rows = host.nonzero().view(-1).to(inp.rewards.device, non_blocking=True)
-    return _Scored(mask, unscored, rows, scored_sizes)
-
-
-def _no_missing(inp) -> _Scored:
-    return _Scored(torch.ones(inp.n, dtype=torch.bool, device=inp.rewards.device), 0, None, [])
-
-
-def _normalize_checked(inp, eps, *, signal=False, then=None, combined=True):
-    """Eq. 4/7 of validated input with the call's one host read: at the end for
-    contiguous groups (after ``then``, the rest of the call, is launched), after
-    phase one for labelled groups (their layout needs G and n_max).
-    ``combined=False``: Eq. 4 alone (``norm.c`` is z, (N, K))."""
+def _normalize_checked(plan, *, then=None):
+    """Eq. 4/7 of a planned call with the call's one host read: at the end for contiguous
+    groups (after ``then``, the rest of the call, is launched); labelled groups read their
+    row in the plan (``_plan.local``: their layout needs G and n_max), and again only where
+    Eq. 4/7 found something. An Eq. 4 API (standardize_groups): ``norm.c`` is z, (N, K)."""
+    inp, eps = plan.inp, plan.eps
     host = _facts.rewards_host(inp)
     fused = _fused.guarded(lambda: _fused.eq47(inp, eps), lambda: None) if (
-        then is None and combined and _fused.eq47_eligible(inp)) else None
+        then is None and plan.eq47 == _plan.FUSED and plan.prep is None) else None
     if fused is not None:
         c, facts = fused
         varies = None
-        if signal:
+        if plan.signal:
             g = inp.group_size
             cg = c.view(inp.n // g, g)
             varies = cg.amin(1) != cg.amax(1)
         row = _facts.read_row(host, facts)  # the one host read
         P.raise_local(row)
         return _eq4.Normalized(c, {}, varies), row, None
-    prep = _groups.prepare(inp, lazy=_groups.lazy_checks(inp.rewards.device))
-    if prep.labelled is None:
-        norm = _eq47(prep, eps, signal=signal, combined=combined)
-        extra = then(norm, None) if then else None
+    if plan.prep is None:  # contiguous groups
+        prep = _groups.prepare(inp, lazy=plan.lazy)
+        norm = _eq47_of(plan, prep)
+        extra = then(norm) if then else None
         row = _facts.read_row(host, {**prep.facts, **norm.facts})  # the one host read
         P.raise_local(row)
         return norm, row, extra
-    row = _facts.read_row(host, prep.facts)  # the one host read
-    if prep.lazy and P.row_problems(row):  # a refusal: a non-finite reward is reported first
-        row = _facts.read_row(row, _facts.rewards_nonfinite_facts(inp, prep.r))
-    P.raise_local(row)
-    norm = _eq47(prep, eps, row[P.GROUPS], row[P.N_MAX], row[P.RUNS], signal=signal, read=_facts.read,
-                 combined=combined)
+    norm = _eq47_of(plan, plan.prep)
     if norm.facts:  # found in phase two: on CPU (free), or Eq. 7 overflow (weights beyond ~2**1000)
-        P.raise_local(_facts.read_row(row, norm.facts))
-    return norm, row, then(norm, prep.labelled) if then else None
+        P.raise_local(_facts.read_row(plan.row, norm.facts))
+    return norm, plan.row, then(norm) if then else None
 
 
-def _eq47(prep, eps, groups=0, longest=0, runs=0, *, signal=False, read=None, combined=True) -> _eq4.Normalized:
-    """Eq. 4 (z in its layout), then Eq. 7 there (c, and ``varies`` where ``signal``, in input
+def _eq47_of(plan, prep) -> _eq4.Normalized:
+    """Eq. 4/7 of phase one's ``prep`` in the plan's layout, on its backend."""
+    longest = plan.row[P.N_MAX] if plan.prep is not None else plan.inp.group_size
+    return _eq47(prep, plan.eps, plan.layout, longest, fused=plan.eq47 == _plan.FUSED and plan.prep is not None,
+                 signal=plan.signal, combined=plan.combined, bound=plan.bound)
+
+
+def _eq47(prep, eps, layout, longest, *, fused=False, signal=False, combined=True, bound=True) -> _eq4.Normalized:
+    """Eq. 4 (z in ``layout``), then Eq. 7 there (c, and ``varies`` where ``signal``, in input
     order). ``combined=False``: Eq. 4 alone, z (N, K) in input order."""
-    z = _eq4.finish(prep, eps, groups, longest, runs, read=read, fuse=combined and not signal)
+    z = _eq4.finish(prep, eps, layout, longest, fused=fused, bound=bound)
     if not combined:
         return _eq4.Normalized(z.rows(), z.facts)
     c, varies, facts = _eq7.eq7(z, prep.inp.weights, signal=signal, labels=prep.inp.labels)
     return _eq4.Normalized(c, {**z.facts, **facts}, varies, z.err, z.err_rows)
 
 
-def _report_local(inp, diagnostics) -> None:
-    """Fill ``diagnostics`` after a local Eq. 4/7 call (one more host read under "unscored")."""
+def _report_local(plan, diagnostics) -> None:
+    """Fill ``diagnostics`` after a local Eq. 4/7 call (its scored rows read by the plan)."""
     if diagnostics is not None:
-        (_scored(inp, [inp.n]) if inp.missing == "unscored" else _no_missing(inp)).report(diagnostics)
+        (plan.scored or _plan._no_missing(plan.inp)).report(diagnostics)
 
 
 def normalize_rewards(rewards, group_ids, group_size, weights, eps, missing="refuse", diagnostics=None):
     call = check_normalize(rewards, group_ids, group_size, weights, eps, missing, diagnostics)
-    inp, eps = call.inp, call.eps
-    c = _normalize_checked(inp, eps)[0].c
-    _report_local(inp, diagnostics)
+    plan = _plan.local(call, _plan.NORMALIZE, report=diagnostics is not None)
+    c = _normalize_checked(plan)[0].c
+    _report_local(plan, diagnostics)
     return c
 
 
 def standardize_groups(rewards, group_ids, group_size, eps, missing="refuse", diagnostics=None):
     """Eq. 4 alone: z (N, K) float64, by the arithmetic normalize_rewards runs before Eq. 7."""
     call = check_normalize(rewards, group_ids, group_size, None, eps, missing, diagnostics)
-    inp, eps = call.inp, call.eps
-    z = _normalize_checked(inp, eps, combined=False)[0].c
-    _report_local(inp, diagnostics)
+    plan = _plan.local(call, _plan.STANDARDIZE, report=diagnostics is not None)
+    z = _normalize_checked(plan)[0].c
+    _report_local(plan, diagnostics)
     return z
 
 
@@ -247,26 +194,25 @@ def combine(z, weights):
 
 def group_has_signal(rewards, group_ids, group_size, weights, eps, missing="refuse", diagnostics=None):
     call = check_normalize(rewards, group_ids, group_size, weights, eps, missing, diagnostics)
-    inp, eps = call.inp, call.eps
-    varies = _normalize_checked(inp, eps, signal=True)[0].varies
-    _report_local(inp, diagnostics)
+    plan = _plan.local(call, _plan.SIGNAL, report=diagnostics is not None)
+    varies = _normalize_checked(plan)[0].varies
+    _report_local(plan, diagnostics)
     return varies
 
 
 def whiten_local(values, segment_sizes, eps, out_dtype):
     call = check_whiten(values, segment_sizes, eps, out_dtype)
-    v, sizes, eps, out_dtype = call.values, call.sizes, call.eps, call.out_dtype
-    direct = _apply_dtype(out_dtype, v.shape[0])
+    plan = _plan.local(call, _plan.WHITEN)
+    v, sizes, eps, out_dtype, direct = call.values, call.sizes, call.eps, call.out_dtype, plan.write
     a = None
-    if v.shape[0] and _fused.whiten_eligible(v.device, sizes, direct):
+    if plan.eq6b == _plan.FUSED:
         loc, facts = None, _facts.value_facts(v)
         a = _fused.guarded(lambda: _fused.whiten(v.contiguous(), sizes, eps, direct), lambda: None)
     if a is None:
-        lazy = _groups.lazy_checks(v.device)
-        facts = {} if lazy else _facts.value_facts(v)
+        facts = {} if plan.lazy else _facts.value_facts(v)
         loc = W.local_stats(v, sizes, eps)
         a = W.apply_local(loc, eps, direct)
-        if lazy and not loc.finite():
+        if plan.lazy and not loc.finite():
             facts = _facts.value_facts(v)
     row = _facts.read_row({P.PRESENT: 1, P.ROWS: v.shape[0]}, facts)  # the one host read
     if P.row_problems(row):
@@ -278,18 +224,17 @@ def whiten_local(values, segment_sizes, eps, out_dtype):
 def gdpo_local(rewards, group_ids, group_size, weights, segment_sizes, eps, out_dtype, missing="refuse",
                diagnostics=None):
     call = check_gdpo(rewards, group_ids, group_size, weights, segment_sizes, eps, out_dtype, missing, diagnostics)
-    inp, sizes, eps, out_dtype = call.inp, call.sizes, call.eps, call.out_dtype
-    direct = _apply_dtype(out_dtype, inp.n)
-    if inp.missing == "unscored":  # the plain path (impl._fused lists it), Eq. 6 over the scored rows
-        return _gdpo_unscored(inp, sizes, eps, out_dtype, direct, diagnostics)
-    fused = _fused.eligible(inp, sizes, direct)
+    plan = _plan.local(call, _plan.GDPO)  # labelled groups: phase one, its read and its refusals
+    inp, sizes, eps, out_dtype, direct = call.inp, call.sizes, call.eps, call.out_dtype, plan.write
+    if plan.scored is not None:  # missing="unscored": Eq. 6 over the scored rows
+        return _gdpo_unscored(plan, diagnostics)
+    fused = plan.whole_call
 
     def device_part(i):
-        return _fused.run(i, sizes, eps, direct, _whole_units(i, sizes)) if fused else \
-            _gdpo_device(i, sizes, eps, direct)
+        return _fused.run(i, sizes, eps, direct, plan.whole) if fused else _gdpo_device(i, sizes, eps, direct)
 
     got = None
-    if _graphs.eligible(inp):
+    if plan.graph:
         key = (tuple(inp.rewards.shape), inp.rewards.dtype, str(inp.rewards.device), inp.group_size,
                tuple(P.float_bits(w) for w in inp.weights), tuple(sizes), P.float_bits(eps), out_dtype, fused)
         replayed = _graphs.run(key, inp, device_part)
@@ -301,76 +246,59 @@ def gdpo_local(rewards, group_ids, group_size, weights, segment_sizes, eps, out_
             a, facts = device_part(inp)
             return a, _facts.read_row(_facts.rewards_host(inp), facts)  # the one host read
         got = _fused.guarded(fused_call, lambda: None)
+        if got is None:  # the fused path failed (and is off): the plain plan
+            plan = _plan.plain(plan)
     if got is not None:
         a, row = got
         P.raise_local(row)
         # the certificate reads c: the plain path's Eq. 4/7 (the fused kernels' bits; a ``then`` keeps
         # _normalize_checked off the fused path, which counts its calls)
         def problem(a64):
-            norm = _normalize_checked(inp, eps, then=lambda norm, lab: None)[0]
-            whole = _whole_units(inp, sizes)
+            norm = _normalize_checked(plan, then=lambda norm: None)[0]
             # the plain path's Eq. 6 statistics of the same c (the fused kernels' bits): tier 0's bound
-            loc = W.local_stats(norm.c, sizes, eps, own=False, whole=whole)
-            return _certify.for_gdpo(inp, a64, norm.c, sizes, eps, whole, (norm.err, norm.err_rows), loc)
+            loc = W.local_stats(norm.c, sizes, eps, own=False, whole=plan.whole)
+            return _certify.for_gdpo(inp, a64, norm.c, sizes, eps, plan.whole, (norm.err, norm.err_rows), loc)
         out = _finish_local(a, out_dtype, problem, diagnostics)
-        _no_missing(inp).report(diagnostics)  # only once the call succeeded
+        _plan._no_missing(inp).report(diagnostics)  # only once the call succeeded
         return out, None
 
-    whole_of = []
-
-    def whiten(norm, lab):
-        whole = _whole_units(inp, sizes, lab)
-        whole_of.append(whole)
-        if _fused.whiten_eligible(norm.c.device, sizes, direct):
-            a = _fused.guarded(lambda: _fused.whiten(norm.c, sizes, eps, direct, whole), lambda: None)
+    def whiten(norm):
+        if plan.eq6b == _plan.FUSED:
+            a = _fused.guarded(lambda: _fused.whiten(norm.c, sizes, eps, direct, plan.whole), lambda: None)
             if a is not None:
                 return a, None
         # c is work space: the certificate computes it again in the rare case it needs it
-        loc = W.local_stats(norm.c, sizes, eps, own=True, whole=whole)
+        loc = W.local_stats(norm.c, sizes, eps, own=True, whole=plan.whole)
         return W.apply_local(loc, eps, direct), loc
 
-    norm, _, (a, loc) = _normalize_checked(inp, eps, then=whiten)
+    norm, _, (a, loc) = _normalize_checked(plan, then=whiten)
 
     def c_again():
-        return _normalize_checked(inp, eps, then=lambda norm, lab: None)[0].c
+        return _normalize_checked(plan, then=lambda norm: None)[0].c
     # the fused whitening leaves c as it was; the plain one used it as work space
     c = norm.c if loc is None else c_again
-    out = _finish_local(a, out_dtype, lambda a64: _certify.for_gdpo(inp, a64, c, sizes, eps, whole_of[0],
+    out = _finish_local(a, out_dtype, lambda a64: _certify.for_gdpo(inp, a64, c, sizes, eps, plan.whole,
                                                                     (norm.err, norm.err_rows), loc), diagnostics)
-    _no_missing(inp).report(diagnostics)
+    _plan._no_missing(inp).report(diagnostics)
     return out, loc
 
 
-def _gdpo_unscored(inp, sizes, eps, out_dtype, direct, diagnostics):
+def _gdpo_unscored(plan, diagnostics):
     """A local call under ``missing="unscored"``: Eq. 4/7 over the scored rewards, then
     Eq. 6 of each unit over its scored rows (``_whiten`` on them alone, whole-group units
     keeping their structural mean), the unscored rows +0."""
-    plan = None
+    scored, eps, n = plan.scored, plan.eps, plan.inp.n
 
-    def whiten(norm, lab):
-        nonlocal plan
-        plan = _scored(inp, sizes)
-        whole = _whole_units(inp, sizes, lab)  # of the rows' groups: their scored rows sum to 0 exactly
-        c = norm.c if plan.rows is None else norm.c.index_select(0, plan.rows)
-        loc = W.local_stats(c, plan.sizes, eps, own=True, whole=whole)  # c is not returned: work space
-        return plan.scatter(W.apply_local(loc, eps, direct), inp.n), loc
+    def whiten(norm):
+        c = norm.c if scored.rows is None else norm.c.index_select(0, scored.rows)
+        # whole units, of the rows' groups: their scored rows sum to 0 exactly; c is not returned: work space
+        loc = W.local_stats(c, scored.sizes, eps, own=True, whole=plan.whole)
+        return scored.scatter(W.apply_local(loc, eps, plan.write), n), loc
 
-    _, _, (a, loc) = _normalize_checked(inp, eps, then=whiten)
-    out = _finish_local(a, out_dtype)
-    plan.report(diagnostics)
+    _, _, (a, loc) = _normalize_checked(plan, then=whiten)
+    out = _finish_local(a, plan.out_dtype)
+    scored.report(diagnostics)
     return out, loc
-
-
-def _whole_units(inp, sizes: list[int], lab=None):
-    """The units of this rank's rows made of whole groups (``_whiten.local_stats``'s
-    ``whole``): from the sizes for contiguous groups (host), from the labels otherwise
-    (device, no host read). Groups never span ranks, so each rank's part of a unit is
-    judged alone, and its row of the statistics states that part's exact mean."""
-    if inp.n == 0:
-        return None
-    if inp.labels is None:
-        return W.whole_contiguous(sizes, inp.group_size)
-    return W.whole_labelled(inp.labels, lab, sizes)
 
 
 def _gdpo_device(inp, sizes, eps, direct):
@@ -379,17 +307,18 @@ def _gdpo_device(inp, sizes, eps, direct):
     except cached constants, so it can be captured in a CUDA graph. (a, facts
     (``_facts.Facts``)), as ``_fused.run`` returns them."""
     prep = _groups.prepare(inp, lazy=False)
-    norm = _eq47(prep, eps)
-    a = W.apply_local(W.local_stats(norm.c, sizes, eps, own=True, whole=_whole_units(inp, sizes)), eps, direct)
+    norm = _eq47(prep, eps, _groups.contiguous(inp.n, inp.group_size), inp.group_size)
+    whole = _plan._whole_units(inp, sizes)
+    a = W.apply_local(W.local_stats(norm.c, sizes, eps, own=True, whole=whole), eps, direct)
     return a, {**prep.facts, **norm.facts}
 
 
 # --- distributed calls ----------------------------------------------------------
 
-def _fused_local(inp, eps, sizes, device_facts):
+def _fused_local(inp, eps, sizes, device_facts, whole):
     """Eq. 4/7 and this rank's Eq. 6 statistics on the fused path (contiguous groups)."""
     c, facts = _fused.eq47(inp, eps)
-    loc = _fused.Local(c, sizes, eps, _whole_units(inp, sizes))
+    loc = _fused.Local(c, sizes, eps, whole)
     device_facts.update(facts)
     return loc
 
@@ -439,7 +368,7 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
     host = {P.PRESENT: 1, P.API: api, P.UNJOINED: missed}
     device_facts: dict[int, torch.Tensor] = {}
     local_exc = None
-    loc = prep = inp = sizes = buf = plan = None
+    loc = inp = sizes = buf = plan = None
     try:
         if refused is not None:  # the adapter refused this rank's input: join the agreement, refused
             raise Problem(P.P_REFUSED, P.refusal_code(refused))
@@ -462,41 +391,38 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
         host.update({P.UNITS: len(sizes), P.SEG_NONE: int(not given)})
         for j, s in enumerate(sizes[: P.COUNT_SLOTS]):
             host[P.COUNTS + j] = s
-        fused = n > 0 and _fused.whiten_eligible(data_device, sizes, None)
         if api == P.API_GDPO:
-            if missing == "unscored":  # Eq. 6 takes the scored rows (the plain path: impl._fused lists it)
-                plan = _scored(inp, sizes)
-                host[P.UNSCORED] = plan.unscored
-                fused = False
-            if fused and _fused.eq47_eligible(inp):  # contiguous groups: all local work before the agreement
-                loc = _fused.guarded(lambda: _fused_local(inp, eps, sizes, device_facts), lambda: None)
-            if loc is None:
+            plan = _plan.distributed(_plan.GDPO, eps, out_dtype, sizes, inp=inp)  # labelled: phase one
+            if plan.scored is not None:
+                host[P.UNSCORED] = plan.scored.unscored
+            if plan.eq47 == _plan.FUSED:  # contiguous groups: all local work before the agreement
+                loc = _fused.guarded(lambda: _fused_local(inp, eps, sizes, device_facts, plan.whole), lambda: None)
+            if plan.prep is not None:
+                device_facts.update(plan.prep.facts)
+            elif loc is None:  # contiguous groups: all local work before the agreement
                 prep = _groups.prepare(inp, lazy=False)
                 device_facts.update(prep.facts)
-                if prep.labelled is None or n == 0:  # contiguous groups: all local work before the agreement
-                    norm = _eq47(prep, eps) if n else None
-                    if norm is not None:
-                        device_facts.update(norm.facts)
-                    c = norm.c if n else inp.rewards.new_empty(0, dtype=_F64)
-                    loc = W.local_stats(_scored_values(c, plan), _scored_sizes(sizes, plan), eps,
-                                        whole=_whole_units(inp, sizes))
-                    prep = None
+                norm = _eq47(prep, eps, plan.layout, inp.group_size) if n else None
+                if norm is not None:
+                    device_facts.update(norm.facts)
+                c = norm.c if n else inp.rewards.new_empty(0, dtype=_F64)
+                loc = W.local_stats(_scored_values(c, plan.scored), _scored_sizes(sizes, plan.scored), eps,
+                                    whole=plan.whole)
         else:
+            plan = _plan.distributed(_plan.WHITEN, eps, out_dtype, sizes, values=v)
             device_facts.update(_facts.value_facts(v))
             if n:
                 ends = host_to_device([sum(sizes[: j + 1]) for j in range(len(sizes))], _I64, data_device)
                 device_facts[P.NF_VALUE_UNIT] = torch.searchsorted(ends, device_facts[P.NF_VALUE], right=True)
-            if fused:
+            if plan.eq6b == _plan.FUSED:
                 loc = _fused.guarded(lambda: _fused.Local(v.contiguous(), sizes, eps), lambda: None)
             if loc is None:
                 loc = W.local_stats(v, sizes, eps)
         # Collectives 2 and 3's buffer, before the agreement: after it, a failing rank allocates
         # nothing. Contiguous groups and whiten fill their statistics now as well.
         comm = _comm_device(group, data_device)
-        certifying = (_certify.enabled(out_dtype) and out_dtype in _certify.FORMATS and plan is None
-                      and (api != P.API_GDPO or missing == "refuse"))
-        buf = _Buffers(world, len(sizes), comm, row_counts=plan is not None, certified=certifying)
-        if plan is not None:
+        buf = _Buffers(world, len(sizes), comm, row_counts=plan.scored is not None, certified=plan.certify)
+        if plan.scored is not None:
             buf.row_counts[rank] = torch.tensor(sizes[P.COUNT_SLOTS:], dtype=_F64).to(comm)
         if loc is not None:
             buf.stats[rank, :len(sizes)] = loc.table(data_device).to(comm)
@@ -550,16 +476,16 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
     failure = None
     overflow_row = {}
     try:
-        if prep is not None:  # labelled groups compute Eq. 4/7 now: their layout needs G and n_max
-            mine = agreed[rank]
-            norm = _eq47(prep, eps, mine[P.GROUPS], mine[P.N_MAX], mine[P.RUNS], read=_facts.read)
+        plan = _plan.agreed(plan, agreed, rank)  # labelled groups: their layout (it needs G and n_max)
+        if plan.prep is not None:  # labelled groups compute Eq. 4/7 now
+            norm = _eq47_of(plan, plan.prep)
             overflow_row = norm.facts
             loc = None
-            whole = _whole_units(inp, sizes, prep.labelled)
-            if plan is None and _fused.whiten_eligible(data_device, sizes, None):
-                loc = _fused.guarded(lambda: _fused.Local(norm.c, sizes, eps, whole), lambda: None)
+            if plan.eq6b == _plan.FUSED:
+                loc = _fused.guarded(lambda: _fused.Local(norm.c, sizes, eps, plan.whole), lambda: None)
             if loc is None:
-                loc = W.local_stats(_scored_values(norm.c, plan), _scored_sizes(sizes, plan), eps, whole=whole)
+                loc = W.local_stats(_scored_values(norm.c, plan.scored), _scored_sizes(sizes, plan.scored), eps,
+                                    whole=plan.whole)
             buf.stats[rank, :units] = loc.table(data_device).to(comm)
     except Exception as exc:  # noqa: BLE001 - reported to the peers, raised here
         failure = exc
@@ -572,8 +498,7 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
             else:
                 v64 = v.to(_F64)
                 dd_rows = (v64, torch.zeros_like(v64), torch.zeros_like(v64)) if _certify._dd.safe(v64) and _certify._dd.eps_safe(eps) else None
-            whole_dd = _whole_units(inp, sizes, prep.labelled if prep is not None else None) \
-                if api == P.API_GDPO else None
+            whole_dd = plan.whole if api == P.API_GDPO else None
             buf.dd[rank] = (_certify.dd_unsafe_table(sizes, data_device) if dd_rows is None else
                             _certify.dd_table(*dd_rows, sizes, whole_dd)).to(comm)
         except Exception as exc:  # noqa: BLE001 - reported to the peers, raised here
@@ -590,14 +515,14 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
     if failure is None:
         try:
             st = W.merge(buf.stats[:, :units].to(data_device))
+            direct = plan.write
             if isinstance(loc, _fused.Local):
-                direct = _apply_dtype(out_dtype, total)
                 a = _fused.guarded(lambda: loc.apply(*W.global_terms(st, eps), direct),
                                    lambda: W.apply_global(W.local_stats(loc.units.v, sizes, eps), st, eps, direct))
             else:
-                a = W.apply_global(loc, st, eps, _apply_dtype(out_dtype, total))
-            if plan is not None:
-                a = plan.scatter(a, inp.n)
+                a = W.apply_global(loc, st, eps, direct)
+            if plan.scored is not None:
+                a = plan.scored.scatter(a, inp.n)
             if late:
                 _late_row(buf.late[rank], overflow_row if check_overflow else {}, a if reachable else None,
                           out_dtype)
@@ -621,19 +546,19 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
         out = _cast.output(a, out_dtype, checked=True)  # the range: collective 3, where it can fail
         counts.uncertified += a.shape[0]
     if api == P.API_GDPO:
-        (plan or _no_missing(inp)).report(diagnostics, sum(r[P.UNSCORED] for r in agreed))
+        (plan.scored or _plan._no_missing(inp)).report(diagnostics, sum(r[P.UNSCORED] for r in agreed))
         if diagnostics is not None:
             diagnostics.certified = counts
     return out, st
 
 
-def _scored_values(c: torch.Tensor, plan) -> torch.Tensor:
+def _scored_values(c: torch.Tensor, scored) -> torch.Tensor:
     """The combined values Eq. 6 takes: all of them, or the scored rows' (``missing="unscored"``)."""
-    return c if plan is None or plan.rows is None else c.index_select(0, plan.rows)
+    return c if scored is None or scored.rows is None else c.index_select(0, scored.rows)
 
 
-def _scored_sizes(sizes: list[int], plan) -> list[int]:
-    return sizes if plan is None else plan.sizes
+def _scored_sizes(sizes: list[int], scored) -> list[int]:
+    return sizes if scored is None else scored.sizes
 
 
 #: The reward names of an adapter's call (impl.adapters sets them around a call under a

@@ -1,0 +1,253 @@
+"""The plan of a call: every decision made once, before the arithmetic.
+
+A :class:`Plan` says which stages run, in which layout, on which backend (``eq47``: Eq. 4
+and 7, ``eq6b``: Eq. 6, each :data:`PLAIN` or :data:`FUSED`, the latter only where
+``impl._fused`` applies), whether a CUDA graph replays the call, which rows Eq. 6 takes
+(``scored``, ``missing="unscored"``), which units are whole groups (``whole``) and the dtype
+Eq. 6 writes (``write``). The stages read these fields; none asks ``impl._fused`` whether it
+applies (this module alone calls its eligibility predicates).
+
+* :func:`local`: a validated local call. Labelled groups run phase one here and read its
+  row (the call's one host read; a non-finite reward first where the search is lazy, on CPU),
+  raise its refusals, then lay the groups out: their longest group is known only after that
+  read, and the layout and the Eq. 4/7 backend are decided together (the fused kernel takes
+  one padded layout, neither the contiguous layout of runs nor CPU's buckets).
+* :func:`distributed`: a call across ranks, before the agreement (no host read beyond the
+  unscored mask's): labelled groups run phase one, their layout pending until :func:`agreed`
+  gives this rank's row of the agreement table, with the dtype Eq. 6 writes (the total row
+  count is the agreement's).
+
+Under ``missing="unscored"`` the scored rows are read here (one host read of the (N,) mask:
+the read the call made later before, now made before its arithmetic).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from impl import _certify, _facts, _fused, _graphs
+from impl import _groups
+from impl import _eq4
+from impl import _problems as P
+from impl import _whiten as W
+from impl._cast import _DIRECT, cast_reachable
+
+_I64 = torch.int64
+
+#: The backends of a stage (``Plan.eq47``, ``Plan.eq6b``).
+PLAIN, FUSED = "plain", "fused"
+
+#: The APIs a plan serves.
+GDPO, WHITEN, NORMALIZE, STANDARDIZE, SIGNAL = "gdpo", "whiten", "normalize", "standardize", "signal"
+
+
+# --- missing="unscored": rows with no scored reward ----------------------------------------
+
+
+@dataclasses.dataclass
+class _Scored:
+    """Which rows Eq. 6 takes under ``missing="unscored"``: ``rows`` (device int64, the scored
+    rows in order) and ``sizes`` (scored rows per unit), or rows None when every row is scored
+    (the call is then the plain one); ``mask`` (N,) bool, True on the scored rows, and
+    ``unscored`` (the count of the others)."""
+
+    mask: torch.Tensor
+    unscored: int
+    rows: torch.Tensor | None
+    sizes: list[int]
+
+    def report(self, diagnostics, all_ranks: int | None = None) -> None:
+        if diagnostics is not None:
+            diagnostics.unscored_rows = self.unscored
+            diagnostics.unscored_rows_all_ranks = self.unscored if all_ranks is None else all_ranks
+            diagnostics.unscored = ~self.mask
+
+    def scatter(self, a: torch.Tensor, n: int) -> torch.Tensor:
+        """This rank's advantages in row order: +0 on the unscored rows."""
+        if self.rows is None:
+            return a
+        return torch.zeros(n, dtype=a.dtype, device=a.device).index_copy_(0, self.rows, a)
+
+
+def _scored(inp, sizes: list[int]) -> _Scored:
+    """The scored rows of ``inp`` and their count per unit of ``sizes``: one host read of the
+    (N,) mask (free on CPU; on CUDA the one more read a call under "unscored" costs)."""
+    mask = _eq4.scored_rows(inp.rewards)
+    host = mask.cpu()
+    unscored = inp.n - int(host.sum())
+    if unscored == 0:
+        return _Scored(mask, 0, None, sizes)
+    ends = torch.tensor([0] + sizes, dtype=_I64).cumsum(0)
+    upto = torch.cat([torch.zeros(1, dtype=_I64), host.to(_I64).cumsum(0)])
+    scored_sizes = (upto[ends[1:]] - upto[ends[:-1]]).tolist()
+    rows = host.nonzero().view(-1).to(inp.rewards.device, non_blocking=True)
+    return _Scored(mask, unscored, rows, scored_sizes)
+
+
+def _no_missing(inp) -> _Scored:
+    return _Scored(torch.ones(inp.n, dtype=torch.bool, device=inp.rewards.device), 0, None, [])
+
+
+def _whole_units(inp, sizes: list[int], lab=None):
+    """The units of this rank's rows made of whole groups (``_whiten.local_stats``'s
+    ``whole``): from the sizes for contiguous groups (host), from the labels otherwise
+    (device, no host read). Groups never span ranks, so each rank's part of a unit is
+    judged alone, and its row of the statistics states that part's exact mean."""
+    if inp.n == 0:
+        return None
+    if inp.labels is None:
+        return W.whole_contiguous(sizes, inp.group_size)
+    return W.whole_labelled(inp.labels, lab, sizes)
+
+
+def _apply_dtype(out_dtype: torch.dtype, total_rows: int):
+    """The dtype Eq. 6 writes: the output dtype itself, or float64 (None) when the
+    cast must be checked first, is not a plain floating write, or is certified
+    (``impl._certify``: the float64 result and its bound decide the rounding)."""
+    if cast_reachable(out_dtype, total_rows) or out_dtype not in _DIRECT or _certify.enabled(out_dtype):
+        return None
+    return out_dtype
+
+
+# --- the plan -----------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """A call's decisions, made once before its arithmetic (see the module's docstring)."""
+
+    api: str  # GDPO, WHITEN, NORMALIZE, STANDARDIZE, SIGNAL
+    eps: float
+    inp: object | None  # _inputs.Rewards (None: whiten)
+    sizes: list[int] | None  # Eq. 6 units of this process's rows (None: an Eq. 4/7 API)
+    out_dtype: torch.dtype | None = None  # None: an Eq. 4/7 API (float64 out)
+    # the groups' layout
+    prep: _groups.Prepared | None = None  # labelled groups: phase one (contiguous: the stage runs it)
+    layout: _groups.GroupLayout | None = None  # None: whiten, contiguous groups' stage, or pending (ranks)
+    row: list[int] | None = None  # labelled local calls: the facts row read for the layout
+    whole: object = None  # units of whole groups (host tuple, device bool (S,) or None)
+    scored: _Scored | None = None  # "unscored": the rows Eq. 6 takes (GDPO; the others: their report)
+    # backends
+    eq47: str = PLAIN  # FUSED: Eq. 4 and 7 in one kernel (contiguous, or labelled in one padded layout)
+    eq6b: str = PLAIN  # FUSED: Eq. 6 by the fused whitening kernels
+    graph: bool = False  # replay the device part from a CUDA graph (local, contiguous, CUDA)
+    lazy: bool = False  # CPU: look for non-finite inputs only when the statistics show one
+    # the output
+    write: torch.dtype | None = None  # the dtype Eq. 6 writes (None: float64); ranks: set by agreed()
+    certify: bool = False  # the certificate may decide the rounding (ranks: its statistics ride in collective 2)
+
+    @property
+    def signal(self) -> bool:
+        return self.api == SIGNAL
+
+    @property
+    def combined(self) -> bool:
+        """Eq. 7 runs (every API but standardize_groups and whiten)."""
+        return self.api in (GDPO, NORMALIZE, SIGNAL)
+
+    @property
+    def bound(self) -> bool:
+        """Eq. 7 follows Eq. 4 for c alone: the certificate's bound on c may be taken."""
+        return self.api in (GDPO, NORMALIZE)
+
+    @property
+    def whole_call(self) -> bool:
+        """A local gdpo_advantages call of contiguous groups fused from end to end."""
+        return self.api == GDPO and self.eq47 == FUSED and self.eq6b == FUSED and self.prep is None
+
+
+def plain(plan: Plan) -> Plan:
+    """The same plan on the plain backends (its layout kept: the plain path's bits on any)."""
+    return dataclasses.replace(plan, eq47=PLAIN, eq6b=PLAIN, graph=False)
+
+
+def _lay_out(prep, inp, api: str, groups: int, longest: int, runs: int):
+    """The layout of labelled groups and its Eq. 4/7 backend, decided together: the fused
+    kernel runs Eq. 4/7 of one padded layout (c alone: not for standardize_groups or
+    group_has_signal, nor under "unscored")."""
+    fused = (api in (GDPO, NORMALIZE) and inp.missing == "refuse"
+             and _fused.padded_eligible(prep.r, longest, inp.weights))
+    layout = _groups.layout(prep, groups, longest, runs, fused=fused, read=_facts.read)
+    return layout, FUSED if fused and layout.kind == "padded" else PLAIN
+
+
+def local(call, api: str, *, report: bool = False) -> Plan:
+    """The plan of a validated local call (``_inputs.check_*``'s :class:`Call`) of ``api``.
+    ``report``: an Eq. 4/7 API's caller asked for diagnostics (under "unscored" its scored
+    rows are read for them). Labelled groups: phase one, its row read and its refusals
+    raised here (see the module's docstring)."""
+    eps = call.eps
+    if api == WHITEN:
+        v, sizes, out_dtype = call.values, call.sizes, call.out_dtype
+        write = _apply_dtype(out_dtype, v.shape[0])
+        fused = bool(v.shape[0]) and _fused.whiten_eligible(v.device, sizes, write)
+        return Plan(api, eps, None, sizes, out_dtype, write=write, eq6b=FUSED if fused else PLAIN,
+                    lazy=_groups.lazy_checks(v.device), certify=_certify.enabled(out_dtype))
+    inp = call.inp
+    unscored = inp.missing == "unscored"
+    sizes, out_dtype = call.sizes, call.out_dtype
+    write = _apply_dtype(out_dtype, inp.n) if api == GDPO else None
+    eq47 = eq6b = PLAIN
+    if api == GDPO and not unscored:  # "unscored": the plain path (impl._fused lists it)
+        eq6b = FUSED if _fused.whiten_eligible(inp.rewards.device, sizes, write) else PLAIN
+        if eq6b == FUSED and _fused.eq47_eligible(inp):  # contiguous groups: the whole call fused
+            eq47 = FUSED
+    elif api in (NORMALIZE, SIGNAL) and _fused.eq47_eligible(inp):  # contiguous groups
+        eq47 = FUSED
+    lazy = _groups.lazy_checks(inp.rewards.device)
+
+    def scored():  # "unscored": the one more read, before the arithmetic (labelled: after the row's refusals)
+        return _scored(inp, sizes if api == GDPO else [inp.n]) if unscored and (api == GDPO or report) else None
+    common = dict(eq6b=eq6b, write=write, certify=api == GDPO and _certify.enabled(out_dtype))
+    if inp.labels is None:
+        return Plan(api, eps, inp, sizes, out_dtype, layout=_groups.contiguous(inp.n, inp.group_size), scored=scored(),
+                    whole=_whole_units(inp, sizes) if api == GDPO else None, eq47=eq47, lazy=lazy,
+                    graph=api == GDPO and not unscored and _graphs.eligible(inp), **common)
+    prep = _groups.prepare(inp, lazy=lazy)
+    row = _facts.read_row(_facts.rewards_host(inp), prep.facts)  # the one host read
+    if prep.lazy and P.row_problems(row):  # a refusal: a non-finite reward is reported first
+        row = _facts.read_row(row, _facts.rewards_nonfinite_facts(inp, prep.r))
+    P.raise_local(row)
+    layout, eq47 = _lay_out(prep, inp, api, row[P.GROUPS], row[P.N_MAX], row[P.RUNS])
+    whole = _whole_units(inp, sizes, prep.labelled) if api == GDPO else None  # after the layout's sort
+    return Plan(api, eps, inp, sizes, out_dtype, prep=prep, layout=layout, row=row, whole=whole, eq47=eq47,
+                lazy=prep.lazy, scored=scored(), **common)
+
+
+def distributed(api: str, eps: float, out_dtype, sizes: list[int], *, inp=None, values=None) -> Plan:
+    """The plan of a call across ranks before the agreement, from its checked arguments
+    (``run_distributed`` checks them in its own order). No host read but the unscored mask's;
+    labelled groups run phase one, their layout pending (:func:`agreed`)."""
+    device = (inp.rewards if api == GDPO else values).device
+    n = inp.n if api == GDPO else values.shape[0]
+    fused = n > 0 and _fused.whiten_eligible(device, sizes, None)
+    if api == WHITEN:
+        return Plan(api, eps, None, sizes, out_dtype, eq6b=FUSED if fused else PLAIN,
+                    certify=_certify.enabled(out_dtype) and out_dtype in _certify.FORMATS)
+    scored = None
+    if inp.missing == "unscored":  # Eq. 6 takes the scored rows (the plain path: impl._fused lists it)
+        scored = _scored(inp, sizes)
+        fused = False
+    eq47 = FUSED if fused and _fused.eq47_eligible(inp) else PLAIN  # contiguous groups only
+    certify = (_certify.enabled(out_dtype) and out_dtype in _certify.FORMATS and scored is None
+               and inp.missing == "refuse")
+    common = dict(scored=scored, eq47=eq47, eq6b=FUSED if fused else PLAIN, certify=certify)
+    if inp.labels is None or n == 0:
+        return Plan(api, eps, inp, sizes, out_dtype, layout=_groups.contiguous(n, inp.group_size) if n else None,
+                    whole=_whole_units(inp, sizes), **common)
+    return Plan(api, eps, inp, sizes, out_dtype, prep=_groups.prepare(inp, lazy=False), **common)
+
+
+def agreed(plan: Plan, table: list[list[int]], rank: int) -> Plan:
+    """The plan once the agreement is read: the dtype Eq. 6 writes (the total row count is
+    every rank's), and labelled groups' layout from this rank's row (its Eq. 4/7 backend
+    with it) and their whole units."""
+    plan = dataclasses.replace(plan, write=_apply_dtype(plan.out_dtype, sum(r[P.ROWS] for r in table)))
+    if plan.prep is None:
+        return plan
+    mine = table[rank]
+    layout, eq47 = _lay_out(plan.prep, plan.inp, plan.api, mine[P.GROUPS], mine[P.N_MAX], mine[P.RUNS])
+    whole = _whole_units(plan.inp, plan.sizes, plan.prep.labelled)
+    return dataclasses.replace(plan, layout=layout, eq47=eq47, whole=whole, row=mine)
