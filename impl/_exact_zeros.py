@@ -87,8 +87,8 @@ def _cancel(P: np.ndarray, Q: np.ndarray, weights: list[float]) -> np.ndarray:
     K = P.shape[1]
     P, Q = np.ascontiguousarray(P.T), np.ascontiguousarray(Q.T)  # (K, R)
     W = _integer_weights(weights)
-    top = float(np.abs(P).max(initial=0)) * max(abs(x) for x in W) * K
-    if top < _LIMIT:
+    wmax = max(abs(x) for x in W)
+    if wmax < 1 << 62 and int(np.abs(P).max(initial=0)) * wmax * K < 1 << 62:  # Python ints: no overflow
         terms = [P[k] * W[k] for k in range(K)]  # exact in int64
         key = [0] * K  # one class per equal Q
     else:

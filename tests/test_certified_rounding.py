@@ -505,6 +505,22 @@ def test_exact_zero_rows_are_sound_and_catch_equal_variance_cancellation():
         assert decided >= 20, decided  # the cases do cancel exactly (28 rows of these seeds)
 
 
+@pytest.mark.parametrize("weights", [[3e200], [3e200, 3e200], [1e-300, 2.0], [1.0, -2.0 ** 70]])
+def test_exact_zero_rows_take_any_weights(weights):
+    """Weights whose integer form leaves int64 (huge, tiny, far apart) take the |w| classes: no
+    overflow, still exact (against impl._exact_rows)."""
+    from impl import _exact_rows
+    from impl import _exact_zeros as Z
+    k = len(weights)
+    r = torch.tensor([[1.0] * k, [1.0] * k, [0.0] * k, [1.0] * k, [2.0] * k, [0.0] * k], dtype=torch.float32)
+    got = Z.zero_rows_contiguous(torch.arange(6), r, 2, weights, _certify.quantum_exponent).tolist()
+    for q in range(3):
+        vals = r[2 * q:2 * q + 2].double().tolist()
+        for i, (_, _, zero) in enumerate(_exact_rows.combined(vals, weights, 1e-4)):
+            assert got[2 * q + i] <= zero, (weights, q, i)
+    assert got[0] and got[1]  # the constant group
+
+
 def test_exact_zero_rows_negative_control():
     """A decision that sums the deviations across columns of different variance (classes ignored)
     is caught declaring zeros that are not."""
