@@ -19,9 +19,9 @@ import dataclasses
 
 import torch
 
-from impl import _fused  # the optional fused kernels
 from impl import _certify  # the certificate reads the two-pass statistics of Eq. 4
 from impl import _groups as G
+from impl import _problems as P
 from impl import _segments as seg_ops
 from impl._facts import rewards_nonfinite_facts
 from impl._groups import Prepared
@@ -92,7 +92,6 @@ class Z:
     #: (certifying only, contiguous layouts only; elsewhere None: the certificate's worst case)
     err: float | None = None
     err_rows: int = 0
-    c: torch.Tensor | None = None  # the fused kernel's c (Eq. 4 and 7 in one), input order; parts empty
 
     def rows(self) -> torch.Tensor:
         """z (N, K) in input order (``standardize_groups``)."""
@@ -112,13 +111,24 @@ class Normalized:
     err_rows: int = 0
 
 
-def finish(prep: Prepared, eps: float, layout: G.GroupLayout, longest: int, *, fused: bool = False,
-           bound: bool = False) -> Z:
+def eq4(plan, r: torch.Tensor, facts) -> Z:
+    """The Eq. 4 stage (``impl._plan.PLAIN``): z in the plan's layout, phase one's facts (run
+    here for contiguous groups; labelled groups ran it in the plan) and the non-finite reward's
+    put into ``facts``. ``r``: the rewards (phase one holds them)."""
+    prep = plan.prep
+    if prep is None:
+        prep = G.prepare(plan.inp, lazy=plan.lazy)
+        facts.update(prep.facts)
+    longest = plan.row[P.N_MAX] if plan.prep is not None else plan.inp.group_size
+    z = finish(prep, plan.eps, plan.layout, longest, bound=plan.bound)
+    facts.update(z.facts)
+    return z
+
+
+def finish(prep: Prepared, eps: float, layout: G.GroupLayout, longest: int, *, bound: bool = False) -> Z:
     """Phase two: Eq. 4, z in ``layout`` (``_eq7.eq7`` combines it there); ``longest``: the
-    longest group (labelled: n_max, from the host read of phase one's facts). The plan
-    (``_plan``) chose the layout and the backend: ``fused``, the fused kernel runs Eq. 4 and 7
-    of labelled groups' padded layout in one (``Z.c``); ``bound``, Eq. 7 follows for c alone,
-    so the certificate's bound on c is taken."""
+    longest group (labelled: n_max, from the host read of phase one's facts). ``bound``: Eq. 7
+    follows for c alone, so the certificate's bound on c is taken."""
     inp, r = prep.inp, prep.r
     n = r.shape[0]
     err = None
@@ -136,21 +146,13 @@ def finish(prep: Prepared, eps: float, layout: G.GroupLayout, longest: int, *, f
                 err = _certify.eq4_error(r, g, inp.weights)
         out = Z([z], layout, g, {}, err, g if err is not None else 0)
     else:
-        out, finite = None, True
-        if fused and layout.kind == "padded":
-            part = layout.parts[0]
-            c = _fused.guarded(lambda: _fused.eq47_padded(r, part.source, part.count, longest, inp.weights, eps),
-                               lambda: None)
-            if c is not None:
-                finite = not prep.lazy or bool(torch.isfinite(r).all())  # lazy: CPU, where a read is free
-                out = Z([], layout, longest, {}, c=c)
-        if out is None:
-            zs = []
-            for x, pad in layout.gather(r):
-                z, ok = _padded_eq4(x, pad, eps, prep.lazy, inp.missing)
-                finite = finite and ok
-                zs.append(z)
-            out = Z(zs, layout, longest, {})
+        finite = True
+        zs = []
+        for x, pad in layout.gather(r):
+            z, ok = _padded_eq4(x, pad, eps, prep.lazy, inp.missing)
+            finite = finite and ok
+            zs.append(z)
+        out = Z(zs, layout, longest, {})
     if not finite:
         out.facts.update(rewards_nonfinite_facts(inp, r))
     return out

@@ -22,16 +22,21 @@ from impl._stats import overflow_possible, weight_plan
 _F64 = torch.float64
 
 
+def stage(plan, z, facts):
+    """The Eq. 7 stage (``impl._plan.PLAIN``): c (N,) and ``varies`` (group_has_signal; else
+    None) of :func:`eq7`, its overflow facts put into ``facts``."""
+    inp = plan.inp
+    c, varies, found = eq7(z, inp.weights, signal=plan.signal, labels=inp.labels)
+    facts.update(found)
+    return c, varies
+
+
 def eq7(z, weights: list[float], *, signal: bool = False, labels: torch.Tensor | None = None):
     """c (N,) float64 in input order, ``varies`` (G,) bool by first appearance (``signal``;
-    else None) and the overflow facts, from Eq. 4's ``z`` (consumed: combined in place).
-    Where the fused kernel ran Eq. 4 and 7 in one, ``z.c`` is its c (no ``signal`` there)."""
-    if z.c is not None:
-        c, varies = z.c, None
-    else:
-        cs = [combine(part, weights) for part in z.parts]  # (P, G) each; padding repeats the first member's c
-        varies = z.layout.groups([part.amin(0) != part.amax(0) for part in cs]) if signal else None
-        c = z.layout.rows(cs)
+    else None) and the overflow facts, from Eq. 4's ``z`` (consumed: combined in place)."""
+    cs = [combine(part, weights) for part in z.parts]  # (P, G) each; padding repeats the first member's c
+    varies = z.layout.groups([part.amin(0) != part.amax(0) for part in cs]) if signal else None
+    c = z.layout.rows(cs)
     facts: dict[int, torch.Tensor] = {}
     if overflow_possible(weights, z.longest):
         facts = overflow_facts(c, labels)

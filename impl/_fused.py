@@ -36,7 +36,8 @@ from float64 by ``_pipeline.round_to``). Left on the plain path, with the same r
   scored rows: ``_eq4.standardize_scored``).
 
 Whenever the fused path fails (no Triton, no compiler), a warning says so once and
-the plain path runs.
+the plain path runs (``impl._plan.guard``: the call's stages again on the plain plan, the
+same bits).
 """
 
 from __future__ import annotations
@@ -86,21 +87,6 @@ def disable(exc: BaseException) -> None:
         warnings.warn(f"the fused path failed ({type(exc).__name__}: {exc}) and is off for this process; "
                       "impl.gdpo uses the plain torch path", RuntimeWarning, stacklevel=3)
     _STATE["kernels"] = None
-
-
-def guarded(fused_fn, plain_fn):
-    """``fused_fn()``; if it fails, the fused path is turned off and ``plain_fn()`` runs
-    instead (same results: the fused path only ever computes the plain path's bits)."""
-    try:
-        if _STATE.get("interp"):  # NumPy evaluates the kernels: masked-off lanes divide 0 by 0 (unused)
-            import numpy as np
-
-            with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-                return fused_fn()
-        return fused_fn()
-    except Exception as exc:  # noqa: BLE001 - a Triton or compiler failure: fall back
-        disable(exc)
-        return plain_fn()
 
 
 def _interpreter_ready() -> None:
@@ -352,9 +338,17 @@ class Local:
     the merged statistics by the fused apply kernel."""
 
     def __init__(self, v: torch.Tensor, sizes: list[int], eps: float, whole=None):
-        self.units = Units(v, sizes, whole)
-        self.st = _unit_stats(self.units, eps).view(len(sizes), kernels().ST_COLS)
-        stats["whiten"] += 1
+        self.v, self.units = v, Units(v, sizes, whole)
+        self.eps = eps
+        self._st = None
+
+    @property
+    def st(self) -> torch.Tensor:
+        """The unit statistics, computed on first use (counted then)."""
+        if self._st is None:
+            self._st = _unit_stats(self.units, self.eps).view(len(self.units.sizes), kernels().ST_COLS)
+            stats["whiten"] += 1
+        return self._st
 
     def table(self, device) -> torch.Tensor:
         """(S, 7) float64: count, e, shift, mean_d, M2, min, max (empty units as in ``_whiten``)."""
@@ -378,3 +372,79 @@ class Local:
         a = torch.empty(self.units.v.shape[0], dtype=direct or _F64, device=f.device)
         _apply(self.units, st, a)
         return a
+
+
+# --- the fused backend (impl._plan.FUSED): the stages' plain signatures -----------------------
+# A stage receives the call's plan (impl._plan.Plan) and reads its fields; impl._plan.guard is
+# the one place that catches a failure of these kernels and reruns the stages on the plain plan.
+
+
+def quiet(fn, plan):
+    """``fn(plan)``; under Triton's interpreter with NumPy's warnings off (its masked-off lanes
+    divide 0 by 0, results unused)."""
+    if _STATE.get("interp"):
+        import numpy as np
+
+        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+            return fn(plan)
+    return fn(plan)
+
+
+class Deferred:
+    """Eq. 4 on the fused backend: nothing computed yet (the one kernel of Eq. 4 and Eq. 7 runs
+    in :func:`eq7`, reading the rewards once). No two-pass statistics: the certificate takes its
+    worst-case bound (``err`` None)."""
+
+    err = None
+    err_rows = 0
+
+    def __init__(self, r: torch.Tensor, layout, longest: int):
+        self.r, self.layout, self.longest = r, layout, longest
+
+
+def eq4(plan, r: torch.Tensor, facts) -> Deferred:
+    """Eq. 4 of ``r`` (N, K) in the plan's layout (contiguous, or labelled groups' one padded
+    layout), deferred to :func:`eq7`."""
+    longest = plan.row[P.N_MAX] if plan.prep is not None else plan.inp.group_size
+    return Deferred(r, plan.layout, longest)
+
+
+def eq7(plan, z: Deferred, facts):
+    """Eq. 4 and Eq. 7 in one kernel: c (N,) float64 in input order and, for group_has_signal
+    (contiguous groups), ``varies``; the non-finite reward's facts put into ``facts``."""
+    inp = plan.inp
+    varies = None
+    if plan.prep is None:  # contiguous groups: the facts kernel finds the first non-finite reward
+        c, found = eq47(inp, plan.eps)
+        facts.update(found)
+        if plan.signal:
+            g = inp.group_size
+            cg = c.view(inp.n // g, g)
+            varies = cg.amin(1) != cg.amax(1)
+        return c, varies
+    part = z.layout.parts[0]
+    r = z.r.contiguous()
+    c = eq47_padded(r, part.source, part.count, z.longest, inp.weights, plan.eps)
+    if plan.lazy and not bool(torch.isfinite(r).all()):  # lazy: CPU, where a read is free
+        from impl._facts import rewards_nonfinite_facts
+
+        facts.update(rewards_nonfinite_facts(inp, r))
+    return c, varies
+
+
+def eq6_stats(plan, c: torch.Tensor, facts) -> "Local":
+    """This process's Eq. 6 statistics of c (N,) (every row: the fused backend never runs under
+    "unscored"), computed only when asked for (``Local.table``): a local call's apply runs the
+    one-program whitening instead."""
+    return Local(c, plan.sizes, plan.eps, plan.whole)
+
+
+def eq6_apply(plan, loc: "Local", merged, write) -> torch.Tensor:
+    """Eq. 6 in ``write`` (None: float64): from this process's own statistics (``merged`` None:
+    the whitening kernels, statistics and output in one pass over each unit) or from the merged
+    statistics of every rank (the apply kernel)."""
+    if merged is None:
+        return whiten(loc.v, plan.sizes, plan.eps, write, plan.whole)
+    from impl._whiten import global_terms
+
+    return loc.apply(*global_terms(merged, plan.eps), write)

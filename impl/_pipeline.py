@@ -109,51 +109,46 @@ def _finish_local(a: torch.Tensor, out_dtype: torch.dtype, problem=None, diagnos
 
 def _normalize_checked(plan, *, then=None):
     """Eq. 4/7 of a planned call with the call's one host read: at the end for contiguous
-    groups (after ``then``, the rest of the call, is launched); labelled groups read their
-    row in the plan (``_plan.local``: their layout needs G and n_max), and again only where
-    Eq. 4/7 found something. An Eq. 4 API (standardize_groups): ``norm.c`` is z, (N, K)."""
-    inp, eps = plan.inp, plan.eps
-    host = _facts.rewards_host(inp)
-    fused = _fused.guarded(lambda: _fused.eq47(inp, eps), lambda: None) if (
-        then is None and plan.eq47 == _plan.FUSED and plan.prep is None) else None
-    if fused is not None:
-        c, facts = fused
-        varies = None
-        if plan.signal:
-            g = inp.group_size
-            cg = c.view(inp.n // g, g)
-            varies = cg.amin(1) != cg.amax(1)
-        row = _facts.read_row(host, facts)  # the one host read
-        P.raise_local(row)
-        return _eq4.Normalized(c, {}, varies), row, None
+    groups (after ``then(plan, norm)``, the rest of the call, is launched); labelled groups
+    read their row in the plan (``_plan.local``: their layout needs G and n_max), and again
+    only where Eq. 4/7 found something. An Eq. 4 API (standardize_groups): ``norm.c`` is z,
+    (N, K). Returns the plan the stages ran on (the plain one where a fused stage failed),
+    the result, the row and ``then``'s."""
+    inp = plan.inp
+
+    def device(p):
+        facts = {}
+        norm = _eq47_of(p, facts)
+        row = p.row
+        if p.prep is not None and facts:  # found in phase two: on CPU (free), or Eq. 7 overflow (weights
+            row = _facts.read_row(p.row, facts)  # beyond ~2**1000): a refusal comes before Eq. 6
+            if P.row_problems(row):
+                return p, norm, facts, row, None
+        return p, norm, facts, row, then(p, norm) if then else None
+
+    plan, norm, facts, row, extra = _plan.guard(plan, device)
     if plan.prep is None:  # contiguous groups
-        prep = _groups.prepare(inp, lazy=plan.lazy)
-        norm = _eq47_of(plan, prep)
-        extra = then(norm) if then else None
-        row = _facts.read_row(host, {**prep.facts, **norm.facts})  # the one host read
-        P.raise_local(row)
-        return norm, row, extra
-    norm = _eq47_of(plan, plan.prep)
-    if norm.facts:  # found in phase two: on CPU (free), or Eq. 7 overflow (weights beyond ~2**1000)
-        P.raise_local(_facts.read_row(plan.row, norm.facts))
-    return norm, plan.row, then(norm) if then else None
+        row = _facts.read_row(_facts.rewards_host(inp), facts)  # the one host read
+    P.raise_local(row)
+    return plan, norm, row, extra
 
 
-def _eq47_of(plan, prep) -> _eq4.Normalized:
-    """Eq. 4/7 of phase one's ``prep`` in the plan's layout, on its backend."""
-    longest = plan.row[P.N_MAX] if plan.prep is not None else plan.inp.group_size
-    return _eq47(prep, plan.eps, plan.layout, longest, fused=plan.eq47 == _plan.FUSED and plan.prep is not None,
-                 signal=plan.signal, combined=plan.combined, bound=plan.bound)
+def _eq47_of(plan, facts) -> _eq4.Normalized:
+    """Eq. 4 (z in the plan's layout), then Eq. 7 there (c, and ``varies`` for group_has_signal,
+    in input order), on the plan's backend; findings put into ``facts``. standardize_groups:
+    Eq. 4 alone, z (N, K) in input order."""
+    z = plan.eq47.eq4(plan, plan.inp.rewards, facts)
+    if not plan.combined:
+        return _eq4.Normalized(z.rows(), {})
+    c, varies = plan.eq47.eq7(plan, z, facts)
+    return _eq4.Normalized(c, {}, varies, z.err, z.err_rows)
 
 
-def _eq47(prep, eps, layout, longest, *, fused=False, signal=False, combined=True, bound=True) -> _eq4.Normalized:
-    """Eq. 4 (z in ``layout``), then Eq. 7 there (c, and ``varies`` where ``signal``, in input
-    order). ``combined=False``: Eq. 4 alone, z (N, K) in input order."""
-    z = _eq4.finish(prep, eps, layout, longest, fused=fused, bound=bound)
-    if not combined:
-        return _eq4.Normalized(z.rows(), z.facts)
-    c, varies, facts = _eq7.eq7(z, prep.inp.weights, signal=signal, labels=prep.inp.labels)
-    return _eq4.Normalized(c, {**z.facts, **facts}, varies, z.err, z.err_rows)
+def _eq47(prep, eps, layout, longest) -> _eq4.Normalized:
+    """Eq. 4 then Eq. 7 of contiguous groups (the CUDA graph's device part): c and the facts."""
+    z = _eq4.finish(prep, eps, layout, longest, bound=True)
+    c, _, facts = _eq7.eq7(z, prep.inp.weights)
+    return _eq4.Normalized(c, {**z.facts, **facts}, None, z.err, z.err_rows)
 
 
 def _report_local(plan, diagnostics) -> None:
@@ -165,7 +160,7 @@ def _report_local(plan, diagnostics) -> None:
 def normalize_rewards(rewards, group_ids, group_size, weights, eps, missing="refuse", diagnostics=None):
     call = check_normalize(rewards, group_ids, group_size, weights, eps, missing, diagnostics)
     plan = _plan.local(call, _plan.NORMALIZE, report=diagnostics is not None)
-    c = _normalize_checked(plan)[0].c
+    c = _normalize_checked(plan)[1].c
     _report_local(plan, diagnostics)
     return c
 
@@ -174,7 +169,7 @@ def standardize_groups(rewards, group_ids, group_size, eps, missing="refuse", di
     """Eq. 4 alone: z (N, K) float64, by the arithmetic normalize_rewards runs before Eq. 7."""
     call = check_normalize(rewards, group_ids, group_size, None, eps, missing, diagnostics)
     plan = _plan.local(call, _plan.STANDARDIZE, report=diagnostics is not None)
-    z = _normalize_checked(plan)[0].c
+    z = _normalize_checked(plan)[1].c
     _report_local(plan, diagnostics)
     return z
 
@@ -195,7 +190,7 @@ def combine(z, weights):
 def group_has_signal(rewards, group_ids, group_size, weights, eps, missing="refuse", diagnostics=None):
     call = check_normalize(rewards, group_ids, group_size, weights, eps, missing, diagnostics)
     plan = _plan.local(call, _plan.SIGNAL, report=diagnostics is not None)
-    varies = _normalize_checked(plan)[0].varies
+    varies = _normalize_checked(plan)[1].varies
     _report_local(plan, diagnostics)
     return varies
 
@@ -203,22 +198,23 @@ def group_has_signal(rewards, group_ids, group_size, weights, eps, missing="refu
 def whiten_local(values, segment_sizes, eps, out_dtype):
     call = check_whiten(values, segment_sizes, eps, out_dtype)
     plan = _plan.local(call, _plan.WHITEN)
-    v, sizes, eps, out_dtype, direct = call.values, call.sizes, call.eps, call.out_dtype, plan.write
-    a = None
-    if plan.eq6b == _plan.FUSED:
-        loc, facts = None, _facts.value_facts(v)
-        a = _fused.guarded(lambda: _fused.whiten(v.contiguous(), sizes, eps, direct), lambda: None)
-    if a is None:
-        facts = {} if plan.lazy else _facts.value_facts(v)
-        loc = W.local_stats(v, sizes, eps)
-        a = W.apply_local(loc, eps, direct)
-        if plan.lazy and not loc.finite():
+    v, sizes = call.values, call.sizes
+
+    def device(p):
+        lazy = p.lazy and p.eq6b is _plan.PLAIN  # the fused kernels look at every value anyway
+        facts = {} if lazy else _facts.value_facts(v)
+        loc = p.eq6b.eq6_stats(p, v.contiguous() if p.eq6b is _plan.FUSED else v, facts)
+        a = p.eq6b.eq6_apply(p, loc, None, p.write)
+        if lazy and not loc.finite():
             facts = _facts.value_facts(v)
+        return a, facts, loc if p.eq6b is _plan.PLAIN else None
+
+    a, facts, loc = _plan.guard(plan, device)
     row = _facts.read_row({P.PRESENT: 1, P.ROWS: v.shape[0]}, facts)  # the one host read
     if P.row_problems(row):
         row[P.NF_VALUE_UNIT] = _facts.unit_of(sizes, row[P.NF_VALUE])
         P.raise_local(row)
-    return _finish_local(a, out_dtype, lambda a64: _certify.for_whiten(v, a64, sizes, eps)), loc
+    return _finish_local(a, call.out_dtype, lambda a64: _certify.for_whiten(v, a64, sizes, call.eps)), loc
 
 
 def gdpo_local(rewards, group_ids, group_size, weights, segment_sizes, eps, out_dtype, missing="refuse",
@@ -242,19 +238,19 @@ def gdpo_local(rewards, group_ids, group_size, weights, segment_sizes, eps, out_
             a, facts = replayed
             got = a, _facts.read_row(_facts.rewards_host(inp), facts)  # the one host read
     if got is None and fused:
-        def fused_call():
+        def fused_call(p):  # the whole call fused; on the plain plan (a fused kernel failed): none
+            if not p.whole_call:
+                return p, None
             a, facts = device_part(inp)
-            return a, _facts.read_row(_facts.rewards_host(inp), facts)  # the one host read
-        got = _fused.guarded(fused_call, lambda: None)
-        if got is None:  # the fused path failed (and is off): the plain plan
-            plan = _plan.plain(plan)
+            return p, (a, _facts.read_row(_facts.rewards_host(inp), facts))  # the one host read
+        plan, got = _plan.guard(plan, fused_call)
     if got is not None:
         a, row = got
         P.raise_local(row)
         # the certificate reads c: the plain path's Eq. 4/7 (the fused kernels' bits; a ``then`` keeps
         # _normalize_checked off the fused path, which counts its calls)
         def problem(a64):
-            norm = _normalize_checked(plan, then=lambda norm: None)[0]
+            norm = _normalize_checked(_plan.plain(plan))[1]
             # the plain path's Eq. 6 statistics of the same c (the fused kernels' bits): tier 0's bound
             loc = W.local_stats(norm.c, sizes, eps, own=False, whole=plan.whole)
             return _certify.for_gdpo(inp, a64, norm.c, sizes, eps, plan.whole, (norm.err, norm.err_rows), loc)
@@ -262,19 +258,15 @@ def gdpo_local(rewards, group_ids, group_size, weights, segment_sizes, eps, out_
         _plan._no_missing(inp).report(diagnostics)  # only once the call succeeded
         return out, None
 
-    def whiten(norm):
-        if plan.eq6b == _plan.FUSED:
-            a = _fused.guarded(lambda: _fused.whiten(norm.c, sizes, eps, direct, plan.whole), lambda: None)
-            if a is not None:
-                return a, None
-        # c is work space: the certificate computes it again in the rare case it needs it
-        loc = W.local_stats(norm.c, sizes, eps, own=True, whole=plan.whole)
-        return W.apply_local(loc, eps, direct), loc
+    def whiten(p, norm):
+        # plain: c is work space (p.own), the certificate computes it again in the rare case it needs it
+        loc = p.eq6b.eq6_stats(p, norm.c, {})
+        return p.eq6b.eq6_apply(p, loc, None, p.write), loc if p.eq6b is _plan.PLAIN else None
 
-    norm, _, (a, loc) = _normalize_checked(plan, then=whiten)
+    plan, norm, _, (a, loc) = _normalize_checked(plan, then=whiten)
 
     def c_again():
-        return _normalize_checked(plan, then=lambda norm: None)[0].c
+        return _normalize_checked(plan)[1].c
     # the fused whitening leaves c as it was; the plain one used it as work space
     c = norm.c if loc is None else c_again
     out = _finish_local(a, out_dtype, lambda a64: _certify.for_gdpo(inp, a64, c, sizes, eps, plan.whole,
@@ -287,17 +279,14 @@ def _gdpo_unscored(plan, diagnostics):
     """A local call under ``missing="unscored"``: Eq. 4/7 over the scored rewards, then
     Eq. 6 of each unit over its scored rows (``_whiten`` on them alone, whole-group units
     keeping their structural mean), the unscored rows +0."""
-    scored, eps, n = plan.scored, plan.eps, plan.inp.n
-
-    def whiten(norm):
-        c = norm.c if scored.rows is None else norm.c.index_select(0, scored.rows)
+    def whiten(p, norm):
         # whole units, of the rows' groups: their scored rows sum to 0 exactly; c is not returned: work space
-        loc = W.local_stats(c, scored.sizes, eps, own=True, whole=plan.whole)
-        return scored.scatter(W.apply_local(loc, eps, plan.write), n), loc
+        loc = p.eq6b.eq6_stats(p, norm.c, {})
+        return p.eq6b.eq6_apply(p, loc, None, p.write), loc
 
-    _, _, (a, loc) = _normalize_checked(plan, then=whiten)
+    _, _, _, (a, loc) = _normalize_checked(plan, then=whiten)
     out = _finish_local(a, plan.out_dtype)
-    scored.report(diagnostics)
+    plan.scored.report(diagnostics)
     return out, loc
 
 
@@ -315,12 +304,14 @@ def _gdpo_device(inp, sizes, eps, direct):
 
 # --- distributed calls ----------------------------------------------------------
 
-def _fused_local(inp, eps, sizes, device_facts, whole):
-    """Eq. 4/7 and this rank's Eq. 6 statistics on the fused path (contiguous groups)."""
-    c, facts = _fused.eq47(inp, eps)
-    loc = _fused.Local(c, sizes, eps, whole)
-    device_facts.update(facts)
-    return loc
+def _through_stats(plan, n: int, device):
+    """Eq. 4, Eq. 7 and this rank's Eq. 6 statistics on the plan's backends: (plan, loc, facts,
+    the statistics' table on ``device``, computed here so that a fused failure reruns them on
+    the plain plan)."""
+    facts = {}
+    c = _eq47_of(plan, facts).c if n else plan.inp.rewards.new_empty(0, dtype=_F64)
+    loc = plan.eq6b.eq6_stats(plan, c, facts)
+    return plan, loc, facts, loc.table(device)
 
 
 def _comm_device(group, data_device: torch.device) -> torch.device:
@@ -395,29 +386,21 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
             plan = _plan.distributed(_plan.GDPO, eps, out_dtype, sizes, inp=inp)  # labelled: phase one
             if plan.scored is not None:
                 host[P.UNSCORED] = plan.scored.unscored
-            if plan.eq47 == _plan.FUSED:  # contiguous groups: all local work before the agreement
-                loc = _fused.guarded(lambda: _fused_local(inp, eps, sizes, device_facts, plan.whole), lambda: None)
             if plan.prep is not None:
                 device_facts.update(plan.prep.facts)
-            elif loc is None:  # contiguous groups: all local work before the agreement
-                prep = _groups.prepare(inp, lazy=False)
-                device_facts.update(prep.facts)
-                norm = _eq47(prep, eps, plan.layout, inp.group_size) if n else None
-                if norm is not None:
-                    device_facts.update(norm.facts)
-                c = norm.c if n else inp.rewards.new_empty(0, dtype=_F64)
-                loc = W.local_stats(_scored_values(c, plan.scored), _scored_sizes(sizes, plan.scored), eps,
-                                    whole=plan.whole)
+            else:  # contiguous groups: all local work before the agreement
+                plan, loc, facts, mine = _plan.guard(plan, lambda p: _through_stats(p, n, data_device))
+                device_facts.update(facts)
         else:
             plan = _plan.distributed(_plan.WHITEN, eps, out_dtype, sizes, values=v)
             device_facts.update(_facts.value_facts(v))
             if n:
                 ends = host_to_device([sum(sizes[: j + 1]) for j in range(len(sizes))], _I64, data_device)
                 device_facts[P.NF_VALUE_UNIT] = torch.searchsorted(ends, device_facts[P.NF_VALUE], right=True)
-            if plan.eq6b == _plan.FUSED:
-                loc = _fused.guarded(lambda: _fused.Local(v.contiguous(), sizes, eps), lambda: None)
-            if loc is None:
-                loc = W.local_stats(v, sizes, eps)
+            def stats(p):
+                loc = p.eq6b.eq6_stats(p, v.contiguous() if p.eq6b is _plan.FUSED else v, {})
+                return p, loc, loc.table(data_device)  # computed here: a fused failure reruns on the plain plan
+            plan, loc, mine = _plan.guard(plan, stats)
         # Collectives 2 and 3's buffer, before the agreement: after it, a failing rank allocates
         # nothing. Contiguous groups and whiten fill their statistics now as well.
         comm = _comm_device(group, data_device)
@@ -425,7 +408,7 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
         if plan.scored is not None:
             buf.row_counts[rank] = torch.tensor(sizes[P.COUNT_SLOTS:], dtype=_F64).to(comm)
         if loc is not None:
-            buf.stats[rank, :len(sizes)] = loc.table(data_device).to(comm)
+            buf.stats[rank, :len(sizes)] = mine.to(comm)
     except Problem as p:
         local_exc = p.error() if refused is None else refused
         host.update({P.HOST_CODE: p.code, P.HOST_A: p.a, P.HOST_B: p.b, P.HOST_C: p.c})
@@ -478,15 +461,8 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
     try:
         plan = _plan.agreed(plan, agreed, rank)  # labelled groups: their layout (it needs G and n_max)
         if plan.prep is not None:  # labelled groups compute Eq. 4/7 now
-            norm = _eq47_of(plan, plan.prep)
-            overflow_row = norm.facts
-            loc = None
-            if plan.eq6b == _plan.FUSED:
-                loc = _fused.guarded(lambda: _fused.Local(norm.c, sizes, eps, plan.whole), lambda: None)
-            if loc is None:
-                loc = W.local_stats(_scored_values(norm.c, plan.scored), _scored_sizes(sizes, plan.scored), eps,
-                                    whole=plan.whole)
-            buf.stats[rank, :units] = loc.table(data_device).to(comm)
+            plan, loc, overflow_row, mine = _plan.guard(plan, lambda p: _through_stats(p, n, data_device))
+            buf.stats[rank, :units] = mine.to(comm)
     except Exception as exc:  # noqa: BLE001 - reported to the peers, raised here
         failure = exc
         buf.bits[rank, units, 0] = 1  # "my statistics are missing": a flag, not data
@@ -515,14 +491,10 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
     if failure is None:
         try:
             st = W.merge(buf.stats[:, :units].to(data_device))
-            direct = plan.write
-            if isinstance(loc, _fused.Local):
-                a = _fused.guarded(lambda: loc.apply(*W.global_terms(st, eps), direct),
-                                   lambda: W.apply_global(W.local_stats(loc.units.v, sizes, eps), st, eps, direct))
-            else:
-                a = W.apply_global(loc, st, eps, direct)
-            if plan.scored is not None:
-                a = plan.scored.scatter(a, inp.n)
+            def apply(p):  # the plain plan after a failed fused apply: the plain statistics of the same c
+                mine = loc if p.eq6b is plan.eq6b else W.local_stats(loc.units.v, sizes, eps)
+                return p.eq6b.eq6_apply(p, mine, st, p.write)
+            a = _plan.guard(plan, apply)
             if late:
                 _late_row(buf.late[rank], overflow_row if check_overflow else {}, a if reachable else None,
                           out_dtype)
@@ -550,15 +522,6 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
         if diagnostics is not None:
             diagnostics.certified = counts
     return out, st
-
-
-def _scored_values(c: torch.Tensor, scored) -> torch.Tensor:
-    """The combined values Eq. 6 takes: all of them, or the scored rows' (``missing="unscored"``)."""
-    return c if scored is None or scored.rows is None else c.index_select(0, scored.rows)
-
-
-def _scored_sizes(sizes: list[int], scored) -> list[int]:
-    return sizes if scored is None else scored.sizes
 
 
 #: The reward names of an adapter's call (impl.adapters sets them around a call under a

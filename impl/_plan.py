@@ -24,20 +24,43 @@ the read the call made later before, now made before its arithmetic).
 from __future__ import annotations
 
 import dataclasses
+from typing import Callable, TypeVar
 
 import torch
 
 from impl import _certify, _facts, _fused, _graphs
 from impl import _groups
 from impl import _eq4
+from impl import _eq7
 from impl import _problems as P
 from impl import _whiten as W
 from impl._cast import _DIRECT, cast_reachable
 
 _I64 = torch.int64
 
+T = TypeVar("T")
+
+
+@dataclasses.dataclass(frozen=True)
+class Backend:
+    """One implementation of the stages; the plain one and the fused one share every signature:
+    ``eq4(plan, r, facts) -> z``, ``eq7(plan, z, facts) -> (c, varies)``, ``eq6_stats(plan, c,
+    facts) -> loc``, ``eq6_apply(plan, loc, merged, write) -> a``. A finding is put into
+    ``facts`` (a dict of 0-d device tensors by column), never raised."""
+
+    name: str
+    eq4: Callable
+    eq7: Callable
+    eq6_stats: Callable
+    eq6_apply: Callable
+
+    def __repr__(self) -> str:
+        return self.name.upper()
+
+
 #: The backends of a stage (``Plan.eq47``, ``Plan.eq6b``).
-PLAIN, FUSED = "plain", "fused"
+PLAIN = Backend("plain", _eq4.eq4, _eq7.stage, W.eq6_stats, W.eq6_apply)
+FUSED = Backend("fused", _fused.eq4, _fused.eq7, _fused.eq6_stats, _fused.eq6_apply)
 
 #: The APIs a plan serves.
 GDPO, WHITEN, NORMALIZE, STANDARDIZE, SIGNAL = "gdpo", "whiten", "normalize", "standardize", "signal"
@@ -130,13 +153,14 @@ class Plan:
     whole: object = None  # units of whole groups (host tuple, device bool (S,) or None)
     scored: _Scored | None = None  # "unscored": the rows Eq. 6 takes (GDPO; the others: their report)
     # backends
-    eq47: str = PLAIN  # FUSED: Eq. 4 and 7 in one kernel (contiguous, or labelled in one padded layout)
-    eq6b: str = PLAIN  # FUSED: Eq. 6 by the fused whitening kernels
+    eq47: Backend = PLAIN  # FUSED: Eq. 4 and 7 in one kernel (contiguous, or labelled in one padded layout)
+    eq6b: Backend = PLAIN  # FUSED: Eq. 6 by the fused whitening kernels
     graph: bool = False  # replay the device part from a CUDA graph (local, contiguous, CUDA)
     lazy: bool = False  # CPU: look for non-finite inputs only when the statistics show one
     # the output
     write: torch.dtype | None = None  # the dtype Eq. 6 writes (None: float64); ranks: set by agreed()
     certify: bool = False  # the certificate may decide the rounding (ranks: its statistics ride in collective 2)
+    own: bool = False  # the plain Eq. 6 may use c as work space (local gdpo_advantages: c is not returned)
 
     @property
     def signal(self) -> bool:
@@ -155,12 +179,25 @@ class Plan:
     @property
     def whole_call(self) -> bool:
         """A local gdpo_advantages call of contiguous groups fused from end to end."""
-        return self.api == GDPO and self.eq47 == FUSED and self.eq6b == FUSED and self.prep is None
+        return self.api == GDPO and self.eq47 is FUSED and self.eq6b is FUSED and self.prep is None
 
 
 def plain(plan: Plan) -> Plan:
     """The same plan on the plain backends (its layout kept: the plain path's bits on any)."""
     return dataclasses.replace(plan, eq47=PLAIN, eq6b=PLAIN, graph=False)
+
+
+def guard(plan: Plan, fn: Callable[[Plan], T]) -> T:
+    """``fn(plan)``; where a fused stage fails, the fused path goes off for this process
+    (warned once) and ``fn`` runs again on the plain plan: the same bits (the fused kernels
+    only ever compute the plain path's). The one ``try`` around fused work."""
+    if plan.eq47 is PLAIN and plan.eq6b is PLAIN:
+        return fn(plan)
+    try:
+        return _fused.quiet(fn, plan)
+    except Exception as exc:  # noqa: BLE001 - a Triton or compiler failure: the plain plan
+        _fused.disable(exc)
+        return fn(plain(plan))
 
 
 def _lay_out(prep, inp, api: str, groups: int, longest: int, runs: int):
@@ -192,7 +229,7 @@ def local(call, api: str, *, report: bool = False) -> Plan:
     eq47 = eq6b = PLAIN
     if api == GDPO and not unscored:  # "unscored": the plain path (impl._fused lists it)
         eq6b = FUSED if _fused.whiten_eligible(inp.rewards.device, sizes, write) else PLAIN
-        if eq6b == FUSED and _fused.eq47_eligible(inp):  # contiguous groups: the whole call fused
+        if eq6b is FUSED and _fused.eq47_eligible(inp):  # contiguous groups: the whole call fused
             eq47 = FUSED
     elif api in (NORMALIZE, SIGNAL) and _fused.eq47_eligible(inp):  # contiguous groups
         eq47 = FUSED
@@ -200,7 +237,7 @@ def local(call, api: str, *, report: bool = False) -> Plan:
 
     def scored():  # "unscored": the one more read, before the arithmetic (labelled: after the row's refusals)
         return _scored(inp, sizes if api == GDPO else [inp.n]) if unscored and (api == GDPO or report) else None
-    common = dict(eq6b=eq6b, write=write, certify=api == GDPO and _certify.enabled(out_dtype))
+    common = dict(eq6b=eq6b, write=write, certify=api == GDPO and _certify.enabled(out_dtype), own=api == GDPO)
     if inp.labels is None:
         return Plan(api, eps, inp, sizes, out_dtype, layout=_groups.contiguous(inp.n, inp.group_size), scored=scored(),
                     whole=_whole_units(inp, sizes) if api == GDPO else None, eq47=eq47, lazy=lazy,
@@ -231,6 +268,8 @@ def distributed(api: str, eps: float, out_dtype, sizes: list[int], *, inp=None, 
         scored = _scored(inp, sizes)
         fused = False
     eq47 = FUSED if fused and _fused.eq47_eligible(inp) else PLAIN  # contiguous groups only
+    if inp.labels is None or n == 0:  # contiguous groups: Eq. 6 fused only after a fused Eq. 4/7
+        fused = eq47 is FUSED
     certify = (_certify.enabled(out_dtype) and out_dtype in _certify.FORMATS and scored is None
                and inp.missing == "refuse")
     common = dict(scored=scored, eq47=eq47, eq6b=FUSED if fused else PLAIN, certify=certify)

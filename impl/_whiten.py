@@ -401,3 +401,24 @@ def _apply_x(loc: Local, f, shift, mean, den, out_dtype):
         return torch.empty(0, dtype=out_dtype or _F64, device=loc.lay.device)
     dev = (loc.x * f[:, None]).sub_(shift[:, None]).sub_(mean[:, None])
     return _output(dev, den[:, None], loc.lay, out_dtype)
+
+
+# --- the Eq. 6 stages (impl._plan.PLAIN) -----------------------------------------------------
+
+
+def eq6_stats(plan, c: torch.Tensor, facts) -> Local:
+    """This process's Eq. 6 statistics of c (N,): of the scored rows under "unscored"
+    (``plan.scored``), whole-group units centred on their structural 0 (``plan.whole``);
+    ``plan.own``: c is work space (the certificate computes it again where it needs it)."""
+    scored = plan.scored
+    if scored is not None:
+        c = c if scored.rows is None else c.index_select(0, scored.rows)
+    return local_stats(c, plan.sizes if scored is None else scored.sizes, plan.eps, own=plan.own,
+                       whole=plan.whole)
+
+
+def eq6_apply(plan, loc: Local, merged: Stats | None, write) -> torch.Tensor:
+    """Eq. 6 in ``write`` (None: float64) from this process's own statistics (``merged`` None)
+    or the merged statistics of every rank; the unscored rows +0 (``plan.scored``)."""
+    a = apply_local(loc, plan.eps, write) if merged is None else apply_global(loc, merged, plan.eps, write)
+    return a if plan.scored is None else plan.scored.scatter(a, plan.inp.n)
