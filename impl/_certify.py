@@ -524,28 +524,31 @@ def exact_sums(dtype, mags: tuple[float, float], n: int) -> bool:
     :func:`magnitudes`); d and the partial sums are multiples of q f of magnitude at most
     n (hi - lo) f <= 2 n max|x| f, exact while that is at most 2**53 q f. Float64 rewards
     have no such quantum: False."""
-    spec = _QUANTUM.get(dtype)
-    if spec is None:
+    if dtype not in _QUANTUM:
         return False
-    mant, emin = spec
     small, large = mags
     if not math.isfinite(small):  # every reward 0: nothing to sum
         return True
-    e = max(math.frexp(small)[1] - 1, emin)  # floor(log2 m), at least the smallest normal's
-    return 2 * n * large * (1 + 2.0 ** -50) <= math.ldexp(1.0, e - mant + 53)
+    return 2 * n * large * (1 + 2.0 ** -50) <= math.ldexp(1.0, _quantum(dtype, small) + 53)
+
+
+def _quantum(dtype, small: float) -> int:
+    """e with q = 2**e the quantum of ``small`` (finite, nonzero) in the narrow format
+    ``dtype``: 2**(floor(log2 small) - mantissa bits), at least the format's subnormal quantum.
+    Every value of the format at least ``small`` in magnitude is a multiple of q."""
+    mant, emin = _QUANTUM[dtype]
+    return max(math.frexp(small)[1] - 1, emin) - mant
 
 
 def quantum_exponent(r: torch.Tensor) -> int | None:
-    """q = 2**e dividing every reward of ``r`` (a narrow format: the quantum of its smallest
-    nonzero magnitude, :func:`magnitudes`; at least the format's subnormal quantum), or None."""
-    spec = _QUANTUM.get(r.dtype)
-    if spec is None:
+    """q = 2**e dividing every reward of ``r`` (a narrow format: :func:`_quantum` of its
+    smallest nonzero magnitude, :func:`magnitudes`), or None."""
+    if r.dtype not in _QUANTUM:
         return None
-    mant, emin = spec
     small = magnitudes(r)[0]
     if not math.isfinite(small):
         return 0  # every reward 0: any power of two divides them
-    return max(math.frexp(small)[1] - 1, emin) - mant
+    return _quantum(r.dtype, small)
 
 
 def eq4_error(r: torch.Tensor, n: int, weights: list[float]) -> float:
