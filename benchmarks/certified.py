@@ -1,7 +1,7 @@
 """The certificate's cost (issue 27): impl.gdpo with and without certified rounding, side by side.
 
     python -m benchmarks.certified [--n 65536] [--k 4] [--batches 8] [--repeats 15] [--family normal|binary]
-                                   [--json PATH]
+                                   [--baseline [REV]] [--json PATH]
 
 Each batch is a fresh float32 reward tensor, of two families: normal rewards, and 0/1 rewards (the
 usual correctness and format rewards, where about 3% of rows cancel exactly across columns of
@@ -10,15 +10,26 @@ default output dtype float32. For each batch the plain path (``impl._certify.dis
 rounding of the float64 result) and the certified path run alternately, ``repeats`` times each;
 a batch's figure is the median of each. The ratio is certified / plain of those medians; the
 table also gives, per batch, how many samples the float64 bound left to the double-double tier
-(and to exact arithmetic). Benchmarks are never assertions: the test suite checks only that this
-runs.
+(and to exact arithmetic).
+
+``--baseline [REV]`` adds a third column: the same call as the git revision REV computed it
+(default :data:`FILED`, the last commit before the certificate, whose plain path is the "today's"
+of issue 27's cost target). REV is exported with ``git archive`` into a temporary folder and run
+in a child process; each repeat times the certified call, the plain call and the child's call in
+turn (each process times its own call), so the three share the machine's state. Benchmarks are
+never assertions: the test suite checks only that this runs.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
 import time
 
 import torch
@@ -26,9 +37,17 @@ import torch
 from impl import _certify, gdpo
 
 
-def _median_ms(fn, repeats: int, other) -> tuple[float, float]:
-    a, b = [], []
+#: the last commit before impl's certificate (15a040e): issue 27's "today's" plain path
+FILED = "a52e195"
+
+
+def _median_ms(fn, repeats: int, other, third=None) -> tuple[float, float, float | None]:
+    """Medians (ms) of ``fn`` and ``other`` timed alternately, and of ``third`` (a callable that
+    returns its own time in ms: the baseline's child process) in the same rotation."""
+    a, b, c = [], [], []
     fn(), other()  # warm
+    if third is not None:
+        third()
     for _ in range(repeats):
         t0 = time.perf_counter()
         fn()
@@ -36,7 +55,65 @@ def _median_ms(fn, repeats: int, other) -> tuple[float, float]:
         t0 = time.perf_counter()
         other()
         b.append(time.perf_counter() - t0)
-    return statistics.median(a) * 1e3, statistics.median(b) * 1e3
+        if third is not None:
+            c.append(third() / 1e3)
+    return (statistics.median(a) * 1e3, statistics.median(b) * 1e3,
+            statistics.median(c) * 1e3 if c else None)
+
+
+_CHILD = r"""
+import sys, time, torch
+torch.set_num_threads(int(sys.argv[1]))
+from impl import gdpo
+r = g = None
+for line in sys.stdin:
+    cmd = line.split()
+    if cmd[0] == "batch":  # batch FAMILY N K GROUP SEED
+        fam, n, k, g, seed = cmd[1], int(cmd[2]), int(cmd[3]), int(cmd[4]), int(cmd[5])
+        gen = torch.Generator().manual_seed(seed)
+        r = ((torch.rand(n, k, generator=gen) < 0.5).float() if fam == "binary"
+             else torch.randn(n, k, generator=gen, dtype=torch.float32))
+        print("ok", flush=True)
+    else:  # time one call
+        t0 = time.perf_counter()
+        gdpo.gdpo_advantages(r, group_size=g, out_dtype=torch.float32)
+        print((time.perf_counter() - t0) * 1e3, flush=True)
+"""
+
+
+class Baseline:
+    """The same call at git revision ``rev``, in a child process over a pipe."""
+
+    def __init__(self, rev: str):
+        self.rev = subprocess.run(["git", "rev-parse", "--short", rev], capture_output=True, text=True,
+                                  check=True).stdout.strip()
+        self._dir = tempfile.TemporaryDirectory(prefix="gdpo-baseline-")
+        tar = os.path.join(self._dir.name, "src.tar")
+        subprocess.run(["git", "archive", "-o", tar, self.rev, "impl"], check=True)
+        with tarfile.open(tar) as t:
+            t.extractall(self._dir.name, filter="data")
+        env = dict(os.environ, PYTHONPATH=self._dir.name)
+        self._p = subprocess.Popen([sys.executable, "-c", _CHILD, str(torch.get_num_threads())], cwd=self._dir.name,
+                                   env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    def _ask(self, line: str) -> str:
+        self._p.stdin.write(line + "\n")
+        self._p.stdin.flush()
+        got = self._p.stdout.readline()
+        if not got:
+            raise RuntimeError(f"the baseline {self.rev} stopped")
+        return got.strip()
+
+    def batch(self, family: str, n: int, k: int, group_size: int, seed: int) -> None:
+        self._ask(f"batch {family} {n} {k} {group_size} {seed}")
+
+    def __call__(self) -> float:
+        return float(self._ask("time"))
+
+    def close(self) -> None:
+        self._p.stdin.close()
+        self._p.wait(timeout=60)
+        self._dir.cleanup()
 
 
 FAMILIES = ("normal", "binary")
@@ -50,7 +127,7 @@ def rewards(family: str, n: int, k: int, seed: int) -> torch.Tensor:
 
 
 def run(n: int = 65536, k: int = 4, batches: int = 8, repeats: int = 15, out_dtype=torch.float32,
-        families=FAMILIES) -> list[dict]:
+        families=FAMILIES, baseline: Baseline | None = None) -> list[dict]:
     rows = []
     for family, group_size in ((f, g) for f in families for g in (8, 16)):
         for seed in range(batches):
@@ -67,23 +144,32 @@ def run(n: int = 65536, k: int = 4, batches: int = 8, repeats: int = 15, out_dty
             d = gdpo.Diagnostics()
             with _certify.enabled_here():
                 gdpo.gdpo_advantages(r, group_size=group_size, out_dtype=out_dtype, diagnostics=d)
-            t_cert, t_plain = _median_ms(certified, repeats, plain)
+            if baseline is not None:
+                assert out_dtype == torch.float32, "the baseline's child times float32 outputs"
+                baseline.batch(family, n, k, group_size, seed)
+            t_cert, t_plain, t_base = _median_ms(certified, repeats, plain, baseline)
             c = d.certified
-            rows.append({"family": family, "n": n, "k": k, "group_size": group_size, "seed": seed,
-                         "out_dtype": str(out_dtype),
-                         "plain_ms": round(t_plain, 3), "certified_ms": round(t_cert, 3),
-                         "ratio": round(t_cert / t_plain, 3), "float64": c.float64, "group_exact": c.group_exact,
-                         "double_double": c.double_double, "exact": c.exact, "uncertified": c.uncertified})
+            row = {"family": family, "n": n, "k": k, "group_size": group_size, "seed": seed,
+                   "out_dtype": str(out_dtype),
+                   "plain_ms": round(t_plain, 3), "certified_ms": round(t_cert, 3),
+                   "ratio": round(t_cert / t_plain, 3), "float64": c.float64, "group_exact": c.group_exact,
+                   "double_double": c.double_double, "exact": c.exact, "uncertified": c.uncertified}
+            if t_base is not None:
+                row.update(baseline=baseline.rev, baseline_ms=round(t_base, 3), ratio_baseline=round(t_cert / t_base, 3))
+            rows.append(row)
     return rows
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| rewards | N | K | group | batch | plain ms | certified ms | ratio | group-exact samples | dd samples "
-             "| exact samples |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    base = any("baseline_ms" in r for r in rows)
+    extra = f" {rows[0]['baseline']} ms | certified / {rows[0]['baseline']} |" if base else ""
+    lines = ["| rewards | N | K | group | batch | plain ms | certified ms | ratio |" + extra
+             + " group-exact samples | dd samples | exact samples |",
+             "|---|---|---|---|---|---|---|---|" + ("---|---|" if base else "") + "---|---|---|"]
     for r in rows:
+        more = f" {r['baseline_ms']:.2f} | {r['ratio_baseline']:.2f} |" if base else ""
         lines.append(f"| {r.get('family', 'normal')} | {r['n']:,} | {r['k']} | {r['group_size']} | {r['seed']} | "
-                     f"{r['plain_ms']:.2f} | {r['certified_ms']:.2f} | {r['ratio']:.2f} | {r['group_exact']} | "
+                     f"{r['plain_ms']:.2f} | {r['certified_ms']:.2f} | {r['ratio']:.2f} |{more} {r['group_exact']} | "
                      f"{r['double_double']} | {r['exact']} |")
     for fam in dict.fromkeys(r.get("family", "normal") for r in rows):
         for g in sorted({r["group_size"] for r in rows}):
@@ -91,9 +177,14 @@ def table(rows: list[dict]) -> str:
             if not sel:
                 continue
             ratios = [r["ratio"] for r in sel]
+            more = ""
+            if base:
+                rb = [r["ratio_baseline"] for r in sel]
+                more = (f" {statistics.median(r['baseline_ms'] for r in sel):.2f} | "
+                        f"{statistics.median(rb):.2f} (mean {statistics.mean(rb):.2f}) |")
             lines.append(f"| median, {fam}, groups of {g} | | | | | {statistics.median(r['plain_ms'] for r in sel):.2f} | "
                          f"{statistics.median(r['certified_ms'] for r in sel):.2f} | "
-                         f"{statistics.median(ratios):.2f} (mean {statistics.mean(ratios):.2f}) | | | |")
+                         f"{statistics.median(ratios):.2f} (mean {statistics.mean(ratios):.2f}) |{more} | | |")
     return "\n".join(lines)
 
 
@@ -104,9 +195,16 @@ def main(argv=None) -> int:
     ap.add_argument("--batches", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--family", choices=FAMILIES, action="append", help="default: both")
+    ap.add_argument("--baseline", nargs="?", const=FILED, default=None, metavar="REV",
+                    help=f"also time the call at git revision REV (default {FILED}) in a child process")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
-    rows = run(a.n, a.k, a.batches, a.repeats, families=tuple(a.family or FAMILIES))
+    base = Baseline(a.baseline) if a.baseline else None
+    try:
+        rows = run(a.n, a.k, a.batches, a.repeats, families=tuple(a.family or FAMILIES), baseline=base)
+    finally:
+        if base is not None:
+            base.close()
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
     print(table(rows))
     if a.json:

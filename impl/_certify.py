@@ -503,20 +503,6 @@ _FROM_BITS = {
 }
 
 
-def _scratch_np(u: np.ndarray, tag: str = "", dtype=None) -> np.ndarray:
-    """A NumPy work array shaped like ``u`` (typed ``dtype``, default u's), kept between calls
-    (one per tag) above ``seg_ops.SCRATCH_MIN`` elements: a fresh large allocation costs its
-    page faults."""
-    dtype = np.dtype(dtype or u.dtype)
-    if u.size < seg_ops.SCRATCH_MIN:
-        return np.empty(u.shape, dtype)
-    kept = _kept("numpy")
-    buf = kept.get(tag)
-    if buf is None or buf.shape != u.shape or buf.dtype != dtype:
-        buf = kept[tag] = np.empty(u.shape, dtype)
-    return buf
-
-
 def exact_sums(dtype, mags: tuple[float, float], n: int) -> bool:
     """Are every difference d = (x - x_first) f of a group column and every partial sum of its
     mean's tree exact in float64, in every group of ``n`` rows? Rewards in a narrow format are
@@ -735,33 +721,6 @@ _NEVER = 1 << 62
 
 
 
-def _bits_certify_np(a: torch.Tensor, A, C, drop: int):
-    """:func:`bits_certify`'s arithmetic in NumPy (CPU), in kept work arrays: seven passes."""
-    bits = a.detach().numpy().view(np.int64)
-    low, p2 = _scratch_np(bits, "low"), _scratch_np(bits, "p2")
-    v = _scratch_np(bits, "v", np.float64)
-    np.bitwise_and(bits, (1 << drop) - 1, out=low)
-    np.subtract(low, 1 << (drop - 1), out=low)
-    np.abs(low, out=low)
-    np.minimum(low, 1 << (drop - 2), out=low)
-    np.bitwise_and(bits, 0x7FF0000000000000, out=p2)
-    An = A.detach().cpu().numpy() if isinstance(A, torch.Tensor) else A
-    Cn = C.detach().cpu().numpy() if isinstance(C, torch.Tensor) else C
-    with np.errstate(all="ignore"):  # an infinite bound times a zero a: NaN, not certified
-        np.subtract(low, Cn, out=v)
-        np.multiply(v, p2.view(np.float64), out=v)
-        if np.ndim(An) == 0:
-            if v.min() > An:
-                return None
-        elif v.ndim == 2 and np.shape(An) == (v.shape[0], 1):
-            if bool((v.min(axis=1, keepdims=True) > An).all()):
-                return None
-        ok = v > An
-    if bool(ok.all()):
-        return None
-    return torch.from_numpy(ok)
-
-
 def bits_certify(a: torch.Tensor, alpha, beta, out_dtype) -> torch.Tensor | None:
     """Tier 0's test on a's float64 bits: ok where every value within B = alpha + beta |a| of
     a rounds as a does (``alpha``, ``beta`` broadcast against a); None where every row is.
@@ -784,8 +743,6 @@ def bits_certify(a: torch.Tensor, alpha, beta, out_dtype) -> torch.Tensor | None
     else:
         A = max(alpha, floor) * (2.0 ** 52 * (1 + 2.0 ** -40))
         C = beta * (2.0 ** 53 * (1 + 2.0 ** -40)) + 1
-    if a.device.type == "cpu":  # NumPy: its ufuncs write into kept arrays, int to float in the subtract
-        return _bits_certify_np(a, A, C, drop)
     bits = a.view(_I64)
     low = torch.bitwise_and(bits, (1 << drop) - 1, out=_reuse(bits, "low"))
     dist = _reuse(a, "dist").copy_(low.sub_(1 << (drop - 1)).abs_().clamp_(max=1 << (drop - 2)))
@@ -875,8 +832,9 @@ def finish(p: Problem, out_dtype, counts: Counts | None = None) -> torch.Tensor:
         counts.float64 += n
         return got0[1]
     whole = _whole_tensor(p.whole, S, device)
+    left = None  # the rows still to decide, as indices (few, as a rule: no full-length passes below)
     if got0 is not None:
-        ok, y = got0
+        ok, y, left = got0
     else:
         st = unit_stats(p.values(), a, p.rows_E(), units, whole, p.eps)
         B = float64_bound(st, units, a, p.rows_E())
@@ -889,23 +847,28 @@ def finish(p: Problem, out_dtype, counts: Counts | None = None) -> torch.Tensor:
             ok, y, _ = certify(a, torch.zeros_like(a), B, out_dtype)
         else:
             ok, y = certify_float(a, B, out_dtype)
-    done = int(ok.sum())
-    counts.float64 += done
-    if done == n:
+    todo = ~ok
+    if left is None:
+        left = todo.nonzero().view(-1)
+    counts.float64 += n - left.numel()
+    if left.numel() == 0:
         return y
     if y.data_ptr() == a.data_ptr():  # the tiers below write into y: never into the caller's a
         y = y.clone()
-    todo = ~ok
     if p.zero_rows is not None:  # tier 1a, vectorized: c* = 0 exactly in a unit of whole groups
-        y, todo, k = _exact_zeros(p, todo, y, units, whole)
+        y, todo, k = _exact_zeros(p, todo, y, units, whole, rows=left)
         counts.group_exact += k
-        if k and not bool(todo.any()):
-            return y
-    if got0 is not None and p.exact_rows is not None and int(todo.sum()) <= _EXACT_ROWS_MAX:
-        y, todo, k = _group_exact(p, todo, y, out_dtype, units)
+        if k:
+            left = left[todo.index_select(0, left)]
+            if left.numel() == 0:
+                return y
+    if got0 is not None and p.exact_rows is not None and left.numel() <= _EXACT_ROWS_MAX:
+        y, todo, k = _group_exact(p, todo, y, out_dtype, units, rows=left)
         counts.group_exact += k
-        if not bool(todo.any()):
-            return y
+        if k:
+            left = left[todo.index_select(0, left)]
+            if left.numel() == 0:
+                return y
     if st is None:
         st = unit_stats(p.values(), a, p.rows_E(), units, whole, p.eps)
     if p.dd_rows is not None and not _dd_needed_everywhere(todo, n):  # tier 1a: the rows' own c in dd
@@ -946,7 +909,8 @@ def finish(p: Problem, out_dtype, counts: Counts | None = None) -> torch.Tensor:
 
 
 def _tier0_loc(p: Problem, units: _Units, out_dtype):
-    """Tier 0 from the plain path's own Eq. 6 statistics (``p.loc``): (ok, y), or None where
+    """Tier 0 from the plain path's own Eq. 6 statistics (``p.loc``): (ok, y, left), left the
+    rows not certified as indices (ok None, left None: every row is), or None where
     they are not at hand (buckets, the fused whitening, a device without the raw extremes)."""
     loc = p.loc
     if loc is None or loc.tp is None or loc.tp.lo is None or loc.lay.kind not in ("view", "padded"):
@@ -965,7 +929,7 @@ def _tier0_loc(p: Problem, units: _Units, out_dtype):
     if S == 1 and not isinstance(alpha, torch.Tensor):
         ok = bits_certify(a, alpha, beta, out_dtype)
         if ok is None:
-            return None, y
+            return None, y, None
         alpha, beta = (torch.tensor([[x]], dtype=_F64, device=a.device) for x in (alpha, beta))
         exact0 = torch.tensor([[bool(exact0)]], device=a.device)
     elif lay.kind == "view":
@@ -975,9 +939,10 @@ def _tier0_loc(p: Problem, units: _Units, out_dtype):
         idx = units.index()
         ok = bits_certify(a, alpha.view(-1).index_select(0, idx), beta.view(-1).index_select(0, idx), out_dtype)
     if ok is None:
-        return None, y
-    if not bool(ok.all()):
-        rows = (~ok & (y == 0)).nonzero().view(-1)
+        return None, y, None
+    left = (~ok).nonzero().view(-1)  # the rows not certified, as indices (few, as a rule)
+    if left.numel():
+        rows = left[y.index_select(0, left) == 0]
         if rows.numel():
             # exact zeros (a unit of equal exact values; c* = 0 in a whole unit where no exact-zero
             # tier follows), and zeros whose sign is certain (|a| > B: the whole interval rounds to
@@ -994,13 +959,16 @@ def _tier0_loc(p: Problem, units: _Units, out_dtype):
             fix = (exact & (ar == 0)) | signed
             y.index_fill_(0, rows[fix & (ar == 0)], 0.0)  # y and ok: this call's own tensors
             ok.index_fill_(0, rows[fix], True)
-    return ok, y
+            left = left[~ok.index_select(0, left)]
+    return ok, y, left
 
 
-def _exact_zeros(p: Problem, todo: torch.Tensor, y: torch.Tensor, units: _Units, whole: torch.Tensor):
-    """The rows left in units of whole groups whose c* is exactly 0 (:mod:`impl._exact_zeros`)
-    get a* = +0 exactly (the unit's exact mean is 0). Returns (y, todo, how many)."""
-    rows = todo.nonzero().view(-1)
+def _exact_zeros(p: Problem, todo: torch.Tensor, y: torch.Tensor, units: _Units, whole: torch.Tensor,
+                 rows: torch.Tensor | None = None):
+    """The rows left (``rows``: todo's, as indices) in units of whole groups whose c* is exactly
+    0 (:mod:`impl._exact_zeros`) get a* = +0 exactly (the unit's exact mean is 0). Returns
+    (y, todo, how many)."""
+    rows = todo.nonzero().view(-1) if rows is None else rows
     if len(p.sizes) == 1:
         rows = rows if bool(whole[0]) else rows[:0]
     else:
@@ -1030,16 +998,18 @@ _EXACT_ROWS_MAX = 256
 _FMT_NAME = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 
 
-def _group_exact(p: Problem, todo: torch.Tensor, y: torch.Tensor, out_dtype, units: _Units):
+def _group_exact(p: Problem, todo: torch.Tensor, y: torch.Tensor, out_dtype, units: _Units,
+                 rows: torch.Tensor | None = None):
     """Tier 1a: the rows left get their exact c* from their own groups (:mod:`impl._exact_rows`),
     whitened by their unit's float64 statistics with those statistics' bounds
     (:class:`UnitNumbers`), in exact rational interval arithmetic; a row is certified where both
     ends of its interval round to the same output (sign included), or where c* = 0 exactly in a
-    unit of whole groups (a* = +0). Returns (y, todo, how many were certified)."""
+    unit of whole groups (a* = +0). ``rows``: todo's, as indices. Returns (y, todo, how many
+    were certified)."""
     from fractions import Fraction
 
     from oracle.exact import round_fraction
-    rows = todo.nonzero().view(-1)
+    rows = todo.nonzero().view(-1) if rows is None else rows
     rl = rows.tolist()
     S = len(p.sizes)
     ul = [0] * len(rl) if S == 1 else units.index().index_select(0, rows).tolist()

@@ -46,9 +46,9 @@ def _tier0(p, units, out_dtype):
     return got
 
 
-def _gexact(p, todo, y, out_dtype, units):
+def _gexact(p, todo, y, out_dtype, units, **kw):
     before = todo.clone()
-    y2, todo2, k = _orig_group_exact(p, todo, y, out_dtype, units)
+    y2, todo2, k = _orig_group_exact(p, todo, y, out_dtype, units, **kw)
     TRACE["group_exact"] = (before & ~todo2).clone()
     return y2, todo2, k
 

@@ -571,6 +571,20 @@ def test_the_cost_benchmark_runs():
     assert text.count("| median, ") == 4, text
 
 
+def test_the_cost_benchmark_times_a_baseline_revision():
+    """``--baseline REV`` runs REV's impl in a child process beside this one's (here REV is
+    HEAD: a fresh clone holds it whatever its depth); its column and ratio appear."""
+    from benchmarks import certified as bench
+    base = bench.Baseline("HEAD")
+    try:
+        rows = bench.run(n=256, k=3, batches=1, repeats=2, families=("normal",), baseline=base)
+    finally:
+        base.close()
+    assert all(r["baseline_ms"] > 0 and r["ratio_baseline"] > 0 for r in rows), rows
+    text = bench.table(rows)
+    assert f"certified / {base.rev}" in text and text.count("| median, ") == 2, text
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 def test_certify_sees_the_overflow_midpoint_above_the_largest_finite_value(dtype):
     """Above the format's largest finite value m the rounding boundary is the midpoint between m
