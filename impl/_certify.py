@@ -1082,10 +1082,11 @@ def _targeted(p: Problem, rows: torch.Tensor, units: _Units, st: UnitStats):
 
 
 def dd_gdpo(r: torch.Tensor, gid: torch.Tensor, G: int, weights: list[float], eps: float,
-            sizes: list[int], whole) -> tuple | None:
+            sizes: list[int], whole, group_size: int | None = None) -> tuple | None:
     """Eq. 4, 7 and 6 of every row in double-double: (h, l, B) per row, or None where the
-    inputs leave the dd path's safe range."""
-    got = _dd_combined(r, gid, G, weights, eps)
+    inputs leave the dd path's safe range. ``group_size``: the groups are contiguous, of that
+    size (the equal layout: views, no masks)."""
+    got = _dd_combined(r, gid, G, weights, eps, group_size)
     return None if got is None else dd_whiten(*got, eps, sizes, whole)
 
 
@@ -1097,7 +1098,7 @@ def dd_whiten(ch: torch.Tensor, cl: torch.Tensor, E: torch.Tensor, eps: float, s
     S = len(sizes)
     unit = _unit_index(sizes, device)
     wt = _whole_tensor(whole, S, device)
-    segs = _dd.Segments(unit, S)
+    segs = _dd.Segments.equal(S, sizes[0], device) if len(set(sizes)) == 1 and sizes[0] else _dd.Segments(unit, S)
     C = segs.gather(torch.stack([ch, cl], 1))
     a, den, flat = _dd.standardize(C[:, :, :1], C[:, :, 1:], segs, eps, zero_mean=wt)
     h, l = segs.rows(a[0]).view(-1), segs.rows(a[1]).view(-1)
@@ -1181,7 +1182,8 @@ def for_gdpo(inp, a: torch.Tensor, c: torch.Tensor, sizes: list[int], eps: float
 
     def dd():
         gid, G = gid_G or _group_index(inp)
-        return dd_gdpo(inp.rewards, gid, G, inp.weights, eps, sizes, whole)
+        return dd_gdpo(inp.rewards, gid, G, inp.weights, eps, sizes, whole,
+                       inp.group_size if inp.labels is None else None)
 
     def dd_rows(rows):
         gid, G = gid_G or _group_index(inp)
@@ -1263,17 +1265,18 @@ def dd_rows_gdpo(inp, eps: float):
     return _dd_combined(inp.rewards, gid, G, inp.weights, eps)
 
 
-def _dd_combined(r: torch.Tensor, gid: torch.Tensor, G: int, weights: list[float], eps: float):
-    """Eq. 4 and 7 of every row in double-double, rows grouped by ``gid``: (ch, cl, E), E the
-    bound on each row's error; None outside the dd path's safe range (inputs, or combined
-    values: a huge eps over a tiny std)."""
+def _dd_combined(r: torch.Tensor, gid: torch.Tensor, G: int, weights: list[float], eps: float,
+                 group_size: int | None = None):
+    """Eq. 4 and 7 of every row in double-double, rows grouped by ``gid`` (contiguous groups of
+    ``group_size`` where given): (ch, cl, E), E the bound on each row's error; None outside the
+    dd path's safe range (inputs, or combined values: a huge eps over a tiny std)."""
     r = r.to(_F64)
     if not (_dd.safe(r, *weights) and _dd.eps_safe(eps)):
         return None
     k = r.shape[1]
-    segs = _dd.Segments(gid, G)
+    segs = _dd.Segments.equal(G, group_size, r.device) if group_size and r.shape[0] else _dd.Segments(gid, G)
     X = segs.gather(r)
-    z, _, collapsed = _dd.standardize(X, torch.zeros_like(X), segs, eps)
+    z, _, collapsed = _dd.standardize(X, None, segs, eps)
     zh, zl = segs.rows(z[0]), segs.rows(z[1])
     ch = cl = None
     for j, w in enumerate(weights):

@@ -600,3 +600,29 @@ def test_certify_sees_the_overflow_midpoint_above_the_largest_finite_value(dtype
     assert not bool(ok[0]), "an interval across the overflow boundary was certified"
     ok, y, _ = _certify.certify(h, zero, torch.tensor([gap / 8], dtype=torch.float64), dtype)
     assert bool(ok[0]) and float(y[0]) == m
+
+
+def test_dd_safe_range():
+    """The dd tier's range check: every nonzero magnitude within [2**-300, 2**300] and every
+    value finite (zeros are always safe; NaN and infinities never are, wherever they sit)."""
+    from impl import _dd
+    t = functools.partial(torch.tensor, dtype=torch.float64)
+    nan, inf = math.nan, math.inf
+    safe = [t([0.0, 1.0]), t([0.0, -0.0]), t([2.0 ** -300, -2.0 ** 300]), t([-0.0, -5.0])]
+    unsafe = [t([nan, 1.0]), t([0.0, nan]), t([1.0, inf]), t([-inf]), t([2.0 ** -301, 1.0]), t([0.0, 2.0 ** 301])]
+    assert all(_dd.safe(x) for x in safe)
+    assert not any(_dd.safe(x) for x in unsafe)
+
+
+@pytest.mark.parametrize("g, sizes", [(16, [1024]), (8, [512, 512]), (5, [320, 320, 640]), (2, [1024])])
+def test_dd_equal_layout_gives_the_general_layouts_bits(g, sizes):
+    """Contiguous groups of one size take the dd tier's equal layout (views, no masks): its
+    results are the general (padded, masked) layout's bit for bit, 0/1 rewards included."""
+    n = sum(sizes)
+    gen = torch.Generator().manual_seed(g)
+    for r in (torch.randn(n, 4, generator=gen), (torch.rand(n, 4, generator=gen) < 0.5).float()):
+        gid = torch.arange(n) // g
+        args = (r, gid, n // g, [1.0, 0.5, 2.0, -1.0], 1e-6, sizes, [True] * len(sizes))
+        general, equal = _certify.dd_gdpo(*args), _certify.dd_gdpo(*args, g)
+        for x, y in zip(general, equal):
+            assert torch.equal(x.view(torch.int64), y.view(torch.int64))
