@@ -1002,13 +1002,11 @@ def _group_exact(p: Problem, todo: torch.Tensor, y: torch.Tensor, out_dtype, uni
                  rows: torch.Tensor | None = None):
     """Tier 1a: the rows left get their exact c* from their own groups (:mod:`impl._exact_rows`),
     whitened by their unit's float64 statistics with those statistics' bounds
-    (:class:`UnitNumbers`), in exact rational interval arithmetic; a row is certified where both
+    (:class:`UnitNumbers`), in interval arithmetic (floats rounded outward, then exact rationals
+    where those leave a boundary inside: :func:`_interval_float`, :func:`_interval_exact`); a row is certified where both
     ends of its interval round to the same output (sign included), or where c* = 0 exactly in a
     unit of whole groups (a* = +0). ``rows``: todo's, as indices. Returns (y, todo, how many
     were certified)."""
-    from fractions import Fraction
-
-    from oracle.exact import round_fraction
     rows = todo.nonzero().view(-1) if rows is None else rows
     rl = rows.tolist()
     S = len(p.sizes)
@@ -1018,7 +1016,6 @@ def _group_exact(p: Problem, todo: torch.Tensor, y: torch.Tensor, out_dtype, uni
     loc = p.loc
     nums = dict(zip(need, _unit_numbers(loc.tp, p.sizes, loc.lay.width, _whole_list(p.whole, S), emax,
                                          p.eps, need)))
-    fmt = _FMT_NAME[out_dtype]
     got_rows, got_vals = [], []
     for r, u, (lo, hi, zero) in zip(rl, ul, p.exact_rows(rl)):
         un = nums[u]
@@ -1028,25 +1025,86 @@ def _group_exact(p: Problem, todo: torch.Tensor, y: torch.Tensor, out_dtype, uni
             got_rows.append(r)
             got_vals.append(0.0)
             continue
-        f = Fraction(un.f)
-        dm = Fraction(un.dmean)
-        M = un.M
-        nlo, nhi = lo * f - (M + dm), hi * f - (M - dm)
-        dlo = max(Fraction(un.den) - Fraction(un.dD), Fraction(un.eps_f))
-        dhi = Fraction(un.den) + Fraction(un.dD)
-        if dlo <= 0:
-            continue
-        alo = nlo / dhi if nlo >= 0 else nlo / dlo
-        ahi = nhi / dlo if nhi >= 0 else nhi / dhi
-        ylo, yhi = round_fraction(alo, fmt), round_fraction(ahi, fmt)
-        if ylo == yhi and math.copysign(1.0, ylo) == math.copysign(1.0, yhi):
+        got = _interval_float(lo, hi, un, out_dtype)
+        if got is None:
+            got = _interval_exact(lo, hi, un, out_dtype)
+        if got is not None:
             got_rows.append(r)
-            got_vals.append(ylo)
+            got_vals.append(got)
     if not got_rows:
         return y, todo, 0
     at = torch.tensor(got_rows, dtype=_I64, device=y.device)
     y.index_copy_(0, at, torch.tensor(got_vals, dtype=_F64).to(y.device, y.dtype))
     return y, todo.index_fill_(0, at, False), len(got_rows)
+
+
+def _interval_exact(lo, hi, un: UnitNumbers, out_dtype) -> float | None:
+    """a* = (c* f - M*) / D* for c* in [lo, hi] (Fractions), |M* - M| <= dmean, |D* - den| <= dD
+    (D* >= eps f), in exact rational interval arithmetic: its correct rounding to ``out_dtype``
+    where both ends of the interval round to one output, sign included, else None."""
+    from fractions import Fraction
+
+    from oracle.exact import round_fraction
+    f = Fraction(un.f)
+    dm = Fraction(un.dmean)
+    M = un.M
+    nlo, nhi = lo * f - (M + dm), hi * f - (M - dm)
+    dlo = max(Fraction(un.den) - Fraction(un.dD), Fraction(un.eps_f))
+    dhi = Fraction(un.den) + Fraction(un.dD)
+    if dlo <= 0:
+        return None
+    alo = nlo / dhi if nlo >= 0 else nlo / dlo
+    ahi = nhi / dlo if nhi >= 0 else nhi / dhi
+    fmt = _FMT_NAME[out_dtype]
+    ylo, yhi = round_fraction(alo, fmt), round_fraction(ahi, fmt)
+    if ylo == yhi and math.copysign(1.0, ylo) == math.copysign(1.0, yhi):
+        return ylo
+    return None
+
+
+def _down(x: float) -> float:
+    return math.nextafter(x, -math.inf)
+
+
+def _up(x: float) -> float:
+    return math.nextafter(x, math.inf)
+
+
+_PACK = {torch.float32: "f", torch.float16: "e"}
+
+
+def _interval_float(lo, hi, un: UnitNumbers, out_dtype) -> float | None:
+    """:func:`_group_exact`'s interval of a* in float64 with every operation rounded outward (a
+    step of one float to each side after each round-to-nearest result): its rounding where
+    both ends round to one output, sign included (the same value as the exact interval would
+    give: a* lies inside, the correct rounding is unique), else None (the caller goes on in
+    rationals). Many times cheaper than the rationals."""
+    clo, chi = _down(float(lo)), _up(float(hi))  # float(Fraction): correctly rounded
+    if un.whole:
+        mlo = mhi = 0.0
+    else:
+        m = un.centre[0] + un.centre[1]
+        mlo, mhi = _down(_down(m) - un.dmean), _up(_up(m) + un.dmean)
+    nlo, nhi = _down(_down(clo * un.f) - mhi), _up(_up(chi * un.f) - mlo)
+    dlo, dhi = max(_down(un.den - un.dD), un.eps_f), _up(un.den + un.dD)
+    if not (dlo > 0 and math.isfinite(dhi) and math.isfinite(nlo) and math.isfinite(nhi)):
+        return None
+    alo = _down(nlo / dhi) if nlo >= 0 else _down(nlo / dlo)
+    ahi = _up(nhi / dlo) if nhi >= 0 else _up(nhi / dhi)
+    code = _PACK.get(out_dtype)
+    try:
+        if code is None:  # bfloat16: no host format of its own
+            from fractions import Fraction
+
+            from oracle.exact import round_fraction
+            ylo, yhi = (round_fraction(Fraction(x), _FMT_NAME[out_dtype]) for x in (alo, ahi))
+        else:  # the host's IEEE conversion: round to nearest, ties to even
+            ylo, yhi = (struct.unpack(code, struct.pack(code, x))[0] for x in (alo, ahi))
+    except OverflowError:  # beyond the format's overflow midpoint: the rationals decide
+        return None
+    if ylo == yhi and math.copysign(1.0, ylo) == math.copysign(1.0, yhi):
+        return ylo
+    return None
 
 
 def _dd_needed_everywhere(todo: torch.Tensor, n: int) -> bool:

@@ -626,3 +626,58 @@ def test_dd_equal_layout_gives_the_general_layouts_bits(g, sizes):
         general, equal = _certify.dd_gdpo(*args), _certify.dd_gdpo(*args, g)
         for x, y in zip(general, equal):
             assert torch.equal(x.view(torch.int64), y.view(torch.int64))
+
+
+def _near_midpoint_cases(dtype, count: int, seed: int):
+    """(lo, hi, UnitNumbers) whose a* sits within a few float64 ulps of an output midpoint or
+    value, whole units and not, with statistics' bounds of every size the tier meets."""
+    from fractions import Fraction
+    rng = random.Random(seed)
+    mant = {torch.float32: 23, torch.float16: 10, torch.bfloat16: 7}[dtype]
+    for _ in range(count):
+        e = rng.randint(-12, 3)
+        m = rng.randint(1 << mant, (2 << mant) - 1)
+        target = Fraction(2 * m + rng.choice((0, 1)), 1 << (mant + 1 - e)) * rng.choice((1, -1))  # value or midpoint
+        target += Fraction(rng.randint(-8, 8), 1 << (60 - e))
+        whole = rng.random() < 0.5
+        f = 2.0 ** rng.randint(-3, 3)
+        centre = (0.0, 0.0) if whole else (rng.uniform(-4, 4), rng.uniform(-1e-3, 1e-3))
+        den = rng.uniform(0.5, 3.0)
+        dD = den * 2.0 ** -rng.randint(40, 60)
+        dmean = 0.0 if whole else 2.0 ** -rng.randint(45, 60)
+        un = _certify.UnitNumbers(0.0, 0.0, False, f, centre, dmean, den, dD, 0.0, whole, False)
+        c = (target * Fraction(den) + un.M) / Fraction(f)
+        width = Fraction(1, 1 << rng.randint(60, 200))
+        yield c - width, c + width, un
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_group_exact_float_interval_decides_only_as_the_rationals_do(dtype):
+    """The group-exact tier's outward-rounded float interval (tried first) never decides a row
+    the exact rational interval would not, nor differently; it decides most rows that are not
+    within its own few ulps of a boundary."""
+    decided = agreed = 0
+    for lo, hi, un in _near_midpoint_cases(dtype, 1500, 27):
+        got = _certify._interval_float(lo, hi, un, dtype)
+        want = _certify._interval_exact(lo, hi, un, dtype)
+        if got is not None:
+            decided += 1
+            assert want is not None and got == want and math.copysign(1, got) == math.copysign(1, want), \
+                (lo, hi, un, got, want)
+        agreed += want is not None
+    assert decided >= 0.9 * agreed > 0, (decided, agreed)
+
+
+def test_group_exact_float_interval_without_outward_rounding_is_caught(monkeypatch):
+    """Negative control: the same float interval with its outward steps removed (round to
+    nearest only) decides an interval that straddles a float32 midpoint, where the rationals
+    (and the real float interval) decline."""
+    from fractions import Fraction
+    mid = Fraction(1) + Fraction(1, 1 << 24)  # the float32 midpoint above 1
+    un = _certify.UnitNumbers(0.0, 0.0, False, 1.0, (0.0, 0.0), 0.0, 1.0, 0.0, 0.0, True, False)
+    lo, hi = mid - Fraction(1, 1 << 90), mid + Fraction(1, 1 << 90)
+    assert _certify._interval_exact(lo, hi, un, torch.float32) is None
+    assert _certify._interval_float(lo, hi, un, torch.float32) is None
+    monkeypatch.setattr(_certify, "_down", lambda x: x)
+    monkeypatch.setattr(_certify, "_up", lambda x: x)
+    assert _certify._interval_float(lo, hi, un, torch.float32) == 1.0  # wrong: a* may round up
