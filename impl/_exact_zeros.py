@@ -53,7 +53,8 @@ def _scaled(v: np.ndarray) -> np.ndarray | None:
     qexp = int((field + sub - 1075 + tz + (~nz) * (1 << 20)).min())  # zeros lifted out of the minimum
     if -qexp > 1023:
         return None
-    X = v * 2.0 ** -qexp  # exact: a power of two, and every X an integer
+    with np.errstate(over="ignore"):  # a value that overflows is refused just below, not warned about
+        X = v * 2.0 ** -qexp  # exact: a power of two, and every X an integer
     if not np.abs(X).max() < 2.0 ** 53:
         return None
     return X.astype(np.int64)

@@ -681,3 +681,15 @@ def test_group_exact_float_interval_without_outward_rounding_is_caught(monkeypat
     monkeypatch.setattr(_certify, "_down", lambda x: x)
     monkeypatch.setattr(_certify, "_up", lambda x: x)
     assert _certify._interval_float(lo, hi, un, torch.float32) == 1.0  # wrong: a* may round up
+
+
+def test_exact_zero_scaling_declines_overflow_without_a_warning():
+    """Values whose integer form would overflow (1e300 beside 2**-1000) are declined (None:
+    the exact-zero tier leaves them to the next tier) and no RuntimeWarning reaches the user."""
+    import warnings
+
+    from impl import _exact_zeros
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert _exact_zeros._scaled(np.array([1e300, 2.0 ** -1000])) is None
+        assert list(_exact_zeros._scaled(np.array([0.75, -2.0, 0.0]))) == [3, -8, 0]
