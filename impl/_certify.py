@@ -449,9 +449,8 @@ def magnitudes(r: torch.Tensor) -> tuple[float, float]:
     On the bits: a finite float's magnitude orders as its bits without the sign, so the largest
     magnitude is the largest of those and the smallest nonzero one the smallest of those minus 1
     where 0 wraps to the top. On CPU in NumPy, where the sign is shifted out of an unsigned view
-    (2 |bits|; minus 2 only where a zero made the smallest 0); on other devices in torch's
-    signed integers (|bits| - 1 masked: 0 goes to the mask). Three or four passes over the
-    rewards, no boolean pass, one host read."""
+    (2 |bits|, then minus 2); on other devices in torch's signed integers (|bits| - 1 masked: 0
+    goes to the mask). Three or four passes over the rewards, no boolean pass, one host read."""
     if r.numel() == 0:
         return math.inf, 0.0
     lo, hi = (_magnitude_bits_np if r.device.type == "cpu" else _magnitude_bits_torch)(r)
@@ -459,29 +458,17 @@ def magnitudes(r: torch.Tensor) -> tuple[float, float]:
     return (math.inf if lo is None else value(lo)), value(hi)
 
 
-#: NumPy's passes over a large batch run block by block, each block's work arrays staying in
-#: the core's cache: one read of the data from memory instead of one per pass
-_BLOCK = 1 << 15
-
-
 def _magnitude_bits_np(r: torch.Tensor) -> tuple[int | None, int]:
-    """:func:`magnitudes` as bits (None: every reward 0), in NumPy (CPU), block by block."""
+    """:func:`magnitudes` as bits (None: every reward 0), in NumPy (CPU): v = 2 |bits| (the sign
+    shifted out), its largest, then v - 2 (a zero wraps to the top) and its smallest. Three
+    passes; as fast as a block-by-block version (measured), and simpler."""
     idt, udt, _ = _BITS[r.dtype]
     u = r.detach().view(idt).numpy().view(udt).reshape(-1)
     top = (1 << 8 * u.itemsize) - 2
-    hi, lo = 0, top
-    buf = np.empty(min(u.size, _BLOCK), udt)
-    for at in range(0, u.size, _BLOCK):
-        v = buf[: min(_BLOCK, u.size - at)]
-        np.left_shift(u[at: at + _BLOCK], 1, out=v)  # 2 |bits|
-        hi = max(hi, int(v.max()))
-        low = int(v.min())
-        if low == 0:  # a zero (of either sign): it wraps to the top, minus 2
-            np.subtract(v, 2, out=v)
-            low = int(v.min()) + 2
-            if low == top + 2:
-                continue
-        lo = min(lo, low - 2)
+    v = np.left_shift(u, 1)
+    hi = int(v.max())
+    np.subtract(v, 2, out=v)
+    lo = int(v.min())
     return (None if lo == top else (lo >> 1) + 1), hi >> 1
 
 
