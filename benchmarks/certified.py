@@ -16,7 +16,8 @@ table also gives, per batch, how many samples the float64 bound left to the doub
 (default :data:`FILED`, the last commit before the certificate, whose plain path is the "today's"
 of issue 27's cost target). REV is exported with ``git archive`` into a temporary folder and run
 in a child process; each repeat times the certified call, the plain call and the child's call in
-turn (each process times its own call), so the three share the machine's state. Benchmarks are
+turns of three calls (each process times its own; the first call of a turn is not counted, and
+the order rotates on each repeat), so the three share the machine's state. Benchmarks are
 never assertions: the test suite checks only that this runs.
 """
 
@@ -41,24 +42,33 @@ from impl import _certify, gdpo
 FILED = "a52e195"
 
 
+#: calls per turn; the first of each turn is not counted: it absorbs what the previous turn left
+#: behind (another process's OpenMP threads still spinning on a core, a colder cache)
+BLOCK = 3
+
+
 def _median_ms(fn, repeats: int, other, third=None) -> tuple[float, float, float | None]:
-    """Medians (ms) of ``fn`` and ``other`` timed alternately, and of ``third`` (a callable that
-    returns its own time in ms: the baseline's child process) in the same rotation."""
-    a, b, c = [], [], []
-    fn(), other()  # warm
-    if third is not None:
-        third()
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        a.append(time.perf_counter() - t0)
-        t0 = time.perf_counter()
-        other()
-        b.append(time.perf_counter() - t0)
-        if third is not None:
-            c.append(third() / 1e3)
-    return (statistics.median(a) * 1e3, statistics.median(b) * 1e3,
-            statistics.median(c) * 1e3 if c else None)
+    """Medians (ms) of ``fn`` and ``other`` timed in turns of :data:`BLOCK` calls, and of ``third``
+    (a callable that returns its own time in ms: the baseline's child process) in the same
+    rotation; each repeat is one turn of each, the rotation starting one place later on each
+    repeat. The first call of a turn is not counted: measured on this 2-core machine, a call timed
+    right after the child's came out up to twice as slow (the child's OpenMP threads spin on after
+    its call), which a fixed order of single calls charged to one column."""
+    def timed(f):
+        def run():
+            t0 = time.perf_counter()
+            f()
+            return (time.perf_counter() - t0) * 1e3
+        return run
+    calls = [timed(fn), timed(other)] + ([third] if third is not None else [])
+    times: list[list[float]] = [[] for _ in calls]
+    for i in range(repeats):
+        for j in range(len(calls)):
+            at = (i + j) % len(calls)
+            turn = [calls[at]() for _ in range(BLOCK)]
+            times[at].extend(turn[1:])
+    return (statistics.median(times[0]), statistics.median(times[1]),
+            statistics.median(times[2]) if third is not None else None)
 
 
 _CHILD = r"""
@@ -89,7 +99,7 @@ class Baseline:
                                   check=True).stdout.strip()
         self._dir = tempfile.TemporaryDirectory(prefix="gdpo-baseline-")
         tar = os.path.join(self._dir.name, "src.tar")
-        subprocess.run(["git", "archive", "-o", tar, self.rev, "impl"], check=True)
+        subprocess.run(["git", "archive", "-o", tar, self.rev, "impl", "spec"], check=True)  # impl imports spec
         with tarfile.open(tar) as t:
             t.extractall(self._dir.name, filter="data")
         env = dict(os.environ, PYTHONPATH=self._dir.name)
