@@ -147,11 +147,6 @@ def whiten_eligible(device: torch.device, sizes: list[int], direct) -> bool:
     return kernels() is not None
 
 
-def eligible(inp, sizes: list[int], direct) -> bool:
-    """Does this validated local gdpo_advantages call take the fused path?"""
-    return eq47_eligible(inp) and whiten_eligible(inp.rewards.device, sizes, direct)
-
-
 def block_size(longest: int) -> int:
     """Rows per program of the whitening kernels (a power of two): at most
     MAX_BLOCKS blocks per unit. ``GDPO_FUSED_BLOCK`` overrides it (for the
@@ -325,13 +320,6 @@ def _apply(u: Units, st: torch.Tensor, a: torch.Tensor) -> None:
                                                           INTERP=_STATE["interp"], **u.wide)
 
 
-def run(inp, sizes: list[int], eps: float, direct, whole=None):
-    """The device part of a fused local gdpo_advantages call: (a, facts (``_facts.Facts``)),
-    as ``_pipeline._gdpo_device`` returns them; no host read."""
-    c, facts = eq47(inp, eps)
-    return whiten(c, sizes, eps, direct, whole), facts
-
-
 class Local:
     """This rank's whitening statistics for the distributed protocol (what
     ``_whiten.Local`` offers it): the table to merge, then the application of
@@ -393,9 +381,8 @@ def quiet(fn, plan):
 class Deferred:
     """Eq. 4 on the fused backend: nothing computed yet (the one kernel of Eq. 4 and Eq. 7 runs
     in :func:`eq7`, reading the rewards once). No two-pass statistics: the certificate takes its
-    worst-case bound (``err`` None)."""
+    worst-case bound (``err_rows`` 0, as ``_eq4.Z`` says it)."""
 
-    err = None
     err_rows = 0
 
     def __init__(self, r: torch.Tensor, layout, longest: int):
@@ -436,7 +423,7 @@ def eq6_stats(plan, c: torch.Tensor, facts) -> "Local":
     """This process's Eq. 6 statistics of c (N,) (every row: the fused backend never runs under
     "unscored"), computed only when asked for (``Local.table``): a local call's apply runs the
     one-program whitening instead."""
-    return Local(c, plan.sizes, plan.eps, plan.whole)
+    return Local(c.contiguous(), plan.sizes, plan.eps, plan.whole)
 
 
 def eq6_apply(plan, loc: "Local", merged, write) -> torch.Tensor:
