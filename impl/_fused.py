@@ -42,6 +42,7 @@ same bits).
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import warnings
@@ -69,6 +70,26 @@ _REWARD_DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
 stats = {"calls": 0, "whiten": 0}
 
 _STATE: dict = {}
+
+
+class FusedFailure(Exception):
+    """A failure of the fused path itself (Triton, its compiler, a kernel launch), raised by a
+    stage of the fused backend with the original exception as its cause: ``impl._plan.guard``
+    then turns the fused path off and runs the call's stages on the plain plan. Any other
+    exception is the call's own and propagates (it is not retried on the plain path)."""
+
+
+def _own_failures(fn):
+    """A stage of the fused backend whose every failure is a :class:`FusedFailure`."""
+    @functools.wraps(fn)
+    def stage(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except FusedFailure:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the fused path's own failure: named as such
+            raise FusedFailure(f"{type(exc).__name__}: {exc}") from exc
+    return stage
 
 
 def mode() -> str:
@@ -338,6 +359,7 @@ class Local:
             stats["whiten"] += 1
         return self._st
 
+    @_own_failures
     def table(self, device) -> torch.Tensor:
         """(S, 7) float64: count, e, shift, mean_d, M2, min, max (empty units as in ``_whiten``)."""
         K = kernels()
@@ -363,8 +385,8 @@ class Local:
 
 
 # --- the fused backend (impl._plan.FUSED): the stages' plain signatures -----------------------
-# A stage receives the call's plan (impl._plan.Plan) and reads its fields; impl._plan.guard is
-# the one place that catches a failure of these kernels and reruns the stages on the plain plan.
+# A stage receives the call's plan (impl._plan.Plan) and reads its fields; its failures are
+# FusedFailure, which impl._plan.guard alone catches, rerunning the stages on the plain plan.
 
 
 def quiet(fn, plan):
@@ -389,6 +411,7 @@ class Deferred:
         self.r, self.layout, self.longest = r, layout, longest
 
 
+@_own_failures
 def eq4(plan, r: torch.Tensor, facts) -> Deferred:
     """Eq. 4 of ``r`` (N, K) in the plan's layout (contiguous, or labelled groups' one padded
     layout), deferred to :func:`eq7`."""
@@ -396,6 +419,7 @@ def eq4(plan, r: torch.Tensor, facts) -> Deferred:
     return Deferred(r, plan.layout, longest)
 
 
+@_own_failures
 def eq7(plan, z: Deferred, facts):
     """Eq. 4 and Eq. 7 in one kernel: c (N,) float64 in input order and, for group_has_signal
     (contiguous groups), ``varies``; the non-finite reward's facts put into ``facts``."""
@@ -419,6 +443,7 @@ def eq7(plan, z: Deferred, facts):
     return c, varies
 
 
+@_own_failures
 def eq6_stats(plan, c: torch.Tensor, facts) -> "Local":
     """This process's Eq. 6 statistics of c (N,) (every row: the fused backend never runs under
     "unscored"), computed only when asked for (``Local.table``): a local call's apply runs the
@@ -426,6 +451,7 @@ def eq6_stats(plan, c: torch.Tensor, facts) -> "Local":
     return Local(c.contiguous(), plan.sizes, plan.eps, plan.whole)
 
 
+@_own_failures
 def eq6_apply(plan, loc: "Local", merged, write) -> torch.Tensor:
     """Eq. 6 in ``write`` (None: float64): from this process's own statistics (``merged`` None:
     the whitening kernels, statistics and output in one pass over each unit) or from the merged

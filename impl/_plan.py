@@ -215,15 +215,16 @@ def plain(plan: Plan) -> Plan:
 
 
 def guard(plan: Plan, fn: Callable[[Plan], T]) -> T:
-    """``fn(plan)``; where a fused stage fails, the fused path goes off for this process
-    (warned once) and ``fn`` runs again on the plain plan: the same bits (the fused kernels
-    only ever compute the plain path's). The one ``try`` around fused work."""
+    """``fn(plan)``; where a fused stage fails (``_fused.FusedFailure``), the fused path goes off
+    for this process (warned once) and ``fn`` runs again on the plain plan: the same bits (the
+    fused kernels only ever compute the plain path's). The one ``try`` around fused work; any
+    other exception is the call's own and propagates as it is."""
     if plan.eq47 is PLAIN and plan.eq6b is PLAIN:
         return fn(plan)
     try:
         return _fused.quiet(fn, plan)
-    except Exception as exc:  # noqa: BLE001 - a Triton or compiler failure: the plain plan
-        _fused.disable(exc)
+    except _fused.FusedFailure as exc:  # Triton, its compiler, a launch: the plain plan
+        _fused.disable(exc.__cause__ or exc)
         return fn(plain(plan))
 
 
