@@ -65,7 +65,7 @@ import numpy as np
 import torch
 
 from impl import _dd
-from impl._cast import round_to
+from impl._cast import check_range, round_to
 from impl import _segments as seg_ops
 from impl._stats import denominator
 
@@ -1207,16 +1207,13 @@ def _oracle_gdpo(inp, sizes, eps):
     return run
 
 
-def for_gdpo(inp, a: torch.Tensor, c: torch.Tensor, sizes: list[int], eps: float, whole, err=None,
+def for_gdpo(inp, a: torch.Tensor, c: torch.Tensor, sizes: list[int], eps: float, whole, emax=None,
              loc=None) -> Problem:
-    """The certificate's view of a local gdpo_advantages call (missing="refuse"). ``err``:
-    (per group bound on |c - c*|, rows per group) from :func:`eq4_error`, where the plain path
-    had contiguous groups; ``loc``: its Eq. 6 statistics."""
+    """The certificate's view of a local gdpo_advantages call (missing="refuse"). ``emax``: the
+    bound on |c - c*| of every row from :func:`eq4_error`, where the plain path had contiguous
+    groups (None: the worst case); ``loc``: its Eq. 6 statistics."""
     gid_G = _group_index(inp) if inp.labels is not None else None
-    emax = None
-    if err is not None and err[0] is not None:
-        emax = err[0]
-
+    if emax is not None:
         def E():  # rows of groups whose columns are all constant: z = 0 exactly, c = +0 (E = 0)
             return torch.where(_flat_rows(inp, gid_G), 0.0, torch.full_like(a, emax))
     else:
@@ -1274,6 +1271,25 @@ def for_gdpo(inp, a: torch.Tensor, c: torch.Tensor, sizes: list[int], eps: float
         return _exact_zeros.zero_rows_labelled(rows, gid, G, inp.rewards, list(inp.weights), quantum_exponent)
     return Problem(a, c, sizes, eps, whole, E, dd, _oracle_gdpo(inp, sizes, eps), dd_rows, loc, emax, exact_rows,
                    zero_rows)
+
+
+def stage(plan, call, dev) -> tuple[torch.Tensor, Counts]:
+    """The certify stage of a local call (``plan.certify``): the output in ``plan.out_dtype``, every
+    sample's rounding decided by the tiers, and their counts. It reads the device part's results
+    (``impl._pipeline.Device``): a (float64), c as Eq. 6 found it (the plan keeps Eq. 6 off c's
+    buffer where it certifies), Eq. 6's statistics where the plain backend kept them (tier 0; else
+    recomputed from c) and whether Eq. 4 ran the two-pass of contiguous groups (``dev.z.err_rows``:
+    the running bound; else the worst case)."""
+    a, out_dtype = dev.a, plan.out_dtype
+    check_range(a, out_dtype)
+    counts = Counts()
+    if call.inp is None:  # whiten: the values are c, exact
+        return finish(for_whiten(dev.c, a, plan.sizes, plan.eps), out_dtype, counts), counts
+    rows = getattr(dev.z, "err_rows", 0)  # (None: a graph replay, which keeps no z)
+    emax = eq4_error(call.inp.rewards.contiguous(), rows, call.inp.weights) if rows else None
+    loc = dev.loc if getattr(dev.loc, "tp", None) is not None else None  # the plain backend's statistics
+    p = for_gdpo(call.inp, a, dev.c, plan.sizes, plan.eps, plan.whole, emax, loc)
+    return finish(p, out_dtype, counts), counts
 
 
 def for_whiten(v: torch.Tensor, a: torch.Tensor, sizes: list[int], eps: float) -> Problem:

@@ -19,7 +19,6 @@ import dataclasses
 
 import torch
 
-from impl import _certify  # the certificate reads the two-pass statistics of Eq. 4
 from impl import _groups as G
 from impl import _problems as P
 from impl import _segments as seg_ops
@@ -88,27 +87,14 @@ class Z:
     layout: G.GroupLayout
     longest: int  # P of the groups' layout (labelled: n_max): Eq. 7's overflow bound
     facts: dict[int, torch.Tensor]  # raw facts found here (non-finite rewards)
-    #: the certificate's bound on |c - c*| of every row, groups of ``err_rows`` contiguous rows
-    #: (certifying only, contiguous layouts only; elsewhere None: the certificate's worst case)
-    err: float | None = None
+    #: groups of this many contiguous rows ran the two-pass of every scored column (the
+    #: certificate's running bound on |c - c*| holds, ``impl._certify.stage``); 0 elsewhere
+    #: (labelled layouts, "unscored"): the certificate's worst case
     err_rows: int = 0
 
     def rows(self) -> torch.Tensor:
         """z (N, K) in input order (``standardize_groups``)."""
         return self.layout.rows(self.parts)
-
-
-@dataclasses.dataclass
-class Normalized:
-    """c in input order plus what group_has_signal and the facts row need."""
-
-    c: torch.Tensor  # (N,) float64, input order; z (N, K) where Eq. 7 did not run
-    facts: dict[int, torch.Tensor]  # raw facts found in phase two (non-finite, Eq. 7 overflow)
-    varies: torch.Tensor | None = None  # (G,) bool, groups by first appearance (if asked)
-    #: the certificate's bound on |c - c*| of every row, groups of ``err_rows`` contiguous rows
-    #: (certifying only, contiguous layouts only; elsewhere None: the certificate's worst case)
-    err: float | None = None
-    err_rows: int = 0
 
 
 def eq4(plan, r: torch.Tensor, facts) -> Z:
@@ -120,18 +106,15 @@ def eq4(plan, r: torch.Tensor, facts) -> Z:
         prep = G.prepare(plan.inp, lazy=plan.lazy)
         facts.update(prep.facts)
     longest = plan.row[P.N_MAX] if plan.prep is not None else plan.inp.group_size
-    z = finish(prep, plan.eps, plan.layout, longest, bound=plan.bound)
+    z = finish(prep, plan.eps, plan.layout, longest)
     facts.update(z.facts)
     return z
 
 
-def finish(prep: Prepared, eps: float, layout: G.GroupLayout, longest: int, *, bound: bool = False) -> Z:
+def finish(prep: Prepared, eps: float, layout: G.GroupLayout, longest: int) -> Z:
     """Phase two: Eq. 4, z in ``layout`` (``_eq7.eq7`` combines it there); ``longest``: the
-    longest group (labelled: n_max, from the host read of phase one's facts). ``bound``: Eq. 7
-    follows for c alone, so the certificate's bound on c is taken."""
+    longest group (labelled: n_max, from the host read of phase one's facts)."""
     inp, r = prep.inp, prep.r
-    n = r.shape[0]
-    err = None
     if layout.kind == "contiguous":
         (x, _), = layout.gather(r)
         g = layout.parts[0].width
@@ -142,9 +125,7 @@ def finish(prep: Prepared, eps: float, layout: G.GroupLayout, longest: int, *, b
             tp = two_pass(x, count[:1], eps, own=True)
             finite = not prep.lazy or tp.finite()
             z = standardize_groups(tp, count[1:], eps)  # (K, g, G)
-            if bound and finite and n and _certify.enabled():  # the certificate's bound on c
-                err = _certify.eq4_error(r, g, inp.weights)
-        out = Z([z], layout, g, {}, err, g if err is not None else 0)
+        out = Z([z], layout, g, {}, g if inp.missing != "unscored" else 0)
     else:
         finite = True
         zs = []

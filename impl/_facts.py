@@ -122,3 +122,17 @@ def device_row(host: dict[int, int], facts: Facts, device) -> torch.Tensor:
         block = torch.stack([facts.get(c, zero).to(_I64).reshape(()) for c in P.DEVICE_FIELDS])
         row[P.DEVICE_FIELDS[0]: P.DEVICE_FIELDS[-1] + 1] = block
     return row
+
+
+def settle(plan, facts: Facts) -> None:
+    """The facts row of a local call read (the call's one host read: everything at once for
+    contiguous groups and whiten; labelled groups read their row in the plan and again only
+    where Eq. 4/7 found something), and its first problem raised."""
+    if plan.row is not None:  # labelled groups: phase one's row was read (and refused) in the plan
+        if facts:
+            P.raise_local(read_row(plan.row, facts))
+        return
+    row = read_row(plan.host, facts)
+    if plan.inp is None and P.row_problems(row):  # whiten: the unit of the first bad value
+        row[P.NF_VALUE_UNIT] = unit_of(plan.sizes, row[P.NF_VALUE])
+    P.raise_local(row)

@@ -42,6 +42,7 @@ same bits).
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import warnings
@@ -69,6 +70,26 @@ _REWARD_DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
 stats = {"calls": 0, "whiten": 0}
 
 _STATE: dict = {}
+
+
+class FusedFailure(Exception):
+    """A failure of the fused path itself (Triton, its compiler, a kernel launch), raised by a
+    stage of the fused backend with the original exception as its cause: ``impl._plan.guard``
+    then turns the fused path off and runs the call's stages on the plain plan. Any other
+    exception is the call's own and propagates (it is not retried on the plain path)."""
+
+
+def _own_failures(fn):
+    """A stage of the fused backend whose every failure is a :class:`FusedFailure`."""
+    @functools.wraps(fn)
+    def stage(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except FusedFailure:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the fused path's own failure: named as such
+            raise FusedFailure(f"{type(exc).__name__}: {exc}") from exc
+    return stage
 
 
 def mode() -> str:
@@ -145,11 +166,6 @@ def whiten_eligible(device: torch.device, sizes: list[int], direct) -> bool:
     if not _on(device) or direct not in (None, torch.float32) or max(sizes, default=0) > MAX_UNIT:
         return False
     return kernels() is not None
-
-
-def eligible(inp, sizes: list[int], direct) -> bool:
-    """Does this validated local gdpo_advantages call take the fused path?"""
-    return eq47_eligible(inp) and whiten_eligible(inp.rewards.device, sizes, direct)
 
 
 def block_size(longest: int) -> int:
@@ -325,13 +341,6 @@ def _apply(u: Units, st: torch.Tensor, a: torch.Tensor) -> None:
                                                           INTERP=_STATE["interp"], **u.wide)
 
 
-def run(inp, sizes: list[int], eps: float, direct, whole=None):
-    """The device part of a fused local gdpo_advantages call: (a, facts (``_facts.Facts``)),
-    as ``_pipeline._gdpo_device`` returns them; no host read."""
-    c, facts = eq47(inp, eps)
-    return whiten(c, sizes, eps, direct, whole), facts
-
-
 class Local:
     """This rank's whitening statistics for the distributed protocol (what
     ``_whiten.Local`` offers it): the table to merge, then the application of
@@ -350,6 +359,7 @@ class Local:
             stats["whiten"] += 1
         return self._st
 
+    @_own_failures
     def table(self, device) -> torch.Tensor:
         """(S, 7) float64: count, e, shift, mean_d, M2, min, max (empty units as in ``_whiten``)."""
         K = kernels()
@@ -375,8 +385,8 @@ class Local:
 
 
 # --- the fused backend (impl._plan.FUSED): the stages' plain signatures -----------------------
-# A stage receives the call's plan (impl._plan.Plan) and reads its fields; impl._plan.guard is
-# the one place that catches a failure of these kernels and reruns the stages on the plain plan.
+# A stage receives the call's plan (impl._plan.Plan) and reads its fields; its failures are
+# FusedFailure, which impl._plan.guard alone catches, rerunning the stages on the plain plan.
 
 
 def quiet(fn, plan):
@@ -393,15 +403,15 @@ def quiet(fn, plan):
 class Deferred:
     """Eq. 4 on the fused backend: nothing computed yet (the one kernel of Eq. 4 and Eq. 7 runs
     in :func:`eq7`, reading the rewards once). No two-pass statistics: the certificate takes its
-    worst-case bound (``err`` None)."""
+    worst-case bound (``err_rows`` 0, as ``_eq4.Z`` says it)."""
 
-    err = None
     err_rows = 0
 
     def __init__(self, r: torch.Tensor, layout, longest: int):
         self.r, self.layout, self.longest = r, layout, longest
 
 
+@_own_failures
 def eq4(plan, r: torch.Tensor, facts) -> Deferred:
     """Eq. 4 of ``r`` (N, K) in the plan's layout (contiguous, or labelled groups' one padded
     layout), deferred to :func:`eq7`."""
@@ -409,6 +419,7 @@ def eq4(plan, r: torch.Tensor, facts) -> Deferred:
     return Deferred(r, plan.layout, longest)
 
 
+@_own_failures
 def eq7(plan, z: Deferred, facts):
     """Eq. 4 and Eq. 7 in one kernel: c (N,) float64 in input order and, for group_has_signal
     (contiguous groups), ``varies``; the non-finite reward's facts put into ``facts``."""
@@ -432,13 +443,15 @@ def eq7(plan, z: Deferred, facts):
     return c, varies
 
 
+@_own_failures
 def eq6_stats(plan, c: torch.Tensor, facts) -> "Local":
     """This process's Eq. 6 statistics of c (N,) (every row: the fused backend never runs under
     "unscored"), computed only when asked for (``Local.table``): a local call's apply runs the
     one-program whitening instead."""
-    return Local(c, plan.sizes, plan.eps, plan.whole)
+    return Local(c.contiguous(), plan.sizes, plan.eps, plan.whole)
 
 
+@_own_failures
 def eq6_apply(plan, loc: "Local", merged, write) -> torch.Tensor:
     """Eq. 6 in ``write`` (None: float64): from this process's own statistics (``merged`` None:
     the whitening kernels, statistics and output in one pass over each unit) or from the merged

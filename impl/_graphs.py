@@ -53,10 +53,10 @@ def eligible(inp) -> bool:
 
 
 def run(key: tuple, inp, device_part):
-    """(result, facts) of ``device_part(inp)`` (facts: ``_facts.Facts``), replayed
-    from a graph of this signature; None where no graph can be had. The facts are
-    0-d views of the graph's static output, for the caller to read at once (the call's
-    one host read), before anything replays this graph again."""
+    """(result, facts) of ``device_part(inp)`` (result: a tensor or a tuple of tensors, each
+    cloned; facts: ``_facts.Facts``), replayed from a graph of this signature; None where no
+    graph can be had. The facts are 0-d views of the graph's static output, for the caller to
+    read at once (the call's one host read), before anything replays this graph again."""
     if key in _FAILED:
         return None
     entry = _GRAPHS.get(key)
@@ -69,7 +69,8 @@ def run(key: tuple, inp, device_part):
     static_in.copy_(inp.rewards)
     graph.replay()
     stats["replays"] += 1
-    return out.clone(), dict(zip(cols, facts.unbind()))
+    result = out.clone() if isinstance(out, torch.Tensor) else tuple(t.clone() for t in out)
+    return result, dict(zip(cols, facts.unbind()))
 
 
 def _capture(key, inp, device_part):

@@ -53,12 +53,10 @@ import math
 import torch
 import torch.distributed as dist
 
-from impl import _certify, _facts, _fused, _graphs, _plan
+from impl import _certify, _facts, _graphs, _plan
 from impl import _cast
 from impl._cast import cast_limit, cast_reachable
 from impl._cast import round_to  # noqa: F401 - impl._pipeline.round_to, as before
-from impl import _eq4
-from impl import _groups
 from impl import _eq7
 from impl import _problems as P
 from impl import _whiten as W
@@ -86,92 +84,113 @@ _F64 = torch.float64
 _I64 = torch.int64
 
 
-# --- helpers -----------------------------------------------------------------
+# --- the spine: a local call's stages, in order ------------------------------------------------
 
 
-def _finish_local(a: torch.Tensor, out_dtype: torch.dtype, problem=None, diagnostics=None) -> torch.Tensor:
-    """The output: ``a`` checked against the cast's range, then rounded; certified
-    (``impl._certify``) where ``problem`` (a -> _certify.Problem) is given."""
-    if a.dtype == out_dtype and problem is None:
-        return a
-    _cast.check_range(a, out_dtype)
-    if problem is not None and out_dtype in _certify.FORMATS and _certify.enabled(out_dtype) and a.dtype == _F64:
-        counts = _certify.Counts()
-        out = _certify.finish(problem(a), out_dtype, counts)
-        if diagnostics is not None:
-            diagnostics.certified = counts
-        return out
-    return _cast.output(a, out_dtype, checked=True)
+@dataclasses.dataclass
+class Device:
+    """What the device part of a call leaves; nothing of it read on the host yet."""
+
+    facts: dict  # {column of the facts row: 0-d device tensor} (``_facts.Facts``)
+    z: object = None  # Eq. 4 in the plan's layout (its backend's; None after a graph replay)
+    c: torch.Tensor | None = None  # Eq. 7: (N,) float64, input order (standardize_groups: z (N, K); whiten: the values)
+    varies: torch.Tensor | None = None  # group_has_signal
+    loc: object = None  # Eq. 6 statistics of this process's units
+    a: torch.Tensor | None = None  # Eq. 6: (N,) in plan.write (None: float64)
 
 
-# --- local (single-process) calls ----------------------------------------------
+def through_stats(plan, x: torch.Tensor, facts: dict) -> Device:
+    """Eq. 4, Eq. 7 and this process's Eq. 6 statistics of ``x`` (the rewards; whiten: the values)
+    on the plan's backends, findings put into ``facts`` (across ranks the statistics are merged
+    before they are applied). No host read unless ``plan.lazy``, no branch on data."""
+    dev = Device(facts)
+    if plan.eq4:
+        dev.z = plan.eq47.eq4(plan, x, facts)  # Eq. 4, in plan.layout
+        if not plan.combined:
+            dev.c = dev.z.rows()  # standardize_groups: z (N, K)
+            return dev
+        dev.c, dev.varies = plan.eq47.eq7(plan, dev.z, facts)  # Eq. 7: c (N,), input order
+    else:
+        dev.c = x  # whiten: the values are c
+        if not plan.lazy:
+            facts.update(_facts.value_facts(x))
+    if plan.eq6:
+        dev.loc = plan.eq6b.eq6_stats(plan, dev.c, facts)  # plan.scored's rows; c kept where plan.certify
+        if plan.lazy and not plan.eq4 and not dev.loc.finite():  # whiten on CPU: looked for only now
+            facts.update(_facts.value_facts(x))
+    return dev
 
 
-def _normalize_checked(plan, *, then=None):
-    """Eq. 4/7 of a planned call with the call's one host read: at the end for contiguous
-    groups (after ``then(plan, norm)``, the rest of the call, is launched); labelled groups
-    read their row in the plan (``_plan.local``: their layout needs G and n_max), and again
-    only where Eq. 4/7 found something. An Eq. 4 API (standardize_groups): ``norm.c`` is z,
-    (N, K). Returns the plan the stages ran on (the plain one where a fused stage failed),
-    the result, the row and ``then``'s."""
-    inp = plan.inp
-
-    def device(p):
-        facts = {}
-        norm = _eq47_of(p, facts)
-        row = p.row
-        if p.prep is not None and facts:  # found in phase two: on CPU (free), or Eq. 7 overflow (weights
-            row = _facts.read_row(p.row, facts)  # beyond ~2**1000): a refusal comes before Eq. 6
-            if P.row_problems(row):
-                return p, norm, facts, row, None
-        return p, norm, facts, row, then(p, norm) if then else None
-
-    plan, norm, facts, row, extra = _plan.guard(plan, device)
-    if plan.prep is None:  # contiguous groups
-        row = _facts.read_row(_facts.rewards_host(inp), facts)  # the one host read
-    P.raise_local(row)
-    return plan, norm, row, extra
+def device_part(plan, x: torch.Tensor) -> Device:
+    """All of a local call's device work, Eq. 6 from this process's own statistics: what a
+    CUDA graph replays (contiguous groups on CUDA)."""
+    dev = through_stats(plan, x, {})
+    if plan.eq6:
+        dev.a = plan.eq6b.eq6_apply(plan, dev.loc, None, plan.write)
+    return dev
 
 
-def _eq47_of(plan, facts) -> _eq4.Normalized:
-    """Eq. 4 (z in the plan's layout), then Eq. 7 there (c, and ``varies`` for group_has_signal,
-    in input order), on the plan's backend; findings put into ``facts``. standardize_groups:
-    Eq. 4 alone, z (N, K) in input order."""
-    z = plan.eq47.eq4(plan, plan.inp.rewards, facts)
-    if not plan.combined:
-        return _eq4.Normalized(z.rows(), {})
-    c, varies = plan.eq47.eq7(plan, z, facts)
-    return _eq4.Normalized(c, {}, varies, z.err, z.err_rows)
+def _replayed(plan, x: torch.Tensor) -> Device:
+    """:func:`device_part` replayed from the CUDA graph of the plan's signature (``impl._graphs``),
+    or run eagerly where no graph can be had. A replay keeps a, the facts and, where the
+    certificate reads it, c (Eq. 6 left it intact: ``plan.own`` is false there)."""
+    def part(inp):
+        dev = device_part(dataclasses.replace(plan, inp=inp), inp.rewards)
+        return ((dev.a, dev.c) if plan.certify else (dev.a,)), dev.facts
+
+    got = _graphs.run(plan.key, plan.inp, part)
+    if got is None:
+        return device_part(plan, x)
+    out, facts = got
+    return Device(facts, c=out[1] if plan.certify else None, a=out[0])
 
 
-def _eq47(prep, eps, layout, longest) -> _eq4.Normalized:
-    """Eq. 4 then Eq. 7 of contiguous groups (the CUDA graph's device part): c and the facts."""
-    z = _eq4.finish(prep, eps, layout, longest, bound=True)
-    c, _, facts = _eq7.eq7(z, prep.inp.weights)
-    return _eq4.Normalized(c, {**z.facts, **facts}, None, z.err, z.err_rows)
+def run_local(plan, call, diagnostics=None):
+    """One local call, its stages in order: the device part (eager, or a graph replay), the
+    facts row's one host read and its first refusal, then the certificate or the cast. The
+    plan made every decision; nothing here tests a backend, a device or a layout."""
+    x = call.values if call.inp is None else call.inp.rewards
+    dev = _plan.guard(plan, lambda p: (_replayed if p.graph else device_part)(p, x))
+    _facts.settle(plan, dev.facts)
+    counts = None
+    if not plan.eq6:
+        out = dev.varies if plan.signal else dev.c  # normalize_rewards, standardize_groups, group_has_signal
+    elif plan.certify:
+        out, counts = _certify.stage(plan, call, dev)  # the exact advantage, correctly rounded
+    else:
+        out = _cast.output(dev.a, plan.out_dtype)  # the range (float8), then one rounding
+    _plan.report(plan, diagnostics, counts)  # only once the call succeeded
+    return out
 
 
-def _report_local(plan, diagnostics) -> None:
-    """Fill ``diagnostics`` after a local Eq. 4/7 call (its scored rows read by the plan)."""
-    if diagnostics is not None:
-        (plan.scored or _plan._no_missing(plan.inp)).report(diagnostics)
+# --- the local entries --------------------------------------------------------------------------
+
+
+def gdpo_local(rewards, group_ids, group_size, weights, segment_sizes, eps, out_dtype, missing="refuse",
+               diagnostics=None):
+    call = check_gdpo(rewards, group_ids, group_size, weights, segment_sizes, eps, out_dtype, missing, diagnostics)
+    return run_local(_plan.local(call, _plan.GDPO), call, diagnostics)  # labelled: phase one's refusals
+
+
+def whiten_local(values, segment_sizes, eps, out_dtype):
+    call = check_whiten(values, segment_sizes, eps, out_dtype)
+    return run_local(_plan.local(call, _plan.WHITEN), call)
 
 
 def normalize_rewards(rewards, group_ids, group_size, weights, eps, missing="refuse", diagnostics=None):
     call = check_normalize(rewards, group_ids, group_size, weights, eps, missing, diagnostics)
-    plan = _plan.local(call, _plan.NORMALIZE, report=diagnostics is not None)
-    c = _normalize_checked(plan)[1].c
-    _report_local(plan, diagnostics)
-    return c
+    return run_local(_plan.local(call, _plan.NORMALIZE, report=diagnostics is not None), call, diagnostics)
 
 
 def standardize_groups(rewards, group_ids, group_size, eps, missing="refuse", diagnostics=None):
     """Eq. 4 alone: z (N, K) float64, by the arithmetic normalize_rewards runs before Eq. 7."""
     call = check_normalize(rewards, group_ids, group_size, None, eps, missing, diagnostics)
-    plan = _plan.local(call, _plan.STANDARDIZE, report=diagnostics is not None)
-    z = _normalize_checked(plan)[1].c
-    _report_local(plan, diagnostics)
-    return z
+    return run_local(_plan.local(call, _plan.STANDARDIZE, report=diagnostics is not None), call, diagnostics)
+
+
+def group_has_signal(rewards, group_ids, group_size, weights, eps, missing="refuse", diagnostics=None):
+    call = check_normalize(rewards, group_ids, group_size, weights, eps, missing, diagnostics)
+    return run_local(_plan.local(call, _plan.SIGNAL, report=diagnostics is not None), call, diagnostics)
 
 
 def combine(z, weights):
@@ -187,131 +206,18 @@ def combine(z, weights):
     return c
 
 
-def group_has_signal(rewards, group_ids, group_size, weights, eps, missing="refuse", diagnostics=None):
-    call = check_normalize(rewards, group_ids, group_size, weights, eps, missing, diagnostics)
-    plan = _plan.local(call, _plan.SIGNAL, report=diagnostics is not None)
-    varies = _normalize_checked(plan)[1].varies
-    _report_local(plan, diagnostics)
-    return varies
-
-
-def whiten_local(values, segment_sizes, eps, out_dtype):
-    call = check_whiten(values, segment_sizes, eps, out_dtype)
-    plan = _plan.local(call, _plan.WHITEN)
-    v, sizes = call.values, call.sizes
-
-    def device(p):
-        lazy = p.lazy and p.eq6b is _plan.PLAIN  # the fused kernels look at every value anyway
-        facts = {} if lazy else _facts.value_facts(v)
-        loc = p.eq6b.eq6_stats(p, v.contiguous() if p.eq6b is _plan.FUSED else v, facts)
-        a = p.eq6b.eq6_apply(p, loc, None, p.write)
-        if lazy and not loc.finite():
-            facts = _facts.value_facts(v)
-        return a, facts, loc if p.eq6b is _plan.PLAIN else None
-
-    a, facts, loc = _plan.guard(plan, device)
-    row = _facts.read_row({P.PRESENT: 1, P.ROWS: v.shape[0]}, facts)  # the one host read
-    if P.row_problems(row):
-        row[P.NF_VALUE_UNIT] = _facts.unit_of(sizes, row[P.NF_VALUE])
-        P.raise_local(row)
-    return _finish_local(a, call.out_dtype, lambda a64: _certify.for_whiten(v, a64, sizes, call.eps)), loc
-
-
-def gdpo_local(rewards, group_ids, group_size, weights, segment_sizes, eps, out_dtype, missing="refuse",
-               diagnostics=None):
-    call = check_gdpo(rewards, group_ids, group_size, weights, segment_sizes, eps, out_dtype, missing, diagnostics)
-    plan = _plan.local(call, _plan.GDPO)  # labelled groups: phase one, its read and its refusals
-    inp, sizes, eps, out_dtype, direct = call.inp, call.sizes, call.eps, call.out_dtype, plan.write
-    if plan.scored is not None:  # missing="unscored": Eq. 6 over the scored rows
-        return _gdpo_unscored(plan, diagnostics)
-    fused = plan.whole_call
-
-    def device_part(i):
-        return _fused.run(i, sizes, eps, direct, plan.whole) if fused else _gdpo_device(i, sizes, eps, direct)
-
-    got = None
-    if plan.graph:
-        key = (tuple(inp.rewards.shape), inp.rewards.dtype, str(inp.rewards.device), inp.group_size,
-               tuple(P.float_bits(w) for w in inp.weights), tuple(sizes), P.float_bits(eps), out_dtype, fused)
-        replayed = _graphs.run(key, inp, device_part)
-        if replayed is not None:
-            a, facts = replayed
-            got = a, _facts.read_row(_facts.rewards_host(inp), facts)  # the one host read
-    if got is None and fused:
-        def fused_call(p):  # the whole call fused; on the plain plan (a fused kernel failed): none
-            if not p.whole_call:
-                return p, None
-            a, facts = device_part(inp)
-            return p, (a, _facts.read_row(_facts.rewards_host(inp), facts))  # the one host read
-        plan, got = _plan.guard(plan, fused_call)
-    if got is not None:
-        a, row = got
-        P.raise_local(row)
-        # the certificate reads c: the plain path's Eq. 4/7 (the fused kernels' bits; a ``then`` keeps
-        # _normalize_checked off the fused path, which counts its calls)
-        def problem(a64):
-            norm = _normalize_checked(_plan.plain(plan))[1]
-            # the plain path's Eq. 6 statistics of the same c (the fused kernels' bits): tier 0's bound
-            loc = W.local_stats(norm.c, sizes, eps, own=False, whole=plan.whole)
-            return _certify.for_gdpo(inp, a64, norm.c, sizes, eps, plan.whole, (norm.err, norm.err_rows), loc)
-        out = _finish_local(a, out_dtype, problem, diagnostics)
-        _plan._no_missing(inp).report(diagnostics)  # only once the call succeeded
-        return out, None
-
-    def whiten(p, norm):
-        # plain: c is work space (p.own), the certificate computes it again in the rare case it needs it
-        loc = p.eq6b.eq6_stats(p, norm.c, {})
-        return p.eq6b.eq6_apply(p, loc, None, p.write), loc if p.eq6b is _plan.PLAIN else None
-
-    plan, norm, _, (a, loc) = _normalize_checked(plan, then=whiten)
-
-    def c_again():
-        return _normalize_checked(plan)[1].c
-    # the fused whitening leaves c as it was; the plain one used it as work space
-    c = norm.c if loc is None else c_again
-    out = _finish_local(a, out_dtype, lambda a64: _certify.for_gdpo(inp, a64, c, sizes, eps, plan.whole,
-                                                                    (norm.err, norm.err_rows), loc), diagnostics)
-    _plan._no_missing(inp).report(diagnostics)
-    return out, loc
-
-
-def _gdpo_unscored(plan, diagnostics):
-    """A local call under ``missing="unscored"``: Eq. 4/7 over the scored rewards, then
-    Eq. 6 of each unit over its scored rows (``_whiten`` on them alone, whole-group units
-    keeping their structural mean), the unscored rows +0."""
-    def whiten(p, norm):
-        # whole units, of the rows' groups: their scored rows sum to 0 exactly; c is not returned: work space
-        loc = p.eq6b.eq6_stats(p, norm.c, {})
-        return p.eq6b.eq6_apply(p, loc, None, p.write), loc
-
-    _, _, _, (a, loc) = _normalize_checked(plan, then=whiten)
-    out = _finish_local(a, plan.out_dtype)
-    plan.scored.report(diagnostics)
-    return out, loc
-
-
-def _gdpo_device(inp, sizes, eps, direct):
-    """The device part of a local call with contiguous groups on a device where
-    every check is branch-free (CUDA): no host read, no host-to-device copy
-    except cached constants, so it can be captured in a CUDA graph. (a, facts
-    (``_facts.Facts``)), as ``_fused.run`` returns them."""
-    prep = _groups.prepare(inp, lazy=False)
-    norm = _eq47(prep, eps, _groups.contiguous(inp.n, inp.group_size), inp.group_size)
-    whole = _plan._whole_units(inp, sizes)
-    a = W.apply_local(W.local_stats(norm.c, sizes, eps, own=True, whole=whole), eps, direct)
-    return a, {**prep.facts, **norm.facts}
-
-
 # --- distributed calls ----------------------------------------------------------
 
 def _through_stats(plan, n: int, device):
-    """Eq. 4, Eq. 7 and this rank's Eq. 6 statistics on the plan's backends: (plan, loc, facts,
-    the statistics' table on ``device``, computed here so that a fused failure reruns them on
-    the plain plan)."""
-    facts = {}
-    c = _eq47_of(plan, facts).c if n else plan.inp.rewards.new_empty(0, dtype=_F64)
-    loc = plan.eq6b.eq6_stats(plan, c, facts)
-    return plan, loc, facts, loc.table(device)
+    """Eq. 4, Eq. 7 and this rank's Eq. 6 statistics on the plan's backends (:func:`through_stats`):
+    (plan, loc, facts, the statistics' table on ``device``, computed here so that a fused
+    failure reruns them on the plain plan)."""
+    if n:
+        dev = through_stats(plan, plan.inp.rewards, {})
+    else:  # no rows here: no groups, empty statistics
+        c = plan.inp.rewards.new_empty(0, dtype=_F64)
+        dev = Device({}, c=c, loc=plan.eq6b.eq6_stats(plan, c, {}))
+    return plan, dev.loc, dev.facts, dev.loc.table(device)
 
 
 def _comm_device(group, data_device: torch.device) -> torch.device:

@@ -159,12 +159,20 @@ class Plan:
     lazy: bool = False  # CPU: look for non-finite inputs only when the statistics show one
     # the output
     write: torch.dtype | None = None  # the dtype Eq. 6 writes (None: float64); ranks: set by agreed()
-    certify: bool = False  # the certificate may decide the rounding (ranks: its statistics ride in collective 2)
-    own: bool = False  # the plain Eq. 6 may use c as work space (local gdpo_advantages: c is not returned)
+    certify: bool = False  # the certificate decides the rounding (ranks: its statistics ride in collective 2)
+    #: the plain Eq. 6 may use c as work space: a local gdpo_advantages call whose c is neither
+    #: returned nor read by the certificate (never where ``certify``: it reads c after Eq. 6)
+    own: bool = False
+    host: dict | None = None  # local calls: the facts row's host fields (labelled groups: ``row``)
 
     @property
     def signal(self) -> bool:
         return self.api == SIGNAL
+
+    @property
+    def eq4(self) -> bool:
+        """Eq. 4 runs (every API but whiten)."""
+        return self.api != WHITEN
 
     @property
     def combined(self) -> bool:
@@ -172,14 +180,33 @@ class Plan:
         return self.api in (GDPO, NORMALIZE, SIGNAL)
 
     @property
-    def bound(self) -> bool:
-        """Eq. 7 follows Eq. 4 for c alone: the certificate's bound on c may be taken."""
-        return self.api in (GDPO, NORMALIZE)
+    def eq6(self) -> bool:
+        """Eq. 6 runs (gdpo_advantages, whiten)."""
+        return self.api in (GDPO, WHITEN)
 
     @property
-    def whole_call(self) -> bool:
-        """A local gdpo_advantages call of contiguous groups fused from end to end."""
-        return self.api == GDPO and self.eq47 is FUSED and self.eq6b is FUSED and self.prep is None
+    def key(self) -> tuple:
+        """The CUDA-graph signature of a local call (``impl._graphs``): what its captured device
+        part depends on."""
+        inp = self.inp
+        return (tuple(inp.rewards.shape), inp.rewards.dtype, str(inp.rewards.device), inp.group_size,
+                tuple(P.float_bits(w) for w in inp.weights), tuple(self.sizes), P.float_bits(self.eps),
+                self.out_dtype, self.write, self.eq47.name, self.eq6b.name, self.certify)
+
+
+def report(plan: Plan, diagnostics, counts=None) -> None:
+    """Fill ``diagnostics`` once a local call succeeded: the rows Eq. 6 left out (none under
+    "refuse") and, where the certificate decided the rounding, its tiers' counts."""
+    if diagnostics is None:
+        return
+    (plan.scored or _no_missing(plan.inp)).report(diagnostics)
+    if counts is not None:
+        diagnostics.certified = counts
+
+
+def certifies(out_dtype) -> bool:
+    """Does the certificate decide the rounding of outputs in ``out_dtype`` (float8: never)?"""
+    return _certify.enabled(out_dtype) and out_dtype in _certify.FORMATS
 
 
 def plain(plan: Plan) -> Plan:
@@ -188,15 +215,16 @@ def plain(plan: Plan) -> Plan:
 
 
 def guard(plan: Plan, fn: Callable[[Plan], T]) -> T:
-    """``fn(plan)``; where a fused stage fails, the fused path goes off for this process
-    (warned once) and ``fn`` runs again on the plain plan: the same bits (the fused kernels
-    only ever compute the plain path's). The one ``try`` around fused work."""
+    """``fn(plan)``; where a fused stage fails (``_fused.FusedFailure``), the fused path goes off
+    for this process (warned once) and ``fn`` runs again on the plain plan: the same bits (the
+    fused kernels only ever compute the plain path's). The one ``try`` around fused work; any
+    other exception is the call's own and propagates as it is."""
     if plan.eq47 is PLAIN and plan.eq6b is PLAIN:
         return fn(plan)
     try:
         return _fused.quiet(fn, plan)
-    except Exception as exc:  # noqa: BLE001 - a Triton or compiler failure: the plain plan
-        _fused.disable(exc)
+    except _fused.FusedFailure as exc:  # Triton, its compiler, a launch: the plain plan
+        _fused.disable(exc.__cause__ or exc)
         return fn(plain(plan))
 
 
@@ -220,8 +248,9 @@ def local(call, api: str, *, report: bool = False) -> Plan:
         v, sizes, out_dtype = call.values, call.sizes, call.out_dtype
         write = _apply_dtype(out_dtype, v.shape[0])
         fused = bool(v.shape[0]) and _fused.whiten_eligible(v.device, sizes, write)
-        return Plan(api, eps, None, sizes, out_dtype, write=write, eq6b=FUSED if fused else PLAIN,
-                    lazy=_groups.lazy_checks(v.device), certify=_certify.enabled(out_dtype))
+        lazy = _groups.lazy_checks(v.device) and not fused  # the fused kernels look at every value anyway
+        return Plan(api, eps, None, sizes, out_dtype, write=write, eq6b=FUSED if fused else PLAIN, lazy=lazy,
+                    certify=certifies(out_dtype), host={P.PRESENT: 1, P.ROWS: v.shape[0]})
     inp = call.inp
     unscored = inp.missing == "unscored"
     sizes, out_dtype = call.sizes, call.out_dtype
@@ -237,11 +266,13 @@ def local(call, api: str, *, report: bool = False) -> Plan:
 
     def scored():  # "unscored": the one more read, before the arithmetic (labelled: after the row's refusals)
         return _scored(inp, sizes if api == GDPO else [inp.n]) if unscored and (api == GDPO or report) else None
-    common = dict(eq6b=eq6b, write=write, certify=api == GDPO and _certify.enabled(out_dtype), own=api == GDPO)
+    certify = api == GDPO and not unscored and certifies(out_dtype)  # "unscored": one rounding, uncertified
+    common = dict(eq6b=eq6b, write=write, certify=certify, own=api == GDPO and not certify)
     if inp.labels is None:
         return Plan(api, eps, inp, sizes, out_dtype, layout=_groups.contiguous(inp.n, inp.group_size), scored=scored(),
                     whole=_whole_units(inp, sizes) if api == GDPO else None, eq47=eq47, lazy=lazy,
-                    graph=api == GDPO and not unscored and _graphs.eligible(inp), **common)
+                    graph=api == GDPO and not unscored and _graphs.eligible(inp), host=_facts.rewards_host(inp),
+                    **common)
     prep = _groups.prepare(inp, lazy=lazy)
     row = _facts.read_row(_facts.rewards_host(inp), prep.facts)  # the one host read
     if prep.lazy and P.row_problems(row):  # a refusal: a non-finite reward is reported first
@@ -262,7 +293,7 @@ def distributed(api: str, eps: float, out_dtype, sizes: list[int], *, inp=None, 
     fused = n > 0 and _fused.whiten_eligible(device, sizes, None)
     if api == WHITEN:
         return Plan(api, eps, None, sizes, out_dtype, eq6b=FUSED if fused else PLAIN,
-                    certify=_certify.enabled(out_dtype) and out_dtype in _certify.FORMATS)
+                    certify=certifies(out_dtype))
     scored = None
     if inp.missing == "unscored":  # Eq. 6 takes the scored rows (the plain path: impl._fused lists it)
         scored = _scored(inp, sizes)
@@ -270,8 +301,7 @@ def distributed(api: str, eps: float, out_dtype, sizes: list[int], *, inp=None, 
     eq47 = FUSED if fused and _fused.eq47_eligible(inp) else PLAIN  # contiguous groups only
     if inp.labels is None or n == 0:  # contiguous groups: Eq. 6 fused only after a fused Eq. 4/7
         fused = eq47 is FUSED
-    certify = (_certify.enabled(out_dtype) and out_dtype in _certify.FORMATS and scored is None
-               and inp.missing == "refuse")
+    certify = certifies(out_dtype) and scored is None and inp.missing == "refuse"
     common = dict(scored=scored, eq47=eq47, eq6b=FUSED if fused else PLAIN, certify=certify)
     if inp.labels is None or n == 0:
         return Plan(api, eps, inp, sizes, out_dtype, layout=_groups.contiguous(n, inp.group_size) if n else None,

@@ -212,7 +212,7 @@ def whiten(values, *, segment_sizes=None, process_group=None, eps=DEFAULT_EPS, o
     then runs a local call.
     """
     if process_group is None:
-        return _pipeline.whiten_local(values, segment_sizes, eps, out_dtype)[0]
+        return _pipeline.whiten_local(values, segment_sizes, eps, out_dtype)
     return _pipeline.run_distributed(_API_WHITEN, process_group, values=values,
                                      segment_sizes=segment_sizes, eps=eps, out_dtype=out_dtype)[0]
 
@@ -237,7 +237,7 @@ def gdpo_advantages(rewards, *, group_ids=None, group_size=None, weights=None, s
     """
     if process_group is None:
         return _pipeline.gdpo_local(rewards, group_ids, group_size, weights, segment_sizes, eps, out_dtype,
-                                    missing, diagnostics)[0]
+                                    missing, diagnostics)
     return _pipeline.run_distributed(_API_GDPO, process_group, rewards=rewards, group_ids=group_ids,
                                      group_size=group_size, weights=weights, segment_sizes=segment_sizes,
                                      eps=eps, out_dtype=out_dtype, missing=missing, diagnostics=diagnostics)[0]

@@ -42,7 +42,7 @@ def test_a_captured_graph_keeps_the_constants_it_read(monkeypatch):
     def device_part(inp):  # what the real device part does: reads cached constants
         w = _segments.constant((1.0, 0.5, 123.25), torch.float64, inp.rewards.device)
         read.append(w)
-        return inp.rewards * 2, {0: torch.zeros((), dtype=torch.int64)}  # (a, facts), as _fused.run
+        return inp.rewards * 2, {0: torch.zeros((), dtype=torch.int64)}  # (a, facts), as the spine's graphed part (impl._pipeline._replayed)
 
     entry = _graphs._capture(("key",), _Inp(torch.ones(4, 3)), device_part)
     assert entry is not None and _graphs.stats["captures"] == 1

@@ -351,6 +351,30 @@ def test_kernel_failure_falls_back_to_the_plain_path(monkeypatch):
     assert torch.equal(a, gdpo.gdpo_advantages(r, group_size=8))
 
 
+def test_only_the_fused_paths_own_failures_fall_back(monkeypatch):
+    """impl._plan.guard reruns a call on the plain path only after a FusedFailure (a fused
+    stage's own failure, as above); an exception raised by the call's other code on a fused plan
+    (a bug, say) propagates as it is: not retried, not reported as the fused path's, which stays on."""
+    import warnings
+
+    from impl import _pipeline
+
+    monkeypatch.setenv("GDPO_FUSED", MODE)
+    monkeypatch.setattr(_fused, "_STATE", dict(_fused._STATE))
+    assert _fused.kernels() is not None
+
+    def bug(plan, x, facts):
+        raise ValueError("a bug outside the fused kernels (test)")
+
+    monkeypatch.setattr(_pipeline, "through_stats", bug)
+    r = torch.randn(64, 2, dtype=torch.float64, device=DEVICE)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "the fused path failed" warning
+        with pytest.raises(ValueError, match="a bug outside the fused kernels"):
+            gdpo.gdpo_advantages(r, group_size=8)
+    assert _fused._STATE["kernels"] is not None  # still on
+
+
 @pytest.mark.distributed
 def test_distributed_fused_is_the_plain_path(monkeypatch):
     """The distributed scenarios of tests/test_impl_distributed.py (two gloo ranks), run

@@ -509,19 +509,26 @@ def test_contiguous_and_labelled_groups_give_the_same_bits_for_every_group_size(
 def test_graphable_device_part_is_the_call():
     """The device part a CUDA graph captures (no host read, checks without
     branches) gives the call's bits and the facts that name a bad reward."""
-    from impl import _inputs, _pipeline
+    import dataclasses
+
+    from impl import _certify, _inputs, _pipeline, _plan
     from impl import _problems as P
+
+    def part(x):  # planned as on CUDA: no lazy search (every check without a branch)
+        call = _inputs.check_gdpo(x, None, 8, w, [40, 56], DEFAULT_EPS, F32)
+        plan = dataclasses.replace(_plan.local(call, _plan.GDPO), lazy=False)
+        return _pipeline.device_part(plan, call.inp.rewards)
 
     g = torch.Generator().manual_seed(4)
     r = torch.randn(96, 3, generator=g) * 5 + 1e4
     w = [1.0, -2.0, 0.5]
-    inp = _inputs.check_rewards(r, None, 8, w, allow_empty_rows=False)
-    a, facts = _pipeline._gdpo_device(inp, [40, 56], DEFAULT_EPS, F32)
-    assert _bits(a) == _bits(gdpo.gdpo_advantages(r, group_size=8, weights=w, segment_sizes=[40, 56]))
+    dev = part(r)
+    # float64 where the certificate decides the rounding (the default for float32): one rounding then
+    assert dev.a.dtype == (F64 if _certify.enabled(F32) else F32)
+    assert _bits(dev.a.to(F32)) == _bits(gdpo.gdpo_advantages(r, group_size=8, weights=w, segment_sizes=[40, 56]))
     bad = r.clone()
     bad[50, 1] = -math.inf
-    inp = _inputs.check_rewards(bad, None, 8, w, allow_empty_rows=False)
-    _, facts = _pipeline._gdpo_device(inp, [40, 56], DEFAULT_EPS, F32)
+    facts = part(bad).facts
     assert all(isinstance(v, torch.Tensor) and v.dim() == 0 for v in facts.values())  # impl._facts.Facts
     row = [0] * P.ROW_WIDTH
     row[P.PRESENT], row[P.K], row[P.ROWS], row[P.GROUP_SIZE] = 1, 3, 96, 8
