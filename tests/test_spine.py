@@ -111,7 +111,7 @@ def _stays(fn) -> list[str]:
 #: plan's making takes most of them: its decisions ask _inputs, _cast, _certify, _fused, _groups,
 #: _whiten and _graphs). The design aims at about 12. Ceilings: a route that comes back into the
 #: pipeline (a callback, a recompute for the certificate) adds stays.
-MOST = {"local": 46, "labelled": 53}
+MOST = {"local": 39, "labelled": 45}
 
 
 @pytest.mark.parametrize("call", sorted(CALLS))
