@@ -24,7 +24,7 @@ docs/performance.md point here, and tests/test_located_messages.py holds it to t
 code. Every API, local or across ranks, with contiguous or labelled groups (labelled
 ones in their padded layout), any number K of reward columns,
 float64/float32/float16/bfloat16 rewards, any output dtype (narrow ones are rounded
-from float64 by ``_pipeline.round_to``). Left on the plain path, with the same results:
+from float64 by ``_cast.round_to``). Left on the plain path, with the same results:
 
 * labelled groups so ragged that they take the bucketed layout (see ``_groups``);
 * ``group_has_signal`` with labels;

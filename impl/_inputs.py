@@ -651,7 +651,7 @@ def check_segments(segment_sizes, n: int) -> tuple[list[int], bool]:
 #
 # The order of the checks decides which refusal a call with several bad arguments gets (the
 # bit corpus records the messages): keep it. A distributed call runs the same checks in its
-# own order inside impl._pipeline.run_distributed, recording the problem instead of raising.
+# own order inside impl._distributed.run_distributed, recording the problem instead of raising.
 
 
 @dataclasses.dataclass

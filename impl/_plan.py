@@ -164,25 +164,16 @@ class Plan:
     #: returned nor read by the certificate (never where ``certify``: it reads c after Eq. 6)
     own: bool = False
     host: dict | None = None  # local calls: the facts row's host fields (labelled groups: ``row``)
+    # the stages this API runs, from ``api`` (fields, not properties: the stages read them as data)
+    eq4: bool = dataclasses.field(init=False)  # Eq. 4 (every API but whiten)
+    combined: bool = dataclasses.field(init=False)  # Eq. 7 (every API but standardize_groups and whiten)
+    eq6: bool = dataclasses.field(init=False)  # Eq. 6 (gdpo_advantages, whiten)
+    signal: bool = dataclasses.field(init=False)  # group_has_signal: ``varies`` is the result
 
-    @property
-    def signal(self) -> bool:
-        return self.api == SIGNAL
-
-    @property
-    def eq4(self) -> bool:
-        """Eq. 4 runs (every API but whiten)."""
-        return self.api != WHITEN
-
-    @property
-    def combined(self) -> bool:
-        """Eq. 7 runs (every API but standardize_groups and whiten)."""
-        return self.api in (GDPO, NORMALIZE, SIGNAL)
-
-    @property
-    def eq6(self) -> bool:
-        """Eq. 6 runs (gdpo_advantages, whiten)."""
-        return self.api in (GDPO, WHITEN)
+    def __post_init__(self):
+        for name, value in (("eq4", self.api != WHITEN), ("combined", self.api in (GDPO, NORMALIZE, SIGNAL)),
+                            ("eq6", self.api in (GDPO, WHITEN)), ("signal", self.api == SIGNAL)):
+            object.__setattr__(self, name, value)
 
     @property
     def key(self) -> tuple:

@@ -66,7 +66,7 @@ BY_LABEL, GROUP_SIZE = 30, 31
 #: labels stay equal), and the label fields above are printed as the caller's values from it.
 LABELS_UINT64 = 32
 #: Host field: how many calls whose process_group was no group this process has made
-#: (impl._pipeline). Ranks whose numbers differ may be pairing different calls: a rank
+#: (impl._distributed). Ranks whose numbers differ may be pairing different calls: a rank
 #: made a call its peers may have waited for in vain.
 UNJOINED = 33
 #: Host field: the call's ``missing`` policy (MISSING_CODES: 1 "refuse", 2 "unscored"), which

@@ -103,7 +103,7 @@ from collections.abc import Hashable, Mapping, Sequence, Set
 
 import torch
 
-from impl import _pipeline
+from impl import _distributed
 from impl._inputs import numpy_view, read_tensor
 from impl._problems import GroupLengthError
 from impl.gdpo import _opaque_to_dynamo
@@ -359,7 +359,7 @@ def _refuse_with_peers(process_group, refusal: Exception, arg: str, eps, out_dty
     process group it must not raise alone (its peers would wait in the agreement until the
     group's timeout). It joins the agreement refused instead, and every rank raises the same
     DistributedError (here chained on ``refusal``), renamed as the peers rename theirs."""
-    from impl import _pipeline, _problems
+    from impl import _problems
 
     device = None  # where the peers' agreement tables most likely are (gloo)
     try:
@@ -369,8 +369,8 @@ def _refuse_with_peers(process_group, refusal: Exception, arg: str, eps, out_dty
         pass
     hint = None if device is None else torch.empty(0, device=device)
     try:
-        _pipeline.run_distributed(_problems.API_GDPO, process_group, rewards=hint, eps=eps, out_dtype=out_dtype,
-                                  refused=refusal)
+        _distributed.run_distributed(_problems.API_GDPO, process_group, rewards=hint, eps=eps, out_dtype=out_dtype,
+                                     refused=refusal)
     except DistributedError as e:
         renamed = _rename(e, re.sub(r"\bgroup_ids\b", arg, str(e)))
         if renamed is e:
@@ -389,14 +389,14 @@ _TRL_NAMES = ((r"\bgroup_size\b", "num_generations"),
 
 @contextlib.contextmanager
 def _named_columns(names: list):
-    """The reward names travel with the weights in the agreement (impl._pipeline.COLUMN_NAMES):
+    """The reward names travel with the weights in the agreement (impl._distributed.COLUMN_NAMES):
     ranks whose mappings name different components are refused, and ranks whose mappings list
     the same ones in another order agree (each rank's weights follow its own names)."""
-    token = _pipeline.COLUMN_NAMES.set(list(names))
+    token = _distributed.COLUMN_NAMES.set(list(names))
     try:
         yield
     finally:
-        _pipeline.COLUMN_NAMES.reset(token)
+        _distributed.COLUMN_NAMES.reset(token)
 
 
 @_opaque_to_dynamo

@@ -75,7 +75,7 @@ from spec.errors import (
     ShapeError,
     WeightError,
 )
-from impl import _pipeline
+from impl import _distributed, _pipeline
 from impl import _problems as _P
 
 __all__ = [
@@ -213,8 +213,8 @@ def whiten(values, *, segment_sizes=None, process_group=None, eps=DEFAULT_EPS, o
     """
     if process_group is None:
         return _pipeline.whiten_local(values, segment_sizes, eps, out_dtype)
-    return _pipeline.run_distributed(_API_WHITEN, process_group, values=values,
-                                     segment_sizes=segment_sizes, eps=eps, out_dtype=out_dtype)[0]
+    return _distributed.run_distributed(_API_WHITEN, process_group, values=values,
+                                        segment_sizes=segment_sizes, eps=eps, out_dtype=out_dtype)[0]
 
 
 @_opaque_to_dynamo
@@ -238,9 +238,9 @@ def gdpo_advantages(rewards, *, group_ids=None, group_size=None, weights=None, s
     if process_group is None:
         return _pipeline.gdpo_local(rewards, group_ids, group_size, weights, segment_sizes, eps, out_dtype,
                                     missing, diagnostics)
-    return _pipeline.run_distributed(_API_GDPO, process_group, rewards=rewards, group_ids=group_ids,
-                                     group_size=group_size, weights=weights, segment_sizes=segment_sizes,
-                                     eps=eps, out_dtype=out_dtype, missing=missing, diagnostics=diagnostics)[0]
+    return _distributed.run_distributed(_API_GDPO, process_group, rewards=rewards, group_ids=group_ids,
+                                        group_size=group_size, weights=weights, segment_sizes=segment_sizes,
+                                        eps=eps, out_dtype=out_dtype, missing=missing, diagnostics=diagnostics)[0]
 
 
 # Issue 27: certified rounding. Every float32, bfloat16 and float16 output is the exact advantage

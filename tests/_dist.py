@@ -75,7 +75,7 @@ def _whiten(rank, world, group, device, values, sizes=None, dtype="float64", out
             eps=None, stats=False, call=_plain_call):
     import torch
 
-    from impl import _pipeline, gdpo
+    from impl import _distributed, gdpo
 
     dt = _mine(dtype, rank)
     v = _tensor(values[rank], dt, device) if dt != "int64" else torch.tensor(values[rank], device=device).long()
@@ -88,7 +88,7 @@ def _whiten(rank, world, group, device, values, sizes=None, dtype="float64", out
 
         kwargs["eps"] = DEFAULT_EPS
     if stats:
-        out, st = call(lambda: _pipeline.run_distributed(_pipeline.P.API_WHITEN, group, values=v, **kwargs))
+        out, st = call(lambda: _distributed.run_distributed(_distributed.P.API_WHITEN, group, values=v, **kwargs))
         return out, st.as_table()
     return call(lambda: gdpo.whiten(v, process_group=group, **kwargs)), None
 
@@ -176,8 +176,8 @@ def _die(rank, world, group, device, values, victim=1):
 FAIL_AT = {"finish": [("impl._eq4", "finish"), ("impl._fused", "eq47_padded")],  # labelled groups' Eq. 4/7, after the agreement
            "table": [("impl._whiten", "Local.table"), ("impl._fused", "Local.table")],  # before collective 2
            "apply": [("impl._whiten", "apply_global"), ("impl._fused", "Local.apply")],  # after collective 2
-           "buffers": [("impl._pipeline", "_Buffers.__init__")],  # collectives 2 and 3's buffer (before 1)
-           "late_row": [("impl._pipeline", "_late_row")]}  # this rank's row of collective 3
+           "buffers": [("impl._distributed", "_Buffers.__init__")],  # collectives 2 and 3's buffer (before 1)
+           "late_row": [("impl._distributed", "_late_row")]}  # this rank's row of collective 3
 
 
 def _fail(rank, world, group, device, at, call_kind, victim=1, unreadable=False, **kwargs):

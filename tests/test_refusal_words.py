@@ -1,4 +1,4 @@
-"""The exchange of a refusing rank's own words (impl._pipeline._own_words), in one process:
+"""The exchange of a refusing rank's own words (impl._distributed._own_words), in one process:
 what is cut, how it decodes, and that a failed exchange leaves the refusal as the table tells it.
 (Across real gloo ranks: tests/test_impl_distributed.py and tests/test_adapters.py.)"""
 
@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from impl import _pipeline
+from impl import _distributed
 from impl import _problems as P
 from spec.constants import REFUSAL_WORDS_BYTES
 from spec.errors import GDPOError
@@ -22,13 +22,13 @@ def _exchange(monkeypatch, texts: dict[int, str], world: int = 3):
     def fake_all_reduce(buf, op=None, group=None):
         bufs.append(buf.clone())
 
-    monkeypatch.setattr(_pipeline.dist, "all_reduce", fake_all_reduce)
+    monkeypatch.setattr(_distributed.dist, "all_reduce", fake_all_reduce)
     for r in range(world):
-        _pipeline._own_words(_Said(texts[r]) if r in texts else None, None,
-                             torch.zeros(world, _pipeline._WORDS_COLS, dtype=torch.int64), r)
+        _distributed._own_words(_Said(texts[r]) if r in texts else None, None,
+                             torch.zeros(world, _distributed._WORDS_COLS, dtype=torch.int64), r)
     total = sum(bufs)
-    monkeypatch.setattr(_pipeline.dist, "all_reduce", lambda buf, op=None, group=None: buf.copy_(total))
-    return _pipeline._own_words(None, None, torch.zeros(world, _pipeline._WORDS_COLS, dtype=torch.int64), 0)
+    monkeypatch.setattr(_distributed.dist, "all_reduce", lambda buf, op=None, group=None: buf.copy_(total))
+    return _distributed._own_words(None, None, torch.zeros(world, _distributed._WORDS_COLS, dtype=torch.int64), 0)
 
 
 class _Said(GDPOError):
@@ -51,14 +51,14 @@ def test_a_failed_exchange_leaves_the_refusal_as_the_table_tells_it(monkeypatch)
     def broken(*_a, **_k):
         raise RuntimeError("peer gone")
 
-    monkeypatch.setattr(_pipeline.dist, "all_reduce", broken)
-    assert _pipeline._own_words(_Said("mine"), None, torch.zeros(2, _pipeline._WORDS_COLS, dtype=torch.int64), 0) == {}
+    monkeypatch.setattr(_distributed.dist, "all_reduce", broken)
+    assert _distributed._own_words(_Said("mine"), None, torch.zeros(2, _distributed._WORDS_COLS, dtype=torch.int64), 0) == {}
 
 
 def test_words_of_an_exception_whose_message_cannot_be_read():
     from tests._dist import Unreadable
 
-    assert _pipeline._words_of(Unreadable("x")) == "Unreadable: (its message could not be read)"
+    assert _distributed._words_of(Unreadable("x")) == "Unreadable: (its message could not be read)"
 
 
 def test_a_rank_whose_exception_cannot_be_printed_still_joins_and_stays_in_step():

@@ -1,0 +1,535 @@
+"""The distributed protocol: a call across the ranks of a process group, over the local
+spine's stages (``impl._pipeline.through_stats``, then Eq. 6's apply from the merged
+statistics, on the plan ``impl._plan.distributed`` and ``agreed`` make). Distributed calls
+never raise before the agreement: every local problem, including an unexpected exception,
+becomes a code in this rank's row of the agreement table. Contiguous groups compute
+everything before it; labelled groups compute Eq. 4/7 after it.
+
+Collectives per distributed call (independent of the number of units):
+
+1. ``all_reduce(SUM)`` of the int64 (world_size, ROW_WIDTH) agreement table;
+   the host reads it (the call's one host synchronisation) and every rank
+   raises the same :class:`DistributedError` or none does;
+2. ``all_reduce(SUM)`` of the (world_size, S + 1, 7) float64 statistics table,
+   sent as its int64 bit pattern: each rank fills its own slice, so the sum is an
+   exact gather (x + 0 on the bits), on every backend and device that can
+   all-reduce int64 (gloo on CPU and CUDA, NCCL). The extra row carries a flag
+   "my local computation failed since the agreement": a rank whose Eq. 4/7
+   (labelled groups) or statistics raise still joins, and every rank raises the
+   same :class:`DistributedError`;
+3. only when the output dtype's range is below the Samuelson bound sqrt(N) of
+   a whitened value (float8 output and more than ~2e5 samples), or when a rank
+   has labelled groups and the agreed weights are so large that Eq. 7 may
+   overflow: an int64 all-reduce of "my values do not survive the cast", "my
+   combined values overflow here" and the failure flag, so all ranks raise
+   together.
+
+Local failures. Contiguous groups and whiten compute everything up to their
+statistics, and allocate the buffer of collectives 2 and 3, before the agreement:
+a failure there (and any host field the table cannot carry) is refused in
+collective 1. Labelled groups compute Eq. 4/7 and their statistics between the
+collectives: a failure there travels as the flag of collective 2, read by every
+rank (one more host read, labelled calls only; with more units than the table's
+count slots it is read with their counts), or in collective 3 where that runs.
+A failure after the last collective (applying Eq. 6 to this rank's rows) is this
+rank's alone: every rank's statistics were complete, so the peers' results stand.
+
+Calls in step. A call whose process_group is not a ProcessGroup raises alone, and its
+peers may wait for it. The agreement row carries how many such calls this process has
+made (``P.UNJOINED``, see ``_UNJOINED``), so the peers' waiting call never meets a later
+call of that rank unnoticed: while the counts differ, every agreement is refused on
+every rank.
+"""
+
+from __future__ import annotations
+
+import contextvars
+
+import torch
+import torch.distributed as dist
+
+from impl import _cast, _certify, _facts, _pipeline, _plan
+from impl import _problems as P
+from impl import _whiten as W
+from impl._cast import cast_limit, cast_reachable
+from impl._inputs import (
+    Problem,
+    _check_diagnostics,
+    _shown,
+    check_eps,
+    check_missing,
+    check_out_dtype,
+    check_rewards,
+    check_segments,
+    check_values,
+)
+from impl._segments import host_to_device
+from impl._stats import overflow_possible
+from spec.constants import REFUSAL_WORDS_BYTES
+
+_F64 = torch.float64
+_I64 = torch.int64
+
+
+# --- this rank's stages ------------------------------------------------------------------------
+
+
+def _through_stats(plan, n: int, device):
+    """Eq. 4, Eq. 7 and this rank's Eq. 6 statistics on the plan's backends (:func:`through_stats`):
+    (plan, loc, facts, the statistics' table on ``device``, computed here so that a fused
+    failure reruns them on the plain plan)."""
+    if n:
+        dev = _pipeline.through_stats(plan, plan.inp.rewards, {})
+    else:  # no rows here: no groups, empty statistics
+        c = plan.inp.rewards.new_empty(0, dtype=_F64)
+        dev = _pipeline.Device({}, c=c, loc=plan.eq6b.eq6_stats(plan, c, {}))
+    return plan, dev.loc, dev.facts, dev.loc.table(device)
+
+
+def _comm_device(group, data_device: torch.device) -> torch.device:
+    """Where the collectives' tensors live: NCCL's GPU, else the data's device when it is
+    CUDA, else the CPU (data on a device impl refuses, meta included, must still join:
+    an all-reduce of a meta tensor would return without reaching the peers)."""
+    if str(dist.get_backend(group)).lower() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return data_device if data_device.type == "cuda" else torch.device("cpu")
+
+
+def _all_reduce(tensor, op, group, api, step, rank):
+    try:
+        dist.all_reduce(tensor, op=op, group=group)
+    except Exception as exc:  # a peer died, timed out or the backend refused
+        raise P.DistributedError(
+            f"{api}: collective {step} failed on rank {rank} ({type(exc).__name__}: {exc}); "
+            "a peer rank may have died or timed out") from exc
+
+
+def _device_of(x) -> torch.device:
+    return x.device if isinstance(x, torch.Tensor) else torch.device("cpu")
+
+
+def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, group_size=None,
+                    weights=None, segment_sizes=None, eps, out_dtype, refused: Exception | None = None,
+                    missing="refuse", diagnostics=None):
+    """Whitening (api whiten) or the whole pipeline (api gdpo) across ``group``.
+
+    ``refused``: an exception the caller (an adapter) raised on this rank before the call;
+    the rank then checks and computes nothing, joins the agreement refused (P_REFUSED),
+    and every rank raises the same DistributedError (chained here on ``refused``).
+
+    ``missing="unscored"`` (api gdpo): every rank's policy and its count of rows with no
+    scored reward ride in the agreement row; this rank's statistics (collective 2) are those
+    of its scored rows, so the merged count of a unit is its scored rows over all ranks (a
+    unit of fewer than two gives 0), and with more units than the agreement's count slots
+    their row counts ride in collective 2 as well (the unit-of-one-row refusal reads them).
+    The same collectives as any call."""
+    _check_diagnostics(diagnostics)
+    name = P.API_NAMES[api]
+    world, rank = _group_of(api, group, refused)
+    missed = _UNJOINED[0]  # this process's calls that joined no group, in every agreement row
+    data_device = _device_of(rewards if api == P.API_GDPO else values)
+    host = {P.PRESENT: 1, P.API: api, P.UNJOINED: missed}
+    device_facts: dict[int, torch.Tensor] = {}
+    local_exc = None
+    loc = inp = sizes = buf = plan = None
+    try:
+        if refused is not None:  # the adapter refused this rank's input: join the agreement, refused
+            raise Problem(P.P_REFUSED, P.refusal_code(refused))
+        eps = check_eps(eps)
+        host[P.EPS_BITS] = P.float_bits(eps)
+        out_dtype = check_out_dtype(out_dtype)
+        host[P.OUT_DTYPE] = P.dtype_code(out_dtype)
+        if api == P.API_GDPO:
+            missing = check_missing(missing)
+            inp = check_rewards(rewards, group_ids, group_size, weights, allow_empty_rows=True)
+            inp.missing = missing
+            n, dtype = inp.n, inp.rewards.dtype
+            host.update(_facts.rewards_host(inp))
+            host[P.WEIGHTS_FP] = P.weights_fingerprint(inp.weights, COLUMN_NAMES.get())
+        else:
+            v = check_values(values)
+            n, dtype = v.shape[0], v.dtype
+        host.update({P.ROWS: n, P.DTYPE: P.dtype_code(dtype), P.DEVICE: P.device_code(data_device)})
+        sizes, given = check_segments(segment_sizes, n)
+        host.update({P.UNITS: len(sizes), P.SEG_NONE: int(not given)})
+        for j, s in enumerate(sizes[: P.COUNT_SLOTS]):
+            host[P.COUNTS + j] = s
+        if api == P.API_GDPO:
+            plan = _plan.distributed(_plan.GDPO, eps, out_dtype, sizes, inp=inp)  # labelled: phase one
+            if plan.scored is not None:
+                host[P.UNSCORED] = plan.scored.unscored
+            if plan.prep is not None:
+                device_facts.update(plan.prep.facts)
+            else:  # contiguous groups: all local work before the agreement
+                plan, loc, facts, mine = _plan.guard(plan, lambda p: _through_stats(p, n, data_device))
+                device_facts.update(facts)
+        else:
+            plan = _plan.distributed(_plan.WHITEN, eps, out_dtype, sizes, values=v)
+            device_facts.update(_facts.value_facts(v))
+            if n:
+                ends = host_to_device([sum(sizes[: j + 1]) for j in range(len(sizes))], _I64, data_device)
+                device_facts[P.NF_VALUE_UNIT] = torch.searchsorted(ends, device_facts[P.NF_VALUE], right=True)
+            def stats(p):
+                loc = p.eq6b.eq6_stats(p, v, {})
+                return p, loc, loc.table(data_device)  # computed here: a fused failure reruns on the plain plan
+            plan, loc, mine = _plan.guard(plan, stats)
+        # Collectives 2 and 3's buffer, before the agreement: after it, a failing rank allocates
+        # nothing. Contiguous groups and whiten fill their statistics now as well.
+        comm = _comm_device(group, data_device)
+        buf = _Buffers(world, len(sizes), comm, row_counts=plan.scored is not None, certified=plan.certify)
+        if plan.scored is not None:
+            buf.row_counts[rank] = torch.tensor(sizes[P.COUNT_SLOTS:], dtype=_F64).to(comm)
+        if loc is not None:
+            buf.stats[rank, :len(sizes)] = mine.to(comm)
+    except Problem as p:
+        local_exc = p.error() if refused is None else refused
+        host.update({P.HOST_CODE: p.code, P.HOST_A: p.a, P.HOST_B: p.b, P.HOST_C: p.c})
+    except Exception as exc:  # never leave the peers waiting in the agreement
+        local_exc = exc
+        host.update({P.HOST_CODE: P.P_LOCAL_FAILURE})
+
+    comm = _comm_device(group, data_device)
+    # The agreement table and, beside it, the buffer a refusal's words travel in (allocated
+    # now: on the refusal path a failing rank allocates nothing before joining every collective).
+    flat = torch.zeros(world * (P.ROW_WIDTH + _WORDS_COLS), dtype=_I64, device=comm)
+    table = flat[: world * P.ROW_WIDTH].view(world, P.ROW_WIDTH)
+    words_buf = flat[world * P.ROW_WIDTH:].view(world, _WORDS_COLS)
+    told = local_exc  # the exception this rank's row describes
+    try:
+        table[rank] = _facts.device_row(host, {} if local_exc else device_facts,
+                                 data_device if local_exc is None else torch.device("cpu")).to(comm)
+    except Exception as exc:  # noqa: BLE001 - e.g. a host field beyond int64: still join, refused
+        local_exc = local_exc or exc
+        told = exc
+        table[rank] = _facts.device_row({P.PRESENT: 1, P.API: api, P.UNJOINED: missed, P.HOST_CODE: P.P_LOCAL_FAILURE}, {},
+                                 torch.device("cpu")).to(comm)
+    _all_reduce(table, dist.ReduceOp.SUM, group, name, 1, rank)
+    agreed = table.tolist()  # the call's one host synchronisation
+    reasons = P.table_problems(agreed)
+    if reasons:
+        weights_differ = P.weights_disagree(agreed)
+        if _in_step(agreed) and (weights_differ or any(row[P.HOST_CODE] for row in agreed)):  # same on every rank
+            if agreed[rank][P.HOST_CODE]:
+                words = _own_words(told, group, words_buf, rank)
+            else:  # a healthy rank speaks only to show its weights
+                words = _own_words(None, group, words_buf, rank, text=_weights_text(inp) if weights_differ else None)
+            reasons = P.table_problems(agreed, words)
+        raise P.DistributedError(_refusal(reasons, agreed, group)) from local_exc
+    units = agreed[0][P.UNITS]
+    lonely = [_lonely_unit(j, [r[P.COUNTS + j] for r in agreed])
+              for j in range(min(units, P.COUNT_SLOTS)) if sum(r[P.COUNTS + j] for r in agreed) == 1]
+    if lonely:
+        raise P.DistributedSegmentError(_refusal(lonely, agreed, group))
+
+    # After the agreement every rank still answers: a local failure (only labelled groups
+    # compute here) becomes a flag in this rank's part of collective 2, or of collective 3.
+    labelled = api == P.API_GDPO and any(r[P.BY_LABEL] for r in agreed)
+    check_overflow = labelled and overflow_possible(inp.weights, _longest(agreed))  # same on every rank
+    total = sum(r[P.ROWS] for r in agreed)
+    reachable = cast_reachable(out_dtype, total)
+    late = reachable or check_overflow  # collective 3 runs: the same decision on every rank
+    failure = None
+    overflow_row = {}
+    try:
+        plan = _plan.agreed(plan, agreed, rank)  # labelled groups: their layout (it needs G and n_max)
+        if plan.prep is not None:  # labelled groups compute Eq. 4/7 now
+            plan, loc, overflow_row, mine = _plan.guard(plan, lambda p: _through_stats(p, n, data_device))
+            buf.stats[rank, :units] = mine.to(comm)
+    except Exception as exc:  # noqa: BLE001 - reported to the peers, raised here
+        failure = exc
+        buf.bits[rank, units, 0] = 1  # "my statistics are missing": a flag, not data
+    dd_rows = None
+    if buf.dd is not None and failure is None:  # the certificate's statistics (impl._certify)
+        try:
+            if api == P.API_GDPO:
+                dd_rows = _certify.dd_rows_gdpo(inp, eps)
+            else:
+                v64 = v.to(_F64)
+                dd_rows = (v64, torch.zeros_like(v64), torch.zeros_like(v64)) if _certify._dd.safe(v64) and _certify._dd.eps_safe(eps) else None
+            whole_dd = plan.whole if api == P.API_GDPO else None
+            buf.dd[rank] = (_certify.dd_unsafe_table(sizes, data_device) if dd_rows is None else
+                            _certify.dd_table(*dd_rows, sizes, whole_dd)).to(comm)
+        except Exception as exc:  # noqa: BLE001 - reported to the peers, raised here
+            failure = exc
+            buf.bits[rank, units, 0] = 1
+
+    _all_reduce(buf.bits, dist.ReduceOp.SUM, group, name, 2, rank)
+    if ((labelled or buf.dd is not None) and not late) or units > P.COUNT_SLOTS:  # flags, counts beyond the slots: one host read
+        failed, counts = _flags_and_counts(buf, units)  # (with collective 3 to come, it carries the flag)
+        _refuse_failed(failed, agreed, failure, group, words_buf)
+        _refuse_lonely(counts, agreed, group)
+
+    a = st = None
+    if failure is None:
+        try:
+            st = W.merge(buf.stats[:, :units].to(data_device))
+            def apply(p):  # the plain plan after a failed fused apply: the plain statistics of the same c
+                mine = loc if p.eq6b is plan.eq6b else W.local_stats(loc.units.v, sizes, eps)
+                return p.eq6b.eq6_apply(p, mine, st, p.write)
+            a = _plan.guard(plan, apply)
+            if late:
+                _late_row(buf.late[rank], overflow_row if check_overflow else {}, a if reachable else None,
+                          out_dtype)
+        except Exception as exc:  # noqa: BLE001
+            if not late:
+                raise  # after the last collective: this rank's own output fails; the peers' are complete
+            failure = exc
+    if late:
+        if failure is not None:
+            buf.late[rank, _FAILED] = 1
+        _late_checks(name, group, world, rank, agreed, buf.late, out_dtype, failure, words_buf)
+    counts = _certify.Counts()
+    if buf.dd is not None and a.dtype == _F64:
+        merged = _certify.dd_merged(buf.dd.to(data_device), eps)
+        if dd_rows is None:  # this rank's inputs left the dd path's range: its plain result, uncertified
+            counts.uncertified += a.shape[0]
+            out = _cast.output(a, out_dtype, checked=True)  # the range: collective 3, where it can fail
+        else:
+            out = _certify.dd_finish(merged, *dd_rows, sizes, eps, out_dtype, counts, a)
+    else:
+        out = _cast.output(a, out_dtype, checked=True)  # the range: collective 3, where it can fail
+        counts.uncertified += a.shape[0]
+    if api == P.API_GDPO:
+        (plan.scored or _plan._no_missing(inp)).report(diagnostics, sum(r[P.UNSCORED] for r in agreed))
+        if diagnostics is not None:
+            diagnostics.certified = counts
+    return out, st
+
+
+#: The reward names of an adapter's call (impl.adapters sets them around a call under a
+#: process group): the agreement compares them with the weights, so ranks whose reward
+#: mappings name different components are refused, not computed column by column.
+COLUMN_NAMES: contextvars.ContextVar = contextvars.ContextVar("gdpo_column_names", default=None)
+
+
+#: Calls whose process_group was no process group (``_group_of``), made by this process in
+#: its lifetime; every agreement row carries the count (``P.UNJOINED``). Such a call raises
+#: alone, and its peers may be waiting for it in an agreement on a group this process cannot
+#: name. What the failing rank does next decides whether the ranks can ever pair up again:
+#: a rank that retries the same batch meets the waiting call with the right partner, a rank
+#: that goes on to its next step meets it one step ahead, and then every later call too.
+#: No rank can tell the two apart, so while the ranks' counts differ every agreement, on any
+#: group, is refused on every rank: never two different steps whitened together. Ranks
+#: whose counts are equal (every rank made the same failed calls) are in step. A rank that
+#: passes None instead of the group makes a local call, which no count can see: like any
+#: collective skipped on one rank, that is the caller's to avoid.
+_UNJOINED = [0]
+
+
+def _unjoined_call() -> None:
+    _UNJOINED[0] += 1
+
+
+def _refusal(reasons: list[str], agreed, group) -> str:
+    """The message every rank raises; a subgroup's ranks are also given as global ranks."""
+    try:
+        ranks = [dist.get_global_rank(group, r) for r in range(len(agreed))]
+    except Exception:  # noqa: BLE001 - an older torch, or a group without a mapping: its own ranks only
+        ranks = None
+    return P.refusal_message(reasons, agreed, ranks)
+
+
+def _group_of(api, group, refused=None) -> tuple[int, int]:
+    """(world size, this rank) of ``group``, or a clear refusal of a ``process_group`` that
+    names no usable group: raised at once (no agreement can run without a group), chained on
+    an adapter's own refusal (``refused``) where there is one."""
+    pg_type = getattr(dist, "ProcessGroup", None) if dist.is_available() else None
+    shown = f"{type(group).__name__} {_shown(group, 60)}"
+    if type(group) is int and group == getattr(getattr(dist, "GroupMember", None), "NON_GROUP_MEMBER", None):
+        raise P.process_group_error(api, group, shown, "non_member") from refused
+    if pg_type is None or not isinstance(group, pg_type):
+        _unjoined_call()  # the peers wait for this call: their next agreement must not pair with ours
+        raise P.process_group_error(api, group, shown, "type") from refused
+    if not dist.is_initialized():
+        raise P.process_group_error(api, group, shown, "uninitialized") from refused
+    try:
+        world, rank = dist.get_world_size(group), dist.get_rank(group)
+    except Exception as exc:  # e.g. a group destroyed, or one that belongs to no initialized world
+        raise P.process_group_error(api, group, shown, f"{type(exc).__name__}: {exc}") from (refused or exc)
+    if world < 1 or not 0 <= rank < world:
+        raise P.process_group_error(api, group, shown, "this rank is not a member of it")
+    return world, rank
+
+
+class _Buffers:
+    """One int64 allocation for collectives 2 and 3: ``late`` (world, 7) for collective 3
+    and ``stats`` (world, units + 1, 7) float64 (``bits``: its int64 view) for collective 2,
+    whose extra row carries the failure flag. ``row_counts`` (``missing="unscored"``, where
+    the statistics count scored rows only): after those, (world, units - COUNT_SLOTS) float64
+    row counts of the units the agreement has no count slot for (for the unit-of-one check)."""
+
+    def __init__(self, world: int, units: int, device: torch.device, row_counts: bool = False,
+                 certified: bool = False):
+        extra = max(units - P.COUNT_SLOTS, 0) if row_counts else 0
+        extra_rows = -(-extra // W.COLS)
+        dd_rows = -(-(units * _certify.DDC) // W.COLS) if certified else 0
+        rows = units + 1 + extra_rows + dd_rows
+        flat = torch.zeros(world * _LATE_COLS + world * rows * W.COLS, dtype=_I64, device=device)
+        self.late = flat[: world * _LATE_COLS].view(world, _LATE_COLS)
+        self.bits = flat[world * _LATE_COLS:].view(world, rows, W.COLS)
+        self.stats = self.bits.view(_F64)
+        self.units = units
+        self.row_counts = self.stats[:, units + 1:].reshape(world, -1)[:, :extra] if row_counts else None
+        #: the certificate's double-double statistics (``impl._certify.dd_table``), (world, units, DDC)
+        start = units + 1 + extra_rows
+        self.dd = (self.stats[:, start:].reshape(world, -1)[:, : units * _certify.DDC]
+                   .view(world, units, _certify.DDC) if certified else None)
+
+
+#: collective 3's row: Eq. 7 overflow (3 fields), cast count, failure flag, the first value
+#: that does not survive the cast (its row on this rank, its float64 bits)
+_LATE_COLS, _FAILED = 7, 4
+
+
+def _longest(agreed) -> int:
+    return max((r[P.N_MAX] if r[P.BY_LABEL] else r[P.GROUP_SIZE]) for r in agreed)
+
+
+def _flags_and_counts(buf: _Buffers, units: int) -> tuple[list[int], list[list[int]]]:
+    """Collective 2's failure flags per rank, and the row counts of the units the agreement
+    table had no slot for (per unit, per rank), in one host read: the statistics' counts, or
+    under ``missing="unscored"`` (whose statistics count scored rows) the row counts beside them."""
+    bits = buf.bits
+    extra = max(units - P.COUNT_SLOTS, 0)
+    counts = buf.row_counts if buf.row_counts is not None else bits.view(_F64)[:, P.COUNT_SLOTS:units, 0]
+    host = torch.cat([bits[:, units, 0:1].to(_F64), counts], 1).tolist()
+    return [int(r[0]) for r in host], [[int(r[1 + j]) for r in host] for j in range(extra)]
+
+
+def _refuse_failed(failed: list[int], agreed, failure, group, words_buf) -> None:
+    ranks = [r for r, f in enumerate(failed) if f]
+    if ranks:
+        rank = dist.get_rank(group)
+        words = _own_words(failure if failed[rank] else None, group, words_buf, rank)
+        raise P.DistributedError(_refusal([_failed_after(ranks, words)], agreed, group)) from failure
+
+
+def _failed_after(ranks: list[int], words: dict[int, str] | None = None) -> str:
+    words = words or {}
+    said = "".join(f"; rank {r}: {words[r]}" for r in ranks if r in words)
+    return (f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}: the local computation "
+            f"raised an unexpected exception after the agreement (chained on that rank){said}")
+
+
+#: Bytes of its own message each refusing rank sends its peers (UTF-8, cut beyond).
+WORDS_BYTES = REFUSAL_WORDS_BYTES
+_WORDS_COLS = WORDS_BYTES // 8
+
+
+def _in_step(agreed) -> bool:
+    """Every rank present and in the same call: only then may a refusal run one more
+    collective (ranks out of step would pair it with another call's)."""
+    return all(r[P.PRESENT] == 1 for r in agreed) and len({r[P.UNJOINED] for r in agreed}) == 1
+
+
+def _words_of(exc) -> str | None:
+    """What a refusing rank tells its peers: its exception's own message (an adapter's
+    refusal, a message with the caller's values in it) or, for an unexpected exception,
+    its type and message. Never raises: an exception whose str() fails is named by type."""
+    if exc is None:
+        return None
+    try:
+        text = str(exc)
+        if not isinstance(text, str):
+            raise TypeError
+    except Exception:  # noqa: BLE001 - a broken __str__ must not keep this rank from the exchange
+        text = "(its message could not be read)"
+    return text if isinstance(exc, P.GDPOError) else f"{type(exc).__name__}: {text}"
+
+
+def _words_row(text: str | None) -> torch.Tensor | None:
+    """``text`` as WORDS_BYTES of UTF-8 in int64s (cut between characters, with '...')."""
+    if not text:
+        return None
+    raw = text.encode("utf-8", "replace")
+    if len(raw) > WORDS_BYTES:
+        raw = raw[: WORDS_BYTES - 3].decode("utf-8", "ignore").encode("utf-8") + b"..."  # whole characters
+    return torch.frombuffer(bytearray(raw.ljust(WORDS_BYTES, b"\0")), dtype=torch.uint8).view(_I64)
+
+
+def _weights_text(inp) -> str | None:
+    """This rank's weights as it tells them (never raises: the rank must still join)."""
+    try:
+        return P.weights_words(inp.weights, COLUMN_NAMES.get())
+    except Exception:  # noqa: BLE001 - the refusal then shows the digest
+        return None
+
+
+def _own_words(exc, group, words_buf: torch.Tensor, rank: int, text: str | None = None) -> dict[int, str]:
+    """One more collective, on the refusal path only (every rank takes it, by a decision
+    made from the agreed table): each refusing rank's own message (``exc``'s, see
+    :func:`_words_of`), so that the peers' error says what only that rank could see (an
+    adapter's refusal, an unexpected exception, the values behind a code). Every rank
+    joins the all-reduce whatever happens before it (``words_buf`` was allocated with the
+    agreement table); {rank: message}, or {} if the exchange fails (the refusal is then
+    raised as the table alone tells it). A rank without an exception may say ``text``
+    instead (its weights, when the ranks' weights differ)."""
+    try:
+        mine = _words_row(_words_of(exc) if exc is not None else text)
+        if mine is not None:
+            words_buf[rank].copy_(mine)
+    except Exception:  # noqa: BLE001 - this rank's words are lost; it still joins
+        pass
+    try:
+        dist.all_reduce(words_buf, op=dist.ReduceOp.SUM, group=group)
+        rows = words_buf.cpu()
+    except Exception:  # noqa: BLE001 - the refusal stands without the words
+        return {}
+    words = {}
+    for r in range(rows.shape[0]):
+        said = bytes(rows[r].view(torch.uint8).tolist()).rstrip(b"\0").decode("utf-8", "replace")
+        if said:
+            words[r] = said
+    return words
+
+
+def _refuse_lonely(counts: list[list[int]], agreed, group) -> None:
+    reasons = [_lonely_unit(P.COUNT_SLOTS + j, c) for j, c in enumerate(counts) if sum(c) == 1]
+    if reasons:
+        raise P.DistributedSegmentError(_refusal(reasons, agreed, group))
+
+
+def _late_row(mine: torch.Tensor, overflow_row: dict, a, out_dtype) -> None:
+    """This rank's row of collective 3: Eq. 7 overflow of labelled groups (weights beyond
+    ~2**1000) and the count of whitened values that do not survive a float8 cast."""
+    fields = (P.C_OVERFLOW, P.C_OVERFLOW_BITS, P.C_OVERFLOW_GROUP)
+    if overflow_row:
+        zero = torch.zeros((), dtype=_I64, device=mine.device)
+        mine[:3] = torch.stack([overflow_row[f].to(mine.device, _I64).reshape(()) if f in overflow_row else zero
+                                for f in fields])
+    if a is not None:
+        beyond = a.abs() >= cast_limit(out_dtype)
+        mine[3] = beyond.sum().to(mine.device)
+        if a.shape[0]:
+            at = torch.argmax(beyond.view(torch.uint8))  # the first such row (0 when none: unread then)
+            mine[5] = at.to(mine.device)
+            mine[6] = a[at].view(_I64).to(mine.device)
+
+
+def _late_checks(name, group, world, rank, agreed, late, out_dtype, failure, words_buf):
+    """Collective 3, only where needed: every rank's late row (see :func:`_late_row`) and
+    its failure flag, so all ranks raise together."""
+    _all_reduce(late, dist.ReduceOp.SUM, group, name, 3, rank)
+    late = late.tolist()
+    _refuse_failed([row[4] for row in late], agreed, failure, group, words_buf)
+    reasons = []
+    for r, (at, bits, label, *_) in enumerate(late):
+        row = list(agreed[r])
+        row[P.C_OVERFLOW], row[P.C_OVERFLOW_BITS], row[P.C_OVERFLOW_GROUP] = at, bits, label
+        reasons += [f"rank {r}: {cls.__name__}: {msg}" for cls, msg in P.row_problems(row)]
+    if reasons:
+        raise P.DistributedError(_refusal(reasons, agreed, group))
+    counts = [c[3] for c in late]
+    if any(counts):
+        where = "; ".join(f"rank {r}: {row[3]} value(s), the first {P.bits_float(row[6])!r} at its row {row[5]}"
+                          for r, row in enumerate(late) if row[3])
+        raise P.DistributedOutOfRangeError(
+            f"{name} refused on all {world} ranks: whitened values do not survive the cast to "
+            f"{P.dtype_name(P.dtype_code(out_dtype))} (largest finite {torch.finfo(out_dtype).max!r}) "
+            f"({where}); choose a wider out_dtype")
+
+
+def _lonely_unit(j: int, per_rank: list) -> str:
+    holder = next(r for r, c in enumerate(per_rank) if c)
+    return (f"unit {j} holds a single sample across all ranks (on rank {holder}); "
+            "Eq. 6 needs at least 2 (unbiased std)")

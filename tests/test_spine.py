@@ -1,0 +1,131 @@
+"""The spine holds (issue 27 part 5, docs/design/spine.md): a local call runs its stages once
+each, in order, whatever the route (contiguous or labelled groups, certified or not), and the
+call's trace through impl's modules stays short.
+
+The stages are wrapped where the plan finds them (``impl._plan.PLAIN``, the plain backend,
+and the certify and cast stages ``impl._pipeline`` calls), so a route that ran a stage twice
+(a recompute for the certificate), skipped one or ran them out of order fails here."""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import os
+import sys
+
+import pytest
+import torch
+
+from impl import _cast, _certify, _plan, gdpo
+
+ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "impl") + os.sep
+LIBRARY = {"_segments", "_stats", "_dd", "_problems"}
+
+
+#: the design's section 1.1 calls: contiguous groups of 4, K = 3; ragged labelled groups
+ARGS = {"local": (torch.arange(48.).remainder(7).view(16, 3), {"group_size": 4}),
+        "labelled": (torch.arange(30.).remainder(5).view(10, 3), {"group_ids": [7, 7, 3, 3, 3, 9, 9, 9, 9, 7]})}
+CALLS = {name: (lambda r=r, kw=kw: gdpo.gdpo_advantages(r, **kw)) for name, (r, kw) in ARGS.items()}
+
+
+def _recorded(monkeypatch) -> list[str]:
+    ran = []
+
+    def wrap(name, fn):
+        def stage(*args, **kwargs):
+            ran.append(name)
+            return fn(*args, **kwargs)
+        return stage
+
+    plain = _plan.PLAIN
+    monkeypatch.setattr(_plan, "PLAIN", dataclasses.replace(
+        plain, eq4=wrap("eq4", plain.eq4), eq7=wrap("eq7", plain.eq7), eq6_stats=wrap("eq6_stats", plain.eq6_stats),
+        eq6_apply=wrap("eq6_apply", plain.eq6_apply)))
+    monkeypatch.setattr(_certify, "stage", wrap("certify", _certify.stage))
+    monkeypatch.setattr(_cast, "output", wrap("cast", _cast.output))
+    return ran
+
+
+@pytest.mark.parametrize("certified", [True, False])
+@pytest.mark.parametrize("call", sorted(CALLS))
+def test_each_stage_runs_once_in_order(monkeypatch, call, certified):
+    monkeypatch.delenv("GDPO_FUSED", raising=False)  # the plain backend (GDPO_FUSED=interpret: the fused one)
+    monkeypatch.delenv("GDPO_CUDA_GRAPHS", raising=False)
+    want = CALLS[call]()
+    ran = _recorded(monkeypatch)
+    with _certify.narrow_here() if certified else _certify.disabled():
+        got = CALLS[call]()
+    assert ran == ["eq4", "eq7", "eq6_stats", "eq6_apply", "certify" if certified else "cast"], ran
+    assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("call", sorted(CALLS))
+def test_the_certificate_reads_c_as_eq7_left_it(monkeypatch, call):
+    """Where the certificate decides the rounding it reads c after Eq. 6: the plan must keep Eq. 6
+    off c's buffer there (``plan.own`` false). A wrong ``own`` changes no output the bit corpus
+    sees (the certificate reads c only for the samples tier 0 leaves), so it is checked here: c
+    as the certificate gets it is normalize_rewards' c, bit for bit."""
+    monkeypatch.delenv("GDPO_FUSED", raising=False)
+    monkeypatch.delenv("GDPO_CUDA_GRAPHS", raising=False)
+    seen = []
+    stage = _certify.stage
+    monkeypatch.setattr(_certify, "stage", lambda plan, c, dev: seen.append(dev.c.clone()) or stage(plan, c, dev))
+    r, kw = ARGS[call]
+    with _certify.narrow_here():
+        CALLS[call]()
+        want = gdpo.normalize_rewards(r, **kw)
+    assert len(seen) == 1 and torch.equal(seen[0].view(torch.int64), want.view(torch.int64))
+
+
+def _stays(fn) -> list[str]:
+    """The impl modules a call passes through, calls only, the library modules transparent
+    (docs/design/spine.md section 1.1's count): one entry per stay."""
+    stack, seq = [], []
+
+    def mod(frame):
+        f = frame.f_code.co_filename
+        m = f[len(ROOT):-3] if f.startswith(ROOT) and f.endswith(".py") else None
+        return None if m in LIBRARY else m
+
+    def local(frame, event, arg):
+        if event == "return":
+            stack.pop()
+        return local
+
+    def tracer(frame, event, arg):
+        stack.append(mod(frame))
+        if stack[-1]:
+            seq.append(stack[-1])
+        return local
+
+    fn()  # warm-up: constant caches, lazy imports
+    sys.settrace(tracer)
+    try:
+        fn()
+    finally:
+        sys.settrace(None)
+    return [m for i, m in enumerate(seq) if i == 0 or seq[i - 1] != m]
+
+
+#: stays of the two calls, measured when the spine landed (calls only, library transparent; the
+#: plan's making takes most of them: its decisions ask _inputs, _cast, _certify, _fused, _groups,
+#: _whiten and _graphs). The design aims at about 12. Ceilings: a route that comes back into the
+#: pipeline (a callback, a recompute for the certificate) adds stays.
+MOST = {"local": 39, "labelled": 45}
+
+
+@pytest.mark.parametrize("call", sorted(CALLS))
+def test_the_trace_stays_short(monkeypatch, call):
+    monkeypatch.delenv("GDPO_FUSED", raising=False)
+    monkeypatch.delenv("GDPO_CUDA_GRAPHS", raising=False)
+    with _certify.narrow_here():
+        stays = _stays(CALLS[call])
+    assert len(stays) <= MOST[call], (len(stays), stays)
+    # the entry, run_local once the plan is made, the device part inside _plan.guard: nothing calls back
+    assert collections.Counter(stays)["_pipeline"] == 3, stays
+    # from the device part on, each stage's module is entered in order and never again once left
+    # for a later stage: Eq. 4, Eq. 7, Eq. 6, the certificate
+    after = stays[len(stays) - stays[::-1].index("_pipeline"):]
+    stages = [m for m in after if m in ("_eq4", "_eq7", "_whiten", "_certify")]  # (_certify rounds by _cast)
+    order = [m for i, m in enumerate(stages) if i == 0 or stages[i - 1] != m]
+    assert order == ["_eq4", "_eq7", "_whiten", "_certify"], (order, stays)
