@@ -409,7 +409,7 @@ def _apply_x(loc: Local, f, shift, mean, den, out_dtype):
 def eq6_stats(plan, c: torch.Tensor, facts) -> Local:
     """This process's Eq. 6 statistics of c (N,): of the scored rows under "unscored"
     (``plan.scored``), whole-group units centred on their structural 0 (``plan.whole``);
-    ``plan.own``: c is work space (the certificate computes it again where it needs it)."""
+    ``plan.own``: c is work space (false where the certificate reads c after Eq. 6)."""
     scored = plan.scored
     if scored is not None:
         c = c if scored.rows is None else c.index_select(0, scored.rows)
