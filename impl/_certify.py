@@ -524,14 +524,20 @@ def quantum_exponent(r: torch.Tensor) -> int | None:
     return _quantum(r.dtype, small)
 
 
-def eq4_error(r: torch.Tensor, n: int, weights: list[float]) -> float:
-    """A bound on |c - c*| of every row, groups of ``n`` contiguous rows of the rewards ``r``:
-    :func:`eq47_rows_bound`, the sums exact or not (:func:`exact_sums`; the rewards'
-    :func:`magnitudes` are read only for a narrow reward format, which alone has a quantum)."""
+def eq4_error(r: torch.Tensor, n: int, weights: list[float]) -> tuple[float, int | None]:
+    """(bound, e): a bound on |c - c*| of every row, groups of ``n`` contiguous rows of the
+    rewards ``r`` (:func:`eq47_rows_bound`, the sums exact or not: :func:`exact_sums`), and
+    2**e dividing every reward (:func:`quantum_exponent`; None: not known). The rewards'
+    :func:`magnitudes` are read once, only for a narrow reward format, which alone has a
+    quantum."""
     if n < 2:
-        return 0.0
-    ex = r.dtype in _QUANTUM and exact_sums(r.dtype, magnitudes(r), n)
-    return eq47_rows_bound(n, weights, [ex] * len(weights))
+        return 0.0, None
+    if r.dtype not in _QUANTUM:
+        return eq47_rows_bound(n, weights, [False] * len(weights)), None
+    mags = magnitudes(r)
+    ex = exact_sums(r.dtype, mags, n)
+    return eq47_rows_bound(n, weights, [ex] * len(weights)), (_quantum(r.dtype, mags[0]) if math.isfinite(mags[0])
+                                                             else 0)
 
 
 def eq47_rows_bound(n: int, weights: list[float], exact: list[bool]) -> float:
@@ -686,15 +692,16 @@ def _unit_numbers(tp, sizes: list[int], width: int, wl: list[bool], emax: float,
 
 
 def _eq6_host(tp, sizes: list[int], width: int, whole, emax: float, eps: float, device):
-    """(alpha, beta, exact0) of every unit from :func:`_unit_numbers` (host scalars for one
-    unit, (S, 1) tensors otherwise)."""
+    """(alpha, beta, exact0, nums) of every unit from :func:`_unit_numbers` (host scalars for
+    one unit, (S, 1) tensors otherwise; nums: the units' :class:`UnitNumbers`, which the
+    group-exact tier reads again)."""
     S = len(sizes)
     nums = _unit_numbers(tp, sizes, width, _whole_list(whole, S), emax, eps, list(range(S)))
     if S == 1:  # host scalars: no tensors to make
-        return nums[0].alpha, nums[0].beta, nums[0].exact0
+        return nums[0].alpha, nums[0].beta, nums[0].exact0, nums
     t = torch.tensor([[x.alpha for x in nums], [x.beta for x in nums]], dtype=_F64).to(device)
     ex = torch.tensor([x.exact0 for x in nums], dtype=torch.bool).to(device).view(S, 1)
-    return t[0].view(S, 1), t[1].view(S, 1), ex
+    return t[0].view(S, 1), t[1].view(S, 1), ex, nums
 
 
 #: output formats: half the spacing of their subnormals (the rounding interval of 0)
@@ -708,33 +715,46 @@ _NEVER = 1 << 62
 
 
 
-def bits_certify(a: torch.Tensor, alpha, beta, out_dtype) -> torch.Tensor | None:
-    """Tier 0's test on a's float64 bits: ok where every value within B = alpha + beta |a| of
-    a rounds as a does (``alpha``, ``beta`` broadcast against a); None where every row is.
+def bits_certify(a: torch.Tensor, alpha, beta, out_dtype, y: torch.Tensor | None = None) -> torch.Tensor | None:
+    """Tier 0's test: ok where every value within B = alpha + beta |a| of a rounds as a does
+    (``alpha``, ``beta`` host floats, or tensors broadcast against a); None where every row is.
+    ``y``: a rounded to ``out_dtype`` (:func:`round_out`), where the caller has it.
 
-    In a's binade [2**e, 2**(e+1)) the output format's midpoints sit where the low
-    drop = 52 - mantissa bits of a are 100...0, so a's distance to the nearest one, in units
-    of a's last place 2**(e-52), is |low - 2**(drop-1)|; the nearest midpoint outside the
-    binade is at least 2**(drop-2) such units away (below a power of two the cells are half as
-    wide): dist = min(|low - 2**(drop-1)|, 2**(drop-2)). B <= alpha + beta 2**(e+1), so a is
-    certified where (dist - beta 2**53) 2**e > alpha 2**52 (2**e read from a's exponent bits;
-    the products by powers of two are exact, the margins cover the rest). Below the output's
-    normal range the test cannot pass: alpha is raised to at least 2**(drop + emin - 54)
-    there, which keeps (dist - C) 2**e < 2**(drop - 1 + emin - 1) below it (a = 0 included)."""
-    mant, emin = _NARROW[out_dtype]
-    drop = 52 - mant
-    floor = 2.0 ** (drop + emin - 54)
-    if isinstance(alpha, torch.Tensor):
-        A = alpha.clamp(min=floor) * (2.0 ** 52 * (1 + 2.0 ** -40))
-        C = beta * (2.0 ** 53 * (1 + 2.0 ** -40)) + 1
+    In a's binade [2**e, 2**(e+1)) the output format (m mantissa bits) has cells 2**(e - m)
+    wide: h = 2**(e - m - 1) is half a cell, and 2**e is read from a's exponent bits (p2, exact;
+    0 for a float64 zero or subnormal: never certified). r = a - y is exact (Sterbenz: y is a
+    rounded, of a's sign and within a factor 2 of it, or 0). The midpoint on r's side of y is
+    h - |r| from a; on the other side h + |r|, except below y = 2**k with a at or above it,
+    where the cell is half as wide: h/2 + |r|. Below the output's normal range the cells are
+    wider than h says, and an output 0 (|r| = |a| > h) never passes. So a is certified where
+    h - |r| > 2 B, which gives both h - |r| > B and h/2 > B; with |a| < 2 p2 it suffices that
+
+        p2 (2**-(m+1) - 4 beta) - |r| > 2 alpha,   tested as   p2 - s |r| > 2 alpha s
+
+    with s >= 1 / (2**-(m+1) - 4 beta) (its roundings covered by 2**-40 margins, which the
+    test's own three roundings cannot use up). Five passes over a: r, |r|, p2, the difference,
+    its minimum (the common case: every row certified, no boolean pass)."""
+    mant, _ = _NARROW[out_dtype]
+    h = 2.0 ** -(mant + 1)
+    grow = 1 + 2.0 ** -40
+    if isinstance(alpha, torch.Tensor) or isinstance(beta, torch.Tensor):
+        alpha = torch.as_tensor(alpha, dtype=_F64, device=a.device)
+        k1 = (h - 4 * torch.as_tensor(beta, dtype=_F64, device=a.device)) / grow
+        s = torch.where(k1 > 0, grow / k1, math.inf)
+        A = 2 * alpha * s * grow
     else:
-        A = max(alpha, floor) * (2.0 ** 52 * (1 + 2.0 ** -40))
-        C = beta * (2.0 ** 53 * (1 + 2.0 ** -40)) + 1
-    bits = a.view(_I64)
-    low = torch.bitwise_and(bits, (1 << drop) - 1, out=_reuse(bits, "low"))
-    dist = _reuse(a, "dist").copy_(low.sub_(1 << (drop - 1)).abs_().clamp_(max=1 << (drop - 2)))
-    p2 = torch.bitwise_and(bits, 0x7FF0000000000000, out=low).view(_F64)
-    v = dist.sub_(C).mul_(p2)
+        k1 = (h - 4 * beta) / grow
+        s = grow / k1 if k1 > 0 else math.inf
+        A = 2 * alpha * s * grow if math.isfinite(s) else math.inf
+    y = round_out(a, out_dtype) if y is None else y
+    r = torch.sub(a, y, out=_reuse(a, "dist")).abs_()  # |a - y|, exact
+    p2 = torch.bitwise_and(a.view(_I64), 0x7FF0000000000000, out=_reuse(a, "low", _I64)).view(_F64)
+    if isinstance(s, torch.Tensor):
+        v = p2.addcmul_(r, s, value=-1.0)
+    elif math.isfinite(s):
+        v = p2.sub_(r, alpha=s)
+    else:
+        return torch.zeros(a.shape, dtype=torch.bool, device=a.device)
     # the common case without a boolean pass: every row's margin above its unit's A
     if not isinstance(A, torch.Tensor):
         if bool(v.amin() > A):
@@ -746,6 +766,15 @@ def bits_certify(a: torch.Tensor, alpha, beta, out_dtype) -> torch.Tensor | None
 
 
 # --- the tiers --------------------------------------------------------------------------------------
+
+
+def indices(mask: torch.Tensor) -> torch.Tensor:
+    """The indices (int64, ascending) where the 1-D bool ``mask`` is true. On CPU through
+    NumPy: torch's nonzero makes two passes and costs about 14 times as much on 65,536 rows
+    (measured), where the rows sought are few."""
+    if mask.device.type == "cpu":
+        return torch.from_numpy(np.flatnonzero(mask.numpy()))
+    return mask.nonzero().view(-1)
 
 
 def _unit_index(sizes: list[int], device) -> torch.Tensor:
@@ -790,6 +819,8 @@ class Problem:
     #: tier 0's bound |a - a*| <= alpha + beta |a| per unit ((alpha, beta): host floats for one
     #: unit, (S, 1) tensors otherwise), once tier 0 ran
     ab: object = None
+    #: every unit's :class:`UnitNumbers` for ``emax``, where tier 0 made them on the host
+    nums: list | None = None
 
     def values(self) -> torch.Tensor:
         """c (computed again where the plain path used its buffer as work space)."""
@@ -836,7 +867,7 @@ def finish(p: Problem, out_dtype, counts: Counts | None = None) -> torch.Tensor:
             ok, y = certify_float(a, B, out_dtype)
     todo = ~ok
     if left is None:
-        left = todo.nonzero().view(-1)
+        left = indices(todo)
     counts.float64 += n - left.numel()
     if left.numel() == 0:
         return y
@@ -859,7 +890,7 @@ def finish(p: Problem, out_dtype, counts: Counts | None = None) -> torch.Tensor:
     if st is None:
         st = unit_stats(p.values(), a, p.rows_E(), units, whole, p.eps)
     if p.dd_rows is not None and not _dd_needed_everywhere(todo, n):  # tier 1a: the rows' own c in dd
-        rows = todo.nonzero().view(-1)
+        rows = indices(todo)
         got1 = _targeted(p, rows, units, st)
         if got1 is not None:
             h, l, Bd = got1
@@ -906,7 +937,7 @@ def _tier0_loc(p: Problem, units: _Units, out_dtype):
     lay = loc.lay
     S = len(p.sizes)
     if p.emax is not None and S <= _HOST_UNITS:
-        alpha, beta, exact0 = _eq6_host(loc.tp, p.sizes, lay.width, p.whole, p.emax, p.eps, a.device)
+        alpha, beta, exact0, p.nums = _eq6_host(loc.tp, p.sizes, lay.width, p.whole, p.emax, p.eps, a.device)
     else:
         Emax = torch.full((S,), p.emax, dtype=_F64, device=a.device) if p.emax is not None else units.amax(p.rows_E())
         alpha, beta, exact0 = eq6_alpha_beta(loc.tp, p.sizes, lay.width, _whole_tensor(p.whole, S, a.device), Emax,
@@ -914,20 +945,20 @@ def _tier0_loc(p: Problem, units: _Units, out_dtype):
     p.ab = (alpha, beta)
     y = round_out(a, out_dtype)
     if S == 1 and not isinstance(alpha, torch.Tensor):
-        ok = bits_certify(a, alpha, beta, out_dtype)
+        ok = bits_certify(a, alpha, beta, out_dtype, y)
         if ok is None:
             return None, y, None
         alpha, beta = (torch.tensor([[x]], dtype=_F64, device=a.device) for x in (alpha, beta))
         exact0 = torch.tensor([[bool(exact0)]], device=a.device)
     elif lay.kind == "view":
-        ok = bits_certify(a.view(S, -1), alpha, beta, out_dtype)
+        ok = bits_certify(a.view(S, -1), alpha, beta, out_dtype, y.view(S, -1))
         ok = None if ok is None else ok.view(-1)
     else:
         idx = units.index()
-        ok = bits_certify(a, alpha.view(-1).index_select(0, idx), beta.view(-1).index_select(0, idx), out_dtype)
+        ok = bits_certify(a, alpha.view(-1).index_select(0, idx), beta.view(-1).index_select(0, idx), out_dtype, y)
     if ok is None:
         return None, y, None
-    left = (~ok).nonzero().view(-1)  # the rows not certified, as indices (few, as a rule)
+    left = indices(~ok)  # the rows not certified, as indices (few, as a rule)
     if left.numel():
         rows = left[y.index_select(0, left) == 0]
         if rows.numel():
@@ -955,7 +986,7 @@ def _exact_zeros(p: Problem, todo: torch.Tensor, y: torch.Tensor, units: _Units,
     """The rows left (``rows``: todo's, as indices) in units of whole groups whose c* is exactly
     0 (:mod:`impl._exact_zeros`) get a* = +0 exactly (the unit's exact mean is 0). Returns
     (y, todo, how many)."""
-    rows = todo.nonzero().view(-1) if rows is None else rows
+    rows = indices(todo) if rows is None else rows
     if len(p.sizes) == 1:
         rows = rows if bool(whole[0]) else rows[:0]
     else:
@@ -994,15 +1025,18 @@ def _group_exact(p: Problem, todo: torch.Tensor, y: torch.Tensor, out_dtype, uni
     ends of its interval round to the same output (sign included), or where c* = 0 exactly in a
     unit of whole groups (a* = +0). ``rows``: todo's, as indices. Returns (y, todo, how many
     were certified)."""
-    rows = todo.nonzero().view(-1) if rows is None else rows
+    rows = indices(todo) if rows is None else rows
     rl = rows.tolist()
     S = len(p.sizes)
     ul = [0] * len(rl) if S == 1 else units.index().index_select(0, rows).tolist()
     need = sorted(set(ul))
-    emax = p.emax if p.emax is not None else float(p.rows_E().max())
-    loc = p.loc
-    nums = dict(zip(need, _unit_numbers(loc.tp, p.sizes, loc.lay.width, _whole_list(p.whole, S), emax,
-                                         p.eps, need)))
+    if p.nums is not None:  # tier 0's, for the same emax
+        nums = {u: p.nums[u] for u in need}
+    else:
+        emax = p.emax if p.emax is not None else float(p.rows_E().max())
+        loc = p.loc
+        nums = dict(zip(need, _unit_numbers(loc.tp, p.sizes, loc.lay.width, _whole_list(p.whole, S), emax,
+                                             p.eps, need)))
     got_rows, got_vals = [], []
     for r, u, (lo, hi, zero) in zip(rl, ul, p.exact_rows(rl)):
         un = nums[u]
@@ -1208,10 +1242,11 @@ def _oracle_gdpo(inp, sizes, eps):
 
 
 def for_gdpo(inp, a: torch.Tensor, c: torch.Tensor, sizes: list[int], eps: float, whole, emax=None,
-             loc=None) -> Problem:
+             loc=None, qexp: int | None = None) -> Problem:
     """The certificate's view of a local gdpo_advantages call (missing="refuse"). ``emax``: the
     bound on |c - c*| of every row from :func:`eq4_error`, where the plain path had contiguous
-    groups (None: the worst case); ``loc``: its Eq. 6 statistics."""
+    groups (None: the worst case); ``loc``: its Eq. 6 statistics; ``qexp``: 2**qexp divides
+    every reward (None: read where needed, :func:`quantum_exponent`)."""
     gid_G = _group_index(inp) if inp.labels is not None else None
     if emax is not None:
         def E():  # rows of groups whose columns are all constant: z = 0 exactly, c = +0 (E = 0)
@@ -1266,7 +1301,7 @@ def for_gdpo(inp, a: torch.Tensor, c: torch.Tensor, sizes: list[int], eps: float
         from impl import _exact_zeros
         if inp.labels is None:
             return _exact_zeros.zero_rows_contiguous(rows, inp.rewards, inp.group_size, list(inp.weights),
-                                                     quantum_exponent)
+                                                     quantum_exponent if qexp is None else lambda _: qexp)
         gid, G = gid_G or _group_index(inp)
         return _exact_zeros.zero_rows_labelled(rows, gid, G, inp.rewards, list(inp.weights), quantum_exponent)
     return Problem(a, c, sizes, eps, whole, E, dd, _oracle_gdpo(inp, sizes, eps), dd_rows, loc, emax, exact_rows,
@@ -1286,9 +1321,9 @@ def stage(plan, call, dev) -> tuple[torch.Tensor, Counts]:
     if call.inp is None:  # whiten: the values are c, exact
         return finish(for_whiten(dev.c, a, plan.sizes, plan.eps), out_dtype, counts), counts
     rows = getattr(dev.z, "err_rows", 0)  # (None: a graph replay, which keeps no z)
-    emax = eq4_error(call.inp.rewards.contiguous(), rows, call.inp.weights) if rows else None
+    emax, qexp = eq4_error(call.inp.rewards.contiguous(), rows, call.inp.weights) if rows else (None, None)
     loc = dev.loc if getattr(dev.loc, "tp", None) is not None else None  # the plain backend's statistics
-    p = for_gdpo(call.inp, a, dev.c, plan.sizes, plan.eps, plan.whole, emax, loc)
+    p = for_gdpo(call.inp, a, dev.c, plan.sizes, plan.eps, plan.whole, emax, loc, qexp)
     return finish(p, out_dtype, counts), counts
 
 

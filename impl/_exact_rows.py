@@ -38,19 +38,21 @@ def _dyadic(x: float) -> tuple[int, int]:
 
 
 def _column(vals: list[float], eps: float):
-    """(P, n, den_lo, den_hi, V, D) of one group column: the numerators P_i = n (X_i - mean)
-    in X's units (X = x D, integers), the enclosure of the denominator std + eps in those
-    units as (numerator, 2**shift) pairs of integers, the exact variance V in the rewards'
-    units (a Fraction; None if collapsed) and the scale D."""
+    """(P, lo, hi, Q, d) of one group column: the numerators P_i = n (X_i - mean) in X's units
+    (X = x 2**d, integers: every float is an integer over a power of two), the enclosure of
+    the denominator std + eps in those units as (numerator, 2**shift) pairs of integers (None
+    if the column is collapsed) and Q = n sum X**2 - S1**2, the exact variance times
+    n (n - 1) 4**d."""
     n = len(vals)
     ratios = [v.as_integer_ratio() for v in vals]
-    D = max(d for _, d in ratios)
-    X = [num * (D // d) for num, d in ratios]
+    D = max(den for _, den in ratios)
+    X = [num * (D // den) for num, den in ratios]
     S1 = sum(X)
     Q = n * sum(x * x for x in X) - S1 * S1
     P = [n * x - S1 for x in X]
+    d = D.bit_length() - 1
     if Q == 0:
-        return P, n, None, None, None, D
+        return P, None, None, 0, d
     m = n * (n - 1)
     s = math.isqrt((Q << (2 * PREC)) // m)
     en, ee = _dyadic(eps)  # eps = en / 2**ee; eps X's units = en D / 2**ee
@@ -58,24 +60,32 @@ def _column(vals: list[float], eps: float):
     e_part = (en * D) << (sh - ee)
     lo = ((s << (sh - PREC)) + e_part, sh)
     hi = (((s + 1) << (sh - PREC)) + e_part, sh)
-    return P, n, lo, hi, Fraction(Q, m * D * D), D
+    return P, lo, hi, Q, d
 
 
 def combined(rows_of_group: list[list[float]], weights: list[float], eps: float, which=None):
     """For the rows ``which`` (default all) of one group (``rows_of_group``: n rows of K
     rewards, floats): (lo, hi, zero) with c* in [lo, hi] (Fractions) and zero True where
-    c* = 0 exactly."""
+    c* = 0 exactly.
+
+    Integers only until the two Fractions of each row: column k's exact variance is
+    Q_k / (n (n - 1) 4**d_k), so columns of equal variance have equal Q_k 4**(dmax - d_k); a
+    class's numerator sum_k w_k (x_k - mean_k) is, times n 2**(wshift + dmax), the integer
+    sum_k W_k P_k 2**(dmax - d_k) (W_k = w_k 2**wshift)."""
     n = len(rows_of_group)
     K = len(weights)
     cols = [_column([float(rows_of_group[i][k]) for i in range(n)], eps) for k in range(K)]
     wd = [_dyadic(w) for w in weights]
     wshift = max(e for _, e in wd)
+    dmax = max(col[4] for col in cols)
+    keys = [col[3] << 2 * (dmax - col[4]) for col in cols]  # equal exactly where the variances are
+    unit = 1 << (FIX + wshift)
     out = []
     for i in (range(n) if which is None else which):
         lo = hi = 0  # in units of 2**-(FIX + wshift)
         classes: dict = {}
         for k in range(K):
-            P, nn, dlo, dhi, V, D = cols[k]
+            P, dlo, dhi, _, d = cols[k]
             p = P[i]
             wn, we = wd[k]
             if dlo is None or p == 0 or wn == 0:
@@ -94,11 +104,9 @@ def combined(rows_of_group: list[list[float]], weights: list[float], eps: float,
             else:
                 lo += f * z_b
                 hi += f * z_a
-            classes[V] = classes.get(V, Fraction(0)) + Fraction(wn * p, (1 << we) * nn * D)
-        zero = all(v == 0 for v in classes.values())
-        if zero:
+            classes[keys[k]] = classes.get(keys[k], 0) + ((f * p) << (dmax - d))
+        if not any(classes.values()):
             out.append((Fraction(0), Fraction(0), True))
         else:
-            unit = 1 << (FIX + wshift)
             out.append((Fraction(lo, unit), Fraction(hi, unit), False))
     return out

@@ -60,14 +60,33 @@ def _scaled(v: np.ndarray) -> np.ndarray | None:
     return X.astype(np.int64)
 
 
+def _reduced(v: np.ndarray, qexp: int | None) -> tuple[np.ndarray, float] | None:
+    """(X, top): ``v`` as float64 integers X = v / 2**t, 2**t the largest power of two dividing
+    every value, and max |X|; where every value is a multiple of 2**qexp (checked) below
+    2**53 of them; else None. (A format's quantum is often far below the values' own: 0/1
+    rewards in float32 are multiples of 2**-23, and of 1.)"""
+    if qexp is None or -qexp > 1023:
+        return None
+    with np.errstate(over="ignore"):  # a value that overflows is refused just below
+        X = v * 2.0 ** -qexp if qexp else v
+    top = float(np.abs(X).max(initial=0))
+    if not top < 2.0 ** 53:
+        return None
+    Xi = X.astype(np.int64)
+    if not np.array_equal(Xi, X):  # not multiples of 2**qexp
+        return None
+    low = int(np.bitwise_or.reduce(Xi, axis=None))
+    if low == 0:
+        return X, 0.0  # every value 0
+    t = (low & -low).bit_length() - 1  # the trailing zeros common to every X
+    return (X * 2.0 ** -t, top * 2.0 ** -t) if t else (X, top)
+
+
 def _integers(v: np.ndarray, qexp: int | None) -> np.ndarray | None:
-    """``v`` as integers X = v / 2**qexp where every value is known to be a multiple of
-    2**qexp (checked: X must come out integral and below 2**53), else by :func:`_scaled`."""
-    if qexp is not None and -qexp <= 1023:
-        X = v * 2.0 ** -qexp
-        if np.abs(X).max() < 2.0 ** 53 and np.array_equal(np.trunc(X), X):
-            return X.astype(np.int64)
-    return _scaled(v)
+    """``v`` as integers X = v / 2**t (int64; :func:`_reduced`) where every value is known to
+    be a multiple of 2**qexp, else by :func:`_scaled`."""
+    got = _reduced(v, qexp)
+    return got[0].astype(np.int64) if got is not None else _scaled(v)
 
 
 def _integer_weights(weights: list[float]) -> list[int]:
@@ -120,21 +139,75 @@ def _values(sub: torch.Tensor, quantum) -> tuple[np.ndarray, np.ndarray | None]:
     return v, _integers(v, qexp)
 
 
+#: below this, every sum of the float64 path is an integer of at most 52 bits: exact in any order
+_FLOAT_EXACT = 2.0 ** 52
+_SUMS: dict = {}
+
+
+def _small_integers(v: np.ndarray, qexp: int | None) -> np.ndarray | None:
+    """``v`` as float64 integers (:func:`_reduced`) small enough for :func:`_cancel_small`
+    (|X| <= 2**20, which keeps n**2 X**2 and K W P below 2**52 for groups up to 2**5, integer
+    weights up to 2**10 and up to 2**15 columns, checked by the caller); else None."""
+    got = _reduced(v, qexp)
+    return got[0] if got is not None and got[1] <= 2.0 ** 20 else None
+
+
+def _cancel_small(X: np.ndarray, g: int, rg: np.ndarray, at: np.ndarray, W: list[int]) -> np.ndarray:
+    """:func:`_cancel` for rows of groups of ``g`` contiguous rows whose rewards are small
+    integers X (U, g, K) float64: S1, sum X**2 (a matrix product with a 0/1 matrix), Q, P and
+    the class sums are integers below 2**52 (the caller checked), exact in float64 whatever
+    the order of the sums. ``rg``: each row's group among the U, ``at``: its place in it."""
+    U, _, K = X.shape
+    M = _SUMS.get((g, K))
+    if M is None:
+        M = _SUMS[(g, K)] = np.tile(np.eye(K), (g, 1))
+    flat = X.reshape(U, g * K)
+    S1 = flat @ M
+    Q = g * ((flat * flat) @ M) - S1 * S1
+    P = g * X.reshape(U * g, K)[rg * g + at] - S1[rg]
+    T = (P * np.array(W, dtype=np.float64)).T.copy()  # (K, R): column k of every row
+    Qr = Q[rg].T.copy()
+    tot = T.copy()
+    for k in range(K):
+        for j in range(k + 1, K):
+            same = Qr[j] == Qr[k]
+            tot[k] += np.where(same, T[j], 0.0)
+            tot[j] += np.where(same, T[k], 0.0)
+    return ~(tot != 0).any(0)
+
+
+def _groups_of(rows: np.ndarray, g: int) -> tuple[np.ndarray, np.ndarray]:
+    """(ug, rg): the groups of ``rows`` (groups of g contiguous rows), each once, ascending,
+    and each row's place among them."""
+    grp = rows // g
+    if grp.size > 1 and not np.all(grp[1:] >= grp[:-1]):
+        return np.unique(grp, return_inverse=True)
+    first = np.ones(grp.size, dtype=bool)  # the rows come ascending (indices of a mask)
+    np.not_equal(grp[1:], grp[:-1], out=first[1:])
+    return grp[first], np.cumsum(first) - 1
+
+
 def zero_rows_contiguous(rows: torch.Tensor, rewards: torch.Tensor, g: int, weights: list[float],
                          quantum=None) -> torch.Tensor:
     """(R,) bool: c* = 0 exactly for each of ``rows`` (decided by the sufficient condition of
     the module's docstring; False: not decided here), groups of ``g`` contiguous rows; on the
-    host, in NumPy's int64. ``quantum``: (rewards) -> e with 2**e dividing every one, or None
-    (then read on the values' bits)."""
+    host, in NumPy's int64 (small integers: in float64, exact). ``quantum``: (rewards) -> e
+    with 2**e dividing every one, or None (then read on the values' bits)."""
     R = rows.shape[0]
     device = rewards.device
     if R == 0:
         return torch.zeros(0, dtype=torch.bool, device=device)
     rl = rows.cpu().numpy()
-    ug, rg = np.unique(rl // g, return_inverse=True)
+    ug, rg = _groups_of(rl, g)
     N, K = rewards.shape
-    at = torch.from_numpy(ug).to(device)
-    v, X = _values(rewards.detach().view(N // g, g, K).index_select(0, at), quantum)
+    sub = rewards.detach().view(N // g, g, K).index_select(0, torch.from_numpy(ug).to(device))
+    qexp = quantum(sub) if quantum is not None else None
+    v = sub.to("cpu", torch.float64).numpy()
+    W = _integer_weights(weights)
+    Xs = _small_integers(v, qexp) if g <= 32 and K <= 1 << 15 and max(abs(x) for x in W) <= 1 << 10 else None
+    if Xs is not None:
+        return torch.from_numpy(_cancel_small(Xs, g, rg, rl % g, W)).to(device)
+    X = _integers(v, qexp)
     if X is None or not _fits(X, g):  # beyond int64: the groups whose every column is constant
         return torch.from_numpy((v.max(1) == v.min(1)).all(-1)[rg]).to(device)
     Xt = torch.from_numpy(X)  # torch's reduction over the middle axis is the faster here

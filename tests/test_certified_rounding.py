@@ -459,14 +459,18 @@ def test_magnitudes_read_on_the_bits(dtype):
 # ------------------------------------------------------------------ exact zeros of c (0/1 rewards)
 
 
-def _discrete_groups(seed: int, g: int, k: int, levels: int, groups: int = 40) -> torch.Tensor:
+def _discrete_groups(seed: int, g: int, k: int, levels: int, groups: int = 40, values=None) -> torch.Tensor:
+    """Rewards taking ``levels`` values (0, 0.5, 1, ...; or ``values[:levels]``)."""
     gen = torch.Generator().manual_seed(seed)
-    return torch.randint(0, levels, (groups * g, k), generator=gen).float() * 0.5
+    pick = torch.randint(0, levels, (groups * g, k), generator=gen)
+    if values is not None:
+        return torch.tensor(values, dtype=torch.float32)[pick]
+    return pick.float() * 0.5
 
 
 def _zero_mismatches(decide, weights_sets=((1.0, 1.0, 1.0, 1.0), (1.0, 0.5, 1.0, 0.5), (1.0, 0.0, 1.0, 1.0),
-                                           (2.0, 1.0, 1.0, 2.0), (1.0, -1.0, 2.0, -2.0), (2.0, 1.0, 0.5, 0.25))
-                     ) -> tuple[int, int, int]:
+                                           (2.0, 1.0, 1.0, 2.0), (1.0, -1.0, 2.0, -2.0), (2.0, 1.0, 0.5, 0.25)),
+                     values=None) -> tuple[int, int, int]:
     """Compare ``decide(rows, rewards, g, weights)`` (R,) bool, "c* = 0 exactly", with the row-by-row
     exact enclosure of impl._exact_rows (Fractions): (unsound: decided 0 where c* != 0, missed:
     c* = 0 not decided, decided) over discrete groups of several shapes."""
@@ -474,7 +478,7 @@ def _zero_mismatches(decide, weights_sets=((1.0, 1.0, 1.0, 1.0), (1.0, 0.5, 1.0,
     unsound = missed = decided = 0
     for seed, (g, levels) in enumerate(((4, 2), (8, 2), (6, 3), (8, 3))):
         for weights in weights_sets:
-            r = _discrete_groups(seed, g, 4, levels)
+            r = _discrete_groups(seed, g, 4, levels, values=values)
             rows = torch.arange(r.shape[0])
             got = decide(rows, r, g, list(weights)).tolist()
             for q in range(r.shape[0] // g):
@@ -503,6 +507,24 @@ def test_exact_zero_rows_are_sound_and_catch_equal_variance_cancellation():
         unsound, missed, decided = _zero_mismatches(decide)
         assert unsound == 0 and missed == 0, (decide.__name__, unsound, missed)
         assert decided >= 20, decided  # the cases do cancel exactly (28 rows of these seeds)
+
+
+def test_exact_zero_rows_small_and_large_integers_take_their_own_paths():
+    """The contiguous decision has two exact paths: rewards that are small integers after their
+    common power of two (|X| <= 2**20: float64 sums, a matrix product) and the rest (int64).
+    Both give impl._exact_rows' verdicts; the levels below send every case down the path named."""
+    from impl import _exact_zeros as Z
+
+    def contiguous(rows, r, g, w):
+        return Z.zero_rows_contiguous(rows, r, g, w, _certify.quantum_exponent)
+
+    for values, small in (((0.0, 0.75, 3.0), True), ((2.0 ** 21 + 1.0, 0.5, 3.0), False)):
+        for levels in (2, 3):
+            r = _discrete_groups(0, 4, 4, levels, values=values)
+            assert (Z._small_integers(r.double().numpy(), _certify.quantum_exponent(r)) is not None) == small
+        unsound, missed, decided = _zero_mismatches(contiguous, values=values)
+        assert unsound == 0 and missed == 0, (values, unsound, missed)
+        assert decided >= 20, (values, decided)
 
 
 @pytest.mark.parametrize("weights", [[3e200], [3e200, 3e200], [1e-300, 2.0], [1.0, -2.0 ** 70]])
