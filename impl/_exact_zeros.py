@@ -8,11 +8,15 @@ groups is exactly +0 (its exact mean is 0), and no float bound can say so. A bat
 rewards in groups of 8 with 4 columns has about 3% such rows.
 
 Every reward is an integer multiple of a power of two q common to the groups looked at (the
-smallest of their members' quanta), so X = x / q are integers, and per group column
+largest power of two dividing every one of their values), so X = x / q are integers, and per
+group column
 
     S1 = sum X,   Q = n sum X**2 - S1**2,   P_i = n X_i - S1,
 
-are exact in int64 when n**2 max|X|**2 < 2**62 (checked; otherwise this tier declines). The
+are exact in int64 when n**2 max|X|**2 < 2**62 (checked; otherwise this tier declines), and
+in float64, whatever the order of the sums, where X are small (|X| <= 2**20, groups up to 32
+rows, integer weights up to 2**10: every sum below 2**52), which 0/1 and small integer
+scores are: there the sums are a matrix product. The
 column's std is sqrt(Q / (n**2 (n - 1))) q, the same for columns of equal Q (one group, one n),
 so
 
