@@ -715,3 +715,59 @@ def test_exact_zero_scaling_declines_overflow_without_a_warning():
         warnings.simplefilter("error")
         assert _exact_zeros._scaled(np.array([1e300, 2.0 ** -1000])) is None
         assert list(_exact_zeros._scaled(np.array([0.75, -2.0, 0.0]))) == [3, -8, 0]
+
+
+def _tier0_rows(fmt: torch.dtype, seed: int = 0) -> torch.Tensor:
+    """float64 values close to the rounding boundaries of ``fmt``: a step or a few float64
+    steps from its midpoints, on both sides of powers of two (where the cell below is half as
+    wide), tiny (subnormal outputs, zero) and near the largest finite value."""
+    rng = random.Random(seed)
+    fi = torch.finfo(fmt)
+    mant = {torch.float32: 23, torch.float16: 10, torch.bfloat16: 7}[fmt]
+    out = []
+    for _ in range(150):
+        e = rng.randint(-20, 20)
+        y = math.ldexp(1.0 + rng.randrange(1 << mant) / (1 << mant), e) * rng.choice((1, -1))
+        cell = math.ldexp(1.0, e - mant)
+        for mid in (y + cell / 2, y - cell / 2, math.ldexp(1.0, e) - cell / 4, math.ldexp(1.0, e) + cell / 2):
+            for k in (0, 1, 3, 1 << 10, 1 << 20, 1 << 26):
+                out += [mid + k * math.ulp(mid), mid - k * math.ulp(mid)]
+    for e in range(-20, 21):  # just above and below powers of two, every binade
+        out += [s * math.ldexp(1.0 + k * 2.0 ** -52, e) for k in (-3, -1, 0, 1, 3, 1 << 12) for s in (1, -1)]
+    out += [0.0, -0.0, 5e-324, fi.tiny, fi.tiny / 3, -fi.tiny * 0.75, fi.smallest_normal * 2 ** -(mant + 1),
+            float(fi.max), -float(fi.max), float(fi.max) * (1 + 2 ** -(mant + 2)), 1e-30, -1e-40]
+    return torch.tensor(out, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("fmt", [torch.float32, torch.bfloat16, torch.float16])
+def test_tier0_test_is_sound_near_boundaries(fmt):
+    """impl._certify.bits_certify passes a row only where every value within alpha + beta |a|
+    of a rounds (exactly: oracle.exact.round_fraction) to the output y, sign included; checked
+    on values one to 2**26 float64 steps from the format's midpoints, at both sides of powers
+    of two and near 0 and the largest value. The set holds rows that a test without the
+    doubled bound (h - |a - y| > B) would pass wrongly: the half-width cell below a power of
+    two; it passes many rows (the test is not vacuous)."""
+    from fractions import Fraction
+
+    from impl._cast import round_to
+    from oracle.exact import round_fraction
+    name = str(fmt).replace("torch.", "")
+    a = _tier0_rows(fmt)
+    y = round_to(a, fmt)
+    mant = {torch.float32: 23, torch.float16: 10, torch.bfloat16: 7}[fmt]
+    naive_wrong = passed = 0
+    for alpha, beta in ((1e-15, 0.0), (0.0, 2.0 ** -45), (3e-9, 2.0 ** -40), (1.5 * 2.0 ** -26, 0.0), (0.75 * 2.0 ** -11, 0.0), (0.0, 0.0)):
+        ok = _certify.bits_certify(a, alpha, beta, fmt, y)
+        ok = torch.ones_like(a, dtype=torch.bool) if ok is None else ok
+        for i, (ai, yi) in enumerate(zip(a.tolist(), y.double().tolist())):
+            B = Fraction(alpha) + Fraction(beta) * abs(Fraction(ai))
+            ends = [round_fraction(Fraction(ai) - B, name), round_fraction(Fraction(ai) + B, name)]
+            sound = all(v == yi and math.copysign(1, v) == math.copysign(1, yi) for v in ends)
+            if bool(ok[i]):
+                passed += 1
+                assert sound, (name, ai, alpha, beta, yi, ends)
+            if not sound and ai != 0 and math.isfinite(yi):  # would h - |r| > B have passed it?
+                h = math.ldexp(1.0, math.frexp(abs(ai))[1] - 1 - mant - 1)
+                naive_wrong += h - abs(ai - yi) > B
+    assert passed > 1000, passed
+    assert naive_wrong > 0  # the cases reach the half-width cell
