@@ -655,14 +655,19 @@ def _unit_numbers(tp, sizes: list[int], width: int, wl: list[bool], emax: float,
     ``emax``: the same formulas in Python floats (IEEE 754 double, correctly rounded sqrt), so
     the denominator is the plain path's bit for bit."""
     S = len(sizes)
-    parts = torch.cat([tp.lo.to(_F64).view(S, 1), tp.hi.to(_F64).view(S, 1), tp.f.view(S, 1),
-                       tp.mean.view(S, 1), tp.m2.view(S, 1), tp.eps_f.view(S, 1), tp.shift.view(S, 1)], 1)
-    if len(which) < S:
-        parts = parts.index_select(0, torch.tensor(which, dtype=_I64, device=parts.device))
+    cols = (tp.lo, tp.hi, tp.f, tp.mean, tp.m2, tp.eps_f, tp.shift)
+    if tp.f.device.type == "cpu":  # a list each: no tensor to make (a tenth of the time, measured)
+        parts = list(zip(*(t.reshape(-1).tolist() for t in cols)))
+        parts = [parts[j] for j in which] if len(which) < S else parts
+    else:  # one host read
+        parts = torch.cat([t.to(_F64).view(S, 1) for t in cols], 1)
+        if len(which) < S:
+            parts = parts.index_select(0, torch.tensor(which, dtype=_I64, device=parts.device))
+        parts = parts.tolist()
     u = U64
     L = float(math.ceil(math.log2(max(width, 2))))
     out = []
-    for (lo, hi, f, mean, m2, eps_f, shift), j in zip(parts.tolist(), which):
+    for (lo, hi, f, mean, m2, eps_f, shift), j in zip(parts, which):
         T, wh = sizes[j], wl[j]
         Ef = emax * f * (1 + 2 * u)
         rho = (hi - lo) * f * (1 + 4 * u)
