@@ -726,48 +726,60 @@ def bits_certify(a: torch.Tensor, alpha, beta, out_dtype, y: torch.Tensor | None
     ``y``: a rounded to ``out_dtype`` (:func:`round_out`), where the caller has it.
 
     In a's binade [2**e, 2**(e+1)) the output format (m mantissa bits) has cells 2**(e - m)
-    wide: h = 2**(e - m - 1) is half a cell, and 2**e is read from a's exponent bits (p2, exact;
-    0 for a float64 zero or subnormal: never certified). r = a - y is exact (Sterbenz: y is a
-    rounded, of a's sign and within a factor 2 of it, or 0). The midpoint on r's side of y is
-    h - |r| from a; on the other side h + |r|, except below y = 2**k with a at or above it,
-    where the cell is half as wide: h/2 + |r|. Below the output's normal range the cells are
-    wider than h says, and an output 0 (|r| = |a| > h) never passes. So a is certified where
-    h - |r| > 2 B, which gives both h - |r| > B and h/2 > B; with |a| < 2 p2 it suffices that
+    wide: h = 2**(e - m - 1) is half a cell, and p2 = 2**e is read from a's exponent bits
+    (exact; 0 for a float64 zero or subnormal: never certified). r = a - y is exact
+    (Sterbenz: y is a rounded, of a's sign and within a factor 2 of it, or 0). The midpoint on
+    r's side of y is h - |r| from a; on the other side h + |r|, except below y = 2**k with a at
+    or above it, where the cell is half as wide: h/2 + |r|. Below the output's normal range
+    the cells are wider than h says, and an output 0 (|r| = |a| > h) never passes. So a is
+    certified where h - |r| > B and h/2 > B; with |a| < 2 p2 it suffices that
 
-        p2 (2**-(m+1) - 4 beta) - |r| > 2 alpha,   tested as   p2 - s |r| > 2 alpha s
+        p2 (2**-(m+1) - 2 beta) - |r| > alpha   and   p2 (2**-(m+2) - 2 beta) > alpha,
 
-    with s >= 1 / (2**-(m+1) - 4 beta) (its roundings covered by 2**-40 margins, which the
-    test's own three roundings cannot use up). Five passes over a: r, |r|, p2, the difference,
-    its minimum (the common case: every row certified, no boolean pass)."""
+    tested as p2 - s |r| > alpha s and p2 > P, s and P rounded up (2**-40 margins, which
+    the test's own three roundings cannot use up). Six passes over a: r, |r|, p2, its
+    minimum, the difference, its minimum (the common case: every row certified, no boolean
+    pass)."""
     mant, _ = _NARROW[out_dtype]
     h = 2.0 ** -(mant + 1)
     grow = 1 + 2.0 ** -40
     if isinstance(alpha, torch.Tensor) or isinstance(beta, torch.Tensor):
         alpha = torch.as_tensor(alpha, dtype=_F64, device=a.device)
-        k1 = (h - 4 * torch.as_tensor(beta, dtype=_F64, device=a.device)) / grow
+        beta = torch.as_tensor(beta, dtype=_F64, device=a.device)
+        k1, k2 = (h - 2 * beta) / grow, (h / 2 - 2 * beta) / grow
         s = torch.where(k1 > 0, grow / k1, math.inf)
-        A = 2 * alpha * s * grow
+        A = alpha * s * grow
+        P = torch.where(k2 > 0, alpha / k2 * grow, math.inf)
     else:
-        k1 = (h - 4 * beta) / grow
-        s = grow / k1 if k1 > 0 else math.inf
-        A = 2 * alpha * s * grow if math.isfinite(s) else math.inf
+        k1, k2 = (h - 2 * beta) / grow, (h / 2 - 2 * beta) / grow
+        if not (k1 > 0 and k2 > 0 and alpha < math.inf):
+            return torch.zeros(a.shape, dtype=torch.bool, device=a.device)
+        s = grow / k1
+        A, P = alpha * s * grow, alpha / k2 * grow
     y = round_out(a, out_dtype) if y is None else y
     r = torch.sub(a, y, out=_reuse(a, "dist")).abs_()  # |a - y|, exact
     p2 = torch.bitwise_and(a.view(_I64), 0x7FF0000000000000, out=_reuse(a, "low", _I64)).view(_F64)
-    if isinstance(s, torch.Tensor):
-        v = p2.addcmul_(r, s, value=-1.0)
-    elif math.isfinite(s):
-        v = p2.sub_(r, alpha=s)
-    else:
-        return torch.zeros(a.shape, dtype=torch.bool, device=a.device)
-    # the common case without a boolean pass: every row's margin above its unit's A
-    if not isinstance(A, torch.Tensor):
-        if bool(v.amin() > A):
-            return None
-    elif a.dim() == 2 and A.shape == (a.shape[0], 1):
-        if bool((v.amin(1, keepdim=True) > A).all()):
-            return None
-    return v > A
+    if isinstance(P, torch.Tensor):
+        if a.dim() == 2 and P.shape == (a.shape[0], 1):  # a unit a row: the same without a boolean pass
+            big = bool((p2.amin(1, keepdim=True) > P).all())
+            v = p2.addcmul_(r, s, value=-1.0)
+            if big and bool((v.amin(1, keepdim=True) > A).all()):
+                return None
+        else:
+            big, v = False, p2.addcmul_(r, s, value=-1.0)
+        ok = v > A
+        if not big:
+            ok &= torch.bitwise_and(a.view(_I64), 0x7FF0000000000000).view(_F64) > P
+        return ok
+    big = bool(p2.amin() > P)
+    v = p2.sub_(r, alpha=s)
+    # the common case without a boolean pass: every row's margin above A, every p2 above P
+    if big and bool(v.amin() > A):
+        return None
+    ok = v > A
+    if not big:
+        ok &= torch.bitwise_and(a.view(_I64), 0x7FF0000000000000).view(_F64) > P
+    return ok
 
 
 # --- the tiers --------------------------------------------------------------------------------------

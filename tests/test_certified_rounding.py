@@ -744,9 +744,10 @@ def test_tier0_test_is_sound_near_boundaries(fmt):
     """impl._certify.bits_certify passes a row only where every value within alpha + beta |a|
     of a rounds (exactly: oracle.exact.round_fraction) to the output y, sign included; checked
     on values one to 2**26 float64 steps from the format's midpoints, at both sides of powers
-    of two and near 0 and the largest value. The set holds rows that a test without the
-    doubled bound (h - |a - y| > B) would pass wrongly: the half-width cell below a power of
-    two; it passes many rows (the test is not vacuous)."""
+    of two and near 0 and the largest value. The set holds rows that a test of the midpoint on
+    r's side alone (h - |a - y| > B, without h/2 > B) would pass wrongly: the half-width cell
+    below a power of two; it passes many rows (the test is not vacuous). Per-row and per-unit
+    bounds give the same verdicts."""
     from fractions import Fraction
 
     from impl._cast import round_to
@@ -759,6 +760,14 @@ def test_tier0_test_is_sound_near_boundaries(fmt):
     for alpha, beta in ((1e-15, 0.0), (0.0, 2.0 ** -45), (3e-9, 2.0 ** -40), (1.5 * 2.0 ** -26, 0.0), (0.75 * 2.0 ** -11, 0.0), (0.0, 0.0)):
         ok = _certify.bits_certify(a, alpha, beta, fmt, y)
         ok = torch.ones_like(a, dtype=torch.bool) if ok is None else ok
+        # the same test with per-row bounds, and per unit (a unit a row of a (S, T) view)
+        per_row = _certify.bits_certify(a, torch.full_like(a, alpha), torch.full_like(a, beta), fmt, y)
+        S = 2 if a.numel() % 2 == 0 else 1
+        per_unit = _certify.bits_certify(a.view(S, -1), torch.full((S, 1), alpha, dtype=torch.float64),
+                                         torch.full((S, 1), beta, dtype=torch.float64), fmt, y.view(S, -1))
+        for got in (per_row, per_unit):
+            got = torch.ones_like(a, dtype=torch.bool) if got is None else got.view(-1)
+            assert torch.equal(got, ok), (name, alpha, beta)
         for i, (ai, yi) in enumerate(zip(a.tolist(), y.double().tolist())):
             B = Fraction(alpha) + Fraction(beta) * abs(Fraction(ai))
             ends = [round_fraction(Fraction(ai) - B, name), round_fraction(Fraction(ai) + B, name)]
