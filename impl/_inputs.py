@@ -368,14 +368,13 @@ class Rewards:
     #: The NaN policy (``check_missing``): "refuse", or "unscored" (a NaN reward is one its
     #: reward function did not score; spec/gdpo.md section 2).
     missing: str = "refuse"
+    #: rows and reward columns of ``rewards``: fields, not properties (the plan and the stages
+    #: read them as data; ``dataclasses.replace`` with other rewards sets them again)
+    n: int = dataclasses.field(init=False)
+    k: int = dataclasses.field(init=False)
 
-    @property
-    def n(self) -> int:
-        return self.rewards.shape[0]
-
-    @property
-    def k(self) -> int:
-        return self.rewards.shape[1]
+    def __post_init__(self):
+        self.n, self.k = self.rewards.shape
 
 
 def check_rewards(rewards, group_ids, group_size, weights, *, allow_empty_rows: bool) -> Rewards:
