@@ -111,10 +111,10 @@ def _stays(fn) -> list[str]:
 #: into the pipeline or the plan (a callback, a recompute for the certificate, a decision asked
 #: during the arithmetic) adds stays. When the spine landed: 39 and 45, most of them the plan's
 #: making (Rewards' properties, decisions spread over _plan's helpers); since the plan reads the
-#: inputs stage's record as data and asks each module it needs once: 26 and 28. The design aims
+#: inputs stage's record as data and asks each module it needs once: 23 and 25. The design aims
 #: at about 12 (what is left: Eq. 4's layout in _groups between _eq4's steps, the certificate's
 #: rounding by _cast, the plan's questions to _certify, _fused, _groups and _graphs).
-MOST = {"local": 26, "labelled": 28}
+MOST = {"local": 23, "labelled": 25}
 
 
 @pytest.mark.parametrize("call", sorted(CALLS))
@@ -124,8 +124,10 @@ def test_the_trace_stays_short(monkeypatch, call):
     with _certify.narrow_here():
         stays = _stays(CALLS[call])
     assert len(stays) <= MOST[call], (len(stays), stays)
-    # the entry, run_local once the plan is made, the device part inside _plan.guard: nothing calls back
-    assert collections.Counter(stays)["_pipeline"] == 3, stays
+    # the entry, then run_local once the plan is made, which runs the device part (plain stages
+    # directly, fused ones inside _plan.guard): nothing calls back into the pipeline or the plan
+    counts = collections.Counter(stays)
+    assert counts["_pipeline"] == 2 and counts["_plan"] <= (1 if call == "local" else 2), stays
     # from the device part on, each stage's module is entered in order and never again once left
     # for a later stage: Eq. 4, Eq. 7, Eq. 6, the certificate
     after = stays[len(stays) - stays[::-1].index("_pipeline"):]
