@@ -250,7 +250,7 @@ def local(call, api: str, *, report: bool = False) -> Plan:
         eq47 = FUSED
     lazy = _groups.lazy_checks(inp.rewards.device)
     # "unscored": the scored rows, the one more read, before the arithmetic (labelled: after the row's refusals)
-    scored, units = unscored and (gdpo or report), sizes if gdpo else [inp.n]
+    read_scored, scored_units = unscored and (gdpo or report), sizes if gdpo else [inp.n]
     common = dict(**stages, eps=eps, inp=inp, sizes=sizes, out_dtype=out_dtype, eq6b=eq6b, write=write,
                   certify=certify, own=gdpo and not certify)
     if inp.labels is None:
@@ -258,7 +258,7 @@ def local(call, api: str, *, report: bool = False) -> Plan:
         whole = _groups.whole_units(inp, sizes) if gdpo else None
         graph = gdpo and not unscored and _graphs.eligible(inp)
         return Plan(api, **common, layout=layout, whole=whole, eq47=eq47, lazy=lazy, graph=graph,
-                    scored=_scored(inp, units) if scored else None, host=call.host)
+                    scored=_scored(inp, scored_units) if read_scored else None, host=call.host)
     prep = _groups.prepare(inp, lazy=lazy)
     row = _facts.read_row(call.host, prep.facts)  # the one host read
     if prep.lazy and P.row_problems(row):  # a refusal: a non-finite reward is reported first
@@ -267,7 +267,7 @@ def local(call, api: str, *, report: bool = False) -> Plan:
     layout, eq47 = _lay_out(prep, inp, api, row[P.GROUPS], row[P.N_MAX], row[P.RUNS])
     whole = _groups.whole_units(inp, sizes, prep.labelled) if gdpo else None  # after the layout's sort
     return Plan(api, **common, prep=prep, layout=layout, row=row, whole=whole, eq47=eq47, lazy=prep.lazy,
-                scored=_scored(inp, units) if scored else None)
+                scored=_scored(inp, scored_units) if read_scored else None)
 
 
 def distributed(api: str, eps: float, out_dtype, sizes: list[int], *, inp=None, values=None) -> Plan:
