@@ -62,6 +62,7 @@ from impl._inputs import (
     check_rewards,
     check_segments,
     check_values,
+    rewards_host,
 )
 from impl._segments import host_to_device
 from impl._stats import overflow_possible
@@ -144,7 +145,7 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
             inp = check_rewards(rewards, group_ids, group_size, weights, allow_empty_rows=True)
             inp.missing = missing
             n, dtype = inp.n, inp.rewards.dtype
-            host.update(_facts.rewards_host(inp))
+            host.update(rewards_host(inp))
             host[P.WEIGHTS_FP] = P.weights_fingerprint(inp.weights, COLUMN_NAMES.get())
         else:
             v = check_values(values)

@@ -98,22 +98,25 @@ class Z:
 
 
 def eq4(plan, r: torch.Tensor, facts) -> Z:
-    """The Eq. 4 stage (``impl._plan.PLAIN``): z in the plan's layout, phase one's facts (run
-    here for contiguous groups; labelled groups ran it in the plan) and the non-finite reward's
-    put into ``facts``. ``r``: the rewards (phase one holds them)."""
-    prep = plan.prep
-    if prep is None:
-        prep = G.prepare(plan.inp, lazy=plan.lazy)
-        facts.update(prep.facts)
+    """The Eq. 4 stage (``impl._plan.PLAIN``): z in the plan's layout, the facts found put into
+    ``facts`` (contiguous groups' phase one runs here, in :func:`finish`; labelled groups ran it
+    in the plan). ``r``: the rewards (phase one holds them)."""
     longest = plan.row[P.N_MAX] if plan.prep is not None else plan.inp.group_size
-    z = finish(prep, plan.eps, plan.layout, longest)
+    z = finish(plan.prep, plan.eps, plan.layout, longest, inp=plan.inp, lazy=plan.lazy)
     facts.update(z.facts)
     return z
 
 
-def finish(prep: Prepared, eps: float, layout: G.GroupLayout, longest: int) -> Z:
+def finish(prep: Prepared | None, eps: float, layout: G.GroupLayout, longest: int, *, inp=None,
+           lazy: bool = False) -> Z:
     """Phase two: Eq. 4, z in ``layout`` (``_eq7.eq7`` combines it there); ``longest``: the
-    longest group (labelled: n_max, from the host read of phase one's facts)."""
+    longest group (labelled: n_max, from the host read of phase one's facts). ``prep`` None:
+    contiguous groups, whose phase one (``_groups.prepare`` of ``inp``, ``lazy``) runs first,
+    here, its facts among z's."""
+    found = {}
+    if prep is None:
+        prep = G.prepare(inp, lazy=lazy)
+        found.update(prep.facts)
     inp, r = prep.inp, prep.r
     if layout.kind == "contiguous":
         (x, _), = layout.gather(r)
@@ -125,7 +128,7 @@ def finish(prep: Prepared, eps: float, layout: G.GroupLayout, longest: int) -> Z
             tp = two_pass(x, count[:1], eps, own=True)
             finite = not prep.lazy or tp.finite()
             z = standardize_groups(tp, count[1:], eps)  # (K, g, G)
-        out = Z([z], layout, g, {}, g if inp.missing != "unscored" else 0)
+        out = Z([z], layout, g, found, g if inp.missing != "unscored" else 0)
     else:
         finite = True
         zs = []
@@ -133,7 +136,7 @@ def finish(prep: Prepared, eps: float, layout: G.GroupLayout, longest: int) -> Z
             z, ok = _padded_eq4(x, pad, eps, prep.lazy, inp.missing)
             finite = finite and ok
             zs.append(z)
-        out = Z(zs, layout, longest, {})
+        out = Z(zs, layout, longest, found)
     if not finite:
         out.facts.update(rewards_nonfinite_facts(inp, r))
     return out

@@ -62,13 +62,6 @@ def rewards_nonfinite_facts(inp, r: torch.Tensor) -> Facts:
 # --- host fields ------------------------------------------------------------------------------
 
 
-def rewards_host(inp) -> dict[int, int]:
-    """The host fields of a validated rewards input (``_inputs.Rewards``)."""
-    return {P.PRESENT: 1, P.K: inp.k, P.ROWS: inp.n, P.BY_LABEL: int(inp.labels is not None),
-            P.GROUP_SIZE: inp.group_size or 0, P.LABELS_UINT64: int(inp.labels_uint64),
-            P.MISSING: P.MISSING_CODES[inp.missing]}
-
-
 def unit_of(sizes: list[int], at: int) -> int:
     """The unit holding row ``at`` (host, from the sizes)."""
     end = 0

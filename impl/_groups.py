@@ -23,8 +23,9 @@ labels' sort, the group count, the longest group, the first group of one; the fi
 non-finite reward unless that search is left lazy); :func:`layout` then lays the groups
 out. :class:`GroupLayout` gathers each part of the layout and brings results back: slot
 values to input order (``rows``), group values to the groups' order of first appearance
-(``groups``). All device-side; findings are raw int64 scalars for the facts row (see
-``_problems``), never raised here.
+(``groups``). :func:`whole_units` says which of Eq. 6's units hold whole groups (their mean
+is the structural 0, ``_whiten``). All device-side; findings are raw int64 scalars for the
+facts row (see ``_problems``), never raised here.
 """
 
 from __future__ import annotations
@@ -311,6 +312,68 @@ def _bucketed(lab: Labelled, n: int, groups: int, first_row: torch.Tensor, read)
                             torch.zeros(1, dtype=_I64, device=device)]).index_copy_(0, slot, lab.perm)
         parts.append(Part(width, cnt, source[:-1], slot.clamp(max=width * cnt - 1), inside, members))
     return GroupLayout(n, "buckets", parts, perm=lab.perm, groups=groups, first_row=first_row)
+
+
+# --- the units of Eq. 6 that hold whole groups -------------------------------------------------
+
+
+def whole_units(inp: Rewards, sizes: list[int], lab: Labelled | None = None):
+    """The units of these rows (``sizes``) made of whole groups (``_whiten.local_stats``'s
+    ``whole``: their mean is the structural 0): from the sizes for contiguous groups (a host
+    tuple), from the labels otherwise (an (S,) device bool, no host read); None without rows.
+    Groups never span ranks, so each rank's part of a unit is judged alone, and its row of the
+    statistics states that part's exact mean."""
+    if inp.n == 0:
+        return None
+    if inp.labels is None:
+        return _whole_contiguous(sizes, inp.group_size)
+    return _whole_labelled(inp.labels, lab, sizes)
+
+
+def _whole_contiguous(sizes: list[int], group_size: int) -> tuple[bool, ...]:
+    """Per unit: does it hold whole groups of ``group_size`` consecutive rows (its start
+    and its size multiples of the group size)? Known on the host, from the sizes alone."""
+    out, start = [], 0
+    for s in sizes:
+        out.append(start % group_size == 0 and s % group_size == 0)
+        start += s
+    return tuple(out)
+
+
+def _whole_labelled(labels: torch.Tensor, lab: Labelled, sizes: list[int]) -> torch.Tensor:
+    """(S,) bool on the labels' device: does each unit hold whole labelled groups (no
+    group with members in two units)? No host read. ``lab`` is the labels' stable sort,
+    whose groups are runs in label order; where phase one found every group one run of rows
+    without sorting (its layout left unmade), the rows on both sides of each unit boundary
+    are compared instead (same answer, no sort)."""
+    device = labels.device
+    units = len(sizes)
+    constant = seg_ops.constant
+    bad = torch.zeros(units, dtype=_I64, device=device)
+    if lab._layout is None:  # phase one found every group one run of rows, unsorted
+        # a run crosses a unit boundary iff the rows on both sides carry one label: S - 1 reads
+        left, right, at, last, start = [], [], [], None, 0
+        for j, s in enumerate(sizes):
+            if s and last is not None:
+                left.append(last)
+                right.append(j)
+                at.append(start)
+            if s:
+                last = j
+            start += s
+        if not at:
+            return bad == 0
+        rows = constant(tuple(at), _I64, device)
+        cut = (labels.index_select(0, rows) == labels.index_select(0, rows - 1)).to(_I64)
+        for side in (left, right):
+            bad.scatter_reduce_(0, constant(tuple(side), _I64, device), cut, "amax")
+        return bad == 0
+    unit = torch.repeat_interleave(constant(tuple(range(units)), _I64, device),
+                                   constant(tuple(sizes), _I64, device), output_size=labels.shape[0])
+    unit = unit.index_select(0, lab.perm)  # in label order, where each group is one run of rows
+    cut = ((lab.gid[1:] == lab.gid[:-1]) & (unit[1:] != unit[:-1])).to(_I64)  # a group crosses a boundary here
+    bad.scatter_reduce_(0, unit[1:], cut, "amax").scatter_reduce_(0, unit[:-1], cut, "amax")
+    return bad == 0
 
 
 def _columns(r: torch.Tensor) -> torch.Tensor:

@@ -368,14 +368,20 @@ class Rewards:
     #: The NaN policy (``check_missing``): "refuse", or "unscored" (a NaN reward is one its
     #: reward function did not score; spec/gdpo.md section 2).
     missing: str = "refuse"
+    #: rows and reward columns of ``rewards``: fields, not properties (the plan and the stages
+    #: read them as data; ``dataclasses.replace`` with other rewards sets them again)
+    n: int = dataclasses.field(init=False)
+    k: int = dataclasses.field(init=False)
 
-    @property
-    def n(self) -> int:
-        return self.rewards.shape[0]
+    def __post_init__(self):
+        self.n, self.k = self.rewards.shape
 
-    @property
-    def k(self) -> int:
-        return self.rewards.shape[1]
+
+def rewards_host(inp: Rewards) -> dict[int, int]:
+    """The facts row's host fields of validated rewards (``impl._facts``: the row's columns)."""
+    return {P.PRESENT: 1, P.K: inp.k, P.ROWS: inp.n, P.BY_LABEL: int(inp.labels is not None),
+            P.GROUP_SIZE: inp.group_size or 0, P.LABELS_UINT64: int(inp.labels_uint64),
+            P.MISSING: P.MISSING_CODES[inp.missing]}
 
 
 def check_rewards(rewards, group_ids, group_size, weights, *, allow_empty_rows: bool) -> Rewards:
@@ -686,13 +692,15 @@ def _units_of_one(sizes: list[int]) -> None:
 
 @dataclasses.dataclass
 class Call:
-    """A validated local call: its arguments as the checks normalised them."""
+    """A validated local call: its arguments as the checks normalised them, and what the plan
+    reads of them as plain data (fields: the plan never calls back into this module)."""
 
     eps: float
     inp: Rewards | None = None  # gdpo_advantages and the Eq. 4/7 APIs (None: whiten)
     values: torch.Tensor | None = None  # whiten: the values (N,)
     sizes: list[int] | None = None  # gdpo_advantages, whiten: this process's unit sizes
     out_dtype: torch.dtype | None = None  # gdpo_advantages, whiten (None: float64 out)
+    host: dict[int, int] = dataclasses.field(default_factory=dict)  # the facts row's host fields
 
 
 def check_gdpo(rewards, group_ids, group_size, weights, segment_sizes, eps, out_dtype, missing="refuse",
@@ -711,7 +719,7 @@ def check_gdpo(rewards, group_ids, group_size, weights, segment_sizes, eps, out_
         _units_of_one(sizes)
     except Problem as p:
         raise p.error() from None
-    return Call(eps, inp=inp, sizes=sizes, out_dtype=out_dtype)
+    return Call(eps, inp=inp, sizes=sizes, out_dtype=out_dtype, host=rewards_host(inp))
 
 
 def check_normalize(rewards, group_ids, group_size, weights, eps, missing="refuse", diagnostics=None) -> Call:
@@ -726,7 +734,7 @@ def check_normalize(rewards, group_ids, group_size, weights, eps, missing="refus
         inp.missing = missing
     except Problem as p:
         raise p.error() from None
-    return Call(eps, inp=inp)
+    return Call(eps, inp=inp, host=rewards_host(inp))
 
 
 def check_whiten(values, segment_sizes, eps, out_dtype) -> Call:
@@ -740,4 +748,4 @@ def check_whiten(values, segment_sizes, eps, out_dtype) -> Call:
         _units_of_one(sizes)
     except Problem as p:
         raise p.error() from None
-    return Call(eps, values=v, sizes=sizes, out_dtype=out_dtype)
+    return Call(eps, values=v, sizes=sizes, out_dtype=out_dtype, host={P.PRESENT: 1, P.ROWS: v.shape[0]})

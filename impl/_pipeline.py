@@ -96,9 +96,14 @@ def _replayed(plan, x: torch.Tensor) -> Device:
 def run_local(plan, call, diagnostics=None):
     """One local call, its stages in order: the device part (eager, or a graph replay), the
     facts row's one host read and its first refusal, then the certificate or the cast. The
-    plan made every decision; nothing here tests a backend, a device or a layout."""
+    plan made every decision; nothing here tests a device or a layout, nor a backend but for
+    whether its stages run behind the plan's guard (fused ones: a failure of theirs reruns the
+    device part on the plain plan). Nothing calls back into the spine or the plan."""
     x = call.values if call.inp is None else call.inp.rewards
-    dev = _plan.guard(plan, lambda p: (_replayed if p.graph else device_part)(p, x))
+
+    def part(p):  # eager, or a graph replay (not on the plain plan a fused failure falls back to)
+        return (_replayed if p.graph else device_part)(p, x)
+    dev = _plan.guard(plan, part) if plan.eq47.fused or plan.eq6b.fused else part(plan)
     _facts.settle(plan, dev.facts)
     counts = None
     if not plan.eq6:
@@ -107,7 +112,8 @@ def run_local(plan, call, diagnostics=None):
         out, counts = _certify.stage(plan, call, dev)  # the exact advantage, correctly rounded
     else:
         out = _cast.output(dev.a, plan.out_dtype)  # the range (float8), then one rounding
-    _plan.report(plan, diagnostics, counts)  # only once the call succeeded
+    if diagnostics is not None:
+        _plan.report(plan, diagnostics, counts)  # only once the call succeeded
     return out
 
 

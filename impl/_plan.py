@@ -17,6 +17,11 @@ applies (this module alone calls its eligibility predicates).
   gives this rank's row of the agreement table, with the dtype Eq. 6 writes (the total row
   count is the agreement's).
 
+The plan reads the validated call as data (``_inputs.Call``: the rewards' shape, the facts
+row's host fields) and asks each module a decision needs once, in turn: the certificate and
+the cast (the output's dtypes), the fused backend, the groups (lazy checks, layout, whole
+units), the CUDA graphs.
+
 Under ``missing="unscored"`` the scored rows are read here (one host read of the (N,) mask:
 the read the call made later before, now made before its arithmetic).
 """
@@ -49,6 +54,7 @@ class Backend:
     ``facts`` (a dict of 0-d device tensors by column), never raised."""
 
     name: str
+    fused: bool  # its stages run behind :func:`guard` (a failure of theirs: the plain plan)
     eq4: Callable
     eq7: Callable
     eq6_stats: Callable
@@ -59,11 +65,18 @@ class Backend:
 
 
 #: The backends of a stage (``Plan.eq47``, ``Plan.eq6b``).
-PLAIN = Backend("plain", _eq4.eq4, _eq7.stage, W.eq6_stats, W.eq6_apply)
-FUSED = Backend("fused", _fused.eq4, _fused.eq7, _fused.eq6_stats, _fused.eq6_apply)
+PLAIN = Backend("plain", False, _eq4.eq4, _eq7.stage, W.eq6_stats, W.eq6_apply)
+FUSED = Backend("fused", True, _fused.eq4, _fused.eq7, _fused.eq6_stats, _fused.eq6_apply)
 
 #: The APIs a plan serves.
 GDPO, WHITEN, NORMALIZE, STANDARDIZE, SIGNAL = "gdpo", "whiten", "normalize", "standardize", "signal"
+
+#: The stages each API runs (``Plan.eq4``, ``combined`` (Eq. 7), ``eq6``, ``signal``).
+STAGES = {GDPO: dict(eq4=True, combined=True, eq6=True, signal=False),
+          WHITEN: dict(eq4=False, combined=False, eq6=True, signal=False),
+          NORMALIZE: dict(eq4=True, combined=True, eq6=False, signal=False),
+          STANDARDIZE: dict(eq4=True, combined=False, eq6=False, signal=False),
+          SIGNAL: dict(eq4=True, combined=True, eq6=False, signal=True)}
 
 
 # --- missing="unscored": rows with no scored reward ----------------------------------------
@@ -113,25 +126,17 @@ def _no_missing(inp) -> _Scored:
     return _Scored(torch.ones(inp.n, dtype=torch.bool, device=inp.rewards.device), 0, None, [])
 
 
-def _whole_units(inp, sizes: list[int], lab=None):
-    """The units of this rank's rows made of whole groups (``_whiten.local_stats``'s
-    ``whole``): from the sizes for contiguous groups (host), from the labels otherwise
-    (device, no host read). Groups never span ranks, so each rank's part of a unit is
-    judged alone, and its row of the statistics states that part's exact mean."""
-    if inp.n == 0:
-        return None
-    if inp.labels is None:
-        return W.whole_contiguous(sizes, inp.group_size)
-    return W.whole_labelled(inp.labels, lab, sizes)
-
-
-def _apply_dtype(out_dtype: torch.dtype, total_rows: int):
-    """The dtype Eq. 6 writes: the output dtype itself, or float64 (None) when the
-    cast must be checked first, is not a plain floating write, or is certified
-    (``impl._certify``: the float64 result and its bound decide the rounding)."""
-    if cast_reachable(out_dtype, total_rows) or out_dtype not in _DIRECT or _certify.enabled(out_dtype):
-        return None
-    return out_dtype
+def _output(out_dtype: torch.dtype, rows: int) -> tuple[torch.dtype | None, bool]:
+    """The dtype Eq. 6 writes for ``out_dtype`` outputs of ``rows`` rows in all, and whether
+    the certificate decides their rounding (float8: never). Eq. 6 writes the output dtype
+    itself, or float64 (None) where the certificate decides the rounding (``impl._certify``:
+    the float64 result and its bound), the cast must be checked first, or the dtype is not
+    one the division writes directly."""
+    enabled = _certify.enabled(out_dtype)
+    certified = enabled and out_dtype in _certify.FORMATS
+    if enabled or out_dtype not in _DIRECT or cast_reachable(out_dtype, rows):
+        return None, certified
+    return out_dtype, certified
 
 
 # --- the plan -----------------------------------------------------------------------------------
@@ -142,6 +147,11 @@ class Plan:
     """A call's decisions, made once before its arithmetic (see the module's docstring)."""
 
     api: str  # GDPO, WHITEN, NORMALIZE, STANDARDIZE, SIGNAL
+    # the stages this API runs (``STAGES[api]``: fields, the stages read them as data)
+    eq4: bool  # Eq. 4 (every API but whiten)
+    combined: bool  # Eq. 7 (every API but standardize_groups and whiten)
+    eq6: bool  # Eq. 6 (gdpo_advantages, whiten)
+    signal: bool  # group_has_signal: ``varies`` is the result
     eps: float
     inp: object | None  # _inputs.Rewards (None: whiten)
     sizes: list[int] | None  # Eq. 6 units of this process's rows (None: an Eq. 4/7 API)
@@ -164,16 +174,6 @@ class Plan:
     #: returned nor read by the certificate (never where ``certify``: it reads c after Eq. 6)
     own: bool = False
     host: dict | None = None  # local calls: the facts row's host fields (labelled groups: ``row``)
-    # the stages this API runs, from ``api`` (fields, not properties: the stages read them as data)
-    eq4: bool = dataclasses.field(init=False)  # Eq. 4 (every API but whiten)
-    combined: bool = dataclasses.field(init=False)  # Eq. 7 (every API but standardize_groups and whiten)
-    eq6: bool = dataclasses.field(init=False)  # Eq. 6 (gdpo_advantages, whiten)
-    signal: bool = dataclasses.field(init=False)  # group_has_signal: ``varies`` is the result
-
-    def __post_init__(self):
-        for name, value in (("eq4", self.api != WHITEN), ("combined", self.api in (GDPO, NORMALIZE, SIGNAL)),
-                            ("eq6", self.api in (GDPO, WHITEN)), ("signal", self.api == SIGNAL)):
-            object.__setattr__(self, name, value)
 
     @property
     def key(self) -> tuple:
@@ -193,11 +193,6 @@ def report(plan: Plan, diagnostics, counts=None) -> None:
     (plan.scored or _no_missing(plan.inp)).report(diagnostics)
     if counts is not None:
         diagnostics.certified = counts
-
-
-def certifies(out_dtype) -> bool:
-    """Does the certificate decide the rounding of outputs in ``out_dtype`` (float8: never)?"""
-    return _certify.enabled(out_dtype) and out_dtype in _certify.FORMATS
 
 
 def plain(plan: Plan) -> Plan:
@@ -234,45 +229,45 @@ def local(call, api: str, *, report: bool = False) -> Plan:
     ``report``: an Eq. 4/7 API's caller asked for diagnostics (under "unscored" its scored
     rows are read for them). Labelled groups: phase one, its row read and its refusals
     raised here (see the module's docstring)."""
-    eps = call.eps
+    eps, sizes, out_dtype, stages = call.eps, call.sizes, call.out_dtype, STAGES[api]
     if api == WHITEN:
-        v, sizes, out_dtype = call.values, call.sizes, call.out_dtype
-        write = _apply_dtype(out_dtype, v.shape[0])
+        v = call.values
+        write, certify = _output(out_dtype, v.shape[0])
         fused = bool(v.shape[0]) and _fused.whiten_eligible(v.device, sizes, write)
         lazy = _groups.lazy_checks(v.device) and not fused  # the fused kernels look at every value anyway
-        return Plan(api, eps, None, sizes, out_dtype, write=write, eq6b=FUSED if fused else PLAIN, lazy=lazy,
-                    certify=certifies(out_dtype), host={P.PRESENT: 1, P.ROWS: v.shape[0]})
+        return Plan(api, **stages, eps=eps, inp=None, sizes=sizes, out_dtype=out_dtype, write=write,
+                    eq6b=FUSED if fused else PLAIN, lazy=lazy, certify=certify, host=call.host)
     inp = call.inp
-    unscored = inp.missing == "unscored"
-    sizes, out_dtype = call.sizes, call.out_dtype
-    write = _apply_dtype(out_dtype, inp.n) if api == GDPO else None
+    gdpo, unscored = api == GDPO, inp.missing == "unscored"
+    write, certify = _output(out_dtype, inp.n) if gdpo else (None, False)
+    certify = certify and not unscored  # "unscored": one rounding, uncertified
     eq47 = eq6b = PLAIN
-    if api == GDPO and not unscored:  # "unscored": the plain path (impl._fused lists it)
+    if gdpo and not unscored:  # "unscored": the plain path (impl._fused lists it)
         eq6b = FUSED if _fused.whiten_eligible(inp.rewards.device, sizes, write) else PLAIN
         if eq6b is FUSED and _fused.eq47_eligible(inp):  # contiguous groups: the whole call fused
             eq47 = FUSED
     elif api in (NORMALIZE, SIGNAL) and _fused.eq47_eligible(inp):  # contiguous groups
         eq47 = FUSED
     lazy = _groups.lazy_checks(inp.rewards.device)
-
-    def scored():  # "unscored": the one more read, before the arithmetic (labelled: after the row's refusals)
-        return _scored(inp, sizes if api == GDPO else [inp.n]) if unscored and (api == GDPO or report) else None
-    certify = api == GDPO and not unscored and certifies(out_dtype)  # "unscored": one rounding, uncertified
-    common = dict(eq6b=eq6b, write=write, certify=certify, own=api == GDPO and not certify)
+    # "unscored": the scored rows, the one more read, before the arithmetic (labelled: after the row's refusals)
+    read_scored, scored_units = unscored and (gdpo or report), sizes if gdpo else [inp.n]
+    common = dict(**stages, eps=eps, inp=inp, sizes=sizes, out_dtype=out_dtype, eq6b=eq6b, write=write,
+                  certify=certify, own=gdpo and not certify)
     if inp.labels is None:
-        return Plan(api, eps, inp, sizes, out_dtype, layout=_groups.contiguous(inp.n, inp.group_size), scored=scored(),
-                    whole=_whole_units(inp, sizes) if api == GDPO else None, eq47=eq47, lazy=lazy,
-                    graph=api == GDPO and not unscored and _graphs.eligible(inp), host=_facts.rewards_host(inp),
-                    **common)
+        layout = _groups.contiguous(inp.n, inp.group_size)
+        whole = _groups.whole_units(inp, sizes) if gdpo else None
+        graph = gdpo and not unscored and _graphs.eligible(inp)
+        return Plan(api, **common, layout=layout, whole=whole, eq47=eq47, lazy=lazy, graph=graph,
+                    scored=_scored(inp, scored_units) if read_scored else None, host=call.host)
     prep = _groups.prepare(inp, lazy=lazy)
-    row = _facts.read_row(_facts.rewards_host(inp), prep.facts)  # the one host read
+    row = _facts.read_row(call.host, prep.facts)  # the one host read
     if prep.lazy and P.row_problems(row):  # a refusal: a non-finite reward is reported first
         row = _facts.read_row(row, _facts.rewards_nonfinite_facts(inp, prep.r))
     P.raise_local(row)
     layout, eq47 = _lay_out(prep, inp, api, row[P.GROUPS], row[P.N_MAX], row[P.RUNS])
-    whole = _whole_units(inp, sizes, prep.labelled) if api == GDPO else None  # after the layout's sort
-    return Plan(api, eps, inp, sizes, out_dtype, prep=prep, layout=layout, row=row, whole=whole, eq47=eq47,
-                lazy=prep.lazy, scored=scored(), **common)
+    whole = _groups.whole_units(inp, sizes, prep.labelled) if gdpo else None  # after the layout's sort
+    return Plan(api, **common, prep=prep, layout=layout, row=row, whole=whole, eq47=eq47, lazy=prep.lazy,
+                scored=_scored(inp, scored_units) if read_scored else None)
 
 
 def distributed(api: str, eps: float, out_dtype, sizes: list[int], *, inp=None, values=None) -> Plan:
@@ -282,9 +277,10 @@ def distributed(api: str, eps: float, out_dtype, sizes: list[int], *, inp=None, 
     device = (inp.rewards if api == GDPO else values).device
     n = inp.n if api == GDPO else values.shape[0]
     fused = n > 0 and _fused.whiten_eligible(device, sizes, None)
+    certify = _output(out_dtype, n)[1]  # (the dtype Eq. 6 writes: agreed(), from every rank's rows)
+    common = dict(**STAGES[api], eps=eps, sizes=sizes, out_dtype=out_dtype)
     if api == WHITEN:
-        return Plan(api, eps, None, sizes, out_dtype, eq6b=FUSED if fused else PLAIN,
-                    certify=certifies(out_dtype))
+        return Plan(api, **common, inp=None, eq6b=FUSED if fused else PLAIN, certify=certify)
     scored = None
     if inp.missing == "unscored":  # Eq. 6 takes the scored rows (the plain path: impl._fused lists it)
         scored = _scored(inp, sizes)
@@ -292,22 +288,22 @@ def distributed(api: str, eps: float, out_dtype, sizes: list[int], *, inp=None, 
     eq47 = FUSED if fused and _fused.eq47_eligible(inp) else PLAIN  # contiguous groups only
     if inp.labels is None or n == 0:  # contiguous groups: Eq. 6 fused only after a fused Eq. 4/7
         fused = eq47 is FUSED
-    certify = certifies(out_dtype) and scored is None and inp.missing == "refuse"
-    common = dict(scored=scored, eq47=eq47, eq6b=FUSED if fused else PLAIN, certify=certify)
+    common.update(inp=inp, scored=scored, eq47=eq47, eq6b=FUSED if fused else PLAIN,
+                  certify=certify and scored is None and inp.missing == "refuse")
     if inp.labels is None or n == 0:
-        return Plan(api, eps, inp, sizes, out_dtype, layout=_groups.contiguous(n, inp.group_size) if n else None,
-                    whole=_whole_units(inp, sizes), **common)
-    return Plan(api, eps, inp, sizes, out_dtype, prep=_groups.prepare(inp, lazy=False), **common)
+        return Plan(api, **common, layout=_groups.contiguous(n, inp.group_size) if n else None,
+                    whole=_groups.whole_units(inp, sizes))
+    return Plan(api, **common, prep=_groups.prepare(inp, lazy=False))
 
 
 def agreed(plan: Plan, table: list[list[int]], rank: int) -> Plan:
     """The plan once the agreement is read: the dtype Eq. 6 writes (the total row count is
     every rank's), and labelled groups' layout from this rank's row (its Eq. 4/7 backend
     with it) and their whole units."""
-    plan = dataclasses.replace(plan, write=_apply_dtype(plan.out_dtype, sum(r[P.ROWS] for r in table)))
+    plan = dataclasses.replace(plan, write=_output(plan.out_dtype, sum(r[P.ROWS] for r in table))[0])
     if plan.prep is None:
         return plan
     mine = table[rank]
     layout, eq47 = _lay_out(plan.prep, plan.inp, plan.api, mine[P.GROUPS], mine[P.N_MAX], mine[P.RUNS])
-    whole = _whole_units(plan.inp, plan.sizes, plan.prep.labelled)
+    whole = _groups.whole_units(plan.inp, plan.sizes, plan.prep.labelled)
     return dataclasses.replace(plan, layout=layout, eq47=eq47, whole=whole, row=mine)

@@ -137,51 +137,6 @@ class Local:
         return table
 
 
-def whole_contiguous(sizes: list[int], group_size: int) -> tuple[bool, ...]:
-    """Per unit: does it hold whole groups of ``group_size`` consecutive rows (its start
-    and its size multiples of the group size)? Known on the host, from the sizes alone."""
-    out, start = [], 0
-    for s in sizes:
-        out.append(start % group_size == 0 and s % group_size == 0)
-        start += s
-    return tuple(out)
-
-
-def whole_labelled(labels: torch.Tensor, lab, sizes: list[int]) -> torch.Tensor:
-    """(S,) bool on the labels' device: does each unit hold whole labelled groups (no
-    group with members in two units)? No host read. ``lab`` is the labels' stable sort
-    (``_groups.Labelled``), whose groups are runs in label order; where phase one found
-    every group one run of rows without sorting (its layout left unmade), the rows on
-    both sides of each unit boundary are compared instead (same answer, no sort)."""
-    device = labels.device
-    units = len(sizes)
-    bad = torch.zeros(units, dtype=_I64, device=device)
-    if getattr(lab, "_layout", None) is None:  # phase one found every group one run of rows, unsorted
-        # a run crosses a unit boundary iff the rows on both sides carry one label: S - 1 reads
-        left, right, at, last, start = [], [], [], None, 0
-        for j, s in enumerate(sizes):
-            if s and last is not None:
-                left.append(last)
-                right.append(j)
-                at.append(start)
-            if s:
-                last = j
-            start += s
-        if not at:
-            return bad == 0
-        rows = constant(tuple(at), _I64, device)
-        cut = (labels.index_select(0, rows) == labels.index_select(0, rows - 1)).to(_I64)
-        for side in (left, right):
-            bad.scatter_reduce_(0, constant(tuple(side), _I64, device), cut, "amax")
-        return bad == 0
-    unit = torch.repeat_interleave(constant(tuple(range(units)), _I64, device),
-                                   constant(tuple(sizes), _I64, device), output_size=labels.shape[0])
-    unit = unit.index_select(0, lab.perm)  # in label order, where each group is one run of rows
-    cut = ((lab.gid[1:] == lab.gid[:-1]) & (unit[1:] != unit[:-1])).to(_I64)  # a group crosses a boundary here
-    bad.scatter_reduce_(0, unit[1:], cut, "amax").scatter_reduce_(0, unit[:-1], cut, "amax")
-    return bad == 0
-
-
 def local_stats(v: torch.Tensor, sizes: list[int], eps: float, own: bool = False, whole=None) -> Local:
     """This rank's statistics of values ``v`` (N,) cut into units of ``sizes``
     (``own``: v is a float64 tensor of this call's, used as work space). ``whole``: the

@@ -107,11 +107,16 @@ def _stays(fn) -> list[str]:
     return [m for i, m in enumerate(seq) if i == 0 or seq[i - 1] != m]
 
 
-#: stays of the two calls, measured when the spine landed (calls only, library transparent; the
-#: plan's making takes most of them: its decisions ask _inputs, _cast, _certify, _fused, _groups,
-#: _whiten and _graphs). The design aims at about 12. Ceilings: a route that comes back into the
-#: pipeline (a callback, a recompute for the certificate) adds stays.
-MOST = {"local": 39, "labelled": 45}
+#: stays of the two calls (calls only, library transparent), ceilings: a route that comes back
+#: into the pipeline or the plan (a callback, a recompute for the certificate, a decision asked
+#: during the arithmetic) adds stays. When the spine landed: 39 and 45, most of them the plan's
+#: making (Rewards' properties, decisions spread over _plan's helpers); since the plan reads the
+#: inputs stage's record as data and asks each module it needs once, and the device part runs
+#: without a detour through the plan: 21 and 25. The design aims at about 12; what is left: the
+#: plan's questions (_certify, _fused, _groups, _graphs; labelled groups: the row's read by _facts,
+#: then the layout), Eq. 4's layout in _groups around its arithmetic (labelled: once more per part),
+#: and the certificate's range check and rounding by _cast.
+MOST = {"local": 21, "labelled": 25}
 
 
 @pytest.mark.parametrize("call", sorted(CALLS))
@@ -121,8 +126,10 @@ def test_the_trace_stays_short(monkeypatch, call):
     with _certify.narrow_here():
         stays = _stays(CALLS[call])
     assert len(stays) <= MOST[call], (len(stays), stays)
-    # the entry, run_local once the plan is made, the device part inside _plan.guard: nothing calls back
-    assert collections.Counter(stays)["_pipeline"] == 3, stays
+    # the entry, then run_local once the plan is made, which runs the device part (plain stages
+    # directly, fused ones inside _plan.guard): nothing calls back into the pipeline or the plan
+    counts = collections.Counter(stays)
+    assert counts["_pipeline"] == 2 and counts["_plan"] <= (1 if call == "local" else 2), stays
     # from the device part on, each stage's module is entered in order and never again once left
     # for a later stage: Eq. 4, Eq. 7, Eq. 6, the certificate
     after = stays[len(stays) - stays[::-1].index("_pipeline"):]
