@@ -99,7 +99,10 @@ class Baseline:
                                   check=True).stdout.strip()
         self._dir = tempfile.TemporaryDirectory(prefix="gdpo-baseline-")
         tar = os.path.join(self._dir.name, "src.tar")
-        subprocess.run(["git", "archive", "-o", tar, self.rev, "impl", "spec"], check=True)  # impl imports spec
+        # impl imports spec, and its certificate's last tier oracle (a revision without oracle/ has none)
+        tops = ["impl", "spec"] + (["oracle"] if subprocess.run(["git", "cat-file", "-e", f"{self.rev}:oracle"],
+                                                                capture_output=True).returncode == 0 else [])
+        subprocess.run(["git", "archive", "-o", tar, self.rev, *tops], check=True)
         with tarfile.open(tar) as t:
             t.extractall(self._dir.name, filter="data")
         env = dict(os.environ, PYTHONPATH=self._dir.name)
