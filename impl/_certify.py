@@ -65,7 +65,7 @@ import numpy as np
 import torch
 
 from impl import _dd
-from impl._cast import check_range, round_to
+from impl._cast import check_range, output, round_to
 from impl import _segments as seg_ops
 from impl._stats import denominator
 
@@ -851,18 +851,19 @@ class Problem:
         return self.E
 
 
-def finish(p: Problem, out_dtype, counts: Counts | None = None) -> torch.Tensor:
-    """The certified output of ``p`` in ``out_dtype``."""
+def finish(p: Problem, out_dtype, counts: Counts | None = None, y: torch.Tensor | None = None) -> torch.Tensor:
+    """The certified output of ``p`` in ``out_dtype``. ``y``: p.a rounded to ``out_dtype``
+    (a tensor of this call's own), where the caller has it."""
     counts = counts if counts is not None else Counts()
     a = p.a
     n = a.shape[0]
     if n == 0 or not enabled():
-        return round_out(a, out_dtype)
+        return round_out(a, out_dtype) if y is None else y
     device = a.device
     S = len(p.sizes)
     units = _Units(p.sizes, device)
     st = None
-    got0 = _tier0_loc(p, units, out_dtype) if out_dtype != _F64 else None
+    got0 = _tier0_loc(p, units, out_dtype, y) if out_dtype != _F64 else None
     if got0 is not None and got0[0] is None:  # every row certified
         counts.float64 += n
         return got0[1]
@@ -943,7 +944,7 @@ def finish(p: Problem, out_dtype, counts: Counts | None = None) -> torch.Tensor:
     return y
 
 
-def _tier0_loc(p: Problem, units: _Units, out_dtype):
+def _tier0_loc(p: Problem, units: _Units, out_dtype, y: torch.Tensor | None = None):
     """Tier 0 from the plain path's own Eq. 6 statistics (``p.loc``): (ok, y, left), left the
     rows not certified as indices (ok None, left None: every row is), or None where
     they are not at hand (buckets, the fused whitening, a device without the raw extremes)."""
@@ -960,7 +961,7 @@ def _tier0_loc(p: Problem, units: _Units, out_dtype):
         alpha, beta, exact0 = eq6_alpha_beta(loc.tp, p.sizes, lay.width, _whole_tensor(p.whole, S, a.device), Emax,
                                              p.eps)
     p.ab = (alpha, beta)
-    y = round_out(a, out_dtype)
+    y = round_out(a, out_dtype) if y is None else y
     if S == 1 and not isinstance(alpha, torch.Tensor):
         ok = bits_certify(a, alpha, beta, out_dtype, y)
         if ok is None:
@@ -1333,15 +1334,17 @@ def stage(plan, call, dev) -> tuple[torch.Tensor, Counts]:
     recomputed from c) and whether Eq. 4 ran the two-pass of contiguous groups (``dev.z.err_rows``:
     the running bound; else the worst case)."""
     a, out_dtype = dev.a, plan.out_dtype
-    check_range(a, out_dtype)
+    y = output(a, out_dtype) if out_dtype != _F64 else None  # refused out of range; tier 0 starts from it
+    if y is None:
+        check_range(a, out_dtype)
     counts = Counts()
     if call.inp is None:  # whiten: the values are c, exact
-        return finish(for_whiten(dev.c, a, plan.sizes, plan.eps), out_dtype, counts), counts
+        return finish(for_whiten(dev.c, a, plan.sizes, plan.eps), out_dtype, counts, y), counts
     rows = getattr(dev.z, "err_rows", 0)  # (None: a graph replay, which keeps no z)
     emax, qexp = eq4_error(call.inp.rewards.contiguous(), rows, call.inp.weights) if rows else (None, None)
     loc = dev.loc if getattr(dev.loc, "tp", None) is not None else None  # the plain backend's statistics
     p = for_gdpo(call.inp, a, dev.c, plan.sizes, plan.eps, plan.whole, emax, loc, qexp)
-    return finish(p, out_dtype, counts), counts
+    return finish(p, out_dtype, counts, y), counts
 
 
 def for_whiten(v: torch.Tensor, a: torch.Tensor, sizes: list[int], eps: float) -> Problem:
