@@ -762,24 +762,18 @@ def bits_certify(a: torch.Tensor, alpha, beta, out_dtype, y: torch.Tensor | None
     if isinstance(P, torch.Tensor):
         if a.dim() == 2 and P.shape == (a.shape[0], 1):  # a unit a row: the same without a boolean pass
             big = bool((p2.amin(1, keepdim=True) > P).all())
-            v = p2.addcmul_(r, s, value=-1.0)
+            v = torch.addcmul(p2, r, s, value=-1.0, out=r)  # (into r's buffer: p2 is read again below)
             if big and bool((v.amin(1, keepdim=True) > A).all()):
                 return None
         else:
-            big, v = False, p2.addcmul_(r, s, value=-1.0)
-        ok = v > A
-        if not big:
-            ok &= torch.bitwise_and(a.view(_I64), 0x7FF0000000000000).view(_F64) > P
-        return ok
+            big, v = False, torch.addcmul(p2, r, s, value=-1.0, out=r)
+        return (v > A) if big else (v > A) & (p2 > P)
     big = bool(p2.amin() > P)
-    v = p2.sub_(r, alpha=s)
+    v = torch.sub(p2, r, alpha=s, out=r)
     # the common case without a boolean pass: every row's margin above A, every p2 above P
     if big and bool(v.amin() > A):
         return None
-    ok = v > A
-    if not big:
-        ok &= torch.bitwise_and(a.view(_I64), 0x7FF0000000000000).view(_F64) > P
-    return ok
+    return (v > A) if big else (v > A) & (p2 > P)
 
 
 # --- the tiers --------------------------------------------------------------------------------------
