@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -47,32 +48,44 @@ FILED = "a52e195"
 BLOCK = 3
 
 
-def _median_ms(fn, repeats: int, other, third=None) -> tuple[float, float, float | None]:
-    """Medians (ms) of ``fn`` and ``other`` timed in turns of :data:`BLOCK` calls, and of ``third``
-    (a callable that returns its own time in ms: the baseline's child process) in the same
-    rotation; each repeat is one turn of each, the rotation starting one place later on each
-    repeat. The first call of a turn is not counted: measured on this 2-core machine, a call timed
-    right after the child's came out up to twice as slow (the child's OpenMP threads spin on after
-    its call), which a fixed order of single calls charged to one column."""
+def _faults() -> int:
+    """This process's minor page faults so far (fresh pages handed to it by the kernel)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+def _median_ms(fn, repeats: int, other, third=None) -> tuple[tuple[float, float], tuple[float, float],
+                                                              tuple[float, float] | None]:
+    """(ms, minor page faults) medians of ``fn`` and ``other`` timed in turns of :data:`BLOCK`
+    calls, and of ``third`` (a callable that returns its own (ms, faults): the baseline's child
+    process) in the same rotation; each repeat is one turn of each, the rotation starting one
+    place later on each repeat. The first call of a turn is not counted: measured on this 2-core
+    machine, a call timed right after the child's came out up to twice as slow (the child's
+    OpenMP threads spin on after its call), which a fixed order of single calls charged to one
+    column. The faults: a call whose large temporaries come back from the allocator as fresh
+    pages (about 1,000 faults) took 2.5-3 ms longer here, on either path; the allocator flips
+    between the two regimes from batch to batch."""
     def timed(f):
         def run():
+            f0 = _faults()
             t0 = time.perf_counter()
             f()
-            return (time.perf_counter() - t0) * 1e3
+            return (time.perf_counter() - t0) * 1e3, _faults() - f0
         return run
     calls = [timed(fn), timed(other)] + ([third] if third is not None else [])
-    times: list[list[float]] = [[] for _ in calls]
+    got: list[list[tuple[float, float]]] = [[] for _ in calls]
     for i in range(repeats):
         for j in range(len(calls)):
             at = (i + j) % len(calls)
             turn = [calls[at]() for _ in range(BLOCK)]
-            times[at].extend(turn[1:])
-    return (statistics.median(times[0]), statistics.median(times[1]),
-            statistics.median(times[2]) if third is not None else None)
+            got[at].extend(turn[1:])
+
+    def medians(xs):
+        return statistics.median(x[0] for x in xs), statistics.median(x[1] for x in xs)
+    return medians(got[0]), medians(got[1]), (medians(got[2]) if third is not None else None)
 
 
 _CHILD = r"""
-import sys, time, torch
+import resource, sys, time, torch
 torch.set_num_threads(int(sys.argv[1]))
 from impl import gdpo
 r = g = None
@@ -84,10 +97,12 @@ for line in sys.stdin:
         r = ((torch.rand(n, k, generator=gen) < 0.5).float() if fam == "binary"
              else torch.randn(n, k, generator=gen, dtype=torch.float32))
         print("ok", flush=True)
-    else:  # time one call
+    else:  # time one call: ms and minor page faults
+        f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         t0 = time.perf_counter()
         gdpo.gdpo_advantages(r, group_size=g, out_dtype=torch.float32)
-        print((time.perf_counter() - t0) * 1e3, flush=True)
+        t = (time.perf_counter() - t0) * 1e3
+        print(t, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0, flush=True)
 """
 
 
@@ -120,8 +135,9 @@ class Baseline:
     def batch(self, family: str, n: int, k: int, group_size: int, seed: int) -> None:
         self._ask(f"batch {family} {n} {k} {group_size} {seed}")
 
-    def __call__(self) -> float:
-        return float(self._ask("time"))
+    def __call__(self) -> tuple[float, int]:
+        t, faults = self._ask("time").split()
+        return float(t), int(faults)
 
     def close(self) -> None:
         self._p.stdin.close()
@@ -160,15 +176,18 @@ def run(n: int = 65536, k: int = 4, batches: int = 8, repeats: int = 15, out_dty
             if baseline is not None:
                 assert out_dtype == torch.float32, "the baseline's child times float32 outputs"
                 baseline.batch(family, n, k, group_size, seed)
-            t_cert, t_plain, t_base = _median_ms(certified, repeats, plain, baseline)
+            (t_cert, f_cert), (t_plain, f_plain), base = _median_ms(certified, repeats, plain, baseline)
             c = d.certified
             row = {"family": family, "n": n, "k": k, "group_size": group_size, "seed": seed,
                    "out_dtype": str(out_dtype),
                    "plain_ms": round(t_plain, 3), "certified_ms": round(t_cert, 3),
-                   "ratio": round(t_cert / t_plain, 3), "float64": c.float64, "group_exact": c.group_exact,
+                   "ratio": round(t_cert / t_plain, 3), "plain_faults": f_plain, "certified_faults": f_cert,
+                   "float64": c.float64, "group_exact": c.group_exact,
                    "double_double": c.double_double, "exact": c.exact, "uncertified": c.uncertified}
-            if t_base is not None:
-                row.update(baseline=baseline.rev, baseline_ms=round(t_base, 3), ratio_baseline=round(t_cert / t_base, 3))
+            if base is not None:
+                t_base, f_base = base
+                row.update(baseline=baseline.rev, baseline_ms=round(t_base, 3), ratio_baseline=round(t_cert / t_base, 3),
+                           baseline_faults=f_base)
             rows.append(row)
     return rows
 
@@ -177,13 +196,15 @@ def table(rows: list[dict]) -> str:
     base = any("baseline_ms" in r for r in rows)
     extra = f" {rows[0]['baseline']} ms | certified / {rows[0]['baseline']} |" if base else ""
     lines = ["| rewards | N | K | group | batch | plain ms | certified ms | ratio |" + extra
+             + " page faults a call (plain, certified" + (", baseline" if base else "") + ") |"
              + " group-exact samples | dd samples | exact samples |",
-             "|---|---|---|---|---|---|---|---|" + ("---|---|" if base else "") + "---|---|---|"]
+             "|---|---|---|---|---|---|---|---|" + ("---|---|" if base else "") + "---|---|---|---|"]
     for r in rows:
         more = f" {r['baseline_ms']:.2f} | {r['ratio_baseline']:.2f} |" if base else ""
+        faults = ", ".join(f"{r[k]:g}" for k in ("plain_faults", "certified_faults", "baseline_faults") if k in r)
         lines.append(f"| {r.get('family', 'normal')} | {r['n']:,} | {r['k']} | {r['group_size']} | {r['seed']} | "
-                     f"{r['plain_ms']:.2f} | {r['certified_ms']:.2f} | {r['ratio']:.2f} |{more} {r['group_exact']} | "
-                     f"{r['double_double']} | {r['exact']} |")
+                     f"{r['plain_ms']:.2f} | {r['certified_ms']:.2f} | {r['ratio']:.2f} |{more} {faults} | "
+                     f"{r['group_exact']} | {r['double_double']} | {r['exact']} |")
     for fam in dict.fromkeys(r.get("family", "normal") for r in rows):
         for g in sorted({r["group_size"] for r in rows}):
             sel = [r for r in rows if r["group_size"] == g and r.get("family", "normal") == fam]
@@ -197,7 +218,7 @@ def table(rows: list[dict]) -> str:
                         f"{statistics.median(rb):.2f} (mean {statistics.mean(rb):.2f}) |")
             lines.append(f"| median, {fam}, groups of {g} | | | | | {statistics.median(r['plain_ms'] for r in sel):.2f} | "
                          f"{statistics.median(r['certified_ms'] for r in sel):.2f} | "
-                         f"{statistics.median(ratios):.2f} (mean {statistics.mean(ratios):.2f}) |{more} | | |")
+                         f"{statistics.median(ratios):.2f} (mean {statistics.mean(ratios):.2f}) |{more} | | | |")
     return "\n".join(lines)
 
 

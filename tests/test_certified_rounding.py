@@ -588,9 +588,9 @@ def test_the_cost_benchmark_runs():
     from benchmarks import certified as bench
     rows = bench.run(n=256, k=3, batches=1, repeats=1)
     assert {(r["family"], r["group_size"]) for r in rows} == {(f, g) for f in bench.FAMILIES for g in (8, 16)}
-    assert all(r["uncertified"] == 0 for r in rows), rows
+    assert all(r["uncertified"] == 0 and r["plain_faults"] >= 0 and r["certified_faults"] >= 0 for r in rows), rows
     text = bench.table(rows)
-    assert text.count("| median, ") == 4, text
+    assert text.count("| median, ") == 4 and "page faults a call" in text, text
 
 
 def test_the_cost_benchmark_times_a_baseline_revision():
@@ -602,7 +602,7 @@ def test_the_cost_benchmark_times_a_baseline_revision():
         rows = bench.run(n=256, k=3, batches=1, repeats=2, families=("normal",), baseline=base)
     finally:
         base.close()
-    assert all(r["baseline_ms"] > 0 and r["ratio_baseline"] > 0 for r in rows), rows
+    assert all(r["baseline_ms"] > 0 and r["ratio_baseline"] > 0 and r["baseline_faults"] >= 0 for r in rows), rows
     text = bench.table(rows)
     assert f"certified / {base.rev}" in text and text.count("| median, ") == 2, text
 
