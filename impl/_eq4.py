@@ -125,7 +125,7 @@ def finish(prep: Prepared | None, eps: float, layout: G.GroupLayout, longest: in
             z, finite = standardize_scored(x, eps, prep.lazy)  # (K, g, G)
         else:
             count = seg_ops.constant((float(g), float(g - 1)), _F64, r.device)
-            tp = two_pass(x, count[:1], eps, own=True)
+            tp = two_pass(x, count[:1], eps, own=True, keep="eq4")  # (its sums are dead once z is made)
             finite = not prep.lazy or tp.finite()
             z = standardize_groups(tp, count[1:], eps)  # (K, g, G)
         out = Z([z], layout, g, found, g if inp.missing != "unscored" else 0)

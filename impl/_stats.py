@@ -48,7 +48,7 @@ class TwoPass:
 
 
 def two_pass(x: torch.Tensor, count: torch.Tensor, eps: float, *, pad_mask: torch.Tensor | None = None,
-             own: bool = False, minmax: bool = False) -> TwoPass:
+             own: bool = False, minmax: bool = False, keep: str | None = None) -> TwoPass:
     """Statistics of the segments laid along dim 1 of ``x``.
 
     Each segment is scaled by an exact power of two f (|x f| < 4, so nothing
@@ -63,6 +63,9 @@ def two_pass(x: torch.Tensor, count: torch.Tensor, eps: float, *, pad_mask: torc
     equal (min == max) is centred on -0 instead of its mean (+0): its
     differences are +-0, so every deviation becomes +0 exactly (Eq. 6's exact
     collapse).
+    ``keep``: the tree levels go to this thread's kept scratch of that name
+    (:func:`impl._segments.scratch`): the caller drops mean and m2 (views into
+    it) before its next call with that name.
     """
     lo = hi = None
     if minmax or x.device.type == "cpu":  # no full-size temporary (CPU pages are not cached)
@@ -74,7 +77,7 @@ def two_pass(x: torch.Tensor, count: torch.Tensor, eps: float, *, pad_mask: torc
     d = x.mul_(f) if own else x * f
     shift = d[:, :1].clone()
     d.sub_(shift)
-    bufs = seg_ops.scratch(d)  # the tree levels of both sums live here
+    bufs = seg_ops.scratch(d, keep)  # the tree levels of both sums live here
     mean = torch.div(seg_ops.tree_sum(d, bufs), count)
     if minmax:
         mean = torch.where(lo == hi, -0.0, mean)

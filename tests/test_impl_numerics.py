@@ -628,3 +628,28 @@ def test_very_ragged_units_share_a_padded_layout_per_size_class():
     merged = W.apply_global(loc, W.merge(loc.table(v.device)[None]), eps, F64)
     with _certify.disabled():  # the merge against the plain local path (the certificate reads neither)
         assert _bits(merged) == _bits(gdpo.whiten(v, segment_sizes=sizes, eps=eps, out_dtype=F64))
+
+
+@pytest.mark.parametrize("k", [1, 4])
+@pytest.mark.parametrize("g", [8, 16])
+def test_kept_scratch_never_reaches_a_result(k, g):
+    """Eq. 4's tree levels live in scratch kept between calls (impl._segments.scratch, keep=):
+    no result of any entry point may be a view of it. Each entry point's results of one call,
+    float64 and narrow, stay as they were after later calls on other rewards reuse the scratch,
+    and equal a recompute."""
+    torch.manual_seed(g + k)
+    calls = {
+        "standardize_groups": lambda r: gdpo.standardize_groups(r, group_size=g),
+        "normalize_rewards": lambda r: gdpo.normalize_rewards(r, group_size=g),
+        "gdpo64": lambda r: gdpo.gdpo_advantages(r, group_size=g, out_dtype=torch.float64),
+        "gdpo32": lambda r: gdpo.gdpo_advantages(r, group_size=g),
+    }
+    first = torch.randn(1 << 15, k)
+    kept = {name: fn(first) for name, fn in calls.items()}
+    saved = {name: out.clone() for name, out in kept.items()}
+    for _ in range(2):
+        for fn in calls.values():
+            fn(torch.randn(1 << 15, k) * 3 + 1)
+    for name, fn in calls.items():
+        assert torch.equal(kept[name], saved[name]), name
+        assert torch.equal(fn(first), saved[name]), name
