@@ -65,7 +65,7 @@ import numpy as np
 import torch
 
 from impl import _dd
-from impl._cast import check_range, output, round_to
+from impl._cast import output, round_to
 from impl import _segments as seg_ops
 from impl._stats import denominator
 
@@ -518,10 +518,13 @@ def quantum_exponent(r: torch.Tensor) -> int | None:
     smallest nonzero magnitude, :func:`magnitudes`), or None."""
     if r.dtype not in _QUANTUM:
         return None
-    small = magnitudes(r)[0]
-    if not math.isfinite(small):
-        return 0  # every reward 0: any power of two divides them
-    return _quantum(r.dtype, small)
+    return _quantum_of(r.dtype, magnitudes(r)[0])
+
+
+def _quantum_of(dtype, small: float) -> int:
+    """:func:`_quantum` of the smallest nonzero magnitude ``small`` (inf: every reward 0, which
+    any power of two divides: 0)."""
+    return _quantum(dtype, small) if math.isfinite(small) else 0
 
 
 def eq4_error(r: torch.Tensor, n: int, weights: list[float]) -> tuple[float, int | None]:
@@ -536,8 +539,7 @@ def eq4_error(r: torch.Tensor, n: int, weights: list[float]) -> tuple[float, int
         return eq47_rows_bound(n, weights, [False] * len(weights)), None
     mags = magnitudes(r)
     ex = exact_sums(r.dtype, mags, n)
-    return eq47_rows_bound(n, weights, [ex] * len(weights)), (_quantum(r.dtype, mags[0]) if math.isfinite(mags[0])
-                                                             else 0)
+    return eq47_rows_bound(n, weights, [ex] * len(weights)), _quantum_of(r.dtype, mags[0])
 
 
 def eq47_rows_bound(n: int, weights: list[float], exact: list[bool]) -> float:
@@ -743,15 +745,16 @@ def bits_certify(a: torch.Tensor, alpha, beta, out_dtype, y: torch.Tensor | None
     mant, _ = _NARROW[out_dtype]
     h = 2.0 ** -(mant + 1)
     grow = 1 + 2.0 ** -40
-    if isinstance(alpha, torch.Tensor) or isinstance(beta, torch.Tensor):
+    per_row = isinstance(alpha, torch.Tensor) or isinstance(beta, torch.Tensor)
+    if per_row:
         alpha = torch.as_tensor(alpha, dtype=_F64, device=a.device)
         beta = torch.as_tensor(beta, dtype=_F64, device=a.device)
-        k1, k2 = (h - 2 * beta) / grow, (h / 2 - 2 * beta) / grow
+    k1, k2 = (h - 2 * beta) / grow, (h / 2 - 2 * beta) / grow  # lower bounds of the two factors of p2
+    if per_row:
         s = torch.where(k1 > 0, grow / k1, math.inf)
         A = alpha * s * grow
         P = torch.where(k2 > 0, alpha / k2 * grow, math.inf)
     else:
-        k1, k2 = (h - 2 * beta) / grow, (h / 2 - 2 * beta) / grow
         if not (k1 > 0 and k2 > 0 and alpha < math.inf):
             return torch.zeros(a.shape, dtype=torch.bool, device=a.device)
         s = grow / k1
@@ -759,7 +762,7 @@ def bits_certify(a: torch.Tensor, alpha, beta, out_dtype, y: torch.Tensor | None
     y = round_out(a, out_dtype) if y is None else y
     r = torch.sub(a, y, out=_reuse(a, "dist")).abs_()  # |a - y|, exact
     p2 = torch.bitwise_and(a.view(_I64), 0x7FF0000000000000, out=_reuse(a, "low", _I64)).view(_F64)
-    if isinstance(P, torch.Tensor):
+    if per_row:
         if a.dim() == 2 and P.shape == (a.shape[0], 1):  # a unit a row: the same without a boolean pass
             big = bool((p2.amin(1, keepdim=True) > P).all())
             v = torch.addcmul(p2, r, s, value=-1.0, out=r)  # (into r's buffer: p2 is read again below)
@@ -1328,9 +1331,7 @@ def stage(plan, call, dev) -> tuple[torch.Tensor, Counts]:
     recomputed from c) and whether Eq. 4 ran the two-pass of contiguous groups (``dev.z.err_rows``:
     the running bound; else the worst case)."""
     a, out_dtype = dev.a, plan.out_dtype
-    y = output(a, out_dtype) if out_dtype != _F64 else None  # refused out of range; tier 0 starts from it
-    if y is None:
-        check_range(a, out_dtype)
+    y = output(a, out_dtype)  # refused out of range, rounded once: tier 0 starts from it (float64: a)
     counts = Counts()
     if call.inp is None:  # whiten: the values are c, exact
         return finish(for_whiten(dev.c, a, plan.sizes, plan.eps), out_dtype, counts, y), counts

@@ -143,17 +143,18 @@ def _values(sub: torch.Tensor, quantum) -> tuple[np.ndarray, np.ndarray | None]:
     return v, _integers(v, qexp)
 
 
-#: below this, every sum of the float64 path is an integer of at most 52 bits: exact in any order
-_FLOAT_EXACT = 2.0 ** 52
+#: integers up to this in magnitude keep every sum of :func:`_cancel_small` below 2**52 (exact
+#: in float64 in any order) for groups up to 2**5 rows, integer weights up to 2**10 and up to
+#: 2**15 columns (the caller checks those)
+_SMALL = 2.0 ** 20
 _SUMS: dict = {}
 
 
 def _small_integers(v: np.ndarray, qexp: int | None) -> np.ndarray | None:
     """``v`` as float64 integers (:func:`_reduced`) small enough for :func:`_cancel_small`
-    (|X| <= 2**20, which keeps n**2 X**2 and K W P below 2**52 for groups up to 2**5, integer
-    weights up to 2**10 and up to 2**15 columns, checked by the caller); else None."""
+    (|X| <= :data:`_SMALL`); else None."""
     got = _reduced(v, qexp)
-    return got[0] if got is not None and got[1] <= 2.0 ** 20 else None
+    return got[0] if got is not None and got[1] <= _SMALL else None
 
 
 def _cancel_small(X: np.ndarray, g: int, rg: np.ndarray, at: np.ndarray, W: list[int]) -> np.ndarray:
@@ -208,10 +209,10 @@ def zero_rows_contiguous(rows: torch.Tensor, rewards: torch.Tensor, g: int, weig
     qexp = quantum(sub) if quantum is not None else None
     v = sub.to("cpu", torch.float64).numpy()
     W = _integer_weights(weights)
-    Xs = _small_integers(v, qexp) if g <= 32 and K <= 1 << 15 and max(abs(x) for x in W) <= 1 << 10 else None
-    if Xs is not None:
-        return torch.from_numpy(_cancel_small(Xs, g, rg, rl % g, W)).to(device)
-    X = _integers(v, qexp)
+    got = _reduced(v, qexp)  # (read once: the float64 path, else the int64 one)
+    if got is not None and got[1] <= _SMALL and g <= 32 and K <= 1 << 15 and max(abs(x) for x in W) <= 1 << 10:
+        return torch.from_numpy(_cancel_small(got[0], g, rg, rl % g, W)).to(device)
+    X = got[0].astype(np.int64) if got is not None else _scaled(v)
     if X is None or not _fits(X, g):  # beyond int64: the groups whose every column is constant
         return torch.from_numpy((v.max(1) == v.min(1)).all(-1)[rg]).to(device)
     Xt = torch.from_numpy(X)  # torch's reduction over the middle axis is the faster here
