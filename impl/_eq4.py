@@ -16,6 +16,7 @@ runs in every call, without a branch.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import torch
 
@@ -91,6 +92,9 @@ class Z:
     #: certificate's running bound on |c - c*| holds, ``impl._certify.stage``); 0 elsewhere
     #: (labelled layouts, "unscored"): the certificate's worst case
     err_rows: int = 0
+    #: the batch's largest |reward| (host float) where Eq. 4 read it on the host anyway (the
+    #: finiteness check of a lazy call: CPU), else None; the certificate's magnitudes reuse it
+    largest: float | None = None
 
     def rows(self) -> torch.Tensor:
         """z (N, K) in input order (``standardize_groups``)."""
@@ -126,9 +130,12 @@ def finish(prep: Prepared | None, eps: float, layout: G.GroupLayout, longest: in
         else:
             count = seg_ops.constant((float(g), float(g - 1)), _F64, r.device)
             tp = two_pass(x, count[:1], eps, own=True, keep="eq4")  # (its sums are dead once z is made)
-            finite = not prep.lazy or tp.finite()
+            largest = tp.largest() if prep.lazy else None
+            finite = largest is None or math.isfinite(largest)
             z = standardize_groups(tp, count[1:], eps)  # (K, g, G)
         out = Z([z], layout, g, found, g if inp.missing != "unscored" else 0)
+        if inp.missing != "unscored":
+            out.largest = largest
     else:
         finite = True
         zs = []

@@ -42,9 +42,14 @@ class TwoPass:
     dev: torch.Tensor  # d - mean, in the layout of x (float64)
     m2: torch.Tensor  # sum of dev**2 over the segment
 
+    def largest(self) -> float:
+        """The largest magnitude of every segment, on the host (nan or inf where an input is not
+        finite: they show in it)."""
+        return float(self.absmax.amax())
+
     def finite(self) -> bool:
         """Host check: are all inputs finite? (nan and inf show in the largest magnitude.)"""
-        return math.isfinite(float(self.absmax.amax()))
+        return math.isfinite(self.largest())
 
 
 def two_pass(x: torch.Tensor, count: torch.Tensor, eps: float, *, pad_mask: torch.Tensor | None = None,

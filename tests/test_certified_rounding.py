@@ -454,6 +454,23 @@ def test_magnitudes_read_on_the_bits(dtype):
         lo, hi = _certify._magnitude_bits_torch(r)
         value = _certify._FROM_BITS[dtype]
         assert (float("inf") if lo is None else value(lo), value(hi)) == want
+        assert _certify.magnitudes(r, want[1]) == want  # the largest given: the smallest read alone
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_eq4_hands_the_certificate_the_largest_magnitude(monkeypatch, dtype):
+    """Contiguous groups on CPU: Eq. 4 reads the rewards' largest magnitude on the host (its
+    finiteness check) and the certificate takes it from there instead of reading it again; it
+    is exactly the largest |reward|, negative or not."""
+    seen = []
+    real = _certify.eq4_error
+    monkeypatch.setattr(_certify, "eq4_error", lambda *a: seen.append(a[3]) or real(*a))
+    gen = torch.Generator().manual_seed(3)
+    for r in (torch.randn(64, 3, generator=gen), -torch.rand(64, 3, generator=gen) - 7.0,
+              (torch.rand(64, 3, generator=gen) < 0.5).float()):
+        r = r.to(dtype)
+        gdpo.gdpo_advantages(r, group_size=8)
+        assert seen[-1] == float(r.double().abs().max()), (seen[-1], float(r.double().abs().max()))
 
 
 # ------------------------------------------------------------------ exact zeros of c (0/1 rewards)
