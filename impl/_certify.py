@@ -459,8 +459,31 @@ def magnitudes(r: torch.Tensor, largest: float | None = None) -> tuple[float, fl
     if largest is not None and r.device.type == "cpu":
         lo = _magnitude_bits_np(r, smallest_only=True)[0]
         return (math.inf if lo is None else value(lo)), float(largest)
-    lo, hi = (_magnitude_bits_np if r.device.type == "cpu" else _magnitude_bits_torch)(r)
+    lo, hi = (_magnitude_bits_np if r.device.type == "cpu" else _magnitude_bits_torch)(r)[:2]
     return (math.inf if lo is None else value(lo)), value(hi)
+
+
+def batch_quantum(r: torch.Tensor, largest: float | None = None) -> tuple[float, float, int]:
+    """(smallest nonzero magnitude, largest, e): :func:`magnitudes` of the rewards ``r`` (a
+    narrow format) and 2**e dividing every one of them. A nonzero value is an integer multiple
+    of 2**(its exponent - mantissa bits + the trailing zeros of its mantissa field) (all of
+    them when the field is 0: a power of two), so 2**e with e = :func:`_quantum` of the
+    smallest magnitude plus the trailing zeros of the OR of every mantissa field (at most the
+    field's width) divides them all: 0/1 rewards in float32 are multiples of 1, not just of
+    2**-23. On CPU, where the OR rides along the magnitudes' pass; elsewhere without it."""
+    if r.device.type != "cpu" or r.numel() == 0:
+        small, large = magnitudes(r, largest)
+        return small, large, _quantum_of(r.dtype, small)
+    value = _FROM_BITS[r.dtype]
+    lo, hi, ored = _magnitude_bits_np(r, smallest_only=largest is not None)
+    large = float(largest) if largest is not None else value(hi)
+    if lo is None:  # every reward 0
+        return math.inf, large, 0
+    small = value(lo)
+    mant, _ = _QUANTUM[r.dtype]
+    field = ored & ((1 << mant) - 1)
+    trail = mant if field == 0 else min((field & -field).bit_length() - 1, mant)
+    return small, large, _quantum(r.dtype, small) + trail
 
 
 #: :func:`_magnitude_bits_np` works through the rewards in blocks of this many values: each
@@ -469,25 +492,27 @@ def magnitudes(r: torch.Tensor, largest: float | None = None) -> tuple[float, fl
 _MAG_BLOCK = 1 << 16
 
 
-def _magnitude_bits_np(r: torch.Tensor, smallest_only: bool = False) -> tuple[int | None, int | None]:
+def _magnitude_bits_np(r: torch.Tensor, smallest_only: bool = False) -> tuple[int | None, int | None, int]:
     """:func:`magnitudes` as bits (None: every reward 0), in NumPy (CPU), block by block: v = 2 |bits|
     (the sign shifted out), its largest (unless ``smallest_only``: None), then v - 2 (a zero
-    wraps to the top) and its smallest. One read of the rewards; each block three passes in
-    cache (two with ``smallest_only``)."""
+    wraps to the top) and its smallest; third, the OR of every reward's bits (for
+    :func:`batch_quantum`). One read of the rewards; each block three or four passes in cache."""
     idt, udt, _ = _BITS[r.dtype]
     u = r.detach().reshape(-1).view(idt).numpy().view(udt)
     top = (1 << 8 * u.itemsize) - 2
     buf = _kept("numpy").get(udt)
     if buf is None:
         buf = _kept("numpy")[udt] = np.empty(_MAG_BLOCK, dtype=udt)
-    lo, hi = top, 0
+    lo, hi, ored = top, 0, 0
     for s in range(0, u.size, _MAG_BLOCK):
-        v = np.left_shift(u[s:s + _MAG_BLOCK], 1, out=buf[:min(_MAG_BLOCK, u.size - s)])
+        block = u[s:s + _MAG_BLOCK]
+        v = np.left_shift(block, 1, out=buf[:block.size])
         if not smallest_only:
             hi = max(hi, int(v.max()))
         np.subtract(v, 2, out=v)
         lo = min(lo, int(v.min()))
-    return (None if lo == top else (lo >> 1) + 1), (None if smallest_only else hi >> 1)
+        ored |= int(np.bitwise_or.reduce(block))
+    return (None if lo == top else (lo >> 1) + 1), (None if smallest_only else hi >> 1), ored
 
 
 def _magnitude_bits_torch(r: torch.Tensor) -> tuple[int | None, int]:
@@ -508,19 +533,21 @@ _FROM_BITS = {
 }
 
 
-def exact_sums(dtype, mags: tuple[float, float], n: int) -> bool:
+def exact_sums(dtype, mags: tuple[float, float], n: int, qexp: int | None = None) -> bool:
     """Are every difference d = (x - x_first) f of a group column and every partial sum of its
     mean's tree exact in float64, in every group of ``n`` rows? Rewards in a narrow format are
     multiples of q, the quantum of their smallest nonzero magnitude (``mags``, over the batch:
     :func:`magnitudes`); d and the partial sums are multiples of q f of magnitude at most
-    n (hi - lo) f <= 2 n max|x| f, exact while that is at most 2**53 q f. Float64 rewards
-    have no such quantum: False."""
+    n (hi - lo) f <= 2 n max|x| f, exact while that is at most 2**53 q f. ``qexp``: a larger
+    q = 2**qexp known to divide every reward (:func:`batch_quantum`). Float64 rewards have no
+    such quantum: False."""
     if dtype not in _QUANTUM:
         return False
     small, large = mags
     if not math.isfinite(small):  # every reward 0: nothing to sum
         return True
-    return 2 * n * large * (1 + 2.0 ** -50) <= math.ldexp(1.0, _quantum(dtype, small) + 53)
+    e = _quantum(dtype, small) if qexp is None else qexp
+    return 2 * n * large * (1 + 2.0 ** -50) <= math.ldexp(1.0, e + 53)
 
 
 def _quantum(dtype, small: float) -> int:
@@ -545,19 +572,20 @@ def _quantum_of(dtype, small: float) -> int:
     return _quantum(dtype, small) if math.isfinite(small) else 0
 
 
-def eq4_error(r: torch.Tensor, n: int, weights: list[float], largest: float | None = None) -> tuple[float, int | None]:
-    """(bound, e): a bound on |c - c*| of every row, groups of ``n`` contiguous rows of the
-    rewards ``r`` (:func:`eq47_rows_bound`, the sums exact or not: :func:`exact_sums`), and
-    2**e dividing every reward (:func:`quantum_exponent`; None: not known). The rewards'
-    :func:`magnitudes` are read once, only for a narrow reward format, which alone has a
+def eq4_error(r: torch.Tensor, n: int, weights: list[float],
+              largest: float | None = None) -> tuple[float, int | None, float | None]:
+    """(bound, e, top): a bound on |c - c*| of every row, groups of ``n`` contiguous rows of the
+    rewards ``r`` (:func:`eq47_rows_bound`, the sums exact or not: :func:`exact_sums`), 2**e
+    dividing every reward and top the largest |reward| (:func:`batch_quantum`; None: not
+    known). The rewards are read once, only for a narrow reward format, which alone has a
     quantum. ``largest``: the rewards' largest magnitude, where Eq. 4 read it (else read here)."""
     if n < 2:
-        return 0.0, None
+        return 0.0, None, None
     if r.dtype not in _QUANTUM:
-        return eq47_rows_bound(n, weights, [False] * len(weights)), None
-    mags = magnitudes(r, largest)
-    ex = exact_sums(r.dtype, mags, n)
-    return eq47_rows_bound(n, weights, [ex] * len(weights)), _quantum_of(r.dtype, mags[0])
+        return eq47_rows_bound(n, weights, [False] * len(weights)), None, None
+    small, large, qexp = batch_quantum(r, largest)
+    ex = exact_sums(r.dtype, (small, large), n, qexp)
+    return eq47_rows_bound(n, weights, [ex] * len(weights)), qexp, large
 
 
 def eq47_rows_bound(n: int, weights: list[float], exact: list[bool]) -> float:
@@ -1282,11 +1310,12 @@ def _oracle_gdpo(inp, sizes, eps):
 
 
 def for_gdpo(inp, a: torch.Tensor, c: torch.Tensor, sizes: list[int], eps: float, whole, emax=None,
-             loc=None, qexp: int | None = None) -> Problem:
+             loc=None, qexp: int | None = None, top: float | None = None) -> Problem:
     """The certificate's view of a local gdpo_advantages call (missing="refuse"). ``emax``: the
     bound on |c - c*| of every row from :func:`eq4_error`, where the plain path had contiguous
     groups (None: the worst case); ``loc``: its Eq. 6 statistics; ``qexp``: 2**qexp divides
-    every reward (None: read where needed, :func:`quantum_exponent`)."""
+    every reward (None: read where needed, :func:`quantum_exponent`), ``top``: none exceeds it
+    in magnitude (None: not known)."""
     gid_G = _group_index(inp) if inp.labels is not None else None
     if emax is not None:
         def E():  # rows of groups whose columns are all constant: z = 0 exactly, c = +0 (E = 0)
@@ -1341,7 +1370,8 @@ def for_gdpo(inp, a: torch.Tensor, c: torch.Tensor, sizes: list[int], eps: float
         from impl import _exact_zeros
         if inp.labels is None:
             return _exact_zeros.zero_rows_contiguous(rows, inp.rewards, inp.group_size, list(inp.weights),
-                                                     quantum_exponent if qexp is None else lambda _: qexp)
+                                                     quantum_exponent if qexp is None else lambda _: qexp,
+                                                     known=None if qexp is None or top is None else (qexp, top))
         gid, G = gid_G or _group_index(inp)
         return _exact_zeros.zero_rows_labelled(rows, gid, G, inp.rewards, list(inp.weights), quantum_exponent)
     return Problem(a, c, sizes, eps, whole, E, dd, _oracle_gdpo(inp, sizes, eps), dd_rows, loc, emax, exact_rows,
@@ -1361,10 +1391,10 @@ def stage(plan, call, dev) -> tuple[torch.Tensor, Counts]:
     if call.inp is None:  # whiten: the values are c, exact
         return finish(for_whiten(dev.c, a, plan.sizes, plan.eps), out_dtype, counts, y), counts
     rows = getattr(dev.z, "err_rows", 0)  # (None: a graph replay, which keeps no z)
-    emax, qexp = (eq4_error(call.inp.rewards.contiguous(), rows, call.inp.weights, getattr(dev.z, "largest", None)) if rows
-                  else (None, None))
+    emax, qexp, top = (eq4_error(call.inp.rewards.contiguous(), rows, call.inp.weights, getattr(dev.z, "largest", None))
+                       if rows else (None, None, None))
     loc = dev.loc if getattr(dev.loc, "tp", None) is not None else None  # the plain backend's statistics
-    p = for_gdpo(call.inp, a, dev.c, plan.sizes, plan.eps, plan.whole, emax, loc, qexp)
+    p = for_gdpo(call.inp, a, dev.c, plan.sizes, plan.eps, plan.whole, emax, loc, qexp, top)
     return finish(p, out_dtype, counts, y), counts
 
 

@@ -33,6 +33,8 @@ coincidence across classes of different variance is left to the row-by-row tier,
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 
@@ -193,11 +195,14 @@ def _groups_of(rows: np.ndarray, g: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def zero_rows_contiguous(rows: torch.Tensor, rewards: torch.Tensor, g: int, weights: list[float],
-                         quantum=None) -> torch.Tensor:
+                         quantum=None, known: tuple[int, float] | None = None) -> torch.Tensor:
     """(R,) bool: c* = 0 exactly for each of ``rows`` (decided by the sufficient condition of
     the module's docstring; False: not decided here), groups of ``g`` contiguous rows; on the
     host, in NumPy's int64 (small integers: in float64, exact). ``quantum``: (rewards) -> e
-    with 2**e dividing every one, or None (then read on the values' bits)."""
+    with 2**e dividing every one, or None (then read on the values' bits). ``known``: (e, top)
+    of the whole batch, 2**e dividing every reward and none above top in magnitude
+    (``impl._certify.batch_quantum``): where top / 2**e is small, the values divided by 2**e
+    are the integers of the float64 path as they are, with no pass to find them."""
     R = rows.shape[0]
     device = rewards.device
     if R == 0:
@@ -209,7 +214,10 @@ def zero_rows_contiguous(rows: torch.Tensor, rewards: torch.Tensor, g: int, weig
     qexp = quantum(sub) if quantum is not None else None
     v = sub.to("cpu", torch.float64).numpy()
     W = _integer_weights(weights)
-    got = _reduced(v, qexp)  # (read once: the float64 path, else the int64 one)
+    if known is not None and known[1] <= math.ldexp(_SMALL, known[0]):
+        got = (v * 2.0 ** -known[0] if known[0] else v), math.ldexp(known[1], -known[0])  # exact: integers
+    else:
+        got = _reduced(v, qexp)  # (read once: the float64 path, else the int64 one)
     if got is not None and got[1] <= _SMALL and g <= 32 and K <= 1 << 15 and max(abs(x) for x in W) <= 1 << 10:
         return torch.from_numpy(_cancel_small(got[0], g, rg, rl % g, W)).to(device)
     X = got[0].astype(np.int64) if got is not None else _scaled(v)

@@ -36,8 +36,8 @@ _orig_group_exact = C._group_exact
 _orig_targeted = C._targeted
 
 
-def _tier0(p, units, out_dtype):
-    got = _orig_tier0(p, units, out_dtype)
+def _tier0(p, units, out_dtype, y=None):
+    got = _orig_tier0(p, units, out_dtype, y)
     if got is not None:
         ok = got[0]
         TRACE["tier0"] = None if ok is None else ok.clone()

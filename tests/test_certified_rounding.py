@@ -535,13 +535,46 @@ def test_exact_zero_rows_small_and_large_integers_take_their_own_paths():
     def contiguous(rows, r, g, w):
         return Z.zero_rows_contiguous(rows, r, g, w, _certify.quantum_exponent)
 
+    def known(rows, r, g, w):  # the batch's quantum and largest magnitude handed over (the pipeline's route)
+        _, top, e = _certify.batch_quantum(r)
+        return Z.zero_rows_contiguous(rows, r, g, w, _certify.quantum_exponent, known=(e, top))
+
     for values, small in (((0.0, 0.75, 3.0), True), ((2.0 ** 21 + 1.0, 0.5, 3.0), False)):
         for levels in (2, 3):
             r = _discrete_groups(0, 4, 4, levels, values=values)
             assert (Z._small_integers(r.double().numpy(), _certify.quantum_exponent(r)) is not None) == small
-        unsound, missed, decided = _zero_mismatches(contiguous, values=values)
-        assert unsound == 0 and missed == 0, (values, unsound, missed)
-        assert decided >= 20, (values, decided)
+        for decide in (contiguous, known):
+            unsound, missed, decided = _zero_mismatches(decide, values=values)
+            assert unsound == 0 and missed == 0, (values, decide.__name__, unsound, missed)
+            assert decided >= 20, (values, decided)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_batch_quantum_divides_every_reward(dtype):
+    """batch_quantum's 2**e (the smallest magnitude's quantum raised by the trailing zeros common
+    to every mantissa field) divides every reward, checked in exact rationals, and is the largest
+    power of two that does on sets whose smallest value has the fewest trailing zeros (0/1: 1;
+    0.75 and 3: 1/4); one more would not divide them."""
+    from fractions import Fraction
+    gen = torch.Generator().manual_seed(11)
+    cases = [[0.0, 1.0], [-0.0, 1.0, 0.0], [0.75, 3.0, 0.0], [1.5, 2.0], [2.0 ** 21 + 1.0, 0.5], [3.0, -5.0, 0.25],
+             [1e-45, 2.0], [6e-8, -1.0], [1e-40, 3e-40], [0.0, 0.0], [65504.0, 1.0 / 1024]]
+    cases += [(torch.randint(-8, 9, (50,), generator=gen) * 0.125).tolist(), torch.randn(50, generator=gen).tolist()]
+    for vals in cases:
+        r = torch.tensor(vals).to(dtype).view(-1, 1)
+        if not bool(torch.isfinite(r).all()):  # (beyond float16's range)
+            continue
+        xs = [Fraction(v) for v in r.double().view(-1).tolist()]
+        small, large, e = _certify.batch_quantum(r)
+        assert (small, large) == _certify.magnitudes(r)
+        q = Fraction(2) ** e
+        assert all((x / q).denominator == 1 for x in xs), (vals, e)
+        if any(xs):
+            tight = min((x for x in xs if x), key=lambda x: abs(x))
+            if (tight / q).numerator % 2 == 1:  # the smallest value is an odd multiple: 2**e is the largest
+                assert not all((x / (2 * q)).denominator == 1 for x in xs), (vals, e)
+    assert _certify.batch_quantum(torch.tensor([[0.0], [1.0]], dtype=dtype))[2] == 0
+    assert _certify.batch_quantum(torch.tensor([[0.75], [3.0]], dtype=dtype))[2] == -2
 
 
 @pytest.mark.parametrize("weights", [[3e200], [3e200, 3e200], [1e-300, 2.0], [1.0, -2.0 ** 70]])
