@@ -27,3 +27,10 @@ report = {"rank": rank, "world": trainer.accelerator.num_processes, "gathered": 
           "log": logged == full.tolist(), "unscored": int(rewards.isnan().all(dim=1).sum())}
 with open(os.path.join(os.environ["GDPO_REPORT_DIR"], f"rank{rank}.json"), "w") as f:
     json.dump(report, f)
+
+# both ranks leave together and tear their process group down before the interpreter exits: a
+# rank that exits while the other's gloo threads still talk to it can abort (SIGABRT), seen once
+# in a fresh clone's slow tier after the step had finished
+trainer.accelerator.wait_for_everyone()
+if torch.distributed.is_initialized():
+    torch.distributed.destroy_process_group()
