@@ -455,12 +455,10 @@ def magnitudes(r: torch.Tensor, largest: float | None = None) -> tuple[float, fl
     given, on CPU), no boolean pass, one host read."""
     if r.numel() == 0:
         return math.inf, 0.0
-    value = _FROM_BITS[r.dtype]
-    if largest is not None and r.device.type == "cpu":
-        lo = _magnitude_bits_np(r, smallest_only=True)[0]
-        return (math.inf if lo is None else value(lo)), float(largest)
-    lo, hi = (_magnitude_bits_np if r.device.type == "cpu" else _magnitude_bits_torch)(r)[:2]
-    return (math.inf if lo is None else value(lo)), value(hi)
+    if r.device.type == "cpu":  # (the same read as the batch's quantum)
+        return batch_quantum(r, largest)[:2]
+    lo, hi = _magnitude_bits_torch(r)
+    return (math.inf if lo is None else _FROM_BITS[r.dtype](lo)), _FROM_BITS[r.dtype](hi)
 
 
 def batch_quantum(r: torch.Tensor, largest: float | None = None) -> tuple[float, float, int]:
@@ -472,7 +470,7 @@ def batch_quantum(r: torch.Tensor, largest: float | None = None) -> tuple[float,
     field's width) divides them all: 0/1 rewards in float32 are multiples of 1, not just of
     2**-23. On CPU, where the OR rides along the magnitudes' pass; elsewhere without it."""
     if r.device.type != "cpu" or r.numel() == 0:
-        small, large = magnitudes(r, largest)
+        small, large = magnitudes(r)
         return small, large, _quantum_of(r.dtype, small)
     value = _FROM_BITS[r.dtype]
     lo, hi, ored = _magnitude_bits_np(r, smallest_only=largest is not None)
