@@ -451,8 +451,9 @@ def magnitudes(r: torch.Tensor, largest: float | None = None) -> tuple[float, fl
     magnitude is the largest of those and the smallest nonzero one the smallest of those minus 1
     where 0 wraps to the top. On CPU in NumPy, where the sign is shifted out of an unsigned view
     (2 |bits|, then minus 2); on other devices in torch's signed integers (|bits| - 1 masked: 0
-    goes to the mask). Three or four passes over the rewards (three where ``largest`` is
-    given, on CPU), no boolean pass, one host read."""
+    goes to the mask). On CPU the read of :func:`batch_quantum` (the rewards once, in
+    cache-sized blocks; ``largest`` given: the smallest alone); elsewhere four passes, no
+    boolean pass, one host read."""
     if r.numel() == 0:
         return math.inf, 0.0
     if r.device.type == "cpu":  # (the same read as the batch's quantum)
