@@ -331,9 +331,10 @@ class UnitStats:
 
 
 def unit_stats(c: torch.Tensor, a: torch.Tensor, E: torch.Tensor, units: _Units, whole: torch.Tensor,
-               eps: float) -> UnitStats:
+               eps: float, erms: float | None = None) -> UnitStats:
     """The units' statistics of the float64 c, with rigorous bounds of how far they are from those
-    of the exact c* (|c - c*| <= E per row)."""
+    of the exact c* (|c - c*| <= E per row; their root mean square at most ``erms`` over a unit
+    of whole groups, where given)."""
     T = units.T
     Tc = T.clamp(min=2.0)
     L = torch.ceil(torch.log2(Tc))
@@ -360,8 +361,9 @@ def unit_stats(c: torch.Tensor, a: torch.Tensor, E: torch.Tensor, units: _Units,
     sd_low = torch.sqrt(m2_low / (T - 1).clamp(min=1)) * (1 - 2 * U64)
     D = sd + eps
     D_low = (sd_low + eps) * (1 - 2 * U64)
-    # the exact values' std is within Emax q (2 Emax q off a rounded mean) of the computed values'
-    Ec = torch.where(whole, Emax, 2 * Emax) * q
+    # the exact values' std is within Emax q (2 Emax q off a rounded mean; the rows' root mean
+    # square bound erms, where given, in a unit of whole groups) of the computed values'
+    Ec = torch.where(whole, Emax if erms is None else torch.clamp(Emax, max=erms), 2 * Emax) * q
     Dx = torch.clamp(D_low - Ec * (1 + 2 ** -40), min=eps * (1 - 2.0 ** -50))
     with np.errstate(all="ignore"):
         dD = torch.where(Dx > 0, (2 * (D - D_low) + Ec) / Dx + 4 * U64, math.inf)
@@ -572,24 +574,33 @@ def _quantum_of(dtype, small: float) -> int:
 
 
 def eq4_error(r: torch.Tensor, n: int, weights: list[float],
-              largest: float | None = None) -> tuple[float, int | None, float | None]:
-    """(bound, e, top): a bound on |c - c*| of every row, groups of ``n`` contiguous rows of the
-    rewards ``r`` (:func:`eq47_rows_bound`, the sums exact or not: :func:`exact_sums`), 2**e
+              largest: float | None = None) -> tuple[float, int | None, float | None, float]:
+    """(bound, e, top, rms): a bound on |c - c*| of every row, groups of ``n`` contiguous rows of
+    the rewards ``r``, and on the root mean square of |c - c*| over the rows of any whole
+    groups (:func:`eq47_rows_bounds`, the sums exact or not: :func:`exact_sums`); 2**e
     dividing every reward and top the largest |reward| (:func:`batch_quantum`; None: not
     known). The rewards are read once, only for a narrow reward format, which alone has a
     quantum. ``largest``: the rewards' largest magnitude, where Eq. 4 read it (else read here)."""
     if n < 2:
-        return 0.0, None, None
+        return 0.0, None, None, 0.0
     if r.dtype not in _QUANTUM:
-        return eq47_rows_bound(n, weights, [False] * len(weights)), None, None
+        bound, rms = eq47_rows_bounds(n, weights, [False] * len(weights))
+        return bound, None, None, rms
     small, large, qexp = batch_quantum(r, largest)
     ex = exact_sums(r.dtype, (small, large), n, qexp)
-    return eq47_rows_bound(n, weights, [ex] * len(weights)), qexp, large
+    bound, rms = eq47_rows_bounds(n, weights, [ex] * len(weights))
+    return bound, qexp, large, rms
 
 
 def eq47_rows_bound(n: int, weights: list[float], exact: list[bool]) -> float:
-    """The bound on |c - c*| of a row of a group of at most ``n`` rows (Eq. 4 then Eq. 7 as the
-    plain path computes them), ``exact[k]``: column k's differences and sums are exact.
+    """The bound on |c - c*| of a row of a group of at most ``n`` rows (:func:`eq47_rows_bounds`)."""
+    return eq47_rows_bounds(n, weights, exact)[0]
+
+
+def eq47_rows_bounds(n: int, weights: list[float], exact: list[bool]) -> tuple[float, float]:
+    """(bound, rms): the bound on |c - c*| of a row of a group of ``n`` rows (Eq. 4 then Eq. 7
+    as the plain path computes them), ``exact[k]``: column k's differences and sums are exact;
+    and the bound on the root mean square of |c - c*| over the rows of whole groups of ``n``.
 
     Scaled domain (the group column's power of two f, exact): d = x f - s (s the first
     member's), |d| <= rho, the range, and rho <= sqrt(2 (n - 1)) sigma (Samuelson), the exact
@@ -599,29 +610,46 @@ def eq47_rows_bound(n: int, weights: list[float], exact: list[bool]) -> float:
     denominator's dD = ((L + 1)/2 + 2.5) u + sqrt(n/(n-1)) ddev (the squares and their tree,
     the division, the root, eps; the std is 1-Lipschitz in the deviations' l2 norm over
     sqrt(n - 1)); zb = ((n - 1)/sqrt(n) + ddev) / (1 - dD) bounds |z| and |z*|;
-    |z - z*| <= u zb + ddev + zb dD; Eq. 7 adds K u sum_k |w_k| zb."""
+    |z - z*| <= u zb + ddev + zb dD; Eq. 7 adds K u sum_k |w_k| zb.
+
+    Row by row the same terms read |z - z*| <= (ddev (1 + u) + |z*| (u + dD)) / (1 - dD) (z =
+    (z* + delta)(1 + e) / (1 + theta), |delta| <= ddev, |theta| <= dD, |e| <= u) and Eq. 7's
+    K u |z_k| <= K u (1 + u) (|z*_k| + ddev) / (1 - dD): |c - c*| <= sum_k |w_k| (a_k + b_k
+    |z*_k|), a constant and a multiple of the row's own |z*|. Over a group column
+    sum_j z*_j**2 = (n - 1) (s / (s + eps))**2 <= n - 1 exactly, so over the rows of whole
+    groups the l2 norm of |z*_k| is at most sqrt((n - 1)/n) per row, and (Minkowski) the
+    rows' root mean square error is at most sum_k |w_k| (a_k + b_k sqrt((n - 1)/n)): about
+    half the bound for n = 8, where |z*| <= (n - 1)/sqrt(n). Eq. 6's denominator takes the rms
+    (its error is the l2 norm of the rows' errors over sqrt(T - 1)); a row's own error, the
+    bound."""
     if n < 2:
-        return 0.0
+        return 0.0, 0.0
     u = U64
     K = len(weights)
     L = math.ceil(math.log2(n))
     rho = math.sqrt(2 * (n - 1)) * (1 + 8 * u)
     zmax = (n - 1) / math.sqrt(n) * (1 + 4 * u)
+    zrms = math.sqrt((n - 1) / n) * (1 + 4 * u)
     q = math.sqrt(n / (n - 1))
-    total = 0.0
+    total = rms = 0.0
     for w, ex in zip(weights, exact):
         dmu = u * rho if ex else (L + 2) * u * rho
         ddev = dmu + u * (rho + dmu) + (0.0 if ex else u * rho)
         dD = u * ((L + 1) / 2 + 2.5) + q * ddev
         if not dD < 0.25:
-            return math.inf
+            return math.inf, math.inf
         zb = (zmax + ddev) / (1 - dD)
         zeta = u * zb + ddev + zb * dD
         total += abs(w) * (zeta + K * u * zb)
-    return total * _SLACK + (K + 1) * _TAU  # an underflowing product or sum: 2**-1075 each
+        a = ddev * (1 + u) * (1 + K * u) / (1 - dD)
+        b = (u + dD + K * u * (1 + u)) / (1 - dD)
+        rms += abs(w) * (a + b * zrms)
+    bound = total * _SLACK + (K + 1) * _TAU  # an underflowing product or sum: 2**-1075 each
+    return bound, min(rms * _SLACK + (K + 1) * _TAU, bound)
 
 
-def eq6_alpha_beta(tp, sizes: list[int], width: int, whole: torch.Tensor, Emax: torch.Tensor, eps: float):
+def eq6_alpha_beta(tp, sizes: list[int], width: int, whole: torch.Tensor, Emax: torch.Tensor, eps: float,
+                   Erms: torch.Tensor | None = None):
     """(alpha, beta, exact0), (S, 1) each: |a - a*| <= alpha + beta |a| for every row of a unit,
     from the plain path's statistics ``tp`` of Eq. 6 ((S, width) view or padded layout) and
     the largest bound ``Emax`` (S,) of its rows' |c - c*|; exact0: the unit is exactly
@@ -643,10 +671,13 @@ def eq6_alpha_beta(tp, sizes: list[int], width: int, whole: torch.Tensor, Emax: 
     wh = whole.view(-1, 1)
     dm = ((L + 1) * rho + tp.mean.abs()) * u
     ddev = torch.where(wh, Ef, dm + u * (2 * rho + dm) + 2 * Ef)
+    # the denominator's error is the rows' errors in l2 (over sqrt(T - 1)): their root mean
+    # square bound ``Erms`` where a unit is of whole groups
+    droot = ddev if Erms is None else torch.where(wh, Erms.view(-1, 1) * f * (1 + 2 * u), ddev)
     den = denominator(tp.m2 / (T - 1).clamp(min=1), tp.eps_f, eps)
     q = torch.sqrt(T.clamp(min=2) / (T.clamp(min=2) - 1))
     with np.errstate(all="ignore"):
-        dD = (den * (u * ((L + 1) / 2 + 2.5)) + q * ddev) * _SLACK
+        dD = (den * (u * ((L + 1) / 2 + 2.5)) + q * droot) * _SLACK
         rD = dD / den
         alpha = ddev / den / (1 - rD) * _SLACK + _TAU
         beta = (u + rD * (1 + u) / (1 - rD)) * _SLACK
@@ -697,9 +728,9 @@ class UnitNumbers:
 
 
 def _unit_numbers(tp, sizes: list[int], width: int, wl: list[bool], emax: float, eps: float,
-                  which: list[int]) -> list[UnitNumbers]:
+                  which: list[int], erms: float | None = None) -> list[UnitNumbers]:
     """:func:`eq6_alpha_beta` on the host for the units ``which``, every row's E at most
-    ``emax``: the same formulas in Python floats (IEEE 754 double, correctly rounded sqrt), so
+    ``emax`` (their root mean square over a unit of whole groups at most ``erms``): the same formulas in Python floats (IEEE 754 double, correctly rounded sqrt), so
     the denominator is the plain path's bit for bit."""
     S = len(sizes)
     cols = (tp.lo, tp.hi, tp.f, tp.mean, tp.m2, tp.eps_f, tp.shift)
@@ -721,15 +752,17 @@ def _unit_numbers(tp, sizes: list[int], width: int, wl: list[bool], emax: float,
         if wh:
             ddev = Ef
             dmean = 0.0
+            droot = Ef if erms is None else erms * f * (1 + 2 * u)  # the rows' errors in l2, per row
         else:
             dm = ((L + 1) * rho + abs(mean)) * u
             ddev = dm + u * (2 * rho + dm) + 2 * Ef
             dmean = (dm + Ef) * (1 + 4 * u)
+            droot = ddev
         den = math.sqrt(m2 / max(T - 1, 1)) + eps_f
         if not eps >= 2.0 ** -52 and den == 0:
             den = 1.0
         Tq = max(T, 2)
-        dD = (den * (u * ((L + 1) / 2 + 2.5)) + math.sqrt(Tq / (Tq - 1)) * ddev) * _SLACK
+        dD = (den * (u * ((L + 1) / 2 + 2.5)) + math.sqrt(Tq / (Tq - 1)) * droot) * _SLACK
         rD = dD / den if den > 0 else math.inf
         if lo == hi and emax > 0:
             rD = math.inf  # every computed c equal, the exact ones perhaps not: no bound from den
@@ -743,12 +776,12 @@ def _unit_numbers(tp, sizes: list[int], width: int, wl: list[bool], emax: float,
     return out
 
 
-def _eq6_host(tp, sizes: list[int], width: int, whole, emax: float, eps: float, device):
+def _eq6_host(tp, sizes: list[int], width: int, whole, emax: float, eps: float, device, erms: float | None = None):
     """(alpha, beta, exact0, nums) of every unit from :func:`_unit_numbers` (host scalars for
     one unit, (S, 1) tensors otherwise; nums: the units' :class:`UnitNumbers`, which the
     group-exact tier reads again)."""
     S = len(sizes)
-    nums = _unit_numbers(tp, sizes, width, _whole_list(whole, S), emax, eps, list(range(S)))
+    nums = _unit_numbers(tp, sizes, width, _whole_list(whole, S), emax, eps, list(range(S)), erms)
     if S == 1:  # host scalars: no tensors to make
         return nums[0].alpha, nums[0].beta, nums[0].exact0, nums
     t = torch.tensor([[x.alpha for x in nums], [x.beta for x in nums]], dtype=_F64).to(device)
@@ -880,6 +913,9 @@ class Problem:
     ab: object = None
     #: every unit's :class:`UnitNumbers` for ``emax``, where tier 0 made them on the host
     nums: list | None = None
+    #: with ``emax``: a bound on the root mean square of the rows' E over a unit of whole groups
+    #: (:func:`eq47_rows_bounds`; Eq. 6's denominator takes it), or None (emax serves)
+    erms: float | None = None
 
     def values(self) -> torch.Tensor:
         """c (computed again where the plain path used its buffer as work space)."""
@@ -914,7 +950,7 @@ def finish(p: Problem, out_dtype, counts: Counts | None = None, y: torch.Tensor 
     if got0 is not None:
         ok, y, left = got0
     else:
-        st = unit_stats(p.values(), a, p.rows_E(), units, whole, p.eps)
+        st = unit_stats(p.values(), a, p.rows_E(), units, whole, p.eps, p.erms)
         B = float64_bound(st, units, a, p.rows_E())
         zeroE = p.rows_E() == 0
         if bool(zeroE.any()):  # exact zeros: a unit of equal exact values, or c* = 0 in a whole unit
@@ -948,7 +984,7 @@ def finish(p: Problem, out_dtype, counts: Counts | None = None, y: torch.Tensor 
             if left.numel() == 0:
                 return y
     if st is None:
-        st = unit_stats(p.values(), a, p.rows_E(), units, whole, p.eps)
+        st = unit_stats(p.values(), a, p.rows_E(), units, whole, p.eps, p.erms)
     if p.dd_rows is not None and not _dd_needed_everywhere(todo, n):  # tier 1a: the rows' own c in dd
         rows = indices(todo)
         got1 = _targeted(p, rows, units, st)
@@ -997,11 +1033,13 @@ def _tier0_loc(p: Problem, units: _Units, out_dtype, y: torch.Tensor | None = No
     lay = loc.lay
     S = len(p.sizes)
     if p.emax is not None and S <= _HOST_UNITS:
-        alpha, beta, exact0, p.nums = _eq6_host(loc.tp, p.sizes, lay.width, p.whole, p.emax, p.eps, a.device)
+        alpha, beta, exact0, p.nums = _eq6_host(loc.tp, p.sizes, lay.width, p.whole, p.emax, p.eps, a.device,
+                                                p.erms)
     else:
         Emax = torch.full((S,), p.emax, dtype=_F64, device=a.device) if p.emax is not None else units.amax(p.rows_E())
+        Erms = torch.full((S,), p.erms, dtype=_F64, device=a.device) if p.erms is not None else None
         alpha, beta, exact0 = eq6_alpha_beta(loc.tp, p.sizes, lay.width, _whole_tensor(p.whole, S, a.device), Emax,
-                                             p.eps)
+                                             p.eps, Erms)
     p.ab = (alpha, beta)
     # can a unit's rows be exact zeros here (a unit of equal exact values; c* = 0 in a whole unit
     # where no exact-zero tier follows)? Else only zeros of a certain sign are decided below
@@ -1103,7 +1141,7 @@ def _group_exact(p: Problem, todo: torch.Tensor, y: torch.Tensor, out_dtype, uni
         emax = p.emax if p.emax is not None else float(p.rows_E().max())
         loc = p.loc
         nums = dict(zip(need, _unit_numbers(loc.tp, p.sizes, loc.lay.width, _whole_list(p.whole, S), emax,
-                                             p.eps, need)))
+                                             p.eps, need, p.erms if p.emax is not None else None)))
     got_rows, got_vals = [], []
     for r, u, (lo, hi, zero) in zip(rl, ul, p.exact_rows(rl)):
         un = nums[u]
@@ -1309,12 +1347,13 @@ def _oracle_gdpo(inp, sizes, eps):
 
 
 def for_gdpo(inp, a: torch.Tensor, c: torch.Tensor, sizes: list[int], eps: float, whole, emax=None,
-             loc=None, qexp: int | None = None, top: float | None = None) -> Problem:
+             loc=None, qexp: int | None = None, top: float | None = None, erms: float | None = None) -> Problem:
     """The certificate's view of a local gdpo_advantages call (missing="refuse"). ``emax``: the
     bound on |c - c*| of every row from :func:`eq4_error`, where the plain path had contiguous
     groups (None: the worst case); ``loc``: its Eq. 6 statistics; ``qexp``: 2**qexp divides
     every reward (None: read where needed, :func:`quantum_exponent`), ``top``: none exceeds it
-    in magnitude (None: not known)."""
+    in magnitude (None: not known); ``erms``: with ``emax``, the bound on the root mean square
+    of |c - c*| over a unit of whole groups (None: emax)."""
     gid_G = _group_index(inp) if inp.labels is not None else None
     if emax is not None:
         def E():  # rows of groups whose columns are all constant: z = 0 exactly, c = +0 (E = 0)
@@ -1374,7 +1413,7 @@ def for_gdpo(inp, a: torch.Tensor, c: torch.Tensor, sizes: list[int], eps: float
         gid, G = gid_G or _group_index(inp)
         return _exact_zeros.zero_rows_labelled(rows, gid, G, inp.rewards, list(inp.weights), quantum_exponent)
     return Problem(a, c, sizes, eps, whole, E, dd, _oracle_gdpo(inp, sizes, eps), dd_rows, loc, emax, exact_rows,
-                   zero_rows)
+                   zero_rows, erms=erms if emax is not None else None)
 
 
 def stage(plan, call, dev) -> tuple[torch.Tensor, Counts]:
@@ -1390,10 +1429,10 @@ def stage(plan, call, dev) -> tuple[torch.Tensor, Counts]:
     if call.inp is None:  # whiten: the values are c, exact
         return finish(for_whiten(dev.c, a, plan.sizes, plan.eps), out_dtype, counts, y), counts
     rows = getattr(dev.z, "err_rows", 0)  # (None: a graph replay, which keeps no z)
-    emax, qexp, top = (eq4_error(call.inp.rewards.contiguous(), rows, call.inp.weights, getattr(dev.z, "largest", None))
-                       if rows else (None, None, None))
+    emax, qexp, top, erms = (eq4_error(call.inp.rewards.contiguous(), rows, call.inp.weights,
+                                       getattr(dev.z, "largest", None)) if rows else (None, None, None, None))
     loc = dev.loc if getattr(dev.loc, "tp", None) is not None else None  # the plain backend's statistics
-    p = for_gdpo(call.inp, a, dev.c, plan.sizes, plan.eps, plan.whole, emax, loc, qexp, top)
+    p = for_gdpo(call.inp, a, dev.c, plan.sizes, plan.eps, plan.whole, emax, loc, qexp, top, erms)
     return finish(p, out_dtype, counts, y), counts
 
 

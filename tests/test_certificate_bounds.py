@@ -1,0 +1,181 @@
+"""The certificate's bounds against the exact values (issue 27): every bound tier 0 and the
+group-exact tier rely on, checked directly rather than through the outputs they round.
+
+A correctly rounded output is weak evidence for a bound: the float64 result is usually far
+from a rounding boundary, so a bound too small by a factor of ten would rarely change an output.
+Here each bound is compared with the exact quantity it bounds, computed in mpmath at 200 bits
+from the rewards (the spec's formulas, independently of impl and of the oracle):
+
+* every row's |c - c*| <= emax (:func:`impl._certify.eq47_rows_bounds`, Eq. 4 then Eq. 7);
+* over each unit of whole groups, the root mean square of |c - c*| <= erms (the same
+  function's second figure, which Eq. 6's denominator takes);
+* each unit's |den - D*| <= dD (:class:`impl._certify.UnitNumbers`: the plain path's
+  denominator and its bound), and |M - M*| <= dmean off units of whole groups;
+* every row's |a - a*| <= alpha + beta |a| (tier 0's bound, ``Problem.ab``).
+
+On families that push each term: 0/1 and small integer rewards (exact sums), large offsets and
+near-constant columns (inexact differences and means), float64 and bfloat16 rewards, groups of
+2 to 16 rows, weights with a sign and a zero, units of whole groups and units that cut groups.
+The bounds are worst cases; the exact quantities measured here are 1-15% of them. The negative controls
+shrink a bound a thousandfold and must see it broken, so the comparisons are live.
+
+Run: ``python3 -m pytest -q tests/test_certificate_bounds.py`` (about 10 s).
+"""
+
+from __future__ import annotations
+
+import math
+
+import mpmath
+import pytest
+import torch
+
+from impl import _certify, gdpo
+
+EPS = 1e-6
+_PREC = 200
+
+
+def _rewards(family: str, n: int, k: int, seed: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    if family == "normal":
+        return torch.randn(n, k, generator=gen)
+    if family == "offset":  # differences inexact in the plain path's scaled domain, a large mean
+        return 1e4 + 3 * torch.randn(n, k, generator=gen)
+    if family == "near_constant":  # a spread of 1e-3 on values near 1: the mean's rounding counts
+        return 1 + 1e-3 * torch.randn(n, k, generator=gen, dtype=torch.float64)
+    if family == "binary":
+        return (torch.rand(n, k, generator=gen) < 0.5).float()
+    if family == "integers":
+        return torch.randint(-5, 6, (n, k), generator=gen).to(torch.bfloat16)
+    raise ValueError(family)
+
+
+def _exact_c(r: torch.Tensor, g: int, weights: list[float]) -> list:
+    """c* of every row (mpmath at _PREC bits), groups of g contiguous rows, ddof 1."""
+    x = r.to(torch.float64).tolist()
+    out = []
+    for s in range(0, len(x), g):
+        z = []
+        for k in range(len(weights)):
+            col = [mpmath.mpf(x[i][k]) for i in range(s, s + g)]
+            m = mpmath.fsum(col) / g
+            dev = [v - m for v in col]
+            sd = mpmath.sqrt(mpmath.fsum(d * d for d in dev) / (g - 1))
+            z.append([d / (sd + EPS) for d in dev])
+        out.extend(mpmath.fsum(w * z[k][i] for k, w in enumerate(weights)) for i in range(g))
+    return out
+
+
+def _run(r: torch.Tensor, g: int, weights: list[float], sizes: list[int]):
+    """The certified call's Problem (after tier 0: its bounds), and the float64 advantages."""
+    seen = {}
+    real = _certify.finish
+
+    def finish(p, *a, **k):
+        seen["p"] = p
+        return real(p, *a, **k)
+
+    _certify.finish = finish
+    try:
+        with _certify.narrow_here():
+            gdpo.gdpo_advantages(r, group_size=g, weights=weights, segment_sizes=sizes, eps=EPS)
+    finally:
+        _certify.finish = real
+    return seen["p"]
+
+
+def _measure(family: str, g: int, sizes_kind: str, weights: list[float], seed: int = 0) -> dict:
+    """Each bound's largest use (the exact quantity over its bound) over one batch."""
+    n = 24 * g
+    r = _rewards(family, n, len(weights), seed)
+    sizes = [n // 2, n // 2] if sizes_kind == "whole" else [5 * g + 1, n - 5 * g - 1]
+    p = _run(r, g, weights, sizes)
+    mpmath.mp.prec = _PREC
+    cs = _exact_c(r, g, weights)
+    c = p.values().tolist()
+    err = [abs(mpmath.mpf(a) - b) for a, b in zip(c, cs)]
+    use = {"row": max(err) / p.emax, "rms": 0.0, "den": 0.0, "mean": 0.0, "a": 0.0}
+    a = p.a.tolist()
+    alpha, beta = p.ab
+    start = 0
+    for j, T in enumerate(sizes):
+        cu = cs[start:start + T]
+        M = mpmath.fsum(cu) / T
+        D = mpmath.sqrt(mpmath.fsum((v - M) ** 2 for v in cu) / (T - 1)) + EPS
+        un = p.nums[j]
+        assert math.isfinite(un.dD) and un.whole == (sizes_kind == "whole")
+        if un.whole:
+            rms = mpmath.sqrt(mpmath.fsum(e * e for e in err[start:start + T]) / T)
+            use["rms"] = max(use["rms"], rms / p.erms)
+        else:
+            centre = mpmath.mpf(un.centre[0]) + mpmath.mpf(un.centre[1])  # M, exact, scaled
+            use["mean"] = max(use["mean"], abs(centre - M * un.f) / un.dmean)
+        use["den"] = max(use["den"], abs(mpmath.mpf(un.den) - D * un.f) / un.dD)
+        al = float(alpha) if S1(alpha) else float(alpha.view(-1)[j])
+        be = float(beta) if S1(beta) else float(beta.view(-1)[j])
+        for i in range(start, start + T):
+            exact_a = (cu[i - start] - M) / (D)
+            use["a"] = max(use["a"], abs(mpmath.mpf(a[i]) - exact_a) / (al + be * abs(a[i])))
+        start += T
+    return {k: float(v) for k, v in use.items()}
+
+
+def S1(x) -> bool:
+    return not isinstance(x, torch.Tensor)
+
+
+CASES = [(f, g, s) for f in ("normal", "offset", "near_constant", "binary", "integers")
+         for g in (2, 3, 8, 16) for s in ("whole", "cut")]
+
+
+@pytest.mark.parametrize("family,g,sizes_kind", CASES)
+def test_bounds_hold_against_the_exact_values(family, g, sizes_kind):
+    weights = [1.0, -0.5, 2.0] if g % 2 else [1.0, 0.0, 0.75]
+    use = _measure(family, g, sizes_kind, weights, seed=g)
+    assert all(v <= 1.0 for v in use.values()), use
+
+
+def test_erms_is_tighter_than_the_row_bound_where_groups_are_larger():
+    """The rms bound is the row bound for groups of 2 (|z*| = sqrt(1/2) either way) and
+    shrinks with the group: about 0.47 of it for groups of 8, 0.35 for 16 (four equal weights)."""
+    ratios = {}
+    for n in (2, 8, 16):
+        emax, erms = _certify.eq47_rows_bounds(n, [1.0] * 4, [True] * 4)
+        ratios[n] = erms / emax
+    assert ratios[2] == pytest.approx(1.0, rel=1e-6)
+    assert 0.4 < ratios[8] < 0.55 and 0.3 < ratios[16] < 0.4, ratios
+
+
+@pytest.mark.parametrize("which", ["row", "rms", "den", "a"])
+def test_a_bound_shrunk_a_thousandfold_is_caught(monkeypatch, which):
+    """Negative controls: each comparison above sees a bound 1000 times too small."""
+    if which in ("row", "rms"):
+        real = _certify.eq47_rows_bounds
+        i = 0 if which == "row" else 1
+
+        def shrunk(*a):
+            got = list(real(*a))
+            got[i] *= 1e-3
+            return tuple(got)
+        monkeypatch.setattr(_certify, "eq47_rows_bounds", shrunk)
+        if which == "rms":  # (the row bound caps the rms: keep it true, so only the rms is small)
+            monkeypatch.setattr(_certify, "eq47_rows_bound", lambda *a: real(*a)[0])
+    else:
+        real_un = _certify._unit_numbers
+
+        def shrunk_units(*a, **k):
+            out = real_un(*a, **k)
+            for x in out:
+                if which == "den":
+                    x.dD *= 1e-3
+                else:
+                    x.alpha *= 1e-3
+                    x.beta *= 1e-3
+            return out
+        monkeypatch.setattr(_certify, "_unit_numbers", shrunk_units)
+    broken = 0
+    for family in ("normal", "offset", "binary"):
+        use = _measure(family, 8, "whole", [1.0, 0.0, 0.75], seed=8)
+        broken += use[which] > 1.0
+    assert broken >= 1
