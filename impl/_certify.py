@@ -1347,13 +1347,15 @@ def _oracle_gdpo(inp, sizes, eps):
 
 
 def for_gdpo(inp, a: torch.Tensor, c: torch.Tensor, sizes: list[int], eps: float, whole, emax=None,
-             loc=None, qexp: int | None = None, top: float | None = None, erms: float | None = None) -> Problem:
+             loc=None, qexp: int | None = None, top: float | None = None, erms: float | None = None,
+             eq4_stats: tuple | None = None) -> Problem:
     """The certificate's view of a local gdpo_advantages call (missing="refuse"). ``emax``: the
     bound on |c - c*| of every row from :func:`eq4_error`, where the plain path had contiguous
     groups (None: the worst case); ``loc``: its Eq. 6 statistics; ``qexp``: 2**qexp divides
     every reward (None: read where needed, :func:`quantum_exponent`), ``top``: none exceeds it
     in magnitude (None: not known); ``erms``: with ``emax``, the bound on the root mean square
-    of |c - c*| over a unit of whole groups (None: emax)."""
+    of |c - c*| over a unit of whole groups (None: emax); ``eq4_stats``: Eq. 4's two-pass
+    statistics of contiguous groups (``impl._eq4.Z.stats``), for the exact zeros, or None."""
     gid_G = _group_index(inp) if inp.labels is not None else None
     if emax is not None:
         def E():  # rows of groups whose columns are all constant: z = 0 exactly, c = +0 (E = 0)
@@ -1407,9 +1409,12 @@ def for_gdpo(inp, a: torch.Tensor, c: torch.Tensor, sizes: list[int], eps: float
     def zero_rows(rows: torch.Tensor) -> torch.Tensor:
         from impl import _exact_zeros
         if inp.labels is None:
+            known = None if qexp is None or top is None else (qexp, top)
+            if eq4_stats is not None and _exact_zeros.eq4_route(inp.group_size, list(inp.weights), known):
+                return _exact_zeros.zero_rows_eq4(rows, inp.rewards, inp.group_size, list(inp.weights), eq4_stats)
             return _exact_zeros.zero_rows_contiguous(rows, inp.rewards, inp.group_size, list(inp.weights),
                                                      quantum_exponent if qexp is None else lambda _: qexp,
-                                                     known=None if qexp is None or top is None else (qexp, top))
+                                                     known=known)
         gid, G = gid_G or _group_index(inp)
         return _exact_zeros.zero_rows_labelled(rows, gid, G, inp.rewards, list(inp.weights), quantum_exponent)
     return Problem(a, c, sizes, eps, whole, E, dd, _oracle_gdpo(inp, sizes, eps), dd_rows, loc, emax, exact_rows,
@@ -1432,7 +1437,8 @@ def stage(plan, call, dev) -> tuple[torch.Tensor, Counts]:
     emax, qexp, top, erms = (eq4_error(call.inp.rewards.contiguous(), rows, call.inp.weights,
                                        getattr(dev.z, "largest", None)) if rows else (None, None, None, None))
     loc = dev.loc if getattr(dev.loc, "tp", None) is not None else None  # the plain backend's statistics
-    p = for_gdpo(call.inp, a, dev.c, plan.sizes, plan.eps, plan.whole, emax, loc, qexp, top, erms)
+    p = for_gdpo(call.inp, a, dev.c, plan.sizes, plan.eps, plan.whole, emax, loc, qexp, top, erms,
+                 getattr(dev.z, "stats", None))
     return finish(p, out_dtype, counts, y), counts
 
 

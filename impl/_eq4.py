@@ -34,12 +34,13 @@ _F64 = torch.float64
 
 
 def standardize_groups(tp: TwoPass, count_m1: torch.Tensor, eps: float) -> torch.Tensor:
-    """Eq. 4 from the two-pass: z = dev / (std + eps), ddof 1, float64, in place.
+    """Eq. 4 from the two-pass: z = dev / (std + eps), ddof 1, float64, in place (over
+    tp.dev; tp.m2 stays the sum of squares: the certificate's exact zeros read it).
 
     With the scale folded into eps (eps * f), z does not depend on the scale.
     A column whose values are all equal has all differences exactly 0, hence z = 0.
     """
-    return tp.dev.div_(denominator(tp.m2.div_(count_m1), tp.eps_f, eps))
+    return tp.dev.div_(denominator(torch.div(tp.m2, count_m1), tp.eps_f, eps, inplace=True))
 
 
 standardize = standardize_groups  # the old name (deprecated): Eq. 4 is standardize_groups everywhere
@@ -95,6 +96,10 @@ class Z:
     #: the batch's largest |reward| (host float) where Eq. 4 read it on the host anyway (the
     #: finiteness check of a lazy call: CPU), else None; the certificate's magnitudes reuse it
     largest: float | None = None
+    #: contiguous groups (missing="refuse"): the two-pass's (f, shift, mean, m2), (K, 1, G)
+    #: each, as Eq. 4 used them (m2 a view into this thread's kept scratch, valid until its
+    #: next Eq. 4): the certificate's exact zeros read them (``impl._exact_zeros.zero_rows_eq4``)
+    stats: tuple | None = None
 
     def rows(self) -> torch.Tensor:
         """z (N, K) in input order (``standardize_groups``)."""
@@ -136,6 +141,7 @@ def finish(prep: Prepared | None, eps: float, layout: G.GroupLayout, longest: in
         out = Z([z], layout, g, found, g if inp.missing != "unscored" else 0)
         if inp.missing != "unscored":
             out.largest = largest
+            out.stats = (tp.f, tp.shift, tp.mean, tp.m2)
     else:
         finite = True
         zs = []

@@ -230,6 +230,67 @@ def zero_rows_contiguous(rows: torch.Tensor, rewards: torch.Tensor, g: int, weig
     return torch.from_numpy(_cancel(P, Q[rg], weights)).to(device)
 
 
+def eq4_route(g: int, weights: list[float], known: tuple[int, float] | None) -> bool:
+    """Can :func:`zero_rows_eq4` decide rows of groups of ``g`` contiguous rows from Eq. 4's own
+    statistics, every reward a multiple of 2**e and none above top in magnitude (``known``)?
+    Where g is a power of two and the rewards are small integers after 2**e, every step of
+    Eq. 4's two-pass is exact (below), and so are the class sums."""
+    if known is None or g < 2 or g & (g - 1) or not math.isfinite(known[1]):
+        return False
+    e, top = known
+    # a column's f is at least 1 / (2 top) (|x f| < 4, 2**e <= every nonzero |x| <= top) and at
+    # most 2**-e where it holds a nonzero value: Eq. 4's squares (multiples of (2**e f / g)**2)
+    # stay normal, and so do m2 / f and the keys m2 / f / f
+    if not (-200 <= e and top <= 2.0 ** 200):
+        return False
+    X = math.ldexp(top, -e)  # the largest |reward| / 2**e, an integer
+    W = max(abs(x) for x in _integer_weights(weights))
+    if W.bit_length() > 53:  # weights far apart (1e-300 and 2): their integers are huge
+        return False
+    # Eq. 4's scaled values (the group column's power of two f) are integers times 2**e f / g:
+    # the differences and the mean's partial sums at most 2 g X of them, the deviations 2 g X,
+    # the sum of squares 4 g**3 X**2; the class sums here K W 2 g X (of 2**e / g)
+    return 4.0 * g ** 3 * X * X <= 2.0 ** 53 and len(weights) * W * 2.0 * g * X <= 2.0 ** 53
+
+
+def zero_rows_eq4(rows: torch.Tensor, rewards: torch.Tensor, g: int, weights: list[float],
+                  stats: tuple) -> torch.Tensor:
+    """(R,) bool: c* = 0 exactly for each of ``rows`` (the module's sufficient condition), groups
+    of ``g`` contiguous rows, from Eq. 4's own two-pass statistics ``stats`` = (f, shift, mean,
+    m2), (K, 1, G) each (``impl._eq4.Z.stats``), where :func:`eq4_route` holds: no group is
+    gathered again.
+
+    There every reward is an integer multiple of 2**e below 2**53 of it, g a power of two, so
+    Eq. 4's scaled differences d = x f - shift, their sum, the mean (a division by g), the
+    deviations d - mean and their squares and sum m2 are all exact in float64 (each a multiple
+    of 2**e f / g or its square, within 2**53 of it: the caller checked). So the row's deviation
+    recomputed here, x f - shift - mean, is the exact one, m2 / f**2 is the column's exact sum of
+    squared deviations (equal exactly where the variances are: the class key), and w_k times the
+    unscaled deviation, with the weights as integers, is an exact integer multiple of 2**e / g.
+    Each row's class sums sum_j [key_j == key_k] W_j dev_j / f_j come from one (K, K, R) product,
+    exact (the caller bounded them below 2**53)."""
+    K = rewards.shape[1]
+    device = rewards.device
+    if rows.shape[0] == 0:
+        return torch.zeros(0, dtype=torch.bool, device=device)
+    x = rewards.detach().index_select(0, rows).to(torch.float64)  # (R, K)
+    if device.type == "cpu":  # NumPy: 3-4x torch's time on arrays this small (in a call: ~0.9 -> ~0.35 ms)
+        grp = rows.numpy() // g
+        f, shift, mean, m2 = (t.view(K, -1).numpy().take(grp, axis=1) for t in stats)  # (K, R) each
+        x = x.numpy().T
+        W = np.array(_integer_weights(weights), dtype=np.float64).reshape(K, 1)
+    else:
+        grp = torch.div(rows, g, rounding_mode="floor")
+        f, shift, mean, m2 = (t.view(K, -1).index_select(1, grp) for t in stats)
+        x = x.t()
+        W = torch.tensor(_integer_weights(weights), dtype=torch.float64, device=device).view(K, 1)
+    key = m2 / f / f  # exact: f a power of two (a column of zeros: f may be near 2**1021, key 0)
+    T = (x * f - shift - mean) / f * W  # W_k times the exact deviation
+    tot = ((key[:, None, :] == key[None, :, :]) * T[None, :, :]).sum(1)  # (K, R): its class's sum
+    ok = (tot == 0).all(0)
+    return torch.from_numpy(ok) if device.type == "cpu" else ok
+
+
 def zero_rows_labelled(rows: torch.Tensor, gid: torch.Tensor, G: int, rewards: torch.Tensor, weights: list[float],
                        quantum=None) -> torch.Tensor:
     """:func:`zero_rows_contiguous` for labelled groups: ``gid`` (N,) each row's group (0..G-1)."""

@@ -272,17 +272,19 @@ def _numpy_sqrt():
     return numpy.sqrt
 
 
-def sqrt_rn(q: torch.Tensor) -> torch.Tensor:
+def sqrt_rn(q: torch.Tensor, inplace: bool = False) -> torch.Tensor:
     """Correctly rounded float64 square root on every device (IEEE 754's sqrt).
 
     CUDA's float64 sqrt is correctly rounded (sqrt.rn.f64). On CPU, NumPy's
     sqrt is the hardware one (correctly rounded) and costs one call on the few
     statistics this is applied to; without NumPy, the Tuckerman correction.
+    ``inplace``: into q's own buffer (q contiguous, this caller's own), no new one.
     """
     if q.device.type == "cuda":
-        return torch.sqrt(q)
+        return q.sqrt_() if inplace else torch.sqrt(q)
     if q.device.type == "cpu":
         np_sqrt = _numpy_sqrt()
         if np_sqrt is not None:
-            return torch.from_numpy(np_sqrt(q.detach().numpy()))
-    return sqrt_tuckerman(q)
+            v = q.detach().numpy()
+            return q if inplace and np_sqrt(v, out=v) is v else torch.from_numpy(np_sqrt(v))
+    return q.copy_(sqrt_tuckerman(q)) if inplace else sqrt_tuckerman(q)

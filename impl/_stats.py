@@ -94,11 +94,12 @@ def two_pass(x: torch.Tensor, count: torch.Tensor, eps: float, *, pad_mask: torc
     return TwoPass(absmax, lo, hi, f, eps_f, shift, mean, dev, m2)
 
 
-def denominator(var: torch.Tensor, eps_f: torch.Tensor, eps: float) -> torch.Tensor:
-    """std + eps in the segment's scale (in place on var). It is 0 only for a
-    collapsed segment without eps (eps * f > 0 whenever eps >= 2**-52, as
-    f >= 2**-1022); there 1 is used: the deviations are all zero anyway."""
-    den = seg_ops.sqrt_rn(var).add_(eps_f)
+def denominator(var: torch.Tensor, eps_f: torch.Tensor, eps: float, inplace: bool = False) -> torch.Tensor:
+    """std + eps in the segment's scale (``inplace``: in var's own buffer, which the caller
+    owns; else a new one). It is 0 only for a collapsed segment without eps (eps * f > 0
+    whenever eps >= 2**-52, as f >= 2**-1022); there 1 is used: the deviations are all zero
+    anyway."""
+    den = seg_ops.sqrt_rn(var, inplace).add_(eps_f)
     if not eps >= 2.0 ** -52:
         den.masked_fill_(den == 0, 1.0)
     return den

@@ -549,6 +549,91 @@ def test_exact_zero_rows_small_and_large_integers_take_their_own_paths():
             assert decided >= 20, (values, decided)
 
 
+def _eq4_statistics(r: torch.Tensor, g: int) -> tuple | None:
+    """Eq. 4's two-pass statistics of a certified call on ``r`` (groups of g), as the pipeline
+    hands them to the exact zeros (views into this thread's scratch: used before the next call)."""
+    seen = {}
+    real = _certify.for_gdpo
+
+    def spy(*a, **k):
+        seen["stats"] = k["eq4_stats"] if "eq4_stats" in k else a[11]
+        return real(*a, **k)
+    _certify.for_gdpo = spy
+    try:
+        with _certify.narrow_here():
+            gdpo.gdpo_advantages(r, group_size=g, eps=1e-4)
+    finally:
+        _certify.for_gdpo = real
+    return seen["stats"]
+
+
+def test_exact_zero_rows_from_eq4_statistics_match_the_exact_enclosure():
+    """The route that reads Eq. 4's own statistics (g a power of two, small integers after the
+    batch's power of two: every step of the two-pass exact) gives impl._exact_rows' verdicts and
+    the regathering route's; it is taken wherever it applies, here groups of 4 and 8, 0/1 and
+    0/0.75/3 rewards (groups of 6 take the other route)."""
+    from impl import _exact_zeros as Z
+    taken = []
+
+    def via_eq4(rows, r, g, w):
+        _, top, e = _certify.batch_quantum(r)
+        if Z.eq4_route(g, w, (e, top)):
+            taken.append(g)
+            got = Z.zero_rows_eq4(rows, r, g, w, _eq4_statistics(r, g))
+            assert torch.equal(got, Z.zero_rows_contiguous(rows, r, g, w, _certify.quantum_exponent))
+            return got
+        return Z.zero_rows_contiguous(rows, r, g, w, _certify.quantum_exponent)
+
+    for values in (None, (0.0, 0.75, 3.0)):
+        taken.clear()
+        unsound, missed, decided = _zero_mismatches(via_eq4, values=values)
+        assert unsound == 0 and missed == 0 and decided >= 20, (values, unsound, missed, decided)
+        assert set(taken) == {4, 8}, taken
+
+
+def test_exact_zero_rows_from_eq4_statistics_negative_control():
+    """The same route with the class keys erased (every column one class, as if every variance
+    were equal) is caught declaring zeros that are not."""
+    from impl import _exact_zeros as Z
+
+    def keyless(rows, r, g, w):
+        f, shift, mean, m2 = _eq4_statistics(r, g)
+        return Z.zero_rows_eq4(rows, r, g, w, (f, shift, mean, f * f))
+
+    unsound, _, _ = _zero_mismatches(keyless, weights_sets=((1.0, 1.0, 1.0, 1.0), (1.0, -1.0, 2.0, -2.0)))
+    assert unsound > 0
+
+
+def test_eq4_route_declines_where_the_two_pass_may_round():
+    """eq4_route: only powers of two (the mean's division exact), integers small enough for the
+    sum of squares (4 g**3 X**2 <= 2**53) and the class sums, magnitudes that keep every square
+    normal."""
+    from impl import _exact_zeros as Z
+    w = [1.0] * 4
+    assert Z.eq4_route(8, w, (0, 1.0)) and Z.eq4_route(16, w, (-3, 1.0)) and not Z.eq4_route(16, w, (-23, 1.0))
+    assert not Z.eq4_route(6, w, (0, 1.0)) and not Z.eq4_route(8, w, None)
+    assert Z.eq4_route(8, w, (0, 2.0 ** 20)) and not Z.eq4_route(8, w, (0, 2.0 ** 22))
+    assert not Z.eq4_route(8, w, (-201, 2.0 ** -201)) and not Z.eq4_route(8, w, (200, 2.0 ** 201))
+    assert not Z.eq4_route(8, [1.0, 1e-300], (0, 1.0))
+
+
+def test_binary_rewards_take_the_eq4_route_in_the_pipeline(monkeypatch):
+    """A certified call on 0/1 rewards in groups of 8 decides its exact zeros from Eq. 4's
+    statistics (no group gathered again), and its outputs are those of the regathering route."""
+    from impl import _exact_zeros as Z
+    r = (torch.rand(2048, 4, generator=torch.Generator().manual_seed(5)) < 0.5).float()
+    calls = []
+    real = Z.zero_rows_eq4
+    monkeypatch.setattr(Z, "zero_rows_eq4", lambda *a: calls.append(a[0].numel()) or real(*a))
+    with _certify.narrow_here():
+        got = gdpo.gdpo_advantages(r, group_size=8)
+    assert calls and calls[0] >= 20, calls
+    monkeypatch.setattr(Z, "eq4_route", lambda *a: False)
+    with _certify.narrow_here():
+        want = gdpo.gdpo_advantages(r, group_size=8)
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_batch_quantum_divides_every_reward(dtype):
     """batch_quantum's 2**e (the smallest magnitude's quantum raised by the trailing zeros common
