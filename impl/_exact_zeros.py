@@ -29,6 +29,11 @@ Where the integers would leave int64 altogether, only the rows of groups whose e
 constant (z = 0, c* = +0) are decided. This is a sufficient condition (a
 coincidence across classes of different variance is left to the row-by-row tier,
 :mod:`impl._exact_rows`), decided in integer arithmetic, no rounding anywhere.
+
+Where the groups are a power of two in size and the integers small (:func:`eq4_route`), Eq. 4's
+own two-pass is exact at every step, and its statistics give each row's deviations and each
+column's sum of squares (the class key) without gathering the groups again
+(:func:`zero_rows_eq4`; 0/1 rewards in groups of 8 or 16, the common case).
 """
 
 from __future__ import annotations
