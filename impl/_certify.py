@@ -606,10 +606,14 @@ def eq47_rows_bounds(n: int, weights: list[float], exact: list[bool]) -> tuple[f
     member's), |d| <= rho, the range, and rho <= sqrt(2 (n - 1)) sigma (Samuelson), the exact
     deviations |d - mean| <= (n - 1)/sqrt(n) sigma. Relative to D >= sigma: the mean's error
     dmu = u rho (exact sums: the division only) or (L + 2) u rho (the differences, the tree, the
-    division); a deviation's ddev = dmu + u (rho + dmu) (+ u rho for inexact differences); the
-    denominator's dD = ((L + 1)/2 + 2.5) u + sqrt(n/(n-1)) ddev (the squares and their tree,
-    the division, the root, eps; the std is 1-Lipschitz in the deviations' l2 norm over
-    sqrt(n - 1)); zb = ((n - 1)/sqrt(n) + ddev) / (1 - dD) bounds |z| and |z*|;
+    division); a deviation's ddev = dmu + u (rho + dmu) (+ eta = u rho for inexact
+    differences); the denominator's dD = ((L + 1)/2 + 2.5) u (the squares and their tree, the
+    division, the root, eps) plus the std's error from the deviations' errors: the std is
+    1-Lipschitz in their l2 norm over sqrt(n - 1), but the mean's error is one shift of the
+    whole column, which a sum of squared deviations from the mean feels to second order only
+    (n dmu**2 + 2 dmu |sum xi|, over the norm), so only the rows' own roundings xi count to
+    first order: sqrt(n/(n-1)) (1 + u) eta + u + sqrt(n/(n-1)) u dmu (half of sqrt(n/(n-1))
+    ddev, or less, for exact sums); zb = ((n - 1)/sqrt(n) + ddev) / (1 - dD) bounds |z| and |z*|;
     |z - z*| <= u zb + ddev + zb dD; Eq. 7 adds K u sum_k |w_k| zb.
 
     Row by row the same terms read |z - z*| <= (ddev (1 + u) + |z*| (u + dD)) / (1 - dD) (z =
@@ -626,16 +630,11 @@ def eq47_rows_bounds(n: int, weights: list[float], exact: list[bool]) -> tuple[f
         return 0.0, 0.0
     u = U64
     K = len(weights)
-    L = math.ceil(math.log2(n))
-    rho = math.sqrt(2 * (n - 1)) * (1 + 8 * u)
     zmax = (n - 1) / math.sqrt(n) * (1 + 4 * u)
     zrms = math.sqrt((n - 1) / n) * (1 + 4 * u)
-    q = math.sqrt(n / (n - 1))
     total = rms = 0.0
     for w, ex in zip(weights, exact):
-        dmu = u * rho if ex else (L + 2) * u * rho
-        ddev = dmu + u * (rho + dmu) + (0.0 if ex else u * rho)
-        dD = u * ((L + 1) / 2 + 2.5) + q * ddev
+        ddev, dD = eq4_column_bounds(n, ex)
         if not dD < 0.25:
             return math.inf, math.inf
         zb = (zmax + ddev) / (1 - dD)
@@ -646,6 +645,31 @@ def eq47_rows_bounds(n: int, weights: list[float], exact: list[bool]) -> tuple[f
         rms += abs(w) * (a + b * zrms)
     bound = total * _SLACK + (K + 1) * _TAU  # an underflowing product or sum: 2**-1075 each
     return bound, min(rms * _SLACK + (K + 1) * _TAU, bound)
+
+
+def eq4_column_bounds(n: int, exact: bool) -> tuple[float, float]:
+    """(ddev, dD) of a group column of ``n`` rows (:func:`eq47_rows_bounds`), relative to its
+    exact denominator D* = std* + eps (as f scales it): |dev_j - dev*_j| <= ddev D* for every
+    row, |den - D*| <= dD D* (inf where no bound holds)."""
+    u = U64
+    L = math.ceil(math.log2(n))
+    rho = math.sqrt(2 * (n - 1)) * (1 + 8 * u)
+    zmax = (n - 1) / math.sqrt(n) * (1 + 4 * u)
+    q = math.sqrt(n / (n - 1))
+    dmu = u * rho if exact else (L + 2) * u * rho
+    eta = 0.0 if exact else u * rho  # a difference's own rounding
+    ddev = dmu + u * (rho + dmu) + eta
+    # the std's error: the deviations are dev* - dmean + xi_j (dmean the mean's error, one per
+    # group column), and sum (dev* + xi - dmean)**2 = |dev* + xi|**2 + t with t = n dmean**2 -
+    # 2 dmean sum xi (sum dev* = 0): the mean's error enters to second order only;
+    # | |dev* + xi| - |dev*| | <= |xi|_2 <= sqrt(n) (1 + u) eta + u |dev*|_2 + u sqrt(n) dmu,
+    # and |sqrt(V**2 + t) - V| <= |t| / V, V >= |dev*| - |xi| (all in units of sigma <= D*)
+    xi = (1 + u) * eta + u * (zmax + dmu)
+    low = math.sqrt(n - 1) - math.sqrt(n) * xi
+    if not low > 0:
+        return ddev, math.inf
+    dstd = q * (1 + u) * eta + u + q * u * dmu + n * (dmu * dmu + 2 * dmu * xi) / (math.sqrt(n - 1) * low)
+    return ddev, u * ((L + 1) / 2 + 2.5) + dstd
 
 
 def eq6_alpha_beta(tp, sizes: list[int], width: int, whole: torch.Tensor, Emax: torch.Tensor, eps: float,
