@@ -49,7 +49,10 @@ unit of T rows, its denominator D (std + eps, evaluated from c), R = (max a - mi
 with A = (L_T + 4) R and E_m = max E (the rounded mean, and the mean of the rows' errors)
 except in a unit of whole groups, whose exact mean is 0 and whose algorithm uses 0 (A = 0,
 E_m = 0); rel = sqrt(T / (T - 1)) A + (L_T + 1)/2 + 4. A unit whose rows all have E = 0 and
-whose values are all equal is exactly collapsed (a = +0 exactly, bound 0).
+whose values are all equal is exactly collapsed (a = +0 exactly, bound 0). Where the a
+posteriori Eq. 4/7 bound holds (contiguous groups), a unit of whole groups takes the rows'
+root-mean-square bound in the denominator's term in place of E_max (:func:`eq47_rows_bounds`:
+the denominator's error is the l2 norm of the rows' errors over sqrt(T - 1)).
 """
 
 from __future__ import annotations
@@ -754,8 +757,9 @@ class UnitNumbers:
 def _unit_numbers(tp, sizes: list[int], width: int, wl: list[bool], emax: float, eps: float,
                   which: list[int], erms: float | None = None) -> list[UnitNumbers]:
     """:func:`eq6_alpha_beta` on the host for the units ``which``, every row's E at most
-    ``emax`` (their root mean square over a unit of whole groups at most ``erms``): the same formulas in Python floats (IEEE 754 double, correctly rounded sqrt), so
-    the denominator is the plain path's bit for bit."""
+    ``emax`` (their root mean square over a unit of whole groups at most ``erms``): the same
+    formulas in Python floats (IEEE 754 double, correctly rounded sqrt), so the denominator is
+    the plain path's bit for bit."""
     S = len(sizes)
     cols = (tp.lo, tp.hi, tp.f, tp.mean, tp.m2, tp.eps_f, tp.shift)
     if tp.f.device.type == "cpu":  # a list each: no tensor to make (a tenth of the time, measured)
