@@ -13,7 +13,8 @@ from the rewards (the spec's formulas, independently of impl and of the oracle):
   function's second figure, which Eq. 6's denominator takes);
 * each unit's |den - D*| <= dD (:class:`impl._certify.UnitNumbers`: the plain path's
   denominator and its bound), and |M - M*| <= dmean off units of whole groups;
-* every row's |a - a*| <= alpha + beta |a| (tier 0's bound, ``Problem.ab``).
+* every row's |a - a*| <= alpha + beta |a| (tier 0's bound, ``Problem.ab``);
+* with labelled ragged groups, the worst-case row bound and tier 0's bound built on it.
 
 On families that push each term: 0/1 and small integer rewards (exact sums), large offsets and
 near-constant columns (inexact differences and means), float64 and bfloat16 rewards, groups of
@@ -143,6 +144,72 @@ def test_bounds_hold_against_the_exact_values(family, g, sizes_kind):
     weights = [1.0, -0.5, 2.0] if g % 2 else [1.0, 0.0, 0.75]
     use = _measure(family, g, sizes_kind, weights, seed=g)
     assert all(v <= 1.0 for v in use.values()), use
+
+
+def _labelled_case(family: str, seed: int, permuted: bool):
+    """Ragged labelled groups (2 to 9 rows), in runs or with the rows shuffled: rewards, labels."""
+    gen = torch.Generator().manual_seed(seed)
+    sizes = torch.randint(2, 10, (30,), generator=gen).tolist()
+    labels = torch.repeat_interleave(torch.arange(30), torch.tensor(sizes))
+    if permuted:
+        labels = labels[torch.randperm(labels.numel(), generator=gen)]
+    return _rewards(family, labels.numel(), 3, seed), labels
+
+
+@pytest.mark.parametrize("permuted", [False, True])
+@pytest.mark.parametrize("family", ["normal", "offset", "wide", "binary", "integers"])
+def test_labelled_groups_bounds_hold_against_the_exact_values(family, permuted):
+    """Labelled ragged groups take the worst-case Eq. 4/7 bound per row (``Problem.rows_E``) and
+    tier 0's alpha + beta |a| from it (``eq6_alpha_beta`` on the padded layout's statistics):
+    both against the exact values, two units that cut groups (uses of 1-2%: worst cases)."""
+    weights = [1.0, -0.5, 2.0]
+    r, labels = _labelled_case(family, seed=7, permuted=permuted)
+    n = r.shape[0]
+    sizes = [n // 3, n - n // 3]
+    seen = {}
+    real_finish = _certify.finish
+
+    def finish(p, *a, **k):
+        seen["p"] = p
+        return real_finish(p, *a, **k)
+    _certify.finish = finish
+    try:
+        with _certify.narrow_here():
+            gdpo.gdpo_advantages(r, group_ids=labels, weights=weights, segment_sizes=sizes, eps=EPS)
+    finally:
+        _certify.finish = real_finish
+    p = seen["p"]
+    mpmath.mp.prec = _PREC
+    x = r.to(torch.float64).tolist()
+    lab = labels.tolist()
+    cs = [None] * n
+    for q in set(lab):
+        rows = [i for i in range(n) if lab[i] == q]
+        g = len(rows)
+        z = []
+        for k in range(3):
+            col = [mpmath.mpf(x[i][k]) for i in rows]
+            m = mpmath.fsum(col) / g
+            sd = mpmath.sqrt(mpmath.fsum((v - m) ** 2 for v in col) / (g - 1))
+            z.append([(v - m) / (sd + EPS) for v in col])
+        for j, i in enumerate(rows):
+            cs[i] = mpmath.fsum(w * z[k][j] for k, w in enumerate(weights))
+    c, E, a = p.values().tolist(), p.rows_E().tolist(), p.a.tolist()
+    use = {"row": max(float(abs(mpmath.mpf(ci) - cx) / e) for ci, cx, e in zip(c, cs, E) if e > 0), "a": 0.0}
+    assert p.ab is not None  # (tier 0 ran on the plain path's statistics)
+    alpha, beta = (t.view(-1).tolist() for t in p.ab)
+    unit = [u for u, T in enumerate(sizes) for _ in range(T)]
+    B = [alpha[unit[i]] + beta[unit[i]] * abs(a[i]) for i in range(n)]
+    start = 0
+    for T in sizes:
+        cu = cs[start:start + T]
+        M = mpmath.fsum(cu) / T
+        D = mpmath.sqrt(mpmath.fsum((v - M) ** 2 for v in cu) / (T - 1)) + EPS
+        for i in range(start, start + T):
+            use["a"] = max(use["a"], float(abs(mpmath.mpf(a[i]) - (cs[i] - M) / D) / B[i]))
+        start += T
+    assert use["row"] <= 1 and use["a"] <= 1, use
+    assert use["row"] > 1e-3 and use["a"] > 1e-3, use  # live: a bound a thousandfold smaller would break
 
 
 def _eq4_stats(r: torch.Tensor, g: int):
