@@ -2,6 +2,7 @@
 
     python -m benchmarks.certified [--n 65536] [--k 4] [--batches 8] [--repeats 15] [--family normal|binary]
                                    [--baseline [REV]] [--json PATH]
+    python -m benchmarks.certified --fallbacks 600 [--family normal]
 
 Each batch is a fresh float32 reward tensor, of two families: normal rewards, and 0/1 rewards (the
 usual correctness and format rewards, where about 3% of rows cancel exactly across columns of
@@ -11,6 +12,10 @@ rounding of the float64 result) and the certified path run alternately, ``repeat
 a batch's figure is the median of each. The ratio is certified / plain of those medians; the
 table also gives, per batch, how many samples the float64 bound left to the double-double tier
 (and to exact arithmetic).
+
+``--fallbacks SEEDS`` times nothing: it counts, per family and group size, the batches of seeds
+0 .. SEEDS-1 whose certificate needed the double-double tier or exact arithmetic (the rare
+whole-call fallback, about 23x the call: the mean cost it adds is that share times ~23).
 
 ``--baseline [REV]`` adds a third column: the same call as the git revision REV computed it
 (default :data:`FILED`, the last commit before the certificate, whose plain path is the "today's"
@@ -224,6 +229,24 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def fallbacks(seeds: int, n: int = 65536, k: int = 4, families=FAMILIES) -> list[dict]:
+    """Per family and group size: how many of the batches of seeds 0 .. seeds-1 left samples to
+    the double-double tier or to exact arithmetic (certified float32 output), and which."""
+    out = []
+    for family, group_size in ((f, g) for f in families for g in (8, 16)):
+        hit = []
+        for seed in range(seeds):
+            d = gdpo.Diagnostics()
+            with _certify.narrow_here():
+                gdpo.gdpo_advantages(rewards(family, n, k, seed), group_size=group_size, diagnostics=d)
+            c = d.certified
+            if c.double_double or c.exact or c.uncertified:
+                hit.append(seed)
+        out.append({"family": family, "group_size": group_size, "batches": seeds, "fallback_batches": len(hit),
+                    "seeds": hit})
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=65536)
@@ -234,7 +257,16 @@ def main(argv=None) -> int:
     ap.add_argument("--baseline", nargs="?", const=FILED, default=None, metavar="REV",
                     help=f"also time the call at git revision REV (default {FILED}) in a child process")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--fallbacks", type=int, default=None, metavar="SEEDS",
+                    help="count the batches of seeds 0..SEEDS-1 that fall back to double-double (no timing)")
     a = ap.parse_args(argv)
+    if a.fallbacks is not None:
+        got = fallbacks(a.fallbacks, a.n, a.k, tuple(a.family or FAMILIES))
+        print("| rewards | group | batches | to double-double or exact | seeds |\n|---|---|---|---|---|")
+        for r in got:
+            print(f"| {r['family']} | {r['group_size']} | {r['batches']} | {r['fallback_batches']} | "
+                  f"{', '.join(map(str, r['seeds'])) or '-'} |")
+        return 0
     base = Baseline(a.baseline) if a.baseline else None
     try:
         rows = run(a.n, a.k, a.batches, a.repeats, families=tuple(a.family or FAMILIES), baseline=base)

@@ -728,6 +728,26 @@ def test_the_cost_benchmark_runs():
     assert text.count("| median, ") == 4 and "page faults a call" in text, text
 
 
+def test_the_cost_benchmark_counts_fallback_batches(monkeypatch):
+    """``--fallbacks`` counts the batches whose certificate needed double-double or exact
+    arithmetic; a certificate made to fail tier 0 everywhere (alpha infinite) is counted in
+    every batch, so the count is live."""
+    from benchmarks import certified as bench
+    rows = bench.fallbacks(2, n=256, k=3, families=("normal",))
+    assert [(r["group_size"], r["batches"]) for r in rows] == [(8, 2), (16, 2)]
+    assert all(0 <= r["fallback_batches"] <= 2 and len(r["seeds"]) == r["fallback_batches"] for r in rows)
+    real = _certify._unit_numbers
+
+    def hopeless(*a, **k):
+        out = real(*a, **k)
+        for x in out:
+            x.alpha = x.dD = math.inf
+        return out
+    monkeypatch.setattr(_certify, "_unit_numbers", hopeless)
+    monkeypatch.setattr(_certify, "_exact_zeros", lambda p, todo, y, *a, **k: (y, todo, 0))
+    assert [r["fallback_batches"] for r in bench.fallbacks(2, n=256, k=3, families=("normal",))] == [2, 2]
+
+
 def test_the_cost_benchmark_times_a_baseline_revision():
     """``--baseline REV`` runs REV's impl in a child process beside this one's (here REV is
     HEAD: a fresh clone holds it whatever its depth); its column and ratio appear."""
