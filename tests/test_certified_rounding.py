@@ -549,21 +549,23 @@ def test_exact_zero_rows_small_and_large_integers_take_their_own_paths():
             assert decided >= 20, (values, decided)
 
 
-def _eq4_statistics(r: torch.Tensor, g: int) -> tuple | None:
-    """Eq. 4's two-pass statistics of a certified call on ``r`` (groups of g), as the pipeline
-    hands them to the exact zeros (views into this thread's scratch: used before the next call)."""
+def _eq4_statistics(r: torch.Tensor, g: int) -> tuple:
+    """Eq. 4's two-pass statistics (f, shift, mean, m2) of a certified call on ``r`` (groups of
+    g), as the pipeline hands them to the exact zeros (copied: m2 lives in scratch)."""
+    from impl import _eq4
     seen = {}
-    real = _certify.for_gdpo
+    real = _eq4.finish
 
     def spy(*a, **k):
-        seen["stats"] = k["eq4_stats"] if "eq4_stats" in k else a[11]
-        return real(*a, **k)
-    _certify.for_gdpo = spy
+        z = real(*a, **k)
+        seen["stats"] = tuple(t.clone() for t in z.stats)
+        return z
+    _eq4.finish = spy
     try:
         with _certify.narrow_here():
             gdpo.gdpo_advantages(r, group_size=g, eps=1e-4)
     finally:
-        _certify.for_gdpo = real
+        _eq4.finish = real
     return seen["stats"]
 
 
