@@ -28,12 +28,17 @@ Run: ``python3 -m pytest -q tests/test_certificate_bounds.py`` (about 10 s).
 from __future__ import annotations
 
 import math
+import os
+import sys
 
 import mpmath
 import pytest
 import torch
 
 from impl import _certify, gdpo
+
+sys.path.insert(0, os.path.dirname(__file__))
+from _eq4_statistics import eq4_statistics  # noqa: E402
 
 EPS = 1e-6
 _PREC = 200
@@ -61,24 +66,30 @@ def _rewards(family: str, n: int, k: int, seed: int) -> torch.Tensor:
     raise ValueError(family)
 
 
-def _exact_c(r: torch.Tensor, g: int, weights: list[float]) -> list:
-    """c* of every row (mpmath at _PREC bits), groups of g contiguous rows, ddof 1."""
+def _exact_c(r: torch.Tensor, labels: list[int], weights: list[float]) -> list:
+    """c* of every row (mpmath at _PREC bits), each row's group its label, ddof 1."""
+    mpmath.mp.prec = _PREC
     x = r.to(torch.float64).tolist()
-    out = []
-    for s in range(0, len(x), g):
+    out = [None] * len(x)
+    members: dict = {}
+    for i, q in enumerate(labels):
+        members.setdefault(q, []).append(i)
+    for rows in members.values():
+        g = len(rows)
         z = []
         for k in range(len(weights)):
-            col = [mpmath.mpf(x[i][k]) for i in range(s, s + g)]
+            col = [mpmath.mpf(x[i][k]) for i in rows]
             m = mpmath.fsum(col) / g
-            dev = [v - m for v in col]
-            sd = mpmath.sqrt(mpmath.fsum(d * d for d in dev) / (g - 1))
-            z.append([d / (sd + EPS) for d in dev])
-        out.extend(mpmath.fsum(w * z[k][i] for k, w in enumerate(weights)) for i in range(g))
+            sd = mpmath.sqrt(mpmath.fsum((v - m) ** 2 for v in col) / (g - 1))
+            z.append([(v - m) / (sd + EPS) for v in col])
+        for j, i in enumerate(rows):
+            out[i] = mpmath.fsum(w * z[k][j] for k, w in enumerate(weights))
     return out
 
 
-def _run(r: torch.Tensor, g: int, weights: list[float], sizes: list[int]):
-    """The certified call's Problem (after tier 0: its bounds), and the float64 advantages."""
+def _problem(r: torch.Tensor, weights: list[float], sizes: list[int], **groups):
+    """The certified call's Problem (after tier 0: its bounds); ``groups``: group_size= or
+    group_ids=."""
     seen = {}
     real = _certify.finish
 
@@ -89,7 +100,7 @@ def _run(r: torch.Tensor, g: int, weights: list[float], sizes: list[int]):
     _certify.finish = finish
     try:
         with _certify.narrow_here():
-            gdpo.gdpo_advantages(r, group_size=g, weights=weights, segment_sizes=sizes, eps=EPS)
+            gdpo.gdpo_advantages(r, weights=weights, segment_sizes=sizes, eps=EPS, **groups)
     finally:
         _certify.finish = real
     return seen["p"]
@@ -100,9 +111,8 @@ def _measure(family: str, g: int, sizes_kind: str, weights: list[float], seed: i
     n = 24 * g
     r = _rewards(family, n, len(weights), seed)
     sizes = [n // 2, n // 2] if sizes_kind == "whole" else [5 * g + 1, n - 5 * g - 1]
-    p = _run(r, g, weights, sizes)
-    mpmath.mp.prec = _PREC
-    cs = _exact_c(r, g, weights)
+    p = _problem(r, weights, sizes, group_size=g)
+    cs = _exact_c(r, [i // g for i in range(n)], weights)
     c = p.values().tolist()
     err = [abs(mpmath.mpf(a) - b) for a, b in zip(c, cs)]
     use = {"row": max(err) / p.emax, "rms": 0.0, "den": 0.0, "mean": 0.0, "a": 0.0}
@@ -166,34 +176,8 @@ def test_labelled_groups_bounds_hold_against_the_exact_values(family, permuted):
     r, labels = _labelled_case(family, seed=7, permuted=permuted)
     n = r.shape[0]
     sizes = [n // 3, n - n // 3]
-    seen = {}
-    real_finish = _certify.finish
-
-    def finish(p, *a, **k):
-        seen["p"] = p
-        return real_finish(p, *a, **k)
-    _certify.finish = finish
-    try:
-        with _certify.narrow_here():
-            gdpo.gdpo_advantages(r, group_ids=labels, weights=weights, segment_sizes=sizes, eps=EPS)
-    finally:
-        _certify.finish = real_finish
-    p = seen["p"]
-    mpmath.mp.prec = _PREC
-    x = r.to(torch.float64).tolist()
-    lab = labels.tolist()
-    cs = [None] * n
-    for q in set(lab):
-        rows = [i for i in range(n) if lab[i] == q]
-        g = len(rows)
-        z = []
-        for k in range(3):
-            col = [mpmath.mpf(x[i][k]) for i in rows]
-            m = mpmath.fsum(col) / g
-            sd = mpmath.sqrt(mpmath.fsum((v - m) ** 2 for v in col) / (g - 1))
-            z.append([(v - m) / (sd + EPS) for v in col])
-        for j, i in enumerate(rows):
-            cs[i] = mpmath.fsum(w * z[k][j] for k, w in enumerate(weights))
+    p = _problem(r, weights, sizes, group_ids=labels)
+    cs = _exact_c(r, labels.tolist(), weights)
     c, E, a = p.values().tolist(), p.rows_E().tolist(), p.a.tolist()
     use = {"row": max(float(abs(mpmath.mpf(ci) - cx) / e) for ci, cx, e in zip(c, cs, E) if e > 0), "a": 0.0}
     assert p.ab is not None  # (tier 0 ran on the plain path's statistics)
@@ -212,24 +196,6 @@ def test_labelled_groups_bounds_hold_against_the_exact_values(family, permuted):
     assert use["row"] > 1e-3 and use["a"] > 1e-3, use  # live: a bound a thousandfold smaller would break
 
 
-def _eq4_stats(r: torch.Tensor, g: int):
-    """Eq. 4's two-pass statistics (f, shift, mean, m2) of a call on ``r`` (groups of g)."""
-    from impl import _eq4
-    seen = {}
-    real = _eq4.finish
-
-    def finish(*a, **k):
-        z = real(*a, **k)
-        seen["stats"] = tuple(t.clone() for t in z.stats)
-        return z
-    _eq4.finish = finish
-    try:
-        gdpo.normalize_rewards(r, group_size=g, eps=EPS)
-    finally:
-        _eq4.finish = real
-    return seen["stats"]
-
-
 @pytest.mark.parametrize("family", ["normal", "offset", "near_constant", "wide", "outlier", "binary", "integers"])
 def test_eq4_column_bounds_hold_against_the_exact_values(family):
     """Eq. 4's own bounds (:func:`impl._certify.eq4_column_bounds`), column by column: the
@@ -239,7 +205,7 @@ def test_eq4_column_bounds_hold_against_the_exact_values(family):
     worst = {"den": 0.0, "z": 0.0}
     for g in (2, 3, 8, 16):
         r = _rewards(family, 8 * g, 3, seed=g)
-        f, _, _, m2 = (t.view(3, -1).tolist() for t in _eq4_stats(r, g))
+        f, _, _, m2 = (t.view(3, -1).tolist() for t in eq4_statistics(r, g, EPS))
         z = gdpo.standardize_groups(r, group_size=g, eps=EPS).tolist()
         if r.dtype in (torch.float32, torch.bfloat16):
             small, large, e = _certify.batch_quantum(r)

@@ -45,6 +45,7 @@ from conformance.subject import Outcome, Subject
 
 sys.path.insert(0, os.path.dirname(__file__))
 import _dist  # noqa: E402
+from _eq4_statistics import eq4_statistics  # noqa: E402
 
 from impl import gdpo  # noqa: E402
 from impl import _certify  # noqa: E402
@@ -549,26 +550,6 @@ def test_exact_zero_rows_small_and_large_integers_take_their_own_paths():
             assert decided >= 20, (values, decided)
 
 
-def _eq4_statistics(r: torch.Tensor, g: int) -> tuple:
-    """Eq. 4's two-pass statistics (f, shift, mean, m2) of a certified call on ``r`` (groups of
-    g), as the pipeline hands them to the exact zeros (copied: m2 lives in scratch)."""
-    from impl import _eq4
-    seen = {}
-    real = _eq4.finish
-
-    def spy(*a, **k):
-        z = real(*a, **k)
-        seen["stats"] = tuple(t.clone() for t in z.stats)
-        return z
-    _eq4.finish = spy
-    try:
-        with _certify.narrow_here():
-            gdpo.gdpo_advantages(r, group_size=g, eps=1e-4)
-    finally:
-        _eq4.finish = real
-    return seen["stats"]
-
-
 def test_exact_zero_rows_from_eq4_statistics_match_the_exact_enclosure():
     """The route that reads Eq. 4's own statistics (g a power of two, small integers after the
     batch's power of two: every step of the two-pass exact) gives impl._exact_rows' verdicts and
@@ -581,7 +562,7 @@ def test_exact_zero_rows_from_eq4_statistics_match_the_exact_enclosure():
         _, top, e = _certify.batch_quantum(r)
         if Z.eq4_route(g, w, (e, top)):
             taken.append(g)
-            got = Z.zero_rows_eq4(rows, r, g, w, _eq4_statistics(r, g))
+            got = Z.zero_rows_eq4(rows, r, g, w, eq4_statistics(r, g))
             assert torch.equal(got, Z.zero_rows_contiguous(rows, r, g, w, _certify.quantum_exponent))
             return got
         return Z.zero_rows_contiguous(rows, r, g, w, _certify.quantum_exponent)
@@ -599,7 +580,7 @@ def test_exact_zero_rows_from_eq4_statistics_negative_control():
     from impl import _exact_zeros as Z
 
     def keyless(rows, r, g, w):
-        f, shift, mean, m2 = _eq4_statistics(r, g)
+        f, shift, mean, m2 = eq4_statistics(r, g)
         return Z.zero_rows_eq4(rows, r, g, w, (f, shift, mean, f * f))
 
     unsound, _, _ = _zero_mismatches(keyless, weights_sets=((1.0, 1.0, 1.0, 1.0), (1.0, -1.0, 2.0, -2.0)))
