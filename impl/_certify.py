@@ -69,6 +69,7 @@ import torch
 
 from impl import _dd
 from impl._cast import output, round_to
+from impl._problems import GROUPS as P_GROUPS, N_MAX as P_N_MAX
 from impl import _segments as seg_ops
 from impl._stats import denominator
 
@@ -1339,8 +1340,10 @@ def _group_index(inp) -> tuple[torch.Tensor, int]:
     return inv.view(-1), int(uniq.shape[0])
 
 
-def _flat_rows(inp, gid_G=None) -> torch.Tensor:
-    """(N,) bool: the row's group has every reward column constant (z = 0 exactly, c = 0)."""
+def _flat_rows(inp, gid_G=None, labelled=None) -> torch.Tensor:
+    """(N,) bool: the row's group has every reward column constant (z = 0 exactly, c = 0).
+    ``labelled``: (perm, gid, pos) of phase one's sort of the labels, where at hand: each sorted
+    row against its group's first, no scatter over the rewards."""
     r = inp.rewards
     n, k = r.shape
     if inp.labels is None:
@@ -1349,15 +1352,24 @@ def _flat_rows(inp, gid_G=None) -> torch.Tensor:
         flat = (v.amax(1) == v.amin(1)).all(1)
         return flat.repeat_interleave(g)
     gid, G = gid_G or _group_index(inp)
+    if labelled is not None:
+        perm, sgid, pos = labelled  # sorted row -> input row, its group, its place there
+        rs = r.index_select(0, perm)
+        first = torch.arange(n, dtype=_I64, device=r.device).sub_(pos)  # its group's first sorted row
+        odd = ~(rs == rs.index_select(0, first)).all(1)
+        bad = torch.zeros(G, dtype=torch.bool, device=r.device).index_fill_(0, sgid[odd], True)
+        return ~bad.index_select(0, gid)
     idx = gid[:, None].expand(n, k)
     hi = torch.full((G, k), -math.inf, dtype=r.dtype, device=r.device).scatter_reduce_(0, idx, r, "amax")
     lo = torch.full((G, k), math.inf, dtype=r.dtype, device=r.device).scatter_reduce_(0, idx, r, "amin")
     return (hi == lo).all(1).index_select(0, gid)
 
 
-def _longest(inp, gid_G=None) -> int:
+def _longest(inp, gid_G=None, n_max: int | None = None) -> int:
     if inp.labels is None:
         return inp.group_size
+    if n_max is not None:
+        return n_max
     gid, G = gid_G or _group_index(inp)
     return int(torch.bincount(gid, minlength=G).max())
 
@@ -1376,23 +1388,33 @@ def _oracle_gdpo(inp, sizes, eps):
 
 def for_gdpo(inp, a: torch.Tensor, c: torch.Tensor, sizes: list[int], eps: float, whole, emax=None,
              loc=None, qexp: int | None = None, top: float | None = None, erms: float | None = None,
-             eq4_stats: tuple | None = None) -> Problem:
+             eq4_stats: tuple | None = None, labelled=None) -> Problem:
     """The certificate's view of a local gdpo_advantages call (missing="refuse"). ``emax``: the
     bound on |c - c*| of every row from :func:`eq4_error`, where the plain path had contiguous
     groups (None: the worst case); ``loc``: its Eq. 6 statistics; ``qexp``: 2**qexp divides
     every reward (None: read where needed, :func:`quantum_exponent`), ``top``: none exceeds it
     in magnitude (None: not known); ``erms``: with ``emax``, the bound on the root mean square
     of |c - c*| over a unit of whole groups (None: emax); ``eq4_stats``: Eq. 4's two-pass
-    statistics of contiguous groups (``impl._eq4.Z.stats``), for the exact zeros, or None."""
-    gid_G = _group_index(inp) if inp.labels is not None else None
+    statistics of contiguous groups (``impl._eq4.Z.stats``), for the exact zeros, or None;
+    ``labelled``: labelled groups' ((perm, gid, pos) of phase one's sort, group count, longest
+    group), where at hand (``impl._plan.Plan.sort``: each row's group from that sort, not a
+    second one)."""
+    gid_G = None
+    if inp.labels is not None:
+        if labelled is not None:  # input row -> group (label order): the sort's, scattered back
+            (perm, gid, _), groups, _ = labelled
+            gid_G = (torch.empty_like(gid).scatter_(0, perm, gid), groups)
+        else:
+            gid_G = _group_index(inp)
+    lab, n_max = (labelled[0], labelled[2]) if labelled is not None else (None, None)
     if emax is not None:
         def E():  # rows of groups whose columns are all constant: z = 0 exactly, c = +0 (E = 0)
-            return torch.where(_flat_rows(inp, gid_G), 0.0, torch.full_like(a, emax))
+            return torch.where(_flat_rows(inp, gid_G, lab), 0.0, torch.full_like(a, emax))
     else:
-        e = eq47_bound(U64, _longest(inp, gid_G), inp.k, inp.weights)
+        e = eq47_bound(U64, _longest(inp, gid_G, n_max), inp.k, inp.weights)
 
         def E():  # as above, the worst-case bound elsewhere
-            return torch.where(_flat_rows(inp, gid_G), 0.0, torch.full_like(a, e))
+            return torch.where(_flat_rows(inp, gid_G, lab), 0.0, torch.full_like(a, e))
 
     def dd():
         gid, G = gid_G or _group_index(inp)
@@ -1465,8 +1487,10 @@ def stage(plan, call, dev) -> tuple[torch.Tensor, Counts]:
     emax, qexp, top, erms = (eq4_error(call.inp.rewards.contiguous(), rows, call.inp.weights,
                                        getattr(dev.z, "largest", None)) if rows else (None, None, None, None))
     loc = dev.loc if getattr(dev.loc, "tp", None) is not None else None  # the plain backend's statistics
+    sort = getattr(plan, "sort", None)  # labelled groups: phase one's sort, where the plan kept it
+    labelled = None if sort is None else (sort, int(plan.row[P_GROUPS]), int(plan.row[P_N_MAX]))
     p = for_gdpo(call.inp, a, dev.c, plan.sizes, plan.eps, plan.whole, emax, loc, qexp, top, erms,
-                 getattr(dev.z, "stats", None))
+                 getattr(dev.z, "stats", None), labelled)
     return finish(p, out_dtype, counts, y), counts
 
 

@@ -79,6 +79,10 @@ class Labelled:
     gid = property(lambda self: self._get(1))
     pos = property(lambda self: self._get(2))
 
+    def sorted_rows(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(perm, gid, pos) at once (the sort made now where phase one did without it)."""
+        return self._get(0), self._get(1), self._get(2)
+
 
 @dataclasses.dataclass
 class Prepared:

@@ -160,6 +160,9 @@ class Plan:
     prep: _groups.Prepared | None = None  # labelled groups: phase one (contiguous: the stage runs it)
     layout: _groups.GroupLayout | None = None  # None: whiten, contiguous groups' stage, or pending (ranks)
     row: list[int] | None = None  # labelled local calls: the facts row read for the layout
+    #: labelled local calls the certificate decides: phase one's sort (perm, gid, pos) of the
+    #: labels (``impl._groups.Labelled.sorted_rows``), each row's group without a second sort
+    sort: tuple | None = None
     whole: object = None  # units of whole groups (host tuple, device bool (S,) or None)
     scored: _Scored | None = None  # "unscored": the rows Eq. 6 takes (GDPO; the others: their report)
     # backends
@@ -266,8 +269,9 @@ def local(call, api: str, *, report: bool = False) -> Plan:
     P.raise_local(row)
     layout, eq47 = _lay_out(prep, inp, api, row[P.GROUPS], row[P.N_MAX], row[P.RUNS])
     whole = _groups.whole_units(inp, sizes, prep.labelled) if gdpo else None  # after the layout's sort
+    sort = prep.labelled.sorted_rows() if certify else None
     return Plan(api, **common, prep=prep, layout=layout, row=row, whole=whole, eq47=eq47, lazy=prep.lazy,
-                scored=_scored(inp, scored_units) if read_scored else None)
+                scored=_scored(inp, scored_units) if read_scored else None, sort=sort)
 
 
 def distributed(api: str, eps: float, out_dtype, sizes: list[int], *, inp=None, values=None) -> Plan:

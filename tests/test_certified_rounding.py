@@ -700,6 +700,51 @@ def test_binary_rewards_correctly_rounded_without_the_oracle(labelled, in_dtype)
         assert c.group_exact >= 10, c  # the exact zeros are found
 
 
+@pytest.mark.parametrize("shuffled", [False, True])
+def test_flat_rows_from_phase_ones_sort_match_the_scatter(shuffled):
+    """Labelled groups: the certificate finds the rows of groups whose every column is constant
+    (E = 0) from phase one's sort (the plan keeps it: ``Plan.sort``) as the scatter over the
+    rewards does, in runs and shuffled, with groups constant in every column, in some, in none,
+    and zeros of both signs; and it reads the sort only from the plan (no second sort)."""
+    from impl import _groups, _inputs
+    gen = torch.Generator().manual_seed(3)
+    sizes = torch.randint(2, 7, (60,), generator=gen)
+    labels = torch.repeat_interleave(torch.arange(60) * 7 % 61, sizes)
+    n = labels.numel()
+    r = torch.randint(0, 2, (n, 3), generator=gen).float()
+    start = 0
+    for q, size in enumerate(sizes.tolist()):
+        if q % 3 == 0:
+            r[start:start + size] = r[start]  # every column constant
+        elif q % 3 == 1:
+            r[start:start + size, 0] = -0.0 if q % 2 else 0.0  # one column constant
+        start += size
+    r[0:sizes[0]] = torch.tensor([0.0, -0.0, 1.0])  # +0 and -0 are one value
+    if shuffled:
+        order = torch.randperm(n, generator=gen)
+        r, labels = r[order], labels[order]
+    inp = _inputs.check_gdpo(r, labels, None, None, None, 1e-6, torch.float32, "refuse", None).inp
+    lab, _ = _groups.label_facts(labels, reads_free=True)
+    sort = lab.sorted_rows()
+    gid = torch.empty_like(sort[1]).scatter_(0, sort[0], sort[1])
+    want = _certify._flat_rows(inp)
+    got = _certify._flat_rows(inp, (gid, int(gid.max()) + 1), sort)
+    assert torch.equal(got, want) and 0 < int(want.sum()) < n
+    seen = []
+    real = _certify._flat_rows
+
+    def spy(inp, gid_G=None, labelled=None):
+        seen.append(labelled)
+        return real(inp, gid_G, labelled)
+    _certify._flat_rows = spy
+    try:
+        with _certify.narrow_here():
+            gdpo.gdpo_advantages(r, group_ids=labels)
+    finally:
+        _certify._flat_rows = real
+    assert len(seen) == 1 and seen[0] is not None and len(seen[0]) == 3  # the plan's sort, once
+
+
 def test_the_cost_benchmark_runs():
     """benchmarks/certified.py (the figures of benchmarks/RESULTS.md) runs, both reward families,
     and its table has a median row per family and group size: no timing is asserted."""
