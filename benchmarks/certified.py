@@ -3,6 +3,7 @@
     python -m benchmarks.certified [--n 65536] [--k 4] [--batches 8] [--repeats 15] [--family normal|binary]
                                    [--baseline [REV]] [--json PATH]
     python -m benchmarks.certified --fallbacks 600 [--family normal]
+    python -m benchmarks.certified --labelled [--batches 4]
 
 Each batch is a fresh float32 reward tensor, of two families: normal rewards, and 0/1 rewards (the
 usual correctness and format rewards, where about 3% of rows cancel exactly across columns of
@@ -160,32 +161,50 @@ def rewards(family: str, n: int, k: int, seed: int) -> torch.Tensor:
     return torch.randn(n, k, generator=gen, dtype=torch.float32)
 
 
+def ragged_labels(n: int, g: int, seed: int) -> torch.Tensor:
+    """Labels of ragged groups of about ``g`` rows (g - 2 to g + 2, at least 2), each one run of
+    rows (verl's layout with groups of unequal sizes), the last group taking what is left."""
+    gen = torch.Generator().manual_seed(seed)
+    sizes, total = [], 0
+    for x in torch.randint(max(g - 2, 2), g + 3, (n // max(g - 2, 2) + 2,), generator=gen).tolist():
+        if total + x > n - 2:
+            sizes.append(n - total)
+            break
+        sizes.append(x)
+        total += x
+    return torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes))
+
+
 def run(n: int = 65536, k: int = 4, batches: int = 8, repeats: int = 15, out_dtype=torch.float32,
-        families=FAMILIES, baseline: Baseline | None = None) -> list[dict]:
+        families=FAMILIES, baseline: Baseline | None = None, labelled: bool = False) -> list[dict]:
+    """``labelled``: ragged labelled groups of about 8 and 16 rows (:func:`ragged_labels`), not
+    contiguous groups of 8 and 16 (no baseline: its child times contiguous groups)."""
+    assert not (labelled and baseline is not None), "the baseline's child times contiguous groups"
     rows = []
     # the default's certificate (narrow formats); a float64 output is certified only in mode "all"
     certifying = _certify.enabled_here if out_dtype == torch.float64 else _certify.narrow_here
     for family, group_size in ((f, g) for f in families for g in (8, 16)):
         for seed in range(batches):
             r = rewards(family, n, k, seed)
+            groups = {"group_ids": ragged_labels(n, group_size, seed)} if labelled else {"group_size": group_size}
 
             def certified():
                 with certifying():
-                    return gdpo.gdpo_advantages(r, group_size=group_size, out_dtype=out_dtype)
+                    return gdpo.gdpo_advantages(r, out_dtype=out_dtype, **groups)
 
             def plain():
                 with _certify.disabled():
-                    return gdpo.gdpo_advantages(r, group_size=group_size, out_dtype=out_dtype)
+                    return gdpo.gdpo_advantages(r, out_dtype=out_dtype, **groups)
 
             d = gdpo.Diagnostics()
             with certifying():
-                gdpo.gdpo_advantages(r, group_size=group_size, out_dtype=out_dtype, diagnostics=d)
+                gdpo.gdpo_advantages(r, out_dtype=out_dtype, diagnostics=d, **groups)
             if baseline is not None:
                 assert out_dtype == torch.float32, "the baseline's child times float32 outputs"
                 baseline.batch(family, n, k, group_size, seed)
             (t_cert, f_cert), (t_plain, f_plain), base = _median_ms(certified, repeats, plain, baseline)
             c = d.certified
-            row = {"family": family, "n": n, "k": k, "group_size": group_size, "seed": seed,
+            row = {"family": family, "n": n, "k": k, "group_size": group_size, "seed": seed, "labelled": labelled,
                    "out_dtype": str(out_dtype),
                    "plain_ms": round(t_plain, 3), "certified_ms": round(t_cert, 3),
                    "ratio": round(t_cert / t_plain, 3), "plain_faults": f_plain, "certified_faults": f_cert,
@@ -209,7 +228,8 @@ def table(rows: list[dict]) -> str:
     for r in rows:
         more = f" {r['baseline_ms']:.2f} | {r['ratio_baseline']:.2f} |" if base else ""
         faults = ", ".join(f"{r[k]:g}" for k in ("plain_faults", "certified_faults", "baseline_faults") if k in r)
-        lines.append(f"| {r.get('family', 'normal')} | {r['n']:,} | {r['k']} | {r['group_size']} | {r['seed']} | "
+        group = f"~{r['group_size']} (labels)" if r.get("labelled") else str(r["group_size"])
+        lines.append(f"| {r.get('family', 'normal')} | {r['n']:,} | {r['k']} | {group} | {r['seed']} | "
                      f"{r['plain_ms']:.2f} | {r['certified_ms']:.2f} | {r['ratio']:.2f} |{more} {faults} | "
                      f"{r['group_exact']} | {r['double_double']} | {r['exact']} |")
     for fam in dict.fromkeys(r.get("family", "normal") for r in rows):
@@ -257,6 +277,8 @@ def main(argv=None) -> int:
     ap.add_argument("--baseline", nargs="?", const=FILED, default=None, metavar="REV",
                     help=f"also time the call at git revision REV (default {FILED}) in a child process")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--labelled", action="store_true",
+                    help="ragged labelled groups of about 8 and 16 rows (group_ids), not contiguous groups")
     ap.add_argument("--fallbacks", type=int, default=None, metavar="SEEDS",
                     help="count the batches of seeds 0..SEEDS-1 that fall back to double-double (no timing)")
     a = ap.parse_args(argv)
@@ -269,7 +291,8 @@ def main(argv=None) -> int:
         return 0
     base = Baseline(a.baseline) if a.baseline else None
     try:
-        rows = run(a.n, a.k, a.batches, a.repeats, families=tuple(a.family or FAMILIES), baseline=base)
+        rows = run(a.n, a.k, a.batches, a.repeats, families=tuple(a.family or FAMILIES), baseline=base,
+                   labelled=a.labelled)
     finally:
         if base is not None:
             base.close()

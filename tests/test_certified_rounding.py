@@ -754,6 +754,12 @@ def test_the_cost_benchmark_runs():
     assert all(r["uncertified"] == 0 and r["plain_faults"] >= 0 and r["certified_faults"] >= 0 for r in rows), rows
     text = bench.table(rows)
     assert text.count("| median, ") == 4 and "page faults a call" in text, text
+    rows = bench.run(n=256, k=3, batches=1, repeats=1, families=("binary",), labelled=True)
+    assert [r["group_size"] for r in rows] == [8, 16] and all(r["uncertified"] == 0 for r in rows), rows
+    assert "~8 (labels)" in bench.table(rows)
+    labels = bench.ragged_labels(256, 8, 0)
+    sizes = torch.bincount(labels)
+    assert labels.numel() == 256 and int(sizes.min()) >= 2 and int(sizes.max()) <= 10
 
 
 def test_the_cost_benchmark_counts_fallback_batches(monkeypatch):
