@@ -4,7 +4,7 @@ The pipeline computes each advantage in float64 (``a``). This stage bounds, per 
 ``a`` can be from the exact advantage, and rounds:
 
 * tier 0, float64, from the plain path's own statistics. Where the groups are contiguous runs of
-  rows, Eq. 4/7's error is bounded a posteriori (:func:`eq47_rows_bound`: the rewards' dtype and
+  rows, Eq. 4/7's error is bounded a posteriori (:func:`eq47_rows_bounds`: the rewards' dtype and
   magnitudes say whether every difference and every partial sum of the group means is exact,
   :func:`exact_sums`), and Eq. 6's from the whitening's two-pass statistics
   (:func:`eq6_alpha_beta`, :class:`UnitNumbers`): |a - a*| <= alpha + beta |a| per unit. A sample
@@ -594,11 +594,6 @@ def eq4_error(r: torch.Tensor, n: int, weights: list[float],
     ex = exact_sums(r.dtype, (small, large), n, qexp)
     bound, rms = eq47_rows_bounds(n, weights, [ex] * len(weights))
     return bound, qexp, large, rms
-
-
-def eq47_rows_bound(n: int, weights: list[float], exact: list[bool]) -> float:
-    """The bound on |c - c*| of a row of a group of at most ``n`` rows (:func:`eq47_rows_bounds`)."""
-    return eq47_rows_bounds(n, weights, exact)[0]
 
 
 def eq47_rows_bounds(n: int, weights: list[float], exact: list[bool]) -> tuple[float, float]:
@@ -1399,14 +1394,14 @@ def for_gdpo(inp, a: torch.Tensor, c: torch.Tensor, sizes: list[int], eps: float
     ``labelled``: labelled groups' ((perm, gid, pos) of phase one's sort, group count, longest
     group), where at hand (``impl._plan.Plan.sort``: each row's group from that sort, not a
     second one)."""
-    gid_G = None
+    gid_G = lab = n_max = None
     if inp.labels is not None:
         if labelled is not None:  # input row -> group (label order): the sort's, scattered back
-            (perm, gid, _), groups, _ = labelled
+            lab, groups, n_max = labelled
+            perm, gid, _ = lab
             gid_G = (torch.empty_like(gid).scatter_(0, perm, gid), groups)
         else:
             gid_G = _group_index(inp)
-    lab, n_max = (labelled[0], labelled[2]) if labelled is not None else (None, None)
     if emax is not None:
         def E():  # rows of groups whose columns are all constant: z = 0 exactly, c = +0 (E = 0)
             return torch.where(_flat_rows(inp, gid_G, lab), 0.0, torch.full_like(a, emax))
