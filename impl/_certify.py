@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import math
 import os
 import struct
@@ -624,7 +625,12 @@ def eq47_rows_bounds(n: int, weights: list[float], exact: list[bool]) -> tuple[f
     rows' root mean square error is at most sum_k |w_k| (a_k + b_k sqrt((n - 1)/n)): about
     half the bound for n = 8, where |z*| <= (n - 1)/sqrt(n). Eq. 6's denominator takes the rms
     (its error is the l2 norm of the rows' errors over sqrt(T - 1)); a row's own error, the
-    bound."""
+    bound. (Memoized: a pure function of its arguments, asked once a call.)"""
+    return _eq47_rows_bounds(int(n), tuple(float(w) for w in weights), tuple(bool(x) for x in exact))
+
+
+@functools.lru_cache(maxsize=256)
+def _eq47_rows_bounds(n: int, weights: tuple, exact: tuple) -> tuple[float, float]:
     if n < 2:
         return 0.0, 0.0
     u = U64
@@ -841,44 +847,74 @@ def bits_certify(a: torch.Tensor, alpha, beta, out_dtype, y: torch.Tensor | None
         p2 (2**-(m+1) - 2 beta) - |r| > alpha   and   p2 (2**-(m+2) - 2 beta) > alpha,
 
     tested as p2 - s |r| > alpha s and p2 > P, s and P rounded up (2**-40 margins, which
-    the test's own three roundings cannot use up). Six passes over a: r, |r|, p2, its
-    minimum, the difference, its minimum (the common case: every row certified, no boolean
-    pass)."""
+    the test's own three roundings cannot use up). Host alpha and beta: :func:`bits_left`'s
+    verdicts (five passes over a in the common case, every row certified). Per-unit bounds
+    of a (S, T) view: six passes, r, |r|, p2, its minimum, the difference, its minimum (the
+    common case: no boolean pass)."""
+    per_row = isinstance(alpha, torch.Tensor) or isinstance(beta, torch.Tensor)
+    if not per_row:
+        left = bits_left(a.reshape(-1), alpha, beta, out_dtype, None if y is None else y.reshape(-1))
+        if left is None:
+            return None
+        return torch.ones(a.shape, dtype=torch.bool, device=a.device).view(-1).index_fill_(0, left, False).view(a.shape)
     mant, _ = _NARROW[out_dtype]
     h = 2.0 ** -(mant + 1)
     grow = 1 + 2.0 ** -40
-    per_row = isinstance(alpha, torch.Tensor) or isinstance(beta, torch.Tensor)
-    if per_row:
-        alpha = torch.as_tensor(alpha, dtype=_F64, device=a.device)
-        beta = torch.as_tensor(beta, dtype=_F64, device=a.device)
+    alpha = torch.as_tensor(alpha, dtype=_F64, device=a.device)
+    beta = torch.as_tensor(beta, dtype=_F64, device=a.device)
     k1, k2 = (h - 2 * beta) / grow, (h / 2 - 2 * beta) / grow  # lower bounds of the two factors of p2
-    if per_row:
-        s = torch.where(k1 > 0, grow / k1, math.inf)
-        A = alpha * s * grow
-        P = torch.where(k2 > 0, alpha / k2 * grow, math.inf)
+    s = torch.where(k1 > 0, grow / k1, math.inf)
+    A = alpha * s * grow
+    P = torch.where(k2 > 0, alpha / k2 * grow, math.inf)
+    r, p2 = _margin_parts(a, out_dtype, y)
+    if a.dim() == 2 and P.shape == (a.shape[0], 1):  # a unit a row: the same without a boolean pass
+        big = bool((p2.amin(1, keepdim=True) > P).all())
+        v = torch.addcmul(p2, r, s, value=-1.0, out=r)  # (into r's buffer: p2 is read again below)
+        if big and bool((v.amin(1, keepdim=True) > A).all()):
+            return None
     else:
-        if not (k1 > 0 and k2 > 0 and alpha < math.inf):
-            return torch.zeros(a.shape, dtype=torch.bool, device=a.device)
-        s = grow / k1
-        A, P = alpha * s * grow, alpha / k2 * grow
+        big, v = False, torch.addcmul(p2, r, s, value=-1.0, out=r)
+    return (v > A) if big else (v > A) & (p2 > P)
+
+
+def _margin_parts(a: torch.Tensor, out_dtype, y: torch.Tensor | None):
+    """(|a - y|, p2) of :func:`bits_certify`, in kept buffers: r exact (Sterbenz), p2 = 2**e
+    from a's exponent bits (0 for a float64 zero or subnormal)."""
     y = round_out(a, out_dtype) if y is None else y
     r = torch.sub(a, y, out=_reuse(a, "dist")).abs_()  # |a - y|, exact
     p2 = torch.bitwise_and(a.view(_I64), 0x7FF0000000000000, out=_reuse(a, "low", _I64)).view(_F64)
-    if per_row:
-        if a.dim() == 2 and P.shape == (a.shape[0], 1):  # a unit a row: the same without a boolean pass
-            big = bool((p2.amin(1, keepdim=True) > P).all())
-            v = torch.addcmul(p2, r, s, value=-1.0, out=r)  # (into r's buffer: p2 is read again below)
-            if big and bool((v.amin(1, keepdim=True) > A).all()):
-                return None
-        else:
-            big, v = False, torch.addcmul(p2, r, s, value=-1.0, out=r)
-        return (v > A) if big else (v > A) & (p2 > P)
-    big = bool(p2.amin() > P)
+    return r, p2
+
+
+def bits_left(a: torch.Tensor, alpha: float, beta: float, out_dtype, y: torch.Tensor | None = None):
+    """:func:`bits_certify` for host ``alpha`` and ``beta`` on a 1-D ``a``, as the indices
+    (int64, ascending) of the rows it does not certify; None where it certifies every row.
+    Its verdicts, in fewer passes: a row passes where v = p2 - s |r| > A and p2 > P, and
+    as v <= p2, v > max(A, P) implies both. So one minimum of v decides the common case
+    (every row certified: five passes over a, not six), and where it does not, one comparison
+    finds the rows that may fail (near a rounding boundary, or small in magnitude), on which
+    alone the two conditions are tested; no boolean mask of every row is inverted."""
+    mant, _ = _NARROW[out_dtype]
+    h = 2.0 ** -(mant + 1)
+    grow = 1 + 2.0 ** -40
+    k1, k2 = (h - 2 * beta) / grow, (h / 2 - 2 * beta) / grow  # lower bounds of the two factors of p2
+    if not (k1 > 0 and k2 > 0 and alpha < math.inf):
+        return torch.arange(a.shape[0], device=a.device)
+    s = grow / k1
+    A, P = alpha * s * grow, alpha / k2 * grow
+    top = max(A, P)
+    r, p2 = _margin_parts(a, out_dtype, y)
     v = torch.sub(p2, r, alpha=s, out=r)
-    # the common case without a boolean pass: every row's margin above A, every p2 above P
-    if big and bool(v.amin() > A):
+    if bool(v.amin() > top):  # (a NaN would fail it, and every test below)
         return None
-    return (v > A) if big else (v > A) & (p2 > P)
+    if a.device.type == "cpu":  # NumPy: a tenth of torch's time on the few rows
+        vn, pn = v.numpy(), p2.numpy()
+        cand = np.flatnonzero(~(vn > top))
+        keep = (vn[cand] > A) & (pn[cand] > P)
+        return torch.from_numpy(cand[~keep])
+    cand = indices(~(v > top))
+    keep = (v.index_select(0, cand) > A) & (p2.index_select(0, cand) > P)
+    return cand[~keep]
 
 
 # --- the tiers --------------------------------------------------------------------------------------
@@ -972,7 +1008,7 @@ def finish(p: Problem, out_dtype, counts: Counts | None = None, y: torch.Tensor 
     whole = _whole_tensor(p.whole, S, device)
     left = None  # the rows still to decide, as indices (few, as a rule: no full-length passes below)
     if got0 is not None:
-        ok, y, left = got0
+        todo, y, left = got0
     else:
         st = unit_stats(p.values(), a, p.rows_E(), units, whole, p.eps, p.erms)
         B = float64_bound(st, units, a, p.rows_E())
@@ -985,8 +1021,7 @@ def finish(p: Problem, out_dtype, counts: Counts | None = None, y: torch.Tensor 
             ok, y, _ = certify(a, torch.zeros_like(a), B, out_dtype)
         else:
             ok, y = certify_float(a, B, out_dtype)
-    todo = ~ok
-    if left is None:
+        todo = ~ok
         left = indices(todo)
     counts.float64 += n - left.numel()
     if left.numel() == 0:
@@ -1047,8 +1082,8 @@ def finish(p: Problem, out_dtype, counts: Counts | None = None, y: torch.Tensor 
 
 
 def _tier0_loc(p: Problem, units: _Units, out_dtype, y: torch.Tensor | None = None):
-    """Tier 0 from the plain path's own Eq. 6 statistics (``p.loc``): (ok, y, left), left the
-    rows not certified as indices (ok None, left None: every row is), or None where
+    """Tier 0 from the plain path's own Eq. 6 statistics (``p.loc``): (todo, y, left), todo the
+    rows not certified as a mask and left as indices (both None: every row is certified), or None where
     they are not at hand (buckets, the fused whitening, a device without the raw extremes)."""
     loc = p.loc
     if loc is None or loc.tp is None or loc.tp.lo is None or loc.lay.kind not in ("view", "padded"):
@@ -1069,45 +1104,48 @@ def _tier0_loc(p: Problem, units: _Units, out_dtype, y: torch.Tensor | None = No
     # where no exact-zero tier follows)? Else only zeros of a certain sign are decided below
     exact_here = p.zero_rows is None or (p.nums is None or any(x.exact0 for x in p.nums))
     y = round_out(a, out_dtype) if y is None else y
-    if S == 1 and not isinstance(alpha, torch.Tensor):
-        ok = bits_certify(a, alpha, beta, out_dtype, y)
-        if ok is None:
-            return None, y, None
-        alpha, beta = (torch.tensor([[x]], dtype=_F64, device=a.device) for x in (alpha, beta))
-        exact0 = torch.tensor([[bool(exact0)]], device=a.device)
-    elif lay.kind == "view":
-        ok = bits_certify(a.view(S, -1), alpha, beta, out_dtype, y.view(S, -1))
-        ok = None if ok is None else ok.view(-1)
+    if S == 1 and not isinstance(alpha, torch.Tensor):  # host scalars: the rows left at once
+        left = bits_left(a, alpha, beta, out_dtype, y)
     else:
-        idx = units.index()
-        ok = bits_certify(a, alpha.view(-1).index_select(0, idx), beta.view(-1).index_select(0, idx), out_dtype, y)
-    if ok is None:
+        if lay.kind == "view":
+            ok = bits_certify(a.view(S, -1), alpha, beta, out_dtype, y.view(S, -1))
+        else:
+            idx = units.index()
+            ok = bits_certify(a, alpha.view(-1).index_select(0, idx), beta.view(-1).index_select(0, idx),
+                              out_dtype, y)
+        left = None if ok is None else indices(~ok.view(-1))  # the rows not certified (few, as a rule)
+    if left is None:
         return None, y, None
-    left = indices(~ok)  # the rows not certified, as indices (few, as a rule)
     if left.numel():
-        rows = left[y.index_select(0, left) == 0]
-        ar = a.index_select(0, rows)
-        if rows.numel() and not exact_here:  # (0/1 rewards: every such row is a = 0, for the next tier)
-            live = ar != 0
-            rows, ar = rows[live], ar[live]
-        if rows.numel():
-            # exact zeros (a unit of equal exact values; c* = 0 in a whole unit where no exact-zero
-            # tier follows), and zeros whose sign is certain (|a| > B: the whole interval rounds to
-            # a zero of a's sign); worked out on those rows alone
+        # rows whose output is 0: exact zeros (a unit of equal exact values; c* = 0 in a whole
+        # unit where no exact-zero tier follows), and zeros whose sign is certain (|a| > B: the
+        # whole interval rounds to a zero of a's sign); worked out on those rows alone
+        zero = y.index_select(0, left) == 0
+        if not exact_here:  # (0/1 rewards: a = 0 is left to the next tier)
+            zero &= a.index_select(0, left) != 0
+        at = indices(zero)  # their places among the rows left
+        if at.numel():
+            rows = left.index_select(0, at)
+            ar = a.index_select(0, rows)
             u = torch.zeros_like(rows) if S == 1 else units.index().index_select(0, rows)
-            ab = alpha.view(-1).index_select(0, u) + beta.view(-1).index_select(0, u) * ar.abs()
+            if isinstance(alpha, torch.Tensor):
+                ab = alpha.view(-1).index_select(0, u) + beta.view(-1).index_select(0, u) * ar.abs()
+            else:
+                ab = alpha + beta * ar.abs()
             _, th = _FORMAT[out_dtype]
             fix = (ar.abs() > ab * (1 + 2.0 ** -40)) & (ar.abs() + ab * (1 + 2.0 ** -40) < th)
             if exact_here:
-                exact = exact0.view(-1).index_select(0, u)
+                exact = exact0.view(-1).index_select(0, u) if isinstance(exact0, torch.Tensor) else \
+                    torch.full_like(fix, bool(exact0))
                 if p.zero_rows is None:  # (else the exact-zero tier decides them, constant groups included)
                     whole = _whole_tensor(p.whole, S, a.device)
                     exact = exact | (whole.index_select(0, u) & (p.rows_E().index_select(0, rows) == 0))  # c = +0
                 fix = fix | (exact & (ar == 0))
-                y.index_fill_(0, rows[fix & (ar == 0)], 0.0)  # y and ok: this call's own tensors
-            ok.index_fill_(0, rows[fix], True)
-            left = left[~ok.index_select(0, left)]
-    return ok, y, left
+                y.index_fill_(0, _keep(rows, fix & (ar == 0)), 0.0)  # y: this call's own tensor
+            gone = torch.zeros(left.shape, dtype=torch.bool, device=a.device).index_fill_(0, _keep(at, fix), True)
+            left = _keep(left, ~gone)
+    todo = torch.zeros(a.shape, dtype=torch.bool, device=a.device).index_fill_(0, left, True)
+    return todo, y, left
 
 
 def _exact_zeros(p: Problem, todo: torch.Tensor, y: torch.Tensor, units: _Units, whole: torch.Tensor,
@@ -1119,7 +1157,7 @@ def _exact_zeros(p: Problem, todo: torch.Tensor, y: torch.Tensor, units: _Units,
     if len(p.sizes) == 1:
         rows = rows if bool(whole[0]) else rows[:0]
     else:
-        rows = rows[whole.index_select(0, units.index().index_select(0, rows))]
+        rows = _keep(rows, whole.index_select(0, units.index().index_select(0, rows)))
     if rows.numel() and p.ab is not None:
         # a* = 0 needs |a| <= alpha + beta |a|, i.e. |a| <= alpha / (1 - beta): the others are not zeros
         alpha, beta = p.ab
@@ -1129,14 +1167,21 @@ def _exact_zeros(p: Problem, todo: torch.Tensor, y: torch.Tensor, units: _Units,
             reach = torch.where(beta < 1, alpha / (1 - beta), math.inf)
         else:
             reach = alpha / (1 - beta) if beta < 1 else math.inf
-        rows = rows[p.a.index_select(0, rows).abs() <= reach * (1 + 2.0 ** -30)]
+        rows = _keep(rows, p.a.index_select(0, rows).abs() <= reach * (1 + 2.0 ** -30))
     if rows.numel() == 0:
         return y, todo, 0
-    zero = p.zero_rows(rows)
-    got = rows[zero]
+    got = _keep(rows, p.zero_rows(rows))
     if got.numel() == 0:
         return y, todo, 0
     return y.index_fill_(0, got, 0.0), todo.index_fill_(0, got, False), int(got.numel())
+
+
+def _keep(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """x[mask] for 1-D ``x`` and ``mask`` (a few thousand rows at most, as a rule); on CPU through
+    NumPy, where torch's boolean indexing costs several times as much on arrays this small."""
+    if x.device.type == "cpu":
+        return torch.from_numpy(x.numpy()[mask.numpy()])
+    return x[mask]
 
 
 #: at most this many rows per call go to the group-exact tier (beyond, the double-double tiers)

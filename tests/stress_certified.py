@@ -39,8 +39,8 @@ _orig_targeted = C._targeted
 def _tier0(p, units, out_dtype, y=None):
     got = _orig_tier0(p, units, out_dtype, y)
     if got is not None:
-        ok = got[0]
-        TRACE["tier0"] = None if ok is None else ok.clone()
+        todo = got[0]  # the rows tier 0 left (None: none)
+        TRACE["tier0"] = None if todo is None else ~todo
     else:
         TRACE["tier0"] = "none(unit_stats path)"
     return got

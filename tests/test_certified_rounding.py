@@ -477,26 +477,27 @@ def test_eq4_hands_the_certificate_the_largest_magnitude(monkeypatch, dtype):
 # ------------------------------------------------------------------ exact zeros of c (0/1 rewards)
 
 
-def _discrete_groups(seed: int, g: int, k: int, levels: int, groups: int = 40, values=None) -> torch.Tensor:
-    """Rewards taking ``levels`` values (0, 0.5, 1, ...; or ``values[:levels]``)."""
+def _discrete_groups(seed: int, g: int, k: int, levels: int, groups: int = 40, values=None,
+                     dtype=torch.float32) -> torch.Tensor:
+    """Rewards taking ``levels`` values (0, 0.5, 1, ...; or ``values[:levels]``), in ``dtype``."""
     gen = torch.Generator().manual_seed(seed)
     pick = torch.randint(0, levels, (groups * g, k), generator=gen)
     if values is not None:
-        return torch.tensor(values, dtype=torch.float32)[pick]
-    return pick.float() * 0.5
+        return torch.tensor(values, dtype=torch.float32)[pick].to(dtype)
+    return (pick.float() * 0.5).to(dtype)
 
 
 def _zero_mismatches(decide, weights_sets=((1.0, 1.0, 1.0, 1.0), (1.0, 0.5, 1.0, 0.5), (1.0, 0.0, 1.0, 1.0),
                                            (2.0, 1.0, 1.0, 2.0), (1.0, -1.0, 2.0, -2.0), (2.0, 1.0, 0.5, 0.25)),
-                     values=None) -> tuple[int, int, int]:
+                     values=None, dtype=torch.float32) -> tuple[int, int, int]:
     """Compare ``decide(rows, rewards, g, weights)`` (R,) bool, "c* = 0 exactly", with the row-by-row
     exact enclosure of impl._exact_rows (Fractions): (unsound: decided 0 where c* != 0, missed:
-    c* = 0 not decided, decided) over discrete groups of several shapes."""
+    c* = 0 not decided, decided) over discrete groups of several shapes, rewards in ``dtype``."""
     from impl import _exact_rows
     unsound = missed = decided = 0
     for seed, (g, levels) in enumerate(((4, 2), (8, 2), (6, 3), (8, 3))):
         for weights in weights_sets:
-            r = _discrete_groups(seed, g, 4, levels, values=values)
+            r = _discrete_groups(seed, g, 4, levels, values=values, dtype=dtype)
             rows = torch.arange(r.shape[0])
             got = decide(rows, r, g, list(weights)).tolist()
             for q in range(r.shape[0] // g):
@@ -550,11 +551,13 @@ def test_exact_zero_rows_small_and_large_integers_take_their_own_paths():
             assert decided >= 20, (values, decided)
 
 
-def test_exact_zero_rows_from_eq4_statistics_match_the_exact_enclosure():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_exact_zero_rows_from_eq4_statistics_match_the_exact_enclosure(dtype):
     """The route that reads Eq. 4's own statistics (g a power of two, small integers after the
     batch's power of two: every step of the two-pass exact) gives impl._exact_rows' verdicts and
     the regathering route's; it is taken wherever it applies, here groups of 4 and 8, 0/1 and
-    0/0.75/3 rewards (groups of 6 take the other route)."""
+    0/0.75/3 rewards (groups of 6 take the other route), in each narrow reward format (the
+    rewards gathered through NumPy or, bfloat16, through torch)."""
     from impl import _exact_zeros as Z
     taken = []
 
@@ -569,7 +572,7 @@ def test_exact_zero_rows_from_eq4_statistics_match_the_exact_enclosure():
 
     for values in (None, (0.0, 0.75, 3.0)):
         taken.clear()
-        unsound, missed, decided = _zero_mismatches(via_eq4, values=values)
+        unsound, missed, decided = _zero_mismatches(via_eq4, values=values, dtype=dtype)
         assert unsound == 0 and missed == 0 and decided >= 20, (values, unsound, missed, decided)
         assert set(taken) == {4, 8}, taken
 
