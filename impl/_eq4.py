@@ -164,6 +164,6 @@ def _padded_eq4(x: torch.Tensor, pad: torch.Tensor, eps: float, lazy: bool, miss
         return standardize_scored(x, eps, lazy, (~pad).view(1, width, groups))
     mask = (~pad).to(_F64).view(1, width, groups)
     count = mask.sum(1, keepdim=True)  # integers: exact in any order
-    tp = two_pass(x, count, eps, pad_mask=mask, own=True)
+    tp = two_pass(x, count, eps, pad_mask=mask, own=True, keep="eq4")  # (its sums are dead once z is made)
     finite = not lazy or tp.finite()
     return standardize_groups(tp, count - 1.0, eps), finite

@@ -203,7 +203,10 @@ class GroupLayout:
 
     def gather(self, r: torch.Tensor):
         """Each part's float64 (K, P, G) copy of the rewards ``r`` (N, K), with its padding:
-        ``pad`` (P * G,) bool, None where the part has none. One part at a time (lazy)."""
+        ``pad`` (P * G,) bool, None where the part has none. One part at a time (lazy).
+        Labelled layouts: the copies (and the columns they are gathered from) are this
+        thread's kept work tensors (``_segments.kept``), one per part: each is Eq. 4's z, then
+        Eq. 7's work space, dead once Eq. 7 has brought c back to input order (a new tensor)."""
         n, k = r.shape
         if self.kind == "contiguous":
             g = self.parts[0].width
@@ -211,12 +214,13 @@ class GroupLayout:
             x.copy_(r.view(n // g, g, k).permute(2, 1, 0))
             yield x, None
             return
-        rt = _columns(r)
-        for part in self.parts:
+        rt = _columns(r, seg_ops.kept("gather.columns", (k, n), _F64, r.device))
+        for i, part in enumerate(self.parts):
             pad = part.source < 0
             rows = torch.where(pad, -1 - part.source, part.source)
+            out = seg_ops.kept(f"gather.part{i}", (k, rows.numel()), _F64, r.device)
             # gather: ~2x index_select on dim 1 (CPU)
-            yield torch.gather(rt, 1, rows.expand(k, -1)).view(k, part.width, part.count), pad
+            yield torch.gather(rt, 1, rows.expand(k, -1), out=out).view(k, part.width, part.count), pad
 
     def rows(self, parts: list[torch.Tensor]) -> torch.Tensor:
         """Slot values of each part in input order: (N,) from (P, G) parts (as c),
@@ -380,7 +384,8 @@ def _whole_labelled(labels: torch.Tensor, lab: Labelled, sizes: list[int]) -> to
     return bad == 0
 
 
-def _columns(r: torch.Tensor) -> torch.Tensor:
-    """The rewards as float64 columns (K, N): one transposing copy, gathered from after."""
-    rt = torch.empty(r.shape[1], r.shape[0], dtype=_F64, device=r.device)
+def _columns(r: torch.Tensor, rt: torch.Tensor | None = None) -> torch.Tensor:
+    """The rewards as float64 columns (K, N): one transposing copy (into ``rt`` where given),
+    gathered from after."""
+    rt = torch.empty(r.shape[1], r.shape[0], dtype=_F64, device=r.device) if rt is None else rt
     return rt.copy_(r.t())

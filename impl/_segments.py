@@ -164,6 +164,30 @@ def scratch(x: torch.Tensor, keep: str | None = None):
     return got
 
 
+#: :func:`kept` keeps tensors of at most this many elements (64 MB of float64)
+KEPT_MAX = 1 << 23
+
+
+def kept(name: str, shape, dtype: torch.dtype, device) -> torch.Tensor:
+    """An uninitialised work tensor of ``shape`` that this thread keeps between calls under
+    ``name`` (its storage grown, never shrunk), on CPU from :data:`SCRATCH_MIN` elements on;
+    elsewhere, or smaller, a fresh one. For a caller whose use of it ends before its next call
+    with that name: on CPU a fresh large tensor costs its pages again every call (the labelled
+    layouts' Eq. 4, N = 65,536, K = 4: about 2,500 minor page faults a call, measured). Beyond
+    :data:`KEPT_MAX` elements, fresh too: a thread does not hold a huge batch's work space
+    after its call (there the pages' cost is a small share of the call's)."""
+    numel = math.prod(shape)
+    if torch.device(device).type != "cpu" or not SCRATCH_MIN <= numel <= KEPT_MAX:
+        return torch.empty(shape, dtype=dtype, device=device)
+    store = getattr(_KEPT, "tensors", None)
+    if store is None:
+        store = _KEPT.tensors = {}
+    got = store.get((name, dtype))
+    if got is None or got.numel() < numel:
+        got = store[(name, dtype)] = torch.empty(numel, dtype=dtype)
+    return got[:numel].view(shape)
+
+
 def tree_sum(x: torch.Tensor, bufs=None, *, squares: bool = False) -> torch.Tensor:
     """Sum along dim 1 by the canonical pairwise tree, keeping the dim (of the
     squares of x if ``squares``: each square rounded, then summed the same way).

@@ -89,8 +89,10 @@ def two_pass(x: torch.Tensor, count: torch.Tensor, eps: float, *, pad_mask: torc
     dev = d.sub_(mean)
     if pad_mask is None:
         m2 = seg_ops.tree_sum(dev, bufs, squares=True)
-    else:
-        m2 = seg_ops.tree_sum((dev * dev).mul_(pad_mask), bufs)
+    else:  # (the squares in kept work space where the tree's levels are kept)
+        sq = dev * dev if keep is None else torch.mul(dev, dev, out=seg_ops.kept(keep + ".squares", dev.shape,
+                                                                                   dev.dtype, dev.device))
+        m2 = seg_ops.tree_sum(sq.mul_(pad_mask), bufs)
     return TwoPass(absmax, lo, hi, f, eps_f, shift, mean, dev, m2)
 
 

@@ -146,3 +146,33 @@ def test_cpu_cuts_groups_into_buckets_when_padding_would_double_the_rows(monkeyp
     taken.clear()
     monkeypatch.setattr(groups_mod, "lazy_checks", lambda device: False)  # a device where reads cost
     assert _all(r, group_ids=labels) == padded and not taken
+
+
+def test_kept_work_tensors_serve_every_part_and_every_call(monkeypatch):
+    """The labelled layouts' Eq. 4 works in tensors its thread keeps between calls (one per part
+    of the layout: ``impl._segments.kept``). Large enough to be kept (K * rows and every part's
+    slots above SCRATCH_MIN), cut into two buckets, the same bits as with fresh tensors every
+    call (KEPT_MAX 0), call after call, another batch between: a part writing over another's z,
+    or a call reading what the last one left, would change them."""
+    import impl._segments as seg_mod
+
+    sizes = torch.tensor([2] * 6000 + [40] * 300)  # two buckets of 36,000 slots (K = 3)
+    g = torch.Generator().manual_seed(5)
+    labels = torch.repeat_interleave(torch.randperm(sizes.numel(), generator=g), sizes)
+    labels = labels[torch.randperm(labels.numel(), generator=g)]  # shuffled rows
+    r, other = _rewards(labels.numel(), seed=1), _rewards(labels.numel(), seed=2) * -3.0
+    monkeypatch.setattr(groups_mod, "PAD_SLACK", 0)
+    monkeypatch.setattr(groups_mod, "CPU_PAD_FACTOR", 2)
+    monkeypatch.setattr(seg_mod, "KEPT_MAX", 0)  # fresh tensors: the reference
+    want, want_other = _all(r, group_ids=labels), _all(other, group_ids=labels)
+    monkeypatch.setattr(seg_mod, "KEPT_MAX", 1 << 23)
+    seg_mod._KEPT.__dict__.pop("tensors", None)
+    taken = []
+    real = groups_mod._bucketed
+    monkeypatch.setattr(groups_mod, "_bucketed", lambda *a, **k: taken.append(1) or real(*a, **k))
+    for _ in range(2):
+        assert _all(r, group_ids=labels) == want
+        assert _all(other, group_ids=labels) == want_other
+    assert taken, "the batch was not cut into buckets"
+    kept = {name for name, _ in seg_mod._KEPT.tensors}
+    assert {"gather.columns", "gather.part0", "gather.part1", "eq4.squares"} <= kept, kept
