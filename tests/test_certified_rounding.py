@@ -739,13 +739,20 @@ def test_flat_rows_from_phase_ones_sort_match_the_scatter(shuffled):
     def spy(inp, gid_G=None, labelled=None):
         seen.append(labelled)
         return real(inp, gid_G, labelled)
+    # every group constant in every column: c = +0 throughout, and tier 0 reads E (the unit's
+    # largest E decides whether its equal values are exact); a batch whose c vary does not read
+    # it (the unit's largest E is the worst case then: _units_emax)
+    flat = torch.randn(int(labels.max()) + 1, 3, generator=gen)[labels]
     _certify._flat_rows = spy
     try:
         with _certify.narrow_here():
             gdpo.gdpo_advantages(r, group_ids=labels)
+            assert seen == [], "E read where the unit's c vary"
+            out = gdpo.gdpo_advantages(flat, group_ids=labels)
     finally:
         _certify._flat_rows = real
     assert len(seen) == 1 and seen[0] is not None and len(seen[0]) == 3  # the plan's sort, once
+    assert torch.equal(out.view(torch.int32), torch.zeros_like(out).view(torch.int32))  # +0
 
 
 def test_the_cost_benchmark_runs():
@@ -972,3 +979,33 @@ def test_tier0_test_is_sound_near_boundaries(fmt):
                 naive_wrong += h - abs(ai - yi) > B
     assert passed > 1000, passed
     assert naive_wrong > 0  # the cases reach the half-width cell
+
+
+def test_units_largest_bound_without_reading_every_row(monkeypatch):
+    """Labelled groups (the worst-case bound E = e, or 0 for a row of a group whose columns are
+    all constant): tier 0 takes a unit's largest E as e where the unit's c vary, without making
+    E (``impl._certify._units_emax``), and reads E only where they do not. Its value equals the
+    largest E read row by row, in units of constant groups only, of mixed groups, cut across
+    groups, and of c all equal from groups that are not constant (0/1 rewards that cancel)."""
+    seen = []
+    real = _certify._units_emax
+
+    def both(p, units, tp):
+        got = real(p, units, tp)
+        seen.append((got.clone(), units.amax(p.rows_E())))
+        return got
+    monkeypatch.setattr(_certify, "_units_emax", both)
+    sizes = [3, 3, 4, 2, 5, 3, 4]
+    labels = torch.repeat_interleave(torch.tensor([5, 1, 9, 2, 8, 0, 7]), torch.tensor(sizes))
+    gen = torch.Generator().manual_seed(4)
+    r = torch.randn(sum(sizes), 2, generator=gen)
+    r[:6] = torch.tensor([1.5, -2.0])  # the first two groups constant in both columns
+    cancel = torch.tensor([[0.0, 1.0], [1.0, 0.0]])  # z1 = -z2 in every row: c = 0, not constant
+    r[6:10] = cancel.repeat(2, 1)
+    for segments in ([6, 18], [6, 4, 14], [4, 20], None):
+        with _certify.narrow_here():
+            gdpo.gdpo_advantages(r, group_ids=labels, segment_sizes=segments)
+    assert len(seen) == 4
+    for got, want in seen:
+        assert torch.equal(got, want), (got, want)
+    assert any(bool((w == 0).any()) for _, w in seen) and any(bool((w > 0).all()) for _, w in seen)
