@@ -1095,12 +1095,19 @@ def _tier0_loc(p: Problem, units: _Units, out_dtype, y: torch.Tensor | None = No
     a = p.a
     lay = loc.lay
     S = len(p.sizes)
-    if p.emax is not None and S <= _HOST_UNITS:
-        alpha, beta, exact0, p.nums = _eq6_host(loc.tp, p.sizes, lay.width, p.whole, p.emax, p.eps, a.device,
+    emax, Emax = p.emax, None
+    if emax is None and p.e_rows is not None and S <= _HOST_UNITS:  # labelled groups: the worst case
+        Emax = p.unit_emax = _units_emax(p, units, loc.tp)
+        if bool((Emax == p.e_rows).all()):  # in every unit: the host's numbers, as for a bound of every row
+            emax = p.e_rows
+    if emax is not None and S <= _HOST_UNITS:
+        alpha, beta, exact0, p.nums = _eq6_host(loc.tp, p.sizes, lay.width, p.whole, emax, p.eps, a.device,
                                                 p.erms)
     else:
-        Emax = torch.full((S,), p.emax, dtype=_F64, device=a.device) if p.emax is not None else _units_emax(p, units, loc.tp)
-        p.unit_emax = Emax
+        if Emax is None:
+            Emax = torch.full((S,), p.emax, dtype=_F64, device=a.device) if p.emax is not None else \
+                _units_emax(p, units, loc.tp)
+            p.unit_emax = Emax
         Erms = torch.full((S,), p.erms, dtype=_F64, device=a.device) if p.erms is not None else None
         alpha, beta, exact0 = eq6_alpha_beta(loc.tp, p.sizes, lay.width, _whole_tensor(p.whole, S, a.device), Emax,
                                              p.eps, Erms)
@@ -1528,7 +1535,8 @@ def for_gdpo(inp, a: torch.Tensor, c: torch.Tensor, sizes: list[int], eps: float
                                                      quantum_exponent if qexp is None else lambda _: qexp,
                                                      known=known)
         gid, G = gid_G or _group_index(inp)
-        return _exact_zeros.zero_rows_labelled(rows, gid, G, inp.rewards, list(inp.weights), quantum_exponent)
+        return _exact_zeros.zero_rows_labelled(rows, gid, G, inp.rewards, list(inp.weights), quantum_exponent,
+                                               sort=lab)
     return Problem(a, c, sizes, eps, whole, E, dd, _oracle_gdpo(inp, sizes, eps), dd_rows, loc, emax, exact_rows,
                    zero_rows, erms=erms if emax is not None else None, e_rows=None if emax is not None else e)
 

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import functools
 import math
+import threading
 
 import numpy as np
 import torch
@@ -313,29 +314,60 @@ def _weight_column(weights: tuple) -> np.ndarray:
 
 
 def zero_rows_labelled(rows: torch.Tensor, gid: torch.Tensor, G: int, rewards: torch.Tensor, weights: list[float],
-                       quantum=None) -> torch.Tensor:
-    """:func:`zero_rows_contiguous` for labelled groups: ``gid`` (N,) each row's group (0..G-1)."""
+                       quantum=None, sort=None) -> torch.Tensor:
+    """:func:`zero_rows_contiguous` for labelled groups: ``gid`` (N,) each row's group (0..G-1).
+    ``sort``: (perm, sorted gid, ...) of phase one's sort of the labels (sorted row -> input
+    row, its group, ascending), where at hand (CPU): the rows of the groups asked about are read
+    off it (:func:`_members_sorted`) instead of found by a pass over every row's group."""
     R = rows.shape[0]
     device = rewards.device
     if R == 0:
         return torch.zeros(0, dtype=torch.bool, device=device)
-    ug, row_group = torch.unique(gid.index_select(0, rows), return_inverse=True)
-    sel = torch.zeros(G, dtype=torch.bool, device=gid.device)
-    sel[ug] = True
-    members = sel.index_select(0, gid).nonzero().view(-1)  # every row of those groups, sorted
-    mg = torch.searchsorted(ug, gid.index_select(0, members)).cpu().numpy()
-    v, X = _values(rewards.detach().index_select(0, members), quantum)
-    n = np.bincount(mg, minlength=ug.numel()).astype(np.int64)  # every group holds its row
-    order = np.argsort(mg, kind="stable")
+    if sort is not None and device.type == "cpu" and gid.device.type == "cpu":
+        members, n, rg, at = _members_sorted(rows.numpy(), gid.numpy(), sort[0].numpy(), sort[1].numpy())
+        order = None  # grouped already
+        members = torch.from_numpy(members)
+    else:
+        ug, row_group = torch.unique(gid.index_select(0, rows), return_inverse=True)
+        sel = torch.zeros(G, dtype=torch.bool, device=gid.device)
+        sel[ug] = True
+        members = sel.index_select(0, gid).nonzero().view(-1)  # every row of those groups, sorted
+        mg = torch.searchsorted(ug, gid.index_select(0, members)).cpu().numpy()
+        n = np.bincount(mg, minlength=ug.numel()).astype(np.int64)  # every group holds its row
+        order = np.argsort(mg, kind="stable")
+        rg = row_group.cpu().numpy()
+        at = np.searchsorted(members.cpu().numpy(), rows.cpu().numpy())  # the rows among the members
+    v, X = _values(rewards.detach().index_select(0, members.to(rewards.device)), quantum)
     starts = np.concatenate([[0], np.cumsum(n)[:-1]])
-    rg = row_group.cpu().numpy()
     if X is None or not _fits(X, int(n.max())):  # beyond int64: the groups whose every column is constant
-        vs = v[order]
+        vs = v if order is None else v[order]
         flat = (np.maximum.reduceat(vs, starts, axis=0) == np.minimum.reduceat(vs, starts, axis=0)).all(-1)
         return torch.from_numpy(flat[rg]).to(device)
-    Xs = X[order]
+    Xs = X if order is None else X[order]
     S1 = np.add.reduceat(Xs, starts, axis=0)
     Q = n[:, None] * np.add.reduceat(Xs * Xs, starts, axis=0) - S1 * S1
-    at = np.searchsorted(members.cpu().numpy(), rows.cpu().numpy())  # the rows among the members
     P = n[rg][:, None] * X[at] - S1[rg]
     return torch.from_numpy(_cancel(P, Q[rg], weights)).to(device)
+
+
+#: per thread: an int64 map of a batch's rows, written where used (:func:`_members_sorted`)
+_MAP = threading.local()
+
+
+def _members_sorted(rows: np.ndarray, gid: np.ndarray, perm: np.ndarray, sgid: np.ndarray):
+    """(members, n, rg, at) of the groups of ``rows`` (input rows, each row's group ``gid``), from
+    the labels' sort (``perm``: sorted row -> input row, ``sgid``: its group, ascending): every
+    row of those groups, group by group (members), each group's size (n), each row's group among
+    them (rg) and place among the members (at). Each group's rows are one run of the sort, found
+    by binary search: no pass over every row."""
+    ug, rg = np.unique(gid[rows], return_inverse=True)
+    lo = np.searchsorted(sgid, ug, "left")
+    n = np.searchsorted(sgid, ug, "right") - lo
+    mg = np.repeat(np.arange(ug.size), n)
+    offs = np.cumsum(n) - n
+    members = perm[np.arange(int(n.sum())) - offs[mg] + lo[mg]]
+    where = getattr(_MAP, "rows", None)
+    if where is None or where.size < gid.size:
+        where = _MAP.rows = np.empty(gid.size, dtype=np.int64)
+    where[members] = np.arange(members.size)  # (rows lie among the members: only those entries are read)
+    return members, n.astype(np.int64), rg, where[rows]

@@ -522,7 +522,17 @@ def test_exact_zero_rows_are_sound_and_catch_equal_variance_cancellation():
     def labelled(rows, r, g, w):  # the quantum read on the values' bits
         return Z.zero_rows_labelled(rows, torch.arange(r.shape[0]) // g, r.shape[0] // g, r, w)
 
-    for decide in (contiguous, labelled):
+    def labelled_sort(rows, r, g, w):  # rows shuffled, their groups read off the labels' sort
+        from impl import _groups
+        n = r.shape[0]
+        order = torch.randperm(n, generator=torch.Generator().manual_seed(n))
+        labels = (torch.arange(n) // g)[order] * 7 - 3
+        sort = _groups.label_facts(labels, reads_free=True)[0].sorted_rows()
+        gid = torch.empty_like(sort[1]).scatter_(0, sort[0], sort[1])
+        inv = torch.argsort(order)  # original row -> its place in the shuffled batch
+        return Z.zero_rows_labelled(inv[rows], gid, int(gid.max()) + 1, r[order], w, sort=sort)
+
+    for decide in (contiguous, labelled, labelled_sort):
         unsound, missed, decided = _zero_mismatches(decide)
         assert unsound == 0 and missed == 0, (decide.__name__, unsound, missed)
         assert decided >= 20, decided  # the cases do cancel exactly (28 rows of these seeds)
