@@ -23,8 +23,12 @@ whole-call fallback, about 23x the call: the mean cost it adds is that share tim
 of issue 27's cost target). REV is exported with ``git archive`` into a temporary folder and run
 in a child process; each repeat times the certified call, the plain call and the child's call in
 turns of three calls (each process times its own; the first call of a turn is not counted, and
-the order rotates on each repeat), so the three share the machine's state. Benchmarks are
-never assertions: the test suite checks only that this runs.
+the order rotates on each repeat), so the three share the machine's state. Each column's
+calls are also taken apart by their minor page faults: glibc's allocator hands a call's large
+temporaries back as fresh pages in some batches and not others (about 1,000 faults, 2.5-3 ms
+a call here, on any revision), so a last column compares the certified call with the
+baseline's over their fault-free calls alone (fewer than :data:`FAULT_FREE` faults; "-" where
+either had none). Benchmarks are never assertions: the test suite checks only that this runs.
 """
 
 from __future__ import annotations
@@ -59,9 +63,9 @@ def _faults() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
-def _median_ms(fn, repeats: int, other, third=None) -> tuple[tuple[float, float], tuple[float, float],
-                                                              tuple[float, float] | None]:
-    """(ms, minor page faults) medians of ``fn`` and ``other`` timed in turns of :data:`BLOCK`
+def _median_ms(fn, repeats: int, other, third=None) -> tuple[tuple, tuple, tuple | None]:
+    """(ms, minor page faults, ms of the fault-free calls or None where none was) medians of
+    ``fn`` and ``other`` timed in turns of :data:`BLOCK`
     calls, and of ``third`` (a callable that returns its own (ms, faults): the baseline's child
     process) in the same rotation; each repeat is one turn of each, the rotation starting one
     place later on each repeat. The first call of a turn is not counted: measured on this 2-core
@@ -86,8 +90,15 @@ def _median_ms(fn, repeats: int, other, third=None) -> tuple[tuple[float, float]
             got[at].extend(turn[1:])
 
     def medians(xs):
-        return statistics.median(x[0] for x in xs), statistics.median(x[1] for x in xs)
+        clean = [x[0] for x in xs if x[1] < FAULT_FREE]
+        return (statistics.median(x[0] for x in xs), statistics.median(x[1] for x in xs),
+                statistics.median(clean) if clean else None)
     return medians(got[0]), medians(got[1]), (medians(got[2]) if third is not None else None)
+
+
+#: a call with fewer minor page faults than this is "fault-free" (the allocator's other regime
+#: costs about 1,000 a call): the fault-free medians compare the arithmetic, not that regime
+FAULT_FREE = 16
 
 
 _CHILD = r"""
@@ -202,7 +213,7 @@ def run(n: int = 65536, k: int = 4, batches: int = 8, repeats: int = 15, out_dty
             if baseline is not None:
                 assert out_dtype == torch.float32, "the baseline's child times float32 outputs"
                 baseline.batch(family, n, k, group_size, seed)
-            (t_cert, f_cert), (t_plain, f_plain), base = _median_ms(certified, repeats, plain, baseline)
+            (t_cert, f_cert, c_cert), (t_plain, f_plain, c_plain), base = _median_ms(certified, repeats, plain, baseline)
             c = d.certified
             row = {"family": family, "n": n, "k": k, "group_size": group_size, "seed": seed, "labelled": labelled,
                    "out_dtype": str(out_dtype),
@@ -211,22 +222,28 @@ def run(n: int = 65536, k: int = 4, batches: int = 8, repeats: int = 15, out_dty
                    "float64": c.float64, "group_exact": c.group_exact,
                    "double_double": c.double_double, "exact": c.exact, "uncertified": c.uncertified}
             if base is not None:
-                t_base, f_base = base
+                t_base, f_base, c_base = base
                 row.update(baseline=baseline.rev, baseline_ms=round(t_base, 3), ratio_baseline=round(t_cert / t_base, 3),
-                           baseline_faults=f_base)
+                           baseline_faults=f_base,
+                           ratio_baseline_fault_free=None if c_cert is None or c_base is None else round(c_cert / c_base, 3))
             rows.append(row)
     return rows
 
 
 def table(rows: list[dict]) -> str:
     base = any("baseline_ms" in r for r in rows)
-    extra = f" {rows[0]['baseline']} ms | certified / {rows[0]['baseline']} |" if base else ""
+    extra = (f" {rows[0]['baseline']} ms | certified / {rows[0]['baseline']} | the same, fault-free calls |"
+             if base else "")
     lines = ["| rewards | N | K | group | batch | plain ms | certified ms | ratio |" + extra
              + " page faults a call (plain, certified" + (", baseline" if base else "") + ") |"
              + " group-exact samples | dd samples | exact samples |",
-             "|---|---|---|---|---|---|---|---|" + ("---|---|" if base else "") + "---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|" + ("---|---|---|" if base else "") + "---|---|---|---|"]
+
+    def clean(x):
+        return "-" if x is None else f"{x:.2f}"
     for r in rows:
-        more = f" {r['baseline_ms']:.2f} | {r['ratio_baseline']:.2f} |" if base else ""
+        more = f" {r['baseline_ms']:.2f} | {r['ratio_baseline']:.2f} | {clean(r.get('ratio_baseline_fault_free'))} |" \
+            if base else ""
         faults = ", ".join(f"{r[k]:g}" for k in ("plain_faults", "certified_faults", "baseline_faults") if k in r)
         group = f"~{r['group_size']} (labels)" if r.get("labelled") else str(r["group_size"])
         lines.append(f"| {r.get('family', 'normal')} | {r['n']:,} | {r['k']} | {group} | {r['seed']} | "
@@ -241,8 +258,10 @@ def table(rows: list[dict]) -> str:
             more = ""
             if base:
                 rb = [r["ratio_baseline"] for r in sel]
+                rc = [r["ratio_baseline_fault_free"] for r in sel if r.get("ratio_baseline_fault_free") is not None]
                 more = (f" {statistics.median(r['baseline_ms'] for r in sel):.2f} | "
-                        f"{statistics.median(rb):.2f} (mean {statistics.mean(rb):.2f}) |")
+                        f"{statistics.median(rb):.2f} (mean {statistics.mean(rb):.2f}) | "
+                        + (f"{statistics.median(rc):.2f} ({len(rc)} of {len(sel)} batches) |" if rc else "- |"))
             lines.append(f"| median, {fam}, groups of {g} | | | | | {statistics.median(r['plain_ms'] for r in sel):.2f} | "
                          f"{statistics.median(r['certified_ms'] for r in sel):.2f} | "
                          f"{statistics.median(ratios):.2f} (mean {statistics.mean(ratios):.2f}) |{more} | | | |")

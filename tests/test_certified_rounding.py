@@ -812,8 +812,15 @@ def test_the_cost_benchmark_times_a_baseline_revision():
     finally:
         base.close()
     assert all(r["baseline_ms"] > 0 and r["ratio_baseline"] > 0 and r["baseline_faults"] >= 0 for r in rows), rows
+    assert all(r["ratio_baseline_fault_free"] is None or r["ratio_baseline_fault_free"] > 0 for r in rows), rows
     text = bench.table(rows)
-    assert f"certified / {base.rev}" in text and text.count("| median, ") == 2, text
+    assert f"certified / {base.rev}" in text and "fault-free calls" in text and text.count("| median, ") == 2, text
+    # the fault-free medians take only the calls below the threshold
+    calls = iter([(1.0, 0), (9.0, 5000), (2.0, 3), (9.0, 5000), (3.0, 0), (5.0, 0)])
+    first, second, third = bench._median_ms(lambda: None, 2, lambda: None, lambda: next(calls))
+    # (the first call of each turn of three is not counted: 9 ms at 5,000 faults, 2, 3 and 5 ms
+    # at 0-3 faults are)
+    assert third[0] == 4.0 and third[1] == 1.5 and third[2] == 3.0, third
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
