@@ -350,8 +350,10 @@ def zero_rows_labelled(rows: torch.Tensor, gid: torch.Tensor, G: int, rewards: t
     return torch.from_numpy(_cancel(P, Q[rg], weights)).to(device)
 
 
-#: per thread: an int64 map of a batch's rows, written where used (:func:`_members_sorted`)
+#: per thread: an int64 map of a batch's rows, written where used (:func:`_members_sorted`), kept
+#: for batches of at most _MAP_MAX rows (64 MB)
 _MAP = threading.local()
+_MAP_MAX = 1 << 23
 
 
 def _members_sorted(rows: np.ndarray, gid: np.ndarray, perm: np.ndarray, sgid: np.ndarray):
@@ -367,7 +369,9 @@ def _members_sorted(rows: np.ndarray, gid: np.ndarray, perm: np.ndarray, sgid: n
     offs = np.cumsum(n) - n
     members = perm[np.arange(int(n.sum())) - offs[mg] + lo[mg]]
     where = getattr(_MAP, "rows", None)
-    if where is None or where.size < gid.size:
+    if gid.size > _MAP_MAX:  # a huge batch: a fresh map, not held by the thread after the call
+        where = np.empty(gid.size, dtype=np.int64)
+    elif where is None or where.size < gid.size:
         where = _MAP.rows = np.empty(gid.size, dtype=np.int64)
     where[members] = np.arange(members.size)  # (rows lie among the members: only those entries are read)
     return members, n.astype(np.int64), rg, where[rows]
