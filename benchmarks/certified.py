@@ -213,7 +213,7 @@ def run(n: int = 65536, k: int = 4, batches: int = 8, repeats: int = 15, out_dty
             if baseline is not None:
                 assert out_dtype == torch.float32, "the baseline's child times float32 outputs"
                 baseline.batch(family, n, k, group_size, seed)
-            (t_cert, f_cert, c_cert), (t_plain, f_plain, c_plain), base = _median_ms(certified, repeats, plain, baseline)
+            (t_cert, f_cert, c_cert), (t_plain, f_plain, _), base = _median_ms(certified, repeats, plain, baseline)
             c = d.certified
             row = {"family": family, "n": n, "k": k, "group_size": group_size, "seed": seed, "labelled": labelled,
                    "out_dtype": str(out_dtype),

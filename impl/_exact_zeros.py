@@ -40,10 +40,11 @@ from __future__ import annotations
 
 import functools
 import math
-import threading
 
 import numpy as np
 import torch
+
+from impl import _segments as seg_ops
 
 #: int64 headroom: n**2 max|X|**2 must stay below this
 _LIMIT = 2.0 ** 62
@@ -350,12 +351,6 @@ def zero_rows_labelled(rows: torch.Tensor, gid: torch.Tensor, G: int, rewards: t
     return torch.from_numpy(_cancel(P, Q[rg], weights)).to(device)
 
 
-#: per thread: an int64 map of a batch's rows, written where used (:func:`_members_sorted`), kept
-#: for batches of at most _MAP_MAX rows (64 MB)
-_MAP = threading.local()
-_MAP_MAX = 1 << 23
-
-
 def _members_sorted(rows: np.ndarray, gid: np.ndarray, perm: np.ndarray, sgid: np.ndarray):
     """(members, n, rg, at) of the groups of ``rows`` (input rows, each row's group ``gid``), from
     the labels' sort (``perm``: sorted row -> input row, ``sgid``: its group, ascending): every
@@ -368,10 +363,6 @@ def _members_sorted(rows: np.ndarray, gid: np.ndarray, perm: np.ndarray, sgid: n
     mg = np.repeat(np.arange(ug.size), n)
     offs = np.cumsum(n) - n
     members = perm[np.arange(int(n.sum())) - offs[mg] + lo[mg]]
-    where = getattr(_MAP, "rows", None)
-    if gid.size > _MAP_MAX:  # a huge batch: a fresh map, not held by the thread after the call
-        where = np.empty(gid.size, dtype=np.int64)
-    elif where is None or where.size < gid.size:
-        where = _MAP.rows = np.empty(gid.size, dtype=np.int64)
+    where = seg_ops.kept("exact_zeros.rows", (gid.size,), torch.int64, "cpu").numpy()  # a map of the rows
     where[members] = np.arange(members.size)  # (rows lie among the members: only those entries are read)
     return members, n.astype(np.int64), rg, where[rows]
