@@ -21,7 +21,6 @@ Two ways, chosen by the loaded profile (``conformance.profiles``):
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import math
@@ -34,6 +33,7 @@ from hypothesis import HealthCheck, Phase, example, given, reject, seed, setting
 from hypothesis.errors import UnsatisfiedAssumption
 
 from conformance import findings
+from conformance.profiles import no_local_constants
 from conformance import regressions
 from conformance import strategies as S
 from conformance.cases import Case, DistCase
@@ -48,31 +48,6 @@ def property_seed(prop: Property) -> int:
     """The property's own seed: its examples do not move when the suite's code is edited
     (``derandomize`` alone would hash the test's source)."""
     return zlib.crc32(prop.name.encode())
-
-
-@contextlib.contextmanager
-def no_local_constants():
-    """Hypothesis (6.1xx) mixes into generation the literal constants of every local module
-    imported so far in the process, so what is drawn depended on what ran before it, and on
-    the graded code's own source. Cases are drawn with that pool empty; generation then depends
-    on the seed and the hypothesis version alone. (An internal of hypothesis: where it is
-    missing, nothing is changed.)"""
-    try:
-        from hypothesis.internal.conjecture import providers as hp
-
-        original, cache = hp._get_local_constants, hp.CONSTANTS_CACHE.cache
-        empty = hp.Constants(integers=hp.SortedSet(), floats=hp.SortedSet(key=hp.float_to_int),
-                             bytes=hp.SortedSet(), strings=hp.SortedSet())
-    except (ImportError, AttributeError):
-        yield
-        return
-    cache.clear()
-    hp._get_local_constants = lambda: empty
-    try:
-        yield
-    finally:
-        hp._get_local_constants = original
-        cache.clear()
 
 
 def expressible(case, ctx: S.Context) -> bool:

@@ -119,3 +119,59 @@ def test_hypothesis_search_follows_the_outcomes():
         return seen
 
     assert searched(SUBJECTS["base"]()) != searched(SUBJECTS["float32_internals"]())
+
+
+def _draws(n: int = 300) -> list[float]:
+    """What a derandomized hypothesis test of the suite draws (the loaded profile's settings)."""
+    from hypothesis import given, settings, strategies as st
+
+    seen: list[float] = []
+
+    @settings(max_examples=n, database=None, derandomize=True)
+    @given(st.floats(allow_nan=False))
+    def probe(x):
+        seen.append(x)
+
+    probe()
+    return seen
+
+
+#: float literals of the modules written for the tests (each its own: a module imported stays
+#: in the process): hypothesis would draw them once the module is imported
+_LITERALS = {"gdpo_literals_a": (7.123456789e-5, -3.3330517e11, 0.0421337, 6.02e-300, 1.5e-310),
+             "gdpo_literals_b": (8.2469134e-5, -4.4441628e11, 0.0532448, 7.13e-300, 2.5e-310)}
+
+
+def _import_module_of_literals(tmp_path, monkeypatch, name) -> set[float]:
+    (tmp_path / f"{name}.py").write_text("".join(f"V{i} = {v!r}\n" for i, v in enumerate(_LITERALS[name])))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    __import__(name)
+    return set(_LITERALS[name])
+
+
+def test_the_suites_draws_do_not_depend_on_what_was_imported(tmp_path, monkeypatch):
+    """Under the suite's profile (ci) a derandomized test draws the same examples whatever local
+    modules the process imported before it (conformance/profiles.py drop_local_constants): an
+    xdist worker's schedule, or a literal added anywhere in the project, changes no test's draws."""
+    assert profiles.drop_local_constants()  # as profiles.load did for the ci profile
+    before = _draws()
+    literals = _import_module_of_literals(tmp_path, monkeypatch, "gdpo_literals_a")
+    after = _draws()
+    assert after == before and not literals & set(after)
+
+
+def test_hypothesis_own_pool_draws_what_was_imported(tmp_path, monkeypatch):
+    """The negative control: with hypothesis's own pool of local constants, importing a module
+    changes what the same derandomized test draws (its literals appear among the examples)."""
+    from hypothesis.internal.conjecture import providers as hp
+
+    assert profiles.drop_local_constants() and profiles.HYPOTHESIS_POOL is not None
+    monkeypatch.setattr(hp, "_get_local_constants", profiles.HYPOTHESIS_POOL)
+    hp.CONSTANTS_CACHE.cache.clear()
+    try:
+        before = _draws()
+        literals = _import_module_of_literals(tmp_path, monkeypatch, "gdpo_literals_b")
+        after = _draws()
+    finally:
+        hp.CONSTANTS_CACHE.cache.clear()
+    assert after != before and literals & set(after) and not literals & set(before)
