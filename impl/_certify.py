@@ -69,7 +69,7 @@ import numpy as np
 import torch
 
 from impl import _dd
-from impl._cast import output, round_to
+from impl._cast import round_to
 from impl._problems import GROUPS as P_GROUPS, N_MAX as P_N_MAX
 from impl import _segments as seg_ops
 from impl._stats import denominator
@@ -1541,15 +1541,15 @@ def for_gdpo(inp, a: torch.Tensor, c: torch.Tensor, sizes: list[int], eps: float
                    zero_rows, erms=erms if emax is not None else None, e_rows=None if emax is not None else e)
 
 
-def stage(plan, call, dev) -> tuple[torch.Tensor, Counts]:
+def stage(plan, call, dev, y: torch.Tensor) -> tuple[torch.Tensor, Counts]:
     """The certify stage of a local call (``plan.certify``): the output in ``plan.out_dtype``, every
-    sample's rounding decided by the tiers, and their counts. It reads the device part's results
+    sample's rounding decided by the tiers, and their counts, from ``y``, the cast's output (a
+    refused where out of range, rounded once; float64: a itself). It reads the device part's results
     (``impl._pipeline.Device``): a (float64), c as Eq. 6 found it (the plan keeps Eq. 6 off c's
     buffer where it certifies), Eq. 6's statistics where the plain backend kept them (tier 0; else
     recomputed from c) and whether Eq. 4 ran the two-pass of contiguous groups (``dev.z.err_rows``:
     the running bound; else the worst case)."""
     a, out_dtype = dev.a, plan.out_dtype
-    y = output(a, out_dtype)  # refused out of range, rounded once: tier 0 starts from it (float64: a)
     counts = Counts()
     if call.inp is None:  # whiten: the values are c, exact
         return finish(for_whiten(dev.c, a, plan.sizes, plan.eps), out_dtype, counts, y), counts

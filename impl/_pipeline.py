@@ -4,8 +4,10 @@
 refusals at once) and the plan (``impl._plan``: every decision, labelled groups' phase one and
 its read), then the device part (:func:`device_part`: Eq. 4, Eq. 7, Eq. 6's statistics and its
 output; eager, or replayed from a CUDA graph), the facts row's one host read and its first
-refusal (contiguous groups: after the whole call is queued), then the certificate
-(``impl._certify.stage``) or the cast (``impl._cast.output``). :func:`through_stats`, the stages
+refusal (contiguous groups: after the whole call is queued), then the cast
+(``impl._cast.output``: the range, one rounding) and, where the plan certifies, the certificate
+from the cast's output (``impl._certify.stage``: the rows whose rounding the float64 bound leaves
+open). :func:`through_stats`, the stages
 up to this process's Eq. 6 statistics, serves the distributed protocol too
 (``impl._distributed``, which imports this module; never the other way: ``impl.gdpo``
 dispatches to both)."""
@@ -95,7 +97,7 @@ def _replayed(plan, x: torch.Tensor) -> Device:
 
 def run_local(plan, call, diagnostics=None):
     """One local call, its stages in order: the device part (eager, or a graph replay), the
-    facts row's one host read and its first refusal, then the certificate or the cast. The
+    facts row's one host read and its first refusal, then the cast and the certificate. The
     plan made every decision; nothing here tests a device or a layout, nor a backend but for
     whether its stages run behind the plan's guard (fused ones: a failure of theirs reruns the
     device part on the plain plan). Nothing calls back into the spine or the plan."""
@@ -108,10 +110,10 @@ def run_local(plan, call, diagnostics=None):
     counts = None
     if not plan.eq6:
         out = dev.varies if plan.signal else dev.c  # normalize_rewards, standardize_groups, group_has_signal
-    elif plan.certify:
-        out, counts = _certify.stage(plan, call, dev)  # the exact advantage, correctly rounded
     else:
-        out = _cast.output(dev.a, plan.out_dtype)  # the range (float8), then one rounding
+        out = _cast.output(dev.a, plan.out_dtype)  # the range (float8), then one rounding (float64: a)
+        if plan.certify:  # the rows whose rounding the float64 bound leaves open: the exact advantage's
+            out, counts = _certify.stage(plan, call, dev, out)
     if diagnostics is not None:
         _plan.report(plan, diagnostics, counts)  # only once the call succeeded
     return out

@@ -55,7 +55,8 @@ def test_each_stage_runs_once_in_order(monkeypatch, call, certified):
     ran = _recorded(monkeypatch)
     with _certify.narrow_here() if certified else _certify.disabled():
         got = CALLS[call]()
-    assert ran == ["eq4", "eq7", "eq6_stats", "eq6_apply", "certify" if certified else "cast"], ran
+    # the cast rounds once; the certificate then decides the rows whose rounding that leaves open
+    assert ran == ["eq4", "eq7", "eq6_stats", "eq6_apply", "cast"] + (["certify"] if certified else []), ran
     assert torch.equal(got, want)
 
 
@@ -69,7 +70,7 @@ def test_the_certificate_reads_c_as_eq7_left_it(monkeypatch, call):
     monkeypatch.delenv("GDPO_CUDA_GRAPHS", raising=False)
     seen = []
     stage = _certify.stage
-    monkeypatch.setattr(_certify, "stage", lambda plan, c, dev: seen.append(dev.c.clone()) or stage(plan, c, dev))
+    monkeypatch.setattr(_certify, "stage", lambda plan, c, dev, y: seen.append(dev.c.clone()) or stage(plan, c, dev, y))
     r, kw = ARGS[call]
     with _certify.narrow_here():
         CALLS[call]()
@@ -113,11 +114,12 @@ def _stays(fn) -> list[str]:
 #: making (Rewards' properties, decisions spread over _plan's helpers); since the plan reads the
 #: inputs stage's record as data and asks each module it needs once, and the device part runs
 #: without a detour through the plan: 21 and 25; since the certificate starts from _cast's checked
-#: and rounded output (one stay of _cast, not two): 19 and 23. The design aims at about 12; what is
-#: left: the plan's questions (_certify, _fused, _groups, _graphs; labelled groups: the row's read
-#: by _facts, then the layout), Eq. 4's layout in _groups around its arithmetic (labelled: once more
-#: per part), and the certificate's rounding by _cast.
-MOST = {"local": 19, "labelled": 23}
+#: and rounded output (one stay of _cast, not two): 19 and 23; since the spine runs the cast and then
+#: the certificate from the cast's output (no call from _certify into _cast): 18 and 22. The design
+#: aims at about 12; what is left: the plan's questions (_certify, _fused, _groups, _graphs;
+#: labelled groups: the row's read by _facts, then the layout), and Eq. 4's layout in _groups
+#: around its arithmetic (labelled: once more per part) and after Eq. 7 (c in input order).
+MOST = {"local": 18, "labelled": 22}
 
 
 @pytest.mark.parametrize("call", sorted(CALLS))
