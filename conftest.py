@@ -8,6 +8,14 @@ import os
 # plugin once by name, so the options are never added twice.
 pytest_plugins = ("conformance.plugins",)
 
+# The test helpers under tests/ (tests/_native_impls.py and the like) are graded as top-level
+# modules (`--impl _native_impls:trl_float32`), so tests/ is on sys.path for every test module,
+# whichever ran first in its process: a test file that forgot its own sys.path line passed
+# when an xdist worker had run another file first and failed alone.
+import sys  # noqa: E402
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "tests"))
+
 # Without a GPU the fused kernels' tests (tests/test_impl_fused.py) run them in Triton's
 # interpreter, which Triton chooses when it is first imported: set here, before any test
 # module can import it (torch._dynamo, imported by some torch features, imports Triton).
