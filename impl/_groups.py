@@ -204,13 +204,19 @@ class GroupLayout:
     def gather(self, r: torch.Tensor):
         """Each part's float64 (K, P, G) copy of the rewards ``r`` (N, K), with its padding:
         ``pad`` (P * G,) bool, None where the part has none. One part at a time (lazy).
-        Labelled layouts: the copies (and the columns they are gathered from) are this
+        The copies (labelled layouts: and the columns they are gathered from) are this
         thread's kept work tensors (``_segments.kept``), one per part: each is Eq. 4's z, then
-        Eq. 7's work space, dead once Eq. 7 has brought c back to input order (a new tensor)."""
+        Eq. 7's work space, dead once Eq. 7 has brought c back to input order (a new tensor).
+        Contiguous groups keep theirs where K >= 2 and the groups have g >= 2 rows: there no
+        result of the call can be a view into it (Eq. 7's c is a new tensor, z in input order a
+        copy); with one column Eq. 7's c is z's row itself, and a single group of it in input
+        order a view, which normalize_rewards returns."""
         n, k = r.shape
         if self.kind == "contiguous":
             g = self.parts[0].width
-            x = torch.empty(k, g, n // g, dtype=_F64, device=r.device)
+            shape = (k, g, n // g)
+            x = (seg_ops.kept("gather.contiguous", shape, _F64, r.device) if k >= 2 and g >= 2 else
+                 torch.empty(shape, dtype=_F64, device=r.device))
             x.copy_(r.view(n // g, g, k).permute(2, 1, 0))
             yield x, None
             return

@@ -176,3 +176,35 @@ def test_kept_work_tensors_serve_every_part_and_every_call(monkeypatch):
     assert taken, "the batch was not cut into buckets"
     kept = {name for name, _ in seg_mod._KEPT.tensors}
     assert {"gather.columns", "gather.part0", "gather.part1", "eq4.squares"} <= kept, kept
+
+
+def test_contiguous_groups_keep_their_layout_and_return_none_of_it(monkeypatch):
+    """Contiguous groups' Eq. 4 layout is a kept work tensor where K >= 2 and g >= 2 (no
+    result can be a view into it there): the same bits as fresh tensors call after call, another
+    batch between, and what one call returned (normalize_rewards' c, standardize_groups' z) is
+    not changed by the next. With one column and one group, normalize_rewards' c is the layout's
+    row itself: there the layout is fresh each call, and the first result survives the second
+    call (the negative control: keeping it there changes that result)."""
+    import impl._segments as seg_mod
+
+    n = 1 << 15  # K * n above SCRATCH_MIN: large enough to be kept
+    r, other = _rewards(n, seed=3), _rewards(n, seed=4) * -2.0
+    monkeypatch.setattr(seg_mod, "KEPT_MAX", 0)  # fresh tensors: the reference
+    want, want_other = _all(r, group_size=8), _all(other, group_size=8)
+    z_want = _bits(gdpo.standardize_groups(r, group_size=8))
+    monkeypatch.setattr(seg_mod, "KEPT_MAX", 1 << 23)
+    seg_mod._KEPT.__dict__.pop("tensors", None)
+    for _ in range(2):
+        assert _all(r, group_size=8) == want
+        assert _all(other, group_size=8) == want_other
+    assert ("gather.contiguous", F64) in seg_mod._KEPT.tensors
+    c = gdpo.normalize_rewards(r, group_size=8, weights=[1.0, -0.5, 3.0])
+    z = gdpo.standardize_groups(r, group_size=8)
+    c_bits, z_bits = _bits(c), _bits(z)
+    _all(other, group_size=8)  # a call between: it writes the kept layout
+    assert _bits(c) == c_bits == want[0] and _bits(z) == z_bits == z_want
+    one = r[:, :1].contiguous()  # one column, one group of n rows
+    c1 = gdpo.normalize_rewards(one, group_size=n)
+    c1_bits = _bits(c1)
+    gdpo.normalize_rewards(other[:, :1].contiguous(), group_size=n)
+    assert _bits(c1) == c1_bits
