@@ -153,7 +153,10 @@ def test_the_suites_draws_do_not_depend_on_what_was_imported(tmp_path, monkeypat
     """Under the suite's profile (ci) a derandomized test draws the same examples whatever local
     modules the process imported before it (conformance/profiles.py drop_local_constants): an
     xdist worker's schedule, or a literal added anywhere in the project, changes no test's draws."""
-    assert profiles.drop_local_constants()  # as profiles.load did for the ci profile
+    from hypothesis.internal.conjecture import providers as hp
+
+    monkeypatch.setattr(hp, "_get_local_constants", hp._get_local_constants)  # restored after the test
+    assert profiles.drop_local_constants()  # as profiles.load does for the ci profile
     before = _draws()
     literals = _import_module_of_literals(tmp_path, monkeypatch, "gdpo_literals_a")
     after = _draws()
