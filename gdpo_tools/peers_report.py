@@ -474,22 +474,46 @@ def main(argv=None, prog: str = COMMAND) -> int:
         problems = preset_problems(text)
         for conv in peers():
             problems += digest_problems(text, conv.name)
+        notes, by_name = [], {conv.name: conv for conv in peers()}
         for name, data in results.items():
             found, arithmetic = live_problems(text, name, data)
-            problems += found + replay_problems(text, name)
+            problems += found
+            notes += arithmetic
+            if name in by_name and installed(by_name[name]):
+                problems += replay_problems(text, name)
+            else:  # (a replay would fail to import the peer: that says nothing of the page)
+                notes.append(f"{name}: not importable here: its findings' replay lines were not replayed")
         for conv in peers():
             problems += finding_problems(text, conv.name)
-            for a in arithmetic:
-                print(f"note: {a}")
+        for a in notes:
+            print(f"note: {a}")
         for p in problems:
             print(f"stale: {p}")
         print(f"{args.out}: {'stale' if problems else 'up to date'}")
         return 1 if problems else 0
+    dropped = _dropped(args.out, results)
+    if dropped:
+        graded = " ".join(f"--from {os.path.relpath(GRADED / (n + '.json'))}" for n in dropped
+                          if (GRADED / (n + ".json")).is_file())
+        print(f"gdpo peers: {args.out} grades {', '.join(dropped)}, neither installed here nor given with --from: "
+              f"writing would mark {'it' if len(dropped) == 1 else 'them'} not graded; nothing written. Add "
+              f"{graded or '--from FILE (their gdpo check --json gradings)'}, or write elsewhere with --out",
+              file=sys.stderr)
+        return 2
     command = COMMAND + "".join(f" --from {shlex.quote(os.path.relpath(f) if os.path.exists(f) else f)}"
                                 for f in args.from_files)
     Path(args.out).write_text(render(results, command))
     print(f"wrote {args.out} ({len(results)} of {len(peers())} peers graded)")
     return 0
+
+
+def _dropped(out: str, results: dict) -> list[str]:
+    """The peers the page at ``out`` grades (a table of theirs) that ``results`` lacks: writing it
+    would turn their sections into "not graded"."""
+    path = Path(out)
+    if not path.is_file():
+        return []
+    return [name for name, sec in parse(path.read_text()).items() if sec.get("rows") and name not in results]
 
 
 if __name__ == "__main__":

@@ -148,3 +148,30 @@ def test_a_tampered_digest_or_replay_is_stale():
     tame = '{"rewards":[["0x0.0p+0"],["0x1.0000000000000p+0"]],"dtype":"float64","out_dtype":"float64","group_size":2}'
     replaced = TEXT.replace(line, line.split(" --case ")[0] + f" --case '{tame}'", 1)
     assert any("now passes" in p for p in R.replay_problems(replaced, LIVE))
+
+
+def test_check_with_no_peer_graded_here_reads_the_page_alone(monkeypatch, capsys):
+    """`gdpo peers --check` where no peer is graded live and none is given (it crashed on an
+    unbound name before). A peer given with --from that is not importable here is compared with
+    the page, and its replay lines are said not replayed (a replay would only fail to import it),
+    not reported stale. (The drawn cases' digests, ~50 s, are tested above.)"""
+    monkeypatch.setattr(R, "digest_problems", lambda text, name: [])
+    assert R.main(["--check", "--only", "none"]) == 0
+    assert "up to date" in capsys.readouterr().out
+    monkeypatch.setattr(R, "installed", lambda conv: False)
+    assert R.main(["--check", "--only", "none", "--from", str(R.GRADED / "ms_swift.json")]) == 0
+    out = capsys.readouterr().out
+    assert "note: ms_swift: not importable here" in out and "stale" not in out, out
+
+
+def test_writing_refuses_to_drop_the_peers_the_page_grades(tmp_path, capsys):
+    """`gdpo peers` where no peer is installed and none is given wrote a page of four 'not graded'
+    sections over the graded one: it now writes nothing, names the peers it would drop and the
+    committed gradings to merge."""
+    page = tmp_path / "peers.md"
+    page.write_text(TEXT)
+    assert R.main(["--only", "none", "--out", str(page)]) == 2
+    assert page.read_text() == TEXT
+    err = capsys.readouterr().err
+    assert "nothing written" in err and all(n in err for n in ("trl", "verl", "ms_swift", "multireward_grpo")), err
+    assert "peers_graded/trl.json" in err, err
