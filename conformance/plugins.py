@@ -65,7 +65,8 @@ import pytest
 from conformance import findings, profiles, properties, runner
 
 from conformance import judge as J
-from conformance.subject import CALL_SHAPES, DEFAULT_IMPL, ImplSpecError, Subject, parse_domain, resolve_impl
+from conformance.subject import (CALL_SHAPES, DEFAULT_IMPL, ImplSpecError, Subject, parse_domain, resolve_impl,
+                                 shape_mismatch)
 
 
 #: The suite's pytest markers, registered by the plugin itself, so that ``--strict-markers``
@@ -100,9 +101,12 @@ def pytest_configure(config):
     target = config.getoption("--impl", default=DEFAULT_IMPL)
     if target != DEFAULT_IMPL:
         try:
-            resolve_impl(target)
+            fn = resolve_impl(target)
         except ImplSpecError as e:
             raise pytest.UsageError(str(e)) from None
+        why = shape_mismatch(fn, config.getoption("--call-shape", default="gdpo"))
+        if why is not None:  # else every call raises a TypeError, graded as refusals
+            raise pytest.UsageError(f"--impl {target!r}: {why}")
 
 
 def _subject(config):

@@ -6,8 +6,10 @@ Call shapes
 -----------
 In every shape a refusal is graded by class: the error contract expects the classes of
 ``spec.errors`` (each a ``GDPOError``, itself a ``ValueError``), raised as they are or
-subclassed by the implementation's own exceptions; a plain ``ValueError`` fails, the
-failure naming the class expected. Each shape's paragraph below says how it expresses
+subclassed by the implementation's own exceptions; a clear refusal of another class (a plain
+``ValueError``) passes, noted ``wrong_class``, and fails under ``--strict-errors``, the failure
+naming the class expected (docs/grading.md). A function that cannot be called as its shape
+calls it (:func:`shape_mismatch`) stops ``gdpo check`` before anything runs. Each shape's paragraph below says how it expresses
 the error cases (``error_cases.ERROR_CASES``) and which it cannot.
 
 ``gdpo`` (this project's API)::
@@ -200,6 +202,72 @@ def resolve_impl(target: str):
     return obj
 
 
+#: How each call shape calls the implementation, in the arguments every call of it passes (their
+#: values stand in: only their names and positions are bound): gdpo's group argument is either of two
+_SHAPE_CALLS = {
+    "gdpo": [((None,), {"group_size": 2, "out_dtype": None}), ((None,), {"group_ids": None, "out_dtype": None})],
+    "trl": [((None, 2, None), {})],
+    "verl": [((), {"token_level_rewards": {}, "response_mask": None, "index": None, "weights": None})],
+}
+#: how each call shape calls, for the message of :func:`shape_mismatch`
+SHAPE_SIGNATURES = {
+    "gdpo": "fn(rewards, *, group_size=... or group_ids=..., weights=..., segment_sizes=..., eps=..., "
+            "out_dtype=...)",
+    "trl": "fn(rewards, num_generations, reward_weights)",
+    "verl": "fn(token_level_rewards={name: (B, T)}, response_mask=(B, T), index=(B,), weights=...)",
+}
+
+
+#: the keywords a gdpo-shape call may pass besides those of every call (a parameter the function
+#: requires among them is passed by the cases that need it)
+_GDPO_KEYWORDS = frozenset({"group_ids", "group_size", "weights", "segment_sizes", "eps", "out_dtype", "missing",
+                            "process_group"})
+
+
+def _binds(sig, shape: str) -> str | None:
+    """None where ``sig`` takes the arguments every call of ``shape`` passes and requires none that
+    the shape never passes, else why not."""
+    import inspect
+
+    why = None
+    for args, kw in _SHAPE_CALLS[shape]:
+        try:
+            bound = sig.bind_partial(*args, **kw)
+        except TypeError as e:
+            why = why or str(e)
+            continue
+        never = [name for name, p in sig.parameters.items()
+                 if name not in bound.arguments and p.default is inspect.Parameter.empty
+                 and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+                 and not (shape == "gdpo" and name in _GDPO_KEYWORDS)]
+        if not never:
+            return None
+        why = why or f"it requires {', '.join(repr(n) for n in never)}, which the shape never passes"
+    return why
+
+
+def shape_mismatch(fn, shape: str) -> str | None:
+    """Why ``fn`` cannot be called the way call shape ``shape`` calls it (read off its signature:
+    an argument it does not take, one it requires and the shape does not pass), naming a shape
+    whose calls it does take; None where it can, or where it has no signature to read (its
+    calls then say what they say). Every call would otherwise raise a TypeError, read as a
+    refusal: the input checks passing as refusals of another class, every valid case failing."""
+    import inspect
+
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None
+    why = _binds(sig, shape)
+    if why is None:
+        return None
+    # (the most specific first: verl's keywords, gdpo's, then trl's three positional arguments)
+    fits = [other for other in ("verl", "gdpo", "trl") if other != shape and _binds(sig, other) is None]
+    hint = f"; it takes the {fits[0]} shape's arguments: --call-shape {fits[0]}" if fits else ""
+    return (f"{getattr(fn, '__qualname__', fn)}{sig} cannot be called as call shape {shape!r} calls it, "
+            f"{SHAPE_SIGNATURES[shape]} ({why}){hint}")
+
+
 class CallShapeViolation(Exception):
     """The implementation's output breaks its call shape (e.g. a verl result that is not
     one value per sample on its response tokens and 0 on padding)."""
@@ -309,6 +377,12 @@ class Outcome:
 LIMITS = ("min_columns", "max_columns", "group_sizes", "max_abs_reward", "max_abs_weight")
 
 
+#: the values the numeric --domain fields take, for their error messages
+_DOMAIN_FORMS = {"min_columns": "an integer, like 2", "max_columns": "an integer, like 8",
+                 "group_sizes": "sizes like 4,8 (these alone) or a minimum like 4+",
+                 "max_abs_reward": "a number, like 1e6", "max_abs_weight": "a number, like 1e3"}
+
+
 def parse_domain(items) -> dict:
     """``KEY=VALUE`` strings (``gdpo check --domain``) as a domain dict: ``min_columns=2``,
     ``group_sizes=4,8`` (allowed sizes) or ``group_sizes=4+`` (at least 4), ``max_abs_reward=1e6``,
@@ -321,13 +395,19 @@ def parse_domain(items) -> dict:
         key, value = key.strip(), value.strip()
         if not sep or not key:
             raise ValueError(f"--domain takes KEY=VALUE, got {item!r}")
-        if key in ("min_columns", "max_columns"):
-            out[key] = int(value)
-        elif key == "group_sizes":
-            out[key] = int(value[:-1]) if value.endswith("+") else tuple(int(v) for v in value.split(","))
-        elif key in ("max_abs_reward", "max_abs_weight"):
-            out[key] = float(value)
-        elif key in ("input_dtypes", "out_dtypes"):
+        try:
+            if key in ("min_columns", "max_columns"):
+                out[key] = int(value)
+                continue
+            if key == "group_sizes":
+                out[key] = int(value[:-1]) if value.endswith("+") else tuple(int(v) for v in value.split(","))
+                continue
+            if key in ("max_abs_reward", "max_abs_weight"):
+                out[key] = float(value)
+                continue
+        except ValueError:
+            raise ValueError(f"--domain {key}={value!r}: expected {_DOMAIN_FORMS[key]}") from None
+        if key in ("input_dtypes", "out_dtypes"):
             out[key] = tuple(v.strip() for v in value.split(",") if v.strip())
         elif key == "certified" and value.lower() not in ("true", "false"):
             # the formats whose rounding is declared certified: certified=float32,bfloat16,float16

@@ -50,28 +50,31 @@ def run_example(name: str, out=None) -> int:
         print("  ".join(v.rjust(w) for v, w in zip(row, widths)), file=out)
     print("a is the exact value correctly rounded; cond: how far a one-ulp change of every input "
           "moves a (first order).", file=out)
+    print("GRPO: plain GRPO's advantage, for comparison (the rewards summed, then standardized per group; "
+          "float64). GDPO standardizes each reward before the sum: rows GRPO scores alike can differ.", file=out)
     return 0
 
 
-def check_impl_spec(impl: str | None) -> str | None:
-    """Why ``--impl`` names no callable (one line), or None: resolved here, before the
-    suite starts, on the path the suite's pytest will have (the working directory and
-    this checkout's root first), so a bad spec stops at once instead of failing every
-    property."""
+def check_impl_spec(impl: str | None, call_shape: str | None = None) -> str | None:
+    """Why ``--impl`` names no callable, or none the call shape can call (one line), or None:
+    resolved here, before the suite starts, on the path the suite's pytest will have (the
+    working directory and this checkout's root first), so a bad spec or a function of
+    another call shape stops at once instead of failing every property."""
     import os
     from pathlib import Path
 
-    from conformance.subject import DEFAULT_IMPL, ImplSpecError, resolve_impl
+    from conformance.subject import DEFAULT_IMPL, ImplSpecError, resolve_impl, shape_mismatch
 
     saved = list(sys.path)
     sys.path[:0] = [os.getcwd(), str(Path(__file__).resolve().parent.parent)]
     try:
-        resolve_impl(DEFAULT_IMPL if impl is None else impl)
+        fn = resolve_impl(DEFAULT_IMPL if impl is None else impl)
     except ImplSpecError as e:
         return str(e)
     finally:
         sys.path[:] = saved
-    return None
+    why = shape_mismatch(fn, call_shape or "gdpo")
+    return None if why is None else f"--impl {impl or DEFAULT_IMPL!r}: {why}"
 
 
 #: The hypothesis profile ``gdpo check`` grades under (``conformance/profiles.py``): ``ci``'s
@@ -128,7 +131,7 @@ def run_check(impl: str | None, convention: str | None, call_shape: str | None, 
     import os
     import subprocess
 
-    why = check_impl_spec(impl)
+    why = check_impl_spec(impl, call_shape)
     if why is None and convention is not None:
         from spec import CONVENTIONS
 
@@ -228,7 +231,11 @@ def main(argv: list[str] | None = None) -> int:
     p_li.add_argument("rest", nargs=argparse.REMAINDER)
     p_ck = sub.add_parser("check", help="run the conformance suite against impl.gdpo or another implementation")
     p_ck.add_argument("--impl", default=None, help="package.module:function to grade (default impl.gdpo)")
-    p_ck.add_argument("--convention", default=None, help="convention the implementation means (default spec)")
+    from spec import CONVENTIONS
+
+    p_ck.add_argument("--convention", default=None,
+                      help="convention the implementation means: spec (the default), or a peer's preset: "
+                           f"{', '.join(c for c in CONVENTIONS if c != 'spec')} (docs/grading.md)")
     p_ck.add_argument("--call-shape", default=None, choices=CHECK_CALL_SHAPES,
                       help="how to call it (see conformance/subject.py; default gdpo)")
     p_ck.add_argument("-k", dest="select", default=None, help="only the tests matching this pytest -k expression")
