@@ -145,35 +145,65 @@ def size(case) -> tuple:
     return (case.n * max(case.k, 1), case.k, len(case.dumps()))
 
 
-def record(prop: str, category, case, check, repro: str | None = None, formula: str | None = None) -> dict:
+def record(prop: str, category, case, check, repro: str | None = None, formula: str | None = None,
+           formula_alternatives=()) -> dict:
     """One property's failure of one category, as the plugin carries it (JSON-able). ``repro``:
     the replay line of ``case``; where the example shown is another case (scaled down to the
-    threshold), the line replays that example instead."""
+    threshold), the line replays that example instead. ``formula_alternatives``: the other
+    variants of the catalogue that reproduce the case's output as well as ``formula`` does."""
     reg, threshold, example = probe(check, case, category)
     if repro and example is not case and " --case " in repro:
         import shlex
 
         repro = repro.rsplit(" --case ", 1)[0] + " --case " + shlex.quote(example.dumps())
     return {"category": str(category), "regime": reg, "threshold": threshold, "property": prop,
-            "example": describe(example), "size": list(size(example)), "repro": repro, "formula": formula}
+            "example": describe(example), "size": list(size(example)), "repro": repro, "formula": formula,
+            "formula_alternatives": list(formula_alternatives) if formula else []}
 
 
 def group(records: list[dict]) -> list[dict]:
     """The findings of a grading: its failures' records merged by (category, regime, and for a
     formula the differences diagnosed), each with the properties where it showed, the smallest
-    threshold and the smallest example."""
+    threshold and the smallest example. A formula whose case several variants reproduce alike is
+    one guess among them: where another record names one of those variants with fewer alike (its
+    case tells more apart), the record joins that formula's finding (one cause, not one finding
+    per guess)."""
+    named: dict = {}  # formula -> the fewest alternatives any record naming it has
+    for r in records:
+        if r.get("formula"):
+            named[r["formula"]] = min(named.get(r["formula"], 1 << 30), len(r.get("formula_alternatives") or ()))
+
+    def formula_of(r):
+        f = r.get("formula")
+        if not f:
+            return f
+        choices = [a for a in (f, *(r.get("formula_alternatives") or ())) if a in named]
+        return min(choices, key=lambda a: (named[a], a != f))
+
     out: dict = {}
     for r in records:
-        key = (r["category"], r["regime"], r.get("formula"))
+        formula = formula_of(r)
+        key = (r["category"], r["regime"], formula)
+        alternatives = list(r.get("formula_alternatives") or ()) if formula == r.get("formula") else None
         f = out.setdefault(key, {"category": r["category"], "regime": r["regime"], "threshold": None,
                                  "properties": [], "example": r["example"], "size": r["size"],
-                                 "repro": r.get("repro"), "formula": r.get("formula")})
+                                 "repro": r.get("repro"), "formula": formula, "formula_alternatives": None})
+        if alternatives is not None and (f["formula_alternatives"] is None
+                                         or len(alternatives) < len(f["formula_alternatives"])):
+            f["formula_alternatives"] = alternatives  # the record that tells the most apart
         if r["property"] not in f["properties"]:
             f["properties"].append(r["property"])
         if r["threshold"] is not None and (f["threshold"] is None or r["threshold"] < f["threshold"]):
             f["threshold"] = r["threshold"]
-        if r["size"] < f["size"]:
-            f["example"], f["size"], f["repro"] = r["example"], r["size"], r.get("repro")
+        # the example: the smallest of the records that name the finding's formula themselves
+        # (a record that joined it names another guess on its own case), else the smallest
+        own = formula == r.get("formula")
+        if (own, [-x for x in r["size"]]) > (f.get("_own", False), [-x for x in f["size"]]):
+            f["example"], f["size"], f["repro"], f["_own"] = r["example"], r["size"], r.get("repro"), own
+    for f in out.values():
+        f.pop("_own", None)
+        if f["formula_alternatives"] is None:
+            f["formula_alternatives"] = []
     return list(out.values())
 
 
@@ -182,5 +212,10 @@ def cause(f: dict) -> str:
     where = f["regime"]
     if f["threshold"] is not None:
         where += f" (from |value| of about {f['threshold']:.0e})"
-    what = label(f["category"]) + (f" ({f['formula']})" if f.get("formula") else "")
+    formula, alike = f.get("formula"), f.get("formula_alternatives") or ()
+    if formula and alike:
+        formula += (f"; its cases cannot tell it from {alike[0]}" if len(alike) == 1 else
+                    f"; its cases cannot tell it from {len(alike)} other variants, among them {alike[0]} "
+                    f"(its replay line lists them)")
+    what = label(f["category"]) + (f" ({formula})" if formula else "")
     return f"{what}, at {where}" if f["regime"] != "bad input" else what

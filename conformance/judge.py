@@ -64,6 +64,9 @@ class ConformanceFailure(AssertionError):
     worst_dtype: str | None = None
     #: category ``formula``: how the formula differs from the paper ("Eq. 4: leave-one-out baseline")
     formula: str | None = None
+    #: category ``formula``: the other variants of the catalogue that reproduce the output of this
+    #: case as well, by their differences from the paper (empty: the case names one formula)
+    formula_alternatives: tuple = ()
 
 
 class NotJudged(Exception):
@@ -71,11 +74,11 @@ class NotJudged(Exception):
 
 
 def fail(prop, equation, subject, case, headline, details=(), category=None, worst_ulps=None,
-         worst_dtype=None, formula=None):
+         worst_dtype=None, formula=None, formula_alternatives=()):
     exc = ConformanceFailure(failure(prop, equation, subject, case, headline, details, category))
     exc.case = case  # the failing call itself (one of several for the errors property)
     exc.category, exc.worst_ulps, exc.worst_dtype = category, worst_ulps, worst_dtype
-    exc.formula = formula
+    exc.formula, exc.formula_alternatives = formula, tuple(formula_alternatives)
     raise exc
 
 
@@ -353,20 +356,20 @@ def final(prop, eq, subject, case, out, res, what: str, permitted: bool, context
                 category = Category.SILENT_ZERO
                 rows.append(dropped)
         own = _formula_difference(subject, case, out) if conv.name == "spec" else None
-        formula = None
+        formula, alternatives = None, ()
         if own is not None:
             category, formula = Category.FORMULA, f"convention {subject.own_convention()!r}"
             rows += own
         elif category == Category.PRECISION and what == "advantage":
             found = diagnosed(subject, case, out, conv)
             if found is not None:
-                named, line = found
+                named, line, others = found
                 rows.append(line)
                 if named is not None:
-                    category, formula = Category.FORMULA, named
+                    category, formula, alternatives = Category.FORMULA, named, others
         fail(prop, eq, subject, case, f"{len(v.bad)} of {case.n} {what}s outside the error model"
              + _precision_note(conv), rows, category=category, worst_ulps=v.worst_ulps,
-             worst_dtype=v.judged_dtype, formula=formula)
+             worst_dtype=v.judged_dtype, formula=formula, formula_alternatives=alternatives)
 
 
 def _ordinary(case) -> bool:
@@ -382,11 +385,12 @@ def _ordinary(case) -> bool:
 _DIAGNOSED: dict = {}
 
 
-def diagnosed(subject: Subject, case, out: Outcome, conv) -> tuple[str | None, str] | None:
+def diagnosed(subject: Subject, case, out: Outcome, conv) -> tuple[str | None, str, tuple] | None:
     """Which formula a precision failure's finite outputs follow, on ordinary inputs
     (:mod:`conformance.formulas`, no declaration needed): (the differences from the paper where a
     variant other than the graded convention's own reproduces the output, else None; the line
-    for the report), or None where the case is not ordinary. Under a peer's convention an output
+    for the report; the other variants that reproduce it as well, by their differences), or None
+    where the case is not ordinary. Under a peer's convention an output
     that is that peer's own formula stays a failure of precision."""
     from conformance import formulas
 
@@ -402,11 +406,13 @@ def diagnosed(subject: Subject, case, out: Outcome, conv) -> tuple[str | None, s
             line = formulas.describe(d)
             own = conv.name != "spec" and conv.name in d.presets
             named = "; ".join(d.differences) if d.matched and not d.no_difference and not own else None
+            alternatives = tuple("; ".join(a) or "no difference from the paper" for a in d.alternatives) \
+                if named is not None else ()
         except Exception as exc:  # noqa: BLE001 - no diagnosis is no verdict: the failure stands as it is
-            named, line = None, f"formula: not diagnosed ({type(exc).__name__}: {exc})"
+            named, line, alternatives = None, f"formula: not diagnosed ({type(exc).__name__}: {exc})", ()
         if len(_DIAGNOSED) > 4096:
             _DIAGNOSED.clear()
-        _DIAGNOSED[key] = (named, line)
+        _DIAGNOSED[key] = (named, line, alternatives)
     return _DIAGNOSED[key]
 
 

@@ -40,6 +40,7 @@ from conformance.cases import Case, DistCase
 from conformance.compare import decimal
 from conformance.error_cases import error_cases
 from conformance.judge import ConformanceFailure
+from conformance.verdicts import Category
 from conformance.properties import BY_NAME, Property
 from conformance.subject import Subject
 
@@ -165,6 +166,7 @@ def _carry(src: ConformanceFailure, dst: ConformanceFailure) -> None:
     dst.case = getattr(src, "case", None)
     dst.category, dst.worst_ulps, dst.worst_dtype = src.category, src.worst_ulps, src.worst_dtype
     dst.formula = getattr(src, "formula", None)
+    dst.formula_alternatives = getattr(src, "formula_alternatives", ())
 
 
 # --------------------------------------------------------------- cases drawn first
@@ -334,7 +336,8 @@ def grade_cases(name: str, subject: Subject, cases, check) -> Graded:
             first[e.category] = reduce(check, subject, getattr(e, "case", graded.cases[i]), e)
             red = first[e.category][0]
             run["findings"].append(findings.record(name, e.category, getattr(red, "case", graded.cases[i]), check,
-                                                   _repro_of(red), getattr(red, "formula", None)))
+                                                   _repro_of(red), getattr(red, "formula", None),
+                                                   getattr(red, "formula_alternatives", ())))
     reduced, calls = first[exc.category]
     cats = ", ".join(str(c) for c in graded.categories())
     note = (f"\n  ({len(graded.failures)} of {len(graded.cases)} cases failed (categories: {cats}); the first, "
@@ -354,12 +357,21 @@ def _repro_of(exc) -> str | None:
 # --------------------------------------------------------------- reduction
 
 
-def _same(check, case, category) -> ConformanceFailure | None:
-    """The failure of ``case`` if it fails in ``category``, else None."""
+def _same(check, case, failure: ConformanceFailure) -> ConformanceFailure | None:
+    """The failure of ``case`` if it fails as ``failure`` does, else None: in its category and,
+    for a formula, naming the same formula, no more ambiguously (a smaller case that several
+    variants of the catalogue reproduce alike would name one of them as a guess: one group of
+    two rewards cannot tell a missing Eq. 6 from an Eq. 4 without its division by the std)."""
     try:
         check(case)
     except ConformanceFailure as exc:
-        return exc if exc.category == category else None
+        if exc.category != failure.category:
+            return None
+        if exc.category == Category.FORMULA and (
+                getattr(exc, "formula", None) != getattr(failure, "formula", None)
+                or len(getattr(exc, "formula_alternatives", ())) > len(getattr(failure, "formula_alternatives", ()))):
+            return None
+        return exc
     except Exception:  # noqa: BLE001 - another kind of failure is another finding
         return None
     return None
@@ -489,7 +501,7 @@ def reduce(check, subject: Subject, case, failure: ConformanceFailure,
             if not _valid(cand) or not expressible(cand, subject.context()) or not subject.inside(cand):
                 continue
             calls += 1
-            exc = _same(check, cand, failure.category)
+            exc = _same(check, cand, failure)
             if exc is not None:
                 best, best_exc, progress = cand, exc, True
                 break

@@ -90,7 +90,7 @@ def trl_squares_overflow(rewards, num_generations, reward_weights, eps=1e-4):
     return torch.nan_to_num(a, nan=0.0)
 
 
-def _trl_like(rewards, num_generations, reward_weights, eps=1e-4, ddof=1, clip=None, loo=False):
+def _trl_like(rewards, num_generations, reward_weights, eps=1e-4, ddof=1, clip=None, loo=False, whiten=True):
     """TRL's normalize_then_sum in float32 with one choice changed (for tests/test_findings.py)."""
     r = rewards.to(torch.float32)
     n, k = r.shape
@@ -99,6 +99,8 @@ def _trl_like(rewards, num_generations, reward_weights, eps=1e-4, ddof=1, clip=N
     base = (grouped.sum(dim=1, keepdim=True) - grouped) / (m - 1) if loo else grouped.mean(dim=1, keepdim=True)
     z = ((grouped - base) / (grouped.std(dim=1, keepdim=True, correction=ddof) + eps))
     c = (z.view(n, k) * reward_weights.to(torch.float32)).sum(dim=1)
+    if not whiten:
+        return c
     a = (c - c.mean()) / (c.std() + eps)
     return a.clamp(-clip, clip) if clip is not None else a
 
@@ -122,3 +124,9 @@ def trl_leave_one_out(rewards, num_generations, reward_weights):
     """TRL's float32 code with RLOO's leave-one-out baseline at Eq. 4 (a group of two: the other
     sample's reward)."""
     return _trl_like(rewards, num_generations, reward_weights, loo=True)
+
+
+def trl_no_whitening(rewards, num_generations, reward_weights):
+    """TRL's float32 code without Eq. 6 (c returned as it is): a missing whitening, which one group
+    of two rewards cannot tell from an Eq. 4 without its division by the std."""
+    return _trl_like(rewards, num_generations, reward_weights, whiten=False)

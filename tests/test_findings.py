@@ -111,3 +111,38 @@ def test_the_reduction_reaches_the_ends_of_float64():
     for v in (1.7976931348623157e308, -1e308, 5e-324, 3e-320):
         simpler = R._simpler(v, "float64")
         assert simpler and all(x == x and abs(x) != float("inf") for x in simpler), (v, simpler)
+
+
+def _category_only(check, case, failure):
+    """The judge's reduction before it kept a formula's name and its ambiguity: any smaller case
+    failing in the same category was kept (the negative control below)."""
+    try:
+        check(case)
+    except J.ConformanceFailure as exc:
+        return exc if exc.category == failure.category else None
+    except Exception:  # noqa: BLE001
+        return None
+    return None
+
+
+def test_a_missing_whitening_is_named_once_not_guessed(monkeypatch):
+    """A float32 TRL code without Eq. 6 (found by a new-user review): its first failures name
+    "Eq. 6: none" on cases of several groups, but one group of two rewards, where the judge's
+    reduction used to end, is reproduced alike by 47 variants, among them an Eq. 4 without its
+    division by the std, which the finding then named. The reduction keeps a smaller case only
+    where it names the same formula no more ambiguously, and a record whose case names another
+    guess among the variants it cannot tell apart joins the finding that names one of them with
+    fewer alike: one formula finding, Eq. 6's, its example a case that names it. The negative
+    control (the reduction by category alone) names Eq. 4 and shows one group of two."""
+    want = "Eq. 6: none (no batch whitening)"
+    found = [f for f in _findings("trl_no_whitening") if f["category"] == "formula"]
+    assert [f["formula"] for f in found] == [want], found
+    assert found[0]["size"][0] > 2, found  # not one group of two rewards
+    assert "cannot tell it from" in F.cause(found[0])  # its cases still leave variants alike: said
+    _findings.cache_clear()
+    monkeypatch.setattr(R, "_same", _category_only)
+    try:
+        old = [f for f in _findings("trl_no_whitening") if f["category"] == "formula"]
+    finally:
+        _findings.cache_clear()
+    assert [f["formula"] for f in old] != [want] and old[0]["size"][0] == 2, old
