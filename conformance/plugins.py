@@ -415,13 +415,14 @@ def verdict_cell(row: dict, width: int = 60) -> str:
 
 def _merge_key(r: dict) -> tuple:
     """What makes two passed or skipped rows one: the verdict, the test function, whether it calls
-    the implementation, and (skipped) the reason without the row's own name at its end (``call
-    shape 'trl' cannot express integer_rewards`` and ``... bool_rewards`` are one reason)."""
+    the implementation, (skipped) the reason without the row's own name at its end (``call
+    shape 'trl' cannot express integer_rewards`` and ``... bool_rewards`` are one reason), and the
+    category a passed row carries (``wrong_class``: a refusal of another class), shown on its row."""
     reason = " ".join((r["skip_reason"] or "").split())
     own = r["name"].split(":", 1)[1] if ":" in r["name"] else r["name"]
     if reason.endswith(" " + own):
         reason = reason[:-len(own)] + "these"
-    return r["verdict"], r["nodeid"].split("[")[0], r["calls_impl"], reason
+    return r["verdict"], r["nodeid"].split("[")[0], r["calls_impl"], reason, r.get("category")
 
 
 def table_rows(rows: list[dict], list_names: bool = False) -> list[tuple[str, str, str, str]]:
@@ -472,7 +473,7 @@ def table_groups(rows: list[dict], list_names: bool = False) -> list[tuple[tuple
             cell = "skipped: " + (key[3] if len(key[3]) <= 60 else key[3][:57] + "...")
         else:
             cell = verdict_cell(r)
-        out.append(((name_of(group), cell, "-", "-"), group))
+        out.append(((name_of(group), cell, key[4] or "-", "-"), group))
     return out
 
 

@@ -190,3 +190,16 @@ def test_inputs_are_written_as_the_decimal_a_maintainer_types():
             assert float(round_to([float(decimal(v, dtype))], dtype)[0]) == v, (dtype, x)
     text = describe_inputs(Case(((float.fromhex("0x1.2ced32p+126"),), (0.0,)), group_size=2))
     assert "[[1e+38], [0]]" in text, text
+
+
+def test_a_passed_refusal_of_another_class_keeps_its_own_row():
+    """Passed rows of one test function merge into one line (`errors:* (3)`), but not a passed
+    row that carries a category (`wrong_class`: a refusal of another class, which --strict-errors
+    fails): merged, it read as a plain pass (found by a new-user review)."""
+    def row(name, category=None):
+        return {"name": f"errors:{name}", "nodeid": f"t.py::test_errors[{name}]", "verdict": "passed",
+                "skip_reason": None, "calls_impl": True, "category": category, "worst_ulps": None,
+                "worst_dtype": None}
+    rows = [row("nan_reward"), row("group_size_one"), row("weights_length", "wrong_class"), row("inf_reward")]
+    assert plugins.table_rows(rows) == [("errors:* (3)", "passed", "-", "-"),
+                                        ("errors:weights_length", "passed", "wrong_class", "-")]
