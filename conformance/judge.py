@@ -74,11 +74,12 @@ class NotJudged(Exception):
 
 
 def fail(prop, equation, subject, case, headline, details=(), category=None, worst_ulps=None,
-         worst_dtype=None, formula=None, formula_alternatives=()):
+         worst_dtype=None, formula=None, formula_alternatives=(), worst_value=None):
     exc = ConformanceFailure(failure(prop, equation, subject, case, headline, details, category))
     exc.case = case  # the failing call itself (one of several for the errors property)
     exc.category, exc.worst_ulps, exc.worst_dtype = category, worst_ulps, worst_dtype
     exc.formula, exc.formula_alternatives = formula, tuple(formula_alternatives)
+    exc.worst_value = worst_value
     raise exc
 
 
@@ -368,7 +369,7 @@ def final(prop, eq, subject, case, out, res, what: str, permitted: bool, context
                 if named is not None:
                     category, formula, alternatives = Category.FORMULA, named, others
         fail(prop, eq, subject, case, f"{len(v.bad)} of {case.n} {what}s outside the error model"
-             + _precision_note(conv), rows, category=category, worst_ulps=v.worst_ulps,
+             + _precision_note(conv), rows, category=category, worst_ulps=v.worst_ulps, worst_value=v.worst_value,
              worst_dtype=v.judged_dtype, formula=formula, formula_alternatives=alternatives)
 
 
@@ -592,6 +593,9 @@ class Verdict:
     #: the worst error among the bad outputs, in ulps of ``judged_dtype`` (inf: a non-finite output)
     worst_ulps: float | None = None
     judged_dtype: str | None = None
+    #: an exact_zero failure: the largest magnitude returned where 0 is demanded (its ulps are
+    #: those of 0, the smallest subnormal's: a residue of 6e-17 would read as 4e28 ulp(float32))
+    worst_value: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -661,7 +665,8 @@ def distance(observed: np.ndarray, exact: np.ndarray, allowed: np.ndarray, cond:
             ulps = [err[i] / ulp(exact[i], in_dtype) for i in b.tolist()]
         fin = [u for u in ulps if np.isfinite(u)]
         worst = math.inf if len(fin) < len(ulps) else float(max(fin))
-    return Verdict(bad.tolist(), ratio, rows, category, worst, in_dtype)
+    value = float(np.max(np.abs(obs[bad]))) if category == Category.EXACT_ZERO else None
+    return Verdict(bad.tolist(), ratio, rows, category, worst, in_dtype, value)
 
 
 
@@ -792,7 +797,8 @@ def normalized(prop, eq, subject: Subject, case: Case, out: Outcome, exp) -> Non
     _target(v.ratio, f"{prop}: error/allowed")
     if not v.ok:
         fail(prop, eq, subject, case, f"{len(v.bad)} of {case.n} combined values outside the error model",
-             v.rows, category=v.category, worst_ulps=v.worst_ulps, worst_dtype=v.judged_dtype)
+             v.rows, category=v.category, worst_ulps=v.worst_ulps, worst_value=v.worst_value,
+             worst_dtype=v.judged_dtype)
 
 
 def whitened(prop, eq, subject: Subject, case: Case, out: Outcome, exp) -> None:
@@ -835,7 +841,7 @@ def policy(prop, eq, subject: Subject, case: Case, out: Outcome, exp) -> None:
         fail(prop, eq, subject, case, f"{len(v.bad)} of {case.n} advantages outside the error model of the "
              f"convention's policy", v.rows,
              category=Category.POLICY if v.category == Category.PRECISION else v.category,
-             worst_ulps=v.worst_ulps, worst_dtype=v.judged_dtype)
+             worst_ulps=v.worst_ulps, worst_value=v.worst_value, worst_dtype=v.judged_dtype)
 
 
 def error_route(convention: str, name: str) -> str:
@@ -962,7 +968,7 @@ def dist_values(prop, eq, subject, case: DistCase, outs: dict, exp, twins) -> No
     if not v.ok:
         fail(prop, eq, subject, case, f"{len(v.bad)} of {observed.size} advantages (global rows, rank order) "
                                       f"outside the error model", v.rows, category=v.category,
-             worst_ulps=v.worst_ulps, worst_dtype=v.judged_dtype)
+             worst_ulps=v.worst_ulps, worst_value=v.worst_value, worst_dtype=v.judged_dtype)
     for ra, oa, rb, ob, n in twins:
         a, b = outs[ra].values[oa:oa + n], outs[rb].values[ob:ob + n]
         if a.tobytes() != b.tobytes():

@@ -261,13 +261,15 @@ def failure_info(exc: BaseException) -> dict:
     shown, the category and worst error are the first ones any failure in the chain carries."""
     chain = list(_walk(exc))
     found = [e for e in chain if isinstance(e, J.ConformanceFailure)]
-    info = {"category": None, "worst_ulps": None, "worst_dtype": None, "note": None}
+    info = {"category": None, "worst_ulps": None, "worst_dtype": None, "worst_value": None, "note": None}
     if found:
         head, detail, repro = _text_parts(str(found[0]))
         info["category"] = next((e.category for e in found if getattr(e, "category", None)), None)
         for e in found:
             if getattr(e, "worst_ulps", None) is not None:
                 info["worst_ulps"], info["worst_dtype"] = float(e.worst_ulps), getattr(e, "worst_dtype", None)
+                if getattr(e, "worst_value", None) is not None:
+                    info["worst_value"] = float(e.worst_value)
                 break
         if "(shrinking stopped at its budget" in str(found[0]):
             info["note"] = "shrinking stopped at its budget: the smallest failing case found by then"
@@ -348,7 +350,8 @@ def pytest_runtest_logreport(report):
         return
     row = results.setdefault(report.nodeid, {
         "name": row_name(report.nodeid), "nodeid": report.nodeid, "verdict": "passed", "category": None,
-        "worst_ulps": None, "worst_dtype": None, "headline": None, "detail": None, "repro": None, "note": None,
+        "worst_ulps": None, "worst_dtype": None, "worst_value": None, "headline": None, "detail": None, "repro": None,
+        "note": None,
         "skip_reason": None, "seconds": 0.0, "calls_impl": False, "cases": None, "cases_digest": None,
         "failed_cases": None, "findings": []})
     props = dict(report.user_properties)
@@ -392,6 +395,14 @@ def counts(rows: list[dict]) -> dict:
     out["called_impl"] = sum(r["verdict"] != "skipped" for r in graded)
     out["suite_checks"] = len(rows) - len(graded)
     return out
+
+
+def worst_cell(row: dict) -> str:
+    """The table's worst error of a row: ``4.5 ulp(float32)``; an exact_zero failure's, the value
+    returned where 0 is demanded (``5.85e-17, not 0``): its ulps, those of 0, say nothing."""
+    if row.get("category") == "exact_zero" and row.get("worst_value") is not None:
+        return f"{row['worst_value']:.3g}, not 0"
+    return format_ulps(row.get("worst_ulps"), row.get("worst_dtype"))
 
 
 def format_ulps(ulps, dtype) -> str:
@@ -462,7 +473,7 @@ def table_groups(rows: list[dict], list_names: bool = False) -> list[tuple[tuple
     for r in rows:
         if r["verdict"] not in ("skipped", "passed"):
             out.append(((r["name"], verdict_cell(r), r["category"] or "-",
-                         format_ulps(r["worst_ulps"], r["worst_dtype"])), [r]))
+                         worst_cell(r)), [r]))
             continue
         key = _merge_key(r)
         if key in done:

@@ -167,6 +167,7 @@ def _carry(src: ConformanceFailure, dst: ConformanceFailure) -> None:
     dst.category, dst.worst_ulps, dst.worst_dtype = src.category, src.worst_ulps, src.worst_dtype
     dst.formula = getattr(src, "formula", None)
     dst.formula_alternatives = getattr(src, "formula_alternatives", ())
+    dst.worst_value = getattr(src, "worst_value", None)
 
 
 # --------------------------------------------------------------- cases drawn first

@@ -9,8 +9,9 @@ In every shape a refusal is graded by class: the error contract expects the clas
 subclassed by the implementation's own exceptions; a clear refusal of another class (a plain
 ``ValueError``) passes, noted ``wrong_class``, and fails under ``--strict-errors``, the failure
 naming the class expected (docs/grading.md). A function that cannot be called as its shape
-calls it (:func:`shape_mismatch`) stops ``gdpo check`` before anything runs. Each shape's paragraph below says how it expresses
-the error cases (``error_cases.ERROR_CASES``) and which it cannot.
+calls it (:func:`shape_mismatch`) stops ``gdpo check`` before anything runs. Each shape's
+paragraph below says how it expresses the error cases (``error_cases.ERROR_CASES``) and which
+it cannot.
 
 ``gdpo`` (this project's API)::
 

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hypothesis.errors import FlakyFailure
 
@@ -203,3 +204,41 @@ def test_a_passed_refusal_of_another_class_keeps_its_own_row():
     rows = [row("nan_reward"), row("group_size_one"), row("weights_length", "wrong_class"), row("inf_reward")]
     assert plugins.table_rows(rows) == [("errors:* (3)", "passed", "-", "-"),
                                         ("errors:weights_length", "passed", "wrong_class", "-")]
+
+
+def test_an_exact_zero_failure_shows_the_value_returned():
+    """A structural zero returned as a residue (6e-17 where the exact result is 0): in ulps of 0
+    (the smallest subnormal's) it read as 4e28 ulp(float32) (found by a new-user review); the
+    table shows the value returned. Other categories keep their ulps."""
+    from conformance import judge as Jd
+
+    v = Jd.distance(np.array([-5.85147698e-17, 0.5]), np.array([0.0, 0.5]), np.array([0.0, 1e-16]),
+                    np.array([0.0, 0.0]), "float32")
+    assert v.category == "exact_zero" and v.worst_value == 5.85147698e-17 and v.worst_ulps > 1e20
+    row = {"name": "plain", "nodeid": "t.py::test_property[plain]", "verdict": "failed", "skip_reason": None,
+           "calls_impl": True, "category": "exact_zero", "worst_ulps": v.worst_ulps, "worst_dtype": "float32",
+           "worst_value": v.worst_value}
+    assert plugins.table_rows([row]) == [("plain", "failed", "exact_zero", "5.85e-17, not 0")]
+    assert plugins.table_rows([{**row, "category": "precision"}])[0][3].endswith("ulp(float32)")
+
+
+def test_a_failed_row_keeps_everything_its_failure_carries(monkeypatch):
+    """The row a failed test leaves (pytest_runtest_logreport) takes each key of failure_info:
+    a key the row did not start with was dropped (worst_value was, and the table showed the
+    ulps of 0 again)."""
+    import types
+
+    from conformance import judge as Jd
+
+    exc = Jd.ConformanceFailure(TEXT)
+    exc.category, exc.worst_ulps, exc.worst_dtype, exc.worst_value = "exact_zero", 4e28, "float32", 5.85e-17
+    info = plugins.failure_info(exc)
+    assert info["worst_value"] == 5.85e-17
+    config = types.SimpleNamespace(_gdpo_results={})
+    monkeypatch.setitem(plugins._CONFIG, "config", config)
+    report = types.SimpleNamespace(nodeid="conformance/test_properties.py::test_property[plain]", when="call",
+                                   user_properties=[("gdpo_failure", info)], duration=0.1, skipped=False,
+                                   failed=True, passed=False)
+    plugins.pytest_runtest_logreport(report)
+    (row,) = config._gdpo_results.values()
+    assert {k: row[k] for k in info} == info and row["worst_value"] == 5.85e-17
