@@ -68,7 +68,7 @@ import threading
 import numpy as np
 import torch
 
-from impl import _dd
+from impl import _dd, _native
 from impl._cast import round_to
 from impl._problems import GROUPS as P_GROUPS, N_MAX as P_N_MAX
 from impl import _segments as seg_ops
@@ -504,8 +504,12 @@ def _magnitude_bits_np(r: torch.Tensor, smallest_only: bool = False) -> tuple[in
     wraps to the top) and its smallest; third, the OR of every reward's bits (for
     :func:`batch_quantum`). One read of the rewards; each block three or four passes in cache."""
     idt, udt, _ = _BITS[r.dtype]
+    top = (1 << 8 * np.dtype(udt).itemsize) - 2
+    got = _native.scan(r)  # one C loop (impl._native), where built
+    if got is not None:
+        lo, hi, ored = got
+        return (None if lo == top else (lo >> 1) + 1), (None if smallest_only else hi >> 1), ored
     u = r.detach().reshape(-1).view(idt).numpy().view(udt)
-    top = (1 << 8 * u.itemsize) - 2
     buf = _kept("numpy").get(udt)
     if buf is None:
         buf = _kept("numpy")[udt] = np.empty(_MAG_BLOCK, dtype=udt)
@@ -903,6 +907,11 @@ def bits_left(a: torch.Tensor, alpha: float, beta: float, out_dtype, y: torch.Te
     s = grow / k1
     A, P = alpha * s * grow, alpha / k2 * grow
     top = max(A, P)
+    if out_dtype == torch.float32 and a.device.type == "cpu":  # one C loop (impl._native), where built
+        y = round_out(a, out_dtype) if y is None else y
+        got = _native.tier0_left(a, y, s, A, P, top, _reuse(a, "left", _I64))
+        if got is not False:
+            return got
     r, p2 = _margin_parts(a, out_dtype, y)
     v = torch.sub(p2, r, alpha=s, out=r)
     if bool(v.amin() > top):  # (a NaN would fail it, and every test below)

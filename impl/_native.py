@@ -1,0 +1,199 @@
+"""The certificate's full-length CPU passes in C (``impl/_native.c``), built on first use.
+
+On CPU the certificate's cost is its passes over data a call touched a millisecond before,
+each paying a cold read (``benchmarks/cache_decay.py``): tier 0's test of every output row
+(five torch passes) and the rewards' magnitudes (NumPy, block by block). Here each is one loop.
+The first call that needs them compiles ``_native.c`` with the C compiler (``$CC``, else ``cc``)
+into a cache folder (``$GDPO_NATIVE_DIR``, else ``$XDG_CACHE_HOME/gdpo-spec`` or
+``~/.cache/gdpo-spec``; where that cannot be written, a folder of this user's in the system's
+temporary folder; a folder that is not this user's alone, or that others may write, is never
+used), under a name that hashes the source, the compiler and the flags, and loads it with
+ctypes; later processes load it.
+
+Where there is no compiler, or the build or the load fails, or ``GDPO_NATIVE=0`` was in the
+environment when impl was imported, the certificate runs the same tests in torch and NumPy:
+the same verdicts (tests/test_native.py), hence the same bits, only slower. :func:`status`
+says which, and why. Nothing here decides a result the fallback would not: the C loops are
+IEEE double operations in the order the fallback's docstrings give (built without fast-math
+and without contraction into fused multiply-adds)."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import hashlib
+import os
+import platform
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+import numpy as np
+import torch
+
+SOURCE = Path(__file__).with_name("_native.c")
+FLAGS = ("-O3", "-std=c99", "-fPIC", "-shared", "-fno-fast-math", "-ffp-contract=off")
+ABI = 1
+
+_LOCK = threading.Lock()
+_STATE: dict = {"lib": None, "tried": False, "reason": "not needed yet", "path": None}
+_ON = [os.environ.get("GDPO_NATIVE", "1").strip().lower() not in ("0", "off", "false", "no")]
+
+
+def _cache_dirs() -> list[Path]:
+    env = os.environ.get("GDPO_NATIVE_DIR")
+    if env:
+        return [Path(env)]
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return [Path(base) / "gdpo-spec", Path(tempfile.gettempdir()) / f"gdpo-spec-{os.getuid()}"]
+
+
+def _build(cc: str, source: bytes) -> tuple[ctypes.CDLL | None, str, str | None]:
+    key = hashlib.sha256(source + "\0".join((cc, *FLAGS, platform.machine())).encode()).hexdigest()[:16]
+    name = f"gdpo_native_{key}.so"
+    why = "no cache folder could be written"
+    for folder in _cache_dirs():
+        path = folder / name
+        try:
+            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+            st = folder.stat()
+        except OSError as e:
+            why = f"{folder}: {e}"
+            continue
+        if st.st_uid != os.getuid() or st.st_mode & 0o022:  # a library others could have put there: never loaded
+            why = f"{folder} is not this user's alone (owner {st.st_uid}, mode {oct(st.st_mode & 0o777)})"
+            continue
+        if not path.exists():
+            try:
+                tmp = folder / f".{name}.{os.getpid()}.{threading.get_ident()}"
+                src = folder / f".{name}.{os.getpid()}.c"
+                src.write_bytes(source)
+                try:
+                    done = subprocess.run([cc, *FLAGS, "-o", str(tmp), str(src)], capture_output=True, text=True,
+                                          timeout=120)
+                finally:
+                    src.unlink(missing_ok=True)
+                if done.returncode != 0:
+                    tmp.unlink(missing_ok=True)
+                    return None, f"{cc} failed (exit {done.returncode}): {done.stderr.strip()[:500]}", None
+                os.replace(tmp, path)  # atomic: a process beside this one loads a whole file or builds its own
+            except FileNotFoundError:
+                return None, f"no C compiler ({cc!r} not found; set CC)", None
+            except subprocess.TimeoutExpired:
+                return None, f"{cc} took over 120 s", None
+            except OSError as e:
+                why = f"{folder}: {e}"
+                continue
+        try:
+            lib = ctypes.CDLL(str(path))
+        except OSError as e:
+            return None, f"could not load {path}: {e}", None
+        if lib.gdpo_native_abi() != ABI:
+            return None, f"{path} answers another interface version", None
+        return lib, "loaded", str(path)
+    return None, why, None
+
+
+def _declare(lib: ctypes.CDLL) -> None:
+    p, i64, f64 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_double
+    for name in ("gdpo_scan_u32", "gdpo_scan_u16"):
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = [p, i64, p], None
+    lib.gdpo_tier0_f32.argtypes = [p, p, i64, f64, f64, f64, f64, p]
+    lib.gdpo_tier0_f32.restype = i64
+    lib.gdpo_zero_rows_f32.argtypes = [p, i64, p, i64, i64, i64, p, p, p, p, p, p]
+    lib.gdpo_zero_rows_f32.restype = ctypes.c_int
+
+
+def lib() -> ctypes.CDLL | None:
+    """The loaded library, built on the first call that needs it; None where it cannot be had
+    (:func:`status` says why) or is turned off."""
+    if not _ON[0]:
+        return None
+    if _STATE["tried"]:
+        return _STATE["lib"]
+    with _LOCK:
+        if not _STATE["tried"]:
+            got, reason, path = _build(os.environ.get("CC") or "cc", SOURCE.read_bytes())
+            if got is not None:
+                _declare(got)
+            _STATE.update(lib=got, reason=reason, path=path, tried=True)
+    return _STATE["lib"]
+
+
+def status() -> dict:
+    """{"on": whether it is used, "loaded", "path" of the library, "reason"} (building it first
+    where it was not tried yet)."""
+    got = lib()
+    return {"on": _ON[0], "loaded": got is not None, "path": _STATE["path"],
+            "reason": _STATE["reason"] if _ON[0] else "turned off (GDPO_NATIVE=0 or impl._native.disabled)"}
+
+
+@contextlib.contextmanager
+def disabled():
+    """The torch and NumPy passes for the calls inside (tests and benchmarks)."""
+    old = _ON[0]
+    _ON[0] = False
+    try:
+        yield
+    finally:
+        _ON[0] = old
+
+
+def _cpu_flat(t: torch.Tensor, dtype) -> bool:
+    return t.device.type == "cpu" and t.dtype == dtype and t.is_contiguous()
+
+
+def scan(r: torch.Tensor) -> tuple[int, int, int] | None:
+    """(min w, max v, OR) of ``impl._native.c``'s scan over the bits of the narrow-format rewards
+    ``r`` (CPU), or None where the library is not at hand."""
+    got = lib()
+    if got is None or r.device.type != "cpu" or r.dtype not in _SCANS:
+        return None
+    itype, fn = _SCANS[r.dtype]
+    u = r.detach().contiguous().view(itype)
+    out = np.zeros(3, dtype=np.uint64)
+    getattr(got, fn)(u.data_ptr(), u.numel(), out.ctypes.data)
+    return int(out[0]), int(out[1]), int(out[2])
+
+
+_SCANS = {torch.float32: (torch.int32, "gdpo_scan_u32"), torch.float16: (torch.int16, "gdpo_scan_u16"),
+          torch.bfloat16: (torch.int16, "gdpo_scan_u16")}
+
+
+def tier0_left(a: torch.Tensor, y: torch.Tensor, s: float, A: float, P: float, top: float,
+               buf: torch.Tensor) -> torch.Tensor | None | bool:
+    """The rows of 1-D float64 ``a`` (CPU) that tier 0's test leaves, its float32 rounding ``y``
+    given, as ascending int64 indices (a tensor of their own); None where every row passes;
+    False where the library is not at hand or the tensors are not plain CPU ones. ``buf``: an
+    int64 work buffer of a's length."""
+    got = lib()
+    if got is None or not (_cpu_flat(a, torch.float64) and _cpu_flat(y, torch.float32) and
+                           _cpu_flat(buf, torch.int64)) or not (a.dim() == y.dim() == 1 and
+                                                                  a.numel() == y.numel() <= buf.numel()):
+        return False
+    m = got.gdpo_tier0_f32(a.data_ptr(), y.data_ptr(), a.numel(), s, A, P, top, buf.data_ptr())
+    return None if m == 0 else buf[:m].clone()
+
+
+def zero_rows(rows: torch.Tensor, rewards: torch.Tensor, g: int, stats: tuple, W: np.ndarray) -> torch.Tensor | None:
+    """``impl._exact_zeros.zero_rows_eq4``'s verdicts (R,) bool from ``impl._native.c``'s loop, for
+    float32 rewards (N, K) on CPU, Eq. 4's statistics (f, shift, mean, m2) each (K, 1, G) float64,
+    the integer weights ``W`` (K, 1) float64; None where the library is not at hand or the
+    tensors are not plain CPU ones (the caller's NumPy then)."""
+    got = lib()
+    K = rewards.shape[1] if rewards.dim() == 2 else 0
+    if got is None or not (_cpu_flat(rows, torch.int64) and _cpu_flat(rewards, torch.float32) and 0 < K <= 64
+                           and all(_cpu_flat(t, torch.float64) for t in stats)):
+        return None
+    G = stats[0].numel() // K
+    if any(t.numel() != K * G for t in stats) or rewards.shape[0] > g * G or W.shape[0] != K:
+        return None
+    Wc = np.ascontiguousarray(W, dtype=np.float64)
+    ok = torch.empty(rows.shape[0], dtype=torch.bool)
+    f, shift, mean, m2 = stats
+    if got.gdpo_zero_rows_f32(rows.data_ptr(), rows.shape[0], rewards.data_ptr(), K, g, G, f.data_ptr(),
+                              shift.data_ptr(), mean.data_ptr(), m2.data_ptr(), Wc.ctypes.data, ok.data_ptr()) != 0:
+        return None
+    return ok

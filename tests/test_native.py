@@ -1,0 +1,282 @@
+"""impl._native: the certificate's CPU loops in C give the verdicts of their torch and NumPy
+fallbacks, on data that tells the tests' conditions apart, and a machine without a compiler
+gets the same bits.
+
+Each loop is compared with the code it replaces (impl._native.disabled() runs that code) on
+batches built to reach every branch: rows passing the fast test, rows failing only the
+magnitude condition (P), only the margin (A), NaN, zeros, subnormals, every row failing (also
+in a last, partial block: the loop's index buffer has exactly one place per row), lengths
+around the C loop's block and word sizes. The negative controls show the data can tell a loop
+that drops a condition."""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from impl import _certify, _exact_zeros, _native, gdpo
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_built_here():
+    """Where the machine has a C compiler (this project's machines do), the library loads."""
+    st = _native.status()
+    if shutil.which(os.environ.get("CC") or "cc") is None:
+        assert not st["loaded"] and "compiler" in st["reason"]
+    else:
+        assert st["loaded"], st["reason"]
+
+
+# --- the rewards' magnitudes -----------------------------------------------------------------------
+
+def _reward_cases():
+    g = np.random.default_rng(7)
+    for dtype, itype, width in ((torch.float32, torch.int32, 32), (torch.float16, torch.int16, 16),
+                                (torch.bfloat16, torch.int16, 16)):
+        for n in (1, 2, 7, 8, 9, 63, 64, 65, 1000, 65536 + 3):
+            bits = g.integers(0, 2 ** width, size=n, dtype=np.uint64)
+            yield dtype, torch.from_numpy(bits.astype(np.int64)).to(itype).view(dtype)
+        special = [0.0, -0.0, 1.0, -2.5, math.inf, -math.inf, math.nan, torch.finfo(dtype).tiny / 4,
+                   -torch.finfo(dtype).tiny, torch.finfo(dtype).max]
+        yield dtype, torch.tensor(special, dtype=dtype)
+        yield dtype, torch.zeros(5, dtype=dtype)  # every reward 0: lo wraps to the top
+        yield dtype, torch.tensor([-0.0, 0.0, -0.0], dtype=dtype)
+        yield dtype, torch.randn(333, 4).to(dtype)
+        yield dtype, (torch.rand(4096, 4) < 0.5).to(dtype)
+
+
+@pytest.mark.parametrize("smallest_only", [False, True])
+def test_scan_matches_numpy(smallest_only):
+    assert _native.lib() is not None, _native.status()["reason"]
+    for dtype, r in _reward_cases():
+        got = _certify._magnitude_bits_np(r, smallest_only)
+        with _native.disabled():
+            want = _certify._magnitude_bits_np(r, smallest_only)
+        assert got == want, (dtype, r.shape, got, want)
+
+
+def _scan_variant(r, keep_sign=False, wrap=True):
+    """A deliberately wrong scan (the sign bit kept in the largest, or a zero not wrapped to the
+    top in the smallest), in NumPy, as (lo, hi) of :func:`impl._certify._magnitude_bits_np`."""
+    width = 8 * r.element_size()
+    u = r.view(torch.int32 if width == 32 else torch.int16).numpy().astype(np.int64) & (2 ** width - 1)
+    m = u & (2 ** (width - 1) - 1)
+    hi = int(u.max() if keep_sign else m.max())
+    nz = m if not wrap else np.where(m == 0, 2 ** (width - 1), m)
+    lo = int(nz.min())
+    return (None if lo == 2 ** (width - 1) else lo), hi
+
+
+def test_scan_control_tells_sign_and_zero():
+    """Negative control: the cases tell the right scan from one that kept the sign bit or did not
+    wrap a zero (each differs from the fallback on some case)."""
+    told = {"sign": False, "wrap": False}
+    for dtype, r in _reward_cases():
+        with _native.disabled():
+            lo, hi, _ = _certify._magnitude_bits_np(r)
+        assert _scan_variant(r) == (lo, hi)  # the variant's frame is right where nothing is dropped
+        told["sign"] |= _scan_variant(r, keep_sign=True) != (lo, hi)
+        told["wrap"] |= _scan_variant(r, wrap=False) != (lo, hi)
+    assert all(told.values()), told
+
+
+# --- tier 0's test --------------------------------------------------------------------------------
+
+def _tier0_cases():
+    g = torch.Generator().manual_seed(3)
+    f32 = torch.float32
+    for n in (1, 7, 8, 9, 1023, 1024, 1025, 4096 + 5):
+        yield "normal", torch.randn(n, dtype=torch.float64, generator=g)
+    # near float32 rounding boundaries: midpoints between neighbours, a few float64 steps off
+    base = torch.randn(3000, generator=g).to(f32)
+    mid = (base.to(torch.float64) + torch.nextafter(base, torch.full_like(base, math.inf)).to(torch.float64)) / 2
+    steps = torch.randint(-40, 41, (3000,), generator=g).to(torch.float64)
+    yield "midpoints", mid + steps * torch.finfo(torch.float64).eps * mid.abs()
+    sp = torch.tensor([0.0, -0.0, math.nan, math.inf, -math.inf, 5e-324, -1e-310, 1e-300, 2.0 ** -126,
+                       2.0 ** -149, 3.4e38, -1.0, 1.0, 0.5], dtype=torch.float64)
+    yield "special", sp
+    yield "small", torch.randn(2000, dtype=torch.float64, generator=g) * 1e-30
+    yield "zeros", torch.zeros(1025, dtype=torch.float64)  # every row fails, a partial last block
+    yield "mixed", torch.where(torch.rand(5000, generator=g) < 0.03, 0.0,
+                               torch.randn(5000, dtype=torch.float64, generator=g))
+
+
+#: (alpha, beta) of tier 0's bound: tight, loose (most rows fail), the magnitude condition
+#: deciding (alpha large against small rows), and none certifiable
+_BOUNDS = [(1e-17, 4e-16), (1e-9, 1e-12), (1e-35, 1e-16), (0.0, 0.0), (1e-6, 0.2)]
+
+
+def _left(a, alpha, beta):
+    y = a.to(torch.float32)
+    got = _certify.bits_left(a, alpha, beta, torch.float32, y)
+    return None if got is None else got.tolist()
+
+
+def test_tier0_matches_torch():
+    assert _native.lib() is not None, _native.status()["reason"]
+    seen = set()
+    for name, a in _tier0_cases():
+        for alpha, beta in _BOUNDS:
+            got = _left(a, alpha, beta)
+            with _native.disabled():
+                want = _left(a, alpha, beta)
+            assert got == want, (name, a.shape, alpha, beta)
+            seen.add("none" if want is None else "all" if len(want) == a.numel() else "some")
+    assert seen == {"none", "all", "some"}
+
+
+def _verdicts(a, s, A, P, top):
+    """Which rows pass v > top, v > A, p2 > P (NumPy, the fallback's arithmetic)."""
+    y = a.to(torch.float32).to(torch.float64).numpy()
+    an = a.numpy()
+    r = np.abs(an - y)
+    p2 = (an.view(np.int64) & 0x7FF0000000000000).view(np.float64)
+    v = p2 - s * r
+    return v > top, v > A, p2 > P
+
+
+def test_tier0_control_each_condition_matters():
+    """Negative control: the cases include rows the magnitude condition alone fails and rows the
+    margin alone fails, so a loop that dropped either (P or A set to -inf) answers otherwise."""
+    buf = torch.empty(1 << 16, dtype=torch.int64)
+    told_p = told_a = False
+    for name, a in _tier0_cases():
+        for alpha, beta in _BOUNDS:
+            h = 2.0 ** -24
+            grow = 1 + 2.0 ** -40
+            k1, k2 = (h - 2 * beta) / grow, (h / 2 - 2 * beta) / grow
+            if not (k1 > 0 and k2 > 0):
+                continue
+            s = grow / k1
+            A, P = alpha * s * grow, alpha / k2 * grow
+            top = max(A, P)
+            y = a.to(torch.float32)
+            right = _native.tier0_left(a, y, s, A, P, top, buf)
+            no_p = _native.tier0_left(a, y, s, A, -math.inf, A, buf)
+            no_a = _native.tier0_left(a, y, s, -math.inf, P, P, buf)
+            key = (lambda t: None if t is None else t.tolist())
+            told_p |= key(right) != key(no_p)
+            told_a |= key(right) != key(no_a)
+    assert told_p and told_a
+
+
+# --- the exact zeros' loop --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("g", [2, 8, 16, 32])
+def test_zero_rows_match_numpy(g):
+    assert _native.lib() is not None, _native.status()["reason"]
+    from impl import _eq4
+    gen = torch.Generator().manual_seed(g)
+    for K, weights in ((4, [1.0, 1.0, 1.0, 1.0]), (3, [1.0, -2.0, 0.5]), (1, [1.0]), (5, [1, 1, 2, 2, 3])):
+        r = torch.randint(0, 3, (g * 64, K), generator=gen).float()
+        r[: g * 4] = 1.0  # constant groups
+        found = {}
+        torch.set_grad_enabled(False)
+        z = _eq4_z(r, g, weights)
+        rows = torch.arange(r.shape[0], dtype=torch.int64)
+        got = _exact_zeros.zero_rows_eq4(rows, r, g, list(weights), z.stats)
+        with _native.disabled():
+            want = _exact_zeros.zero_rows_eq4(rows, r, g, list(weights), z.stats)
+        assert torch.equal(got, want), (g, K)
+        found[K] = (bool(want.any()), bool((~want).any()))
+        assert found[K][1]
+        if K > 1:
+            assert found[K][0]  # the data holds exact zeros of both kinds: the loop is tested on both verdicts
+
+
+def _eq4_z(r, g, weights):
+    """Eq. 4's statistics of contiguous groups, as the certificate's stage gets them."""
+    from impl import _plan
+    from impl._inputs import check_normalize
+    from impl import _pipeline
+    call = check_normalize(r, None, g, weights, 1e-4, "refuse", None)
+    plan = _plan.local(call, _plan.NORMALIZE)
+    dev = _pipeline.through_stats(plan, r, {})
+    assert dev.z.stats is not None
+    return dev.z
+
+
+# --- the whole call: the same bits with and without the loops ------------------------------------
+
+def _batches():
+    g = torch.Generator().manual_seed(11)
+    yield torch.randn(4096, 4, generator=g), 8
+    yield (torch.rand(4096, 4, generator=g) < 0.5).float(), 8
+    yield (torch.rand(4096, 3, generator=g) < 0.5).float(), 16
+    yield torch.randn(4096, 2, generator=g) * 1e-3 + 1e4, 4
+    yield torch.randint(0, 5, (2048, 4), generator=g).to(torch.bfloat16), 8
+
+
+def test_same_bits_with_and_without():
+    for r, gs in _batches():
+        for out in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
+            d1, d2 = gdpo.Diagnostics(), gdpo.Diagnostics()
+            got = gdpo.gdpo_advantages(r, group_size=gs, out_dtype=out, diagnostics=d1)
+            with _native.disabled():
+                want = gdpo.gdpo_advantages(r, group_size=gs, out_dtype=out, diagnostics=d2)
+            assert torch.equal(got.view(torch.uint8) if got.dtype != torch.float64 else got.view(torch.int64),
+                               want.view(torch.uint8) if want.dtype != torch.float64 else want.view(torch.int64))
+
+
+_CHILD = """
+import hashlib, sys, torch
+from impl import _native, gdpo
+g = torch.Generator().manual_seed(5)
+h = hashlib.sha256()
+for r in (torch.randn(4096, 4, generator=g), (torch.rand(4096, 4, generator=g) < 0.5).float()):
+    h.update(gdpo.gdpo_advantages(r, group_size=8).numpy().tobytes())
+st = _native.status()
+print(h.hexdigest(), st["loaded"], st["reason"].replace(chr(10), " "))
+"""
+
+
+def _child(env_extra):
+    env = dict(os.environ, PYTHONPATH=ROOT, **env_extra)
+    done = subprocess.run([sys.executable, "-c", _CHILD], capture_output=True, text=True, env=env, cwd=ROOT,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    digest, loaded, reason = done.stdout.strip().split(" ", 2)
+    return digest, loaded == "True", reason
+
+
+def test_no_compiler_same_bits(tmp_path):
+    """A machine without a C compiler (CC names none, an empty cache) runs the fallback: the
+    same bits, and status says why; GDPO_NATIVE=0 the same; with the compiler, the library
+    builds into the given folder."""
+    built = _child({"GDPO_NATIVE_DIR": str(tmp_path / "built")})
+    none = _child({"CC": str(tmp_path / "no-such-cc"), "GDPO_NATIVE_DIR": str(tmp_path / "none")})
+    off = _child({"GDPO_NATIVE": "0", "GDPO_NATIVE_DIR": str(tmp_path / "off")})
+    assert built[1] and list((tmp_path / "built").glob("gdpo_native_*.so"))
+    assert not none[1] and "no C compiler" in none[2]
+    assert not off[1] and "GDPO_NATIVE=0" in off[2]
+    assert built[0] == none[0] == off[0]
+
+
+def test_foreign_folder_never_loaded(tmp_path):
+    """A cache folder others may write is not used (a library put there is never loaded)."""
+    folder = tmp_path / "shared"
+    folder.mkdir()
+    folder.chmod(0o777)
+    digest, loaded, reason = _child({"GDPO_NATIVE_DIR": str(folder)})
+    assert not loaded and "not this user's alone" in reason
+    assert not list(folder.glob("*.so"))
+
+
+def test_tier0_writes_no_place_beyond_the_rows():
+    """The loop writes at most one index per row: sentinels after a buffer of exactly n places
+    stay as they were, every row failing, n not a multiple of the loop's words or blocks (the
+    loop once wrote up to seven places past the rows of a last, partial word)."""
+    for n in (1, 5, 1023, 1025, 2049):
+        a = torch.zeros(n, dtype=torch.float64)  # p2 = 0: every row fails
+        store = torch.full((n + 16,), -7, dtype=torch.int64)
+        got = _native.tier0_left(a, a.to(torch.float32), 1.0, 0.0, 0.0, 0.0, store[:n])
+        assert got.tolist() == list(range(n))
+        assert bool((store[n:] == -7).all()), n
