@@ -469,7 +469,8 @@ def magnitudes(r: torch.Tensor, largest: float | None = None) -> tuple[float, fl
     return (math.inf if lo is None else _FROM_BITS[r.dtype](lo)), _FROM_BITS[r.dtype](hi)
 
 
-def batch_quantum(r: torch.Tensor, largest: float | None = None) -> tuple[float, float, int]:
+def batch_quantum(r: torch.Tensor, largest: float | None = None,
+                  bits: tuple | None = None) -> tuple[float, float, int]:
     """(smallest nonzero magnitude, largest, e): :func:`magnitudes` of the rewards ``r`` (a
     narrow format) and 2**e dividing every one of them. A nonzero value is an integer multiple
     of 2**(its exponent - mantissa bits + the trailing zeros of its mantissa field) (all of
@@ -481,7 +482,10 @@ def batch_quantum(r: torch.Tensor, largest: float | None = None) -> tuple[float,
         small, large = magnitudes(r)
         return small, large, _quantum_of(r.dtype, small)
     value = _FROM_BITS[r.dtype]
-    lo, hi, ored = _magnitude_bits_np(r, smallest_only=largest is not None)
+    if bits is not None and r.dtype == torch.float32:  # (the scan's triple, from Eq. 4's read)
+        lo, hi, ored = _scanned(bits, np.uint32, largest is not None)
+    else:
+        lo, hi, ored = _magnitude_bits_np(r, smallest_only=largest is not None)
     large = float(largest) if largest is not None else value(hi)
     if lo is None:  # every reward 0
         return math.inf, large, 0
@@ -504,11 +508,10 @@ def _magnitude_bits_np(r: torch.Tensor, smallest_only: bool = False) -> tuple[in
     wraps to the top) and its smallest; third, the OR of every reward's bits (for
     :func:`batch_quantum`). One read of the rewards; each block three or four passes in cache."""
     idt, udt, _ = _BITS[r.dtype]
-    top = (1 << 8 * np.dtype(udt).itemsize) - 2
     got = _native.scan(r)  # one C loop (impl._native), where built
     if got is not None:
-        lo, hi, ored = got
-        return (None if lo == top else (lo >> 1) + 1), (None if smallest_only else hi >> 1), ored
+        return _scanned(got, udt, smallest_only)
+    top = (1 << 8 * np.dtype(udt).itemsize) - 2
     u = r.detach().reshape(-1).view(idt).numpy().view(udt)
     buf = _kept("numpy").get(udt)
     if buf is None:
@@ -522,6 +525,13 @@ def _magnitude_bits_np(r: torch.Tensor, smallest_only: bool = False) -> tuple[in
         np.subtract(v, 2, out=v)
         lo = min(lo, int(v.min()))
         ored |= int(np.bitwise_or.reduce(block))
+    return (None if lo == top else (lo >> 1) + 1), (None if smallest_only else hi >> 1), ored
+
+
+def _scanned(got: tuple[int, int, int], udt, smallest_only: bool) -> tuple[int | None, int | None, int]:
+    """:func:`_magnitude_bits_np`'s answer from ``impl._native.scan``'s (min w, max v, OR)."""
+    lo, hi, ored = got
+    top = (1 << 8 * np.dtype(udt).itemsize) - 2
     return (None if lo == top else (lo >> 1) + 1), (None if smallest_only else hi >> 1), ored
 
 
@@ -582,20 +592,22 @@ def _quantum_of(dtype, small: float) -> int:
     return _quantum(dtype, small) if math.isfinite(small) else 0
 
 
-def eq4_error(r: torch.Tensor, n: int, weights: list[float],
-              largest: float | None = None) -> tuple[float, int | None, float | None, float]:
+def eq4_error(r: torch.Tensor, n: int, weights: list[float], largest: float | None = None,
+              bits: tuple | None = None) -> tuple[float, int | None, float | None, float]:
     """(bound, e, top, rms): a bound on |c - c*| of every row, groups of ``n`` contiguous rows of
     the rewards ``r``, and on the root mean square of |c - c*| over the rows of any whole
     groups (:func:`eq47_rows_bounds`, the sums exact or not: :func:`exact_sums`); 2**e
     dividing every reward and top the largest |reward| (:func:`batch_quantum`; None: not
     known). The rewards are read once, only for a narrow reward format, which alone has a
-    quantum. ``largest``: the rewards' largest magnitude, where Eq. 4 read it (else read here)."""
+    quantum. ``largest``: the rewards' largest magnitude, where Eq. 4 read it (else read here);
+    ``bits``: their magnitudes on their bits, where Eq. 4's copy read them
+    (:func:`impl._native.gather`; then not read here)."""
     if n < 2:
         return 0.0, None, None, 0.0
     if r.dtype not in _QUANTUM:
         bound, rms = eq47_rows_bounds(n, weights, [False] * len(weights))
         return bound, None, None, rms
-    small, large, qexp = batch_quantum(r, largest)
+    small, large, qexp = batch_quantum(r, largest, bits)
     ex = exact_sums(r.dtype, (small, large), n, qexp)
     bound, rms = eq47_rows_bounds(n, weights, [ex] * len(weights))
     return bound, qexp, large, rms
@@ -1576,7 +1588,8 @@ def stage(plan, call, dev, y: torch.Tensor) -> tuple[torch.Tensor, Counts]:
         return finish(for_whiten(dev.c, a, plan.sizes, plan.eps), out_dtype, counts, y), counts
     rows = getattr(dev.z, "err_rows", 0)  # (None: a graph replay, which keeps no z)
     emax, qexp, top, erms = (eq4_error(call.inp.rewards.contiguous(), rows, call.inp.weights,
-                                       getattr(dev.z, "largest", None)) if rows else (None, None, None, None))
+                                       getattr(dev.z, "largest", None), getattr(dev.z, "bits", None))
+                             if rows else (None, None, None, None))
     loc = dev.loc if getattr(dev.loc, "tp", None) is not None else None  # the plain backend's statistics
     sort = getattr(plan, "sort", None)  # labelled groups: phase one's sort, where the plan kept it
     labelled = None if sort is None else (sort, int(plan.row[P_GROUPS]), int(plan.row[P_N_MAX]))

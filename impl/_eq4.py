@@ -100,6 +100,9 @@ class Z:
     #: each, as Eq. 4 used them (m2 a view into this thread's kept scratch, valid until its
     #: next Eq. 4): the certificate's exact zeros read them (``impl._exact_zeros.zero_rows_eq4``)
     stats: tuple | None = None
+    #: the rewards' magnitudes on their bits (``impl._native.scan``'s triple), where the
+    #: contiguous layout's copy read them (``impl._native.gather``), else None
+    bits: tuple | None = None
 
     def rows(self) -> torch.Tensor:
         """z (N, K) in input order (``standardize_groups``)."""
@@ -128,7 +131,7 @@ def finish(prep: Prepared | None, eps: float, layout: G.GroupLayout, longest: in
         found.update(prep.facts)
     inp, r = prep.inp, prep.r
     if layout.kind == "contiguous":
-        (x, _), = layout.gather(r)
+        x, bits = layout.gather_contiguous(r)
         g = layout.parts[0].width
         if inp.missing == "unscored":
             z, finite = standardize_scored(x, eps, prep.lazy)  # (K, g, G)
@@ -141,6 +144,7 @@ def finish(prep: Prepared | None, eps: float, layout: G.GroupLayout, longest: in
         out = Z([z], layout, g, found, g if inp.missing != "unscored" else 0)
         if inp.missing != "unscored":
             out.largest = largest
+            out.bits = bits
             out.stats = (tp.f, tp.shift, tp.mean, tp.m2)
     else:
         finite = True

@@ -34,6 +34,7 @@ import dataclasses
 
 import torch
 
+from impl import _native
 from impl import _problems as P
 from impl import _segments as seg_ops
 from impl._facts import rewards_nonfinite_facts
@@ -213,12 +214,7 @@ class GroupLayout:
         order a view, which normalize_rewards returns."""
         n, k = r.shape
         if self.kind == "contiguous":
-            g = self.parts[0].width
-            shape = (k, g, n // g)
-            x = (seg_ops.kept("gather.contiguous", shape, _F64, r.device) if k >= 2 and g >= 2 else
-                 torch.empty(shape, dtype=_F64, device=r.device))
-            x.copy_(r.view(n // g, g, k).permute(2, 1, 0))
-            yield x, None
+            yield self.gather_contiguous(r)[0], None
             return
         rt = _columns(r, seg_ops.kept("gather.columns", (k, n), _F64, r.device))
         for i, part in enumerate(self.parts):
@@ -227,6 +223,21 @@ class GroupLayout:
             out = seg_ops.kept(f"gather.part{i}", (k, rows.numel()), _F64, r.device)
             # gather: ~2x index_select on dim 1 (CPU)
             yield torch.gather(rt, 1, rows.expand(k, -1), out=out).view(k, part.width, part.count), pad
+
+    def gather_contiguous(self, r: torch.Tensor) -> tuple[torch.Tensor, tuple | None]:
+        """Contiguous groups' (K, g, G) float64 copy of the rewards ``r`` (N, K) (:meth:`gather`),
+        and, where the copy was ``impl._native``'s loop (float32 rewards on CPU), the rewards'
+        magnitudes on their bits from the same read (``impl._native.scan``'s triple; else None:
+        torch's strided copy, and the certificate reads them itself)."""
+        n, k = r.shape
+        g = self.parts[0].width
+        shape = (k, g, n // g)
+        x = (seg_ops.kept("gather.contiguous", shape, _F64, r.device) if k >= 2 and g >= 2 else
+             torch.empty(shape, dtype=_F64, device=r.device))
+        bits = _native.gather(r, g, x) if r.device.type == "cpu" else None
+        if bits is None:
+            x.copy_(r.view(n // g, g, k).permute(2, 1, 0))
+        return x, bits
 
     def rows(self, parts: list[torch.Tensor]) -> torch.Tensor:
         """Slot values of each part in input order: (N,) from (P, G) parts (as c),

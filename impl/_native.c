@@ -145,3 +145,37 @@ int gdpo_zero_rows_f32(const int64_t *rows, int64_t R, const float *r, int64_t K
     }
     return 0;
 }
+
+/* Eq. 4's layout of contiguous groups with the rewards' magnitudes in the same read
+ * (impl._groups.GroupLayout.gather_contiguous): float32 rewards r (n, K), groups of g rows,
+ * G = n / g, to x (K, g, G) float64, x[k][p][q] = r[q g + p][k] (exact), and out as
+ * gdpo_scan_u32 of r's bits. Eight groups at a time: each line of x written whole, the
+ * eight groups' rewards (8 g K values) read from cache. */
+GDPO_CLONES void gdpo_gather_f32(const float *r, int64_t n, int64_t K, int64_t g, double *x, uint64_t *out)
+{
+    int64_t G = n / g;
+    int32_t lo = 0x7FFFFFFF, hi = 0;
+    uint32_t ored = 0;
+    for (int64_t q0 = 0; q0 < G; q0 += 8) {
+        int64_t q1 = q0 + 8 < G ? q0 + 8 : G;
+        for (int64_t p = 0; p < g; p++) {
+            for (int64_t k = 0; k < K; k++) {
+                double *dst = x + (k * g + p) * G;
+                const float *src = r + p * K + k;
+                for (int64_t q = q0; q < q1; q++) {
+                    float v = src[q * g * K];
+                    uint32_t u;
+                    memcpy(&u, &v, sizeof u);
+                    int32_t m = (int32_t)(u & 0x7FFFFFFF), w = (int32_t)((m - 1) & 0x7FFFFFFF);
+                    hi = m > hi ? m : hi;
+                    lo = w < lo ? w : lo;
+                    ored |= u;
+                    dst[q] = (double)v;
+                }
+            }
+        }
+    }
+    out[0] = 2 * (uint64_t)lo;
+    out[1] = 2 * (uint64_t)hi;
+    out[2] = ored;
+}

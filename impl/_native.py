@@ -102,6 +102,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         fn.argtypes, fn.restype = [p, i64, p], None
     lib.gdpo_tier0_f32.argtypes = [p, p, i64, f64, f64, f64, f64, p]
     lib.gdpo_tier0_f32.restype = i64
+    lib.gdpo_gather_f32.argtypes, lib.gdpo_gather_f32.restype = [p, i64, i64, i64, p, p], None
     lib.gdpo_zero_rows_f32.argtypes = [p, i64, p, i64, i64, i64, p, p, p, p, p, p]
     lib.gdpo_zero_rows_f32.restype = ctypes.c_int
 
@@ -155,6 +156,22 @@ def scan(r: torch.Tensor) -> tuple[int, int, int] | None:
     u = r.detach().contiguous().view(itype)
     out = np.zeros(3, dtype=np.uint64)
     getattr(got, fn)(u.data_ptr(), u.numel(), out.ctypes.data)
+    return int(out[0]), int(out[1]), int(out[2])
+
+
+def gather(r: torch.Tensor, g: int, x: torch.Tensor) -> tuple[int, int, int] | None:
+    """Eq. 4's layout of groups of ``g`` contiguous rows: x (K, g, G) float64 filled with the
+    float32 rewards ``r`` (n, K) (``x[k, p, q] = r[q g + p, k]``), and :func:`scan` of r from the
+    same read; None (x untouched) where the library is not at hand or the tensors are not plain
+    CPU ones of those shapes."""
+    got = lib()
+    if got is None or not (_cpu_flat(r, torch.float32) and _cpu_flat(x, torch.float64)) or r.dim() != 2:
+        return None
+    n, k = r.shape
+    if g < 1 or n % g or tuple(x.shape) != (k, g, n // g):
+        return None
+    out = np.zeros(3, dtype=np.uint64)
+    got.gdpo_gather_f32(r.data_ptr(), n, k, g, x.data_ptr(), out.ctypes.data)
     return int(out[0]), int(out[1]), int(out[2])
 
 

@@ -280,3 +280,44 @@ def test_tier0_writes_no_place_beyond_the_rows():
         got = _native.tier0_left(a, a.to(torch.float32), 1.0, 0.0, 0.0, 0.0, store[:n])
         assert got.tolist() == list(range(n))
         assert bool((store[n:] == -7).all()), n
+
+
+@pytest.mark.parametrize("n,k,g", [(64, 4, 8), (48, 3, 16), (40, 1, 8), (7, 2, 7), (9, 4, 1), (8 * 13, 5, 8),
+                                   (16 * 9 + 0, 2, 16), (1024 * 3, 4, 1024)])
+def test_gather_matches_torch(n, k, g):
+    """Eq. 4's contiguous layout from the C loop: the same values as torch's strided copy, and the
+    rewards' magnitudes as the scan reads them (group counts not a multiple of the loop's eight)."""
+    gen = torch.Generator().manual_seed(n + k + g)
+    r = torch.randn(n, k, generator=gen) * torch.tensor([1e-30, 1.0, 1e30, 3.0, 0.0][:k] if k <= 5 else 1.0)
+    r[0, 0] = -0.0
+    x = torch.full((k, g, n // g), math.nan, dtype=torch.float64)
+    got = _native.gather(r, g, x)
+    want = r.view(n // g, g, k).permute(2, 1, 0).to(torch.float64)
+    assert got == _native.scan(r)
+    assert torch.equal(x, want)
+
+
+def test_gather_declines_what_it_cannot_lay_out():
+    """Shapes and dtypes the loop does not take leave x untouched (the caller's torch copy)."""
+    r = torch.randn(12, 2)
+    x = torch.zeros(2, 4, 3, dtype=torch.float64)
+    assert _native.gather(r, 5, x) is None  # 12 rows are not groups of 5
+    assert _native.gather(r.to(torch.float64), 4, x) is None
+    assert _native.gather(r.t(), 4, torch.zeros(12, 4, 1, dtype=torch.float64)) is None  # not contiguous
+    assert _native.gather(r, 4, torch.zeros(2, 3, 4, dtype=torch.float64)) is None  # not (K, g, G)
+    assert bool((x == 0).all())
+
+
+def test_eq4_takes_the_scan_from_its_copy(monkeypatch):
+    """The certificate reads the rewards' magnitudes from Eq. 4's copy where the loop made it (no
+    second read of the rewards), and decides as it does reading them itself."""
+    calls = []
+    real = _native.scan
+    monkeypatch.setattr(_native, "scan", lambda r: calls.append(r.shape) or real(r))
+    r = torch.randn(4096, 4)
+    d1 = gdpo.Diagnostics()
+    got = gdpo.gdpo_advantages(r, group_size=8, diagnostics=d1)
+    assert calls == []
+    with _native.disabled():
+        want = gdpo.gdpo_advantages(r, group_size=8)
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32))
