@@ -1027,14 +1027,15 @@ def finish(p: Problem, out_dtype, counts: Counts | None = None, y: torch.Tensor 
     units = _Units(p.sizes, device)
     st = None
     got0 = _tier0_loc(p, units, out_dtype, y) if out_dtype != _F64 else None
-    if got0 is not None and got0[0] is None:  # every row certified
+    if got0 is not None and got0[2] is None:  # every row certified
         counts.float64 += n
         return got0[1]
-    whole = _whole_tensor(p.whole, S, device)
     left = None  # the rows still to decide, as indices (few, as a rule: no full-length passes below)
-    if got0 is not None:
+    if got0 is not None:  # (todo, the rows left as a mask, and whole, per unit, made where a tier needs them)
         todo, y, left = got0
+        whole = _whole_tensor(p.whole, S, device) if S > 1 else None
     else:
+        whole = _whole_tensor(p.whole, S, device)
         st = unit_stats(p.values(), a, p.rows_E(), units, whole, p.eps, p.erms)
         B = float64_bound(st, units, a, p.rows_E())
         zeroE = p.rows_E() == 0
@@ -1054,12 +1055,19 @@ def finish(p: Problem, out_dtype, counts: Counts | None = None, y: torch.Tensor 
     if y.data_ptr() == a.data_ptr():  # the tiers below write into y: never into the caller's a
         y = y.clone()
     if p.zero_rows is not None:  # tier 1a, vectorized: c* = 0 exactly in a unit of whole groups
-        y, todo, k = _exact_zeros(p, todo, y, units, whole, rows=left)
+        y, got = _exact_zeros(p, y, units, whole, left)
+        k = int(got.numel())
         counts.group_exact += k
         if k:
-            left = left[todo.index_select(0, left)]
+            left = _without(left, got)
             if left.numel() == 0:
                 return y
+            if todo is not None:
+                todo.index_fill_(0, got, False)
+    if todo is None:
+        todo = torch.zeros(a.shape, dtype=torch.bool, device=device).index_fill_(0, left, True)
+    if whole is None:
+        whole = _whole_tensor(p.whole, S, device)
     if got0 is not None and p.exact_rows is not None and left.numel() <= _EXACT_ROWS_MAX:
         y, todo, k = _group_exact(p, todo, y, out_dtype, units, rows=left)
         counts.group_exact += k
@@ -1107,9 +1115,10 @@ def finish(p: Problem, out_dtype, counts: Counts | None = None, y: torch.Tensor 
 
 
 def _tier0_loc(p: Problem, units: _Units, out_dtype, y: torch.Tensor | None = None):
-    """Tier 0 from the plain path's own Eq. 6 statistics (``p.loc``): (todo, y, left), todo the
-    rows not certified as a mask and left as indices (both None: every row is certified), or None where
-    they are not at hand (buckets, the fused whitening, a device without the raw extremes)."""
+    """Tier 0 from the plain path's own Eq. 6 statistics (``p.loc``): (None, y, left), left the
+    rows not certified as ascending indices (None: every row is certified; their mask is made by
+    the caller, only where a later tier needs it), or None where those statistics are not at
+    hand (buckets, the fused whitening, a device without the raw extremes)."""
     loc = p.loc
     if loc is None or loc.tp is None or loc.tp.lo is None or loc.lay.kind not in ("view", "padded"):
         return None
@@ -1184,8 +1193,7 @@ def _tier0_loc(p: Problem, units: _Units, out_dtype, y: torch.Tensor | None = No
                 y.index_fill_(0, _keep(rows, fix & (ar == 0)), 0.0)  # y: this call's own tensor
             gone = torch.zeros(left.shape, dtype=torch.bool, device=a.device).index_fill_(0, _keep(at, fix), True)
             left = _keep(left, ~gone)
-    todo = torch.zeros(a.shape, dtype=torch.bool, device=a.device).index_fill_(0, left, True)
-    return todo, y, left
+    return None, y, left  # (the mask of the rows left is made by the caller, where a tier needs it)
 
 
 def _units_emax(p: Problem, units: _Units, tp) -> torch.Tensor:
@@ -1204,12 +1212,12 @@ def _units_emax(p: Problem, units: _Units, tp) -> torch.Tensor:
     return torch.where(varies, full, units.amax(p.rows_E()))
 
 
-def _exact_zeros(p: Problem, todo: torch.Tensor, y: torch.Tensor, units: _Units, whole: torch.Tensor,
-                 rows: torch.Tensor | None = None):
-    """The rows left (``rows``: todo's, as indices) in units of whole groups whose c* is exactly
-    0 (:mod:`impl._exact_zeros`) get a* = +0 exactly (the unit's exact mean is 0). Returns
-    (y, todo, how many)."""
-    rows = indices(todo) if rows is None else rows
+def _exact_zeros(p: Problem, y: torch.Tensor, units: _Units, whole: torch.Tensor | None, rows: torch.Tensor):
+    """The rows left (``rows``, ascending indices) in units of whole groups (``whole``, per unit;
+    None where there is one unit: read from ``p.whole``) whose c* is exactly 0
+    (:mod:`impl._exact_zeros`) get a* = +0 exactly (the unit's exact mean is 0). Returns (y,
+    the rows decided, ascending)."""
+    none = rows[:0]
     if len(p.sizes) == 1:
         rows = rows if _whole_list(p.whole, 1)[0] else rows[:0]
     else:
@@ -1230,11 +1238,20 @@ def _exact_zeros(p: Problem, todo: torch.Tensor, y: torch.Tensor, units: _Units,
         if reach is not None:
             rows = _keep(rows, p.a.index_select(0, rows).abs() <= reach * (1 + 2.0 ** -30))
     if rows.numel() == 0:
-        return y, todo, 0
+        return y, none
     got = _keep(rows, p.zero_rows(rows))
     if got.numel() == 0:
-        return y, todo, 0
-    return y.index_fill_(0, got, 0.0), todo.index_fill_(0, got, False), int(got.numel())
+        return y, none
+    return y.index_fill_(0, got, 0.0), got
+
+
+def _without(left: torch.Tensor, got: torch.Tensor) -> torch.Tensor:
+    """The ascending indices ``left`` without ``got`` (ascending, a subset of them)."""
+    if left.device.type == "cpu":
+        return torch.from_numpy(np.setdiff1d(left.numpy(), got.numpy(), assume_unique=True))
+    keep = torch.ones(left.shape, dtype=torch.bool, device=left.device)
+    keep.index_fill_(0, torch.searchsorted(left, got), False)
+    return left[keep]
 
 
 def _keep(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
