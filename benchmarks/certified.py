@@ -1,7 +1,7 @@
 """The certificate's cost (issue 27): impl.gdpo with and without certified rounding, side by side.
 
     python -m benchmarks.certified [--n 65536] [--k 4] [--batches 8] [--repeats 15] [--family normal|binary]
-                                   [--baseline [REV]] [--json PATH]
+                                   [--baseline [REV] [--in-process]] [--json PATH]
     python -m benchmarks.certified --fallbacks 600 [--family normal]
     python -m benchmarks.certified --labelled [--batches 4]
 
@@ -17,6 +17,10 @@ table also gives, per batch, how many samples the float64 bound left to the doub
 ``--fallbacks SEEDS`` times nothing: it counts, per family and group size, the batches of seeds
 0 .. SEEDS-1 whose certificate needed the double-double tier or exact arithmetic (the rare
 whole-call fallback, about 23x the call: the mean cost it adds is that share times ~23).
+
+``--baseline [REV] --in-process`` imports REV's impl into this process instead (under another
+package name): the three columns then share one process's allocator, caches and threads, none
+paying for another process's state.
 
 ``--baseline [REV]`` adds a third column: the same call as the git revision REV computed it
 (default :data:`FILED`, the last commit before the certificate, whose plain path is the "today's"
@@ -162,6 +166,57 @@ class Baseline:
         self._dir.cleanup()
 
 
+class InProcess:
+    """The same call at git revision ``rev``, in this process: that revision's ``impl`` exported
+    with ``git archive`` and imported under another package name (its own ``impl`` imports
+    rewritten; ``spec`` is this checkout's, whose constants and error classes it imports). Its
+    calls share this process's allocator, caches and threads with the other two columns, so
+    none of them pays for another process's state (the child's page-fault regime, its cache
+    footprint, its spinning threads), which the child process's column carries."""
+
+    NAME = "gdpo_baseline_impl"
+
+    def __init__(self, rev: str):
+        import importlib
+        import re
+        self.rev = subprocess.run(["git", "rev-parse", "--short", rev], capture_output=True, text=True,
+                                  check=True).stdout.strip()
+        self._dir = tempfile.TemporaryDirectory(prefix="gdpo-baseline-")
+        tar = os.path.join(self._dir.name, "src.tar")
+        subprocess.run(["git", "archive", "-o", tar, self.rev, "impl"], check=True)
+        with tarfile.open(tar) as t:
+            t.extractall(self._dir.name, filter="data")
+        root = os.path.join(self._dir.name, self.NAME)
+        os.rename(os.path.join(self._dir.name, "impl"), root)
+        pattern = re.compile(r"^(\s*)(from|import) impl(\b)", re.M)
+        for folder, _, files in os.walk(root):
+            for name in files:
+                if name.endswith(".py"):
+                    path = os.path.join(folder, name)
+                    with open(path) as f:
+                        text = f.read()
+                    with open(path, "w") as f:
+                        f.write(pattern.sub(lambda m: f"{m[1]}{m[2]} {self.NAME}{m[3]}", text))
+        sys.path.insert(0, self._dir.name)
+        self._gdpo = importlib.import_module(f"{self.NAME}.gdpo")
+        self._r = self._g = None
+
+    def batch(self, family: str, n: int, k: int, group_size: int, seed: int) -> None:
+        self._r, self._g = rewards(family, n, k, seed), group_size
+
+    def __call__(self) -> tuple[float, int]:
+        f0 = _faults()
+        t0 = time.perf_counter()
+        self._gdpo.gdpo_advantages(self._r, group_size=self._g, out_dtype=torch.float32)
+        return (time.perf_counter() - t0) * 1e3, _faults() - f0
+
+    def close(self) -> None:
+        sys.path.remove(self._dir.name)
+        for name in [m for m in sys.modules if m == self.NAME or m.startswith(self.NAME + ".")]:
+            del sys.modules[name]  # (another revision may be imported under the same name later)
+        self._dir.cleanup()
+
+
 FAMILIES = ("normal", "binary")
 
 
@@ -295,6 +350,9 @@ def main(argv=None) -> int:
     ap.add_argument("--family", choices=FAMILIES, action="append", help="default: both")
     ap.add_argument("--baseline", nargs="?", const=FILED, default=None, metavar="REV",
                     help=f"also time the call at git revision REV (default {FILED}) in a child process")
+    ap.add_argument("--in-process", action="store_true",
+                    help="run the baseline's call in this process (its impl imported under another name), "
+                         "not in a child process")
     ap.add_argument("--json", default=None)
     ap.add_argument("--labelled", action="store_true",
                     help="ragged labelled groups of about 8 and 16 rows (group_ids), not contiguous groups")
@@ -308,7 +366,7 @@ def main(argv=None) -> int:
             print(f"| {r['family']} | {r['group_size']} | {r['batches']} | {r['fallback_batches']} | "
                   f"{', '.join(map(str, r['seeds'])) or '-'} |")
         return 0
-    base = Baseline(a.baseline) if a.baseline else None
+    base = (InProcess if a.in_process else Baseline)(a.baseline) if a.baseline else None
     try:
         rows = run(a.n, a.k, a.batches, a.repeats, families=tuple(a.family or FAMILIES), baseline=base,
                    labelled=a.labelled)

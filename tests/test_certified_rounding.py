@@ -798,8 +798,21 @@ def test_the_cost_benchmark_counts_fallback_batches(monkeypatch):
             x.alpha = x.dD = math.inf
         return out
     monkeypatch.setattr(_certify, "_unit_numbers", hopeless)
-    monkeypatch.setattr(_certify, "_exact_zeros", lambda p, todo, y, *a, **k: (y, todo, 0))
+    monkeypatch.setattr(_certify, "_exact_zeros", lambda p, y, units, whole, rows: (y, rows[:0]))
     assert [r["fallback_batches"] for r in bench.fallbacks(2, n=256, k=3, families=("normal",))] == [2, 2]
+
+
+def test_the_cost_benchmark_times_a_baseline_in_process():
+    """``--baseline REV --in-process`` imports REV's impl into this process under another name
+    (here REV is HEAD); its column appears, and its calls are that revision's own code."""
+    from benchmarks import certified as bench
+    base = bench.InProcess("HEAD")
+    try:
+        assert base._gdpo.__name__ == "gdpo_baseline_impl.gdpo" and "gdpo_baseline_impl" in base._gdpo.__file__
+        rows = bench.run(n=256, k=3, batches=1, repeats=2, families=("normal",), baseline=base)
+    finally:
+        base.close()
+    assert all(r["baseline_ms"] > 0 and r["ratio_baseline"] > 0 for r in rows), rows
 
 
 def test_the_cost_benchmark_times_a_baseline_revision():
