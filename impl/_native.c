@@ -10,9 +10,11 @@
 #include <string.h>
 
 /* On x86-64 each loop is built for three instruction sets, the CPU's own picked when the library
- * loads (GCC's and Clang's function multiversioning): SSE2 alone compares neither unsigned
- * integers nor, without branches, doubles to a count; AVX2 does both, about 3 times as fast. */
-#if defined(__x86_64__) && defined(__ELF__) && defined(__has_attribute)
+ * loads (GCC's and Clang's function multiversioning, which needs the loader's ifuncs: where the
+ * build fails, impl/_native.py builds again with -DGDPO_NO_CLONES, the baseline alone): SSE2
+ * alone compares neither unsigned integers nor, without branches, doubles to a count; AVX2
+ * does both, about 3 times as fast. */
+#if defined(__x86_64__) && defined(__ELF__) && defined(__has_attribute) && !defined(GDPO_NO_CLONES)
 #if __has_attribute(target_clones)
 #define GDPO_CLONES __attribute__((target_clones("arch=x86-64-v3", "arch=x86-64-v2", "default")))
 #endif

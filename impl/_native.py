@@ -72,6 +72,9 @@ def _build(cc: str, source: bytes) -> tuple[ctypes.CDLL | None, str, str | None]
                 try:
                     done = subprocess.run([cc, *FLAGS, "-o", str(tmp), str(src)], capture_output=True, text=True,
                                           timeout=120)
+                    if done.returncode != 0:  # (no ifuncs for the per-CPU clones, say: the baseline build)
+                        done = subprocess.run([cc, *FLAGS, "-DGDPO_NO_CLONES", "-o", str(tmp), str(src)],
+                                              capture_output=True, text=True, timeout=120)
                 finally:
                     src.unlink(missing_ok=True)
                 if done.returncode != 0:

@@ -321,3 +321,18 @@ def test_eq4_takes_the_scan_from_its_copy(monkeypatch):
     with _native.disabled():
         want = gdpo.gdpo_advantages(r, group_size=8)
     assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+
+
+def test_a_compiler_without_clones_builds_the_baseline(tmp_path):
+    """A compiler that cannot build the per-CPU clones (no ifuncs: musl, say; here a wrapper that
+    refuses without -DGDPO_NO_CLONES) gets the baseline build: loaded, the same bits."""
+    real = shutil.which(os.environ.get("CC") or "cc")
+    assert real is not None
+    cc = tmp_path / "cc-no-ifunc"
+    cc.write_text(f'#!/bin/sh\ncase "$*" in *-DGDPO_NO_CLONES*) exec {real} "$@";; esac\n'
+                  'echo "ifunc is not supported on this target" >&2; exit 1\n')
+    cc.chmod(0o755)
+    base = _child({"GDPO_NATIVE_DIR": str(tmp_path / "built")})
+    plain = _child({"CC": str(cc), "GDPO_NATIVE_DIR": str(tmp_path / "plain")})
+    assert plain[1], plain[2]
+    assert plain[0] == base[0]
