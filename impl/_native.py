@@ -119,9 +119,12 @@ def lib() -> ctypes.CDLL | None:
         return _STATE["lib"]
     with _LOCK:
         if not _STATE["tried"]:
-            got, reason, path = _build(os.environ.get("CC") or "cc", SOURCE.read_bytes())
-            if got is not None:
-                _declare(got)
+            try:
+                got, reason, path = _build(os.environ.get("CC") or "cc", SOURCE.read_bytes())
+                if got is not None:
+                    _declare(got)
+            except Exception as e:  # (an optional speed-up: never a failed call; e.g. no os.getuid on Windows)
+                got, reason, path = None, f"could not build or load: {type(e).__name__}: {e}", None
             _STATE.update(lib=got, reason=reason, path=path, tried=True)
     return _STATE["lib"]
 

@@ -336,3 +336,21 @@ def test_a_compiler_without_clones_builds_the_baseline(tmp_path):
     plain = _child({"CC": str(cc), "GDPO_NATIVE_DIR": str(tmp_path / "plain")})
     assert plain[1], plain[2]
     assert plain[0] == base[0]
+
+
+def test_a_failing_build_is_a_fallback_not_an_error(monkeypatch):
+    """Whatever goes wrong building or loading (here: the build raises), calls run the fallback
+    and status says why; the state is restored afterwards."""
+    for key in ("lib", "tried", "reason", "path"):
+        monkeypatch.setitem(_native._STATE, key, {"tried": False, "lib": None}.get(key, _native._STATE[key]))
+
+    def boom(cc, source):
+        raise AttributeError("module 'os' has no attribute 'getuid'")
+    monkeypatch.setattr(_native, "_build", boom)
+    st = _native.status()
+    assert not st["loaded"] and "AttributeError" in st["reason"]
+    r = torch.randn(256, 4)
+    got = gdpo.gdpo_advantages(r, group_size=8)
+    with _native.disabled():
+        want = gdpo.gdpo_advantages(r, group_size=8)
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32))
