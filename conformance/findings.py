@@ -112,14 +112,24 @@ def _fails(check, case, category) -> bool:
 
 
 def describe(case, limit: int = 8) -> str:
-    """A case in decimal, short: ``[[1e+20], [0], [0], [1]]`` and what else it sets."""
+    """A case in decimal, short: ``[[1e+20], [0], [0], [1]]`` and what else it sets. Equal rows in
+    a row are one entry, ``[0] (x6)``, so the rows that differ show among the first ``limit``
+    entries (a case of 8 zeros, then 1e+20, no longer reads as zeros only)."""
     if isinstance(case, tuple):
         case = case[0]
     if isinstance(case, DistCase):
         return f"{case.world} ranks: " + "; ".join(describe(s, limit) for s in case.shards)
-    rows = ["[" + ", ".join(decimal(v, case.dtype) for v in row) + "]" for row in case.rewards[:limit]]
-    more = f", ... ({case.n - limit} more rows)" if case.n > limit else ""
-    text = "[" + ", ".join(rows) + more + "]"
+    runs: list[list] = []  # rows in order, a run of equal rows as one entry: [text, count]
+    for row in case.rewards:
+        t = "[" + ", ".join(decimal(v, case.dtype) for v in row) + "]"
+        if runs and runs[-1][0] == t:
+            runs[-1][1] += 1
+        else:
+            runs.append([t, 1])
+    shown = runs[:limit]
+    rest = case.n - sum(c for _, c in shown)
+    more = f", ... ({rest} more rows)" if rest else ""
+    text = "[" + ", ".join(t if c == 1 else f"{t} (x{c})" for t, c in shown) + more + "]"
     extras = [case.dtype]
     if case.group_ids is not None:
         extras.append(f"group_ids {list(case.group_ids)}")

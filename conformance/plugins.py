@@ -545,6 +545,28 @@ def render_findings(found: list[dict]) -> list[str]:
     return lines
 
 
+#: a precision failure within this many float32 ulps of the exact value reads as float32
+#: arithmetic inside (a float64 computation rounded once is within half of one: spec/error_model.py)
+FLOAT32_ARITHMETIC_ULPS = 2.0
+
+
+def precision_hint(rows: list[dict], convention: str) -> str | None:
+    """Under ``spec``, where every precision failure of a grading is a float32 output within
+    :data:`FLOAT32_ARITHMETIC_ULPS` ulps of the exact value: what that reads as, and the two ways
+    out; else None."""
+    if convention != "spec":
+        return None
+    prec = [r for r in rows if r["verdict"] == "failed" and r.get("category") == "precision"]
+    if not prec or any(r.get("worst_dtype") != "float32" or r.get("worst_ulps") is None
+                       or not r["worst_ulps"] <= FLOAT32_ARITHMETIC_ULPS for r in prec):
+        return None
+    worst = max(r["worst_ulps"] for r in prec)
+    return (f"hint: every precision failure is within {worst:.3g} ulp(float32) of the exact value, the mark of "
+            "float32 arithmetic inside; the spec convention allows about half an ulp on ordinary inputs (a float64 "
+            "computation rounded once, spec/error_model.py). Compute in float64 and round once, or grade the code "
+            "under the preset of the code it follows (--convention trl, verl, ...: gdpo check --help lists them)")
+
+
 def machine_line(rows: list[dict]) -> str:
     """What of a drawn-first grading holds on any machine, and what may not."""
     from conformance.verdicts import ARITHMETIC
@@ -600,6 +622,7 @@ def grading_json(config, rows: list[dict], exitstatus) -> dict:
         "counts": counts(rows),
         "domain": _domain_json(config),
         "findings": grading_findings(rows),
+        "hint": precision_hint(rows, config.getoption("--convention")),
         "self_tests_deselected": list(getattr(config, "_gdpo_self_tests_deselected", None) or []),
         "multi_process_deselected": list(getattr(config, "_gdpo_single_process_deselected", None) or []),
         "properties": [{**r, "category_label": None if r["category"] is None else _label(r["category"]),
@@ -629,6 +652,9 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
             tr.write_line("findings (one per cause; the per-property table follows):")
             for ln in render_findings(found):
                 tr.write_line(ln)
+            hint = precision_hint(rows, config.getoption("--convention"))
+            if hint:
+                tr.write_line(hint)
             tr.write_line("")
         for ln in render_table(rows):
             tr.write_line(ln)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 
+import numpy as np
 import pytest
 
 from conformance import findings as F
@@ -146,3 +147,17 @@ def test_a_missing_whitening_is_named_once_not_guessed(monkeypatch):
     finally:
         _findings.cache_clear()
     assert [f["formula"] for f in old] != [want] and old[0]["size"][0] == 2, old
+
+
+def test_an_example_shows_the_rows_that_differ():
+    """A finding's example collapses runs of equal rows, so the rows that matter show (a case of
+    eight zero rows, then 1e+20, read '[[0], [0], ... (1 more rows)]' before: zeros only)."""
+    from conformance.cases import Case
+    big = float(np.float32(1e20))  # (a float32 case holds float32 values)
+    case = Case(rewards=((0.0,),) * 8 + ((big,),) + ((0.0,),) * 3, group_size=12)
+    text = F.describe(case)
+    assert text.startswith("`[[0] (x8), [1e+20], [0] (x3)]`"), text
+    plain = Case(rewards=((1.0,), (0.0,), (2.0,)), group_size=3)
+    assert F.describe(plain).startswith("`[[1], [0], [2]]`")
+    many = Case(rewards=tuple((float(i),) for i in range(12)), group_size=12)
+    assert "... (4 more rows)" in F.describe(many)

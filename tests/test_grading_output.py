@@ -242,3 +242,20 @@ def test_a_failed_row_keeps_everything_its_failure_carries(monkeypatch):
     plugins.pytest_runtest_logreport(report)
     (row,) = config._gdpo_results.values()
     assert {k: row[k] for k in info} == info and row["worst_value"] == 5.85e-17
+
+
+def test_the_float32_hint():
+    """Under spec, a grading whose every precision failure is a float32 output within 2 ulps of the
+    exact value gets the hint that reads it as float32 arithmetic and names the ways out; not under
+    a preset, not where one failure is further off or of another dtype (those are other causes)."""
+    from conformance.plugins import precision_hint
+
+    def row(ulps, dtype="float32", category="precision", verdict="failed"):
+        return {"verdict": verdict, "category": category, "worst_ulps": ulps, "worst_dtype": dtype}
+    rows = [row(1.0), row(1.5), row(None, None, "silent_zero"), row(None, None, None, "passed")]
+    hint = precision_hint(rows, "spec")
+    assert hint and "1.5 ulp(float32)" in hint and "--convention trl" in hint and "float64" in hint
+    assert precision_hint(rows, "trl") is None
+    assert precision_hint(rows + [row(7.0)], "spec") is None
+    assert precision_hint(rows + [row(1.0, "bfloat16")], "spec") is None
+    assert precision_hint([row(None, None, "silent_zero")], "spec") is None
