@@ -49,6 +49,40 @@ def _cache_dirs() -> list[Path]:
     return [Path(base) / "gdpo-spec", Path(tempfile.gettempdir()) / f"gdpo-spec-{os.getuid()}"]
 
 
+def _compile(cc: str, source: bytes, folder: Path, path: Path) -> str | None:
+    """Build ``path`` from ``source`` in ``folder``; None, or why it failed (OSError raised as is)."""
+    tmp = folder / f".{path.name}.{os.getpid()}.{threading.get_ident()}"
+    src = folder / f".{path.name}.{os.getpid()}.c"
+    src.write_bytes(source)
+    try:
+        done = subprocess.run([cc, *FLAGS, "-o", str(tmp), str(src)], capture_output=True, text=True, timeout=120)
+        if done.returncode != 0:  # (no ifuncs for the per-CPU clones, say: the baseline build)
+            done = subprocess.run([cc, *FLAGS, "-DGDPO_NO_CLONES", "-o", str(tmp), str(src)],
+                                  capture_output=True, text=True, timeout=120)
+    except FileNotFoundError:
+        return f"no C compiler ({cc!r} not found; set CC)"
+    except subprocess.TimeoutExpired:
+        return f"{cc} took over 120 s"
+    finally:
+        src.unlink(missing_ok=True)
+    if done.returncode != 0:
+        tmp.unlink(missing_ok=True)
+        return f"{cc} failed (exit {done.returncode}): {done.stderr.strip()[:500]}"
+    os.replace(tmp, path)  # atomic: a process beside this one loads a whole file or builds its own
+    return None
+
+
+def _load(path: Path) -> tuple[ctypes.CDLL | None, str | None]:
+    try:
+        lib = ctypes.CDLL(str(path))
+        if lib.gdpo_native_abi() != ABI:
+            return None, f"{path} answers another interface version"
+        _declare(lib)
+    except (OSError, AttributeError) as e:  # not a library, or not this one's symbols
+        return None, f"could not load {path}: {e}"
+    return lib, None
+
+
 def _build(cc: str, source: bytes) -> tuple[ctypes.CDLL | None, str, str | None]:
     key = hashlib.sha256(source + "\0".join((cc, *FLAGS, platform.machine())).encode()).hexdigest()[:16]
     name = f"gdpo_native_{key}.so"
@@ -64,36 +98,21 @@ def _build(cc: str, source: bytes) -> tuple[ctypes.CDLL | None, str, str | None]
         if st.st_uid != os.getuid() or st.st_mode & 0o022:  # a library others could have put there: never loaded
             why = f"{folder} is not this user's alone (owner {st.st_uid}, mode {oct(st.st_mode & 0o777)})"
             continue
-        if not path.exists():
-            try:
-                tmp = folder / f".{name}.{os.getpid()}.{threading.get_ident()}"
-                src = folder / f".{name}.{os.getpid()}.c"
-                src.write_bytes(source)
-                try:
-                    done = subprocess.run([cc, *FLAGS, "-o", str(tmp), str(src)], capture_output=True, text=True,
-                                          timeout=120)
-                    if done.returncode != 0:  # (no ifuncs for the per-CPU clones, say: the baseline build)
-                        done = subprocess.run([cc, *FLAGS, "-DGDPO_NO_CLONES", "-o", str(tmp), str(src)],
-                                              capture_output=True, text=True, timeout=120)
-                finally:
-                    src.unlink(missing_ok=True)
-                if done.returncode != 0:
-                    tmp.unlink(missing_ok=True)
-                    return None, f"{cc} failed (exit {done.returncode}): {done.stderr.strip()[:500]}", None
-                os.replace(tmp, path)  # atomic: a process beside this one loads a whole file or builds its own
-            except FileNotFoundError:
-                return None, f"no C compiler ({cc!r} not found; set CC)", None
-            except subprocess.TimeoutExpired:
-                return None, f"{cc} took over 120 s", None
-            except OSError as e:
-                why = f"{folder}: {e}"
-                continue
         try:
-            lib = ctypes.CDLL(str(path))
+            fresh = not path.exists()
+            if fresh and (failed := _compile(cc, source, folder, path)):
+                return None, failed, None
+            lib, failed = _load(path)
+            if lib is None and not fresh:  # a damaged file in the cache (not this build's): built again, once
+                path.unlink(missing_ok=True)
+                if failed := _compile(cc, source, folder, path):
+                    return None, failed, None
+                lib, failed = _load(path)
         except OSError as e:
-            return None, f"could not load {path}: {e}", None
-        if lib.gdpo_native_abi() != ABI:
-            return None, f"{path} answers another interface version", None
+            why = f"{folder}: {e}"
+            continue
+        if lib is None:
+            return None, failed, None
         return lib, "loaded", str(path)
     return None, why, None
 
@@ -121,8 +140,6 @@ def lib() -> ctypes.CDLL | None:
         if not _STATE["tried"]:
             try:
                 got, reason, path = _build(os.environ.get("CC") or "cc", SOURCE.read_bytes())
-                if got is not None:
-                    _declare(got)
             except Exception as e:  # (an optional speed-up: never a failed call; e.g. no os.getuid on Windows)
                 got, reason, path = None, f"could not build or load: {type(e).__name__}: {e}", None
             _STATE.update(lib=got, reason=reason, path=path, tried=True)

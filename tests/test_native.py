@@ -354,3 +354,15 @@ def test_a_failing_build_is_a_fallback_not_an_error(monkeypatch):
     with _native.disabled():
         want = gdpo.gdpo_advantages(r, group_size=8)
     assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+
+
+def test_a_damaged_library_in_the_cache_is_built_again(tmp_path):
+    """A file of the library's name that does not load (garbage: a disk fault, a copy cut short)
+    is built again, once, not left to slow every later process down."""
+    folder = tmp_path / "cache"
+    first = _child({"GDPO_NATIVE_DIR": str(folder)})
+    (so,) = folder.glob("gdpo_native_*.so")
+    so.write_bytes(b"not a library")
+    again = _child({"GDPO_NATIVE_DIR": str(folder)})
+    assert again[1], again[2]
+    assert again[0] == first[0] and so.read_bytes()[:4] == b"\x7fELF"
