@@ -885,11 +885,11 @@ def bits_certify(a: torch.Tensor, alpha, beta, out_dtype, y: torch.Tensor | None
     r, p2 = _margin_parts(a, out_dtype, y)
     if a.dim() == 2 and P.shape == (a.shape[0], 1):  # a unit a row: the same without a boolean pass
         big = bool((p2.amin(1, keepdim=True) > P).all())
-        v = torch.addcmul(p2, r, s, value=-1.0, out=r)  # (into r's buffer: p2 is read again below)
+        v = torch.sub(p2, torch.mul(r, s, out=r), out=r)  # (two roundings, on any CPU; into r's buffer)
         if big and bool((v.amin(1, keepdim=True) > A).all()):
             return None
     else:
-        big, v = False, torch.addcmul(p2, r, s, value=-1.0, out=r)
+        big, v = False, torch.sub(p2, torch.mul(r, s, out=r), out=r)
     return (v > A) if big else (v > A) & (p2 > P)
 
 
@@ -924,8 +924,12 @@ def bits_left(a: torch.Tensor, alpha: float, beta: float, out_dtype, y: torch.Te
         got = _native.tier0_left(a, y, s, A, P, top, _reuse(a, "left", _I64))
         if got is not False:
             return got
+    if a.shape[0] == 0:
+        return None
     r, p2 = _margin_parts(a, out_dtype, y)
-    v = torch.sub(p2, r, alpha=s, out=r)
+    # v = p2 - s r in two roundings, as the C loop (torch's sub with alpha may fuse them into one
+    # on some CPUs, and its verdicts at the boundary would then depend on the CPU)
+    v = torch.sub(p2, torch.mul(r, s, out=r), out=r)
     if bool(v.amin() > top):  # (a NaN would fail it, and every test below)
         return None
     if a.device.type == "cpu":  # NumPy: a tenth of torch's time on the few rows

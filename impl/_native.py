@@ -6,9 +6,11 @@ each paying a cold read (``benchmarks/cache_decay.py``): tier 0's test of every 
 The first call that needs them compiles ``_native.c`` with the C compiler (``$CC``, else ``cc``)
 into a cache folder (``$GDPO_NATIVE_DIR``, else ``$XDG_CACHE_HOME/gdpo-spec`` or
 ``~/.cache/gdpo-spec``; where that cannot be written, a folder of this user's in the system's
-temporary folder; a folder that is not this user's alone, or that others may write, is never
-used), under a name that hashes the source, the compiler and the flags, and loads it with
-ctypes; later processes load it.
+temporary folder), under a name that hashes the source, the compiler and the flags, with its
+sha256 beside it, and loads it with ctypes; later processes load it. The folder is opened
+without following a link and used through that descriptor; a folder or a library that is not
+this user's (or root's), or that others may write, is never used; a library whose bytes are not
+those of its digest (cut short by a crash: the loader would die of SIGBUS) is built again.
 
 Where there is no compiler, or the build or the load fails, or ``GDPO_NATIVE=0`` was in the
 environment when impl was imported, the certificate runs the same tests in torch and NumPy:
@@ -36,9 +38,21 @@ SOURCE = Path(__file__).with_name("_native.c")
 FLAGS = ("-O3", "-std=c99", "-fPIC", "-shared", "-fno-fast-math", "-ffp-contract=off")
 ABI = 1
 
-_LOCK = threading.Lock()
+_LOCK = [threading.Lock()]
 _STATE: dict = {"lib": None, "tried": False, "reason": "not needed yet", "path": None}
 _ON = [os.environ.get("GDPO_NATIVE", "1").strip().lower() not in ("0", "off", "false", "no")]
+_OFF = [0]  # how many disabled() scopes are open
+
+
+def _after_fork_in_child() -> None:
+    # a fork while another thread held the lock (building) would leave the child waiting on it
+    _LOCK[0] = threading.Lock()
+    if _STATE["lib"] is None:
+        _STATE["tried"] = False
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _cache_dirs() -> list[Path]:
@@ -49,71 +63,129 @@ def _cache_dirs() -> list[Path]:
     return [Path(base) / "gdpo-spec", Path(tempfile.gettempdir()) / f"gdpo-spec-{os.getuid()}"]
 
 
-def _compile(cc: str, source: bytes, folder: Path, path: Path) -> str | None:
-    """Build ``path`` from ``source`` in ``folder``; None, or why it failed (OSError raised as is)."""
-    tmp = folder / f".{path.name}.{os.getpid()}.{threading.get_ident()}"
-    src = folder / f".{path.name}.{os.getpid()}.c"
-    src.write_bytes(source)
-    try:
-        done = subprocess.run([cc, *FLAGS, "-o", str(tmp), str(src)], capture_output=True, text=True, timeout=120)
-        if done.returncode != 0:  # (no ifuncs for the per-CPU clones, say: the baseline build)
-            done = subprocess.run([cc, *FLAGS, "-DGDPO_NO_CLONES", "-o", str(tmp), str(src)],
-                                  capture_output=True, text=True, timeout=120)
-    except FileNotFoundError:
-        return f"no C compiler ({cc!r} not found; set CC)"
-    except subprocess.TimeoutExpired:
-        return f"{cc} took over 120 s"
-    finally:
-        src.unlink(missing_ok=True)
-    if done.returncode != 0:
-        tmp.unlink(missing_ok=True)
-        return f"{cc} failed (exit {done.returncode}): {done.stderr.strip()[:500]}"
-    os.replace(tmp, path)  # atomic: a process beside this one loads a whole file or builds its own
+def _trusted(st: os.stat_result) -> str | None:
+    """None where a folder or file of this stat is this user's (or root's) and no one else may
+    write it; else why not."""
+    if st.st_uid not in (os.getuid(), 0) or st.st_mode & 0o022:
+        return f"not this user's alone (owner {st.st_uid}, mode {oct(st.st_mode & 0o777)})"
     return None
 
 
-def _load(path: Path) -> tuple[ctypes.CDLL | None, str | None]:
+def _compile(cc: list[str], source: bytes, where: str, name: str, dfd: int) -> str | None:
+    """Build ``name`` (and its digest beside it, ``name.sha256``) in the folder open as ``dfd``
+    (``where``: a path to that very folder); None, or why it failed (OSError raised as is). The
+    file is written whole (fsync) before its name is given to it (atomic), its digest after."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", dir=where)
+    os.close(fd)
+    src = tmp + ".c"
+    with open(src, "wb") as f:
+        f.write(source)
     try:
-        lib = ctypes.CDLL(str(path))
-        if lib.gdpo_native_abi() != ABI:
-            return None, f"{path} answers another interface version"
-        _declare(lib)
-    except (OSError, AttributeError) as e:  # not a library, or not this one's symbols
-        return None, f"could not load {path}: {e}"
-    return lib, None
+        run = dict(capture_output=True, text=True, timeout=120, pass_fds=(dfd,))  # (where: the same fd there)
+        done = subprocess.run([*cc, *FLAGS, "-o", tmp, src], **run)
+        if done.returncode != 0:  # (no ifuncs for the per-CPU clones, say: the baseline build)
+            done = subprocess.run([*cc, *FLAGS, "-DGDPO_NO_CLONES", "-o", tmp, src], **run)
+    except FileNotFoundError:
+        os.unlink(tmp)
+        return f"no C compiler ({' '.join(cc)!r} not found; set CC)"
+    except subprocess.TimeoutExpired:
+        os.unlink(tmp)
+        return f"{' '.join(cc)} took over 120 s"
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(src)
+    if done.returncode != 0:
+        os.unlink(tmp)
+        return f"{' '.join(cc)} failed (exit {done.returncode}): {done.stderr.strip()[:500]}"
+    with open(tmp, "rb+") as f:
+        digest = hashlib.sha256(f.read()).hexdigest()
+        os.fsync(f.fileno())
+    side = tmp + ".sha256"
+    with open(side, "w") as f:
+        f.write(digest)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, os.path.join(where, name))  # atomic: a process beside this one reads a whole file
+    os.replace(side, os.path.join(where, name + ".sha256"))
+    with contextlib.suppress(OSError):
+        os.fsync(dfd)
+    return None
+
+
+def _load(where: str, name: str, dfd: int) -> tuple[ctypes.CDLL | None, str | None]:
+    """The library ``name`` in the folder open as ``dfd`` (``where``: a path through it): opened
+    without following a link, this user's (or root's) and no one else's to write, its bytes those
+    its digest names (a file cut short would crash the loader), then loaded (in a folder no one
+    else may write, the file checked is the file loaded)."""
+    try:
+        fd = os.open(name, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0), dir_fd=dfd)
+    except FileNotFoundError:
+        return None, "missing"
+    except OSError as e:
+        return None, f"could not open {name}: {e}"
+    try:
+        st = os.fstat(fd)
+        if not (st.st_mode & 0o170000 == 0o100000) or (why := _trusted(st)):
+            return None, f"{name}: not a regular file of this user's" if st.st_mode & 0o170000 != 0o100000 else \
+                f"{name}: {why}"
+        with os.fdopen(os.dup(fd), "rb") as f:
+            digest = hashlib.sha256(f.read()).hexdigest()
+        try:
+            sfd = os.open(name + ".sha256", os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0), dir_fd=dfd)
+            with os.fdopen(sfd) as f:
+                want = f.read().strip()
+        except OSError:
+            want = None
+        if digest != want:
+            return None, f"{name} does not match its digest (damaged, or cut short)"
+        try:
+            # through the checked folder's descriptor (a name of its own per source: a loader that
+            # knows a name loaded before hands that library back, so never /proc/self/fd/<file>)
+            lib = ctypes.CDLL(os.path.join(where, name))
+            if lib.gdpo_native_abi() != ABI:
+                return None, f"{name} answers another interface version"
+            _declare(lib)
+        except (OSError, AttributeError) as e:  # not a library, or not this one's symbols
+            return None, f"could not load {name}: {e}"
+        return lib, None
+    finally:
+        os.close(fd)
 
 
 def _build(cc: str, source: bytes) -> tuple[ctypes.CDLL | None, str, str | None]:
-    key = hashlib.sha256(source + "\0".join((cc, *FLAGS, platform.machine())).encode()).hexdigest()[:16]
+    import shlex
+    ccv = shlex.split(cc) or ["cc"]  # ("ccache gcc", "gcc -m64")
+    key = hashlib.sha256(source + "\0".join((*ccv, *FLAGS, platform.machine())).encode()).hexdigest()[:16]
     name = f"gdpo_native_{key}.so"
     why = "no cache folder could be written"
     for folder in _cache_dirs():
-        path = folder / name
         try:
             folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-            st = folder.stat()
+            # the folder is opened once, without following a link, and checked and used through
+            # that descriptor: a name swapped for another folder between the check and the load
+            # (another user's, in a shared temporary folder) is never read
+            dfd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0))
         except OSError as e:
             why = f"{folder}: {e}"
-            continue
-        if st.st_uid != os.getuid() or st.st_mode & 0o022:  # a library others could have put there: never loaded
-            why = f"{folder} is not this user's alone (owner {st.st_uid}, mode {oct(st.st_mode & 0o777)})"
             continue
         try:
-            fresh = not path.exists()
-            if fresh and (failed := _compile(cc, source, folder, path)):
-                return None, failed, None
-            lib, failed = _load(path)
-            if lib is None and not fresh:  # a damaged file in the cache (not this build's): built again, once
-                path.unlink(missing_ok=True)
-                if failed := _compile(cc, source, folder, path):
+            if why_not := _trusted(os.fstat(dfd)):
+                why = f"{folder} is {why_not}"
+                continue
+            where = f"/proc/self/fd/{dfd}" if os.path.isdir("/proc/self/fd") else str(folder)
+            lib, failed = _load(where, name, dfd)
+            if lib is None:  # not built yet, or damaged (not this build's): built now, once
+                if failed := _compile(ccv, source, where, name, dfd):
                     return None, failed, None
-                lib, failed = _load(path)
+                lib, failed = _load(where, name, dfd)
+            if lib is None:
+                return None, failed, None
+            return lib, "loaded", str(folder / name)
         except OSError as e:
             why = f"{folder}: {e}"
             continue
-        if lib is None:
-            return None, failed, None
-        return lib, "loaded", str(path)
+        finally:
+            os.close(dfd)
     return None, why, None
 
 
@@ -132,11 +204,11 @@ def _declare(lib: ctypes.CDLL) -> None:
 def lib() -> ctypes.CDLL | None:
     """The loaded library, built on the first call that needs it; None where it cannot be had
     (:func:`status` says why) or is turned off."""
-    if not _ON[0]:
+    if not _ON[0] or _OFF[0]:
         return None
     if _STATE["tried"]:
         return _STATE["lib"]
-    with _LOCK:
+    with _LOCK[0]:
         if not _STATE["tried"]:
             try:
                 got, reason, path = _build(os.environ.get("CC") or "cc", SOURCE.read_bytes())
@@ -150,23 +222,26 @@ def status() -> dict:
     """{"on": whether it is used, "loaded", "path" of the library, "reason"} (building it first
     where it was not tried yet)."""
     got = lib()
-    return {"on": _ON[0], "loaded": got is not None, "path": _STATE["path"],
-            "reason": _STATE["reason"] if _ON[0] else "turned off (GDPO_NATIVE=0 or impl._native.disabled)"}
+    on = _ON[0] and not _OFF[0]
+    return {"on": on, "loaded": got is not None, "path": _STATE["path"],
+            "reason": _STATE["reason"] if on else "turned off (GDPO_NATIVE=0 or impl._native.disabled)"}
 
 
 @contextlib.contextmanager
 def disabled():
-    """The torch and NumPy passes for the calls inside (tests and benchmarks)."""
-    old = _ON[0]
-    _ON[0] = False
+    """The torch and NumPy passes for the calls inside (tests and benchmarks; scopes may nest or
+    overlap: the loops are back once every scope has closed)."""
+    _OFF[0] += 1
     try:
         yield
     finally:
-        _ON[0] = old
+        _OFF[0] -= 1
 
 
 def _cpu_flat(t: torch.Tensor, dtype) -> bool:
-    return t.device.type == "cpu" and t.dtype == dtype and t.is_contiguous()
+    """A contiguous CPU tensor of ``dtype`` whose data is aligned for it (C reads it as such)."""
+    return (t.device.type == "cpu" and t.dtype == dtype and t.is_contiguous()
+            and t.data_ptr() % t.element_size() == 0)
 
 
 def scan(r: torch.Tensor) -> tuple[int, int, int] | None:
@@ -177,6 +252,8 @@ def scan(r: torch.Tensor) -> tuple[int, int, int] | None:
         return None
     itype, fn = _SCANS[r.dtype]
     u = r.detach().contiguous().view(itype)
+    if not _cpu_flat(u, itype):  # (misaligned)
+        return None
     out = np.zeros(3, dtype=np.uint64)
     getattr(got, fn)(u.data_ptr(), u.numel(), out.ctypes.data)
     return int(out[0]), int(out[1]), int(out[2])

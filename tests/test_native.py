@@ -366,3 +366,84 @@ def test_a_damaged_library_in_the_cache_is_built_again(tmp_path):
     again = _child({"GDPO_NATIVE_DIR": str(folder)})
     assert again[1], again[2]
     assert again[0] == first[0] and so.read_bytes()[:4] == b"\x7fELF"
+
+
+def test_tier0_verdicts_agree_at_the_boundary():
+    """Where v = p2 - s r sits exactly on A when rounded twice, the C loop and the fallback agree
+    (both round twice: torch's sub with alpha fused the two into one rounding on AVX2 CPUs, and
+    the fallback passed a row the C loop did not; found by a review). The case is built so that
+    A equals the twice-rounded v."""
+    a = 1.2368105065960997
+    h, grow = 2.0 ** -24, 1 + 2.0 ** -40
+    s = grow / (h / grow)
+    r = abs(a - float(torch.tensor(a, dtype=torch.float64).to(torch.float32)))
+    v = 1.0 - s * r  # two roundings
+    alpha = v / (s * grow)
+    for _ in range(200):
+        A = alpha * s * grow
+        if A == v:
+            break
+        alpha = math.nextafter(alpha, math.inf if A < v else -math.inf)
+    assert alpha * s * grow == v
+    at = torch.ones(64, dtype=torch.float64)
+    at[0] = a
+    got = _certify.bits_left(at, alpha, 0.0, torch.float32)
+    with _native.disabled():
+        want = _certify.bits_left(at, alpha, 0.0, torch.float32)
+    assert got is not None and want is not None and got.tolist() == want.tolist() == [0]
+
+
+def test_empty_and_misaligned():
+    """No rows: both answer 'every row passes'; a misaligned float32 view is not handed to C."""
+    e = torch.zeros(0, dtype=torch.float64)
+    assert _certify.bits_left(e, 1e-17, 1e-16, torch.float32) is None
+    with _native.disabled():
+        assert _certify.bits_left(e, 1e-17, 1e-16, torch.float32) is None
+    odd = torch.frombuffer(bytearray(4 * 64 + 1), dtype=torch.float32, offset=1, count=64)
+    assert odd.data_ptr() % 4 != 0 and odd.is_contiguous()
+    assert not _native._cpu_flat(odd, torch.float32)
+    x = torch.zeros(1, 8, 8, dtype=torch.float64)
+    assert _native.gather(odd.view(64, 1), 8, x) is None
+
+
+def test_disabled_scopes_overlap():
+    """Scopes of disabled() that overlap (enter A, enter B, leave A, leave B) leave the loops on."""
+    a, b = _native.disabled(), _native.disabled()
+    a.__enter__()
+    b.__enter__()
+    a.__exit__(None, None, None)
+    assert not _native.status()["on"]
+    b.__exit__(None, None, None)
+    assert _native.status()["on"] and _native.status()["loaded"]
+
+
+def test_cc_with_arguments(tmp_path):
+    """CC may carry arguments ('ccache gcc', 'gcc -m64'): split as a shell would."""
+    real = shutil.which("cc")
+    got = _child({"CC": f"{real} -O2", "GDPO_NATIVE_DIR": str(tmp_path / "args")})
+    assert got[1], got[2]
+
+
+def test_a_library_cut_short_is_built_again(tmp_path):
+    """A library cut short (a crash before its bytes reached the disk; the loader would die of
+    SIGBUS mapping it) fails its digest and is built again."""
+    folder = tmp_path / "cache"
+    first = _child({"GDPO_NATIVE_DIR": str(folder)})
+    (so,) = folder.glob("gdpo_native_*.so")
+    whole = so.read_bytes()
+    so.write_bytes(whole[:12288])
+    again = _child({"GDPO_NATIVE_DIR": str(folder)})
+    assert again[1], again[2]
+    assert again[0] == first[0] and len(so.read_bytes()) == len(whole)
+
+
+def test_a_linked_cache_folder_is_not_followed(tmp_path):
+    """The cache folder is opened without following a link (a link in a shared temporary folder
+    can be pointed elsewhere between a check and a load): refused, the reason said, same bits."""
+    real = tmp_path / "real"
+    real.mkdir(mode=0o700)
+    link = tmp_path / "link"
+    link.symlink_to(real)
+    digest, loaded, reason = _child({"GDPO_NATIVE_DIR": str(link)})
+    assert not loaded and str(link) in reason
+    assert digest == _child({"GDPO_NATIVE_DIR": str(real)})[0]
