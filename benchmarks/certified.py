@@ -30,9 +30,10 @@ turns of three calls (each process times its own; the first call of a turn is no
 the order rotates on each repeat), so the three share the machine's state. Each column's
 calls are also taken apart by their minor page faults: glibc's allocator hands a call's large
 temporaries back as fresh pages in some batches and not others (about 1,000 faults, 2.5-3 ms
-a call here, on any revision), so a last column compares the certified call with the
-baseline's over their fault-free calls alone (fewer than :data:`FAULT_FREE` faults; "-" where
-either had none). Benchmarks are never assertions: the test suite checks only that this runs.
+a call here, on any revision), so two more columns compare the certified call, then the plain
+call, with the baseline's over their fault-free calls alone (fewer than :data:`FAULT_FREE`
+faults; "-" where either had none): the second says how much of the first is the plain path's
+own cost. Benchmarks are never assertions: the test suite checks only that this runs.
 """
 
 from __future__ import annotations
@@ -268,7 +269,7 @@ def run(n: int = 65536, k: int = 4, batches: int = 8, repeats: int = 15, out_dty
             if baseline is not None:
                 assert out_dtype == torch.float32, "the baseline's child times float32 outputs"
                 baseline.batch(family, n, k, group_size, seed)
-            (t_cert, f_cert, c_cert), (t_plain, f_plain, _), base = _median_ms(certified, repeats, plain, baseline)
+            (t_cert, f_cert, c_cert), (t_plain, f_plain, c_plain), base = _median_ms(certified, repeats, plain, baseline)
             c = d.certified
             row = {"family": family, "n": n, "k": k, "group_size": group_size, "seed": seed, "labelled": labelled,
                    "out_dtype": str(out_dtype),
@@ -280,7 +281,9 @@ def run(n: int = 65536, k: int = 4, batches: int = 8, repeats: int = 15, out_dty
                 t_base, f_base, c_base = base
                 row.update(baseline=baseline.rev, baseline_ms=round(t_base, 3), ratio_baseline=round(t_cert / t_base, 3),
                            baseline_faults=f_base,
-                           ratio_baseline_fault_free=None if c_cert is None or c_base is None else round(c_cert / c_base, 3))
+                           ratio_baseline_fault_free=None if c_cert is None or c_base is None else round(c_cert / c_base, 3),
+                           plain_ratio_baseline_fault_free=(None if c_plain is None or c_base is None
+                                                            else round(c_plain / c_base, 3)))
             rows.append(row)
     return rows
 
@@ -288,17 +291,17 @@ def run(n: int = 65536, k: int = 4, batches: int = 8, repeats: int = 15, out_dty
 def table(rows: list[dict]) -> str:
     base = any("baseline_ms" in r for r in rows)
     extra = (f" {rows[0]['baseline']} ms | certified / {rows[0]['baseline']} | the same, fault-free calls |"
-             if base else "")
+             f" plain / {rows[0]['baseline']}, fault-free calls |" if base else "")
     lines = ["| rewards | N | K | group | batch | plain ms | certified ms | ratio |" + extra
              + " page faults a call (plain, certified" + (", baseline" if base else "") + ") |"
              + " group-exact samples | dd samples | exact samples |",
-             "|---|---|---|---|---|---|---|---|" + ("---|---|---|" if base else "") + "---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|" + ("---|---|---|---|" if base else "") + "---|---|---|---|"]
 
     def clean(x):
         return "-" if x is None else f"{x:.2f}"
     for r in rows:
-        more = f" {r['baseline_ms']:.2f} | {r['ratio_baseline']:.2f} | {clean(r.get('ratio_baseline_fault_free'))} |" \
-            if base else ""
+        more = (f" {r['baseline_ms']:.2f} | {r['ratio_baseline']:.2f} | {clean(r.get('ratio_baseline_fault_free'))} |"
+                f" {clean(r.get('plain_ratio_baseline_fault_free'))} |") if base else ""
         faults = ", ".join(f"{r[k]:g}" for k in ("plain_faults", "certified_faults", "baseline_faults") if k in r)
         group = f"~{r['group_size']} (labels)" if r.get("labelled") else str(r["group_size"])
         lines.append(f"| {r.get('family', 'normal')} | {r['n']:,} | {r['k']} | {group} | {r['seed']} | "
@@ -314,9 +317,12 @@ def table(rows: list[dict]) -> str:
             if base:
                 rb = [r["ratio_baseline"] for r in sel]
                 rc = [r["ratio_baseline_fault_free"] for r in sel if r.get("ratio_baseline_fault_free") is not None]
+                rp = [r["plain_ratio_baseline_fault_free"] for r in sel
+                      if r.get("plain_ratio_baseline_fault_free") is not None]
                 more = (f" {statistics.median(r['baseline_ms'] for r in sel):.2f} | "
                         f"{statistics.median(rb):.2f} (mean {statistics.mean(rb):.2f}) | "
-                        + (f"{statistics.median(rc):.2f} ({len(rc)} of {len(sel)} batches) |" if rc else "- |"))
+                        + (f"{statistics.median(rc):.2f} ({len(rc)} of {len(sel)} batches) |" if rc else "- |")
+                        + (f" {statistics.median(rp):.2f} ({len(rp)} of {len(sel)} batches) |" if rp else " - |"))
             lines.append(f"| median, {fam}, groups of {g} | | | | | {statistics.median(r['plain_ms'] for r in sel):.2f} | "
                          f"{statistics.median(r['certified_ms'] for r in sel):.2f} | "
                          f"{statistics.median(ratios):.2f} (mean {statistics.mean(ratios):.2f}) |{more} | | | |")

@@ -813,6 +813,8 @@ def test_the_cost_benchmark_times_a_baseline_in_process():
     finally:
         base.close()
     assert all(r["baseline_ms"] > 0 and r["ratio_baseline"] > 0 for r in rows), rows
+    assert all("plain_ratio_baseline_fault_free" in r for r in rows), rows
+    assert "plain / " in bench.table(rows).splitlines()[0]
 
 
 def test_the_cost_benchmark_times_a_baseline_revision():
