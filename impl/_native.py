@@ -26,6 +26,7 @@ import ctypes
 import hashlib
 import os
 import platform
+import stat
 import subprocess
 import tempfile
 import threading
@@ -125,9 +126,10 @@ def _load(where: str, name: str, dfd: int) -> tuple[ctypes.CDLL | None, str | No
         return None, f"could not open {name}: {e}"
     try:
         st = os.fstat(fd)
-        if not (st.st_mode & 0o170000 == 0o100000) or (why := _trusted(st)):
-            return None, f"{name}: not a regular file of this user's" if st.st_mode & 0o170000 != 0o100000 else \
-                f"{name}: {why}"
+        if not stat.S_ISREG(st.st_mode):
+            return None, f"{name}: not a regular file"
+        if why := _trusted(st):
+            return None, f"{name}: {why}"
         with os.fdopen(os.dup(fd), "rb") as f:
             digest = hashlib.sha256(f.read()).hexdigest()
         try:

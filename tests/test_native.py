@@ -178,18 +178,15 @@ def test_zero_rows_match_numpy(g):
     for K, weights in ((4, [1.0, 1.0, 1.0, 1.0]), (3, [1.0, -2.0, 0.5]), (1, [1.0]), (5, [1, 1, 2, 2, 3])):
         r = torch.randint(0, 3, (g * 64, K), generator=gen).float()
         r[: g * 4] = 1.0  # constant groups
-        found = {}
-        torch.set_grad_enabled(False)
         z = _eq4_z(r, g, weights)
         rows = torch.arange(r.shape[0], dtype=torch.int64)
         got = _exact_zeros.zero_rows_eq4(rows, r, g, list(weights), z.stats)
         with _native.disabled():
             want = _exact_zeros.zero_rows_eq4(rows, r, g, list(weights), z.stats)
         assert torch.equal(got, want), (g, K)
-        found[K] = (bool(want.any()), bool((~want).any()))
-        assert found[K][1]
+        assert bool((~want).any())
         if K > 1:
-            assert found[K][0]  # the data holds exact zeros of both kinds: the loop is tested on both verdicts
+            assert bool(want.any())  # the data holds both verdicts: the loop is tested on each
 
 
 def _eq4_z(r, g, weights):
