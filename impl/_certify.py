@@ -902,6 +902,20 @@ def _margin_parts(a: torch.Tensor, out_dtype, y: torch.Tensor | None):
     return r, p2
 
 
+def _tier0_params(alpha: float, beta: float, out_dtype) -> tuple[float, float, float, float] | None:
+    """(s, A, P, top) of :func:`bits_left`'s test for host ``alpha`` and ``beta``, or None where
+    no row can pass it (beta too large, alpha infinite)."""
+    mant, _ = _NARROW[out_dtype]
+    h = 2.0 ** -(mant + 1)
+    grow = 1 + 2.0 ** -40
+    k1, k2 = (h - 2 * beta) / grow, (h / 2 - 2 * beta) / grow  # lower bounds of the two factors of p2
+    if not (k1 > 0 and k2 > 0 and alpha < math.inf):
+        return None
+    s = grow / k1
+    A, P = alpha * s * grow, alpha / k2 * grow
+    return s, A, P, max(A, P)
+
+
 def bits_left(a: torch.Tensor, alpha: float, beta: float, out_dtype, y: torch.Tensor | None = None):
     """:func:`bits_certify` for host ``alpha`` and ``beta`` on a 1-D ``a``, as the indices
     (int64, ascending) of the rows it does not certify; None where it certifies every row.
@@ -910,15 +924,10 @@ def bits_left(a: torch.Tensor, alpha: float, beta: float, out_dtype, y: torch.Te
     (every row certified: five passes over a, not six), and where it does not, one comparison
     finds the rows that may fail (near a rounding boundary, or small in magnitude), on which
     alone the two conditions are tested; no boolean mask of every row is inverted."""
-    mant, _ = _NARROW[out_dtype]
-    h = 2.0 ** -(mant + 1)
-    grow = 1 + 2.0 ** -40
-    k1, k2 = (h - 2 * beta) / grow, (h / 2 - 2 * beta) / grow  # lower bounds of the two factors of p2
-    if not (k1 > 0 and k2 > 0 and alpha < math.inf):
+    got = _tier0_params(alpha, beta, out_dtype)
+    if got is None:
         return torch.arange(a.shape[0], device=a.device)
-    s = grow / k1
-    A, P = alpha * s * grow, alpha / k2 * grow
-    top = max(A, P)
+    s, A, P, top = got
     if out_dtype == torch.float32 and a.device.type == "cpu":  # one C loop (impl._native), where built
         y = round_out(a, out_dtype) if y is None else y
         got = _native.tier0_left(a, y, s, A, P, top, _reuse(a, "left", _I64))
@@ -1005,6 +1014,13 @@ class Problem:
     e_rows: float | None = None
     #: each unit's largest E (S,), where tier 0 found it
     unit_emax: torch.Tensor | None = None
+    #: () -> (float32 rewards (N, K) on CPU, g, integer weights (K, 1)) where ``zero_rows`` takes
+    #: ``impl._exact_zeros.zero_rows_eq4``'s route, else None: tier 0 may then decide the zeros
+    #: of one unit of whole groups in one C loop (:func:`_zeros_left`); or None
+    zeros_route: object = None
+    #: how many rows tier 0 decided as exact zeros in that loop (None: it did not; the exact-zero
+    #: tier then runs on the rows left)
+    zeros_done: int | None = None
 
     def values(self) -> torch.Tensor:
         """c (computed again where the plain path used its buffer as work space)."""
@@ -1031,8 +1047,10 @@ def finish(p: Problem, out_dtype, counts: Counts | None = None, y: torch.Tensor 
     units = _Units(p.sizes, device)
     st = None
     got0 = _tier0_loc(p, units, out_dtype, y) if out_dtype != _F64 else None
+    zeros = p.zeros_done or 0  # exact zeros tier 0's loop decided (impl._native)
+    counts.group_exact += zeros
     if got0 is not None and got0[2] is None:  # every row certified
-        counts.float64 += n
+        counts.float64 += n - zeros
         return got0[1]
     left = None  # the rows still to decide, as indices (few, as a rule: no full-length passes below)
     if got0 is not None:  # (todo, the rows left as a mask, and whole, per unit, made where a tier needs them)
@@ -1053,17 +1071,16 @@ def finish(p: Problem, out_dtype, counts: Counts | None = None, y: torch.Tensor 
             ok, y = certify_float(a, B, out_dtype)
         todo = ~ok
         left = indices(todo)
-    counts.float64 += n - left.numel()
+    counts.float64 += n - left.numel() - zeros
     if left.numel() == 0:
         return y
     if y.data_ptr() == a.data_ptr():  # the tiers below write into y: never into the caller's a
         y = y.clone()
-    if p.zero_rows is not None:  # tier 1a, vectorized: c* = 0 exactly in a unit of whole groups
-        y, got = _exact_zeros(p, y, units, whole, left)
+    if p.zero_rows is not None and p.zeros_done is None:  # tier 1a, vectorized: c* = 0 exactly in a unit of whole groups
+        y, got, left = _exact_zeros(p, y, units, whole, left)
         k = int(got.numel())
         counts.group_exact += k
         if k:
-            left = _without(left, got)
             if left.numel() == 0:
                 return y
             if todo is not None:
@@ -1152,6 +1169,10 @@ def _tier0_loc(p: Problem, units: _Units, out_dtype, y: torch.Tensor | None = No
     y = round_out(a, out_dtype) if y is None else y
     if S == 1 and not isinstance(alpha, torch.Tensor):  # host scalars: the rows left at once
         left = bits_left(a, alpha, beta, out_dtype, y)
+        if left is not None and left.numel() and not exact_here:  # the zeros, where one C loop decides them
+            got = _zeros_left(p, a, y, left, alpha, beta, out_dtype)
+            if got is not None:
+                return None, y, (got if got.numel() else None)
     else:
         if lay.kind == "view":
             ok = bits_certify(a.view(S, -1), alpha, beta, out_dtype, y.view(S, -1))
@@ -1200,6 +1221,30 @@ def _tier0_loc(p: Problem, units: _Units, out_dtype, y: torch.Tensor | None = No
     return None, y, left  # (the mask of the rows left is made by the caller, where a tier needs it)
 
 
+def _zeros_left(p: Problem, a: torch.Tensor, y: torch.Tensor, left: torch.Tensor, alpha: float, beta: float,
+                out_dtype) -> torch.Tensor | None:
+    """On the rows tier 0's test left (``left``, ascending), the zeros of :func:`_tier0_loc`
+    (zeros of a certain sign) and of :func:`_exact_zeros` (c* = 0 exactly), in that order, in one
+    C loop (``impl._native.zeros_left``), where it applies: one unit, of whole groups, where no
+    zero is exact for tier 0 alone (the caller's ``exact_here``), float32 outputs on CPU and an
+    exact-zero tier on ``impl._exact_zeros.zero_rows_eq4``'s route (``p.zeros_route``). Returns
+    the rows still left (ascending), ``p.zeros_done`` the count of exact zeros (y = +0 written),
+    or None where it does not apply (nothing written): the same verdicts, outputs and counts as
+    the passes it stands for (tests/test_native.py)."""
+    if out_dtype != torch.float32 or p.zero_rows is None or p.zeros_route is None or \
+            not _whole_list(p.whole, 1)[0]:
+        return None
+    route = p.zeros_route()  # (asked only here: a call whose tier 0 leaves no row never asks)
+    if route is None:
+        return None
+    reach = alpha / (1 - beta) if beta < 1 else math.inf  # (as _exact_zeros)
+    got = _native.zeros_left(left, a, y, (alpha, beta, _FORMAT[out_dtype][1], reach * (1 + 2.0 ** -30)), *route)
+    if got is None:
+        return None
+    left, p.zeros_done = got
+    return left
+
+
 def _units_emax(p: Problem, units: _Units, tp) -> torch.Tensor:
     """Each unit's largest E (S,), from Eq. 6's statistics ``tp`` where it can be: a row of a
     group whose columns are all constant has c = +0 and E = 0, every other row E = p.e_rows; so
@@ -1216,46 +1261,56 @@ def _units_emax(p: Problem, units: _Units, tp) -> torch.Tensor:
     return torch.where(varies, full, units.amax(p.rows_E()))
 
 
-def _exact_zeros(p: Problem, y: torch.Tensor, units: _Units, whole: torch.Tensor | None, rows: torch.Tensor):
-    """The rows left (``rows``, ascending indices) in units of whole groups (``whole``, per unit;
+def _exact_zeros(p: Problem, y: torch.Tensor, units: _Units, whole: torch.Tensor | None, left: torch.Tensor):
+    """The rows left (``left``, ascending indices) in units of whole groups (``whole``, per unit;
     None where there is one unit: read from ``p.whole``) whose c* is exactly 0
     (:mod:`impl._exact_zeros`) get a* = +0 exactly (the unit's exact mean is 0). Returns (y,
-    the rows decided, ascending)."""
-    none = rows[:0]
+    the rows decided, the rows still left), both ascending. On CPU the few thousand rows go
+    through NumPy as places among ``left`` (torch's indexing costs several times as much on
+    arrays this small), and what is left is ``left`` without the places decided."""
+    cpu = left.device.type == "cpu"
+    none = left[:0]
     if len(p.sizes) == 1:
-        rows = rows if _whole_list(p.whole, 1)[0] else rows[:0]
+        if not _whole_list(p.whole, 1)[0]:
+            return y, none, left
+        at = None  # every place of left
     else:
-        rows = _keep(rows, whole.index_select(0, units.index().index_select(0, rows)))
-    if rows.numel() and p.ab is not None:
+        at = indices(whole.index_select(0, units.index().index_select(0, left)))
+    if left.numel() and p.ab is not None:
         # a* = 0 needs |a| <= alpha + beta |a|, i.e. |a| <= alpha / (1 - beta): the others are not zeros
         alpha, beta = p.ab
+        rows = left if at is None else left.index_select(0, at)
         if isinstance(alpha, torch.Tensor):
             u = torch.zeros_like(rows) if len(p.sizes) == 1 else units.index().index_select(0, rows)
             alpha, beta = alpha.view(-1).index_select(0, u), beta.view(-1).index_select(0, u)
             reach = torch.where(beta < 1, alpha / (1 - beta), math.inf)
+            near = p.a.index_select(0, rows).abs() <= reach * (1 + 2.0 ** -30)
         else:
             reach = alpha / (1 - beta) if beta < 1 else math.inf
-            if rows.device.type == "cpu":  # NumPy: a few thousand rows
-                rn = rows.numpy()
-                rows = torch.from_numpy(rn[np.abs(p.a.numpy()[rn]) <= reach * (1 + 2.0 ** -30)])
-                reach = None
-        if reach is not None:
-            rows = _keep(rows, p.a.index_select(0, rows).abs() <= reach * (1 + 2.0 ** -30))
-    if rows.numel() == 0:
-        return y, none
-    got = _keep(rows, p.zero_rows(rows))
-    if got.numel() == 0:
-        return y, none
-    return y.index_fill_(0, got, 0.0), got
-
-
-def _without(left: torch.Tensor, got: torch.Tensor) -> torch.Tensor:
-    """The ascending indices ``left`` without ``got`` (ascending, a subset of them)."""
-    if left.device.type == "cpu":
-        return torch.from_numpy(np.setdiff1d(left.numpy(), got.numpy(), assume_unique=True))
-    keep = torch.ones(left.shape, dtype=torch.bool, device=left.device)
-    keep.index_fill_(0, torch.searchsorted(left, got), False)
-    return left[keep]
+            near = (torch.from_numpy(np.abs(p.a.numpy()[rows.numpy()]) <= reach * (1 + 2.0 ** -30)) if cpu else
+                    p.a.index_select(0, rows).abs() <= reach * (1 + 2.0 ** -30))
+        at = _keep(torch.arange(left.numel()) if at is None else at, near) if cpu else \
+            indices(near) if at is None else at[near]
+    if at is not None and at.numel() == 0 or left.numel() == 0:
+        return y, none, left
+    rows = left if at is None else left.index_select(0, at)
+    ok = p.zero_rows(rows)
+    if cpu:
+        okn = ok.numpy()
+        if not okn.any():
+            return y, none, left
+        got = rows.numpy()[okn]
+        keep = np.ones(left.numel(), dtype=bool)
+        keep[okn.nonzero()[0] if at is None else at.numpy()[okn]] = False
+        got, rest = torch.from_numpy(got), torch.from_numpy(left.numpy()[keep])
+    else:
+        got = rows[ok]
+        if got.numel() == 0:
+            return y, none, left
+        keep = torch.ones(left.shape, dtype=torch.bool, device=left.device)
+        keep.index_fill_(0, indices(ok) if at is None else at[ok], False)
+        rest = left[keep]
+    return y.index_fill_(0, got, 0.0), got, rest
 
 
 def _keep(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -1579,11 +1634,25 @@ def for_gdpo(inp, a: torch.Tensor, c: torch.Tensor, sizes: list[int], eps: float
                 out[row] = res
         return [out[row] for row in rows]
 
+    known = None if qexp is None or top is None else (qexp, top)
+
+    @functools.cache
+    def eq4_route() -> bool:  # (asked only where some row needs the exact zeros)
+        from impl import _exact_zeros
+        return (inp.labels is None and eq4_stats is not None
+                and _exact_zeros.eq4_route(inp.group_size, list(inp.weights), known))
+
+    def zeros_route():
+        from impl import _exact_zeros
+        r = inp.rewards
+        if not (eq4_route() and r.dtype == torch.float32 and r.device.type == "cpu"):
+            return None
+        return r.detach(), inp.group_size, _exact_zeros.weight_column(tuple(inp.weights))
+
     def zero_rows(rows: torch.Tensor) -> torch.Tensor:
         from impl import _exact_zeros
         if inp.labels is None:
-            known = None if qexp is None or top is None else (qexp, top)
-            if eq4_stats is not None and _exact_zeros.eq4_route(inp.group_size, list(inp.weights), known):
+            if eq4_route():
                 return _exact_zeros.zero_rows_eq4(rows, inp.rewards, inp.group_size, list(inp.weights), eq4_stats)
             return _exact_zeros.zero_rows_contiguous(rows, inp.rewards, inp.group_size, list(inp.weights),
                                                      quantum_exponent if qexp is None else lambda _: qexp,
@@ -1592,7 +1661,8 @@ def for_gdpo(inp, a: torch.Tensor, c: torch.Tensor, sizes: list[int], eps: float
         return _exact_zeros.zero_rows_labelled(rows, gid, G, inp.rewards, list(inp.weights), quantum_exponent,
                                                sort=lab)
     return Problem(a, c, sizes, eps, whole, E, dd, _oracle_gdpo(inp, sizes, eps), dd_rows, loc, emax, exact_rows,
-                   zero_rows, erms=erms if emax is not None else None, e_rows=None if emax is not None else e)
+                   zero_rows, erms=erms if emax is not None else None, e_rows=None if emax is not None else e,
+                   zeros_route=zeros_route)
 
 
 def stage(plan, call, dev, y: torch.Tensor) -> tuple[torch.Tensor, Counts]:

@@ -285,8 +285,9 @@ def zero_rows_eq4(rows: torch.Tensor, rewards: torch.Tensor, g: int, weights: li
     device = rewards.device
     if rows.shape[0] == 0:
         return torch.zeros(0, dtype=torch.bool, device=device)
-    if device.type == "cpu":  # C where built (impl._native); else NumPy: 3-4x torch's time on arrays this small
-        got = _native.zero_rows(rows, rewards.detach(), g, stats, _weight_column(tuple(weights)))
+    if device.type == "cpu":  # C where built (impl._native: from the groups' rewards, the same values, each
+        # step exact); else NumPy: 3-4x torch's time on arrays this small
+        got = _native.zero_rows(rows, rewards.detach(), g, weight_column(tuple(weights)))
         if got is not None:
             return got
         rn = rows.numpy()
@@ -295,7 +296,7 @@ def zero_rows_eq4(rows: torch.Tensor, rewards: torch.Tensor, g: int, weights: li
         r = rewards.detach()
         x = (r.numpy()[rn].astype(np.float64) if r.dtype in (torch.float32, torch.float16)
              else r.index_select(0, rows).to(torch.float64).numpy()).T  # (K, R) (NumPy has no bfloat16)
-        W = _weight_column(tuple(weights))
+        W = weight_column(tuple(weights))
     else:
         x = rewards.detach().index_select(0, rows).to(torch.float64)  # (R, K)
         grp = torch.div(rows, g, rounding_mode="floor")
@@ -310,7 +311,7 @@ def zero_rows_eq4(rows: torch.Tensor, rewards: torch.Tensor, g: int, weights: li
 
 
 @functools.lru_cache(maxsize=64)
-def _weight_column(weights: tuple) -> np.ndarray:
+def weight_column(weights: tuple) -> np.ndarray:
     """:func:`_integer_weights` as a (K, 1) float64 column (read only; memoized)."""
     W = np.array(_integer_weights(list(weights)), dtype=np.float64).reshape(len(weights), 1)
     W.flags.writeable = False

@@ -52,11 +52,6 @@ _I64 = torch.int64
 #: at 8,192, where the buckets' fixed cost dominates.
 CPU_PAD_FACTOR = 2
 
-#: The C loop (one thread) copies contiguous groups' layout where the batch holds at most this
-#: many rewards, or torch has at most 4 threads. Measured on 2 cores, 4 columns, groups of 8:
-#: C 0.20 / 4.6 / 18 ms at N = 65,536 / 1M / 4M, torch's strided copy 0.54 / 12.5 / 121 ms on one
-#: thread, 0.31 / 5.7 / 64 on two; with many threads torch's copy would win on large batches.
-_NATIVE_GATHER_MAX = 1 << 20
 
 
 def lazy_checks(device: torch.device) -> bool:
@@ -240,7 +235,7 @@ class GroupLayout:
         shape = (k, g, n // g)
         x = (seg_ops.kept("gather.contiguous", shape, _F64, r.device) if k >= 2 and g >= 2 else
              torch.empty(shape, dtype=_F64, device=r.device))
-        native = r.device.type == "cpu" and (n * k <= _NATIVE_GATHER_MAX or torch.get_num_threads() <= 4)
+        native = r.device.type == "cpu" and _native.serial(n * k)  # (one thread: impl._native.SERIAL_MAX)
         bits = _native.gather(r, g, x) if native else None
         if bits is None:
             x.copy_(r.view(n // g, g, k).permute(2, 1, 0))

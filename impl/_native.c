@@ -1,6 +1,8 @@
-/* The certificate's two full-length CPU passes in one loop each (impl/_native.py builds and loads
- * this file; impl/_certify.py calls it where it loaded, and runs the same tests in torch and NumPy
- * where it did not: tests/test_native.py holds the two to the same verdicts).
+/* CPU loops for impl (impl/_native.py builds and loads this file): the certificate's full-length
+ * passes (impl/_certify.py), the exact zeros among the rows its tier 0 leaves, Eq. 4's layout
+ * copy and the canonical tree sums of Eq. 4 and Eq. 6 (impl/_segments.py). Where the library is
+ * not loaded, impl runs the same tests and sums in torch and NumPy: tests/test_native.py holds
+ * the two to the same verdicts and bits.
  *
  * Plain C99, no library calls, built without -ffast-math and with -ffp-contract=off: every
  * floating-point operation below is one IEEE 754 double operation, rounded to nearest, in the
@@ -24,7 +26,7 @@
 #endif
 
 /* The interface's version: impl/_native.py refuses a library that answers anything else. */
-int gdpo_native_abi(void) { return 1; }
+int gdpo_native_abi(void) { return 2; }
 
 /* The rewards' magnitudes on their bits (impl._certify._magnitude_bits_np, in one pass): for n
  * unsigned values u (a narrow float format's bits of width W), with v = 2u and w = v - 2 in W bits
@@ -51,6 +53,105 @@ int gdpo_native_abi(void) { return 1; }
 
 GDPO_SCAN(gdpo_scan_u32, uint32_t, int32_t, 0x7FFFFFFF)
 GDPO_SCAN(gdpo_scan_u16, uint16_t, int16_t, 0x7FFF)
+
+/* The exact zeros' test (impl._exact_zeros.zero_rows_eq4's verdicts, where its route holds) from
+ * the rewards alone: for a row of groups of g contiguous rows of the float32 rewards r (N, K),
+ * its group's sums per column k
+ *     S1_k = sum x,   Q_k = g sum x**2 - S1_k**2  (g (g - 1) times the exact variance),
+ * the row's P_k = g x_k - S1_k (g times its exact deviation) and, with the integer weights W,
+ *     tot_k = sum_l [Q_l == Q_k] W_l P_l;
+ * the row passes where every tot_k == 0. Under the route (every reward a multiple of 2**e,
+ * e >= -200, none above top, 4 g**3 (top / 2**e)**2 <= 2**53 and K max|W| 2 g top / 2**e <= 2**53)
+ * every value above is a multiple of 2**e or 4**e below 2**53 of it: each operation is exact,
+ * in any order, so the verdicts are those of Eq. 4's statistics (equal Q: equal variances;
+ * tot_k: g times that class's sum). It reads the group's g K rewards (one run of memory), not
+ * 4 K values scattered over Eq. 4's four (K, G) tables. */
+typedef struct {
+    const float *r;   /* the rewards (N, K), row-major */
+    int64_t N, K, g;  /* K <= 64, g >= 1, N a multiple of g */
+    const double *W;  /* the integer weights (K) */
+    int64_t last;     /* the group whose sums S1, Q hold (-1: none) */
+    double S1[64], Q[64];
+} gdpo_groups;
+
+static int gdpo_groups_init(gdpo_groups *z, const float *r, int64_t N, int64_t K, int64_t g, const double *W)
+{
+    if (K > 64 || K < 1 || g < 1 || N < 0 || N % g)
+        return -1;
+    z->r = r, z->N = N, z->K = K, z->g = g, z->W = W, z->last = -1;
+    return 0;
+}
+
+static int gdpo_zero_row(gdpo_groups *z, int64_t row)
+{
+    int64_t K = z->K, g = z->g, q = row / g;
+    double T[64];
+    if (q != z->last) {
+        const float *grp = z->r + q * g * K;
+        for (int64_t k0 = 0; k0 < K; k0 += 4) { /* four columns side by side: four chains of sums */
+            int64_t n = K - k0 < 4 ? K - k0 : 4;
+            double s[4] = {0.0, 0.0, 0.0, 0.0}, t[4] = {0.0, 0.0, 0.0, 0.0};
+            const float *c = grp + k0;
+            if (n == 4) {
+                for (int64_t p = 0; p < g; p++, c += K)
+                    for (int m = 0; m < 4; m++) {
+                        double x = (double)c[m];
+                        s[m] += x;
+                        t[m] += x * x;
+                    }
+            } else {
+                for (int64_t p = 0; p < g; p++, c += K)
+                    for (int64_t m = 0; m < n; m++) {
+                        double x = (double)c[m];
+                        s[m] += x;
+                        t[m] += x * x;
+                    }
+            }
+            for (int64_t m = 0; m < n; m++) {
+                z->S1[k0 + m] = s[m];
+                z->Q[k0 + m] = (double)g * t[m] - s[m] * s[m];
+            }
+        }
+        z->last = q;
+    }
+    for (int64_t k = 0; k < K; k++)
+        T[k] = z->W[k] * ((double)g * (double)z->r[row * K + k] - z->S1[k]);
+    int all = 1;
+    for (int64_t k = 0; k < K; k++) {
+        double tot = 0.0;
+        for (int64_t l = 0; l < K; l++)
+            tot += (double)(z->Q[l] == z->Q[k]) * T[l];
+        all &= tot == 0.0;
+    }
+    return all;
+}
+
+/* The test above for R rows (ascending: a group's sums serve its next row), each verdict a byte
+ * of ok. Returns 0, or -1 (ok untouched) where K is beyond 64 columns, g < 1, N is not a
+ * multiple of g or a row lies outside 0 .. N - 1. */
+#define GDPO_AHEAD 8
+
+GDPO_CLONES int gdpo_zero_rows_f32(const int64_t *rows, int64_t R, const float *r, int64_t N, int64_t K, int64_t g,
+                                   const double *W, uint8_t *ok)
+{
+    gdpo_groups z;
+    if (gdpo_groups_init(&z, r, N, K, g, W))
+        return -1;
+    for (int64_t j = 0; j < R; j++)
+        if (rows[j] < 0 || rows[j] >= N)
+            return -1;
+    for (int64_t j = 0; j < R; j++) {
+#if defined(__GNUC__)
+        if (j + GDPO_AHEAD < R) { /* the group GDPO_AHEAD rows on: its g K rewards asked for now */
+            const char *next = (const char *)(r + (rows[j + GDPO_AHEAD] / g) * g * K);
+            for (int64_t b = 0; b < g * K * (int64_t)sizeof(float); b += 64)
+                __builtin_prefetch(next + b);
+        }
+#endif
+        ok[j] = (uint8_t)gdpo_zero_row(&z, rows[j]);
+    }
+    return 0;
+}
 
 /* Tier 0's test (impl._certify.bits_left) for a float32 output y = round(a): with r = |a - y|
  * (exact) and p2 = 2**e read from a's exponent bits (0 for a zero or subnormal), a row passes
@@ -113,37 +214,152 @@ GDPO_CLONES int64_t gdpo_tier0_f32(const double *a, const float *y, int64_t n, d
     return m;
 }
 
-/* The exact zeros' test from Eq. 4's statistics (impl._exact_zeros.zero_rows_eq4, where its
- * route holds: every step below is exact, so any order of the sums gives the same values): for
- * each of the R rows, in groups of g contiguous rows, its group q = row / g, and per column k
- * (stats f, shift, mean, m2, each (K, G) row-major; rewards r (N, K) float32; integer weights W)
- *     key_k = m2 / f / f,   T_k = (x f - shift - mean) / f W_k,
- *     tot_k = sum_l [key_l == key_k] T_l;
- * ok = every tot_k == 0. Returns 0, or -1 where K is beyond the loop's 64 columns (untouched). */
-int gdpo_zero_rows_f32(const int64_t *rows, int64_t R, const float *r, int64_t K, int64_t g, int64_t G,
-                       const double *f, const double *shift, const double *mean, const double *m2, const double *W,
-                       uint8_t *ok)
+static inline double gdpo_abs(double x)
 {
-    double key[64], T[64];
-    if (K > 64)
+    uint64_t u;
+    memcpy(&u, &x, sizeof u);
+    u &= UINT64_C(0x7FFFFFFFFFFFFFFF);
+    memcpy(&x, &u, sizeof x);
+    return x;
+}
+
+/* The zeros among the m rows tier 0's test left (left, ascending), for one unit of whole groups
+ * (impl._certify._tier0_loc, then impl._certify._exact_zeros, in that order): with
+ * prm = {alpha, beta, th, near},
+ *   - a row whose y is 0 and a is not passes where its zero's sign is certain,
+ *         |a| > B (1 + 2**-40)  and  |a| + B (1 + 2**-40) < th,   B = alpha + beta |a|;
+ *   - else a row with |a| <= near (the reach of a* = 0) whose c* is exactly 0 (the test above,
+ *     rewards r (N, K) in groups of g contiguous rows, integer weights W) gets y = +0 and is
+ *     counted in *zeros;
+ * every other row stays in left, in order (left is compacted in place). Returns how many stay,
+ * or -1 (nothing written) where K is beyond 64 columns, g < 1, N is not a multiple of g or a
+ * row lies outside 0 .. N - 1. */
+GDPO_CLONES int64_t gdpo_zeros_left_f32(int64_t *left, int64_t m, const double *a, float *y, const double *prm,
+                                        const float *r, int64_t N, int64_t K, int64_t g, const double *W,
+                                        int64_t *zeros)
+{
+    gdpo_groups z;
+    double alpha = prm[0], beta = prm[1], th = prm[2], near = prm[3];
+    int64_t kept = 0, found = 0;
+    if (gdpo_groups_init(&z, r, N, K, g, W))
         return -1;
-    for (int64_t j = 0; j < R; j++) {
-        int64_t row = rows[j], q = row / g;
-        for (int64_t k = 0; k < K; k++) {
-            int64_t at = k * G + q;
-            double fk = f[at];
-            key[k] = m2[at] / fk / fk;
-            double xf = (double)r[row * K + k] * fk;
-            T[k] = (xf - shift[at] - mean[at]) / fk * W[k];
+    for (int64_t j = 0; j < m; j++)
+        if (left[j] < 0 || left[j] >= N)
+            return -1;
+    for (int64_t j = 0; j < m; j++) {
+        int64_t i = left[j];
+        double ai = a[i], mag = gdpo_abs(ai);
+#if defined(__GNUC__)
+        if (j + GDPO_AHEAD < m) { /* the group GDPO_AHEAD rows on: its g K rewards asked for now */
+            const char *next = (const char *)(r + (left[j + GDPO_AHEAD] / g) * g * K);
+            for (int64_t b = 0; b < g * K * (int64_t)sizeof(float); b += 64)
+                __builtin_prefetch(next + b);
         }
-        uint8_t all = 1;
-        for (int64_t k = 0; k < K; k++) {
-            double tot = 0.0;
-            for (int64_t l = 0; l < K; l++)
-                tot += (double)(key[l] == key[k]) * T[l];
-            all &= (uint8_t)(tot == 0.0);
+#endif
+        if (y[i] == 0.0f && ai != 0.0) {
+            double B = alpha + beta * mag, Bg = B * (1.0 + 0x1p-40);
+            if (mag > Bg && mag + Bg < th)
+                continue;
         }
-        ok[j] = all;
+        if (mag <= near && gdpo_zero_row(&z, i)) {
+            y[i] = 0.0f;
+            found++;
+            continue;
+        }
+        left[kept++] = i;
+    }
+    *zeros = found;
+    return kept;
+}
+
+/* The canonical pairwise tree sum (impl._segments.tree_sum) along the middle axis of x (A, m, B),
+ * float64, element strides sa, sm, sb, of the squares of x where squares is set (each square
+ * rounded, then summed the same way): level by level, position i of a level is the sum of
+ * positions 2i and 2i + 1 of the one below, an odd one out carried up unchanged, until one is
+ * left; the squares are taken on the first level. Each level's additions are those of the torch
+ * passes, so the sums are theirs to the bit, in one call instead of three dispatched operations
+ * a level. out (A, B) contiguous; work holds at least ((m + 1) / 2) * min(B, GDPO_TREE_CHUNK)
+ * doubles: GDPO_TREE_CHUNK columns at a time, each level of them side by side (the B axis is the
+ * contiguous one where B > 1: the additions vectorize along it). Returns 0, or -1 where m < 1. */
+#define GDPO_TREE_CHUNK 256
+
+GDPO_CLONES int gdpo_tree_sum_f64(const double *x, int64_t A, int64_t m, int64_t B, int64_t sa, int64_t sm,
+                                  int64_t sb, int squares, double *out, double *work)
+{
+    if (m < 1)
+        return -1;
+    if (B == 1) { /* one column: the same levels, without the loops over columns */
+        for (int64_t a = 0; a < A; a++) {
+            const double *xa = x + a * sa;
+            int64_t h = m / 2, n = h + m % 2;
+            if (squares)
+                for (int64_t i = 0; i < h; i++) {
+                    double e = xa[2 * i * sm], o = xa[(2 * i + 1) * sm];
+                    double ee = e * e, oo = o * o;
+                    work[i] = ee + oo;
+                }
+            else
+                for (int64_t i = 0; i < h; i++)
+                    work[i] = xa[2 * i * sm] + xa[(2 * i + 1) * sm];
+            if (m % 2) {
+                double e = xa[(m - 1) * sm];
+                work[h] = squares ? e * e : e;
+            }
+            while (n > 1) {
+                int64_t hh = n / 2;
+                for (int64_t i = 0; i < hh; i++)
+                    work[i] = work[2 * i] + work[2 * i + 1];
+                if (n % 2)
+                    work[hh] = work[n - 1];
+                n = hh + n % 2;
+            }
+            out[a] = work[0];
+        }
+        return 0;
+    }
+    for (int64_t a = 0; a < A; a++) {
+        for (int64_t b0 = 0; b0 < B; b0 += GDPO_TREE_CHUNK) {
+            int64_t c = B - b0 < GDPO_TREE_CHUNK ? B - b0 : GDPO_TREE_CHUNK;
+            const double *xa = x + a * sa + b0 * sb;
+            int64_t h = m / 2, n = h + m % 2;
+            for (int64_t i = 0; i < h; i++) { /* the first level, from x */
+                const double *e = xa + 2 * i * sm, *o = e + sm;
+                double *w = work + i * c;
+                if (squares)
+                    for (int64_t j = 0; j < c; j++) {
+                        double ee = e[j * sb] * e[j * sb], oo = o[j * sb] * o[j * sb];
+                        w[j] = ee + oo;
+                    }
+                else
+                    for (int64_t j = 0; j < c; j++)
+                        w[j] = e[j * sb] + o[j * sb];
+            }
+            if (m % 2) { /* the odd one out, carried up (squared on the first level) */
+                const double *e = xa + (m - 1) * sm;
+                double *w = work + h * c;
+                for (int64_t j = 0; j < c; j++)
+                    w[j] = squares ? e[j * sb] * e[j * sb] : e[j * sb];
+            }
+            while (n > 1) { /* the levels above, in place: position i reads 2i and 2i + 1 >= i */
+                int64_t hh = n / 2;
+                for (int64_t i = 0; i < hh; i++) {
+                    double *w = work + i * c;
+                    const double *e = work + 2 * i * c, *o = e + c;
+                    for (int64_t j = 0; j < c; j++)
+                        w[j] = e[j] + o[j];
+                }
+                if (n % 2) {
+                    double *w = work + hh * c;
+                    const double *e = work + (n - 1) * c;
+                    for (int64_t j = 0; j < c; j++)
+                        w[j] = e[j];
+                }
+                n = hh + n % 2;
+            }
+            double *dst = out + a * B + b0;
+            for (int64_t j = 0; j < c; j++)
+                dst[j] = work[j];
+        }
     }
     return 0;
 }

@@ -1,8 +1,13 @@
-"""The certificate's full-length CPU passes in C (``impl/_native.c``), built on first use.
+"""CPU loops in C (``impl/_native.c``), built on first use: the certificate's full-length passes
+and the tree sums of Eq. 4 and Eq. 6.
 
 On CPU the certificate's cost is its passes over data a call touched a millisecond before,
 each paying a cold read (``benchmarks/cache_decay.py``): tier 0's test of every output row
-(five torch passes) and the rewards' magnitudes (NumPy, block by block). Here each is one loop.
+(five torch passes), the rewards' magnitudes (NumPy, block by block) and, on 0/1 rewards, the
+exact zeros among the rows tier 0 leaves (NumPy on a few thousand rows). Here each is one loop.
+The canonical pairwise tree sum (``impl._segments.tree_sum``) is one loop too: torch dispatches
+three operations a level, sixteen levels for a unit of 65,536 rows, most of them on a handful
+of values (about a third of a plain call at N = 65,536, K = 4 on 2 cores, measured).
 The first call that needs them compiles ``_native.c`` with the C compiler (``$CC``, else ``cc``)
 into a cache folder (``$GDPO_NATIVE_DIR``, else ``$XDG_CACHE_HOME/gdpo-spec`` or
 ``~/.cache/gdpo-spec``; where that cannot be written, a folder of this user's in the system's
@@ -13,8 +18,8 @@ this user's (or root's), or that others may write, is never used; a library whos
 those of its digest (cut short by a crash: the loader would die of SIGBUS) is built again.
 
 Where there is no compiler, or the build or the load fails, or ``GDPO_NATIVE=0`` was in the
-environment when impl was imported, the certificate runs the same tests in torch and NumPy:
-the same verdicts (tests/test_native.py), hence the same bits, only slower. :func:`status`
+environment when impl was imported, the same tests and sums run in torch and NumPy: the same
+verdicts and values (tests/test_native.py), hence the same bits, only slower. :func:`status`
 says which, and why. Nothing here decides a result the fallback would not: the C loops are
 IEEE double operations in the order the fallback's docstrings give (built without fast-math
 and without contraction into fused multiply-adds)."""
@@ -37,7 +42,7 @@ import torch
 
 SOURCE = Path(__file__).with_name("_native.c")
 FLAGS = ("-O3", "-std=c99", "-fPIC", "-shared", "-fno-fast-math", "-ffp-contract=off")
-ABI = 1
+ABI = 2
 
 _LOCK = [threading.Lock()]
 _STATE: dict = {"lib": None, "tried": False, "reason": "not needed yet", "path": None}
@@ -198,8 +203,12 @@ def _declare(lib: ctypes.CDLL) -> None:
         fn.argtypes, fn.restype = [p, i64, p], None
     lib.gdpo_tier0_f32.argtypes = [p, p, i64, f64, f64, f64, f64, p]
     lib.gdpo_tier0_f32.restype = i64
+    lib.gdpo_zeros_left_f32.argtypes = [p, i64, p, p, p, p, i64, i64, i64, p, p]
+    lib.gdpo_zeros_left_f32.restype = i64
     lib.gdpo_gather_f32.argtypes, lib.gdpo_gather_f32.restype = [p, i64, i64, i64, p, p], None
-    lib.gdpo_zero_rows_f32.argtypes = [p, i64, p, i64, i64, i64, p, p, p, p, p, p]
+    lib.gdpo_tree_sum_f64.argtypes = [p, i64, i64, i64, i64, i64, i64, ctypes.c_int, p, p]
+    lib.gdpo_tree_sum_f64.restype = ctypes.c_int
+    lib.gdpo_zero_rows_f32.argtypes = [p, i64, p, i64, i64, i64, p, p]
     lib.gdpo_zero_rows_f32.restype = ctypes.c_int
 
 
@@ -277,6 +286,51 @@ def gather(r: torch.Tensor, g: int, x: torch.Tensor) -> tuple[int, int, int] | N
     return int(out[0]), int(out[1]), int(out[2])
 
 
+#: The C loops run on one thread: they take tensors of at most this many elements, or any where
+#: torch itself runs at most 4 threads (:func:`serial`); beyond, torch's passes, whose threads win
+#: on large batches of a many-core machine. Measured on 2 cores: the layout copy of contiguous
+#: groups (4 columns, groups of 8) C 0.20 / 4.6 / 18 ms at N = 65,536 / 1M / 4M, torch's strided
+#: copy 0.54 / 12.5 / 121 ms on one thread, 0.31 / 5.7 / 64 on two.
+SERIAL_MAX = 1 << 20
+
+
+def serial(numel: int) -> bool:
+    """Should a tensor of ``numel`` elements take a one-thread C loop (see :data:`SERIAL_MAX`)?"""
+    return numel <= SERIAL_MAX or torch.get_num_threads() <= 4
+
+
+#: impl._native.c's columns per block of the tree sum
+TREE_CHUNK = 256
+
+
+def tree_sum(x: torch.Tensor, squares: bool, out: torch.Tensor | None = None,
+             work: torch.Tensor | None = None) -> torch.Tensor | None:
+    """``impl._segments.tree_sum`` of a float64 CPU tensor x (A, m) or (A, m, B), m >= 1, any
+    strides, in one C loop (the same additions, the same bits): (A, 1) or (A, 1, B), written into
+    ``out`` (a contiguous float64 tensor of at least A B elements, or None: a new one), the
+    levels kept in ``work`` (float64, or None: a new one; too small: a new one); None where the
+    library is not at hand or x is not such a tensor."""
+    got = lib()
+    if got is None or x.device.type != "cpu" or x.dtype != torch.float64 or x.dim() not in (2, 3) or x.shape[1] < 1:
+        return None
+    if x.data_ptr() % 8:
+        return None
+    A, m = x.shape[0], x.shape[1]
+    B = x.shape[2] if x.dim() == 3 else 1
+    sa, sm = x.stride(0), x.stride(1)
+    sb = x.stride(2) if x.dim() == 3 else 1
+    shape = (A, 1, B) if x.dim() == 3 else (A, 1)
+    need = ((m + 1) // 2) * min(max(B, 1), TREE_CHUNK)
+    if work is None or not _cpu_flat(work, torch.float64) or work.numel() < need:
+        work = torch.empty(need, dtype=torch.float64)
+    if out is None or not _cpu_flat(out, torch.float64) or out.numel() < A * B:
+        out = torch.empty(A * B, dtype=torch.float64)
+    if A * B and got.gdpo_tree_sum_f64(x.data_ptr(), A, m, B, sa, sm, sb, int(bool(squares)), out.data_ptr(),
+                                       work.data_ptr()) != 0:
+        return None
+    return out[: A * B].view(shape)
+
+
 _SCANS = {torch.float32: (torch.int32, "gdpo_scan_u32"), torch.float16: (torch.int16, "gdpo_scan_u16"),
           torch.bfloat16: (torch.int16, "gdpo_scan_u16")}
 
@@ -296,23 +350,51 @@ def tier0_left(a: torch.Tensor, y: torch.Tensor, s: float, A: float, P: float, t
     return None if m == 0 else buf[:m].clone()
 
 
-def zero_rows(rows: torch.Tensor, rewards: torch.Tensor, g: int, stats: tuple, W: np.ndarray) -> torch.Tensor | None:
-    """``impl._exact_zeros.zero_rows_eq4``'s verdicts (R,) bool from ``impl._native.c``'s loop, for
-    float32 rewards (N, K) on CPU, Eq. 4's statistics (f, shift, mean, m2) each (K, 1, G) float64,
-    the integer weights ``W`` (K, 1) float64; None where the library is not at hand or the
-    tensors are not plain CPU ones (the caller's NumPy then)."""
+def zeros_left(left: torch.Tensor, a: torch.Tensor, y: torch.Tensor, prm: tuple[float, float, float, float],
+               rewards: torch.Tensor, g: int, W: np.ndarray) -> tuple[torch.Tensor, int] | None:
+    """The zeros among the rows tier 0 left (``left``, ascending int64 indices of 1-D float64
+    ``a`` and its float32 rounding ``y``) in one unit of whole groups, in one loop
+    (``impl._native.c``: ``impl._certify._tier0_loc``'s zeros of a certain sign, then
+    ``impl._certify._exact_zeros``' test, where ``impl._exact_zeros.zero_rows_eq4``'s route
+    holds): ``prm`` = (alpha, beta, th, near), the float32 rewards (N, K) in groups of ``g``
+    contiguous rows, the integer weights ``W`` (K, 1). The exact zeros get y = +0 (``y`` is
+    written). Returns (the rows still left, a view of ``left``, whose buffer is compacted in
+    place; how many were exact zeros), or None where the library is not at hand or the tensors
+    are not plain CPU ones of those shapes (nothing written)."""
     got = lib()
-    K = rewards.shape[1] if rewards.dim() == 2 else 0
-    if got is None or not (_cpu_flat(rows, torch.int64) and _cpu_flat(rewards, torch.float32) and 0 < K <= 64
-                           and all(_cpu_flat(t, torch.float64) for t in stats)):
+    if got is None or not (_cpu_flat(left, torch.int64) and _cpu_flat(a, torch.float64) and
+                           _cpu_flat(y, torch.float32) and _cpu_flat(rewards, torch.float32)):
         return None
-    G = stats[0].numel() // K
-    if any(t.numel() != K * G for t in stats) or rewards.shape[0] > g * G or W.shape[0] != K:
+    if not (left.dim() == a.dim() == y.dim() == 1 and rewards.dim() == 2 and a.numel() == y.numel() ==
+            rewards.shape[0] and 0 < rewards.shape[1] <= 64 and W.shape[0] == rewards.shape[1] and g >= 1):
+        return None
+    Wc = np.ascontiguousarray(W, dtype=np.float64)
+    pr = np.array(prm, dtype=np.float64)
+    zeros = np.zeros(1, dtype=np.int64)
+    m = got.gdpo_zeros_left_f32(left.data_ptr(), left.numel(), a.data_ptr(), y.data_ptr(), pr.ctypes.data,
+                                rewards.data_ptr(), rewards.shape[0], rewards.shape[1], g, Wc.ctypes.data,
+                                zeros.ctypes.data)
+    if m < 0:
+        return None
+    return left[:m], int(zeros[0])
+
+
+def zero_rows(rows: torch.Tensor, rewards: torch.Tensor, g: int, W: np.ndarray) -> torch.Tensor | None:
+    """``impl._exact_zeros.zero_rows_eq4``'s verdicts (R,) bool from ``impl._native.c``'s loop, for
+    the ascending int64 ``rows`` of float32 rewards (N, K) on CPU in groups of ``g`` contiguous
+    rows, the integer weights ``W`` (K, 1) float64, where that function's route holds (the loop
+    reads the groups' rewards, not Eq. 4's statistics: the same values, each step exact); None
+    where the library is not at hand or the tensors are not plain CPU ones of those shapes (the
+    caller's NumPy then)."""
+    got = lib()
+    if got is None or not (_cpu_flat(rows, torch.int64) and _cpu_flat(rewards, torch.float32)) or rewards.dim() != 2:
+        return None
+    N, K = rewards.shape
+    if not (0 < K <= 64 and g >= 1 and N % g == 0 and W.shape[0] == K and rows.dim() == 1):
         return None
     Wc = np.ascontiguousarray(W, dtype=np.float64)
     ok = torch.empty(rows.shape[0], dtype=torch.bool)
-    f, shift, mean, m2 = stats
-    if got.gdpo_zero_rows_f32(rows.data_ptr(), rows.shape[0], rewards.data_ptr(), K, g, G, f.data_ptr(),
-                              shift.data_ptr(), mean.data_ptr(), m2.data_ptr(), Wc.ctypes.data, ok.data_ptr()) != 0:
+    if got.gdpo_zero_rows_f32(rows.data_ptr(), rows.shape[0], rewards.data_ptr(), N, K, g, Wc.ctypes.data,
+                              ok.data_ptr()) != 0:
         return None
     return ok

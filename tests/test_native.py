@@ -208,6 +208,8 @@ def _batches():
     yield torch.randn(4096, 4, generator=g), 8
     yield (torch.rand(4096, 4, generator=g) < 0.5).float(), 8
     yield (torch.rand(4096, 3, generator=g) < 0.5).float(), 16
+    yield torch.randint(0, 3, (4096, 4), generator=g).float() * 0.25, 4  # (exact zeros of 0, 1/4, 1/2)
+    yield (torch.rand(4098, 2, generator=g) < 0.5).float(), 6  # (not the Eq. 4 route: groups of 6)
     yield torch.randn(4096, 2, generator=g) * 1e-3 + 1e4, 4
     yield torch.randint(0, 5, (2048, 4), generator=g).to(torch.bfloat16), 8
 
@@ -221,6 +223,7 @@ def test_same_bits_with_and_without():
                 want = gdpo.gdpo_advantages(r, group_size=gs, out_dtype=out, diagnostics=d2)
             assert torch.equal(got.view(torch.uint8) if got.dtype != torch.float64 else got.view(torch.int64),
                                want.view(torch.uint8) if want.dtype != torch.float64 else want.view(torch.int64))
+            assert d1.certified == d2.certified, (gs, out, d1.certified, d2.certified)  # the same tiers decided
 
 
 _CHILD = """
@@ -444,3 +447,140 @@ def test_a_linked_cache_folder_is_not_followed(tmp_path):
     digest, loaded, reason = _child({"GDPO_NATIVE_DIR": str(link)})
     assert not loaded and str(link) in reason
     assert digest == _child({"GDPO_NATIVE_DIR": str(real)})[0]
+
+
+# --- the zeros among the rows tier 0 left ------------------------------------------------------------
+
+def _zeros_case(seed, n=2048, k=4, g=8):
+    """A binary batch's a (float64), its float32 rounding, tier 0's bound and the rows it left."""
+    from impl import _plan, _pipeline
+    from impl._inputs import check_gdpo
+    gen = torch.Generator().manual_seed(seed)
+    r = (torch.rand(n, k, generator=gen) < 0.5).float()
+    call = check_gdpo(r, None, g, None, None, 1e-4, torch.float32, "refuse", None)
+    plan = _plan.local(call, _plan.GDPO)
+    dev = _pipeline.device_part(plan, r)
+    return r, dev.a.clone(), dev.a.to(torch.float32)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_zeros_left_match_the_passes(seed):
+    """The loop over the rows tier 0 left (zeros of a certain sign, then c* = 0 exactly) leaves
+    the rows, writes the outputs and counts the zeros the two passes it stands for do
+    (impl._certify._tier0_loc's, then _exact_zeros'), on 0/1 rewards whose rows reach each rule:
+    exact zeros, rows near zero that are not, rows whose zero's sign is certain (a tiny a: y = 0
+    with a of either sign), a row far from zero, a NaN."""
+    r, a, y = _zeros_case(seed)
+    n = a.numel()
+    a[5], a[6], a[7] = 1e-300, -1e-300, math.nan  # y = +-0, a far below the bound... and a NaN
+    a[9] = 2.0 ** -60  # y != 0: not a zero
+    y = a.to(torch.float32)
+    W = _exact_zeros.weight_column((1.0,) * r.shape[1])
+    left = torch.arange(n, dtype=torch.int64)
+    for alpha, beta in ((1e-15, 1e-16), (1e-310, 1e-17), (0.0, 0.0), (1e-13, 2.0 ** -30)):
+        near = alpha / (1 - beta) * (1 + 2.0 ** -30)
+        prm = (alpha, beta, 3.4028235677973366e38, near)
+        y1 = y.clone()
+        got = _native.zeros_left(left.clone(), a, y1, prm, r, 8, W)
+        assert got is not None
+        rest, zeros = got
+        # the passes: the sign-certain zeros, then the exact zeros on what is left
+        an, yn = a.numpy(), y.numpy()
+        B = alpha + beta * np.abs(an)
+        Bg = B * (1 + 2.0 ** -40)
+        sign = (yn == 0) & (an != 0) & (np.abs(an) > Bg) & (np.abs(an) + Bg < prm[2])
+        cand = np.flatnonzero(~sign & (np.abs(an) <= near))
+        with _native.disabled():
+            from impl import _eq4
+            z = _eq4_z(r, 8, [1.0] * r.shape[1])
+            ok = _exact_zeros.zero_rows_eq4(torch.from_numpy(cand), r, 8, [1.0] * r.shape[1], z.stats).numpy()
+        exact = cand[ok]
+        want_rest = np.setdiff1d(np.flatnonzero(~sign), exact)
+        assert rest.tolist() == want_rest.tolist(), (alpha, beta)
+        assert zeros == exact.size and exact.size > 20
+        y2 = y.clone()
+        y2[torch.from_numpy(exact)] = 0.0
+        assert torch.equal(y1.view(torch.int32), y2.view(torch.int32))
+        assert sign.any() == (alpha < 1e-300)  # the data reaches the sign rule where the bound lets it
+
+
+def test_zeros_left_decline_what_they_cannot_read():
+    r, a, y = _zeros_case(3, n=64)
+    W = _exact_zeros.weight_column((1.0,) * 4)
+    left = torch.arange(64, dtype=torch.int64)
+    prm = (1e-15, 0.0, 3e38, 1e-15)
+    assert _native.zeros_left(left, a, y, prm, r, 7, W) is None  # 64 rows are not groups of 7
+    assert _native.zeros_left(left, a, y, prm, r.double(), 8, W) is None
+    assert _native.zeros_left(torch.tensor([64]), a, y, prm, r, 8, W) is None  # a row outside the batch
+    assert _native.zeros_left(left, a, y.double(), prm, r, 8, W) is None
+
+
+# --- the tree sum ----------------------------------------------------------------------------------
+
+def _tree_data(shape, seed):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(*shape, generator=gen, dtype=torch.float64)
+    x *= 10.0 ** torch.randint(-12, 13, shape, generator=gen).to(torch.float64)  # every order rounds apart
+    flat = x.view(-1)
+    flat[::17] = -0.0
+    if flat.numel() > 40:
+        flat[3], flat[29] = 5e-324, -1e-310
+    return x
+
+
+@pytest.mark.parametrize("shape", [(3, 1, 5), (2, 7), (1, 65537), (4, 8, 300), (2, 33, 1), (5, 2, 513), (3, 100),
+                                   (1, 3, 1), (0, 4, 2)])
+def test_tree_sum_matches_torch(shape):
+    """The C tree gives the torch levels' sums to the bit (one column or many, a partial block of
+    columns, odd lengths at every level, squares, strided views, kept buffers), where a sum
+    from left to right differs (the data tells the order apart)."""
+    from impl import _segments
+    x = _tree_data(shape, sum(shape))
+    views = [x]
+    if x.dim() == 3 and x.shape[2] > 1:
+        views.append(x[:, :, ::2])  # a strided last axis
+    if x.shape[0] > 1:
+        views.append(x.transpose(0, 1).contiguous().transpose(0, 1))  # another order of the strides
+    told = False
+    for v in views:
+        for squares in (False, True):
+            got = _native.tree_sum(v, squares)
+            assert got is not None
+            with _native.disabled():
+                want = _segments.tree_sum(v, squares=squares)
+                n = max(v.numel(), 1)
+                bufs = (torch.empty(n, dtype=torch.float64), torch.empty(n, dtype=torch.float64))
+                kept = _segments.tree_sum(v, bufs, squares=squares).clone()
+            assert got.shape == want.shape
+            assert torch.equal(got.view(torch.int64), want.view(torch.int64)), (shape, squares)
+            assert torch.equal(_segments.tree_sum(v, bufs, squares=squares).view(torch.int64), kept.view(torch.int64))
+            if v.numel() and v.shape[1] > 3:  # (three values: the tree is the order from the left)
+                seq = (v * v if squares else v).cumsum(1)[:, -1:]
+                told |= not torch.equal(seq.view(torch.int64), want.view(torch.int64))
+    assert told or shape[1] <= 3 or shape[0] == 0
+
+
+def test_tree_sum_of_infinities_and_nan():
+    """Infinities and NaN reach the sums as in the torch levels (inf - inf: NaN)."""
+    from impl import _segments
+    x = torch.tensor([[1.0, math.inf, 2.0, -math.inf, 3.0], [math.nan, 1.0, 0.0, -0.0, 2.0],
+                      [math.inf, 1.0, 1e308, 1e308, -0.0]], dtype=torch.float64)
+    for squares in (False, True):
+        got = _native.tree_sum(x, squares)
+        with _native.disabled():
+            want = _segments.tree_sum(x, squares=squares)
+        assert got.isnan().tolist() == want.isnan().tolist()
+        assert got[~got.isnan()].tolist() == want[~want.isnan()].tolist()
+
+
+def test_tree_sum_over_its_own_buffers_falls_back_to_fresh_ones():
+    """A tensor that lies in the buffers it would be summed into gets fresh ones (its values
+    are read, never overwritten first)."""
+    from impl import _segments
+    bufs = (torch.empty(4096, dtype=torch.float64), torch.empty(4096, dtype=torch.float64))
+    x = bufs[0][:3 * 40].view(3, 40)
+    x.copy_(_tree_data((3, 40), 7))
+    with _native.disabled():
+        want = _segments.tree_sum(x.clone(), squares=True)
+    got = _segments.tree_sum(x, bufs, squares=True)
+    assert torch.equal(got.view(torch.int64), want.view(torch.int64))
