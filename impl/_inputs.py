@@ -350,6 +350,8 @@ def _checked(x: torch.Tensor, type_code: int, dtype_code_: int | None = None) ->
     if x.dtype not in P.INPUT_DTYPES:  # float8 too: most CPU kernels (add, min) do not exist for it
         raise Problem(dtype_code_, P.dtype_code(x.dtype))
     _check_device(x, P.ARG_REWARDS if type_code == P.P_REWARDS_TYPE else P.ARG_VALUES)
+    if x.is_neg():  # a lazy negation (torch._neg_view, the imaginary part of a conjugate): its values, read once
+        x = x.resolve_neg()
     return x
 
 

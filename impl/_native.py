@@ -251,8 +251,8 @@ def disabled():
 
 def _cpu_flat(t: torch.Tensor, dtype) -> bool:
     """A contiguous CPU tensor of ``dtype`` whose data is aligned for it (C reads it as such)."""
-    return (t.device.type == "cpu" and t.dtype == dtype and t.is_contiguous()
-            and t.data_ptr() % t.element_size() == 0)
+    return (t.device.type == "cpu" and t.layout == torch.strided and t.dtype == dtype and t.is_contiguous()
+            and not t.is_neg() and not t.is_conj() and t.data_ptr() % t.element_size() == 0)
 
 
 def scan(r: torch.Tensor) -> tuple[int, int, int] | None:
@@ -313,22 +313,36 @@ def tree_sum(x: torch.Tensor, squares: bool, out: torch.Tensor | None = None,
     got = lib()
     if got is None or x.device.type != "cpu" or x.dtype != torch.float64 or x.dim() not in (2, 3) or x.shape[1] < 1:
         return None
-    if x.data_ptr() % 8:
+    if x.layout != torch.strided or x.is_neg() or x.data_ptr() % 8:  # (a lazy negation: C reads the raw bits)
         return None
     A, m = x.shape[0], x.shape[1]
     B = x.shape[2] if x.dim() == 3 else 1
     sa, sm = x.stride(0), x.stride(1)
     sb = x.stride(2) if x.dim() == 3 else 1
     shape = (A, 1, B) if x.dim() == 3 else (A, 1)
-    need = ((m + 1) // 2) * min(max(B, 1), TREE_CHUNK)
+    if A * B == 0:
+        return torch.empty(shape, dtype=torch.float64)
+    need = ((m + 1) // 2) * min(B, TREE_CHUNK)
     if work is None or not _cpu_flat(work, torch.float64) or work.numel() < need:
         work = torch.empty(need, dtype=torch.float64)
-    if out is None or not _cpu_flat(out, torch.float64) or out.numel() < A * B:
+    if out is None or not _cpu_flat(out, torch.float64) or out.numel() < A * B or _overlap(out, work):
         out = torch.empty(A * B, dtype=torch.float64)
-    if A * B and got.gdpo_tree_sum_f64(x.data_ptr(), A, m, B, sa, sm, sb, int(bool(squares)), out.data_ptr(),
-                                       work.data_ptr()) != 0:
+    if _overlap(x, out) or _overlap(x, work):  # the loop would write over x while reading it
+        return None
+    if got.gdpo_tree_sum_f64(x.data_ptr(), A, m, B, sa, sm, sb, int(bool(squares)), out.data_ptr(),
+                             work.data_ptr()) != 0:
         return None
     return out[: A * B].view(shape)
+
+
+def _overlap(x: torch.Tensor, t: torch.Tensor) -> bool:
+    """May x's elements and t's (a flat tensor) share memory (their address ranges meet)?"""
+    if x.numel() == 0 or t.numel() == 0:
+        return False
+    lo = x.data_ptr()
+    hi = lo + x.element_size() * (1 + sum((n - 1) * s for n, s in zip(x.shape, x.stride())))
+    tlo = t.data_ptr()
+    return lo < tlo + t.numel() * t.element_size() and tlo < hi
 
 
 _SCANS = {torch.float32: (torch.int32, "gdpo_scan_u32"), torch.float16: (torch.int16, "gdpo_scan_u16"),

@@ -204,8 +204,10 @@ def tree_sum(x: torch.Tensor, bufs=None, *, squares: bool = False) -> torch.Tens
     :func:`impl._native.serial` holds): the same additions, the same bits, without three
     dispatched operations a level (sixteen levels for a unit of 65,536 rows).
     """
+    if bufs is not None and _shares(x, bufs):  # x lies in them: its levels would overwrite it
+        bufs = None
     if x.device.type == "cpu" and x.dtype == torch.float64 and _native.serial(x.numel()):
-        out, work = (None, None) if bufs is None or _shares(x, bufs) else bufs
+        out, work = (None, None) if bufs is None else bufs
         got = _native.tree_sum(x, squares, out, work)
         if got is not None:
             return got
@@ -244,9 +246,9 @@ def tree_sum(x: torch.Tensor, bufs=None, *, squares: bool = False) -> torch.Tens
 
 
 def _shares(x: torch.Tensor, bufs) -> bool:
-    """Does x lie in the storage of either buffer (its sums would overwrite it)?"""
-    at = x.untyped_storage().data_ptr()
-    return any(b.untyped_storage().data_ptr() == at for b in bufs)
+    """May x share memory with either buffer (its sums would overwrite it)? By address ranges, not
+    storage objects: two storages may view one allocation (torch.from_numpy of one array)."""
+    return any(_native._overlap(x, b) for b in bufs)
 
 
 _CONSTANTS: dict = {}

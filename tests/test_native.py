@@ -11,6 +11,7 @@ that drops a condition."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import shutil
@@ -575,12 +576,59 @@ def test_tree_sum_of_infinities_and_nan():
 
 def test_tree_sum_over_its_own_buffers_falls_back_to_fresh_ones():
     """A tensor that lies in the buffers it would be summed into gets fresh ones (its values
-    are read, never overwritten first)."""
+    are read, never overwritten first), the C loop and the torch levels alike."""
     from impl import _segments
     bufs = (torch.empty(4096, dtype=torch.float64), torch.empty(4096, dtype=torch.float64))
     x = bufs[0][:3 * 40].view(3, 40)
     x.copy_(_tree_data((3, 40), 7))
     with _native.disabled():
         want = _segments.tree_sum(x.clone(), squares=True)
+        off = _segments.tree_sum(x, bufs, squares=True).clone()  # the torch levels too
     got = _segments.tree_sum(x, bufs, squares=True)
+    assert torch.equal(got.view(torch.int64), want.view(torch.int64))
+    assert torch.equal(off.view(torch.int64), want.view(torch.int64))
+
+
+def test_lazily_negated_tensors_are_read_as_their_values():
+    """A tensor carrying torch's lazy negation (its bits are the values' negatives) is never
+    handed to C as it lies: the rewards are read as their values at the inputs stage (the same
+    advantages as the negation resolved, the library on or off), and the loops refuse such a
+    tensor where one reaches them (the caller's torch passes then)."""
+    from impl import _segments
+    g = torch.Generator().manual_seed(0)
+    r0 = torch.randint(-1, 2, (4096, 2), generator=g).to(torch.float32)
+    r = torch._neg_view(r0)
+    assert r.is_neg()
+    want = gdpo.gdpo_advantages(r.resolve_neg(), group_size=8)
+    for native in (True, False):
+        with contextlib.ExitStack() as stack:
+            if not native:
+                stack.enter_context(_native.disabled())
+            got = gdpo.gdpo_advantages(r, group_size=8)
+        assert torch.equal(got.view(torch.int32), want.view(torch.int32)), native
+    x = torch._neg_view(_tree_data((3, 40, 2), 3))
+    assert _native.tree_sum(x, False) is None
+    assert _native.gather(r, 8, torch.empty(2, 8, 512, dtype=torch.float64)) is None
+    with _native.disabled():
+        want = _segments.tree_sum(x.resolve_neg())
+    assert torch.equal(_segments.tree_sum(x).view(torch.int64), want.view(torch.int64))
+
+
+def test_tree_sum_never_writes_over_what_it_reads():
+    """Buffers that meet x (another view of one allocation, not the same storage object), or
+    out and work that meet each other, are not used as given: the sums are the torch levels'."""
+    from impl import _segments
+    base = np.zeros(8192)
+    b0, b1 = torch.from_numpy(base[:4096]), torch.from_numpy(base[4096:])
+    x = torch.from_numpy(base[4000:4400]).view(4, 100)  # across both buffers
+    x.copy_(_tree_data((4, 100), 5))
+    with _native.disabled():
+        want = _segments.tree_sum(x.clone(), squares=True)
+    got = _segments.tree_sum(x, (b0, b1), squares=True)
+    assert torch.equal(got.view(torch.int64), want.view(torch.int64))
+    y = _tree_data((2, 16, 600), 6)  # B > 256: several blocks of columns
+    buf = torch.empty(20000, dtype=torch.float64)
+    with _native.disabled():
+        want = _segments.tree_sum(y)
+    got = _native.tree_sum(y, False, out=buf, work=buf)
     assert torch.equal(got.view(torch.int64), want.view(torch.int64))
