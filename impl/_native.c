@@ -82,6 +82,29 @@ static int gdpo_groups_init(gdpo_groups *z, const float *r, int64_t N, int64_t K
     return 0;
 }
 
+/* 0 where every one of the R rows lies in 0 .. N - 1, else -1. */
+static int gdpo_groups_rows(const gdpo_groups *z, const int64_t *rows, int64_t R)
+{
+    for (int64_t j = 0; j < R; j++)
+        if (rows[j] < 0 || rows[j] >= z->N)
+            return -1;
+    return 0;
+}
+
+/* The g K rewards of row's group asked for now (rows visited GDPO_AHEAD ahead of their test). */
+#define GDPO_AHEAD 8
+
+static inline void gdpo_groups_ahead(const gdpo_groups *z, int64_t row)
+{
+#if defined(__GNUC__)
+    const char *next = (const char *)(z->r + (row / z->g) * z->g * z->K);
+    for (int64_t b = 0; b < z->g * z->K * (int64_t)sizeof(float); b += 64)
+        __builtin_prefetch(next + b);
+#else
+    (void)z, (void)row;
+#endif
+}
+
 static int gdpo_zero_row(gdpo_groups *z, int64_t row)
 {
     int64_t K = z->K, g = z->g, q = row / g;
@@ -129,25 +152,15 @@ static int gdpo_zero_row(gdpo_groups *z, int64_t row)
 /* The test above for R rows (ascending: a group's sums serve its next row), each verdict a byte
  * of ok. Returns 0, or -1 (ok untouched) where K is beyond 64 columns, g < 1, N is not a
  * multiple of g or a row lies outside 0 .. N - 1. */
-#define GDPO_AHEAD 8
-
 GDPO_CLONES int gdpo_zero_rows_f32(const int64_t *rows, int64_t R, const float *r, int64_t N, int64_t K, int64_t g,
                                    const double *W, uint8_t *ok)
 {
     gdpo_groups z;
-    if (gdpo_groups_init(&z, r, N, K, g, W))
+    if (gdpo_groups_init(&z, r, N, K, g, W) || gdpo_groups_rows(&z, rows, R))
         return -1;
-    for (int64_t j = 0; j < R; j++)
-        if (rows[j] < 0 || rows[j] >= N)
-            return -1;
     for (int64_t j = 0; j < R; j++) {
-#if defined(__GNUC__)
-        if (j + GDPO_AHEAD < R) { /* the group GDPO_AHEAD rows on: its g K rewards asked for now */
-            const char *next = (const char *)(r + (rows[j + GDPO_AHEAD] / g) * g * K);
-            for (int64_t b = 0; b < g * K * (int64_t)sizeof(float); b += 64)
-                __builtin_prefetch(next + b);
-        }
-#endif
+        if (j + GDPO_AHEAD < R)
+            gdpo_groups_ahead(&z, rows[j + GDPO_AHEAD]);
         ok[j] = (uint8_t)gdpo_zero_row(&z, rows[j]);
     }
     return 0;
@@ -241,21 +254,13 @@ GDPO_CLONES int64_t gdpo_zeros_left_f32(int64_t *left, int64_t m, const double *
     gdpo_groups z;
     double alpha = prm[0], beta = prm[1], th = prm[2], near = prm[3];
     int64_t kept = 0, found = 0;
-    if (gdpo_groups_init(&z, r, N, K, g, W))
+    if (gdpo_groups_init(&z, r, N, K, g, W) || gdpo_groups_rows(&z, left, m))
         return -1;
-    for (int64_t j = 0; j < m; j++)
-        if (left[j] < 0 || left[j] >= N)
-            return -1;
     for (int64_t j = 0; j < m; j++) {
         int64_t i = left[j];
         double ai = a[i], mag = gdpo_abs(ai);
-#if defined(__GNUC__)
-        if (j + GDPO_AHEAD < m) { /* the group GDPO_AHEAD rows on: its g K rewards asked for now */
-            const char *next = (const char *)(r + (left[j + GDPO_AHEAD] / g) * g * K);
-            for (int64_t b = 0; b < g * K * (int64_t)sizeof(float); b += 64)
-                __builtin_prefetch(next + b);
-        }
-#endif
+        if (j + GDPO_AHEAD < m)
+            gdpo_groups_ahead(&z, left[j + GDPO_AHEAD]);
         if (y[i] == 0.0f && ai != 0.0) {
             double B = alpha + beta * mag, Bg = B * (1.0 + 0x1p-40);
             if (mag > Bg && mag + Bg < th)
