@@ -53,7 +53,6 @@ _I64 = torch.int64
 CPU_PAD_FACTOR = 2
 
 
-
 def lazy_checks(device: torch.device) -> bool:
     """Look for non-finite inputs only when the statistics show one (CPU: a read is free)."""
     return device.type == "cpu"

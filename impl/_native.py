@@ -325,9 +325,9 @@ def tree_sum(x: torch.Tensor, squares: bool, out: torch.Tensor | None = None,
     need = ((m + 1) // 2) * min(B, TREE_CHUNK)
     if work is None or not _cpu_flat(work, torch.float64) or work.numel() < need:
         work = torch.empty(need, dtype=torch.float64)
-    if out is None or not _cpu_flat(out, torch.float64) or out.numel() < A * B or _overlap(out, work):
+    if out is None or not _cpu_flat(out, torch.float64) or out.numel() < A * B or overlaps(out, work):
         out = torch.empty(A * B, dtype=torch.float64)
-    if _overlap(x, out) or _overlap(x, work):  # the loop would write over x while reading it
+    if overlaps(x, out) or overlaps(x, work):  # the loop would write over x while reading it
         return None
     if got.gdpo_tree_sum_f64(x.data_ptr(), A, m, B, sa, sm, sb, int(bool(squares)), out.data_ptr(),
                              work.data_ptr()) != 0:
@@ -335,14 +335,19 @@ def tree_sum(x: torch.Tensor, squares: bool, out: torch.Tensor | None = None,
     return out[: A * B].view(shape)
 
 
-def _overlap(x: torch.Tensor, t: torch.Tensor) -> bool:
-    """May x's elements and t's (a flat tensor) share memory (their address ranges meet)?"""
+def overlaps(x: torch.Tensor, t: torch.Tensor) -> bool:
+    """May x's elements and t's share memory: do their address ranges meet (first element to
+    last, whatever the strides between)?"""
     if x.numel() == 0 or t.numel() == 0:
         return False
-    lo = x.data_ptr()
-    hi = lo + x.element_size() * (1 + sum((n - 1) * s for n, s in zip(x.shape, x.stride())))
-    tlo = t.data_ptr()
-    return lo < tlo + t.numel() * t.element_size() and tlo < hi
+    (xlo, xhi), (tlo, thi) = _span(x), _span(t)
+    return xlo < thi and tlo < xhi
+
+
+def _span(t: torch.Tensor) -> tuple[int, int]:
+    """The addresses of t's first element and one past its last (strides are never negative)."""
+    lo = t.data_ptr()
+    return lo, lo + t.element_size() * (1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride())))
 
 
 _SCANS = {torch.float32: (torch.int32, "gdpo_scan_u32"), torch.float16: (torch.int16, "gdpo_scan_u16"),

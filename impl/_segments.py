@@ -248,7 +248,7 @@ def tree_sum(x: torch.Tensor, bufs=None, *, squares: bool = False) -> torch.Tens
 def _shares(x: torch.Tensor, bufs) -> bool:
     """May x share memory with either buffer (its sums would overwrite it)? By address ranges, not
     storage objects: two storages may view one allocation (torch.from_numpy of one array)."""
-    return any(_native._overlap(x, b) for b in bufs)
+    return any(_native.overlaps(x, b) for b in bufs)
 
 
 _CONSTANTS: dict = {}
