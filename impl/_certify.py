@@ -1237,8 +1237,7 @@ def _zeros_left(p: Problem, a: torch.Tensor, y: torch.Tensor, left: torch.Tensor
     route = p.zeros_route()  # (asked only here: a call whose tier 0 leaves no row never asks)
     if route is None:
         return None
-    reach = alpha / (1 - beta) if beta < 1 else math.inf  # (as _exact_zeros)
-    got = _native.zeros_left(left, a, y, (alpha, beta, _FORMAT[out_dtype][1], reach * (1 + 2.0 ** -30)), *route)
+    got = _native.zeros_left(left, a, y, (alpha, beta, _FORMAT[out_dtype][1], _zero_reach(alpha, beta)), *route)
     if got is None:
         return None
     left, p.zeros_done = got
@@ -1286,9 +1285,9 @@ def _exact_zeros(p: Problem, y: torch.Tensor, units: _Units, whole: torch.Tensor
             reach = torch.where(beta < 1, alpha / (1 - beta), math.inf)
             near = p.a.index_select(0, rows).abs() <= reach * (1 + 2.0 ** -30)
         else:
-            reach = alpha / (1 - beta) if beta < 1 else math.inf
-            near = (torch.from_numpy(np.abs(p.a.numpy()[rows.numpy()]) <= reach * (1 + 2.0 ** -30)) if cpu else
-                    p.a.index_select(0, rows).abs() <= reach * (1 + 2.0 ** -30))
+            reach = _zero_reach(alpha, beta)
+            near = (torch.from_numpy(np.abs(p.a.numpy()[rows.numpy()]) <= reach) if cpu else
+                    p.a.index_select(0, rows).abs() <= reach)
         at = _keep(torch.arange(left.numel()) if at is None else at, near) if cpu else \
             indices(near) if at is None else at[near]
     if at is not None and at.numel() == 0 or left.numel() == 0:
@@ -1311,6 +1310,13 @@ def _exact_zeros(p: Problem, y: torch.Tensor, units: _Units, whole: torch.Tensor
         keep.index_fill_(0, indices(ok) if at is None else at[ok], False)
         rest = left[keep]
     return y.index_fill_(0, got, 0.0), got, rest
+
+
+def _zero_reach(alpha: float, beta: float) -> float:
+    """How far from 0 a float64 a may lie and its a* still be 0, for host bounds |a - a*| <= alpha +
+    beta |a|: |a| <= alpha / (1 - beta), raised by a 2**-30 margin (its own roundings). One
+    figure for :func:`_exact_zeros` and :func:`_zeros_left`'s C loop alike."""
+    return (alpha / (1 - beta) if beta < 1 else math.inf) * (1 + 2.0 ** -30)
 
 
 def _keep(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
