@@ -34,11 +34,19 @@ from conformance.subject import Subject
 
 
 def check_values(subject: Subject, case: Case, prop: str = "values") -> None:
-    exp = J.oracle_verdict(case, subject.convention, subject.token_counts(case))
+    exp = J.oracle_verdict(case, subject.judged(), subject.token_counts(case))
     if exp is None:
         return
     out = subject.outcome(subject.call, case)
-    J.values(prop, "Eq. 4, 7, 6 (advantages)", subject, case, out, exp)
+    J.values(prop, "Eq. 4, 7, 6 (advantages)", subject, as_returned(subject, case, out), out, exp)
+
+
+def as_returned(subject: Subject, case: Case, out) -> Case:
+    """The case judged at the dtype the code returned, where its call shape passes no output dtype
+    (trl, verl: float32 or float64 are both the code's own choice)."""
+    if subject.shape in ("trl", "verl") and out.ok and out.dtype in ("float32", "float64"):
+        return dataclasses.replace(case, out_dtype=out.dtype)
+    return case
 
 
 def check_certified(subject: Subject, case: Case, prop: str = "certified") -> None:
@@ -50,7 +58,7 @@ def check_certified(subject: Subject, case: Case, prop: str = "certified") -> No
     if not subject.certifies() or subject.convention != "spec":
         check_values(subject, case, prop)
         return
-    exp = J.oracle_verdict(case, subject.convention)
+    exp = J.oracle_verdict(case, subject.judged())
     if exp is None:
         return
     out = subject.outcome(subject.call, case)
@@ -58,7 +66,7 @@ def check_certified(subject: Subject, case: Case, prop: str = "certified") -> No
 
 
 def check_normalize(subject: Subject, case: Case, prop: str = "stage_normalize") -> None:
-    exp = J.oracle_verdict(dataclasses.replace(case, segment_sizes=None), subject.convention)
+    exp = J.oracle_verdict(dataclasses.replace(case, segment_sizes=None), subject.judged())
     if exp is None:
         return
     out = subject.outcome(subject.call_normalize, case)
@@ -68,7 +76,7 @@ def check_normalize(subject: Subject, case: Case, prop: str = "stage_normalize")
 def check_whiten(subject: Subject, case: Case, prop: str = "stage_whiten") -> None:
     values = case.rewards_array()[:, 0]
     try:
-        exp = expected_whiten(values, case.segment_sizes, case.eps, subject.convention)
+        exp = expected_whiten(values, case.segment_sizes, case.eps, subject.judged())
     except Exception as exc:  # noqa: BLE001
         raise J.ConformanceFailure(f"the oracle failed on whiten({values.tolist()}): {exc!r}") from exc
     out = subject.outcome(subject.call_whiten, values, case.dtype, case.segment_sizes, case.eps, case.out_dtype)
@@ -89,13 +97,18 @@ def check_error(subject: Subject, cases, prop: str = "errors") -> None:
     for case in (cases if isinstance(cases, tuple) else (cases,)):
         name = case.note.split(":", 1)[1]
         route = J.error_route(subject.convention, name)
+        if name in subject.validated():
+            continue  # declared: checked by the framework before the function is called
+        if name in ("integer_rewards", "bool_rewards") and subject.takes_integers():
+            check_values(subject, _held(subject, case), prop)  # declared: computed as their values
+            continue
         if route == "skip":
             continue
         if route == "policy":
             judged = _held(subject, case)
-            exp = expected(judged, subject.convention, subject.token_counts(judged))  # NaN where NaN propagates
+            exp = expected(judged, subject.judged(), subject.token_counts(judged))  # NaN where NaN propagates
             out = subject.outcome(subject.call, judged)
-            J.policy(prop, J.policy_equation(subject, name), subject, judged, out, exp)
+            J.policy(prop, J.policy_equation(subject, name), subject, as_returned(subject, judged, out), out, exp)
             continue
         ec = EC.ERROR_BY_NAME[name]
         if subject.convention == "spec" and ec.oracle and not case.variant:
@@ -118,7 +131,7 @@ def _dist_outcomes(prop, eq, subject, case: DistCase, api="gdpo"):
 
 def check_dist_values(subject: Subject, case: DistCase, prop: str = "dist_values") -> None:
     eq = f"Eq. 4, 7, 6 across {case.world} gloo rank(s)"
-    exp = J.oracle_verdict(case, subject.convention)
+    exp = J.oracle_verdict(case, subject.judged())
     if exp is None:
         return
     outs = _dist_outcomes(prop, eq, subject, case)

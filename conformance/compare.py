@@ -132,6 +132,8 @@ def repro(subject, case, prop: str | None = None) -> str:
         where += f" --device {shlex.quote(subject.device)}"
     if getattr(subject, "backend", "gloo") != "gloo":
         where += f" --backend {shlex.quote(subject.backend)}"
+    if getattr(subject, "precision", None):
+        where += f" --precision {subject.precision}"
     return (f"python -m conformance.replay --impl {shlex.quote(subject.target)} --convention {subject.convention} "
             f"--call-shape {subject.shape}{where}" + (f" --property {shlex.quote(prop)}" if prop else "") +
             f" --case {shlex.quote(case.dumps())}")

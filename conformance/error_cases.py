@@ -187,6 +187,14 @@ ERROR_CASES = (
 )
 ERROR_BY_NAME = {e.name: e for e in ERROR_CASES}
 
+#: One cause per check an implementation makes or misses (a grading's findings are one per cause,
+#: conformance/findings.py): error cases that one check refuses share a cause, the others are their own.
+CAUSES = {"nan_reward": "non-finite rewards", "inf_reward": "non-finite rewards",
+          "integer_rewards": "integer or bool rewards", "bool_rewards": "integer or bool rewards",
+          "group_of_one": "groups of one sample", "group_size_one": "groups of one sample",
+          "both_group_arguments": "the group arguments", "no_group_argument": "the group arguments",
+          "segments_negative": "the unit sizes", "segments_sum": "the unit sizes"}
+
 
 #: Error cases that need the units / the eps argument (not drawn where the declared domain has none).
 UNIT_CASES = ("segments_negative", "segments_sum", "unit_of_one")

@@ -1,125 +1,236 @@
-"""Findings: a grading's failures grouped by root cause, so that one defect is reported once.
+"""Findings: a grading's failures, one per cause (docs/grading.md, "Findings").
 
-A property that fails lists, in a drawn-first run (``conformance/runner.py``), every case that
-failed and its category. Five properties of one float32 implementation may fail on one cause
-(its squared deviations overflow past about 1.8e19); a second defect (a clip, a wrong eps) fails
-cases of ordinary magnitude in another category. A :class:`Finding` is one such cause:
+Every failing case of a grading (:mod:`conformance.grading`) carries the judge's verdict: a
+category (``conformance/verdicts.py``), and where the judge names one, the formula or the cause
+(:func:`conformance.judge.explain`). A :class:`Finding` is one cause:
 
-* the **regime** where it shows, decided by the judge from the failing case itself: a bad input
-  (an error case of the contract), several ranks, *extreme magnitudes* (the failure goes away when
-  the case's rewards, or its weights, are scaled down toward ordinary values: the threshold is
-  the smallest magnitude at which it still failed), or *ordinary magnitudes* (it still fails at
-  |r| <= 1e4: no overflow explains it);
-* the category (``conformance/verdicts.py``);
-* the properties where it showed, and the smallest example (the judge's reduction, in decimal).
+* the **regime** where it shows: ``ordinary magnitudes`` (every reward and weight within 1e4,
+  where no float32 square overflows), ``bad input`` (a case of the error contract), ``several
+  ranks``, or ``extreme magnitudes``, with the threshold located by bisection over the binary
+  exponent between the largest ordinary magnitude and the failing one (:func:`threshold`);
+* its **key**: the category and regime, and the formula's differences, the precision's cause, the
+  error case's cause or, at extreme magnitudes, which input is large; failures of one key are one
+  finding, failures of two keys never share one;
+* the rows where it showed, how many cases failed, and the smallest example the judge's reduction
+  reaches (``conformance.runner.reduce``), with the line that replays it.
 
-Findings are keyed on (category, regime, and for a formula its differences from the paper,
-``conformance/formulas.py``): a maintainer fixes one per row.
+Findings are ranked worst first (:func:`rank`): a formula or precision difference on ordinary
+inputs, then bad input accepted, then several ranks, then extreme magnitudes.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from decimal import Decimal
+from typing import Callable
 
 import numpy as np
 
 from conformance.cases import Case, DistCase
 from conformance.compare import decimal
 from conformance.judge import ConformanceFailure
-from conformance.verdicts import ORDINARY, label
+from conformance.verdicts import ORDINARY, Category, label
 from spec.error_model import round_to
 
-#: Checks one threshold probe may spend (each a power of ten down).
-PROBE_CALLS = 40
+#: the regimes, in the order findings are ranked
+REGIMES = ("ordinary magnitudes", "bad input", "several ranks", "extreme magnitudes")
+#: what one example's reduction may spend, in checks
+REDUCE_CALLS = 40
+#: bisection steps of a threshold (the binary exponents 13 to 1024 need 7)
+BISECT_STEPS = 12
 
 
-def regime(check, case, category) -> tuple[str, float | None]:
-    """(regime, threshold) of a failure of ``case`` in ``category`` (:func:`probe`)."""
-    return probe(check, case, category)[:2]
+@dataclasses.dataclass
+class Failure:
+    """One failing case of a grading: its row, the case, the judge's failure, what the call
+    returned, and the row's check (to replay a reduced or scaled case)."""
+
+    row: str
+    case: object
+    exc: ConformanceFailure
+    out: object
+    check: Callable
 
 
-def probe(check, case, category) -> tuple[str, float | None, object]:
-    """(regime, threshold, example) of a failure of ``case`` in ``category``: ``bad input``,
-    ``several ranks``, ``extreme magnitudes`` with the smallest magnitude (a power of ten) that
-    still failed and the case scaled down to it, or ``ordinary magnitudes``."""
-    if isinstance(case, tuple) or (isinstance(case, Case) and (case.note.startswith("error:") or case.variant)):
-        return "bad input", None, case
-    if isinstance(case, DistCase):
-        return "several ranks", None, case
+@dataclasses.dataclass
+class Finding:
+    category: str
+    regime: str
+    cause: str  # one line: the formula's differences, the cause, or what the judge said
+    rows: list
+    count: int
+    example: object  # the smallest case
+    said: str  # what the example returned, in one line
+    repro: str
+    detail: str  # the judge's full text of the example
+    threshold: float | None = None
+    input: str = ""  # at extreme magnitudes: "rewards" or "weights"
+
+    def headline(self) -> str:
+        if self.regime == "bad input":
+            return f"{label(self.category)}: {self.cause}"
+        where = self.regime
+        if self.threshold is not None:
+            where += f", from |{self.input or 'value'}| of about {self.threshold:.3g}"
+        return f"{label(self.category)} ({where}): {self.cause}"
+
+    def lines(self, i: int) -> list[str]:
+        rows = ", ".join(self.rows[:6]) + (f" and {len(self.rows) - 6} more" if len(self.rows) > 6 else "")
+        out = [f"{i}. {self.headline()}"]
+        out.append(f"   in {rows}: {self.count} case(s); example {describe(self.example)}")
+        if self.said:
+            out.append(f"   {self.said}")
+        if self.repro:
+            out.append(f"   replay: {self.repro}")
+        return out
+
+    def as_json(self) -> dict:
+        return {"category": str(self.category), "category_label": label(self.category), "regime": self.regime,
+                "cause": self.cause, "threshold": self.threshold, "input": self.input or None,
+                "properties": self.rows, "count": self.count, "example": describe(self.example),
+                "example_case": _dumps(self.example), "said": self.said, "repro": self.repro}
+
+
+def _dumps(case) -> str:
+    return case[0].dumps() if isinstance(case, tuple) else case.dumps()
+
+
+def rank(found: list) -> list:
+    return sorted(found, key=lambda f: (REGIMES.index(f.regime), f.category != Category.FORMULA, -f.count))
+
+
+# ------------------------------------------------------------------ regimes and keys
+
+
+def ordinary(case) -> bool:
+    """Every reward and weight finite and within :data:`conformance.verdicts.ORDINARY`."""
     if not isinstance(case, Case) or not case.rewards:
-        return "ordinary magnitudes", None, case
-    if getattr(case, "missing", "") in ("", "refuse") and not all(
-            math.isfinite(v) for row in case.rewards for v in row):
-        return "bad input", None, case  # a value property's case that rounded to inf in its dtype
-    r = max((abs(v) for row in case.rewards for v in row if math.isfinite(v)), default=0.0)
-    w = max((abs(v) for v in case.weights or () if math.isfinite(v)), default=1.0)
-    if max(r, w) <= ORDINARY:
-        return "ordinary magnitudes", None, case
-    scale_weights = w > ORDINARY and r <= ORDINARY
-    top = w if scale_weights else r
-    smallest, example = top, case
-    for j in range(1, PROBE_CALLS + 1):
-        factor = 10.0 ** -j
-        scaled = _scaled(case, j, scale_weights)
-        if scaled is None:
-            break
-        if not _fails(check, scaled, category):
-            return "extreme magnitudes", _magnitude(smallest), example
-        smallest, example = top * factor, scaled
-        if smallest <= ORDINARY:
-            return "ordinary magnitudes", None, case
-    return "extreme magnitudes", _magnitude(smallest), example
+        return False
+    values = [v for row in case.rewards for v in row] + list(case.weights or ())
+    return all((math.isnan(v) and bool(case.missing)) or (math.isfinite(v) and abs(v) <= ORDINARY) for v in values)
 
 
-def _magnitude(x: float) -> float:
-    """A threshold as a power of ten (down), the way it is read."""
-    return 10.0 ** math.floor(math.log10(x)) if x > 0 else x
+def regime(f: Failure) -> str:
+    case = f.case
+    if isinstance(case, DistCase):
+        return "bad input" if case.note.startswith("error:") else "several ranks"
+    if isinstance(case, tuple) or case.note.startswith("error:") or case.variant:
+        return "bad input"
+    if f.exc.category == Category.FORMULA or ordinary(case):
+        return "ordinary magnitudes"
+    if not case.missing and not all(math.isfinite(v) for row in case.rewards for v in row):
+        return "bad input"  # a value case whose reward rounded to inf in its dtype
+    return "extreme magnitudes"
 
 
-def _shift(v: float, j: int, dtype: str) -> float:
-    """``v`` divided by 10^j in decimal (its shortest decimal in ``dtype``, the exponent moved),
-    so that float32's 1e+38 becomes float32's 1e+19, not 1e38's float32 times 1e-19."""
-    if v == 0.0 or not math.isfinite(v):
-        return v
-    return float(Decimal(decimal(v, dtype)).scaleb(-j))
+def _error_name(case) -> str:
+    c = case[0] if isinstance(case, tuple) else case
+    return c.note.split(":")[1] if c.note.startswith("error:") else ""
 
 
-def _scaled(case: Case, j: int, weights: bool) -> Case | None:
-    """The case with its rewards (or weights) divided by 10^j, rounded into their dtype; None
-    where that loses every value (an underflow) or cannot be held."""
+def key(f: Failure) -> tuple:
+    """What makes two failures one finding (see the module docstring)."""
+    cat, reg = str(f.exc.category), regime(f)
+    if reg == "bad input":
+        from conformance.error_cases import CAUSES, DIST_ERROR_BY_NAME, ERROR_BY_NAME
+
+        name = _error_name(f.case) or "inf_reward"  # a value case whose reward is not finite in its dtype
+        ec = ERROR_BY_NAME.get(name) or DIST_ERROR_BY_NAME.get(name)
+        return cat, reg, CAUSES.get(name) or (ec.why if ec is not None else name)
+    if cat == Category.FORMULA:
+        return cat, "ordinary magnitudes", f.exc.formula or ""
+    if cat == Category.PRECISION and getattr(f.exc, "cause", None):
+        return cat, "", f.exc.cause  # one cause, wherever it shows: its regime is its members' lowest
+    if reg == "extreme magnitudes":
+        return cat, reg, _large_input(f)
+    return cat, reg, ""
+
+
+def _large_input(f: Failure) -> str:
+    """The input whose magnitude makes ``f`` fail: the rewards where they alone are large, the
+    weights where they alone are, else the rewards unless the case still fails with its large
+    rewards scaled down to about :data:`ORDINARY` (one more check)."""
+    case = f.case
+    if _top(case, "rewards") <= ORDINARY:
+        return "weights"
+    if _top(case, "weights") <= ORDINARY:
+        return "rewards"
+    floor = _scaled(case, -(math.frexp(_top(case, "rewards"))[1] - math.frexp(ORDINARY)[1]), False)
+    return "weights" if floor is not None and _fails_alike(f, floor) is not None else "rewards"
+
+
+# ------------------------------------------------------------------ thresholds
+
+
+def _fails_alike(f: Failure, case) -> ConformanceFailure | None:
+    try:
+        f.check(case)
+    except ConformanceFailure as exc:
+        return exc if exc.category == f.exc.category else None
+    except Exception:  # noqa: BLE001 - another kind of failure is another finding
+        return None
+    return None
+
+
+def _scaled(case: Case, e: int, weights: bool) -> Case | None:
+    """The case with its large rewards (or weights), those beyond :data:`ORDINARY`, times 2^e
+    (the others kept: scaling a tiny value of the same batch would move it relative to eps, not
+    toward the threshold); None where the dtype cannot hold a scaled value exactly."""
+    def scale(values, dtype):
+        v = np.asarray(values, dtype=np.float64)
+        s = np.where(np.abs(v) > ORDINARY, np.ldexp(v, e), v)
+        ok = np.all(np.isfinite(s[np.isfinite(v)])) and np.array_equal(round_to(s, dtype), s, equal_nan=True)
+        return s if ok else None
+
     if weights:
-        w = tuple(_shift(float(v), j, "float64") for v in case.weights)
-        return dataclasses.replace(case, weights=w) if any(w) else None
+        w = scale(case.weights, "float64")
+        return None if w is None else dataclasses.replace(case, weights=tuple(float(x) for x in w))
     if case.dtype not in ("float64", "float32", "float16", "bfloat16"):
         return None
-    vals = np.array([[_shift(v, j, case.dtype) for v in row] for row in case.rewards], dtype=np.float64)
-    held = round_to(vals, case.dtype)
-    if not np.all(np.isfinite(held)) or not np.any(held):
-        return None
-    return dataclasses.replace(case, rewards=tuple(tuple(float(v) for v in row) for row in held))
+    r = scale(case.rewards_array(), case.dtype)
+    return None if r is None else dataclasses.replace(case, rewards=tuple(tuple(float(v) for v in row) for row in r))
 
 
-def _fails(check, case, category) -> bool:
-    try:
-        check(case)
-    except ConformanceFailure as exc:
-        return exc.category == category
-    except Exception:  # noqa: BLE001 - another failure is another finding
-        return False
-    return False
+def threshold(f: Failure, case: Case, inp: str) -> tuple[float | None, Case]:
+    """The smallest magnitude of input ``inp`` (``"rewards"`` or ``"weights"``) at which the case
+    still fails alike, by bisection over the binary exponent between the case's own and about
+    :data:`ORDINARY`, and the case scaled there; (None, case) where the case still fails with that
+    input scaled to ORDINARY (that input is not what makes it fail)."""
+    weights = inp == "weights"
+    top = _top(case, inp)
+    if not top > ORDINARY:
+        return None, case
+    hi = 0  # scaling by 2^hi fails (the case itself)
+    lo = -(math.frexp(top)[1] - math.frexp(ORDINARY)[1])
+    floor = _scaled(case, lo, weights)
+    if floor is None or _fails_alike(f, floor) is not None:
+        return None, case
+    best = case
+    for _ in range(BISECT_STEPS):
+        if hi - lo <= 1:
+            break
+        mid = (lo + hi) // 2
+        cand = _scaled(case, mid, weights)
+        if cand is None:
+            lo = mid  # cannot be held there exactly: the threshold is not below it
+            continue
+        if _fails_alike(f, cand) is not None:
+            hi, best = mid, cand
+        else:
+            lo = mid
+    return math.ldexp(top, hi), best
 
 
-def describe(case, limit: int = 8) -> str:
-    """A case in decimal, short: ``[[1e+20], [0], [0], [1]]`` and what else it sets. Equal rows in
-    a row are one entry, ``[0] (x6)``, so the rows that differ show among the first ``limit``
-    entries (a case of 8 zeros, then 1e+20, no longer reads as zeros only)."""
+# ------------------------------------------------------------------ examples
+
+
+def describe(case, limit: int = 6) -> str:
+    """A case in decimal, short: ``[[1e+20], [0] (x3)] (float32, groups of 4, weights [1, 2])``."""
     if isinstance(case, tuple):
         case = case[0]
     if isinstance(case, DistCase):
-        return f"{case.world} ranks: " + "; ".join(describe(s, limit) for s in case.shards)
-    runs: list[list] = []  # rows in order, a run of equal rows as one entry: [text, count]
+        return f"{case.world} ranks: " + "; ".join(describe(s, 3) for s in case.shards)
+    runs: list = []
     for row in case.rewards:
         t = "[" + ", ".join(decimal(v, case.dtype) for v in row) + "]"
         if runs and runs[-1][0] == t:
@@ -128,11 +239,11 @@ def describe(case, limit: int = 8) -> str:
             runs.append([t, 1])
     shown = runs[:limit]
     rest = case.n - sum(c for _, c in shown)
-    more = f", ... ({rest} more rows)" if rest else ""
-    text = "[" + ", ".join(t if c == 1 else f"{t} (x{c})" for t, c in shown) + more + "]"
+    text = "[" + ", ".join(t if c == 1 else f"{t} (x{c})" for t, c in shown) + (f", ... {rest} more rows" if rest
+                                                                              else "") + "]"
     extras = [case.dtype]
     if case.group_ids is not None:
-        extras.append(f"group_ids {list(case.group_ids)}")
+        extras.append(f"group_ids {list(case.group_ids)[:12]}")
     elif case.group_size is not None and case.group_size != case.n:
         extras.append(f"groups of {case.group_size}")
     if case.weights is not None:
@@ -143,89 +254,132 @@ def describe(case, limit: int = 8) -> str:
         extras.append(f"eps {decimal(case.eps)}")
     if case.note.startswith("error:"):
         extras.append(case.note)
-    return f"`{text}` ({', '.join(extras)})"
+    return f"{text} ({', '.join(extras)})"
 
 
-def size(case) -> tuple:
-    """How big an example reads (rows x columns, then its text): the smaller is shown."""
+def _said(exc: ConformanceFailure, out) -> str:
+    """What the example's call did, in one line: its first listed output, or its refusal."""
+    lines = str(exc).splitlines()
+    for ln in lines[1:]:
+        body = ln.strip()
+        if body.startswith(("inputs:", "repro:", "formula:", "precision:")):
+            continue
+        return body if len(body) <= 300 else body[:297] + "..."
+    return lines[0].split(": ", 1)[-1] if lines else ""
+
+
+def _repro(exc) -> str:
+    return next((ln.strip()[len("repro: "):] for ln in str(exc).splitlines() if ln.strip().startswith("repro: ")), "")
+
+
+def _example(f: Failure, subject) -> tuple[object, ConformanceFailure]:
+    from conformance import runner
+
+    if not isinstance(f.case, Case) or f.case.note.startswith("error:") or f.case.variant:
+        return f.case, f.exc
+    exc, _ = runner.reduce(f.check, subject, f.case, f.exc, REDUCE_CALLS)
+    return getattr(exc, "case", f.case), exc
+
+
+def findings(failures: list, subject) -> list:
+    """The grading's findings (see the module docstring)."""
+    groups: dict = {}
+    for f in failures:
+        groups.setdefault(key(f), []).append(f)
+    out = []
+    for (cat, reg, what), members in groups.items():
+        if not reg:
+            reg = min((regime(m) for m in members), key=REGIMES.index)
+        rows = list(dict.fromkeys(m.row for m in members))
+        first = min(members, key=lambda m: _size(m.case))
+        thr, inp = None, ""
+        if reg == "extreme magnitudes" and isinstance(first.case, Case) and what in ("rewards", "weights"):
+            thr, inp, first, example = _lowest(members, what)
+            exc = _fails_alike(first, example) or first.exc
+            if thr is not None:
+                from conformance import runner
+
+                exc, _ = runner.reduce(first.check, subject, example, exc, REDUCE_CALLS)
+                example = getattr(exc, "case", example)
+            overflow = thr and cat in (Category.NON_FINITE, Category.SILENT_ZERO)
+            cause = getattr(exc, "cause", None) or (mechanism(example, subject) if overflow else "") \
+                or _cause_line(exc)
+        else:
+            example, exc = _example(first, subject)
+            cause = what if what else _cause_line(exc)
+        out.append(Finding(cat, reg, cause, rows, len(members), example, _said(exc, first.out), _repro(exc),
+                           str(exc), thr, inp))
+    return rank(out)
+
+
+def _lowest(members: list, what: str, tries: int = 4):
+    """(threshold, input, failure, example) of the lowest threshold among the first ``tries``
+    failures in order of magnitude whose threshold can be located (a case mixing 1e30 and 1e-30
+    cannot be scaled down exactly: it is passed over)."""
+    best = (None, "", members[0], members[0].case)
+    for m in sorted(members, key=lambda m: (_top(m.case, what), _size(m.case)))[:tries]:
+        for inp in (what, "weights" if what == "rewards" else "rewards"):
+            thr, example = threshold(m, m.case, inp)
+            if thr is not None:
+                if best[0] is None or thr < best[0]:
+                    best = (thr, inp, m, example)
+                break
+    return best
+
+
+def _top(case: Case, inp: str) -> float:
+    values = (case.weights or ()) if inp == "weights" else [v for row in case.rewards for v in row]
+    return max((abs(v) for v in values if math.isfinite(v)), default=0.0)
+
+
+def mechanism(case: Case, subject) -> str:
+    """What overflows the code's working precision on ``case`` (a failing case at its threshold):
+    among the exact intermediates a correct code forms (Eq. 4's group sums and sums of squared
+    deviations, Eq. 7's terms w_k z_k, Eq. 6's sums over the unit), the one that comes nearest
+    the largest finite value, or beyond it; "" where none comes within a factor 16."""
+    from conformance.cases import expected
+    from spec.error_model import largest_finite
+
+    dtype = getattr(subject, "precision", None) or subject.judged().native_dtype
+    top = largest_finite(dtype)
+    r = case.rewards_array()
+    labels = case.labels()
+    found = {}
+    with np.errstate(all="ignore"):
+        for g in np.unique(labels):
+            x = r[labels == g]
+            dev = x - x.mean(axis=0)
+            found["a group's sum of the rewards (Eq. 4's mean) overflows"] = max(
+                found.get("a group's sum of the rewards (Eq. 4's mean) overflows", 0.0),
+                float(np.max(np.abs(x.sum(axis=0)))))
+            found["the squared deviations of Eq. 4 (its std) overflow"] = max(
+                found.get("the squared deviations of Eq. 4 (its std) overflow", 0.0),
+                float(np.max((dev * dev).sum(axis=0))))
+        exp = expected(case, "spec")
+        if exp.result is not None:
+            z, c = exp.result.z.float64, exp.result.combined.float64
+            w = np.ones(z.shape[1]) if case.weights is None else np.abs(np.asarray(case.weights, dtype=np.float64))
+            found["Eq. 7's terms w_k z_k overflow"] = float(np.max(np.abs(z) * w))
+            found["the sum of c over the batch (Eq. 6's mean) overflows"] = float(np.abs(np.sum(c)))
+            found["the squared deviations of Eq. 6 (its std) overflow"] = float(np.sum((c - c.mean()) ** 2))
+    crossed = [(v, w) for w, v in found.items() if v >= top / 16]  # near the range or beyond it
+    if not crossed:
+        return ""
+    _, what = min(crossed)  # at the threshold, the one that just crossed: the others cross later or earlier
+    return f"{what} {dtype} (beyond {top:.3g})"
+
+
+def _cause_line(exc: ConformanceFailure) -> str:
+    """The judge's headline, without its prefix: what failed."""
+    head = str(exc).splitlines()[0] if str(exc) else ""
+    head = head.split("): ", 1)[-1]
+    cause = getattr(exc, "cause", None)
+    return f"{head}; {cause}" if cause else head
+
+
+def _size(case) -> tuple:
     if isinstance(case, tuple):
         case = case[0]
     if isinstance(case, DistCase):
-        return (sum(s.n for s in case.shards), 0, len(case.dumps()))
-    return (case.n * max(case.k, 1), case.k, len(case.dumps()))
-
-
-def record(prop: str, category, case, check, repro: str | None = None, formula: str | None = None,
-           formula_alternatives=()) -> dict:
-    """One property's failure of one category, as the plugin carries it (JSON-able). ``repro``:
-    the replay line of ``case``; where the example shown is another case (scaled down to the
-    threshold), the line replays that example instead. ``formula_alternatives``: the other
-    variants of the catalogue that reproduce the case's output as well as ``formula`` does."""
-    reg, threshold, example = probe(check, case, category)
-    if repro and example is not case and " --case " in repro:
-        import shlex
-
-        repro = repro.rsplit(" --case ", 1)[0] + " --case " + shlex.quote(example.dumps())
-    return {"category": str(category), "regime": reg, "threshold": threshold, "property": prop,
-            "example": describe(example), "size": list(size(example)), "repro": repro, "formula": formula,
-            "formula_alternatives": list(formula_alternatives) if formula else []}
-
-
-def group(records: list[dict]) -> list[dict]:
-    """The findings of a grading: its failures' records merged by (category, regime, and for a
-    formula the differences diagnosed), each with the properties where it showed, the smallest
-    threshold and the smallest example. A formula whose case several variants reproduce alike is
-    one guess among them: where another record names one of those variants with fewer alike (its
-    case tells more apart), the record joins that formula's finding (one cause, not one finding
-    per guess)."""
-    named: dict = {}  # formula -> the fewest alternatives any record naming it has
-    for r in records:
-        if r.get("formula"):
-            named[r["formula"]] = min(named.get(r["formula"], 1 << 30), len(r.get("formula_alternatives") or ()))
-
-    def formula_of(r):
-        f = r.get("formula")
-        if not f:
-            return f
-        choices = [a for a in (f, *(r.get("formula_alternatives") or ())) if a in named]
-        return min(choices, key=lambda a: (named[a], a != f))
-
-    out: dict = {}
-    for r in records:
-        formula = formula_of(r)
-        key = (r["category"], r["regime"], formula)
-        alternatives = list(r.get("formula_alternatives") or ()) if formula == r.get("formula") else None
-        f = out.setdefault(key, {"category": r["category"], "regime": r["regime"], "threshold": None,
-                                 "properties": [], "example": r["example"], "size": r["size"],
-                                 "repro": r.get("repro"), "formula": formula, "formula_alternatives": None})
-        if alternatives is not None and (f["formula_alternatives"] is None
-                                         or len(alternatives) < len(f["formula_alternatives"])):
-            f["formula_alternatives"] = alternatives  # the record that tells the most apart
-        if r["property"] not in f["properties"]:
-            f["properties"].append(r["property"])
-        if r["threshold"] is not None and (f["threshold"] is None or r["threshold"] < f["threshold"]):
-            f["threshold"] = r["threshold"]
-        # the example: the smallest of the records that name the finding's formula themselves
-        # (a record that joined it names another guess on its own case), else the smallest
-        own = formula == r.get("formula")
-        if (own, [-x for x in r["size"]]) > (f.get("_own", False), [-x for x in f["size"]]):
-            f["example"], f["size"], f["repro"], f["_own"] = r["example"], r["size"], r.get("repro"), own
-    for f in out.values():
-        f.pop("_own", None)
-        if f["formula_alternatives"] is None:
-            f["formula_alternatives"] = []
-    return list(out.values())
-
-
-def cause(f: dict) -> str:
-    """The cause in words: the category's label and where it shows, with its threshold."""
-    where = f["regime"]
-    if f["threshold"] is not None:
-        where += f" (from |value| of about {f['threshold']:.0e})"
-    formula, alike = f.get("formula"), f.get("formula_alternatives") or ()
-    if formula and alike:
-        formula += (f"; its cases cannot tell it from {alike[0]}" if len(alike) == 1 else
-                    f"; its cases cannot tell it from {len(alike)} other variants, among them {alike[0]} "
-                    f"(its replay line lists them)")
-    what = label(f["category"]) + (f" ({formula})" if formula else "")
-    return f"{what}, at {where}" if f["regime"] != "bad input" else what
+        return (sum(s.n for s in case.shards), len(case.dumps()))
+    return (case.n * max(case.k, 1), len(case.dumps()))

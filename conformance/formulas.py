@@ -66,15 +66,16 @@ class Variant:
     of None is the eps the call passes (1e-4 where it passes none)."""
 
     baseline: str = "mean"          # Eq. 4: "mean", "leave_one_out"
-    scale: str = "group_std"        # Eq. 4: "group_std", "batch_std", "none"
+    scale: str = "group_std"        # Eq. 4: "group_std", "loo_std", "batch_std", "none"
     group_ddof: int = 1
     group_placement: str = "std"    # "std" (std + eps), "var" (sqrt(var + eps)), "skip_if_zero"
     group_eps: float | None = None
     singleton: str = "error"        # a group of one: "error", "zero", "raw"
     nan: str = "error"              # "error", "zero_first", "nan_aware", "nan_aware_unscored", "propagate"
-    weights: str = "after"          # Eq. 7: "after" (GDPO), "before" (GRPO on the weighted sum)
+    weights: str = "after"          # Eq. 7: "after" (GDPO), "before" (GRPO on the weighted sum),
+    #                                 "normalized" (w / sum w, then GDPO's Eq. 7)
     whiten: str = "per_sample"      # Eq. 6: "per_sample", "per_token", "center", "none"
-    whiten_scope: str = "unit"      # "unit" (per training batch), "batch" (the whole call)
+    whiten_scope: str = "unit"      # "unit" (per training batch), "batch" (the whole call), "group" (per prompt group)
     whiten_ddof: int = 1
     whiten_placement: str = "std"
     whiten_eps: float | None = None
@@ -94,6 +95,16 @@ class Variant:
             ch.update(whiten_ddof=1, whiten_placement="std", whiten_eps=None)
             if v.whiten == "none":
                 ch.update(whiten_scope="unit")
+        if v.whiten == "center" and v.whiten_scope == "group":  # c is centred in each group already
+            ch.update(whiten="none", whiten_scope="unit")
+        if (v.whiten == "per_sample" and v.whiten_scope == "group" and v.scale == "none" and v.baseline == "mean"
+                and v.weights == "after" and v.singleton == "error"):
+            # c = sum_k w_k (r_k - mean_g r_k) is the weighted sum's deviation, whitened within its group: GRPO
+            # on the weighted sum, the one formula written two ways
+            ch = {"weights": "before", "scale": "group_std", "group_ddof": v.whiten_ddof,
+                  "group_placement": v.whiten_placement, "group_eps": v.whiten_eps, "whiten": "none",
+                  "whiten_scope": "unit", "whiten_ddof": 1, "whiten_placement": "std", "whiten_eps": None}
+            return _with(v, **ch).canonical()
         elif v.whiten_placement == "skip_if_zero":
             ch.update(whiten_eps=0.0)
         elif v.whiten_placement == "var" and v.whiten_eps == 0.0:
@@ -138,6 +149,8 @@ CATALOGUE: tuple[Choice, ...] = (
     Choice("Eq. 4", "baseline", "leave_one_out", "leave-one-out baseline (the mean of the group's other members)",
            "RLOO"),
     Choice("Eq. 4", "scale", "none", "no division by the std", "Dr. GRPO"),
+    Choice("Eq. 4", "scale", "loo_std", "leave-one-out std (each row's std over the group's other members; "
+           "a group of two: the group's std)", "-"),
     Choice("Eq. 4", "scale", "batch_std", "divides by the std of the column over the whole batch, not the group's",
            "TRL scale_rewards='batch'"),
     Choice("Eq. 4", "group_ddof", 0, "biased std (ddof 0)", "multireward_grpo"),
@@ -152,11 +165,15 @@ CATALOGUE: tuple[Choice, ...] = (
            "a group of one"),
     Choice("Eq. 7", "weights", "before", "weights applied to the rewards before Eq. 4 (GRPO on the weighted sum)",
            "GRPO", "K >= 2 or a weight other than 1"),
+    Choice("Eq. 7", "weights", "normalized", "weights normalized to sum 1 (w / sum w)", "-",
+           "K >= 2 or a weight other than 1"),
     Choice("Eq. 6", "whiten", "none", "none (no batch whitening)", "GRPO, multireward_grpo"),
     Choice("Eq. 6", "whiten", "center", "centred only, no division by the std", "Dr. GRPO"),
     Choice("Eq. 6", "whiten", "per_token", "each sample weighted by its token count", "verl", "token counts"),
     Choice("Eq. 6", "whiten_scope", "batch", "over the whole batch, not per unit", "trl, nvlabs",
            "several whitening units"),
+    Choice("Eq. 6", "whiten_scope", "group", "within each prompt group, not over the batch", "-",
+           "two groups or more"),
     Choice("Eq. 6", "whiten_ddof", 0, "biased std (ddof 0)", "-"),
     Choice("Eq. 6", "whiten_placement", "var", "eps added to the variance: sqrt(var + eps)", "verl"),
     Choice("Eq. 6", "whiten_placement", "skip_if_zero", "no eps; a unit of std 0 passed through unchanged",
@@ -193,8 +210,8 @@ def differences(variant: Variant, paper_eps: float | None = None) -> list[str]:
     if v.nan != "error":
         out.append(f"NaN rewards: {words[('nan', v.nan)]}")
     on = " (on the weighted sum)" if v.weights == "before" else ""
-    if v.weights == "before":
-        out.append(f"Eq. 7: {words[('weights', 'before')]}")
+    if v.weights != "after":
+        out.append(f"Eq. 7: {words[('weights', v.weights)]}")
     for field in ("baseline", "scale"):
         if getattr(v, field) != getattr(PAPER, field):
             out.append(f"Eq. 4{on}: {words[(field, getattr(v, field))]}")
@@ -209,7 +226,7 @@ def differences(variant: Variant, paper_eps: float | None = None) -> list[str]:
     if v.whiten != "per_sample":
         out.append(f"Eq. 6: {words[('whiten', v.whiten)]}")
     if v.whiten != "none" and v.whiten_scope != "unit":
-        out.append(f"Eq. 6: {words[('whiten_scope', 'batch')]}")
+        out.append(f"Eq. 6: {words[('whiten_scope', v.whiten_scope)]}")
     if v.whiten not in ("none", "center"):
         if v.whiten_ddof != 1:
             out.append(f"Eq. 6: {words[('whiten_ddof', 0)]}")
@@ -237,13 +254,13 @@ def from_convention(convention: "str | Convention") -> Variant:
 #: the options of each structural choice, as the search enumerates them (the paper's first)
 NANS = ("error", "zero_first", "nan_aware", "nan_aware_unscored", "propagate")
 SINGLETONS = ("error", "zero", "raw")
-ORDERS = ("after", "before")
+ORDERS = ("after", "before", "normalized")
 BASELINES = ("mean", "leave_one_out")
-SCALES = ("group_std", "batch_std")  # and "none" (no ddof, eps or placement)
+SCALES = ("group_std", "loo_std", "batch_std")  # and "none" (no ddof, eps or placement)
 DDOFS = (1, 0)
 PLACEMENTS = ("std", "var", "skip_if_zero")
 WHITENS = ("per_sample", "per_token")  # and "center" (per scope) and "none"
-SCOPES = ("unit", "batch")
+SCOPES = ("unit", "batch", "group")
 
 
 def catalogue_size() -> int:
@@ -316,6 +333,9 @@ def _eq4(b: _Batch, v: Variant) -> _Parts:
     if v.weights == "before":
         r = (r * w).sum(axis=1, keepdims=True)
         w = np.ones(1)
+    elif v.weights == "normalized":
+        with np.errstate(all="ignore"):
+            w = w / w.sum()
     aware = v.nan in ("nan_aware", "nan_aware_unscored")
     ok = ~np.isnan(r) if aware else np.ones(r.shape, bool)
     x = np.where(ok, r, 0.0) if aware else r
@@ -330,6 +350,8 @@ def _eq4(b: _Batch, v: Variant) -> _Parts:
             nb = ok.sum(axis=0)
             db = np.where(ok, x - x.sum(axis=0) / nb, 0.0)
             var_row = np.broadcast_to((db ** 2).sum(axis=0) / (nb - v.group_ddof), r.shape)
+        elif v.scale == "loo_std":
+            var_row = _loo_var(x, ok, gi, G, n, v.group_ddof, var[gi])
         else:
             var_row = var[gi]
         sigma = np.sqrt(var_row)
@@ -356,6 +378,25 @@ def _eq4(b: _Batch, v: Variant) -> _Parts:
     return _Parts(x, w, z, num, np.asarray(sigma), denom, nrow, c)
 
 
+def _loo_var(x, ok, gi, G, n, ddof, group_var):
+    """Per row and column: the variance of the group's other members about their own mean,
+    two-pass over those members (a constant rest gives exactly 0), divided by n - 1 - ddof; where
+    fewer than 2 + ddof others remain (a group of two), the group's variance."""
+    var = np.array(group_var, dtype=np.float64, copy=True)
+    for g in range(G):
+        rows = np.flatnonzero(gi == g)
+        for k in range(x.shape[1]):
+            m = rows[ok[rows, k]]
+            if m.size - 1 - ddof < 1:
+                continue
+            xs = x[m, k]
+            others = ~np.eye(m.size, dtype=bool)
+            mean = (xs[None, :] * others).sum(axis=1) / (m.size - 1)
+            dev = np.where(others, xs[None, :] - mean[:, None], 0.0)
+            var[m, k] = (dev * dev).sum(axis=1) / (m.size - 1 - ddof)
+    return var
+
+
 def _scored(b: _Batch, v: Variant) -> np.ndarray:
     if v.nan == "nan_aware_unscored":
         return ~np.all(np.isnan(b.r), axis=1)
@@ -364,7 +405,7 @@ def _scored(b: _Batch, v: Variant) -> np.ndarray:
 
 def _unit_stats(b: _Batch, v: Variant, c: np.ndarray):
     """Per sample: unit index, weight t, and the unit's T, mean and sum of t dev^2."""
-    ui, S = (b.ui, b.S) if v.whiten_scope == "unit" else (np.zeros(b.n, np.int64), 1)
+    ui, S = {"unit": (b.ui, b.S), "group": (b.gi, b.G)}.get(v.whiten_scope, (np.zeros(b.n, np.int64), 1))
     t = b.t if (v.whiten == "per_token" and b.t is not None) else np.ones(b.n)
     tt = t * _scored(b, v)
     with np.errstate(all="ignore"):
@@ -441,6 +482,7 @@ def _combined_bound(b: _Batch, v: Variant, p: _Parts, u: float) -> np.ndarray:
     if hit is not None:
         return hit
     K = p.x.shape[1]
+    tau = em.underflow_tau(em.dtype_of(u))  # the working precision's own subnormal spacing, in its u
     dz = np.zeros_like(p.z)
     extra = (b.k + 1) if v.weights == "before" else 0  # the weighted sum's own rounding
     with np.errstate(all="ignore"):
@@ -450,7 +492,7 @@ def _combined_bound(b: _Batch, v: Variant, p: _Parts, u: float) -> np.ndarray:
                 fin = np.isfinite(x)
                 mag = float(np.max(np.abs(x[fin]))) if fin.any() else 0.0
                 nn = int(p.n[m[0], k])
-                d_dev = em.model_dev_perturbation(mag, max(nn, 1)) + extra * mag
+                d_dev = em.model_dev_perturbation(mag, max(nn, 1), tau) + extra * mag
                 z = p.z[m, k]
                 if nn >= 2 and _exact_constant(x[fin], u):  # its mean is exact: deviations exactly 0
                     continue
@@ -461,10 +503,10 @@ def _combined_bound(b: _Batch, v: Variant, p: _Parts, u: float) -> np.ndarray:
                     dz[m, k] = d_dev * (nn / (nn - 1) if v.baseline == "leave_one_out" else 1.0) + 3.0 * np.abs(z)
                     continue
                 dz[m, k] = em.standardize_groups_stage(p.dev[m, k], d_dev, float(p.sigma[m[0], k]),
-                                                       float(p.denom[m[0], k]), z, nn, v.group_ddof, cap_u=u)
+                                                       float(p.denom[m[0], k]), z, nn, v.group_ddof, cap_u=u, tau=tau)
         if v.nan in ("nan_aware", "nan_aware_unscored"):
             dz = np.where(np.isnan(b.r if v.weights == "after" else p.x), 0.0, dz)  # a skipped reward's z is 0
-        dc = em.combine_stage(np.nan_to_num(dz, nan=0.0, posinf=0.0), np.nan_to_num(p.z), p.w)
+        dc = em.combine_stage(np.nan_to_num(dz, nan=0.0, posinf=0.0), np.nan_to_num(p.z), p.w, tau=tau)
     b.bounds[key] = dc
     return dc
 
@@ -474,6 +516,7 @@ def _allowance(b: _Batch, v: Variant, p: _Parts, a: np.ndarray, u: float) -> np.
     ``u`` (mean then subtract) and rounding once to the output dtype, may be from the
     variant's exact value (spec/error_model.py's stages on the float64 intermediates)."""
     dc = _combined_bound(b, v, p, u)
+    tau = em.underflow_tau(em.dtype_of(u))
     with np.errstate(all="ignore"):
         if v.whiten == "none":
             delta = dc
@@ -486,8 +529,8 @@ def _allowance(b: _Batch, v: Variant, p: _Parts, a: np.ndarray, u: float) -> np.
                     continue
                 cu = p.c[m]
                 if v.whiten == "center":
-                    dm = float(np.sum(tt[m] * dc[m]) / T[s]) + (m.size + 1) * (float(np.max(np.abs(cu))) + em.TAU)
-                    delta[m] = dc[m] + dm + np.abs(dev[m]) + em.TAU
+                    dm = float(np.sum(tt[m] * dc[m]) / T[s]) + (m.size + 1) * (float(np.max(np.abs(cu))) + tau)
+                    delta[m] = dc[m] + dm + np.abs(dev[m]) + tau
                     continue
                 var = ss[s] / (T[s] - v.whiten_ddof)
                 sigma = math.sqrt(var) if var >= 0 else 0.0
@@ -498,7 +541,7 @@ def _allowance(b: _Batch, v: Variant, p: _Parts, a: np.ndarray, u: float) -> np.
                 denom = {"std": sigma + eps, "var": math.sqrt(var + eps)}.get(v.whiten_placement, sigma)
                 delta[m] = em.whiten_stage(dc[m], cu, float(mean[s]), a[m] if v.clip is None else
                                            _whitened(b, _with(v, clip=None), p.c)[m],
-                                           sigma, denom, v.whiten_ddof, t=t[m], unit_roundoff=u)
+                                           sigma, denom, v.whiten_ddof, t=t[m], unit_roundoff=u, tau=tau)
         if v.clip is not None:
             delta = np.where(np.abs(a) >= v.clip, 0.0, delta)
         delta = np.where(np.isfinite(delta), delta, np.inf)
@@ -542,8 +585,6 @@ class Diagnosis:
     cases: int = 1
     #: every matching variant, the named one first
     matches: tuple = ()
-    #: of several cases (:func:`diagnose_many`): each case's own diagnosis
-    each: tuple = ()
 
     @property
     def matched(self) -> bool:
@@ -662,7 +703,7 @@ def _search(b: _Batch, o: np.ndarray, u: float) -> _Search:
     the output where the fitted values exceed its largest magnitude."""
     s = _Search(b, o, u)
     eq4 = [(v, _eq4(b, v)) for v in _eq4_variants(b, bool(np.isnan(o).any()))]
-    scopes = SCOPES if b.S > 1 else SCOPES[:1]
+    scopes = ("unit",) + (("batch",) if b.S > 1 else ()) + (("group",) if b.G > 1 else ())
     kinds = WHITENS if b.t is not None else WHITENS[:1]
     top = _largest(o)
     # a clip explains the values it reaches, never the formula: fewer than half may sit on it
@@ -763,7 +804,7 @@ def _presets_of(b: _Batch, v: Variant, token_counts) -> tuple:
             repl["singleton"] = "error"
         if b.has_nan and x.nan == "nan_aware_unscored" and not b.unscored:
             repl["nan"] = "nan_aware"
-        if b.S < 2:
+        if b.S < 2 and x.whiten_scope == "batch":
             repl["whiten_scope"] = "unit"
         if token_counts is None and x.whiten == "per_token":
             repl["whiten"] = "per_sample"
@@ -893,54 +934,89 @@ def diagnose(case, output, token_counts=None, unit_roundoff: float | None = None
     return _verdict(rows, b.out_dtype, not_exercised=_not_exercised(b, token_counts), top=_largest(o))
 
 
+#: the cases :func:`diagnose_many` searches at most: a variant that reproduces every case is among the
+#: matches of each one alone, so the first cases' searches find it; the rest only confirm or separate
+SEARCHED = 4
+
+
 def diagnose_many(cases_and_outputs, unit_roundoff: float | None = None) -> Diagnosis:
     """One diagnosis of several cases of one implementation: the variants that reproduce
-    every output. Items are ``(case, output)`` or ``(case, output, token_counts)``. Each
-    case is diagnosed alone; what matched one (and each case's nearest) is judged on every
-    case. Where one case cannot separate two variants (a clip that does not bite there,
-    equal group sizes), another may."""
+    every output. Items are ``(case, output)`` or ``(case, output, token_counts)``. The cases
+    are searched in order (:func:`_search`, the costly step); after each, what matched it and
+    its nearest are judged on every case, and the search stops once a variant reproduces them
+    all (a later case then only confirms or separates). Where one case cannot separate two
+    variants (a clip that does not bite there, equal group sizes), another may."""
     done = []
     for item in cases_and_outputs:
         case, output, tokens = (tuple(item) + (None,))[:3]
-        done.append((_one(case, output, tokens, unit_roundoff), tokens))
+        b = _Batch(case, tokens)
+        u = unit_roundoff_of(b.out_dtype) if unit_roundoff is None else float(unit_roundoff)
+        done.append((b, _as_output(output, b.n), u, tokens))
     if not done:
         raise ValueError("diagnose_many: no cases")
-    candidates: dict = {}
-    for (_, _, _, rows), _ in done:
-        near = sorted(rows, key=lambda r: r.rms)[:4]
-        for r in [r for r in rows if r.ratio <= 1.0] + near:
-            candidates.setdefault(r.variant, None)
-    candidates.setdefault(PAPER, None)  # a clip biting on one case is among that case's matches
+
     def judged(v, stop):
-        worst = _Row(v, differences(v, done[0][0][0].eps), 0.0, 0.0, 0.0, False)
-        for (b, o, u, _), tokens in done:
+        worst = _Row(v, differences(v, done[0][0].eps), 0.0, 0.0, 0.0, False)
+        for b, o, u, tokens in done:
             row, _ = _judge(b, v, o, u)
             worst.ratio, worst.rms = max(worst.ratio, row.ratio), max(worst.rms, row.rms)
             worst.ulps, worst.bites = max(worst.ulps, row.ulps), worst.bites or row.bites
             if stop and worst.ratio > 1.0:
                 return worst, False  # fails a case: no match (its errors so far are a lower bound)
-        presets = set.intersection(*[set(_presets_of(b, v, t)) for (b, _, _, _), t in done])
+        presets = set.intersection(*[set(_presets_of(b, v, t)) for b, _, _, t in done])
         worst.presets = tuple(p for p in CONVENTIONS if p in presets)
         return worst, True
 
-    rows, partial = [], []
-    for v in candidates:
-        row, whole = judged(v, stop=True)
-        if v.clip is not None and whole and not row.bites:
-            continue
-        (rows if whole else partial).append(row)
+    candidates: dict = {PAPER: None}
+    rows, partial, seen = [], [], set()
+    for b, o, u, tokens in done[:SEARCHED]:
+        s = _search(b, o, u)
+        s.add(PAPER, evaluate(b, PAPER))
+        found = _checked(b, o, u, s, tokens)
+        near = sorted(found, key=lambda r: r.rms)[:4]
+        for r in [r for r in found if r.ratio <= 1.0] + near:
+            candidates.setdefault(r.variant, None)
+        for v in [v for v in candidates if v not in seen]:
+            seen.add(v)
+            row, whole = judged(v, stop=True)
+            if v.clip is not None and whole and not row.bites:
+                continue
+            (rows if whole else partial).append(row)
+        if any(r.ratio <= 1.0 for r in rows):
+            break
+    if not any(r.ratio <= 1.0 for r in rows):  # a clip biting only on a case not searched: the nearest, clipped
+        seen_tops: dict = {}  # a clip's value is the largest output of every case where it bites
+        for _, o, _, _ in done:
+            t = _largest(o)
+            if math.isfinite(t) and t > 0 and 2 * int(np.sum(np.abs(o) == t)) < o.size:
+                seen_tops[t] = seen_tops.get(t, 0) + 1
+        tops = list(seen_tops)
+        for r in [r for r in partial if r.variant.clip is None]:
+            for t in tops:
+                v = _with(r.variant, clip=t)
+                if v not in seen:
+                    seen.add(v)
+                    row, whole = judged(v, stop=True)
+                    if whole and row.bites:
+                        rows.append(row)
     if not any(r.ratio <= 1.0 for r in rows):  # no match: the nearest, judged on every case
         partial.sort(key=lambda r: r.rms)
         rows += [judged(r.variant, stop=False)[0] for r in partial[:8]
                  if r.variant.clip is None or r.bites]
         if not any(r.variant == PAPER for r in rows):
             rows.append(judged(PAPER, stop=False)[0])
-    unseen = [_not_exercised(b, t) for (b, _, _, _), t in done]
+    unseen = [_not_exercised(b, t) for b, _, _, t in done]
     common = tuple(x for x in unseen[0] if all(x in other for other in unseen[1:]))
-    each = tuple(_verdict(r, b.out_dtype, not_exercised=_not_exercised(b, t), top=_largest(o))
-                 for (b, o, _, r), t in done)
-    return dataclasses.replace(_verdict(rows, done[0][0][0].out_dtype, cases=len(done), not_exercised=common,
-                                        top=max(_largest(o) for (_, o, _, _), _ in done)), each=each)
+    return _verdict(rows, done[0][0].out_dtype, cases=len(done), not_exercised=common,
+                    top=max(_largest(o) for _, o, _, _ in done))
+
+
+def reproduces(case, output, variant: Variant, unit_roundoff: float, token_counts=None) -> bool:
+    """Does ``variant`` reproduce ``output`` (the code's advantages of ``case``) within the error
+    model of a code of that variant computing at ``unit_roundoff``?"""
+    b = _Batch(case, token_counts)
+    row, _ = _judge(b, variant, _as_output(output, b.n), float(unit_roundoff))
+    return row.ratio <= 1.0
 
 
 def describe(diagnosis: Diagnosis) -> str:

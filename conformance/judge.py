@@ -67,6 +67,8 @@ class ConformanceFailure(AssertionError):
     #: category ``formula``: the other variants of the catalogue that reproduce the output of this
     #: case as well, by their differences from the paper (empty: the case names one formula)
     formula_alternatives: tuple = ()
+    #: category ``precision``: what floating point explains it ("cancellation at Eq. 4 ..."), or None
+    cause: str | None = None
 
 
 class NotJudged(Exception):
@@ -74,12 +76,12 @@ class NotJudged(Exception):
 
 
 def fail(prop, equation, subject, case, headline, details=(), category=None, worst_ulps=None,
-         worst_dtype=None, formula=None, formula_alternatives=(), worst_value=None):
+         worst_dtype=None, formula=None, formula_alternatives=(), worst_value=None, cause=None):
     exc = ConformanceFailure(failure(prop, equation, subject, case, headline, details, category))
     exc.case = case  # the failing call itself (one of several for the errors property)
     exc.category, exc.worst_ulps, exc.worst_dtype = category, worst_ulps, worst_dtype
     exc.formula, exc.formula_alternatives = formula, tuple(formula_alternatives)
-    exc.worst_value = worst_value
+    exc.worst_value, exc.cause = worst_value, cause
     raise exc
 
 
@@ -297,6 +299,20 @@ def _output_summary(out: Outcome) -> str:
     return head + f": [{shown}]" + ("" if fin.size == v.size else "")
 
 
+def permitted_refusal(prop: str, out: Outcome) -> bool:
+    """Where the contract permits a refusal (OutOfRangeError), any clear one passes: its class is
+    noted (``wrong_class``, in :data:`NOTES`) unless it is OutOfRangeError, and fails only under the
+    strict error contract; a breach of the call shape or an empty message is no refusal."""
+    if out.is_error(OutOfRangeError):
+        return True
+    if out.error_type in ("NonFiniteOutput", "CallShapeViolation", "InputModified", "NotATensor"):
+        return False
+    if strict_errors() or not out.message.strip():
+        return False
+    NOTES.setdefault(prop, set()).add(("a permitted refusal", out.error_type))
+    return True
+
+
 def refusal(prop, equation, subject, case, out: Outcome, classes, why: str):
     names = " or ".join(c.__name__ for c in classes)
     if out.ok:
@@ -339,13 +355,13 @@ def final(prop, eq, subject, case, out, res, what: str, permitted: bool, context
                         f"an exact {what} rounds beyond {case.out_dtype}'s range")
         return
     if not out.ok:
-        if out.is_error(OutOfRangeError) and (permitted or may):
+        if (permitted or may) and permitted_refusal(prop, out):
             return
         why = because if because is not None else _computes_because(case, res, case.out_dtype)
         fail(prop, eq, subject, case, f"{out.describe()}; the contract computes this case", list(context) + why,
               category=_refusal_category(out))
     check_output(prop, eq, subject, case, out, case.n, case.out_dtype)
-    conv = get_convention(subject.convention)
+    conv = subject.judged()
     v = distance(out.values, res.float64, native_allowed(res, case.out_dtype, conv), res.cond, case.out_dtype,
               rounded=res.rounded(case.out_dtype), zero_why=zero_why, native_dtype=conv.native_dtype)
     _target(v.ratio, f"{prop}: error/allowed")
@@ -357,20 +373,18 @@ def final(prop, eq, subject, case, out, res, what: str, permitted: bool, context
                 category = Category.SILENT_ZERO
                 rows.append(dropped)
         own = _formula_difference(subject, case, out) if conv.name == "spec" else None
-        formula, alternatives = None, ()
+        formula, alternatives, cause = None, (), None
         if own is not None:
             category, formula = Category.FORMULA, f"convention {subject.own_convention()!r}"
             rows += own
-        elif category == Category.PRECISION and what == "advantage":
-            found = diagnosed(subject, case, out, conv)
-            if found is not None:
-                named, line, others = found
+        elif category in (Category.PRECISION, Category.EXACT_ZERO, Category.SILENT_ZERO, Category.NON_FINITE) \
+                and what == "advantage":
+            category, formula, cause, line, alternatives = explain(subject, case, out, conv, category)
+            if line:
                 rows.append(line)
-                if named is not None:
-                    category, formula, alternatives = Category.FORMULA, named, others
         fail(prop, eq, subject, case, f"{len(v.bad)} of {case.n} {what}s outside the error model"
              + _precision_note(conv), rows, category=category, worst_ulps=v.worst_ulps, worst_value=v.worst_value,
-             worst_dtype=v.judged_dtype, formula=formula, formula_alternatives=alternatives)
+             worst_dtype=v.judged_dtype, formula=formula, formula_alternatives=alternatives, cause=cause)
 
 
 def _ordinary(case) -> bool:
@@ -383,38 +397,110 @@ def _ordinary(case) -> bool:
     return all(math.isfinite(v) and abs(v) <= ORDINARY for v in values)  # a NaN (missing) reward too
 
 
-_DIAGNOSED: dict = {}
+def explain(subject: Subject, case, out: Outcome, conv, category):
+    """Why the advantages of ``case`` are off (a precision or exact-zero failure):
+    ``(category, formula, cause, line, alternatives)``.
 
-
-def diagnosed(subject: Subject, case, out: Outcome, conv) -> tuple[str | None, str, tuple] | None:
-    """Which formula a precision failure's finite outputs follow, on ordinary inputs
-    (:mod:`conformance.formulas`, no declaration needed): (the differences from the paper where a
-    variant other than the graded convention's own reproduces the output, else None; the line
-    for the report; the other variants that reproduce it as well, by their differences), or None
-    where the case is not ordinary. Under a peer's convention an output
-    that is that peer's own formula stays a failure of precision."""
+    * ``formula``: the formula the grading's probes told (``subject.profile``,
+      :mod:`conformance.probes`) reproduces the output; or, on ordinary inputs, a variant of the
+      catalogue reproduces this case *and* every probe (a variant the probes' relations
+      contradict is never named); or the probes showed a formula no variant reproduces;
+    * ``precision`` with a cause: the failure goes away once each group's rewards are shifted
+      to near 0 (:func:`_cancellation`), or the probes showed a format narrower than float32;
+    * otherwise the category stands, with the nearest variant in the line."""
     from conformance import formulas
 
-    if not _ordinary(case) or out.values is None or not np.all(np.isfinite(out.values)):
-        return None
-    counts = subject.token_counts(case)
+    prof = getattr(subject, "profile", None)
     u = max(formulas.unit_roundoff_of(case.out_dtype), conv.unit_roundoff)
-    key = (case.dumps(), np.asarray(out.values, dtype=np.float64).tobytes(), u,
-           None if counts is None else tuple(int(c) for c in counts))
-    if key not in _DIAGNOSED:
-        try:
-            d = formulas.diagnose(case, out.values, token_counts=counts, unit_roundoff=u)
-            line = formulas.describe(d)
-            own = conv.name != "spec" and conv.name in d.presets
-            named = "; ".join(d.differences) if d.matched and not d.no_difference and not own else None
-            alternatives = tuple("; ".join(a) or "no difference from the paper" for a in d.alternatives) \
-                if named is not None else ()
-        except Exception as exc:  # noqa: BLE001 - no diagnosis is no verdict: the failure stands as it is
-            named, line, alternatives = None, f"formula: not diagnosed ({type(exc).__name__}: {exc})", ()
-        if len(_DIAGNOSED) > 4096:
-            _DIAGNOSED.clear()
-        _DIAGNOSED[key] = (named, line, alternatives)
-    return _DIAGNOSED[key]
+    finite = out.values is not None and bool(np.all(np.isfinite(out.values)))
+    ordinary = _ordinary(case) and finite
+    if prof is not None and prof.formula and out.values is not None:
+        if not prof.named and (category == Category.PRECISION or ordinary):
+            return Category.FORMULA, prof.formula, None, f"formula: {prof.formula} (as the probes show)", ()
+        v = prof.diagnosis.variant
+        if prof.named and _reproduced(case, out.values, v, conv, subject.token_counts(case)):
+            return (Category.FORMULA, prof.formula, None,
+                    f"formula: {prof.formula} (reproduces this case and the probes)", prof.diagnosis.alternatives)
+    if category in (Category.SILENT_ZERO, Category.NON_FINITE):
+        return category, None, None, "", ()
+    if prof is not None and prof.narrow and finite:
+        return Category.PRECISION, None, prof.narrow, f"precision: {prof.narrow}", ()
+    cause = _cancellation(subject, case, out, conv) if finite else None
+    if cause:
+        return Category.PRECISION, None, cause, f"precision: {cause}", ()
+    if not ordinary:
+        return category, None, None, "", ()
+    try:
+        d = formulas.diagnose(case, out.values, token_counts=subject.token_counts(case), unit_roundoff=u)
+    except Exception as exc:  # noqa: BLE001 - no diagnosis is no verdict: the failure stands as it is
+        return category, None, None, f"formula: not diagnosed ({type(exc).__name__}: {exc})", ()
+    line = formulas.describe(d)
+    own = conv.name != "spec" and conv.name in d.presets
+    if d.matched and not d.no_difference and not own and _probes_agree(prof, d.variant, u):
+        alternatives = tuple("; ".join(a) or "no difference from the paper" for a in d.alternatives)
+        return Category.FORMULA, "; ".join(d.differences), None, line, alternatives
+    return category, None, None, line, ()
+
+
+def _reproduced(case, values, variant, conv, token_counts=None) -> bool:
+    """Does the catalogue's ``variant`` reproduce ``values`` within the precision judged at (NaN
+    exactly where the variant's own values are NaN)?"""
+    from conformance import formulas
+
+    try:
+        return formulas.reproduces(case, values, variant, max(formulas.unit_roundoff_of(case.out_dtype),
+                                                              conv.unit_roundoff), token_counts)
+    except Exception:  # noqa: BLE001 - no verdict on the explanation
+        return False
+
+
+def _probes_agree(prof, variant, u: float) -> bool:
+    """Does ``variant`` also reproduce every probe and transformed probe of the grading (None: no
+    probes were run)?"""
+    from conformance import formulas
+
+    if prof is None or not prof.outputs:
+        return True
+    return all(formulas.reproduces(c, o, variant, u) for c, o in prof.outputs)
+
+
+def _cancellation(subject: Subject, case, out: Outcome, conv) -> str | None:
+    """A cause for a precision failure that floating point explains: where the same case with
+    each group column shifted by one of its own values (exactly, so the exact advantages do not
+    change: Eq. 4 is shift-invariant) is within the error model, the error grows with the
+    rewards' offset from 0: cancellation at Eq. 4."""
+    if not isinstance(case, Case) or not case.rewards or case.dtype not in ("float64", "float32", "float16",
+                                                                              "bfloat16"):
+        return None
+    r = case.rewards_array()
+    labels = case.labels()
+    shifted = r.copy()
+    for g in np.unique(labels):
+        m = labels == g
+        shifted[m] = r[m] - np.sort(r[m], axis=0)[(int(m.sum()) - 1) // 2]  # its lower median, a value of it
+    from spec.error_model import round_to
+
+    if not np.array_equal(round_to(shifted, case.dtype), shifted) or np.array_equal(shifted, r):
+        return None
+    near = dataclasses.replace(case, rewards=tuple(tuple(float(v) for v in row) for row in shifted))
+    try:
+        exp = expected(near, conv, subject.token_counts(near))
+    except Exception:  # noqa: BLE001 - no verdict on the explanation
+        return None
+    if exp.error is not None or exp.result is None:
+        return None
+    again = subject.outcome(subject.call, near)
+    if not again.ok or again.values is None or again.values.shape != (near.n,):
+        return None
+    res = exp.result
+    v = distance(again.values, res.float64, native_allowed(res, case.out_dtype, conv), res.cond, case.out_dtype,
+                 native_dtype=conv.native_dtype)
+    prof = getattr(subject, "profile", None)
+    if not v.ok and not (prof is not None and prof.named and not prof.diagnosis.no_difference
+                         and _reproduced(near, again.values, prof.diagnosis.variant, conv)):
+        return None
+    return ("cancellation at Eq. 4: the error grows with the rewards' offset from 0 (the same batch shifted to "
+            "near 0 is within the model): a one-pass variance E[x^2] - E[x]^2, or a variance of uncentred values")
 
 
 def _holds_under(out: Outcome, case: Case, conv, token_counts=None):
@@ -422,7 +508,7 @@ def _holds_under(out: Outcome, case: Case, conv, token_counts=None):
     own error model (:func:`native_allowed`); None where it is not, or the oracle refuses or
     cannot judge the case (then it explains nothing)."""
     try:
-        exp = expected(case, conv.name, token_counts)
+        exp = expected(case, conv, token_counts)
     except Exception:  # noqa: BLE001 - no verdict on the explanation
         return None
     if exp.error is not None or exp.result is None:
@@ -499,7 +585,7 @@ def native_allowed(stage, out_dtype: str, conv) -> np.ndarray:
     inputs that near is its working precision's answer (backward error), whatever the
     first-order bound, which says nothing once the problem's own condition is O(1)."""
     allowed = stage.allowed(out_dtype, conv.unit_roundoff)
-    if conv.name == "spec":
+    if conv.algorithm == "shift_invariant":  # the specification's own algorithm: its model alone
         return allowed
     with np.errstate(over="ignore", invalid="ignore"):
         backward = em.SAFETY * np.nan_to_num(stage.cond, nan=0.0) * (conv.unit_roundoff / 2.0 ** -53)
@@ -518,8 +604,11 @@ def _refusal_category(out: Outcome) -> str:
 
 def _precision_note(conv) -> str:
     """How the error model was evaluated (the convention's algorithm, at its precision)."""
-    if conv.name == "spec":
+    if conv.algorithm == "shift_invariant":
         return ""
+    if conv.name == "spec":
+        return (f" of a correct {conv.native_dtype} code ({conv.algorithm.replace('_', '-')} deviations, "
+                f"unit roundoff 2^{int(math.log2(conv.unit_roundoff))})")
     return (f" of convention {conv.name!r}'s own code ({conv.algorithm.replace('_', '-')} deviations, "
             f"{conv.native_dtype} arithmetic, unit roundoff 2^{int(math.log2(conv.unit_roundoff))})")
 
@@ -781,7 +870,7 @@ def normalized(prop, eq, subject: Subject, case: Case, out: Outcome, exp) -> Non
     res = exp.result
     stage = res.combined
     if not out.ok:
-        if out.is_error(OutOfRangeError) and _permission(case, res) is not None:
+        if _permission(case, res) is not None and permitted_refusal(prop, out):
             return  # c, a term of it, or a reward is beyond what the contract must compute: its OutOfRangeError
         fail(prop, eq, subject, case, f"{out.describe()}; the contract computes this case",
              _computes_because(case, res, "float64"), category=_refusal_category(out))
@@ -790,7 +879,7 @@ def normalized(prop, eq, subject: Subject, case: Case, out: Outcome, exp) -> Non
     # cancelling exactly) must be exactly 0; other exact cancellations (four columns, say) are held to
     # the error bound like every value (found by the deep profile: +-2^-53 there is within it)
     required = stage.required_zero if stage.required_zero is not None else res.group_cancelled[res.group_index]
-    conv = get_convention(subject.convention)
+    conv = subject.judged()
     v = distance(out.values, stage.float64, native_allowed(stage, "float64", conv), stage.cond, "float64",
                  must_be_zero=required, zero_why=_combined_zero_clause(res, case.weights),
                  native_dtype=conv.native_dtype)
@@ -820,7 +909,7 @@ def policy(prop, eq, subject: Subject, case: Case, out: Outcome, exp) -> None:
     convention's code; a refusal is better than the convention and passes."""
     if exp.error is not None or not out.ok:
         return  # the convention refuses it too, or the implementation refuses it (spec's answer)
-    conv = get_convention(subject.convention)
+    conv = subject.judged()
     res = exp.result
     check_output(prop, eq, subject, case, out, case.n, case.out_dtype)
     obs = np.asarray(out.values, dtype=np.float64)
@@ -874,7 +963,7 @@ def error_case(prop, subject: Subject, case: Case, out: Outcome) -> None:
 
 
 def policy_equation(subject: Subject, name: str) -> str:
-    conv = get_convention(subject.convention)
+    conv = subject.judged()
     return f"{name} under convention {conv.name!r}'s policy (nan={conv.nan!r}, singleton={conv.singleton!r})"
 
 

@@ -74,7 +74,11 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "offsets": (
         # one-pass float32 variance is exactly 0 here (exact std 1.29e-2)
         '{"rewards":[["0x1.f400000000000p+9"],["0x1.f40147ae147aep+9"],["0x1.f4028f5c28f5cp+9"],["0x1.f403d70a3d70ap+9"]],"dtype":"float64","out_dtype":"float64","group_size":4}',
-        '{"rewards":[["0x1.f400000000000p+9"],["0x1.f40147ae147aep+9"],["0x1.f4028f5c28f5cp+9"],["0x1.f403d70a3d70ap+9"]],"dtype":"float32","out_dtype":"float32","group_size":4}',
+        '{"rewards":[["0x1.f400000000000p+9"],["0x1.f401480000000p+9"],["0x1.f402900000000p+9"],["0x1.f403d80000000p+9"]],"dtype":"float32","out_dtype":"float32","group_size":4}',
+        # the same traps in float32 beside a binary column, whose z the Eq. 4 of the first must not distort:
+        # a one-pass float32 variance of [1000, 1000.01, ...] or [10000, 10000.001, ...] is rounding noise
+        '{"rewards":[["0x1.f400000000000p+9","0x0.0p+0"],["0x1.f401480000000p+9","0x1.0000000000000p+0"],["0x1.f402900000000p+9","0x0.0p+0"],["0x1.f403d80000000p+9","0x1.0000000000000p+0"]],"dtype":"float32","out_dtype":"float32","group_size":4}',
+        '{"rewards":[["0x1.3880000000000p+13","0x0.0p+0"],["0x1.3880020000000p+13","0x1.0000000000000p+0"],["0x1.3880040000000p+13","0x1.0000000000000p+0"],["0x1.3880060000000p+13","0x0.0p+0"]],"dtype":"float32","out_dtype":"float32","group_size":4}',
         # one-pass float32 gives std 4.6 here (exact 1.3e-3)
         '{"rewards":[["0x1.3880000000000p+13","0x0.0p+0"],["0x1.3880020c49ba6p+13","0x1.0000000000000p+0"],["0x1.388004189374cp+13","0x0.0p+0"],["0x1.38800624dd2f2p+13","0x1.0000000000000p+0"]],"dtype":"float64","out_dtype":"float64","group_size":4}',
         # relative spread 1.5e-6 is real signal: no relative collapse tolerance

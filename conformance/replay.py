@@ -33,11 +33,15 @@ def main(argv=None) -> int:
     ap.add_argument("--backend", default="gloo", help="process-group backend of the spawned ranks (default: gloo)")
     ap.add_argument("--property", default=None, choices=sorted(properties.CHECKS), metavar="PROPERTY",
                     help="property whose check to run, as named in the failure (default: by case kind)")
+    ap.add_argument("--precision", default=None, choices=("float32", "float64"),
+                    help="judge at this working precision (what gdpo check told from the probes; default: the "
+                         "convention's own)")
     ap.add_argument("--case", required=True, help="hex JSON of a Case or DistCase")
     args = ap.parse_args(argv)
     data = json.loads(args.case)
     case = DistCase.from_json(data) if "shards" in data else Case.from_json(data)
     subject = Subject(args.impl, args.call_shape, args.convention, device=args.device, backend=args.backend)
+    subject.precision = args.precision
     name = args.property or _default_property(case)
     check = properties.CHECKS[name]
     try:

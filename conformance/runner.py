@@ -32,7 +32,6 @@ import pytest
 from hypothesis import HealthCheck, Phase, example, given, reject, seed, settings
 from hypothesis.errors import UnsatisfiedAssumption
 
-from conformance import findings
 from conformance.profiles import no_local_constants
 from conformance import regressions
 from conformance import strategies as S
@@ -211,10 +210,25 @@ def drawn_cases(prop: Property, subject: Subject, max_examples: int | None = Non
     return draw(prop.name, prop.strategy(ctx, subject), max_examples, (repr(ctx), subject.shape))
 
 
+def adapt(case, subject: Subject):
+    """A pinned example as the call shape passes it: a shape that passes no output dtype (trl, verl)
+    gets its own, and rewards its dtypes cannot carry go in the first one that holds them exactly."""
+    if subject.shape not in ("trl", "verl") or not isinstance(case, Case):
+        return case
+    ctx = subject.context()
+    changes = {"out_dtype": ctx.out_dtypes[0]}
+    if case.dtype in S.DTYPES and case.dtype not in ctx.input_dtypes and case.rewards:
+        r = case.rewards_array()
+        held = [d for d in ctx.input_dtypes if d in S.DTYPES and np.array_equal(S.round_to(r, d), r, equal_nan=True)]
+        if held:
+            changes["dtype"] = held[0]
+    return dataclasses.replace(case, **changes)
+
+
 def pinned_cases(prop: Property, subject: Subject) -> list:
     """The property's pinned examples (``conformance/regressions.py``) the call shape can express."""
     ctx = subject.context()
-    return [c for c in (regressions.load(t) for t in prop.examples) if expressible(c, ctx)]
+    return [c for c in (adapt(regressions.load(t), subject) for t in prop.examples) if expressible(c, ctx)]
 
 
 def planned_cases(prop: Property, subject: Subject, max_examples: int | None = None) -> list:
@@ -241,7 +255,7 @@ def error_row_cases(name: str, subject: Subject, max_examples: int | None = None
     """The cases of the error contract's row ``errors:<name>`` (``conformance/test_errors.py``): its
     pinned examples the call shape can express, then the cases drawn for it."""
     ctx = subject.context()
-    pinned = [(c,) for c in (regressions.load(t) for t in BY_NAME["errors"].examples)
+    pinned = [(c,) for c in (adapt(regressions.load(t), subject) for t in BY_NAME["errors"].examples)
               if c.note == f"error:{name}" and expressible(c, ctx)]
     strategy = error_cases(ctx, subject.shape, names={name})
     return [c for c in pinned if subject.inside(c)] + _inside(
@@ -331,15 +345,7 @@ def grade_cases(name: str, subject: Subject, cases, check) -> Graded:
     index, exc = graded.failures[0]
     if not isinstance(exc, ConformanceFailure):
         raise exc
-    first = {}  # the first failure of each category, reduced: one finding each
-    for i, e in graded.failures:
-        if isinstance(e, ConformanceFailure) and e.category not in first:
-            first[e.category] = reduce(check, subject, getattr(e, "case", graded.cases[i]), e)
-            red = first[e.category][0]
-            run["findings"].append(findings.record(name, e.category, getattr(red, "case", graded.cases[i]), check,
-                                                   _repro_of(red), getattr(red, "formula", None),
-                                                   getattr(red, "formula_alternatives", ())))
-    reduced, calls = first[exc.category]
+    reduced, calls = reduce(check, subject, getattr(exc, "case", graded.cases[index]), exc)
     cats = ", ".join(str(c) for c in graded.categories())
     note = (f"\n  ({len(graded.failures)} of {len(graded.cases)} cases failed (categories: {cats}); the first, "
             f"case {index}, is shown")

@@ -375,7 +375,16 @@ class Outcome:
 #: The limits a domain may declare beyond what a call shape expresses (``Subject.inside``): the
 #: number of reward columns, the group sizes (a list of the allowed sizes, or an int: the smallest),
 #: the largest |reward| and |weight|.
-LIMITS = ("min_columns", "max_columns", "group_sizes", "max_abs_reward", "max_abs_weight")
+LIMITS = ("min_columns", "max_columns", "group_sizes", "max_abs_reward", "max_abs_weight", "equal_groups")
+#: Declarations of what the code does on purpose (not narrowings of the search): ``validated``, the
+#: error cases a framework checks before it calls the function (skipped, reported "validated
+#: elsewhere"); ``int_rewards``, integer and bool rewards computed as their values, not refused;
+#: ``certified``, certified rounding.
+DECLARATIONS = ("validated", "int_rewards", "certified")
+#: The reward dtypes each narrow call shape can pass, and the ones it passes by default: a
+#: declaration of ``input_dtypes`` picks among the first (a float64 code through the trl shape).
+SHAPE_DTYPES = {"trl": (("float32", "float64", "float16", "bfloat16"), ("float32",)),
+                "verl": (("float32", "float64", "float16", "bfloat16"), ("float32",))}
 
 
 #: the values the numeric --domain fields take, for their error messages
@@ -419,14 +428,24 @@ def parse_domain(items) -> dict:
                 raise ValueError(f"--domain certified takes true, false or formats among {', '.join(known)} "
                                  f"(comma-separated), got {value!r}")
             out[key] = formats
-        elif key in ("labels", "units", "eps", "certified"):
+        elif key == "validated":
+            from conformance.error_cases import ERROR_BY_NAME
+
+            names = tuple(v.strip() for v in value.split(",") if v.strip())
+            wrong = [n for n in names if n not in ERROR_BY_NAME]
+            if not names or wrong:
+                raise ValueError(f"--domain validated takes error case names among {', '.join(ERROR_BY_NAME)} "
+                                 f"(comma-separated), got {value!r}")
+            out[key] = names
+        elif key in ("labels", "units", "eps", "certified", "equal_groups", "int_rewards"):
             if value.lower() not in ("true", "false"):
                 raise ValueError(f"--domain {key} takes true or false, got {value!r}")
             out[key] = value.lower() == "true"
         elif key == "why":
             out[key] = value
         else:
-            raise ValueError(f"--domain: unknown field {key!r}; known: {sorted(LIMITS + ('input_dtypes', 'out_dtypes', 'labels', 'units', 'eps', 'certified', 'why'))}")
+            known = sorted(LIMITS + DECLARATIONS + ("input_dtypes", "out_dtypes", "labels", "units", "eps", "why"))
+            raise ValueError(f"--domain: unknown field {key!r}; known: {known}")
     return out
 
 
@@ -443,6 +462,12 @@ class Subject:
         self.convention = get_convention(convention).name
         self.device = device
         self.backend = backend  # of the spawned ranks' process groups
+        #: the working precision the code is judged at, told by the probes (conformance.probes):
+        #: None holds it to the convention's own (spec: the prescribed float64 algorithm, exact
+        #: collapse and structural zeros bit for bit; a peer's preset: its native dtype)
+        self.precision: str | None = None
+        #: what the grading's probes told (conformance.probes.Profile), or None
+        self.profile = None
         self._fn = None
         self._stages = None
 
@@ -477,9 +502,9 @@ class Subject:
         d = getattr(self.fn, "gdpo_domain", None) or {}
         if not isinstance(d, dict):
             raise ValueError(f"{self.target}.gdpo_domain must be a dict, got {type(d).__name__}")
-        d = {**d, **{k: v for k, v in self.declared.items() if k != "certified"}}  # a declaration, not a domain
+        d = {**d, **self.declared}
         fields = {f.name for f in dataclasses.fields(Context)}
-        unknown = set(d) - fields - set(LIMITS) - {"why"}
+        unknown = set(d) - fields - set(LIMITS) - set(DECLARATIONS) - {"why"}
         if unknown:
             raise ValueError(f"{self.target}: unknown domain field(s) {sorted(unknown)}; known: "
                              f"{sorted(fields | set(LIMITS))}")
@@ -498,6 +523,8 @@ class Subject:
                 return False
             if c.note.startswith("error:") or c.variant:
                 continue
+            if d.get("equal_groups") and len(set(np.unique(c.labels(), return_counts=True)[1].tolist())) > 1:
+                return False
             sizes = d.get("group_sizes")
             if sizes is not None:
                 _, counts = np.unique(c.labels(), return_counts=True)
@@ -510,6 +537,15 @@ class Subject:
             if c.weights is not None and max(abs(w) for w in c.weights) > d.get("max_abs_weight", math.inf):
                 return False
         return True
+
+    def judged(self):
+        """The convention every case is judged under: the named one, or, where the grading judges
+        the code at its own precision (:attr:`precision`), the paper's formula with the error
+        model of a mean-then-subtract code at that precision (``spec/error_model.py``)."""
+        conv = get_convention(self.convention)
+        if self.precision is None or self.convention != "spec":
+            return conv
+        return dataclasses.replace(conv, algorithm="mean_then_subtract", native_dtype=self.precision)
 
     def own_convention(self) -> str | None:
         """The convention the implementation declares it computes (its function's
@@ -539,11 +575,16 @@ class Subject:
             ctx = Context()
         narrowed = {}
         for key, value in self.domain().items():
-            if key == "why" or key in LIMITS:
+            if key == "why" or key in LIMITS or key in DECLARATIONS:
                 continue
             have = getattr(ctx, key)
+            if key == "input_dtypes" and self.shape in SHAPE_DTYPES:
+                have = SHAPE_DTYPES[self.shape][0]  # the shape can pass these too, where declared
             if isinstance(have, tuple):  # a domain narrows what the shape expresses, never widens it
                 value = tuple(v for v in value if v in have)
+                if not value:
+                    raise ValueError(f"{self.target}: the declared {key} leave nothing to draw: call shape "
+                                     f"{self.shape!r} passes {', '.join(have)}")
             elif isinstance(have, bool):
                 value = bool(value) and have
             narrowed[key] = value
@@ -577,6 +618,15 @@ class Subject:
             return (f"{self.target} takes no missing= keyword: rewards its reward functions did not score "
                     "(missing=\"unscored\", spec/gdpo.md section 2) are an option of the gdpo call shape")
         return None
+
+    def validated(self) -> tuple:
+        """The error cases the code's framework checks before calling it (declared ``validated``):
+        not asked of the function, reported as validated elsewhere."""
+        return tuple(self.domain().get("validated", ()))
+
+    def takes_integers(self) -> bool:
+        """Does the code declare that it computes integer and bool rewards as their values?"""
+        return bool(self.domain().get("int_rewards", False))
 
     def certifies(self) -> bool:
         """Does the implementation declare certified rounding: ``gdpo_certified = True`` on its
@@ -737,14 +787,18 @@ class Subject:
         return self.stage("whiten")(t, **kw)
 
     def outcome(self, fn, *args, **kwargs) -> Outcome:
+        """What one call did; also kept as :attr:`last` (a grading attributes a failure to a
+        cause from the outcome the judge saw)."""
         t0 = time.perf_counter()
         try:
             out = fn(*args, **kwargs)
         except Exception as e:  # noqa: BLE001 - every exception is graded, not only GDPOError
-            return Outcome.from_exception(e, time.perf_counter() - t0)
+            self.last = Outcome.from_exception(e, time.perf_counter() - t0)
+            return self.last
         if self.device != "cpu" and torch.cuda.is_available():
             torch.cuda.synchronize()
-        return Outcome.from_output(out, time.perf_counter() - t0)
+        self.last = Outcome.from_output(out, time.perf_counter() - t0)
+        return self.last
 
 
 def verl_per_sample(out: torch.Tensor, lengths: np.ndarray) -> torch.Tensor:

@@ -77,31 +77,61 @@ def check_impl_spec(impl: str | None, call_shape: str | None = None) -> str | No
     return None if why is None else f"--impl {impl or DEFAULT_IMPL!r}: {why}"
 
 
-#: The hypothesis profile ``gdpo check`` grades under (``conformance/profiles.py``): ``ci``'s
-#: examples with a shrink budget of seconds, not a minute, per failing property; ``--deep``
-#: loads ``deep`` (thousands of examples, an example database in ``.hypothesis/``). A
-#: ``GDPO_HYPOTHESIS_PROFILE`` set by the user is honoured over this default.
-CHECK_PROFILE = "grade"
+def run_check(impl: str | None, convention: str | None, call_shape: str | None, select: str | None,
+              single_process: bool = False, json_path: str | None = None, details: bool = False,
+              deep: bool = False, self_tests: bool = False, strict_errors: bool = False, domain=(),
+              strict: bool = False) -> int:
+    """``gdpo check``: the grading (``conformance.grading``) in this process; its exit code (0
+    conforms, 1 findings, 3 the grader's own error), or 2 (a usage error, as argparse's) where
+    ``--impl`` names no callable of the call shape, the convention is unknown or a declaration is
+    malformed. ``deep`` and ``self_tests`` run the suite under pytest instead (hypothesis's long
+    hunt; the suite's self-tests), with pytest's report."""
+    import os
+
+    why = check_impl_spec(impl, call_shape)
+    if why is None and convention is not None:
+        from spec import CONVENTIONS
+
+        if convention not in CONVENTIONS:
+            why = f"unknown convention {convention!r}; the conventions are {', '.join(sorted(CONVENTIONS))}"
+    if why is None and domain:
+        from conformance.subject import Subject, parse_domain
+
+        try:
+            sys.path[:0] = [os.getcwd()]
+            Subject(impl or "impl.gdpo:gdpo_advantages", call_shape or "gdpo", domain=parse_domain(domain)).context()
+        except ValueError as e:
+            why = str(e)
+    if why is not None:
+        print(f"gdpo check: error: {why}", file=sys.stderr)
+        return 2
+    if strict_errors:
+        os.environ["GDPO_STRICT_ERRORS"] = "1"  # conformance.judge.STRICT_ENV
+    if deep or self_tests:
+        return _pytest_check(impl, convention, call_shape, select, single_process, details, deep, self_tests,
+                             domain)
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # the user's package, graded from their repository
+    from conformance import grading
+
+    return grading.main(impl, call_shape, convention, select, single_process, json_path, details, strict, domain)
 
 
-def check_command(impl: str | None, convention: str | None, call_shape: str | None, select: str | None,
-                  single_process: bool = False, json_path: str | None = None, details: bool = False,
-                  self_tests: bool = False, domain=()) -> list[str]:
-    """The pytest command line of ``gdpo check`` (see :func:`run_check`)."""
+def _pytest_check(impl, convention, call_shape, select, single_process, details, deep, self_tests, domain) -> int:
+    """The suite under pytest: ``--deep`` (hypothesis's long hunt, with an example database) or
+    ``--self-tests`` (the suite's tests of itself)."""
+    import os
+    import subprocess
     from pathlib import Path
 
     import conformance
+    from conformance import profiles
 
     here = Path(conformance.__file__).resolve().parent
-    # -p conformance.plugins: the options, also where the checkout's root conftest.py is absent
-    # (an installed package); in a checkout pytest registers the plugin once by name.
-    # The run is hermetic: pytest loads no plugin of the environment's on its own (a plugin
-    # that reorders, reseeds or writes files would change the verdict or the user's
-    # directory), only hypothesis's and the suite's; no cache is written.
     cmd = [sys.executable, "-m", "pytest", str(here), "-q", "-p", "no:cacheprovider", "-p", "_hypothesis_pytestplugin",
            "-p", "conformance.plugins", "--rootdir", str(here.parent)]
     for flag, value in (("--impl", impl), ("--convention", convention), ("--call-shape", call_shape),
-                        ("-k", select), ("--gdpo-json", json_path)):
+                        ("-k", select)):
         if value is not None:
             cmd += [flag, value]
     if single_process:
@@ -109,56 +139,9 @@ def check_command(impl: str | None, convention: str | None, call_shape: str | No
     for item in domain or ():
         cmd += ["--domain", item]
     if not self_tests:
-        cmd.append("--gdpo-grade")  # the suite's self-tests are no grade of the implementation, the default's too
-    # The summary table (conformance/plugins.py) is what one reads: one line, a listed output and a
-    # repro line per failure; --details prints pytest's full failure texts after it.
-    cmd += ["--tb=short", "-rfE"] if details else ["--tb=no", "-rN", "--disable-warnings"]
-    return cmd
-
-
-def run_check(impl: str | None, convention: str | None, call_shape: str | None, select: str | None,
-              single_process: bool = False, json_path: str | None = None, details: bool = False,
-              deep: bool = False, self_tests: bool = False, strict_errors: bool = False, domain=()) -> int:
-    """The conformance suite (conformance/) in a subprocess; pytest's exit code, or 2 (a usage
-    error, as argparse's) where ``--impl`` names no callable. ``single_process``: the
-    multi-process properties are deselected (``--single-process``, conformance/plugins.py);
-    ``json_path``: the grading as JSON (``--gdpo-json``); ``details``: pytest's full failure
-    texts after the summary table; ``deep``: the ``deep`` hypothesis profile instead of
-    :data:`CHECK_PROFILE`; ``self_tests``: the suite's self-tests too (``conformance/test_controls.py``,
-    ``conformance/test_suite_meta.py``, which grade the suite, not the implementation);
-    ``strict_errors``: the strict error contract (a refusal must raise the spec.errors class named);
-    ``domain``: ``KEY=VALUE`` declarations of the implementation's domain (``--domain``)."""
-    import os
-    import subprocess
-
-    why = check_impl_spec(impl, call_shape)
-    if why is None and convention is not None:
-        from spec import CONVENTIONS
-
-        if convention not in CONVENTIONS:  # else every property errors, and the run exits 1 as a failed grade
-            why = f"unknown convention {convention!r}; the conventions are {', '.join(sorted(CONVENTIONS))}"
-    if why is None and domain:
-        from conformance.subject import parse_domain
-
-        try:
-            parse_domain(domain)
-        except ValueError as e:
-            why = str(e)
-    if why is not None:
-        print(f"gdpo check: error: {why}", file=sys.stderr)
-        return 2
-    from conformance import profiles
-
-    cmd = check_command(impl, convention, call_shape, select, single_process, json_path, details, self_tests, domain)
-    env = {**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
-    if strict_errors:
-        env["GDPO_STRICT_ERRORS"] = "1"  # conformance.judge.STRICT_ENV
-    if deep:
-        env[profiles.ENV] = "deep"
-    else:
-        env.setdefault(profiles.ENV, CHECK_PROFILE)
-    if single_process:
-        print("gdpo check: --single-process: the multi-process properties are deselected, not graded", flush=True)
+        cmd.append("--gdpo-grade")
+    cmd += ["--tb=short"] if details else ["--tb=line"]
+    env = {**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", profiles.ENV: "deep" if deep else "ci"}
     print(f"running ({profiles.ENV}={env[profiles.ENV]}): " + " ".join(cmd), flush=True)
     return subprocess.call(cmd, env=env)
 
@@ -238,7 +221,8 @@ def main(argv: list[str] | None = None) -> int:
                            f"{', '.join(c for c in CONVENTIONS if c != 'spec')} (docs/grading.md)")
     p_ck.add_argument("--call-shape", default=None, choices=CHECK_CALL_SHAPES,
                       help="how to call it (see conformance/subject.py; default gdpo)")
-    p_ck.add_argument("-k", dest="select", default=None, help="only the tests matching this pytest -k expression")
+    p_ck.add_argument("-k", dest="select", default=None,
+                      help="only the rows whose names contain one of these comma-separated words (plain, errors:nan)")
     p_ck.add_argument("--single-process", action="store_true",
                       help="the implementation runs in one process (no process_group): deselect the multi-process "
                            "properties, reported as not graded")
@@ -261,6 +245,9 @@ def main(argv: list[str] | None = None) -> int:
     p_ck.add_argument("--strict-errors", action="store_true",
                       help="the strict error contract: a refusal must raise the spec.errors class it names (default: "
                            "a clear refusal of another class passes, reported as wrong_class)")
+    p_ck.add_argument("--strict", action="store_true",
+                      help="hold the code to the specification's own error model (the prescribed float64 algorithm: "
+                           "exact collapse and structural zeros bit for bit) instead of its own precision")
     p_pe = sub.add_parser("peers", help="grade every installed peer and write the generated peers page "
                                         "(spec/peers.md; see gdpo peers --help)", add_help=False)
     p_pe.add_argument("rest", nargs=argparse.REMAINDER)
@@ -271,7 +258,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "check":
         return run_check(args.impl, args.convention, args.call_shape, args.select, args.single_process,
-                         args.json_path, args.details, args.deep, args.self_tests, args.strict_errors, args.domain)
+                         args.json_path, args.details, args.deep, args.self_tests, args.strict_errors, args.domain,
+                         args.strict)
     if args.command == "audit":
         from gdpo_tools import audit
         from spec import DEFAULT_EPS

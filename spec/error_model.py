@@ -365,11 +365,11 @@ def whiten_stage(dc, c, mean, a, sigma, denom, ddof, t=None, collapsed=False, ro
             if not sigma > 0.0:  # collapsed: as at a zero denominator, whatever eps (a tiny eps
                 return np.minimum(da, samuelson(T, ddof, t) + a)  # makes the first order meaningless)
             return da
-        return np.minimum(da + 3.0 * (a + underflow_tau(_dtype_of(unit_roundoff))),
+        return np.minimum(da + 3.0 * (a + underflow_tau(dtype_of(unit_roundoff))),
                           noise_cap(T, ddof, t, n, a, unit_roundoff))
 
 
-def _dtype_of(unit_roundoff: float) -> str:
+def dtype_of(unit_roundoff: float) -> str:
     """The working precision whose unit roundoff this is (float64 unless float32's)."""
     return "float32" if unit_roundoff == math.ldexp(1.0, -24) else "float64"
 

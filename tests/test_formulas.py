@@ -125,7 +125,8 @@ def test_each_variant_is_named(name):
     assert d.matched, F.describe(d)
     assert d.variant == expected, (F.describe(d), F.differences(expected))
     assert d.ratio <= 1.0
-    for (case, out, tokens), one in zip(graded(name), d.each):  # each case alone: among what it cannot separate
+    for case, out, tokens in graded(name):  # each case alone: among what it cannot separate
+        one = F.diagnose(case, out, tokens)
         shown = expected if expected.clip is None or np.abs(out).max() >= expected.clip else \
             F._with(expected, clip=None)  # a clip that does not bite on this case
         assert shown in one.matches, (F.describe(one), F.differences(shown))

@@ -1,0 +1,280 @@
+"""``gdpo check``: one grading of one implementation, from the probes to the first screen.
+
+    grading = grade(subject)      the probes, every property's cases checked, the findings
+    render(grading)               the first screen: a verdict line, the findings worst first, a table
+    as_json(grading)              the same for machines (``gdpo check --json``)
+
+The steps (docs/grading.md):
+
+1. **Probes** (:mod:`conformance.probes`): the code's working precision and formula, told from a
+   few fixed batches; unless ``--strict``, every case is then judged at that precision
+   (``Subject.precision``), so a correct float32 code is never failed for being float32.
+2. **Cases**: each property's cases drawn first from its own seed (``conformance.runner``), the
+   same on any machine; every case checked by the property's check, every verdict decided by
+   :mod:`conformance.judge`.
+3. **Findings** (:mod:`conformance.findings`): the failures grouped one per cause, each with its
+   smallest example and the line that replays it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+
+from hypothesis.errors import UnsatisfiedAssumption
+
+from conformance import findings as FD
+from conformance import probes, runner
+from conformance.error_cases import ERROR_CASES
+from conformance.judge import ConformanceFailure, NotJudged
+from conformance.properties import PROPERTIES
+from conformance.subject import Subject
+from conformance.verdicts import label
+
+#: the JSON's layout version (``schema``), raised when a key changes meaning
+JSON_SCHEMA = 2
+#: exit codes: conforming, findings, a usage error (argparse's), an error of the grader itself
+EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_GRADER = 0, 1, 2, 3
+#: the first screen: at most this many lines, and columns outside the replay lines
+SCREEN_LINES, SCREEN_COLUMNS = 60, 160
+
+
+@dataclasses.dataclass
+class Row:
+    """One row of the table: a property, or one error case of the contract (``errors:<name>``)."""
+
+    name: str
+    verdict: str  # "passed", "failed", "skipped"
+    reason: str = ""  # why it was skipped
+    cases: int = 0
+    failed: int = 0
+    digest: str = ""
+    categories: tuple = ()
+    notes: tuple = ()  # e.g. refusals of another class than spec.errors' (wrong_class)
+    seconds: float = 0.0
+
+
+@dataclasses.dataclass
+class Grading:
+    subject: Subject
+    profile: probes.Profile | None
+    rows: list
+    findings: list
+    seconds: float
+    strict: bool = False
+    single_process: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return not self.findings
+
+
+def _rows_to_run(subject: Subject, select: str | None, single_process: bool):
+    """(row name, cases, check, skip reason) for every row of the grading."""
+    words = [w.strip() for w in (select or "").split(",") if w.strip()]
+    chosen = (lambda name: not words or any(w in name for w in words))
+    for prop in PROPERTIES:
+        why = subject.unsupported(prop.needs)
+        if why is None and single_process and prop.world > 0:
+            why = "--single-process: the multi-process properties are not graded"
+        if prop.name != "errors":
+            if chosen(prop.name):
+                yield prop.name, prop, why
+            continue
+        for ec in ERROR_CASES:
+            name = f"errors:{ec.name}"
+            if not chosen(name):
+                continue
+            reason = why or (None if subject.shape in ec.shapes else
+                             f"call shape {subject.shape!r} cannot express this")
+            if reason is None and ec.name in subject.validated():
+                reason = "validated elsewhere (declared: the framework checks it before calling the function)"
+            yield name, prop, reason
+
+
+def _check_row(subject: Subject, name: str, prop) -> tuple[Row, list]:
+    t0 = time.monotonic()
+    if name.startswith("errors:"):
+        cases = runner.error_row_cases(name.split(":", 1)[1], subject)
+    else:
+        cases = runner.planned_cases(prop, subject)
+
+    def check(case):
+        prop.check(subject, case, prop.name)
+
+    failures = []
+    for case in cases:
+        try:
+            check(case)
+        except (UnsatisfiedAssumption, NotJudged):
+            continue
+        except ConformanceFailure as exc:
+            failures.append(FD.Failure(name, getattr(exc, "case", case), exc, subject.last, check))
+    from conformance import judge as J
+
+    seen = J.NOTES.get(prop.name, ())
+    notes = tuple(sorted({f"refused with {cls}, not the spec.errors class (passes; fails under --strict-errors)"
+                          for c, cls in seen if name == f"errors:{c}" or not name.startswith("errors:")}))
+    cats = tuple(dict.fromkeys(str(f.exc.category) for f in failures))
+    row = Row(name, "failed" if failures else "passed", cases=len(cases), failed=len(failures),
+              digest=runner.digest(cases), categories=cats, notes=notes, seconds=time.monotonic() - t0)
+    return row, failures
+
+
+def grade(subject: Subject, select: str | None = None, single_process: bool = False, strict: bool = False,
+          progress=None) -> Grading:
+    """Grade ``subject`` (see the module docstring); ``strict``: hold it to the specification's
+    own error model (exact collapse and structural zeros bit for bit, the prescribed float64
+    algorithm's accuracy) instead of its own precision."""
+    t0 = time.monotonic()
+    prof = None
+    if subject.convention == "spec" and not strict:
+        prof = probes.profile(subject)
+        subject.precision, subject.profile = prof.precision, prof
+    rows, failures = [], []
+    for name, prop, why in _rows_to_run(subject, select, single_process):
+        if why:
+            rows.append(Row(name, "skipped", reason=why))
+            continue
+        if progress:
+            progress(name)
+        row, found = _check_row(subject, name, prop)
+        rows.append(row)
+        failures += found
+    found = FD.findings(failures, subject)
+    return Grading(subject, prof, rows, found, time.monotonic() - t0, strict, single_process)
+
+
+# ------------------------------------------------------------------ the first screen
+
+
+def verdict_line(g: Grading) -> str:
+    s = g.subject
+    what = f"gdpo check {s.target} (call shape {s.shape}, convention {s.convention})"
+    if g.ok:
+        graded = sum(r.verdict != "skipped" for r in g.rows)
+        return f"{what}: conforms: no finding on the {graded} properties graded"
+    by = {}
+    for f in g.findings:
+        by[f.regime] = by.get(f.regime, 0) + 1
+    parts = [f"{n} at {k}" if k.endswith("magnitudes") else f"{n} on {k}" for k, n in
+             sorted(by.items(), key=lambda kv: FD.REGIMES.index(kv[0]))]
+    return f"{what}: {len(g.findings)} finding{'s' if len(g.findings) > 1 else ''} ({', '.join(parts)})"
+
+
+def _clip(line: str, width: int = SCREEN_COLUMNS) -> str:
+    return line if len(line) <= width else line[:width - 3] + "..."
+
+
+def table(g: Grading) -> list[str]:
+    """The compact table: one line per graded row (failed first), the skipped ones merged by reason."""
+    graded = [r for r in g.rows if r.verdict != "skipped"]
+    graded.sort(key=lambda r: r.verdict != "failed")
+    out = [f"{'property':<28} {'verdict':<7} {'cases':>5} {'failed':>6}  categories / notes"]
+    passed = [r for r in graded if r.verdict == "passed" and not r.notes]
+    for r in graded:
+        if r in passed:
+            continue
+        extra = ", ".join(r.categories) + ("; " if r.categories and r.notes else "") + "; ".join(r.notes)
+        out.append(_clip(f"{r.name:<28} {r.verdict:<7} {r.cases:>5} {r.failed:>6}  {extra}"))
+    if passed:
+        names = ", ".join(r.name for r in passed)
+        out.append(_clip(f"passed ({len(passed)}): {names}"))
+    skipped: dict = {}
+    for r in g.rows:
+        if r.verdict == "skipped":
+            why = r.reason.split(": ", 1)[0] if r.reason.startswith("call shape") else r.reason
+            skipped[why] = skipped.get(why, 0) + 1
+    if skipped:
+        out.append(_clip(f"not graded ({sum(skipped.values())}): " +
+                         "; ".join(f"{why} ({n})" for why, n in skipped.items())))
+    return out
+
+
+def render(g: Grading, details: bool = False) -> str:
+    """The first screen (at most :data:`SCREEN_LINES` lines, :data:`SCREEN_COLUMNS` columns outside
+    the replay lines); ``details``: every finding's full text after it."""
+    s = g.subject
+    lines = [verdict_line(g)]
+    if g.profile is not None:
+        lines.append(_clip(g.profile.statement()))
+    elif g.strict:
+        lines.append("held to the specification's own error model (--strict): the prescribed float64 algorithm, "
+                     "exact collapse and structural zeros bit for bit")
+    else:
+        lines.append(f"judged under convention {s.convention!r} at its own precision")
+    lines.append(_clip(s.domain_statement()))
+    lines.append("")
+    shown = FD.rank(g.findings)
+    budget = SCREEN_LINES - len(lines) - len(table(g)) - 4
+    if shown:
+        lines.append("findings, worst first:")
+        for i, f in enumerate(shown, 1):
+            block = f.lines(i)
+            if len(block) > budget:
+                lines.append(f"... {len(shown) - i + 1} more finding(s): gdpo check --details lists every one")
+                break
+            lines += [_clip(x) if not x.lstrip().startswith("replay:") else x for x in block]
+            budget -= len(block)
+        lines.append("")
+    lines += table(g)
+    lines.append(f"{g.seconds:.0f} s; the cases were drawn first from each property's seed: the same on any machine "
+                 "(--json: cases_digest)")
+    if details:
+        for i, f in enumerate(shown, 1):
+            lines += ["", f"--- finding {i}: {label(f.category)} ---", f.detail]
+    return "\n".join(lines)
+
+
+def as_json(g: Grading) -> dict:
+    import hypothesis
+
+    s = g.subject
+    prof = g.profile
+    return {
+        "schema": JSON_SCHEMA,
+        "impl": s.target, "call_shape": s.shape, "convention": s.convention,
+        "strict": g.strict, "single_process": g.single_process,
+        "precision": None if prof is None else prof.precision,
+        "probes": None if prof is None else {"statement": prof.statement(), "formula": prof.formula,
+                                              "named": prof.named, "failed": prof.failed},
+        "domain": {k: list(v) if isinstance(v, tuple) else v for k, v in s.domain().items()},
+        "verdict": verdict_line(g),
+        "exit_status": EXIT_OK if g.ok else EXIT_FINDINGS,
+        "findings": [f.as_json() for f in FD.rank(g.findings)],
+        "properties": [dataclasses.asdict(r) | {"seconds": round(r.seconds, 3)} for r in g.rows],
+        "hypothesis": hypothesis.__version__,
+        "python": sys.version.split()[0],
+        "torch": getattr(sys.modules.get("torch"), "__version__", None),
+        "seconds": round(g.seconds, 1),
+    }
+
+
+def main(impl: str | None, call_shape: str | None, convention: str | None, select: str | None = None,
+         single_process: bool = False, json_path: str | None = None, details: bool = False,
+         strict: bool = False, domain=(), out=None) -> int:
+    """``gdpo check``: grade, print the first screen, write the JSON; the exit code (see the constants)."""
+    import json
+    import traceback
+
+    from conformance import profiles
+    from conformance.subject import DEFAULT_IMPL, parse_domain
+
+    out = out or sys.stdout
+    profiles.load("grade")
+    runner.DRAW_FIRST = True
+    subject = Subject(impl or DEFAULT_IMPL, call_shape or "gdpo", convention or "spec", domain=parse_domain(domain))
+    try:
+        g = grade(subject, select, single_process, strict)
+    except Exception:  # noqa: BLE001 - the grader's own error is never a failure of the graded code
+        print("gdpo check: the grader itself failed (this is not a verdict on the implementation; please "
+              "report it with the traceback below):", file=sys.stderr)
+        traceback.print_exc()
+        return EXIT_GRADER
+    print(render(g, details), file=out)
+    if json_path:
+        from pathlib import Path
+
+        Path(json_path).write_text(json.dumps(as_json(g), indent=1, default=str) + "\n")
+    return EXIT_OK if g.ok else EXIT_FINDINGS

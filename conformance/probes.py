@@ -1,0 +1,331 @@
+"""Probes: what the graded code computes, told from a few fixed batches before any case is drawn.
+
+A grading (:mod:`conformance.grading`) first calls the code on :func:`probe_cases`: small,
+well-conditioned batches of ordinary magnitude (rewards within a few units of 0, no large
+offset, so no correct float code loses more than a few ulps on them), built so that the
+variants of the formula catalogue (:mod:`conformance.formulas`) come apart: a column of std
+about 1e-3, where eps = 1e-4 moves z by 8 %; tiny weights, where eps moves Eq. 6; weights
+summing to a negative number; groups of 2, 4 and 8; an outlier beyond |a| = 5. From the
+outputs it tells (docs/grading.md, "Precision and formula"):
+
+* the **working precision**: float64 where every probe is reproduced to about 1e-13 (a float32
+  computation errs by about 1e-7 there), else float32; every case is then judged by the error
+  model of a mean-then-subtract code at that precision (``spec/error_model.py``, "A peer's own
+  code"), so a correct float32 code is never failed for being float32;
+* the **formula**: the catalogue variant that reproduces every probe within that precision
+  (:func:`conformance.formulas.diagnose_many`), checked against the relations below (a variant
+  must also reproduce the transformed batches, so a name the relations contradict is never given);
+* the **relations** the paper's formula keeps exactly, each owned by one stage, tested on the
+  first probe: a shift, or a positive scale, of one group's column (Eq. 4), a permutation of the
+  rows of a group or of the groups, negated weights (the output is odd in them) and a column split
+  into two copies of half its weight (Eq. 7), and the mean 0 and std about 1 of the advantages over
+  the batch (Eq. 6). Where no variant reproduces the probes, the broken relations say which stage
+  differs and how.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+from conformance import formulas
+from conformance.cases import Case, expected
+
+#: the first probe: 4 groups of 4, three columns (binary, small integers, a column of std about
+#: 1e-3 with a constant non-zero group), weights 1, 1/2, 2
+_MAIN = (
+    (1, 3, 0), (0, 1, 2 ** -10), (0, 4, 2 ** -9), (1, 1, 3 * 2 ** -10),
+    (1, 5, 2 ** -8), (1, 9, 0), (1, 2, 2 ** -9), (0, 6, 2 ** -9),
+    (0, 5, .75), (0, 3, .75), (0, 5, .75), (0, 8, .75),
+    (0, 9, 3 * 2 ** -8), (1, 7, 0), (0, 9, 0), (0, 3, 2 ** -8),
+)
+_MAIN_WEIGHTS = (1.0, 0.5, 2.0)
+#: groups of 2: five pairs, two columns
+_PAIRS = ((1, .5), (0, .25), (0, 2), (1, 3), (0, 1), (0, 1.5), (1, 0), (1, .125), (1, 4), (0, 1))
+#: groups of 8: two groups, two columns
+_EIGHTS = ((1, .25), (0, 0), (1, .75), (1, .5), (0, 1), (0, .25), (1, 0), (0, .5),
+           (0, 3), (0, 1), (0, 2), (1, 2), (0, 0), (0, 1), (0, 3), (0, 2))
+#: an outlier: one group [1, 0, 0, 0] among nine constant groups (|a| = 5.4 at one row)
+_OUTLIER = ((1,), (0,), (0,), (0,)) + ((0,),) * 12 + ((1,),) * 12 + ((2,),) * 12
+
+
+def _case(rows, group_size, weights, ctx, scale=1.0) -> Case:
+    dtype = "float32" if "float32" in ctx.input_dtypes else ctx.input_dtypes[0]
+    out = "float64" if "float64" in ctx.out_dtypes and ctx.eps else ctx.out_dtypes[0]
+    rewards = tuple(tuple(float(v) * scale for v in row) for row in rows)
+    return Case(rewards=rewards, dtype=dtype, group_size=group_size,
+                weights=None if weights is None else tuple(float(w) for w in weights), out_dtype=out,
+                note="probe")
+
+
+def probe_cases(ctx) -> list[Case]:
+    """The probes, as the call shape's context (:class:`conformance.strategies.Context`) expresses
+    them: every value and weight is exact in float32 (the trl shape's reward_weights)."""
+    return [  # (the order of PROBE_WORDS; the first four are searched, the rest confirm: formulas.SEARCHED)
+        _case(_MAIN, 4, _MAIN_WEIGHTS, ctx),
+        _case(_OUTLIER, 4, None, ctx),                                    # a clip bites here
+        _case(_MAIN, 4, _MAIN_WEIGHTS, ctx, scale=2.0 ** -8),           # eps dominant at Eq. 4
+        _case(_MAIN, 4, tuple(w * 2.0 ** -12 for w in _MAIN_WEIGHTS), ctx),  # eps dominant at Eq. 6
+        _case(_MAIN, 4, (-1.0, 0.5, -2.0), ctx),                          # weights summing to -2.5
+        _case(_PAIRS, 2, (1.0, 1.0), ctx),
+        _case(_EIGHTS, 8, (1.0, 0.25), ctx),
+    ]
+
+
+# ------------------------------------------------------------------ relations
+
+
+@dataclasses.dataclass(frozen=True)
+class Relation:
+    """A transformation of a batch whose effect on the paper's advantages is known exactly:
+    the transformed batch's advantages are ``sign`` times the first's, rows permuted by ``perm``
+    (row i of the new batch is row ``perm[i]`` of the old), up to the exact effect of eps
+    (taken from the oracle, so only the code's own difference remains)."""
+
+    name: str
+    stage: str
+    words: str  # what is done, for the report
+    case: Case
+    perm: np.ndarray
+    sign: float = 1.0
+
+
+def _replace_rows(case: Case, rows) -> Case:
+    return dataclasses.replace(case, rewards=tuple(tuple(float(v) for v in r) for r in rows))
+
+
+def relations(case: Case) -> list[Relation]:
+    """The relations tested on ``case`` (a probe of 4 groups of 4 and three columns)."""
+    r = case.rewards_array()
+    n = r.shape[0]
+    ident = np.arange(n)
+    g1 = slice(4, 8)
+    shifted = r.copy()
+    shifted[g1, 1] += 8.0
+    scaled = r.copy()
+    scaled[g1, 1] *= 4.0
+    rows_perm = ident.copy()
+    rows_perm[8:12] = rows_perm[8:12][::-1]
+    groups_perm = np.concatenate([ident[12:16], ident[4:12], ident[0:4]])
+    w = case.weights
+    split = np.concatenate([r, r[:, 1:2]], axis=1)
+    return [
+        Relation("shift", "Eq. 4", "adding 8 to column 1 of group 1", _replace_rows(case, shifted), ident),
+        Relation("scale", "Eq. 4", "multiplying column 1 of group 1 by 4", _replace_rows(case, scaled), ident),
+        Relation("rows", "Eq. 4", "reversing the rows of group 2", _replace_rows(case, r[rows_perm]), rows_perm),
+        Relation("groups", "Eq. 4", "swapping groups 0 and 3", _replace_rows(case, r[groups_perm]), groups_perm),
+        Relation("negate", "Eq. 7", "negating every weight",
+                 dataclasses.replace(case, weights=tuple(-x for x in w)), ident, -1.0),
+        Relation("split", "Eq. 7", "splitting column 1 into two copies of half its weight",
+                 dataclasses.replace(_replace_rows(case, split), weights=(w[0], w[1] / 2, w[2], w[1] / 2)), ident),
+    ]
+
+
+@dataclasses.dataclass(frozen=True)
+class Broken:
+    """A relation the code does not keep: the largest difference between its response and the
+    paper's, and the paper's own response (an eps-level change where it is not 0)."""
+
+    relation: Relation
+    off: float
+    paper: float
+
+    def line(self) -> str:
+        rel = self.relation
+        own = f"the paper's changes by {self.paper:.2g}" if self.paper else "the paper's does not change"
+        what = {"shift": "the baseline is not the group's own mean",
+                "scale": ("no division by the group's own std" if self.off > 0.1 else
+                          "the group std or eps enters otherwise than std + eps"),
+                "rows": "the rows of a group are not treated alike (are the groups the contiguous blocks of "
+                        "num_generations rows?)",
+                "groups": "the groups are not treated alike (are they the contiguous blocks of num_generations rows?)",
+                "negate": "the advantages are not odd in the weights (normalised or absolute weights?)",
+                "split": "c is not the sum of w_k z_k"}[rel.name]
+        return f"{rel.stage}: {what} ({rel.words} moves the advantages by {self.off:.2g}; {own})"
+
+
+def _paper(case: Case) -> np.ndarray | None:
+    exp = expected(case, "spec")
+    return None if exp.error is not None or exp.result is None else np.asarray(exp.result.float64)
+
+
+def broken_relations(call, case: Case, out: np.ndarray, tol: float) -> list[Broken]:
+    """The relations of :func:`relations` that the code (``call(case) -> array or None``) breaks
+    on ``case`` by more than ``tol`` (absolute: its precision's allowance at the output's scale)."""
+    base = _paper(case)
+    found = []
+    for rel in relations(case):
+        got, paper = call(rel.case), _paper(rel.case)
+        if got is None or paper is None or base is None:
+            continue
+        code = got - rel.sign * out[rel.perm]
+        exact = paper - rel.sign * base[rel.perm]
+        off = float(np.max(np.abs(code - exact)))
+        if off > tol:
+            found.append(Broken(rel, off, float(np.max(np.abs(exact)))))
+    return found
+
+
+def whitening_lines(case: Case, out: np.ndarray, tol: float) -> list[str]:
+    """Eq. 6's own relation on one output: mean 0 and std 1 (up to eps) over the batch; where it
+    fails, whether it holds within each prompt group instead."""
+    paper = _paper(case)
+    if paper is None:
+        return []
+    n = out.size
+    mean, std = float(out.mean()), float(out.std(ddof=1))
+    want = float(paper.std(ddof=1))
+    if abs(mean) <= tol and abs(std - want) <= tol * math.sqrt(n):
+        return []
+    labels = case.labels()
+    per = [(float(out[labels == g].mean()), float(out[labels == g].std(ddof=1))) for g in np.unique(labels)]
+    if all(abs(m) <= tol for m, _ in per) and all(abs(s - 1.0) <= 1e-2 for _, s in per if s > 0):
+        return ["Eq. 6: the advantages have mean 0 and std 1 within each prompt group, not over the batch"]
+    return [f"Eq. 6: over the batch the advantages have mean {mean:.3g} and std {std:.4g}; the paper's have "
+            f"mean 0 and std {want:.4g}"]
+
+
+# ------------------------------------------------------------------ the profile
+
+
+@dataclasses.dataclass
+class Profile:
+    """What the probes tell about the graded code (see the module docstring)."""
+
+    precision: str  # "float64" or "float32": the working precision every case is judged at
+    how: str  # one line: how the precision was told
+    diagnosis: formulas.Diagnosis | None = None  # the formula the probes show (None: not diagnosed)
+    lines: tuple = ()  # where no variant reproduces the probes: what breaks, stage by stage
+    failed: str = ""  # why the probes told nothing (a refusal, a non-finite output), or ""
+    outputs: tuple = ()  # (case, advantages) of every probe and transformed probe
+    narrow: str = ""  # where the probes show arithmetic narrower than float32: that, in words
+
+    @property
+    def formula(self) -> str | None:
+        """The formula's differences from the paper, one line (None: the paper's, or not told)."""
+        d = self.diagnosis
+        if d is None or self.narrow:
+            return None
+        if d.matched:
+            return "; ".join(d.differences) or None
+        return "; ".join(self.lines) or "no variant of the catalogue reproduces the probes"
+
+    @property
+    def named(self) -> bool:
+        return self.diagnosis is not None and self.diagnosis.matched
+
+    def statement(self) -> str:
+        """One line for the report: the precision, and the formula the probes show."""
+        if self.failed:
+            return self.how
+        if self.narrow:
+            return f"{self.how}; {self.narrow}"
+        if self.formula is None:
+            return f"{self.how}; formula: the paper's on every probe"
+        return f"{self.how}; formula: {self.formula}" + ("" if self.named else " (no catalogued variant)")
+
+
+def _values(subject, case: Case):
+    """The code's advantages of ``case`` as float64, or None where it refuses or returns
+    something other than finite values; and the outcome."""
+    out = subject.outcome(subject.call, case)
+    if not out.ok or out.values is None or out.values.shape != (case.n,) or not np.all(np.isfinite(out.values)):
+        return None, out
+    return np.asarray(out.values, dtype=np.float64), out
+
+
+def _relative_residual(pairs, variant) -> float:
+    """The largest error of the outputs from ``variant``'s float64 values, relative to each
+    output's scale."""
+    worst = 0.0
+    for case, o in pairs:
+        a = formulas.evaluate(case, variant)
+        scale = max(float(np.max(np.abs(a))), 1e-300)
+        worst = max(worst, float(np.max(np.abs(o - a))) / scale)
+    return worst
+
+
+#: a probe reproduced this closely (relative to its scale) was computed in float64: a float32
+#: computation errs by at least one float32 rounding of a square root, about 2^-25 relative
+FLOAT64_RESIDUAL = 2.0 ** -40
+#: the unit roundoff of the narrowest format a code computes in (bfloat16): probes off the paper by
+#: no more than a few of its roundings, and reproduced by no variant, were computed in such a format
+NARROW = 2.0 ** -8
+
+
+def profile(subject) -> Profile:
+    """The probes' verdict on ``subject`` (:class:`conformance.subject.Subject`)."""
+    ctx = subject.context()
+    cases = [c for c in probe_cases(ctx) if subject.inside(c)]
+    if not cases:
+        return Profile("float32", "the probes lie outside the declared domain: graded at float32 precision",
+                       failed="outside the declared domain")
+    outs, returned = [], set()
+    for case in cases:
+        values, out = _values(subject, case)
+        if values is None:
+            return Profile("float32", "graded at float32 precision (the probes could not tell: "
+                           f"{' '.join(out.describe().split())[:100]})", failed=out.describe())
+        outs.append(values)
+        returned.add(out.dtype)
+    as_out = "float64" if returned == {"float64"} else cases[0].out_dtype
+    pairs = [(dataclasses.replace(c, out_dtype=as_out), o) for c, o in zip(cases, outs)]
+    if cases[0].k == 3 and cases[0].n == 16:
+        for rel in relations(cases[0]):
+            values, _ = _values(subject, rel.case)
+            if values is not None:
+                pairs.append((dataclasses.replace(rel.case, out_dtype=as_out), values))
+    d = formulas.diagnose_many(pairs, unit_roundoff=formulas.FLOAT32_UNIT_ROUNDOFF)
+    precision = "float32"
+    if d.matched and as_out == "float64" and _relative_residual(pairs, d.variant) <= FLOAT64_RESIDUAL:
+        precision = "float64"
+        d = formulas.diagnose_many(pairs, unit_roundoff=formulas.FLOAT64_UNIT_ROUNDOFF)
+    how = f"computes in {precision}" if as_out == "float64" else f"returns {as_out}"
+    prof = Profile(precision, f"{how}: graded at {precision} precision", d, outputs=tuple(pairs))
+    if not d.matched:
+        off = _relative_residual(pairs, formulas.PAPER)
+        if off <= 4 * NARROW:
+            prof.narrow = (f"arithmetic narrower than float32 (bfloat16 or float16?): the probes' advantages are off "
+                           f"the paper's by up to {off:.2g} of their scale, and no variant of the formula explains it")
+        else:
+            tol = _tolerance(subject, cases[0], outs[0])
+            call = (lambda c: _values(subject, c)[0])
+            prof.lines = tuple(b.line() for b in broken_relations(call, cases[0], outs[0], tol)) \
+                + tuple(whitening_lines(cases[0], outs[0], tol))
+            if not prof.lines:  # the first probe keeps every relation: which probes the code is off on
+                prof.lines = tuple(_off_lines(pairs[:len(cases)], tol))
+    return prof
+
+
+#: what each probe of :func:`probe_cases` exercises, in its order, for the report
+PROBE_WORDS = ("4 groups of 4, three columns", "one outlier among 10 groups (|a| = 5.4)",
+               "the same scaled by 2^-8 (group stds about 1e-5, eps dominant at Eq. 4)",
+               "tiny weights (eps dominant at Eq. 6)", "weights summing to -2.5", "5 groups of 2", "2 groups of 8")
+
+
+def _off_lines(pairs, tol: float) -> list[str]:
+    """Which probes the code is off the paper on, and by how much, where the relations do not say."""
+    off, fine = [], []
+    for i, (case, o) in enumerate(pairs):
+        d = float(np.max(np.abs(o - formulas.evaluate(case, formulas.PAPER))))
+        (off if d > tol else fine).append(f"{PROBE_WORDS[i] if i < len(PROBE_WORDS) else f'probe {i}'}"
+                                          + (f" (off by {d:.2g})" if d > tol else ""))
+    line = "the paper's formula holds on " + (", ".join(fine) if fine else "no probe") + "; not on " + ", ".join(off)
+    return [line]
+
+
+def _tolerance(subject, case: Case, out: np.ndarray) -> float:
+    """The allowance a relation is held to on ``case``: twice the largest allowance of the error
+    model at the code's own precision (the original batch's and the transformed one's)."""
+    import dataclasses as dc
+
+    from spec.conventions import get_convention
+
+    conv = dc.replace(get_convention("spec"), algorithm="mean_then_subtract",
+                      native_dtype="float32")
+    exp = expected(case, conv)
+    if exp.result is None:
+        return 0.0
+    return 2.0 * float(np.max(exp.result.allowed(case.out_dtype, conv.unit_roundoff)))
