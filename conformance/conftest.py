@@ -14,13 +14,13 @@ from conformance import distributed
 @pytest.fixture(scope="session")
 def subject(request) -> Subject:
     """The implementation named; another one than this checkout's own is judged at its own
-    precision, told by the probes (conformance/probes.py), unless --strict."""
+    precision, told by the probes (conformance/probes.py), unless --gdpo-strict."""
     from conformance import plugins, probes
 
     opt = request.config.getoption
     s = Subject(opt("--impl"), opt("--call-shape"), opt("--convention"),
                 domain=parse_domain(opt("--domain", default=None)))
-    if plugins.grades_another(request.config) and s.convention == "spec" and not opt("--strict"):
+    if plugins.grades_another(request.config) and s.convention == "spec" and not opt("--gdpo-strict"):
         s.profile = probes.profile(s)
         s.precision = s.profile.precision
     return s

@@ -141,6 +141,8 @@ def key(f: Failure) -> tuple:
         return cat, "ordinary magnitudes", f.exc.formula or ""
     if cat == Category.PRECISION and getattr(f.exc, "cause", None):
         return cat, "", f.exc.cause  # one cause, wherever it shows: its regime is its members' lowest
+    if cat in (Category.CALL_SHAPE, Category.POLICY, Category.WRONG_CLASS, Category.PROTOCOL):
+        return cat, "", ""  # no magnitude makes these: one finding each
     if reg == "extreme magnitudes":
         return cat, reg, _large_input(f)
     return cat, reg, ""

@@ -50,7 +50,7 @@ from spec.conventions import CONVENTIONS, Convention
 
 #: eps values searched at Eq. 4 and Eq. 6 besides the call's own (None in a Variant):
 #: none, and the values the peers use (spec/conventions.py) and their neighbours
-EPS_VALUES: tuple = (0.0, 1e-8, 1e-6, 1e-5, 1e-4, 1e-3)
+EPS_VALUES: tuple = (0.0, 1e-8, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2)
 
 #: how many candidates, best first by their relative error, are checked against their
 #: own error bound (the rest are farther from the output than the last one checked)

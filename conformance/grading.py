@@ -73,7 +73,11 @@ class Grading:
 def _rows_to_run(subject: Subject, select: str | None, single_process: bool):
     """(row name, cases, check, skip reason) for every row of the grading."""
     words = [w.strip() for w in (select or "").split(",") if w.strip()]
-    chosen = (lambda name: not words or any(w in name for w in words))
+    names = {p.name for p in PROPERTIES} | {f"errors:{ec.name}" for ec in ERROR_CASES} | {"errors"}
+
+    def chosen(name: str) -> bool:  # a row's own name, its prefix (errors), else a part of its name
+        return not words or any(name == w or name.startswith(w + ":") or (w not in names and w in name)
+                                for w in words)
     for prop in PROPERTIES:
         why = subject.unsupported(prop.needs)
         if why is None and single_process and prop.world > 0:

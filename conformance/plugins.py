@@ -12,7 +12,7 @@ first, the same on any machine, and the findings one per cause.
 Naming another implementation (or call shape, or convention) keeps only the tests under
 ``conformance/`` that grade it: the repository's other tests and the suite's self-tests
 (:data:`SELF_TESTS`, which grade the suite) are deselected. The implementation is judged at its
-own precision, told by the probes (:mod:`conformance.probes`), unless ``--strict`` holds it to the
+own precision, told by the probes (:mod:`conformance.probes`), unless ``--gdpo-strict`` holds it to the
 specification's own error model, as the suite holds ``impl.gdpo`` and the negative controls.
 ``--single-process`` deselects the multi-process tests (marked ``distributed``).
 
@@ -93,7 +93,7 @@ def pytest_collection_modifyitems(config, items):
 def pytest_report_header(config):
     if not grades_another(config):
         return []
-    how = "the specification's own error model (--strict)" if config.getoption("--strict", default=False) else \
+    how = "the specification's own error model (--gdpo-strict)" if config.getoption("--gdpo-strict", default=False) else \
         "its own precision, told by the probes (conformance/probes.py)"
     return [f"gdpo conformance: grading {config.getoption('--impl')} (call shape {config.getoption('--call-shape')}, "
             f"convention {config.getoption('--convention')}) at {how}; only the tests under conformance/ that grade "
@@ -110,7 +110,7 @@ def pytest_addoption(parser):
     group.addoption("--call-shape", default="gdpo", choices=CALL_SHAPES,
                     help="how to call it: gdpo (impl.gdpo's signature), trl (rewards, num_generations, "
                          "reward_weights) or verl (token_level_rewards, response_mask, index, weights -> (B, T))")
-    group.addoption("--strict", action="store_true", default=False,
+    group.addoption("--gdpo-strict", action="store_true", default=False,
                     help="hold another implementation to the specification's own error model instead of its "
                          "own precision (impl.gdpo and the controls always are)")
     group.addoption("--strict-errors", action="store_true", default=False,

@@ -34,14 +34,18 @@ def main(argv=None) -> int:
     ap.add_argument("--property", default=None, choices=sorted(properties.CHECKS), metavar="PROPERTY",
                     help="property whose check to run, as named in the failure (default: by case kind)")
     ap.add_argument("--precision", default=None, choices=("float32", "float64"),
-                    help="judge at this working precision (what gdpo check told from the probes; default: the "
-                         "convention's own)")
+                    help="judge at this working precision, with the formula the probes tell, as gdpo check does "
+                         "(default: the convention's own precision)")
     ap.add_argument("--case", required=True, help="hex JSON of a Case or DistCase")
     args = ap.parse_args(argv)
     data = json.loads(args.case)
     case = DistCase.from_json(data) if "shards" in data else Case.from_json(data)
     subject = Subject(args.impl, args.call_shape, args.convention, device=args.device, backend=args.backend)
-    subject.precision = args.precision
+    if args.precision:  # judged as gdpo check judged it: at that precision, the probes' formula known
+        from conformance import probes
+
+        subject.profile = probes.profile(subject)
+        subject.precision = args.precision
     name = args.property or _default_property(case)
     check = properties.CHECKS[name]
     try:

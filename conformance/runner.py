@@ -376,8 +376,9 @@ def _same(check, case, failure: ConformanceFailure) -> ConformanceFailure | None
             return None
         if exc.category == Category.FORMULA and (
                 getattr(exc, "formula", None) != getattr(failure, "formula", None)
-                or len(getattr(exc, "formula_alternatives", ())) > len(getattr(failure, "formula_alternatives", ()))):
-            return None
+                or len(getattr(exc, "formula_alternatives", ())) > len(getattr(failure, "formula_alternatives", ()))
+                or (exc.worst_ulps or 0.0) < (failure.worst_ulps or 0.0) / 16):
+            return None  # an example of a formula keeps its difference as plain as the case it came from
         return exc
     except Exception:  # noqa: BLE001 - another kind of failure is another finding
         return None

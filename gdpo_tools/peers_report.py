@@ -145,7 +145,7 @@ def _section(conv, data: dict | None) -> list[str]:
             rows = ", ".join(f"`{p}`" for p in f["properties"])
             where = f["regime"] + (f", from |{f['input']}| of about {f['threshold']:.3g}" if f.get("threshold") else "")
             what = f["category_label"] if f["regime"] == "bad input" else f"{f['category_label']} ({where})"
-            out.append(f"{i}. **{f['category']}**: {what}: {f['cause']} ({rows}): {f['example']}")
+            out.append(f"{i}. **{f['category']}**: {what}: {f['cause']}. Rows: {rows}. Example: {f['example']}")
             if f.get("repro"):
                 out += ["", "   ```", f"   {f['repro']}", "   ```"]
             out.append("")
@@ -201,7 +201,9 @@ def parse(text: str) -> dict:
         found = []
         for f in re.finditer(r"^\d+\. \*\*(\w+)\*\*: (.*?)(?=^\d+\. \*\*|^<!-- table:|\Z)", block, re.M | re.S):
             repro = re.search(r"^\s*(python -m conformance\.replay [^\n]+)$", f.group(2), re.M)
-            found.append({"category": f.group(1), "repro": repro.group(1).strip() if repro else None})
+            rows_of_f = re.search(r"Rows: ((?:`[^`]+`(?:, )?)+)\. Example", f.group(2))
+            found.append({"category": f.group(1), "repro": repro.group(1).strip() if repro else None,
+                          "properties": re.findall(r"`([^`]+)`", rows_of_f.group(1)) if rows_of_f else []})
         out[m.group(3)] = {"package": pkg.group(1) if pkg else None, "version": pkg.group(2) if pkg else None,
                            "heading": (m.group(1), m.group(2)), "entry_point": entry.group(1) if entry else None,
                            "rows": rows, "digests": digests, "findings": found}
@@ -242,6 +244,18 @@ def digest_problems(text: str, name: str) -> list[str]:
             problems.append(f"{name} {row}: the page checked {n} cases `{d}`, drawn now: {len(cases)} "
                             f"`{runner.digest(cases)}`")
     return problems
+
+
+def finding_problems(text: str, name: str) -> list[str]:
+    """Where the findings of peer ``name`` do not account for its table: a failed row that no finding
+    lists, a finding without a replay line (needs no package)."""
+    page = parse(text).get(name) or {}
+    found = page.get("findings") or []
+    listed = {p for f in found for p in f["properties"]}
+    problems = [f"{name} {row}: failed on the page, and no finding lists it"
+                for row, verdict, _ in page.get("rows") or () if verdict == "failed" and row not in listed]
+    return problems + [f"{name} finding {i} ({f['category']}): no replay line" for i, f in enumerate(found, 1)
+                       if not f["repro"]]
 
 
 def replay_problems(text: str, name: str) -> list[str]:
@@ -335,6 +349,8 @@ def main(argv=None, prog: str = COMMAND) -> int:
             notes += arithmetic
             if name in by_name and installed(by_name[name]):
                 problems += replay_problems(text, name)
+        for conv in peers():
+            problems += finding_problems(text, conv.name)
         for a in notes:
             print(f"note: {a}")
         for p in problems:

@@ -33,11 +33,12 @@ def test_unknown_example_is_refused():
 
 
 def test_check_runs_the_conformance_suite(tmp_path_factory):
-    # `gdpo check -k "test_property and plain"` (with --json), run once for this test and
-    # tests/test_grading_output.py's, which reads its summary and JSON (tests/_once.py)
+    # `gdpo check -k plain` (with --json), run once for this test and tests/test_grading_output.py's,
+    # which reads its screen and JSON (tests/_once.py)
     proc, _ = _once.default_check(tmp_path_factory)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    assert "passed" in proc.stdout
+    assert "conforms: no finding on the 1 properties graded" in proc.stdout, proc.stdout
+    assert "passed (1): plain" in proc.stdout, proc.stdout
 
 
 def test_check_fails_a_wrong_implementation(tmp_path):
@@ -47,8 +48,9 @@ def test_check_fails_a_wrong_implementation(tmp_path):
         "    return gdpo.gdpo_advantages(*args, **kwargs) * 1.001  # off by 0.1%\n")
     env = dict(__import__("os").environ, PYTHONPATH=str(tmp_path))
     proc = subprocess.run([sys.executable, "-m", "gdpo_tools.cli", "check", "--impl", "wrong_gdpo:advantages",
-                           "-k", "test_property and plain"], capture_output=True, text=True, timeout=600, env=env)
-    assert proc.returncode != 0 and "failed" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
+                           "-k", "plain"], capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "1. formula differs from the paper (ordinary magnitudes): " in proc.stdout, proc.stdout
 
 
 def test_check_call_shapes_are_the_suites():
@@ -59,9 +61,9 @@ def test_check_call_shapes_are_the_suites():
 
 def test_check_grades_the_verl_call_shape(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "gdpo_tools.cli", "check", "--impl", "impl.adapters:verl_advantages",
-                           "--call-shape", "verl", "-k", "test_property[plain]"],
+                           "--call-shape", "verl", "-k", "plain"],
                           capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0 and "1 passed" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert proc.returncode == 0 and "passed (1): plain" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
     (tmp_path / "unmasked_verl.py").write_text(
         "from impl import adapters\n"
         "def advantages(token_level_rewards, response_mask, index, weights=None):\n"
@@ -69,10 +71,10 @@ def test_check_grades_the_verl_call_shape(tmp_path):
         "    return adv[:, :1].expand(adv.shape).clone()  # padding tokens not masked\n")
     env = dict(__import__("os").environ, PYTHONPATH=str(tmp_path))
     proc = subprocess.run([sys.executable, "-m", "gdpo_tools.cli", "check", "--impl", "unmasked_verl:advantages",
-                           "--call-shape", "verl", "-k", "test_property[plain]"],
+                           "--call-shape", "verl", "-k", "plain"],
                           capture_output=True, text=True, timeout=600, env=env)
-    assert proc.returncode == 1 and "masked tokens must be exactly 0" in proc.stdout, \
-        proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert proc.returncode == 1 and "output breaks its call shape" in proc.stdout, proc.stdout[-2000:] + proc.stderr
+    assert "call shape 'verl': sample 0 has 3 response token(s) of 6; its padding token" in proc.stdout, proc.stdout
 
 
 def test_check_refuses_an_unknown_convention_before_the_suite():

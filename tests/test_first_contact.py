@@ -1,0 +1,116 @@
+"""First contact (issue 43): GDPO code written from the paper, by people who never read this project,
+graded as the README says (``gdpo check --impl M:fn --call-shape trl``, no other option).
+
+tests/paper_impls.py holds correct implementations in float32 and float64 and each variant of the
+issue alone and in pairs, with its answer key (EXPECTED). What must hold:
+
+* the probes tell each one's working precision and name its formula exactly: what differs, and
+  nothing it does not do;
+* graded in full, a correct one gets no finding at ordinary magnitudes and no formula finding; a
+  variant gets one formula finding naming its differences and no precision finding at ordinary
+  magnitudes; the one-pass variance is a precision finding with that cause;
+* the first screen fits: at most 60 lines, 160 columns outside the replay lines.
+
+The full gradings of every implementation are the slow tier's; the fast suite grades a few.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import paper_impls as P
+from conformance import grading, probes, profiles, runner
+from conformance.subject import Subject
+
+FAST = ("correct_f32", "correct_f64", "one_pass_var_f32", "eq6_per_group_and_weights_normalized")
+
+
+def _subject(name: str) -> Subject:
+    return Subject(f"paper_impls:{name}", "trl", "spec")
+
+
+@pytest.mark.parametrize("name", sorted(P.EXPECTED))
+def test_the_probes_tell_the_precision_and_name_the_formula(name):
+    precision, differences = P.EXPECTED[name]
+    prof = probes.profile(_subject(name))
+    assert prof.precision == precision, prof.statement()
+    assert prof.named, prof.statement()
+    assert tuple(prof.diagnosis.differences) == differences, prof.statement()
+    assert prof.statement().startswith(f"{'computes in' if precision == 'float64' else 'returns'} "), prof.statement()
+
+
+_GRADED: dict = {}
+
+
+def _graded(name: str) -> grading.Grading:
+    if name not in _GRADED:
+        profiles.load("grade")
+        runner.DRAW_FIRST = True
+        _GRADED[name] = grading.grade(_subject(name))
+    return _GRADED[name]
+
+
+def _check(name: str) -> None:
+    g = _graded(name)
+    precision, differences = P.EXPECTED[name]
+    ordinary = [f for f in g.findings if f.regime == "ordinary magnitudes"]
+    formula = [f for f in g.findings if f.category == "formula"]
+    said = "\n".join(f.headline() for f in g.findings)
+    assert g.profile.precision == precision, g.profile.statement()
+    if not differences:
+        assert not formula, said
+        if name == "one_pass_var_f32":
+            assert [f.category for f in ordinary] == ["precision"], said
+            assert "one-pass variance" in ordinary[0].cause and "cancellation at Eq. 4" in ordinary[0].cause, said
+        else:
+            assert not ordinary, said
+        return
+    assert [f.cause for f in formula] == ["; ".join(differences)], said
+    assert not [f for f in ordinary if f.category != "formula"], said
+
+
+@pytest.mark.parametrize("name", FAST)
+def test_a_grading_names_what_differs_and_nothing_else(name):
+    _check(name)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(set(P.EXPECTED) - set(FAST)))
+def test_every_implementation_graded_in_full(name):
+    _check(name)
+
+
+def test_the_first_screen_fits():
+    g = _graded("correct_f32")
+    text = grading.render(g)
+    lines = text.splitlines()
+    assert len(lines) <= grading.SCREEN_LINES, text
+    assert all(len(ln) <= grading.SCREEN_COLUMNS for ln in lines if not ln.lstrip().startswith("replay:")), text
+    assert lines[0].startswith("gdpo check paper_impls:correct_f32 (call shape trl, convention spec): "), lines[0]
+    assert lines[1] == "returns float32: graded at float32 precision; formula: the paper's on every probe", lines[1]
+    # the findings come worst first: bad input before extreme magnitudes, none at ordinary magnitudes
+    regimes = [f.regime for f in grading.FD.rank(g.findings)]
+    assert regimes == sorted(regimes, key=grading.FD.REGIMES.index) and "ordinary magnitudes" not in regimes
+
+
+def test_float32_overflows_are_found_at_their_thresholds():
+    """A float32 textbook code: its squared deviations overflow from |r| = sqrt(FLT_MAX) = 1.8e19 (a
+    silent zero), a sum from about FLT_MAX / n (NaN): each its own finding, its threshold bisected."""
+    g = _graded("correct_f32")
+    by = {(f.category, f.input): f for f in g.findings if f.regime == "extreme magnitudes"}
+    squares = by[("silent_zero", "rewards")]
+    assert 1.8e19 <= squares.threshold <= 3.7e19, squares.headline()
+    assert "squared deviations of Eq. 4" in squares.cause, squares.headline()
+    sums = by[("non_finite", "rewards")]
+    assert 3.4e38 / 64 <= sums.threshold <= 3.4e38, sums.headline()
+    assert "sum of the rewards" in sums.cause, sums.headline()
+
+
+def test_each_bad_input_cause_is_its_own_finding():
+    """NaN and inf rewards are one missing check; all-zero weights, non-finite weights, a wrong weight
+    count and groups of one are others: never merged."""
+    g = _graded("correct_f32")
+    causes = [f.cause for f in g.findings if f.regime == "bad input"]
+    assert len(causes) == len(set(causes)), causes
+    assert "non-finite rewards" in causes and "groups of one sample" in causes, causes
+    assert sum("weight" in c for c in causes) == 3, causes
