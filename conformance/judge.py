@@ -421,7 +421,7 @@ def explain(subject: Subject, case, out: Outcome, conv, category):
         if prof.named and _reproduced(case, out.values, v, conv, subject.token_counts(case)):
             return (Category.FORMULA, prof.formula, None,
                     f"formula: {prof.formula} (reproduces this case and the probes)", prof.diagnosis.alternatives)
-    if category in (Category.SILENT_ZERO, Category.NON_FINITE):
+    if category != Category.PRECISION:  # a zero or a NaN: the formula explains it, or it stands
         return category, None, None, "", ()
     if prof is not None and prof.narrow and finite:
         return Category.PRECISION, None, prof.narrow, f"precision: {prof.narrow}", ()

@@ -1,8 +1,10 @@
-"""Declarations a maintainer needs (issue 25 part 3): ``fn.gdpo_domain`` and
-``gdpo check --domain KEY=VALUE`` accept min_columns, max_columns, group_sizes, max_abs_reward,
-max_abs_weight, input_dtypes and out_dtypes; the search stays inside the domain, so a refusal
-outside it is never asked for, and the report states the declaration. The negative controls: the
-same implementations graded without the declaration fail as refused."""
+"""Declarations a maintainer needs (issue 25 part 3, issue 43 part 5): ``fn.gdpo_domain`` and
+``gdpo check --domain KEY=VALUE`` accept min_columns, max_columns, group_sizes, equal_groups,
+max_abs_reward, max_abs_weight, input_dtypes and out_dtypes; the search stays inside the domain, so
+a refusal outside it is never asked for, and the report states the declaration. ``validated`` names
+the error cases a framework checks before the function is called, ``int_rewards`` integer rewards
+computed as their values. The negative controls: the same implementations graded without the
+declaration fail."""
 
 from __future__ import annotations
 
@@ -86,9 +88,61 @@ def test_the_domain_reaches_the_report_and_json(tmp_path):
     out = tmp_path / "g.json"
     proc = subprocess.run([sys.executable, "-m", "gdpo_tools.cli", "check", "--impl", "_domain_impls:bounded_rewards",
                            "--domain", "max_abs_reward=1e6", "--domain", "group_sizes=4+", "--single-process",
-                           "-k", "test_property and plain", "--json", str(out)],
+                           "-k", "plain", "--json", str(out)],
                           cwd=ROOT, capture_output=True, text=True, timeout=600,
                           env={**__import__("os").environ, "PYTHONPATH": str(ROOT / "tests")})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     assert "declared domain max_abs_reward=1000000.0, group_sizes=4" in proc.stdout, proc.stdout[-3000:]
     assert json.loads(out.read_text())["domain"] == {"max_abs_reward": 1e6, "group_sizes": 4}
+
+
+def _grading(target: str, shape: str = "gdpo", select: str = "plain", **domain):
+    from conformance import grading
+
+    profiles.load("grade")
+    R.DRAW_FIRST = True
+    return grading.grade(Subject(target, shape, "spec", domain=domain), select=select)
+
+
+def test_equal_groups_only():
+    g = _grading("_domain_impls:equal_groups_only", equal_groups=True)
+    assert g.findings == [] and "equal_groups=True" in g.subject.domain_statement()
+    undeclared = _grading("_domain_impls:equal_groups_only")  # the negative control
+    assert [f.category for f in undeclared.findings] == ["refused"], [f.headline() for f in undeclared.findings]
+
+
+def test_checks_made_before_the_call_are_validated_elsewhere():
+    names = ("weights_all_zero", "weight_nonfinite", "weights_length")
+    g = _grading("paper_impls:correct_f32", "trl", "errors", validated=names)
+    rows = {r.name: r for r in g.rows}
+    for name in names:
+        assert rows[f"errors:{name}"].verdict == "skipped" and "validated elsewhere" in rows[f"errors:{name}"].reason
+    assert not any("weight" in f.cause for f in g.findings), [f.headline() for f in g.findings]
+    undeclared = _grading("paper_impls:correct_f32", "trl", "errors")  # the negative control
+    assert sum("weight" in f.cause for f in undeclared.findings) == 3
+
+
+def test_integer_rewards_accepted_are_graded_as_their_values():
+    g = _grading("_domain_impls:integer_rewards_computed", select="errors:integer_rewards,errors:bool_rewards",
+                 int_rewards=True)
+    assert g.findings == [] and all(r.verdict == "passed" for r in g.rows if r.verdict != "skipped"), g.rows
+    undeclared = _grading("_domain_impls:integer_rewards_computed", select="errors:integer_rewards")
+    assert [f.category for f in undeclared.findings] == ["accepted"]
+
+
+def test_float64_through_the_trl_shape():
+    """A float64 code graded through the trl shape, float64 rewards declared: graded at float64."""
+    g = _grading("_domain_impls:trl_float64", "trl", "plain", input_dtypes=("float64",))
+    assert g.profile.precision == "float64", g.profile.statement()
+    assert {f.regime for f in g.findings} <= {"extreme magnitudes"}, [f.headline() for f in g.findings]  # 1e308
+    from conformance import runner
+
+    assert {c.dtype for c in runner.planned_cases(P.BY_NAME["plain"], g.subject)} == {"float64"}
+
+
+def test_a_declaration_that_leaves_nothing_to_draw_says_so():
+    from gdpo_tools import cli
+
+    assert cli.run_check("_domain_impls:trl_float64", None, "trl", "plain", domain=["input_dtypes=int8"]) == 2
+    with pytest.raises(ValueError, match="leave nothing to draw"):
+        Subject("_domain_impls:trl_float64", "trl", domain={"input_dtypes": ("int8",)}).context()
