@@ -3,12 +3,16 @@
     python -m benchmarks.audit                       # 10k, 50k, 100k and 1M rows (.npz and .csv)
     python -m benchmarks.audit --rows 12000000 --formats csv   # the 12M-row CSV
     python -m benchmarks.audit --json OUT.json
+    python -m benchmarks.audit --rows 200000 --formats jsonl csv --pad 1000   # memory follows the rows
+
 
 Dumps shaped like a real run: groups of 8 or 16 samples, three components (correctness
 0/1, length in tokens 1..4096, format 0/1), one whitening unit per 512 groups. Each audit
 runs in its own process (``gdpo audit FILE --json``), so its peak resident memory
 (``ru_maxrss``) is its own; the figures are one run each (an audit of a million rows is
 one long call, not a micro-benchmark), and the machine's load is printed beside them.
+``--pad N`` also audits the same rows with N more characters a line (a completion's text
+in .jsonl, spaces in .csv): its peak should stay near the plain file's (issue 45).
 """
 
 from __future__ import annotations
@@ -46,10 +50,23 @@ def make_batch(rows: int, seed: int = 0):
     return np.stack([correct, length, fmt], 1), group, unit
 
 
-def write(path: Path, rewards, group, unit) -> None:
+def write(path: Path, rewards, group, unit, pad: int = 0) -> None:
     if path.suffix == ".npz":
         np.savez(path, rewards=rewards, group_ids=group, unit_ids=unit,
                  names=np.array(["correct", "length", "format"]))
+        return
+    if path.suffix == ".jsonl":
+        extra = f', "completion": "{"x" * pad}"' if pad else ""
+        with path.open("w") as f:
+            for g, u, (c, n, m) in zip(group.tolist(), unit.tolist(), rewards.tolist()):
+                f.write(f'{{"group": {g}, "unit": {u}, "rewards": {{"correct": {c}, "length": {n}, "format": {m}}}'
+                        f'{extra}}}\n')
+        return
+    if pad:
+        with path.open("w") as f:
+            f.write("group,unit,correct,length,format\n")
+            for g, u, r in zip(group.tolist(), unit.tolist(), rewards.astype(np.int64).tolist()):
+                f.write(f"{g},{u},{r[0]},{r[1]},{r[2]}{' ' * pad}\n")
         return
     with path.open("w") as f:
         f.write("group,unit,correct,length,format\n")
@@ -86,22 +103,23 @@ def measure(path: Path, out: Path) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.audit", description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, nargs="+", default=[10_000, 50_000, 100_000, 1_000_000])
-    ap.add_argument("--formats", nargs="+", default=["npz", "csv"], choices=["npz", "csv"])
+    ap.add_argument("--formats", nargs="+", default=["npz", "csv"], choices=["npz", "csv", "jsonl"])
+    ap.add_argument("--pad", type=int, default=0, help="also audit the rows with this many more characters a line")
     ap.add_argument("--json", type=Path, default=None, help="write the figures here too")
     args = ap.parse_args(argv)
     rows_out = []
     with tempfile.TemporaryDirectory(prefix="gdpo-audit-bench-") as tmp:
         for rows in args.rows:
             r, g, u = make_batch(rows)
-            for fmt in args.formats:
-                path = Path(tmp) / f"run_{rows}.{fmt}"
+            for fmt, pad in [(f, p) for f in args.formats for p in ([0, args.pad] if args.pad and f != "npz" else [0])]:
+                path = Path(tmp) / f"run_{rows}{'_padded' * bool(pad)}.{fmt}"
                 t0 = time.perf_counter()
-                write(path, r, g, u)
+                write(path, r, g, u, pad)
                 made = time.perf_counter() - t0
                 res = measure(path, Path(tmp) / "report.json")
-                res.update(rows=rows, format=fmt, write_s=round(made, 1), load=os.getloadavg()[0])
+                res.update(rows=rows, format=fmt, pad=pad, write_s=round(made, 1), load=os.getloadavg()[0])
                 rows_out.append(res)
-                print(f"{rows:>10,} rows {fmt:>4} {res['bytes'] / 1e6:8.1f} MB: {res['wall_s']:7.1f} s, "
+                print(f"{rows:>10,} rows {fmt:>5} {res['bytes'] / 1e6:8.1f} MB: {res['wall_s']:7.1f} s, "
                       f"peak {res['peak_rss_mb']:6,} MB, exit {res['exit']}, oracle on "
                       f"{res['groups_checked_by_oracle']} of {res['groups']} groups (load {res['load']:.1f})",
                       flush=True)

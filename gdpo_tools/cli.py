@@ -7,6 +7,7 @@ built-in example batch. Later subcommands (audit, limits, check) grow here.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
 import numpy as np
@@ -196,7 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     p_ex.add_argument("name", nargs="?", default="two_group", choices=sorted(EXAMPLES))
     p_au = sub.add_parser("audit", help="what GDPO does with a dumped batch (.npz, .pt, .jsonl, .csv)",
                           # the file first: after --weights it would be read as one more weight
-                          usage="gdpo audit [file] [--weights W [W ...]] [--eps EPS] [--json] [--exact] [--peers]",
+                          usage="gdpo audit [file] [--weights W [W ...]] [--eps EPS] [--missing {refuse,unscored}] "
+                                "[--json] [--exact] [--peers]",
                           description=_audit_doc(),
                           formatter_class=argparse.RawDescriptionHelpFormatter)
     p_au.add_argument("file", nargs="?", help="the batch (default: a built-in example batch)")
@@ -204,6 +206,9 @@ def main(argv: list[str] | None = None) -> int:
     p_au.add_argument("--weights", type=_weight, nargs="+", metavar="W",
                       help="one weight per reward component (give the file before --weights)")
     p_au.add_argument("--eps", type=float, default=None, help="eps of Eq. 4 and Eq. 6 (default: the spec's)")
+    p_au.add_argument("--missing", choices=("refuse", "unscored"), default="refuse",
+                      help="a NaN reward (or a masked one): refused (the default), or a reward its function did not "
+                           "score, as impl.gdpo's missing=\"unscored\" reads it (spec/gdpo.md section 2)")
     p_au.add_argument("--exact", action="store_true", default=None,
                       help="the exact oracle on every group, also beyond 20,000 samples (slow: minutes per 100,000; "
                            "with --peers, each peer convention exactly too)")
@@ -261,11 +266,18 @@ def main(argv: list[str] | None = None) -> int:
                          args.json_path, args.details, args.deep, args.self_tests, args.strict_errors, args.domain,
                          args.strict)
     if args.command == "audit":
-        from gdpo_tools import audit
-        from spec import DEFAULT_EPS
-
+        try:
+            from gdpo_tools import audit
+            from spec import DEFAULT_EPS
+        except Exception as e:  # noqa: BLE001 -- a broken install is "could not audit" (exit 2), not "warnings"
+            said = f"could not audit: importing it failed ({type(e).__name__}: {e})"
+            if args.json:
+                print(json.dumps({"status": 2, "status_text": "could not audit", "error": {
+                    "code": "internal-error", "class": type(e).__name__, "message": said}}))
+            print(f"gdpo audit: {said}", file=sys.stderr)
+            return 2
         return audit.main(args.file, weights=args.weights, as_json=args.json, exact=args.exact, peers=args.peers,
-                          eps=DEFAULT_EPS if args.eps is None else args.eps)
+                          eps=DEFAULT_EPS if args.eps is None else args.eps, missing=args.missing)
     if args.command in (None, "example"):
         return run_example(getattr(args, "name", "two_group"))
     parser.error(f"unknown command {args.command!r}")

@@ -79,11 +79,12 @@ CASES = [
     ("rewards_sparse_pt", sparse_pt(), None, r"'rewards' is a torch.sparse_coo tensor"),
     # rewards: values float64 cannot hold
     ("rewards_int_inexact", npz(rewards=np.array([[1, 0], [0, 0], [1, BIG], [0, 1]]), group_ids=G),
-     OutOfRangeError, rf"'rewards' row 2, column 'r1': {BIG} is not exactly a float64"),
+     OutOfRangeError, rf"'rewards' row 2 \(0-based\), column 'r1': {BIG} is not exactly a float64 "
+                      r"\(the nearest is 9007199254740992.0\)"),
     ("rewards_uint64_inexact", npz(reward_x=np.array([0, 1, 2**64 - 1, 3], np.uint64), group_ids=G),
-     OutOfRangeError, rf"'reward_x' row 2: {2**64 - 1} is not exactly a float64"),
+     OutOfRangeError, rf"'reward_x' row 2 \(0-based\): {2**64 - 1} is not exactly a float64"),
     pytest.param("rewards_longdouble", npz(rewards=R.astype(np.longdouble) + np.longdouble(2) ** -60, group_ids=G),
-                 OutOfRangeError, r"'rewards' row 0, column 'r0': .* is not exactly a float64",
+                 OutOfRangeError, r"'rewards' row 0 \(0-based\), column 'r0': .* is not exactly a float64",
                  marks=pytest.mark.skipif(not LONG_DOUBLE, reason="long double is float64 here")),
     # both layouts, names
     ("rewards_and_components", npz(rewards=R, reward_x=R[:, 0], group_ids=G), None,
@@ -102,17 +103,17 @@ CASES = [
      r"'group_ids' has shape \(2, 2\); expected one label per sample, shape \(4,\)"),
     ("group_ids_column", npz(rewards=R, group_ids=G[:, None]), ShapeError, r"'group_ids' has shape \(4, 1\)"),
     ("group_ids_nan", npz(rewards=R, group_ids=np.array([0.0, 0.0, np.nan, 1.0])), GroupError,
-     r"'group_ids' row 2: nan is not an integer label"),
+     r"'group_ids' row 2 \(0-based\): nan is not an integer label"),
     ("group_ids_inf", npz(rewards=R, group_ids=np.array([0.0, 0.0, 1.0, np.inf])), GroupError,
-     r"'group_ids' row 3: inf is not an integer label"),
+     r"'group_ids' row 3 \(0-based\): inf is not an integer label"),
     ("group_ids_bool", npz(rewards=R, group_ids=G > 0), GroupError, r"'group_ids' holds booleans"),
     ("group_ids_complex", npz(rewards=R, group_ids=G + 0j), GroupError, r"'group_ids' holds complex numbers"),
     ("group_ids_uint64_overflow", npz(rewards=R, group_ids=np.array([0, 0, 2**64 - 1, 2**64 - 1], np.uint64)),
-     GroupError, rf"'group_ids' row 2: {2**64 - 1} is not an integer label"),
+     GroupError, rf"'group_ids' row 2 \(0-based\): {2**64 - 1} is not an integer label"),
     ("unit_ids_2d", npz(rewards=R, group_ids=G, unit_ids=G.reshape(2, 2)), SegmentError,
      r"'unit_ids' has shape \(2, 2\)"),
     ("unit_ids_float", npz(rewards=R, group_ids=G, unit_ids=np.array([0.0, 0.5, 1.0, 1.0])), SegmentError,
-     r"'unit_ids' row 1: 0.5 is not an integer label"),
+     r"'unit_ids' row 1 \(0-based\): 0.5 is not an integer label"),
     # weights
     ("weights_wrong_length", npz(rewards=R, group_ids=G, weights=np.ones(3)), WeightError,
      r"'weights' has shape \(3,\); expected one weight per reward column \['r0', 'r1'\], shape \(2,\)"),
@@ -123,42 +124,54 @@ CASES = [
      r"'weights' holds complex numbers"),
     ("weights_text", npz(rewards=R, group_ids=G, weights=np.array(["1", "2"])), WeightError, r"'weights' holds text"),
     ("weights_int_inexact", npz(rewards=R, group_ids=G, weights=np.array([1, BIG])), WeightError,
-     rf"'weights' entry 1 \('r1'\): {BIG} is not exactly a float64"),
+     rf"'weights' entry 1 \(0-based, 'r1'\): {BIG} is not exactly a float64"),
     # containers
     ("pt_int_key", pt({"rewards": torch.tensor(R), "group_ids": torch.tensor(G), 3: torch.tensor(1.0)}), None,
      r"keys must be array names \(strings\), found 3"),
     ("npz_bare_array", ("npz", bare_npy), None, r"one bare array \(np.save\), not an archive of named arrays"),
     # CSV
+    ("csv_not_a_number", text("csv", "group,acc\n0,1\n0,x\n"), InputDtypeError,
+     r"line 3, column 'acc': 'x' is not a number"),
+    ("csv_no_group", text("csv", "acc,fmt\n1,2\n"), GroupError, r"must name a 'group' column"),
+    ("csv_short_row", text("csv", "group,acc,fmt\n0,1,2\n0,1\n"), ShapeError, r"line 3 has 2 fields, the header 3$"),
+    ("csv_float_label", text("csv", "group,acc\n0.5,1\n1,2\n"), GroupError,
+     r"line 2, column 'group': '0.5' is not an integer label"),
     ("csv_duplicate_column", text("csv", "group,acc,acc\n0,1,0\n0,0,1\n"), None,
      r"the header names \['acc'\] more than once"),
     ("csv_not_utf8", text("csv", b"group,acc\n0,\xff\n0,1\n"), None, r"not UTF-8 text"),
     ("csv_int_inexact", text("csv", f"group,acc\n0,1\n0,{BIG}\n"), OutOfRangeError,
-     rf"column 'acc', row 1: {BIG} is not exactly a float64"),
+     rf"line 3, column 'acc': {BIG} is not exactly a float64"),
     ("csv_unit_label", text("csv", "group,unit,acc\n0,0,1\n0,x,0\n"), SegmentError,
-     r"column 'unit', row 1: 'x' is not an integer label"),
+     r"line 3, column 'unit': 'x' is not an integer label"),
     # JSONL
+    ("jsonl_not_json", jsonl({"group": 0, "rewards": [1]}, '{"group": 0, "rewards": [1'), None,
+     r"line 2 is not JSON: Expecting"),
+    ("jsonl_other_keys", jsonl({"group": 0, "rewards": {"a": 1}}, {"group": 0, "rewards": {"b": 1}}), ShapeError,
+     r"line 2 has reward keys \['b'\], expected \['a'\]"),
+    ("unknown_suffix", text("txt", "hello"), None, r"unknown format '.txt'"),
     ("jsonl_record_not_object", jsonl([1, 2], {"group": 0, "rewards": [1]}), None,
-     r"row 0 needs 'group' and 'rewards' \(it is a JSON array\)"),
+     r"line 1 needs 'group' and 'rewards' \(it is a JSON array\)"),
     ("jsonl_rewards_number", jsonl({"group": 0, "rewards": 5}, {"group": 0, "rewards": 6}), InputDtypeError,
-     r"row 0: 'rewards' is a JSON number"),
+     r"line 1: 'rewards' is a JSON number"),
     ("jsonl_rewards_empty", jsonl({"group": 0, "rewards": []}, {"group": 0, "rewards": []}), ShapeError,
-     r"row 0 has no rewards"),
+     r"line 1 has no rewards"),
     ("jsonl_mixed_layouts", jsonl({"group": 0, "rewards": {"a": 1, "b": 0}}, {"group": 0, "rewards": [0, 1]}), None,
-     r"row 1 gives 'rewards' as a JSON array, row 0 as a JSON object"),
+     r"line 2 gives 'rewards' as a JSON array, line 1 as a JSON object"),
     ("jsonl_bool_reward", jsonl({"group": 0, "rewards": [1.0]}, {"group": 0, "rewards": [True]}), InputDtypeError,
-     r"column 'r0', row 1: True is not a number \(a JSON boolean\)"),
+     r"line 2, column 'r0': True is not a number \(a JSON boolean\)"),
     ("jsonl_string_reward", jsonl({"group": 0, "rewards": {"a": "1.5"}}, {"group": 0, "rewards": {"a": 1}}),
-     InputDtypeError, r"column 'a', row 0: '1.5' is not a number \(a JSON string\)"),
+     InputDtypeError, r"line 1, column 'a': '1.5' is not a number \(a JSON string\)"),
     ("jsonl_huge_int_reward", jsonl({"group": 0, "rewards": [1]}, '{"group": 0, "rewards": [1' + "0" * 400 + "]}"),
-     OutOfRangeError, r"column 'r0', row 1: 10+ is not exactly a float64 \(the nearest is inf\)"),
+     OutOfRangeError, r"line 2, column 'r0': 10{19}\.\.\.0{8} \(401 characters\) is not exactly a float64 "
+     r"\(the nearest is inf\)$"),
     ("jsonl_int_inexact_reward", jsonl({"group": 0, "rewards": [1]}, {"group": 0, "rewards": [BIG]}),
-     OutOfRangeError, rf"column 'r0', row 1: {BIG} is not exactly a float64"),
+     OutOfRangeError, rf"line 2, column 'r0': {BIG} is not exactly a float64"),
     ("jsonl_bool_group", jsonl({"group": True, "rewards": [1]}, {"group": True, "rewards": [0]}), GroupError,
-     r"column 'group', row 0: True is not an integer or text label \(a JSON boolean\)"),
+     r"line 1, column 'group': True is not an integer or text label \(a JSON boolean\)"),
     ("jsonl_float_group", jsonl({"group": 0.5, "rewards": [1]}, {"group": 0.5, "rewards": [0]}), GroupError,
-     r"column 'group', row 0: 0.5 is not an integer label \(a label is an integer, or text"),
+     r"line 1, column 'group': 0.5 is not an integer label \(a label is an integer, or text"),
     ("jsonl_unit_missing_first", jsonl({"group": 0, "rewards": [1]}, {"group": 0, "unit": 0, "rewards": [0]}),
-     SegmentError, r"row 0 has no 'unit' but row 1 has one"),
+     SegmentError, r"line 1 has no 'unit' but line 2 has one"),
 ]
 
 
@@ -175,7 +188,7 @@ def test_malformed_file_is_refused_cleanly(tmp_path, capsys, name, writer, spec_
         audit.read_batch(p)
     if spec_class is not None:
         assert isinstance(info.value, spec_class)
-    assert cli.main(["audit", str(p)]) == audit.MALFORMED
+    assert cli.main(["audit", str(p)]) == audit.NOT_AUDITED
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"gdpo audit: {p}: "), err
 
@@ -195,7 +208,7 @@ def test_directory_is_refused(tmp_path, capsys):
     d.mkdir()
     with pytest.raises(audit.AuditInputError, match="a directory, not a file"):
         audit.read_batch(d)
-    assert cli.main(["audit", str(d)]) == audit.MALFORMED
+    assert cli.main(["audit", str(d)]) == audit.NOT_AUDITED
 
 
 def test_weights_given_of_the_wrong_length_or_kind(tmp_path, capsys):
@@ -210,7 +223,7 @@ def test_weights_given_of_the_wrong_length_or_kind(tmp_path, capsys):
 def test_file_weights_are_checked_even_when_overridden(tmp_path, capsys):
     p = tmp_path / "w.npz"
     np.savez(p, rewards=R, group_ids=G, weights=np.ones(3))
-    assert cli.main(["audit", str(p), "--weights", "1", "2"]) == audit.MALFORMED
+    assert cli.main(["audit", str(p), "--weights", "1", "2"]) == audit.NOT_AUDITED
     assert "'weights' has shape (3,)" in capsys.readouterr().err
 
 
@@ -309,8 +322,8 @@ def test_text_group_labels_are_groups_in_every_format(tmp_path):
 
 
 @pytest.mark.parametrize("records, said", [
-    ([1, 1.0, 2, 2], r"row 1: 1.0 is a float, not an integer label"),
-    ([1, True, 2, 2], r"row 1: True is not an integer or text label \(a JSON boolean\)"),
+    ([1, 1.0, 2, 2], r"line 2, column 'group': 1.0 is a float, not an integer label"),
+    ([1, True, 2, 2], r"line 2, column 'group': True is not an integer or text label \(a JSON boolean\)"),
 ], ids=["float_after_int", "bool_after_int"])
 def test_a_json_float_or_bool_label_is_refused_after_an_equal_integer(tmp_path, records, said):
     """Found by review: 1.0 and true hash as 1, so after a label 1 they joined group 1 silently."""
@@ -332,5 +345,99 @@ def test_json_rewards_that_are_arrays_are_refused_by_row(tmp_path):
     """Found by review: one-element arrays as reward values read as a (N, 1, 1) batch and crashed."""
     p = tmp_path / "n.jsonl"
     p.write_text("".join(json.dumps({"group": 0, "rewards": {"a": [1.0]}}) + "\n" for _ in range(4)))
-    with pytest.raises(audit.AuditDtypeError, match=r"column 'a', row 0: \[1.0\] is not a number \(a JSON array\)"):
+    with pytest.raises(audit.AuditDtypeError, match=r"line 1, column 'a': \[1.0\] is not a number \(a JSON array\)"):
         audit.read_batch(p)
+
+
+# ------------------------------------------- every refusal: "could not audit", in the code and the JSON
+
+
+def _link(target):
+    return lambda p: p.symlink_to(target)
+
+
+#: Refused by the audit itself, not the reader: (id, (suffix, writer), extra arguments).
+REFUSED_LATER = [
+    ("nan_reward", npz(rewards=np.where(R == 1.0, np.nan, R), group_ids=G), []),
+    ("inf_reward_unscored", text("csv", "group,a\n0,1\n0,inf\n1,0\n1,nan\n"), ["--missing", "unscored"]),
+    ("group_of_one", text("csv", "group,a\n0,1\n0,0\n7,1\n"), []),
+    ("eq7_overflow", npz(rewards=np.repeat([[1.0], [0.0]], 3, axis=1)[[0, 1, 0, 1]], group_ids=G,
+                         weights=np.full(3, 1e308)), []),
+    ("weights_given_wrong_length", npz(rewards=R, group_ids=G), ["--weights", "1", "2", "3"]),
+    ("file_weights_wrong_when_overridden", npz(rewards=R, group_ids=G, weights=np.ones(3)), ["--weights", "1", "2"]),
+    ("group_ids_short", npz(rewards=R, group_ids=G[:3]), []),
+    ("directory", ("csv", lambda p: p.mkdir()), []),
+    ("no_such_file", ("csv", lambda p: None), []),
+    # issue 45
+    ("meta_tensor_pt", pt({"rewards": torch.empty(4, 2, device="meta"), "group_ids": torch.tensor(G)}), []),
+    ("dev_zero_jsonl", ("jsonl", _link("/dev/zero")), []),
+    ("dev_zero_csv", ("csv", _link("/dev/zero")), []),
+    ("dev_zero_npz", ("npz", _link("/dev/zero")), []),
+    ("dev_zero_pt", ("pt", _link("/dev/zero")), []),
+    ("long_line_jsonl", text("jsonl", '{"group": 0, "rewards": [1], "x": "' + "y" * (1 << 20) + '"}\n'), []),
+    ("unsafe_pt", pt({"rewards": torch.tensor(R), "group_ids": torch.tensor(G), "note": object()}), []),
+    ("masked_array_pt", pt({"rewards": np.ma.array(R, mask=R > 0), "group_ids": G}), ["--missing", "unscored"]),
+    ("not_a_pickle_pt", text("pt", b"\x00\x01garbage"), []),
+]
+UNAUDITABLE = [pytest.param(*c.values[:2], [], marks=c.marks, id=c.values[0]) if hasattr(c, "values") else
+               pytest.param(*c[:2], [], id=c[0]) for c in CASES] + [pytest.param(*c, id=c[0]) for c in REFUSED_LATER]
+
+
+@pytest.mark.parametrize("name,writer,args", UNAUDITABLE)
+def test_every_refusal_says_could_not_audit_in_the_exit_code_and_the_json(tmp_path, capsys, name, writer, args):
+    """Issue 45: a crash exited 1, the code of "warnings", and wrote no JSON. Every input the
+    audit refuses exits NOT_AUDITED with a JSON error object and one short line on stderr
+    (no torch advice, no 400-digit values)."""
+    suffix, write = writer
+    p = tmp_path / f"{name}.{suffix}"
+    write(p)
+    assert cli.main(["audit", str(p), *args, "--json"]) == audit.NOT_AUDITED == 2
+    out, err = capsys.readouterr()
+    report = json.loads(out)
+    assert (report["status"], report["status_text"], report["error"]["code"]) == (2, "could not audit",
+                                                                                 "malformed-input"), report
+    assert report["error"]["message"].startswith(f"{p}: ")
+    assert err.splitlines() == [f"gdpo audit: {report['error']['message']}"], err
+    assert len(err) < 400 and "\x1b" not in err and "weights_only" not in err, err
+
+
+@pytest.mark.parametrize("error", [RuntimeError("boom"), MemoryError(), NotImplementedError()],
+                         ids=lambda e: type(e).__name__)
+def test_an_internal_error_is_could_not_audit_never_warnings(tmp_path, capsys, monkeypatch, error):
+    from gdpo_tools.audit import report
+
+    def fail(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(report, "audit", fail)
+    p = _ok_npz(tmp_path)
+    assert cli.main(["audit", str(p), "--json"]) == audit.NOT_AUDITED
+    out, err = capsys.readouterr()
+    said = json.loads(out)["error"]
+    assert said["code"] == "internal-error" and said["class"] == type(error).__name__
+    assert said["message"].startswith(f"{p}: gdpo audit failed, an internal error ({type(error).__name__}")
+    assert err.startswith("Traceback") and err.endswith(f"gdpo audit: {said['message']}\n")
+
+
+def test_an_audit_that_cannot_be_imported_is_could_not_audit(tmp_path, capsys, monkeypatch):
+    """A broken install (torch missing here) exits 2 too, not 1 from a traceback."""
+    import sys
+
+    import gdpo_tools
+
+    monkeypatch.delattr(gdpo_tools, "audit")
+    for name in [m for m in sys.modules if m.startswith("gdpo_tools.audit")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "torch", None)
+    assert cli.main(["audit", str(_ok_npz(tmp_path)), "--json"]) == 2
+    out, err = capsys.readouterr()
+    assert json.loads(out)["error"]["code"] == "internal-error" and err.startswith("gdpo audit: could not audit")
+
+
+def test_an_unsafe_pt_is_refused_in_one_line(tmp_path):
+    p = tmp_path / "b.pt"
+    torch.save({"rewards": torch.tensor(R), "group_ids": torch.tensor(G), "note": object()}, p)
+    with pytest.raises(audit.AuditInputError) as info:
+        audit.read_batch(p)
+    assert str(info.value) == (f"{p}: refused: it holds a Python object (object) that only an unsafe load would "
+                               "build (one that can run code); save a dict of tensors")

@@ -38,6 +38,9 @@ KINDS = {k.code: k for k in (
          "nothing to do: routine with binary rewards (every generation scored alike on that component); "
          "Eq. 4 gives such a column z = 0 exactly, so it adds nothing to the group's advantages",
          ("collapsed", "group")),
+    Kind("unscored", ROUTINE, "group", "rewards not scored (NaN, with --missing unscored)",
+         "nothing to do where a reward function did not score some samples: each such reward has z = 0 and is "
+         "left out of its column's statistics, as impl.gdpo's missing=\"unscored\" computes", ()),
     Kind("no-signal", ROUTINE, "group", "the group gives training no signal",
          "nothing to do, or drop the group before training (dynamic sampling; impl.gdpo.group_has_signal "
          "makes the same decision as this report)", ("group",)),
@@ -45,6 +48,10 @@ KINDS = {k.code: k for k in (
          "check the reward functions: columns that are copies of each other up to shift and sign (r2 = C - r1) "
          "carry one signal counted with opposite signs; drop one of them or change the weights",
          ("structural zero",)),
+    Kind("partial-cancellation", WARNING, "group", "two reward columns cancel on some rows of the group",
+         "check the reward functions: on those rows one column mirrors the other (r2 = C - r1), so their weighted "
+         "z cancel and those rows differ only in the other columns; drop one of them or change the weights",
+         ("group",)),
     Kind("ill-conditioned", WARNING, "group", "the combined values are set by the rewards' last bits",
          "subtract a large common offset from the rewards before training, or check whether two columns nearly "
          "cancel (r2 close to C - r1): the advantages of this group are rounding of the inputs, not signal",

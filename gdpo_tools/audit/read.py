@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import csv
 import dataclasses
-import itertools
 import json
+import pickle
+import re
 import sys
 import zipfile
 from pathlib import Path
@@ -18,9 +19,14 @@ import torch
 from spec import GDPOError
 from spec.errors import GroupError, InputDtypeError, OutOfRangeError, SegmentError, ShapeError, WeightError
 
-#: Rows parsed at a time from a text file: the batch is held as numpy arrays, never as a
-#: Python object per cell (a 12M-row CSV read with csv.DictReader took 4.7 GB).
+#: Rows parsed at a time from a text file, and at most this many of its characters: the
+#: batch is held as numpy arrays, never as a Python object per cell (a 12M-row CSV read with
+#: csv.DictReader took 4.7 GB), so memory follows the batch, not the bytes a row spends.
 CHUNK_ROWS = 65_536
+CHUNK_CHARS = 4_000_000
+#: A text file's line longer than this is refused: a sample is a line of some hundred characters,
+#: and a file without line breaks (a link to /dev/zero) would otherwise be read whole.
+MAX_LINE = 1 << 20
 
 
 class AuditInputError(GDPOError):
@@ -74,11 +80,28 @@ class Batch:
     source: str
     #: the file's group labels where they are text (verl's uids): group_ids[i] indexes it
     group_names: list[str] | None = None
+    #: a text file's line of each row (1-based, as an editor shows it); None for arrays
+    lines: np.ndarray | None = None
 
     def group_label(self, code):
         """A group as the file names it."""
         code = code.item() if hasattr(code, "item") else code
         return self.group_names[code] if self.group_names is not None else code
+
+    def place(self, i: int) -> str:
+        """Row ``i`` as the file shows it: its line in a text file, its index in an array."""
+        return f"line {self.lines[i]}" if self.lines is not None else f"row {i} (0-based)"
+
+
+def shown(v, limit: int = 40) -> str:
+    """``v`` for a message, abbreviated beyond ``limit`` characters (a 400-digit integer, a
+    megabyte of uid) to its ends and its length."""
+    return clip(repr(v) if isinstance(v, str) or not isinstance(v, (int, float, np.number)) else str(v), limit)
+
+
+def clip(text: str, limit: int = 120) -> str:
+    """``text`` (a value's, or another library's message) cut to about ``limit`` characters."""
+    return text if len(text) <= limit else f"{text[:limit // 2]}...{text[-8:]} ({len(text):,} characters)"
 
 
 # ------------------------------------------------------------------------- reading
@@ -97,19 +120,23 @@ def _as_array(value, what: str) -> np.ndarray:
     if torch is not None and isinstance(value, torch.Tensor):
         if value.layout != torch.strided:
             raise AuditInputError(f"{what} is a {value.layout} tensor; save it dense (.to_dense())")
+        if value.is_meta:
+            raise AuditInputError(f"{what} is a meta tensor: a shape {tuple(value.shape)} without values; save the "
+                                  "tensor that holds the rewards")
         value = value.detach().cpu().resolve_conj().resolve_neg()
         if value.is_floating_point() and value.dtype not in (torch.float16, torch.float32, torch.float64):
             value = value.to(torch.float32)  # bfloat16, float8: widening to float32 is exact
         try:
             return value.numpy()
         except (TypeError, RuntimeError) as e:
-            raise AuditInputError(f"{what} is a tensor of dtype {value.dtype}, which numpy cannot hold ({e})") from None
+            raise AuditInputError(f"{what} is a tensor of dtype {value.dtype}, which numpy cannot hold "
+                                  f"({clip(str(e))})") from None
     if isinstance(value, dict):
-        raise AuditInputError(f"{what} is a dict (keys {sorted(map(str, value))}), not an array")
+        raise AuditInputError(f"{what} is a dict (keys {clip(str(sorted(map(str, value))))}), not an array")
     try:
         return np.asarray(value)
     except (ValueError, TypeError) as e:
-        raise AuditShapeError(f"{what} is not a rectangular array ({e})") from None
+        raise AuditShapeError(f"{what} is not a rectangular array ({clip(str(e))})") from None
 
 
 def _first(mask: np.ndarray) -> tuple[int, ...]:
@@ -134,7 +161,8 @@ def _real(arr: np.ndarray, what: str, where, dtype_error=AuditDtypeError, range_
             bad = (out.astype(arr.dtype) != arr) & ~np.isnan(arr)
     if bad is not None and bad.any():
         ix = _first(bad)
-        raise range_error(f"{what} {where(ix)}: {arr[ix]} is not exactly a float64 (the nearest is {out[ix]!r})")
+        raise range_error(f"{what} {where(ix)}: {shown(arr[ix])} is not exactly a float64 (the nearest is "
+                          f"{float(out[ix])!r})")
     return out
 
 
@@ -165,8 +193,8 @@ def _labels(value, n: int, key: str, source: str) -> tuple[np.ndarray, list[str]
         with np.errstate(invalid="ignore"):
             bad = ~np.isfinite(arr) | (arr != np.floor(arr)) | (arr < -_INT64) | (arr >= _INT64)
         if not bad.any():  # whole numbers, but of a float dtype: refused as impl and the oracle refuse them
-            shown = ", ".join(repr(float(x)) for x in arr[:4]) + (", ..." if arr.size > 4 else "")
-            raise err(f"{what} holds floats (dtype {arr.dtype}: [{shown}]); labels must be integers, and float "
+            first = ", ".join(repr(float(x)) for x in arr[:4]) + (", ..." if arr.size > 4 else "")
+            raise err(f"{what} holds floats (dtype {arr.dtype}: [{first}]); labels must be integers, and float "
                       f"labels are refused whatever their values, {_AS_IMPL}; save them with an integer dtype "
                       "(.astype(np.int64))")
     else:
@@ -174,7 +202,7 @@ def _labels(value, n: int, key: str, source: str) -> tuple[np.ndarray, list[str]
                   + (" or, for groups, str" if key == "group_ids" else ""))
     if bad.any():
         i = _first(bad)[0]
-        raise err(f"{what} row {i}: {arr[i].item()!r} is not an integer label")
+        raise err(f"{what} row {i} (0-based): {shown(arr[i].item())} is not an integer label")
     return arr.astype(np.int64), None
 
 
@@ -184,7 +212,7 @@ def _weights(value, names: list[str], what: str) -> np.ndarray:
     if arr.shape != (len(names),):
         raise AuditWeightShapeError(f"{what} has shape {arr.shape}; expected one weight per reward column "
                                     f"{names}, shape ({len(names)},)")
-    return _real(arr, what, lambda ix: f"entry {ix[0]} ({names[ix[0]]!r})", AuditWeightError, AuditWeightError)
+    return _real(arr, what, lambda ix: f"entry {ix[0]} (0-based, {names[ix[0]]!r})", AuditWeightError, AuditWeightError)
 
 
 def _names(value, K: int, source: str) -> list[str]:
@@ -229,10 +257,11 @@ def _from_mapping(data: dict, source: str) -> Batch:
         _check_samples(arr.shape, what)
         names = _names(data["names"], arr.shape[1], source) if "names" in keys else [
             f"r{k}" for k in range(arr.shape[1])]
-        rewards = _real(arr, what, lambda ix: f"row {ix[0]}, column {names[ix[1]]!r}")
+        rewards = _real(arr, what, lambda ix: f"row {ix[0]} (0-based), column {names[ix[1]]!r}")
     else:
         if not comp:
-            raise AuditInputError(f"{source}: no 'rewards' array and no 'reward_<name>' arrays (found {sorted(keys)})")
+            raise AuditInputError(f"{source}: no 'rewards' array and no 'reward_<name>' arrays "
+                                  f"(found {clip(str(sorted(keys)))})")
         if "names" in keys:
             raise AuditInputError(f"{source}: a 'names' array goes with 'rewards'; the arrays {comp} are named "
                                   "by their keys")
@@ -244,10 +273,11 @@ def _from_mapping(data: dict, source: str) -> Batch:
         if len({a.size for a in arrs.values()}) != 1:
             raise AuditShapeError(f"{source}: reward arrays differ in length: { {k: a.size for k, a in arrs.items()} }")
         _check_samples(arrs[comp[0]].shape, f"{source}: {comp[0]!r}")
-        rewards = np.stack([_real(a, f"{source}: {k!r}", lambda ix: f"row {ix[0]}") for k, a in arrs.items()], 1)
+        rewards = np.stack([_real(a, f"{source}: {k!r}", lambda ix: f"row {ix[0]} (0-based)")
+                            for k, a in arrs.items()], 1)
         names = [k[len("reward_"):] for k in comp]
     if "group_ids" not in keys:
-        raise AuditGroupError(f"{source}: no 'group_ids' array (found {sorted(keys)})")
+        raise AuditGroupError(f"{source}: no 'group_ids' array (found {clip(str(sorted(keys)))})")
     n = rewards.shape[0]
     group, group_names = _labels(data["group_ids"], n, "group_ids", source)
     unit = _labels(data["unit_ids"], n, "unit_ids", source)[0] if "unit_ids" in keys else None
@@ -273,17 +303,15 @@ def _parsed(text: str):
     return None
 
 
-def _float_column(values, name: str, source: str, text: bool = False, row0: int = 0, rows=None) -> np.ndarray:
+def _float_column(values, name: str, source: str, lines, text: bool = False) -> np.ndarray:
     """Reward values of one column, cell by cell: numbers (JSON) or their text (CSV); an
-    integer must be exact in float64. ``rows``: each value's row (default row0, row0 + 1, ...)."""
+    integer must be exact in float64. ``lines``: each value's line in the file."""
     out = np.empty(len(values))
     for i, v in enumerate(values):
-        place = f"{source}: column {name!r}, row {rows[i] if rows is not None else row0 + i}"
+        place = f"{source}: line {lines[i]}, column {name!r}"
         x = _parsed(v) if text and isinstance(v, str) else v
-        if x is None:
-            raise AuditDtypeError(f"{place}: {v!r} is not a number")
-        if isinstance(x, bool) or not isinstance(x, (int, float)):
-            raise AuditDtypeError(f"{place}: {v!r} is not a number"
+        if x is None or isinstance(x, bool) or not isinstance(x, (int, float)):
+            raise AuditDtypeError(f"{place}: {shown(v)} is not a number"
                                   + (f" (a JSON {_json_type(v)})" if not text else ""))
         if isinstance(x, int):
             try:
@@ -291,7 +319,7 @@ def _float_column(values, name: str, source: str, text: bool = False, row0: int 
             except OverflowError:
                 f = float("inf")
             if f != x:  # int == float compares exactly
-                raise AuditRangeError(f"{place}: {v} is not exactly a float64 (the nearest is {f!r})")
+                raise AuditRangeError(f"{place}: {shown(x)} is not exactly a float64 (the nearest is {f!r})")
             x = f
         out[i] = x
     return out
@@ -320,37 +348,34 @@ class _Labels:
     def __init__(self, name: str, source: str, err, text: bool):
         self.name, self.source, self.err, self.text = name, source, err, text
         self.codes: dict = {}
-        self.first_row: dict = {}
+        self.first_line: dict = {}
         self.parts: list[np.ndarray] = []
 
-    def add(self, values, row0: int) -> None:
-        codes, first = self.codes, self.first_row
+    def add(self, values, lines) -> None:
+        codes, first = self.codes, self.first_line
         out = np.empty(len(values), dtype=np.int64)
         for i, v in enumerate(values):
             if type(v) is not str and type(v) is not int:  # JSON: 1.0 and true hash as 1, so check every row
-                if isinstance(v, float) and not isinstance(v, bool):
-                    self._refuse_float(v, row0 + i)
-                self._refuse(v, row0 + i)
+                self._refuse(v, lines[i])
             c = codes.get(v)
             if c is None:
                 c = codes[v] = len(codes)
-                first[c] = row0 + i
+                first[c] = lines[i]
             out[i] = c
         self.parts.append(out)
 
-    def _refuse_float(self, v, row: int):
-        if v == v and v not in (float("inf"), float("-inf")) and float(v).is_integer():
-            raise self.err(f"{self.source}: column {self.name!r}, row {row}: {v!r} is a float, not an integer "
-                           f"label; float labels are refused whatever their values, {_AS_IMPL}: write the labels "
-                           "as integers")
-        raise self.err(f"{self.source}: column {self.name!r}, row {row}: {v!r} is not an integer label"
-                       + (" (a label is an integer, or text that is no number, such as a uid)" if self.text else ""))
-
-    def _refuse(self, v, row: int):
-        what = f"{self.source}: column {self.name!r}, row {row}: {v!r}"
-        kind = "" if isinstance(v, str) else f" (a JSON {_json_type(v)})"
+    def _refuse(self, v, line: int):
+        """Why ``v`` (a JSON value, or a CSV cell's text) on ``line`` is no label."""
+        x = _parsed(v) if isinstance(v, str) else v
+        what = f"{self.source}: line {line}, column {self.name!r}: {shown(v)}"
+        if isinstance(x, float) and x.is_integer():
+            raise self.err(f"{what} is a float, not an integer label; float labels are refused whatever their "
+                           f"values, {_AS_IMPL}: write the labels as integers")
+        if isinstance(v, str) or (isinstance(x, (int, float)) and not isinstance(x, bool)):
+            hint = " (a label is an integer, or text that is no number, such as a uid)" if self.text else ""
+            raise self.err(f"{what} is not an integer label{hint}")
         allowed = "an integer or text label" if self.text else "an integer label"
-        raise self.err(f"{what} is not {allowed}{kind}")
+        raise self.err(f"{what} is not {allowed} (a JSON {_json_type(v)})")
 
     def finish(self) -> tuple[np.ndarray, list[str] | None]:
         codes = np.concatenate(self.parts) if self.parts else np.zeros(0, np.int64)
@@ -364,31 +389,24 @@ class _Labels:
         text = self.text and not all(numbers)
         bad = [j for j, x in enumerate(ints) if x is None and (numbers[j] or not isinstance(keys[j], str) or not text)]
         if bad:
-            j = min(bad, key=lambda j: self.first_row[j])
-            x = _parsed(keys[j]) if isinstance(keys[j], str) else keys[j]
-            if isinstance(x, float) and x.is_integer():
-                raise self.err(f"{self.source}: column {self.name!r}, row {self.first_row[j]}: {keys[j]!r} is a "
-                               f"float, not an integer label; float labels are refused whatever their values, "
-                               f"{_AS_IMPL}: write the labels as integers")
-            raise self.err(f"{self.source}: column {self.name!r}, row {self.first_row[j]}: {keys[j]!r} is not an "
-                           "integer label" + (" (a label is an integer, or text that is no number, such as a uid)"
-                                              if self.text else ""))
+            j = min(bad, key=lambda j: self.first_line[j])
+            self._refuse(keys[j], self.first_line[j])
         names = [k if isinstance(k, str) else str(x) for k, x in zip(keys, ints)]
         texts, remap = np.unique(np.asarray(names, dtype=object).astype(str), return_inverse=True)
         if texts.size < len(names):  # JSON 1 and "1": one text, so one group
             first = {}
             for j, t in enumerate(remap.tolist()):
                 first.setdefault(t, j)
-            order = sorted(first, key=lambda t: self.first_row[first[t]])
+            order = sorted(first, key=lambda t: self.first_line[first[t]])
             renum = np.empty(texts.size, np.int64)
             renum[order] = np.arange(len(order))
             return renum[remap][codes], [str(texts[t]) for t in order]
         return codes, names
 
 
-def _float_cells(cells, name: str, source: str, row0: int, text: bool) -> np.ndarray:
+def _float_cells(cells, name: str, source: str, lines, text: bool) -> np.ndarray:
     """One reward column of a chunk as float64, converted in C; where that fails (a cell
-    that is no number, a bool), the cell-by-cell check names the row. An integer beyond
+    that is no number, a bool), the cell-by-cell check names the line. An integer beyond
     2**53 that float64 cannot hold exactly is refused: only cells that large can be one."""
     try:
         if not text and any(isinstance(v, (bool, str)) or v is None for v in cells):
@@ -397,11 +415,11 @@ def _float_cells(cells, name: str, source: str, row0: int, text: bool) -> np.nda
         if out.ndim != 1:  # JSON arrays as values: named cell by cell below
             raise ValueError
     except (ValueError, TypeError, OverflowError):
-        return _float_column(cells, name, source, text=text, row0=row0)
+        return _float_column(cells, name, source, lines, text=text)
     with np.errstate(invalid="ignore"):
         big = np.flatnonzero(np.abs(out) >= 2.0**53)
     if big.size:
-        _float_column([cells[i] for i in big], name, source, text=text, rows=(row0 + big).tolist())
+        _float_column([cells[i] for i in big], name, source, [lines[i] for i in big], text=text)
     return out
 
 
@@ -413,28 +431,57 @@ def _open_text(path: Path, src: str):
 
 
 class _Lines:
-    """A text file's lines, counting the characters read (the reading progress)."""
+    """A text file's lines, each at most MAX_LINE characters, counting them (line numbers as
+    an editor shows them) and the characters read (the reading progress)."""
 
-    def __init__(self, f):
-        self.f, self.read = f, 0
+    def __init__(self, f, src: str):
+        self.f, self.src, self.read, self.number = f, src, 0, 0
 
     def __iter__(self):
-        for line in self.f:
+        while True:
+            line = self.f.readline(MAX_LINE + 2)  # room for the line break
+            if not line:
+                return
+            self.number += 1
             self.read += len(line)
+            if len(line.rstrip("\r\n")) > MAX_LINE:
+                raise AuditInputError(f"{self.src}: line {self.number} is longer than {MAX_LINE:,} characters, the "
+                                      "limit of a line (one sample a line); is it the batch's text file?")
             yield line
+
+
+def _in_chunks(items, lines: _Lines):
+    """``items`` (rows of a text file) in lists of at most CHUNK_ROWS rows or CHUNK_CHARS characters."""
+    items = iter(items)
+    while True:
+        start, chunk = lines.read, []
+        for item in items:
+            chunk.append(item)
+            if len(chunk) == CHUNK_ROWS or lines.read - start >= CHUNK_CHARS:
+                break
+        if not chunk:
+            return
+        yield chunk
 
 
 def _read_csv(path: Path, progress=None) -> Batch:
     src = str(path)
     size = max(path.stat().st_size, 1)
     with _open_text(path, src) as f:
-        lines = _Lines(f)
+        lines = _Lines(f, src)
         reader = csv.reader(lines)
+
+        def numbered():  # each row with the line it starts on (a quoted cell may hold line breaks)
+            end = reader.line_num
+            for row in reader:
+                yield end + 1, row
+                end = reader.line_num
+
         try:
             fields = next(reader, None)
             if not fields or "group" not in fields:
                 near = [f for f in fields or [] if f.strip().lower() in ("group", "uid", "index", "prompt_id")]
-                raise AuditGroupError(f"{src}: the header must name a 'group' column (found {fields})"
+                raise AuditGroupError(f"{src}: the header must name a 'group' column (found {shown(fields, 120)})"
                                       + (f"; rename {near[0]!r} to 'group' (exactly, no spaces)" if near else ""))
             dup = sorted({c for c in fields if fields.count(c) > 1})
             if dup:
@@ -445,112 +492,106 @@ def _read_csv(path: Path, progress=None) -> Batch:
             cols = [fields.index(c) for c in names]
             groups = _Labels("group", src, AuditGroupError, text=True)
             units = _Labels("unit", src, AuditUnitError, text=False) if "unit" in fields else None
-            parts, row0 = [], 0
-            while True:
-                rows = list(itertools.islice(reader, CHUNK_ROWS))
-                if not rows:
-                    break
-                for i, row in enumerate(rows):
+            parts, starts = [], []
+            for chunk in _in_chunks(numbered(), lines):
+                at = [n for n, _ in chunk]
+                for n, row in chunk:
                     if len(row) != len(fields):
-                        raise AuditShapeError(f"{src}: row {row0 + i} has "
-                                              f"{'more' if len(row) > len(fields) else 'fewer'} fields than the header")
-                by_col = list(zip(*rows))
-                parts.append(np.stack([_float_cells(by_col[j], fields[j], src, row0, text=True) for j in cols], 1))
-                groups.add(by_col[fields.index("group")], row0)
+                        raise AuditShapeError(f"{src}: line {n} has {len(row)} fields, the header "
+                                              f"{len(fields)}")
+                by_col = list(zip(*(row for _, row in chunk)))
+                parts.append(np.stack([_float_cells(by_col[j], fields[j], src, at, text=True) for j in cols], 1))
+                groups.add(by_col[fields.index("group")], at)
                 if units is not None:
-                    units.add(by_col[fields.index("unit")], row0)
-                row0 += len(rows)
+                    units.add(by_col[fields.index("unit")], at)
+                starts.append(np.asarray(at, np.int64))
                 if progress is not None:
                     progress(lines.read / size)
         except UnicodeDecodeError as e:
-            raise AuditInputError(f"{src}: not UTF-8 text (byte {e.start}: {e.reason})") from None
+            raise AuditInputError(f"{src}: not UTF-8 text ({e.reason})") from None
         except csv.Error as e:
             raise AuditInputError(f"{src}: not valid CSV at line {reader.line_num}: {e}") from None
     if not parts:
         raise AuditShapeError(f"{src}: no rows")
     group, group_names = groups.finish()
     unit = units.finish()[0] if units is not None else None
-    return Batch(np.concatenate(parts), group, unit, None, names, src, group_names)
+    return Batch(np.concatenate(parts), group, unit, None, names, src, group_names, np.concatenate(starts))
 
 
 def _read_jsonl(path: Path, progress=None) -> Batch:
     src = str(path)
     size = max(path.stat().st_size, 1)
-    names = first = None
+    names = first = first_line = None
     groups = _Labels("group", src, AuditGroupError, text=True)
     units = None
-    parts, row = [], 0
+    parts, starts = [], []
     with _open_text(path, src) as f:
-        lines = _Lines(f)
-        numbered = ((i, line) for i, line in enumerate(lines) if line.strip())
+        lines = _Lines(f, src)
+        numbered = ((i + 1, line) for i, line in enumerate(lines) if line.strip())
         try:
-            while True:
-                chunk = list(itertools.islice(numbered, CHUNK_ROWS))
-                if not chunk:
-                    break
-                recs = []
-                for i, line in chunk:
+            for chunk in _in_chunks(numbered, lines):
+                recs, at = [], []
+                for n, line in chunk:
                     try:
                         recs.append(json.loads(line))
                     except json.JSONDecodeError as e:
-                        raise AuditInputError(f"{src}: row {row + len(recs)} (line {i + 1}) is not JSON: "
-                                              f"{e.msg}") from None
+                        raise AuditInputError(f"{src}: line {n} is not JSON: {e.msg}") from None
+                    at.append(n)
                 if first is None:
-                    if not isinstance(recs[0], dict) or "rewards" not in recs[0] or \
-                            not isinstance(recs[0]["rewards"], (dict, list)):
-                        _check_record(recs[0], 0, src)
-                    first = recs[0]["rewards"]
+                    _check_record(recs[0], at[0], src)
+                    first, first_line = recs[0]["rewards"], at[0]
                     names = list(first) if isinstance(first, dict) else [f"r{k}" for k in range(len(first))]
                     if not names:
-                        raise AuditShapeError(f"{src}: row 0 has no rewards")
+                        raise AuditShapeError(f"{src}: line {first_line} has no rewards")
                     if "unit" in recs[0]:
                         units = _Labels("unit", src, AuditUnitError, text=False)
                 values = []
-                for j, rec in enumerate(recs):
-                    values.append(_record_rewards(rec, row + j, src, names, first))
+                for n, rec in zip(at, recs):
+                    values.append(_record_rewards(rec, n, src, names, first, first_line))
                     if ("unit" in rec) != (units is not None):
-                        has, hasnt = (0, row + j) if units is not None else (row + j, 0)
-                        raise AuditUnitError(f"{src}: row {hasnt} has no 'unit' but row {has} has one; give every "
+                        has, hasnt = (first_line, n) if units is not None else (n, first_line)
+                        raise AuditUnitError(f"{src}: line {hasnt} has no 'unit' but line {has} has one; give every "
                                              "row a unit or none")
                 by_col = list(zip(*values))
-                parts.append(np.stack([_float_cells(by_col[k], names[k], src, row, text=False)
+                parts.append(np.stack([_float_cells(by_col[k], names[k], src, at, text=False)
                                        for k in range(len(names))], 1))
-                groups.add([rec["group"] for rec in recs], row)
+                groups.add([rec["group"] for rec in recs], at)
                 if units is not None:
-                    units.add([rec["unit"] for rec in recs], row)
-                row += len(recs)
+                    units.add([rec["unit"] for rec in recs], at)
+                starts.append(np.asarray(at, np.int64))
                 if progress is not None:
                     progress(lines.read / size)
         except UnicodeDecodeError as e:
-            raise AuditInputError(f"{src}: not UTF-8 text (byte {e.start}: {e.reason})") from None
+            raise AuditInputError(f"{src}: not UTF-8 text ({e.reason})") from None
     if not parts:
         raise AuditShapeError(f"{src}: no records")
     group, group_names = groups.finish()
     unit = units.finish()[0] if units is not None else None
-    return Batch(np.concatenate(parts), group, unit, None, names, src, group_names)
+    return Batch(np.concatenate(parts), group, unit, None, names, src, group_names, np.concatenate(starts))
 
 
-def _check_record(rec, i: int, src: str) -> None:
+def _check_record(rec, line: int, src: str) -> None:
     if not isinstance(rec, dict) or "group" not in rec or "rewards" not in rec:
-        got = f"an object with keys {sorted(rec)}" if isinstance(rec, dict) else f"a JSON {_json_type(rec)}"
-        raise AuditInputError(f"{src}: row {i} needs 'group' and 'rewards' (it is {got})")
+        got = f"an object with keys {shown(sorted(rec), 80)}" if isinstance(rec, dict) else f"a JSON {_json_type(rec)}"
+        raise AuditInputError(f"{src}: line {line} needs 'group' and 'rewards' (it is {got})")
     if not isinstance(rec["rewards"], (dict, list)):
-        raise AuditDtypeError(f"{src}: row {i}: 'rewards' is a JSON {_json_type(rec['rewards'])}; expected an "
+        raise AuditDtypeError(f"{src}: line {line}: 'rewards' is a JSON {_json_type(rec['rewards'])}; expected an "
                               "object {name: value} or an array of values")
 
 
-def _record_rewards(rec, i: int, src: str, names: list[str], first) -> list:
-    _check_record(rec, i, src)
+def _record_rewards(rec, line: int, src: str, names: list[str], first, first_line: int) -> list:
+    _check_record(rec, line, src)
     rw = rec["rewards"]
     if isinstance(rw, dict) != isinstance(first, dict):
-        raise AuditInputError(f"{src}: row {i} gives 'rewards' as a JSON {_json_type(rw)}, row 0 as a JSON "
-                              f"{_json_type(first)}")
+        raise AuditInputError(f"{src}: line {line} gives 'rewards' as a JSON {_json_type(rw)}, line {first_line} as "
+                              f"a JSON {_json_type(first)}")
     if isinstance(rw, dict):
         if set(rw) != set(names):
-            raise AuditShapeError(f"{src}: row {i} has reward keys {sorted(rw)}, expected {sorted(names)}")
+            raise AuditShapeError(f"{src}: line {line} has reward keys {shown(sorted(rw), 80)}, expected "
+                                  f"{shown(sorted(names), 80)}")
         rw = [rw[n] for n in names]
     if len(rw) != len(names):
-        raise AuditShapeError(f"{src}: row {i} has {len(rw)} rewards, expected {len(names)}")
+        raise AuditShapeError(f"{src}: line {line} has {len(rw)} rewards, expected {len(names)}")
     return rw
 
 
@@ -566,7 +607,7 @@ def _read_npz(path: Path) -> Batch:
     try:
         data = np.load(path, allow_pickle=False)
     except (ValueError, OSError, EOFError, zipfile.BadZipFile) as e:
-        raise AuditInputError(f"{path}: not a readable .npz file ({e})") from None
+        raise AuditInputError(f"{path}: not a readable .npz file ({clip(str(e))})") from None
     if not isinstance(data, np.lib.npyio.NpzFile):
         raise AuditInputError(f"{path}: one bare array (np.save), not an archive of named arrays (np.savez)")
     arrays = {}
@@ -576,11 +617,12 @@ def _read_npz(path: Path) -> Batch:
                 arrays[k] = data[k]
             except ValueError as e:
                 if "allow_pickle" not in str(e):
-                    raise AuditInputError(f"{path}: array {k!r} is not readable ({e})") from None
+                    raise AuditInputError(f"{path}: array {k!r} is not readable ({clip(str(e))})") from None
                 raise _dtype_error(k)(f"{path}: {k!r} holds Python objects (dtype object), which audit does not "
                                       "unpickle; save numbers (or str names)") from None
             except Exception as e:  # a damaged member: zlib, zipfile, EOF errors
-                raise AuditInputError(f"{path}: array {k!r} is not readable ({type(e).__name__}: {e})") from None
+                raise AuditInputError(f"{path}: array {k!r} is not readable ({type(e).__name__}: "
+                                      f"{clip(str(e))})") from None
     return _from_mapping(arrays, str(path))
 
 
@@ -588,8 +630,17 @@ def _read_pt(path: Path) -> Batch:
 
     try:
         data = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:  # torch's page of advice, which ends: load it unsafely
+        found = re.search(r"Unsupported global: GLOBAL (\S+)", str(e))
+        if found:
+            raise AuditInputError(f"{path}: refused: it holds a Python object ({clip(found[1])}) that only an "
+                                  "unsafe load would build (one that can run code); save a dict of tensors") from None
+        found = re.search(r"WeightsUnpickler error:\s*(.+)", str(e))
+        raise AuditInputError(f"{path}: not a readable .pt file ({clip(found[1] if found else 'no pickle')})"
+                              ) from None
     except Exception as e:  # torch raises many types for a bad file
-        raise AuditInputError(f"{path}: not a readable .pt file ({type(e).__name__}: {e})") from None
+        said = re.sub(r"\x1b\[[0-9;]*m", "", str(e)).strip().split("\n")[0]
+        raise AuditInputError(f"{path}: not a readable .pt file ({type(e).__name__}: {clip(said)})") from None
     if not isinstance(data, dict):
         raise AuditInputError(f"{path}: expected a dict of tensors, got {type(data).__name__}")
     return _from_mapping(data, str(path))

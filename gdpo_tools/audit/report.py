@@ -6,10 +6,11 @@ from __future__ import annotations
 import json
 import os
 import sys
+import traceback
 
 from gdpo_tools.audit.findings import KINDS, ROUTINE, TERMS
-from gdpo_tools.audit.read import example_batch, read_batch
-from gdpo_tools.audit.run import MALFORMED, SCHEMA, STATUS, Progress, audit
+from gdpo_tools.audit.read import clip, example_batch, read_batch
+from gdpo_tools.audit.run import NOT_AUDITED, SCHEMA, STATUS, Progress, audit
 from spec import DEFAULT_EPS, GDPOError
 from spec.errors import ERROR_CLASSES
 
@@ -44,7 +45,7 @@ def render(report: dict) -> str:
         lines += ["", f"{'group':>8} {'size':>5} {'signal':>6}  findings"]
         for g in shown:
             said = "; ".join(f"[{f['code']}] {f['message']}" for f in g["findings"]) or "-"
-            lines.append(f"{str(g['group']):>8} {g['size']:>5} {('yes' if g['signal'] else 'NO'):>6}  {said}")
+            lines.append(f"{clip(str(g['group']), 40):>8} {g['size']:>5} {('yes' if g['signal'] else 'NO'):>6}  {said}")
     if len(shown) < report["groups_total"]:
         where = ("--json lists them" if report["groups_listed"] == "all" else
                  "counted in the findings above; --json lists only the groups with warnings too")
@@ -86,17 +87,23 @@ def json_report(report: dict) -> dict:
     return _strict_json(report)
 
 
-def error_json(source: str | None, e: GDPOError, message: str) -> dict:
-    """A refusal as JSON: the same exit code as the text's, the classes a program can test."""
+def error_json(source: str | None, e: BaseException, message: str) -> dict:
+    """Why the batch could not be audited, as JSON: the same exit code as the text's; the code
+    says whose fault ("malformed-input": the file's; "internal-error": the audit's), the classes
+    are for a program to test."""
     spec_classes = [name for name, cls in ERROR_CLASSES.items() if isinstance(e, cls)]
-    return {"schema": SCHEMA, "source": source, "status": MALFORMED, "status_text": STATUS[MALFORMED],
-            "error": {"code": "malformed-input", "class": type(e).__name__, "spec_classes": spec_classes,
-                      "message": message}}
+    return {"schema": SCHEMA, "source": source, "status": NOT_AUDITED, "status_text": STATUS[NOT_AUDITED],
+            "error": {"code": "malformed-input" if isinstance(e, GDPOError) else "internal-error",
+                      "class": type(e).__name__, "spec_classes": spec_classes, "message": message}}
 
 
 def main(file: str | None, weights=None, as_json: bool = False, eps: float = DEFAULT_EPS, out=None,
-         exact: bool | None = None, peers: bool | None = None, progress: bool | None = None) -> int:
-    """``gdpo audit``: the report of ``file`` (None: the built-in example) on ``out``; the exit code."""
+         exact: bool | None = None, peers: bool | None = None, progress: bool | None = None,
+         missing: str = "refuse") -> int:
+    """``gdpo audit``: the report of ``file`` (None: the built-in example) on ``out``; the exit
+    code. Whatever fails, malformed input or the audit itself (MemoryError included), exits
+    NOT_AUDITED with one line naming it (and a JSON error object under ``as_json``), never
+    with a code that says the batch was audited."""
     out = out if out is not None else sys.stdout
     batch = None
     try:
@@ -106,17 +113,23 @@ def main(file: str | None, weights=None, as_json: bool = False, eps: float = DEF
             batch = read_batch(file, progress=bar.update)
         else:
             batch = example_batch()
-        report = audit(batch, weights=weights, eps=eps, exact=exact, peers=peers, bar=bar)
-    except GDPOError as e:
-        said = str(e)
+        report = audit(batch, weights=weights, eps=eps, exact=exact, peers=peers, bar=bar, missing=missing)
+        text = json.dumps(json_report(report), indent=2, allow_nan=False) if as_json else render(report)
+    except Exception as e:  # noqa: BLE001 -- the exit code must say "not audited", whatever failed
         source = batch.source if batch is not None else (str(file) if file else "built-in example")
-        if not said.startswith(f"{source}:"):  # every refusal names the file
+        if isinstance(e, GDPOError):
+            said = str(e)
+        else:
+            traceback.print_exc(file=sys.stderr)  # for the bug report
+            said = (f"gdpo audit failed, an internal error ({type(e).__name__}: {clip(str(e)) or 'no message'}); "
+                    "report it with the traceback above")
+        if not said.startswith(f"{source}:"):  # every message names the file
             said = f"{source}: {said}"
         if as_json:
             print(json.dumps(error_json(source, e, said), indent=2), file=out)
         print(f"gdpo audit: {said}", file=sys.stderr)
-        return MALFORMED
-    print(json.dumps(json_report(report), indent=2, allow_nan=False) if as_json else render(report), file=out)
+        return NOT_AUDITED
+    print(text, file=out)
     return report["status"]
 
 

@@ -16,6 +16,8 @@ their own dtype, against impl.gdpo.
 
 from __future__ import annotations
 
+import dataclasses
+import re
 import sys
 import time
 
@@ -25,14 +27,14 @@ import torch
 from gdpo_tools import peer_formulas
 from gdpo_tools.audit.findings import (EPS_DOMINATED_FACTOR, ERROR, ILL_CONDITIONED, KINDS, ROUTINE, finding,
                                        peer_difference)
-from gdpo_tools.audit.read import Batch, _weights
+from gdpo_tools.audit.read import AuditInputError, Batch, _weights, clip, shown
 from impl import gdpo as impl
 from oracle import gdpo as oracle
 from spec import CONVENTIONS, DEFAULT_EPS, FLOAT32_MAX, GDPOError
 from spec.errors import GroupError, NonFiniteError
 
-OK, WARN, MALFORMED, DISAGREE = 0, 1, 2, 3
-STATUS = {OK: "ok", WARN: "warnings", MALFORMED: "malformed input", DISAGREE: "IMPLEMENTATION DISAGREES"}
+OK, WARN, NOT_AUDITED, DISAGREE = 0, 1, 2, 3
+STATUS = {OK: "ok", WARN: "warnings", NOT_AUDITED: "could not audit", DISAGREE: "IMPLEMENTATION DISAGREES"}
 #: Up to this many samples the exact oracle runs on every group, unit and convention.
 EXACT_SAMPLES = 20_000
 #: impl.gdpo runs on chunks of whole units of about this many samples (its working memory).
@@ -52,6 +54,9 @@ COND_MARGIN = 1e-3
 #: cancellation (impl.gdpo gives structural zeros exactly; a near-zero is either a bug or
 #: near-cancellation, and the oracle says which).
 VANISHING = 1e-8
+#: Two columns that cancel on some rows of a group (r2 = C - r1 there) are reported where,
+#: between those rows, their weighted z keep at most this fraction of the signal they carry apart.
+PARTIAL_KEEPS = 0.5
 
 
 class Progress:
@@ -93,18 +98,36 @@ class Progress:
             self.stream.flush()
 
 
-def _refuse_nonfinite(batch: Batch) -> None:
-    """A NaN or infinite reward, named as the file names it (the column's name, the row, the
-    group label): the specification refuses it, so there is nothing to audit."""
-    bad = np.argwhere(~np.isfinite(batch.rewards))
+def _scored_rewards(batch: Batch, missing: str) -> np.ndarray:
+    """The rewards as float64 with NaN where a reward was not scored: a NaN, or a masked entry
+    of a NumPy masked array, is one under ``missing="unscored"`` and refused otherwise, as an
+    infinite reward always is (spec section 2); named as the file names it."""
+    if missing not in ("refuse", "unscored"):
+        raise AuditInputError(f"missing must be 'refuse' or 'unscored', not {shown(missing)}")
+    for key in ("group_ids", "unit_ids", "weights"):
+        if np.ma.is_masked(getattr(batch, key)):
+            raise AuditInputError(f"{batch.source}: {key!r} has masked entries; every label and weight must be given")
+    r = batch.rewards
+    if np.ma.isMaskedArray(r):
+        mask = np.ma.getmaskarray(r)
+        if missing == "refuse" and mask.any():
+            i, k = (int(v) for v in np.argwhere(mask)[0])
+            raise AuditInputError(f"{batch.source}: 'rewards' is a masked array with {int(mask.sum()):,} masked "
+                                  f"entries ({batch.place(i)}, column {batch.names[k]!r} the first); --missing "
+                                  "unscored reads them as rewards not scored")
+        r = np.where(mask, np.nan, np.ma.getdata(r))
+    r = np.asarray(r, dtype=np.float64)
+    bad = np.argwhere(~np.isfinite(r) if missing == "refuse" else np.isinf(r))
     if bad.size:
         i, k = (int(v) for v in bad[0])
-        v = float(batch.rewards[i, k])
+        v = float(r[i, k])
         label = batch.group_label(batch.group_ids[i])
-        more = f" (and {len(bad) - 1} more non-finite rewards)" if len(bad) > 1 else ""
-        shown = "NaN" if v != v else repr(v)
-        raise NonFiniteError(f"{batch.source}: column {batch.names[k]!r}, row {i} (group {label!r}) is "
-                             f"{shown}{more}: the specification refuses non-finite rewards")
+        more = f" (and {len(bad) - 1:,} more)" if len(bad) > 1 else ""
+        hint = "; --missing unscored reads a NaN as a reward not scored" if missing == "refuse" else ""
+        raise NonFiniteError(f"{batch.source}: {batch.place(i)}, column {batch.names[k]!r} (group {shown(label)}) is "
+                             f"{'NaN' if v != v else repr(v)}{more}: the specification refuses non-finite "
+                             f"rewards{hint}")
+    return r
 
 
 def _refuse_singletons(batch: Batch, labels, first, counts) -> None:
@@ -114,13 +137,14 @@ def _refuse_singletons(batch: Batch, labels, first, counts) -> None:
         j = lonely[np.argmin(first[lonely])]
         others = lonely.size - 1
         more = "" if not others else f", as {'does 1 other group' if others == 1 else f'do {others} other groups'}"
-        raise GroupError(f"{batch.source}: group {batch.group_label(labels[j])!r} (row {int(first[j])}) has 1 "
+        raise GroupError(f"{batch.source}: group {shown(batch.group_label(labels[j]))} ({batch.place(first[j])}) has 1 "
                          f"sample{more}; Eq. 4's unbiased std needs at least 2 (drop such groups, or merge them)")
 
 
 class _Groups:
     """The batch sorted by group: each group's rows, and per group and column the statistics
-    the findings read (min, max, std), computed once for the whole batch."""
+    the findings read (min, max, std), computed once for the whole batch, over the scored
+    rewards (a NaN is one not scored: spec section 2)."""
 
     def __init__(self, r: np.ndarray, group_ids: np.ndarray):
         # groups in order of first appearance, as the oracle and impl.gdpo.group_has_signal order them
@@ -133,16 +157,19 @@ class _Groups:
         self.index = self._rank[inverse.reshape(-1)]
         self.order = np.argsort(self.index, kind="stable")
         self.starts = np.concatenate([[0], np.cumsum(self.counts)[:-1]])
-        rs = r[self.order]
-        n = self.counts[:, None].astype(np.float64)
-        self.min = np.minimum.reduceat(rs, self.starts, axis=0)
-        self.max = np.maximum.reduceat(rs, self.starts, axis=0)
-        self.absmax = np.maximum(np.abs(self.min), np.abs(self.max))
-        mean = np.add.reduceat(rs, self.starts, axis=0) / n
-        dev = rs - np.repeat(mean, self.counts, axis=0)
+        rs = r[self.order]  # a copy: the deviations are computed in it, in place
+        nan = np.isnan(rs)
+        self.scored = np.add.reduceat(~nan, self.starts, axis=0, dtype=np.int64)
+        n = self.scored.astype(np.float64)
+        self.min = np.fmin.reduceat(rs, self.starts, axis=0)
+        self.max = np.fmax.reduceat(rs, self.starts, axis=0)
+        self.absmax = np.nan_to_num(np.fmax(np.abs(self.min), np.abs(self.max)))
+        rs[nan] = 0.0
         with np.errstate(invalid="ignore", divide="ignore"):
-            self.std = np.sqrt(np.add.reduceat(dev * dev, self.starts, axis=0) / (n - 1))
-        self.collapsed = self.min == self.max
+            rs -= np.repeat(np.add.reduceat(rs, self.starts, axis=0) / n, self.counts, axis=0)
+            rs[nan] = 0.0
+            self.std = np.sqrt(np.add.reduceat(rs * rs, self.starts, axis=0) / (n - 1))
+        self.collapsed = (self.min == self.max) | (self.scored < 2)  # fewer than 2 scored: z = 0 throughout
 
     def position(self, labels) -> np.ndarray:
         """The index of each of these group labels among the groups."""
@@ -185,18 +212,20 @@ def _chunks(groups: _Groups, uinverse, usizes, limit: int) -> list[np.ndarray] |
     return runs
 
 
-def _impl_values(batch: Batch, groups: _Groups, uorder, uinverse, usizes, w, eps, bar):
+def _impl_values(batch: Batch, groups: _Groups, uorder, uinverse, usizes, w, eps, bar, missing="refuse"):
     """impl.gdpo's combined values c and advantages a (float64, file order) and each group's
     signal, in chunks of whole units of about CHUNK_SAMPLES samples, so that impl's working
     memory does not grow with the batch. A refusal is named by the file's own rows: the
-    whole batch is then run once more in file order for impl's message."""
+    whole batch is then run once more in file order for impl's message (else the rows impl
+    names are the chunk's)."""
     r, g = batch.rewards, batch.group_ids
     N = r.shape[0]
     c, a = np.empty(N), np.empty(N)
     signal = np.empty(groups.labels.size, bool)
     runs = _chunks(groups, uinverse, usizes, CHUNK_SAMPLES) or [np.arange(len(usizes))]
     ustarts = np.concatenate([[0], np.cumsum(usizes)])
-    kw = dict(weights=w.tolist(), eps=eps)
+    kw = dict(weights=w.tolist(), eps=eps, missing=missing)
+    rows = np.arange(N)
     try:
         for j, run_units in enumerate(runs):
             rows = uorder[ustarts[run_units[0]]:ustarts[run_units[-1] + 1]]  # whole units, by unit
@@ -212,16 +241,21 @@ def _impl_values(batch: Batch, groups: _Groups, uorder, uinverse, usizes, w, eps
         try:  # impl's own refusals (Eq. 7 overflow) in the file's row order
             impl.normalize_rewards(torch.from_numpy(r), group_ids=torch.from_numpy(g), **kw)
         except GDPOError as whole:
-            e = whole
-        raise type(e)(f"{batch.source}: impl.gdpo refuses the batch: {e}") from e
+            e, rows = whole, np.arange(N)
+        said = re.sub(r"\brow (\d+)", lambda m: batch.place(rows[int(m[1])]) if int(m[1]) < rows.size else m[0],
+                      str(e))
+        raise type(e)(f"{batch.source}: impl.gdpo refuses the batch: {said}") from e
     return c, a, signal
 
 
 def audit(batch: Batch, weights=None, eps: float = DEFAULT_EPS, progress: bool | None = None,
-          exact: bool | None = None, peers: bool | None = None, bar: Progress | None = None) -> dict:
+          exact: bool | None = None, peers: bool | None = None, bar: Progress | None = None,
+          missing: str = "refuse") -> dict:
     """The report of ``batch`` (see :mod:`gdpo_tools.audit` for its schema). ``exact``: run the
     oracle on every group (default: up to EXACT_SAMPLES samples); ``peers``: compute the peer
-    conventions (default: when exact)."""
+    conventions (default: when exact); ``missing``: "refuse" a NaN reward, or read it as
+    "unscored" (impl.gdpo's keyword; a masked entry of a masked array alike)."""
+    batch = dataclasses.replace(batch, rewards=_scored_rewards(batch, missing))
     r = batch.rewards
     N, K = r.shape
     peers = N <= EXACT_SAMPLES if peers is None else peers  # --exact alone adds no peer passes
@@ -233,7 +267,6 @@ def audit(batch: Batch, weights=None, eps: float = DEFAULT_EPS, progress: bool |
         w = _weights(batch.weights, batch.names, f"{batch.source}: 'weights'")
     else:
         w = np.ones(K)
-    _refuse_nonfinite(batch)
     bar.start("group statistics")
     groups = _Groups(r, batch.group_ids)
     _refuse_singletons(batch, groups.labels, groups.first, groups.counts)
@@ -244,7 +277,9 @@ def audit(batch: Batch, weights=None, eps: float = DEFAULT_EPS, progress: bool |
     uinverse = uinverse.reshape(-1)
     ustarts = np.concatenate([[0], np.cumsum(usizes)[:-1]])  # each unit's first row in uorder
     bar.start("impl.gdpo")
-    c, impl_a, signal = _impl_values(batch, groups, uorder, uinverse, usizes, w, eps, bar)
+    c, impl_a, signal = _impl_values(batch, groups, uorder, uinverse, usizes, w, eps, bar, missing)
+    scored = ~np.isnan(r).all(axis=1)  # rows with a scored reward: the rows of Eq. 6
+    uscored = np.add.reduceat(scored[uorder], ustarts, dtype=np.int64)
     bar.update(1.0)
 
     # ---- per group: the decisions that need the oracle, from it (every group, or those that need it)
@@ -259,7 +294,7 @@ def audit(batch: Batch, weights=None, eps: float = DEFAULT_EPS, progress: bool |
     unit_over = np.full(ulabels.size, np.nan)
     if exact:
         bar.start("exact oracle, whole batch")
-        res = oracle.gdpo_advantages(r, batch.group_ids, weights=w, unit_ids=units, eps=eps)
+        res = oracle.gdpo_advantages(r, batch.group_ids, weights=w, unit_ids=units, eps=eps, missing=missing)
         cancelled[groups.position(res.group_labels)] = res.group_cancelled
         cond = groups.reduce_max(res.combined.cond)
         cond_sharp = np.minimum.reduceat(res.combined.cond_sharp[groups.order], groups.starts).astype(bool)
@@ -284,7 +319,7 @@ def audit(batch: Batch, weights=None, eps: float = DEFAULT_EPS, progress: bool |
         for lo in range(0, checked.size, 64):  # in chunks, for the progress line
             part = checked[lo:lo + 64]
             rows = np.concatenate([groups.rows(g) for g in part])
-            res = oracle.gdpo_advantages(r[rows], batch.group_ids[rows], weights=w, eps=eps)
+            res = oracle.gdpo_advantages(r[rows], batch.group_ids[rows], weights=w, eps=eps, missing=missing)
             cancelled[groups.position(res.group_labels)] = res.group_cancelled
             sub = _Groups(r[rows], batch.group_ids[rows])  # the same groups, in the same order (part ascends)
             cond[part] = sub.reduce_max(res.combined.cond)
@@ -294,17 +329,19 @@ def audit(batch: Batch, weights=None, eps: float = DEFAULT_EPS, progress: bool |
             over[part] = sub.reduce_max(_over_bound(c[rows], comb.float64, comb.allowed("float64"),
                                                     comb.required_zero))
             bar.update(min(1.0, (lo + part.size) / checked.size))
-        # units: collapsed where impl's combined values are all equal (exact there: structural
-        # zeros are exact in impl.gdpo); Eq. 6 checked exactly on a few units of moderate size
-        cu = c[uorder]
-        unit_collapsed = np.minimum.reduceat(cu, ustarts) == np.maximum.reduceat(cu, ustarts)
-        small = np.flatnonzero(usizes <= EXACT_UNIT)
+        # units: collapsed where impl's combined values of the scored rows are all equal, or
+        # fewer than two (exact there: structural zeros are exact in impl.gdpo); Eq. 6 checked
+        # exactly on a few units of moderate size, over their scored rows
+        cu = np.where(scored, c, np.nan)[uorder]
+        unit_collapsed = (np.fmin.reduceat(cu, ustarts) == np.fmax.reduceat(cu, ustarts)) | (uscored < 2)
+        small = np.flatnonzero((usizes <= EXACT_UNIT) & (uscored >= 2))
         checked_units = small[np.unique(np.linspace(0, small.size - 1, min(small.size, SAMPLED_UNITS)).round()
                                         .astype(np.int64))] if small.size else small
         if checked_units.size:
             bar.start(f"exact oracle, Eq. 6 of {checked_units.size} units")
         for j, u in enumerate(checked_units):
             rows = uorder[ustarts[u]:ustarts[u] + usizes[u]]
+            rows = rows[scored[rows]]
             st = oracle.whiten(c[rows], eps=eps)
             mine = impl.whiten(torch.from_numpy(c[rows]), segment_sizes=[int(rows.size)], eps=eps,
                                out_dtype=torch.float64).numpy()
@@ -318,9 +355,10 @@ def audit(batch: Batch, weights=None, eps: float = DEFAULT_EPS, progress: bool |
     group_rows, counts = [], {}
     keep_all = G <= LIST_EVERY_GROUP
     warned = routine_only = 0
+    partial = _partial_cancellations(r, groups, w, eps)
     for gi in range(G):
         found = _group_findings(batch, groups, gi, w, eps, signal[gi], cancelled[gi], cond[gi], cond_sharp[gi],
-                                cond_from[gi], over[gi], c)
+                                cond_from[gi], over[gi], c, partial.get(gi, ()))
         for f in found:
             counts[f["code"]] = counts.get(f["code"], 0) + 1
         warns = any(f["severity"] != ROUTINE for f in found)
@@ -337,8 +375,10 @@ def audit(batch: Batch, weights=None, eps: float = DEFAULT_EPS, progress: bool |
     for ui, label in enumerate(ulabels):
         found = []
         if unit_collapsed[ui]:
-            found.append(finding("unit-collapsed", f"every combined value of unit {_py(label)} is exactly equal, so "
-                                 "each of its advantages is exactly 0 (Eq. 6 exact collapse)"))
+            why = ("has fewer than 2 rows with a scored reward" if uscored[ui] < 2 else
+                   "has every combined value exactly equal")
+            found.append(finding("unit-collapsed", f"unit {shown(_py(label))} {why}, so each of its advantages is "
+                                 "exactly 0 (Eq. 6 exact collapse)"))
         if not np.isnan(unit_over[ui]) and unit_over[ui] > 1.0:
             found.append(finding("impl-disagrees", f"impl.gdpo's Eq. 6 is {unit_over[ui]:.3g} times the error bound "
                                  "from the exact whitening of its own combined values", over_bound=float(unit_over[ui])))
@@ -359,8 +399,9 @@ def audit(batch: Batch, weights=None, eps: float = DEFAULT_EPS, progress: bool |
         for j, name in enumerate(others):
             conv = CONVENTIONS[name]
             token = np.ones(N, dtype=np.int64) if conv.whiten == "per_token" else None
-            row = {"why": peer_difference(conv, spec_conv),
-                   "note": "one token per sample" if token is not None else ""}
+            notes = ["one token per sample"] * (token is not None) + [f"NaN rewards: its rule {conv.nan!r}"] * bool(
+                np.isnan(r).any())
+            row = {"why": peer_difference(conv, spec_conv), "note": "; ".join(notes)}
             try:
                 if exact:
                     pa = oracle.gdpo_advantages(r, batch.group_ids, weights=w, unit_ids=units, convention=name,
@@ -376,7 +417,7 @@ def audit(batch: Batch, weights=None, eps: float = DEFAULT_EPS, progress: bool |
                 diff = np.abs(pa - ref)
                 row["max_abs_difference"] = None if np.all(np.isnan(diff)) else float(np.nanmax(diff))
             except GDPOError as e:
-                row.update(max_abs_difference=None, method="refused", note=f"refused: {e}")
+                row.update(max_abs_difference=None, method="refused", note=f"refused: {clip(str(e))}")
             peer_rows[name] = row
             bar.update((j + 1) / len(others))
 
@@ -388,7 +429,8 @@ def audit(batch: Batch, weights=None, eps: float = DEFAULT_EPS, progress: bool |
     return {
         "schema": SCHEMA,
         "source": batch.source, "samples": N, "groups_total": G, "units_total": int(ulabels.size),
-        "components": batch.names, "weights": w.tolist(), "eps": eps,
+        "components": batch.names, "weights": w.tolist(), "eps": eps, "missing": missing,
+        "unscored_rewards": int(np.isnan(r).sum()), "rows_without_score": int(np.sum(~scored)),
         "method": {
             "exact": bool(exact),
             "groups_checked_by_oracle": int(np.size(checked)),
@@ -407,7 +449,7 @@ def audit(batch: Batch, weights=None, eps: float = DEFAULT_EPS, progress: bool |
     }
 
 
-SCHEMA = "gdpo-audit/2"
+SCHEMA = "gdpo-audit/3"
 
 
 def _method_text(exact: bool, groups: int, G: int, units: int, S: int) -> str:
@@ -430,13 +472,21 @@ def _over_bound(got, exact, allowed, required_zero) -> np.ndarray:
     return ratio
 
 
-def _group_findings(batch, groups, gi, w, eps, signal, cancelled, cond, sharp, cond_from, over, c) -> list[dict]:
+def _group_findings(batch, groups, gi, w, eps, signal, cancelled, cond, sharp, cond_from, over, c,
+                    partial) -> list[dict]:
     names, K = batch.names, len(batch.names)
     n = int(groups.counts[gi])
+    rows = groups.rows(gi)
     found = []
+    unscored = np.isnan(batch.rewards[rows])
+    if unscored.any():
+        said = [f"{names[k]} ({_places(batch, rows[unscored[:, k]])})" for k in range(K) if unscored[:, k].any()]
+        found.append(finding("unscored", f"{int(unscored.sum())} reward(s) not scored: {'; '.join(said)}; each has "
+                             "z = 0 and is left out of its column's mean and std", count=int(unscored.sum())))
     collapsed = [names[k] for k in range(K) if groups.collapsed[gi, k]]
     if collapsed:
-        found.append(finding("collapsed-column", f"{_list(collapsed)} constant within the group: Eq. 4 gives "
+        found.append(finding("collapsed-column", f"{_list(collapsed)} constant within the group"
+                             f"{' (over its scored rows)' if unscored.any() else ''}: Eq. 4 gives "
                              f"{'it' if len(collapsed) == 1 else 'them'} z = 0 exactly", columns=collapsed))
     if not signal:
         found.append(finding("no-signal", "every sample of the group gets the same advantage (every column "
@@ -445,7 +495,14 @@ def _group_findings(batch, groups, gi, w, eps, signal, cancelled, cond, sharp, c
         varying = [names[k] for k in range(K) if not groups.collapsed[gi, k]]
         found.append(finding("exact-cancellation", f"{_list(varying)} vary but cancel exactly: every combined value "
                              "(Eq. 7) of the group is exactly 0", columns=varying))
-    rows = groups.rows(gi)
+    for k, l, members, keeps in () if cancelled else partial:
+        mirror = f"C - {names[k]}" if w[k] * w[l] > 0 else f"{names[k]} - C"
+        C = batch.rewards[members[0], k] + np.sign(w[k] * w[l]) * batch.rewards[members[0], l]
+        kept = f"{100 * keeps:.2g}%" if keeps >= 1e-4 else "less than 0.01%"
+        found.append(finding("partial-cancellation", f"columns {names[k]} and {names[l]} cancel on {members.size} of "
+                             f"{n} rows, {_places(batch, members)}, where {names[l]} = {mirror} (C = {C:.6g}): "
+                             f"between them their weighted z keep {kept} of the signal they carry apart",
+                             columns=[names[k], names[l]], rows=_numbers(batch, members), keeps=float(keeps)))
     scale = max(float(np.abs(c[rows]).max()), 1.0)
     if cond > ILL_CONDITIONED * scale and cond_from == "oracle":
         how = "at first order" if sharp else "at most (a bound)"
@@ -462,7 +519,7 @@ def _group_findings(batch, groups, gi, w, eps, signal, cancelled, cond, sharp, c
     if n == 2:
         found.append(finding("two-samples", "n_g = 2: any two distinct values standardize to +-0.7071, so how far "
                              "apart they are is lost"))
-    big = max(float(groups.absmax[gi].max()), float(np.max(np.abs(batch.rewards[rows]) @ np.abs(w))))
+    big = max(float(groups.absmax[gi].max()), float(np.max(np.nan_to_num(np.abs(batch.rewards[rows])) @ np.abs(w))))
     if big > FLOAT32_MAX:
         found.append(finding("float32-range", f"a reward or weighted sum reaches {big:.3g}, beyond float32's "
                              f"{FLOAT32_MAX:.3g}", value=big))
@@ -471,6 +528,62 @@ def _group_findings(batch, groups, gi, w, eps, signal, cancelled, cond, sharp, c
                              f"impl.gdpo is {over:.3g} times the error bound away from the exact value",
                              over_bound=float(over)))
     return found
+
+
+def _partial_cancellations(r, groups: _Groups, w, eps) -> dict:
+    """Per group, the pairs of columns k, l that cancel on some of its rows: on those rows
+    r_k + s r_l is one value C (r_l = C - r_k for weights of one sign, s = 1; r_l = r_k - C
+    for weights of opposite signs, s = -1) and r_k takes at least 3 values there (two values
+    lie on every such line: binary rewards would always qualify). Between those rows Eq. 4
+    and 7 move the pair's w_k z_k + w_l z_l by | |w_k|/sd_k - |w_l|/sd_l | |dr_k| (sd: the
+    group's std + eps), a fraction ``keeps`` of the (|w_k|/sd_k + |w_l|/sd_l) |dr_k| the two
+    carry apart; reported where it is at most PARTIAL_KEEPS. {group: [(k, l, rows, keeps)]}"""
+    found: dict = {}
+    K = r.shape[1]
+    sd = groups.std + eps
+    for k in range(K):
+        for l in range(k + 1, K):
+            if w[k] == 0 or w[l] == 0:
+                continue
+            a, b = abs(w[k]) / sd[:, k], abs(w[l]) / sd[:, l]
+            with np.errstate(invalid="ignore"):
+                keeps = np.abs(a - b) / (a + b)
+            near = (keeps <= PARTIAL_KEEPS) & ~groups.collapsed[:, k] & ~groups.collapsed[:, l]
+            rows = np.flatnonzero(near[groups.index])
+            t = r[rows, k] + np.sign(w[k] * w[l]) * r[rows, l]
+            rows, t = rows[~np.isnan(t)], t[~np.isnan(t)]
+            if not rows.size:
+                continue
+            g, rk = groups.index[rows], r[rows, k]
+            order = np.lexsort((rk, t, g))
+            rows, t, g, rk = rows[order], t[order], g[order], rk[order]
+            run = np.r_[True, (g[1:] != g[:-1]) | (t[1:] != t[:-1])]  # rows of one group and one C
+            starts = np.flatnonzero(run)
+            values = np.add.reduceat(run | np.r_[True, rk[1:] != rk[:-1]], starts, dtype=np.int64)
+            for j in np.flatnonzero(values >= 3):
+                members = np.sort(rows[starts[j]:starts[j + 1] if j + 1 < starts.size else rows.size])
+                gi = int(g[starts[j]])
+                pairs = found.setdefault(gi, [])
+                if pairs and pairs[-1][:2] == (k, l):  # the largest run of a pair in a group
+                    if pairs[-1][2].size >= members.size:
+                        continue
+                    pairs.pop()
+                pairs.append((k, l, members, float(keeps[gi])))
+    return found
+
+
+def _numbers(batch: Batch, rows) -> list[int]:
+    """Rows as the file numbers them: lines (1-based) of a text file, rows (0-based) of an array."""
+    return (batch.lines[rows] if batch.lines is not None else np.asarray(rows)).tolist()
+
+
+def _places(batch: Batch, rows, most: int = 6) -> str:
+    """Rows named as the file shows them: "lines 3, 5, 9" or "rows 0, 4 (0-based)", the first ``most``."""
+    nums = _numbers(batch, rows)
+    said = ", ".join(map(str, nums[:most])) + (f" and {len(nums) - most:,} more" if len(nums) > most else "")
+    if batch.lines is not None:
+        return f"line{'s' * (len(nums) > 1)} {said}"
+    return f"row{'s' * (len(nums) > 1)} {said} (0-based)"
 
 
 def _list(names: list[str]) -> str:
