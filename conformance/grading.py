@@ -25,7 +25,7 @@ import time
 from hypothesis.errors import UnsatisfiedAssumption
 
 from conformance import findings as FD
-from conformance import probes, runner
+from conformance import probes, profiles, runner
 from conformance.error_cases import ERROR_CASES
 from conformance.judge import ConformanceFailure, NotJudged
 from conformance.properties import PROPERTIES
@@ -99,10 +99,11 @@ def _rows_to_run(subject: Subject, select: str | None, single_process: bool):
 
 def _check_row(subject: Subject, name: str, prop) -> tuple[Row, list]:
     t0 = time.monotonic()
+    n = profiles.GRADE_MAX_EXAMPLES
     if name.startswith("errors:"):
-        cases = runner.error_row_cases(name.split(":", 1)[1], subject)
+        cases = runner.error_row_cases(name.split(":", 1)[1], subject, n)
     else:
-        cases = runner.planned_cases(prop, subject)
+        cases = runner.planned_cases(prop, subject, n)
 
     def check(case):
         prop.check(subject, case, prop.name)
@@ -132,6 +133,7 @@ def grade(subject: Subject, select: str | None = None, single_process: bool = Fa
     own error model (exact collapse and structural zeros bit for bit, the prescribed float64
     algorithm's accuracy) instead of its own precision."""
     t0 = time.monotonic()
+    profiles.register()  # the drawing's base profile ("ci"); the loaded profile is left as it is
     prof = None
     if subject.convention == "spec" and not strict:
         prof = probes.profile(subject)
@@ -262,12 +264,9 @@ def main(impl: str | None, call_shape: str | None, convention: str | None, selec
     import json
     import traceback
 
-    from conformance import profiles
     from conformance.subject import DEFAULT_IMPL, parse_domain
 
     out = out or sys.stdout
-    profiles.load("grade")
-    runner.DRAW_FIRST = True
     subject = Subject(impl or DEFAULT_IMPL, call_shape or "gdpo", convention or "spec", domain=parse_domain(domain))
     try:
         g = grade(subject, select, single_process, strict)

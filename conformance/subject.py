@@ -502,7 +502,7 @@ class Subject:
         d = getattr(self.fn, "gdpo_domain", None) or {}
         if not isinstance(d, dict):
             raise ValueError(f"{self.target}.gdpo_domain must be a dict, got {type(d).__name__}")
-        d = {**d, **self.declared}
+        d = {**d, **{k: v for k, v in self.declared.items() if k != "certified"}}  # a claim, said apart
         fields = {f.name for f in dataclasses.fields(Context)}
         unknown = set(d) - fields - set(LIMITS) - set(DECLARATIONS) - {"why"}
         if unknown:

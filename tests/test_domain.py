@@ -99,8 +99,6 @@ def test_the_domain_reaches_the_report_and_json(tmp_path):
 def _grading(target: str, shape: str = "gdpo", select: str = "plain", **domain):
     from conformance import grading
 
-    profiles.load("grade")
-    R.DRAW_FIRST = True
     return grading.grade(Subject(target, shape, "spec", domain=domain), select=select)
 
 

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from conformance import findings as F
-from conformance import grading, profiles, runner
+from conformance import grading, runner
 from conformance import judge as J
 from conformance.cases import Case, DistCase
 from conformance.subject import Subject
@@ -26,8 +26,6 @@ from conformance.subject import Subject
 
 @functools.cache  # each implementation graded once per worker: several tests read its findings
 def _findings(fn: str, convention: str = "trl", select: str = "plain,testfloat,range,weights") -> list:
-    profiles.load("grade")
-    runner.DRAW_FIRST = True
     return grading.grade(Subject(f"_native_impls:{fn}", "trl", convention), select=select).findings
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import pytest
 
 import paper_impls as P
-from conformance import grading, probes, profiles, runner
+from conformance import grading, probes
 from conformance.subject import Subject
 
 FAST = ("correct_f32", "correct_f64", "one_pass_var_f32", "eq6_per_group_and_weights_normalized")
@@ -44,8 +44,6 @@ _GRADED: dict = {}
 
 def _graded(name: str) -> grading.Grading:
     if name not in _GRADED:
-        profiles.load("grade")
-        runner.DRAW_FIRST = True
         _GRADED[name] = grading.grade(_subject(name))
     return _GRADED[name]
 

@@ -12,15 +12,13 @@ import sys
 import pytest
 
 import _once
-from conformance import grading, profiles, runner
+from conformance import grading
 from conformance.subject import Subject
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _grade(target: str, shape: str = "trl", select: str | None = None, domain=None) -> grading.Grading:
-    profiles.load("grade")
-    runner.DRAW_FIRST = True
     return grading.grade(Subject(target, shape, "spec", domain=domain), select=select)
 
 
