@@ -246,6 +246,7 @@ def as_json(g: Grading) -> dict:
         "probes": None if prof is None else {"statement": prof.statement(), "formula": prof.formula,
                                               "named": prof.named, "failed": prof.failed},
         "domain": {k: list(v) if isinstance(v, tuple) else v for k, v in s.domain().items()},
+        "peer": _peer(s.convention),
         "verdict": verdict_line(g),
         "exit_status": EXIT_OK if g.ok else EXIT_FINDINGS,
         "findings": [f.as_json() for f in FD.rank(g.findings)],
@@ -255,6 +256,23 @@ def as_json(g: Grading) -> dict:
         "torch": getattr(sys.modules.get("torch"), "__version__", None),
         "seconds": round(g.seconds, 1),
     }
+
+
+def _peer(convention: str) -> dict | None:
+    """A peer preset's provenance (package, version, entry point) and the version installed here."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from spec.conventions import get_convention
+
+    conv = get_convention(convention)
+    if not conv.package:
+        return None
+    try:
+        installed = version(conv.package)
+    except PackageNotFoundError:
+        installed = None
+    return {"package": conv.package, "version": conv.version, "entry_point": conv.entry_point,
+            "installed_version": installed}
 
 
 def main(impl: str | None, call_shape: str | None, convention: str | None, select: str | None = None,

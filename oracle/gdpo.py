@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import collections.abc
 import dataclasses
+import functools
 import math
 import numbers
 import warnings
@@ -537,6 +538,17 @@ def _unit_labels(n: int, unit_ids, segment_sizes):
 MISSING = ("refuse", "unscored")
 
 
+def _whatever_numpy_is_told(fn):
+    """The oracle's public steps compute the same in any NumPy error state of the caller's process
+    (``np.seterr(all="raise")`` turned an expected underflow of the error bound into a
+    FloatingPointError): every non-finite or underflowing value it meets is decided explicitly."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        with np.errstate(all="ignore"):
+            return fn(*args, **kwargs)
+    return wrapper
+
+
 def _with_missing(conv: Convention, missing) -> Convention:
     """The convention a call computes: ``missing="refuse"`` keeps the convention's own NaN
     rule (``spec``: a NaN reward is refused); ``missing="unscored"`` reads a NaN reward as
@@ -550,6 +562,7 @@ def _with_missing(conv: Convention, missing) -> Convention:
     return conv if missing == "refuse" else dataclasses.replace(conv, nan="nan_aware_unscored")
 
 
+@_whatever_numpy_is_told
 def standardize_groups(rewards, group_ids=None, eps=None, convention="spec", *, group_size=None,
                        missing="refuse") -> Stage:
     """Eq. 4 alone: z per sample and reward column (weights ones, no whitening)."""
@@ -559,6 +572,7 @@ def standardize_groups(rewards, group_ids=None, eps=None, convention="spec", *, 
     return res.z
 
 
+@_whatever_numpy_is_told
 def normalize_rewards(rewards, group_ids=None, weights=None, eps=None, convention="spec", *,
                       group_size=None, missing="refuse") -> Stage:
     """Eq. 4 then Eq. 7: the combined value c per sample (before 2026-12: ``combine``)."""
@@ -571,6 +585,7 @@ def normalize_rewards(rewards, group_ids=None, weights=None, eps=None, conventio
 _OLD_COMBINE = ("group_ids", "group_size", "eps", "convention")
 
 
+@_whatever_numpy_is_told
 def combine(z, *old_args, weights=None, **old_kwargs) -> Stage:
     """Eq. 7 alone: c_j = sum_k w_k z_jk of given floats z (N, K) or (N,) and weights (K,),
     each taken as the exact rational it is: the exact sum, correctly rounded once to each format.
@@ -619,6 +634,7 @@ def combine(z, *old_args, weights=None, **old_kwargs) -> Stage:
     return _stage(rounded, zero, cond, delta, frame=frame, required_zero=np.zeros(n, bool))
 
 
+@_whatever_numpy_is_told
 def whiten(values, *, segment_sizes=None, unit_ids=None, eps=None, convention="spec", token_counts=None) -> Stage:
     """Eq. 6 alone on given float values (exact rationals), per unit: ``segment_sizes``
     (consecutive counts, as in impl.gdpo) or ``unit_ids`` (a label per sample); neither: one unit."""
@@ -627,6 +643,7 @@ def whiten(values, *, segment_sizes=None, unit_ids=None, eps=None, convention="s
                         token_counts=token_counts)
 
 
+@_whatever_numpy_is_told
 def whiten_units(values, unit_ids=None, eps=None, convention="spec", token_counts=None) -> Stage:
     """Eq. 6 by unit labels: the old name of :func:`whiten` (deprecated; kept for its callers)."""
     conv = get_convention(convention)
@@ -675,6 +692,7 @@ def _token_weights(conv: Convention, token_counts, n: int):
     return t
 
 
+@_whatever_numpy_is_told
 def gdpo_advantages(rewards, group_ids=None, weights=None, unit_ids=None, eps=None, convention="spec",
                     token_counts=None, *, group_size=None, segment_sizes=None, missing="refuse",
                     _stages_only=False) -> Result:
