@@ -357,6 +357,9 @@ def mechanism(case: Case, subject) -> str:
             found["the squared deviations of Eq. 4 (its std) overflow"] = max(
                 found.get("the squared deviations of Eq. 4 (its std) overflow", 0.0),
                 float(np.max((dev * dev).sum(axis=0))))
+            found["the squares of the rewards (sum x^2: a one-pass variance) overflow"] = max(
+                found.get("the squares of the rewards (sum x^2: a one-pass variance) overflow", 0.0),
+                float(np.max((x * x).sum(axis=0))))
         exp = expected(case, "spec")
         if exp.result is not None:
             z, c = exp.result.z.float64, exp.result.combined.float64

@@ -466,9 +466,9 @@ def _probes_agree(prof, variant, u: float) -> bool:
 
 def _cancellation(subject: Subject, case, out: Outcome, conv) -> str | None:
     """A cause for a precision failure that floating point explains: where the same case with
-    each group column shifted by one of its own values (exactly, so the exact advantages do not
-    change: Eq. 4 is shift-invariant) is within the error model, the error grows with the
-    rewards' offset from 0: cancellation at Eq. 4."""
+    each group column shifted by one of its own values (its lower median; Eq. 4 is shift-invariant,
+    so the exact advantages barely move) is within the error model, judged against its own exact
+    values, the error grows with the rewards' offset from 0: cancellation at Eq. 4."""
     if not isinstance(case, Case) or not case.rewards or case.dtype not in ("float64", "float32", "float16",
                                                                               "bfloat16"):
         return None
@@ -480,7 +480,8 @@ def _cancellation(subject: Subject, case, out: Outcome, conv) -> str | None:
         shifted[m] = r[m] - np.sort(r[m], axis=0)[(int(m.sum()) - 1) // 2]  # its lower median, a value of it
     from spec.error_model import round_to
 
-    if not np.array_equal(round_to(shifted, case.dtype), shifted) or np.array_equal(shifted, r):
+    shifted = round_to(shifted, case.dtype)  # a case of its own, judged against its own exact values
+    if np.array_equal(shifted, r) or not np.all(np.isfinite(shifted)):
         return None
     near = dataclasses.replace(case, rewards=tuple(tuple(float(v) for v in row) for row in shifted))
     try:
