@@ -254,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
                       help="hold the code to the specification's own error model (the prescribed float64 algorithm: "
                            "exact collapse and structural zeros bit for bit) instead of its own precision")
     p_pe = sub.add_parser("peers", help="grade every installed peer and write the generated peers page "
-                                        "(spec/peers.md; see gdpo peers --help)", add_help=False)
+                                        "(spec/generated/peers.md; see gdpo peers --help)", add_help=False)
     p_pe.add_argument("rest", nargs=argparse.REMAINDER)
     if argv[:1] == ["peers"]:  # its own parser takes every option, --help included
         from gdpo_tools import peers_report

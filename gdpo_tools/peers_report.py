@@ -1,6 +1,6 @@
-"""``gdpo peers``: grade every installed peer and write the generated peers page, ``spec/peers.md``.
+"""``gdpo peers``: grade every installed peer and write the generated peers page, ``spec/generated/peers.md``.
 
-    gdpo peers [--from FILE ...] [--out spec/peers.md] [--save-json DIR] [--only NAME ...] [--check]
+    gdpo peers [--from FILE ...] [--out spec/generated/peers.md] [--save-json DIR] [--only NAME ...] [--check]
 
 A peer is a preset of ``spec.conventions.CONVENTIONS`` with a ``package`` (the published
 implementation it describes: trl, verl, ms-swift, multireward-grpo). For each one whose
@@ -34,8 +34,9 @@ from pathlib import Path
 
 from conformance.verdicts import ARITHMETIC  # the verdicts another machine may not share
 
-#: The committed page.
-PAGE = Path(__file__).resolve().parent.parent / "spec" / "peers.md"
+ROOT = Path(__file__).resolve().parent.parent  # the checkout, or site-packages
+#: The committed page, with the other generated pages in spec/generated/.
+PAGE = ROOT / "spec" / "generated" / "peers.md"
 #: Where the heavy peers' gradings made in their own environments are kept (``--save-json``).
 GRADED = PAGE.parent / "peers_graded"
 #: The call shape of each peer's adapter (``conformance/peers.py``).
@@ -167,7 +168,7 @@ def render(results: dict, command: str = COMMAND) -> str:
         "whatever the peer returns (their digest beside them); a property passed here may fail on a machine whose "
         "float arithmetic differs (another SIMD width reorders a peer's sums), in a category of arithmetic "
         "(precision, non_finite, silent_zero, exact_zero). `tests/test_peers_page.py` fails when this page "
-        "disagrees with the presets or with the cases drawn now. `spec/peers_findings.md` classifies the findings "
+        "disagrees with the presets or with the cases drawn now. `docs/peers_findings.md` classifies the findings "
         "by hand.", ""]
     body = []
     for conv in peers():
@@ -315,14 +316,14 @@ def main(argv=None, prog: str = COMMAND) -> int:
                                  epilog=__doc__.split("\n\n", 2)[2], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--from", dest="from_files", nargs="+", action="extend", default=[], metavar="FILE",
                     help="grading JSON files (gdpo check --json) of peers graded elsewhere; globs are expanded")
-    ap.add_argument("--out", default=None, help="the page to write (default, in a checkout: spec/peers.md)")
+    ap.add_argument("--out", default=None, help="the page to write (default, in a checkout: spec/generated/peers.md)")
     ap.add_argument("--save-json", default=None, metavar="DIR", help="also keep each live grading's JSON in DIR")
     ap.add_argument("--only", nargs="+", default=None, metavar="NAME", help="grade only these peers live")
     ap.add_argument("--check", action="store_true",
                     help="write nothing; exit 1 where the committed page is stale")
     args = ap.parse_args(argv)
     if args.out is None:
-        if not (PAGE.parents[1] / "pyproject.toml").is_file():  # an installed package: never into site-packages
+        if not (ROOT / "pyproject.toml").is_file():  # an installed package: never into site-packages
             ap.error("--out PAGE is needed outside a checkout of gdpo-spec")
         args.out = str(PAGE)
     results = load(args.from_files)

@@ -1,11 +1,13 @@
-"""Render ``spec/gdpo.md`` from ``spec/gdpo.template.md`` with numbers computed here.
+"""Fill the numbers of ``spec/gdpo.md``, the hand-edited specification, from code.
 
-    python -m gdpo_tools.spec_document            # rewrite spec/gdpo.md
-    python -m gdpo_tools.spec_document --check    # exit 1 if the committed file is stale
+    python -m gdpo_tools.spec_document            # rewrite the values in spec/gdpo.md in place
+    python -m gdpo_tools.spec_document --check    # exit 1 where a value there is stale
 
-Every number in the specification document is produced by this module (from the
-spec constants, the exact oracle, or a stated float computation), so a change in
-the code that moves a number shows up as a stale document in the tests.
+Every number in the document sits between markers, ``<!-- value:spec.group_eps -->0.0001<!-- /value -->``
+(a table: the markers on lines of their own), and is computed here from the spec constants,
+the exact oracle or a stated float computation; the prose around it is edited by hand. So a
+change in the code that moves a number shows up as a stale document in the tests, and a
+value the document no longer shows, or a marker this module does not know, is an error.
 """
 
 from __future__ import annotations
@@ -26,9 +28,10 @@ from spec import error_model
 from spec.constants import REFUSAL_WORDS_BYTES
 from spec.errors import ERROR_CLASSES, ERROR_EXAMPLES, NOT_RAISED, example_ranks
 
-SPEC_DIR = Path(__file__).resolve().parent.parent / "spec"
-TEMPLATE = SPEC_DIR / "gdpo.template.md"
-OUTPUT = SPEC_DIR / "gdpo.md"
+#: The specification document, hand-edited; this module rewrites only its values.
+OUTPUT = Path(__file__).resolve().parent.parent / "spec" / "gdpo.md"
+#: A value: its name, and the text this module last wrote there.
+VALUE = re.compile(r"<!-- value:(?P<name>[\w.]+) -->(?P<text>.*?)<!-- /value -->", re.S)
 
 
 def _g(x: float, digits: int = 4) -> str:
@@ -75,7 +78,8 @@ def _error_rows() -> list[list[str]]:
 def context() -> dict[str, str]:
     spec = CONVENTIONS["spec"]
     ctx: dict[str, str] = {}
-    for field, value in spec.as_row().items():
+    for field in ("group_ddof", "whiten_ddof", "group_eps", "whiten_eps"):
+        value = getattr(spec, field)
         ctx[f"spec.{field}"] = repr(value) if isinstance(value, float) else str(value)
     ctx["default_out_dtype"] = DEFAULT_OUT_DTYPE
     ctx["min_group_size"] = str(MIN_GROUP_SIZE)
@@ -213,27 +217,51 @@ def context() -> dict[str, str]:
     return ctx
 
 
-def render() -> str:
-    text = TEMPLATE.read_text()
+def _written(value: str) -> str:
+    """How a value sits between its markers: a table (several lines) apart, with blank lines."""
+    return f"\n\n{value}\n\n" if "\n" in value else value
+
+
+def render(text: str | None = None) -> str:
+    """The document (by default the committed one) with every value computed now."""
+    text = OUTPUT.read_text() if text is None else text
     ctx = context()
-    missing = sorted(set(re.findall(r"{{([\w.]+)}}", text)) - set(ctx))
-    if missing:
-        raise KeyError(f"template placeholders without a value: {missing}")
-    return re.sub(r"{{([\w.]+)}}", lambda m: ctx[m.group(1)], text)
+    found = list(VALUE.finditer(text))
+    unknown = sorted({m["name"] for m in found} - set(ctx))
+    if unknown:
+        raise KeyError(f"{OUTPUT.name}: values this module does not compute: {unknown}")
+    unshown = sorted(set(ctx) - {m["name"] for m in found})
+    if unshown:
+        raise KeyError(f"{OUTPUT.name}: values computed here but shown nowhere (a marker was lost?): {unshown}")
+    for m in found:
+        if "\n" not in ctx[m["name"]] and not text[text.rfind("\n", 0, m.start()) + 1:m.start()].strip():
+            raise ValueError(f"{OUTPUT.name}: the value {m['name']} begins a line, which ends a Markdown "
+                             "paragraph there (an HTML comment starts a block): move it into the line")
+    return VALUE.sub(lambda m: f"<!-- value:{m['name']} -->{_written(ctx[m['name']])}<!-- /value -->", text)
+
+
+def stale(text: str) -> list[str]:
+    """The values of ``text`` that differ from those computed now: 'name: written X, computed Y'."""
+    ctx = context()
+    return [f"{m['name']}: written {m['text'].strip()!r}, computed {ctx[m['name']]!r}"
+            for m in VALUE.finditer(text) if m["name"] in ctx and m["text"] != _written(ctx[m["name"]])]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m gdpo_tools.spec_document", description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="exit 1 if spec/gdpo.md is stale")
+    parser.add_argument("--check", action="store_true", help="exit 1 where a value in spec/gdpo.md is stale")
     args = parser.parse_args(argv)
-    text = render()
+    committed = OUTPUT.read_text()
+    text = render(committed)
     if args.check:
-        if OUTPUT.read_text() != text:
-            print(f"{OUTPUT} is stale: run `python -m gdpo_tools.spec_document`", file=sys.stderr)
+        if committed != text:
+            shown = "".join(f"\n  {line}" for line in stale(committed))
+            print(f"{OUTPUT} is stale: run `python -m gdpo_tools.spec_document`{shown}", file=sys.stderr)
             return 1
         return 0
-    OUTPUT.write_text(text)
-    print(f"wrote {OUTPUT}")
+    if text != committed:
+        OUTPUT.write_text(text)
+    print(f"{OUTPUT}: {len(VALUE.findall(text))} values, " + ("rewritten" if text != committed else "up to date"))
     return 0
 
 

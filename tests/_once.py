@@ -133,7 +133,7 @@ def wheel_limits(tmp_path_factory) -> Path:
 
     One run serves two tests: tests/test_installed_wheel.py (the command writes where it is told,
     from the installed files alone) and tests/test_limits.py (a fresh fast run agrees with the
-    committed spec/known_limits.md): the wheel is this checkout's code, so its tables are the
+    committed spec/generated/known_limits.md): the wheel is this checkout's code, so its tables are the
     checkout's, and the minute the fast subset takes is spent once."""
     import subprocess
 

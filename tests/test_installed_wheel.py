@@ -73,7 +73,8 @@ def installed(tmp_path_factory) -> Installed:
 
 def test_the_wheel_holds_what_the_commands_read(installed):
     site = installed.site()
-    for path in ("conformance/CONTROLS.md", "spec/known_limits.md", "spec/gdpo.md", "spec/limits/eps.png",
+    for path in ("conformance/CONTROLS.md", "spec/generated/known_limits.md", "spec/generated/peers.md",
+                 "spec/generated/limits/eps.png", "spec/gdpo.md",
                  "gdpo_tools/cli.py", "gdpo_tools/peer_formulas.py", "impl/integrations/verl.py"):
         assert (site / path).is_file(), f"the wheel does not install {path}"
     # verl loads its plugins by this entry point, in every process (docs/adopting.md, In verl)
@@ -110,7 +111,7 @@ def test_audit_and_the_example_run_installed(installed):
 
 
 def test_limits_writes_where_it_is_told_and_never_into_site_packages(installed, tmp_path_factory):
-    page = installed.site() / "spec" / "known_limits.md"
+    page = installed.site() / "spec" / "generated" / "known_limits.md"
     before = page.read_bytes()
     proc, work = installed.run("limits", "--fast", "--quiet")
     assert proc.returncode == 2 and "give --out DIR" in proc.stderr, _show(proc)

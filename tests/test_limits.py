@@ -1,4 +1,4 @@
-"""spec/known_limits.md is generated, and stays true: a fresh fast run must agree with it.
+"""spec/generated/known_limits.md is generated, and stays true: a fresh fast run must agree with it.
 
 The fast subset (``python -m gdpo_tools.limits --fast``) regenerates a subset of
 the committed rows cell for cell (a row depends only on its own case and the
@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 import _once  # noqa: E402
 
 REGENERATE = ("regenerate with `python -m gdpo_tools.limits` (about a minute at most here) and commit "
-              "spec/known_limits.md together with spec/limits/*.png")
+              "spec/generated/known_limits.md together with spec/generated/limits/*.png")
 
 
 def _committed() -> str:
@@ -58,7 +58,7 @@ def test_committed_tables_agree_with_a_fresh_fast_run_and_every_limit_reproduces
         message.append("documented limits that no longer reproduce (a fix landed? then rewrite or delete the "
                        "entry in LIMITS, gdpo_tools/limits/generate.py):\n  " + "\n  ".join(stale))
     if problems:
-        message.append(f"spec/known_limits.md is stale ({len(problems)} cells differ):\n  {shown}")
+        message.append(f"spec/generated/known_limits.md is stale ({len(problems)} cells differ):\n  {shown}")
     assert not message, "\n".join(message) + "\n" + REGENERATE
 
 
@@ -72,7 +72,7 @@ def test_committed_file_documents_exactly_the_current_limits_as_reproducing():
 def test_committed_plots_are_pngs():
     text = _committed()
     for name in ("cancellation.png", "eps.png", "variance.png"):
-        assert f"(limits/{name})" in text, f"{name} is not linked from spec/known_limits.md: {REGENERATE}"
+        assert f"(limits/{name})" in text, f"{name} is not linked from spec/generated/known_limits.md: {REGENERATE}"
         path = limits.DEFAULT_OUT.parent / "limits" / name
         assert path.exists() and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", f"{path} missing: {REGENERATE}"
 
@@ -150,7 +150,7 @@ def test_only_prints_one_group(capsys):
 
 def test_what_it_means_for_training_is_generated_and_classifies_by_the_real_ranges():
     """Issue 19: the page opens with which limits a realistic batch can reach, computed from where
-    each entry's case starts against the ranges of real rewards (spec/known_limits.md)."""
+    each entry's case starts against the ranges of real rewards (spec/generated/known_limits.md)."""
     text = _committed()
     assert text.index("## What this means for your training") < text.index("## Documented limits")
     rows = limits.parse_tables(text)["training"]["rows"]

@@ -1,16 +1,22 @@
-"""What spec/gdpo.md says about the oracle's numbers is what they are."""
+"""What spec/gdpo.md says about the oracle's numbers is what they are, and the generator that
+writes those numbers into the hand-edited document catches every one that went stale."""
 
+import dataclasses
 import math
 import re
 from fractions import Fraction
 
 import numpy as np
+import pytest
 
 import oracle.gdpo
 from gdpo_tools import spec_document as document
 from oracle import gdpo
+from spec import CONVENTIONS, error_model
 
-SPEC = document.OUTPUT.read_text()
+COMMITTED = document.OUTPUT.read_text()
+#: The document as a reader sees it: the values without their markers.
+SPEC = document.VALUE.sub(lambda m: m["text"].strip("\n"), COMMITTED)
 
 
 def _section(title: str) -> str:
@@ -67,3 +73,48 @@ def test_oracle_guarantees_name_the_input_and_tie_rules():
     sec10 = _section("## 10.")
     assert "taken exactly or refused" in sec10 and "rounded to even like any other, never refused" in sec10
     assert re.search(r"from \d+ bits on is tested", sec10)
+
+
+# ------------------------------------------------------------------ the generator can fail
+
+
+def test_the_committed_values_are_those_computed_now():
+    assert document.main(["--check"]) == 0
+    assert document.render(COMMITTED) == COMMITTED and document.stale(COMMITTED) == []
+    assert len(document.VALUE.findall(COMMITTED)) >= 50  # a regex that found no value would pass
+
+
+@pytest.mark.parametrize("change", ["SAFETY", "group_eps"])
+def test_a_changed_constant_makes_the_document_stale(change, monkeypatch, capsys):
+    """The check's power: a constant moved in code, the committed number not rewritten, fails
+    --check and names the value."""
+    if change == "SAFETY":
+        monkeypatch.setattr(error_model, "SAFETY", error_model.SAFETY * 2)
+        name = "safety"
+    else:
+        monkeypatch.setitem(CONVENTIONS, "spec", dataclasses.replace(CONVENTIONS["spec"], group_eps=1e-5))
+        name = "spec.group_eps"
+    assert document.main(["--check"]) == 1
+    err = capsys.readouterr().err
+    assert "is stale" in err and f"  {name}: written " in err, err
+
+
+def test_a_number_edited_by_hand_is_stale_and_prose_is_not():
+    edited = COMMITTED.replace("<!-- value:safety -->2.0<", "<!-- value:safety -->2.5<", 1)
+    assert edited != COMMITTED and document.stale(edited) == ["safety: written '2.5', computed '2.0'"]
+    assert document.render(edited) == COMMITTED
+    prose = COMMITTED.replace("This document specifies", "This document states", 1)
+    assert prose != COMMITTED and document.render(prose) == prose and document.stale(prose) == []
+
+
+def test_a_lost_an_unknown_or_a_misplaced_marker_is_an_error():
+    m = next(m for m in document.VALUE.finditer(COMMITTED) if m["name"] == "merge_sign_flips")  # shown once
+    lost = COMMITTED[:m.start()] + m["text"] + COMMITTED[m.end():]  # the number typed in, unmarked
+    with pytest.raises(KeyError, match="shown nowhere"):
+        document.render(lost)
+    with pytest.raises(KeyError, match="does not compute"):
+        document.render(COMMITTED + "\nsee <!-- value:nothing -->1<!-- /value -->\n")
+    # a line that begins with a comment starts an HTML block: the paragraph would end there
+    with pytest.raises(ValueError, match="begins a line"):
+        document.render(COMMITTED.replace("of 8 samples", "of\n<!-- value:merge_sign_flips -->4<!-- /value -->"
+                                          " of 8 samples", 1))

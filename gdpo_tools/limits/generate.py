@@ -1,6 +1,6 @@
 """Known-limit tables of GDPO implementations, measured against the exact oracle.
 
-    python -m gdpo_tools.limits                 # in a checkout: rewrite spec/known_limits.md and spec/limits/*.png
+    python -m gdpo_tools.limits                 # in a checkout: rewrite spec/generated/known_limits.md, limits/*.png
     gdpo limits --out DIR                       # anywhere: write DIR/known_limits.md and DIR/limits/*.png
     gdpo limits --fast --out DIR --no-plots     # the subset CI regenerates
     gdpo limits --only cancellation             # print one table group
@@ -35,7 +35,7 @@ import torch
 from gdpo_tools.limits import plots as limits_plots
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout (gdpo_tools/limits/generate.py), or site-packages
-DEFAULT_OUT = ROOT / "spec" / "known_limits.md"
+DEFAULT_OUT = ROOT / "spec" / "generated" / "known_limits.md"
 #: The file written into the output folder; the plots go to its limits/ subfolder.
 PAGE = DEFAULT_OUT.name
 COMMAND = "python -m gdpo_tools.limits"
@@ -389,7 +389,7 @@ def environment(seed: int, fast: bool, wall: float) -> list[list[str]]:
     except OSError:
         pass
     try:
-        if checkout_spec_dir() is None:
+        if checkout_generated_dir() is None:
             raise OSError("an installed package: no commit of ours to name")
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
                                 timeout=10).stdout.strip() or "unknown"
@@ -572,15 +572,15 @@ def compare(committed: str, regenerated: str) -> list[str]:
 # ----------------------------------------------------------------------- CLI
 
 
-def checkout_spec_dir() -> Path | None:
-    """This source checkout's spec/ folder, or None where the package runs installed
+def checkout_generated_dir() -> Path | None:
+    """This source checkout's spec/generated/ folder, or None where the package runs installed
     (a wheel's files sit in site-packages, beside no pyproject.toml of ours)."""
     project = ROOT / "pyproject.toml"
     try:
         ours = project.is_file() and 'name = "gdpo-spec"' in project.read_text()
     except OSError:
         ours = False
-    return ROOT / "spec" if ours and DEFAULT_OUT.is_file() else None
+    return DEFAULT_OUT.parent if ours and DEFAULT_OUT.is_file() else None
 
 
 def _have_matplotlib() -> bool:
@@ -595,7 +595,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m gdpo_tools.limits
     parser.add_argument("--seed", type=int, default=0, help="seed of the peer-table cases (default 0)")
     parser.add_argument("--out", type=Path, default=None, metavar="DIR",
                         help=f"folder to write {PAGE} into (its plots go to DIR/limits/); default, in a "
-                             "source checkout only: the checkout's spec/")
+                             "source checkout only: the checkout's spec/generated/")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     parser.add_argument("--only", choices=sorted(T.BUILDERS), action="append",
                         help="print this table group to stdout instead of writing the file (repeatable)")
@@ -608,10 +608,10 @@ def main(argv: list[str] | None = None, prog: str = "python -m gdpo_tools.limits
             for t in tables:
                 print(render_section(t, name) + "\n")
         return 0
-    folder = args.out if args.out is not None else checkout_spec_dir()
+    folder = args.out if args.out is not None else checkout_generated_dir()
     if folder is None:
-        parser.error("give --out DIR: outside a source checkout there is no spec/ folder of ours to rewrite "
-                     "(the installed package's own files are never written)")
+        parser.error("give --out DIR: outside a source checkout there is no spec/generated/ folder of ours to "
+                     "rewrite (the installed package's own files are never written)")
     if folder.exists() and not folder.is_dir():
         parser.error(f"--out {folder}: not a folder (it is written as {folder}/{PAGE} and {folder}/limits/)")
     if not args.no_plots and not _have_matplotlib():
