@@ -6,14 +6,14 @@ only moves the case's arrays into the arguments the peer takes and its result ba
 into the call shape (``conformance.subject``). No peer code is copied here: the
 numbers are the peer's own. Which version of which file each adapter calls is the
 provenance of its preset (``spec.conventions``: ``package``, ``version``,
-``entry_point``), and ``spec/peers_findings.md`` records what grading them found.
+``entry_point``), and ``docs/peers_findings.md`` records what grading them found.
 
 What a peer cannot express (ragged groups for a (P, m, R) API, several ranks, an
 output dtype it does not make) is refused with :class:`PeerCannotExpress`, whose
 message names the peer and the argument; it is never silently approximated. Each
 adapter declares the convention its peer computes (``gdpo_convention``) and, where it
 narrows the call shape, its domain (``gdpo_domain``; ``conformance.subject``,
-"Declarations of the implementation"). ``spec/peers.md`` (``gdpo peers``) is what
+"Declarations of the implementation"). ``spec/generated/peers.md`` (``gdpo peers``) is what
 grading them gives.
 
 * :func:`multireward_grpo` (gdpo shape): ``multireward_grpo.advantage.compute_advantage_batch``,

@@ -5,7 +5,7 @@ Every :class:`conformance.judge.ConformanceFailure` carries one :class:`Category
 worst error in ulps of the dtype the implementation is judged at (``failure.worst_ulps``,
 ``failure.worst_dtype``). The summary table of a grading
 run (:mod:`conformance.plugins`), its JSON and the generated peers page
-(``spec/peers.md``) print them.
+(``spec/generated/peers.md``) print them.
 
 A category is decided by the judge from what the implementation returned, never from
 the text of the failure:

@@ -83,7 +83,7 @@ def test_multireward_grpo_refuses_what_it_cannot_express():
 
 
 def test_multireward_grpo_constant_large_column_is_not_zero():
-    """A found defect (spec/peers_findings.md): a constant reward of 7.7e8 in a group of 3
+    """A found defect (docs/peers_findings.md): a constant reward of 7.7e8 in a group of 3
     gives every sample +0.92, not 0: the mean's rounding (one ulp, 1.2e-7) is divided by
     its own std plus an eps of 1e-8. Pinned so a change of the peer or of the adapter shows."""
     pytest.importorskip("multireward_grpo")
