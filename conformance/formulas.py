@@ -238,16 +238,18 @@ def differences(variant: Variant, paper_eps: float | None = None) -> list[str]:
     return out
 
 
-def from_convention(convention: "str | Convention") -> Variant:
+def from_convention(convention: "str | Convention", faithful: bool = False) -> Variant:
     """A preset's formula as a :class:`Variant` (``std_if_positive`` is ``std`` in exact
-    arithmetic: a deviation of a constant column is 0 whatever divides it)."""
+    arithmetic: a deviation of a constant column is 0 whatever divides it; ``faithful`` keeps it
+    and the preset's own eps, for evaluating the formula as its code computes it)."""
     c = CONVENTIONS[convention] if isinstance(convention, str) else convention
-    spec = c.name == "spec"
-    gp = "std" if c.group_eps_placement == "std_if_positive" else c.group_eps_placement
-    wp = "std" if c.whiten_eps_placement == "std_if_positive" else c.whiten_eps_placement
+    spec = c.name == "spec" and not faithful
+    keep = ("std_if_positive",) if faithful else ()
+    gp = "std" if c.group_eps_placement == "std_if_positive" and not keep else c.group_eps_placement
+    wp = "std" if c.whiten_eps_placement == "std_if_positive" and not keep else c.whiten_eps_placement
     return Variant(group_ddof=c.group_ddof, group_placement=gp, group_eps=None if spec else c.group_eps,
                    singleton=c.singleton, nan=c.nan, whiten=c.whiten,
-                   whiten_scope="unit" if spec else "batch", whiten_ddof=c.whiten_ddof,
+                   whiten_scope="unit" if spec or faithful else "batch", whiten_ddof=c.whiten_ddof,
                    whiten_placement=wp, whiten_eps=None if spec else c.whiten_eps).canonical()
 
 
@@ -275,29 +277,42 @@ def catalogue_size() -> int:
 
 
 class _Batch:
-    """A case, prepared once: rewards, group and unit indices, weights, eps."""
+    """A case, prepared once: rewards, group and unit indices, weights, eps, and the dtype the
+    variant is evaluated in (float64 for the diagnosis; float32 mirrors a float32 code)."""
 
-    def __init__(self, case, token_counts=None):
+    def __init__(self, case, token_counts=None, dtype="float64"):
         if not hasattr(case, "rewards_array") or not hasattr(case, "labels"):
             raise TypeError(f"a conformance.cases.Case (one process's call) is diagnosed, not {type(case).__name__}")
         if not case.rewards:
             raise ValueError("an empty case has no output to diagnose")
-        r = case.rewards_array()
-        self.r = r
+        self._setup(case.rewards_array(), case.labels(), case.unit_ids(), case.weights,
+                    DEFAULT_EPS if case.eps is None else float(case.eps), case.out_dtype, token_counts, dtype)
+
+    @classmethod
+    def of(cls, rewards, labels, units=None, weights=None, eps=DEFAULT_EPS, token_counts=None, dtype="float64"):
+        """A batch of arrays (rewards (N, K) or (N,), a label per row, a unit per row or None)."""
+        b = cls.__new__(cls)
+        r = np.asarray(rewards, dtype=np.float64)
+        b._setup(r[:, None] if r.ndim == 1 else r, np.asarray(labels), units, weights, float(eps), dtype,
+                 token_counts, dtype)
+        return b
+
+    def _setup(self, r, labels, units, weights, eps, out_dtype, token_counts, dtype):
+        self.dt = np.dtype(dtype)
+        self.r = r.astype(self.dt)
         self.n, self.k = r.shape
-        _, gi = np.unique(case.labels(), return_inverse=True)
+        _, gi = np.unique(labels, return_inverse=True)
         self.gi = gi.reshape(-1)
         self.G = int(self.gi.max()) + 1 if self.n else 0
-        units = case.unit_ids()
         if units is None:
             self.ui, self.S = np.zeros(self.n, np.int64), 1
         else:
-            _, ui = np.unique(units, return_inverse=True)
+            _, ui = np.unique(np.asarray(units), return_inverse=True)
             self.ui, self.S = ui.reshape(-1), int(ui.max()) + 1
-        self.w = np.ones(self.k) if case.weights is None else np.asarray(case.weights, dtype=np.float64)
-        self.eps = DEFAULT_EPS if case.eps is None else float(case.eps)
-        self.out_dtype = case.out_dtype
-        self.t = None if token_counts is None else np.asarray(token_counts, dtype=np.float64)
+        self.w = (np.ones(self.k) if weights is None else np.asarray(weights, dtype=np.float64)).astype(self.dt)
+        self.eps = eps
+        self.out_dtype = out_dtype
+        self.t = None if token_counts is None else np.asarray(token_counts, dtype=np.float64).astype(self.dt)
         if self.t is not None and self.t.shape != (self.n,):
             raise ValueError(f"token_counts: {self.t.shape[0]} counts for {self.n} samples")
         self.size = np.bincount(self.gi, minlength=self.G)
@@ -309,6 +324,16 @@ class _Batch:
         fin = np.where(np.isfinite(r), r, 0.0)
         self.bounds: dict = {}  # (Eq. 4 and 7 of a variant, u) -> its Δc
         self.constant_column = any(np.all(fin[m] == fin[m][:1], axis=0).any() for m in self.members if m.size > 1)
+
+    def gsum(self, values: np.ndarray, index: np.ndarray, count: int) -> np.ndarray:
+        """Per index, the sum of ``values`` in the batch's dtype: float64 by ``np.bincount``, a
+        narrower dtype by NumPy's own (pairwise) sum of each index's rows in it, as a code of that
+        dtype sums a group (``x[group].sum()``)."""
+        if self.dt == np.float64:
+            return np.bincount(index, values, count)
+        order = np.argsort(index, kind="stable")
+        parts = np.split(values.astype(self.dt)[order], np.cumsum(np.bincount(index, minlength=count))[:-1])
+        return np.array([p.sum(dtype=self.dt) for p in parts], dtype=self.dt)
 
 
 @dataclasses.dataclass
@@ -326,55 +351,58 @@ class _Parts:
 
 
 def _eq4(b: _Batch, v: Variant) -> _Parts:
-    r = b.r
+    """Eq. 4 and 7 of ``v`` as the formula reads (mean, deviations, std), in the batch's dtype."""
+    dt, r = b.dt, b.r
     if v.nan == "zero_first":
-        r = np.where(np.isnan(r), 0.0, r)
+        r = np.where(np.isnan(r), dt.type(0), r)
     w = b.w
     if v.weights == "before":
-        r = (r * w).sum(axis=1, keepdims=True)
-        w = np.ones(1)
+        r = (r * w).sum(axis=1, keepdims=True, dtype=dt)
+        w = np.ones(1, dt)
     elif v.weights == "normalized":
         with np.errstate(all="ignore"):
-            w = w / w.sum()
+            w = w / w.sum(dtype=dt)
     aware = v.nan in ("nan_aware", "nan_aware_unscored")
     ok = ~np.isnan(r) if aware else np.ones(r.shape, bool)
-    x = np.where(ok, r, 0.0) if aware else r
+    x = np.where(ok, r, dt.type(0)) if aware else r
     gi, G, K = b.gi, b.G, r.shape[1]
-    eps = b.eps if v.group_eps is None else v.group_eps
+    eps = dt.type(b.eps if v.group_eps is None else v.group_eps)
     with np.errstate(all="ignore"):
-        n = np.stack([np.bincount(gi, ok[:, k], G) for k in range(K)], axis=1)
-        mean = np.stack([np.bincount(gi, x[:, k], G) for k in range(K)], axis=1) / n
-        dev = np.where(ok, x - mean[gi], 0.0)
-        var = np.stack([np.bincount(gi, dev[:, k] ** 2, G) for k in range(K)], axis=1) / (n - v.group_ddof)
+        n = np.stack([np.bincount(gi, ok[:, k], G) for k in range(K)], axis=1).astype(dt)
+        mean = np.stack([b.gsum(x[:, k], gi, G) for k in range(K)], axis=1) / n
+        dev = np.where(ok, x - mean[gi], dt.type(0))
+        var = np.stack([b.gsum(dev[:, k] * dev[:, k], gi, G) for k in range(K)], axis=1) / (n - dt.type(v.group_ddof))
         if v.scale == "batch_std":
-            nb = ok.sum(axis=0)
-            db = np.where(ok, x - x.sum(axis=0) / nb, 0.0)
-            var_row = np.broadcast_to((db ** 2).sum(axis=0) / (nb - v.group_ddof), r.shape)
+            nb = ok.sum(axis=0).astype(dt)
+            db = np.where(ok, x - x.sum(axis=0, dtype=dt) / nb, dt.type(0))
+            var_row = np.broadcast_to((db * db).sum(axis=0, dtype=dt) / (nb - dt.type(v.group_ddof)), r.shape)
         elif v.scale == "loo_std":
-            var_row = _loo_var(x, ok, gi, G, n, v.group_ddof, var[gi])
+            var_row = _loo_var(x, ok, gi, G, n, v.group_ddof, var[gi]).astype(dt)
         else:
             var_row = var[gi]
         sigma = np.sqrt(var_row)
         nrow = n[gi]
-        num = dev * (nrow / (nrow - 1.0)) if v.baseline == "leave_one_out" else dev
+        num = dev * (nrow / (nrow - dt.type(1))) if v.baseline == "leave_one_out" else dev
         if v.scale == "none":
-            denom = np.ones(r.shape)
+            denom = np.ones(r.shape, dt)
         elif v.group_placement == "std":
             denom = sigma + eps
+        elif v.group_placement == "std_if_positive":  # a peer's code: eps only where the std is positive
+            denom = np.where(sigma > 0, sigma + eps, dt.type(1))
         elif v.group_placement == "var":
             denom = np.sqrt(var_row + eps)
         else:  # skip_if_zero
-            denom = np.where(sigma > 0.0, sigma, 1.0)
+            denom = np.where(sigma > 0, sigma, dt.type(1))
         z = num / denom
         few = nrow < 2
         if few.any():
             raw = (b.size[gi] == 1)[:, None] & few & (v.singleton == "raw")
-            z = np.where(few, np.where(raw, x / (1.0 + eps), 0.0), z)
+            z = np.where(few, np.where(raw, x / (dt.type(1) + eps), dt.type(0)), z)
             if v.singleton == "error":  # the paper has no z of a group of one: no output to reproduce
-                z = np.where((b.size[gi] == 1)[:, None], np.nan, z)
+                z = np.where((b.size[gi] == 1)[:, None], dt.type(np.nan), z)
         if aware:
-            z = np.where(ok, np.nan_to_num(z, nan=0.0), 0.0)
-        c = (z * w).sum(axis=1)
+            z = np.where(ok, np.nan_to_num(z, nan=0.0), dt.type(0))
+        c = (z * w).sum(axis=1, dtype=dt)
     return _Parts(x, w, z, num, np.asarray(sigma), denom, nrow, c)
 
 
@@ -405,49 +433,62 @@ def _scored(b: _Batch, v: Variant) -> np.ndarray:
 
 def _unit_stats(b: _Batch, v: Variant, c: np.ndarray):
     """Per sample: unit index, weight t, and the unit's T, mean and sum of t dev^2."""
+    dt = b.dt
     ui, S = {"unit": (b.ui, b.S), "group": (b.gi, b.G)}.get(v.whiten_scope, (np.zeros(b.n, np.int64), 1))
-    t = b.t if (v.whiten == "per_token" and b.t is not None) else np.ones(b.n)
-    tt = t * _scored(b, v)
+    t = b.t if (v.whiten == "per_token" and b.t is not None) else np.ones(b.n, dt)
+    tt = t * _scored(b, v).astype(dt)
     with np.errstate(all="ignore"):
-        cc = np.where(tt > 0, c, 0.0)
-        T = np.bincount(ui, tt, S)
-        mean = np.bincount(ui, tt * cc, S) / T
+        cc = np.where(tt > 0, c, dt.type(0))
+        T = b.gsum(tt, ui, S)
+        mean = b.gsum(tt * cc, ui, S) / T
         dev = c - mean[ui]
-        ss = np.bincount(ui, tt * np.where(tt > 0, dev, 0.0) ** 2, S)
+        d = np.where(tt > 0, dev, dt.type(0))
+        ss = b.gsum(tt * d * d, ui, S)
     return ui, S, t, tt, T, mean, dev, ss
 
 
 def _whitened(b: _Batch, v: Variant, c: np.ndarray, stats=None) -> np.ndarray:
+    """Eq. 6 of ``v`` and its clip, in the batch's dtype."""
+    dt = b.dt
     if v.whiten == "none":
         a = c.copy()
     else:
         ui, S, t, tt, T, mean, dev, ss = stats if stats is not None else _unit_stats(b, v, c)
-        eps = b.eps if v.whiten_eps is None else v.whiten_eps
+        eps = dt.type(b.eps if v.whiten_eps is None else v.whiten_eps)
         with np.errstate(all="ignore"):
             if v.whiten == "center":
                 a = dev
             else:
-                var = (ss / (T - v.whiten_ddof))[ui]
+                var = (ss / (T - dt.type(v.whiten_ddof)))[ui]
                 std = np.sqrt(var)
                 if v.whiten_placement == "std":
                     a = dev / (std + eps)
                 elif v.whiten_placement == "var":
                     a = dev / np.sqrt(var + eps)
                 else:
-                    a = np.where(std == 0.0, c, dev / np.where(std == 0.0, 1.0, std))
+                    a = np.where(std == 0, c, dev / np.where(std == 0, dt.type(1), std))
         if v.nan == "nan_aware_unscored":
             scored = _scored(b, v)
             enough = np.bincount(ui, scored, S)[ui] >= 2
-            a = np.where(scored & enough, a, 0.0)
+            a = np.where(scored & enough, a, dt.type(0))
     if v.clip is not None:
         a = np.clip(a, -v.clip, v.clip)
     return a
 
 
-def evaluate(case, variant: Variant, token_counts=None) -> np.ndarray:
-    """``variant``'s advantages of ``case`` (a ``conformance.cases.Case``), in float64, as
-    the formula reads (mean, deviations, std; Eq. 7; Eq. 6; the clip)."""
-    b = case if isinstance(case, _Batch) else _Batch(case, token_counts)
+def evaluate(case, variant: Variant, token_counts=None, dtype="float64") -> np.ndarray:
+    """``variant``'s advantages of ``case`` (a ``conformance.cases.Case``), as the formula reads
+    (mean, deviations, std; Eq. 7; Eq. 6; the clip), computed in ``dtype``: float64 for the
+    exact-enough value a diagnosis compares with, float32 for what a float32 code of it returns."""
+    b = case if isinstance(case, _Batch) else _Batch(case, token_counts, dtype)
+    return _whitened(b, variant, _eq4(b, variant).c)
+
+
+def evaluate_arrays(rewards, labels, variant: Variant, units=None, weights=None, eps=DEFAULT_EPS,
+                    token_counts=None, dtype="float64") -> np.ndarray:
+    """:func:`evaluate` of arrays: rewards (N, K) or (N,), a group label and a unit label (or
+    None: one unit) per row (the peers' formulas, gdpo_tools/peer_formulas.py)."""
+    b = _Batch.of(rewards, labels, units, weights, eps, token_counts, dtype)
     return _whitened(b, variant, _eq4(b, variant).c)
 
 

@@ -4,10 +4,11 @@ Two kinds, imported by the known-limit tables, audit, the benchmarks and the tes
 
 * ``formula(convention, ...)``: each convention's published formula evaluated the way it
   reads (mean, then deviations, then std), in the dtype asked for, with the convention's
-  ddof, eps placement, singleton, NaN and whitening rules (spec/conventions.py). In float64
-  on well-conditioned inputs it agrees with the oracle under the same convention
+  ddof, eps placement, singleton, NaN and whitening rules (spec/conventions.py): the formula
+  catalogue's evaluator (``conformance.formulas``) on the preset's choices. In float64 on
+  well-conditioned inputs it agrees with the oracle under the same convention
   (tests/test_oracle_presets.py); in float32 it is the faithful mirror of a peer.
-  ``nemo_rl_one_pass`` is NeMo-RL's, whose one-pass variance ``formula`` does not model.
+  ``nemo_rl_one_pass`` is NeMo-RL's, whose one-pass variance is an algorithm, not a formula.
 * eager torch mirrors of the peers' code shapes, there to be timed side by side
   (benchmarks/): ``trl_normalize_then_sum`` (TRL's normalize_then_sum, float32),
   ``verl_group_loop`` (verl's per-group Python loop), ``per_unit_protocol`` (the
@@ -23,22 +24,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from spec.conventions import Convention, get_convention
-
-
-def _divide(dev, std, var, eps, placement):
-    if placement == "std":
-        return dev / (std + eps)
-    if placement == "var":
-        return dev / np.sqrt(var + eps)
-    if placement == "std_if_positive":
-        return dev / (std + eps) if std > 0 else dev
-    return dev / std if std > 0 else dev  # skip_if_zero
+from spec.conventions import get_convention
 
 
 def _members(labels: np.ndarray) -> list[np.ndarray]:
-    """Each label's rows, ascending (what ``labels == label`` selects, in the same order),
-    in label order: one sort instead of a pass over the batch per group."""
+    """Each label's rows, ascending, in label order: one sort instead of a pass per group."""
     order = np.argsort(labels, kind="stable")
     edges = np.flatnonzero(labels[order][1:] != labels[order][:-1]) + 1
     return np.split(order, edges)
@@ -46,65 +36,17 @@ def _members(labels: np.ndarray) -> list[np.ndarray]:
 
 def formula(convention, rewards, group_ids, unit_ids=None, weights=None, token_counts=None,
             dtype=np.float64, eps=None):
-    conv: Convention = get_convention(convention)
-    dt = np.dtype(dtype)
-    r = np.asarray(rewards, dtype=np.float64)
-    if r.ndim == 1:
-        r = r[:, None]
-    r = r.astype(dt)
-    N, K = r.shape
-    w = np.ones(K, dt) if weights is None else np.asarray(weights, dtype=np.float64).astype(dt)
-    g = np.asarray(group_ids)
-    eg = dt.type(conv.group_eps if eps is None else eps)
-    ew = dt.type(conv.whiten_eps if eps is None else eps)
-    if conv.nan == "zero_first":
-        r = np.where(np.isnan(r), dt.type(0), r)
-    z = np.zeros((N, K), dt)
-    for m in _members(g):
-        for k in range(K):
-            x = r[m, k]
-            if conv.nan in ("nan_aware", "nan_aware_unscored"):
-                ok = ~np.isnan(x)
-                vals = x[ok]
-            else:
-                ok = np.ones(x.size, bool)
-                vals = x
-            n = vals.size
-            if n < 2 and conv.group_ddof == 1:
-                out = np.zeros(x.size, dt)
-                if conv.singleton == "raw" and x.size == 1:
-                    out = x / (dt.type(1) + eg)
-                z[m, k] = out
-                continue
-            mean = vals.mean(dtype=dt)
-            dev = vals - mean
-            var = (dev * dev).sum(dtype=dt) / dt.type(n - conv.group_ddof)
-            std = np.sqrt(var)
-            zz = np.zeros(x.size, dt)
-            zz[ok] = _divide(dev, std, var, eg, conv.group_eps_placement)
-            z[m, k] = zz
-    c = (z * w).sum(axis=1, dtype=dt)
-    if conv.whiten == "none":
-        return c
-    u = np.zeros(N, np.int64) if unit_ids is None else np.asarray(unit_ids)
-    t = np.ones(N, dt) if conv.whiten == "per_sample" else np.asarray(token_counts).astype(dt)
-    a = np.zeros(N, dt)
-    scored = ~np.all(np.isnan(r), axis=1) if conv.nan == "nan_aware_unscored" else np.ones(N, bool)
-    for m in _members(u):
-        m = m[scored[m]]  # TRL: an unscored sample (every reward NaN) is left out of Eq. 6, advantage 0
-        if m.size < 2 and conv.nan == "nan_aware_unscored":
-            continue
-        cu, tu = c[m], t[m]
-        T = tu.sum(dtype=dt)
-        mean = (tu * cu).sum(dtype=dt) / T
-        dev = cu - mean
-        var = (tu * dev * dev).sum(dtype=dt) / (T - dt.type(conv.whiten_ddof))
-        std = np.sqrt(var)
-        if conv.whiten_eps_placement == "skip_if_zero" and std == 0:
-            a[m] = cu
-        else:
-            a[m] = _divide(dev, std, var, ew, conv.whiten_eps_placement)
-    return a
+    """``convention``'s formula as its code computes it (mean, then deviations, then std), in
+    ``dtype``, per whitening unit of ``unit_ids`` (None: one): the formula catalogue's evaluator
+    (``conformance.formulas``, the one place GDPO's variants are written) on the preset's choices,
+    its eps placements kept as the code writes them; ``eps`` overrides both eps."""
+    from conformance.formulas import _with, evaluate_arrays, from_convention
+
+    v = from_convention(get_convention(convention), faithful=True)
+    if eps is not None:
+        v = _with(v, group_eps=float(eps), whiten_eps=float(eps))
+    return evaluate_arrays(rewards, np.asarray(group_ids), v, units=unit_ids, weights=weights,
+                           token_counts=token_counts, dtype=np.dtype(dtype).name)
 
 
 def nemo_rl_one_pass(rewards, group_ids, unit_ids=None, weights=None, token_counts=None, dtype=np.float32):

@@ -226,10 +226,10 @@ LIMITS: tuple[Limit, ...] = (
                      f"{fmt(f['variance'][(1e4, 'float32', 'shifted two-pass')]['rel'])}"),
           reach=("digits", 1e4 / _STEPS_STD)),
     Limit("float32-reward-overflow", "ranges",
-          "Float32 peers: rewards `M * [...]` with M = 1e20 give silent zeros (squares overflow float32), beyond "
-          "FLT_MAX NaN.",
+          "Float32 peers: rewards `M * [...]` with M = 1e20 give silent zeros (squares overflow float32), and so "
+          "do rewards beyond FLT_MAX (TRL's NaN-aware z turns the overflow's NaN into 0).",
           lambda f: (f["ranges"]["rewards"][("1e+20", "trl")] == "silent zero"
-                     and f["ranges"]["rewards"][("1e+39", "trl")] == "NaN",
+                     and f["ranges"]["rewards"][("1e+39", "trl")] == "silent zero",
                      f"TRL: {f['ranges']['rewards'][('1e+20', 'trl')]}, {f['ranges']['rewards'][('1e+39', 'trl')]}"),
           reach=("magnitude", 1e20)),
     Limit("naive-float64-overflow", "ranges",
