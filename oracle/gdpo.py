@@ -50,6 +50,7 @@ from spec.constants import FLOAT64_UNIT_ROUNDOFF
 from spec.conventions import Convention, get_convention
 from spec.errors import (
     GroupError,
+    process_state_error,
     InputDtypeError,
     NonFiniteError,
     OutOfRangeError,
@@ -541,9 +542,13 @@ MISSING = ("refuse", "unscored")
 def _whatever_numpy_is_told(fn):
     """The oracle's public steps compute the same in any NumPy error state of the caller's process
     (``np.seterr(all="raise")`` turned an expected underflow of the error bound into a
-    FloatingPointError): every non-finite or underflowing value it meets is decided explicitly."""
+    FloatingPointError): every non-finite or underflowing value it meets is decided explicitly.
+    Where the thread flushes subnormals, they refuse (spec.errors.process_state_error)."""
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        refused = process_state_error()
+        if refused is not None:
+            raise refused
         with np.errstate(all="ignore"):
             return fn(*args, **kwargs)
     return wrapper
