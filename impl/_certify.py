@@ -63,12 +63,11 @@ import functools
 import math
 import os
 import struct
-import threading
 
 import numpy as np
 import torch
 
-from impl import _dd, _native
+from impl import _dd
 from impl._cast import round_to
 from impl._problems import GROUPS as P_GROUPS, N_MAX as P_N_MAX
 from impl import _segments as seg_ops
@@ -418,31 +417,6 @@ _SLACK = 1.0 + 2.0 ** -30
 _QUANTUM = {torch.float32: (23, -126), torch.float16: (10, -14), torch.bfloat16: (7, -126)}
 
 
-#: work buffers kept between calls, per thread (two threads certifying at once must not share them)
-_KEPT = threading.local()
-
-
-def _kept(kind: str) -> dict:
-    got = getattr(_KEPT, kind, None)
-    if got is None:
-        got = {}
-        setattr(_KEPT, kind, got)
-    return got
-
-
-def _reuse(x: torch.Tensor, tag: str = "", dtype=None) -> torch.Tensor:
-    """A work buffer shaped like x (in ``dtype``, default x's), kept between calls (one per
-    tag): on CPU a fresh large allocation costs its page faults every call."""
-    dtype = dtype or x.dtype
-    if x.device.type != "cpu" or x.numel() < seg_ops.SCRATCH_MIN:
-        return torch.empty(x.shape, dtype=dtype, device=x.device)
-    kept = _kept("torch")
-    buf = kept.get(tag)
-    if buf is None or buf.shape != x.shape or buf.dtype != dtype:
-        buf = kept[tag] = torch.empty(x.shape, dtype=dtype)
-    return buf
-
-
 #: integer views of the narrow reward formats: (the int dtype of their width, the NumPy unsigned
 #: dtype, the mask of every bit but the sign)
 _BITS = {torch.float32: (torch.int32, np.uint32, 0x7FFFFFFF), torch.float16: (torch.int16, np.uint16, 0x7FFF),
@@ -469,8 +443,7 @@ def magnitudes(r: torch.Tensor, largest: float | None = None) -> tuple[float, fl
     return (math.inf if lo is None else _FROM_BITS[r.dtype](lo)), _FROM_BITS[r.dtype](hi)
 
 
-def batch_quantum(r: torch.Tensor, largest: float | None = None,
-                  bits: tuple | None = None) -> tuple[float, float, int]:
+def batch_quantum(r: torch.Tensor, largest: float | None = None) -> tuple[float, float, int]:
     """(smallest nonzero magnitude, largest, e): :func:`magnitudes` of the rewards ``r`` (a
     narrow format) and 2**e dividing every one of them. A nonzero value is an integer multiple
     of 2**(its exponent - mantissa bits + the trailing zeros of its mantissa field) (all of
@@ -482,10 +455,7 @@ def batch_quantum(r: torch.Tensor, largest: float | None = None,
         small, large = magnitudes(r)
         return small, large, _quantum_of(r.dtype, small)
     value = _FROM_BITS[r.dtype]
-    if bits is not None and r.dtype == torch.float32:  # (the scan's triple, from Eq. 4's read)
-        lo, hi, ored = _scanned(bits, np.uint32, largest is not None)
-    else:
-        lo, hi, ored = _magnitude_bits_np(r, smallest_only=largest is not None)
+    lo, hi, ored = _magnitude_bits_np(r, smallest_only=largest is not None)
     large = float(largest) if largest is not None else value(hi)
     if lo is None:  # every reward 0
         return math.inf, large, 0
@@ -508,14 +478,9 @@ def _magnitude_bits_np(r: torch.Tensor, smallest_only: bool = False) -> tuple[in
     wraps to the top) and its smallest; third, the OR of every reward's bits (for
     :func:`batch_quantum`). One read of the rewards; each block three or four passes in cache."""
     idt, udt, _ = _BITS[r.dtype]
-    got = _native.scan(r)  # one C loop (impl._native), where built
-    if got is not None:
-        return _scanned(got, udt, smallest_only)
     top = (1 << 8 * np.dtype(udt).itemsize) - 2
     u = r.detach().reshape(-1).view(idt).numpy().view(udt)
-    buf = _kept("numpy").get(udt)
-    if buf is None:
-        buf = _kept("numpy")[udt] = np.empty(_MAG_BLOCK, dtype=udt)
+    buf = np.empty(_MAG_BLOCK, dtype=udt)
     lo, hi, ored = top, 0, 0
     for s in range(0, u.size, _MAG_BLOCK):
         block = u[s:s + _MAG_BLOCK]
@@ -525,13 +490,6 @@ def _magnitude_bits_np(r: torch.Tensor, smallest_only: bool = False) -> tuple[in
         np.subtract(v, 2, out=v)
         lo = min(lo, int(v.min()))
         ored |= int(np.bitwise_or.reduce(block))
-    return (None if lo == top else (lo >> 1) + 1), (None if smallest_only else hi >> 1), ored
-
-
-def _scanned(got: tuple[int, int, int], udt, smallest_only: bool) -> tuple[int | None, int | None, int]:
-    """:func:`_magnitude_bits_np`'s answer from ``impl._native.scan``'s (min w, max v, OR)."""
-    lo, hi, ored = got
-    top = (1 << 8 * np.dtype(udt).itemsize) - 2
     return (None if lo == top else (lo >> 1) + 1), (None if smallest_only else hi >> 1), ored
 
 
@@ -592,22 +550,20 @@ def _quantum_of(dtype, small: float) -> int:
     return _quantum(dtype, small) if math.isfinite(small) else 0
 
 
-def eq4_error(r: torch.Tensor, n: int, weights: list[float], largest: float | None = None,
-              bits: tuple | None = None) -> tuple[float, int | None, float | None, float]:
+def eq4_error(r: torch.Tensor, n: int, weights: list[float],
+              largest: float | None = None) -> tuple[float, int | None, float | None, float]:
     """(bound, e, top, rms): a bound on |c - c*| of every row, groups of ``n`` contiguous rows of
     the rewards ``r``, and on the root mean square of |c - c*| over the rows of any whole
     groups (:func:`eq47_rows_bounds`, the sums exact or not: :func:`exact_sums`); 2**e
     dividing every reward and top the largest |reward| (:func:`batch_quantum`; None: not
     known). The rewards are read once, only for a narrow reward format, which alone has a
-    quantum. ``largest``: the rewards' largest magnitude, where Eq. 4 read it (else read here);
-    ``bits``: their magnitudes on their bits, where Eq. 4's copy read them
-    (:func:`impl._native.gather`; then not read here)."""
+    quantum. ``largest``: the rewards' largest magnitude, where Eq. 4 read it (else read here)."""
     if n < 2:
         return 0.0, None, None, 0.0
     if r.dtype not in _QUANTUM:
         bound, rms = eq47_rows_bounds(n, weights, [False] * len(weights))
         return bound, None, None, rms
-    small, large, qexp = batch_quantum(r, largest, bits)
+    small, large, qexp = batch_quantum(r, largest)
     ex = exact_sums(r.dtype, (small, large), n, qexp)
     bound, rms = eq47_rows_bounds(n, weights, [ex] * len(weights))
     return bound, qexp, large, rms
@@ -897,8 +853,8 @@ def _margin_parts(a: torch.Tensor, out_dtype, y: torch.Tensor | None):
     """(|a - y|, p2) of :func:`bits_certify`, in kept buffers: r exact (Sterbenz), p2 = 2**e
     from a's exponent bits (0 for a float64 zero or subnormal)."""
     y = round_out(a, out_dtype) if y is None else y
-    r = torch.sub(a, y, out=_reuse(a, "dist")).abs_()  # |a - y|, exact
-    p2 = torch.bitwise_and(a.view(_I64), 0x7FF0000000000000, out=_reuse(a, "low", _I64)).view(_F64)
+    r = torch.sub(a, y).abs_()  # |a - y|, exact
+    p2 = torch.bitwise_and(a.view(_I64), 0x7FF0000000000000).view(_F64)
     return r, p2
 
 
@@ -928,11 +884,6 @@ def bits_left(a: torch.Tensor, alpha: float, beta: float, out_dtype, y: torch.Te
     if got is None:
         return torch.arange(a.shape[0], device=a.device)
     s, A, P, top = got
-    if out_dtype == torch.float32 and a.device.type == "cpu":  # one C loop (impl._native), where built
-        y = round_out(a, out_dtype) if y is None else y
-        got = _native.tier0_left(a, y, s, A, P, top, _reuse(a, "left", _I64))
-        if got is not False:
-            return got
     if a.shape[0] == 0:
         return None
     r, p2 = _margin_parts(a, out_dtype, y)
@@ -1014,13 +965,6 @@ class Problem:
     e_rows: float | None = None
     #: each unit's largest E (S,), where tier 0 found it
     unit_emax: torch.Tensor | None = None
-    #: () -> (float32 rewards (N, K) on CPU, g, integer weights (K, 1)) where ``zero_rows`` takes
-    #: ``impl._exact_zeros.zero_rows_eq4``'s route, else None: tier 0 may then decide the zeros
-    #: of one unit of whole groups in one C loop (:func:`_zeros_left`); or None
-    zeros_route: object = None
-    #: how many rows tier 0 decided as exact zeros in that loop (None: it did not; the exact-zero
-    #: tier then runs on the rows left)
-    zeros_done: int | None = None
 
     def values(self) -> torch.Tensor:
         """c (computed again where the plain path used its buffer as work space)."""
@@ -1047,8 +991,7 @@ def finish(p: Problem, out_dtype, counts: Counts | None = None, y: torch.Tensor 
     units = _Units(p.sizes, device)
     st = None
     got0 = _tier0_loc(p, units, out_dtype, y) if out_dtype != _F64 else None
-    zeros = p.zeros_done or 0  # exact zeros tier 0's loop decided (impl._native)
-    counts.group_exact += zeros
+    zeros = 0
     if got0 is not None and got0[2] is None:  # every row certified
         counts.float64 += n - zeros
         return got0[1]
@@ -1076,7 +1019,7 @@ def finish(p: Problem, out_dtype, counts: Counts | None = None, y: torch.Tensor 
         return y
     if y.data_ptr() == a.data_ptr():  # the tiers below write into y: never into the caller's a
         y = y.clone()
-    if p.zero_rows is not None and p.zeros_done is None:  # tier 1a, vectorized: c* = 0 exactly in a unit of whole groups
+    if p.zero_rows is not None:  # tier 1a, vectorized: c* = 0 exactly in a unit of whole groups
         y, got, left = _exact_zeros(p, y, units, whole, left)
         k = int(got.numel())
         counts.group_exact += k
@@ -1169,10 +1112,6 @@ def _tier0_loc(p: Problem, units: _Units, out_dtype, y: torch.Tensor | None = No
     y = round_out(a, out_dtype) if y is None else y
     if S == 1 and not isinstance(alpha, torch.Tensor):  # host scalars: the rows left at once
         left = bits_left(a, alpha, beta, out_dtype, y)
-        if left is not None and left.numel() and not exact_here:  # the zeros, where one C loop decides them
-            got = _zeros_left(p, a, y, left, alpha, beta, out_dtype)
-            if got is not None:
-                return None, y, (got if got.numel() else None)
     else:
         if lay.kind == "view":
             ok = bits_certify(a.view(S, -1), alpha, beta, out_dtype, y.view(S, -1))
@@ -1219,29 +1158,6 @@ def _tier0_loc(p: Problem, units: _Units, out_dtype, y: torch.Tensor | None = No
             gone = torch.zeros(left.shape, dtype=torch.bool, device=a.device).index_fill_(0, _keep(at, fix), True)
             left = _keep(left, ~gone)
     return None, y, left  # (the mask of the rows left is made by the caller, where a tier needs it)
-
-
-def _zeros_left(p: Problem, a: torch.Tensor, y: torch.Tensor, left: torch.Tensor, alpha: float, beta: float,
-                out_dtype) -> torch.Tensor | None:
-    """On the rows tier 0's test left (``left``, ascending), the zeros of :func:`_tier0_loc`
-    (zeros of a certain sign) and of :func:`_exact_zeros` (c* = 0 exactly), in that order, in one
-    C loop (``impl._native.zeros_left``), where it applies: one unit, of whole groups, where no
-    zero is exact for tier 0 alone (the caller's ``exact_here``), float32 outputs on CPU and an
-    exact-zero tier on ``impl._exact_zeros.zero_rows_eq4``'s route (``p.zeros_route``). Returns
-    the rows still left (ascending), ``p.zeros_done`` the count of exact zeros (y = +0 written),
-    or None where it does not apply (nothing written): the same verdicts, outputs and counts as
-    the passes it stands for (tests/test_native.py)."""
-    if out_dtype != torch.float32 or p.zero_rows is None or p.zeros_route is None or \
-            not _whole_list(p.whole, 1)[0]:
-        return None
-    route = p.zeros_route()  # (asked only here: a call whose tier 0 leaves no row never asks)
-    if route is None:
-        return None
-    got = _native.zeros_left(left, a, y, (alpha, beta, _FORMAT[out_dtype][1], _zero_reach(alpha, beta)), *route)
-    if got is None:
-        return None
-    left, p.zeros_done = got
-    return left
 
 
 def _units_emax(p: Problem, units: _Units, tp) -> torch.Tensor:
@@ -1314,8 +1230,7 @@ def _exact_zeros(p: Problem, y: torch.Tensor, units: _Units, whole: torch.Tensor
 
 def _zero_reach(alpha: float, beta: float) -> float:
     """How far from 0 a float64 a may lie and its a* still be 0, for host bounds |a - a*| <= alpha +
-    beta |a|: |a| <= alpha / (1 - beta), raised by a 2**-30 margin (its own roundings). One
-    figure for :func:`_exact_zeros` and :func:`_zeros_left`'s C loop alike."""
+    beta |a|: |a| <= alpha / (1 - beta), raised by a 2**-30 margin (its own roundings)."""
     return (alpha / (1 - beta) if beta < 1 else math.inf) * (1 + 2.0 ** -30)
 
 
@@ -1648,13 +1563,6 @@ def for_gdpo(inp, a: torch.Tensor, c: torch.Tensor, sizes: list[int], eps: float
         return (inp.labels is None and eq4_stats is not None
                 and _exact_zeros.eq4_route(inp.group_size, list(inp.weights), known))
 
-    def zeros_route():
-        from impl import _exact_zeros
-        r = inp.rewards
-        if not (eq4_route() and r.dtype == torch.float32 and r.device.type == "cpu"):
-            return None
-        return r.detach(), inp.group_size, _exact_zeros.weight_column(tuple(inp.weights))
-
     def zero_rows(rows: torch.Tensor) -> torch.Tensor:
         from impl import _exact_zeros
         if inp.labels is None:
@@ -1667,8 +1575,7 @@ def for_gdpo(inp, a: torch.Tensor, c: torch.Tensor, sizes: list[int], eps: float
         return _exact_zeros.zero_rows_labelled(rows, gid, G, inp.rewards, list(inp.weights), quantum_exponent,
                                                sort=lab)
     return Problem(a, c, sizes, eps, whole, E, dd, _oracle_gdpo(inp, sizes, eps), dd_rows, loc, emax, exact_rows,
-                   zero_rows, erms=erms if emax is not None else None, e_rows=None if emax is not None else e,
-                   zeros_route=zeros_route)
+                   zero_rows, erms=erms if emax is not None else None, e_rows=None if emax is not None else e)
 
 
 def stage(plan, call, dev, y: torch.Tensor) -> tuple[torch.Tensor, Counts]:
@@ -1685,7 +1592,7 @@ def stage(plan, call, dev, y: torch.Tensor) -> tuple[torch.Tensor, Counts]:
         return finish(for_whiten(dev.c, a, plan.sizes, plan.eps), out_dtype, counts, y), counts
     rows = getattr(dev.z, "err_rows", 0)  # (None: a graph replay, which keeps no z)
     emax, qexp, top, erms = (eq4_error(call.inp.rewards.contiguous(), rows, call.inp.weights,
-                                       getattr(dev.z, "largest", None), getattr(dev.z, "bits", None))
+                                       getattr(dev.z, "largest", None))
                              if rows else (None, None, None, None))
     loc = dev.loc if getattr(dev.loc, "tp", None) is not None else None  # the plain backend's statistics
     sort = getattr(plan, "sort", None)  # labelled groups: phase one's sort, where the plan kept it

@@ -97,12 +97,9 @@ class Z:
     #: finiteness check of a lazy call: CPU), else None; the certificate's magnitudes reuse it
     largest: float | None = None
     #: contiguous groups (missing="refuse"): the two-pass's (f, shift, mean, m2), (K, 1, G)
-    #: each, as Eq. 4 used them (m2 a view into this thread's kept scratch, valid until its
-    #: next Eq. 4): the certificate's exact zeros read them (``impl._exact_zeros.zero_rows_eq4``)
+    #: each, as Eq. 4 used them: the certificate's exact zeros read them
+    #: (``impl._exact_zeros.zero_rows_eq4``)
     stats: tuple | None = None
-    #: the rewards' magnitudes on their bits (``impl._native.scan``'s triple), where the
-    #: contiguous layout's copy read them (``impl._native.gather``), else None
-    bits: tuple | None = None
 
     def rows(self) -> torch.Tensor:
         """z (N, K) in input order (``standardize_groups``)."""
@@ -131,20 +128,19 @@ def finish(prep: Prepared | None, eps: float, layout: G.GroupLayout, longest: in
         found.update(prep.facts)
     inp, r = prep.inp, prep.r
     if layout.kind == "contiguous":
-        x, bits = layout.gather_contiguous(r)
+        x = layout.gather_contiguous(r)
         g = layout.parts[0].width
         if inp.missing == "unscored":
             z, finite = standardize_scored(x, eps, prep.lazy)  # (K, g, G)
         else:
             count = seg_ops.constant((float(g), float(g - 1)), _F64, r.device)
-            tp = two_pass(x, count[:1], eps, own=True, keep="eq4")  # (its sums are dead once z is made)
+            tp = two_pass(x, count[:1], eps, own=True)
             largest = tp.largest() if prep.lazy else None
             finite = largest is None or math.isfinite(largest)
             z = standardize_groups(tp, count[1:], eps)  # (K, g, G)
         out = Z([z], layout, g, found, g if inp.missing != "unscored" else 0)
         if inp.missing != "unscored":
             out.largest = largest
-            out.bits = bits
             out.stats = (tp.f, tp.shift, tp.mean, tp.m2)
     else:
         finite = True
@@ -168,6 +164,6 @@ def _padded_eq4(x: torch.Tensor, pad: torch.Tensor, eps: float, lazy: bool, miss
         return standardize_scored(x, eps, lazy, (~pad).view(1, width, groups))
     mask = (~pad).to(_F64).view(1, width, groups)
     count = mask.sum(1, keepdim=True)  # integers: exact in any order
-    tp = two_pass(x, count, eps, pad_mask=mask, own=True, keep="eq4")  # (its sums are dead once z is made)
+    tp = two_pass(x, count, eps, pad_mask=mask, own=True)
     finite = not lazy or tp.finite()
     return standardize_groups(tp, count - 1.0, eps), finite

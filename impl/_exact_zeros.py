@@ -44,7 +44,6 @@ import math
 import numpy as np
 import torch
 
-from impl import _native, _segments as seg_ops
 
 #: int64 headroom: n**2 max|X|**2 must stay below this
 _LIMIT = 2.0 ** 62
@@ -285,11 +284,7 @@ def zero_rows_eq4(rows: torch.Tensor, rewards: torch.Tensor, g: int, weights: li
     device = rewards.device
     if rows.shape[0] == 0:
         return torch.zeros(0, dtype=torch.bool, device=device)
-    if device.type == "cpu":  # C where built (impl._native: from the groups' rewards, the same values, each
-        # step exact); else NumPy: 3-4x torch's time on arrays this small
-        got = _native.zero_rows(rows, rewards.detach(), g, weight_column(tuple(weights)))
-        if got is not None:
-            return got
+    if device.type == "cpu":  # NumPy: 3-4x torch's time on arrays this small
         rn = rows.numpy()
         grp = rn // g
         f, shift, mean, m2 = (t.view(K, -1).numpy().take(grp, axis=1) for t in stats)  # (K, R) each
@@ -367,6 +362,6 @@ def _members_sorted(rows: np.ndarray, gid: np.ndarray, perm: np.ndarray, sgid: n
     mg = np.repeat(np.arange(ug.size), n)
     offs = np.cumsum(n) - n
     members = perm[np.arange(int(n.sum())) - offs[mg] + lo[mg]]
-    where = seg_ops.kept("exact_zeros.rows", (gid.size,), torch.int64, "cpu").numpy()  # a map of the rows
+    where = np.empty(gid.size, dtype=np.int64)  # a map of the rows
     where[members] = np.arange(members.size)  # (rows lie among the members: only those entries are read)
     return members, n.astype(np.int64), rg, where[rows]

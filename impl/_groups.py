@@ -34,7 +34,6 @@ import dataclasses
 
 import torch
 
-from impl import _native
 from impl import _problems as P
 from impl import _segments as seg_ops
 from impl._facts import rewards_nonfinite_facts
@@ -204,41 +203,24 @@ class GroupLayout:
 
     def gather(self, r: torch.Tensor):
         """Each part's float64 (K, P, G) copy of the rewards ``r`` (N, K), with its padding:
-        ``pad`` (P * G,) bool, None where the part has none. One part at a time (lazy).
-        The copies (labelled layouts: and the columns they are gathered from) are this
-        thread's kept work tensors (``_segments.kept``), one per part: each is Eq. 4's z, then
-        Eq. 7's work space, dead once Eq. 7 has brought c back to input order (a new tensor).
-        Contiguous groups keep theirs where K >= 2 and the groups have g >= 2 rows: there no
-        result of the call can be a view into it (Eq. 7's c is a new tensor, z in input order a
-        copy); with one column Eq. 7's c is z's row itself, and a single group of it in input
-        order a view, which normalize_rewards returns."""
+        ``pad`` (P * G,) bool, None where the part has none. One part at a time (lazy)."""
         n, k = r.shape
         if self.kind == "contiguous":
-            yield self.gather_contiguous(r)[0], None
+            yield self.gather_contiguous(r), None
             return
-        rt = _columns(r, seg_ops.kept("gather.columns", (k, n), _F64, r.device))
-        for i, part in enumerate(self.parts):
+        rt = _columns(r)
+        for part in self.parts:
             pad = part.source < 0
             rows = torch.where(pad, -1 - part.source, part.source)
-            out = seg_ops.kept(f"gather.part{i}", (k, rows.numel()), _F64, r.device)
             # gather: ~2x index_select on dim 1 (CPU)
-            yield torch.gather(rt, 1, rows.expand(k, -1), out=out).view(k, part.width, part.count), pad
+            yield torch.gather(rt, 1, rows.expand(k, -1)).view(k, part.width, part.count), pad
 
-    def gather_contiguous(self, r: torch.Tensor) -> tuple[torch.Tensor, tuple | None]:
-        """Contiguous groups' (K, g, G) float64 copy of the rewards ``r`` (N, K) (:meth:`gather`),
-        and, where the copy was ``impl._native``'s loop (float32 rewards on CPU), the rewards'
-        magnitudes on their bits from the same read (``impl._native.scan``'s triple; else None:
-        torch's strided copy, and the certificate reads them itself)."""
+    def gather_contiguous(self, r: torch.Tensor) -> torch.Tensor:
+        """Contiguous groups' (K, g, G) float64 copy of the rewards ``r`` (N, K) (:meth:`gather`)."""
         n, k = r.shape
         g = self.parts[0].width
-        shape = (k, g, n // g)
-        x = (seg_ops.kept("gather.contiguous", shape, _F64, r.device) if k >= 2 and g >= 2 else
-             torch.empty(shape, dtype=_F64, device=r.device))
-        native = r.device.type == "cpu" and _native.serial(n * k)  # (one thread: impl._native.SERIAL_MAX)
-        bits = _native.gather(r, g, x) if native else None
-        if bits is None:
-            x.copy_(r.view(n // g, g, k).permute(2, 1, 0))
-        return x, bits
+        x = torch.empty((k, g, n // g), dtype=_F64, device=r.device)
+        return x.copy_(r.view(n // g, g, k).permute(2, 1, 0))
 
     def rows(self, parts: list[torch.Tensor]) -> torch.Tensor:
         """Slot values of each part in input order: (N,) from (P, G) parts (as c),
@@ -402,8 +384,6 @@ def _whole_labelled(labels: torch.Tensor, lab: Labelled, sizes: list[int]) -> to
     return bad == 0
 
 
-def _columns(r: torch.Tensor, rt: torch.Tensor | None = None) -> torch.Tensor:
-    """The rewards as float64 columns (K, N): one transposing copy (into ``rt`` where given),
-    gathered from after."""
-    rt = torch.empty(r.shape[1], r.shape[0], dtype=_F64, device=r.device) if rt is None else rt
-    return rt.copy_(r.t())
+def _columns(r: torch.Tensor) -> torch.Tensor:
+    """The rewards as float64 columns (K, N): one transposing copy, gathered from after."""
+    return torch.empty(r.shape[1], r.shape[0], dtype=_F64, device=r.device).copy_(r.t())

@@ -53,7 +53,7 @@ class TwoPass:
 
 
 def two_pass(x: torch.Tensor, count: torch.Tensor, eps: float, *, pad_mask: torch.Tensor | None = None,
-             own: bool = False, minmax: bool = False, keep: str | None = None) -> TwoPass:
+             own: bool = False, minmax: bool = False) -> TwoPass:
     """Statistics of the segments laid along dim 1 of ``x``.
 
     Each segment is scaled by an exact power of two f (|x f| < 4, so nothing
@@ -68,9 +68,6 @@ def two_pass(x: torch.Tensor, count: torch.Tensor, eps: float, *, pad_mask: torc
     equal (min == max) is centred on -0 instead of its mean (+0): its
     differences are +-0, so every deviation becomes +0 exactly (Eq. 6's exact
     collapse).
-    ``keep``: the tree levels go to this thread's kept scratch of that name
-    (:func:`impl._segments.scratch`): the caller drops mean and m2 (views into
-    it) before its next call with that name.
     """
     lo = hi = None
     if minmax or x.device.type == "cpu":  # no full-size temporary (CPU pages are not cached)
@@ -82,17 +79,14 @@ def two_pass(x: torch.Tensor, count: torch.Tensor, eps: float, *, pad_mask: torc
     d = x.mul_(f) if own else x * f
     shift = d[:, :1].clone()
     d.sub_(shift)
-    bufs = seg_ops.scratch(d, keep)  # the tree levels of both sums live here
-    mean = torch.div(seg_ops.tree_sum(d, bufs), count)
+    mean = torch.div(seg_ops.tree_sum(d), count)
     if minmax:
         mean = torch.where(lo == hi, -0.0, mean)
     dev = d.sub_(mean)
     if pad_mask is None:
-        m2 = seg_ops.tree_sum(dev, bufs, squares=True)
-    else:  # (the squares in kept work space where the tree's levels are kept)
-        sq = dev * dev if keep is None else torch.mul(dev, dev, out=seg_ops.kept(keep + ".squares", dev.shape,
-                                                                                   dev.dtype, dev.device))
-        m2 = seg_ops.tree_sum(sq.mul_(pad_mask), bufs)
+        m2 = seg_ops.tree_sum(dev, squares=True)
+    else:
+        m2 = seg_ops.tree_sum((dev * dev).mul_(pad_mask))
     return TwoPass(absmax, lo, hi, f, eps_f, shift, mean, dev, m2)
 
 

@@ -217,7 +217,6 @@ def _zero_mean_pass(x: torch.Tensor, count: torch.Tensor, eps: float, pad_mask, 
     f, eps_f = seg_ops.scale(absmax, eps)
     d = x.mul_(f) if own else x * f
     coll = lo == hi
-    bufs = seg_ops.scratch(d)
     if whole is True:
         shift = torch.where(coll, d[:, :1], 0.0)
         mean = torch.zeros_like(f).masked_fill_(coll, -0.0)
@@ -226,13 +225,13 @@ def _zero_mean_pass(x: torch.Tensor, count: torch.Tensor, eps: float, pad_mask, 
         live = whole & ~coll
         shift = torch.where(live, 0.0, d[:, :1])
         d.sub_(shift)
-        mean = torch.div(seg_ops.tree_sum(d, bufs), count)  # a whole unit's padding is not +0 here: unused
+        mean = torch.div(seg_ops.tree_sum(d), count)  # a whole unit's padding is not +0 here: unused
         mean = torch.where(coll, -0.0, torch.where(live, 0.0, mean))
         dev = d.sub_(mean)
     if pad_mask is None:
-        m2 = seg_ops.tree_sum(dev, bufs, squares=True)
+        m2 = seg_ops.tree_sum(dev, squares=True)
     else:
-        m2 = seg_ops.tree_sum((dev * dev).mul_(pad_mask), bufs)
+        m2 = seg_ops.tree_sum((dev * dev).mul_(pad_mask))
     return TwoPass(absmax, lo, hi, f, eps_f, shift, mean, dev, m2)
 
 

@@ -27,7 +27,6 @@ most of it spawning the gloo ranks; ``-k "not layouts"`` leaves them out).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import math
@@ -590,18 +589,14 @@ def test_exact_zero_rows_from_eq4_statistics_match_the_exact_enclosure(dtype):
 
 def test_exact_zero_rows_from_eq4_statistics_negative_control():
     """The same route with the class keys erased (every column one class, as if every variance
-    were equal) is caught declaring zeros that are not. (Its statistics are read by the NumPy
-    passes; impl._native's loop reads the groups' rewards instead, and tests/test_native.py
-    holds it to those passes' verdicts.)"""
+    were equal) is caught declaring zeros that are not."""
     from impl import _exact_zeros as Z
-    from impl import _native
 
     def keyless(rows, r, g, w):
         f, shift, mean, m2 = eq4_statistics(r, g)
         return Z.zero_rows_eq4(rows, r, g, w, (f, shift, mean, f * f))
 
-    with _native.disabled():
-        unsound, _, _ = _zero_mismatches(keyless, weights_sets=((1.0, 1.0, 1.0, 1.0), (1.0, -1.0, 2.0, -2.0)))
+    unsound, _, _ = _zero_mismatches(keyless, weights_sets=((1.0, 1.0, 1.0, 1.0), (1.0, -1.0, 2.0, -2.0)))
     assert unsound > 0
 
 
@@ -618,41 +613,26 @@ def test_eq4_route_declines_where_the_two_pass_may_round():
     assert not Z.eq4_route(8, [1.0, 1e-300], (0, 1.0))
 
 
-@pytest.mark.parametrize("native", [True, False])
-def test_binary_rewards_take_the_eq4_route_in_the_pipeline(monkeypatch, native):
+def test_binary_rewards_take_the_eq4_route_in_the_pipeline(monkeypatch):
     """A certified call on 0/1 rewards in groups of 8 decides its exact zeros on Eq. 4's route
-    (no group gathered again: where impl._native is built, in one C loop over the rows tier 0
-    left, from the groups' rewards; else from Eq. 4's statistics), and its outputs and counts are those of the
-    regathering route."""
+    (from Eq. 4's statistics: no group gathered again), and its outputs and counts are those of
+    the regathering route."""
     from impl import _exact_zeros as Z
-    from impl import _native
     r = (torch.rand(2048, 4, generator=torch.Generator().manual_seed(5)) < 0.5).float()
     calls = []
-    real, fused = Z.zero_rows_eq4, _native.zeros_left
+    real = Z.zero_rows_eq4
     monkeypatch.setattr(Z, "zero_rows_eq4", lambda *a: calls.append(("eq4", a[0].numel())) or real(*a))
-
-    def spy(*a):
-        got = fused(*a)
-        calls.append(("loop", got if got is None else got[1]))
-        return got
-    monkeypatch.setattr(_native, "zeros_left", spy)
     d = gdpo.Diagnostics()
-    with _certify.narrow_here(), contextlib.ExitStack() as stack:
-        if not native:
-            stack.enter_context(_native.disabled())
+    with _certify.narrow_here():
         got = gdpo.gdpo_advantages(r, group_size=8, diagnostics=d)
-    if native:
-        assert _native.lib() is not None, _native.status()["reason"]
-        assert calls and calls[0][0] == "loop" and calls[0][1] >= 20 and len(calls) == 1, calls
-    else:
-        assert [c[0] for c in calls] == ["loop", "eq4"] and calls[0][1] is None and calls[1][1] >= 20, calls
+    assert [c[0] for c in calls] == ["eq4"] and calls[0][1] >= 20, calls
     assert d.certified.group_exact >= 20
     monkeypatch.setattr(Z, "eq4_route", lambda *a: False)
     calls.clear()
     d2 = gdpo.Diagnostics()
     with _certify.narrow_here():
         want = gdpo.gdpo_advantages(r, group_size=8, diagnostics=d2)
-    assert not any(c[0] == "eq4" for c in calls) and not any(c[1] for c in calls if c[0] == "loop"), calls
+    assert not calls, calls
     assert torch.equal(got.view(torch.int32), want.view(torch.int32))
     assert d.certified == d2.certified
 

@@ -19,8 +19,8 @@ import torch
 from impl import _cast, _certify, _plan, gdpo
 
 ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "impl") + os.sep
-#: leaf modules the stages call and that call no stage back (impl._native: the certificate's C loops)
-LIBRARY = {"_segments", "_stats", "_dd", "_problems", "_native"}
+#: leaf modules the stages call and that call no stage back
+LIBRARY = {"_segments", "_stats", "_dd", "_problems"}
 
 
 #: the design's section 1.1 calls: contiguous groups of 4, K = 3; ragged labelled groups
