@@ -52,10 +52,12 @@ from impl import _cast, _certify, _facts, _pipeline, _plan
 from impl import _problems as P
 from impl import _whiten as W
 from impl._cast import cast_limit, cast_reachable
+from impl._certify import dd as _dd
 from impl._inputs import (
     Problem,
     _check_diagnostics,
     _shown,
+    check_certified,
     check_eps,
     check_missing,
     check_out_dtype,
@@ -111,7 +113,7 @@ def _device_of(x) -> torch.device:
 
 def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, group_size=None,
                     weights=None, segment_sizes=None, eps, out_dtype, refused: Exception | None = None,
-                    missing="refuse", diagnostics=None):
+                    missing="refuse", diagnostics=None, certified=None):
     """Whitening (api whiten) or the whole pipeline (api gdpo) across ``group``.
 
     ``refused``: an exception the caller (an adapter) raised on this rank before the call;
@@ -140,6 +142,8 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
         host[P.EPS_BITS] = P.float_bits(eps)
         out_dtype = check_out_dtype(out_dtype)
         host[P.OUT_DTYPE] = P.dtype_code(out_dtype)
+        mode = check_certified(certified)
+        host[P.CERTIFIED] = P.CERTIFIED_CODES[mode]
         if api == P.API_GDPO:
             missing = check_missing(missing)
             inp = check_rewards(rewards, group_ids, group_size, weights, allow_empty_rows=True)
@@ -156,7 +160,7 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
         for j, s in enumerate(sizes[: P.COUNT_SLOTS]):
             host[P.COUNTS + j] = s
         if api == P.API_GDPO:
-            plan = _plan.distributed(_plan.GDPO, eps, out_dtype, sizes, inp=inp)  # labelled: phase one
+            plan = _plan.distributed(_plan.GDPO, eps, out_dtype, sizes, mode, inp=inp)  # labelled: phase one
             if plan.scored is not None:
                 host[P.UNSCORED] = plan.scored.unscored
             if plan.prep is not None:
@@ -165,7 +169,7 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
                 plan, loc, facts, mine = _plan.guard(plan, lambda p: _through_stats(p, n, data_device))
                 device_facts.update(facts)
         else:
-            plan = _plan.distributed(_plan.WHITEN, eps, out_dtype, sizes, values=v)
+            plan = _plan.distributed(_plan.WHITEN, eps, out_dtype, sizes, mode, values=v)
             device_facts.update(_facts.value_facts(v))
             if n:
                 ends = host_to_device([sum(sizes[: j + 1]) for j in range(len(sizes))], _I64, data_device)
@@ -243,13 +247,13 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
     if buf.dd is not None and failure is None:  # the certificate's statistics (impl._certify)
         try:
             if api == P.API_GDPO:
-                dd_rows = _certify.dd_rows_gdpo(inp, eps)
+                dd_rows = _dd.rows(inp, eps)
             else:
                 v64 = v.to(_F64)
-                dd_rows = (v64, torch.zeros_like(v64), torch.zeros_like(v64)) if _certify._dd.safe(v64) and _certify._dd.eps_safe(eps) else None
+                dd_rows = (v64, torch.zeros_like(v64), torch.zeros_like(v64)) if _dd.safe(v64) and _dd.eps_safe(eps) else None
             whole_dd = plan.whole if api == P.API_GDPO else None
-            buf.dd[rank] = (_certify.dd_unsafe_table(sizes, data_device) if dd_rows is None else
-                            _certify.dd_table(*dd_rows, sizes, whole_dd)).to(comm)
+            buf.dd[rank] = (_dd.unsafe_table(sizes, data_device) if dd_rows is None else
+                            _dd.table(*dd_rows, sizes, whole_dd)).to(comm)
         except Exception as exc:  # noqa: BLE001 - reported to the peers, raised here
             failure = exc
             buf.bits[rank, units, 0] = 1
@@ -281,15 +285,15 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
         _late_checks(name, group, world, rank, agreed, buf.late, out_dtype, failure, words_buf)
     counts = _certify.Counts()
     if buf.dd is not None and a.dtype == _F64:
-        merged = _certify.dd_merged(buf.dd.to(data_device), eps)
+        merged = _dd.merged(buf.dd.to(data_device), eps)
         if dd_rows is None:  # this rank's inputs left the dd path's range: its plain result, uncertified
-            counts.uncertified += a.shape[0]
+            counts["uncertified"] += a.shape[0]
             out = _cast.output(a, out_dtype, checked=True)  # the range: collective 3, where it can fail
         else:
-            out = _certify.dd_finish(merged, *dd_rows, sizes, eps, out_dtype, counts, a)
+            out = _dd.finish(merged, *dd_rows, sizes, eps, out_dtype, counts, a)
     else:
         out = _cast.output(a, out_dtype, checked=True)  # the range: collective 3, where it can fail
-        counts.uncertified += a.shape[0]
+        counts["uncertified"] += a.shape[0]
     if api == P.API_GDPO:
         (plan.scored or _plan._no_missing(inp)).report(diagnostics, sum(r[P.UNSCORED] for r in agreed))
         if diagnostics is not None:
@@ -363,7 +367,7 @@ class _Buffers:
                  certified: bool = False):
         extra = max(units - P.COUNT_SLOTS, 0) if row_counts else 0
         extra_rows = -(-extra // W.COLS)
-        dd_rows = -(-(units * _certify.DDC) // W.COLS) if certified else 0
+        dd_rows = -(-(units * _dd.DDC) // W.COLS) if certified else 0
         rows = units + 1 + extra_rows + dd_rows
         flat = torch.zeros(world * _LATE_COLS + world * rows * W.COLS, dtype=_I64, device=device)
         self.late = flat[: world * _LATE_COLS].view(world, _LATE_COLS)
@@ -371,10 +375,10 @@ class _Buffers:
         self.stats = self.bits.view(_F64)
         self.units = units
         self.row_counts = self.stats[:, units + 1:].reshape(world, -1)[:, :extra] if row_counts else None
-        #: the certificate's double-double statistics (``impl._certify.dd_table``), (world, units, DDC)
+        #: the certificate's double-double statistics (``impl._certify.dd.table``), (world, units, DDC)
         start = units + 1 + extra_rows
-        self.dd = (self.stats[:, start:].reshape(world, -1)[:, : units * _certify.DDC]
-                   .view(world, units, _certify.DDC) if certified else None)
+        self.dd = (self.stats[:, start:].reshape(world, -1)[:, : units * _dd.DDC]
+                   .view(world, units, _dd.DDC) if certified else None)
 
 
 #: collective 3's row: Eq. 7 overflow (3 fields), cast count, failure flag, the first value

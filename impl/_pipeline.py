@@ -123,13 +123,14 @@ def run_local(plan, call, diagnostics=None):
 
 
 def gdpo_local(rewards, group_ids, group_size, weights, segment_sizes, eps, out_dtype, missing="refuse",
-               diagnostics=None):
-    call = check_gdpo(rewards, group_ids, group_size, weights, segment_sizes, eps, out_dtype, missing, diagnostics)
+               diagnostics=None, certified=None):
+    call = check_gdpo(rewards, group_ids, group_size, weights, segment_sizes, eps, out_dtype, missing, diagnostics,
+                      certified)
     return run_local(_plan.local(call, _plan.GDPO), call, diagnostics)  # labelled: phase one's refusals
 
 
-def whiten_local(values, segment_sizes, eps, out_dtype):
-    call = check_whiten(values, segment_sizes, eps, out_dtype)
+def whiten_local(values, segment_sizes, eps, out_dtype, certified=None):
+    call = check_whiten(values, segment_sizes, eps, out_dtype, certified)
     return run_local(_plan.local(call, _plan.WHITEN), call)
 
 

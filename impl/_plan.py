@@ -126,15 +126,14 @@ def _no_missing(inp) -> _Scored:
     return _Scored(torch.ones(inp.n, dtype=torch.bool, device=inp.rewards.device), 0, None, [])
 
 
-def _output(out_dtype: torch.dtype, rows: int) -> tuple[torch.dtype | None, bool]:
+def _output(out_dtype: torch.dtype, rows: int, mode: str) -> tuple[torch.dtype | None, bool]:
     """The dtype Eq. 6 writes for ``out_dtype`` outputs of ``rows`` rows in all, and whether
-    the certificate decides their rounding (float8: never). Eq. 6 writes the output dtype
-    itself, or float64 (None) where the certificate decides the rounding (``impl._certify``:
-    the float64 result and its bound), the cast must be checked first, or the dtype is not
-    one the division writes directly."""
-    enabled = _certify.enabled(out_dtype)
-    certified = enabled and out_dtype in _certify.FORMATS
-    if enabled or out_dtype not in _DIRECT or cast_reachable(out_dtype, rows):
+    the certificate decides their rounding under ``mode`` (float8: never). Eq. 6 writes the
+    output dtype itself, or float64 (None) where the certificate decides the rounding
+    (``impl._certify``: the float64 result and its bound), the cast must be checked first, or
+    the dtype is not one the division writes directly."""
+    certified = _certify.certifies(mode, out_dtype)
+    if certified or out_dtype not in _DIRECT or cast_reachable(out_dtype, rows):
         return None, certified
     return out_dtype, certified
 
@@ -177,6 +176,7 @@ class Plan:
     #: returned nor read by the certificate (never where ``certify``: it reads c after Eq. 6)
     own: bool = False
     host: dict | None = None  # local calls: the facts row's host fields (labelled groups: ``row``)
+    mode: str = "narrow"  # the certificate's mode (ranks: agreed() reads it)
 
     @property
     def key(self) -> tuple:
@@ -235,14 +235,14 @@ def local(call, api: str, *, report: bool = False) -> Plan:
     eps, sizes, out_dtype, stages = call.eps, call.sizes, call.out_dtype, STAGES[api]
     if api == WHITEN:
         v = call.values
-        write, certify = _output(out_dtype, v.shape[0])
+        write, certify = _output(out_dtype, v.shape[0], call.mode)
         fused = bool(v.shape[0]) and _fused.whiten_eligible(v.device, sizes, write)
         lazy = _groups.lazy_checks(v.device) and not fused  # the fused kernels look at every value anyway
         return Plan(api, **stages, eps=eps, inp=None, sizes=sizes, out_dtype=out_dtype, write=write,
                     eq6b=FUSED if fused else PLAIN, lazy=lazy, certify=certify, host=call.host)
     inp = call.inp
     gdpo, unscored = api == GDPO, inp.missing == "unscored"
-    write, certify = _output(out_dtype, inp.n) if gdpo else (None, False)
+    write, certify = _output(out_dtype, inp.n, call.mode) if gdpo else (None, False)
     certify = certify and not unscored  # "unscored": one rounding, uncertified
     eq47 = eq6b = PLAIN
     if gdpo and not unscored:  # "unscored": the plain path (impl._fused lists it)
@@ -274,15 +274,15 @@ def local(call, api: str, *, report: bool = False) -> Plan:
                 scored=_scored(inp, scored_units) if read_scored else None, sort=sort)
 
 
-def distributed(api: str, eps: float, out_dtype, sizes: list[int], *, inp=None, values=None) -> Plan:
+def distributed(api: str, eps: float, out_dtype, sizes: list[int], mode: str, *, inp=None, values=None) -> Plan:
     """The plan of a call across ranks before the agreement, from its checked arguments
     (``run_distributed`` checks them in its own order). No host read but the unscored mask's;
     labelled groups run phase one, their layout pending (:func:`agreed`)."""
     device = (inp.rewards if api == GDPO else values).device
     n = inp.n if api == GDPO else values.shape[0]
     fused = n > 0 and _fused.whiten_eligible(device, sizes, None)
-    certify = _output(out_dtype, n)[1]  # (the dtype Eq. 6 writes: agreed(), from every rank's rows)
-    common = dict(**STAGES[api], eps=eps, sizes=sizes, out_dtype=out_dtype)
+    certify = _output(out_dtype, n, mode)[1]  # (the dtype Eq. 6 writes: agreed(), from every rank's rows)
+    common = dict(**STAGES[api], eps=eps, sizes=sizes, out_dtype=out_dtype, mode=mode)
     if api == WHITEN:
         return Plan(api, **common, inp=None, eq6b=FUSED if fused else PLAIN, certify=certify)
     scored = None
@@ -304,7 +304,7 @@ def agreed(plan: Plan, table: list[list[int]], rank: int) -> Plan:
     """The plan once the agreement is read: the dtype Eq. 6 writes (the total row count is
     every rank's), and labelled groups' layout from this rank's row (its Eq. 4/7 backend
     with it) and their whole units."""
-    plan = dataclasses.replace(plan, write=_output(plan.out_dtype, sum(r[P.ROWS] for r in table))[0])
+    plan = dataclasses.replace(plan, write=_output(plan.out_dtype, sum(r[P.ROWS] for r in table), plan.mode)[0])
     if plan.prep is None:
         return plan
     mine = table[rank]

@@ -108,6 +108,7 @@ class Local:
     tp: TwoPass | None = None  # None for an empty rank and for "buckets"
     x: torch.Tensor | None = None  # the values in the layout (caller dtype)
     parts: list | None = None  # "buckets": (unit indices, row indices, Local) per size class
+    stats: torch.Tensor | None = None  # :meth:`table`, where the plan certifies (the certificate reads it)
 
     def finite(self) -> bool:
         """Host check: are all values finite? (nan and inf show in min or max.)"""
@@ -367,8 +368,10 @@ def eq6_stats(plan, c: torch.Tensor, facts) -> Local:
     scored = plan.scored
     if scored is not None:
         c = c if scored.rows is None else c.index_select(0, scored.rows)
-    return local_stats(c, plan.sizes if scored is None else scored.sizes, plan.eps, own=plan.own,
-                       whole=plan.whole)
+    loc = local_stats(c, plan.sizes if scored is None else scored.sizes, plan.eps, own=plan.own, whole=plan.whole)
+    if plan.certify:
+        loc.stats = loc.table(c.device)
+    return loc
 
 
 def eq6_apply(plan, loc: Local, merged: Stats | None, write) -> torch.Tensor:

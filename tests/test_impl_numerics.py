@@ -337,14 +337,11 @@ def test_random_batches_within_error_model(seed):
 def test_pipeline_is_whiten_of_normalize_bitwise():
     """The plain path's arithmetic (the certificate off: a certified float64 output is the exact
     advantage's faithful rounding, not whiten of the rounded c)."""
-    from impl import _certify
-
     r, sizes, labels = _random_batch(7)
     c = gdpo.normalize_rewards(r, group_ids=labels)
     seg = [5, r.shape[0] - 5]
-    with _certify.disabled():
-        assert _bits(gdpo.gdpo_advantages(r, group_ids=labels, segment_sizes=seg, out_dtype=F64)) == \
-            _bits(gdpo.whiten(c, segment_sizes=seg, out_dtype=F64))
+    assert _bits(gdpo.gdpo_advantages(r, group_ids=labels, segment_sizes=seg, out_dtype=F64, certified="off")) == \
+        _bits(gdpo.whiten(c, segment_sizes=seg, out_dtype=F64, certified="off"))
 
 
 def test_contiguous_labels_equal_group_size_bitwise_and_order_follows_input():
@@ -524,7 +521,7 @@ def test_graphable_device_part_is_the_call():
     w = [1.0, -2.0, 0.5]
     dev = part(r)
     # float64 where the certificate decides the rounding (the default for float32): one rounding then
-    assert dev.a.dtype == (F64 if _certify.enabled(F32) else F32)
+    assert dev.a.dtype == (F64 if _certify.certifies(_inputs.check_certified(None), F32) else F32)
     assert _bits(dev.a.to(F32)) == _bits(gdpo.gdpo_advantages(r, group_size=8, weights=w, segment_sizes=[40, 56]))
     bad = r.clone()
     bad[50, 1] = -math.inf
@@ -607,7 +604,6 @@ def test_very_ragged_units_share_a_padded_layout_per_size_class():
     CPU). Each unit keeps the bits it has alone, through the local path and through
     the statistics table and merge the distributed path uses."""
     import impl._whiten as W
-    from impl import _certify
 
     g = torch.Generator().manual_seed(11)
     sizes = [2] * 3000 + [0] * 50 + [3, 5, 7] * 40 + [9000]
@@ -624,8 +620,8 @@ def test_very_ragged_units_share_a_padded_layout_per_size_class():
         at += s
     assert _bits(got) == _bits(torch.cat(alone))
     merged = W.apply_global(loc, W.merge(loc.table(v.device)[None]), eps, F64)
-    with _certify.disabled():  # the merge against the plain local path (the certificate reads neither)
-        assert _bits(merged) == _bits(gdpo.whiten(v, segment_sizes=sizes, eps=eps, out_dtype=F64))
+    # the merge against the plain local path (the certificate reads neither)
+    assert _bits(merged) == _bits(gdpo.whiten(v, segment_sizes=sizes, eps=eps, out_dtype=F64, certified="off"))
 
 
 @pytest.mark.parametrize("k", [1, 4])

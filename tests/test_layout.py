@@ -20,7 +20,7 @@ PACKAGES = ("spec", "oracle", "impl", "conformance", "gdpo_tools", "benchmarks")
 MAY_IMPORT = {
     "spec": set(),
     "oracle": {"spec"},
-    # impl's certificate (impl/_certify.py) decides what double-double cannot in exact arithmetic,
+    # impl's certificate (impl/_certify/) decides what double-double cannot in exact arithmetic,
     # the oracle's (imported where that tier runs); nothing else of impl reads the oracle
     "impl": {"spec", "oracle"},
     "conformance": {"spec", "oracle", "impl"},
