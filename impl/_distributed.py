@@ -1,6 +1,6 @@
 """The distributed protocol: a call across the ranks of a process group, over the local
 spine's stages (``impl._pipeline.through_stats``, then Eq. 6's apply from the merged
-statistics, on the plan ``impl._plan.distributed`` and ``agreed`` make). Distributed calls
+statistics, on the plan ``impl._pipeline.distributed`` and ``agreed`` make). Distributed calls
 never raise before the agreement: every local problem, including an unexpected exception,
 becomes a code in this rank's row of the agreement table. Contiguous groups compute
 everything before it; labelled groups compute Eq. 4/7 after it.
@@ -48,11 +48,11 @@ import contextvars
 import torch
 import torch.distributed as dist
 
-from impl import _cast, _certify, _facts, _pipeline, _plan
+from impl import _certify, _pipeline
 from impl import _problems as P
 from impl import _whiten as W
-from impl._cast import cast_limit, cast_reachable
 from impl._certify import dd as _dd
+from impl._pipeline import cast_limit, cast_reachable
 from impl._inputs import (
     Problem,
     _check_diagnostics,
@@ -66,8 +66,8 @@ from impl._inputs import (
     check_values,
     rewards_host,
 )
+from impl._eq47 import overflow_possible
 from impl._segments import host_to_device
-from impl._stats import overflow_possible
 from spec.constants import REFUSAL_WORDS_BYTES
 
 _F64 = torch.float64
@@ -87,6 +87,20 @@ def _through_stats(plan, n: int, device):
         c = plan.inp.rewards.new_empty(0, dtype=_F64)
         dev = _pipeline.Device({}, c=c, loc=plan.eq6b.eq6_stats(plan, c, {}))
     return plan, dev.loc, dev.facts, dev.loc.table(device)
+
+
+def _device_row(host: dict[int, int], facts: dict, device) -> torch.Tensor:
+    """This rank's row of the agreement table on ``device`` (no host read): host fields, then the
+    device fields (``P.DEVICE_FIELDS``, 0 where ``facts`` has none)."""
+    values = [0] * P.ROW_WIDTH
+    for col, v in host.items():
+        values[col] = int(v)
+    row = host_to_device(values, _I64, device)
+    if facts:
+        zero = torch.zeros((), dtype=_I64, device=device)
+        block = torch.stack([facts.get(c, zero).to(_I64).reshape(()) for c in P.DEVICE_FIELDS])
+        row[P.DEVICE_FIELDS[0]: P.DEVICE_FIELDS[-1] + 1] = block
+    return row
 
 
 def _comm_device(group, data_device: torch.device) -> torch.device:
@@ -160,24 +174,24 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
         for j, s in enumerate(sizes[: P.COUNT_SLOTS]):
             host[P.COUNTS + j] = s
         if api == P.API_GDPO:
-            plan = _plan.distributed(_plan.GDPO, eps, out_dtype, sizes, mode, inp=inp)  # labelled: phase one
+            plan = _pipeline.distributed(_pipeline.GDPO, eps, out_dtype, sizes, mode, inp=inp)  # labelled: phase one
             if plan.scored is not None:
                 host[P.UNSCORED] = plan.scored.unscored
             if plan.prep is not None:
                 device_facts.update(plan.prep.facts)
             else:  # contiguous groups: all local work before the agreement
-                plan, loc, facts, mine = _plan.guard(plan, lambda p: _through_stats(p, n, data_device))
+                plan, loc, facts, mine = _pipeline.guard(plan, lambda p: _through_stats(p, n, data_device))
                 device_facts.update(facts)
         else:
-            plan = _plan.distributed(_plan.WHITEN, eps, out_dtype, sizes, mode, values=v)
-            device_facts.update(_facts.value_facts(v))
+            plan = _pipeline.distributed(_pipeline.WHITEN, eps, out_dtype, sizes, mode, values=v)
+            device_facts.update(_pipeline.value_facts(v))
             if n:
                 ends = host_to_device([sum(sizes[: j + 1]) for j in range(len(sizes))], _I64, data_device)
                 device_facts[P.NF_VALUE_UNIT] = torch.searchsorted(ends, device_facts[P.NF_VALUE], right=True)
             def stats(p):
                 loc = p.eq6b.eq6_stats(p, v, {})
                 return p, loc, loc.table(data_device)  # computed here: a fused failure reruns on the plain plan
-            plan, loc, mine = _plan.guard(plan, stats)
+            plan, loc, mine = _pipeline.guard(plan, stats)
         # Collectives 2 and 3's buffer, before the agreement: after it, a failing rank allocates
         # nothing. Contiguous groups and whiten fill their statistics now as well.
         comm = _comm_device(group, data_device)
@@ -201,12 +215,12 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
     words_buf = flat[world * P.ROW_WIDTH:].view(world, _WORDS_COLS)
     told = local_exc  # the exception this rank's row describes
     try:
-        table[rank] = _facts.device_row(host, {} if local_exc else device_facts,
+        table[rank] = _device_row(host, {} if local_exc else device_facts,
                                  data_device if local_exc is None else torch.device("cpu")).to(comm)
     except Exception as exc:  # noqa: BLE001 - e.g. a host field beyond int64: still join, refused
         local_exc = local_exc or exc
         told = exc
-        table[rank] = _facts.device_row({P.PRESENT: 1, P.API: api, P.UNJOINED: missed, P.HOST_CODE: P.P_LOCAL_FAILURE}, {},
+        table[rank] = _device_row({P.PRESENT: 1, P.API: api, P.UNJOINED: missed, P.HOST_CODE: P.P_LOCAL_FAILURE}, {},
                                  torch.device("cpu")).to(comm)
     _all_reduce(table, dist.ReduceOp.SUM, group, name, 1, rank)
     agreed = table.tolist()  # the call's one host synchronisation
@@ -236,9 +250,9 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
     failure = None
     overflow_row = {}
     try:
-        plan = _plan.agreed(plan, agreed, rank)  # labelled groups: their layout (it needs G and n_max)
+        plan = _pipeline.agreed(plan, agreed, rank)  # labelled groups: their layout (it needs G and n_max)
         if plan.prep is not None:  # labelled groups compute Eq. 4/7 now
-            plan, loc, overflow_row, mine = _plan.guard(plan, lambda p: _through_stats(p, n, data_device))
+            plan, loc, overflow_row, mine = _pipeline.guard(plan, lambda p: _through_stats(p, n, data_device))
             buf.stats[rank, :units] = mine.to(comm)
     except Exception as exc:  # noqa: BLE001 - reported to the peers, raised here
         failure = exc
@@ -271,7 +285,7 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
             def apply(p):  # the plain plan after a failed fused apply: the plain statistics of the same c
                 mine = loc if p.eq6b is plan.eq6b else W.local_stats(loc.units.v, sizes, eps)
                 return p.eq6b.eq6_apply(p, mine, st, p.write)
-            a = _plan.guard(plan, apply)
+            a = _pipeline.guard(plan, apply)
             if late:
                 _late_row(buf.late[rank], overflow_row if check_overflow else {}, a if reachable else None,
                           out_dtype)
@@ -288,14 +302,14 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
         merged = _dd.merged(buf.dd.to(data_device), eps)
         if dd_rows is None:  # this rank's inputs left the dd path's range: its plain result, uncertified
             counts["uncertified"] += a.shape[0]
-            out = _cast.output(a, out_dtype, checked=True)  # the range: collective 3, where it can fail
+            out = _pipeline.output(a, out_dtype, checked=True)  # the range: collective 3, where it can fail
         else:
             out = _dd.finish(merged, *dd_rows, sizes, eps, out_dtype, counts, a)
     else:
-        out = _cast.output(a, out_dtype, checked=True)  # the range: collective 3, where it can fail
+        out = _pipeline.output(a, out_dtype, checked=True)  # the range: collective 3, where it can fail
         counts["uncertified"] += a.shape[0]
     if api == P.API_GDPO:
-        (plan.scored or _plan._no_missing(inp)).report(diagnostics, sum(r[P.UNSCORED] for r in agreed))
+        (plan.scored or _pipeline.scored(inp, None)).report(diagnostics, sum(r[P.UNSCORED] for r in agreed))
         if diagnostics is not None:
             diagnostics.certified = counts
     return out, st

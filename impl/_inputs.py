@@ -363,9 +363,8 @@ def _python_values(x, type_code: int) -> torch.Tensor:
 def _checked(x: torch.Tensor, type_code: int, dtype_code_: int | None = None) -> torch.Tensor:
     if dtype_code_ is None:
         dtype_code_ = P.P_REWARDS_DTYPE if type_code == P.P_REWARDS_TYPE else P.P_VALUES_DTYPE
-    layout = P.layout_code(x)
-    if layout:  # sparse, nested, mkldnn: torch's own error would come from deep inside
-        raise Problem(_LAYOUT_PROBLEM[type_code], layout)
+    if x.layout != torch.strided or x.is_nested:  # sparse, nested, mkldnn: torch's own error would come
+        raise Problem(_LAYOUT_PROBLEM[type_code], P.layout_code(x))  # from deep inside
     if x.dtype not in P.INPUT_DTYPES:  # float8 too: most CPU kernels (add, min) do not exist for it
         raise Problem(dtype_code_, P.dtype_code(x.dtype))
     _check_device(x, P.ARG_REWARDS if type_code == P.P_REWARDS_TYPE else P.ARG_VALUES)
@@ -460,7 +459,7 @@ def check_rewards(rewards, group_ids, group_size, weights, *, allow_empty_rows: 
         # wrap by platform); every other integer dtype converts exactly.
         labels = to_device(ids.view(torch.int64) if unsigned else ids.to(torch.int64), r.device)
 
-    return Rewards(r, P.dtype_code(r.dtype), group_size, labels, check_weights(weights, k),
+    return Rewards(r, P.DTYPE_CODES[r.dtype], group_size, labels, check_weights(weights, k),
                    labels_uint64=unsigned)
 
 

@@ -95,11 +95,12 @@ _DTYPE_NAMES = (
 _DTYPES = tuple(getattr(torch, n) for n in _DTYPE_NAMES if hasattr(torch, n))
 
 
+#: dtype -> its code in the facts row (1-based; another dtype: len + 1)
+DTYPE_CODES = {d: i + 1 for i, d in enumerate(_DTYPES)}
+
+
 def dtype_code(dtype) -> int:
-    try:
-        return _DTYPES.index(dtype) + 1
-    except ValueError:
-        return len(_DTYPES) + 1
+    return DTYPE_CODES.get(dtype, len(_DTYPES) + 1)
 
 
 def dtype_name(code: int) -> str:

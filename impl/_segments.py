@@ -1,38 +1,35 @@
-"""Exact power-of-two scaling, the canonical pairwise sum, and a correctly rounded sqrt.
+"""The arithmetic Eq. 4, Eq. 7 and Eq. 6 share (and the fused kernels, and the certificate): exact
+power-of-two scaling, the canonical pairwise sum, a correctly rounded sqrt, the shift-invariant
+two-pass statistics (spec/gdpo.md section 7), the weights' power-of-two plan, the one correct
+rounding into the output dtype, and the finders of a non-finite value.
 
-Every reduction of Eq. 4 and Eq. 6 runs over a *segment* (a group column, a
-whitening unit) laid along dimension 1 of a dense tensor: ``(K, n, G)`` for
-Eq. 4 (members along dim 1, groups innermost, so every operation runs over
-long contiguous rows), ``(S, m)`` for Eq. 6 (see ``_groups`` and
-``_whiten``). Sums use one fixed tree, :func:`tree_sum`:
+Every reduction of Eq. 4 and Eq. 6 runs over a *segment* (a group column, a whitening unit)
+laid along dimension 1 of a dense tensor: ``(K, n, G)`` for Eq. 4 (members along dim 1, groups
+innermost, so every operation runs over long contiguous rows), ``(S, m)`` for Eq. 6. Sums use
+one fixed tree, :func:`tree_sum`:
 
-* level s pairs positions p and p + s (p a multiple of 2s) inside the segment;
-  a position without a partner passes up unchanged. The tree depends only on
-  the segment's own length, never on the layout, the device or the batch;
-  along dim 1 of a ``(K, n, G)`` layout each level adds two sets of whole
-  contiguous rows;
-* every step is one correctly rounded IEEE addition of two float64 tensors
-  (no atomics, no library reduction, no fused multiply-add), so the result is
-  deterministic and the same bits on CPU and CUDA;
-* padding a segment with values that are exactly zero in the summed quantity
-  (see the callers) cannot change the sum: x + 0 == x except for the sign of
-  a zero, and the root of a sum that contains the +0 of the segment's first
-  member can never be -0;
-* negating the input negates the output bit for bit (round-to-nearest is
-  symmetric), which the exact constant-sum cancellation of Eq. 7 relies on.
+* level s pairs positions p and p + s (p a multiple of 2s) inside the segment; a position
+  without a partner passes up unchanged. The tree depends only on the segment's own length,
+  never on the layout, the device or the batch;
+* every step is one correctly rounded IEEE addition of two float64 tensors (no atomics, no
+  library reduction, no fused multiply-add), so the result is deterministic and the same bits
+  on CPU and CUDA;
+* padding a segment with values that are exactly zero in the summed quantity (see the callers)
+  cannot change the sum: x + 0 == x except for the sign of a zero, and the root of a sum that
+  contains the +0 of the segment's first member can never be -0;
+* negating the input negates the output bit for bit (round-to-nearest is symmetric), which the
+  exact constant-sum cancellation of Eq. 7 relies on.
 
-Min and max come from torch's own reductions: they are exact, hence the same
-on every device and in every order.
-
-Scale factors are built from bit patterns (never ``pow``), so they are exact on
-every device. Square roots are correctly rounded: CUDA's float64 ``sqrt`` is;
-torch's vectorised CPU ``sqrt`` is only faithful (measured: about 0.2% of
-random doubles are one ulp off), so on CPU the root comes from NumPy's (IEEE,
-hardware) ``sqrt`` on the few group or unit statistics.
+Min and max come from torch's own reductions: exact, hence the same on every device and in
+every order. Scale factors are built from bit patterns (never ``pow``), so they are exact on
+every device. Square roots are correctly rounded: CUDA's float64 ``sqrt`` is; torch's
+vectorised CPU ``sqrt`` is only faithful (measured: about 0.2% of random doubles are one ulp
+off), so on CPU the root comes from NumPy's (IEEE, hardware) ``sqrt`` on the few statistics.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -40,6 +37,7 @@ import torch
 
 _F64 = torch.float64
 _I64 = torch.int64
+
 
 #: Exponent field of a float64.
 _EXP_MASK = 0x7FF0000000000000
@@ -112,27 +110,17 @@ def host_to_device(values: list, dtype: torch.dtype, device: torch.device) -> to
 
 
 def tree_sum(x: torch.Tensor, *, squares: bool = False) -> torch.Tensor:
-    """Sum along dim 1 by the canonical pairwise tree, keeping the dim (of the
-    squares of x if ``squares``: each square rounded, then summed the same way).
-
-    Level s pairs positions p and p + s (p a multiple of 2s); a position
-    without a partner passes up unchanged. One elementwise addition per level:
-    the pairs of a level are the even and odd entries of the previous level's
-    partial sums (an odd one out is carried along).
-    """
-    m = x.shape[1]
-    first = squares
-    while m > 1 or first:
-        h, odd_one = m // 2, m % 2
-        if h:
-            even, odd = x[:, 0:2 * h:2], x[:, 1:2 * h:2]
-            y = even * even + odd * odd if first else even + odd
-        if odd_one:
-            last = x[:, m - 1:]
-            last = last * last if first else last
-            y = torch.cat([y, last], 1) if h else last
-        x, m, first = y, h + odd_one, False
-    return x
+    """Sum along dim 1 by the canonical pairwise tree, keeping the dim (of the squares of x if
+    ``squares``: each square rounded, then summed the same way). Level s adds position p + s into
+    position p (p a multiple of 2s) of one work copy, in place; a position without a partner is
+    left as it is. Along dim 1 of a ``(K, n, G)`` layout each level adds two sets of whole
+    contiguous rows."""
+    y = x * x if squares else x.clone()
+    m, s = y.shape[1], 1
+    while s < m:
+        y[:, 0:m - s:2 * s].add_(y[:, s:m:2 * s])
+        s *= 2
+    return y[:, :1].clone()
 
 
 _CONSTANTS: dict = {}
@@ -169,3 +157,140 @@ def sqrt_rn(q: torch.Tensor, inplace: bool = False) -> torch.Tensor:
         return q.sqrt_() if inplace else torch.sqrt(q)
     v = q.detach().numpy()
     return q if inplace and np.sqrt(v, out=v) is v else torch.from_numpy(np.sqrt(v))
+
+
+# --- the two-pass statistics and the weights' plan ----------------------------------------------
+
+
+#: A padded layout may hold up to this many slots per row of the batch (plus
+#: PAD_SLACK) before the groups (or whitening units) are cut into size-class buckets.
+PAD_FACTOR = 4
+PAD_SLACK = 1 << 16
+
+
+@dataclasses.dataclass
+class TwoPass:
+    """Shift-invariant two-pass statistics of the segments along dim 1 of x (keepdim)."""
+
+    absmax: torch.Tensor  # largest magnitude (caller dtype)
+    lo: torch.Tensor | None  # raw minimum and maximum (where computed: on CPU, or when asked for)
+    hi: torch.Tensor | None
+    f: torch.Tensor  # scale 2**-e, float64
+    eps_f: torch.Tensor  # eps * f
+    shift: torch.Tensor  # scaled value every difference is taken from (the first member's, or +0)
+    mean: torch.Tensor  # mean of the differences d = x * f - shift
+    dev: torch.Tensor  # d - mean, in the layout of x (float64)
+    m2: torch.Tensor  # sum of dev**2 over the segment
+    den: torch.Tensor | None = None  # std + eps in the segment's scale, ddof given
+
+    def largest(self) -> float:
+        """The largest magnitude of every segment, on the host (nan or inf where an input is not
+        finite: they show in it)."""
+        return float(self.absmax.amax())
+
+    def finite(self) -> bool:
+        """Host check: are all inputs finite? (nan and inf show in the largest magnitude.)"""
+        return math.isfinite(self.largest())
+
+
+def two_pass(x: torch.Tensor, count: torch.Tensor, eps: float, *, pad_mask: torch.Tensor | None = None,
+             own: bool = False, minmax: bool = False, whole=None, ddof: torch.Tensor | None = None) -> TwoPass:
+    """Statistics of the segments laid along dim 1 of ``x`` (``count`` members each).
+
+    Each segment is scaled by an exact power of two f (|x f| < 4, so nothing below overflows; the
+    scale is folded into eps, eps * f), its first member is subtracted (exact by Sterbenz for
+    close values, and symmetric: a column C - r gives exactly the negated differences), then the
+    mean of the differences and the deviations from it. Padding repeats the first member, so its
+    difference is exactly +0 and the sum of d is that of the segment; ``pad_mask`` (1.0 on
+    members, 0.0 on padding) clears the padding's squares. ``own``: x is a float64 buffer this
+    call owns (computed in place).
+
+    ``minmax``: also the raw min and max, and a segment whose values are all equal (min == max)
+    is centred on -0 instead of its mean (+0): its differences are +-0, so every deviation
+    becomes +0 exactly (Eq. 6's exact collapse). ``whole`` (with minmax; True: every segment,
+    else an (S, 1) bool tensor, None: none): Eq. 6's units of whole groups, whose exact mean is
+    the structural 0: shift +0 and mean +0, so d = x f exactly and the deviations are d itself
+    (a collapsed one keeps the collapse rule); with every unit whole the mean's pass is skipped
+    and d - 0 - 0 is one subtraction (x - +0 == x bit for bit, +0 - -0 == +0). ``ddof``: also
+    the denominator ``den`` = sqrt(m2 / ddof) + eps f.
+    """
+    lo = hi = None
+    if minmax or x.device.type == "cpu":  # no full-size temporary (CPU pages are not cached)
+        lo, hi = x.amin(1, keepdim=True), x.amax(1, keepdim=True)
+        absmax = torch.maximum(hi, -lo)
+    else:  # two kernels instead of four
+        absmax = x.abs().amax(1, keepdim=True)
+    f, eps_f = scale(absmax, eps)
+    d = x.mul_(f) if own else x * f
+    if whole is True:
+        collapsed = lo == hi
+        shift = torch.where(collapsed, d[:, :1], 0.0)
+        mean = torch.zeros_like(f).masked_fill_(collapsed, -0.0)
+        dev = d.sub_(shift)  # == (d - shift) - mean, bit for bit, for either kind of unit
+    else:
+        live = None if whole is None else whole & (lo != hi)
+        shift = d[:, :1].clone() if live is None else torch.where(live, 0.0, d[:, :1])
+        d.sub_(shift)
+        mean = torch.div(tree_sum(d), count)  # (a whole unit's padding is not +0 here: unused)
+        if live is not None:
+            mean = torch.where(lo == hi, -0.0, torch.where(live, 0.0, mean))
+        elif minmax:
+            mean = torch.where(lo == hi, -0.0, mean)
+        dev = d.sub_(mean)
+    m2 = tree_sum(dev, squares=True) if pad_mask is None else tree_sum((dev * dev).mul_(pad_mask))
+    den = None if ddof is None else denominator(torch.div(m2, ddof), eps_f, eps, inplace=True)
+    return TwoPass(absmax, lo, hi, f, eps_f, shift, mean, dev, m2, den)
+
+
+def denominator(var: torch.Tensor, eps_f: torch.Tensor, eps: float, inplace: bool = False) -> torch.Tensor:
+    """std + eps in the segment's scale (``inplace``: in var's own buffer, which the caller
+    owns; else a new one). It is 0 only for a collapsed segment without eps (eps * f > 0
+    whenever eps >= 2**-52, as f >= 2**-1022); there 1 is used: the deviations are all zero
+    anyway."""
+    den = sqrt_rn(var, inplace).add_(eps_f)
+    if not eps >= 2.0 ** -52:
+        den.masked_fill_(den == 0, 1.0)
+    return den
+
+
+# --- the one rounding into the output dtype -----------------------------------------------------
+
+
+def round_to(a: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """float64 ``a`` correctly rounded (to nearest, ties to even) to ``dtype``.
+
+    torch's double -> half/bfloat16/float8 conversion rounds to float first and
+    then again (measured: 0.50024414807558 becomes 0.5 in float16, not the
+    nearest 0.50048828125). Here the first step rounds to *odd* instead: the
+    float32 value truncated toward zero, its last bit set when inexact. float32
+    carries at least two more bits than each of these formats over their whole
+    range, so the second rounding is then the correct one (round-to-odd).
+    """
+    if dtype in (_F64, torch.float32) or a.dtype != _F64:
+        return a.to(dtype)
+    y = a.to(torch.float32)
+    back = y.to(_F64)
+    bits = y.view(torch.int32)
+    bits = torch.where(back.abs() > a.abs(), bits - 1, bits)  # one step toward zero: truncation
+    bits = torch.where(back != a, bits | 1, bits)  # inexact: round to odd
+    return bits.view(torch.float32).to(dtype)
+
+
+# --- finders: device-side, no branch, no host read -----------------------------------------------
+
+
+def first_nonfinite(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(index, float64 bits of the value there) of the first non-finite entry of
+    a 1-D tensor; index 0 and a finite value when there is none. No branch."""
+    at = torch.argmax(torch.ne(x - x, 0).view(torch.uint8))  # x - x is nan exactly for nan and +-inf
+    return at, take(x, at).to(_F64).view(_I64)
+
+
+def first_infinite(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`first_nonfinite` for ``missing="unscored"``, where a NaN is data: the first
+    infinite entry of a 1-D tensor (index 0 and the bits of +0.0 when there is none)."""
+    inf = torch.isinf(x)
+    at = torch.argmax(inf.view(torch.uint8))
+    return at, torch.where(take(inf, at), take(x, at).to(_F64), 0.0).view(_I64)
+
+

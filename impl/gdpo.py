@@ -76,7 +76,7 @@ from spec.errors import (
     ShapeError,
     WeightError,
 )
-from impl import _distributed, _pipeline
+from impl import _distributed, _inputs, _pipeline
 from impl import _problems as _P
 
 __all__ = [
@@ -121,6 +121,7 @@ def _opaque_to_dynamo(fn):
 _API_GDPO = _P.API_GDPO
 
 
+
 @_opaque_to_dynamo
 @torch.no_grad()
 def standardize_groups(rewards, *, group_ids=None, group_size=None, eps=DEFAULT_EPS, missing="refuse",
@@ -131,7 +132,8 @@ def standardize_groups(rewards, *, group_ids=None, group_size=None, eps=DEFAULT_
 
     Arguments and refusals as in :func:`normalize_rewards` (no weights: Eq. 7 is not applied).
     """
-    return _pipeline.standardize_groups(rewards, group_ids, group_size, eps, missing, diagnostics)
+    call = _inputs.check_normalize(rewards, group_ids, group_size, None, eps, missing, diagnostics)
+    return _pipeline.run(call, _pipeline.STANDARDIZE, diagnostics)
 
 
 @_opaque_to_dynamo
@@ -171,7 +173,8 @@ def normalize_rewards(rewards, *, group_ids=None, group_size=None, weights=None,
     NonFiniteError (first bad row, column and group), GroupError, WeightError,
     OutOfRangeError (Eq. 7 overflows float64).
     """
-    return _pipeline.normalize_rewards(rewards, group_ids, group_size, weights, eps, missing, diagnostics)
+    call = _inputs.check_normalize(rewards, group_ids, group_size, weights, eps, missing, diagnostics)
+    return _pipeline.run(call, _pipeline.NORMALIZE, diagnostics)
 
 
 @_opaque_to_dynamo
@@ -193,7 +196,8 @@ def group_has_signal(rewards, *, group_ids=None, group_size=None, weights=None, 
     Groups are ordered by first appearance (group_ids) or contiguously (group_size).
     ``missing`` and ``diagnostics`` as in :func:`normalize_rewards` (an unscored row's c is 0).
     """
-    return _pipeline.group_has_signal(rewards, group_ids, group_size, weights, eps, missing, diagnostics)
+    call = _inputs.check_normalize(rewards, group_ids, group_size, weights, eps, missing, diagnostics)
+    return _pipeline.run(call, _pipeline.SIGNAL, diagnostics)
 
 
 @_opaque_to_dynamo
@@ -214,7 +218,7 @@ def whiten(values, *, segment_sizes=None, process_group=None, eps=DEFAULT_EPS, o
     then runs a local call. certified: the rounding's certificate, as in :func:`gdpo_advantages`.
     """
     if process_group is None:
-        return _pipeline.whiten_local(values, segment_sizes, eps, out_dtype, certified)
+        return _pipeline.run(_inputs.check_whiten(values, segment_sizes, eps, out_dtype, certified), _pipeline.WHITEN)
     return _distributed.run_distributed(_API_WHITEN, process_group, values=values, segment_sizes=segment_sizes,
                                         eps=eps, out_dtype=out_dtype, certified=certified)[0]
 
@@ -239,8 +243,9 @@ def gdpo_advantages(rewards, *, group_ids=None, group_size=None, weights=None, s
     (or True) or "off" (or False); every rank must pass the same (module docstring).
     """
     if process_group is None:
-        return _pipeline.gdpo_local(rewards, group_ids, group_size, weights, segment_sizes, eps, out_dtype,
-                                    missing, diagnostics, certified)
+        call = _inputs.check_gdpo(rewards, group_ids, group_size, weights, segment_sizes, eps, out_dtype, missing,
+                                  diagnostics, certified)
+        return _pipeline.run(call, _pipeline.GDPO, diagnostics)
     return _distributed.run_distributed(_API_GDPO, process_group, rewards=rewards, group_ids=group_ids,
                                         group_size=group_size, weights=weights, segment_sizes=segment_sizes,
                                         eps=eps, out_dtype=out_dtype, missing=missing, diagnostics=diagnostics,

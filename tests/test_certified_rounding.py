@@ -45,7 +45,6 @@ from conformance.subject import Outcome, Subject
 
 sys.path.insert(0, os.path.dirname(__file__))
 import _dist  # noqa: E402
-from _eq4_statistics import eq4_statistics  # noqa: E402
 
 from impl import gdpo  # noqa: E402
 from impl import _certify  # noqa: E402
@@ -866,22 +865,21 @@ def test_tier0_test_is_sound_near_boundaries(fmt):
 
 
 def test_units_largest_bound_without_reading_every_row(monkeypatch):
-    """Tier 0 takes a unit's largest bound on |c - c*| as e where the unit's c vary (some row's
-    group is then not constant), without reading which rows are of constant groups
-    (``impl._certify.tiers._emax``), and reads them only where the c are all equal. Its value
-    equals the largest E read row by row (E = 0 on a row of a constant group), in units of
-    constant groups only, of mixed groups, cut across groups, and of c all equal from groups
-    that are not constant (0/1 rewards that cancel)."""
+    """Tier 0 takes a unit's largest bound on |c - c*| as e where the unit holds a row of a group
+    that is not constant in every column, else 0 (``impl._certify.tiers.varied``); it reads which
+    rows are of constant groups only where a unit's c are all equal. Its verdicts equal a reading
+    row by row, in units of constant groups only, of mixed groups, cut across groups, and of c all
+    equal from groups that are not constant (0/1 rewards that cancel)."""
     seen, reads = [], []
-    real, real_flat = CT._emax, CT.flat_rows
+    real, real_flat = CT.varied, CT.flat_rows
 
-    def both(ctx, e):
-        got = real(ctx, e)
-        E = torch.where(real_flat(ctx), 0.0, torch.full_like(ctx.a, e))
-        want = torch.stack([E[u == CT.unit_of(ctx)].amax() for u in range(len(ctx.sizes))])
-        seen.append((torch.from_numpy(got.copy()), want))
+    def both(ctx):
+        got = real(ctx)
+        live = ~real_flat(ctx)
+        unit = CT.unit_of(ctx)
+        seen.append((got.tolist(), [bool(live[unit == u].any()) for u in range(len(ctx.sizes))]))
         return got
-    monkeypatch.setattr(CT, "_emax", both)
+    monkeypatch.setattr(CT, "varied", both)
     monkeypatch.setattr(CT, "flat_rows", lambda ctx: reads.append(1) or real_flat(ctx))
     sizes = [3, 3, 4, 2, 5, 3, 4]
     labels = torch.repeat_interleave(torch.tensor([5, 1, 9, 2, 8, 0, 7]), torch.tensor(sizes))
@@ -894,8 +892,8 @@ def test_units_largest_bound_without_reading_every_row(monkeypatch):
         gdpo.gdpo_advantages(r, group_ids=labels, segment_sizes=segments, certified="narrow")
     assert len(seen) == 4
     for got, want in seen:
-        assert torch.equal(got, want), (got, want)
-    assert any(bool((w == 0).any()) for _, w in seen) and any(bool((w > 0).all()) for _, w in seen)
+        assert got == want, (got, want)
+    assert any(not all(w) for _, w in seen) and any(all(w) for _, w in seen)
     reads.clear()
     gdpo.gdpo_advantages(torch.randn(24, 2, generator=gen), group_size=4, certified="narrow")
     assert not reads, "the rows of constant groups read where every unit's c vary"

@@ -458,7 +458,7 @@ def test_padded_bucketed_and_looped_layouts_agree_bit_for_bit(seed, monkeypatch)
     """Labelled groups padded to the longest group, cut into size buckets, and
     ragged units padded or taken one at a time: the same bits (the tree of a
     segment is fixed by its length, padding only adds zeros)."""
-    import impl._groups as groups_mod
+    import impl._eq47 as groups_mod
     import impl._whiten as whiten_mod
 
     r, labels = _ragged_labels(seed)
@@ -508,12 +508,12 @@ def test_graphable_device_part_is_the_call():
     branches) gives the call's bits and the facts that name a bad reward."""
     import dataclasses
 
-    from impl import _certify, _inputs, _pipeline, _plan
+    from impl import _certify, _inputs, _pipeline
     from impl import _problems as P
 
     def part(x):  # planned as on CUDA: no lazy search (every check without a branch)
         call = _inputs.check_gdpo(x, None, 8, w, [40, 56], DEFAULT_EPS, F32)
-        plan = dataclasses.replace(_plan.local(call, _plan.GDPO), lazy=False)
+        plan = dataclasses.replace(_pipeline.local(call, _pipeline.GDPO), lazy=False)
         return _pipeline.device_part(plan, call.inp.rewards)
 
     g = torch.Generator().manual_seed(4)
@@ -526,7 +526,7 @@ def test_graphable_device_part_is_the_call():
     bad = r.clone()
     bad[50, 1] = -math.inf
     facts = part(bad).facts
-    assert all(isinstance(v, torch.Tensor) and v.dim() == 0 for v in facts.values())  # impl._facts.Facts
+    assert all(isinstance(v, torch.Tensor) and v.dim() == 0 for v in facts.values())  # the facts: 0-d tensors by column
     row = [0] * P.ROW_WIDTH
     row[P.PRESENT], row[P.K], row[P.ROWS], row[P.GROUP_SIZE] = 1, 3, 96, 8
     for col, v in facts.items():

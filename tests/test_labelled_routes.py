@@ -1,6 +1,6 @@
 """Labelled groups take the cheapest layout that gives the same bits.
 
-Routes (impl._groups lays the groups out, impl._eq4 runs Eq. 4 on the layout): contiguous
+Routes (impl._eq47 lays the groups out and runs Eq. 4 on the layout): contiguous
 runs of one length take the contiguous layout; on CPU labels already in order skip the sort, and groups whose single
 padded layout would more than double the rows are cut into size buckets. Each
 route is a speed decision only: these tests pin that it is taken where it
@@ -15,8 +15,8 @@ import math
 import pytest
 import torch
 
-import impl._eq4 as eq4_mod
-import impl._groups as groups_mod
+import impl._eq47 as groups_mod
+import impl._pipeline as pipeline_mod
 from impl import gdpo
 
 F64 = torch.float64
@@ -52,7 +52,7 @@ def test_contiguous_runs_of_one_length_take_the_contiguous_layout(size, monkeypa
     r[size: 2 * size] = 5.0  # one group without signal
     labels = torch.tensor([40, -3, 7, 2**40, 0, 1, 9, -8, 5]).repeat_interleave(size)  # out of order
     want = _all(r, group_size=size)
-    _forbid(monkeypatch, (groups_mod, "_padded"), (groups_mod, "_bucketed"), (eq4_mod, "_padded_eq4"))
+    _forbid(monkeypatch, (groups_mod, "_padded"), (groups_mod, "_bucketed"))
     assert _all(r, group_ids=labels) == want
 
 
@@ -83,7 +83,7 @@ def test_sorted_labels_skip_the_sort_on_cpu_with_the_same_bits(monkeypatch):
     assert _all(r, group_ids=labels) == sorted_once
     assert n not in calls, "labels in order were sorted"
     assert _all(r, group_ids=labels.flip(0)) is not None and n in calls, "labels out of order were not sorted"
-    monkeypatch.setattr(groups_mod, "lazy_checks", lambda device: False)  # as on a device where reads cost
+    monkeypatch.setattr(pipeline_mod, "reads_free", lambda device: False)  # as on a device where reads cost
     calls.clear()
     assert _all(r, group_ids=labels) == sorted_once and n in calls
 
@@ -144,7 +144,7 @@ def test_cpu_cuts_groups_into_buckets_when_padding_would_double_the_rows(monkeyp
     assert _all(r, group_ids=labels) == padded
     assert taken, "a batch padded to 3x its rows was not cut into buckets on CPU"
     taken.clear()
-    monkeypatch.setattr(groups_mod, "lazy_checks", lambda device: False)  # a device where reads cost
+    monkeypatch.setattr(pipeline_mod, "reads_free", lambda device: False)  # a device where reads cost
     assert _all(r, group_ids=labels) == padded and not taken
 
 

@@ -21,7 +21,7 @@ import math
 
 import torch
 
-from impl._cast import round_to
+from impl._segments import round_to
 from impl._certify import bounds as B
 
 _F64 = torch.float64

@@ -26,7 +26,7 @@ import struct
 import numpy as np
 import torch
 
-from impl._cast import round_to
+from impl._segments import round_to
 from impl._certify import bounds as B
 from impl._certify import dd, exact as X
 from impl._certify.dd import round_test
@@ -148,40 +148,31 @@ def flat_rows(ctx) -> torch.Tensor:
     return (hi == lo).all(1).index_select(0, gid)
 
 
-def row_bound(ctx) -> tuple[float, float]:
-    """(e, erms): |c - c*| <= e on every row (0 on a row of a constant group), and their root mean
-    square over a unit of whole groups at most erms (``bounds.eq47_rows`` of the longest group;
-    whiten: the values are c, exact)."""
-    if ctx.inp is None:
-        return 0.0, 0.0
+def magnitudes(ctx) -> tuple[float, float]:
+    """The rewards' smallest nonzero magnitude (inf where every reward is 0) and their largest, for
+    rewards in a narrow format; (inf, 0) for others (whose sums are never taken as exact). On the
+    bits, one read: |x| orders as its bits without the sign, and a zero wraps to the top."""
     r = ctx.inp.rewards
-    exact = False
-    if r.dtype in B.NARROW:  # the smallest nonzero and the largest magnitude, on the bits: |x| orders as
-        idt = torch.int32 if r.dtype == torch.float32 else torch.int16  # its bits without the sign
-        mask = torch.iinfo(idt).max
-        b = r.view(idt) & mask
-        hi = b.amax()
-        lo, hi = torch.stack([b.sub_(1).bitwise_and_(mask).amin(), hi]).tolist()  # (a zero wraps to the top)
-        small, large = torch.tensor([(lo + 1) & mask, hi], dtype=idt).view(r.dtype).tolist()
-        exact = B.exact_sums(r.dtype, math.inf if lo == mask else small, large, ctx.n_max)
-    return B.eq47_rows(ctx.n_max, tuple(ctx.inp.weights), exact)
+    if r.dtype not in B.NARROW:
+        return math.inf, 0.0
+    idt = torch.int32 if r.dtype == torch.float32 else torch.int16
+    mask = torch.iinfo(idt).max
+    b = r.view(idt) & mask
+    hi = b.amax()
+    lo, hi = torch.stack([b.sub_(1).bitwise_and_(mask).amin(), hi]).tolist()
+    small, large = torch.tensor([(lo + 1) & mask, hi], dtype=idt).view(r.dtype).tolist()
+    return (math.inf if lo == mask else small), large
 
 
-def _emax(ctx, e: float) -> np.ndarray:
-    """Each unit's largest bound on a row's |c - c*|: e wherever the unit's c vary (some row is
-    then of a group that is not constant); else read from the rows' groups."""
-    varies = ctx.table[:, 5] != ctx.table[:, 6]
-    full = np.full(varies.shape, e)
-    if e == 0 or varies.all():
-        return full
-    E = torch.where(flat_rows(ctx), 0.0, torch.full_like(ctx.a, e))
-    per_unit = torch.zeros(len(ctx.sizes), dtype=_F64, device=E.device).scatter_reduce_(0, unit_of(ctx), E, "amax")
-    return np.where(varies, full, per_unit.cpu().numpy())
-
-
-def _on(ctx, x: np.ndarray) -> torch.Tensor:
-    """A per-unit host array on the rows' device."""
-    return torch.from_numpy(x).to(ctx.a.device)
+def varied(ctx) -> np.ndarray:
+    """(S,) bool: does the unit hold a row of a group that is not constant in every column (E > 0
+    there)? Where its c vary, some row's does; only units whose c are all equal read the rows."""
+    out = ctx.table[:, 5] != ctx.table[:, 6]
+    if ctx.inp is None or out.all():
+        return out
+    live = (~flat_rows(ctx)).to(torch.int64)
+    per_unit = torch.zeros(len(ctx.sizes), dtype=torch.int64, device=live.device).index_add_(0, unit_of(ctx), live)
+    return out | (per_unit > 0).cpu().numpy()
 
 
 def _own(y: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
@@ -197,12 +188,16 @@ def float64(ctx, y: torch.Tensor, left):
     boundary of the output format; outputs that round to 0 are certified where the interval lies
     on one side of 0 within the rounding interval of 0, or where the unit is exactly collapsed."""
     a, out_dtype, S = ctx.a, ctx.out_dtype, len(ctx.sizes)
-    e, erms = row_bound(ctx)
-    u = ctx.units = B.eq6_units(ctx.table, ctx.eps, ctx.whole, _emax(ctx, e), erms)
-    alpha, beta = _on(ctx, u.alpha), _on(ctx, u.beta)
+    some, (small, large) = varied(ctx), magnitudes(ctx) if ctx.inp is not None else (math.inf, 0.0)
+    e, erms = 0.0, 0.0  # whiten: the values are c, exact
+    if ctx.inp is not None:  # |c - c*| <= e on every row but those of constant groups (E = 0), rms erms
+        exact = B.exact_sums(ctx.inp.rewards.dtype, small, large, ctx.n_max)
+        e, erms = B.eq47_rows(ctx.n_max, tuple(ctx.inp.weights), exact)
+    u = ctx.units = B.eq6_units(ctx.table, ctx.eps, ctx.whole, np.where(some, e, 0.0), erms)  # (E's largest)
+    alpha, beta = torch.from_numpy(u.alpha).to(a.device), torch.from_numpy(u.beta).to(a.device)
     if out_dtype == _F64:
         unit = unit_of(ctx)
-        Bd = torch.where(_on(ctx, u.exact0).index_select(0, unit), 0.0,
+        Bd = torch.where(torch.from_numpy(u.exact0).to(a.device).index_select(0, unit), 0.0,
                          alpha.index_select(0, unit) + beta.index_select(0, unit) * a.abs())
         ok, y1 = round_test(a, torch.zeros_like(a), Bd, _F64)
         return _own(y, a).copy_(y1), indices(~ok)
@@ -220,7 +215,7 @@ def float64(ctx, y: torch.Tensor, left):
         ar, unit = a.index_select(0, rows), unit_of(ctx, rows)
         ab = (alpha.index_select(0, unit) + beta.index_select(0, unit) * ar.abs()) * _GROW
         sure = (ar.abs() > ab) & (ar.abs() + ab < _ZERO[out_dtype])  # a zero of a's sign
-        collapsed = _on(ctx, u.exact0).index_select(0, unit) & (ar == 0)  # every c equal and exact: a = +0
+        collapsed = torch.from_numpy(u.exact0).to(a.device).index_select(0, unit) & (ar == 0)  # c exact, equal: a = +0
         y.index_fill_(0, rows[collapsed], 0.0)
         keep = torch.ones(left.shape, dtype=torch.bool, device=a.device).index_fill_(0, zero[sure | collapsed], False)
         left = left[keep]
@@ -235,8 +230,9 @@ def group_exact(ctx, y: torch.Tensor, left: torch.Tensor):
     u = ctx.units
     if ctx.inp is not None and u.whole.any():
         unit = unit_of(ctx, left)
-        near = ctx.a.index_select(0, left).abs() <= _on(ctx, B.zero_reach(u.alpha, u.beta)).index_select(0, unit)
-        cand = indices(_on(ctx, u.whole).index_select(0, unit) & near)  # places among the rows left
+        reach, whole = (torch.from_numpy(x).to(left.device) for x in (B.zero_reach(u.alpha, u.beta), u.whole))
+        near = ctx.a.index_select(0, left).abs() <= reach.index_select(0, unit)
+        cand = indices(whole.index_select(0, unit) & near)  # places among the rows left
         if cand.numel():
             rows = left.index_select(0, cand)
             mem, mg, inv, at = group_rows(ctx, rows)
