@@ -112,10 +112,15 @@ def host_to_device(values: list, dtype: torch.dtype, device: torch.device) -> to
 def tree_sum(x: torch.Tensor, *, squares: bool = False) -> torch.Tensor:
     """Sum along dim 1 by the canonical pairwise tree, keeping the dim (of the squares of x if
     ``squares``: each square rounded, then summed the same way). Level s adds position p + s into
-    position p (p a multiple of 2s) of one work copy, in place; a position without a partner is
-    left as it is. Along dim 1 of a ``(K, n, G)`` layout each level adds two sets of whole
-    contiguous rows."""
-    y = x * x if squares else x.clone()
+    position p (p a multiple of 2s); a position without a partner is left as it is. The levels
+    run in place in one work copy (the sums' first level, made out of place, is that copy); along
+    dim 1 of a ``(K, n, G)`` layout each level adds two sets of whole contiguous rows."""
+    m, h = x.shape[1], x.shape[1] // 2
+    if squares or not h:
+        y = x * x if squares else x.clone()
+    else:
+        y = x[:, 0:2 * h:2] + x[:, 1:2 * h:2]
+        y = torch.cat([y, x[:, m - 1:]], 1) if m % 2 else y
     m, s = y.shape[1], 1
     while s < m:
         y[:, 0:m - s:2 * s].add_(y[:, s:m:2 * s])
