@@ -733,20 +733,6 @@ def test_dd_safe_range():
     assert not any(DD.safe(x) for x in unsafe)
 
 
-@pytest.mark.parametrize("g, sizes", [(16, [1024]), (8, [512, 512]), (5, [320, 320, 640]), (2, [1024])])
-def test_dd_equal_layout_gives_the_general_layouts_bits(g, sizes):
-    """Contiguous groups of one size take the dd tier's equal layout (views, no masks): its
-    results are the general (padded, masked) layout's bit for bit, 0/1 rewards included."""
-    n = sum(sizes)
-    gen = torch.Generator().manual_seed(g)
-    for r in (torch.randn(n, 4, generator=gen), (torch.rand(n, 4, generator=gen) < 0.5).float()):
-        gid = torch.arange(n) // g
-        args = (r, gid, n // g, [1.0, 0.5, 2.0, -1.0], 1e-6, sizes, [True] * len(sizes))
-        general, equal = DD.gdpo(*args), DD.gdpo(*args, g)
-        for x, y in zip(general, equal):
-            assert torch.equal(x.view(torch.int64), y.view(torch.int64))
-
-
 def _near_midpoint_cases(dtype, count: int, seed: int):
     """(lo, hi, the unit's numbers, whole) whose a* sits within a few float64 ulps of an output midpoint or
     value, whole units and not, with statistics' bounds of every size the tier meets."""

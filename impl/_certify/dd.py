@@ -167,30 +167,12 @@ def tree_sum(x, dim: int = 1):
     return h, l
 
 
-def to_float(x):
-    """The dd rounded to nearest float64 (hi + lo, one rounding)."""
-    return x[0] + x[1]
-
-
 # --- Eq. 4, 7 and 6 in dd on a padded segment layout ------------------------------------------
 
 
 class Segments:
     """Rows gathered into a padded (S, width) layout by a segment index per row (any order);
-    :meth:`equal`: segments of one size, in order (a view, no mask)."""
-
-    mask: torch.Tensor | None  # (S, width) bool: the slots that hold a row (None: every slot)
-
-    @classmethod
-    def equal(cls, count: int, width: int, device) -> "Segments":
-        """``count`` segments of ``width`` consecutive rows each: gather and rows are views, and
-        :func:`standardize` skips the masks (the same arithmetic on the same slots, so the same
-        bits as the general layout of these rows)."""
-        self = cls.__new__(cls)
-        self.width, self.count = width, count
-        self.sizes = torch.full((count, 1), float(width), dtype=_F64, device=device)
-        self.mask = self.slot = None
-        return self
+    ``mask`` (S, width) bool: the slots that hold a row."""
 
     def __init__(self, seg: torch.Tensor, count: int):
         n = seg.shape[0]
@@ -215,16 +197,12 @@ class Segments:
     def gather(self, x: torch.Tensor) -> torch.Tensor:
         """(N, ...) rows into (S, width, ...), the padding repeating each segment's first row."""
         tail = x.shape[1:]
-        if self.mask is None:
-            return x.reshape((self.count, self.width) + tail)
         buf = x.index_select(0, self.first)[:, None].expand((self.count, self.width) + tail).contiguous()
         buf.view((-1,) + tail).index_copy_(0, self.slot, x)
         return buf
 
     def rows(self, x: torch.Tensor) -> torch.Tensor:
         """(S, width, ...) back to (N, ...) rows."""
-        if self.slot is None:
-            return x.reshape((-1,) + x.shape[2:])
         return x.reshape((-1,) + x.shape[2:]).index_select(0, self.slot)
 
 
@@ -239,10 +217,10 @@ def standardize(xh, xl, segs: Segments, eps: float, zero_mean=None):
     z is dev times the denominator's dd reciprocal (one quotient per segment and column, not
     one per value): relative error at most 15u**2 + 7u**2 + a third-order term, below
     :data:`UNIT` as every single operation's."""
-    mask = None if segs.mask is None else segs.mask[:, :, None]
+    mask = segs.mask[:, :, None]
 
-    def slots(x, fill=0.0):  # the padding's slots set to fill (none in an equal layout)
-        return x if mask is None else torch.where(mask, x, fill)
+    def slots(x, fill=0.0):  # the padding's slots set to fill
+        return torch.where(mask, x, fill)
 
     if xl is None:  # x - x0 of two float64: exact as the dd (s, e) of TwoSum
         d = two_sum(xh, -xh[:, :1])
@@ -271,7 +249,7 @@ def standardize(xh, xl, segs: Segments, eps: float, zero_mean=None):
     safe_den = (torch.where(collapsed | (den[0] == 0), 1.0, den[0]), torch.where(collapsed | (den[0] == 0), 0.0, den[1]))
     inv = div((torch.ones_like(safe_den[0]), torch.zeros_like(safe_den[1])), safe_den)
     z = mul(dev, inv)
-    keep = ~collapsed if mask is None else ~collapsed & mask
+    keep = ~collapsed & mask
     z = (torch.where(keep, z[0], 0.0), torch.where(keep, z[1], 0.0))
     return z, den, collapsed
 
@@ -332,11 +310,10 @@ def round_test(h: torch.Tensor, l: torch.Tensor, Bd: torch.Tensor, out_dtype):
 
 
 def gdpo(r: torch.Tensor, gid: torch.Tensor, G: int, weights: list[float], eps: float,
-         sizes: list[int], whole: torch.Tensor, group_size: int | None = None) -> tuple | None:
+         sizes: list[int], whole) -> tuple | None:
     """Eq. 4, 7 and 6 of every row in double-double: (h, l, B) per row, or None where the
-    inputs leave the dd path's safe range. ``group_size``: the groups are contiguous, of that
-    size (the equal layout: views, no masks)."""
-    got = combined(r, gid, G, weights, eps, group_size)
+    inputs leave the dd path's safe range."""
+    got = combined(r, gid, G, weights, eps)
     return None if got is None else whiten(*got, eps, sizes, whole)
 
 
@@ -348,7 +325,7 @@ def whiten(ch: torch.Tensor, cl: torch.Tensor, E: torch.Tensor, eps: float, size
     device, S = ch.device, len(sizes)
     unit = _unit_index(sizes, device)
     wt = whole_tensor(whole, S, device)
-    segs = Segments.equal(S, sizes[0], device) if len(set(sizes)) == 1 and sizes[0] else Segments(unit, S)
+    segs = Segments(unit, S)
     C = segs.gather(torch.stack([ch, cl], 1))
     a, den, flat = standardize(C[:, :, :1], C[:, :, 1:], segs, eps, zero_mean=wt)
     h, l = segs.rows(a[0]).view(-1), segs.rows(a[1]).view(-1)
@@ -379,16 +356,15 @@ def _unit_index(sizes: list[int], device) -> torch.Tensor:
                                    torch.tensor(sizes, dtype=_I64, device=device))
 
 
-def combined(r: torch.Tensor, gid: torch.Tensor, G: int, weights: list[float], eps: float,
-             group_size: int | None = None):
-    """Eq. 4 and 7 of every row in double-double, rows grouped by ``gid`` (contiguous groups of
-    ``group_size`` where given): (ch, cl, E), E the bound on each row's error; None outside the
-    dd path's safe range (inputs, or combined values: a huge eps over a tiny std)."""
+def combined(r: torch.Tensor, gid: torch.Tensor, G: int, weights: list[float], eps: float):
+    """Eq. 4 and 7 of every row in double-double, rows grouped by ``gid``: (ch, cl, E), E the
+    bound on each row's error; None outside the dd path's safe range (inputs, or combined values:
+    a huge eps over a tiny std)."""
     r = r.to(_F64)
     if not (safe(r, *weights) and eps_safe(eps)):
         return None
     k = r.shape[1]
-    segs = Segments.equal(G, group_size, r.device) if group_size and r.shape[0] else Segments(gid, G)
+    segs = Segments(gid, G)
     z, _, collapsed = standardize(segs.gather(r), None, segs, eps)
     zh, zl = segs.rows(z[0]), segs.rows(z[1])
     ch = cl = None

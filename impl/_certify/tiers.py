@@ -367,8 +367,7 @@ def double_double(ctx, y: torch.Tensor, left: torch.Tensor):
     else:
         gid, G = groups(ctx)
         inp = ctx.inp
-        got = dd.gdpo(inp.rewards, gid, G, inp.weights, ctx.eps, ctx.sizes, ctx.units.whole.tolist(),
-                      inp.group_size if inp.labels is None else None)
+        got = dd.gdpo(inp.rewards, gid, G, inp.weights, ctx.eps, ctx.sizes, ctx.units.whole.tolist())
     if got is None:
         return y, left
     ok, y1 = round_test(*(t.index_select(0, left) for t in got), ctx.out_dtype)
