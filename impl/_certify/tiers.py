@@ -150,18 +150,20 @@ def flat_rows(ctx) -> torch.Tensor:
 
 def magnitudes(ctx) -> tuple[float, float]:
     """The rewards' smallest nonzero magnitude (inf where every reward is 0) and their largest, for
-    rewards in a narrow format; (inf, 0) for others (whose sums are never taken as exact). On the
-    bits, one read: |x| orders as its bits without the sign, and a zero wraps to the top."""
+    rewards in a narrow format; (inf, 0) for others (whose sums are never taken as exact). One
+    pass where no reward is 0; else the smallest nonzero one on the bits: |x| orders as its bits
+    without the sign, and a zero wraps to the top."""
     r = ctx.inp.rewards
     if r.dtype not in B.NARROW:
         return math.inf, 0.0
-    idt = torch.int32 if r.dtype == torch.float32 else torch.int16
-    mask = torch.iinfo(idt).max
-    b = r.view(idt) & mask
-    hi = b.amax()
-    lo, hi = torch.stack([b.sub_(1).bitwise_and_(mask).amin(), hi]).tolist()
-    small, large = torch.tensor([(lo + 1) & mask, hi], dtype=idt).view(r.dtype).tolist()
-    return (math.inf if lo == mask else small), large
+    m = r.abs()
+    small, large = torch.stack(torch.aminmax(m)).tolist()
+    if small == 0:
+        idt = torch.int32 if r.dtype == torch.float32 else torch.int16
+        mask = torch.iinfo(idt).max
+        lo = int(m.view(idt).sub_(1).bitwise_and_(mask).amin())
+        small = math.inf if lo == mask else torch.tensor([lo + 1], dtype=idt).view(r.dtype).item()
+    return small, large
 
 
 def varied(ctx) -> np.ndarray:
@@ -276,8 +278,16 @@ def _exact_c(ctx, rows: list[int]) -> list[tuple]:
     if ctx.inp is None:
         at = torch.tensor(rows, dtype=_I64, device=ctx.c.device)
         return [(Fraction(v), Fraction(v), False) for v in ctx.c.index_select(0, at).tolist()]
+    inp, w = ctx.inp, list(ctx.inp.weights)
+    if inp.labels is None:  # contiguous groups: each row's group from its number
+        g, out = inp.group_size, {}
+        for q in sorted({row // g for row in rows}):
+            mine = [row for row in rows if row // g == q]
+            vals = inp.rewards[q * g:(q + 1) * g].to("cpu", _F64).tolist()
+            out.update(zip(mine, X.combined(vals, w, ctx.eps, [row - q * g for row in mine])))
+        return [out[row] for row in rows]
     mem, mg, inv, at = group_rows(ctx, torch.tensor(rows, dtype=_I64, device=ctx.a.device))
-    vals = ctx.inp.rewards.index_select(0, mem).to("cpu", _F64).tolist()
+    vals = inp.rewards.index_select(0, mem).to("cpu", _F64).tolist()
     start = {}  # each group's first place in mem
     for i, q in enumerate(mg.tolist()):
         start.setdefault(q, i)
@@ -289,7 +299,7 @@ def _exact_c(ctx, rows: list[int]) -> list[tuple]:
     places = at.tolist()
     for q, js in asked.items():
         s0 = start[q]
-        got = X.combined(vals[s0:s0 + size[q]], list(ctx.inp.weights), ctx.eps, [places[j] - s0 for j in js])
+        got = X.combined(vals[s0:s0 + size[q]], w, ctx.eps, [places[j] - s0 for j in js])
         for j, res in zip(js, got):
             out[j] = res
     return out
