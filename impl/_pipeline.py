@@ -374,7 +374,6 @@ class Device:
     """What the device part of a call leaves; nothing of it read on the host yet."""
 
     facts: dict  # {column of the facts row: 0-d device tensor}
-    z: object = None  # Eq. 4 in the plan's layout (its backend's; None after a graph replay)
     c: torch.Tensor | None = None  # Eq. 7: (N,) float64, input order (standardize_groups: z (N, K); whiten: the values)
     varies: torch.Tensor | None = None  # group_has_signal
     loc: object = None  # Eq. 6 statistics of this process's units
@@ -387,7 +386,7 @@ def through_stats(plan: Plan, x: torch.Tensor, facts: dict) -> Device:
     before they are applied). No host read unless ``plan.lazy``, no branch on data."""
     dev = Device(facts)
     if plan.eq4:  # Eq. 4, then Eq. 7: c (N,), input order (standardize_groups: z (N, K))
-        dev.z, dev.c, dev.varies = plan.eq47.eq47(plan, x, facts)
+        _, dev.c, dev.varies = plan.eq47.eq47(plan, x, facts)  # (z, in its layout, freed here)
     else:
         dev.c = x  # whiten: the values are c
         if not plan.lazy:

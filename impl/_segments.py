@@ -114,7 +114,12 @@ def tree_sum(x: torch.Tensor, *, squares: bool = False) -> torch.Tensor:
     ``squares``: each square rounded, then summed the same way). Level s adds position p + s into
     position p (p a multiple of 2s); a position without a partner is left as it is. The levels
     run in place in one work copy (the sums' first level, made out of place, is that copy); along
-    dim 1 of a ``(K, n, G)`` layout each level adds two sets of whole contiguous rows."""
+    dim 1 of a ``(K, n, G)`` layout each level adds two sets of whole contiguous rows. The squares
+    of a large x are taken in slabs along dim 0 (a quarter of the work space, so a call's peak
+    memory stays low: at N = 65,536, K = 4 its pages are not handed back to the system and
+    faulted in again each call)."""
+    if squares and x.shape[0] > 1 and x.numel() > 1 << 16:
+        return torch.cat([tree_sum(part, squares=True) for part in x.split(-(-x.shape[0] // 4))])
     m, h = x.shape[1], x.shape[1] // 2
     if squares or not h:
         y = x * x if squares else x.clone()
