@@ -8,7 +8,7 @@
 Each batch is a fresh float32 reward tensor, of two families: normal rewards, and 0/1 rewards (the
 usual correctness and format rewards, where about 3% of rows cancel exactly across columns of
 equal variance: c* = 0, decided by the group-exact tier); groups of 8 and of 16, one unit, the
-default output dtype float32. For each batch the plain path (``impl._certify.disabled()``: one
+default output dtype float32. For each batch the plain path (``certified="off"``: one
 rounding of the float64 result) and the certified path run alternately, ``repeats`` times each;
 a batch's figure is the median of each. The ratio is certified / plain of those medians; the
 table also gives, per batch, how many samples the float64 bound left to the double-double tier
@@ -51,7 +51,7 @@ import time
 
 import torch
 
-from impl import _certify, gdpo
+from impl import gdpo
 
 
 #: the last commit before impl's certificate (15a040e): issue 27's "today's" plain path
@@ -249,23 +249,20 @@ def run(n: int = 65536, k: int = 4, batches: int = 8, repeats: int = 15, out_dty
     assert not (labelled and baseline is not None), "the baseline's child times contiguous groups"
     rows = []
     # the default's certificate (narrow formats); a float64 output is certified only in mode "all"
-    certifying = _certify.enabled_here if out_dtype == torch.float64 else _certify.narrow_here
+    mode = "all" if out_dtype == torch.float64 else "narrow"
     for family, group_size in ((f, g) for f in families for g in (8, 16)):
         for seed in range(batches):
             r = rewards(family, n, k, seed)
             groups = {"group_ids": ragged_labels(n, group_size, seed)} if labelled else {"group_size": group_size}
 
             def certified():
-                with certifying():
-                    return gdpo.gdpo_advantages(r, out_dtype=out_dtype, **groups)
+                return gdpo.gdpo_advantages(r, out_dtype=out_dtype, certified=mode, **groups)
 
             def plain():
-                with _certify.disabled():
-                    return gdpo.gdpo_advantages(r, out_dtype=out_dtype, **groups)
+                return gdpo.gdpo_advantages(r, out_dtype=out_dtype, certified="off", **groups)
 
             d = gdpo.Diagnostics()
-            with certifying():
-                gdpo.gdpo_advantages(r, out_dtype=out_dtype, diagnostics=d, **groups)
+            gdpo.gdpo_advantages(r, out_dtype=out_dtype, diagnostics=d, certified=mode, **groups)
             if baseline is not None:
                 assert out_dtype == torch.float32, "the baseline's child times float32 outputs"
                 baseline.batch(family, n, k, group_size, seed)
@@ -337,8 +334,7 @@ def fallbacks(seeds: int, n: int = 65536, k: int = 4, families=FAMILIES) -> list
         hit = []
         for seed in range(seeds):
             d = gdpo.Diagnostics()
-            with _certify.narrow_here():
-                gdpo.gdpo_advantages(rewards(family, n, k, seed), group_size=group_size, diagnostics=d)
+            gdpo.gdpo_advantages(rewards(family, n, k, seed), group_size=group_size, diagnostics=d, certified="narrow")
             c = d.certified
             if c.double_double or c.exact or c.uncertified:
                 hit.append(seed)

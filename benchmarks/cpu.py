@@ -1,6 +1,6 @@
 """CPU benchmarks: impl.gdpo side by side with what users would otherwise run.
 
-    python -m benchmarks.cpu [--quick] [--out FILE.json] [--md FILE.md]
+    python -m benchmarks.cpu [--quick] [--n N ...] [--repeats R] [--out FILE.json] [--md FILE.md]
 
 For each size, every implementation runs in the same process on the same data,
 taking turns call by call; the figure is the median wall time over repeats
@@ -10,7 +10,8 @@ per-group Python loop (verl's style) is only timed up to N = 65,536 (one call
 there takes seconds, so one repeat). N = 16,777,216 is trimmed to fit a run in
 about ten minutes on two cores: two repeats, groups of 16 only, ragged labels
 only for K = 4.
-``--quick``: N <= 65,536 and K = 4 only (about a minute).
+``--quick``: N <= 65,536 and K = 4 only (about a minute); ``--n``: those N only; ``--repeats``:
+that many repeats (default: by N).
 
 "impl, labels" is the same batch given as ``group_ids``: labels in runs of the
 group size, in shuffled order (verl's uid layout); "ragged" rows are labelled
@@ -66,14 +67,14 @@ def _repeats(n: int) -> int:
     return max(3, min(50, 2_000_000 // max(n, 1)))
 
 
-def case(n: int, k: int, group: int, units: int, ragged: bool = False) -> dict:
+def case(n: int, k: int, group: int, units: int, ragged: bool = False, repeats: int | None = None) -> dict:
     gen = torch.Generator().manual_seed(n + k)
     r = torch.randn(n, k, generator=gen)
     w = [1.0 + 0.5 * i for i in range(k)]
     wt = torch.tensor(w)
     seg = [n // units] * units
     seg[-1] += n - sum(seg)
-    reps = _repeats(n)
+    reps = repeats or _repeats(n)
     row = {"N": n, "K": k, "group": "ragged" if ragged else group, "units": units, "repeats": reps}
     if ragged:
         sizes = np.resize(np.array([5, 9, 16, 2, 31, 1 + group]), n // 8 + 8)
@@ -112,6 +113,8 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=None)
     p.add_argument("--md", default=None, help="also write the table as markdown")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own)")
+    p.add_argument("--n", type=int, nargs="+", default=None, help="these N only")
+    p.add_argument("--repeats", type=int, default=None, help="repeats per case (default: by N)")
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -119,16 +122,16 @@ def main(argv=None) -> int:
            "threads": torch.get_num_threads(), "date": time.strftime("%Y-%m-%d")}
     print(json.dumps(env))
     rows = []
-    sizes = SIZES[:3] if args.quick else SIZES
+    sizes = args.n or (SIZES[:3] if args.quick else SIZES)
     for n in sizes:
         big = n >= 16_000_000  # trimmed: one call there takes seconds
         for k in ((4,) if args.quick else (2, 4, 8)):
             for units in (1, 8):
                 for group in ((16,) if big else (8, 16)):
-                    rows.append(case(n, k, group, units))
+                    rows.append(case(n, k, group, units, repeats=args.repeats))
                     print(json.dumps(rows[-1]), flush=True)
             if not big or k == 4:
-                rows.append(case(n, k, 16, 8, ragged=True))
+                rows.append(case(n, k, 16, 8, ragged=True, repeats=args.repeats))
                 print(json.dumps(rows[-1]), flush=True)
     if args.out:
         with open(args.out, "w") as f:

@@ -34,7 +34,7 @@ import warnings
 import torch
 
 from gdpo_tools.peer_formulas import trl_normalize_then_sum
-from impl import _fused, _graphs, gdpo
+from impl import _fused, _pipeline, gdpo
 
 
 def _time(fn, repeats: int, warmup: int) -> float:
@@ -79,7 +79,7 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
 
 
 def _counters() -> dict:
-    return {**{f"graph_{k}": v for k, v in _graphs.stats.items()}, "fused_calls": _fused.stats["calls"],
+    return {**{f"graph_{k}": v for k, v in _pipeline.graph_stats.items()}, "fused_calls": _fused.stats["calls"],
             "fused_whiten": _fused.stats["whiten"]}
 
 
@@ -159,7 +159,7 @@ def run(repeats: int = 50, device: str = "cuda", sizes=(8192, 1 << 20, 1 << 24),
             _set_mode({})
             reference = ours()
             for mode, env in _MODES.items():
-                if "graphs" in mode and (not cuda or n * 4 > _graphs.MAX_ELEMENTS):
+                if "graphs" in mode and (not cuda or n * 4 > _pipeline.GRAPH_ELEMENTS):
                     continue
                 _set_mode({**env, "GDPO_FUSED": "interpret"} if "GDPO_FUSED" in env and not cuda else env)
                 try:

@@ -1,6 +1,6 @@
 """The distributed protocol: a call across the ranks of a process group, over the local
 spine's stages (``impl._pipeline.through_stats``, then Eq. 6's apply from the merged
-statistics, on the plan ``impl._plan.distributed`` and ``agreed`` make). Distributed calls
+statistics, on the plan ``impl._pipeline.distributed`` and ``agreed`` make). Distributed calls
 never raise before the agreement: every local problem, including an unexpected exception,
 becomes a code in this rank's row of the agreement table. Contiguous groups compute
 everything before it; labelled groups compute Eq. 4/7 after it.
@@ -48,14 +48,16 @@ import contextvars
 import torch
 import torch.distributed as dist
 
-from impl import _cast, _certify, _facts, _pipeline, _plan
+from impl import _certify, _pipeline
 from impl import _problems as P
 from impl import _whiten as W
-from impl._cast import cast_limit, cast_reachable
+from impl._certify import dd as _dd
+from impl._pipeline import cast_limit, cast_reachable
 from impl._inputs import (
     Problem,
     _check_diagnostics,
     _shown,
+    check_certified,
     check_eps,
     check_missing,
     check_out_dtype,
@@ -64,8 +66,8 @@ from impl._inputs import (
     check_values,
     rewards_host,
 )
+from impl._eq47 import overflow_possible
 from impl._segments import host_to_device
-from impl._stats import overflow_possible
 from spec.constants import REFUSAL_WORDS_BYTES
 
 _F64 = torch.float64
@@ -85,6 +87,20 @@ def _through_stats(plan, n: int, device):
         c = plan.inp.rewards.new_empty(0, dtype=_F64)
         dev = _pipeline.Device({}, c=c, loc=plan.eq6b.eq6_stats(plan, c, {}))
     return plan, dev.loc, dev.facts, dev.loc.table(device)
+
+
+def _device_row(host: dict[int, int], facts: dict, device) -> torch.Tensor:
+    """This rank's row of the agreement table on ``device`` (no host read): host fields, then the
+    device fields (``P.DEVICE_FIELDS``, 0 where ``facts`` has none)."""
+    values = [0] * P.ROW_WIDTH
+    for col, v in host.items():
+        values[col] = int(v)
+    row = host_to_device(values, _I64, device)
+    if facts:
+        zero = torch.zeros((), dtype=_I64, device=device)
+        block = torch.stack([facts.get(c, zero).to(_I64).reshape(()) for c in P.DEVICE_FIELDS])
+        row[P.DEVICE_FIELDS[0]: P.DEVICE_FIELDS[-1] + 1] = block
+    return row
 
 
 def _comm_device(group, data_device: torch.device) -> torch.device:
@@ -111,7 +127,7 @@ def _device_of(x) -> torch.device:
 
 def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, group_size=None,
                     weights=None, segment_sizes=None, eps, out_dtype, refused: Exception | None = None,
-                    missing="refuse", diagnostics=None):
+                    missing="refuse", diagnostics=None, certified=None):
     """Whitening (api whiten) or the whole pipeline (api gdpo) across ``group``.
 
     ``refused``: an exception the caller (an adapter) raised on this rank before the call;
@@ -140,6 +156,8 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
         host[P.EPS_BITS] = P.float_bits(eps)
         out_dtype = check_out_dtype(out_dtype)
         host[P.OUT_DTYPE] = P.dtype_code(out_dtype)
+        mode = check_certified(certified)
+        host[P.CERTIFIED] = P.CERTIFIED_CODES[mode]
         if api == P.API_GDPO:
             missing = check_missing(missing)
             inp = check_rewards(rewards, group_ids, group_size, weights, allow_empty_rows=True)
@@ -156,24 +174,24 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
         for j, s in enumerate(sizes[: P.COUNT_SLOTS]):
             host[P.COUNTS + j] = s
         if api == P.API_GDPO:
-            plan = _plan.distributed(_plan.GDPO, eps, out_dtype, sizes, inp=inp)  # labelled: phase one
+            plan = _pipeline.distributed(_pipeline.GDPO, eps, out_dtype, sizes, mode, inp=inp)  # labelled: phase one
             if plan.scored is not None:
                 host[P.UNSCORED] = plan.scored.unscored
             if plan.prep is not None:
                 device_facts.update(plan.prep.facts)
             else:  # contiguous groups: all local work before the agreement
-                plan, loc, facts, mine = _plan.guard(plan, lambda p: _through_stats(p, n, data_device))
+                plan, loc, facts, mine = _pipeline.guard(plan, lambda p: _through_stats(p, n, data_device))
                 device_facts.update(facts)
         else:
-            plan = _plan.distributed(_plan.WHITEN, eps, out_dtype, sizes, values=v)
-            device_facts.update(_facts.value_facts(v))
+            plan = _pipeline.distributed(_pipeline.WHITEN, eps, out_dtype, sizes, mode, values=v)
+            device_facts.update(_pipeline.value_facts(v))
             if n:
                 ends = host_to_device([sum(sizes[: j + 1]) for j in range(len(sizes))], _I64, data_device)
                 device_facts[P.NF_VALUE_UNIT] = torch.searchsorted(ends, device_facts[P.NF_VALUE], right=True)
             def stats(p):
                 loc = p.eq6b.eq6_stats(p, v, {})
                 return p, loc, loc.table(data_device)  # computed here: a fused failure reruns on the plain plan
-            plan, loc, mine = _plan.guard(plan, stats)
+            plan, loc, mine = _pipeline.guard(plan, stats)
         # Collectives 2 and 3's buffer, before the agreement: after it, a failing rank allocates
         # nothing. Contiguous groups and whiten fill their statistics now as well.
         comm = _comm_device(group, data_device)
@@ -197,12 +215,12 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
     words_buf = flat[world * P.ROW_WIDTH:].view(world, _WORDS_COLS)
     told = local_exc  # the exception this rank's row describes
     try:
-        table[rank] = _facts.device_row(host, {} if local_exc else device_facts,
+        table[rank] = _device_row(host, {} if local_exc else device_facts,
                                  data_device if local_exc is None else torch.device("cpu")).to(comm)
     except Exception as exc:  # noqa: BLE001 - e.g. a host field beyond int64: still join, refused
         local_exc = local_exc or exc
         told = exc
-        table[rank] = _facts.device_row({P.PRESENT: 1, P.API: api, P.UNJOINED: missed, P.HOST_CODE: P.P_LOCAL_FAILURE}, {},
+        table[rank] = _device_row({P.PRESENT: 1, P.API: api, P.UNJOINED: missed, P.HOST_CODE: P.P_LOCAL_FAILURE}, {},
                                  torch.device("cpu")).to(comm)
     _all_reduce(table, dist.ReduceOp.SUM, group, name, 1, rank)
     agreed = table.tolist()  # the call's one host synchronisation
@@ -232,9 +250,9 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
     failure = None
     overflow_row = {}
     try:
-        plan = _plan.agreed(plan, agreed, rank)  # labelled groups: their layout (it needs G and n_max)
+        plan = _pipeline.agreed(plan, agreed, rank)  # labelled groups: their layout (it needs G and n_max)
         if plan.prep is not None:  # labelled groups compute Eq. 4/7 now
-            plan, loc, overflow_row, mine = _plan.guard(plan, lambda p: _through_stats(p, n, data_device))
+            plan, loc, overflow_row, mine = _pipeline.guard(plan, lambda p: _through_stats(p, n, data_device))
             buf.stats[rank, :units] = mine.to(comm)
     except Exception as exc:  # noqa: BLE001 - reported to the peers, raised here
         failure = exc
@@ -243,13 +261,13 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
     if buf.dd is not None and failure is None:  # the certificate's statistics (impl._certify)
         try:
             if api == P.API_GDPO:
-                dd_rows = _certify.dd_rows_gdpo(inp, eps)
+                dd_rows = _dd.rows(inp, eps)
             else:
                 v64 = v.to(_F64)
-                dd_rows = (v64, torch.zeros_like(v64), torch.zeros_like(v64)) if _certify._dd.safe(v64) and _certify._dd.eps_safe(eps) else None
+                dd_rows = (v64, torch.zeros_like(v64), torch.zeros_like(v64)) if _dd.safe(v64) and _dd.eps_safe(eps) else None
             whole_dd = plan.whole if api == P.API_GDPO else None
-            buf.dd[rank] = (_certify.dd_unsafe_table(sizes, data_device) if dd_rows is None else
-                            _certify.dd_table(*dd_rows, sizes, whole_dd)).to(comm)
+            buf.dd[rank] = (_dd.unsafe_table(sizes, data_device) if dd_rows is None else
+                            _dd.table(*dd_rows, sizes, whole_dd)).to(comm)
         except Exception as exc:  # noqa: BLE001 - reported to the peers, raised here
             failure = exc
             buf.bits[rank, units, 0] = 1
@@ -267,7 +285,7 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
             def apply(p):  # the plain plan after a failed fused apply: the plain statistics of the same c
                 mine = loc if p.eq6b is plan.eq6b else W.local_stats(loc.units.v, sizes, eps)
                 return p.eq6b.eq6_apply(p, mine, st, p.write)
-            a = _plan.guard(plan, apply)
+            a = _pipeline.guard(plan, apply)
             if late:
                 _late_row(buf.late[rank], overflow_row if check_overflow else {}, a if reachable else None,
                           out_dtype)
@@ -281,17 +299,17 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
         _late_checks(name, group, world, rank, agreed, buf.late, out_dtype, failure, words_buf)
     counts = _certify.Counts()
     if buf.dd is not None and a.dtype == _F64:
-        merged = _certify.dd_merged(buf.dd.to(data_device), eps)
+        merged = _dd.merged(buf.dd.to(data_device), eps)
         if dd_rows is None:  # this rank's inputs left the dd path's range: its plain result, uncertified
-            counts.uncertified += a.shape[0]
-            out = _cast.output(a, out_dtype, checked=True)  # the range: collective 3, where it can fail
+            counts["uncertified"] += a.shape[0]
+            out = _pipeline.output(a, out_dtype, checked=True)  # the range: collective 3, where it can fail
         else:
-            out = _certify.dd_finish(merged, *dd_rows, sizes, eps, out_dtype, counts, a)
+            out = _dd.finish(merged, *dd_rows, sizes, eps, out_dtype, counts, a)
     else:
-        out = _cast.output(a, out_dtype, checked=True)  # the range: collective 3, where it can fail
-        counts.uncertified += a.shape[0]
+        out = _pipeline.output(a, out_dtype, checked=True)  # the range: collective 3, where it can fail
+        counts["uncertified"] += a.shape[0]
     if api == P.API_GDPO:
-        (plan.scored or _plan._no_missing(inp)).report(diagnostics, sum(r[P.UNSCORED] for r in agreed))
+        (plan.scored or _pipeline.scored(inp, None)).report(diagnostics, sum(r[P.UNSCORED] for r in agreed))
         if diagnostics is not None:
             diagnostics.certified = counts
     return out, st
@@ -363,7 +381,7 @@ class _Buffers:
                  certified: bool = False):
         extra = max(units - P.COUNT_SLOTS, 0) if row_counts else 0
         extra_rows = -(-extra // W.COLS)
-        dd_rows = -(-(units * _certify.DDC) // W.COLS) if certified else 0
+        dd_rows = -(-(units * _dd.DDC) // W.COLS) if certified else 0
         rows = units + 1 + extra_rows + dd_rows
         flat = torch.zeros(world * _LATE_COLS + world * rows * W.COLS, dtype=_I64, device=device)
         self.late = flat[: world * _LATE_COLS].view(world, _LATE_COLS)
@@ -371,10 +389,10 @@ class _Buffers:
         self.stats = self.bits.view(_F64)
         self.units = units
         self.row_counts = self.stats[:, units + 1:].reshape(world, -1)[:, :extra] if row_counts else None
-        #: the certificate's double-double statistics (``impl._certify.dd_table``), (world, units, DDC)
+        #: the certificate's double-double statistics (``impl._certify.dd.table``), (world, units, DDC)
         start = units + 1 + extra_rows
-        self.dd = (self.stats[:, start:].reshape(world, -1)[:, : units * _certify.DDC]
-                   .view(world, units, _certify.DDC) if certified else None)
+        self.dd = (self.stats[:, start:].reshape(world, -1)[:, : units * _dd.DDC]
+                   .view(world, units, _dd.DDC) if certified else None)
 
 
 #: collective 3's row: Eq. 7 overflow (3 fields), cast count, failure flag, the first value

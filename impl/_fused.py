@@ -24,19 +24,19 @@ docs/performance.md point here, and tests/test_located_messages.py holds it to t
 code. Every API, local or across ranks, with contiguous or labelled groups (labelled
 ones in their padded layout), any number K of reward columns,
 float64/float32/float16/bfloat16 rewards, any output dtype (narrow ones are rounded
-from float64 by ``_cast.round_to``). Left on the plain path, with the same results:
+from float64 by ``_segments.round_to``). Left on the plain path, with the same results:
 
 * labelled groups so ragged that they take the bucketed layout (see ``_groups``);
 * ``group_has_signal`` with labels;
 * groups of more than 512 rows (``MAX_GROUP``);
 * whitening units of more than 2**26 rows (``MAX_UNIT``);
 * weights of 2**990 or more, or large enough for the Eq. 7 overflow check
-  (``_stats.overflow_possible``: 2 sqrt(n_max) sum|w| >= 2**1023);
+  (``_segments.overflow_possible``: 2 sqrt(n_max) sum|w| >= 2**1023);
 * calls with ``missing="unscored"`` (Eq. 4/7 over the scored rewards, Eq. 6 over the
-  scored rows: ``_eq4.standardize_scored``).
+  scored rows: ``_eq47._scored``).
 
 Whenever the fused path fails (no Triton, no compiler), a warning says so once and
-the plain path runs (``impl._plan.guard``: the call's stages again on the plain plan, the
+the plain path runs (``impl._pipeline.guard``: the call's stages again on the plain plan, the
 same bits).
 """
 
@@ -51,7 +51,7 @@ import torch
 
 from impl import _problems as P
 from impl import _segments as seg_ops
-from impl._stats import overflow_possible, weight_plan
+from impl._eq47 import overflow_possible, weight_plan
 
 _F64 = torch.float64
 _I64 = torch.int64
@@ -74,7 +74,7 @@ _STATE: dict = {}
 
 class FusedFailure(Exception):
     """A failure of the fused path itself (Triton, its compiler, a kernel launch), raised by a
-    stage of the fused backend with the original exception as its cause: ``impl._plan.guard``
+    stage of the fused backend with the original exception as its cause: ``impl._pipeline.guard``
     then turns the fused path off and runs the call's stages on the plain plan. Any other
     exception is the call's own and propagates (it is not retried on the plain path)."""
 
@@ -141,14 +141,14 @@ def kernels():
     return _STATE["kernels"]
 
 
-def _on(device: torch.device) -> bool:
+def on(device: torch.device) -> bool:
     m = mode()
     return bool(m) and (device.type == "cuda" or (m == "interpret" and device.type == "cpu"))
 
 
 def padded_eligible(r: torch.Tensor, width: int, weights: list[float]) -> bool:
     """Can Eq. 4/7 of groups of up to ``width`` rows of the rewards ``r`` run fused?"""
-    if not _on(r.device) or width > MAX_GROUP or r.dtype not in _REWARD_DTYPES:
+    if not on(r.device) or width > MAX_GROUP or r.dtype not in _REWARD_DTYPES:
         return False
     if weight_plan(weights)[1] or overflow_possible(weights, width):
         return False
@@ -163,7 +163,7 @@ def eq47_eligible(inp) -> bool:
 
 def whiten_eligible(device: torch.device, sizes: list[int], direct) -> bool:
     """Can Eq. 6 of units of these sizes, written in ``direct`` (None: float64), run fused?"""
-    if not _on(device) or direct not in (None, torch.float32) or max(sizes, default=0) > MAX_UNIT:
+    if not on(device) or direct not in (None, torch.float32) or max(sizes, default=0) > MAX_UNIT:
         return False
     return kernels() is not None
 
@@ -237,9 +237,9 @@ def _eq47_launch(r, source, groups: int, width: int, weights: list[float], eps: 
     return c, nf, programs
 
 
-def eq47(inp, eps: float) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+def eq47_contiguous(inp, eps: float) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
     """Eq. 4 and Eq. 7 of contiguous groups: c (N,) float64 in row order, and the
-    facts (``_facts.Facts``): ``NF_REWARD``, the first non-finite flat index (0 if
+    facts: ``NF_REWARD``, the first non-finite flat index (0 if
     none), and ``NF_REWARD_KIND``, the float64 bits of the reward there, 0-d views of
     the one int64 (2,) tensor the facts kernel writes. No host read."""
     r = _exact_f64(inp.rewards.contiguous())
@@ -384,9 +384,9 @@ class Local:
         return a
 
 
-# --- the fused backend (impl._plan.FUSED): the stages' plain signatures -----------------------
-# A stage receives the call's plan (impl._plan.Plan) and reads its fields; its failures are
-# FusedFailure, which impl._plan.guard alone catches, rerunning the stages on the plain plan.
+# --- the fused backend (impl._pipeline.FUSED): the stages' plain signatures -----------------------
+# A stage receives the call's plan (impl._pipeline.Plan) and reads its fields; its failures are
+# FusedFailure, which impl._pipeline.guard alone catches, rerunning the stages on the plain plan.
 
 
 def quiet(fn, plan):
@@ -400,47 +400,30 @@ def quiet(fn, plan):
     return fn(plan)
 
 
-class Deferred:
-    """Eq. 4 on the fused backend: nothing computed yet (the one kernel of Eq. 4 and Eq. 7 runs
-    in :func:`eq7`, reading the rewards once). No two-pass statistics: the certificate takes its
-    worst-case bound (``err_rows`` 0, as ``_eq4.Z`` says it)."""
-
-    err_rows = 0
-
-    def __init__(self, r: torch.Tensor, layout, longest: int):
-        self.r, self.layout, self.longest = r, layout, longest
-
-
 @_own_failures
-def eq4(plan, r: torch.Tensor, facts) -> Deferred:
-    """Eq. 4 of ``r`` (N, K) in the plan's layout (contiguous, or labelled groups' one padded
-    layout), deferred to :func:`eq7`."""
-    longest = plan.row[P.N_MAX] if plan.prep is not None else plan.inp.group_size
-    return Deferred(r, plan.layout, longest)
-
-
-@_own_failures
-def eq7(plan, z: Deferred, facts):
-    """Eq. 4 and Eq. 7 in one kernel: c (N,) float64 in input order and, for group_has_signal
-    (contiguous groups), ``varies``; the non-finite reward's facts put into ``facts``."""
+def eq47(plan, r: torch.Tensor, facts):
+    """Eq. 4 and Eq. 7 in one kernel (the rewards read once): (None, c, varies), c (N,) float64
+    in input order and, for group_has_signal (contiguous groups), ``varies``; the non-finite
+    reward's facts put into ``facts``. Contiguous groups, or labelled ones in their one padded
+    layout (the plan's)."""
     inp = plan.inp
     varies = None
     if plan.prep is None:  # contiguous groups: the facts kernel finds the first non-finite reward
-        c, found = eq47(inp, plan.eps)
+        c, found = eq47_contiguous(inp, plan.eps)
         facts.update(found)
         if plan.signal:
             g = inp.group_size
             cg = c.view(inp.n // g, g)
             varies = cg.amin(1) != cg.amax(1)
-        return c, varies
-    part = z.layout.parts[0]
-    r = z.r.contiguous()
-    c = eq47_padded(r, part.source, part.count, z.longest, inp.weights, plan.eps)
+        return None, c, varies
+    part = plan.layout.parts[0]
+    r = r.contiguous()
+    c = eq47_padded(r, part.source, part.count, plan.row[P.N_MAX], inp.weights, plan.eps)
     if plan.lazy and not bool(torch.isfinite(r).all()):  # lazy: CPU, where a read is free
-        from impl._facts import rewards_nonfinite_facts
+        from impl._eq47 import rewards_nonfinite_facts
 
         facts.update(rewards_nonfinite_facts(inp, r))
-    return c, varies
+    return None, c, varies
 
 
 @_own_failures

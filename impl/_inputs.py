@@ -10,6 +10,7 @@ import collections.abc
 import dataclasses
 import math
 import numbers
+import os
 import sys
 
 import torch
@@ -224,6 +225,24 @@ def check_missing(missing) -> str:
     raise Problem(P.P_MISSING, int(isinstance(missing, str)), detail=_shown(missing))
 
 
+#: What ``certified`` (and the environment's ``GDPO_CERTIFIED``, its default) may say, and the
+#: certificate's mode each names (``impl._certify``).
+CERTIFIED_MODES = {"1": "all", "all": "all", "true": "all", "yes": "all", "on": "all", "0": "off", "off": "off",
+                   "false": "off", "no": "off", "narrow": "narrow", "": "narrow"}
+
+
+def check_certified(certified) -> str:
+    """The certificate's mode a call's ``certified`` names: True "all", False "off", a string as
+    in :data:`CERTIFIED_MODES`; None: ``GDPO_CERTIFIED`` (unset, or naming no mode: "narrow")."""
+    if certified is None:
+        return CERTIFIED_MODES.get(os.environ.get("GDPO_CERTIFIED", "").strip().lower(), "narrow")
+    if isinstance(certified, bool):
+        return "all" if certified else "off"
+    if type(certified) is str and certified.strip().lower() in CERTIFIED_MODES:
+        return CERTIFIED_MODES[certified.strip().lower()]
+    raise Problem(P.P_CERTIFIED, detail=_shown(certified))
+
+
 def check_out_dtype(out_dtype) -> torch.dtype:
     if isinstance(out_dtype, torch.dtype):
         if out_dtype not in OUT_DTYPES:
@@ -344,9 +363,8 @@ def _python_values(x, type_code: int) -> torch.Tensor:
 def _checked(x: torch.Tensor, type_code: int, dtype_code_: int | None = None) -> torch.Tensor:
     if dtype_code_ is None:
         dtype_code_ = P.P_REWARDS_DTYPE if type_code == P.P_REWARDS_TYPE else P.P_VALUES_DTYPE
-    layout = P.layout_code(x)
-    if layout:  # sparse, nested, mkldnn: torch's own error would come from deep inside
-        raise Problem(_LAYOUT_PROBLEM[type_code], layout)
+    if x.layout != torch.strided or x.is_nested:  # sparse, nested, mkldnn: torch's own error would come
+        raise Problem(_LAYOUT_PROBLEM[type_code], P.layout_code(x))  # from deep inside
     if x.dtype not in P.INPUT_DTYPES:  # float8 too: most CPU kernels (add, min) do not exist for it
         raise Problem(dtype_code_, P.dtype_code(x.dtype))
     _check_device(x, P.ARG_REWARDS if type_code == P.P_REWARDS_TYPE else P.ARG_VALUES)
@@ -441,7 +459,7 @@ def check_rewards(rewards, group_ids, group_size, weights, *, allow_empty_rows: 
         # wrap by platform); every other integer dtype converts exactly.
         labels = to_device(ids.view(torch.int64) if unsigned else ids.to(torch.int64), r.device)
 
-    return Rewards(r, P.dtype_code(r.dtype), group_size, labels, check_weights(weights, k),
+    return Rewards(r, P.DTYPE_CODES[r.dtype], group_size, labels, check_weights(weights, k),
                    labels_uint64=unsigned)
 
 
@@ -703,25 +721,27 @@ class Call:
     sizes: list[int] | None = None  # gdpo_advantages, whiten: this process's unit sizes
     out_dtype: torch.dtype | None = None  # gdpo_advantages, whiten (None: float64 out)
     host: dict[int, int] = dataclasses.field(default_factory=dict)  # the facts row's host fields
+    mode: str = "off"  # the certificate's (gdpo_advantages, whiten: :func:`check_certified`)
 
 
 def check_gdpo(rewards, group_ids, group_size, weights, segment_sizes, eps, out_dtype, missing="refuse",
-               diagnostics=None) -> Call:
+               diagnostics=None, certified=None) -> Call:
     """A local gdpo_advantages call's checks, in this order: diagnostics (a TypeError), eps,
-    out_dtype, missing, the rewards (their groups, then the weights), the segment sizes, units
-    of one row. Raises the first refusal."""
+    out_dtype, missing, certified, the rewards (their groups, then the weights), the segment
+    sizes, units of one row. Raises the first refusal."""
     _check_diagnostics(diagnostics)
     try:
         eps = check_eps(eps)
         out_dtype = check_out_dtype(out_dtype)
         missing = check_missing(missing)
+        mode = check_certified(certified)
         inp = check_rewards(rewards, group_ids, group_size, weights, allow_empty_rows=False)
         inp.missing = missing
         sizes, _ = check_segments(segment_sizes, inp.n)
         _units_of_one(sizes)
     except Problem as p:
         raise p.error() from None
-    return Call(eps, inp=inp, sizes=sizes, out_dtype=out_dtype, host=rewards_host(inp))
+    return Call(eps, inp=inp, sizes=sizes, out_dtype=out_dtype, host=rewards_host(inp), mode=mode)
 
 
 def check_normalize(rewards, group_ids, group_size, weights, eps, missing="refuse", diagnostics=None) -> Call:
@@ -739,15 +759,16 @@ def check_normalize(rewards, group_ids, group_size, weights, eps, missing="refus
     return Call(eps, inp=inp, host=rewards_host(inp))
 
 
-def check_whiten(values, segment_sizes, eps, out_dtype) -> Call:
-    """A local whiten call's checks, in this order: eps, out_dtype, the values, the segment
-    sizes, units of one row. Raises the first refusal."""
+def check_whiten(values, segment_sizes, eps, out_dtype, certified=None) -> Call:
+    """A local whiten call's checks, in this order: eps, out_dtype, certified, the values, the
+    segment sizes, units of one row. Raises the first refusal."""
     try:
         eps = check_eps(eps)
         out_dtype = check_out_dtype(out_dtype)
+        mode = check_certified(certified)
         v = check_values(values)
         sizes, _ = check_segments(segment_sizes, v.shape[0])
         _units_of_one(sizes)
     except Problem as p:
         raise p.error() from None
-    return Call(eps, values=v, sizes=sizes, out_dtype=out_dtype, host={P.PRESENT: 1, P.ROWS: v.shape[0]})
+    return Call(eps, values=v, sizes=sizes, out_dtype=out_dtype, host={P.PRESENT: 1, P.ROWS: v.shape[0]}, mode=mode)

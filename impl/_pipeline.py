@@ -1,37 +1,369 @@
-"""The spine of a local call (no process group): its stages in order, on the plan's backends.
+"""The spine of a call: its plan (every decision made once, before the arithmetic) and, for a
+local call, its stages in order.
 
-:func:`run_local` runs every local API the same way: the inputs stage (``impl._inputs``: host
-refusals at once) and the plan (``impl._plan``: every decision, labelled groups' phase one and
-its read), then the device part (:func:`device_part`: Eq. 4, Eq. 7, Eq. 6's statistics and its
-output; eager, or replayed from a CUDA graph), the facts row's one host read and its first
-refusal (contiguous groups: after the whole call is queued), then the cast
-(``impl._cast.output``: the range, one rounding) and, where the plan certifies, the certificate
-from the cast's output (``impl._certify.stage``: the rows whose rounding the float64 bound leaves
-open). :func:`through_stats`, the stages
-up to this process's Eq. 6 statistics, serves the distributed protocol too
-(``impl._distributed``, which imports this module; never the other way: ``impl.gdpo``
-dispatches to both)."""
+A :class:`Plan` says which stages run, in which layout, on which backend (``eq47``: Eq. 4 and
+7, ``eq6b``: Eq. 6, each :data:`PLAIN` or :data:`FUSED`, the latter only where ``impl._fused``
+applies), whether a CUDA graph replays the call, which rows Eq. 6 takes (``scored``,
+``missing="unscored"``), which units are whole groups (``whole``), the dtype Eq. 6 writes
+(``write``) and whether the certificate decides the rounding (``certify``). The stages read
+these fields; none asks whether a backend applies.
+
+* :func:`local`: a validated local call (``impl._inputs.check_*``). Labelled groups run phase
+  one here and read its row (the call's one host read; a non-finite reward first where the
+  search is lazy, on CPU), raise its refusals, then lay the groups out: their longest group is
+  known only after that read. Contiguous groups are laid out by the Eq. 4 stage itself.
+* :func:`distributed` and :func:`agreed`: a call across ranks (``impl._distributed``), before
+  and after the agreement.
+
+:func:`run_local` runs the device part (:func:`device_part`: Eq. 4, Eq. 7, Eq. 6's statistics
+and its output; eager, or replayed from a CUDA graph), the facts row's one host read and its
+first refusal (contiguous groups: after the whole call is queued), then the cast (the range,
+one rounding) and, where the plan certifies, the certificate (``impl._certify.stage``).
+:func:`through_stats`, the stages up to this process's Eq. 6 statistics, serves the
+distributed protocol too (which imports this module; never the other way).
+
+CUDA graphs (``GDPO_CUDA_GRAPHS=1``): at small batch sizes a call is bounded by kernel
+launches, not by the GPU. The first local call of a signature (:attr:`Plan.key`) with
+contiguous groups on CUDA captures the device part once; later calls copy the rewards in,
+replay it (one launch) and read the facts row: the same kernels in the same order, the eager
+path's bits. Up to :data:`GRAPH_ELEMENTS` rewards, at most :data:`MAX_GRAPHS` signatures (least
+recently used first out); a capture that fails leaves that signature to the eager path, for
+good.
+"""
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
+import os
+import warnings
+from typing import Callable, TypeVar
 
 import torch
 
-from impl import _certify, _facts, _graphs, _plan
-from impl import _cast
-from impl._cast import round_to  # noqa: F401 - impl._pipeline.round_to, as before
-from impl import _eq7
+from impl import _certify, _eq47, _fused
 from impl import _problems as P
-from impl._inputs import (  # Diagnostics: impl._pipeline.Diagnostics, as before (impl.gdpo reads it)
-    Diagnostics,  # noqa: F401
-    Problem,
-    check_gdpo,
-    check_normalize,
-    check_standardized,
-    check_whiten,
-)
+from impl import _segments as seg_ops
+from impl import _whiten as W
+from impl._inputs import Diagnostics, Problem, check_standardized  # noqa: F401 - Diagnostics: impl.gdpo's
+from impl._segments import round_to  # noqa: F401 - impl._pipeline.round_to (conformance reads it)
+
+_F64, _I64 = torch.float64, torch.int64
+T = TypeVar("T")
+
+
+@dataclasses.dataclass(frozen=True)
+class Backend:
+    """One implementation of the stages; the plain one and the fused one share every signature:
+    ``eq47(plan, r, facts) -> (z, c, varies)`` (Eq. 4, then Eq. 7 where the API combines),
+    ``eq6_stats(plan, c, facts) -> loc``, ``eq6_apply(plan, loc, merged, write) -> a``. A finding
+    is put into ``facts`` (a dict of 0-d device tensors by column of the facts row), never raised."""
+
+    name: str
+    fused: bool  # its stages run behind :func:`guard` (a failure of theirs: the plain plan)
+    eq47: Callable
+    eq6_stats: Callable
+    eq6_apply: Callable
+
+    def __repr__(self) -> str:
+        return self.name.upper()
+
+
+PLAIN = Backend("plain", False, _eq47.eq47, W.eq6_stats, W.eq6_apply)
+FUSED = Backend("fused", True, _fused.eq47, _fused.eq6_stats, _fused.eq6_apply)
+
+#: The APIs a plan serves, and the stages each runs (``Plan.eq4``, ``combined`` (Eq. 7), ``eq6``, ``signal``).
+GDPO, WHITEN, NORMALIZE, STANDARDIZE, SIGNAL = "gdpo", "whiten", "normalize", "standardize", "signal"
+STAGES = {GDPO: dict(eq4=True, combined=True, eq6=True, signal=False),
+          WHITEN: dict(eq4=False, combined=False, eq6=True, signal=False),
+          NORMALIZE: dict(eq4=True, combined=True, eq6=False, signal=False),
+          STANDARDIZE: dict(eq4=True, combined=False, eq6=False, signal=False),
+          SIGNAL: dict(eq4=True, combined=True, eq6=False, signal=True)}
+
+
+# --- missing="unscored": rows with no scored reward ----------------------------------------
+
+
+@dataclasses.dataclass
+class Scored:
+    """Which rows Eq. 6 takes under ``missing="unscored"``: ``rows`` (device int64, the scored
+    rows in order) and ``sizes`` (scored rows per unit), or rows None when every row is scored
+    (the call is then the plain one); ``mask`` (N,) bool, True on the scored rows, and
+    ``unscored`` (the count of the others)."""
+
+    mask: torch.Tensor
+    unscored: int
+    rows: torch.Tensor | None
+    sizes: list[int]
+
+    def report(self, diagnostics, all_ranks: int | None = None) -> None:
+        if diagnostics is not None:
+            diagnostics.unscored_rows = self.unscored
+            diagnostics.unscored_rows_all_ranks = self.unscored if all_ranks is None else all_ranks
+            diagnostics.unscored = ~self.mask
+
+    def scatter(self, a: torch.Tensor, n: int) -> torch.Tensor:
+        """This rank's advantages in row order: +0 on the unscored rows."""
+        if self.rows is None:
+            return a
+        return torch.zeros(n, dtype=a.dtype, device=a.device).index_copy_(0, self.rows, a)
+
+
+def scored(inp, sizes: list[int] | None) -> Scored:
+    """The scored rows of ``inp`` and their count per unit of ``sizes``: one host read of the (N,)
+    mask (free on CPU; on CUDA the one more read a call under "unscored" costs). ``sizes`` None:
+    every row scored (the call's missing is "refuse")."""
+    r = inp.rewards
+    if sizes is None:
+        return Scored(torch.ones(inp.n, dtype=torch.bool, device=r.device), 0, None, [])
+    mask = (r == r).any(1)  # a row with at least one scored (non-NaN) reward
+    host = mask.cpu()
+    unscored = inp.n - int(host.sum())
+    if unscored == 0:
+        return Scored(mask, 0, None, sizes)
+    ends = torch.tensor([0] + sizes, dtype=_I64).cumsum(0)
+    upto = torch.cat([torch.zeros(1, dtype=_I64), host.to(_I64).cumsum(0)])
+    rows = host.nonzero().view(-1).to(r.device, non_blocking=True)
+    return Scored(mask, unscored, rows, (upto[ends[1:]] - upto[ends[:-1]]).tolist())
+
+
+# --- the plan -----------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """A call's decisions, made once before its arithmetic (see the module's docstring)."""
+
+    api: str  # GDPO, WHITEN, NORMALIZE, STANDARDIZE, SIGNAL
+    eq4: bool  # Eq. 4 (every API but whiten)
+    combined: bool  # Eq. 7 (every API but standardize_groups and whiten)
+    eq6: bool  # Eq. 6 (gdpo_advantages, whiten)
+    signal: bool  # group_has_signal: ``varies`` is the result
+    eps: float
+    inp: object | None  # _inputs.Rewards (None: whiten)
+    sizes: list[int] | None  # Eq. 6 units of this process's rows (None: an Eq. 4/7 API)
+    out_dtype: torch.dtype | None = None  # None: an Eq. 4/7 API (float64 out)
+    mode: str = "off"  # the certificate's mode (ranks: agreed() reads it)
+    prep: object = None  # labelled groups: phase one (``_eq47.Prepared``; contiguous: the stage runs it)
+    layout: object = None  # labelled groups' ``_eq47.GroupLayout`` (None: contiguous, whiten, or pending)
+    row: list[int] | None = None  # labelled groups: the facts row read for the layout
+    #: labelled local calls the certificate decides: phase one's sort (perm, gid, pos) of the labels
+    sort: tuple | None = None
+    whole: object = None  # units of whole groups (host tuple, device bool (S,) or None)
+    scored: Scored | None = None  # "unscored": the rows Eq. 6 takes (GDPO; the others: their report)
+    eq47: Backend = PLAIN
+    eq6b: Backend = PLAIN
+    graph: bool = False  # replay the device part from a CUDA graph (local, contiguous, CUDA)
+    lazy: bool = False  # CPU: look for non-finite inputs only when the statistics show one
+    write: torch.dtype | None = None  # the dtype Eq. 6 writes (None: float64); ranks: set by agreed()
+    certify: bool = False  # the certificate decides the rounding (ranks: its statistics ride in collective 2)
+    #: the plain Eq. 6 may use c as work space: a local gdpo_advantages call whose c is neither
+    #: returned nor read by the certificate
+    own: bool = False
+    host: dict | list | None = None  # local calls: the facts row's host fields (labelled groups: ``row``)
+
+    @property
+    def key(self) -> tuple:
+        """The CUDA-graph signature of a local call: what its captured device part depends on."""
+        inp = self.inp
+        return (tuple(inp.rewards.shape), inp.rewards.dtype, str(inp.rewards.device), inp.group_size,
+                tuple(P.float_bits(w) for w in inp.weights), tuple(self.sizes), P.float_bits(self.eps),
+                self.out_dtype, self.write, self.eq47.name, self.eq6b.name, self.certify)
+
+
+def cast_limit(dtype: torch.dtype) -> float:
+    """Smallest magnitude that no longer rounds to a finite value of ``dtype`` (max + half an ulp at
+    max); inf for float64."""
+    if dtype == _F64:
+        return math.inf
+    fi = torch.finfo(dtype)
+    return fi.max + math.ldexp(1.0, math.frexp(fi.max)[1] - 1) * fi.eps / 2
+
+
+def cast_reachable(dtype: torch.dtype, total_rows: int) -> bool:
+    """Can a whitened value fail the cast? |a| <= (n-1)/sqrt(n) < sqrt(N) (Samuelson's
+    inequality; eps only shrinks a), with a margin for rounding: only float8 outputs of more
+    than ~2e5 rows."""
+    return math.sqrt(max(total_rows, 0)) * (1.0 + 2.0 ** -20) >= cast_limit(dtype)
+
+
+def _output(out_dtype: torch.dtype, rows: int, mode: str) -> tuple[torch.dtype | None, bool]:
+    """The dtype Eq. 6 writes for ``out_dtype`` outputs of ``rows`` rows in all (None: float64),
+    and whether the certificate decides their rounding under ``mode``. Eq. 6 writes float32
+    directly (one rounding of the float64 quotient) unless the certificate reads the float64
+    result or the cast must be checked first; torch converts a double to float16, bfloat16 and
+    float8 through float (two roundings): those are written by ``round_to``."""
+    certified = out_dtype in _certify.CERTIFIES[mode]
+    if certified or out_dtype != torch.float32 or cast_reachable(out_dtype, rows):
+        return None, certified
+    return out_dtype, certified
+
+
+def _whole_contiguous(sizes: list[int], group_size: int) -> tuple[bool, ...]:
+    """Per unit: does it hold whole groups of ``group_size`` consecutive rows (its start and its
+    size multiples of the group size)? Known on the host, from the sizes alone."""
+    out, start = [], 0
+    for s in sizes:
+        out.append(start % group_size == 0 and s % group_size == 0)
+        start += s
+    return tuple(out)
+
+
+def reads_free(device: torch.device) -> bool:
+    """Is a host read free on ``device`` (CPU)? There the search for a non-finite input runs only
+    when the statistics show one (``Plan.lazy``), and labels already in order skip their sort."""
+    return device.type == "cpu"
+
+
+def _fused_on(device: torch.device) -> bool:
+    """May the fused backend run on ``device``? Unset or 0: no (``impl._fused`` not asked); else
+    ``impl._fused``'s answer (1: CUDA, interpret: CPU too; another value is warned about, off)."""
+    return os.environ.get("GDPO_FUSED", "") not in ("", "0") and _fused.on(device)
+
+
+def _lay_out(prep, inp, api: str, groups: int, longest: int, runs: int):
+    """The layout of labelled groups and its Eq. 4/7 backend, decided together: the fused
+    kernel runs Eq. 4/7 of one padded layout (c alone: not for standardize_groups or
+    group_has_signal, nor under "unscored")."""
+    fused = (api in (GDPO, NORMALIZE) and inp.missing == "refuse" and _fused_on(prep.r.device)
+             and _fused.padded_eligible(prep.r, longest, inp.weights))
+    layout = _eq47.layout(prep, groups, longest, runs, fused=fused, reads_free=reads_free(prep.r.device))
+    return layout, FUSED if fused and layout.kind == "padded" else PLAIN
+
+
+def local(call, api: str, *, report: bool = False) -> Plan:
+    """The plan of a validated local call (``impl._inputs.Call``) of ``api``. ``report``: an
+    Eq. 4/7 API's caller asked for diagnostics (under "unscored" its scored rows are read for
+    them). Labelled groups: phase one, its row read and its refusals raised here."""
+    eps, sizes, out_dtype, stages = call.eps, call.sizes, call.out_dtype, STAGES[api]
+    if api == WHITEN:
+        v = call.values
+        write, certify = _output(out_dtype, v.shape[0], call.mode)
+        fused = bool(v.shape[0]) and _fused_on(v.device) and _fused.whiten_eligible(v.device, sizes, write)
+        return Plan(api, **stages, eps=eps, inp=None, sizes=sizes, out_dtype=out_dtype, mode=call.mode, write=write,
+                    eq6b=FUSED if fused else PLAIN, lazy=reads_free(v.device) and not fused, certify=certify,
+                    host=call.host)
+    inp = call.inp
+    gdpo, unscored = api == GDPO, inp.missing == "unscored"
+    write, certify = _output(out_dtype, inp.n, call.mode) if gdpo else (None, False)
+    certify = certify and not unscored  # "unscored": one rounding, uncertified
+    eq47 = eq6b = PLAIN
+    device = inp.rewards.device
+    if _fused_on(device) and not unscored:  # "unscored": the plain path (impl._fused lists it)
+        if gdpo:
+            eq6b = FUSED if _fused.whiten_eligible(device, sizes, write) else PLAIN
+        if (eq6b is FUSED or api in (NORMALIZE, SIGNAL)) and _fused.eq47_eligible(inp):  # contiguous groups
+            eq47 = FUSED
+    lazy = reads_free(device)
+    read_scored = unscored and (gdpo or report)  # "unscored": the one more read, before the arithmetic
+    common = dict(**stages, eps=eps, inp=inp, sizes=sizes, out_dtype=out_dtype, mode=call.mode, eq6b=eq6b,
+                  write=write, certify=certify, own=gdpo and not certify)
+    if inp.labels is None:
+        graph = gdpo and not unscored and _graphable(inp)
+        return Plan(api, **common, whole=_whole_contiguous(sizes, inp.group_size) if gdpo else None, eq47=eq47,
+                    lazy=lazy, graph=graph, host=call.host,
+                    scored=scored(inp, sizes if gdpo else [inp.n]) if read_scored else None)
+    prep = _eq47.prepare(inp, lazy=lazy)
+    row = read_row(call.host, prep.facts)  # the one host read
+    if prep.lazy and P.row_problems(row):  # a refusal: a non-finite reward is reported first
+        row = read_row(row, _eq47.rewards_nonfinite_facts(inp, prep.r))
+    P.raise_local(row)
+    layout, eq47 = _lay_out(prep, inp, api, row[P.GROUPS], row[P.N_MAX], row[P.RUNS])
+    whole = _eq47.whole_units(inp, sizes, prep.labelled) if gdpo else None  # after the layout's sort
+    return Plan(api, **common, prep=prep, layout=layout, row=row, whole=whole, eq47=eq47, lazy=prep.lazy,
+                scored=scored(inp, sizes if gdpo else [inp.n]) if read_scored else None,
+                sort=prep.labelled.sorted_rows() if certify else None)
+
+
+def distributed(api: str, eps: float, out_dtype, sizes: list[int], mode: str, *, inp=None, values=None) -> Plan:
+    """The plan of a call across ranks before the agreement, from its checked arguments
+    (``run_distributed`` checks them in its own order). No host read but the unscored mask's;
+    labelled groups run phase one, their layout pending (:func:`agreed`)."""
+    device = (inp.rewards if api == GDPO else values).device
+    n = inp.n if api == GDPO else values.shape[0]
+    fused = n > 0 and _fused_on(device) and _fused.whiten_eligible(device, sizes, None)
+    certify = _output(out_dtype, n, mode)[1]  # (the dtype Eq. 6 writes: agreed(), from every rank's rows)
+    common = dict(**STAGES[api], eps=eps, sizes=sizes, out_dtype=out_dtype, mode=mode)
+    if api == WHITEN:
+        return Plan(api, **common, inp=None, eq6b=FUSED if fused else PLAIN, certify=certify)
+    unscored = inp.missing == "unscored"
+    fused = fused and not unscored  # Eq. 6 takes the scored rows: the plain path (impl._fused lists it)
+    eq47 = FUSED if fused and _fused.eq47_eligible(inp) else PLAIN  # contiguous groups only
+    if inp.labels is None or n == 0:  # contiguous groups: Eq. 6 fused only after a fused Eq. 4/7
+        fused = eq47 is FUSED
+    common.update(inp=inp, scored=scored(inp, sizes) if unscored else None, eq47=eq47,
+                  eq6b=FUSED if fused else PLAIN, certify=certify and not unscored)
+    if inp.labels is None or n == 0:
+        return Plan(api, **common, whole=_whole_contiguous(sizes, inp.group_size) if n else None)
+    return Plan(api, **common, prep=_eq47.prepare(inp, lazy=False))
+
+
+def agreed(plan: Plan, table: list[list[int]], rank: int) -> Plan:
+    """The plan once the agreement is read: the dtype Eq. 6 writes (the total row count is
+    every rank's), and labelled groups' layout from this rank's row (its Eq. 4/7 backend
+    with it) and their whole units."""
+    plan = dataclasses.replace(plan, write=_output(plan.out_dtype, sum(r[P.ROWS] for r in table), plan.mode)[0])
+    if plan.prep is None:
+        return plan
+    mine = table[rank]
+    layout, eq47 = _lay_out(plan.prep, plan.inp, plan.api, mine[P.GROUPS], mine[P.N_MAX], mine[P.RUNS])
+    whole = _eq47.whole_units(plan.inp, plan.sizes, plan.prep.labelled)
+    return dataclasses.replace(plan, layout=layout, eq47=eq47, whole=whole, row=mine)
+
+
+def guard(plan: Plan, fn: Callable[[Plan], T]) -> T:
+    """``fn(plan)``; where a fused stage fails (``_fused.FusedFailure``), the fused path goes off
+    for this process (warned once) and ``fn`` runs again on the plain plan: the same bits (the
+    fused kernels only ever compute the plain path's). The one ``try`` around fused work; any
+    other exception is the call's own and propagates as it is."""
+    if plan.eq47 is PLAIN and plan.eq6b is PLAIN:
+        return fn(plan)
+    try:
+        return _fused.quiet(fn, plan)
+    except _fused.FusedFailure as exc:  # Triton, its compiler, a launch: the plain plan
+        _fused.disable(exc.__cause__ or exc)
+        return fn(dataclasses.replace(plan, eq47=PLAIN, eq6b=PLAIN, graph=False))
+
+
+def report(plan: Plan, diagnostics, counts=None) -> None:
+    """Fill ``diagnostics`` once a local call succeeded: the rows Eq. 6 left out (none under
+    "refuse") and, where the certificate decided the rounding, its tiers' counts."""
+    (plan.scored or scored(plan.inp, None)).report(diagnostics)
+    if counts is not None:
+        diagnostics.certified = counts
+
+
+# --- the facts row ------------------------------------------------------------------------------
+
+
+def stacked(facts: dict) -> tuple[tuple[int, ...], torch.Tensor]:
+    """The columns of ``facts`` in order and their values as one int64 (len,) device tensor (one
+    kernel; no host read)."""
+    cols = tuple(sorted(facts))
+    return cols, torch.stack([facts[c].to(_I64).reshape(()) for c in cols])
+
+
+def read_row(host, facts: dict) -> list[int]:
+    """The facts row of a local call: host fields as given (a dict, or a row read before), device
+    fields read in one host read (on CUDA, a host synchronisation; none when there are none)."""
+    row = list(host) if isinstance(host, list) else [0] * P.ROW_WIDTH
+    if not isinstance(host, list):
+        for col, v in host.items():
+            row[col] = int(v)
+    if facts:
+        cols, values = stacked(facts)
+        for col, v in zip(cols, values.tolist()):
+            row[col] = v
+    return row
+
+
+def value_facts(v: torch.Tensor) -> dict:
+    """Raw facts of Eq. 6 input (N,): the first non-finite value and its bits."""
+    if v.shape[0] == 0:
+        return {}
+    at, bits = seg_ops.first_nonfinite(v)
+    return {P.NF_VALUE: at, P.NF_VALUE_KIND: bits}
 
 
 # --- the spine: a local call's stages, in order ------------------------------------------------
@@ -41,112 +373,83 @@ from impl._inputs import (  # Diagnostics: impl._pipeline.Diagnostics, as before
 class Device:
     """What the device part of a call leaves; nothing of it read on the host yet."""
 
-    facts: dict  # {column of the facts row: 0-d device tensor} (``_facts.Facts``)
-    z: object = None  # Eq. 4 in the plan's layout (its backend's; None after a graph replay)
+    facts: dict  # {column of the facts row: 0-d device tensor}
     c: torch.Tensor | None = None  # Eq. 7: (N,) float64, input order (standardize_groups: z (N, K); whiten: the values)
     varies: torch.Tensor | None = None  # group_has_signal
     loc: object = None  # Eq. 6 statistics of this process's units
     a: torch.Tensor | None = None  # Eq. 6: (N,) in plan.write (None: float64)
 
 
-def through_stats(plan, x: torch.Tensor, facts: dict) -> Device:
+def through_stats(plan: Plan, x: torch.Tensor, facts: dict) -> Device:
     """Eq. 4, Eq. 7 and this process's Eq. 6 statistics of ``x`` (the rewards; whiten: the values)
     on the plan's backends, findings put into ``facts`` (across ranks the statistics are merged
     before they are applied). No host read unless ``plan.lazy``, no branch on data."""
     dev = Device(facts)
-    if plan.eq4:
-        dev.z = plan.eq47.eq4(plan, x, facts)  # Eq. 4, in plan.layout
-        if not plan.combined:
-            dev.c = dev.z.rows()  # standardize_groups: z (N, K)
-            return dev
-        dev.c, dev.varies = plan.eq47.eq7(plan, dev.z, facts)  # Eq. 7: c (N,), input order
+    if plan.eq4:  # Eq. 4, then Eq. 7: c (N,), input order (standardize_groups: z (N, K))
+        _, dev.c, dev.varies = plan.eq47.eq47(plan, x, facts)  # (z, in its layout, freed here)
     else:
         dev.c = x  # whiten: the values are c
         if not plan.lazy:
-            facts.update(_facts.value_facts(x))
+            facts.update(value_facts(x))
     if plan.eq6:
         dev.loc = plan.eq6b.eq6_stats(plan, dev.c, facts)  # plan.scored's rows; c kept where plan.certify
         if plan.lazy and not plan.eq4 and not dev.loc.finite():  # whiten on CPU: looked for only now
-            facts.update(_facts.value_facts(x))
+            facts.update(value_facts(x))
     return dev
 
 
-def device_part(plan, x: torch.Tensor) -> Device:
-    """All of a local call's device work, Eq. 6 from this process's own statistics: what a
-    CUDA graph replays (contiguous groups on CUDA)."""
+def device_part(plan: Plan, x: torch.Tensor) -> Device:
+    """All of a local call's device work, Eq. 6 from this process's own statistics: what a CUDA
+    graph replays (contiguous groups on CUDA)."""
     dev = through_stats(plan, x, {})
     if plan.eq6:
         dev.a = plan.eq6b.eq6_apply(plan, dev.loc, None, plan.write)
     return dev
 
 
-def _replayed(plan, x: torch.Tensor) -> Device:
-    """:func:`device_part` replayed from the CUDA graph of the plan's signature (``impl._graphs``),
-    or run eagerly where no graph can be had. A replay keeps a, the facts and, where the
-    certificate reads it, c (Eq. 6 left it intact: ``plan.own`` is false there)."""
-    def part(inp):
-        dev = device_part(dataclasses.replace(plan, inp=inp), inp.rewards)
-        return ((dev.a, dev.c) if plan.certify else (dev.a,)), dev.facts
-
-    got = _graphs.run(plan.key, plan.inp, part)
-    if got is None:
-        return device_part(plan, x)
-    out, facts = got
-    return Device(facts, c=out[1] if plan.certify else None, a=out[0])
-
-
-def run_local(plan, call, diagnostics=None):
-    """One local call, its stages in order: the device part (eager, or a graph replay), the
-    facts row's one host read and its first refusal, then the cast and the certificate. The
-    plan made every decision; nothing here tests a device or a layout, nor a backend but for
-    whether its stages run behind the plan's guard (fused ones: a failure of theirs reruns the
-    device part on the plain plan). Nothing calls back into the spine or the plan."""
+def run(call, api: str, diagnostics=None):
+    """One validated local call of ``api`` (``impl._inputs.Call``): its plan (:func:`local`), then
+    its stages in order: the device part (eager, or a graph replay), the facts row's one host
+    read and its first refusal, then the cast and the certificate. The plan made every
+    decision; nothing after it tests a device or a layout."""
+    plan = local(call, api, report=diagnostics is not None)
     x = call.values if call.inp is None else call.inp.rewards
-
-    def part(p):  # eager, or a graph replay (not on the plain plan a fused failure falls back to)
-        return (_replayed if p.graph else device_part)(p, x)
-    dev = _plan.guard(plan, part) if plan.eq47.fused or plan.eq6b.fused else part(plan)
-    _facts.settle(plan, dev.facts)
+    if plan.graph:
+        dev = _replayed(plan, x)
+    elif plan.eq47.fused or plan.eq6b.fused:
+        dev = guard(plan, lambda p: device_part(p, x))
+    else:
+        dev = device_part(plan, x)
+    if dev.facts:  # (none found: nothing to refuse; on CPU, found only where a statistic showed one)
+        row = read_row(plan.host if plan.row is None else plan.row, dev.facts)  # the one host read
+        if plan.inp is None and P.row_problems(row):  # whiten: the unit of the first bad value
+            ends = torch.tensor(plan.sizes).cumsum(0).tolist()
+            row[P.NF_VALUE_UNIT] = next((j for j, end in enumerate(ends) if row[P.NF_VALUE] < end), len(ends) - 1)
+        P.raise_local(row)
     counts = None
     if not plan.eq6:
         out = dev.varies if plan.signal else dev.c  # normalize_rewards, standardize_groups, group_has_signal
     else:
-        out = _cast.output(dev.a, plan.out_dtype)  # the range (float8), then one rounding (float64: a)
+        out = output(dev.a, plan.out_dtype)  # the range (float8), then one rounding (float64: a)
         if plan.certify:  # the rows whose rounding the float64 bound leaves open: the exact advantage's
             out, counts = _certify.stage(plan, call, dev, out)
     if diagnostics is not None:
-        _plan.report(plan, diagnostics, counts)  # only once the call succeeded
+        report(plan, diagnostics, counts)  # only once the call succeeded
     return out
 
 
-# --- the local entries --------------------------------------------------------------------------
-
-
-def gdpo_local(rewards, group_ids, group_size, weights, segment_sizes, eps, out_dtype, missing="refuse",
-               diagnostics=None):
-    call = check_gdpo(rewards, group_ids, group_size, weights, segment_sizes, eps, out_dtype, missing, diagnostics)
-    return run_local(_plan.local(call, _plan.GDPO), call, diagnostics)  # labelled: phase one's refusals
-
-
-def whiten_local(values, segment_sizes, eps, out_dtype):
-    call = check_whiten(values, segment_sizes, eps, out_dtype)
-    return run_local(_plan.local(call, _plan.WHITEN), call)
-
-
-def normalize_rewards(rewards, group_ids, group_size, weights, eps, missing="refuse", diagnostics=None):
-    call = check_normalize(rewards, group_ids, group_size, weights, eps, missing, diagnostics)
-    return run_local(_plan.local(call, _plan.NORMALIZE, report=diagnostics is not None), call, diagnostics)
-
-
-def standardize_groups(rewards, group_ids, group_size, eps, missing="refuse", diagnostics=None):
-    """Eq. 4 alone: z (N, K) float64, by the arithmetic normalize_rewards runs before Eq. 7."""
-    call = check_normalize(rewards, group_ids, group_size, None, eps, missing, diagnostics)
-    return run_local(_plan.local(call, _plan.STANDARDIZE, report=diagnostics is not None), call, diagnostics)
-
-
-def group_has_signal(rewards, group_ids, group_size, weights, eps, missing="refuse", diagnostics=None):
-    call = check_normalize(rewards, group_ids, group_size, weights, eps, missing, diagnostics)
-    return run_local(_plan.local(call, _plan.SIGNAL, report=diagnostics is not None), call, diagnostics)
+def output(a: torch.Tensor, dtype: torch.dtype, checked: bool = False) -> torch.Tensor:
+    """The output in ``dtype``: ``a`` refused where a value does not survive the cast (unless
+    ``checked``: the caller checked the range, across ranks), then rounded once."""
+    if not checked and cast_reachable(dtype, a.shape[0]):
+        limit = cast_limit(dtype)
+        at = int(torch.argmax((a.abs() >= limit).view(torch.uint8)))  # a second host read, only here
+        if a.shape[0] and abs(float(a[at])) >= limit:
+            raise P.OutOfRangeError(
+                f"whitened value {float(a[at])!r} at row {at} does not survive the cast to "
+                f"{P.dtype_name(P.dtype_code(dtype))} (largest finite {torch.finfo(dtype).max!r}); "
+                "choose a wider out_dtype")
+    return a.to(dtype) if a.dtype == dtype or dtype in (_F64, torch.float32) else round_to(a, dtype)
 
 
 def combine(z, weights):
@@ -155,8 +458,76 @@ def combine(z, weights):
         zt, w = check_standardized(z, weights)
     except Problem as p:
         raise p.error() from None
-    c = _eq7.combine(zt, w)
-    at, bits = _facts.first_nonfinite(c)
+    c = _eq47.combine(zt, w)
+    at, bits = seg_ops.first_nonfinite(c)
     if not math.isfinite(P.bits_float(int(bits))):  # the one host read; z is finite: an overflow
         raise P.host_error(P.P_Z_OVERFLOW, int(at))
     return c
+
+
+# --- CUDA graphs (GDPO_CUDA_GRAPHS=1) -----------------------------------------------------------
+
+GRAPH_ELEMENTS = 1 << 22
+MAX_GRAPHS = 8
+_GRAPHS: collections.OrderedDict = collections.OrderedDict()
+_FAILED: set = set()
+_WARNED: set = set()
+#: Counters for benchmarks and tests: captures, replays, fallbacks (failed captures).
+graph_stats = {"captures": 0, "replays": 0, "fallbacks": 0}
+
+
+def _graphable(inp) -> bool:
+    """Is a local call of contiguous groups on these rewards replayed from a CUDA graph?"""
+    value = os.environ.get("GDPO_CUDA_GRAPHS", "")
+    if value not in ("", "0", "1") and value not in _WARNED:
+        _WARNED.add(value)
+        warnings.warn(f"GDPO_CUDA_GRAPHS={value!r} is not 0 or 1: CUDA graphs are off", RuntimeWarning, stacklevel=4)
+    r = inp.rewards
+    return (value == "1" and r.is_cuda and inp.labels is None and r.numel() <= GRAPH_ELEMENTS
+            and not torch.cuda.is_current_stream_capturing())
+
+
+def _replayed(plan: Plan, x: torch.Tensor) -> Device:
+    """:func:`device_part` replayed from the CUDA graph of the plan's signature, or run eagerly
+    where no graph can be had. A replay keeps a, the facts and, where the certificate reads it,
+    c (Eq. 6 left it intact: ``plan.own`` is false there)."""
+    key = plan.key
+    entry = None if key in _FAILED else _GRAPHS.get(key) or _capture(key, plan)
+    if entry is None:
+        return guard(plan, lambda p: device_part(p, x))
+    _GRAPHS.move_to_end(key)
+    graph, static_in, out, cols, facts, _kept = entry
+    static_in.copy_(x)
+    graph.replay()
+    graph_stats["replays"] += 1
+    return Device(dict(zip(cols, facts.unbind())), c=out[1].clone() if plan.certify else None, a=out[0].clone())
+
+
+def _capture(key: tuple, plan: Plan):
+    """Capture the device part of ``plan`` (its rewards copied into a static input); None where
+    the capture fails (that signature then stays eager)."""
+    static_in = torch.empty_like(plan.inp.rewards, memory_format=torch.contiguous_format)
+    static_in.copy_(plan.inp.rewards)
+    static = dataclasses.replace(plan, inp=dataclasses.replace(plan.inp, rewards=static_in))
+    try:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up: caches (constants, allocator) filled outside the capture
+            for _ in range(2):
+                device_part(static, static_in)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            dev = device_part(static, static_in)
+            cols, facts = stacked(dev.facts)  # one static tensor: a replay refreshes every fact
+    except Exception:  # noqa: BLE001 - any capture failure: this signature stays eager
+        _FAILED.add(key)
+        graph_stats["fallbacks"] += 1
+        return None
+    graph_stats["captures"] += 1
+    # The graph reads the cached constants it was captured with (eps, weights, unit tables) by
+    # address: the entry holds them, so that the cache's eviction never frees memory a replay reads.
+    _GRAPHS[key] = (graph, static_in, (dev.a, dev.c), cols, facts, tuple(seg_ops.cached_constants()))
+    while len(_GRAPHS) > MAX_GRAPHS:
+        _GRAPHS.popitem(last=False)
+    return _GRAPHS[key]

@@ -72,9 +72,12 @@ UNJOINED = 33
 #: Host field: the call's ``missing`` policy (MISSING_CODES: 1 "refuse", 2 "unscored"), which
 #: every rank must share; and, under "unscored", this rank's rows with no scored reward.
 MISSING, UNSCORED = 34, 35
+#: Host field: the certificate's mode (CERTIFIED_CODES), which every rank must share: it decides
+#: whether the certificate's statistics ride in collective 2.
+CERTIFIED = 36
 #: Local sample counts of the first COUNT_SLOTS units ride along with the
 #: agreement, so a unit of one is caught there without a second host read.
-COUNTS = 36
+COUNTS = 37
 COUNT_SLOTS = 32
 ROW_WIDTH = COUNTS + COUNT_SLOTS
 
@@ -92,11 +95,12 @@ _DTYPE_NAMES = (
 _DTYPES = tuple(getattr(torch, n) for n in _DTYPE_NAMES if hasattr(torch, n))
 
 
+#: dtype -> its code in the facts row (1-based; another dtype: len + 1)
+DTYPE_CODES = {d: i + 1 for i, d in enumerate(_DTYPES)}
+
+
 def dtype_code(dtype) -> int:
-    try:
-        return _DTYPES.index(dtype) + 1
-    except ValueError:
-        return len(_DTYPES) + 1
+    return DTYPE_CODES.get(dtype, len(_DTYPES) + 1)
 
 
 def dtype_name(code: int) -> str:
@@ -229,9 +233,12 @@ P_Z_EMPTY = 48  # a: N, b: K
 P_Z_NONFINITE = 49  # a: row, b: column, c: kind (_KINDS)
 P_Z_OVERFLOW = 50  # a: row
 P_MISSING = 51  # a: 0 (not a str) or 1 (another str); detail: the caller's value
+P_CERTIFIED = 52  # detail: the caller's value
 
 #: The ``missing`` policies (spec/gdpo.md section 2) and their codes in the agreement row.
 MISSING_CODES = {"refuse": 1, "unscored": 2}
+#: The certificate's modes (``impl._certify``) and their codes in the agreement row.
+CERTIFIED_CODES = {"narrow": 1, "all": 2, "off": 3}
 
 #: The classes an adapter's own refusal is named by in P_REFUSED (most specific first):
 #: the agreement carries only the index, so every rank prints the same name.
@@ -461,6 +468,10 @@ HOST_PROBLEMS = {
     P_MISSING: (InputDtypeError, lambda a, b, c, detail="":
                 "missing must be 'refuse' (a NaN reward is refused, the default) or 'unscored' (a NaN reward "
                 f"is one its reward function did not score); got {detail or 'another value'}"),
+    P_CERTIFIED: (InputDtypeError, lambda a, b, c, detail="":
+                  "certified must be None (GDPO_CERTIFIED, else 'narrow'), 'narrow' (float32, bfloat16 and float16 "
+                  "outputs certified), 'all' or True (float64 too), or 'off' or False (the plain path); got "
+                  f"{detail or 'another value'}"),
     P_Z_OVERFLOW: (OutOfRangeError, lambda a, b, c:
                    f"Eq. 7 (sum of weights x standardized rewards) overflows float64 at row {a}; "
                    "the weights are too large, scale them down"),
@@ -673,6 +684,9 @@ def table_problems(table: list[list[int]], words: dict[int, str] | None = None) 
            + _by_value({r: repr(bits_float(x)) for r, x in v.items()}) + ")")
     differ(MISSING, lambda v: "the missing policy differs across ranks ("
            + _by_value({r: repr(next((n for n, c in MISSING_CODES.items() if c == x), "?"))
+                        for r, x in v.items()}) + ")")
+    differ(CERTIFIED, lambda v: "the certified mode differs across ranks ("
+           + _by_value({r: repr(next((n for n, c in CERTIFIED_CODES.items() if c == x), "?"))
                         for r, x in v.items()}) + ")")
     differ(K, lambda v: "the number of reward columns K differs across ranks ("
            + _by_value({r: f"K={x}" for r, x in v.items()}) + ")")

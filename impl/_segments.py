@@ -1,48 +1,43 @@
-"""Exact power-of-two scaling, the canonical pairwise sum, and a correctly rounded sqrt.
+"""The arithmetic Eq. 4, Eq. 7 and Eq. 6 share (and the fused kernels, and the certificate): exact
+power-of-two scaling, the canonical pairwise sum, a correctly rounded sqrt, the shift-invariant
+two-pass statistics (spec/gdpo.md section 7), the weights' power-of-two plan, the one correct
+rounding into the output dtype, and the finders of a non-finite value.
 
-Every reduction of Eq. 4 and Eq. 6 runs over a *segment* (a group column, a
-whitening unit) laid along dimension 1 of a dense tensor: ``(K, n, G)`` for
-Eq. 4 (members along dim 1, groups innermost, so every operation runs over
-long contiguous rows), ``(S, m)`` for Eq. 6 (see ``_groups`` and
-``_whiten``). Sums use one fixed tree, :func:`tree_sum`:
+Every reduction of Eq. 4 and Eq. 6 runs over a *segment* (a group column, a whitening unit)
+laid along dimension 1 of a dense tensor: ``(K, n, G)`` for Eq. 4 (members along dim 1, groups
+innermost, so every operation runs over long contiguous rows), ``(S, m)`` for Eq. 6. Sums use
+one fixed tree, :func:`tree_sum`:
 
-* level s pairs positions p and p + s (p a multiple of 2s) inside the segment;
-  a position without a partner passes up unchanged. The tree depends only on
-  the segment's own length, never on the layout, the device or the batch;
-  along dim 1 of a ``(K, n, G)`` layout each level adds two sets of whole
-  contiguous rows;
-* every step is one correctly rounded IEEE addition of two float64 tensors
-  (no atomics, no library reduction, no fused multiply-add), so the result is
-  deterministic and the same bits on CPU and CUDA;
-* padding a segment with values that are exactly zero in the summed quantity
-  (see the callers) cannot change the sum: x + 0 == x except for the sign of
-  a zero, and the root of a sum that contains the +0 of the segment's first
-  member can never be -0;
-* negating the input negates the output bit for bit (round-to-nearest is
-  symmetric), which the exact constant-sum cancellation of Eq. 7 relies on.
+* level s pairs positions p and p + s (p a multiple of 2s) inside the segment; a position
+  without a partner passes up unchanged. The tree depends only on the segment's own length,
+  never on the layout, the device or the batch;
+* every step is one correctly rounded IEEE addition of two float64 tensors (no atomics, no
+  library reduction, no fused multiply-add), so the result is deterministic and the same bits
+  on CPU and CUDA;
+* padding a segment with values that are exactly zero in the summed quantity (see the callers)
+  cannot change the sum: x + 0 == x except for the sign of a zero, and the root of a sum that
+  contains the +0 of the segment's first member can never be -0;
+* negating the input negates the output bit for bit (round-to-nearest is symmetric), which the
+  exact constant-sum cancellation of Eq. 7 relies on.
 
-Min and max come from torch's own reductions: they are exact, hence the same
-on every device and in every order.
-
-Scale factors are built from bit patterns (never ``pow``), so they are exact on
-every device. Square roots are correctly rounded: CUDA's float64 ``sqrt`` is;
-torch's vectorised CPU ``sqrt`` is only faithful (measured: about 0.2% of
-random doubles are one ulp off), so on CPU the root comes from NumPy's (IEEE,
-hardware) ``sqrt`` on the few group or unit statistics, with a Tuckerman
-correction as the fallback where NumPy is absent.
+Min and max come from torch's own reductions: exact, hence the same on every device and in
+every order. Scale factors are built from bit patterns (never ``pow``), so they are exact on
+every device. Square roots are correctly rounded: CUDA's float64 ``sqrt`` is; torch's
+vectorised CPU ``sqrt`` is only faithful (measured: about 0.2% of random doubles are one ulp
+off), so on CPU the root comes from NumPy's (IEEE, hardware) ``sqrt`` on the few statistics.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
-import threading
 
+import numpy as np
 import torch
-
-from impl import _native
 
 _F64 = torch.float64
 _I64 = torch.int64
+
 
 #: Exponent field of a float64.
 _EXP_MASK = 0x7FF0000000000000
@@ -51,26 +46,6 @@ _EXP_MASK = 0x7FF0000000000000
 _P_MAX_BITS = (1021 + 1023) << 52
 #: 2**-(E + 1) from 2**E by bits: biased(2**-(E+1)) = 2045 - biased(2**E).
 _F_FROM_P = 2045 << 52
-
-
-def pow2(k: torch.Tensor) -> torch.Tensor:
-    """2**k as float64 for an integer tensor ``k``, exact; clamped to [-1074, 1023]."""
-    k = k.to(_I64).clamp(-1074, 1023)
-    normal = (k + 1023).clamp(min=1) << 52  # biased exponent field, mantissa 0
-    sub = torch.ones_like(k) << (k + 1074).clamp(0, 51)  # subnormal 2**k = 2**-1074 * 2**(k+1074)
-    return torch.where(k >= -1022, normal, sub).view(_F64)
-
-
-def ldexp(x: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-    """x * 2**k for integer tensor ``k`` with |k| up to about 2100.
-
-    Split into two equal-sign halves so that each factor is a representable
-    power of two; the intermediate lies between x and the result, so the
-    product is exact whenever the result is a normal number.
-    """
-    k = k.to(_I64)
-    h = torch.div(k, 2, rounding_mode="floor")
-    return x * pow2(h) * pow2(k - h)
 
 
 def ldexp_scalar(x: torch.Tensor, k: int) -> torch.Tensor:
@@ -134,121 +109,28 @@ def host_to_device(values: list, dtype: torch.dtype, device: torch.device) -> to
     return to_device(torch.tensor(values, dtype=dtype), device)
 
 
-#: Tree levels go to two preallocated buffers only on CPU and from this many
-#: elements on: there fresh large allocations cost page faults; elsewhere the
-#: fewest dispatched operations per level win (CUDA caches its allocations).
-SCRATCH_MIN = 1 << 15
-
-
-#: scratch buffers kept between calls, per thread and name (see :func:`scratch`)
-_KEPT = threading.local()
-
-
-def scratch(x: torch.Tensor, keep: str | None = None):
-    """Two buffers for the levels of :func:`tree_sum` on x (each at least as large as
-    the first level), or None where plain allocation is cheaper. ``keep``: a name under
-    which this thread keeps the two between calls (grown, never shrunk), for a caller
-    whose sums (views into them) are dead before its next call with that name: a fresh
-    pair costs its pages again each call (measured at N = 65,536, K = 4: Eq. 4's levels,
-    2 MB, took about 500 minor page faults a call in about half the batches)."""
-    if x.device.type != "cpu" or x.numel() < SCRATCH_MIN:
-        return None
-    m = x.shape[1]
-    n = x.numel() // max(m, 1) * (m // 2 + m % 2)
-    if keep is None:
-        return (torch.empty(n, dtype=x.dtype, device=x.device), torch.empty(n, dtype=x.dtype, device=x.device))
-    kept = getattr(_KEPT, "bufs", None)
-    if kept is None:
-        kept = _KEPT.bufs = {}
-    got = kept.get((keep, x.dtype))
-    if got is None or got[0].numel() < n:
-        got = kept[(keep, x.dtype)] = (torch.empty(n, dtype=x.dtype), torch.empty(n, dtype=x.dtype))
-    return got
-
-
-#: :func:`kept` keeps tensors of at most this many elements (64 MB of float64)
-KEPT_MAX = 1 << 23
-
-
-def kept(name: str, shape, dtype: torch.dtype, device) -> torch.Tensor:
-    """An uninitialised work tensor of ``shape`` that this thread keeps between calls under
-    ``name`` (its storage grown, never shrunk), on CPU from :data:`SCRATCH_MIN` elements on;
-    elsewhere, or smaller, a fresh one. For a caller whose use of it ends before its next call
-    with that name: on CPU a fresh large tensor costs its pages again every call (the labelled
-    layouts' Eq. 4, N = 65,536, K = 4: about 2,500 minor page faults a call, measured). Beyond
-    :data:`KEPT_MAX` elements, fresh too: a thread does not hold a huge batch's work space
-    after its call (there the pages' cost is a small share of the call's)."""
-    numel = math.prod(shape)
-    if torch.device(device).type != "cpu" or not SCRATCH_MIN <= numel <= KEPT_MAX:
-        return torch.empty(shape, dtype=dtype, device=device)
-    store = getattr(_KEPT, "tensors", None)
-    if store is None:
-        store = _KEPT.tensors = {}
-    got = store.get((name, dtype))
-    if got is None or got.numel() < numel:
-        got = store[(name, dtype)] = torch.empty(numel, dtype=dtype)
-    return got[:numel].view(shape)
-
-
-def tree_sum(x: torch.Tensor, bufs=None, *, squares: bool = False) -> torch.Tensor:
-    """Sum along dim 1 by the canonical pairwise tree, keeping the dim (of the
-    squares of x if ``squares``: each square rounded, then summed the same way).
-
-    Level s pairs positions p and p + s (p a multiple of 2s); a position
-    without a partner passes up unchanged. One elementwise addition per level:
-    the pairs of a level are the even and odd entries of the previous level's
-    partial sums (an odd one out is carried along). ``bufs`` (from
-    :func:`scratch`) hold the levels; the result is then a view into them.
-
-    On CPU, float64, the levels run in one C loop (``impl._native.tree_sum``, where built and
-    :func:`impl._native.serial` holds): the same additions, the same bits, without three
-    dispatched operations a level (sixteen levels for a unit of 65,536 rows).
-    """
-    if bufs is not None and _shares(x, bufs):  # x lies in them: its levels would overwrite it
-        bufs = None
-    if x.device.type == "cpu" and x.dtype == torch.float64 and _native.serial(x.numel()):
-        out, work = (None, None) if bufs is None else bufs
-        got = _native.tree_sum(x, squares, out, work)
-        if got is not None:
-            return got
-    m = x.shape[1]
-    first = squares
-    while m > 1 or first:
-        h, odd_one = m // 2, m % 2
-        last = x[:, m - 1:] if odd_one else None
-        if bufs is None:  # the fewest dispatched operations
-            if h:
-                even, odd = x[:, 0:2 * h:2], x[:, 1:2 * h:2]
-                if first:
-                    y = even * even
-                    y += odd * odd
-                else:
-                    y = even + odd
-            if odd_one:
-                last = last * last if first else last
-                y = torch.cat([y, last], 1) if h else last
-        else:  # levels alternate between the two buffers
-            shape = list(x.shape)
-            shape[1] = h + odd_one
-            y = bufs[0][: math.prod(shape)].view(shape)
-            if h:
-                even, odd = x[:, 0:2 * h:2], x[:, 1:2 * h:2]
-                if first:
-                    torch.mul(even, even, out=y[:, :h])
-                    y[:, :h] += torch.mul(odd, odd, out=bufs[1][: even.numel()].view(even.shape))
-                else:
-                    torch.add(even, odd, out=y[:, :h])
-            if odd_one:
-                torch.mul(last, last, out=y[:, h:]) if first else y[:, h:].copy_(last)
-            bufs = (bufs[1], bufs[0])
-        x, m, first = y, h + odd_one, False
-    return x
-
-
-def _shares(x: torch.Tensor, bufs) -> bool:
-    """May x share memory with either buffer (its sums would overwrite it)? By address ranges, not
-    storage objects: two storages may view one allocation (torch.from_numpy of one array)."""
-    return any(_native.overlaps(x, b) for b in bufs)
+def tree_sum(x: torch.Tensor, *, squares: bool = False) -> torch.Tensor:
+    """Sum along dim 1 by the canonical pairwise tree, keeping the dim (of the squares of x if
+    ``squares``: each square rounded, then summed the same way). Level s adds position p + s into
+    position p (p a multiple of 2s); a position without a partner is left as it is. The levels
+    run in place in one work copy (the sums' first level, made out of place, is that copy); along
+    dim 1 of a ``(K, n, G)`` layout each level adds two sets of whole contiguous rows. The squares
+    of a large x are taken in slabs along dim 0 (a quarter of the work space, so a call's peak
+    memory stays low: at N = 65,536, K = 4 its pages are not handed back to the system and
+    faulted in again each call)."""
+    if squares and x.shape[0] > 1 and x.numel() > 1 << 16:
+        return torch.cat([tree_sum(part, squares=True) for part in x.split(-(-x.shape[0] // 4))])
+    m, h = x.shape[1], x.shape[1] // 2
+    if squares or not h:
+        y = x * x if squares else x.clone()
+    else:
+        y = x[:, 0:2 * h:2] + x[:, 1:2 * h:2]
+        y = torch.cat([y, x[:, m - 1:]], 1) if m % 2 else y
+    m, s = y.shape[1], 1
+    while s < m:
+        y[:, 0:m - s:2 * s].add_(y[:, s:m:2 * s])
+        s *= 2
+    return y[:, :1].clone()
 
 
 _CONSTANTS: dict = {}
@@ -273,61 +155,152 @@ def constant(values: tuple, dtype: torch.dtype, device: torch.device) -> torch.T
     return t
 
 
-_SPLIT = 134217729.0  # 2**27 + 1, Veltkamp's splitting constant for float64
-
-
-def _two_product(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """p + e == a * b exactly (Dekker, no fused multiply-add needed; |a|, |b| < 2**996
-    and no underflow of the partial products)."""
-    p = a * b
-    ca, cb = _SPLIT * a, _SPLIT * b
-    ah = ca - (ca - a)
-    bh = cb - (cb - b)
-    al, bl = a - ah, b - bh
-    e = (((ah * bh - p) + ah * bl) + al * bh) + al * bl
-    return p, e
-
-
-def sqrt_tuckerman(q: torch.Tensor) -> torch.Tensor:
-    """Correctly rounded float64 square root from torch's faithful one.
-
-    One Tuckerman test fixes it: with s+ and s- the neighbours of s, sqrt(q)
-    rounds above s iff q > s*s+, below s iff q <= s*s- (exact products; q - p is
-    exact by Sterbenz, so the sign of (q - p) - e is the sign of q - s*s+).
-    Below 2**-900 the products could underflow, and there the faithful root is kept.
-    """
-    s = torch.sqrt(q)
-    up = torch.nextafter(s, torch.full_like(s, math.inf))
-    down = torch.nextafter(s, torch.zeros_like(s))
-    p, e = _two_product(s, up)
-    above = ((q - p) - e) > 0
-    p, e = _two_product(s, down)
-    below = ((q - p) - e) <= 0
-    ok = (q >= 2.0 ** -900) & (q < 2.0 ** 990)
-    return torch.where(ok & above, up, torch.where(ok & below & (s > 0), down, s))
-
-
-def _numpy_sqrt():
-    try:
-        import numpy
-    except ImportError:  # pragma: no cover - numpy ships with every supported torch
-        return None
-    return numpy.sqrt
-
-
 def sqrt_rn(q: torch.Tensor, inplace: bool = False) -> torch.Tensor:
     """Correctly rounded float64 square root on every device (IEEE 754's sqrt).
 
     CUDA's float64 sqrt is correctly rounded (sqrt.rn.f64). On CPU, NumPy's
     sqrt is the hardware one (correctly rounded) and costs one call on the few
-    statistics this is applied to; without NumPy, the Tuckerman correction.
-    ``inplace``: into q's own buffer (q contiguous, this caller's own), no new one.
+    statistics this is applied to. ``inplace``: into q's own buffer (q
+    contiguous, this caller's own), no new one.
     """
-    if q.device.type == "cuda":
+    if q.device.type != "cpu":
         return q.sqrt_() if inplace else torch.sqrt(q)
-    if q.device.type == "cpu":
-        np_sqrt = _numpy_sqrt()
-        if np_sqrt is not None:
-            v = q.detach().numpy()
-            return q if inplace and np_sqrt(v, out=v) is v else torch.from_numpy(np_sqrt(v))
-    return q.copy_(sqrt_tuckerman(q)) if inplace else sqrt_tuckerman(q)
+    v = q.detach().numpy()
+    return q if inplace and np.sqrt(v, out=v) is v else torch.from_numpy(np.sqrt(v))
+
+
+# --- the two-pass statistics and the weights' plan ----------------------------------------------
+
+
+#: A padded layout may hold up to this many slots per row of the batch (plus
+#: PAD_SLACK) before the groups (or whitening units) are cut into size-class buckets.
+PAD_FACTOR = 4
+PAD_SLACK = 1 << 16
+
+
+@dataclasses.dataclass
+class TwoPass:
+    """Shift-invariant two-pass statistics of the segments along dim 1 of x (keepdim)."""
+
+    absmax: torch.Tensor  # largest magnitude (caller dtype)
+    lo: torch.Tensor | None  # raw minimum and maximum (where computed: on CPU, or when asked for)
+    hi: torch.Tensor | None
+    f: torch.Tensor  # scale 2**-e, float64
+    eps_f: torch.Tensor  # eps * f
+    shift: torch.Tensor  # scaled value every difference is taken from (the first member's, or +0)
+    mean: torch.Tensor  # mean of the differences d = x * f - shift
+    dev: torch.Tensor  # d - mean, in the layout of x (float64)
+    m2: torch.Tensor  # sum of dev**2 over the segment
+    den: torch.Tensor | None = None  # std + eps in the segment's scale, ddof given
+
+    def largest(self) -> float:
+        """The largest magnitude of every segment, on the host (nan or inf where an input is not
+        finite: they show in it)."""
+        return float(self.absmax.amax())
+
+    def finite(self) -> bool:
+        """Host check: are all inputs finite? (nan and inf show in the largest magnitude.)"""
+        return math.isfinite(self.largest())
+
+
+def two_pass(x: torch.Tensor, count: torch.Tensor, eps: float, *, pad_mask: torch.Tensor | None = None,
+             own: bool = False, minmax: bool = False, whole=None, ddof: torch.Tensor | None = None) -> TwoPass:
+    """Statistics of the segments laid along dim 1 of ``x`` (``count`` members each).
+
+    Each segment is scaled by an exact power of two f (|x f| < 4, so nothing below overflows; the
+    scale is folded into eps, eps * f), its first member is subtracted (exact by Sterbenz for
+    close values, and symmetric: a column C - r gives exactly the negated differences), then the
+    mean of the differences and the deviations from it. Padding repeats the first member, so its
+    difference is exactly +0 and the sum of d is that of the segment; ``pad_mask`` (1.0 on
+    members, 0.0 on padding) clears the padding's squares. ``own``: x is a float64 buffer this
+    call owns (computed in place).
+
+    ``minmax``: also the raw min and max, and a segment whose values are all equal (min == max)
+    is centred on -0 instead of its mean (+0): its differences are +-0, so every deviation
+    becomes +0 exactly (Eq. 6's exact collapse). ``whole`` (with minmax; True: every segment,
+    else an (S, 1) bool tensor, None: none): Eq. 6's units of whole groups, whose exact mean is
+    the structural 0: shift +0 and mean +0, so d = x f exactly and the deviations are d itself
+    (a collapsed one keeps the collapse rule); with every unit whole the mean's pass is skipped
+    and d - 0 - 0 is one subtraction (x - +0 == x bit for bit, +0 - -0 == +0). ``ddof``: also
+    the denominator ``den`` = sqrt(m2 / ddof) + eps f.
+    """
+    lo = hi = None
+    if minmax or x.device.type == "cpu":  # no full-size temporary (CPU pages are not cached)
+        lo, hi = x.amin(1, keepdim=True), x.amax(1, keepdim=True)
+        absmax = torch.maximum(hi, -lo)
+    else:  # two kernels instead of four
+        absmax = x.abs().amax(1, keepdim=True)
+    f, eps_f = scale(absmax, eps)
+    d = x.mul_(f) if own else x * f
+    if whole is True:
+        collapsed = lo == hi
+        shift = torch.where(collapsed, d[:, :1], 0.0)
+        mean = torch.zeros_like(f).masked_fill_(collapsed, -0.0)
+        dev = d.sub_(shift)  # == (d - shift) - mean, bit for bit, for either kind of unit
+    else:
+        live = None if whole is None else whole & (lo != hi)
+        shift = d[:, :1].clone() if live is None else torch.where(live, 0.0, d[:, :1])
+        d.sub_(shift)
+        mean = torch.div(tree_sum(d), count)  # (a whole unit's padding is not +0 here: unused)
+        if live is not None:
+            mean = torch.where(lo == hi, -0.0, torch.where(live, 0.0, mean))
+        elif minmax:
+            mean = torch.where(lo == hi, -0.0, mean)
+        dev = d.sub_(mean)
+    m2 = tree_sum(dev, squares=True) if pad_mask is None else tree_sum((dev * dev).mul_(pad_mask))
+    den = None if ddof is None else denominator(torch.div(m2, ddof), eps_f, eps, inplace=True)
+    return TwoPass(absmax, lo, hi, f, eps_f, shift, mean, dev, m2, den)
+
+
+def denominator(var: torch.Tensor, eps_f: torch.Tensor, eps: float, inplace: bool = False) -> torch.Tensor:
+    """std + eps in the segment's scale (``inplace``: in var's own buffer, which the caller
+    owns; else a new one). It is 0 only for a collapsed segment without eps (eps * f > 0
+    whenever eps >= 2**-52, as f >= 2**-1022); there 1 is used: the deviations are all zero
+    anyway."""
+    den = sqrt_rn(var, inplace).add_(eps_f)
+    if not eps >= 2.0 ** -52:
+        den.masked_fill_(den == 0, 1.0)
+    return den
+
+
+# --- the one rounding into the output dtype -----------------------------------------------------
+
+
+def round_to(a: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """float64 ``a`` correctly rounded (to nearest, ties to even) to ``dtype``.
+
+    torch's double -> half/bfloat16/float8 conversion rounds to float first and
+    then again (measured: 0.50024414807558 becomes 0.5 in float16, not the
+    nearest 0.50048828125). Here the first step rounds to *odd* instead: the
+    float32 value truncated toward zero, its last bit set when inexact. float32
+    carries at least two more bits than each of these formats over their whole
+    range, so the second rounding is then the correct one (round-to-odd).
+    """
+    if dtype in (_F64, torch.float32) or a.dtype != _F64:
+        return a.to(dtype)
+    y = a.to(torch.float32)
+    back = y.to(_F64)
+    bits = y.view(torch.int32)
+    bits = torch.where(back.abs() > a.abs(), bits - 1, bits)  # one step toward zero: truncation
+    bits = torch.where(back != a, bits | 1, bits)  # inexact: round to odd
+    return bits.view(torch.float32).to(dtype)
+
+
+# --- finders: device-side, no branch, no host read -----------------------------------------------
+
+
+def first_nonfinite(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(index, float64 bits of the value there) of the first non-finite entry of
+    a 1-D tensor; index 0 and a finite value when there is none. No branch."""
+    at = torch.argmax(torch.ne(x - x, 0).view(torch.uint8))  # x - x is nan exactly for nan and +-inf
+    return at, take(x, at).to(_F64).view(_I64)
+
+
+def first_infinite(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`first_nonfinite` for ``missing="unscored"``, where a NaN is data: the first
+    infinite entry of a 1-D tensor (index 0 and the bits of +0.0 when there is none)."""
+    inf = torch.isinf(x)
+    at = torch.argmax(inf.view(torch.uint8))
+    return at, torch.where(take(inf, at), take(x, at).to(_F64), 0.0).view(_I64)
+
+

@@ -45,7 +45,7 @@ import math
 import torch
 
 from impl import _segments as seg_ops
-from impl._stats import PAD_FACTOR, PAD_SLACK, TwoPass, denominator, two_pass
+from impl._segments import PAD_FACTOR, PAD_SLACK, TwoPass, denominator, two_pass
 
 _F64 = torch.float64
 _I64 = torch.int64
@@ -86,18 +86,6 @@ def layout(sizes: list[int], rows: int, device, buckets: bool = True) -> Layout:
     offset = torch.repeat_interleave(base[:units], base[units:], output_size=rows)
     slot = offset.add_(torch.arange(rows, dtype=_I64, device=device))
     return Layout(sizes, "padded", device, longest, slot, starts)
-
-
-def _padded(v: torch.Tensor, lay: Layout) -> tuple[torch.Tensor, torch.Tensor]:
-    """v in the (S, width) layout padded with each unit's first value, and the
-    member mask (1.0 on members, 0.0 on padding)."""
-    units, width = len(lay.sizes), lay.width
-    rows = v.shape[0]
-    firsts = constant(tuple(min(o, rows - 1) for o in lay.starts), _I64, v.device)
-    buf = v.index_select(0, firsts)[:, None].expand(units, width).contiguous()
-    buf.view(-1).index_copy_(0, lay.slot, v)
-    mask = torch.zeros(units * width, dtype=_F64, device=v.device).index_fill_(0, lay.slot, 1.0)
-    return buf, mask.view(units, width)
 
 
 @dataclasses.dataclass
@@ -186,63 +174,34 @@ def _buckets(lay: Layout, device):
 
 
 def _stats_in(v: torch.Tensor, lay: Layout, eps: float, own: bool, whole=None) -> Local:
-    sizes = lay.sizes
-    mask = None
-    if lay.kind == "view":
-        x = v.view(len(sizes), lay.width)
-        count = seg_ops.constant((float(lay.width),), _F64, v.device)
-    else:
-        x, mask = _padded(v, lay)
-        count = seg_ops.constant(tuple(float(s) for s in sizes), _F64, v.device)[:, None]
-    inplace = own and x.dtype == _F64  # the values are not needed again (no merge across ranks)
+    """The statistics of values ``v`` in the unit layout ``lay`` ("view", or "padded": each unit
+    padded with its first value, a mask of 1.0 on members and 0.0 on padding)."""
+    sizes, units, width, loc = lay.sizes, len(lay.sizes), lay.width, Local(lay)
+    padded = lay.kind == "padded"
+    counts = tuple(float(s) for s in sizes) if padded else (float(width),)
+    ddof = tuple(float(max(s - 1, 1)) for s in sizes)  # unbiased; units of 0 or 1 samples divide by 1
+    firsts = tuple(min(o, v.shape[0] - 1) for o in lay.starts) if padded else ()
     if isinstance(whole, tuple):
         whole = True if all(whole) else None if not any(whole) else constant(whole, torch.bool, v.device)[:, None]
     elif whole is not None:
         whole = whole.to(v.device)[:, None]
-    if whole is None:
-        tp = two_pass(x, count, eps, pad_mask=mask, minmax=True, own=inplace)
+    numbers = constant(counts + ddof, _F64, v.device)
+    count, ddof = numbers[:len(counts), None] if padded else numbers[:1], numbers[len(counts):, None]
+    if padded:
+        x = v.index_select(0, constant(firsts, _I64, v.device))[:, None].expand(units, width).contiguous()
+        x.view(-1).index_copy_(0, lay.slot, v)
+        mask = torch.zeros(units * width, dtype=_F64, device=v.device).index_fill_(0, lay.slot, 1.0).view(units, width)
     else:
-        tp = _zero_mean_pass(x, count, eps, mask, inplace, whole)
-    return Local(lay, tp, None if inplace else x)
-
-
-def _zero_mean_pass(x: torch.Tensor, count: torch.Tensor, eps: float, pad_mask, own: bool, whole) -> TwoPass:
-    """``_stats.two_pass`` (minmax) where the units marked ``whole`` (True: all; else an
-    (S, 1) bool tensor) take their structural mean 0: shift +0 and mean +0, so d = x f
-    exactly and the deviations are d itself; a collapsed unit keeps the collapse rule (its
-    first value subtracted, mean -0). With every unit whole the mean's pass is skipped and
-    d - 0 - 0 is one subtraction (x - +0 == x bit for bit, +0 - -0 == +0)."""
-    lo, hi = x.amin(1, keepdim=True), x.amax(1, keepdim=True)
-    absmax = torch.maximum(hi, -lo)
-    f, eps_f = seg_ops.scale(absmax, eps)
-    d = x.mul_(f) if own else x * f
-    coll = lo == hi
-    bufs = seg_ops.scratch(d)
-    if whole is True:
-        shift = torch.where(coll, d[:, :1], 0.0)
-        mean = torch.zeros_like(f).masked_fill_(coll, -0.0)
-        dev = d.sub_(shift)  # == (d - shift) - mean, bit for bit, for either kind of unit
-    else:
-        live = whole & ~coll
-        shift = torch.where(live, 0.0, d[:, :1])
-        d.sub_(shift)
-        mean = torch.div(seg_ops.tree_sum(d, bufs), count)  # a whole unit's padding is not +0 here: unused
-        mean = torch.where(coll, -0.0, torch.where(live, 0.0, mean))
-        dev = d.sub_(mean)
-    if pad_mask is None:
-        m2 = seg_ops.tree_sum(dev, bufs, squares=True)
-    else:
-        m2 = seg_ops.tree_sum((dev * dev).mul_(pad_mask), bufs)
-    return TwoPass(absmax, lo, hi, f, eps_f, shift, mean, dev, m2)
+        x, mask = v.view(units, width), None
+    inplace = own and x.dtype == _F64  # the values are not needed again (no merge across ranks)
+    loc.tp = two_pass(x, count, eps, pad_mask=mask, minmax=True, own=inplace, whole=whole, ddof=ddof)
+    loc.x = None if inplace else x
+    return loc
 
 
 def _den(m2: torch.Tensor, count: torch.Tensor, eps_f: torch.Tensor, eps: float) -> torch.Tensor:
     """std + eps in the unit's scale (unbiased; units of 0 or 1 samples divide by 1)."""
     return denominator(m2 / torch.where(count > 1, count - 1.0, 1.0), eps_f, eps)
-
-
-def _count_m1(sizes: list[int], device) -> torch.Tensor:
-    return seg_ops.constant(tuple(float(max(s - 1, 1)) for s in sizes), _F64, device)[:, None]
 
 
 def _output(dev: torch.Tensor, den: torch.Tensor, lay: Layout, out_dtype) -> torch.Tensor:
@@ -265,8 +224,7 @@ def apply_local(loc: Local, eps: float, out_dtype=None) -> torch.Tensor:
         return torch.empty(0, dtype=out_dtype or _F64, device=lay.device)
     if lay.kind == "buckets":
         return _scatter(lay, [(rows, apply_local(p, eps, out_dtype)) for _, rows, p in loc.parts], out_dtype)
-    tp = loc.tp
-    return _output(tp.dev, denominator(tp.m2 / _count_m1(lay.sizes, lay.device), tp.eps_f, eps), lay, out_dtype)
+    return _output(loc.tp.dev, loc.tp.den, lay, out_dtype)
 
 
 @dataclasses.dataclass
@@ -358,7 +316,7 @@ def _apply_x(loc: Local, f, shift, mean, den, out_dtype):
     return _output(dev, den[:, None], loc.lay, out_dtype)
 
 
-# --- the Eq. 6 stages (impl._plan.PLAIN) -----------------------------------------------------
+# --- the Eq. 6 stages (impl._pipeline.PLAIN) -----------------------------------------------------
 
 
 def eq6_stats(plan, c: torch.Tensor, facts) -> Local:
@@ -368,8 +326,7 @@ def eq6_stats(plan, c: torch.Tensor, facts) -> Local:
     scored = plan.scored
     if scored is not None:
         c = c if scored.rows is None else c.index_select(0, scored.rows)
-    return local_stats(c, plan.sizes if scored is None else scored.sizes, plan.eps, own=plan.own,
-                       whole=plan.whole)
+    return local_stats(c, plan.sizes if scored is None else scored.sizes, plan.eps, own=plan.own, whole=plan.whole)
 
 
 def eq6_apply(plan, loc: Local, merged: Stats | None, write) -> torch.Tensor:

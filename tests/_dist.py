@@ -173,7 +173,7 @@ def _die(rank, world, group, device, values, victim=1):
 
 #: Where ``_fail`` makes the victim's local computation raise: module, attribute.
 #: (The fused path's counterparts too, so that a run with GDPO_FUSED fails at the same point.)
-FAIL_AT = {"finish": [("impl._eq4", "finish"), ("impl._fused", "eq47_padded")],  # labelled groups' Eq. 4/7, after the agreement
+FAIL_AT = {"combine": [("impl._eq47", "combine"), ("impl._fused", "eq47_padded")],  # labelled groups' Eq. 4/7, after the agreement
            "table": [("impl._whiten", "Local.table"), ("impl._fused", "Local.table")],  # before collective 2
            "apply": [("impl._whiten", "apply_global"), ("impl._fused", "Local.apply")],  # after collective 2
            "buffers": [("impl._distributed", "_Buffers.__init__")],  # collectives 2 and 3's buffer (before 1)

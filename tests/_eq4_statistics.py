@@ -1,25 +1,28 @@
-"""Eq. 4's two-pass statistics of a call, as the pipeline hands them to the certificate."""
+"""Eq. 4's two-pass statistics of a call, as the plain path computes them."""
 
 from __future__ import annotations
 
 import torch
 
-from impl import _eq4, gdpo
+from impl import _segments, gdpo
 
 
 def eq4_statistics(r: torch.Tensor, g: int, eps: float = 1e-6) -> tuple:
     """(f, shift, mean, m2), (K, 1, G) each, of Eq. 4 on ``r`` in contiguous groups of ``g``
-    (``impl._eq4.Z.stats``; copied: m2 lives in this thread's scratch until the next call)."""
-    seen = {}
-    real = _eq4.finish
+    (the two-pass statistics ``impl._segments.two_pass`` returns to Eq. 4)."""
+    seen = []
+    real = _segments.two_pass
 
     def spy(*a, **k):
-        z = real(*a, **k)
-        seen["stats"] = tuple(t.clone() for t in z.stats)
-        return z
-    _eq4.finish = spy
+        tp = real(*a, **k)
+        seen.append(tuple(t.clone() for t in (tp.f, tp.shift, tp.mean, tp.m2)))
+        return tp
+    _segments.two_pass = spy
     try:
+        import impl._eq47 as eq47
+        eq47.two_pass = spy  # (imported by name there)
         gdpo.normalize_rewards(r, group_size=g, eps=eps)
     finally:
-        _eq4.finish = real
-    return seen["stats"]
+        _segments.two_pass = real
+        eq47.two_pass = real
+    return seen[0]

@@ -9,6 +9,7 @@ Every mismatch is printed as a reproducer (rewards as float.hex) with the tier t
 from __future__ import annotations
 
 import collections
+import functools
 import json
 import math
 import random
@@ -30,52 +31,24 @@ OUTS = ("float32", "float16", "bfloat16", "float64")
 
 # ----------------------------------------------------------------------------- tier tracing
 
-TRACE: dict = {}
-_orig_tier0 = C._tier0_loc
-_orig_group_exact = C._group_exact
-_orig_targeted = C._targeted
+TRACE: dict = {}  # row -> the name of the tier that decided it (this call)
 
 
-def _tier0(p, units, out_dtype, y=None):
-    got = _orig_tier0(p, units, out_dtype, y)
-    if got is not None:
-        todo = got[0]  # the rows tier 0 left (None: none)
-        TRACE["tier0"] = None if todo is None else ~todo
-    else:
-        TRACE["tier0"] = "none(unit_stats path)"
-    return got
+def _traced(tier):
+    @functools.wraps(tier)
+    def run(ctx, y, left):
+        before = set(range(ctx.a.shape[0])) if left is None else set(left.tolist())
+        y, after = tier(ctx, y, left)
+        TRACE.update(dict.fromkeys(before - set(after.tolist()), tier.__name__))
+        return y, after
+    return run
 
 
-def _gexact(p, todo, y, out_dtype, units, **kw):
-    before = todo.clone()
-    y2, todo2, k = _orig_group_exact(p, todo, y, out_dtype, units, **kw)
-    TRACE["group_exact"] = (before & ~todo2).clone()
-    return y2, todo2, k
-
-
-def _targ(p, rows, units, st):
-    got = _orig_targeted(p, rows, units, st)
-    TRACE["targeted_rows"] = rows.clone()
-    return got
-
-
-C._tier0_loc = _tier0
-C._group_exact = _gexact
-C._targeted = _targ
+C.TIERS = tuple(_traced(t) for t in C.TIERS)
 
 
 def tier_of(row):
-    t0 = TRACE.get("tier0")
-    if isinstance(t0, torch.Tensor) and bool(t0[row]):
-        return "tier0(float64,loc)"
-    if t0 is None:
-        return "tier0(float64,loc,all)"
-    ge = TRACE.get("group_exact")
-    if isinstance(ge, torch.Tensor) and bool(ge[row]):
-        return "tier1a(group_exact)"
-    if isinstance(t0, str):
-        return "tier0(unit_stats)/dd/exact"
-    return "dd/exact/uncertified"
+    return TRACE.get(row, "uncertified")
 
 
 # ----------------------------------------------------------------------------- reference
@@ -337,11 +310,7 @@ def impl_call(case, out_name, certified=True, diag=None):
         kw["group_ids"] = torch.tensor(case["labels"], dtype=torch.int64)
     if diag is not None:
         kw["diagnostics"] = diag
-    if certified:
-        with C.enabled_here():
-            return G.gdpo_advantages(case["rewards"], **kw)
-    with C.disabled():
-        return G.gdpo_advantages(case["rewards"], **kw)
+    return G.gdpo_advantages(case["rewards"], certified="all" if certified else "off", **kw)
 
 
 def oracle_call(case):
@@ -431,7 +400,7 @@ def check_case(case, family):
             st["mismatch_cases"] += 1
             for i in bad[:3]:
                 MISMATCHES.append(reproducer(case, out_name, int(i), got[i], want[i], tier_of(int(i)),
-                                             None if cnt is None else vars(cnt)))
+                                             None if cnt is None else dict(cnt)))
                 print("MISMATCH", json.dumps({k: v for k, v in MISMATCHES[-1].items() if k != "rewards_hex"}),
                       flush=True)
 

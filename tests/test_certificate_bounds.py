@@ -7,14 +7,14 @@ Here each bound is compared with the exact quantity it bounds, computed in mpmat
 from the rewards (the spec's formulas, independently of impl and of the oracle):
 
 * Eq. 4's own, column by column: |den - D*| <= dD and |z - z*| <= u zb + ddev + zb dD
-  (:func:`impl._certify.eq4_column_bounds`);
-* every row's |c - c*| <= emax (:func:`impl._certify.eq47_rows_bounds`, Eq. 4 then Eq. 7);
+  (:func:`impl._certify.bounds.eq4_column`);
+* every row's |c - c*| <= e (:func:`impl._certify.bounds.eq47_rows`, Eq. 4 then Eq. 7);
 * over each unit of whole groups, the root mean square of |c - c*| <= erms (the same
   function's second figure, which Eq. 6's denominator takes);
-* each unit's |den - D*| <= dD (:class:`impl._certify.UnitNumbers`: the plain path's
+* each unit's |den - D*| <= dD (:func:`impl._certify.bounds.eq6_units`: the plain path's
   denominator and its bound), and |M - M*| <= dmean off units of whole groups;
-* every row's |a - a*| <= alpha + beta |a| (tier 0's bound, ``Problem.ab``);
-* with labelled ragged groups, the worst-case row bound and tier 0's bound built on it.
+* every row's |a - a*| <= alpha + beta |a| (tier 0's bound, the same function's);
+* with labelled ragged groups, the longest group's row bound and tier 0's bound built on it.
 
 On families that push each term: 0/1 and small integer rewards (exact sums), large offsets and
 near-constant columns (inexact differences and means), float64 and bfloat16 rewards, groups of
@@ -36,6 +36,7 @@ import pytest
 import torch
 
 from impl import _certify, gdpo
+from impl._certify import bounds as CB, tiers as CT
 
 sys.path.insert(0, os.path.dirname(__file__))
 from _eq4_statistics import eq4_statistics  # noqa: E402
@@ -87,23 +88,28 @@ def _exact_c(r: torch.Tensor, labels: list[int], weights: list[float]) -> list:
     return out
 
 
-def _problem(r: torch.Tensor, weights: list[float], sizes: list[int], **groups):
-    """The certified call's Problem (after tier 0: its bounds); ``groups``: group_size= or
-    group_ids=."""
-    seen = {}
-    real = _certify.finish
-
-    def finish(p, *a, **k):
-        seen["p"] = p
-        return real(p, *a, **k)
-
-    _certify.finish = finish
+def _context(r: torch.Tensor, weights: list[float], sizes: list[int], **groups) -> _certify.Context:
+    """The certified call's context (after its tiers ran: tier 0's bounds in ``ctx.units``);
+    ``groups``: group_size= or group_ids=."""
+    seen = []
+    real = _certify.certify
+    _certify.certify = lambda ctx, y: seen.append(ctx) or real(ctx, y)
     try:
-        with _certify.narrow_here():
-            gdpo.gdpo_advantages(r, weights=weights, segment_sizes=sizes, eps=EPS, **groups)
+        gdpo.gdpo_advantages(r, weights=weights, segment_sizes=sizes, eps=EPS, certified="narrow", **groups)
     finally:
-        _certify.finish = real
-    return seen["p"]
+        _certify.certify = real
+    return seen[-1]
+
+
+def _row_bound(ctx) -> tuple[float, float]:
+    """(e, erms) of the call, as tier 0 takes them (``bounds.eq47_rows`` of its longest group)."""
+    exact = CB.exact_sums(ctx.inp.rewards.dtype, *CT.magnitudes(ctx), ctx.n_max)
+    return CB.eq47_rows(ctx.n_max, tuple(ctx.inp.weights), exact)
+
+
+def _unit(ctx, j: int) -> dict:
+    """Unit j's numbers (``bounds.Units``), host floats."""
+    return {k: v[j].item() for k, v in vars(ctx.units).items()}
 
 
 def _measure(family: str, g: int, sizes_kind: str, weights: list[float], seed: int = 0) -> dict:
@@ -111,38 +117,33 @@ def _measure(family: str, g: int, sizes_kind: str, weights: list[float], seed: i
     n = 24 * g
     r = _rewards(family, n, len(weights), seed)
     sizes = [n // 2, n // 2] if sizes_kind == "whole" else [5 * g + 1, n - 5 * g - 1]
-    p = _problem(r, weights, sizes, group_size=g)
+    ctx = _context(r, weights, sizes, group_size=g)
+    e, erms = _row_bound(ctx)
     cs = _exact_c(r, [i // g for i in range(n)], weights)
-    c = p.values().tolist()
+    c = ctx.c.tolist()
     err = [abs(mpmath.mpf(a) - b) for a, b in zip(c, cs)]
-    use = {"row": max(err) / p.emax, "rms": 0.0, "den": 0.0, "mean": 0.0, "a": 0.0}
-    a = p.a.tolist()
-    alpha, beta = p.ab
+    use = {"row": max(err) / e, "rms": 0.0, "den": 0.0, "mean": 0.0, "a": 0.0}
+    a = ctx.a.tolist()
     start = 0
     for j, T in enumerate(sizes):
         cu = cs[start:start + T]
         M = mpmath.fsum(cu) / T
         D = mpmath.sqrt(mpmath.fsum((v - M) ** 2 for v in cu) / (T - 1)) + EPS
-        un = p.nums[j]
-        assert math.isfinite(un.dD) and un.whole == (sizes_kind == "whole")
-        if un.whole:
-            rms = mpmath.sqrt(mpmath.fsum(e * e for e in err[start:start + T]) / T)
-            use["rms"] = max(use["rms"], rms / p.erms)
+        un = _unit(ctx, j)
+        assert math.isfinite(un["dD"]) and un["whole"] == (sizes_kind == "whole")
+        if un["whole"]:
+            rms = mpmath.sqrt(mpmath.fsum(x * x for x in err[start:start + T]) / T)
+            use["rms"] = max(use["rms"], rms / erms)
         else:
-            centre = mpmath.mpf(un.centre[0]) + mpmath.mpf(un.centre[1])  # M, exact, scaled
-            use["mean"] = max(use["mean"], abs(centre - M * un.f) / un.dmean)
-        use["den"] = max(use["den"], abs(mpmath.mpf(un.den) - D * un.f) / un.dD)
-        al = float(alpha) if S1(alpha) else float(alpha.view(-1)[j])
-        be = float(beta) if S1(beta) else float(beta.view(-1)[j])
+            centre = mpmath.mpf(un["shift"]) + mpmath.mpf(un["mean"])  # M, exact, scaled
+            use["mean"] = max(use["mean"], abs(centre - M * un["f"]) / un["dmean"])
+        use["den"] = max(use["den"], abs(mpmath.mpf(un["den"]) - D * un["f"]) / un["dD"])
+        al, be = un["alpha"], un["beta"]
         for i in range(start, start + T):
             exact_a = (cu[i - start] - M) / (D)
             use["a"] = max(use["a"], abs(mpmath.mpf(a[i]) - exact_a) / (al + be * abs(a[i])))
         start += T
     return {k: float(v) for k, v in use.items()}
-
-
-def S1(x) -> bool:
-    return not isinstance(x, torch.Tensor)
 
 
 CASES = [(f, g, s) for f in ("normal", "offset", "near_constant", "wide", "outlier", "binary", "integers")
@@ -169,19 +170,20 @@ def _labelled_case(family: str, seed: int, permuted: bool):
 @pytest.mark.parametrize("permuted", [False, True])
 @pytest.mark.parametrize("family", ["normal", "offset", "wide", "binary", "integers"])
 def test_labelled_groups_bounds_hold_against_the_exact_values(family, permuted):
-    """Labelled ragged groups take the worst-case Eq. 4/7 bound per row (``Problem.rows_E``) and
-    tier 0's alpha + beta |a| from it (``eq6_alpha_beta`` on the padded layout's statistics):
-    both against the exact values, two units that cut groups (uses of 1-2%: worst cases)."""
+    """Labelled ragged groups take the longest group's Eq. 4/7 bound per row (E = 0 on a row of a
+    constant group) and tier 0's alpha + beta |a| from it (``eq6_units`` on the padded layout's
+    statistics): both against the exact values, two units that cut groups."""
     weights = [1.0, -0.5, 2.0]
     r, labels = _labelled_case(family, seed=7, permuted=permuted)
     n = r.shape[0]
     sizes = [n // 3, n - n // 3]
-    p = _problem(r, weights, sizes, group_ids=labels)
+    ctx = _context(r, weights, sizes, group_ids=labels)
+    e, _ = _row_bound(ctx)
     cs = _exact_c(r, labels.tolist(), weights)
-    c, E, a = p.values().tolist(), p.rows_E().tolist(), p.a.tolist()
-    use = {"row": max(float(abs(mpmath.mpf(ci) - cx) / e) for ci, cx, e in zip(c, cs, E) if e > 0), "a": 0.0}
-    assert p.ab is not None  # (tier 0 ran on the plain path's statistics)
-    alpha, beta = (t.view(-1).tolist() for t in p.ab)
+    c, a = ctx.c.tolist(), ctx.a.tolist()
+    E = torch.where(CT.flat_rows(ctx), 0.0, e).tolist()
+    use = {"row": max(float(abs(mpmath.mpf(ci) - cx) / x) for ci, cx, x in zip(c, cs, E) if x > 0), "a": 0.0}
+    alpha, beta = ctx.units.alpha.tolist(), ctx.units.beta.tolist()
     unit = [u for u, T in enumerate(sizes) for _ in range(T)]
     B = [alpha[unit[i]] + beta[unit[i]] * abs(a[i]) for i in range(n)]
     start = 0
@@ -198,7 +200,7 @@ def test_labelled_groups_bounds_hold_against_the_exact_values(family, permuted):
 
 @pytest.mark.parametrize("family", ["normal", "offset", "near_constant", "wide", "outlier", "binary", "integers"])
 def test_eq4_column_bounds_hold_against_the_exact_values(family):
-    """Eq. 4's own bounds (:func:`impl._certify.eq4_column_bounds`), column by column: the
+    """Eq. 4's own bounds (:func:`impl._certify.bounds.eq4_column`), column by column: the
     plain path's denominator (Eq. 4's m2, its root and eps, as Eq. 4 forms it) within dD of the
     exact one, and every z within u zb + ddev + zb dD of the exact z*."""
     mpmath.mp.prec = _PREC
@@ -207,12 +209,9 @@ def test_eq4_column_bounds_hold_against_the_exact_values(family):
         r = _rewards(family, 8 * g, 3, seed=g)
         f, _, _, m2 = (t.view(3, -1).tolist() for t in eq4_statistics(r, g, EPS))
         z = gdpo.standardize_groups(r, group_size=g, eps=EPS).tolist()
-        if r.dtype in (torch.float32, torch.bfloat16):
-            small, large, e = _certify.batch_quantum(r)
-            exact = _certify.exact_sums(r.dtype, (small, large), g, e)
-        else:
-            exact = False
-        ddev, dD = _certify.eq4_column_bounds(g, exact)
+        m = r.double().abs()
+        exact = CB.exact_sums(r.dtype, float(m[m > 0].min()), float(m.max()), g)
+        ddev, dD = CB.eq4_column(g, exact)
         zmax = (g - 1) / math.sqrt(g)
         zb = (zmax + ddev) / (1 - dD)
         x = r.to(torch.float64).tolist()
@@ -238,37 +237,51 @@ def test_erms_is_tighter_than_the_row_bound_where_groups_are_larger():
     exact sums)."""
     ratios = {}
     for n in (2, 8, 16):
-        emax, erms = _certify.eq47_rows_bounds(n, [1.0] * 4, [True] * 4)
+        emax, erms = CB.eq47_rows(n, (1.0,) * 4, True)
         ratios[n] = erms / emax
     assert ratios[2] == pytest.approx(1.0, rel=1e-6)
     assert 0.45 < ratios[8] < 0.6 and 0.35 < ratios[16] < 0.45, ratios
 
 
+def test_the_bounds_grow_with_the_group():
+    """Labelled groups take the longest group's bounds (``eq47_rows`` of n_max) for every group:
+    sound only because each term grows with n. Checked over n = 2 .. 4096, exact sums or not:
+    the column's ddev and dD, the row bound and the rms bound, and the per-row terms a and b
+    the rms bound sums over a unit of groups of mixed sizes."""
+    u, K = U, 8
+    for exact in (False, True):
+        last = (0.0,) * 6
+        for n in range(2, 4097):
+            ddev, dD = CB.eq4_column(n, exact)
+            bound, rms = CB.eq47_rows(n, (1.0,) * K, exact)
+            a, b = ddev * (1 + u) * (1 + K * u) / (1 - dD), (u + dD + K * u * (1 + u)) / (1 - dD)
+            now = (ddev, dD, bound, rms, a, b)
+            assert all(x >= y for x, y in zip(now, last)), (n, exact, now, last)
+            last = now
+
+
 @pytest.mark.parametrize("which", ["row", "rms", "den", "a"])
 def test_a_bound_shrunk_a_thousandfold_is_caught(monkeypatch, which):
     """Negative controls: each comparison above sees a bound 1000 times too small."""
+    import dataclasses
     if which in ("row", "rms"):
-        real = _certify.eq47_rows_bounds
+        real = CB.eq47_rows
         i = 0 if which == "row" else 1
 
         def shrunk(*a):
             got = list(real(*a))
             got[i] *= 1e-3
             return tuple(got)
-        monkeypatch.setattr(_certify, "eq47_rows_bounds", shrunk)
+        monkeypatch.setattr(CB, "eq47_rows", shrunk)
     else:
-        real_un = _certify._unit_numbers
+        real_units = CB.eq6_units
 
         def shrunk_units(*a, **k):
-            out = real_un(*a, **k)
-            for x in out:
-                if which == "den":
-                    x.dD *= 1e-3
-                else:
-                    x.alpha *= 1e-3
-                    x.beta *= 1e-3
-            return out
-        monkeypatch.setattr(_certify, "_unit_numbers", shrunk_units)
+            x = real_units(*a, **k)
+            if which == "den":
+                return dataclasses.replace(x, dD=x.dD * 1e-3)
+            return dataclasses.replace(x, alpha=x.alpha * 1e-3, beta=x.beta * 1e-3)
+        monkeypatch.setattr(CB, "eq6_units", shrunk_units)
     broken = 0
     for family in ("normal", "offset", "binary"):
         use = _measure(family, 8, "whole", [1.0, 0.0, 0.75], seed=8)

@@ -27,7 +27,6 @@ most of it spawning the gloo ranks; ``-k "not layouts"`` leaves them out).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import math
@@ -46,19 +45,17 @@ from conformance.subject import Outcome, Subject
 
 sys.path.insert(0, os.path.dirname(__file__))
 import _dist  # noqa: E402
-from _eq4_statistics import eq4_statistics  # noqa: E402
 
 from impl import gdpo  # noqa: E402
 from impl import _certify  # noqa: E402
+from impl._certify import bounds as CB, dd as DD, exact as CX, tiers as CT  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
 def _certified(monkeypatch):
-    """Certified rounding of every format (float64 is opt-in: GDPO_CERTIFIED=1): on in this process
-    and in the ranks it spawns."""
+    """Certified rounding of every format (float64 is opt-in: GDPO_CERTIFIED=1, the default of a
+    call that passes no ``certified``): in this process and in the ranks it spawns."""
     monkeypatch.setenv("GDPO_CERTIFIED", "1")
-    with _certify.enabled_here():
-        yield
 
 OUT_DTYPES = ("float32", "bfloat16", "float16", "float64")
 TORCH = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
@@ -73,10 +70,10 @@ GROUP_TIMEOUT_S = 30.0
 DEADLINE_S = 400.0
 
 
-def _local(case: Case) -> np.ndarray:
+def _local(case: Case, **extra) -> np.ndarray:
     """impl.gdpo on one process, the case as it is (float64 copy of the output)."""
     kw = SUBJECT.kwargs(case)
-    return gdpo.gdpo_advantages(SUBJECT.tensor(case), **kw).to(torch.float64).numpy().copy()
+    return gdpo.gdpo_advantages(SUBJECT.tensor(case), **kw, **extra).to(torch.float64).numpy().copy()
 
 
 def verdict(case: Case, values: np.ndarray, out_dtype: str) -> str | None:
@@ -285,9 +282,7 @@ TIE_FAMILIES = ("exact_tie", "tie_below", "tie_collapsed")
 
 def _plain_local(case) -> np.ndarray:
     """The local call with the certificate off: one rounding of the float64 result."""
-    from impl import _certify
-    with _certify.disabled():
-        return _local(case)
+    return _local(case, certified="off")
 
 
 @pytest.mark.distributed
@@ -397,33 +392,40 @@ def test_the_default_certifies_the_narrow_formats(monkeypatch):
     """Without GDPO_CERTIFIED, impl declares and certifies float32, bfloat16 and float16 (float64:
     the plain one rounding): hunted cases of three families, one per target format, come out the
     correct rounding; GDPO_CERTIFIED=0 (the plain path) misses some of them."""
+    from impl import _inputs
     monkeypatch.delenv("GDPO_CERTIFIED", raising=False)
-    assert _certify._MODES.get("", None) == "narrow"
+    assert _inputs.check_certified(None) == "narrow"
     subject = Subject("impl.gdpo:gdpo_advantages", domain={"certified": ("float32", "bfloat16", "float16")})
     plain_wrong = 0
     for family in ("eps_bisect", "reward_bisect", "tie_below"):
         for case in B.cases(family, None, 1):
             for out_dtype in ("float32", "bfloat16", "float16"):
                 case_o = dataclasses.replace(case, out_dtype=out_dtype)
-                with _certify.narrow_here():
-                    got = _local(case_o)
+                got = _local(case_o)
                 out = Outcome(True, got, out_dtype, (case.n,), "cpu")
                 J.certified_rounding("certified", "default", subject, case_o, out, expected(case_o))  # raises if wrong
-                with _certify.disabled():
-                    plain = _local(case_o)
+                plain = _local(case_o, certified="off")
                 plain_wrong += int(np.any(plain != expected(case_o).result.rounded(out_dtype)))
     assert plain_wrong > 0, "the plain path got every hunted case right: the cases no longer test the default"
 
 
-def test_the_declaration_follows_the_mode():
-    """``gdpo_certified``: the narrow formats by default, True with float64 (GDPO_CERTIFIED=1), False off."""
-    with _certify.narrow_here():
-        assert _certify.declared() == ("float32", "bfloat16", "float16")
-        assert _certify.enabled(torch.float32) and not _certify.enabled(torch.float64)
-    with _certify.enabled_here():
-        assert _certify.declared() is True and _certify.enabled(torch.float64)
-    with _certify.disabled():
-        assert _certify.declared() is False and not _certify.enabled(torch.float32)
+def test_the_declaration_follows_the_mode(monkeypatch):
+    """``gdpo_certified``: the narrow formats by default, True with float64 (GDPO_CERTIFIED=1), False
+    off; the keyword ``certified`` names the same modes, the environment only its default, and
+    anything else is refused naming the argument."""
+    from impl import _inputs
+    assert _certify.declared("narrow") == ("float32", "bfloat16", "float16")
+    assert _certify.certifies("narrow", torch.float32) and not _certify.certifies("narrow", torch.float64)
+    assert _certify.declared("all") is True and _certify.certifies("all", torch.float64)
+    assert _certify.declared("off") is False and not _certify.certifies("off", torch.float32)
+    assert not _certify.certifies("all", torch.float8_e4m3fn)
+    for given, want in ((None, "all"), (True, "all"), (False, "off"), ("narrow", "narrow"), ("OFF", "off")):
+        assert _inputs.check_certified(given) == want, given  # (GDPO_CERTIFIED=1: the default "all")
+    monkeypatch.setenv("GDPO_CERTIFIED", "0")
+    assert _inputs.check_certified(None) == "off" and _inputs.check_certified("all") == "all"
+    for bad in ("maybe", 1, 0.5):
+        with pytest.raises(gdpo.InputDtypeError, match="certified must be"):
+            gdpo.gdpo_advantages(torch.ones(4, 1).cumsum(0), group_size=2, certified=bad)
     import subprocess
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     for value, want in ((None, "('float32', 'bfloat16', 'float16')"), ("1", "True"), ("0", "False")):
@@ -433,46 +435,6 @@ def test_the_declaration_follows_the_mode():
         got = subprocess.run([sys.executable, "-c", "import impl.gdpo as g; print(g.gdpo_advantages.gdpo_certified)"],
                              env=env, cwd=root, capture_output=True, text=True, timeout=120)
         assert got.stdout.strip() == want, (value, got.stdout, got.stderr[-500:])
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-def test_magnitudes_read_on_the_bits(dtype):
-    """Tier 0's batch magnitudes (the smallest nonzero |r| and the largest), read on the rewards'
-    bits in NumPy (CPU) and in torch (other devices), equal those of a plain float64 reading:
-    zeros of either sign skipped, subnormals counted, every reward 0 giving inf."""
-    def plain(r):
-        x = r.double().abs().view(-1)
-        nz = x[x != 0]
-        return (float(nz.min()) if nz.numel() else float("inf")), float(x.max())
-
-    gen = torch.Generator().manual_seed(7)
-    cases = [torch.randn(40_000, 4, generator=gen), (torch.rand(40_000, 4, generator=gen) < 0.5).float(),
-             torch.zeros(3, 2), torch.tensor([[-0.0, 0.0], [1e-45, -3.0]]), torch.tensor([[0.0, -1e-40], [2.0, -0.0]]),
-             torch.tensor([[-0.0, 5.0], [0.25, 0.0]]), torch.tensor([[65504.0, -6e-8]])]
-    for c in cases:
-        r = c.to(dtype)
-        want = plain(r)
-        assert _certify.magnitudes(r) == want, (c[:2], _certify.magnitudes(r), want)
-        lo, hi = _certify._magnitude_bits_torch(r)
-        value = _certify._FROM_BITS[dtype]
-        assert (float("inf") if lo is None else value(lo), value(hi)) == want
-        assert _certify.magnitudes(r, want[1]) == want  # the largest given: the smallest read alone
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_eq4_hands_the_certificate_the_largest_magnitude(monkeypatch, dtype):
-    """Contiguous groups on CPU: Eq. 4 reads the rewards' largest magnitude on the host (its
-    finiteness check) and the certificate takes it from there instead of reading it again; it
-    is exactly the largest |reward|, negative or not."""
-    seen = []
-    real = _certify.eq4_error
-    monkeypatch.setattr(_certify, "eq4_error", lambda *a: seen.append(a[3]) or real(*a))
-    gen = torch.Generator().manual_seed(3)
-    for r in (torch.randn(64, 3, generator=gen), -torch.rand(64, 3, generator=gen) - 7.0,
-              (torch.rand(64, 3, generator=gen) < 0.5).float()):
-        r = r.to(dtype)
-        gdpo.gdpo_advantages(r, group_size=8)
-        assert seen[-1] == float(r.double().abs().max()), (seen[-1], float(r.double().abs().max()))
 
 
 # ------------------------------------------------------------------ exact zeros of c (0/1 rewards)
@@ -492,9 +454,8 @@ def _zero_mismatches(decide, weights_sets=((1.0, 1.0, 1.0, 1.0), (1.0, 0.5, 1.0,
                                            (2.0, 1.0, 1.0, 2.0), (1.0, -1.0, 2.0, -2.0), (2.0, 1.0, 0.5, 0.25)),
                      values=None, dtype=torch.float32) -> tuple[int, int, int]:
     """Compare ``decide(rows, rewards, g, weights)`` (R,) bool, "c* = 0 exactly", with the row-by-row
-    exact enclosure of impl._exact_rows (Fractions): (unsound: decided 0 where c* != 0, missed:
-    c* = 0 not decided, decided) over discrete groups of several shapes, rewards in ``dtype``."""
-    from impl import _exact_rows
+    exact enclosure of impl._certify.exact.combined (Fractions): (unsound: decided 0 where c* != 0,
+    missed: c* = 0 not decided, decided) over discrete groups of several shapes, rewards in ``dtype``."""
     unsound = missed = decided = 0
     for seed, (g, levels) in enumerate(((4, 2), (8, 2), (6, 3), (8, 3))):
         for weights in weights_sets:
@@ -503,7 +464,7 @@ def _zero_mismatches(decide, weights_sets=((1.0, 1.0, 1.0, 1.0), (1.0, 0.5, 1.0,
             got = decide(rows, r, g, list(weights)).tolist()
             for q in range(r.shape[0] // g):
                 vals = r[q * g:(q + 1) * g].double().tolist()
-                for i, (_, _, zero) in enumerate(_exact_rows.combined(vals, list(weights), 1e-4)):
+                for i, (_, _, zero) in enumerate(CX.combined(vals, list(weights), 1e-4)):
                     mine = got[q * g + i]
                     decided += mine
                     unsound += mine and not zero
@@ -511,192 +472,88 @@ def _zero_mismatches(decide, weights_sets=((1.0, 1.0, 1.0, 1.0), (1.0, 0.5, 1.0,
     return unsound, missed, decided
 
 
+def _zero_rows(rows, r, gid, w):
+    """impl._certify.exact.zero_rows of ``rows``, ``gid`` each row's group."""
+    ug, inv = torch.unique(gid[rows], return_inverse=True)
+    mem = torch.cat([(gid == q).nonzero().view(-1) for q in ug.tolist()])
+    mg = torch.cat([torch.full((int((gid == q).sum()),), u) for u, q in enumerate(ug.tolist())])
+    place = {m: i for i, m in enumerate(mem.tolist())}
+    return CX.zero_rows(r[mem], mg, inv, torch.tensor([place[x] for x in rows.tolist()]), w)
+
+
+def _contiguous(rows, r, g, w):
+    """impl._certify.exact.zero_rows on contiguous groups of ``g`` rows."""
+    return _zero_rows(rows, r, torch.arange(r.shape[0]) // g, w)
+
+
 def test_exact_zero_rows_are_sound_and_catch_equal_variance_cancellation():
-    """impl._exact_zeros decides c* = 0 exactly (the vectorized half of tier 1a) only where it is,
-    and, with small dyadic weights of either sign, wherever the exact enclosure does: same
-    verdicts as impl._exact_rows row by row, contiguous and labelled groups alike."""
-    from impl import _exact_zeros as Z
-
-    def contiguous(rows, r, g, w):  # the quantum from the narrow format's magnitudes
-        return Z.zero_rows_contiguous(rows, r, g, w, _certify.quantum_exponent)
-
-    def labelled(rows, r, g, w):  # the quantum read on the values' bits
-        return Z.zero_rows_labelled(rows, torch.arange(r.shape[0]) // g, r.shape[0] // g, r, w)
-
-    def labelled_sort(rows, r, g, w):  # rows shuffled, their groups read off the labels' sort
-        from impl import _groups
+    """impl._certify.exact.zero_rows decides c* = 0 exactly (the vectorized half of the
+    group-exact tier) only where it is, and, with small dyadic weights of either sign, wherever
+    the exact enclosure does: same verdicts as impl._certify.exact.combined row by row, groups in
+    order and shuffled alike."""
+    def shuffled(rows, r, g, w):  # rows shuffled, each row's group its label's
         n = r.shape[0]
         order = torch.randperm(n, generator=torch.Generator().manual_seed(n))
-        labels = (torch.arange(n) // g)[order] * 7 - 3
-        sort = _groups.label_facts(labels, reads_free=True)[0].sorted_rows()
-        gid = torch.empty_like(sort[1]).scatter_(0, sort[0], sort[1])
         inv = torch.argsort(order)  # original row -> its place in the shuffled batch
-        return Z.zero_rows_labelled(inv[rows], gid, int(gid.max()) + 1, r[order], w, sort=sort)
+        return _zero_rows(inv[rows], r[order], (torch.arange(n) // g)[order], w)
 
-    for decide in (contiguous, labelled, labelled_sort):
+    for decide in (_contiguous, shuffled):
         unsound, missed, decided = _zero_mismatches(decide)
         assert unsound == 0 and missed == 0, (decide.__name__, unsound, missed)
         assert decided >= 20, decided  # the cases do cancel exactly (28 rows of these seeds)
 
 
-def test_exact_zero_rows_small_and_large_integers_take_their_own_paths():
-    """The contiguous decision has two exact paths: rewards that are small integers after their
-    common power of two (|X| <= 2**20: float64 sums, a matrix product) and the rest (int64).
-    Both give impl._exact_rows' verdicts; the levels below send every case down the path named."""
-    from impl import _exact_zeros as Z
-
-    def contiguous(rows, r, g, w):
-        return Z.zero_rows_contiguous(rows, r, g, w, _certify.quantum_exponent)
-
-    def known(rows, r, g, w):  # the batch's quantum and largest magnitude handed over (the pipeline's route)
-        _, top, e = _certify.batch_quantum(r)
-        return Z.zero_rows_contiguous(rows, r, g, w, _certify.quantum_exponent, known=(e, top))
-
-    for values, small in (((0.0, 0.75, 3.0), True), ((2.0 ** 21 + 1.0, 0.5, 3.0), False)):
-        for levels in (2, 3):
-            r = _discrete_groups(0, 4, 4, levels, values=values)
-            assert (Z._small_integers(r.double().numpy(), _certify.quantum_exponent(r)) is not None) == small
-        for decide in (contiguous, known):
-            unsound, missed, decided = _zero_mismatches(decide, values=values)
-            assert unsound == 0 and missed == 0, (values, decide.__name__, unsound, missed)
-            assert decided >= 20, (values, decided)
+def test_exact_zero_rows_decide_small_and_large_integers():
+    """Rewards that are small integers after their common power of two, and integers up to 2**21
+    beside halves, are decided alike: impl._certify.exact.combined's verdicts, in every dtype."""
+    for values in ((0.0, 0.75, 3.0), (2.0 ** 21 + 1.0, 0.5, 3.0)):
+        unsound, missed, decided = _zero_mismatches(_contiguous, values=values)
+        assert unsound == 0 and missed == 0 and decided > 0, (values, unsound, missed)
+    for dtype in (torch.float16, torch.bfloat16, torch.float64):
+        unsound, missed, decided = _zero_mismatches(_contiguous, dtype=dtype)
+        assert unsound == 0 and missed == 0 and decided > 0, (dtype, unsound, missed)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-def test_exact_zero_rows_from_eq4_statistics_match_the_exact_enclosure(dtype):
-    """The route that reads Eq. 4's own statistics (g a power of two, small integers after the
-    batch's power of two: every step of the two-pass exact) gives impl._exact_rows' verdicts and
-    the regathering route's; it is taken wherever it applies, here groups of 4 and 8, 0/1 and
-    0/0.75/3 rewards (groups of 6 take the other route), in each narrow reward format (the
-    rewards gathered through NumPy or, bfloat16, through torch)."""
-    from impl import _exact_zeros as Z
-    taken = []
-
-    def via_eq4(rows, r, g, w):
-        _, top, e = _certify.batch_quantum(r)
-        if Z.eq4_route(g, w, (e, top)):
-            taken.append(g)
-            got = Z.zero_rows_eq4(rows, r, g, w, eq4_statistics(r, g))
-            assert torch.equal(got, Z.zero_rows_contiguous(rows, r, g, w, _certify.quantum_exponent))
-            return got
-        return Z.zero_rows_contiguous(rows, r, g, w, _certify.quantum_exponent)
-
-    for values in (None, (0.0, 0.75, 3.0)):
-        taken.clear()
-        unsound, missed, decided = _zero_mismatches(via_eq4, values=values, dtype=dtype)
-        assert unsound == 0 and missed == 0 and decided >= 20, (values, unsound, missed, decided)
-        assert set(taken) == {4, 8}, taken
-
-
-def test_exact_zero_rows_from_eq4_statistics_negative_control():
-    """The same route with the class keys erased (every column one class, as if every variance
-    were equal) is caught declaring zeros that are not. (Its statistics are read by the NumPy
-    passes; impl._native's loop reads the groups' rewards instead, and tests/test_native.py
-    holds it to those passes' verdicts.)"""
-    from impl import _exact_zeros as Z
-    from impl import _native
-
-    def keyless(rows, r, g, w):
-        f, shift, mean, m2 = eq4_statistics(r, g)
-        return Z.zero_rows_eq4(rows, r, g, w, (f, shift, mean, f * f))
-
-    with _native.disabled():
-        unsound, _, _ = _zero_mismatches(keyless, weights_sets=((1.0, 1.0, 1.0, 1.0), (1.0, -1.0, 2.0, -2.0)))
-    assert unsound > 0
-
-
-def test_eq4_route_declines_where_the_two_pass_may_round():
-    """eq4_route: only powers of two (the mean's division exact), integers small enough for the
-    sum of squares (4 g**3 X**2 <= 2**53) and the class sums, magnitudes that keep every square
-    normal."""
-    from impl import _exact_zeros as Z
-    w = [1.0] * 4
-    assert Z.eq4_route(8, w, (0, 1.0)) and Z.eq4_route(16, w, (-3, 1.0)) and not Z.eq4_route(16, w, (-23, 1.0))
-    assert not Z.eq4_route(6, w, (0, 1.0)) and not Z.eq4_route(8, w, None)
-    assert Z.eq4_route(8, w, (0, 2.0 ** 20)) and not Z.eq4_route(8, w, (0, 2.0 ** 22))
-    assert not Z.eq4_route(8, w, (-201, 2.0 ** -201)) and not Z.eq4_route(8, w, (200, 2.0 ** 201))
-    assert not Z.eq4_route(8, [1.0, 1e-300], (0, 1.0))
-
-
-@pytest.mark.parametrize("native", [True, False])
-def test_binary_rewards_take_the_eq4_route_in_the_pipeline(monkeypatch, native):
-    """A certified call on 0/1 rewards in groups of 8 decides its exact zeros on Eq. 4's route
-    (no group gathered again: where impl._native is built, in one C loop over the rows tier 0
-    left, from the groups' rewards; else from Eq. 4's statistics), and its outputs and counts are those of the
-    regathering route."""
-    from impl import _exact_zeros as Z
-    from impl import _native
-    r = (torch.rand(2048, 4, generator=torch.Generator().manual_seed(5)) < 0.5).float()
-    calls = []
-    real, fused = Z.zero_rows_eq4, _native.zeros_left
-    monkeypatch.setattr(Z, "zero_rows_eq4", lambda *a: calls.append(("eq4", a[0].numel())) or real(*a))
-
-    def spy(*a):
-        got = fused(*a)
-        calls.append(("loop", got if got is None else got[1]))
-        return got
-    monkeypatch.setattr(_native, "zeros_left", spy)
-    d = gdpo.Diagnostics()
-    with _certify.narrow_here(), contextlib.ExitStack() as stack:
-        if not native:
-            stack.enter_context(_native.disabled())
-        got = gdpo.gdpo_advantages(r, group_size=8, diagnostics=d)
-    if native:
-        assert _native.lib() is not None, _native.status()["reason"]
-        assert calls and calls[0][0] == "loop" and calls[0][1] >= 20 and len(calls) == 1, calls
-    else:
-        assert [c[0] for c in calls] == ["loop", "eq4"] and calls[0][1] is None and calls[1][1] >= 20, calls
-    assert d.certified.group_exact >= 20
-    monkeypatch.setattr(Z, "eq4_route", lambda *a: False)
-    calls.clear()
-    d2 = gdpo.Diagnostics()
-    with _certify.narrow_here():
-        want = gdpo.gdpo_advantages(r, group_size=8, diagnostics=d2)
-    assert not any(c[0] == "eq4" for c in calls) and not any(c[1] for c in calls if c[0] == "loop"), calls
-    assert torch.equal(got.view(torch.int32), want.view(torch.int32))
-    assert d.certified == d2.certified
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-def test_batch_quantum_divides_every_reward(dtype):
-    """batch_quantum's 2**e (the smallest magnitude's quantum raised by the trailing zeros common
-    to every mantissa field) divides every reward, checked in exact rationals, and is the largest
-    power of two that does on sets whose smallest value has the fewest trailing zeros (0/1: 1;
-    0.75 and 3: 1/4); one more would not divide them."""
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
+def test_integer_scaling_finds_the_largest_power_of_two(dtype):
+    """The exact zeros' integers X = v / 2**q: every X an integer (checked in exact rationals) and
+    q the largest power of two dividing every value (one more would not), zeros of either sign
+    and subnormals included; values whose integers would leave float64's exact range or
+    overflow are declined (None), without a warning."""
+    import warnings
     from fractions import Fraction
     gen = torch.Generator().manual_seed(11)
     cases = [[0.0, 1.0], [-0.0, 1.0, 0.0], [0.75, 3.0, 0.0], [1.5, 2.0], [2.0 ** 21 + 1.0, 0.5], [3.0, -5.0, 0.25],
              [1e-45, 2.0], [6e-8, -1.0], [1e-40, 3e-40], [0.0, 0.0], [65504.0, 1.0 / 1024]]
     cases += [(torch.randint(-8, 9, (50,), generator=gen) * 0.125).tolist(), torch.randn(50, generator=gen).tolist()]
     for vals in cases:
-        r = torch.tensor(vals).to(dtype).view(-1, 1)
-        if not bool(torch.isfinite(r).all()):  # (beyond float16's range)
+        v = torch.tensor(vals).to(dtype).double()
+        X = CX._integers(v)
+        if X is None:
             continue
-        xs = [Fraction(v) for v in r.double().view(-1).tolist()]
-        small, large, e = _certify.batch_quantum(r)
-        assert (small, large) == _certify.magnitudes(r)
-        q = Fraction(2) ** e
-        assert all((x / q).denominator == 1 for x in xs), (vals, e)
-        if any(xs):
-            tight = min((x for x in xs if x), key=lambda x: abs(x))
-            if (tight / q).numerator % 2 == 1:  # the smallest value is an odd multiple: 2**e is the largest
-                assert not all((x / (2 * q)).denominator == 1 for x in xs), (vals, e)
-    assert _certify.batch_quantum(torch.tensor([[0.0], [1.0]], dtype=dtype))[2] == 0
-    assert _certify.batch_quantum(torch.tensor([[0.75], [3.0]], dtype=dtype))[2] == -2
+        xs = [Fraction(x) for x in v.tolist()]
+        if not any(xs):
+            assert X.tolist() == [0] * len(xs)
+            continue
+        q = next(x / int(k) for x, k in zip(xs, X.tolist()) if k)
+        assert all(Fraction(int(k)) * q == x for x, k in zip(xs, X.tolist())), (vals, X)
+        assert any(int(k) % 2 for k in X.tolist()), (vals, X)  # the largest power of two
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert CX._integers(torch.tensor([1e300, 2.0 ** -1000], dtype=torch.float64)) is None
+        assert CX._integers(torch.tensor([0.75, -2.0, 0.0], dtype=torch.float64)).tolist() == [3, -8, 0]
 
 
 @pytest.mark.parametrize("weights", [[3e200], [3e200, 3e200], [1e-300, 2.0], [1.0, -2.0 ** 70]])
 def test_exact_zero_rows_take_any_weights(weights):
     """Weights whose integer form leaves int64 (huge, tiny, far apart) take the |w| classes: no
-    overflow, still exact (against impl._exact_rows)."""
-    from impl import _exact_rows
-    from impl import _exact_zeros as Z
+    overflow, still exact (against impl._certify.exact.combined)."""
     k = len(weights)
     r = torch.tensor([[1.0] * k, [1.0] * k, [0.0] * k, [1.0] * k, [2.0] * k, [0.0] * k], dtype=torch.float32)
-    got = Z.zero_rows_contiguous(torch.arange(6), r, 2, weights, _certify.quantum_exponent).tolist()
+    got = _contiguous(torch.arange(6), r, 2, weights).tolist()
     for q in range(3):
         vals = r[2 * q:2 * q + 2].double().tolist()
-        for i, (_, _, zero) in enumerate(_exact_rows.combined(vals, weights, 1e-4)):
+        for i, (_, _, zero) in enumerate(CX.combined(vals, weights, 1e-4)):
             assert got[2 * q + i] <= zero, (weights, q, i)
     assert got[0] and got[1]  # the constant group
 
@@ -704,8 +561,6 @@ def test_exact_zero_rows_take_any_weights(weights):
 def test_exact_zero_rows_negative_control():
     """A decision that sums the deviations across columns of different variance (classes ignored)
     is caught declaring zeros that are not."""
-    from impl import _exact_zeros as Z
-
     def classless(rows, r, g, w):
         X = r.double().view(-1, g, r.shape[1])
         P = g * X - X.sum(1, keepdim=True)
@@ -728,8 +583,7 @@ def test_binary_rewards_correctly_rounded_without_the_oracle(labelled, in_dtype)
     kw = {"group_ids": torch.arange(n) // g} if labelled else {"group_size": g}
     for out_dtype in (torch.float32, torch.bfloat16):
         d = gdpo.Diagnostics()
-        with _certify.narrow_here():
-            out = gdpo.gdpo_advantages(r, out_dtype=out_dtype, diagnostics=d, **kw).double()
+        out = gdpo.gdpo_advantages(r, out_dtype=out_dtype, diagnostics=d, **kw).double()
         want = og.gdpo_advantages(r.double().numpy(), group_ids=(kw["group_ids"].numpy() if labelled else None),
                                   eps=1e-4, group_size=None if labelled else g)
         want = torch.from_numpy(np.ascontiguousarray(want.rounded(str(out_dtype).replace("torch.", "")), np.float64))
@@ -740,13 +594,23 @@ def test_binary_rewards_correctly_rounded_without_the_oracle(labelled, in_dtype)
         assert c.group_exact >= 10, c  # the exact zeros are found
 
 
+def _context(monkeypatch, r, **kw) -> "_certify.Context":
+    """The certificate's context of a call (``impl._certify.certify``'s argument), once its
+    tiers ran."""
+    seen = []
+    real = _certify.certify
+    monkeypatch.setattr(_certify, "certify", lambda ctx, y: seen.append(ctx) or real(ctx, y))
+    gdpo.gdpo_advantages(r, certified="narrow", **kw)
+    monkeypatch.setattr(_certify, "certify", real)
+    return seen[-1]
+
+
 @pytest.mark.parametrize("shuffled", [False, True])
-def test_flat_rows_from_phase_ones_sort_match_the_scatter(shuffled):
+def test_flat_rows_are_the_groups_constant_in_every_column(monkeypatch, shuffled):
     """Labelled groups: the certificate finds the rows of groups whose every column is constant
-    (E = 0) from phase one's sort (the plan keeps it: ``Plan.sort``) as the scatter over the
-    rewards does, in runs and shuffled, with groups constant in every column, in some, in none,
-    and zeros of both signs; and it reads the sort only from the plan (no second sort)."""
-    from impl import _groups, _inputs
+    (E = 0) from the labels, as a plain float64 reading of the rewards does, in runs and shuffled,
+    with groups constant in every column, in some, in none, and zeros of both signs; contiguous
+    groups likewise."""
     gen = torch.Generator().manual_seed(3)
     sizes = torch.randint(2, 7, (60,), generator=gen)
     labels = torch.repeat_interleave(torch.arange(60) * 7 % 61, sizes)
@@ -763,33 +627,13 @@ def test_flat_rows_from_phase_ones_sort_match_the_scatter(shuffled):
     if shuffled:
         order = torch.randperm(n, generator=gen)
         r, labels = r[order], labels[order]
-    inp = _inputs.check_gdpo(r, labels, None, None, None, 1e-6, torch.float32, "refuse", None).inp
-    lab, _ = _groups.label_facts(labels, reads_free=True)
-    sort = lab.sorted_rows()
-    gid = torch.empty_like(sort[1]).scatter_(0, sort[0], sort[1])
-    want = _certify._flat_rows(inp)
-    got = _certify._flat_rows(inp, (gid, int(gid.max()) + 1), sort)
+    want = torch.tensor([bool((r[labels == q] == r[labels == q][0]).all()) for q in labels.tolist()])
+    got = CT.flat_rows(_context(monkeypatch, r, group_ids=labels))
     assert torch.equal(got, want) and 0 < int(want.sum()) < n
-    seen = []
-    real = _certify._flat_rows
-
-    def spy(inp, gid_G=None, labelled=None):
-        seen.append(labelled)
-        return real(inp, gid_G, labelled)
-    # every group constant in every column: c = +0 throughout, and tier 0 reads E (the unit's
-    # largest E decides whether its equal values are exact); a batch whose c vary does not read
-    # it (the unit's largest E is the worst case then: _units_emax)
-    flat = torch.randn(int(labels.max()) + 1, 3, generator=gen)[labels]
-    _certify._flat_rows = spy
-    try:
-        with _certify.narrow_here():
-            gdpo.gdpo_advantages(r, group_ids=labels)
-            assert seen == [], "E read where the unit's c vary"
-            out = gdpo.gdpo_advantages(flat, group_ids=labels)
-    finally:
-        _certify._flat_rows = real
-    assert len(seen) == 1 and seen[0] is not None and len(seen[0]) == 3  # the plan's sort, once
-    assert torch.equal(out.view(torch.int32), torch.zeros_like(out).view(torch.int32))  # +0
+    rc = torch.randint(0, 2, (64, 2), generator=gen).float()
+    rc[8:16] = rc[8]
+    want = torch.tensor([bool((rc[i // 8 * 8:i // 8 * 8 + 8] == rc[i // 8 * 8]).all()) for i in range(64)])
+    assert torch.equal(CT.flat_rows(_context(monkeypatch, rc, group_size=8)), want) and bool(want.any())
 
 
 def test_the_cost_benchmark_runs():
@@ -817,15 +661,11 @@ def test_the_cost_benchmark_counts_fallback_batches(monkeypatch):
     rows = bench.fallbacks(2, n=256, k=3, families=("normal",))
     assert [(r["group_size"], r["batches"]) for r in rows] == [(8, 2), (16, 2)]
     assert all(0 <= r["fallback_batches"] <= 2 and len(r["seeds"]) == r["fallback_batches"] for r in rows)
-    real = _certify._unit_numbers
+    real = CB.eq6_units
 
     def hopeless(*a, **k):
-        out = real(*a, **k)
-        for x in out:
-            x.alpha = x.dD = math.inf
-        return out
-    monkeypatch.setattr(_certify, "_unit_numbers", hopeless)
-    monkeypatch.setattr(_certify, "_exact_zeros", lambda p, y, units, whole, rows: (y, rows[:0], rows))
+        return dataclasses.replace(real(*a, **k), alpha=np.full(a[0].shape[0], math.inf))
+    monkeypatch.setattr(CB, "eq6_units", hopeless)
     assert [r["fallback_batches"] for r in bench.fallbacks(2, n=256, k=3, families=("normal",))] == [2, 2]
 
 
@@ -876,40 +716,25 @@ def test_certify_sees_the_overflow_midpoint_above_the_largest_finite_value(dtype
     gap = edge - m
     h = torch.tensor([edge - gap / 4], dtype=torch.float64)
     zero = torch.zeros_like(h)
-    ok, y, _ = _certify.certify(h, zero, torch.tensor([gap / 2], dtype=torch.float64), dtype)
+    ok, y = DD.round_test(h, zero, torch.tensor([gap / 2], dtype=torch.float64), dtype)
     assert not bool(ok[0]), "an interval across the overflow boundary was certified"
-    ok, y, _ = _certify.certify(h, zero, torch.tensor([gap / 8], dtype=torch.float64), dtype)
+    ok, y = DD.round_test(h, zero, torch.tensor([gap / 8], dtype=torch.float64), dtype)
     assert bool(ok[0]) and float(y[0]) == m
 
 
 def test_dd_safe_range():
     """The dd tier's range check: every nonzero magnitude within [2**-300, 2**300] and every
     value finite (zeros are always safe; NaN and infinities never are, wherever they sit)."""
-    from impl import _dd
     t = functools.partial(torch.tensor, dtype=torch.float64)
     nan, inf = math.nan, math.inf
     safe = [t([0.0, 1.0]), t([0.0, -0.0]), t([2.0 ** -300, -2.0 ** 300]), t([-0.0, -5.0])]
     unsafe = [t([nan, 1.0]), t([0.0, nan]), t([1.0, inf]), t([-inf]), t([2.0 ** -301, 1.0]), t([0.0, 2.0 ** 301])]
-    assert all(_dd.safe(x) for x in safe)
-    assert not any(_dd.safe(x) for x in unsafe)
-
-
-@pytest.mark.parametrize("g, sizes", [(16, [1024]), (8, [512, 512]), (5, [320, 320, 640]), (2, [1024])])
-def test_dd_equal_layout_gives_the_general_layouts_bits(g, sizes):
-    """Contiguous groups of one size take the dd tier's equal layout (views, no masks): its
-    results are the general (padded, masked) layout's bit for bit, 0/1 rewards included."""
-    n = sum(sizes)
-    gen = torch.Generator().manual_seed(g)
-    for r in (torch.randn(n, 4, generator=gen), (torch.rand(n, 4, generator=gen) < 0.5).float()):
-        gid = torch.arange(n) // g
-        args = (r, gid, n // g, [1.0, 0.5, 2.0, -1.0], 1e-6, sizes, [True] * len(sizes))
-        general, equal = _certify.dd_gdpo(*args), _certify.dd_gdpo(*args, g)
-        for x, y in zip(general, equal):
-            assert torch.equal(x.view(torch.int64), y.view(torch.int64))
+    assert all(DD.safe(x) for x in safe)
+    assert not any(DD.safe(x) for x in unsafe)
 
 
 def _near_midpoint_cases(dtype, count: int, seed: int):
-    """(lo, hi, UnitNumbers) whose a* sits within a few float64 ulps of an output midpoint or
+    """(lo, hi, the unit's numbers, whole) whose a* sits within a few float64 ulps of an output midpoint or
     value, whole units and not, with statistics' bounds of every size the tier meets."""
     from fractions import Fraction
     rng = random.Random(seed)
@@ -925,10 +750,10 @@ def _near_midpoint_cases(dtype, count: int, seed: int):
         den = rng.uniform(0.5, 3.0)
         dD = den * 2.0 ** -rng.randint(40, 60)
         dmean = 0.0 if whole else 2.0 ** -rng.randint(45, 60)
-        un = _certify.UnitNumbers(0.0, 0.0, False, f, centre, dmean, den, dD, 0.0, whole, False)
-        c = (target * Fraction(den) + un.M) / Fraction(f)
+        un = [f, centre[0], centre[1], dmean, den, dD, 0.0]  # f, shift, mean, dmean, den, dD, eps f
+        c = (target * Fraction(den) + Fraction(centre[0]) + Fraction(centre[1])) / Fraction(f)
         width = Fraction(1, 1 << rng.randint(60, 200))
-        yield c - width, c + width, un
+        yield c - width, c + width, un, whole
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
@@ -937,9 +762,9 @@ def test_group_exact_float_interval_decides_only_as_the_rationals_do(dtype):
     the exact rational interval would not, nor differently; it decides most rows that are not
     within its own few ulps of a boundary."""
     decided = agreed = 0
-    for lo, hi, un in _near_midpoint_cases(dtype, 1500, 27):
-        got = _certify._interval_float(lo, hi, un, dtype)
-        want = _certify._interval_exact(lo, hi, un, dtype)
+    for lo, hi, un, whole in _near_midpoint_cases(dtype, 1500, 27):
+        got = CT.interval_float(lo, hi, un, whole, dtype)
+        want = CT.interval_exact(lo, hi, un, whole, dtype)
         if got is not None:
             decided += 1
             assert want is not None and got == want and math.copysign(1, got) == math.copysign(1, want), \
@@ -954,25 +779,13 @@ def test_group_exact_float_interval_without_outward_rounding_is_caught(monkeypat
     (and the real float interval) decline."""
     from fractions import Fraction
     mid = Fraction(1) + Fraction(1, 1 << 24)  # the float32 midpoint above 1
-    un = _certify.UnitNumbers(0.0, 0.0, False, 1.0, (0.0, 0.0), 0.0, 1.0, 0.0, 0.0, True, False)
+    un = [1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0]  # f, shift, mean, dmean, den, dD, eps f
     lo, hi = mid - Fraction(1, 1 << 90), mid + Fraction(1, 1 << 90)
-    assert _certify._interval_exact(lo, hi, un, torch.float32) is None
-    assert _certify._interval_float(lo, hi, un, torch.float32) is None
-    monkeypatch.setattr(_certify, "_down", lambda x: x)
-    monkeypatch.setattr(_certify, "_up", lambda x: x)
-    assert _certify._interval_float(lo, hi, un, torch.float32) == 1.0  # wrong: a* may round up
-
-
-def test_exact_zero_scaling_declines_overflow_without_a_warning():
-    """Values whose integer form would overflow (1e300 beside 2**-1000) are declined (None:
-    the exact-zero tier leaves them to the next tier) and no RuntimeWarning reaches the user."""
-    import warnings
-
-    from impl import _exact_zeros
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        assert _exact_zeros._scaled(np.array([1e300, 2.0 ** -1000])) is None
-        assert list(_exact_zeros._scaled(np.array([0.75, -2.0, 0.0]))) == [3, -8, 0]
+    assert CT.interval_exact(lo, hi, un, True, torch.float32) is None
+    assert CT.interval_float(lo, hi, un, True, torch.float32) is None
+    monkeypatch.setattr(CT, "_down", lambda x: x)
+    monkeypatch.setattr(CT, "_up", lambda x: x)
+    assert CT.interval_float(lo, hi, un, True, torch.float32) == 1.0  # wrong: a* may round up
 
 
 def _tier0_rows(fmt: torch.dtype, seed: int = 0) -> torch.Tensor:
@@ -999,13 +812,13 @@ def _tier0_rows(fmt: torch.dtype, seed: int = 0) -> torch.Tensor:
 
 @pytest.mark.parametrize("fmt", [torch.float32, torch.bfloat16, torch.float16])
 def test_tier0_test_is_sound_near_boundaries(fmt):
-    """impl._certify.bits_certify passes a row only where every value within alpha + beta |a|
+    """impl._certify.tiers.bits_test passes a row only where every value within alpha + beta |a|
     of a rounds (exactly: oracle.exact.round_fraction) to the output y, sign included; checked
     on values one to 2**26 float64 steps from the format's midpoints, at both sides of powers
     of two and near 0 and the largest value. The set holds rows that a test of the midpoint on
     r's side alone (h - |a - y| > B, without h/2 > B) would pass wrongly: the half-width cell
     below a power of two; it passes many rows (the test is not vacuous). Per-row and per-unit
-    bounds give the same verdicts."""
+    bounds (a unit a row of an (S, T) view) give the same verdicts."""
     from fractions import Fraction
 
     from impl._cast import round_to
@@ -1016,16 +829,13 @@ def test_tier0_test_is_sound_near_boundaries(fmt):
     mant = {torch.float32: 23, torch.float16: 10, torch.bfloat16: 7}[fmt]
     naive_wrong = passed = 0
     for alpha, beta in ((1e-15, 0.0), (0.0, 2.0 ** -45), (3e-9, 2.0 ** -40), (1.5 * 2.0 ** -26, 0.0), (0.75 * 2.0 ** -11, 0.0), (0.0, 0.0)):
-        ok = _certify.bits_certify(a, alpha, beta, fmt, y)
+        ok = CT.bits_test(a, y, torch.full_like(a, alpha), torch.full_like(a, beta), fmt)
         ok = torch.ones_like(a, dtype=torch.bool) if ok is None else ok
-        # the same test with per-row bounds, and per unit (a unit a row of a (S, T) view)
-        per_row = _certify.bits_certify(a, torch.full_like(a, alpha), torch.full_like(a, beta), fmt, y)
         S = 2 if a.numel() % 2 == 0 else 1
-        per_unit = _certify.bits_certify(a.view(S, -1), torch.full((S, 1), alpha, dtype=torch.float64),
-                                         torch.full((S, 1), beta, dtype=torch.float64), fmt, y.view(S, -1))
-        for got in (per_row, per_unit):
-            got = torch.ones_like(a, dtype=torch.bool) if got is None else got.view(-1)
-            assert torch.equal(got, ok), (name, alpha, beta)
+        per_unit = CT.bits_test(a.view(S, -1), y.view(S, -1), torch.full((S, 1), alpha, dtype=torch.float64),
+                                torch.full((S, 1), beta, dtype=torch.float64), fmt)
+        per_unit = torch.ones_like(a, dtype=torch.bool) if per_unit is None else per_unit.view(-1)
+        assert torch.equal(per_unit, ok), (name, alpha, beta)
         for i, (ai, yi) in enumerate(zip(a.tolist(), y.double().tolist())):
             B = Fraction(alpha) + Fraction(beta) * abs(Fraction(ai))
             ends = [round_fraction(Fraction(ai) - B, name), round_fraction(Fraction(ai) + B, name)]
@@ -1041,19 +851,22 @@ def test_tier0_test_is_sound_near_boundaries(fmt):
 
 
 def test_units_largest_bound_without_reading_every_row(monkeypatch):
-    """Labelled groups (the worst-case bound E = e, or 0 for a row of a group whose columns are
-    all constant): tier 0 takes a unit's largest E as e where the unit's c vary, without making
-    E (``impl._certify._units_emax``), and reads E only where they do not. Its value equals the
-    largest E read row by row, in units of constant groups only, of mixed groups, cut across
-    groups, and of c all equal from groups that are not constant (0/1 rewards that cancel)."""
-    seen = []
-    real = _certify._units_emax
+    """Tier 0 takes a unit's largest bound on |c - c*| as e where the unit holds a row of a group
+    that is not constant in every column, else 0 (``impl._certify.tiers.varied``); it reads which
+    rows are of constant groups only where a unit's c are all equal. Its verdicts equal a reading
+    row by row, in units of constant groups only, of mixed groups, cut across groups, and of c all
+    equal from groups that are not constant (0/1 rewards that cancel)."""
+    seen, reads = [], []
+    real, real_flat = CT.varied, CT.flat_rows
 
-    def both(p, units, tp):
-        got = real(p, units, tp)
-        seen.append((got.clone(), units.amax(p.rows_E())))
+    def both(ctx):
+        got = real(ctx)
+        live = ~real_flat(ctx)
+        unit = CT.unit_of(ctx)
+        seen.append((got.tolist(), [bool(live[unit == u].any()) for u in range(len(ctx.sizes))]))
         return got
-    monkeypatch.setattr(_certify, "_units_emax", both)
+    monkeypatch.setattr(CT, "varied", both)
+    monkeypatch.setattr(CT, "flat_rows", lambda ctx: reads.append(1) or real_flat(ctx))
     sizes = [3, 3, 4, 2, 5, 3, 4]
     labels = torch.repeat_interleave(torch.tensor([5, 1, 9, 2, 8, 0, 7]), torch.tensor(sizes))
     gen = torch.Generator().manual_seed(4)
@@ -1062,9 +875,11 @@ def test_units_largest_bound_without_reading_every_row(monkeypatch):
     cancel = torch.tensor([[0.0, 1.0], [1.0, 0.0]])  # z1 = -z2 in every row: c = 0, not constant
     r[6:10] = cancel.repeat(2, 1)
     for segments in ([6, 18], [6, 4, 14], [4, 20], None):
-        with _certify.narrow_here():
-            gdpo.gdpo_advantages(r, group_ids=labels, segment_sizes=segments)
+        gdpo.gdpo_advantages(r, group_ids=labels, segment_sizes=segments, certified="narrow")
     assert len(seen) == 4
     for got, want in seen:
-        assert torch.equal(got, want), (got, want)
-    assert any(bool((w == 0).any()) for _, w in seen) and any(bool((w > 0).all()) for _, w in seen)
+        assert got == want, (got, want)
+    assert any(not all(w) for _, w in seen) and any(all(w) for _, w in seen)
+    reads.clear()
+    gdpo.gdpo_advantages(torch.randn(24, 2, generator=gen), group_size=4, certified="narrow")
+    assert not reads, "the rows of constant groups read where every unit's c vary"

@@ -11,7 +11,7 @@ import dataclasses
 
 import torch
 
-from impl import _graphs, _segments
+from impl import _pipeline, _segments
 
 
 @dataclasses.dataclass
@@ -35,17 +35,18 @@ def test_a_captured_graph_keeps_the_constants_it_read(monkeypatch):
     monkeypatch.setattr(torch.cuda, "current_stream", _Stream)
     monkeypatch.setattr(torch.cuda, "CUDAGraph", _Graph)
     monkeypatch.setattr(torch.cuda, "graph", lambda g: contextlib.nullcontext())
-    monkeypatch.setattr(_graphs, "_GRAPHS", type(_graphs._GRAPHS)())
-    monkeypatch.setattr(_graphs, "stats", dict(_graphs.stats))
+    monkeypatch.setattr(_pipeline, "_GRAPHS", type(_pipeline._GRAPHS)())
+    monkeypatch.setattr(_pipeline, "graph_stats", dict(_pipeline.graph_stats))
     read = []
 
-    def device_part(inp):  # what the real device part does: reads cached constants
-        w = _segments.constant((1.0, 0.5, 123.25), torch.float64, inp.rewards.device)
+    def device_part(plan, x):  # what the real device part does: reads cached constants
+        w = _segments.constant((1.0, 0.5, 123.25), torch.float64, x.device)
         read.append(w)
-        return inp.rewards * 2, {0: torch.zeros((), dtype=torch.int64)}  # (a, facts), as the spine's graphed part (impl._pipeline._replayed)
-
-    entry = _graphs._capture(("key",), _Inp(torch.ones(4, 3)), device_part)
-    assert entry is not None and _graphs.stats["captures"] == 1
+        return _pipeline.Device({0: torch.zeros((), dtype=torch.int64)}, c=x * 3, a=x * 2)
+    monkeypatch.setattr(_pipeline, "device_part", device_part)
+    plan = _pipeline.Plan("gdpo", True, True, True, False, 1e-4, _Inp(torch.ones(4, 3)), [4])
+    entry = _pipeline._capture(("key",), plan)
+    assert entry is not None and _pipeline.graph_stats["captures"] == 1
     captured = read[-1]
     for i in range(300):  # the cache clears past 256 entries
         _segments.constant((float(i), -7.0), torch.float64, torch.device("cpu"))

@@ -97,7 +97,7 @@ def test_cuda_matches_cpu_bit_for_bit(name):
 def test_cuda_matches_cpu_in_bucketed_layouts(monkeypatch):
     """Labelled groups and ragged whitening units cut into size buckets
     (forced here; on CUDA real batches reach them only when padding would exceed 4x)."""
-    import impl._groups as groups_mod
+    import impl._eq47 as groups_mod
     import impl._whiten as whiten_mod
 
     for mod in (groups_mod, whiten_mod):
@@ -128,7 +128,7 @@ def test_cuda_graph_replay_gives_the_eager_bits_and_one_sync(monkeypatch):
     """GDPO_CUDA_GRAPHS=1: a captured call replays the same kernels, so the same
     bits as eager, new data included, refusals included, one host read per call.
     (A capture that fails falls back to eager; the counters printed say which ran.)"""
-    from impl import _graphs
+    from impl import _pipeline
 
     g = torch.Generator().manual_seed(8)
     r = (torch.randn(4096, 4, generator=g, dtype=F64) * 3 + 1e6).to(F32).cuda()
@@ -139,14 +139,14 @@ def test_cuda_graph_replay_gives_the_eager_bits_and_one_sync(monkeypatch):
 
     eager = [_bits(call(r)), _bits(call(r2))]
     monkeypatch.setenv("GDPO_CUDA_GRAPHS", "1")
-    before = dict(_graphs.stats)
+    before = dict(_pipeline.graph_stats)
     assert [_bits(call(r)), _bits(call(r2)), _bits(call(r))] == [eager[0], eager[1], eager[0]]
     syncs = _syncs(lambda: call(r2))
     bad = r.clone()
     bad[5, 2] = math.nan
     with pytest.raises(gdpo.NonFiniteError, match=r"rewards\[5, 2\] \(row 5, reward column 2, group 0"):
         call(bad)
-    after = {k: _graphs.stats[k] - before[k] for k in before}
+    after = {k: _pipeline.graph_stats[k] - before[k] for k in before}
     print(f"\nCUDA graphs: {after}, {len(syncs)} host sync(s) per replayed call")
     assert len(syncs) <= 1, syncs
     assert after["captures"] + after["fallbacks"] >= 1
@@ -156,7 +156,7 @@ def test_cuda_graph_replay_survives_the_constant_cache_eviction(monkeypatch):
     """A captured graph reads cached constants (eps, weights, unit tables) by address; the
     cache clears itself beyond 256 entries. The graph entry keeps what it read, so a replay
     after an eviction (and fresh allocations that would reuse freed memory) gives the eager bits."""
-    from impl import _graphs, _segments
+    from impl import _pipeline, _segments
 
     g = torch.Generator().manual_seed(9)
     r = torch.randn(2048, 3, generator=g, dtype=F64).to(F32).cuda()
@@ -166,14 +166,14 @@ def test_cuda_graph_replay_survives_the_constant_cache_eviction(monkeypatch):
 
     eager = _bits(call(r))
     monkeypatch.setenv("GDPO_CUDA_GRAPHS", "1")
-    before = dict(_graphs.stats)
+    before = dict(_pipeline.graph_stats)
     assert _bits(call(r)) == eager  # captured (or fallen back: counted below)
     for i in range(300):  # evict: the cache clears past 256 entries
         _segments.constant((float(i), 1.0, 2.0), F64, r.device)
     junk = [torch.full((64,), float("nan"), dtype=F64, device="cuda") for _ in range(2000)]  # reuse freed blocks
     assert _bits(call(r)) == eager
     del junk
-    after = {k: _graphs.stats[k] - before[k] for k in before}
+    after = {k: _pipeline.graph_stats[k] - before[k] for k in before}
     print(f"\nCUDA graphs after eviction: {after}")
     assert after["captures"] >= 1 and after["replays"] >= 1, after  # else eager ran and proved nothing
 

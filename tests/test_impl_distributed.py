@@ -134,9 +134,9 @@ def scenarios(world):
     # failure turns that path off for the rest of the process)
     labels = [[4, 9, 4, 9, 9, 4]] * world
     huge = [[1e308, 0.0]] * world  # Eq. 7 may overflow: labelled groups take collective 3
-    out.append(("fail_finish_labelled", "fail", {"at": "finish", "call_kind": "gdpo", "rewards": rewards,
+    out.append(("fail_finish_labelled", "fail", {"at": "combine", "call_kind": "gdpo", "rewards": rewards,
                                                  "group_ids": labels}))
-    out.append(("fail_finish_labelled_late", "fail", {"at": "finish", "call_kind": "gdpo", "rewards": rewards,
+    out.append(("fail_finish_labelled_late", "fail", {"at": "combine", "call_kind": "gdpo", "rewards": rewards,
                                                       "group_ids": labels, "weights": huge}))
     out.append(("fail_table_labelled", "fail", {"at": "table", "call_kind": "gdpo", "rewards": rewards,
                                                 "group_ids": labels}))
@@ -341,7 +341,7 @@ def test_every_rank_raises_the_same_error(world, name, cls, pattern):
 
 @pytest.mark.parametrize("world", WORLDS)
 @pytest.mark.parametrize("name,where,collectives", [
-    ("fail_finish_labelled", "finish", 2), ("fail_finish_labelled_late", "finish", 3),
+    ("fail_finish_labelled", "combine", 2), ("fail_finish_labelled_late", "combine", 3),
     ("fail_table_labelled", "table", 2), ("fail_table_labelled_forty_units", "table", 2),
     ("fail_apply_labelled_late", "apply", 3), ("fail_table_contiguous", "table", 1),
     ("fail_buffers_labelled", "Buffers", 1), ("fail_late_row", "late_row", 3)])

@@ -352,7 +352,7 @@ def test_kernel_failure_falls_back_to_the_plain_path(monkeypatch):
 
 
 def test_only_the_fused_paths_own_failures_fall_back(monkeypatch):
-    """impl._plan.guard reruns a call on the plain path only after a FusedFailure (a fused
+    """impl._pipeline.guard reruns a call on the plain path only after a FusedFailure (a fused
     stage's own failure, as above); an exception raised by the call's other code on a fused plan
     (a bug, say) propagates as it is: not retried, not reported as the fused path's, which stays on."""
     import warnings

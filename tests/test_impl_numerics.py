@@ -337,14 +337,11 @@ def test_random_batches_within_error_model(seed):
 def test_pipeline_is_whiten_of_normalize_bitwise():
     """The plain path's arithmetic (the certificate off: a certified float64 output is the exact
     advantage's faithful rounding, not whiten of the rounded c)."""
-    from impl import _certify
-
     r, sizes, labels = _random_batch(7)
     c = gdpo.normalize_rewards(r, group_ids=labels)
     seg = [5, r.shape[0] - 5]
-    with _certify.disabled():
-        assert _bits(gdpo.gdpo_advantages(r, group_ids=labels, segment_sizes=seg, out_dtype=F64)) == \
-            _bits(gdpo.whiten(c, segment_sizes=seg, out_dtype=F64))
+    assert _bits(gdpo.gdpo_advantages(r, group_ids=labels, segment_sizes=seg, out_dtype=F64, certified="off")) == \
+        _bits(gdpo.whiten(c, segment_sizes=seg, out_dtype=F64, certified="off"))
 
 
 def test_contiguous_labels_equal_group_size_bitwise_and_order_follows_input():
@@ -461,7 +458,7 @@ def test_padded_bucketed_and_looped_layouts_agree_bit_for_bit(seed, monkeypatch)
     """Labelled groups padded to the longest group, cut into size buckets, and
     ragged units padded or taken one at a time: the same bits (the tree of a
     segment is fixed by its length, padding only adds zeros)."""
-    import impl._groups as groups_mod
+    import impl._eq47 as groups_mod
     import impl._whiten as whiten_mod
 
     r, labels = _ragged_labels(seed)
@@ -511,12 +508,12 @@ def test_graphable_device_part_is_the_call():
     branches) gives the call's bits and the facts that name a bad reward."""
     import dataclasses
 
-    from impl import _certify, _inputs, _pipeline, _plan
+    from impl import _certify, _inputs, _pipeline
     from impl import _problems as P
 
     def part(x):  # planned as on CUDA: no lazy search (every check without a branch)
         call = _inputs.check_gdpo(x, None, 8, w, [40, 56], DEFAULT_EPS, F32)
-        plan = dataclasses.replace(_plan.local(call, _plan.GDPO), lazy=False)
+        plan = dataclasses.replace(_pipeline.local(call, _pipeline.GDPO), lazy=False)
         return _pipeline.device_part(plan, call.inp.rewards)
 
     g = torch.Generator().manual_seed(4)
@@ -524,12 +521,12 @@ def test_graphable_device_part_is_the_call():
     w = [1.0, -2.0, 0.5]
     dev = part(r)
     # float64 where the certificate decides the rounding (the default for float32): one rounding then
-    assert dev.a.dtype == (F64 if _certify.enabled(F32) else F32)
+    assert dev.a.dtype == (F64 if _certify.certifies(_inputs.check_certified(None), F32) else F32)
     assert _bits(dev.a.to(F32)) == _bits(gdpo.gdpo_advantages(r, group_size=8, weights=w, segment_sizes=[40, 56]))
     bad = r.clone()
     bad[50, 1] = -math.inf
     facts = part(bad).facts
-    assert all(isinstance(v, torch.Tensor) and v.dim() == 0 for v in facts.values())  # impl._facts.Facts
+    assert all(isinstance(v, torch.Tensor) and v.dim() == 0 for v in facts.values())  # the facts: 0-d tensors by column
     row = [0] * P.ROW_WIDTH
     row[P.PRESENT], row[P.K], row[P.ROWS], row[P.GROUP_SIZE] = 1, 3, 96, 8
     for col, v in facts.items():
@@ -551,16 +548,14 @@ def _tree_reference(vals):
 
 
 @pytest.mark.parametrize("m", [1, 2, 3, 5, 7, 8, 13, 16, 31, 100])
-def test_tree_sum_is_the_canonical_tree_with_and_without_scratch(m):
+def test_tree_sum_is_the_canonical_tree(m):
     from impl import _segments as seg_ops
 
     g = torch.Generator().manual_seed(m)
     x = torch.randn(3, m, 5, generator=g, dtype=F64) * 10.0 ** torch.randint(-8, 9, (3, m, 5), generator=g)
-    bufs = (torch.empty(x.numel(), dtype=F64), torch.empty(x.numel(), dtype=F64))
     for squares in (False, True):
         plain = seg_ops.tree_sum(x, squares=squares)
-        buffered = seg_ops.tree_sum(x, bufs, squares=squares)
-        assert plain.shape == (3, 1, 5) and _bits(plain.reshape(-1)) == _bits(buffered.reshape(-1))
+        assert plain.shape == (3, 1, 5)
         src = x * x if squares else x
         ref = [_tree_reference(src[a, :, b].tolist()) for a in range(3) for b in range(5)]
         assert _bits(plain.reshape(-1)) == [float(v).hex() for v in ref]
@@ -609,7 +604,6 @@ def test_very_ragged_units_share_a_padded_layout_per_size_class():
     CPU). Each unit keeps the bits it has alone, through the local path and through
     the statistics table and merge the distributed path uses."""
     import impl._whiten as W
-    from impl import _certify
 
     g = torch.Generator().manual_seed(11)
     sizes = [2] * 3000 + [0] * 50 + [3, 5, 7] * 40 + [9000]
@@ -626,8 +620,8 @@ def test_very_ragged_units_share_a_padded_layout_per_size_class():
         at += s
     assert _bits(got) == _bits(torch.cat(alone))
     merged = W.apply_global(loc, W.merge(loc.table(v.device)[None]), eps, F64)
-    with _certify.disabled():  # the merge against the plain local path (the certificate reads neither)
-        assert _bits(merged) == _bits(gdpo.whiten(v, segment_sizes=sizes, eps=eps, out_dtype=F64))
+    # the merge against the plain local path (the certificate reads neither)
+    assert _bits(merged) == _bits(gdpo.whiten(v, segment_sizes=sizes, eps=eps, out_dtype=F64, certified="off"))
 
 
 @pytest.mark.parametrize("k", [1, 4])
@@ -653,3 +647,15 @@ def test_kept_scratch_never_reaches_a_result(k, g):
     for name, fn in calls.items():
         assert torch.equal(kept[name], saved[name]), name
         assert torch.equal(fn(first), saved[name]), name
+
+
+def test_lazily_negated_tensors_are_read_as_their_values():
+    """A tensor carrying torch's lazy negation (``torch._neg_view``, the imaginary part of a
+    conjugate: its bits are the values' negatives) is read as its values: the same advantages
+    as the negation resolved."""
+    g = torch.Generator().manual_seed(0)
+    r = torch._neg_view(torch.randint(-1, 2, (4096, 2), generator=g).to(torch.float32))
+    assert r.is_neg()
+    want = gdpo.gdpo_advantages(r.resolve_neg(), group_size=8)
+    got = gdpo.gdpo_advantages(r, group_size=8)
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32))

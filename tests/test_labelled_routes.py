@@ -1,6 +1,6 @@
 """Labelled groups take the cheapest layout that gives the same bits.
 
-Routes (impl._groups lays the groups out, impl._eq4 runs Eq. 4 on the layout): contiguous
+Routes (impl._eq47 lays the groups out and runs Eq. 4 on the layout): contiguous
 runs of one length take the contiguous layout; on CPU labels already in order skip the sort, and groups whose single
 padded layout would more than double the rows are cut into size buckets. Each
 route is a speed decision only: these tests pin that it is taken where it
@@ -15,8 +15,8 @@ import math
 import pytest
 import torch
 
-import impl._eq4 as eq4_mod
-import impl._groups as groups_mod
+import impl._eq47 as groups_mod
+import impl._pipeline as pipeline_mod
 from impl import gdpo
 
 F64 = torch.float64
@@ -52,7 +52,7 @@ def test_contiguous_runs_of_one_length_take_the_contiguous_layout(size, monkeypa
     r[size: 2 * size] = 5.0  # one group without signal
     labels = torch.tensor([40, -3, 7, 2**40, 0, 1, 9, -8, 5]).repeat_interleave(size)  # out of order
     want = _all(r, group_size=size)
-    _forbid(monkeypatch, (groups_mod, "_padded"), (groups_mod, "_bucketed"), (eq4_mod, "_padded_eq4"))
+    _forbid(monkeypatch, (groups_mod, "_padded"), (groups_mod, "_bucketed"))
     assert _all(r, group_ids=labels) == want
 
 
@@ -83,7 +83,7 @@ def test_sorted_labels_skip_the_sort_on_cpu_with_the_same_bits(monkeypatch):
     assert _all(r, group_ids=labels) == sorted_once
     assert n not in calls, "labels in order were sorted"
     assert _all(r, group_ids=labels.flip(0)) is not None and n in calls, "labels out of order were not sorted"
-    monkeypatch.setattr(groups_mod, "lazy_checks", lambda device: False)  # as on a device where reads cost
+    monkeypatch.setattr(pipeline_mod, "reads_free", lambda device: False)  # as on a device where reads cost
     calls.clear()
     assert _all(r, group_ids=labels) == sorted_once and n in calls
 
@@ -144,65 +144,21 @@ def test_cpu_cuts_groups_into_buckets_when_padding_would_double_the_rows(monkeyp
     assert _all(r, group_ids=labels) == padded
     assert taken, "a batch padded to 3x its rows was not cut into buckets on CPU"
     taken.clear()
-    monkeypatch.setattr(groups_mod, "lazy_checks", lambda device: False)  # a device where reads cost
+    monkeypatch.setattr(pipeline_mod, "reads_free", lambda device: False)  # a device where reads cost
     assert _all(r, group_ids=labels) == padded and not taken
 
 
-def test_kept_work_tensors_serve_every_part_and_every_call(monkeypatch):
-    """The labelled layouts' Eq. 4 works in tensors its thread keeps between calls (one per part
-    of the layout: ``impl._segments.kept``). Large enough to be kept (K * rows and every part's
-    slots above SCRATCH_MIN), cut into two buckets, the same bits as with fresh tensors every
-    call (KEPT_MAX 0), call after call, another batch between: a part writing over another's z,
-    or a call reading what the last one left, would change them."""
-    import impl._segments as seg_mod
-
-    sizes = torch.tensor([2] * 6000 + [40] * 300)  # two buckets of 36,000 slots (K = 3)
-    g = torch.Generator().manual_seed(5)
-    labels = torch.repeat_interleave(torch.randperm(sizes.numel(), generator=g), sizes)
-    labels = labels[torch.randperm(labels.numel(), generator=g)]  # shuffled rows
-    r, other = _rewards(labels.numel(), seed=1), _rewards(labels.numel(), seed=2) * -3.0
-    monkeypatch.setattr(groups_mod, "PAD_SLACK", 0)
-    monkeypatch.setattr(groups_mod, "CPU_PAD_FACTOR", 2)
-    monkeypatch.setattr(seg_mod, "KEPT_MAX", 0)  # fresh tensors: the reference
-    want, want_other = _all(r, group_ids=labels), _all(other, group_ids=labels)
-    monkeypatch.setattr(seg_mod, "KEPT_MAX", 1 << 23)
-    seg_mod._KEPT.__dict__.pop("tensors", None)
-    taken = []
-    real = groups_mod._bucketed
-    monkeypatch.setattr(groups_mod, "_bucketed", lambda *a, **k: taken.append(1) or real(*a, **k))
-    for _ in range(2):
-        assert _all(r, group_ids=labels) == want
-        assert _all(other, group_ids=labels) == want_other
-    assert taken, "the batch was not cut into buckets"
-    kept = {name for name, _ in seg_mod._KEPT.tensors}
-    assert {"gather.columns", "gather.part0", "gather.part1", "eq4.squares"} <= kept, kept
-
-
-def test_contiguous_groups_keep_their_layout_and_return_none_of_it(monkeypatch):
-    """Contiguous groups' Eq. 4 layout is a kept work tensor where K >= 2 and g >= 2 (no
-    result can be a view into it there): the same bits as fresh tensors call after call, another
-    batch between, and what one call returned (normalize_rewards' c, standardize_groups' z) is
-    not changed by the next. With one column and one group, normalize_rewards' c is the layout's
-    row itself: there the layout is fresh each call, and the first result survives the second
-    call (the negative control: keeping it there changes that result)."""
-    import impl._segments as seg_mod
-
-    n = 1 << 15  # K * n above SCRATCH_MIN: large enough to be kept
+def test_what_a_call_returns_survives_the_next_call():
+    """No result is a view into work space a later call writes: normalize_rewards' c and
+    standardize_groups' z keep their bits through a call on another batch, and so does c of
+    one column and one group (Eq. 7's c is then z's row itself, a view of Eq. 4's layout)."""
+    n = 1 << 15
     r, other = _rewards(n, seed=3), _rewards(n, seed=4) * -2.0
-    monkeypatch.setattr(seg_mod, "KEPT_MAX", 0)  # fresh tensors: the reference
-    want, want_other = _all(r, group_size=8), _all(other, group_size=8)
-    z_want = _bits(gdpo.standardize_groups(r, group_size=8))
-    monkeypatch.setattr(seg_mod, "KEPT_MAX", 1 << 23)
-    seg_mod._KEPT.__dict__.pop("tensors", None)
-    for _ in range(2):
-        assert _all(r, group_size=8) == want
-        assert _all(other, group_size=8) == want_other
-    assert ("gather.contiguous", F64) in seg_mod._KEPT.tensors
     c = gdpo.normalize_rewards(r, group_size=8, weights=[1.0, -0.5, 3.0])
     z = gdpo.standardize_groups(r, group_size=8)
     c_bits, z_bits = _bits(c), _bits(z)
-    _all(other, group_size=8)  # a call between: it writes the kept layout
-    assert _bits(c) == c_bits == want[0] and _bits(z) == z_bits == z_want
+    _all(other, group_size=8)
+    assert _bits(c) == c_bits and _bits(z) == z_bits
     one = r[:, :1].contiguous()  # one column, one group of n rows
     c1 = gdpo.normalize_rewards(one, group_size=n)
     c1_bits = _bits(c1)

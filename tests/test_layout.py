@@ -20,7 +20,7 @@ PACKAGES = ("spec", "oracle", "impl", "conformance", "gdpo_tools", "benchmarks")
 MAY_IMPORT = {
     "spec": set(),
     "oracle": {"spec"},
-    # impl's certificate (impl/_certify.py) decides what double-double cannot in exact arithmetic,
+    # impl's certificate (impl/_certify/) decides what double-double cannot in exact arithmetic,
     # the oracle's (imported where that tier runs); nothing else of impl reads the oracle
     "impl": {"spec", "oracle"},
     "conformance": {"spec", "oracle", "impl"},
@@ -131,14 +131,15 @@ def test_each_package_imports_only_what_the_layout_allows():
     assert not wrong, "imports against the layout (tests/test_layout.py MAY_IMPORT):\n  " + "\n  ".join(wrong)
 
 
-#: impl's spine (docs/design/spine.md section 4): the stages receive the plan as an argument and
-#: never reach the orchestration (the plan, the local spine, the distributed protocol, the entry
-#: points), not even to name a type; Eq. 4, 7 and 6 and the fused kernels never reach the
-#: certificate (it reads their results, handed over by the spine); and the local spine never
-#: reaches the protocol (impl.gdpo dispatches to both; the protocol runs the spine's stages).
-IMPL_STAGES = ("_inputs", "_facts", "_groups", "_eq4", "_eq7", "_whiten", "_fused", "_graphs", "_cast", "_certify")
-IMPL_ORCHESTRATION = ("_plan", "_pipeline", "_distributed", "gdpo", "adapters")
-IMPL_ARITHMETIC = ("_eq4", "_eq7", "_whiten", "_fused")
+#: impl's spine (docs/architecture.md): the stages receive the plan as an argument and never reach
+#: the orchestration (the plan and the local spine, the distributed protocol, the entry points),
+#: not even to name a type; Eq. 4, 7 and 6 and the fused kernels never reach the certificate (it
+#: reads their results, handed over by the spine); and the local spine never reaches the protocol
+#: (impl.gdpo dispatches to both; the protocol runs the spine's stages).
+IMPL_STAGES = ("_inputs", "_eq47", "_whiten", "_fused", "_certify", "_certify.tiers", "_certify.bounds",
+               "_certify.exact", "_certify.dd")
+IMPL_ORCHESTRATION = ("_pipeline", "_distributed", "gdpo", "adapters")
+IMPL_ARITHMETIC = ("_eq47", "_whiten", "_fused")
 
 
 def _reach(graph: dict[str, set[str]], start: str) -> set[str]:
@@ -155,7 +156,8 @@ def _spine_breaches(graph: dict[str, set[str]]) -> list[str]:
     def impl(names):
         return {f"impl.{n}" for n in names}
     rules = [(m, impl(IMPL_ORCHESTRATION)) for m in IMPL_STAGES]
-    rules += [(m, impl(["_certify"])) for m in IMPL_ARITHMETIC]
+    rules += [(m, impl(["_certify", "_certify.tiers", "_certify.bounds", "_certify.exact", "_certify.dd"]))
+              for m in IMPL_ARITHMETIC]
     rules += [("_pipeline", impl(["_distributed"]))]
     return [f"impl.{m} reaches {t}" for m, banned in rules for t in sorted(_reach(graph, f"impl.{m}") & banned)]
 
@@ -163,15 +165,15 @@ def _spine_breaches(graph: dict[str, set[str]]) -> list[str]:
 def test_impls_stages_never_reach_the_plan_the_spine_or_the_protocol():
     assert set(IMPL_STAGES + IMPL_ORCHESTRATION) <= {m.split(".", 1)[1] for m in MODULES if m.startswith("impl.")}
     wrong = _spine_breaches(_graph())
-    assert not wrong, "imports against impl's spine (docs/design/spine.md section 4):\n  " + "\n  ".join(wrong)
+    assert not wrong, "imports against impl's spine (docs/architecture.md):\n  " + "\n  ".join(wrong)
 
 
 def test_the_spine_rule_finds_a_stage_that_imports_the_plan_through_another():
     """Negative control: a stage that reaches the plan through another module breaks the rule."""
     graph = {m: set(t) for m, t in _graph().items()}
-    graph["impl._eq7"] = graph["impl._eq7"] | {"impl._groups"}
-    graph["impl._groups"] = graph["impl._groups"] | {"impl._plan"}
-    assert "impl._eq7 reaches impl._plan" in _spine_breaches(graph)
+    graph["impl._whiten"] = graph["impl._whiten"] | {"impl._eq47"}
+    graph["impl._eq47"] = graph["impl._eq47"] | {"impl._pipeline"}
+    assert "impl._whiten reaches impl._pipeline" in _spine_breaches(graph)
 
 
 def test_the_cycle_finder_finds_a_cycle_hidden_in_a_function():

@@ -74,7 +74,7 @@ def test_a_rank_whose_exception_cannot_be_printed_still_joins_and_stays_in_step(
         ("before", "fail", {"at": "table", "call_kind": "gdpo", "unreadable": True, "rewards": rewards,
                             "group_size": 2}),
         ("healthy_1", "gdpo", {"rewards": rewards, "group_size": 2}),
-        ("after", "fail", {"at": "finish", "call_kind": "gdpo", "unreadable": True, "rewards": rewards,
+        ("after", "fail", {"at": "combine", "call_kind": "gdpo", "unreadable": True, "rewards": rewards,
                            "group_ids": labels}),
         ("healthy_2", "gdpo", {"rewards": rewards, "group_size": 2}),
     ]

@@ -1,0 +1,144 @@
+"""The certificate (spec/gdpo.md section 7a): every float32, bfloat16 and float16 output is the
+exact advantage correctly rounded; under mode "all" every float64 output is within one ulp of it.
+
+It reads as a CORE-MATH function: a fast path, a rounding test, slower exact paths. The tiers
+(``impl._certify.tiers``) run in order, each ``y, left = tier(ctx, y, left)`` on the call's
+:class:`Context`, the outputs so far and the rows still to decide, until no row is left:
+
+1. ``float64``: the plain path's result and its run-time bound (``impl._certify.bounds``);
+2. ``group_exact``: a row's own group in exact integer arithmetic (``impl._certify.exact``);
+3. ``double_double``: the call again in double-double (``impl._certify.dd``);
+4. ``exact``: ``oracle.gdpo``'s exact arithmetic.
+
+:class:`Counts` says how many rows each decided, by its name (``Diagnostics.certified``). The
+result is the same bits whatever the layout (ranks, shards, group order, device, threads): the
+correctly rounded exact value is a function of the inputs alone. Across ranks the double-double
+statistics ride in the protocol's second collective instead (``impl._certify.dd``).
+
+The mode is the ``certified`` keyword of ``gdpo_advantages`` and ``whiten``
+(``impl._inputs.check_certified``): "narrow" (float32, bfloat16 and float16 outputs; a float64
+output is the plain path's one rounding), "all" (float64 outputs too, faithful: the
+double-double tier on every call, about 25 times the plain path) or "off" (the plain path). Its
+default is the environment's ``GDPO_CERTIFIED`` (1/all, 0/off, narrow), read when a call does
+not pass it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+
+import numpy as np
+import torch
+
+from impl._certify import tiers
+from impl._certify.bounds import NARROW
+from impl._problems import N_MAX
+
+#: The tiers, in order.
+TIERS = (tiers.float64, tiers.group_exact, tiers.double_double, tiers.exact)
+#: The output formats the certificate covers (float8 is rounded once, uncertified).
+FORMATS = (torch.float64, *NARROW)
+#: The output formats each mode certifies.
+CERTIFIES = {"narrow": tuple(NARROW), "all": FORMATS, "off": ()}
+
+
+def certifies(mode: str, out_dtype) -> bool:
+    """Does ``mode`` certify outputs of ``out_dtype``?"""
+    return out_dtype in CERTIFIES[mode]
+
+
+def declared(mode: str):
+    """What impl declares under ``mode`` (``gdpo_certified``): True (every format, float64 faithful),
+    the narrow formats' names, or False."""
+    return True if mode == "all" else False if mode == "off" else ("float32", "bfloat16", "float16")
+
+
+@contextlib.contextmanager
+def enabled_here():
+    """Every format certified for the calls inside that do not pass ``certified`` (their default,
+    ``GDPO_CERTIFIED``, set to "all" meanwhile). Kept for ``gdpo_tools.limits``; pass
+    ``certified="all"`` instead."""
+    old = os.environ.get("GDPO_CERTIFIED")
+    os.environ["GDPO_CERTIFIED"] = "all"
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ["GDPO_CERTIFIED"]
+        else:
+            os.environ["GDPO_CERTIFIED"] = old
+
+
+class Counts(dict):
+    """How many rows each tier decided, by the tier's name (and "uncertified"): ``counts["float64"]``,
+    or ``counts.float64``."""
+
+    NAMES = tuple(t.__name__ for t in TIERS) + ("uncertified",)
+
+    def __init__(self):
+        super().__init__((name, 0) for name in self.NAMES)
+
+    def __getattr__(self, name: str) -> int:
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+
+@dataclasses.dataclass
+class Context:
+    """What the tiers read of a local call: a few tensors, and what they derive (``memo``)."""
+
+    a: torch.Tensor  # (N,) float64: the plain path's result
+    c: torch.Tensor  # (N,) float64: the values Eq. 6 whitened (whiten: the values)
+    out_dtype: torch.dtype
+    eps: float
+    sizes: list[int]  # the units of Eq. 6
+    whole: np.ndarray  # (S,) bool: units of whole groups (their exact mean is 0)
+    table: np.ndarray  # (S, 7) float64: Eq. 6's statistics of each unit (``impl._whiten.Local.table``)
+    inp: object = None  # the validated rewards (``impl._inputs.Rewards``); None: whiten
+    n_max: int = 0  # the longest group
+    sort: tuple | None = None  # labelled groups: phase one's sort (perm, gid, pos), where at hand
+    units: object = None  # per unit: the bounds (``bounds.Units``), once tier 0 made them
+    memo: dict = dataclasses.field(default_factory=dict)
+
+
+def certify(ctx: Context, y: torch.Tensor) -> tuple[torch.Tensor, Counts]:
+    """The certified output of ``ctx`` from ``y``, its plain rounding (this call's own tensor, or
+    float64: a itself), and the tiers' counts."""
+    counts, left = Counts(), None
+    n = ctx.a.shape[0]
+    for tier in TIERS:
+        if n == 0 or left is not None and left.numel() == 0:
+            break
+        before = n if left is None else left.numel()
+        y, left = tier(ctx, y, left)
+        counts[tier.__name__] += before - left.numel()
+    counts["uncertified"] = 0 if left is None else left.numel()
+    return y, counts
+
+
+def stage(plan, call, dev, y: torch.Tensor) -> tuple[torch.Tensor, Counts]:
+    """The certify stage of a local call (``plan.certify``): its output in ``plan.out_dtype`` from
+    ``y``, the cast's output (a rounded once; float64: a itself). It reads the device part's
+    results: a (float64), c as Eq. 7 left it (the plan keeps Eq. 6 off c's buffer where it
+    certifies) and the plain backend's Eq. 6 statistics (recomputed from c where a CUDA graph or
+    the fused backend kept none: the same bits)."""
+    c, inp = dev.c.to(torch.float64), call.inp
+    tp = getattr(dev.loc, "tp", None)  # the plain backend's statistics, in a view or padded layout
+    if tp is not None and not plan.eq6b.fused:  # as impl._whiten.Local.table lays them out
+        table = torch.cat([torch.tensor(plan.sizes, dtype=torch.float64, device=c.device)[:, None],
+                           (1023 - (tp.f.view(torch.int64) >> 52)).to(torch.float64), tp.shift, tp.mean, tp.m2,
+                           tp.lo.to(torch.float64), tp.hi.to(torch.float64)], 1)
+    else:  # buckets, the fused backend, a CUDA graph's replay: the plain statistics again, the same bits
+        from impl import _whiten  # (a stage this one reads; it never reads the certificate)
+        table = _whiten.local_stats(c, plan.sizes, plan.eps, whole=plan.whole).table(c.device)
+    whole = plan.whole.cpu().numpy() if isinstance(plan.whole, torch.Tensor) else \
+        np.array(plan.whole or [False] * len(plan.sizes), dtype=bool)
+    ctx = Context(dev.a, c, plan.out_dtype, plan.eps, plan.sizes, whole.reshape(-1), table.cpu().numpy(), inp)
+    if inp is not None:
+        ctx.n_max = inp.group_size if plan.row is None else int(plan.row[N_MAX])
+        ctx.sort = plan.sort
+    return certify(ctx, y)

@@ -1,0 +1,512 @@
+"""Double-double arithmetic, and Eq. 4, 7 and 6 in it: the certificate's tier 2, and its
+statistics across ranks.
+
+A double-double (dd) is an unevaluated sum ``hi + lo`` of two float64 with |lo| <= ulp(hi)/2:
+about 106 significant bits. Every operation here is an error-free transformation (Knuth's
+TwoSum, Dekker's split and TwoProduct: no fused multiply-add, so the same bits on every
+device) followed by a renormalisation; each rounds with a relative error of a few 2**-106
+(Joldes, Muller, Popescu, *Tight and rigorous error bounds for basic building blocks of
+double-word arithmetic*, ACM TOMS 2017: at most 3u**2 for a sum, 7u**2 for a product by a
+dd, 15u**2 for a quotient, with u = 2**-53). :data:`UNIT` (2**-100) is taken as the unit
+roundoff of every dd operation: above each of those bounds.
+
+Its inputs must lie in a safe exponent range (:func:`safe`): there no split overflows and no
+error term underflows, so the transformations are exact. Outside it the certificate goes
+straight to exact arithmetic (locally) or leaves the samples uncertified (across ranks).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from impl._segments import round_to
+from impl._certify import bounds as B
+
+_F64 = torch.float64
+_I64 = torch.int64
+
+#: The unit roundoff assumed for every dd operation (above the proven 15 * 2**-106).
+UNIT = 2.0 ** -100
+_SPLIT = 134217729.0  # 2**27 + 1
+#: Nonzero magnitudes of rewards, weights, eps and every intermediate stay within
+#: [2**-SAFE, 2**SAFE] on this path (squares of deviations: 2**-2*SAFE-106 is normal).
+SAFE = 300
+
+
+def eps_safe(eps: float) -> bool:
+    """eps is only ever added to a std (an exact two-sum at any magnitude): any eps up to
+    2**SAFE (above it a z could fall below the range)."""
+    return 0.0 <= eps <= 2.0 ** SAFE
+
+
+def safe(*tensors_or_floats) -> bool:
+    """Are every nonzero magnitude among these within [2**-SAFE, 2**SAFE] and finite?"""
+    lo, hi = 2.0 ** -SAFE, 2.0 ** SAFE
+    for x in tensors_or_floats:
+        if isinstance(x, torch.Tensor):
+            if x.numel() == 0:
+                continue
+            a = x.abs()
+            big = float(a.amax())  # NaN or inf: not finite (NaN propagates through amax)
+            if not big <= hi:
+                return False
+            small = float(torch.where(a == 0, math.inf, a).amin())  # inf: every value is 0
+            if small < lo:
+                return False
+        else:
+            a = abs(float(x))
+            if not math.isfinite(a) or (a != 0 and not lo <= a <= hi):
+                return False
+    return True
+
+
+# --- error-free transformations ---------------------------------------------------------------
+
+
+def two_sum(a, b):
+    s = a + b
+    bb = s - a
+    return s, (a - (s - bb)) + (b - bb)
+
+
+def fast_two_sum(a, b):
+    """|a| >= |b| (or a == 0)."""
+    s = a + b
+    return s, b - (s - a)
+
+
+def _split(a):
+    c = _SPLIT * a
+    hi = c - (c - a)
+    return hi, a - hi
+
+
+def two_prod(a, b):
+    p = a * b
+    ah, al = _split(a)
+    bh, bl = _split(b)
+    return p, ((ah * bh - p) + ah * bl + al * bh) + al * bl
+
+
+# --- dd operations (pairs of tensors) ---------------------------------------------------------
+
+
+def add(x, y):
+    """dd + dd (the accurate algorithm: relative error <= 3u**2)."""
+    s, e = two_sum(x[0], y[0])
+    t, f = two_sum(x[1], y[1])
+    s, e = fast_two_sum(s, e + t)
+    return fast_two_sum(s, e + f)
+
+
+def neg(x):
+    return -x[0], -x[1]
+
+
+def add_f(x, b):
+    """dd + float64."""
+    s, e = two_sum(x[0], b)
+    return fast_two_sum(s, e + x[1])
+
+
+def mul(x, y):
+    p, e = two_prod(x[0], y[0])
+    e = e + (x[0] * y[1] + x[1] * y[0])
+    return fast_two_sum(p, e)
+
+
+def mul_f(x, b):
+    p, e = two_prod(x[0], b)
+    return fast_two_sum(p, e + x[1] * b)
+
+
+def div(x, y):
+    """dd / dd: three quotient digits (relative error well below 15u**2)."""
+    q1 = x[0] / y[0]
+    r = add(x, neg(mul_f(y, q1)))
+    q2 = r[0] / y[0]
+    r = add(r, neg(mul_f(y, q2)))
+    q3 = r[0] / y[0]
+    q = fast_two_sum(q1, q2)
+    return add_f(q, q3)
+
+
+def div_f(x, b):
+    return div(x, (b, torch.zeros_like(b) if isinstance(b, torch.Tensor) else 0.0 * x[0]))
+
+
+def sqrt(x):
+    """sqrt of a dd >= 0 (Newton step from the float64 root; 0 stays 0)."""
+    s = torch.sqrt(x[0])
+    safe_s = torch.where(s > 0, s, 1.0)
+    p = two_prod(safe_s, safe_s)
+    r = add(x, neg(p))
+    corr = r[0] / (2.0 * safe_s)
+    out = fast_two_sum(safe_s, corr)
+    zero = torch.zeros_like(s)
+    return torch.where(s > 0, out[0], zero), torch.where(s > 0, out[1], zero)
+
+
+def tree_sum(x, dim: int = 1):
+    """Pairwise dd sum along ``dim`` (kept, length 1)."""
+    h, l = x
+    while h.shape[dim] > 1:
+        m = h.shape[dim]
+        if m % 2:
+            pad = list(h.shape)
+            pad[dim] = 1
+            z = torch.zeros(pad, dtype=h.dtype, device=h.device)
+            h, l = torch.cat([h, z], dim), torch.cat([l, z], dim)
+            m += 1
+        a = (h.narrow(dim, 0, m // 2 * 2).unflatten(dim, (m // 2, 2)).select(dim + 1, 0),
+             l.narrow(dim, 0, m // 2 * 2).unflatten(dim, (m // 2, 2)).select(dim + 1, 0))
+        b = (h.unflatten(dim, (m // 2, 2)).select(dim + 1, 1), l.unflatten(dim, (m // 2, 2)).select(dim + 1, 1))
+        h, l = add(a, b)
+    return h, l
+
+
+# --- Eq. 4, 7 and 6 in dd on a padded segment layout ------------------------------------------
+
+
+class Segments:
+    """Rows gathered into a padded (S, width) layout by a segment index per row (any order);
+    ``mask`` (S, width) bool: the slots that hold a row."""
+
+    def __init__(self, seg: torch.Tensor, count: int):
+        n = seg.shape[0]
+        device = seg.device
+        order = torch.argsort(seg, stable=True)
+        sizes = torch.bincount(seg, minlength=count)
+        starts = torch.cumsum(sizes, 0) - sizes
+        s_sorted = seg.index_select(0, order)
+        pos = torch.arange(n, device=device) - starts.index_select(0, s_sorted)
+        self.width = max(int(sizes.max()) if n else 1, 1)
+        self.count = count
+        self.sizes = sizes.to(_F64)[:, None]
+        self.slot = torch.empty(n, dtype=_I64, device=device)
+        self.slot[order] = s_sorted * self.width + pos  # row -> slot
+        self.mask = torch.zeros(count * self.width, dtype=torch.bool, device=device)
+        self.mask[self.slot] = True
+        self.mask = self.mask.view(count, self.width)
+        first = torch.full((count,), n, dtype=_I64, device=device)
+        first.scatter_reduce_(0, seg, torch.arange(n, device=device), "amin")
+        self.first = first.clamp_(max=max(n - 1, 0))
+
+    def gather(self, x: torch.Tensor) -> torch.Tensor:
+        """(N, ...) rows into (S, width, ...), the padding repeating each segment's first row."""
+        tail = x.shape[1:]
+        buf = x.index_select(0, self.first)[:, None].expand((self.count, self.width) + tail).contiguous()
+        buf.view((-1,) + tail).index_copy_(0, self.slot, x)
+        return buf
+
+    def rows(self, x: torch.Tensor) -> torch.Tensor:
+        """(S, width, ...) back to (N, ...) rows."""
+        return x.reshape((-1,) + x.shape[2:]).index_select(0, self.slot)
+
+
+def standardize(xh, xl, segs: Segments, eps: float, zero_mean=None):
+    """(x - mean) / (std + eps) per segment and column, in dd, ddof 1, in the padded layout
+    (S, width, K): the same shift-invariant two-pass as the float64 path (differences from
+    the first member, exact as a dd), exact collapse (a constant segment column gives +0).
+    ``zero_mean`` (S,) bool: segments whose exact mean is 0 (a unit of whole groups). ``xl``
+    None: the values are float64 (a low part of 0). Returns z (dd) and, per segment and column,
+    the dd denominator and whether it collapsed.
+
+    z is dev times the denominator's dd reciprocal (one quotient per segment and column, not
+    one per value): relative error at most 15u**2 + 7u**2 + a third-order term, below
+    :data:`UNIT` as every single operation's."""
+    mask = segs.mask[:, :, None]
+
+    def slots(x, fill=0.0):  # the padding's slots set to fill
+        return torch.where(mask, x, fill)
+
+    if xl is None:  # x - x0 of two float64: exact as the dd (s, e) of TwoSum
+        d = two_sum(xh, -xh[:, :1])
+    else:
+        d = add((xh, xl), neg((xh[:, :1], xl[:, :1])))
+    if zero_mean is not None:
+        zm = zero_mean[:, None, None]
+        d = (torch.where(zm, xh, d[0]), torch.where(zm, 0.0 if xl is None else xl, d[1]))
+    d = (slots(d[0]), slots(d[1]))
+    n = segs.sizes[:, :, None]
+    mean = div_f(tree_sum(d), n.expand_as(d[0][:, :1]))
+    if zero_mean is not None:
+        mean = (torch.where(zm, 0.0, mean[0]), torch.where(zm, 0.0, mean[1]))
+    dev = add(d, neg(mean))
+    dev = (slots(dev[0]), slots(dev[1]))
+    m2 = tree_sum(mul(dev, dev))
+    nm1 = torch.clamp(n - 1.0, min=1.0).expand_as(m2[0])
+    sd = sqrt(div_f(m2, nm1))
+    den = add_f(sd, torch.full_like(sd[0], eps))
+    big = torch.finfo(_F64).max
+    hi_v = slots(xh, -big).amax(1, keepdim=True)
+    lo_v = slots(xh, big).amin(1, keepdim=True)
+    collapsed = hi_v == lo_v
+    if xl is not None:
+        collapsed &= slots(xl, -big).amax(1, keepdim=True) == slots(xl, big).amin(1, keepdim=True)
+    safe_den = (torch.where(collapsed | (den[0] == 0), 1.0, den[0]), torch.where(collapsed | (den[0] == 0), 0.0, den[1]))
+    inv = div((torch.ones_like(safe_den[0]), torch.zeros_like(safe_den[1])), safe_den)
+    z = mul(dev, inv)
+    keep = ~collapsed & mask
+    z = (torch.where(keep, z[0], 0.0), torch.where(keep, z[1], 0.0))
+    return z, den, collapsed
+
+
+# --- the rounding test of a dd value ------------------------------------------------------------
+
+_GROW = 1 + 2.0 ** -40
+
+
+def _neighbours(y: torch.Tensor):
+    """(pred, succ) of ``y`` in its own format, as float64 (beyond the largest finite value the
+    format's next power of two, whose midpoint with max is where rounding overflows; at +-0 the
+    smallest subnormals of either sign)."""
+    inf = torch.full_like(y, math.inf)
+    pred, succ = torch.nextafter(y, -inf).to(_F64), torch.nextafter(y, inf).to(_F64)
+    top = 2.0 ** math.frexp(torch.finfo(y.dtype).max)[1]  # max + ulp(max)
+    finite = torch.isfinite(y)
+    return (torch.where(torch.isinf(pred) & finite, -top, pred),
+            torch.where(torch.isinf(succ) & finite, top, succ))
+
+
+def round_test(h: torch.Tensor, l: torch.Tensor, Bd: torch.Tensor, out_dtype):
+    """The test of a double-double value h + l with error bound ``Bd``: (ok, y), y the rounding of
+    h + l to ``out_dtype`` and ok where every value within Bd of it rounds alike (float64: where
+    y is within one ulp of every such value, faithful)."""
+    exact_zero = (h == 0) & (l == 0) & (Bd == 0)
+    if out_dtype == _F64:
+        y = h + l
+        r = (h - y) + l  # h - y is exact (y is h or a neighbour of it)
+        gap = torch.minimum(y - torch.nextafter(y, torch.full_like(y, -math.inf)),
+                            torch.nextafter(y, torch.full_like(y, math.inf)) - y)
+        ok = r.abs() * (1 + 4 * B.U64) + Bd * _GROW + B.TAU < gap
+        return ok | exact_zero, torch.where(exact_zero, 0.0, y)
+
+    def check(y):
+        pred, succ = _neighbours(y)
+        y64 = y.to(_F64)
+        # h - m is exact where they are within a factor 2 (Sterbenz), else off by u |h - m|;
+        # each further operation rounds by u of its result: 4 u (|h - m| + |l|) covers them
+        t_hi, t_lo = h - (y64 + succ) * 0.5, h - (y64 + pred) * 0.5
+        Bb = Bd * _GROW + B.TAU
+        ok = ((t_hi + l + (Bb + 4 * B.U64 * (t_hi.abs() + l.abs()))) < 0) & \
+             ((t_lo + l - (Bb + 4 * B.U64 * (t_lo.abs() + l.abs()))) > 0)
+        # an output zero carries the exact value's sign: certain only away from 0, or at an exact 0
+        Bz = Bb + 4 * B.U64 * (h.abs() + l.abs())
+        return ok & ((y64 != 0) | ((h + l - Bz) > 0) | ((h + l + Bz) < 0) | exact_zero)
+
+    y = round_to(h, out_dtype)
+    ok = check(y)
+    if not bool(ok.all()) and bool((l != 0).any()):  # h on (or a step from) a midpoint: h + l may round across
+        y2 = round_to(torch.where(l != 0, torch.nextafter(h, torch.where(l > 0, math.inf, -math.inf)), h), out_dtype)
+        ok2 = check(y2) & ~ok
+        y, ok = torch.where(ok2, y2, y), ok | ok2
+    return ok, torch.where(exact_zero, torch.zeros_like(y), y)
+
+
+# --- the tier: Eq. 4, 7 and 6 of a call --------------------------------------------------------
+
+
+def gdpo(r: torch.Tensor, gid: torch.Tensor, G: int, weights: list[float], eps: float,
+         sizes: list[int], whole) -> tuple | None:
+    """Eq. 4, 7 and 6 of every row in double-double: (h, l, B) per row, or None where the
+    inputs leave the dd path's safe range."""
+    got = combined(r, gid, G, weights, eps)
+    return None if got is None else whiten(*got, eps, sizes, whole)
+
+
+def whiten(ch: torch.Tensor, cl: torch.Tensor, E: torch.Tensor, eps: float, sizes: list[int], whole):
+    """Eq. 6 in double-double of dd values (ch, cl) whose errors are bounded by E per row
+    (``whole``: (S,) bool, units of whole groups, or None)."""
+    if not (safe(ch) and eps_safe(eps)):
+        return None
+    device, S = ch.device, len(sizes)
+    unit = _unit_index(sizes, device)
+    wt = whole_tensor(whole, S, device)
+    segs = Segments(unit, S)
+    C = segs.gather(torch.stack([ch, cl], 1))
+    a, den, flat = standardize(C[:, :, :1], C[:, :, 1:], segs, eps, zero_mean=wt)
+    h, l = segs.rows(a[0]).view(-1), segs.rows(a[1]).view(-1)
+    amax = torch.full((S,), -math.inf, dtype=_F64, device=device).scatter_reduce_(0, unit, h, "amax")
+    amin = torch.full((S,), math.inf, dtype=_F64, device=device).scatter_reduce_(0, unit, h, "amin")
+    R = ((amax - amin) * (1 + 2.0 ** -30)).clamp(min=0)
+    D = torch.where(flat.view(S), eps, den[0].view(S) * (1 - 2.0 ** -60))
+    Emax = torch.zeros(S, dtype=_F64, device=device).scatter_reduce_(0, unit, E, "amax")
+    T = torch.tensor(sizes, dtype=_F64, device=device)
+    Bd = B.eq6_worst(UNIT, h, *(t.index_select(0, unit) for t in (D, T, wt, )), E,
+                     *(t.index_select(0, unit) for t in (R, Emax)), eps)
+    exact0 = (flat.view(S) & (Emax == 0)).index_select(0, unit) | (
+        (h == 0) & (l == 0) & (E == 0) & wt.index_select(0, unit) & (ch == 0) & (cl == 0))
+    return h, l, torch.where(exact0, 0.0, Bd)
+
+
+def whole_tensor(whole, S: int, device) -> torch.Tensor:
+    """``whole`` (a host tuple, an (S,) bool tensor or None: no unit) as an (S,) bool tensor."""
+    if whole is None:
+        return torch.zeros(S, dtype=torch.bool, device=device)
+    if isinstance(whole, torch.Tensor):
+        return whole.to(device=device, dtype=torch.bool).reshape(S)
+    return torch.tensor([bool(w) for w in whole], dtype=torch.bool, device=device).reshape(S)
+
+
+def _unit_index(sizes: list[int], device) -> torch.Tensor:
+    return torch.repeat_interleave(torch.arange(len(sizes), device=device),
+                                   torch.tensor(sizes, dtype=_I64, device=device))
+
+
+def combined(r: torch.Tensor, gid: torch.Tensor, G: int, weights: list[float], eps: float):
+    """Eq. 4 and 7 of every row in double-double, rows grouped by ``gid``: (ch, cl, E), E the
+    bound on each row's error; None outside the dd path's safe range (inputs, or combined values:
+    a huge eps over a tiny std)."""
+    r = r.to(_F64)
+    if not (safe(r, *weights) and eps_safe(eps)):
+        return None
+    k = r.shape[1]
+    segs = Segments(gid, G)
+    z, _, collapsed = standardize(segs.gather(r), None, segs, eps)
+    zh, zl = segs.rows(z[0]), segs.rows(z[1])
+    ch = cl = None
+    for j, w in enumerate(weights):
+        term = mul_f((zh[:, j], zl[:, j]), torch.full_like(zh[:, j], w))
+        ch, cl = term if ch is None else add((ch, cl), term)
+    if not safe(ch):
+        return None
+    E = B.eq47_worst(UNIT, zh.abs(), segs.sizes.view(-1).index_select(0, gid), weights)
+    return ch, cl, torch.where(collapsed.view(G, k).all(1).index_select(0, gid), 0.0, E)
+
+
+# --- across ranks: the dd statistics ride in collective 2 ----------------------------------------
+
+#: per unit and rank: count, shift, sum of (c - shift) (dd), sum of its squares (dd), max E,
+#: "this part is not whole groups", min and max of c
+DDC = 10
+
+
+def rows(inp, eps: float):
+    """This rank's combined values in double-double, and their bounds: (ch, cl, E), or None
+    outside the dd path's safe range."""
+    if inp.n == 0:
+        z = inp.rewards.new_zeros(0, dtype=_F64)
+        return z, z, z
+    if inp.labels is None:
+        g = inp.group_size
+        return combined(inp.rewards, torch.arange(inp.n, device=inp.rewards.device) // g, inp.n // g, inp.weights, eps)
+    uniq, inv = torch.unique(inp.labels, return_inverse=True)
+    return combined(inp.rewards, inv.view(-1), uniq.numel(), inp.weights, eps)
+
+
+def table(ch, cl, E, sizes: list[int], whole) -> torch.Tensor:
+    """(S, DDC) float64: this rank's part of every unit (see :data:`DDC`)."""
+    device = ch.device
+    S = len(sizes)
+    out = torch.zeros(S, DDC, dtype=_F64, device=device)
+    out[:, 8] = math.inf
+    out[:, 9] = -math.inf
+    if ch.shape[0] == 0:
+        return out
+    unit = _unit_index(sizes, device)
+    wt = whole_tensor(whole, S, device)
+    segs = Segments(unit, S)
+    firsts = ch.index_select(0, segs.first)
+    shift = torch.where(wt, 0.0, firsts)
+    sh = shift.index_select(0, unit)
+    d = add_f((ch, cl), -sh)
+    Dh = segs.gather(torch.stack([d[0], d[1]], 1))
+    m = segs.mask[:, :, None]
+    Dh0 = torch.where(m, Dh[:, :, :1], 0.0)
+    Dl0 = torch.where(m, Dh[:, :, 1:], 0.0)
+    s1 = tree_sum((Dh0, Dl0))
+    q = tree_sum(mul((Dh0, Dl0), (Dh0, Dl0)))
+    T = torch.bincount(unit, minlength=S).to(_F64)
+    out[:, 0] = T
+    out[:, 1] = shift
+    out[:, 2], out[:, 3] = s1[0].view(S), s1[1].view(S)
+    out[:, 4], out[:, 5] = q[0].view(S), q[1].view(S)
+    out[:, 6] = torch.zeros(S, dtype=_F64, device=device).scatter_reduce_(0, unit, E, "amax", include_self=True)
+    out[:, 7] = (~wt).to(_F64)
+    out[:, 8] = torch.full((S,), math.inf, dtype=_F64, device=device).scatter_reduce_(0, unit, ch, "amin")
+    out[:, 9] = torch.full((S,), -math.inf, dtype=_F64, device=device).scatter_reduce_(0, unit, ch, "amax")
+    return torch.where((T > 0)[:, None], out, torch.tensor([0, 0, 0, 0, 0, 0, 0, 0, math.inf, -math.inf],
+                                                          dtype=_F64, device=device))
+
+
+def merged(tables: torch.Tensor, eps: float):
+    """The units' global dd statistics from every rank's :func:`table` (W, S, DDC), ranks
+    in order: (T, mean (dd), den (dd), whole, Emax, cmin, cmax) per unit, the same on every rank."""
+    W, S, _ = tables.shape
+    n = tables[..., 0]
+    T = n.sum(0)
+    whole = tables[..., 7].sum(0) == 0
+    # the sum of every value: n shift + s1 per rank
+    tot = (torch.zeros(S, dtype=_F64, device=tables.device),) * 2
+    for r in range(W):
+        part = add_f((tables[r, :, 2], tables[r, :, 3]), 0.0)
+        ns = two_prod(n[r], tables[r, :, 1])
+        tot = add(tot, add(part, ns))
+    Tsafe = torch.where(T > 0, T, 1.0)
+    mean = div_f(tot, Tsafe)
+    mean = (torch.where(whole, 0.0, mean[0]), torch.where(whole, 0.0, mean[1]))
+    m2 = (torch.zeros(S, dtype=_F64, device=tables.device),) * 2
+    for r in range(W):
+        s1 = (tables[r, :, 2], tables[r, :, 3])
+        q = (tables[r, :, 4], tables[r, :, 5])
+        delta = add_f(neg(mean), tables[r, :, 1])  # shift_r - mean
+        t1 = mul(mul_f(delta, torch.full_like(n[r], 2.0)), s1)
+        t2 = mul_f(mul(delta, delta), n[r])
+        part = add(q, add(t1, t2))
+        has = n[r] > 0
+        part = (torch.where(has, part[0], 0.0), torch.where(has, part[1], 0.0))
+        m2 = add(m2, part)
+    m2 = (m2[0].clamp(min=0), torch.where(m2[0] > 0, m2[1], 0.0))
+    nm1 = torch.clamp(T - 1.0, min=1.0)
+    sd = sqrt(div_f(m2, nm1))
+    den = add_f(sd, torch.full_like(sd[0], eps))
+    Emax = tables[..., 6].amax(0)
+    cmin = tables[..., 8].amin(0)
+    cmax = tables[..., 9].amax(0)
+    return T, mean, den, whole, Emax, cmin, cmax
+
+
+def finish(merged, ch, cl, E, sizes: list[int], eps: float, out_dtype, counts: dict,
+           plain: torch.Tensor) -> torch.Tensor:
+    """This rank's outputs from the merged dd statistics: certified where the bound allows,
+    elsewhere the plain float64 result ``plain`` rounded once (counted as uncertified)."""
+    T, mean, den, whole, Emax, cmin, cmax = merged
+    device = ch.device
+    if ch.shape[0] == 0:
+        return torch.empty(0, dtype=out_dtype, device=device)
+    unit = _unit_index(sizes, device)
+    flat = (cmin == cmax) & (Emax == 0) & (T > 0)
+    Dsafe = (torch.where(flat | (den[0] == 0), 1.0, den[0]), torch.where(flat | (den[0] == 0), 0.0, den[1]))
+    m = (mean[0].index_select(0, unit), mean[1].index_select(0, unit))
+    Du = (Dsafe[0].index_select(0, unit), Dsafe[1].index_select(0, unit))
+    a = div(add((ch, cl), neg(m)), Du)
+    fu = flat.index_select(0, unit)
+    h = torch.where(fu, 0.0, a[0])
+    l = torch.where(fu, 0.0, a[1])
+    D = torch.where(flat, torch.full_like(den[0], eps), den[0]) * (1 - 2.0 ** -60)
+    R = torch.where(D > 0, (cmax - cmin) / D, math.inf) * (1 + 2.0 ** -30) + 2 * Emax / D
+    R = torch.where(torch.isnan(R), math.inf, R)
+    Bd = B.eq6_worst(UNIT, h, *(t.index_select(0, unit) for t in (D, T, whole)), E,
+                     *(t.index_select(0, unit) for t in (R, Emax)), eps)
+    exact0 = fu | ((ch == 0) & (cl == 0) & (E == 0) & whole.index_select(0, unit))
+    ok, y = round_test(h, l, torch.where(exact0, 0.0, Bd), out_dtype)
+    counts["double_double"] += int(ok.sum())
+    bad = ~ok
+    if bool(bad.any()):
+        counts["uncertified"] += int(bad.sum())
+        y = torch.where(bad, round_to(plain, out_dtype), y)
+    return y
+
+
+def unsafe_table(sizes: list[int], device) -> torch.Tensor:
+    """A rank whose inputs leave the dd path's safe range: its parts carry E = inf, so no
+    sample of those units is certified on any rank (each rounds its plain result)."""
+    out = torch.zeros(len(sizes), DDC, dtype=_F64, device=device)
+    out[:, 6] = math.inf
+    out[:, 7] = 1.0
+    out[:, 8] = math.inf
+    out[:, 9] = -math.inf
+    return out
