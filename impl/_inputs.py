@@ -398,7 +398,7 @@ class Rewards:
 
 
 def rewards_host(inp: Rewards) -> dict[int, int]:
-    """The facts row's host fields of validated rewards (``impl._facts``: the row's columns)."""
+    """The facts row's host fields of validated rewards (``impl._pipeline``: the row's columns)."""
     return {P.PRESENT: 1, P.K: inp.k, P.ROWS: inp.n, P.BY_LABEL: int(inp.labels is not None),
             P.GROUP_SIZE: inp.group_size or 0, P.LABELS_UINT64: int(inp.labels_uint64),
             P.MISSING: P.MISSING_CODES[inp.missing]}

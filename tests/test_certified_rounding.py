@@ -821,7 +821,7 @@ def test_tier0_test_is_sound_near_boundaries(fmt):
     bounds (a unit a row of an (S, T) view) give the same verdicts."""
     from fractions import Fraction
 
-    from impl._cast import round_to
+    from impl._segments import round_to
     from oracle.exact import round_fraction
     name = str(fmt).replace("torch.", "")
     a = _tier0_rows(fmt)

@@ -25,9 +25,7 @@ not pass it.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import os
 
 import numpy as np
 import torch
@@ -53,22 +51,6 @@ def declared(mode: str):
     """What impl declares under ``mode`` (``gdpo_certified``): True (every format, float64 faithful),
     the narrow formats' names, or False."""
     return True if mode == "all" else False if mode == "off" else ("float32", "bfloat16", "float16")
-
-
-@contextlib.contextmanager
-def enabled_here():
-    """Every format certified for the calls inside that do not pass ``certified`` (their default,
-    ``GDPO_CERTIFIED``, set to "all" meanwhile). Kept for ``gdpo_tools.limits``; pass
-    ``certified="all"`` instead."""
-    old = os.environ.get("GDPO_CERTIFIED")
-    os.environ["GDPO_CERTIFIED"] = "all"
-    try:
-        yield
-    finally:
-        if old is None:
-            del os.environ["GDPO_CERTIFIED"]
-        else:
-            os.environ["GDPO_CERTIFIED"] = old
 
 
 class Counts(dict):
