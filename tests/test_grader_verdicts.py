@@ -290,12 +290,15 @@ def test_a_plain_value_error_names_the_spec_errors_class():
     assert info.value.category == "wrong_class"
 
 
-def test_plugins_document_the_error_contract_per_call_shape():
+def test_the_error_contract_per_call_shape_is_documented():
+    from pathlib import Path
+
     from conformance import plugins, subject
 
-    doc = subject.__doc__
-    assert "spec.errors" in doc and "Error contract (``error_cases.ERROR_CASES`` whose ``shapes`` name ``trl``)" in doc
-    assert "Error contract (``error_cases.ERROR_CASES`` whose ``shapes`` name ``verl``)" in doc
+    page = (Path(__file__).resolve().parent.parent / "docs" / "grading.md").read_text()
+    assert "How the error contract's cases are expressed:" in page and "docs/grading.md" in subject.__doc__
+    assert "- `trl`: a non-finite reward is that value in `rewards`" in page
+    assert "- `verl`: a non-finite reward sits on one response token" in page
     assert "--single-process" in plugins.__doc__
 
 

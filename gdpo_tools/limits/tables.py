@@ -704,7 +704,7 @@ def build_certified(fast: bool, seed: int, progress) -> tuple[list[Table], dict]
                 d = gdpo.Diagnostics()
                 kw = dict(group_size=case.group_size, weights=None if case.weights is None else list(case.weights),
                           segment_sizes=None if case.segment_sizes is None else list(case.segment_sizes),
-                          out_dtype=getattr(torch, od), diagnostics=d)
+                          out_dtype=getattr(torch, od), diagnostics=d, certified="all")
                 if case.group_ids is not None:
                     kw["group_ids"] = torch.tensor(case.group_ids)
                 if case.eps is not None:
@@ -716,7 +716,7 @@ def build_certified(fast: bool, seed: int, progress) -> tuple[list[Table], dict]
     t = Table(
         "certified", "7. Certified rounding: which tier decided each output",
         "`impl.gdpo` certifies the rounding of every output (spec section 7a; float64 outputs under "
-        "`GDPO_CERTIFIED=1`, as here): the float64 result where its run-time bound leaves no rounding boundary "
+        "`certified=\"all\"`, as here): the float64 result where its run-time bound leaves no rounding boundary "
         "in reach, else the row's group in exact integer arithmetic (group-exact), else a double-double "
         "recomputation, else exact arithmetic. Per input family and output dtype: the samples, the share each "
         "tier decided, the samples "
