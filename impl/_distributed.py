@@ -197,7 +197,7 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
         comm = _comm_device(group, data_device)
         buf = _Buffers(world, len(sizes), comm, row_counts=plan.scored is not None, certified=plan.certify)
         if plan.scored is not None:
-            buf.row_counts[rank] = torch.tensor(sizes[P.COUNT_SLOTS:], dtype=_F64).to(comm)
+            buf.row_counts[rank] = torch.tensor(sizes[P.COUNT_SLOTS:], dtype=_F64, device="cpu").to(comm)
         if loc is not None:
             buf.stats[rank, :len(sizes)] = mine.to(comm)
     except Problem as p:

@@ -103,18 +103,27 @@ class DistributedError(GDPOError):
     before ``init_process_group``, so passing it then runs a local call."""
 
 
-def process_state_error() -> "GDPOError | None":
-    """A GDPOError naming the mode, where this thread's floating point would change an exact
-    result: flush-to-zero (a subnormal result becomes 0) or denormals-are-zero (a subnormal input
-    reads as 0), set by ``torch.set_flush_denormal(True)`` or by loading a library built with
-    fast-math; None where neither is on. Both impl.gdpo and the oracle refuse such a call, since a
-    subnormal reward, weight or intermediate would silently become 0 (spec/gdpo.md section 6)."""
+def flush_modes() -> tuple[bool, bool]:
+    """(flush-to-zero, denormals-are-zero): is each on in this thread's floating point? Read
+    from two multiplications, where a subnormal input and a subnormal result meet them."""
     import numpy as np
 
     tiny = np.array([2.0 ** -1074, 2.0 ** -1022])
     with np.errstate(all="ignore"):
         daz = bool((tiny[:1] * 1.0)[0] == 0.0)  # a subnormal input read as 0
         ftz = bool((tiny[1:] * 0.5)[0] == 0.0)  # a subnormal result flushed to 0
+    return ftz, daz
+
+
+def process_state_error(modes: "tuple[bool, bool] | None" = None) -> "GDPOError | None":
+    """A GDPOError naming the mode, where this thread's floating point would change an exact
+    result: flush-to-zero (a subnormal result becomes 0) or denormals-are-zero (a subnormal input
+    reads as 0), set by ``torch.set_flush_denormal(True)`` or by loading a library built with
+    fast-math; None where neither is on. Both impl.gdpo and the oracle refuse such a call, since a
+    subnormal reward, weight or intermediate would silently become 0 (spec/gdpo.md section 6).
+    ``modes``: (flush-to-zero, denormals-are-zero) as another process found them (impl's ranks
+    tell each other); None: this thread's (:func:`flush_modes`)."""
+    ftz, daz = flush_modes() if modes is None else modes
     if not (daz or ftz):
         return None
     mode = " and ".join(m for m, on in (("flush-to-zero", ftz), ("denormals-are-zero", daz)) if on)
