@@ -710,9 +710,9 @@ class Diagnostics:
     certified: "_certify.Counts | None" = None  # impl._certify.Counts (not imported here)
 
 
-def _check_diagnostics(diagnostics) -> None:
+def check_diagnostics(diagnostics) -> None:
     if diagnostics is not None and not isinstance(diagnostics, Diagnostics):
-        raise TypeError(f"diagnostics must be an impl.gdpo.Diagnostics (or None); got {_shown(diagnostics)}")
+        raise Problem(P.P_DIAGNOSTICS, detail=_shown(diagnostics))
 
 
 def _units_of_one(sizes: list[int]) -> None:
@@ -737,12 +737,12 @@ class Call:
 
 def check_gdpo(rewards, group_ids, group_size, weights, segment_sizes, eps, out_dtype, missing="refuse",
                diagnostics=None, certified=None) -> Call:
-    """A local gdpo_advantages call's checks, in this order: diagnostics (a TypeError), the process
-    state, eps, out_dtype, missing, certified, the rewards (their groups, then the weights), the
-    segment sizes, units of one row. Raises the first refusal."""
-    _check_diagnostics(diagnostics)
+    """A local gdpo_advantages call's checks, in this order: the process state, diagnostics, eps,
+    out_dtype, missing, certified, the rewards (their groups, then the weights), the segment
+    sizes, units of one row. Raises the first refusal."""
     try:
         check_process_state()
+        check_diagnostics(diagnostics)
         eps = check_eps(eps)
         out_dtype = check_out_dtype(out_dtype)
         missing = check_missing(missing)
@@ -758,11 +758,11 @@ def check_gdpo(rewards, group_ids, group_size, weights, segment_sizes, eps, out_
 
 def check_normalize(rewards, group_ids, group_size, weights, eps, missing="refuse", diagnostics=None) -> Call:
     """The checks of a local Eq. 4/7 call (normalize_rewards, standardize_groups with weights
-    None, group_has_signal), in this order: diagnostics (a TypeError), the process state, eps,
-    missing, the rewards (their groups, then the weights). Raises the first refusal."""
-    _check_diagnostics(diagnostics)
+    None, group_has_signal), in this order: the process state, diagnostics, eps, missing, the
+    rewards (their groups, then the weights). Raises the first refusal."""
     try:
         check_process_state()
+        check_diagnostics(diagnostics)
         eps = check_eps(eps)
         missing = check_missing(missing)
         inp = check_rewards(rewards, group_ids, group_size, weights, allow_empty_rows=False)

@@ -33,9 +33,9 @@ class InputDtypeError(GDPOError, TypeError):
     named by row and column (impl, oracle and ``gdpo audit`` alike), while a tensor or
     array of an integer dtype is refused by its dtype. Also an ``out_dtype`` that is not a supported floating dtype;
     an ``eps`` that is not a real number; a ``missing`` other than ``"refuse"`` and
-    ``"unscored"``; a ``process_group`` that is not a torch
-    ProcessGroup (a refusal on that rank alone: without a usable group there is
-    nothing to agree over). Also a ``TypeError``."""
+    ``"unscored"``; a ``diagnostics`` that is not an ``impl.gdpo.Diagnostics``; a
+    ``process_group`` that is not a torch ProcessGroup (a refusal on that rank alone:
+    without a usable group there is nothing to agree over). Also a ``TypeError``."""
 
 
 class ShapeError(GDPOError):
