@@ -55,12 +55,13 @@ from impl._certify import dd as _dd
 from impl._pipeline import cast_limit, cast_reachable
 from impl._inputs import (
     Problem,
-    _check_diagnostics,
+    check_diagnostics,
     _shown,
     check_certified,
     check_eps,
     check_missing,
     check_out_dtype,
+    check_process_state,
     check_rewards,
     check_segments,
     check_values,
@@ -139,8 +140,11 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
     of its scored rows, so the merged count of a unit is its scored rows over all ranks (a
     unit of fewer than two gives 0), and with more units than the agreement's count slots
     their row counts ride in collective 2 as well (the unit-of-one-row refusal reads them).
-    The same collectives as any call."""
-    _check_diagnostics(diagnostics)
+    The same collectives as any call.
+
+    Every argument but ``process_group`` is checked inside the agreement (a rank whose argument
+    is refused joins it refused, and every rank raises), this process's floating point first
+    (flush-to-zero or denormals-are-zero on one rank refuses the call on every rank)."""
     name = P.API_NAMES[api]
     world, rank = _group_of(api, group, refused)
     missed = _UNJOINED[0]  # this process's calls that joined no group, in every agreement row
@@ -152,6 +156,8 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
     try:
         if refused is not None:  # the adapter refused this rank's input: join the agreement, refused
             raise Problem(P.P_REFUSED, P.refusal_code(refused))
+        check_process_state()
+        check_diagnostics(diagnostics)
         eps = check_eps(eps)
         host[P.EPS_BITS] = P.float_bits(eps)
         out_dtype = check_out_dtype(out_dtype)
@@ -197,7 +203,7 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
         comm = _comm_device(group, data_device)
         buf = _Buffers(world, len(sizes), comm, row_counts=plan.scored is not None, certified=plan.certify)
         if plan.scored is not None:
-            buf.row_counts[rank] = torch.tensor(sizes[P.COUNT_SLOTS:], dtype=_F64).to(comm)
+            buf.row_counts[rank] = torch.tensor(sizes[P.COUNT_SLOTS:], dtype=_F64, device="cpu").to(comm)
         if loc is not None:
             buf.stats[rank, :len(sizes)] = mine.to(comm)
     except Problem as p:

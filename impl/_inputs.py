@@ -17,6 +17,7 @@ import torch
 
 from impl import _problems as P
 from impl._segments import to_device
+from spec.errors import flush_modes
 
 _F64 = torch.float64
 _U64 = getattr(torch, "uint64", None)  # torch >= 2.3
@@ -202,6 +203,15 @@ def _eps_kind(eps) -> int:
     return 0 if isinstance(eps, numbers.Real) else 6
 
 
+def check_process_state() -> None:
+    """This thread's floating point as exact results need it: neither flush-to-zero nor
+    denormals-are-zero on (a subnormal reward, weight or intermediate would read as 0). Checked
+    at every call, first: a library loaded since the last call may have turned either on."""
+    ftz, daz = flush_modes()
+    if ftz or daz:
+        raise Problem(P.P_PROCESS_STATE, int(ftz) + 2 * int(daz))
+
+
 def check_eps(eps) -> float:
     kind = _eps_kind(eps)
     if kind:
@@ -295,9 +305,9 @@ def read_tensor(x) -> torch.Tensor:
     if isinstance(x, torch.Tensor):
         return x
     x = numpy_view(x)
-    t = torch.as_tensor(x)
+    t = torch.as_tensor(x, device="cpu")  # (the caller's data is host data, whatever torch's default device)
     if t.is_floating_point() and t.dtype != _F64 and not hasattr(x, "dtype"):
-        t = torch.as_tensor(x, dtype=_F64)
+        t = torch.as_tensor(x, dtype=_F64, device="cpu")
     return t
 
 
@@ -355,7 +365,7 @@ def _python_values(x, type_code: int) -> torch.Tensor:
                     isinstance(v, torch.Tensor) and v.dim() == 0 and v.is_floating_point()):
                 raise unreadable(x, type_code, overflow=False)  # a Fraction, a str: named there
     try:
-        return torch.as_tensor(x, dtype=_F64)
+        return torch.as_tensor(x, dtype=_F64, device="cpu")
     except (TypeError, ValueError, RuntimeError, OverflowError):
         raise unreadable(x, type_code, overflow=False) from None
 
@@ -434,7 +444,7 @@ def check_rewards(rewards, group_ids, group_size, weights, *, allow_empty_rows: 
             if isinstance(ids, (str, bytes, bytearray, collections.abc.Mapping, collections.abc.Set)):
                 raise Problem(P.P_GROUP_IDS_DTYPE, 0, detail=_of_type(ids))  # characters, keys, no order
             try:
-                ids = torch.as_tensor(numpy_view(ids))
+                ids = torch.as_tensor(numpy_view(ids), device="cpu")
             except (TypeError, ValueError, RuntimeError, OverflowError):
                 raise (_label_problem(group_ids) or Problem(P.P_GROUP_IDS_DTYPE, 0, detail=_of_type(group_ids))) \
                     from None
@@ -609,6 +619,7 @@ class Values:
 
 def check_standardized(z, weights) -> tuple[torch.Tensor, list[float]]:
     """Eq. 7's input: z (N, K) or (N,) finite floats, as a float64 (K, N) copy, and the weights."""
+    check_process_state()
     z = as_float_tensor(z, P.P_VALUES_TYPE, P.P_Z_DTYPE)
     if z.dim() == 1:
         z = z[:, None]
@@ -699,9 +710,9 @@ class Diagnostics:
     certified: "_certify.Counts | None" = None  # impl._certify.Counts (not imported here)
 
 
-def _check_diagnostics(diagnostics) -> None:
+def check_diagnostics(diagnostics) -> None:
     if diagnostics is not None and not isinstance(diagnostics, Diagnostics):
-        raise TypeError(f"diagnostics must be an impl.gdpo.Diagnostics (or None); got {_shown(diagnostics)}")
+        raise Problem(P.P_DIAGNOSTICS, detail=_shown(diagnostics))
 
 
 def _units_of_one(sizes: list[int]) -> None:
@@ -726,11 +737,12 @@ class Call:
 
 def check_gdpo(rewards, group_ids, group_size, weights, segment_sizes, eps, out_dtype, missing="refuse",
                diagnostics=None, certified=None) -> Call:
-    """A local gdpo_advantages call's checks, in this order: diagnostics (a TypeError), eps,
+    """A local gdpo_advantages call's checks, in this order: the process state, diagnostics, eps,
     out_dtype, missing, certified, the rewards (their groups, then the weights), the segment
     sizes, units of one row. Raises the first refusal."""
-    _check_diagnostics(diagnostics)
     try:
+        check_process_state()
+        check_diagnostics(diagnostics)
         eps = check_eps(eps)
         out_dtype = check_out_dtype(out_dtype)
         missing = check_missing(missing)
@@ -746,10 +758,11 @@ def check_gdpo(rewards, group_ids, group_size, weights, segment_sizes, eps, out_
 
 def check_normalize(rewards, group_ids, group_size, weights, eps, missing="refuse", diagnostics=None) -> Call:
     """The checks of a local Eq. 4/7 call (normalize_rewards, standardize_groups with weights
-    None, group_has_signal), in this order: diagnostics (a TypeError), eps, missing, the
+    None, group_has_signal), in this order: the process state, diagnostics, eps, missing, the
     rewards (their groups, then the weights). Raises the first refusal."""
-    _check_diagnostics(diagnostics)
     try:
+        check_process_state()
+        check_diagnostics(diagnostics)
         eps = check_eps(eps)
         missing = check_missing(missing)
         inp = check_rewards(rewards, group_ids, group_size, weights, allow_empty_rows=False)
@@ -760,9 +773,10 @@ def check_normalize(rewards, group_ids, group_size, weights, eps, missing="refus
 
 
 def check_whiten(values, segment_sizes, eps, out_dtype, certified=None) -> Call:
-    """A local whiten call's checks, in this order: eps, out_dtype, certified, the values, the
-    segment sizes, units of one row. Raises the first refusal."""
+    """A local whiten call's checks, in this order: the process state, eps, out_dtype, certified,
+    the values, the segment sizes, units of one row. Raises the first refusal."""
     try:
+        check_process_state()
         eps = check_eps(eps)
         out_dtype = check_out_dtype(out_dtype)
         mode = check_certified(certified)

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import itertools
 import math
 import os
 import warnings
@@ -122,8 +123,8 @@ def scored(inp, sizes: list[int] | None) -> Scored:
     unscored = inp.n - int(host.sum())
     if unscored == 0:
         return Scored(mask, 0, None, sizes)
-    ends = torch.tensor([0] + sizes, dtype=_I64).cumsum(0)
-    upto = torch.cat([torch.zeros(1, dtype=_I64), host.to(_I64).cumsum(0)])
+    ends = torch.tensor([0] + sizes, dtype=_I64, device="cpu").cumsum(0)
+    upto = torch.cat([torch.zeros(1, dtype=_I64, device="cpu"), host.to(_I64).cumsum(0)])
     rows = host.nonzero().view(-1).to(r.device, non_blocking=True)
     return Scored(mask, unscored, rows, (upto[ends[1:]] - upto[ends[:-1]]).tolist())
 
@@ -423,7 +424,7 @@ def run(call, api: str, diagnostics=None):
     if dev.facts:  # (none found: nothing to refuse; on CPU, found only where a statistic showed one)
         row = read_row(plan.host if plan.row is None else plan.row, dev.facts)  # the one host read
         if plan.inp is None and P.row_problems(row):  # whiten: the unit of the first bad value
-            ends = torch.tensor(plan.sizes).cumsum(0).tolist()
+            ends = list(itertools.accumulate(plan.sizes))
             row[P.NF_VALUE_UNIT] = next((j for j, end in enumerate(ends) if row[P.NF_VALUE] < end), len(ends) - 1)
         P.raise_local(row)
     counts = None

@@ -30,6 +30,7 @@ from spec.errors import (
     ShapeError,
     WeightError,
     WeightLengthError,
+    process_state_error,
 )
 
 
@@ -234,6 +235,8 @@ P_Z_NONFINITE = 49  # a: row, b: column, c: kind (_KINDS)
 P_Z_OVERFLOW = 50  # a: row
 P_MISSING = 51  # a: 0 (not a str) or 1 (another str); detail: the caller's value
 P_CERTIFIED = 52  # detail: the caller's value
+P_PROCESS_STATE = 53  # a: 1 flush-to-zero + 2 denormals-are-zero (spec.errors.flush_modes)
+P_DIAGNOSTICS = 54  # detail: the caller's value
 
 #: The ``missing`` policies (spec/gdpo.md section 2) and their codes in the agreement row.
 MISSING_CODES = {"refuse": 1, "unscored": 2}
@@ -472,6 +475,9 @@ HOST_PROBLEMS = {
                   "certified must be None (GDPO_CERTIFIED, else 'narrow'), 'narrow' (float32, bfloat16 and float16 "
                   "outputs certified), 'all' or True (float64 too), or 'off' or False (the plain path); got "
                   f"{detail or 'another value'}"),
+    P_PROCESS_STATE: (GDPOError, lambda a, b, c: str(process_state_error((bool(a & 1), bool(a & 2))))),
+    P_DIAGNOSTICS: (InputDtypeError, lambda a, b, c, detail="":
+                    f"diagnostics must be an impl.gdpo.Diagnostics (or None); got {detail or 'another value'}"),
     P_Z_OVERFLOW: (OutOfRangeError, lambda a, b, c:
                    f"Eq. 7 (sum of weights x standardized rewards) overflows float64 at row {a}; "
                    "the weights are too large, scale them down"),

@@ -106,7 +106,7 @@ def to_device(x: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 def host_to_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """A small host list on ``device`` without a host synchronisation."""
-    return to_device(torch.tensor(values, dtype=dtype), device)
+    return to_device(torch.tensor(values, dtype=dtype, device="cpu"), device)
 
 
 def tree_sum(x: torch.Tensor, *, squares: bool = False) -> torch.Tensor:

@@ -164,10 +164,11 @@ def _buckets(lay: Layout, device):
     out = []
     for units in _classes(lay.sizes):
         sizes = [lay.sizes[j] for j in units]
-        count = torch.tensor(sizes, dtype=_I64)
-        begin = torch.tensor([lay.starts[j] for j in units], dtype=_I64) - (torch.cumsum(count, 0) - count)
+        count = torch.tensor(sizes, dtype=_I64, device="cpu")
+        starts = torch.tensor([lay.starts[j] for j in units], dtype=_I64, device="cpu")
+        begin = starts - (torch.cumsum(count, 0) - count)
         total = sum(sizes)
-        rows = torch.repeat_interleave(begin, count, output_size=total) + torch.arange(total, dtype=_I64)
+        rows = torch.repeat_interleave(begin, count, output_size=total) + torch.arange(total, dtype=_I64, device="cpu")
         out.append((torch.tensor(units, dtype=_I64, device=device), rows.to(device),
                     layout(sizes, total, device, buckets=False)))
     return out

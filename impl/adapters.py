@@ -280,7 +280,7 @@ def _labels(labels, n: int, arg: str, samples: str) -> _Labels:
         return _Labels(items, items, None)  # the caller's own integers, as impl.gdpo prints them
     by_label: dict = {}
     ids = [by_label.setdefault(x, len(by_label)) for x in items]
-    return _Labels(torch.tensor(ids, dtype=torch.int64), items, list(by_label))
+    return _Labels(torch.tensor(ids, dtype=torch.int64, device="cpu"), items, list(by_label))
 
 
 # ------------------------------------------------------------------ weights
@@ -367,7 +367,7 @@ def _refuse_with_peers(process_group, refusal: Exception, arg: str, eps, out_dty
                       if isinstance(t, torch.Tensor) and t.device.type in ("cpu", "cuda"))
     except Exception:  # noqa: BLE001 - no tensor, or a mapping that cannot even be read: the CPU
         pass
-    hint = None if device is None else torch.empty(0, device=device)
+    hint = None if device is None else torch.empty(0, dtype=torch.float32, device=device)
     try:
         _distributed.run_distributed(_problems.API_GDPO, process_group, rewards=hint, eps=eps, out_dtype=out_dtype,
                                      refused=refusal)
@@ -482,7 +482,7 @@ class _Mask:
             m = response_mask
         else:
             try:
-                m = torch.as_tensor(numpy_view(response_mask))
+                m = torch.as_tensor(numpy_view(response_mask), device="cpu")
             except (TypeError, ValueError, RuntimeError, OverflowError):
                 raise InputDtypeError(f"response_mask must be a (B, T) tensor of 0/1 (or bool); got "
                                       f"{type(response_mask).__name__}") from None

@@ -33,9 +33,9 @@ class InputDtypeError(GDPOError, TypeError):
     named by row and column (impl, oracle and ``gdpo audit`` alike), while a tensor or
     array of an integer dtype is refused by its dtype. Also an ``out_dtype`` that is not a supported floating dtype;
     an ``eps`` that is not a real number; a ``missing`` other than ``"refuse"`` and
-    ``"unscored"``; a ``process_group`` that is not a torch
-    ProcessGroup (a refusal on that rank alone: without a usable group there is
-    nothing to agree over). Also a ``TypeError``."""
+    ``"unscored"``; a ``diagnostics`` that is not an ``impl.gdpo.Diagnostics``; a
+    ``process_group`` that is not a torch ProcessGroup (a refusal on that rank alone:
+    without a usable group there is nothing to agree over). Also a ``TypeError``."""
 
 
 class ShapeError(GDPOError):
@@ -103,18 +103,27 @@ class DistributedError(GDPOError):
     before ``init_process_group``, so passing it then runs a local call."""
 
 
-def process_state_error() -> "GDPOError | None":
-    """A GDPOError naming the mode, where this thread's floating point would change an exact
-    result: flush-to-zero (a subnormal result becomes 0) or denormals-are-zero (a subnormal input
-    reads as 0), set by ``torch.set_flush_denormal(True)`` or by loading a library built with
-    fast-math; None where neither is on. Both impl.gdpo and the oracle refuse such a call, since a
-    subnormal reward, weight or intermediate would silently become 0 (spec/gdpo.md section 6)."""
+def flush_modes() -> tuple[bool, bool]:
+    """(flush-to-zero, denormals-are-zero): is each on in this thread's floating point? Read
+    from two multiplications, where a subnormal input and a subnormal result meet them."""
     import numpy as np
 
     tiny = np.array([2.0 ** -1074, 2.0 ** -1022])
     with np.errstate(all="ignore"):
         daz = bool((tiny[:1] * 1.0)[0] == 0.0)  # a subnormal input read as 0
         ftz = bool((tiny[1:] * 0.5)[0] == 0.0)  # a subnormal result flushed to 0
+    return ftz, daz
+
+
+def process_state_error(modes: "tuple[bool, bool] | None" = None) -> "GDPOError | None":
+    """A GDPOError naming the mode, where this thread's floating point would change an exact
+    result: flush-to-zero (a subnormal result becomes 0) or denormals-are-zero (a subnormal input
+    reads as 0), set by ``torch.set_flush_denormal(True)`` or by loading a library built with
+    fast-math; None where neither is on. Both impl.gdpo and the oracle refuse such a call, since a
+    subnormal reward, weight or intermediate would silently become 0 (spec/gdpo.md section 6).
+    ``modes``: (flush-to-zero, denormals-are-zero) as another process found them (impl's ranks
+    tell each other); None: this thread's (:func:`flush_modes`)."""
+    ftz, daz = flush_modes() if modes is None else modes
     if not (daz or ftz):
         return None
     mode = " and ".join(m for m, on in (("flush-to-zero", ftz), ("denormals-are-zero", daz)) if on)

@@ -225,12 +225,19 @@ def _raiser(msg, unreadable=False):
 
 
 def _built(x, device):
-    """Plain data to call arguments: ``("tensor", values, dtype)`` is a tensor on ``device``;
+    """Plain data to call arguments: ``("tensor", values, dtype)`` is a tensor on ``device``,
+    ``("dtype", name)`` a torch dtype, ``("diagnostics",)`` a fresh impl.gdpo.Diagnostics;
     dicts are rebuilt value by value; anything else (labels, ...) is passed as it is."""
     import torch
 
     if isinstance(x, tuple) and len(x) == 3 and x[0] == "tensor":
         return torch.tensor(x[1], dtype=getattr(torch, x[2]), device=device)
+    if isinstance(x, tuple) and len(x) == 2 and x[0] == "dtype":
+        return getattr(torch, x[1])
+    if x == ("diagnostics",):
+        from impl import gdpo
+
+        return gdpo.Diagnostics()
     if isinstance(x, dict):
         return {k: _built(v, device) for k, v in x.items()}
     return x
@@ -245,8 +252,35 @@ def _adapter(rank, world, group, device, adapter, args):
     return getattr(adapters, adapter)(process_group=group, **kwargs), None
 
 
+def _calls(rank, world, group, device, api, calls):
+    """``impl.gdpo.<api>(**calls[i][rank], process_group=group)`` for each call in turn, each
+    rank's arguments as plain data (see ``_built``); the key ``"flush_denormal"`` (True) runs
+    that rank's call under ``torch.set_flush_denormal(True)``. The result: each call's (class
+    name or "ok", message or the output's float64 hex, seconds it took on this rank)."""
+    import torch
+
+    from impl import gdpo
+
+    out = []
+    for per_rank in calls:
+        kwargs = {k: _built(v, device) for k, v in per_rank[rank].items()}
+        flush = kwargs.pop("flush_denormal", False)
+        t0 = time.monotonic()
+        try:
+            if flush:
+                torch.set_flush_denormal(True)
+            try:
+                a = getattr(gdpo, api)(process_group=group, **kwargs)
+            finally:
+                torch.set_flush_denormal(False)
+            out.append(["ok", [float(x).hex() for x in a.double().tolist()], time.monotonic() - t0])
+        except Exception as exc:  # noqa: BLE001 - every outcome is the result
+            out.append([type(exc).__name__, str(exc), time.monotonic() - t0])
+    return out, None
+
+
 SCENARIOS = {"whiten": _whiten, "gdpo": _gdpo, "mixed_api": _mixed_api, "die": _die, "fail": _fail,
-             "adapter": _adapter, "steps": _steps, "subgroup": _subgroup}
+             "adapter": _adapter, "steps": _steps, "subgroup": _subgroup, "calls": _calls}
 
 
 # --- the rank process ------------------------------------------------------------------------

@@ -181,7 +181,7 @@ class Segments:
         sizes = torch.bincount(seg, minlength=count)
         starts = torch.cumsum(sizes, 0) - sizes
         s_sorted = seg.index_select(0, order)
-        pos = torch.arange(n, device=device) - starts.index_select(0, s_sorted)
+        pos = torch.arange(n, dtype=_I64, device=device) - starts.index_select(0, s_sorted)
         self.width = max(int(sizes.max()) if n else 1, 1)
         self.count = count
         self.sizes = sizes.to(_F64)[:, None]
@@ -191,7 +191,7 @@ class Segments:
         self.mask[self.slot] = True
         self.mask = self.mask.view(count, self.width)
         first = torch.full((count,), n, dtype=_I64, device=device)
-        first.scatter_reduce_(0, seg, torch.arange(n, device=device), "amin")
+        first.scatter_reduce_(0, seg, torch.arange(n, dtype=_I64, device=device), "amin")
         self.first = first.clamp_(max=max(n - 1, 0))
 
     def gather(self, x: torch.Tensor) -> torch.Tensor:
@@ -352,7 +352,7 @@ def whole_tensor(whole, S: int, device) -> torch.Tensor:
 
 
 def _unit_index(sizes: list[int], device) -> torch.Tensor:
-    return torch.repeat_interleave(torch.arange(len(sizes), device=device),
+    return torch.repeat_interleave(torch.arange(len(sizes), dtype=_I64, device=device),
                                    torch.tensor(sizes, dtype=_I64, device=device))
 
 
@@ -392,7 +392,8 @@ def rows(inp, eps: float):
         return z, z, z
     if inp.labels is None:
         g = inp.group_size
-        return combined(inp.rewards, torch.arange(inp.n, device=inp.rewards.device) // g, inp.n // g, inp.weights, eps)
+        rows_gid = torch.arange(inp.n, dtype=_I64, device=inp.rewards.device) // g
+        return combined(inp.rewards, rows_gid, inp.n // g, inp.weights, eps)
     uniq, inv = torch.unique(inp.labels, return_inverse=True)
     return combined(inp.rewards, inv.view(-1), uniq.numel(), inp.weights, eps)
 

@@ -92,10 +92,11 @@ def _cancel(P: torch.Tensor, Q: torch.Tensor, weights: list[float]) -> torch.Ten
         terms, key = P * torch.tensor([1 if w > 0 else -1 for w in weights], dtype=_I64, device=P.device), \
             [abs(w) for w in weights]
     live = [w != 0 for w in weights]
-    pairs = torch.tensor([[live[j] and key[j] == key[k] for j in range(K)] for k in range(K)], device=P.device)
+    pairs = torch.tensor([[live[j] and key[j] == key[k] for j in range(K)] for k in range(K)], dtype=torch.bool,
+                         device=P.device)
     same = (Q[:, :, None] == Q[:, None, :]) & pairs  # (R, k, j)
     total = (same * terms[:, None, :]).sum(2)
-    return ((total == 0) | ~torch.tensor(live, device=P.device)).all(1)
+    return ((total == 0) | ~torch.tensor(live, dtype=torch.bool, device=P.device)).all(1)
 
 
 def _dyadic(x: float) -> tuple[int, int]:

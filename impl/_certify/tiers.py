@@ -90,10 +90,10 @@ def unit_of(ctx, rows: torch.Tensor | None = None) -> torch.Tensor:
     if rows is None:
         if "unit" not in ctx.memo:
             sizes = torch.tensor(ctx.sizes, dtype=_I64, device=ctx.a.device)
-            ctx.memo["unit"] = torch.repeat_interleave(torch.arange(len(ctx.sizes), device=ctx.a.device), sizes,
-                                                       output_size=ctx.a.shape[0])
+            units = torch.arange(len(ctx.sizes), dtype=_I64, device=ctx.a.device)
+            ctx.memo["unit"] = torch.repeat_interleave(units, sizes, output_size=ctx.a.shape[0])
         return ctx.memo["unit"]
-    ends = torch.tensor(ctx.sizes, dtype=_I64).cumsum(0).to(rows.device)
+    ends = torch.tensor(ctx.sizes, dtype=_I64, device="cpu").cumsum(0).to(rows.device)
     return torch.searchsorted(ends, rows, right=True)
 
 
@@ -103,7 +103,7 @@ def groups(ctx) -> tuple[torch.Tensor, int]:
         inp, n = ctx.inp, ctx.a.shape[0]
         if inp.labels is None:
             g = inp.group_size
-            got = torch.arange(n, device=ctx.a.device) // g, n // g
+            got = torch.arange(n, dtype=_I64, device=ctx.a.device) // g, n // g
         elif ctx.sort is not None:  # phase one's sort of the labels: sorted row -> input row, its group
             perm, sgid, _ = ctx.sort
             got = torch.empty_like(sgid).scatter_(0, perm, sgid), int(sgid[-1]) + 1
@@ -122,8 +122,9 @@ def group_rows(ctx, rows: torch.Tensor):
     if inp.labels is None:
         g = inp.group_size
         ug, inv = torch.unique(torch.div(rows, g, rounding_mode="floor"), return_inverse=True)
-        mem = (ug[:, None] * g + torch.arange(g, device=rows.device)).view(-1)
-        return mem, torch.arange(ug.numel(), device=rows.device).repeat_interleave(g), inv, inv * g + rows % g
+        mem = (ug[:, None] * g + torch.arange(g, dtype=_I64, device=rows.device)).view(-1)
+        mg = torch.arange(ug.numel(), dtype=_I64, device=rows.device).repeat_interleave(g)
+        return mem, mg, inv, inv * g + rows % g
     gid, G = groups(ctx)
     ug, inv = torch.unique(gid.index_select(0, rows), return_inverse=True)
     sel = torch.zeros(G, dtype=torch.bool, device=gid.device).index_fill_(0, ug, True)
@@ -162,7 +163,7 @@ def magnitudes(ctx) -> tuple[float, float]:
         idt = torch.int32 if r.dtype == torch.float32 else torch.int16
         mask = torch.iinfo(idt).max
         lo = int(m.view(idt).sub_(1).bitwise_and_(mask).amin())
-        small = math.inf if lo == mask else torch.tensor([lo + 1], dtype=idt).view(r.dtype).item()
+        small = math.inf if lo == mask else torch.tensor([lo + 1], dtype=idt, device="cpu").view(r.dtype).item()
     return small, large
 
 
@@ -267,9 +268,9 @@ def _rows(ctx, y: torch.Tensor, left: torch.Tensor) -> torch.Tensor:
     if not done:
         return left
     at = torch.tensor(done, dtype=_I64, device=y.device)
-    y.index_copy_(0, at, torch.tensor(vals, dtype=_F64).to(y.device, y.dtype))
-    return left[torch.ones(left.shape, dtype=torch.bool).index_fill_(0, torch.searchsorted(left.cpu(), at.cpu()),
-                                                                       False).to(left.device)]
+    y.index_copy_(0, at, torch.tensor(vals, dtype=_F64, device="cpu").to(y.device, y.dtype))
+    keep = torch.ones(left.shape, dtype=torch.bool, device="cpu")
+    return left[keep.index_fill_(0, torch.searchsorted(left.cpu(), at.cpu()), False).to(left.device)]
 
 
 def _exact_c(ctx, rows: list[int]) -> list[tuple]:
