@@ -374,6 +374,22 @@ def mechanism(case: Case, subject) -> str:
     return f"{what} {dtype} (beyond {top:.3g})"
 
 
+def from_probes(prof, subject) -> "Finding | None":
+    """The probes' formula as a finding, where no drawn case showed it (a clip that only the
+    probes' outlier reaches): its example is the probe the code is farthest from the paper on."""
+    from conformance import formulas
+    from conformance.compare import repro
+
+    if prof is None or not prof.formula or not prof.outputs:
+        return None
+    case, out = max(prof.outputs, key=lambda co: float(np.max(np.abs(co[1] - formulas.evaluate(co[0], formulas.PAPER)))))
+    paper = formulas.evaluate(case, formulas.PAPER)
+    i = int(np.argmax(np.abs(out - paper)))
+    said = f"[{i}] returned {out[i]:.9g}, the paper's formula gives {paper[i]:.9g} (a probe, conformance/probes.py)"
+    return Finding(Category.FORMULA, "ordinary magnitudes", prof.formula, ["probes"], 1, case, said,
+                   repro(subject, case, "plain"), said)
+
+
 def _cause_line(exc: ConformanceFailure) -> str:
     """The judge's headline, without its prefix: what failed."""
     head = str(exc).splitlines()[0] if str(exc) else ""

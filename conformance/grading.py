@@ -149,6 +149,8 @@ def grade(subject: Subject, select: str | None = None, single_process: bool = Fa
         rows.append(row)
         failures += found
     found = FD.findings(failures, subject)
+    if not select and not any(f.category == "formula" for f in found):
+        found += [f for f in [FD.from_probes(prof, subject)] if f is not None]
     return Grading(subject, prof, rows, found, time.monotonic() - t0, strict, single_process)
 
 

@@ -421,24 +421,26 @@ def explain(subject: Subject, case, out: Outcome, conv, category):
         if prof.named and _reproduced(case, out.values, v, conv, subject.token_counts(case)):
             return (Category.FORMULA, prof.formula, None,
                     f"formula: {prof.formula} (reproduces this case and the probes)", prof.diagnosis.alternatives)
+    if prof is not None and prof.narrow and finite and category in (Category.PRECISION, Category.SILENT_ZERO):
+        return Category.PRECISION, None, prof.narrow, f"precision: {prof.narrow}", ()
     if category != Category.PRECISION:  # a zero or a NaN: the formula explains it, or it stands
         return category, None, None, "", ()
-    if prof is not None and prof.narrow and finite:
-        return Category.PRECISION, None, prof.narrow, f"precision: {prof.narrow}", ()
+    line = ""
+    if ordinary:
+        try:
+            d = formulas.diagnose(case, out.values, token_counts=subject.token_counts(case), unit_roundoff=u)
+        except Exception as exc:  # noqa: BLE001 - no diagnosis is no verdict: the failure stands as it is
+            return category, None, None, f"formula: not diagnosed ({type(exc).__name__}: {exc})", ()
+        line = formulas.describe(d)
+        own = conv.name != "spec" and conv.name in d.presets
+        if d.matched and not d.no_difference and not own and _probes_agree(prof, d.variant, u):
+            alternatives = tuple("; ".join(a) or "no difference from the paper" for a in d.alternatives)
+            if prof is not None and prof.named and prof.formula:  # the probes cannot tell the two apart: theirs
+                return Category.FORMULA, prof.formula, None, line, ("; ".join(d.differences),) + alternatives
+            return Category.FORMULA, "; ".join(d.differences), None, line, alternatives
     cause = _cancellation(subject, case, out, conv) if finite else None
     if cause:
         return Category.PRECISION, None, cause, f"precision: {cause}", ()
-    if not ordinary:
-        return category, None, None, "", ()
-    try:
-        d = formulas.diagnose(case, out.values, token_counts=subject.token_counts(case), unit_roundoff=u)
-    except Exception as exc:  # noqa: BLE001 - no diagnosis is no verdict: the failure stands as it is
-        return category, None, None, f"formula: not diagnosed ({type(exc).__name__}: {exc})", ()
-    line = formulas.describe(d)
-    own = conv.name != "spec" and conv.name in d.presets
-    if d.matched and not d.no_difference and not own and _probes_agree(prof, d.variant, u):
-        alternatives = tuple("; ".join(a) or "no difference from the paper" for a in d.alternatives)
-        return Category.FORMULA, "; ".join(d.differences), None, line, alternatives
     return category, None, None, line, ()
 
 

@@ -225,7 +225,7 @@ class Profile:
         if self.failed:
             return self.how
         if self.narrow:
-            return f"{self.how}; {self.narrow}"
+            return f"{self.narrow}: graded at float32 precision"
         if self.formula is None:
             return f"{self.how}; formula: the paper's on every probe"
         return f"{self.how}; formula: {self.formula}" + ("" if self.named else " (no catalogued variant)")

@@ -130,3 +130,9 @@ def trl_no_whitening(rewards, num_generations, reward_weights):
     """TRL's float32 code without Eq. 6 (c returned as it is): a missing whitening, which one group
     of two rewards cannot tell from an Eq. 4 without its division by the std."""
     return _trl_like(rewards, num_generations, reward_weights, whiten=False)
+
+
+def trl_clipped_at_5(rewards, num_generations, reward_weights):
+    """TRL's float32 code clipped to [-5, 5]: |a| > 5 needs a batch of over 25 samples with one
+    outlier ((N-1)/sqrt(N) bounds |a|), which the probes hold and few drawn cases do."""
+    return _trl_like(rewards, num_generations, reward_weights, clip=5.0)

@@ -62,6 +62,21 @@ def test_a_missing_whitening_is_one_finding_with_an_example_that_shows_it():
     assert formula[0].example.n > 2, F.describe(formula[0].example)
 
 
+def test_a_formula_only_the_probes_reach_is_still_a_finding():
+    """A clip at [-5, 5] shows only on a batch with one outlier among many samples: the probes hold
+    one, so the probes' formula becomes the finding, its example that probe; the code without the
+    clip (the negative control) has no such finding."""
+    from conformance import probes
+
+    subject = Subject("_native_impls:trl_clipped_at_5", "trl", "spec")
+    found = F.from_probes(probes.profile(subject), subject)
+    assert found is not None and found.cause == "after Eq. 6: advantages clipped to [-5, 5]", found
+    assert found.rows == ["probes"] and found.regime == "ordinary magnitudes"
+    assert "returned 5," in found.said and "--property plain" in found.repro, found.said
+    control = Subject("_native_impls:trl_float32", "trl", "spec")
+    assert F.from_probes(probes.profile(control), control) is None
+
+
 def _failure(case, category="silent_zero", limit=math.inf, check=None):
     exc = J.ConformanceFailure("x")
     exc.category = category
