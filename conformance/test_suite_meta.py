@@ -190,8 +190,9 @@ def test_repro_command_replays_a_case(capsys):
 def test_call_shapes_are_documented_and_enforced():
     from conformance import subject
 
-    doc = subject.__doc__
-    assert "fn(rewards, num_generations, reward_weights)" in doc and "segment_sizes" in doc
+    said = subject.SHAPE_SIGNATURES  # what a mismatch message tells (docs/grading.md says the same)
+    assert "fn(rewards, num_generations, reward_weights)" == said["trl"] and "segment_sizes" in said["gdpo"]
+    assert set(said) == set(subject._SHAPE_CALLS)
     why = Subject("conformance.subject:impl_trl_shape", "trl").unsupported(P.BY_NAME["units"].needs)
     assert why and "trl" in why
     with pytest.raises(ValueError):
