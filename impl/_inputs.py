@@ -578,43 +578,25 @@ def check_weights(weights, k: int) -> list[float]:
         what, value, detail = _not_a_number(w)  # float() would read a str, a 0-d tensor, a bool
         if what:
             raise Problem(P.P_WEIGHTS_ITEM, i, what, value, detail=detail)
-        if _is_int(w):
-            try:
-                f = float(w)
-            except OverflowError:
-                raise Problem(P.P_WEIGHTS_INEXACT, i, 1, detail=_int_shown(w)) from None
-            if int(f) != int(w):
-                raise Problem(P.P_WEIGHTS_INEXACT, i)
-        else:
-            try:
-                f = float(w)
-            except OverflowError:  # e.g. Fraction(10**400)
-                raise Problem(P.P_WEIGHTS_INEXACT, i, 1, detail=_of_type(w)) from None
-            except (TypeError, ValueError, ArithmeticError):
-                raise Problem(P.P_WEIGHTS_ITEM, i, P.K_OTHER, detail=_of_type(w)) \
-                    from None
-            if math.isnan(f):
-                raise Problem(P.P_WEIGHTS_NONFINITE, i, 1)
-            if math.isinf(f) and f != w:  # a finite number beyond float64's range: Decimal("1e400")
-                raise Problem(P.P_WEIGHTS_INEXACT, i, 1, detail=_of_type(w))
-            if math.isinf(f):
-                raise Problem(P.P_WEIGHTS_NONFINITE, i, 2 if f > 0 else 3)
-            if not isinstance(w, float) and f != w:  # Python compares float with Fraction, Decimal exactly
-                raise Problem(P.P_WEIGHTS_INEXACT, i)  # e.g. Fraction(2**53 + 1) or Decimal("0.1")
+        try:
+            f = float(w)
+        except OverflowError:  # an int beyond float64, Fraction(10**400)
+            raise Problem(P.P_WEIGHTS_INEXACT, i, 1, detail=_int_shown(w) if _is_int(w) else _of_type(w)) from None
+        except (TypeError, ValueError, ArithmeticError):
+            raise Problem(P.P_WEIGHTS_ITEM, i, P.K_OTHER, detail=_of_type(w)) from None
+        if math.isnan(f):
+            raise Problem(P.P_WEIGHTS_NONFINITE, i, 1)
+        if math.isinf(f) and f != w:  # a finite number beyond float64's range: Decimal("1e400")
+            raise Problem(P.P_WEIGHTS_INEXACT, i, 1, detail=_of_type(w))
+        if math.isinf(f):
+            raise Problem(P.P_WEIGHTS_NONFINITE, i, 2 if f > 0 else 3)
+        # ints compared as ints (NumPy's int64 == float rounds); Fraction, Decimal compare exactly
+        if not (int(f) == int(w) if _is_int(w) else isinstance(w, float) or f == w):
+            raise Problem(P.P_WEIGHTS_INEXACT, i)  # e.g. 2**53 + 1, Fraction(2**53 + 1) or Decimal("0.1")
         out.append(f)
     if all(f == 0.0 for f in out):
         raise Problem(P.P_WEIGHTS_ZERO, k)
     return out
-
-
-@dataclasses.dataclass
-class Values:
-    """Validated Eq. 6 input: values (N,) and this rank's unit sizes (host ints)."""
-
-    values: torch.Tensor
-    dtype_code: int
-    sizes: list[int]
-    sizes_given: bool
 
 
 def check_standardized(z, weights) -> tuple[torch.Tensor, list[float]]:
