@@ -2,60 +2,35 @@
 
 The steps carry the paper's names and the same keywords as in ``oracle.gdpo`` (the exact
 reference): Eq. 4 ``standardize_groups``, Eq. 7 ``combine``, Eq. 4 + 7 ``normalize_rewards``,
-Eq. 6 ``whiten``, and all three, ``gdpo_advantages``. What they compute and why is in
-spec/gdpo.md: the equations (section 1), the decisions and their reasons (section 2; K = 1
-is not GRPO, n_g = 2 loses magnitudes), whitening units (section 4), the distributed
-protocol (section 5: one fixed-shape agreement all-reduce before any data-dependent
-collective, the statistics in one more; all ranks raise together or none does), the error
-contract (section 6) and the tolerances this module is held to (section 7).
+Eq. 6 ``whiten``, and all three, ``gdpo_advantages``. spec/gdpo.md says what they compute and
+why: the equations (section 1), the decisions (section 2), whitening units (section 4), the
+distributed protocol (section 5: all ranks raise together or none does), the error contract
+(section 6), the tolerances (section 7) and the certified rounding (section 7a: float32,
+bfloat16 and float16 outputs are the exact advantage correctly rounded; ``certified=``).
 
-Certified rounding (``impl._certify``, spec/gdpo.md section 7a): every float32, bfloat16 and
-float16 output is the exact advantage correctly rounded (``certified="narrow"``, the default);
-``certified="all"`` adds float64 outputs within one ulp of it, ``certified="off"`` is the plain
-path; the default is ``GDPO_CERTIFIED``, read at each call that passes none. A run-time bound
-certifies the float64 result's rounding, and the samples it cannot are recomputed from their
-groups exactly, in double-double, then exactly. ``Diagnostics.certified`` counts each tier.
-
-How (see ``_groups``, ``_eq4``, ``_eq7``, ``_whiten``, ``_segments``): float64 inside and one correctly
-rounded cast at the end (to odd in float32 first, so float16, bfloat16 and float8 are
-rounded once); shift-invariant two-pass statistics scaled by exact powers of two, so
-rewards up to float64's limit compute without overflow and exact collapse needs no
-threshold; one fixed pairwise tree per group column or unit, no atomics, BLAS or fused
-multiply-add, the correctly rounded sqrt: the same bits on every run, on CPU and on CUDA.
-Dense layouts, never per-group Python loops. Every function runs under
-``torch.no_grad()``: advantages are data.
+How (docs/architecture.md, the spine ``impl._pipeline``): float64 inside and one correctly
+rounded cast at the end; shift-invariant two-pass statistics scaled by exact powers of two (no
+overflow up to float64's limit, exact collapse without a threshold); one fixed pairwise tree per
+group column or unit, no atomics, BLAS or fused multiply-add: the same bits on every run, on CPU
+and on CUDA. Every function runs under ``torch.no_grad()``: advantages are data.
 
 Inputs (refusals: spec/gdpo.md section 6): float16, bfloat16, float32 or float64 dense
-tensors, or Python/NumPy sequences read as float64 (float8 is an output format only);
-``group_size`` an integer scalar (a 0-d integer tensor too); ``process_group=None`` a local
-call, and with a group a rank may hold no rows; ``segment_sizes=None`` one unit (over all
-ranks with a group; None on some ranks only is refused). Groups of Eq. 4 never span ranks.
-A whitened value is at most (n-1)/sqrt(n) (Samuelson), so only float8 outputs can fail
-their cast (OutOfRangeError).
+tensors, or Python/NumPy sequences read as float64; ``process_group=None`` is a local call, and
+with a group a rank may hold no rows; groups of Eq. 4 never span ranks. Only float8 outputs can
+fail their cast (OutOfRangeError): a whitened value is at most (n-1)/sqrt(n).
 
-Opt-ins and costs:
+``GDPO_FUSED=1`` (opt-in, needs Triton): calls on CUDA tensors run as a few fused Triton kernels
+with the same bits; which calls take it is listed once, in ``impl._fused``'s docstring.
 
-* ``GDPO_FUSED=1`` (opt-in, needs Triton): calls on CUDA tensors run Eq. 4/7 and
-  Eq. 6 as a few fused Triton kernels with the same bits. Which calls take it, and
-  which stay on the plain path, is listed once, in ``impl._fused``'s docstring.
-* Host synchronisations on CUDA: one per call (the read of the facts row / the
-  agreement table), whatever the number of groups or units; host lists (labels,
-  sizes) are copied pinned and non-blocking, and small constants (counts,
-  weights) are kept on the device. With contiguous groups the read comes last,
-  after every kernel of the call is queued; labelled groups read G and n_max
-  (the padded layout's shape) in the same read, before Eq. 4. Extra reads only
-  where stated: weights or segment_sizes given as CUDA tensors (one read each;
-  pass lists), more than 32 units across ranks (their counts are read after
-  the statistics gather), the float8 cast check, labelled groups so ragged
-  that padding would exceed 4x the batch (the bucket sizes), labelled groups
-  with weights so large that Eq. 7 may overflow float64
-  (2 sqrt(n_max) sum|w| >= 2**1023), ``missing="unscored"`` (the scored rows' mask,
-  on every call with the option; it also takes the plain path), and refused calls
-  (locating the culprit).
+Host synchronisations on CUDA: one per call (the read of the facts row or the agreement table),
+after every kernel of a contiguous-group call is queued (labelled groups read their shape there,
+before Eq. 4). More only where stated: weights or segment_sizes given as CUDA tensors (pass
+lists), more than 32 units across ranks, the float8 cast check, labelled groups so ragged that
+padding would exceed 4x the batch, weights so large that Eq. 7 may overflow float64,
+``missing="unscored"`` (the scored rows' mask; it also takes the plain path), and refused calls.
 
-Missing rewards: ``missing="refuse"`` (the default) refuses a NaN reward;
-``missing="unscored"`` reads it as one its reward function did not score (spec/gdpo.md
-section 2), and :class:`Diagnostics` counts the rows with no scored reward.
+Missing rewards: ``missing="refuse"`` (the default) refuses a NaN reward; ``missing="unscored"``
+reads it as one its reward function did not score (spec/gdpo.md section 2).
 """
 
 from __future__ import annotations
@@ -76,29 +51,12 @@ from spec.errors import (
     ShapeError,
     WeightError,
 )
-from impl import _distributed, _inputs, _pipeline
+from impl import _certify, _distributed, _inputs, _pipeline
 from impl import _problems as _P
 
-__all__ = [
-    "Diagnostics",
-    "standardize_groups",
-    "combine",
-    "normalize_rewards",
-    "whiten",
-    "gdpo_advantages",
-    "group_has_signal",
-    "GDPOError",
-    "NonFiniteError",
-    "InputDtypeError",
-    "ShapeError",
-    "GroupError",
-    "WeightError",
-    "SegmentError",
-    "OutOfRangeError",
-    "DistributedError",
-]
-
-_API_WHITEN = _P.API_WHITEN
+__all__ = ["Diagnostics", "standardize_groups", "combine", "normalize_rewards", "whiten", "gdpo_advantages",
+           "group_has_signal", "GDPOError", "NonFiniteError", "InputDtypeError", "ShapeError", "GroupError",
+           "WeightError", "SegmentError", "OutOfRangeError", "DistributedError"]
 
 #: What a call under ``missing="unscored"`` left out: pass one as ``diagnostics=``.
 Diagnostics = _pipeline.Diagnostics
@@ -118,9 +76,6 @@ def _opaque_to_dynamo(fn):
             return torch.compiler.disable(fn)(*args, **kwargs)
         return fn(*args, **kwargs)
     return entry
-_API_GDPO = _P.API_GDPO
-
-
 
 @_opaque_to_dynamo
 @torch.no_grad()
@@ -219,7 +174,7 @@ def whiten(values, *, segment_sizes=None, process_group=None, eps=DEFAULT_EPS, o
     """
     if process_group is None:
         return _pipeline.run(_inputs.check_whiten(values, segment_sizes, eps, out_dtype, certified), _pipeline.WHITEN)
-    return _distributed.run_distributed(_API_WHITEN, process_group, values=values, segment_sizes=segment_sizes,
+    return _distributed.run_distributed(_P.API_WHITEN, process_group, values=values, segment_sizes=segment_sizes,
                                         eps=eps, out_dtype=out_dtype, certified=certified)[0]
 
 
@@ -246,15 +201,12 @@ def gdpo_advantages(rewards, *, group_ids=None, group_size=None, weights=None, s
         call = _inputs.check_gdpo(rewards, group_ids, group_size, weights, segment_sizes, eps, out_dtype, missing,
                                   diagnostics, certified)
         return _pipeline.run(call, _pipeline.GDPO, diagnostics)
-    return _distributed.run_distributed(_API_GDPO, process_group, rewards=rewards, group_ids=group_ids,
+    return _distributed.run_distributed(_P.API_GDPO, process_group, rewards=rewards, group_ids=group_ids,
                                         group_size=group_size, weights=weights, segment_sizes=segment_sizes,
                                         eps=eps, out_dtype=out_dtype, missing=missing, diagnostics=diagnostics,
                                         certified=certified)[0]
 
 
 # What impl declares certified (the conformance property ``certified`` grades those formats bit
-# for bit on hunted boundary cases, conformance/boundary.py): the default mode's, GDPO_CERTIFIED
-# as it is at import.
-from impl import _certify, _inputs  # noqa: E402
-
+# for bit on hunted boundary cases): the default mode's, GDPO_CERTIFIED as it is at import.
 gdpo_advantages.gdpo_certified = whiten.gdpo_certified = _certify.declared(_inputs.check_certified(None))

@@ -4,22 +4,11 @@ Each is ``y, left = tier(ctx, y, left)``: the context (``impl._certify.Context``
 so far ``y`` (this call's own tensor in the output dtype) and the rows still to decide
 (ascending int64 indices; None before the first tier: every row). A tier writes the rows it
 decides into ``y`` and returns the rows it leaves.
-
-* :func:`float64`, the fast path: the plain path's float64 result, its bound from the plain
-  path's own statistics (``impl._certify.bounds``), and the rounding test: a row is certified
-  where no rounding boundary of the output format lies within its bound.
-* :func:`group_exact`: a row's own group in exact integer arithmetic (``impl._certify.exact``):
-  first every row tier 0 left near 0 in a unit of whole groups whose c* is exactly 0 (a* = +0),
-  then, row by row, c* enclosed between two rationals and whitened by its unit's float64
-  statistics and their bounds, in interval arithmetic.
-* :func:`double_double`: the whole call again in double-double (``impl._certify.dd``), its
-  bound in the dd unit roundoff (2**-100).
-* :func:`exact`: what is left (the exact value on a rounding midpoint, or within the dd bound of
-  one; inputs outside the dd path's range) decided by ``oracle.gdpo``'s exact arithmetic.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import struct
 
@@ -104,12 +93,9 @@ def groups(ctx) -> tuple[torch.Tensor, int]:
         if inp.labels is None:
             g = inp.group_size
             got = torch.arange(n, dtype=_I64, device=ctx.a.device) // g, n // g
-        elif ctx.sort is not None:  # phase one's sort of the labels: sorted row -> input row, its group
+        else:  # phase one's sort of the labels (the plan keeps it where it certifies): sorted row -> input row
             perm, sgid, _ = ctx.sort
             got = torch.empty_like(sgid).scatter_(0, perm, sgid), int(sgid[-1]) + 1
-        else:
-            uniq, inv = torch.unique(inp.labels, return_inverse=True)
-            got = inv.view(-1), uniq.numel()
         ctx.memo["groups"] = got
     return ctx.memo["groups"]
 
@@ -279,28 +265,17 @@ def _exact_c(ctx, rows: list[int]) -> list[tuple]:
     if ctx.inp is None:
         at = torch.tensor(rows, dtype=_I64, device=ctx.c.device)
         return [(Fraction(v), Fraction(v), False) for v in ctx.c.index_select(0, at).tolist()]
-    inp, w = ctx.inp, list(ctx.inp.weights)
-    if inp.labels is None:  # contiguous groups: each row's group from its number
-        g, out = inp.group_size, {}
-        for q in sorted({row // g for row in rows}):
-            mine = [row for row in rows if row // g == q]
-            vals = inp.rewards[q * g:(q + 1) * g].to("cpu", _F64).tolist()
-            out.update(zip(mine, X.combined(vals, w, ctx.eps, [row - q * g for row in mine])))
-        return [out[row] for row in rows]
     mem, mg, inv, at = group_rows(ctx, torch.tensor(rows, dtype=_I64, device=ctx.a.device))
-    vals = inp.rewards.index_select(0, mem).to("cpu", _F64).tolist()
-    start = {}  # each group's first place in mem
-    for i, q in enumerate(mg.tolist()):
-        start.setdefault(q, i)
+    vals = ctx.inp.rewards.index_select(0, mem).to("cpu", _F64).tolist()
     size = torch.bincount(mg).tolist()
-    asked: dict[int, list[int]] = {}  # group -> the places of its rows asked for, in mem
-    for j, (q, i) in enumerate(zip(inv.tolist(), at.tolist())):
+    start = [0, *itertools.accumulate(size)]  # each group's first place in mem (grouped, in order)
+    asked: dict[int, list[int]] = {}  # group -> the rows asked for (their places in ``rows``)
+    for j, q in enumerate(inv.tolist()):
         asked.setdefault(q, []).append(j)
-    out = [None] * len(rows)
-    places = at.tolist()
+    out, places = [None] * len(rows), at.tolist()
     for q, js in asked.items():
-        s0 = start[q]
-        got = X.combined(vals[s0:s0 + size[q]], w, ctx.eps, [places[j] - s0 for j in js])
+        got = X.combined(vals[start[q]:start[q + 1]], list(ctx.inp.weights), ctx.eps,
+                         [places[j] - start[q] for j in js])
         for j, res in zip(js, got):
             out[j] = res
     return out

@@ -3,6 +3,7 @@ call of impl.gdpo on a gathered batch. Imports no framework."""
 
 from __future__ import annotations
 
+import types
 from importlib import metadata
 
 import torch
@@ -58,3 +59,20 @@ def batch_advantages(trainer, rewards: torch.Tensor, group_size: int, policy: st
         raise
     trainer._metrics[mode]["gdpo/unscored_rows"].append(float(diagnostics.unscored_rows))
     return advantages
+
+
+def lazy_trainer(module: str, name: str, mixin: type, check, base, doc: str):
+    """The ``__getattr__`` of ``module``: its class ``name`` (``mixin`` before the framework's trainer,
+    ``base()``) is built on first access, after ``check()`` (the framework's version), so that
+    importing the module imports no framework."""
+    built = []
+
+    def __getattr__(attr):
+        if attr != name:
+            raise AttributeError(f"module {module!r} has no attribute {attr!r}")
+        if not built:
+            check()
+            built.append(types.new_class(name, (mixin, base()),
+                                         exec_body=lambda ns: ns.update(__doc__=doc, __module__=module)))
+        return built[0]
+    return __getattr__

@@ -1,38 +1,16 @@
-"""impl.gdpo inside ms-swift's GRPO trainer (``swift rlhf --rlhf_type grpo --scale_rewards gdpo``).
+"""impl.gdpo inside ms-swift's GRPO trainer (``swift rlhf --rlhf_type grpo --scale_rewards gdpo``;
+docs/integrations.md, "ms-swift").
 
-ms-swift (4.6) computes its GDPO (``scale_rewards='gdpo'``) in a plain if/elif
-(``swift.rl_core.advantage.compute_advantages``) called from
-``GRPOTrainer._compute_advantages``. :class:`GDPOGRPOTrainer` overrides that method: it lets
-ms-swift compute and log as usual (its reward metrics and ``_logs``), then returns
-:func:`impl.gdpo.gdpo_advantages` of the same gathered ``(N, K)`` rewards instead, which
-ms-swift slices per process and writes into the batch as it does its own. The plugin file
-for ``--external_plugins`` makes the trainer factory build this class for ``grpo``::
-
-    pip install 'gdpo-spec[swift]'
-    swift rlhf --rlhf_type grpo --scale_rewards gdpo ... \\
-        --external_plugins "$(python3 -m impl.integrations.swift)"
-
-``python3 -m impl.integrations.swift`` prints the plugin file's path (:func:`plugin_path`);
-the file calls :func:`register`, which sets ``TrainerFactory.TRAINER_MAPPING['grpo']``. It
-lives alone in its folder because ms-swift puts a plugin's folder on ``sys.path``: a folder
-holding this module (``swift.py``) would hide the real ``swift`` package.
-
-What is decided here:
-
-* ``--scale_rewards gdpo`` is required (the class refuses when built, and at each call, otherwise): loading
-  the plugin for another scaling would otherwise compute something else than asked.
-  ``--advantage_estimator grpo`` too (rloo and reinforce_plus_plus are not GDPO).
-  ms-swift itself turns ``kl_in_reward`` off under gdpo (with its warning).
-* A ``None`` reward (NaN) is "not scored" (``gdpo_missing = "unscored"``, the default), as
-  ms-swift's nanmean reads it: left out of its column's Eq. 4 statistics, 0 there; a row with
-  no scored reward gets 0 and is left out of Eq. 6 (ms-swift keeps such rows, with 0, in its
-  batch mean and std). ``gdpo_missing = "refuse"`` on a subclass stops at the first None.
-* ``num_generations_eval = 1``: evaluation advantages are 0, as ms-swift's formula gives;
-  impl (which refuses groups of one) is not called.
-* Multi-turn runs whose number of samples per prompt varies (``dynamic_num_samples``, the
-  request-aware path) are refused: that path groups by request, which is not wired here.
-* ms-swift versions: only those tested (:data:`SUPPORTED_SWIFT`).
-
+ms-swift (4.6) computes its GDPO in ``swift.rl_core.advantage.compute_advantages``, called from
+``GRPOTrainer._compute_advantages``. :class:`GDPOGRPOTrainer` overrides that method: ms-swift
+computes and logs as usual, then the method returns :func:`impl.gdpo.gdpo_advantages` of the same
+gathered ``(N, K)`` rewards, which ms-swift slices per process. ``python3 -m
+impl.integrations.swift`` prints the path of the ``--external_plugins`` file, which calls
+:func:`register` (``TrainerFactory.TRAINER_MAPPING['grpo']``); it lives alone in its folder,
+since ms-swift puts a plugin's folder on ``sys.path`` and ``swift.py`` would hide the real
+``swift``. Refused: a ``--scale_rewards`` other than gdpo, an ``--advantage_estimator`` other than
+grpo, the request-aware multi-turn path (``dynamic_num_samples``), untested versions
+(:data:`SUPPORTED_SWIFT`). ``gdpo_missing`` and ``num_generations_eval = 1`` as under TRL.
 Without the plugin ms-swift is unchanged: nothing is patched at import.
 """
 
@@ -41,7 +19,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from impl.integrations._common import MISSING_POLICIES, batch_advantages, check_version
+from impl.integrations._common import MISSING_POLICIES, batch_advantages, check_version, lazy_trainer
 
 __all__ = ["GDPOGRPOTrainer", "GDPOSwiftMixin", "SUPPORTED_SWIFT", "check_swift_version", "plugin_path", "register"]
 
@@ -116,28 +94,15 @@ class GDPOSwiftMixin:
         return ours.to(theirs.device)
 
 
-_TRAINER = None
+def _grpo_trainer():
+    from swift.rlhf_trainers.grpo_trainer import GRPOTrainer
+
+    return GRPOTrainer
 
 
-def _trainer_class():
-    global _TRAINER
-    if _TRAINER is None:
-        check_swift_version()
-        from swift.rlhf_trainers.grpo_trainer import GRPOTrainer
-
-        class GDPOGRPOTrainer(GDPOSwiftMixin, GRPOTrainer):
-            """ms-swift's ``GRPOTrainer`` whose advantages are impl.gdpo's (see :mod:`impl.integrations.swift`)."""
-
-        GDPOGRPOTrainer.__module__ = __name__
-        GDPOGRPOTrainer.__qualname__ = "GDPOGRPOTrainer"
-        _TRAINER = GDPOGRPOTrainer
-    return _TRAINER
-
-
-def __getattr__(name):
-    if name == "GDPOGRPOTrainer":
-        return _trainer_class()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_trainer(__name__, "GDPOGRPOTrainer", GDPOSwiftMixin, check_swift_version, _grpo_trainer,
+                           "ms-swift's ``GRPOTrainer`` whose advantages are impl.gdpo's (see "
+                           ":mod:`impl.integrations.swift`).")
 
 
 if __name__ == "__main__":

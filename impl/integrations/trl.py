@@ -1,60 +1,23 @@
-"""impl.gdpo inside TRL's ``GRPOTrainer``: the advantages of a real training run, vetted.
+"""impl.gdpo inside TRL's ``GRPOTrainer`` (docs/integrations.md, "TRL"): the advantages of a real
+training run, vetted.
 
 TRL (1.16) computes ``multi_objective_aggregation="normalize_then_sum"`` inline in
-``GRPOTrainer._generate_and_score_completions``; there is no method to override. So
-:class:`GDPOMixin` keeps the rewards ``_calculate_rewards`` returns (already gathered from
-every process: the whole ``(N, K)`` generation batch, groups of ``num_generations``
-contiguous rows), lets TRL finish the batch, then replaces ``out["advantages"]`` (this
-process's slice) and the entries TRL appended to ``_logs["advantages"]`` (the whole batch)
-by :func:`impl.gdpo.gdpo_advantages` of those rewards::
-
-    from trl import GRPOConfig
-    from impl.integrations.trl import GDPOTrainer      # instead of trl's GRPOTrainer
-
-    args = GRPOConfig(..., multi_objective_aggregation="normalize_then_sum")
-    trainer = GDPOTrainer(model=..., reward_funcs=[...], args=args)
-
-The call is ``gdpo_advantages(rewards, group_size=G, weights=trainer.reward_weights,
-missing=...)``, with no ``process_group``: every process already holds the whole batch, so
-each computes the same advantages and keeps its own slice, as TRL does
-(docs/adopting.md, "Under TRL: no process_group").
-
-What is kept from TRL, and what is decided here:
-
-* Unscored rewards. A reward function's ``None`` is NaN in TRL's rewards. With
-  ``gdpo_missing = "unscored"`` (the default, TRL's reading) a NaN is "not scored": left out
-  of its column's Eq. 4 statistics, contributing 0 there; a row with no scored reward
-  (TRL's "unscorable" completion) gets advantage 0 and is left out of Eq. 6. This is what
-  TRL's multi-environment mode needs: every row has a reward column per environment type,
-  NaN for the other types' rows. ``gdpo_missing = "refuse"`` (set it on a subclass or the
-  instance) stops training at the first NaN instead (``NonFiniteError`` naming the row of the
-  gathered batch and the column, with the reward functions' names added as a note).
-* Weights: ``trainer.reward_weights``, the float32 tensor TRL itself multiplies by (its
-  values, read exactly as float64), with the environments' reward columns (weight 1).
-* ``num_generations_eval = 1``: groups of one have no Eq. 4 statistics, which impl refuses
-  (``GroupError``); TRL's own formula gives 0 there (every z is 0). Evaluation advantages are
-  then 0 (they only enter the evaluation loss), impl is not called, and a warning says so once,
-  when the trainer is built. Training always has ``num_generations >= 2`` (TRL refuses less).
-* Only ``multi_objective_aggregation="normalize_then_sum"`` (GDPO) is accepted: under
-  ``"sum_then_normalize"`` the class would silently compute something other than what the
-  configuration says, so it refuses when built.
-* TRL's logged reward metrics (``reward``, ``reward_std``, ``frac_reward_zero_std``,
-  ``rewards/<name>/mean``) are TRL's, computed from the rewards, unchanged; the rows no
-  function scored are counted in one more, ``gdpo/unscored_rows``.
-* TRL versions: :data:`SUPPORTED_TRL`, ``>=1.16.0,<1.17.0`` (tested on 1.16.0; a patch
-  release of 1.16 is accepted, a pre-release of 1.16.0 is not); another is refused when the
-  trainer is built (or ``GDPOTrainer`` first imported), naming the range, since the mixin
-  relies on TRL's private methods.
-
-Without this class (TRL's own ``GRPOTrainer``) nothing changes: the module patches nothing.
-Importing it costs no TRL import: ``GDPOTrainer`` is built on first access.
+``GRPOTrainer._generate_and_score_completions``, with no method to override. So
+:class:`GDPOMixin` keeps the gathered ``(N, K)`` rewards ``_calculate_rewards`` returns, lets TRL
+finish the batch, then replaces ``out["advantages"]`` (this process's slice) and the entries TRL
+appended to ``_logs["advantages"]`` by ``gdpo_advantages(rewards, group_size=G,
+weights=trainer.reward_weights, missing=...)``, with no ``process_group``: every process holds the
+whole batch. ``gdpo_missing`` is "unscored" (TRL's reading of a None reward) or "refuse";
+``num_generations_eval = 1`` gives 0 without calling impl; another aggregation is refused when
+the trainer is built; TRL versions: :data:`SUPPORTED_TRL`. Nothing is patched at import, and
+importing this module imports no TRL: ``GDPOTrainer`` is built on first access.
 """
 
 from __future__ import annotations
 
 import logging
 
-from impl.integrations._common import MISSING_POLICIES, batch_advantages, check_version
+from impl.integrations._common import MISSING_POLICIES, batch_advantages, check_version, lazy_trainer
 
 __all__ = ["GDPOMixin", "GDPOTrainer", "SUPPORTED_TRL", "check_trl_version"]
 
@@ -134,25 +97,11 @@ class GDPOMixin:
         return out
 
 
-_TRAINER = None
+def _grpo_trainer():
+    from trl import GRPOTrainer
+
+    return GRPOTrainer
 
 
-def _trainer_class():
-    global _TRAINER
-    if _TRAINER is None:
-        check_trl_version()
-        from trl import GRPOTrainer
-
-        class GDPOTrainer(GDPOMixin, GRPOTrainer):
-            """TRL's ``GRPOTrainer`` whose advantages are impl.gdpo's (see :mod:`impl.integrations.trl`)."""
-
-        GDPOTrainer.__module__ = __name__
-        GDPOTrainer.__qualname__ = "GDPOTrainer"
-        _TRAINER = GDPOTrainer
-    return _TRAINER
-
-
-def __getattr__(name):
-    if name == "GDPOTrainer":
-        return _trainer_class()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_trainer(__name__, "GDPOTrainer", GDPOMixin, check_trl_version, _grpo_trainer,
+                           "TRL's ``GRPOTrainer`` whose advantages are impl.gdpo's (see :mod:`impl.integrations.trl`).")

@@ -1,37 +1,15 @@
-"""verl's ``gdpo`` advantage estimator computed by :mod:`impl.gdpo`, opted into by config.
+"""verl's ``gdpo`` advantage estimator computed by :mod:`impl.gdpo`, opted into by config
+(docs/integrations.md, "verl: one config key").
 
-Installed with the package, verl loads this module in every process that imports verl
-(the ``verl.plugins`` entry point in pyproject.toml). When that process imports verl's
-``core_algos`` (at once if it already has; verl's trainer does, ``import verl`` alone does
-not), this module replaces verl's registered ``gdpo`` estimator by a wrapper which, unless the run's config opts in, calls verl's own
-function with the very arguments it was given: without the opt-in nothing changes.
-The opt-in, beside verl's own GDPO settings::
-
-    algorithm.adv_estimator=gdpo +algorithm.gdpo_impl=gdpo_spec
-    +algorithm.gdpo_reward_keys=[accuracy,format] +algorithm.gdpo_reward_weights=[1.0,1.0]
-
-``gdpo_impl`` names who computes verl's GDPO: ``verl`` (the default: verl's own code) or
-``gdpo_spec`` (this package, the value a reader of a run's config can look up and
-install). ``+algorithm.gdpo_whiten`` chooses Eq. 6: ``sample`` (the default, the
-specification's: every response one value, spec/gdpo.md) or ``token`` (verl's weighting:
-every response token one value, so a response weighs by its length; the statistics by
-impl.gdpo's arithmetic, with the specification's eps, not ``masked_whiten``'s).
-
-The opted-in estimator reads what verl's own reads (verl 0.9.1, core_algos.py): the
-reward keys and weights from the ``AlgoConfig`` (``gdpo_reward_keys``,
-``gdpo_reward_weights``), each key's per-response scores from ``non_tensor_batch``, the
-prompt groups from ``index`` (verl's ``uid``: labels, numbered by first appearance), and
-returns verl's ``(advantages, returns)``, the same (B, T) float32 tensor twice: a
-response's advantage on its response tokens, +0.0 on padding. It differs from verl's own
-numbers where the specification differs from verl (spec/conventions.py, ``verl`` preset):
-scores read in float64 (verl rounds them to float32), Eq. 4 with the specification's eps
-(1e-4 added to the std; verl 1e-6), Eq. 6 per sample by default (verl weighs by tokens and
-adds 1e-8 to the variance), and a prompt with one response is refused (verl gives it
-mean 0 and std 1).
-
-Refusals name the setting or the sample: a missing reward key, verl's v1 trainer (which
-passes no per-reward scores to the estimator: set ``trainer.use_v1=False``), a
-non-numeric or non-finite score (key, sample, uid), a uid with one response.
+verl loads this module in every process that imports verl (the ``verl.plugins`` entry point in
+pyproject.toml). When that process imports verl's ``core_algos`` (at once if it already has),
+verl's registered ``gdpo`` estimator is replaced by a wrapper that calls verl's own function with
+the very arguments it got unless the run opts in: ``+algorithm.gdpo_impl=gdpo_spec``, with
+``gdpo_reward_keys``, ``gdpo_reward_weights`` and ``gdpo_whiten`` (Eq. 6 per ``sample``, the
+specification's default, or per ``token``, verl's weighting). Opted in, it reads what verl's own
+reads (verl 0.9.1: the keys' scores from ``non_tensor_batch``, the groups from ``uid``) and returns
+verl's ``(advantages, returns)``: one (B, T) float32 tensor twice, a response's advantage on its
+response tokens, +0.0 on padding. Refusals name the setting or the sample.
 """
 
 from __future__ import annotations
