@@ -1,30 +1,18 @@
 """Drop-in call shapes of the frameworks users already run, pure tensors in and out.
 
 Each adapter translates a framework's arguments into one call of
-:func:`impl.gdpo.gdpo_advantages`, so every number comes from the same vetted code
-path (float64 inside, exact collapse, segmented whitening across ranks). None of
-them imports the framework it imitates.
+:func:`impl.gdpo.gdpo_advantages` (so every number comes from the same code path) and imports
+no framework. Refusals are impl.gdpo's classes, with messages in the caller's terms: the
+adapter's argument names, the reward key instead of a column number, the caller's group label
+(by ``repr``), the sample (for verl the token). Under a ``process_group`` the
+``DistributedError`` must read the same on every rank: argument names are rewritten, and a group
+is named by the failing rank's sample ("the group of labels[2] (sample 2)"), never by a label or
+a key, which are each rank's own. A rank whose input fails an adapter's own checks joins
+impl.gdpo's agreement refused: every rank raises the same ``DistributedError`` naming that
+rank, the class of its refusal and its own words; on that rank the adapter's error is chained.
 
-Refusals are the classes :func:`impl.gdpo.gdpo_advantages` raises (subclasses of
-``GDPOError``), with messages in the caller's terms: the adapter's own argument
-names, the reward key instead of a column number, the caller's own group label
-(by ``repr``) instead of an internal number, the sample (and for verl the token).
-Under a ``process_group`` the ``DistributedError`` every rank raises must read the
-same on every rank: argument names are rewritten there (``group_ids`` as ``index``
-or ``labels``, TRL's names), and a group is named by the failing rank's sample ("rank
-1: GroupError: the group of labels[2] (sample 2) has 1 sample"), never by a label or
-a key, which are each rank's own (and impl.gdpo's label may be the adapter's own
-number of one). verl's failing rank chains its non-finite token in its own terms.
-A rank whose input fails one of the adapters' own checks (a mapping of keys, each
-reward's dtype, shape and device, the mask, labels of the right length and shape,
-hashable, non-NaN labels, weight keys) does not raise alone: it joins
-``impl.gdpo``'s agreement refused, and every rank raises the same
-``DistributedError`` naming that rank, the class of its refusal and its own words
-("rank 1: GDPOError: GroupLengthError raised by the caller's adapter before the
-call: index has length 31 but response_mask has 32 samples: ..."); on that rank the
-adapter's own error is chained (``__cause__``).
-
-* :func:`trl_advantages`: TRL's ``normalize_then_sum`` shape.
+* :func:`trl_advantages`: TRL's ``normalize_then_sum`` shape. A NaN reward is refused
+  (``NonFiniteError``), where TRL would train on a zero advantage, unless ``missing="unscored"``.
 
   >>> import torch
   >>> from impl.adapters import trl_advantages
@@ -32,29 +20,14 @@ adapter's own error is chained (``__cause__``).
   >>> trl_advantages(r, num_generations=2, reward_weights=[1.0, 1.0]).tolist()  # doctest: +ELLIPSIS
   [0.547680..., -0.547680..., 1.095360..., -1.095360...]
 
-  TRL turns a NaN reward (an unscorable completion) into a zero advantage; this
-  specification refuses it (``NonFiniteError`` naming row and column) instead of
-  training on a made-up number. Drop or re-score such completions first.
-
-* :func:`verl_advantages`: verl's shape: token-level rewards per key, a response
-  mask, and ``index`` labels for the prompt groups. The score of a response is the
-  sum of its token-level rewards on its response tokens (as verl's outcome rewards
-  are placed on the last token); whatever lies on padding tokens (mask entries 0)
-  is ignored, NaN and inf included. A mask holds 0 and 1 (or is bool): any other
-  entry (0.5, 2, NaN) is an ``OutOfRangeError`` naming it ("response_mask[3, 17]
-  (sample 3, token 17) is 0.5; expected 0 or 1"), never silently a response token;
-  a sample without a response token (its mask row all 0) is a ``ShapeError`` naming
-  it, never a score of 0 that no reward gave. On CPU the mask is read at once; on
-  CUDA a sample failing either check gets a NaN score, which impl.gdpo's one host
-  read refuses, and only then is the mask read, so no host synchronisation is added
-  (under a ``process_group`` on CUDA every rank raises the DistributedError of that
-  NaN score; the failing rank chains the mask's error). A non-finite reward on a
-  response token is a ``NonFiniteError`` naming the key, the sample, the
-  token and the value; a sum of finite token rewards beyond float64 an
-  ``OutOfRangeError`` (without a process group; with one, the ``DistributedError``
-  names the sample's score). Eq. 6 is **per sample** here, whereas verl's ``masked_whiten``
-  weights each sample by its token count. The result is broadcast over the response
-  tokens, and is exactly 0 on padding.
+* :func:`verl_advantages`: token-level rewards per key, a response mask, ``index`` labels. A
+  response's score is the sum of its rewards on its response tokens (padding ignored, NaN and inf
+  included); Eq. 6 is **per sample** (verl's ``masked_whiten`` weighs by token count); the result
+  is broadcast over the response tokens, exactly 0 on padding. A mask entry other than 0 and 1 is
+  an ``OutOfRangeError`` naming it, a sample without a response token a ``ShapeError``: on CPU
+  checked at once, on CUDA through a NaN score that impl.gdpo's one host read refuses (no
+  synchronisation added). A non-finite token reward is a ``NonFiniteError`` naming key, sample,
+  token and value; a sum beyond float64 an ``OutOfRangeError``.
 
   >>> from impl.adapters import verl_advantages
   >>> mask = torch.tensor([[1, 1, 0], [1, 1, 1], [1, 0, 0], [1, 1, 1]])
@@ -63,8 +36,7 @@ adapter's own error is chained (``__cause__``).
   >>> adv.shape, bool((adv[mask == 0] == 0).all())
   (torch.Size([4, 3]), True)
 
-* :func:`labelled_advantages`: rewards per component as a mapping of name to (N,)
-  rewards, and one label per sample (ragged groups).
+* :func:`labelled_advantages`: a mapping of name to (N,) rewards, one label per sample.
 
   >>> from impl.adapters import labelled_advantages
   >>> a = labelled_advantages({"acc": [1.0, 0.0, 0.0, 1.0], "fmt": torch.tensor([0.5, 0.5, 1.0, 0.0])},
@@ -72,31 +44,18 @@ adapter's own error is chained (``__cause__``).
   >>> a.shape
   torch.Size([4])
 
-Rewards (each verl key, each labelled component) are tensors of a real floating
-dtype, or Python/NumPy sequences of floats (Python floats are read as float64, as
-:func:`impl.gdpo.gdpo_advantages` does); integer, bool and complex values are
-refused naming the key. Labelled components of different floating dtypes are
-widened exactly before they are stacked (to float64 if one is float64, else to
-float32, which holds every float16, bfloat16 and float8 value); they must share one
-device.
-
-Labels (verl's ``index``, ``labels``): one per sample, in a list, tuple, NumPy array
-or tensor. Labels equal under Python's ``==`` name one group. Integer labels are
-the caller's numbers and are passed to ``impl.gdpo`` as they are (an integer tensor
-without a host read); any other hashable labels, floats included (in any of those
-containers), are numbered by first appearance, which reads a tensor of them to the
-host once. A NaN label (it equals no label, not even itself), an unhashable label,
-and containers that are no ordered sequence of labels (a set, a mapping, a string,
-None) are refused (``GroupError``);
-labels of the wrong number or shape are a ``GroupLengthError`` (both a
-``GroupError`` and a ``ShapeError``) naming ``index`` or ``labels``.
+Rewards are tensors of a real floating dtype or Python/NumPy sequences of floats (read as
+float64); labelled components of different dtypes are widened exactly (float64 if one is, else
+float32) and must share one device. Labels: one per sample (list, tuple, array or tensor), equal
+under ``==`` for one group; integer labels pass as they are, any other hashable labels are
+numbered by first appearance (one host read). A NaN or unhashable label, or a container that is no
+ordered sequence, is a ``GroupError``; the wrong number or shape a ``GroupLengthError``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
-import numbers
 import re
 import sys
 from collections.abc import Hashable, Mapping, Sequence, Set
@@ -104,7 +63,7 @@ from collections.abc import Hashable, Mapping, Sequence, Set
 import torch
 
 from impl import _distributed
-from impl._inputs import numpy_view, read_tensor
+from impl._inputs import _INT64_MAX, _INT64_MIN, _is_int, numpy_view, read_tensor
 from impl._problems import GroupLengthError
 from impl.gdpo import _opaque_to_dynamo
 from impl.gdpo import (
@@ -121,13 +80,6 @@ from impl.gdpo import (
 from spec.constants import DEFAULT_EPS
 
 __all__ = ["trl_advantages", "verl_advantages", "labelled_advantages"]
-
-_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
-
-
-def _is_int(x) -> bool:
-    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
-
 
 def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
@@ -190,10 +142,7 @@ def _float_tensor(x, where: str, device: torch.device | None, column: str = "col
 
 
 def _first_tensor_device(*candidates) -> torch.device | None:
-    for x in candidates:
-        if isinstance(x, torch.Tensor):
-            return x.device
-    return None
+    return next((x.device for x in candidates if isinstance(x, torch.Tensor)), None)
 
 
 def _widest(dtypes: list[torch.dtype]) -> torch.dtype:
@@ -434,11 +383,6 @@ def trl_advantages(rewards_per_func: torch.Tensor, num_generations: int, reward_
         raise renamed from e
 
 
-def _host_reads_free(device: torch.device) -> bool:
-    """Whether reading a tensor on ``device`` to the host costs nothing (no GPU synchronisation)."""
-    return device.type == "cpu"
-
-
 def _not_zero_one(m: torch.Tensor) -> torch.Tensor | None:
     """(B, T) bool: the entries of a mask other than 0 and 1 (NaN included); None for a bool mask."""
     if m.dtype == torch.bool:
@@ -468,6 +412,11 @@ def _empty_row_error(empty: torch.Tensor) -> ShapeError | None:
     i = int(at[0, 0])
     return ShapeError(f"response_mask[{i}] (sample {i}) has no response token: its score would be a sum over "
                       "nothing, a 0 that no reward gave; drop the sample or fix the mask")
+
+
+def _host_reads_free(device: torch.device) -> bool:
+    """Whether reading a tensor on ``device`` to the host costs nothing (no GPU synchronisation)."""
+    return device.type == "cpu"
 
 
 class _Mask:
