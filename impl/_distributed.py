@@ -1,44 +1,24 @@
-"""The distributed protocol: a call across the ranks of a process group, over the local
-spine's stages (``impl._pipeline.through_stats``, then Eq. 6's apply from the merged
-statistics, on the plan ``impl._pipeline.distributed`` and ``agreed`` make). Distributed calls
-never raise before the agreement: every local problem, including an unexpected exception,
-becomes a code in this rank's row of the agreement table. Contiguous groups compute
-everything before it; labelled groups compute Eq. 4/7 after it.
+"""The distributed protocol (spec/gdpo.md section 5): a call across the ranks of a process group,
+over the local spine's stages (``impl._pipeline.through_stats``, then Eq. 6's apply from the merged
+statistics, on the plan ``impl._pipeline.distributed`` and ``agreed`` make). A rank never raises
+before the agreement: every local problem, an unexpected exception included, becomes a code in
+its row of the agreement table. Contiguous groups and whiten compute everything up to their
+statistics before it; labelled groups compute Eq. 4/7 after it.
 
-Collectives per distributed call (independent of the number of units):
+Collectives per call, whatever the number of units:
 
-1. ``all_reduce(SUM)`` of the int64 (world_size, ROW_WIDTH) agreement table;
-   the host reads it (the call's one host synchronisation) and every rank
-   raises the same :class:`DistributedError` or none does;
-2. ``all_reduce(SUM)`` of the (world_size, S + 1, 7) float64 statistics table,
-   sent as its int64 bit pattern: each rank fills its own slice, so the sum is an
-   exact gather (x + 0 on the bits), on every backend and device that can
-   all-reduce int64 (gloo on CPU and CUDA, NCCL). The extra row carries a flag
-   "my local computation failed since the agreement": a rank whose Eq. 4/7
-   (labelled groups) or statistics raise still joins, and every rank raises the
-   same :class:`DistributedError`;
-3. only when the output dtype's range is below the Samuelson bound sqrt(N) of
-   a whitened value (float8 output and more than ~2e5 samples), or when a rank
-   has labelled groups and the agreed weights are so large that Eq. 7 may
-   overflow: an int64 all-reduce of "my values do not survive the cast", "my
-   combined values overflow here" and the failure flag, so all ranks raise
-   together.
+1. ``all_reduce(SUM)`` of the int64 (world_size, ROW_WIDTH) agreement table; its host read is
+   the call's one host synchronisation, and every rank raises the same DistributedError or none;
+2. ``all_reduce(SUM)`` of the (world_size, S + 1, 7) float64 statistics as their int64 bits: each
+   rank fills its own slice, so the sum is an exact gather on any backend that all-reduces int64.
+   The extra row flags "my local computation failed since the agreement" (labelled groups);
+3. only where the output's range is below sqrt(N) (float8 outputs of more than ~2e5 rows), or a
+   rank has labelled groups and weights so large that Eq. 7 may overflow: "my values do not
+   survive the cast", "my combined values overflow here" and the failure flag.
 
-Local failures. Contiguous groups and whiten compute everything up to their
-statistics, and allocate the buffer of collectives 2 and 3, before the agreement:
-a failure there (and any host field the table cannot carry) is refused in
-collective 1. Labelled groups compute Eq. 4/7 and their statistics between the
-collectives: a failure there travels as the flag of collective 2, read by every
-rank (one more host read, labelled calls only; with more units than the table's
-count slots it is read with their counts), or in collective 3 where that runs.
-A failure after the last collective (applying Eq. 6 to this rank's rows) is this
-rank's alone: every rank's statistics were complete, so the peers' results stand.
-
-Calls in step. A call whose process_group is not a ProcessGroup raises alone, and its
-peers may wait for it. The agreement row carries how many such calls this process has
-made (``P.UNJOINED``, see ``_UNJOINED``), so the peers' waiting call never meets a later
-call of that rank unnoticed: while the counts differ, every agreement is refused on
-every rank.
+A failure after the last collective (applying Eq. 6 to this rank's rows) is this rank's alone:
+every rank's statistics were complete. Ranks out of step (section 5, rule 5) are refused from
+the count of unjoined calls each agreement row carries (``P.UNJOINED``).
 """
 
 from __future__ import annotations
@@ -122,33 +102,20 @@ def _all_reduce(tensor, op, group, api, step, rank):
             "a peer rank may have died or timed out") from exc
 
 
-def _device_of(x) -> torch.device:
-    return x.device if isinstance(x, torch.Tensor) else torch.device("cpu")
-
-
 def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, group_size=None,
                     weights=None, segment_sizes=None, eps, out_dtype, refused: Exception | None = None,
                     missing="refuse", diagnostics=None, certified=None):
-    """Whitening (api whiten) or the whole pipeline (api gdpo) across ``group``.
-
-    ``refused``: an exception the caller (an adapter) raised on this rank before the call;
-    the rank then checks and computes nothing, joins the agreement refused (P_REFUSED),
-    and every rank raises the same DistributedError (chained here on ``refused``).
-
-    ``missing="unscored"`` (api gdpo): every rank's policy and its count of rows with no
-    scored reward ride in the agreement row; this rank's statistics (collective 2) are those
-    of its scored rows, so the merged count of a unit is its scored rows over all ranks (a
-    unit of fewer than two gives 0), and with more units than the agreement's count slots
-    their row counts ride in collective 2 as well (the unit-of-one-row refusal reads them).
-    The same collectives as any call.
-
-    Every argument but ``process_group`` is checked inside the agreement (a rank whose argument
-    is refused joins it refused, and every rank raises), this process's floating point first
-    (flush-to-zero or denormals-are-zero on one rank refuses the call on every rank)."""
+    """Whitening (api whiten) or the whole pipeline (api gdpo) across ``group``: (output, the
+    merged statistics). Every argument but ``process_group`` is checked inside the agreement,
+    this process's floating point first. ``refused``: an exception the caller (an adapter)
+    raised on this rank before the call: the rank computes nothing and joins the agreement
+    refused (P_REFUSED). Under ``missing="unscored"`` this rank's statistics are those of its
+    scored rows, and the row counts of units beyond the count slots ride in collective 2."""
     name = P.API_NAMES[api]
     world, rank = _group_of(api, group, refused)
     missed = _UNJOINED[0]  # this process's calls that joined no group, in every agreement row
-    data_device = _device_of(rewards if api == P.API_GDPO else values)
+    data = rewards if api == P.API_GDPO else values
+    data_device = data.device if isinstance(data, torch.Tensor) else torch.device("cpu")
     host = {P.PRESENT: 1, P.API: api, P.UNJOINED: missed}
     device_facts: dict[int, torch.Tensor] = {}
     local_exc = None
@@ -241,10 +208,7 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
             reasons = P.table_problems(agreed, words)
         raise P.DistributedError(_refusal(reasons, agreed, group)) from local_exc
     units = agreed[0][P.UNITS]
-    lonely = [_lonely_unit(j, [r[P.COUNTS + j] for r in agreed])
-              for j in range(min(units, P.COUNT_SLOTS)) if sum(r[P.COUNTS + j] for r in agreed) == 1]
-    if lonely:
-        raise P.DistributedSegmentError(_refusal(lonely, agreed, group))
+    _refuse_lonely(0, [[r[P.COUNTS + j] for r in agreed] for j in range(min(units, P.COUNT_SLOTS))], agreed, group)
 
     # After the agreement every rank still answers: a local failure (only labelled groups
     # compute here) becomes a flag in this rank's part of collective 2, or of collective 3.
@@ -282,7 +246,7 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
     if ((labelled or buf.dd is not None) and not late) or units > P.COUNT_SLOTS:  # flags, counts beyond the slots: one host read
         failed, counts = _flags_and_counts(buf, units)  # (with collective 3 to come, it carries the flag)
         _refuse_failed(failed, agreed, failure, group, words_buf)
-        _refuse_lonely(counts, agreed, group)
+        _refuse_lonely(P.COUNT_SLOTS, counts, agreed, group)
 
     a = st = None
     if failure is None:
@@ -327,22 +291,10 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
 COLUMN_NAMES: contextvars.ContextVar = contextvars.ContextVar("gdpo_column_names", default=None)
 
 
-#: Calls whose process_group was no process group (``_group_of``), made by this process in
-#: its lifetime; every agreement row carries the count (``P.UNJOINED``). Such a call raises
-#: alone, and its peers may be waiting for it in an agreement on a group this process cannot
-#: name. What the failing rank does next decides whether the ranks can ever pair up again:
-#: a rank that retries the same batch meets the waiting call with the right partner, a rank
-#: that goes on to its next step meets it one step ahead, and then every later call too.
-#: No rank can tell the two apart, so while the ranks' counts differ every agreement, on any
-#: group, is refused on every rank: never two different steps whitened together. Ranks
-#: whose counts are equal (every rank made the same failed calls) are in step. A rank that
-#: passes None instead of the group makes a local call, which no count can see: like any
-#: collective skipped on one rank, that is the caller's to avoid.
+#: Calls whose process_group was no process group (``_group_of``), made by this process in its
+#: lifetime; every agreement row carries the count (``P.UNJOINED``), and while the ranks' counts
+#: differ every agreement is refused (spec/gdpo.md section 5, rule 5).
 _UNJOINED = [0]
-
-
-def _unjoined_call() -> None:
-    _UNJOINED[0] += 1
 
 
 def _refusal(reasons: list[str], agreed, group) -> str:
@@ -363,7 +315,7 @@ def _group_of(api, group, refused=None) -> tuple[int, int]:
     if type(group) is int and group == getattr(getattr(dist, "GroupMember", None), "NON_GROUP_MEMBER", None):
         raise P.process_group_error(api, group, shown, "non_member") from refused
     if pg_type is None or not isinstance(group, pg_type):
-        _unjoined_call()  # the peers wait for this call: their next agreement must not pair with ours
+        _UNJOINED[0] += 1  # the peers wait for this call: their next agreement must not pair with ours
         raise P.process_group_error(api, group, shown, "type") from refused
     if not dist.is_initialized():
         raise P.process_group_error(api, group, shown, "uninitialized") from refused
@@ -426,14 +378,10 @@ def _refuse_failed(failed: list[int], agreed, failure, group, words_buf) -> None
     if ranks:
         rank = dist.get_rank(group)
         words = _own_words(failure if failed[rank] else None, group, words_buf, rank)
-        raise P.DistributedError(_refusal([_failed_after(ranks, words)], agreed, group)) from failure
-
-
-def _failed_after(ranks: list[int], words: dict[int, str] | None = None) -> str:
-    words = words or {}
-    said = "".join(f"; rank {r}: {words[r]}" for r in ranks if r in words)
-    return (f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}: the local computation "
-            f"raised an unexpected exception after the agreement (chained on that rank){said}")
+        said = "".join(f"; rank {r}: {words[r]}" for r in ranks if r in words)
+        raise P.DistributedError(_refusal([
+            f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}: the local computation raised an "
+            f"unexpected exception after the agreement (chained on that rank){said}"], agreed, group)) from failure
 
 
 #: Bytes of its own message each refusing rank sends its peers (UTF-8, cut beyond).
@@ -481,14 +429,10 @@ def _weights_text(inp) -> str | None:
 
 
 def _own_words(exc, group, words_buf: torch.Tensor, rank: int, text: str | None = None) -> dict[int, str]:
-    """One more collective, on the refusal path only (every rank takes it, by a decision
-    made from the agreed table): each refusing rank's own message (``exc``'s, see
-    :func:`_words_of`), so that the peers' error says what only that rank could see (an
-    adapter's refusal, an unexpected exception, the values behind a code). Every rank
-    joins the all-reduce whatever happens before it (``words_buf`` was allocated with the
-    agreement table); {rank: message}, or {} if the exchange fails (the refusal is then
-    raised as the table alone tells it). A rank without an exception may say ``text``
-    instead (its weights, when the ranks' weights differ)."""
+    """One more collective, on the refusal path only (every rank takes it, decided from the
+    agreed table): each refusing rank's own message (:func:`_words_of`), what only that rank
+    could see; a rank without an exception may say ``text`` (its weights, where they differ).
+    Every rank joins whatever happens before it; {rank: message}, or {} if the exchange fails."""
     try:
         mine = _words_row(_words_of(exc) if exc is not None else text)
         if mine is not None:
@@ -508,8 +452,11 @@ def _own_words(exc, group, words_buf: torch.Tensor, rank: int, text: str | None 
     return words
 
 
-def _refuse_lonely(counts: list[list[int]], agreed, group) -> None:
-    reasons = [_lonely_unit(P.COUNT_SLOTS + j, c) for j, c in enumerate(counts) if sum(c) == 1]
+def _refuse_lonely(first: int, counts: list[list[int]], agreed, group) -> None:
+    """Refuse the units (``first`` + j, ``counts[j]`` their row counts per rank) of one row across ranks."""
+    reasons = [f"unit {first + j} holds a single sample across all ranks (on rank "
+               f"{next(r for r, x in enumerate(c) if x)}); Eq. 6 needs at least 2 (unbiased std)"
+               for j, c in enumerate(counts) if sum(c) == 1]
     if reasons:
         raise P.DistributedSegmentError(_refusal(reasons, agreed, group))
 
@@ -552,9 +499,3 @@ def _late_checks(name, group, world, rank, agreed, late, out_dtype, failure, wor
             f"{name} refused on all {world} ranks: whitened values do not survive the cast to "
             f"{P.dtype_name(P.dtype_code(out_dtype))} (largest finite {torch.finfo(out_dtype).max!r}) "
             f"({where}); choose a wider out_dtype")
-
-
-def _lonely_unit(j: int, per_rank: list) -> str:
-    holder = next(r for r, c in enumerate(per_rank) if c)
-    return (f"unit {j} holds a single sample across all ranks (on rank {holder}); "
-            "Eq. 6 needs at least 2 (unbiased std)")
