@@ -1,36 +1,21 @@
 """Eq. 4 (per-reward group standardization) and Eq. 7 (the weighted combination), in the groups'
-layout: which rows form a group, and where Eq. 4's float64 ``(K, P, G)`` tensor (reward
-column, position inside the group, group) holds each of them.
+layout: which rows form a group, and where Eq. 4's float64 ``(K, P, G)`` tensor (reward column,
+position inside the group, group) holds each of them. Groups are innermost, so every elementwise
+step, reduction and level of the pairwise sums runs over long contiguous rows.
 
-Groups are innermost, so every elementwise step, the min/max reductions and each level of the
-pairwise sums run over long contiguous rows (a ``(G, n, K)`` view would put the short group
-and K = 4 dimensions innermost, several times slower on CPU).
-
-* Contiguous groups (``group_size``): one strided copy of the rewards (which is also the cast
-  to float64), P = n.
+* Contiguous groups (``group_size``): one strided copy of the rewards (also the cast to float64).
 * Labelled groups (``group_ids``): one stable sort by label, then a gather into P = n_max
   positions, the padding repeating each group's first member (its difference from that member
-  is +0, so sums are unchanged, and min/max too). G and n_max come from the call's one host
-  read. Batches so ragged that the padding would exceed a few times the batch (on CPU, where a
-  host read is free: twice the batch, for large batches) are cut into buckets of groups of
-  similar length (in (2**(b-1), 2**b]), each a padded layout of its own (one more host read,
-  for the bucket sizes). Labelled groups that are contiguous runs of one length take the
-  contiguous layout, and on CPU labels already in order skip the sort.
+  is +0, so sums, min and max are unchanged). Batches so ragged that the padding would exceed a
+  few times the batch are cut into buckets of groups of similar length (in (2**(b-1), 2**b]).
+  Labelled groups that are contiguous runs of one length take the contiguous layout, and on CPU
+  labels already in order skip the sort.
 
-Phase one (:func:`prepare`) finds the facts the host needs before any arithmetic (the labels'
-sort, the group count, the longest group, the first group of one; the first non-finite
-reward unless that search is left lazy); :func:`layout` lays the groups out. Eq. 4
-(:func:`eq4`) runs the shift-invariant two-pass statistics (``_segments.two_pass``, ddof 1)
-on each part of the layout; Eq. 7 (:func:`eq7`) combines each part where it lies and only
-then brings c (and ``group_has_signal``'s verdicts) back to input order: Eq. 7 is elementwise,
-so where it runs cannot change a bit, and combining first moves one column instead of K.
-:func:`whole_units` says which of Eq. 6's units hold whole groups (their mean is the
-structural 0, ``_whiten``).
-
-All device-side; findings that refuse the input are raw int64 scalars for the facts row (see
-``_problems``), never raised here. On CPU, where a read costs nothing, the search for the
-first non-finite reward runs only when the group minima and maxima (computed anyway) show one;
-on other devices it runs in every call, without a branch.
+Phase one (:func:`prepare`) finds the facts the host needs before any arithmetic (the sort, the
+group count, the longest group, the first group of one; the first non-finite reward unless left
+lazy: on CPU it is looked for only when the group minima and maxima show one). Eq. 7 combines
+each part where it lies, then brings c back to input order: one column moved instead of K.
+Findings are raw int64 scalars for the facts row (``_problems``), never raised here.
 """
 
 from __future__ import annotations
@@ -59,11 +44,9 @@ def rewards_nonfinite_facts(inp, r: torch.Tensor) -> dict:
     return facts
 
 
-#: Where a host read is free (CPU), labelled groups are cut into buckets as soon
-#: as one padded layout would hold more than this many slots per row (plus
-#: PAD_SLACK): the buckets' layouts hold at most 2. Measured with sizes 5, 9, 16, 2,
-#: 31, 17 (2.3 slots per row): 1.4x faster at N = 1M, even at 65,536, and 1.2x slower
-#: at 8,192, where the buckets' fixed cost dominates.
+#: Where a host read is free (CPU), labelled groups are cut into buckets as soon as one padded
+#: layout would hold more than this many slots per row (plus PAD_SLACK): measured 1.4x faster
+#: at N = 65,536 to 1M with sizes 5, 9, 16, 2, 31, 17, 1.2x slower at 8,192.
 CPU_PAD_FACTOR = 2
 
 
@@ -71,27 +54,21 @@ CPU_PAD_FACTOR = 2
 
 
 class Labelled:
-    """The stable sort of labelled groups and the layout it yields: ``perm``
-    (sorted row -> input row), ``gid`` (sorted row -> group index, groups in
-    label order) and ``pos`` (sorted row -> position inside its group).
-    Computed on first use where phase one found its facts without the sort."""
+    """The stable sort of labelled groups: ``perm`` (sorted row -> input row), ``gid`` (sorted row
+    -> group, groups in label order), ``pos`` (sorted row -> position inside its group); made on
+    first use where phase one found its facts without it."""
 
     def __init__(self, labels: torch.Tensor, layout: tuple[torch.Tensor, ...] | None = None):
-        self._labels = labels
-        self._layout = layout
-
-    def _get(self, i: int) -> torch.Tensor:
-        if self._layout is None:
-            self._layout = _sorted_layout(self._labels, reads_free=True)[:3]
-        return self._layout[i]
-
-    perm = property(lambda self: self._get(0))
-    gid = property(lambda self: self._get(1))
-    pos = property(lambda self: self._get(2))
+        self._labels, self._layout = labels, layout
 
     def sorted_rows(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(perm, gid, pos) at once (the sort made now where phase one did without it)."""
-        return self._get(0), self._get(1), self._get(2)
+        if self._layout is None:
+            self._layout = _sorted_layout(self._labels, reads_free=True)[:3]
+        return self._layout
+
+    perm = property(lambda self: self.sorted_rows()[0])
+    gid = property(lambda self: self.sorted_rows()[1])
+    pos = property(lambda self: self.sorted_rows()[2])
 
 
 @dataclasses.dataclass
@@ -336,20 +313,13 @@ def _bucketed(lab: Labelled, n: int, groups: int, first_row: torch.Tensor) -> Gr
 
 
 def whole_units(inp: Rewards, sizes: list[int], lab: Labelled) -> torch.Tensor:
-    """(S,) bool on the labels' device: does each unit of these rows (``sizes``) hold whole
-    labelled groups (``_whiten.local_stats``'s ``whole``: their mean is the structural 0)? No
-    host read. Groups never span ranks, so each rank's part of a unit is judged alone, and its
-    row of the statistics states that part's exact mean. (Contiguous groups: ``impl._pipeline``
+    """(S,) bool: does each unit of these rows (``sizes``) hold whole labelled groups, no group with
+    members in two units (``_whiten.local_stats``'s ``whole``: their mean is the structural 0)? No
+    host read. Groups never span ranks, so each rank's part of a unit is judged alone. Where phase
+    one found every group one run of rows without sorting, the rows on both sides of each unit
+    boundary are compared instead (same answer, no sort). (Contiguous groups: ``impl._pipeline``
     tells from the sizes.)"""
-    return _whole_labelled(inp.labels, lab, sizes)
-
-
-def _whole_labelled(labels: torch.Tensor, lab: Labelled, sizes: list[int]) -> torch.Tensor:
-    """(S,) bool on the labels' device: does each unit hold whole labelled groups (no
-    group with members in two units)? No host read. ``lab`` is the labels' stable sort,
-    whose groups are runs in label order; where phase one found every group one run of rows
-    without sorting (its layout left unmade), the rows on both sides of each unit boundary
-    are compared instead (same answer, no sort)."""
+    labels = inp.labels
     device = labels.device
     units = len(sizes)
     constant = seg_ops.constant
@@ -388,65 +358,49 @@ def _columns(r: torch.Tensor) -> torch.Tensor:
 # --- Eq. 4 ------------------------------------------------------------------------------------
 
 
-@dataclasses.dataclass
-class Z:
-    """Eq. 4's result, in its layout (Eq. 7 combines it there)."""
-
-    layout: GroupLayout
-    longest: int  # P of the groups' layout (labelled: n_max): Eq. 7's overflow bound
-    #: z, float64 (K, P, G) per part of the layout (owned: Eq. 7 works in place)
-    parts: list[torch.Tensor] = dataclasses.field(default_factory=list)
-
-    def rows(self) -> torch.Tensor:
-        """z (N, K) in input order (``standardize_groups``)."""
-        return self.layout.rows(self.parts)
-
-
 def eq47(plan, r: torch.Tensor, facts):
-    """The Eq. 4 and Eq. 7 stage (``impl._pipeline.PLAIN``): (z, c, varies). Eq. 4, z = (x - mean)
-    / (std + eps) per group column, ddof 1, float64, in the plan's layout (contiguous groups:
-    phase one and the layout made here; labelled: in the plan): each part's two-pass
-    (``_segments.two_pass``) is scaled by exact powers of two, so z does not depend on the
-    scale, and a column whose values are all equal has z = 0 exactly. Then, where the API
-    combines, Eq. 7 (:func:`combine`) on each part where it lies: c (N,) in input order and
-    ``varies`` (G,) bool by first appearance (group_has_signal); else c is z (N, K) in input
-    order. The facts found (a non-finite reward; where weights beyond ~2**1000 made c overflow
-    from finite z, its first non-finite row, the bits there and its label) go into ``facts``."""
+    """The Eq. 4 and Eq. 7 stage (``impl._pipeline.PLAIN``): (c, varies). Eq. 4, z = (x - mean) /
+    (std + eps) per group column, ddof 1, float64, in the plan's layout (contiguous groups: phase
+    one and the layout made here): each part's two-pass (``_segments.two_pass``) is scaled by exact
+    powers of two, so z does not depend on the scale, and a constant column has z = 0 exactly.
+    Then, where the API combines, Eq. 7 on each part where it lies: c (N,) in input order and
+    ``varies`` (G,) bool by first appearance (group_has_signal); else c is z (N, K). The facts found
+    (a non-finite reward; c's overflow from weights beyond ~2**1000) go into ``facts``."""
     inp, prep, eps = plan.inp, plan.prep, plan.eps
     if prep is None:  # contiguous groups
         prep = prepare(inp, lazy=plan.lazy)
         facts.update(prep.facts)
-        z = Z(contiguous(inp.n, inp.group_size), inp.group_size)
-        parts = [(z.layout.gather_contiguous(prep.r), None)]
+        lay, longest = contiguous(inp.n, inp.group_size), inp.group_size
+        parts = [(lay.gather_contiguous(prep.r), None)]
     else:
-        z = Z(plan.layout, plan.row[P.N_MAX])
-        parts = z.layout.gather(prep.r)  # (one part at a time)
-    finite = True
+        lay, longest = plan.layout, plan.row[P.N_MAX]
+        parts = lay.gather(prep.r)  # (one part at a time)
+    zs, finite = [], True  # z, float64 (K, P, G) per part of the layout (owned: Eq. 7 works in place)
     for x, pad in parts:
         members = None if pad is None else (~pad).view(1, x.shape[1], x.shape[2])
         if inp.missing == "unscored":
-            part, ok = _scored(x, eps, prep.lazy, members)
+            z, ok = _scored(x, eps, prep.lazy, members)
         else:
             mask = None if members is None else members.to(_F64)
             count = (seg_ops.constant((float(x.shape[1]),), _F64, x.device) if mask is None else
                      mask.sum(1, keepdim=True))  # integers: exact in any order
             tp = two_pass(x, count, eps, pad_mask=mask, own=True, ddof=count - 1.0)
-            part, ok = tp.dev.div_(tp.den), not prep.lazy or tp.finite()
-        z.parts.append(part)
+            z, ok = tp.dev.div_(tp.den), not prep.lazy or tp.finite()
+        zs.append(z)
         finite = finite and ok
     if not finite:
         facts.update(rewards_nonfinite_facts(inp, prep.r))
     if not plan.combined:
-        return z, z.rows(), None
-    cs = [combine(part, inp.weights) for part in z.parts]  # (P, G) each; padding repeats the first member's c
-    varies = z.layout.groups([part.amin(0) != part.amax(0) for part in cs]) if plan.signal else None
-    c = z.layout.rows(cs)
-    if overflow_possible(inp.weights, z.longest):
+        return lay.rows(zs), None
+    cs = [combine(z, inp.weights) for z in zs]  # (P, G) each; padding repeats the first member's c
+    varies = lay.groups([c.amin(0) != c.amax(0) for c in cs]) if plan.signal else None
+    c = lay.rows(cs)
+    if overflow_possible(inp.weights, longest):
         at, bits = first_nonfinite(c)
         facts.update({P.C_OVERFLOW: at, P.C_OVERFLOW_BITS: bits})
         if inp.labels is not None:
             facts[P.C_OVERFLOW_GROUP] = seg_ops.take(inp.labels, at)
-    return z, c, varies
+    return c, varies
 
 
 def _scored(x: torch.Tensor, eps: float, lazy: bool, members: torch.Tensor | None = None):

@@ -402,7 +402,7 @@ def quiet(fn, plan):
 
 @_own_failures
 def eq47(plan, r: torch.Tensor, facts):
-    """Eq. 4 and Eq. 7 in one kernel (the rewards read once): (None, c, varies), c (N,) float64
+    """Eq. 4 and Eq. 7 in one kernel (the rewards read once): (c, varies), c (N,) float64
     in input order and, for group_has_signal (contiguous groups), ``varies``; the non-finite
     reward's facts put into ``facts``. Contiguous groups, or labelled ones in their one padded
     layout (the plan's)."""
@@ -415,7 +415,7 @@ def eq47(plan, r: torch.Tensor, facts):
             g = inp.group_size
             cg = c.view(inp.n // g, g)
             varies = cg.amin(1) != cg.amax(1)
-        return None, c, varies
+        return c, varies
     part = plan.layout.parts[0]
     r = r.contiguous()
     c = eq47_padded(r, part.source, part.count, plan.row[P.N_MAX], inp.weights, plan.eps)
@@ -423,7 +423,7 @@ def eq47(plan, r: torch.Tensor, facts):
         from impl._eq47 import rewards_nonfinite_facts
 
         facts.update(rewards_nonfinite_facts(inp, r))
-    return None, c, varies
+    return c, varies
 
 
 @_own_failures

@@ -57,7 +57,7 @@ T = TypeVar("T")
 @dataclasses.dataclass(frozen=True)
 class Backend:
     """One implementation of the stages; the plain one and the fused one share every signature:
-    ``eq47(plan, r, facts) -> (z, c, varies)`` (Eq. 4, then Eq. 7 where the API combines),
+    ``eq47(plan, r, facts) -> (c, varies)`` (Eq. 4, then Eq. 7 where the API combines),
     ``eq6_stats(plan, c, facts) -> loc``, ``eq6_apply(plan, loc, merged, write) -> a``. A finding
     is put into ``facts`` (a dict of 0-d device tensors by column of the facts row), never raised."""
 
@@ -387,7 +387,7 @@ def through_stats(plan: Plan, x: torch.Tensor, facts: dict) -> Device:
     before they are applied). No host read unless ``plan.lazy``, no branch on data."""
     dev = Device(facts)
     if plan.eq4:  # Eq. 4, then Eq. 7: c (N,), input order (standardize_groups: z (N, K))
-        _, dev.c, dev.varies = plan.eq47.eq47(plan, x, facts)  # (z, in its layout, freed here)
+        dev.c, dev.varies = plan.eq47.eq47(plan, x, facts)
     else:
         dev.c = x  # whiten: the values are c
         if not plan.lazy:
