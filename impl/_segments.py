@@ -1,31 +1,21 @@
 """The arithmetic Eq. 4, Eq. 7 and Eq. 6 share (and the fused kernels, and the certificate): exact
 power-of-two scaling, the canonical pairwise sum, a correctly rounded sqrt, the shift-invariant
-two-pass statistics (spec/gdpo.md section 7), the weights' power-of-two plan, the one correct
-rounding into the output dtype, and the finders of a non-finite value.
+two-pass statistics (spec/gdpo.md section 7), the one correct rounding into the output dtype, and
+the finders of a non-finite value.
 
-Every reduction of Eq. 4 and Eq. 6 runs over a *segment* (a group column, a whitening unit)
-laid along dimension 1 of a dense tensor: ``(K, n, G)`` for Eq. 4 (members along dim 1, groups
-innermost, so every operation runs over long contiguous rows), ``(S, m)`` for Eq. 6. Sums use
-one fixed tree, :func:`tree_sum`:
+Every reduction runs over a *segment* (a group column, a whitening unit) laid along dimension 1
+of a dense tensor: ``(K, n, G)`` for Eq. 4 (groups innermost: long contiguous rows), ``(S, m)``
+for Eq. 6. Sums use one fixed tree, :func:`tree_sum`: level s pairs positions p and p + s (p a
+multiple of 2s), a position without a partner passes up unchanged, so the tree depends only on
+the segment's length, never on the layout, device or batch; every step is one correctly rounded
+IEEE addition (no atomics, library reduction or fused multiply-add): the same bits on CPU and
+CUDA. Padding with values that are exactly zero in the summed quantity cannot change a sum, and
+negating the input negates the output bit for bit (Eq. 7's exact cancellation relies on it).
 
-* level s pairs positions p and p + s (p a multiple of 2s) inside the segment; a position
-  without a partner passes up unchanged. The tree depends only on the segment's own length,
-  never on the layout, the device or the batch;
-* every step is one correctly rounded IEEE addition of two float64 tensors (no atomics, no
-  library reduction, no fused multiply-add), so the result is deterministic and the same bits
-  on CPU and CUDA;
-* padding a segment with values that are exactly zero in the summed quantity (see the callers)
-  cannot change the sum: x + 0 == x except for the sign of a zero, and the root of a sum that
-  contains the +0 of the segment's first member can never be -0;
-* negating the input negates the output bit for bit (round-to-nearest is symmetric), which the
-  exact constant-sum cancellation of Eq. 7 relies on.
-
-Min and max come from torch's own reductions: exact, hence the same on every device and in
-every order. Scale factors are built from bit patterns (never ``pow``), so they are exact on
-every device. Square roots are correctly rounded: CUDA's float64 ``sqrt`` is; torch's
-vectorised CPU ``sqrt`` is only faithful (measured: about 0.2% of random doubles are one ulp
-off), so on CPU the root comes from NumPy's (IEEE, hardware) ``sqrt`` on the few statistics.
-"""
+Min and max are torch's own (exact). Scale factors are built from bit patterns (never ``pow``).
+Square roots are correctly rounded: CUDA's float64 ``sqrt`` is; torch's vectorised CPU ``sqrt``
+is only faithful (about 0.2% of random doubles one ulp off), so on CPU NumPy's (IEEE) ``sqrt``
+takes the few statistics."""
 
 from __future__ import annotations
 
@@ -49,18 +39,15 @@ _F_FROM_P = 2045 << 52
 
 
 def ldexp_scalar(x: torch.Tensor, k: int) -> torch.Tensor:
-    """x * 2**k for a Python int ``k`` (same two-step rule as :func:`ldexp`)."""
+    """x * 2**k for a Python int ``k``, in two steps (each a normal power of two)."""
     h = k // 2
     return x * math.ldexp(1.0, h) * math.ldexp(1.0, k - h)
 
 
 def min_scale_bits(eps: float) -> int:
-    """Bits of the smallest power of two a scale may be built from.
-
-    2**-1022 keeps the factor 2**-e normal; with eps > 0, 2**(exponent(eps) - 1001)
-    keeps the folded eps * 2**-e below 2**1000 (values far below eps are then
-    scaled up less, which cannot matter since eps dominates their std).
-    """
+    """Bits of the smallest power of two a scale may be built from: 2**-1022 keeps the factor 2**-e
+    normal; with eps > 0, 2**(exponent(eps) - 1001) keeps the folded eps * 2**-e below 2**1000
+    (values far below eps are then scaled up less, which cannot matter: eps dominates their std)."""
     e = -1022
     if eps > 0.0:
         e = max(e, math.frexp(eps)[1] - 1001)
@@ -68,13 +55,9 @@ def min_scale_bits(eps: float) -> int:
 
 
 def scale(absmax: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Scale factors f = 2**-e with |x| < 2**e for every x of the segment
-    (``absmax`` is its largest magnitude), and the folded eps * f.
-
-    Exact: f is a normal power of two built from bits (2**E is the leading
-    power of two of absmax, clamped to [min_scale_bits(eps), 2**1021]; then
-    f = 2**-(E+1)), so x * f is exact wherever it is a normal number.
-    """
+    """Scale factors f = 2**-e with |x| < 2**e for every x of the segment (``absmax`` its largest
+    magnitude), and the folded eps * f. Exact: f is a normal power of two built from bits (2**E the
+    leading power of two of absmax, clamped to [min_scale_bits(eps), 2**1021], f = 2**-(E+1))."""
     p_bits = (absmax.to(_F64).view(_I64) & _EXP_MASK).clamp_(min_scale_bits(eps), _P_MAX_BITS)
     f = (_F_FROM_P - p_bits).view(_F64)
     return f, f * eps
@@ -91,14 +74,12 @@ def pow2_normal(e: torch.Tensor) -> torch.Tensor:
 
 
 def take(x: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
-    """x[i] for a 0-d int64 tensor ``i``, without the host read that Python
-    indexing with a 0-d tensor may do on CUDA."""
+    """x[i] for a 0-d int64 tensor ``i``, without the host read Python indexing may do on CUDA."""
     return x.index_select(0, i.reshape(1)).reshape(())
 
 
 def to_device(x: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """Copy a small CPU tensor to ``device`` without a host synchronisation
-    (pinned memory and a non-blocking copy on CUDA)."""
+    """A small CPU tensor on ``device`` without a host synchronisation (pinned, non-blocking)."""
     if device.type == "cuda" and x.device.type == "cpu":
         return x.contiguous().pin_memory().to(device, non_blocking=True)
     return x.to(device)
@@ -111,13 +92,10 @@ def host_to_device(values: list, dtype: torch.dtype, device: torch.device) -> to
 
 def tree_sum(x: torch.Tensor, *, squares: bool = False) -> torch.Tensor:
     """Sum along dim 1 by the canonical pairwise tree, keeping the dim (of the squares of x if
-    ``squares``: each square rounded, then summed the same way). Level s adds position p + s into
-    position p (p a multiple of 2s); a position without a partner is left as it is. The levels
-    run in place in one work copy (the sums' first level, made out of place, is that copy); along
-    dim 1 of a ``(K, n, G)`` layout each level adds two sets of whole contiguous rows. The squares
-    of a large x are taken in slabs along dim 0 (a quarter of the work space, so a call's peak
-    memory stays low: at N = 65,536, K = 4 its pages are not handed back to the system and
-    faulted in again each call)."""
+    ``squares``: each square rounded, then summed the same way). The levels run in place in one work
+    copy (the first level, out of place, makes it). The squares of a large x are taken in slabs along
+    dim 0: a call's peak memory stays low (at N = 65,536, K = 4 its pages are not handed back to the
+    system and faulted in again each call)."""
     if squares and x.shape[0] > 1 and x.numel() > 1 << 16:
         return torch.cat([tree_sum(part, squares=True) for part in x.split(-(-x.shape[0] // 4))])
     m, h = x.shape[1], x.shape[1] // 2
@@ -142,8 +120,8 @@ def cached_constants() -> list[torch.Tensor]:
 
 
 def constant(values: tuple, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A small constant tensor on ``device``, made once (never modify it in place):
-    the per-call host-to-device copies of counts and weights cost a kernel each."""
+    """A small constant tensor on ``device``, made once (never modify it in place): a per-call
+    host-to-device copy costs a kernel."""
     # floats keyed with their sign: 0.0 == -0.0 (and hash alike), but a weight of -0.0
     # gives products of the opposite sign, so the two must not share a tensor
     key = (tuple((v, math.copysign(1.0, v)) if isinstance(v, float) else v for v in values), dtype, str(device))
@@ -156,13 +134,8 @@ def constant(values: tuple, dtype: torch.dtype, device: torch.device) -> torch.T
 
 
 def sqrt_rn(q: torch.Tensor, inplace: bool = False) -> torch.Tensor:
-    """Correctly rounded float64 square root on every device (IEEE 754's sqrt).
-
-    CUDA's float64 sqrt is correctly rounded (sqrt.rn.f64). On CPU, NumPy's
-    sqrt is the hardware one (correctly rounded) and costs one call on the few
-    statistics this is applied to. ``inplace``: into q's own buffer (q
-    contiguous, this caller's own), no new one.
-    """
+    """Correctly rounded float64 square root on every device (CUDA's sqrt.rn.f64; on CPU NumPy's,
+    the hardware one). ``inplace``: into q's own buffer (q contiguous, this caller's own)."""
     if q.device.type != "cpu":
         return q.sqrt_() if inplace else torch.sqrt(q)
     v = q.detach().numpy()
@@ -193,37 +166,27 @@ class TwoPass:
     m2: torch.Tensor  # sum of dev**2 over the segment
     den: torch.Tensor | None = None  # std + eps in the segment's scale, ddof given
 
-    def largest(self) -> float:
-        """The largest magnitude of every segment, on the host (nan or inf where an input is not
-        finite: they show in it)."""
-        return float(self.absmax.amax())
-
     def finite(self) -> bool:
         """Host check: are all inputs finite? (nan and inf show in the largest magnitude.)"""
-        return math.isfinite(self.largest())
+        return math.isfinite(float(self.absmax.amax()))
 
 
 def two_pass(x: torch.Tensor, count: torch.Tensor, eps: float, *, pad_mask: torch.Tensor | None = None,
              own: bool = False, minmax: bool = False, whole=None, ddof: torch.Tensor | None = None) -> TwoPass:
     """Statistics of the segments laid along dim 1 of ``x`` (``count`` members each).
 
-    Each segment is scaled by an exact power of two f (|x f| < 4, so nothing below overflows; the
-    scale is folded into eps, eps * f), its first member is subtracted (exact by Sterbenz for
-    close values, and symmetric: a column C - r gives exactly the negated differences), then the
-    mean of the differences and the deviations from it. Padding repeats the first member, so its
-    difference is exactly +0 and the sum of d is that of the segment; ``pad_mask`` (1.0 on
-    members, 0.0 on padding) clears the padding's squares. ``own``: x is a float64 buffer this
-    call owns (computed in place).
+    Each segment is scaled by an exact power of two f (|x f| < 4: nothing below overflows; eps folded
+    in as eps f), its first member is subtracted (exact by Sterbenz for close values, and symmetric:
+    a column C - r gives exactly the negated differences), then the mean of the differences and the
+    deviations from it. Padding repeats the first member, so its difference is exactly +0;
+    ``pad_mask`` (1.0 on members, 0.0 on padding) clears the padding's squares. ``own``: x is a
+    float64 buffer this call owns (computed in place).
 
-    ``minmax``: also the raw min and max, and a segment whose values are all equal (min == max)
-    is centred on -0 instead of its mean (+0): its differences are +-0, so every deviation
-    becomes +0 exactly (Eq. 6's exact collapse). ``whole`` (with minmax; True: every segment,
-    else an (S, 1) bool tensor, None: none): Eq. 6's units of whole groups, whose exact mean is
-    the structural 0: shift +0 and mean +0, so d = x f exactly and the deviations are d itself
-    (a collapsed one keeps the collapse rule); with every unit whole the mean's pass is skipped
-    and d - 0 - 0 is one subtraction (x - +0 == x bit for bit, +0 - -0 == +0). ``ddof``: also
-    the denominator ``den`` = sqrt(m2 / ddof) + eps f.
-    """
+    ``minmax``: also the raw min and max, and a segment whose values are all equal is centred on -0
+    instead of its mean, so every deviation is +0 exactly (Eq. 6's exact collapse). ``whole`` (with
+    minmax; True: every segment, else an (S, 1) bool tensor): Eq. 6's units of whole groups, whose
+    exact mean is the structural 0: shift +0 and mean +0, so the deviations are d = x f itself (with
+    every unit whole the mean's pass is skipped). ``ddof``: also ``den`` = sqrt(m2 / ddof) + eps f."""
     lo = hi = None
     if minmax or x.device.type == "cpu":  # no full-size temporary (CPU pages are not cached)
         lo, hi = x.amin(1, keepdim=True), x.amax(1, keepdim=True)
@@ -253,10 +216,8 @@ def two_pass(x: torch.Tensor, count: torch.Tensor, eps: float, *, pad_mask: torc
 
 
 def denominator(var: torch.Tensor, eps_f: torch.Tensor, eps: float, inplace: bool = False) -> torch.Tensor:
-    """std + eps in the segment's scale (``inplace``: in var's own buffer, which the caller
-    owns; else a new one). It is 0 only for a collapsed segment without eps (eps * f > 0
-    whenever eps >= 2**-52, as f >= 2**-1022); there 1 is used: the deviations are all zero
-    anyway."""
+    """std + eps in the segment's scale (``inplace``: in var's own buffer). It is 0 only for a collapsed
+    segment without eps (eps f > 0 whenever eps >= 2**-52): there 1 is used, the deviations being 0."""
     den = sqrt_rn(var, inplace).add_(eps_f)
     if not eps >= 2.0 ** -52:
         den.masked_fill_(den == 0, 1.0)
@@ -267,15 +228,10 @@ def denominator(var: torch.Tensor, eps_f: torch.Tensor, eps: float, inplace: boo
 
 
 def round_to(a: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """float64 ``a`` correctly rounded (to nearest, ties to even) to ``dtype``.
-
-    torch's double -> half/bfloat16/float8 conversion rounds to float first and
-    then again (measured: 0.50024414807558 becomes 0.5 in float16, not the
-    nearest 0.50048828125). Here the first step rounds to *odd* instead: the
-    float32 value truncated toward zero, its last bit set when inexact. float32
-    carries at least two more bits than each of these formats over their whole
-    range, so the second rounding is then the correct one (round-to-odd).
-    """
+    """float64 ``a`` correctly rounded (to nearest, ties to even) to ``dtype``. torch's double ->
+    half/bfloat16/float8 conversion rounds twice, through float (0.50024414807558 becomes 0.5 in
+    float16, not 0.50048828125); here the first step rounds to *odd* (the float32 value truncated,
+    its last bit set when inexact), and float32's two more bits make the second rounding correct."""
     if dtype in (_F64, torch.float32) or a.dtype != _F64:
         return a.to(dtype)
     y = a.to(torch.float32)
@@ -290,15 +246,15 @@ def round_to(a: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def first_nonfinite(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(index, float64 bits of the value there) of the first non-finite entry of
-    a 1-D tensor; index 0 and a finite value when there is none. No branch."""
+    """(index, float64 bits of the value there) of the first non-finite entry of a 1-D tensor; index 0
+    and a finite value when there is none. No branch, no host read."""
     at = torch.argmax(torch.ne(x - x, 0).view(torch.uint8))  # x - x is nan exactly for nan and +-inf
     return at, take(x, at).to(_F64).view(_I64)
 
 
 def first_infinite(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`first_nonfinite` for ``missing="unscored"``, where a NaN is data: the first
-    infinite entry of a 1-D tensor (index 0 and the bits of +0.0 when there is none)."""
+    """:func:`first_nonfinite` for ``missing="unscored"``, where a NaN is data: the first infinite entry
+    (index 0 and the bits of +0.0 when there is none)."""
     inf = torch.isinf(x)
     at = torch.argmax(inf.view(torch.uint8))
     return at, torch.where(take(inf, at), take(x, at).to(_F64), 0.0).view(_I64)

@@ -1,45 +1,29 @@
 """Eq. 6, batch whitening per unit: unit layouts, local statistics, Chan merge, application.
 
-Units are consecutive runs of rows whose sizes the host knows, so their layout
-costs no host read: equal sizes (one unit, or S units of m rows) are a view
-``(S, m)``; ragged sizes a padded ``(S, m_max)`` layout whose padding repeats
-each unit's first value (one scatter in, one gather out); sizes so ragged that
-the padding would exceed a few times the batch are taken one unit at a time.
+Units are consecutive runs of rows whose sizes the host knows, so their layout costs no host
+read: equal sizes are a view ``(S, m)``; ragged sizes a padded ``(S, m_max)`` layout whose
+padding repeats each unit's first value; sizes so ragged that the padding would exceed a few
+times the batch are cut into buckets of one power-of-two size class each.
 
-Each rank summarises each of its S units in one row of a (S, 7) float64 table
+Each rank summarises each of its units in one row of a (S, 7) float64 table ``count, e, shift,
+mean_d, M2, min, max``: the values v scaled by 2**-e (|v| < 2**e, exact), ``shift`` the first
+scaled value on this rank, ``mean_d`` the mean of d = v 2**-e - shift, ``M2`` the sum of squared
+deviations of d (two-pass), ``min``/``max`` the raw values (the exact collapse test). The merge
+rescales every rank's row to the unit's global exponent (exact powers of two), re-expresses each
+mean relative to the first non-empty rank's shift, and combines ranks along a fixed pairwise
+tree with Chan's formula: a pure function of the gathered table, the same bits on every rank;
+with one rank it is the local two-pass, which is why a local call skips it.
 
-    count, e, shift, mean_d, M2, min, max
-
-where the unit's values v are scaled by 2**-e (|v| < 2**e, exact), ``shift``
-is the first scaled value of the unit on this rank, ``mean_d`` the mean of the
-differences d = v*2**-e - shift and ``M2`` the sum of squared deviations of d
-from mean_d (two-pass). ``min``/``max`` are the raw values (exact collapse test).
-
-The merge rescales every rank's row to the unit's global exponent E (exact
-powers of two), re-expresses each rank's mean relative to the first non-empty
-rank's shift, and combines ranks along a fixed pairwise tree with Chan's
-formula. The merge is a pure function of the gathered table, so every rank
-computes bitwise-identical statistics; with one rank it reduces to the local
-two-pass (mean relative to the local shift is mean_d exactly), which is why a
-local call skips it.
-
-Exact collapse: in a unit whose values are all equal every difference d is
-+0 or -0, and the mean it is centred on is taken as -0 there, so that every
-deviation is +0 and a = +0 exactly, with or without eps.
-
-Structural zero mean (spec section 7): a unit (this rank's part of it) made of whole
-groups of gdpo_advantages has combined values whose exact mean is 0, since Eq. 4
-centres every group column. There the statistics use that mean, not a rounded one:
-shift +0 and mean +0 (unless the part is collapsed, above), so d = c f exactly,
-M2 is the sum of (c f)**2, the pass for the mean is skipped, and a structural zero
-of c (c = +-0) whitens to exactly 0. Every rank's row states its own part's exact
-mean, so the merge needs no agreement on it: a unit whole on every rank merges to
-mean 0 exactly, a unit that a boundary cuts somewhere merges to its rounded mean.
-"""
+Exact collapse: in a unit whose values are all equal the mean is taken as -0, so every deviation
+is +0 and a = +0 exactly. Structural zero mean (spec section 7): a rank's part of a unit made of
+whole groups of gdpo_advantages has combined values whose exact mean is 0, since Eq. 4 centres
+every group column; there shift and mean are +0, so d = c f exactly and a structural zero of c
+whitens to exactly 0. A unit whole on every rank merges to mean 0 exactly."""
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 
 import torch
@@ -77,9 +61,7 @@ def layout(sizes: list[int], rows: int, device, buckets: bool = True) -> Layout:
         return Layout(sizes, "empty", device)
     if all(s == longest for s in sizes):
         return Layout(sizes, "view", device, longest)
-    starts = [0]
-    for s in sizes[:-1]:
-        starts.append(starts[-1] + s)
+    starts = [0, *itertools.accumulate(sizes[:-1])]
     if buckets and units * longest > PAD_FACTOR * rows + PAD_SLACK:
         return Layout(sizes, "buckets", device, longest, starts=starts)
     base = constant(tuple(j * longest - o for j, o in enumerate(starts)) + tuple(sizes), _I64, device)
@@ -136,17 +118,8 @@ def local_stats(v: torch.Tensor, sizes: list[int], eps: float, own: bool = False
     if lay.kind == "buckets":
         return Local(lay, parts=[(units, rows, _stats_in(v.index_select(0, rows), part, eps, own,
                                                          _whole_part(whole, units, host)))
-                                 for (units, rows, part), host in zip(_buckets(lay, v.device), _classes(sizes))])
+                                 for host, units, rows, part in _buckets(lay, v.device)])
     return _stats_in(v, lay, eps, own, whole)
-
-
-def _classes(sizes: list[int]) -> list[list[int]]:
-    """The non-empty units of each power-of-two size class, in :func:`_buckets`' order (host)."""
-    classes: dict[int, list[int]] = {}
-    for j, s in enumerate(sizes):
-        if s:
-            classes.setdefault(s.bit_length(), []).append(j)
-    return [units for _, units in sorted(classes.items())]
 
 
 def _whole_part(whole, units: torch.Tensor, host: list[int]):
@@ -157,19 +130,23 @@ def _whole_part(whole, units: torch.Tensor, host: list[int]):
 
 
 def _buckets(lay: Layout, device):
-    """(unit indices, row indices, layout of those units) per power-of-two size class of
-    the non-empty units: within a class the longest unit is less than twice the shortest,
-    so its padded layout holds less than 2x its rows. Each unit's sums keep their tree
-    (it depends on the unit's length only), so the bits are those of any other layout."""
+    """(unit indices on the host and on ``device``, row indices, layout of those units) per
+    power-of-two size class of the non-empty units: within a class the longest unit is less than
+    twice the shortest, so its padded layout holds less than 2x its rows. Each unit's sums keep
+    their tree (it depends on the unit's length only): the bits of any other layout."""
+    classes: dict[int, list[int]] = {}
+    for j, s in enumerate(lay.sizes):
+        if s:
+            classes.setdefault(s.bit_length(), []).append(j)
     out = []
-    for units in _classes(lay.sizes):
+    for _, units in sorted(classes.items()):
         sizes = [lay.sizes[j] for j in units]
         count = torch.tensor(sizes, dtype=_I64, device="cpu")
         starts = torch.tensor([lay.starts[j] for j in units], dtype=_I64, device="cpu")
         begin = starts - (torch.cumsum(count, 0) - count)
         total = sum(sizes)
         rows = torch.repeat_interleave(begin, count, output_size=total) + torch.arange(total, dtype=_I64, device="cpu")
-        out.append((torch.tensor(units, dtype=_I64, device=device), rows.to(device),
+        out.append((units, torch.tensor(units, dtype=_I64, device=device), rows.to(device),
                     layout(sizes, total, device, buckets=False)))
     return out
 
@@ -198,11 +175,6 @@ def _stats_in(v: torch.Tensor, lay: Layout, eps: float, own: bool, whole=None) -
     loc.tp = two_pass(x, count, eps, pad_mask=mask, minmax=True, own=inplace, whole=whole, ddof=ddof)
     loc.x = None if inplace else x
     return loc
-
-
-def _den(m2: torch.Tensor, count: torch.Tensor, eps_f: torch.Tensor, eps: float) -> torch.Tensor:
-    """std + eps in the unit's scale (unbiased; units of 0 or 1 samples divide by 1)."""
-    return denominator(m2 / torch.where(count > 1, count - 1.0, 1.0), eps_f, eps)
 
 
 def _output(dev: torch.Tensor, den: torch.Tensor, lay: Layout, out_dtype) -> torch.Tensor:
@@ -239,9 +211,6 @@ class Stats:
     m2: torch.Tensor  # sum of squared deviations, scaled by 2**-2e
     lo: torch.Tensor  # raw minimum
     hi: torch.Tensor  # raw maximum
-
-    def as_table(self) -> torch.Tensor:
-        return torch.stack([self.n, self.e.to(_F64), self.shift, self.mean, self.m2, self.lo, self.hi], 1)
 
 
 def merge(tables: torch.Tensor) -> Stats:
@@ -287,7 +256,8 @@ def global_terms(st: Stats, eps: float):
     """(f, shift, mean, den) per unit from the merged statistics: a = ((v f - shift) - mean) / den."""
     f = seg_ops.pow2_normal(st.e)
     mean = torch.where(st.lo == st.hi, -0.0, st.mean)  # collapsed across ranks: deviations +0
-    return f, st.shift, mean, _den(st.m2, st.n, f * eps, eps)
+    var = st.m2 / torch.where(st.n > 1, st.n - 1.0, 1.0)  # unbiased; units of 0 or 1 samples divide by 1
+    return f, st.shift, mean, denominator(var, f * eps, eps)
 
 
 def apply_global(loc: Local, st: Stats, eps: float, out_dtype=None) -> torch.Tensor:
@@ -311,8 +281,6 @@ def _scatter(lay: Layout, pieces, out_dtype) -> torch.Tensor:
 
 
 def _apply_x(loc: Local, f, shift, mean, den, out_dtype):
-    if loc.lay.kind == "empty":
-        return torch.empty(0, dtype=out_dtype or _F64, device=loc.lay.device)
     dev = (loc.x * f[:, None]).sub_(shift[:, None]).sub_(mean[:, None])
     return _output(dev, den[:, None], loc.lay, out_dtype)
 

@@ -89,7 +89,7 @@ def _whiten(rank, world, group, device, values, sizes=None, dtype="float64", out
         kwargs["eps"] = DEFAULT_EPS
     if stats:
         out, st = call(lambda: _distributed.run_distributed(_distributed.P.API_WHITEN, group, values=v, **kwargs))
-        return out, st.as_table()
+        return out, torch.stack([st.n, st.e.to(torch.float64), st.shift, st.mean, st.m2, st.lo, st.hi], 1)
     return call(lambda: gdpo.whiten(v, process_group=group, **kwargs)), None
 
 
