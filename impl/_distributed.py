@@ -233,8 +233,7 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
             if api == P.API_GDPO:
                 dd_rows = _dd.rows(inp, eps)
             else:
-                v64 = v.to(_F64)
-                dd_rows = (v64, torch.zeros_like(v64), torch.zeros_like(v64)) if _dd.safe(v64) and _dd.eps_safe(eps) else None
+                dd_rows = _dd.values(v, eps)
             whole_dd = plan.whole if api == P.API_GDPO else None
             buf.dd[rank] = (_dd.unsafe_table(sizes, data_device) if dd_rows is None else
                             _dd.table(*dd_rows, sizes, whole_dd)).to(comm)

@@ -1,35 +1,23 @@
 """The spine of a call: its plan (every decision made once, before the arithmetic) and, for a
-local call, its stages in order.
+local call, its stages in order (docs/architecture.md).
 
-A :class:`Plan` says which stages run, in which layout, on which backend (``eq47``: Eq. 4 and
-7, ``eq6b``: Eq. 6, each :data:`PLAIN` or :data:`FUSED`, the latter only where ``impl._fused``
-applies), whether a CUDA graph replays the call, which rows Eq. 6 takes (``scored``,
-``missing="unscored"``), which units are whole groups (``whole``), the dtype Eq. 6 writes
-(``write``) and whether the certificate decides the rounding (``certify``). The stages read
-these fields; none asks whether a backend applies.
+A :class:`Plan` says which stages run, in which layout, on which backend (``eq47``: Eq. 4 and 7,
+``eq6b``: Eq. 6, each :data:`PLAIN` or :data:`FUSED`), whether a CUDA graph replays the call,
+which rows Eq. 6 takes, which units are whole groups, the dtype Eq. 6 writes and whether the
+certificate decides the rounding. The stages read these fields; none asks whether a backend
+applies. :func:`local` plans a validated local call (labelled groups run phase one here, read
+its row, raise its refusals, then lay the groups out: their longest group is known only then);
+:func:`distributed` and :func:`agreed` a call across ranks, before and after the agreement.
 
-* :func:`local`: a validated local call (``impl._inputs.check_*``). Labelled groups run phase
-  one here and read its row (the call's one host read; a non-finite reward first where the
-  search is lazy, on CPU), raise its refusals, then lay the groups out: their longest group is
-  known only after that read. Contiguous groups are laid out by the Eq. 4 stage itself.
-* :func:`distributed` and :func:`agreed`: a call across ranks (``impl._distributed``), before
-  and after the agreement.
+:func:`run` runs the device part (:func:`device_part`; eager, or replayed from a CUDA graph),
+the facts row's one host read and its first refusal, the cast and, where the plan certifies,
+the certificate. :func:`through_stats` serves the distributed protocol too.
 
-:func:`run_local` runs the device part (:func:`device_part`: Eq. 4, Eq. 7, Eq. 6's statistics
-and its output; eager, or replayed from a CUDA graph), the facts row's one host read and its
-first refusal (contiguous groups: after the whole call is queued), then the cast (the range,
-one rounding) and, where the plan certifies, the certificate (``impl._certify.stage``).
-:func:`through_stats`, the stages up to this process's Eq. 6 statistics, serves the
-distributed protocol too (which imports this module; never the other way).
-
-CUDA graphs (``GDPO_CUDA_GRAPHS=1``): at small batch sizes a call is bounded by kernel
-launches, not by the GPU. The first local call of a signature (:attr:`Plan.key`) with
-contiguous groups on CUDA captures the device part once; later calls copy the rewards in,
-replay it (one launch) and read the facts row: the same kernels in the same order, the eager
-path's bits. Up to :data:`GRAPH_ELEMENTS` rewards, at most :data:`MAX_GRAPHS` signatures (least
-recently used first out); a capture that fails leaves that signature to the eager path, for
-good.
-"""
+CUDA graphs (``GDPO_CUDA_GRAPHS=1``): a small call is bounded by kernel launches. The first
+local call of a signature (:attr:`Plan.key`) with contiguous groups on CUDA captures the device
+part; later calls copy the rewards in, replay it and read the facts row: the same kernels, the
+same bits. Up to :data:`GRAPH_ELEMENTS` rewards, :data:`MAX_GRAPHS` signatures (least recently
+used out); a signature whose capture fails stays eager."""
 
 from __future__ import annotations
 
@@ -57,18 +45,15 @@ T = TypeVar("T")
 @dataclasses.dataclass(frozen=True)
 class Backend:
     """One implementation of the stages; the plain one and the fused one share every signature:
-    ``eq47(plan, r, facts) -> (c, varies)`` (Eq. 4, then Eq. 7 where the API combines),
-    ``eq6_stats(plan, c, facts) -> loc``, ``eq6_apply(plan, loc, merged, write) -> a``. A finding
-    is put into ``facts`` (a dict of 0-d device tensors by column of the facts row), never raised."""
+    ``eq47(plan, r, facts) -> (c, varies)``, ``eq6_stats(plan, c, facts) -> loc``,
+    ``eq6_apply(plan, loc, merged, write) -> a``. A finding goes into ``facts`` (0-d device tensors
+    by column of the facts row), never raised."""
 
     name: str
     fused: bool  # its stages run behind :func:`guard` (a failure of theirs: the plain plan)
     eq47: Callable
     eq6_stats: Callable
     eq6_apply: Callable
-
-    def __repr__(self) -> str:
-        return self.name.upper()
 
 
 PLAIN = Backend("plain", False, _eq47.eq47, W.eq6_stats, W.eq6_apply)
@@ -88,10 +73,9 @@ STAGES = {GDPO: dict(eq4=True, combined=True, eq6=True, signal=False),
 
 @dataclasses.dataclass
 class Scored:
-    """Which rows Eq. 6 takes under ``missing="unscored"``: ``rows`` (device int64, the scored
-    rows in order) and ``sizes`` (scored rows per unit), or rows None when every row is scored
-    (the call is then the plain one); ``mask`` (N,) bool, True on the scored rows, and
-    ``unscored`` (the count of the others)."""
+    """Which rows Eq. 6 takes under ``missing="unscored"``: ``rows`` (device int64, the scored rows in
+    order; None when every row is scored) and ``sizes`` (scored rows per unit); ``mask`` (N,) bool,
+    True on the scored rows, and ``unscored`` (the count of the others)."""
 
     mask: torch.Tensor
     unscored: int
@@ -112,9 +96,8 @@ class Scored:
 
 
 def scored(inp, sizes: list[int] | None) -> Scored:
-    """The scored rows of ``inp`` and their count per unit of ``sizes``: one host read of the (N,)
-    mask (free on CPU; on CUDA the one more read a call under "unscored" costs). ``sizes`` None:
-    every row scored (the call's missing is "refuse")."""
+    """The scored rows of ``inp`` and their count per unit of ``sizes``: one host read of the (N,) mask
+    (free on CPU). ``sizes`` None: every row scored (missing is "refuse")."""
     r = inp.rewards
     if sizes is None:
         return Scored(torch.ones(inp.n, dtype=torch.bool, device=r.device), 0, None, [])
@@ -183,18 +166,17 @@ def cast_limit(dtype: torch.dtype) -> float:
 
 
 def cast_reachable(dtype: torch.dtype, total_rows: int) -> bool:
-    """Can a whitened value fail the cast? |a| <= (n-1)/sqrt(n) < sqrt(N) (Samuelson's
-    inequality; eps only shrinks a), with a margin for rounding: only float8 outputs of more
-    than ~2e5 rows."""
+    """Can a whitened value fail the cast? |a| <= (n-1)/sqrt(n) < sqrt(N) (Samuelson; eps only
+    shrinks a), with a margin for rounding: only float8 outputs of more than ~2e5 rows."""
     return math.sqrt(max(total_rows, 0)) * (1.0 + 2.0 ** -20) >= cast_limit(dtype)
 
 
 def _output(out_dtype: torch.dtype, rows: int, mode: str) -> tuple[torch.dtype | None, bool]:
-    """The dtype Eq. 6 writes for ``out_dtype`` outputs of ``rows`` rows in all (None: float64),
-    and whether the certificate decides their rounding under ``mode``. Eq. 6 writes float32
-    directly (one rounding of the float64 quotient) unless the certificate reads the float64
-    result or the cast must be checked first; torch converts a double to float16, bfloat16 and
-    float8 through float (two roundings): those are written by ``round_to``."""
+    """The dtype Eq. 6 writes for ``out_dtype`` outputs of ``rows`` rows in all (None: float64), and
+    whether the certificate decides their rounding under ``mode``. Eq. 6 writes float32 directly (one
+    rounding of the float64 quotient) unless the certificate reads the float64 result or the cast
+    must be checked first; float16, bfloat16 and float8 are written by ``round_to`` (torch rounds
+    them twice, through float)."""
     certified = out_dtype in _certify.CERTIFIES[mode]
     if certified or out_dtype != torch.float32 or cast_reachable(out_dtype, rows):
         return None, certified
@@ -202,8 +184,8 @@ def _output(out_dtype: torch.dtype, rows: int, mode: str) -> tuple[torch.dtype |
 
 
 def _whole_contiguous(sizes: list[int], group_size: int) -> tuple[bool, ...]:
-    """Per unit: does it hold whole groups of ``group_size`` consecutive rows (its start and its
-    size multiples of the group size)? Known on the host, from the sizes alone."""
+    """Per unit: does it hold whole groups of ``group_size`` consecutive rows (its start and size
+    multiples of the group size)?"""
     out, start = [], 0
     for s in sizes:
         out.append(start % group_size == 0 and s % group_size == 0)
@@ -212,21 +194,21 @@ def _whole_contiguous(sizes: list[int], group_size: int) -> tuple[bool, ...]:
 
 
 def reads_free(device: torch.device) -> bool:
-    """Is a host read free on ``device`` (CPU)? There the search for a non-finite input runs only
-    when the statistics show one (``Plan.lazy``), and labels already in order skip their sort."""
+    """Is a host read free on ``device`` (CPU)? There the search for a non-finite input runs only when
+    the statistics show one (``Plan.lazy``), and labels already in order skip their sort."""
     return device.type == "cpu"
 
 
 def _fused_on(device: torch.device) -> bool:
-    """May the fused backend run on ``device``? Unset or 0: no (``impl._fused`` not asked); else
-    ``impl._fused``'s answer (1: CUDA, interpret: CPU too; another value is warned about, off)."""
+    """May the fused backend run on ``device``? ``GDPO_FUSED`` unset or 0: no; else ``impl._fused``'s
+    answer."""
     return os.environ.get("GDPO_FUSED", "") not in ("", "0") and _fused.on(device)
 
 
 def _lay_out(prep, inp, api: str, groups: int, longest: int, runs: int):
-    """The layout of labelled groups and its Eq. 4/7 backend, decided together: the fused
-    kernel runs Eq. 4/7 of one padded layout (c alone: not for standardize_groups or
-    group_has_signal, nor under "unscored")."""
+    """The layout of labelled groups and its Eq. 4/7 backend, decided together: the fused kernel runs
+    Eq. 4/7 of one padded layout (c alone: not for standardize_groups or group_has_signal, nor under
+    "unscored")."""
     fused = (api in (GDPO, NORMALIZE) and inp.missing == "refuse" and _fused_on(prep.r.device)
              and _fused.padded_eligible(prep.r, longest, inp.weights))
     layout = _eq47.layout(prep, groups, longest, runs, fused=fused, reads_free=reads_free(prep.r.device))
@@ -234,9 +216,8 @@ def _lay_out(prep, inp, api: str, groups: int, longest: int, runs: int):
 
 
 def local(call, api: str, *, report: bool = False) -> Plan:
-    """The plan of a validated local call (``impl._inputs.Call``) of ``api``. ``report``: an
-    Eq. 4/7 API's caller asked for diagnostics (under "unscored" its scored rows are read for
-    them). Labelled groups: phase one, its row read and its refusals raised here."""
+    """The plan of a validated local call (``impl._inputs.Call``) of ``api``. ``report``: an Eq. 4/7
+    API's caller asked for diagnostics (under "unscored" its scored rows are read for them)."""
     eps, sizes, out_dtype, stages = call.eps, call.sizes, call.out_dtype, STAGES[api]
     if api == WHITEN:
         v = call.values
@@ -278,9 +259,8 @@ def local(call, api: str, *, report: bool = False) -> Plan:
 
 
 def distributed(api: str, eps: float, out_dtype, sizes: list[int], mode: str, *, inp=None, values=None) -> Plan:
-    """The plan of a call across ranks before the agreement, from its checked arguments
-    (``run_distributed`` checks them in its own order). No host read but the unscored mask's;
-    labelled groups run phase one, their layout pending (:func:`agreed`)."""
+    """The plan of a call across ranks before the agreement, from its checked arguments. No host read
+    but the unscored mask's; labelled groups run phase one, their layout pending (:func:`agreed`)."""
     device = (inp.rewards if api == GDPO else values).device
     n = inp.n if api == GDPO else values.shape[0]
     fused = n > 0 and _fused_on(device) and _fused.whiten_eligible(device, sizes, None)
@@ -301,9 +281,8 @@ def distributed(api: str, eps: float, out_dtype, sizes: list[int], mode: str, *,
 
 
 def agreed(plan: Plan, table: list[list[int]], rank: int) -> Plan:
-    """The plan once the agreement is read: the dtype Eq. 6 writes (the total row count is
-    every rank's), and labelled groups' layout from this rank's row (its Eq. 4/7 backend
-    with it) and their whole units."""
+    """The plan once the agreement is read: the dtype Eq. 6 writes (from every rank's row count), and
+    labelled groups' layout (with its Eq. 4/7 backend) and whole units from this rank's row."""
     plan = dataclasses.replace(plan, write=_output(plan.out_dtype, sum(r[P.ROWS] for r in table), plan.mode)[0])
     if plan.prep is None:
         return plan
@@ -314,10 +293,9 @@ def agreed(plan: Plan, table: list[list[int]], rank: int) -> Plan:
 
 
 def guard(plan: Plan, fn: Callable[[Plan], T]) -> T:
-    """``fn(plan)``; where a fused stage fails (``_fused.FusedFailure``), the fused path goes off
-    for this process (warned once) and ``fn`` runs again on the plain plan: the same bits (the
-    fused kernels only ever compute the plain path's). The one ``try`` around fused work; any
-    other exception is the call's own and propagates as it is."""
+    """``fn(plan)``; where a fused stage fails (``_fused.FusedFailure``), the fused path goes off for
+    this process (warned once) and ``fn`` runs again on the plain plan: the same bits. The one
+    ``try`` around fused work; any other exception propagates as it is."""
     if plan.eq47 is PLAIN and plan.eq6b is PLAIN:
         return fn(plan)
     try:
@@ -328,8 +306,8 @@ def guard(plan: Plan, fn: Callable[[Plan], T]) -> T:
 
 
 def report(plan: Plan, diagnostics, counts=None) -> None:
-    """Fill ``diagnostics`` once a local call succeeded: the rows Eq. 6 left out (none under
-    "refuse") and, where the certificate decided the rounding, its tiers' counts."""
+    """Fill ``diagnostics`` once a local call succeeded: the rows Eq. 6 left out and, where the
+    certificate decided the rounding, its tiers' counts."""
     (plan.scored or scored(plan.inp, None)).report(diagnostics)
     if counts is not None:
         diagnostics.certified = counts
@@ -339,15 +317,14 @@ def report(plan: Plan, diagnostics, counts=None) -> None:
 
 
 def stacked(facts: dict) -> tuple[tuple[int, ...], torch.Tensor]:
-    """The columns of ``facts`` in order and their values as one int64 (len,) device tensor (one
-    kernel; no host read)."""
+    """The columns of ``facts`` in order and their values as one int64 device tensor (no host read)."""
     cols = tuple(sorted(facts))
     return cols, torch.stack([facts[c].to(_I64).reshape(()) for c in cols])
 
 
 def read_row(host, facts: dict) -> list[int]:
     """The facts row of a local call: host fields as given (a dict, or a row read before), device
-    fields read in one host read (on CUDA, a host synchronisation; none when there are none)."""
+    fields read in one host read (none when there are none)."""
     row = list(host) if isinstance(host, list) else [0] * P.ROW_WIDTH
     if not isinstance(host, list):
         for col, v in host.items():
@@ -382,9 +359,8 @@ class Device:
 
 
 def through_stats(plan: Plan, x: torch.Tensor, facts: dict) -> Device:
-    """Eq. 4, Eq. 7 and this process's Eq. 6 statistics of ``x`` (the rewards; whiten: the values)
-    on the plan's backends, findings put into ``facts`` (across ranks the statistics are merged
-    before they are applied). No host read unless ``plan.lazy``, no branch on data."""
+    """Eq. 4, Eq. 7 and this process's Eq. 6 statistics of ``x`` (the rewards; whiten: the values) on
+    the plan's backends, findings put into ``facts``. No host read unless ``plan.lazy``."""
     dev = Device(facts)
     if plan.eq4:  # Eq. 4, then Eq. 7: c (N,), input order (standardize_groups: z (N, K))
         dev.c, dev.varies = plan.eq47.eq47(plan, x, facts)
@@ -400,8 +376,8 @@ def through_stats(plan: Plan, x: torch.Tensor, facts: dict) -> Device:
 
 
 def device_part(plan: Plan, x: torch.Tensor) -> Device:
-    """All of a local call's device work, Eq. 6 from this process's own statistics: what a CUDA
-    graph replays (contiguous groups on CUDA)."""
+    """All of a local call's device work, Eq. 6 from this process's own statistics: what a CUDA graph
+    replays."""
     dev = through_stats(plan, x, {})
     if plan.eq6:
         dev.a = plan.eq6b.eq6_apply(plan, dev.loc, None, plan.write)
@@ -409,10 +385,8 @@ def device_part(plan: Plan, x: torch.Tensor) -> Device:
 
 
 def run(call, api: str, diagnostics=None):
-    """One validated local call of ``api`` (``impl._inputs.Call``): its plan (:func:`local`), then
-    its stages in order: the device part (eager, or a graph replay), the facts row's one host
-    read and its first refusal, then the cast and the certificate. The plan made every
-    decision; nothing after it tests a device or a layout."""
+    """One validated local call of ``api``: its plan (:func:`local`), the device part (eager, or a graph
+    replay), the facts row's one host read and its first refusal, then the cast and the certificate."""
     plan = local(call, api, report=diagnostics is not None)
     x = call.values if call.inp is None else call.inp.rewards
     if plan.graph:
@@ -489,9 +463,8 @@ def _graphable(inp) -> bool:
 
 
 def _replayed(plan: Plan, x: torch.Tensor) -> Device:
-    """:func:`device_part` replayed from the CUDA graph of the plan's signature, or run eagerly
-    where no graph can be had. A replay keeps a, the facts and, where the certificate reads it,
-    c (Eq. 6 left it intact: ``plan.own`` is false there)."""
+    """:func:`device_part` replayed from the CUDA graph of the plan's signature, or eager where no graph
+    can be had. A replay keeps a, the facts and, where the certificate reads it, c."""
     key = plan.key
     entry = None if key in _FAILED else _GRAPHS.get(key) or _capture(key, plan)
     if entry is None:
@@ -505,8 +478,8 @@ def _replayed(plan: Plan, x: torch.Tensor) -> Device:
 
 
 def _capture(key: tuple, plan: Plan):
-    """Capture the device part of ``plan`` (its rewards copied into a static input); None where
-    the capture fails (that signature then stays eager)."""
+    """Capture the device part of ``plan`` (its rewards copied into a static input); None where the
+    capture fails (that signature then stays eager)."""
     static_in = torch.empty_like(plan.inp.rewards, memory_format=torch.contiguous_format)
     static_in.copy_(plan.inp.rewards)
     static = dataclasses.replace(plan, inp=dataclasses.replace(plan.inp, rewards=static_in))

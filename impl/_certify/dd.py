@@ -206,34 +206,23 @@ class Segments:
         return x.reshape((-1,) + x.shape[2:]).index_select(0, self.slot)
 
 
-def standardize(xh, xl, segs: Segments, eps: float, zero_mean=None):
-    """(x - mean) / (std + eps) per segment and column, in dd, ddof 1, in the padded layout
-    (S, width, K): the same shift-invariant two-pass as the float64 path (differences from
-    the first member, exact as a dd), exact collapse (a constant segment column gives +0).
-    ``zero_mean`` (S,) bool: segments whose exact mean is 0 (a unit of whole groups). ``xl``
-    None: the values are float64 (a low part of 0). Returns z (dd) and, per segment and column,
-    the dd denominator and whether it collapsed.
+def standardize(x, segs: Segments, eps: float):
+    """Eq. 4 in dd: (x - mean) / (std + eps) per segment and column of float64 ``x``, ddof 1, in
+    the padded layout (S, width, K): the float64 path's shift-invariant two-pass (differences from
+    the first member, exact as a dd), exact collapse (a constant segment column gives +0). Returns
+    z (dd) and, per segment and column, the dd denominator and whether it collapsed.
 
-    z is dev times the denominator's dd reciprocal (one quotient per segment and column, not
-    one per value): relative error at most 15u**2 + 7u**2 + a third-order term, below
-    :data:`UNIT` as every single operation's."""
+    z is dev times the denominator's dd reciprocal (one quotient per segment and column): relative
+    error at most 15u**2 + 7u**2 + a third-order term, below :data:`UNIT` as every operation's."""
     mask = segs.mask[:, :, None]
 
     def slots(x, fill=0.0):  # the padding's slots set to fill
         return torch.where(mask, x, fill)
 
-    if xl is None:  # x - x0 of two float64: exact as the dd (s, e) of TwoSum
-        d = two_sum(xh, -xh[:, :1])
-    else:
-        d = add((xh, xl), neg((xh[:, :1], xl[:, :1])))
-    if zero_mean is not None:
-        zm = zero_mean[:, None, None]
-        d = (torch.where(zm, xh, d[0]), torch.where(zm, 0.0 if xl is None else xl, d[1]))
+    d = two_sum(x, -x[:, :1])  # x - x0 of two float64: exact as the dd (s, e) of TwoSum
     d = (slots(d[0]), slots(d[1]))
     n = segs.sizes[:, :, None]
     mean = div_f(tree_sum(d), n.expand_as(d[0][:, :1]))
-    if zero_mean is not None:
-        mean = (torch.where(zm, 0.0, mean[0]), torch.where(zm, 0.0, mean[1]))
     dev = add(d, neg(mean))
     dev = (slots(dev[0]), slots(dev[1]))
     m2 = tree_sum(mul(dev, dev))
@@ -241,11 +230,7 @@ def standardize(xh, xl, segs: Segments, eps: float, zero_mean=None):
     sd = sqrt(div_f(m2, nm1))
     den = add_f(sd, torch.full_like(sd[0], eps))
     big = torch.finfo(_F64).max
-    hi_v = slots(xh, -big).amax(1, keepdim=True)
-    lo_v = slots(xh, big).amin(1, keepdim=True)
-    collapsed = hi_v == lo_v
-    if xl is not None:
-        collapsed &= slots(xl, -big).amax(1, keepdim=True) == slots(xl, big).amin(1, keepdim=True)
+    collapsed = slots(x, -big).amax(1, keepdim=True) == slots(x, big).amin(1, keepdim=True)
     safe_den = (torch.where(collapsed | (den[0] == 0), 1.0, den[0]), torch.where(collapsed | (den[0] == 0), 0.0, den[1]))
     inv = div((torch.ones_like(safe_den[0]), torch.zeros_like(safe_den[1])), safe_den)
     z = mul(dev, inv)
@@ -306,40 +291,7 @@ def round_test(h: torch.Tensor, l: torch.Tensor, Bd: torch.Tensor, out_dtype):
     return ok, torch.where(exact_zero, torch.zeros_like(y), y)
 
 
-# --- the tier: Eq. 4, 7 and 6 of a call --------------------------------------------------------
-
-
-def gdpo(r: torch.Tensor, gid: torch.Tensor, G: int, weights: list[float], eps: float,
-         sizes: list[int], whole) -> tuple | None:
-    """Eq. 4, 7 and 6 of every row in double-double: (h, l, B) per row, or None where the
-    inputs leave the dd path's safe range."""
-    got = combined(r, gid, G, weights, eps)
-    return None if got is None else whiten(*got, eps, sizes, whole)
-
-
-def whiten(ch: torch.Tensor, cl: torch.Tensor, E: torch.Tensor, eps: float, sizes: list[int], whole):
-    """Eq. 6 in double-double of dd values (ch, cl) whose errors are bounded by E per row
-    (``whole``: (S,) bool, units of whole groups, or None)."""
-    if not (safe(ch) and eps_safe(eps)):
-        return None
-    device, S = ch.device, len(sizes)
-    unit = _unit_index(sizes, device)
-    wt = whole_tensor(whole, S, device)
-    segs = Segments(unit, S)
-    C = segs.gather(torch.stack([ch, cl], 1))
-    a, den, flat = standardize(C[:, :, :1], C[:, :, 1:], segs, eps, zero_mean=wt)
-    h, l = segs.rows(a[0]).view(-1), segs.rows(a[1]).view(-1)
-    amax = torch.full((S,), -math.inf, dtype=_F64, device=device).scatter_reduce_(0, unit, h, "amax")
-    amin = torch.full((S,), math.inf, dtype=_F64, device=device).scatter_reduce_(0, unit, h, "amin")
-    R = ((amax - amin) * (1 + 2.0 ** -30)).clamp(min=0)
-    D = torch.where(flat.view(S), eps, den[0].view(S) * (1 - 2.0 ** -60))
-    Emax = torch.zeros(S, dtype=_F64, device=device).scatter_reduce_(0, unit, E, "amax")
-    T = torch.tensor(sizes, dtype=_F64, device=device)
-    Bd = B.eq6_worst(UNIT, h, *(t.index_select(0, unit) for t in (D, T, wt, )), E,
-                     *(t.index_select(0, unit) for t in (R, Emax)), eps)
-    exact0 = (flat.view(S) & (Emax == 0)).index_select(0, unit) | (
-        (h == 0) & (l == 0) & (E == 0) & wt.index_select(0, unit) & (ch == 0) & (cl == 0))
-    return h, l, torch.where(exact0, 0.0, Bd)
+# --- Eq. 6 in dd: each rank's statistics (:func:`table`), merged (:func:`merged`), applied (:func:`eq6`) --
 
 
 def whole_tensor(whole, S: int, device) -> torch.Tensor:
@@ -365,7 +317,7 @@ def combined(r: torch.Tensor, gid: torch.Tensor, G: int, weights: list[float], e
         return None
     k = r.shape[1]
     segs = Segments(gid, G)
-    z, _, collapsed = standardize(segs.gather(r), None, segs, eps)
+    z, _, collapsed = standardize(segs.gather(r), segs, eps)
     zh, zl = segs.rows(z[0]), segs.rows(z[1])
     ch = cl = None
     for j, w in enumerate(weights):
@@ -377,11 +329,17 @@ def combined(r: torch.Tensor, gid: torch.Tensor, G: int, weights: list[float], e
     return ch, cl, torch.where(collapsed.view(G, k).all(1).index_select(0, gid), 0.0, E)
 
 
-# --- across ranks: the dd statistics ride in collective 2 ----------------------------------------
+# --- across ranks the dd statistics ride in collective 2; a local call is one rank --------------
 
 #: per unit and rank: count, shift, sum of (c - shift) (dd), sum of its squares (dd), max E,
 #: "this part is not whole groups", min and max of c
 DDC = 10
+
+
+def values(v: torch.Tensor, eps: float):
+    """Eq. 6's input (ch, cl, E) of ``whiten``'s values, exact (None outside the dd path's range)."""
+    v64 = v.to(_F64)
+    return (v64, torch.zeros_like(v64), torch.zeros_like(v64)) if safe(v64) and eps_safe(eps) else None
 
 
 def rows(inp, eps: float):
@@ -470,15 +428,11 @@ def merged(tables: torch.Tensor, eps: float):
     return T, mean, den, whole, Emax, cmin, cmax
 
 
-def finish(merged, ch, cl, E, sizes: list[int], eps: float, out_dtype, counts: dict,
-           plain: torch.Tensor) -> torch.Tensor:
-    """This rank's outputs from the merged dd statistics: certified where the bound allows,
-    elsewhere the plain float64 result ``plain`` rounded once (counted as uncertified)."""
+def eq6(merged, ch, cl, E, sizes: list[int], eps: float):
+    """Eq. 6 in dd of this rank's rows from the merged dd statistics: (h, l, Bd) per row, Bd the
+    bound on |h + l - a*| (0 where a* is exactly 0)."""
     T, mean, den, whole, Emax, cmin, cmax = merged
-    device = ch.device
-    if ch.shape[0] == 0:
-        return torch.empty(0, dtype=out_dtype, device=device)
-    unit = _unit_index(sizes, device)
+    unit = _unit_index(sizes, ch.device)
     flat = (cmin == cmax) & (Emax == 0) & (T > 0)
     Dsafe = (torch.where(flat | (den[0] == 0), 1.0, den[0]), torch.where(flat | (den[0] == 0), 0.0, den[1]))
     m = (mean[0].index_select(0, unit), mean[1].index_select(0, unit))
@@ -493,7 +447,16 @@ def finish(merged, ch, cl, E, sizes: list[int], eps: float, out_dtype, counts: d
     Bd = B.eq6_worst(UNIT, h, *(t.index_select(0, unit) for t in (D, T, whole)), E,
                      *(t.index_select(0, unit) for t in (R, Emax)), eps)
     exact0 = fu | ((ch == 0) & (cl == 0) & (E == 0) & whole.index_select(0, unit))
-    ok, y = round_test(h, l, torch.where(exact0, 0.0, Bd), out_dtype)
+    return h, l, torch.where(exact0, 0.0, Bd)
+
+
+def finish(merged, ch, cl, E, sizes: list[int], eps: float, out_dtype, counts: dict,
+           plain: torch.Tensor) -> torch.Tensor:
+    """This rank's outputs from the merged dd statistics: certified where the bound allows,
+    elsewhere the plain float64 result ``plain`` rounded once (counted as uncertified)."""
+    if ch.shape[0] == 0:
+        return torch.empty(0, dtype=out_dtype, device=ch.device)
+    ok, y = round_test(*eq6(merged, ch, cl, E, sizes, eps), out_dtype)
     counts["double_double"] += int(ok.sum())
     bad = ~ok
     if bool(bad.any()):

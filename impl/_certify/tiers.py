@@ -348,14 +348,13 @@ def double_double(ctx, y: torch.Tensor, left: torch.Tensor):
     """Tier 2: Eq. 4, 7 and 6 of the whole call again in double-double (its units' statistics need
     every row), the rows left tested against their dd bound."""
     if ctx.inp is None:
-        c = ctx.c
-        got = dd.whiten(c, torch.zeros_like(c), torch.zeros_like(c), ctx.eps, ctx.sizes, None)
+        rows = dd.values(ctx.c, ctx.eps)
     else:
-        gid, G = groups(ctx)
-        inp = ctx.inp
-        got = dd.gdpo(inp.rewards, gid, G, inp.weights, ctx.eps, ctx.sizes, ctx.units.whole.tolist())
-    if got is None:
+        rows = dd.combined(ctx.inp.rewards, *groups(ctx), ctx.inp.weights, ctx.eps)
+    if rows is None:  # outside the dd path's range
         return y, left
+    whole = None if ctx.inp is None else ctx.units.whole.tolist()
+    got = dd.eq6(dd.merged(dd.table(*rows, ctx.sizes, whole)[None], ctx.eps), *rows, ctx.sizes, ctx.eps)
     ok, y1 = round_test(*(t.index_select(0, left) for t in got), ctx.out_dtype)
     y = _own(y, ctx.a)
     y.index_copy_(0, left[ok], y1[ok])
