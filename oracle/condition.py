@@ -135,6 +135,8 @@ placeholder 1 (``oracle.gdpo._collapsed_denominator``).
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 #: unit roundoff of float64
@@ -169,6 +171,29 @@ def stagewise(fn, *args, **kwargs):
 #: bracket's (1 - theta) y y^T term (theta = 1), "theta" drops its whole theta y y^T term
 #: (theta = 0), "error_bound" reports the computed T without its error bound
 _CONTROL = None
+
+
+def info(shape) -> dict:
+    """Per group column (or whitening unit), what the closed form needs, filled by the oracle
+    where it applies (``ok``): the frame 2^frame its std ``sigma`` and denominator ``denom``
+    are measured in; at a zero std (``collapsed``) also Samuelson's ``cap``."""
+    return {"frame": np.zeros(shape, dtype=np.int64), "sigma": np.zeros(shape), "denom": np.ones(shape),
+            "ok": np.zeros(shape, bool), "collapsed": np.zeros(shape, bool), "cap": np.full(shape, math.inf)}
+
+
+def admit(info: dict, at, frame: int, sigma: float, denom: float) -> None:
+    """The closed form applies at ``at``: a live std, its sigma and denominator in the frame."""
+    info["frame"][at], info["sigma"][at], info["denom"][at] = frame, sigma, denom
+    info["ok"][at] = True
+
+
+def admit_collapsed(info: dict, at, frame: int, h0: float, cap) -> None:
+    """A zero std with eps added to it (or to the variance): z = d / h is differentiable at
+    d = 0, with h0 = eps (sqrt(eps)) in the frame and theta = 0 (module docstring), where h0
+    is a normal float there; capped by Samuelson's ``cap``."""
+    if 2.0 ** -1022 <= h0 < math.inf:
+        admit(info, at, frame, 0.0, h0)
+        info["collapsed"][at], info["cap"][at] = True, float(cap)
 
 
 def z_count(n):
@@ -313,10 +338,6 @@ def standardize_groups(X, Z, theta, om, hm, hx, count, collapsed=None):
     E = E / hm[:, None]
     x = np.broadcast_to((kmax - hx)[:, None], (B, n))
     return T, E, x, ok, y, nu, kmax
-
-
-#: The old name of :func:`standardize_groups` (deprecated).
-standardize = standardize_groups
 
 
 def _within_cap(T, E, x, cap, xe=None):
