@@ -30,7 +30,8 @@ import time
 import numpy as np
 import torch
 
-from gdpo_tools.peer_formulas import numpy_gdpo, trl_normalize_then_sum, verl_group_loop
+from benchmarks.mirrors import numpy_gdpo, verl_group_loop
+from gdpo_tools.peer_formulas import trl_normalize_then_sum
 from impl import gdpo
 
 LOOP_LIMIT = 65_536

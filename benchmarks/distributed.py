@@ -7,7 +7,7 @@ thread per rank) and 1 and 8 whitening units, every rank holds ``--rows``
 samples (K = 4 rewards, groups of 16) and calls, in lockstep:
 
 * ``impl.gdpo.whiten(values, segment_sizes, process_group)`` and the mirror of
-  the reviewed implementation's Eq. 6 (``gdpo_tools.peer_formulas.per_unit_protocol``:
+  the reviewed implementation's Eq. 6 (``benchmarks.mirrors.per_unit_protocol``:
   four collectives per unit), on the same float64 values;
 * ``impl.gdpo.gdpo_advantages(rewards, group_size=16, ..., process_group)``
   (validation, agreement, Eq. 4/7/6).
@@ -57,7 +57,7 @@ def _rank_main(rank, world, init_file, units, rows, blocks, calls, queue):
     for name in originals:
         setattr(dist, name, wrap(name))
 
-    from gdpo_tools.peer_formulas import per_unit_protocol
+    from benchmarks.mirrors import per_unit_protocol
     from impl import gdpo
 
     group = dist.group.WORLD

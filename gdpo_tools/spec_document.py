@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from oracle import condition, gdpo
+from oracle import condition, exact, gdpo, whitening
 from oracle.examples import CORRECTNESS_LENGTH, TWO_GROUP, grpo_reference
 from spec import CONVENTIONS, DEFAULT_OUT_DTYPE, FLOAT32_MAX, MIN_GROUP_SIZE
 from spec import error_model
@@ -85,9 +85,9 @@ def context() -> dict[str, str]:
     ctx["min_group_size"] = str(MIN_GROUP_SIZE)
     ctx["words_bytes"] = f"{REFUSAL_WORDS_BYTES:,}"
     ctx["safety"] = repr(error_model.SAFETY)
-    ctx["start_prec"] = str(gdpo.START_PREC)
-    ctx["max_prec"] = str(gdpo.MAX_PREC)
-    ctx["tie_test_prec"] = str(gdpo.TIE_TEST_PREC)
+    ctx["start_prec"] = str(exact.START_PREC)
+    ctx["max_prec"] = str(exact.MAX_PREC)
+    ctx["tie_test_prec"] = str(whitening.TIE_TEST_PREC)
     sig = [10000.0, 10000.005, 10000.010, 10000.015]
     ctx["signal_relative_spread"] = _g((max(sig) - min(sig)) / max(sig), 2)
     ctx["w_merged"] = repr(float(np.float32(16777217.0)))

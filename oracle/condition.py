@@ -135,6 +135,8 @@ placeholder 1 (``oracle.gdpo._collapsed_denominator``).
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 #: unit roundoff of float64
@@ -169,6 +171,29 @@ def stagewise(fn, *args, **kwargs):
 #: bracket's (1 - theta) y y^T term (theta = 1), "theta" drops its whole theta y y^T term
 #: (theta = 0), "error_bound" reports the computed T without its error bound
 _CONTROL = None
+
+
+def info(shape) -> dict:
+    """Per group column (or whitening unit), what the closed form needs, filled by the oracle
+    where it applies (``ok``): the frame 2^frame its std ``sigma`` and denominator ``denom``
+    are measured in; at a zero std (``collapsed``) also Samuelson's ``cap``."""
+    return {"frame": np.zeros(shape, dtype=np.int64), "sigma": np.zeros(shape), "denom": np.ones(shape),
+            "ok": np.zeros(shape, bool), "collapsed": np.zeros(shape, bool), "cap": np.full(shape, math.inf)}
+
+
+def admit(info: dict, at, frame: int, sigma: float, denom: float) -> None:
+    """The closed form applies at ``at``: a live std, its sigma and denominator in the frame."""
+    info["frame"][at], info["sigma"][at], info["denom"][at] = frame, sigma, denom
+    info["ok"][at] = True
+
+
+def admit_collapsed(info: dict, at, frame: int, h0: float, cap) -> None:
+    """A zero std with eps added to it (or to the variance): z = d / h is differentiable at
+    d = 0, with h0 = eps (sqrt(eps)) in the frame and theta = 0 (module docstring), where h0
+    is a normal float there; capped by Samuelson's ``cap``."""
+    if 2.0 ** -1022 <= h0 < math.inf:
+        admit(info, at, frame, 0.0, h0)
+        info["collapsed"][at], info["cap"][at] = True, float(cap)
 
 
 def z_count(n):
@@ -294,7 +319,7 @@ def _ulps(X):
     return nu, kmax
 
 
-def standardize_groups(X, Z, theta, om, hm, hx, count, collapsed=None):
+def standardize_groups(X, Z, theta, om, hm, hx, collapsed=None):
     """Tight first-order change of standardized outputs Z (rows of (B, n), correctly rounded)
     per one ulp of each input X. Returns (T, E, x, ok, y, nu, kmax): T and E (the bound
     on T's evaluation error, noise included) are significands of one exponent x per row,
@@ -308,15 +333,11 @@ def standardize_groups(X, Z, theta, om, hm, hx, count, collapsed=None):
         ok = ok | collapsed
     R, A = _dense(y, theta, om, nu)
     noise = n * _noise(sub, zmax)
-    E = count(n) * U * A + noise[:, None]
+    E = z_count(n) * U * A + noise[:, None]
     T = R / hm[:, None]
     E = E / hm[:, None]
     x = np.broadcast_to((kmax - hx)[:, None], (B, n))
     return T, E, x, ok, y, nu, kmax
-
-
-#: The old name of :func:`standardize_groups` (deprecated).
-standardize = standardize_groups
 
 
 def _within_cap(T, E, x, cap, xe=None):
@@ -391,8 +412,7 @@ def whiten_values(v, a64, members, info, placement, eps, old):
         idx = np.stack([members[s] for s in units])
         theta, om, hm, hx = _theta(placement, info["sigma"][us], info["denom"][us], eps, info["frame"][us])
         coll = np.asarray(info["collapsed"], bool)[us]
-        t, e, x, ok, *_ = standardize_groups(v[idx], a64[idx], theta, om, hm, hx,
-                                      lambda m: 3 * np.asarray(m) + 60, collapsed=coll)
+        t, e, x, ok, *_ = standardize_groups(v[idx], a64[idx], theta, om, hm, hx, collapsed=coll)
         ok &= _within_cap(t, e, x, np.asarray(info["cap"])[us][:, None]).all(axis=1)
         T[idx], E[idx], X[idx] = t, e, x
         good[idx] = ok[:, None]
@@ -427,38 +447,27 @@ def group_columns(r, z64, members, info, placement, eps, nan_mask) -> ZStage:
         X = np.transpose(r[idx], (0, 2, 1)).reshape(Bn * K, n)
         Z = np.transpose(z64[idx], (0, 2, 1)).reshape(Bn * K, n)
         flat = np.flatnonzero(colok.reshape(-1))
-        y = np.zeros((Bn * K, n))
-        nu = np.zeros((Bn * K, n))
-        theta = np.zeros(Bn * K)
-        om = np.zeros(Bn * K)
-        hm = np.ones(Bn * K)
-        hx = np.zeros(Bn * K, dtype=np.int64)
-        kmax = np.zeros(Bn * K, dtype=np.int64)
-        noise = np.zeros(Bn * K)
-        okr = np.zeros(Bn * K, bool)
-        if flat.size:
-            th, o, m_, x_ = _theta(placement, info["sigma"][gs].reshape(-1)[flat],
-                                   info["denom"][gs].reshape(-1)[flat], eps, info["frame"][gs].reshape(-1)[flat])
-            coll = np.asarray(info["collapsed"], bool)[gs].reshape(-1)[flat]
-            t, e, x, ok, yy, nn, km = standardize_groups(X[flat], Z[flat], th, o, m_, x_, z_count, collapsed=coll)
-            # a zero std whose first-order value exceeds Samuelson's cap: the cap (spec section 7),
-            # and Eq. 7 and Eq. 6 fall back with it
-            ok &= _within_cap(t, e, x, np.asarray(info["cap"])[gs].reshape(-1)[flat][:, None]).all(axis=1)
-            theta[flat], om[flat], hm[flat], hx[flat] = th, o, m_, x_
-            y[flat], nu[flat], kmax[flat], okr[flat] = yy, nn, km, ok
-            az = np.abs(Z[flat])
-            noise[flat] = _noise(((az > 0) & (az < _TINY)).any(axis=1), az.max(axis=1))
-            rows = np.zeros((Bn * K, n)); rows[flat] = t; T = rows
-            rows = np.zeros((Bn * K, n)); rows[flat] = e; Er = rows
-            rows = np.zeros((Bn * K, n), dtype=np.int64); rows[flat] = x; Xr = rows
-            back = lambda a: np.transpose(a.reshape(Bn, K, n), (0, 2, 1))  # noqa: E731
-            out.T[idx], out.E[idx], out.x[idx] = back(T), back(Er), back(Xr)
-            out.ok[idx] = back(np.broadcast_to(okr[:, None], (Bn * K, n)))
-        okr = okr.reshape(Bn, K)
-        out.buckets[n] = {"groups": gs, "idx": idx, "ok": okr, "y": y.reshape(Bn, K, n),
-                          "nu": nu.reshape(Bn, K, n), "theta": theta.reshape(Bn, K), "om": om.reshape(Bn, K),
-                          "hm": hm.reshape(Bn, K), "hx": hx.reshape(Bn, K), "kmax": kmax.reshape(Bn, K),
-                          "noise": noise.reshape(Bn, K)}
+
+        def at(key):  # an info array at the eligible columns
+            return np.asarray(info[key])[gs].reshape(-1)[flat]
+
+        def full(values, fill=0.0):  # (B, K, ...): the eligible columns' values, ``fill`` elsewhere
+            whole = np.full((Bn * K,) + np.shape(values)[1:], fill, dtype=np.asarray(values).dtype)
+            whole[flat] = values
+            return whole.reshape((Bn, K) + np.shape(values)[1:])
+
+        theta, om, hm, hx = _theta(placement, at("sigma"), at("denom"), eps, at("frame"))
+        t, e, x, ok, y, nu, kmax = standardize_groups(X[flat], Z[flat], theta, om, hm, hx, collapsed=at("collapsed"))
+        # a zero std whose first-order value exceeds Samuelson's cap: the cap (spec section 7),
+        # and Eq. 7 and Eq. 6 fall back with it
+        ok &= _within_cap(t, e, x, at("cap")[:, None]).all(axis=1)
+        az = np.abs(Z[flat])
+        noise = _noise(((az > 0) & (az < _TINY)).any(axis=1), az.max(axis=1))
+        out.T[idx], out.E[idx], out.x[idx] = (np.transpose(full(v), (0, 2, 1)) for v in (t, e, x))
+        out.ok[idx] = np.transpose(np.broadcast_to(full(ok, False)[:, :, None], (Bn, K, n)), (0, 2, 1))
+        out.buckets[n] = {"groups": gs, "idx": idx, "ok": full(ok, False), "y": full(y), "nu": full(nu),
+                          "theta": full(theta), "om": full(om), "hm": full(hm, 1.0), "hx": full(hx, 0),
+                          "kmax": full(kmax, 0), "noise": full(noise)}
     return out
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 from fractions import Fraction
 
+import numpy as np
 from mpmath import libmp
 
 from spec import error_model as em
@@ -31,6 +32,11 @@ from spec.errors import GDPOError
 _FLOOR = libmp.round_floor
 _CEIL = libmp.round_ceiling
 ZERO = libmp.fzero
+
+#: Ziv's loop: the working precisions (bits) tried in turn, from START_PREC doubling up to MAX_PREC.
+START_PREC = 96
+MAX_PREC = 1 << 16
+PRECISIONS = tuple(p for p in (START_PREC << k for k in range(16)) if p <= MAX_PREC)
 
 
 class CertificationError(GDPOError):
@@ -209,12 +215,6 @@ def _max(*xs):
     return m
 
 
-def iv_mul(a: tuple, b: tuple, prec: int) -> tuple:
-    lo = [libmp.mpf_mul(x, y, prec, _FLOOR) for x in a for y in b]
-    hi = [libmp.mpf_mul(x, y, prec, _CEIL) for x in a for y in b]
-    return (_min(*lo), _max(*hi))
-
-
 def iv_square(a: tuple, prec: int) -> tuple:
     lo, hi = a
     if libmp.mpf_sign(lo) >= 0:
@@ -350,10 +350,7 @@ def round_fraction(q: Fraction, fmt: str) -> float:
         return 0.0
     neg = q < 0
     n, d = abs(q.numerator), q.denominator
-    e = n.bit_length() - d.bit_length()  # floor(log2(n / d)) is e or e - 1
-    if (n << max(0, -e)) < (d << max(0, e)):
-        e -= 1
-    k = max(e - p + 1, emin - p + 1)  # the value's last bit: 2^k
+    k = max(_floor_log2(abs(q)) - p + 1, emin - p + 1)  # the value's last bit: 2^k
     num, den = (n, d << k) if k >= 0 else (n << -k, d)
     m, rem = divmod(num, den)
     if 2 * rem > den or (2 * rem == den and m & 1):
@@ -415,10 +412,104 @@ def _floor_log2(x: Fraction) -> int:
     return e
 
 
-def mpf_to_float_nearest(x: tuple) -> float:
-    return round_mpf(x, "float64")
+def round_form(form: Form, classes: SqrtClasses) -> tuple[float, ...]:
+    """Certified roundings of an exact form to every format of :data:`ROUNDED` (Ziv's loop)."""
+    if form.is_rational():
+        return round_all_fraction(form.q0)
+    for prec in PRECISIONS:
+        every = round_all(iv_form(form, classes, prec))
+        if every is not None:
+            return every
+    raise CertificationError(f"could not certify {form!r} within {MAX_PREC} bits")
 
 
-def iv_mid_float(iv: tuple) -> float:
-    """A float64 inside (or at the edge of) the interval: for error-model inputs."""
-    return round_mpf(iv[0], "float64")
+def pow2(e: int) -> Fraction:
+    return Fraction(2) ** e if e >= 0 else Fraction(1, 2 ** -e)
+
+
+def float_sqrt(v: Fraction) -> float:
+    """sqrt(v) to float64 (through 80 bits: an input of the error model, not a certified value)."""
+    if v == 0:
+        return 0.0
+    x = libmp.from_rational(v.numerator, v.denominator, 80, libmp.round_nearest)
+    return round_mpf(libmp.mpf_sqrt(x, 80, libmp.round_nearest), "float64")
+
+
+class Values:
+    """A stage's values while they are computed, per output element: the certified rounding
+    to each format of :data:`ROUNDED`, exact zeros, the condition estimate ``cond`` and the
+    error model's ``delta``, the zeros the specification demands bit for bit (``required``);
+    of Eq. 7's c, which Eq. 6 reads, also the exact forms (None on a NaN row), the NaN rows and
+    the per-sample frames of the deltas (cond 2^cond_frame, delta 2^frame)."""
+
+    def __init__(self, shape, zero: bool = False, required: bool = False):
+        n = shape if isinstance(shape, int) else shape[0]
+        self.rounded = {fmt: np.zeros(shape) for fmt in ROUNDED}
+        self.zero, self.required = np.full(shape, zero), np.full(shape, required)
+        self.cond, self.delta = np.zeros(shape), np.zeros(shape)
+        self.frame, self.cond_frame = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
+        self.forms, self.nan = [None] * n, np.zeros(n, bool)
+
+    _ARRAYS = ("zero", "required", "cond", "delta", "frame", "cond_frame", "nan")
+
+    def put(self, at, values) -> None:
+        """One certified value per format (a tuple in :data:`ROUNDED` order, or one value for
+        every format) at index ``at``."""
+        for i, fmt in enumerate(ROUNDED):
+            self.rounded[fmt][at] = values[i] if isinstance(values, tuple) else values
+
+    def rows(self, keep) -> "Values":
+        """The rows ``keep`` (an index array), as a stage of their own."""
+        out = Values(len(keep))
+        out.forms = [self.forms[j] for j in keep]
+        for fmt in ROUNDED:
+            out.rounded[fmt] = self.rounded[fmt][keep]
+        for name in self._ARRAYS:
+            setattr(out, name, getattr(self, name)[keep])
+        return out
+
+    def set_rows(self, keep, other: "Values") -> None:
+        """Rows ``keep`` from ``other`` (as :meth:`rows` made them)."""
+        for fmt in ROUNDED:
+            self.rounded[fmt][keep] = other.rounded[fmt]
+        for name in ("zero", "required", "cond", "delta"):
+            getattr(self, name)[keep] = getattr(other, name)
+
+
+# ------------------------------------------------------------------- frames of the error model
+
+
+def eps_floor(eps: Fraction, placement: str) -> int:
+    """The lowest frame 2^f of an Eq. 6 bound, or of an Eq. 4 bound (group column): -900,
+    raised where eps's share of the denominator (eps 2^-f added to the std; sqrt(eps) 2^-f,
+    eps 2^-2f added to the variance) would exceed 2^960 in it; with eps = 1e-8 or 1e-4 it
+    never is (eps below 2^60 added to the std, below 2^120 to the variance).
+
+    Eq. 6: where the floor lifts the frame above a unit's largest |c|, the denominator
+    there is at least 2^959, and a c, deviation or product below 2^-1074 there may flush
+    to 0: such a term enters Δa divided by that denominator, or times an |a_j| (below
+    2^-2000 where its deviation flushed), far below the model's own underflow term 3 τ.
+
+    Eq. 4: where it lifts a column's frame (above the column's range), the denominator
+    there is again at least 2^959 and every deviation below 1, so |z| < 2^-959;
+    a deviation, std, τ 2^-f or input ulp that flushes to 0 there enters Δz divided by that
+    denominator (or times |z|): below 2^-2000. A range that flushes is kept at 2^-1074 there
+    (an upper bound), so that the model never takes a live column for a collapsed one."""
+    if eps <= 0 or placement == "skip_if_zero":
+        return -900
+    x = math.frexp(float(eps))[1]  # eps < 2^x (eps is a float: exact)
+    top = -(-x // 2) if placement == "var" else x  # sqrt(eps) < 2^ceil(x/2)
+    return max(-900, top - 960)
+
+
+def collapsed_denominator(eps: Fraction, placement: str, e: int) -> float:
+    """The denominator at a zero std measured in the frame 2^e, where its first order exists:
+    eps 2^-e ("std", "std_if_positive": a perturbed std is positive) or sqrt(eps) 2^-e ("var");
+    0 (no closed form: Samuelson's cap) for "skip_if_zero" or eps = 0."""
+    if eps <= 0:
+        return 0.0
+    if placement in ("std", "std_if_positive"):
+        return float(eps * pow2(-e))
+    if placement == "var":
+        return float_sqrt(eps * pow2(-2 * e))
+    return 0.0

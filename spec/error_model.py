@@ -253,7 +253,6 @@ def standardize_groups_stage(dev, d_dev, sigma, denom, z, n, ddof, rounding=True
     d_denom = d_sigma
     if rounding:
         d_denom += 0.5 * (n + 3) * sigma + 2.0 * denom
-    if rounding:
         with np.errstate(over="ignore"):
             dz = (d_dev + z * d_denom) / denom + 3.0 * (z + tau)  # τ: z itself may underflow (D > 2 (n + 3))
         # cap_u: the unit roundoff of a mean-then-subtract code dividing by its own std (+ eps)

@@ -134,20 +134,8 @@ def process_state_error(modes: "tuple[bool, bool] | None" = None) -> "GDPOError 
 
 
 #: Every class of the contract, by short name: tests and docs iterate over this.
-ERROR_CLASSES = {
-    cls.__name__: cls
-    for cls in (
-        GDPOError,
-        NonFiniteError,
-        InputDtypeError,
-        ShapeError,
-        GroupError,
-        WeightError,
-        SegmentError,
-        OutOfRangeError,
-        DistributedError,
-    )
-}
+ERROR_CLASSES = {cls.__name__: cls for cls in (GDPOError, NonFiniteError, InputDtypeError, ShapeError, GroupError,
+                                                WeightError, SegmentError, OutOfRangeError, DistributedError)}
 
 #: Ranks of the process group ``group`` that a ranked example (one naming ``group``)
 #: runs on; ``rank`` is the caller's rank in it.

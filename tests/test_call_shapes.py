@@ -504,7 +504,7 @@ def test_verl_oracle_bounds_units_in_subnormal_frames(mirror, case):
 @pytest.mark.parametrize("eps", [1e100, 1e300])
 def test_oracle_bounds_a_huge_eps_beside_tiny_c(convention, eps):
     """An eps far beyond a unit's c (c down to 2^-1074, eps up to 1e300): the unit's frame is
-    lifted so that eps's share of the denominator stays finite (oracle/gdpo.py _eps_floor);
+    lifted so that eps's share of the denominator stays finite (oracle/exact.py eps_floor);
     the bound is finite and positive, never an OverflowError."""
     from oracle import gdpo as og
 

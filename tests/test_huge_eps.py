@@ -4,7 +4,7 @@ property stops at 100).
 
 * The oracle computes such cases without an exception and with finite bounds: Eq. 4's
   bound is evaluated in a frame of the column's range, and where eps 2^-e would exceed
-  2^960 there the frame is lifted (oracle/gdpo.py ``_eps_floor``); it raised OverflowError
+  2^960 there the frame is lifted (oracle/exact.py ``eps_floor``); it raised OverflowError
   for eps above about 2^123 on a column whose range sits at the bottom of float64.
 * impl.gdpo (advantages, normalize_rewards, whiten) is graded against the oracle with the
   conformance checks themselves (conformance/checks.py, conformance/judge.py), tolerances

@@ -233,16 +233,6 @@ def test_the_judge_rejects_a_wrong_step_and_accepts_impl_on_the_same_input(name)
     assert "repro:" in failure and step.equation in failure
 
 
-@pytest.mark.parametrize("old", ["positional", "keyword"])
-def test_the_old_combine_call_is_eq4_plus_7_with_a_deprecation_warning(old):
-    r = C_MINUS_D
-    with pytest.warns(DeprecationWarning, match="normalize_rewards"):
-        res = oracle.combine(r, [0] * 4, weights=[1.0, 2.0]) if old == "positional" else \
-            oracle.combine(r, group_ids=[0] * 4, weights=[1.0, 2.0])
-    want = oracle.normalize_rewards(r, group_size=4, weights=[1.0, 2.0])
-    assert np.array_equal(res.float64, want.float64)
-
-
 def test_old_oracle_names_still_work():
     r = np.array([[1.0], [2.0], [4.0], [8.0]])
     assert np.array_equal(oracle.advantages(r, [0, 0, 1, 1]).float64,

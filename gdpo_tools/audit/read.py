@@ -464,6 +464,32 @@ def _in_chunks(items, lines: _Lines):
         yield chunk
 
 
+class _Rows:
+    """The rows of a text file, met chunk by chunk: the reward columns as float64 parts, the
+    group (and unit) labels, each row's line."""
+
+    def __init__(self, src: str, units: bool):
+        self.src, self.parts, self.starts = src, [], []
+        self.groups = _Labels("group", src, AuditGroupError, text=True)
+        self.units = _Labels("unit", src, AuditUnitError, text=False) if units else None
+
+    def add(self, at, columns, names, text: bool, groups, units) -> None:
+        self.parts.append(np.stack([_float_cells(col, name, self.src, at, text=text)
+                                    for col, name in zip(columns, names)], 1))
+        self.groups.add(groups, at)
+        if self.units is not None:
+            self.units.add(units, at)
+        self.starts.append(np.asarray(at, np.int64))
+
+    def batch(self, names: list[str], empty: str) -> Batch:
+        if not self.parts:
+            raise AuditShapeError(f"{self.src}: {empty}")
+        group, group_names = self.groups.finish()
+        unit = self.units.finish()[0] if self.units is not None else None
+        return Batch(np.concatenate(self.parts), group, unit, None, names, self.src, group_names,
+                     np.concatenate(self.starts))
+
+
 def _read_csv(path: Path, progress=None) -> Batch:
     src = str(path)
     size = max(path.stat().st_size, 1)
@@ -489,42 +515,28 @@ def _read_csv(path: Path, progress=None) -> Batch:
             names = [c for c in fields if c not in ("group", "unit")]
             if not names:
                 raise AuditShapeError(f"{src}: no reward columns besides 'group'/'unit'")
-            cols = [fields.index(c) for c in names]
-            groups = _Labels("group", src, AuditGroupError, text=True)
-            units = _Labels("unit", src, AuditUnitError, text=False) if "unit" in fields else None
-            parts, starts = [], []
+            rows = _Rows(src, "unit" in fields)
             for chunk in _in_chunks(numbered(), lines):
                 at = [n for n, _ in chunk]
                 for n, row in chunk:
                     if len(row) != len(fields):
                         raise AuditShapeError(f"{src}: line {n} has {len(row)} fields, the header "
                                               f"{len(fields)}")
-                by_col = list(zip(*(row for _, row in chunk)))
-                parts.append(np.stack([_float_cells(by_col[j], fields[j], src, at, text=True) for j in cols], 1))
-                groups.add(by_col[fields.index("group")], at)
-                if units is not None:
-                    units.add(by_col[fields.index("unit")], at)
-                starts.append(np.asarray(at, np.int64))
+                by_col = dict(zip(fields, zip(*(row for _, row in chunk))))
+                rows.add(at, [by_col[c] for c in names], names, True, by_col["group"], by_col.get("unit"))
                 if progress is not None:
                     progress(lines.read / size)
         except UnicodeDecodeError as e:
             raise AuditInputError(f"{src}: not UTF-8 text ({e.reason})") from None
         except csv.Error as e:
             raise AuditInputError(f"{src}: not valid CSV at line {reader.line_num}: {e}") from None
-    if not parts:
-        raise AuditShapeError(f"{src}: no rows")
-    group, group_names = groups.finish()
-    unit = units.finish()[0] if units is not None else None
-    return Batch(np.concatenate(parts), group, unit, None, names, src, group_names, np.concatenate(starts))
+    return rows.batch(names, "no rows")
 
 
 def _read_jsonl(path: Path, progress=None) -> Batch:
     src = str(path)
     size = max(path.stat().st_size, 1)
-    names = first = first_line = None
-    groups = _Labels("group", src, AuditGroupError, text=True)
-    units = None
-    parts, starts = [], []
+    names = first = first_line = rows = None
     with _open_text(path, src) as f:
         lines = _Lines(f, src)
         numbered = ((i + 1, line) for i, line in enumerate(lines) if line.strip())
@@ -543,31 +555,21 @@ def _read_jsonl(path: Path, progress=None) -> Batch:
                     names = list(first) if isinstance(first, dict) else [f"r{k}" for k in range(len(first))]
                     if not names:
                         raise AuditShapeError(f"{src}: line {first_line} has no rewards")
-                    if "unit" in recs[0]:
-                        units = _Labels("unit", src, AuditUnitError, text=False)
+                    rows = _Rows(src, "unit" in recs[0])
                 values = []
                 for n, rec in zip(at, recs):
                     values.append(_record_rewards(rec, n, src, names, first, first_line))
-                    if ("unit" in rec) != (units is not None):
-                        has, hasnt = (first_line, n) if units is not None else (n, first_line)
+                    if ("unit" in rec) != (rows.units is not None):
+                        has, hasnt = (first_line, n) if rows.units is not None else (n, first_line)
                         raise AuditUnitError(f"{src}: line {hasnt} has no 'unit' but line {has} has one; give every "
                                              "row a unit or none")
-                by_col = list(zip(*values))
-                parts.append(np.stack([_float_cells(by_col[k], names[k], src, at, text=False)
-                                       for k in range(len(names))], 1))
-                groups.add([rec["group"] for rec in recs], at)
-                if units is not None:
-                    units.add([rec["unit"] for rec in recs], at)
-                starts.append(np.asarray(at, np.int64))
+                rows.add(at, list(zip(*values)), names, False, [rec["group"] for rec in recs],
+                         [rec.get("unit") for rec in recs])
                 if progress is not None:
                     progress(lines.read / size)
         except UnicodeDecodeError as e:
             raise AuditInputError(f"{src}: not UTF-8 text ({e.reason})") from None
-    if not parts:
-        raise AuditShapeError(f"{src}: no records")
-    group, group_names = groups.finish()
-    unit = units.finish()[0] if units is not None else None
-    return Batch(np.concatenate(parts), group, unit, None, names, src, group_names, np.concatenate(starts))
+    return (rows or _Rows(src, False)).batch(names, "no records")
 
 
 def _check_record(rec, line: int, src: str) -> None:

@@ -16,6 +16,7 @@ their own dtype, against impl.gdpo.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import re
 import sys
@@ -352,15 +353,14 @@ def audit(batch: Batch, weights=None, eps: float = DEFAULT_EPS, progress: bool |
 
     # ---- findings
     bar.start("findings")
-    group_rows, counts = [], {}
+    group_rows, counts = [], collections.Counter()
     keep_all = G <= LIST_EVERY_GROUP
     warned = routine_only = 0
     partial = _partial_cancellations(r, groups, w, eps)
     for gi in range(G):
         found = _group_findings(batch, groups, gi, w, eps, signal[gi], cancelled[gi], cond[gi], cond_sharp[gi],
                                 cond_from[gi], over[gi], c, partial.get(gi, ()))
-        for f in found:
-            counts[f["code"]] = counts.get(f["code"], 0) + 1
+        counts.update(f["code"] for f in found)
         warns = any(f["severity"] != ROUTINE for f in found)
         warned += warns
         routine_only += bool(found) and not warns
@@ -370,7 +370,7 @@ def audit(batch: Batch, weights=None, eps: float = DEFAULT_EPS, progress: bool |
                            "signal": bool(signal[gi]), "findings": found,
                            "max_cond_combined": float(cond[gi]), "max_cond_combined_sharp": bool(cond_sharp[gi]),
                            "cond_from": str(cond_from[gi]),
-                           "impl_error_over_bound": None if np.isnan(over[gi]) else float(over[gi])})
+                           "impl_error_over_bound": _number(over[gi])})
     unit_rows = []
     for ui, label in enumerate(ulabels):
         found = []
@@ -382,13 +382,12 @@ def audit(batch: Batch, weights=None, eps: float = DEFAULT_EPS, progress: bool |
         if not np.isnan(unit_over[ui]) and unit_over[ui] > 1.0:
             found.append(finding("impl-disagrees", f"impl.gdpo's Eq. 6 is {unit_over[ui]:.3g} times the error bound "
                                  "from the exact whitening of its own combined values", over_bound=float(unit_over[ui])))
-        for f in found:
-            counts[f["code"]] = counts.get(f["code"], 0) + 1
+        counts.update(f["code"] for f in found)
         unit_rows.append({"unit": _py(label), "size": int(usizes[ui]), "collapsed": bool(unit_collapsed[ui]),
                           "findings": found,
-                          "max_cond": None if np.isnan(unit_cond[ui]) else float(unit_cond[ui]),
+                          "max_cond": _number(unit_cond[ui]),
                           "max_cond_sharp": bool(unit_cond_sharp[ui]),
-                          "impl_error_over_bound": None if np.isnan(unit_over[ui]) else float(unit_over[ui])})
+                          "impl_error_over_bound": _number(unit_over[ui])})
 
     # ---- peers
     peer_rows = {}
@@ -592,3 +591,8 @@ def _list(names: list[str]) -> str:
 
 def _py(x):
     return x.item() if hasattr(x, "item") else x
+
+
+def _number(x) -> float | None:
+    """A measurement for the report: None where it was not made (NaN)."""
+    return None if np.isnan(x) else float(x)

@@ -632,20 +632,15 @@ CERT_COUNT = 3
 CERT_DTYPES = ("float32", "bfloat16", "float16", "float64")
 
 
-def _certified_call(case, out_dtype: str):
-    """impl.gdpo on a families case (one unit, or its contiguous units), with its Diagnostics."""
+def _certified_call(rewards, out_dtype: str, **kw):
+    """impl.gdpo with its Diagnostics, every format's rounding certified (``certified="all"``)."""
     import torch
 
     from impl import gdpo
 
-    sizes = None
-    if case.units is not None:
-        sizes = [int(x) for x in np.bincount(case.units)]
     d = gdpo.Diagnostics()
-    out = gdpo.gdpo_advantages(torch.tensor(case.rewards), group_ids=torch.tensor(case.groups),
-                               weights=None if case.weights is None else list(case.weights), segment_sizes=sizes,
-                               out_dtype=getattr(torch, out_dtype), diagnostics=d, certified="all")
-    return out.double().numpy(), d.certified, sizes
+    out = gdpo.gdpo_advantages(rewards, out_dtype=getattr(torch, out_dtype), diagnostics=d, certified="all", **kw)
+    return out.double().numpy(), d.certified
 
 
 def _boundary_cases(count: int, families=None):
@@ -653,6 +648,9 @@ def _boundary_cases(count: int, families=None):
     from conformance import boundary as B
 
     return {family: list(B.cases(family, None, count)) for family in (families or B.FAMILIES)}
+
+
+_TIERS = ("float64", "group_exact", "double_double", "exact", "uncertified")
 
 
 def build_certified(fast: bool, seed: int, progress) -> tuple[list[Table], dict]:
@@ -670,11 +668,10 @@ def build_certified(fast: bool, seed: int, progress) -> tuple[list[Table], dict]
 
     def row(name, kind, calls):
         for od in CERT_DTYPES:
-            tot = {"n": 0, "float64": 0, "group_exact": 0, "double_double": 0, "exact": 0, "uncertified": 0,
-                   "wrong": 0}
-            for out, cert, want in calls(od):
+            tot = dict.fromkeys(("n", *_TIERS, "wrong"), 0)
+            for (out, cert), want in calls(od):
                 tot["n"] += out.size
-                for f in ("float64", "group_exact", "double_double", "exact", "uncertified"):
+                for f in _TIERS:
                     tot[f] += getattr(cert, f)
                 if od == "float64":
                     tot["wrong"] += int(np.sum(np.abs(out - want) > np.spacing(np.abs(want))))
@@ -682,35 +679,30 @@ def build_certified(fast: bool, seed: int, progress) -> tuple[list[Table], dict]
                     tot["wrong"] += int(np.sum(out != want))
             facts[(name, od)] = tot
             n = max(tot["n"], 1)
-            rows.append([name, kind, od, str(tot["n"]), f"{100 * tot['float64'] / n:.1f}%",
-                         f"{100 * tot['group_exact'] / n:.1f}%",
-                         f"{100 * tot['double_double'] / n:.1f}%", f"{100 * tot['exact'] / n:.1f}%",
+            rows.append([name, kind, od, str(tot["n"]), *(f"{100 * tot[f] / n:.1f}%" for f in _TIERS[:4]),
                          str(tot["uncertified"]), str(tot["wrong"])])
 
     for name in ordinary:
-        cs = fam.cases(name, count, seed)
-
-        def calls(od, cs=cs):
+        def calls(od, cs=fam.cases(name, count, seed)):
             for case in cs:
-                out, cert, sizes = _certified_call(case, od)
-                want = P.oracle(case.rewards, case.groups, unit_ids=case.units, weights=case.weights).rounded(od)
-                yield out, cert, want
+                sizes = None if case.units is None else [int(x) for x in np.bincount(case.units)]
+                yield (_certified_call(torch.tensor(case.rewards), od, group_ids=torch.tensor(case.groups),
+                                       weights=None if case.weights is None else list(case.weights),
+                                       segment_sizes=sizes),
+                       P.oracle(case.rewards, case.groups, unit_ids=case.units, weights=case.weights).rounded(od))
         row(name, "ordinary", calls)
         step()
     for name, cs in hunted.items():
         def calls(od, cs=cs):
-            from impl import gdpo
             for case in cs:
-                d = gdpo.Diagnostics()
                 kw = dict(group_size=case.group_size, weights=None if case.weights is None else list(case.weights),
-                          segment_sizes=None if case.segment_sizes is None else list(case.segment_sizes),
-                          out_dtype=getattr(torch, od), diagnostics=d, certified="all")
+                          segment_sizes=None if case.segment_sizes is None else list(case.segment_sizes))
                 if case.group_ids is not None:
                     kw["group_ids"] = torch.tensor(case.group_ids)
                 if case.eps is not None:
                     kw["eps"] = case.eps
-                out = gdpo.gdpo_advantages(torch.tensor(case.rewards, dtype=getattr(torch, case.dtype)), **kw)
-                yield out.double().numpy(), d.certified, expected(case).result.rounded(od)
+                yield (_certified_call(torch.tensor(case.rewards, dtype=getattr(torch, case.dtype)), od, **kw),
+                       expected(case).result.rounded(od))
         row(name, "hunted", calls)
         step()
     t = Table(

@@ -1,0 +1,389 @@
+"""Eq. 6 exactly: each whitening unit's mean, std and whitened values, certified and correctly
+rounded, with the error model's bound and the stage-wise condition estimate of each value.
+
+The combined values c arrive as exact forms (:mod:`oracle.exact`) with their own condition
+and model deltas in per-sample frames (an :class:`oracle.exact.Values` of Eq. 7); a unit's
+exact collapse (every c equal) is decided on the forms, and its error model is evaluated in
+a frame of its own (:func:`_unit_frame`), where nothing overflows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from fractions import Fraction
+
+import numpy as np
+
+from oracle import condition as cn
+from oracle import exact as ex
+from oracle.inputs import members, py
+from spec import error_model as em
+from spec.conventions import Convention
+from spec.errors import SegmentError
+
+#: From this precision on, a whitened value whose interval still straddles a rounding
+#: boundary is tested for being exactly that boundary (a tie), on the exact forms.
+TIE_TEST_PREC = 4 * ex.START_PREC
+
+
+def structural_mean(conv: Convention) -> bool:
+    """Does the convention demand the structural zero mean of a unit of whole groups (spec
+    section 7)? Only ``spec``'s exact collapse does: Eq. 4 centres every group column (no raw
+    singleton), Eq. 6 weighs samples alike. The peers' float codes test collapse their own
+    way (``collapse``) and subtract a rounded batch mean; they are graded by the formula."""
+    return (conv.collapse == "exact_equality" and conv.whiten == "per_sample" and conv.singleton != "raw")
+
+
+def units_of_whole_groups(gidx: np.ndarray, uidx: np.ndarray, G: int, S: int) -> np.ndarray:
+    """(S,) bool: every group with a member in the unit has all its members in it."""
+    if gidx.size == 0:
+        return np.zeros(S, bool)
+    lo = np.full(G, S, dtype=np.int64)
+    hi = np.full(G, -1, dtype=np.int64)
+    np.minimum.at(lo, gidx, uidx)
+    np.maximum.at(hi, gidx, uidx)
+    cut = lo[gidx] != hi[gidx]  # per sample: its group spans two or more units
+    whole = np.ones(S, bool)
+    whole[uidx[cut]] = False
+    return whole
+
+
+def whiten_scored(unscored, c: ex.Values, uidx, t, conv, eps_w, classes, labels, whole=None):
+    """Eq. 6 of convention nan="nan_aware_unscored" (TRL): a sample whose every reward is NaN
+    is left out of its unit's statistics and gets advantage 0 (exactly, bound 0); a unit left
+    with fewer than two scored samples gets 0 throughout (the NaN std of one value, then
+    nan_to_num). The other samples are whitened among themselves (:func:`whiten`).
+
+    ``whole`` (S,): the units made of whole groups, where the convention demands the
+    structural zero mean (spec's, under ``missing="unscored"``): the scored rows of a whole
+    group still sum to exactly 0 (each column is centred over its scored members, and a row
+    not scored in it has z = 0 there), so a structural zero of c whitens to a required 0; and
+    every advantage this function sets to 0 (unscored rows, units of fewer than two scored
+    rows) is then a required zero too."""
+    counts = np.bincount(uidx[~unscored], minlength=labels.size)
+    keep = np.flatnonzero(~unscored & (counts[uidx] >= 2))
+    a = ex.Values(len(c.forms), zero=True, required=whole is not None)
+    a.required[keep] = False
+    ucoll = counts < 2
+    if keep.size:
+        kept_units, sub_uidx = np.unique(uidx[keep], return_inverse=True)
+        sub, ucoll[kept_units] = whiten(c.rows(keep), sub_uidx.reshape(-1), None if t is None else t[keep], conv,
+                                        eps_w, classes, labels[kept_units],
+                                        whole=None if whole is None else whole[kept_units])
+        a.set_rows(keep, sub)
+    return a, ucoll
+
+
+@dataclasses.dataclass
+class _Unit:
+    """One unit's exact data: its combined values' forms, which of them equal the mean
+    (``zero``), the sample weights ``tt`` (T in all) and the exact mean form."""
+
+    forms: list
+    zero: np.ndarray
+    tt: np.ndarray
+    T: int
+    mean: ex.Form
+    conv: Convention
+    eps: Fraction
+    classes: ex.SqrtClasses
+
+
+def whiten(c: ex.Values, uidx, t, conv, eps_w, classes, labels=None, uinfo=None, whole=None):
+    """Eq. 6 per unit: the whitened values (an :class:`oracle.exact.Values`) and which units
+    collapsed. ``whole`` (S,) marks the units made of whole groups, whose mean is structurally
+    zero where the convention demands it (:func:`structural_mean`): there a structural zero of
+    c is a required zero of a (spec section 7). c's condition and model deltas are ``cond *
+    2^cond_frame`` and ``delta * 2^frame`` per sample (``rounded["float64"]`` inf where c
+    overflowed). Each unit's error model is evaluated in a frame of its own
+    (:func:`_unit_frame`), where nothing overflows (a is dimensionless; eps scales with the
+    frame like what it is added to: like c when added to the std, like c^2 when added to the
+    variance). ``uinfo`` (:func:`oracle.condition.info`, per unit) receives what the closed
+    form of the condition needs, where it applies."""
+    N = len(c.forms)
+    a = ex.Values(N)
+    S = int(uidx.max()) + 1 if N else 0
+    ucoll = np.zeros(S, bool)
+    floor = ex.eps_floor(eps_w, conv.whiten_eps_placement)
+    c64, nan = c.rounded["float64"], c.nan
+    for s, idx in enumerate(members(uidx, S)):
+        label = labels[s] if labels is not None else s
+        if conv.whiten == "none":
+            _unchanged(c, idx, classes, a)
+            # no Eq. 6, but the unit's combined values may still be all exactly equal (the
+            # field says so under every convention)
+            ucoll[s] = idx.size > 0 and not nan[idx].any() and all(
+                c.forms[j].minus(c.forms[idx[0]]).is_zero() for j in idx[1:])
+            continue
+        uforms = [c.forms[j] for j in idx]
+        c_top = _top_exponent(uforms, nan[idx], c64[idx], classes)
+        frame = _unit_frame(c_top, nan[idx], c.delta[idx], c.frame[idx], floor)  # the error model's
+        cframe = _unit_frame(c_top, nan[idx], c.cond[idx], c.cond_frame[idx], floor)  # the condition estimate's
+        cs = _scaled_values(uforms, nan[idx], c64[idx], frame, classes)
+        ccs = _scaled_values(uforms, nan[idx], c64[idx], cframe, classes)
+        with np.errstate(over="ignore"):  # a delta 2^1024 above the unit's largest c: no bound (inf)
+            dcond_s = np.ldexp(c.cond[idx], np.clip(c.cond_frame[idx] - cframe, -2200, 2200).astype(np.int32))
+            dmodel_s = np.ldexp(c.delta[idx], np.clip(c.frame[idx] - frame, -2200, 2200).astype(np.int32))
+        if nan[idx].any():  # convention nan="propagate": the unit's statistics are NaN
+            a.put(idx, np.nan)
+            a.cond[idx] = a.delta[idx] = np.nan
+            continue
+        tt = np.ones(idx.size, dtype=np.int64) if t is None else t[idx]
+        T = int(tt.sum())
+        if T - conv.whiten_ddof <= 0:
+            raise SegmentError(f"whitening unit {py(label)!r} has {idx.size} sample(s) ({T} weight); "
+                               "the unbiased std of Eq. 6 needs at least 2")
+        mean = ex.Form()
+        for f, tj in zip(uforms, tt.tolist()):
+            mean.add_scaled(f, Fraction(tj))
+        mean = mean.scaled(Fraction(1, T))
+        if mean.support() > max((f.support() for f in uforms), default=0):
+            zero = np.zeros(idx.size, bool)
+        else:
+            zero = np.array([f.minus(mean).is_zero() for f in uforms])
+        coll = ucoll[s] = bool(zero.all())
+        if coll:
+            if conv.whiten_eps_placement == "skip_if_zero":  # the step is skipped: a = c
+                _unchanged(c, idx, classes, a)
+                continue
+            a.zero[idx] = True
+            a.required[idx] = c.required[idx].all()  # equal bit for bit only when every c is a structural zero
+            # equal in exact arithmetic only: a correct float64 code whitens its rounding
+            # noise, which eps keeps small; the bound below (std 0) says how small. A structural
+            # zero is demanded bit for bit (delta 0, below), but one ulp of input still
+            # un-collapses the unit: its cond is the same as any zero std's (spec section 7)
+            var = (ex.ZERO, ex.ZERO)
+        else:
+            var = _unit_numbers(_Unit(uforms, zero, tt, T, mean, conv, eps_w, classes), idx, a, label)
+            if whole is not None and whole[s] and t is None and mean.is_zero():
+                # a unit of whole groups: Eq. 4 centres every group column, so the unit's mean
+                # is exactly 0 by structure, and a structural zero of c whitens to exactly 0
+                a.required[idx] = c.required[idx]
+        vals64 = a.rounded["float64"][idx]
+        # error model in the frame (c * frame); eps scales with it
+        ttf = tt.astype(np.float64)
+        m_s, s_s, den_s = _scaled_unit_terms(mean, var, eps_w, conv, frame, classes)
+        a.delta[idx] = em.whiten_stage(dmodel_s, cs, m_s, vals64, s_s, den_s, conv.whiten_ddof, ttf,
+                                       tau=math.ldexp(em.underflow_tau(conv.native_dtype), -frame),
+                                       unit_roundoff=conv.unit_roundoff)
+        if coll and a.required[idx[0]]:
+            a.delta[idx] = 0.0  # the structural zero: demanded bit for bit
+        elif a.required[idx].any():
+            a.delta[idx[a.required[idx]]] = 0.0  # structural zeros in a unit of whole groups
+        m_s, s_s, den_s = _scaled_unit_terms(mean, var, eps_w, conv, cframe, classes)
+        if not coll and not s_s >= 2.0 ** -1022:
+            # a live unit whose std is not a normal float in the condition frame (its spread of
+            # c below float64's range there, or flushed): the stage-wise formula would take it
+            # for a zero std and cap it. Cauchy-Schwarz instead: |dsigma| <= sqrt(T/(T - ddof))
+            # max |d dev|, |dh| <= |dsigma|, so |da_j| <= (|d dev_j| + |a_j| sqrt(T/(T - ddof))
+            # max |d dev|) / h, d dev_j <= dc_j + sum t dc / T; no bound (inf) where the
+            # denominator itself is not a normal float there (no eps: it is that std)
+            dd = dcond_s + float(np.sum(ttf * dcond_s) / T)
+            with np.errstate(over="ignore", invalid="ignore"):
+                ds = math.sqrt(T / (T - conv.whiten_ddof)) * (1 + 2.0 ** -50) * float(np.max(dd))
+                a.cond[idx] = (dd + np.abs(vals64) * ds) / den_s * (1 + 2.0 ** -48) \
+                    if den_s >= 2.0 ** -1022 else math.inf
+            a.cond[idx] = np.where(np.isnan(a.cond[idx]), math.inf, a.cond[idx])
+        else:
+            a.cond[idx] = em.whiten_stage(dcond_s, ccs, m_s, vals64, s_s, den_s, conv.whiten_ddof, ttf,
+                                          rounding=False)
+        if uinfo is not None and t is None and not coll and s_s >= 2.0 ** -1022 and 2.0 ** -1022 <= den_s < math.inf:
+            cn.admit(uinfo, s, cframe, s_s, den_s)
+        elif uinfo is not None and t is None and coll:  # a zero std: the first order at eps > 0
+            cn.admit_collapsed(uinfo, s, cframe, ex.collapsed_denominator(eps_w, conv.whiten_eps_placement, cframe),
+                               em.samuelson(idx.size, conv.whiten_ddof))
+    return a, ucoll
+
+
+def _unchanged(c: ex.Values, idx, classes, a: ex.Values) -> None:
+    """A step that leaves values unchanged (a = c): their rounding certified like any
+    other, their bounds c's own."""
+    for j in idx:
+        if c.nan[j]:
+            a.put(j, np.nan)
+        else:
+            a.put(j, ex.round_form(c.forms[j], classes))
+            a.zero[j] = c.forms[j].is_zero()
+    with np.errstate(over="ignore"):
+        a.cond[idx] = np.ldexp(c.cond[idx], c.cond_frame[idx])
+        a.delta[idx] = np.ldexp(c.delta[idx], c.frame[idx])
+
+
+def _scaled_unit_terms(mean, var, eps_w, conv, frame: int, classes):
+    """A unit's mean, std and denominator measured in the frame 2^frame: with q = 2^-frame,
+    c, the mean and the std scale by q, so an eps added to the std scales by q and one added
+    to the variance by q^2 (then the bound is invariant under c -> 2^k c, eps -> 4^k eps, as
+    the exact a is). The denominator comes from the exact variance and eps in mpmath, whose
+    exponents are unbounded: eps q^2 alone may be far beyond float64 (q up to 2^900) while
+    the denominator, sqrt(eps) q at most 2^960 or so (:func:`oracle.exact.eps_floor`), is not."""
+    q = ex.pow2(-frame)
+    m_s = ex.round_mpf(ex.iv_form(mean.scaled(q), classes, 80)[0], "float64")
+    var_s = ex.iv_scale_rational(var, q * q, 80)
+    s_s = ex.round_mpf(ex.iv_sqrt(var_s, 80)[0], "float64")
+    placement = conv.whiten_eps_placement
+    if placement in ("std", "std_if_positive"):
+        return m_s, s_s, s_s + float(eps_w * q)  # at most 2^960 (eps_floor)
+    if placement == "var":  # sqrt(var q^2 + eps q^2): eps q^2 itself may be beyond float64
+        w = ex.iv_add(var_s, ex.iv_rational(eps_w * q * q, 80), 80)
+        return m_s, s_s, ex.round_mpf(ex.iv_sqrt(w, 80)[0], "float64")
+    return m_s, s_s, s_s
+
+
+def _unit_numbers(u: _Unit, idx, a: ex.Values, label):
+    """Certified a for one non-collapsed unit, written into ``a`` at ``idx``; returns the
+    variance interval.
+
+    Where every c of the unit is rational and so is the denominator (a rational square
+    root), each a is an exact rational, rounded exactly. Otherwise a value interval that
+    keeps straddling a rounding boundary (a midpoint between two floats) is tested for an
+    exact tie on the forms (:func:`_whitened_equals`): a rational a there is rounded exactly
+    too; an irrational one is no midpoint, so raising the precision separates it."""
+    a.zero[idx] = u.zero
+    var = _rational_unit(u, idx, a)
+    if var is not None:
+        return var
+    tested: set = set()  # (p, boundary) pairs found not to be a tie
+    ties: dict[int, tuple] = {}
+    variance: list = []  # the variance form, built at the first tie test
+    ddof, placement = u.conv.whiten_ddof, u.conv.whiten_eps_placement
+    for prec in ex.PRECISIONS:
+        m_iv = ex.iv_form(u.mean, u.classes, prec)
+        devs = [None if z else ex.iv_sub(ex.iv_form(f, u.classes, prec), m_iv, prec) for f, z in zip(u.forms, u.zero)]
+        ss = (ex.ZERO, ex.ZERO)
+        for d, tj in zip(devs, u.tt.tolist()):
+            if d is not None:
+                ss = ex.iv_add(ss, ex.iv_scale_rational(ex.iv_square(d, prec), Fraction(tj), prec), prec)
+        var = ex.iv_scale_rational(ss, Fraction(1, u.T - ddof), prec)
+        if placement in ("std", "std_if_positive"):
+            den = ex.iv_add(ex.iv_sqrt(var, prec), ex.iv_rational(u.eps, prec), prec)
+        elif placement == "var":
+            den = ex.iv_sqrt(ex.iv_add(var, ex.iv_rational(u.eps, prec), prec), prec)
+        else:
+            den = ex.iv_sqrt(var, prec)
+        if ex.iv_contains_zero(den):  # without eps (skip_if_zero) a nonzero std may still touch zero
+            continue
+        for p, d in enumerate(devs):
+            if d is None:
+                continue
+            if p in ties:
+                a.put(idx[p], ties[p])
+                continue
+            iv = ex.iv_div(d, den, prec)
+            every = ex.round_all(iv)
+            if every is None and prec >= TIE_TEST_PREC:
+                for m in ex.boundaries(iv):
+                    if (p, m) in tested:
+                        continue
+                    if _whitened_equals(m, u.forms[p].minus(u.mean), u, variance):
+                        every = ties[p] = ex.round_all_fraction(m)
+                        break
+                    tested.add((p, m))
+            if every is None:
+                break
+            a.put(idx[p], every)
+        else:
+            return var
+    raise ex.CertificationError(f"could not certify unit {py(label)!r} within {ex.MAX_PREC} bits")
+
+
+def _rational_unit(u: _Unit, idx, a: ex.Values):
+    """Eq. 6 of a unit in exact rationals, where it is rational: every c rational and the
+    denominator a rational (the variance, or variance + eps, a rational square). Writes the
+    values into ``a`` and returns the variance as a point interval, or None."""
+    if not u.mean.is_rational() or not all(f.is_rational() for f in u.forms):
+        return None
+    devs = [f.q0 - u.mean.q0 for f in u.forms]
+    var = sum((Fraction(tj) * d * d for d, tj in zip(devs, u.tt.tolist())), Fraction(0)) / (u.T - u.conv.whiten_ddof)
+    placement = u.conv.whiten_eps_placement
+    root = u.classes.sqrt(var + u.eps if placement == "var" else var)
+    if not root.is_rational():
+        return None
+    den = root.q0 + u.eps if placement in ("std", "std_if_positive") else root.q0
+    if den == 0:
+        return None
+    for p, (d, z) in enumerate(zip(devs, u.zero)):
+        a.put(idx[p], 0.0 if z else ex.round_all_fraction(d / den))
+    return ex.iv_rational(var, ex.START_PREC)
+
+
+def _whitened_equals(m: Fraction, dev: ex.Form, u: _Unit, variance: list) -> bool:
+    """Is a = dev / den exactly the rational m (den = s + eps, sqrt(s^2 + eps) or s, with
+    s^2 = sum t dev^2 / (T - ddof))? Decided on exact forms: a = m exactly when
+    dev - m eps = m s (std), dev = m sqrt(s^2 + eps) (var) or dev = m s (no eps), i.e. when
+    the two sides have one sign and equal squares. The variance form is built once per
+    unit (kept in ``variance``)."""
+    if m == 0:
+        return dev.is_zero()
+    if not variance:  # sum t (c - m)^2 = sum t c^2 - T m^2: each c has its group's few classes only
+        acc = u.mean.times(u.mean, u.classes).scaled(Fraction(-u.T))
+        for f, tj in zip(u.forms, u.tt.tolist()):
+            acc.add_scaled(f.times(f, u.classes), Fraction(tj))
+        variance.append(acc.scaled(Fraction(1, u.T - u.conv.whiten_ddof)))
+    var = variance[0]
+    placement = u.conv.whiten_eps_placement
+    lhs = dev
+    rhs2 = var.scaled(m * m)
+    if placement in ("std", "std_if_positive"):
+        lhs = dev.minus(ex.Form(m * u.eps))
+    elif placement == "var":
+        rhs2 = ex.Form(var.q0 + u.eps, dict(var.terms)).scaled(m * m)
+    if lhs.is_zero() or not lhs.times(lhs, u.classes) == rhs2:
+        return False
+    return _form_sign(lhs, u.classes) == (1 if m > 0 else -1)
+
+
+def _form_sign(form: ex.Form, classes: ex.SqrtClasses) -> int:
+    """The sign of a nonzero form (its interval excludes zero at some precision)."""
+    if form.is_rational():
+        return 1 if form.q0 > 0 else -1
+    for prec in ex.PRECISIONS:
+        iv = ex.iv_form(form, classes, prec)
+        if not ex.iv_contains_zero(iv):
+            return 1 if ex.libmp.mpf_sign(iv[0]) > 0 else -1
+    raise ex.CertificationError(f"could not certify the sign of {form!r} within {ex.MAX_PREC} bits")
+
+
+def _scaled_values(forms, nan, values: np.ndarray, e: int, classes) -> np.ndarray:
+    """values * 2^-e as floats; where a value overflowed float64 or was subnormal there (rounded
+    to 0 or to fewer bits), from its exact form."""
+    with np.errstate(over="ignore"):
+        out = np.ldexp(values, -e)
+    redo = ~nan & (~np.isfinite(out) | (np.abs(values) < 2.0 ** -1022))
+    for j in np.flatnonzero(redo):
+        if forms[j].is_zero():
+            continue
+        out[j] = ex.round_mpf(ex.iv_form(forms[j].scaled(ex.pow2(-e)), classes, 80)[0], "float64")
+    return out
+
+
+def _top_exponent(forms, nan, values: np.ndarray, classes):
+    """The largest binary exponent (|c| < 2^e) over one unit's exact c, None when all are
+    exactly zero; from the exact form where the float64 rounded to 0 or overflowed."""
+    e = None
+    for j in np.flatnonzero(~nan):
+        x = values[j]
+        if x != 0.0 and math.isfinite(x):
+            ej = math.frexp(x)[1]
+        elif forms[j].is_zero():
+            continue
+        else:
+            ej = max(int(exp) + int(bc) for _, man, exp, bc in ex.iv_form(forms[j], classes, 80) if man)
+        e = ej if e is None else max(e, ej)
+    return e
+
+
+def _unit_frame(c_top, nan, delta: np.ndarray, dframe: np.ndarray, floor: int = -900) -> int:
+    """The power-of-two frame of one unit's Eq. 6 bound: its largest exact |c| (``c_top``)
+    brought to [1/2, 1), raised where a sample's Δc (``delta * 2^dframe``) would exceed 2^960
+    in it (values 2^1000 below that Δc are negligible beside it; the condition estimate gets a
+    frame of its own, so that its sizes never flush the model's); clamped below at ``floor``
+    (:func:`oracle.exact.eps_floor`) so that eps measured in it, and so the denominator, stays
+    finite."""
+    live = ~nan & (delta != 0.0) & np.isfinite(delta)
+    top = int((dframe[live] + np.frexp(delta[live])[1]).max()) if live.any() else None
+    if c_top is None:
+        e = top if top is not None else 0
+    else:
+        e = c_top if top is None else max(c_top, top - 960)
+    return max(e, floor)
