@@ -13,7 +13,7 @@ reads this file:
 * :func:`final`: a final stage (Eq. 6 cast to the output dtype): when a refusal is the
   contract's answer, when it is permitted, when it is ``refused``; then :func:`distance`,
   and a precision failure explained as a float overflow that zeroed a group column
-  (``silent_zero``) or as another formula (``formula``: :mod:`conformance.formulas`);
+  (``silent_zero``) or as another formula (``formula``: :mod:`conformance.diagnosis`);
 * :func:`values`, :func:`normalized`, :func:`whitened`: the end-to-end advantages, Eq. 4 + 7
   and Eq. 6 alone;
 * :func:`refusal`: where the contract refuses (``accepted``, ``wrong_class``,
@@ -408,10 +408,10 @@ def explain(subject: Subject, case, out: Outcome, conv, category):
     * ``precision`` with a cause: the failure goes away once each group's rewards are shifted
       to near 0 (:func:`_cancellation`), or the probes showed a format narrower than float32;
     * otherwise the category stands, with the nearest variant in the line."""
-    from conformance import formulas
+    from conformance import diagnosis
 
     prof = getattr(subject, "profile", None)
-    u = max(formulas.unit_roundoff_of(case.out_dtype), conv.unit_roundoff)
+    u = max(diagnosis.unit_roundoff_of(case.out_dtype), conv.unit_roundoff)
     finite = out.values is not None and bool(np.all(np.isfinite(out.values)))
     ordinary = _ordinary(case) and finite
     if prof is not None and prof.formula and out.values is not None:
@@ -428,10 +428,10 @@ def explain(subject: Subject, case, out: Outcome, conv, category):
     line = ""
     if ordinary:
         try:
-            d = formulas.diagnose(case, out.values, token_counts=subject.token_counts(case), unit_roundoff=u)
+            d = diagnosis.diagnose(case, out.values, token_counts=subject.token_counts(case), unit_roundoff=u)
         except Exception as exc:  # noqa: BLE001 - no diagnosis is no verdict: the failure stands as it is
             return category, None, None, f"formula: not diagnosed ({type(exc).__name__}: {exc})", ()
-        line = formulas.describe(d)
+        line = diagnosis.describe(d)
         own = conv.name != "spec" and conv.name in d.presets
         if d.matched and not d.no_difference and not own and _probes_agree(prof, d.variant, u):
             alternatives = tuple("; ".join(a) or "no difference from the paper" for a in d.alternatives)
@@ -447,10 +447,10 @@ def explain(subject: Subject, case, out: Outcome, conv, category):
 def _reproduced(case, values, variant, conv, token_counts=None) -> bool:
     """Does the catalogue's ``variant`` reproduce ``values`` within the precision judged at (NaN
     exactly where the variant's own values are NaN)?"""
-    from conformance import formulas
+    from conformance import diagnosis
 
     try:
-        return formulas.reproduces(case, values, variant, max(formulas.unit_roundoff_of(case.out_dtype),
+        return diagnosis.reproduces(case, values, variant, max(diagnosis.unit_roundoff_of(case.out_dtype),
                                                               conv.unit_roundoff), token_counts)
     except Exception:  # noqa: BLE001 - no verdict on the explanation
         return False
@@ -459,11 +459,11 @@ def _reproduced(case, values, variant, conv, token_counts=None) -> bool:
 def _probes_agree(prof, variant, u: float) -> bool:
     """Does ``variant`` also reproduce every probe and transformed probe of the grading (None: no
     probes were run)?"""
-    from conformance import formulas
+    from conformance import diagnosis
 
     if prof is None or not prof.outputs:
         return True
-    return all(formulas.reproduces(c, o, variant, u) for c, o in prof.outputs)
+    return all(diagnosis.reproduces(c, o, variant, u) for c, o in prof.outputs)
 
 
 def _cancellation(subject: Subject, case, out: Outcome, conv) -> str | None:
