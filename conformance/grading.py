@@ -27,7 +27,7 @@ from hypothesis.errors import UnsatisfiedAssumption
 from conformance import findings as FD
 from conformance import probes, profiles, runner
 from conformance.error_cases import ERROR_CASES
-from conformance.judge import ConformanceFailure, NotJudged
+from conformance.judge import ConformanceFailure
 from conformance.properties import PROPERTIES
 from conformance.subject import Subject
 from conformance.verdicts import label
@@ -112,7 +112,7 @@ def _check_row(subject: Subject, name: str, prop) -> tuple[Row, list]:
     for case in cases:
         try:
             check(case)
-        except (UnsatisfiedAssumption, NotJudged):
+        except UnsatisfiedAssumption:
             continue
         except ConformanceFailure as exc:
             failures.append(FD.Failure(name, getattr(exc, "case", case), exc, subject.last, check))

@@ -98,7 +98,7 @@ def build_test(prop: Property, subject: Subject, config: settings | None = None,
         try:
             prop.check(subject, case, prop.name)
         except UnsatisfiedAssumption:
-            raise  # a case the oracle cannot judge (ORACLE_LIMITS), discarded
+            raise  # a case discarded (outside the declared domain)
         except Exception as exc:
             if record is not None:
                 record.append(getattr(exc, "case", case))
