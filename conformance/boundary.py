@@ -49,6 +49,9 @@ whose ``out_dtype`` is the target format and whose ``note`` reads
 :func:`exact_values` is an independent mpmath evaluation of the same formula (convention
 ``spec``: unbiased std, eps added to the std, exact collapse), used to aim the bisection and
 to say how far from a midpoint an exact value lies (:func:`midpoint_report`).
+
+:func:`near_midpoint_cases` (the ``rounding`` property) solves instead of bisecting: one group
+``[d, 0, ..., 0]`` whose exact advantage lies just off a midpoint, for any implementation.
 """
 
 from __future__ import annotations
@@ -63,8 +66,11 @@ from fractions import Fraction
 
 import mpmath
 import numpy as np
+from hypothesis import reject
+from hypothesis import strategies as st
 
 from conformance.cases import Case, expected
+from conformance.strategies import DTYPES, Context, ints, pick, round_to
 from spec.constants import DEFAULT_EPS
 from spec.error_model import FORMATS
 
@@ -567,18 +573,11 @@ def _collect(make, family: str, targets, count: int, seed: int) -> tuple:
     return tuple(out)
 
 
-def all_cases(count: int = COUNT, families=FAMILIES) -> dict:
-    """{family: its cases for every target}."""
-    return {f: cases(f, None, count) for f in families}
-
-
 def strategy(families=FAMILIES, targets=TARGETS, out_dtypes=None, listed: bool = False):
     """A hypothesis strategy of hunted cases: a family, a target and a seed drawn, the case
     generated (memoised; a seed that finds none moves on to the next); ``out_dtypes`` (a
     tuple): sometimes the same rewards with another output dtype (float64 is graded as
     faithful). ``listed``: drawn from :func:`cases`' deterministic lists instead."""
-    from hypothesis import strategies as st
-
     targets = tuple(t for t in TARGETS if t in targets)
     others = tuple(out_dtypes or ())
     if listed:
@@ -600,8 +599,6 @@ def strategy(families=FAMILIES, targets=TARGETS, out_dtypes=None, listed: bool =
             if case is not None:
                 break
         if case is None:
-            from hypothesis import reject
-
             reject()
         if others and draw(st.integers(0, 3)) == 3:  # hypothesis favours 0: the hunted target first
             case = dataclasses.replace(case, out_dtype=draw(st.sampled_from(others)))
@@ -677,3 +674,84 @@ def whiten_generate(family: str, fmt: str, seed: int) -> Case | None:
 def whiten_cases(family: str, count: int = COUNT, seed: int = 0) -> tuple:
     """``count`` verified whiten cases of ``family`` per target format, deterministic."""
     return _collect(whiten_generate, family, TARGETS, count, seed)
+
+
+# ------------------------------------------------------------------ just off a midpoint, drawn
+
+
+#: Output formats whose rounding midpoints :func:`near_midpoint_cases` aims at.
+MIDPOINT_FORMATS = ("float16", "bfloat16", "float32")
+
+
+def _g_inverse(y, n: int, eps, mp):
+    """x with x / (|x| / sqrt(n) + eps) = y (0 <= y < sqrt(n)): one standardization of
+    ``[x, 0, ..., 0]`` (n values, unbiased std) maps x to that value's distance from the rest."""
+    return y * eps / (1 - y / mp.sqrt(n))
+
+
+def _g(x, n: int, eps, mp):
+    return x / (abs(x) / mp.sqrt(n) + eps)
+
+
+def outlier_advantages(d: float, n: int, eps: float, mp=None):
+    """Exact advantages (mpmath, 200 bits) of ``[[d], [0], ..., [0]]``: one group of n
+    samples, one unit, convention ``spec`` (ddof 1, eps added to the std). The column
+    standardizes to the same shape, so a_0 = (n - 1)/n g(g(d)), a_j = -g(g(d))/n with
+    g(x) = x / (|x|/sqrt(n) + eps): both monotone in d, |g(g(d))| below g(sqrt(n)) =
+    sqrt(n) / (1 + eps), every value below that reachable."""
+    mp = mp or mpmath.MPContext()
+    mp.prec = 200
+    y = _g(_g(mp.mpf(d), n, mp.mpf(eps), mp), n, mp.mpf(eps), mp)
+    return y * (n - 1) / n, -y / n
+
+
+@st.composite
+def near_midpoint_cases(draw, ctx: Context) -> Case:
+    """One group ``[d, 0, ..., 0]`` (n samples, one unit) with d solved so that one exact
+    advantage lies just off a rounding midpoint M of the output format: M +- delta with
+    delta below half a float32 ulp (float32 then lands on M exactly) and far above the
+    float64 error bound. The tie-breaking neighbour of M is always the wrong one:
+    rounding through float32 first (ties to even) misses the correct rounding by half
+    an ulp plus delta, and so does truncation toward zero whenever M + delta is aimed at.
+    Normal and subnormal float16 values, bfloat16's and float32's, either sign."""
+    out = draw(pick(tuple(f for f in MIDPOINT_FORMATS if f in ctx.out_dtypes) or tuple(ctx.out_dtypes)))
+    p, emin, _ = DTYPES[out].p, DTYPES[out].emin, DTYPES[out].emax
+    n = draw(pick(tuple(x for x in (2, 3, 4, 8, 16) if x <= ctx.max_n)))
+    eps = draw(pick((None, 1e-6, 1e-2, 1.0))) if ctx.eps else None
+    eps_v = 1e-4 if eps is None else eps
+    which = draw(pick((0, 0, 1)))  # the outlier's advantage, or one of the others'
+    sign = draw(pick((1.0, -1.0)))
+    # sup |a| of that element: g(g(d)) < g(sqrt(n)) = sqrt(n) / (1 + eps)
+    top = math.sqrt(n) / (1.0 + eps_v) * ((n - 1) / n if which == 0 else 1.0 / n)
+    # a target magnitude: an exponent from the format's subnormal bottom to below the sup
+    e_hi = math.frexp(top)[1] - 1
+    e = draw(ints(DTYPES[out].sub_min, e_hi))
+    frac = draw(st.floats(1.0, 2.0, exclude_max=True))
+    v = min(math.ldexp(frac, e), top * (1 - 2.0 ** -20))
+    spacing = math.ldexp(1.0, max(math.frexp(v)[1] - 1, emin) - p + 1)
+    m = math.floor(v / spacing)
+    if (m + 1) * spacing >= top and m > 0:  # the midpoint above v may be out of reach
+        m -= 1
+        if m < 1 << (p - 1) and spacing > math.ldexp(1.0, emin - p + 1):  # into the binade below
+            spacing /= 2
+            m = (1 << p) - 1
+    mid = (m + 0.5) * spacing  # exact in float64
+    up = m % 2 == 0  # the lower neighbour even: a tie goes down, so aim above M (and vice versa)
+    half32 = math.ldexp(1.0, max(math.frexp(mid)[1] - 1, -126) - 24)  # half a float32 ulp at M
+    delta = half32 * 2.0 ** -draw(pick((2, 6, 10)))
+    mp = mpmath.MPContext()
+    mp.prec = 200
+    target = mp.mpf(mid) + (delta if up else -delta)
+    y = target * n / (n - 1) if which == 0 else target * n
+    d = float(_g_inverse(_g_inverse(y, n, mp.mpf(eps_v), mp), n, mp.mpf(eps_v), mp))
+    d = d if (which == 0) == (sign > 0) else -d  # a_0 has d's sign, the others the opposite
+    a0, a1 = outlier_advantages(d, n, eps_v, mp)
+    got = abs(a0 if which == 0 else a1)
+    hit = (mid < got < mid + 2 * delta) if up else (mid - 2 * delta < got < mid)
+    at = draw(ints(0, n - 1))
+    rows = [(0.0,)] * n
+    rows[at] = (d,)
+    dtype = "float64" if "float64" in ctx.input_dtypes else ctx.input_dtypes[0]
+    rows = [tuple(float(x) for x in round_to(r, dtype)) for r in rows]
+    return Case(rewards=tuple(rows), dtype=dtype, group_size=n, eps=eps, out_dtype=out,
+                note=f"near_midpoint:{out}:{'above' if up else 'below'}:{mid.hex()}" + ("" if hit else ":missed"))
