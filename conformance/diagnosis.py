@@ -513,13 +513,11 @@ def _verdict(rows: list, out_dtype: str, cases: int = 1, not_exercised=(), top: 
                      first.presets, not_exercised, cases)
 
 
-def _one(case, output, token_counts, unit_roundoff):
-    b = _Batch(case, token_counts)
-    o = _as_output(output, b.n)
-    u = unit_roundoff_of(b.out_dtype) if unit_roundoff is None else float(unit_roundoff)
+def _searched(b: _Batch, o: np.ndarray, u: float, token_counts) -> list:
+    """The search's candidates (the paper's always among them), the nearest judged (:func:`_checked`)."""
     s = _search(b, o, u)
     s.add(PAPER, evaluate(b, PAPER))
-    return b, o, u, _checked(b, o, u, s, token_counts)
+    return _checked(b, o, u, s, token_counts)
 
 
 def diagnose(case, output, token_counts=None, unit_roundoff: float | None = None) -> Diagnosis:
@@ -529,7 +527,10 @@ def diagnose(case, output, token_counts=None, unit_roundoff: float | None = None
     ``token_counts``: the samples' token counts where the call passed them (Eq. 6 may be
     token-weighted); ``unit_roundoff``: the implementation's working precision (default:
     float32's for a float32, float16 or bfloat16 output, float64's for float64)."""
-    b, o, _, rows = _one(case, output, token_counts, unit_roundoff)
+    b = _Batch(case, token_counts)
+    o = _as_output(output, b.n)
+    u = unit_roundoff_of(b.out_dtype) if unit_roundoff is None else float(unit_roundoff)
+    rows = _searched(b, o, u, token_counts)
     return _verdict(rows, b.out_dtype, not_exercised=_not_exercised(b, token_counts), top=_largest(o))
 
 
@@ -569,9 +570,7 @@ def diagnose_many(cases_and_outputs, unit_roundoff: float | None = None) -> Diag
     candidates: dict = {PAPER: None}
     rows, partial, seen = [], [], set()
     for b, o, u, tokens in done[:SEARCHED]:
-        s = _search(b, o, u)
-        s.add(PAPER, evaluate(b, PAPER))
-        found = _checked(b, o, u, s, tokens)
+        found = _searched(b, o, u, tokens)
         near = sorted(found, key=lambda r: r.rms)[:4]
         for r in [r for r in found if r.ratio <= 1.0] + near:
             candidates.setdefault(r.variant, None)

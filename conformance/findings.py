@@ -346,20 +346,19 @@ def mechanism(case: Case, subject) -> str:
     top = largest_finite(dtype)
     r = case.rewards_array()
     labels = case.labels()
-    found = {}
+    found: dict = {}
+
+    def largest(what: str, value: float) -> None:
+        found[what] = max(found.get(what, 0.0), value)
+
     with np.errstate(all="ignore"):
         for g in np.unique(labels):
             x = r[labels == g]
             dev = x - x.mean(axis=0)
-            found["a group's sum of the rewards (Eq. 4's mean) overflows"] = max(
-                found.get("a group's sum of the rewards (Eq. 4's mean) overflows", 0.0),
-                float(np.max(np.abs(x.sum(axis=0)))))
-            found["the squared deviations of Eq. 4 (its std) overflow"] = max(
-                found.get("the squared deviations of Eq. 4 (its std) overflow", 0.0),
-                float(np.max((dev * dev).sum(axis=0))))
-            found["the squares of the rewards (sum x^2: a one-pass variance) overflow"] = max(
-                found.get("the squares of the rewards (sum x^2: a one-pass variance) overflow", 0.0),
-                float(np.max((x * x).sum(axis=0))))
+            largest("a group's sum of the rewards (Eq. 4's mean) overflows", float(np.max(np.abs(x.sum(axis=0)))))
+            largest("the squared deviations of Eq. 4 (its std) overflow", float(np.max((dev * dev).sum(axis=0))))
+            largest("the squares of the rewards (sum x^2: a one-pass variance) overflow",
+                    float(np.max((x * x).sum(axis=0))))
         exp = expected(case, "spec")
         if exp.result is not None:
             z, c = exp.result.z.float64, exp.result.combined.float64

@@ -352,13 +352,7 @@ def grade_cases(name: str, subject: Subject, cases, check) -> Graded:
     note += f", reduced by the judge in {calls} checks)" if reduced is not exc else ")"
     out = ConformanceFailure(f"{reduced}{note}")
     _carry(reduced, out)
-    out.graded = graded
     raise out from None
-
-
-def _repro_of(exc) -> str | None:
-    return next((ln.strip()[len("repro: "):] for ln in str(exc).splitlines() if ln.strip().startswith("repro: ")),
-                None)
 
 
 # --------------------------------------------------------------- reduction

@@ -36,6 +36,7 @@ from hypothesis import strategies as st
 
 from conformance.cases import Case, DistCase
 from spec.constants import FLOAT32_MAX
+from spec.error_model import FORMATS, largest_finite
 
 
 def cached(factory):
@@ -82,15 +83,7 @@ class DtypeFacts:
         return self.emin - self.p + 1
 
 
-DTYPES = {
-    "float64": DtypeFacts("float64", 53, -1022, 1023, 1.7976931348623157e308),
-    "float32": DtypeFacts("float32", 24, -126, 127, FLOAT32_MAX),
-    "float16": DtypeFacts("float16", 11, -14, 15, 65504.0),
-    "bfloat16": DtypeFacts("bfloat16", 8, -126, 127, float(torch.finfo(torch.bfloat16).max)),
-}
-
-_TORCH = {"float64": torch.float64, "float32": torch.float32, "float16": torch.float16,
-          "bfloat16": torch.bfloat16}
+DTYPES = {name: DtypeFacts(name, *FORMATS[name], largest_finite(name)) for name in FORMATS}
 
 
 def round_to(values, dtype: str) -> np.ndarray:
@@ -100,7 +93,7 @@ def round_to(values, dtype: str) -> np.ndarray:
         return a.copy()
     top = DTYPES[dtype].max
     a = np.clip(a, -top, top)
-    return torch.from_numpy(np.ascontiguousarray(a)).to(_TORCH[dtype]).to(torch.float64).numpy()
+    return torch.from_numpy(np.ascontiguousarray(a)).to(getattr(torch, dtype)).to(torch.float64).numpy()
 
 
 def exponent_table(dtype: str) -> list[int]:
@@ -229,8 +222,8 @@ def _next(x: float, toward: float, dtype: str) -> float:
     if dtype == "float32":
         with np.errstate(over="ignore"):  # a target beyond float32 is inf: the direction is all that counts
             return float(np.nextafter(np.float32(x), np.float32(toward)))
-    t = torch.tensor([x], dtype=_TORCH[dtype])
-    return float(torch.nextafter(t, torch.tensor([toward], dtype=_TORCH[dtype])).double().item())
+    t = torch.tensor([x], dtype=getattr(torch, dtype))
+    return float(torch.nextafter(t, torch.tensor([toward], dtype=getattr(torch, dtype))).double().item())
 
 
 @cached
