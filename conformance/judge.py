@@ -70,6 +70,12 @@ class ConformanceFailure(AssertionError):
     #: category ``precision``: what floating point explains it ("cancellation at Eq. 4 ..."), or None
     cause: str | None = None
 
+    def restated(self, text: str) -> "ConformanceFailure":
+        """The same failure (its case, category, worst error, formula, cause) told by ``text``."""
+        out = ConformanceFailure(text)
+        out.__dict__.update(self.__dict__)
+        return out
+
 
 def fail(prop, equation, subject, case, headline, details=(), category=None, worst_ulps=None,
          worst_dtype=None, formula=None, formula_alternatives=(), worst_value=None, cause=None):
