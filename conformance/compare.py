@@ -29,9 +29,9 @@ import shlex
 import numpy as np
 
 from conformance.cases import Case, DistCase, ulp
-from conformance.verdicts import Category
+from conformance.verdicts import Category, label
 from spec import error_model as em
-from spec.error_model import round_to
+from spec.error_model import FORMATS, round_to
 
 #: outputs listed in a failure, at most
 MAX_LISTED = 6
@@ -146,8 +146,6 @@ def repro(subject, case, prop: str | None = None) -> str:
 
 
 def failure(prop: str, equation: str, subject, case, headline: str, details=(), category=None) -> str:
-    from conformance.verdicts import label
-
     what = f" [{label(category)}]" if category else ""
     lines = [f"[{prop}]{what} {equation} of {subject.target} (call shape {subject.shape}, convention "
              f"{subject.convention!r}): {headline}"]
@@ -238,8 +236,6 @@ class Verdict:
 def judged_dtype(out_dtype: str, native_dtype: str = "float64") -> str:
     """The dtype whose ulps measure an error: the output's where it is narrower than the
     working precision, else the working precision's (a float32 code returning float64)."""
-    from spec.error_model import FORMATS
-
     return out_dtype if FORMATS[out_dtype][0] <= FORMATS[native_dtype][0] else native_dtype
 
 

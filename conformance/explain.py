@@ -15,12 +15,13 @@ import math
 
 import numpy as np
 
+from conformance import diagnosis
 from conformance.cases import Case, expected
 from conformance.compare import distance, native_allowed
-from conformance.subject import Outcome, Subject
+from conformance.subject import Outcome, Subject, verl_lengths
 from conformance.verdicts import ORDINARY, Category
 from spec import error_model as em
-from spec.conventions import get_convention
+from spec.conventions import differences, get_convention
 
 
 def _ordinary(case) -> bool:
@@ -44,8 +45,6 @@ def explain(subject: Subject, case, out: Outcome, conv, category):
     * ``precision`` with a cause: the failure goes away once each group's rewards are shifted
       to near 0 (:func:`_cancellation`), or the probes showed a format narrower than float32;
     * otherwise the category stands, with the nearest variant in the line."""
-    from conformance import diagnosis
-
     prof = getattr(subject, "profile", None)
     u = max(diagnosis.unit_roundoff_of(case.out_dtype), conv.unit_roundoff)
     finite = out.values is not None and bool(np.all(np.isfinite(out.values)))
@@ -83,8 +82,6 @@ def explain(subject: Subject, case, out: Outcome, conv, category):
 def _reproduced(case, values, variant, conv, token_counts=None) -> bool:
     """Does the catalogue's ``variant`` reproduce ``values`` within the precision judged at (NaN
     exactly where the variant's own values are NaN)?"""
-    from conformance import diagnosis
-
     try:
         return diagnosis.reproduces(case, values, variant, max(diagnosis.unit_roundoff_of(case.out_dtype),
                                                               conv.unit_roundoff), token_counts)
@@ -95,8 +92,6 @@ def _reproduced(case, values, variant, conv, token_counts=None) -> bool:
 def _probes_agree(prof, variant, u: float) -> bool:
     """Does ``variant`` also reproduce every probe and transformed probe of the grading (None: no
     probes were run)?"""
-    from conformance import diagnosis
-
     if prof is None or not prof.outputs:
         return True
     return all(diagnosis.reproduces(c, o, variant, u) for c, o in prof.outputs)
@@ -116,9 +111,7 @@ def _cancellation(subject: Subject, case, out: Outcome, conv) -> str | None:
     for g in np.unique(labels):
         m = labels == g
         shifted[m] = r[m] - np.sort(r[m], axis=0)[(int(m.sum()) - 1) // 2]  # its lower median, a value of it
-    from spec.error_model import round_to
-
-    shifted = round_to(shifted, case.dtype)  # a case of its own, judged against its own exact values
+    shifted = em.round_to(shifted, case.dtype)  # a case of its own, judged against its own exact values
     if np.array_equal(shifted, r) or not np.all(np.isfinite(shifted)):
         return None
     near = dataclasses.replace(case, rewards=tuple(tuple(float(v) for v in row) for row in shifted))
@@ -196,8 +189,6 @@ def formula_difference(subject: Subject, case, out: Outcome) -> list[str] | None
     (``Subject.own_convention``) whose output holds under that convention on this case
     follows that convention's formula: the lines naming how it differs from spec's; None
     where it does not hold there either (the failure is then the implementation's own)."""
-    from spec.conventions import differences
-
     own = subject.own_convention()
     if own is None or own == "spec" or not isinstance(case, Case):
         return None
@@ -205,8 +196,6 @@ def formula_difference(subject: Subject, case, out: Outcome) -> list[str] | None
     if get_convention(own).whiten == "per_token":
         if subject.shape != "verl":
             return None
-        from conformance.subject import verl_lengths
-
         counts = verl_lengths(case.n)
     res = _holds_under(out, case, get_convention(own), counts)
     if res is None:

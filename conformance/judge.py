@@ -29,6 +29,7 @@ findings is :mod:`conformance.runner` and :mod:`conformance.findings`.
 from __future__ import annotations
 
 import math
+import os
 import re
 import sys
 from fractions import Fraction
@@ -37,6 +38,7 @@ import numpy as np
 from hypothesis import target
 from hypothesis.control import currently_in_test_context
 
+from conformance import boundary
 from conformance import error_cases as EC
 from conformance.cases import Case, DistCase, expected, ulp
 from conformance.compare import (
@@ -239,8 +241,6 @@ STRICT_ENV = "GDPO_STRICT_ERRORS"
 
 
 def strict_errors() -> bool:
-    import os
-
     return os.environ.get(STRICT_ENV, "") not in ("", "0")
 
 
@@ -391,8 +391,6 @@ def certified_rounding(prop, eq, subject: Subject, case: Case, out: Outcome, exp
     of every zero), every float64 output faithful (the exact value itself where it is a float64,
     else one of its two float64 neighbours). A refusal is judged as in :func:`final`, except that
     OutOfRangeError is accepted only where the correct rounding itself overflows."""
-    from conformance import boundary
-
     od = case.out_dtype
     if od not in subject.certified_formats():
         return  # declared for other formats: this one is graded within the error model (the other properties)
@@ -452,8 +450,6 @@ def certified_rounding(prop, eq, subject: Subject, case: Case, out: Outcome, exp
 
 def _still_hunted(case: Case, fam) -> bool:
     """Is the hunted row still next to its midpoint (a reduced case may no longer be)?"""
-    from conformance import boundary
-
     try:
         d, _ = boundary.offset_from(case, fam[2], fam[3])
         return abs(d) <= 2 * math.ulp(fam[3])
@@ -463,8 +459,6 @@ def _still_hunted(case: Case, fam) -> bool:
 
 def _where_exact(case: Case, i: int, observed: float, od: str) -> str:
     """Where the exact value lies, for a certified-rounding verdict (mpmath, convention spec)."""
-    from conformance import boundary
-
     try:
         if od == "float64":
             x = boundary.exact_values(case, 200)[i]

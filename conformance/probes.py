@@ -34,6 +34,8 @@ from conformance import formulas
 from conformance.diagnosis import Diagnosis, diagnose_many
 from conformance.cases import Case, expected
 from spec.constants import FLOAT32_UNIT_ROUNDOFF, FLOAT64_UNIT_ROUNDOFF
+from spec.conventions import get_convention
+from spec.error_model import round_to
 
 #: the first probe: 4 groups of 4, three columns (binary, small integers, a column of std about
 #: 1e-3 with a constant group of zeros, exact in any arithmetic), weights 1, 1/2, 2
@@ -259,8 +261,6 @@ FLOAT64_RESIDUAL = 2.0 ** -40
 def _narrow_format(outs) -> str:
     """The narrow format (bfloat16, float16) every advantage of the probes is a value of, where one
     is: the mark of a code computing in it and returning it widened; "" otherwise."""
-    from spec.error_model import round_to
-
     for fmt in ("bfloat16", "float16"):
         if all(np.array_equal(round_to(o, fmt), o) for o in outs):
             return fmt
@@ -334,8 +334,6 @@ def _off_lines(pairs) -> list[str]:
 def _allowed(case: Case) -> np.ndarray:
     """Per advantage: the error model of a correct mean-then-subtract float32 code (the widest precision a
     code is graded at; the probes could not tell this one's)."""
-    from spec.conventions import get_convention
-
     conv = dataclasses.replace(get_convention("spec"), algorithm="mean_then_subtract", native_dtype="float32")
     exp = expected(case, conv)
     if exp.result is None:

@@ -16,8 +16,7 @@ import json
 import math
 import sys
 
-from conformance import properties
-
+from conformance import probes, properties
 from conformance.cases import Case, DistCase
 from conformance.compare import describe_inputs
 from conformance.subject import DEFAULT_IMPL, Subject
@@ -41,8 +40,6 @@ def main(argv=None) -> int:
     case = DistCase.from_json(data) if "shards" in data else Case.from_json(data)
     subject = Subject(args.impl, args.call_shape, args.convention, device=args.device, backend=args.backend)
     if args.precision:  # judged as gdpo check judged it: at that precision, the probes' formula known
-        from conformance import probes
-
         subject.profile = probes.profile(subject)
         subject.precision = args.precision
     name = args.property or _default_property(case)

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from conformance.cases import Case
+from conformance.error_cases import ERROR_BY_NAME
 from conformance.strategies import DTYPES, Context, round_to
 from impl.gdpo import gdpo_advantages
 from spec.conventions import get_convention
@@ -305,8 +306,6 @@ def parse_domain(items) -> dict:
                                  f"(comma-separated), got {value!r}")
             out[key] = formats
         elif key == "validated":
-            from conformance.error_cases import ERROR_BY_NAME
-
             names = tuple(v.strip() for v in value.split(",") if v.strip())
             wrong = [n for n in names if n not in ERROR_BY_NAME]
             if not names or wrong:
