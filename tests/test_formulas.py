@@ -259,3 +259,28 @@ def test_bad_arguments_are_named():
 def test_the_catalogue_in_the_docs_is_generated():
     text = (ROOT / "docs" / "grading.md").read_text()
     assert F.catalogue_markdown() in text, "docs/grading.md: run python -m conformance.formulas --write"
+
+#: the negative controls that compute another formula (conformance.controls, ``Flaws.formula``), and
+#: what their cases need to show it
+FORMULA_CONTROLS = {"biased_std": {}, "eps_in_sqrt": {}, "nan_to_zero": {"nan": True},
+                    "singleton_zero": {"singleton": True}, "merged_units": {"units": "whole"},
+                    "unscored_rows_whitened": {"nan": "row"}}
+
+
+@pytest.mark.parametrize("name", sorted(FORMULA_CONTROLS))
+def test_a_formula_control_is_named_as_its_variant(name):
+    """A control whose flaw is another formula says which as a variant of the catalogue, and the
+    diagnosis names that variant from its outputs: one catalogue, read by both."""
+    from conformance import controls as C
+
+    fn = C.CONTROLS[name].fn
+    flaws = fn.args[0]  # a control is functools.partial(controls._gdpo, Flaws(...))
+    kw = {"missing": "unscored"} if FORMULA_CONTROLS[name].get("nan") == "row" else {}
+    items = []
+    for seed, k in SEEDS_K[:2]:
+        case = make_case(seed, k, "float64", **FORMULA_CONTROLS[name])
+        out = fn(torch.tensor(case.rewards_array()), group_ids=torch.tensor(case.labels()), weights=case.weights,
+                 segment_sizes=case.segment_sizes, out_dtype=torch.float64, **kw)
+        items.append((case, out))
+    d = D.diagnose_many(items)
+    assert d.variant == flaws.formula.canonical(), D.describe(d)
