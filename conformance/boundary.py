@@ -43,12 +43,14 @@ checks every one against the oracle before handing it out:
 
 :func:`cases` returns a deterministic (seeded) list per family and target format;
 :func:`strategy` draws them for hypothesis (from those lists, or generating from drawn seeds).
-:func:`whiten_cases` does the same for ``whiten`` (Eq. 6 alone: ``WHITEN_FAMILIES``). Each case is a :class:`conformance.cases.Case`
-whose ``out_dtype`` is the target format and whose ``note`` reads
-``boundary:<family>:<target>:row<j>:<midpoint hex>`` (:func:`parse_note`).
+Each case is a :class:`conformance.cases.Case` whose ``out_dtype`` is the target format and whose
+``note`` reads ``boundary:<family>:<target>:row<j>:<midpoint hex>`` (:func:`parse_note`).
 :func:`exact_values` is an independent mpmath evaluation of the same formula (convention
 ``spec``: unbiased std, eps added to the std, exact collapse), used to aim the bisection and
 to say how far from a midpoint an exact value lies (:func:`midpoint_report`).
+
+:func:`near_midpoint_cases` (the ``rounding`` property) solves instead of bisecting: one group
+``[d, 0, ..., 0]`` whose exact advantage lies just off a midpoint, for any implementation.
 """
 
 from __future__ import annotations
@@ -63,8 +65,11 @@ from fractions import Fraction
 
 import mpmath
 import numpy as np
+from hypothesis import reject
+from hypothesis import strategies as st
 
 from conformance.cases import Case, expected
+from conformance.strategies import DTYPES, Context, ints, pick, round_to
 from spec.constants import DEFAULT_EPS
 from spec.error_model import FORMATS
 
@@ -567,18 +572,11 @@ def _collect(make, family: str, targets, count: int, seed: int) -> tuple:
     return tuple(out)
 
 
-def all_cases(count: int = COUNT, families=FAMILIES) -> dict:
-    """{family: its cases for every target}."""
-    return {f: cases(f, None, count) for f in families}
-
-
 def strategy(families=FAMILIES, targets=TARGETS, out_dtypes=None, listed: bool = False):
     """A hypothesis strategy of hunted cases: a family, a target and a seed drawn, the case
     generated (memoised; a seed that finds none moves on to the next); ``out_dtypes`` (a
     tuple): sometimes the same rewards with another output dtype (float64 is graded as
     faithful). ``listed``: drawn from :func:`cases`' deterministic lists instead."""
-    from hypothesis import strategies as st
-
     targets = tuple(t for t in TARGETS if t in targets)
     others = tuple(out_dtypes or ())
     if listed:
@@ -600,8 +598,6 @@ def strategy(families=FAMILIES, targets=TARGETS, out_dtypes=None, listed: bool =
             if case is not None:
                 break
         if case is None:
-            from hypothesis import reject
-
             reject()
         if others and draw(st.integers(0, 3)) == 3:  # hypothesis favours 0: the hunted target first
             case = dataclasses.replace(case, out_dtype=draw(st.sampled_from(others)))
@@ -615,65 +611,83 @@ def _generated(family, fmt, seed):
     return generate(family, fmt, seed)
 
 
-# ------------------------------------------------------------------ whiten (Eq. 6 alone)
 
-WHITEN_FAMILIES = ("eps_bisect", "exact_tie", "tie_below")
-
-
-def whiten_generate(family: str, fmt: str, seed: int) -> Case | None:
-    """A hunted case of ``whiten`` (Eq. 6 alone on given float64 values, the case's first
-    column, units by ``segment_sizes``), noted ``boundary_whiten:<family>:<target>:row<j>:<mid>``:
-    ``eps_bisect`` (random values, eps bisected), ``exact_tie`` (values offset + integer deviations
-    of std sigma, eps 0: the whitened value is d / sigma = M exactly), ``tie_below`` (the same at
-    eps 5e-324); some with a second unit of random values. Verified against the oracle's
-    ``whiten``."""
-    from conformance.cases import expected_whiten
-
-    rng = random.Random(zlib.crc32(f"whiten:{family}:{fmt}:{seed}".encode()))
-    extra = [float(np.float32(rng.uniform(-5, 5))) for _ in range(rng.choice((0, 0, 3, 5)))]
-    if family == "eps_bisect":
-        vals = [float(np.float32(rng.uniform(-3, 3))) for _ in range(rng.randint(3, 12))]
-        eps = None
-    else:
-        below_ = family == "tie_below"
-        p = FORMATS[fmt][0]
-        mid = _tie_midpoint(fmt, rng, below_, 0 if fmt == "float32" else -2)
-        sigma = 1 << (p if fmt == "float32" else p + 2)
-        a = int(mid * sigma)
-        if a != mid * sigma:
-            return None
-        d = _tie_group(rng, a, sigma, rng.randint(1, 3))
-        off = rng.choice((0.0, 0.0, 1e4))
-        scale = -(p if fmt == "float32" else p + 2) if off else rng.choice((0, -(p if fmt == "float32" else p + 2)))
-        vals = [off + math.ldexp(float(x), scale) for x in d]
-        eps = TINY_EPS if below_ else 0.0
-    n1 = len(vals)
-    sizes = None if not extra else (n1, len(extra))
-    values = vals + extra
-
-    def build(e):
-        return Case(rewards=tuple((v,) for v in values), dtype="float64", group_size=None, group_ids=None,
-                    segment_sizes=sizes, eps=e, out_dtype=fmt)
-
-    if family == "eps_bisect":
-        row = rng.randrange(n1)
-        got = _hunt(build, _eps_grid(rng, fmt), row, fmt, rng, stage="whiten")
-        if got is None:
-            return None
-        case, mid = got
-    else:
-        row = rng.choice((0, 1))  # +M or -M
-        mid = mid if row == 0 else -mid
-        case = build(eps)
-    case = dataclasses.replace(case, note=f"boundary_whiten:{family}:{fmt}:row{row}:{float(mid).hex()}")
-    exp = expected_whiten(np.array(values), sizes, case.eps)
-    if exp.error is not None or certified(case, row, fmt, "whiten") != float(exp.result.rounded(fmt)[row]):
-        return None
-    d, _ = offset_from(case, row, mid, stage="whiten")
-    return case if abs(d) <= 2 * math.ulp(mid) else None
+# ------------------------------------------------------------------ just off a midpoint, drawn
 
 
-@functools.lru_cache(maxsize=None)
-def whiten_cases(family: str, count: int = COUNT, seed: int = 0) -> tuple:
-    """``count`` verified whiten cases of ``family`` per target format, deterministic."""
-    return _collect(whiten_generate, family, TARGETS, count, seed)
+#: Output formats whose rounding midpoints :func:`near_midpoint_cases` aims at.
+MIDPOINT_FORMATS = ("float16", "bfloat16", "float32")
+
+
+def _g_inverse(y, n: int, eps, mp):
+    """x with x / (|x| / sqrt(n) + eps) = y (0 <= y < sqrt(n)): one standardization of
+    ``[x, 0, ..., 0]`` (n values, unbiased std) maps x to that value's distance from the rest."""
+    return y * eps / (1 - y / mp.sqrt(n))
+
+
+def _g(x, n: int, eps, mp):
+    return x / (abs(x) / mp.sqrt(n) + eps)
+
+
+def outlier_advantages(d: float, n: int, eps: float, mp=None):
+    """Exact advantages (mpmath, 200 bits) of ``[[d], [0], ..., [0]]``: one group of n
+    samples, one unit, convention ``spec`` (ddof 1, eps added to the std). The column
+    standardizes to the same shape, so a_0 = (n - 1)/n g(g(d)), a_j = -g(g(d))/n with
+    g(x) = x / (|x|/sqrt(n) + eps): both monotone in d, |g(g(d))| below g(sqrt(n)) =
+    sqrt(n) / (1 + eps), every value below that reachable."""
+    mp = mp or mpmath.MPContext()
+    mp.prec = 200
+    y = _g(_g(mp.mpf(d), n, mp.mpf(eps), mp), n, mp.mpf(eps), mp)
+    return y * (n - 1) / n, -y / n
+
+
+@st.composite
+def near_midpoint_cases(draw, ctx: Context) -> Case:
+    """One group ``[d, 0, ..., 0]`` (n samples, one unit) with d solved so that one exact
+    advantage lies just off a rounding midpoint M of the output format: M +- delta with
+    delta below half a float32 ulp (float32 then lands on M exactly) and far above the
+    float64 error bound. The tie-breaking neighbour of M is always the wrong one:
+    rounding through float32 first (ties to even) misses the correct rounding by half
+    an ulp plus delta, and so does truncation toward zero whenever M + delta is aimed at.
+    Normal and subnormal float16 values, bfloat16's and float32's, either sign."""
+    out = draw(pick(tuple(f for f in MIDPOINT_FORMATS if f in ctx.out_dtypes) or tuple(ctx.out_dtypes)))
+    p, emin, _ = DTYPES[out].p, DTYPES[out].emin, DTYPES[out].emax
+    n = draw(pick(tuple(x for x in (2, 3, 4, 8, 16) if x <= ctx.max_n)))
+    eps = draw(pick((None, 1e-6, 1e-2, 1.0))) if ctx.eps else None
+    eps_v = 1e-4 if eps is None else eps
+    which = draw(pick((0, 0, 1)))  # the outlier's advantage, or one of the others'
+    sign = draw(pick((1.0, -1.0)))
+    # sup |a| of that element: g(g(d)) < g(sqrt(n)) = sqrt(n) / (1 + eps)
+    top = math.sqrt(n) / (1.0 + eps_v) * ((n - 1) / n if which == 0 else 1.0 / n)
+    # a target magnitude: an exponent from the format's subnormal bottom to below the sup
+    e_hi = math.frexp(top)[1] - 1
+    e = draw(ints(DTYPES[out].sub_min, e_hi))
+    frac = draw(st.floats(1.0, 2.0, exclude_max=True))
+    v = min(math.ldexp(frac, e), top * (1 - 2.0 ** -20))
+    spacing = math.ldexp(1.0, max(math.frexp(v)[1] - 1, emin) - p + 1)
+    m = math.floor(v / spacing)
+    if (m + 1) * spacing >= top and m > 0:  # the midpoint above v may be out of reach
+        m -= 1
+        if m < 1 << (p - 1) and spacing > math.ldexp(1.0, emin - p + 1):  # into the binade below
+            spacing /= 2
+            m = (1 << p) - 1
+    mid = (m + 0.5) * spacing  # exact in float64
+    up = m % 2 == 0  # the lower neighbour even: a tie goes down, so aim above M (and vice versa)
+    half32 = math.ldexp(1.0, max(math.frexp(mid)[1] - 1, -126) - 24)  # half a float32 ulp at M
+    delta = half32 * 2.0 ** -draw(pick((2, 6, 10)))
+    mp = mpmath.MPContext()
+    mp.prec = 200
+    target = mp.mpf(mid) + (delta if up else -delta)
+    y = target * n / (n - 1) if which == 0 else target * n
+    d = float(_g_inverse(_g_inverse(y, n, mp.mpf(eps_v), mp), n, mp.mpf(eps_v), mp))
+    d = d if (which == 0) == (sign > 0) else -d  # a_0 has d's sign, the others the opposite
+    a0, a1 = outlier_advantages(d, n, eps_v, mp)
+    got = abs(a0 if which == 0 else a1)
+    hit = (mid < got < mid + 2 * delta) if up else (mid - 2 * delta < got < mid)
+    at = draw(ints(0, n - 1))
+    rows = [(0.0,)] * n
+    rows[at] = (d,)
+    dtype = "float64" if "float64" in ctx.input_dtypes else ctx.input_dtypes[0]
+    rows = [tuple(float(x) for x in round_to(r, dtype)) for r in rows]
+    return Case(rewards=tuple(rows), dtype=dtype, group_size=n, eps=eps, out_dtype=out,
+                note=f"near_midpoint:{out}:{'above' if up else 'below'}:{mid.hex()}" + ("" if hit else ":missed"))

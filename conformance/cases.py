@@ -189,7 +189,7 @@ class Expected:
 
 
 @functools.lru_cache(maxsize=4096)
-def _oracle_cached(key, rewards_b, shape, groups_b, weights, units_b, eps, convention, tokens_b=None,
+def _oracle_cached(rewards_b, shape, groups_b, weights, units_b, eps, convention, tokens_b=None,
                    missing="refuse"):
     rewards = np.frombuffer(rewards_b, dtype=np.float64).reshape(shape)
     groups = np.frombuffer(groups_b, dtype=np.int64)
@@ -210,7 +210,7 @@ def oracle_advantages(rewards: np.ndarray, groups: np.ndarray, weights, units, e
     ub = None if units is None else np.ascontiguousarray(units, dtype=np.int64).tobytes()
     tb = None if token_counts is None else np.ascontiguousarray(token_counts, dtype=np.int64).tobytes()
     w = None if weights is None else tuple(float(x) for x in weights)
-    return _oracle_cached("adv", rewards.tobytes(), rewards.shape, groups.tobytes(), w, ub,
+    return _oracle_cached(rewards.tobytes(), rewards.shape, groups.tobytes(), w, ub,
                           None if eps is None else float(eps), convention, tb, missing or "refuse")
 
 

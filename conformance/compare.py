@@ -22,13 +22,19 @@ under the property that found it and prints the same report.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import shlex
 
 import numpy as np
 
-from conformance.cases import DistCase, ulp
-from spec.error_model import round_to
+from conformance.cases import Case, DistCase, ulp
+from conformance.verdicts import Category, label
+from spec import error_model as em
+from spec.error_model import FORMATS, round_to
+
+#: outputs listed in a failure, at most
+MAX_LISTED = 6
 
 
 def bound_row(i, obs, exact, err, allowed, ratio, cond, out_dtype, rounded) -> str:
@@ -140,8 +146,6 @@ def repro(subject, case, prop: str | None = None) -> str:
 
 
 def failure(prop: str, equation: str, subject, case, headline: str, details=(), category=None) -> str:
-    from conformance.verdicts import label
-
     what = f" [{label(category)}]" if category else ""
     lines = [f"[{prop}]{what} {equation} of {subject.target} (call shape {subject.shape}, convention "
              f"{subject.convention!r}): {headline}"]
@@ -149,3 +153,161 @@ def failure(prop: str, equation: str, subject, case, headline: str, details=(), 
     lines.append("  inputs: " + describe_inputs(case).lstrip())
     lines.append("  repro: " + repro(subject, case, prop))
     return "\n".join(lines)
+
+
+def _group_zero_clause(res, weights, g: int) -> str:
+    """The clause of spec section 7 that makes group ``g``'s combined values a structural zero."""
+    label = res.group_labels[g].item() if hasattr(res.group_labels[g], "item") else res.group_labels[g]
+    k_cols = res.group_collapsed.shape[1]
+    w = [1.0] * k_cols if weights is None else [float(x) for x in weights]
+    live = [k for k in range(k_cols) if w[k] != 0.0 and not res.group_collapsed[g, k]]
+    if not live:
+        return (f"every reward column with a nonzero weight is constant in group {label!r} (a collapsed column "
+                f"gives z = 0 exactly, spec sections 2 and 7)")
+    if len(live) == 2:
+        i, j = live
+        return (f"columns {i} and {j} of group {label!r} are equal up to shift and sign and carry weights of "
+                f"equal magnitude ({w[i]!r}, {w[j]!r}), so Eq. 7 cancels them exactly (structural "
+                f"cancellation, spec section 7: bit for bit only where both columns' arithmetic mirrors "
+                f"itself: the same row subtracted in every column, sums in an order fixed by position (no "
+                f"sorting by value, no atomic adds), each product w z rounded on its own (no fused multiply-add))")
+    return f"group {label!r}'s combined value is a structural zero (spec section 7)"
+
+
+def combined_zero_clause(res, weights):
+    """zero_why for c (normalize_rewards): row -> its group's clause."""
+    return lambda i: _group_zero_clause(res, weights, int(res.group_index[i]))
+
+
+def advantage_zero_clause(res, weights):
+    """zero_why for the advantages: a collapsed unit made only of structural zeros of c."""
+    def why(i: int) -> str:
+        if res.unit_index is None or res.group_index is None:
+            return ""
+        u = int(res.unit_index[i])
+        label = res.unit_labels[u].item() if hasattr(res.unit_labels[u], "item") else res.unit_labels[u]
+        if (res.unit_collapsed is None or not res.unit_collapsed[u]) and res.required_zero is not None \
+                and res.required_zero[i]:
+            clause = _group_zero_clause(res, weights, int(res.group_index[i]))
+            return (f"whitening unit {label!r} holds whole groups, so its mean is exactly 0 (Eq. 4 centres every "
+                    f"group column), and this sample's c is a structural zero ({clause}), so Eq. 6 gives exactly "
+                    f"0 (spec section 7: a code that subtracts a rounded batch mean returns rounding noise here)")
+        if res.unit_collapsed is None or not res.unit_collapsed[u]:
+            return ""
+        groups = sorted({int(g) for g in res.group_index[res.unit_index == u]})
+        clauses = [_group_zero_clause(res, weights, g) for g in groups[:2]]
+        more = f" (and {len(groups) - 2} more groups alike)" if len(groups) > 2 else ""
+        return (f"whitening unit {label!r} is collapsed: each of its combined values c is a structural zero ("
+                + "; ".join(clauses) + more + "), so Eq. 6 gives exactly 0")
+    return why
+
+
+def whiten_zero_clause(case: Case):
+    units = case.unit_ids()
+
+    def why(i: int) -> str:
+        u = 0 if units is None else int(units[i])
+        return (f"whitening unit {u}'s given values are all equal (a collapsed unit gives a = 0 exactly, "
+                f"spec section 2)")
+    return why
+
+
+@dataclasses.dataclass
+class Verdict:
+    """Comparison of one output vector with one oracle stage."""
+
+    bad: list  # indices outside the bound (or not exactly zero where demanded)
+    ratio: float  # max error / allowed over outputs with allowed > 0 (for hypothesis.target)
+    rows: list  # per listed index: text
+    #: what the failure means (conformance.verdicts): non_finite, silent_zero, exact_zero or precision
+    category: str | None = None
+    #: the worst error among the bad outputs, in ulps of ``judged_dtype`` (inf: a non-finite output)
+    worst_ulps: float | None = None
+    judged_dtype: str | None = None
+    #: an exact_zero failure: the largest magnitude returned where 0 is demanded (its ulps are
+    #: those of 0, the smallest subnormal's: a residue of 6e-17 would read as 4e28 ulp(float32))
+    worst_value: float | None = None
+
+    @property
+    def ok(self) -> bool:
+        return not self.bad
+
+
+def judged_dtype(out_dtype: str, native_dtype: str = "float64") -> str:
+    """The dtype whose ulps measure an error: the output's where it is narrower than the
+    working precision, else the working precision's (a float32 code returning float64)."""
+    return out_dtype if FORMATS[out_dtype][0] <= FORMATS[native_dtype][0] else native_dtype
+
+
+def distance(observed: np.ndarray, exact: np.ndarray, allowed: np.ndarray, cond: np.ndarray, out_dtype: str,
+          must_be_zero: np.ndarray | None = None, rounded: np.ndarray | None = None,
+          zero_why=None, native_dtype: str = "float64") -> Verdict:
+    """Outputs vs the correctly rounded exact values under the per-output bound.
+
+    ``rounded``: the exact values correctly rounded into ``out_dtype`` (the oracle's
+    ``rounded(out_dtype)``), named in a failure where the output looks rounded twice;
+    ``zero_why(i)``: the clause of the specification that demands output ``i``'s exact
+    zero (a failure states it instead of a distance in ulps taken at 0)."""
+    obs = np.asarray(observed, dtype=np.float64)
+    exact = np.asarray(exact, dtype=np.float64)
+    allowed = np.asarray(allowed, dtype=np.float64)
+    zero = (allowed == 0.0) & (exact == 0.0)
+    if must_be_zero is not None:
+        zero = zero | np.asarray(must_be_zero, bool)
+    with np.errstate(invalid="ignore", over="ignore"):
+        err = np.abs(obs - exact)
+        bad_zero = zero & (obs != 0.0)
+        bad_bound = ~zero & ~(err <= allowed)  # NaN fails
+        ratios = np.where(~zero & (allowed > 0), err / np.where(allowed > 0, allowed, 1.0), 0.0)
+    bad = np.flatnonzero(bad_zero | bad_bound)
+    finite = ratios[np.isfinite(ratios)]
+    ratio = float(finite.max()) if finite.size else 0.0
+    if np.any(~np.isfinite(obs)) or bad_zero.any():
+        ratio = max(ratio, 1e300)
+    order = sorted(bad.tolist(), key=lambda i: -(ratios[i] if np.isfinite(ratios[i]) else math.inf))
+    rows = []
+    said: dict = {}  # clause -> the first row that stated it
+    for i in order[:MAX_LISTED]:
+        if zero[i]:
+            clause = (zero_why(i) if zero_why is not None else None) or \
+                "the error model gives it no allowance (spec section 7: the exact value is demanded)"
+            stated = f"as for [{said[clause]}]" if clause in said else clause
+            said.setdefault(clause, i)
+            rows.append(f"[{i}] returned {hx(obs[i])} ({float(obs[i]):.9g}); the exact result is exactly 0, "
+                        f"and {stated}: the specification demands 0 bit for bit (either sign), cond {cond[i]:.2e}")
+            continue
+        rows.append(bound_row(i, obs[i], exact[i], err[i], allowed[i], ratios[i], cond[i], out_dtype,
+                               None if rounded is None else float(np.asarray(rounded, dtype=np.float64)[i])))
+    category = worst = None
+    in_dtype = judged_dtype(out_dtype, native_dtype)
+    if bad.size:
+        b = bad
+        if np.any(~np.isfinite(obs[b])):  # NaN or inf returned (an exact beyond float64 is refused, never inf)
+            category = Category.NON_FINITE
+        elif np.any((obs[b] == 0.0) & (exact[b] != 0.0) & ~zero[b]):
+            category = Category.SILENT_ZERO
+        elif np.all(zero[b]):
+            category = Category.EXACT_ZERO
+        else:
+            category = Category.PRECISION
+        with np.errstate(over="ignore", invalid="ignore"):
+            ulps = [err[i] / ulp(exact[i], in_dtype) for i in b.tolist()]
+        fin = [u for u in ulps if np.isfinite(u)]
+        worst = math.inf if len(fin) < len(ulps) else float(max(fin))
+    value = float(np.max(np.abs(obs[bad]))) if category == Category.EXACT_ZERO else None
+    return Verdict(bad.tolist(), ratio, rows, category, worst, in_dtype, value)
+
+
+def native_allowed(stage, out_dtype: str, conv) -> np.ndarray:
+    """The allowance of a code of convention ``conv`` (spec/error_model.py, "A peer's own
+    code"): the running bound of its algorithm at its unit roundoff, and, under a peer's
+    convention, also what a change of every input by SAFETY ulps of its working precision
+    can cause (the oracle's cond, per float64 ulp, scaled to that precision): an answer of
+    inputs that near is its working precision's answer (backward error), whatever the
+    first-order bound, which says nothing once the problem's own condition is O(1)."""
+    allowed = stage.allowed(out_dtype, conv.unit_roundoff)
+    if conv.algorithm == "shift_invariant":  # the specification's own algorithm: its model alone
+        return allowed
+    with np.errstate(over="ignore", invalid="ignore"):
+        backward = em.SAFETY * np.nan_to_num(stage.cond, nan=0.0) * (conv.unit_roundoff / 2.0 ** -53)
+    return np.where(allowed > 0.0, np.maximum(allowed, backward), allowed)

@@ -3,7 +3,10 @@
 A property that no wrong implementation fails proves nothing (STYLE, convention 3).
 Every control here is the same torch implementation, :func:`baseline`, with exactly
 one flaw switched on, so a rejection is the flaw's and not an accident of the base.
-``baseline`` itself must pass every property (``test_controls``): it is a second,
+A flaw that is another formula is a variant of the catalogue (:mod:`conformance.formulas`,
+``Flaws.formula``): ddof 0, eps in the square root, NaN read as 0, a group of one given z = 0,
+Eq. 6 over the whole batch, unscored rows kept in Eq. 6; the others are flaws of arithmetic,
+rounding, validation or the protocol across ranks. ``baseline`` itself must pass every property (``test_controls``): it is a second,
 deliberately plain, correct implementation in the ``gdpo`` call shape
 (shift-invariant two-pass float64 with exact power-of-two scaling, exact collapse,
 the structural zero mean of a whitening unit of whole groups,
@@ -27,6 +30,7 @@ import numbers
 
 import torch
 
+from conformance.formulas import PAPER, Variant
 from spec.constants import FLOAT32_MAX
 from spec.errors import (
     DistributedError,
@@ -49,18 +53,19 @@ _WEIGHT_EXP_CAP = 990
 
 @dataclasses.dataclass(frozen=True)
 class Flaws:
+    #: the formula: the paper's, or a variant of the catalogue (conformance.formulas) one choice
+    #: off it. Read here: ddof 0 and eps in the square root (at Eq. 4 and Eq. 6), NaN rewards read
+    #: as 0 (zero_first), a group of one given z = 0, Eq. 6 over the whole batch (whiten_scope
+    #: "batch": segment_sizes ignored), under missing="unscored" rows with no scored reward kept in
+    #: Eq. 6 (nan_aware, their c = 0, instead of nan_aware_unscored)
+    formula: Variant = PAPER
     one_pass: bool = False  # Eq. 4 variance as (sum x^2 - (sum x)^2 / n) / (n - 1)
     float32_weights: bool = False  # weights rounded to float32 before Eq. 7
     float32_internals: bool = False  # every stage in float32
     naive_centring: bool = False  # mean, then x - mean (not shift-invariant)
     noise_floor: bool = False  # |c| <= 1e-9 * sum_k |w_k z_k| set to 0 ("that is rounding")
-    merged_units: bool = False  # Eq. 6 over the whole batch, segment_sizes ignored
     local_statistics: bool = False  # Eq. 6 statistics of this rank's part only
     local_raise: bool = False  # a rank raises its own refusal before the agreement collective
-    eps_in_sqrt: bool = False  # sqrt(var + eps) instead of std + eps
-    biased_std: bool = False  # ddof 0 at Eq. 4 and Eq. 6
-    nan_to_zero: bool = False  # NaN rewards silently replaced by 0
-    singleton_zero: bool = False  # a group of one gives z = 0 instead of an error
     double_rounding: bool = False  # float16/bfloat16 written through float32 (torch's own float64 cast)
     truncate_bfloat16: bool = False  # bfloat16 written by truncation (rounding toward zero)
     large_batch_float32: bool = False  # beyond 64 rows: float32 internals and ddof 0 (correct up to 64)
@@ -72,7 +77,6 @@ class Flaws:
     base_class_refusals: bool = False  # bad group arguments, eps, out_dtype refused as the base GDPOError
     mutates_rewards: bool = False  # the caller's rewards tensor overwritten (halved) in place
     rounded_unit_mean: bool = False  # Eq. 6 subtracts the rounded mean even in a unit of whole groups
-    unscored_in_eq6: bool = False  # missing="unscored": rows with no scored reward kept in Eq. 6 (their c = 0)
 
 
 class _Refusal(Exception):
@@ -125,32 +129,27 @@ def _standardize(x: torch.Tensor, eps: float, fl: Flaws) -> torch.Tensor:
         return torch.zeros_like(x)  # exact collapse (and the singleton_zero flaw)
     e = _frame(x, eps)
     xs = _scale(x, -e)
-    if fl.big_groups_float32 and n > 64:  # a "fast path" for long groups: float32 statistics
-        return _standardize_float32(xs, _ldexp(eps, -e)).to(x.dtype)
+    if fl.big_groups_float32 and n > 64:  # a "fast path" for long groups: the base's statistics in float32
+        xs, fl = xs.to(torch.float32), Flaws()
     if fl.naive_centring or fl.one_pass:
         dev = xs - _sum(xs) / n
     else:
         d = xs - xs[0]
         dev = d - _sum(d) / n
-    ddof = 0 if fl.biased_std else 1
+    ddof = fl.formula.group_ddof
     if fl.one_pass:
         var = (_sum(xs * xs) - _sum(xs) * _sum(xs) / n) / (n - ddof)
     else:
         var = _sum(dev * dev) / (n - ddof)
-    if fl.eps_in_sqrt:
-        den = torch.sqrt(var + _ldexp(eps, -2 * e))
-    else:
-        den = torch.sqrt(var) + _ldexp(eps, -e)
-    return torch.where(dev == 0, torch.zeros_like(dev), dev / den)
+    den = _denominator(var, eps, e, fl.formula.group_placement)
+    return torch.where(dev == 0, torch.zeros_like(dev), dev / den).to(x.dtype)
 
 
-def _standardize_float32(xs: torch.Tensor, eps: float) -> torch.Tensor:
-    """Eq. 4 of one framed group column (max |xs| < 1), the base's algorithm in float32."""
-    xs = xs.to(torch.float32)
-    d = xs - xs[0]
-    dev = d - _sum(d) / xs.numel()
-    den = torch.sqrt(_sum(dev * dev) / (xs.numel() - 1)) + eps
-    return torch.where(dev == 0, torch.zeros_like(dev), dev / den)
+def _denominator(var: torch.Tensor, eps: float, e: int, placement: str) -> torch.Tensor:
+    """std + eps (or sqrt(var + eps): placement "var"), eps brought into the values' frame 2^e."""
+    if placement == "var":
+        return torch.sqrt(var + _ldexp(eps, -2 * e))
+    return torch.sqrt(var) + _ldexp(eps, -e)
 
 
 def _whiten_values(x: torch.Tensor, eps: float, fl: Flaws, whole: bool = False) -> torch.Tensor:
@@ -163,13 +162,8 @@ def _whiten_values(x: torch.Tensor, eps: float, fl: Flaws, whole: bool = False) 
     e = _frame(x, eps)
     xs = _scale(x, -e)
     dev = xs if whole and not fl.rounded_unit_mean else xs - _sum(xs) / n
-    ddof = 0 if fl.biased_std else 1
-    var = _sum(dev * dev) / (n - ddof)
-    if fl.eps_in_sqrt:
-        den = torch.sqrt(var + _ldexp(eps, -2 * e))
-    else:
-        den = torch.sqrt(var) + _ldexp(eps, -e)
-    return dev / den
+    var = _sum(dev * dev) / (n - fl.formula.whiten_ddof)
+    return dev / _denominator(var, eps, e, fl.formula.whiten_placement)
 
 
 # ------------------------------------------------------------------ validation
@@ -272,7 +266,7 @@ def _prepare(rewards, group_ids, group_size, weights, fl: Flaws, allow_empty: bo
     if fl.zero_weight_unchecked and any(v == 0.0 for v in w):  # "they contribute nothing": gone, unchecked
         live = [j for j, v in enumerate(w) if v != 0.0]
         x, w = x[:, live], [w[j] for j in live]
-    if fl.nan_to_zero:
+    if fl.formula.nan == "zero_first":
         x = torch.where(torch.isnan(x), torch.zeros_like(x), x)
     bad = torch.isinf(x) if missing == "unscored" else ~torch.isfinite(x)  # unscored: a NaN is data
     if n and bool(bad.any()):
@@ -282,7 +276,7 @@ def _prepare(rewards, group_ids, group_size, weights, fl: Flaws, allow_empty: bo
     for i, lab in enumerate(labels):
         order.setdefault(lab, []).append(i)
     groups = [torch.tensor(v, dtype=torch.int64, device=x.device) for v in order.values()]
-    if not fl.singleton_zero:
+    if fl.formula.singleton != "zero":
         for lab, v in order.items():
             if len(v) < 2:
                 raise _Refusal(GroupError, f"group {lab} has 1 sample")
@@ -290,7 +284,7 @@ def _prepare(rewards, group_ids, group_size, weights, fl: Flaws, allow_empty: bo
         w = [float(torch.tensor(v, dtype=torch.float32)) for v in w]
     scored = None
     if missing == "unscored":
-        scored = torch.ones(n, dtype=torch.bool) if fl.unscored_in_eq6 else ~torch.isnan(x).all(1)
+        scored = torch.ones(n, dtype=torch.bool) if fl.formula.nan == "nan_aware" else ~torch.isnan(x).all(1)
     return _Prepared(x, groups, w, scored)
 
 
@@ -387,7 +381,7 @@ def _whole_units(groups: list | None, sizes: list) -> list:
 
 def _whiten_local(c: torch.Tensor, sizes: list, eps: float, fl: Flaws, groups=None, scored=None) -> torch.Tensor:
     """``scored`` (missing="unscored"): the rows Eq. 6 takes; the others get 0."""
-    if fl.merged_units:
+    if fl.formula.whiten_scope == "batch":
         sizes = [c.numel()]
     a = torch.zeros_like(c)
     start = 0
@@ -431,7 +425,7 @@ def _whiten_distributed(group, c: torch.Tensor, sizes: list, eps: float, fl: Fla
     import torch.distributed as dist
 
     world, me = dist.get_world_size(group), dist.get_rank(group)
-    if fl.merged_units:
+    if fl.formula.whiten_scope == "batch":
         sizes = [c.numel()]
     s = len(sizes)
     counts = torch.zeros(world, 2 * s, dtype=torch.int64)  # the sizes, then "my part cuts a group"
@@ -486,7 +480,8 @@ def _sized(fl: Flaws, x) -> Flaws:
     except TypeError:
         return fl
     if fl.large_batch_float32 and n > 64:
-        return dataclasses.replace(fl, float32_internals=True, biased_std=True)
+        return dataclasses.replace(fl, float32_internals=True,
+                                   formula=dataclasses.replace(fl.formula, group_ddof=0, whiten_ddof=0))
     return fl
 
 
@@ -584,19 +579,25 @@ class Control:
         return f"conformance.controls:{self.name}"
 
 
+def _formula(**choices) -> Flaws:
+    """The base computing a variant of the catalogue (conformance.formulas) instead of the paper's."""
+    return Flaws(formula=Variant(**choices))
+
+
 _SPECS = (
     ("one_pass_variance", Flaws(one_pass=True), "Eq. 4 variance one-pass: (sum x^2 - (sum x)^2/n)/(n-1), float64"),
     ("float32_weights", Flaws(float32_weights=True), "weights rounded to float32 before Eq. 7"),
     ("float32_internals", Flaws(float32_internals=True), "every stage computed in float32"),
     ("naive_centring", Flaws(naive_centring=True), "float64 mean, then x - mean (not shift-invariant)"),
     ("noise_floor", Flaws(noise_floor=True), "|c| <= 1e-9 sum_k |w_k z_k| treated as rounding and set to 0"),
-    ("merged_units", Flaws(merged_units=True), "Eq. 6 over the whole batch: segment_sizes ignored"),
+    ("merged_units", _formula(whiten_scope="batch"), "Eq. 6 over the whole batch: segment_sizes ignored"),
     ("rank_local_statistics", Flaws(local_statistics=True), "Eq. 6 statistics of each rank's part, no reduction"),
     ("local_raise", Flaws(local_raise=True), "a rank raises its own refusal before the agreement collective"),
-    ("eps_in_sqrt", Flaws(eps_in_sqrt=True), "sqrt(var + eps) instead of std + eps (Eq. 4 and Eq. 6)"),
-    ("biased_std", Flaws(biased_std=True), "biased std (ddof 0) at Eq. 4 and Eq. 6"),
-    ("nan_to_zero", Flaws(nan_to_zero=True), "NaN rewards silently replaced by 0"),
-    ("singleton_zero", Flaws(singleton_zero=True), "a group of one sample gives z = 0 instead of a GroupError"),
+    ("eps_in_sqrt", _formula(group_placement="var", whiten_placement="var"),
+     "sqrt(var + eps) instead of std + eps (Eq. 4 and Eq. 6)"),
+    ("biased_std", _formula(group_ddof=0, whiten_ddof=0), "biased std (ddof 0) at Eq. 4 and Eq. 6"),
+    ("nan_to_zero", _formula(nan="zero_first"), "NaN rewards silently replaced by 0"),
+    ("singleton_zero", _formula(singleton="zero"), "a group of one sample gives z = 0 instead of a GroupError"),
     ("double_rounding", Flaws(double_rounding=True), "float16/bfloat16 output rounded twice, float64 -> float32 -> "
      "format, nearest even each time (what torch's float64 `.to(float16)` does)"),
     ("truncated_bfloat16", Flaws(truncate_bfloat16=True), "bfloat16 output rounded toward zero (low bits dropped)"),
@@ -618,7 +619,7 @@ _SPECS = (
      "overwritten in place"),
     ("rounded_unit_mean", Flaws(rounded_unit_mean=True), "Eq. 6 subtracts the unit's rounded float64 mean even "
      "where the unit holds whole groups (its structural mean is 0): a group without signal gets rounding noise"),
-    ("unscored_rows_whitened", Flaws(unscored_in_eq6=True), "missing=\"unscored\": a row with no scored reward "
+    ("unscored_rows_whitened", _formula(nan="nan_aware"), "missing=\"unscored\": a row with no scored reward "
      "kept in Eq. 6's statistics (its c = 0 counted with the scored rows) instead of left out"),
     ("claims_certified_rounding", Flaws(), "the correct base (float64, one rounding into the output dtype) declaring "
      "certified rounding (gdpo_certified = True) without certifying it: off by one ulp next to a midpoint",

@@ -47,8 +47,6 @@ GROUP_TIMEOUT = 30
 class JobResult:
     outcomes: dict  # group rank -> Outcome
     hung: list  # group ranks that did not return in time
-    seconds: float
-    spawned: bool  # this job paid for a (re)spawn
 
 
 def _members(world: int) -> tuple:
@@ -127,7 +125,6 @@ class Pool:
         self.results = None
         self.tmp = None
         self.next_id = 0
-        self.spawns = 0
 
     # ---------------------------------------------------------------- lifecycle
     def start(self) -> None:
@@ -144,7 +141,6 @@ class Pool:
                       for r in range(self.world)]
         for p in self.procs:
             p.start()
-        self.spawns += 1
         ready = set()
         end = time.monotonic() + SPAWN_DEADLINE
         while len(ready) < self.world:
@@ -188,11 +184,9 @@ class Pool:
     # --------------------------------------------------------------------- jobs
     def run(self, size: int, payloads: list) -> JobResult:
         """Run one job on the subgroup of ``size`` ranks; payloads[group_rank]."""
-        spawned = False
         if not self.alive:
             self.kill()
             self.start()
-            spawned = True
         members = _members(size) if self.world == POOL_WORLD else tuple(range(size))
         self.next_id += 1
         job_id = self.next_id
@@ -218,7 +212,7 @@ class Pool:
         hung = [gr for gr in range(len(members)) if gr not in outcomes]
         if hung:
             self.kill()  # ranks stuck in a collective cannot be reused
-        return JobResult(outcomes, hung, time.monotonic() - t0, spawned)
+        return JobResult(outcomes, hung)
 
 
 _POOLS: dict = {}

@@ -26,11 +26,13 @@ from typing import Callable
 
 import numpy as np
 
-from conformance.cases import Case, DistCase
-from conformance.compare import decimal
+from conformance import formulas, runner
+from conformance.cases import Case, DistCase, expected
+from conformance.compare import decimal, repro
+from conformance.error_cases import CAUSES, DIST_ERROR_BY_NAME, ERROR_BY_NAME
 from conformance.judge import ConformanceFailure
 from conformance.verdicts import ORDINARY, Category, label
-from spec.error_model import round_to
+from spec.error_model import largest_finite, round_to
 
 #: the regimes, in the order findings are ranked
 REGIMES = ("ordinary magnitudes", "bad input", "several ranks", "extreme magnitudes")
@@ -132,8 +134,6 @@ def key(f: Failure) -> tuple:
     """What makes two failures one finding (see the module docstring)."""
     cat, reg = str(f.exc.category), regime(f)
     if reg == "bad input":
-        from conformance.error_cases import CAUSES, DIST_ERROR_BY_NAME, ERROR_BY_NAME
-
         name = _error_name(f.case) or "inf_reward"  # a value case whose reward is not finite in its dtype
         ec = ERROR_BY_NAME.get(name) or DIST_ERROR_BY_NAME.get(name)
         return cat, reg, CAUSES.get(name) or (ec.why if ec is not None else name)
@@ -275,8 +275,6 @@ def _repro(exc) -> str:
 
 
 def _example(f: Failure, subject) -> tuple[object, ConformanceFailure]:
-    from conformance import runner
-
     if not isinstance(f.case, Case) or f.case.note.startswith("error:") or f.case.variant:
         return f.case, f.exc
     exc, _ = runner.reduce(f.check, subject, f.case, f.exc, REDUCE_CALLS)
@@ -299,8 +297,6 @@ def findings(failures: list, subject) -> list:
             thr, inp, first, example = _lowest(members, what)
             exc = _fails_alike(first, example) or first.exc
             if thr is not None:
-                from conformance import runner
-
                 exc, _ = runner.reduce(first.check, subject, example, exc, REDUCE_CALLS)
                 example = getattr(exc, "case", example)
             overflow = thr and cat in (Category.NON_FINITE, Category.SILENT_ZERO)
@@ -339,27 +335,23 @@ def mechanism(case: Case, subject) -> str:
     among the exact intermediates a correct code forms (Eq. 4's group sums and sums of squared
     deviations, Eq. 7's terms w_k z_k, Eq. 6's sums over the unit), the one that comes nearest
     the largest finite value, or beyond it; "" where none comes within a factor 16."""
-    from conformance.cases import expected
-    from spec.error_model import largest_finite
-
     dtype = getattr(subject, "precision", None) or subject.judged().native_dtype
     top = largest_finite(dtype)
     r = case.rewards_array()
     labels = case.labels()
-    found = {}
+    found: dict = {}
+
+    def largest(what: str, value: float) -> None:
+        found[what] = max(found.get(what, 0.0), value)
+
     with np.errstate(all="ignore"):
         for g in np.unique(labels):
             x = r[labels == g]
             dev = x - x.mean(axis=0)
-            found["a group's sum of the rewards (Eq. 4's mean) overflows"] = max(
-                found.get("a group's sum of the rewards (Eq. 4's mean) overflows", 0.0),
-                float(np.max(np.abs(x.sum(axis=0)))))
-            found["the squared deviations of Eq. 4 (its std) overflow"] = max(
-                found.get("the squared deviations of Eq. 4 (its std) overflow", 0.0),
-                float(np.max((dev * dev).sum(axis=0))))
-            found["the squares of the rewards (sum x^2: a one-pass variance) overflow"] = max(
-                found.get("the squares of the rewards (sum x^2: a one-pass variance) overflow", 0.0),
-                float(np.max((x * x).sum(axis=0))))
+            largest("a group's sum of the rewards (Eq. 4's mean) overflows", float(np.max(np.abs(x.sum(axis=0)))))
+            largest("the squared deviations of Eq. 4 (its std) overflow", float(np.max((dev * dev).sum(axis=0))))
+            largest("the squares of the rewards (sum x^2: a one-pass variance) overflow",
+                    float(np.max((x * x).sum(axis=0))))
         exp = expected(case, "spec")
         if exp.result is not None:
             z, c = exp.result.z.float64, exp.result.combined.float64
@@ -377,9 +369,6 @@ def mechanism(case: Case, subject) -> str:
 def from_probes(prof, subject) -> "Finding | None":
     """The probes' formula as a finding, where no drawn case showed it (a clip that only the
     probes' outlier reaches): its example is the probe the code is farthest from the paper on."""
-    from conformance import formulas
-    from conformance.compare import repro
-
     if prof is None or not prof.formula or not prof.outputs:
         return None
     case, out = max(prof.outputs, key=lambda co: float(np.max(np.abs(co[1] - formulas.evaluate(co[0], formulas.PAPER)))))

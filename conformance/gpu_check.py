@@ -1,8 +1,5 @@
 """``python -m conformance.gpu_check --out FILE``: the GPU part of the conformance suite.
 
-Last run on the lent H200: conformance/GPU_RESULTS.json (every part passed; CPU and
-CUDA results identical bit for bit on 40 of 40 inputs).
-
 Runs on a machine with a CUDA device (the lent H200) and writes a JSON results
 file after every part, so a run cut short still leaves what it did:
 
@@ -25,26 +22,27 @@ it are recorded as not run. Exit status 0 when every part that ran passed.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
+import subprocess
 import sys
 import time
 import traceback
+from unittest import mock
 
 import numpy as np
-import subprocess
-from hypothesis import HealthCheck, settings
-from conformance import properties as P
+import torch
+from hypothesis import HealthCheck, given, settings
+
 from conformance import checks as CK
+from conformance import distributed
 from conformance import error_cases as EC
+from conformance import properties as P
 from conformance import runner as R
-from hypothesis import given
 from conformance import strategies as S
 from conformance.subject import Subject
-import dataclasses
-import torch
-from conformance import distributed
 
 
 def _git(*args) -> str | None:
@@ -126,17 +124,10 @@ def _fused_env(dry_run_cpu: bool) -> dict:
     return {**env, "PYTHONWARNINGS": FUSED_WARNINGS_ARE_ERRORS}
 
 
-def _with_env(env: dict, fn):
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
+def _in_env(env: dict, fn):
+    """``fn()`` with ``env`` set in the environment (restored after)."""
+    with mock.patch.dict(os.environ, env):
         return fn()
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def main(argv=None) -> int:
@@ -149,9 +140,6 @@ def main(argv=None) -> int:
                     help="run every part on the CPU with gloo (checks this script without a GPU)")
     args = ap.parse_args(argv)
     start = time.monotonic()
-
-
-
     results = {"impl": args.impl, "examples_per_property": args.examples, "python": platform.python_version(),
                "commit": _git("rev-parse", "HEAD"), "dirty": _git("status", "--porcelain", "--", "impl", "conformance"),
                "torch": torch.__version__, "cuda_available": torch.cuda.is_available(), "parts": {},
@@ -185,7 +173,7 @@ def main(argv=None) -> int:
                                                args.examples) for p in dist]),
         # the fused path's distributed statistics (impl._fused.Local) over NCCL: its ranks are new
         # processes, started after GDPO_FUSED is set (a kernel failure there warns and falls back)
-        ("nccl_world1_fused", lambda: _with_env(_fused_env(args.dry_run_cpu), lambda: [
+        ("nccl_world1_fused", lambda: _in_env(_fused_env(args.dry_run_cpu), lambda: [
             _run_property(_dist_variant(p, 1), Subject(args.impl, device=dev, backend=nccl), args.examples)
             for p in dist])),
     ]

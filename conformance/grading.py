@@ -19,18 +19,25 @@ The steps (docs/grading.md):
 from __future__ import annotations
 
 import dataclasses
+import json
 import sys
 import time
+import traceback
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 
+import hypothesis
 from hypothesis.errors import UnsatisfiedAssumption
 
 from conformance import findings as FD
+from conformance import judge as J
 from conformance import probes, profiles, runner
 from conformance.error_cases import ERROR_CASES
-from conformance.judge import ConformanceFailure, NotJudged
+from conformance.judge import ConformanceFailure
 from conformance.properties import PROPERTIES
-from conformance.subject import Subject
+from conformance.subject import DEFAULT_IMPL, Subject, parse_domain
 from conformance.verdicts import label
+from spec.conventions import get_convention
 
 #: the JSON's layout version (``schema``), raised when a key changes meaning
 JSON_SCHEMA = 2
@@ -112,12 +119,10 @@ def _check_row(subject: Subject, name: str, prop) -> tuple[Row, list]:
     for case in cases:
         try:
             check(case)
-        except (UnsatisfiedAssumption, NotJudged):
+        except UnsatisfiedAssumption:
             continue
         except ConformanceFailure as exc:
             failures.append(FD.Failure(name, getattr(exc, "case", case), exc, subject.last, check))
-    from conformance import judge as J
-
     seen = J.NOTES.get(prop.name, ())
     notes = tuple(sorted({f"refused with {cls}, not the spec.errors class (passes; fails under --strict-errors)"
                           for c, cls in seen if name == f"errors:{c}" or not name.startswith("errors:")}))
@@ -236,8 +241,6 @@ def render(g: Grading, details: bool = False) -> str:
 
 
 def as_json(g: Grading) -> dict:
-    import hypothesis
-
     s = g.subject
     prof = g.profile
     return {
@@ -262,10 +265,6 @@ def as_json(g: Grading) -> dict:
 
 def _peer(convention: str) -> dict | None:
     """A peer preset's provenance (package, version, entry point) and the version installed here."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    from spec.conventions import get_convention
-
     conv = get_convention(convention)
     if not conv.package:
         return None
@@ -281,11 +280,6 @@ def main(impl: str | None, call_shape: str | None, convention: str | None, selec
          single_process: bool = False, json_path: str | None = None, details: bool = False,
          strict: bool = False, domain=(), out=None) -> int:
     """``gdpo check``: grade, print the first screen, write the JSON; the exit code (see the constants)."""
-    import json
-    import traceback
-
-    from conformance.subject import DEFAULT_IMPL, parse_domain
-
     out = out or sys.stdout
     subject = Subject(impl or DEFAULT_IMPL, call_shape or "gdpo", convention or "spec", domain=parse_domain(domain))
     try:
@@ -297,7 +291,5 @@ def main(impl: str | None, call_shape: str | None, convention: str | None, selec
         return EXIT_GRADER
     print(render(g, details), file=out)
     if json_path:
-        from pathlib import Path
-
         Path(json_path).write_text(json.dumps(as_json(g), indent=1, default=str) + "\n")
     return EXIT_OK if g.ok else EXIT_FINDINGS

@@ -7,13 +7,13 @@ worst error in ulps where the failure is a distance, and a text that explains it
 (:func:`conformance.compare.failure`). A maintainer who wants to know why a case failed
 reads this file:
 
-* :func:`distance`: outputs against the exact values under the error model's per-output
-  bound (``allowed``), exact zeros where the specification demands them; categories
-  ``non_finite``, ``silent_zero``, ``exact_zero``, ``precision``;
 * :func:`final`: a final stage (Eq. 6 cast to the output dtype): when a refusal is the
-  contract's answer, when it is permitted, when it is ``refused``; then :func:`distance`,
-  and a precision failure explained as a float overflow that zeroed a group column
-  (``silent_zero``) or as another formula (``formula``: :mod:`conformance.formulas`);
+  contract's answer, when it is permitted, when it is ``refused``; then the distance from the
+  exact values under the error model's per-output bound, exact zeros where the specification
+  demands them (:func:`conformance.compare.distance`: ``non_finite``, ``silent_zero``,
+  ``exact_zero``, ``precision``), and a precision failure explained (:mod:`conformance.explain`)
+  as a float overflow that zeroed a group column (``silent_zero``) or as another formula
+  (``formula``);
 * :func:`values`, :func:`normalized`, :func:`whitened`: the end-to-end advantages, Eq. 4 + 7
   and Eq. 6 alone;
 * :func:`refusal`: where the contract refuses (``accepted``, ``wrong_class``,
@@ -28,28 +28,30 @@ findings is :mod:`conformance.runner` and :mod:`conformance.findings`.
 
 from __future__ import annotations
 
-import dataclasses
 import math
+import os
 import re
 import sys
 from fractions import Fraction
-from typing import Callable
 
 import numpy as np
-from hypothesis import reject, target
+from hypothesis import target
 from hypothesis.control import currently_in_test_context
 
+from conformance import boundary
 from conformance import error_cases as EC
 from conformance.cases import Case, DistCase, expected, ulp
-from conformance.compare import bound_row, failure, hx
+from conformance.compare import (
+    MAX_LISTED, advantage_zero_clause, combined_zero_clause, distance, failure, hx, native_allowed,
+    whiten_zero_clause,
+)
+from conformance.explain import explain, formula_difference, overflowed_columns
 from conformance.subject import Outcome, Subject
-from conformance.verdicts import ORDINARY, Category
+from conformance.verdicts import Category
 from spec import error_model as em
 from spec.constants import FLOAT32_MAX
 from spec.conventions import get_convention
 from spec.errors import DistributedError, GDPOError, OutOfRangeError
-
-MAX_LISTED = 6
 
 
 class ConformanceFailure(AssertionError):
@@ -70,9 +72,11 @@ class ConformanceFailure(AssertionError):
     #: category ``precision``: what floating point explains it ("cancellation at Eq. 4 ..."), or None
     cause: str | None = None
 
-
-class NotJudged(Exception):
-    """Outside a hypothesis run: the case falls under a known oracle limit."""
+    def restated(self, text: str) -> "ConformanceFailure":
+        """The same failure (its case, category, worst error, formula, cause) told by ``text``."""
+        out = ConformanceFailure(text)
+        out.__dict__.update(self.__dict__)
+        return out
 
 
 def fail(prop, equation, subject, case, headline, details=(), category=None, worst_ulps=None,
@@ -90,40 +94,15 @@ def _target(ratio: float, label: str) -> None:
         target(min(ratio, 1e30), label=label)
 
 
-# ------------------------------------------------------------ oracle limits
-#
-# Cases the oracle cannot judge: it crashes, returns a NaN allowance, or demands a
-# bound no float64 computation can meet. They are data: a matching case is
-# discarded (hypothesis.reject) instead of blamed on the implementation, and
-# test_suite_meta asserts that each entry still reproduces, so a fixed oracle makes
-# its entry stale and visible. (Two entries, a crash on weights near 5e-324 and a
-# NaN bound on weights of DBL_MAX, were found by this suite and fixed in d768062; a
-# third, eq7_underflow, a zero bound for c where a weight 2^1074 below the largest
-# flushed the batch's one frame, was fixed in 8f67ffc: the oracle now keeps c's bound
-# per sample in a frame of its own. A fourth, eq6_eps_frame, of convention verl only: an
-# eps added to the variance of Eq. 6 scaled into a unit's frame 2^f by 2^-f, not 2^-2f, so
-# the allowance was too tight for f > 0; the oracle now scales it by 2^-2f, the denominator
-# computed in mpmath (tests/test_call_shapes.py checks the bound's scale invariance).)
-
-
-@dataclasses.dataclass(frozen=True)
-class OracleLimit:
-    name: str
-    what: str
-    matches: Callable  # (case, exception) -> bool
-    sample: str  # hex JSON of a case that shows it
-
-
 class _Unjudged(Exception):
     """The oracle returned a NaN tolerance: it cannot judge the case."""
 
 
-ORACLE_LIMITS: tuple = ()  # none known under convention spec (eq7_underflow: fixed in 8f67ffc)
-
-
 def oracle_verdict(case, convention: str, token_counts=None):
-    """The oracle's Expected, or reject() for a known oracle limit (anything else fails loudly).
-    ``token_counts``: each sample's token count, for a per-token convention (verl)."""
+    """The oracle's Expected; an oracle that crashes or returns a NaN allowance fails loudly, as
+    the oracle's fault, never as the implementation's (the suite once found four such cases; the
+    oracle was fixed for each: conformance/regressions.py pins them). ``token_counts``: each
+    sample's token count, for a per-token convention (verl)."""
     try:
         exp = expected(case, convention, token_counts)
         res = exp.result
@@ -133,11 +112,6 @@ def oracle_verdict(case, convention: str, token_counts=None):
     except GDPOError:
         raise
     except Exception as exc:  # noqa: BLE001
-        for lim in ORACLE_LIMITS:
-            if lim.matches(case, exc):
-                if currently_in_test_context():
-                    reject()
-                raise NotJudged(f"not judged: known oracle limit {lim.name!r}: {lim.what}") from exc
         raise ConformanceFailure(f"the oracle itself failed on this case ({type(exc).__name__}: {exc}); "
                                  f"this is not the implementation's fault: report it to the oracle's owner.\n"
                                  f"  case: {case.dumps()}") from exc
@@ -150,13 +124,6 @@ def _beyond_float32(case: Case) -> bool:
     """A reward beyond float32's range: the contract computes it or refuses it naming it
     (spec section 6). Weights are not among them: any finite float64 weight is computed."""
     return any(abs(v) > FLOAT32_MAX for row in case.rewards for v in row if math.isfinite(v))
-
-
-def _refusal_permitted(case: Case, res) -> bool:
-    """OutOfRangeError is the contract's answer for rewards beyond float32 range
-    ("computed, or refused naming the input"), for an Eq. 7 overflowing float64, and for
-    an Eq. 7 term w_k z_k beyond DBL_MAX (:func:`_eq7_term_overflow`)."""
-    return _permission(case, res) is not None
 
 
 def _permission(case, res) -> str | None:
@@ -274,8 +241,6 @@ STRICT_ENV = "GDPO_STRICT_ERRORS"
 
 
 def strict_errors() -> bool:
-    import os
-
     return os.environ.get(STRICT_ENV, "") not in ("", "0")
 
 
@@ -293,10 +258,9 @@ def _output_summary(out: Outcome) -> str:
         parts.append(f"{inf} infinite")
     if zeros:
         parts.append(f"{zeros} exactly 0")
-    fin = v[np.isfinite(v)]
     head = f"{v.size} value(s)" + (f" ({', '.join(parts)})" if parts else " (all finite, none 0)")
     shown = ", ".join(f"{x:.6g}" for x in v[:6].tolist()) + (", ..." if v.size > 6 else "")
-    return head + f": [{shown}]" + ("" if fin.size == v.size else "")
+    return head + f": [{shown}]"
 
 
 def permitted_refusal(prop: str, out: Outcome) -> bool:
@@ -343,7 +307,6 @@ def refusal(prop, equation, subject, case, out: Outcome, classes, why: str):
         fail(prop, equation, subject, case, f"raised {out.error_type} with an empty message", category=Category.WRONG_CLASS)
 
 
-
 def final(prop, eq, subject, case, out, res, what: str, permitted: bool, context=(), zero_why=None,
                  because=None) -> None:
     """The outputs of a final stage (Eq. 6, cast to out_dtype) against the oracle: a refusal where an
@@ -368,11 +331,11 @@ def final(prop, eq, subject, case, out, res, what: str, permitted: bool, context
     if not v.ok:
         rows, category = list(v.rows), v.category
         if category in (Category.PRECISION, Category.SILENT_ZERO):
-            dropped = _overflowed_columns(subject, case, out, conv)
+            dropped = overflowed_columns(subject, case, out, conv)
             if dropped:
                 category = Category.SILENT_ZERO
                 rows.append(dropped)
-        own = _formula_difference(subject, case, out) if conv.name == "spec" else None
+        own = formula_difference(subject, case, out) if conv.name == "spec" else None
         formula, alternatives, cause = None, (), None
         if own is not None:
             category, formula = Category.FORMULA, f"convention {subject.own_convention()!r}"
@@ -385,214 +348,6 @@ def final(prop, eq, subject, case, out, res, what: str, permitted: bool, context
         fail(prop, eq, subject, case, f"{len(v.bad)} of {case.n} {what}s outside the error model"
              + _precision_note(conv), rows, category=category, worst_ulps=v.worst_ulps, worst_value=v.worst_value,
              worst_dtype=v.judged_dtype, formula=formula, formula_alternatives=alternatives, cause=cause)
-
-
-def _ordinary(case) -> bool:
-    """Rewards and weights of ordinary magnitude (``conformance.verdicts.ORDINARY``): where no
-    float32 square overflows, so an output off by more than rounding is another formula or a
-    defect of arithmetic, never an overflow."""
-    if not isinstance(case, Case) or not case.rewards:
-        return False
-    values = [v for row in case.rewards for v in row] + list(case.weights or ())
-    return all(math.isfinite(v) and abs(v) <= ORDINARY for v in values)  # a NaN (missing) reward too
-
-
-def explain(subject: Subject, case, out: Outcome, conv, category):
-    """Why the advantages of ``case`` are off (a precision or exact-zero failure):
-    ``(category, formula, cause, line, alternatives)``.
-
-    * ``formula``: the formula the grading's probes told (``subject.profile``,
-      :mod:`conformance.probes`) reproduces the output; or, on ordinary inputs, a variant of the
-      catalogue reproduces this case *and* every probe (a variant the probes' relations
-      contradict is never named); or the probes showed a formula no variant reproduces;
-    * ``precision`` with a cause: the failure goes away once each group's rewards are shifted
-      to near 0 (:func:`_cancellation`), or the probes showed a format narrower than float32;
-    * otherwise the category stands, with the nearest variant in the line."""
-    from conformance import formulas
-
-    prof = getattr(subject, "profile", None)
-    u = max(formulas.unit_roundoff_of(case.out_dtype), conv.unit_roundoff)
-    finite = out.values is not None and bool(np.all(np.isfinite(out.values)))
-    ordinary = _ordinary(case) and finite
-    if prof is not None and prof.formula and out.values is not None:
-        if not prof.named and (category == Category.PRECISION or ordinary):
-            return Category.FORMULA, prof.formula, None, f"formula: {prof.formula} (as the probes show)", ()
-        v = prof.diagnosis.variant
-        if prof.named and _reproduced(case, out.values, v, conv, subject.token_counts(case)):
-            return (Category.FORMULA, prof.formula, None,
-                    f"formula: {prof.formula} (reproduces this case and the probes)", prof.diagnosis.alternatives)
-    if prof is not None and prof.narrow and finite and category in (Category.PRECISION, Category.SILENT_ZERO):
-        return Category.PRECISION, None, prof.narrow, f"precision: {prof.narrow}", ()
-    if category != Category.PRECISION:  # a zero or a NaN: the formula explains it, or it stands
-        return category, None, None, "", ()
-    line = ""
-    if ordinary:
-        try:
-            d = formulas.diagnose(case, out.values, token_counts=subject.token_counts(case), unit_roundoff=u)
-        except Exception as exc:  # noqa: BLE001 - no diagnosis is no verdict: the failure stands as it is
-            return category, None, None, f"formula: not diagnosed ({type(exc).__name__}: {exc})", ()
-        line = formulas.describe(d)
-        own = conv.name != "spec" and conv.name in d.presets
-        if d.matched and not d.no_difference and not own and _probes_agree(prof, d.variant, u):
-            alternatives = tuple("; ".join(a) or "no difference from the paper" for a in d.alternatives)
-            if prof is not None and prof.named and prof.formula:  # the probes cannot tell the two apart: theirs
-                return Category.FORMULA, prof.formula, None, line, ("; ".join(d.differences),) + alternatives
-            return Category.FORMULA, "; ".join(d.differences), None, line, alternatives
-    cause = _cancellation(subject, case, out, conv) if finite else None
-    if cause:
-        return Category.PRECISION, None, cause, f"precision: {cause}", ()
-    return category, None, None, line, ()
-
-
-def _reproduced(case, values, variant, conv, token_counts=None) -> bool:
-    """Does the catalogue's ``variant`` reproduce ``values`` within the precision judged at (NaN
-    exactly where the variant's own values are NaN)?"""
-    from conformance import formulas
-
-    try:
-        return formulas.reproduces(case, values, variant, max(formulas.unit_roundoff_of(case.out_dtype),
-                                                              conv.unit_roundoff), token_counts)
-    except Exception:  # noqa: BLE001 - no verdict on the explanation
-        return False
-
-
-def _probes_agree(prof, variant, u: float) -> bool:
-    """Does ``variant`` also reproduce every probe and transformed probe of the grading (None: no
-    probes were run)?"""
-    from conformance import formulas
-
-    if prof is None or not prof.outputs:
-        return True
-    return all(formulas.reproduces(c, o, variant, u) for c, o in prof.outputs)
-
-
-def _cancellation(subject: Subject, case, out: Outcome, conv) -> str | None:
-    """A cause for a precision failure that floating point explains: where the same case with
-    each group column shifted by one of its own values (its lower median; Eq. 4 is shift-invariant,
-    so the exact advantages barely move) is within the error model, judged against its own exact
-    values, the error grows with the rewards' offset from 0: cancellation at Eq. 4."""
-    if not isinstance(case, Case) or not case.rewards or case.dtype not in ("float64", "float32", "float16",
-                                                                              "bfloat16"):
-        return None
-    r = case.rewards_array()
-    labels = case.labels()
-    shifted = r.copy()
-    for g in np.unique(labels):
-        m = labels == g
-        shifted[m] = r[m] - np.sort(r[m], axis=0)[(int(m.sum()) - 1) // 2]  # its lower median, a value of it
-    from spec.error_model import round_to
-
-    shifted = round_to(shifted, case.dtype)  # a case of its own, judged against its own exact values
-    if np.array_equal(shifted, r) or not np.all(np.isfinite(shifted)):
-        return None
-    near = dataclasses.replace(case, rewards=tuple(tuple(float(v) for v in row) for row in shifted))
-    try:
-        exp = expected(near, conv, subject.token_counts(near))
-    except Exception:  # noqa: BLE001 - no verdict on the explanation
-        return None
-    if exp.error is not None or exp.result is None:
-        return None
-    again = subject.outcome(subject.call, near)
-    if not again.ok or again.values is None or again.values.shape != (near.n,):
-        return None
-    res = exp.result
-    v = distance(again.values, res.float64, native_allowed(res, case.out_dtype, conv), res.cond, case.out_dtype,
-                 native_dtype=conv.native_dtype)
-    prof = getattr(subject, "profile", None)
-    if not v.ok and not (prof is not None and prof.named and not prof.diagnosis.no_difference
-                         and _reproduced(near, again.values, prof.diagnosis.variant, conv)):
-        return None
-    return ("cancellation at Eq. 4: the error grows with the rewards' offset from 0 (the same batch shifted to "
-            "near 0 is within the model): a one-pass variance E[x^2] - E[x]^2, or a variance of uncentred values")
-
-
-def _holds_under(out: Outcome, case: Case, conv, token_counts=None):
-    """The oracle's result of ``case`` under ``conv`` where ``out`` is within that convention's
-    own error model (:func:`native_allowed`); None where it is not, or the oracle refuses or
-    cannot judge the case (then it explains nothing)."""
-    try:
-        exp = expected(case, conv, token_counts)
-    except Exception:  # noqa: BLE001 - no verdict on the explanation
-        return None
-    if exp.error is not None or exp.result is None:
-        return None
-    res = exp.result
-    v = distance(out.values, res.float64, native_allowed(res, case.out_dtype, conv), res.cond, case.out_dtype,
-              native_dtype=conv.native_dtype)
-    return res if v.ok else None
-
-
-def _overflowed_columns(subject: Subject, case, out: Outcome, conv) -> str | None:
-    """A silent zero that hides inside other values: where a group column is large enough that
-    its squared deviations overflow the working precision (|r| beyond the square root of its
-    largest finite value, over the group size), a code whose std turns inf gives that column
-    z = 0 and every other value moves with it (Eq. 7, Eq. 6). If the output is within the
-    error model of the same batch with those group columns set to 0 (a constant column: z = 0
-    exactly), say so; else None."""
-    if not isinstance(case, Case) or not case.rewards:
-        return None
-    r = case.rewards_array()
-    labels = case.labels()
-    limit = math.sqrt(em.largest_finite(conv.native_dtype))
-    hit = []
-    zeroed = r.copy()
-    for g in np.unique(labels):
-        m = labels == g
-        for k in range(r.shape[1]):
-            col = r[m, k]
-            if np.all(np.isfinite(col)) and np.max(np.abs(col)) > limit / max(int(m.sum()), 1):
-                zeroed[m, k] = 0.0
-                hit.append((g, k))
-    if not hit:
-        return None
-    alt = dataclasses.replace(case, rewards=tuple(tuple(float(v) for v in row) for row in zeroed))
-    if _holds_under(out, alt, conv, subject.token_counts(alt)) is None:
-        return None
-    shown = ", ".join(f"group {int(g) if float(g).is_integer() else g} column {k}" for g, k in hit[:4])
-    more = f" and {len(hit) - 4} more" if len(hit) > 4 else ""
-    return (f"the output is that of this batch with {shown}{more} set to 0: those columns' squared deviations "
-            f"overflow {conv.native_dtype} (|r| > {limit:.3g} / n), their std turns inf and their z silently 0, "
-            f"moving every value that depends on them")
-
-
-def _formula_difference(subject: Subject, case, out: Outcome) -> list[str] | None:
-    """Graded against spec, an implementation declaring its own convention
-    (``Subject.own_convention``) whose output holds under that convention on this case
-    follows that convention's formula: the lines naming how it differs from spec's; None
-    where it does not hold there either (the failure is then the implementation's own)."""
-    from spec.conventions import differences
-
-    own = subject.own_convention()
-    if own is None or own == "spec" or not isinstance(case, Case):
-        return None
-    counts = None
-    if get_convention(own).whiten == "per_token":
-        if subject.shape != "verl":
-            return None
-        from conformance.subject import verl_lengths
-
-        counts = verl_lengths(case.n)
-    res = _holds_under(out, case, get_convention(own), counts)
-    if res is None:
-        return None
-    return [f"the output is within the error model of the implementation's own convention {own!r} (exact "
-            f"there {res.float64.tolist()[:6]}{' ...' if case.n > 6 else ''}): a formula difference from spec, "
-            f"not an accuracy defect; {own} differs from spec in: " + "; ".join(differences(own))]
-
-
-def native_allowed(stage, out_dtype: str, conv) -> np.ndarray:
-    """The allowance of a code of convention ``conv`` (spec/error_model.py, "A peer's own
-    code"): the running bound of its algorithm at its unit roundoff, and, under a peer's
-    convention, also what a change of every input by SAFETY ulps of its working precision
-    can cause (the oracle's cond, per float64 ulp, scaled to that precision): an answer of
-    inputs that near is its working precision's answer (backward error), whatever the
-    first-order bound, which says nothing once the problem's own condition is O(1)."""
-    allowed = stage.allowed(out_dtype, conv.unit_roundoff)
-    if conv.algorithm == "shift_invariant":  # the specification's own algorithm: its model alone
-        return allowed
-    with np.errstate(over="ignore", invalid="ignore"):
-        backward = em.SAFETY * np.nan_to_num(stage.cond, nan=0.0) * (conv.unit_roundoff / 2.0 ** -53)
-    return np.where(allowed > 0.0, np.maximum(allowed, backward), allowed)
 
 
 def _refusal_category(out: Outcome) -> str:
@@ -616,152 +371,6 @@ def _precision_note(conv) -> str:
             f"{conv.native_dtype} arithmetic, unit roundoff 2^{int(math.log2(conv.unit_roundoff))})")
 
 
-def _group_zero_clause(res, weights, g: int) -> str:
-    """The clause of spec section 7 that makes group ``g``'s combined values a structural zero."""
-    label = res.group_labels[g].item() if hasattr(res.group_labels[g], "item") else res.group_labels[g]
-    k_cols = res.group_collapsed.shape[1]
-    w = [1.0] * k_cols if weights is None else [float(x) for x in weights]
-    live = [k for k in range(k_cols) if w[k] != 0.0 and not res.group_collapsed[g, k]]
-    if not live:
-        return (f"every reward column with a nonzero weight is constant in group {label!r} (a collapsed column "
-                f"gives z = 0 exactly, spec sections 2 and 7)")
-    if len(live) == 2:
-        i, j = live
-        return (f"columns {i} and {j} of group {label!r} are equal up to shift and sign and carry weights of "
-                f"equal magnitude ({w[i]!r}, {w[j]!r}), so Eq. 7 cancels them exactly (structural "
-                f"cancellation, spec section 7: bit for bit only where both columns' arithmetic mirrors "
-                f"itself: the same row subtracted in every column, sums in an order fixed by position (no "
-                f"sorting by value, no atomic adds), each product w z rounded on its own (no fused multiply-add))")
-    return f"group {label!r}'s combined value is a structural zero (spec section 7)"
-
-
-def _combined_zero_clause(res, weights):
-    """zero_why for c (normalize_rewards): row -> its group's clause."""
-    return lambda i: _group_zero_clause(res, weights, int(res.group_index[i]))
-
-
-def _advantage_zero_clause(res, weights):
-    """zero_why for the advantages: a collapsed unit made only of structural zeros of c."""
-    def why(i: int) -> str:
-        if res.unit_index is None or res.group_index is None:
-            return ""
-        u = int(res.unit_index[i])
-        label = res.unit_labels[u].item() if hasattr(res.unit_labels[u], "item") else res.unit_labels[u]
-        if (res.unit_collapsed is None or not res.unit_collapsed[u]) and res.required_zero is not None \
-                and res.required_zero[i]:
-            clause = _group_zero_clause(res, weights, int(res.group_index[i]))
-            return (f"whitening unit {label!r} holds whole groups, so its mean is exactly 0 (Eq. 4 centres every "
-                    f"group column), and this sample's c is a structural zero ({clause}), so Eq. 6 gives exactly "
-                    f"0 (spec section 7: a code that subtracts a rounded batch mean returns rounding noise here)")
-        if res.unit_collapsed is None or not res.unit_collapsed[u]:
-            return ""
-        groups = sorted({int(g) for g in res.group_index[res.unit_index == u]})
-        clauses = [_group_zero_clause(res, weights, g) for g in groups[:2]]
-        more = f" (and {len(groups) - 2} more groups alike)" if len(groups) > 2 else ""
-        return (f"whitening unit {label!r} is collapsed: each of its combined values c is a structural zero ("
-                + "; ".join(clauses) + more + "), so Eq. 6 gives exactly 0")
-    return why
-
-
-def _whiten_zero_clause(case: Case):
-    units = case.unit_ids()
-
-    def why(i: int) -> str:
-        u = 0 if units is None else int(units[i])
-        return (f"whitening unit {u}'s given values are all equal (a collapsed unit gives a = 0 exactly, "
-                f"spec section 2)")
-    return why
-
-
-@dataclasses.dataclass
-class Verdict:
-    """Comparison of one output vector with one oracle stage."""
-
-    bad: list  # indices outside the bound (or not exactly zero where demanded)
-    ratio: float  # max error / allowed over outputs with allowed > 0 (for hypothesis.target)
-    rows: list  # per listed index: text
-    #: what the failure means (conformance.verdicts): non_finite, silent_zero, exact_zero or precision
-    category: str | None = None
-    #: the worst error among the bad outputs, in ulps of ``judged_dtype`` (inf: a non-finite output)
-    worst_ulps: float | None = None
-    judged_dtype: str | None = None
-    #: an exact_zero failure: the largest magnitude returned where 0 is demanded (its ulps are
-    #: those of 0, the smallest subnormal's: a residue of 6e-17 would read as 4e28 ulp(float32))
-    worst_value: float | None = None
-
-    @property
-    def ok(self) -> bool:
-        return not self.bad
-
-
-def judged_dtype(out_dtype: str, native_dtype: str = "float64") -> str:
-    """The dtype whose ulps measure an error: the output's where it is narrower than the
-    working precision, else the working precision's (a float32 code returning float64)."""
-    from spec.error_model import FORMATS
-
-    return out_dtype if FORMATS[out_dtype][0] <= FORMATS[native_dtype][0] else native_dtype
-
-
-def distance(observed: np.ndarray, exact: np.ndarray, allowed: np.ndarray, cond: np.ndarray, out_dtype: str,
-          must_be_zero: np.ndarray | None = None, rounded: np.ndarray | None = None,
-          zero_why=None, native_dtype: str = "float64") -> Verdict:
-    """Outputs vs the correctly rounded exact values under the per-output bound.
-
-    ``rounded``: the exact values correctly rounded into ``out_dtype`` (the oracle's
-    ``rounded(out_dtype)``), named in a failure where the output looks rounded twice;
-    ``zero_why(i)``: the clause of the specification that demands output ``i``'s exact
-    zero (a failure states it instead of a distance in ulps taken at 0)."""
-    obs = np.asarray(observed, dtype=np.float64)
-    exact = np.asarray(exact, dtype=np.float64)
-    allowed = np.asarray(allowed, dtype=np.float64)
-    zero = (allowed == 0.0) & (exact == 0.0)
-    if must_be_zero is not None:
-        zero = zero | np.asarray(must_be_zero, bool)
-    with np.errstate(invalid="ignore", over="ignore"):
-        err = np.abs(obs - exact)
-        bad_zero = zero & (obs != 0.0)
-        bad_bound = ~zero & ~(err <= allowed)  # NaN fails
-        ratios = np.where(~zero & (allowed > 0), err / np.where(allowed > 0, allowed, 1.0), 0.0)
-    bad = np.flatnonzero(bad_zero | bad_bound)
-    finite = ratios[np.isfinite(ratios)]
-    ratio = float(finite.max()) if finite.size else 0.0
-    if np.any(~np.isfinite(obs)) or bad_zero.any():
-        ratio = max(ratio, 1e300)
-    order = sorted(bad.tolist(), key=lambda i: -(ratios[i] if np.isfinite(ratios[i]) else math.inf))
-    rows = []
-    said: dict = {}  # clause -> the first row that stated it
-    for i in order[:MAX_LISTED]:
-        if zero[i]:
-            clause = (zero_why(i) if zero_why is not None else None) or \
-                "the error model gives it no allowance (spec section 7: the exact value is demanded)"
-            stated = f"as for [{said[clause]}]" if clause in said else clause
-            said.setdefault(clause, i)
-            rows.append(f"[{i}] returned {hx(obs[i])} ({float(obs[i]):.9g}); the exact result is exactly 0, "
-                        f"and {stated}: the specification demands 0 bit for bit (either sign), cond {cond[i]:.2e}")
-            continue
-        rows.append(bound_row(i, obs[i], exact[i], err[i], allowed[i], ratios[i], cond[i], out_dtype,
-                               None if rounded is None else float(np.asarray(rounded, dtype=np.float64)[i])))
-    category = worst = None
-    in_dtype = judged_dtype(out_dtype, native_dtype)
-    if bad.size:
-        b = bad
-        if np.any(~np.isfinite(obs[b])):  # NaN or inf returned (an exact beyond float64 is refused, never inf)
-            category = Category.NON_FINITE
-        elif np.any((obs[b] == 0.0) & (exact[b] != 0.0) & ~zero[b]):
-            category = Category.SILENT_ZERO
-        elif np.all(zero[b]):
-            category = Category.EXACT_ZERO
-        else:
-            category = Category.PRECISION
-        with np.errstate(over="ignore", invalid="ignore"):
-            ulps = [err[i] / ulp(exact[i], in_dtype) for i in b.tolist()]
-        fin = [u for u in ulps if np.isfinite(u)]
-        worst = math.inf if len(fin) < len(ulps) else float(max(fin))
-    value = float(np.max(np.abs(obs[bad]))) if category == Category.EXACT_ZERO else None
-    return Verdict(bad.tolist(), ratio, rows, category, worst, in_dtype, value)
-
-
-
 # ------------------------------------------------------------ the checks' verdicts
 
 
@@ -771,8 +380,8 @@ def values(prop, eq, subject: Subject, case: Case, out: Outcome, exp) -> None:
         refusal(prop, eq, subject, case, out, (type(exp.error),), f"the oracle: {exp.error}")
         return
     res = exp.result
-    final(prop, eq, subject, case, out, res, "advantage", _refusal_permitted(case, res),
-          [f"exact advantages {res.float64.tolist()}"], zero_why=_advantage_zero_clause(res, case.weights))
+    final(prop, eq, subject, case, out, res, "advantage", _permission(case, res) is not None,
+          [f"exact advantages {res.float64.tolist()}"], zero_why=advantage_zero_clause(res, case.weights))
 
 
 def certified_rounding(prop, eq, subject: Subject, case: Case, out: Outcome, exp) -> None:
@@ -782,8 +391,6 @@ def certified_rounding(prop, eq, subject: Subject, case: Case, out: Outcome, exp
     of every zero), every float64 output faithful (the exact value itself where it is a float64,
     else one of its two float64 neighbours). A refusal is judged as in :func:`final`, except that
     OutOfRangeError is accepted only where the correct rounding itself overflows."""
-    from conformance import boundary
-
     od = case.out_dtype
     if od not in subject.certified_formats():
         return  # declared for other formats: this one is graded within the error model (the other properties)
@@ -843,8 +450,6 @@ def certified_rounding(prop, eq, subject: Subject, case: Case, out: Outcome, exp
 
 def _still_hunted(case: Case, fam) -> bool:
     """Is the hunted row still next to its midpoint (a reduced case may no longer be)?"""
-    from conformance import boundary
-
     try:
         d, _ = boundary.offset_from(case, fam[2], fam[3])
         return abs(d) <= 2 * math.ulp(fam[3])
@@ -854,8 +459,6 @@ def _still_hunted(case: Case, fam) -> bool:
 
 def _where_exact(case: Case, i: int, observed: float, od: str) -> str:
     """Where the exact value lies, for a certified-rounding verdict (mpmath, convention spec)."""
-    from conformance import boundary
-
     try:
         if od == "float64":
             x = boundary.exact_values(case, 200)[i]
@@ -884,7 +487,7 @@ def normalized(prop, eq, subject: Subject, case: Case, out: Outcome, exp) -> Non
     required = stage.required_zero if stage.required_zero is not None else res.group_cancelled[res.group_index]
     conv = subject.judged()
     v = distance(out.values, stage.float64, native_allowed(stage, "float64", conv), stage.cond, "float64",
-                 must_be_zero=required, zero_why=_combined_zero_clause(res, case.weights),
+                 must_be_zero=required, zero_why=combined_zero_clause(res, case.weights),
                  native_dtype=conv.native_dtype)
     _target(v.ratio, f"{prop}: error/allowed")
     if not v.ok:
@@ -900,7 +503,7 @@ def whitened(prop, eq, subject: Subject, case: Case, out: Outcome, exp) -> None:
         return
     top = float(np.max(np.abs(exp.result.float64))) if exp.result.float64.size else 0.0
     final(prop, eq, subject, case, out, exp.result, "whitened value", False,
-          zero_why=_whiten_zero_clause(case),
+          zero_why=whiten_zero_clause(case),
           because=[f"refusing is not allowed here: the values are finite and every exact whitened value "
                    f"rounds into {case.out_dtype} (largest |exact| {top:.4g})"])
 
@@ -1055,7 +658,7 @@ def dist_values(prop, eq, subject, case: DistCase, outs: dict, exp, twins) -> No
                  category=Category.CALL_SHAPE)
         observed[where[r]] = o.values
     v = distance(observed, res.float64, res.allowed(out_dtype), res.cond, out_dtype, rounded=res.rounded(out_dtype),
-                 zero_why=_advantage_zero_clause(res, case.shards[0].weights))
+                 zero_why=advantage_zero_clause(res, case.shards[0].weights))
     _target(v.ratio, f"{prop}: error/allowed")
     if not v.ok:
         fail(prop, eq, subject, case, f"{len(v.bad)} of {observed.size} advantages (global rows, rank order) "

@@ -21,6 +21,7 @@ The root ``conftest.py`` registers this module as a plugin (pytest registers a p
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -48,8 +49,6 @@ def pytest_configure(config):
     for name, what in MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {what}")
     if config.getoption("--strict-errors", default=False):
-        import os
-
         os.environ[J.STRICT_ENV] = "1"  # read by J.strict_errors at each refusal
     loaded = profiles.load()
     runner.DRAW_FIRST = profiles.draws_first(loaded)

@@ -13,7 +13,7 @@ outputs it tells (docs/grading.md, "Precision and formula"):
   model of a mean-then-subtract code at that precision (``spec/error_model.py``, "A peer's own
   code"), so a correct float32 code is never failed for being float32;
 * the **formula**: the catalogue variant that reproduces every probe within that precision
-  (:func:`conformance.formulas.diagnose_many`), checked against the relations below (a variant
+  (:func:`conformance.diagnosis.diagnose_many`), checked against the relations below (a variant
   must also reproduce the transformed batches, so a name the relations contradict is never given);
 * the **relations** the paper's formula keeps exactly, each owned by one stage, tested on the
   first probe: a shift, or a positive scale, of one group's column (Eq. 4), a permutation of the
@@ -31,7 +31,11 @@ import math
 import numpy as np
 
 from conformance import formulas
+from conformance.diagnosis import Diagnosis, diagnose_many
 from conformance.cases import Case, expected
+from spec.constants import FLOAT32_UNIT_ROUNDOFF, FLOAT64_UNIT_ROUNDOFF
+from spec.conventions import get_convention
+from spec.error_model import round_to
 
 #: the first probe: 4 groups of 4, three columns (binary, small integers, a column of std about
 #: 1e-3 with a constant group of zeros, exact in any arithmetic), weights 1, 1/2, 2
@@ -63,7 +67,7 @@ def _case(rows, group_size, weights, ctx, scale=1.0) -> Case:
 def probe_cases(ctx) -> list[Case]:
     """The probes, as the call shape's context (:class:`conformance.strategies.Context`) expresses
     them: every value and weight is exact in float32 (the trl shape's reward_weights)."""
-    return [  # (the order of PROBE_WORDS; the first four are searched, the rest confirm: formulas.SEARCHED)
+    return [  # (the order of PROBE_WORDS; the first four are searched, the rest confirm: diagnosis.SEARCHED)
         _case(_MAIN, 4, _MAIN_WEIGHTS, ctx),
         _case(_OUTLIER, 4, None, ctx),                                    # a clip bites here
         _case(_MAIN, 4, _MAIN_WEIGHTS, ctx, scale=2.0 ** -8),           # eps dominant at Eq. 4
@@ -200,7 +204,7 @@ class Profile:
 
     precision: str  # "float64" or "float32": the working precision every case is judged at
     how: str  # one line: how the precision was told
-    diagnosis: formulas.Diagnosis | None = None  # the formula the probes show (None: not diagnosed)
+    diagnosis: Diagnosis | None = None  # the formula the probes show (None: not diagnosed)
     lines: tuple = ()  # where no variant reproduces the probes: what breaks, stage by stage
     failed: str = ""  # why the probes told nothing (a refusal, a non-finite output), or ""
     outputs: tuple = ()  # (case, advantages) of every probe and transformed probe
@@ -257,8 +261,6 @@ FLOAT64_RESIDUAL = 2.0 ** -40
 def _narrow_format(outs) -> str:
     """The narrow format (bfloat16, float16) every advantage of the probes is a value of, where one
     is: the mark of a code computing in it and returning it widened; "" otherwise."""
-    from spec.error_model import round_to
-
     for fmt in ("bfloat16", "float16"):
         if all(np.array_equal(round_to(o, fmt), o) for o in outs):
             return fmt
@@ -287,11 +289,11 @@ def profile(subject) -> Profile:
             values, _ = _values(subject, rel.case)
             if values is not None:
                 pairs.append((dataclasses.replace(rel.case, out_dtype=as_out), values))
-    d = formulas.diagnose_many(pairs, unit_roundoff=formulas.FLOAT32_UNIT_ROUNDOFF)
+    d = diagnose_many(pairs, unit_roundoff=FLOAT32_UNIT_ROUNDOFF)
     precision = "float32"
     if d.matched and as_out == "float64" and _relative_residual(pairs, d.variant) <= FLOAT64_RESIDUAL:
         precision = "float64"
-        d = formulas.diagnose_many(pairs, unit_roundoff=formulas.FLOAT64_UNIT_ROUNDOFF)
+        d = diagnose_many(pairs, unit_roundoff=FLOAT64_UNIT_ROUNDOFF)
     how = f"returns {as_out}" if as_out != "float64" else f"computes in {precision}" if d.matched else \
         "returns float64 (its precision not told: no variant of the formula reproduces the probes)"
     prof = Profile(precision, f"{how}: graded at {precision} precision", d, outputs=tuple(pairs))
@@ -332,8 +334,6 @@ def _off_lines(pairs) -> list[str]:
 def _allowed(case: Case) -> np.ndarray:
     """Per advantage: the error model of a correct mean-then-subtract float32 code (the widest precision a
     code is graded at; the probes could not tell this one's)."""
-    from spec.conventions import get_convention
-
     conv = dataclasses.replace(get_convention("spec"), algorithm="mean_then_subtract", native_dtype="float32")
     exp = expected(case, conv)
     if exp.result is None:

@@ -15,6 +15,7 @@ import dataclasses
 import sys
 from typing import Callable
 
+from conformance import boundary as B
 from conformance import regressions
 from conformance import strategies as S
 from conformance.checks import (
@@ -54,8 +55,6 @@ class Property:
 def _boundary(ctx, subject):
     """Hunted boundary cases (conformance/boundary.py) the call shape can express, aimed at the
     narrow output formats it takes, sometimes with float64 output (graded as faithful)."""
-    from conformance import boundary as B
-
     fams = tuple(f for f in B.FAMILIES if (ctx.labels and ctx.units) or f not in ("ragged_units", "tie_collapsed"))
     targets = tuple(t for t in B.TARGETS if t in ctx.out_dtypes) or B.TARGETS
     return B.strategy(fams, targets, tuple(d for d in ctx.out_dtypes if d == "float64"))
@@ -77,7 +76,7 @@ PROPERTIES = (
     Property("rounding", "equations", "Eq. 6 + final cast", "an advantage just off a rounding midpoint of the "
              "output format (float16, its subnormals, bfloat16, float32): one correct rounding of the float64 "
              "result, within half an ulp of the format; rounding through float32 first, or toward zero, misses by "
-             "more than the bound", lambda ctx, subject: S.near_midpoint_cases(ctx), check_values),
+             "more than the bound", lambda ctx, subject: B.near_midpoint_cases(ctx), check_values),
     Property("certified", "equations", "Eq. 4, 7, 6 + final cast", "an implementation that declares certified "
              "rounding (gdpo_certified = True): on hunted boundary cases (exact advantages on a rounding midpoint "
              "of float32, bfloat16 or float16, or within two float64 ulps of one: eps or a reward bisected, exact "

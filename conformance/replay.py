@@ -5,7 +5,7 @@
 The case (a single-process Case or a DistCase, hex JSON) is run under the check of the
 property P that found it (``stage_normalize`` judges ``normalize_rewards``'s c, not the
 advantages; ``errors`` the refusal the case's note names) and the same report is printed;
-exit 0 when it conforms, 1 on a failure, 2 when the case cannot be judged. A subject on
+exit 0 when it conforms, 1 on a failure. A subject on
 another device or rank backend adds ``--device`` / ``--backend``.
 """
 
@@ -16,9 +16,7 @@ import json
 import math
 import sys
 
-from conformance import properties
-
-from conformance import judge as J
+from conformance import probes, properties
 from conformance.cases import Case, DistCase
 from conformance.compare import describe_inputs
 from conformance.subject import DEFAULT_IMPL, Subject
@@ -42,8 +40,6 @@ def main(argv=None) -> int:
     case = DistCase.from_json(data) if "shards" in data else Case.from_json(data)
     subject = Subject(args.impl, args.call_shape, args.convention, device=args.device, backend=args.backend)
     if args.precision:  # judged as gdpo check judged it: at that precision, the probes' formula known
-        from conformance import probes
-
         subject.profile = probes.profile(subject)
         subject.precision = args.precision
     name = args.property or _default_property(case)
@@ -53,9 +49,6 @@ def main(argv=None) -> int:
     except AssertionError as e:
         print(e)
         return 1
-    except J.NotJudged as e:
-        print(e)
-        return 2
     print(f"[{name}] conforms: {describe_inputs(case)}")
     return 0
 

@@ -98,7 +98,7 @@ def build_test(prop: Property, subject: Subject, config: settings | None = None,
         try:
             prop.check(subject, case, prop.name)
         except UnsatisfiedAssumption:
-            raise  # a case the oracle cannot judge (ORACLE_LIMITS), discarded
+            raise  # a case discarded (outside the declared domain)
         except Exception as exc:
             if record is not None:
                 record.append(getattr(exc, "case", case))
@@ -153,20 +153,10 @@ def _smallest_found(prop: Property, subject: Subject, record: list) -> None:
     try:
         prop.check(subject, record[-1], prop.name)
     except ConformanceFailure as failure:
-        again = ConformanceFailure(f"{failure}\n  (shrinking stopped at its budget ({SHRINK_BUDGET_S:g} s): "
-                                   "the smallest failing case found by then)")
-        _carry(failure, again)
-        raise again from None
+        raise failure.restated(f"{failure}\n  (shrinking stopped at its budget ({SHRINK_BUDGET_S:g} s): "
+                               "the smallest failing case found by then)") from None
     raise AssertionError(f"{prop.name}: a case failed, then passed when checked again (the implementation is "
                          f"not deterministic): {record[-1]!r}"[:2000])
-
-
-def _carry(src: ConformanceFailure, dst: ConformanceFailure) -> None:
-    dst.case = getattr(src, "case", None)
-    dst.category, dst.worst_ulps, dst.worst_dtype = src.category, src.worst_ulps, src.worst_dtype
-    dst.formula = getattr(src, "formula", None)
-    dst.formula_alternatives = getattr(src, "formula_alternatives", ())
-    dst.worst_value = getattr(src, "worst_value", None)
 
 
 # --------------------------------------------------------------- cases drawn first
@@ -299,23 +289,16 @@ def first_failure(prop: Property, subject: Subject, cases) -> tuple[int, BaseExc
     return None
 
 
-@dataclasses.dataclass
-class Graded:
-    """What a drawn-first run of one property found: the cases, and each failure by index."""
-    cases: list
-    failures: list  # (index, exception), in case order
-
-    def categories(self) -> list:
-        seen = []
-        for _, exc in self.failures:
-            cat = getattr(exc, "category", None)
-            if cat not in seen:
-                seen.append(cat)
-        return seen
+def grade(prop: Property, subject: Subject) -> None:
+    """Check ``prop`` on its planned cases (:func:`grade_cases`)."""
+    grade_cases(prop.name, subject, planned_cases(prop, subject), lambda case: prop.check(subject, case, prop.name))
 
 
-def check_all(check, cases) -> Graded:
-    """Check every case (a failure does not end the run: the others are judged too)."""
+def grade_cases(name: str, subject: Subject, cases, check) -> None:
+    """Check every case (a failure does not end the run: the others are judged too); raise the
+    first failure, reduced, noting how many of the cases failed and in which categories (a failure
+    that is no ``ConformanceFailure``, a crash of the judge or of the graded code outside a call, is
+    raised as it is). ``name``: the row the plugin reports."""
     failures = []
     for i, case in enumerate(cases):
         try:
@@ -324,41 +307,18 @@ def check_all(check, cases) -> Graded:
             continue
         except Exception as exc:  # noqa: BLE001 - every failure is kept
             failures.append((i, exc))
-    return Graded(list(cases), failures)
-
-
-def grade(prop: Property, subject: Subject) -> Graded:
-    """Check ``prop`` on its planned cases (:func:`grade_cases`)."""
-    return grade_cases(prop.name, subject, planned_cases(prop, subject),
-                       lambda case: prop.check(subject, case, prop.name))
-
-
-def grade_cases(name: str, subject: Subject, cases, check) -> Graded:
-    """Check every case; raise the first failure, reduced, noting how many of the cases failed and
-    in which categories (a failure that is no ``ConformanceFailure``, a crash of the judge or of
-    the graded code outside a call, is raised as it is). ``name``: the row the plugin reports."""
-    graded = check_all(check, cases)
-    run = RUNS[(name, subject.device)] = {"cases": len(graded.cases), "cases_digest": digest(graded.cases),
-                                          "failed_cases": len(graded.failures), "findings": []}
-    if not graded.failures:
-        return graded
-    index, exc = graded.failures[0]
+    RUNS[(name, subject.device)] = {"cases": len(cases), "cases_digest": digest(cases), "failed_cases": len(failures)}
+    if not failures:
+        return
+    index, exc = failures[0]
     if not isinstance(exc, ConformanceFailure):
         raise exc
-    reduced, calls = reduce(check, subject, getattr(exc, "case", graded.cases[index]), exc)
-    cats = ", ".join(str(c) for c in graded.categories())
-    note = (f"\n  ({len(graded.failures)} of {len(graded.cases)} cases failed (categories: {cats}); the first, "
+    reduced, calls = reduce(check, subject, getattr(exc, "case", cases[index]), exc)
+    cats = ", ".join(str(c) for c in dict.fromkeys(getattr(e, "category", None) for _, e in failures))
+    note = (f"\n  ({len(failures)} of {len(cases)} cases failed (categories: {cats}); the first, "
             f"case {index}, is shown")
     note += f", reduced by the judge in {calls} checks)" if reduced is not exc else ")"
-    out = ConformanceFailure(f"{reduced}{note}")
-    _carry(reduced, out)
-    out.graded = graded
-    raise out from None
-
-
-def _repro_of(exc) -> str | None:
-    return next((ln.strip()[len("repro: "):] for ln in str(exc).splitlines() if ln.strip().startswith("repro: ")),
-                None)
+    raise reduced.restated(f"{reduced}{note}") from None
 
 
 # --------------------------------------------------------------- reduction

@@ -36,6 +36,7 @@ from hypothesis import strategies as st
 
 from conformance.cases import Case, DistCase
 from spec.constants import FLOAT32_MAX
+from spec.error_model import FORMATS, largest_finite
 
 
 def cached(factory):
@@ -82,15 +83,7 @@ class DtypeFacts:
         return self.emin - self.p + 1
 
 
-DTYPES = {
-    "float64": DtypeFacts("float64", 53, -1022, 1023, 1.7976931348623157e308),
-    "float32": DtypeFacts("float32", 24, -126, 127, FLOAT32_MAX),
-    "float16": DtypeFacts("float16", 11, -14, 15, 65504.0),
-    "bfloat16": DtypeFacts("bfloat16", 8, -126, 127, float(torch.finfo(torch.bfloat16).max)),
-}
-
-_TORCH = {"float64": torch.float64, "float32": torch.float32, "float16": torch.float16,
-          "bfloat16": torch.bfloat16}
+DTYPES = {name: DtypeFacts(name, *FORMATS[name], largest_finite(name)) for name in FORMATS}
 
 
 def round_to(values, dtype: str) -> np.ndarray:
@@ -100,7 +93,7 @@ def round_to(values, dtype: str) -> np.ndarray:
         return a.copy()
     top = DTYPES[dtype].max
     a = np.clip(a, -top, top)
-    return torch.from_numpy(np.ascontiguousarray(a)).to(_TORCH[dtype]).to(torch.float64).numpy()
+    return torch.from_numpy(np.ascontiguousarray(a)).to(getattr(torch, dtype)).to(torch.float64).numpy()
 
 
 def exponent_table(dtype: str) -> list[int]:
@@ -229,8 +222,8 @@ def _next(x: float, toward: float, dtype: str) -> float:
     if dtype == "float32":
         with np.errstate(over="ignore"):  # a target beyond float32 is inf: the direction is all that counts
             return float(np.nextafter(np.float32(x), np.float32(toward)))
-    t = torch.tensor([x], dtype=_TORCH[dtype])
-    return float(torch.nextafter(t, torch.tensor([toward], dtype=_TORCH[dtype])).double().item())
+    t = torch.tensor([x], dtype=getattr(torch, dtype))
+    return float(torch.nextafter(t, torch.tensor([toward], dtype=getattr(torch, dtype))).double().item())
 
 
 @cached
@@ -776,88 +769,3 @@ def twins(case: DistCase) -> list[tuple[int, int, int, int, int]]:
         if part.startswith("twin:"):
             out.append(tuple(int(x) for x in part.split(":")[1:]))
     return out
-
-
-# ------------------------------------------------------------ near a midpoint
-
-
-#: Output formats whose rounding midpoints :func:`near_midpoint_cases` aims at.
-MIDPOINT_FORMATS = ("float16", "bfloat16", "float32")
-
-
-def _g_inverse(y, n: int, eps, mp):
-    """x with x / (|x| / sqrt(n) + eps) = y (0 <= y < sqrt(n)): one standardization of
-    ``[x, 0, ..., 0]`` (n values, unbiased std) maps x to that value's distance from the rest."""
-    return y * eps / (1 - y / mp.sqrt(n))
-
-
-def _g(x, n: int, eps, mp):
-    return x / (abs(x) / mp.sqrt(n) + eps)
-
-
-def outlier_advantages(d: float, n: int, eps: float, mp=None):
-    """Exact advantages (mpmath, 200 bits) of ``[[d], [0], ..., [0]]``: one group of n
-    samples, one unit, convention ``spec`` (ddof 1, eps added to the std). The column
-    standardizes to the same shape, so a_0 = (n - 1)/n g(g(d)), a_j = -g(g(d))/n with
-    g(x) = x / (|x|/sqrt(n) + eps): both monotone in d, |g(g(d))| below g(sqrt(n)) =
-    sqrt(n) / (1 + eps), every value below that reachable."""
-    import mpmath
-
-    mp = mp or mpmath.MPContext()
-    mp.prec = 200
-    y = _g(_g(mp.mpf(d), n, mp.mpf(eps), mp), n, mp.mpf(eps), mp)
-    return y * (n - 1) / n, -y / n
-
-
-@st.composite
-def near_midpoint_cases(draw, ctx: Context) -> Case:
-    """One group ``[d, 0, ..., 0]`` (n samples, one unit) with d solved so that one exact
-    advantage lies just off a rounding midpoint M of the output format: M +- delta with
-    delta below half a float32 ulp (float32 then lands on M exactly) and far above the
-    float64 error bound. The tie-breaking neighbour of M is always the wrong one:
-    rounding through float32 first (ties to even) misses the correct rounding by half
-    an ulp plus delta, and so does truncation toward zero whenever M + delta is aimed at.
-    Normal and subnormal float16 values, bfloat16's and float32's, either sign."""
-    import mpmath
-
-    out = draw(pick(tuple(f for f in MIDPOINT_FORMATS if f in ctx.out_dtypes) or tuple(ctx.out_dtypes)))
-    p, emin, _ = DTYPES[out].p, DTYPES[out].emin, DTYPES[out].emax
-    n = draw(pick(tuple(x for x in (2, 3, 4, 8, 16) if x <= ctx.max_n)))
-    eps = draw(pick((None, 1e-6, 1e-2, 1.0))) if ctx.eps else None
-    eps_v = 1e-4 if eps is None else eps
-    which = draw(pick((0, 0, 1)))  # the outlier's advantage, or one of the others'
-    sign = draw(pick((1.0, -1.0)))
-    # sup |a| of that element: g(g(d)) < g(sqrt(n)) = sqrt(n) / (1 + eps)
-    top = math.sqrt(n) / (1.0 + eps_v) * ((n - 1) / n if which == 0 else 1.0 / n)
-    # a target magnitude: an exponent from the format's subnormal bottom to below the sup
-    e_hi = math.frexp(top)[1] - 1
-    e = draw(ints(DTYPES[out].sub_min, e_hi))
-    frac = draw(st.floats(1.0, 2.0, exclude_max=True))
-    v = min(math.ldexp(frac, e), top * (1 - 2.0 ** -20))
-    spacing = math.ldexp(1.0, max(math.frexp(v)[1] - 1, emin) - p + 1)
-    m = math.floor(v / spacing)
-    if (m + 1) * spacing >= top and m > 0:  # the midpoint above v may be out of reach
-        m -= 1
-        if m < 1 << (p - 1) and spacing > math.ldexp(1.0, emin - p + 1):  # into the binade below
-            spacing /= 2
-            m = (1 << p) - 1
-    mid = (m + 0.5) * spacing  # exact in float64
-    up = m % 2 == 0  # the lower neighbour even: a tie goes down, so aim above M (and vice versa)
-    half32 = math.ldexp(1.0, max(math.frexp(mid)[1] - 1, -126) - 24)  # half a float32 ulp at M
-    delta = half32 * 2.0 ** -draw(pick((2, 6, 10)))
-    mp = mpmath.MPContext()
-    mp.prec = 200
-    target = mp.mpf(mid) + (delta if up else -delta)
-    y = target * n / (n - 1) if which == 0 else target * n
-    d = float(_g_inverse(_g_inverse(y, n, mp.mpf(eps_v), mp), n, mp.mpf(eps_v), mp))
-    d = d if (which == 0) == (sign > 0) else -d  # a_0 has d's sign, the others the opposite
-    a0, a1 = outlier_advantages(d, n, eps_v, mp)
-    got = abs(a0 if which == 0 else a1)
-    hit = (mid < got < mid + 2 * delta) if up else (mid - 2 * delta < got < mid)
-    at = draw(ints(0, n - 1))
-    rows = [(0.0,)] * n
-    rows[at] = (d,)
-    dtype = "float64" if "float64" in ctx.input_dtypes else ctx.input_dtypes[0]
-    rows = [tuple(float(x) for x in round_to(r, dtype)) for r in rows]
-    return Case(rewards=tuple(rows), dtype=dtype, group_size=n, eps=eps, out_dtype=out,
-                note=f"near_midpoint:{out}:{'above' if up else 'below'}:{mid.hex()}" + ("" if hit else ":missed"))

@@ -14,17 +14,17 @@ import dataclasses
 import importlib
 import inspect
 import math
+import time
 
 import numpy as np
 import torch
 
 from conformance.cases import Case
-from conformance.strategies import Context
+from conformance.error_cases import ERROR_BY_NAME
+from conformance.strategies import DTYPES, Context, round_to
+from impl.gdpo import gdpo_advantages
 from spec.conventions import get_convention
 from spec.errors import ERROR_CLASSES
-from conformance.strategies import DTYPES, round_to
-import time
-from impl.gdpo import gdpo_advantages
 
 DEFAULT_IMPL = "impl.gdpo:gdpo_advantages"
 CALL_SHAPES = ("gdpo", "trl", "verl")
@@ -48,22 +48,6 @@ CANNOT_EXPRESS = {
 VERL_TOKENS = 6
 #: Malformed calls (Case.variant) the verl shape expresses (see the module docstring).
 VERL_VARIANTS = ("", "empty", "rewards_3d")
-
-TORCH_DTYPES = {"float64": torch.float64, "float32": torch.float32, "float16": torch.float16,
-                "bfloat16": torch.bfloat16, "int64": torch.int64, "int32": torch.int32, "bool": torch.bool,
-                "complex64": torch.complex64}
-
-
-def load(target: str):
-    """``package.module:attr[.attr]`` -> the object."""
-    if ":" not in target:
-        raise ValueError(f"--impl wants package.module:function, got {target!r}")
-    mod_name, _, attr = target.partition(":")
-    obj = importlib.import_module(mod_name)
-    for part in attr.split("."):
-        obj = getattr(obj, part)
-    return obj
-
 
 class ImplSpecError(ValueError):
     """An ``--impl`` spec that does not name a callable: the one-line reason."""
@@ -125,8 +109,6 @@ _GDPO_KEYWORDS = frozenset({"group_ids", "group_size", "weights", "segment_sizes
 def _binds(sig, shape: str) -> str | None:
     """None where ``sig`` takes the arguments every call of ``shape`` passes and requires none that
     the shape never passes, else why not."""
-    import inspect
-
     why = None
     for args, kw in _SHAPE_CALLS[shape]:
         try:
@@ -150,8 +132,6 @@ def shape_mismatch(fn, shape: str) -> str | None:
     whose calls it does take; None where it can, or where it has no signature to read (its
     calls then say what they say). Every call would otherwise raise a TypeError, read as a
     refusal: the input checks passing as refusals of another class, every valid case failing."""
-    import inspect
-
     try:
         sig = inspect.signature(fn)
     except (TypeError, ValueError):
@@ -326,8 +306,6 @@ def parse_domain(items) -> dict:
                                  f"(comma-separated), got {value!r}")
             out[key] = formats
         elif key == "validated":
-            from conformance.error_cases import ERROR_BY_NAME
-
             names = tuple(v.strip() for v in value.split(",") if v.strip())
             wrong = [n for n in names if n not in ERROR_BY_NAME]
             if not names or wrong:
@@ -374,7 +352,7 @@ class Subject:
     @property
     def fn(self):
         if self._fn is None:
-            self._fn = load(self.target)
+            self._fn = resolve_impl(self.target)
         return self._fn
 
     def stage(self, name: str):
@@ -570,7 +548,7 @@ class Subject:
             r = r.reshape(r.shape[0], r.shape[1], 1)
         if case.variant == "empty":
             r = np.zeros((0, max(case.k, 1)))
-        dt = TORCH_DTYPES[case.dtype]
+        dt = getattr(torch, case.dtype)
         t = torch.from_numpy(r)
         if dt.is_complex:
             t = t.to(dt)
@@ -602,7 +580,7 @@ class Subject:
             kw["segment_sizes"] = [int(s) for s in case.segment_sizes]
         if case.eps is not None:
             kw["eps"] = float(case.eps)
-        kw["out_dtype"] = TORCH_DTYPES[case.out_dtype]
+        kw["out_dtype"] = getattr(torch, case.out_dtype)
         if v == "int_out_dtype":
             kw["out_dtype"] = torch.int64
         if case.missing:
@@ -635,7 +613,7 @@ class Subject:
             r = np.zeros((0, case.k))
         lengths = verl_lengths(r.shape[0])
         tok = verl_token_rewards(r, lengths, case.dtype)
-        dt = TORCH_DTYPES[case.dtype]
+        dt = getattr(torch, case.dtype)
         names = [f"reward_{j}" for j in range(case.k)]
         rewards = {}
         for j, name in enumerate(names):
@@ -673,14 +651,14 @@ class Subject:
         return self.stage("normalize_rewards")(self.tensor(case), **kw)
 
     def call_whiten(self, values: np.ndarray, dtype: str, segment_sizes, eps, out_dtype, process_group=None):
-        kw: dict = {"out_dtype": TORCH_DTYPES[out_dtype]}
+        kw: dict = {"out_dtype": getattr(torch, out_dtype)}
         if segment_sizes is not None:
             kw["segment_sizes"] = [int(s) for s in segment_sizes]
         if eps is not None:
             kw["eps"] = float(eps)
         if process_group is not None:
             kw["process_group"] = process_group
-        t = torch.from_numpy(np.asarray(values, dtype=np.float64)).to(TORCH_DTYPES[dtype]).to(self.device)
+        t = torch.from_numpy(np.asarray(values, dtype=np.float64)).to(getattr(torch, dtype)).to(self.device)
         return self.stage("whiten")(t, **kw)
 
     def outcome(self, fn, *args, **kwargs) -> Outcome:
@@ -730,7 +708,3 @@ def impl_trl_shape(rewards, num_generations, reward_weights):
     """``impl.gdpo`` in the TRL-like call shape (self-test of the ``trl`` shape)."""
     return gdpo_advantages(rewards, group_size=int(num_generations),
                            weights=[float(w) for w in reward_weights.tolist()], out_dtype=torch.float32)
-
-
-def finite(x) -> bool:
-    return isinstance(x, float) and math.isfinite(x)

@@ -73,12 +73,12 @@ def test_pinned_examples_load_and_are_valid(name):
             assert K.expected(case).error is None, f"pinned example of {name} is an error case: {text}"
 
 
-#: Samples of oracle limits the oracle has since fixed, each once excused by an entry of
-#: ORACLE_LIMITS or found failing the oracle by this suite: each must be judged now (no
-#: NotJudged, no crash, finite allowances) and the controls' correct base must meet it.
+#: Samples of oracle limits the oracle has since fixed, each found failing the oracle by this
+#: suite: each must be judged now (no crash, finite allowances) and the controls' correct base
+#: must meet it.
 FORMER_LIMITS = {
-    # eq7_underflow (ORACLE_LIMITS until 9cfdcb2; fixed in the oracle by 8f67ffc): a live weight 2^-1074
-    # beside one near DBL_MAX; the batch's one frame flushed c's bound to 0
+    # eq7_underflow (fixed in the oracle by 8f67ffc): a live weight 2^-1074 beside one near DBL_MAX;
+    # the batch's one frame flushed c's bound to 0
     "eq7_underflow": '{"rewards":[["0x1.0p+0","0x1.0p+0"],["0x1.8p+6","0x1.0p+0"],["0x1.38p+6","0x1.0p+0"],'
                      '["0x1.2p+4","0x1.0p+0"]],"dtype":"float64","out_dtype":"float64","group_size":4,'
                      '"weights":["-0x0.0000000000001p-1022","0x1.00000000006bbp+1023"]}',
@@ -89,47 +89,22 @@ FORMER_LIMITS = {
 }
 
 
-def _assert_limit_reproduces(limit):
-    """A known oracle limit that no longer reproduces is stale: delete it (and its workaround).
-
-    Reproducing means: the oracle crashes, returns a NaN allowance, or (Eq. 7 underflow)
-    demands a bound that the controls' correct float64 base does not meet."""
-    case = regressions.load(limit.sample)
-    with pytest.raises(J.NotJudged, match=limit.name):
-        J.oracle_verdict(case, "spec")
-    try:
-        res = K.expected(case).result
-    except Exception:  # noqa: BLE001 - the crash is the limit
-        return
-    if np.isnan(res.allowed("float64")).any():
-        return
-    out = Subject("conformance.controls:baseline")
-    got = out.outcome(out.call, case)
-    verdict = distance(got.values, res.float64, res.allowed(case.out_dtype), res.cond, case.out_dtype)
-    assert not verdict.ok, (f"oracle limit {limit.name!r} no longer reproduces on {limit.sample}: "
-                            "remove the entry from conformance/judge.py ORACLE_LIMITS")
-
-
-def test_oracle_limits_still_reproduce_and_former_ones_are_judged():
-    """Every entry of ORACLE_LIMITS still reproduces (none may go stale); every former limit's
-    sample is judged again: no entry excuses it, the oracle gives finite allowances, and the
-    controls' correct base conforms (with ORACLE_LIMITS empty, as now, this half is what runs)."""
-    for limit in J.ORACLE_LIMITS:
-        _assert_limit_reproduces(limit)
+def test_former_oracle_limits_are_judged():
+    """Every former limit's sample is judged: the oracle gives finite allowances, and the
+    controls' correct base conforms."""
     base = Subject("conformance.controls:baseline")
     for name, text in FORMER_LIMITS.items():
         case = regressions.load(text)
-        exp = J.oracle_verdict(case, "spec")  # NotJudged or ConformanceFailure here: the limit is back
+        exp = J.oracle_verdict(case, "spec")  # a ConformanceFailure here: the limit is back
         assert exp.error is None and exp.result is not None, f"former limit {name}: the oracle refuses {text}"
         allowed = exp.result.allowed(case.out_dtype)
         assert np.all(np.isfinite(allowed)) and np.all(allowed >= 0), (name, allowed.tolist())
         CK.check_values(base, case, f"former limit {name}")
 
 
-def test_an_oracle_failure_matching_no_limit_is_a_failure_not_a_discard(monkeypatch):
-    """Only a listed limit excuses an oracle exception: any other one is a ConformanceFailure
-    naming the oracle, in a hypothesis run too (never reject(), which would hide it as a
-    discarded example); a listed limit that matches is NotJudged outside hypothesis."""
+def test_an_oracle_failure_is_a_failure_not_a_discard(monkeypatch):
+    """An oracle exception is a ConformanceFailure naming the oracle, in a hypothesis run too
+    (never reject(), which would hide it as a discarded example)."""
     case = regressions.load(regressions.EXAMPLES["plain"][0])
 
     def crash(*args, **kwargs):
@@ -146,12 +121,6 @@ def test_an_oracle_failure_matching_no_limit_is_a_failure_not_a_discard(monkeypa
 
     with pytest.raises(J.ConformanceFailure, match="the oracle itself failed"):
         inside_hypothesis()
-
-    planted = J.OracleLimit("planted_limit", "a planted limit", lambda c, exc: isinstance(exc, ZeroDivisionError),
-                            case.dumps())
-    monkeypatch.setattr(J, "ORACLE_LIMITS", (planted,))
-    with pytest.raises(J.NotJudged, match="planted_limit"):
-        J.oracle_verdict(case, "spec")
 
 
 def test_judge_demands_exact_zeros_and_rejects_nan():

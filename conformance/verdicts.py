@@ -71,10 +71,6 @@ class Category(enum.StrEnum):
     ROUNDING = "rounding"
     PROTOCOL = "protocol"
 
-    @property
-    def words(self) -> str:
-        return CATEGORIES[self.value]
-
 
 CATEGORIES: dict[str, str] = {
     "silent_zero": "silent zero",
@@ -108,6 +104,4 @@ ORDINARY = 1e4
 
 def label(category: str | None) -> str:
     """The category's words (``-`` for none)."""
-    if not category:
-        return "-"
-    return CATEGORIES.get(category, category)
+    return CATEGORIES.get(category, category) if category else "-"

@@ -1,5 +1,5 @@
 """GDPO-like advantage codes that compute another formula, written as a maintainer would,
-without any declaration (tests/test_formulas.py asks conformance.formulas to name them).
+without any declaration (tests/test_formulas.py asks conformance.diagnosis to name them).
 
 Each takes ``(rewards (N, K) float64, labels (N,), weights (K,), units (N,) or None, eps,
 tokens (N,) or None)`` and returns the advantages. They are written from the formulas'

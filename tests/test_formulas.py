@@ -1,7 +1,7 @@
-"""conformance.formulas names the formula an output follows (issue 25, "The formula, diagnosed").
+"""conformance.diagnosis names the formula an output follows (issue 25, "The formula, diagnosed").
 
-Each code of tests/_formula_impls.py computes one variant of the catalogue, written
-plainly and without any declaration; the diagnosis must name exactly that variant, from its
+Each code of tests/_formula_impls.py computes one variant of the catalogue (conformance.formulas),
+written plainly and without any declaration; the diagnosis must name exactly that variant, from its
 outputs alone, on ordinary random cases (ragged groups of several sizes, K = 1..3, weights).
 Negative controls: the paper's formula (impl.gdpo, the oracle, textbook codes) is named as
 no difference, a code with random noise is no match (the paper's formula the nearest), and
@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 
+from conformance import diagnosis as D
 from conformance import formulas as F
 from conformance.cases import Case
 from conformance.formulas import Variant
@@ -121,15 +122,15 @@ def _exercised(expected: Variant) -> Variant:
 @pytest.mark.parametrize("name", sorted(IMPLS))
 def test_each_variant_is_named(name):
     expected = _exercised(IMPLS[name][0])
-    d = F.diagnose_many(graded(name))
-    assert d.matched, F.describe(d)
-    assert d.variant == expected, (F.describe(d), F.differences(expected))
+    d = D.diagnose_many(graded(name))
+    assert d.matched, D.describe(d)
+    assert d.variant == expected, (D.describe(d), F.differences(expected))
     assert d.ratio <= 1.0
     for case, out, tokens in graded(name):  # each case alone: among what it cannot separate
-        one = F.diagnose(case, out, tokens)
+        one = D.diagnose(case, out, tokens)
         shown = expected if expected.clip is None or np.abs(out).max() >= expected.clip else \
             F._with(expected, clip=None)  # a clip that does not bite on this case
-        assert shown in one.matches, (F.describe(one), F.differences(shown))
+        assert shown in one.matches, (D.describe(one), F.differences(shown))
 
 
 def test_every_choice_of_the_catalogue_has_a_plain_code():
@@ -160,11 +161,11 @@ def test_the_paper_is_no_difference(out_dtype):
         r = torch.tensor(case.rewards_array(), dtype=torch.float32)
         out = gdpo_advantages(r, group_ids=torch.tensor(case.labels()), weights=case.weights,
                               out_dtype=getattr(torch, out_dtype))
-        d = F.diagnose(case, out)
-        assert d.no_difference, F.describe(d)
-        assert F.describe(d).startswith("formula: no difference from the paper (reproduces the output within")
+        d = D.diagnose(case, out)
+        assert d.no_difference, D.describe(d)
+        assert D.describe(d).startswith("formula: no difference from the paper (reproduces the output within")
         exact = oracle.gdpo_advantages(case.rewards_array(), case.labels(), weights=case.weights)
-        assert F.diagnose(case, exact.rounded(out_dtype)).no_difference
+        assert D.diagnose(case, exact.rounded(out_dtype)).no_difference
 
 
 def test_noise_is_no_match_and_the_paper_is_nearest():
@@ -173,13 +174,13 @@ def test_noise_is_no_match_and_the_paper_is_nearest():
     for seed, k in SEEDS_K:
         case = make_case(seed, k, "float32")
         out = run(impls.noisy32, case)
-        one = F.diagnose(case, out)
-        assert not one.matched and one.variant is None, F.describe(one)
+        one = D.diagnose(case, out)
+        assert not one.matched and one.variant is None, D.describe(one)
         items.append((case, out))
-    d = F.diagnose_many(items)
+    d = D.diagnose_many(items)
     assert not d.matched and d.variant is None
     assert d.nearest == F.PAPER and d.ratio > 1.0
-    line = F.describe(d)
+    line = D.describe(d)
     assert "no variant of the catalogue reproduces the output" in line and "nearest: the paper's formula" in line
 
 
@@ -205,8 +206,8 @@ def test_every_preset_computed_by_the_oracle_is_named(name):
                                          convention=name,
                                          token_counts=tokens if conv.whiten == "per_token" else None)
             items.append((case, res.float32, tokens))
-        d = F.diagnose_many(items)
-        assert d.matched and name in d.presets, (kind, F.describe(d))
+        d = D.diagnose_many(items)
+        assert d.matched and name in d.presets, (kind, D.describe(d))
         assert list(d.differences) == F.differences(d.variant, 1e-4)
 
 
@@ -215,32 +216,32 @@ def test_a_case_that_cannot_separate_says_so():
     an Eq. 6 without eps divides out: the case cannot tell; a ragged case can."""
     equal = make_case(5, 2, "float64", sizes=[4, 4, 4])
     out = run(impls.rloo_no_eps6, equal)
-    d = F.diagnose(equal, out)
+    d = D.diagnose(equal, out)
     loo = Variant(baseline="leave_one_out", whiten_eps=0.0)
     assert d.matched and d.ambiguous and loo in d.matches and d.variant != loo
-    assert "cannot separate" in F.describe(d)
+    assert "cannot separate" in D.describe(d)
     ragged = make_case(6, 2, "float64")
-    both = F.diagnose_many([(equal, out), (ragged, run(impls.rloo_no_eps6, ragged))])
-    assert both.variant == loo, F.describe(both)
+    both = D.diagnose_many([(equal, out), (ragged, run(impls.rloo_no_eps6, ragged))])
+    assert both.variant == loo, D.describe(both)
 
 
 def test_a_clip_that_does_not_bite_needs_another_case():
     quiet = make_case(7, 1, "float32", sizes=[3, 3])  # |a| < 1.5 everywhere on 6 samples of one unit
     out = run(impls.clipped32, quiet)
     assert np.abs(out).max() < 1.5
-    assert F.diagnose(quiet, out).no_difference
-    assert any("clip" in line for line in F.diagnose(quiet, out).not_exercised)
+    assert D.diagnose(quiet, out).no_difference
+    assert any("clip" in line for line in D.diagnose(quiet, out).not_exercised)
     loud = make_case(11, 1, "float32")
     louder = run(impls.clipped32, loud)
     assert np.abs(louder).max() == 1.5
-    d = F.diagnose_many([(quiet, out), (loud, louder)])
-    assert d.variant == Variant(clip=1.5), F.describe(d)
+    d = D.diagnose_many([(quiet, out), (loud, louder)])
+    assert d.variant == Variant(clip=1.5), D.describe(d)
 
 
 def test_describe_reads_as_one_line():
     case = make_case(12, 2, "float32")
-    d = F.diagnose(case, run(impls.rloo32, case))
-    line = F.describe(d)
+    d = D.diagnose(case, run(impls.rloo32, case))
+    line = D.describe(d)
     assert line.startswith("formula: Eq. 4: leave-one-out baseline") and "ulp(float32)" in line and "\n" not in line
     assert re.search(r"within [0-9.]+ ulp\(float32\)", line)
 
@@ -248,13 +249,38 @@ def test_describe_reads_as_one_line():
 def test_bad_arguments_are_named():
     case = make_case(12, 2, "float32")
     with pytest.raises(ValueError, match="output: 3 values for a case of"):
-        F.diagnose(case, np.zeros(3))
+        D.diagnose(case, np.zeros(3))
     with pytest.raises(ValueError, match="token_counts: 2 counts for"):
-        F.diagnose(case, np.zeros(case.n), token_counts=[1, 2])
+        D.diagnose(case, np.zeros(case.n), token_counts=[1, 2])
     with pytest.raises(ValueError, match="no cases"):
-        F.diagnose_many([])
+        D.diagnose_many([])
 
 
 def test_the_catalogue_in_the_docs_is_generated():
     text = (ROOT / "docs" / "grading.md").read_text()
     assert F.catalogue_markdown() in text, "docs/grading.md: run python -m conformance.formulas --write"
+
+#: the negative controls that compute another formula (conformance.controls, ``Flaws.formula``), and
+#: what their cases need to show it
+FORMULA_CONTROLS = {"biased_std": {}, "eps_in_sqrt": {}, "nan_to_zero": {"nan": True},
+                    "singleton_zero": {"singleton": True}, "merged_units": {"units": "whole"},
+                    "unscored_rows_whitened": {"nan": "row"}}
+
+
+@pytest.mark.parametrize("name", sorted(FORMULA_CONTROLS))
+def test_a_formula_control_is_named_as_its_variant(name):
+    """A control whose flaw is another formula says which as a variant of the catalogue, and the
+    diagnosis names that variant from its outputs: one catalogue, read by both."""
+    from conformance import controls as C
+
+    fn = C.CONTROLS[name].fn
+    flaws = fn.args[0]  # a control is functools.partial(controls._gdpo, Flaws(...))
+    kw = {"missing": "unscored"} if FORMULA_CONTROLS[name].get("nan") == "row" else {}
+    items = []
+    for seed, k in SEEDS_K[:2]:
+        case = make_case(seed, k, "float64", **FORMULA_CONTROLS[name])
+        out = fn(torch.tensor(case.rewards_array()), group_ids=torch.tensor(case.labels()), weights=case.weights,
+                 segment_sizes=case.segment_sizes, out_dtype=torch.float64, **kw)
+        items.append((case, out))
+    d = D.diagnose_many(items)
+    assert d.variant == flaws.formula.canonical(), D.describe(d)

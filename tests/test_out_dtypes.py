@@ -10,6 +10,7 @@ import pytest
 import torch
 from hypothesis import given, strategies as st
 
+from conformance import boundary as B
 from conformance import strategies as S
 from conformance.cases import Case, expected
 from conformance.controls import Flaws, _round
@@ -57,7 +58,7 @@ def test_round_mpf_float16_and_bfloat16_edges():
     assert ex.round_mpf(above._mpf_, "bfloat16") == 1.0 + 2.0 ** -7
 
 
-@given(S.near_midpoint_cases(S.Context()))
+@given(B.near_midpoint_cases(S.Context()))
 def test_oracle_rounds_once_where_a_double_rounding_differs(case):
     """Cases aimed just off a rounding midpoint: the oracle's float16/bfloat16 (and float32)
     value is the independent single rounding of the exact advantage, and for float16 and
@@ -67,7 +68,7 @@ def test_oracle_rounds_once_where_a_double_rounding_differs(case):
     n = case.n
     col = case.rewards_array()[:, 0]
     at = int(np.flatnonzero(col)[0])
-    a0, a1 = S.outlier_advantages(float(col[at]), n, 1e-4 if case.eps is None else case.eps)
+    a0, a1 = B.outlier_advantages(float(col[at]), n, 1e-4 if case.eps is None else case.eps)
     exact = [a1] * n
     exact[at] = a0
     for i in range(n):

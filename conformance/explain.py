@@ -1,0 +1,205 @@
+"""Why a failing output is off: another formula, cancellation, a column its code overflowed, the
+code's own convention.
+
+The judge (:mod:`conformance.judge`) decides that an output is outside the error model; this module
+says why, for the finding's key and its text: the formula the probes or the catalogue's diagnosis
+(:mod:`conformance.diagnosis`) reproduce the output with, a cancellation that shifting each group
+to near 0 removes, a group column whose squared deviations overflow the code's working precision
+(its z silently 0), or the convention the implementation declares it computes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+from conformance import diagnosis
+from conformance.cases import Case, expected
+from conformance.compare import distance, native_allowed
+from conformance.subject import Outcome, Subject, verl_lengths
+from conformance.verdicts import ORDINARY, Category
+from spec import error_model as em
+from spec.conventions import differences, get_convention
+
+
+def _ordinary(case) -> bool:
+    """Rewards and weights of ordinary magnitude (``conformance.verdicts.ORDINARY``): where no
+    float32 square overflows, so an output off by more than rounding is another formula or a
+    defect of arithmetic, never an overflow."""
+    if not isinstance(case, Case) or not case.rewards:
+        return False
+    values = [v for row in case.rewards for v in row] + list(case.weights or ())
+    return all(math.isfinite(v) and abs(v) <= ORDINARY for v in values)  # a NaN (missing) reward too
+
+
+def explain(subject: Subject, case, out: Outcome, conv, category):
+    """Why the advantages of ``case`` are off (a precision or exact-zero failure):
+    ``(category, formula, cause, line, alternatives)``.
+
+    * ``formula``: the formula the grading's probes told (``subject.profile``,
+      :mod:`conformance.probes`) reproduces the output; or, on ordinary inputs, a variant of the
+      catalogue reproduces this case *and* every probe (a variant the probes' relations
+      contradict is never named); or the probes showed a formula no variant reproduces;
+    * ``precision`` with a cause: the failure goes away once each group's rewards are shifted
+      to near 0 (:func:`_cancellation`), or the probes showed a format narrower than float32;
+    * otherwise the category stands, with the nearest variant in the line."""
+    prof = getattr(subject, "profile", None)
+    u = max(diagnosis.unit_roundoff_of(case.out_dtype), conv.unit_roundoff)
+    finite = out.values is not None and bool(np.all(np.isfinite(out.values)))
+    ordinary = _ordinary(case) and finite
+    if prof is not None and prof.formula and out.values is not None:
+        if not prof.named and (category == Category.PRECISION or ordinary):
+            return Category.FORMULA, prof.formula, None, f"formula: {prof.formula} (as the probes show)", ()
+        v = prof.diagnosis.variant
+        if prof.named and _reproduced(case, out.values, v, conv, subject.token_counts(case)):
+            return (Category.FORMULA, prof.formula, None,
+                    f"formula: {prof.formula} (reproduces this case and the probes)", prof.diagnosis.alternatives)
+    if prof is not None and prof.narrow and finite and category in (Category.PRECISION, Category.SILENT_ZERO):
+        return Category.PRECISION, None, prof.narrow, f"precision: {prof.narrow}", ()
+    if category != Category.PRECISION:  # a zero or a NaN: the formula explains it, or it stands
+        return category, None, None, "", ()
+    line = ""
+    if ordinary:
+        try:
+            d = diagnosis.diagnose(case, out.values, token_counts=subject.token_counts(case), unit_roundoff=u)
+        except Exception as exc:  # noqa: BLE001 - no diagnosis is no verdict: the failure stands as it is
+            return category, None, None, f"formula: not diagnosed ({type(exc).__name__}: {exc})", ()
+        line = diagnosis.describe(d)
+        own = conv.name != "spec" and conv.name in d.presets
+        if d.matched and not d.no_difference and not own and _probes_agree(prof, d.variant, u):
+            alternatives = tuple("; ".join(a) or "no difference from the paper" for a in d.alternatives)
+            if prof is not None and prof.named and prof.formula:  # the probes cannot tell the two apart: theirs
+                return Category.FORMULA, prof.formula, None, line, ("; ".join(d.differences),) + alternatives
+            return Category.FORMULA, "; ".join(d.differences), None, line, alternatives
+    cause = _cancellation(subject, case, out, conv) if finite else None
+    if cause:
+        return Category.PRECISION, None, cause, f"precision: {cause}", ()
+    return category, None, None, line, ()
+
+
+def _reproduced(case, values, variant, conv, token_counts=None) -> bool:
+    """Does the catalogue's ``variant`` reproduce ``values`` within the precision judged at (NaN
+    exactly where the variant's own values are NaN)?"""
+    try:
+        return diagnosis.reproduces(case, values, variant, max(diagnosis.unit_roundoff_of(case.out_dtype),
+                                                              conv.unit_roundoff), token_counts)
+    except Exception:  # noqa: BLE001 - no verdict on the explanation
+        return False
+
+
+def _probes_agree(prof, variant, u: float) -> bool:
+    """Does ``variant`` also reproduce every probe and transformed probe of the grading (None: no
+    probes were run)?"""
+    if prof is None or not prof.outputs:
+        return True
+    return all(diagnosis.reproduces(c, o, variant, u) for c, o in prof.outputs)
+
+
+def _cancellation(subject: Subject, case, out: Outcome, conv) -> str | None:
+    """A cause for a precision failure that floating point explains: where the same case with
+    each group column shifted by one of its own values (its lower median; Eq. 4 is shift-invariant,
+    so the exact advantages barely move) is within the error model, judged against its own exact
+    values, the error grows with the rewards' offset from 0: cancellation at Eq. 4."""
+    if not isinstance(case, Case) or not case.rewards or case.dtype not in ("float64", "float32", "float16",
+                                                                              "bfloat16"):
+        return None
+    r = case.rewards_array()
+    labels = case.labels()
+    shifted = r.copy()
+    for g in np.unique(labels):
+        m = labels == g
+        shifted[m] = r[m] - np.sort(r[m], axis=0)[(int(m.sum()) - 1) // 2]  # its lower median, a value of it
+    shifted = em.round_to(shifted, case.dtype)  # a case of its own, judged against its own exact values
+    if np.array_equal(shifted, r) or not np.all(np.isfinite(shifted)):
+        return None
+    near = dataclasses.replace(case, rewards=tuple(tuple(float(v) for v in row) for row in shifted))
+    try:
+        exp = expected(near, conv, subject.token_counts(near))
+    except Exception:  # noqa: BLE001 - no verdict on the explanation
+        return None
+    if exp.error is not None or exp.result is None:
+        return None
+    again = subject.outcome(subject.call, near)
+    if not again.ok or again.values is None or again.values.shape != (near.n,):
+        return None
+    res = exp.result
+    v = distance(again.values, res.float64, native_allowed(res, case.out_dtype, conv), res.cond, case.out_dtype,
+                 native_dtype=conv.native_dtype)
+    prof = getattr(subject, "profile", None)
+    if not v.ok and not (prof is not None and prof.named and not prof.diagnosis.no_difference
+                         and _reproduced(near, again.values, prof.diagnosis.variant, conv)):
+        return None
+    return ("cancellation at Eq. 4: the error grows with the rewards' offset from 0 (the same batch shifted to "
+            "near 0 is within the model): a one-pass variance E[x^2] - E[x]^2, or a variance of uncentred values")
+
+
+def _holds_under(out: Outcome, case: Case, conv, token_counts=None):
+    """The oracle's result of ``case`` under ``conv`` where ``out`` is within that convention's
+    own error model (:func:`native_allowed`); None where it is not, or the oracle refuses or
+    cannot judge the case (then it explains nothing)."""
+    try:
+        exp = expected(case, conv, token_counts)
+    except Exception:  # noqa: BLE001 - no verdict on the explanation
+        return None
+    if exp.error is not None or exp.result is None:
+        return None
+    res = exp.result
+    v = distance(out.values, res.float64, native_allowed(res, case.out_dtype, conv), res.cond, case.out_dtype,
+              native_dtype=conv.native_dtype)
+    return res if v.ok else None
+
+
+def overflowed_columns(subject: Subject, case, out: Outcome, conv) -> str | None:
+    """A silent zero that hides inside other values: where a group column is large enough that
+    its squared deviations overflow the working precision (|r| beyond the square root of its
+    largest finite value, over the group size), a code whose std turns inf gives that column
+    z = 0 and every other value moves with it (Eq. 7, Eq. 6). If the output is within the
+    error model of the same batch with those group columns set to 0 (a constant column: z = 0
+    exactly), say so; else None."""
+    if not isinstance(case, Case) or not case.rewards:
+        return None
+    r = case.rewards_array()
+    labels = case.labels()
+    limit = math.sqrt(em.largest_finite(conv.native_dtype))
+    hit = []
+    zeroed = r.copy()
+    for g in np.unique(labels):
+        m = labels == g
+        for k in range(r.shape[1]):
+            col = r[m, k]
+            if np.all(np.isfinite(col)) and np.max(np.abs(col)) > limit / max(int(m.sum()), 1):
+                zeroed[m, k] = 0.0
+                hit.append((g, k))
+    if not hit:
+        return None
+    alt = dataclasses.replace(case, rewards=tuple(tuple(float(v) for v in row) for row in zeroed))
+    if _holds_under(out, alt, conv, subject.token_counts(alt)) is None:
+        return None
+    shown = ", ".join(f"group {int(g) if float(g).is_integer() else g} column {k}" for g, k in hit[:4])
+    more = f" and {len(hit) - 4} more" if len(hit) > 4 else ""
+    return (f"the output is that of this batch with {shown}{more} set to 0: those columns' squared deviations "
+            f"overflow {conv.native_dtype} (|r| > {limit:.3g} / n), their std turns inf and their z silently 0, "
+            f"moving every value that depends on them")
+
+
+def formula_difference(subject: Subject, case, out: Outcome) -> list[str] | None:
+    """Graded against spec, an implementation declaring its own convention
+    (``Subject.own_convention``) whose output holds under that convention on this case
+    follows that convention's formula: the lines naming how it differs from spec's; None
+    where it does not hold there either (the failure is then the implementation's own)."""
+    own = subject.own_convention()
+    if own is None or own == "spec" or not isinstance(case, Case):
+        return None
+    counts = None
+    if get_convention(own).whiten == "per_token":
+        if subject.shape != "verl":
+            return None
+        counts = verl_lengths(case.n)
+    res = _holds_under(out, case, get_convention(own), counts)
+    if res is None:
+        return None
+    return [f"the output is within the error model of the implementation's own convention {own!r} (exact "
+            f"there {res.float64.tolist()[:6]}{' ...' if case.n > 6 else ''}): a formula difference from spec, "
+            f"not an accuracy defect; {own} differs from spec in: " + "; ".join(differences(own))]
