@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from conformance import controls
-from conformance.subject import load, shape_mismatch
+from conformance.subject import resolve_impl, shape_mismatch
 from gdpo_tools import peers_report
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -83,7 +83,7 @@ def _graded_here():
 
 @pytest.mark.parametrize("target, shape", list(_graded_here()))
 def test_every_implementation_this_project_grades_takes_its_shape(target, shape):
-    assert shape_mismatch(load(target), shape) is None
+    assert shape_mismatch(resolve_impl(target), shape) is None
 
 
 def test_gdpo_check_stops_before_grading(tmp_path):
