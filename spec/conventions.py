@@ -51,14 +51,18 @@ import dataclasses
 
 from spec.constants import DEFAULT_EPS
 
-_DDOF = (0, 1)
 _EPS_PLACEMENT = ("std", "var", "std_if_positive", "skip_if_zero")
-_COLLAPSE = ("exact_equality", "std_positive", "none")
-_SINGLETON = ("error", "zero", "raw")
-_NAN = ("error", "propagate", "zero_first", "nan_aware", "nan_aware_unscored")
-_WHITEN = ("per_sample", "per_token", "none")
-_DTYPES = ("float32", "float64")
-_ALGORITHMS = ("shift_invariant", "mean_then_subtract")
+#: The values each choice may take (module docstring), checked in ``Convention.__post_init__``.
+_ALLOWED = {
+    "group_ddof": (0, 1), "whiten_ddof": (0, 1),
+    "group_eps_placement": _EPS_PLACEMENT, "whiten_eps_placement": _EPS_PLACEMENT,
+    "collapse": ("exact_equality", "std_positive", "none"),
+    "singleton": ("error", "zero", "raw"),
+    "nan": ("error", "propagate", "zero_first", "nan_aware", "nan_aware_unscored"),
+    "whiten": ("per_sample", "per_token", "none"),
+    "native_dtype": ("float32", "float64"),
+    "algorithm": ("shift_invariant", "mean_then_subtract"),
+}
 #: unit roundoff of each working precision
 _UNIT_ROUNDOFF = {"float32": 2.0 ** -24, "float64": 2.0 ** -53}
 
@@ -92,34 +96,14 @@ class Convention:
     read_from: str = ""
 
     def __post_init__(self) -> None:
-        checks = {
-            "group_ddof": (self.group_ddof, _DDOF),
-            "whiten_ddof": (self.whiten_ddof, _DDOF),
-            "group_eps_placement": (self.group_eps_placement, _EPS_PLACEMENT),
-            "whiten_eps_placement": (self.whiten_eps_placement, _EPS_PLACEMENT),
-            "collapse": (self.collapse, _COLLAPSE),
-            "singleton": (self.singleton, _SINGLETON),
-            "nan": (self.nan, _NAN),
-            "whiten": (self.whiten, _WHITEN),
-            "native_dtype": (self.native_dtype, _DTYPES),
-            "algorithm": (self.algorithm, _ALGORITHMS),
-        }
-        for field, (value, allowed) in checks.items():
+        for field, allowed in _ALLOWED.items():
+            value = getattr(self, field)
             if value not in allowed:
-                raise ValueError(
-                    f"convention {self.name!r}: {field}={value!r} is not one of {allowed}"
-                )
+                raise ValueError(f"convention {self.name!r}: {field}={value!r} is not one of {allowed}")
         for field in ("group_eps", "whiten_eps"):
             value = getattr(self, field)
             if not (value >= 0.0 and value < float("inf")):
                 raise ValueError(f"convention {self.name!r}: {field}={value!r} must be finite and >= 0")
-
-    @property
-    def provenance(self) -> str:
-        """``package==version, path: entry point`` (or what the preset rests on)."""
-        if not self.package:
-            return self.read_from or "-"
-        return f"{self.package}=={self.version}, {self.read_from}: {self.entry_point}"
 
     @property
     def unit_roundoff(self) -> float:
