@@ -20,6 +20,7 @@ round to the same float (Ziv's strategy: raise the precision until they do).
 
 from __future__ import annotations
 
+import functools
 import math
 from fractions import Fraction
 
@@ -199,20 +200,8 @@ def iv_sub(a: tuple, b: tuple, prec: int) -> tuple:
     return (libmp.mpf_sub(a[0], b[1], prec, _FLOOR), libmp.mpf_sub(a[1], b[0], prec, _CEIL))
 
 
-def _min(*xs):
-    m = xs[0]
-    for x in xs[1:]:
-        if libmp.mpf_lt(x, m):
-            m = x
-    return m
-
-
-def _max(*xs):
-    m = xs[0]
-    for x in xs[1:]:
-        if libmp.mpf_gt(x, m):
-            m = x
-    return m
+#: mpf values in exact order (``min(..., key=_EXACTLY)``): an interval's ends never go through a float.
+_EXACTLY = functools.cmp_to_key(libmp.mpf_cmp)
 
 
 def iv_square(a: tuple, prec: int) -> tuple:
@@ -221,8 +210,7 @@ def iv_square(a: tuple, prec: int) -> tuple:
         return (libmp.mpf_mul(lo, lo, prec, _FLOOR), libmp.mpf_mul(hi, hi, prec, _CEIL))
     if libmp.mpf_sign(hi) <= 0:
         return (libmp.mpf_mul(hi, hi, prec, _FLOOR), libmp.mpf_mul(lo, lo, prec, _CEIL))
-    top = _max(libmp.mpf_mul(lo, lo, prec, _CEIL), libmp.mpf_mul(hi, hi, prec, _CEIL))
-    return (ZERO, top)
+    return (ZERO, max(libmp.mpf_mul(lo, lo, prec, _CEIL), libmp.mpf_mul(hi, hi, prec, _CEIL), key=_EXACTLY))
 
 
 def iv_div(a: tuple, b: tuple, prec: int) -> tuple:
@@ -230,7 +218,7 @@ def iv_div(a: tuple, b: tuple, prec: int) -> tuple:
         raise CertificationError("interval division by an interval containing zero")
     lo = [libmp.mpf_div(x, y, prec, _FLOOR) for x in a for y in b]
     hi = [libmp.mpf_div(x, y, prec, _CEIL) for x in a for y in b]
-    return (_min(*lo), _max(*hi))
+    return (min(lo, key=_EXACTLY), max(hi, key=_EXACTLY))
 
 
 def iv_sqrt(a: tuple, prec: int) -> tuple:
