@@ -25,7 +25,6 @@ import numpy as np
 class Case:
     rewards: np.ndarray  # (N, K) float64 holding float32 values
     groups: np.ndarray  # (N,) int64 labels
-    units: np.ndarray | None  # (N,) int64 contiguous labels, None: one unit
     weights: tuple | None
     tokens: np.ndarray  # (N,) int64 token counts (verl)
     note: str
@@ -51,15 +50,12 @@ def _column(rng, kind: str, n: int) -> np.ndarray:
     return f32(v)
 
 
-def _assemble(rng, blocks, weights, note, shared_units=None) -> Case:
+def _assemble(rng, blocks, weights, note) -> Case:
+    """The groups ``blocks`` in one whitening unit, with token counts for verl."""
     rewards = np.concatenate(blocks)
-    sizes = [b.shape[0] for b in blocks]
-    groups = np.repeat(np.arange(len(blocks)), sizes).astype(np.int64)
-    units = None
-    if shared_units is not None:
-        units = np.repeat(np.asarray(shared_units, np.int64), sizes)
+    groups = np.repeat(np.arange(len(blocks)), [b.shape[0] for b in blocks]).astype(np.int64)
     tokens = rng.integers(1, 513, rewards.shape[0]).astype(np.int64)
-    return Case(rewards, groups, units, weights, tokens, note)
+    return Case(rewards, groups, weights, tokens, note)
 
 
 def _weights(rng, k: int):

@@ -492,20 +492,13 @@ def render(run: Run, out: Path) -> str:
         lines += ["", f"## {_GROUP_TITLES[name]}", ""]
         if name in _PLOT_CAPTIONS and _PLOT_CAPTIONS[name][0] in plots_rel:
             fname, caption = _PLOT_CAPTIONS[name]
-            rel = plots_rel[fname].resolve().relative_to(out.resolve().parent) if _is_under(
-                plots_rel[fname], out.parent) else plots_rel[fname]
+            rel = plots_rel[fname]
+            if rel.resolve().is_relative_to(out.parent.resolve()):
+                rel = rel.resolve().relative_to(out.resolve().parent)
             lines += [f"![{caption}]({rel.as_posix()})", "", f"*{caption}.*", ""]
         for t in tables:
             lines += [render_section(t, name), ""]
     return "\n".join(lines).rstrip() + "\n"
-
-
-def _is_under(path: Path, folder: Path) -> bool:
-    try:
-        path.resolve().relative_to(folder.resolve())
-        return True
-    except ValueError:
-        return False
 
 
 # ---------------------------------------------------------- reading it back

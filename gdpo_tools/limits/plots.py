@@ -45,27 +45,23 @@ def cancellation(curve: dict, path: Path) -> Path:
     plt = _pyplot()
     c = np.asarray(curve["C"])
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 6.2))
-    cd = curve["cd"]
-    left.loglog(c, _floored([m["exact_max"] for m in cd]), "k-", lw=2, label="exact max |a| (the problem)")
-    left.loglog(c, _floored([m["cond_max"] for m in cd]), "k:", lw=1.5, label="max cond (one ulp of every input)")
-    left.loglog(c, _floored([m["naive_err"] for m in cd]), "o-", color="tab:red", ms=3,
-                label="naive float64 error")
-    left.loglog(c, _floored([m["impl_err"] for m in cd]), "s-", color="tab:blue", ms=3,
-                label="impl error (out float64)")
-    left.loglog(c, _floored([m["trl_err"] for m in cd]), "^-", color="tab:green", ms=3,
-                label="TRL float32 mirror error (vs exact of its float32 inputs)")
-    left.loglog(c, _floored([m["trl_vs_f64"] for m in cd]), "^--", color="tab:olive", ms=3,
-                label="TRL float32 mirror vs exact of the float64 inputs")
+    cd, cs = curve["cd"], curve["cs"]
+    blue, red = dict(color="tab:blue", ms=3), dict(color="tab:red", ms=3)
+    green, olive = dict(color="tab:green", ms=3), dict(color="tab:olive", ms=3)
+    for ax, rows, key, style, kw, label in (
+        (left, cd, "exact_max", "k-", dict(lw=2), "exact max |a| (the problem)"),
+        (left, cd, "cond_max", "k:", dict(lw=1.5), "max cond (one ulp of every input)"),
+        (left, cd, "naive_err", "o-", red, "naive float64 error"),
+        (left, cd, "impl_err", "s-", blue, "impl error (out float64)"),
+        (left, cd, "trl_err", "^-", green, "TRL float32 mirror error (vs exact of its float32 inputs)"),
+        (left, cd, "trl_vs_f64", "^--", olive, "TRL float32 mirror vs exact of the float64 inputs"),
+        (right, cs, "naive_max", "o-", red, "naive float64 max |a|"),
+        (right, cs, "impl_max", "s-", blue, "impl max |a|"),
+        (right, cs, "peer_exact_max", "k--", dict(lw=1.5), "exact max |a| of the float32-rounded inputs"),
+        (right, cs, "trl_err", "^-", green, "TRL float32 mirror error (vs exact of its inputs)"),
+    ):
+        ax.loglog(c, _floored([m[key] for m in rows]), style, label=label, **kw)
     left.set_title("[C - d, d], d = 0.1, 0.2, 0.3, 0.7, own unit")
-    cs = curve["cs"]
-    right.loglog(c, _floored([m["naive_max"] for m in cs]), "o-", color="tab:red", ms=3,
-                 label="naive float64 max |a|")
-    right.loglog(c, _floored([m["impl_max"] for m in cs]), "s-", color="tab:blue", ms=3,
-                 label="impl max |a|")
-    right.loglog(c, _floored([m["peer_exact_max"] for m in cs]), "k--", lw=1.5,
-                 label="exact max |a| of the float32-rounded inputs")
-    right.loglog(c, _floored([m["trl_err"] for m in cs]), "^-", color="tab:green", ms=3,
-                 label="TRL float32 mirror error (vs exact of its inputs)")
     right.set_title("exact constant sum r2 = C - r1, own unit (exact result: 0)")
     for ax in (left, right):
         ax.axvspan(c.min(), REAL_MAX_REWARD, **_SHADE)

@@ -212,16 +212,13 @@ _PATTERN = np.array([0.0, 1.0, 3.0, 2.0, 2.0, 0.0, 1.0, 3.0])
 _GROUP_B = np.array([[0, 3], [1, 1], [1, 4], [0, 1], [1, 5], [0, 9], [0, 2], [1, 6]], dtype=np.float64)
 
 
-def exact_std(values, ddof: int = 1) -> float:
+def exact_std(values) -> float:
+    """The unbiased std of the values: the exact rational variance, its square root at 120 bits."""
     q = [Fraction(float(v)) for v in values]
     m = sum(q) / len(q)
-    var = sum((v - m) ** 2 for v in q) / (len(q) - ddof)
-    return _sqrt_fraction(var)
-
-
-def _sqrt_fraction(v: Fraction) -> float:
+    var = sum((v - m) ** 2 for v in q) / (len(q) - 1)
     with mpmath.workprec(120):
-        return float(mpmath.sqrt(mpmath.mpf(v.numerator) / v.denominator))
+        return float(mpmath.sqrt(mpmath.mpf(var.numerator) / var.denominator))
 
 
 def eps_case(s: float):
@@ -540,15 +537,15 @@ def build_peers(fast: bool, seed: int, progress) -> tuple[list[Table], dict]:
     facts: dict = {}
     for family in families:
         for case in fam.cases(family, PEER_CASES, seed):
-            spec_res = P.oracle(case.rewards, case.groups, case.units, case.weights, case.tokens, "spec")
+            spec_res = P.oracle(case.rewards, case.groups, weights=case.weights, token_counts=case.tokens)
             for name in P.PEER_TABLE:
                 impl = P.IMPLEMENTATIONS[name]
                 seen = P.as_seen_by(impl, case.rewards)
-                out = P.run(impl, seen, case.groups, case.units, case.weights, case.tokens)
+                out = P.run(impl, seen, case.groups, weights=case.weights, token_counts=case.tokens)
                 own = spec_res if impl.convention == "spec" else P.oracle(
-                    seen, case.groups, case.units, case.weights, case.tokens, impl.convention)
+                    seen, case.groups, weights=case.weights, token_counts=case.tokens, convention=impl.convention)
                 for grading, res in (("own", own), ("spec", spec_res)):
-                    gr = P.grade(out, res, impl, case.units)
+                    gr = P.grade(out, res, impl)
                     facts.setdefault((name, family, grading), []).append((gr, case.note))
             step()
     tables = []
@@ -685,11 +682,9 @@ def build_certified(fast: bool, seed: int, progress) -> tuple[list[Table], dict]
     for name in ordinary:
         def calls(od, cs=fam.cases(name, count, seed)):
             for case in cs:
-                sizes = None if case.units is None else [int(x) for x in np.bincount(case.units)]
                 yield (_certified_call(torch.tensor(case.rewards), od, group_ids=torch.tensor(case.groups),
-                                       weights=None if case.weights is None else list(case.weights),
-                                       segment_sizes=sizes),
-                       P.oracle(case.rewards, case.groups, unit_ids=case.units, weights=case.weights).rounded(od))
+                                       weights=None if case.weights is None else list(case.weights)),
+                       P.oracle(case.rewards, case.groups, weights=case.weights).rounded(od))
         row(name, "ordinary", calls)
         step()
     for name, cs in hunted.items():
