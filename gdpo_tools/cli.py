@@ -22,8 +22,7 @@ def _fmt(x: float) -> str:
     return f"{x:+.10f}" if x == x else "nan"
 
 
-def run_example(name: str, out=None) -> int:
-    out = out if out is not None else sys.stdout
+def run_example(name: str) -> int:
     from oracle import gdpo
     from oracle.examples import EXAMPLES, grpo_reference
     from spec import get_convention
@@ -34,9 +33,9 @@ def run_example(name: str, out=None) -> int:
     res = gdpo.gdpo_advantages(r, g)
     grpo = grpo_reference(r, g)
     cols = ex["columns"]
-    print(f"GDPO advantages of the built-in example {name!r}, exact and certified", file=out)
+    print(f"GDPO advantages of the built-in example {name!r}, exact and certified")
     print(f"convention {conv.name!r}: unbiased std, eps {conv.group_eps!r} added to the std "
-          f"(Eq. 4 and Eq. 6), one whitening unit", file=out)
+          f"(Eq. 4 and Eq. 6), one whitening unit")
     head = ["i", "group"] + list(cols) + [f"z[{c}]" for c in cols] + ["c (Eq.7)", "a (Eq.6) float64",
                                                                      "a float32", "cond", "GRPO"]
     rows = []
@@ -46,13 +45,13 @@ def run_example(name: str, out=None) -> int:
                     + [_fmt(res.combined.float64[i]), repr(float(res.float64[i])),
                        repr(float(np.float32(res.float32[i]))), f"{res.cond[i]:.1e}", _fmt(grpo[i])])
     widths = [max(len(h), *(len(row[j]) for row in rows)) for j, h in enumerate(head)]
-    print("  ".join(h.rjust(w) for h, w in zip(head, widths)), file=out)
+    print("  ".join(h.rjust(w) for h, w in zip(head, widths)))
     for row in rows:
-        print("  ".join(v.rjust(w) for v, w in zip(row, widths)), file=out)
+        print("  ".join(v.rjust(w) for v, w in zip(row, widths)))
     print("a is the exact value correctly rounded; cond: how far a one-ulp change of every input "
-          "moves a (first order).", file=out)
+          "moves a (first order).")
     print("GRPO: plain GRPO's advantage, for comparison (the rewards summed, then standardized per group; "
-          "float64). GDPO standardizes each reward before the sum: rows GRPO scores alike can differ.", file=out)
+          "float64). GDPO standardizes each reward before the sum: rows GRPO scores alike can differ.")
     return 0
 
 

@@ -32,17 +32,14 @@ def _members(labels: np.ndarray) -> list[np.ndarray]:
     return np.split(order, edges)
 
 
-def formula(convention, rewards, group_ids, unit_ids=None, weights=None, token_counts=None,
-            dtype=np.float64, eps=None):
+def formula(convention, rewards, group_ids, unit_ids=None, weights=None, token_counts=None, dtype=np.float64):
     """``convention``'s formula as its code computes it (mean, then deviations, then std), in
     ``dtype``, per whitening unit of ``unit_ids`` (None: one): the formula catalogue's evaluator
     (``conformance.formulas``, the one place GDPO's variants are written) on the preset's choices,
-    its eps placements kept as the code writes them; ``eps`` overrides both eps."""
-    from conformance.formulas import _with, evaluate_arrays, from_convention
+    its eps placements kept as the code writes them."""
+    from conformance.formulas import evaluate_arrays, from_convention
 
     v = from_convention(get_convention(convention), faithful=True)
-    if eps is not None:
-        v = _with(v, group_eps=float(eps), whiten_eps=float(eps))
     return evaluate_arrays(rewards, np.asarray(group_ids), v, units=unit_ids, weights=weights,
                            token_counts=token_counts, dtype=np.dtype(dtype).name)
 

@@ -31,6 +31,7 @@ from gdpo_tools.audit.findings import (EPS_DOMINATED_FACTOR, ERROR, ILL_CONDITIO
 from gdpo_tools.audit.read import AuditInputError, Batch, _weights, clip, shown
 from impl import gdpo as impl
 from oracle import gdpo as oracle
+from oracle.inputs import py
 from spec import CONVENTIONS, DEFAULT_EPS, FLOAT32_MAX, GDPOError
 from spec.errors import GroupError, NonFiniteError
 
@@ -377,13 +378,13 @@ def audit(batch: Batch, weights=None, eps: float = DEFAULT_EPS, progress: bool |
         if unit_collapsed[ui]:
             why = ("has fewer than 2 rows with a scored reward" if uscored[ui] < 2 else
                    "has every combined value exactly equal")
-            found.append(finding("unit-collapsed", f"unit {shown(_py(label))} {why}, so each of its advantages is "
+            found.append(finding("unit-collapsed", f"unit {shown(py(label))} {why}, so each of its advantages is "
                                  "exactly 0 (Eq. 6 exact collapse)"))
         if not np.isnan(unit_over[ui]) and unit_over[ui] > 1.0:
             found.append(finding("impl-disagrees", f"impl.gdpo's Eq. 6 is {unit_over[ui]:.3g} times the error bound "
                                  "from the exact whitening of its own combined values", over_bound=float(unit_over[ui])))
         counts.update(f["code"] for f in found)
-        unit_rows.append({"unit": _py(label), "size": int(usizes[ui]), "collapsed": bool(unit_collapsed[ui]),
+        unit_rows.append({"unit": py(label), "size": int(usizes[ui]), "collapsed": bool(unit_collapsed[ui]),
                           "findings": found,
                           "max_cond": _number(unit_cond[ui]),
                           "max_cond_sharp": bool(unit_cond_sharp[ui]),
@@ -587,10 +588,6 @@ def _places(batch: Batch, rows, most: int = 6) -> str:
 
 def _list(names: list[str]) -> str:
     return ("column " if len(names) == 1 else "columns ") + ", ".join(names)
-
-
-def _py(x):
-    return x.item() if hasattr(x, "item") else x
 
 
 def _number(x) -> float | None:
