@@ -318,13 +318,8 @@ def round_all(iv: tuple) -> tuple[float, ...] | None:
     """The value of every format of :data:`ROUNDED` (in that order) both ends of ``iv``
     round to, or None while any differs (each rounded once from the interval, never
     float16 through float32 or float64)."""
-    out = []
-    for fmt in ROUNDED:
-        v = round_interval(iv, fmt)
-        if v is None:
-            return None
-        out.append(v)
-    return tuple(out)
+    every = tuple(round_interval(iv, fmt) for fmt in ROUNDED)
+    return None if None in every else every
 
 
 def round_fraction(q: Fraction, fmt: str) -> float:

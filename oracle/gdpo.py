@@ -142,7 +142,6 @@ def _floor_cond(cond):
     return np.where(np.isnan(cond), cond, np.maximum(cond, 5e-324))
 
 
-
 def _stage(v: ex.Values, cond, sharp=None, frame=0) -> Stage:
     """A Stage of the values ``v`` with the condition estimate ``cond`` (sharp where ``sharp``)."""
     cond = _floor_cond(cond)

@@ -286,8 +286,6 @@ def units_of(n: int, unit_ids, segment_sizes):
     return np.repeat(np.arange(len(sizes), dtype=np.int64), [int(s) for s in sizes])
 
 
-
-
 def with_missing(conv: Convention, missing) -> Convention:
     """The convention a call computes: ``missing="refuse"`` keeps the convention's own NaN
     rule (``spec``: a NaN reward is refused); ``missing="unscored"`` reads a NaN reward as
@@ -299,7 +297,6 @@ def with_missing(conv: Convention, missing) -> Convention:
         raise InputDtypeError("missing must be 'refuse' (a NaN reward is refused, the default) or 'unscored' "
                               f"(a NaN reward is one its reward function did not score); got {shown(missing)}")
     return conv if missing == "refuse" else dataclasses.replace(conv, nan="nan_aware_unscored")
-
 
 
 def token_weights(conv: Convention, token_counts, n: int):

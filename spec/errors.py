@@ -81,7 +81,6 @@ class OutOfRangeError(GDPOError):
     which leave float32's range whenever the weights are large)."""
 
 
-
 # --- cases the contract files under two headings (spec/gdpo.md section 6: "also a ...") -----------
 
 
