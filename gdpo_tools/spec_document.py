@@ -155,18 +155,14 @@ def context() -> dict[str, str]:
     ctx["cond_sharp_bits"] = "2^-19"
     ctx["cond_cap"] = str(condition.CAP)
 
-    s1000 = [1000.0, 1000.01, 1000.02, 1000.03]
-    s10000 = [10000.0, 10000.001, 10000.002, 10000.003]
-    ctx["onepass_1000_f32"] = _one_pass_std(s1000, np.float32)
-    ctx["onepass_10000_f32"] = _one_pass_std(s10000, np.float32)
-    ctx["onepass_1000_f64"] = _one_pass_std(s1000, np.float64)
-    ctx["onepass_10000_f64"] = _one_pass_std(s10000, np.float64)
-    # each row's exact std is of the very inputs that row computes on: the float32 roundings
-    # of the decimals for the float32 rows, the float64 ones for the float64 row
-    ctx["exact_std_1000"] = _g(_exact_std(np.array(s1000, dtype=np.float32).tolist()), 3)
-    ctx["exact_std_10000"] = _g(_exact_std(np.array(s10000, dtype=np.float32).tolist()), 3)
-    ctx["exact_std_1000_f64"] = _g(_exact_std(s1000), 3)
-    ctx["exact_std_10000_f64"] = _g(_exact_std(s10000), 3)
+    for name, values in (("1000", [1000.0, 1000.01, 1000.02, 1000.03]),
+                         ("10000", [10000.0, 10000.001, 10000.002, 10000.003])):
+        ctx[f"onepass_{name}_f32"] = _one_pass_std(values, np.float32)
+        ctx[f"onepass_{name}_f64"] = _one_pass_std(values, np.float64)
+        # each row's exact std is of the very inputs that row computes on: the float32 roundings
+        # of the decimals for the float32 rows, the float64 ones for the float64 row
+        ctx[f"exact_std_{name}"] = _g(_exact_std(np.array(values, dtype=np.float32).tolist()), 3)
+        ctx[f"exact_std_{name}_f64"] = _g(_exact_std(values), 3)
 
     base = np.array([[0.0, 0.0], [1.0, 1e-3], [2.0, 2e-3], [3.0, 0.5e-3]])
     grp = [0, 0, 0, 0]

@@ -8,7 +8,6 @@ import dataclasses
 import json
 import pickle
 import re
-import sys
 import zipfile
 from pathlib import Path
 
@@ -116,8 +115,7 @@ _HINTS = {"b": "; save 0/1 as floats if that is meant",
 
 def _as_array(value, what: str) -> np.ndarray:
     """One entry of a .npz/.pt mapping as a numpy array; refuses what is not a rectangular array."""
-    torch = sys.modules.get("torch")
-    if torch is not None and isinstance(value, torch.Tensor):
+    if isinstance(value, torch.Tensor):
         if value.layout != torch.strided:
             raise AuditInputError(f"{what} is a {value.layout} tensor; save it dense (.to_dense())")
         if value.is_meta:
@@ -629,7 +627,6 @@ def _read_npz(path: Path) -> Batch:
 
 
 def _read_pt(path: Path) -> Batch:
-
     try:
         data = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:  # torch's page of advice, which ends: load it unsafely

@@ -51,7 +51,6 @@ def _formula(convention, dtype):
 
 def _impl(out_dtype: str):
     def run(rewards, group_ids, unit_ids=None, weights=None, token_counts=None):
-
         r = np.asarray(rewards, dtype=np.float64)
         t = torch.from_numpy(np.ascontiguousarray(r))
         sizes = None if unit_ids is None else _segment_sizes(unit_ids)

@@ -14,9 +14,11 @@ import math
 from fractions import Fraction
 
 import numpy as np
+import torch
 
 from gdpo_tools.limits import families as fam
 from gdpo_tools.limits import peers as P
+from impl import gdpo
 from spec.constants import FLOAT32_MAX
 import mpmath
 
@@ -631,10 +633,6 @@ CERT_DTYPES = ("float32", "bfloat16", "float16", "float64")
 
 def _certified_call(rewards, out_dtype: str, **kw):
     """impl.gdpo with its Diagnostics, every format's rounding certified (``certified="all"``)."""
-    import torch
-
-    from impl import gdpo
-
     d = gdpo.Diagnostics()
     out = gdpo.gdpo_advantages(rewards, out_dtype=getattr(torch, out_dtype), diagnostics=d, certified="all", **kw)
     return out.double().numpy(), d.certified
@@ -651,12 +649,11 @@ _TIERS = ("float64", "group_exact", "double_double", "exact", "uncertified")
 
 
 def build_certified(fast: bool, seed: int, progress) -> tuple[list[Table], dict]:
-    """Which tier decided each output of impl.gdpo (issue 27): the float64 bound, the row's group
+    """Which tier decided each output of impl.gdpo: the float64 bound, the row's group
     exact, double-double, exact arithmetic; and whether every output is the oracle's rounding.
     Certification of every format on (float64 included: ``certified="all"``)."""
-    import torch
-
     from conformance.cases import expected
+
     count = CERT_COUNT
     ordinary = [f for f in fam.FAMILIES if f != "NaN reward"]
     hunted = _boundary_cases(1, ("eps_bisect", "cancellation", "tie_below") if fast else None)
