@@ -16,12 +16,12 @@ import argparse
 import math
 import re
 import sys
-from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
 
 from oracle import condition, exact, gdpo, whitening
+from oracle.exact import exact_std
 from oracle.examples import CORRECTNESS_LENGTH, TWO_GROUP, grpo_reference
 from spec import CONVENTIONS, DEFAULT_OUT_DTYPE, FLOAT32_MAX, MIN_GROUP_SIZE
 from spec import error_model
@@ -36,12 +36,6 @@ VALUE = re.compile(r"<!-- value:(?P<name>[\w.]+) -->(?P<text>.*?)<!-- /value -->
 
 def _g(x: float, digits: int = 4) -> str:
     return f"{x:.{digits}g}"
-
-
-def _exact_std(values) -> float:
-    q = [Fraction(v) for v in values]
-    m = sum(q) / len(q)
-    return math.sqrt(float(sum((v - m) ** 2 for v in q) / (len(q) - 1)))
 
 
 def _one_pass_std(values, dtype) -> str:
@@ -161,15 +155,15 @@ def context() -> dict[str, str]:
         ctx[f"onepass_{name}_f64"] = _one_pass_std(values, np.float64)
         # each row's exact std is of the very inputs that row computes on: the float32 roundings
         # of the decimals for the float32 rows, the float64 ones for the float64 row
-        ctx[f"exact_std_{name}"] = _g(_exact_std(np.array(values, dtype=np.float32).tolist()), 3)
-        ctx[f"exact_std_{name}_f64"] = _g(_exact_std(values), 3)
+        ctx[f"exact_std_{name}"] = _g(exact_std(np.array(values, dtype=np.float32).tolist()), 3)
+        ctx[f"exact_std_{name}_f64"] = _g(exact_std(values), 3)
 
     base = np.array([[0.0, 0.0], [1.0, 1e-3], [2.0, 2e-3], [3.0, 0.5e-3]])
     grp = [0, 0, 0, 0]
     e4 = gdpo.gdpo_advantages(base, grp, eps=1e-4).float64
     e8 = gdpo.gdpo_advantages(base, grp, eps=1e-8).float64
     ctx["eps_effect"] = _g(float(np.max(np.abs(e4 - e8))), 2) + (
-        f" (second column's std {_g(_exact_std(base[:, 1]), 2)})")
+        f" (second column's std {_g(exact_std(base[:, 1]), 2)})")
 
     fm = FLOAT32_MAX
     zf = gdpo.standardize_groups(np.array([[-fm], [fm]], dtype=np.float32), [0, 0]).float64[:, 0]

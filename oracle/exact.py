@@ -24,6 +24,7 @@ import functools
 import math
 from fractions import Fraction
 
+import mpmath
 import numpy as np
 from mpmath import libmp
 
@@ -408,6 +409,15 @@ def round_form(form: Form, classes: SqrtClasses) -> tuple[float, ...]:
 
 def pow2(e: int) -> Fraction:
     return Fraction(2) ** e if e >= 0 else Fraction(1, 2 ** -e)
+
+
+def exact_std(values) -> float:
+    """The unbiased std of float values: their exact rational variance, its square root at 120 bits."""
+    q = [Fraction(float(v)) for v in values]
+    m = sum(q) / len(q)
+    var = sum((v - m) ** 2 for v in q) / (len(q) - 1)
+    with mpmath.workprec(120):
+        return float(mpmath.sqrt(mpmath.mpf(var.numerator) / var.denominator))
 
 
 def float_sqrt(v: Fraction) -> float:

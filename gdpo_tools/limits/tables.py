@@ -18,6 +18,7 @@ import torch
 
 from gdpo_tools.limits import families as fam
 from gdpo_tools.limits import peers as P
+from oracle.exact import exact_std
 from impl import gdpo
 from spec.constants import FLOAT32_MAX
 import mpmath
@@ -212,15 +213,6 @@ STD_FULL = (1e-1, 1e-2, 3e-3, 1e-3, 3e-4, 1e-4, 1e-5, 1e-6, 1e-7)
 STD_FAST = (1e-2, 1e-3, 1e-5)
 _PATTERN = np.array([0.0, 1.0, 3.0, 2.0, 2.0, 0.0, 1.0, 3.0])
 _GROUP_B = np.array([[0, 3], [1, 1], [1, 4], [0, 1], [1, 5], [0, 9], [0, 2], [1, 6]], dtype=np.float64)
-
-
-def exact_std(values) -> float:
-    """The unbiased std of the values: the exact rational variance, its square root at 120 bits."""
-    q = [Fraction(float(v)) for v in values]
-    m = sum(q) / len(q)
-    var = sum((v - m) ** 2 for v in q) / (len(q) - 1)
-    with mpmath.workprec(120):
-        return float(mpmath.sqrt(mpmath.mpf(var.numerator) / var.denominator))
 
 
 def eps_case(s: float):
