@@ -7,10 +7,19 @@ built-in example batch. Later subcommands (audit, limits, check) grow here.
 from __future__ import annotations
 
 import argparse
+import ast
+import importlib.metadata
+import importlib.util
 import json
+import os
+import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
+
+from oracle.examples import EXAMPLES, grpo_reference
+from spec import CONVENTIONS, get_convention
 
 
 #: conformance.subject.CALL_SHAPES, written out so that `gdpo` does not import torch to parse its
@@ -24,8 +33,6 @@ def _fmt(x: float) -> str:
 
 def run_example(name: str) -> int:
     from oracle import gdpo
-    from oracle.examples import EXAMPLES, grpo_reference
-    from spec import get_convention
 
     ex = EXAMPLES[name]
     r, g = ex["rewards"], ex["group_ids"]
@@ -60,9 +67,6 @@ def check_impl_spec(impl: str | None, call_shape: str | None = None) -> str | No
     resolved here, before the suite starts, on the path the suite's pytest will have (the
     working directory and this checkout's root first), so a bad spec or a function of
     another call shape stops at once instead of failing every property."""
-    import os
-    from pathlib import Path
-
     from conformance.subject import DEFAULT_IMPL, ImplSpecError, resolve_impl, shape_mismatch
 
     saved = list(sys.path)
@@ -86,12 +90,8 @@ def run_check(impl: str | None, convention: str | None, call_shape: str | None, 
     ``--impl`` names no callable of the call shape, the convention is unknown or a declaration is
     malformed. ``deep`` and ``self_tests`` run the suite under pytest instead (hypothesis's long
     hunt; the suite's self-tests), with pytest's report."""
-    import os
-
     why = check_impl_spec(impl, call_shape)
     if why is None and convention is not None:
-        from spec import CONVENTIONS
-
         if convention not in CONVENTIONS:
             why = f"unknown convention {convention!r}; the conventions are {', '.join(sorted(CONVENTIONS))}"
     if why is None and domain:
@@ -120,10 +120,6 @@ def run_check(impl: str | None, convention: str | None, call_shape: str | None, 
 def _pytest_check(impl, convention, call_shape, select, single_process, details, deep, self_tests, domain) -> int:
     """The suite under pytest: ``--deep`` (hypothesis's long hunt, with an example database) or
     ``--self-tests`` (the suite's tests of itself)."""
-    import os
-    import subprocess
-    from pathlib import Path
-
     import conformance
     from conformance import profiles
 
@@ -151,8 +147,6 @@ def _weight(text: str) -> float:
     try:
         return float(text)
     except ValueError:
-        from pathlib import Path
-
         hint = ": it names a file; give the file before --weights" if Path(text).exists() else ""
         raise argparse.ArgumentTypeError(f"invalid weight {text!r}{hint}") from None
 
@@ -160,10 +154,6 @@ def _weight(text: str) -> float:
 def _audit_doc() -> str:
     """``gdpo audit``'s help: the docstring of gdpo_tools/audit, read without importing it
     (importing it imports torch, two seconds every other command would wait for)."""
-    import ast
-    import importlib.util
-    from pathlib import Path
-
     try:
         origin = importlib.util.find_spec("gdpo_tools.audit").origin
         return ast.get_docstring(ast.parse(Path(origin).read_text(encoding="utf-8")), clean=False)
@@ -172,17 +162,13 @@ def _audit_doc() -> str:
 
 
 def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
     try:
-        return version("gdpo-spec")
-    except PackageNotFoundError:  # running from a checkout that was never installed
+        return importlib.metadata.version("gdpo-spec")
+    except importlib.metadata.PackageNotFoundError:  # running from a checkout that was never installed
         return "unknown (not installed)"
 
 
 def main(argv: list[str] | None = None) -> int:
-    from oracle.examples import EXAMPLES
-
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["limits"]:  # its own parser takes every option, --help included
         from gdpo_tools.limits import generate as limits
@@ -218,8 +204,6 @@ def main(argv: list[str] | None = None) -> int:
     p_li.add_argument("rest", nargs=argparse.REMAINDER)
     p_ck = sub.add_parser("check", help="run the conformance suite against impl.gdpo or another implementation")
     p_ck.add_argument("--impl", default=None, help="package.module:function to grade (default impl.gdpo)")
-    from spec import CONVENTIONS
-
     p_ck.add_argument("--convention", default=None,
                       help="convention the implementation means: spec (the default), or a peer's preset: "
                            f"{', '.join(c for c in CONVENTIONS if c != 'spec')} (docs/grading.md)")

@@ -22,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from conformance.formulas import evaluate_arrays, from_convention
 from spec.conventions import get_convention
 
 
@@ -37,8 +38,6 @@ def formula(convention, rewards, group_ids, unit_ids=None, weights=None, token_c
     ``dtype``, per whitening unit of ``unit_ids`` (None: one): the formula catalogue's evaluator
     (``conformance.formulas``, the one place GDPO's variants are written) on the preset's choices,
     its eps placements kept as the code writes them."""
-    from conformance.formulas import evaluate_arrays, from_convention
-
     v = from_convention(get_convention(convention), faithful=True)
     return evaluate_arrays(rewards, np.asarray(group_ids), v, units=unit_ids, weights=weights,
                            token_counts=token_counts, dtype=np.dtype(dtype).name)

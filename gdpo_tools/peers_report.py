@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 
 from conformance.verdicts import ARITHMETIC  # the verdicts another machine may not share
+from spec.conventions import CONVENTIONS
 
 ROOT = Path(__file__).resolve().parent.parent  # the checkout, or site-packages
 #: The committed page, with the other generated pages in spec/generated/.
@@ -47,8 +48,6 @@ _TABLE = re.compile(r"<!-- table:(\w+) -->\n(.*?)<!-- /table:\1 -->", re.S)
 
 def peers() -> list:
     """The peer presets (those with a package), in the order of ``CONVENTIONS``."""
-    from spec.conventions import CONVENTIONS
-
     return [c for c in CONVENTIONS.values() if c.package]
 
 

@@ -10,6 +10,9 @@ raise it, and nearby calls that do not. tests/test_spec.py executes every one of
 them against ``impl.gdpo``, so a description whose example is wrong fails a test.
 """
 
+import math
+import re
+
 
 class GDPOError(ValueError):
     """Base of every error the specification prescribes."""
@@ -245,16 +248,12 @@ NOT_RAISED: dict[str, tuple[tuple[str, str], ...]] = {
 
 def example_ranks(call: str) -> int:
     """How many ranks an example runs on: EXAMPLE_WORLD where it names ``group``, else 1."""
-    import re
-
     return EXAMPLE_WORLD if re.search(r"\bgroup\b", call) else 1
 
 
 def example_namespace(gdpo_advantages, whiten, group=None, rank: int = 0) -> dict:
     """The names an example may use: ``torch``, the implementation's ``gdpo_advantages``
     and ``whiten``, ``nan``, ``inf``, and for a ranked example its ``group`` and ``rank``."""
-    import math
-
     import torch
 
     return {"torch": torch, "gdpo_advantages": gdpo_advantages, "whiten": whiten, "nan": math.nan,
