@@ -365,10 +365,9 @@ def gdpo_advantages(rewards, group_ids=None, weights=None, unit_ids=None, eps=No
             acond, asharp = cn.whitened(zc, cok, z64, av.rounded["float64"], w, gidx, groups, uidx, uinfo,
                                         conv.whiten_eps_placement, float(eps_w), acond)
         a = _stage(av, acond, asharp)
-    return Result(a.float64, a.float32, a.exact_zero, a.cond, a.delta, a.frame, a.required_zero,
-                  float16=a.float16, bfloat16=a.bfloat16, cond_sharp=a.cond_sharp, z=zstage, combined=cstage,
-                  group_labels=gl, group_index=gidx, group_collapsed=collapsed, group_cancelled=cancelled,
-                  unit_labels=ul, unit_index=uidx, unit_collapsed=ucoll, convention=conv)
+    return Result(**vars(a), z=zstage, combined=cstage, group_labels=gl, group_index=gidx,
+                  group_collapsed=collapsed, group_cancelled=cancelled, unit_labels=ul, unit_index=uidx,
+                  unit_collapsed=ucoll, convention=conv)
 
 
 #: The old name of :func:`gdpo_advantages` (deprecated; kept for its callers).
