@@ -76,8 +76,7 @@ def grade(name: str, timeout: float = 1800.0) -> dict:
         path = os.path.join(tmp, f"{name}.json")
         t0 = time.monotonic()
         proc = subprocess.run([sys.executable, "-m", "gdpo_tools.cli", "check", *check_args(name), "--json", path],
-                              capture_output=True, text=True, timeout=timeout,
-                              cwd=str(Path(__file__).resolve().parent.parent))
+                              capture_output=True, text=True, timeout=timeout, cwd=str(ROOT))
         if not Path(path).exists():
             raise RuntimeError(f"gdpo check of {name} wrote no JSON (exit {proc.returncode}):\n"
                                + proc.stdout[-3000:] + proc.stderr[-3000:])
