@@ -141,7 +141,7 @@ def _worst(f, name, family, grading):
     return max(g.ratio for g, _ in f["peers"][(name, family, grading)])
 
 
-_F32_PEERS = ("trl", "verl", "nemo_rl", "nvlabs", "ms_swift")
+_F32_PEERS = T.P.FLOAT32_PEERS
 _EQUAL_WEIGHTS = "(2^24, -(2^24 + 1)), r2 = r1"
 
 LIMITS: tuple[Limit, ...] = (

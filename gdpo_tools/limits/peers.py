@@ -173,13 +173,10 @@ class OracleFailure(Exception):
 
 # ------------------------------------------------------------------ grading
 
-#: Outcome classes, in the order tables list them.
-OUTCOMES = ("correct", "off", "silent zero", "NaN", "inf", "clear error", "no error", "n/a")
-
 
 @dataclasses.dataclass
 class Grade:
-    outcome: str  # one of OUTCOMES
+    outcome: str  # correct, off, silent zero, NaN, inf, clear error, no error or n/a
     ratio: float  # worst |error| / bound over outputs with a positive bound (0 when none)
     error: float  # worst |error| over finite outputs (nan when none)
     missed_zero: float  # largest |output| where the exact zero is demanded (0: none missed)
