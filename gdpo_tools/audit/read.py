@@ -430,10 +430,10 @@ def _open_text(path: Path, src: str):
 
 class _Lines:
     """A text file's lines, each at most MAX_LINE characters, counting them (line numbers as
-    an editor shows them) and the characters read (the reading progress)."""
+    an editor shows them) and the characters read of the file's ``size`` (the reading progress)."""
 
-    def __init__(self, f, src: str):
-        self.f, self.src, self.read, self.number = f, src, 0, 0
+    def __init__(self, f, src: str, size: int):
+        self.f, self.src, self.size, self.read, self.number = f, src, max(size, 1), 0, 0
 
     def __iter__(self):
         while True:
@@ -448,8 +448,9 @@ class _Lines:
             yield line
 
 
-def _in_chunks(items, lines: _Lines):
-    """``items`` (rows of a text file) in lists of at most CHUNK_ROWS rows or CHUNK_CHARS characters."""
+def _in_chunks(items, lines: _Lines, progress):
+    """``items`` (rows of a text file) in lists of at most CHUNK_ROWS rows or CHUNK_CHARS characters;
+    ``progress(fraction read)`` once each is done with (None: no calls)."""
     items = iter(items)
     while True:
         start, chunk = lines.read, []
@@ -460,6 +461,8 @@ def _in_chunks(items, lines: _Lines):
         if not chunk:
             return
         yield chunk
+        if progress is not None:
+            progress(lines.read / lines.size)
 
 
 class _Rows:
@@ -490,9 +493,8 @@ class _Rows:
 
 def _read_csv(path: Path, progress=None) -> Batch:
     src = str(path)
-    size = max(path.stat().st_size, 1)
     with _open_text(path, src) as f:
-        lines = _Lines(f, src)
+        lines = _Lines(f, src, path.stat().st_size)
         reader = csv.reader(lines)
 
         def numbered():  # each row with the line it starts on (a quoted cell may hold line breaks)
@@ -514,7 +516,7 @@ def _read_csv(path: Path, progress=None) -> Batch:
             if not names:
                 raise AuditShapeError(f"{src}: no reward columns besides 'group'/'unit'")
             rows = _Rows(src, "unit" in fields)
-            for chunk in _in_chunks(numbered(), lines):
+            for chunk in _in_chunks(numbered(), lines, progress):
                 at = [n for n, _ in chunk]
                 for n, row in chunk:
                     if len(row) != len(fields):
@@ -522,8 +524,6 @@ def _read_csv(path: Path, progress=None) -> Batch:
                                               f"{len(fields)}")
                 by_col = dict(zip(fields, zip(*(row for _, row in chunk))))
                 rows.add(at, [by_col[c] for c in names], names, True, by_col["group"], by_col.get("unit"))
-                if progress is not None:
-                    progress(lines.read / size)
         except UnicodeDecodeError as e:
             raise AuditInputError(f"{src}: not UTF-8 text ({e.reason})") from None
         except csv.Error as e:
@@ -533,13 +533,12 @@ def _read_csv(path: Path, progress=None) -> Batch:
 
 def _read_jsonl(path: Path, progress=None) -> Batch:
     src = str(path)
-    size = max(path.stat().st_size, 1)
     names = first = first_line = rows = None
     with _open_text(path, src) as f:
-        lines = _Lines(f, src)
+        lines = _Lines(f, src, path.stat().st_size)
         numbered = ((i + 1, line) for i, line in enumerate(lines) if line.strip())
         try:
-            for chunk in _in_chunks(numbered, lines):
+            for chunk in _in_chunks(numbered, lines, progress):
                 recs, at = [], []
                 for n, line in chunk:
                     try:
@@ -563,8 +562,6 @@ def _read_jsonl(path: Path, progress=None) -> Batch:
                                              "row a unit or none")
                 rows.add(at, list(zip(*values)), names, False, [rec["group"] for rec in recs],
                          [rec.get("unit") for rec in recs])
-                if progress is not None:
-                    progress(lines.read / size)
         except UnicodeDecodeError as e:
             raise AuditInputError(f"{src}: not UTF-8 text ({e.reason})") from None
     return (rows or _Rows(src, False)).batch(names, "no records")
