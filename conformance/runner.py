@@ -74,24 +74,19 @@ def expressible(case, ctx: S.Context) -> bool:
 
 
 def build_test(prop: Property, subject: Subject, config: settings | None = None, record: list | None = None,
-               budget_s: float | None = None, budget_calls: int | None = None):
+               budget_s: float | None = None):
     """The hypothesis test of ``prop`` against ``subject`` (call it to run).
 
     ``record``, if given, receives every failing case in order (the last one is
     the minimal example hypothesis reports). ``budget_s`` bounds shrinking: once
     that many seconds have passed since the run began and a case has failed, the
-    run stops (:class:`ShrinkBudgetSpent`); ``budget_calls`` likewise, once that many
-    calls have followed the first failure."""
+    run stops (:class:`ShrinkBudgetSpent`)."""
     ctx = subject.context()
     strategy = prop.strategy(ctx, subject)
     start = time.monotonic()
-    after_failure = [0]
 
     def run(case):
-        if record:
-            after_failure[0] += 1
-        if record and ((budget_s is not None and time.monotonic() - start > budget_s)
-                       or (budget_calls is not None and after_failure[0] > budget_calls)):
+        if record and budget_s is not None and time.monotonic() - start > budget_s:
             raise ShrinkBudgetSpent
         if not subject.inside(case):
             reject()  # outside the declared domain: not drawn
@@ -324,7 +319,7 @@ def grade_cases(name: str, subject: Subject, cases, check) -> None:
 # --------------------------------------------------------------- reduction
 
 
-def _same(check, case, failure: ConformanceFailure) -> ConformanceFailure | None:
+def fails_alike(check, case, failure: ConformanceFailure) -> ConformanceFailure | None:
     """The failure of ``case`` if it fails as ``failure`` does, else None: in its category and,
     for a formula, naming the same formula, no more ambiguously (a smaller case that several
     variants of the catalogue reproduce alike would name one of them as a guess: one group of
@@ -469,7 +464,7 @@ def reduce(check, subject: Subject, case, failure: ConformanceFailure,
             if not _valid(cand) or not expressible(cand, subject.context()) or not subject.inside(cand):
                 continue
             calls += 1
-            exc = _same(check, cand, failure)
+            exc = fails_alike(check, cand, failure)
             if exc is not None:
                 best, best_exc, progress = cand, exc, True
                 break
