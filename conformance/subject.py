@@ -30,18 +30,12 @@ DEFAULT_IMPL = "impl.gdpo:gdpo_advantages"
 CALL_SHAPES = ("gdpo", "trl", "verl")
 
 #: What a narrow call shape cannot express: a property needing one of these is skipped, with the reason.
+_NARROW = (("units", "one whitening unit (no segment_sizes)"), ("eps", "no eps argument"),
+           ("stages", "no stage functions"), ("distributed", "no process_group"))
 CANNOT_EXPRESS = {
-    "trl": (("units", "one whitening unit (no segment_sizes)"),
-            ("labels", "contiguous equal groups only (no group_ids)"),
-            ("eps", "no eps argument"),
-            ("stages", "no stage functions"),
-            ("distributed", "no process_group"),
-            ("dtypes", "float32 rewards and output only")),
-    "verl": (("units", "one whitening unit (no segment_sizes)"),
-             ("eps", "no eps argument"),
-             ("stages", "no stage functions"),
-             ("distributed", "no process_group"),
-             ("dtypes", "float32 token rewards and output only")),
+    "trl": _NARROW[:1] + (("labels", "contiguous equal groups only (no group_ids)"),) + _NARROW[1:]
+    + (("dtypes", "float32 rewards and output only"),),
+    "verl": _NARROW + (("dtypes", "float32 token rewards and output only"),),
 }
 
 #: T of the verl shape: responses have 1 to VERL_TOKENS tokens (right padding after them).
@@ -294,24 +288,17 @@ def parse_domain(items) -> dict:
                 continue
         except ValueError:
             raise ValueError(f"--domain {key}={value!r}: expected {_DOMAIN_FORMS[key]}") from None
+        listed = tuple(v.strip() for v in value.split(",") if v.strip())
         if key in ("input_dtypes", "out_dtypes"):
-            out[key] = tuple(v.strip() for v in value.split(",") if v.strip())
-        elif key == "certified" and value.lower() not in ("true", "false"):
-            # the formats whose rounding is declared certified: certified=float32,bfloat16,float16
-            formats = tuple(v.strip() for v in value.split(",") if v.strip())
-            known = ("float64", "float32", "bfloat16", "float16")
-            wrong = [f for f in formats if f not in known]
-            if not formats or wrong:
-                raise ValueError(f"--domain certified takes true, false or formats among {', '.join(known)} "
-                                 f"(comma-separated), got {value!r}")
-            out[key] = formats
-        elif key == "validated":
-            names = tuple(v.strip() for v in value.split(",") if v.strip())
-            wrong = [n for n in names if n not in ERROR_BY_NAME]
-            if not names or wrong:
-                raise ValueError(f"--domain validated takes error case names among {', '.join(ERROR_BY_NAME)} "
-                                 f"(comma-separated), got {value!r}")
-            out[key] = names
+            out[key] = listed
+        elif key == "validated" or (key == "certified" and value.lower() not in ("true", "false")):
+            # certified=float32,bfloat16,float16: the formats whose rounding is declared certified
+            known, what = (tuple(ERROR_BY_NAME), "error case names") if key == "validated" else \
+                (("float64", "float32", "bfloat16", "float16"), "true, false or formats")
+            if not listed or any(x not in known for x in listed):
+                raise ValueError(f"--domain {key} takes {what} among {', '.join(known)} (comma-separated), "
+                                 f"got {value!r}")
+            out[key] = listed
         elif key in ("labels", "units", "eps", "certified", "equal_groups", "int_rewards"):
             if value.lower() not in ("true", "false"):
                 raise ValueError(f"--domain {key} takes true or false, got {value!r}")
@@ -550,13 +537,7 @@ class Subject:
             r = np.zeros((0, max(case.k, 1)))
         dt = getattr(torch, case.dtype)
         t = torch.from_numpy(r)
-        if dt.is_complex:
-            t = t.to(dt)
-        elif dt == torch.bool:
-            t = t != 0
-        else:
-            t = t.to(dt)
-        return t.to(self.device)
+        return ((t != 0) if dt == torch.bool else t.to(dt)).to(self.device)
 
     def kwargs(self, case: Case) -> dict:
         """The gdpo-shape keyword arguments of a case (process_group added by the caller)."""
