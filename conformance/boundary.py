@@ -42,7 +42,7 @@ checks every one against the oracle before handing it out:
     or 5e-324.
 
 :func:`cases` returns a deterministic (seeded) list per family and target format;
-:func:`strategy` draws them for hypothesis (from those lists, or generating from drawn seeds).
+:func:`strategy` draws them for hypothesis (generating from drawn seeds).
 Each case is a :class:`conformance.cases.Case` whose ``out_dtype`` is the target format and whose
 ``note`` reads ``boundary:<family>:<target>:row<j>:<midpoint hex>`` (:func:`parse_note`).
 :func:`exact_values` is an independent mpmath evaluation of the same formula (convention
@@ -557,20 +557,13 @@ def _collect(make, family: str, targets, count: int, seed: int) -> tuple:
     return tuple(out)
 
 
-def strategy(families=FAMILIES, targets=TARGETS, out_dtypes=None, listed: bool = False):
+def strategy(families=FAMILIES, targets=TARGETS, out_dtypes=None):
     """A hypothesis strategy of hunted cases: a family, a target and a seed drawn, the case
     generated (memoised; a seed that finds none moves on to the next); ``out_dtypes`` (a
     tuple): sometimes the same rewards with another output dtype (float64 is graded as
-    faithful). ``listed``: drawn from :func:`cases`' deterministic lists instead."""
+    faithful)."""
     targets = tuple(t for t in TARGETS if t in targets)
     others = tuple(out_dtypes or ())
-    if listed:
-        pool = [c for f in families for c in cases(f) if c.out_dtype in targets]
-        base = st.sampled_from(pool)
-        if not others:
-            return base
-        return st.tuples(base, st.sampled_from((None,) * 3 + others)).map(
-            lambda t: t[0] if t[1] is None else dataclasses.replace(t[0], out_dtype=t[1]))
 
     @st.composite
     def draw_case(draw):

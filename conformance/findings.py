@@ -31,7 +31,7 @@ from conformance.cases import Case, DistCase, expected
 from conformance.compare import decimal, repro
 from conformance.error_cases import CAUSES, DIST_ERROR_BY_NAME, ERROR_BY_NAME
 from conformance.judge import ConformanceFailure
-from conformance.verdicts import ORDINARY, Category, label
+from conformance.verdicts import ORDINARY, Category, label, ordinary
 from spec.error_model import largest_finite, round_to
 
 #: the regimes, in the order findings are ranked
@@ -104,21 +104,13 @@ def rank(found: list) -> list:
 # ------------------------------------------------------------------ regimes and keys
 
 
-def ordinary(case) -> bool:
-    """Every reward and weight finite and within :data:`conformance.verdicts.ORDINARY`."""
-    if not isinstance(case, Case) or not case.rewards:
-        return False
-    values = [v for row in case.rewards for v in row] + list(case.weights or ())
-    return all((math.isnan(v) and bool(case.missing)) or (math.isfinite(v) and abs(v) <= ORDINARY) for v in values)
-
-
 def regime(f: Failure) -> str:
     case = f.case
     if isinstance(case, DistCase):
         return "bad input" if case.note.startswith("error:") else "several ranks"
     if isinstance(case, tuple) or case.note.startswith("error:") or case.variant:
         return "bad input"
-    if f.exc.category == Category.FORMULA or ordinary(case):
+    if f.exc.category == Category.FORMULA or ordinary(case, unscored_ok=True):
         return "ordinary magnitudes"
     if not case.missing and not all(math.isfinite(v) for row in case.rewards for v in row):
         return "bad input"  # a value case whose reward rounded to inf in its dtype
