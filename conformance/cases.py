@@ -177,6 +177,12 @@ class DistCase:
         return np.concatenate(rows), np.concatenate(groups), np.concatenate(units), where
 
 
+def loads(text: str):
+    """A :class:`Case` or :class:`DistCase` from its hex JSON (``dumps``)."""
+    data = json.loads(text)
+    return DistCase.from_json(data) if "shards" in data else Case.from_json(data)
+
+
 # ---------------------------------------------------------------- the judge
 
 

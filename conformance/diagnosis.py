@@ -490,16 +490,12 @@ def _checked(b: _Batch, o: np.ndarray, u: float, s: _Search, token_counts) -> li
     return rows
 
 
-def _clip_unseen(top: float) -> str:
-    return f"a clip at {top:.6g} or beyond (no advantage beyond it)"
-
-
 def _verdict(rows: list, out_dtype: str, cases: int = 1, not_exercised=(), top: float = math.inf) -> Diagnosis:
     matches = sorted((r for r in rows if r.ratio <= 1.0), key=_preference)
     if matches:
         first = matches[0]
         if first.variant.clip is None and math.isfinite(top):
-            not_exercised = tuple(not_exercised) + (_clip_unseen(top),)
+            not_exercised = tuple(not_exercised) + (f"a clip at {top:.6g} or beyond (no advantage beyond it)",)
         alts, seen = [], {tuple(first.lines)}
         for r in matches[1:]:
             if tuple(r.lines) not in seen:
