@@ -118,10 +118,8 @@ def _drop_last_row(draw, case: Case) -> Case:
 
 
 def _unit_of_one(draw, case: Case) -> Case:
-    c = case
-    n = c.n
-    at = draw(st.integers(0, n - 1))
-    return dataclasses.replace(c, segment_sizes=(at, 1, n - at - 1))
+    at = draw(st.integers(0, case.n - 1))
+    return dataclasses.replace(case, segment_sizes=(at, 1, case.n - at - 1))
 
 
 def _weights(case: Case, w) -> Case:
