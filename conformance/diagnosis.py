@@ -523,7 +523,7 @@ def diagnose(case, output, token_counts=None, unit_roundoff: float | None = None
     ``token_counts``: the samples' token counts where the call passed them (Eq. 6 may be
     token-weighted); ``unit_roundoff``: the implementation's working precision (default:
     float32's for a float32, float16 or bfloat16 output, float64's for float64)."""
-    b = _Batch(case, token_counts)
+    b = _Batch.of_case(case, token_counts)
     o = _as_output(output, b.n)
     u = unit_roundoff_of(b.out_dtype) if unit_roundoff is None else float(unit_roundoff)
     rows = _searched(b, o, u, token_counts)
@@ -545,7 +545,7 @@ def diagnose_many(cases_and_outputs, unit_roundoff: float | None = None) -> Diag
     done = []
     for item in cases_and_outputs:
         case, output, tokens = (tuple(item) + (None,))[:3]
-        b = _Batch(case, tokens)
+        b = _Batch.of_case(case, tokens)
         u = unit_roundoff_of(b.out_dtype) if unit_roundoff is None else float(unit_roundoff)
         done.append((b, _as_output(output, b.n), u, tokens))
     if not done:
@@ -608,7 +608,7 @@ def diagnose_many(cases_and_outputs, unit_roundoff: float | None = None) -> Diag
 def reproduces(case, output, variant: Variant, unit_roundoff: float, token_counts=None) -> bool:
     """Does ``variant`` reproduce ``output`` (the code's advantages of ``case``) within the error
     model of a code of that variant computing at ``unit_roundoff``?"""
-    b = _Batch(case, token_counts)
+    b = _Batch.of_case(case, token_counts)
     row, _ = _judge(b, variant, _as_output(output, b.n), float(unit_roundoff))
     return row.ratio <= 1.0
 
