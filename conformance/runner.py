@@ -219,21 +219,8 @@ def pinned_cases(prop: Property, subject: Subject) -> list:
 def planned_cases(prop: Property, subject: Subject, max_examples: int | None = None) -> list:
     """Every case a drawn-first run checks, in order: the pinned examples, then the drawn ones;
     those outside the declared domain (``Subject.inside``) left out."""
-    return [c for c in pinned_cases(prop, subject) if subject.inside(c)] + _inside(
-        lambda budget: drawn_cases(prop, subject, budget), subject, max_examples)
-
-
-def _inside(drawn, subject: Subject, max_examples: int | None) -> list:
-    """The first ``max_examples`` drawn cases inside the declared domain: where the domain leaves
-    out some, more are drawn (twice as many, up to 8 times), so that a narrow domain is graded on
-    as many cases as a wide one."""
-    n = settings().max_examples if max_examples is None else max_examples
-    budget = n
-    while True:
-        kept = [c for c in drawn(budget) if subject.inside(c)]
-        if len(kept) >= n or budget >= 8 * n:
-            return kept[:n]
-        budget *= 2
+    return _planned(prop.name, pinned_cases(prop, subject), prop.strategy(subject.context(), subject), subject,
+                    max_examples)
 
 
 def error_row_cases(name: str, subject: Subject, max_examples: int | None = None) -> list:
@@ -242,9 +229,21 @@ def error_row_cases(name: str, subject: Subject, max_examples: int | None = None
     ctx = subject.context()
     pinned = [(c,) for c in (adapt(regressions.load(t), subject) for t in BY_NAME["errors"].examples)
               if c.note == f"error:{name}" and expressible(c, ctx)]
-    strategy = error_cases(ctx, subject.shape, names={name})
-    return [c for c in pinned if subject.inside(c)] + _inside(
-        lambda budget: draw(f"errors:{name}", strategy, budget, (repr(ctx), subject.shape)), subject, max_examples)
+    return _planned(f"errors:{name}", pinned, error_cases(ctx, subject.shape, names={name}), subject, max_examples)
+
+
+def _planned(name: str, pinned: list, strategy, subject: Subject, max_examples: int | None) -> list:
+    """The pinned cases inside the declared domain, then the first ``max_examples`` cases drawn
+    for ``name`` inside it: where the domain leaves out some, more are drawn (twice as many, up to
+    8 times), so that a narrow domain is graded on as many cases as a wide one."""
+    n = settings().max_examples if max_examples is None else max_examples
+    key = (repr(subject.context()), subject.shape)
+    budget = n
+    while True:
+        kept = [c for c in draw(name, strategy, budget, key) if subject.inside(c)]
+        if len(kept) >= n or budget >= 8 * n:
+            return [c for c in pinned if subject.inside(c)] + kept[:n]
+        budget *= 2
 
 
 def row_cases(row: str, subject: Subject, max_examples: int | None = None) -> list:
