@@ -44,13 +44,12 @@ BISECT_STEPS = 12
 
 @dataclasses.dataclass
 class Failure:
-    """One failing case of a grading: its row, the case, the judge's failure, what the call
-    returned, and the row's check (to replay a reduced or scaled case)."""
+    """One failing case of a grading: its row, the case, the judge's failure, and the row's
+    check (to replay a reduced or scaled case)."""
 
     row: str
     case: object
     exc: ConformanceFailure
-    out: object
     check: Callable
 
 
@@ -245,7 +244,7 @@ def describe(case, limit: int = 6) -> str:
     return f"{text} ({', '.join(extras)})"
 
 
-def _said(exc: ConformanceFailure, out) -> str:
+def _said(exc: ConformanceFailure) -> str:
     """What the example's call did, in one line: its first listed output, or its refusal."""
     lines = str(exc).splitlines()
     for ln in lines[1:]:
@@ -291,7 +290,7 @@ def findings(failures: list, subject) -> list:
         else:
             example, exc = _example(first, subject)
             cause = what if what else _cause_line(exc)
-        out.append(Finding(cat, reg, cause, rows, len(members), example, _said(exc, first.out), _repro(exc),
+        out.append(Finding(cat, reg, cause, rows, len(members), example, _said(exc), _repro(exc),
                            str(exc), thr, inp))
     return rank(out)
 

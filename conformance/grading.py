@@ -118,7 +118,7 @@ def _check_row(subject: Subject, name: str, prop) -> tuple[Row, list]:
         except UnsatisfiedAssumption:
             continue
         except ConformanceFailure as exc:
-            failures.append(FD.Failure(name, getattr(exc, "case", case), exc, subject.last, check))
+            failures.append(FD.Failure(name, getattr(exc, "case", case), exc, check))
     seen = J.NOTES.get(prop.name, ())
     notes = tuple(sorted({f"refused with {cls}, not the spec.errors class (passes; fails under --strict-errors)"
                           for c, cls in seen if name == f"errors:{c}" or not name.startswith("errors:")}))

@@ -643,18 +643,15 @@ class Subject:
         return self.stage("whiten")(t, **kw)
 
     def outcome(self, fn, *args, **kwargs) -> Outcome:
-        """What one call did; also kept as :attr:`last` (a grading attributes a failure to a
-        cause from the outcome the judge saw)."""
+        """What one call did."""
         t0 = time.perf_counter()
         try:
             out = fn(*args, **kwargs)
         except Exception as e:  # noqa: BLE001 - every exception is graded, not only GDPOError
-            self.last = Outcome.from_exception(e, time.perf_counter() - t0)
-            return self.last
+            return Outcome.from_exception(e, time.perf_counter() - t0)
         if self.device != "cpu" and torch.cuda.is_available():
             torch.cuda.synchronize()
-        self.last = Outcome.from_output(out, time.perf_counter() - t0)
-        return self.last
+        return Outcome.from_output(out, time.perf_counter() - t0)
 
 
 def verl_per_sample(out: torch.Tensor, lengths: np.ndarray) -> torch.Tensor:
