@@ -64,7 +64,7 @@ def explain(subject: Subject, case, out: Outcome, conv, category):
             if prof is not None and prof.named and prof.formula:  # the probes cannot tell the two apart: theirs
                 return Category.FORMULA, prof.formula, None, line, ("; ".join(d.differences),) + alternatives
             return Category.FORMULA, "; ".join(d.differences), None, line, alternatives
-    cause = _cancellation(subject, case, out, conv) if finite else None
+    cause = _cancellation(subject, case, conv) if finite else None
     if cause:
         return Category.PRECISION, None, cause, f"precision: {cause}", ()
     return category, None, None, line, ()
@@ -88,7 +88,7 @@ def _probes_agree(prof, variant, u: float) -> bool:
     return all(diagnosis.reproduces(c, o, variant, u) for c, o in prof.outputs)
 
 
-def _cancellation(subject: Subject, case, out: Outcome, conv) -> str | None:
+def _cancellation(subject: Subject, case, conv) -> str | None:
     """A cause for a precision failure that floating point explains: where the same case with
     each group column shifted by one of its own values (its lower median; Eq. 4 is shift-invariant,
     so the exact advantages barely move) is within the error model, judged against its own exact

@@ -342,7 +342,7 @@ def _eq4(b: _Batch, v: Variant) -> _Parts:
             db = np.where(ok, x - x.sum(axis=0, dtype=dt) / nb, dt.type(0))
             var_row = np.broadcast_to((db * db).sum(axis=0, dtype=dt) / (nb - dt.type(v.group_ddof)), r.shape)
         elif v.scale == "loo_std":
-            var_row = _loo_var(x, ok, gi, G, n, v.group_ddof, var[gi]).astype(dt)
+            var_row = _loo_var(x, ok, gi, G, v.group_ddof, var[gi]).astype(dt)
         else:
             var_row = var[gi]
         sigma = np.sqrt(var_row)
@@ -371,7 +371,7 @@ def _eq4(b: _Batch, v: Variant) -> _Parts:
     return _Parts(x, w, z, num, np.asarray(sigma), denom, nrow, c)
 
 
-def _loo_var(x, ok, gi, G, n, ddof, group_var):
+def _loo_var(x, ok, gi, G, ddof, group_var):
     """Per row and column: the variance of the group's other members about their own mean,
     two-pass over those members (a constant rest gives exactly 0), divided by n - 1 - ddof; where
     fewer than 2 + ddof others remain (a group of two), the group's variance."""
