@@ -190,10 +190,6 @@ class Diagnosis:
         return self.variant is not None
 
     @property
-    def ambiguous(self) -> bool:
-        return bool(self.alternatives)
-
-    @property
     def no_difference(self) -> bool:
         return self.matched and not self.differences
 
