@@ -14,7 +14,6 @@ import dataclasses
 import importlib
 import inspect
 import math
-import time
 
 import numpy as np
 import torch
@@ -215,24 +214,20 @@ class Outcome:
     error_type: str = ""
     error_classes: tuple = ()  # names of spec.errors classes the exception is an instance of
     message: str = ""
-    seconds: float = 0.0
 
     @classmethod
-    def from_output(cls, out, seconds=0.0) -> "Outcome":
+    def from_output(cls, out) -> "Outcome":
         if not isinstance(out, torch.Tensor):
-            return cls(False, error_type="NotATensor", message=f"returned {type(out).__name__}, not a tensor",
-                       seconds=seconds)
+            return cls(False, error_type="NotATensor", message=f"returned {type(out).__name__}, not a tensor")
         t = out.detach()
         vals = t.to("cpu").to(torch.float64).numpy().copy() if t.is_floating_point() else \
             t.to("cpu").numpy().astype(np.float64)
-        return cls(True, vals, str(t.dtype).replace("torch.", ""), tuple(t.shape), t.device.type,
-                   seconds=seconds)
+        return cls(True, vals, str(t.dtype).replace("torch.", ""), tuple(t.shape), t.device.type)
 
     @classmethod
-    def from_exception(cls, e: BaseException, seconds=0.0) -> "Outcome":
+    def from_exception(cls, e: BaseException) -> "Outcome":
         names = tuple(n for n, c in ERROR_CLASSES.items() if isinstance(e, c))
-        return cls(False, error_type=type(e).__name__, error_classes=names, message=str(e)[:2000],
-                   seconds=seconds)
+        return cls(False, error_type=type(e).__name__, error_classes=names, message=str(e)[:2000])
 
     def is_error(self, *classes) -> bool:
         return (not self.ok) and any(c.__name__ in self.error_classes for c in classes)
@@ -644,14 +639,13 @@ class Subject:
 
     def outcome(self, fn, *args, **kwargs) -> Outcome:
         """What one call did."""
-        t0 = time.perf_counter()
         try:
             out = fn(*args, **kwargs)
         except Exception as e:  # noqa: BLE001 - every exception is graded, not only GDPOError
-            return Outcome.from_exception(e, time.perf_counter() - t0)
+            return Outcome.from_exception(e)
         if self.device != "cpu" and torch.cuda.is_available():
             torch.cuda.synchronize()
-        return Outcome.from_output(out, time.perf_counter() - t0)
+        return Outcome.from_output(out)
 
 
 def verl_per_sample(out: torch.Tensor, lengths: np.ndarray) -> torch.Tensor:
