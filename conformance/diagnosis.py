@@ -256,8 +256,8 @@ def _fit_scale(o: np.ndarray, dev: np.ndarray, ui: np.ndarray, S: int, keep: np.
 
 
 class _Search:
-    def __init__(self, b: _Batch, o: np.ndarray, u: float):
-        self.b, self.o, self.u = b, o, u
+    def __init__(self, b: _Batch, o: np.ndarray):
+        self.o = o
         fin = np.isfinite(o)
         self.scale = float(np.max(np.abs(o[fin]))) if fin.any() else 1.0
         self.scale = self.scale if self.scale > 0 else 1.0
@@ -290,13 +290,13 @@ class _Search:
 SCALE_SLACK = 1e-3
 
 
-def _search(b: _Batch, o: np.ndarray, u: float) -> _Search:
+def _search(b: _Batch, o: np.ndarray) -> _Search:
     """Every exercised variant's float64 advantages, each with its relative distance from
     the output. Eq. 4 and 7 are enumerated; for each, Eq. 6 per sample or per token is
     ``dev / D`` per unit, so the least-squares scale 1/D of the output is fitted first and
     only the (ddof, placement, eps) whose D comes near it are evaluated; a clip is read off
     the output where the fitted values exceed its largest magnitude."""
-    s = _Search(b, o, u)
+    s = _Search(b, o)
     eq4 = [(v, _eq4(b, v)) for v in _eq4_variants(b, bool(np.isnan(o).any()))]
     scopes = ("unit",) + (("batch",) if b.S > 1 else ()) + (("group",) if b.G > 1 else ())
     kinds = WHITENS if b.t is not None else WHITENS[:1]
@@ -507,7 +507,7 @@ def _verdict(rows: list, out_dtype: str, cases: int = 1, not_exercised=(), top: 
 
 def _searched(b: _Batch, o: np.ndarray, u: float, token_counts) -> list:
     """The search's candidates (the paper's always among them), the nearest judged (:func:`_checked`)."""
-    s = _search(b, o, u)
+    s = _search(b, o)
     s.add(PAPER, evaluate(b, PAPER))
     return _checked(b, o, u, s, token_counts)
 

@@ -326,7 +326,6 @@ class Subject:
         #: what the grading's probes told (conformance.probes.Profile), or None
         self.profile = None
         self._fn = None
-        self._stages = None
 
     def __repr__(self) -> str:
         return f"Subject({self.target!r}, shape={self.shape!r}, convention={self.convention!r})"
