@@ -24,8 +24,6 @@ from oracle import gdpo as oracle
 from spec import error_model
 from spec.errors import GDPOError
 
-#: torch dtype names the suite feeds as rewards (values stored as exact float64).
-INPUT_DTYPES = ("float64", "float32", "float16", "bfloat16")
 #: output dtypes the suite grades (the oracle certifies a rounding to each: Stage.rounded)
 OUT_DTYPES = ("float32", "float64", "float16", "bfloat16")
 
@@ -127,9 +125,6 @@ class Case:
 
     def dumps(self) -> str:
         return json.dumps(self.to_json(), separators=(",", ":"))
-
-    def key(self) -> tuple:
-        return ("case", self.dumps())
 
 
 @dataclasses.dataclass(frozen=True)
