@@ -42,7 +42,7 @@ checks every one against the oracle before handing it out:
     or 5e-324.
 
 :func:`cases` returns a deterministic (seeded) list per family and target format;
-:func:`strategy` draws them for hypothesis (from those lists, or generating from drawn seeds).
+:func:`strategy` draws them for hypothesis (generating from drawn seeds).
 Each case is a :class:`conformance.cases.Case` whose ``out_dtype`` is the target format and whose
 ``note`` reads ``boundary:<family>:<target>:row<j>:<midpoint hex>`` (:func:`parse_note`).
 :func:`exact_values` is an independent mpmath evaluation of the same formula (convention
@@ -98,47 +98,32 @@ def exact_values(case: Case, prec: int = 200, stage: str = "gdpo") -> list:
     mp = _mp(prec)
     r = case.rewards_array()
     n, k = r.shape
-    if stage == "whiten":
-        return _whitened(mp, [mp.mpf(float(v)) for v in r[:, 0]], case)
-    labels = case.labels()
+    eps = mp.mpf(DEFAULT_EPS if case.eps is None else case.eps)
     units = case.unit_ids()
     units = np.zeros(n, np.int64) if units is None else units
-    eps = mp.mpf(DEFAULT_EPS if case.eps is None else case.eps)
+    if stage == "whiten":
+        return _standardized(mp, [mp.mpf(float(v)) for v in r[:, 0]], units, eps)
     w = [mp.mpf(x) for x in (case.weights if case.weights is not None else (1.0,) * k)]
-    z = [[mp.zero] * k for _ in range(n)]
+    z = [_standardized(mp, [mp.mpf(float(v)) for v in r[:, col]], case.labels(), eps) for col in range(k)]
+    c = [mp.fsum(w[col] * z[col][i] for col in range(k)) for i in range(n)]
+    return _standardized(mp, c, units, eps)
+
+
+def _standardized(mp, x: list, labels: np.ndarray, eps) -> list:
+    """(x - mean) / (std + eps) within each label of ``labels`` (unbiased std; a constant
+    set, or one of a single value, gives 0): Eq. 4 per group column, Eq. 6 per unit."""
+    out = [mp.zero] * len(x)
     for g in dict.fromkeys(labels.tolist()):
         idx = np.flatnonzero(labels == g).tolist()
-        for col in range(k):
-            xs = [mp.mpf(float(r[i, col])) for i in idx]
-            if all(x == xs[0] for x in xs):
-                continue
-            mean = mp.fsum(xs) / len(xs)
-            dev = [x - mean for x in xs]
-            std = mp.sqrt(mp.fsum(d * d for d in dev) / (len(xs) - 1))
-            for i, d in zip(idx, dev):
-                z[i][col] = d / (std + eps)
-    c = [mp.fsum(w[col] * z[i][col] for col in range(k)) for i in range(n)]
-    return _whitened(mp, c, case)
-
-
-def _whitened(mp, c: list, case: Case) -> list:
-    """Eq. 6 per unit of ``case`` on the values ``c`` (mpf)."""
-    n = len(c)
-    units = case.unit_ids()
-    units = np.zeros(n, np.int64) if units is None else units
-    eps = mp.mpf(DEFAULT_EPS if case.eps is None else case.eps)
-    a = [mp.zero] * n
-    for u in dict.fromkeys(units.tolist()):
-        idx = np.flatnonzero(units == u).tolist()
-        vals = [c[i] for i in idx]
-        if len(vals) < 2 or all(v == vals[0] for v in vals):
+        xs = [x[i] for i in idx]
+        if len(xs) < 2 or all(v == xs[0] for v in xs):
             continue
-        mean = mp.fsum(vals) / len(vals)
-        dev = [v - mean for v in vals]
-        std = mp.sqrt(mp.fsum(d * d for d in dev) / (len(vals) - 1))
+        mean = mp.fsum(xs) / len(xs)
+        dev = [v - mean for v in xs]
+        std = mp.sqrt(mp.fsum(d * d for d in dev) / (len(xs) - 1))
         for i, d in zip(idx, dev):
-            a[i] = d / (std + eps)
-    return a
+            out[i] = d / (std + eps)
+    return out
 
 
 #: exact helper arithmetic (mpmath's global context has 53 bits: never used here)
@@ -572,20 +557,13 @@ def _collect(make, family: str, targets, count: int, seed: int) -> tuple:
     return tuple(out)
 
 
-def strategy(families=FAMILIES, targets=TARGETS, out_dtypes=None, listed: bool = False):
+def strategy(families=FAMILIES, targets=TARGETS, out_dtypes=None):
     """A hypothesis strategy of hunted cases: a family, a target and a seed drawn, the case
     generated (memoised; a seed that finds none moves on to the next); ``out_dtypes`` (a
     tuple): sometimes the same rewards with another output dtype (float64 is graded as
-    faithful). ``listed``: drawn from :func:`cases`' deterministic lists instead."""
+    faithful)."""
     targets = tuple(t for t in TARGETS if t in targets)
     others = tuple(out_dtypes or ())
-    if listed:
-        pool = [c for f in families for c in cases(f) if c.out_dtype in targets]
-        base = st.sampled_from(pool)
-        if not others:
-            return base
-        return st.tuples(base, st.sampled_from((None,) * 3 + others)).map(
-            lambda t: t[0] if t[1] is None else dataclasses.replace(t[0], out_dtype=t[1]))
 
     @st.composite
     def draw_case(draw):

@@ -24,8 +24,6 @@ from oracle import gdpo as oracle
 from spec import error_model
 from spec.errors import GDPOError
 
-#: torch dtype names the suite feeds as rewards (values stored as exact float64).
-INPUT_DTYPES = ("float64", "float32", "float16", "bfloat16")
 #: output dtypes the suite grades (the oracle certifies a rounding to each: Stage.rounded)
 OUT_DTYPES = ("float32", "float64", "float16", "bfloat16")
 
@@ -128,9 +126,6 @@ class Case:
     def dumps(self) -> str:
         return json.dumps(self.to_json(), separators=(",", ":"))
 
-    def key(self) -> tuple:
-        return ("case", self.dumps())
-
 
 @dataclasses.dataclass(frozen=True)
 class DistCase:
@@ -175,6 +170,12 @@ class DistCase:
         if not rows:
             return np.zeros((0, k)), np.zeros(0, np.int64), np.zeros(0, np.int64), where
         return np.concatenate(rows), np.concatenate(groups), np.concatenate(units), where
+
+
+def loads(text: str):
+    """A :class:`Case` or :class:`DistCase` from its hex JSON (``dumps``)."""
+    data = json.loads(text)
+    return DistCase.from_json(data) if "shards" in data else Case.from_json(data)
 
 
 # ---------------------------------------------------------------- the judge

@@ -395,16 +395,19 @@ def _whiten_local(c: torch.Tensor, sizes: list, eps: float, fl: Flaws, groups=No
     return a
 
 
-def _agree(group, problem: _Refusal | None, units: int, given: bool, n: int, fl: Flaws):
-    """One fixed-shape all-reduce of every rank's facts; all raise together or none does."""
+def _agree(group, problem: _Refusal | None, sizes, given: bool, n: int, fl: Flaws):
+    """One process: its refusal raised. Several: one fixed-shape all-reduce of every rank's
+    facts; all raise together or none does."""
+    if group is None or (problem is not None and fl.local_raise):
+        if problem is not None:
+            raise problem.cls(problem.msg)
+        return None
     import torch.distributed as dist
 
     world, me = dist.get_world_size(group), dist.get_rank(group)
-    if problem is not None and fl.local_raise:
-        raise problem.cls(problem.msg)
     table = torch.zeros(world, 5, dtype=torch.int64)
     code = 0 if problem is None else _CODES.index(problem.cls) if problem.cls in _CODES else 1
-    table[me] = torch.tensor([1, code, units, int(given), n])
+    table[me] = torch.tensor([1, code, len(sizes) if sizes else 0, int(given), n])
     dist.all_reduce(table, group=group)
     rows = table.tolist()
     reasons = [f"rank {r}: {_CODES[row[1]].__name__}" for r, row in enumerate(rows) if row[1]]
@@ -496,18 +499,14 @@ def _gdpo(fl: Flaws, rewards, *, group_ids=None, group_size=None, weights=None, 
         sizes, given = _check_segments(segment_sizes, prep.x.shape[0], local_unit_of_one=not distributed)
     except _Refusal as r:
         problem = r.flawed(fl)
+    rows = _agree(process_group, problem, sizes, given, prep.x.shape[0] if prep is not None else 0, fl)
+    c, shift = _combine(prep, eps, fl)
     if not distributed:
-        if problem is not None:
-            raise problem.cls(problem.msg)
-        c, shift = _combine(prep, eps, fl)
         if fl.mutates_rewards and isinstance(rewards, torch.Tensor):
             rewards.mul_(0.5)
         return _cast(_whiten_local(c, sizes, _ldexp(eps, -shift), fl, prep.groups, prep.scored), out_dtype, fl)
     import torch.distributed as dist
 
-    rows = _agree(process_group, problem, len(sizes) if sizes else 0, given,
-                  prep.x.shape[0] if prep is not None else 0, fl)
-    c, shift = _combine(prep, eps, fl)
     shifts = torch.tensor([shift], dtype=torch.int64)  # one frame for every rank's c (found by the
     dist.all_reduce(shifts, op=dist.ReduceOp.MAX, group=process_group)  # deep search: ranks used their own)
     if int(shifts) != shift:
@@ -547,11 +546,9 @@ def _whiten(fl: Flaws, values, *, segment_sizes=None, process_group=None, eps=1e
         sizes, given = _check_segments(segment_sizes, v.numel(), local_unit_of_one=not distributed)
     except _Refusal as r:
         problem = r.flawed(fl)
+    rows = _agree(process_group, problem, sizes, given, v.numel() if v is not None else 0, fl)
     if not distributed:
-        if problem is not None:
-            raise problem.cls(problem.msg)
         return _cast(_whiten_local(v, sizes, eps, fl), out_dtype, fl)
-    rows = _agree(process_group, problem, len(sizes) if sizes else 0, given, v.numel() if v is not None else 0, fl)
     return _cast(_whiten_distributed(process_group, v, sizes, eps, fl, rows), out_dtype, fl)
 
 

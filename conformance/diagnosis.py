@@ -190,10 +190,6 @@ class Diagnosis:
         return self.variant is not None
 
     @property
-    def ambiguous(self) -> bool:
-        return bool(self.alternatives)
-
-    @property
     def no_difference(self) -> bool:
         return self.matched and not self.differences
 
@@ -260,8 +256,8 @@ def _fit_scale(o: np.ndarray, dev: np.ndarray, ui: np.ndarray, S: int, keep: np.
 
 
 class _Search:
-    def __init__(self, b: _Batch, o: np.ndarray, u: float):
-        self.b, self.o, self.u = b, o, u
+    def __init__(self, b: _Batch, o: np.ndarray):
+        self.o = o
         fin = np.isfinite(o)
         self.scale = float(np.max(np.abs(o[fin]))) if fin.any() else 1.0
         self.scale = self.scale if self.scale > 0 else 1.0
@@ -294,13 +290,13 @@ class _Search:
 SCALE_SLACK = 1e-3
 
 
-def _search(b: _Batch, o: np.ndarray, u: float) -> _Search:
+def _search(b: _Batch, o: np.ndarray) -> _Search:
     """Every exercised variant's float64 advantages, each with its relative distance from
     the output. Eq. 4 and 7 are enumerated; for each, Eq. 6 per sample or per token is
     ``dev / D`` per unit, so the least-squares scale 1/D of the output is fitted first and
     only the (ddof, placement, eps) whose D comes near it are evaluated; a clip is read off
     the output where the fitted values exceed its largest magnitude."""
-    s = _Search(b, o, u)
+    s = _Search(b, o)
     eq4 = [(v, _eq4(b, v)) for v in _eq4_variants(b, bool(np.isnan(o).any()))]
     scopes = ("unit",) + (("batch",) if b.S > 1 else ()) + (("group",) if b.G > 1 else ())
     kinds = WHITENS if b.t is not None else WHITENS[:1]
@@ -490,16 +486,12 @@ def _checked(b: _Batch, o: np.ndarray, u: float, s: _Search, token_counts) -> li
     return rows
 
 
-def _clip_unseen(top: float) -> str:
-    return f"a clip at {top:.6g} or beyond (no advantage beyond it)"
-
-
 def _verdict(rows: list, out_dtype: str, cases: int = 1, not_exercised=(), top: float = math.inf) -> Diagnosis:
     matches = sorted((r for r in rows if r.ratio <= 1.0), key=_preference)
     if matches:
         first = matches[0]
         if first.variant.clip is None and math.isfinite(top):
-            not_exercised = tuple(not_exercised) + (_clip_unseen(top),)
+            not_exercised = tuple(not_exercised) + (f"a clip at {top:.6g} or beyond (no advantage beyond it)",)
         alts, seen = [], {tuple(first.lines)}
         for r in matches[1:]:
             if tuple(r.lines) not in seen:
@@ -515,7 +507,7 @@ def _verdict(rows: list, out_dtype: str, cases: int = 1, not_exercised=(), top: 
 
 def _searched(b: _Batch, o: np.ndarray, u: float, token_counts) -> list:
     """The search's candidates (the paper's always among them), the nearest judged (:func:`_checked`)."""
-    s = _search(b, o, u)
+    s = _search(b, o)
     s.add(PAPER, evaluate(b, PAPER))
     return _checked(b, o, u, s, token_counts)
 
@@ -527,7 +519,7 @@ def diagnose(case, output, token_counts=None, unit_roundoff: float | None = None
     ``token_counts``: the samples' token counts where the call passed them (Eq. 6 may be
     token-weighted); ``unit_roundoff``: the implementation's working precision (default:
     float32's for a float32, float16 or bfloat16 output, float64's for float64)."""
-    b = _Batch(case, token_counts)
+    b = _Batch.of_case(case, token_counts)
     o = _as_output(output, b.n)
     u = unit_roundoff_of(b.out_dtype) if unit_roundoff is None else float(unit_roundoff)
     rows = _searched(b, o, u, token_counts)
@@ -549,7 +541,7 @@ def diagnose_many(cases_and_outputs, unit_roundoff: float | None = None) -> Diag
     done = []
     for item in cases_and_outputs:
         case, output, tokens = (tuple(item) + (None,))[:3]
-        b = _Batch(case, tokens)
+        b = _Batch.of_case(case, tokens)
         u = unit_roundoff_of(b.out_dtype) if unit_roundoff is None else float(unit_roundoff)
         done.append((b, _as_output(output, b.n), u, tokens))
     if not done:
@@ -612,7 +604,7 @@ def diagnose_many(cases_and_outputs, unit_roundoff: float | None = None) -> Diag
 def reproduces(case, output, variant: Variant, unit_roundoff: float, token_counts=None) -> bool:
     """Does ``variant`` reproduce ``output`` (the code's advantages of ``case``) within the error
     model of a code of that variant computing at ``unit_roundoff``?"""
-    b = _Batch(case, token_counts)
+    b = _Batch.of_case(case, token_counts)
     row, _ = _judge(b, variant, _as_output(output, b.n), float(unit_roundoff))
     return row.ratio <= 1.0
 

@@ -29,7 +29,7 @@ import time
 import traceback
 from datetime import timedelta
 
-from conformance.cases import Case
+from conformance.cases import loads
 from conformance.subject import Outcome, Subject
 
 #: Global ranks of the pool and the subgroups it serves, by world size.
@@ -108,7 +108,7 @@ def run_rank(job: dict, group, device: str):
     if key not in _SUBJECTS:
         _SUBJECTS[key] = Subject(job["target"], job["shape"], job["convention"], device)
     subject = _SUBJECTS[key]
-    case = Case.from_json(__import__("json").loads(job["case"]))
+    case = loads(job["case"])
     if job["api"] == "whiten":
         import numpy as np
         values = np.array(case.rewards, dtype=np.float64).reshape(-1)

@@ -118,10 +118,8 @@ def _drop_last_row(draw, case: Case) -> Case:
 
 
 def _unit_of_one(draw, case: Case) -> Case:
-    c = case
-    n = c.n
-    at = draw(st.integers(0, n - 1))
-    return dataclasses.replace(c, segment_sizes=(at, 1, n - at - 1))
+    at = draw(st.integers(0, case.n - 1))
+    return dataclasses.replace(case, segment_sizes=(at, 1, case.n - at - 1))
 
 
 def _weights(case: Case, w) -> Case:
@@ -267,10 +265,6 @@ def _d_singleton(draw, case, r):
     return _shard(case, r, rewards=s.rewards + (row,), group_ids=s.group_ids + (10 ** 6,), segment_sizes=tuple(seg))
 
 
-def _d_units_mismatch(draw, case, r):
-    return _shard(case, r, segment_sizes=case.shards[r].segment_sizes + (0,))
-
-
 def _d_segments_none(draw, case, r):
     shards = [dataclasses.replace(s, segment_sizes=s.segment_sizes + (0,)) if len(s.segment_sizes) < 2 else s
               for s in case.shards]
@@ -302,8 +296,8 @@ DIST_ERROR_CASES = (
     DistErrorCase("inf_on_one_rank", "an infinite reward on one rank", _d_nonfinite(-math.inf)),
     DistErrorCase("group_of_one_on_one_rank", "a group of one sample on one rank", _d_singleton),
     DistErrorCase("segments_sum_on_one_rank", "unit sizes not summing to the rank's samples", _d_segments_sum),
-    DistErrorCase("unit_count_mismatch", "ranks disagree on the number of units", _d_units_mismatch,
-                  min_world=2),
+    DistErrorCase("unit_count_mismatch", "ranks disagree on the number of units",
+                  lambda d, c, r: _shard(c, r, segment_sizes=c.shards[r].segment_sizes + (0,)), min_world=2),
     DistErrorCase("segments_none_on_one_rank", "segment metadata missing on one rank, several units elsewhere",
                   _d_segments_none, min_world=2),
     DistErrorCase("integer_rewards_on_one_rank", "an integer tensor on one rank",

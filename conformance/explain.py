@@ -19,19 +19,10 @@ from conformance import diagnosis
 from conformance.cases import Case, expected
 from conformance.compare import distance, native_allowed
 from conformance.subject import Outcome, Subject, verl_lengths
-from conformance.verdicts import ORDINARY, Category
+from conformance import verdicts
+from conformance.verdicts import Category
 from spec import error_model as em
 from spec.conventions import differences, get_convention
-
-
-def _ordinary(case) -> bool:
-    """Rewards and weights of ordinary magnitude (``conformance.verdicts.ORDINARY``): where no
-    float32 square overflows, so an output off by more than rounding is another formula or a
-    defect of arithmetic, never an overflow."""
-    if not isinstance(case, Case) or not case.rewards:
-        return False
-    values = [v for row in case.rewards for v in row] + list(case.weights or ())
-    return all(math.isfinite(v) and abs(v) <= ORDINARY for v in values)  # a NaN (missing) reward too
 
 
 def explain(subject: Subject, case, out: Outcome, conv, category):
@@ -48,7 +39,7 @@ def explain(subject: Subject, case, out: Outcome, conv, category):
     prof = getattr(subject, "profile", None)
     u = max(diagnosis.unit_roundoff_of(case.out_dtype), conv.unit_roundoff)
     finite = out.values is not None and bool(np.all(np.isfinite(out.values)))
-    ordinary = _ordinary(case) and finite
+    ordinary = verdicts.ordinary(case) and finite  # no overflow: another formula or arithmetic
     if prof is not None and prof.formula and out.values is not None:
         if not prof.named and (category == Category.PRECISION or ordinary):
             return Category.FORMULA, prof.formula, None, f"formula: {prof.formula} (as the probes show)", ()
@@ -73,7 +64,7 @@ def explain(subject: Subject, case, out: Outcome, conv, category):
             if prof is not None and prof.named and prof.formula:  # the probes cannot tell the two apart: theirs
                 return Category.FORMULA, prof.formula, None, line, ("; ".join(d.differences),) + alternatives
             return Category.FORMULA, "; ".join(d.differences), None, line, alternatives
-    cause = _cancellation(subject, case, out, conv) if finite else None
+    cause = _cancellation(subject, case, conv) if finite else None
     if cause:
         return Category.PRECISION, None, cause, f"precision: {cause}", ()
     return category, None, None, line, ()
@@ -97,7 +88,7 @@ def _probes_agree(prof, variant, u: float) -> bool:
     return all(diagnosis.reproduces(c, o, variant, u) for c, o in prof.outputs)
 
 
-def _cancellation(subject: Subject, case, out: Outcome, conv) -> str | None:
+def _cancellation(subject: Subject, case, conv) -> str | None:
     """A cause for a precision failure that floating point explains: where the same case with
     each group column shifted by one of its own values (its lower median; Eq. 4 is shift-invariant,
     so the exact advantages barely move) is within the error model, judged against its own exact

@@ -31,7 +31,7 @@ from conformance.cases import Case, DistCase, expected
 from conformance.compare import decimal, repro
 from conformance.error_cases import CAUSES, DIST_ERROR_BY_NAME, ERROR_BY_NAME
 from conformance.judge import ConformanceFailure
-from conformance.verdicts import ORDINARY, Category, label
+from conformance.verdicts import ORDINARY, Category, label, ordinary
 from spec.error_model import largest_finite, round_to
 
 #: the regimes, in the order findings are ranked
@@ -44,13 +44,12 @@ BISECT_STEPS = 12
 
 @dataclasses.dataclass
 class Failure:
-    """One failing case of a grading: its row, the case, the judge's failure, what the call
-    returned, and the row's check (to replay a reduced or scaled case)."""
+    """One failing case of a grading: its row, the case, the judge's failure, and the row's
+    check (to replay a reduced or scaled case)."""
 
     row: str
     case: object
     exc: ConformanceFailure
-    out: object
     check: Callable
 
 
@@ -104,21 +103,13 @@ def rank(found: list) -> list:
 # ------------------------------------------------------------------ regimes and keys
 
 
-def ordinary(case) -> bool:
-    """Every reward and weight finite and within :data:`conformance.verdicts.ORDINARY`."""
-    if not isinstance(case, Case) or not case.rewards:
-        return False
-    values = [v for row in case.rewards for v in row] + list(case.weights or ())
-    return all((math.isnan(v) and bool(case.missing)) or (math.isfinite(v) and abs(v) <= ORDINARY) for v in values)
-
-
 def regime(f: Failure) -> str:
     case = f.case
     if isinstance(case, DistCase):
         return "bad input" if case.note.startswith("error:") else "several ranks"
     if isinstance(case, tuple) or case.note.startswith("error:") or case.variant:
         return "bad input"
-    if f.exc.category == Category.FORMULA or ordinary(case):
+    if f.exc.category == Category.FORMULA or ordinary(case, unscored_ok=True):
         return "ordinary magnitudes"
     if not case.missing and not all(math.isfinite(v) for row in case.rewards for v in row):
         return "bad input"  # a value case whose reward rounded to inf in its dtype
@@ -165,13 +156,7 @@ def _large_input(f: Failure) -> str:
 
 
 def _fails_alike(f: Failure, case) -> ConformanceFailure | None:
-    try:
-        f.check(case)
-    except ConformanceFailure as exc:
-        return exc if exc.category == f.exc.category else None
-    except Exception:  # noqa: BLE001 - another kind of failure is another finding
-        return None
-    return None
+    return runner.fails_alike(f.check, case, f.exc)  # never a formula here: those are ordinary
 
 
 def _scaled(case: Case, e: int, weights: bool) -> Case | None:
@@ -259,7 +244,7 @@ def describe(case, limit: int = 6) -> str:
     return f"{text} ({', '.join(extras)})"
 
 
-def _said(exc: ConformanceFailure, out) -> str:
+def _said(exc: ConformanceFailure) -> str:
     """What the example's call did, in one line: its first listed output, or its refusal."""
     lines = str(exc).splitlines()
     for ln in lines[1:]:
@@ -305,7 +290,7 @@ def findings(failures: list, subject) -> list:
         else:
             example, exc = _example(first, subject)
             cause = what if what else _cause_line(exc)
-        out.append(Finding(cat, reg, cause, rows, len(members), example, _said(exc, first.out), _repro(exc),
+        out.append(Finding(cat, reg, cause, rows, len(members), example, _said(exc), _repro(exc),
                            str(exc), thr, inp))
     return rank(out)
 

@@ -252,24 +252,17 @@ class _Batch:
     """A case, prepared once: rewards, group and unit indices, weights, eps, and the dtype the
     variant is evaluated in (float64 for the diagnosis; float32 mirrors a float32 code)."""
 
-    def __init__(self, case, token_counts=None, dtype="float64"):
+    @classmethod
+    def of_case(cls, case, token_counts=None, dtype="float64") -> "_Batch":
         if not hasattr(case, "rewards_array") or not hasattr(case, "labels"):
             raise TypeError(f"a conformance.cases.Case (one process's call) is diagnosed, not {type(case).__name__}")
         if not case.rewards:
             raise ValueError("an empty case has no output to diagnose")
-        self._setup(case.rewards_array(), case.labels(), case.unit_ids(), case.weights,
-                    DEFAULT_EPS if case.eps is None else float(case.eps), case.out_dtype, token_counts, dtype)
+        return cls(case.rewards_array(), case.labels(), case.unit_ids(), case.weights,
+                   DEFAULT_EPS if case.eps is None else float(case.eps), case.out_dtype, token_counts, dtype)
 
-    @classmethod
-    def of(cls, rewards, labels, units=None, weights=None, eps=DEFAULT_EPS, token_counts=None, dtype="float64"):
-        """A batch of arrays (rewards (N, K) or (N,), a label per row, a unit per row or None)."""
-        b = cls.__new__(cls)
-        r = np.asarray(rewards, dtype=np.float64)
-        b._setup(r[:, None] if r.ndim == 1 else r, np.asarray(labels), units, weights, float(eps), dtype,
-                 token_counts, dtype)
-        return b
-
-    def _setup(self, r, labels, units, weights, eps, out_dtype, token_counts, dtype):
+    def __init__(self, r, labels, units, weights, eps, out_dtype, token_counts, dtype):
+        """``r`` (N, K) float64, a group label per row, a unit label per row (None: one unit)."""
         self.dt = np.dtype(dtype)
         self.r = r.astype(self.dt)
         self.n, self.k = r.shape
@@ -349,7 +342,7 @@ def _eq4(b: _Batch, v: Variant) -> _Parts:
             db = np.where(ok, x - x.sum(axis=0, dtype=dt) / nb, dt.type(0))
             var_row = np.broadcast_to((db * db).sum(axis=0, dtype=dt) / (nb - dt.type(v.group_ddof)), r.shape)
         elif v.scale == "loo_std":
-            var_row = _loo_var(x, ok, gi, G, n, v.group_ddof, var[gi]).astype(dt)
+            var_row = _loo_var(x, ok, gi, G, v.group_ddof, var[gi]).astype(dt)
         else:
             var_row = var[gi]
         sigma = np.sqrt(var_row)
@@ -378,7 +371,7 @@ def _eq4(b: _Batch, v: Variant) -> _Parts:
     return _Parts(x, w, z, num, np.asarray(sigma), denom, nrow, c)
 
 
-def _loo_var(x, ok, gi, G, n, ddof, group_var):
+def _loo_var(x, ok, gi, G, ddof, group_var):
     """Per row and column: the variance of the group's other members about their own mean,
     two-pass over those members (a constant rest gives exactly 0), divided by n - 1 - ddof; where
     fewer than 2 + ddof others remain (a group of two), the group's variance."""
@@ -452,7 +445,7 @@ def evaluate(case, variant: Variant, token_counts=None, dtype="float64") -> np.n
     """``variant``'s advantages of ``case`` (a ``conformance.cases.Case``), as the formula reads
     (mean, deviations, std; Eq. 7; Eq. 6; the clip), computed in ``dtype``: float64 for the
     exact-enough value a diagnosis compares with, float32 for what a float32 code of it returns."""
-    b = case if isinstance(case, _Batch) else _Batch(case, token_counts, dtype)
+    b = case if isinstance(case, _Batch) else _Batch.of_case(case, token_counts, dtype)
     return _whitened(b, variant, _eq4(b, variant).c)
 
 
@@ -460,8 +453,9 @@ def evaluate_arrays(rewards, labels, variant: Variant, units=None, weights=None,
                     token_counts=None, dtype="float64") -> np.ndarray:
     """:func:`evaluate` of arrays: rewards (N, K) or (N,), a group label and a unit label (or
     None: one unit) per row (the peers' formulas, gdpo_tools/peer_formulas.py)."""
-    b = _Batch.of(rewards, labels, units, weights, eps, token_counts, dtype)
-    return _whitened(b, variant, _eq4(b, variant).c)
+    r = np.asarray(rewards, dtype=np.float64)
+    return evaluate(_Batch(r[:, None] if r.ndim == 1 else r, np.asarray(labels), units, weights, float(eps), dtype,
+                           token_counts, dtype), variant)
 
 
 # ------------------------------------------------------------------ the catalogue, for the docs

@@ -106,11 +106,7 @@ def _rows_to_run(subject: Subject, select: str | None, single_process: bool):
 
 def _check_row(subject: Subject, name: str, prop) -> tuple[Row, list]:
     t0 = time.monotonic()
-    n = profiles.GRADE_MAX_EXAMPLES
-    if name.startswith("errors:"):
-        cases = runner.error_row_cases(name.split(":", 1)[1], subject, n)
-    else:
-        cases = runner.planned_cases(prop, subject, n)
+    cases = runner.row_cases(name, subject, profiles.GRADE_MAX_EXAMPLES)
 
     def check(case):
         prop.check(subject, case, prop.name)
@@ -122,7 +118,7 @@ def _check_row(subject: Subject, name: str, prop) -> tuple[Row, list]:
         except UnsatisfiedAssumption:
             continue
         except ConformanceFailure as exc:
-            failures.append(FD.Failure(name, getattr(exc, "case", case), exc, subject.last, check))
+            failures.append(FD.Failure(name, getattr(exc, "case", case), exc, check))
     seen = J.NOTES.get(prop.name, ())
     notes = tuple(sorted({f"refused with {cls}, not the spec.errors class (passes; fails under --strict-errors)"
                           for c, cls in seen if name == f"errors:{c}" or not name.startswith("errors:")}))

@@ -424,27 +424,23 @@ def certified_rounding(prop, eq, subject: Subject, case: Case, out: Outcome, exp
         bad = np.flatnonzero(obs != want).tolist()  # NaN differs, -0.0 == 0.0
     if not bad:
         return
-    rows, worst = [], 0.0
-    for i in bad:
-        ulps = abs(obs[i] - want[i]) / ulp(want[i], od)
-        worst = max(worst, float(ulps))
+    ulps = {i: float(abs(obs[i] - want[i]) / ulp(want[i], od)) for i in bad}
+    rows = []
     for i in bad[:MAX_LISTED]:
         if od == "float64":
             rows.append(f"[{i}] output {float(obs[i])!r} ({hx(obs[i])}) is not within one ulp of the exact value (faithful "
                         f"rounding): the exact value correctly rounded is {float(want[i])!r} ({hx(want[i])}), "
-                        f"{abs(obs[i] - want[i]) / ulp(want[i], od):.3g} ulp(float64) from the output, and "
-                        + _where_exact(case, i, float(obs[i]), od))
+                        f"{ulps[i]:.3g} ulp(float64) from the output, and " + _where_exact(case, i, float(obs[i]), od))
         else:
             rows.append(f"[{i}] output {float(obs[i])!r} ({hx(obs[i])}) is not the correctly rounded exact value "
-                        f"{float(want[i])!r} ({hx(want[i])}) ({od}, ties to even), "
-                        f"{abs(obs[i] - want[i]) / ulp(want[i], od):.3g} ulp({od}) away; "
+                        f"{float(want[i])!r} ({hx(want[i])}) ({od}, ties to even), {ulps[i]:.3g} ulp({od}) away; "
                         + _where_exact(case, i, float(obs[i]), od))
     fam = boundary.parse_note(case.note)
     if fam is not None and _still_hunted(case, fam):
         rows.append(f"hunted boundary case: family {fam[0]!r}, aimed at a midpoint of {fam[1]} next to "
                     f"{fam[3]!r} in row {fam[2]} (conformance/boundary.py)")
     fail(prop, eq, subject, case, f"{len(bad)} of {case.n} advantages not the certified rounding ({od}) the "
-         "implementation declares (gdpo_certified)", rows, category=Category.ROUNDING, worst_ulps=worst,
+         "implementation declares (gdpo_certified)", rows, category=Category.ROUNDING, worst_ulps=max(ulps.values()),
          worst_dtype=od)
 
 

@@ -12,12 +12,11 @@ another device or rank backend adds ``--device`` / ``--backend``.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 
 from conformance import probes, properties
-from conformance.cases import Case, DistCase
+from conformance.cases import Case, DistCase, loads
 from conformance.compare import describe_inputs
 from conformance.subject import DEFAULT_IMPL, Subject
 
@@ -36,8 +35,7 @@ def main(argv=None) -> int:
                          "(default: the convention's own precision)")
     ap.add_argument("--case", required=True, help="hex JSON of a Case or DistCase")
     args = ap.parse_args(argv)
-    data = json.loads(args.case)
-    case = DistCase.from_json(data) if "shards" in data else Case.from_json(data)
+    case = loads(args.case)
     subject = Subject(args.impl, args.call_shape, args.convention, device=args.device, backend=args.backend)
     if args.precision:  # judged as gdpo check judged it: at that precision, the probes' formula known
         subject.profile = probes.profile(subject)

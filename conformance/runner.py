@@ -74,24 +74,19 @@ def expressible(case, ctx: S.Context) -> bool:
 
 
 def build_test(prop: Property, subject: Subject, config: settings | None = None, record: list | None = None,
-               budget_s: float | None = None, budget_calls: int | None = None):
+               budget_s: float | None = None):
     """The hypothesis test of ``prop`` against ``subject`` (call it to run).
 
     ``record``, if given, receives every failing case in order (the last one is
     the minimal example hypothesis reports). ``budget_s`` bounds shrinking: once
     that many seconds have passed since the run began and a case has failed, the
-    run stops (:class:`ShrinkBudgetSpent`); ``budget_calls`` likewise, once that many
-    calls have followed the first failure."""
+    run stops (:class:`ShrinkBudgetSpent`)."""
     ctx = subject.context()
     strategy = prop.strategy(ctx, subject)
     start = time.monotonic()
-    after_failure = [0]
 
     def run(case):
-        if record:
-            after_failure[0] += 1
-        if record and ((budget_s is not None and time.monotonic() - start > budget_s)
-                       or (budget_calls is not None and after_failure[0] > budget_calls)):
+        if record and budget_s is not None and time.monotonic() - start > budget_s:
             raise ShrinkBudgetSpent
         if not subject.inside(case):
             reject()  # outside the declared domain: not drawn
@@ -224,21 +219,8 @@ def pinned_cases(prop: Property, subject: Subject) -> list:
 def planned_cases(prop: Property, subject: Subject, max_examples: int | None = None) -> list:
     """Every case a drawn-first run checks, in order: the pinned examples, then the drawn ones;
     those outside the declared domain (``Subject.inside``) left out."""
-    return [c for c in pinned_cases(prop, subject) if subject.inside(c)] + _inside(
-        lambda budget: drawn_cases(prop, subject, budget), subject, max_examples)
-
-
-def _inside(drawn, subject: Subject, max_examples: int | None) -> list:
-    """The first ``max_examples`` drawn cases inside the declared domain: where the domain leaves
-    out some, more are drawn (twice as many, up to 8 times), so that a narrow domain is graded on
-    as many cases as a wide one."""
-    n = settings().max_examples if max_examples is None else max_examples
-    budget = n
-    while True:
-        kept = [c for c in drawn(budget) if subject.inside(c)]
-        if len(kept) >= n or budget >= 8 * n:
-            return kept[:n]
-        budget *= 2
+    return _planned(prop.name, pinned_cases(prop, subject), prop.strategy(subject.context(), subject), subject,
+                    max_examples)
 
 
 def error_row_cases(name: str, subject: Subject, max_examples: int | None = None) -> list:
@@ -247,9 +229,21 @@ def error_row_cases(name: str, subject: Subject, max_examples: int | None = None
     ctx = subject.context()
     pinned = [(c,) for c in (adapt(regressions.load(t), subject) for t in BY_NAME["errors"].examples)
               if c.note == f"error:{name}" and expressible(c, ctx)]
-    strategy = error_cases(ctx, subject.shape, names={name})
-    return [c for c in pinned if subject.inside(c)] + _inside(
-        lambda budget: draw(f"errors:{name}", strategy, budget, (repr(ctx), subject.shape)), subject, max_examples)
+    return _planned(f"errors:{name}", pinned, error_cases(ctx, subject.shape, names={name}), subject, max_examples)
+
+
+def _planned(name: str, pinned: list, strategy, subject: Subject, max_examples: int | None) -> list:
+    """The pinned cases inside the declared domain, then the first ``max_examples`` cases drawn
+    for ``name`` inside it: where the domain leaves out some, more are drawn (twice as many, up to
+    8 times), so that a narrow domain is graded on as many cases as a wide one."""
+    n = settings().max_examples if max_examples is None else max_examples
+    key = (repr(subject.context()), subject.shape)
+    budget = n
+    while True:
+        kept = [c for c in draw(name, strategy, budget, key) if subject.inside(c)]
+        if len(kept) >= n or budget >= 8 * n:
+            return [c for c in pinned if subject.inside(c)] + kept[:n]
+        budget *= 2
 
 
 def row_cases(row: str, subject: Subject, max_examples: int | None = None) -> list:
@@ -324,7 +318,7 @@ def grade_cases(name: str, subject: Subject, cases, check) -> None:
 # --------------------------------------------------------------- reduction
 
 
-def _same(check, case, failure: ConformanceFailure) -> ConformanceFailure | None:
+def fails_alike(check, case, failure: ConformanceFailure) -> ConformanceFailure | None:
     """The failure of ``case`` if it fails as ``failure`` does, else None: in its category and,
     for a formula, naming the same formula, no more ambiguously (a smaller case that several
     variants of the catalogue reproduce alike would name one of them as a guess: one group of
@@ -469,7 +463,7 @@ def reduce(check, subject: Subject, case, failure: ConformanceFailure,
             if not _valid(cand) or not expressible(cand, subject.context()) or not subject.inside(cand):
                 continue
             calls += 1
-            exc = _same(check, cand, failure)
+            exc = fails_alike(check, cand, failure)
             if exc is not None:
                 best, best_exc, progress = cand, exc, True
                 break

@@ -744,13 +744,11 @@ def dist_cases(draw, ctx: Context, world: int, kinds=COLUMN_KINDS, pairs=PAIR_KI
         rows, lab, seg = [], [], []
         for u in range(s):
             mine = [i for i in range(len(blocks)) if rank_of[i] == r and unit_of[i] == u]
-            cnt = 0
             for i in mine:
                 placed[i] = (r, sum(x.shape[0] for x in rows))
                 rows.append(blocks[i])
                 lab += [i] * blocks[i].shape[0]
-                cnt += blocks[i].shape[0]
-            seg.append(cnt)
+            seg.append(sum(blocks[i].shape[0] for i in mine))
         arr = np.concatenate(rows) if rows else np.zeros((0, blocks[0].shape[1]))
         shards.append(Case(rewards=tuple(tuple(float(v) for v in row) for row in arr), dtype=b.dtype,
                            group_ids=tuple(lab), weights=b.weights, segment_sizes=tuple(seg),

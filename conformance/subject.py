@@ -14,7 +14,6 @@ import dataclasses
 import importlib
 import inspect
 import math
-import time
 
 import numpy as np
 import torch
@@ -30,18 +29,12 @@ DEFAULT_IMPL = "impl.gdpo:gdpo_advantages"
 CALL_SHAPES = ("gdpo", "trl", "verl")
 
 #: What a narrow call shape cannot express: a property needing one of these is skipped, with the reason.
+_NARROW = (("units", "one whitening unit (no segment_sizes)"), ("eps", "no eps argument"),
+           ("stages", "no stage functions"), ("distributed", "no process_group"))
 CANNOT_EXPRESS = {
-    "trl": (("units", "one whitening unit (no segment_sizes)"),
-            ("labels", "contiguous equal groups only (no group_ids)"),
-            ("eps", "no eps argument"),
-            ("stages", "no stage functions"),
-            ("distributed", "no process_group"),
-            ("dtypes", "float32 rewards and output only")),
-    "verl": (("units", "one whitening unit (no segment_sizes)"),
-             ("eps", "no eps argument"),
-             ("stages", "no stage functions"),
-             ("distributed", "no process_group"),
-             ("dtypes", "float32 token rewards and output only")),
+    "trl": _NARROW[:1] + (("labels", "contiguous equal groups only (no group_ids)"),) + _NARROW[1:]
+    + (("dtypes", "float32 rewards and output only"),),
+    "verl": _NARROW + (("dtypes", "float32 token rewards and output only"),),
 }
 
 #: T of the verl shape: responses have 1 to VERL_TOKENS tokens (right padding after them).
@@ -221,24 +214,20 @@ class Outcome:
     error_type: str = ""
     error_classes: tuple = ()  # names of spec.errors classes the exception is an instance of
     message: str = ""
-    seconds: float = 0.0
 
     @classmethod
-    def from_output(cls, out, seconds=0.0) -> "Outcome":
+    def from_output(cls, out) -> "Outcome":
         if not isinstance(out, torch.Tensor):
-            return cls(False, error_type="NotATensor", message=f"returned {type(out).__name__}, not a tensor",
-                       seconds=seconds)
+            return cls(False, error_type="NotATensor", message=f"returned {type(out).__name__}, not a tensor")
         t = out.detach()
         vals = t.to("cpu").to(torch.float64).numpy().copy() if t.is_floating_point() else \
             t.to("cpu").numpy().astype(np.float64)
-        return cls(True, vals, str(t.dtype).replace("torch.", ""), tuple(t.shape), t.device.type,
-                   seconds=seconds)
+        return cls(True, vals, str(t.dtype).replace("torch.", ""), tuple(t.shape), t.device.type)
 
     @classmethod
-    def from_exception(cls, e: BaseException, seconds=0.0) -> "Outcome":
+    def from_exception(cls, e: BaseException) -> "Outcome":
         names = tuple(n for n, c in ERROR_CLASSES.items() if isinstance(e, c))
-        return cls(False, error_type=type(e).__name__, error_classes=names, message=str(e)[:2000],
-                   seconds=seconds)
+        return cls(False, error_type=type(e).__name__, error_classes=names, message=str(e)[:2000])
 
     def is_error(self, *classes) -> bool:
         return (not self.ok) and any(c.__name__ in self.error_classes for c in classes)
@@ -294,24 +283,17 @@ def parse_domain(items) -> dict:
                 continue
         except ValueError:
             raise ValueError(f"--domain {key}={value!r}: expected {_DOMAIN_FORMS[key]}") from None
+        listed = tuple(v.strip() for v in value.split(",") if v.strip())
         if key in ("input_dtypes", "out_dtypes"):
-            out[key] = tuple(v.strip() for v in value.split(",") if v.strip())
-        elif key == "certified" and value.lower() not in ("true", "false"):
-            # the formats whose rounding is declared certified: certified=float32,bfloat16,float16
-            formats = tuple(v.strip() for v in value.split(",") if v.strip())
-            known = ("float64", "float32", "bfloat16", "float16")
-            wrong = [f for f in formats if f not in known]
-            if not formats or wrong:
-                raise ValueError(f"--domain certified takes true, false or formats among {', '.join(known)} "
-                                 f"(comma-separated), got {value!r}")
-            out[key] = formats
-        elif key == "validated":
-            names = tuple(v.strip() for v in value.split(",") if v.strip())
-            wrong = [n for n in names if n not in ERROR_BY_NAME]
-            if not names or wrong:
-                raise ValueError(f"--domain validated takes error case names among {', '.join(ERROR_BY_NAME)} "
-                                 f"(comma-separated), got {value!r}")
-            out[key] = names
+            out[key] = listed
+        elif key == "validated" or (key == "certified" and value.lower() not in ("true", "false")):
+            # certified=float32,bfloat16,float16: the formats whose rounding is declared certified
+            known, what = (tuple(ERROR_BY_NAME), "error case names") if key == "validated" else \
+                (("float64", "float32", "bfloat16", "float16"), "true, false or formats")
+            if not listed or any(x not in known for x in listed):
+                raise ValueError(f"--domain {key} takes {what} among {', '.join(known)} (comma-separated), "
+                                 f"got {value!r}")
+            out[key] = listed
         elif key in ("labels", "units", "eps", "certified", "equal_groups", "int_rewards"):
             if value.lower() not in ("true", "false"):
                 raise ValueError(f"--domain {key} takes true or false, got {value!r}")
@@ -344,7 +326,6 @@ class Subject:
         #: what the grading's probes told (conformance.probes.Profile), or None
         self.profile = None
         self._fn = None
-        self._stages = None
 
     def __repr__(self) -> str:
         return f"Subject({self.target!r}, shape={self.shape!r}, convention={self.convention!r})"
@@ -550,13 +531,7 @@ class Subject:
             r = np.zeros((0, max(case.k, 1)))
         dt = getattr(torch, case.dtype)
         t = torch.from_numpy(r)
-        if dt.is_complex:
-            t = t.to(dt)
-        elif dt == torch.bool:
-            t = t != 0
-        else:
-            t = t.to(dt)
-        return t.to(self.device)
+        return ((t != 0) if dt == torch.bool else t.to(dt)).to(self.device)
 
     def kwargs(self, case: Case) -> dict:
         """The gdpo-shape keyword arguments of a case (process_group added by the caller)."""
@@ -662,18 +637,14 @@ class Subject:
         return self.stage("whiten")(t, **kw)
 
     def outcome(self, fn, *args, **kwargs) -> Outcome:
-        """What one call did; also kept as :attr:`last` (a grading attributes a failure to a
-        cause from the outcome the judge saw)."""
-        t0 = time.perf_counter()
+        """What one call did."""
         try:
             out = fn(*args, **kwargs)
         except Exception as e:  # noqa: BLE001 - every exception is graded, not only GDPOError
-            self.last = Outcome.from_exception(e, time.perf_counter() - t0)
-            return self.last
+            return Outcome.from_exception(e)
         if self.device != "cpu" and torch.cuda.is_available():
             torch.cuda.synchronize()
-        self.last = Outcome.from_output(out, time.perf_counter() - t0)
-        return self.last
+        return Outcome.from_output(out)
 
 
 def verl_per_sample(out: torch.Tensor, lengths: np.ndarray) -> torch.Tensor:

@@ -51,6 +51,7 @@ the text of the failure:
 from __future__ import annotations
 
 import enum
+import math
 
 
 class Category(enum.StrEnum):
@@ -100,6 +101,16 @@ ARITHMETIC = (Category.PRECISION, Category.NON_FINITE, Category.SILENT_ZERO, Cat
 #: an output off by more than rounding there is another formula or a defect of arithmetic
 #: (the judge's formula diagnosis, the findings' regimes).
 ORDINARY = 1e4
+
+
+def ordinary(case, unscored_ok: bool = False) -> bool:
+    """Every reward and weight of ``case`` (one process's call with rows) finite and within
+    :data:`ORDINARY`; ``unscored_ok``: a NaN reward of a ``missing="unscored"`` case too."""
+    if not getattr(case, "rewards", ()):
+        return False
+    values = [v for row in case.rewards for v in row] + list(case.weights or ())
+    return all((unscored_ok and math.isnan(v) and bool(case.missing)) or (math.isfinite(v) and abs(v) <= ORDINARY)
+               for v in values)
 
 
 def label(category: str | None) -> str:

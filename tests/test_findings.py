@@ -87,7 +87,7 @@ def _failure(case, category="silent_zero", limit=math.inf, check=None):
             e.category = category
             raise e
 
-    return F.Failure("plain", case, exc, None, check or fails_beyond)
+    return F.Failure("plain", case, exc, check or fails_beyond)
 
 
 def test_the_regime_of_a_case():

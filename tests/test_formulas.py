@@ -218,7 +218,7 @@ def test_a_case_that_cannot_separate_says_so():
     out = run(impls.rloo_no_eps6, equal)
     d = D.diagnose(equal, out)
     loo = Variant(baseline="leave_one_out", whiten_eps=0.0)
-    assert d.matched and d.ambiguous and loo in d.matches and d.variant != loo
+    assert d.matched and d.alternatives and loo in d.matches and d.variant != loo
     assert "cannot separate" in D.describe(d)
     ragged = make_case(6, 2, "float64")
     both = D.diagnose_many([(equal, out), (ragged, run(impls.rloo_no_eps6, ragged))])
