@@ -547,30 +547,36 @@ def _check_group_size(gs) -> int:
     raise Problem(P.P_GROUP_SIZE_TYPE, P.K_OTHER, detail=_of_type(gs))
 
 
+def _host_list(x, type_code: int, layout_code: int, arg: int, text=(str, bytes), integers: bool = False) -> list:
+    """A 1-D sequence or tensor argument (weights, segment sizes) as a host list, or the refusal
+    of what it is instead (the codes of ``type_code``'s words: ``_problems._sequence_words``;
+    ``text``: the types refused as a string; ``integers``: a float tensor is refused too)."""
+    if isinstance(x, (collections.abc.Mapping, *text, collections.abc.Set)):
+        # iterating these would give keys, characters or an arbitrary order: never a sequence of numbers
+        raise Problem(type_code, 1 if isinstance(x, collections.abc.Mapping)
+                      else 3 if isinstance(x, collections.abc.Set) else 2, detail=_of_type(x))
+    if isinstance(x, torch.Tensor):
+        if P.layout_code(x):
+            raise Problem(layout_code, P.layout_code(x))
+        _check_device(x, arg)
+        if x.dim() != 1:
+            raise Problem(type_code, 5, x.dim())
+        if x.is_complex() or x.dtype == torch.bool or (integers and x.is_floating_point()):
+            raise Problem(type_code, 4, P.dtype_code(x.dtype))
+        # One read of a 1-D tensor: a host sync if it lives on a GPU (pass a list to avoid it).
+        return x.detach().cpu().tolist()
+    try:
+        return list(x)
+    except TypeError:
+        raise Problem(type_code, 8, detail=_of_type(x)) from None
+
+
 def check_weights(weights, k: int) -> list[float]:
     if weights is None:
         return [1.0] * k
-    if isinstance(weights, (collections.abc.Mapping, str, bytes, collections.abc.Set)):
-        # iterating these would give keys, characters or an arbitrary order: never weights
-        raise Problem(P.P_WEIGHTS_TYPE, 1 if isinstance(weights, collections.abc.Mapping)
-                      else 3 if isinstance(weights, collections.abc.Set) else 2, detail=_of_type(weights))
     if _np_kind(weights) in ("b", "c"):  # NumPy bools or complex numbers
         raise Problem(P.P_WEIGHTS_TYPE, 6 if _np_kind(weights) == "b" else 7)
-    if isinstance(weights, torch.Tensor):
-        if P.layout_code(weights):
-            raise Problem(P.P_WEIGHTS_LAYOUT, P.layout_code(weights))
-        _check_device(weights, P.ARG_WEIGHTS)
-        if weights.dim() != 1:
-            raise Problem(P.P_WEIGHTS_TYPE, 5, weights.dim())
-        if weights.is_complex() or weights.dtype == torch.bool:
-            raise Problem(P.P_WEIGHTS_TYPE, 4, P.dtype_code(weights.dtype))
-        # One read of a (K,) tensor: a host sync if it lives on a GPU (pass a list to avoid it).
-        items = weights.detach().cpu().tolist()
-    else:
-        try:
-            items = list(weights)
-        except TypeError:
-            raise Problem(P.P_WEIGHTS_TYPE, 8, detail=_of_type(weights)) from None
+    items = _host_list(weights, P.P_WEIGHTS_TYPE, P.P_WEIGHTS_LAYOUT, P.ARG_WEIGHTS)
     if len(items) != k:
         raise Problem(P.P_WEIGHTS_LENGTH, len(items), k)
     out = []
@@ -631,26 +637,9 @@ def check_segments(segment_sizes, n: int) -> tuple[list[int], bool]:
     """This rank's unit sizes as host ints; None is one unit of all local rows."""
     if segment_sizes is None:
         return [n], False
-    if isinstance(segment_sizes, torch.Tensor):
-        if P.layout_code(segment_sizes):
-            raise Problem(P.P_SEGMENTS_LAYOUT, P.layout_code(segment_sizes))
-        _check_device(segment_sizes, P.ARG_SEGMENTS)
-        if segment_sizes.dim() != 1:
-            raise Problem(P.P_SEGMENTS_TYPE, 5, segment_sizes.dim())
-        if segment_sizes.is_floating_point() or segment_sizes.is_complex() or segment_sizes.dtype == torch.bool:
-            raise Problem(P.P_SEGMENTS_TYPE, 4, P.dtype_code(segment_sizes.dtype))
-        # A (S,) read: a host sync if the tensor lives on a GPU (pass a list to avoid it).
-        sizes = segment_sizes.detach().cpu().tolist()
-    else:
-        if isinstance(segment_sizes, (collections.abc.Mapping, str, bytes, bytearray, collections.abc.Set)):
-            # iterating these would give keys, characters or an arbitrary order: never sizes
-            raise Problem(P.P_SEGMENTS_TYPE, 1 if isinstance(segment_sizes, collections.abc.Mapping)
-                          else 3 if isinstance(segment_sizes, collections.abc.Set) else 2,
-                          detail=_of_type(segment_sizes))
-        try:
-            sizes = list(segment_sizes)
-        except TypeError:
-            raise Problem(P.P_SEGMENTS_TYPE, 8, detail=_of_type(segment_sizes)) from None
+    sizes = _host_list(segment_sizes, P.P_SEGMENTS_TYPE, P.P_SEGMENTS_LAYOUT, P.ARG_SEGMENTS,
+                       text=(str, bytes, bytearray), integers=True)
+    if not isinstance(segment_sizes, torch.Tensor):
         for j, s in enumerate(sizes):
             if not _is_int(s):
                 raise _item_problem(P.P_SEGMENTS_ITEM, j, s)
