@@ -414,7 +414,7 @@ def rewards_host(inp: Rewards) -> dict[int, int]:
             P.MISSING: P.MISSING_CODES[inp.missing]}
 
 
-def check_rewards(rewards, group_ids, group_size, weights, *, allow_empty_rows: bool) -> Rewards:
+def check_rewards(rewards, group_ids, group_size, weights, *, allow_empty_rows: bool, missing: str = "refuse") -> Rewards:
     r = as_float_tensor(rewards, P.P_REWARDS_TYPE, P.P_REWARDS_DTYPE)
     if r.dim() == 1:
         r = r[:, None]  # (N,) is one reward column, K = 1
@@ -470,7 +470,7 @@ def check_rewards(rewards, group_ids, group_size, weights, *, allow_empty_rows: 
         labels = to_device(ids.view(torch.int64) if unsigned else ids.to(torch.int64), r.device)
 
     return Rewards(r, P.DTYPE_CODES[r.dtype], group_size, labels, check_weights(weights, k),
-                   labels_uint64=unsigned)
+                   labels_uint64=unsigned, missing=missing)
 
 
 def _holds_a_bool(items) -> bool:
@@ -718,8 +718,7 @@ def check_gdpo(rewards, group_ids, group_size, weights, segment_sizes, eps, out_
         out_dtype = check_out_dtype(out_dtype)
         missing = check_missing(missing)
         mode = check_certified(certified)
-        inp = check_rewards(rewards, group_ids, group_size, weights, allow_empty_rows=False)
-        inp.missing = missing
+        inp = check_rewards(rewards, group_ids, group_size, weights, allow_empty_rows=False, missing=missing)
         sizes, _ = check_segments(segment_sizes, inp.n)
         _units_of_one(sizes)
     except Problem as p:
@@ -736,8 +735,7 @@ def check_normalize(rewards, group_ids, group_size, weights, eps, missing="refus
         check_diagnostics(diagnostics)
         eps = check_eps(eps)
         missing = check_missing(missing)
-        inp = check_rewards(rewards, group_ids, group_size, weights, allow_empty_rows=False)
-        inp.missing = missing
+        inp = check_rewards(rewards, group_ids, group_size, weights, allow_empty_rows=False, missing=missing)
     except Problem as p:
         raise p.error() from None
     return Call(eps, inp=inp, host=rewards_host(inp))
