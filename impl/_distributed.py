@@ -133,8 +133,7 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
         host[P.CERTIFIED] = P.CERTIFIED_CODES[mode]
         if api == P.API_GDPO:
             missing = check_missing(missing)
-            inp = check_rewards(rewards, group_ids, group_size, weights, allow_empty_rows=True)
-            inp.missing = missing
+            inp = check_rewards(rewards, group_ids, group_size, weights, allow_empty_rows=True, missing=missing)
             n, dtype = inp.n, inp.rewards.dtype
             host.update(rewards_host(inp))
             host[P.WEIGHTS_FP] = P.weights_fingerprint(inp.weights, COLUMN_NAMES.get())
@@ -230,13 +229,10 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
     dd_rows = None
     if buf.dd is not None and failure is None:  # the certificate's statistics (impl._certify)
         try:
-            if api == P.API_GDPO:
-                dd_rows = _dd.rows(inp, eps)
-            else:
-                dd_rows = _dd.values(v, eps)
-            whole_dd = plan.whole if api == P.API_GDPO else None
+            gdpo = api == P.API_GDPO
+            dd_rows = _dd.rows(inp, eps) if gdpo else _dd.values(v, eps)
             buf.dd[rank] = (_dd.unsafe_table(sizes, data_device) if dd_rows is None else
-                            _dd.table(*dd_rows, sizes, whole_dd)).to(comm)
+                            _dd.table(*dd_rows, sizes, plan.whole if gdpo else None)).to(comm)
         except Exception as exc:  # noqa: BLE001 - reported to the peers, raised here
             failure = exc
             buf.bits[rank, units, 0] = 1
@@ -267,14 +263,9 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
             buf.late[rank, _FAILED] = 1
         _late_checks(name, group, world, rank, agreed, buf.late, out_dtype, failure, words_buf)
     counts = _certify.Counts()
-    if buf.dd is not None and a.dtype == _F64:
-        merged = _dd.merged(buf.dd.to(data_device), eps)
-        if dd_rows is None:  # this rank's inputs left the dd path's range: its plain result, uncertified
-            counts["uncertified"] += a.shape[0]
-            out = _pipeline.output(a, out_dtype, checked=True)  # the range: collective 3, where it can fail
-        else:
-            out = _dd.finish(merged, *dd_rows, sizes, eps, out_dtype, counts, a)
-    else:
+    if buf.dd is not None and a.dtype == _F64 and dd_rows is not None:
+        out = _dd.finish(_dd.merged(buf.dd.to(data_device), eps), *dd_rows, sizes, eps, out_dtype, counts, a)
+    else:  # uncertified (or this rank's inputs left the dd path's range): its plain result
         out = _pipeline.output(a, out_dtype, checked=True)  # the range: collective 3, where it can fail
         counts["uncertified"] += a.shape[0]
     if api == P.API_GDPO:

@@ -360,35 +360,26 @@ def table(ch, cl, E, sizes: list[int], whole) -> torch.Tensor:
     """(S, DDC) float64: this rank's part of every unit (see :data:`DDC`)."""
     device = ch.device
     S = len(sizes)
-    out = torch.zeros(S, DDC, dtype=_F64, device=device)
-    out[:, 8] = math.inf
-    out[:, 9] = -math.inf
+    empty = unsafe_table(sizes, device, unsafe=False)
     if ch.shape[0] == 0:
-        return out
+        return empty
     unit = _unit_index(sizes, device)
     wt = whole_tensor(whole, S, device)
     segs = Segments(unit, S)
-    firsts = ch.index_select(0, segs.first)
-    shift = torch.where(wt, 0.0, firsts)
-    sh = shift.index_select(0, unit)
-    d = add_f((ch, cl), -sh)
+    shift = torch.where(wt, 0.0, ch.index_select(0, segs.first))
+    d = add_f((ch, cl), -shift.index_select(0, unit))
     Dh = segs.gather(torch.stack([d[0], d[1]], 1))
     m = segs.mask[:, :, None]
-    Dh0 = torch.where(m, Dh[:, :, :1], 0.0)
-    Dl0 = torch.where(m, Dh[:, :, 1:], 0.0)
-    s1 = tree_sum((Dh0, Dl0))
-    q = tree_sum(mul((Dh0, Dl0), (Dh0, Dl0)))
+    D = (torch.where(m, Dh[:, :, :1], 0.0), torch.where(m, Dh[:, :, 1:], 0.0))
+    s1, q = tree_sum(D), tree_sum(mul(D, D))
     T = torch.bincount(unit, minlength=S).to(_F64)
-    out[:, 0] = T
-    out[:, 1] = shift
-    out[:, 2], out[:, 3] = s1[0].view(S), s1[1].view(S)
-    out[:, 4], out[:, 5] = q[0].view(S), q[1].view(S)
-    out[:, 6] = torch.zeros(S, dtype=_F64, device=device).scatter_reduce_(0, unit, E, "amax", include_self=True)
-    out[:, 7] = (~wt).to(_F64)
-    out[:, 8] = torch.full((S,), math.inf, dtype=_F64, device=device).scatter_reduce_(0, unit, ch, "amin")
-    out[:, 9] = torch.full((S,), -math.inf, dtype=_F64, device=device).scatter_reduce_(0, unit, ch, "amax")
-    return torch.where((T > 0)[:, None], out, torch.tensor([0, 0, 0, 0, 0, 0, 0, 0, math.inf, -math.inf],
-                                                          dtype=_F64, device=device))
+
+    def per_unit(x, init, how):
+        return torch.full((S,), init, dtype=_F64, device=device).scatter_reduce_(0, unit, x, how)
+
+    out = torch.stack([T, shift, s1[0].view(S), s1[1].view(S), q[0].view(S), q[1].view(S), per_unit(E, 0.0, "amax"),
+                       (~wt).to(_F64), per_unit(ch, math.inf, "amin"), per_unit(ch, -math.inf, "amax")], 1)
+    return torch.where((T > 0)[:, None], out, empty)
 
 
 def merged(tables: torch.Tensor, eps: float):
@@ -465,12 +456,9 @@ def finish(merged, ch, cl, E, sizes: list[int], eps: float, out_dtype, counts: d
     return y
 
 
-def unsafe_table(sizes: list[int], device) -> torch.Tensor:
+def unsafe_table(sizes: list[int], device, unsafe: bool = True) -> torch.Tensor:
     """A rank whose inputs leave the dd path's safe range: its parts carry E = inf, so no
-    sample of those units is certified on any rank (each rounds its plain result)."""
-    out = torch.zeros(len(sizes), DDC, dtype=_F64, device=device)
-    out[:, 6] = math.inf
-    out[:, 7] = 1.0
-    out[:, 8] = math.inf
-    out[:, 9] = -math.inf
-    return out
+    sample of those units is certified on any rank (each rounds its plain result). Not
+    ``unsafe``: the parts of a rank holding no row of its units."""
+    row = (0.0,) * 6 + ((math.inf, 1.0) if unsafe else (0.0, 0.0)) + (math.inf, -math.inf)
+    return torch.tensor(row, dtype=_F64, device=device).repeat(len(sizes), 1)
