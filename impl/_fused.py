@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-import math
 import os
 import warnings
 
@@ -347,17 +346,11 @@ class Local:
     @_own_failures
     def table(self, device) -> torch.Tensor:
         """(S, 7) float64: count, e, shift, mean_d, M2, min, max (empty units as in ``_whiten``)."""
-        K = kernels()
-        st, sizes = self.st, self.units.sizes
-        e = seg_ops.scale_exponent(st[:, K.ST_F].contiguous()).to(_F64)
-        count = seg_ops.constant(tuple(float(x) for x in sizes), _F64, st.device)
-        table = torch.stack([count, e, st[:, K.ST_SHIFT], st[:, K.ST_MEAN], st[:, K.ST_M2],
-                             st[:, K.ST_LO], st[:, K.ST_HI]], 1)
-        if 0 in sizes:
-            empty = seg_ops.constant((0.0, 0.0, 0.0, 0.0, 0.0, math.inf, -math.inf), _F64, st.device)
-            has = seg_ops.constant(tuple(x > 0 for x in sizes), torch.bool, st.device)
-            table = torch.where(has[:, None], table, empty)
-        return table.to(device)
+        from impl._whiten import stats_table
+
+        K, st = kernels(), self.st
+        columns = (st[:, c] for c in (K.ST_SHIFT, K.ST_MEAN, K.ST_M2, K.ST_LO, K.ST_HI))
+        return stats_table(self.units.sizes, st[:, K.ST_F].contiguous(), *columns, st.device).to(device)
 
     def apply(self, f: torch.Tensor, shift: torch.Tensor, mean: torch.Tensor, den: torch.Tensor,
               direct) -> torch.Tensor:
