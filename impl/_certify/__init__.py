@@ -109,9 +109,12 @@ def stage(plan, call, dev, y: torch.Tensor) -> tuple[torch.Tensor, Counts]:
     certifies) and the plain backend's Eq. 6 statistics (recomputed from c where a CUDA graph or
     the fused backend kept none: the same bits)."""
     c, inp = dev.c.to(torch.float64), call.inp
-    if dev.loc is not None and not plan.eq6b.fused:  # the plain backend's statistics
-        table = dev.loc.table(c.device)
-    else:  # the fused backend, a CUDA graph's replay: the plain statistics again, the same bits
+    tp = getattr(dev.loc, "tp", None)  # the plain backend's statistics, in a view or padded layout
+    if tp is not None and not plan.eq6b.fused:  # as impl._whiten.Local.table lays them out
+        table = torch.cat([torch.tensor(plan.sizes, dtype=torch.float64, device=c.device)[:, None],
+                           (1023 - (tp.f.view(torch.int64) >> 52)).to(torch.float64), tp.shift, tp.mean, tp.m2,
+                           tp.lo.to(torch.float64), tp.hi.to(torch.float64)], 1)
+    else:  # buckets, the fused backend, a CUDA graph's replay: the plain statistics again, the same bits
         from impl import _whiten  # (a stage this one reads; it never reads the certificate)
         table = _whiten.local_stats(c, plan.sizes, plan.eps, whole=plan.whole).table(c.device)
     whole = plan.whole.cpu().numpy() if isinstance(plan.whole, torch.Tensor) else \

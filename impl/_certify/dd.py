@@ -160,10 +160,8 @@ def tree_sum(x, dim: int = 1):
             z = torch.zeros(pad, dtype=h.dtype, device=h.device)
             h, l = torch.cat([h, z], dim), torch.cat([l, z], dim)
             m += 1
-        a = (h.narrow(dim, 0, m // 2 * 2).unflatten(dim, (m // 2, 2)).select(dim + 1, 0),
-             l.narrow(dim, 0, m // 2 * 2).unflatten(dim, (m // 2, 2)).select(dim + 1, 0))
-        b = (h.unflatten(dim, (m // 2, 2)).select(dim + 1, 1), l.unflatten(dim, (m // 2, 2)).select(dim + 1, 1))
-        h, l = add(a, b)
+        pairs = [x.unflatten(dim, (m // 2, 2)) for x in (h, l)]  # adjacent pairs
+        h, l = add(tuple(p.select(dim + 1, 0) for p in pairs), tuple(p.select(dim + 1, 1) for p in pairs))
     return h, l
 
 
@@ -294,15 +292,6 @@ def round_test(h: torch.Tensor, l: torch.Tensor, Bd: torch.Tensor, out_dtype):
 # --- Eq. 6 in dd: each rank's statistics (:func:`table`), merged (:func:`merged`), applied (:func:`eq6`) --
 
 
-def whole_tensor(whole, S: int, device) -> torch.Tensor:
-    """``whole`` (a host tuple, an (S,) bool tensor or None: no unit) as an (S,) bool tensor."""
-    if whole is None:
-        return torch.zeros(S, dtype=torch.bool, device=device)
-    if isinstance(whole, torch.Tensor):
-        return whole.to(device=device, dtype=torch.bool).reshape(S)
-    return torch.tensor([bool(w) for w in whole], dtype=torch.bool, device=device).reshape(S)
-
-
 def _unit_index(sizes: list[int], device) -> torch.Tensor:
     return torch.repeat_interleave(torch.arange(len(sizes), dtype=_I64, device=device),
                                    torch.tensor(sizes, dtype=_I64, device=device))
@@ -364,7 +353,8 @@ def table(ch, cl, E, sizes: list[int], whole) -> torch.Tensor:
     if ch.shape[0] == 0:
         return empty
     unit = _unit_index(sizes, device)
-    wt = whole_tensor(whole, S, device)
+    wt = torch.zeros(S, dtype=torch.bool, device=device) if whole is None else \
+        torch.as_tensor(whole, dtype=torch.bool, device=device).reshape(S)  # a host tuple or an (S,) tensor
     segs = Segments(unit, S)
     shift = torch.where(wt, 0.0, ch.index_select(0, segs.first))
     d = add_f((ch, cl), -shift.index_select(0, unit))
