@@ -195,7 +195,7 @@ class GroupLayout:
         if self.kind == "contiguous":
             yield self.gather_contiguous(r), None
             return
-        rt = _columns(r)
+        rt = torch.empty(k, n, dtype=_F64, device=r.device).copy_(r.t())  # one transposing copy, gathered from
         for part in self.parts:
             pad = part.source < 0
             rows = torch.where(pad, -1 - part.source, part.source)
@@ -348,11 +348,6 @@ def whole_units(inp: Rewards, sizes: list[int], lab: Labelled) -> torch.Tensor:
     cut = ((lab.gid[1:] == lab.gid[:-1]) & (unit[1:] != unit[:-1])).to(_I64)  # a group crosses a boundary here
     bad.scatter_reduce_(0, unit[1:], cut, "amax").scatter_reduce_(0, unit[:-1], cut, "amax")
     return bad == 0
-
-
-def _columns(r: torch.Tensor) -> torch.Tensor:
-    """The rewards as float64 columns (K, N): one transposing copy, gathered from after."""
-    return torch.empty(r.shape[1], r.shape[0], dtype=_F64, device=r.device).copy_(r.t())
 
 
 # --- Eq. 4 ------------------------------------------------------------------------------------

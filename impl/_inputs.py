@@ -414,7 +414,8 @@ def rewards_host(inp: Rewards) -> dict[int, int]:
             P.MISSING: P.MISSING_CODES[inp.missing]}
 
 
-def check_rewards(rewards, group_ids, group_size, weights, *, allow_empty_rows: bool, missing: str = "refuse") -> Rewards:
+def check_rewards(rewards, group_ids, group_size, weights, *, allow_empty_rows: bool,
+                  missing: str = "refuse") -> Rewards:
     r = as_float_tensor(rewards, P.P_REWARDS_TYPE, P.P_REWARDS_DTYPE)
     if r.dim() == 1:
         r = r[:, None]  # (N,) is one reward column, K = 1

@@ -169,9 +169,7 @@ class _Labels:
         self.uint64 = isinstance(ids, torch.Tensor) and ids.dtype == getattr(torch, "uint64", None)
 
     def of_sample(self, i: int):
-        if self.items is not None:
-            return self.items[i]
-        return self.ids[i].item()
+        return self.items[i] if self.items is not None else self.ids[i].item()
 
     def name(self, internal: int) -> str:
         """The caller's label of a group label impl.gdpo printed."""
