@@ -708,20 +708,21 @@ class Call:
 
 
 def check_gdpo(rewards, group_ids, group_size, weights, segment_sizes, eps, out_dtype, missing="refuse",
-               diagnostics=None, certified=None) -> Call:
+               diagnostics=None, certified=None, *, eq6: bool = True) -> Call:
     """A local gdpo_advantages call's checks, in this order: the process state, diagnostics, eps,
     out_dtype, missing, certified, the rewards (their groups, then the weights), the segment
-    sizes, units of one row. Raises the first refusal."""
+    sizes, units of one row (without ``eq6``: no out_dtype, certified or sizes). Raises the
+    first refusal."""
     try:
         check_process_state()
         check_diagnostics(diagnostics)
         eps = check_eps(eps)
-        out_dtype = check_out_dtype(out_dtype)
+        out_dtype = check_out_dtype(out_dtype) if eq6 else None
         missing = check_missing(missing)
-        mode = check_certified(certified)
+        mode = check_certified(certified) if eq6 else "off"
         inp = check_rewards(rewards, group_ids, group_size, weights, allow_empty_rows=False, missing=missing)
-        sizes, _ = check_segments(segment_sizes, inp.n)
-        _units_of_one(sizes)
+        sizes = check_segments(segment_sizes, inp.n)[0] if eq6 else None
+        _units_of_one(sizes or [])
     except Problem as p:
         raise p.error() from None
     return Call(eps, inp=inp, sizes=sizes, out_dtype=out_dtype, host=rewards_host(inp), mode=mode)
@@ -729,17 +730,8 @@ def check_gdpo(rewards, group_ids, group_size, weights, segment_sizes, eps, out_
 
 def check_normalize(rewards, group_ids, group_size, weights, eps, missing="refuse", diagnostics=None) -> Call:
     """The checks of a local Eq. 4/7 call (normalize_rewards, standardize_groups with weights
-    None, group_has_signal), in this order: the process state, diagnostics, eps, missing, the
-    rewards (their groups, then the weights). Raises the first refusal."""
-    try:
-        check_process_state()
-        check_diagnostics(diagnostics)
-        eps = check_eps(eps)
-        missing = check_missing(missing)
-        inp = check_rewards(rewards, group_ids, group_size, weights, allow_empty_rows=False, missing=missing)
-    except Problem as p:
-        raise p.error() from None
-    return Call(eps, inp=inp, host=rewards_host(inp))
+    None, group_has_signal): :func:`check_gdpo`'s but out_dtype, certified and the sizes."""
+    return check_gdpo(rewards, group_ids, group_size, weights, None, eps, None, missing, diagnostics, eq6=False)
 
 
 def check_whiten(values, segment_sizes, eps, out_dtype, certified=None) -> Call:
