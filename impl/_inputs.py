@@ -184,14 +184,10 @@ def _eps_kind(eps) -> int:
     if eps is None:
         return 1
     if isinstance(eps, torch.Tensor):
-        if eps.dim() != 0:
-            return 5
-        return 2 if eps.dtype == torch.bool else 4 if eps.is_complex() else 0
-    kind = getattr(getattr(eps, "dtype", None), "kind", None)  # NumPy scalars and arrays
+        return 5 if eps.dim() else 2 if eps.dtype == torch.bool else 4 if eps.is_complex() else 0
+    kind = _np_kind(eps)  # NumPy scalars and arrays
     if kind is not None:
-        if getattr(eps, "ndim", 0) != 0:
-            return 5
-        return {"b": 2, "c": 4}.get(kind, 0 if kind in "iuf" else 6)
+        return 5 if getattr(eps, "ndim", 0) != 0 else {"b": 2, "c": 4}.get(kind, 0 if kind in "iuf" else 6)
     if isinstance(eps, bool):
         return 2
     if isinstance(eps, (str, bytes)):
