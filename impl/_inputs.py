@@ -331,7 +331,7 @@ def as_float_tensor(x, type_code: int, dtype_code_: int) -> torch.Tensor:
     except (OverflowError, TypeError, ValueError, RuntimeError) as exc:
         if python and _is_row(x_in) and not isinstance(exc, TypeError):  # e.g. an int beyond int64
             # (2**70 is a float64): value by value
-            return _checked(_python_values(x_in, type_code), type_code)
+            return _checked(_python_values(x_in, type_code), type_code, dtype_code_)
         raise unreadable(x, type_code, overflow=isinstance(exc, OverflowError)) from None
     if python and (not x.is_floating_point() and not x.is_complex()
                    or x.is_floating_point() and x.numel() and bool(x.abs().amax() >= _EXACT_INT)):
@@ -366,9 +366,7 @@ def _python_values(x, type_code: int) -> torch.Tensor:
         raise unreadable(x, type_code, overflow=False) from None
 
 
-def _checked(x: torch.Tensor, type_code: int, dtype_code_: int | None = None) -> torch.Tensor:
-    if dtype_code_ is None:
-        dtype_code_ = P.P_REWARDS_DTYPE if type_code == P.P_REWARDS_TYPE else P.P_VALUES_DTYPE
+def _checked(x: torch.Tensor, type_code: int, dtype_code_: int) -> torch.Tensor:
     if x.layout != torch.strided or x.is_nested:  # sparse, nested, mkldnn: torch's own error would come
         raise Problem(_LAYOUT_PROBLEM[type_code], P.layout_code(x))  # from deep inside
     if x.dtype not in P.INPUT_DTYPES:  # float8 too: most CPU kernels (add, min) do not exist for it
