@@ -21,6 +21,7 @@ Findings are raw int64 scalars for the facts row (``_problems``), never raised h
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 
 import torch
@@ -326,18 +327,12 @@ def whole_units(inp: Rewards, sizes: list[int], lab: Labelled) -> torch.Tensor:
     bad = torch.zeros(units, dtype=_I64, device=device)
     if lab._layout is None:  # phase one found every group one run of rows, unsorted
         # a run crosses a unit boundary iff the rows on both sides carry one label: S - 1 reads
-        left, right, at, last, start = [], [], [], None, 0
-        for j, s in enumerate(sizes):
-            if s and last is not None:
-                left.append(last)
-                right.append(j)
-                at.append(start)
-            if s:
-                last = j
-            start += s
-        if not at:
+        nonempty = [j for j, s in enumerate(sizes) if s]
+        left, right = nonempty[:-1], nonempty[1:]  # the units on both sides of each boundary
+        if not right:
             return bad == 0
-        rows = constant(tuple(at), _I64, device)
+        starts = list(itertools.accumulate(sizes, initial=0))
+        rows = constant(tuple(starts[j] for j in right), _I64, device)
         cut = (labels.index_select(0, rows) == labels.index_select(0, rows - 1)).to(_I64)
         for side in (left, right):
             bad.scatter_reduce_(0, constant(tuple(side), _I64, device), cut, "amax")
