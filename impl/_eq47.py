@@ -290,9 +290,7 @@ def _bucketed(lab: Labelled, n: int, groups: int, first_row: torch.Tensor) -> Gr
     bucket = torch.frexp((length - 1).to(_F64)).exponent.to(_I64)  # ceil(log2(length)) for length >= 2
     per_bucket = torch.bincount(bucket, minlength=64).tolist()  # one more host read, ragged batches only
     order = torch.argsort(bucket, stable=True)  # groups by bucket, label order inside
-    offsets = [0]
-    for cnt in per_bucket:
-        offsets.append(offsets[-1] + cnt)
+    offsets = list(itertools.accumulate(per_bucket, initial=0))
     rank = torch.empty_like(order).index_copy_(0, order, torch.arange(groups, dtype=_I64, device=device))
     rank = rank - seg_ops.host_to_device(offsets[:64], _I64, device)[bucket]  # rank inside the bucket
     row_bucket, row_rank = bucket[lab.gid], rank[lab.gid]
