@@ -430,12 +430,8 @@ def _own_words(exc, group, words_buf: torch.Tensor, rank: int, text: str | None 
         rows = words_buf.cpu()
     except Exception:  # noqa: BLE001 - the refusal stands without the words
         return {}
-    words = {}
-    for r in range(rows.shape[0]):
-        said = bytes(rows[r].view(torch.uint8).tolist()).rstrip(b"\0").decode("utf-8", "replace")
-        if said:
-            words[r] = said
-    return words
+    said = [bytes(row.view(torch.uint8).tolist()).rstrip(b"\0").decode("utf-8", "replace") for row in rows]
+    return {r: words for r, words in enumerate(said) if words}
 
 
 def _refuse_lonely(first: int, counts: list[list[int]], agreed, group) -> None:
