@@ -24,6 +24,7 @@ the count of unjoined calls each agreement row carries (``P.UNJOINED``).
 from __future__ import annotations
 
 import contextvars
+import itertools
 
 import torch
 import torch.distributed as dist
@@ -58,14 +59,15 @@ _I64 = torch.int64
 # --- this rank's stages ------------------------------------------------------------------------
 
 
-def _through_stats(plan, n: int, device):
-    """Eq. 4, Eq. 7 and this rank's Eq. 6 statistics on the plan's backends (:func:`through_stats`):
-    (plan, loc, facts, the statistics' table on ``device``, computed here so that a fused
-    failure reruns them on the plain plan)."""
-    if n:
-        dev = _pipeline.through_stats(plan, plan.inp.rewards, {})
+def _through_stats(plan, device, x: torch.Tensor | None = None):
+    """Eq. 4, Eq. 7 and this rank's Eq. 6 statistics of the rewards (whiten: the values ``x``) on
+    the plan's backends (:func:`through_stats`): (plan, loc, facts, the statistics' table on
+    ``device``, computed here so that a fused failure reruns them on the plain plan)."""
+    x = plan.inp.rewards if x is None else x
+    if x.shape[0]:
+        dev = _pipeline.through_stats(plan, x, {})
     else:  # no rows here: no groups, empty statistics
-        c = plan.inp.rewards.new_empty(0, dtype=_F64)
+        c = x.new_empty(0, dtype=_F64)
         dev = _pipeline.Device({}, c=c, loc=plan.eq6b.eq6_stats(plan, c, {}))
     return plan, dev.loc, dev.facts, dev.loc.table(device)
 
@@ -133,8 +135,7 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
         host[P.CERTIFIED] = P.CERTIFIED_CODES[mode]
         if api == P.API_GDPO:
             missing = check_missing(missing)
-            inp = check_rewards(rewards, group_ids, group_size, weights, allow_empty_rows=True)
-            inp.missing = missing
+            inp = check_rewards(rewards, group_ids, group_size, weights, allow_empty_rows=True, missing=missing)
             n, dtype = inp.n, inp.rewards.dtype
             host.update(rewards_host(inp))
             host[P.WEIGHTS_FP] = P.weights_fingerprint(inp.weights, COLUMN_NAMES.get())
@@ -153,18 +154,15 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
             if plan.prep is not None:
                 device_facts.update(plan.prep.facts)
             else:  # contiguous groups: all local work before the agreement
-                plan, loc, facts, mine = _pipeline.guard(plan, lambda p: _through_stats(p, n, data_device))
+                plan, loc, facts, mine = _pipeline.guard(plan, lambda p: _through_stats(p, data_device))
                 device_facts.update(facts)
         else:
             plan = _pipeline.distributed(_pipeline.WHITEN, eps, out_dtype, sizes, mode, values=v)
-            device_facts.update(_pipeline.value_facts(v))
-            if n:
-                ends = host_to_device([sum(sizes[: j + 1]) for j in range(len(sizes))], _I64, data_device)
+            plan, loc, facts, mine = _pipeline.guard(plan, lambda p: _through_stats(p, data_device, v))
+            device_facts.update(facts)
+            if n:  # the unit of the first non-finite value
+                ends = host_to_device(list(itertools.accumulate(sizes)), _I64, data_device)
                 device_facts[P.NF_VALUE_UNIT] = torch.searchsorted(ends, device_facts[P.NF_VALUE], right=True)
-            def stats(p):
-                loc = p.eq6b.eq6_stats(p, v, {})
-                return p, loc, loc.table(data_device)  # computed here: a fused failure reruns on the plain plan
-            plan, loc, mine = _pipeline.guard(plan, stats)
         # Collectives 2 and 3's buffer, before the agreement: after it, a failing rank allocates
         # nothing. Contiguous groups and whiten fill their statistics now as well.
         comm = _comm_device(group, data_device)
@@ -213,7 +211,8 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
     # After the agreement every rank still answers: a local failure (only labelled groups
     # compute here) becomes a flag in this rank's part of collective 2, or of collective 3.
     labelled = api == P.API_GDPO and any(r[P.BY_LABEL] for r in agreed)
-    check_overflow = labelled and overflow_possible(inp.weights, _longest(agreed))  # same on every rank
+    longest = max((r[P.N_MAX] if r[P.BY_LABEL] else r[P.GROUP_SIZE]) for r in agreed)
+    check_overflow = labelled and overflow_possible(inp.weights, longest)  # same on every rank
     total = sum(r[P.ROWS] for r in agreed)
     reachable = cast_reachable(out_dtype, total)
     late = reachable or check_overflow  # collective 3 runs: the same decision on every rank
@@ -222,7 +221,7 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
     try:
         plan = _pipeline.agreed(plan, agreed, rank)  # labelled groups: their layout (it needs G and n_max)
         if plan.prep is not None:  # labelled groups compute Eq. 4/7 now
-            plan, loc, overflow_row, mine = _pipeline.guard(plan, lambda p: _through_stats(p, n, data_device))
+            plan, loc, overflow_row, mine = _pipeline.guard(plan, lambda p: _through_stats(p, data_device))
             buf.stats[rank, :units] = mine.to(comm)
     except Exception as exc:  # noqa: BLE001 - reported to the peers, raised here
         failure = exc
@@ -230,13 +229,10 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
     dd_rows = None
     if buf.dd is not None and failure is None:  # the certificate's statistics (impl._certify)
         try:
-            if api == P.API_GDPO:
-                dd_rows = _dd.rows(inp, eps)
-            else:
-                dd_rows = _dd.values(v, eps)
-            whole_dd = plan.whole if api == P.API_GDPO else None
+            gdpo = api == P.API_GDPO
+            dd_rows = _dd.rows(inp, eps) if gdpo else _dd.values(v, eps)
             buf.dd[rank] = (_dd.unsafe_table(sizes, data_device) if dd_rows is None else
-                            _dd.table(*dd_rows, sizes, whole_dd)).to(comm)
+                            _dd.table(*dd_rows, sizes, plan.whole if gdpo else None)).to(comm)
         except Exception as exc:  # noqa: BLE001 - reported to the peers, raised here
             failure = exc
             buf.bits[rank, units, 0] = 1
@@ -267,14 +263,9 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
             buf.late[rank, _FAILED] = 1
         _late_checks(name, group, world, rank, agreed, buf.late, out_dtype, failure, words_buf)
     counts = _certify.Counts()
-    if buf.dd is not None and a.dtype == _F64:
-        merged = _dd.merged(buf.dd.to(data_device), eps)
-        if dd_rows is None:  # this rank's inputs left the dd path's range: its plain result, uncertified
-            counts["uncertified"] += a.shape[0]
-            out = _pipeline.output(a, out_dtype, checked=True)  # the range: collective 3, where it can fail
-        else:
-            out = _dd.finish(merged, *dd_rows, sizes, eps, out_dtype, counts, a)
-    else:
+    if buf.dd is not None and a.dtype == _F64 and dd_rows is not None:
+        out = _dd.finish(_dd.merged(buf.dd.to(data_device), eps), *dd_rows, sizes, eps, out_dtype, counts, a)
+    else:  # uncertified (or this rank's inputs left the dd path's range): its plain result
         out = _pipeline.output(a, out_dtype, checked=True)  # the range: collective 3, where it can fail
         counts["uncertified"] += a.shape[0]
     if api == P.API_GDPO:
@@ -355,10 +346,6 @@ class _Buffers:
 #: collective 3's row: Eq. 7 overflow (3 fields), cast count, failure flag, the first value
 #: that does not survive the cast (its row on this rank, its float64 bits)
 _LATE_COLS, _FAILED = 7, 4
-
-
-def _longest(agreed) -> int:
-    return max((r[P.N_MAX] if r[P.BY_LABEL] else r[P.GROUP_SIZE]) for r in agreed)
 
 
 def _flags_and_counts(buf: _Buffers, units: int) -> tuple[list[int], list[list[int]]]:
@@ -443,12 +430,8 @@ def _own_words(exc, group, words_buf: torch.Tensor, rank: int, text: str | None 
         rows = words_buf.cpu()
     except Exception:  # noqa: BLE001 - the refusal stands without the words
         return {}
-    words = {}
-    for r in range(rows.shape[0]):
-        said = bytes(rows[r].view(torch.uint8).tolist()).rstrip(b"\0").decode("utf-8", "replace")
-        if said:
-            words[r] = said
-    return words
+    said = [bytes(row.view(torch.uint8).tolist()).rstrip(b"\0").decode("utf-8", "replace") for row in rows]
+    return {r: words for r, words in enumerate(said) if words}
 
 
 def _refuse_lonely(first: int, counts: list[list[int]], agreed, group) -> None:

@@ -21,6 +21,7 @@ Findings are raw int64 scalars for the facts row (``_problems``), never raised h
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 
 import torch
@@ -195,7 +196,7 @@ class GroupLayout:
         if self.kind == "contiguous":
             yield self.gather_contiguous(r), None
             return
-        rt = _columns(r)
+        rt = torch.empty(k, n, dtype=_F64, device=r.device).copy_(r.t())  # one transposing copy, gathered from
         for part in self.parts:
             pad = part.source < 0
             rows = torch.where(pad, -1 - part.source, part.source)
@@ -289,9 +290,7 @@ def _bucketed(lab: Labelled, n: int, groups: int, first_row: torch.Tensor) -> Gr
     bucket = torch.frexp((length - 1).to(_F64)).exponent.to(_I64)  # ceil(log2(length)) for length >= 2
     per_bucket = torch.bincount(bucket, minlength=64).tolist()  # one more host read, ragged batches only
     order = torch.argsort(bucket, stable=True)  # groups by bucket, label order inside
-    offsets = [0]
-    for cnt in per_bucket:
-        offsets.append(offsets[-1] + cnt)
+    offsets = list(itertools.accumulate(per_bucket, initial=0))
     rank = torch.empty_like(order).index_copy_(0, order, torch.arange(groups, dtype=_I64, device=device))
     rank = rank - seg_ops.host_to_device(offsets[:64], _I64, device)[bucket]  # rank inside the bucket
     row_bucket, row_rank = bucket[lab.gid], rank[lab.gid]
@@ -326,18 +325,12 @@ def whole_units(inp: Rewards, sizes: list[int], lab: Labelled) -> torch.Tensor:
     bad = torch.zeros(units, dtype=_I64, device=device)
     if lab._layout is None:  # phase one found every group one run of rows, unsorted
         # a run crosses a unit boundary iff the rows on both sides carry one label: S - 1 reads
-        left, right, at, last, start = [], [], [], None, 0
-        for j, s in enumerate(sizes):
-            if s and last is not None:
-                left.append(last)
-                right.append(j)
-                at.append(start)
-            if s:
-                last = j
-            start += s
-        if not at:
+        nonempty = [j for j, s in enumerate(sizes) if s]
+        left, right = nonempty[:-1], nonempty[1:]  # the units on both sides of each boundary
+        if not right:
             return bad == 0
-        rows = constant(tuple(at), _I64, device)
+        starts = list(itertools.accumulate(sizes, initial=0))
+        rows = constant(tuple(starts[j] for j in right), _I64, device)
         cut = (labels.index_select(0, rows) == labels.index_select(0, rows - 1)).to(_I64)
         for side in (left, right):
             bad.scatter_reduce_(0, constant(tuple(side), _I64, device), cut, "amax")
@@ -348,11 +341,6 @@ def whole_units(inp: Rewards, sizes: list[int], lab: Labelled) -> torch.Tensor:
     cut = ((lab.gid[1:] == lab.gid[:-1]) & (unit[1:] != unit[:-1])).to(_I64)  # a group crosses a boundary here
     bad.scatter_reduce_(0, unit[1:], cut, "amax").scatter_reduce_(0, unit[:-1], cut, "amax")
     return bad == 0
-
-
-def _columns(r: torch.Tensor) -> torch.Tensor:
-    """The rewards as float64 columns (K, N): one transposing copy, gathered from after."""
-    return torch.empty(r.shape[1], r.shape[0], dtype=_F64, device=r.device).copy_(r.t())
 
 
 # --- Eq. 4 ------------------------------------------------------------------------------------

@@ -43,7 +43,7 @@ same bits).
 from __future__ import annotations
 
 import functools
-import math
+import itertools
 import os
 import warnings
 
@@ -237,19 +237,6 @@ def _eq47_launch(r, source, groups: int, width: int, weights: list[float], eps: 
     return c, nf, programs
 
 
-def eq47_contiguous(inp, eps: float) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
-    """Eq. 4 and Eq. 7 of contiguous groups: c (N,) float64 in row order, and the
-    facts: ``NF_REWARD``, the first non-finite flat index (0 if
-    none), and ``NF_REWARD_KIND``, the float64 bits of the reward there, 0-d views of
-    the one int64 (2,) tensor the facts kernel writes. No host read."""
-    r = _exact_f64(inp.rewards.contiguous())
-    n, k = r.shape
-    c, nf, programs = _eq47_launch(r, None, n // inp.group_size, inp.group_size, inp.weights, eps)
-    facts = torch.empty(2, dtype=_I64, device=r.device)
-    kernels().facts_kernel[(1,)](nf, programs, r, n * k, facts, CHUNK=1024, **_OPTS)
-    return c, {P.NF_REWARD: facts[0], P.NF_REWARD_KIND: facts[1]}
-
-
 def eq47_padded(r: torch.Tensor, source: torch.Tensor, groups: int, width: int, weights: list[float],
                 eps: float) -> torch.Tensor:
     """Eq. 4 and Eq. 7 of labelled groups from the padded layout's ``source`` (slot ->
@@ -281,10 +268,7 @@ class Units:
                                             torch.int8, device)
         else:
             self.whole_t = whole.to(device=device, dtype=torch.int8)
-        starts = [0]
-        for s in sizes[:-1]:
-            starts.append(starts[-1] + s)
-        self.starts_t = seg_ops.constant(tuple(starts), _I64, device)
+        self.starts_t = seg_ops.constant((0, *itertools.accumulate(sizes[:-1])), _I64, device)
         self.sizes_t = seg_ops.constant(tuple(sizes), _I64, device)
         self.longest = max(sizes)
         self.block = block_size(self.longest)
@@ -362,17 +346,11 @@ class Local:
     @_own_failures
     def table(self, device) -> torch.Tensor:
         """(S, 7) float64: count, e, shift, mean_d, M2, min, max (empty units as in ``_whiten``)."""
-        K = kernels()
-        st, sizes = self.st, self.units.sizes
-        e = seg_ops.scale_exponent(st[:, K.ST_F].contiguous()).to(_F64)
-        count = seg_ops.constant(tuple(float(x) for x in sizes), _F64, st.device)
-        table = torch.stack([count, e, st[:, K.ST_SHIFT], st[:, K.ST_MEAN], st[:, K.ST_M2],
-                             st[:, K.ST_LO], st[:, K.ST_HI]], 1)
-        if 0 in sizes:
-            empty = seg_ops.constant((0.0, 0.0, 0.0, 0.0, 0.0, math.inf, -math.inf), _F64, st.device)
-            has = seg_ops.constant(tuple(x > 0 for x in sizes), torch.bool, st.device)
-            table = torch.where(has[:, None], table, empty)
-        return table.to(device)
+        from impl._whiten import stats_table
+
+        K, st = kernels(), self.st
+        columns = (st[:, c] for c in (K.ST_SHIFT, K.ST_MEAN, K.ST_M2, K.ST_LO, K.ST_HI))
+        return stats_table(self.units.sizes, st[:, K.ST_F].contiguous(), *columns, st.device).to(device)
 
     def apply(self, f: torch.Tensor, shift: torch.Tensor, mean: torch.Tensor, den: torch.Tensor,
               direct) -> torch.Tensor:
@@ -409,8 +387,11 @@ def eq47(plan, r: torch.Tensor, facts):
     inp = plan.inp
     varies = None
     if plan.prep is None:  # contiguous groups: the facts kernel finds the first non-finite reward
-        c, found = eq47_contiguous(inp, plan.eps)
-        facts.update(found)
+        r = _exact_f64(inp.rewards.contiguous())
+        c, nf, programs = _eq47_launch(r, None, inp.n // inp.group_size, inp.group_size, inp.weights, plan.eps)
+        found = torch.empty(2, dtype=_I64, device=r.device)  # its flat index (0 if none), the bits there
+        kernels().facts_kernel[(1,)](nf, programs, r, r.numel(), found, CHUNK=1024, **_OPTS)
+        facts.update({P.NF_REWARD: found[0], P.NF_REWARD_KIND: found[1]})
         if plan.signal:
             g = inp.group_size
             cg = c.view(inp.n // g, g)

@@ -184,14 +184,10 @@ def _eps_kind(eps) -> int:
     if eps is None:
         return 1
     if isinstance(eps, torch.Tensor):
-        if eps.dim() != 0:
-            return 5
-        return 2 if eps.dtype == torch.bool else 4 if eps.is_complex() else 0
-    kind = getattr(getattr(eps, "dtype", None), "kind", None)  # NumPy scalars and arrays
+        return 5 if eps.dim() else 2 if eps.dtype == torch.bool else 4 if eps.is_complex() else 0
+    kind = _np_kind(eps)  # NumPy scalars and arrays
     if kind is not None:
-        if getattr(eps, "ndim", 0) != 0:
-            return 5
-        return {"b": 2, "c": 4}.get(kind, 0 if kind in "iuf" else 6)
+        return 5 if getattr(eps, "ndim", 0) != 0 else {"b": 2, "c": 4}.get(kind, 0 if kind in "iuf" else 6)
     if isinstance(eps, bool):
         return 2
     if isinstance(eps, (str, bytes)):
@@ -335,7 +331,7 @@ def as_float_tensor(x, type_code: int, dtype_code_: int) -> torch.Tensor:
     except (OverflowError, TypeError, ValueError, RuntimeError) as exc:
         if python and _is_row(x_in) and not isinstance(exc, TypeError):  # e.g. an int beyond int64
             # (2**70 is a float64): value by value
-            return _checked(_python_values(x_in, type_code), type_code)
+            return _checked(_python_values(x_in, type_code), type_code, dtype_code_)
         raise unreadable(x, type_code, overflow=isinstance(exc, OverflowError)) from None
     if python and (not x.is_floating_point() and not x.is_complex()
                    or x.is_floating_point() and x.numel() and bool(x.abs().amax() >= _EXACT_INT)):
@@ -370,9 +366,7 @@ def _python_values(x, type_code: int) -> torch.Tensor:
         raise unreadable(x, type_code, overflow=False) from None
 
 
-def _checked(x: torch.Tensor, type_code: int, dtype_code_: int | None = None) -> torch.Tensor:
-    if dtype_code_ is None:
-        dtype_code_ = P.P_REWARDS_DTYPE if type_code == P.P_REWARDS_TYPE else P.P_VALUES_DTYPE
+def _checked(x: torch.Tensor, type_code: int, dtype_code_: int) -> torch.Tensor:
     if x.layout != torch.strided or x.is_nested:  # sparse, nested, mkldnn: torch's own error would come
         raise Problem(_LAYOUT_PROBLEM[type_code], P.layout_code(x))  # from deep inside
     if x.dtype not in P.INPUT_DTYPES:  # float8 too: most CPU kernels (add, min) do not exist for it
@@ -414,7 +408,8 @@ def rewards_host(inp: Rewards) -> dict[int, int]:
             P.MISSING: P.MISSING_CODES[inp.missing]}
 
 
-def check_rewards(rewards, group_ids, group_size, weights, *, allow_empty_rows: bool) -> Rewards:
+def check_rewards(rewards, group_ids, group_size, weights, *, allow_empty_rows: bool,
+                  missing: str = "refuse") -> Rewards:
     r = as_float_tensor(rewards, P.P_REWARDS_TYPE, P.P_REWARDS_DTYPE)
     if r.dim() == 1:
         r = r[:, None]  # (N,) is one reward column, K = 1
@@ -470,7 +465,7 @@ def check_rewards(rewards, group_ids, group_size, weights, *, allow_empty_rows: 
         labels = to_device(ids.view(torch.int64) if unsigned else ids.to(torch.int64), r.device)
 
     return Rewards(r, P.DTYPE_CODES[r.dtype], group_size, labels, check_weights(weights, k),
-                   labels_uint64=unsigned)
+                   labels_uint64=unsigned, missing=missing)
 
 
 def _holds_a_bool(items) -> bool:
@@ -547,30 +542,36 @@ def _check_group_size(gs) -> int:
     raise Problem(P.P_GROUP_SIZE_TYPE, P.K_OTHER, detail=_of_type(gs))
 
 
+def _host_list(x, type_code: int, layout_code: int, arg: int, text=(str, bytes), integers: bool = False) -> list:
+    """A 1-D sequence or tensor argument (weights, segment sizes) as a host list, or the refusal
+    of what it is instead (the codes of ``type_code``'s words: ``_problems._sequence_words``;
+    ``text``: the types refused as a string; ``integers``: a float tensor is refused too)."""
+    if isinstance(x, (collections.abc.Mapping, *text, collections.abc.Set)):
+        # iterating these would give keys, characters or an arbitrary order: never a sequence of numbers
+        raise Problem(type_code, 1 if isinstance(x, collections.abc.Mapping)
+                      else 3 if isinstance(x, collections.abc.Set) else 2, detail=_of_type(x))
+    if isinstance(x, torch.Tensor):
+        if P.layout_code(x):
+            raise Problem(layout_code, P.layout_code(x))
+        _check_device(x, arg)
+        if x.dim() != 1:
+            raise Problem(type_code, 5, x.dim())
+        if x.is_complex() or x.dtype == torch.bool or (integers and x.is_floating_point()):
+            raise Problem(type_code, 4, P.dtype_code(x.dtype))
+        # One read of a 1-D tensor: a host sync if it lives on a GPU (pass a list to avoid it).
+        return x.detach().cpu().tolist()
+    try:
+        return list(x)
+    except TypeError:
+        raise Problem(type_code, 8, detail=_of_type(x)) from None
+
+
 def check_weights(weights, k: int) -> list[float]:
     if weights is None:
         return [1.0] * k
-    if isinstance(weights, (collections.abc.Mapping, str, bytes, collections.abc.Set)):
-        # iterating these would give keys, characters or an arbitrary order: never weights
-        raise Problem(P.P_WEIGHTS_TYPE, 1 if isinstance(weights, collections.abc.Mapping)
-                      else 3 if isinstance(weights, collections.abc.Set) else 2, detail=_of_type(weights))
     if _np_kind(weights) in ("b", "c"):  # NumPy bools or complex numbers
         raise Problem(P.P_WEIGHTS_TYPE, 6 if _np_kind(weights) == "b" else 7)
-    if isinstance(weights, torch.Tensor):
-        if P.layout_code(weights):
-            raise Problem(P.P_WEIGHTS_LAYOUT, P.layout_code(weights))
-        _check_device(weights, P.ARG_WEIGHTS)
-        if weights.dim() != 1:
-            raise Problem(P.P_WEIGHTS_TYPE, 5, weights.dim())
-        if weights.is_complex() or weights.dtype == torch.bool:
-            raise Problem(P.P_WEIGHTS_TYPE, 4, P.dtype_code(weights.dtype))
-        # One read of a (K,) tensor: a host sync if it lives on a GPU (pass a list to avoid it).
-        items = weights.detach().cpu().tolist()
-    else:
-        try:
-            items = list(weights)
-        except TypeError:
-            raise Problem(P.P_WEIGHTS_TYPE, 8, detail=_of_type(weights)) from None
+    items = _host_list(weights, P.P_WEIGHTS_TYPE, P.P_WEIGHTS_LAYOUT, P.ARG_WEIGHTS)
     if len(items) != k:
         raise Problem(P.P_WEIGHTS_LENGTH, len(items), k)
     out = []
@@ -631,26 +632,9 @@ def check_segments(segment_sizes, n: int) -> tuple[list[int], bool]:
     """This rank's unit sizes as host ints; None is one unit of all local rows."""
     if segment_sizes is None:
         return [n], False
-    if isinstance(segment_sizes, torch.Tensor):
-        if P.layout_code(segment_sizes):
-            raise Problem(P.P_SEGMENTS_LAYOUT, P.layout_code(segment_sizes))
-        _check_device(segment_sizes, P.ARG_SEGMENTS)
-        if segment_sizes.dim() != 1:
-            raise Problem(P.P_SEGMENTS_TYPE, 5, segment_sizes.dim())
-        if segment_sizes.is_floating_point() or segment_sizes.is_complex() or segment_sizes.dtype == torch.bool:
-            raise Problem(P.P_SEGMENTS_TYPE, 4, P.dtype_code(segment_sizes.dtype))
-        # A (S,) read: a host sync if the tensor lives on a GPU (pass a list to avoid it).
-        sizes = segment_sizes.detach().cpu().tolist()
-    else:
-        if isinstance(segment_sizes, (collections.abc.Mapping, str, bytes, bytearray, collections.abc.Set)):
-            # iterating these would give keys, characters or an arbitrary order: never sizes
-            raise Problem(P.P_SEGMENTS_TYPE, 1 if isinstance(segment_sizes, collections.abc.Mapping)
-                          else 3 if isinstance(segment_sizes, collections.abc.Set) else 2,
-                          detail=_of_type(segment_sizes))
-        try:
-            sizes = list(segment_sizes)
-        except TypeError:
-            raise Problem(P.P_SEGMENTS_TYPE, 8, detail=_of_type(segment_sizes)) from None
+    sizes = _host_list(segment_sizes, P.P_SEGMENTS_TYPE, P.P_SEGMENTS_LAYOUT, P.ARG_SEGMENTS,
+                       text=(str, bytes, bytearray), integers=True)
+    if not isinstance(segment_sizes, torch.Tensor):
         for j, s in enumerate(sizes):
             if not _is_int(s):
                 raise _item_problem(P.P_SEGMENTS_ITEM, j, s)
@@ -718,21 +702,21 @@ class Call:
 
 
 def check_gdpo(rewards, group_ids, group_size, weights, segment_sizes, eps, out_dtype, missing="refuse",
-               diagnostics=None, certified=None) -> Call:
+               diagnostics=None, certified=None, *, eq6: bool = True) -> Call:
     """A local gdpo_advantages call's checks, in this order: the process state, diagnostics, eps,
     out_dtype, missing, certified, the rewards (their groups, then the weights), the segment
-    sizes, units of one row. Raises the first refusal."""
+    sizes, units of one row (without ``eq6``: no out_dtype, certified or sizes). Raises the
+    first refusal."""
     try:
         check_process_state()
         check_diagnostics(diagnostics)
         eps = check_eps(eps)
-        out_dtype = check_out_dtype(out_dtype)
+        out_dtype = check_out_dtype(out_dtype) if eq6 else None
         missing = check_missing(missing)
-        mode = check_certified(certified)
-        inp = check_rewards(rewards, group_ids, group_size, weights, allow_empty_rows=False)
-        inp.missing = missing
-        sizes, _ = check_segments(segment_sizes, inp.n)
-        _units_of_one(sizes)
+        mode = check_certified(certified) if eq6 else "off"
+        inp = check_rewards(rewards, group_ids, group_size, weights, allow_empty_rows=False, missing=missing)
+        sizes = check_segments(segment_sizes, inp.n)[0] if eq6 else None
+        _units_of_one(sizes or [])
     except Problem as p:
         raise p.error() from None
     return Call(eps, inp=inp, sizes=sizes, out_dtype=out_dtype, host=rewards_host(inp), mode=mode)
@@ -740,18 +724,8 @@ def check_gdpo(rewards, group_ids, group_size, weights, segment_sizes, eps, out_
 
 def check_normalize(rewards, group_ids, group_size, weights, eps, missing="refuse", diagnostics=None) -> Call:
     """The checks of a local Eq. 4/7 call (normalize_rewards, standardize_groups with weights
-    None, group_has_signal), in this order: the process state, diagnostics, eps, missing, the
-    rewards (their groups, then the weights). Raises the first refusal."""
-    try:
-        check_process_state()
-        check_diagnostics(diagnostics)
-        eps = check_eps(eps)
-        missing = check_missing(missing)
-        inp = check_rewards(rewards, group_ids, group_size, weights, allow_empty_rows=False)
-        inp.missing = missing
-    except Problem as p:
-        raise p.error() from None
-    return Call(eps, inp=inp, host=rewards_host(inp))
+    None, group_has_signal): :func:`check_gdpo`'s but out_dtype, certified and the sizes."""
+    return check_gdpo(rewards, group_ids, group_size, weights, None, eps, None, missing, diagnostics, eq6=False)
 
 
 def check_whiten(values, segment_sizes, eps, out_dtype, certified=None) -> Call:

@@ -186,11 +186,8 @@ def _output(out_dtype: torch.dtype, rows: int, mode: str) -> tuple[torch.dtype |
 def _whole_contiguous(sizes: list[int], group_size: int) -> tuple[bool, ...]:
     """Per unit: does it hold whole groups of ``group_size`` consecutive rows (its start and size
     multiples of the group size)?"""
-    out, start = [], 0
-    for s in sizes:
-        out.append(start % group_size == 0 and s % group_size == 0)
-        start += s
-    return tuple(out)
+    starts = itertools.accumulate(sizes[:-1], initial=0)
+    return tuple(start % group_size == 0 and s % group_size == 0 for start, s in zip(starts, sizes))
 
 
 def reads_free(device: torch.device) -> bool:
@@ -305,14 +302,6 @@ def guard(plan: Plan, fn: Callable[[Plan], T]) -> T:
         return fn(dataclasses.replace(plan, eq47=PLAIN, eq6b=PLAIN, graph=False))
 
 
-def report(plan: Plan, diagnostics, counts=None) -> None:
-    """Fill ``diagnostics`` once a local call succeeded: the rows Eq. 6 left out and, where the
-    certificate decided the rounding, its tiers' counts."""
-    (plan.scored or scored(plan.inp, None)).report(diagnostics)
-    if counts is not None:
-        diagnostics.certified = counts
-
-
 # --- the facts row ------------------------------------------------------------------------------
 
 
@@ -408,8 +397,10 @@ def run(call, api: str, diagnostics=None):
         out = output(dev.a, plan.out_dtype)  # the range (float8), then one rounding (float64: a)
         if plan.certify:  # the rows whose rounding the float64 bound leaves open: the exact advantage's
             out, counts = _certify.stage(plan, call, dev, out)
-    if diagnostics is not None:
-        report(plan, diagnostics, counts)  # only once the call succeeded
+    if diagnostics is not None:  # only once the call succeeded: the rows Eq. 6 left out, the tiers' counts
+        (plan.scored or scored(plan.inp, None)).report(diagnostics)
+        if counts is not None:
+            diagnostics.certified = counts
     return out
 
 

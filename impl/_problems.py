@@ -196,11 +196,6 @@ def _problem(code: int, cls: type, words) -> int:
     return code
 
 
-def _float8_hint(arg: str, code: int) -> str:
-    return f"; float8 is an output format only: pass {arg}.float() (exact)" if dtype_name(code).startswith(
-        "float8") else ""
-
-
 def _type_words(arg: str):
     def fmt(a, b, c, detail=""):
         if a == 1:  # an int beyond float64, somewhere (the entry is named by P_*_ENTRY where it is found)
@@ -212,7 +207,8 @@ def _type_words(arg: str):
 
 def _dtype_words(arg: str, eq: str):
     return lambda a, b, c: (f"{arg} has dtype {dtype_name(a)}; {eq} needs a real floating dtype ({_INPUT_NAMES})"
-                            + _float8_hint(arg, a))
+                            + (f"; float8 is an output format only: pass {arg}.float() (exact)"
+                               if dtype_name(a).startswith("float8") else ""))
 
 
 def _layout_words(arg: str):

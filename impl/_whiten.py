@@ -98,13 +98,19 @@ class Local:
         if self.tp is None:
             return empty.expand(len(sizes), COLS).clone()
         tp = self.tp
-        cols = [constant(tuple(float(s) for s in sizes), _F64, device)[:, None],
-                seg_ops.scale_exponent(tp.f).to(_F64), tp.shift, tp.mean, tp.m2, tp.lo.to(_F64), tp.hi.to(_F64)]
-        table = torch.cat([c.expand(len(sizes), 1) for c in cols], 1)
-        if 0 in sizes:
-            has = constant(tuple(s > 0 for s in sizes), torch.bool, device)
-            table = torch.where(has[:, None], table, empty)
-        return table
+        return stats_table(sizes, tp.f, tp.shift, tp.mean, tp.m2, tp.lo, tp.hi, device)
+
+
+def stats_table(sizes: list[int], f, shift, mean, m2, lo, hi, device) -> torch.Tensor:
+    """The (S, 7) table of :meth:`Local.table` from each unit's scale f, shift, mean_d, M2, min and
+    max ((S,) or (S, 1) each; what the plain path and the fused kernels compute alike)."""
+    cols = [constant(tuple(float(s) for s in sizes), _F64, device), seg_ops.scale_exponent(f).to(_F64), shift, mean,
+            m2, lo.to(_F64), hi.to(_F64)]
+    table = torch.cat([c.reshape(-1, 1).expand(len(sizes), 1) for c in cols], 1)
+    if 0 in sizes:
+        has = constant(tuple(s > 0 for s in sizes), torch.bool, device)
+        table = torch.where(has[:, None], table, constant((0.0, 0.0, 0.0, 0.0, 0.0, math.inf, -math.inf), _F64, device))
+    return table
 
 
 def local_stats(v: torch.Tensor, sizes: list[int], eps: float, own: bool = False, whole=None) -> Local:

@@ -89,14 +89,10 @@ def _kind(x: float) -> str:
     return "nan" if x != x else ("inf" if x > 0 else "-inf")
 
 
-def _numpy_array(x) -> bool:
+def _numpy(x, kind: str = "ndarray") -> bool:
+    """Is ``x`` a NumPy ``kind`` (an ndarray, or a "generic" scalar)?"""
     np = sys.modules.get("numpy")  # a caller who passes a NumPy array has imported NumPy
-    return np is not None and isinstance(x, np.ndarray)
-
-
-def _numpy_scalar(x) -> bool:
-    np = sys.modules.get("numpy")
-    return np is not None and isinstance(x, np.generic)
+    return np is not None and isinstance(x, getattr(np, kind))
 
 
 # ------------------------------------------------------------------ rewards
@@ -169,9 +165,7 @@ class _Labels:
         self.uint64 = isinstance(ids, torch.Tensor) and ids.dtype == getattr(torch, "uint64", None)
 
     def of_sample(self, i: int):
-        if self.items is not None:
-            return self.items[i]
-        return self.ids[i].item()
+        return self.items[i] if self.items is not None else self.ids[i].item()
 
     def name(self, internal: int) -> str:
         """The caller's label of a group label impl.gdpo printed."""
@@ -181,12 +175,12 @@ class _Labels:
 
 
 def _one_label(x, arg: str, i: int):
-    if isinstance(x, torch.Tensor) or _numpy_array(x):
+    if isinstance(x, torch.Tensor) or _numpy(x):
         if x.ndim != 0:
             raise GroupError(f"{arg}[{i}] is a {x.ndim}-D {type(x).__name__} of shape {tuple(x.shape)}, "
                              "not one label")
         x = x.item()  # a 0-d tensor hashes by identity: read its value
-    elif _numpy_scalar(x):
+    elif _numpy(x, "generic"):
         x = x.item()
     try:
         hash(x)
@@ -203,7 +197,7 @@ def _labels(labels, n: int, arg: str, samples: str) -> _Labels:
     """Validate one label per sample (``arg`` is the caller's argument name, ``samples``
     says what holds the n samples). Under a process group the adapter's caller turns a
     refusal here into one every rank raises (:func:`_refuse_with_peers`)."""
-    if isinstance(labels, torch.Tensor) or _numpy_array(labels):
+    if isinstance(labels, torch.Tensor) or _numpy(labels):
         if labels.ndim != 1:
             raise GroupLengthError(f"{arg} must be 1-D (one label per sample); got a {labels.ndim}-D "
                                    f"{type(labels).__name__} of shape {tuple(labels.shape)}")

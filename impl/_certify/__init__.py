@@ -42,11 +42,6 @@ FORMATS = (torch.float64, *NARROW)
 CERTIFIES = {"narrow": tuple(NARROW), "all": FORMATS, "off": ()}
 
 
-def certifies(mode: str, out_dtype) -> bool:
-    """Does ``mode`` certify outputs of ``out_dtype``?"""
-    return out_dtype in CERTIFIES[mode]
-
-
 def declared(mode: str):
     """What impl declares under ``mode`` (``gdpo_certified``): True (every format, float64 faithful),
     the narrow formats' names, or False."""

@@ -160,10 +160,8 @@ def tree_sum(x, dim: int = 1):
             z = torch.zeros(pad, dtype=h.dtype, device=h.device)
             h, l = torch.cat([h, z], dim), torch.cat([l, z], dim)
             m += 1
-        a = (h.narrow(dim, 0, m // 2 * 2).unflatten(dim, (m // 2, 2)).select(dim + 1, 0),
-             l.narrow(dim, 0, m // 2 * 2).unflatten(dim, (m // 2, 2)).select(dim + 1, 0))
-        b = (h.unflatten(dim, (m // 2, 2)).select(dim + 1, 1), l.unflatten(dim, (m // 2, 2)).select(dim + 1, 1))
-        h, l = add(a, b)
+        pairs = [x.unflatten(dim, (m // 2, 2)) for x in (h, l)]  # adjacent pairs
+        h, l = add(tuple(p.select(dim + 1, 0) for p in pairs), tuple(p.select(dim + 1, 1) for p in pairs))
     return h, l
 
 
@@ -294,15 +292,6 @@ def round_test(h: torch.Tensor, l: torch.Tensor, Bd: torch.Tensor, out_dtype):
 # --- Eq. 6 in dd: each rank's statistics (:func:`table`), merged (:func:`merged`), applied (:func:`eq6`) --
 
 
-def whole_tensor(whole, S: int, device) -> torch.Tensor:
-    """``whole`` (a host tuple, an (S,) bool tensor or None: no unit) as an (S,) bool tensor."""
-    if whole is None:
-        return torch.zeros(S, dtype=torch.bool, device=device)
-    if isinstance(whole, torch.Tensor):
-        return whole.to(device=device, dtype=torch.bool).reshape(S)
-    return torch.tensor([bool(w) for w in whole], dtype=torch.bool, device=device).reshape(S)
-
-
 def _unit_index(sizes: list[int], device) -> torch.Tensor:
     return torch.repeat_interleave(torch.arange(len(sizes), dtype=_I64, device=device),
                                    torch.tensor(sizes, dtype=_I64, device=device))
@@ -360,35 +349,27 @@ def table(ch, cl, E, sizes: list[int], whole) -> torch.Tensor:
     """(S, DDC) float64: this rank's part of every unit (see :data:`DDC`)."""
     device = ch.device
     S = len(sizes)
-    out = torch.zeros(S, DDC, dtype=_F64, device=device)
-    out[:, 8] = math.inf
-    out[:, 9] = -math.inf
+    empty = unsafe_table(sizes, device, unsafe=False)
     if ch.shape[0] == 0:
-        return out
+        return empty
     unit = _unit_index(sizes, device)
-    wt = whole_tensor(whole, S, device)
+    wt = torch.zeros(S, dtype=torch.bool, device=device) if whole is None else \
+        torch.as_tensor(whole, dtype=torch.bool, device=device).reshape(S)  # a host tuple or an (S,) tensor
     segs = Segments(unit, S)
-    firsts = ch.index_select(0, segs.first)
-    shift = torch.where(wt, 0.0, firsts)
-    sh = shift.index_select(0, unit)
-    d = add_f((ch, cl), -sh)
+    shift = torch.where(wt, 0.0, ch.index_select(0, segs.first))
+    d = add_f((ch, cl), -shift.index_select(0, unit))
     Dh = segs.gather(torch.stack([d[0], d[1]], 1))
     m = segs.mask[:, :, None]
-    Dh0 = torch.where(m, Dh[:, :, :1], 0.0)
-    Dl0 = torch.where(m, Dh[:, :, 1:], 0.0)
-    s1 = tree_sum((Dh0, Dl0))
-    q = tree_sum(mul((Dh0, Dl0), (Dh0, Dl0)))
+    D = (torch.where(m, Dh[:, :, :1], 0.0), torch.where(m, Dh[:, :, 1:], 0.0))
+    s1, q = tree_sum(D), tree_sum(mul(D, D))
     T = torch.bincount(unit, minlength=S).to(_F64)
-    out[:, 0] = T
-    out[:, 1] = shift
-    out[:, 2], out[:, 3] = s1[0].view(S), s1[1].view(S)
-    out[:, 4], out[:, 5] = q[0].view(S), q[1].view(S)
-    out[:, 6] = torch.zeros(S, dtype=_F64, device=device).scatter_reduce_(0, unit, E, "amax", include_self=True)
-    out[:, 7] = (~wt).to(_F64)
-    out[:, 8] = torch.full((S,), math.inf, dtype=_F64, device=device).scatter_reduce_(0, unit, ch, "amin")
-    out[:, 9] = torch.full((S,), -math.inf, dtype=_F64, device=device).scatter_reduce_(0, unit, ch, "amax")
-    return torch.where((T > 0)[:, None], out, torch.tensor([0, 0, 0, 0, 0, 0, 0, 0, math.inf, -math.inf],
-                                                          dtype=_F64, device=device))
+
+    def per_unit(x, init, how):
+        return torch.full((S,), init, dtype=_F64, device=device).scatter_reduce_(0, unit, x, how)
+
+    out = torch.stack([T, shift, s1[0].view(S), s1[1].view(S), q[0].view(S), q[1].view(S), per_unit(E, 0.0, "amax"),
+                       (~wt).to(_F64), per_unit(ch, math.inf, "amin"), per_unit(ch, -math.inf, "amax")], 1)
+    return torch.where((T > 0)[:, None], out, empty)
 
 
 def merged(tables: torch.Tensor, eps: float):
@@ -465,12 +446,9 @@ def finish(merged, ch, cl, E, sizes: list[int], eps: float, out_dtype, counts: d
     return y
 
 
-def unsafe_table(sizes: list[int], device) -> torch.Tensor:
+def unsafe_table(sizes: list[int], device, unsafe: bool = True) -> torch.Tensor:
     """A rank whose inputs leave the dd path's safe range: its parts carry E = inf, so no
-    sample of those units is certified on any rank (each rounds its plain result)."""
-    out = torch.zeros(len(sizes), DDC, dtype=_F64, device=device)
-    out[:, 6] = math.inf
-    out[:, 7] = 1.0
-    out[:, 8] = math.inf
-    out[:, 9] = -math.inf
-    return out
+    sample of those units is certified on any rank (each rounds its plain result). Not
+    ``unsafe``: the parts of a rank holding no row of its units."""
+    row = (0.0,) * 6 + ((math.inf, 1.0) if unsafe else (0.0, 0.0)) + (math.inf, -math.inf)
+    return torch.tensor(row, dtype=_F64, device=device).repeat(len(sizes), 1)

@@ -14,6 +14,7 @@ response tokens, +0.0 on padding. Refusals name the setting or the sample.
 
 from __future__ import annotations
 
+import collections
 import functools
 import inspect
 import logging
@@ -182,10 +183,8 @@ def _groups(index, n: int):
         if g == len(first):
             first.append(i)
         gid.append(g)
-    counts = [0] * len(ids)
-    for g in gid:
-        counts[g] += 1
-    lone = [first[g] for g, c in enumerate(counts) if c == 1]
+    counts = collections.Counter(gid)
+    lone = [first[g] for g in range(len(ids)) if counts[g] == 1]
     if lone:
         i = lone[0]
         raise GroupError(f"uid {labels[i]!r} (sample {i}) has 1 response ({len(lone)} such uids): GDPO's Eq. 4 "
