@@ -156,6 +156,10 @@ def test_a_tampered_digest_or_replay_is_stale():
     tame = '{"rewards":[["0x0.0p+0"],["0x1.0000000000000p+0"]],"dtype":"float64","out_dtype":"float64","group_size":2}'
     replaced = TEXT.replace(line, line.split(" --case ")[0] + f" --case '{tame}'", 1)
     assert any("now passes" in p for p in R.replay_problems(replaced, LIVE))
+    # a finding whose replay line is gone: said once, by finding_problems, not again by the replay
+    lost = TEXT.replace(line, "(no replay)", 1)
+    said = R.finding_problems(lost, LIVE) + R.replay_problems(lost, LIVE)
+    assert sum("no replay line" in p for p in said) == 1, said
 
 
 def test_check_with_no_peer_graded_here_reads_the_page_alone(monkeypatch, capsys):
