@@ -33,6 +33,7 @@ import math
 import os
 import random
 import sys
+import types
 
 import numpy as np
 import pytest
@@ -884,3 +885,22 @@ def test_units_largest_bound_without_reading_every_row(monkeypatch):
     reads.clear()
     gdpo.gdpo_advantages(torch.randn(24, 2, generator=gen), group_size=4, certified="narrow")
     assert not reads, "the rows of constant groups read where every unit's c vary"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_magnitudes_read_with_the_table_equal_the_direct_reads(dtype):
+    """On CUDA the rewards' magnitudes ride in the certificate's one read from the device
+    (``tiers.magnitude_reads``, kept in ``memo``); on CPU they are read directly. Both give the
+    same numbers: no zero, some zeros, every reward zero, negative zero, the format's smallest
+    subnormal, its largest value."""
+    tiny, big = torch.finfo(dtype).smallest_normal / 4, torch.finfo(dtype).max
+    batches = [[[1.5, -2.0], [0.25, 3.0]], [[0.0, 1.0], [1.0, 0.0]], [[0.0, -0.0], [0.0, 0.0]],
+               [[tiny, 0.0], [-big, 2.0]], [[-0.0, 7.0], [0.5, -0.0]]]
+    for rows in batches:
+        r = torch.tensor(rows, dtype=dtype)
+        direct = CT.magnitudes(types.SimpleNamespace(inp=types.SimpleNamespace(rewards=r), memo={}))
+        memo = {"magnitudes": CT.magnitude_reads(r).tolist()}
+        read = CT.magnitudes(types.SimpleNamespace(inp=types.SimpleNamespace(rewards=r), memo=memo))
+        assert read == direct, (rows, read, direct)
+        nonzero = [abs(float(x)) for x in r.reshape(-1) if x != 0]
+        assert direct == (min(nonzero, default=math.inf), max(abs(float(x)) for x in r.reshape(-1))), rows

@@ -124,9 +124,9 @@ def test_cuda_refusals_name_the_place():
         gdpo.normalize_rewards(r.nan_to_num(), group_ids=torch.tensor([9, 9, 3, 5], device="cuda"))
 
 
-def test_cuda_graph_replay_gives_the_eager_bits_and_one_sync(monkeypatch):
+def test_cuda_graph_replay_gives_the_eager_bits_and_the_eager_syncs(monkeypatch):
     """GDPO_CUDA_GRAPHS=1: a captured call replays the same kernels, so the same
-    bits as eager, new data included, refusals included, one host read per call.
+    bits as eager, new data included, refusals included, and no more host reads than eager.
     (A capture that fails falls back to eager; the counters printed say which ran.)"""
     from impl import _pipeline
 
@@ -148,7 +148,7 @@ def test_cuda_graph_replay_gives_the_eager_bits_and_one_sync(monkeypatch):
         call(bad)
     after = {k: _pipeline.graph_stats[k] - before[k] for k in before}
     print(f"\nCUDA graphs: {after}, {len(syncs)} host sync(s) per replayed call")
-    assert len(syncs) <= 1, syncs
+    assert len(syncs) <= 3, syncs  # as eager: the validation's read and the certificate's two
     assert after["captures"] + after["fallbacks"] >= 1
 
 
@@ -196,24 +196,32 @@ def _syncs(fn):
 
 LABELS_LIST = [i // 8 for i in range(400)]  # a host list (copied without a sync: pinned, non-blocking)
 
+#: Host reads per call: the validation's one. A certified output (the default for float32) adds the
+#: certificate's two: the Eq. 6 table with the rewards' magnitudes (its bounds are host arithmetic)
+#: and tier 0's verdict, which rows are left (docs/performance.md).
 SYNC_CALLS = {
-    "normalize_rewards_group_size": lambda r, lab: gdpo.normalize_rewards(r, group_size=8),
-    "normalize_rewards_labels_tensor": lambda r, lab: gdpo.normalize_rewards(r, group_ids=lab),
-    "group_has_signal": lambda r, lab: gdpo.group_has_signal(r, group_ids=lab, weights=[1.0, 2.0, 0.5, 1.0]),
-    "gdpo_advantages": lambda r, lab: gdpo.gdpo_advantages(r, group_size=8, segment_sizes=[160, 240]),
-    "gdpo_advantages_labels_list": lambda r, lab: gdpo.gdpo_advantages(r, group_ids=LABELS_LIST),
-    "whiten": lambda r, lab: gdpo.whiten(r[:, 1], segment_sizes=[100, 300]),
+    "normalize_rewards_group_size": (1, lambda r, lab: gdpo.normalize_rewards(r, group_size=8)),
+    "normalize_rewards_labels_tensor": (1, lambda r, lab: gdpo.normalize_rewards(r, group_ids=lab)),
+    "group_has_signal": (1, lambda r, lab: gdpo.group_has_signal(r, group_ids=lab, weights=[1.0, 2.0, 0.5, 1.0])),
+    "gdpo_advantages": (3, lambda r, lab: gdpo.gdpo_advantages(r, group_size=8, segment_sizes=[160, 240])),
+    "gdpo_advantages_float32_rewards": (3, lambda r, lab: gdpo.gdpo_advantages(r.float(), group_size=8)),
+    "gdpo_advantages_uncertified": (1, lambda r, lab: gdpo.gdpo_advantages(
+        r, group_size=8, segment_sizes=[160, 240], certified="off")),
+    "gdpo_advantages_labels_list": (3, lambda r, lab: gdpo.gdpo_advantages(r, group_ids=LABELS_LIST)),
+    "whiten": (3, lambda r, lab: gdpo.whiten(r[:, 1], segment_sizes=[100, 300])),
+    "whiten_uncertified": (1, lambda r, lab: gdpo.whiten(r[:, 1], segment_sizes=[100, 300], certified="off")),
 }
 
 
 @pytest.mark.parametrize("name", sorted(SYNC_CALLS))
-def test_at_most_one_host_sync_per_call(name):
+def test_host_syncs_per_call(name):
+    most, call = SYNC_CALLS[name]
     r, _, _ = _batch(6, ragged=False)
     r = r.cuda()
     labels = torch.arange(r.shape[0], device="cuda") // 8
-    syncs = _syncs(lambda: SYNC_CALLS[name](r, labels))
+    syncs = _syncs(lambda: call(r, labels))
     print(f"\n{name}: {len(syncs)} host sync(s)")
-    assert len(syncs) <= 1, syncs
+    assert len(syncs) <= most, syncs
 
 
 # --- distributed on the GPU ----------------------------------------------------------------------

@@ -33,6 +33,7 @@ import torch
 from impl._certify import tiers
 from impl._certify.bounds import NARROW
 from impl._problems import N_MAX
+from impl._segments import constant
 
 #: The tiers, in order.
 TIERS = (tiers.float64, tiers.group_exact, tiers.double_double, tiers.exact)
@@ -102,19 +103,30 @@ def stage(plan, call, dev, y: torch.Tensor) -> tuple[torch.Tensor, Counts]:
     ``y``, the cast's output (a rounded once; float64: a itself). It reads the device part's
     results: a (float64), c as Eq. 7 left it (the plan keeps Eq. 6 off c's buffer where it
     certifies) and the plain backend's Eq. 6 statistics (recomputed from c where a CUDA graph or
-    the fused backend kept none: the same bits)."""
+    the fused backend kept none: the same bits). On CUDA the certificate reads the device twice:
+    these numbers, for the bounds (host arithmetic), and tier 0's verdict."""
     c, inp = dev.c.to(torch.float64), call.inp
     tp = getattr(dev.loc, "tp", None)  # the plain backend's statistics, in a view or padded layout
     if tp is not None and not plan.eq6b.fused:  # as impl._whiten.Local.table lays them out
-        table = torch.cat([torch.tensor(plan.sizes, dtype=torch.float64, device=c.device)[:, None],
+        table = torch.cat([constant(tuple(float(s) for s in plan.sizes), torch.float64, c.device)[:, None],
                            (1023 - (tp.f.view(torch.int64) >> 52)).to(torch.float64), tp.shift, tp.mean, tp.m2,
                            tp.lo.to(torch.float64), tp.hi.to(torch.float64)], 1)
     else:  # buckets, the fused backend, a CUDA graph's replay: the plain statistics again, the same bits
         from impl import _whiten  # (a stage this one reads; it never reads the certificate)
         table = _whiten.local_stats(c, plan.sizes, plan.eps, whole=plan.whole).table(c.device)
-    whole = plan.whole.cpu().numpy() if isinstance(plan.whole, torch.Tensor) else \
-        np.array(plan.whole or [False] * len(plan.sizes), dtype=bool)
-    ctx = Context(dev.a, c, plan.out_dtype, plan.eps, plan.sizes, whole.reshape(-1), table.cpu().numpy(), inp)
+    S, whole = len(plan.sizes), plan.whole  # one read from the device: the table, whole, magnitudes
+    mags = c.device.type != "cpu" and inp is not None and inp.rewards.dtype in NARROW
+    reads = [table.reshape(-1)]
+    if isinstance(whole, torch.Tensor):
+        reads.append(whole.reshape(-1).to(torch.float64))
+    if mags:
+        reads.append(tiers.magnitude_reads(inp.rewards))
+    host = torch.cat(reads).cpu().numpy()
+    table = np.ascontiguousarray(host[:7 * S].reshape(S, 7))
+    whole = host[7 * S:8 * S] != 0 if isinstance(whole, torch.Tensor) else np.array(whole or [False] * S, dtype=bool)
+    ctx = Context(dev.a, c, plan.out_dtype, plan.eps, plan.sizes, whole, table, inp)
+    if mags:
+        ctx.memo["magnitudes"] = host[-3:].tolist()
     if inp is not None:
         ctx.n_max = inp.group_size if plan.row is None else int(plan.row[N_MAX])
         ctx.sort = plan.sort

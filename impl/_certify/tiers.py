@@ -15,7 +15,7 @@ import struct
 import numpy as np
 import torch
 
-from impl._segments import round_to
+from impl._segments import constant, round_to, to_device
 from impl._certify import bounds as B
 from impl._certify import dd, exact as X
 from impl._certify.dd import round_test
@@ -58,7 +58,8 @@ def bits_test(a: torch.Tensor, y: torch.Tensor, alpha: torch.Tensor, beta: torch
 
     tested as v = p2 - s |r| > A and p2 > P, s and P rounded up (2**-40 margins, which the test's
     own three roundings cannot use up). As v <= p2, v > max(A, P) implies both: one minimum
-    decides the common case (every row certified)."""
+    decides the common case (every row certified; on CPU only: on CUDA it would be a host read of
+    its own, and the verdict's one read follows anyway). A NaN fails the test."""
     h = 2.0 ** -(B.NARROW[out_dtype][0] + 1)
     k1, k2 = (h - 2 * beta) / _GROW, (h / 2 - 2 * beta) / _GROW  # lower bounds of the two factors of p2
     s = torch.where(k1 > 0, _GROW / k1, math.inf)
@@ -66,7 +67,7 @@ def bits_test(a: torch.Tensor, y: torch.Tensor, alpha: torch.Tensor, beta: torch
     r = torch.sub(a, y).abs_()
     p2 = torch.bitwise_and(a.view(_I64), 0x7FF0000000000000).view(_F64)
     v = torch.sub(p2, torch.mul(r, s, out=r), out=r)  # two roundings, on any CPU
-    if a.dim() == 2 and bool((v.amin(1, keepdim=True) > torch.maximum(A, P)).all()):  # (a NaN fails it)
+    if a.dim() == 2 and a.device.type == "cpu" and bool((v.amin(1, keepdim=True) > torch.maximum(A, P)).all()):
         return None
     return (v > A) & (p2 > P)
 
@@ -78,7 +79,7 @@ def unit_of(ctx, rows: torch.Tensor | None = None) -> torch.Tensor:
     """Each row's unit (int64), of ``rows`` (None: every row)."""
     if rows is None:
         if "unit" not in ctx.memo:
-            sizes = torch.tensor(ctx.sizes, dtype=_I64, device=ctx.a.device)
+            sizes = constant(tuple(ctx.sizes), _I64, ctx.a.device)
             units = torch.arange(len(ctx.sizes), dtype=_I64, device=ctx.a.device)
             ctx.memo["unit"] = torch.repeat_interleave(units, sizes, output_size=ctx.a.shape[0])
         return ctx.memo["unit"]
@@ -138,19 +139,41 @@ def flat_rows(ctx) -> torch.Tensor:
 def magnitudes(ctx) -> tuple[float, float]:
     """The rewards' smallest nonzero magnitude (inf where every reward is 0) and their largest, for
     rewards in a narrow format; (inf, 0) for others (whose sums are never taken as exact). One
-    pass where no reward is 0; else the smallest nonzero one on the bits: |x| orders as its bits
-    without the sign, and a zero wraps to the top."""
+    pass where no reward is 0; else the smallest nonzero one on the bits (:func:`_nonzero_bits`).
+    On CUDA the numbers come with the Eq. 6 table, in the certificate's one read (``memo``)."""
     r = ctx.inp.rewards
     if r.dtype not in B.NARROW:
         return math.inf, 0.0
-    m = r.abs()
-    small, large = torch.stack(torch.aminmax(m)).tolist()
+    read = ctx.memo.get("magnitudes")
+    if read is None:
+        m = r.abs()
+        small, large = torch.stack(torch.aminmax(m)).tolist()
+    else:
+        small, large, lo = read
     if small == 0:
-        idt = torch.int32 if r.dtype == torch.float32 else torch.int16
-        mask = torch.iinfo(idt).max
-        lo = int(m.view(idt).sub_(1).bitwise_and_(mask).amin())
-        small = math.inf if lo == mask else torch.tensor([lo + 1], dtype=idt, device="cpu").view(r.dtype).item()
+        idt = _BITS[r.dtype]
+        lo = int(_nonzero_bits(m) if read is None else lo)
+        small = math.inf if lo == torch.iinfo(idt).max else \
+            torch.tensor([lo + 1], dtype=idt, device="cpu").view(r.dtype).item()
     return small, large
+
+
+_BITS = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
+
+
+def _nonzero_bits(m: torch.Tensor) -> torch.Tensor:
+    """The bits of the smallest nonzero value of ``m`` (magnitudes, overwritten) less one: |x|
+    orders as its bits without the sign, and a zero wraps to the top (no nonzero: the top)."""
+    idt = _BITS[m.dtype]
+    return m.view(idt).sub_(1).bitwise_and_(torch.iinfo(idt).max).amin()
+
+
+def magnitude_reads(r: torch.Tensor) -> torch.Tensor:
+    """What :func:`magnitudes` reads of narrow rewards ``r``, on their device ((3,) float64: the
+    smallest magnitude, the largest, :func:`_nonzero_bits`), to be read with the Eq. 6 table."""
+    m = r.abs()
+    ends = torch.stack([m.amin(), m.amax()]).to(_F64)
+    return torch.cat([ends, _nonzero_bits(m).reshape(1).to(_F64)])
 
 
 def varied(ctx) -> np.ndarray:
@@ -183,10 +206,10 @@ def float64(ctx, y: torch.Tensor, left):
         exact = B.exact_sums(ctx.inp.rewards.dtype, small, large, ctx.n_max)
         e, erms = B.eq47_rows(ctx.n_max, tuple(ctx.inp.weights), exact)
     u = ctx.units = B.eq6_units(ctx.table, ctx.eps, ctx.whole, np.where(some, e, 0.0), erms)  # (E's largest)
-    alpha, beta = torch.from_numpy(u.alpha).to(a.device), torch.from_numpy(u.beta).to(a.device)
+    alpha, beta, exact0 = (to_device(torch.from_numpy(x), a.device) for x in (u.alpha, u.beta, u.exact0))
     if out_dtype == _F64:
         unit = unit_of(ctx)
-        Bd = torch.where(torch.from_numpy(u.exact0).to(a.device).index_select(0, unit), 0.0,
+        Bd = torch.where(exact0.index_select(0, unit), 0.0,
                          alpha.index_select(0, unit) + beta.index_select(0, unit) * a.abs())
         ok, y1 = round_test(a, torch.zeros_like(a), Bd, _F64)
         return _own(y, a).copy_(y1), indices(~ok)
@@ -198,13 +221,13 @@ def float64(ctx, y: torch.Tensor, left):
     if ok is None:
         return y, a.new_empty(0, dtype=_I64)
     left = indices(~ok.view(-1))
-    zero = indices(y.index_select(0, left) == 0)  # their places among the rows left
+    zero = indices(y.index_select(0, left) == 0) if left.numel() else left  # their places among the rows left
     if zero.numel():
         rows = left.index_select(0, zero)
         ar, unit = a.index_select(0, rows), unit_of(ctx, rows)
         ab = (alpha.index_select(0, unit) + beta.index_select(0, unit) * ar.abs()) * _GROW
         sure = (ar.abs() > ab) & (ar.abs() + ab < _ZERO[out_dtype])  # a zero of a's sign
-        collapsed = torch.from_numpy(u.exact0).to(a.device).index_select(0, unit) & (ar == 0)  # c exact, equal: a = +0
+        collapsed = exact0.index_select(0, unit) & (ar == 0)  # c exact, equal: a = +0
         y.index_fill_(0, rows[collapsed], 0.0)
         keep = torch.ones(left.shape, dtype=torch.bool, device=a.device).index_fill_(0, zero[sure | collapsed], False)
         left = left[keep]
@@ -219,7 +242,7 @@ def group_exact(ctx, y: torch.Tensor, left: torch.Tensor):
     u = ctx.units
     if ctx.inp is not None and u.whole.any():
         unit = unit_of(ctx, left)
-        reach, whole = (torch.from_numpy(x).to(left.device) for x in (B.zero_reach(u.alpha, u.beta), u.whole))
+        reach, whole = (to_device(torch.from_numpy(x), left.device) for x in (B.zero_reach(u.alpha, u.beta), u.whole))
         near = ctx.a.index_select(0, left).abs() <= reach.index_select(0, unit)
         cand = indices(whole.index_select(0, unit) & near)  # places among the rows left
         if cand.numel():
