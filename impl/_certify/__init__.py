@@ -33,7 +33,6 @@ import torch
 from impl._certify import tiers
 from impl._certify.bounds import NARROW
 from impl._problems import N_MAX
-from impl._segments import constant
 
 #: The tiers, in order.
 TIERS = (tiers.float64, tiers.group_exact, tiers.double_double, tiers.exact)
@@ -107,13 +106,12 @@ def stage(plan, call, dev, y: torch.Tensor) -> tuple[torch.Tensor, Counts]:
     these numbers, for the bounds (host arithmetic), and tier 0's verdict."""
     c, inp = dev.c.to(torch.float64), call.inp
     tp = getattr(dev.loc, "tp", None)  # the plain backend's statistics, in a view or padded layout
-    if tp is not None and not plan.eq6b.fused:  # as impl._whiten.Local.table lays them out
-        table = torch.cat([constant(tuple(float(s) for s in plan.sizes), torch.float64, c.device)[:, None],
-                           (1023 - (tp.f.view(torch.int64) >> 52)).to(torch.float64), tp.shift, tp.mean, tp.m2,
+    if tp is not None and not plan.eq6b.fused:  # as impl._whiten.Local.table lays them out, but the count
+        table = torch.cat([(1023 - (tp.f.view(torch.int64) >> 52)).to(torch.float64), tp.shift, tp.mean, tp.m2,
                            tp.lo.to(torch.float64), tp.hi.to(torch.float64)], 1)
     else:  # buckets, the fused backend, a CUDA graph's replay: the plain statistics again, the same bits
         from impl import _whiten  # (a stage this one reads; it never reads the certificate)
-        table = _whiten.local_stats(c, plan.sizes, plan.eps, whole=plan.whole).table(c.device)
+        table = _whiten.local_stats(c, plan.sizes, plan.eps, whole=plan.whole).table(c.device)[:, 1:]
     S, whole = len(plan.sizes), plan.whole  # one read from the device: the table, whole, magnitudes
     mags = c.device.type != "cpu" and inp is not None and inp.rewards.dtype in NARROW
     reads = [table.reshape(-1)]
@@ -122,8 +120,8 @@ def stage(plan, call, dev, y: torch.Tensor) -> tuple[torch.Tensor, Counts]:
     if mags:
         reads.append(tiers.magnitude_reads(inp.rewards))
     host = torch.cat(reads).cpu().numpy()
-    table = np.ascontiguousarray(host[:7 * S].reshape(S, 7))
-    whole = host[7 * S:8 * S] != 0 if isinstance(whole, torch.Tensor) else np.array(whole or [False] * S, dtype=bool)
+    table = np.column_stack([np.array(plan.sizes, dtype=np.float64), host[:6 * S].reshape(S, 6)])  # the count first
+    whole = host[6 * S:7 * S] != 0 if isinstance(whole, torch.Tensor) else np.array(whole or [False] * S, dtype=bool)
     ctx = Context(dev.a, c, plan.out_dtype, plan.eps, plan.sizes, whole, table, inp)
     if mags:
         ctx.memo["magnitudes"] = host[-3:].tolist()

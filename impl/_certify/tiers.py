@@ -206,7 +206,8 @@ def float64(ctx, y: torch.Tensor, left):
         exact = B.exact_sums(ctx.inp.rewards.dtype, small, large, ctx.n_max)
         e, erms = B.eq47_rows(ctx.n_max, tuple(ctx.inp.weights), exact)
     u = ctx.units = B.eq6_units(ctx.table, ctx.eps, ctx.whole, np.where(some, e, 0.0), erms)  # (E's largest)
-    alpha, beta, exact0 = (to_device(torch.from_numpy(x), a.device) for x in (u.alpha, u.beta, u.exact0))
+    alpha, beta, exact0 = to_device(torch.from_numpy(np.stack([u.alpha, u.beta, u.exact0])), a.device)
+    exact0 = exact0 != 0
     if out_dtype == _F64:
         unit = unit_of(ctx)
         Bd = torch.where(exact0.index_select(0, unit), 0.0,
@@ -242,7 +243,8 @@ def group_exact(ctx, y: torch.Tensor, left: torch.Tensor):
     u = ctx.units
     if ctx.inp is not None and u.whole.any():
         unit = unit_of(ctx, left)
-        reach, whole = (to_device(torch.from_numpy(x), left.device) for x in (B.zero_reach(u.alpha, u.beta), u.whole))
+        reach, whole = to_device(torch.from_numpy(np.stack([B.zero_reach(u.alpha, u.beta), u.whole])), left.device)
+        whole = whole != 0
         near = ctx.a.index_select(0, left).abs() <= reach.index_select(0, unit)
         cand = indices(whole.index_select(0, unit) & near)  # places among the rows left
         if cand.numel():
