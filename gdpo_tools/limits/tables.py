@@ -9,6 +9,7 @@ full run's rows, identical cell for cell.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 from fractions import Fraction
@@ -18,6 +19,7 @@ import torch
 
 from gdpo_tools.limits import families as fam
 from gdpo_tools.limits import peers as P
+from gdpo_tools.peer_formulas import one_pass_variance, two_pass_variance
 from oracle.exact import exact_std
 from impl import gdpo
 from spec.constants import FLOAT32_MAX
@@ -316,22 +318,8 @@ OFFSETS_FAST = (1.0, 1e3, 1e4, 1e8)
 _STEPS = np.array([0.0, 0.01, 0.02, 0.03])
 
 
-def variance_one_pass(x, dt):
-    n = x.size
-    return ((x * x).sum(dtype=dt) / dt.type(n) - (x.sum(dtype=dt) / dt.type(n)) ** 2) * (dt.type(n) / dt.type(n - 1))
-
-
-def variance_two_pass(x, dt):
-    dev = x - x.sum(dtype=dt) / dt.type(x.size)
-    return (dev * dev).sum(dtype=dt) / dt.type(x.size - 1)
-
-
-def variance_shifted(x, dt):
-    return variance_two_pass(x - x[0], dt)
-
-
-VARIANCE_ALGORITHMS = {"one-pass": variance_one_pass, "two-pass": variance_two_pass,
-                       "shifted two-pass": variance_shifted}
+VARIANCE_ALGORITHMS = {"one-pass": one_pass_variance, "two-pass": two_pass_variance,
+                       "shifted two-pass": lambda x, dt: two_pass_variance(x - x[0], dt)}
 
 
 def _variance_cell(var, exact: float) -> tuple[str, float]:
@@ -396,6 +384,10 @@ _SHORT = {"correct": "correct", "off": "off", "silent zero": "silent 0", "NaN": 
           "clear error": "error", "no error": "no error", "n/a": "n/a"}
 
 
+def _magnitude(x: float) -> str:
+    return {FLOAT32_MAX: "FLT_MAX", DBL_MAX: "DBL_MAX"}.get(x) or fmt(x, 3)
+
+
 def _reward_magnitude_case(m: float):
     a = np.array([-1.0, -0.5, 0.5, 1.0]) * m
     b = np.array([0.0, 0.25, 0.5, 1.0]) * m
@@ -445,12 +437,11 @@ def range_outcome(name: str, r, g, weights) -> tuple[str, object]:
 def build_ranges(fast: bool, seed: int, progress) -> tuple[list[Table], dict]:
     mags = REWARD_MAGNITUDES_FAST if fast else REWARD_MAGNITUDES_FULL
     scales = WEIGHT_SCALES_FAST if fast else WEIGHT_SCALES_FULL
-    reward_cases = {fmt(m, 3) if m not in (FLOAT32_MAX, DBL_MAX) else
-                    ("FLT_MAX" if m == FLOAT32_MAX else "DBL_MAX"): (m, _reward_magnitude_case(m)) for m in mags}
+    reward_cases = {_magnitude(m): (m, _reward_magnitude_case(m)) for m in mags}
     special_r = _special_reward_cases()
     weight_cases = {}
     for w in scales:
-        lab = "FLT_MAX" if w == FLOAT32_MAX else "DBL_MAX" if w == DBL_MAX else fmt(w, 3)
+        lab = _magnitude(w)
         for pair in ("w, 1", "w, w"):
             label = f"({lab}, 1)" if pair == "w, 1" else f"({lab}, {lab})"
             weight_cases[label] = (w, pair, _weight_case(w, pair))
@@ -590,11 +581,8 @@ def build_peers(fast: bool, seed: int, progress) -> tuple[list[Table], dict]:
     return tables, facts
 
 
-def _counts(grades) -> dict:
-    out: dict = {}
-    for g, _ in grades:
-        out[g.outcome] = out.get(g.outcome, 0) + 1
-    return out
+def _counts(grades) -> collections.Counter:
+    return collections.Counter(g.outcome for g, _ in grades)
 
 
 def _peer_cell(grades) -> str:
