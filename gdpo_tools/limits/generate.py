@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import importlib.util
 import math
 import platform
 import re
@@ -571,12 +572,6 @@ def checkout_generated_dir() -> Path | None:
     return DEFAULT_OUT.parent if ours and DEFAULT_OUT.is_file() else None
 
 
-def _have_matplotlib() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("matplotlib") is not None
-
-
 def main(argv: list[str] | None = None, prog: str = "python -m gdpo_tools.limits") -> int:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     parser.add_argument("--fast", action="store_true", help="the small deterministic subset CI regenerates")
@@ -602,7 +597,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m gdpo_tools.limits
                      "rewrite (the installed package's own files are never written)")
     if folder.exists() and not folder.is_dir():
         parser.error(f"--out {folder}: not a folder (it is written as {folder}/{PAGE} and {folder}/limits/)")
-    if not args.no_plots and not _have_matplotlib():
+    if not args.no_plots and importlib.util.find_spec("matplotlib") is None:
         parser.error("the plots need matplotlib: pip install 'gdpo-spec[limits]', or pass --no-plots")
     out = folder / PAGE
     plots_dir = None if args.no_plots else folder / "limits"
