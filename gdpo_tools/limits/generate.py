@@ -23,7 +23,6 @@ import datetime
 import importlib.util
 import math
 import platform
-import re
 import subprocess
 import sys
 import time
@@ -42,7 +41,6 @@ PAGE = DEFAULT_OUT.name
 COMMAND = "python -m gdpo_tools.limits"
 ENV_BEGIN = "<!-- environment: begin (machine-dependent; tests/test_limits.py ignores this block) -->"
 ENV_END = "<!-- environment: end -->"
-_TABLE_MARK = re.compile(r"<!-- table:(?P<id>[\w-]+) keys=(?P<keys>\d+) -->")
 
 
 # ------------------------------------------------------------------ progress
@@ -481,62 +479,6 @@ def render(run: Run, out: Path) -> str:
         for t in tables:
             lines += [render_section(t, name), ""]
     return "\n".join(lines).rstrip() + "\n"
-
-
-# ---------------------------------------------------------- reading it back
-
-
-def parse_tables(text: str) -> dict[str, dict]:
-    """Tables of a rendered file outside the environment block: id -> {"head", "rows": {key: {col: cell}}}."""
-    text = strip_environment(text)
-    out: dict[str, dict] = {}
-    lines = text.splitlines()
-    for i, line in enumerate(lines):
-        m = _TABLE_MARK.match(line.strip())
-        if not m:
-            continue
-        keys = int(m.group("keys"))
-        head = _cells(lines[i + 1])
-        rows = {}
-        for row_line in lines[i + 3:]:
-            if not row_line.startswith("|"):
-                break
-            cells = _cells(row_line)
-            rows[tuple(cells[:keys])] = dict(zip(head, cells))
-        out[m.group("id")] = {"head": head, "rows": rows}
-    return out
-
-
-def strip_environment(text: str) -> str:
-    return re.sub(re.escape(ENV_BEGIN) + r".*?" + re.escape(ENV_END), "", text, flags=re.S)
-
-
-def _cells(line: str) -> list[str]:
-    body = line.strip()[1:-1]
-    return [c.strip().replace("\\|", "|") for c in re.split(r"(?<!\\)\|", body)]
-
-
-def compare(committed: str, regenerated: str) -> list[str]:
-    """Every cell of ``regenerated`` must read the same in ``committed``; returns the differences."""
-    old, new = parse_tables(committed), parse_tables(regenerated)
-    problems = []
-    for tid, table in new.items():
-        if tid not in old:
-            problems.append(f"table {tid!r} is missing from the committed file")
-            continue
-        if old[tid]["head"] != table["head"]:
-            problems.append(f"table {tid!r}: columns {old[tid]['head']} committed, {table['head']} now")
-            continue
-        for key, cells in table["rows"].items():
-            if key not in old[tid]["rows"]:
-                problems.append(f"table {tid!r}, row {' / '.join(key)} is missing from the committed file")
-                continue
-            for col, cell in cells.items():
-                was = old[tid]["rows"][key].get(col)
-                if was != cell:
-                    problems.append(f"table {tid!r}, row {' / '.join(key)}, column {col!r}: committed {was!r}, "
-                                    f"measured now {cell!r}")
-    return problems
 
 
 # ----------------------------------------------------------------------- CLI
