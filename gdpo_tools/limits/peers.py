@@ -155,15 +155,14 @@ def run(impl: Implementation, rewards, group_ids, unit_ids=None, weights=None, t
 # ------------------------------------------------------------------ oracle
 
 
-def oracle(rewards, group_ids, unit_ids=None, weights=None, token_counts=None, convention="spec", eps=None):
-    """The oracle's Result, or the contract error it raises (returned)."""
+def oracle(rewards, group_ids, weights=None, token_counts=None, convention="spec", eps=None):
+    """The oracle's Result (one whitening unit), or the contract error it raises (returned)."""
     conv = get_convention(convention)
     try:
         with np.errstate(all="ignore"):  # bounds beyond float64 are inf by design
             return og.gdpo_advantages(np.asarray(rewards, dtype=np.float64), np.asarray(group_ids, dtype=np.int64),
-                                 weights=None if weights is None else list(weights),
-                                 unit_ids=None if unit_ids is None else np.asarray(unit_ids, dtype=np.int64),
-                                 eps=eps, convention=conv, token_counts=_tokens(conv, len(group_ids), token_counts))
+                                      weights=None if weights is None else list(weights), eps=eps, convention=conv,
+                                      token_counts=_tokens(conv, len(group_ids), token_counts))
     except GDPOError as e:
         return e
     except ArithmeticError as e:  # the oracle itself failed: say so in the table, never guess
@@ -186,11 +185,11 @@ class Grade:
     detail: str = ""
 
 
-def grade(out, res, impl: Implementation, unit_ids=None) -> Grade:
+def grade(out, res, impl: Implementation) -> Grade:
     """``out`` (array or exception) against ``res`` (oracle Result or exception).
 
     A *silent zero* is an exact zero output where the exact value is not zero and
-    the bound does not cover it, or a whole unit of zeros whose exact values are
+    the bound does not cover it, or a whole case (one unit) of zeros whose exact values are
     not all zero and reach float32 resolution of a unit-scale advantage (2^-24):
     what a user sees as "no signal" where the mathematics has one.
     """
@@ -207,7 +206,6 @@ def grade(out, res, impl: Implementation, unit_ids=None) -> Grade:
         return Grade("clear error", 0.0, float("nan"), 0.0, type(out).__name__)
     obs = np.asarray(out, dtype=np.float64)
     exact = res.float64
-    units = np.zeros(obs.size, np.int64) if unit_ids is None else np.asarray(unit_ids)
     with np.errstate(all="ignore"):
         # a bound the error model cannot evaluate (NaN) is taken as 0: strict, never vacuous
         allowed = np.nan_to_num(res.allowed(impl.out_dtype, impl.unit_roundoff), nan=0.0)
@@ -222,10 +220,8 @@ def grade(out, res, impl: Implementation, unit_ids=None) -> Grade:
         ratios = np.where(bounded, err / np.where(bounded, allowed, 1.0), 0.0)
         outside = (bounded & (err > allowed)) | (missed > 0.0)
         zeroed = live & (obs == 0.0) & (exact != 0.0) & outside
-        for u in np.unique(units):
-            m = (units == u) & live
-            if m.any() and np.all(obs[m] == 0.0) and np.max(np.abs(exact[m])) > FLOAT32_UNIT_ROUNDOFF:
-                zeroed |= m & (exact != 0.0)
+        if live.any() and np.all(obs[live] == 0.0) and np.max(np.abs(exact[live])) > FLOAT32_UNIT_ROUNDOFF:
+            zeroed |= live & (exact != 0.0)
     ratio = float(ratios.max()) if ratios.size else 0.0
     error = float(err[live].max()) if live.any() else float("nan")
     miss = float(missed.max()) if missed.size else 0.0
