@@ -43,6 +43,20 @@ def formula(convention, rewards, group_ids, unit_ids=None, weights=None, token_c
                            token_counts=token_counts, dtype=np.dtype(dtype).name)
 
 
+def one_pass_variance(x: np.ndarray, dt: np.dtype):
+    """The unbiased variance ``(sum x^2 / n - (sum x / n)^2) * n / (n - 1)`` in ``dt``: one
+    pass over the data, cancelling catastrophically once the mean dwarfs the spread."""
+    n = x.size
+    mean = x.sum(dtype=dt) / dt.type(n)
+    return ((x * x).sum(dtype=dt) / dt.type(n) - mean * mean) * (dt.type(n) / dt.type(n - 1))
+
+
+def two_pass_variance(x: np.ndarray, dt: np.dtype):
+    """The unbiased variance in ``dt``: the mean, then the squared deviations from it."""
+    dev = x - x.sum(dtype=dt) / dt.type(x.size)
+    return (dev * dev).sum(dtype=dt) / dt.type(x.size - 1)
+
+
 def nemo_rl_one_pass(rewards, group_ids, unit_ids=None, weights=None, token_counts=None, dtype=np.float32):
     """NeMo-RL's GDPO estimator in ``dtype``: per group and column a one-pass
     variance ``(sum x^2 / n - (sum x / n)^2) * n / (n - 1)``, its square root with
@@ -65,21 +79,16 @@ def nemo_rl_one_pass(rewards, group_ids, unit_ids=None, weights=None, token_coun
                 continue  # singleton: z = 0
             for k in range(k_cols):
                 x = r[m, k]
-                mean = x.sum(dtype=dt) / dt.type(n)
-                mean_sq = (x * x).sum(dtype=dt) / dt.type(n)
-                var = (mean_sq - mean * mean) * (dt.type(n) / dt.type(n - 1))
-                std = np.nan_to_num(np.sqrt(var), nan=0.0)
-                dev = x - mean
+                std = np.nan_to_num(np.sqrt(one_pass_variance(x, dt)), nan=0.0)
+                dev = x - x.sum(dtype=dt) / dt.type(n)
                 z[m, k] = dev / (std + eps) if std > 0 else dev
         c = (z * w).sum(axis=1, dtype=dt)
         u = np.zeros(n_rows, np.int64) if unit_ids is None else np.asarray(unit_ids)
         a = np.zeros(n_rows, dt)
         for m in _members(u):
             cu = c[m]
-            mean = cu.sum(dtype=dt) / dt.type(cu.size)
-            dev = cu - mean
-            std = np.sqrt((dev * dev).sum(dtype=dt) / dt.type(cu.size - 1))
-            a[m] = cu if std == 0 else dev / std
+            std = np.sqrt(two_pass_variance(cu, dt))
+            a[m] = cu if std == 0 else (cu - cu.sum(dtype=dt) / dt.type(cu.size)) / std
     return a
 
 

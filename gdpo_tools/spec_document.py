@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gdpo_tools.peer_formulas import one_pass_variance
 from oracle import condition, exact, gdpo, whitening
 from oracle.exact import exact_std
 from oracle.examples import CORRECTNESS_LENGTH, TWO_GROUP, grpo_reference
@@ -39,9 +40,7 @@ def _g(x: float, digits: int = 4) -> str:
 
 
 def _one_pass_std(values, dtype) -> str:
-    x = np.array(values, dtype=dtype)
-    n = x.size
-    v = ((x * x).mean(dtype=dtype) - x.mean(dtype=dtype) ** 2) * dtype(n) / dtype(n - 1)
+    v = one_pass_variance(np.array(values, dtype=dtype), np.dtype(dtype))
     return "NaN (negative variance)" if v < 0 else _g(float(np.sqrt(v)))
 
 

@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from spec.constants import DEFAULT_EPS
+from spec.constants import DEFAULT_EPS, FLOAT32_UNIT_ROUNDOFF, FLOAT64_UNIT_ROUNDOFF
 
 _EPS_PLACEMENT = ("std", "var", "std_if_positive", "skip_if_zero")
 #: The values each choice may take (module docstring), checked in ``Convention.__post_init__``.
@@ -64,7 +64,7 @@ _ALLOWED = {
     "algorithm": ("shift_invariant", "mean_then_subtract"),
 }
 #: unit roundoff of each working precision
-_UNIT_ROUNDOFF = {"float32": 2.0 ** -24, "float64": 2.0 ** -53}
+_UNIT_ROUNDOFF = {"float32": FLOAT32_UNIT_ROUNDOFF, "float64": FLOAT64_UNIT_ROUNDOFF}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,11 +109,6 @@ class Convention:
     def unit_roundoff(self) -> float:
         """The unit roundoff of the working precision (2^-24 for float32, 2^-53 for float64)."""
         return _UNIT_ROUNDOFF[self.native_dtype]
-
-    @property
-    def min_group_size(self) -> int:
-        """Smallest group the convention computes (1 where it defines singletons)."""
-        return 2 if self.singleton == "error" else 1
 
 
 SPEC = Convention(

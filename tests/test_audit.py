@@ -131,7 +131,7 @@ def test_refusals_name_the_file_and_the_files_own_row(tmp_path, capsys):
 def test_json_is_strict_json(tmp_path, capsys):
     """Found by review: an infinite difference was written as Infinity, which strict parsers refuse."""
     report = {"a": float("inf"), "b": [float("-inf"), float("nan"), 1.5], "c": {"d": 2}}
-    assert audit._strict_json(report) == {"a": "inf", "b": ["-inf", "nan", 1.5], "c": {"d": 2}}
+    assert audit.report._strict_json(report) == {"a": "inf", "b": ["-inf", "nan", 1.5], "c": {"d": 2}}
     assert cli.main(["audit", str(_write(tmp_path, "csv")), "--json"]) == audit.WARN
     json.loads(capsys.readouterr().out, parse_constant=lambda name: pytest.fail(f"non-standard JSON {name}"))
 

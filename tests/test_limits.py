@@ -39,6 +39,64 @@ def _committed_seed(text: str) -> int:
     return int(m.group(1))
 
 
+# ------------------------------------------------ reading the file back (the up-to-date check)
+
+_TABLE_MARK = re.compile(r"<!-- table:(?P<id>[\w-]+) keys=(?P<keys>\d+) -->")
+
+
+def _parse_tables(text: str) -> dict[str, dict]:
+    """Tables of a rendered file outside the environment block: id -> {"head", "rows": {key: {col: cell}}}."""
+    text = _strip_environment(text)
+    out: dict[str, dict] = {}
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        m = _TABLE_MARK.match(line.strip())
+        if not m:
+            continue
+        keys = int(m.group("keys"))
+        head = _cells(lines[i + 1])
+        rows = {}
+        for row_line in lines[i + 3:]:
+            if not row_line.startswith("|"):
+                break
+            cells = _cells(row_line)
+            rows[tuple(cells[:keys])] = dict(zip(head, cells))
+        out[m.group("id")] = {"head": head, "rows": rows}
+    return out
+
+
+def _strip_environment(text: str) -> str:
+    return re.sub(re.escape(limits.ENV_BEGIN) + r".*?" + re.escape(limits.ENV_END), "", text, flags=re.S)
+
+
+def _cells(line: str) -> list[str]:
+    body = line.strip()[1:-1]
+    return [c.strip().replace("\\|", "|") for c in re.split(r"(?<!\\)\|", body)]
+
+
+def _compare(committed: str, regenerated: str) -> list[str]:
+    """Every cell of ``regenerated`` must read the same in ``committed``; returns the differences."""
+    old, new = _parse_tables(committed), _parse_tables(regenerated)
+    problems = []
+    for tid, table in new.items():
+        if tid not in old:
+            problems.append(f"table {tid!r} is missing from the committed file")
+            continue
+        if old[tid]["head"] != table["head"]:
+            problems.append(f"table {tid!r}: columns {old[tid]['head']} committed, {table['head']} now")
+            continue
+        for key, cells in table["rows"].items():
+            if key not in old[tid]["rows"]:
+                problems.append(f"table {tid!r}, row {' / '.join(key)} is missing from the committed file")
+                continue
+            for col, cell in cells.items():
+                was = old[tid]["rows"][key].get(col)
+                if was != cell:
+                    problems.append(f"table {tid!r}, row {' / '.join(key)}, column {col!r}: committed {was!r}, "
+                                    f"measured now {cell!r}")
+    return problems
+
+
 @pytest.mark.slow  # the wheel's `gdpo limits --fast` run: the slow tier, with tests/test_installed_wheel.py
 def test_committed_tables_agree_with_a_fresh_fast_run_and_every_limit_reproduces(tmp_path_factory):
     # the fast run is `gdpo limits --fast --out tables` of this checkout's wheel, made once per test run
@@ -49,10 +107,10 @@ def test_committed_tables_agree_with_a_fresh_fast_run_and_every_limit_reproduces
                             f"{(ran / 'stderr').read_text()[-3000:]}")
     text = fresh.read_text()
     assert _committed_seed(text) == _committed_seed(_committed()), "the fast run used another seed than the file"
-    problems = limits.compare(_committed(), text)
+    problems = _compare(_committed(), text)
     shown = "\n  ".join(problems[:25]) + (f"\n  ... and {len(problems) - 25} more" if len(problems) > 25 else "")
     stale = [f"{row['id']}: {row['limit']} -- measured now: {row['measured']}"
-             for row in limits.parse_tables(text)["limits"]["rows"].values() if row["still reproduces"] != "yes"]
+             for row in _parse_tables(text)["limits"]["rows"].values() if row["still reproduces"] != "yes"]
     message = []
     if stale:
         message.append("documented limits that no longer reproduce (a fix landed? then rewrite or delete the "
@@ -63,7 +121,7 @@ def test_committed_tables_agree_with_a_fresh_fast_run_and_every_limit_reproduces
 
 
 def test_committed_file_documents_exactly_the_current_limits_as_reproducing():
-    rows = limits.parse_tables(_committed())["limits"]["rows"]
+    rows = _parse_tables(_committed())["limits"]["rows"]
     committed = {key[0]: row["still reproduces"] for key, row in rows.items()}
     assert set(committed) == {lim.id for lim in limits.LIMITS}, f"limit ids differ from LIMITS: {REGENERATE}"
     assert all(v == "yes" for v in committed.values()), f"a committed limit is marked stale: {committed}"
@@ -78,7 +136,7 @@ def test_committed_plots_are_pngs():
 
 
 def test_every_table_states_its_cases_and_rerun_command():
-    text = limits.strip_environment(_committed())
+    text = _strip_environment(_committed())
     for section in re.split(r"\n(?=### )", text)[1:]:
         if "<!-- table:" not in section:
             continue
@@ -108,15 +166,15 @@ def _doc(stamp="today", err="1.2") -> str:
 
 
 def test_checker_ignores_the_environment_block():
-    assert limits.compare(_doc(stamp="yesterday"), _doc(stamp="today")) == []
+    assert _compare(_doc(stamp="yesterday"), _doc(stamp="today")) == []
 
 
 def test_checker_reports_a_changed_cell_and_a_missing_row():
-    assert limits.compare(_doc(err="1.2"), _doc(err="1.3")) == [
+    assert _compare(_doc(err="1.2"), _doc(err="1.3")) == [
         "table 'demo', row 1e+03 / own, column 'err': committed '1.2', measured now '1.3'"]
     fewer = _doc().replace("| 1e+09 | own | 3.4e-05 |\n", "")
-    assert limits.compare(fewer, _doc()) == ["table 'demo', row 1e+09 / own is missing from the committed file"]
-    assert limits.compare(fewer.replace("table:demo", "table:other"), _doc())[0].startswith("table 'demo' is missing")
+    assert _compare(fewer, _doc()) == ["table 'demo', row 1e+09 / own is missing from the committed file"]
+    assert _compare(fewer.replace("table:demo", "table:other"), _doc())[0].startswith("table 'demo' is missing")
 
 
 def test_a_limit_that_stops_reproducing_is_marked_stale():
@@ -137,7 +195,7 @@ def test_a_limit_whose_case_did_not_run_is_stale_not_an_exception():
 
 def test_rendered_tables_round_trip():
     t = Table("x", "X", "intro", ["a", "b|c"], [["1", "p|q"]], keys=1)
-    parsed = limits.parse_tables(limits.render_table(t))
+    parsed = _parse_tables(limits.render_table(t))
     assert parsed["x"]["rows"][("1",)] == {"a": "1", "b|c": "p|q"}
 
 
@@ -153,7 +211,7 @@ def test_what_it_means_for_training_is_generated_and_classifies_by_the_real_rang
     each entry's case starts against the ranges of real rewards (spec/generated/known_limits.md)."""
     text = _committed()
     assert text.index("## What this means for your training") < text.index("## Documented limits")
-    rows = limits.parse_tables(text)["training"]["rows"]
+    rows = _parse_tables(text)["training"]["rows"]
     assert {key[0] if isinstance(key, tuple) else key for key in rows} == {lim.id for lim in limits.LIMITS}
     lim = limits.LIMITS[0]
     inside = dataclasses.replace(lim, reach=("magnitude", limits.REAL_MAX_REWARD))

@@ -25,7 +25,7 @@ def _batch(seed, conv):
     groups = np.repeat(np.arange(len(sizes)), sizes)
     units = np.where(groups < 2, 0, 1)
     tokens = rng.integers(1, 50, size=r.shape[0])
-    if conv.min_group_size == 1:  # a singleton group, handled by the convention's rule
+    if conv.singleton != "error":  # a singleton group, handled by the convention's rule
         r = np.vstack([r, [[0.3, 1.5, -2.0]]])
         groups = np.append(groups, 9)
         units = np.append(units, 1)

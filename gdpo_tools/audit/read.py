@@ -421,11 +421,20 @@ def _float_cells(cells, name: str, source: str, lines, text: bool) -> np.ndarray
     return out
 
 
-def _open_text(path: Path, src: str):
+def _read_text(path: Path, progress, read) -> Batch:
+    """A .csv or .jsonl file: ``read(lines, src, progress)`` parses its :class:`_Lines` into a
+    :class:`_Rows` and names its columns; bytes that are not UTF-8 are refused."""
+    src = str(path)
     try:
-        return path.open(newline="", encoding="utf-8-sig")
+        f = path.open(newline="", encoding="utf-8-sig")
     except OSError as e:
         raise AuditInputError(f"{src}: cannot be read ({e.strerror or e})") from None
+    with f:
+        try:
+            rows, names, empty = read(_Lines(f, src, path.stat().st_size), src, progress)
+        except UnicodeDecodeError as e:
+            raise AuditInputError(f"{src}: not UTF-8 text ({e.reason})") from None
+    return (rows or _Rows(src, False)).batch(names, empty)
 
 
 class _Lines:
@@ -491,80 +500,68 @@ class _Rows:
                      np.concatenate(self.starts))
 
 
-def _read_csv(path: Path, progress=None) -> Batch:
-    src = str(path)
-    with _open_text(path, src) as f:
-        lines = _Lines(f, src, path.stat().st_size)
-        reader = csv.reader(lines)
+def _csv_rows(lines: _Lines, src: str, progress):
+    reader = csv.reader(lines)
 
-        def numbered():  # each row with the line it starts on (a quoted cell may hold line breaks)
+    def numbered():  # each row with the line it starts on (a quoted cell may hold line breaks)
+        end = reader.line_num
+        for row in reader:
+            yield end + 1, row
             end = reader.line_num
-            for row in reader:
-                yield end + 1, row
-                end = reader.line_num
 
-        try:
-            fields = next(reader, None)
-            if not fields or "group" not in fields:
-                near = [f for f in fields or [] if f.strip().lower() in ("group", "uid", "index", "prompt_id")]
-                raise AuditGroupError(f"{src}: the header must name a 'group' column (found {shown(fields, 120)})"
-                                      + (f"; rename {near[0]!r} to 'group' (exactly, no spaces)" if near else ""))
-            dup = sorted({c for c in fields if fields.count(c) > 1})
-            if dup:
-                raise AuditInputError(f"{src}: the header names {dup} more than once")
-            names = [c for c in fields if c not in ("group", "unit")]
-            if not names:
-                raise AuditShapeError(f"{src}: no reward columns besides 'group'/'unit'")
-            rows = _Rows(src, "unit" in fields)
-            for chunk in _in_chunks(numbered(), lines, progress):
-                at = [n for n, _ in chunk]
-                for n, row in chunk:
-                    if len(row) != len(fields):
-                        raise AuditShapeError(f"{src}: line {n} has {len(row)} fields, the header "
-                                              f"{len(fields)}")
-                by_col = dict(zip(fields, zip(*(row for _, row in chunk))))
-                rows.add(at, [by_col[c] for c in names], names, True, by_col["group"], by_col.get("unit"))
-        except UnicodeDecodeError as e:
-            raise AuditInputError(f"{src}: not UTF-8 text ({e.reason})") from None
-        except csv.Error as e:
-            raise AuditInputError(f"{src}: not valid CSV at line {reader.line_num}: {e}") from None
-    return rows.batch(names, "no rows")
+    try:
+        fields = next(reader, None)
+        if not fields or "group" not in fields:
+            near = [f for f in fields or [] if f.strip().lower() in ("group", "uid", "index", "prompt_id")]
+            raise AuditGroupError(f"{src}: the header must name a 'group' column (found {shown(fields, 120)})"
+                                  + (f"; rename {near[0]!r} to 'group' (exactly, no spaces)" if near else ""))
+        dup = sorted({c for c in fields if fields.count(c) > 1})
+        if dup:
+            raise AuditInputError(f"{src}: the header names {dup} more than once")
+        names = [c for c in fields if c not in ("group", "unit")]
+        if not names:
+            raise AuditShapeError(f"{src}: no reward columns besides 'group'/'unit'")
+        rows = _Rows(src, "unit" in fields)
+        for chunk in _in_chunks(numbered(), lines, progress):
+            at = [n for n, _ in chunk]
+            for n, row in chunk:
+                if len(row) != len(fields):
+                    raise AuditShapeError(f"{src}: line {n} has {len(row)} fields, the header {len(fields)}")
+            by_col = dict(zip(fields, zip(*(row for _, row in chunk))))
+            rows.add(at, [by_col[c] for c in names], names, True, by_col["group"], by_col.get("unit"))
+    except csv.Error as e:
+        raise AuditInputError(f"{src}: not valid CSV at line {reader.line_num}: {e}") from None
+    return rows, names, "no rows"
 
 
-def _read_jsonl(path: Path, progress=None) -> Batch:
-    src = str(path)
+def _jsonl_rows(lines: _Lines, src: str, progress):
     names = first = first_line = rows = None
-    with _open_text(path, src) as f:
-        lines = _Lines(f, src, path.stat().st_size)
-        numbered = ((i + 1, line) for i, line in enumerate(lines) if line.strip())
-        try:
-            for chunk in _in_chunks(numbered, lines, progress):
-                recs, at = [], []
-                for n, line in chunk:
-                    try:
-                        recs.append(json.loads(line))
-                    except json.JSONDecodeError as e:
-                        raise AuditInputError(f"{src}: line {n} is not JSON: {e.msg}") from None
-                    at.append(n)
-                if first is None:
-                    _check_record(recs[0], at[0], src)
-                    first, first_line = recs[0]["rewards"], at[0]
-                    names = list(first) if isinstance(first, dict) else [f"r{k}" for k in range(len(first))]
-                    if not names:
-                        raise AuditShapeError(f"{src}: line {first_line} has no rewards")
-                    rows = _Rows(src, "unit" in recs[0])
-                values = []
-                for n, rec in zip(at, recs):
-                    values.append(_record_rewards(rec, n, src, names, first, first_line))
-                    if ("unit" in rec) != (rows.units is not None):
-                        has, hasnt = (first_line, n) if rows.units is not None else (n, first_line)
-                        raise AuditUnitError(f"{src}: line {hasnt} has no 'unit' but line {has} has one; give every "
-                                             "row a unit or none")
-                rows.add(at, list(zip(*values)), names, False, [rec["group"] for rec in recs],
-                         [rec.get("unit") for rec in recs])
-        except UnicodeDecodeError as e:
-            raise AuditInputError(f"{src}: not UTF-8 text ({e.reason})") from None
-    return (rows or _Rows(src, False)).batch(names, "no records")
+    numbered = ((i + 1, line) for i, line in enumerate(lines) if line.strip())
+    for chunk in _in_chunks(numbered, lines, progress):
+        recs, at = [], []
+        for n, line in chunk:
+            try:
+                recs.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise AuditInputError(f"{src}: line {n} is not JSON: {e.msg}") from None
+            at.append(n)
+        if first is None:
+            _check_record(recs[0], at[0], src)
+            first, first_line = recs[0]["rewards"], at[0]
+            names = list(first) if isinstance(first, dict) else [f"r{k}" for k in range(len(first))]
+            if not names:
+                raise AuditShapeError(f"{src}: line {first_line} has no rewards")
+            rows = _Rows(src, "unit" in recs[0])
+        values = []
+        for n, rec in zip(at, recs):
+            values.append(_record_rewards(rec, n, src, names, first, first_line))
+            if ("unit" in rec) != (rows.units is not None):
+                has, hasnt = (first_line, n) if rows.units is not None else (n, first_line)
+                raise AuditUnitError(f"{src}: line {hasnt} has no 'unit' but line {has} has one; give every "
+                                     "row a unit or none")
+        rows.add(at, list(zip(*values)), names, False, [rec["group"] for rec in recs],
+                 [rec.get("unit") for rec in recs])
+    return rows, names, "no records"
 
 
 def _check_record(rec, line: int, src: str) -> None:
@@ -651,11 +648,11 @@ def read_batch(path: str | Path, progress=None) -> Batch:
     if path.is_dir():
         raise AuditInputError(f"{path}: a directory, not a file")
     suffix = path.suffix.lower()
-    readers = {".csv": _read_csv, ".jsonl": _read_jsonl, ".npz": _read_npz, ".pt": _read_pt}
+    readers = {".csv": _csv_rows, ".jsonl": _jsonl_rows, ".npz": _read_npz, ".pt": _read_pt}
     if suffix not in readers:
         raise AuditInputError(f"{path}: unknown format {suffix!r} (expected .npz, .pt, .jsonl or .csv)")
     if suffix in (".csv", ".jsonl"):
-        return readers[suffix](path, progress)
+        return _read_text(path, progress, readers[suffix])
     return readers[suffix](path)
 
 

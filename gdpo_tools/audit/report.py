@@ -82,11 +82,6 @@ def render(report: dict) -> str:
     return "\n".join(lines)
 
 
-def json_report(report: dict) -> dict:
-    """The JSON report: the report itself, in strict JSON."""
-    return _strict_json(report)
-
-
 def error_json(source: str | None, e: BaseException, message: str) -> dict:
     """Why the batch could not be audited, as JSON: the same exit code as the text's; the code
     says whose fault ("malformed-input": the file's; "internal-error": the audit's), the classes
@@ -114,7 +109,7 @@ def main(file: str | None, weights=None, as_json: bool = False, eps: float = DEF
         else:
             batch = example_batch()
         report = audit(batch, weights=weights, eps=eps, exact=exact, peers=peers, bar=bar, missing=missing)
-        text = json.dumps(json_report(report), indent=2, allow_nan=False) if as_json else render(report)
+        text = json.dumps(_strict_json(report), indent=2, allow_nan=False) if as_json else render(report)
     except Exception as e:  # noqa: BLE001 -- the exit code must say "not audited", whatever failed
         source = batch.source if batch is not None else (str(file) if file else "built-in example")
         if isinstance(e, GDPOError):

@@ -10,8 +10,8 @@ evenly through the batch, where it also checks impl.gdpo against the error bound
 step is checked exactly on up to :data:`SAMPLED_UNITS` units of at most :data:`EXACT_UNIT`
 samples. Collapsed columns, groups without signal, eps-dominated stds, groups of two and
 float32 range are exact decisions or plain statistics either way. The peers' conventions
-are then opt-in (``--peers``): their own float formulas (gdpo_tools.peer_formulas) in
-their own dtype, against impl.gdpo.
+are then opt-in (``--peers``): their own float formulas in their own dtype (the mirrors
+of gdpo_tools.limits.peers), against impl.gdpo.
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ import time
 import numpy as np
 import torch
 
-from gdpo_tools import peer_formulas
 from gdpo_tools.audit.findings import (EPS_DOMINATED_FACTOR, ERROR, ILL_CONDITIONED, KINDS, ROUTINE, finding,
                                        peer_difference)
 from gdpo_tools.audit.read import AuditInputError, Batch, _weights, clip, shown
+from gdpo_tools.limits.peers import IMPLEMENTATIONS as MIRRORS
 from impl import gdpo as impl
 from oracle import gdpo as oracle
 from oracle.inputs import py
@@ -409,10 +409,7 @@ def audit(batch: Batch, weights=None, eps: float = DEFAULT_EPS, progress: bool |
                     ref, row["method"] = res.float64, "exact, against the exact spec result"
                 else:
                     with np.errstate(all="ignore"):
-                        pa = (peer_formulas.nemo_rl_one_pass(r, batch.group_ids, units, w) if name == "nemo_rl" else
-                              peer_formulas.formula(name, r, batch.group_ids, unit_ids=units, weights=w,
-                                                    token_counts=token, dtype=np.dtype(conv.native_dtype)))
-                    pa = np.asarray(pa, dtype=np.float64)
+                        pa = np.asarray(MIRRORS[name].run(r, batch.group_ids, units, w, token), dtype=np.float64)
                     ref, row["method"] = impl_a, f"its float formula in {conv.native_dtype}, against impl.gdpo"
                 diff = np.abs(pa - ref)
                 row["max_abs_difference"] = None if np.all(np.isnan(diff)) else float(np.nanmax(diff))

@@ -20,9 +20,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import importlib.util
 import math
 import platform
-import re
 import subprocess
 import sys
 import time
@@ -41,7 +41,6 @@ PAGE = DEFAULT_OUT.name
 COMMAND = "python -m gdpo_tools.limits"
 ENV_BEGIN = "<!-- environment: begin (machine-dependent; tests/test_limits.py ignores this block) -->"
 ENV_END = "<!-- environment: end -->"
-_TABLE_MARK = re.compile(r"<!-- table:(?P<id>[\w-]+) keys=(?P<keys>\d+) -->")
 
 
 # ------------------------------------------------------------------ progress
@@ -87,7 +86,6 @@ class Limit:
     """A documented limit (or guarantee) and the measurement that must still show it."""
 
     id: str
-    group: str  # the table group whose facts it reads
     text: str
     check: Callable[[object], tuple[bool, str]]  # (still shows, what was measured) of what ``read`` reads
     #: where it starts on an axis real batches have a range on (:data:`REAL`): (axis, value),
@@ -145,132 +143,114 @@ _F32_PEERS = T.P.FLOAT32_PEERS
 _EQUAL_WEIGHTS = "(2^24, -(2^24 + 1)), r2 = r1"
 
 LIMITS: tuple[Limit, ...] = (
-    Limit("cancellation-naive", "cancellation",
-          "`[C - d, d]` at C = 1e15 (own unit): naive float64 (mean, then deviations) is O(1) off the exact result; "
-          "the impl stays within the spec bound.",
+    Limit("cancellation-naive", "`[C - d, d]` at C = 1e15 (own unit): naive float64 (mean, then deviations) is O(1) "
+          "off the exact result; the impl stays within the spec bound.",
           lambda m: (m["naive_err"] >= 0.1 and m["impl_ratio"] <= 1,
                      f"naive err {fmt(m['naive_err'])}, impl err/bound {fmt(m['impl_ratio'])}"),
           reach=("digits", 1e15 / _D_STD), read=_cd("cd", 1e15)),
-    Limit("cancellation-conditioning", "cancellation",
-          "The exact result of the float64 `[C - d, d]` inputs is itself O(1) from C = 1e13, where one ulp of "
-          "every input moves it by more than 1 (own unit; `cond`, that first-order change, is sharp there): "
-          "the problem's conditioning, which no implementation removes "
-          "(the intended decimal inputs would give exactly 0).",
+    Limit("cancellation-conditioning", "The exact result of the float64 `[C - d, d]` inputs is itself O(1) from C = "
+          "1e13, where one ulp of every input moves it by more than 1 (own unit; `cond`, that first-order change, is "
+          "sharp there): the problem's conditioning, which no implementation removes (the intended decimal inputs "
+          "would give exactly 0).",
           lambda m: (m["exact_max"] >= 0.5 and m["cond_max"] >= 1 and m["cond_sharp"],
                      f"exact max abs a {fmt(m['exact_max'])} at 1e13, max cond {fmt(m['cond_max'])} at 1e13 (sharp: "
                      f"{m['cond_sharp']})"),
           reach=("digits", 1e13 / _D_STD), read=_cd("cd", 1e13)),
-    Limit("cancellation-naive-within-conditioning", "cancellation",
-          "Naive float64 (mean, then deviations) on `[C - d, d]` errs by less than the problem's own first-order "
-          "change (`naive err/cond` below 1) on every row where `cond` is sharp: an error of the size an ulp of "
-          "input perturbation explains, which the shift-invariant impl avoids.",
+    Limit("cancellation-naive-within-conditioning", "Naive float64 (mean, then deviations) on `[C - d, d]` errs by "
+          "less than the problem's own first-order change (`naive err/cond` below 1) on every row where `cond` is "
+          "sharp: an error of the size an ulp of input perturbation explains, which the shift-invariant impl avoids.",
           lambda rows: (bool(rows) and max(m["naive_per_cond"] for m in rows) < 1,
                         f"largest naive err/cond {fmt(max(m['naive_per_cond'] for m in rows))} (sharp rows)"),
           read=_sharp_cd),
-    Limit("constant-sum-exact-zero", "cancellation",
-          "Exact constant-sum groups `r2 = C - r1` (own unit): the impl returns exactly 0 at every C; naive float64 "
-          "leaves a residue that is O(1) at C = 1e15.",
+    Limit("constant-sum-exact-zero", "Exact constant-sum groups `r2 = C - r1` (own unit): the impl returns exactly 0 "
+          "at every C; naive float64 leaves a residue that is O(1) at C = 1e15.",
           lambda f: (_all_cs_own_zero(f)[0] and _cd("cs", 1e15)(f)["naive_max"] >= 0.1,
                      f"impl exactly 0 on every C: {_all_cs_own_zero(f)[0]}, naive max abs a "
                      f"{fmt(_cd('cs', 1e15)(f)['naive_max'])} at 1e15"),
           reach=("digits", 1e15 / _D_STD)),
-    Limit("float32-inputs", "cancellation",
-          "Float32 peers cannot hold `[C - d, d]` from C = 1e9: the TRL mirror is O(1) off the exact result of the "
-          "float64 inputs although it is accurate on the float32 inputs it holds.",
+    Limit("float32-inputs", "Float32 peers cannot hold `[C - d, d]` from C = 1e9: the TRL mirror is O(1) off the "
+          "exact result of the float64 inputs although it is accurate on the float32 inputs it holds.",
           lambda m: (m["trl_vs_f64"] >= 0.5 and m["trl_err"] < 1e-3,
                      f"TRL vs exact(f64) {fmt(m['trl_vs_f64'])}, vs exact of its inputs {fmt(m['trl_err'])}"),
           reach=("digits", 1e9 / _D_STD), read=_cd("cd", 1e9)),
-    Limit("nemo-one-pass-cancellation", "cancellation",
-          "NeMo-RL's one-pass float32 group variance is O(1) off its own exact result on `[C - d, d]` at "
-          "C = 1e3 (own unit).",
+    Limit("nemo-one-pass-cancellation", "NeMo-RL's one-pass float32 group variance is O(1) off its own exact result "
+          "on `[C - d, d]` at C = 1e3 (own unit).",
           lambda m: (m["peer_worst"] == "nemo_rl" and m["peer_err"] >= 0.5,
                      f"{m['peer_worst']} err {fmt(m['peer_err'])}"),
           reach=("digits", 1e3 / _D_STD), read=_cd("cd", 1e3)),
-    Limit("eps-1e-3", "eps",
-          "With one column's group std at 1e-3, eps 1e-4 instead of 1e-8 moves advantages by more than 1e-2.",
+    Limit("eps-1e-3", "With one column's group std at 1e-3, eps 1e-4 instead of 1e-8 moves advantages by more than "
+          "1e-2.",
           lambda m: (m["d4"] > 1e-2, f"max abs da {fmt(m['d4'])}"),
           reach=("std", 1e-3), read=lambda f: f["eps"][1e-3]),
-    Limit("eps-mutes", "eps",
-          "Below eps (column std 1e-5), eps 1e-4 mutes the column (max abs z < 0.2) while eps 1e-8 keeps it at "
-          "full size (max abs z > 1).",
+    Limit("eps-mutes", "Below eps (column std 1e-5), eps 1e-4 mutes the column (max abs z < 0.2) while eps 1e-8 keeps "
+          "it at full size (max abs z > 1).",
           lambda z: (z[1e-4] < 0.2 and z[1e-8] > 1, f"max abs z {fmt(z[1e-4])} vs {fmt(z[1e-8])}"),
           reach=("std", 1e-5), read=lambda f: f["eps"][1e-5]["z"]),
-    Limit("ng2-magnitude", "pairs",
-          "n_g = 2: gaps 1 and 1e4 give the same advantage (to 1e-3); only a gap near eps is damped.",
+    Limit("ng2-magnitude", "n_g = 2: gaps 1 and 1e4 give the same advantage (to 1e-3); only a gap near eps is damped.",
           lambda gap: (abs(gap[1e4]["a"] - gap[1.0]["a"]) < 1e-3 and gap[1e-4]["z"] < 0.5,
                        f"a {gap[1.0]['a']:.4f} vs {gap[1e4]['a']:.4f}; z at gap 1e-4 {gap[1e-4]['z']:.4f}"),
           reach=("setting", "two generations per prompt"), read=lambda f: f["pairs"]["gap"]),
-    Limit("correlation", "pairs",
-          "rho = -1 cancels exactly (c = 0: no signal); rho = +1 amplifies the combined std sqrt 2 times over rho = 0.",
+    Limit("correlation", "rho = -1 cancels exactly (c = 0: no signal); rho = +1 amplifies the combined std sqrt 2 "
+          "times over rho = 0.",
           lambda rho: (rho[-1.0]["c_zero"] and abs(rho[1.0]["std_c"] / rho[0.0]["std_c"] - math.sqrt(2)) < 0.01,
                        f"c exactly 0: {rho[-1.0]['c_zero']}, std ratio "
                        f"{fmt(rho[1.0]['std_c'] / rho[0.0]['std_c'], 3)}"),
           reach=("setting", "two reward components that are exact complements (r2 = 1 - r1)"),
           read=lambda f: f["pairs"]["rho"]),
-    Limit("one-pass-float32", "variance",
-          "One-pass float32 variance gives std 0 (a silent zero) at offsets 1e3 and 1e4, where the exact std is "
-          "0.0129.",
+    Limit("one-pass-float32", "One-pass float32 variance gives std 0 (a silent zero) at offsets 1e3 and 1e4, where "
+          "the exact std is 0.0129.",
           lambda f: (_variance(f, 1e3, "float32", "one-pass")["var"] <= 0
                      and _variance(f, 1e4, "float32", "one-pass")["var"] <= 0,
                      f"variance {fmt(_variance(f, 1e3, 'float32', 'one-pass')['var'])} and "
                      f"{fmt(_variance(f, 1e4, 'float32', 'one-pass')['var'])}"),
           reach=("digits", 1e3 / _STEPS_STD)),
-    Limit("one-pass-float64", "variance",
-          "One-pass float64 variance is off by more than 100% at offset 1e8; the shifted two-pass stays at the "
-          "last bits.",
+    Limit("one-pass-float64", "One-pass float64 variance is off by more than 100% at offset 1e8; the shifted two-pass "
+          "stays at the last bits.",
           lambda f: (_variance(f, 1e8, "float64", "one-pass")["rel"] > 1
                      and _variance(f, 1e8, "float64", "shifted two-pass")["rel"] < 1e-14,
                      f"{fmt(_variance(f, 1e8, 'float64', 'one-pass')['rel'])} vs "
                      f"{fmt(_variance(f, 1e8, 'float64', 'shifted two-pass')['rel'])}"),
           reach=("digits", 1e8 / _STEPS_STD)),
-    Limit("two-pass-float32-offset", "variance",
-          "Float32 two-pass (mean first) loses digits with the offset: at 1e4 it is 100 times worse than the "
-          "shifted two-pass.",
+    Limit("two-pass-float32-offset", "Float32 two-pass (mean first) loses digits with the offset: at 1e4 it is 100 "
+          "times worse than the shifted two-pass.",
           lambda f: (_variance(f, 1e4, "float32", "two-pass")["rel"]
                      > 100 * _variance(f, 1e4, "float32", "shifted two-pass")["rel"],
                      f"{fmt(_variance(f, 1e4, 'float32', 'two-pass')['rel'])} vs "
                      f"{fmt(_variance(f, 1e4, 'float32', 'shifted two-pass')['rel'])}"),
           reach=("digits", 1e4 / _STEPS_STD)),
-    Limit("float32-reward-overflow", "ranges",
-          "Float32 peers: rewards `M * [...]` with M = 1e20 give silent zeros (squares overflow float32), and so "
-          "do rewards beyond FLT_MAX (TRL's NaN-aware z turns the overflow's NaN into 0).",
+    Limit("float32-reward-overflow", "Float32 peers: rewards `M * [...]` with M = 1e20 give silent zeros (squares "
+          "overflow float32), and so do rewards beyond FLT_MAX (TRL's NaN-aware z turns the overflow's NaN into 0).",
           lambda r: (r[("1e+20", "trl")] == "silent zero" and r[("1e+39", "trl")] == "silent zero",
                      f"TRL: {r[('1e+20', 'trl')]}, {r[('1e+39', 'trl')]}"),
           reach=("magnitude", 1e20), read=lambda f: f["ranges"]["rewards"]),
-    Limit("naive-float64-overflow", "ranges",
-          "Naive float64: squares overflow at M = 1e155 and the group silently becomes zero.",
+    Limit("naive-float64-overflow", "Naive float64: squares overflow at M = 1e155 and the group silently becomes zero.",
           lambda o: (o == "silent zero", o),
           reach=("magnitude", 1e155), read=lambda f: f["ranges"]["rewards"][("1e+155", "naive_f64")]),
-    Limit("impl-reward-range", "ranges",
-          "impl: correct on every reward magnitude up to DBL_MAX and on both float32 extremes.",
+    Limit("impl-reward-range", "impl: correct on every reward magnitude up to DBL_MAX and on both float32 extremes.",
           lambda r: (all(o == "correct" for (case, name), o in r.items() if name == "impl"),
                      ", ".join(sorted({o for (c, n), o in r.items() if n == "impl"}))),
           read=lambda f: f["ranges"]["rewards"]),
-    Limit("float32-weights", "ranges",
-          "Weights `(16777216, -16777217)` on identical columns: float32 peers merge them and return silent zeros; "
-          "impl is correct.",
+    Limit("float32-weights", "Weights `(16777216, -16777217)` on identical columns: float32 peers merge them and "
+          "return silent zeros; impl is correct.",
           lambda w: (all(w[(_EQUAL_WEIGHTS, n)] == "silent zero" for n in _F32_PEERS)
                      and w[(_EQUAL_WEIGHTS, "impl")] == "correct",
                      "float32 peers: " + ", ".join(sorted({w[(_EQUAL_WEIGHTS, n)] for n in _F32_PEERS}))),
           reach=("weight", 2.0 ** 24), read=lambda f: f["ranges"]["weights"]),
-    Limit("impl-weight-range", "ranges",
-          "impl: correct with weights up to `(1e39, 1e39)` and `(DBL_MAX, 1)`; `(DBL_MAX, DBL_MAX)` overflows the "
-          "combined value and is refused with OutOfRangeError (clear error, not inf).",
+    Limit("impl-weight-range", "impl: correct with weights up to `(1e39, 1e39)` and `(DBL_MAX, 1)`; `(DBL_MAX, "
+          "DBL_MAX)` overflows the combined value and is refused with OutOfRangeError (clear error, not inf).",
           lambda w: (w[("(1e+39, 1e+39)", "impl")] == "correct" and w[("(DBL_MAX, 1)", "impl")] == "correct"
                      and w[("(DBL_MAX, DBL_MAX)", "impl")] == "clear error", w[("(DBL_MAX, DBL_MAX)", "impl")]),
           read=lambda f: f["ranges"]["weights"]),
-    Limit("nan-reward", "peers",
-          "A NaN reward: impl raises (NonFiniteError) on every case; every peer returns numbers or NaN without an "
-          "error.",
+    Limit("nan-reward", "A NaN reward: impl raises (NonFiniteError) on every case; every peer returns numbers or NaN "
+          "without an error.",
           lambda p: (all(g.outcome == "clear error" for g, _ in p[("impl64", "NaN reward", "spec")])
                      and all(g.outcome == "no error" for n in (*_F32_PEERS, "multireward_grpo")
                              for g, _ in p[(n, "NaN reward", "spec")]),
                      "impl: clear error; peers: no error"),
           reach=("setting", "a reward function that fails and returns NaN"), read=lambda f: f["peers"]),
-    Limit("float32-offset", "peers",
-          "Large-offset groups: the float32 two-pass peers stay within the error bound of their own algorithm "
-          "(mean then subtract, float32: table 6a) and exceed the shift-invariant bound of spec (table 6b) by "
-          "orders of magnitude; NeMo-RL's one-pass variance exceeds even its own two-pass bound.",
+    Limit("float32-offset", "Large-offset groups: the float32 two-pass peers stay within the error bound of their own "
+          "algorithm (mean then subtract, float32: table 6a) and exceed the shift-invariant bound of spec (table 6b) "
+          "by orders of magnitude; NeMo-RL's one-pass variance exceeds even its own two-pass bound.",
           lambda f: (all(_worst(f, n, "large offset", "own") <= 1 for n in ("trl", "verl", "nvlabs", "ms_swift"))
                      and _worst(f, "nemo_rl", "large offset", "own") > 1
                      and all(_worst(f, n, "large offset", "spec") > 100 for n in _F32_PEERS),
@@ -279,8 +259,8 @@ LIMITS: tuple[Limit, ...] = (
                      + "; under spec: " + ", ".join(f"{n} {fmt(_worst(f, n, 'large offset', 'spec'))}"
                                                     for n in _F32_PEERS)),
           reach=("setting", "rewards with a large common offset (table 6a: offsets 1e3 to 1e6, steps 0.01 to 1)")),
-    Limit("impl-peers", "peers",
-          "impl (out float64) is within the spec bound on every case of every family, and refuses the NaN family.",
+    Limit("impl-peers", "impl (out float64) is within the spec bound on every case of every family, and refuses the "
+          "NaN family.",
           lambda grades: (all(g.outcome in ("correct", "clear error") and g.ratio <= 1 for g in grades),
                           f"worst err/bound {fmt(max(g.ratio for g in grades))}"),
           read=_impl_grades),
@@ -501,62 +481,6 @@ def render(run: Run, out: Path) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
-# ---------------------------------------------------------- reading it back
-
-
-def parse_tables(text: str) -> dict[str, dict]:
-    """Tables of a rendered file outside the environment block: id -> {"head", "rows": {key: {col: cell}}}."""
-    text = strip_environment(text)
-    out: dict[str, dict] = {}
-    lines = text.splitlines()
-    for i, line in enumerate(lines):
-        m = _TABLE_MARK.match(line.strip())
-        if not m:
-            continue
-        keys = int(m.group("keys"))
-        head = _cells(lines[i + 1])
-        rows = {}
-        for row_line in lines[i + 3:]:
-            if not row_line.startswith("|"):
-                break
-            cells = _cells(row_line)
-            rows[tuple(cells[:keys])] = dict(zip(head, cells))
-        out[m.group("id")] = {"head": head, "rows": rows}
-    return out
-
-
-def strip_environment(text: str) -> str:
-    return re.sub(re.escape(ENV_BEGIN) + r".*?" + re.escape(ENV_END), "", text, flags=re.S)
-
-
-def _cells(line: str) -> list[str]:
-    body = line.strip()[1:-1]
-    return [c.strip().replace("\\|", "|") for c in re.split(r"(?<!\\)\|", body)]
-
-
-def compare(committed: str, regenerated: str) -> list[str]:
-    """Every cell of ``regenerated`` must read the same in ``committed``; returns the differences."""
-    old, new = parse_tables(committed), parse_tables(regenerated)
-    problems = []
-    for tid, table in new.items():
-        if tid not in old:
-            problems.append(f"table {tid!r} is missing from the committed file")
-            continue
-        if old[tid]["head"] != table["head"]:
-            problems.append(f"table {tid!r}: columns {old[tid]['head']} committed, {table['head']} now")
-            continue
-        for key, cells in table["rows"].items():
-            if key not in old[tid]["rows"]:
-                problems.append(f"table {tid!r}, row {' / '.join(key)} is missing from the committed file")
-                continue
-            for col, cell in cells.items():
-                was = old[tid]["rows"][key].get(col)
-                if was != cell:
-                    problems.append(f"table {tid!r}, row {' / '.join(key)}, column {col!r}: committed {was!r}, "
-                                    f"measured now {cell!r}")
-    return problems
-
-
 # ----------------------------------------------------------------------- CLI
 
 
@@ -569,12 +493,6 @@ def checkout_generated_dir() -> Path | None:
     except OSError:
         ours = False
     return DEFAULT_OUT.parent if ours and DEFAULT_OUT.is_file() else None
-
-
-def _have_matplotlib() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("matplotlib") is not None
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m gdpo_tools.limits") -> int:
@@ -602,7 +520,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m gdpo_tools.limits
                      "rewrite (the installed package's own files are never written)")
     if folder.exists() and not folder.is_dir():
         parser.error(f"--out {folder}: not a folder (it is written as {folder}/{PAGE} and {folder}/limits/)")
-    if not args.no_plots and not _have_matplotlib():
+    if not args.no_plots and importlib.util.find_spec("matplotlib") is None:
         parser.error("the plots need matplotlib: pip install 'gdpo-spec[limits]', or pass --no-plots")
     out = folder / PAGE
     plots_dir = None if args.no_plots else folder / "limits"

@@ -30,7 +30,7 @@ from typing import Callable
 import numpy as np
 
 from gdpo_tools.peer_formulas import formula, nemo_rl_one_pass, trl_normalize_then_sum
-from spec.constants import FLOAT32_UNIT_ROUNDOFF, FLOAT64_UNIT_ROUNDOFF
+from spec.constants import FLOAT32_UNIT_ROUNDOFF
 from spec.conventions import get_convention
 from spec.errors import GDPOError
 import torch
@@ -38,14 +38,22 @@ from impl.gdpo import gdpo_advantages
 from oracle import gdpo as og
 
 
-def _formula(convention, dtype):
+def _tokens(conv, n: int, token_counts):
+    """The token counts a convention whitens by: verl's per-token Eq. 6 (one token a sample
+    unless given); None for the others."""
+    if conv.whiten != "per_token":
+        return None
+    return np.ones(n, np.int64) if token_counts is None else np.asarray(token_counts, np.int64)
+
+
+def _formula(convention):
+    """The convention's formula as its code computes it, in its own dtype."""
+    conv = get_convention(convention)
+
     def run(rewards, group_ids, unit_ids=None, weights=None, token_counts=None):
-        conv = get_convention(convention)
-        if conv.whiten == "per_token" and token_counts is None:
-            token_counts = np.ones(len(group_ids), np.int64)
         with np.errstate(all="ignore"):
-            return formula(convention, rewards, np.asarray(group_ids), unit_ids=unit_ids, weights=weights,
-                           token_counts=None if conv.whiten != "per_token" else token_counts, dtype=dtype)
+            return formula(conv, rewards, np.asarray(group_ids), unit_ids=unit_ids, weights=weights,
+                           token_counts=_tokens(conv, len(group_ids), token_counts), dtype=conv.native_dtype)
     return run
 
 
@@ -86,37 +94,35 @@ class Implementation:
     name: str
     title: str
     convention: str  # the convention it means to compute (graded "under its own convention")
-    working: str  # working precision, for the error bound
     out_dtype: str  # dtype of its outputs (half an ulp of it is allowed)
     run: Callable
-    float32_inputs: bool  # does it see its rewards as float32?
 
     @property
     def unit_roundoff(self) -> float:
-        return FLOAT32_UNIT_ROUNDOFF if self.working == "float32" else FLOAT64_UNIT_ROUNDOFF
+        """Of its working precision: its convention's (spec/conventions.py), for the error bound."""
+        return get_convention(self.convention).unit_roundoff
+
+    @property
+    def float32_inputs(self) -> bool:
+        """Does it see its rewards as float32 (a float32 peer)?"""
+        return get_convention(self.convention).native_dtype == "float32"
 
 
 IMPLEMENTATIONS: dict[str, Implementation] = {
     i.name: i
     for i in (
-        Implementation("impl", "impl.gdpo (this project)", "spec", "float64", "float32", _impl("float32"), False),
-        Implementation("impl64", "impl.gdpo (this project), out_dtype float64", "spec", "float64", "float64",
-                       _impl("float64"), False),
-        Implementation("naive_f64", "naive float64 (mean, then deviations)", "spec", "float64", "float64",
-                       _formula("spec", np.float64), False),
-        Implementation("trl", "TRL mirror (float32)", "trl", "float32", "float32", _formula("trl", np.float32), True),
-        Implementation("trl_torch", "TRL eager torch mirror (float32)", "trl", "float32", "float32", _trl_torch,
-                       True),
-        Implementation("verl", "verl mirror (float32)", "verl", "float32", "float32", _formula("verl", np.float32),
-                       True),
-        Implementation("nemo_rl", "NeMo-RL mirror (float32, one-pass variance)", "nemo_rl", "float32", "float32",
-                       nemo_rl_one_pass, True),
-        Implementation("nvlabs", "NVlabs reference mirror (float32)", "nvlabs", "float32", "float32",
-                       _formula("nvlabs", np.float32), True),
-        Implementation("ms_swift", "ms-swift mirror (float32)", "ms_swift", "float32", "float32",
-                       _formula("ms_swift", np.float32), True),
+        Implementation("impl", "impl.gdpo (this project)", "spec", "float32", _impl("float32")),
+        Implementation("impl64", "impl.gdpo (this project), out_dtype float64", "spec", "float64", _impl("float64")),
+        Implementation("naive_f64", "naive float64 (mean, then deviations)", "spec", "float64", _formula("spec")),
+        Implementation("trl", "TRL mirror (float32)", "trl", "float32", _formula("trl")),
+        Implementation("trl_torch", "TRL eager torch mirror (float32)", "trl", "float32", _trl_torch),
+        Implementation("verl", "verl mirror (float32)", "verl", "float32", _formula("verl")),
+        Implementation("nemo_rl", "NeMo-RL mirror (float32, one-pass variance)", "nemo_rl", "float32",
+                       nemo_rl_one_pass),
+        Implementation("nvlabs", "NVlabs reference mirror (float32)", "nvlabs", "float32", _formula("nvlabs")),
+        Implementation("ms_swift", "ms-swift mirror (float32)", "ms_swift", "float32", _formula("ms_swift")),
         Implementation("multireward_grpo", "multireward-grpo mirror (float64)", "multireward_grpo", "float64",
-                       "float64", _formula("multireward_grpo", np.float64), False),
+                       _formula("multireward_grpo")),
     )
 }
 
@@ -149,18 +155,14 @@ def run(impl: Implementation, rewards, group_ids, unit_ids=None, weights=None, t
 # ------------------------------------------------------------------ oracle
 
 
-def oracle(rewards, group_ids, unit_ids=None, weights=None, token_counts=None, convention="spec", eps=None):
-    """The oracle's Result, or the contract error it raises (returned)."""
+def oracle(rewards, group_ids, weights=None, token_counts=None, convention="spec", eps=None):
+    """The oracle's Result (one whitening unit), or the contract error it raises (returned)."""
     conv = get_convention(convention)
-    tc = None
-    if conv.whiten == "per_token":
-        tc = np.ones(len(group_ids), np.int64) if token_counts is None else np.asarray(token_counts, np.int64)
     try:
         with np.errstate(all="ignore"):  # bounds beyond float64 are inf by design
             return og.gdpo_advantages(np.asarray(rewards, dtype=np.float64), np.asarray(group_ids, dtype=np.int64),
-                                 weights=None if weights is None else list(weights),
-                                 unit_ids=None if unit_ids is None else np.asarray(unit_ids, dtype=np.int64),
-                                 eps=eps, convention=conv, token_counts=tc)
+                                      weights=None if weights is None else list(weights), eps=eps, convention=conv,
+                                      token_counts=_tokens(conv, len(group_ids), token_counts))
     except GDPOError as e:
         return e
     except ArithmeticError as e:  # the oracle itself failed: say so in the table, never guess
@@ -183,11 +185,11 @@ class Grade:
     detail: str = ""
 
 
-def grade(out, res, impl: Implementation, unit_ids=None) -> Grade:
+def grade(out, res, impl: Implementation) -> Grade:
     """``out`` (array or exception) against ``res`` (oracle Result or exception).
 
     A *silent zero* is an exact zero output where the exact value is not zero and
-    the bound does not cover it, or a whole unit of zeros whose exact values are
+    the bound does not cover it, or a whole case (one unit) of zeros whose exact values are
     not all zero and reach float32 resolution of a unit-scale advantage (2^-24):
     what a user sees as "no signal" where the mathematics has one.
     """
@@ -204,7 +206,6 @@ def grade(out, res, impl: Implementation, unit_ids=None) -> Grade:
         return Grade("clear error", 0.0, float("nan"), 0.0, type(out).__name__)
     obs = np.asarray(out, dtype=np.float64)
     exact = res.float64
-    units = np.zeros(obs.size, np.int64) if unit_ids is None else np.asarray(unit_ids)
     with np.errstate(all="ignore"):
         # a bound the error model cannot evaluate (NaN) is taken as 0: strict, never vacuous
         allowed = np.nan_to_num(res.allowed(impl.out_dtype, impl.unit_roundoff), nan=0.0)
@@ -219,10 +220,8 @@ def grade(out, res, impl: Implementation, unit_ids=None) -> Grade:
         ratios = np.where(bounded, err / np.where(bounded, allowed, 1.0), 0.0)
         outside = (bounded & (err > allowed)) | (missed > 0.0)
         zeroed = live & (obs == 0.0) & (exact != 0.0) & outside
-        for u in np.unique(units):
-            m = (units == u) & live
-            if m.any() and np.all(obs[m] == 0.0) and np.max(np.abs(exact[m])) > FLOAT32_UNIT_ROUNDOFF:
-                zeroed |= m & (exact != 0.0)
+        if live.any() and np.all(obs[live] == 0.0) and np.max(np.abs(exact[live])) > FLOAT32_UNIT_ROUNDOFF:
+            zeroed |= live & (exact != 0.0)
     ratio = float(ratios.max()) if ratios.size else 0.0
     error = float(err[live].max()) if live.any() else float("nan")
     miss = float(missed.max()) if missed.size else 0.0

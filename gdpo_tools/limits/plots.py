@@ -116,12 +116,7 @@ def variance(offsets, path: Path) -> Path:
 
 def eps(stds, path: Path) -> Path:
     plt = _pyplot()
-    d4, d6 = [], []
-    for s in stds:
-        r, g = T.eps_case(s)
-        res = {e: T.P.oracle(r, g, eps=e).float64 for e in T.EPS_VALUES}
-        d4.append(T._err(res[1e-4], res[1e-8]))
-        d6.append(T._err(res[1e-6], res[1e-8]))
+    _, d4, d6 = zip(*(T.eps_effect(s) for s in stds))
     fig, ax = plt.subplots(figsize=(7, 4.5))
     ax.loglog(stds, _floored(d4), "o-", label="eps 1e-4 vs 1e-8")
     ax.loglog(stds, _floored(d6), "s-", label="eps 1e-6 vs 1e-8")

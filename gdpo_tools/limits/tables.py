@@ -9,6 +9,7 @@ full run's rows, identical cell for cell.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 from fractions import Fraction
@@ -18,6 +19,7 @@ import torch
 
 from gdpo_tools.limits import families as fam
 from gdpo_tools.limits import peers as P
+from gdpo_tools.peer_formulas import one_pass_variance, two_pass_variance
 from oracle.exact import exact_std
 from impl import gdpo
 from spec.constants import FLOAT32_MAX
@@ -221,17 +223,22 @@ def eps_case(s: float):
     return np.concatenate([a, _GROUP_B]), np.repeat([0, 1], 8)
 
 
+def eps_effect(s: float):
+    """The exact results of :func:`eps_case` under each eps, and the largest change of an
+    advantage from eps 1e-4 and from 1e-6 against 1e-8."""
+    r, g = eps_case(s)
+    res = {e: P.oracle(r, g, eps=e) for e in EPS_VALUES}
+    return res, _err(res[1e-4].float64, res[1e-8].float64), _err(res[1e-6].float64, res[1e-8].float64)
+
+
 def build_eps(fast: bool, seed: int, progress) -> tuple[list[Table], dict]:
     stds = STD_FAST if fast else STD_FULL
     step = progress("2 eps", len(stds))
     facts, rows = {}, []
     for s in stds:
-        r, g = eps_case(s)
-        res = {e: P.oracle(r, g, eps=e) for e in EPS_VALUES}
+        res, d4, d6 = eps_effect(s)
         zmax = {e: _max_abs(res[e].z.float64[:8, 1]) for e in EPS_VALUES}
-        d4 = _err(res[1e-4].float64, res[1e-8].float64)
-        d6 = _err(res[1e-6].float64, res[1e-8].float64)
-        facts[s] = {"std": exact_std(r[:8, 1]), "d4": d4, "d6": d6, "z": zmax}
+        facts[s] = {"std": exact_std(eps_case(s)[0][:8, 1]), "d4": d4, "d6": d6, "z": zmax}
         rows.append([fmt(s), fmt(facts[s]["std"]), *(fmt(zmax[e], 3) for e in EPS_VALUES), fmt(d4), fmt(d6)])
         step()
     t = Table(
@@ -316,22 +323,8 @@ OFFSETS_FAST = (1.0, 1e3, 1e4, 1e8)
 _STEPS = np.array([0.0, 0.01, 0.02, 0.03])
 
 
-def variance_one_pass(x, dt):
-    n = x.size
-    return ((x * x).sum(dtype=dt) / dt.type(n) - (x.sum(dtype=dt) / dt.type(n)) ** 2) * (dt.type(n) / dt.type(n - 1))
-
-
-def variance_two_pass(x, dt):
-    dev = x - x.sum(dtype=dt) / dt.type(x.size)
-    return (dev * dev).sum(dtype=dt) / dt.type(x.size - 1)
-
-
-def variance_shifted(x, dt):
-    return variance_two_pass(x - x[0], dt)
-
-
-VARIANCE_ALGORITHMS = {"one-pass": variance_one_pass, "two-pass": variance_two_pass,
-                       "shifted two-pass": variance_shifted}
+VARIANCE_ALGORITHMS = {"one-pass": one_pass_variance, "two-pass": two_pass_variance,
+                       "shifted two-pass": lambda x, dt: two_pass_variance(x - x[0], dt)}
 
 
 def _variance_cell(var, exact: float) -> tuple[str, float]:
@@ -396,6 +389,10 @@ _SHORT = {"correct": "correct", "off": "off", "silent zero": "silent 0", "NaN": 
           "clear error": "error", "no error": "no error", "n/a": "n/a"}
 
 
+def _magnitude(x: float) -> str:
+    return {FLOAT32_MAX: "FLT_MAX", DBL_MAX: "DBL_MAX"}.get(x) or fmt(x, 3)
+
+
 def _reward_magnitude_case(m: float):
     a = np.array([-1.0, -0.5, 0.5, 1.0]) * m
     b = np.array([0.0, 0.25, 0.5, 1.0]) * m
@@ -445,12 +442,11 @@ def range_outcome(name: str, r, g, weights) -> tuple[str, object]:
 def build_ranges(fast: bool, seed: int, progress) -> tuple[list[Table], dict]:
     mags = REWARD_MAGNITUDES_FAST if fast else REWARD_MAGNITUDES_FULL
     scales = WEIGHT_SCALES_FAST if fast else WEIGHT_SCALES_FULL
-    reward_cases = {fmt(m, 3) if m not in (FLOAT32_MAX, DBL_MAX) else
-                    ("FLT_MAX" if m == FLOAT32_MAX else "DBL_MAX"): (m, _reward_magnitude_case(m)) for m in mags}
+    reward_cases = {_magnitude(m): (m, _reward_magnitude_case(m)) for m in mags}
     special_r = _special_reward_cases()
     weight_cases = {}
     for w in scales:
-        lab = "FLT_MAX" if w == FLOAT32_MAX else "DBL_MAX" if w == DBL_MAX else fmt(w, 3)
+        lab = _magnitude(w)
         for pair in ("w, 1", "w, w"):
             label = f"({lab}, 1)" if pair == "w, 1" else f"({lab}, {lab})"
             weight_cases[label] = (w, pair, _weight_case(w, pair))
@@ -590,11 +586,8 @@ def build_peers(fast: bool, seed: int, progress) -> tuple[list[Table], dict]:
     return tables, facts
 
 
-def _counts(grades) -> dict:
-    out: dict = {}
-    for g, _ in grades:
-        out[g.outcome] = out.get(g.outcome, 0) + 1
-    return out
+def _counts(grades) -> collections.Counter:
+    return collections.Counter(g.outcome for g, _ in grades)
 
 
 def _peer_cell(grades) -> str:
