@@ -258,8 +258,9 @@ def _output_summary(out: Outcome) -> str:
         parts.append(f"{inf} infinite")
     if zeros:
         parts.append(f"{zeros} exactly 0")
-    head = f"{v.size} value(s)" + (f" ({', '.join(parts)})" if parts else " (all finite, none 0)")
-    shown = ", ".join(f"{x:.6g}" for x in v[:6].tolist()) + (", ..." if v.size > 6 else "")
+    shape = f" of shape {tuple(v.shape)}" if v.ndim != 1 else ""  # an (N, 1) result, say
+    head = f"{v.size} value(s){shape}" + (f" ({', '.join(parts)})" if parts else " (all finite, none 0)")
+    shown = ", ".join(f"{x:.6g}" for x in v.reshape(-1)[:6].tolist()) + (", ..." if v.size > 6 else "")
     return head + f": [{shown}]"
 
 

@@ -91,3 +91,23 @@ def test_the_json_carries_what_the_screen_says(target):
     assert [f["cause"] for f in data["findings"]] == [f.cause for f in grading.FD.rank(g.findings)]
     for f in data["findings"]:
         assert f["repro"].startswith("python -m conformance.replay --impl ") and f["example_case"], f
+
+
+def _column_result(rewards, num_generations, reward_weights):
+    """A TRL-style code that returns its advantages as an (N, 1) column, NaN rewards and all."""
+    import torch
+    g = rewards.view(-1, num_generations, rewards.shape[1])
+    z = (g - g.mean(1, keepdim=True)) / (g.std(1, keepdim=True) + 1e-4)
+    c = (z * reward_weights).sum(-1).reshape(-1, 1)
+    return (c - c.mean()) / (c.std() + 1e-4)
+
+
+def test_a_column_shaped_result_is_a_finding_not_a_crash_of_the_grader():
+    """An (N, 1) result: the valid cases are "output breaks its call shape", and a bad input it
+    accepts is shown with its shape (the summary of such a result used to raise a TypeError, so
+    ``gdpo check`` exited 3, "the grader itself failed")."""
+    g = _grade("test_grading_output:_column_result", select="plain,errors")
+    shape = [f for f in g.findings if str(f.category) == "call_shape"]
+    assert shape and "of shape (2, 1)" in shape[0].headline(), [f.headline() for f in g.findings]
+    accepted = [f for f in g.findings if str(f.category) == "accepted"]
+    assert accepted and all("value(s) of shape (2, 1)" in f.said for f in accepted), [f.said for f in accepted]
