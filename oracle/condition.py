@@ -395,28 +395,12 @@ def _common(T, x, E, xe):
 
 
 def whiten_values(v, a64, members, info, placement, eps, old):
-    """Eq. 6 alone on given values (the inputs are the values): per unit, the z
-    formula with the unit's Y, Theta and H. ``info``: per unit frame, sigma, denominator
-    (in the frame) and eligibility. Returns (cond, sharp)."""
-    N = v.size
-    T = np.zeros(N)
-    E = np.zeros(N)
-    X = np.zeros(N, dtype=np.int64)
-    good = np.zeros(N, bool)
-    eligible = [s for s, idx in enumerate(members) if info["ok"][s] and 2 <= idx.size <= CAP]
-    by_size: dict[int, list[int]] = {}
-    for s in eligible:
-        by_size.setdefault(members[s].size, []).append(s)
-    for n, units in by_size.items():
-        us = np.array(units)
-        idx = np.stack([members[s] for s in units])
-        theta, om, hm, hx = _theta(placement, info["sigma"][us], info["denom"][us], eps, info["frame"][us])
-        coll = np.asarray(info["collapsed"], bool)[us]
-        t, e, x, ok, *_ = standardize_groups(v[idx], a64[idx], theta, om, hm, hx, collapsed=coll)
-        ok &= _within_cap(t, e, x, np.asarray(info["cap"])[us][:, None]).all(axis=1)
-        T[idx], E[idx], X[idx] = t, e, x
-        good[idx] = ok[:, None]
-    return finish(T, E, X, good, old)
+    """Eq. 6 alone on given values (the inputs are the values): per unit, the z formula
+    (:func:`group_columns` of one column) with the unit's Y, Theta and H. ``info``: per unit
+    frame, sigma, denominator (in the frame) and eligibility. Returns (cond, sharp)."""
+    column = {key: np.asarray(x)[:, None] for key, x in info.items()}
+    zs = group_columns(v[:, None], a64[:, None], members, column, placement, eps, np.zeros((v.size, 1), bool))
+    return finish(zs.T[:, 0], zs.E[:, 0], zs.x[:, 0], zs.ok[:, 0], old)
 
 
 class ZStage:

@@ -508,20 +508,20 @@ def _group_numbers(idx, cols, r, wq, w, conv, eps_g, classes, z: ex.Values, c: e
         ulps = np.maximum(np.spacing(np.abs(np.ldexp(vals[sel], -e))), np.ldexp(5e-324, -e))
         d_cond = ulps + (ulps.mean() if ulps.size else 0.0)
         if col.raw:
-            dz_model[sel, k] = em.group_stage(dev, 0.0, 1.0, denom, zs[sel, k], 1, 0)
+            dz_model[sel, k] = em.standardize_groups_stage(dev, 0.0, 1.0, denom, zs[sel, k], 1, 0)
             dz_cond[sel, k] = np.ldexp(ulps, e) / denom  # ulps are measured in the frame 2^e
             continue
         if nv == 0:
             continue
         cap_u = conv.unit_roundoff if (conv.algorithm == "mean_then_subtract"
                                        and conv.group_eps_placement in ("std", "var")) else None
-        dz_model[sel, k] = em.group_stage(dev, d_model, sigma, denom, zs[sel, k], nv, conv.group_ddof, cap_u=cap_u,
+        dz_model[sel, k] = em.standardize_groups_stage(dev, d_model, sigma, denom, zs[sel, k], nv, conv.group_ddof, cap_u=cap_u,
                                           tau=tau)
         # at a zero std the stage-wise condition sees the denominator a perturbed column has as it
         # un-collapses: eps (std, std_if_positive) or none, 0 (skip_if_zero, or eps = 0): then
         # Samuelson's cap (not the placeholder 1 the collapse rule divides by)
         cdenom = ex.collapsed_denominator(eps_g, conv.group_eps_placement, e) if col.collapsed else denom
-        dz_cond[sel, k] = em.group_stage(dev, d_cond, sigma, cdenom, zs[sel, k], nv, conv.group_ddof,
+        dz_cond[sel, k] = em.standardize_groups_stage(dev, d_cond, sigma, cdenom, zs[sel, k], nv, conv.group_ddof,
                                          rounding=False)
         if not col.collapsed and nv == n and col.V > 0 and sigma > 0.0 and 0.0 < denom < math.inf:
             cn.admit(info, (g, k), e, sigma, denom)
