@@ -275,25 +275,25 @@ ROUNDED = ("float64", "float32", "float16", "bfloat16")
 def round_mpf(x: tuple, fmt: str) -> float:
     """Round an mpf to the nearest value of ``fmt`` (ties to even), subnormals and
     overflow to infinity included; returned as a Python float (exact for both formats)."""
-    p, emin, emax = FORMATS[fmt]
     sign, man, exp, bc = x
     man = int(man)
     if not man:
         if x == ZERO:
             return 0.0
         raise CertificationError(f"cannot round special value {x}")
-    e = exp + bc - 1  # floor(log2 |x|)
-    q = max(e - p + 1, emin - p + 1)
-    if q > exp:
-        shift = q - exp
-        m = man >> shift
-        rem = man & ((1 << shift) - 1)
-        half = 1 << (shift - 1)
-        if rem > half or (rem == half and (m & 1)):
-            m += 1
-    else:
-        m = man << (exp - q)
-    return _from_significand(m, q, sign, emax)
+    return _round_scaled(sign, man, 1, exp, exp + bc - 1, fmt)
+
+
+def _round_scaled(neg, n: int, d: int, s: int, e: int, fmt: str) -> float:
+    """(-1)^neg (n / d) 2^s (n, d > 0; 2^e <= n / d 2^s < 2^(e + 1)) rounded to the nearest value
+    of ``fmt`` (ties to even) in integer arithmetic: a signed zero, the value, or an infinity."""
+    p, emin, emax = FORMATS[fmt]
+    k = max(e - p + 1, emin - p + 1) - s  # the value's last bit: 2^(k + s)
+    num, den = (n, d << k) if k >= 0 else (n << -k, d)
+    m, rem = divmod(num, den)
+    if 2 * rem > den or (2 * rem == den and m & 1):
+        m += 1
+    return _from_significand(m, k + s, neg, emax)
 
 
 def _from_significand(m: int, q: int, neg: bool, emax: int) -> float:
@@ -329,17 +329,9 @@ def round_fraction(q: Fraction, fmt: str) -> float:
     exactly, never through an interval (whose ends never meet on a non-dyadic factor such
     as 1 / (s + eps), so that a value exactly halfway between two floats could not be
     certified)."""
-    p, emin, emax = FORMATS[fmt]
     if q == 0:
         return 0.0
-    neg = q < 0
-    n, d = abs(q.numerator), q.denominator
-    k = max(_floor_log2(abs(q)) - p + 1, emin - p + 1)  # the value's last bit: 2^k
-    num, den = (n, d << k) if k >= 0 else (n << -k, d)
-    m, rem = divmod(num, den)
-    if 2 * rem > den or (2 * rem == den and m & 1):
-        m += 1
-    return _from_significand(m, k, neg, emax)
+    return _round_scaled(q < 0, abs(q.numerator), q.denominator, 0, _floor_log2(abs(q)), fmt)
 
 
 def round_all_fraction(q: Fraction) -> tuple[float, ...]:
@@ -365,27 +357,18 @@ def boundaries(iv: tuple) -> list[Fraction]:
             out.append(threshold)
         elif math.isinf(lo) and math.isfinite(hi) and Fraction(hi) == -top:
             out.append(-threshold)
-        elif math.isfinite(lo) and math.isfinite(hi) and Fraction(hi) == _next_up(Fraction(lo), fmt):
+        elif math.isfinite(lo) and math.isfinite(hi) and _adjacent(Fraction(lo), Fraction(hi), fmt):
             out.append((Fraction(lo) + Fraction(hi)) / 2)
     return out
 
 
-def _next_up(x: Fraction, fmt: str) -> Fraction:
-    """The least value of ``fmt`` above the value ``x`` of ``fmt`` (finite, below the largest)."""
+def _adjacent(lo: Fraction, hi: Fraction, fmt: str) -> bool:
+    """Are the values lo < hi of ``fmt`` neighbours? Their gap is then the spacing at the smaller
+    magnitude (the binade below where one is a power of two; the subnormals' below 2^emin)."""
     p, emin, _ = FORMATS[fmt]
-    if x < 0:
-        return -_next_down(-x, fmt)
+    x = min(abs(lo), abs(hi))
     e = emin if x == 0 else max(_floor_log2(x), emin)
-    return x + Fraction(2) ** (e - p + 1)
-
-
-def _next_down(x: Fraction, fmt: str) -> Fraction:
-    """The greatest value of ``fmt`` below the positive value ``x`` of ``fmt``."""
-    p, emin, _ = FORMATS[fmt]
-    e = max(_floor_log2(x), emin)
-    if x == Fraction(2) ** e and e > emin:
-        e -= 1  # a power of two: the binade below is finer
-    return x - Fraction(2) ** (e - p + 1)
+    return hi - lo == Fraction(2) ** (e - p + 1)
 
 
 def _floor_log2(x: Fraction) -> int:
