@@ -196,14 +196,6 @@ def admit_collapsed(info: dict, at, frame: int, h0: float, cap) -> None:
         info["collapsed"][at], info["cap"][at] = True, float(cap)
 
 
-def z_count(n):
-    return 3 * np.asarray(n) + 60
-
-
-def a_count(M, K):
-    return 8 * np.asarray(M) + 4 * K + 120
-
-
 def ulp_exponent(x: np.ndarray) -> np.ndarray:
     """kappa with ulp(x) = 2^kappa (``math.ulp``: 2^-1074 at 0 and among the subnormals)."""
     x = np.abs(np.asarray(x, dtype=np.float64))
@@ -333,7 +325,7 @@ def standardize_groups(X, Z, theta, om, hm, hx, collapsed=None):
         ok = ok | collapsed
     R, A = _dense(y, theta, om, nu)
     noise = n * _noise(sub, zmax)
-    E = z_count(n) * U * A + noise[:, None]
+    E = (3 * n + 60) * U * A + noise[:, None]  # the count of z (module docstring)
     T = R / hm[:, None]
     E = E / hm[:, None]
     x = np.broadcast_to((kmax - hx)[:, None], (B, n))
@@ -593,7 +585,7 @@ def whitened(zs: ZStage, cok, z64, a64, w, gidx, members, uidx, uinfo, placement
     T, x = framed_sum(terms_T)
     A, xa = framed_sum(terms_A)
     Nz, xn = framed_sum(terms_N)
-    E, xe = framed_sum([(a_count(M, K) * U * A, xa), (eta * Nz, xn)])
+    E, xe = framed_sum([((8 * M + 4 * K + 120) * U * A, xa), (eta * Nz, xn)])  # the count of a
     # times 1 / H, H = hm 2^hx
     T = T / HM[uidx]
     E = E / HM[uidx] * (1 + 2.0 ** -40)

@@ -307,20 +307,17 @@ def _from_significand(m: int, q: int, neg: bool, emax: int) -> float:
     return -v if neg else v
 
 
-def round_interval(iv: tuple, fmt: str) -> float | None:
-    """The float both ends of ``iv`` round to, or None when they differ."""
-    lo, hi = round_mpf(iv[0], fmt), round_mpf(iv[1], fmt)
-    if lo == hi and math.copysign(1.0, lo) == math.copysign(1.0, hi):
-        return lo
-    return None
-
-
 def round_all(iv: tuple) -> tuple[float, ...] | None:
     """The value of every format of :data:`ROUNDED` (in that order) both ends of ``iv``
-    round to, or None while any differs (each rounded once from the interval, never
-    float16 through float32 or float64)."""
-    every = tuple(round_interval(iv, fmt) for fmt in ROUNDED)
-    return None if None in every else every
+    round to (each rounded once from the interval, never float16 through float32 or
+    float64), or None while any differs (a zero's sign included)."""
+    every = []
+    for fmt in ROUNDED:
+        lo, hi = round_mpf(iv[0], fmt), round_mpf(iv[1], fmt)
+        if lo != hi or math.copysign(1.0, lo) != math.copysign(1.0, hi):
+            return None
+        every.append(lo)
+    return tuple(every)
 
 
 def round_fraction(q: Fraction, fmt: str) -> float:

@@ -129,10 +129,8 @@ def _stagewise_up(cond, m, keep=None):
     first-order quantity evaluated in float64)."""
     cond = np.asarray(cond, dtype=np.float64)
     with np.errstate(over="ignore", invalid="ignore"):
-        up = np.maximum(cond * (1.0 + (m + 2) * FLOAT64_UNIT_ROUNDOFF), 5e-324)
-    if keep is not None:
-        up = np.where(keep, cond, up)
-    return np.where(np.isnan(cond), cond, up)
+        up = _floor_cond(cond * (1.0 + (m + 2) * FLOAT64_UNIT_ROUNDOFF))
+    return up if keep is None else np.where(keep, cond, up)
 
 
 def _floor_cond(cond):
