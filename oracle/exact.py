@@ -415,38 +415,19 @@ class Values:
     of Eq. 7's c, which Eq. 6 reads, also the exact forms (None on a NaN row), the NaN rows and
     the per-sample frames of the deltas (cond 2^cond_frame, delta 2^frame)."""
 
-    def __init__(self, shape, zero: bool = False, required: bool = False):
+    def __init__(self, shape, required: bool = False):
         n = shape if isinstance(shape, int) else shape[0]
         self.rounded = {fmt: np.zeros(shape) for fmt in ROUNDED}
-        self.zero, self.required = np.full(shape, zero), np.full(shape, required)
+        self.zero, self.required = np.zeros(shape, bool), np.full(shape, required)
         self.cond, self.delta = np.zeros(shape), np.zeros(shape)
         self.frame, self.cond_frame = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
         self.forms, self.nan = [None] * n, np.zeros(n, bool)
-
-    _ARRAYS = ("zero", "required", "cond", "delta", "frame", "cond_frame", "nan")
 
     def put(self, at, values) -> None:
         """One certified value per format (a tuple in :data:`ROUNDED` order, or one value for
         every format) at index ``at``."""
         for i, fmt in enumerate(ROUNDED):
             self.rounded[fmt][at] = values[i] if isinstance(values, tuple) else values
-
-    def rows(self, keep) -> "Values":
-        """The rows ``keep`` (an index array), as a stage of their own."""
-        out = Values(len(keep))
-        out.forms = [self.forms[j] for j in keep]
-        for fmt in ROUNDED:
-            out.rounded[fmt] = self.rounded[fmt][keep]
-        for name in self._ARRAYS:
-            setattr(out, name, getattr(self, name)[keep])
-        return out
-
-    def set_rows(self, keep, other: "Values") -> None:
-        """Rows ``keep`` from ``other`` (as :meth:`rows` made them)."""
-        for fmt in ROUNDED:
-            self.rounded[fmt][keep] = other.rounded[fmt]
-        for name in ("zero", "required", "cond", "delta"):
-            getattr(self, name)[keep] = getattr(other, name)
 
 
 # ------------------------------------------------------------------- frames of the error model

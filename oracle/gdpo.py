@@ -349,11 +349,10 @@ def gdpo_advantages(rewards, group_ids=None, weights=None, unit_ids=None, eps=No
                 raise SegmentError(f"whitening unit {inp.py(ul[s])!r} has 1 sample(s); "
                                    "the unbiased std of Eq. 6 needs at least 2")
         whole = wh.units_of_whole_groups(gidx, uidx, G, ul.size) if wh.structural_mean(conv) else None
+        scored = None  # every row takes part in Eq. 6, except the unscored ones (no closed form then)
         if conv.nan == "nan_aware_unscored" and nan_in.all(axis=1).any():
-            av, ucoll = wh.whiten_scored(nan_in.all(axis=1), c, uidx, t, conv, eps_w, classes, ul, whole)
-            uinfo = None
-        else:
-            av, ucoll = wh.whiten(c, uidx, t, conv, eps_w, classes, ul, uinfo, whole)
+            scored, uinfo = ~nan_in.all(axis=1), None
+        av, ucoll = wh.whiten(c, uidx, t, conv, eps_w, classes, ul, uinfo, whole, scored)
         capped = ucoll[uidx] if conv.whiten_eps_placement != "skip_if_zero" else None  # skip: a = c
         acond = _stagewise_up(av.cond, m_c + _roundings(inp.members(uidx, ul.size)), keep=capped)
         asharp = np.zeros(N, bool)  # per token, or unscored rows left out of Eq. 6: the stage-wise bound
