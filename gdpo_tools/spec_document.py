@@ -126,7 +126,7 @@ def context() -> dict[str, str]:
         res = gdpo.gdpo_advantages(rr, [0] * 4)
         assert res.cond_sharp.all()  # the section says so: the first-order change itself
         conds.append(_g(float(res.cond.max()), 2))
-        stagewise.append(_g(float(condition.stagewise(gdpo.advantages, rr, [0] * 4).cond.max()), 2))
+        stagewise.append(_g(float(condition.stagewise(gdpo.gdpo_advantages, rr, [0] * 4).cond.max()), 2))
         exacts.append(_g(float(np.abs(res.float64).max()), 2))
     ctx["cd_cond"] = ", ".join(conds)
     ctx["cd_cond_stagewise"] = ", ".join(stagewise)

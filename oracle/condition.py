@@ -196,14 +196,6 @@ def admit_collapsed(info: dict, at, frame: int, h0: float, cap) -> None:
         info["collapsed"][at], info["cap"][at] = True, float(cap)
 
 
-def z_count(n):
-    return 3 * np.asarray(n) + 60
-
-
-def a_count(M, K):
-    return 8 * np.asarray(M) + 4 * K + 120
-
-
 def ulp_exponent(x: np.ndarray) -> np.ndarray:
     """kappa with ulp(x) = 2^kappa (``math.ulp``: 2^-1074 at 0 and among the subnormals)."""
     x = np.abs(np.asarray(x, dtype=np.float64))
@@ -333,7 +325,7 @@ def standardize_groups(X, Z, theta, om, hm, hx, collapsed=None):
         ok = ok | collapsed
     R, A = _dense(y, theta, om, nu)
     noise = n * _noise(sub, zmax)
-    E = z_count(n) * U * A + noise[:, None]
+    E = (3 * n + 60) * U * A + noise[:, None]  # the count of z (module docstring)
     T = R / hm[:, None]
     E = E / hm[:, None]
     x = np.broadcast_to((kmax - hx)[:, None], (B, n))
@@ -395,28 +387,12 @@ def _common(T, x, E, xe):
 
 
 def whiten_values(v, a64, members, info, placement, eps, old):
-    """Eq. 6 alone on given values (the inputs are the values): per unit, the z
-    formula with the unit's Y, Theta and H. ``info``: per unit frame, sigma, denominator
-    (in the frame) and eligibility. Returns (cond, sharp)."""
-    N = v.size
-    T = np.zeros(N)
-    E = np.zeros(N)
-    X = np.zeros(N, dtype=np.int64)
-    good = np.zeros(N, bool)
-    eligible = [s for s, idx in enumerate(members) if info["ok"][s] and 2 <= idx.size <= CAP]
-    by_size: dict[int, list[int]] = {}
-    for s in eligible:
-        by_size.setdefault(members[s].size, []).append(s)
-    for n, units in by_size.items():
-        us = np.array(units)
-        idx = np.stack([members[s] for s in units])
-        theta, om, hm, hx = _theta(placement, info["sigma"][us], info["denom"][us], eps, info["frame"][us])
-        coll = np.asarray(info["collapsed"], bool)[us]
-        t, e, x, ok, *_ = standardize_groups(v[idx], a64[idx], theta, om, hm, hx, collapsed=coll)
-        ok &= _within_cap(t, e, x, np.asarray(info["cap"])[us][:, None]).all(axis=1)
-        T[idx], E[idx], X[idx] = t, e, x
-        good[idx] = ok[:, None]
-    return finish(T, E, X, good, old)
+    """Eq. 6 alone on given values (the inputs are the values): per unit, the z formula
+    (:func:`group_columns` of one column) with the unit's Y, Theta and H. ``info``: per unit
+    frame, sigma, denominator (in the frame) and eligibility. Returns (cond, sharp)."""
+    column = {key: np.asarray(x)[:, None] for key, x in info.items()}
+    zs = group_columns(v[:, None], a64[:, None], members, column, placement, eps, np.zeros((v.size, 1), bool))
+    return finish(zs.T[:, 0], zs.E[:, 0], zs.x[:, 0], zs.ok[:, 0], old)
 
 
 class ZStage:
@@ -609,7 +585,7 @@ def whitened(zs: ZStage, cok, z64, a64, w, gidx, members, uidx, uinfo, placement
     T, x = framed_sum(terms_T)
     A, xa = framed_sum(terms_A)
     Nz, xn = framed_sum(terms_N)
-    E, xe = framed_sum([(a_count(M, K) * U * A, xa), (eta * Nz, xn)])
+    E, xe = framed_sum([((8 * M + 4 * K + 120) * U * A, xa), (eta * Nz, xn)])  # the count of a
     # times 1 / H, H = hm 2^hx
     T = T / HM[uidx]
     E = E / HM[uidx] * (1 + 2.0 ** -40)

@@ -275,25 +275,25 @@ ROUNDED = ("float64", "float32", "float16", "bfloat16")
 def round_mpf(x: tuple, fmt: str) -> float:
     """Round an mpf to the nearest value of ``fmt`` (ties to even), subnormals and
     overflow to infinity included; returned as a Python float (exact for both formats)."""
-    p, emin, emax = FORMATS[fmt]
     sign, man, exp, bc = x
     man = int(man)
     if not man:
         if x == ZERO:
             return 0.0
         raise CertificationError(f"cannot round special value {x}")
-    e = exp + bc - 1  # floor(log2 |x|)
-    q = max(e - p + 1, emin - p + 1)
-    if q > exp:
-        shift = q - exp
-        m = man >> shift
-        rem = man & ((1 << shift) - 1)
-        half = 1 << (shift - 1)
-        if rem > half or (rem == half and (m & 1)):
-            m += 1
-    else:
-        m = man << (exp - q)
-    return _from_significand(m, q, sign, emax)
+    return _round_scaled(sign, man, 1, exp, exp + bc - 1, fmt)
+
+
+def _round_scaled(neg, n: int, d: int, s: int, e: int, fmt: str) -> float:
+    """(-1)^neg (n / d) 2^s (n, d > 0; 2^e <= n / d 2^s < 2^(e + 1)) rounded to the nearest value
+    of ``fmt`` (ties to even) in integer arithmetic: a signed zero, the value, or an infinity."""
+    p, emin, emax = FORMATS[fmt]
+    k = max(e - p + 1, emin - p + 1) - s  # the value's last bit: 2^(k + s)
+    num, den = (n, d << k) if k >= 0 else (n << -k, d)
+    m, rem = divmod(num, den)
+    if 2 * rem > den or (2 * rem == den and m & 1):
+        m += 1
+    return _from_significand(m, k + s, neg, emax)
 
 
 def _from_significand(m: int, q: int, neg: bool, emax: int) -> float:
@@ -307,20 +307,17 @@ def _from_significand(m: int, q: int, neg: bool, emax: int) -> float:
     return -v if neg else v
 
 
-def round_interval(iv: tuple, fmt: str) -> float | None:
-    """The float both ends of ``iv`` round to, or None when they differ."""
-    lo, hi = round_mpf(iv[0], fmt), round_mpf(iv[1], fmt)
-    if lo == hi and math.copysign(1.0, lo) == math.copysign(1.0, hi):
-        return lo
-    return None
-
-
 def round_all(iv: tuple) -> tuple[float, ...] | None:
     """The value of every format of :data:`ROUNDED` (in that order) both ends of ``iv``
-    round to, or None while any differs (each rounded once from the interval, never
-    float16 through float32 or float64)."""
-    every = tuple(round_interval(iv, fmt) for fmt in ROUNDED)
-    return None if None in every else every
+    round to (each rounded once from the interval, never float16 through float32 or
+    float64), or None while any differs (a zero's sign included)."""
+    every = []
+    for fmt in ROUNDED:
+        lo, hi = round_mpf(iv[0], fmt), round_mpf(iv[1], fmt)
+        if lo != hi or math.copysign(1.0, lo) != math.copysign(1.0, hi):
+            return None
+        every.append(lo)
+    return tuple(every)
 
 
 def round_fraction(q: Fraction, fmt: str) -> float:
@@ -329,17 +326,9 @@ def round_fraction(q: Fraction, fmt: str) -> float:
     exactly, never through an interval (whose ends never meet on a non-dyadic factor such
     as 1 / (s + eps), so that a value exactly halfway between two floats could not be
     certified)."""
-    p, emin, emax = FORMATS[fmt]
     if q == 0:
         return 0.0
-    neg = q < 0
-    n, d = abs(q.numerator), q.denominator
-    k = max(_floor_log2(abs(q)) - p + 1, emin - p + 1)  # the value's last bit: 2^k
-    num, den = (n, d << k) if k >= 0 else (n << -k, d)
-    m, rem = divmod(num, den)
-    if 2 * rem > den or (2 * rem == den and m & 1):
-        m += 1
-    return _from_significand(m, k, neg, emax)
+    return _round_scaled(q < 0, abs(q.numerator), q.denominator, 0, _floor_log2(abs(q)), fmt)
 
 
 def round_all_fraction(q: Fraction) -> tuple[float, ...]:
@@ -365,27 +354,18 @@ def boundaries(iv: tuple) -> list[Fraction]:
             out.append(threshold)
         elif math.isinf(lo) and math.isfinite(hi) and Fraction(hi) == -top:
             out.append(-threshold)
-        elif math.isfinite(lo) and math.isfinite(hi) and Fraction(hi) == _next_up(Fraction(lo), fmt):
+        elif math.isfinite(lo) and math.isfinite(hi) and _adjacent(Fraction(lo), Fraction(hi), fmt):
             out.append((Fraction(lo) + Fraction(hi)) / 2)
     return out
 
 
-def _next_up(x: Fraction, fmt: str) -> Fraction:
-    """The least value of ``fmt`` above the value ``x`` of ``fmt`` (finite, below the largest)."""
+def _adjacent(lo: Fraction, hi: Fraction, fmt: str) -> bool:
+    """Are the values lo < hi of ``fmt`` neighbours? Their gap is then the spacing at the smaller
+    magnitude (the binade below where one is a power of two; the subnormals' below 2^emin)."""
     p, emin, _ = FORMATS[fmt]
-    if x < 0:
-        return -_next_down(-x, fmt)
+    x = min(abs(lo), abs(hi))
     e = emin if x == 0 else max(_floor_log2(x), emin)
-    return x + Fraction(2) ** (e - p + 1)
-
-
-def _next_down(x: Fraction, fmt: str) -> Fraction:
-    """The greatest value of ``fmt`` below the positive value ``x`` of ``fmt``."""
-    p, emin, _ = FORMATS[fmt]
-    e = max(_floor_log2(x), emin)
-    if x == Fraction(2) ** e and e > emin:
-        e -= 1  # a power of two: the binade below is finer
-    return x - Fraction(2) ** (e - p + 1)
+    return hi - lo == Fraction(2) ** (e - p + 1)
 
 
 def _floor_log2(x: Fraction) -> int:
@@ -435,38 +415,19 @@ class Values:
     of Eq. 7's c, which Eq. 6 reads, also the exact forms (None on a NaN row), the NaN rows and
     the per-sample frames of the deltas (cond 2^cond_frame, delta 2^frame)."""
 
-    def __init__(self, shape, zero: bool = False, required: bool = False):
+    def __init__(self, shape, required: bool = False):
         n = shape if isinstance(shape, int) else shape[0]
         self.rounded = {fmt: np.zeros(shape) for fmt in ROUNDED}
-        self.zero, self.required = np.full(shape, zero), np.full(shape, required)
+        self.zero, self.required = np.zeros(shape, bool), np.full(shape, required)
         self.cond, self.delta = np.zeros(shape), np.zeros(shape)
         self.frame, self.cond_frame = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
         self.forms, self.nan = [None] * n, np.zeros(n, bool)
-
-    _ARRAYS = ("zero", "required", "cond", "delta", "frame", "cond_frame", "nan")
 
     def put(self, at, values) -> None:
         """One certified value per format (a tuple in :data:`ROUNDED` order, or one value for
         every format) at index ``at``."""
         for i, fmt in enumerate(ROUNDED):
             self.rounded[fmt][at] = values[i] if isinstance(values, tuple) else values
-
-    def rows(self, keep) -> "Values":
-        """The rows ``keep`` (an index array), as a stage of their own."""
-        out = Values(len(keep))
-        out.forms = [self.forms[j] for j in keep]
-        for fmt in ROUNDED:
-            out.rounded[fmt] = self.rounded[fmt][keep]
-        for name in self._ARRAYS:
-            setattr(out, name, getattr(self, name)[keep])
-        return out
-
-    def set_rows(self, keep, other: "Values") -> None:
-        """Rows ``keep`` from ``other`` (as :meth:`rows` made them)."""
-        for fmt in ROUNDED:
-            self.rounded[fmt][keep] = other.rounded[fmt]
-        for name in ("zero", "required", "cond", "delta"):
-            getattr(self, name)[keep] = getattr(other, name)
 
 
 # ------------------------------------------------------------------- frames of the error model

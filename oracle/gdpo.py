@@ -129,10 +129,8 @@ def _stagewise_up(cond, m, keep=None):
     first-order quantity evaluated in float64)."""
     cond = np.asarray(cond, dtype=np.float64)
     with np.errstate(over="ignore", invalid="ignore"):
-        up = np.maximum(cond * (1.0 + (m + 2) * FLOAT64_UNIT_ROUNDOFF), 5e-324)
-    if keep is not None:
-        up = np.where(keep, cond, up)
-    return np.where(np.isnan(cond), cond, up)
+        up = _floor_cond(cond * (1.0 + (m + 2) * FLOAT64_UNIT_ROUNDOFF))
+    return up if keep is None else np.where(keep, cond, up)
 
 
 def _floor_cond(cond):
@@ -351,11 +349,10 @@ def gdpo_advantages(rewards, group_ids=None, weights=None, unit_ids=None, eps=No
                 raise SegmentError(f"whitening unit {inp.py(ul[s])!r} has 1 sample(s); "
                                    "the unbiased std of Eq. 6 needs at least 2")
         whole = wh.units_of_whole_groups(gidx, uidx, G, ul.size) if wh.structural_mean(conv) else None
+        scored = None  # every row takes part in Eq. 6, except the unscored ones (no closed form then)
         if conv.nan == "nan_aware_unscored" and nan_in.all(axis=1).any():
-            av, ucoll = wh.whiten_scored(nan_in.all(axis=1), c, uidx, t, conv, eps_w, classes, ul, whole)
-            uinfo = None
-        else:
-            av, ucoll = wh.whiten(c, uidx, t, conv, eps_w, classes, ul, uinfo, whole)
+            scored, uinfo = ~nan_in.all(axis=1), None
+        av, ucoll = wh.whiten(c, uidx, t, conv, eps_w, classes, ul, uinfo, whole, scored)
         capped = ucoll[uidx] if conv.whiten_eps_placement != "skip_if_zero" else None  # skip: a = c
         acond = _stagewise_up(av.cond, m_c + _roundings(inp.members(uidx, ul.size)), keep=capped)
         asharp = np.zeros(N, bool)  # per token, or unscored rows left out of Eq. 6: the stage-wise bound
@@ -508,20 +505,20 @@ def _group_numbers(idx, cols, r, wq, w, conv, eps_g, classes, z: ex.Values, c: e
         ulps = np.maximum(np.spacing(np.abs(np.ldexp(vals[sel], -e))), np.ldexp(5e-324, -e))
         d_cond = ulps + (ulps.mean() if ulps.size else 0.0)
         if col.raw:
-            dz_model[sel, k] = em.group_stage(dev, 0.0, 1.0, denom, zs[sel, k], 1, 0)
+            dz_model[sel, k] = em.standardize_groups_stage(dev, 0.0, 1.0, denom, zs[sel, k], 1, 0)
             dz_cond[sel, k] = np.ldexp(ulps, e) / denom  # ulps are measured in the frame 2^e
             continue
         if nv == 0:
             continue
         cap_u = conv.unit_roundoff if (conv.algorithm == "mean_then_subtract"
                                        and conv.group_eps_placement in ("std", "var")) else None
-        dz_model[sel, k] = em.group_stage(dev, d_model, sigma, denom, zs[sel, k], nv, conv.group_ddof, cap_u=cap_u,
+        dz_model[sel, k] = em.standardize_groups_stage(dev, d_model, sigma, denom, zs[sel, k], nv, conv.group_ddof, cap_u=cap_u,
                                           tau=tau)
         # at a zero std the stage-wise condition sees the denominator a perturbed column has as it
         # un-collapses: eps (std, std_if_positive) or none, 0 (skip_if_zero, or eps = 0): then
         # Samuelson's cap (not the placeholder 1 the collapse rule divides by)
         cdenom = ex.collapsed_denominator(eps_g, conv.group_eps_placement, e) if col.collapsed else denom
-        dz_cond[sel, k] = em.group_stage(dev, d_cond, sigma, cdenom, zs[sel, k], nv, conv.group_ddof,
+        dz_cond[sel, k] = em.standardize_groups_stage(dev, d_cond, sigma, cdenom, zs[sel, k], nv, conv.group_ddof,
                                          rounding=False)
         if not col.collapsed and nv == n and col.V > 0 and sigma > 0.0 and 0.0 < denom < math.inf:
             cn.admit(info, (g, k), e, sigma, denom)

@@ -49,32 +49,6 @@ def units_of_whole_groups(gidx: np.ndarray, uidx: np.ndarray, G: int, S: int) ->
     return whole
 
 
-def whiten_scored(unscored, c: ex.Values, uidx, t, conv, eps_w, classes, labels, whole=None):
-    """Eq. 6 of convention nan="nan_aware_unscored" (TRL): a sample whose every reward is NaN
-    is left out of its unit's statistics and gets advantage 0 (exactly, bound 0); a unit left
-    with fewer than two scored samples gets 0 throughout (the NaN std of one value, then
-    nan_to_num). The other samples are whitened among themselves (:func:`whiten`).
-
-    ``whole`` (S,): the units made of whole groups, where the convention demands the
-    structural zero mean (spec's, under ``missing="unscored"``): the scored rows of a whole
-    group still sum to exactly 0 (each column is centred over its scored members, and a row
-    not scored in it has z = 0 there), so a structural zero of c whitens to a required 0; and
-    every advantage this function sets to 0 (unscored rows, units of fewer than two scored
-    rows) is then a required zero too."""
-    counts = np.bincount(uidx[~unscored], minlength=labels.size)
-    keep = np.flatnonzero(~unscored & (counts[uidx] >= 2))
-    a = ex.Values(len(c.forms), zero=True, required=whole is not None)
-    a.required[keep] = False
-    ucoll = counts < 2
-    if keep.size:
-        kept_units, sub_uidx = np.unique(uidx[keep], return_inverse=True)
-        sub, ucoll[kept_units] = whiten(c.rows(keep), sub_uidx.reshape(-1), None if t is None else t[keep], conv,
-                                        eps_w, classes, labels[kept_units],
-                                        whole=None if whole is None else whole[kept_units])
-        a.set_rows(keep, sub)
-    return a, ucoll
-
-
 @dataclasses.dataclass
 class _Unit:
     """One unit's exact data: its combined values' forms, which of them equal the mean
@@ -90,17 +64,26 @@ class _Unit:
     classes: ex.SqrtClasses
 
 
-def whiten(c: ex.Values, uidx, t, conv, eps_w, classes, labels=None, uinfo=None, whole=None):
+def whiten(c: ex.Values, uidx, t, conv, eps_w, classes, labels=None, uinfo=None, whole=None, scored=None):
     """Eq. 6 per unit: the whitened values (an :class:`oracle.exact.Values`) and which units
     collapsed. ``whole`` (S,) marks the units made of whole groups, whose mean is structurally
     zero where the convention demands it (:func:`structural_mean`): there a structural zero of
-    c is a required zero of a (spec section 7). c's condition and model deltas are ``cond *
-    2^cond_frame`` and ``delta * 2^frame`` per sample (``rounded["float64"]`` inf where c
-    overflowed). Each unit's error model is evaluated in a frame of its own
-    (:func:`_unit_frame`), where nothing overflows (a is dimensionless; eps scales with the
-    frame like what it is added to: like c when added to the std, like c^2 when added to the
-    variance). ``uinfo`` (:func:`oracle.condition.info`, per unit) receives what the closed
-    form of the condition needs, where it applies."""
+    c is a required zero of a (spec section 7).
+
+    ``scored`` (N,), convention nan="nan_aware_unscored" (TRL): a sample whose every reward is
+    NaN (not scored) is left out of its unit's statistics and gets advantage 0 (exactly, bound
+    0); a unit left with fewer than two scored samples gets 0 throughout (the NaN std of one
+    value, then nan_to_num). Where ``whole`` applies (spec's structural mean, under
+    ``missing="unscored"``) the scored rows of a whole group still sum to exactly 0 (each
+    column is centred over its scored members, and a row not scored in it has z = 0 there), so
+    a structural zero of c whitens to a required 0, and each zero set so is required too.
+
+    c's condition and model deltas are ``cond * 2^cond_frame`` and ``delta * 2^frame`` per
+    sample (``rounded["float64"]`` inf where c overflowed). Each unit's error model is
+    evaluated in a frame of its own (:func:`_unit_frame`), where nothing overflows (a is
+    dimensionless; eps scales with the frame like what it is added to: like c when added to the
+    std, like c^2 when added to the variance). ``uinfo`` (:func:`oracle.condition.info`, per
+    unit) receives what the closed form of the condition needs, where it applies."""
     N = len(c.forms)
     a = ex.Values(N)
     S = int(uidx.max()) + 1 if N else 0
@@ -109,6 +92,14 @@ def whiten(c: ex.Values, uidx, t, conv, eps_w, classes, labels=None, uinfo=None,
     c64, nan = c.rounded["float64"], c.nan
     for s, idx in enumerate(members(uidx, S)):
         label = labels[s] if labels is not None else s
+        if scored is not None:
+            few = np.count_nonzero(scored[idx]) < 2
+            left_out = idx if few else idx[~scored[idx]]
+            a.zero[left_out], a.required[left_out] = True, whole is not None
+            ucoll[s] = few
+            if few:
+                continue
+            idx = idx[scored[idx]]
         if conv.whiten == "none":
             _unchanged(c, idx, classes, a)
             # no Eq. 6, but the unit's combined values may still be all exactly equal (the

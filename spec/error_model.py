@@ -263,9 +263,6 @@ def standardize_groups_stage(dev, d_dev, sigma, denom, z, n, ddof, rounding=True
     return (d_dev + z * d_denom) / denom
 
 
-#: The old name of :func:`standardize_groups_stage` (deprecated; the stages carry the steps' names).
-group_stage = standardize_groups_stage
-
 def model_dev_perturbation(rho, n, tau=TAU):
     """The error model's Δdev for a group column of range ``rho`` and size ``n``
     (``tau``: the underflow term, scaled like ``rho`` when the caller rescales)."""

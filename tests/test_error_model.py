@@ -59,8 +59,9 @@ def test_eps_zero_paths_emit_no_runtime_warning(out_dtype):
         assert _all_finite(const) and np.all(const.allowed(out_dtype) == 0.0)
         # the model's stage functions themselves at a zero denominator, both modes
         for rounding in (True, False):
-            assert np.all(np.isfinite(em.group_stage([0.0, 0.0], 0.0, 0.0, 0.0, [0.0, 0.0], 2, 1, rounding)))
-            assert np.all(np.isfinite(em.group_stage([0.5, 0.5], 1.0, 0.0, 0.0, [0.0, 0.0], 2, 1, rounding)))
+            for dev, d_dev in (([0.0, 0.0], 0.0), ([0.5, 0.5], 1.0)):
+                dz = em.standardize_groups_stage(dev, d_dev, 0.0, 0.0, [0.0, 0.0], 2, 1, rounding)
+                assert np.all(np.isfinite(dz))
             assert np.all(np.isfinite(em.whiten_stage(np.ones(3), np.ones(3), 1.0, np.zeros(3), 0.0, 0.0, 1,
                                                       rounding=rounding)))
         # and the final-cast term at the formats' edges (zero, subnormals, the top, beyond)

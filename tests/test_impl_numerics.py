@@ -72,8 +72,9 @@ def exact_gdpo(rewards, groups, weights=None, units=None, eps=EPS):
                 e = _frame([max(abs(v) for v in vals), Fraction(denom)])
                 d_dev = em.model_dev_perturbation(_scaled_float(max(vals) - min(vals), e), n,
                                                   tau=math.ldexp(em.TAU, -e))
-                dz[rows, col] = em.group_stage([_scaled_float(d, e) for d in dev], d_dev, _scaled_float(sigma, e),
-                                               _scaled_float(denom, e), [float(x) for x in zs], n, 1)
+                dz[rows, col] = em.standardize_groups_stage([_scaled_float(d, e) for d in dev], d_dev,
+                                                            _scaled_float(sigma, e), _scaled_float(denom, e),
+                                                            [float(x) for x in zs], n, 1)
                 for i, zi in zip(rows, zs):
                     z[i][col] = zi
         c = [sum((_dec(w[col]) * z[i][col] for col in range(k)), Decimal(0)) for i in range(n_rows)]

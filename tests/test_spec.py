@@ -44,7 +44,7 @@ def test_error_classes_share_one_base():
 
 
 def test_error_model_demands_exact_zeros_and_grows_with_range():
-    z = error_model.group_stage([0.0, 0.0], 0.0, 0.0, 1e-4, [0.0, 0.0], 2, 1)
+    z = error_model.standardize_groups_stage([0.0, 0.0], 0.0, 0.0, 1e-4, [0.0, 0.0], 2, 1)
     assert np.all(z == 0)
     assert np.all(error_model.allowed_error([0.0], [0.0]) == 0)
     small = error_model.model_dev_perturbation(1.0, 4)
