@@ -111,3 +111,32 @@ def test_a_column_shaped_result_is_a_finding_not_a_crash_of_the_grader():
     assert shape and "of shape (2, 1)" in shape[0].headline(), [f.headline() for f in g.findings]
     accepted = [f for f in g.findings if str(f.category) == "accepted"]
     assert accepted and all("value(s) of shape (2, 1)" in f.said for f in accepted), [f.said for f in accepted]
+
+
+def _batch_mean_baseline(rewards, num_generations, reward_weights):
+    """Eq. 4 centred on the batch's column mean, divided by the group's own std."""
+    g = rewards.view(-1, num_generations, rewards.shape[1])
+    z = (g - rewards.mean(0)) / (g.std(1, keepdim=True) + 1e-4)
+    c = (z * reward_weights).sum(-1).reshape(-1)
+    return (c - c.mean()) / (c.std() + 1e-4)
+
+
+def _interleaved_groups(rewards, num_generations, reward_weights):
+    """Groups read as rows i, i + N/G, ... (a reshape the wrong way round); the maths otherwise right."""
+    g = rewards.view(num_generations, -1, rewards.shape[1])
+    z = (g - g.mean(0, keepdim=True)) / (g.std(0, keepdim=True) + 1e-4)
+    c = (z * reward_weights).sum(-1).reshape(-1)
+    return (c - c.mean()) / (c.std() + 1e-4)
+
+
+@pytest.mark.parametrize("name, said, not_said", [
+    ("_batch_mean_baseline", "the baseline is not the group's own mean", ("std",)),
+    ("_interleaved_groups", "are the groups the contiguous blocks", ("baseline", "std"))])
+def test_a_broken_relation_is_named_not_what_follows_from_it(name, said, not_said):
+    """Eq. 4's relations presume each other: the groups, then the baseline, then the std. A code
+    whose baseline is the batch mean also changes when a group's column is scaled, but it does
+    divide by the group's std: only the baseline is named (held-out codes written from the paper
+    were told "no division by the group's own std")."""
+    g = _grade(f"test_grading_output:{name}", select="plain")
+    formula = g.profile.formula or ""
+    assert said in formula and not any(w in formula for w in not_said), formula
