@@ -169,6 +169,16 @@ def _version() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The ``gdpo`` command. A reader that stops early (``gdpo check | head``) ends it quietly with
+    the shell's status for a closed pipe (141), not a traceback."""
+    try:
+        return _command(argv)
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # for the interpreter's last flush
+        return 141
+
+
+def _command(argv: list[str] | None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["limits"]:  # its own parser takes every option, --help included
         from gdpo_tools.limits import generate as limits

@@ -95,3 +95,15 @@ def test_a_file_after_weights_is_named_as_such(tmp_path, capsys):
     assert info.value.code == 2
     assert "give the file before --weights" in capsys.readouterr().err
     assert cli.main(["audit", str(p), "--weights", "1", "2"]) in (0, 1)
+
+
+def test_a_reader_that_stops_early_ends_the_command_quietly():
+    """``gdpo audit | head -1`` where the reader has gone before the report is written: the closed
+    pipe ends the command with the shell's status for it (141), without a BrokenPipeError
+    traceback on stderr (there was one)."""
+    proc = subprocess.Popen([sys.executable, "-m", "gdpo_tools.cli", "audit"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    proc.stdout.close()  # the reader goes away before the report (the audit takes a second to import and run)
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=300) == 141, (proc.returncode, err)
+    assert "Traceback" not in err and "BrokenPipeError" not in err, err
