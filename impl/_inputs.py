@@ -22,14 +22,6 @@ from spec.errors import flush_modes
 _F64 = torch.float64
 _U64 = getattr(torch, "uint64", None)  # torch >= 2.3
 
-#: Output dtypes whose range is a finite number the final cast can be checked against.
-OUT_DTYPES = tuple(
-    getattr(torch, n)
-    for n in ("float64", "float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2",
-              "float8_e4m3fnuz", "float8_e5m2fnuz")
-    if hasattr(torch, n)
-)
-
 
 class Problem(Exception):
     """Internal carrier of a host-side problem code (never escapes the package)."""
@@ -251,7 +243,7 @@ def check_certified(certified) -> str:
 
 def check_out_dtype(out_dtype) -> torch.dtype:
     if isinstance(out_dtype, torch.dtype):
-        if out_dtype not in OUT_DTYPES:
+        if out_dtype not in P.OUT_DTYPES:
             code = P.dtype_code(out_dtype)
             raise Problem(P.P_OUT_DTYPE, code, detail=str(out_dtype).replace("torch.", ""))
         return out_dtype
@@ -270,7 +262,7 @@ def _not_a_dtype(x) -> str:
         except Exception:  # noqa: BLE001 - not a NumPy dtype either
             pass
     meant = getattr(torch, name, None) if isinstance(name, str) else None
-    hint = f"; pass torch.{name}" if meant in OUT_DTYPES else ""
+    hint = f"; pass torch.{name}" if meant in P.OUT_DTYPES else ""
     if x is None:
         return "None, not a torch.dtype"
     what = "a NumPy dtype" if np is not None and isinstance(x, np.dtype) else _of_type(x).split(" (")[0]
