@@ -386,7 +386,8 @@ def _not_zero_one(m: torch.Tensor) -> torch.Tensor | None:
     return (m != 0) & (m != 1)
 
 
-def _mask_error(m: torch.Tensor, bad: torch.Tensor) -> OutOfRangeError | None:
+def _mask_error(m: torch.Tensor, bad: torch.Tensor, expected: str = "0 or 1 (or a bool mask)"
+                ) -> OutOfRangeError | None:
     """The first (row-major) entry of ``m`` marked in ``bad``, named; a host read."""
     at = bad.nonzero()
     if at.shape[0] == 0:
@@ -394,8 +395,7 @@ def _mask_error(m: torch.Tensor, bad: torch.Tensor) -> OutOfRangeError | None:
     i, t = at[0].tolist()
     value = m[i, t].item()
     shown = _kind(value) if isinstance(value, float) and not math.isfinite(value) else repr(value)
-    return OutOfRangeError(f"response_mask[{i}, {t}] (sample {i}, token {t}) is {shown}; expected 0 or 1 "
-                           "(or a bool mask)")
+    return OutOfRangeError(f"response_mask[{i}, {t}] (sample {i}, token {t}) is {shown}; expected {expected}")
 
 
 def _empty_row_error(empty: torch.Tensor) -> ShapeError | None:

@@ -196,23 +196,17 @@ def _groups(index, n: int):
 def _mask(response_mask):
     import torch
 
-    from impl.gdpo import OutOfRangeError, ShapeError
+    from impl.adapters import _mask_error, _not_zero_one
+    from impl.gdpo import ShapeError
 
     m = response_mask
     if m.dim() != 2:
         raise ShapeError(f"response_mask must be (B, T); got shape {tuple(m.shape)}")
-    if m.dtype != torch.bool:
-        if m.is_floating_point():
-            ok = bool(((m == 0) | (m == 1)).all())
-        else:  # an integer in [0, 1] is 0 or 1: one pass over verl's int64 mask
-            ok = m.numel() == 0 or all(0 <= v <= 1 for v in (x.item() for x in torch.aminmax(m)))
-        if not ok:
-            bad = ((m != 0) & (m != 1)).nonzero()
-            i, t = bad[0].tolist()
-            raise OutOfRangeError(f"response_mask[{i}, {t}] (sample {i}, token {t}) is {m[i, t].item()}; "
-                                  "expected 0 or 1")
-        m = m.to(torch.bool)
-    return m
+    bad = _not_zero_one(m)
+    error = None if bad is None else _mask_error(m, bad, expected="0 or 1")
+    if error is not None:
+        raise error
+    return m.to(torch.bool)
 
 
 def compute_gdpo_advantage(token_level_rewards, response_mask, index, *, config, non_tensor_batch=None,
