@@ -486,18 +486,18 @@ def _label_problem(group_ids) -> Problem | None:
                 return Problem(P.P_GROUP_IDS_ITEM, i, P.K_BEYOND_INT64, int(0 <= int(x) >> 63 < 2),
                                detail=_int_shown(x))  # c: 1 where a uint64 tensor could hold it
             continue
-        return _item_problem(P.P_GROUP_IDS_ITEM, i, x)
+        return _not_an_int(P.P_GROUP_IDS_ITEM, x, i)
     return None
 
 
-def _item_problem(code: int, i: int, x) -> Problem:
-    """Entry ``i`` of a sequence of integers is ``x``, no integer: what it is instead."""
+def _not_an_int(code: int, x, *at: int) -> Problem:
+    """``x`` (the argument, or its entry ``at``) is no integer: what it is instead."""
     what, value, detail = _not_a_number(x)
     if what:
-        return Problem(code, i, what, value, detail=detail)
+        return Problem(code, *at, what, value, detail=detail)
     if isinstance(x, float) or _np_kind(x) == "f":
-        return Problem(code, i, P.K_FLOAT, P.float_bits(x))
-    return Problem(code, i, P.K_OTHER, detail=_of_type(x))
+        return Problem(code, *at, P.K_FLOAT, P.float_bits(x))
+    return Problem(code, *at, P.K_OTHER, detail=_of_type(x))
 
 
 def _check_device(x, arg: int) -> None:
@@ -526,12 +526,7 @@ def _check_group_size(gs) -> int:
             raise Problem(P.P_GROUP_SIZE_TYPE, P.K_ARRAY, gs.ndim)
         if kind in "iu":
             return int(gs)  # a 0-d integer array
-    what, value, detail = _not_a_number(gs)
-    if what:
-        raise Problem(P.P_GROUP_SIZE_TYPE, what, value, detail=detail)
-    if isinstance(gs, float) or kind == "f":
-        raise Problem(P.P_GROUP_SIZE_TYPE, P.K_FLOAT, P.float_bits(gs))
-    raise Problem(P.P_GROUP_SIZE_TYPE, P.K_OTHER, detail=_of_type(gs))
+    raise _not_an_int(P.P_GROUP_SIZE_TYPE, gs)
 
 
 def _host_list(x, type_code: int, layout_code: int, arg: int, text=(str, bytes), integers: bool = False) -> list:
@@ -629,7 +624,7 @@ def check_segments(segment_sizes, n: int) -> tuple[list[int], bool]:
     if not isinstance(segment_sizes, torch.Tensor):
         for j, s in enumerate(sizes):
             if not _is_int(s):
-                raise _item_problem(P.P_SEGMENTS_ITEM, j, s)
+                raise _not_an_int(P.P_SEGMENTS_ITEM, s, j)
         sizes = [int(s) for s in sizes]
     for j, s in enumerate(sizes):
         if not _INT64_MIN <= s <= _INT64_MAX:

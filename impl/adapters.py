@@ -438,16 +438,15 @@ class _Mask:
         if m.dim() != 2:
             raise ShapeError(f"response_mask must be (B, T), one row of tokens per sample; got shape "
                              f"{tuple(m.shape)}")
-        bad = _not_zero_one(m)
-        empty = ~m.to(torch.bool).any(dim=-1)  # NaN is true: a NaN entry is refused as a value, not here
+        self.raw, self.bad = m, _not_zero_one(m)  # bad: None once checked, or for a bool mask
+        self.empty = ~m.to(torch.bool).any(dim=-1)  # NaN is true: a NaN entry is refused as a value, not here
         if _host_reads_free(m.device):  # a host sequence is checked here, on the CPU
-            error = (None if bad is None else _mask_error(m, bad)) or _empty_row_error(empty)
+            error = self.error()
             if error is not None:
                 raise error
-            bad = empty = None
+            self.bad = self.empty = None
         if m is not response_mask and device is not None:
-            m = m.to(device)
-        self.raw, self.bad, self.empty = m, bad, empty  # None once checked (bad: or bool)
+            self.raw = m = m.to(device)
         self.bool = m.to(torch.bool)
 
     def poison(self, scores: torch.Tensor) -> torch.Tensor:
