@@ -250,6 +250,14 @@ def _rename(e: GDPOError, msg: str) -> GDPOError:
     return e if msg == str(e) else type(e)(msg)
 
 
+def _raise_renamed(e: GDPOError, msg: str):
+    """Raise impl.gdpo's ``e`` again in the caller's names ``msg`` (chained on ``e``)."""
+    renamed = _rename(e, msg)
+    if renamed is e:
+        raise e
+    raise renamed from e
+
+
 def _across_ranks(msg: str, arg: str, score: str, nan_note: str = "") -> str:
     """A DistributedError's group labels in terms every rank can print alike. impl.gdpo names a
     group by the label it was given: the caller's integer, or the adapter's own number of a
@@ -268,7 +276,7 @@ def _across_ranks(msg: str, arg: str, score: str, nan_note: str = "") -> str:
 
 
 def _in_callers_terms(e: GDPOError, keys: list, labels: _Labels, weights_by_key: bool, rewards: str,
-                      arg: str, score: str, nan_note: str = "") -> GDPOError:
+                      arg: str, score: str, nan_note: str = "") -> str:
     """impl.gdpo's message with the reward keys, the caller's group labels and samples
     (``rewards`` names the reward argument in the NaN message, ``arg`` the labels). A
     DistributedError must read the same on every rank: there ``group_ids`` is renamed and
@@ -276,7 +284,7 @@ def _in_callers_terms(e: GDPOError, keys: list, labels: _Labels, weights_by_key:
     labels or keys, which are each rank's own."""
     msg = re.sub(r"\bgroup_ids\b", arg, str(e))
     if isinstance(e, DistributedError):
-        return _rename(e, _across_ranks(msg, arg, score, nan_note))
+        return _across_ranks(msg, arg, score, nan_note)
 
     def key(j: str) -> str:
         j = int(j)
@@ -293,16 +301,18 @@ def _in_callers_terms(e: GDPOError, keys: list, labels: _Labels, weights_by_key:
     msg = re.sub(r"\bweights\[(\d+)\] \(reward column \1\)", weight, msg)
     msg = re.sub(r"\breward column (\d+)", lambda m: f"reward {key(m.group(1))}", msg)
     msg = re.sub(r"\bgroup label (-?\d+)", lambda m: f"group label {labels.name(int(m.group(1)))}", msg)
-    msg = re.sub(r"\b(first |at )?row (\d+)\b", lambda m: f"{m.group(1) or ''}sample {m.group(2)}", msg)
-    return _rename(e, msg)
+    return re.sub(r"\b(first |at )?row (\d+)\b", lambda m: f"{m.group(1) or ''}sample {m.group(2)}", msg)
 
 
 def _refuse_with_peers(process_group, refusal: Exception, arg: str, eps, out_dtype, *candidates):
-    """This rank's input was refused by the adapter itself, before impl.gdpo: under a
-    process group it must not raise alone (its peers would wait in the agreement until the
-    group's timeout). It joins the agreement refused instead, and every rank raises the same
-    DistributedError (here chained on ``refusal``), renamed as the peers rename theirs."""
+    """This rank's input was refused by the adapter itself, before impl.gdpo: without a process
+    group ``refusal`` is raised. Under one it must not raise alone (its peers would wait in the
+    agreement until the group's timeout). It joins the agreement refused instead, and every rank
+    raises the same DistributedError (here chained on ``refusal``), renamed as the peers rename theirs."""
     from impl import _problems
+
+    if process_group is None:
+        raise refusal
 
     device = None  # where the peers' agreement tables most likely are (gloo)
     try:
@@ -315,10 +325,7 @@ def _refuse_with_peers(process_group, refusal: Exception, arg: str, eps, out_dty
         _distributed.run_distributed(_problems.API_GDPO, process_group, rewards=hint, eps=eps, out_dtype=out_dtype,
                                      refused=refusal)
     except DistributedError as e:
-        renamed = _rename(e, re.sub(r"\bgroup_ids\b", arg, str(e)))
-        if renamed is e:
-            raise
-        raise renamed from e
+        _raise_renamed(e, re.sub(r"\bgroup_ids\b", arg, str(e)))
     raise refusal  # not reached: a refused rank makes every rank raise
 
 
@@ -358,8 +365,6 @@ def trl_advantages(rewards_per_func: torch.Tensor, num_generations: int, reward_
 
         refusal = P.host_error(P.P_GROUP_SIZE_TYPE, P.K_NONE)  # the words of impl.gdpo's group_size refusal
         refusal = type(refusal)(re.sub(r"\bgroup_size\b", "num_generations", str(refusal)))
-        if process_group is None:
-            raise refusal
         _refuse_with_peers(process_group, refusal, "num_generations", eps, out_dtype, rewards_per_func)
     # Any other value is impl.gdpo's group_size, checked there (any integer scalar: a Python int, a NumPy
     # integer, a 0-d integer tensor), with or without a process group; its refusal is renamed below.
@@ -371,10 +376,7 @@ def trl_advantages(rewards_per_func: torch.Tensor, num_generations: int, reward_
         msg = str(e)
         for pattern, name in _TRL_NAMES:  # text only: a DistributedError still reads the same on every rank
             msg = re.sub(pattern, name, msg)
-        renamed = _rename(e, msg)
-        if renamed is e:
-            raise
-        raise renamed from e
+        _raise_renamed(e, msg)
 
 
 def _not_zero_one(m: torch.Tensor) -> torch.Tensor | None:
@@ -547,8 +549,6 @@ def verl_advantages(token_level_rewards: Mapping[str, torch.Tensor], response_ma
         keys, mask, tokens, ids, scores, w = _verl_inputs(token_level_rewards, response_mask, index, weights,
                                                           process_group is not None)
     except Exception as e:  # noqa: BLE001 - under a process group the peers must hear of it
-        if process_group is None:
-            raise
         _refuse_with_peers(process_group, e, "index", eps, out_dtype, response_mask, token_level_rewards)
     try:
         with _named_columns(keys):
@@ -567,10 +567,8 @@ def verl_advantages(token_level_rewards: Mapping[str, torch.Tensor], response_ma
                                    "the score (sum of response tokens)", _MASK_NAN)
         if own is not None:  # under a process group: the same error on every rank, this rank's own chained
             own.__context__ = e  # (and impl.gdpo's, with whatever it chained, behind it)
-            raise better from own
-        if better is e:
-            raise
-        raise better from e
+            raise _rename(e, better) from own
+        _raise_renamed(e, better)
     return _on_response_tokens(a, mask.bool)
 
 
@@ -618,8 +616,6 @@ def labelled_advantages(rewards: Mapping[str, torch.Tensor], labels: Sequence[Ha
     try:
         names, r, ids, w = _labelled_inputs(rewards, labels, weights)
     except Exception as e:  # noqa: BLE001 - under a process group the peers must hear of it
-        if process_group is None:
-            raise
         _refuse_with_peers(process_group, e, "labels", eps, out_dtype, rewards)
     try:
         with _named_columns(names):
@@ -627,8 +623,5 @@ def labelled_advantages(rewards: Mapping[str, torch.Tensor], labels: Sequence[Ha
                                    process_group=process_group, eps=eps, out_dtype=out_dtype, missing=missing,
                                    diagnostics=diagnostics)
     except GDPOError as e:
-        better = _in_callers_terms(e, names, ids, isinstance(weights, Mapping), "rewards[{key}][{i}]", "labels",
-                                   "the reward")
-        if better is e:
-            raise
-        raise better from e
+        _raise_renamed(e, _in_callers_terms(e, names, ids, isinstance(weights, Mapping), "rewards[{key}][{i}]",
+                                            "labels", "the reward"))

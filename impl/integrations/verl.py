@@ -173,18 +173,14 @@ def _groups(index, n: int):
     if len(labels) != n:
         raise ShapeError(f"index (uid) has {len(labels)} labels but response_mask {n} rows: one uid per response")
     ids: dict = {}
-    first: list[int] = []
     gid = []
     for i, u in enumerate(labels):
         try:
-            g = ids.setdefault(u, len(ids))
+            gid.append(ids.setdefault(u, len(ids)))
         except TypeError:
             raise GroupError(f"uid of sample {i} is {u!r}, unhashable: a uid names a prompt") from None
-        if g == len(first):
-            first.append(i)
-        gid.append(g)
     counts = collections.Counter(gid)
-    lone = [first[g] for g in range(len(ids)) if counts[g] == 1]
+    lone = [i for i, g in enumerate(gid) if counts[g] == 1]  # a lone group's only sample: its first
     if lone:
         i = lone[0]
         raise GroupError(f"uid {labels[i]!r} (sample {i}) has 1 response ({len(lone)} such uids): GDPO's Eq. 4 "
