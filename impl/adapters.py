@@ -55,7 +55,6 @@ ordered sequence, is a ``GroupError``; the wrong number or shape a ``GroupLength
 from __future__ import annotations
 
 import contextlib
-import math
 import re
 import sys
 from collections.abc import Hashable, Mapping, Sequence, Set
@@ -83,10 +82,6 @@ __all__ = ["trl_advantages", "verl_advantages", "labelled_advantages"]
 
 def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
-
-
-def _kind(x: float) -> str:
-    return "nan" if x != x else ("inf" if x > 0 else "-inf")
 
 
 def _numpy(x, kind: str = "ndarray") -> bool:
@@ -395,9 +390,8 @@ def _mask_error(m: torch.Tensor, bad: torch.Tensor, expected: str = "0 or 1 (or 
     if at.shape[0] == 0:
         return None
     i, t = at[0].tolist()
-    value = m[i, t].item()
-    shown = _kind(value) if isinstance(value, float) and not math.isfinite(value) else repr(value)
-    return OutOfRangeError(f"response_mask[{i}, {t}] (sample {i}, token {t}) is {shown}; expected {expected}")
+    return OutOfRangeError(f"response_mask[{i}, {t}] (sample {i}, token {t}) is {m[i, t].item()!r}; "
+                           f"expected {expected}")
 
 
 def _empty_row_error(empty: torch.Tensor) -> ShapeError | None:
@@ -491,10 +485,10 @@ def _locate_nonfinite(tokens: dict, keys: list, mask: torch.Tensor, scores: torc
     if found:
         tok = found[0]
         return NonFiniteError(f"token_level_rewards[{key!r}][{i}, {tok}] (sample {i}, response token {tok}, "
-                              f"group label {label}) is {_kind(row[tok].item())}")
+                              f"group label {label}) is {row[tok].item()!r}")
     return OutOfRangeError(f"the score of sample {i} under token_level_rewards[{key!r}] (group label {label}), "
                            f"the sum of its response tokens' finite rewards, is beyond float64 "
-                           f"({_kind(scores[i, j].item())})")
+                           f"({scores[i, j].item()!r})")
 
 
 def _verl_inputs(token_level_rewards, response_mask, index, weights, distributed: bool):
