@@ -135,15 +135,16 @@ def _unreadable_number(x) -> tuple[int, str] | None:
     return (what, detail) if what else (P.K_OTHER, _of_type(x))
 
 
-_ENTRY_PROBLEM = {P.P_REWARDS_TYPE: (P.P_REWARDS_ENTRY, P.P_REWARDS_RAGGED),
-                  P.P_VALUES_TYPE: (P.P_VALUES_ENTRY, P.P_VALUES_RAGGED)}
+#: A sequence argument's problems, by the code of its type's: (an entry, a ragged row, its layout, its P.ARG_*).
+_ENTRY_PROBLEM = {P.P_REWARDS_TYPE: (P.P_REWARDS_ENTRY, P.P_REWARDS_RAGGED, P.P_REWARDS_LAYOUT, P.ARG_REWARDS),
+                  P.P_VALUES_TYPE: (P.P_VALUES_ENTRY, P.P_VALUES_RAGGED, P.P_VALUES_LAYOUT, P.ARG_VALUES)}
 
 
 def unreadable(x, type_code: int, overflow: bool) -> Problem:
     """Why torch could not read the Python/NumPy sequence ``x`` as real numbers: the first
     entry it cannot read (row, column, what it is), the first row of another length, or
     (found nowhere) what ``x`` is."""
-    entry, ragged = _ENTRY_PROBLEM[type_code]
+    entry, ragged = _ENTRY_PROBLEM[type_code][:2]
     whole = Problem(type_code, int(overflow), detail="" if overflow else _of_type(x))
     if isinstance(x, (str, bytes, bytearray, collections.abc.Mapping, collections.abc.Set)) \
             or not isinstance(x, collections.abc.Sized) or not _is_row(x):
@@ -299,9 +300,6 @@ def read_tensor(x) -> torch.Tensor:
     return t
 
 
-_LAYOUT_PROBLEM = {P.P_REWARDS_TYPE: P.P_REWARDS_LAYOUT, P.P_VALUES_TYPE: P.P_VALUES_LAYOUT}
-
-
 #: Python ints from this magnitude on may not be float64s: checked one by one.
 _EXACT_INT = 2.0 ** 53
 
@@ -334,7 +332,7 @@ def as_float_tensor(x, type_code: int, dtype_code_: int) -> torch.Tensor:
 def _python_values(x, type_code: int) -> torch.Tensor:
     """A Python (nested) sequence of real numbers as float64, each exactly, or the first
     entry that is a bool or an int no float64 equals."""
-    entry, _ = _ENTRY_PROBLEM[type_code]
+    entry = _ENTRY_PROBLEM[type_code][0]
     rows = list(x)
     for i, row in enumerate(rows):
         items = list(row) if _is_row(row) else [row]
@@ -359,11 +357,12 @@ def _python_values(x, type_code: int) -> torch.Tensor:
 
 
 def _checked(x: torch.Tensor, type_code: int, dtype_code_: int) -> torch.Tensor:
+    _, _, layout, arg = _ENTRY_PROBLEM[type_code]
     if x.layout != torch.strided or x.is_nested:  # sparse, nested, mkldnn: torch's own error would come
-        raise Problem(_LAYOUT_PROBLEM[type_code], P.layout_code(x))  # from deep inside
+        raise Problem(layout, P.layout_code(x))  # from deep inside
     if x.dtype not in P.INPUT_DTYPES:  # float8 too: most CPU kernels (add, min) do not exist for it
         raise Problem(dtype_code_, P.dtype_code(x.dtype))
-    _check_device(x, P.ARG_REWARDS if type_code == P.P_REWARDS_TYPE else P.ARG_VALUES)
+    _check_device(x, arg)
     if x.is_neg():  # a lazy negation (torch._neg_view, the imaginary part of a conjugate): its values, read once
         x = x.resolve_neg()
     return x

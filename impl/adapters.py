@@ -132,6 +132,15 @@ def _float_tensor(x, where: str, device: torch.device | None, column: str = "col
     return t
 
 
+def _keys(mapping, arg: str, entries: str, key: str) -> list:
+    """The keys of the mapping argument ``arg`` ({``entries``}), at least one ``key``."""
+    if not isinstance(mapping, Mapping):
+        raise InputDtypeError(f"{arg} must be a mapping {{{entries}}}; got {type(mapping).__name__}")
+    if not mapping:
+        raise ShapeError(f"{arg} is empty: GDPO needs at least one {key}")
+    return list(mapping)
+
+
 def _first_tensor_device(*candidates) -> torch.device | None:
     return next((x.device for x in candidates if isinstance(x, torch.Tensor)), None)
 
@@ -192,26 +201,22 @@ def _labels(labels, n: int, arg: str, samples: str) -> _Labels:
     """Validate one label per sample (``arg`` is the caller's argument name, ``samples``
     says what holds the n samples). Under a process group the adapter's caller turns a
     refusal here into one every rank raises (:func:`_refuse_with_peers`)."""
-    if isinstance(labels, torch.Tensor) or _numpy(labels):
-        if labels.ndim != 1:
-            raise GroupLengthError(f"{arg} must be 1-D (one label per sample); got a {labels.ndim}-D "
-                                   f"{type(labels).__name__} of shape {tuple(labels.shape)}")
-        if labels.shape[0] != n:
-            raise GroupLengthError(f"{arg} has length {labels.shape[0]} but {samples} has {n} samples: one label "
-                                   "per sample")
-        if isinstance(labels, torch.Tensor) and not (labels.is_floating_point() or labels.is_complex()
-                                                     or labels.dtype == torch.bool):
-            return _Labels(labels, None, None)  # the caller's own integers: no host read
-        items = labels.tolist()  # Python scalars: a float or bool tensor's 0-d items hash by identity
-    elif labels is None or isinstance(labels, (str, bytes, Mapping, Set)) or not isinstance(labels, Sequence) \
-            and not hasattr(labels, "__iter__"):
+    array = isinstance(labels, torch.Tensor) or _numpy(labels)
+    if array and labels.ndim != 1:
+        raise GroupLengthError(f"{arg} must be 1-D (one label per sample); got a {labels.ndim}-D "
+                               f"{type(labels).__name__} of shape {tuple(labels.shape)}")
+    if not array and (labels is None or isinstance(labels, (str, bytes, Mapping, Set))
+                      or not isinstance(labels, Sequence) and not hasattr(labels, "__iter__")):
         raise GroupError(f"{arg} must hold one hashable label per sample, in order (a list, tuple, NumPy array "
                          f"or tensor); got {type(labels).__name__}")
-    else:
-        items = list(labels)
-        if len(items) != n:
-            raise GroupLengthError(f"{arg} has length {len(items)} but {samples} has {n} samples: one label "
-                                   "per sample")
+    items = labels if array else list(labels)
+    if len(items) != n:
+        raise GroupLengthError(f"{arg} has length {len(items)} but {samples} has {n} samples: one label per sample")
+    if isinstance(labels, torch.Tensor) and not (labels.is_floating_point() or labels.is_complex()
+                                                 or labels.dtype == torch.bool):
+        return _Labels(labels, None, None)  # the caller's own integers: no host read
+    if array:
+        items = labels.tolist()  # Python scalars: a float or bool tensor's 0-d items hash by identity
     items = [_one_label(x, arg, i) for i, x in enumerate(items)]
     if all(_is_int(x) and _INT64_MIN <= x <= _INT64_MAX for x in items):
         items = [int(x) for x in items]
@@ -494,12 +499,7 @@ def _locate_nonfinite(tokens: dict, keys: list, mask: torch.Tensor, scores: torc
 def _verl_inputs(token_level_rewards, response_mask, index, weights, distributed: bool):
     """verl's arguments checked: (keys, the mask, token rewards by key, labels, (B, K) float64
     scores, weights in key order), or the adapter's own refusal."""
-    if not isinstance(token_level_rewards, Mapping):
-        raise InputDtypeError(f"token_level_rewards must be a mapping {{reward key: (B, T) tensor}}; got "
-                              f"{type(token_level_rewards).__name__}")
-    if not token_level_rewards:
-        raise ShapeError("token_level_rewards is empty: GDPO needs at least one reward key")
-    keys = list(token_level_rewards)
+    keys = _keys(token_level_rewards, "token_level_rewards", "reward key: (B, T) tensor", "reward key")
     device = _first_tensor_device(response_mask, *token_level_rewards.values())
     checked = _Mask(response_mask, device)
     mask = checked.bool
@@ -569,11 +569,7 @@ def verl_advantages(token_level_rewards: Mapping[str, torch.Tensor], response_ma
 def _labelled_inputs(rewards, labels, weights):
     """The labelled arguments checked: (names, (N, K) rewards, labels, weights in name
     order), or the adapter's own refusal."""
-    if not isinstance(rewards, Mapping):
-        raise InputDtypeError(f"rewards must be a mapping {{name: (N,) rewards}}; got {type(rewards).__name__}")
-    if not rewards:
-        raise ShapeError("rewards is empty: GDPO needs at least one reward component")
-    names = list(rewards)
+    names = _keys(rewards, "rewards", "name: (N,) rewards", "reward component")
     device = _first_tensor_device(*rewards.values())
     comps = {}
     for name in names:
