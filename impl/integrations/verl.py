@@ -216,6 +216,7 @@ def compute_gdpo_advantage(token_level_rewards, response_mask, index, *, config,
     batch's response tokens, each carrying its response's value (verl's weighting)."""
     import torch
 
+    from impl.adapters import _on_response_tokens
     from impl.gdpo import gdpo_advantages, normalize_rewards
     from impl.gdpo import whiten as whiten_values
 
@@ -232,10 +233,8 @@ def compute_gdpo_advantage(token_level_rewards, response_mask, index, *, config,
     r = torch.from_numpy(scores).to(device)
     gid = torch.tensor(groups, dtype=torch.int64, device=device)
     mask = mask.to(device)
-    zero = torch.zeros((), dtype=torch.float32, device=device)
     if whiten == WHITEN_SAMPLE:
-        a = gdpo_advantages(r, group_ids=gid, weights=weights, out_dtype=torch.float32)
-        adv = torch.where(mask, a.unsqueeze(-1), zero)
+        adv = _on_response_tokens(gdpo_advantages(r, group_ids=gid, weights=weights, out_dtype=torch.float32), mask)
     elif whiten == WHITEN_TOKEN:
         c = normalize_rewards(r, group_ids=gid, weights=weights)
         per_token = whiten_values(c.unsqueeze(-1).expand(mask.shape)[mask], out_dtype=torch.float32)
