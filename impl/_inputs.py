@@ -22,14 +22,6 @@ from spec.errors import flush_modes
 _F64 = torch.float64
 _U64 = getattr(torch, "uint64", None)  # torch >= 2.3
 
-#: Output dtypes whose range is a finite number the final cast can be checked against.
-OUT_DTYPES = tuple(
-    getattr(torch, n)
-    for n in ("float64", "float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2",
-              "float8_e4m3fnuz", "float8_e5m2fnuz")
-    if hasattr(torch, n)
-)
-
 
 class Problem(Exception):
     """Internal carrier of a host-side problem code (never escapes the package)."""
@@ -143,15 +135,16 @@ def _unreadable_number(x) -> tuple[int, str] | None:
     return (what, detail) if what else (P.K_OTHER, _of_type(x))
 
 
-_ENTRY_PROBLEM = {P.P_REWARDS_TYPE: (P.P_REWARDS_ENTRY, P.P_REWARDS_RAGGED),
-                  P.P_VALUES_TYPE: (P.P_VALUES_ENTRY, P.P_VALUES_RAGGED)}
+#: A sequence argument's problems, by the code of its type's: (an entry, a ragged row, its layout, its P.ARG_*).
+_ENTRY_PROBLEM = {P.P_REWARDS_TYPE: (P.P_REWARDS_ENTRY, P.P_REWARDS_RAGGED, P.P_REWARDS_LAYOUT, P.ARG_REWARDS),
+                  P.P_VALUES_TYPE: (P.P_VALUES_ENTRY, P.P_VALUES_RAGGED, P.P_VALUES_LAYOUT, P.ARG_VALUES)}
 
 
 def unreadable(x, type_code: int, overflow: bool) -> Problem:
     """Why torch could not read the Python/NumPy sequence ``x`` as real numbers: the first
     entry it cannot read (row, column, what it is), the first row of another length, or
     (found nowhere) what ``x`` is."""
-    entry, ragged = _ENTRY_PROBLEM[type_code]
+    entry, ragged = _ENTRY_PROBLEM[type_code][:2]
     whole = Problem(type_code, int(overflow), detail="" if overflow else _of_type(x))
     if isinstance(x, (str, bytes, bytearray, collections.abc.Mapping, collections.abc.Set)) \
             or not isinstance(x, collections.abc.Sized) or not _is_row(x):
@@ -251,7 +244,7 @@ def check_certified(certified) -> str:
 
 def check_out_dtype(out_dtype) -> torch.dtype:
     if isinstance(out_dtype, torch.dtype):
-        if out_dtype not in OUT_DTYPES:
+        if out_dtype not in P.OUT_DTYPES:
             code = P.dtype_code(out_dtype)
             raise Problem(P.P_OUT_DTYPE, code, detail=str(out_dtype).replace("torch.", ""))
         return out_dtype
@@ -270,7 +263,7 @@ def _not_a_dtype(x) -> str:
         except Exception:  # noqa: BLE001 - not a NumPy dtype either
             pass
     meant = getattr(torch, name, None) if isinstance(name, str) else None
-    hint = f"; pass torch.{name}" if meant in OUT_DTYPES else ""
+    hint = f"; pass torch.{name}" if meant in P.OUT_DTYPES else ""
     if x is None:
         return "None, not a torch.dtype"
     what = "a NumPy dtype" if np is not None and isinstance(x, np.dtype) else _of_type(x).split(" (")[0]
@@ -307,9 +300,6 @@ def read_tensor(x) -> torch.Tensor:
     return t
 
 
-_LAYOUT_PROBLEM = {P.P_REWARDS_TYPE: P.P_REWARDS_LAYOUT, P.P_VALUES_TYPE: P.P_VALUES_LAYOUT}
-
-
 #: Python ints from this magnitude on may not be float64s: checked one by one.
 _EXACT_INT = 2.0 ** 53
 
@@ -342,7 +332,7 @@ def as_float_tensor(x, type_code: int, dtype_code_: int) -> torch.Tensor:
 def _python_values(x, type_code: int) -> torch.Tensor:
     """A Python (nested) sequence of real numbers as float64, each exactly, or the first
     entry that is a bool or an int no float64 equals."""
-    entry, _ = _ENTRY_PROBLEM[type_code]
+    entry = _ENTRY_PROBLEM[type_code][0]
     rows = list(x)
     for i, row in enumerate(rows):
         items = list(row) if _is_row(row) else [row]
@@ -367,11 +357,12 @@ def _python_values(x, type_code: int) -> torch.Tensor:
 
 
 def _checked(x: torch.Tensor, type_code: int, dtype_code_: int) -> torch.Tensor:
+    _, _, layout, arg = _ENTRY_PROBLEM[type_code]
     if x.layout != torch.strided or x.is_nested:  # sparse, nested, mkldnn: torch's own error would come
-        raise Problem(_LAYOUT_PROBLEM[type_code], P.layout_code(x))  # from deep inside
+        raise Problem(layout, P.layout_code(x))  # from deep inside
     if x.dtype not in P.INPUT_DTYPES:  # float8 too: most CPU kernels (add, min) do not exist for it
         raise Problem(dtype_code_, P.dtype_code(x.dtype))
-    _check_device(x, P.ARG_REWARDS if type_code == P.P_REWARDS_TYPE else P.ARG_VALUES)
+    _check_device(x, arg)
     if x.is_neg():  # a lazy negation (torch._neg_view, the imaginary part of a conjugate): its values, read once
         x = x.resolve_neg()
     return x
@@ -494,18 +485,18 @@ def _label_problem(group_ids) -> Problem | None:
                 return Problem(P.P_GROUP_IDS_ITEM, i, P.K_BEYOND_INT64, int(0 <= int(x) >> 63 < 2),
                                detail=_int_shown(x))  # c: 1 where a uint64 tensor could hold it
             continue
-        return _item_problem(P.P_GROUP_IDS_ITEM, i, x)
+        return _not_an_int(P.P_GROUP_IDS_ITEM, x, i)
     return None
 
 
-def _item_problem(code: int, i: int, x) -> Problem:
-    """Entry ``i`` of a sequence of integers is ``x``, no integer: what it is instead."""
+def _not_an_int(code: int, x, *at: int) -> Problem:
+    """``x`` (the argument, or its entry ``at``) is no integer: what it is instead."""
     what, value, detail = _not_a_number(x)
     if what:
-        return Problem(code, i, what, value, detail=detail)
+        return Problem(code, *at, what, value, detail=detail)
     if isinstance(x, float) or _np_kind(x) == "f":
-        return Problem(code, i, P.K_FLOAT, P.float_bits(x))
-    return Problem(code, i, P.K_OTHER, detail=_of_type(x))
+        return Problem(code, *at, P.K_FLOAT, P.float_bits(x))
+    return Problem(code, *at, P.K_OTHER, detail=_of_type(x))
 
 
 def _check_device(x, arg: int) -> None:
@@ -534,12 +525,7 @@ def _check_group_size(gs) -> int:
             raise Problem(P.P_GROUP_SIZE_TYPE, P.K_ARRAY, gs.ndim)
         if kind in "iu":
             return int(gs)  # a 0-d integer array
-    what, value, detail = _not_a_number(gs)
-    if what:
-        raise Problem(P.P_GROUP_SIZE_TYPE, what, value, detail=detail)
-    if isinstance(gs, float) or kind == "f":
-        raise Problem(P.P_GROUP_SIZE_TYPE, P.K_FLOAT, P.float_bits(gs))
-    raise Problem(P.P_GROUP_SIZE_TYPE, P.K_OTHER, detail=_of_type(gs))
+    raise _not_an_int(P.P_GROUP_SIZE_TYPE, gs)
 
 
 def _host_list(x, type_code: int, layout_code: int, arg: int, text=(str, bytes), integers: bool = False) -> list:
@@ -637,7 +623,7 @@ def check_segments(segment_sizes, n: int) -> tuple[list[int], bool]:
     if not isinstance(segment_sizes, torch.Tensor):
         for j, s in enumerate(sizes):
             if not _is_int(s):
-                raise _item_problem(P.P_SEGMENTS_ITEM, j, s)
+                raise _not_an_int(P.P_SEGMENTS_ITEM, s, j)
         sizes = [int(s) for s in sizes]
     for j, s in enumerate(sizes):
         if not _INT64_MIN <= s <= _INT64_MAX:

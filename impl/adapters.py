@@ -55,7 +55,6 @@ ordered sequence, is a ``GroupError``; the wrong number or shape a ``GroupLength
 from __future__ import annotations
 
 import contextlib
-import math
 import re
 import sys
 from collections.abc import Hashable, Mapping, Sequence, Set
@@ -83,10 +82,6 @@ __all__ = ["trl_advantages", "verl_advantages", "labelled_advantages"]
 
 def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
-
-
-def _kind(x: float) -> str:
-    return "nan" if x != x else ("inf" if x > 0 else "-inf")
 
 
 def _numpy(x, kind: str = "ndarray") -> bool:
@@ -135,6 +130,15 @@ def _float_tensor(x, where: str, device: torch.device | None, column: str = "col
         raise InputDtypeError(f"{where} is on a device of type {t.device.type}; impl.gdpo computes on CPU or "
                               "CUDA tensors")
     return t
+
+
+def _keys(mapping, arg: str, entries: str, key: str) -> list:
+    """The keys of the mapping argument ``arg`` ({``entries``}), at least one ``key``."""
+    if not isinstance(mapping, Mapping):
+        raise InputDtypeError(f"{arg} must be a mapping {{{entries}}}; got {type(mapping).__name__}")
+    if not mapping:
+        raise ShapeError(f"{arg} is empty: GDPO needs at least one {key}")
+    return list(mapping)
 
 
 def _first_tensor_device(*candidates) -> torch.device | None:
@@ -197,26 +201,22 @@ def _labels(labels, n: int, arg: str, samples: str) -> _Labels:
     """Validate one label per sample (``arg`` is the caller's argument name, ``samples``
     says what holds the n samples). Under a process group the adapter's caller turns a
     refusal here into one every rank raises (:func:`_refuse_with_peers`)."""
-    if isinstance(labels, torch.Tensor) or _numpy(labels):
-        if labels.ndim != 1:
-            raise GroupLengthError(f"{arg} must be 1-D (one label per sample); got a {labels.ndim}-D "
-                                   f"{type(labels).__name__} of shape {tuple(labels.shape)}")
-        if labels.shape[0] != n:
-            raise GroupLengthError(f"{arg} has length {labels.shape[0]} but {samples} has {n} samples: one label "
-                                   "per sample")
-        if isinstance(labels, torch.Tensor) and not (labels.is_floating_point() or labels.is_complex()
-                                                     or labels.dtype == torch.bool):
-            return _Labels(labels, None, None)  # the caller's own integers: no host read
-        items = labels.tolist()  # Python scalars: a float or bool tensor's 0-d items hash by identity
-    elif labels is None or isinstance(labels, (str, bytes, Mapping, Set)) or not isinstance(labels, Sequence) \
-            and not hasattr(labels, "__iter__"):
+    array = isinstance(labels, torch.Tensor) or _numpy(labels)
+    if array and labels.ndim != 1:
+        raise GroupLengthError(f"{arg} must be 1-D (one label per sample); got a {labels.ndim}-D "
+                               f"{type(labels).__name__} of shape {tuple(labels.shape)}")
+    if not array and (labels is None or isinstance(labels, (str, bytes, Mapping, Set))
+                      or not isinstance(labels, Sequence) and not hasattr(labels, "__iter__")):
         raise GroupError(f"{arg} must hold one hashable label per sample, in order (a list, tuple, NumPy array "
                          f"or tensor); got {type(labels).__name__}")
-    else:
-        items = list(labels)
-        if len(items) != n:
-            raise GroupLengthError(f"{arg} has length {len(items)} but {samples} has {n} samples: one label "
-                                   "per sample")
+    items = labels if array else list(labels)
+    if len(items) != n:
+        raise GroupLengthError(f"{arg} has length {len(items)} but {samples} has {n} samples: one label per sample")
+    if isinstance(labels, torch.Tensor) and not (labels.is_floating_point() or labels.is_complex()
+                                                 or labels.dtype == torch.bool):
+        return _Labels(labels, None, None)  # the caller's own integers: no host read
+    if array:
+        items = labels.tolist()  # Python scalars: a float or bool tensor's 0-d items hash by identity
     items = [_one_label(x, arg, i) for i, x in enumerate(items)]
     if all(_is_int(x) and _INT64_MIN <= x <= _INT64_MAX for x in items):
         items = [int(x) for x in items]
@@ -250,6 +250,14 @@ def _rename(e: GDPOError, msg: str) -> GDPOError:
     return e if msg == str(e) else type(e)(msg)
 
 
+def _raise_renamed(e: GDPOError, msg: str):
+    """Raise impl.gdpo's ``e`` again in the caller's names ``msg`` (chained on ``e``)."""
+    renamed = _rename(e, msg)
+    if renamed is e:
+        raise e
+    raise renamed from e
+
+
 def _across_ranks(msg: str, arg: str, score: str, nan_note: str = "") -> str:
     """A DistributedError's group labels in terms every rank can print alike. impl.gdpo names a
     group by the label it was given: the caller's integer, or the adapter's own number of a
@@ -268,7 +276,7 @@ def _across_ranks(msg: str, arg: str, score: str, nan_note: str = "") -> str:
 
 
 def _in_callers_terms(e: GDPOError, keys: list, labels: _Labels, weights_by_key: bool, rewards: str,
-                      arg: str, score: str, nan_note: str = "") -> GDPOError:
+                      arg: str, score: str, nan_note: str = "") -> str:
     """impl.gdpo's message with the reward keys, the caller's group labels and samples
     (``rewards`` names the reward argument in the NaN message, ``arg`` the labels). A
     DistributedError must read the same on every rank: there ``group_ids`` is renamed and
@@ -276,7 +284,7 @@ def _in_callers_terms(e: GDPOError, keys: list, labels: _Labels, weights_by_key:
     labels or keys, which are each rank's own."""
     msg = re.sub(r"\bgroup_ids\b", arg, str(e))
     if isinstance(e, DistributedError):
-        return _rename(e, _across_ranks(msg, arg, score, nan_note))
+        return _across_ranks(msg, arg, score, nan_note)
 
     def key(j: str) -> str:
         j = int(j)
@@ -293,16 +301,18 @@ def _in_callers_terms(e: GDPOError, keys: list, labels: _Labels, weights_by_key:
     msg = re.sub(r"\bweights\[(\d+)\] \(reward column \1\)", weight, msg)
     msg = re.sub(r"\breward column (\d+)", lambda m: f"reward {key(m.group(1))}", msg)
     msg = re.sub(r"\bgroup label (-?\d+)", lambda m: f"group label {labels.name(int(m.group(1)))}", msg)
-    msg = re.sub(r"\b(first |at )?row (\d+)\b", lambda m: f"{m.group(1) or ''}sample {m.group(2)}", msg)
-    return _rename(e, msg)
+    return re.sub(r"\b(first |at )?row (\d+)\b", lambda m: f"{m.group(1) or ''}sample {m.group(2)}", msg)
 
 
 def _refuse_with_peers(process_group, refusal: Exception, arg: str, eps, out_dtype, *candidates):
-    """This rank's input was refused by the adapter itself, before impl.gdpo: under a
-    process group it must not raise alone (its peers would wait in the agreement until the
-    group's timeout). It joins the agreement refused instead, and every rank raises the same
-    DistributedError (here chained on ``refusal``), renamed as the peers rename theirs."""
+    """This rank's input was refused by the adapter itself, before impl.gdpo: without a process
+    group ``refusal`` is raised. Under one it must not raise alone (its peers would wait in the
+    agreement until the group's timeout). It joins the agreement refused instead, and every rank
+    raises the same DistributedError (here chained on ``refusal``), renamed as the peers rename theirs."""
     from impl import _problems
+
+    if process_group is None:
+        raise refusal
 
     device = None  # where the peers' agreement tables most likely are (gloo)
     try:
@@ -315,10 +325,7 @@ def _refuse_with_peers(process_group, refusal: Exception, arg: str, eps, out_dty
         _distributed.run_distributed(_problems.API_GDPO, process_group, rewards=hint, eps=eps, out_dtype=out_dtype,
                                      refused=refusal)
     except DistributedError as e:
-        renamed = _rename(e, re.sub(r"\bgroup_ids\b", arg, str(e)))
-        if renamed is e:
-            raise
-        raise renamed from e
+        _raise_renamed(e, re.sub(r"\bgroup_ids\b", arg, str(e)))
     raise refusal  # not reached: a refused rank makes every rank raise
 
 
@@ -358,8 +365,6 @@ def trl_advantages(rewards_per_func: torch.Tensor, num_generations: int, reward_
 
         refusal = P.host_error(P.P_GROUP_SIZE_TYPE, P.K_NONE)  # the words of impl.gdpo's group_size refusal
         refusal = type(refusal)(re.sub(r"\bgroup_size\b", "num_generations", str(refusal)))
-        if process_group is None:
-            raise refusal
         _refuse_with_peers(process_group, refusal, "num_generations", eps, out_dtype, rewards_per_func)
     # Any other value is impl.gdpo's group_size, checked there (any integer scalar: a Python int, a NumPy
     # integer, a 0-d integer tensor), with or without a process group; its refusal is renamed below.
@@ -371,10 +376,7 @@ def trl_advantages(rewards_per_func: torch.Tensor, num_generations: int, reward_
         msg = str(e)
         for pattern, name in _TRL_NAMES:  # text only: a DistributedError still reads the same on every rank
             msg = re.sub(pattern, name, msg)
-        renamed = _rename(e, msg)
-        if renamed is e:
-            raise
-        raise renamed from e
+        _raise_renamed(e, msg)
 
 
 def _not_zero_one(m: torch.Tensor) -> torch.Tensor | None:
@@ -386,16 +388,15 @@ def _not_zero_one(m: torch.Tensor) -> torch.Tensor | None:
     return (m != 0) & (m != 1)
 
 
-def _mask_error(m: torch.Tensor, bad: torch.Tensor) -> OutOfRangeError | None:
+def _mask_error(m: torch.Tensor, bad: torch.Tensor, expected: str = "0 or 1 (or a bool mask)"
+                ) -> OutOfRangeError | None:
     """The first (row-major) entry of ``m`` marked in ``bad``, named; a host read."""
     at = bad.nonzero()
     if at.shape[0] == 0:
         return None
     i, t = at[0].tolist()
-    value = m[i, t].item()
-    shown = _kind(value) if isinstance(value, float) and not math.isfinite(value) else repr(value)
-    return OutOfRangeError(f"response_mask[{i}, {t}] (sample {i}, token {t}) is {shown}; expected 0 or 1 "
-                           "(or a bool mask)")
+    return OutOfRangeError(f"response_mask[{i}, {t}] (sample {i}, token {t}) is {m[i, t].item()!r}; "
+                           f"expected {expected}")
 
 
 def _empty_row_error(empty: torch.Tensor) -> ShapeError | None:
@@ -438,16 +439,15 @@ class _Mask:
         if m.dim() != 2:
             raise ShapeError(f"response_mask must be (B, T), one row of tokens per sample; got shape "
                              f"{tuple(m.shape)}")
-        bad = _not_zero_one(m)
-        empty = ~m.to(torch.bool).any(dim=-1)  # NaN is true: a NaN entry is refused as a value, not here
+        self.raw, self.bad = m, _not_zero_one(m)  # bad: None once checked, or for a bool mask
+        self.empty = ~m.to(torch.bool).any(dim=-1)  # NaN is true: a NaN entry is refused as a value, not here
         if _host_reads_free(m.device):  # a host sequence is checked here, on the CPU
-            error = (None if bad is None else _mask_error(m, bad)) or _empty_row_error(empty)
+            error = self.error()
             if error is not None:
                 raise error
-            bad = empty = None
+            self.bad = self.empty = None
         if m is not response_mask and device is not None:
-            m = m.to(device)
-        self.raw, self.bad, self.empty = m, bad, empty  # None once checked (bad: or bool)
+            self.raw = m = m.to(device)
         self.bool = m.to(torch.bool)
 
     def poison(self, scores: torch.Tensor) -> torch.Tensor:
@@ -490,21 +490,16 @@ def _locate_nonfinite(tokens: dict, keys: list, mask: torch.Tensor, scores: torc
     if found:
         tok = found[0]
         return NonFiniteError(f"token_level_rewards[{key!r}][{i}, {tok}] (sample {i}, response token {tok}, "
-                              f"group label {label}) is {_kind(row[tok].item())}")
+                              f"group label {label}) is {row[tok].item()!r}")
     return OutOfRangeError(f"the score of sample {i} under token_level_rewards[{key!r}] (group label {label}), "
                            f"the sum of its response tokens' finite rewards, is beyond float64 "
-                           f"({_kind(scores[i, j].item())})")
+                           f"({scores[i, j].item()!r})")
 
 
 def _verl_inputs(token_level_rewards, response_mask, index, weights, distributed: bool):
     """verl's arguments checked: (keys, the mask, token rewards by key, labels, (B, K) float64
     scores, weights in key order), or the adapter's own refusal."""
-    if not isinstance(token_level_rewards, Mapping):
-        raise InputDtypeError(f"token_level_rewards must be a mapping {{reward key: (B, T) tensor}}; got "
-                              f"{type(token_level_rewards).__name__}")
-    if not token_level_rewards:
-        raise ShapeError("token_level_rewards is empty: GDPO needs at least one reward key")
-    keys = list(token_level_rewards)
+    keys = _keys(token_level_rewards, "token_level_rewards", "reward key: (B, T) tensor", "reward key")
     device = _first_tensor_device(response_mask, *token_level_rewards.values())
     checked = _Mask(response_mask, device)
     mask = checked.bool
@@ -548,8 +543,6 @@ def verl_advantages(token_level_rewards: Mapping[str, torch.Tensor], response_ma
         keys, mask, tokens, ids, scores, w = _verl_inputs(token_level_rewards, response_mask, index, weights,
                                                           process_group is not None)
     except Exception as e:  # noqa: BLE001 - under a process group the peers must hear of it
-        if process_group is None:
-            raise
         _refuse_with_peers(process_group, e, "index", eps, out_dtype, response_mask, token_level_rewards)
     try:
         with _named_columns(keys):
@@ -568,21 +561,15 @@ def verl_advantages(token_level_rewards: Mapping[str, torch.Tensor], response_ma
                                    "the score (sum of response tokens)", _MASK_NAN)
         if own is not None:  # under a process group: the same error on every rank, this rank's own chained
             own.__context__ = e  # (and impl.gdpo's, with whatever it chained, behind it)
-            raise better from own
-        if better is e:
-            raise
-        raise better from e
+            raise _rename(e, better) from own
+        _raise_renamed(e, better)
     return _on_response_tokens(a, mask.bool)
 
 
 def _labelled_inputs(rewards, labels, weights):
     """The labelled arguments checked: (names, (N, K) rewards, labels, weights in name
     order), or the adapter's own refusal."""
-    if not isinstance(rewards, Mapping):
-        raise InputDtypeError(f"rewards must be a mapping {{name: (N,) rewards}}; got {type(rewards).__name__}")
-    if not rewards:
-        raise ShapeError("rewards is empty: GDPO needs at least one reward component")
-    names = list(rewards)
+    names = _keys(rewards, "rewards", "name: (N,) rewards", "reward component")
     device = _first_tensor_device(*rewards.values())
     comps = {}
     for name in names:
@@ -619,8 +606,6 @@ def labelled_advantages(rewards: Mapping[str, torch.Tensor], labels: Sequence[Ha
     try:
         names, r, ids, w = _labelled_inputs(rewards, labels, weights)
     except Exception as e:  # noqa: BLE001 - under a process group the peers must hear of it
-        if process_group is None:
-            raise
         _refuse_with_peers(process_group, e, "labels", eps, out_dtype, rewards)
     try:
         with _named_columns(names):
@@ -628,8 +613,5 @@ def labelled_advantages(rewards: Mapping[str, torch.Tensor], labels: Sequence[Ha
                                    process_group=process_group, eps=eps, out_dtype=out_dtype, missing=missing,
                                    diagnostics=diagnostics)
     except GDPOError as e:
-        better = _in_callers_terms(e, names, ids, isinstance(weights, Mapping), "rewards[{key}][{i}]", "labels",
-                                   "the reward")
-        if better is e:
-            raise
-        raise better from e
+        _raise_renamed(e, _in_callers_terms(e, names, ids, isinstance(weights, Mapping), "rewards[{key}][{i}]",
+                                            "labels", "the reward"))

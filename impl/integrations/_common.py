@@ -3,6 +3,7 @@ call of impl.gdpo on a gathered batch. Imports no framework."""
 
 from __future__ import annotations
 
+import importlib
 import types
 from importlib import metadata
 
@@ -35,36 +36,52 @@ def check_version(distribution: str, name: str, supported: tuple[str, str], modu
     return version
 
 
-def batch_advantages(trainer, rewards: torch.Tensor, group_size: int, policy: str, mode: str) -> torch.Tensor:
-    """impl.gdpo's advantages of a batch gathered from every process ((N, K) rewards, contiguous
-    groups of ``group_size``, the trainer's ``reward_weights``): (N,) float32 on the rewards' device.
-    Groups of one (evaluation with one generation) give 0, as both frameworks' formulas do.
+class TrainerMixin:
+    """What the trainers' mixins share: the missing-reward policy and impl.gdpo on the batch
+    gathered from every process."""
 
-    The count of rows no reward function scored (advantage 0, outside Eq. 6) is appended to the
-    trainer's metric ``gdpo/unscored_rows`` (``trainer._metrics[mode]``, logged as the
-    frameworks log theirs), so what the policy left out is never silent."""
-    if policy not in MISSING_POLICIES:
-        raise ValueError(f"gdpo_missing is {policy!r}; expected one of {MISSING_POLICIES}")
-    if group_size == 1:
-        trainer._metrics[mode]["gdpo/unscored_rows"].append(float(torch.isnan(rewards).all(dim=1).sum()))
-        return torch.zeros(rewards.shape[0], dtype=torch.float32, device=rewards.device)
-    diagnostics = gdpo.Diagnostics()
-    try:
-        advantages = gdpo.gdpo_advantages(rewards, group_size=group_size, weights=trainer.reward_weights.tolist(),
-                                          missing=policy, diagnostics=diagnostics)
-    except gdpo.GDPOError as exc:
-        names = ", ".join(f"{k} = {name!r}" for k, name in enumerate(trainer.reward_func_names))
-        exc.add_note(f"in {type(trainer).__name__}: rows of the batch gathered from every process "
-                     f"({rewards.shape[0]} rows, groups of {group_size}); reward columns: {names}")
-        raise
-    trainer._metrics[mode]["gdpo/unscored_rows"].append(float(diagnostics.unscored_rows))
-    return advantages
+    #: "unscored" (a reward function's None is left out of that column's statistics, the
+    #: frameworks' reading) or "refuse" (the first None stops training with impl's NonFiniteError).
+    gdpo_missing = "unscored"
+
+    def _gdpo_check_missing(self):
+        if self.gdpo_missing not in MISSING_POLICIES:
+            raise ValueError(f"gdpo_missing is {self.gdpo_missing!r}; expected one of {MISSING_POLICIES}")
+
+    def _gdpo_mode(self) -> tuple[str, int]:
+        """("train" or "eval", the group size of that mode)."""
+        mode = "train" if self.model.training else "eval"
+        return mode, self.num_generations if mode == "train" else self.num_generations_eval
+
+    def gdpo_advantages(self, rewards: torch.Tensor, group_size: int, mode: str = "train") -> torch.Tensor:
+        """impl.gdpo's advantages of a batch gathered from every process ((N, K) rewards, contiguous
+        groups of ``group_size``, the trainer's ``reward_weights``): (N,) float32 on the rewards' device.
+        Groups of one (evaluation with one generation) give 0, as both frameworks' formulas do.
+
+        The count of rows no reward function scored (advantage 0, outside Eq. 6) is appended to the
+        trainer's metric ``gdpo/unscored_rows`` (``trainer._metrics[mode]``, logged as the
+        frameworks log theirs), so what the policy left out is never silent."""
+        self._gdpo_check_missing()
+        if group_size == 1:
+            self._metrics[mode]["gdpo/unscored_rows"].append(float(torch.isnan(rewards).all(dim=1).sum()))
+            return torch.zeros(rewards.shape[0], dtype=torch.float32, device=rewards.device)
+        diagnostics = gdpo.Diagnostics()
+        try:
+            advantages = gdpo.gdpo_advantages(rewards, group_size=group_size, weights=self.reward_weights.tolist(),
+                                              missing=self.gdpo_missing, diagnostics=diagnostics)
+        except gdpo.GDPOError as exc:
+            names = ", ".join(f"{k} = {name!r}" for k, name in enumerate(self.reward_func_names))
+            exc.add_note(f"in {type(self).__name__}: rows of the batch gathered from every process "
+                         f"({rewards.shape[0]} rows, groups of {group_size}); reward columns: {names}")
+            raise
+        self._metrics[mode]["gdpo/unscored_rows"].append(float(diagnostics.unscored_rows))
+        return advantages
 
 
-def lazy_trainer(module: str, name: str, mixin: type, check, base, doc: str):
+def lazy_trainer(module: str, name: str, mixin: type, check, base: str, doc: str):
     """The ``__getattr__`` of ``module``: its class ``name`` (``mixin`` before the framework's trainer,
-    ``base()``) is built on first access, after ``check()`` (the framework's version), so that
-    importing the module imports no framework."""
+    ``base``, "module.Class") is built on first access, after ``check()`` (the framework's version),
+    so that importing the module imports no framework."""
     built = []
 
     def __getattr__(attr):
@@ -72,7 +89,8 @@ def lazy_trainer(module: str, name: str, mixin: type, check, base, doc: str):
             raise AttributeError(f"module {module!r} has no attribute {attr!r}")
         if not built:
             check()
-            built.append(types.new_class(name, (mixin, base()),
+            where, _, cls = base.rpartition(".")
+            built.append(types.new_class(name, (mixin, getattr(importlib.import_module(where), cls)),
                                          exec_body=lambda ns: ns.update(__doc__=doc, __module__=module)))
         return built[0]
     return __getattr__

@@ -19,7 +19,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from impl.integrations._common import MISSING_POLICIES, batch_advantages, check_version, lazy_trainer
+from impl.integrations._common import TrainerMixin, check_version, lazy_trainer
 
 __all__ = ["GDPOGRPOTrainer", "GDPOSwiftMixin", "SUPPORTED_SWIFT", "check_swift_version", "plugin_path", "register"]
 
@@ -50,11 +50,9 @@ def register() -> None:
     TrainerFactory.TRAINER_MAPPING["grpo"] = TRAINER_PATH
 
 
-class GDPOSwiftMixin:
-    """Put before ms-swift's ``GRPOTrainer`` (or a subclass) in the bases (module docstring)."""
-
-    #: as in impl.integrations.trl: "unscored" (ms-swift's reading of None) or "refuse"
-    gdpo_missing = "unscored"
+class GDPOSwiftMixin(TrainerMixin):
+    """Put before ms-swift's ``GRPOTrainer`` (or a subclass) in the bases (module docstring).
+    ``gdpo_missing``: "unscored" (ms-swift's reading of None, the default) or "refuse"."""
 
     def __init__(self, *args, **kwargs):
         check_swift_version()
@@ -73,19 +71,12 @@ class GDPOSwiftMixin:
         if self.dynamic_num_samples:
             raise ValueError(f"{name}: the request-aware path (multi-turn, a varying number of samples per prompt) "
                              "is not supported by the gdpo-spec plugin; drop it from --external_plugins")
-        if self.gdpo_missing not in MISSING_POLICIES:
-            raise ValueError(f"gdpo_missing is {self.gdpo_missing!r}; expected one of {MISSING_POLICIES}")
-
-    def gdpo_advantages(self, rewards_per_func, group_size: int, mode: str = "train"):
-        """impl.gdpo's advantages of the whole gathered batch: (N,) float32 on the rewards' device
-        (0 for groups of one: evaluation with one generation)."""
-        return batch_advantages(self, rewards_per_func, group_size, self.gdpo_missing, mode)
+        self._gdpo_check_missing()
 
     def _compute_advantages(self, samples, rewards_per_func, batch_encoded_inputs):
         self._gdpo_check_config()
         theirs = super()._compute_advantages(samples, rewards_per_func, batch_encoded_inputs)  # logs as usual
-        mode = "train" if self.model.training else "eval"
-        group_size = self.num_generations if mode == "train" else self.num_generations_eval
+        mode, group_size = self._gdpo_mode()
         ours = self.gdpo_advantages(rewards_per_func, group_size, mode)
         if ours.shape != theirs.shape:
             raise RuntimeError(f"{type(self).__name__}: ms-swift's advantages have shape {tuple(theirs.shape)}, "
@@ -94,13 +85,8 @@ class GDPOSwiftMixin:
         return ours.to(theirs.device)
 
 
-def _grpo_trainer():
-    from swift.rlhf_trainers.grpo_trainer import GRPOTrainer
-
-    return GRPOTrainer
-
-
-__getattr__ = lazy_trainer(__name__, "GDPOGRPOTrainer", GDPOSwiftMixin, check_swift_version, _grpo_trainer,
+__getattr__ = lazy_trainer(__name__, "GDPOGRPOTrainer", GDPOSwiftMixin, check_swift_version,
+                           "swift.rlhf_trainers.grpo_trainer.GRPOTrainer",
                            "ms-swift's ``GRPOTrainer`` whose advantages are impl.gdpo's (see "
                            ":mod:`impl.integrations.swift`).")
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 
-from impl.integrations._common import MISSING_POLICIES, batch_advantages, check_version, lazy_trainer
+from impl.integrations._common import TrainerMixin, check_version, lazy_trainer
 
 __all__ = ["GDPOMixin", "GDPOTrainer", "SUPPORTED_TRL", "check_trl_version"]
 
@@ -34,13 +34,10 @@ def check_trl_version(version: str | None = None) -> str:
                          "replaces advantages inside GRPOTrainer's private methods", version)
 
 
-class GDPOMixin:
+class GDPOMixin(TrainerMixin):
     """Put before TRL's ``GRPOTrainer`` (or a subclass of it) in the bases: its advantages
-    become :func:`impl.gdpo.gdpo_advantages` of the gathered rewards (module docstring)."""
-
-    #: "unscored" (a reward function's None is left out of that column's statistics, TRL's
-    #: reading) or "refuse" (the first None stops training with impl's NonFiniteError).
-    gdpo_missing = "unscored"
+    become :func:`impl.gdpo.gdpo_advantages` of the gathered rewards (module docstring).
+    ``gdpo_missing``: "unscored" (TRL's reading of a None reward, the default) or "refuse"."""
 
     def __init__(self, *args, **kwargs):
         check_trl_version()
@@ -56,19 +53,10 @@ class GDPOMixin:
             logger.warning("num_generations_eval=1: evaluation groups have one completion each, so their advantages "
                            "are 0 (as TRL's own formula gives); impl.gdpo is not called for them")
 
-    def _gdpo_check_missing(self):
-        if self.gdpo_missing not in MISSING_POLICIES:
-            raise ValueError(f"gdpo_missing is {self.gdpo_missing!r}; expected one of {MISSING_POLICIES}")
-
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
         self._gdpo_rewards = rewards  # gathered: (N, K), every process's rows
         return rewards
-
-    def gdpo_advantages(self, rewards, group_size: int, mode: str = "train"):
-        """impl.gdpo's advantages of the whole gathered batch: (N,) float32 on ``rewards``' device
-        (0 for groups of one: evaluation only, TRL refuses num_generations < 2 for training)."""
-        return batch_advantages(self, rewards, group_size, self.gdpo_missing, mode)
 
     def _generate_and_score_completions(self, inputs):
         self._gdpo_rewards = None
@@ -77,8 +65,7 @@ class GDPOMixin:
         if rewards is None:
             raise RuntimeError(f"{type(self).__name__}: TRL computed advantages without calling _calculate_rewards; "
                                "this TRL does not work the way impl.integrations.trl was written for")
-        mode = "train" if self.model.training else "eval"
-        group_size = self.num_generations if mode == "train" else self.num_generations_eval
+        mode, group_size = self._gdpo_mode()
         advantages = self.gdpo_advantages(rewards, group_size, mode)
         n = len(inputs)
         start = self.accelerator.process_index * n
@@ -97,11 +84,5 @@ class GDPOMixin:
         return out
 
 
-def _grpo_trainer():
-    from trl import GRPOTrainer
-
-    return GRPOTrainer
-
-
-__getattr__ = lazy_trainer(__name__, "GDPOTrainer", GDPOMixin, check_trl_version, _grpo_trainer,
+__getattr__ = lazy_trainer(__name__, "GDPOTrainer", GDPOMixin, check_trl_version, "trl.GRPOTrainer",
                            "TRL's ``GRPOTrainer`` whose advantages are impl.gdpo's (see :mod:`impl.integrations.trl`).")

@@ -173,18 +173,14 @@ def _groups(index, n: int):
     if len(labels) != n:
         raise ShapeError(f"index (uid) has {len(labels)} labels but response_mask {n} rows: one uid per response")
     ids: dict = {}
-    first: list[int] = []
     gid = []
     for i, u in enumerate(labels):
         try:
-            g = ids.setdefault(u, len(ids))
+            gid.append(ids.setdefault(u, len(ids)))
         except TypeError:
             raise GroupError(f"uid of sample {i} is {u!r}, unhashable: a uid names a prompt") from None
-        if g == len(first):
-            first.append(i)
-        gid.append(g)
     counts = collections.Counter(gid)
-    lone = [first[g] for g in range(len(ids)) if counts[g] == 1]
+    lone = [i for i, g in enumerate(gid) if counts[g] == 1]  # a lone group's only sample: its first
     if lone:
         i = lone[0]
         raise GroupError(f"uid {labels[i]!r} (sample {i}) has 1 response ({len(lone)} such uids): GDPO's Eq. 4 "
@@ -196,23 +192,17 @@ def _groups(index, n: int):
 def _mask(response_mask):
     import torch
 
-    from impl.gdpo import OutOfRangeError, ShapeError
+    from impl.adapters import _mask_error, _not_zero_one
+    from impl.gdpo import ShapeError
 
     m = response_mask
     if m.dim() != 2:
         raise ShapeError(f"response_mask must be (B, T); got shape {tuple(m.shape)}")
-    if m.dtype != torch.bool:
-        if m.is_floating_point():
-            ok = bool(((m == 0) | (m == 1)).all())
-        else:  # an integer in [0, 1] is 0 or 1: one pass over verl's int64 mask
-            ok = m.numel() == 0 or all(0 <= v <= 1 for v in (x.item() for x in torch.aminmax(m)))
-        if not ok:
-            bad = ((m != 0) & (m != 1)).nonzero()
-            i, t = bad[0].tolist()
-            raise OutOfRangeError(f"response_mask[{i}, {t}] (sample {i}, token {t}) is {m[i, t].item()}; "
-                                  "expected 0 or 1")
-        m = m.to(torch.bool)
-    return m
+    bad = _not_zero_one(m)
+    error = None if bad is None else _mask_error(m, bad, expected="0 or 1")
+    if error is not None:
+        raise error
+    return m.to(torch.bool)
 
 
 def compute_gdpo_advantage(token_level_rewards, response_mask, index, *, config, non_tensor_batch=None,
@@ -226,6 +216,7 @@ def compute_gdpo_advantage(token_level_rewards, response_mask, index, *, config,
     batch's response tokens, each carrying its response's value (verl's weighting)."""
     import torch
 
+    from impl.adapters import _on_response_tokens
     from impl.gdpo import gdpo_advantages, normalize_rewards
     from impl.gdpo import whiten as whiten_values
 
@@ -242,10 +233,8 @@ def compute_gdpo_advantage(token_level_rewards, response_mask, index, *, config,
     r = torch.from_numpy(scores).to(device)
     gid = torch.tensor(groups, dtype=torch.int64, device=device)
     mask = mask.to(device)
-    zero = torch.zeros((), dtype=torch.float32, device=device)
     if whiten == WHITEN_SAMPLE:
-        a = gdpo_advantages(r, group_ids=gid, weights=weights, out_dtype=torch.float32)
-        adv = torch.where(mask, a.unsqueeze(-1), zero)
+        adv = _on_response_tokens(gdpo_advantages(r, group_ids=gid, weights=weights, out_dtype=torch.float32), mask)
     elif whiten == WHITEN_TOKEN:
         c = normalize_rewards(r, group_ids=gid, weights=weights)
         per_token = whiten_values(c.unsqueeze(-1).expand(mask.shape)[mask], out_dtype=torch.float32)
