@@ -5,7 +5,8 @@ well-conditioned batches of ordinary magnitude (rewards within a few units of 0,
 offset, so no correct float code loses more than a few ulps on them), built so that the
 variants of the formula catalogue (:mod:`conformance.formulas`) come apart: a column of std
 about 1e-3, where eps = 1e-4 moves z by 8 %; tiny weights, where eps moves Eq. 6; weights
-summing to a negative number; groups of 2, 4 and 8; an outlier beyond |a| = 5. From the
+summing to a negative number; groups of 2, 4, 8 and 12; an outlier beyond |a| = 5, and one beyond
+|z| = 3 inside a group. From the
 outputs it tells (docs/grading.md, "Precision and formula"):
 
 * the **working precision**: float64 where every probe is reproduced to about 1e-13 (a float32
@@ -53,6 +54,10 @@ _EIGHTS = ((1, .25), (0, 0), (1, .75), (1, .5), (0, 1), (0, .25), (1, 0), (0, .5
            (0, 3), (0, 1), (0, 2), (1, 2), (0, 0), (0, 1), (0, 3), (0, 2))
 #: an outlier: one group [1, 0, 0, 0] among nine constant groups (|a| = 5.4 at one row)
 _OUTLIER = ((1,), (0,), (0,), (0,)) + ((0,),) * 12 + ((1,),) * 12 + ((2,),) * 12
+#: groups of 12: one outlier, |z| = 11 / sqrt(12) = 3.2 at Eq. 4, where no group of 8 or fewer
+#: reaches 3 ((G - 1) / sqrt(G) is the largest |z| of a group of G); beside a group of two ones
+#: (|z| = 2.1), so that Eq. 6 cannot undo what a clip of z does (it would, on one group alone)
+_BIG_GROUPS = ((1,),) + ((0,),) * 11 + ((1,),) * 2 + ((0,),) * 10
 
 
 def _case(rows, group_size, weights, ctx, scale=1.0) -> Case:
@@ -75,6 +80,7 @@ def probe_cases(ctx) -> list[Case]:
         _case(_MAIN, 4, (-1.0, 0.5, -2.0), ctx),                          # weights summing to -2.5
         _case(_PAIRS, 2, (1.0, 1.0), ctx),
         _case(_EIGHTS, 8, (1.0, 0.25), ctx),
+        _case(_BIG_GROUPS, 12, None, ctx),                                 # a clip of z bites here
     ]
 
 
@@ -320,7 +326,8 @@ def profile(subject) -> Profile:
 #: what each probe of :func:`probe_cases` exercises, in its order, for the report
 PROBE_WORDS = ("4 groups of 4, three columns", "one outlier among 10 groups (|a| = 5.4)",
                "the same scaled by 2^-8 (group stds about 1e-5, eps dominant at Eq. 4)",
-               "tiny weights (eps dominant at Eq. 6)", "weights summing to -2.5", "5 groups of 2", "2 groups of 8")
+               "tiny weights (eps dominant at Eq. 6)", "weights summing to -2.5", "5 groups of 2", "2 groups of 8",
+               "2 groups of 12, one outlier (|z| = 3.2 at Eq. 4)")
 
 
 def _off_lines(pairs) -> list[str]:

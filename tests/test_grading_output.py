@@ -140,3 +140,19 @@ def test_a_broken_relation_is_named_not_what_follows_from_it(name, said, not_sai
     g = _grade(f"test_grading_output:{name}", select="plain")
     formula = g.profile.formula or ""
     assert said in formula and not any(w in formula for w in not_said), formula
+
+
+def _z_clipped(rewards, num_generations, reward_weights):
+    """Eq. 4's z clipped to [-3, 3]: only a group of 11 or more can reach |z| > 3."""
+    g = rewards.view(-1, num_generations, rewards.shape[1])
+    z = ((g - g.mean(1, keepdim=True)) / (g.std(1, keepdim=True) + 1e-4)).clamp(-3.0, 3.0)
+    c = (z * reward_weights).sum(-1).reshape(-1)
+    return (c - c.mean()) / (c.std() + 1e-4)
+
+
+def test_a_clip_of_z_is_a_formula_the_probes_name():
+    """A clip of z at Eq. 4 shows only in groups of 11 or more; the probe of two groups of 12 makes
+    it a formula finding at ordinary magnitudes (it was reported as precision at extreme ones)."""
+    g = _grade("test_grading_output:_z_clipped", select="plain")
+    formula = g.profile.formula or ""
+    assert "not on 2 groups of 12, one outlier (|z| = 3.2 at Eq. 4)" in formula, formula
