@@ -625,14 +625,12 @@ class Subject:
         kw.pop("out_dtype", None)
         return self.stage("normalize_rewards")(self.tensor(case), **kw)
 
-    def call_whiten(self, values: np.ndarray, dtype: str, segment_sizes, eps, out_dtype, process_group=None):
+    def call_whiten(self, values: np.ndarray, dtype: str, segment_sizes, eps, out_dtype):
         kw: dict = {"out_dtype": getattr(torch, out_dtype)}
         if segment_sizes is not None:
             kw["segment_sizes"] = [int(s) for s in segment_sizes]
         if eps is not None:
             kw["eps"] = float(eps)
-        if process_group is not None:
-            kw["process_group"] = process_group
         t = torch.from_numpy(np.asarray(values, dtype=np.float64)).to(getattr(torch, dtype)).to(self.device)
         return self.stage("whiten")(t, **kw)
 
