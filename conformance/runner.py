@@ -161,9 +161,6 @@ DRAW_FIRST = False
 #: Checks the reduction of one failure may spend (a count: the same reduction on any machine).
 REDUCE_CALLS = 120
 _DRAWN: dict = {}
-#: (property, device) -> what its last drawn-first run checked: the number of cases, their digest and how
-#: many failed (read by the plugin into the grading's rows).
-RUNS: dict = {}
 
 
 def draw(name: str, strategy, max_examples: int | None = None, key: tuple = ()) -> tuple:
@@ -187,12 +184,6 @@ def draw(name: str, strategy, max_examples: int | None = None, key: tuple = ()) 
             test()
         _DRAWN[memo] = tuple(out)
     return _DRAWN[memo]
-
-
-def drawn_cases(prop: Property, subject: Subject, max_examples: int | None = None) -> tuple:
-    """The cases drawn for ``prop`` in ``subject``'s call shape (:func:`draw`)."""
-    ctx = subject.context()
-    return draw(prop.name, prop.strategy(ctx, subject), max_examples, (repr(ctx), subject.shape))
 
 
 def adapt(case, subject: Subject):
@@ -285,14 +276,14 @@ def first_failure(prop: Property, subject: Subject, cases) -> tuple[int, BaseExc
 
 def grade(prop: Property, subject: Subject) -> None:
     """Check ``prop`` on its planned cases (:func:`grade_cases`)."""
-    grade_cases(prop.name, subject, planned_cases(prop, subject), lambda case: prop.check(subject, case, prop.name))
+    grade_cases(subject, planned_cases(prop, subject), lambda case: prop.check(subject, case, prop.name))
 
 
-def grade_cases(name: str, subject: Subject, cases, check) -> None:
+def grade_cases(subject: Subject, cases, check) -> None:
     """Check every case (a failure does not end the run: the others are judged too); raise the
     first failure, reduced, noting how many of the cases failed and in which categories (a failure
     that is no ``ConformanceFailure``, a crash of the judge or of the graded code outside a call, is
-    raised as it is). ``name``: the row the plugin reports."""
+    raised as it is)."""
     failures = []
     for i, case in enumerate(cases):
         try:
@@ -301,7 +292,6 @@ def grade_cases(name: str, subject: Subject, cases, check) -> None:
             continue
         except Exception as exc:  # noqa: BLE001 - every failure is kept
             failures.append((i, exc))
-    RUNS[(name, subject.device)] = {"cases": len(cases), "cases_digest": digest(cases), "failed_cases": len(failures)}
     if not failures:
         return
     index, exc = failures[0]
