@@ -73,7 +73,7 @@ def check_whiten(subject: Subject, case: Case, prop: str = "stage_whiten") -> No
         exp = expected_whiten(values, case.segment_sizes, case.eps, subject.judged())
     except Exception as exc:  # noqa: BLE001
         raise J.ConformanceFailure(f"the oracle failed on whiten({values.tolist()}): {exc!r}") from exc
-    out = subject.outcome(subject.call_whiten, values, case.dtype, case.segment_sizes, case.eps, case.out_dtype)
+    out = subject.outcome(subject.call_whiten, case)
     J.whitened(prop, "Eq. 6 (whiten)", subject, case, out, exp)
 
 

@@ -620,19 +620,14 @@ class Subject:
         return verl_per_sample(out, lengths)
 
     def call_normalize(self, case: Case):
-        kw = self.kwargs(case)
-        kw.pop("segment_sizes", None)
-        kw.pop("out_dtype", None)
+        """``normalize_rewards`` (Eq. 4 + 7) on the case."""
+        kw = {k: v for k, v in self.kwargs(case).items() if k not in ("segment_sizes", "out_dtype")}
         return self.stage("normalize_rewards")(self.tensor(case), **kw)
 
-    def call_whiten(self, values: np.ndarray, dtype: str, segment_sizes, eps, out_dtype):
-        kw: dict = {"out_dtype": getattr(torch, out_dtype)}
-        if segment_sizes is not None:
-            kw["segment_sizes"] = [int(s) for s in segment_sizes]
-        if eps is not None:
-            kw["eps"] = float(eps)
-        t = torch.from_numpy(np.asarray(values, dtype=np.float64)).to(getattr(torch, dtype)).to(self.device)
-        return self.stage("whiten")(t, **kw)
+    def call_whiten(self, case: Case):
+        """``whiten`` (Eq. 6 alone) on the case's first column."""
+        kw = {k: v for k, v in self.kwargs(case).items() if k in ("segment_sizes", "eps", "out_dtype")}
+        return self.stage("whiten")(self.tensor(case)[:, 0].contiguous(), **kw)
 
     def outcome(self, fn, *args, **kwargs) -> Outcome:
         """What one call did."""
