@@ -253,10 +253,12 @@ SHAPE_DTYPES = {"trl": (("float32", "float64", "float16", "bfloat16"), ("float32
                 "verl": (("float32", "float64", "float16", "bfloat16"), ("float32",))}
 
 
-#: the values the numeric --domain fields take, for their error messages
-_DOMAIN_FORMS = {"min_columns": "an integer, like 2", "max_columns": "an integer, like 8",
-                 "group_sizes": "sizes like 4,8 (these alone) or a minimum like 4+",
-                 "max_abs_reward": "a number, like 1e6", "max_abs_weight": "a number, like 1e3"}
+#: the numeric --domain fields: how each value is read, and what it takes (for the error message)
+_DOMAIN_NUMBERS = {
+    "min_columns": (int, "an integer, like 2"), "max_columns": (int, "an integer, like 8"),
+    "group_sizes": (lambda v: int(v[:-1]) if v.endswith("+") else tuple(int(x) for x in v.split(",")),
+                    "sizes like 4,8 (these alone) or a minimum like 4+"),
+    "max_abs_reward": (float, "a number, like 1e6"), "max_abs_weight": (float, "a number, like 1e3")}
 
 
 def parse_domain(items) -> dict:
@@ -271,18 +273,13 @@ def parse_domain(items) -> dict:
         key, value = key.strip(), value.strip()
         if not sep or not key:
             raise ValueError(f"--domain takes KEY=VALUE, got {item!r}")
-        try:
-            if key in ("min_columns", "max_columns"):
-                out[key] = int(value)
-                continue
-            if key == "group_sizes":
-                out[key] = int(value[:-1]) if value.endswith("+") else tuple(int(v) for v in value.split(","))
-                continue
-            if key in ("max_abs_reward", "max_abs_weight"):
-                out[key] = float(value)
-                continue
-        except ValueError:
-            raise ValueError(f"--domain {key}={value!r}: expected {_DOMAIN_FORMS[key]}") from None
+        if key in _DOMAIN_NUMBERS:
+            read, form = _DOMAIN_NUMBERS[key]
+            try:
+                out[key] = read(value)
+            except ValueError:
+                raise ValueError(f"--domain {key}={value!r}: expected {form}") from None
+            continue
         listed = tuple(v.strip() for v in value.split(",") if v.strip())
         if key in ("input_dtypes", "out_dtypes"):
             out[key] = listed
