@@ -247,10 +247,9 @@ LIMITS = ("min_columns", "max_columns", "group_sizes", "max_abs_reward", "max_ab
 #: elsewhere"); ``int_rewards``, integer and bool rewards computed as their values, not refused;
 #: ``certified``, certified rounding.
 DECLARATIONS = ("validated", "int_rewards", "certified")
-#: The reward dtypes each narrow call shape can pass, and the ones it passes by default: a
-#: declaration of ``input_dtypes`` picks among the first (a float64 code through the trl shape).
-SHAPE_DTYPES = {"trl": (("float32", "float64", "float16", "bfloat16"), ("float32",)),
-                "verl": (("float32", "float64", "float16", "bfloat16"), ("float32",))}
+#: The reward dtypes a narrow call shape (trl, verl) can pass besides the float32 it passes by
+#: default: a declaration of ``input_dtypes`` picks among them (a float64 code through the trl shape).
+NARROW_SHAPE_DTYPES = ("float32", "float64", "float16", "bfloat16")
 
 
 #: the numeric --domain fields: how each value is read, and what it takes (for the error message)
@@ -431,8 +430,8 @@ class Subject:
             if key == "why" or key in LIMITS or key in DECLARATIONS:
                 continue
             have = getattr(ctx, key)
-            if key == "input_dtypes" and self.shape in SHAPE_DTYPES:
-                have = SHAPE_DTYPES[self.shape][0]  # the shape can pass these too, where declared
+            if key == "input_dtypes" and self.shape != "gdpo":
+                have = NARROW_SHAPE_DTYPES  # the shape can pass these too, where declared
             if isinstance(have, tuple):  # a domain narrows what the shape expresses, never widens it
                 value = tuple(v for v in value if v in have)
                 if not value:
