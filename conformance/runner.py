@@ -261,17 +261,16 @@ def digest(cases) -> str:
     return h.hexdigest()[:16]
 
 
-def first_failure(prop: Property, subject: Subject, cases) -> tuple[int, BaseException] | None:
-    """The index and failure of the first case ``prop`` rejects (None: every case holds); a case
-    the oracle cannot judge is passed over."""
+def failures(cases, check, catch=Exception):
+    """``(index, failure)`` of every case ``check`` rejects, in order (a case discarded by an
+    assumption is passed over; a failure that is not a ``catch`` is raised as it is)."""
     for i, case in enumerate(cases):
         try:
-            prop.check(subject, case, prop.name)
+            check(case)
         except UnsatisfiedAssumption:
             continue
-        except Exception as exc:  # noqa: BLE001 - any failure is a rejection
-            return i, exc
-    return None
+        except catch as exc:
+            yield i, exc
 
 
 def grade(prop: Property, subject: Subject) -> None:
@@ -284,22 +283,15 @@ def grade_cases(subject: Subject, cases, check) -> None:
     first failure, reduced, noting how many of the cases failed and in which categories (a failure
     that is no ``ConformanceFailure``, a crash of the judge or of the graded code outside a call, is
     raised as it is)."""
-    failures = []
-    for i, case in enumerate(cases):
-        try:
-            check(case)
-        except UnsatisfiedAssumption:
-            continue
-        except Exception as exc:  # noqa: BLE001 - every failure is kept
-            failures.append((i, exc))
-    if not failures:
+    found = list(failures(cases, check))
+    if not found:
         return
-    index, exc = failures[0]
+    index, exc = found[0]
     if not isinstance(exc, ConformanceFailure):
         raise exc
     reduced, calls = reduce(check, subject, getattr(exc, "case", cases[index]), exc)
-    cats = ", ".join(str(c) for c in dict.fromkeys(getattr(e, "category", None) for _, e in failures))
-    note = (f"\n  ({len(failures)} of {len(cases)} cases failed (categories: {cats}); the first, "
+    cats = ", ".join(str(c) for c in dict.fromkeys(getattr(e, "category", None) for _, e in found))
+    note = (f"\n  ({len(found)} of {len(cases)} cases failed (categories: {cats}); the first, "
             f"case {index}, is shown")
     note += f", reduced by the judge in {calls} checks)" if reduced is not exc else ")"
     raise reduced.restated(f"{reduced}{note}") from None
