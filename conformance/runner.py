@@ -201,10 +201,12 @@ def adapt(case, subject: Subject):
     return dataclasses.replace(case, **changes)
 
 
-def pinned_cases(prop: Property, subject: Subject) -> list:
-    """The property's pinned examples (``conformance/regressions.py``) the call shape can express."""
+def pinned_cases(prop: Property, subject: Subject, error: str | None = None) -> list:
+    """The property's pinned examples (``conformance/regressions.py``) the call shape can express
+    (``error``: only those of that error case)."""
     ctx = subject.context()
-    return [c for c in (adapt(regressions.load(t), subject) for t in prop.examples) if expressible(c, ctx)]
+    return [c for c in (adapt(regressions.load(t), subject) for t in prop.examples)
+            if expressible(c, ctx) and (error is None or c.note == f"error:{error}")]
 
 
 def planned_cases(prop: Property, subject: Subject, max_examples: int | None = None) -> list:
@@ -217,10 +219,9 @@ def planned_cases(prop: Property, subject: Subject, max_examples: int | None = N
 def error_row_cases(name: str, subject: Subject, max_examples: int | None = None) -> list:
     """The cases of the error contract's row ``errors:<name>`` (``conformance/test_errors.py``): its
     pinned examples the call shape can express, then the cases drawn for it."""
-    ctx = subject.context()
-    pinned = [(c,) for c in (adapt(regressions.load(t), subject) for t in BY_NAME["errors"].examples)
-              if c.note == f"error:{name}" and expressible(c, ctx)]
-    return _planned(f"errors:{name}", pinned, error_cases(ctx, subject.shape, names={name}), subject, max_examples)
+    pinned = [(c,) for c in pinned_cases(BY_NAME["errors"], subject, name)]
+    return _planned(f"errors:{name}", pinned, error_cases(subject.context(), subject.shape, names={name}), subject,
+                    max_examples)
 
 
 def _planned(name: str, pinned: list, strategy, subject: Subject, max_examples: int | None) -> list:
