@@ -70,6 +70,7 @@ from hypothesis import strategies as st
 
 from conformance.cases import Case, expected
 from conformance.strategies import DTYPES, Context, ints, pick, round_to
+from oracle.exact import round_mpf
 from spec.constants import DEFAULT_EPS
 from spec.error_model import FORMATS
 
@@ -138,17 +139,8 @@ def quantum(x, fmt: str) -> int:
 
 
 def round_exact(x, fmt: str) -> float:
-    """``x`` (an mpf, exact as given) rounded to ``fmt``, nearest, ties to even (no overflow
-    handling: advantages here are O(1))."""
-    x = _X.mpf(x)
-    if x == 0:
-        return 0.0
-    q = quantum(x, fmt)
-    t = _X.ldexp(x, -q)
-    lo = _X.floor(t)
-    frac = t - lo
-    m = int(lo) + (1 if frac > 0.5 or (frac == 0.5 and int(lo) % 2) else 0)
-    return math.ldexp(float(m), q)
+    """``x`` (an mpf, exact as given) rounded to ``fmt``, nearest, ties to even."""
+    return round_mpf(_X.mpf(x)._mpf_, fmt)
 
 
 def neighbours(x, fmt: str) -> tuple[float, float, float]:

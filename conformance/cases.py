@@ -36,6 +36,10 @@ def unhex(s) -> float:
     return float.fromhex(s) if isinstance(s, str) else float(s)
 
 
+#: the fields a Case's JSON holds only where set (``width``: only where there are no rows)
+_OPTIONAL = ("group_size", "group_ids", "weights", "segment_sizes", "eps", "note", "variant", "width", "missing")
+
+
 @dataclasses.dataclass(frozen=True)
 class Case:
     """One call: rewards (exact float64 values of ``dtype``), groups, weights, units."""
@@ -86,42 +90,23 @@ class Case:
     def to_json(self) -> dict:
         d = {"rewards": [[hexf(v) for v in row] for row in self.rewards], "dtype": self.dtype,
              "out_dtype": self.out_dtype}
-        if self.group_size is not None:
-            d["group_size"] = self.group_size
-        if self.group_ids is not None:
-            d["group_ids"] = list(self.group_ids)
-        if self.weights is not None:
-            d["weights"] = [hexf(w) for w in self.weights]
-        if self.segment_sizes is not None:
-            d["segment_sizes"] = list(self.segment_sizes)
-        if self.eps is not None:
-            d["eps"] = hexf(self.eps)
-        if self.note:
-            d["note"] = self.note
-        if self.variant:
-            d["variant"] = self.variant
-        if not self.rewards:
-            d["width"] = self.width
-        if self.missing:
-            d["missing"] = self.missing
+        for name in _OPTIONAL:  # in this order: the JSON, and so every digest, is fixed by it
+            v = getattr(self, name)
+            if (v is not None and v != "") if name != "width" else not self.rewards:
+                d[name] = hexf(v) if name == "eps" else [hexf(w) for w in v] if name == "weights" else \
+                    list(v) if isinstance(v, tuple) else v
         return d
 
     @classmethod
     def from_json(cls, d: dict) -> "Case":
-        return cls(
-            rewards=tuple(tuple(unhex(v) for v in row) for row in d["rewards"]),
-            dtype=d.get("dtype", "float32"),
-            group_size=d.get("group_size"),
-            group_ids=tuple(d["group_ids"]) if d.get("group_ids") is not None else None,
-            weights=tuple(unhex(w) for w in d["weights"]) if d.get("weights") is not None else None,
-            segment_sizes=tuple(d["segment_sizes"]) if d.get("segment_sizes") is not None else None,
-            eps=unhex(d["eps"]) if d.get("eps") is not None else None,
-            out_dtype=d.get("out_dtype", "float32"),
-            note=d.get("note", ""),
-            variant=d.get("variant", ""),
-            width=d.get("width", 0),
-            missing=d.get("missing", ""),
-        )
+        fields = {"rewards": tuple(tuple(unhex(v) for v in row) for row in d["rewards"]),
+                  "dtype": d.get("dtype", "float32"), "out_dtype": d.get("out_dtype", "float32")}
+        for name in _OPTIONAL:
+            v = d.get(name)
+            if v is not None:
+                fields[name] = unhex(v) if name == "eps" else tuple(unhex(w) for w in v) if name == "weights" \
+                    else tuple(v) if isinstance(v, list) else v
+        return cls(**fields)
 
     def dumps(self) -> str:
         return json.dumps(self.to_json(), separators=(",", ":"))

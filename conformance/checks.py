@@ -73,7 +73,7 @@ def check_whiten(subject: Subject, case: Case, prop: str = "stage_whiten") -> No
         exp = expected_whiten(values, case.segment_sizes, case.eps, subject.judged())
     except Exception as exc:  # noqa: BLE001
         raise J.ConformanceFailure(f"the oracle failed on whiten({values.tolist()}): {exc!r}") from exc
-    out = subject.outcome(subject.call_whiten, values, case.dtype, case.segment_sizes, case.eps, case.out_dtype)
+    out = subject.outcome(subject.call_whiten, case)
     J.whitened(prop, "Eq. 6 (whiten)", subject, case, out, exp)
 
 
@@ -113,12 +113,12 @@ def check_error(subject: Subject, cases, prop: str = "errors") -> None:
         J.error_case(prop, subject, case, subject.outcome(subject.call, case))
 
 
-def _dist_outcomes(prop, eq, subject, case: DistCase, api="gdpo"):
+def _dist_outcomes(prop, eq, subject, case: DistCase):
     if subject.device == "cpu" and subject.backend == "gloo":
         pool = distributed.pool()  # one 4-rank pool serves world sizes 4, 2 and 1
     else:
         pool = distributed.pool(subject.device, subject.backend, world=case.world)
-    job = pool.run(case.world, [distributed.payload(subject, s, api) for s in case.shards])
+    job = pool.run(case.world, [distributed.payload(subject, s) for s in case.shards])
     J.hang(prop, eq, subject, case, job, distributed.GRACE, distributed.DEADLINE)
     return job.outcomes
 

@@ -93,10 +93,10 @@ def _rank_main(rank: int, world: int, init_file: str, device: str, backend: str,
         pass
 
 
-def payload(subject, case, api: str = "gdpo") -> dict:
+def payload(subject, case) -> dict:
     """What one rank needs to make its call: the subject by name, its shard as hex JSON."""
     return {"target": subject.target, "shape": subject.shape, "convention": subject.convention,
-            "api": api, "case": case.dumps()}
+            "case": case.dumps()}
 
 
 _SUBJECTS: dict = {}
@@ -108,13 +108,7 @@ def run_rank(job: dict, group, device: str):
     if key not in _SUBJECTS:
         _SUBJECTS[key] = Subject(job["target"], job["shape"], job["convention"], device)
     subject = _SUBJECTS[key]
-    case = loads(job["case"])
-    if job["api"] == "whiten":
-        import numpy as np
-        values = np.array(case.rewards, dtype=np.float64).reshape(-1)
-        return subject.outcome(subject.call_whiten, values, case.dtype, case.segment_sizes, case.eps,
-                               case.out_dtype, process_group=group)
-    return subject.outcome(subject.call, case, process_group=group)
+    return subject.outcome(subject.call, loads(job["case"]), process_group=group)
 
 
 class Pool:

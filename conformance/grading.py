@@ -27,7 +27,6 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import hypothesis
-from hypothesis.errors import UnsatisfiedAssumption
 
 from conformance import findings as FD
 from conformance import judge as J
@@ -111,14 +110,8 @@ def _check_row(subject: Subject, name: str, prop) -> tuple[Row, list]:
     def check(case):
         prop.check(subject, case, prop.name)
 
-    failures = []
-    for case in cases:
-        try:
-            check(case)
-        except UnsatisfiedAssumption:
-            continue
-        except ConformanceFailure as exc:
-            failures.append(FD.Failure(name, getattr(exc, "case", case), exc, check))
+    failures = [FD.Failure(name, getattr(exc, "case", cases[i]), exc, check)
+                for i, exc in runner.failures(cases, check, ConformanceFailure)]
     seen = J.NOTES.get(prop.name, ())
     notes = tuple(sorted({f"refused with {cls}, not the spec.errors class (passes; fails under --strict-errors)"
                           for c, cls in seen if name == f"errors:{c}" or not name.startswith("errors:")}))

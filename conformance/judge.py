@@ -280,15 +280,10 @@ def permitted_refusal(prop: str, out: Outcome) -> bool:
 
 def refusal(prop, equation, subject, case, out: Outcome, classes, why: str):
     names = " or ".join(c.__name__ for c in classes)
-    if out.ok:
-        fail(prop, equation, subject, case,
-              f"returned a result; the contract refuses this case with {names} ({why})",
-              [f"returned {_output_summary(out)}: the bad input was accepted without a word"], category=Category.ACCEPTED)
-    if out.error_type == "NonFiniteOutput":  # a result, NaN or inf, seen by the call shape
-        fail(prop, equation, subject, case,
-              f"returned a result; the contract refuses this case with {names} ({why})",
-              [f"returned non-finite values ({out.message}): the bad input was accepted without a word"],
-              category=Category.ACCEPTED)
+    if out.ok or out.error_type == "NonFiniteOutput":  # (that: a result, NaN or inf, seen by the call shape)
+        said = _output_summary(out) if out.ok else f"non-finite values ({out.message})"
+        fail(prop, equation, subject, case, f"returned a result; the contract refuses this case with {names} ({why})",
+             [f"returned {said}: the bad input was accepted without a word"], category=Category.ACCEPTED)
     if out.error_type in ("CallShapeViolation", "InputModified"):
         fail(prop, equation, subject, case, f"{out.describe()}; the contract refuses this case with {names} ({why})",
               category=Category.CALL_SHAPE)

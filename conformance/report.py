@@ -43,7 +43,7 @@ def verdict(prop: P.Property, target: str, shrink: bool = False):
     if subject.unsupported(prop.needs):
         return None, None, "skipped"
     cases = runner.planned_cases(prop, subject, settings.get_profile("ci").max_examples)
-    found = runner.first_failure(prop, subject, cases)
+    found = next(runner.failures(cases, lambda case: prop.check(subject, case, prop.name)), None)
     if found is None:
         return False, None, ""
     index, exc = found

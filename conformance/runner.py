@@ -161,9 +161,6 @@ DRAW_FIRST = False
 #: Checks the reduction of one failure may spend (a count: the same reduction on any machine).
 REDUCE_CALLS = 120
 _DRAWN: dict = {}
-#: (property, device) -> what its last drawn-first run checked: the number of cases, their digest and how
-#: many failed (read by the plugin into the grading's rows).
-RUNS: dict = {}
 
 
 def draw(name: str, strategy, max_examples: int | None = None, key: tuple = ()) -> tuple:
@@ -189,12 +186,6 @@ def draw(name: str, strategy, max_examples: int | None = None, key: tuple = ()) 
     return _DRAWN[memo]
 
 
-def drawn_cases(prop: Property, subject: Subject, max_examples: int | None = None) -> tuple:
-    """The cases drawn for ``prop`` in ``subject``'s call shape (:func:`draw`)."""
-    ctx = subject.context()
-    return draw(prop.name, prop.strategy(ctx, subject), max_examples, (repr(ctx), subject.shape))
-
-
 def adapt(case, subject: Subject):
     """A pinned example as the call shape passes it: a shape that passes no output dtype (trl, verl)
     gets its own, and rewards its dtypes cannot carry go in the first one that holds them exactly."""
@@ -210,10 +201,12 @@ def adapt(case, subject: Subject):
     return dataclasses.replace(case, **changes)
 
 
-def pinned_cases(prop: Property, subject: Subject) -> list:
-    """The property's pinned examples (``conformance/regressions.py``) the call shape can express."""
+def pinned_cases(prop: Property, subject: Subject, error: str | None = None) -> list:
+    """The property's pinned examples (``conformance/regressions.py``) the call shape can express
+    (``error``: only those of that error case)."""
     ctx = subject.context()
-    return [c for c in (adapt(regressions.load(t), subject) for t in prop.examples) if expressible(c, ctx)]
+    return [c for c in (adapt(regressions.load(t), subject) for t in prop.examples)
+            if expressible(c, ctx) and (error is None or c.note == f"error:{error}")]
 
 
 def planned_cases(prop: Property, subject: Subject, max_examples: int | None = None) -> list:
@@ -226,10 +219,9 @@ def planned_cases(prop: Property, subject: Subject, max_examples: int | None = N
 def error_row_cases(name: str, subject: Subject, max_examples: int | None = None) -> list:
     """The cases of the error contract's row ``errors:<name>`` (``conformance/test_errors.py``): its
     pinned examples the call shape can express, then the cases drawn for it."""
-    ctx = subject.context()
-    pinned = [(c,) for c in (adapt(regressions.load(t), subject) for t in BY_NAME["errors"].examples)
-              if c.note == f"error:{name}" and expressible(c, ctx)]
-    return _planned(f"errors:{name}", pinned, error_cases(ctx, subject.shape, names={name}), subject, max_examples)
+    pinned = [(c,) for c in pinned_cases(BY_NAME["errors"], subject, name)]
+    return _planned(f"errors:{name}", pinned, error_cases(subject.context(), subject.shape, names={name}), subject,
+                    max_examples)
 
 
 def _planned(name: str, pinned: list, strategy, subject: Subject, max_examples: int | None) -> list:
@@ -270,46 +262,37 @@ def digest(cases) -> str:
     return h.hexdigest()[:16]
 
 
-def first_failure(prop: Property, subject: Subject, cases) -> tuple[int, BaseException] | None:
-    """The index and failure of the first case ``prop`` rejects (None: every case holds); a case
-    the oracle cannot judge is passed over."""
-    for i, case in enumerate(cases):
-        try:
-            prop.check(subject, case, prop.name)
-        except UnsatisfiedAssumption:
-            continue
-        except Exception as exc:  # noqa: BLE001 - any failure is a rejection
-            return i, exc
-    return None
-
-
-def grade(prop: Property, subject: Subject) -> None:
-    """Check ``prop`` on its planned cases (:func:`grade_cases`)."""
-    grade_cases(prop.name, subject, planned_cases(prop, subject), lambda case: prop.check(subject, case, prop.name))
-
-
-def grade_cases(name: str, subject: Subject, cases, check) -> None:
-    """Check every case (a failure does not end the run: the others are judged too); raise the
-    first failure, reduced, noting how many of the cases failed and in which categories (a failure
-    that is no ``ConformanceFailure``, a crash of the judge or of the graded code outside a call, is
-    raised as it is). ``name``: the row the plugin reports."""
-    failures = []
+def failures(cases, check, catch=Exception):
+    """``(index, failure)`` of every case ``check`` rejects, in order (a case discarded by an
+    assumption is passed over; a failure that is not a ``catch`` is raised as it is)."""
     for i, case in enumerate(cases):
         try:
             check(case)
         except UnsatisfiedAssumption:
             continue
-        except Exception as exc:  # noqa: BLE001 - every failure is kept
-            failures.append((i, exc))
-    RUNS[(name, subject.device)] = {"cases": len(cases), "cases_digest": digest(cases), "failed_cases": len(failures)}
-    if not failures:
+        except catch as exc:
+            yield i, exc
+
+
+def grade(prop: Property, subject: Subject) -> None:
+    """Check ``prop`` on its planned cases (:func:`grade_cases`)."""
+    grade_cases(subject, planned_cases(prop, subject), lambda case: prop.check(subject, case, prop.name))
+
+
+def grade_cases(subject: Subject, cases, check) -> None:
+    """Check every case (a failure does not end the run: the others are judged too); raise the
+    first failure, reduced, noting how many of the cases failed and in which categories (a failure
+    that is no ``ConformanceFailure``, a crash of the judge or of the graded code outside a call, is
+    raised as it is)."""
+    found = list(failures(cases, check))
+    if not found:
         return
-    index, exc = failures[0]
+    index, exc = found[0]
     if not isinstance(exc, ConformanceFailure):
         raise exc
     reduced, calls = reduce(check, subject, getattr(exc, "case", cases[index]), exc)
-    cats = ", ".join(str(c) for c in dict.fromkeys(getattr(e, "category", None) for _, e in failures))
-    note = (f"\n  ({len(failures)} of {len(cases)} cases failed (categories: {cats}); the first, "
+    cats = ", ".join(str(c) for c in dict.fromkeys(getattr(e, "category", None) for _, e in found))
+    note = (f"\n  ({len(found)} of {len(cases)} cases failed (categories: {cats}); the first, "
             f"case {index}, is shown")
     note += f", reduced by the judge in {calls} checks)" if reduced is not exc else ")"
     raise reduced.restated(f"{reduced}{note}") from None

@@ -247,16 +247,17 @@ LIMITS = ("min_columns", "max_columns", "group_sizes", "max_abs_reward", "max_ab
 #: elsewhere"); ``int_rewards``, integer and bool rewards computed as their values, not refused;
 #: ``certified``, certified rounding.
 DECLARATIONS = ("validated", "int_rewards", "certified")
-#: The reward dtypes each narrow call shape can pass, and the ones it passes by default: a
-#: declaration of ``input_dtypes`` picks among the first (a float64 code through the trl shape).
-SHAPE_DTYPES = {"trl": (("float32", "float64", "float16", "bfloat16"), ("float32",)),
-                "verl": (("float32", "float64", "float16", "bfloat16"), ("float32",))}
+#: The reward dtypes a narrow call shape (trl, verl) can pass besides the float32 it passes by
+#: default: a declaration of ``input_dtypes`` picks among them (a float64 code through the trl shape).
+NARROW_SHAPE_DTYPES = ("float32", "float64", "float16", "bfloat16")
 
 
-#: the values the numeric --domain fields take, for their error messages
-_DOMAIN_FORMS = {"min_columns": "an integer, like 2", "max_columns": "an integer, like 8",
-                 "group_sizes": "sizes like 4,8 (these alone) or a minimum like 4+",
-                 "max_abs_reward": "a number, like 1e6", "max_abs_weight": "a number, like 1e3"}
+#: the numeric --domain fields: how each value is read, and what it takes (for the error message)
+_DOMAIN_NUMBERS = {
+    "min_columns": (int, "an integer, like 2"), "max_columns": (int, "an integer, like 8"),
+    "group_sizes": (lambda v: int(v[:-1]) if v.endswith("+") else tuple(int(x) for x in v.split(",")),
+                    "sizes like 4,8 (these alone) or a minimum like 4+"),
+    "max_abs_reward": (float, "a number, like 1e6"), "max_abs_weight": (float, "a number, like 1e3")}
 
 
 def parse_domain(items) -> dict:
@@ -271,18 +272,13 @@ def parse_domain(items) -> dict:
         key, value = key.strip(), value.strip()
         if not sep or not key:
             raise ValueError(f"--domain takes KEY=VALUE, got {item!r}")
-        try:
-            if key in ("min_columns", "max_columns"):
-                out[key] = int(value)
-                continue
-            if key == "group_sizes":
-                out[key] = int(value[:-1]) if value.endswith("+") else tuple(int(v) for v in value.split(","))
-                continue
-            if key in ("max_abs_reward", "max_abs_weight"):
-                out[key] = float(value)
-                continue
-        except ValueError:
-            raise ValueError(f"--domain {key}={value!r}: expected {_DOMAIN_FORMS[key]}") from None
+        if key in _DOMAIN_NUMBERS:
+            read, form = _DOMAIN_NUMBERS[key]
+            try:
+                out[key] = read(value)
+            except ValueError:
+                raise ValueError(f"--domain {key}={value!r}: expected {form}") from None
+            continue
         listed = tuple(v.strip() for v in value.split(",") if v.strip())
         if key in ("input_dtypes", "out_dtypes"):
             out[key] = listed
@@ -434,8 +430,8 @@ class Subject:
             if key == "why" or key in LIMITS or key in DECLARATIONS:
                 continue
             have = getattr(ctx, key)
-            if key == "input_dtypes" and self.shape in SHAPE_DTYPES:
-                have = SHAPE_DTYPES[self.shape][0]  # the shape can pass these too, where declared
+            if key == "input_dtypes" and self.shape != "gdpo":
+                have = NARROW_SHAPE_DTYPES  # the shape can pass these too, where declared
             if isinstance(have, tuple):  # a domain narrows what the shape expresses, never widens it
                 value = tuple(v for v in value if v in have)
                 if not value:
@@ -620,21 +616,14 @@ class Subject:
         return verl_per_sample(out, lengths)
 
     def call_normalize(self, case: Case):
-        kw = self.kwargs(case)
-        kw.pop("segment_sizes", None)
-        kw.pop("out_dtype", None)
+        """``normalize_rewards`` (Eq. 4 + 7) on the case."""
+        kw = {k: v for k, v in self.kwargs(case).items() if k not in ("segment_sizes", "out_dtype")}
         return self.stage("normalize_rewards")(self.tensor(case), **kw)
 
-    def call_whiten(self, values: np.ndarray, dtype: str, segment_sizes, eps, out_dtype, process_group=None):
-        kw: dict = {"out_dtype": getattr(torch, out_dtype)}
-        if segment_sizes is not None:
-            kw["segment_sizes"] = [int(s) for s in segment_sizes]
-        if eps is not None:
-            kw["eps"] = float(eps)
-        if process_group is not None:
-            kw["process_group"] = process_group
-        t = torch.from_numpy(np.asarray(values, dtype=np.float64)).to(getattr(torch, dtype)).to(self.device)
-        return self.stage("whiten")(t, **kw)
+    def call_whiten(self, case: Case):
+        """``whiten`` (Eq. 6 alone) on the case's first column."""
+        kw = {k: v for k, v in self.kwargs(case).items() if k in ("segment_sizes", "eps", "out_dtype")}
+        return self.stage("whiten")(self.tensor(case)[:, 0].contiguous(), **kw)
 
     def outcome(self, fn, *args, **kwargs) -> Outcome:
         """What one call did."""

@@ -31,7 +31,7 @@ def _grade(subject: Subject, name: str = "plain", n: int = profiles.GRADE_MAX_EX
     prop = P.BY_NAME[name]
     cases = R.planned_cases(prop, subject, n)
     try:
-        R.grade_cases(name, subject, cases, lambda c: prop.check(subject, c, name))
+        R.grade_cases(subject, cases, lambda c: prop.check(subject, c, name))
     except J.ConformanceFailure as e:
         return cases, e
     return cases, None

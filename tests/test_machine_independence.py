@@ -16,6 +16,7 @@ import dataclasses
 import pytest
 
 from conformance import controls as C
+from conformance import grading as G
 from conformance import profiles
 from conformance import properties as P
 from conformance import runner as R
@@ -60,7 +61,7 @@ def _checked(prop, subject) -> list[str]:
         prop.check(subject, case, prop.name)
 
     try:
-        R.grade_cases(prop.name, subject, cases, check)
+        R.grade_cases(subject, cases, check)
     except ConformanceFailure:
         pass
     return seen[:len(cases)]  # what follows is the reduction of a failure, which may follow outcomes
@@ -78,23 +79,21 @@ def test_the_cases_checked_are_the_same_whatever_the_code_returns(name, monkeypa
 
 
 def test_the_digest_recorded_is_that_of_the_cases_checked():
-    prop = P.BY_NAME["plain"]
     subject = SUBJECTS["float32_internals"]()
-    with pytest.raises(ConformanceFailure):
-        R.grade(prop, subject)
-    run = R.RUNS.pop(("plain", "cpu"))
-    assert run["cases_digest"] == R.digest(R.planned_cases(prop, subject))
-    assert run["failed_cases"] >= 1 and run["cases"] == len(R.planned_cases(prop, subject))
+    row, found = G._check_row(subject, "plain", P.BY_NAME["plain"])
+    cases = R.row_cases("plain", subject, profiles.GRADE_MAX_EXAMPLES)
+    assert row.digest == R.digest(cases) and row.cases == len(cases)
+    assert row.failed == len(found) >= 1
 
 
 def test_the_drawn_cases_do_not_depend_on_the_graded_codes_source():
     """hypothesis mixes the literal constants of loaded local modules into generation: the drawing
     empties that pool, so a graded module full of constants changes nothing."""
     prop = P.BY_NAME["plain"]
-    before = R.digest(R.drawn_cases(prop, SUBJECTS["base"](), 10))
+    before = R.digest(R.planned_cases(prop, SUBJECTS["base"](), 10))
     R._DRAWN.clear()
     import tests._native_impls  # noqa: F401 - a local module with many float literals
-    assert R.digest(R.drawn_cases(prop, SUBJECTS["base"](), 10)) == before
+    assert R.digest(R.planned_cases(prop, SUBJECTS["base"](), 10)) == before
 
 
 def test_hypothesis_search_follows_the_outcomes():
