@@ -172,7 +172,7 @@ def magnitude_reads(r: torch.Tensor) -> torch.Tensor:
     """What :func:`magnitudes` reads of narrow rewards ``r``, on their device ((3,) float64: the
     smallest magnitude, the largest, :func:`_nonzero_bits`), to be read with the Eq. 6 table."""
     m = r.abs()
-    ends = torch.stack([m.amin(), m.amax()]).to(_F64)
+    ends = torch.stack(torch.aminmax(m)).to(_F64)  # as the direct read takes them
     return torch.cat([ends, _nonzero_bits(m).reshape(1).to(_F64)])
 
 
