@@ -8,6 +8,7 @@ decides into ``y`` and returns the rows it leaves.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import math
 import struct
@@ -236,12 +237,13 @@ def float64(ctx, y: torch.Tensor, left):
 
 
 def group_exact(ctx, y: torch.Tensor, left: torch.Tensor):
-    """Tier 1: the rows' own groups in exact integer arithmetic: exact zeros (c* = 0 in a unit of
-    whole groups: a* = +0, the unit's exact mean being 0), then, for up to :data:`ROWS_MAX`
-    rows, their exact c* whitened in interval arithmetic."""
+    """Tier 1: the rows' own groups in exact integer arithmetic. Up to :data:`ROWS_MAX` rows (narrow
+    outputs) one by one on the host: their exact c* whitened in interval arithmetic, an exact zero
+    (c* = 0 in a unit of whole groups: a* = +0, the unit's exact mean being 0) included. More rows,
+    or float64 outputs: first the exact zeros among them, vectorized (0/1 rewards leave many)."""
     y = _own(y, ctx.a)
     u = ctx.units
-    if ctx.inp is not None and u.whole.any():
+    if ctx.inp is not None and u.whole.any() and (ctx.out_dtype == _F64 or left.numel() > ROWS_MAX):
         unit = unit_of(ctx, left)
         reach, whole = to_device(torch.from_numpy(np.stack([B.zero_reach(u.alpha, u.beta), u.whole])), left.device)
         whole = whole != 0
@@ -260,28 +262,31 @@ def group_exact(ctx, y: torch.Tensor, left: torch.Tensor):
 
 def _rows(ctx, y: torch.Tensor, left: torch.Tensor) -> torch.Tensor:
     """The rows ``left`` with their exact c* (from their groups; whiten: the values themselves)
-    whitened by their unit's numbers in interval arithmetic (:func:`interval`); those whose
-    interval rounds to one output are written into y. Returns the rows still left."""
+    whitened by their unit's numbers in interval arithmetic (:func:`interval`), on the host (a few
+    rows: Python's numbers cost less than many small tensors); those whose interval rounds to one
+    output are written into y. Returns the rows still left."""
     u, rows = ctx.units, left.tolist()
-    ul = unit_of(ctx, left).tolist()
-    need = sorted(set(ul))
+    ends = list(itertools.accumulate(ctx.sizes))
     cols = ("alpha", "flat", "whole", "f", "shift", "mean", "dmean", "den", "dD", "eps_f")
-    nums = dict(zip(need, zip(*(getattr(u, k)[need].tolist() for k in cols))))
-    done, vals = [], []
-    for row, unit, (lo, hi, zero) in zip(rows, ul, _exact_c(ctx, rows)):
-        alpha, flat, whole, *un = nums[unit]
-        if not math.isfinite(alpha) or flat:
-            continue
-        got = 0.0 if zero and whole else interval(lo, hi, un, whole, ctx.out_dtype)
-        if got is not None:
+    table = [getattr(u, k).tolist() for k in cols]
+    done, vals, kept = [], [], []
+    for row, (lo, hi, zero) in zip(rows, _exact_c(ctx, rows)):
+        alpha, flat, whole, *un = (col[bisect.bisect_right(ends, row)] for col in table)
+        if zero and whole:  # a* = +0 exactly, whatever the bounds
+            got = 0.0
+        elif not math.isfinite(alpha) or flat:
+            got = None
+        else:
+            got = interval(lo, hi, un, whole, ctx.out_dtype)
+        if got is None:
+            kept.append(row)
+        else:
             done.append(row)
             vals.append(got)
-    if not done:
-        return left
-    at = torch.tensor(done, dtype=_I64, device=y.device)
-    y.index_copy_(0, at, torch.tensor(vals, dtype=_F64, device="cpu").to(y.device, y.dtype))
-    keep = torch.ones(left.shape, dtype=torch.bool, device="cpu")
-    return left[keep.index_fill_(0, torch.searchsorted(left.cpu(), at.cpu()), False).to(left.device)]
+    if done:
+        at = torch.tensor(done, dtype=_I64, device="cpu").to(y.device)
+        y.index_copy_(0, at, torch.tensor(vals, dtype=_F64, device="cpu").to(y.device, y.dtype))
+    return left if not done else torch.tensor(kept, dtype=_I64, device="cpu").to(left.device)
 
 
 def _exact_c(ctx, rows: list[int]) -> list[tuple]:
@@ -290,17 +295,25 @@ def _exact_c(ctx, rows: list[int]) -> list[tuple]:
     if ctx.inp is None:
         at = torch.tensor(rows, dtype=_I64, device=ctx.c.device)
         return [(Fraction(v), Fraction(v), False) for v in ctx.c.index_select(0, at).tolist()]
-    mem, mg, inv, at = group_rows(ctx, torch.tensor(rows, dtype=_I64, device=ctx.a.device))
-    vals = ctx.inp.rewards.index_select(0, mem).to("cpu", _F64).tolist()
-    size = torch.bincount(mg).tolist()
-    start = [0, *itertools.accumulate(size)]  # each group's first place in mem (grouped, in order)
-    asked: dict[int, list[int]] = {}  # group -> the rows asked for (their places in ``rows``)
-    for j, q in enumerate(inv.tolist()):
-        asked.setdefault(q, []).append(j)
-    out, places = [None] * len(rows), at.tolist()
-    for q, js in asked.items():
-        got = X.combined(vals[start[q]:start[q + 1]], list(ctx.inp.weights), ctx.eps,
-                         [places[j] - start[q] for j in js])
+    if ctx.inp.labels is None:  # contiguous groups: each row's group from its number alone
+        g = ctx.inp.group_size
+        first = sorted({row - row % g for row in rows})
+        mem = torch.tensor([q + j for q in first for j in range(g)], dtype=_I64, device="cpu")
+        start = {q: i * g for i, q in enumerate(first)}
+        groups_at = [(start[row - row % g], g, row % g) for row in rows]
+    else:
+        mem, mg, inv, at = group_rows(ctx, torch.tensor(rows, dtype=_I64, device=ctx.a.device))
+        size = torch.bincount(mg).tolist()
+        starts = [0, *itertools.accumulate(size)]  # each group's first place in mem (grouped, in order)
+        groups_at = [(starts[q], size[q], p - starts[q]) for q, p in zip(inv.tolist(), at.tolist())]
+    vals = ctx.inp.rewards.index_select(0, mem.to(ctx.inp.rewards.device)).to("cpu", _F64).tolist()
+    asked: dict[int, list[int]] = {}  # a group's first place in mem -> the rows asked for (places in ``rows``)
+    for j, (s, _, _) in enumerate(groups_at):
+        asked.setdefault(s, []).append(j)
+    out = [None] * len(rows)
+    for s, js in asked.items():
+        n = groups_at[js[0]][1]
+        got = X.combined(vals[s:s + n], list(ctx.inp.weights), ctx.eps, [groups_at[j][2] for j in js])
         for j, res in zip(js, got):
             out[j] = res
     return out
