@@ -181,8 +181,7 @@ def _whatever_numpy_is_told(fn):
 def standardize_groups(rewards, group_ids=None, eps=None, convention="spec", *, group_size=None,
                        missing="refuse") -> Stage:
     """Eq. 4 alone: z per sample and reward column (weights ones, no whitening)."""
-    r = inp.as_float_matrix(rewards)
-    return gdpo_advantages(r, inp.groups_of(r.shape[0], group_ids, group_size), eps=eps, convention=convention,
+    return gdpo_advantages(rewards, group_ids, eps=eps, convention=convention, group_size=group_size,
                            missing=missing, _stages_only=True).z
 
 
@@ -190,9 +189,8 @@ def standardize_groups(rewards, group_ids=None, eps=None, convention="spec", *, 
 def normalize_rewards(rewards, group_ids=None, weights=None, eps=None, convention="spec", *,
                       group_size=None, missing="refuse") -> Stage:
     """Eq. 4 then Eq. 7: the combined value c per sample."""
-    r = inp.as_float_matrix(rewards)
-    return gdpo_advantages(r, inp.groups_of(r.shape[0], group_ids, group_size), weights=weights, eps=eps,
-                           convention=convention, missing=missing, _stages_only=True).combined
+    return gdpo_advantages(rewards, group_ids, weights, eps=eps, convention=convention, group_size=group_size,
+                           missing=missing, _stages_only=True).combined
 
 
 @_whatever_numpy_is_told
