@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import importlib.metadata
 import importlib.util
 import math
 import platform
@@ -312,12 +313,11 @@ def render_section(t: Table, group: str | None) -> str:
     return "\n".join([f"### {t.title}", "", t.intro, "", rerun, "", render_table(t)])
 
 
-def _version(module: str) -> str:
+def _version(dist: str) -> str:
     try:
-        mod = __import__(module)
-    except ImportError:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
         return "not installed"
-    return mod.version() if module == "gmpy2" else mod.__version__
 
 
 def environment(seed: int, fast: bool, wall: float) -> list[list[str]]:
