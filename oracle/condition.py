@@ -99,11 +99,8 @@ reported is fl(T + E) raised by 2^-50 relatively (covering that addition and the
 scaling; plus 2^-1074 where it lands among the subnormals), so cond >= T + E >= the
 exact first-order change, and ``cond_sharp`` says E <= 2^-20 (T - E): then T - E is a
 certified lower bound and cond is within (1 + 2^-19)(1 + 2^-48) of the exact
-first-order change. The oracle reports this value where it applies, not the smaller of
-it and the stage-wise bound: that bound is the same sums with every cancellation
-dropped, so in exact arithmetic at least T, and where its float64 value (rounded to
-nearest, flushed among the subnormals) lay below this one it lay below the change
-itself (a sharp output whose triangle inequalities are tight: 1e-16 below).
+first-order change. Where it applies it is reported itself, not the smaller of it and
+the stage-wise bound (:func:`finish` says why).
 
 Fallbacks (``cond_sharp`` False): spec/gdpo.md section 7 lists where the closed form does
 not apply (NaN, singleton or raw columns, the Samuelson cap, groups over :data:`CAP`, a largest
