@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import importlib
 import importlib.metadata
 import importlib.util
 import json
@@ -81,43 +82,40 @@ def check_impl_spec(impl: str | None, call_shape: str | None = None) -> str | No
     return None if why is None else f"--impl {impl or DEFAULT_IMPL!r}: {why}"
 
 
-def run_check(impl: str | None, convention: str | None, call_shape: str | None, select: str | None,
-              single_process: bool = False, json_path: str | None = None, details: bool = False,
-              deep: bool = False, self_tests: bool = False, strict_errors: bool = False, domain=(),
-              strict: bool = False) -> int:
+def run_check(a: argparse.Namespace) -> int:
     """``gdpo check``: the grading (``conformance.grading``) in this process; its exit code (0
     conforms, 1 findings, 3 the grader's own error), or 2 (a usage error, as argparse's) where
     ``--impl`` names no callable of the call shape, the convention is unknown or a declaration is
-    malformed. ``deep`` and ``self_tests`` run the suite under pytest instead (hypothesis's long
+    malformed. ``--deep`` and ``--self-tests`` run the suite under pytest instead (hypothesis's long
     hunt; the suite's self-tests), with pytest's report."""
-    why = check_impl_spec(impl, call_shape)
-    if why is None and convention is not None:
-        if convention not in CONVENTIONS:
-            why = f"unknown convention {convention!r}; the conventions are {', '.join(sorted(CONVENTIONS))}"
-    if why is None and domain:
-        from conformance.subject import Subject, parse_domain
+    why = check_impl_spec(a.impl, a.call_shape)
+    try:
+        if why is None and a.convention is not None:
+            get_convention(a.convention)
+        if why is None and a.domain:
+            from conformance.subject import Subject, parse_domain
 
-        try:
             sys.path[:0] = [os.getcwd()]
-            Subject(impl or "impl.gdpo:gdpo_advantages", call_shape or "gdpo", domain=parse_domain(domain)).context()
-        except ValueError as e:
-            why = str(e)
+            Subject(a.impl or "impl.gdpo:gdpo_advantages", a.call_shape or "gdpo",
+                    domain=parse_domain(a.domain)).context()
+    except ValueError as e:
+        why = str(e)
     if why is not None:
         print(f"gdpo check: error: {why}", file=sys.stderr)
         return 2
-    if strict_errors:
+    if a.strict_errors:
         os.environ["GDPO_STRICT_ERRORS"] = "1"  # conformance.judge.STRICT_ENV
-    if deep or self_tests:
-        return _pytest_check(impl, convention, call_shape, select, single_process, details, deep, self_tests,
-                             domain)
+    if a.deep or a.self_tests:
+        return _pytest_check(a)
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # the user's package, graded from their repository
     from conformance import grading
 
-    return grading.main(impl, call_shape, convention, select, single_process, json_path, details, strict, domain)
+    return grading.main(a.impl, a.call_shape, a.convention, a.select, a.single_process, a.json_path, a.details,
+                        a.strict, a.domain)
 
 
-def _pytest_check(impl, convention, call_shape, select, single_process, details, deep, self_tests, domain) -> int:
+def _pytest_check(a: argparse.Namespace) -> int:
     """The suite under pytest: ``--deep`` (hypothesis's long hunt, with an example database) or
     ``--self-tests`` (the suite's tests of itself)."""
     import conformance
@@ -126,18 +124,13 @@ def _pytest_check(impl, convention, call_shape, select, single_process, details,
     here = Path(conformance.__file__).resolve().parent
     cmd = [sys.executable, "-m", "pytest", str(here), "-q", "-p", "no:cacheprovider", "-p", "_hypothesis_pytestplugin",
            "-p", "conformance.plugins", "--rootdir", str(here.parent)]
-    for flag, value in (("--impl", impl), ("--convention", convention), ("--call-shape", call_shape),
-                        ("-k", select)):
+    for flag, value in (("--impl", a.impl), ("--convention", a.convention), ("--call-shape", a.call_shape),
+                        ("-k", a.select), *(("--domain", item) for item in a.domain)):
         if value is not None:
             cmd += [flag, value]
-    if single_process:
-        cmd.append("--single-process")
-    for item in domain or ():
-        cmd += ["--domain", item]
-    if not self_tests:
-        cmd.append("--gdpo-grade")
-    cmd += ["--tb=short"] if details else ["--tb=line"]
-    env = {**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", profiles.ENV: "deep" if deep else "ci"}
+    cmd += ["--single-process"] * a.single_process + ["--gdpo-grade"] * (not a.self_tests)
+    cmd += ["--tb=short"] if a.details else ["--tb=line"]
+    env = {**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", profiles.ENV: "deep" if a.deep else "ci"}
     print(f"running ({profiles.ENV}={env[profiles.ENV]}): " + " ".join(cmd), flush=True)
     return subprocess.call(cmd, env=env)
 
@@ -180,10 +173,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def _command(argv: list[str] | None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["limits"]:  # its own parser takes every option, --help included
-        from gdpo_tools.limits import generate as limits
-
-        return limits.main(argv[1:], prog="gdpo limits")
+    if argv[:1] in (["limits"], ["peers"]):  # its own parser takes every option, --help included
+        own = {"limits": "gdpo_tools.limits.generate", "peers": "gdpo_tools.peers_report"}[argv[0]]
+        return importlib.import_module(own).main(argv[1:], prog=f"gdpo {argv[0]}")
 
     parser = argparse.ArgumentParser(prog="gdpo", description="GDPO numerical reference")
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
@@ -249,15 +241,9 @@ def _command(argv: list[str] | None) -> int:
     p_pe = sub.add_parser("peers", help="grade every installed peer and write the generated peers page "
                                         "(spec/generated/peers.md; see gdpo peers --help)", add_help=False)
     p_pe.add_argument("rest", nargs=argparse.REMAINDER)
-    if argv[:1] == ["peers"]:  # its own parser takes every option, --help included
-        from gdpo_tools import peers_report
-
-        return peers_report.main(argv[1:], prog="gdpo peers")
     args = parser.parse_args(argv)
     if args.command == "check":
-        return run_check(args.impl, args.convention, args.call_shape, args.select, args.single_process,
-                         args.json_path, args.details, args.deep, args.self_tests, args.strict_errors, args.domain,
-                         args.strict)
+        return run_check(args)
     if args.command == "audit":
         try:
             from gdpo_tools import audit

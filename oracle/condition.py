@@ -25,20 +25,13 @@ rounded outputs (y = z / |z|, Y = a / |a|), so no deviation is recomputed. For n
 the bracket is exactly (1 - theta)(delta_lj - 1/2) (then delta - 1/2 = y y^T): it
 is evaluated so, without cancellation, which makes a group of two sharp for any eps.
 
-A zero std (a collapsed column, z = 0 by the collapse rule; a collapsed unit, a = 0): with
-eps > 0 and h = sigma + eps ("std"; "std_if_positive" too, since a perturbed column has
-sigma > 0) or sqrt(v + eps) ("var"), z = d / h is differentiable at d = 0: sigma is
-|d|-sized, so z(d) = d / h0 - O(|d|^2) with h0 = eps (std) or sqrt(eps) (var), and
-dz_l / dx_j = (1/h0)(delta_lj - 1/n): the formula above with theta = 0, 1 - theta = 1
-(the y y^T term vanishes; y = 0 as computed from z = 0). Eq. 6 the same for a collapsed
-unit (Theta = 0, Y = 0, H0 = eps_w or sqrt(eps_w)); its other terms need only that every
-z column and c sums to 0 over each group, which a collapsed column (all 0) does. Such a
-column or unit is measured in its frame as any other (h0 2^-e; where h0 is not a normal
-float there, eps tiny beside the ulps: fallback). Spec section 7's cap stays: where that
-first-order value exceeds Samuelson's (n - 1)/sqrt(n) ((M - 1)/sqrt(M), ddof 1), one ulp
-moves the output by at most the cap, which is reported (fallback, :func:`_within_cap`), and
-Eq. 7 and Eq. 6 fall back with the column. "skip_if_zero" (no eps) and eps = 0 are not
-differentiable at a zero std: the cap.
+A zero std (a collapsed column or unit) with eps > 0 is differentiable (spec/gdpo.md
+section 7): the formula above with theta = 0, 1 - theta = 1 and h0 = eps (sqrt(eps) for
+"var"), y = 0 as computed from z = 0; Eq. 6 the same for a collapsed unit (Theta = 0, Y = 0,
+H0 = eps_w or sqrt(eps_w)), whose other terms need only that every z column and c sums to 0
+over each group, which a collapsed column (all 0) does. It is measured in its frame as any
+other; where h0 is not a normal float there, or the first-order value exceeds Samuelson's
+cap, or no first order exists (eps = 0, "skip_if_zero"): the cap (:func:`_within_cap`).
 
 Eq. 7: dc_i / dr_jk = w_k J_k[i, j] (j in i's group), dc_i / dw_k = z_ik; each r_jk is
 an input of its own, so cond(c_i) = sum_k |w_k| cond(z_ik) + sum_k |z_ik| ulp(w_k).
@@ -106,31 +99,17 @@ reported is fl(T + E) raised by 2^-50 relatively (covering that addition and the
 scaling; plus 2^-1074 where it lands among the subnormals), so cond >= T + E >= the
 exact first-order change, and ``cond_sharp`` says E <= 2^-20 (T - E): then T - E is a
 certified lower bound and cond is within (1 + 2^-19)(1 + 2^-48) of the exact
-first-order change. The oracle reports this value where it applies, not the smaller of
-it and the stage-wise bound: that bound is the same sums with every cancellation
-dropped, so in exact arithmetic at least T, and where its float64 value (rounded to
-nearest, flushed among the subnormals) lay below this one it lay below the change
-itself (a sharp output whose triangle inequalities are tight: 1e-16 below).
+first-order change. Where it applies it is reported itself, not the smaller of it and
+the stage-wise bound (:func:`finish` says why).
 
-Fallbacks (the stage-wise bound kept, ``cond_sharp`` False): a group column with a NaN
-entry (any NaN policy), of fewer than two valid entries (singletons, raw columns),
-collapsed (zero std) where no first order exists (eps = 0, "skip_if_zero": one ulp
-un-collapses it; spec section 7's Samuelson cap, structural collapses included) or where
-it exceeds that cap or h0 leaves float64 in the frame (eps tiny beside the ulps, as 5e-324),
-larger than :data:`CAP`, or live and whose largest |z| is below :data:`ZMIN`; at Eq. 7 a
-group with any such column; at Eq. 6 a unit that is collapsed under the same conditions,
-whitened per token, holds a group that straddles two units or falls back at Eq. 7, or
-live and whose largest |a| is below :data:`ZMIN`. ``cond_sharp`` is also False where the
-value is finite but its error bound exceeds 2^-20 of it (heavy cancellation: eps tiny
-beside a std, or an output that cannot move at all, as a group of two at eps = 0) or
-where it is a subnormal (a collapsed column of zeros: 2^-1074 / eps). Where it falls
-back, the stage-wise bound is raised by 1 + (m + 2) u (``oracle.gdpo._stagewise_up``: m its roundings along a term, from the sizes;
-the one subtraction, Eq. 6's |c - mean| at a unit with a nonzero mean, relies on that
-bound's own slack) and floored at 5e-324; a live unit whose std is not a normal float
-in its frame gets a Cauchy-Schwarz bound (inf where that std is its denominator). At a
-collapsed column the stage-wise value divides by the denominator a perturbed column has
-(eps; none for "skip_if_zero" or eps = 0, hence the cap), not the collapse rule's
-placeholder 1 (``oracle.gdpo._collapsed_denominator``).
+Fallbacks (``cond_sharp`` False): spec/gdpo.md section 7 lists where the closed form does
+not apply (NaN, singleton or raw columns, the Samuelson cap, groups over :data:`CAP`, a largest
+|z| or |a| below :data:`ZMIN`, per-token whitening, groups straddling units) and where a tight
+value is not sharp (an error bound above 2^-20 of it, a subnormal value). There the stage-wise
+bound is raised by 1 + (m + 2) u (``oracle.gdpo._stagewise_up``: m its roundings along a term)
+and floored at 5e-324; at a collapsed column it divides by the denominator a perturbed column
+has (eps; none for "skip_if_zero" or eps = 0, hence the cap), not the collapse rule's
+placeholder 1 (``oracle.exact.collapsed_denominator``).
 """
 
 from __future__ import annotations

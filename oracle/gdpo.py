@@ -14,21 +14,11 @@ test can take ``getattr`` of either (tests/test_same_names.py):
 Old names, kept for their callers (deprecated): ``advantages`` (gdpo_advantages) and
 ``whiten_units(values, unit_ids)`` (whiten).
 
-Inputs are floats taken exactly (or refused, never rounded: :mod:`oracle.inputs`), so
-exact rationals; means, deviations and variances are exact, square roots live in exact
-quadratic forms (:mod:`oracle.exact`), exact zeros and collapse are decided on those forms,
-and every output is rounded once to each of float64, float32, float16 and bfloat16
-(``Stage.rounded(out_dtype)``): spec/gdpo.md section 10. Each output also carries
-
-* ``cond``: the first-order change of the output when every input (reward and weight)
-  moves by one ulp, from the Jacobians of Eq. 4, 7 and 6 in closed form
-  (:mod:`oracle.condition`), always an upper bound; ``cond_sharp`` (per output) says where
-  it is that change itself, to within 2^-19; where no closed form applies, the error model's
-  running bound with its rounding terms off, or Samuelson's cap at a zero std without a
-  first order (spec/gdpo.md section 7, where the cases are listed);
-* ``delta``: the error model's running bound (:mod:`spec.error_model`, units of u) for a
-  correct float64 implementation; ``allowed(out_dtype)`` turns it into the absolute
-  tolerance every comparison uses (spec/gdpo.md section 7).
+Inputs are taken exactly or refused (:mod:`oracle.inputs`); zeros and collapse are decided
+on exact forms (:mod:`oracle.exact`); every output is rounded once to each of float64,
+float32, float16 and bfloat16 (``Stage.rounded``) and carries ``cond`` (:mod:`oracle.condition`)
+and ``delta``, the error model's bound, which ``allowed(out_dtype)`` turns into the tolerance
+(spec/gdpo.md sections 7 and 10).
 """
 
 from __future__ import annotations
@@ -57,10 +47,8 @@ class Stage:
     float64: np.ndarray
     float32: np.ndarray
     exact_zero: np.ndarray
-    #: the first-order change per one ulp of every input, an upper bound on it always
-    #: (at least 5e-324; inf where none is representable), the change itself (to 2^-19)
-    #: where ``cond_sharp``; at a zero std with no first order (eps = 0, skip_if_zero) or one
-    #: beyond it, Samuelson's cap instead (module docstring)
+    #: the first-order change per one ulp of every input: an upper bound on it (at least
+    #: 5e-324), the change itself to 2^-19 where ``cond_sharp`` (spec/gdpo.md section 7)
     cond: np.ndarray
     delta: np.ndarray
     #: ``delta`` is in units of u * 2**frame (the combined stage is kept in the
@@ -75,9 +63,7 @@ class Stage:
     #: exact value: never through float32 or float64), as float64 arrays
     float16: np.ndarray = None
     bfloat16: np.ndarray = None
-    #: per element: ``cond`` is the first-order change itself, to 2^-19 relative (the
-    #: closed form of :mod:`oracle.condition`, its evaluation error at most 2^-20 of it);
-    #: False where ``cond`` is only an upper bound (the fallbacks; module docstring)
+    #: per element: ``cond`` is the first-order change itself (False: only an upper bound)
     cond_sharp: np.ndarray = None
 
     def allowed(self, out_dtype: str = "float64", unit_roundoff: float = FLOAT64_UNIT_ROUNDOFF) -> np.ndarray:
@@ -181,8 +167,7 @@ def _whatever_numpy_is_told(fn):
 def standardize_groups(rewards, group_ids=None, eps=None, convention="spec", *, group_size=None,
                        missing="refuse") -> Stage:
     """Eq. 4 alone: z per sample and reward column (weights ones, no whitening)."""
-    r = inp.as_float_matrix(rewards)
-    return gdpo_advantages(r, inp.groups_of(r.shape[0], group_ids, group_size), eps=eps, convention=convention,
+    return gdpo_advantages(rewards, group_ids, eps=eps, convention=convention, group_size=group_size,
                            missing=missing, _stages_only=True).z
 
 
@@ -190,9 +175,8 @@ def standardize_groups(rewards, group_ids=None, eps=None, convention="spec", *, 
 def normalize_rewards(rewards, group_ids=None, weights=None, eps=None, convention="spec", *,
                       group_size=None, missing="refuse") -> Stage:
     """Eq. 4 then Eq. 7: the combined value c per sample."""
-    r = inp.as_float_matrix(rewards)
-    return gdpo_advantages(r, inp.groups_of(r.shape[0], group_ids, group_size), weights=weights, eps=eps,
-                           convention=convention, missing=missing, _stages_only=True).combined
+    return gdpo_advantages(rewards, group_ids, weights, eps=eps, convention=convention, group_size=group_size,
+                           missing=missing, _stages_only=True).combined
 
 
 @_whatever_numpy_is_told

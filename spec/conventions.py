@@ -197,40 +197,37 @@ def get_convention(convention: "str | Convention") -> Convention:
         ) from None
 
 
+#: How each choice reads in :func:`differences`.
+_EPS_TEXT = {"std": "std + {:g}", "var": "sqrt(var + {:g})",
+             "std_if_positive": "std + {:g} where std > 0, else undivided",
+             "skip_if_zero": "std (no eps), the step skipped where std = 0"}
+_SINGLETON_TEXT = {"zero": "z = 0", "raw": "z = r / (1 + eps)", "error": "an error"}
+_WHITEN_TEXT = {"none": "no Eq. 6 (no batch whitening)", "per_token": "Eq. 6 weighted by token counts",
+                "per_sample": "Eq. 6 per sample"}
+
+
 def differences(convention: "str | Convention", base: "str | Convention" = "spec") -> list[str]:
     """How ``convention``'s formula differs from ``base``'s (default ``spec``), one line per
-    choice, naming the equation: what a grading against ``spec`` calls a formula difference."""
+    choice, naming the equation: what a grading against ``spec`` and ``gdpo audit`` call a
+    formula difference."""
     c, b = get_convention(convention), get_convention(base)
-    out = []
-
-    def eps_text(eps, placement):
-        return {"std": f"std + {eps:g}", "var": f"sqrt(var + {eps:g})",
-                "std_if_positive": f"std + {eps:g} where std > 0, else undivided",
-                "skip_if_zero": "std (no eps), the step skipped where std = 0"}[placement]
-
-    if c.group_ddof != b.group_ddof:
-        out.append(f"Eq. 4: {'biased' if c.group_ddof == 0 else 'unbiased'} std (ddof {c.group_ddof}), "
-                   f"{b.name} ddof {b.group_ddof}")
-    if (c.group_eps, c.group_eps_placement) != (b.group_eps, b.group_eps_placement):
-        out.append(f"Eq. 4: divides by {eps_text(c.group_eps, c.group_eps_placement)}, "
-                   f"{b.name} by {eps_text(b.group_eps, b.group_eps_placement)}")
-    if c.whiten != b.whiten:
-        what = {"none": "no Eq. 6 (no batch whitening)", "per_token": "Eq. 6 weighted by token counts",
-                "per_sample": "Eq. 6 per sample"}[c.whiten]
-        out.append(f"Eq. 6: {what}, {b.name} {b.whiten.replace('_', ' ')}")
-    if c.whiten != "none" and ((c.whiten_ddof, c.whiten_eps, c.whiten_eps_placement)
-                               != (b.whiten_ddof, b.whiten_eps, b.whiten_eps_placement)):
-        out.append(f"Eq. 6: ddof {c.whiten_ddof}, divides by {eps_text(c.whiten_eps, c.whiten_eps_placement)}; "
-                   f"{b.name} ddof {b.whiten_ddof}, {eps_text(b.whiten_eps, b.whiten_eps_placement)}")
-    if c.singleton != b.singleton:
-        out.append(f"Eq. 4: a group of one gives {'z = 0' if c.singleton == 'zero' else 'z = r / (1 + eps)' if c.singleton == 'raw' else 'an error'}"
-                   f", {b.name}: {b.singleton}")
-    if c.nan != b.nan:
-        out.append(f"NaN rewards: {c.nan.replace('_', ' ')}, {b.name}: {b.nan}")
-    if c.algorithm != b.algorithm:
-        out.append(f"Eq. 4 algorithm: {c.algorithm.replace('_', ' ')} (rounding relative to the "
-                   f"{'magnitude' if c.algorithm == 'mean_then_subtract' else 'range'}), {b.name} "
-                   f"{b.algorithm.replace('_', '-')}")
-    if c.native_dtype != b.native_dtype:
-        out.append(f"arithmetic in {c.native_dtype}, {b.name} in {b.native_dtype}")
-    return out
+    g_eps, w_eps = (lambda x: _EPS_TEXT[x.group_eps_placement].format(x.group_eps),
+                    lambda x: _EPS_TEXT[x.whiten_eps_placement].format(x.whiten_eps))
+    said = [
+        (c.group_ddof != b.group_ddof, f"Eq. 4: {'biased' if c.group_ddof == 0 else 'unbiased'} std "
+                                       f"(ddof {c.group_ddof}), {b.name} ddof {b.group_ddof}"),
+        ((c.group_eps, c.group_eps_placement) != (b.group_eps, b.group_eps_placement),
+         f"Eq. 4: divides by {g_eps(c)}, {b.name} by {g_eps(b)}"),
+        (c.whiten != b.whiten, f"Eq. 6: {_WHITEN_TEXT[c.whiten]}, {b.name} {b.whiten.replace('_', ' ')}"),
+        (c.whiten != "none" and ((c.whiten_ddof, c.whiten_eps, c.whiten_eps_placement)
+                                 != (b.whiten_ddof, b.whiten_eps, b.whiten_eps_placement)),
+         f"Eq. 6: ddof {c.whiten_ddof}, divides by {w_eps(c)}; {b.name} ddof {b.whiten_ddof}, {w_eps(b)}"),
+        (c.singleton != b.singleton, f"Eq. 4: a group of one gives {_SINGLETON_TEXT[c.singleton]}, {b.name}: "
+                                     f"{b.singleton}"),
+        (c.nan != b.nan, f"NaN rewards: {c.nan.replace('_', ' ')}, {b.name}: {b.nan}"),
+        (c.algorithm != b.algorithm, f"Eq. 4 algorithm: {c.algorithm.replace('_', ' ')} (rounding relative to the "
+                                     f"{'magnitude' if c.algorithm == 'mean_then_subtract' else 'range'}), "
+                                     f"{b.name} {b.algorithm.replace('_', '-')}"),
+        (c.native_dtype != b.native_dtype, f"arithmetic in {c.native_dtype}, {b.name} in {b.native_dtype}"),
+    ]
+    return [text for differs, text in said if differs]

@@ -40,81 +40,17 @@ second-order terms the first-order analysis drops), plus half an ulp of the
 output dtype for the final cast, plus half an ulp of float64 because the
 reference it is compared with is the correctly rounded float64 of the exact value.
 
-The final cast. A correct implementation rounds its float64 result a' once, to
-nearest, into the output format; |a' - a| <= B = SAFETY u Δ and half an ulp of
-the format is evaluated at the largest magnitude a' can have, |a| + B (half an
-ulp grows with the magnitude, and a' may sit in the binade above a's):
-
-    |fl_out(a') - fl64(a)| <= B + half_ulp_out(|a| + B) + half_ulp_64(a)
-
-for every format of :data:`FORMATS` (float64, float32, float16, bfloat16): the
-same formula, the format's precision and exponent range (float16 subnormals
-below 2^-14, bfloat16 keeps float32's exponent range with 8 bits). A double
-rounding (float64 -> float32 -> float16 ties to even) can miss a correct
-rounding by a float32 half ulp more than this allows: it is not one cast. A
-value whose correct rounding overflows the format (|a| >= the format's overflow
-threshold, :func:`overflow_threshold`) cannot be returned at all: the contract
-refuses it (``OutOfRangeError``), the caller decides that before any bound.
-
-Zero denominators (eps = 0). With eps = 0 the denominator of Eq. 4 is zero only
-at a collapsed column, where the specification demands z = 0 exactly: Δz = 0
-(allowance 0, exact zero). At Eq. 6 a unit whose exact std is zero (its combined
-values are equal in exact arithmetic) with eps = 0 has no first-order bound: a
-correct float64 code divides its own rounding noise by that noise's std. The
-allowance there is the normalisation's own bound (Cauchy-Schwarz on the very
-deviations d' the algorithm divides, with s'^2 = Σ t d'^2 / (T - ddof)):
-
-    |a'_j| <= sqrt((T - ddof) / t_j) (1 + (n + 3) u)
-
-so ``SAFETY u Δa_j`` = that bound + |a_j|; since it holds for any eps >= 0 it also
-caps every unit's first-order Δa wherever that is larger (a tiny eps over a tiny std). The
-condition estimate (``rounding=False``) of such a zero denominator is
-Samuelson's bound sqrt((T - ddof)(T - t_j) / (T t_j)) (:func:`samuelson`): one
-ulp of input un-collapses the column or unit and moves its outputs by up to
-that much, not by a first-order amount. The same bound caps the condition
-estimate of any zero std (a collapsed column or unit) whatever eps: a tiny eps
-(5e-324) makes the first-order change ulp / eps, beyond float64, while the outputs
-still move by at most Samuelson's bound. No bound is NaN or infinite.
-
-The condition estimate (the oracle's ``cond``) is this running bound with
-``rounding=False``: the algorithm's rounding terms dropped, one ulp of each input
-(reward and weight) the only perturbation. Like every running bound it adds each
-stage's effects in absolute value, so it bounds the first-order change
-sum_x |d output / dx| ulp(x) from above (up to its own float64 evaluation; at a zero
-std it is the Samuelson cap above instead) and may overstate it many times over:
-it drops the cancellations that make z, c and a nearly shift- and scale-invariant
-(a group of two with eps 1e-4: about 3.5e4 times; without limit as eps shrinks).
-
-A peer's own code (grading under a convention). A convention names the algorithm
-its code runs (``Convention.algorithm``) and its working precision
-(``Convention.native_dtype``); a grading under it evaluates this same running bound
-for that algorithm at that precision, never this project's algorithm in float64:
-
-* ``mean_then_subtract`` (every peer: ``r - mean(r)``, then the std of r): ρ is
-  replaced by max |r| of the column (the deviations from a rounded mean carry an
-  error relative to the magnitude, not the range), so a constant column of
-  nonzero values is not a collapse to that code (its rounded mean leaves a
-  residue) and gets a bound instead of a demanded zero. Where that first order
-  overshoots (the residue of a large constant divided by a small eps) Δz is capped
-  by Cauchy-Schwarz on the deviations the code divides by their own std:
-  SAFETY u Δz_j <= sqrt(n - ddof) (1 + (n + 3) u) + |z_j| (:func:`deviation_cap`);
-  likewise the Eq. 6 cap (:func:`noise_cap`) is taken in the code's own u;
-* the unit roundoff u is the working precision's: 2^-24 for float32, 2^-53 for
-  float64 (``Convention.unit_roundoff``).
-
-* under a peer's convention the allowance is also at least SAFETY times the
-  condition estimate scaled to the working precision (cond, per float64 ulp of each
-  input, times u / 2^-53): a result that inputs SAFETY ulps of the working precision
-  away would give exactly is that precision's answer (backward error). It matters
-  where the problem's own condition is O(1) (a column a few ulps from constant, a
-  small eps), where the first-order running bound says nothing; a demanded exact
-  zero stays demanded (``conformance.judge.native_allowed``).
-
-So a float32 code is judged in float32 ulps (about ten correctly rounded float32
-operations stand between a reward and an advantage), and an error that no
-nearby-input answer explains (a pair whose float32 mean rounds to one of the two)
-still fails: the bound is first order in the code's own u, and a rounding that
-breaks a group's symmetry moves z by O(1).
+spec/gdpo.md section 7 states the rest in words, one place: the final cast (one correct
+rounding into any format of :data:`FORMATS`, a value whose rounding overflows refused), the
+zero denominators at eps = 0 (Cauchy-Schwarz's cap :func:`noise_cap`, Samuelson's bound
+:func:`samuelson` for the condition estimate), the condition estimate (``rounding=False``:
+one ulp of each input the only perturbation, the algorithm's rounding dropped), and a peer's
+own code (``Convention.algorithm``: ``mean_then_subtract`` measures ρ as max |r| of the
+column, capped by :func:`deviation_cap`; ``Convention.unit_roundoff``, 2^-24 in float32).
+Under a peer's convention the allowance is also at least SAFETY times the condition
+estimate scaled to the working precision (backward error: a result that inputs SAFETY ulps
+away would give exactly; a demanded exact zero stays demanded,
+``conformance.judge.native_allowed``).
 """
 
 from __future__ import annotations

@@ -77,11 +77,12 @@ def test_check_grades_the_verl_call_shape(tmp_path):
     assert "call shape 'verl': sample 0 has 3 response token(s) of 6; its padding token" in proc.stdout, proc.stdout
 
 
-def test_check_refuses_an_unknown_convention_before_the_suite():
+def test_check_refuses_an_unknown_convention_before_the_suite(capsys):
     """Found by review: every property errored on it and the run exited 1, as a failed grade."""
     from gdpo_tools import cli
 
-    assert cli.run_check(None, "nosuch", None, None) == 2
+    assert cli.main(["check", "--convention", "nosuch"]) == 2
+    assert "unknown convention 'nosuch'" in capsys.readouterr().err
 
 
 def test_a_file_after_weights_is_named_as_such(tmp_path, capsys):

@@ -19,20 +19,19 @@ from __future__ import annotations
 import collections
 import dataclasses
 import re
-import sys
-import time
 
 import numpy as np
 import torch
 
-from gdpo_tools.audit.findings import (EPS_DOMINATED_FACTOR, ERROR, ILL_CONDITIONED, KINDS, ROUTINE, finding,
-                                       peer_difference)
+from gdpo_tools.audit.findings import EPS_DOMINATED_FACTOR, ERROR, ILL_CONDITIONED, KINDS, ROUTINE, finding
 from gdpo_tools.audit.read import AuditInputError, Batch, _weights, clip, shown
 from gdpo_tools.limits.peers import IMPLEMENTATIONS as MIRRORS
+from gdpo_tools.progress import Progress
 from impl import gdpo as impl
 from oracle import gdpo as oracle
 from oracle.inputs import py
 from spec import CONVENTIONS, DEFAULT_EPS, FLOAT32_MAX, GDPOError
+from spec.conventions import differences
 from spec.errors import GroupError, NonFiniteError
 
 OK, WARN, NOT_AUDITED, DISAGREE = 0, 1, 2, 3
@@ -59,45 +58,6 @@ VANISHING = 1e-8
 #: Two columns that cancel on some rows of a group (r2 = C - r1 there) are reported where,
 #: between those rows, their weighted z keep at most this fraction of the signal they carry apart.
 PARTIAL_KEEPS = 0.5
-
-
-class Progress:
-    """What the audit is doing, on stderr: the stage, how far it is, the time so far and an
-    estimate of the time left, from the first seconds. On a terminal one line rewritten in
-    place; elsewhere a line every few seconds."""
-
-    def __init__(self, enabled: bool, stream=None):
-        self.stream = stream if stream is not None else sys.stderr
-        self.enabled = enabled
-        self.live = enabled and hasattr(self.stream, "isatty") and self.stream.isatty()
-        self.t0 = time.monotonic()
-        self.stage, self.stage_t0, self.last = "", self.t0, 0.0
-
-    def start(self, stage: str) -> None:
-        self.stage, self.stage_t0 = stage, time.monotonic()
-        self.update(0.0, force=True)
-
-    def update(self, fraction: float, force: bool = False) -> None:
-        if not self.enabled:
-            return
-        now = time.monotonic()
-        if not force and now - self.last < (0.5 if self.live else 5.0) and fraction < 1.0:
-            return
-        self.last = now
-        spent = now - self.stage_t0
-        left = f", about {spent * (1 - fraction) / fraction:.0f} s left" if 0.0 < fraction < 1.0 and spent > 1 else ""
-        line = f"[audit] {self.stage}: {100 * fraction:.0f}% ({now - self.t0:.0f} s in all{left})"
-        if self.live:
-            self.stream.write("\r" + line.ljust(78))
-        else:
-            self.stream.write(line + "\n")
-        self.stream.flush()
-
-    def done(self) -> None:
-        if self.enabled:
-            line = f"[audit] done in {time.monotonic() - self.t0:.1f} s"
-            self.stream.write(("\r" + line.ljust(78) + "\n") if self.live else line + "\n")
-            self.stream.flush()
 
 
 def _scored_rewards(batch: Batch, missing: str) -> np.ndarray:
@@ -394,14 +354,13 @@ def audit(batch: Batch, weights=None, eps: float = DEFAULT_EPS, progress: bool |
     peer_rows = {}
     if peers:
         bar.start("peer conventions")
-        spec_conv = CONVENTIONS["spec"]
         others = [n for n in CONVENTIONS if n != "spec"]
         for j, name in enumerate(others):
             conv = CONVENTIONS[name]
             token = np.ones(N, dtype=np.int64) if conv.whiten == "per_token" else None
             notes = ["one token per sample"] * (token is not None) + [f"NaN rewards: its rule {conv.nan!r}"] * bool(
                 np.isnan(r).any())
-            row = {"why": peer_difference(conv, spec_conv), "note": "; ".join(notes)}
+            row = {"why": "; ".join(differences(conv)) or "the same formula", "note": "; ".join(notes)}
             try:
                 if exact:
                     pa = oracle.gdpo_advantages(r, batch.group_ids, weights=w, unit_ids=units, convention=name,

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import importlib.metadata
 import importlib.util
 import math
 import platform
@@ -33,6 +34,7 @@ from gdpo_tools.limits import tables as T
 from gdpo_tools.limits.tables import Table, fmt
 import torch
 from gdpo_tools.limits import plots as limits_plots
+from gdpo_tools.progress import Progress
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout (gdpo_tools/limits/generate.py), or site-packages
 DEFAULT_OUT = ROOT / "spec" / "generated" / "known_limits.md"
@@ -41,41 +43,6 @@ PAGE = DEFAULT_OUT.name
 COMMAND = "python -m gdpo_tools.limits"
 ENV_BEGIN = "<!-- environment: begin (machine-dependent; tests/test_limits.py ignores this block) -->"
 ENV_END = "<!-- environment: end -->"
-
-
-# ------------------------------------------------------------------ progress
-
-
-class Progress:
-    """One line per table group on stderr; a live counter when stderr is a terminal."""
-
-    def __init__(self, stream=None, enabled: bool = True):
-        self.stream = stream if stream is not None else sys.stderr
-        self.enabled = enabled
-        self.live = enabled and hasattr(self.stream, "isatty") and self.stream.isatty()
-
-    def __call__(self, name: str, total: int) -> Callable[[], None]:
-        state = {"done": 0, "t0": time.monotonic()}
-        if self.enabled and not self.live:
-            print(f"[limits] {name}: {total} cases ...", file=self.stream, flush=True)
-
-        def step() -> None:
-            state["done"] += 1
-            done = state["done"]
-            if not self.enabled:
-                return
-            if self.live:
-                width = 30
-                fill = width * done // max(total, 1)
-                print(f"\r[limits] {name:<28} [{'#' * fill}{'.' * (width - fill)}] {done}/{total} "
-                      f"{time.monotonic() - state['t0']:5.1f}s", end="", file=self.stream, flush=True)
-                if done == total:
-                    print(file=self.stream, flush=True)
-            elif done == total:
-                print(f"[limits] {name}: done in {time.monotonic() - state['t0']:.1f}s", file=self.stream,
-                      flush=True)
-
-        return step
 
 
 # ------------------------------------------------------------------- limits
@@ -346,12 +313,11 @@ def render_section(t: Table, group: str | None) -> str:
     return "\n".join([f"### {t.title}", "", t.intro, "", rerun, "", render_table(t)])
 
 
-def _version(module: str) -> str:
+def _version(dist: str) -> str:
     try:
-        mod = __import__(module)
-    except ImportError:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
         return "not installed"
-    return mod.version() if module == "gmpy2" else mod.__version__
 
 
 def environment(seed: int, fast: bool, wall: float) -> list[list[str]]:
@@ -421,6 +387,7 @@ def generate(fast: bool = False, seed: int = 0, only=None, plots_dir: Path | Non
         stds = [10.0 ** (-x / 4) for x in range(4, 30)]
         plots.append(limits_plots.eps(stds, plots_dir / "eps.png"))
         step()
+    progress.done()
     return Run(groups, facts, limits, plots, time.monotonic() - t0, seed, fast)
 
 
@@ -507,7 +474,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m gdpo_tools.limits
                         help="print this table group to stdout instead of writing the file (repeatable)")
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
     args = parser.parse_args(argv)
-    progress = Progress(enabled=not args.quiet)
+    progress = Progress(enabled=not args.quiet, tool="limits")
     if args.only:
         run = generate(args.fast, args.seed, only=set(args.only), progress=progress)
         for name, tables in run.groups.items():

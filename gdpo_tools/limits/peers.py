@@ -1,25 +1,14 @@
 """Implementations the known-limit tables run, and how one output is graded.
 
-Every implementation takes the same arguments (rewards as an (N, K) float64
-array of exact input values, group labels, unit labels or None, weights or None,
-token counts or None) and returns a float64 array of its outputs, or raises.
-
-* ``impl`` / ``impl64``: this project's ``impl.gdpo.gdpo_advantages`` (float64
-  internals), cast to float32 (its default) or returned in float64 (so its own
-  error shows instead of the final cast's half ulp);
-* ``naive_f64``: ``gdpo_tools.peer_formulas.formula("spec", ..., float64)``, mean then
-  deviations: the plain (not shift-invariant) evaluation of the same mathematics;
-* one faithful mirror per peer preset (``spec/conventions.py``): float32 for the
-  float32 peers, float64 for ``multireward_grpo`` (its native dtype). NeMo-RL's
-  mirror (``peer_formulas.nemo_rl_one_pass``) is its own because its group variance is one-pass
-  (``E[x^2] - E[x]^2`` in float32, a negative variance giving NaN that
-  ``nan_to_num`` turns into a zero std), which ``formula`` does not model;
-* ``trl_torch``: the eager torch float32 TRL mirror of ``gdpo_tools.peer_formulas``
-  (contiguous equal groups, one unit only).
-
-Grading (:func:`grade`) compares with the oracle under a named convention, in
-units of the spec error model's bound (``Result.allowed``) evaluated at the
-implementation's working precision, and classifies what came out.
+Every implementation of :data:`IMPLEMENTATIONS` takes the same arguments (rewards as an (N, K)
+float64 array of exact input values, group labels, unit labels or None, weights or None, token
+counts or None) and returns a float64 array of its outputs, or raises: ``impl.gdpo`` cast to
+float32 or returned in float64 (its own error, not the final cast's), the plain float64
+evaluation of spec's formula (mean, then deviations), one mirror per peer preset in the
+preset's own dtype (``gdpo_tools.peer_formulas``; NeMo-RL's one-pass variance is its own) and
+TRL's eager torch mirror. :func:`grade` compares with the oracle under a named convention, in
+units of the error model's bound at the implementation's working precision, and classifies
+what came out.
 """
 
 from __future__ import annotations
