@@ -128,7 +128,10 @@ def _pytest_check(a: argparse.Namespace) -> int:
                         ("-k", a.select), *(("--domain", item) for item in a.domain)):
         if value is not None:
             cmd += [flag, value]
-    cmd += ["--single-process"] * a.single_process + ["--gdpo-grade"] * (not a.self_tests)
+    if a.single_process:
+        cmd.append("--single-process")
+    if not a.self_tests:
+        cmd.append("--gdpo-grade")
     cmd += ["--tb=short"] if a.details else ["--tb=line"]
     env = {**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", profiles.ENV: "deep" if a.deep else "ci"}
     print(f"running ({profiles.ENV}={env[profiles.ENV]}): " + " ".join(cmd), flush=True)
