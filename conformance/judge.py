@@ -1,6 +1,6 @@
 """The judge: every verdict of the conformance suite, its category and its explanation.
 
-A check (:mod:`conformance.checks`) runs the graded code on a case and asks the oracle;
+A check (:mod:`conformance.properties`) runs the graded code on a case and asks the oracle;
 this module alone decides whether the outcome conforms and, where it does not, raises a
 :class:`ConformanceFailure` carrying one :class:`~conformance.verdicts.Category`, the
 worst error in ulps where the failure is a distance, and a text that explains itself

@@ -14,7 +14,6 @@ from hypothesis import given, settings, strategies as st
 from conformance import cases as K
 from conformance import properties as P
 from conformance import judge as J
-from conformance import checks as CK
 from conformance import runner as R
 from conformance import regressions
 from conformance import strategies as S
@@ -99,7 +98,7 @@ def test_former_oracle_limits_are_judged():
         assert exp.error is None and exp.result is not None, f"former limit {name}: the oracle refuses {text}"
         allowed = exp.result.allowed(case.out_dtype)
         assert np.all(np.isfinite(allowed)) and np.all(allowed >= 0), (name, allowed.tolist())
-        CK.check_values(base, case, f"former limit {name}")
+        P.check_values(base, case, f"former limit {name}")
 
 
 def test_an_oracle_failure_is_a_failure_not_a_discard(monkeypatch):
@@ -140,7 +139,7 @@ def test_failure_message_explains_itself():
     case = regressions.load(regressions.EXAMPLES["plain"][0])
     subject = Subject("conformance.controls:biased_std")
     with pytest.raises(J.ConformanceFailure) as info:
-        CK.check_values(subject, case)
+        P.check_values(subject, case)
     text = str(info.value)
     for needle in ("Eq. 4, 7, 6", "convention 'spec'", "0x1.0000000000000p+0", "ulp(float64)", "allowed",
                    "repro: python -m conformance.replay --impl conformance.controls:biased_std"):
