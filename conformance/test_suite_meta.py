@@ -9,7 +9,7 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, seed, settings, strategies as st
 
 from conformance import cases as K
 from conformance import properties as P
@@ -167,6 +167,19 @@ def test_call_shapes_are_documented_and_enforced():
         Subject(shape="jax")
 
 
+def _drawn(name: str) -> list:
+    """The cases property ``name`` checks in the run that grades the controls (conformance/report.py:
+    its settings, its seed, no local constants, so the same in every process), its check replaced
+    by a recorder: generation runs without the oracle."""
+    seen = []
+    prop = P.BY_NAME[name]
+    probe = dataclasses.replace(prop, check=lambda subject, case, name: seen.append(case))
+    with R.no_local_constants():
+        test = R.build_test(probe, Subject("impl.gdpo:gdpo_advantages"), R.control_settings())
+        seed(R.property_seed(prop))(test)()
+    return seen
+
+
 def test_the_large_property_draws_what_its_claim_says():
     """K coverage of ``large`` comes from hypothesis's generation (K is mixed from the drawn
     values): in the run that grades the controls (conformance/report.py: its settings, its
@@ -175,16 +188,7 @@ def test_the_large_property_draws_what_its_claim_says():
     modulo 2^32 and some in float64, and the very-large tier must appear: a group of more
     than 64 samples, one of more than 512, none beyond 600. The check is replaced by a
     recorder: generation runs without the oracle."""
-    import dataclasses
-
-    from hypothesis import seed
-
-    seen = []
-    prop = P.BY_NAME["large"]
-    probe = dataclasses.replace(prop, check=lambda subject, case, name: seen.append(case))
-    with R.no_local_constants():
-        test = R.build_test(probe, Subject("impl.gdpo:gdpo_advantages"), R.control_settings())
-        seed(R.property_seed(prop))(test)()
+    seen = _drawn("large")
     assert {c.k for c in seen} == set(range(1, 9)), sorted({c.k for c in seen})
     assert min(c.n for c in seen) > 64 and max(c.n for c in seen) >= 200, sorted({c.n for c in seen})
     assert max(len(c.segment_sizes or ()) for c in seen) > 4
@@ -203,16 +207,8 @@ def test_the_errors_property_puts_bad_rewards_in_zero_weight_columns():
     in the run that grades the controls, nan_reward and inf_reward each put the bad value in a
     column of weight 0 at least once (an implementation dropping such columns before validating
     computes there), and elsewhere too."""
-    from hypothesis import seed
-
-    seen = []
-    prop = P.BY_NAME["errors"]
-    probe = dataclasses.replace(prop, check=lambda subject, cases, name: seen.extend(
-        c for c in (cases if isinstance(cases, tuple) else (cases,)) if c.note in ("error:nan_reward",
-                                                                                   "error:inf_reward")))
-    with R.no_local_constants():
-        test = R.build_test(probe, Subject("impl.gdpo:gdpo_advantages"), R.control_settings())
-        seed(R.property_seed(prop))(test)()
+    seen = [c for cases in _drawn("errors") for c in (cases if isinstance(cases, tuple) else (cases,))
+            if c.note in ("error:nan_reward", "error:inf_reward")]
     for name in ("error:nan_reward", "error:inf_reward"):
         where = []
         for c in seen:
