@@ -43,7 +43,7 @@ def test_error_case(case, subject):
 
     strategy = EC.error_cases(subject.context(), subject.shape, names={case.name})
     if R.DRAW_FIRST:  # gdpo check: the cases drawn first, the same on any machine (conformance/runner.py)
-        R.grade_cases(subject, R.error_row_cases(case.name, subject), check)
+        R.grade_cases(subject, R.row_cases(f"errors:{case.name}", subject), check)
         return
     run = given(cases=strategy)(check)
     for c in reversed(pinned(case.name, subject.context())):

@@ -146,15 +146,6 @@ def test_failure_message_explains_itself():
         assert needle in text, (needle, text)
 
 
-def test_repro_command_replays_a_case(capsys):
-    from conformance import replay
-
-    case = regressions.load(regressions.EXAMPLES["plain"][0])
-    assert replay.main(["--impl", "conformance.controls:biased_std", "--case", case.dumps()]) == 1
-    assert replay.main(["--impl", "conformance.controls:baseline", "--case", case.dumps()]) == 0
-    assert "conforms" in capsys.readouterr().out
-
-
 def test_call_shapes_are_documented_and_enforced():
     from conformance import subject
 
