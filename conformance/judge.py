@@ -101,7 +101,7 @@ class _Unjudged(Exception):
 def oracle_verdict(case, convention: str, token_counts=None):
     """The oracle's Expected; an oracle that crashes or returns a NaN allowance fails loudly, as
     the oracle's fault, never as the implementation's (the suite once found four such cases; the
-    oracle was fixed for each: conformance/regressions.py pins them). ``token_counts``: each
+    oracle was fixed for each: conformance/regressions.json pins them). ``token_counts``: each
     sample's token count, for a per-token convention (verl)."""
     try:
         exp = expected(case, convention, token_counts)

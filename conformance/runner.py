@@ -202,7 +202,7 @@ def adapt(case, subject: Subject):
 
 
 def pinned_cases(prop: Property, subject: Subject, error: str | None = None) -> list:
-    """The property's pinned examples (``conformance/regressions.py``) the call shape can express
+    """The property's pinned examples (``conformance/regressions.json``) the call shape can express
     (``error``: only those of that error case)."""
     ctx = subject.context()
     return [c for c in (adapt(regressions.load(t), subject) for t in prop.examples)

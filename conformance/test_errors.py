@@ -3,7 +3,7 @@
 Parametrized from the table of error cases (conformance/error_cases.py, ERROR_CASES,
 one id each); where the oracle can express a case, the oracle is asserted to refuse
 it with the same class, so the table and the spec's own judge cannot drift apart.
-The ``errors`` property's pinned examples (conformance/regressions.py) are replayed
+The ``errors`` property's pinned examples (conformance/regressions.json) are replayed
 first by the test of the error case each one names.
 """
 

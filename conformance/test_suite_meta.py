@@ -81,7 +81,7 @@ FORMER_LIMITS = {
     "eq7_underflow": '{"rewards":[["0x1.0p+0","0x1.0p+0"],["0x1.8p+6","0x1.0p+0"],["0x1.38p+6","0x1.0p+0"],'
                      '["0x1.2p+4","0x1.0p+0"]],"dtype":"float64","out_dtype":"float64","group_size":4,'
                      '"weights":["-0x0.0000000000001p-1022","0x1.00000000006bbp+1023"]}',
-    # fixed in d768062 (conformance/regressions.py says where each was found)
+    # fixed in d768062 (conformance/regressions.json says where each was found)
     "nan_bound_dbl_max_weight": regressions.EXAMPLES["weights"][1],
     "dbl_max_rewards_beside_tiny_weight": regressions.EXAMPLES["range"][3],
     "subnormal_beside_huge_weight": regressions.EXAMPLES["weights"][2],

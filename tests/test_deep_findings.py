@@ -1,7 +1,7 @@
 """Findings of the conformance suite's deep profile (GDPO_HYPOTHESIS_PROFILE=deep), pinned.
 
 Each test states the property the finding violated, on the smallest input that shows it;
-the conformance replay of the same input lives in conformance/regressions.py.
+the conformance replay of the same input lives in conformance/regressions.json.
 """
 
 from __future__ import annotations
