@@ -28,7 +28,7 @@ import shlex
 
 import numpy as np
 
-from conformance.cases import Case, DistCase, ulp
+from conformance.cases import Case, DistCase, hexf, ulp
 from conformance.verdicts import Category, label
 from spec import error_model as em
 from spec.error_model import FORMATS, round_to
@@ -45,17 +45,17 @@ def bound_row(i, obs, exact, err, allowed, ratio, cond, out_dtype, rounded) -> s
         ulps = err / u if u else math.inf
     p = _digits(ratio)
     if f"{err:.3e}" == f"{allowed:.3e}":  # equal to four digits: show the bits
-        e_txt, a_txt = f"{err:.17g} ({hx(err)})", f"{allowed:.17g} ({hx(allowed)})"
+        e_txt, a_txt = f"{err:.17g} ({hexf(err)})", f"{allowed:.17g} ({hexf(allowed)})"
     else:
         e_txt, a_txt = f"{err:.3e}", f"{allowed:.3e}"
     # err > allowed, both doubles: err / allowed >= 1 + 2^-52 / m > 1 + 2^-53 never rounds to 1
     in_ulps = f" = {ulps:.{p}g} ulp({out_dtype})" if exact != 0.0 else ""  # no ulp scale at an exact 0
-    text = (f"[{i}] observed {hx(obs)} ({obs:.9g}), exact {hx(exact)} ({exact:.17g}), "
+    text = (f"[{i}] observed {hexf(obs)} ({obs:.9g}), exact {hexf(exact)} ({exact:.17g}), "
             f"error {e_txt}{in_ulps}, allowed {a_txt} (error/allowed {ratio:.{p}g}), cond {cond:.2e}")
     twice = _rounded_twice(exact, out_dtype)
     if rounded is not None and twice is not None and obs == twice and obs != rounded and math.isfinite(obs):
-        text += (f"; rounded twice? {obs!r} ({hx(obs)}) is the exact value rounded to float64, then float32, "
-                 f"then {out_dtype}; the correctly rounded {out_dtype} value is {rounded!r} ({hx(rounded)})")
+        text += (f"; rounded twice? {obs!r} ({hexf(obs)}) is the exact value rounded to float64, then float32, "
+                 f"then {out_dtype}; the correctly rounded {out_dtype} value is {rounded!r} ({hexf(rounded)})")
     return text
 
 
@@ -78,11 +78,6 @@ def _rounded_twice(x: float, out_dtype: str) -> float | None:
         return None
 
     return float(round_to(round_to([x], "float32"), out_dtype)[0])
-
-
-def hx(x: float) -> str:
-    x = float(x)
-    return x.hex() if math.isfinite(x) else repr(x)
 
 
 def decimal(x: float, dtype: str = "float64") -> str:
@@ -273,7 +268,7 @@ def distance(observed: np.ndarray, exact: np.ndarray, allowed: np.ndarray, cond:
                 "the error model gives it no allowance (spec section 7: the exact value is demanded)"
             stated = f"as for [{said[clause]}]" if clause in said else clause
             said.setdefault(clause, i)
-            rows.append(f"[{i}] returned {hx(obs[i])} ({float(obs[i]):.9g}); the exact result is exactly 0, "
+            rows.append(f"[{i}] returned {hexf(obs[i])} ({float(obs[i]):.9g}); the exact result is exactly 0, "
                         f"and {stated}: the specification demands 0 bit for bit (either sign), cond {cond[i]:.2e}")
             continue
         rows.append(bound_row(i, obs[i], exact[i], err[i], allowed[i], ratios[i], cond[i], out_dtype,

@@ -31,6 +31,7 @@ import numbers
 import torch
 
 from conformance.formulas import PAPER, Variant
+from impl._pipeline import round_to
 from spec.constants import FLOAT32_MAX
 from spec.errors import (
     DistributedError,
@@ -324,19 +325,6 @@ def _combine(p: _Prepared, eps: float, fl: Flaws, frame: int | None = None) -> t
 # ------------------------------------------------------------------------ Eq. 6
 
 
-def _to_float32_odd(x: torch.Tensor) -> torch.Tensor:
-    """float64 -> float32 rounded to odd: truncate toward zero, then set the last bit
-    when the result is inexact. A second, nearest-even rounding from it to any format of
-    at most 22 bits (float16: 11, bfloat16: 8) is then the correct rounding of x, because
-    no float32 rounded to odd lands on such a format's midpoint unless x is on it."""
-    y = x.to(torch.float32)  # nearest even: at most one float32 ulp off the truncation
-    back = y.to(_F64)
-    bits = y.view(torch.int32)
-    bits = torch.where(back.abs() > x.abs(), bits - 1, bits)  # one ulp toward zero (sign-magnitude)
-    bits = torch.where(back != x, bits | 1, bits)
-    return bits.view(torch.float32)
-
-
 def _truncate(x: torch.Tensor, out_dtype) -> torch.Tensor:
     """float64 -> bfloat16 rounded toward zero (the flaw: drop the low bits)."""
     y = x.to(torch.float32)
@@ -346,14 +334,14 @@ def _truncate(x: torch.Tensor, out_dtype) -> torch.Tensor:
 
 
 def _round(a: torch.Tensor, out_dtype, fl: Flaws) -> torch.Tensor:
-    """One correct rounding of float64 values into ``out_dtype`` (nearest even)."""
+    """One correct rounding of float64 values into ``out_dtype`` (nearest even; float16 and
+    bfloat16 through float32 rounded to odd: impl's ``round_to``, as torch's own cast rounds twice)."""
     if out_dtype in (torch.float16, torch.bfloat16) and a.dtype == _F64:
         if fl.truncate_bfloat16 and out_dtype == torch.bfloat16:
             return _truncate(a, out_dtype)
         if fl.double_rounding:
             return a.to(torch.float32).to(out_dtype)  # nearest even twice: a tie made by the first
-        return _to_float32_odd(a).to(out_dtype)  # torch's a.to(float16) rounds through float32
-    return a.to(out_dtype)
+    return round_to(a, out_dtype)
 
 
 def _cast(a: torch.Tensor, out_dtype, fl: Flaws) -> torch.Tensor:

@@ -106,21 +106,13 @@ def _cancellation(subject: Subject, case, conv) -> str | None:
     if np.array_equal(shifted, r) or not np.all(np.isfinite(shifted)):
         return None
     near = dataclasses.replace(case, rewards=tuple(tuple(float(v) for v in row) for row in shifted))
-    try:
-        exp = expected(near, conv, subject.token_counts(near))
-    except Exception:  # noqa: BLE001 - no verdict on the explanation
-        return None
-    if exp.error is not None or exp.result is None:
-        return None
     again = subject.outcome(subject.call, near)
     if not again.ok or again.values is None or again.values.shape != (near.n,):
         return None
-    res = exp.result
-    v = distance(again.values, res.float64, native_allowed(res, case.out_dtype, conv), res.cond, case.out_dtype,
-                 native_dtype=conv.native_dtype)
     prof = getattr(subject, "profile", None)
-    if not v.ok and not (prof is not None and prof.named and not prof.diagnosis.no_difference
-                         and _reproduced(near, again.values, prof.diagnosis.variant, conv)):
+    if _holds_under(again, near, conv, subject.token_counts(near)) is None and not (
+            prof is not None and prof.named and not prof.diagnosis.no_difference
+            and _reproduced(near, again.values, prof.diagnosis.variant, conv)):
         return None
     return ("cancellation at Eq. 4: the error grows with the rewards' offset from 0 (the same batch shifted to "
             "near 0 is within the model): a one-pass variance E[x^2] - E[x]^2, or a variance of uncentred values")

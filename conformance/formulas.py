@@ -475,28 +475,19 @@ def catalogue_markdown() -> str:
     return "\n".join(rows)
 
 
-def _write_docs(path) -> bool:
-    """Put the generated catalogue between the markers of ``path``; True if it changed."""
-    from pathlib import Path
-
-    page = Path(path)
-    text = page.read_text()
-    if _MARK not in text or _END not in text:
-        raise SystemExit(f"{path}: no catalogue markers ({_MARK!r} ... {_END!r})")
-    head, rest = text.split(_MARK, 1)
-    _, tail = rest.split(_END, 1)
-    new = head + catalogue_markdown() + tail
-    if new != text:
-        page.write_text(new)
-    return new != text
-
-
-if __name__ == "__main__":  # pragma: no cover - a maintenance command
+if __name__ == "__main__":  # pragma: no cover - a maintenance command: the table between the markers of grading.md
     import sys
     from pathlib import Path
 
-    doc = Path(__file__).resolve().parent.parent / "docs" / "grading.md"
-    if "--write" in sys.argv[1:]:
-        print(f"{doc}: {'rewritten' if _write_docs(doc) else 'up to date'}")
-    else:
+    page = Path(__file__).resolve().parent.parent / "docs" / "grading.md"
+    if "--write" not in sys.argv[1:]:
         print(catalogue_markdown())
+        sys.exit(0)
+    text = page.read_text()
+    if _MARK not in text or _END not in text:
+        raise SystemExit(f"{page}: no catalogue markers ({_MARK!r} ... {_END!r})")
+    head, rest = text.split(_MARK, 1)
+    new = head + catalogue_markdown() + rest.split(_END, 1)[1]
+    if new != text:
+        page.write_text(new)
+    print(f"{page}: {'rewritten' if new != text else 'up to date'}")

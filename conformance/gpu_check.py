@@ -36,7 +36,6 @@ import numpy as np
 import torch
 from hypothesis import HealthCheck, given, settings
 
-from conformance import checks as CK
 from conformance import distributed
 from conformance import error_cases as EC
 from conformance import properties as P
@@ -102,7 +101,7 @@ def _bitwise(target: str, examples: int, device: str = "cuda") -> dict:
 def _dist_variant(prop, world: int):
     """The distributed property at another world size (same check)."""
 
-    if prop.check is CK.check_dist_values:
+    if prop.check is P.check_dist_values:
         strat = lambda ctx, subject: S.dist_cases(ctx, world)  # noqa: E731
     else:
         strat = lambda ctx, subject: EC.dist_error_cases(ctx, world)  # noqa: E731
@@ -114,20 +113,6 @@ def _dist_variant(prop, world: int):
 #: plain path unseen: its warning is an error there, so the property fails.
 FUSED_WARNINGS_ARE_ERRORS = ("error:the fused path failed:RuntimeWarning,"
                              "error:GDPO_FUSED is set but the fused path is unavailable:RuntimeWarning")
-
-
-def _fused_env(dry_run_cpu: bool) -> dict:
-    """GDPO_FUSED for the ranks: compiled kernels on a GPU, Triton's interpreter in a dry run
-    (set before the ranks import Triton, which they do after they start); a fallback of the
-    fused path raises in them (PYTHONWARNINGS) instead of passing on the plain path's bits."""
-    env = {"GDPO_FUSED": "interpret", "TRITON_INTERPRET": "1"} if dry_run_cpu else {"GDPO_FUSED": "1"}
-    return {**env, "PYTHONWARNINGS": FUSED_WARNINGS_ARE_ERRORS}
-
-
-def _in_env(env: dict, fn):
-    """``fn()`` with ``env`` set in the environment (restored after)."""
-    with mock.patch.dict(os.environ, env):
-        return fn()
 
 
 def main(argv=None) -> int:
@@ -163,19 +148,24 @@ def main(argv=None) -> int:
         return 0
 
     single = [p for p in P.PROPERTIES if p.world == 0]
-    dist = [p for p in P.PROPERTIES if p.world == 2]
+
+    def ranks(world: int, backend: str, env=None):
+        """The distributed properties at ``world`` ranks over ``backend``, with ``env`` set."""
+        with mock.patch.dict(os.environ, env or {}):
+            return [_run_property(_dist_variant(p, world), Subject(args.impl, device=dev, backend=backend),
+                                  args.examples) for p in P.PROPERTIES if p.world == 2]
+
+    # the fused part: GDPO_FUSED for the ranks (compiled kernels on a GPU, Triton's interpreter in a
+    # dry run), set before they start and import Triton; a fallback of the fused path raises in them
+    # (PYTHONWARNINGS) instead of passing on the plain path's bits
+    fused = {"GDPO_FUSED": "interpret", "TRITON_INTERPRET": "1"} if args.dry_run_cpu else {"GDPO_FUSED": "1"}
     parts = [
         ("cuda", lambda: [_run_property(p, Subject(args.impl, device=dev), args.examples) for p in single]),
         ("bitwise", lambda: [_bitwise(args.impl, args.examples, dev)]),
-        ("nccl_world1", lambda: [_run_property(_dist_variant(p, 1), Subject(args.impl, device=dev, backend=nccl),
-                                               args.examples) for p in dist]),
-        ("gloo_cuda_2", lambda: [_run_property(_dist_variant(p, 2), Subject(args.impl, device=dev, backend="gloo"),
-                                               args.examples) for p in dist]),
-        # the fused path's distributed statistics (impl._fused.Local) over NCCL: its ranks are new
-        # processes, started after GDPO_FUSED is set (a kernel failure there warns and falls back)
-        ("nccl_world1_fused", lambda: _in_env(_fused_env(args.dry_run_cpu), lambda: [
-            _run_property(_dist_variant(p, 1), Subject(args.impl, device=dev, backend=nccl), args.examples)
-            for p in dist])),
+        ("nccl_world1", lambda: ranks(1, nccl)),
+        ("gloo_cuda_2", lambda: ranks(2, "gloo")),
+        # the fused path's distributed statistics (impl._fused.Local) over NCCL
+        ("nccl_world1_fused", lambda: ranks(1, nccl, {**fused, "PYTHONWARNINGS": FUSED_WARNINGS_ARE_ERRORS})),
     ]
     ok = True
     for name, fn in parts:

@@ -1,6 +1,6 @@
 """The judge: every verdict of the conformance suite, its category and its explanation.
 
-A check (:mod:`conformance.checks`) runs the graded code on a case and asks the oracle;
+A check (:mod:`conformance.properties`) runs the graded code on a case and asks the oracle;
 this module alone decides whether the outcome conforms and, where it does not, raises a
 :class:`ConformanceFailure` carrying one :class:`~conformance.verdicts.Category`, the
 worst error in ulps where the failure is a distance, and a text that explains itself
@@ -40,9 +40,9 @@ from hypothesis.control import currently_in_test_context
 
 from conformance import boundary
 from conformance import error_cases as EC
-from conformance.cases import Case, DistCase, expected, ulp
+from conformance.cases import Case, DistCase, expected, hexf, ulp
 from conformance.compare import (
-    MAX_LISTED, advantage_zero_clause, combined_zero_clause, distance, failure, hx, native_allowed,
+    MAX_LISTED, advantage_zero_clause, combined_zero_clause, distance, failure, native_allowed,
     whiten_zero_clause,
 )
 from conformance.explain import explain, formula_difference, overflowed_columns
@@ -101,7 +101,7 @@ class _Unjudged(Exception):
 def oracle_verdict(case, convention: str, token_counts=None):
     """The oracle's Expected; an oracle that crashes or returns a NaN allowance fails loudly, as
     the oracle's fault, never as the implementation's (the suite once found four such cases; the
-    oracle was fixed for each: conformance/regressions.py pins them). ``token_counts``: each
+    oracle was fixed for each: conformance/regressions.json pins them). ``token_counts``: each
     sample's token count, for a per-token convention (verl)."""
     try:
         exp = expected(case, convention, token_counts)
@@ -424,12 +424,12 @@ def certified_rounding(prop, eq, subject: Subject, case: Case, out: Outcome, exp
     rows = []
     for i in bad[:MAX_LISTED]:
         if od == "float64":
-            rows.append(f"[{i}] output {float(obs[i])!r} ({hx(obs[i])}) is not within one ulp of the exact value (faithful "
-                        f"rounding): the exact value correctly rounded is {float(want[i])!r} ({hx(want[i])}), "
+            rows.append(f"[{i}] output {float(obs[i])!r} ({hexf(obs[i])}) is not within one ulp of the exact value (faithful "
+                        f"rounding): the exact value correctly rounded is {float(want[i])!r} ({hexf(want[i])}), "
                         f"{ulps[i]:.3g} ulp(float64) from the output, and " + _where_exact(case, i, float(obs[i]), od))
         else:
-            rows.append(f"[{i}] output {float(obs[i])!r} ({hx(obs[i])}) is not the correctly rounded exact value "
-                        f"{float(want[i])!r} ({hx(want[i])}) ({od}, ties to even), {ulps[i]:.3g} ulp({od}) away; "
+            rows.append(f"[{i}] output {float(obs[i])!r} ({hexf(obs[i])}) is not the correctly rounded exact value "
+                        f"{float(want[i])!r} ({hexf(want[i])}) ({od}, ties to even), {ulps[i]:.3g} ulp({od}) away; "
                         + _where_exact(case, i, float(obs[i]), od))
     fam = boundary.parse_note(case.note)
     if fam is not None and _still_hunted(case, fam):

@@ -202,7 +202,7 @@ def adapt(case, subject: Subject):
 
 
 def pinned_cases(prop: Property, subject: Subject, error: str | None = None) -> list:
-    """The property's pinned examples (``conformance/regressions.py``) the call shape can express
+    """The property's pinned examples (``conformance/regressions.json``) the call shape can express
     (``error``: only those of that error case)."""
     ctx = subject.context()
     return [c for c in (adapt(regressions.load(t), subject) for t in prop.examples)
@@ -213,14 +213,6 @@ def planned_cases(prop: Property, subject: Subject, max_examples: int | None = N
     """Every case a drawn-first run checks, in order: the pinned examples, then the drawn ones;
     those outside the declared domain (``Subject.inside``) left out."""
     return _planned(prop.name, pinned_cases(prop, subject), prop.strategy(subject.context(), subject), subject,
-                    max_examples)
-
-
-def error_row_cases(name: str, subject: Subject, max_examples: int | None = None) -> list:
-    """The cases of the error contract's row ``errors:<name>`` (``conformance/test_errors.py``): its
-    pinned examples the call shape can express, then the cases drawn for it."""
-    pinned = [(c,) for c in pinned_cases(BY_NAME["errors"], subject, name)]
-    return _planned(f"errors:{name}", pinned, error_cases(subject.context(), subject.shape, names={name}), subject,
                     max_examples)
 
 
@@ -239,10 +231,14 @@ def _planned(name: str, pinned: list, strategy, subject: Subject, max_examples: 
 
 
 def row_cases(row: str, subject: Subject, max_examples: int | None = None) -> list:
-    """The cases a drawn-first run of the summary row ``row`` (``plain``, ``errors:nan_reward``) checks."""
-    if row.startswith("errors:"):
-        return error_row_cases(row.split(":", 1)[1], subject, max_examples)
-    return planned_cases(BY_NAME[row], subject, max_examples)
+    """The cases a drawn-first run of the summary row ``row`` (``plain``, ``errors:nan_reward``) checks;
+    an error case's row (``conformance/test_errors.py``): its pinned examples the call shape can
+    express, then the cases drawn for it."""
+    if not row.startswith("errors:"):
+        return planned_cases(BY_NAME[row], subject, max_examples)
+    name = row.split(":", 1)[1]
+    pinned = [(c,) for c in pinned_cases(BY_NAME["errors"], subject, name)]
+    return _planned(row, pinned, error_cases(subject.context(), subject.shape, names={name}), subject, max_examples)
 
 
 def case_text(case) -> str:

@@ -17,7 +17,6 @@ import pytest
 from conformance import controls as C
 from conformance import properties as P
 from conformance import judge as J
-from conformance import checks as CK
 from conformance import report
 from conformance.subject import Subject
 
@@ -72,12 +71,12 @@ def test_rounding_controls_fail_the_pinned_midpoints(text):
     midpoint, rounding through float32 first is rejected, truncating bfloat16 is rejected
     where it is written, and the base (one rounding, to odd through float32) conforms."""
     case = P.regressions.load(text)
-    CK.check_values(Subject(C.BASELINE.target), case)
+    P.check_values(Subject(C.BASELINE.target), case)
     with pytest.raises(J.ConformanceFailure, match="outside the error model"):
-        CK.check_values(Subject(C.CONTROLS["double_rounding"].target), case)
+        P.check_values(Subject(C.CONTROLS["double_rounding"].target), case)
     trunc = Subject(C.CONTROLS["truncated_bfloat16"].target)
     if case.out_dtype == "bfloat16":
         with pytest.raises(J.ConformanceFailure, match="outside the error model"):
-            CK.check_values(trunc, case)
+            P.check_values(trunc, case)
     else:
-        CK.check_values(trunc, case)  # the flaw touches bfloat16 only
+        P.check_values(trunc, case)  # the flaw touches bfloat16 only

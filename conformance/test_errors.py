@@ -3,7 +3,7 @@
 Parametrized from the table of error cases (conformance/error_cases.py, ERROR_CASES,
 one id each); where the oracle can express a case, the oracle is asserted to refuse
 it with the same class, so the table and the spec's own judge cannot drift apart.
-The ``errors`` property's pinned examples (conformance/regressions.py) are replayed
+The ``errors`` property's pinned examples (conformance/regressions.json) are replayed
 first by the test of the error case each one names.
 """
 
@@ -12,7 +12,6 @@ from hypothesis import example, given
 
 from conformance import properties as P
 
-from conformance import checks as CK
 
 from conformance import error_cases as EC
 from conformance import runner as R
@@ -40,11 +39,11 @@ def test_error_case(case, subject):
         pytest.skip(f"call shape {subject.shape!r} cannot express {case.name}")
 
     def check(cases):
-        CK.check_error(subject, cases)
+        P.check_error(subject, cases)
 
     strategy = EC.error_cases(subject.context(), subject.shape, names={case.name})
     if R.DRAW_FIRST:  # gdpo check: the cases drawn first, the same on any machine (conformance/runner.py)
-        R.grade_cases(subject, R.error_row_cases(case.name, subject), check)
+        R.grade_cases(subject, R.row_cases(f"errors:{case.name}", subject), check)
         return
     run = given(cases=strategy)(check)
     for c in reversed(pinned(case.name, subject.context())):

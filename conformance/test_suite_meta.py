@@ -9,12 +9,11 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, seed, settings, strategies as st
 
 from conformance import cases as K
 from conformance import properties as P
 from conformance import judge as J
-from conformance import checks as CK
 from conformance import runner as R
 from conformance import regressions
 from conformance import strategies as S
@@ -82,7 +81,7 @@ FORMER_LIMITS = {
     "eq7_underflow": '{"rewards":[["0x1.0p+0","0x1.0p+0"],["0x1.8p+6","0x1.0p+0"],["0x1.38p+6","0x1.0p+0"],'
                      '["0x1.2p+4","0x1.0p+0"]],"dtype":"float64","out_dtype":"float64","group_size":4,'
                      '"weights":["-0x0.0000000000001p-1022","0x1.00000000006bbp+1023"]}',
-    # fixed in d768062 (conformance/regressions.py says where each was found)
+    # fixed in d768062 (conformance/regressions.json says where each was found)
     "nan_bound_dbl_max_weight": regressions.EXAMPLES["weights"][1],
     "dbl_max_rewards_beside_tiny_weight": regressions.EXAMPLES["range"][3],
     "subnormal_beside_huge_weight": regressions.EXAMPLES["weights"][2],
@@ -99,7 +98,7 @@ def test_former_oracle_limits_are_judged():
         assert exp.error is None and exp.result is not None, f"former limit {name}: the oracle refuses {text}"
         allowed = exp.result.allowed(case.out_dtype)
         assert np.all(np.isfinite(allowed)) and np.all(allowed >= 0), (name, allowed.tolist())
-        CK.check_values(base, case, f"former limit {name}")
+        P.check_values(base, case, f"former limit {name}")
 
 
 def test_an_oracle_failure_is_a_failure_not_a_discard(monkeypatch):
@@ -140,20 +139,11 @@ def test_failure_message_explains_itself():
     case = regressions.load(regressions.EXAMPLES["plain"][0])
     subject = Subject("conformance.controls:biased_std")
     with pytest.raises(J.ConformanceFailure) as info:
-        CK.check_values(subject, case)
+        P.check_values(subject, case)
     text = str(info.value)
     for needle in ("Eq. 4, 7, 6", "convention 'spec'", "0x1.0000000000000p+0", "ulp(float64)", "allowed",
                    "repro: python -m conformance.replay --impl conformance.controls:biased_std"):
         assert needle in text, (needle, text)
-
-
-def test_repro_command_replays_a_case(capsys):
-    from conformance import replay
-
-    case = regressions.load(regressions.EXAMPLES["plain"][0])
-    assert replay.main(["--impl", "conformance.controls:biased_std", "--case", case.dumps()]) == 1
-    assert replay.main(["--impl", "conformance.controls:baseline", "--case", case.dumps()]) == 0
-    assert "conforms" in capsys.readouterr().out
 
 
 def test_call_shapes_are_documented_and_enforced():
@@ -168,6 +158,19 @@ def test_call_shapes_are_documented_and_enforced():
         Subject(shape="jax")
 
 
+def _drawn(name: str) -> list:
+    """The cases property ``name`` checks in the run that grades the controls (conformance/report.py:
+    its settings, its seed, no local constants, so the same in every process), its check replaced
+    by a recorder: generation runs without the oracle."""
+    seen = []
+    prop = P.BY_NAME[name]
+    probe = dataclasses.replace(prop, check=lambda subject, case, name: seen.append(case))
+    with R.no_local_constants():
+        test = R.build_test(probe, Subject("impl.gdpo:gdpo_advantages"), R.control_settings())
+        seed(R.property_seed(prop))(test)()
+    return seen
+
+
 def test_the_large_property_draws_what_its_claim_says():
     """K coverage of ``large`` comes from hypothesis's generation (K is mixed from the drawn
     values): in the run that grades the controls (conformance/report.py: its settings, its
@@ -176,16 +179,7 @@ def test_the_large_property_draws_what_its_claim_says():
     modulo 2^32 and some in float64, and the very-large tier must appear: a group of more
     than 64 samples, one of more than 512, none beyond 600. The check is replaced by a
     recorder: generation runs without the oracle."""
-    import dataclasses
-
-    from hypothesis import seed
-
-    seen = []
-    prop = P.BY_NAME["large"]
-    probe = dataclasses.replace(prop, check=lambda subject, case, name: seen.append(case))
-    with R.no_local_constants():
-        test = R.build_test(probe, Subject("impl.gdpo:gdpo_advantages"), R.control_settings())
-        seed(R.property_seed(prop))(test)()
+    seen = _drawn("large")
     assert {c.k for c in seen} == set(range(1, 9)), sorted({c.k for c in seen})
     assert min(c.n for c in seen) > 64 and max(c.n for c in seen) >= 200, sorted({c.n for c in seen})
     assert max(len(c.segment_sizes or ()) for c in seen) > 4
@@ -204,16 +198,8 @@ def test_the_errors_property_puts_bad_rewards_in_zero_weight_columns():
     in the run that grades the controls, nan_reward and inf_reward each put the bad value in a
     column of weight 0 at least once (an implementation dropping such columns before validating
     computes there), and elsewhere too."""
-    from hypothesis import seed
-
-    seen = []
-    prop = P.BY_NAME["errors"]
-    probe = dataclasses.replace(prop, check=lambda subject, cases, name: seen.extend(
-        c for c in (cases if isinstance(cases, tuple) else (cases,)) if c.note in ("error:nan_reward",
-                                                                                   "error:inf_reward")))
-    with R.no_local_constants():
-        test = R.build_test(probe, Subject("impl.gdpo:gdpo_advantages"), R.control_settings())
-        seed(R.property_seed(prop))(test)()
+    seen = [c for cases in _drawn("errors") for c in (cases if isinstance(cases, tuple) else (cases,))
+            if c.note in ("error:nan_reward", "error:inf_reward")]
     for name in ("error:nan_reward", "error:inf_reward"):
         where = []
         for c in seen:

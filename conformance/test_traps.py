@@ -2,7 +2,7 @@
 
 Offsets that defeat naive statistics, constant-sum cancellation with bases up to
 2^53, float32 overflow and float64 values beyond float32 range. The brief's own
-figures are pinned as hex examples (conformance/regressions.py).
+figures are pinned as hex examples (conformance/regressions.json).
 """
 
 import pytest

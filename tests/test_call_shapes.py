@@ -29,7 +29,6 @@ from hypothesis import given
 from conformance import subject as shapes
 from conformance import properties as P
 from conformance import judge as J
-from conformance import checks as CK
 from conformance import error_cases as EC
 from conformance import runner as R
 from conformance import regressions
@@ -139,7 +138,7 @@ def _error_contract(subject: Subject, names) -> None:
     @R.control_settings()
     @given(cases=EC.error_cases(subject.context(), subject.shape, names=set(names)))
     def run(cases):
-        CK.check_error(subject, cases)
+        P.check_error(subject, cases)
 
     run()
 
@@ -497,7 +496,7 @@ def test_verl_oracle_bounds_units_in_subnormal_frames(mirror, case):
         live = ~stage.required_zero
         assert np.all(np.isfinite(stage.delta)) and np.all(stage.delta[live] > 0.0), stage.delta
         assert np.all(np.isfinite(stage.allowed("float32"))), stage.allowed("float32")
-    CK.check_values(mirror(), case)
+    P.check_values(mirror(), case)
 
 
 @pytest.mark.parametrize("convention", ["verl", "spec"])

@@ -356,7 +356,6 @@ def test_the_property_passes_a_certified_implementation_and_rejects_the_claim_wi
     (``--domain certified=true``) it is graded and rejected."""
     from hypothesis import settings
 
-    from conformance import checks as CK
     from conformance import profiles
     from conformance import properties as P
     from conformance import regressions
@@ -368,12 +367,12 @@ def test_the_property_passes_a_certified_implementation_and_rejects_the_claim_wi
     good = Subject("tests.test_certified_rounding:oracle_rounded")
     assert good.certifies() and good.unsupported(prop.needs) is None
     for case in R.planned_cases(prop, good, settings.get_profile("ci").max_examples):
-        CK.check_certified(good, case)
+        P.check_certified(good, case)
     claim = Subject("conformance.controls:claims_certified_rounding")
     for text in regressions.EXAMPLES["certified"]:
         case = regressions.load(text)
         with pytest.raises(J.ConformanceFailure) as info:
-            CK.check_certified(claim, case)
+            P.check_certified(claim, case)
         assert info.value.category == "rounding" and info.value.worst_ulps == 1.0
         msg = str(info.value)
         assert "is not the correctly rounded exact value" in msg, msg
@@ -384,8 +383,8 @@ def test_the_property_passes_a_certified_implementation_and_rejects_the_claim_wi
     declared = Subject("conformance.controls:baseline", domain=parse_domain(["certified=true"]))
     assert declared.certifies() and declared.domain() == {} and declared.unsupported(prop.needs) is None
     with pytest.raises(J.ConformanceFailure):
-        CK.check_certified(declared, regressions.load(regressions.EXAMPLES["certified"][0]))
-    CK.check_certified(base, regressions.load(regressions.EXAMPLES["certified"][0]))  # the error model: passes
+        P.check_certified(declared, regressions.load(regressions.EXAMPLES["certified"][0]))
+    P.check_certified(base, regressions.load(regressions.EXAMPLES["certified"][0]))  # the error model: passes
 
 
 # ------------------------------------------------------------------ the default: narrow formats

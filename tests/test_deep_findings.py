@@ -1,7 +1,7 @@
 """Findings of the conformance suite's deep profile (GDPO_HYPOTHESIS_PROFILE=deep), pinned.
 
 Each test states the property the finding violated, on the smallest input that shows it;
-the conformance replay of the same input lives in conformance/regressions.py.
+the conformance replay of the same input lives in conformance/regressions.json.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 
 from conformance import regressions
 from conformance.subject import Subject
-from conformance import checks as CK
+from conformance import properties as P
 from oracle import gdpo
 from spec import error_model as em
 
@@ -64,7 +64,7 @@ def test_framed_combine_keeps_every_row_whatever_the_weights():
 
 def test_pinned_case_conforms():
     case = regressions.load(regressions.EXAMPLES["testfloat"][0])
-    CK.check_values(Subject("impl.gdpo:gdpo_advantages", "gdpo", "spec"), case)
+    P.check_values(Subject("impl.gdpo:gdpo_advantages", "gdpo", "spec"), case)
 
 
 def test_unit_frame_keeps_a_huge_delta_beside_tiny_values_finite():
@@ -90,7 +90,7 @@ def test_impl_tiny_weight_beside_a_huge_one_on_a_collapsed_column():
     naive = ((c - c.mean()) / (c.std() + 1e-4)).numpy()
     res = gdpo.advantages(case.rewards_array(), case.labels(), weights=list(case.weights))
     assert np.all(np.abs(naive - res.float64) <= res.allowed("float64"))
-    CK.check_values(Subject("impl.gdpo:gdpo_advantages", "gdpo", "spec"), case)
+    P.check_values(Subject("impl.gdpo:gdpo_advantages", "gdpo", "spec"), case)
 
 
 @pytest.mark.parametrize("w1", [2.0 ** 126, 1.0])
@@ -128,7 +128,7 @@ def test_four_column_cancellation_is_not_structural():
 def test_normalize_judge_demands_only_structural_zeros():
     """check_normalize demanded an exact zero for every exactly cancelling group (deep profile,
     stage_normalize; the judge fixed in 0de4a4f)."""
-    CK.check_normalize(Subject("impl.gdpo:gdpo_advantages", "gdpo", "spec"), _four_column_cancellation())
+    P.check_normalize(Subject("impl.gdpo:gdpo_advantages", "gdpo", "spec"), _four_column_cancellation())
 
 
 def test_normalize_judge_permits_a_refusal_on_the_overflow_boundary():
@@ -145,5 +145,5 @@ def test_normalize_judge_permits_a_refusal_on_the_overflow_boundary():
     subject = Subject("impl.gdpo:gdpo_advantages", "gdpo", "spec")
     out = subject.outcome(subject.call_normalize, case)
     assert out.error_type == "OutOfRangeError", out.describe()
-    CK.check_normalize(subject, case)
-    CK.check_values(subject, case)  # gdpo_advantages scales the weights: computed, and within the model
+    P.check_normalize(subject, case)
+    P.check_values(subject, case)  # gdpo_advantages scales the weights: computed, and within the model

@@ -21,7 +21,7 @@ U = em.FLOAT64_UNIT_ROUNDOFF
 
 #: three weighted copies of one column with w1 + w2 + w3 = 0 exactly: every combined value
 #: is 0 in exact arithmetic (a collapsed unit), but not structurally (three live columns),
-#: so a correct float64 code whitens its own rounding noise (conformance/regressions.py, "eps")
+#: so a correct float64 code whitens its own rounding noise (conformance/regressions.json, "eps")
 NOISE_W = [float.fromhex(x) for x in ("0x1.1d0361dd0bf71p-2", "0x1.3b1b0f3282684p-3", "-0x1.ba90e9764d2b3p-2")]
 NOISE_COL = np.array([0.0, 1.0, 0.0, 1.0, 1.0, 0.0])
 NOISE_R = np.stack([NOISE_COL] * 3, 1)

@@ -28,7 +28,6 @@ import torch
 from conformance import controls as C
 from conformance import properties as P
 from conformance import judge as J
-from conformance import checks as CK
 from conformance import runner as R
 from conformance import regressions
 from conformance.cases import Case, DistCase, expected, expected_whiten
@@ -77,30 +76,30 @@ def test_the_cases_are_what_they_claim():
 
 @pytest.mark.parametrize("case", [TERM_OVERFLOW, TERM_OVERFLOW_ZERO], ids=["c_fits", "c_exact_zero"])
 def test_refusing_where_an_eq7_term_overflows_is_permitted(case):
-    CK.check_values(REFUSES, case, "weights")
-    CK.check_normalize(REFUSES, case)
-    CK.check_values(BASE, case, "weights")  # computing it is conforming too, and graded
-    CK.check_normalize(BASE, case)
+    P.check_values(REFUSES, case, "weights")
+    P.check_normalize(REFUSES, case)
+    P.check_values(BASE, case, "weights")  # computing it is conforming too, and graded
+    P.check_normalize(BASE, case)
 
 
 def test_a_computed_result_is_still_graded_where_a_term_overflows():
     wrong = _subject(lambda *a, **k: -C.baseline(*a, **k))
     with pytest.raises(J.ConformanceFailure, match="outside the error model"):
-        CK.check_values(wrong, TERM_OVERFLOW, "weights")
+        P.check_values(wrong, TERM_OVERFLOW, "weights")
     noisy = _subject(lambda *a, **k: C.baseline(*a, **k) + 2.0 ** -60)
     with pytest.raises(J.ConformanceFailure, match="exact result is exactly 0"):
-        CK.check_values(noisy, TERM_OVERFLOW_ZERO, "weights")
+        P.check_values(noisy, TERM_OVERFLOW_ZERO, "weights")
 
 
 @pytest.mark.parametrize("case", [NO_TERM_OVERFLOW, WDIV], ids=["weights_2^1000", "wdiv"])
 def test_refusing_where_no_term_overflows_is_rejected_saying_why(case):
     with pytest.raises(J.ConformanceFailure) as info:
-        CK.check_values(REFUSES, case, "weights")
+        P.check_values(REFUSES, case, "weights")
     text = str(info.value)
     assert "the contract computes this case" in text and "refusing is not allowed here" in text, text
     assert "no Eq. 7 term |w_k z_k| exceeds DBL_MAX" in text and "no reward is beyond float32's range" in text
     with pytest.raises(J.ConformanceFailure, match="refusing is not allowed here"):
-        CK.check_normalize(REFUSES, case)
+        P.check_normalize(REFUSES, case)
 
 
 def test_the_refuses_big_weights_control_is_still_rejected_by_its_pinned_example():
@@ -109,7 +108,7 @@ def test_the_refuses_big_weights_control_is_still_rejected_by_its_pinned_example
     case = regressions.load(regressions.EXAMPLES["testfloat"][0])
     assert J._eq7_term_overflow(case.weights, expected(case).result) is None
     with pytest.raises(J.ConformanceFailure, match="the contract computes this case"):
-        CK.check_values(REFUSES, case, "testfloat")
+        P.check_values(REFUSES, case, "testfloat")
 
 
 @pytest.mark.distributed
@@ -120,10 +119,10 @@ def test_refusing_on_every_rank_where_a_term_overflows_is_permitted():
         return DistCase(tuple(Case(case.rewards, group_ids=(0, 0, 0), weights=case.weights,
                                    segment_sizes=(3,)) for _ in range(2)))
 
-    CK.check_dist_values(REFUSES, dist(TERM_OVERFLOW))
-    CK.check_dist_values(BASE, dist(TERM_OVERFLOW))
+    P.check_dist_values(REFUSES, dist(TERM_OVERFLOW))
+    P.check_dist_values(BASE, dist(TERM_OVERFLOW))
     with pytest.raises(J.ConformanceFailure, match="refusing is not allowed here"):
-        CK.check_dist_values(REFUSES, dist(NO_TERM_OVERFLOW))
+        P.check_dist_values(REFUSES, dist(NO_TERM_OVERFLOW))
 
 
 # ----------------------------------------------------------------------------- B
@@ -147,7 +146,7 @@ def test_a_ratio_just_above_one_never_reads_as_one():
 def test_a_value_rounded_twice_is_named_with_the_correct_rounding():
     case = regressions.load(regressions.EXAMPLES["rounding"][0])  # float16 output just off a midpoint
     with pytest.raises(J.ConformanceFailure) as info:
-        CK.check_values(Subject(C.CONTROLS["double_rounding"].target), case, "rounding")
+        P.check_values(Subject(C.CONTROLS["double_rounding"].target), case, "rounding")
     text = str(info.value)
     assert "rounded twice?" in text and "the correctly rounded float16 value is 0.50048828125" in text, text
     assert "(error/allowed 1)" not in text and "error/allowed 1.00003" in text, text
@@ -168,19 +167,19 @@ def test_a_demanded_zero_names_its_clause_not_ulps():
                  normalize=lambda *a, **k: _noisy(C.baseline.normalize_rewards(*a, **k)),
                  whiten=lambda *a, **k: _noisy(C.baseline.whiten(*a, **k)))
     with pytest.raises(J.ConformanceFailure) as info:
-        CK.check_values(s, ANTIPAIR, "cancellation")
+        P.check_values(s, ANTIPAIR, "cancellation")
     text = str(info.value)
     assert "the exact result is exactly 0" in text and "ulp(float32)" not in text, text
     assert "columns 0 and 1 of group 0 are equal up to shift and sign" in text and "returned 0x1" in text, text
     assert "whitening unit 0 is collapsed" in text and "as for [" in text, text
     with pytest.raises(J.ConformanceFailure, match="structural cancellation") as info:
-        CK.check_normalize(s, ANTIPAIR)
+        P.check_normalize(s, ANTIPAIR)
     assert "ulp(float64)" not in str(info.value)
     with pytest.raises(J.ConformanceFailure, match="constant in group 0"):
-        CK.check_values(s, COLLAPSED, "collapse")
+        P.check_values(s, COLLAPSED, "collapse")
     const = Case(((3.0,), (3.0,), (3.0,)), group_size=3, dtype="float64")
     with pytest.raises(J.ConformanceFailure, match="given values are all equal"):
-        CK.check_whiten(s, const)
+        P.check_whiten(s, const)
 
 
 def test_a_rejected_refusal_says_what_the_contract_computes():
@@ -190,7 +189,7 @@ def test_a_rejected_refusal_says_what_the_contract_computes():
         raise OutOfRangeError("refused")
 
     with pytest.raises(J.ConformanceFailure) as info:
-        CK.check_values(_subject(refuse), ANTIPAIR, "plain")
+        P.check_values(_subject(refuse), ANTIPAIR, "plain")
     text = str(info.value)
     assert "refusing is not allowed here" in text and "largest |r| 1" in text, text
 
@@ -275,14 +274,14 @@ def test_a_plain_value_error_names_the_spec_errors_class():
 
     case = Case(((math.nan,), (0.0,)), group_size=2, note="error:nan_reward")
     J.NOTES.clear()
-    CK.check_error(_subject(plain), case)  # a clear refusal of another class: noted, not failed
+    P.check_error(_subject(plain), case)  # a clear refusal of another class: noted, not failed
     assert ("nan_reward", "ValueError") in J.NOTES["errors"], J.NOTES
     import os
 
     os.environ[J.STRICT_ENV] = "1"  # the strict error contract: it fails, naming the class expected
     try:
         with pytest.raises(J.ConformanceFailure) as info:
-            CK.check_error(_subject(plain), case)
+            P.check_error(_subject(plain), case)
     finally:
         del os.environ[J.STRICT_ENV]
     text = str(info.value)
@@ -376,14 +375,14 @@ def test_structural_cancellation_needs_mirrored_arithmetic(case):
     message names the three requirements of spec section 7. The same code with positional sums and
     separate products conforms."""
     assert case.weights == (0.3, 0.3) and expected(case).result.combined.required_zero.all()
-    CK.check_values(_subject(*MIRRORED), case, "cancellation")
-    CK.check_normalize(_subject(*MIRRORED), case)
+    P.check_values(_subject(*MIRRORED), case, "cancellation")
+    P.check_normalize(_subject(*MIRRORED), case)
     for name, trio in UNMIRRORED.items():
         with pytest.raises(J.ConformanceFailure) as info:
-            CK.check_normalize(_subject(*trio), case)
+            P.check_normalize(_subject(*trio), case)
         assert "no fused multiply-add" in str(info.value) and "order fixed by position" in str(info.value), name
         with pytest.raises(J.ConformanceFailure, match="exactly 0"):
-            CK.check_values(_subject(*trio), case, "cancellation")
+            P.check_values(_subject(*trio), case, "cancellation")
 
 
 def test_eq6_bound_holds_the_underflow_term_as_eq4_does():
@@ -393,14 +392,14 @@ def test_eq6_bound_holds_the_underflow_term_as_eq4_does():
     tau in the mean and the deviations. spec/error_model.py now adds it, scaled like c."""
     case = Case(((5e-324,), (1e-323,)), group_size=2, dtype="float64", out_dtype="float64")
     assert abs(float(expected_whiten(case.rewards_array()[:, 0], None, None, "spec").result.float64[0])) > 1e-320
-    CK.check_whiten(_subject(*MIRRORED), case)
+    P.check_whiten(_subject(*MIRRORED), case)
 
     def std_alone(values, **kw):  # eps left out: +-0.7071 where the exact values are +-2.5e-320
         return MIRRORED[2](torch.as_tensor(values, dtype=torch.float64) * 2.0 ** 1000, out_dtype=kw["out_dtype"],
                            eps=0.0)
 
     with pytest.raises(J.ConformanceFailure, match="outside the error model"):
-        CK.check_whiten(_subject(*MIRRORED[:2], std_alone), case)  # a term of noise, not of signal
+        P.check_whiten(_subject(*MIRRORED[:2], std_alone), case)  # a term of noise, not of signal
 
 
 # ----------------------------------------------------------------------------- G

@@ -7,7 +7,7 @@ property stops at 100).
   2^960 there the frame is lifted (oracle/exact.py ``eps_floor``); it raised OverflowError
   for eps above about 2^123 on a column whose range sits at the bottom of float64.
 * impl.gdpo (advantages, normalize_rewards, whiten) is graded against the oracle with the
-  conformance checks themselves (conformance/checks.py, conformance/judge.py), tolerances
+  conformance checks themselves (conformance/properties.py, conformance/judge.py), tolerances
   from the spec's error model, on rewards down to the subnormals, up to DBL_MAX, and collapsed groups.
 * The verl mirror (tests/verl_mirror.py) is right in float64 in tiny frames, where its eps
   in the frame used to be capped at 2^1023 (a too large by about 2^88 at c ~ 2^-600).
@@ -31,7 +31,6 @@ from hypothesis import given
 from conformance import subject as shapes
 from conformance import properties as P
 from conformance import judge as J
-from conformance import checks as CK
 from conformance import runner as R
 from conformance import strategies as S
 from conformance.cases import Case
@@ -108,13 +107,13 @@ KINDS = ("binary", "plain", "tiny", "huge", "beyond32", "constant", "runs", "tes
 #: weights magnify an underflowed z: test_eq4_bound_covers_z_underflow_under_large_weights).
 HUGE_EPS_PROPERTIES = (
     P.Property("huge_eps_values", "decisions", "Eq. 4, 7, 6", "eps from 2^60 to DBL_MAX",
-               P._values(kinds=KINDS, eps_values=HUGE_EPS), CK.check_values, frozenset({"values", "eps"})),
+               P._values(kinds=KINDS, eps_values=HUGE_EPS), P.check_values, frozenset({"values", "eps"})),
     P.Property("huge_eps_normalize", "equations", "Eq. 4 + 7", "normalize_rewards, eps from 2^60 to DBL_MAX",
-               P._values(kinds=KINDS, eps_values=HUGE_EPS, unit_modes=()), CK.check_normalize, frozenset({"values", "stages", "eps"})),
+               P._values(kinds=KINDS, eps_values=HUGE_EPS, unit_modes=()), P.check_normalize, frozenset({"values", "stages", "eps"})),
     P.Property("huge_eps_whiten", "units", "Eq. 6", "whiten, eps from 2^60 to DBL_MAX",
                P._values(kinds=("plain", "testfloat", "constant", "runs", "near_constant", "huge", "tiny"),
                          pairs=(), k_max=1, eps_values=HUGE_EPS, unit_modes=("none", "groups", "free")),
-               CK.check_whiten, frozenset({"values", "stages", "eps"})),
+               P.check_whiten, frozenset({"values", "stages", "eps"})),
 )
 
 
@@ -142,10 +141,10 @@ PINNED = [
 def test_impl_on_pinned_huge_eps_inputs(rows, eps):
     for out_dtype in ("float64", "float32"):
         case = _case(rows, eps, out_dtype)
-        CK.check_values(IMPL, case)
-        CK.check_normalize(IMPL, case)
+        P.check_values(IMPL, case)
+        P.check_normalize(IMPL, case)
         if len(rows[0]) == 1:
-            CK.check_whiten(IMPL, dataclasses.replace(case, group_size=None, group_ids=(0,) * len(rows)))
+            P.check_whiten(IMPL, dataclasses.replace(case, group_size=None, group_ids=(0,) * len(rows)))
 
 
 #: A correct float64 code rounds z once; where that rounding underflows (|z| near or below
@@ -172,7 +171,7 @@ def test_eq4_bound_covers_z_underflow_under_large_weights(check, case):
     got = IMPL.stage("normalize_rewards")(torch.tensor(case.rewards_array()), group_size=case.group_size,
                                           weights=[1.0], eps=case.eps)
     assert np.array_equal(got.numpy(), z.float64[:, 0]), (got, z.float64)
-    (CK.check_values if check == "values" else CK.check_normalize)(IMPL, case)
+    (P.check_values if check == "values" else P.check_normalize)(IMPL, case)
 
 
 # ------------------------------------------------------------------ the verl mirror

@@ -17,7 +17,6 @@ from conformance import properties as P
 
 from conformance import judge as J
 
-from conformance import checks as CK
 from conformance import runner as R
 from conformance import report
 from conformance.judge import distance
@@ -50,7 +49,7 @@ def test_a_correct_float32_code_passes_at_float32():
 
     subject = Subject("_native_impls:trl_float32", "trl", "trl")
     binary = Case(rewards=((0.0,), (1.0,), (0.0,), (1.0,)), group_size=2, dtype="float32", out_dtype="float32")
-    CK.check_values(subject, binary, "plain")  # raises ConformanceFailure if it fails
+    P.check_values(subject, binary, "plain")  # raises ConformanceFailure if it fails
     e = _grade("plain", "_native_impls:trl_float32", "trl", "trl")
     assert e is not None and e.category == "non_finite", e
 
@@ -142,9 +141,9 @@ def test_a_column_zeroed_by_float32_overflow_is_a_silent_zero_with_its_explanati
     subject = Subject("_native_impls:trl_squares_overflow", "trl", "trl")
     case = Case(rewards=((1e20,), (0.0,), (0.0,), (1.0,)), group_size=2, dtype="float32", out_dtype="float32")
     with pytest.raises(J.ConformanceFailure) as info:
-        CK.check_values(subject, case, "range")
+        P.check_values(subject, case, "range")
     e = info.value
     assert e.category == "silent_zero", e
     assert "group 0 column 0 set to 0" in str(e) and "overflow float32" in str(e), e
     # the same code on rewards that fit: within float32's precision
-    CK.check_values(subject, Case(rewards=((3.0,), (0.0,), (0.0,), (1.0,)), group_size=2), "plain")
+    P.check_values(subject, Case(rewards=((3.0,), (0.0,), (0.0,), (1.0,)), group_size=2), "plain")
