@@ -10,9 +10,7 @@ file after every part, so a run cut short still leaves what it did:
 3. **nccl_world1**: the distributed properties at world size 1 over NCCL (NCCL
    refuses two ranks on one GPU, "Duplicate GPU detected");
 4. **gloo_cuda_2**: the distributed properties with CUDA tensors over gloo,
-   2 processes sharing the one GPU;
-5. **nccl_world1_fused**: part 3 with ``GDPO_FUSED=1`` (the fused kernels' statistics
-   exchanged over NCCL).
+   2 processes sharing the one GPU.
 
 Budget: ``--examples`` per property (default 40, the ci profile's), derandomized;
 ``--deadline`` seconds for the whole run (default 170): parts that would start after
@@ -24,13 +22,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import platform
 import subprocess
 import sys
 import time
 import traceback
-from unittest import mock
 
 import numpy as np
 import torch
@@ -110,26 +106,6 @@ def _dist_variant(prop, world: int):
                                world=world)
 
 
-#: In the fused part a rank whose fused path fails (or is unavailable) must not answer with the
-#: plain path unseen: its warning is an error there, so the property fails.
-FUSED_WARNINGS_ARE_ERRORS = ("error:the fused path failed:RuntimeWarning,"
-                             "error:GDPO_FUSED is set but the fused path is unavailable:RuntimeWarning")
-
-
-def _fused_env(dry_run_cpu: bool) -> dict:
-    """GDPO_FUSED for the ranks: compiled kernels on a GPU, Triton's interpreter in a dry run
-    (set before the ranks import Triton, which they do after they start); a fallback of the
-    fused path raises in them (PYTHONWARNINGS) instead of passing on the plain path's bits."""
-    env = {"GDPO_FUSED": "interpret", "TRITON_INTERPRET": "1"} if dry_run_cpu else {"GDPO_FUSED": "1"}
-    return {**env, "PYTHONWARNINGS": FUSED_WARNINGS_ARE_ERRORS}
-
-
-def _in_env(env: dict, fn):
-    """``fn()`` with ``env`` set in the environment (restored after)."""
-    with mock.patch.dict(os.environ, env):
-        return fn()
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m conformance.gpu_check", description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True, help="results file (JSON)")
@@ -171,11 +147,6 @@ def main(argv=None) -> int:
                                                args.examples) for p in dist]),
         ("gloo_cuda_2", lambda: [_run_property(_dist_variant(p, 2), Subject(args.impl, device=dev, backend="gloo"),
                                                args.examples) for p in dist]),
-        # the fused path's distributed statistics (impl._fused.Local) over NCCL: its ranks are new
-        # processes, started after GDPO_FUSED is set (a kernel failure there warns and falls back)
-        ("nccl_world1_fused", lambda: _in_env(_fused_env(args.dry_run_cpu), lambda: [
-            _run_property(_dist_variant(p, 1), Subject(args.impl, device=dev, backend=nccl), args.examples)
-            for p in dist])),
     ]
     ok = True
     for name, fn in parts:

@@ -60,16 +60,15 @@ _I64 = torch.int64
 
 
 def _through_stats(plan, device, x: torch.Tensor | None = None):
-    """Eq. 4, Eq. 7 and this rank's Eq. 6 statistics of the rewards (whiten: the values ``x``) on
-    the plan's backends (:func:`through_stats`): (plan, loc, facts, the statistics' table on
-    ``device``, computed here so that a fused failure reruns them on the plain plan)."""
+    """Eq. 4, Eq. 7 and this rank's Eq. 6 statistics of the rewards (whiten: the values ``x``)
+    (:func:`impl._pipeline.through_stats`): (loc, facts, the statistics' table on ``device``)."""
     x = plan.inp.rewards if x is None else x
     if x.shape[0]:
         dev = _pipeline.through_stats(plan, x, {})
     else:  # no rows here: no groups, empty statistics
         c = x.new_empty(0, dtype=_F64)
-        dev = _pipeline.Device({}, c=c, loc=plan.eq6b.eq6_stats(plan, c, {}))
-    return plan, dev.loc, dev.facts, dev.loc.table(device)
+        dev = _pipeline.Device({}, c=c, loc=W.eq6_stats(plan, c, {}))
+    return dev.loc, dev.facts, dev.loc.table(device)
 
 
 def _device_row(host: dict[int, int], facts: dict, device) -> torch.Tensor:
@@ -154,11 +153,11 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
             if plan.prep is not None:
                 device_facts.update(plan.prep.facts)
             else:  # contiguous groups: all local work before the agreement
-                plan, loc, facts, mine = _pipeline.guard(plan, lambda p: _through_stats(p, data_device))
+                loc, facts, mine = _through_stats(plan, data_device)
                 device_facts.update(facts)
         else:
             plan = _pipeline.distributed(_pipeline.WHITEN, eps, out_dtype, sizes, mode, values=v)
-            plan, loc, facts, mine = _pipeline.guard(plan, lambda p: _through_stats(p, data_device, v))
+            loc, facts, mine = _through_stats(plan, data_device, v)
             device_facts.update(facts)
             if n:  # the unit of the first non-finite value
                 ends = host_to_device(list(itertools.accumulate(sizes)), _I64, data_device)
@@ -221,7 +220,7 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
     try:
         plan = _pipeline.agreed(plan, agreed, rank)  # labelled groups: their layout (it needs G and n_max)
         if plan.prep is not None:  # labelled groups compute Eq. 4/7 now
-            plan, loc, overflow_row, mine = _pipeline.guard(plan, lambda p: _through_stats(p, data_device))
+            loc, overflow_row, mine = _through_stats(plan, data_device)
             buf.stats[rank, :units] = mine.to(comm)
     except Exception as exc:  # noqa: BLE001 - reported to the peers, raised here
         failure = exc
@@ -247,10 +246,7 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
     if failure is None:
         try:
             st = W.merge(buf.stats[:, :units].to(data_device))
-            def apply(p):  # the plain plan after a failed fused apply: the plain statistics of the same c
-                mine = loc if p.eq6b is plan.eq6b else W.local_stats(loc.units.v, sizes, eps)
-                return p.eq6b.eq6_apply(p, mine, st, p.write)
-            a = _pipeline.guard(plan, apply)
+            a = W.eq6_apply(plan, loc, st, plan.write)
             if late:
                 _late_row(buf.late[rank], overflow_row if check_overflow else {}, a if reachable else None,
                           out_dtype)

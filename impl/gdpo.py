@@ -19,15 +19,12 @@ tensors, or Python/NumPy sequences read as float64; ``process_group=None`` is a 
 with a group a rank may hold no rows; groups of Eq. 4 never span ranks. Only float8 outputs can
 fail their cast (OutOfRangeError): a whitened value is at most (n-1)/sqrt(n).
 
-``GDPO_FUSED=1`` (opt-in, needs Triton): calls on CUDA tensors run as a few fused Triton kernels
-with the same bits; which calls take it is listed once, in ``impl._fused``'s docstring.
-
 Host synchronisations on CUDA: one per call (the read of the facts row or the agreement table),
 after every kernel of a contiguous-group call is queued (labelled groups read their shape there,
 before Eq. 4). More only where stated: weights or segment_sizes given as CUDA tensors (pass
 lists), more than 32 units across ranks, the float8 cast check, labelled groups so ragged that
 padding would exceed 4x the batch, weights so large that Eq. 7 may overflow float64,
-``missing="unscored"`` (the scored rows' mask; it also takes the plain path), and refused calls.
+``missing="unscored"`` (the scored rows' mask), and refused calls.
 
 Missing rewards: ``missing="refuse"`` (the default) refuses a NaN reward; ``missing="unscored"``
 reads it as one its reward function did not score (spec/gdpo.md section 2).
@@ -191,8 +188,8 @@ def gdpo_advantages(rewards, *, group_ids=None, group_size=None, weights=None, s
     left out of its unit's Eq. 6 statistics (count and moments, across ranks too); a unit
     with fewer than two scored rows gives 0 throughout, while a unit of one row is still a
     SegmentError. Every rank must pass the same ``missing``; ``diagnostics`` then also
-    counts the unscored rows of all ranks. Costs: the plain path (no ``GDPO_FUSED``, no
-    CUDA graph) and one more host read (the scored rows), the same collectives.
+    counts the unscored rows of all ranks. Costs: no CUDA graph and one more host read (the
+    scored rows), the same collectives.
     ``torch.distributed.group.WORLD`` is None before ``init_process_group``, so passing it
     then runs a local call. certified: None (``GDPO_CERTIFIED``, else "narrow"), "narrow", "all"
     (or True) or "off" (or False); every rank must pass the same (module docstring).

@@ -241,13 +241,12 @@ def test_tensors_on_a_device_other_than_cpu_or_cuda_are_refused():
         gdpo.normalize_rewards(torch.zeros(4, 2, device="meta"), group_size=2)
 
 
-@pytest.mark.parametrize("var, value", [("GDPO_FUSED", "true"), ("GDPO_CUDA_GRAPHS", "yes")])
+@pytest.mark.parametrize("var, value", [("GDPO_CUDA_GRAPHS", "yes")])
 def test_an_unknown_switch_value_warns_instead_of_meaning_off_silently(monkeypatch, var, value):
-    """GDPO_FUSED=true or GDPO_CUDA_GRAPHS=yes used to mean "off" without a word."""
-    from impl import _fused, _pipeline
+    """GDPO_CUDA_GRAPHS=yes used to mean "off" without a word."""
+    from impl import _pipeline
 
     monkeypatch.setenv(var, value)
-    monkeypatch.setitem(_fused._STATE, "warned_value", None)
     monkeypatch.setattr(_pipeline, "_WARNED", set())
     with pytest.warns(RuntimeWarning, match=f"{var}='{value}' is not"):
         gdpo.gdpo_advantages(R, group_size=2)
