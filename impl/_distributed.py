@@ -34,20 +34,7 @@ from impl import _problems as P
 from impl import _whiten as W
 from impl._certify import dd as _dd
 from impl._pipeline import cast_limit, cast_reachable
-from impl._inputs import (
-    Problem,
-    check_diagnostics,
-    _shown,
-    check_certified,
-    check_eps,
-    check_missing,
-    check_out_dtype,
-    check_process_state,
-    check_rewards,
-    check_segments,
-    check_values,
-    rewards_host,
-)
+from impl._inputs import Problem, _shown, check_call
 from impl._eq47 import overflow_possible
 from impl._segments import host_to_device
 from spec.constants import REFUSAL_WORDS_BYTES
@@ -124,28 +111,11 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
     try:
         if refused is not None:  # the adapter refused this rank's input: join the agreement, refused
             raise Problem(P.P_REFUSED, P.refusal_code(refused))
-        check_process_state()
-        check_diagnostics(diagnostics)
-        eps = check_eps(eps)
-        host[P.EPS_BITS] = P.float_bits(eps)
-        out_dtype = check_out_dtype(out_dtype)
-        host[P.OUT_DTYPE] = P.dtype_code(out_dtype)
-        mode = check_certified(certified)
-        host[P.CERTIFIED] = P.CERTIFIED_CODES[mode]
-        if api == P.API_GDPO:
-            missing = check_missing(missing)
-            inp = check_rewards(rewards, group_ids, group_size, weights, allow_empty_rows=True, missing=missing)
-            n, dtype = inp.n, inp.rewards.dtype
-            host.update(rewards_host(inp))
-            host[P.WEIGHTS_FP] = P.weights_fingerprint(inp.weights, COLUMN_NAMES.get())
-        else:
-            v = check_values(values)
-            n, dtype = v.shape[0], v.dtype
-        host.update({P.ROWS: n, P.DTYPE: P.dtype_code(dtype), P.DEVICE: P.device_code(data_device)})
-        sizes, given = check_segments(segment_sizes, n)
-        host.update({P.UNITS: len(sizes), P.SEG_NONE: int(not given)})
-        for j, s in enumerate(sizes[: P.COUNT_SLOTS]):
-            host[P.COUNTS + j] = s
+        call = check_call(host, rewards=rewards, group_ids=group_ids, group_size=group_size, weights=weights,
+                          values=values, whiten=api == P.API_WHITEN, segment_sizes=segment_sizes, eps=eps,
+                          out_dtype=out_dtype, missing=missing, diagnostics=diagnostics, certified=certified,
+                          ranks=True, names=COLUMN_NAMES.get())
+        inp, v, sizes, eps, out_dtype, mode = call.inp, call.values, call.sizes, call.eps, call.out_dtype, call.mode
         if api == P.API_GDPO:
             plan = _pipeline.distributed(_pipeline.GDPO, eps, out_dtype, sizes, mode, inp=inp)  # labelled: phase one
             if plan.scored is not None:
@@ -159,7 +129,7 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
             plan = _pipeline.distributed(_pipeline.WHITEN, eps, out_dtype, sizes, mode, values=v)
             loc, facts, mine = _through_stats(plan, data_device, v)
             device_facts.update(facts)
-            if n:  # the unit of the first non-finite value
+            if v.shape[0]:  # the unit of the first non-finite value
                 ends = host_to_device(list(itertools.accumulate(sizes)), _I64, data_device)
                 device_facts[P.NF_VALUE_UNIT] = torch.searchsorted(ends, device_facts[P.NF_VALUE], right=True)
         # Collectives 2 and 3's buffer, before the agreement: after it, a failing rank allocates

@@ -84,7 +84,8 @@ def standardize_groups(rewards, *, group_ids=None, group_size=None, eps=DEFAULT_
 
     Arguments and refusals as in :func:`normalize_rewards` (no weights: Eq. 7 is not applied).
     """
-    call = _inputs.check_normalize(rewards, group_ids, group_size, None, eps, missing, diagnostics)
+    call = _inputs.check_local(rewards=rewards, group_ids=group_ids, group_size=group_size, eps=eps,
+                               missing=missing, diagnostics=diagnostics, eq6=False)
     return _pipeline.run(call, _pipeline.STANDARDIZE, diagnostics)
 
 
@@ -125,7 +126,8 @@ def normalize_rewards(rewards, *, group_ids=None, group_size=None, weights=None,
     NonFiniteError (first bad row, column and group), GroupError, WeightError,
     OutOfRangeError (Eq. 7 overflows float64).
     """
-    call = _inputs.check_normalize(rewards, group_ids, group_size, weights, eps, missing, diagnostics)
+    call = _inputs.check_local(rewards=rewards, group_ids=group_ids, group_size=group_size, weights=weights,
+                               eps=eps, missing=missing, diagnostics=diagnostics, eq6=False)
     return _pipeline.run(call, _pipeline.NORMALIZE, diagnostics)
 
 
@@ -148,7 +150,8 @@ def group_has_signal(rewards, *, group_ids=None, group_size=None, weights=None, 
     Groups are ordered by first appearance (group_ids) or contiguously (group_size).
     ``missing`` and ``diagnostics`` as in :func:`normalize_rewards` (an unscored row's c is 0).
     """
-    call = _inputs.check_normalize(rewards, group_ids, group_size, weights, eps, missing, diagnostics)
+    call = _inputs.check_local(rewards=rewards, group_ids=group_ids, group_size=group_size, weights=weights,
+                               eps=eps, missing=missing, diagnostics=diagnostics, eq6=False)
     return _pipeline.run(call, _pipeline.SIGNAL, diagnostics)
 
 
@@ -170,7 +173,9 @@ def whiten(values, *, segment_sizes=None, process_group=None, eps=DEFAULT_EPS, o
     then runs a local call. certified: the rounding's certificate, as in :func:`gdpo_advantages`.
     """
     if process_group is None:
-        return _pipeline.run(_inputs.check_whiten(values, segment_sizes, eps, out_dtype, certified), _pipeline.WHITEN)
+        call = _inputs.check_local(values=values, whiten=True, segment_sizes=segment_sizes, eps=eps,
+                                   out_dtype=out_dtype, certified=certified)
+        return _pipeline.run(call, _pipeline.WHITEN)
     return _distributed.run_distributed(_P.API_WHITEN, process_group, values=values, segment_sizes=segment_sizes,
                                         eps=eps, out_dtype=out_dtype, certified=certified)[0]
 
@@ -195,8 +200,9 @@ def gdpo_advantages(rewards, *, group_ids=None, group_size=None, weights=None, s
     (or True) or "off" (or False); every rank must pass the same (module docstring).
     """
     if process_group is None:
-        call = _inputs.check_gdpo(rewards, group_ids, group_size, weights, segment_sizes, eps, out_dtype, missing,
-                                  diagnostics, certified)
+        call = _inputs.check_local(rewards=rewards, group_ids=group_ids, group_size=group_size, weights=weights,
+                                   segment_sizes=segment_sizes, eps=eps, out_dtype=out_dtype, missing=missing,
+                                   diagnostics=diagnostics, certified=certified)
         return _pipeline.run(call, _pipeline.GDPO, diagnostics)
     return _distributed.run_distributed(_P.API_GDPO, process_group, rewards=rewards, group_ids=group_ids,
                                         group_size=group_size, weights=weights, segment_sizes=segment_sizes,
