@@ -170,27 +170,6 @@ def unreadable(x, type_code: int, overflow: bool) -> Problem:
     return whole
 
 
-def _eps_kind(eps) -> int:
-    """0 for a real number eps (an int, a float, a NumPy real scalar, a 0-d real tensor),
-    else what it is instead (the codes of P.P_EPS_TYPE)."""
-    if eps is None:
-        return 1
-    if isinstance(eps, torch.Tensor):
-        return 5 if eps.dim() else 2 if eps.dtype == torch.bool else 4 if eps.is_complex() else 0
-    kind = _np_kind(eps)  # NumPy scalars and arrays
-    if kind is not None:
-        return 5 if getattr(eps, "ndim", 0) != 0 else {"b": 2, "c": 4}.get(kind, 0 if kind in "iuf" else 6)
-    if isinstance(eps, bool):
-        return 2
-    if isinstance(eps, (str, bytes)):
-        return 3
-    if isinstance(eps, complex):
-        return 4
-    if isinstance(eps, (collections.abc.Sequence, collections.abc.Set, collections.abc.Mapping)):
-        return 5
-    return 0 if isinstance(eps, numbers.Real) else 6
-
-
 def check_process_state() -> None:
     """This thread's floating point as exact results need it: neither flush-to-zero nor
     denormals-are-zero on (a subnormal reward, weight or intermediate would read as 0). Checked
@@ -201,16 +180,21 @@ def check_process_state() -> None:
 
 
 def check_eps(eps) -> float:
-    kind = _eps_kind(eps)
-    if kind:
-        raise Problem(P.P_EPS_TYPE, kind)
+    """eps as a float: a real number (an int, a float, a NumPy real scalar, a 0-d real tensor),
+    finite and >= 0."""
+    real_tensor = isinstance(eps, torch.Tensor) and eps.dim() == 0 and not (eps.is_complex() or eps.dtype == torch.bool)
+    what, value, detail = (0, 0, "") if real_tensor else _not_a_number(eps)
+    if not what and not (real_tensor or isinstance(eps, numbers.Real) or _np_kind(eps)):
+        what, detail = P.K_OTHER, _of_type(eps)  # a list, a Decimal, ...
+    if what:
+        raise Problem(P.P_EPS_TYPE, what, value, detail=detail)
     _check_device(eps, P.ARG_EPS)
     try:
         value = float(eps)
     except OverflowError:  # an int beyond float64
         raise Problem(P.P_EPS, P.float_bits(math.inf), 1) from None
     except (TypeError, ValueError, RuntimeError):
-        raise Problem(P.P_EPS_TYPE, 6) from None
+        raise Problem(P.P_EPS_TYPE, P.K_OTHER, detail=_of_type(eps)) from None
     if not (math.isfinite(value) and value >= 0.0):
         raise Problem(P.P_EPS, P.float_bits(value))
     return value + 0.0  # -0.0 is 0.0: ranks passing either agree

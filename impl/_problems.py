@@ -362,10 +362,9 @@ P_SEGMENT_INT64 = _problem(30, SegmentError, lambda a, b, c, detail="": f"segmen
                            "int64 (|size| >= 2**63)" + (f": got {detail}" if detail else ""))
 P_DEVICE = _problem(31, InputDtypeError, lambda a, b, c: f"{_ARG_NAMES.get(a, 'an argument')} is on a device of "
                     f"type {_DEVICE_NAMES.get(b, b)}; impl.gdpo computes on CPU or CUDA tensors (float64 inside)")
-P_EPS_TYPE = _problem(32, InputDtypeError, lambda a, b, c: "eps must be a real number (an int, a float, a NumPy real "
-                      "scalar or a 0-d real tensor); got " + {
-                          1: "None", 2: "a bool", 3: "a string", 4: "a complex number",
-                          5: "a sequence or an array of more than 0 dimensions"}.get(a, "another type"))
+#: a: what eps is instead (K_*), b: a bool's value
+P_EPS_TYPE = _problem(32, InputDtypeError, lambda a, b, c, detail="": "eps must be a real number (an int, a float, a "
+                      f"NumPy real scalar or a 0-d real tensor); got {_what(a, b, detail)}")
 P_REFUSED = _problem(33, GDPOError, _refused)  # a: refusal_code of the adapter's refusal
 P_WEIGHTS_ITEM = _problem(34, WeightError, _item_words(
     "weights", "reward column", "weights are real numbers (ints, floats, NumPy real scalars)",
