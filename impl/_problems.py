@@ -196,7 +196,7 @@ def _problem(code: int, cls: type, words) -> int:
     return code
 
 
-def _type_words(arg: str):
+def type_words(arg: str):
     def fmt(a, b, c, detail=""):
         if a == 1:  # an int beyond float64, somewhere (the entry is named by P_*_ENTRY where it is found)
             return f"{arg} must be a tensor or a sequence of floats; a value does not fit float64 (a Python int " \
@@ -205,13 +205,13 @@ def _type_words(arg: str):
     return fmt
 
 
-def _dtype_words(arg: str, eq: str):
+def dtype_words(arg: str, eq: str):
     return lambda a, b, c: (f"{arg} has dtype {dtype_name(a)}; {eq} needs a real floating dtype ({_INPUT_NAMES})"
                             + (f"; float8 is an output format only: pass {arg}.float() (exact)"
                                if dtype_name(a).startswith("float8") else ""))
 
 
-def _layout_words(arg: str):
+def layout_words(arg: str):
     def fmt(a, b, c):
         name = _LAYOUT_NAMES[a - 1] if 1 <= a <= len(_LAYOUTS) else None
         if a == _NESTED_STRIDED or name == "jagged":  # torch reports a nested tensor's layout as strided
@@ -319,8 +319,8 @@ _ARG_NAMES = {ARG_REWARDS: "rewards", ARG_VALUES: "values", ARG_GROUP_IDS: "grou
               ARG_SEGMENTS: "segment_sizes", ARG_EPS: "eps"}
 _INTS = "(Python ints, NumPy integers)"
 
-P_REWARDS_TYPE = _problem(1, InputDtypeError, _type_words("rewards"))
-P_REWARDS_DTYPE = _problem(2, InputDtypeError, _dtype_words("rewards", "Eq. 4"))
+P_REWARDS_TYPE = _problem(1, InputDtypeError, type_words("rewards"))
+P_REWARDS_DTYPE = _problem(2, InputDtypeError, dtype_words("rewards", "Eq. 4"))
 P_REWARDS_NDIM = _problem(3, ShapeError, "rewards must be (N,) or (N, K); got a {a}-D tensor")
 P_REWARDS_EMPTY = _problem(4, ShapeError, "rewards is empty (N={a} rows, K={b} reward columns)")
 P_GROUPS_BOTH = _problem(5, GroupError, "pass exactly one of group_ids and group_size, not both")
@@ -341,8 +341,8 @@ P_WEIGHTS_ZERO = _problem(16, WeightError, "all {a} weights are zero: Eq. 7 woul
 P_WEIGHTS_INEXACT = _problem(17, WeightError, lambda a, b, c, detail="": f"weights[{a}] (reward column {a}) is " + (
     f"{detail or 'a number'}, beyond float64's range (|w| <= 1.797e308)" if b else
     "a number float64 cannot hold exactly"))
-P_VALUES_TYPE = _problem(18, InputDtypeError, _type_words("values"))
-P_VALUES_DTYPE = _problem(19, InputDtypeError, _dtype_words("values", "Eq. 6"))
+P_VALUES_TYPE = _problem(18, InputDtypeError, type_words("values"))
+P_VALUES_DTYPE = _problem(19, InputDtypeError, dtype_words("values", "Eq. 6"))
 P_VALUES_NDIM = _problem(20, ShapeError, "values must be 1-D (N,); got a {a}-D tensor")
 P_SEGMENTS_TYPE = _problem(21, SegmentError, _sequence_words(
     "segment_sizes must be a 1-D sequence or tensor of non-negative ints", "sizes in unit", "units"))
@@ -369,11 +369,11 @@ P_REFUSED = _problem(33, GDPOError, _refused)  # a: refusal_code of the adapter'
 P_WEIGHTS_ITEM = _problem(34, WeightError, _item_words(
     "weights", "reward column", "weights are real numbers (ints, floats, NumPy real scalars)",
     lambda b, c: "; pass the weights as one (K,) tensor or a list of numbers" if b == K_TENSOR else ""))
-P_REWARDS_LAYOUT = _problem(35, InputDtypeError, _layout_words("rewards"))
-P_VALUES_LAYOUT = _problem(36, InputDtypeError, _layout_words("values"))
-P_GROUP_IDS_LAYOUT = _problem(37, GroupError, _layout_words("group_ids"))
-P_WEIGHTS_LAYOUT = _problem(38, WeightError, _layout_words("weights"))
-P_SEGMENTS_LAYOUT = _problem(39, SegmentError, _layout_words("segment_sizes"))
+P_REWARDS_LAYOUT = _problem(35, InputDtypeError, layout_words("rewards"))
+P_VALUES_LAYOUT = _problem(36, InputDtypeError, layout_words("values"))
+P_GROUP_IDS_LAYOUT = _problem(37, GroupError, layout_words("group_ids"))
+P_WEIGHTS_LAYOUT = _problem(38, WeightError, layout_words("weights"))
+P_SEGMENTS_LAYOUT = _problem(39, SegmentError, layout_words("segment_sizes"))
 #: b: what the label is instead (K_*); c: a bool's value, a float's bits, 1 for an int beyond int64
 #: that a uint64 tensor could hold
 P_GROUP_IDS_ITEM = _problem(40, GroupError, _item_words(
@@ -389,7 +389,7 @@ P_VALUES_ENTRY = _problem(43, InputDtypeError, lambda a, b, c, detail="": entry_
 P_REWARDS_RAGGED = _problem(44, InputDtypeError, lambda a, b, c, detail="": ragged_message("rewards", a, b, c, detail))
 P_VALUES_RAGGED = _problem(45, InputDtypeError, lambda a, b, c, detail="": ragged_message("values", a, b, c, detail))
 # Eq. 7 alone (impl.gdpo.combine) on given z, local only: its own words for z
-P_Z_DTYPE = _problem(46, InputDtypeError, _dtype_words("z", "Eq. 7"))
+P_Z_DTYPE = _problem(46, InputDtypeError, dtype_words("z", "Eq. 7"))
 P_Z_NDIM = _problem(47, ShapeError, "z must be (N,) or (N, K); got a {a}-D tensor")
 P_Z_EMPTY = _problem(48, ShapeError, "z is empty (N={a} rows, K={b} reward columns)")
 P_Z_NONFINITE = _problem(49, NonFiniteError, lambda a, b, c: f"z[{a}, {b}] (row {a}, reward column {b}) is {_KINDS[c]}")
