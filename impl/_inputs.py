@@ -112,26 +112,20 @@ def _is_row(x) -> bool:
 
 def _unreadable_number(x) -> tuple[int, str] | None:
     """What an entry of a rewards / values sequence is, if torch cannot read it as a number
-    (a P.K_* code and the caller's value, as text); None if it can."""
-    if isinstance(x, torch.Tensor):
-        return None if x.dim() == 0 else (P.K_TENSOR, f"shape {tuple(x.shape)}")
-    kind = _np_kind(x)
-    if kind is not None:
-        if getattr(x, "ndim", 0) != 0:
-            return P.K_ARRAY, f"shape {tuple(x.shape)}"
-        return None if kind in "biufc" else (P.K_OTHER, _of_type(x))
-    if isinstance(x, bool):
-        return None
-    if isinstance(x, int):
+    (a P.K_* code and the caller's value, as text); None if it can (a bool or a complex number
+    too: their dtype is refused afterwards)."""
+    if _is_int(x):
         try:
             float(x)
         except OverflowError:
             return P.K_BEYOND_FLOAT64, _int_shown(x)
         return None
-    if isinstance(x, (float, complex)):
-        return None
     what, _, detail = _not_a_number(x)
-    return (what, detail) if what else (P.K_OTHER, _of_type(x))
+    if what in (P.K_BOOL, P.K_COMPLEX) or what == P.K_TENSOR and x.dim() == 0:
+        return None
+    if what:
+        return what, detail
+    return None if isinstance(x, float) or _np_kind(x) else (P.K_OTHER, _of_type(x))
 
 
 #: A sequence argument's problems, by the code of its type's: (an entry, a ragged row, its layout, its P.ARG_*).
