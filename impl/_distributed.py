@@ -267,20 +267,28 @@ def _group_of(api, group, refused=None) -> tuple[int, int]:
     names no usable group: raised at once (no agreement can run without a group), chained on
     an adapter's own refusal (``refused``) where there is one."""
     pg_type = getattr(dist, "ProcessGroup", None) if dist.is_available() else None
-    shown = f"{type(group).__name__} {_shown(group, 60)}"
+    name, shown = P.API_NAMES[api], f"{type(group).__name__} {_shown(group, 60)}"
     if type(group) is int and group == getattr(getattr(dist, "GroupMember", None), "NON_GROUP_MEMBER", None):
-        raise P.process_group_error(api, group, shown, "non_member") from refused
+        raise P.DistributedError(
+            f"{name}: process_group is GroupMember.NON_GROUP_MEMBER ({shown}): this rank is not a member of the "
+            "group torch.distributed.new_group made; call it only on the group's ranks") from refused
     if pg_type is None or not isinstance(group, pg_type):
         _UNJOINED[0] += 1  # the peers wait for this call: their next agreement must not pair with ours
-        raise P.process_group_error(api, group, shown, "type") from refused
+        raise P.InputDtypeError(
+            f"{name}: process_group must be a torch.distributed ProcessGroup (e.g. torch.distributed.group.WORLD "
+            f"after init_process_group), or None for a local call; got {shown}") from refused
     if not dist.is_initialized():
-        raise P.process_group_error(api, group, shown, "uninitialized") from refused
+        raise P.DistributedError(
+            f"{name}: process_group is a ProcessGroup but torch.distributed is not initialized (call "
+            "init_process_group first; was the group destroyed?)") from refused
     try:
         world, rank = dist.get_world_size(group), dist.get_rank(group)
     except Exception as exc:  # e.g. a group destroyed, or one that belongs to no initialized world
-        raise P.process_group_error(api, group, shown, f"{type(exc).__name__}: {exc}") from (refused or exc)
+        raise P.DistributedError(f"{name}: process_group ({shown}) cannot be used on this rank: "
+                                 f"{type(exc).__name__}: {exc}") from (refused or exc)
     if world < 1 or not 0 <= rank < world:
-        raise P.process_group_error(api, group, shown, "this rank is not a member of it")
+        raise P.DistributedError(f"{name}: process_group ({shown}) cannot be used on this rank: this rank is not "
+                                 "a member of it")
     return world, rank
 
 

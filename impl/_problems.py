@@ -407,25 +407,6 @@ P_DIAGNOSTICS = _problem(54, InputDtypeError, lambda a, b, c, detail="": "diagno
                          f"impl.gdpo.Diagnostics (or None); got {detail or 'another value'}")
 
 
-def process_group_error(api: int, group, shown: str, reason: str = "") -> GDPOError:
-    """The refusal of a ``process_group`` that names no usable group: raised at once on the
-    rank that passed it (no collective can carry it). ``shown``: the caller's value as text."""
-    name = API_NAMES.get(api, "GDPO")
-    if reason == "type":
-        return InputDtypeError(
-            f"{name}: process_group must be a torch.distributed ProcessGroup (e.g. torch.distributed.group.WORLD "
-            f"after init_process_group), or None for a local call; got {shown}")
-    if reason == "non_member":
-        return DistributedError(
-            f"{name}: process_group is GroupMember.NON_GROUP_MEMBER ({shown}): this rank is not a member of the "
-            "group torch.distributed.new_group made; call it only on the group's ranks")
-    if reason == "uninitialized":
-        return DistributedError(
-            f"{name}: process_group is a ProcessGroup but torch.distributed is not initialized (call "
-            "init_process_group first; was the group destroyed?)")
-    return DistributedError(f"{name}: process_group ({shown}) cannot be used on this rank: {reason}")
-
-
 def host_error(code: int, a: int = 0, b: int = 0, c: int = 0, detail: str = "") -> GDPOError:
     """The error of a host problem. ``detail`` (the caller's value, as text) is named in
     this local message only: the agreement carries integers (every rank's message is built
