@@ -26,7 +26,6 @@ the value itself, when it is text, is in the refusing rank's own (chained) error
 
 from __future__ import annotations
 
-import math
 import warnings
 from decimal import Decimal
 from fractions import Fraction

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 
-from impl import _pipeline, adapters
+from impl import adapters
 from impl import gdpo as impl
 from oracle import gdpo as oracle
 from spec.errors import GroupError, InputDtypeError, NonFiniteError, SegmentError
