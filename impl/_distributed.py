@@ -115,23 +115,18 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
                           values=values, whiten=api == P.API_WHITEN, segment_sizes=segment_sizes, eps=eps,
                           out_dtype=out_dtype, missing=missing, diagnostics=diagnostics, certified=certified,
                           ranks=True, names=COLUMN_NAMES.get())
-        inp, v, sizes, eps, out_dtype, mode = call.inp, call.values, call.sizes, call.eps, call.out_dtype, call.mode
-        if api == P.API_GDPO:
-            plan = _pipeline.distributed(_pipeline.GDPO, eps, out_dtype, sizes, mode, inp=inp)  # labelled: phase one
-            if plan.scored is not None:
-                host[P.UNSCORED] = plan.scored.unscored
-            if plan.prep is not None:
-                device_facts.update(plan.prep.facts)
-            else:  # contiguous groups: all local work before the agreement
-                loc, facts, mine = _through_stats(plan, data_device)
-                device_facts.update(facts)
-        else:
-            plan = _pipeline.distributed(_pipeline.WHITEN, eps, out_dtype, sizes, mode, values=v)
+        inp, v, sizes, eps, out_dtype = call.inp, call.values, call.sizes, call.eps, call.out_dtype
+        plan = _pipeline.distributed(call, _pipeline.WHITEN if inp is None else _pipeline.GDPO)
+        if plan.scored is not None:
+            host[P.UNSCORED] = plan.scored.unscored
+        if plan.prep is not None:  # labelled groups: phase one's facts (Eq. 4/7 after the agreement)
+            device_facts.update(plan.prep.facts)
+        else:  # contiguous groups and whiten: all local work before the agreement
             loc, facts, mine = _through_stats(plan, data_device, v)
             device_facts.update(facts)
-            if v.shape[0]:  # the unit of the first non-finite value
-                ends = host_to_device(list(itertools.accumulate(sizes)), _I64, data_device)
-                device_facts[P.NF_VALUE_UNIT] = torch.searchsorted(ends, device_facts[P.NF_VALUE], right=True)
+        if v is not None and v.shape[0]:  # the unit of the first non-finite value
+            ends = host_to_device(list(itertools.accumulate(sizes)), _I64, data_device)
+            device_facts[P.NF_VALUE_UNIT] = torch.searchsorted(ends, device_facts[P.NF_VALUE], right=True)
         # Collectives 2 and 3's buffer, before the agreement: after it, a failing rank allocates
         # nothing. Contiguous groups and whiten fill their statistics now as well.
         comm = _comm_device(group, data_device)

@@ -206,12 +206,14 @@ def local(call, api: str, *, report: bool = False) -> Plan:
                 sort=prep.labelled.sorted_rows() if certify else None)
 
 
-def distributed(api: str, eps: float, out_dtype, sizes: list[int], mode: str, *, inp=None, values=None) -> Plan:
-    """The plan of a call across ranks before the agreement, from its checked arguments. No host read
-    but the unscored mask's; labelled groups run phase one, their layout pending (:func:`agreed`)."""
-    n = inp.n if api == GDPO else values.shape[0]
-    certify = _output(out_dtype, n, mode)[1]  # (the dtype Eq. 6 writes: agreed(), from every rank's rows)
-    common = dict(**STAGES[api], eps=eps, sizes=sizes, out_dtype=out_dtype, mode=mode)
+def distributed(call, api: str) -> Plan:
+    """The plan of a call across ranks (its checked arguments: ``impl._inputs.Call``) before the
+    agreement. No host read but the unscored mask's; labelled groups run phase one, their layout
+    pending (:func:`agreed`)."""
+    inp, sizes = call.inp, call.sizes
+    n = inp.n if api == GDPO else call.values.shape[0]
+    certify = _output(call.out_dtype, n, call.mode)[1]  # (the dtype Eq. 6 writes: agreed(), from every rank's rows)
+    common = dict(**STAGES[api], eps=call.eps, sizes=sizes, out_dtype=call.out_dtype, mode=call.mode)
     if api == WHITEN:
         return Plan(api, **common, inp=None, certify=certify)
     unscored = inp.missing == "unscored"
