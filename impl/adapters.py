@@ -64,6 +64,7 @@ import torch
 from impl import _distributed
 from impl import _problems as P
 from impl._inputs import _INT64_MAX, _INT64_MIN, _is_int, numpy_view, read_tensor, unreadable
+from impl._pipeline import reads_free
 from impl._problems import GroupLengthError
 from impl.gdpo import _opaque_to_dynamo
 from impl.gdpo import (
@@ -396,11 +397,6 @@ def _empty_row_error(empty: torch.Tensor) -> ShapeError | None:
                       "nothing, a 0 that no reward gave; drop the sample or fix the mask")
 
 
-def _host_reads_free(device: torch.device) -> bool:
-    """Whether reading a tensor on ``device`` to the host costs nothing (no GPU synchronisation)."""
-    return device.type == "cpu"
-
-
 class _Mask:
     """The response mask as bool, and what is left to check of it: every entry 0 or 1,
     every sample at least one response token. On CPU both are checked at once (a read
@@ -427,7 +423,7 @@ class _Mask:
                              f"{tuple(m.shape)}")
         self.raw, self.bad = m, _not_zero_one(m)  # bad: None once checked, or for a bool mask
         self.empty = ~m.to(torch.bool).any(dim=-1)  # NaN is true: a NaN entry is refused as a value, not here
-        if _host_reads_free(m.device):  # a host sequence is checked here, on the CPU
+        if reads_free(m.device):  # a host sequence is checked here, on the CPU
             error = self.error()
             if error is not None:
                 raise error

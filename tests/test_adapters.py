@@ -256,7 +256,7 @@ def test_verl_score_overflow_is_out_of_range_not_an_invented_inf():
 
 def _defer_mask_checks(monkeypatch):
     """The CUDA path on the CPU: no host read is free, so the mask's values ride impl.gdpo's read."""
-    monkeypatch.setattr(adapters, "_host_reads_free", lambda device: False)
+    monkeypatch.setattr(adapters, "reads_free", lambda device: False)
 
 
 def _masked(dtype, *entries):
@@ -633,9 +633,9 @@ def _sample_names_rank(rank, world, init_file, out_dir):
     }
     out = {}
     for name, call in scenarios.items():
-        reads_free = adapters._host_reads_free
+        reads_free = adapters.reads_free
         if name == "verl_mask_through_gdpos_read":  # the CUDA path, on gloo
-            adapters._host_reads_free = lambda device: False
+            adapters.reads_free = lambda device: False
         try:
             call()
             out[name] = ("ok", "", "")
@@ -643,7 +643,7 @@ def _sample_names_rank(rank, world, init_file, out_dir):
             cause = e.__cause__
             out[name] = (type(e).__name__, str(e), "" if cause is None else f"{type(cause).__name__}: {cause}")
         finally:
-            adapters._host_reads_free = reads_free
+            adapters.reads_free = reads_free
         with open(os.path.join(out_dir, f"{rank}.pkl"), "wb") as f:
             pickle.dump(out, f)
     dist.destroy_process_group()
