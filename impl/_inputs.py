@@ -482,19 +482,10 @@ def _check_group_size(gs) -> int:
         if P.layout_code(gs) or gs.device.type not in ("cpu", "cuda"):
             raise Problem(P.P_GROUP_SIZE_TYPE, P.K_OTHER,
                           detail=f"a tensor of layout {gs.layout} on {gs.device.type}")
-        if gs.dim() != 0:
-            raise Problem(P.P_GROUP_SIZE_TYPE, P.K_TENSOR, gs.dim(), 1)
-        if gs.is_floating_point() or gs.is_complex() or gs.dtype == torch.bool:
-            raise Problem(P.P_GROUP_SIZE_TYPE, P.K_TENSOR, P.dtype_code(gs.dtype), 0)
-        return int(gs.item())  # a host read if it lives on a GPU (pass an int to avoid it)
-    if _is_int(gs):
+        if gs.dim() == 0 and not (gs.is_floating_point() or gs.is_complex() or gs.dtype == torch.bool):
+            return int(gs.item())  # a host read if it lives on a GPU (pass an int to avoid it)
+    elif _is_int(gs) or _np_kind(gs) in ("i", "u") and gs.ndim == 0:  # (a 0-d integer array too)
         return int(gs)
-    kind = _np_kind(gs)
-    if kind is not None:
-        if getattr(gs, "ndim", 0) != 0:
-            raise Problem(P.P_GROUP_SIZE_TYPE, P.K_ARRAY, gs.ndim)
-        if kind in "iu":
-            return int(gs)  # a 0-d integer array
     raise _not_an_int(P.P_GROUP_SIZE_TYPE, gs)
 
 

@@ -240,16 +240,6 @@ def _item_words(arg: str, where: str, rule: str, hint=lambda b, c: ""):
     return lambda a, b, c, detail="": f"{arg}[{a}] ({where} {a}) is {_what(b, c, detail)}; {rule}{hint(b, c)}"
 
 
-def _group_size_type(a: int, b: int, c: int, detail: str = "") -> str:
-    """a: what group_size is (_ITEM_KINDS); b: a bool's value, a float's bits, a tensor's
-    dtype code (c = 0) or dimension count (c = 1), an array's dimension count."""
-    if a == K_TENSOR:
-        got = f"a {b}-D tensor" if c else f"a tensor of dtype {dtype_name(b)}"
-    else:
-        got = f"a {b}-D array" if a == K_ARRAY else _what(a, b, detail)
-    return f"group_size must be a Python int, a NumPy integer or a 0-d integer tensor (not a bool); got {got}"
-
-
 def _group_ids_type(a: int, b: int, c: int, detail: str = "") -> str:
     """a: the dtype code of a tensor or array of labels, or 0 (``detail``: what was given)."""
     if a:
@@ -325,7 +315,9 @@ P_REWARDS_NDIM = _problem(3, ShapeError, "rewards must be (N,) or (N, K); got a 
 P_REWARDS_EMPTY = _problem(4, ShapeError, "rewards is empty (N={a} rows, K={b} reward columns)")
 P_GROUPS_BOTH = _problem(5, GroupError, "pass exactly one of group_ids and group_size, not both")
 P_GROUPS_NONE = _problem(6, GroupError, "pass exactly one of group_ids and group_size (got neither)")
-P_GROUP_SIZE_TYPE = _problem(7, GroupError, _group_size_type)
+#: a: what group_size is instead (K_*), b: a bool's value or a float's bits
+P_GROUP_SIZE_TYPE = _problem(7, GroupError, lambda a, b, c, detail="": "group_size must be a Python int, a NumPy "
+                             f"integer or a 0-d integer tensor (not a bool); got {_what(a, b, detail)}")
 P_GROUP_SIZE_SMALL = _problem(8, GroupError, "group_size={a}: Eq. 4 needs groups of at least 2 samples (unbiased std)")
 P_GROUP_SIZE_DIVIDE = _problem(9, GroupError, lambda a, b, c: f"N={a} rows is not a multiple of group_size={b}: "
                                f"the last group would hold {a % b} sample(s)")
