@@ -653,10 +653,11 @@ def check_call(host: dict[int, int], *, rewards=None, group_ids=None, group_size
     check_process_state()
     check_diagnostics(diagnostics)
     eps = check_eps(eps)
-    host[P.EPS_BITS] = P.float_bits(eps)
+    if ranks:  # (the codes below are dictionary reads: a local call's trace stays in this module)
+        host[P.EPS_BITS] = P.float_bits(eps)
     if eq6:
         out_dtype = check_out_dtype(out_dtype)
-        host[P.OUT_DTYPE] = P.dtype_code(out_dtype)
+        host[P.OUT_DTYPE] = P.DTYPE_CODES[out_dtype]
     if not whiten:
         missing = check_missing(missing)
     mode = check_certified(certified) if eq6 else "off"
@@ -672,7 +673,7 @@ def check_call(host: dict[int, int], *, rewards=None, group_ids=None, group_size
     else:
         data = v = check_values(values)
     n = data.shape[0]
-    host.update({P.ROWS: n, P.DTYPE: P.dtype_code(data.dtype), P.DEVICE: P.device_code(data.device)})
+    host.update({P.ROWS: n, P.DTYPE: P.DTYPE_CODES[data.dtype], P.DEVICE: P.DEVICE_CODES[data.device.type]})
     sizes = None
     if eq6:
         sizes, given = check_segments(segment_sizes, n)

@@ -123,8 +123,12 @@ def layout_code(t: torch.Tensor) -> int:
     return _LAYOUTS.index(t.layout) + 1 if t.layout in _LAYOUTS else _OTHER_LAYOUT
 
 
+#: The device types impl computes on, by code (3: any other)
+DEVICE_CODES = {"cpu": 1, "cuda": 2}
+
+
 def device_code(device: torch.device) -> int:
-    return {"cpu": 1, "cuda": 2}.get(device.type, 3)
+    return DEVICE_CODES.get(device.type, 3)
 
 
 _DEVICE_NAMES = {1: "cpu", 2: "cuda", 3: "other than CPU and CUDA (e.g. meta or mps)"}
