@@ -16,14 +16,6 @@ import sys  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "tests"))
 
-# Without a GPU the fused kernels' tests (tests/test_impl_fused.py) run them in Triton's
-# interpreter, which Triton chooses when it is first imported: set here, before any test
-# module can import it (torch._dynamo, imported by some torch features, imports Triton).
-import torch  # noqa: E402
-
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
 # Compiled once: a shell with PYTHONDONTWRITEBYTECODE=1 would make every Python this suite
 # starts (the xdist workers, each `pytest` and `gdpo` subprocess, every gloo rank) compile the
 # project again and rewrite every test module's asserts again (about 2 s per pytest process).

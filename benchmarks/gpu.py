@@ -11,12 +11,10 @@
   over the median time per call;
 * host synchronizations per call, counted with torch.cuda.set_sync_debug_mode
   (after a warm-up call);
-* each impl figure in four modes: ``eager`` (the plain path), ``graphs``
-  (GDPO_CUDA_GRAPHS=1, graph replay up to 4M rewards), ``fused`` (GDPO_FUSED=1,
-  the Triton kernels of impl._fused) and ``fused_graphs`` (both). Every mode's
-  output is compared bit for bit with the eager plain path's (``*_same_bits``),
-  and the counters say which path ran;
-* at N = 16M, the fused path's block size swept (GDPO_FUSED_BLOCK).
+* each impl figure in two modes: ``eager`` and ``graphs`` (GDPO_CUDA_GRAPHS=1,
+  graph replay up to 4M rewards). The graphs mode's output is compared bit for
+  bit with the eager path's (``*_same_bits``), and the counters say whether a
+  graph replayed.
 Medians over repeats; the ratios compare runs made side by side in this process.
 Every case is guarded: a failure is reported in its row, the others still run.
 """
@@ -34,7 +32,7 @@ import warnings
 import torch
 
 from gdpo_tools.peer_formulas import trl_normalize_then_sum
-from impl import _fused, _pipeline, gdpo
+from impl import _pipeline, gdpo
 
 
 def _time(fn, repeats: int, warmup: int) -> float:
@@ -63,9 +61,8 @@ def count_syncs(fn) -> int:
     return sum(1 for w in caught if "synchroniz" in str(w.message).lower())
 
 
-_MODES = {"eager": {}, "graphs": {"GDPO_CUDA_GRAPHS": "1"}, "fused": {"GDPO_FUSED": "1"},
-          "fused_graphs": {"GDPO_CUDA_GRAPHS": "1", "GDPO_FUSED": "1"}}
-_KNOBS = ("GDPO_CUDA_GRAPHS", "GDPO_FUSED", "GDPO_FUSED_BLOCK")
+_MODES = {"eager": {}, "graphs": {"GDPO_CUDA_GRAPHS": "1"}}
+_KNOBS = ("GDPO_CUDA_GRAPHS",)
 
 
 def _set_mode(env: dict) -> None:
@@ -79,15 +76,13 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
 
 
 def _counters() -> dict:
-    return {**{f"graph_{k}": v for k, v in _pipeline.graph_stats.items()}, "fused_calls": _fused.stats["calls"],
-            "fused_whiten": _fused.stats["whiten"]}
+    return {f"graph_{k}": v for k, v in _pipeline.graph_stats.items()}
 
 
 def problems(res: dict) -> list[str]:
     """What makes a run's figures unusable: a measurement that raised, results whose bits
-    differ from the plain path's, a fused mode in which no fused kernel ran (the fused path
-    fell back: it warns and answers with the plain path), a graphs mode on CUDA that never
-    replayed a graph (its capture failed: eager ran)."""
+    differ from the eager path's, a graphs mode on CUDA that never replayed a graph (its
+    capture failed: eager ran)."""
     out = []
     cuda = not str(res.get("device", "")).startswith("cpu")
     for case in res["cases"]:
@@ -96,11 +91,9 @@ def problems(res: dict) -> list[str]:
             if key.endswith("_error"):
                 out.append(f"{where} {key[:-6]}: raised {value}")
             elif key.endswith("_same_bits") and value is not True:
-                out.append(f"{where} {key[:-10]}: bits differ from the plain path")
+                out.append(f"{where} {key[:-10]}: bits differ from the eager path")
             elif key.endswith("_paths"):
                 tag = key[:-6]
-                if "fused" in tag and not (value.get("fused_calls") or value.get("fused_whiten")):
-                    out.append(f"{where} {tag}: no fused kernel ran (the fused path fell back)")
                 if cuda and "graphs" in tag and not value.get("graph_replays"):
                     out.append(f"{where} {tag}: no graph replayed (the capture failed: eager ran)")
     return out
@@ -122,22 +115,16 @@ def _measure(case, tag, fn, reps, traffic, reference, timer, syncs):
         case[f"{tag}_error"] = repr(exc)
 
 
-def run(repeats: int = 50, device: str = "cuda", sizes=(8192, 1 << 20, 1 << 24), blocks=(1024, 2048, 4096, 8192),
-        out: str | None = None) -> dict:
+def run(repeats: int = 50, device: str = "cuda", sizes=(8192, 1 << 20, 1 << 24), out: str | None = None) -> dict:
     """Every case, side by side; with ``out``, the JSON is rewritten after each case, so a
     run cut short by its time limit still leaves what it measured."""
     dev = torch.device(device)
     cuda = dev.type == "cuda"
     timer = _time if cuda else _time_cpu
     syncs = count_syncs if cuda else (lambda fn: None)
-    res = {"device": torch.cuda.get_device_name() if cuda else "cpu (smoke run, interpreted kernels)",
+    res = {"device": torch.cuda.get_device_name() if cuda else "cpu (smoke run)",
            "torch": torch.__version__, "python": platform.python_version(), "date": time.strftime("%Y-%m-%d"),
            "cases": []}
-    try:
-        import triton
-        res["triton"] = triton.__version__
-    except ImportError:
-        res["triton"] = None
     w = [1.0, 0.5, 2.0, 1.0]
     wt = torch.tensor(w, device=dev)
     for n in sizes:
@@ -161,20 +148,11 @@ def run(repeats: int = 50, device: str = "cuda", sizes=(8192, 1 << 20, 1 << 24),
             for mode, env in _MODES.items():
                 if "graphs" in mode and (not cuda or n * 4 > _pipeline.GRAPH_ELEMENTS):
                     continue
-                _set_mode({**env, "GDPO_FUSED": "interpret"} if "GDPO_FUSED" in env and not cuda else env)
+                _set_mode(env)
                 try:
                     _measure(case, f"impl_{units}u_{mode}", ours, reps, traffic, reference, timer, syncs)
                 finally:
                     _set_mode({})
-            if units == 1 and n == max(sizes):
-                for block in blocks:
-                    _set_mode({"GDPO_FUSED": "1" if cuda else "interpret", "GDPO_FUSED_BLOCK": str(block)})
-                    try:
-                        # the block asked for is raised where a unit would need too many blocks: say which ran
-                        case[f"impl_1u_fused_block{block}_block_used"] = _fused.block_size(n)
-                        _measure(case, f"impl_1u_fused_block{block}", ours, reps, traffic, reference, timer, syncs)
-                    finally:
-                        _set_mode({})
         res["cases"].append(case)
         print(json.dumps(case), flush=True)
         if out:
@@ -199,11 +177,10 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=None)
     p.add_argument("--repeats", type=int, default=50)
     p.add_argument("--smoke", action="store_true",
-                   help="run the harness on CPU at tiny sizes (fused kernels interpreted): checks the code, not speed")
+                   help="run the harness on CPU at tiny sizes: checks the code, not speed")
     args = p.parse_args(argv)
     if args.smoke:
-        os.environ.setdefault("TRITON_INTERPRET", "1")
-        res = run(1, "cpu", sizes=(256, 4096), blocks=(1024, 2048), out=args.out)
+        res = run(1, "cpu", sizes=(256, 4096), out=args.out)
     elif not torch.cuda.is_available():
         print("no CUDA device: nothing to measure (--smoke runs the harness on CPU)")
         return 0

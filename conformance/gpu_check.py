@@ -10,9 +10,7 @@ file after every part, so a run cut short still leaves what it did:
 3. **nccl_world1**: the distributed properties at world size 1 over NCCL (NCCL
    refuses two ranks on one GPU, "Duplicate GPU detected");
 4. **gloo_cuda_2**: the distributed properties with CUDA tensors over gloo,
-   2 processes sharing the one GPU;
-5. **nccl_world1_fused**: part 3 with ``GDPO_FUSED=1`` (the fused kernels' statistics
-   exchanged over NCCL).
+   2 processes sharing the one GPU.
 
 Budget: ``--examples`` per property (default 40, the ci profile's), derandomized;
 ``--deadline`` seconds for the whole run (default 170): parts that would start after
@@ -24,13 +22,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import platform
 import subprocess
 import sys
 import time
 import traceback
-from unittest import mock
 
 import numpy as np
 import torch
@@ -109,12 +105,6 @@ def _dist_variant(prop, world: int):
                                world=world)
 
 
-#: In the fused part a rank whose fused path fails (or is unavailable) must not answer with the
-#: plain path unseen: its warning is an error there, so the property fails.
-FUSED_WARNINGS_ARE_ERRORS = ("error:the fused path failed:RuntimeWarning,"
-                             "error:GDPO_FUSED is set but the fused path is unavailable:RuntimeWarning")
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m conformance.gpu_check", description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True, help="results file (JSON)")
@@ -149,23 +139,16 @@ def main(argv=None) -> int:
 
     single = [p for p in P.PROPERTIES if p.world == 0]
 
-    def ranks(world: int, backend: str, env=None):
-        """The distributed properties at ``world`` ranks over ``backend``, with ``env`` set."""
-        with mock.patch.dict(os.environ, env or {}):
-            return [_run_property(_dist_variant(p, world), Subject(args.impl, device=dev, backend=backend),
-                                  args.examples) for p in P.PROPERTIES if p.world == 2]
+    def ranks(world: int, backend: str):
+        """The distributed properties at ``world`` ranks over ``backend``."""
+        return [_run_property(_dist_variant(p, world), Subject(args.impl, device=dev, backend=backend),
+                              args.examples) for p in P.PROPERTIES if p.world == 2]
 
-    # the fused part: GDPO_FUSED for the ranks (compiled kernels on a GPU, Triton's interpreter in a
-    # dry run), set before they start and import Triton; a fallback of the fused path raises in them
-    # (PYTHONWARNINGS) instead of passing on the plain path's bits
-    fused = {"GDPO_FUSED": "interpret", "TRITON_INTERPRET": "1"} if args.dry_run_cpu else {"GDPO_FUSED": "1"}
     parts = [
         ("cuda", lambda: [_run_property(p, Subject(args.impl, device=dev), args.examples) for p in single]),
         ("bitwise", lambda: [_bitwise(args.impl, args.examples, dev)]),
         ("nccl_world1", lambda: ranks(1, nccl)),
         ("gloo_cuda_2", lambda: ranks(2, "gloo")),
-        # the fused path's distributed statistics (impl._fused.Local) over NCCL
-        ("nccl_world1_fused", lambda: ranks(1, nccl, {**fused, "PYTHONWARNINGS": FUSED_WARNINGS_ARE_ERRORS})),
     ]
     ok = True
     for name, fn in parts:

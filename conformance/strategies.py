@@ -376,7 +376,7 @@ LARGE_K = (1, 2, 3, 4, 5, 6, 7, 8)
 LARGE_UNITS = 8
 #: The sparse very-large tier of the ``large`` property: in about one example in ``BIG_EVERY``
 #: one or two groups of 65 to 600 samples (past 64, where a size-dependent "fast path" may
-#: switch, and past 512, where impl.gdpo's fused path hands groups to the plain one) join
+#: switch, and past 512, where a fused kernel may hand groups to another path) join
 #: the batch: N up to about 1,500. Sparse (about 5 of the ci profile's 40 examples) because
 #: the oracle's cost grows with N (1,200 x 2: 0.35-0.5 s on one core; 300 x 2: 0.1 s).
 BIG_GROUP_SIZES = (65, 96, 127, 128, 129, 200, 255, 256, 257, 384, 511, 512, 513, 600)

@@ -34,20 +34,7 @@ from impl import _problems as P
 from impl import _whiten as W
 from impl._certify import dd as _dd
 from impl._pipeline import cast_limit, cast_reachable
-from impl._inputs import (
-    Problem,
-    check_diagnostics,
-    _shown,
-    check_certified,
-    check_eps,
-    check_missing,
-    check_out_dtype,
-    check_process_state,
-    check_rewards,
-    check_segments,
-    check_values,
-    rewards_host,
-)
+from impl._inputs import Problem, _shown, check_call
 from impl._eq47 import overflow_possible
 from impl._segments import host_to_device
 from spec.constants import REFUSAL_WORDS_BYTES
@@ -60,16 +47,15 @@ _I64 = torch.int64
 
 
 def _through_stats(plan, device, x: torch.Tensor | None = None):
-    """Eq. 4, Eq. 7 and this rank's Eq. 6 statistics of the rewards (whiten: the values ``x``) on
-    the plan's backends (:func:`through_stats`): (plan, loc, facts, the statistics' table on
-    ``device``, computed here so that a fused failure reruns them on the plain plan)."""
+    """Eq. 4, Eq. 7 and this rank's Eq. 6 statistics of the rewards (whiten: the values ``x``)
+    (:func:`impl._pipeline.through_stats`): (loc, facts, the statistics' table on ``device``)."""
     x = plan.inp.rewards if x is None else x
     if x.shape[0]:
         dev = _pipeline.through_stats(plan, x, {})
     else:  # no rows here: no groups, empty statistics
         c = x.new_empty(0, dtype=_F64)
-        dev = _pipeline.Device({}, c=c, loc=plan.eq6b.eq6_stats(plan, c, {}))
-    return plan, dev.loc, dev.facts, dev.loc.table(device)
+        dev = _pipeline.Device({}, c=c, loc=W.eq6_stats(plan, c, {}))
+    return dev.loc, dev.facts, dev.loc.table(device)
 
 
 def _device_row(host: dict[int, int], facts: dict, device) -> torch.Tensor:
@@ -125,44 +111,22 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
     try:
         if refused is not None:  # the adapter refused this rank's input: join the agreement, refused
             raise Problem(P.P_REFUSED, P.refusal_code(refused))
-        check_process_state()
-        check_diagnostics(diagnostics)
-        eps = check_eps(eps)
-        host[P.EPS_BITS] = P.float_bits(eps)
-        out_dtype = check_out_dtype(out_dtype)
-        host[P.OUT_DTYPE] = P.dtype_code(out_dtype)
-        mode = check_certified(certified)
-        host[P.CERTIFIED] = P.CERTIFIED_CODES[mode]
-        if api == P.API_GDPO:
-            missing = check_missing(missing)
-            inp = check_rewards(rewards, group_ids, group_size, weights, allow_empty_rows=True, missing=missing)
-            n, dtype = inp.n, inp.rewards.dtype
-            host.update(rewards_host(inp))
-            host[P.WEIGHTS_FP] = P.weights_fingerprint(inp.weights, COLUMN_NAMES.get())
-        else:
-            v = check_values(values)
-            n, dtype = v.shape[0], v.dtype
-        host.update({P.ROWS: n, P.DTYPE: P.dtype_code(dtype), P.DEVICE: P.device_code(data_device)})
-        sizes, given = check_segments(segment_sizes, n)
-        host.update({P.UNITS: len(sizes), P.SEG_NONE: int(not given)})
-        for j, s in enumerate(sizes[: P.COUNT_SLOTS]):
-            host[P.COUNTS + j] = s
-        if api == P.API_GDPO:
-            plan = _pipeline.distributed(_pipeline.GDPO, eps, out_dtype, sizes, mode, inp=inp)  # labelled: phase one
-            if plan.scored is not None:
-                host[P.UNSCORED] = plan.scored.unscored
-            if plan.prep is not None:
-                device_facts.update(plan.prep.facts)
-            else:  # contiguous groups: all local work before the agreement
-                plan, loc, facts, mine = _pipeline.guard(plan, lambda p: _through_stats(p, data_device))
-                device_facts.update(facts)
-        else:
-            plan = _pipeline.distributed(_pipeline.WHITEN, eps, out_dtype, sizes, mode, values=v)
-            plan, loc, facts, mine = _pipeline.guard(plan, lambda p: _through_stats(p, data_device, v))
+        call = check_call(host, rewards=rewards, group_ids=group_ids, group_size=group_size, weights=weights,
+                          values=values, whiten=api == P.API_WHITEN, segment_sizes=segment_sizes, eps=eps,
+                          out_dtype=out_dtype, missing=missing, diagnostics=diagnostics, certified=certified,
+                          ranks=True, names=COLUMN_NAMES.get())
+        inp, v, sizes, eps, out_dtype = call.inp, call.values, call.sizes, call.eps, call.out_dtype
+        plan = _pipeline.distributed(call, _pipeline.WHITEN if inp is None else _pipeline.GDPO)
+        if plan.scored is not None:
+            host[P.UNSCORED] = plan.scored.unscored
+        if plan.prep is not None:  # labelled groups: phase one's facts (Eq. 4/7 after the agreement)
+            device_facts.update(plan.prep.facts)
+        else:  # contiguous groups and whiten: all local work before the agreement
+            loc, facts, mine = _through_stats(plan, data_device, v)
             device_facts.update(facts)
-            if n:  # the unit of the first non-finite value
-                ends = host_to_device(list(itertools.accumulate(sizes)), _I64, data_device)
-                device_facts[P.NF_VALUE_UNIT] = torch.searchsorted(ends, device_facts[P.NF_VALUE], right=True)
+        if v is not None and v.shape[0]:  # the unit of the first non-finite value
+            ends = host_to_device(list(itertools.accumulate(sizes)), _I64, data_device)
+            device_facts[P.NF_VALUE_UNIT] = torch.searchsorted(ends, device_facts[P.NF_VALUE], right=True)
         # Collectives 2 and 3's buffer, before the agreement: after it, a failing rank allocates
         # nothing. Contiguous groups and whiten fill their statistics now as well.
         comm = _comm_device(group, data_device)
@@ -221,7 +185,7 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
     try:
         plan = _pipeline.agreed(plan, agreed, rank)  # labelled groups: their layout (it needs G and n_max)
         if plan.prep is not None:  # labelled groups compute Eq. 4/7 now
-            plan, loc, overflow_row, mine = _pipeline.guard(plan, lambda p: _through_stats(p, data_device))
+            loc, overflow_row, mine = _through_stats(plan, data_device)
             buf.stats[rank, :units] = mine.to(comm)
     except Exception as exc:  # noqa: BLE001 - reported to the peers, raised here
         failure = exc
@@ -247,10 +211,7 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
     if failure is None:
         try:
             st = W.merge(buf.stats[:, :units].to(data_device))
-            def apply(p):  # the plain plan after a failed fused apply: the plain statistics of the same c
-                mine = loc if p.eq6b is plan.eq6b else W.local_stats(loc.units.v, sizes, eps)
-                return p.eq6b.eq6_apply(p, mine, st, p.write)
-            a = _pipeline.guard(plan, apply)
+            a = W.eq6_apply(plan, loc, st, plan.write)
             if late:
                 _late_row(buf.late[rank], overflow_row if check_overflow else {}, a if reachable else None,
                           out_dtype)
@@ -301,20 +262,28 @@ def _group_of(api, group, refused=None) -> tuple[int, int]:
     names no usable group: raised at once (no agreement can run without a group), chained on
     an adapter's own refusal (``refused``) where there is one."""
     pg_type = getattr(dist, "ProcessGroup", None) if dist.is_available() else None
-    shown = f"{type(group).__name__} {_shown(group, 60)}"
+    name, shown = P.API_NAMES[api], f"{type(group).__name__} {_shown(group, 60)}"
     if type(group) is int and group == getattr(getattr(dist, "GroupMember", None), "NON_GROUP_MEMBER", None):
-        raise P.process_group_error(api, group, shown, "non_member") from refused
+        raise P.DistributedError(
+            f"{name}: process_group is GroupMember.NON_GROUP_MEMBER ({shown}): this rank is not a member of the "
+            "group torch.distributed.new_group made; call it only on the group's ranks") from refused
     if pg_type is None or not isinstance(group, pg_type):
         _UNJOINED[0] += 1  # the peers wait for this call: their next agreement must not pair with ours
-        raise P.process_group_error(api, group, shown, "type") from refused
+        raise P.InputDtypeError(
+            f"{name}: process_group must be a torch.distributed ProcessGroup (e.g. torch.distributed.group.WORLD "
+            f"after init_process_group), or None for a local call; got {shown}") from refused
     if not dist.is_initialized():
-        raise P.process_group_error(api, group, shown, "uninitialized") from refused
+        raise P.DistributedError(
+            f"{name}: process_group is a ProcessGroup but torch.distributed is not initialized (call "
+            "init_process_group first; was the group destroyed?)") from refused
     try:
         world, rank = dist.get_world_size(group), dist.get_rank(group)
     except Exception as exc:  # e.g. a group destroyed, or one that belongs to no initialized world
-        raise P.process_group_error(api, group, shown, f"{type(exc).__name__}: {exc}") from (refused or exc)
+        raise P.DistributedError(f"{name}: process_group ({shown}) cannot be used on this rank: "
+                                 f"{type(exc).__name__}: {exc}") from (refused or exc)
     if world < 1 or not 0 <= rank < world:
-        raise P.process_group_error(api, group, shown, "this rank is not a member of it")
+        raise P.DistributedError(f"{name}: process_group ({shown}) cannot be used on this rank: this rank is not "
+                                 "a member of it")
     return world, rank
 
 

@@ -245,13 +245,11 @@ def contiguous(n: int, group_size: int) -> GroupLayout:
     return GroupLayout(n, "contiguous", [Part(group_size, n // group_size if group_size else 0)])
 
 
-def layout(prep: Prepared, groups: int = 0, longest: int = 0, runs: int = 0, *, fused: bool = False,
+def layout(prep: Prepared, groups: int = 0, longest: int = 0, runs: int = 0, *,
            reads_free: bool = False) -> GroupLayout:
     """The layout of phase one's groups. For labelled groups ``groups``, ``longest`` and
     ``runs`` come from the host read of phase one's facts; ``reads_free``: a host read costs
-    nothing (CPU: ragged groups are cut into buckets sooner). ``fused``: the fused
-    kernel runs Eq. 4/7 of one padded layout (it gathers anyway, and a host read is not free
-    to it), so neither the contiguous layout of runs nor CPU's buckets are taken for it.
+    nothing (CPU: ragged groups are cut into buckets sooner).
 
     Labelled groups that are contiguous runs of one length (``runs == groups``
     and ``groups * longest == N``, the usual layout of a rollout batch) take the
@@ -261,14 +259,13 @@ def layout(prep: Prepared, groups: int = 0, longest: int = 0, runs: int = 0, *, 
     lab = prep.labelled
     if lab is None:
         return contiguous(n, prep.inp.group_size)
-    if runs == groups and groups * longest == n and not fused:
+    if runs == groups and groups * longest == n:
         return contiguous(n, longest)
     device = prep.r.device
     first_row = torch.full((groups,), n, dtype=_I64, device=device).scatter_reduce_(
         0, lab.gid, lab.perm, "amin", include_self=True)  # stable sort: the smallest input row
     slots = groups * longest
-    cheap_read = reads_free and not fused
-    if slots <= PAD_FACTOR * n + PAD_SLACK and not (cheap_read and slots > CPU_PAD_FACTOR * n + PAD_SLACK):
+    if slots <= PAD_FACTOR * n + PAD_SLACK and not (reads_free and slots > CPU_PAD_FACTOR * n + PAD_SLACK):
         return _padded(lab, n, groups, longest, first_row)
     return _bucketed(lab, n, groups, first_row)
 
@@ -347,7 +344,7 @@ def whole_units(inp: Rewards, sizes: list[int], lab: Labelled) -> torch.Tensor:
 
 
 def eq47(plan, r: torch.Tensor, facts):
-    """The Eq. 4 and Eq. 7 stage (``impl._pipeline.PLAIN``): (c, varies). Eq. 4, z = (x - mean) /
+    """The Eq. 4 and Eq. 7 stage: (c, varies). Eq. 4, z = (x - mean) /
     (std + eps) per group column, ddof 1, float64, in the plan's layout (contiguous groups: phase
     one and the layout made here): each part's two-pass (``_segments.two_pass``) is scaled by exact
     powers of two, so z does not depend on the scale, and a constant column has z = 0 exactly.

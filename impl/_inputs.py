@@ -1,8 +1,7 @@
-"""Host-side checks of the arguments: each returns a problem ``(code, a, b, c)``
-or the normalised argument. Nothing here raises and nothing reads the device,
-so the distributed path can record a problem and still join the agreement; only
-the local entries' checks at the end (``check_gdpo``, ``check_normalize``,
-``check_whiten``) raise the first problem's error, as a local call does at once."""
+"""Host-side checks of the arguments: each raises a :class:`Problem` ``(code, a, b, c)`` or
+returns the normalised argument, and nothing reads the device. :func:`check_call` runs a call's
+checks in their one order; the distributed path records its problem and still joins the
+agreement, a local call (:func:`check_local`) raises the problem's error at once."""
 
 from __future__ import annotations
 
@@ -113,26 +112,20 @@ def _is_row(x) -> bool:
 
 def _unreadable_number(x) -> tuple[int, str] | None:
     """What an entry of a rewards / values sequence is, if torch cannot read it as a number
-    (a P.K_* code and the caller's value, as text); None if it can."""
-    if isinstance(x, torch.Tensor):
-        return None if x.dim() == 0 else (P.K_TENSOR, f"shape {tuple(x.shape)}")
-    kind = _np_kind(x)
-    if kind is not None:
-        if getattr(x, "ndim", 0) != 0:
-            return P.K_ARRAY, f"shape {tuple(x.shape)}"
-        return None if kind in "biufc" else (P.K_OTHER, _of_type(x))
-    if isinstance(x, bool):
-        return None
-    if isinstance(x, int):
+    (a P.K_* code and the caller's value, as text); None if it can (a bool or a complex number
+    too: their dtype is refused afterwards)."""
+    if _is_int(x):
         try:
             float(x)
         except OverflowError:
             return P.K_BEYOND_FLOAT64, _int_shown(x)
         return None
-    if isinstance(x, (float, complex)):
-        return None
     what, _, detail = _not_a_number(x)
-    return (what, detail) if what else (P.K_OTHER, _of_type(x))
+    if what in (P.K_BOOL, P.K_COMPLEX) or what == P.K_TENSOR and x.dim() == 0:
+        return None
+    if what:
+        return what, detail
+    return None if isinstance(x, float) or _np_kind(x) else (P.K_OTHER, _of_type(x))
 
 
 #: A sequence argument's problems, by the code of its type's: (an entry, a ragged row, its layout, its P.ARG_*).
@@ -171,27 +164,6 @@ def unreadable(x, type_code: int, overflow: bool) -> Problem:
     return whole
 
 
-def _eps_kind(eps) -> int:
-    """0 for a real number eps (an int, a float, a NumPy real scalar, a 0-d real tensor),
-    else what it is instead (the codes of P.P_EPS_TYPE)."""
-    if eps is None:
-        return 1
-    if isinstance(eps, torch.Tensor):
-        return 5 if eps.dim() else 2 if eps.dtype == torch.bool else 4 if eps.is_complex() else 0
-    kind = _np_kind(eps)  # NumPy scalars and arrays
-    if kind is not None:
-        return 5 if getattr(eps, "ndim", 0) != 0 else {"b": 2, "c": 4}.get(kind, 0 if kind in "iuf" else 6)
-    if isinstance(eps, bool):
-        return 2
-    if isinstance(eps, (str, bytes)):
-        return 3
-    if isinstance(eps, complex):
-        return 4
-    if isinstance(eps, (collections.abc.Sequence, collections.abc.Set, collections.abc.Mapping)):
-        return 5
-    return 0 if isinstance(eps, numbers.Real) else 6
-
-
 def check_process_state() -> None:
     """This thread's floating point as exact results need it: neither flush-to-zero nor
     denormals-are-zero on (a subnormal reward, weight or intermediate would read as 0). Checked
@@ -202,16 +174,21 @@ def check_process_state() -> None:
 
 
 def check_eps(eps) -> float:
-    kind = _eps_kind(eps)
-    if kind:
-        raise Problem(P.P_EPS_TYPE, kind)
+    """eps as a float: a real number (an int, a float, a NumPy real scalar, a 0-d real tensor),
+    finite and >= 0."""
+    real_tensor = isinstance(eps, torch.Tensor) and eps.dim() == 0 and not (eps.is_complex() or eps.dtype == torch.bool)
+    what, value, detail = (0, 0, "") if real_tensor else _not_a_number(eps)
+    if not what and not (real_tensor or isinstance(eps, numbers.Real) or _np_kind(eps)):
+        what, detail = P.K_OTHER, _of_type(eps)  # a list, a Decimal, ...
+    if what:
+        raise Problem(P.P_EPS_TYPE, what, value, detail=detail)
     _check_device(eps, P.ARG_EPS)
     try:
         value = float(eps)
     except OverflowError:  # an int beyond float64
         raise Problem(P.P_EPS, P.float_bits(math.inf), 1) from None
     except (TypeError, ValueError, RuntimeError):
-        raise Problem(P.P_EPS_TYPE, 6) from None
+        raise Problem(P.P_EPS_TYPE, P.K_OTHER, detail=_of_type(eps)) from None
     if not (math.isfinite(value) and value >= 0.0):
         raise Problem(P.P_EPS, P.float_bits(value))
     return value + 0.0  # -0.0 is 0.0: ranks passing either agree
@@ -392,13 +369,6 @@ class Rewards:
         self.n, self.k = self.rewards.shape
 
 
-def rewards_host(inp: Rewards) -> dict[int, int]:
-    """The facts row's host fields of validated rewards (``impl._pipeline``: the row's columns)."""
-    return {P.PRESENT: 1, P.K: inp.k, P.ROWS: inp.n, P.BY_LABEL: int(inp.labels is not None),
-            P.GROUP_SIZE: inp.group_size or 0, P.LABELS_UINT64: int(inp.labels_uint64),
-            P.MISSING: P.MISSING_CODES[inp.missing]}
-
-
 def check_rewards(rewards, group_ids, group_size, weights, *, allow_empty_rows: bool,
                   missing: str = "refuse") -> Rewards:
     r = as_float_tensor(rewards, P.P_REWARDS_TYPE, P.P_REWARDS_DTYPE)
@@ -512,19 +482,10 @@ def _check_group_size(gs) -> int:
         if P.layout_code(gs) or gs.device.type not in ("cpu", "cuda"):
             raise Problem(P.P_GROUP_SIZE_TYPE, P.K_OTHER,
                           detail=f"a tensor of layout {gs.layout} on {gs.device.type}")
-        if gs.dim() != 0:
-            raise Problem(P.P_GROUP_SIZE_TYPE, P.K_TENSOR, gs.dim(), 1)
-        if gs.is_floating_point() or gs.is_complex() or gs.dtype == torch.bool:
-            raise Problem(P.P_GROUP_SIZE_TYPE, P.K_TENSOR, P.dtype_code(gs.dtype), 0)
-        return int(gs.item())  # a host read if it lives on a GPU (pass an int to avoid it)
-    if _is_int(gs):
+        if gs.dim() == 0 and not (gs.is_floating_point() or gs.is_complex() or gs.dtype == torch.bool):
+            return int(gs.item())  # a host read if it lives on a GPU (pass an int to avoid it)
+    elif _is_int(gs) or _np_kind(gs) in ("i", "u") and gs.ndim == 0:  # (a 0-d integer array too)
         return int(gs)
-    kind = _np_kind(gs)
-    if kind is not None:
-        if getattr(gs, "ndim", 0) != 0:
-            raise Problem(P.P_GROUP_SIZE_TYPE, P.K_ARRAY, gs.ndim)
-        if kind in "iu":
-            return int(gs)  # a 0-d integer array
     raise _not_an_int(P.P_GROUP_SIZE_TYPE, gs)
 
 
@@ -636,11 +597,7 @@ def check_segments(segment_sizes, n: int) -> tuple[list[int], bool]:
     return sizes, True
 
 
-# --- the local entries: every host check of a call, raised at once ----------------------------
-#
-# The order of the checks decides which refusal a call with several bad arguments gets (the
-# bit corpus records the messages): keep it. A distributed call runs the same checks in its
-# own order inside impl._distributed.run_distributed, recording the problem instead of raising.
+# --- a call's checks, in their one order (local and across ranks) ------------------------------
 
 
 @dataclasses.dataclass
@@ -667,16 +624,10 @@ def check_diagnostics(diagnostics) -> None:
         raise Problem(P.P_DIAGNOSTICS, detail=_shown(diagnostics))
 
 
-def _units_of_one(sizes: list[int]) -> None:
-    for j, s in enumerate(sizes):
-        if s == 1:
-            raise Problem(P.P_UNIT_OF_ONE, j)
-
-
 @dataclasses.dataclass
 class Call:
-    """A validated local call: its arguments as the checks normalised them, and what the plan
-    reads of them as plain data (fields: the plan never calls back into this module)."""
+    """A validated call: its arguments as the checks normalised them, and what the plan reads of
+    them as plain data (fields: the plan never calls back into this module)."""
 
     eps: float
     inp: Rewards | None = None  # gdpo_advantages and the Eq. 4/7 APIs (None: whiten)
@@ -687,44 +638,58 @@ class Call:
     mode: str = "off"  # the certificate's (gdpo_advantages, whiten: :func:`check_certified`)
 
 
-def check_gdpo(rewards, group_ids, group_size, weights, segment_sizes, eps, out_dtype, missing="refuse",
-               diagnostics=None, certified=None, *, eq6: bool = True) -> Call:
-    """A local gdpo_advantages call's checks, in this order: the process state, diagnostics, eps,
-    out_dtype, missing, certified, the rewards (their groups, then the weights), the segment
-    sizes, units of one row (without ``eq6``: no out_dtype, certified or sizes). Raises the
-    first refusal."""
-    try:
-        check_process_state()
-        check_diagnostics(diagnostics)
-        eps = check_eps(eps)
-        out_dtype = check_out_dtype(out_dtype) if eq6 else None
-        missing = check_missing(missing)
-        mode = check_certified(certified) if eq6 else "off"
-        inp = check_rewards(rewards, group_ids, group_size, weights, allow_empty_rows=False, missing=missing)
-        sizes = check_segments(segment_sizes, inp.n)[0] if eq6 else None
-        _units_of_one(sizes or [])
-    except Problem as p:
-        raise p.error() from None
-    return Call(eps, inp=inp, sizes=sizes, out_dtype=out_dtype, host=rewards_host(inp), mode=mode)
-
-
-def check_normalize(rewards, group_ids, group_size, weights, eps, missing="refuse", diagnostics=None) -> Call:
-    """The checks of a local Eq. 4/7 call (normalize_rewards, standardize_groups with weights
-    None, group_has_signal): :func:`check_gdpo`'s but out_dtype, certified and the sizes."""
-    return check_gdpo(rewards, group_ids, group_size, weights, None, eps, None, missing, diagnostics, eq6=False)
-
-
-def check_whiten(values, segment_sizes, eps, out_dtype, certified=None) -> Call:
-    """A local whiten call's checks, in this order: the process state, eps, out_dtype, certified,
-    the values, the segment sizes, units of one row. Raises the first refusal."""
-    try:
-        check_process_state()
-        eps = check_eps(eps)
+def check_call(host: dict[int, int], *, rewards=None, group_ids=None, group_size=None, weights=None,
+               values=None, whiten: bool = False, segment_sizes=None, eps, out_dtype=None, missing="refuse",
+               diagnostics=None, certified=None, eq6: bool = True, ranks: bool = False, names=None) -> Call:
+    """Every host check of a call, in this order (it decides which refusal a call with several bad
+    arguments gets): the process state, diagnostics, eps, out_dtype, missing, certified, the
+    rewards (their groups, then the weights) or ``whiten``'s values, the segment sizes. Without
+    ``eq6`` (the Eq. 4/7 APIs): no out_dtype, certified or sizes. ``ranks``: a rank of a call
+    across a process group (it may hold no rows; its weights' digest, with the reward ``names``
+    of an adapter, goes to the agreement). Raises the first :class:`Problem`; ``host`` (the
+    facts row's host fields) gets what each check read as it passes, so that a rank that refuses
+    still tells the agreement what it read."""
+    host[P.PRESENT] = 1
+    check_process_state()
+    check_diagnostics(diagnostics)
+    eps = check_eps(eps)
+    if ranks:  # (the codes below are dictionary reads: a local call's trace stays in this module)
+        host[P.EPS_BITS] = P.float_bits(eps)
+    if eq6:
         out_dtype = check_out_dtype(out_dtype)
-        mode = check_certified(certified)
-        v = check_values(values)
-        sizes, _ = check_segments(segment_sizes, v.shape[0])
-        _units_of_one(sizes)
+        host[P.OUT_DTYPE] = P.DTYPE_CODES[out_dtype]
+    if not whiten:
+        missing = check_missing(missing)
+    mode = check_certified(certified) if eq6 else "off"
+    host[P.CERTIFIED] = P.CERTIFIED_CODES[mode]
+    inp = v = None
+    if not whiten:
+        inp = check_rewards(rewards, group_ids, group_size, weights, allow_empty_rows=ranks, missing=missing)
+        data = inp.rewards
+        host.update({P.K: inp.k, P.BY_LABEL: int(inp.labels is not None), P.GROUP_SIZE: inp.group_size or 0,
+                     P.LABELS_UINT64: int(inp.labels_uint64), P.MISSING: P.MISSING_CODES[inp.missing]})
+        if ranks:
+            host[P.WEIGHTS_FP] = P.weights_fingerprint(inp.weights, names)
+    else:
+        data = v = check_values(values)
+    n = data.shape[0]
+    host.update({P.ROWS: n, P.DTYPE: P.DTYPE_CODES[data.dtype], P.DEVICE: P.DEVICE_CODES[data.device.type]})
+    sizes = None
+    if eq6:
+        sizes, given = check_segments(segment_sizes, n)
+        host.update({P.UNITS: len(sizes), P.SEG_NONE: int(not given)})
+        host.update({P.COUNTS + j: s for j, s in enumerate(sizes[: P.COUNT_SLOTS])})
+    return Call(eps, inp=inp, values=v, sizes=sizes, out_dtype=out_dtype, host=host, mode=mode)
+
+
+def check_local(**arguments) -> Call:
+    """A local call's checks (:func:`check_call`'s, then a unit of one row): the first refusal is
+    raised at once."""
+    try:
+        call = check_call({}, **arguments)
+        for j, s in enumerate(call.sizes or ()):
+            if s == 1:
+                raise Problem(P.P_UNIT_OF_ONE, j)
     except Problem as p:
         raise p.error() from None
-    return Call(eps, values=v, sizes=sizes, out_dtype=out_dtype, host={P.PRESENT: 1, P.ROWS: v.shape[0]}, mode=mode)
+    return call

@@ -1,11 +1,9 @@
 """The spine of a call: its plan (every decision made once, before the arithmetic) and, for a
 local call, its stages in order (docs/architecture.md).
 
-A :class:`Plan` says which stages run, in which layout, on which backend (``eq47``: Eq. 4 and 7,
-``eq6b``: Eq. 6, each :data:`PLAIN` or :data:`FUSED`), whether a CUDA graph replays the call,
+A :class:`Plan` says which stages run, in which layout, whether a CUDA graph replays the call,
 which rows Eq. 6 takes, which units are whole groups, the dtype Eq. 6 writes and whether the
-certificate decides the rounding. The stages read these fields; none asks whether a backend
-applies. :func:`local` plans a validated local call (labelled groups run phase one here, read
+certificate decides the rounding. The stages read these fields; none re-tests a condition. :func:`local` plans a validated local call (labelled groups run phase one here, read
 its row, raise its refusals, then lay the groups out: their longest group is known only then);
 :func:`distributed` and :func:`agreed` a call across ranks, before and after the agreement.
 
@@ -27,11 +25,10 @@ import itertools
 import math
 import os
 import warnings
-from typing import Callable, TypeVar
 
 import torch
 
-from impl import _certify, _eq47, _fused
+from impl import _certify, _eq47
 from impl import _problems as P
 from impl import _segments as seg_ops
 from impl import _whiten as W
@@ -39,25 +36,6 @@ from impl._inputs import Diagnostics, Problem, check_standardized  # noqa: F401 
 from impl._segments import round_to  # noqa: F401 - impl._pipeline.round_to (conformance reads it)
 
 _F64, _I64 = torch.float64, torch.int64
-T = TypeVar("T")
-
-
-@dataclasses.dataclass(frozen=True)
-class Backend:
-    """One implementation of the stages; the plain one and the fused one share every signature:
-    ``eq47(plan, r, facts) -> (c, varies)``, ``eq6_stats(plan, c, facts) -> loc``,
-    ``eq6_apply(plan, loc, merged, write) -> a``. A finding goes into ``facts`` (0-d device tensors
-    by column of the facts row), never raised."""
-
-    name: str
-    fused: bool  # its stages run behind :func:`guard` (a failure of theirs: the plain plan)
-    eq47: Callable
-    eq6_stats: Callable
-    eq6_apply: Callable
-
-
-PLAIN = Backend("plain", False, _eq47.eq47, W.eq6_stats, W.eq6_apply)
-FUSED = Backend("fused", True, _fused.eq47, _fused.eq6_stats, _fused.eq6_apply)
 
 #: The APIs a plan serves, and the stages each runs (``Plan.eq4``, ``combined`` (Eq. 7), ``eq6``, ``signal``).
 GDPO, WHITEN, NORMALIZE, STANDARDIZE, SIGNAL = "gdpo", "whiten", "normalize", "standardize", "signal"
@@ -136,8 +114,6 @@ class Plan:
     sort: tuple | None = None
     whole: object = None  # units of whole groups (host tuple, device bool (S,) or None)
     scored: Scored | None = None  # "unscored": the rows Eq. 6 takes (GDPO; the others: their report)
-    eq47: Backend = PLAIN
-    eq6b: Backend = PLAIN
     graph: bool = False  # replay the device part from a CUDA graph (local, contiguous, CUDA)
     lazy: bool = False  # CPU: look for non-finite inputs only when the statistics show one
     write: torch.dtype | None = None  # the dtype Eq. 6 writes (None: float64); ranks: set by agreed()
@@ -153,7 +129,7 @@ class Plan:
         inp = self.inp
         return (tuple(inp.rewards.shape), inp.rewards.dtype, str(inp.rewards.device), inp.group_size,
                 tuple(P.float_bits(w) for w in inp.weights), tuple(self.sizes), P.float_bits(self.eps),
-                self.out_dtype, self.write, self.eq47.name, self.eq6b.name, self.certify)
+                self.out_dtype, self.write, self.certify)
 
 
 def cast_limit(dtype: torch.dtype) -> float:
@@ -196,22 +172,6 @@ def reads_free(device: torch.device) -> bool:
     return device.type == "cpu"
 
 
-def _fused_on(device: torch.device) -> bool:
-    """May the fused backend run on ``device``? ``GDPO_FUSED`` unset or 0: no; else ``impl._fused``'s
-    answer."""
-    return os.environ.get("GDPO_FUSED", "") not in ("", "0") and _fused.on(device)
-
-
-def _lay_out(prep, inp, api: str, groups: int, longest: int, runs: int):
-    """The layout of labelled groups and its Eq. 4/7 backend, decided together: the fused kernel runs
-    Eq. 4/7 of one padded layout (c alone: not for standardize_groups or group_has_signal, nor under
-    "unscored")."""
-    fused = (api in (GDPO, NORMALIZE) and inp.missing == "refuse" and _fused_on(prep.r.device)
-             and _fused.padded_eligible(prep.r, longest, inp.weights))
-    layout = _eq47.layout(prep, groups, longest, runs, fused=fused, reads_free=reads_free(prep.r.device))
-    return layout, FUSED if fused and layout.kind == "padded" else PLAIN
-
-
 def local(call, api: str, *, report: bool = False) -> Plan:
     """The plan of a validated local call (``impl._inputs.Call``) of ``api``. ``report``: an Eq. 4/7
     API's caller asked for diagnostics (under "unscored" its scored rows are read for them)."""
@@ -219,28 +179,19 @@ def local(call, api: str, *, report: bool = False) -> Plan:
     if api == WHITEN:
         v = call.values
         write, certify = _output(out_dtype, v.shape[0], call.mode)
-        fused = bool(v.shape[0]) and _fused_on(v.device) and _fused.whiten_eligible(v.device, sizes, write)
         return Plan(api, **stages, eps=eps, inp=None, sizes=sizes, out_dtype=out_dtype, mode=call.mode, write=write,
-                    eq6b=FUSED if fused else PLAIN, lazy=reads_free(v.device) and not fused, certify=certify,
-                    host=call.host)
+                    lazy=reads_free(v.device), certify=certify, host=call.host)
     inp = call.inp
     gdpo, unscored = api == GDPO, inp.missing == "unscored"
     write, certify = _output(out_dtype, inp.n, call.mode) if gdpo else (None, False)
     certify = certify and not unscored  # "unscored": one rounding, uncertified
-    eq47 = eq6b = PLAIN
-    device = inp.rewards.device
-    if _fused_on(device) and not unscored:  # "unscored": the plain path (impl._fused lists it)
-        if gdpo:
-            eq6b = FUSED if _fused.whiten_eligible(device, sizes, write) else PLAIN
-        if (eq6b is FUSED or api in (NORMALIZE, SIGNAL)) and _fused.eq47_eligible(inp):  # contiguous groups
-            eq47 = FUSED
-    lazy = reads_free(device)
+    lazy = reads_free(inp.rewards.device)
     read_scored = unscored and (gdpo or report)  # "unscored": the one more read, before the arithmetic
-    common = dict(**stages, eps=eps, inp=inp, sizes=sizes, out_dtype=out_dtype, mode=call.mode, eq6b=eq6b,
+    common = dict(**stages, eps=eps, inp=inp, sizes=sizes, out_dtype=out_dtype, mode=call.mode,
                   write=write, certify=certify, own=gdpo and not certify)
     if inp.labels is None:
         graph = gdpo and not unscored and _graphable(inp)
-        return Plan(api, **common, whole=_whole_contiguous(sizes, inp.group_size) if gdpo else None, eq47=eq47,
+        return Plan(api, **common, whole=_whole_contiguous(sizes, inp.group_size) if gdpo else None,
                     lazy=lazy, graph=graph, host=call.host,
                     scored=scored(inp, sizes if gdpo else [inp.n]) if read_scored else None)
     prep = _eq47.prepare(inp, lazy=lazy)
@@ -248,30 +199,25 @@ def local(call, api: str, *, report: bool = False) -> Plan:
     if prep.lazy and P.row_problems(row):  # a refusal: a non-finite reward is reported first
         row = read_row(row, _eq47.rewards_nonfinite_facts(inp, prep.r))
     P.raise_local(row)
-    layout, eq47 = _lay_out(prep, inp, api, row[P.GROUPS], row[P.N_MAX], row[P.RUNS])
+    layout = _eq47.layout(prep, row[P.GROUPS], row[P.N_MAX], row[P.RUNS], reads_free=lazy)
     whole = _eq47.whole_units(inp, sizes, prep.labelled) if gdpo else None  # after the layout's sort
-    return Plan(api, **common, prep=prep, layout=layout, row=row, whole=whole, eq47=eq47, lazy=prep.lazy,
+    return Plan(api, **common, prep=prep, layout=layout, row=row, whole=whole, lazy=prep.lazy,
                 scored=scored(inp, sizes if gdpo else [inp.n]) if read_scored else None,
                 sort=prep.labelled.sorted_rows() if certify else None)
 
 
-def distributed(api: str, eps: float, out_dtype, sizes: list[int], mode: str, *, inp=None, values=None) -> Plan:
-    """The plan of a call across ranks before the agreement, from its checked arguments. No host read
-    but the unscored mask's; labelled groups run phase one, their layout pending (:func:`agreed`)."""
-    device = (inp.rewards if api == GDPO else values).device
-    n = inp.n if api == GDPO else values.shape[0]
-    fused = n > 0 and _fused_on(device) and _fused.whiten_eligible(device, sizes, None)
-    certify = _output(out_dtype, n, mode)[1]  # (the dtype Eq. 6 writes: agreed(), from every rank's rows)
-    common = dict(**STAGES[api], eps=eps, sizes=sizes, out_dtype=out_dtype, mode=mode)
+def distributed(call, api: str) -> Plan:
+    """The plan of a call across ranks (its checked arguments: ``impl._inputs.Call``) before the
+    agreement. No host read but the unscored mask's; labelled groups run phase one, their layout
+    pending (:func:`agreed`)."""
+    inp, sizes = call.inp, call.sizes
+    n = inp.n if api == GDPO else call.values.shape[0]
+    certify = _output(call.out_dtype, n, call.mode)[1]  # (the dtype Eq. 6 writes: agreed(), from every rank's rows)
+    common = dict(**STAGES[api], eps=call.eps, sizes=sizes, out_dtype=call.out_dtype, mode=call.mode)
     if api == WHITEN:
-        return Plan(api, **common, inp=None, eq6b=FUSED if fused else PLAIN, certify=certify)
+        return Plan(api, **common, inp=None, certify=certify)
     unscored = inp.missing == "unscored"
-    fused = fused and not unscored  # Eq. 6 takes the scored rows: the plain path (impl._fused lists it)
-    eq47 = FUSED if fused and _fused.eq47_eligible(inp) else PLAIN  # contiguous groups only
-    if inp.labels is None or n == 0:  # contiguous groups: Eq. 6 fused only after a fused Eq. 4/7
-        fused = eq47 is FUSED
-    common.update(inp=inp, scored=scored(inp, sizes) if unscored else None, eq47=eq47,
-                  eq6b=FUSED if fused else PLAIN, certify=certify and not unscored)
+    common.update(inp=inp, scored=scored(inp, sizes) if unscored else None, certify=certify and not unscored)
     if inp.labels is None or n == 0:
         return Plan(api, **common, whole=_whole_contiguous(sizes, inp.group_size) if n else None)
     return Plan(api, **common, prep=_eq47.prepare(inp, lazy=False))
@@ -279,27 +225,15 @@ def distributed(api: str, eps: float, out_dtype, sizes: list[int], mode: str, *,
 
 def agreed(plan: Plan, table: list[list[int]], rank: int) -> Plan:
     """The plan once the agreement is read: the dtype Eq. 6 writes (from every rank's row count), and
-    labelled groups' layout (with its Eq. 4/7 backend) and whole units from this rank's row."""
+    labelled groups' layout and whole units from this rank's row."""
     plan = dataclasses.replace(plan, write=_output(plan.out_dtype, sum(r[P.ROWS] for r in table), plan.mode)[0])
     if plan.prep is None:
         return plan
     mine = table[rank]
-    layout, eq47 = _lay_out(plan.prep, plan.inp, plan.api, mine[P.GROUPS], mine[P.N_MAX], mine[P.RUNS])
+    layout = _eq47.layout(plan.prep, mine[P.GROUPS], mine[P.N_MAX], mine[P.RUNS],
+                          reads_free=reads_free(plan.prep.r.device))
     whole = _eq47.whole_units(plan.inp, plan.sizes, plan.prep.labelled)
-    return dataclasses.replace(plan, layout=layout, eq47=eq47, whole=whole, row=mine)
-
-
-def guard(plan: Plan, fn: Callable[[Plan], T]) -> T:
-    """``fn(plan)``; where a fused stage fails (``_fused.FusedFailure``), the fused path goes off for
-    this process (warned once) and ``fn`` runs again on the plain plan: the same bits. The one
-    ``try`` around fused work; any other exception propagates as it is."""
-    if plan.eq47 is PLAIN and plan.eq6b is PLAIN:
-        return fn(plan)
-    try:
-        return _fused.quiet(fn, plan)
-    except _fused.FusedFailure as exc:  # Triton, its compiler, a launch: the plain plan
-        _fused.disable(exc.__cause__ or exc)
-        return fn(dataclasses.replace(plan, eq47=PLAIN, eq6b=PLAIN, graph=False))
+    return dataclasses.replace(plan, layout=layout, whole=whole, row=mine)
 
 
 # --- the facts row ------------------------------------------------------------------------------
@@ -348,17 +282,18 @@ class Device:
 
 
 def through_stats(plan: Plan, x: torch.Tensor, facts: dict) -> Device:
-    """Eq. 4, Eq. 7 and this process's Eq. 6 statistics of ``x`` (the rewards; whiten: the values) on
-    the plan's backends, findings put into ``facts``. No host read unless ``plan.lazy``."""
+    """Eq. 4, Eq. 7 and this process's Eq. 6 statistics of ``x`` (the rewards; whiten: the values),
+    findings put into ``facts`` (0-d device tensors by column of the facts row), never raised. No
+    host read unless ``plan.lazy``."""
     dev = Device(facts)
     if plan.eq4:  # Eq. 4, then Eq. 7: c (N,), input order (standardize_groups: z (N, K))
-        dev.c, dev.varies = plan.eq47.eq47(plan, x, facts)
+        dev.c, dev.varies = _eq47.eq47(plan, x, facts)
     else:
         dev.c = x  # whiten: the values are c
         if not plan.lazy:
             facts.update(value_facts(x))
     if plan.eq6:
-        dev.loc = plan.eq6b.eq6_stats(plan, dev.c, facts)  # plan.scored's rows; c kept where plan.certify
+        dev.loc = W.eq6_stats(plan, dev.c, facts)  # plan.scored's rows; c kept where plan.certify
         if plan.lazy and not plan.eq4 and not dev.loc.finite():  # whiten on CPU: looked for only now
             facts.update(value_facts(x))
     return dev
@@ -369,7 +304,7 @@ def device_part(plan: Plan, x: torch.Tensor) -> Device:
     replays."""
     dev = through_stats(plan, x, {})
     if plan.eq6:
-        dev.a = plan.eq6b.eq6_apply(plan, dev.loc, None, plan.write)
+        dev.a = W.eq6_apply(plan, dev.loc, None, plan.write)
     return dev
 
 
@@ -378,12 +313,7 @@ def run(call, api: str, diagnostics=None):
     replay), the facts row's one host read and its first refusal, then the cast and the certificate."""
     plan = local(call, api, report=diagnostics is not None)
     x = call.values if call.inp is None else call.inp.rewards
-    if plan.graph:
-        dev = _replayed(plan, x)
-    elif plan.eq47.fused or plan.eq6b.fused:
-        dev = guard(plan, lambda p: device_part(p, x))
-    else:
-        dev = device_part(plan, x)
+    dev = _replayed(plan, x) if plan.graph else device_part(plan, x)
     if dev.facts:  # (none found: nothing to refuse; on CPU, found only where a statistic showed one)
         row = read_row(plan.host if plan.row is None else plan.row, dev.facts)  # the one host read
         if plan.inp is None and P.row_problems(row):  # whiten: the unit of the first bad value
@@ -459,7 +389,7 @@ def _replayed(plan: Plan, x: torch.Tensor) -> Device:
     key = plan.key
     entry = None if key in _FAILED else _GRAPHS.get(key) or _capture(key, plan)
     if entry is None:
-        return guard(plan, lambda p: device_part(p, x))
+        return device_part(plan, x)
     _GRAPHS.move_to_end(key)
     graph, static_in, out, cols, facts, _kept = entry
     static_in.copy_(x)

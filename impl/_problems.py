@@ -123,8 +123,12 @@ def layout_code(t: torch.Tensor) -> int:
     return _LAYOUTS.index(t.layout) + 1 if t.layout in _LAYOUTS else _OTHER_LAYOUT
 
 
+#: The device types impl computes on, by code (3: any other)
+DEVICE_CODES = {"cpu": 1, "cuda": 2}
+
+
 def device_code(device: torch.device) -> int:
-    return {"cpu": 1, "cuda": 2}.get(device.type, 3)
+    return DEVICE_CODES.get(device.type, 3)
 
 
 _DEVICE_NAMES = {1: "cpu", 2: "cuda", 3: "other than CPU and CUDA (e.g. meta or mps)"}
@@ -196,7 +200,7 @@ def _problem(code: int, cls: type, words) -> int:
     return code
 
 
-def _type_words(arg: str):
+def type_words(arg: str):
     def fmt(a, b, c, detail=""):
         if a == 1:  # an int beyond float64, somewhere (the entry is named by P_*_ENTRY where it is found)
             return f"{arg} must be a tensor or a sequence of floats; a value does not fit float64 (a Python int " \
@@ -205,13 +209,13 @@ def _type_words(arg: str):
     return fmt
 
 
-def _dtype_words(arg: str, eq: str):
+def dtype_words(arg: str, eq: str):
     return lambda a, b, c: (f"{arg} has dtype {dtype_name(a)}; {eq} needs a real floating dtype ({_INPUT_NAMES})"
                             + (f"; float8 is an output format only: pass {arg}.float() (exact)"
                                if dtype_name(a).startswith("float8") else ""))
 
 
-def _layout_words(arg: str):
+def layout_words(arg: str):
     def fmt(a, b, c):
         name = _LAYOUT_NAMES[a - 1] if 1 <= a <= len(_LAYOUTS) else None
         if a == _NESTED_STRIDED or name == "jagged":  # torch reports a nested tensor's layout as strided
@@ -238,16 +242,6 @@ def _sequence_words(rule: str, order: str, items: str):
 def _item_words(arg: str, where: str, rule: str, hint=lambda b, c: ""):
     """An item ``a`` of a sequence of numbers is what ``b`` says instead (``_what``)."""
     return lambda a, b, c, detail="": f"{arg}[{a}] ({where} {a}) is {_what(b, c, detail)}; {rule}{hint(b, c)}"
-
-
-def _group_size_type(a: int, b: int, c: int, detail: str = "") -> str:
-    """a: what group_size is (_ITEM_KINDS); b: a bool's value, a float's bits, a tensor's
-    dtype code (c = 0) or dimension count (c = 1), an array's dimension count."""
-    if a == K_TENSOR:
-        got = f"a {b}-D tensor" if c else f"a tensor of dtype {dtype_name(b)}"
-    else:
-        got = f"a {b}-D array" if a == K_ARRAY else _what(a, b, detail)
-    return f"group_size must be a Python int, a NumPy integer or a 0-d integer tensor (not a bool); got {got}"
 
 
 def _group_ids_type(a: int, b: int, c: int, detail: str = "") -> str:
@@ -319,13 +313,15 @@ _ARG_NAMES = {ARG_REWARDS: "rewards", ARG_VALUES: "values", ARG_GROUP_IDS: "grou
               ARG_SEGMENTS: "segment_sizes", ARG_EPS: "eps"}
 _INTS = "(Python ints, NumPy integers)"
 
-P_REWARDS_TYPE = _problem(1, InputDtypeError, _type_words("rewards"))
-P_REWARDS_DTYPE = _problem(2, InputDtypeError, _dtype_words("rewards", "Eq. 4"))
+P_REWARDS_TYPE = _problem(1, InputDtypeError, type_words("rewards"))
+P_REWARDS_DTYPE = _problem(2, InputDtypeError, dtype_words("rewards", "Eq. 4"))
 P_REWARDS_NDIM = _problem(3, ShapeError, "rewards must be (N,) or (N, K); got a {a}-D tensor")
 P_REWARDS_EMPTY = _problem(4, ShapeError, "rewards is empty (N={a} rows, K={b} reward columns)")
 P_GROUPS_BOTH = _problem(5, GroupError, "pass exactly one of group_ids and group_size, not both")
 P_GROUPS_NONE = _problem(6, GroupError, "pass exactly one of group_ids and group_size (got neither)")
-P_GROUP_SIZE_TYPE = _problem(7, GroupError, _group_size_type)
+#: a: what group_size is instead (K_*), b: a bool's value or a float's bits
+P_GROUP_SIZE_TYPE = _problem(7, GroupError, lambda a, b, c, detail="": "group_size must be a Python int, a NumPy "
+                             f"integer or a 0-d integer tensor (not a bool); got {_what(a, b, detail)}")
 P_GROUP_SIZE_SMALL = _problem(8, GroupError, "group_size={a}: Eq. 4 needs groups of at least 2 samples (unbiased std)")
 P_GROUP_SIZE_DIVIDE = _problem(9, GroupError, lambda a, b, c: f"N={a} rows is not a multiple of group_size={b}: "
                                f"the last group would hold {a % b} sample(s)")
@@ -341,8 +337,8 @@ P_WEIGHTS_ZERO = _problem(16, WeightError, "all {a} weights are zero: Eq. 7 woul
 P_WEIGHTS_INEXACT = _problem(17, WeightError, lambda a, b, c, detail="": f"weights[{a}] (reward column {a}) is " + (
     f"{detail or 'a number'}, beyond float64's range (|w| <= 1.797e308)" if b else
     "a number float64 cannot hold exactly"))
-P_VALUES_TYPE = _problem(18, InputDtypeError, _type_words("values"))
-P_VALUES_DTYPE = _problem(19, InputDtypeError, _dtype_words("values", "Eq. 6"))
+P_VALUES_TYPE = _problem(18, InputDtypeError, type_words("values"))
+P_VALUES_DTYPE = _problem(19, InputDtypeError, dtype_words("values", "Eq. 6"))
 P_VALUES_NDIM = _problem(20, ShapeError, "values must be 1-D (N,); got a {a}-D tensor")
 P_SEGMENTS_TYPE = _problem(21, SegmentError, _sequence_words(
     "segment_sizes must be a 1-D sequence or tensor of non-negative ints", "sizes in unit", "units"))
@@ -362,19 +358,18 @@ P_SEGMENT_INT64 = _problem(30, SegmentError, lambda a, b, c, detail="": f"segmen
                            "int64 (|size| >= 2**63)" + (f": got {detail}" if detail else ""))
 P_DEVICE = _problem(31, InputDtypeError, lambda a, b, c: f"{_ARG_NAMES.get(a, 'an argument')} is on a device of "
                     f"type {_DEVICE_NAMES.get(b, b)}; impl.gdpo computes on CPU or CUDA tensors (float64 inside)")
-P_EPS_TYPE = _problem(32, InputDtypeError, lambda a, b, c: "eps must be a real number (an int, a float, a NumPy real "
-                      "scalar or a 0-d real tensor); got " + {
-                          1: "None", 2: "a bool", 3: "a string", 4: "a complex number",
-                          5: "a sequence or an array of more than 0 dimensions"}.get(a, "another type"))
+#: a: what eps is instead (K_*), b: a bool's value
+P_EPS_TYPE = _problem(32, InputDtypeError, lambda a, b, c, detail="": "eps must be a real number (an int, a float, a "
+                      f"NumPy real scalar or a 0-d real tensor); got {_what(a, b, detail)}")
 P_REFUSED = _problem(33, GDPOError, _refused)  # a: refusal_code of the adapter's refusal
 P_WEIGHTS_ITEM = _problem(34, WeightError, _item_words(
     "weights", "reward column", "weights are real numbers (ints, floats, NumPy real scalars)",
     lambda b, c: "; pass the weights as one (K,) tensor or a list of numbers" if b == K_TENSOR else ""))
-P_REWARDS_LAYOUT = _problem(35, InputDtypeError, _layout_words("rewards"))
-P_VALUES_LAYOUT = _problem(36, InputDtypeError, _layout_words("values"))
-P_GROUP_IDS_LAYOUT = _problem(37, GroupError, _layout_words("group_ids"))
-P_WEIGHTS_LAYOUT = _problem(38, WeightError, _layout_words("weights"))
-P_SEGMENTS_LAYOUT = _problem(39, SegmentError, _layout_words("segment_sizes"))
+P_REWARDS_LAYOUT = _problem(35, InputDtypeError, layout_words("rewards"))
+P_VALUES_LAYOUT = _problem(36, InputDtypeError, layout_words("values"))
+P_GROUP_IDS_LAYOUT = _problem(37, GroupError, layout_words("group_ids"))
+P_WEIGHTS_LAYOUT = _problem(38, WeightError, layout_words("weights"))
+P_SEGMENTS_LAYOUT = _problem(39, SegmentError, layout_words("segment_sizes"))
 #: b: what the label is instead (K_*); c: a bool's value, a float's bits, 1 for an int beyond int64
 #: that a uint64 tensor could hold
 P_GROUP_IDS_ITEM = _problem(40, GroupError, _item_words(
@@ -390,7 +385,7 @@ P_VALUES_ENTRY = _problem(43, InputDtypeError, lambda a, b, c, detail="": entry_
 P_REWARDS_RAGGED = _problem(44, InputDtypeError, lambda a, b, c, detail="": ragged_message("rewards", a, b, c, detail))
 P_VALUES_RAGGED = _problem(45, InputDtypeError, lambda a, b, c, detail="": ragged_message("values", a, b, c, detail))
 # Eq. 7 alone (impl.gdpo.combine) on given z, local only: its own words for z
-P_Z_DTYPE = _problem(46, InputDtypeError, _dtype_words("z", "Eq. 7"))
+P_Z_DTYPE = _problem(46, InputDtypeError, dtype_words("z", "Eq. 7"))
 P_Z_NDIM = _problem(47, ShapeError, "z must be (N,) or (N, K); got a {a}-D tensor")
 P_Z_EMPTY = _problem(48, ShapeError, "z is empty (N={a} rows, K={b} reward columns)")
 P_Z_NONFINITE = _problem(49, NonFiniteError, lambda a, b, c: f"z[{a}, {b}] (row {a}, reward column {b}) is {_KINDS[c]}")
@@ -406,25 +401,6 @@ P_CERTIFIED = _problem(52, InputDtypeError, lambda a, b, c, detail="": "certifie
 P_PROCESS_STATE = _problem(53, GDPOError, lambda a, b, c: str(process_state_error((bool(a & 1), bool(a & 2)))))
 P_DIAGNOSTICS = _problem(54, InputDtypeError, lambda a, b, c, detail="": "diagnostics must be an "
                          f"impl.gdpo.Diagnostics (or None); got {detail or 'another value'}")
-
-
-def process_group_error(api: int, group, shown: str, reason: str = "") -> GDPOError:
-    """The refusal of a ``process_group`` that names no usable group: raised at once on the
-    rank that passed it (no collective can carry it). ``shown``: the caller's value as text."""
-    name = API_NAMES.get(api, "GDPO")
-    if reason == "type":
-        return InputDtypeError(
-            f"{name}: process_group must be a torch.distributed ProcessGroup (e.g. torch.distributed.group.WORLD "
-            f"after init_process_group), or None for a local call; got {shown}")
-    if reason == "non_member":
-        return DistributedError(
-            f"{name}: process_group is GroupMember.NON_GROUP_MEMBER ({shown}): this rank is not a member of the "
-            "group torch.distributed.new_group made; call it only on the group's ranks")
-    if reason == "uninitialized":
-        return DistributedError(
-            f"{name}: process_group is a ProcessGroup but torch.distributed is not initialized (call "
-            "init_process_group first; was the group destroyed?)")
-    return DistributedError(f"{name}: process_group ({shown}) cannot be used on this rank: {reason}")
 
 
 def host_error(code: int, a: int = 0, b: int = 0, c: int = 0, detail: str = "") -> GDPOError:

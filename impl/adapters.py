@@ -62,7 +62,9 @@ from collections.abc import Hashable, Mapping, Sequence, Set
 import torch
 
 from impl import _distributed
-from impl._inputs import _INT64_MAX, _INT64_MIN, _is_int, numpy_view, read_tensor
+from impl import _problems as P
+from impl._inputs import _INT64_MAX, _INT64_MIN, _is_int, numpy_view, read_tensor, unreadable
+from impl._pipeline import reads_free
 from impl._problems import GroupLengthError
 from impl.gdpo import _opaque_to_dynamo
 from impl.gdpo import (
@@ -80,9 +82,6 @@ from spec.constants import DEFAULT_EPS
 
 __all__ = ["trl_advantages", "verl_advantages", "labelled_advantages"]
 
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).replace("torch.", "")
-
 
 def _numpy(x, kind: str = "ndarray") -> bool:
     """Is ``x`` a NumPy ``kind`` (an ndarray, or a "generic" scalar)?"""
@@ -97,16 +96,12 @@ def _unreadable_error(x, where: str, overflow: bool, column: str) -> InputDtypeE
     """The refusal of a Python/NumPy sequence torch cannot read as real numbers: its first
     entry torch cannot read (sample, ``column``, what it is) or first row of another length,
     as impl.gdpo finds them for ``rewards``."""
-    from impl import _problems as P
-    from impl._inputs import unreadable
-
     p = unreadable(x, P.P_REWARDS_TYPE, overflow)
     if p.code == P.P_REWARDS_ENTRY:
         return InputDtypeError(P.entry_message(where, p.a, p.b, p.c, p.detail, row="sample", column=column))
     if p.code == P.P_REWARDS_RAGGED:
         return InputDtypeError(P.ragged_message(where, p.a, p.b, p.c, p.detail, row="sample"))
-    return InputDtypeError(f"{where} must be a tensor or a sequence of floats; got {type(x).__name__}"
-                           + ("; a value does not fit float64 (a Python int beyond 1.8e308?)" if overflow else ""))
+    return InputDtypeError(P.type_words(where)(p.a, p.b, p.c, p.detail))
 
 
 def _float_tensor(x, where: str, device: torch.device | None, column: str = "column") -> torch.Tensor:
@@ -119,13 +114,10 @@ def _float_tensor(x, where: str, device: torch.device | None, column: str = "col
         raise _unreadable_error(x, where, isinstance(exc, OverflowError), column) from None
     if t is not x and device is not None:
         t = t.to(device)
-    if t.layout != torch.strided or t.is_nested:
-        how = "" if t.is_nested else ": convert it with .to_dense()"
-        raise InputDtypeError(f"{where} has layout {'nested' if t.is_nested else t.layout}; impl.gdpo reads dense "
-                              f"(strided) tensors only{how}")
+    if P.layout_code(t):
+        raise InputDtypeError(P.layout_words(where)(P.layout_code(t), 0, 0))
     if not t.is_floating_point():
-        raise InputDtypeError(f"{where} has dtype {_dtype_name(t.dtype)}; rewards must be of a real floating "
-                              "dtype (float16, bfloat16, float32 or float64)")
+        raise InputDtypeError(P.dtype_words(where, "Eq. 4")(P.dtype_code(t.dtype), 0, 0))
     if t.device.type not in ("cpu", "cuda"):
         raise InputDtypeError(f"{where} is on a device of type {t.device.type}; impl.gdpo computes on CPU or "
                               "CUDA tensors")
@@ -309,8 +301,6 @@ def _refuse_with_peers(process_group, refusal: Exception, arg: str, eps, out_dty
     group ``refusal`` is raised. Under one it must not raise alone (its peers would wait in the
     agreement until the group's timeout). It joins the agreement refused instead, and every rank
     raises the same DistributedError (here chained on ``refusal``), renamed as the peers rename theirs."""
-    from impl import _problems
-
     if process_group is None:
         raise refusal
 
@@ -322,7 +312,7 @@ def _refuse_with_peers(process_group, refusal: Exception, arg: str, eps, out_dty
         pass
     hint = None if device is None else torch.empty(0, dtype=torch.float32, device=device)
     try:
-        _distributed.run_distributed(_problems.API_GDPO, process_group, rewards=hint, eps=eps, out_dtype=out_dtype,
+        _distributed.run_distributed(P.API_GDPO, process_group, rewards=hint, eps=eps, out_dtype=out_dtype,
                                      refused=refusal)
     except DistributedError as e:
         _raise_renamed(e, re.sub(r"\bgroup_ids\b", arg, str(e)))
@@ -361,8 +351,6 @@ def trl_advantages(rewards_per_func: torch.Tensor, num_generations: int, reward_
     Refusals are impl.gdpo's, in TRL's argument names (``num_generations``,
     ``reward_weights``, ``rewards_per_func``)."""
     if num_generations is None:  # impl.gdpo would read it as "no group_size" (neither groups nor labels)
-        from impl import _problems as P
-
         refusal = P.host_error(P.P_GROUP_SIZE_TYPE, P.K_NONE)  # the words of impl.gdpo's group_size refusal
         refusal = type(refusal)(re.sub(r"\bgroup_size\b", "num_generations", str(refusal)))
         _refuse_with_peers(process_group, refusal, "num_generations", eps, out_dtype, rewards_per_func)
@@ -409,11 +397,6 @@ def _empty_row_error(empty: torch.Tensor) -> ShapeError | None:
                       "nothing, a 0 that no reward gave; drop the sample or fix the mask")
 
 
-def _host_reads_free(device: torch.device) -> bool:
-    """Whether reading a tensor on ``device`` to the host costs nothing (no GPU synchronisation)."""
-    return device.type == "cpu"
-
-
 class _Mask:
     """The response mask as bool, and what is left to check of it: every entry 0 or 1,
     every sample at least one response token. On CPU both are checked at once (a read
@@ -430,18 +413,17 @@ class _Mask:
             except (TypeError, ValueError, RuntimeError, OverflowError):
                 raise InputDtypeError(f"response_mask must be a (B, T) tensor of 0/1 (or bool); got "
                                       f"{type(response_mask).__name__}") from None
-        if m.layout != torch.strided or m.is_nested:
-            raise InputDtypeError(f"response_mask has layout {'nested' if m.is_nested else m.layout}; impl.gdpo "
-                                  "reads dense (strided) tensors only")
+        if P.layout_code(m):
+            raise InputDtypeError(P.layout_words("response_mask")(P.layout_code(m), 0, 0))
         if m.is_complex():
-            raise InputDtypeError(f"response_mask has dtype {_dtype_name(m.dtype)}; a mask is bool, integer "
+            raise InputDtypeError(f"response_mask has dtype {P.dtype_name(P.dtype_code(m.dtype))}; a mask is bool, integer "
                                   "0/1 or real 0/1")
         if m.dim() != 2:
             raise ShapeError(f"response_mask must be (B, T), one row of tokens per sample; got shape "
                              f"{tuple(m.shape)}")
         self.raw, self.bad = m, _not_zero_one(m)  # bad: None once checked, or for a bool mask
         self.empty = ~m.to(torch.bool).any(dim=-1)  # NaN is true: a NaN entry is refused as a value, not here
-        if _host_reads_free(m.device):  # a host sequence is checked here, on the CPU
+        if reads_free(m.device):  # a host sequence is checked here, on the CPU
             error = self.error()
             if error is not None:
                 raise error

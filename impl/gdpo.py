@@ -19,15 +19,12 @@ tensors, or Python/NumPy sequences read as float64; ``process_group=None`` is a 
 with a group a rank may hold no rows; groups of Eq. 4 never span ranks. Only float8 outputs can
 fail their cast (OutOfRangeError): a whitened value is at most (n-1)/sqrt(n).
 
-``GDPO_FUSED=1`` (opt-in, needs Triton): calls on CUDA tensors run as a few fused Triton kernels
-with the same bits; which calls take it is listed once, in ``impl._fused``'s docstring.
-
 Host synchronisations on CUDA: one per call (the read of the facts row or the agreement table),
 after every kernel of a contiguous-group call is queued (labelled groups read their shape there,
 before Eq. 4). More only where stated: weights or segment_sizes given as CUDA tensors (pass
 lists), more than 32 units across ranks, the float8 cast check, labelled groups so ragged that
 padding would exceed 4x the batch, weights so large that Eq. 7 may overflow float64,
-``missing="unscored"`` (the scored rows' mask; it also takes the plain path), and refused calls.
+``missing="unscored"`` (the scored rows' mask), and refused calls.
 
 Missing rewards: ``missing="refuse"`` (the default) refuses a NaN reward; ``missing="unscored"``
 reads it as one its reward function did not score (spec/gdpo.md section 2).
@@ -87,7 +84,8 @@ def standardize_groups(rewards, *, group_ids=None, group_size=None, eps=DEFAULT_
 
     Arguments and refusals as in :func:`normalize_rewards` (no weights: Eq. 7 is not applied).
     """
-    call = _inputs.check_normalize(rewards, group_ids, group_size, None, eps, missing, diagnostics)
+    call = _inputs.check_local(rewards=rewards, group_ids=group_ids, group_size=group_size, eps=eps,
+                               missing=missing, diagnostics=diagnostics, eq6=False)
     return _pipeline.run(call, _pipeline.STANDARDIZE, diagnostics)
 
 
@@ -128,7 +126,8 @@ def normalize_rewards(rewards, *, group_ids=None, group_size=None, weights=None,
     NonFiniteError (first bad row, column and group), GroupError, WeightError,
     OutOfRangeError (Eq. 7 overflows float64).
     """
-    call = _inputs.check_normalize(rewards, group_ids, group_size, weights, eps, missing, diagnostics)
+    call = _inputs.check_local(rewards=rewards, group_ids=group_ids, group_size=group_size, weights=weights,
+                               eps=eps, missing=missing, diagnostics=diagnostics, eq6=False)
     return _pipeline.run(call, _pipeline.NORMALIZE, diagnostics)
 
 
@@ -151,7 +150,8 @@ def group_has_signal(rewards, *, group_ids=None, group_size=None, weights=None, 
     Groups are ordered by first appearance (group_ids) or contiguously (group_size).
     ``missing`` and ``diagnostics`` as in :func:`normalize_rewards` (an unscored row's c is 0).
     """
-    call = _inputs.check_normalize(rewards, group_ids, group_size, weights, eps, missing, diagnostics)
+    call = _inputs.check_local(rewards=rewards, group_ids=group_ids, group_size=group_size, weights=weights,
+                               eps=eps, missing=missing, diagnostics=diagnostics, eq6=False)
     return _pipeline.run(call, _pipeline.SIGNAL, diagnostics)
 
 
@@ -173,7 +173,9 @@ def whiten(values, *, segment_sizes=None, process_group=None, eps=DEFAULT_EPS, o
     then runs a local call. certified: the rounding's certificate, as in :func:`gdpo_advantages`.
     """
     if process_group is None:
-        return _pipeline.run(_inputs.check_whiten(values, segment_sizes, eps, out_dtype, certified), _pipeline.WHITEN)
+        call = _inputs.check_local(values=values, whiten=True, segment_sizes=segment_sizes, eps=eps,
+                                   out_dtype=out_dtype, certified=certified)
+        return _pipeline.run(call, _pipeline.WHITEN)
     return _distributed.run_distributed(_P.API_WHITEN, process_group, values=values, segment_sizes=segment_sizes,
                                         eps=eps, out_dtype=out_dtype, certified=certified)[0]
 
@@ -191,15 +193,16 @@ def gdpo_advantages(rewards, *, group_ids=None, group_size=None, weights=None, s
     left out of its unit's Eq. 6 statistics (count and moments, across ranks too); a unit
     with fewer than two scored rows gives 0 throughout, while a unit of one row is still a
     SegmentError. Every rank must pass the same ``missing``; ``diagnostics`` then also
-    counts the unscored rows of all ranks. Costs: the plain path (no ``GDPO_FUSED``, no
-    CUDA graph) and one more host read (the scored rows), the same collectives.
+    counts the unscored rows of all ranks. Costs: no CUDA graph and one more host read (the
+    scored rows), the same collectives.
     ``torch.distributed.group.WORLD`` is None before ``init_process_group``, so passing it
     then runs a local call. certified: None (``GDPO_CERTIFIED``, else "narrow"), "narrow", "all"
     (or True) or "off" (or False); every rank must pass the same (module docstring).
     """
     if process_group is None:
-        call = _inputs.check_gdpo(rewards, group_ids, group_size, weights, segment_sizes, eps, out_dtype, missing,
-                                  diagnostics, certified)
+        call = _inputs.check_local(rewards=rewards, group_ids=group_ids, group_size=group_size, weights=weights,
+                                   segment_sizes=segment_sizes, eps=eps, out_dtype=out_dtype, missing=missing,
+                                   diagnostics=diagnostics, certified=certified)
         return _pipeline.run(call, _pipeline.GDPO, diagnostics)
     return _distributed.run_distributed(_P.API_GDPO, process_group, rewards=rewards, group_ids=group_ids,
                                         group_size=group_size, weights=weights, segment_sizes=segment_sizes,

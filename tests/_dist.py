@@ -172,10 +172,9 @@ def _die(rank, world, group, device, values, victim=1):
 
 
 #: Where ``_fail`` makes the victim's local computation raise: module, attribute.
-#: (The fused path's counterparts too, so that a run with GDPO_FUSED fails at the same point.)
-FAIL_AT = {"combine": [("impl._eq47", "combine"), ("impl._fused", "eq47_padded")],  # labelled groups' Eq. 4/7, after the agreement
-           "table": [("impl._whiten", "Local.table"), ("impl._fused", "Local.table")],  # before collective 2
-           "apply": [("impl._whiten", "apply_global"), ("impl._fused", "Local.apply")],  # after collective 2
+FAIL_AT = {"combine": [("impl._eq47", "combine")],  # labelled groups' Eq. 4/7, after the agreement
+           "table": [("impl._whiten", "Local.table")],  # before collective 2
+           "apply": [("impl._whiten", "apply_global")],  # after collective 2
            "buffers": [("impl._distributed", "_Buffers.__init__")],  # collectives 2 and 3's buffer (before 1)
            "late_row": [("impl._distributed", "_late_row")]}  # this rank's row of collective 3
 
@@ -344,8 +343,6 @@ def _rank_main(rank, world, init_file, out_dir, scenarios, timeout_s, backend, d
         counter.counts = {}
         t0 = time.monotonic()
         rec = {"rank": rank, "name": name}
-        fused = sys.modules.get("impl._fused")
-        fused_before = fused.stats["calls"] if fused else 0
         kwargs = dict(kwargs)
         count_syncs = kwargs.pop("count_syncs", False)
         try:
@@ -367,9 +364,7 @@ def _rank_main(rank, world, init_file, out_dir, scenarios, timeout_s, backend, d
                 cause = cause.__cause__ or cause.__context__
             rec.update(status="error", cls=type(exc).__name__, mro=[c.__name__ for c in type(exc).__mro__],
                        msg=str(exc), tb=traceback.format_exc()[-2000:], causes=causes)
-        fused = sys.modules.get("impl._fused")
-        rec.update(seconds=time.monotonic() - t0, collectives=dict(counter.counts),
-                   fused_calls=(fused.stats["calls"] if fused else 0) - fused_before)
+        rec.update(seconds=time.monotonic() - t0, collectives=dict(counter.counts))
         tmp = os.path.join(out_dir, f".r{rank}_{i}.tmp")
         with open(tmp, "wb") as f:
             pickle.dump(rec, f)

@@ -101,7 +101,7 @@ def _tok(seed=0):
     [1, 0, 1, 0],  # Python ints: int64, as impl.gdpo reads them
 ], ids=["int64", "bool", "int32", "complex", "int_list"])
 def test_labelled_refuses_a_non_float_component_beside_floats_naming_its_key(bad):
-    with pytest.raises(InputDtypeError, match=r"rewards\['b'\] has dtype \w+; rewards must be of a real floating"):
+    with pytest.raises(InputDtypeError, match=r"rewards\['b'\] has dtype \w+; Eq. 4 needs a real floating"):
         adapters.labelled_advantages({"a": X, "b": bad}, [0, 0, 1, 1], weights={"a": 0.0, "b": 1.0})
 
 
@@ -256,7 +256,7 @@ def test_verl_score_overflow_is_out_of_range_not_an_invented_inf():
 
 def _defer_mask_checks(monkeypatch):
     """The CUDA path on the CPU: no host read is free, so the mask's values ride impl.gdpo's read."""
-    monkeypatch.setattr(adapters, "_host_reads_free", lambda device: False)
+    monkeypatch.setattr(adapters, "reads_free", lambda device: False)
 
 
 def _masked(dtype, *entries):
@@ -633,9 +633,9 @@ def _sample_names_rank(rank, world, init_file, out_dir):
     }
     out = {}
     for name, call in scenarios.items():
-        reads_free = adapters._host_reads_free
+        reads_free = adapters.reads_free
         if name == "verl_mask_through_gdpos_read":  # the CUDA path, on gloo
-            adapters._host_reads_free = lambda device: False
+            adapters.reads_free = lambda device: False
         try:
             call()
             out[name] = ("ok", "", "")
@@ -643,7 +643,7 @@ def _sample_names_rank(rank, world, init_file, out_dir):
             cause = e.__cause__
             out[name] = (type(e).__name__, str(e), "" if cause is None else f"{type(cause).__name__}: {cause}")
         finally:
-            adapters._host_reads_free = reads_free
+            adapters.reads_free = reads_free
         with open(os.path.join(out_dir, f"{rank}.pkl"), "wb") as f:
             pickle.dump(out, f)
     dist.destroy_process_group()
@@ -704,10 +704,12 @@ def test_verl_a_sample_without_a_response_token_is_refused_naming_it(monkeypatch
         adapters.verl_advantages({"acc": _tok()}, value, ["a", "a", "b", "b"])
 
 
-@pytest.mark.parametrize("make, shown", [(lambda t: t.to_sparse(), "torch.sparse_coo"),
-                                         (lambda t: torch.nested.nested_tensor([t], layout=torch.jagged), "nested")])
+@pytest.mark.parametrize("make, shown", [
+    (lambda t: t.to_sparse(), r"has layout torch.sparse_coo; impl.gdpo reads dense"),
+    (lambda t: torch.nested.nested_tensor([t], layout=torch.jagged),
+     r"is a nested tensor \(layout torch.jagged\); impl.gdpo reads ordinary dense")])
 def test_labelled_refuses_a_component_that_is_not_dense_naming_its_key(make, shown):
-    with pytest.raises(InputDtypeError, match=rf"^rewards\['b'\] has layout {shown}; impl.gdpo reads dense"):
+    with pytest.raises(InputDtypeError, match=rf"^rewards\['b'\] {shown}"):
         adapters.labelled_advantages({"a": X, "b": make(X)}, [0, 0, 1, 1])
 
 

@@ -1,8 +1,7 @@
 """The documents hang together (issue 24): every relative link in README.md and docs/*.md
-reaches an existing file (and heading, where it names one), the README links every page
-under docs/, and the fused path's exceptions are told once, in impl/_fused.py's docstring."""
+reaches an existing file (and heading, where it names one), and the README links every page
+under docs/."""
 
-import ast
 import re
 from pathlib import Path
 
@@ -66,19 +65,3 @@ def test_readme_links_every_docs_page():
     linked = {(ROOT / t.partition("#")[0]).resolve() for t in _relative(README)}
     missing = [p.relative_to(ROOT).as_posix() for p in DOCS if p.resolve() not in linked]
     assert not missing, f"README.md does not link {missing}"
-
-
-def test_fused_exceptions_are_told_once():
-    """The calls GDPO_FUSED=1 leaves on the plain path are listed in impl/_fused.py's docstring
-    only (tests/test_located_messages.py holds that list to the code); the README, the docs
-    and impl/gdpo.py's docstring point there instead of repeating it."""
-    gdpo_doc = ast.get_docstring(ast.parse((ROOT / "impl" / "gdpo.py").read_text()))
-    fused_doc = ast.get_docstring(ast.parse((ROOT / "impl" / "_fused.py").read_text()))
-    marks = ("2**990", "with labels", "512 rows")
-    assert all(m in " ".join(fused_doc.split()) for m in marks), fused_doc
-    texts = {p.relative_to(ROOT).as_posix(): p.read_text() for p in PAGES}
-    texts["impl/gdpo.py docstring"] = gdpo_doc
-    repeated = {name: [m for m in marks if m in " ".join(text.split())] for name, text in texts.items()}
-    assert not any(repeated.values()), {k: v for k, v in repeated.items() if v}
-    assert "impl/_fused.py" in texts["docs/performance.md"]
-    assert "impl._fused" in gdpo_doc

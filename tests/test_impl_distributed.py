@@ -130,8 +130,7 @@ def scenarios(world):
         rw = [[[rng.random(), rng.random()] for _ in range(2 * units)] for _ in range(world)]
         out.append((f"count_gdpo_{units}u", "gdpo", {"rewards": rw, "group_size": 2, "sizes": sizes}))
 
-    # a local computation that raises between or after the collectives (last: a fused-path
-    # failure turns that path off for the rest of the process)
+    # a local computation that raises between or after the collectives
     labels = [[4, 9, 4, 9, 9, 4]] * world
     huge = [[1e308, 0.0]] * world  # Eq. 7 may overflow: labelled groups take collective 3
     out.append(("fail_finish_labelled", "fail", {"at": "combine", "call_kind": "gdpo", "rewards": rewards,

@@ -513,7 +513,8 @@ def test_graphable_device_part_is_the_call():
     from impl import _problems as P
 
     def part(x):  # planned as on CUDA: no lazy search (every check without a branch)
-        call = _inputs.check_gdpo(x, None, 8, w, [40, 56], DEFAULT_EPS, F32)
+        call = _inputs.check_local(rewards=x, group_size=8, weights=w, segment_sizes=[40, 56], eps=DEFAULT_EPS,
+                                   out_dtype=F32)
         plan = dataclasses.replace(_pipeline.local(call, _pipeline.GDPO), lazy=False)
         return _pipeline.device_part(plan, call.inp.rewards)
 

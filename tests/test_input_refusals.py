@@ -254,9 +254,11 @@ def test_group_size_may_be_any_integer_scalar(group_size):
 
 _GS = r"^group_size must be a Python int, a NumPy integer or a 0-d integer tensor \(not a bool\); got "
 GROUP_SIZES = [
-    (True, r"a bool \(True\)"), (np.True_, r"a bool \(True\)"), (torch.tensor(True), r"a tensor of dtype bool"),
-    (2.0, r"a float \(2.0\)"), (np.float32(2.0), r"a float \(2.0\)"), (torch.tensor(2.0), r"a tensor of dtype float32"),
-    (torch.tensor([2]), r"a 1-D tensor"), (np.array([2]), r"a 1-D array"), ("2", r"a str \('2'\)"),
+    (True, r"a bool \(True\)"), (np.True_, r"a bool \(True\)"),
+    (torch.tensor(True), r"a tensor \(shape \(\), dtype bool\)"), (2.0, r"a float \(2.0\)"),
+    (np.float32(2.0), r"a float \(2.0\)"), (torch.tensor(2.0), r"a tensor \(shape \(\), dtype float32\)"),
+    (torch.tensor([2]), r"a tensor \(shape \(1,\), dtype int64\)"), (np.array([2]), r"an array \(shape \(1,\)\)"),
+    ("2", r"a str \('2'\)"),
     ([2], r"a list \(\[2\]\)"), (2 + 0j, r"a complex number \(2\+0j\)"),
 ]
 

@@ -133,13 +133,13 @@ def test_each_package_imports_only_what_the_layout_allows():
 
 #: impl's spine (docs/architecture.md): the stages receive the plan as an argument and never reach
 #: the orchestration (the plan and the local spine, the distributed protocol, the entry points),
-#: not even to name a type; Eq. 4, 7 and 6 and the fused kernels never reach the certificate (it
+#: not even to name a type; Eq. 4, 7 and 6 never reach the certificate (it
 #: reads their results, handed over by the spine); and the local spine never reaches the protocol
 #: (impl.gdpo dispatches to both; the protocol runs the spine's stages).
-IMPL_STAGES = ("_inputs", "_eq47", "_whiten", "_fused", "_certify", "_certify.tiers", "_certify.bounds",
+IMPL_STAGES = ("_inputs", "_eq47", "_whiten", "_certify", "_certify.tiers", "_certify.bounds",
                "_certify.exact", "_certify.dd")
 IMPL_ORCHESTRATION = ("_pipeline", "_distributed", "gdpo", "adapters")
-IMPL_ARITHMETIC = ("_eq47", "_whiten", "_fused")
+IMPL_ARITHMETIC = ("_eq47", "_whiten")
 
 
 def _reach(graph: dict[str, set[str]], start: str) -> set[str]:

@@ -26,7 +26,6 @@ the value itself, when it is text, is in the refusing rank's own (chained) error
 
 from __future__ import annotations
 
-import math
 import warnings
 from decimal import Decimal
 from fractions import Fraction
@@ -35,7 +34,7 @@ import numpy as np
 import pytest
 import torch
 
-from impl import _fused, adapters, gdpo
+from impl import adapters, gdpo
 from impl import _problems as P
 from impl.gdpo import GDPOError, GroupError, InputDtypeError, OutOfRangeError, SegmentError, WeightError
 
@@ -272,20 +271,3 @@ def test_messages_without_the_local_value_still_name_the_place(code, abc, want):
     (_, msg), = P.row_problems(row)
     assert want in msg, msg
 
-
-# --- the one list of what GDPO_FUSED=1 takes, impl._fused's docstring, matches impl._fused ------------
-
-
-def test_the_fused_path_is_described_as_impl_fused_applies_it():
-    """impl.gdpo's docstring said GDPO_FUSED=1 applies to "local contiguous-group calls on CUDA";
-    impl._fused takes labelled groups and calls across ranks too, with the exclusions named here.
-    The list is told once, in impl._fused's docstring; impl.gdpo's points to it."""
-    text = " ".join(_fused.__doc__.split())
-    assert "local contiguous-group calls" not in text
-    for needed in ("local or across ranks", "contiguous or labelled groups", "bucketed layout",
-                   "``group_has_signal`` with labels", f"more than {_fused.MAX_GROUP} rows",
-                   f"more than 2**{int(math.log2(_fused.MAX_UNIT))} rows", "2**990", "GDPO_FUSED=interpret",
-                   'calls with ``missing="unscored"``'):
-        assert needed in text, (needed, text)
-    assert "``impl._fused``'s docstring" in " ".join(gdpo.__doc__.split())
-    assert _fused.MAX_UNIT == 2 ** int(math.log2(_fused.MAX_UNIT))

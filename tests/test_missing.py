@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 
-from impl import _fused, _pipeline, adapters
+from impl import adapters
 from impl import gdpo as impl
 from oracle import gdpo as oracle
 from spec.errors import GroupError, InputDtypeError, NonFiniteError, SegmentError
@@ -216,7 +216,7 @@ def test_metadata_rules_hold_whatever_is_scored():
             oracle.gdpo_advantages(r.numpy(), group_size=2, segment_sizes=sizes, missing="unscored")
 
 
-# --- the adapters and the fused path --------------------------------------------------------------
+# --- the adapters ------------------------------------------------------------------------------
 
 
 def test_adapters_pass_the_policy_through():
@@ -229,15 +229,6 @@ def test_adapters_pass_the_policy_through():
     assert torch.equal(got, want)
     with pytest.raises(NonFiniteError, match="rewards_per_func"):
         adapters.trl_advantages(r, 3)
-
-
-def test_the_fused_path_leaves_the_option_to_the_plain_path():
-    from impl._inputs import check_rewards
-
-    inp = check_rewards(torch.ones(4, 2, device="cpu"), None, 2, None, allow_empty_rows=False)
-    inp.missing = "unscored"
-    assert not _fused.eq47_eligible(inp)
-    assert 'missing="unscored"' in " ".join(_fused.__doc__.split())
 
 
 # --- two gloo ranks -----------------------------------------------------------------------------
@@ -321,8 +312,8 @@ def test_units_beyond_the_count_slots_keep_the_row_rule():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (tests/test_impl_cuda.py's rule)")
 @pytest.mark.parametrize("name, rewards, grouping, extra", CASES, ids=_IDS)
 def test_cuda_gives_the_cpu_bits(name, rewards, grouping, extra):
-    """On CUDA the option takes the plain path (GDPO_FUSED or not) and its one more host
-    read: the CPU's bits, and the same diagnostics."""
+    """On CUDA the option takes its one more host read: the CPU's bits, and the same
+    diagnostics."""
     r = torch.tensor(rewards, dtype=torch.float64)
     d_cpu, d_gpu = impl.Diagnostics(), impl.Diagnostics()
     a = impl.gdpo_advantages(r, **grouping, **extra, missing="unscored", diagnostics=d_cpu)

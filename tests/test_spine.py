@@ -2,21 +2,20 @@
 stages once each, in order, whatever the route (contiguous or labelled groups, certified or
 not), and the call's trace through impl's modules stays short.
 
-The stages are wrapped where the plan finds them (``impl._pipeline.PLAIN``, the plain backend,
-and the cast and certify stages ``impl._pipeline.run`` calls), so a route that ran a stage
+The stages are wrapped where the spine finds them (``impl._eq47.eq47``, ``impl._whiten.eq6_stats``
+and ``eq6_apply``, and the cast and certify stages ``impl._pipeline.run`` calls), so a route that ran a stage
 twice (a recompute for the certificate), skipped one or ran them out of order fails here."""
 
 from __future__ import annotations
 
 import collections
-import dataclasses
 import os
 import sys
 
 import pytest
 import torch
 
-from impl import _certify, _pipeline, gdpo
+from impl import _certify, _eq47, _pipeline, _whiten, gdpo
 
 ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "impl") + os.sep
 #: leaf modules the stages call and that call no stage back
@@ -38,10 +37,9 @@ def _recorded(monkeypatch) -> list[str]:
             return fn(*args, **kwargs)
         return stage
 
-    plain = _pipeline.PLAIN
-    monkeypatch.setattr(_pipeline, "PLAIN", dataclasses.replace(
-        plain, eq47=wrap("eq47", plain.eq47), eq6_stats=wrap("eq6_stats", plain.eq6_stats),
-        eq6_apply=wrap("eq6_apply", plain.eq6_apply)))
+    monkeypatch.setattr(_eq47, "eq47", wrap("eq47", _eq47.eq47))
+    monkeypatch.setattr(_whiten, "eq6_stats", wrap("eq6_stats", _whiten.eq6_stats))
+    monkeypatch.setattr(_whiten, "eq6_apply", wrap("eq6_apply", _whiten.eq6_apply))
     monkeypatch.setattr(_certify, "stage", wrap("certify", _certify.stage))
     monkeypatch.setattr(_pipeline, "output", wrap("cast", _pipeline.output))
     return ran
@@ -50,7 +48,6 @@ def _recorded(monkeypatch) -> list[str]:
 @pytest.mark.parametrize("certified", [True, False])
 @pytest.mark.parametrize("call", sorted(CALLS))
 def test_each_stage_runs_once_in_order(monkeypatch, call, certified):
-    monkeypatch.delenv("GDPO_FUSED", raising=False)  # the plain backend (GDPO_FUSED=interpret: the fused one)
     monkeypatch.delenv("GDPO_CUDA_GRAPHS", raising=False)
     want = CALLS[call]()
     ran = _recorded(monkeypatch)
@@ -67,7 +64,6 @@ def test_the_certificate_reads_c_as_eq7_left_it(monkeypatch, call):
     off c's buffer there (``plan.own`` false). A wrong ``own`` changes no output the bit corpus
     sees (the certificate reads c only for the samples tier 0 leaves), so it is checked here: c
     as the certificate gets it is normalize_rewards' c, bit for bit."""
-    monkeypatch.delenv("GDPO_FUSED", raising=False)
     monkeypatch.delenv("GDPO_CUDA_GRAPHS", raising=False)
     seen = []
     stage = _certify.stage
@@ -120,7 +116,6 @@ MOST = {"local": 7, "labelled": 11}
 
 @pytest.mark.parametrize("call", sorted(CALLS))
 def test_the_trace_stays_short(monkeypatch, call):
-    monkeypatch.delenv("GDPO_FUSED", raising=False)
     monkeypatch.delenv("GDPO_CUDA_GRAPHS", raising=False)
     monkeypatch.setenv("GDPO_CERTIFIED", "narrow")
     stays = _stays(CALLS[call])

@@ -101,15 +101,15 @@ def stage(plan, call, dev, y: torch.Tensor) -> tuple[torch.Tensor, Counts]:
     """The certify stage of a local call (``plan.certify``): its output in ``plan.out_dtype`` from
     ``y``, the cast's output (a rounded once; float64: a itself). It reads the device part's
     results: a (float64), c as Eq. 7 left it (the plan keeps Eq. 6 off c's buffer where it
-    certifies) and the plain backend's Eq. 6 statistics (recomputed from c where a CUDA graph or
-    the fused backend kept none: the same bits). On CUDA the certificate reads the device twice:
+    certifies) and its Eq. 6 statistics (recomputed from c where a CUDA graph kept none: the same
+    bits). On CUDA the certificate reads the device twice:
     these numbers, for the bounds (host arithmetic), and tier 0's verdict."""
     c, inp = dev.c.to(torch.float64), call.inp
-    tp = getattr(dev.loc, "tp", None)  # the plain backend's statistics, in a view or padded layout
-    if tp is not None and not plan.eq6b.fused:  # as impl._whiten.Local.table lays them out, but the count
+    tp = getattr(dev.loc, "tp", None)  # the Eq. 6 statistics, in a view or padded layout
+    if tp is not None:  # as impl._whiten.Local.table lays them out, but the count
         table = torch.cat([(1023 - (tp.f.view(torch.int64) >> 52)).to(torch.float64), tp.shift, tp.mean, tp.m2,
                            tp.lo.to(torch.float64), tp.hi.to(torch.float64)], 1)
-    else:  # buckets, the fused backend, a CUDA graph's replay: the plain statistics again, the same bits
+    else:  # buckets, a CUDA graph's replay: the statistics again, the same bits
         from impl import _whiten  # (a stage this one reads; it never reads the certificate)
         table = _whiten.local_stats(c, plan.sizes, plan.eps, whole=plan.whole).table(c.device)[:, 1:]
     S, whole = len(plan.sizes), plan.whole  # one read from the device: the table, whole, magnitudes

@@ -88,25 +88,20 @@ def _column(values, key: str, n: int, index):
     if arr.shape != (n,):
         raise ShapeError(f"{where} has shape {arr.shape}; expected ({n},), one score per response "
                          f"(response_mask has {n} rows)")
-    if arr.dtype == object:  # numbers of mixed types (np.array of compute_score's values)
-        for i, x in enumerate(arr.tolist()):
+    if arr.dtype == object or arr.dtype.kind in "iu":  # mixed numbers (np.array of compute_score's), ints
+        items = arr.tolist()  # Python numbers: ints compared exactly
+        for i, x in enumerate(items):
             if isinstance(x, (bool, np.bool_)) or not isinstance(x, numbers.Real):
                 raise InputDtypeError(f"{where}[{i}] (sample {i}, uid {_uid(index, i)}) is {x!r} "
                                       f"({type(x).__name__}); a reward score is a real number")
             if isinstance(x, numbers.Integral) and abs(int(x)) > 2 ** 53:
                 raise InputDtypeError(f"{where}[{i}] (sample {i}, uid {_uid(index, i)}) is {x}, an integer "
                                       "no float64 holds exactly")
-        arr = np.array([float(x) for x in arr.tolist()], dtype=np.float64)
-    if arr.dtype.kind == "b" or arr.dtype.kind not in "iuf":
+        arr = np.array([float(x) for x in items], dtype=np.float64)
+    if arr.dtype.kind != "f":
         raise InputDtypeError(f"{where} has dtype {arr.dtype}; reward scores are real numbers (a bool is not "
                               "a score: return 1.0 and 0.0 from compute_score)")
     out = arr.astype(np.float64)
-    if arr.dtype.kind in "iu":
-        inexact = np.nonzero((arr > 2 ** 53) | (arr < -(2 ** 53)))[0]  # compared as integers, exactly
-        if inexact.size:
-            i = int(inexact[0])
-            raise InputDtypeError(f"{where}[{i}] (sample {i}, uid {_uid(index, i)}) is {arr[i]}, an integer "
-                                  "no float64 holds exactly")
     bad = np.nonzero(~np.isfinite(out))[0]
     if bad.size:
         i = int(bad[0])
