@@ -1,4 +1,4 @@
-"""The arithmetic Eq. 4, Eq. 7 and Eq. 6 share (and the fused kernels, and the certificate): exact
+"""The arithmetic Eq. 4, Eq. 7 and Eq. 6 share (and the certificate): exact
 power-of-two scaling, the canonical pairwise sum, a correctly rounded sqrt, the shift-invariant
 two-pass statistics (spec/gdpo.md section 7), the one correct rounding into the output dtype, and
 the finders of a non-finite value.

@@ -103,7 +103,7 @@ class Local:
 
 def stats_table(sizes: list[int], f, shift, mean, m2, lo, hi, device) -> torch.Tensor:
     """The (S, 7) table of :meth:`Local.table` from each unit's scale f, shift, mean_d, M2, min and
-    max ((S,) or (S, 1) each; what the plain path and the fused kernels compute alike)."""
+    max ((S,) or (S, 1) each; as the plain path computes them)."""
     cols = [constant(tuple(float(s) for s in sizes), _F64, device), seg_ops.scale_exponent(f).to(_F64), shift, mean,
             m2, lo.to(_F64), hi.to(_F64)]
     table = torch.cat([c.reshape(-1, 1).expand(len(sizes), 1) for c in cols], 1)
@@ -291,7 +291,7 @@ def _apply_x(loc: Local, f, shift, mean, den, out_dtype):
     return _output(dev, den[:, None], loc.lay, out_dtype)
 
 
-# --- the Eq. 6 stages (impl._pipeline.PLAIN) -----------------------------------------------------
+# --- the Eq. 6 stages (the spine calls them, impl._pipeline) -------------------------------------
 
 
 def eq6_stats(plan, c: torch.Tensor, facts) -> Local:
