@@ -16,9 +16,10 @@ Old names, kept for their callers (deprecated): ``advantages`` (gdpo_advantages)
 
 Inputs are taken exactly or refused (:mod:`oracle.inputs`); zeros and collapse are decided
 on exact forms (:mod:`oracle.exact`); every output is rounded once to each of float64,
-float32, float16 and bfloat16 (``Stage.rounded``) and carries ``cond`` (:mod:`oracle.condition`)
-and ``delta``, the error model's bound, which ``allowed(out_dtype)`` turns into the tolerance
-(spec/gdpo.md sections 7 and 10).
+float32, float16 and bfloat16 (``Stage.rounded``) and carries ``cond``, the first-order change of
+the output when every input moves by one ulp (:mod:`oracle.condition`; always an upper bound, the
+change itself to 2^-19 where ``cond_sharp``), and ``delta``, the error model's bound, which
+``allowed(out_dtype)`` turns into the tolerance (spec/gdpo.md sections 7 and 10).
 """
 
 from __future__ import annotations

@@ -141,6 +141,7 @@ def test_float64_through_the_trl_shape():
 def test_a_declaration_that_leaves_nothing_to_draw_says_so():
     from gdpo_tools import cli
 
-    assert cli.run_check("_domain_impls:trl_float64", None, "trl", "plain", domain=["input_dtypes=int8"]) == 2
+    assert cli.main(["check", "--impl", "_domain_impls:trl_float64", "--call-shape", "trl", "-k", "plain",
+                     "--domain", "input_dtypes=int8"]) == 2
     with pytest.raises(ValueError, match="leave nothing to draw"):
         Subject("_domain_impls:trl_float64", "trl", domain={"input_dtypes": ("int8",)}).context()
