@@ -301,9 +301,16 @@ def as_float_tensor(x, type_code: int, dtype_code_: int) -> torch.Tensor:
             return _checked(_python_values(x_in, type_code), type_code, dtype_code_)
         raise unreadable(x, type_code, overflow=isinstance(exc, OverflowError)) from None
     if python and (not x.is_floating_point() and not x.is_complex()
-                   or x.is_floating_point() and x.numel() and bool(x.abs().amax() >= _EXACT_INT)):
+                   or x.is_floating_point() and x.numel() and bool(x.abs().amax() >= _EXACT_INT)
+                   or _holds_bool(x_in)):  # torch reads [1.0, True] as floats: the bool is found here
         x = _python_values(x_in, type_code)  # ints (or bools), or magnitudes where an int may round
     return _checked(x, type_code, dtype_code_)
+
+
+def _holds_bool(x) -> bool:
+    """Is an entry of the Python (nested) sequence ``x`` a bool (Python's or NumPy's)?"""
+    bools = (bool, getattr(sys.modules.get("numpy"), "bool_", bool))
+    return _is_row(x) and any(isinstance(v, bools) for row in x for v in (row if _is_row(row) else (row,)))
 
 
 def _python_values(x, type_code: int) -> torch.Tensor:

@@ -63,7 +63,7 @@ import torch
 
 from impl import _distributed
 from impl import _problems as P
-from impl._inputs import _INT64_MAX, _INT64_MIN, _is_int, numpy_view, read_tensor, unreadable
+from impl._inputs import _INT64_MAX, _INT64_MIN, _holds_bool, _is_int, numpy_view, read_tensor, unreadable
 from impl._pipeline import reads_free
 from impl._problems import GroupLengthError
 from impl.gdpo import _opaque_to_dynamo
@@ -112,6 +112,9 @@ def _float_tensor(x, where: str, device: torch.device | None, column: str = "col
         t = read_tensor(x)
     except (TypeError, ValueError, RuntimeError, OverflowError) as exc:
         raise _unreadable_error(x, where, isinstance(exc, OverflowError), column) from None
+    if t is not x and _holds_bool(x):  # torch reads [1.0, True] as floats
+        i, v = next((i, v) for i, v in enumerate(x) if _holds_bool([v]))
+        raise InputDtypeError(f"{where}[{i}] is a bool ({bool(v)!r}), not a number: pass its float value")
     if t is not x and device is not None:
         t = t.to(device)
     if P.layout_code(t):

@@ -41,6 +41,9 @@ def test_an_int_beyond_int64_that_is_a_float64_is_a_value():
 @pytest.mark.parametrize("rewards,where,what", [
     ([[True], [False], [1], [1]], r"rewards\[0, 0\] \(row 0, reward column 0\)", r"a bool \(True\)"),
     ([1, 0, True, 1], r"rewards\[2\] \(row 2\)", r"a bool \(True\)"),
+    ([1.0, 0.5, True, 1.0], r"rewards\[2\] \(row 2\)", r"a bool \(True\)"),  # torch reads it as floats
+    ([[0.5, 1.0], [0.0, False], [1.0, 0.0], [0.0, 1.0]], r"rewards\[1, 1\] \(row 1, reward column 1\)",
+     r"a bool \(False\)"),
     ([[1], [2 ** 53 + 1], [1], [1]], r"rewards\[1, 0\]", r"an int that float64 cannot hold exactly \(9007199254740993\)"),
     ([1.0, 0.5, 2 ** 60 + 1, 3.0], r"rewards\[2\]", r"an int that float64 cannot hold exactly"),
     ([[10 ** 400], [0], [1], [1]], r"rewards\[0, 0\]", r"an int beyond float64's range"),
@@ -59,3 +62,13 @@ def test_an_integer_dtype_is_refused_by_its_dtype(rewards):
         gdpo.gdpo_advantages(rewards, group_size=2)
     with pytest.raises(InputDtypeError, match=r"int64"):
         og.advantages(rewards, [0, 0, 1, 1])
+
+
+def test_a_bool_among_floats_is_refused_by_whiten_and_the_labelled_adapter():
+    """torch reads [1.0, True] as two floats; the bool is refused all the same, named by its place."""
+    from impl import adapters
+
+    with pytest.raises(InputDtypeError, match=r"values\[1\] \(row 1\) is a bool \(True\)"):
+        gdpo.whiten([1.0, True, 2.0])
+    with pytest.raises(InputDtypeError, match=r"rewards\['acc'\]\[1\] is a bool \(True\)"):
+        adapters.labelled_advantages({"acc": [1.0, True, 0.0, 1.0]}, [0, 0, 1, 1])
