@@ -93,6 +93,29 @@ TERMS = {
                    "implementation (spec/gdpo.md section 7)",
 }
 
+_PLACEMENT = {"std": "added to the std", "var": "added to the variance", "std_if_positive": "added to a positive std",
+              "skip_if_zero": "none (a zero std skips the division)"}
+
+
+def peer_difference(conv, spec) -> str:
+    """Why a peer convention's advantages differ from the specification's, in words, from
+    the presets themselves (spec/conventions.py): only the choices that differ."""
+    said = []
+    if conv.group_ddof != spec.group_ddof:
+        said.append("biased std (divide by n)" if conv.group_ddof == 0 else f"ddof {conv.group_ddof}")
+    if (conv.group_eps, conv.group_eps_placement) != (spec.group_eps, spec.group_eps_placement):
+        said.append(f"Eq. 4 eps {conv.group_eps:g} {_PLACEMENT[conv.group_eps_placement]}")
+    if conv.whiten != spec.whiten:
+        said.append({"none": "no Eq. 6", "per_token": "Eq. 6 token-weighted"}.get(conv.whiten, f"Eq. 6 {conv.whiten}"))
+    if conv.whiten != "none" and (conv.whiten_eps, conv.whiten_eps_placement) != (spec.whiten_eps,
+                                                                                spec.whiten_eps_placement):
+        said.append("Eq. 6 without eps, a zero std skipping the division" if conv.whiten_eps == 0 else
+                    f"Eq. 6 eps {conv.whiten_eps:g} {_PLACEMENT[conv.whiten_eps_placement]}")
+    if conv.whiten != "none" and conv.whiten_ddof != spec.whiten_ddof:
+        said.append(f"Eq. 6 ddof {conv.whiten_ddof}")
+    formula = ", ".join(said) or "the same formula"
+    return formula + (f" (its code computes in {conv.native_dtype})" if conv.native_dtype != "float64" else "")
+
 
 def finding(code: str, message: str, **facts) -> dict:
     """One finding of the report: its code, severity, the sentence, the advice, and facts

@@ -23,7 +23,8 @@ import re
 import numpy as np
 import torch
 
-from gdpo_tools.audit.findings import EPS_DOMINATED_FACTOR, ERROR, ILL_CONDITIONED, KINDS, ROUTINE, finding
+from gdpo_tools.audit.findings import (EPS_DOMINATED_FACTOR, ERROR, ILL_CONDITIONED, KINDS, ROUTINE, finding,
+                                       peer_difference)
 from gdpo_tools.audit.read import AuditInputError, Batch, _weights, clip, shown
 from gdpo_tools.limits.peers import IMPLEMENTATIONS as MIRRORS
 from gdpo_tools.progress import Progress
@@ -31,7 +32,6 @@ from impl import gdpo as impl
 from oracle import gdpo as oracle
 from oracle.inputs import py
 from spec import CONVENTIONS, DEFAULT_EPS, FLOAT32_MAX, GDPOError
-from spec.conventions import differences
 from spec.errors import GroupError, NonFiniteError
 
 OK, WARN, NOT_AUDITED, DISAGREE = 0, 1, 2, 3
@@ -354,13 +354,14 @@ def audit(batch: Batch, weights=None, eps: float = DEFAULT_EPS, progress: bool |
     peer_rows = {}
     if peers:
         bar.start("peer conventions")
+        spec_conv = CONVENTIONS["spec"]
         others = [n for n in CONVENTIONS if n != "spec"]
         for j, name in enumerate(others):
             conv = CONVENTIONS[name]
             token = np.ones(N, dtype=np.int64) if conv.whiten == "per_token" else None
             notes = ["one token per sample"] * (token is not None) + [f"NaN rewards: its rule {conv.nan!r}"] * bool(
                 np.isnan(r).any())
-            row = {"why": "; ".join(differences(conv)) or "the same formula", "note": "; ".join(notes)}
+            row = {"why": peer_difference(conv, spec_conv), "note": "; ".join(notes)}
             try:
                 if exact:
                     pa = oracle.gdpo_advantages(r, batch.group_ids, weights=w, unit_ids=units, convention=name,
