@@ -223,7 +223,7 @@ def _command(argv: list[str] | None) -> int:
                       help="also write the grading as JSON to PATH (per property: verdict, category, worst error, "
                            "first line, repro line, skip reason, seconds)")
     p_ck.add_argument("--details", action="store_true",
-                      help="print pytest's full failure texts after the summary table (default: the table, and one "
+                      help="print each finding's full text after the summary table (default: the table, and one "
                            "line, the worst output and a repro line per failure)")
     p_ck.add_argument("--deep", action="store_true",
                       help="the long hunt: hypothesis profile 'deep' (10,000 examples per property, a minute of "
