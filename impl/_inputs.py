@@ -11,6 +11,7 @@ import math
 import numbers
 import os
 import sys
+import warnings
 
 import torch
 
@@ -207,11 +208,21 @@ CERTIFIED_MODES = {"1": "all", "all": "all", "true": "all", "yes": "all", "on": 
                    "false": "off", "no": "off", "narrow": "narrow", "": "narrow"}
 
 
+_WARNED: set = set()
+
+
 def check_certified(certified) -> str:
     """The certificate's mode a call's ``certified`` names: True "all", False "off", a string as
-    in :data:`CERTIFIED_MODES`; None: ``GDPO_CERTIFIED`` (unset, or naming no mode: "narrow")."""
+    in :data:`CERTIFIED_MODES`; None: ``GDPO_CERTIFIED`` (unset: "narrow"; naming no mode: "narrow",
+    with a warning, once per value)."""
     if certified is None:
-        return CERTIFIED_MODES.get(os.environ.get("GDPO_CERTIFIED", "").strip().lower(), "narrow")
+        value = os.environ.get("GDPO_CERTIFIED", "")
+        mode = CERTIFIED_MODES.get(value.strip().lower())
+        if mode is None and value not in _WARNED:
+            _WARNED.add(value)
+            warnings.warn(f"GDPO_CERTIFIED={value!r} names no mode (1 or all, 0 or off, narrow): the default, "
+                          "narrow, is used", RuntimeWarning, stacklevel=3)
+        return mode or "narrow"
     if isinstance(certified, bool):
         return "all" if certified else "off"
     if type(certified) is str and certified.strip().lower() in CERTIFIED_MODES:

@@ -424,6 +424,10 @@ def test_the_declaration_follows_the_mode(monkeypatch):
         assert _inputs.check_certified(given) == want, given  # (GDPO_CERTIFIED=1: the default "all")
     monkeypatch.setenv("GDPO_CERTIFIED", "0")
     assert _inputs.check_certified(None) == "off" and _inputs.check_certified("all") == "all"
+    monkeypatch.setenv("GDPO_CERTIFIED", "al")  # a typo: the default, said once
+    with pytest.warns(RuntimeWarning, match=r"GDPO_CERTIFIED='al' names no mode"):
+        assert _inputs.check_certified(None) == "narrow"
+    monkeypatch.setenv("GDPO_CERTIFIED", "0")
     for bad in ("maybe", 1, 0.5):
         with pytest.raises(gdpo.InputDtypeError, match="certified must be"):
             gdpo.gdpo_advantages(torch.ones(4, 1).cumsum(0), group_size=2, certified=bad)
