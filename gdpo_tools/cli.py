@@ -13,6 +13,7 @@ import importlib.metadata
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -152,9 +153,10 @@ def _audit_doc() -> str:
     (importing it imports torch, two seconds every other command would wait for)."""
     try:
         origin = importlib.util.find_spec("gdpo_tools.audit").origin
-        return ast.get_docstring(ast.parse(Path(origin).read_text(encoding="utf-8")), clean=False)
+        doc = ast.get_docstring(ast.parse(Path(origin).read_text(encoding="utf-8")), clean=False)
     except (AttributeError, OSError, TypeError, SyntaxError):  # no source file to read (a zip, a frozen build)
-        return __import__("gdpo_tools.audit", fromlist=["x"]).__doc__
+        doc = __import__("gdpo_tools.audit", fromlist=["x"]).__doc__
+    return re.sub(r":\w+:`([^`]*)`", r"\1", doc).replace("``", "")  # plain text: no reST roles or literals
 
 
 def _version() -> str:

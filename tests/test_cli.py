@@ -108,3 +108,12 @@ def test_a_reader_that_stops_early_ends_the_command_quietly():
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=300) == 141, (proc.returncode, err)
     assert "Traceback" not in err and "BrokenPipeError" not in err, err
+
+
+def test_audit_help_is_plain_text(capsys):
+    """``gdpo audit --help`` prints the audit's docstring without its reST markup."""
+    with pytest.raises(SystemExit) as e:
+        cli.main(["audit", "--help"])
+    out = capsys.readouterr().out
+    assert e.value.code == 0 and "masked entry of a NumPy masked array given to audit" in out
+    assert "``" not in out and ":func:" not in out
