@@ -59,8 +59,8 @@ def run_example(name: str) -> int:
         print("  ".join(v.rjust(w) for v, w in zip(row, widths)))
     print("a is the exact value correctly rounded; cond: how far a one-ulp change of every input "
           "moves a (first order).")
-    print("GRPO: plain GRPO's advantage, for comparison (the rewards summed, then standardized per group; "
-          "float64). GDPO standardizes each reward before the sum: rows GRPO scores alike can differ.")
+    print("GRPO: plain GRPO's advantage, for comparison (the rewards summed, then standardized per group, "
+          "unbiased std + 1e-6; float64). GDPO standardizes each reward before the sum: rows GRPO scores alike can differ.")
     return 0
 
 
