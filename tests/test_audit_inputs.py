@@ -213,7 +213,7 @@ def test_directory_is_refused(tmp_path, capsys):
 
 def test_weights_given_of_the_wrong_length_or_kind(tmp_path, capsys):
     b = audit.read_batch(_ok_npz(tmp_path))
-    with pytest.raises(audit.AuditInputError, match=r"weights given \(--weights\) has shape \(3,\)") as info:
+    with pytest.raises(audit.AuditInputError, match=r"--weights has shape \(3,\)") as info:
         audit.audit(b, weights=[1.0, 2.0, 3.0])
     assert isinstance(info.value, WeightError) and isinstance(info.value, ShapeError)
     with pytest.raises(WeightError, match="holds complex numbers"):
@@ -441,3 +441,10 @@ def test_an_unsafe_pt_is_refused_in_one_line(tmp_path):
         audit.read_batch(p)
     assert str(info.value) == (f"{p}: refused: it holds a Python object (object) that only an unsafe load would "
                                "build (one that can run code); save a dict of tensors")
+
+
+def test_a_bad_eps_is_named_as_the_option(tmp_path):
+    """``--eps -1`` is the command line's fault, not the file's: the refusal names the option."""
+    b = audit.read_batch(_ok_npz(tmp_path))
+    with pytest.raises(OutOfRangeError, match=r"^--eps -1.0: eps must be finite and >= 0$"):
+        audit.audit(b, eps=-1.0)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import math
 import re
 
 import numpy as np
@@ -32,7 +33,7 @@ from impl import gdpo as impl
 from oracle import gdpo as oracle
 from oracle.inputs import py
 from spec import CONVENTIONS, DEFAULT_EPS, FLOAT32_MAX, GDPOError
-from spec.errors import GroupError, NonFiniteError
+from spec.errors import GroupError, NonFiniteError, OutOfRangeError
 
 OK, WARN, NOT_AUDITED, DISAGREE = 0, 1, 2, 3
 STATUS = {OK: "ok", WARN: "warnings", NOT_AUDITED: "could not audit", DISAGREE: "IMPLEMENTATION DISAGREES"}
@@ -217,6 +218,8 @@ def audit(batch: Batch, weights=None, eps: float = DEFAULT_EPS, progress: bool |
     oracle on every group (default: up to EXACT_SAMPLES samples); ``peers``: compute the peer
     conventions (default: when exact); ``missing``: "refuse" a NaN reward, or read it as
     "unscored" (impl.gdpo's keyword; a masked entry of a masked array alike)."""
+    if isinstance(eps, (int, float)) and not (math.isfinite(eps) and eps >= 0):  # the option, not the file
+        raise OutOfRangeError(f"--eps {eps!r}: eps must be finite and >= 0")
     batch = dataclasses.replace(batch, rewards=_scored_rewards(batch, missing))
     r = batch.rewards
     N, K = r.shape
@@ -224,7 +227,7 @@ def audit(batch: Batch, weights=None, eps: float = DEFAULT_EPS, progress: bool |
     exact = N <= EXACT_SAMPLES if exact is None else exact
     bar = bar or Progress(N > EXACT_SAMPLES if progress is None else progress)
     if weights is not None:
-        w = _weights(weights, batch.names, "the weights given (--weights)")
+        w = _weights(weights, batch.names, "--weights")
     elif batch.weights is not None:
         w = _weights(batch.weights, batch.names, f"{batch.source}: 'weights'")
     else:
