@@ -443,9 +443,7 @@ def row_problems(row) -> list[tuple[type, str]]:
         out.append((NonFiniteError,
                     f"rewards[{i}, {j}] (row {i}, reward column {j}, {_group_of(row, i, NF_REWARD_GROUP)}) is "
                     f"{_KINDS[kind]}" + ("; missing='unscored' reads a NaN reward as not scored, never an infinity"
-                                         if row[MISSING] == MISSING_CODES["unscored"] else
-                                         " (where a NaN marks a reward its function did not score, "
-                                         "missing='unscored' reads it so)" if kind == 1 else "")))
+                                         if row[MISSING] == MISSING_CODES["unscored"] else "")))
     if row[BY_LABEL] and row[SINGLETON] < row[ROWS]:
         others = row[SINGLETONS] - 1
         out.append((GroupError,
