@@ -234,9 +234,11 @@ def _command(argv: list[str] | None) -> int:
                       help="also run the suite's self-tests (conformance/test_controls.py, test_suite_meta.py: "
                            "they grade the suite, not the implementation; minutes)")
     p_ck.add_argument("--domain", action="append", default=[], metavar="KEY=VALUE",
-                      help="declare your implementation's domain without changing it: min_columns, max_columns, "
-                           "group_sizes (4,8 or 4+), max_abs_reward, max_abs_weight, input_dtypes, out_dtypes "
-                           "(see docs/grading.md); the search stays inside it and the report states it")
+                      help="declare your implementation's domain without changing it (repeatable; docs/grading.md): "
+                           "limits min_columns, max_columns, group_sizes (4,8 or 4+), max_abs_reward, max_abs_weight, "
+                           "equal_groups=true, input_dtypes, out_dtypes, labels=false, units=false, eps=false; "
+                           "what it does on purpose: validated=CASE,... (checks made before the call), "
+                           "int_rewards=true, certified=true. The search stays inside it and the report states it")
     p_ck.add_argument("--strict-errors", action="store_true",
                       help="the strict error contract: a refusal must raise the spec.errors class it names (default: "
                            "a clear refusal of another class passes, reported as wrong_class)")
