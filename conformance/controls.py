@@ -31,7 +31,7 @@ import numbers
 import torch
 
 from conformance.formulas import PAPER, Variant
-from impl._pipeline import round_to
+from impl._segments import round_to
 from spec.constants import FLOAT32_MAX
 from spec.errors import (
     DistributedError,

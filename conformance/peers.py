@@ -74,7 +74,7 @@ def _to_out_dtype(a: np.ndarray, out_dtype) -> torch.Tensor:
     """A float64 result cast once to ``out_dtype``, correctly rounded: torch's own
     double -> bfloat16/float16 conversion rounds twice (through float32), an error of
     the adapter, not of the peer, so the round-to-odd cast of ``impl`` is used."""
-    from impl._pipeline import round_to
+    from impl._segments import round_to
 
     return round_to(torch.from_numpy(np.ascontiguousarray(a, dtype=np.float64)), out_dtype)
 

@@ -33,7 +33,7 @@ from impl import _problems as P
 from impl import _segments as seg_ops
 from impl import _whiten as W
 from impl._inputs import Diagnostics, Problem, check_standardized  # noqa: F401 - Diagnostics: impl.gdpo's
-from impl._segments import round_to  # noqa: F401 - impl._pipeline.round_to (conformance reads it)
+from impl._segments import round_to
 
 _F64, _I64 = torch.float64, torch.int64
 
