@@ -63,7 +63,7 @@ import torch
 
 from impl import _distributed
 from impl import _problems as P
-from impl._inputs import _INT64_MAX, _INT64_MIN, _holds_bool, _is_int, numpy_view, read_tensor, unreadable
+from impl._inputs import _INT64_MAX, _INT64_MIN, _holds_bool, _is_int, _is_row, numpy_view, read_tensor, unreadable
 from impl._pipeline import reads_free
 from impl._problems import GroupLengthError
 from impl.gdpo import _opaque_to_dynamo
@@ -113,8 +113,9 @@ def _float_tensor(x, where: str, device: torch.device | None, column: str = "col
     except (TypeError, ValueError, RuntimeError, OverflowError) as exc:
         raise _unreadable_error(x, where, isinstance(exc, OverflowError), column) from None
     if t is not x and _holds_bool(x):  # torch reads [1.0, True] as floats
-        i, v = next((i, v) for i, v in enumerate(x) if _holds_bool([v]))
-        raise InputDtypeError(f"{where}[{i}] is a bool ({bool(v)!r}), not a number: pass its float value")
+        place, v = next((f"[{i}]" + (f"[{j}]" if _is_row(row) else ""), w) for i, row in enumerate(x)
+                        for j, w in enumerate(row if _is_row(row) else (row,)) if _holds_bool([w]))
+        raise InputDtypeError(f"{where}{place} is a bool ({bool(v)!r}), not a number: pass its float value")
     if t is not x and device is not None:
         t = t.to(device)
     if P.layout_code(t):

@@ -72,3 +72,6 @@ def test_a_bool_among_floats_is_refused_by_whiten_and_the_labelled_adapter():
         gdpo.whiten([1.0, True, 2.0])
     with pytest.raises(InputDtypeError, match=r"rewards\['acc'\]\[1\] is a bool \(True\)"):
         adapters.labelled_advantages({"acc": [1.0, True, 0.0, 1.0]}, [0, 0, 1, 1])
+    with pytest.raises(InputDtypeError, match=r"token_level_rewards\['acc'\]\[1\]\[1\] is a bool \(False\)"):
+        adapters.verl_advantages({"acc": [[1.0, 0.0], [0.5, False], [1.0, 1.0], [0.0, 0.0]]}, torch.ones(4, 2),
+                                 [0, 0, 1, 1])
