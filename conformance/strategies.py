@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import struct
 import zlib
 
 import numpy as np
@@ -41,15 +42,36 @@ from spec.error_model import FORMATS, largest_finite
 
 def cached(factory):
     """Memoise a strategy factory: building strategies inside draws is what makes
-    generation slow (hypothesis validates every new strategy object)."""
-    memo = functools.lru_cache(maxsize=None)(factory)
+    generation slow (hypothesis validates every new strategy object). Keyed on the
+    arguments' exact values (:func:`exact_key`), not on ``==``: ``pick((0, 0, 1))``
+    must not hand back ``pick((0.0, -0.0, 1.0))``, or what a strategy draws would
+    depend on which of the two some earlier test built first."""
+    memo: dict = {}
 
     @functools.wraps(factory)
     def wrapper(*args, **kwargs):
         args = tuple(tuple(a) if isinstance(a, list) else a for a in args)
         kwargs = {k: tuple(v) if isinstance(v, list) else v for k, v in kwargs.items()}
-        return memo(*args, **kwargs)
+        key = exact_key((args, tuple(sorted(kwargs.items()))))
+        if key not in memo:
+            memo[key] = factory(*args, **kwargs)
+        return memo[key]
+
+    wrapper.cache_clear = memo.clear
     return wrapper
+
+
+def exact_key(x):
+    """A hashable key equal only for the same values: a float by its bits (0.0 and -0.0
+    apart), every value with its type (0, 0.0 and False apart), tuples and frozen
+    dataclasses element by element."""
+    if isinstance(x, float):
+        return type(x), struct.pack("<d", x)
+    if isinstance(x, tuple):
+        return type(x), tuple(exact_key(v) for v in x)
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        return type(x), tuple(exact_key(getattr(x, f.name)) for f in dataclasses.fields(x))
+    return type(x), x
 
 
 @cached
