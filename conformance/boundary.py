@@ -1,4 +1,4 @@
-"""Hunted boundary cases: advantages on, or extremely near, a rounding midpoint (issue 27).
+"""Hunted boundary cases: advantages on, or extremely near, a rounding midpoint.
 
 An implementation that certifies its rounding (``gdpo_certified = True``: every float32,
 bfloat16 and float16 output is the exact advantage correctly rounded, ties to even; a
@@ -253,10 +253,6 @@ def _hunt(build, grid, row: int, fmt: str, rng: random.Random, stage: str = "gdp
     return build(p), mid
 
 
-def _note(family, fmt, row, mid) -> str:
-    return f"boundary:{family}:{fmt}:row{row}:{float(mid).hex()}"
-
-
 def parse_note(note: str):
     """(family, target, row, midpoint) of a boundary case's note, or None."""
     parts = note.split(":")
@@ -390,12 +386,6 @@ def _reward_family(fmt: str, rng: random.Random):
     return _hunt(build, grid, row, fmt, rng), row
 
 
-def _four_squares(m: int) -> tuple:
-    from sympy.solvers.diophantine.diophantine import sum_of_four_squares
-
-    return tuple(int(x) for x in sum_of_four_squares(m))
-
-
 def _tie_midpoint(fmt: str, rng: random.Random, below: bool, lo_exp: int) -> float:
     """A midpoint M of ``fmt`` with 2^lo_exp <= M < 2: (m + 1/2) 2^(e-p+1); ``below``: its
     even neighbour is the upper one (a tie rounds away from zero, the hair below must not)."""
@@ -409,11 +399,13 @@ def _tie_midpoint(fmt: str, rng: random.Random, below: bool, lo_exp: int) -> flo
 
 def _tie_group(rng: random.Random, a: int, sigma: int, zeros: int) -> list[int]:
     """Integer deviations: a, -a, four pairs (x, -x), ``zeros`` zeros; sum 0, sum of squares
-    (n - 1) sigma^2 with n = 10 + zeros."""
+    (n - 1) sigma^2 with n = 10 + zeros (the pairs from a Lagrange four-square decomposition)."""
+    from sympy.solvers.diophantine.diophantine import sum_of_four_squares
+
     n = 10 + zeros
     rest = (n - 1) * sigma * sigma - 2 * a * a
     assert rest >= 0 and rest % 2 == 0, (a, sigma, n)
-    xs = _four_squares(rest // 2)
+    xs = [int(x) for x in sum_of_four_squares(rest // 2)]
     d = [a, -a] + [s * x for x in xs for s in (1, -1)] + [0] * zeros
     assert sum(d) == 0 and sum(x * x for x in d) == (n - 1) * sigma * sigma
     return d
@@ -452,12 +444,11 @@ def _tie_family(family: str, fmt: str, rng: random.Random):
         scale = -shift  # 1e4 + d 2^-shift: exact in float64
     vals = [off + math.ldexp(float(x), scale) for x in d]
     assert all(v - off == math.ldexp(float(x), scale) for v, x in zip(vals, d)), "tie rewards not exact"
-    n_live = len(vals)
-    eps = TINY_EPS if (below or family == "tie_below") else 0.0
+    eps = TINY_EPS if below else 0.0  # below holds for every tie_below
     rows = [[v] for v in vals]
-    labels = [3] * n_live
+    labels = [3] * len(vals)
     if family == "tie_collapsed":
-        extra = total - n_live
+        extra = total - len(vals)
         sizes = []
         while extra:
             s = min(extra, rng.choice((2, 3, 4, 5)))
@@ -506,7 +497,7 @@ def generate(family: str, fmt: str, seed: int) -> Case | None:
     if got is None or got[0] is None:
         return None
     (case, mid), row = got
-    case = dataclasses.replace(case, note=_note(family, fmt, row, mid))
+    case = dataclasses.replace(case, note=f"boundary:{family}:{fmt}:row{row}:{float(mid).hex()}")
     return case if verify(case) else None
 
 
@@ -514,7 +505,7 @@ def verify(case: Case) -> bool:
     """The oracle agrees with the hunt: no refusal, the hunted row's correct rounding to the
     target is the mpmath value's, and that value is on the midpoint or within two float64
     ulps of it (the bisection's resolution: one step of a float64 parameter)."""
-    family, fmt, row, mid = parse_note(case.note)
+    _, fmt, row, mid = parse_note(case.note)
     exp = expected(case)
     if exp.error is not None or exp.result is None:
         return False
@@ -621,7 +612,7 @@ def near_midpoint_cases(draw, ctx: Context) -> Case:
     an ulp plus delta, and so does truncation toward zero whenever M + delta is aimed at.
     Normal and subnormal float16 values, bfloat16's and float32's, either sign."""
     out = draw(pick(tuple(f for f in MIDPOINT_FORMATS if f in ctx.out_dtypes) or tuple(ctx.out_dtypes)))
-    p, emin, _ = DTYPES[out].p, DTYPES[out].emin, DTYPES[out].emax
+    p, emin = DTYPES[out].p, DTYPES[out].emin
     n = draw(pick(tuple(x for x in (2, 3, 4, 8, 16) if x <= ctx.max_n)))
     eps = draw(pick((None, 1e-6, 1e-2, 1.0))) if ctx.eps else None
     eps_v = 1e-4 if eps is None else eps
@@ -645,8 +636,7 @@ def near_midpoint_cases(draw, ctx: Context) -> Case:
     up = m % 2 == 0  # the lower neighbour even: a tie goes down, so aim above M (and vice versa)
     half32 = math.ldexp(1.0, max(math.frexp(mid)[1] - 1, -126) - 24)  # half a float32 ulp at M
     delta = half32 * 2.0 ** -draw(pick((2, 6, 10)))
-    mp = mpmath.MPContext()
-    mp.prec = 200
+    mp = _mp(200)
     target = mp.mpf(mid) + (delta if up else -delta)
     y = target * n / (n - 1) if which == 0 else target * n
     d = float(_g_inverse(_g_inverse(y, n, mp.mpf(eps_v), mp), n, mp.mpf(eps_v), mp))

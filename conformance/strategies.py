@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import struct
 import zlib
 
 import numpy as np
@@ -41,15 +42,36 @@ from spec.error_model import FORMATS, largest_finite
 
 def cached(factory):
     """Memoise a strategy factory: building strategies inside draws is what makes
-    generation slow (hypothesis validates every new strategy object)."""
-    memo = functools.lru_cache(maxsize=None)(factory)
+    generation slow (hypothesis validates every new strategy object). Keyed on the
+    arguments' exact values (:func:`exact_key`), not on ``==``: ``pick((0, 0, 1))``
+    must not hand back ``pick((0.0, -0.0, 1.0))``, or what a strategy draws would
+    depend on which of the two some earlier test built first."""
+    memo: dict = {}
 
     @functools.wraps(factory)
     def wrapper(*args, **kwargs):
         args = tuple(tuple(a) if isinstance(a, list) else a for a in args)
         kwargs = {k: tuple(v) if isinstance(v, list) else v for k, v in kwargs.items()}
-        return memo(*args, **kwargs)
+        key = exact_key((args, tuple(sorted(kwargs.items()))))
+        if key not in memo:
+            memo[key] = factory(*args, **kwargs)
+        return memo[key]
+
+    wrapper.cache_clear = memo.clear
     return wrapper
+
+
+def exact_key(x):
+    """A hashable key equal only for the same values: a float by its bits (0.0 and -0.0
+    apart), every value with its type (0, 0.0 and False apart), tuples and frozen
+    dataclasses element by element."""
+    if isinstance(x, float):
+        return type(x), struct.pack("<d", x)
+    if isinstance(x, tuple):
+        return type(x), tuple(exact_key(v) for v in x)
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        return type(x), tuple(exact_key(getattr(x, f.name)) for f in dataclasses.fields(x))
+    return type(x), x
 
 
 @cached
@@ -203,8 +225,7 @@ def column_values(draw, kind: str, dtype: str, n: int) -> list[float]:
     if kind == "huge":  # around the top of the input dtype (float32 statistics overflow there)
         k = draw(_values(dtype, n, ints(0, 3)))
         signs = draw(_values(dtype, n, pick((1.0, -1.0,))))
-        top = f.max
-        return list(round_to([s * top * (1.0 - j * 2.0 ** -(f.p - 1)) for s, j in zip(signs, k)], dtype))
+        return list(round_to([s * f.max * (1.0 - j * 2.0 ** -(f.p - 1)) for s, j in zip(signs, k)], dtype))
     if kind == "beyond32":  # float64 values float32 cannot hold: computed, or refused naming the input
         if dtype != "float64":
             return draw(column_values("huge", dtype, n))
@@ -233,18 +254,13 @@ def pair_values(draw, kind: str, dtype: str, n: int, holds: bool) -> tuple[list[
     f = DTYPES[dtype]
     if kind in ("anti_exact", "shift_exact"):
         # integers times 2^e: every value and every C - r1 (r1 + C) is exact
-        cbits = draw(pick((4, 10, 24, 30, 40, f.p - 1, f.p,)))
-        cbits = min(cbits, f.p)
+        cbits = min(draw(pick((4, 10, 24, 30, 40, f.p - 1, f.p,))), f.p)
         big = 1 << cbits
         e = draw(pick((0, 0, -10, -30, 20, max(f.sub_min, -1060), 60,)))
         e = max(f.sub_min, min(e, f.emax - cbits - 1))
-        mode = draw(pick(("spread", "near_zero", "near_top",)))
-        if mode == "spread":
-            m = draw(_values(dtype, n, ints(0, big)))
-        elif mode == "near_zero":
-            m = draw(_values(dtype, n, ints(0, 7)))
-        else:
-            m = draw(_values(dtype, n, ints(big - 7, big)))
+        lo, hi = {"spread": (0, big), "near_zero": (0, 7), "near_top": (big - 7, big)}[
+            draw(pick(("spread", "near_zero", "near_top",)))]
+        m = draw(_values(dtype, n, ints(lo, hi)))
         r1 = [math.ldexp(v, e) for v in m]
         if kind == "anti_exact":
             r2 = [math.ldexp(big - v, e) for v in m]
@@ -262,12 +278,10 @@ def pair_values(draw, kind: str, dtype: str, n: int, holds: bool) -> tuple[list[
     elif kind == "scaled":
         r1 = draw(column_values(draw(pick(("plain", "testfloat", "binary",))), dtype, n))
         s = draw(pick((1, -1, 10, -20,)))
-        top = DTYPES[dtype].max
-        r2 = list(round_to([math.copysign(min(abs(v) * 2.0 ** s, top), v) for v in r1], dtype))
+        r2 = list(round_to([math.copysign(min(abs(v) * 2.0 ** s, f.max), v) for v in r1], dtype))
     else:
         raise ValueError(kind)
-    r1 = list(round_to(r1, dtype))
-    r2 = list(round_to(r2, dtype))
+    r1, r2 = list(round_to(r1, dtype)), list(round_to(r2, dtype))
     if not holds:
         r2 = draw(column_values(draw(pick(("binary", "plain", "offset",))), dtype, n))
     return r1, r2
@@ -351,9 +365,7 @@ def _pair_weight(draw, w1: float, kind: str, wdtype: str) -> float:
     return draw(plain_floats("float64", -2.0, 2.0))
 
 
-@cached
-def _sizes_list():
-    return st.lists(pick((2, 2, 3, 4, 5, 7, 9)), min_size=1, max_size=8)
+_SIZES = st.lists(pick((2, 2, 3, 4, 5, 7, 9)), min_size=1, max_size=8)
 
 
 @cached
@@ -363,7 +375,7 @@ def group_sizes(draw, ctx: Context, equal: bool) -> list[int]:
         n = draw(pick((2, 2, 3, 4, 4, 5, 8, 16,)))
         g = draw(ints(1, max(1, ctx.max_n // n)))
         return [n] * g
-    sizes = list(draw(_sizes_list()))
+    sizes = list(draw(_SIZES))
     while sum(sizes) > ctx.max_n:
         sizes.pop()
     return sizes or [2]
@@ -389,9 +401,7 @@ BIG_EVERY = 8
 DRAWN_ROWS_MAX = 64
 
 
-@cached
-def _large_sizes_list():
-    return st.lists(pick((2, 3, 5, 7, 9, 16, 17, 31, 33, 48, 64)), min_size=1, max_size=24)
+_LARGE_SIZES = st.lists(pick((2, 3, 5, 7, 9, 16, 17, 31, 33, 48, 64)), min_size=1, max_size=24)
 
 
 @cached
@@ -402,7 +412,7 @@ def large_group_sizes(draw, ctx: Context, equal: bool) -> list[int]:
     if equal:
         n = draw(pick((2, 4, 8, 13, 16, 32, 64,)))
         return [n] * draw(ints(-(-lo // n), hi // n))
-    sizes = list(draw(_large_sizes_list()))
+    sizes = list(draw(_LARGE_SIZES))
     while sum(sizes) > hi:
         sizes.pop()
     while sum(sizes) < lo:  # runtime values: grown until the batch is large
@@ -410,9 +420,7 @@ def large_group_sizes(draw, ctx: Context, equal: bool) -> list[int]:
     return sizes  # below lo + 64 <= hi once grown
 
 
-@cached
-def _big_size() -> st.SearchStrategy:
-    return st.one_of(pick(BIG_GROUP_SIZES), ints(DRAWN_ROWS_MAX + 1, BIG_GROUP_MAX))
+_BIG_SIZE = st.one_of(pick(BIG_GROUP_SIZES), ints(DRAWN_ROWS_MAX + 1, BIG_GROUP_MAX))
 
 
 @cached
@@ -432,34 +440,24 @@ def row_spread(draw, n: int) -> np.ndarray:
 def batches(draw, ctx: Context, kinds=COLUMN_KINDS, pairs=PAIR_KINDS, k_max=8, weight_modes=WEIGHT_MODES,
             equal_groups=None, dtype=None, large=False) -> Batch:
     dtype = dtype or draw(pick(tuple(ctx.input_dtypes)))
-    equal = draw(BOOLS) if equal_groups is None else equal_groups
-    if not ctx.labels:
-        equal = True
+    equal = (draw(BOOLS) if equal_groups is None else equal_groups) or not ctx.labels
     sizes = draw(large_group_sizes(ctx, equal) if large else group_sizes(ctx, equal))
     cols: list[list[list[float]]] = []  # per column, per group
     pair_of: dict[int, str] = {}
     note = []
     pool = tuple(x for x in LARGE_K if x <= k_max)
-    if large:  # max(pool) columns drawn, K chosen after them (below)
-        k = max(pool)
-    else:
-        k = draw(pick(tuple(x for x in (1, 1, 2, 2, 2, 3, 4, 5, 6, 7, 8) if x <= k_max)))
+    # large: max(pool) columns drawn, K chosen after them (below)
+    k = max(pool) if large else draw(pick(tuple(x for x in (1, 1, 2, 2, 2, 3, 4, 5, 6, 7, 8) if x <= k_max)))
     starts = []  # the first column of each note entry
     entries = []  # what each note entry drew: (kind, None) or (pair kind, share)
     while len(cols) < k:
         starts.append(len(cols))
-        use_pair = pairs and len(cols) + 1 < k and draw(ints(0, 2)) == 0
-        if use_pair:
+        if pairs and len(cols) + 1 < k and draw(ints(0, 2)) == 0:  # a pair of columns
             kind = draw(pick(tuple(pairs)))
             share = draw(pick((1.0, 1.0, 0.5, 0.0,)))
-            a_groups, b_groups = [], []
-            for n in sizes:
-                holds = share == 1.0 or (share > 0 and draw(BOOLS))
-                a, b = draw(pair_values(kind, dtype, n, holds))
-                a_groups.append(a)
-                b_groups.append(b)
+            drawn = [draw(pair_values(kind, dtype, n, share == 1.0 or (share > 0 and draw(BOOLS)))) for n in sizes]
             pair_of[len(cols) + 1] = kind
-            cols += [a_groups, b_groups]
+            cols += [[a for a, _ in drawn], [b for _, b in drawn]]
             note.append(f"pair:{kind}")
             entries.append((kind, share))
         else:
@@ -473,8 +471,7 @@ def batches(draw, ctx: Context, kinds=COLUMN_KINDS, pairs=PAIR_KINDS, k_max=8, w
         # values, never a lone K), so a K drawn alone repeats in runs and misses some of 1..8
         k = pool[(draw(ints(0, len(pool) - 1)) + zlib.crc32(repr(cols).encode())) % len(pool)]
         # the very-large tier (BIG_EVERY), decided the same way
-        big = (draw(ints(0, BIG_EVERY - 1)) + zlib.crc32(b"big" + repr(cols).encode())) % BIG_EVERY == 0
-        if big:
+        if big := (draw(ints(0, BIG_EVERY - 1)) + zlib.crc32(b"big" + repr(cols).encode())) % BIG_EVERY == 0:
             sizes, cols = _with_big_groups(draw, dtype, sizes, cols, starts, entries, equal)
         cols = cols[:k]
         pair_of = {j: kind for j, kind in pair_of.items() if j < k}
@@ -500,7 +497,7 @@ def _with_big_groups(draw, dtype, sizes, cols, starts, entries, equal):
     contiguous equal groups, instead of them. Each column of a new group is its column's kind
     (a pair's relation as drawn, holding or not), a few values spread over the rows."""
     count = draw(ints(1, 2))
-    big = [draw(_big_size()) for _ in range(count)]
+    big = [draw(_BIG_SIZE) for _ in range(count)]
     if equal:
         big = [big[0]] * count
         order = [("new", j) for j in range(count)]
@@ -514,20 +511,15 @@ def _with_big_groups(draw, dtype, sizes, cols, starts, entries, equal):
         for spread in spreads:
             m = int(spread.max()) + 1
             if share is None:
-                new[c].append(_spread_out(draw(column_values(kind, dtype, m)), spread))
+                values = draw(column_values(kind, dtype, m))
+                new[c].append([values[i] for i in spread])
             else:
-                holds = share == 1.0 or (share > 0 and draw(BOOLS))
-                a, b = draw(pair_values(kind, dtype, m, holds))
-                new[c].append(_spread_out(a, spread))
-                new[c + 1].append(_spread_out(b, spread))
+                a, b = draw(pair_values(kind, dtype, m, share == 1.0 or (share > 0 and draw(BOOLS))))
+                new[c].append([a[i] for i in spread])
+                new[c + 1].append([b[i] for i in spread])
     sizes = [sizes[i] if tag == "old" else big[i] for tag, i in order]
     cols = [[col[i] if tag == "old" else new[c][i] for tag, i in order] for c, col in enumerate(cols)]
     return sizes, cols
-
-
-def _spread_out(values: list, spread) -> list:
-    """A group column from its drawn values: as drawn, or a template spread over the rows."""
-    return values if spread is None else [values[i] for i in spread]
 
 
 UNIT_MODES = ("none", "one", "groups", "groups", "free")
@@ -609,8 +601,7 @@ def cases(draw, ctx: Context, kinds=COLUMN_KINDS, pairs=PAIR_KINDS, weight_modes
     labels = np.repeat(np.arange(len(sizes)), sizes)
     equal = len(set(sizes)) == 1
     use_labels = ctx.labels and (not equal or draw(BOOLS))
-    group_size = None
-    group_ids = None
+    group_size = group_ids = None
     if use_labels:
         pool = label_pool(draw(pick(LABEL_POOLS)), len(sizes))
         mapping = draw(st.permutations(pool))
@@ -762,8 +753,4 @@ def dist_cases(draw, ctx: Context, world: int, kinds=COLUMN_KINDS, pairs=PAIR_KI
 
 def twins(case: DistCase) -> list[tuple[int, int, int, int, int]]:
     """(rank_a, row_a, rank_b, row_b, n) of groups placed twice (from the case note)."""
-    out = []
-    for part in case.note.split(";"):
-        if part.startswith("twin:"):
-            out.append(tuple(int(x) for x in part.split(":")[1:]))
-    return out
+    return [tuple(int(x) for x in part.split(":")[1:]) for part in case.note.split(";") if part.startswith("twin:")]

@@ -20,6 +20,7 @@ from conformance import grading as G
 from conformance import profiles
 from conformance import properties as P
 from conformance import runner as R
+from conformance import strategies as S
 from conformance.judge import ConformanceFailure
 from conformance.subject import Subject
 
@@ -95,6 +96,30 @@ def test_the_drawn_cases_do_not_depend_on_the_graded_codes_source():
     import tests._native_impls  # noqa: F401 - a local module with many float literals
     assert R.digest(R.planned_cases(prop, SUBJECTS["base"](), 10)) == before
 
+
+
+def test_the_drawn_cases_do_not_depend_on_strategies_built_before(monkeypatch):
+    """Strategy factories are memoised on their arguments' exact values. Keyed on ``==`` (an
+    lru_cache), ``pick((0, 0, 1))``, built first by a test of boundary.near_midpoint_cases, was
+    handed back for ``pick((0.0, -0.0, 1.0))``: the ``missing`` row then drew 0 for -0.0 and
+    rejected other controls than conformance/CONTROLS.md records, after that test only."""
+    prop = P.BY_NAME["missing"]
+
+    def drawn(*built) -> str:
+        monkeypatch.setattr(S, "pick", S.cached(S.pick.__wrapped__))  # a memo that nothing filled
+        monkeypatch.setattr(R, "_DRAWN", {})
+        for values in built:
+            S.pick(values)
+        return R.digest(R.planned_cases(prop, SUBJECTS["base"](), N))
+
+    assert drawn((0, 0, 1), (0.0, 1.0), (0.0,)) == drawn()
+
+
+def test_strategies_equal_only_by_value_are_not_shared():
+    assert S.pick((0, 0, 1)) is not S.pick((0.0, -0.0, 1.0))
+    assert S.pick((0.0,)) is not S.pick((-0.0,)) and S.pick((1,)) is not S.pick((True,))
+    assert S.pick([0.5, -0.0]) is S.pick((0.5, -0.0))  # a list is memoised as its tuple
+    assert S.ints(0, 1) is S.ints(0, 1)
 
 def test_hypothesis_search_follows_the_outcomes():
     """The negative control: under hypothesis's search (the ci profile, as `pytest conformance/`
