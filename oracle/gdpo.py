@@ -11,9 +11,6 @@ test can take ``getattr`` of either (tests/test_same_names.py):
 * :func:`whiten` (Eq. 6): a per whitening unit,
 * :func:`gdpo_advantages`: all three, with every intermediate stage attached.
 
-Old names, kept for their callers (deprecated): ``advantages`` (gdpo_advantages) and
-``whiten_units(values, unit_ids)`` (whiten).
-
 Inputs are taken exactly or refused (:mod:`oracle.inputs`); zeros and collapse are decided
 on exact forms (:mod:`oracle.exact`); every output is rounded once to each of float64,
 float32, float16 and bfloat16 (``Stage.rounded``) and carries ``cond``, the first-order change of
@@ -52,19 +49,14 @@ class Stage:
     #: 5e-324), the change itself to 2^-19 where ``cond_sharp`` (spec/gdpo.md section 7)
     cond: np.ndarray
     delta: np.ndarray
-    #: ``delta`` is in units of u * 2**frame (the combined stage is kept in the
-    #: weights' frame so that huge weights cannot overflow its bound)
+    #: ``delta`` is in units of u * 2**frame (the combined stage's: huge weights cannot overflow it)
     frame: int = 0
-    #: exact zeros the specification demands bit for bit (structural zeros:
-    #: collapsed columns, groups cancelled by a pair of columns equal up to shift and
-    #: sign, units of such groups); the other exact zeros are held to the error bound
-    #: like any value
+    #: the structural zeros, demanded bit for bit (spec/gdpo.md section 7); other exact zeros
+    #: are held to the error bound like any value
     required_zero: np.ndarray = None
-    #: the exact values correctly rounded to float16 and bfloat16 (each once, from the
-    #: exact value: never through float32 or float64), as float64 arrays
+    #: the exact values rounded once to float16 and bfloat16 (never through float32), as float64
     float16: np.ndarray = None
     bfloat16: np.ndarray = None
-    #: per element: ``cond`` is the first-order change itself (False: only an upper bound)
     cond_sharp: np.ndarray = None
 
     def allowed(self, out_dtype: str = "float64", unit_roundoff: float = FLOAT64_UNIT_ROUNDOFF) -> np.ndarray:
@@ -108,12 +100,9 @@ class Result(Stage):
 
 
 def _stagewise_up(cond, m, keep=None):
-    """The stage-wise condition bound made an upper bound on the change it bounds despite
-    its own float64 evaluation (rounded to nearest, flushed among the subnormals): times
-    1 + (m + 2) u, m the roundings along any of its terms (module docstring, ``cond``), and
-    at least 2^-1074 (a final flush loses at most 2^-1075). NaN and inf stay, and so does
-    ``keep`` (a zero std's cond, Samuelson's cap: a bound on the change itself, not a
-    first-order quantity evaluated in float64)."""
+    """The stage-wise condition bound made an upper bound despite its own float64 evaluation:
+    times 1 + (m + 2) u, m the roundings along any of its terms, and at least 2^-1074. NaN and
+    inf stay, and so does ``keep`` (a zero std's Samuelson cap: a bound on the change itself)."""
     cond = np.asarray(cond, dtype=np.float64)
     with np.errstate(over="ignore", invalid="ignore"):
         up = _floor_cond(cond * (1.0 + (m + 2) * FLOAT64_UNIT_ROUNDOFF))
@@ -121,36 +110,30 @@ def _stagewise_up(cond, m, keep=None):
 
 
 def _floor_cond(cond):
-    """cond at least 2^-1074 wherever it is not NaN: a first-order change below float64's
-    range still bounds as 5e-324 (an upper bound stays one)."""
+    """cond at least 2^-1074 wherever it is not NaN (a change below float64's range still bounds so)."""
     cond = np.asarray(cond, dtype=np.float64)
     return np.where(np.isnan(cond), cond, np.maximum(cond, 5e-324))
 
 
 def _stage(v: ex.Values, cond, sharp=None, frame=0) -> Stage:
-    """A Stage of the values ``v`` with the condition estimate ``cond`` (sharp where ``sharp``)."""
     cond = _floor_cond(cond)
     return Stage(v.rounded["float64"], v.rounded["float32"], v.zero, cond, v.delta, frame, v.required,
-                 float16=v.rounded["float16"], bfloat16=v.rounded["bfloat16"],
-                 cond_sharp=np.zeros(np.shape(cond), bool) if sharp is None else sharp)
+                 v.rounded["float16"], v.rounded["bfloat16"], np.zeros(cond.shape, bool) if sharp is None else sharp)
 
 
 def _roundings(members) -> int:
-    """Roundings along any term of a stage-wise bound for groups (or units) of at most n samples
-    (``rounding=False``), counted as 4n + 40. Eq. 4's (:func:`spec.error_model.standardize_groups_stage`):
-    the mean of the ulps n, d_dev n + 1, a deviation 1, their products and sum 2n, the std's
-    product and quotient 4 (sigma within 2), z times it and the sum and quotient by the
-    denominator (within 3) 6: 3n + 12. Eq. 6's (:func:`spec.error_model.whiten_stage`, token
-    weights add one product each): d_mean n + 1, d_dev2 1, a deviation |c - mean| 3, products
-    and the sum 2n + 1, the std's product and quotient 4, the final terms 6: 3n + 16."""
+    """Roundings along any term of a stage-wise bound (``rounding=False``) for groups or units of at
+    most n samples, counted as 4n + 40. Eq. 4 (:func:`spec.error_model.standardize_groups_stage`):
+    mean of the ulps n, d_dev n + 1, a deviation 1, products and sum 2n, the std's product and
+    quotient 4, z times it, the sum and the quotient by the denominator 6: 3n + 12. Eq. 6
+    (:func:`spec.error_model.whiten_stage`): d_mean n + 1, d_dev2 1, |c - mean| 3, products and
+    sum 2n + 1, the std's 4, the final terms 6: 3n + 16."""
     return 4 * max((m.size for m in members), default=1) + 40
 
 
 def _whatever_numpy_is_told(fn):
-    """The oracle's public steps compute the same in any NumPy error state of the caller's process
-    (``np.seterr(all="raise")`` turned an expected underflow of the error bound into a
-    FloatingPointError): every non-finite or underflowing value it meets is decided explicitly.
-    Where the thread flushes subnormals, they refuse (spec.errors.process_state_error)."""
+    """A public step computes the same in any NumPy error state of the caller (every non-finite or
+    underflowing value is decided explicitly), and refuses where the thread flushes subnormals."""
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         refused = process_state_error()
@@ -221,14 +204,7 @@ def _ulps(x: np.ndarray) -> np.ndarray:
 def whiten(values, *, segment_sizes=None, unit_ids=None, eps=None, convention="spec", token_counts=None) -> Stage:
     """Eq. 6 alone on given float values (exact rationals), per unit: ``segment_sizes``
     (consecutive counts, as in impl.gdpo) or ``unit_ids`` (a label per sample); neither: one unit."""
-    return whiten_units(values, inp.units_of(np.shape(values)[0] if np.ndim(values) else 0, unit_ids,
-                                             segment_sizes), eps=eps, convention=convention,
-                        token_counts=token_counts)
-
-
-@_whatever_numpy_is_told
-def whiten_units(values, unit_ids=None, eps=None, convention="spec", token_counts=None) -> Stage:
-    """Eq. 6 by unit labels: the old name of :func:`whiten` (deprecated; kept for its callers)."""
+    unit_ids = inp.units_of(np.shape(values)[0] if np.ndim(values) else 0, unit_ids, segment_sizes)
     conv = get_convention(convention)
     v = inp.as_float_matrix(values, "values")
     if v.shape[1] != 1:
@@ -267,12 +243,9 @@ def gdpo_advantages(rewards, group_ids=None, weights=None, unit_ids=None, eps=No
     """Exact GDPO advantages of ``rewards`` (N, K) grouped by ``group_ids`` or ``group_size``.
 
     ``unit_ids`` (a label per sample) or ``segment_sizes`` (consecutive counts) give the
-    whitening units (neither: one unit); ``eps`` overrides both eps of the convention
-    (None: the convention's own, 1e-4 for ``spec``); ``token_counts`` is required by
-    per-token conventions (verl). ``missing``: "refuse" (the convention's own NaN rule;
-    ``spec`` refuses a NaN) or "unscored" (a NaN reward was not scored:
-    :func:`oracle.inputs.with_missing`; a unit of one row is still a SegmentError, whatever
-    is scored in it).
+    whitening units (neither: one unit); ``eps`` overrides both eps of the convention;
+    ``token_counts`` is required by per-token conventions (verl); ``missing``: "refuse" or
+    "unscored" (:func:`oracle.inputs.with_missing`; a unit of one row is still refused).
     """
     conv = inp.with_missing(get_convention(convention), missing)
     r = inp.as_float_matrix(rewards)
@@ -289,14 +262,11 @@ def gdpo_advantages(rewards, group_ids=None, weights=None, unit_ids=None, eps=No
     eps_w = Fraction(conv.whiten_eps if eps is None else eps)
     wq = [Fraction(x) for x in w.tolist()]
     classes = ex.SqrtClasses()
-
     G = gl.size
-    # c's sensitivities are kept per sample in a frame of their own (Δc_j = delta_j 2^frame_j,
-    # spec.error_model.combine_stage_framed): one frame for the batch, the largest weight's,
-    # flushed the bound of a sample whose live weights are 2^1074 below it to zero
+    # c's bounds are kept per sample in a frame of its own (Δc_j = delta_j 2^frame_j,
+    # spec.error_model.combine_stage_framed), so that huge weights cannot overflow them
     z, c = ex.Values((N, K)), ex.Values(N)
-    collapsed = np.zeros((G, K), bool)
-    cancelled = np.zeros(G, bool)
+    collapsed, cancelled = np.zeros((G, K), bool), np.zeros(G, bool)
     groups = inp.members(gidx, G)
     colinfo = cn.info((G, K))
     for g, idx in enumerate(groups):
@@ -307,24 +277,21 @@ def gdpo_advantages(rewards, group_ids=None, weights=None, unit_ids=None, eps=No
         if conv.algorithm == "shift_invariant":  # a code subtracting a rounded mean reproduces no zero bit
             z.required[idx] = collapsed[g]         # for bit (a constant column's mean leaves a residue):
             c.required[idx] = _structural_zero(cols, wq, cancelled[g])  # its zeros are held to its bound
-
-    # c.cond is kept in per-sample frames (2^cond_frame) so that it cannot overflow
+    # the tight first-order change (oracle.condition) where a closed form applies; the
+    # stage-wise bound (raised for its own rounding) where none does
     with np.errstate(over="ignore"):
         ccond_abs = np.ldexp(c.cond, c.cond_frame)
-    # the tight first-order change (oracle.condition) where a closed form applies; the
-    # stage-wise bound above (raised for its own rounding) where none does
     z64 = z.rounded["float64"]
     zc = cn.group_columns(r, z64, groups, colinfo, conv.group_eps_placement, float(eps_g), nan_in)
     m_z = _roundings(groups)
-    m_c = m_z + 2 * K + 8
     zcond, zsharp = cn.finish(zc.T, zc.E, zc.x, zc.ok, _stagewise_up(z.cond, m_z, keep=collapsed[gidx]))
+    m_c = m_z + 2 * K + 8
     ccond, csharp, cok = cn.combined(zc, z64, w, _stagewise_up(ccond_abs, m_c))
     zstage = _stage(z, zcond, zsharp)
     cstage = _stage(c, ccond, csharp, frame=c.frame)
     ul, uidx = inp.index(uid)
     if _stages_only:
-        a = cstage
-        ucoll = np.zeros(ul.size, bool)
+        a, ucoll = cstage, np.zeros(ul.size, bool)
     else:
         uinfo = cn.info(ul.size)
         if missing == "unscored":  # the metadata rule holds whatever is scored: a unit of one row is refused
@@ -350,10 +317,6 @@ def gdpo_advantages(rewards, group_ids=None, weights=None, unit_ids=None, eps=No
     return Result(**vars(a), z=zstage, combined=cstage, group_labels=gl, group_index=gidx,
                   group_collapsed=collapsed, group_cancelled=cancelled, unit_labels=ul, unit_index=uidx,
                   unit_collapsed=ucoll, convention=conv)
-
-
-#: The old name of :func:`gdpo_advantages` (deprecated; kept for its callers).
-advantages = gdpo_advantages
 
 
 # --------------------------------------------------------------- Eq. 4 per column
@@ -573,15 +536,9 @@ def _scaled_denominator(col: _Column, conv: Convention, eps: Fraction, e: int, s
 
 def _structural_zero(cols, wq, cancelled: bool) -> bool:
     """Is the group's exact zero combination reproduced bit for bit by the prescribed algorithm?
-
-    Yes when no column contributes (all collapsed or zero weight), or when exactly two
-    contribute with weights of equal magnitude, cancel, and are equal up to shift and sign
-    (spec 7): their exact deviations from the group mean are equal up to one sign, so the
-    shift-invariant algorithm rounds both columns alike. Exact cancellation alone does not
-    say so at eps = 0 (or without eps): z is then scale-invariant, and any two affinely
-    related columns (r2 = k r1 + b, k != 0) cancel exactly while a correct float64 code
-    rounds them differently; that zero is held to the error bound.
-    """
+    Where no column contributes, or exactly two contribute with weights of equal magnitude,
+    cancel, and are equal up to shift and sign (spec/gdpo.md section 7, "Exact zeros": at
+    eps = 0 exact cancellation alone does not say so)."""
     if any(col.nan for col in cols):
         return False
     live = [k for k, col in enumerate(cols) if wq[k] != 0 and (col.raw or not col.collapsed)]
@@ -589,27 +546,11 @@ def _structural_zero(cols, wq, cancelled: bool) -> bool:
         return True
     if not (cancelled and len(live) == 2 and abs(wq[live[0]]) == abs(wq[live[1]])):
         return False
-    return _equal_up_to_shift_and_sign(cols[live[0]], cols[live[1]])
-
-
-def _equal_up_to_shift_and_sign(a: _Column, b: _Column) -> bool:
-    """Do two group columns have the same valid members and exact deviations (D_j f, the
-    value itself for a raw singleton column) equal up to one sign? With eps > 0 two live
-    columns that cancel with weights of equal magnitude always do (z is not scale-invariant
-    there: z_a = +-z_b forces dev_b = +-dev_a); at eps = 0 only this check tells."""
-    if bool(a.raw) != bool(b.raw) or a.n != b.n or len(a.D) != len(b.D):
+    a, b = cols[live[0]], cols[live[1]]
+    if bool(a.raw) != bool(b.raw) or a.n != b.n or len(a.D) != len(b.D) or not np.array_equal(a.valid, b.valid):
         return False
-    if not np.array_equal(a.valid, b.valid):
+    # the exact deviations D_j f (a raw singleton's value itself) equal up to one sign
+    pairs = [(da * a.f, db * b.f) for da, db in zip(a.D, b.D)]
+    if any((x == 0) != (y == 0) for x, y in pairs):
         return False
-    sign = 0
-    for da, db in zip(a.D, b.D):
-        x, y = da * a.f, db * b.f  # exact rationals
-        if x == 0 or y == 0:
-            if x != y:
-                return False
-            continue
-        s = 1 if x == y else -1 if x == -y else 0
-        if s == 0 or sign not in (0, s):
-            return False
-        sign = s
-    return True
+    return {1 if x == y else -1 if x == -y else 0 for x, y in pairs if x != 0} in ({1}, {-1}, set())
