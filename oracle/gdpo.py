@@ -1,20 +1,14 @@
 """The exact GDPO reference: Eq. 4, Eq. 7 and Eq. 6, certified and correctly rounded.
 
-Steps carry the names and keywords of ``impl.gdpo`` (``group_ids`` or ``group_size``,
-``weights``, ``segment_sizes``, ``eps``; here also ``unit_ids``, ``convention``,
-``token_counts``), so the exact and the fast version of one step read side by side and a
-test can take ``getattr`` of either (tests/test_same_names.py):
+Its steps carry the names and keywords of ``impl.gdpo`` (tests/test_same_names.py):
+:func:`standardize_groups` (Eq. 4), :func:`combine` (Eq. 7 of given z), :func:`normalize_rewards`
+(Eq. 4 + 7), :func:`whiten` (Eq. 6 of given values) and :func:`gdpo_advantages` (all three,
+every intermediate stage attached); here also ``unit_ids``, ``convention``, ``token_counts``.
 
-* :func:`standardize_groups` (Eq. 4): z per group and reward column,
-* :func:`combine` (Eq. 7): c = sum_k w_k z_k of given z, the exact dot product,
-* :func:`normalize_rewards` (Eq. 4 + 7): c from the rewards,
-* :func:`whiten` (Eq. 6): a per whitening unit,
-* :func:`gdpo_advantages`: all three, with every intermediate stage attached.
-
-Inputs are taken exactly or refused (:mod:`oracle.inputs`); zeros and collapse are decided
-on exact forms (:mod:`oracle.exact`); every output is rounded once to each of float64,
-float32, float16 and bfloat16 (``Stage.rounded``) and carries ``cond``, the first-order change of
-the output when every input moves by one ulp (:mod:`oracle.condition`; always an upper bound, the
+Inputs are taken exactly or refused (:mod:`oracle.inputs`); zeros and collapse are decided on
+exact forms (:mod:`oracle.exact`); every output is rounded once to each of float64, float32,
+float16 and bfloat16 (``Stage.rounded``) and carries ``cond``, the first-order change of the
+output when every input moves by one ulp (:mod:`oracle.condition`; always an upper bound, the
 change itself to 2^-19 where ``cond_sharp``), and ``delta``, the error model's bound, which
 ``allowed(out_dtype)`` turns into the tolerance (spec/gdpo.md sections 7 and 10).
 """
@@ -165,14 +159,9 @@ def normalize_rewards(rewards, group_ids=None, weights=None, eps=None, conventio
 
 @_whatever_numpy_is_told
 def combine(z, *, weights=None) -> Stage:
-    """Eq. 7 alone: c_j = sum_k w_k z_jk of given floats z (N, K) or (N,) and weights (K,),
-    each taken as the exact rational it is: the exact sum, correctly rounded once to each format.
-
-    ``delta`` is the error model's Eq. 7 bound (``spec.error_model.combine_stage_framed`` with
-    Δz = 0: the inputs are exact) for a correct float64 implementation; ``cond`` the first-order
-    change when every z and weight moves by one ulp. No zero is structural here
-    (``required_zero`` all False): an exact zero is held to the bound like any value.
-    """
+    """Eq. 7 alone: c_j = sum_k w_k z_jk of given floats z (N, K) or (N,) and weights (K,), each
+    the exact rational it is: the exact sum, correctly rounded once to each format. ``delta`` is
+    the error model's Eq. 7 bound with Δz = 0; no zero is structural here (held to the bound)."""
     v = inp.as_float_matrix(z, "z")
     n, k = v.shape
     if not np.all(np.isfinite(v)):
@@ -186,8 +175,7 @@ def combine(z, *, weights=None) -> Stage:
         c.put(j, ex.round_all_fraction(exact))
         c.zero[j] = exact == 0
     c.delta, frame = em.combine_stage_framed(np.zeros((n, k)), v, w)
-    # one ulp of every input, absolute (np.spacing(DBL_MAX) is inf): the first-order change
-    # of a sum of products is the sum of |w| ulp(z) + |z| ulp(w), evaluated here in float64
+    # the first-order change of a sum of products: the sum of |w| ulp(z) + |z| ulp(w)
     dcond, cframe = em.combine_stage_framed(_ulps(v), v, w, d_weights=_ulps(w), rounding=False)
     with np.errstate(over="ignore"):
         cond = _stagewise_up(np.ldexp(dcond, cframe), 2 * k + 2)
@@ -219,8 +207,7 @@ def whiten(values, *, segment_sizes=None, unit_ids=None, eps=None, convention="s
     eps = inp.as_eps(eps)
     eps_w = Fraction(conv.whiten_eps if eps is None else eps)
     uidx = inp.index(unit_ids)[1]
-    # the inputs are exact: only the algorithm's rounding (delta) and one ulp (cond) move them;
-    # equal input floats are equal bit for bit, so every collapse of given values is structural
+    # the inputs are exact, so every collapse of given values is structural
     c = ex.Values(n, required=True)
     c.forms = [ex.Form(Fraction(x)) for x in v.tolist()]
     c.rounded["float64"], c.cond = v, _ulps(v)
@@ -424,8 +411,7 @@ def _group_numbers(idx, cols, r, wq, w, conv, eps_g, classes, z: ex.Values, c: e
     for j in idx:
         c.put(j, np.nan if c.nan[j] else ex.round_form(c.forms[j], classes))
     # error model and condition, in a frame scaled so nothing overflows
-    dz_model = np.zeros((n, K))
-    dz_cond = np.zeros((n, K))
+    dz_model, dz_cond = np.zeros((n, K)), np.zeros((n, K))
     zs = z.rounded["float64"][idx]
     tau = em.underflow_tau(conv.native_dtype)  # the code's own subnormal spacing, in its own u
     for k, col in enumerate(cols):
@@ -436,7 +422,7 @@ def _group_numbers(idx, cols, r, wq, w, conv, eps_g, classes, z: ex.Values, c: e
         e = _frame(col, vals)
         if not col.raw:  # z = r / (1 + eps) is not measured in the frame: no eps to scale
             e = max(e, ex.eps_floor(eps_g, conv.group_eps_placement))
-        sel = np.array([_valid_pos(col, jj) is not None for jj in range(n)])
+        sel = col.valid
         scale = col.f * ex.pow2(-e)  # int / int true division is correctly rounded, even for huge ints
         dev = np.array([d * scale.numerator / scale.denominator for d in col.D]) if col.D else np.zeros(0)
         sigma = ex.float_sqrt(col.V * ex.pow2(-2 * e))
@@ -448,8 +434,7 @@ def _group_numbers(idx, cols, r, wq, w, conv, eps_g, classes, z: ex.Values, c: e
         if conv.algorithm == "mean_then_subtract" and nv:  # r - mean(r): rounding scales with the magnitude
             rho = max(rho, float(np.max(np.abs(np.ldexp(vals[sel], -e)))))
         d_model = em.model_dev_perturbation(rho, nv, tau=math.ldexp(tau, -e))
-        # one ulp of each input, measured in the frame (spacing(DBL_MAX) itself is inf);
-        # a subnormal's ulp is the absolute 2^-1074 whatever the frame
+        # one ulp of each input in the frame (a subnormal's is the absolute 2^-1074 whatever the frame)
         ulps = np.maximum(np.spacing(np.abs(np.ldexp(vals[sel], -e))), np.ldexp(5e-324, -e))
         d_cond = ulps + (ulps.mean() if ulps.size else 0.0)
         if col.raw:
@@ -460,24 +445,20 @@ def _group_numbers(idx, cols, r, wq, w, conv, eps_g, classes, z: ex.Values, c: e
             continue
         cap_u = conv.unit_roundoff if (conv.algorithm == "mean_then_subtract"
                                        and conv.group_eps_placement in ("std", "var")) else None
-        dz_model[sel, k] = em.standardize_groups_stage(dev, d_model, sigma, denom, zs[sel, k], nv, conv.group_ddof, cap_u=cap_u,
-                                          tau=tau)
-        # at a zero std the stage-wise condition sees the denominator a perturbed column has as it
-        # un-collapses: eps (std, std_if_positive) or none, 0 (skip_if_zero, or eps = 0): then
-        # Samuelson's cap (not the placeholder 1 the collapse rule divides by)
-        cdenom = ex.collapsed_denominator(eps_g, conv.group_eps_placement, e) if col.collapsed else denom
-        dz_cond[sel, k] = em.standardize_groups_stage(dev, d_cond, sigma, cdenom, zs[sel, k], nv, conv.group_ddof,
-                                         rounding=False)
+        dz_model[sel, k] = em.standardize_groups_stage(dev, d_model, sigma, denom, zs[sel, k], nv, conv.group_ddof,
+                                                       cap_u=cap_u, tau=tau)
+        # at a zero std the condition sees the denominator a perturbed column has as it un-collapses
+        # (eps, sqrt(eps); 0 without eps: then Samuelson's cap), not the collapse rule's placeholder 1
+        h0 = ex.collapsed_denominator(eps_g, conv.group_eps_placement, e)
+        dz_cond[sel, k] = em.standardize_groups_stage(dev, d_cond, sigma, h0 if col.collapsed else denom, zs[sel, k],
+                                                      nv, conv.group_ddof, rounding=False)
         if not col.collapsed and nv == n and col.V > 0 and sigma > 0.0 and 0.0 < denom < math.inf:
             cn.admit(info, (g, k), e, sigma, denom)
         elif col.collapsed and nv == n >= 2 and col.V == 0:  # z = d / h is differentiable at d = 0 (eps > 0)
-            cn.admit_collapsed(info, (g, k), e, ex.collapsed_denominator(eps_g, conv.group_eps_placement, e),
-                               em.samuelson(n, conv.group_ddof))
+            cn.admit_collapsed(info, (g, k), e, h0, em.samuelson(n, conv.group_ddof))
     z.delta[idx] = dz_model
-    # dz_cond is absolute (z is dimensionless): a change below 2^-1074 flushed to 0 there would
-    # be multiplied by a weight at Eq. 7 (1e300 times 0); 5e-324 bounds it
-    dz_cond = _floor_cond(dz_cond)
-    z.cond[idx] = dz_cond
+    # a change of z flushed to 0 would be multiplied by a weight at Eq. 7 (1e300 times 0)
+    z.cond[idx] = dz_cond = _floor_cond(dz_cond)
     c.delta[idx], c.frame[idx] = em.combine_stage_framed(dz_model, zs, w, tau=tau)
     c.cond[idx], c.cond_frame[idx] = em.combine_stage_framed(dz_cond, zs, w, d_weights=_ulps(w), rounding=False)
 
