@@ -128,8 +128,6 @@ class SqrtClasses:
         hit = self._cache.get(v)
         if hit is not None:
             return hit
-        if v < 0:
-            raise ValueError("sqrt of a negative rational")
         num, den = v.numerator, v.denominator
         rn, rd = math.isqrt(num), math.isqrt(den)
         if rn * rn == num and rd * rd == den:

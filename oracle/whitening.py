@@ -88,10 +88,8 @@ def whiten(c: ex.Values, uidx, t, conv, eps_w, classes, labels=None, uinfo=None,
             if few:
                 continue
             idx = idx[scored[idx]]
-        if conv.whiten == "none":
+        if conv.whiten == "none":  # a = c; the unit still collapses where every c is equal
             _unchanged(c, idx, classes, a)
-            # no Eq. 6, but the unit's combined values may still be all exactly equal (the
-            # field says so under every convention)
             ucoll[s] = idx.size > 0 and not nan[idx].any() and all(
                 c.forms[j].minus(c.forms[idx[0]]).is_zero() for j in idx[1:])
             continue
@@ -137,7 +135,6 @@ def whiten(c: ex.Values, uidx, t, conv, eps_w, classes, labels=None, uinfo=None,
                 # is exactly 0 by structure, and a structural zero of c whitens to exactly 0
                 a.required[idx] = c.required[idx]
         vals64 = a.rounded["float64"][idx]
-        # error model in the frame (c * frame); eps scales with it
         ttf = tt.astype(np.float64)
         m_s, s_s, den_s = _scaled_unit_terms(mean, var, eps_w, conv, frame, classes)
         a.delta[idx] = em.whiten_stage(dmodel_s, cs, m_s, vals64, s_s, den_s, conv.whiten_ddof, ttf,
