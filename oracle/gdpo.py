@@ -141,7 +141,6 @@ def _whatever_numpy_is_told(fn):
 # ----------------------------------------------------------------- public steps
 
 
-@_whatever_numpy_is_told
 def standardize_groups(rewards, group_ids=None, eps=None, convention="spec", *, group_size=None,
                        missing="refuse") -> Stage:
     """Eq. 4 alone: z per sample and reward column (weights ones, no whitening)."""
@@ -149,7 +148,6 @@ def standardize_groups(rewards, group_ids=None, eps=None, convention="spec", *, 
                            missing=missing, _stages_only=True).z
 
 
-@_whatever_numpy_is_told
 def normalize_rewards(rewards, group_ids=None, weights=None, eps=None, convention="spec", *,
                       group_size=None, missing="refuse") -> Stage:
     """Eq. 4 then Eq. 7: the combined value c per sample."""
