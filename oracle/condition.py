@@ -368,7 +368,7 @@ def combined(zs: ZStage, z64, w, old):
     """Tight cond of c: sum_k |w_k| cond(z_ik) + sum_k |z_ik| ulp(w_k), where every
     column of the sample's group is eligible. Returns (cond, sharp, ok per sample)."""
     N, K = z64.shape
-    ok = zs.ok.all(axis=1)
+    ok = zs.ok.all(axis=1) & np.all(np.isfinite(z64), axis=1)
     mw, xw = np.frexp(np.abs(w))
     xw = xw.astype(np.int64)
     lam = ulp_exponent(w)
@@ -379,9 +379,7 @@ def combined(zs: ZStage, z64, w, old):
     # terms: (2K + 8) u T; a subnormal z is off by 2^-1075: times ulp(w_k)
     E, xe = framed_sum([(Ew * (1 + 2.0 ** -40), xe), ((2 * K + 8) * U * T, x),
                         (np.full(N, float(K)), np.full(N, -1070 + int(lam.max()), dtype=np.int64))])
-    ok = ok & np.all(np.isfinite(z64), axis=1)
-    cond, sharp = finish(T, E, x, ok, old, xe=xe)
-    return cond, sharp, ok
+    return (*finish(T, E, x, ok, old, xe=xe), ok)
 
 
 def _sum_over_k(terms):
@@ -508,8 +506,6 @@ def whitened(zs: ZStage, cok, z64, a64, w, gidx, members, uidx, uinfo, placement
 def _exclusive(m, x):
     """For framed nonnegative values (m, x) of a unit's groups: for each group, the sum of
     the others, from prefix and suffix sums (no subtraction), framed at the unit's top."""
-    if m.size == 0:
-        return m, x
     top = np.where(m > 0, x + _exp_of(m), _NEG).max()
     top = 0 if top == _NEG else int(top)
     with np.errstate(under="ignore"):

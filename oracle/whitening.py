@@ -31,8 +31,6 @@ def structural_mean(conv: Convention) -> bool:
 
 def units_of_whole_groups(gidx: np.ndarray, uidx: np.ndarray, G: int, S: int) -> np.ndarray:
     """(S,) bool: every group with a member in the unit has all its members in it."""
-    if gidx.size == 0:
-        return np.zeros(S, bool)
     lo = np.full(G, S, dtype=np.int64)
     hi = np.full(G, -1, dtype=np.int64)
     np.minimum.at(lo, gidx, uidx)
