@@ -1,115 +1,71 @@
 """The first-order condition of z, c and a, tight where a closed form applies.
 
-The oracle's ``cond`` of an output o is meant to be the first-order change of o when
-every input x (reward and weight) moves by one ulp: sum_x |d o / dx| ulp(x), with
-ulp(x) = ``math.ulp(x)`` (a power of two; ulp(0) = 2^-1074, ulp(DBL_MAX) = 2^971). The
-stage-wise running bound (:mod:`spec.error_model`, ``rounding=False``) adds every
-stage's effects in absolute value and so drops their cancellations. This module
-evaluates the Jacobians themselves, in closed form, and bounds its own float64
-evaluation error, so that its result stays an upper bound; the oracle reports it
-wherever the closed form applies, and the stage-wise bound (raised for its own
-rounding) elsewhere (:func:`finish`).
+``cond`` of an output o is the first-order change of o when every input x (reward and weight)
+moves by one ulp, sum_x |d o / dx| ulp(x), ulp(x) = ``math.ulp(x)`` (spec/gdpo.md section 7,
+which also lists where the closed form does not apply). The stage-wise running bound
+(:mod:`spec.error_model`, ``rounding=False``) drops the stages' cancellations; this module
+evaluates the Jacobians in closed form and bounds its own float64 evaluation error, so that its
+result stays an upper bound (:func:`finish`: where it applies, else the stage-wise bound).
 
-The mathematics. Standardizing a vector x of n entries (Eq. 4 per group column; Eq. 6
-per unit, sample weights 1): d = x - mean(x), v = sum d^2 / (n - ddof), sigma =
-sqrt(v), denominator h = sigma + eps ("std", "std_if_positive" at sigma > 0),
-sqrt(v + eps) ("var") or sigma ("skip_if_zero" at sigma > 0); y = d / |d| (a unit
-vector orthogonal to the ones vector), z = d / h. Then
+The mathematics. Standardizing x of n entries (Eq. 4 per group column; Eq. 6 per unit):
+d = x - mean(x), sigma^2 = sum d^2 / (n - ddof), denominator h = sigma + eps ("std"),
+sqrt(v + eps) ("var") or sigma ("skip_if_zero"); y = d / |d|, z = d / h. Then
 
     dz_l / dx_j = (1/h) [delta_lj - 1/n - theta y_l y_j],
     theta = sigma / h (std), sigma^2 / h^2 (var), 1 (skip_if_zero),
     1 - theta = eps / h (std), eps / h^2 (var), 0 (skip_if_zero).
 
-Every column of that Jacobian sums to 0. y is recovered from the oracle's correctly
-rounded outputs (y = z / |z|, Y = a / |a|), so no deviation is recomputed. For n = 2
-the bracket is exactly (1 - theta)(delta_lj - 1/2) (then delta - 1/2 = y y^T): it
-is evaluated so, without cancellation, which makes a group of two sharp for any eps.
+y is recovered from the correctly rounded outputs (y = z / |z|, Y = a / |a|). For n = 2 the
+bracket is exactly (1 - theta)(delta_lj - 1/2), evaluated so (no cancellation: sharp for any
+eps). A zero std with eps > 0 is the same formula with theta = 0, h0 = eps (sqrt(eps) for
+"var"), y = 0; capped by Samuelson's bound where its value exceeds it (:func:`_within_cap`).
 
-A zero std (a collapsed column or unit) with eps > 0 is differentiable (spec/gdpo.md
-section 7): the formula above with theta = 0, 1 - theta = 1 and h0 = eps (sqrt(eps) for
-"var"), y = 0 as computed from z = 0; Eq. 6 the same for a collapsed unit (Theta = 0, Y = 0,
-H0 = eps_w or sqrt(eps_w)), whose other terms need only that every z column and c sums to 0
-over each group, which a collapsed column (all 0) does. It is measured in its frame as any
-other; where h0 is not a normal float there, or the first-order value exceeds Samuelson's
-cap, or no first order exists (eps = 0, "skip_if_zero"): the cap (:func:`_within_cap`).
+Eq. 7: dc_i / dr_jk = w_k J_k[i, j], dc_i / dw_k = z_ik, so
+cond(c_i) = sum_k |w_k| cond(z_ik) + sum_k |z_ik| ulp(w_k).
 
-Eq. 7: dc_i / dr_jk = w_k J_k[i, j] (j in i's group), dc_i / dw_k = z_ik; each r_jk is
-an input of its own, so cond(c_i) = sum_k |w_k| cond(z_ik) + sum_k |z_ik| ulp(w_k).
-
-Eq. 6 per unit U of M samples (per-sample whitening): with Y, H, Theta the unit's
-normalized deviations of c, denominator and theta, groups nested in units, and c
-summing to 0 over every group (each z column does, exactly), so mean_g(Y) = 0 and
-mean_U(z_k) = 0:
+Eq. 6 per unit U of M samples (per-sample whitening), with Y, H, Theta the unit's normalized
+deviations of c, denominator and theta, groups nested in units and c summing to 0 over every
+group (each z column does, exactly), so mean_g(Y) = 0 and mean_U(z_k) = 0:
 
     da_i / dr_jk = (w_k / H) [[i in g] J_k[i, j] - Theta Y_i t_jk],
     t_jk = sum_{l in g} Y_l J_k[l, j] = (1/h_k) [Y_j - theta_k y_jk s_gk],
     s_gk = sum_{l in g} Y_l y_lk,
     da_i / dw_k = (1/H) [z_ik - Theta Y_i p_k],   p_k = sum_{l in U} Y_l z_lk.
 
-The own group is summed densely; the other groups of the unit enter through the
-separable term Theta |Y_i| sum_{g' != g(i)} Q_g', Q_g = sum_k |w_k| / h_k sum_j |t_jk|
-ulp(r_jk) (an exclusive sum formed from prefix and suffix sums: no subtraction).
+The own group is summed densely; the other groups enter through the separable term
+Theta |Y_i| sum_{g' != g(i)} Q_g', Q_g = sum_k |w_k| / h_k sum_j |t_jk| ulp(r_jk) (an
+exclusive sum from prefix and suffix sums: no subtraction).
 
-Frames. Every factor is kept as a float significand and an integer power of two (the
-oracle's frames: a column's deviations, sigma and denominator measured in 2^e, a
-unit's in its 2^f); ulps are powers of two, normalized by their group column's
-largest; |z| / max |z| and |a| / max |a| are in [0, 1]. So every float64 quantity
-below is O(1) (at most a few times n) and nothing overflows or underflows except
-at the 2^-1074 level; a weight of 1e308 or a reward of DBL_MAX only moves exponents.
+Frames. Every factor is a float significand and an integer power of two (a column's
+deviations, sigma and denominator in its 2^e, a unit's in its 2^f); ulps are normalized by
+their column's largest; |z| / max |z| and |a| / max |a| are in [0, 1]. So every float64
+quantity below is O(1) and nothing overflows or underflows except at the 2^-1074 level.
 
-Rigour. Write every computed row value R as a sum of terms, each a product and
-difference of float64 quantities that are each within a few roundings of exact (the
-oracle's z, c, a are correctly rounded: one rounding; its sigma and denominators:
-at most three), followed by a sum. With the standard model fl(x op y) = (x op y)(1 +
-delta), |delta| <= u = 2^-53, and Higham's lemma 3.3 (a product of m factors (1 +
-delta)^(+-1) is 1 + theta_m, |theta_m| <= gamma_m = m u / (1 - m u)), the computed
-value satisfies |R_computed - R| <= gamma_m A, where A is the same expression with
-every term taken in absolute value (no cancellation) and m the largest number of
-roundings along any term (a sum of k terms adds k - 1 to every term, in any order of
-summation, FMA included). Tallies, with n the group size and M the unit size (y_j =
-z_j / sqrt(sum z^2) costs n/2 + 4; theta at most 11 (var: sigma'^2 / h'^2, each of the
-oracle's sigma' and h' within 2 roundings); 1 - theta at most 6):
+Rigour. Each computed row value R is a sum of terms, products and differences of float64
+quantities each within a few roundings of exact (z, c, a: one; sigma and denominators: at most
+three). By the standard model and Higham's lemma 3.3, |R_computed - R| <= gamma_m A, A the same
+expression with every term in absolute value and m the most roundings along any term (a sum of
+k terms adds k - 1). Tallies, n the group size and M the unit size (y_j costs n/2 + 4; theta at
+most 11; 1 - theta at most 6):
 
-* z: b_lj = (delta_lj - 1/n) - theta y_l y_j: n + 22; |b| ulp summed over j:
-  2n + 22; the final 1 / h (h within 3 roundings, one division): 2n + 26;
-* c: sum over 2K framed terms of z's values times weights: z's own error bound
-  times |w_k|, plus 2K + 2;
-* a: Y_i: M/2 + 4; s_gk: M/2 + 3n/2 + 8; t_jk: M/2 + 2n + 26; the own-group term
-  b - Theta Y_i t summed over j and scaled: M + 3n + 49; the other groups' term
-  (prefix and suffix sums over at most M/2 groups): 3M/2 + 3n' + K + 47 (n' the
-  largest group of the unit, at most M); the weights' term: 2M + 23; the sum of the
-  2K + 1 terms and the final 1 / H: at most 9M/2 + 3K + 53.
+* z: b_lj = (delta_lj - 1/n) - theta y_l y_j: n + 22; |b| ulp summed over j: 2n + 22; the
+  final 1 / h: 2n + 26;
+* c: z's own error bound times |w_k|, plus 2K + 2 for the 2K framed terms;
+* a: Y_i: M/2 + 4; s_gk: M/2 + 3n/2 + 8; t_jk: M/2 + 2n + 26; the own-group term summed and
+  scaled: M + 3n + 49; the other groups' term: 3M/2 + 3n' + K + 47 (n' the unit's largest
+  group); the weights' term: 2M + 23; the sum of the 2K + 1 terms and 1 / H: 9M/2 + 3K + 53.
 
-At a zero std theta = 0 and y = 0 exactly, h0 is within one rounding (std: exact in the
-frame) and 1 - theta within the tally's 6 (std: exactly 1): every term is one of the terms
-above with fewer roundings, so the tallies stand.
-
-The error bound charged is (count) u A_computed with count = 3n + 60 (z), 8M + 4K +
-120 (a) and 3M + 60 (:func:`whiten_values`), each at least the tally + 8; the 8 cover
-A_computed's own underestimate (second order), the roundings that form the bound itself,
-and the flush to zero of terms 2^1074 below their sum's largest (framed sums). Underflow
-adds absolute errors: a product or quotient that underflows is off by at most 2^-1075
-(an addition of floats is exact there); a subnormal z (or a), off by 2^-1075 while its
-column's largest |z| (its unit's largest |a|) is at least :data:`ZMIN` = 2^-1000 (else:
-fallback), moves y = z / |z| by at most 2^-1074 / max |z| <= 2^-74. Every such quantity
-multiplies factors of at most a few times n, so each row carries an absolute term
-``noise`` = n (2^-1060 + 2^-1066 / max |z| where its column holds a subnormal z), in
-the row's own units, and the a-level the same per piece (:func:`_noise`). The value
-reported is fl(T + E) raised by 2^-50 relatively (covering that addition and the final
-scaling; plus 2^-1074 where it lands among the subnormals), so cond >= T + E >= the
-exact first-order change, and ``cond_sharp`` says E <= 2^-20 (T - E): then T - E is a
-certified lower bound and cond is within (1 + 2^-19)(1 + 2^-48) of the exact
-first-order change. Where it applies it is reported itself, not the smaller of it and
-the stage-wise bound (:func:`finish` says why).
-
-Fallbacks (``cond_sharp`` False): spec/gdpo.md section 7 lists where the closed form does
-not apply (NaN, singleton or raw columns, the Samuelson cap, groups over :data:`CAP`, a largest
-|z| or |a| below :data:`ZMIN`, per-token whitening, groups straddling units) and where a tight
-value is not sharp (an error bound above 2^-20 of it, a subnormal value). There the stage-wise
-bound is raised by 1 + (m + 2) u (``oracle.gdpo._stagewise_up``: m its roundings along a term)
-and floored at 5e-324; at a collapsed column it divides by the denominator a perturbed column
-has (eps; none for "skip_if_zero" or eps = 0, hence the cap), not the collapse rule's
-placeholder 1 (``oracle.exact.collapsed_denominator``).
+At a zero std theta = 0 and y = 0 exactly, h0 within one rounding and 1 - theta within 6: the
+tallies stand. The bound charged is (count) u A_computed, count = 3n + 60 (z), 8M + 4K + 120
+(a), 3M + 60 (:func:`whiten_values`), each the tally + 8 at least (A_computed's own
+underestimate, the bound's roundings, the flush of terms 2^1074 below their sum's largest).
+Underflow adds absolute errors: a product or quotient that underflows is off by at most
+2^-1075 (an addition is exact there); a subnormal z (or a) moves y by at most 2^-1074 / max |z|
+<= 2^-74 while max |z| >= :data:`ZMIN`. Each row so carries ``noise`` = n (2^-1060 + 2^-1066 /
+max |z| where its column holds a subnormal z) (:func:`_noise`). The value reported is
+fl(T + E) raised by 2^-50 (plus 2^-1074 among the subnormals), so cond >= T + E >= the exact
+first-order change; ``cond_sharp`` says E <= 2^-20 (T - E): then cond is within
+(1 + 2^-19)(1 + 2^-48) of that change.
 """
 
 from __future__ import annotations
@@ -133,7 +89,7 @@ _NOISE = 2.0 ** -1060
 _BLOCK = 1 << 21
 _NEG = np.iinfo(np.int64).min // 4
 
-#: False: every cond is the stage-wise bound (what the oracle reported before this module)
+#: False: every cond is the stage-wise bound (:func:`stagewise`)
 ENABLED = True
 
 
@@ -146,6 +102,8 @@ def stagewise(fn, *args, **kwargs):
         return fn(*args, **kwargs)
     finally:
         ENABLED = True
+
+
 #: negative controls for the tests, never set in production: "one_minus_theta" drops the
 #: bracket's (1 - theta) y y^T term (theta = 1), "theta" drops its whole theta y y^T term
 #: (theta = 0), "error_bound" reports the computed T without its error bound
@@ -290,27 +248,6 @@ def _ulps(X):
     return nu, kmax
 
 
-def standardize_groups(X, Z, theta, om, hm, hx, collapsed=None):
-    """Tight first-order change of standardized outputs Z (rows of (B, n), correctly rounded)
-    per one ulp of each input X. Returns (T, E, x, ok, y, nu, kmax): T and E (the bound
-    on T's evaluation error, noise included) are significands of one exponent x per row,
-    absolute value T 2^x; ok: the row's largest |Z| is at least :data:`ZMIN`, or the row is
-    ``collapsed`` (a zero std, Z = 0: y = 0 and theta = 0 exactly, the bracket delta - 1/n)."""
-    B, n = X.shape
-    nu, kmax = _ulps(X)
-    y, zmax, sub = _unit_vectors(Z)
-    ok = zmax >= ZMIN
-    if collapsed is not None:
-        ok = ok | collapsed
-    R, A = _dense(y, theta, om, nu)
-    noise = n * _noise(sub, zmax)
-    E = (3 * n + 60) * U * A + noise[:, None]  # the count of z (module docstring)
-    T = R / hm[:, None]
-    E = E / hm[:, None]
-    x = np.broadcast_to((kmax - hx)[:, None], (B, n))
-    return T, E, x, ok, y, nu, kmax
-
-
 def _within_cap(T, E, x, cap, xe=None):
     """Where a zero std's first-order value fl(T + E) 2^x (raised) stays at most Samuelson's
     ``cap`` (spec section 7: one ulp moves such an output by at most the cap; beyond it the
@@ -343,11 +280,8 @@ def finish(T, E, x, ok, old, xe=None):
         crit = E * (1 + 2.0 ** -40) <= SHARP * (T - E)
     ok = ok & np.isfinite(v)
     sharp = ok & crit & (v >= _TINY)
-    # v itself, not min(old, v): v >= T + E >= the exact change by construction, while the
-    # stage-wise bound is a float64 evaluation rounded to nearest (and flushed among the
-    # subnormals) of sums that drop the cancellations v keeps: it never lies meaningfully
-    # below v (at most its own few roundings: 1e-14 relative), and where it does it may lie
-    # below the change itself (a sharp output whose triangle inequalities are tight)
+    # v itself, not min(old, v): v >= the exact change by construction, while the stage-wise
+    # bound, rounded to nearest, may lie a few roundings below it where both are tight
     new = np.where(ok, v, old)
     new = np.where(np.isnan(old), old, new)
     return new, sharp & ~np.isnan(old)
@@ -378,10 +312,8 @@ class ZStage:
     """The z-level results, kept per group-size bucket for the later stages."""
 
     def __init__(self, N, K):
-        self.T = np.zeros((N, K))
-        self.E = np.zeros((N, K))
-        self.x = np.zeros((N, K), dtype=np.int64)
-        self.ok = np.zeros((N, K), bool)
+        self.T, self.E = np.zeros((N, K)), np.zeros((N, K))
+        self.x, self.ok = np.zeros((N, K), dtype=np.int64), np.zeros((N, K), bool)
         self.buckets: dict[int, dict] = {}
 
 
@@ -411,13 +343,19 @@ def group_columns(r, z64, members, info, placement, eps, nan_mask) -> ZStage:
             whole[flat] = values
             return whole.reshape((Bn, K) + np.shape(values)[1:])
 
+        # T and E (T's evaluation error bound, noise included) per one ulp of each input, in one
+        # exponent x per row; a zero std (collapsed) has y = 0 and theta = 0 exactly
         theta, om, hm, hx = _theta(placement, at("sigma"), at("denom"), eps, at("frame"))
-        t, e, x, ok, y, nu, kmax = standardize_groups(X[flat], Z[flat], theta, om, hm, hx, collapsed=at("collapsed"))
-        # a zero std whose first-order value exceeds Samuelson's cap: the cap (spec section 7),
-        # and Eq. 7 and Eq. 6 fall back with it
-        ok &= _within_cap(t, e, x, at("cap")[:, None]).all(axis=1)
-        az = np.abs(Z[flat])
-        noise = _noise(((az > 0) & (az < _TINY)).any(axis=1), az.max(axis=1))
+        nu, kmax = _ulps(X[flat])
+        y, zmax, sub = _unit_vectors(Z[flat])
+        noise = _noise(sub, zmax)
+        R, A = _dense(y, theta, om, nu)
+        t = R / hm[:, None]
+        e = ((3 * n + 60) * U * A + n * noise[:, None]) / hm[:, None]  # the count of z (module docstring)
+        x = np.broadcast_to((kmax - hx)[:, None], (flat.size, n))
+        # ok where the largest |z| is at least ZMIN, and a zero std's first-order value is at most
+        # Samuelson's cap (else the cap, spec section 7: Eq. 7 and Eq. 6 fall back with it)
+        ok = ((zmax >= ZMIN) | at("collapsed")) & _within_cap(t, e, x, at("cap")[:, None]).all(axis=1)
         out.T[idx], out.E[idx], out.x[idx] = (np.transpose(full(v), (0, 2, 1)) for v in (t, e, x))
         out.ok[idx] = np.transpose(np.broadcast_to(full(ok, False)[:, :, None], (Bn, K, n)), (0, 2, 1))
         out.buckets[n] = {"groups": gs, "idx": idx, "ok": full(ok, False), "y": full(y), "nu": full(nu),
@@ -430,7 +368,7 @@ def combined(zs: ZStage, z64, w, old):
     """Tight cond of c: sum_k |w_k| cond(z_ik) + sum_k |z_ik| ulp(w_k), where every
     column of the sample's group is eligible. Returns (cond, sharp, ok per sample)."""
     N, K = z64.shape
-    ok = zs.ok.all(axis=1)
+    ok = zs.ok.all(axis=1) & np.all(np.isfinite(z64), axis=1)
     mw, xw = np.frexp(np.abs(w))
     xw = xw.astype(np.int64)
     lam = ulp_exponent(w)
@@ -441,18 +379,12 @@ def combined(zs: ZStage, z64, w, old):
     # terms: (2K + 8) u T; a subnormal z is off by 2^-1075: times ulp(w_k)
     E, xe = framed_sum([(Ew * (1 + 2.0 ** -40), xe), ((2 * K + 8) * U * T, x),
                         (np.full(N, float(K)), np.full(N, -1070 + int(lam.max()), dtype=np.int64))])
-    ok = ok & np.all(np.isfinite(z64), axis=1)
-    cond, sharp = finish(T, E, x, ok, old, xe=xe)
-    return cond, sharp, ok
+    return (*finish(T, E, x, ok, old, xe=xe), ok)
 
 
 def _sum_over_k(terms):
     """Framed sum over the last axis of several (m, x) arrays of shape (N, K)."""
-    flat = []
-    for m, x in terms:
-        for k in range(np.shape(m)[-1]):
-            flat.append((np.asarray(m)[:, k], np.asarray(x)[:, k]))
-    return framed_sum(flat)
+    return framed_sum([(np.asarray(m)[:, k], np.asarray(x)[:, k]) for m, x in terms for k in range(np.shape(m)[-1])])
 
 
 def whitened(zs: ZStage, cok, z64, a64, w, gidx, members, uidx, uinfo, placement, eps, old):
@@ -497,12 +429,10 @@ def whitened(zs: ZStage, cok, z64, a64, w, gidx, members, uidx, uinfo, placement
     lam = ulp_exponent(w)
     mw, xw = np.frexp(np.abs(w))
     xw = xw.astype(np.int64)
-    own_T = np.zeros((N, K)); own_A = np.zeros((N, K)); own_x = np.zeros((N, K), dtype=np.int64)
-    noise_own = np.zeros((N, K))
-    # per group: Q_g = sum_k F_gk Q_gk (and in absolute value), framed
-    Qm = np.zeros(G); Qx = np.zeros(G, dtype=np.int64)
-    QAm = np.zeros(G); QAx = np.zeros(G, dtype=np.int64)
-    SFm = np.zeros(G); SFx = np.zeros(G, dtype=np.int64)
+    own_T, own_A, noise_own = np.zeros((N, K)), np.zeros((N, K)), np.zeros((N, K))
+    own_x = np.zeros((N, K), dtype=np.int64)
+    # per group, framed: Q_g = sum_k F_gk Q_gk, the same in absolute value, and sum_k F_gk n
+    (Qm, Qx), (QAm, QAx), (SFm, SFx) = ((np.zeros(G), np.zeros(G, dtype=np.int64)) for _ in range(3))
     gnoise = np.zeros(G)
     for n, bk in zs.buckets.items():
         gs = bk["groups"]
@@ -536,34 +466,31 @@ def whitened(zs: ZStage, cok, z64, a64, w, gidx, members, uidx, uinfo, placement
         QAm[g_], QAx[g_] = framed_sum([(Fm[:, k] * QA[:, k], Fx[:, k]) for k in range(K)])
         SFm[g_], SFx[g_] = framed_sum([(Fm[:, k] * n, Fx[:, k]) for k in range(K)])
     # the other groups of the unit: exclusive sums (prefix + suffix), per unit
-    Xm = np.zeros(G); Xx = np.zeros(G, dtype=np.int64)
-    XAm = np.zeros(G); XAx = np.zeros(G, dtype=np.int64)
-    SUm = np.zeros(S); SUx = np.zeros(S, dtype=np.int64)
+    (Xm, Xx), (XAm, XAx) = ((np.zeros(G), np.zeros(G, dtype=np.int64)) for _ in range(2))
+    SUm, SUx = np.zeros(S), np.zeros(S, dtype=np.int64)
     for s_ in good_u:
         gl = np.flatnonzero(gunit == s_)
         Xm[gl], Xx[gl] = _exclusive(Qm[gl], Qx[gl])
         XAm[gl], XAx[gl] = _exclusive(QAm[gl], QAx[gl])
         pre, top = _exclusive(np.append(SFm[gl], 0.0), np.append(SFx[gl], 0))
         SUm[s_], SUx[s_] = pre[-1], top[-1]  # the sum of every group of the unit
-    gi = gidx
     with np.errstate(under="ignore"):
         wt = np.abs(z64 - u_i[:, None] * p[uidx])
         wtA = np.abs(z64) + np.abs(u_i)[:, None] * pabs[uidx]
-    lamN = np.broadcast_to(lam[None, :], (N, K))
-    absu = np.abs(u_i)
-    terms_T = [(own_T[:, k], own_x[:, k]) for k in range(K)] + [(absu * Xm[gi], Xx[gi])] + \
-              [(wt[:, k], lamN[:, k]) for k in range(K)]
-    terms_A = [(own_A[:, k], own_x[:, k]) for k in range(K)] + [(absu * XAm[gi], XAx[gi])] + \
-              [(wtA[:, k], lamN[:, k]) for k in range(K)]
     M = usize[uidx]
     unoise = _noise(usub, amax)
     np.maximum.at(unoise, gunit, gnoise)
     eta = unoise[uidx]
-    terms_N = [(noise_own[:, k], own_x[:, k]) for k in range(K)] + [(SUm[uidx], SUx[uidx])] + \
-              [((M + 2).astype(np.float64), lamN[:, k]) for k in range(K)]
-    T, x = framed_sum(terms_T)
-    A, xa = framed_sum(terms_A)
-    Nz, xn = framed_sum(terms_N)
+    lamN = np.broadcast_to(lam[None, :], (N, K))
+
+    def framed_total(own, others, weights_term):
+        """The own group's K terms, the other groups' term and the weights' K terms, summed."""
+        return framed_sum([(own[:, k], own_x[:, k]) for k in range(K)] + [others]
+                          + [(weights_term[:, k], lamN[:, k]) for k in range(K)])
+
+    T, x = framed_total(own_T, (np.abs(u_i) * Xm[gidx], Xx[gidx]), wt)
+    A, xa = framed_total(own_A, (np.abs(u_i) * XAm[gidx], XAx[gidx]), wtA)
+    Nz, xn = framed_total(noise_own, (SUm[uidx], SUx[uidx]), np.broadcast_to((M + 2.0)[:, None], (N, K)))
     E, xe = framed_sum([((8 * M + 4 * K + 120) * U * A, xa), (eta * Nz, xn)])  # the count of a
     # times 1 / H, H = hm 2^hx
     T = T / HM[uidx]
@@ -579,8 +506,6 @@ def whitened(zs: ZStage, cok, z64, a64, w, gidx, members, uidx, uinfo, placement
 def _exclusive(m, x):
     """For framed nonnegative values (m, x) of a unit's groups: for each group, the sum of
     the others, from prefix and suffix sums (no subtraction), framed at the unit's top."""
-    if m.size == 0:
-        return m, x
     top = np.where(m > 0, x + _exp_of(m), _NEG).max()
     top = 0 if top == _NEG else int(top)
     with np.errstate(under="ignore"):

@@ -43,8 +43,7 @@ class Form:
     __slots__ = ("q0", "terms")
 
     def __init__(self, q0: Fraction = Fraction(0), terms: dict | None = None):
-        self.q0 = q0
-        self.terms = terms if terms is not None else {}
+        self.q0, self.terms = q0, {} if terms is None else terms
 
     def is_zero(self) -> bool:
         return self.q0 == 0 and not self.terms
@@ -59,18 +58,15 @@ class Form:
         one = scale == 1
         if other.q0:
             self.q0 += other.q0 if one else scale * other.q0
-        terms = self.terms
         for cid, p in other.terms.items():
-            v = terms.get(cid, 0) + (p if one else scale * p)
+            v = self.terms.get(cid, 0) + (p if one else scale * p)
             if v:
-                terms[cid] = v
+                self.terms[cid] = v
             else:
-                terms.pop(cid, None)
+                self.terms.pop(cid, None)
 
     def scaled(self, scale: Fraction) -> "Form":
-        if scale == 0:
-            return Form()
-        return Form(self.q0 * scale, {c: p * scale for c, p in self.terms.items()})
+        return Form(self.q0 * scale, {c: p * scale for c, p in self.terms.items()}) if scale else Form()
 
     def is_rational(self) -> bool:
         """No square-root term: the form is its rational part (Besicovitch: a form with a
@@ -81,16 +77,11 @@ class Form:
         """The exact product (sqrt(x_a) sqrt(x_b) = sqrt(x_a x_b), re-registered in
         ``classes``, which may grow)."""
         out = Form(self.q0 * other.q0)
-        if self.q0:
-            out.add_scaled(Form(Fraction(0), dict(other.terms)), self.q0)
-        if other.q0:
-            out.add_scaled(Form(Fraction(0), dict(self.terms)), other.q0)
+        out.add_scaled(Form(Fraction(0), other.terms), self.q0)
+        out.add_scaled(Form(Fraction(0), self.terms), other.q0)
         for ca, pa in self.terms.items():
             for cb, pb in other.terms.items():
-                if ca == cb:
-                    out.add_scaled(Form(Fraction(classes.radicands[ca])), pa * pb)
-                else:
-                    out.add_scaled(classes.sqrt(Fraction(classes.radicands[ca] * classes.radicands[cb])), pa * pb)
+                out.add_scaled(classes.sqrt(Fraction(classes.radicands[ca] * classes.radicands[cb])), pa * pb)
         return out
 
     def minus(self, other: "Form") -> "Form":
@@ -137,8 +128,6 @@ class SqrtClasses:
         hit = self._cache.get(v)
         if hit is not None:
             return hit
-        if v < 0:
-            raise ValueError("sqrt of a negative rational")
         num, den = v.numerator, v.denominator
         rn, rd = math.isqrt(num), math.isqrt(den)
         if rn * rn == num and rd * rd == den:
@@ -163,23 +152,17 @@ class SqrtClasses:
         return form
 
     def sqrt_interval(self, cid: int, prec: int) -> tuple:
-        key = (cid, prec)
-        iv = self._sqrt_iv.get(key)
-        if iv is None:
+        if (cid, prec) not in self._sqrt_iv:
             x = libmp.from_int(self.radicands[cid])
-            iv = (libmp.mpf_sqrt(x, prec, _FLOOR), libmp.mpf_sqrt(x, prec, _CEIL))
-            self._sqrt_iv[key] = iv
-        return iv
+            self._sqrt_iv[cid, prec] = (libmp.mpf_sqrt(x, prec, _FLOOR), libmp.mpf_sqrt(x, prec, _CEIL))
+        return self._sqrt_iv[cid, prec]
 
 
 # ----------------------------------------------------------------------- intervals
 
 
 def iv_rational(q: Fraction, prec: int) -> tuple:
-    if q == 0:
-        return (ZERO, ZERO)
-    return (libmp.from_rational(q.numerator, q.denominator, prec, _FLOOR),
-            libmp.from_rational(q.numerator, q.denominator, prec, _CEIL))
+    return tuple(libmp.from_rational(q.numerator, q.denominator, prec, rnd) if q else ZERO for rnd in (_FLOOR, _CEIL))
 
 
 def iv_add(a: tuple, b: tuple, prec: int) -> tuple:
@@ -219,25 +202,21 @@ def iv_sqrt(a: tuple, prec: int) -> tuple:
 def iv_scale_rational(a: tuple, q: Fraction, prec: int) -> tuple:
     """q * [lo, hi] for an exact rational q: multiply by the numerator, divide by the
     denominator, each end rounded outward (cheaper than a general interval product)."""
-    num, den = q.numerator, q.denominator
+    num = q.numerator
     if num == 0:
         return (ZERO, ZERO)
-    lo, hi = (a[1], a[0]) if num < 0 else a
-    n = libmp.from_int(num)
-    d = libmp.from_int(den)
+    n, d = libmp.from_int(num), libmp.from_int(q.denominator)
     wide = prec + num.bit_length() + 2  # the product is exact at this precision
-    lo = libmp.mpf_div(libmp.mpf_mul(lo, n, wide, _FLOOR), d, prec, _FLOOR)
-    hi = libmp.mpf_div(libmp.mpf_mul(hi, n, wide, _CEIL), d, prec, _CEIL)
-    return (lo, hi)
+    return tuple(libmp.mpf_div(libmp.mpf_mul(x, n, wide, rnd), d, prec, rnd)
+                 for x, rnd in zip(a[::-1] if num < 0 else a, (_FLOOR, _CEIL)))
 
 
 def iv_scale_int(a: tuple, n: int, prec: int) -> tuple:
     """n * [lo, hi] for an integer n, each end rounded outward."""
     if n == 0:
         return (ZERO, ZERO)
-    lo, hi = (a[1], a[0]) if n < 0 else a
     m = libmp.from_int(n)
-    return (libmp.mpf_mul(lo, m, prec, _FLOOR), libmp.mpf_mul(hi, m, prec, _CEIL))
+    return tuple(libmp.mpf_mul(x, m, prec, rnd) for x, rnd in zip(a[::-1] if n < 0 else a, (_FLOOR, _CEIL)))
 
 
 def iv_form(form: Form, classes: SqrtClasses, prec: int) -> tuple:
@@ -253,8 +232,7 @@ def iv_contains_zero(a: tuple) -> bool:
 
 # ------------------------------------------------------------------ correct rounding
 
-#: (precision in bits, minimum normal exponent, maximum exponent) of IEEE binary formats:
-#: the error model's table (float64, float32, float16, bfloat16), one source for both.
+#: (precision in bits, minimum normal exponent, maximum exponent): the error model's table.
 FORMATS = em.FORMATS
 
 #: Every format the oracle certifies a rounding in, each rounded once from the exact value.
@@ -282,17 +260,7 @@ def _round_scaled(neg, n: int, d: int, s: int, e: int, fmt: str) -> float:
     m, rem = divmod(num, den)
     if 2 * rem > den or (2 * rem == den and m & 1):
         m += 1
-    return _from_significand(m, k + s, neg, emax)
-
-
-def _from_significand(m: int, q: int, neg: bool, emax: int) -> float:
-    """(-1)^neg * m * 2^q of a rounded significand: a signed zero, the value, or an
-    infinity where it overflows the format."""
-    if m == 0:
-        return -0.0 if neg else 0.0
-    if m.bit_length() + q > emax + 1:
-        return -math.inf if neg else math.inf
-    v = math.ldexp(m, q)
+    v = math.inf if m.bit_length() + k + s > emax + 1 else math.ldexp(m, k + s)
     return -v if neg else v
 
 
@@ -310,11 +278,9 @@ def round_all(iv: tuple) -> tuple[float, ...] | None:
 
 
 def round_fraction(q: Fraction, fmt: str) -> float:
-    """Round an exact rational to the nearest value of ``fmt`` (ties to even), subnormals
-    and overflow to infinity included, in integer arithmetic: a rational value is rounded
-    exactly, never through an interval (whose ends never meet on a non-dyadic factor such
-    as 1 / (s + eps), so that a value exactly halfway between two floats could not be
-    certified)."""
+    """Round an exact rational to the nearest value of ``fmt`` (ties to even), subnormals and
+    overflow to infinity included, in integer arithmetic: never through an interval, whose ends
+    would never certify a value exactly halfway between two floats."""
     if q == 0:
         return 0.0
     return _round_scaled(q < 0, abs(q.numerator), q.denominator, 0, _floor_log2(abs(q)), fmt)
@@ -423,21 +389,15 @@ class Values:
 
 
 def eps_floor(eps: Fraction, placement: str) -> int:
-    """The lowest frame 2^f of an Eq. 6 bound, or of an Eq. 4 bound (group column): -900,
-    raised where eps's share of the denominator (eps 2^-f added to the std; sqrt(eps) 2^-f,
-    eps 2^-2f added to the variance) would exceed 2^960 in it; with eps = 1e-8 or 1e-4 it
-    never is (eps below 2^60 added to the std, below 2^120 to the variance).
+    """The lowest frame 2^f of an Eq. 4 (group column) or Eq. 6 (unit) bound: -900, raised where
+    eps's share of the denominator (eps 2^-f added to the std; sqrt(eps) 2^-f to the variance)
+    would exceed 2^960 in it (never for eps below 2^60, or 2^120 added to the variance).
 
-    Eq. 6: where the floor lifts the frame above a unit's largest |c|, the denominator
-    there is at least 2^959, and a c, deviation or product below 2^-1074 there may flush
-    to 0: such a term enters Δa divided by that denominator, or times an |a_j| (below
-    2^-2000 where its deviation flushed), far below the model's own underflow term 3 τ.
-
-    Eq. 4: where it lifts a column's frame (above the column's range), the denominator
-    there is again at least 2^959 and every deviation below 1, so |z| < 2^-959;
-    a deviation, std, τ 2^-f or input ulp that flushes to 0 there enters Δz divided by that
-    denominator (or times |z|): below 2^-2000. A range that flushes is kept at 2^-1074 there
-    (an upper bound), so that the model never takes a live column for a collapsed one."""
+    Where the floor lifts a frame above the column's range (the unit's largest |c|), the
+    denominator there is at least 2^959: a deviation, std, product, τ 2^-f or input ulp that
+    flushes to 0 there enters Δz (Δa) divided by it, or times |z| < 2^-959: below 2^-2000, far
+    below the model's own underflow term. A range that flushes is kept at 2^-1074 (an upper
+    bound), so that the model never takes a live column for a collapsed one."""
     if eps <= 0 or placement == "skip_if_zero":
         return -900
     x = math.frexp(float(eps))[1]  # eps < 2^x (eps is a float: exact)

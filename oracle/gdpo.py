@@ -1,23 +1,14 @@
 """The exact GDPO reference: Eq. 4, Eq. 7 and Eq. 6, certified and correctly rounded.
 
-Steps carry the names and keywords of ``impl.gdpo`` (``group_ids`` or ``group_size``,
-``weights``, ``segment_sizes``, ``eps``; here also ``unit_ids``, ``convention``,
-``token_counts``), so the exact and the fast version of one step read side by side and a
-test can take ``getattr`` of either (tests/test_same_names.py):
+Its steps carry the names and keywords of ``impl.gdpo`` (tests/test_same_names.py):
+:func:`standardize_groups` (Eq. 4), :func:`combine` (Eq. 7 of given z), :func:`normalize_rewards`
+(Eq. 4 + 7), :func:`whiten` (Eq. 6 of given values) and :func:`gdpo_advantages` (all three,
+every intermediate stage attached); here also ``unit_ids``, ``convention``, ``token_counts``.
 
-* :func:`standardize_groups` (Eq. 4): z per group and reward column,
-* :func:`combine` (Eq. 7): c = sum_k w_k z_k of given z, the exact dot product,
-* :func:`normalize_rewards` (Eq. 4 + 7): c from the rewards,
-* :func:`whiten` (Eq. 6): a per whitening unit,
-* :func:`gdpo_advantages`: all three, with every intermediate stage attached.
-
-Old names, kept for their callers (deprecated): ``advantages`` (gdpo_advantages) and
-``whiten_units(values, unit_ids)`` (whiten).
-
-Inputs are taken exactly or refused (:mod:`oracle.inputs`); zeros and collapse are decided
-on exact forms (:mod:`oracle.exact`); every output is rounded once to each of float64,
-float32, float16 and bfloat16 (``Stage.rounded``) and carries ``cond``, the first-order change of
-the output when every input moves by one ulp (:mod:`oracle.condition`; always an upper bound, the
+Inputs are taken exactly or refused (:mod:`oracle.inputs`); zeros and collapse are decided on
+exact forms (:mod:`oracle.exact`); every output is rounded once to each of float64, float32,
+float16 and bfloat16 (``Stage.rounded``) and carries ``cond``, the first-order change of the
+output when every input moves by one ulp (:mod:`oracle.condition`; always an upper bound, the
 change itself to 2^-19 where ``cond_sharp``), and ``delta``, the error model's bound, which
 ``allowed(out_dtype)`` turns into the tolerance (spec/gdpo.md sections 7 and 10).
 """
@@ -52,19 +43,14 @@ class Stage:
     #: 5e-324), the change itself to 2^-19 where ``cond_sharp`` (spec/gdpo.md section 7)
     cond: np.ndarray
     delta: np.ndarray
-    #: ``delta`` is in units of u * 2**frame (the combined stage is kept in the
-    #: weights' frame so that huge weights cannot overflow its bound)
+    #: ``delta`` is in units of u * 2**frame (the combined stage's: huge weights cannot overflow it)
     frame: int = 0
-    #: exact zeros the specification demands bit for bit (structural zeros:
-    #: collapsed columns, groups cancelled by a pair of columns equal up to shift and
-    #: sign, units of such groups); the other exact zeros are held to the error bound
-    #: like any value
+    #: the structural zeros, demanded bit for bit (spec/gdpo.md section 7); other exact zeros
+    #: are held to the error bound like any value
     required_zero: np.ndarray = None
-    #: the exact values correctly rounded to float16 and bfloat16 (each once, from the
-    #: exact value: never through float32 or float64), as float64 arrays
+    #: the exact values rounded once to float16 and bfloat16 (never through float32), as float64
     float16: np.ndarray = None
     bfloat16: np.ndarray = None
-    #: per element: ``cond`` is the first-order change itself (False: only an upper bound)
     cond_sharp: np.ndarray = None
 
     def allowed(self, out_dtype: str = "float64", unit_roundoff: float = FLOAT64_UNIT_ROUNDOFF) -> np.ndarray:
@@ -108,12 +94,9 @@ class Result(Stage):
 
 
 def _stagewise_up(cond, m, keep=None):
-    """The stage-wise condition bound made an upper bound on the change it bounds despite
-    its own float64 evaluation (rounded to nearest, flushed among the subnormals): times
-    1 + (m + 2) u, m the roundings along any of its terms (module docstring, ``cond``), and
-    at least 2^-1074 (a final flush loses at most 2^-1075). NaN and inf stay, and so does
-    ``keep`` (a zero std's cond, Samuelson's cap: a bound on the change itself, not a
-    first-order quantity evaluated in float64)."""
+    """The stage-wise condition bound made an upper bound despite its own float64 evaluation:
+    times 1 + (m + 2) u, m the roundings along any of its terms, and at least 2^-1074. NaN and
+    inf stay, and so does ``keep`` (a zero std's Samuelson cap: a bound on the change itself)."""
     cond = np.asarray(cond, dtype=np.float64)
     with np.errstate(over="ignore", invalid="ignore"):
         up = _floor_cond(cond * (1.0 + (m + 2) * FLOAT64_UNIT_ROUNDOFF))
@@ -121,36 +104,30 @@ def _stagewise_up(cond, m, keep=None):
 
 
 def _floor_cond(cond):
-    """cond at least 2^-1074 wherever it is not NaN: a first-order change below float64's
-    range still bounds as 5e-324 (an upper bound stays one)."""
+    """cond at least 2^-1074 wherever it is not NaN (a change below float64's range still bounds so)."""
     cond = np.asarray(cond, dtype=np.float64)
     return np.where(np.isnan(cond), cond, np.maximum(cond, 5e-324))
 
 
 def _stage(v: ex.Values, cond, sharp=None, frame=0) -> Stage:
-    """A Stage of the values ``v`` with the condition estimate ``cond`` (sharp where ``sharp``)."""
     cond = _floor_cond(cond)
     return Stage(v.rounded["float64"], v.rounded["float32"], v.zero, cond, v.delta, frame, v.required,
-                 float16=v.rounded["float16"], bfloat16=v.rounded["bfloat16"],
-                 cond_sharp=np.zeros(np.shape(cond), bool) if sharp is None else sharp)
+                 v.rounded["float16"], v.rounded["bfloat16"], np.zeros(cond.shape, bool) if sharp is None else sharp)
 
 
 def _roundings(members) -> int:
-    """Roundings along any term of a stage-wise bound for groups (or units) of at most n samples
-    (``rounding=False``), counted as 4n + 40. Eq. 4's (:func:`spec.error_model.standardize_groups_stage`):
-    the mean of the ulps n, d_dev n + 1, a deviation 1, their products and sum 2n, the std's
-    product and quotient 4 (sigma within 2), z times it and the sum and quotient by the
-    denominator (within 3) 6: 3n + 12. Eq. 6's (:func:`spec.error_model.whiten_stage`, token
-    weights add one product each): d_mean n + 1, d_dev2 1, a deviation |c - mean| 3, products
-    and the sum 2n + 1, the std's product and quotient 4, the final terms 6: 3n + 16."""
+    """Roundings along any term of a stage-wise bound (``rounding=False``) for groups or units of at
+    most n samples, counted as 4n + 40. Eq. 4 (:func:`spec.error_model.standardize_groups_stage`):
+    mean of the ulps n, d_dev n + 1, a deviation 1, products and sum 2n, the std's product and
+    quotient 4, z times it, the sum and the quotient by the denominator 6: 3n + 12. Eq. 6
+    (:func:`spec.error_model.whiten_stage`): d_mean n + 1, d_dev2 1, |c - mean| 3, products and
+    sum 2n + 1, the std's 4, the final terms 6: 3n + 16."""
     return 4 * max((m.size for m in members), default=1) + 40
 
 
 def _whatever_numpy_is_told(fn):
-    """The oracle's public steps compute the same in any NumPy error state of the caller's process
-    (``np.seterr(all="raise")`` turned an expected underflow of the error bound into a
-    FloatingPointError): every non-finite or underflowing value it meets is decided explicitly.
-    Where the thread flushes subnormals, they refuse (spec.errors.process_state_error)."""
+    """A public step computes the same in any NumPy error state of the caller (every non-finite or
+    underflowing value is decided explicitly), and refuses where the thread flushes subnormals."""
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         refused = process_state_error()
@@ -164,7 +141,6 @@ def _whatever_numpy_is_told(fn):
 # ----------------------------------------------------------------- public steps
 
 
-@_whatever_numpy_is_told
 def standardize_groups(rewards, group_ids=None, eps=None, convention="spec", *, group_size=None,
                        missing="refuse") -> Stage:
     """Eq. 4 alone: z per sample and reward column (weights ones, no whitening)."""
@@ -172,7 +148,6 @@ def standardize_groups(rewards, group_ids=None, eps=None, convention="spec", *, 
                            missing=missing, _stages_only=True).z
 
 
-@_whatever_numpy_is_told
 def normalize_rewards(rewards, group_ids=None, weights=None, eps=None, convention="spec", *,
                       group_size=None, missing="refuse") -> Stage:
     """Eq. 4 then Eq. 7: the combined value c per sample."""
@@ -182,14 +157,9 @@ def normalize_rewards(rewards, group_ids=None, weights=None, eps=None, conventio
 
 @_whatever_numpy_is_told
 def combine(z, *, weights=None) -> Stage:
-    """Eq. 7 alone: c_j = sum_k w_k z_jk of given floats z (N, K) or (N,) and weights (K,),
-    each taken as the exact rational it is: the exact sum, correctly rounded once to each format.
-
-    ``delta`` is the error model's Eq. 7 bound (``spec.error_model.combine_stage_framed`` with
-    Δz = 0: the inputs are exact) for a correct float64 implementation; ``cond`` the first-order
-    change when every z and weight moves by one ulp. No zero is structural here
-    (``required_zero`` all False): an exact zero is held to the bound like any value.
-    """
+    """Eq. 7 alone: c_j = sum_k w_k z_jk of given floats z (N, K) or (N,) and weights (K,), each
+    the exact rational it is: the exact sum, correctly rounded once to each format. ``delta`` is
+    the error model's Eq. 7 bound with Δz = 0; no zero is structural here (held to the bound)."""
     v = inp.as_float_matrix(z, "z")
     n, k = v.shape
     if not np.all(np.isfinite(v)):
@@ -203,8 +173,7 @@ def combine(z, *, weights=None) -> Stage:
         c.put(j, ex.round_all_fraction(exact))
         c.zero[j] = exact == 0
     c.delta, frame = em.combine_stage_framed(np.zeros((n, k)), v, w)
-    # one ulp of every input, absolute (np.spacing(DBL_MAX) is inf): the first-order change
-    # of a sum of products is the sum of |w| ulp(z) + |z| ulp(w), evaluated here in float64
+    # the first-order change of a sum of products: the sum of |w| ulp(z) + |z| ulp(w)
     dcond, cframe = em.combine_stage_framed(_ulps(v), v, w, d_weights=_ulps(w), rounding=False)
     with np.errstate(over="ignore"):
         cond = _stagewise_up(np.ldexp(dcond, cframe), 2 * k + 2)
@@ -221,14 +190,7 @@ def _ulps(x: np.ndarray) -> np.ndarray:
 def whiten(values, *, segment_sizes=None, unit_ids=None, eps=None, convention="spec", token_counts=None) -> Stage:
     """Eq. 6 alone on given float values (exact rationals), per unit: ``segment_sizes``
     (consecutive counts, as in impl.gdpo) or ``unit_ids`` (a label per sample); neither: one unit."""
-    return whiten_units(values, inp.units_of(np.shape(values)[0] if np.ndim(values) else 0, unit_ids,
-                                             segment_sizes), eps=eps, convention=convention,
-                        token_counts=token_counts)
-
-
-@_whatever_numpy_is_told
-def whiten_units(values, unit_ids=None, eps=None, convention="spec", token_counts=None) -> Stage:
-    """Eq. 6 by unit labels: the old name of :func:`whiten` (deprecated; kept for its callers)."""
+    unit_ids = inp.units_of(np.shape(values)[0] if np.ndim(values) else 0, unit_ids, segment_sizes)
     conv = get_convention(convention)
     v = inp.as_float_matrix(values, "values")
     if v.shape[1] != 1:
@@ -243,8 +205,7 @@ def whiten_units(values, unit_ids=None, eps=None, convention="spec", token_count
     eps = inp.as_eps(eps)
     eps_w = Fraction(conv.whiten_eps if eps is None else eps)
     uidx = inp.index(unit_ids)[1]
-    # the inputs are exact: only the algorithm's rounding (delta) and one ulp (cond) move them;
-    # equal input floats are equal bit for bit, so every collapse of given values is structural
+    # the inputs are exact, so every collapse of given values is structural
     c = ex.Values(n, required=True)
     c.forms = [ex.Form(Fraction(x)) for x in v.tolist()]
     c.rounded["float64"], c.cond = v, _ulps(v)
@@ -267,12 +228,9 @@ def gdpo_advantages(rewards, group_ids=None, weights=None, unit_ids=None, eps=No
     """Exact GDPO advantages of ``rewards`` (N, K) grouped by ``group_ids`` or ``group_size``.
 
     ``unit_ids`` (a label per sample) or ``segment_sizes`` (consecutive counts) give the
-    whitening units (neither: one unit); ``eps`` overrides both eps of the convention
-    (None: the convention's own, 1e-4 for ``spec``); ``token_counts`` is required by
-    per-token conventions (verl). ``missing``: "refuse" (the convention's own NaN rule;
-    ``spec`` refuses a NaN) or "unscored" (a NaN reward was not scored:
-    :func:`oracle.inputs.with_missing`; a unit of one row is still a SegmentError, whatever
-    is scored in it).
+    whitening units (neither: one unit); ``eps`` overrides both eps of the convention;
+    ``token_counts`` is required by per-token conventions (verl); ``missing``: "refuse" or
+    "unscored" (:func:`oracle.inputs.with_missing`; a unit of one row is still refused).
     """
     conv = inp.with_missing(get_convention(convention), missing)
     r = inp.as_float_matrix(rewards)
@@ -289,14 +247,11 @@ def gdpo_advantages(rewards, group_ids=None, weights=None, unit_ids=None, eps=No
     eps_w = Fraction(conv.whiten_eps if eps is None else eps)
     wq = [Fraction(x) for x in w.tolist()]
     classes = ex.SqrtClasses()
-
     G = gl.size
-    # c's sensitivities are kept per sample in a frame of their own (Δc_j = delta_j 2^frame_j,
-    # spec.error_model.combine_stage_framed): one frame for the batch, the largest weight's,
-    # flushed the bound of a sample whose live weights are 2^1074 below it to zero
+    # c's bounds are kept per sample in a frame of its own (Δc_j = delta_j 2^frame_j,
+    # spec.error_model.combine_stage_framed), so that huge weights cannot overflow them
     z, c = ex.Values((N, K)), ex.Values(N)
-    collapsed = np.zeros((G, K), bool)
-    cancelled = np.zeros(G, bool)
+    collapsed, cancelled = np.zeros((G, K), bool), np.zeros(G, bool)
     groups = inp.members(gidx, G)
     colinfo = cn.info((G, K))
     for g, idx in enumerate(groups):
@@ -307,24 +262,21 @@ def gdpo_advantages(rewards, group_ids=None, weights=None, unit_ids=None, eps=No
         if conv.algorithm == "shift_invariant":  # a code subtracting a rounded mean reproduces no zero bit
             z.required[idx] = collapsed[g]         # for bit (a constant column's mean leaves a residue):
             c.required[idx] = _structural_zero(cols, wq, cancelled[g])  # its zeros are held to its bound
-
-    # c.cond is kept in per-sample frames (2^cond_frame) so that it cannot overflow
+    # the tight first-order change (oracle.condition) where a closed form applies; the
+    # stage-wise bound (raised for its own rounding) where none does
     with np.errstate(over="ignore"):
         ccond_abs = np.ldexp(c.cond, c.cond_frame)
-    # the tight first-order change (oracle.condition) where a closed form applies; the
-    # stage-wise bound above (raised for its own rounding) where none does
     z64 = z.rounded["float64"]
     zc = cn.group_columns(r, z64, groups, colinfo, conv.group_eps_placement, float(eps_g), nan_in)
     m_z = _roundings(groups)
-    m_c = m_z + 2 * K + 8
     zcond, zsharp = cn.finish(zc.T, zc.E, zc.x, zc.ok, _stagewise_up(z.cond, m_z, keep=collapsed[gidx]))
+    m_c = m_z + 2 * K + 8
     ccond, csharp, cok = cn.combined(zc, z64, w, _stagewise_up(ccond_abs, m_c))
     zstage = _stage(z, zcond, zsharp)
     cstage = _stage(c, ccond, csharp, frame=c.frame)
     ul, uidx = inp.index(uid)
     if _stages_only:
-        a = cstage
-        ucoll = np.zeros(ul.size, bool)
+        a, ucoll = cstage, np.zeros(ul.size, bool)
     else:
         uinfo = cn.info(ul.size)
         if missing == "unscored":  # the metadata rule holds whatever is scored: a unit of one row is refused
@@ -350,10 +302,6 @@ def gdpo_advantages(rewards, group_ids=None, weights=None, unit_ids=None, eps=No
     return Result(**vars(a), z=zstage, combined=cstage, group_labels=gl, group_index=gidx,
                   group_collapsed=collapsed, group_cancelled=cancelled, unit_labels=ul, unit_index=uidx,
                   unit_collapsed=ucoll, convention=conv)
-
-
-#: The old name of :func:`gdpo_advantages` (deprecated; kept for its callers).
-advantages = gdpo_advantages
 
 
 # --------------------------------------------------------------- Eq. 4 per column
@@ -461,8 +409,7 @@ def _group_numbers(idx, cols, r, wq, w, conv, eps_g, classes, z: ex.Values, c: e
     for j in idx:
         c.put(j, np.nan if c.nan[j] else ex.round_form(c.forms[j], classes))
     # error model and condition, in a frame scaled so nothing overflows
-    dz_model = np.zeros((n, K))
-    dz_cond = np.zeros((n, K))
+    dz_model, dz_cond = np.zeros((n, K)), np.zeros((n, K))
     zs = z.rounded["float64"][idx]
     tau = em.underflow_tau(conv.native_dtype)  # the code's own subnormal spacing, in its own u
     for k, col in enumerate(cols):
@@ -473,7 +420,7 @@ def _group_numbers(idx, cols, r, wq, w, conv, eps_g, classes, z: ex.Values, c: e
         e = _frame(col, vals)
         if not col.raw:  # z = r / (1 + eps) is not measured in the frame: no eps to scale
             e = max(e, ex.eps_floor(eps_g, conv.group_eps_placement))
-        sel = np.array([_valid_pos(col, jj) is not None for jj in range(n)])
+        sel = col.valid
         scale = col.f * ex.pow2(-e)  # int / int true division is correctly rounded, even for huge ints
         dev = np.array([d * scale.numerator / scale.denominator for d in col.D]) if col.D else np.zeros(0)
         sigma = ex.float_sqrt(col.V * ex.pow2(-2 * e))
@@ -485,8 +432,7 @@ def _group_numbers(idx, cols, r, wq, w, conv, eps_g, classes, z: ex.Values, c: e
         if conv.algorithm == "mean_then_subtract" and nv:  # r - mean(r): rounding scales with the magnitude
             rho = max(rho, float(np.max(np.abs(np.ldexp(vals[sel], -e)))))
         d_model = em.model_dev_perturbation(rho, nv, tau=math.ldexp(tau, -e))
-        # one ulp of each input, measured in the frame (spacing(DBL_MAX) itself is inf);
-        # a subnormal's ulp is the absolute 2^-1074 whatever the frame
+        # one ulp of each input in the frame (a subnormal's is the absolute 2^-1074 whatever the frame)
         ulps = np.maximum(np.spacing(np.abs(np.ldexp(vals[sel], -e))), np.ldexp(5e-324, -e))
         d_cond = ulps + (ulps.mean() if ulps.size else 0.0)
         if col.raw:
@@ -497,24 +443,20 @@ def _group_numbers(idx, cols, r, wq, w, conv, eps_g, classes, z: ex.Values, c: e
             continue
         cap_u = conv.unit_roundoff if (conv.algorithm == "mean_then_subtract"
                                        and conv.group_eps_placement in ("std", "var")) else None
-        dz_model[sel, k] = em.standardize_groups_stage(dev, d_model, sigma, denom, zs[sel, k], nv, conv.group_ddof, cap_u=cap_u,
-                                          tau=tau)
-        # at a zero std the stage-wise condition sees the denominator a perturbed column has as it
-        # un-collapses: eps (std, std_if_positive) or none, 0 (skip_if_zero, or eps = 0): then
-        # Samuelson's cap (not the placeholder 1 the collapse rule divides by)
-        cdenom = ex.collapsed_denominator(eps_g, conv.group_eps_placement, e) if col.collapsed else denom
-        dz_cond[sel, k] = em.standardize_groups_stage(dev, d_cond, sigma, cdenom, zs[sel, k], nv, conv.group_ddof,
-                                         rounding=False)
+        dz_model[sel, k] = em.standardize_groups_stage(dev, d_model, sigma, denom, zs[sel, k], nv, conv.group_ddof,
+                                                       cap_u=cap_u, tau=tau)
+        # at a zero std the condition sees the denominator a perturbed column has as it un-collapses
+        # (eps, sqrt(eps); 0 without eps: then Samuelson's cap), not the collapse rule's placeholder 1
+        h0 = ex.collapsed_denominator(eps_g, conv.group_eps_placement, e)
+        dz_cond[sel, k] = em.standardize_groups_stage(dev, d_cond, sigma, h0 if col.collapsed else denom, zs[sel, k],
+                                                      nv, conv.group_ddof, rounding=False)
         if not col.collapsed and nv == n and col.V > 0 and sigma > 0.0 and 0.0 < denom < math.inf:
             cn.admit(info, (g, k), e, sigma, denom)
         elif col.collapsed and nv == n >= 2 and col.V == 0:  # z = d / h is differentiable at d = 0 (eps > 0)
-            cn.admit_collapsed(info, (g, k), e, ex.collapsed_denominator(eps_g, conv.group_eps_placement, e),
-                               em.samuelson(n, conv.group_ddof))
+            cn.admit_collapsed(info, (g, k), e, h0, em.samuelson(n, conv.group_ddof))
     z.delta[idx] = dz_model
-    # dz_cond is absolute (z is dimensionless): a change below 2^-1074 flushed to 0 there would
-    # be multiplied by a weight at Eq. 7 (1e300 times 0); 5e-324 bounds it
-    dz_cond = _floor_cond(dz_cond)
-    z.cond[idx] = dz_cond
+    # a change of z flushed to 0 would be multiplied by a weight at Eq. 7 (1e300 times 0)
+    z.cond[idx] = dz_cond = _floor_cond(dz_cond)
     c.delta[idx], c.frame[idx] = em.combine_stage_framed(dz_model, zs, w, tau=tau)
     c.cond[idx], c.cond_frame[idx] = em.combine_stage_framed(dz_cond, zs, w, d_weights=_ulps(w), rounding=False)
 
@@ -573,15 +515,9 @@ def _scaled_denominator(col: _Column, conv: Convention, eps: Fraction, e: int, s
 
 def _structural_zero(cols, wq, cancelled: bool) -> bool:
     """Is the group's exact zero combination reproduced bit for bit by the prescribed algorithm?
-
-    Yes when no column contributes (all collapsed or zero weight), or when exactly two
-    contribute with weights of equal magnitude, cancel, and are equal up to shift and sign
-    (spec 7): their exact deviations from the group mean are equal up to one sign, so the
-    shift-invariant algorithm rounds both columns alike. Exact cancellation alone does not
-    say so at eps = 0 (or without eps): z is then scale-invariant, and any two affinely
-    related columns (r2 = k r1 + b, k != 0) cancel exactly while a correct float64 code
-    rounds them differently; that zero is held to the error bound.
-    """
+    Where no column contributes, or exactly two contribute with weights of equal magnitude,
+    cancel, and are equal up to shift and sign (spec/gdpo.md section 7, "Exact zeros": at
+    eps = 0 exact cancellation alone does not say so)."""
     if any(col.nan for col in cols):
         return False
     live = [k for k, col in enumerate(cols) if wq[k] != 0 and (col.raw or not col.collapsed)]
@@ -589,27 +525,11 @@ def _structural_zero(cols, wq, cancelled: bool) -> bool:
         return True
     if not (cancelled and len(live) == 2 and abs(wq[live[0]]) == abs(wq[live[1]])):
         return False
-    return _equal_up_to_shift_and_sign(cols[live[0]], cols[live[1]])
-
-
-def _equal_up_to_shift_and_sign(a: _Column, b: _Column) -> bool:
-    """Do two group columns have the same valid members and exact deviations (D_j f, the
-    value itself for a raw singleton column) equal up to one sign? With eps > 0 two live
-    columns that cancel with weights of equal magnitude always do (z is not scale-invariant
-    there: z_a = +-z_b forces dev_b = +-dev_a); at eps = 0 only this check tells."""
-    if bool(a.raw) != bool(b.raw) or a.n != b.n or len(a.D) != len(b.D):
+    a, b = cols[live[0]], cols[live[1]]
+    if bool(a.raw) != bool(b.raw) or a.n != b.n or len(a.D) != len(b.D) or not np.array_equal(a.valid, b.valid):
         return False
-    if not np.array_equal(a.valid, b.valid):
+    # the exact deviations D_j f (a raw singleton's value itself) equal up to one sign
+    pairs = [(da * a.f, db * b.f) for da, db in zip(a.D, b.D)]
+    if any((x == 0) != (y == 0) for x, y in pairs):
         return False
-    sign = 0
-    for da, db in zip(a.D, b.D):
-        x, y = da * a.f, db * b.f  # exact rationals
-        if x == 0 or y == 0:
-            if x != y:
-                return False
-            continue
-        s = 1 if x == y else -1 if x == -y else 0
-        if s == 0 or sign not in (0, s):
-            return False
-        sign = s
-    return True
+    return {1 if x == y else -1 if x == -y else 0 for x, y in pairs if x != 0} in ({1}, {-1}, set())

@@ -1,7 +1,6 @@
-"""The oracle's inputs, taken exactly or refused: rewards, labels, weights, eps, the
-``missing`` policy and token counts, checked as impl.gdpo checks them (spec/gdpo.md
-section 6). The oracle never rounds an input: a rounded input would decide zeros and
-collapse for another one."""
+"""The oracle's inputs, taken exactly or refused, checked as impl.gdpo checks them (spec/gdpo.md
+section 6). The oracle never rounds an input: a rounded input would decide zeros and collapse
+for another one."""
 
 from __future__ import annotations
 
@@ -21,15 +20,10 @@ MISSING = ("refuse", "unscored")
 
 
 def as_float_matrix(rewards, what: str = "rewards") -> np.ndarray:
-    """The inputs as a float64 matrix, every value exactly as given, or a refusal: the oracle
-    never rounds an input (a rounded input would decide zeros and collapse for another one).
-
-    Tensors of a floating dtype (float64, float32, float16, bfloat16: each a float64 exactly)
-    and NumPy floating arrays are read whole; an extended-precision array (longdouble) and a
-    sequence of numbers are read value by value, and a value float64 cannot hold exactly (an
-    int beyond 2^53, a longdouble's extra bits, a Fraction or Decimal that is no float) is
-    refused with InputDtypeError naming its row and column, like an integer, bool, complex
-    or float8 dtype."""
+    """The inputs as a float64 matrix, every value exactly as given, or a refusal. Floating
+    tensors and arrays are read whole; a longdouble array and a sequence value by value, and a
+    value float64 cannot hold exactly (an int beyond 2^53, a longdouble's extra bits, a Fraction)
+    is refused with InputDtypeError naming its row and column, like a non-floating dtype."""
     if hasattr(rewards, "detach") and hasattr(rewards, "cpu") and not isinstance(rewards, np.ndarray):
         t = rewards.detach()  # a torch tensor, without importing torch
         name = str(t.dtype).replace("torch.", "")
@@ -159,9 +153,7 @@ def members(index: np.ndarray, count: int) -> list[np.ndarray]:
 
 
 def as_weights(weights, k: int) -> np.ndarray:
-    """The weights as float64, each exactly as given, or a WeightError (as impl.gdpo: a
-    sequence or tensor of real numbers, one per reward column, finite, not all zero, each
-    one a number float64 holds exactly)."""
+    """The weights as float64, each exactly as given, or a WeightError (as impl.gdpo)."""
     if weights is None:
         return np.ones(k)
     if isinstance(weights, (str, bytes, set, frozenset, collections.abc.Mapping)):
@@ -207,8 +199,8 @@ def as_weights(weights, k: int) -> np.ndarray:
 
 def as_eps(eps):
     """A caller's eps as a float64 (None: the convention's), or the contract's refusal, as
-    impl.gdpo: InputDtypeError for what is not a real number (a str, a bool, a complex
-    number, a sequence), OutOfRangeError for NaN, an infinity or a negative eps."""
+    impl.gdpo: InputDtypeError for what is not a real number, OutOfRangeError for NaN, an
+    infinity or a negative eps."""
     if eps is None:
         return None
     if hasattr(eps, "detach") and hasattr(eps, "cpu"):
@@ -287,12 +279,9 @@ def units_of(n: int, unit_ids, segment_sizes):
 
 
 def with_missing(conv: Convention, missing) -> Convention:
-    """The convention a call computes: ``missing="refuse"`` keeps the convention's own NaN
-    rule (``spec``: a NaN reward is refused); ``missing="unscored"`` reads a NaN reward as
-    one its reward function did not score (``nan="nan_aware_unscored"``: left out of its
-    group column's Eq. 4 statistics with z = 0 there, a column with fewer than two scored
-    members z = 0 throughout, a row with no scored reward advantage 0 and out of Eq. 6, a
-    unit with fewer than two scored rows 0 throughout), every other choice the convention's."""
+    """The convention a call computes: ``missing="refuse"`` keeps the convention's own NaN rule;
+    ``missing="unscored"`` reads a NaN reward as not scored (``nan="nan_aware_unscored"``,
+    spec/conventions.py), every other choice the convention's."""
     if type(missing) is not str or missing not in MISSING:
         raise InputDtypeError("missing must be 'refuse' (a NaN reward is refused, the default) or 'unscored' "
                               f"(a NaN reward is one its reward function did not score); got {shown(missing)}")

@@ -1,11 +1,7 @@
 """Eq. 6 exactly: each whitening unit's mean, std and whitened values, certified and correctly
 rounded, with the error model's bound and the stage-wise condition estimate of each value.
-
-The combined values c arrive as exact forms (:mod:`oracle.exact`) with their own condition
-and model deltas in per-sample frames (an :class:`oracle.exact.Values` of Eq. 7); a unit's
-exact collapse (every c equal) is decided on the forms, and its error model is evaluated in
-a frame of its own (:func:`_unit_frame`), where nothing overflows.
-"""
+A unit's exact collapse (every c equal) is decided on c's exact forms; its bounds are evaluated
+in frames of its own (:func:`_unit_frame`), where nothing overflows."""
 
 from __future__ import annotations
 
@@ -29,16 +25,12 @@ TIE_TEST_PREC = 4 * ex.START_PREC
 
 def structural_mean(conv: Convention) -> bool:
     """Does the convention demand the structural zero mean of a unit of whole groups (spec
-    section 7)? Only ``spec``'s exact collapse does: Eq. 4 centres every group column (no raw
-    singleton), Eq. 6 weighs samples alike. The peers' float codes test collapse their own
-    way (``collapse``) and subtract a rounded batch mean; they are graded by the formula."""
-    return (conv.collapse == "exact_equality" and conv.whiten == "per_sample" and conv.singleton != "raw")
+    section 7)? Only ``spec`` does; the peers subtract a rounded batch mean."""
+    return conv.collapse == "exact_equality" and conv.whiten == "per_sample" and conv.singleton != "raw"
 
 
 def units_of_whole_groups(gidx: np.ndarray, uidx: np.ndarray, G: int, S: int) -> np.ndarray:
     """(S,) bool: every group with a member in the unit has all its members in it."""
-    if gidx.size == 0:
-        return np.zeros(S, bool)
     lo = np.full(G, S, dtype=np.int64)
     hi = np.full(G, -1, dtype=np.int64)
     np.minimum.at(lo, gidx, uidx)
@@ -51,8 +43,8 @@ def units_of_whole_groups(gidx: np.ndarray, uidx: np.ndarray, G: int, S: int) ->
 
 @dataclasses.dataclass
 class _Unit:
-    """One unit's exact data: its combined values' forms, which of them equal the mean
-    (``zero``), the sample weights ``tt`` (T in all) and the exact mean form."""
+    """One unit's exact data: c's forms, which equal the mean (``zero``), the sample weights
+    ``tt`` (T in all) and the mean's form."""
 
     forms: list
     zero: np.ndarray
@@ -66,24 +58,18 @@ class _Unit:
 
 def whiten(c: ex.Values, uidx, t, conv, eps_w, classes, labels=None, uinfo=None, whole=None, scored=None):
     """Eq. 6 per unit: the whitened values (an :class:`oracle.exact.Values`) and which units
-    collapsed. ``whole`` (S,) marks the units made of whole groups, whose mean is structurally
-    zero where the convention demands it (:func:`structural_mean`): there a structural zero of
-    c is a required zero of a (spec section 7).
+    collapsed. ``whole`` (S,) marks the units of whole groups, whose mean is structurally zero
+    where :func:`structural_mean`: there a structural zero of c is a required zero of a.
 
-    ``scored`` (N,), convention nan="nan_aware_unscored" (TRL): a sample whose every reward is
-    NaN (not scored) is left out of its unit's statistics and gets advantage 0 (exactly, bound
-    0); a unit left with fewer than two scored samples gets 0 throughout (the NaN std of one
-    value, then nan_to_num). Where ``whole`` applies (spec's structural mean, under
-    ``missing="unscored"``) the scored rows of a whole group still sum to exactly 0 (each
-    column is centred over its scored members, and a row not scored in it has z = 0 there), so
-    a structural zero of c whitens to a required 0, and each zero set so is required too.
+    ``scored`` (N,), nan="nan_aware_unscored" (TRL): a sample not scored (every reward NaN) is
+    left out of its unit's statistics and gets advantage 0 (bound 0), and so does every sample
+    of a unit left with fewer than two scored ones; a whole group's scored rows still sum to
+    exactly 0 (a row not scored in a column has z = 0 there), so those zeros are required too.
 
-    c's condition and model deltas are ``cond * 2^cond_frame`` and ``delta * 2^frame`` per
-    sample (``rounded["float64"]`` inf where c overflowed). Each unit's error model is
-    evaluated in a frame of its own (:func:`_unit_frame`), where nothing overflows (a is
-    dimensionless; eps scales with the frame like what it is added to: like c when added to the
-    std, like c^2 when added to the variance). ``uinfo`` (:func:`oracle.condition.info`, per
-    unit) receives what the closed form of the condition needs, where it applies."""
+    c's bounds are ``cond * 2^cond_frame`` and ``delta * 2^frame`` per sample; each unit's are
+    evaluated in frames of its own (eps scales with the frame like what it is added to).
+    ``uinfo`` (:func:`oracle.condition.info`) receives what the closed form of the condition
+    needs, where it applies."""
     N = len(c.forms)
     a = ex.Values(N)
     S = int(uidx.max()) + 1 if N else 0
@@ -100,10 +86,8 @@ def whiten(c: ex.Values, uidx, t, conv, eps_w, classes, labels=None, uinfo=None,
             if few:
                 continue
             idx = idx[scored[idx]]
-        if conv.whiten == "none":
+        if conv.whiten == "none":  # a = c; the unit still collapses where every c is equal
             _unchanged(c, idx, classes, a)
-            # no Eq. 6, but the unit's combined values may still be all exactly equal (the
-            # field says so under every convention)
             ucoll[s] = idx.size > 0 and not nan[idx].any() and all(
                 c.forms[j].minus(c.forms[idx[0]]).is_zero() for j in idx[1:])
             continue
@@ -138,12 +122,9 @@ def whiten(c: ex.Values, uidx, t, conv, eps_w, classes, labels=None, uinfo=None,
             if conv.whiten_eps_placement == "skip_if_zero":  # the step is skipped: a = c
                 _unchanged(c, idx, classes, a)
                 continue
-            a.zero[idx] = True
-            a.required[idx] = c.required[idx].all()  # equal bit for bit only when every c is a structural zero
-            # equal in exact arithmetic only: a correct float64 code whitens its rounding
-            # noise, which eps keeps small; the bound below (std 0) says how small. A structural
-            # zero is demanded bit for bit (delta 0, below), but one ulp of input still
-            # un-collapses the unit: its cond is the same as any zero std's (spec section 7)
+            # demanded bit for bit only when every c is a structural zero; else held to the
+            # bound at std 0 (a correct code whitens its rounding noise: spec section 7)
+            a.zero[idx], a.required[idx] = True, c.required[idx].all()
             var = (ex.ZERO, ex.ZERO)
         else:
             var = _unit_numbers(_Unit(uforms, zero, tt, T, mean, conv, eps_w, classes), idx, a, label)
@@ -152,7 +133,6 @@ def whiten(c: ex.Values, uidx, t, conv, eps_w, classes, labels=None, uinfo=None,
                 # is exactly 0 by structure, and a structural zero of c whitens to exactly 0
                 a.required[idx] = c.required[idx]
         vals64 = a.rounded["float64"][idx]
-        # error model in the frame (c * frame); eps scales with it
         ttf = tt.astype(np.float64)
         m_s, s_s, den_s = _scaled_unit_terms(mean, var, eps_w, conv, frame, classes)
         a.delta[idx] = em.whiten_stage(dmodel_s, cs, m_s, vals64, s_s, den_s, conv.whiten_ddof, ttf,
@@ -164,12 +144,10 @@ def whiten(c: ex.Values, uidx, t, conv, eps_w, classes, labels=None, uinfo=None,
             a.delta[idx[a.required[idx]]] = 0.0  # structural zeros in a unit of whole groups
         m_s, s_s, den_s = _scaled_unit_terms(mean, var, eps_w, conv, cframe, classes)
         if not coll and not s_s >= 2.0 ** -1022:
-            # a live unit whose std is not a normal float in the condition frame (its spread of
-            # c below float64's range there, or flushed): the stage-wise formula would take it
-            # for a zero std and cap it. Cauchy-Schwarz instead: |dsigma| <= sqrt(T/(T - ddof))
-            # max |d dev|, |dh| <= |dsigma|, so |da_j| <= (|d dev_j| + |a_j| sqrt(T/(T - ddof))
-            # max |d dev|) / h, d dev_j <= dc_j + sum t dc / T; no bound (inf) where the
-            # denominator itself is not a normal float there (no eps: it is that std)
+            # a live unit whose std is not a normal float in the condition frame: Cauchy-Schwarz,
+            # |dsigma| <= sqrt(T/(T - ddof)) max |d dev|, |dh| <= |dsigma|, so |da_j| <= (|d dev_j|
+            # + |a_j| sqrt(T/(T - ddof)) max |d dev|) / h, d dev_j <= dc_j + sum t dc / T; inf
+            # where the denominator itself is not a normal float there
             dd = dcond_s + float(np.sum(ttf * dcond_s) / T)
             with np.errstate(over="ignore", invalid="ignore"):
                 ds = math.sqrt(T / (T - conv.whiten_ddof)) * (1 + 2.0 ** -50) * float(np.max(dd))
@@ -202,12 +180,10 @@ def _unchanged(c: ex.Values, idx, classes, a: ex.Values) -> None:
 
 
 def _scaled_unit_terms(mean, var, eps_w, conv, frame: int, classes):
-    """A unit's mean, std and denominator measured in the frame 2^frame: with q = 2^-frame,
-    c, the mean and the std scale by q, so an eps added to the std scales by q and one added
-    to the variance by q^2 (then the bound is invariant under c -> 2^k c, eps -> 4^k eps, as
-    the exact a is). The denominator comes from the exact variance and eps in mpmath, whose
-    exponents are unbounded: eps q^2 alone may be far beyond float64 (q up to 2^900) while
-    the denominator, sqrt(eps) q at most 2^960 or so (:func:`oracle.exact.eps_floor`), is not."""
+    """A unit's mean, std and denominator in the frame 2^frame (q = 2^-frame): c, the mean and
+    the std scale by q, an eps added to the std by q, one added to the variance by q^2. The
+    denominator comes from the exact variance and eps in mpmath (unbounded exponents: eps q^2
+    alone may be beyond float64 where sqrt(eps) q is not, :func:`oracle.exact.eps_floor`)."""
     q = ex.pow2(-frame)
     m_s = ex.round_mpf(ex.iv_form(mean.scaled(q), classes, 80)[0], "float64")
     var_s = ex.iv_scale_rational(var, q * q, 80)
@@ -223,13 +199,10 @@ def _scaled_unit_terms(mean, var, eps_w, conv, frame: int, classes):
 
 def _unit_numbers(u: _Unit, idx, a: ex.Values, label):
     """Certified a for one non-collapsed unit, written into ``a`` at ``idx``; returns the
-    variance interval.
-
-    Where every c of the unit is rational and so is the denominator (a rational square
-    root), each a is an exact rational, rounded exactly. Otherwise a value interval that
-    keeps straddling a rounding boundary (a midpoint between two floats) is tested for an
-    exact tie on the forms (:func:`_whitened_equals`): a rational a there is rounded exactly
-    too; an irrational one is no midpoint, so raising the precision separates it."""
+    variance interval. Rational a is rounded exactly (:func:`_rational_unit`); an interval that
+    keeps straddling a rounding boundary is tested for an exact tie on the forms
+    (:func:`_whitened_equals`): an irrational a is no midpoint, so raising the precision
+    separates it."""
     a.zero[idx] = u.zero
     var = _rational_unit(u, idx, a)
     if var is not None:
@@ -351,26 +324,19 @@ def _scaled_values(forms, nan, values: np.ndarray, e: int, classes) -> np.ndarra
 def _top_exponent(forms, nan, values: np.ndarray, classes):
     """The largest binary exponent (|c| < 2^e) over one unit's exact c, None when all are
     exactly zero; from the exact form where the float64 rounded to 0 or overflowed."""
-    e = None
+    tops = []
     for j in np.flatnonzero(~nan):
-        x = values[j]
-        if x != 0.0 and math.isfinite(x):
-            ej = math.frexp(x)[1]
-        elif forms[j].is_zero():
-            continue
-        else:
-            ej = max(int(exp) + int(bc) for _, man, exp, bc in ex.iv_form(forms[j], classes, 80) if man)
-        e = ej if e is None else max(e, ej)
-    return e
+        if values[j] != 0.0 and math.isfinite(values[j]):
+            tops.append(math.frexp(values[j])[1])
+        elif not forms[j].is_zero():
+            tops.append(max(int(exp) + int(bc) for _, man, exp, bc in ex.iv_form(forms[j], classes, 80) if man))
+    return max(tops, default=None)
 
 
 def _unit_frame(c_top, nan, delta: np.ndarray, dframe: np.ndarray, floor: int = -900) -> int:
     """The power-of-two frame of one unit's Eq. 6 bound: its largest exact |c| (``c_top``)
-    brought to [1/2, 1), raised where a sample's Δc (``delta * 2^dframe``) would exceed 2^960
-    in it (values 2^1000 below that Δc are negligible beside it; the condition estimate gets a
-    frame of its own, so that its sizes never flush the model's); clamped below at ``floor``
-    (:func:`oracle.exact.eps_floor`) so that eps measured in it, and so the denominator, stays
-    finite."""
+    brought to [1/2, 1), raised where a sample's Δc (``delta * 2^dframe``) would exceed 2^960 in
+    it, at least ``floor`` (:func:`oracle.exact.eps_floor`: eps in it stays finite)."""
     live = ~nan & (delta != 0.0) & np.isfinite(delta)
     top = int((dframe[live] + np.frexp(delta[live])[1]).max()) if live.any() else None
     if c_top is None:

@@ -1,48 +1,29 @@
 """Named conventions: this project's specification and presets for the peers.
 
-A convention fixes every choice the paper leaves open. The oracle takes one by
-name and computes that convention's mathematics exactly, so a peer can be judged
-against its own intended formula as well as against this project's ``spec``.
-Presets reproduce the published formulas (see ``spec/gdpo.md``, "Peers"); they
-are never silent options of the production implementation.
+A convention fixes every choice the paper leaves open; the oracle computes a convention's
+mathematics exactly, so a peer can be judged against its own intended formula (spec/gdpo.md
+section 9). Presets are never silent options of the production implementation. The values each
+field may take are :data:`_ALLOWED`'s:
 
-Field values (each is checked in ``Convention.__post_init__``):
-
-``group_ddof`` / ``whiten_ddof``
-    0 (biased, divide by n) or 1 (unbiased, divide by n - 1).
-``group_eps_placement`` / ``whiten_eps_placement``
-    ``"std"``: divide by ``std + eps``; ``"var"``: divide by ``sqrt(var + eps)``;
-    ``"std_if_positive"``: divide by ``std + eps`` only where ``std > 0``, else
-    leave the deviation undivided; ``"skip_if_zero"``: divide by ``std`` (no eps)
-    and skip the step where ``std == 0`` (the values pass through unchanged).
-``collapse``
-    How a constant column or unit is recognised. In exact arithmetic every
-    preset maps a constant column to zero; the field records what the peer's
-    float code tests (``"exact_equality"``, ``"std_positive"``, ``"none"``: the
-    formula alone), which is what mirrors reproduce.
-``singleton``
-    A group of one sample: ``"error"``, ``"zero"`` (z = 0), ``"raw"`` (mean 0,
-    std 1, so z = r / (1 + eps)).
-``nan``
-    ``"error"``; ``"propagate"`` (NaN flows through the formula);
-    ``"zero_first"`` (NaN rewards replaced by 0 before Eq. 4);
-    ``"nan_aware"`` (group statistics skip NaN entries, whose z is then 0);
-    ``"nan_aware_unscored"`` (the same, and a sample whose every reward is NaN, one
-    no reward function scored, is left out of Eq. 6 and gets advantage 0; a unit with
-    fewer than two scored samples gets 0 throughout: TRL's ``unscorable_mask``).
-``whiten``
-    ``"per_sample"`` (Eq. 6 over samples of a unit), ``"per_token"`` (each
-    sample weighted by its token count, verl's ``masked_whiten``), ``"none"``.
-``native_dtype``
-    The working precision of the convention's code (``"float32"``, ``"float64"``):
-    a grading under the convention judges the code at this precision (the error
-    model evaluated with its unit roundoff, :attr:`Convention.unit_roundoff`).
-``algorithm``
-    How the code computes a group's deviations, which decides the error model it
-    is entitled to (``spec/error_model.py``): ``"shift_invariant"`` (this
-    project's: one member of the group subtracted first, so rounding scales with
-    the group's range) or ``"mean_then_subtract"`` (the textbook two-pass of every
-    peer: ``r - mean(r)``, so rounding scales with the group's magnitude).
+``group_ddof`` / ``whiten_ddof``: 0 (divide by n) or 1 (by n - 1).
+``group_eps_placement`` / ``whiten_eps_placement``: ``"std"`` divides by std + eps, ``"var"``
+    by sqrt(var + eps), ``"std_if_positive"`` by std + eps where std > 0 (else leaves the
+    deviation undivided), ``"skip_if_zero"`` by std, skipping the step where std = 0.
+``collapse``: what the peer's float code tests to recognise a constant column or unit
+    (``"exact_equality"``, ``"std_positive"``, ``"none"``: the formula alone); in exact
+    arithmetic every preset maps a constant column to zero.
+``singleton``: a group of one gives ``"error"``, ``"zero"`` or ``"raw"`` (z = r / (1 + eps)).
+``nan``: ``"error"``, ``"propagate"``, ``"zero_first"`` (NaN read as 0 before Eq. 4),
+    ``"nan_aware"`` (group statistics skip NaN entries, whose z is 0), ``"nan_aware_unscored"``
+    (the same, and a sample no reward function scored is left out of Eq. 6 with advantage 0, a
+    unit of fewer than two scored samples 0 throughout: TRL's ``unscorable_mask``).
+``whiten``: ``"per_sample"``, ``"per_token"`` (weighted by token counts, verl's
+    ``masked_whiten``), ``"none"``.
+``native_dtype``: the code's working precision; a grading judges it there
+    (:attr:`Convention.unit_roundoff`).
+``algorithm``: how the code computes a group's deviations, which decides its error model:
+    ``"shift_invariant"`` (this project's: rounding scales with the group's range) or
+    ``"mean_then_subtract"`` (every peer's r - mean(r): it scales with the magnitude).
 """
 
 from __future__ import annotations
@@ -52,7 +33,6 @@ import dataclasses
 from spec.constants import DEFAULT_EPS, FLOAT32_UNIT_ROUNDOFF, FLOAT64_UNIT_ROUNDOFF
 
 _EPS_PLACEMENT = ("std", "var", "std_if_positive", "skip_if_zero")
-#: The values each choice may take (module docstring), checked in ``Convention.__post_init__``.
 _ALLOWED = {
     "group_ddof": (0, 1), "whiten_ddof": (0, 1),
     "group_eps_placement": _EPS_PLACEMENT, "whiten_eps_placement": _EPS_PLACEMENT,
@@ -85,11 +65,9 @@ class Convention:
     native_dtype: str
     notes: str = ""
     algorithm: str = "mean_then_subtract"
-    #: Provenance of a peer preset: the distribution it was read from (as pip names it),
-    #: its exact version, the entry point (``module:function``, or ``module:Class.method``)
-    #: whose code path was read, and the file inside the package that holds it. Empty for
-    #: ``spec`` and for a peer whose code is not installable from the package index
-    #: (``read_from`` then says what the preset rests on instead).
+    #: Provenance of a peer preset: the distribution (as pip names it), its version, the entry
+    #: point (``module:function``) whose code path was read and the file that holds it; empty
+    #: where the code is not installable (``read_from`` then says what the preset rests on).
     package: str = ""
     version: str = ""
     entry_point: str = ""
@@ -192,9 +170,7 @@ def get_convention(convention: "str | Convention") -> Convention:
     try:
         return CONVENTIONS[convention]
     except (KeyError, TypeError):
-        raise ValueError(
-            f"unknown convention {convention!r}; known: {', '.join(sorted(CONVENTIONS))}"
-        ) from None
+        raise ValueError(f"unknown convention {convention!r}; known: {', '.join(sorted(CONVENTIONS))}") from None
 
 
 #: How each choice reads in :func:`differences`.

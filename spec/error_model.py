@@ -1,56 +1,40 @@
 """The error model: how far a correct implementation may be from the exact result.
 
-Every comparison in the project (tests, conformance, tables) takes its tolerance
-from :func:`allowed_error`; nobody types an ``rtol``.
+Every comparison in the project takes its tolerance from :func:`allowed_error`; nobody types
+an ``rtol``. The model is a first-order running error bound (Higham, *Accuracy and Stability of
+Numerical Algorithms*, ch. 3) of the prescribed algorithm, evaluated on the oracle's exact
+intermediate quantities; every ``Δx`` bounds ``|computed x - exact x|`` in units of the working
+precision's unit roundoff u, and τ = 2^-1021 is an absolute 2^-1074 (underflow) in those units.
 
-The model is a first-order running error bound (Higham, *Accuracy and Stability
-of Numerical Algorithms*, ch. 3) of the algorithm this specification prescribes,
-evaluated on the *exact* intermediate quantities the oracle computes. Every
-quantity ``Δx`` below is a bound on ``|computed x - exact x|`` in units of the
-working precision's unit roundoff ``u`` (2^-53 for float64 internals).
-
-Eq. 4, per group g and reward column k, n = n_g, ρ = max - min of the column
-in the group (the *range*, not the magnitude, because the prescribed algorithm
-is shift-invariant: it subtracts one member of the group first, and by Sterbenz
-that difference is exact or carries a relative error u of at most ρ):
+Eq. 4, per group g and reward column k, n = n_g, ρ = max - min of the column in the group (the
+range: the shift-invariant algorithm subtracts one member first, exactly by Sterbenz):
 
     Δdev  = (n + 3) (ρ + τ)                         subtraction, mean, centring
     ΔD    = Σ_j |dev_j| Δdev / ((n - ddof) σ) + (n + 3)/2 σ + 2 D
     Δz_j  = (Δdev + |z_j| ΔD) / D + 3 (|z_j| + τ)
 
-where D is the exact denominator (σ + eps, or sqrt(σ² + eps)) and τ = 2^-1021
-accounts for underflow (an absolute 2^-1074 expressed in units of u). A collapsed
-column (ρ = 0) gets Δz = 0: the specification demands an exact zero there.
+D the exact denominator (σ + eps, or sqrt(σ² + eps)); a collapsed column (ρ = 0) gets Δz = 0.
 
 Eq. 7, per sample, K rewards:
 
     Δc_j  = Σ_k |w_k| Δz_jk + (K + 1) (Σ_k |w_k z_jk| + τ)
 
-Eq. 6, per unit S with sample weights t (1 per sample, or token counts),
-T = Σ t, n = number of samples in the unit:
+Eq. 6, per unit with sample weights t (1 per sample, or token counts), T = Σ t, n samples:
 
     Δm    = Σ t Δc / T + (n + 1) (max |c| + τ)
     Δdev2 = Δc_j + Δm + |c_j - m| + τ
     ΔD    = Σ t |dev2| Δdev2 / ((T - ddof) s) + (n + 3)/2 s + 2 D
     Δa_j  = (Δdev2_j + |a_j| ΔD) / D + 3 (|a_j| + τ)
 
-A collapsed unit (all combined values exactly equal) gets Δa = 0. The bound on
-the working-precision result is ``SAFETY * u * Δa`` (SAFETY = 2 covers the
-second-order terms the first-order analysis drops), plus half an ulp of the
-output dtype for the final cast, plus half an ulp of float64 because the
-reference it is compared with is the correctly rounded float64 of the exact value.
-
-spec/gdpo.md section 7 states the rest in words, one place: the final cast (one correct
-rounding into any format of :data:`FORMATS`, a value whose rounding overflows refused), the
-zero denominators at eps = 0 (Cauchy-Schwarz's cap :func:`noise_cap`, Samuelson's bound
-:func:`samuelson` for the condition estimate), the condition estimate (``rounding=False``:
-one ulp of each input the only perturbation, the algorithm's rounding dropped), and a peer's
-own code (``Convention.algorithm``: ``mean_then_subtract`` measures ρ as max |r| of the
-column, capped by :func:`deviation_cap`; ``Convention.unit_roundoff``, 2^-24 in float32).
-Under a peer's convention the allowance is also at least SAFETY times the condition
-estimate scaled to the working precision (backward error: a result that inputs SAFETY ulps
-away would give exactly; a demanded exact zero stays demanded,
-``conformance.judge.native_allowed``).
+A collapsed unit gets Δa = 0. The allowance (:func:`allowed_error`) is SAFETY u Δ, plus half an
+ulp of the output format for the final cast, plus half an ulp of float64 (the reference is the
+correctly rounded float64 of the exact value). spec/gdpo.md section 7 states the rest: the final
+cast, the zero denominators at eps = 0 (:func:`noise_cap`, :func:`samuelson`), the condition
+estimate (``rounding=False``), and a peer's own code (``Convention.algorithm``:
+``mean_then_subtract`` measures ρ as max |r|, capped by :func:`deviation_cap`;
+``Convention.unit_roundoff``). Under a peer's convention the allowance is also at least SAFETY
+times the condition estimate at the working precision (backward error: a result that inputs
+SAFETY ulps away would give exactly; ``conformance.judge.native_allowed``).
 """
 
 from __future__ import annotations
@@ -127,11 +111,9 @@ def round_to(values, dtype: str) -> np.ndarray:
 
 
 def half_ulp(values: np.ndarray, dtype: str) -> np.ndarray:
-    """Half an ulp of ``dtype`` at each |value| (the error of one correct rounding),
-    the ulp taken where the value rounds to (the binade above when it rounds up to a
-    power of two); a whole ulp at the bottom of float64's subnormals, where half of one
-    is not a float; beyond the format's range, the top binade's (no finite output is
-    right there: the caller demands a refusal)."""
+    """Half an ulp of ``dtype`` at each |value| (one correct rounding's error), taken where the
+    value rounds to; a whole ulp at the bottom of float64's subnormals (half is no float); beyond
+    the format's range, the top binade's (the caller demands a refusal there)."""
     p, emin, emax = _format(dtype)
     mag = np.abs(round_to(np.abs(np.asarray(values, dtype=np.float64)), dtype))
     mag = np.where(np.isfinite(mag), mag, largest_finite(dtype))
@@ -158,10 +140,9 @@ def noise_cap(T: float, ddof: int, t, n: int, a, unit_roundoff: float = FLOAT64_
 
 def deviation_cap(n: int, ddof: int, z, unit_roundoff: float = FLOAT64_UNIT_ROUNDOFF) -> np.ndarray:
     """Δz (units of u) that no z = d / (s + eps) can exceed when s is the std of the very
-    deviations d it divides (Cauchy-Schwarz: d_j^2 <= Σ d^2 = (n - ddof) s^2, centred or
-    not): SAFETY u Δ equals sqrt(n - ddof) (1 + (n + 3) u) + |z_j|. It caps the
-    mean-then-subtract model where its first order overshoots (a constant column of large
-    magnitude: the rounded mean's error over a small eps)."""
+    deviations d it divides (Cauchy-Schwarz: d_j^2 <= (n - ddof) s^2): SAFETY u Δ equals
+    sqrt(n - ddof) (1 + (n + 3) u) + |z_j|. It caps the mean-then-subtract model where its
+    first order overshoots."""
     top = math.sqrt(max(n - ddof, 1)) * (1.0 + (n + 3) * unit_roundoff)
     return (top + np.abs(np.asarray(z, dtype=np.float64))) / (SAFETY * unit_roundoff)
 
@@ -220,16 +201,11 @@ def combine_stage(dz, z, weights, d_weights=None, rounding=True, tau=TAU):
 
 
 def combine_stage_framed(dz, z, weights, d_weights=None, rounding=True, tau=TAU):
-    """:func:`combine_stage` for weights of any magnitude, each row in its own frame.
-
-    Returns ``(dc, frame)``: Δc_j (units of u) = dc_j * 2**frame_j, frame_j the
-    exponent of the largest term of row j (weights, z, Δz and the weights' ulps
-    ``d_weights`` taken as given, absolute). Every product is formed from its
-    factors' significands and exponents, so nothing overflows, and a term underflows
-    only when it is below 2^-1074 of the row's largest. One frame shared by the whole
-    batch (the largest weight's) flushes a row whose only live columns carry weights
-    2^1074 below it to Δc = 0: a bound that no longer depends on that row at all.
-    """
+    """:func:`combine_stage` for weights of any magnitude: ``(dc, frame)`` with Δc_j (units of u)
+    = dc_j * 2**frame_j, frame_j the exponent of row j's largest term. Every product is formed
+    from its factors' significands and exponents, so nothing overflows, and a term underflows
+    only below 2^-1074 of its row's largest (one frame for the batch would flush a row whose
+    weights are 2^1074 below the largest to Δc = 0)."""
     w = np.abs(np.asarray(weights, dtype=np.float64))
     az = np.abs(np.asarray(z, dtype=np.float64))
     dz = np.asarray(dz, dtype=np.float64)
@@ -321,16 +297,10 @@ def reach(delta, exact, unit_roundoff=FLOAT64_UNIT_ROUNDOFF, frame=0) -> np.ndar
 
 
 def allowed_error(delta, exact, out_dtype="float64", unit_roundoff=FLOAT64_UNIT_ROUNDOFF, frame=0):
-    """Absolute tolerance per output from the running bound ``delta`` (units of u * 2**frame).
-
-    ``exact`` is the reference (float64, correctly rounded) the result is compared with;
-    ``out_dtype`` any format of :data:`FORMATS`. With B = SAFETY u Δ the allowance is
-    B + half_ulp_out(|exact| + B) + half_ulp_64(exact): the computed float64 value, then
-    one correct rounding into the output format (module docstring). Where ``delta`` is 0
-    the specification demands the exact value: the allowance is 0 for an exact zero (no
-    rounding slack: it must come out as zero), else the output format's rounding of it
-    (plus float64's, when the output is not float64 itself).
-    """
+    """Absolute tolerance per output from the running bound ``delta`` (units of u * 2**frame):
+    B + half_ulp_out(|exact| + B) + half_ulp_64(exact), B = SAFETY u Δ, ``exact`` the correctly
+    rounded float64 reference. Where ``delta`` is 0 the exact value is demanded: 0 for an exact
+    zero, else the output format's rounding of it (plus float64's, unless that is the output)."""
     delta = np.asarray(delta, dtype=np.float64)
     exact = np.asarray(exact, dtype=np.float64)
     bound = computed_bound(delta, unit_roundoff, frame)  # a bound beyond float64 is no bound: inf says so

@@ -1,13 +1,8 @@
-"""The error contract: every refusal is a subclass of :class:`GDPOError`.
+"""The error contract: every refusal is a subclass of :class:`GDPOError`, a ``ValueError``
+(callers who catch ``ValueError`` keep working); its message names where (group, column, rank).
 
-``GDPOError`` derives from ``ValueError`` so that callers who already catch
-``ValueError`` around their advantage computation keep working. Each subclass
-names one kind of bad input; the message names where (group, column, rank).
-
-Each class's docstring is its "raised when" in spec/gdpo.md section 6, and
-:data:`ERROR_EXAMPLES` / :data:`NOT_RAISED` are its examples there: calls that
-raise it, and nearby calls that do not. tests/test_spec.py executes every one of
-them against ``impl.gdpo``, so a description whose example is wrong fails a test.
+Each class's docstring is its "raised when" in spec/gdpo.md section 6, and :data:`ERROR_EXAMPLES`
+/ :data:`NOT_RAISED` are its examples there, which tests/test_spec.py runs against impl.gdpo.
 """
 
 import math
@@ -118,13 +113,10 @@ def flush_modes() -> tuple[bool, bool]:
 
 
 def process_state_error(modes: "tuple[bool, bool] | None" = None) -> "GDPOError | None":
-    """A GDPOError naming the mode, where this thread's floating point would change an exact
-    result: flush-to-zero (a subnormal result becomes 0) or denormals-are-zero (a subnormal input
-    reads as 0), set by ``torch.set_flush_denormal(True)`` or by loading a library built with
-    fast-math; None where neither is on. Both impl.gdpo and the oracle refuse such a call, since a
-    subnormal reward, weight or intermediate would silently become 0 (spec/gdpo.md section 6).
-    ``modes``: (flush-to-zero, denormals-are-zero) as another process found them (impl's ranks
-    tell each other); None: this thread's (:func:`flush_modes`)."""
+    """A GDPOError naming the mode where this thread flushes subnormals to zero (a result: FTZ;
+    an input: DAZ), which impl.gdpo and the oracle refuse (spec/gdpo.md section 6); None where
+    neither is on. ``modes``: (flush-to-zero, denormals-are-zero) as another rank found them;
+    None: this thread's (:func:`flush_modes`)."""
     ftz, daz = flush_modes() if modes is None else modes
     if not (daz or ftz):
         return None
@@ -143,11 +135,9 @@ ERROR_CLASSES = {cls.__name__: cls for cls in (GDPOError, NonFiniteError, InputD
 #: runs on; ``rank`` is the caller's rank in it.
 EXAMPLE_WORLD = 2
 
-#: Calls that raise each class, in the ``gdpo`` call shape (conformance/subject.py):
-#: Python expressions over the names of :func:`example_namespace`. An example naming
-#: ``group`` is evaluated on every rank of a gloo process group of EXAMPLE_WORLD ranks,
-#: and every rank must raise the class. Rendered in spec/gdpo.md section 6; run by
-#: tests/test_spec.py against impl.gdpo. GDPOError, the base, is every example's.
+#: Calls that raise each class: Python expressions over the names of :func:`example_namespace`;
+#: one naming ``group`` runs on every rank of a gloo group of EXAMPLE_WORLD ranks, each of which
+#: must raise the class. GDPOError, the base, is every example's.
 ERROR_EXAMPLES: dict[str, tuple[str, ...]] = {
     "GDPOError": (),
     "NonFiniteError": (

@@ -49,7 +49,7 @@ def test_verl_shape_sums_tokens_whitens_per_sample_and_masks():
     per_sample = gdpo.gdpo_advantages(scores, group_ids=torch.tensor([0, 0, 1, 1, 2, 2]), weights=[1.0, 0.5],
                                       out_dtype=torch.float64)
     assert torch.equal(adv, per_sample[:, None] * mask)
-    res = oracle.advantages(scores.numpy(), [0, 0, 1, 1, 2, 2], weights=[1.0, 0.5])
+    res = oracle.gdpo_advantages(scores.numpy(), [0, 0, 1, 1, 2, 2], weights=[1.0, 0.5])
     assert np.all(np.abs(per_sample.numpy() - res.float64) <= res.allowed("float64"))
 
 

@@ -299,7 +299,7 @@ def test_float_labels_are_refused_as_impl_and_the_oracle_refuse_them(tmp_path, f
         with pytest.raises(GroupError, match=r"float"):
             gdpo.gdpo_advantages(torch.tensor(R), group_ids=ids)
         with pytest.raises(GDPOError, match=r"integers"):
-            og.advantages(R, ids)
+            og.gdpo_advantages(R, ids)
 
 
 def test_csv_with_a_byte_order_mark_is_read(tmp_path):

@@ -339,7 +339,7 @@ def test_token_counts_reach_the_oracle():
     assert Subject(ADAPTER, "verl", "spec").token_counts(case) is None  # per sample: none
     assert Subject(ADAPTER, "gdpo", "verl").token_counts(case) is None  # the gdpo shape passes none
     from oracle import gdpo as og
-    direct = og.advantages(case.rewards_array(), case.labels(), convention="verl", token_counts=tc)
+    direct = og.gdpo_advantages(case.rewards_array(), case.labels(), convention="verl", token_counts=tc)
     got = expected(case, "verl", tc).result
     assert np.array_equal(got.float64, direct.float64) and np.array_equal(got.allowed("float32"),
                                                                            direct.allowed("float32"))
@@ -407,7 +407,7 @@ def _verl_scaled(case: Case, k: int, whiten_eps: float | None = None):
         conv = dataclasses.replace(conv, whiten_eps=whiten_eps)
     w = [math.ldexp(x, k) for x in case.weights]
     assert all(math.ldexp(x, -k) == y for x, y in zip(w, case.weights)), "the scaled weights are not exact"
-    return og.advantages(case.rewards_array(), case.labels(), weights=w, convention=conv,
+    return og.gdpo_advantages(case.rewards_array(), case.labels(), weights=w, convention=conv,
                          token_counts=shapes.verl_lengths(case.n))
 
 
@@ -510,7 +510,7 @@ def test_oracle_bounds_a_huge_eps_beside_tiny_c(convention, eps):
     r = np.array([[1.0, 0.5], [0.0, 0.25], [1.0, 0.0], [0.0, 1.0]])
     tc = np.array([3, 2, 1, 6]) if convention == "verl" else None
     for w in ((2.0 ** -1074, 0.0), (1.0, 0.0), (1e300, -1e300)):
-        res = og.advantages(r, [0, 0, 1, 1], weights=w, eps=eps, convention=convention, token_counts=tc)
+        res = og.gdpo_advantages(r, [0, 0, 1, 1], weights=w, eps=eps, convention=convention, token_counts=tc)
         assert np.all(np.isfinite(res.delta)) and np.all(res.delta > 0.0), (w, res.delta)
         assert np.all(np.isfinite(res.allowed("float64"))), (w, res.allowed("float64"))
 
@@ -524,7 +524,7 @@ def test_oracle_bounds_an_eq4_variance_eps_in_a_subnormal_frame():
 
     conv = dataclasses.replace(CONVENTIONS["verl"], group_eps_placement="var")
     for r in ([[2.0 ** -1074], [0.0], [2.0 ** -1073], [0.0]], [[1.0], [0.0], [3.0], [0.0]]):
-        res = og.advantages(np.array(r), [0, 0, 1, 1], convention=conv, token_counts=[1, 2, 3, 4])
+        res = og.gdpo_advantages(np.array(r), [0, 0, 1, 1], convention=conv, token_counts=[1, 2, 3, 4])
         for stage in (res.z, res):
             assert np.all(np.isfinite(stage.delta)) and np.all(stage.delta > 0.0), (r, stage.delta)
 

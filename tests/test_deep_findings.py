@@ -35,8 +35,8 @@ def test_bound_does_not_depend_on_the_weight_of_a_collapsed_column(w0, tiny):
     and a sample's Δc became 0 (deep profile, testfloat property)."""
     r = _copies(tiny)
     w = [w0, 2.0 ** -126, ALMOST] if tiny else [w0, 1.0, -float.fromhex("0x1.fffffffffffffp-1")]
-    ref = gdpo.advantages(r, [0, 0], weights=[0.0] + w[1:])
-    res = gdpo.advantages(r, [0, 0], weights=w)
+    ref = gdpo.gdpo_advantages(r, [0, 0], weights=[0.0] + w[1:])
+    res = gdpo.gdpo_advantages(r, [0, 0], weights=w)
     assert np.array_equal(res.float64, ref.float64)
     assert np.all(res.combined.delta > 0)
     assert np.array_equal(res.combined.allowed("float64"), ref.combined.allowed("float64"))
@@ -73,7 +73,7 @@ def test_unit_frame_keeps_a_huge_delta_beside_tiny_values_finite():
     first's Δc into inf (and inf * 0 into a NaN bound) by taking the tiny values' frame."""
     r = np.array([[1.0, 1.0, 0.0], [0.0, 0.0, 0.0], [0.0, 0.0, 1.0], [0.0, 0.0, 0.0]])
     with np.errstate(invalid="raise"):  # inf * 0 in the bound
-        res = gdpo.advantages(r, [0, 0, 1, 1], weights=[2.0 ** 1000, -2.0 ** 1000, 5e-324], eps=0.0)
+        res = gdpo.gdpo_advantages(r, [0, 0, 1, 1], weights=[2.0 ** 1000, -2.0 ** 1000, 5e-324], eps=0.0)
     assert np.all(np.isfinite(res.delta)) and np.all(np.isfinite(res.allowed("float64")))
 
 
@@ -88,7 +88,7 @@ def test_impl_tiny_weight_beside_a_huge_one_on_a_collapsed_column():
     z = (r - r.mean(0)) / (r.std(0) + 1e-4)  # column 1 is constant: its z is exactly 0
     c = z[:, 0] * case.weights[0] + z[:, 1] * case.weights[1]
     naive = ((c - c.mean()) / (c.std() + 1e-4)).numpy()
-    res = gdpo.advantages(case.rewards_array(), case.labels(), weights=list(case.weights))
+    res = gdpo.gdpo_advantages(case.rewards_array(), case.labels(), weights=list(case.weights))
     assert np.all(np.abs(naive - res.float64) <= res.allowed("float64"))
     P.check_values(Subject("impl.gdpo:gdpo_advantages", "gdpo", "spec"), case)
 
@@ -100,8 +100,8 @@ def test_bound_of_a_unit_whose_c_round_to_zero_does_not_depend_on_a_collapsed_we
     and from c's float64 roundings (0), so the model's Δc underflowed in it and a correct 0 was
     failed (deep profile, testfloat). The model now has a frame of its own from the exact c."""
     r = np.array([[2.0 ** -23, 2.0 ** -24], [2.0 ** -15, 2.0 ** -24], [2.0 ** -24, 2.0 ** -24], [2.0 ** -24, 2.0 ** -24]])
-    ref = gdpo.advantages(r, [0, 0, 1, 1], weights=[5e-324, 0.0])
-    res = gdpo.advantages(r, [0, 0, 1, 1], weights=[5e-324, w1])
+    ref = gdpo.gdpo_advantages(r, [0, 0, 1, 1], weights=[5e-324, 0.0])
+    res = gdpo.gdpo_advantages(r, [0, 0, 1, 1], weights=[5e-324, w1])
     assert np.array_equal(res.allowed("float64"), ref.allowed("float64"))
     assert np.all(res.allowed("float64") >= np.abs(res.float64))  # c = 0 (what float64 gives) is within
 

@@ -48,14 +48,14 @@ def test_the_harness_turns_runtime_warnings_into_failures():
 def test_eps_zero_paths_emit_no_runtime_warning(out_dtype):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        res = gdpo.advantages(COLLAPSED_R, COLLAPSED_G, eps=0.0)
+        res = gdpo.gdpo_advantages(COLLAPSED_R, COLLAPSED_G, eps=0.0)
         for stage in (res, res.z, res.combined):
             assert _all_finite(stage)
             stage.allowed(out_dtype)
-        res = gdpo.advantages(NOISE_R, NOISE_G, weights=NOISE_W, eps=0.0)
+        res = gdpo.gdpo_advantages(NOISE_R, NOISE_G, weights=NOISE_W, eps=0.0)
         assert res.unit_collapsed.all() and not res.required_zero.any()
         assert _all_finite(res) and np.all(np.isfinite(res.allowed(out_dtype)))
-        const = gdpo.whiten_units(np.array([0.5, 0.5, 2.0, 2.0]), unit_ids=[0, 0, 1, 1], eps=0.0)
+        const = gdpo.whiten(np.array([0.5, 0.5, 2.0, 2.0]), unit_ids=[0, 0, 1, 1], eps=0.0)
         assert _all_finite(const) and np.all(const.allowed(out_dtype) == 0.0)
         # the model's stage functions themselves at a zero denominator, both modes
         for rounding in (True, False):
@@ -75,7 +75,7 @@ def test_eps_zero_collapsed_column_is_an_exact_zero_with_allowance_zero():
     """Eq. 4 with eps = 0 divides 0 by 0 at a collapsed column; the collapse rule decides
     it: z = 0 exactly (required), Δz = 0, allowance 0 in every format; its cond is the jump
     one ulp of input causes, Samuelson's (n - 1)/sqrt(n) = 1/sqrt(2) for n = 2."""
-    res = gdpo.advantages(COLLAPSED_R, COLLAPSED_G, eps=0.0)
+    res = gdpo.gdpo_advantages(COLLAPSED_R, COLLAPSED_G, eps=0.0)
     z = res.z
     assert np.all(z.required_zero[:, 0]) and np.all(z.float64[:, 0] == 0.0)
     assert np.all(z.delta[:, 0] == 0.0)
@@ -88,7 +88,7 @@ def test_eps_zero_noise_unit_bound_is_the_normalisations_own():
     """Eq. 6 with eps = 0 on a unit that is constant in exact arithmetic only: the bound is
     |a'| <= sqrt((T - ddof)/t_j) (1 + (n + 3) u) plus |a| = 0, here n = T = 6, ddof 1:
     sqrt(5) (1 + 9u), then float64's half ulp at that reach (the exact value is 0)."""
-    res = gdpo.advantages(NOISE_R, NOISE_G, weights=NOISE_W, eps=0.0)
+    res = gdpo.gdpo_advantages(NOISE_R, NOISE_G, weights=NOISE_W, eps=0.0)
     assert np.all(res.float64 == 0.0) and res.exact_zero.all() and not res.required_zero.any()
     B = math.sqrt(5.0) * (1.0 + 9 * U)
     expected = B + em.half_ulp(np.array([B]), "float64")[0] + 5e-324  # half of 2^-1074 is not a float: a whole one
@@ -101,7 +101,7 @@ def test_eps_zero_noise_unit_bound_is_the_normalisations_own():
     assert not distance(np.full(6, 2.3), res.float64, allowed, cond, "float64").ok
     assert not distance(np.full(6, np.nan), res.float64, allowed, cond, "float64").ok
     # with a positive eps the first-order bound is below the cap (the cap only binds at eps -> 0)
-    pos = gdpo.advantages(NOISE_R, NOISE_G, weights=NOISE_W, eps=1e-4)
+    pos = gdpo.gdpo_advantages(NOISE_R, NOISE_G, weights=NOISE_W, eps=1e-4)
     assert np.all(pos.allowed("float64") < allowed)
 
 

@@ -76,7 +76,7 @@ def test_oracle_computes_a_huge_eps_on_every_column(conv, eps):
     samples: every unit has a spread)."""
     tc = np.array([1, 2, 3, 4]) if conv.whiten == "per_token" else None
     for name, r in ORACLE_REWARDS.items():
-        res = og.advantages(np.array(r), [0, 0, 1, 1], weights=[1.0, -2.0], eps=eps, convention=conv,
+        res = og.gdpo_advantages(np.array(r), [0, 0, 1, 1], weights=[1.0, -2.0], eps=eps, convention=conv,
                             token_counts=tc)
         for stage in (res.z, res.combined, res):
             for what in ("delta", "cond"):
@@ -91,10 +91,10 @@ def test_oracle_z_bound_of_a_live_column_in_a_lifted_frame():
     2^-900 to 2^-835): its z is certified (correctly rounded) and the column is live, not
     collapsed (a structural zero, demanded bit for bit)."""
     r = np.array([[2.0 ** -1000], [0.0], [3 * 2.0 ** -1000], [2.0 ** -1000]])
-    res = og.advantages(r, [0, 0, 0, 0], eps=2.0 ** 124)
+    res = og.gdpo_advantages(r, [0, 0, 0, 0], eps=2.0 ** 124)
     assert not res.group_collapsed.any() and not res.z.required_zero.any()
     assert np.all(res.z.float64 == 0.0)  # |z| < 2^-1100
-    res = og.advantages(r * 2.0 ** 900, [0, 0, 0, 0], eps=2.0 ** 124)  # range 2^-100: z ~ 2^-224
+    res = og.gdpo_advantages(r * 2.0 ** 900, [0, 0, 0, 0], eps=2.0 ** 124)  # range 2^-100: z ~ 2^-224
     assert np.all(res.z.float64 != 0.0) and np.all(res.z.delta > 0.0)
 
 

@@ -45,7 +45,7 @@ def _assert_within(res, got, out_dtype, what):
 @pytest.mark.parametrize("out_dtype", ["float64", "float32"])
 def test_brief_examples(example, out_dtype):
     r, g = example["rewards"], example["group_ids"]
-    res = oracle.advantages(r, g)
+    res = oracle.gdpo_advantages(r, g)
     got = _impl(r, g, out_dtype=getattr(torch, out_dtype))
     _assert_within(res, got, out_dtype, "brief example")
 
@@ -74,7 +74,7 @@ def _random_batch(seed):
 @pytest.mark.parametrize("out_dtype", ["float64", "float32"])
 def test_random_batches(seed, out_dtype):
     r, g, w, units = _random_batch(seed)
-    res = oracle.advantages(r, g, weights=w, unit_ids=units)
+    res = oracle.gdpo_advantages(r, g, weights=w, unit_ids=units)
     got = _impl(r, g, w, units, out_dtype=getattr(torch, out_dtype))
     _assert_within(res, got, out_dtype, f"seed {seed}")
 
@@ -86,7 +86,7 @@ def test_stages_separately(seed):
     c = impl.normalize_rewards(torch.as_tensor(r), group_ids=torch.as_tensor(g), weights=w).numpy()
     _assert_within(comb, c, "float64", "Eq. 4 + Eq. 7")
     vals = np.round(c, 3) + 0.25  # exact floats, whitened on their own
-    wres = oracle.whiten_units(vals, unit_ids=units)
+    wres = oracle.whiten(vals, unit_ids=units)
     got = impl.whiten(torch.as_tensor(vals), segment_sizes=_segments(units), out_dtype=torch.float64).numpy()
     _assert_within(wres, got, "float64", "Eq. 6")
 
@@ -106,7 +106,7 @@ def _cd_case(C, shared):
 @pytest.mark.parametrize("C", [1e9, 1e11, 1e13, 1e15])
 def test_c_minus_d_within_error_model(C, shared):
     r, g = _cd_case(C, shared)
-    res = oracle.advantages(r, g)
+    res = oracle.gdpo_advantages(r, g)
     got = _impl(r, g)
     _assert_within(res, got, "float64", f"[C - d, d] at C={C:g}")
     print(f"[C-d,d] C={C:g} {'shared' if shared else 'own'}: worst |impl - exact| = "
@@ -117,7 +117,7 @@ def test_c_minus_d_within_error_model(C, shared):
 def test_naive_float64_is_rejected_on_c_minus_d(C):
     """Negative control: mean-then-subtract float64 is off by O(1) where impl is not."""
     r, g = _cd_case(C, False)
-    res = oracle.advantages(r, g)
+    res = oracle.gdpo_advantages(r, g)
     naive = formula("spec", r, g)
     err = np.abs(naive - res.float64)
     assert np.any(err > res.allowed("float64")), "the error model failed to reject the naive algorithm"
@@ -130,7 +130,7 @@ def test_naive_float64_is_rejected_on_c_minus_d(C):
 def test_exact_constant_sum_is_bitwise_zero(C):
     r1 = C - D
     r = np.stack([r1, C - r1], 1)
-    res = oracle.advantages(r, [0] * 4)
+    res = oracle.gdpo_advantages(r, [0] * 4)
     assert res.exact_zero.all()
     got = _impl(r, [0] * 4)
     assert np.all(got == 0)

@@ -24,7 +24,7 @@ def test_python_numbers_are_values_whether_int_or_float(rewards):
     assert torch.equal(gdpo.gdpo_advantages(rewards, group_size=2), ref)
     assert torch.equal(gdpo.normalize_rewards(rewards, group_size=2),
                        gdpo.normalize_rewards(torch.tensor(FLOATS, dtype=torch.float64), group_size=2))
-    res = og.advantages(rewards, [0, 0, 1, 1])
+    res = og.gdpo_advantages(rewards, [0, 0, 1, 1])
     assert np.array_equal(res.float32, ref.numpy())
 
 
@@ -52,7 +52,7 @@ def test_a_bool_or_an_inexact_int_in_a_list_is_refused_by_its_place(rewards, whe
     with pytest.raises(InputDtypeError, match=where + r".* is " + what):
         gdpo.gdpo_advantages(rewards, group_size=2)
     with pytest.raises(InputDtypeError):  # the oracle takes its inputs exactly or refuses them
-        og.advantages(rewards, [0, 0, 1, 1])
+        og.gdpo_advantages(rewards, [0, 0, 1, 1])
 
 
 @pytest.mark.parametrize("rewards", [torch.tensor([[1], [0], [1], [1]]), np.array([[1], [0], [1], [1]])],
@@ -61,7 +61,7 @@ def test_an_integer_dtype_is_refused_by_its_dtype(rewards):
     with pytest.raises(InputDtypeError, match=r"rewards has dtype int64"):
         gdpo.gdpo_advantages(rewards, group_size=2)
     with pytest.raises(InputDtypeError, match=r"int64"):
-        og.advantages(rewards, [0, 0, 1, 1])
+        og.gdpo_advantages(rewards, [0, 0, 1, 1])
 
 
 def test_a_bool_among_floats_is_refused_by_whiten_and_the_labelled_adapter():

@@ -112,7 +112,7 @@ def test_the_error_model_of_a_peer_is_its_own_algorithm_at_its_own_precision():
     """A constant column of large magnitude: spec's shift-invariant code must return 0 exactly;
     a mean-then-subtract float32 code is entitled to its rounded mean's residue, capped by
     Cauchy-Schwarz (not the residue over a tiny eps: 1e36)."""
-    from oracle.gdpo import advantages
+    from oracle.gdpo import gdpo_advantages as advantages
 
     r = np.array([[3e38], [3e38], [3e38], [0.0], [1.0], [0.0]])
     g = [0, 0, 0, 1, 1, 1]

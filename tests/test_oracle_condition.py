@@ -185,7 +185,7 @@ def check_all(r, g, w=None, u=None, convention="spec", eps=None):
     conv = get_convention(convention)
     w = np.ones(r.shape[1]) if w is None else np.asarray(w, dtype=np.float64)
     u = np.zeros(len(g), dtype=np.int64) if u is None else np.asarray(u)
-    res = gdpo.advantages(r, np.asarray(g), weights=w, unit_ids=u, eps=eps, convention=conv)
+    res = gdpo.gdpo_advantages(r, np.asarray(g), weights=w, unit_ids=u, eps=eps, convention=conv)
     bz, bc, ba = brute(r, w, list(np.asarray(g)), list(u), conv, eps)
     worst = max(check_stage(res.z.cond, res.z.cond_sharp, bz, "z"),
                 check_stage(res.combined.cond, res.combined.cond_sharp, bc, "c"),
@@ -265,7 +265,7 @@ def test_random_batches_against_brute_force(ci, seed):
     conv, eps = CONVS[ci]
     for attempt in range(20):
         r, g, w, u = random_case(100 * ci + seed + 10_000 * attempt)
-        res = gdpo.advantages(r, g, weights=w, unit_ids=u, eps=eps, convention=conv)
+        res = gdpo.gdpo_advantages(r, g, weights=w, unit_ids=u, eps=eps, convention=conv)
         if not res.unit_collapsed.any() and not _underflows(res):
             break
     else:
@@ -342,7 +342,7 @@ def test_whiten_units_against_brute_force(ci):
     conv, _ = CONVS[ci]
     v = np.array([0.5, -1.25, 3.0, 1e6, 1e6 + 0.5, 7.0, 7.0 + 2.0 ** -40, -3.0])
     units = [0, 0, 0, 1, 1, 2, 2, 2]
-    st = gdpo.whiten_units(v, unit_ids=units, convention=conv)
+    st = gdpo.whiten(v, unit_ids=units, convention=conv)
     exact = brute_whiten(v, units, conv, None)
     check_stage(st.cond, st.cond_sharp, exact, "a")
     assert st.cond_sharp.any()
@@ -351,7 +351,7 @@ def test_whiten_units_against_brute_force(ci):
 def test_entry_points_carry_the_tight_value():
     r = np.array([[0.0, 2.0], [1.0, 3.5], [3.0, -1.0], [7.0, 0.25], [1.0, 1.0], [2.0, 0.0]])
     g = [0, 0, 0, 1, 1, 1]
-    res = gdpo.advantages(r, g, weights=[1.0, 0.5])
+    res = gdpo.gdpo_advantages(r, g, weights=[1.0, 0.5])
     z = gdpo.standardize_groups(r, g)
     c = gdpo.normalize_rewards(r, g, weights=[1.0, 0.5])
     assert np.array_equal(z.cond, res.z.cond) and np.array_equal(z.cond_sharp, res.z.cond_sharp)
@@ -381,8 +381,8 @@ HEALTHY = np.array([[1.0, 0.0], [0.0, 2.0], [3.0, 1.0], [0.5, 0.25]])
 def test_fallback_per_token_whitening():
     r = np.concatenate([HEALTHY, HEALTHY[::-1] * 2])
     g, tc = [0] * 4 + [1] * 4, np.arange(1, 9)
-    new = gdpo.advantages(r, g, convention="verl", token_counts=tc)
-    old = _old(gdpo.advantages, r, g, convention="verl", token_counts=tc)
+    new = gdpo.gdpo_advantages(r, g, convention="verl", token_counts=tc)
+    old = _old(gdpo.gdpo_advantages, r, g, convention="verl", token_counts=tc)
     _fallback(new, old, np.ones(8, bool))
     assert new.z.cond_sharp.all() and new.combined.cond_sharp.all()  # Eq. 4 and Eq. 7 are sharp there
 
@@ -392,8 +392,8 @@ def test_fallback_nan_entries(convention):
     r = np.concatenate([HEALTHY, HEALTHY[::-1] * 2])
     r[1, 0] = np.nan
     g, u = [0] * 4 + [1] * 4, [0] * 4 + [1] * 4
-    new = gdpo.advantages(r, g, unit_ids=u, convention=convention)
-    old = _old(gdpo.advantages, r, g, unit_ids=u, convention=convention)
+    new = gdpo.gdpo_advantages(r, g, unit_ids=u, convention=convention)
+    old = _old(gdpo.gdpo_advantages, r, g, unit_ids=u, convention=convention)
     grp0 = np.arange(8) < 4
     zmask = np.zeros((8, 2), bool)
     zmask[:4, 0] = True
@@ -412,8 +412,8 @@ def test_fallback_singleton_groups(convention):
     r = np.concatenate([HEALTHY, [[2.0, 3.0]]])
     g = [0] * 4 + [1]
     tc = np.ones(5, dtype=np.int64) if convention == "verl" else None
-    new = gdpo.advantages(r, g, convention=convention, token_counts=tc)
-    old = _old(gdpo.advantages, r, g, convention=convention, token_counts=tc)
+    new = gdpo.gdpo_advantages(r, g, convention=convention, token_counts=tc)
+    old = _old(gdpo.gdpo_advantages, r, g, convention=convention, token_counts=tc)
     one = np.arange(5) == 4
     _fallback(new.z, old.z, np.broadcast_to(one[:, None], (5, 2)))
     _fallback(new.combined, old.combined, one)
@@ -434,8 +434,8 @@ _SKIP = dataclasses.replace(CONVENTIONS["spec"], name="skip", group_eps_placemen
 def test_fallback_collapsed_column_and_unit(conv, eps):
     r = np.array([[1.0, 0.0], [1.0, 2.0], [1.0, 5.0], [0.0, 1.0], [2.0, 0.0], [1.0, 3.0]])
     g, u = [0, 0, 0, 1, 1, 1], [0, 0, 0, 1, 1, 1]
-    new = gdpo.advantages(r, g, unit_ids=u, eps=eps, convention=conv)
-    old = _old(gdpo.advantages, r, g, unit_ids=u, eps=eps, convention=conv)
+    new = gdpo.gdpo_advantages(r, g, unit_ids=u, eps=eps, convention=conv)
+    old = _old(gdpo.gdpo_advantages, r, g, unit_ids=u, eps=eps, convention=conv)
     assert new.group_collapsed[0, 0] and not new.group_collapsed[1].any()
     first = np.arange(6) < 3
     zmask = np.zeros((6, 2), bool)
@@ -448,8 +448,8 @@ def test_fallback_collapsed_column_and_unit(conv, eps):
     w = [float.fromhex(x) for x in ("0x1.1d0361dd0bf71p-2", "0x1.3b1b0f3282684p-3", "-0x1.ba90e9764d2b3p-2")]
     col = np.array([0.0, 1.0, 0.0, 1.0, 1.0, 0.0])
     rr = np.stack([col] * 3, 1)
-    new = gdpo.advantages(rr, [0, 0, 0, 1, 1, 1], weights=w, eps=eps, convention=conv)
-    old = _old(gdpo.advantages, rr, [0, 0, 0, 1, 1, 1], weights=w, eps=eps, convention=conv)
+    new = gdpo.gdpo_advantages(rr, [0, 0, 0, 1, 1, 1], weights=w, eps=eps, convention=conv)
+    old = _old(gdpo.gdpo_advantages, rr, [0, 0, 0, 1, 1, 1], weights=w, eps=eps, convention=conv)
     assert new.unit_collapsed.all()
     _fallback(new, old, np.ones(6, bool))
 
@@ -458,8 +458,8 @@ def test_fallback_group_beyond_the_cap(monkeypatch):
     monkeypatch.setattr(cn, "CAP", 4)
     r = np.array([[0.0], [1.0], [3.0], [7.0], [2.0], [5.0], [1.0], [4.0]])
     g = [0] * 6 + [1] * 2
-    new = gdpo.advantages(r, g, unit_ids=[0] * 6 + [1] * 2)
-    old = _old(gdpo.advantages, r, g, unit_ids=[0] * 6 + [1] * 2)
+    new = gdpo.gdpo_advantages(r, g, unit_ids=[0] * 6 + [1] * 2)
+    old = _old(gdpo.gdpo_advantages, r, g, unit_ids=[0] * 6 + [1] * 2)
     big = np.arange(8) < 6
     _fallback(new.z, old.z, big[:, None])
     _fallback(new.combined, old.combined, big)
@@ -471,8 +471,8 @@ def test_fallback_group_straddling_two_units():
     r = np.array([[0.0], [1.0], [3.0], [7.0], [2.0], [5.0], [1.0], [4.0], [0.5], [2.5]])
     g = [0, 0, 0, 1, 1, 1, 2, 2, 3, 3]
     u = [0, 0, 1, 1, 1, 1, 2, 2, 2, 2]  # group 0 straddles units 0 and 1
-    new = gdpo.advantages(r, g, unit_ids=u)
-    old = _old(gdpo.advantages, r, g, unit_ids=u)
+    new = gdpo.gdpo_advantages(r, g, unit_ids=u)
+    old = _old(gdpo.gdpo_advantages, r, g, unit_ids=u)
     straddled = np.arange(10) < 6
     _fallback(new, old, straddled)
     assert new.z.cond_sharp.all() and new.combined.cond_sharp.all() and new.cond_sharp[~straddled].all()
@@ -481,15 +481,15 @@ def test_fallback_group_straddling_two_units():
 def test_fallback_z_below_the_frames():
     """A column whose range (2^-1000) is far below eps (2^124): |z| < 2^-1100."""
     r = np.array([[2.0 ** -1000], [0.0], [3 * 2.0 ** -1000], [2.0 ** -1000]])
-    new = gdpo.advantages(r, [0, 0, 0, 0], eps=2.0 ** 124)
-    old = _old(gdpo.advantages, r, [0, 0, 0, 0], eps=2.0 ** 124)
+    new = gdpo.gdpo_advantages(r, [0, 0, 0, 0], eps=2.0 ** 124)
+    old = _old(gdpo.gdpo_advantages, r, [0, 0, 0, 0], eps=2.0 ** 124)
     _fallback(new.z, old.z, np.ones((4, 1), bool))
     _fallback(new, old, np.ones(4, bool))
 
 
 def test_no_whitening_is_the_combined_stage():
     r, g = HEALTHY, [0, 0, 1, 1]
-    res = gdpo.advantages(r, g, convention="multireward_grpo")
+    res = gdpo.gdpo_advantages(r, g, convention="multireward_grpo")
     assert np.array_equal(res.cond, res.combined.cond) and np.array_equal(res.cond_sharp, res.combined.cond_sharp)
     assert res.cond_sharp.all()
 
@@ -591,22 +591,22 @@ def test_structural_collapse_cond_follows_the_zero_std_rule():
     section 7's rule for any zero std: the closed form where eps > 0 makes it differentiable,
     Samuelson's cap where no first order exists (eps = 0) or it exceeds the cap."""
     v = np.array([1.0, 1.0, 2.0, 3.0])
-    st = gdpo.whiten_units(v, [0, 0, 1, 1])
-    moved = gdpo.whiten_units(np.array([np.nextafter(1.0, 2.0), 1.0, 2.0, 3.0]), [0, 0, 1, 1])
+    st = gdpo.whiten(v, unit_ids=[0, 0, 1, 1])
+    moved = gdpo.whiten(np.array([np.nextafter(1.0, 2.0), 1.0, 2.0, 3.0]), unit_ids=[0, 0, 1, 1])
     assert st.required_zero[:2].all() and np.all(st.delta[:2] == 0) and np.all(st.allowed()[:2] == 0)
     assert np.all(st.cond[:2] >= np.abs(moved.float64[:2])) and np.all(st.cond[:2] <= 1 / math.sqrt(2))
     r = np.array([[1.0, 1.0], [2.0, 2.0], [4.0, 4.0]])
-    res = gdpo.advantages(r, [0, 0, 0], weights=[1.0, -1.0])
+    res = gdpo.gdpo_advantages(r, [0, 0, 0], weights=[1.0, -1.0])
     r2 = r.copy()
     r2[0, 0] = np.nextafter(1.0, 2.0)
-    moved = gdpo.advantages(r2, [0, 0, 0], weights=[1.0, -1.0])
+    moved = gdpo.gdpo_advantages(r2, [0, 0, 0], weights=[1.0, -1.0])
     assert res.required_zero.all() and np.all(res.allowed() == 0) and res.unit_collapsed.all()
     assert np.all(res.cond >= np.abs(moved.float64)) and np.all(res.cond <= 2 / math.sqrt(3))
     # eps 1e-4 > 0 at Eq. 6: a = d / H is differentiable at the zero std, and cond is now its
     # closed form (Theta = 0), sharp; it was the stage-wise value under the cap, not sharp
     assert res.cond_sharp.all() and st.cond_sharp.all()
     for eps in (0.0, 5e-324):  # no first order there, or one beyond the cap: Samuelson's, not sharp
-        res = gdpo.advantages(r, [0, 0, 0], weights=[1.0, -1.0], eps=eps)
+        res = gdpo.gdpo_advantages(r, [0, 0, 0], weights=[1.0, -1.0], eps=eps)
         assert np.all(res.cond >= np.abs(moved.float64)) and np.all(res.cond <= 2 / math.sqrt(3))
         assert not res.cond_sharp.any()
 
@@ -733,7 +733,7 @@ def test_whiten_units_collapsed_unit_takes_the_closed_form():
     v = np.array([1.0, 1.0, 2.0, 3.0, 0.25, 0.25, 0.25])
     units = [0, 0, 1, 1, 2, 2, 2]
     for conv in ("spec", VAR):
-        st = gdpo.whiten_units(v, units, convention=conv)
+        st = gdpo.whiten(v, unit_ids=units, convention=conv)
         assert st.cond_sharp.all() and st.required_zero[[0, 1, 4, 5, 6]].all()
         check_stage(st.cond, st.cond_sharp, brute_whiten(v, units, conv, None), "a")
 
@@ -754,8 +754,8 @@ def test_collapsed_column_beyond_the_cap_keeps_the_cap(n):
                                whiten_eps_placement="skip_if_zero")
     cap = (n - 1) / math.sqrt(n)
     for conv, eps in (("spec", 5e-324), ("spec", 0.0), (skip, None), (VAR, 5e-324)):
-        res = gdpo.advantages(r, g, eps=eps, convention=conv)
-        old = _old(gdpo.advantages, r, g, eps=eps, convention=conv)
+        res = gdpo.gdpo_advantages(r, g, eps=eps, convention=conv)
+        old = _old(gdpo.gdpo_advantages, r, g, eps=eps, convention=conv)
         assert res.group_collapsed[0, 0]
         first = np.arange(n + 3) < n
         assert np.allclose(res.z.cond[first, 0], cap, rtol=1e-15, atol=0)
@@ -765,8 +765,8 @@ def test_collapsed_column_beyond_the_cap_keeps_the_cap(n):
     # a collapsed unit at eps = 5e-324: Samuelson's cap, as before
     w = [float.fromhex(x) for x in ("0x1.1d0361dd0bf71p-2", "0x1.3b1b0f3282684p-3", "-0x1.ba90e9764d2b3p-2")]
     rr = np.stack([np.array([0.0, 1.0, 0.0, 1.0, 1.0, 0.0])] * 3, 1)
-    res = gdpo.advantages(rr, [0, 0, 0, 1, 1, 1], weights=w, eps=5e-324)
-    old = _old(gdpo.advantages, rr, [0, 0, 0, 1, 1, 1], weights=w, eps=5e-324)
+    res = gdpo.gdpo_advantages(rr, [0, 0, 0, 1, 1, 1], weights=w, eps=5e-324)
+    old = _old(gdpo.gdpo_advantages, rr, [0, 0, 0, 1, 1, 1], weights=w, eps=5e-324)
     assert res.unit_collapsed.all()
     _fallback(res, old, np.ones(6, bool))
     assert np.allclose(res.cond, 5 / math.sqrt(6), rtol=1e-15, atol=0)

@@ -32,15 +32,15 @@ def test_bad_input_raises(name, kw, exc, pattern):
     args = dict(rewards=R, group_ids=G)
     args.update(kw)
     with pytest.raises(exc, match=pattern):
-        gdpo.advantages(**args)
+        gdpo.gdpo_advantages(**args)
 
 
 def test_errors_are_value_errors():
     assert issubclass(GDPOError, ValueError)
     with pytest.raises(ValueError):
-        gdpo.advantages(R, [0, 0, 0, 1])
+        gdpo.gdpo_advantages(R, [0, 0, 0, 1])
 
 
 def test_verl_needs_token_counts():
     with pytest.raises(ShapeError, match="token_counts is required"):
-        gdpo.advantages(R, G, convention="verl")
+        gdpo.gdpo_advantages(R, G, convention="verl")

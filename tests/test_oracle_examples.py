@@ -12,7 +12,7 @@ from spec import DEFAULT_EPS
 
 
 def test_two_group_example_keeps_group_b_twice_as_strong():
-    res = gdpo.advantages(TWO_GROUP["rewards"], TWO_GROUP["group_ids"])
+    res = gdpo.gdpo_advantages(TWO_GROUP["rewards"], TWO_GROUP["group_ids"])
     # n_g = 2: each varying column standardizes to +-1/sqrt(2) / (1 + eps*sqrt(2)) exactly
     z = (1 / math.sqrt(2)) / (1 / math.sqrt(2) * math.sqrt(2) + DEFAULT_EPS) * math.sqrt(2) / 2 * math.sqrt(2)
     assert res.z.float64[0, 0] == pytest.approx(0.5 / (math.sqrt(0.5) + DEFAULT_EPS), rel=1e-15)
@@ -30,7 +30,7 @@ def test_two_group_example_keeps_group_b_twice_as_strong():
 
 def test_correctness_beats_length_under_gdpo_but_not_grpo():
     r, g = CORRECTNESS_LENGTH["rewards"], CORRECTNESS_LENGTH["group_ids"]
-    res = gdpo.advantages(r, g)
+    res = gdpo.gdpo_advantages(r, g)
     best = int(np.argmax(res.float64))
     assert r[best, 0] == 1.0  # GDPO's best advantage goes to a correct response
     assert r[int(np.argmax(grpo_reference(r, g))), 0] == 0.0  # GRPO's goes to the long wrong one
@@ -62,7 +62,7 @@ def test_constant_sum_columns_cancel_to_exact_zero(C):
     r1 = C - d
     r2 = C - r1  # exact in float64 (Sterbenz), so r1 + r2 == C exactly
     assert np.all(r1 + r2 == C)
-    res = gdpo.advantages(np.stack([r1, r2], 1), [0] * 4)
+    res = gdpo.gdpo_advantages(np.stack([r1, r2], 1), [0] * 4)
     assert res.combined.exact_zero.all() and res.exact_zero.all()
     assert res.unit_collapsed.all() and res.group_cancelled.all()
     assert np.all(res.float64 == 0) and np.all(res.float32 == 0)
@@ -74,7 +74,7 @@ def test_constant_sum_group_shares_a_unit_with_a_healthy_group():
     r1 = C - d
     bad = np.stack([r1, C - r1], 1)
     good = np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [0.0, 0.0]])
-    res = gdpo.advantages(np.vstack([bad, good]), [0] * 4 + [1] * 4)
+    res = gdpo.gdpo_advantages(np.vstack([bad, good]), [0] * 4 + [1] * 4)
     assert res.combined.exact_zero[:4].all()
     # the cancelled group sits exactly at the unit mean, which is exactly zero
     assert res.exact_zero[:4].all() and not res.unit_collapsed.any()
@@ -84,9 +84,9 @@ def test_weights_closer_than_float32_stay_distinct():
     w = [16777216.0, 16777217.0]
     assert np.float32(w[0]) == np.float32(w[1])
     r = np.array([[0.0, 1.0], [1.0, 0.0], [0.5, 0.5]])  # columns standardize to z2 = -z1
-    res = gdpo.advantages(r, [0, 0, 0], weights=w)
+    res = gdpo.gdpo_advantages(r, [0, 0, 0], weights=w)
     assert not res.combined.exact_zero[:2].any()
-    merged = gdpo.advantages(r, [0, 0, 0], weights=[w[0], w[0]])
+    merged = gdpo.gdpo_advantages(r, [0, 0, 0], weights=[w[0], w[0]])
     assert merged.combined.exact_zero.all()
     assert abs(res.float64[0]) > 0.99
 
@@ -94,13 +94,13 @@ def test_weights_closer_than_float32_stay_distinct():
 def test_merging_units_flips_signs_not_just_scale():
     r = np.arange(1.0, 9.0)[:, None]  # one group of 8 split over two training batches
     units = [0, 0, 0, 0, 1, 1, 1, 1]
-    per_unit = gdpo.advantages(r, [0] * 8, unit_ids=units).float64
-    merged = gdpo.advantages(r, [0] * 8).float64
+    per_unit = gdpo.gdpo_advantages(r, [0] * 8, unit_ids=units).float64
+    merged = gdpo.gdpo_advantages(r, [0] * 8).float64
     assert int(np.sum(np.sign(per_unit) != np.sign(merged))) == 4
 
 
 def test_single_reward_is_not_grpo():
     r = np.array([[0.0], [1.0], [3.0], [7.0], [1.0], [2.0], [2.0], [9.0]])
     g = [0] * 4 + [1] * 4
-    a = gdpo.advantages(r, g).float64
+    a = gdpo.gdpo_advantages(r, g).float64
     assert not np.allclose(a, grpo_reference(r, g), atol=1e-6)

@@ -135,7 +135,7 @@ def test_certified_results_match_an_independent_evaluation(batch):
     r, groups, weights, units = batch
     if any(sum(1 for u in units if u == v) < 2 for v in set(units)):
         units = [0] * len(units)
-    res = gdpo.advantages(r, groups, weights=weights, unit_ids=units)
+    res = gdpo.gdpo_advantages(r, groups, weights=weights, unit_ids=units)
     _check(res, *_independent(r, groups, weights, units))
 
 
@@ -146,7 +146,7 @@ def test_near_exact_cancellation_is_not_called_zero(C):
     r2 = C - r1
     r2[1] = np.nextafter(r2[1], np.inf)  # one ulp away from the exact constant sum
     r = np.stack([r1, r2], 1)
-    res = gdpo.advantages(r, [0] * 4)
+    res = gdpo.gdpo_advantages(r, [0] * 4)
     assert not res.combined.exact_zero.any() and not res.unit_collapsed.any()
     _check(res, *_independent(r, [0] * 4, [1.0, 1.0], [0] * 4))
 
@@ -205,6 +205,6 @@ EXTREMES = {
 def test_extreme_magnitudes_match_the_independent_evaluation(name):
     r, g, w = EXTREMES[name]
     units = [0] * len(g)
-    res = gdpo.advantages(r, g, weights=w, unit_ids=units)
+    res = gdpo.gdpo_advantages(r, g, weights=w, unit_ids=units)
     assert np.all(np.isfinite(res.allowed("float64")))
     _check(res, *_independent(r, g, w, units))

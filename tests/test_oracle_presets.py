@@ -40,7 +40,7 @@ def test_preset_matches_its_float64_formula(name, seed):
     r, g, u, t = _batch(seed, conv)
     w = [1.0, 0.5, 2.0]
     tc = t if conv.whiten == "per_token" else None
-    res = gdpo.advantages(r, g, weights=w, unit_ids=u, convention=name, token_counts=tc)
+    res = gdpo.gdpo_advantages(r, g, weights=w, unit_ids=u, convention=name, token_counts=tc)
     ref = formula(name, r, g, unit_ids=u, weights=w, token_counts=t)
     err = np.abs(res.float64 - ref)
     assert np.all(err <= res.allowed("float64")), (
@@ -53,7 +53,7 @@ def test_preset_nan_rule(name):
     r, g, u, t = _batch(5, conv)
     r[1, 0] = np.nan
     tc = t if conv.whiten == "per_token" else None
-    res = gdpo.advantages(r, g, unit_ids=u, convention=name, token_counts=tc)
+    res = gdpo.gdpo_advantages(r, g, unit_ids=u, convention=name, token_counts=tc)
     ref = formula(name, r, g, unit_ids=u, token_counts=t)
     assert np.array_equal(np.isnan(res.float64), np.isnan(ref)), name
     ok = ~np.isnan(ref)
@@ -69,14 +69,14 @@ def test_spec_refuses_what_peers_accept():
     r, g, u, t = _batch(0, CONVENTIONS["trl"])
     r[0, 0] = np.nan
     with pytest.raises(ValueError, match="NaN"):
-        gdpo.advantages(r, g, convention="spec")
+        gdpo.gdpo_advantages(r, g, convention="spec")
 
 
 def test_unit_collapsed_is_reported_without_batch_whitening_too():
     """Found by review: under a convention with no Eq. 6 (multireward_grpo) the flag read
     False for a unit whose combined values are all exactly 0 (each column constant in its group)."""
     og = gdpo
-    res = og.advantages([[5e-324, 0.8], [5e-324, 0.8]], [0, 0], weights=[1.0, -1.0], convention="multireward_grpo")
+    res = og.gdpo_advantages([[5e-324, 0.8], [5e-324, 0.8]], [0, 0], weights=[1.0, -1.0], convention="multireward_grpo")
     assert res.combined.exact_zero.all() and res.unit_collapsed.tolist() == [True]
-    res = og.advantages([[1.0, 0.8], [0.0, 0.8]], [0, 0], weights=[1.0, -1.0], convention="multireward_grpo")
+    res = og.gdpo_advantages([[1.0, 0.8], [0.0, 0.8]], [0, 0], weights=[1.0, -1.0], convention="multireward_grpo")
     assert res.unit_collapsed.tolist() == [False]

@@ -104,24 +104,24 @@ def test_values_beyond_float16_are_a_refusal():
     gives z = -+1, weight 1e5 puts |a| beyond float16's 65504, so float16 output must be
     refused; float32 computes the same batch."""
     r = np.array([[0.0], [1.0], [1.0], [0.0]])
-    res = gdpo.advantages(r, [0, 0, 1, 1], weights=[1e5], convention="multireward_grpo")
+    res = gdpo.gdpo_advantages(r, [0, 0, 1, 1], weights=[1e5], convention="multireward_grpo")
     assert np.all(np.abs(res.float64) > em.overflow_threshold("float16"))
     assert np.all(res.overflows("float16")) and not np.any(res.overflows("float32"))
     assert np.all(np.isinf(res.float16)) and np.all(np.isfinite(res.bfloat16))
     assert cast_overflow(res, "float16") == (True, True)
     assert cast_overflow(res, "float32") == (False, False)
-    spec = gdpo.advantages(r, [0, 0, 1, 1], weights=[1e5])  # |a| <= (n - 1)/sqrt(n): never near 65504
+    spec = gdpo.gdpo_advantages(r, [0, 0, 1, 1], weights=[1e5])  # |a| <= (n - 1)/sqrt(n): never near 65504
     assert cast_overflow(spec, "float16") == (False, False)
 
 
 def test_rounding_near_the_float16_overflow_may_be_refused():
     """Where a correct float64 value may reach 65520 the refusal is permitted, not required."""
     v = np.array([em.overflow_threshold("float16") * (1 - 2.0 ** -40), 0.0])
-    stage = gdpo.whiten_units(v, convention="multireward_grpo")  # whiten none: a = v exactly
+    stage = gdpo.whiten(v, convention="multireward_grpo")  # whiten none: a = v exactly
     assert stage.float16[0] == 65504.0  # rounds down, but only just
     must, may = cast_overflow(stage, "float16")
     assert not must and not may  # Δ = 0 (the value passes through exactly): no float64 error to reach it
-    huge = gdpo.whiten_units(np.array([70000.0, 0.0]), convention="multireward_grpo")
+    huge = gdpo.whiten(np.array([70000.0, 0.0]), convention="multireward_grpo")
     assert cast_overflow(huge, "float16") == (True, True)
 
 

@@ -20,7 +20,7 @@ import torch
 from conformance import peers
 from conformance.cases import Case
 from conformance.subject import Subject
-from oracle.gdpo import advantages as exact
+from oracle.gdpo import gdpo_advantages as exact
 
 U64 = 2.0 ** -53
 U32 = 2.0 ** -24

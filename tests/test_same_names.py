@@ -231,13 +231,3 @@ def test_the_judge_rejects_a_wrong_step_and_accepts_impl_on_the_same_input(name)
     failure = grade(step, wrong, x, kw, "float64")
     assert failure is not None, f"the judge accepted {wrong.__name__}: a property no mutant fails proves nothing"
     assert "repro:" in failure and step.equation in failure
-
-
-def test_old_oracle_names_still_work():
-    r = np.array([[1.0], [2.0], [4.0], [8.0]])
-    assert np.array_equal(oracle.advantages(r, [0, 0, 1, 1]).float64,
-                          oracle.gdpo_advantages(r, group_size=2).float64)
-    v = np.array([1.0, 2.0, 4.0, 8.0])
-    assert np.array_equal(oracle.whiten_units(v, [0, 0, 1, 1]).float64,
-                          oracle.whiten(v, segment_sizes=[2, 2]).float64)
-

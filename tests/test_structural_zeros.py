@@ -41,7 +41,7 @@ SHIFT_AND_SIGN = [
 
 def _oracle(rows, n, weights, eps):
     r = np.array(rows, dtype=np.float64)
-    return O.advantages(r, np.arange(len(rows)) // n, weights=weights, eps=eps)
+    return O.gdpo_advantages(r, np.arange(len(rows)) // n, weights=weights, eps=eps)
 
 
 def _case(rows, n, weights, eps):
@@ -88,7 +88,7 @@ def test_cond_finite_at_zero_denominator_near_float16_max():
     r = np.array([[65504.001], [65505.], [65504.001], [65504.], [65504.], [65504.]])
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)  # no overflow on the way
-        res = O.advantages(r, [1, 1, 1, 0, 0, 0], weights=[-1.0], eps=5e-324)
+        res = O.gdpo_advantages(r, [1, 1, 1, 0, 0, 0], weights=[-1.0], eps=5e-324)
     assert np.all(np.isfinite(res.cond)) and np.all(res.cond >= 0)
     assert np.allclose(res.z.cond[3:], 2 / math.sqrt(3))  # the collapsed column: (n - 1)/sqrt(n)
     assert np.all(np.isfinite(res.allowed("float64")))
@@ -100,7 +100,7 @@ def test_cond_finite_at_collapsed_unit_with_tiny_eps():
     r = np.array([[0.0, 0.0, 0.0], [1.0, 1.0, 1.0], [3.0, 3.0, 3.0]])
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)
-        res = O.advantages(r, [0, 0, 0], weights=[1.0, 1.0, -2.0], eps=5e-324)
+        res = O.gdpo_advantages(r, [0, 0, 0], weights=[1.0, 1.0, -2.0], eps=5e-324)
     assert res.unit_collapsed.all() and not res.required_zero.any()
     assert np.allclose(res.cond, 2 / math.sqrt(3))  # (n - 1)/sqrt(n), n = 3
     assert np.all(np.isfinite(res.allowed("float64")))

@@ -90,7 +90,7 @@ def test_oracle_requires_them(seed):
     in units of whole groups (here: every unit), and impl meets the demand."""
     r, n, sizes, w, _ = _batch(seed)
     gids = np.repeat(np.arange(r.shape[0] // n), n)
-    res = og.advantages(r, gids, weights=w, unit_ids=np.repeat(np.arange(len(sizes)), sizes))
+    res = og.gdpo_advantages(r, gids, weights=w, unit_ids=np.repeat(np.arange(len(sizes)), sizes))
     assert np.array_equal(res.required_zero, res.combined.required_zero)
     assert np.array_equal(res.required_zero, _no_signal(r, n))
     a = gdpo.gdpo_advantages(torch.tensor(r), group_size=n, weights=w, segment_sizes=sizes)
@@ -106,7 +106,7 @@ def test_a_unit_boundary_that_cuts_a_group_demands_nothing():
     r[37, 0] = 1.0
     gids = np.repeat([0, 1], 32)
     for sizes, demanded in (([64], True), ([32, 32], True), ([16, 48], False)):
-        res = og.advantages(r, gids, unit_ids=np.repeat(np.arange(len(sizes)), sizes))
+        res = og.gdpo_advantages(r, gids, unit_ids=np.repeat(np.arange(len(sizes)), sizes))
         assert bool(res.required_zero[20]) is demanded, sizes  # row 20: group 0, no signal
         if not demanded:
             assert not res.required_zero[16:].any()  # unit 1: cut group 1, and group 0's rest
@@ -121,7 +121,7 @@ def test_structural_cancellation_whitens_to_exact_zero():
     d = rng.integers(0, 1000, (32, 1)) + rng.integers(0, 8, (32, 1)) / 8  # C - d exact: equal up to shift and sign
     live = rng.standard_normal((32, 1))
     r = np.concatenate([np.concatenate([1e6 - d[:16], d[:16]], 1), np.concatenate([live[16:], -2 * live[16:]], 1)])
-    res = og.advantages(r, np.repeat(np.arange(4), 8))
+    res = og.gdpo_advantages(r, np.repeat(np.arange(4), 8))
     assert res.required_zero[:16].all() and not res.required_zero[16:].any()
     for out in OUT_DTYPES:
         a = gdpo.gdpo_advantages(torch.tensor(r), group_size=8, segment_sizes=[32], out_dtype=out)
@@ -133,7 +133,7 @@ def test_other_conventions_keep_their_own_policy():
     holds these zeros to the error bound, as before (spec/conventions.py ``collapse``)."""
     r, n, sizes, w, _ = _batch(1)
     gids = np.repeat(np.arange(r.shape[0] // n), n)
-    res = og.advantages(r, gids, weights=w, unit_ids=np.repeat(np.arange(len(sizes)), sizes), convention="trl")
+    res = og.gdpo_advantages(r, gids, weights=w, unit_ids=np.repeat(np.arange(len(sizes)), sizes), convention="trl")
     assert not res.required_zero[_no_signal(r, n)].any()
 
 
@@ -225,7 +225,7 @@ def test_interleaved_labels_with_cut_units_stay_within_the_bound(seed):
     ids = rng.permutation(np.repeat(np.arange(groups), n))
     half = n * groups // 2
     sizes = [half, n * groups - half]
-    res = og.advantages(r, ids, unit_ids=np.repeat([0, 1], sizes))
+    res = og.gdpo_advantages(r, ids, unit_ids=np.repeat([0, 1], sizes))
     a = gdpo.gdpo_advantages(torch.tensor(r), group_ids=torch.tensor(ids), segment_sizes=sizes,
                              out_dtype=torch.float64).numpy()
     err = np.abs(a - res.float64)
