@@ -1,16 +1,9 @@
 """Seeded case families for the peer table (known limits, table 6).
 
-Each family draws small batches from ``numpy.random.default_rng([seed, family,
-index])``, so a case depends only on the seed, the family and its index: the
-fast run regenerates exactly the cases of the full run it covers. Every reward
-is a float32 value (what the float32 peers receive), units are contiguous (so
-``segment_sizes`` can express them), and token counts (verl whitens per token)
-are drawn with the case.
-
-The conformance strategies (``conformance/strategies.py``) are hypothesis
-strategies: they shrink and search rather than enumerate, so a table drawn from
-them would not be reproducible from a seed. These families aim at the same hard
-cases (brief section 5) deterministically.
+A case is drawn from ``numpy.random.default_rng([seed, family, index])``, so the fast run
+regenerates exactly the cases of the full run it covers (hypothesis strategies shrink and
+search, and would not). Rewards are float32 values (what the float32 peers receive), units
+contiguous (``segment_sizes`` expresses them), token counts (verl whitens per token) drawn too.
 """
 
 from __future__ import annotations
@@ -32,10 +25,6 @@ class Case:
 
 def f32(x) -> np.ndarray:
     return np.asarray(x, dtype=np.float64).astype(np.float32).astype(np.float64)
-
-
-def _rng(seed: int, family: str, index: int) -> np.random.Generator:
-    return np.random.default_rng([seed, zlib.crc32(family.encode()), index])
 
 
 def _column(rng, kind: str, n: int) -> np.ndarray:
@@ -177,18 +166,10 @@ def ragged(rng):
     return case
 
 
-FAMILIES = {
-    "healthy": healthy,
-    "large offset": large_offset,
-    "constant-sum": constant_sum,
-    "near-constant-sum": near_constant_sum,
-    "collapse": collapse,
-    "tiny std": tiny_std,
-    "n_g = 2": n_g_2,
-    "NaN reward": nan_reward,
-    "ragged groups": ragged,
-}
+FAMILIES = {"healthy": healthy, "large offset": large_offset, "constant-sum": constant_sum,
+            "near-constant-sum": near_constant_sum, "collapse": collapse, "tiny std": tiny_std, "n_g = 2": n_g_2,
+            "NaN reward": nan_reward, "ragged groups": ragged}
 
 
 def cases(family: str, count: int, seed: int) -> list[Case]:
-    return [FAMILIES[family](_rng(seed, family, i)) for i in range(count)]
+    return [FAMILIES[family](np.random.default_rng([seed, zlib.crc32(family.encode()), i])) for i in range(count)]

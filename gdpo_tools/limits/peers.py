@@ -1,14 +1,9 @@
-"""Implementations the known-limit tables run, and how one output is graded.
+"""The implementations the known-limit tables run, and how one output is graded.
 
-Every implementation of :data:`IMPLEMENTATIONS` takes the same arguments (rewards as an (N, K)
-float64 array of exact input values, group labels, unit labels or None, weights or None, token
-counts or None) and returns a float64 array of its outputs, or raises: ``impl.gdpo`` cast to
-float32 or returned in float64 (its own error, not the final cast's), the plain float64
-evaluation of spec's formula (mean, then deviations), one mirror per peer preset in the
-preset's own dtype (``gdpo_tools.peer_formulas``; NeMo-RL's one-pass variance is its own) and
-TRL's eager torch mirror. :func:`grade` compares with the oracle under a named convention, in
-units of the error model's bound at the implementation's working precision, and classifies
-what came out.
+Each of :data:`IMPLEMENTATIONS` takes (rewards (N, K) float64, group labels, unit labels or
+None, weights or None, token counts or None) and returns its outputs as float64, or raises.
+:func:`grade` compares with the oracle under a named convention, in units of the error model's
+bound at the implementation's working precision, and classifies what came out.
 """
 
 from __future__ import annotations
