@@ -4,10 +4,9 @@
     python -m gdpo_tools.spec_document --check    # exit 1 where a value there is stale
 
 Every number in the document sits between markers, ``<!-- value:spec.group_eps -->0.0001<!-- /value -->``
-(a table: the markers on lines of their own), and is computed here from the spec constants,
-the exact oracle or a stated float computation; the prose around it is edited by hand. So a
-change in the code that moves a number shows up as a stale document in the tests, and a
-value the document no longer shows, or a marker this module does not know, is an error.
+(a table: the markers on lines of their own), computed here from the spec constants, the exact
+oracle or a stated float computation; the prose is edited by hand. A value the document no longer
+shows, or a marker this module does not know, is an error.
 """
 
 from __future__ import annotations
@@ -45,25 +44,21 @@ def _one_pass_std(values, dtype) -> str:
 
 
 def _table(head: list[str], rows: list[list[str]]) -> str:
-    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    out += ["| " + " | ".join(r) + " |" for r in rows]
-    return "\n".join(out)
+    return "\n".join(["| " + " | ".join(head) + " |", "|" + "---|" * len(head), *("| " + " | ".join(r) + " |" for r in rows)])
 
 
 def _error_rows() -> list[list[str]]:
     """Section 6: each class's docstring, the calls that raise it and those that do not
     (spec/errors.py; tests/test_spec.py runs every call shown against impl.gdpo)."""
+    def on_ranks(call):
+        ranks = example_ranks(call)
+        return f" (on each of {ranks} ranks)" if ranks > 1 else ""
+
     rows = []
     for name, cls in ERROR_CLASSES.items():
-        shown = []
-        for call in ERROR_EXAMPLES.get(name, ()):
-            ranks = example_ranks(call)
-            shown.append(f"`{call}`" + (f" (on each of {ranks} ranks)" if ranks > 1 else ""))
-        for call, outcome in NOT_RAISED.get(name, ()):
-            ranks = example_ranks(call)
-            instead = "computes" if outcome == "computes" else f"raises {outcome}"
-            shown.append(f"not `{call}`" + (f" (on each of {ranks} ranks)" if ranks > 1 else "")
-                         + f": {instead}")
+        shown = [f"`{call}`{on_ranks(call)}" for call in ERROR_EXAMPLES.get(name, ())]
+        shown += [f"not `{call}`{on_ranks(call)}: " + ("computes" if outcome == "computes" else f"raises {outcome}")
+                  for call, outcome in NOT_RAISED.get(name, ())]
         rows.append([f"`{name}`", " ".join((cls.__doc__ or "").split()), "<br>".join(shown) or "any of the below"])
     return rows
 
@@ -74,13 +69,9 @@ def context() -> dict[str, str]:
     for field in ("group_ddof", "whiten_ddof", "group_eps", "whiten_eps"):
         value = getattr(spec, field)
         ctx[f"spec.{field}"] = repr(value) if isinstance(value, float) else str(value)
-    ctx["default_out_dtype"] = DEFAULT_OUT_DTYPE
-    ctx["min_group_size"] = str(MIN_GROUP_SIZE)
-    ctx["words_bytes"] = f"{REFUSAL_WORDS_BYTES:,}"
-    ctx["safety"] = repr(error_model.SAFETY)
-    ctx["start_prec"] = str(exact.START_PREC)
-    ctx["max_prec"] = str(exact.MAX_PREC)
-    ctx["tie_test_prec"] = str(whitening.TIE_TEST_PREC)
+    ctx.update(default_out_dtype=DEFAULT_OUT_DTYPE, min_group_size=str(MIN_GROUP_SIZE),
+               words_bytes=f"{REFUSAL_WORDS_BYTES:,}", safety=repr(error_model.SAFETY), start_prec=str(exact.START_PREC),
+               max_prec=str(exact.MAX_PREC), tie_test_prec=str(whitening.TIE_TEST_PREC))
     sig = [10000.0, 10000.005, 10000.010, 10000.015]
     ctx["signal_relative_spread"] = _g((max(sig) - min(sig)) / max(sig), 2)
     ctx["w_merged"] = repr(float(np.float32(16777217.0)))
@@ -92,11 +83,8 @@ def context() -> dict[str, str]:
     res = gdpo.gdpo_advantages(r, g)
     grpo = grpo_reference(r, g)
     ctx["two_group_grpo"] = _g(abs(grpo[0]))
-    rows = []
-    for i in range(r.shape[0]):
-        rows.append([str(i), "AB"[g[i]], *(repr(float(v)) for v in r[i]),
-                     *(f"{v:+.6f}" for v in res.z.float64[i]), f"{res.combined.float64[i]:+.6f}",
-                     f"{res.float64[i]:+.6f}", f"{grpo[i]:+.6f}"])
+    rows = [[str(i), "AB"[g[i]], *(repr(float(v)) for v in r[i]), *(f"{v:+.6f}" for v in res.z.float64[i]),
+             f"{res.combined.float64[i]:+.6f}", f"{res.float64[i]:+.6f}", f"{grpo[i]:+.6f}"] for i in range(r.shape[0])]
     ctx["two_group_table"] = _table(
         ["i", "group", "correctness", "format", "z correctness", "z format", "c (Eq. 7)",
          "a (Eq. 6)", "GRPO"], rows)
@@ -191,11 +179,9 @@ def context() -> dict[str, str]:
     assert all(np.float32(t) + np.float32(1e-8) == np.float32(t) for t in (1, 2, 3, 1000, 2**24))
     ctx["f32_half_ulp_1"] = _g(float(np.spacing(np.float32(1.0))) / 2, 2)
 
-    rows = []
-    for c in CONVENTIONS.values():
-        rows.append([f"`{c.name}`", c.title, str(c.group_ddof), f"{c.group_eps!r} ({c.group_eps_placement})",
-                     c.whiten, f"{c.whiten_eps!r} ({c.whiten_eps_placement})", c.singleton, c.nan,
-                     c.native_dtype])
+    rows = [[f"`{c.name}`", c.title, str(c.group_ddof), f"{c.group_eps!r} ({c.group_eps_placement})", c.whiten,
+             f"{c.whiten_eps!r} ({c.whiten_eps_placement})", c.singleton, c.nan, c.native_dtype]
+            for c in CONVENTIONS.values()]
     ctx["convention_table"] = _table(["name", "implementation", "Eq. 4 ddof", "Eq. 4 eps (placement)",
                                       "Eq. 6", "Eq. 6 eps (placement)", "n_g = 1", "NaN", "dtype"], rows)
     ctx["provenance_table"] = _table(
