@@ -376,11 +376,10 @@ def generate(fast: bool = False, seed: int = 0, only=None, plots_dir: Path | Non
 
 _GROUP_TITLES = dict(zip(T.BUILDERS, ("1. Cancellation", "2. eps", "3. n_g = 2 and correlated components",
                                       "4. Variance algorithms", "5. Ranges", "6. Peers", "7. Certified rounding")))
-_PLOT_CAPTIONS = {
-    "cancellation": ("cancellation.png", "Error against C for `[C - d, d]` and exact constant-sum groups (own unit)"),
-    "eps": ("eps.png", "Largest change of an advantage when eps moves, against the column's std"),
-    "variance": ("variance.png", "Relative error of the std against offset, per algorithm and dtype"),
-}
+_PLOT_CAPTIONS = {  # each drawn into {name}.png
+    "cancellation": "Error against C for `[C - d, d]` and exact constant-sum groups (own unit)",
+    "eps": "Largest change of an advantage when eps moves, against the column's std",
+    "variance": "Relative error of the std against offset, per algorithm and dtype"}
 
 
 def render(run: Run, out: Path) -> str:
@@ -413,9 +412,9 @@ def render(run: Run, out: Path) -> str:
     ]
     for name, tables in run.groups.items():
         lines += ["", f"## {_GROUP_TITLES[name]}", ""]
-        if name in _PLOT_CAPTIONS and _PLOT_CAPTIONS[name][0] in plots_rel:
-            fname, caption = _PLOT_CAPTIONS[name]
-            rel = plots_rel[fname]
+        rel = plots_rel.get(f"{name}.png")
+        if name in _PLOT_CAPTIONS and rel is not None:
+            caption = _PLOT_CAPTIONS[name]
             if rel.resolve().is_relative_to(out.parent.resolve()):
                 rel = rel.resolve().relative_to(out.resolve().parent)
             lines += [f"![{caption}]({rel.as_posix()})", "", f"*{caption}.*", ""]
@@ -470,8 +469,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m gdpo_tools.limits
     run = generate(args.fast, args.seed, plots_dir=plots_dir, progress=progress)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(render(run, out))
-    stale = [lim.id for lim, ok, _ in run.limits if not ok]
     print(f"wrote {out}" + "".join(f" and {p}" for p in run.plots) + f" in {run.wall:.0f} s", file=sys.stderr)
+    stale = [lim.id for lim, ok, _ in run.limits if not ok]
     if stale:
         print(f"documented limits that no longer reproduce: {', '.join(stale)} (edit LIMITS in "
               "gdpo_tools/limits/generate.py)", file=sys.stderr)

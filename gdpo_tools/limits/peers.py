@@ -179,15 +179,13 @@ def grade(out, res, impl: Implementation) -> Grade:
     """
     if isinstance(res, OracleFailure):
         return Grade("n/a", 0.0, float("nan"), 0.0, f"oracle failed: {res}")
+    if isinstance(out, Exception):
+        return Grade("clear error", 0.0, float("nan"), 0.0, type(out).__name__)
     if isinstance(res, Exception):
-        if isinstance(out, Exception):
-            return Grade("clear error", 0.0, float("nan"), 0.0, type(out).__name__)
         o = np.asarray(out)
         tag = "NaN" if np.isnan(o).any() else "inf" if np.isinf(o).any() else "finite"
         return Grade("no error", 0.0, float("nan"), 0.0, f"{tag} outputs where the oracle raises "
                                                          f"{type(res).__name__}")
-    if isinstance(out, Exception):
-        return Grade("clear error", 0.0, float("nan"), 0.0, type(out).__name__)
     obs = np.asarray(out, dtype=np.float64)
     exact = res.float64
     with np.errstate(all="ignore"):
@@ -210,14 +208,7 @@ def grade(out, res, impl: Implementation) -> Grade:
     error = float(err[live].max()) if live.any() else float("nan")
     miss = float(missed.max()) if missed.size else 0.0
     detail = "NaN propagated" if exact_nan.any() and not nan_missing.any() and not nan_bad.any() else ""
-    if nan_bad.any():
-        outcome = "NaN"
-    elif np.isinf(obs).any():
-        outcome = "inf"
-    elif zeroed.any():
-        outcome = "silent zero"
-    elif outside.any() or nan_missing.any():
-        outcome = "off"
-    else:
-        outcome = "correct"
+    outcome = next(name for name, seen in (("NaN", nan_bad.any()), ("inf", np.isinf(obs).any()),
+                                            ("silent zero", zeroed.any()), ("off", outside.any() or nan_missing.any()),
+                                            ("correct", True)) if seen)
     return Grade(outcome, ratio, error, miss, detail)

@@ -278,12 +278,8 @@ def build_pairs_and_rho(fast: bool, seed: int, progress) -> tuple[list[Table], d
         ["gap", "z of the larger member", "its advantage a", "a of the reference [0, 1]"], rows)
     rows = []
     for rho in rhos:
-        r2 = rho * _X + math.sqrt(max(0.0, 1.0 - rho * rho)) * _Y
-        block_a = np.stack([_X, r2], 1)
-        block_b = np.stack([_X, _Z], 1)  # reference: uncorrelated columns
-        r = np.concatenate([block_a, block_b])
-        g = np.repeat([0, 1], 8)
-        res = P.oracle(r, g)
+        block_a = np.stack([_X, rho * _X + math.sqrt(max(0.0, 1.0 - rho * rho)) * _Y], 1)
+        res = P.oracle(np.concatenate([block_a, np.stack([_X, _Z], 1)]), np.repeat([0, 1], 8))  # B: uncorrelated
         c = res.combined.float64
         s_a, s_b = float(np.std(c[:8], ddof=1)), float(np.std(c[8:], ddof=1))
         amax, bmax = _max_abs(res.float64[:8]), _max_abs(res.float64[8:])
@@ -506,12 +502,16 @@ def build_peers(fast: bool, seed: int, progress) -> tuple[list[Table], dict]:
                     facts.setdefault((name, family, grading), []).append((gr, case.note))
             step()
     tables = []
-    for grading, title in (("own", "6a. Peers graded under their own convention"),
-                           ("spec", "6b. Peers graded under this project's `spec` convention")):
-        rows = []
-        for name in P.PEER_TABLE:
-            rows.append([f"{name} ({P.IMPLEMENTATIONS[name].convention})",
-                         *(_peer_cell(facts[(name, f, grading)]) for f in families)])
+    for grading, title, graded in (
+            ("own", "6a. Peers graded under their own convention",
+             " Graded against the oracle under the implementation's own convention, on the inputs it "
+             "holds: this is its implementation error alone."),
+            ("spec", "6b. Peers graded under this project's `spec` convention",
+             " Graded against the oracle under `spec` (eps 1e-4 added to the std at Eq. 4 and Eq. 6, "
+             "unbiased, per-sample whitening, NaN refused): convention differences and "
+             "implementation error together.")):
+        rows = [[f"{name} ({P.IMPLEMENTATIONS[name].convention})",
+                 *(_peer_cell(facts[(name, f, grading)]) for f in families)] for name in P.PEER_TABLE]
         intro = (
             f"Cases: {PEER_CASES} seeded cases per family (`gdpo_tools/limits/families.py`, seed shown in the "
             "header), float32 reward values, one or several groups per unit. Each implementation runs its "
@@ -524,14 +524,7 @@ def build_peers(fast: bool, seed: int, progress) -> tuple[list[Table], dict]:
             "cases per outcome other than correct/off (`clear error`: a GDPOError raised; `no error`: numbers "
             "where the graded convention refuses the input; `NaN propagated`: NaN outputs exactly where the "
             "graded convention propagates a NaN reward, which is correct under it; `demanded 0 missed by x`: "
-            "a structural exact zero returned as x).")
-        if grading == "own":
-            intro += (" Graded against the oracle under the implementation's own convention, on the inputs it "
-                      "holds: this is its implementation error alone.")
-        else:
-            intro += (" Graded against the oracle under `spec` (eps 1e-4 added to the std at Eq. 4 and Eq. 6, "
-                      "unbiased, per-sample whitening, NaN refused): convention differences and "
-                      "implementation error together.")
+            "a structural exact zero returned as x)." + graded)
         tables.append(Table(f"peers_{grading}", title, intro, ["implementation (convention)", *families], rows))
     rows = []
     for name in P.PEER_TABLE:
@@ -557,11 +550,7 @@ def _peer_cell(grades) -> str:
     ratios = [g.ratio for g, _ in grades
               if g.outcome in ("correct", "off", "silent zero") and not math.isnan(g.error)]
     errors = [g.error for g, _ in grades if not math.isnan(g.error)]
-    parts = []
-    if ratios:
-        parts.append(fmt(max(ratios)))
-    if errors:
-        parts.append(f"[{fmt(max(errors))}]")
+    parts = ([fmt(max(ratios))] if ratios else []) + ([f"[{fmt(max(errors))}]"] if errors else [])
     tags = [f"{k} {v}" for k, v in collections.Counter(g.outcome for g, _ in grades).items()
             if k not in ("correct", "off")]
     propagated = sum(1 for g, _ in grades if g.detail == "NaN propagated")
