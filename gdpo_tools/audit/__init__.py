@@ -28,10 +28,8 @@ object per cell), a line of at most 1,048,576 characters (a longer one is refuse
 progress and an estimate of the time left on stderr for files over 2 MB. Rows are named
 as the file shows them: a line (1-based) of a .csv or .jsonl, a row (0-based) of an array.
 
-How it checks (:mod:`gdpo_tools.audit.run`): up to 20,000 samples the exact oracle runs on
-the whole batch and on every peer convention; beyond, impl.gdpo's float64 values settle
-each group, and the oracle runs where a finding needs it and on a sample of groups
-(``--exact`` forces it everywhere; ``--peers`` computes the peers' float formulas).
+How it checks: up to 20,000 samples the exact oracle runs everywhere; beyond, where a finding
+needs it and on a sample of groups (:mod:`gdpo_tools.audit.run`; ``--exact``: everywhere).
 
 Findings (:data:`gdpo_tools.audit.findings.KINDS`): each has a stable code, a severity, a
 sentence with the numbers and what to do. ``routine`` (``collapsed-column``, ``unscored``,

@@ -203,9 +203,8 @@ def _impl_values(batch: Batch, groups: _Groups, uorder, uinverse, usizes, w, eps
     return c, a, signal
 
 
-def audit(batch: Batch, weights=None, eps: float = DEFAULT_EPS, progress: bool | None = None,
-          exact: bool | None = None, peers: bool | None = None, bar: Progress | None = None,
-          missing: str = "refuse") -> dict:
+def audit(batch: Batch, weights=None, eps: float = DEFAULT_EPS, exact: bool | None = None,
+          peers: bool | None = None, bar: Progress | None = None, missing: str = "refuse") -> dict:
     """The report of ``batch`` (see :mod:`gdpo_tools.audit` for its schema). ``exact``: run the
     oracle on every group (default: up to EXACT_SAMPLES samples); ``peers``: compute the peer
     conventions (default: when exact); ``missing``: "refuse" a NaN reward, or read it as
@@ -217,7 +216,7 @@ def audit(batch: Batch, weights=None, eps: float = DEFAULT_EPS, progress: bool |
     N, K = r.shape
     peers = N <= EXACT_SAMPLES if peers is None else peers  # --exact alone adds no peer passes
     exact = N <= EXACT_SAMPLES if exact is None else exact
-    bar = bar or Progress(N > EXACT_SAMPLES if progress is None else progress)
+    bar = bar or Progress(N > EXACT_SAMPLES)
     if weights is not None:
         w = _weights(weights, batch.names, "--weights")
     else:
