@@ -388,17 +388,10 @@ class _Labels:
         if bad:
             j = min(bad, key=lambda j: self.first_line[j])
             self._refuse(keys[j], self.first_line[j])
-        names = [k if isinstance(k, str) else str(x) for k, x in zip(keys, ints)]
-        texts, remap = np.unique(np.asarray(names, dtype=object).astype(str), return_inverse=True)
-        if texts.size < len(names):  # JSON 1 and "1": one text, so one group
-            first = {}
-            for j, t in enumerate(remap.tolist()):
-                first.setdefault(t, j)
-            order = sorted(first, key=lambda t: self.first_line[first[t]])
-            renum = np.empty(texts.size, np.int64)
-            renum[order] = np.arange(len(order))
-            return renum[remap][codes], [str(texts[t]) for t in order]
-        return codes, names
+        merged: dict = {}  # each text's group, in the order met (JSON 1 and "1": one text, one group)
+        remap = np.array([merged.setdefault(k if isinstance(k, str) else str(x), len(merged))
+                          for k, x in zip(keys, ints)], dtype=np.int64)
+        return remap[codes], list(merged)
 
 
 def _float_cells(cells, name: str, source: str, lines, text: bool) -> np.ndarray:
