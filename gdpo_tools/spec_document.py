@@ -99,8 +99,9 @@ def context() -> dict[str, str]:
     g1 = [0] * 4 + [1] * 4
     ctx["single_reward_vs_grpo"] = _g(float(np.max(np.abs(gdpo.gdpo_advantages(r1, g1).float64
                                                           - grpo_reference(r1, g1)))), 3)
-    h = gdpo.standardize_groups(np.array([[0.0], [1.0]]), [0, 0]).float64
-    ctx["ng2_z"] = f"{abs(h[0, 0]):.4f}"
+    pair = np.array([[0.0], [1.0]])
+    z2 = gdpo.standardize_groups(pair, [0, 0])
+    ctx["ng2_z"] = f"{abs(z2.float64[0, 0]):.4f}"
 
     r8 = np.arange(1.0, 9.0)[:, None]
     per_unit = gdpo.gdpo_advantages(r8, [0] * 8, unit_ids=[0] * 4 + [1] * 4).float64
@@ -108,29 +109,25 @@ def context() -> dict[str, str]:
     ctx["merge_sign_flips"] = str(int(np.sum(np.sign(per_unit) != np.sign(merged))))
 
     d = np.array([0.1, 0.2, 0.3, 0.7])
-    conds, stagewise, exacts = [], [], []
+    cd = []
     for C in (1e9, 1e11, 1e13, 1e15):
         rr = np.stack([C - d, d], 1)
         res = gdpo.gdpo_advantages(rr, [0] * 4)
         assert res.cond_sharp.all()  # the section says so: the first-order change itself
-        conds.append(_g(float(res.cond.max()), 2))
-        stagewise.append(_g(float(condition.stagewise(gdpo.gdpo_advantages, rr, [0] * 4).cond.max()), 2))
-        exacts.append(_g(float(np.abs(res.float64).max()), 2))
-    ctx["cd_cond"] = ", ".join(conds)
-    ctx["cd_cond_stagewise"] = ", ".join(stagewise)
-    ctx["cd_exact"] = ", ".join(exacts)
+        cd.append([_g(float(res.cond.max()), 2), _g(float(np.abs(res.float64).max()), 2),
+                   _g(float(condition.stagewise(gdpo.gdpo_advantages, rr, [0] * 4).cond.max()), 2)])
+    ctx["cd_cond"], ctx["cd_exact"], ctx["cd_cond_stagewise"] = (", ".join(column) for column in zip(*cd))
     ctx["cd_samuelson"] = _g(3 / 2, 2)  # (n - 1)/sqrt(n), n = 4: the largest |a| of a unit of 4
     # a group of two moves only through eps: z = +-(1/2) d / D, d = r_2 - r_1, D = |d| / sqrt(2) + eps,
     # so |dz/dr_j| = eps / (2 D^2) exactly; cond is that first-order change, sharp
-    eps2 = CONVENTIONS["spec"].group_eps
-    z2 = gdpo.standardize_groups(np.array([[0.0], [1.0]]), [0, 0])
+    eps2 = spec.group_eps
     D = 1 / math.sqrt(2) + eps2
     ulps = math.ulp(1.0) + 5e-324  # the oracle's ulp of 0 is the least subnormal
     first_order = eps2 * ulps / (2 * D * D)
     ctx["n2_eps"] = repr(eps2)
     ctx["n2_cond"] = _g(float(z2.cond.max()), 2)
     ctx["n2_first_order"] = _g(first_order, 2)
-    ctx["n2_stagewise"] = _g(float(condition.stagewise(gdpo.standardize_groups, np.array([[0.0], [1.0]]), [0, 0]).cond.max()), 2)
+    ctx["n2_stagewise"] = _g(float(condition.stagewise(gdpo.standardize_groups, pair, [0, 0]).cond.max()), 2)
     # within 2^-19 (and float64's evaluation of first_order, a few ulps) of the first-order change
     assert z2.cond_sharp.all() and np.all(np.abs(z2.cond / first_order - 1) <= 2.0 ** -19 + 1e-15)
     ctx["cond_sharp_bits"] = "2^-19"
@@ -146,9 +143,7 @@ def context() -> dict[str, str]:
         ctx[f"exact_std_{name}_f64"] = _g(exact_std(values), 3)
 
     base = np.array([[0.0, 0.0], [1.0, 1e-3], [2.0, 2e-3], [3.0, 0.5e-3]])
-    grp = [0, 0, 0, 0]
-    e4 = gdpo.gdpo_advantages(base, grp, eps=1e-4).float64
-    e8 = gdpo.gdpo_advantages(base, grp, eps=1e-8).float64
+    e4, e8 = (gdpo.gdpo_advantages(base, [0] * 4, eps=eps).float64 for eps in (1e-4, 1e-8))
     ctx["eps_effect"] = _g(float(np.max(np.abs(e4 - e8))), 2) + (
         f" (second column's std {_g(exact_std(base[:, 1]), 2)})")
 
@@ -160,13 +155,11 @@ def context() -> dict[str, str]:
     d = float.fromhex("0x1.25d6db655449ap-25")
     res = gdpo.gdpo_advantages(np.array([[d], [0.0]]), [0, 0])
     twice = error_model.round_to(res.float32[:1], "float16")[0]
-    ctx["dr_reward"] = d.hex()
-    ctx["dr_exact"] = f"{res.float64[0]:.10f}"
-    ctx["dr_correct"] = f"{float(res.float16[0])!r} ({float(res.float16[0]).hex()})"
-    ctx["dr_twice"] = f"{float(twice)!r}"
-    ctx["f16_max"] = f"{error_model.largest_finite('float16'):g}"
-    ctx["f16_overflow"] = f"{error_model.overflow_threshold('float16'):g}"
-    ctx["f16_overflow_n"] = f"{error_model.overflow_threshold('float16') ** 2:.2g}"  # (n-1)/sqrt(n) < sqrt(n)
+    over = error_model.overflow_threshold("float16")
+    ctx.update(dr_reward=d.hex(), dr_exact=f"{res.float64[0]:.10f}", dr_twice=f"{float(twice)!r}",
+               dr_correct=f"{float(res.float16[0])!r} ({float(res.float16[0]).hex()})",
+               f16_max=f"{error_model.largest_finite('float16'):g}", f16_overflow=f"{over:g}",
+               f16_overflow_n=f"{over ** 2:.2g}")  # (n-1)/sqrt(n) < sqrt(n)
     # eps = 0 on a unit that cancels in exact arithmetic only (three weighted copies of one column)
     w = [float.fromhex(x) for x in ("0x1.1d0361dd0bf71p-2", "0x1.3b1b0f3282684p-3", "-0x1.ba90e9764d2b3p-2")]
     col = np.array([0.0, 1.0, 0.0, 1.0, 1.0, 0.0])
