@@ -102,8 +102,6 @@ def clip(text: str, limit: int = 120) -> str:
     return text if len(text) <= limit else f"{text[:limit // 2]}...{text[-8:]} ({len(text):,} characters)"
 
 
-# ------------------------------------------------------------------------- reading
-
 _INT64 = 2**63
 _KINDS = {"b": "booleans", "c": "complex numbers", "U": "text", "S": "bytes", "O": "Python objects",
           "V": "structured records", "M": "datetimes", "m": "timedeltas"}

@@ -42,12 +42,13 @@ def _formula(convention):
 
 
 def _impl(out_dtype: str):
+    """impl.gdpo on one whitening unit (the tables run impl on no other)."""
     def run(rewards, group_ids, unit_ids=None, weights=None, token_counts=None):
-        r = np.asarray(rewards, dtype=np.float64)
-        t = torch.from_numpy(np.ascontiguousarray(r))
-        sizes = None if unit_ids is None else _segment_sizes(unit_ids)
+        if unit_ids is not None:
+            raise NotImplementedError("the tables run impl.gdpo on one whitening unit")
+        t = torch.from_numpy(np.ascontiguousarray(np.asarray(rewards, dtype=np.float64)))
         out = gdpo_advantages(t, group_ids=[int(x) for x in group_ids], weights=weights,
-                              segment_sizes=sizes, out_dtype=getattr(torch, out_dtype))
+                              out_dtype=getattr(torch, out_dtype))
         return out.to(torch.float64).numpy()
     return run
 
@@ -55,22 +56,12 @@ def _impl(out_dtype: str):
 def _trl_torch(rewards, group_ids, unit_ids=None, weights=None, token_counts=None):
     g = np.asarray(group_ids)
     n = int(np.sum(g == g[0]))
-    if unit_ids is not None and len(set(np.asarray(unit_ids).tolist())) > 1:
-        raise NotImplementedError("trl_torch whitens one batch")
-    if len(g) % n or np.any(g != np.repeat(g[::n], n)):
-        raise NotImplementedError("trl_torch needs contiguous groups of one size")
+    if unit_ids is not None or len(g) % n or np.any(g != np.repeat(g[::n], n)):
+        raise NotImplementedError("trl_torch whitens one batch of contiguous groups of one size")
     r = torch.from_numpy(np.ascontiguousarray(np.asarray(rewards, dtype=np.float64)))
     k = r.shape[1]
     w = torch.ones(k) if weights is None else torch.tensor(list(weights), dtype=torch.float64).to(torch.float32)
     return trl_normalize_then_sum(r, n, w).to(torch.float64).numpy()
-
-
-def _segment_sizes(unit_ids) -> list[int]:
-    u = np.asarray(unit_ids)
-    edges = np.flatnonzero(np.diff(u)) + 1
-    if len(set(u.tolist())) != len(edges) + 1:
-        raise ValueError("units must be contiguous for segment_sizes")
-    return np.diff(np.concatenate([[0], edges, [u.size]])).tolist()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,9 +127,6 @@ def run(impl: Implementation, rewards, group_ids, unit_ids=None, weights=None, t
         return e
 
 
-# ------------------------------------------------------------------ oracle
-
-
 def oracle(rewards, group_ids, weights=None, token_counts=None, convention="spec", eps=None):
     """The oracle's Result (one whitening unit), or the contract error it raises (returned)."""
     conv = get_convention(convention)
@@ -155,9 +143,6 @@ def oracle(rewards, group_ids, weights=None, token_counts=None, convention="spec
 
 class OracleFailure(Exception):
     """The oracle could not compute the case (a defect to report, not a verdict on the implementation)."""
-
-
-# ------------------------------------------------------------------ grading
 
 
 @dataclasses.dataclass
