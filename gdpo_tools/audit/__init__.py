@@ -13,9 +13,9 @@ Input formats (the reward components, group labels, optional units and weights):
 Rewards and weights are real numbers (integers must be exact in float64); a file's ``weights``
 go with the components in the order the report lists them (with ``reward_<name>`` arrays: sorted
 by name). A NaN reward is refused, or, with ``--missing unscored`` (impl.gdpo's
-``missing="unscored"``), a reward its function did not score; so is a masked entry of a NumPy
-masked array given to :func:`audit`. Group labels are integers or text, as the adapters take
-them (verl's string uids). Where every label is an integer (a CSV cell of digits, a JSON or
+``missing="unscored"``), a reward its function did not score; so is a
+masked entry of a NumPy masked array given to :func:`audit`. Group labels are integers or text,
+as the adapters take them (verl's string uids). Where every label is an integer (a CSV cell of digits, a JSON or
 array integer) the labels are those integers (CSV "1" and "01": one group); otherwise each
 distinct text is one group (JSON 1 and "1": one group, "1"; a .npz text array is always text). A
 float label is refused whatever its value, as impl.gdpo and the oracle refuse it (spec section
