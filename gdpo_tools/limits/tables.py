@@ -307,8 +307,6 @@ def build_pairs_and_rho(fast: bool, seed: int, progress) -> tuple[list[Table], d
 OFFSETS_FULL = tuple(10.0 ** e for e in range(0, 9))
 OFFSETS_FAST = (1.0, 1e3, 1e4, 1e8)
 _STEPS = np.array([0.0, 0.01, 0.02, 0.03])
-
-
 VARIANCE_ALGORITHMS = {"one-pass": one_pass_variance, "two-pass": two_pass_variance,
                        "shifted two-pass": lambda x, dt: two_pass_variance(x - x[0], dt)}
 
