@@ -345,18 +345,9 @@ def environment(seed: int, fast: bool, wall: float) -> list[list[str]]:
     ]
 
 
-@dataclasses.dataclass
-class Run:
-    groups: dict  # group name -> list of Table
-    limits: list  # check_limits' results
-    plots: list
-    wall: float
-    seed: int
-    fast: bool
-
-
 def generate(fast: bool = False, seed: int = 0, only=None, plots_dir: Path | None = None,
-             progress: Progress | None = None) -> Run:
+             progress: Progress | None = None) -> tuple[dict, list, list, float]:
+    """(tables by group name, check_limits' results, the plots written, wall seconds)."""
     progress = progress or Progress(enabled=False)
     t0 = time.monotonic()
     built = {name: build(fast, seed, progress) for name, build in T.BUILDERS.items() if not only or name in only}
@@ -370,8 +361,7 @@ def generate(fast: bool = False, seed: int = 0, only=None, plots_dir: Path | Non
             plots.append(getattr(limits_plots, name)(axis, plots_dir / f"{name}.png"))
             step()
     progress.done()
-    return Run({name: tables for name, (tables, _) in built.items()}, limits, plots, time.monotonic() - t0, seed,
-               fast)
+    return {name: tables for name, (tables, _) in built.items()}, limits, plots, time.monotonic() - t0
 
 
 _GROUP_TITLES = dict(zip(T.BUILDERS, ("1. Cancellation", "2. eps", "3. n_g = 2 and correlated components",
@@ -382,8 +372,8 @@ _PLOT_CAPTIONS = {  # each drawn into {name}.png
     "variance": "Relative error of the std against offset, per algorithm and dtype"}
 
 
-def render(run: Run, out: Path) -> str:
-    plots_rel = {p.name: p for p in run.plots}
+def render(groups: dict, limits: list, plots: list, seed: int, fast: bool, wall: float, out: Path) -> str:
+    plots_rel = {p.name: p for p in plots}
     lines = [
         "# Known limits, measured",
         "",
@@ -397,20 +387,20 @@ def render(run: Run, out: Path) -> str:
         "`--seed N` for other peer cases). `tests/test_limits.py` regenerates the fast subset "
         "and fails when a committed row disagrees with it or a documented limit stops reproducing.",
         "",
-        f"Seed: {run.seed}. Numbers carry two or three significant digits so that platform noise in the last "
+        f"Seed: {seed}. Numbers carry two or three significant digits so that platform noise in the last "
         "bits cannot flip a cell.",
         "",
         ENV_BEGIN,
         "| | |",
         "|---|---|",
-        *(f"| {k} | {v} |" for k, v in environment(run.seed, run.fast, run.wall)),
+        *(f"| {k} | {v} |" for k, v in environment(seed, fast, wall)),
         ENV_END,
         "",
-        render_section(training_table(run.limits), None).replace("### ", "## ", 1),
+        render_section(training_table(limits), None).replace("### ", "## ", 1),
         "",
-        render_section(limits_table(run.limits), None).replace("### ", "## ", 1),
+        render_section(limits_table(limits), None).replace("### ", "## ", 1),
     ]
-    for name, tables in run.groups.items():
+    for name, tables in groups.items():
         lines += ["", f"## {_GROUP_TITLES[name]}", ""]
         rel = plots_rel.get(f"{name}.png")
         if name in _PLOT_CAPTIONS and rel is not None:
@@ -451,8 +441,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m gdpo_tools.limits
     args = parser.parse_args(argv)
     progress = Progress(enabled=not args.quiet, tool="limits")
     if args.only:
-        run = generate(args.fast, args.seed, only=set(args.only), progress=progress)
-        for name, tables in run.groups.items():
+        for name, tables in generate(args.fast, args.seed, only=set(args.only), progress=progress)[0].items():
             for t in tables:
                 print(render_section(t, name) + "\n")
         return 0
@@ -466,11 +455,11 @@ def main(argv: list[str] | None = None, prog: str = "python -m gdpo_tools.limits
         parser.error("the plots need matplotlib: pip install 'gdpo-spec[limits]', or pass --no-plots")
     out = folder / PAGE
     plots_dir = None if args.no_plots else folder / "limits"
-    run = generate(args.fast, args.seed, plots_dir=plots_dir, progress=progress)
+    groups, limits, plots, wall = generate(args.fast, args.seed, plots_dir=plots_dir, progress=progress)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(render(run, out))
-    print(f"wrote {out}" + "".join(f" and {p}" for p in run.plots) + f" in {run.wall:.0f} s", file=sys.stderr)
-    stale = [lim.id for lim, ok, _ in run.limits if not ok]
+    out.write_text(render(groups, limits, plots, args.seed, args.fast, wall, out))
+    print(f"wrote {out}" + "".join(f" and {p}" for p in plots) + f" in {wall:.0f} s", file=sys.stderr)
+    stale = [lim.id for lim, ok, _ in limits if not ok]
     if stale:
         print(f"documented limits that no longer reproduce: {', '.join(stale)} (edit LIMITS in "
               "gdpo_tools/limits/generate.py)", file=sys.stderr)
