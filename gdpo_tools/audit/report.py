@@ -26,7 +26,6 @@ def render(report: dict) -> str:
              f"and {report['units_total']} whitening unit(s); components {', '.join(report['components'])}; "
              f"weights {report['weights']}; eps {report['eps']}",
              f"checked with: {report['method']['text']}"]
-    warned = [g for g in groups if any(f["severity"] != ROUTINE for f in g["findings"])]
     lines.append(f"groups: {report['groups_total']:,}; with warnings {report['groups_with_warnings']:,}; with routine "
                  f"findings only {report['groups_with_routine_findings_only']:,}; without signal "
                  f"{report['groups_without_signal']:,}")
@@ -38,7 +37,8 @@ def render(report: dict) -> str:
             lines.append(f"  {code} ({kind.severity}): {report['counts'][code]:,} {kind.scope}(s): {kind.title}")
             lines.append(f"      what to do: {kind.advice}")
             used += [t for t in kind.terms if t not in used]
-    shown = groups if len(groups) <= LIST_ALL_GROUPS else warned
+    shown = groups if len(groups) <= LIST_ALL_GROUPS else [
+        g for g in groups if any(f["severity"] != ROUTINE for f in g["findings"])]
     if shown:
         lines += ["", f"{'group':>8} {'size':>5} {'signal':>6}  findings"]
         for g in shown:

@@ -168,11 +168,9 @@ def _chunks(groups: _Groups, uinverse, usizes, limit: int) -> list[np.ndarray] |
 
 
 def _impl_values(batch: Batch, groups: _Groups, uorder, uinverse, usizes, w, eps, bar, missing="refuse"):
-    """impl.gdpo's combined values c and advantages a (float64, file order) and each group's
-    signal, in chunks of whole units of about CHUNK_SAMPLES samples, so that impl's working
-    memory does not grow with the batch. A refusal is named by the file's own rows: the
-    whole batch is then run once more in file order for impl's message (else the rows impl
-    names are the chunk's)."""
+    """impl.gdpo's combined values c and advantages a (float64, file order) and each group's signal,
+    in chunks of whole units of about CHUNK_SAMPLES samples (impl's memory does not grow with the
+    batch). A refusal is run again on the whole batch, so that impl names the file's own rows."""
     r, g = batch.rewards, batch.group_ids
     N = r.shape[0]
     c, a = np.empty(N), np.empty(N)
@@ -258,9 +256,9 @@ def audit(batch: Batch, weights=None, eps: float = DEFAULT_EPS, exact: bool | No
         checked, checked_units = np.arange(G), np.arange(ulabels.size)
         bar.update(1.0)
     else:
-        scale = np.maximum(groups.reduce_max(np.abs(c)), 1.0)
-        vanishing = (groups.reduce_max(np.abs(c)) < VANISHING) & ~groups.collapsed.all(axis=1)
-        near = cond > COND_MARGIN * ILL_CONDITIONED * scale
+        cmax = groups.reduce_max(np.abs(c))
+        vanishing = (cmax < VANISHING) & ~groups.collapsed.all(axis=1)
+        near = cond > COND_MARGIN * ILL_CONDITIONED * np.maximum(cmax, 1.0)
         spread = np.unique(np.linspace(0, G - 1, min(G, SAMPLED_GROUPS)).round().astype(np.int64))
         checked = np.union1d(np.flatnonzero(vanishing | near), spread)
         bar.start(f"exact oracle, {checked.size} of {G} groups")
