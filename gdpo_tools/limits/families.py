@@ -113,15 +113,9 @@ def near_constant_sum(rng):
 def collapse(rng):
     n, g = int(rng.choice([2, 4, 8])), int(rng.integers(2, 4))
     whole = bool(rng.integers(0, 3) == 0)  # every column of every group constant: the unit collapses
-    blocks = []
-    for i in range(g):
-        cols = []
-        for k in range(2):
-            if whole or rng.integers(0, 2) == 0:
-                cols.append(np.full(n, float(f32(rng.choice([0.0, 1.0, 0.3, 1e4])))))
-            else:
-                cols.append(_column(rng, "binary", n))
-        blocks.append(np.stack(cols, 1))
+    blocks = [np.stack([np.full(n, float(f32(rng.choice([0.0, 1.0, 0.3, 1e4]))))
+                        if whole or rng.integers(0, 2) == 0 else _column(rng, "binary", n) for _ in range(2)], 1)
+              for _ in range(g)]
     return _assemble(rng, blocks, _weights(rng, 2), "every column constant" if whole else "some columns constant")
 
 
