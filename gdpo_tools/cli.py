@@ -1,7 +1,6 @@
-"""``gdpo``: the project's single command line entry point.
+"""``gdpo``: the project's command line (example, audit, limits, check, peers).
 
-``gdpo`` (or ``gdpo example``) prints the oracle's exact, certified result for a
-built-in example batch. Later subcommands (audit, limits, check) grow here.
+``gdpo`` (or ``gdpo example``) prints the oracle's exact, certified result for a built-in batch.
 """
 
 from __future__ import annotations
@@ -37,25 +36,19 @@ def run_example(name: str) -> int:
     from oracle import gdpo
 
     ex = EXAMPLES[name]
-    r, g = ex["rewards"], ex["group_ids"]
+    r, g, cols = ex["rewards"], ex["group_ids"], ex["columns"]
     conv = get_convention("spec")
-    res = gdpo.gdpo_advantages(r, g)
-    grpo = grpo_reference(r, g)
-    cols = ex["columns"]
+    res, grpo = gdpo.gdpo_advantages(r, g), grpo_reference(r, g)
     print(f"GDPO advantages of the built-in example {name!r}, exact and certified")
     print(f"convention {conv.name!r}: unbiased std, eps {conv.group_eps!r} added to the std "
           f"(Eq. 4 and Eq. 6), one whitening unit")
     head = ["i", "group"] + list(cols) + [f"z[{c}]" for c in cols] + ["c (Eq.7)", "a (Eq.6) float64",
                                                                      "a float32", "cond", "GRPO"]
-    rows = []
-    for i in range(r.shape[0]):
-        rows.append([str(i), str(g[i])] + [repr(float(v)) for v in r[i]]
-                    + [_fmt(v) for v in res.z.float64[i]]
-                    + [_fmt(res.combined.float64[i]), repr(float(res.float64[i])),
-                       repr(float(np.float32(res.float32[i]))), f"{res.cond[i]:.1e}", _fmt(grpo[i])])
+    rows = [[str(i), str(g[i]), *(repr(float(v)) for v in r[i]), *(_fmt(v) for v in res.z.float64[i]),
+             _fmt(res.combined.float64[i]), repr(float(res.float64[i])), repr(float(np.float32(res.float32[i]))),
+             f"{res.cond[i]:.1e}", _fmt(grpo[i])] for i in range(r.shape[0])]
     widths = [max(len(h), *(len(row[j]) for row in rows)) for j, h in enumerate(head)]
-    print("  ".join(h.rjust(w) for h, w in zip(head, widths)))
-    for row in rows:
+    for row in [head, *rows]:
         print("  ".join(v.rjust(w) for v, w in zip(row, widths)))
     print("a is the exact value correctly rounded; cond: how far a one-ulp change of every input "
           "moves a (first order).")
@@ -267,7 +260,6 @@ def _command(argv: list[str] | None) -> int:
     if args.command in (None, "example"):
         return run_example(getattr(args, "name", "two_group"))
     parser.error(f"unknown command {args.command!r}")
-    return 2
 
 
 if __name__ == "__main__":

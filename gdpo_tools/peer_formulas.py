@@ -1,20 +1,13 @@
 """The peers' float formulas, in one place: what users would otherwise run.
 
-Two kinds, imported by the known-limit tables, audit, the benchmarks and the tests:
+* :func:`formula`: a convention's published formula evaluated the way it reads (mean, then
+  deviations, then std) in a given dtype: the formula catalogue's evaluator
+  (``conformance.formulas``) on the preset's choices; in float32, the faithful mirror of a peer.
+* :func:`nemo_rl_one_pass`: NeMo-RL's, whose one-pass variance is an algorithm, not a formula.
+* :func:`trl_normalize_then_sum`: TRL's normalize_then_sum as eager torch float32 code, timed
+  beside impl in benchmarks/ and graded in the known-limit tables.
 
-* ``formula(convention, ...)``: each convention's published formula evaluated the way it
-  reads (mean, then deviations, then std), in the dtype asked for, with the convention's
-  ddof, eps placement, singleton, NaN and whitening rules (spec/conventions.py): the formula
-  catalogue's evaluator (``conformance.formulas``) on the preset's choices. In float64 on
-  well-conditioned inputs it agrees with the oracle under the same convention
-  (tests/test_oracle_presets.py); in float32 it is the faithful mirror of a peer.
-  ``nemo_rl_one_pass`` is NeMo-RL's, whose one-pass variance is an algorithm, not a formula.
-* ``trl_normalize_then_sum``: TRL's normalize_then_sum as eager torch float32 code, timed
-  beside impl in benchmarks/ (with the other code shapes of ``benchmarks/mirrors.py``) and
-  graded in the known-limit tables.
-
-None of them is a peer's code: each is written from the formula its preset names
-(spec section 8); the real packages are graded through impl/adapters.py-style adapters.
+None is a peer's code: each is written from the formula its preset names (spec section 8).
 """
 
 from __future__ import annotations
@@ -34,10 +27,8 @@ def _members(labels: np.ndarray) -> list[np.ndarray]:
 
 
 def formula(convention, rewards, group_ids, unit_ids=None, weights=None, token_counts=None, dtype=np.float64):
-    """``convention``'s formula as its code computes it (mean, then deviations, then std), in
-    ``dtype``, per whitening unit of ``unit_ids`` (None: one): the formula catalogue's evaluator
-    (``conformance.formulas``, the one place GDPO's variants are written) on the preset's choices,
-    its eps placements kept as the code writes them."""
+    """``convention``'s formula as its code computes it, in ``dtype``, per whitening unit of
+    ``unit_ids`` (None: one), its eps placements kept as the code writes them."""
     v = from_convention(get_convention(convention), faithful=True)
     return evaluate_arrays(rewards, np.asarray(group_ids), v, units=unit_ids, weights=weights,
                            token_counts=token_counts, dtype=np.dtype(dtype).name)
@@ -58,22 +49,19 @@ def two_pass_variance(x: np.ndarray, dt: np.dtype):
 
 
 def nemo_rl_one_pass(rewards, group_ids, unit_ids=None, weights=None, token_counts=None, dtype=np.float32):
-    """NeMo-RL's GDPO estimator in ``dtype``: per group and column a one-pass
-    variance ``(sum x^2 / n - (sum x / n)^2) * n / (n - 1)``, its square root with
-    NaN (negative variance) mapped to 0 and inf to the largest finite value, then
-    ``(x - mean) / (std + 1e-6)`` where std > 0, the bare deviation elsewhere;
-    Eq. 7; Eq. 6 unbiased without eps, skipped where the unit's std is 0."""
-    conv = get_convention("nemo_rl")
+    """NeMo-RL's GDPO estimator in ``dtype``: per group and column the one-pass std (NaN, from a
+    negative variance, mapped to 0, inf to the largest finite), then ``(x - mean) / (std + 1e-6)``
+    where std > 0, the bare deviation elsewhere; Eq. 7; Eq. 6 unbiased without eps, skipped where
+    the unit's std is 0."""
     dt = np.dtype(dtype)
     r = np.asarray(rewards, dtype=np.float64)
     r = (r[:, None] if r.ndim == 1 else r).astype(dt)
     n_rows, k_cols = r.shape
     w = np.ones(k_cols, dt) if weights is None else np.asarray(weights, dtype=np.float64).astype(dt)
-    g = np.asarray(group_ids)
-    eps = dt.type(conv.group_eps)
+    eps = dt.type(get_convention("nemo_rl").group_eps)
     z = np.zeros((n_rows, k_cols), dt)
     with np.errstate(all="ignore"):
-        for m in _members(g):
+        for m in _members(np.asarray(group_ids)):
             n = int(m.size)
             if n < 2:
                 continue  # singleton: z = 0
@@ -90,9 +78,6 @@ def nemo_rl_one_pass(rewards, group_ids, unit_ids=None, weights=None, token_coun
             std = np.sqrt(two_pass_variance(cu, dt))
             a[m] = cu if std == 0 else (cu - cu.sum(dtype=dt) / dt.type(cu.size)) / std
     return a
-
-
-# ------------------------------------------------ the eager torch mirror (timed in benchmarks/)
 
 
 def trl_normalize_then_sum(rewards: torch.Tensor, num_generations: int, weights: torch.Tensor,

@@ -115,10 +115,8 @@ def _md(cell: str) -> str:
 
 def render_table(data: dict) -> str:
     lines = ["| property | verdict | categories | cases checked | failed |", "|---|---|---|---|---|"]
-    for r in data["properties"]:
-        if r["verdict"] != "skipped":
-            lines.append(f"| `{_md(r['name'])}` | {r['verdict']} | {_md(', '.join(r['categories']) or '-')} | "
-                         f"{r['cases']} `{r['digest']}` | {r['failed']} |")
+    lines += [f"| `{_md(r['name'])}` | {r['verdict']} | {_md(', '.join(r['categories']) or '-')} | "
+              f"{r['cases']} `{r['digest']}` | {r['failed']} |" for r in data["properties"] if r["verdict"] != "skipped"]
     return "\n".join(lines) + "\n"
 
 
@@ -187,9 +185,8 @@ def parse(text: str) -> dict:
         entry = re.search(r"^- entry point: `([^`]+)`", block, re.M)
         pkg = re.search(r"^- package: `([^`=]+)==([^`]+)`", block, re.M)
         table = _TABLE.search(block)
-        rows, digests = None, {}
+        rows, digests = (None if table is None else []), {}
         if table:
-            rows = []
             for ln in table.group(2).splitlines()[2:]:
                 cells = [c.strip() for c in re.split(r"(?<!\\)\|", ln.strip())[1:-1]]
                 row = cells[0].strip("`").replace("\\|", "|")
@@ -220,11 +217,11 @@ def preset_problems(text: str) -> list[str]:
         if got is None:
             problems.append(f"{conv.name}: no section on the page")
             continue
-        for what, want, have in (("package", conv.package, got["package"]), ("version", conv.version, got["version"]),
-                                 ("entry point", conv.entry_point, got["entry_point"]),
-                                 ("heading", (conv.package, conv.version), got["heading"])):
-            if want != have:
-                problems.append(f"{conv.name}: {what} on the page is {have!r}, the preset says {want!r}")
+        for what, want in (("package", conv.package), ("version", conv.version), ("entry point", conv.entry_point),
+                           ("heading", (conv.package, conv.version))):
+            if want != got[what.replace(" ", "_")]:
+                problems.append(f"{conv.name}: {what} on the page is {got[what.replace(' ', '_')]!r}, the preset "
+                                f"says {want!r}")
     return problems
 
 
@@ -350,10 +347,7 @@ def main(argv=None, prog: str = COMMAND) -> int:
                 problems += replay_problems(text, name)
         for conv in peers():
             problems += finding_problems(text, conv.name)
-        for a in notes:
-            print(f"note: {a}")
-        for p in problems:
-            print(f"stale: {p}")
+        print("".join(f"note: {a}\n" for a in notes) + "".join(f"stale: {p}\n" for p in problems), end="")
         print(f"{args.out}: {'stale' if problems else 'up to date'}")
         return 1 if problems else 0
     page = Path(args.out)

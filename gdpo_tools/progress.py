@@ -11,25 +11,21 @@ from typing import Callable
 
 
 class Progress:
-    def __init__(self, enabled: bool = True, stream=None, tool: str = "audit"):
-        self.stream = stream if stream is not None else sys.stderr
-        self.enabled, self.tool = enabled, tool
-        self.live = enabled and hasattr(self.stream, "isatty") and self.stream.isatty()
-        self.t0 = time.monotonic()
-        self.stage, self.stage_t0, self.last = "", self.t0, 0.0
+    def __init__(self, enabled: bool = True, tool: str = "audit"):
+        self.stream, self.enabled, self.tool = sys.stderr, enabled, tool
+        self.live = enabled and self.stream.isatty()
+        self.t0 = self.stage_t0 = time.monotonic()
+        self.stage, self.last = "", 0.0
 
     def start(self, stage: str) -> None:
         self.stage, self.stage_t0 = stage, time.monotonic()
         self.update(0.0, force=True)
 
     def update(self, fraction: float, force: bool = False) -> None:
-        if not self.enabled:
-            return
         now = time.monotonic()
-        if not force and now - self.last < (0.5 if self.live else 5.0) and fraction < 1.0:
+        if not self.enabled or (not force and now - self.last < (0.5 if self.live else 5.0) and fraction < 1.0):
             return
-        self.last = now
-        spent = now - self.stage_t0
+        self.last, spent = now, now - self.stage_t0
         left = f", about {spent * (1 - fraction) / fraction:.0f} s left" if 0.0 < fraction < 1.0 and spent > 1 else ""
         self._write(f"[{self.tool}] {self.stage}: {100 * fraction:.0f}% ({now - self.t0:.0f} s in all{left})")
 

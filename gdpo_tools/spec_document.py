@@ -4,10 +4,9 @@
     python -m gdpo_tools.spec_document --check    # exit 1 where a value there is stale
 
 Every number in the document sits between markers, ``<!-- value:spec.group_eps -->0.0001<!-- /value -->``
-(a table: the markers on lines of their own), and is computed here from the spec constants,
-the exact oracle or a stated float computation; the prose around it is edited by hand. So a
-change in the code that moves a number shows up as a stale document in the tests, and a
-value the document no longer shows, or a marker this module does not know, is an error.
+(a table: the markers on lines of their own), computed here from the spec constants, the exact
+oracle or a stated float computation; the prose is edited by hand. A value the document no longer
+shows, or a marker this module does not know, is an error.
 """
 
 from __future__ import annotations
@@ -45,25 +44,21 @@ def _one_pass_std(values, dtype) -> str:
 
 
 def _table(head: list[str], rows: list[list[str]]) -> str:
-    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    out += ["| " + " | ".join(r) + " |" for r in rows]
-    return "\n".join(out)
+    return "\n".join(["| " + " | ".join(head) + " |", "|" + "---|" * len(head), *("| " + " | ".join(r) + " |" for r in rows)])
 
 
 def _error_rows() -> list[list[str]]:
     """Section 6: each class's docstring, the calls that raise it and those that do not
     (spec/errors.py; tests/test_spec.py runs every call shown against impl.gdpo)."""
+    def on_ranks(call):
+        ranks = example_ranks(call)
+        return f" (on each of {ranks} ranks)" if ranks > 1 else ""
+
     rows = []
     for name, cls in ERROR_CLASSES.items():
-        shown = []
-        for call in ERROR_EXAMPLES.get(name, ()):
-            ranks = example_ranks(call)
-            shown.append(f"`{call}`" + (f" (on each of {ranks} ranks)" if ranks > 1 else ""))
-        for call, outcome in NOT_RAISED.get(name, ()):
-            ranks = example_ranks(call)
-            instead = "computes" if outcome == "computes" else f"raises {outcome}"
-            shown.append(f"not `{call}`" + (f" (on each of {ranks} ranks)" if ranks > 1 else "")
-                         + f": {instead}")
+        shown = [f"`{call}`{on_ranks(call)}" for call in ERROR_EXAMPLES.get(name, ())]
+        shown += [f"not `{call}`{on_ranks(call)}: " + ("computes" if outcome == "computes" else f"raises {outcome}")
+                  for call, outcome in NOT_RAISED.get(name, ())]
         rows.append([f"`{name}`", " ".join((cls.__doc__ or "").split()), "<br>".join(shown) or "any of the below"])
     return rows
 
@@ -74,13 +69,9 @@ def context() -> dict[str, str]:
     for field in ("group_ddof", "whiten_ddof", "group_eps", "whiten_eps"):
         value = getattr(spec, field)
         ctx[f"spec.{field}"] = repr(value) if isinstance(value, float) else str(value)
-    ctx["default_out_dtype"] = DEFAULT_OUT_DTYPE
-    ctx["min_group_size"] = str(MIN_GROUP_SIZE)
-    ctx["words_bytes"] = f"{REFUSAL_WORDS_BYTES:,}"
-    ctx["safety"] = repr(error_model.SAFETY)
-    ctx["start_prec"] = str(exact.START_PREC)
-    ctx["max_prec"] = str(exact.MAX_PREC)
-    ctx["tie_test_prec"] = str(whitening.TIE_TEST_PREC)
+    ctx.update(default_out_dtype=DEFAULT_OUT_DTYPE, min_group_size=str(MIN_GROUP_SIZE),
+               words_bytes=f"{REFUSAL_WORDS_BYTES:,}", safety=repr(error_model.SAFETY), start_prec=str(exact.START_PREC),
+               max_prec=str(exact.MAX_PREC), tie_test_prec=str(whitening.TIE_TEST_PREC))
     sig = [10000.0, 10000.005, 10000.010, 10000.015]
     ctx["signal_relative_spread"] = _g((max(sig) - min(sig)) / max(sig), 2)
     ctx["w_merged"] = repr(float(np.float32(16777217.0)))
@@ -92,11 +83,8 @@ def context() -> dict[str, str]:
     res = gdpo.gdpo_advantages(r, g)
     grpo = grpo_reference(r, g)
     ctx["two_group_grpo"] = _g(abs(grpo[0]))
-    rows = []
-    for i in range(r.shape[0]):
-        rows.append([str(i), "AB"[g[i]], *(repr(float(v)) for v in r[i]),
-                     *(f"{v:+.6f}" for v in res.z.float64[i]), f"{res.combined.float64[i]:+.6f}",
-                     f"{res.float64[i]:+.6f}", f"{grpo[i]:+.6f}"])
+    rows = [[str(i), "AB"[g[i]], *(repr(float(v)) for v in r[i]), *(f"{v:+.6f}" for v in res.z.float64[i]),
+             f"{res.combined.float64[i]:+.6f}", f"{res.float64[i]:+.6f}", f"{grpo[i]:+.6f}"] for i in range(r.shape[0])]
     ctx["two_group_table"] = _table(
         ["i", "group", "correctness", "format", "z correctness", "z format", "c (Eq. 7)",
          "a (Eq. 6)", "GRPO"], rows)
@@ -111,8 +99,9 @@ def context() -> dict[str, str]:
     g1 = [0] * 4 + [1] * 4
     ctx["single_reward_vs_grpo"] = _g(float(np.max(np.abs(gdpo.gdpo_advantages(r1, g1).float64
                                                           - grpo_reference(r1, g1)))), 3)
-    h = gdpo.standardize_groups(np.array([[0.0], [1.0]]), [0, 0]).float64
-    ctx["ng2_z"] = f"{abs(h[0, 0]):.4f}"
+    pair = np.array([[0.0], [1.0]])
+    z2 = gdpo.standardize_groups(pair, [0, 0])
+    ctx["ng2_z"] = f"{abs(z2.float64[0, 0]):.4f}"
 
     r8 = np.arange(1.0, 9.0)[:, None]
     per_unit = gdpo.gdpo_advantages(r8, [0] * 8, unit_ids=[0] * 4 + [1] * 4).float64
@@ -120,29 +109,25 @@ def context() -> dict[str, str]:
     ctx["merge_sign_flips"] = str(int(np.sum(np.sign(per_unit) != np.sign(merged))))
 
     d = np.array([0.1, 0.2, 0.3, 0.7])
-    conds, stagewise, exacts = [], [], []
+    cd = []
     for C in (1e9, 1e11, 1e13, 1e15):
         rr = np.stack([C - d, d], 1)
         res = gdpo.gdpo_advantages(rr, [0] * 4)
         assert res.cond_sharp.all()  # the section says so: the first-order change itself
-        conds.append(_g(float(res.cond.max()), 2))
-        stagewise.append(_g(float(condition.stagewise(gdpo.gdpo_advantages, rr, [0] * 4).cond.max()), 2))
-        exacts.append(_g(float(np.abs(res.float64).max()), 2))
-    ctx["cd_cond"] = ", ".join(conds)
-    ctx["cd_cond_stagewise"] = ", ".join(stagewise)
-    ctx["cd_exact"] = ", ".join(exacts)
+        cd.append([_g(float(res.cond.max()), 2), _g(float(np.abs(res.float64).max()), 2),
+                   _g(float(condition.stagewise(gdpo.gdpo_advantages, rr, [0] * 4).cond.max()), 2)])
+    ctx["cd_cond"], ctx["cd_exact"], ctx["cd_cond_stagewise"] = (", ".join(column) for column in zip(*cd))
     ctx["cd_samuelson"] = _g(3 / 2, 2)  # (n - 1)/sqrt(n), n = 4: the largest |a| of a unit of 4
     # a group of two moves only through eps: z = +-(1/2) d / D, d = r_2 - r_1, D = |d| / sqrt(2) + eps,
     # so |dz/dr_j| = eps / (2 D^2) exactly; cond is that first-order change, sharp
-    eps2 = CONVENTIONS["spec"].group_eps
-    z2 = gdpo.standardize_groups(np.array([[0.0], [1.0]]), [0, 0])
+    eps2 = spec.group_eps
     D = 1 / math.sqrt(2) + eps2
     ulps = math.ulp(1.0) + 5e-324  # the oracle's ulp of 0 is the least subnormal
     first_order = eps2 * ulps / (2 * D * D)
     ctx["n2_eps"] = repr(eps2)
     ctx["n2_cond"] = _g(float(z2.cond.max()), 2)
     ctx["n2_first_order"] = _g(first_order, 2)
-    ctx["n2_stagewise"] = _g(float(condition.stagewise(gdpo.standardize_groups, np.array([[0.0], [1.0]]), [0, 0]).cond.max()), 2)
+    ctx["n2_stagewise"] = _g(float(condition.stagewise(gdpo.standardize_groups, pair, [0, 0]).cond.max()), 2)
     # within 2^-19 (and float64's evaluation of first_order, a few ulps) of the first-order change
     assert z2.cond_sharp.all() and np.all(np.abs(z2.cond / first_order - 1) <= 2.0 ** -19 + 1e-15)
     ctx["cond_sharp_bits"] = "2^-19"
@@ -158,9 +143,7 @@ def context() -> dict[str, str]:
         ctx[f"exact_std_{name}_f64"] = _g(exact_std(values), 3)
 
     base = np.array([[0.0, 0.0], [1.0, 1e-3], [2.0, 2e-3], [3.0, 0.5e-3]])
-    grp = [0, 0, 0, 0]
-    e4 = gdpo.gdpo_advantages(base, grp, eps=1e-4).float64
-    e8 = gdpo.gdpo_advantages(base, grp, eps=1e-8).float64
+    e4, e8 = (gdpo.gdpo_advantages(base, [0] * 4, eps=eps).float64 for eps in (1e-4, 1e-8))
     ctx["eps_effect"] = _g(float(np.max(np.abs(e4 - e8))), 2) + (
         f" (second column's std {_g(exact_std(base[:, 1]), 2)})")
 
@@ -172,13 +155,11 @@ def context() -> dict[str, str]:
     d = float.fromhex("0x1.25d6db655449ap-25")
     res = gdpo.gdpo_advantages(np.array([[d], [0.0]]), [0, 0])
     twice = error_model.round_to(res.float32[:1], "float16")[0]
-    ctx["dr_reward"] = d.hex()
-    ctx["dr_exact"] = f"{res.float64[0]:.10f}"
-    ctx["dr_correct"] = f"{float(res.float16[0])!r} ({float(res.float16[0]).hex()})"
-    ctx["dr_twice"] = f"{float(twice)!r}"
-    ctx["f16_max"] = f"{error_model.largest_finite('float16'):g}"
-    ctx["f16_overflow"] = f"{error_model.overflow_threshold('float16'):g}"
-    ctx["f16_overflow_n"] = f"{error_model.overflow_threshold('float16') ** 2:.2g}"  # (n-1)/sqrt(n) < sqrt(n)
+    over = error_model.overflow_threshold("float16")
+    ctx.update(dr_reward=d.hex(), dr_exact=f"{res.float64[0]:.10f}", dr_twice=f"{float(twice)!r}",
+               dr_correct=f"{float(res.float16[0])!r} ({float(res.float16[0]).hex()})",
+               f16_max=f"{error_model.largest_finite('float16'):g}", f16_overflow=f"{over:g}",
+               f16_overflow_n=f"{over ** 2:.2g}")  # (n-1)/sqrt(n) < sqrt(n)
     # eps = 0 on a unit that cancels in exact arithmetic only (three weighted copies of one column)
     w = [float.fromhex(x) for x in ("0x1.1d0361dd0bf71p-2", "0x1.3b1b0f3282684p-3", "-0x1.ba90e9764d2b3p-2")]
     col = np.array([0.0, 1.0, 0.0, 1.0, 1.0, 0.0])
@@ -191,11 +172,9 @@ def context() -> dict[str, str]:
     assert all(np.float32(t) + np.float32(1e-8) == np.float32(t) for t in (1, 2, 3, 1000, 2**24))
     ctx["f32_half_ulp_1"] = _g(float(np.spacing(np.float32(1.0))) / 2, 2)
 
-    rows = []
-    for c in CONVENTIONS.values():
-        rows.append([f"`{c.name}`", c.title, str(c.group_ddof), f"{c.group_eps!r} ({c.group_eps_placement})",
-                     c.whiten, f"{c.whiten_eps!r} ({c.whiten_eps_placement})", c.singleton, c.nan,
-                     c.native_dtype])
+    rows = [[f"`{c.name}`", c.title, str(c.group_ddof), f"{c.group_eps!r} ({c.group_eps_placement})", c.whiten,
+             f"{c.whiten_eps!r} ({c.whiten_eps_placement})", c.singleton, c.nan, c.native_dtype]
+            for c in CONVENTIONS.values()]
     ctx["convention_table"] = _table(["name", "implementation", "Eq. 4 ddof", "Eq. 4 eps (placement)",
                                       "Eq. 6", "Eq. 6 eps (placement)", "n_g = 1", "NaN", "dtype"], rows)
     ctx["provenance_table"] = _table(

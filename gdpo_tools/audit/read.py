@@ -18,11 +18,10 @@ import torch
 from spec import GDPOError
 from spec.errors import GroupError, InputDtypeError, OutOfRangeError, SegmentError, ShapeError, WeightError
 
-#: Rows parsed at a time from a text file, and at most this many of its characters: the
-#: batch is held as numpy arrays, never as a Python object per cell (a 12M-row CSV read with
-#: csv.DictReader took 4.7 GB), so memory follows the batch, not the bytes a row spends.
-CHUNK_ROWS = 65_536
-CHUNK_CHARS = 4_000_000
+#: Rows parsed at a time from a text file, and at most this many of its characters: the batch
+#: is held as numpy arrays, never a Python object per cell, so memory follows the batch, not the
+#: bytes a row spends.
+CHUNK_ROWS, CHUNK_CHARS = 65_536, 4_000_000
 #: A text file's line longer than this is refused: a sample is a line of some hundred characters,
 #: and a file without line breaks (a link to /dev/zero) would otherwise be read whole.
 MAX_LINE = 1 << 20
@@ -102,8 +101,6 @@ def clip(text: str, limit: int = 120) -> str:
     """``text`` (a value's, or another library's message) cut to about ``limit`` characters."""
     return text if len(text) <= limit else f"{text[:limit // 2]}...{text[-8:]} ({len(text):,} characters)"
 
-
-# ------------------------------------------------------------------------- reading
 
 _INT64 = 2**63
 _KINDS = {"b": "booleans", "c": "complex numbers", "U": "text", "S": "bytes", "O": "Python objects",
@@ -389,17 +386,10 @@ class _Labels:
         if bad:
             j = min(bad, key=lambda j: self.first_line[j])
             self._refuse(keys[j], self.first_line[j])
-        names = [k if isinstance(k, str) else str(x) for k, x in zip(keys, ints)]
-        texts, remap = np.unique(np.asarray(names, dtype=object).astype(str), return_inverse=True)
-        if texts.size < len(names):  # JSON 1 and "1": one text, so one group
-            first = {}
-            for j, t in enumerate(remap.tolist()):
-                first.setdefault(t, j)
-            order = sorted(first, key=lambda t: self.first_line[first[t]])
-            renum = np.empty(texts.size, np.int64)
-            renum[order] = np.arange(len(order))
-            return renum[remap][codes], [str(texts[t]) for t in order]
-        return codes, names
+        merged: dict = {}  # each text's group, in the order met (JSON 1 and "1": one text, one group)
+        remap = np.array([merged.setdefault(k if isinstance(k, str) else str(x), len(merged))
+                          for k, x in zip(keys, ints)], dtype=np.int64)
+        return remap[codes], list(merged)
 
 
 def _float_cells(cells, name: str, source: str, lines, text: bool) -> np.ndarray:
@@ -589,14 +579,6 @@ def _record_rewards(rec, line: int, src: str, names: list[str], first, first_lin
     return rw
 
 
-def _dtype_error(key: str) -> type:
-    """The refusal for an entry ``key`` whose dtype is wrong."""
-    if key == "rewards" or key.startswith("reward_"):
-        return AuditDtypeError
-    return {"group_ids": AuditGroupError, "unit_ids": AuditUnitError, "weights": AuditWeightError}.get(
-        key, AuditInputError)
-
-
 def _read_npz(path: Path) -> Batch:
     try:
         data = np.load(path, allow_pickle=False)
@@ -612,7 +594,10 @@ def _read_npz(path: Path) -> Batch:
             except ValueError as e:
                 if "allow_pickle" not in str(e):
                     raise AuditInputError(f"{path}: array {k!r} is not readable ({clip(str(e))})") from None
-                raise _dtype_error(k)(f"{path}: {k!r} holds Python objects (dtype object), which audit does not "
+                wrong = AuditDtypeError if k == "rewards" or k.startswith("reward_") else {
+                    "group_ids": AuditGroupError, "unit_ids": AuditUnitError, "weights": AuditWeightError}.get(
+                    k, AuditInputError)
+                raise wrong(f"{path}: {k!r} holds Python objects (dtype object), which audit does not "
                                       "unpickle; save numbers (or str names)") from None
             except Exception as e:  # a damaged member: zlib, zipfile, EOF errors
                 raise AuditInputError(f"{path}: array {k!r} is not readable ({type(e).__name__}: "
@@ -648,12 +633,11 @@ def read_batch(path: str | Path, progress=None) -> Batch:
     if path.is_dir():
         raise AuditInputError(f"{path}: a directory, not a file")
     suffix = path.suffix.lower()
-    readers = {".csv": _csv_rows, ".jsonl": _jsonl_rows, ".npz": _read_npz, ".pt": _read_pt}
-    if suffix not in readers:
-        raise AuditInputError(f"{path}: unknown format {suffix!r} (expected .npz, .pt, .jsonl or .csv)")
     if suffix in (".csv", ".jsonl"):
-        return _read_text(path, progress, readers[suffix])
-    return readers[suffix](path)
+        return _read_text(path, progress, _csv_rows if suffix == ".csv" else _jsonl_rows)
+    if suffix not in (".npz", ".pt"):
+        raise AuditInputError(f"{path}: unknown format {suffix!r} (expected .npz, .pt, .jsonl or .csv)")
+    return (_read_npz if suffix == ".npz" else _read_pt)(path)
 
 
 def example_batch() -> Batch:

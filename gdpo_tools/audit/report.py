@@ -4,6 +4,7 @@ groups with warnings, the terms defined) and strict JSON for machines, a refusal
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import traceback
@@ -14,11 +15,8 @@ from gdpo_tools.audit.run import NOT_AUDITED, SCHEMA, STATUS, Progress, audit
 from spec import DEFAULT_EPS, GDPOError
 from spec.errors import ERROR_CLASSES
 
-#: The text report lists every group up to this many, beyond it only groups with warnings
-#: (a 100k-row batch printed 12,514 lines).
+#: The text report lists every group up to this many, beyond it only groups with warnings.
 LIST_ALL_GROUPS = 50
-def _warns(row: dict) -> bool:
-    return any(f["severity"] != ROUTINE for f in row["findings"])
 
 
 def render(report: dict) -> str:
@@ -28,19 +26,19 @@ def render(report: dict) -> str:
              f"and {report['units_total']} whitening unit(s); components {', '.join(report['components'])}; "
              f"weights {report['weights']}; eps {report['eps']}",
              f"checked with: {report['method']['text']}"]
-    warned = [g for g in groups if _warns(g)]
     lines.append(f"groups: {report['groups_total']:,}; with warnings {report['groups_with_warnings']:,}; with routine "
                  f"findings only {report['groups_with_routine_findings_only']:,}; without signal "
                  f"{report['groups_without_signal']:,}")
     used = []
     if report["counts"]:
         lines += ["", "findings (code, how many, what it means, what to do):"]
-        for code in sorted(report["counts"], key=lambda c: (list(KINDS).index(c))):
+        for code in sorted(report["counts"], key=list(KINDS).index):
             kind = KINDS[code]
             lines.append(f"  {code} ({kind.severity}): {report['counts'][code]:,} {kind.scope}(s): {kind.title}")
             lines.append(f"      what to do: {kind.advice}")
             used += [t for t in kind.terms if t not in used]
-    shown = groups if len(groups) <= LIST_ALL_GROUPS else warned
+    shown = groups if len(groups) <= LIST_ALL_GROUPS else [
+        g for g in groups if any(f["severity"] != ROUTINE for f in g["findings"])]
     if shown:
         lines += ["", f"{'group':>8} {'size':>5} {'signal':>6}  findings"]
         for g in shown:
@@ -53,11 +51,9 @@ def render(report: dict) -> str:
                      f"{LIST_ALL_GROUPS} groups; {where})")
     lines.append("")
     for u in report["units"][:LIST_ALL_GROUPS]:
-        if u["max_cond"] is None:
-            moves = "not checked by the oracle"
-        else:
-            moves = ("one ulp of input moves an advantage by {:.2g} (first order)" if u["max_cond_sharp"] else
-                     "one ulp of input may move an advantage by up to {:.2g} (a bound)").format(u["max_cond"])
+        moves = ("not checked by the oracle" if u["max_cond"] is None else
+                 ("one ulp of input moves an advantage by {:.2g} (first order)" if u["max_cond_sharp"] else
+                  "one ulp of input may move an advantage by up to {:.2g} (a bound)").format(u["max_cond"]))
         said = "; ".join(f"[{f['code']}] {f['message']}" for f in u["findings"])
         lines.append(f"unit {u['unit']}: {u['size']:,} samples, {moves}" + (f"; {said}" if said else ""))
     if len(report["units"]) > LIST_ALL_GROUPS:
@@ -66,7 +62,7 @@ def render(report: dict) -> str:
     if iv["max_error_over_bound"] is not None:
         lines.append(f"impl.gdpo against the exact oracle: worst error {iv['max_error_over_bound']:.3g} of the "
                      f"spec's error bound, over {iv['groups_checked']:,} groups checked")
-        used += [t for t in ("error bound",) if t not in used]
+        used += [] if "error bound" in used else ["error bound"]
     if report["peers"]:
         lines.append("peer conventions, largest change of an advantage against the spec (a convention "
                      "difference, not a defect):")
@@ -143,8 +139,4 @@ def _strict_json(x):
         return {k: _strict_json(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
         return [_strict_json(v) for v in x]
-    if isinstance(x, float) and x != x:
-        return "nan"
-    if isinstance(x, float) and x in (float("inf"), float("-inf")):
-        return "inf" if x > 0 else "-inf"
-    return x
+    return str(x) if isinstance(x, float) and not math.isfinite(x) else x

@@ -1,17 +1,13 @@
 """The audit: what GDPO does with a batch, per group and per whitening unit.
 
-Two methods, one report. Up to :data:`EXACT_SAMPLES` samples the exact oracle runs on the
-whole batch, and every peer convention is computed exactly too. Beyond it that would take
-hours (the oracle is rational arithmetic), so the batch is read from impl.gdpo's float64
-values, and the oracle is run where a finding needs its certainty: on the groups whose
-combined values vanish (exact cancellation is decided exactly), on those whose estimated
-condition is anywhere near :data:`ILL_CONDITIONED`, and on :data:`SAMPLED_GROUPS` more spread
-evenly through the batch, where it also checks impl.gdpo against the error bound; the Eq. 6
-step is checked exactly on up to :data:`SAMPLED_UNITS` units of at most :data:`EXACT_UNIT`
-samples. Collapsed columns, groups without signal, eps-dominated stds, groups of two and
-float32 range are exact decisions or plain statistics either way. The peers' conventions
-are then opt-in (``--peers``): their own float formulas in their own dtype (the mirrors
-of gdpo_tools.limits.peers), against impl.gdpo.
+Up to :data:`EXACT_SAMPLES` samples the exact oracle runs on the whole batch and on every peer
+convention. Beyond, that would take hours, so the batch is read from impl.gdpo's float64 values
+and the oracle runs where a finding needs its certainty: on groups whose combined values vanish
+(exact cancellation), whose estimated condition is near :data:`ILL_CONDITIONED`, and on
+:data:`SAMPLED_GROUPS` more spread through the batch (checking impl.gdpo against the error
+bound), and on the Eq. 6 step of up to :data:`SAMPLED_UNITS` units. The other findings are exact
+decisions or plain statistics either way. Peer conventions are then opt-in (``--peers``): their
+float formulas (gdpo_tools.limits.peers), against impl.gdpo.
 """
 
 from __future__ import annotations
@@ -24,8 +20,7 @@ import re
 import numpy as np
 import torch
 
-from gdpo_tools.audit.findings import (EPS_DOMINATED_FACTOR, ERROR, ILL_CONDITIONED, KINDS, ROUTINE, finding,
-                                       peer_difference)
+from gdpo_tools.audit.findings import EPS_DOMINATED_FACTOR, ERROR, ILL_CONDITIONED, ROUTINE, finding, peer_difference
 from gdpo_tools.audit.read import AuditInputError, Batch, _weights, clip, shown
 from gdpo_tools.limits.peers import IMPLEMENTATIONS as MIRRORS
 from gdpo_tools.progress import Progress
@@ -42,13 +37,11 @@ EXACT_SAMPLES = 20_000
 #: impl.gdpo runs on chunks of whole units of about this many samples (its working memory).
 CHUNK_SAMPLES = 500_000
 #: The report holds a row for every group up to this many groups; beyond, only the groups
-#: with warnings (the others are counted): a row per group of a 12M-row batch held gigabytes.
+#: with warnings (the others are counted), so that its memory does not grow with the batch.
 LIST_EVERY_GROUP = 10_000
-#: Beyond it, the oracle also checks this many groups spread evenly through the batch.
-SAMPLED_GROUPS = 200
-#: ... and the Eq. 6 step of this many units (spread evenly) of at most EXACT_UNIT samples.
-SAMPLED_UNITS = 4
-EXACT_UNIT = 20_000
+#: Beyond it, the oracle also checks this many groups, and the Eq. 6 step of this many units
+#: of at most EXACT_UNIT samples, spread evenly through the batch.
+SAMPLED_GROUPS, SAMPLED_UNITS, EXACT_UNIT = 200, 4, 20_000
 #: A group is sent to the oracle to decide its conditioning when the estimate (an upper bound
 #: up to a small factor) is within this factor of the threshold.
 COND_MARGIN = 1e-3
@@ -93,9 +86,10 @@ def _scored_rewards(batch: Batch, missing: str) -> np.ndarray:
     return r
 
 
-def _refuse_singletons(batch: Batch, labels, first, counts) -> None:
+def _refuse_singletons(batch: Batch, groups: "_Groups") -> None:
     """A group of one has no unbiased std (spec section 2): named by its label and first row."""
-    lonely = np.flatnonzero(counts == 1)
+    labels, first = groups.labels, groups.first
+    lonely = np.flatnonzero(groups.counts == 1)
     if lonely.size:
         j = lonely[np.argmin(first[lonely])]
         others = lonely.size - 1
@@ -167,20 +161,16 @@ def _chunks(groups: _Groups, uinverse, usizes, limit: int) -> list[np.ndarray] |
     runs, start, total = [], 0, 0
     for u, size in enumerate(usizes):
         total += int(size)
-        if total >= limit:
+        if total >= limit or u == len(usizes) - 1:
             runs.append(np.arange(start, u + 1))
             start, total = u + 1, 0
-    if start < len(usizes):
-        runs.append(np.arange(start, len(usizes)))
     return runs
 
 
 def _impl_values(batch: Batch, groups: _Groups, uorder, uinverse, usizes, w, eps, bar, missing="refuse"):
-    """impl.gdpo's combined values c and advantages a (float64, file order) and each group's
-    signal, in chunks of whole units of about CHUNK_SAMPLES samples, so that impl's working
-    memory does not grow with the batch. A refusal is named by the file's own rows: the
-    whole batch is then run once more in file order for impl's message (else the rows impl
-    names are the chunk's)."""
+    """impl.gdpo's combined values c and advantages a (float64, file order) and each group's signal,
+    in chunks of whole units of about CHUNK_SAMPLES samples (impl's memory does not grow with the
+    batch). A refusal is run again on the whole batch, so that impl names the file's own rows."""
     r, g = batch.rewards, batch.group_ids
     N = r.shape[0]
     c, a = np.empty(N), np.empty(N)
@@ -211,9 +201,8 @@ def _impl_values(batch: Batch, groups: _Groups, uorder, uinverse, usizes, w, eps
     return c, a, signal
 
 
-def audit(batch: Batch, weights=None, eps: float = DEFAULT_EPS, progress: bool | None = None,
-          exact: bool | None = None, peers: bool | None = None, bar: Progress | None = None,
-          missing: str = "refuse") -> dict:
+def audit(batch: Batch, weights=None, eps: float = DEFAULT_EPS, exact: bool | None = None,
+          peers: bool | None = None, bar: Progress | None = None, missing: str = "refuse") -> dict:
     """The report of ``batch`` (see :mod:`gdpo_tools.audit` for its schema). ``exact``: run the
     oracle on every group (default: up to EXACT_SAMPLES samples); ``peers``: compute the peer
     conventions (default: when exact); ``missing``: "refuse" a NaN reward, or read it as
@@ -225,16 +214,14 @@ def audit(batch: Batch, weights=None, eps: float = DEFAULT_EPS, progress: bool |
     N, K = r.shape
     peers = N <= EXACT_SAMPLES if peers is None else peers  # --exact alone adds no peer passes
     exact = N <= EXACT_SAMPLES if exact is None else exact
-    bar = bar or Progress(N > EXACT_SAMPLES if progress is None else progress)
+    bar = bar or Progress(N > EXACT_SAMPLES)
     if weights is not None:
         w = _weights(weights, batch.names, "--weights")
-    elif batch.weights is not None:
-        w = _weights(batch.weights, batch.names, f"{batch.source}: 'weights'")
     else:
-        w = np.ones(K)
+        w = np.ones(K) if batch.weights is None else _weights(batch.weights, batch.names, f"{batch.source}: 'weights'")
     bar.start("group statistics")
     groups = _Groups(r, batch.group_ids)
-    _refuse_singletons(batch, groups.labels, groups.first, groups.counts)
+    _refuse_singletons(batch, groups)
     G = groups.labels.size
     units = batch.unit_ids if batch.unit_ids is not None else np.zeros(N, dtype=np.int64)
     uorder = np.argsort(units, kind="stable")  # whitening units as consecutive segments for impl
@@ -248,15 +235,11 @@ def audit(batch: Batch, weights=None, eps: float = DEFAULT_EPS, progress: bool |
     bar.update(1.0)
 
     # ---- per group: the decisions that need the oracle, from it (every group, or those that need it)
-    cancelled = np.zeros(G, bool)
-    cond = _cond_estimate(groups, w, eps)
-    cond_sharp = np.zeros(G, bool)
+    cancelled, cond_sharp, cond = np.zeros(G, bool), np.zeros(G, bool), _cond_estimate(groups, w, eps)
     cond_from = np.full(G, "estimate", dtype=object)
     over = np.full(G, np.nan)  # impl's error over the bound, where the oracle checked it
-    unit_collapsed = np.zeros(ulabels.size, bool)
-    unit_cond = np.full(ulabels.size, np.nan)
-    unit_cond_sharp = np.zeros(ulabels.size, bool)
-    unit_over = np.full(ulabels.size, np.nan)
+    unit_collapsed, unit_cond_sharp = np.zeros(ulabels.size, bool), np.zeros(ulabels.size, bool)
+    unit_cond, unit_over = np.full(ulabels.size, np.nan), np.full(ulabels.size, np.nan)
     if exact:
         bar.start("exact oracle, whole batch")
         res = oracle.gdpo_advantages(r, batch.group_ids, weights=w, unit_ids=units, eps=eps, missing=missing)
@@ -268,16 +251,14 @@ def audit(batch: Batch, weights=None, eps: float = DEFAULT_EPS, progress: bool |
         over = groups.reduce_max(ratio)
         unit_collapsed[np.searchsorted(ulabels, res.unit_labels)] = res.unit_collapsed
         unit_cond = np.maximum.reduceat(res.cond[uorder], ustarts)
-        unit_cond_sharp = np.minimum.reduceat(res.cond_sharp[uorder],
-                                              ustarts).astype(bool)
+        unit_cond_sharp = np.minimum.reduceat(res.cond_sharp[uorder], ustarts).astype(bool)
         unit_over = np.maximum.reduceat(ratio[uorder], ustarts)
-        checked = np.arange(G)
-        checked_units = np.arange(ulabels.size)
+        checked, checked_units = np.arange(G), np.arange(ulabels.size)
         bar.update(1.0)
     else:
-        scale = np.maximum(groups.reduce_max(np.abs(c)), 1.0)
-        vanishing = (groups.reduce_max(np.abs(c)) < VANISHING) & ~groups.collapsed.all(axis=1)
-        near = cond > COND_MARGIN * ILL_CONDITIONED * scale
+        cmax = groups.reduce_max(np.abs(c))
+        vanishing = (cmax < VANISHING) & ~groups.collapsed.all(axis=1)
+        near = cond > COND_MARGIN * ILL_CONDITIONED * np.maximum(cmax, 1.0)
         spread = np.unique(np.linspace(0, G - 1, min(G, SAMPLED_GROUPS)).round().astype(np.int64))
         checked = np.union1d(np.flatnonzero(vanishing | near), spread)
         bar.start(f"exact oracle, {checked.size} of {G} groups")
@@ -291,8 +272,7 @@ def audit(batch: Batch, weights=None, eps: float = DEFAULT_EPS, progress: bool |
             cond_sharp[part] = np.minimum.reduceat(res.combined.cond_sharp[sub.order], sub.starts).astype(bool)
             cond_from[part] = "oracle"
             comb = res.combined
-            over[part] = sub.reduce_max(_over_bound(c[rows], comb.float64, comb.allowed("float64"),
-                                                    comb.required_zero))
+            over[part] = sub.reduce_max(_over_bound(c[rows], comb.float64, comb.allowed("float64"), comb.required_zero))
             bar.update(min(1.0, (lo + part.size) / checked.size))
         # units: collapsed where impl's combined values of the scored rows are all equal, or
         # fewer than two (exact there: structural zeros are exact in impl.gdpo); Eq. 6 checked
@@ -331,9 +311,8 @@ def audit(batch: Batch, weights=None, eps: float = DEFAULT_EPS, progress: bool |
         if not (keep_all or warns):  # beyond LIST_EVERY_GROUP, routine groups are counted, not listed
             continue
         group_rows.append({"group": batch.group_label(groups.labels[gi]), "size": int(groups.counts[gi]),
-                           "signal": bool(signal[gi]), "findings": found,
-                           "max_cond_combined": float(cond[gi]), "max_cond_combined_sharp": bool(cond_sharp[gi]),
-                           "cond_from": str(cond_from[gi]),
+                           "signal": bool(signal[gi]), "findings": found, "max_cond_combined": float(cond[gi]),
+                           "max_cond_combined_sharp": bool(cond_sharp[gi]), "cond_from": str(cond_from[gi]),
                            "impl_error_over_bound": _number(over[gi])})
     unit_rows = []
     for ui, label in enumerate(ulabels):
@@ -348,10 +327,8 @@ def audit(batch: Batch, weights=None, eps: float = DEFAULT_EPS, progress: bool |
                                  "from the exact whitening of its own combined values", over_bound=float(unit_over[ui])))
         counts.update(f["code"] for f in found)
         unit_rows.append({"unit": py(label), "size": int(usizes[ui]), "collapsed": bool(unit_collapsed[ui]),
-                          "findings": found,
-                          "max_cond": _number(unit_cond[ui]),
-                          "max_cond_sharp": bool(unit_cond_sharp[ui]),
-                          "impl_error_over_bound": _number(unit_over[ui])})
+                          "findings": found, "max_cond": _number(unit_cond[ui]),
+                          "max_cond_sharp": bool(unit_cond_sharp[ui]), "impl_error_over_bound": _number(unit_over[ui])})
 
     # ---- peers
     peer_rows = {}
@@ -362,13 +339,13 @@ def audit(batch: Batch, weights=None, eps: float = DEFAULT_EPS, progress: bool |
         for j, name in enumerate(others):
             conv = CONVENTIONS[name]
             token = np.ones(N, dtype=np.int64) if conv.whiten == "per_token" else None
-            notes = ["one token per sample"] * (token is not None) + [f"NaN rewards: its rule {conv.nan!r}"] * bool(
-                np.isnan(r).any())
+            notes = (["one token per sample"] * (token is not None)
+                     + [f"NaN rewards: its rule {conv.nan!r}"] * bool(np.isnan(r).any()))
             row = {"why": peer_difference(conv, spec_conv), "note": "; ".join(notes)}
             try:
                 if exact:
                     pa = oracle.gdpo_advantages(r, batch.group_ids, weights=w, unit_ids=units, convention=name,
-                                           token_counts=token).float64
+                                                token_counts=token).float64
                     ref, row["method"] = res.float64, "exact, against the exact spec result"
                 else:
                     with np.errstate(all="ignore"):
@@ -381,9 +358,8 @@ def audit(batch: Batch, weights=None, eps: float = DEFAULT_EPS, progress: bool |
             peer_rows[name] = row
             bar.update((j + 1) / len(others))
 
-    disagree = any(f["severity"] == ERROR for g in group_rows + unit_rows for f in g["findings"])
-    warn = any(KINDS[f["code"]].severity != ROUTINE for g in group_rows + unit_rows for f in g["findings"])
-    status = DISAGREE if disagree else (WARN if warn else OK)
+    severities = {f["severity"] for g in group_rows + unit_rows for f in g["findings"]}
+    status = DISAGREE if ERROR in severities else WARN if severities - {ROUTINE} else OK
     checked_over = over[~np.isnan(over)]
     bar.done()
     return {
@@ -391,13 +367,10 @@ def audit(batch: Batch, weights=None, eps: float = DEFAULT_EPS, progress: bool |
         "source": batch.source, "samples": N, "groups_total": G, "units_total": int(ulabels.size),
         "components": batch.names, "weights": w.tolist(), "eps": eps, "missing": missing,
         "unscored_rewards": int(np.isnan(r).sum()), "rows_without_score": int(np.sum(~scored)),
-        "method": {
-            "exact": bool(exact),
-            "groups_checked_by_oracle": int(np.size(checked)),
-            "units_checked_by_oracle": int(np.size(checked_units)),
-            "peers": ("exact" if exact else "float formulas") if peers else "not computed",
-            "text": _method_text(exact, int(np.size(checked)), G, int(np.size(checked_units)), ulabels.size),
-        },
+        "method": {"exact": bool(exact), "groups_checked_by_oracle": int(np.size(checked)),
+                   "units_checked_by_oracle": int(np.size(checked_units)),
+                   "peers": ("exact" if exact else "float formulas") if peers else "not computed",
+                   "text": _method_text(exact, int(np.size(checked)), G, int(np.size(checked_units)), ulabels.size)},
         "counts": dict(sorted(counts.items())),
         "groups_without_signal": int(np.sum(~signal)),
         "groups_with_warnings": int(warned), "groups_with_routine_findings_only": int(routine_only),

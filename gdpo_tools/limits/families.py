@@ -1,16 +1,9 @@
 """Seeded case families for the peer table (known limits, table 6).
 
-Each family draws small batches from ``numpy.random.default_rng([seed, family,
-index])``, so a case depends only on the seed, the family and its index: the
-fast run regenerates exactly the cases of the full run it covers. Every reward
-is a float32 value (what the float32 peers receive), units are contiguous (so
-``segment_sizes`` can express them), and token counts (verl whitens per token)
-are drawn with the case.
-
-The conformance strategies (``conformance/strategies.py``) are hypothesis
-strategies: they shrink and search rather than enumerate, so a table drawn from
-them would not be reproducible from a seed. These families aim at the same hard
-cases (brief section 5) deterministically.
+A case is drawn from ``numpy.random.default_rng([seed, family, index])``, so the fast run
+regenerates exactly the cases of the full run it covers (hypothesis strategies shrink and
+search, and would not). Rewards are float32 values (what the float32 peers receive), units
+contiguous (``segment_sizes`` expresses them), token counts (verl whitens per token) drawn too.
 """
 
 from __future__ import annotations
@@ -32,10 +25,6 @@ class Case:
 
 def f32(x) -> np.ndarray:
     return np.asarray(x, dtype=np.float64).astype(np.float32).astype(np.float64)
-
-
-def _rng(seed: int, family: str, index: int) -> np.random.Generator:
-    return np.random.default_rng([seed, zlib.crc32(family.encode()), index])
 
 
 def _column(rng, kind: str, n: int) -> np.ndarray:
@@ -124,15 +113,9 @@ def near_constant_sum(rng):
 def collapse(rng):
     n, g = int(rng.choice([2, 4, 8])), int(rng.integers(2, 4))
     whole = bool(rng.integers(0, 3) == 0)  # every column of every group constant: the unit collapses
-    blocks = []
-    for i in range(g):
-        cols = []
-        for k in range(2):
-            if whole or rng.integers(0, 2) == 0:
-                cols.append(np.full(n, float(f32(rng.choice([0.0, 1.0, 0.3, 1e4])))))
-            else:
-                cols.append(_column(rng, "binary", n))
-        blocks.append(np.stack(cols, 1))
+    blocks = [np.stack([np.full(n, float(f32(rng.choice([0.0, 1.0, 0.3, 1e4]))))
+                        if whole or rng.integers(0, 2) == 0 else _column(rng, "binary", n) for _ in range(2)], 1)
+              for _ in range(g)]
     return _assemble(rng, blocks, _weights(rng, 2), "every column constant" if whole else "some columns constant")
 
 
@@ -177,18 +160,10 @@ def ragged(rng):
     return case
 
 
-FAMILIES = {
-    "healthy": healthy,
-    "large offset": large_offset,
-    "constant-sum": constant_sum,
-    "near-constant-sum": near_constant_sum,
-    "collapse": collapse,
-    "tiny std": tiny_std,
-    "n_g = 2": n_g_2,
-    "NaN reward": nan_reward,
-    "ragged groups": ragged,
-}
+FAMILIES = {"healthy": healthy, "large offset": large_offset, "constant-sum": constant_sum,
+            "near-constant-sum": near_constant_sum, "collapse": collapse, "tiny std": tiny_std, "n_g = 2": n_g_2,
+            "NaN reward": nan_reward, "ragged groups": ragged}
 
 
 def cases(family: str, count: int, seed: int) -> list[Case]:
-    return [FAMILIES[family](_rng(seed, family, i)) for i in range(count)]
+    return [FAMILIES[family](np.random.default_rng([seed, zlib.crc32(family.encode()), i])) for i in range(count)]

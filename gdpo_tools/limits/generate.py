@@ -5,14 +5,10 @@
     gdpo limits --fast --out DIR --no-plots     # the subset CI regenerates
     gdpo limits --only cancellation             # print one table group
 
-Six table groups (``gdpo_tools/limits/tables.py``): cancellation, eps, n_g = 2
-and correlated components, variance algorithms, ranges, peers. Every number is
-measured when the command runs; nothing is typed in. A row depends only on its
-own case and the seed, so the fast subset's rows are the full run's rows, cell
-for cell: ``tests/test_limits.py`` regenerates it and fails on any difference
-with the committed file, and on any documented limit (:data:`LIMITS`) that no
-longer reproduces. The environment block of the output is machine-dependent and
-ignored by that comparison.
+Every number is measured when the command runs (the tables: ``tables.py``). The fast subset's
+rows are the full run's rows, cell for cell: ``tests/test_limits.py`` regenerates it and fails on
+any difference with the committed file (its machine-dependent environment block aside), and on
+any documented limit (:data:`LIMITS`) that no longer reproduces.
 """
 
 from __future__ import annotations
@@ -235,11 +231,12 @@ LIMITS: tuple[Limit, ...] = (
 
 
 def check_limits(facts: dict) -> list[tuple[Limit, bool, str]]:
+    """(limit, still shows, what was measured) of each of :data:`LIMITS`."""
     out = []
     for lim in LIMITS:
         try:
             ok, measured = lim.check(lim.read(facts))
-        except (KeyError, ValueError, ZeroDivisionError) as e:  # the case it reads did not run or changed shape
+        except (KeyError, ValueError, ZeroDivisionError) as e:  # its case did not run or changed shape
             ok, measured = False, f"not measured ({type(e).__name__}: {e})"
         out.append((lim, bool(ok), measured))
     return out
@@ -277,11 +274,9 @@ def reach_verdict(lim: Limit) -> tuple[str, str, str]:
 
 
 def training_table(results) -> Table:
-    verdicts = [reach_verdict(lim) for lim, _ok, _measured in results]
-    rows = [[lim.id, where, said] for (lim, _ok, _measured), (where, said, _kind) in zip(results, verdicts)]
-    kinds = [kind for _where, _said, kind in verdicts]
-    real = [lim.id for (lim, _o, _m), k in zip(results, kinds) if k == "real"]
-    setting = [lim.id for (lim, _o, _m), k in zip(results, kinds) if k == "setting"]
+    verdicts = [(lim.id, *reach_verdict(lim)) for lim, _ok, _measured in results]
+    kinds = [kind for *_, kind in verdicts]
+    real, setting = ([i for i, *_, kind in verdicts if kind == k] for k in ("real", "setting"))
     intro = (f"A realistic batch, here: rewards from 0/1 up to response lengths of {REAL_MAX_REWARD:,.0f} tokens, "
              f"integer-valued (so a column that varies within a group of up to 16 has std >= {fmt(REAL_MIN_STD)}), "
              "weights of order one. Of the "
@@ -293,17 +288,17 @@ def training_table(results) -> Table:
              "too (the impl-* rows); the float32 peers do not. Where each starts comes from the case the entry is "
              "measured on.")
     return Table("training", "What this means for your training", intro,
-                 ["limit", "where it starts", "a realistic batch"], rows)
+                 ["limit", "where it starts", "a realistic batch"], [row[:3] for row in verdicts])
 
 
 # ----------------------------------------------------------------- rendering
 
 
 def render_table(t: Table) -> str:
-    lines = [f"<!-- table:{t.id} keys={t.keys} -->", "| " + " | ".join(c.replace("|", "\\|") for c in t.head) + " |",
-             "|" + "---|" * len(t.head)]
-    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in t.rows]
-    return "\n".join(lines)
+    def line(cells):
+        return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
+    return "\n".join([f"<!-- table:{t.id} keys={t.keys} -->", line(t.head), "|" + "---|" * len(t.head),
+                      *map(line, t.rows)])
 
 
 def render_section(t: Table, group: str | None) -> str:
@@ -323,20 +318,18 @@ def _version(dist: str) -> str:
 def environment(seed: int, fast: bool, wall: float) -> list[list[str]]:
     cpu = platform.processor() or platform.machine()
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
+        cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                    if line.startswith("model name")), cpu)
     except OSError:
         pass
+
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=10).stdout.strip()
     try:
         if checkout_generated_dir() is None:
             raise OSError("an installed package: no commit of ours to name")
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                                timeout=10).stdout.strip() or "unknown"
-        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True,
-                               timeout=10).stdout.strip()
-        commit += " (uncommitted changes)" if dirty else ""
+        commit = (git("rev-parse", "--short", "HEAD") or "unknown") + (
+            " (uncommitted changes)" if git("status", "--porcelain") else "")
     except (OSError, subprocess.SubprocessError):
         commit = "unknown"
     return [
@@ -352,63 +345,35 @@ def environment(seed: int, fast: bool, wall: float) -> list[list[str]]:
     ]
 
 
-@dataclasses.dataclass
-class Run:
-    groups: dict  # group name -> list of Table
-    facts: dict  # group name -> facts
-    limits: list
-    plots: list
-    wall: float
-    seed: int
-    fast: bool
-
-
 def generate(fast: bool = False, seed: int = 0, only=None, plots_dir: Path | None = None,
-             progress: Progress | None = None) -> Run:
+             progress: Progress | None = None) -> tuple[dict, list, list, float]:
+    """(tables by group name, check_limits' results, the plots written, wall seconds)."""
     progress = progress or Progress(enabled=False)
     t0 = time.monotonic()
-    groups, facts = {}, {}
-    for name, build in T.BUILDERS.items():
-        if only and name not in only:
-            continue
-        groups[name], facts[name] = build(fast, seed, progress)
-    limits = check_limits(facts) if not only else []
+    built = {name: build(fast, seed, progress) for name, build in T.BUILDERS.items() if not only or name in only}
+    limits = check_limits({name: facts for name, (_, facts) in built.items()}) if not only else []
     plots = []
     if plots_dir is not None and not only:
-
-        grid = [10.0 ** e for e in ([3, 6, 9, 11, 13, 15, 16] if fast else
-                                    [x / 4 for x in range(12, 65)])]
+        grid = [10.0 ** e for e in ([3, 6, 9, 11, 13, 15, 16] if fast else [x / 4 for x in range(12, 65)])]
         step = progress("plots", 3)
-        plots.append(limits_plots.cancellation(T.cancellation_curve(grid), plots_dir / "cancellation.png"))
-        step()
-        offs = [10.0 ** (x / 4) for x in range(0, 33)]
-        plots.append(limits_plots.variance(offs, plots_dir / "variance.png"))
-        step()
-        stds = [10.0 ** (-x / 4) for x in range(4, 30)]
-        plots.append(limits_plots.eps(stds, plots_dir / "eps.png"))
-        step()
+        for name, axis in (("cancellation", grid), ("variance", [10.0 ** (x / 4) for x in range(0, 33)]),
+                           ("eps", [10.0 ** (-x / 4) for x in range(4, 30)])):
+            plots.append(getattr(limits_plots, name)(axis, plots_dir / f"{name}.png"))
+            step()
     progress.done()
-    return Run(groups, facts, limits, plots, time.monotonic() - t0, seed, fast)
+    return {name: tables for name, (tables, _) in built.items()}, limits, plots, time.monotonic() - t0
 
 
-_GROUP_TITLES = {
-    "cancellation": "1. Cancellation",
-    "eps": "2. eps",
-    "pairs": "3. n_g = 2 and correlated components",
-    "variance": "4. Variance algorithms",
-    "ranges": "5. Ranges",
-    "peers": "6. Peers",
-    "certified": "7. Certified rounding",
-}
-_PLOT_CAPTIONS = {
-    "cancellation": ("cancellation.png", "Error against C for `[C - d, d]` and exact constant-sum groups (own unit)"),
-    "eps": ("eps.png", "Largest change of an advantage when eps moves, against the column's std"),
-    "variance": ("variance.png", "Relative error of the std against offset, per algorithm and dtype"),
-}
+_GROUP_TITLES = dict(zip(T.BUILDERS, ("1. Cancellation", "2. eps", "3. n_g = 2 and correlated components",
+                                      "4. Variance algorithms", "5. Ranges", "6. Peers", "7. Certified rounding")))
+_PLOT_CAPTIONS = {  # each drawn into {name}.png
+    "cancellation": "Error against C for `[C - d, d]` and exact constant-sum groups (own unit)",
+    "eps": "Largest change of an advantage when eps moves, against the column's std",
+    "variance": "Relative error of the std against offset, per algorithm and dtype"}
 
 
-def render(run: Run, out: Path) -> str:
-    plots_rel = {p.name: p for p in run.plots}
+def render(groups: dict, limits: list, plots: list, seed: int, fast: bool, wall: float, out: Path) -> str:
+    plots_rel = {p.name: p for p in plots}
     lines = [
         "# Known limits, measured",
         "",
@@ -422,24 +387,24 @@ def render(run: Run, out: Path) -> str:
         "`--seed N` for other peer cases). `tests/test_limits.py` regenerates the fast subset "
         "and fails when a committed row disagrees with it or a documented limit stops reproducing.",
         "",
-        f"Seed: {run.seed}. Numbers carry two or three significant digits so that platform noise in the last "
+        f"Seed: {seed}. Numbers carry two or three significant digits so that platform noise in the last "
         "bits cannot flip a cell.",
         "",
         ENV_BEGIN,
         "| | |",
         "|---|---|",
-        *(f"| {k} | {v} |" for k, v in environment(run.seed, run.fast, run.wall)),
+        *(f"| {k} | {v} |" for k, v in environment(seed, fast, wall)),
         ENV_END,
         "",
-        render_section(training_table(run.limits), None).replace("### ", "## ", 1),
+        render_section(training_table(limits), None).replace("### ", "## ", 1),
         "",
-        render_section(limits_table(run.limits), None).replace("### ", "## ", 1),
+        render_section(limits_table(limits), None).replace("### ", "## ", 1),
     ]
-    for name, tables in run.groups.items():
+    for name, tables in groups.items():
         lines += ["", f"## {_GROUP_TITLES[name]}", ""]
-        if name in _PLOT_CAPTIONS and _PLOT_CAPTIONS[name][0] in plots_rel:
-            fname, caption = _PLOT_CAPTIONS[name]
-            rel = plots_rel[fname]
+        rel = plots_rel.get(f"{name}.png")
+        if name in _PLOT_CAPTIONS and rel is not None:
+            caption = _PLOT_CAPTIONS[name]
             if rel.resolve().is_relative_to(out.parent.resolve()):
                 rel = rel.resolve().relative_to(out.resolve().parent)
             lines += [f"![{caption}]({rel.as_posix()})", "", f"*{caption}.*", ""]
@@ -476,8 +441,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m gdpo_tools.limits
     args = parser.parse_args(argv)
     progress = Progress(enabled=not args.quiet, tool="limits")
     if args.only:
-        run = generate(args.fast, args.seed, only=set(args.only), progress=progress)
-        for name, tables in run.groups.items():
+        for name, tables in generate(args.fast, args.seed, only=set(args.only), progress=progress)[0].items():
             for t in tables:
                 print(render_section(t, name) + "\n")
         return 0
@@ -491,11 +455,11 @@ def main(argv: list[str] | None = None, prog: str = "python -m gdpo_tools.limits
         parser.error("the plots need matplotlib: pip install 'gdpo-spec[limits]', or pass --no-plots")
     out = folder / PAGE
     plots_dir = None if args.no_plots else folder / "limits"
-    run = generate(args.fast, args.seed, plots_dir=plots_dir, progress=progress)
+    groups, limits, plots, wall = generate(args.fast, args.seed, plots_dir=plots_dir, progress=progress)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(render(run, out))
-    stale = [lim.id for lim, ok, _ in run.limits if not ok]
-    print(f"wrote {out}" + "".join(f" and {p}" for p in run.plots) + f" in {run.wall:.0f} s", file=sys.stderr)
+    out.write_text(render(groups, limits, plots, args.seed, args.fast, wall, out))
+    print(f"wrote {out}" + "".join(f" and {p}" for p in plots) + f" in {wall:.0f} s", file=sys.stderr)
+    stale = [lim.id for lim, ok, _ in limits if not ok]
     if stale:
         print(f"documented limits that no longer reproduce: {', '.join(stale)} (edit LIMITS in "
               "gdpo_tools/limits/generate.py)", file=sys.stderr)

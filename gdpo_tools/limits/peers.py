@@ -1,14 +1,9 @@
-"""Implementations the known-limit tables run, and how one output is graded.
+"""The implementations the known-limit tables run, and how one output is graded.
 
-Every implementation of :data:`IMPLEMENTATIONS` takes the same arguments (rewards as an (N, K)
-float64 array of exact input values, group labels, unit labels or None, weights or None, token
-counts or None) and returns a float64 array of its outputs, or raises: ``impl.gdpo`` cast to
-float32 or returned in float64 (its own error, not the final cast's), the plain float64
-evaluation of spec's formula (mean, then deviations), one mirror per peer preset in the
-preset's own dtype (``gdpo_tools.peer_formulas``; NeMo-RL's one-pass variance is its own) and
-TRL's eager torch mirror. :func:`grade` compares with the oracle under a named convention, in
-units of the error model's bound at the implementation's working precision, and classifies
-what came out.
+Each of :data:`IMPLEMENTATIONS` takes (rewards (N, K) float64, group labels, unit labels or
+None, weights or None, token counts or None) and returns its outputs as float64, or raises.
+:func:`grade` compares with the oracle under a named convention, in units of the error model's
+bound at the implementation's working precision, and classifies what came out.
 """
 
 from __future__ import annotations
@@ -47,12 +42,13 @@ def _formula(convention):
 
 
 def _impl(out_dtype: str):
+    """impl.gdpo on one whitening unit (the tables run impl on no other)."""
     def run(rewards, group_ids, unit_ids=None, weights=None, token_counts=None):
-        r = np.asarray(rewards, dtype=np.float64)
-        t = torch.from_numpy(np.ascontiguousarray(r))
-        sizes = None if unit_ids is None else _segment_sizes(unit_ids)
+        if unit_ids is not None:
+            raise NotImplementedError("the tables run impl.gdpo on one whitening unit")
+        t = torch.from_numpy(np.ascontiguousarray(np.asarray(rewards, dtype=np.float64)))
         out = gdpo_advantages(t, group_ids=[int(x) for x in group_ids], weights=weights,
-                              segment_sizes=sizes, out_dtype=getattr(torch, out_dtype))
+                              out_dtype=getattr(torch, out_dtype))
         return out.to(torch.float64).numpy()
     return run
 
@@ -60,22 +56,12 @@ def _impl(out_dtype: str):
 def _trl_torch(rewards, group_ids, unit_ids=None, weights=None, token_counts=None):
     g = np.asarray(group_ids)
     n = int(np.sum(g == g[0]))
-    if unit_ids is not None and len(set(np.asarray(unit_ids).tolist())) > 1:
-        raise NotImplementedError("trl_torch whitens one batch")
-    if len(g) % n or np.any(g != np.repeat(g[::n], n)):
-        raise NotImplementedError("trl_torch needs contiguous groups of one size")
+    if unit_ids is not None or len(g) % n or np.any(g != np.repeat(g[::n], n)):
+        raise NotImplementedError("trl_torch whitens one batch of contiguous groups of one size")
     r = torch.from_numpy(np.ascontiguousarray(np.asarray(rewards, dtype=np.float64)))
     k = r.shape[1]
     w = torch.ones(k) if weights is None else torch.tensor(list(weights), dtype=torch.float64).to(torch.float32)
     return trl_normalize_then_sum(r, n, w).to(torch.float64).numpy()
-
-
-def _segment_sizes(unit_ids) -> list[int]:
-    u = np.asarray(unit_ids)
-    edges = np.flatnonzero(np.diff(u)) + 1
-    if len(set(u.tolist())) != len(edges) + 1:
-        raise ValueError("units must be contiguous for segment_sizes")
-    return np.diff(np.concatenate([[0], edges, [u.size]])).tolist()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,9 +127,6 @@ def run(impl: Implementation, rewards, group_ids, unit_ids=None, weights=None, t
         return e
 
 
-# ------------------------------------------------------------------ oracle
-
-
 def oracle(rewards, group_ids, weights=None, token_counts=None, convention="spec", eps=None):
     """The oracle's Result (one whitening unit), or the contract error it raises (returned)."""
     conv = get_convention(convention)
@@ -160,9 +143,6 @@ def oracle(rewards, group_ids, weights=None, token_counts=None, convention="spec
 
 class OracleFailure(Exception):
     """The oracle could not compute the case (a defect to report, not a verdict on the implementation)."""
-
-
-# ------------------------------------------------------------------ grading
 
 
 @dataclasses.dataclass
@@ -184,15 +164,13 @@ def grade(out, res, impl: Implementation) -> Grade:
     """
     if isinstance(res, OracleFailure):
         return Grade("n/a", 0.0, float("nan"), 0.0, f"oracle failed: {res}")
+    if isinstance(out, Exception):
+        return Grade("clear error", 0.0, float("nan"), 0.0, type(out).__name__)
     if isinstance(res, Exception):
-        if isinstance(out, Exception):
-            return Grade("clear error", 0.0, float("nan"), 0.0, type(out).__name__)
         o = np.asarray(out)
         tag = "NaN" if np.isnan(o).any() else "inf" if np.isinf(o).any() else "finite"
         return Grade("no error", 0.0, float("nan"), 0.0, f"{tag} outputs where the oracle raises "
                                                          f"{type(res).__name__}")
-    if isinstance(out, Exception):
-        return Grade("clear error", 0.0, float("nan"), 0.0, type(out).__name__)
     obs = np.asarray(out, dtype=np.float64)
     exact = res.float64
     with np.errstate(all="ignore"):
@@ -215,14 +193,7 @@ def grade(out, res, impl: Implementation) -> Grade:
     error = float(err[live].max()) if live.any() else float("nan")
     miss = float(missed.max()) if missed.size else 0.0
     detail = "NaN propagated" if exact_nan.any() and not nan_missing.any() and not nan_bad.any() else ""
-    if nan_bad.any():
-        outcome = "NaN"
-    elif np.isinf(obs).any():
-        outcome = "inf"
-    elif zeroed.any():
-        outcome = "silent zero"
-    elif outside.any() or nan_missing.any():
-        outcome = "off"
-    else:
-        outcome = "correct"
+    outcome = next(name for name, seen in (("NaN", nan_bad.any()), ("inf", np.isinf(obs).any()),
+                                            ("silent zero", zeroed.any()), ("off", outside.any() or nan_missing.any()),
+                                            ("correct", True)) if seen)
     return Grade(outcome, ratio, error, miss, detail)

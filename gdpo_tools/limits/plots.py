@@ -20,7 +20,7 @@ _SHADE = dict(color="tab:green", alpha=0.08, lw=0)
 
 
 def _pyplot():
-    import matplotlib
+    import matplotlib  # optional (the [limits] extra): imported only when a plot is drawn
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -41,11 +41,12 @@ def _save(fig, path: Path) -> Path:
     return path
 
 
-def cancellation(curve: dict, path: Path) -> Path:
+def cancellation(grid, path: Path) -> Path:
+    """Per C of ``grid``, `[C - d, d]` and constant-sum groups in their own unit."""
     plt = _pyplot()
-    c = np.asarray(curve["C"])
+    c = np.asarray(grid)
+    cd, cs = ([T.measure_cancellation(*T.cancellation_case(x, kind, "own")) for x in grid] for kind in ("cd", "cs"))
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 6.2))
-    cd, cs = curve["cd"], curve["cs"]
     blue, red = dict(color="tab:blue", ms=3), dict(color="tab:red", ms=3)
     green, olive = dict(color="tab:green", ms=3), dict(color="tab:olive", ms=3)
     for ax, rows, key, style, kw, label in (
@@ -81,11 +82,10 @@ def cancellation(curve: dict, path: Path) -> Path:
 def variance(offsets, path: Path) -> Path:
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(8, 5))
-    styles = {"one-pass": "o-", "two-pass": "s-", "shifted two-pass": "^-"}
     cap = 1e3
     for dname, color in (("float64", "tab:blue"), ("float32", "tab:red")):
         dt = np.dtype(dname)
-        for aname, alg in T.VARIANCE_ALGORITHMS.items():
+        for (aname, alg), style in zip(T.VARIANCE_ALGORITHMS.items(), ("o-", "s-", "^-")):
             rel = []
             for off in offsets:
                 x = (off + T._STEPS).astype(dt)
@@ -98,7 +98,7 @@ def variance(offsets, path: Path) -> Path:
                     rel.append(cap)  # negative variance or silent zero: total loss
                 else:
                     rel.append(min(cap, abs(math.sqrt(var) - ex) / ex))
-            ax.loglog(offsets, _floored(rel), styles[aname], color=color, ms=3, label=f"{aname} {dname}")
+            ax.loglog(offsets, _floored(rel), style, color=color, ms=3, label=f"{aname} {dname}")
     ax.axhline(cap, color="gray", lw=0.5)
     ax.axvspan(min(offsets), REAL_MAX_REWARD, **_SHADE)
     ax.text(1.02, 0.12, f"shaded: offsets of real\nrewards (up to {REAL_MAX_REWARD:,.0f}-token\nlengths), whose spread "

@@ -1,10 +1,8 @@
-"""The six known-limit tables: what each runs, measured against the exact oracle.
+"""The known-limit tables, measured against the exact oracle.
 
-Every builder takes ``(fast, seed, progress)`` and returns its tables (with the
-cases they ran) and the measured facts the plots and the documented limits
-(:mod:`gdpo_tools.limits`) read. A row depends only on its own case (and the
-seed), never on which other rows run, so ``--fast`` produces a subset of the
-full run's rows, identical cell for cell.
+Every builder takes ``(fast, seed, progress)`` and returns its tables (with the cases they ran)
+and the facts the plots and the documented limits read. A row depends only on its own case and
+the seed, so ``--fast`` produces a subset of the full run's rows, identical cell for cell.
 """
 
 from __future__ import annotations
@@ -24,6 +22,8 @@ from oracle.exact import exact_std
 from impl import gdpo
 from spec.constants import FLOAT32_MAX
 import mpmath
+from conformance import boundary
+from conformance.cases import expected
 
 DBL_MAX = float(np.finfo(np.float64).max)
 
@@ -98,8 +98,7 @@ def cancellation_case(c: float, kind: str, unit: str):
 
 def measure_cancellation(r, g) -> dict:
     res = P.oracle(r, g)
-    impl = P.IMPLEMENTATIONS["impl64"]
-    out = P.run(impl, r, g)
+    out = P.run(P.IMPLEMENTATIONS["impl64"], r, g)
     naive = P.run(P.IMPLEMENTATIONS["naive_f64"], r, g)
     grp = g == 0  # the cancellation group's rows (the shared unit adds a healthy group)
     m = {
@@ -199,15 +198,6 @@ def build_cancellation(fast: bool, seed: int, progress) -> tuple[list[Table], di
     return [t_cd, t_cs], facts
 
 
-def cancellation_curve(grid) -> dict:
-    """Per C on a fine grid, [C - d, d] and constant-sum groups in their own unit (the plot)."""
-    out = {"C": list(grid), "cd": [], "cs": []}
-    for c in grid:
-        out["cd"].append(measure_cancellation(*cancellation_case(c, "cd", "own")))
-        out["cs"].append(measure_cancellation(*cancellation_case(c, "cs", "own")))
-    return out
-
-
 # ---------------------------------------------------------------------- 2. eps
 
 EPS_VALUES = (1e-4, 1e-6, 1e-8)
@@ -288,12 +278,8 @@ def build_pairs_and_rho(fast: bool, seed: int, progress) -> tuple[list[Table], d
         ["gap", "z of the larger member", "its advantage a", "a of the reference [0, 1]"], rows)
     rows = []
     for rho in rhos:
-        r2 = rho * _X + math.sqrt(max(0.0, 1.0 - rho * rho)) * _Y
-        block_a = np.stack([_X, r2], 1)
-        block_b = np.stack([_X, _Z], 1)  # reference: uncorrelated columns
-        r = np.concatenate([block_a, block_b])
-        g = np.repeat([0, 1], 8)
-        res = P.oracle(r, g)
+        block_a = np.stack([_X, rho * _X + math.sqrt(max(0.0, 1.0 - rho * rho)) * _Y], 1)
+        res = P.oracle(np.concatenate([block_a, np.stack([_X, _Z], 1)]), np.repeat([0, 1], 8))  # B: uncorrelated
         c = res.combined.float64
         s_a, s_b = float(np.std(c[:8], ddof=1)), float(np.std(c[8:], ddof=1))
         amax, bmax = _max_abs(res.float64[:8]), _max_abs(res.float64[8:])
@@ -321,8 +307,6 @@ def build_pairs_and_rho(fast: bool, seed: int, progress) -> tuple[list[Table], d
 OFFSETS_FULL = tuple(10.0 ** e for e in range(0, 9))
 OFFSETS_FAST = (1.0, 1e3, 1e4, 1e8)
 _STEPS = np.array([0.0, 0.01, 0.02, 0.03])
-
-
 VARIANCE_ALGORITHMS = {"one-pass": one_pass_variance, "two-pass": two_pass_variance,
                        "shifted two-pass": lambda x, dt: two_pass_variance(x - x[0], dt)}
 
@@ -385,40 +369,15 @@ REWARD_MAGNITUDES_FULL = (1.0, 1e18, 1e19, 1e20, 1e30, 1e38, FLOAT32_MAX, 1e39, 
 REWARD_MAGNITUDES_FAST = (1.0, 1e20, FLOAT32_MAX, 1e39, 1e155, DBL_MAX)
 WEIGHT_SCALES_FULL = (5e-324, 1e-300, 1e-50, 1e-40, 1e-30, 1.0, 1e30, FLOAT32_MAX, 1e39, 1e300, DBL_MAX)
 WEIGHT_SCALES_FAST = (1e-50, 1.0, 1e39, DBL_MAX)
-_SHORT = {"correct": "correct", "off": "off", "silent zero": "silent 0", "NaN": "NaN", "inf": "inf",
-          "clear error": "error", "no error": "no error", "n/a": "n/a"}
+_SHORT = {"silent zero": "silent 0", "clear error": "error"}  # the table's words for two outcomes
 
 
 def _magnitude(x: float) -> str:
     return {FLOAT32_MAX: "FLT_MAX", DBL_MAX: "DBL_MAX"}.get(x) or fmt(x, 3)
 
 
-def _reward_magnitude_case(m: float):
-    a = np.array([-1.0, -0.5, 0.5, 1.0]) * m
-    b = np.array([0.0, 0.25, 0.5, 1.0]) * m
-    return np.concatenate([a, b])[:, None], np.repeat([0, 1], 4), None
-
-
-def _special_reward_cases():
-    fm = FLOAT32_MAX
-    return {
-        "[-FLT_MAX, FLT_MAX] + [0, 1]": (np.array([[-fm], [fm], [0.0], [1.0]]), np.repeat([0, 1], 2), None),
-        "[FLT_MAX]*10 + [-FLT_MAX]": (np.array([fm] * 10 + [-fm])[:, None], np.zeros(11, np.int64), None),
-    }
-
-
 _W_REWARDS = np.array([[1, 0], [0, 1], [1, 1], [0, 0], [0, 2], [1, 0], [1, 3], [0, 1]], dtype=np.float64)
-
-
-def _weight_case(w: float, pair: str):
-    weights = (w, 1.0) if pair == "w, 1" else (w, w)
-    return _W_REWARDS, np.repeat([0, 1], 4), weights
-
-
-def _special_weight_cases():
-    r = np.array([[0.0, 0.0], [1.0, 1.0], [3.0, 3.0], [1.0, 1.0], [2.0, 2.0], [0.0, 0.0], [5.0, 5.0],
-                  [1.0, 1.0]])
-    return {"(2^24, -(2^24 + 1)), r2 = r1": (r, np.repeat([0, 1], 4), (16777216.0, -16777217.0))}
+_TWO_GROUPS = np.repeat([0, 1], 4)
 
 
 def range_outcome(name: str, r, g, weights) -> tuple[str, object]:
@@ -429,11 +388,9 @@ def range_outcome(name: str, r, g, weights) -> tuple[str, object]:
     with np.errstate(over="ignore"):
         w_seen = None if weights is None else tuple(
             float(np.float32(x)) if impl.float32_inputs else float(x) for x in weights)
-    ref_r = seen if np.all(np.isfinite(seen)) else r
-    res = P.oracle(ref_r, g, weights=weights, convention=impl.convention)
-    out = P.run(impl, seen, g, None, w_seen)
-    gr = P.grade(out, res, impl)
-    cell = _SHORT[gr.outcome]
+    res = P.oracle(seen if np.all(np.isfinite(seen)) else r, g, weights=weights, convention=impl.convention)
+    gr = P.grade(P.run(impl, seen, g, None, w_seen), res, impl)
+    cell = _SHORT.get(gr.outcome, gr.outcome)
     if gr.outcome in ("clear error", "n/a") and gr.detail:
         cell += f" ({gr.detail})"
     return cell, gr
@@ -442,21 +399,26 @@ def range_outcome(name: str, r, g, weights) -> tuple[str, object]:
 def build_ranges(fast: bool, seed: int, progress) -> tuple[list[Table], dict]:
     mags = REWARD_MAGNITUDES_FAST if fast else REWARD_MAGNITUDES_FULL
     scales = WEIGHT_SCALES_FAST if fast else WEIGHT_SCALES_FULL
-    reward_cases = {_magnitude(m): (m, _reward_magnitude_case(m)) for m in mags}
-    special_r = _special_reward_cases()
+    fm = FLOAT32_MAX
+    reward_cases = {_magnitude(m): (np.concatenate([np.array([-1.0, -0.5, 0.5, 1.0]) * m,
+                                                    np.array([0.0, 0.25, 0.5, 1.0]) * m])[:, None], _TWO_GROUPS, None)
+                    for m in mags}
+    reward_cases.update({
+        "[-FLT_MAX, FLT_MAX] + [0, 1]": (np.array([[-fm], [fm], [0.0], [1.0]]), np.repeat([0, 1], 2), None),
+        "[FLT_MAX]*10 + [-FLT_MAX]": (np.array([fm] * 10 + [-fm])[:, None], np.zeros(11, np.int64), None)})
     weight_cases = {}
     for w in scales:
         lab = _magnitude(w)
-        for pair in ("w, 1", "w, w"):
-            label = f"({lab}, 1)" if pair == "w, 1" else f"({lab}, {lab})"
-            weight_cases[label] = (w, pair, _weight_case(w, pair))
-    special_w = _special_weight_cases()
-    total = (len(reward_cases) + len(special_r) + len(weight_cases) + len(special_w)) * len(RANGE_IMPLS)
-    step = progress("5 ranges", total)
+        weight_cases[f"({lab}, 1)"] = (_W_REWARDS, _TWO_GROUPS, (w, 1.0))
+        weight_cases[f"({lab}, {lab})"] = (_W_REWARDS, _TWO_GROUPS, (w, w))
+    equal_columns = np.array([[0.0], [1.0], [3.0], [1.0], [2.0], [0.0], [5.0], [1.0]]).repeat(2, 1)
+    weight_cases["(2^24, -(2^24 + 1)), r2 = r1"] = (equal_columns, _TWO_GROUPS, (16777216.0, -16777217.0))
+    step = progress("5 ranges", (len(reward_cases) + len(weight_cases)) * len(RANGE_IMPLS))
     facts = {"rewards": {}, "weights": {}}
-    def outcome_rows(labelled_cases, kind):
+
+    def outcome_rows(cases, kind):
         rows = []
-        for label, (r, g, w) in labelled_cases:
+        for label, (r, g, w) in cases.items():
             row = [label]
             for name in RANGE_IMPLS:
                 cell, gr = range_outcome(name, r, g, w)
@@ -466,8 +428,7 @@ def build_ranges(fast: bool, seed: int, progress) -> tuple[list[Table], dict]:
             rows.append(row)
         return rows
 
-    rows_r = outcome_rows([(k, v[-1]) for k, v in reward_cases.items()] + list(special_r.items()), "rewards")
-    rows_w = outcome_rows([(k, v[-1]) for k, v in weight_cases.items()] + list(special_w.items()), "weights")
+    rows_r, rows_w = outcome_rows(reward_cases, "rewards"), outcome_rows(weight_cases, "weights")
     head = ["case"] + list(RANGE_IMPLS)
     legend = (
         "Outcomes: `correct` (within the spec error model of the oracle's result at the implementation's "
@@ -489,8 +450,8 @@ def build_ranges(fast: bool, seed: int, progress) -> tuple[list[Table], dict]:
         "weights `(w, 1)` and `(w, w)` for w on the ladder below; then the float32-indistinct pair "
         "`(16777216, -16777217)` on identical columns (the exact combined value is `-z`, nonzero; float32 "
         "merges the weights and cancels it).\n\n" + legend, head, rows_w)
-    equal_weights = [label for label, (w, pair, _) in weight_cases.items() if pair == "w, w" and w >= 1]
-    summary = [[name, *_largest_correct(facts["rewards"], name, reward_cases),
+    equal_weights = [f"({_magnitude(w)}, {_magnitude(w)})" for w in scales if w >= 1]
+    summary = [[name, *_largest_correct(facts["rewards"], name, map(_magnitude, mags)),
                 *_largest_correct(facts["weights"], name, equal_weights)] for name in RANGE_IMPLS]
     if fast:  # the summary reads the whole ladder: only the full run has it
         return [t_r, t_w], facts
@@ -511,7 +472,7 @@ def _largest_correct(outcomes: dict, name: str, ladder) -> list[str]:
         if o == "correct":
             best = label
         else:
-            nxt = f"{label}: {_SHORT[o]}"
+            nxt = f"{label}: {_SHORT.get(o, o)}"
             break
     return [best, nxt]
 
@@ -539,12 +500,16 @@ def build_peers(fast: bool, seed: int, progress) -> tuple[list[Table], dict]:
                     facts.setdefault((name, family, grading), []).append((gr, case.note))
             step()
     tables = []
-    for grading, title in (("own", "6a. Peers graded under their own convention"),
-                           ("spec", "6b. Peers graded under this project's `spec` convention")):
-        rows = []
-        for name in P.PEER_TABLE:
-            rows.append([f"{name} ({P.IMPLEMENTATIONS[name].convention})",
-                         *(_peer_cell(facts[(name, f, grading)]) for f in families)])
+    for grading, title, graded in (
+            ("own", "6a. Peers graded under their own convention",
+             " Graded against the oracle under the implementation's own convention, on the inputs it "
+             "holds: this is its implementation error alone."),
+            ("spec", "6b. Peers graded under this project's `spec` convention",
+             " Graded against the oracle under `spec` (eps 1e-4 added to the std at Eq. 4 and Eq. 6, "
+             "unbiased, per-sample whitening, NaN refused): convention differences and "
+             "implementation error together.")):
+        rows = [[f"{name} ({P.IMPLEMENTATIONS[name].convention})",
+                 *(_peer_cell(facts[(name, f, grading)]) for f in families)] for name in P.PEER_TABLE]
         intro = (
             f"Cases: {PEER_CASES} seeded cases per family (`gdpo_tools/limits/families.py`, seed shown in the "
             "header), float32 reward values, one or several groups per unit. Each implementation runs its "
@@ -557,21 +522,14 @@ def build_peers(fast: bool, seed: int, progress) -> tuple[list[Table], dict]:
             "cases per outcome other than correct/off (`clear error`: a GDPOError raised; `no error`: numbers "
             "where the graded convention refuses the input; `NaN propagated`: NaN outputs exactly where the "
             "graded convention propagates a NaN reward, which is correct under it; `demanded 0 missed by x`: "
-            "a structural exact zero returned as x).")
-        if grading == "own":
-            intro += (" Graded against the oracle under the implementation's own convention, on the inputs it "
-                      "holds: this is its implementation error alone.")
-        else:
-            intro += (" Graded against the oracle under `spec` (eps 1e-4 added to the std at Eq. 4 and Eq. 6, "
-                      "unbiased, per-sample whitening, NaN refused): convention differences and "
-                      "implementation error together.")
+            "a structural exact zero returned as x)." + graded)
         tables.append(Table(f"peers_{grading}", title, intro, ["implementation (convention)", *families], rows))
     rows = []
     for name in P.PEER_TABLE:
         for grading in ("own", "spec"):
             bad = []
             for f in families:
-                counts = _counts(facts[(name, f, grading)])
+                counts = collections.Counter(g.outcome for g, _ in facts[(name, f, grading)])
                 tags = [f"{k} {v}" for k, v in counts.items() if k in ("silent zero", "NaN", "inf")]
                 if tags:
                     bad.append(f"{f}: " + ", ".join(tags))
@@ -586,20 +544,13 @@ def build_peers(fast: bool, seed: int, progress) -> tuple[list[Table], dict]:
     return tables, facts
 
 
-def _counts(grades) -> collections.Counter:
-    return collections.Counter(g.outcome for g, _ in grades)
-
-
 def _peer_cell(grades) -> str:
     ratios = [g.ratio for g, _ in grades
               if g.outcome in ("correct", "off", "silent zero") and not math.isnan(g.error)]
     errors = [g.error for g, _ in grades if not math.isnan(g.error)]
-    parts = []
-    if ratios:
-        parts.append(fmt(max(ratios)))
-    if errors:
-        parts.append(f"[{fmt(max(errors))}]")
-    tags = [f"{k} {v}" for k, v in _counts(grades).items() if k not in ("correct", "off")]
+    parts = ([fmt(max(ratios))] if ratios else []) + ([f"[{fmt(max(errors))}]"] if errors else [])
+    tags = [f"{k} {v}" for k, v in collections.Counter(g.outcome for g, _ in grades).items()
+            if k not in ("correct", "off")]
     propagated = sum(1 for g, _ in grades if g.detail == "NaN propagated")
     if propagated:
         tags.append(f"NaN propagated {propagated}")
@@ -614,44 +565,31 @@ def _peer_cell(grades) -> str:
 #: cases per family, the same in the fast and the full run (a fast row is the full run's row)
 CERT_COUNT = 3
 CERT_DTYPES = ("float32", "bfloat16", "float16", "float64")
-
-
-def _certified_call(rewards, out_dtype: str, **kw):
-    """impl.gdpo with its Diagnostics, every format's rounding certified (``certified="all"``)."""
-    d = gdpo.Diagnostics()
-    out = gdpo.gdpo_advantages(rewards, out_dtype=getattr(torch, out_dtype), diagnostics=d, certified="all", **kw)
-    return out.double().numpy(), d.certified
-
-
-def _boundary_cases(count: int, families=None):
-    """``count`` hunted cases per target format of each family (conformance/boundary.py)."""
-    from conformance import boundary as B
-
-    return {family: list(B.cases(family, None, count)) for family in (families or B.FAMILIES)}
-
-
 _TIERS = ("float64", "group_exact", "double_double", "exact", "uncertified")
 
 
 def build_certified(fast: bool, seed: int, progress) -> tuple[list[Table], dict]:
-    """Which tier decided each output of impl.gdpo: the float64 bound, the row's group
-    exact, double-double, exact arithmetic; and whether every output is the oracle's rounding.
-    Certification of every format on (float64 included: ``certified="all"``)."""
-    from conformance.cases import expected
-
+    """Which tier decided each output of impl.gdpo (``certified="all"``: float64 outputs too),
+    and whether every output is the oracle's rounding."""
     count = CERT_COUNT
     ordinary = [f for f in fam.FAMILIES if f != "NaN reward"]
-    hunted = _boundary_cases(1, ("eps_bisect", "cancellation", "tie_below") if fast else None)
+    hunted = {f: list(boundary.cases(f, None, 1))
+              for f in (("eps_bisect", "cancellation", "tie_below") if fast else boundary.FAMILIES)}
     step = progress("7 certified rounding", len(ordinary) + len(hunted))
     facts, rows = {}, []
 
     def row(name, kind, calls):
+        """``calls``: per case, (the rewards tensor, impl's keywords, the oracle's Result)."""
         for od in CERT_DTYPES:
             tot = dict.fromkeys(("n", *_TIERS, "wrong"), 0)
-            for (out, cert), want in calls(od):
+            for rewards, kw, res in calls:
+                d = gdpo.Diagnostics()
+                out = gdpo.gdpo_advantages(rewards, out_dtype=getattr(torch, od), diagnostics=d, certified="all",
+                                           **kw).double().numpy()
+                want = res.rounded(od)
                 tot["n"] += out.size
                 for f in _TIERS:
-                    tot[f] += getattr(cert, f)
+                    tot[f] += getattr(d.certified, f)
                 if od == "float64":
                     tot["wrong"] += int(np.sum(np.abs(out - want) > np.spacing(np.abs(want))))
                 else:
@@ -660,28 +598,26 @@ def build_certified(fast: bool, seed: int, progress) -> tuple[list[Table], dict]
             n = max(tot["n"], 1)
             rows.append([name, kind, od, str(tot["n"]), *(f"{100 * tot[f] / n:.1f}%" for f in _TIERS[:4]),
                          str(tot["uncertified"]), str(tot["wrong"])])
+        step()
+
+    def listed(x):
+        return None if x is None else list(x)
 
     for name in ordinary:
-        def calls(od, cs=fam.cases(name, count, seed)):
-            for case in cs:
-                yield (_certified_call(torch.tensor(case.rewards), od, group_ids=torch.tensor(case.groups),
-                                       weights=None if case.weights is None else list(case.weights)),
-                       P.oracle(case.rewards, case.groups, weights=case.weights).rounded(od))
-        row(name, "ordinary", calls)
-        step()
+        row(name, "ordinary", [(torch.tensor(c.rewards), dict(group_ids=torch.tensor(c.groups),
+                                                             weights=listed(c.weights)),
+                                P.oracle(c.rewards, c.groups, weights=c.weights))
+                               for c in fam.cases(name, count, seed)])
     for name, cs in hunted.items():
-        def calls(od, cs=cs):
-            for case in cs:
-                kw = dict(group_size=case.group_size, weights=None if case.weights is None else list(case.weights),
-                          segment_sizes=None if case.segment_sizes is None else list(case.segment_sizes))
-                if case.group_ids is not None:
-                    kw["group_ids"] = torch.tensor(case.group_ids)
-                if case.eps is not None:
-                    kw["eps"] = case.eps
-                yield (_certified_call(torch.tensor(case.rewards, dtype=getattr(torch, case.dtype)), od, **kw),
-                       expected(case).result.rounded(od))
+        calls = []
+        for c in cs:
+            kw = dict(group_size=c.group_size, weights=listed(c.weights), segment_sizes=listed(c.segment_sizes))
+            if c.group_ids is not None:
+                kw["group_ids"] = torch.tensor(c.group_ids)
+            if c.eps is not None:
+                kw["eps"] = c.eps
+            calls.append((torch.tensor(c.rewards, dtype=getattr(torch, c.dtype)), kw, expected(c).result))
         row(name, "hunted", calls)
-        step()
     t = Table(
         "certified", "7. Certified rounding: which tier decided each output",
         "`impl.gdpo` certifies the rounding of every output (spec section 7a; float64 outputs under "
@@ -700,12 +636,5 @@ def build_certified(fast: bool, seed: int, progress) -> tuple[list[Table], dict]
     return [t], facts
 
 
-BUILDERS = {
-    "cancellation": build_cancellation,
-    "eps": build_eps,
-    "pairs": build_pairs_and_rho,
-    "variance": build_variance,
-    "ranges": build_ranges,
-    "peers": build_peers,
-    "certified": build_certified,
-}
+BUILDERS = {"cancellation": build_cancellation, "eps": build_eps, "pairs": build_pairs_and_rho,
+            "variance": build_variance, "ranges": build_ranges, "peers": build_peers, "certified": build_certified}
