@@ -43,6 +43,7 @@ VERL_VARIANTS = ("", "empty", "rewards_3d")
 class ImplSpecError(ValueError):
     """An ``--impl`` spec that does not name a callable: the one-line reason."""
 
+
 def resolve_impl(target: str):
     """``package.module:attr[.attr]`` -> the callable it names, or :class:`ImplSpecError` saying
     in one line why not; called before anything runs, so a bad spec stops at once."""
@@ -54,9 +55,8 @@ def resolve_impl(target: str):
     except KeyboardInterrupt:
         raise
     except BaseException as e:  # noqa: BLE001 - whatever the module raises on import, SystemExit included
-        missing = isinstance(e, ModuleNotFoundError) and e.name is not None and \
-            (mod_name == e.name or mod_name.startswith(e.name + "."))
-        if missing:
+        if isinstance(e, ModuleNotFoundError) and e.name is not None and \
+                (mod_name == e.name or mod_name.startswith(e.name + ".")):
             raise ImplSpecError(f"--impl {target!r}: module {e.name!r} not found "
                                 f"(not installed, or not on sys.path / PYTHONPATH)") from None
         how = "failed:" if isinstance(e, ModuleNotFoundError) else "raised"
@@ -73,8 +73,8 @@ def resolve_impl(target: str):
     return obj
 
 
-#: How each call shape calls the implementation, in the arguments every call of it passes (their
-#: values stand in: only their names and positions are bound): gdpo's group argument is either of two
+#: The arguments every call of each shape passes (only names and positions are bound; gdpo's group
+#: argument is either of two)
 _SHAPE_CALLS = {
     "gdpo": [((None,), {"group_size": 2, "out_dtype": None}), ((None,), {"group_ids": None, "out_dtype": None})],
     "trl": [((None, 2, None), {})],
@@ -161,30 +161,28 @@ def _unchanged(fn, tensors: dict):
     return out
 
 
-def verl_lengths(n: int, tokens: int = VERL_TOKENS) -> np.ndarray:
-    """Response lengths of the verl shape: 3, 2, 1, 6, 5, 4, 3, ... (every length in
-    1..tokens occurs within ``tokens`` samples; sample 0 is padded)."""
-    return 1 + (5 * np.arange(n, dtype=np.int64) + 2) % tokens
+def verl_lengths(n: int) -> np.ndarray:
+    """Response lengths of the verl shape: 3, 2, 1, 6, 5, 4, 3, ... (every length in 1..T occurs
+    within T samples; sample 0 is padded)."""
+    return 1 + (5 * np.arange(n, dtype=np.int64) + 2) % VERL_TOKENS
 
 
-def verl_token_rewards(rewards: np.ndarray, lengths: np.ndarray, dtype: str, tokens: int = VERL_TOKENS) -> np.ndarray:
+def verl_token_rewards(rewards: np.ndarray, lengths: np.ndarray, dtype: str) -> np.ndarray:
     """(N, K) rewards -> (N, T, K) token rewards summing to each reward exactly over the response:
     on its last token, or, where (i + k) is odd and it has two tokens or more, in two exact halves
     (first and last token) where ``dtype`` holds the half, whole on the first token where the
     reward is not finite. Padding tokens hold 0."""
     n, k = rewards.shape
-    out = np.zeros((n, tokens, k), dtype=np.float64)
+    out = np.zeros((n, VERL_TOKENS, k), dtype=np.float64)
     for i in range(n):
         last = int(lengths[i]) - 1
         for j in range(k):
             r = float(rewards[i, j])
-            half = r / 2.0
-            odd = last >= 1 and (i + j) % 2 == 1
+            half, odd = r / 2.0, last >= 1 and (i + j) % 2 == 1
             if odd and not math.isfinite(r):
                 out[i, 0, j] = r
             elif odd and dtype in DTYPES and float(round_to([half], dtype)[0]) == half:
-                out[i, 0, j] = half
-                out[i, last, j] = half
+                out[i, 0, j] = out[i, last, j] = half
             else:
                 out[i, last, j] = r
     return out
@@ -248,8 +246,7 @@ def parse_domain(items) -> dict:
     ``labels=false``, ``certified=true`` or the formats certified."""
     out: dict = {}
     for item in items or ():
-        key, sep, value = item.partition("=")
-        key, value = key.strip(), value.strip()
+        key, sep, value = (x.strip() for x in item.partition("="))
         if not sep or not key:
             raise ValueError(f"--domain takes KEY=VALUE, got {item!r}")
         if key in _DOMAIN_NUMBERS:
@@ -315,8 +312,7 @@ class Subject:
             return None
         f = getattr(self.fn, name, None)
         if f is None:
-            mod = importlib.import_module(self.target.partition(":")[0])
-            f = getattr(mod, name, None)
+            f = getattr(importlib.import_module(self.target.partition(":")[0]), name, None)
         return f if callable(f) else None
 
     def domain(self) -> dict:
@@ -347,18 +343,11 @@ class Subject:
                 return False
             if c.note.startswith("error:") or c.variant:
                 continue
-            if d.get("equal_groups") and len(set(np.unique(c.labels(), return_counts=True)[1].tolist())) > 1:
-                return False
-            sizes = d.get("group_sizes")
-            if sizes is not None:
-                _, counts = np.unique(c.labels(), return_counts=True)
-                ok = counts >= sizes if isinstance(sizes, int) else np.isin(counts, list(sizes))
-                if not np.all(ok):
-                    return False
-            top = max((abs(v) for r in c.rewards for v in r), default=0.0)
-            if top > d.get("max_abs_reward", math.inf):
-                return False
-            if c.weights is not None and max(abs(w) for w in c.weights) > d.get("max_abs_weight", math.inf):
+            counts, sizes = np.unique(c.labels(), return_counts=True)[1], d.get("group_sizes", 1)
+            if (d.get("equal_groups") and len(set(counts.tolist())) > 1
+                    or not np.all(counts >= sizes if isinstance(sizes, int) else np.isin(counts, list(sizes)))
+                    or max((abs(v) for r in c.rewards for v in r), default=0.0) > d.get("max_abs_reward", math.inf)
+                    or c.weights is not None and max(abs(w) for w in c.weights) > d.get("max_abs_weight", math.inf)):
                 return False
         return True
 
@@ -518,8 +507,14 @@ class Subject:
             rw = torch.tensor([float(x) for x in w], dtype=torch.float32, device=self.device)
             return _unchanged(lambda: self.fn(rewards, case.group_size, rw),
                               {"rewards_per_func": rewards, "reward_weights": rw})
-        if self.shape == "verl":
-            return self.call_verl(case)
+        if self.shape == "verl":  # its (B, T) result as the (B,) per-sample advantages
+            kw = self.verl_arguments(case)
+            lengths = verl_lengths(kw["response_mask"].shape[0])  # before the call: the mask is the callee's
+            watched = {f"token_level_rewards[{k!r}]": v for k, v in kw["token_level_rewards"].items()}
+            out = _unchanged(lambda: self.fn(**kw), {**watched, "response_mask": kw["response_mask"]})
+            if isinstance(out, (tuple, list)) and out and isinstance(out[0], torch.Tensor):
+                out = out[0]  # verl's estimators return (advantages, returns)
+            return verl_per_sample(out, lengths) if isinstance(out, torch.Tensor) else out  # "not a tensor"
         kw = self.kwargs(case)
         if process_group is not None:
             kw["process_group"] = process_group
@@ -549,20 +544,6 @@ class Subject:
         weights = None if case.weights is None else {f"reward_{j}": float(w) for j, w in enumerate(case.weights)}
         return {"token_level_rewards": rewards, "response_mask": mask, "index": index, "weights": weights}
 
-    def call_verl(self, case: Case):
-        """Call a verl-shaped implementation; its (B, T) result as the (B,) per-sample advantages
-        (:func:`verl_per_sample`)."""
-        kw = self.verl_arguments(case)
-        lengths = verl_lengths(kw["response_mask"].shape[0])  # before the call: the mask is the callee's
-        watched = {f"token_level_rewards[{k!r}]": v for k, v in kw["token_level_rewards"].items()}
-        watched["response_mask"] = kw["response_mask"]
-        out = _unchanged(lambda: self.fn(**kw), watched)
-        if isinstance(out, (tuple, list)) and out and isinstance(out[0], torch.Tensor):
-            out = out[0]  # verl's estimators return (advantages, returns)
-        if not isinstance(out, torch.Tensor):
-            return out  # graded as "returned <type>, not a tensor"
-        return verl_per_sample(out, lengths)
-
     def call_normalize(self, case: Case):
         """``normalize_rewards`` (Eq. 4 + 7) on the case."""
         kw = {k: v for k, v in self.kwargs(case).items() if k not in ("segment_sizes", "out_dtype")}
@@ -584,9 +565,8 @@ class Subject:
 
 
 def verl_per_sample(out: torch.Tensor, lengths: np.ndarray) -> torch.Tensor:
-    """(B, T) token advantages -> (B,) per-sample advantages (the first response token,
-    output dtype kept), after checking that each sample's response tokens carry one value
-    (NaN equal to NaN) and its padding tokens exactly 0 (either sign)."""
+    """(B, T) token advantages -> (B,) per-sample advantages (the first response token), after
+    checking that each sample's response tokens carry one value and its padding exactly 0."""
     n, t = len(lengths), VERL_TOKENS
     if tuple(out.shape) != (n, t):
         raise CallShapeViolation(f"call shape 'verl': returned shape {tuple(out.shape)}; token advantages are "
