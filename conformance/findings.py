@@ -152,10 +152,9 @@ def _scaled(case: Case, e: int, weights: bool) -> Case | None:
 
 
 def threshold(f: Failure, case: Case, inp: str) -> tuple[float | None, Case]:
-    """The smallest magnitude of input ``inp`` (``"rewards"`` or ``"weights"``) at which the case
-    still fails alike, by bisection over the binary exponent between the case's own and about
-    :data:`ORDINARY`, and the case scaled there; (None, case) where the case still fails with that
-    input scaled to ORDINARY (that input is not what makes it fail)."""
+    """The smallest magnitude of input ``inp`` (rewards or weights) at which the case still fails
+    alike, bisected over the binary exponent down to about :data:`ORDINARY`, and the case scaled
+    there; (None, case) where it still fails scaled to ORDINARY (that input is not the cause)."""
     weights = inp == "weights"
     top = _top(case, inp)
     if not top > ORDINARY:
@@ -252,8 +251,7 @@ def findings(failures: list, subject) -> list:
 
 def _lowest(members: list, what: str, tries: int = 4):
     """(threshold, input, failure, example) of the lowest threshold among the first ``tries``
-    failures in order of magnitude whose threshold can be located (a case mixing 1e30 and 1e-30
-    cannot be scaled down exactly: it is passed over)."""
+    failures by magnitude whose threshold can be located (not 1e30 beside 1e-30: inexact)."""
     best = (None, "", members[0], members[0].case)
     for m in sorted(members, key=lambda m: (_top(m.case, what), _size(m.case)))[:tries]:
         for inp in (what, "weights" if what == "rewards" else "rewards"):
@@ -271,10 +269,9 @@ def _top(case: Case, inp: str) -> float:
 
 
 def mechanism(case: Case, subject) -> str:
-    """What overflows the code's working precision on ``case`` (a failing case at its threshold):
-    among the exact intermediates a correct code forms (Eq. 4's group sums and sums of squared
-    deviations, Eq. 7's terms w_k z_k, Eq. 6's sums over the unit), the one that comes nearest
-    the largest finite value, or beyond it; "" where none comes within a factor 16."""
+    """What overflows the code's working precision on ``case`` (failing at its threshold): of the
+    exact intermediates of Eq. 4, 7 and 6, the one nearest the largest finite value or beyond it;
+    "" where none comes within a factor 16."""
     dtype = getattr(subject, "precision", None) or subject.judged().native_dtype
     top = largest_finite(dtype)
     r, labels = case.rewards_array(), case.labels()

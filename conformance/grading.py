@@ -132,9 +132,6 @@ def grade(subject: Subject, select: str | None = None, single_process: bool = Fa
     return Grading(subject, prof, rows, found, time.monotonic() - t0, strict, single_process)
 
 
-# ------------------------------------------------------------------ the first screen
-
-
 def verdict_line(g: Grading) -> str:
     s = g.subject
     what = f"gdpo check {s.target} (call shape {s.shape}, convention {s.convention})"

@@ -90,15 +90,12 @@ def drop_local_constants() -> bool:
 @contextlib.contextmanager
 def no_local_constants():
     """:func:`drop_local_constants` for a ``with`` block only (hypothesis's own pool after it)."""
-    got = _constants_pool()
-    if got is None:
-        yield
-        return
-    hp, _ = got
-    original = hp._get_local_constants
+    hp = got[0] if (got := _constants_pool()) else None
+    original = hp and hp._get_local_constants
     drop_local_constants()
     try:
         yield
     finally:
-        hp._get_local_constants = original
-        hp.CONSTANTS_CACHE.cache.clear()
+        if hp is not None:
+            hp._get_local_constants = original
+            hp.CONSTANTS_CACHE.cache.clear()

@@ -55,9 +55,7 @@ def build_test(prop: Property, subject: Subject, config: settings | None = None,
     """The hypothesis test of ``prop`` against ``subject`` (call it to run). ``record`` receives
     every failing case in order (the last is the smallest); once a case has failed and
     ``budget_s`` seconds have passed, the run stops (:class:`ShrinkBudgetSpent`)."""
-    ctx = subject.context()
-    strategy = prop.strategy(ctx, subject)
-    start = time.monotonic()
+    ctx, start = subject.context(), time.monotonic()
 
     def run(case):
         if record and budget_s is not None and time.monotonic() - start > budget_s:
@@ -73,14 +71,10 @@ def build_test(prop: Property, subject: Subject, config: settings | None = None,
                 record.append(getattr(exc, "case", case))
             raise
 
-    test = given(case=strategy)(run)
-    for text in reversed(prop.examples):
-        case = regressions.load(text)
-        if expressible(case, ctx):
-            test = example(case=case)(test)
-    if config is not None:
-        test = config(test)
-    return test
+    test = given(case=prop.strategy(ctx, subject))(run)
+    for case in reversed([c for c in map(regressions.load, prop.examples) if expressible(c, ctx)]):
+        test = example(case=case)(test)
+    return test if config is None else config(test)
 
 
 def control_settings() -> settings:
@@ -242,10 +236,9 @@ def grade_cases(subject: Subject, cases, check) -> None:
 
 
 def fails_alike(check, case, failure: ConformanceFailure) -> ConformanceFailure | None:
-    """The failure of ``case`` if it fails as ``failure`` does, else None: in its category and,
-    for a formula, naming the same formula, no more ambiguously (a smaller case that several
-    variants of the catalogue reproduce alike would name one of them as a guess: one group of
-    two rewards cannot tell a missing Eq. 6 from an Eq. 4 without its division by the std)."""
+    """The failure of ``case`` if it fails as ``failure`` does, else None: in its category and, for
+    a formula, the same one no more ambiguously (one group of two rewards cannot tell a missing
+    Eq. 6 from an Eq. 4 without its division by the std: it would name one of them as a guess)."""
     try:
         check(case)
     except ConformanceFailure as exc:
@@ -273,8 +266,7 @@ def _valid(case: Case) -> bool:
 
 def _keep_rows(case: Case, keep: np.ndarray) -> Case:
     """The case with only the rows ``keep`` (a boolean mask); labels and units follow the rows."""
-    rows = tuple(r for r, k in zip(case.rewards, keep) if k)
-    changes = {"rewards": rows}
+    changes = {"rewards": tuple(r for r, k in zip(case.rewards, keep) if k)}
     if case.group_ids is not None:
         changes["group_ids"] = tuple(g for g, k in zip(case.group_ids, keep) if k)
     elif case.group_size is not None:
