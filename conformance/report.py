@@ -102,19 +102,16 @@ def render(mat: dict, examples: dict) -> str:
         "| property | " + " | ".join(f"`{n}`" for n in ctl_names) + " |",
         "|---|" + "---|" * len(ctl_names),
     ]
-    for prop in P.PROPERTIES:
-        rej = set(mat.get(prop.name, ()))
-        lines.append(f"| `{prop.name}` | " + " | ".join("x" if n in rej else "." for n in ctl_names) + " |")
+    lines += [f"| `{p.name}` | " + " | ".join("x" if n in mat.get(p.name, ()) else "." for n in ctl_names) + " |"
+              for p in P.PROPERTIES]
     lines += ["<!-- /matrix -->", "", "## Controls, and the smallest example found", "",
               "| control | flaw | rejected by | example (reduced by the judge, first rejecting property) |",
               "|---|---|---|---|"]
     for ctl in C.CONTROLS.values():
-        by = [p for p, rej in mat.items() if ctl.name in rej]
-        ex = examples.get(ctl.name, "")
-        lines.append(f"| `{ctl.name}` | {ctl.flaw} | {', '.join(f'`{p}`' for p in by) or '**none**'} | {ex} |")
+        by = ", ".join(f"`{p}`" for p, rej in mat.items() if ctl.name in rej) or "**none**"
+        lines.append(f"| `{ctl.name}` | {ctl.flaw} | {by} | {examples.get(ctl.name, '')} |")
     lines += ["", "## Properties", "", "| property | equation | what must hold |", "|---|---|---|"]
-    for prop in P.PROPERTIES:
-        lines.append(f"| `{prop.name}` | {prop.equation} | {prop.claim} |")
+    lines += [f"| `{p.name}` | {p.equation} | {p.claim} |" for p in P.PROPERTIES]
     return "\n".join(lines) + "\n"
 
 
