@@ -1,38 +1,24 @@
 """The formula, diagnosed: which variant of GDPO an implementation computes.
 
-Where an implementation's finite outputs on ordinary inputs are farther from the exact
-advantages than any rounding explains, the difference is usually not an accident of float
-arithmetic but another formula: a leave-one-out baseline, no division by the std, a
-biased std, another eps, no Eq. 6, clipped advantages. :func:`diagnose` searches the
-catalogue of such variants (:mod:`conformance.formulas`) and names the one that reproduces
-the output within the implementation's own precision, as its differences from the paper
-equation by equation ("Eq. 4: leave-one-out baseline; Eq. 6: no eps"). No declaration is
-needed. eps values are enumerated (the call's, 0 and the values peers use) and, at Eq. 6,
-also fitted from the output; a clip value is read off the output. Each variant is computed in
-float64 numpy (:func:`conformance.formulas.evaluate`), exactly as it reads.
+An output farther from the exact advantages than any rounding explains usually follows another
+formula (a leave-one-out baseline, no division by the std, a biased std, another eps, no Eq. 6,
+a clip). :func:`diagnose` searches the catalogue (:mod:`conformance.formulas`, each variant in
+float64 as it reads; eps enumerated and, at Eq. 6, fitted; a clip read off the output) and names
+the variant that reproduces the output within the code's own precision: the running error bound
+of ``spec/error_model.py``'s mean-then-subtract model on the variant's own intermediates, at the
+output's unit roundoff (float32's for float16 and bfloat16), plus half an ulp, plus the float64
+evaluation's bound. Nothing is tuned.
 
-"Within its own precision": the running error bound of ``spec/error_model.py`` (the
-mean-then-subtract model every peer is held to, its deviations' perturbation taken from
-each group column's magnitude), evaluated on the variant's own intermediate values, at the
-unit roundoff of the output dtype (float32's for float32, float16 and bfloat16 outputs,
-which no code computes in), plus half an ulp of the output dtype (``allowed_error``), plus
-the float64 evaluation's own bound. Nothing is tuned.
-
-What a case does not exercise it cannot tell apart: a NaN policy needs a NaN reward, a
-singleton policy a group of one, collapse handling a constant group column or unit, the
-whitening scope several units, token weighting the token counts, a clip a value beyond
-it. Such choices are not searched on that case and the diagnosis lists them
-(``Diagnosis.not_exercised``); variants the case cannot separate (an eps of 1e-8 and none
-at all, on values of order one) all match, and the diagnosis lists the others
-(``Diagnosis.alternatives``): ambiguity is data, not a guess. :func:`diagnose_many`
-intersects several cases. Where several variants match, the one named has the fewest
-differences; among those, a peer preset's formula, standard eps values and the smallest
-error come first.
+A case cannot tell apart what it does not exercise (a NaN policy needs a NaN reward, ...): those
+choices are listed (``Diagnosis.not_exercised``), variants it cannot separate all match
+(``Diagnosis.alternatives``). The one named has the fewest differences, then a preset's formula,
+standard eps values, the smallest error. :func:`diagnose_many` intersects several cases.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 
 import numpy as np
@@ -45,12 +31,8 @@ from spec import error_model as em
 from spec.constants import FLOAT32_UNIT_ROUNDOFF, FLOAT64_UNIT_ROUNDOFF
 from spec.conventions import CONVENTIONS
 
-#: how many candidates, best first by their relative error, are checked against their
-#: own error bound (the rest are farther from the output than the last one checked)
+#: how many candidates, nearest first by their relative error, are judged against their own bound
 CHECKED = 48
-
-
-# ------------------------------------------------------------------ the error bound
 
 
 def unit_roundoff_of(out_dtype: str) -> float:
@@ -149,9 +131,8 @@ def _allowance(b: _Batch, v: Variant, p: _Parts, a: np.ndarray, u: float) -> np.
 
 
 def _ulps(err: np.ndarray, a: np.ndarray, o: np.ndarray, out_dtype: str) -> float:
-    """The worst error in ulps of ``out_dtype`` at the output's largest magnitude (its
-    values are rounded relative to the values they came from, not to themselves: an ulp at
-    a value near 0 measures no formula)."""
+    """The worst error in ulps of ``out_dtype`` at the output's largest magnitude (an ulp at a
+    value near 0 measures no formula)."""
     with np.errstate(all="ignore"):
         mags = np.concatenate([np.abs(a[np.isfinite(a)]), np.abs(o[np.isfinite(o)]), [0.0]])
         ulp = 2.0 * float(em.half_ulp(np.array([mags.max()]), out_dtype)[0])
@@ -159,18 +140,12 @@ def _ulps(err: np.ndarray, a: np.ndarray, o: np.ndarray, out_dtype: str) -> floa
     return float(q.max()) if q.size else 0.0
 
 
-# ------------------------------------------------------------------ the search
-
-
 @dataclasses.dataclass(frozen=True)
 class Diagnosis:
-    """What :func:`diagnose` found: the variant that reproduces the output (None where
-    none does), its differences from the paper, its worst error in ulps of the output
-    dtype and as a fraction of its error bound (``ratio`` <= 1: within its own
-    precision); where none matches, the nearest and its differences. ``alternatives``:
-    the differences of the other variants that reproduce the output as well (the case
-    cannot separate them); ``presets``: the conventions whose formula is the named one on
-    this case; ``not_exercised``: the choices this case cannot tell apart at all."""
+    """What :func:`diagnose` found: the variant that reproduces the output (None: none does; then
+    ``nearest``), its differences from the paper, its worst error in ulps and over its bound
+    (``ratio`` <= 1: a match); ``alternatives``: the differences of the other matches;
+    ``presets``: the conventions whose formula it is on this case."""
 
     variant: Variant | None
     differences: tuple
@@ -195,20 +170,13 @@ class Diagnosis:
 
 
 def _not_exercised(b: _Batch, token_counts) -> tuple:
-    out = []
-    if not b.has_nan:
-        out.append("NaN policy (no NaN reward)")
-    elif not b.unscored:
-        out.append("unscored samples left out of Eq. 6 (no sample with every reward NaN)")
-    if not b.has_singleton:
-        out.append("singleton policy (no group of one)")
-    if not b.constant_column:
-        out.append("collapse handling at Eq. 4 (no constant group column)")
-    if b.S < 2:
-        out.append("whitening scope (one unit)")
-    if token_counts is None:
-        out.append("token weighting (no token counts)")
-    return tuple(out)
+    return tuple(what for unseen, what in (
+        (not b.has_nan, "NaN policy (no NaN reward)"),
+        (b.has_nan and not b.unscored, "unscored samples left out of Eq. 6 (no sample with every reward NaN)"),
+        (not b.has_singleton, "singleton policy (no group of one)"),
+        (not b.constant_column, "collapse handling at Eq. 4 (no constant group column)"),
+        (b.S < 2, "whitening scope (one unit)"), (token_counts is None, "token weighting (no token counts)"))
+        if unseen)
 
 
 def _eq4_variants(b: _Batch, o_nan: bool = False):
@@ -221,18 +189,12 @@ def _eq4_variants(b: _Batch, o_nan: bool = False):
     orders = ORDERS if (b.k > 1 or np.any(b.w != 1.0)) else ORDERS[:1]
     places = PLACEMENTS if b.constant_column else PLACEMENTS[:2]
     out = []
-    for nan in nans:
-        for single in singles:
-            for order in orders:
-                for base in BASELINES:
-                    out.append(Variant(baseline=base, scale="none", singleton=single, nan=nan, weights=order))
-                    for scale in SCALES:
-                        for ddof in DDOFS:
-                            for place in places:
-                                for eps in (eps_list if place != "skip_if_zero" else [0.0]):
-                                    out.append(Variant(baseline=base, scale=scale, group_ddof=ddof,
-                                                       group_placement=place, group_eps=eps, singleton=single,
-                                                       nan=nan, weights=order))
+    for nan, single, order, base in itertools.product(nans, singles, orders, BASELINES):
+        out.append(Variant(baseline=base, scale="none", singleton=single, nan=nan, weights=order))
+        out += [Variant(baseline=base, scale=scale, group_ddof=ddof, group_placement=place, group_eps=eps,
+                        singleton=single, nan=nan, weights=order)
+                for scale, ddof, place in itertools.product(SCALES, DDOFS, places)
+                for eps in (eps_list if place != "skip_if_zero" else [0.0])]
     return out
 
 
@@ -240,11 +202,8 @@ def _snap(x: float) -> list:
     """A fitted eps as the values a code would write: 0, and 1 and 2 significant digits."""
     if not (x > 0 and math.isfinite(x)):
         return [0.0]
-    out = []
-    for digits in (1, 2):
-        e = math.floor(math.log10(x))
-        out.append(float(f"{round(x / 10 ** e, digits - 1)}e{e}"))
-    return out
+    e = math.floor(math.log10(x))
+    return [float(f"{round(x / 10 ** e, digits - 1)}e{e}") for digits in (1, 2)]
 
 
 def _fit_scale(o: np.ndarray, dev: np.ndarray, ui: np.ndarray, S: int, keep: np.ndarray):
@@ -258,9 +217,8 @@ def _fit_scale(o: np.ndarray, dev: np.ndarray, ui: np.ndarray, S: int, keep: np.
 class _Search:
     def __init__(self, b: _Batch, o: np.ndarray):
         self.o = o
-        fin = np.isfinite(o)
-        self.scale = float(np.max(np.abs(o[fin]))) if fin.any() else 1.0
-        self.scale = self.scale if self.scale > 0 else 1.0
+        top = _largest(o)
+        self.scale = top if 0 < top < math.inf else 1.0
         self.nan_o = np.isnan(o)
         self.any_nan = bool(self.nan_o.any())
         self.found: dict = {}  # canonical variant -> rough relative error
@@ -300,10 +258,8 @@ def _search(b: _Batch, o: np.ndarray) -> _Search:
     eq4 = [(v, _eq4(b, v)) for v in _eq4_variants(b, bool(np.isnan(o).any()))]
     scopes = ("unit",) + (("batch",) if b.S > 1 else ()) + (("group",) if b.G > 1 else ())
     kinds = WHITENS if b.t is not None else WHITENS[:1]
-    top = _largest(o)
-    # a clip explains the values it reaches, never the formula: fewer than half may sit on it
-    on_top = int(np.sum(np.abs(o) == top)) if math.isfinite(top) else b.n
-    clip_at = [top] if math.isfinite(top) and top > 0 and 2 * on_top < b.n else []
+    clip_at = _clip_at(o)
+    top = clip_at[0] if clip_at else math.inf
     keep = np.isfinite(o) & (np.abs(o) < top) if clip_at else np.isfinite(o)
     beyond = top * (1.0 + 2.0 ** -20) if clip_at else math.inf
     screened = []
@@ -416,9 +372,8 @@ def _presets_of(b: _Batch, v: Variant, token_counts) -> tuple:
 
 @dataclasses.dataclass
 class _Row:
-    """A variant judged on one case or several: its worst error over its allowance
-    (``ratio``), the root mean square of that quotient (``rms``: what the nearest of no
-    match is chosen by, which noise moves less than a maximum), its worst error in ulps."""
+    """A variant judged on one case or several: its worst error over its allowance (``ratio``),
+    that quotient's root mean square (``rms``, which noise moves less), its worst error in ulps."""
 
     variant: Variant
     lines: list
@@ -430,9 +385,8 @@ class _Row:
 
 
 def _judge(b: _Batch, v: Variant, o: np.ndarray, u: float):
-    """``(row, widest)``: ``v`` judged on output ``o`` of batch ``b`` (``row.bites``: the
-    clip changes a value beyond its rounding; a clip that does not is, on this case, the
-    unclipped variant); ``widest``: its largest allowance."""
+    """``(row, widest)``: ``v`` judged on output ``o`` of batch ``b`` (``row.bites``: its clip moves
+    a value beyond rounding), and its largest allowance."""
     p = _eq4(b, v)
     a = _whitened(b, v, p.c)
     bites = False
@@ -459,6 +413,13 @@ def _largest(o: np.ndarray) -> float:
     return float(np.max(np.abs(fin))) if fin.size else math.inf
 
 
+def _clip_at(o: np.ndarray) -> list:
+    """[the largest |o|] where fewer than half the outputs sit on it, else []: a clip explains the
+    values it reaches, never the formula."""
+    top = _largest(o)
+    return [top] if math.isfinite(top) and top > 0 and 2 * int(np.sum(np.abs(o) == top)) < o.size else []
+
+
 def _as_output(output, n: int) -> np.ndarray:
     o = output.detach().to("cpu").double().numpy() if hasattr(output, "detach") else np.asarray(output, np.float64)
     o = np.asarray(o, dtype=np.float64).reshape(-1)
@@ -467,8 +428,11 @@ def _as_output(output, n: int) -> np.ndarray:
     return o
 
 
-def _checked(b: _Batch, o: np.ndarray, u: float, s: _Search, token_counts) -> list:
-    """The candidates nearest by relative error, judged against their own bounds."""
+def _searched(b: _Batch, o: np.ndarray, u: float, token_counts) -> list:
+    """The search's candidates nearest by relative error (the paper's always among them), judged
+    against their own bounds."""
+    s = _search(b, o)
+    s.add(PAPER, evaluate(b, PAPER))
     ranked = sorted(s.found.items(), key=lambda kv: kv[1])[:CHECKED]
     if PAPER not in dict(ranked):  # always judged: the nearest of no match is often the paper
         ranked.append((PAPER, 0.0))
@@ -492,11 +456,7 @@ def _verdict(rows: list, out_dtype: str, cases: int = 1, not_exercised=(), top: 
         first = matches[0]
         if first.variant.clip is None and math.isfinite(top):
             not_exercised = tuple(not_exercised) + (f"a clip at {top:.6g} or beyond (no advantage beyond it)",)
-        alts, seen = [], {tuple(first.lines)}
-        for r in matches[1:]:
-            if tuple(r.lines) not in seen:
-                seen.add(tuple(r.lines))
-                alts.append(tuple(r.lines))
+        alts = [x for x in dict.fromkeys(tuple(r.lines) for r in matches[1:]) if x != tuple(first.lines)]
         return Diagnosis(first.variant, tuple(first.lines), first.ulps, first.ratio, out_dtype, first.variant,
                          tuple(alts), first.presets, not_exercised, cases, tuple(r.variant for r in matches))
     best = min(r.rms for r in rows)  # the nearest: the simplest of those within twice the smallest rms error
@@ -505,25 +465,15 @@ def _verdict(rows: list, out_dtype: str, cases: int = 1, not_exercised=(), top: 
                      first.presets, not_exercised, cases)
 
 
-def _searched(b: _Batch, o: np.ndarray, u: float, token_counts) -> list:
-    """The search's candidates (the paper's always among them), the nearest judged (:func:`_checked`)."""
-    s = _search(b, o)
-    s.add(PAPER, evaluate(b, PAPER))
-    return _checked(b, o, u, s, token_counts)
-
-
 def diagnose(case, output, token_counts=None, unit_roundoff: float | None = None) -> Diagnosis:
-    """Which variant of the catalogue ``output`` (the implementation's advantages of
-    ``case``, a ``conformance.cases.Case``; an array or tensor of N values) follows.
-
-    ``token_counts``: the samples' token counts where the call passed them (Eq. 6 may be
-    token-weighted); ``unit_roundoff``: the implementation's working precision (default:
-    float32's for a float32, float16 or bfloat16 output, float64's for float64)."""
+    """Which variant of the catalogue ``output`` (N advantages of ``case``, array or tensor) follows;
+    ``token_counts`` where the call passed them, ``unit_roundoff`` the code's working precision
+    (default :func:`unit_roundoff_of` the output dtype)."""
     b = _Batch.of_case(case, token_counts)
     o = _as_output(output, b.n)
     u = unit_roundoff_of(b.out_dtype) if unit_roundoff is None else float(unit_roundoff)
-    rows = _searched(b, o, u, token_counts)
-    return _verdict(rows, b.out_dtype, not_exercised=_not_exercised(b, token_counts), top=_largest(o))
+    return _verdict(_searched(b, o, u, token_counts), b.out_dtype, not_exercised=_not_exercised(b, token_counts),
+                    top=_largest(o))
 
 
 #: the cases :func:`diagnose_many` searches at most: a variant that reproduces every case is among the
@@ -532,12 +482,9 @@ SEARCHED = 4
 
 
 def diagnose_many(cases_and_outputs, unit_roundoff: float | None = None) -> Diagnosis:
-    """One diagnosis of several cases of one implementation: the variants that reproduce
-    every output. Items are ``(case, output)`` or ``(case, output, token_counts)``. The cases
-    are searched in order (:func:`_search`, the costly step); after each, what matched it and
-    its nearest are judged on every case, and the search stops once a variant reproduces them
-    all (a later case then only confirms or separates). Where one case cannot separate two
-    variants (a clip that does not bite there, equal group sizes), another may."""
+    """One diagnosis of several ``(case, output[, token_counts])`` of one code: the variants that
+    reproduce every output. Cases are searched in order (the costly step), what matched each and
+    its nearest judged on every case, until a variant reproduces them all."""
     done = []
     for item in cases_and_outputs:
         case, output, tokens = (tuple(item) + (None,))[:3]
@@ -575,12 +522,7 @@ def diagnose_many(cases_and_outputs, unit_roundoff: float | None = None) -> Diag
         if any(r.ratio <= 1.0 for r in rows):
             break
     if not any(r.ratio <= 1.0 for r in rows):  # a clip biting only on a case not searched: the nearest, clipped
-        seen_tops: dict = {}  # a clip's value is the largest output of every case where it bites
-        for _, o, _, _ in done:
-            t = _largest(o)
-            if math.isfinite(t) and t > 0 and 2 * int(np.sum(np.abs(o) == t)) < o.size:
-                seen_tops[t] = seen_tops.get(t, 0) + 1
-        tops = list(seen_tops)
+        tops = list(dict.fromkeys(t for _, o, _, _ in done for t in _clip_at(o)))  # a case's largest output
         for r in [r for r in partial if r.variant.clip is None]:
             for t in tops:
                 v = _with(r.variant, clip=t)
@@ -617,11 +559,9 @@ def describe(diagnosis: Diagnosis) -> str:
     on = f" on {d.cases} cases" if d.cases > 1 else ""
     if d.matched:
         what = "; ".join(d.differences) if d.differences else "no difference from the paper"
-        line = f"formula: {what} (reproduces the output{on} within {ulps}"
         named = [p for p in d.presets if p != "spec"]
-        if named and d.differences:
-            line += f"; preset {', '.join(named)}"
-        line += ")"
+        line = f"formula: {what} (reproduces the output{on} within {ulps}" \
+            + (f"; preset {', '.join(named)}" if named and d.differences else "") + ")"
         if d.alternatives:
             shown = " | ".join("; ".join(a) or "no difference from the paper" for a in d.alternatives[:3])
             more = f" and {len(d.alternatives) - 3} more" if len(d.alternatives) > 3 else ""

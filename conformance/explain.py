@@ -1,11 +1,7 @@
-"""Why a failing output is off: another formula, cancellation, a column its code overflowed, the
-code's own convention.
-
-The judge (:mod:`conformance.judge`) decides that an output is outside the error model; this module
-says why, for the finding's key and its text: the formula the probes or the catalogue's diagnosis
-(:mod:`conformance.diagnosis`) reproduce the output with, a cancellation that shifting each group
-to near 0 removes, a group column whose squared deviations overflow the code's working precision
-(its z silently 0), or the convention the implementation declares it computes.
+"""Why an output the judge (:mod:`conformance.judge`) found outside the error model is off, for the
+finding's key and text: a formula the probes or the catalogue's diagnosis (:mod:`conformance.diagnosis`)
+reproduce it with, a cancellation that shifting each group to near 0 removes, a group column whose
+squared deviations overflow (its z silently 0), or the convention the code declares it computes.
 """
 
 from __future__ import annotations
@@ -26,16 +22,11 @@ from spec.conventions import differences, get_convention
 
 
 def explain(subject: Subject, case, out: Outcome, conv, category):
-    """Why the advantages of ``case`` are off (a precision or exact-zero failure):
-    ``(category, formula, cause, line, alternatives)``.
-
-    * ``formula``: the formula the grading's probes told (``subject.profile``,
-      :mod:`conformance.probes`) reproduces the output; or, on ordinary inputs, a variant of the
-      catalogue reproduces this case *and* every probe (a variant the probes' relations
-      contradict is never named); or the probes showed a formula no variant reproduces;
-    * ``precision`` with a cause: the failure goes away once each group's rewards are shifted
-      to near 0 (:func:`_cancellation`), or the probes showed a format narrower than float32;
-    * otherwise the category stands, with the nearest variant in the line."""
+    """Why the advantages of ``case`` are off: ``(category, formula, cause, line, alternatives)``.
+    ``formula`` where the probes' formula reproduces the output, or on ordinary inputs a variant
+    reproduces this case *and* every probe, or the probes showed a formula no variant reproduces;
+    ``precision`` with a cause where shifting each group to near 0 removes the failure
+    (:func:`_cancellation`) or the probes showed a narrower format; else the category stands."""
     prof = getattr(subject, "profile", None)
     u = max(diagnosis.unit_roundoff_of(case.out_dtype), conv.unit_roundoff)
     finite = out.values is not None and bool(np.all(np.isfinite(out.values)))
@@ -59,7 +50,8 @@ def explain(subject: Subject, case, out: Outcome, conv, category):
             return category, None, None, f"formula: not diagnosed ({type(exc).__name__}: {exc})", ()
         line = diagnosis.describe(d)
         own = conv.name != "spec" and conv.name in d.presets
-        if d.matched and not d.no_difference and not own and _probes_agree(prof, d.variant, u):
+        if d.matched and not d.no_difference and not own and (  # and it reproduces every probe too
+                prof is None or all(diagnosis.reproduces(c, o, d.variant, u) for c, o in prof.outputs)):
             alternatives = tuple("; ".join(a) or "no difference from the paper" for a in d.alternatives)
             if prof is not None and prof.named and prof.formula:  # the probes cannot tell the two apart: theirs
                 return Category.FORMULA, prof.formula, None, line, ("; ".join(d.differences),) + alternatives
@@ -71,8 +63,7 @@ def explain(subject: Subject, case, out: Outcome, conv, category):
 
 
 def _reproduced(case, values, variant, conv, token_counts=None) -> bool:
-    """Does the catalogue's ``variant`` reproduce ``values`` within the precision judged at (NaN
-    exactly where the variant's own values are NaN)?"""
+    """Does the catalogue's ``variant`` reproduce ``values`` within the precision judged at?"""
     try:
         return diagnosis.reproduces(case, values, variant, max(diagnosis.unit_roundoff_of(case.out_dtype),
                                                               conv.unit_roundoff), token_counts)
@@ -80,24 +71,13 @@ def _reproduced(case, values, variant, conv, token_counts=None) -> bool:
         return False
 
 
-def _probes_agree(prof, variant, u: float) -> bool:
-    """Does ``variant`` also reproduce every probe and transformed probe of the grading (None: no
-    probes were run)?"""
-    if prof is None or not prof.outputs:
-        return True
-    return all(diagnosis.reproduces(c, o, variant, u) for c, o in prof.outputs)
-
-
 def _cancellation(subject: Subject, case, conv) -> str | None:
-    """A cause for a precision failure that floating point explains: where the same case with
-    each group column shifted by one of its own values (its lower median; Eq. 4 is shift-invariant,
-    so the exact advantages barely move) is within the error model, judged against its own exact
-    values, the error grows with the rewards' offset from 0: cancellation at Eq. 4."""
+    """Cancellation at Eq. 4, where the same case with each group column shifted by its lower
+    median (Eq. 4 is shift-invariant) is within the error model of its own exact values."""
     if not isinstance(case, Case) or not case.rewards or case.dtype not in ("float64", "float32", "float16",
                                                                               "bfloat16"):
         return None
-    r = case.rewards_array()
-    labels = case.labels()
+    r, labels = case.rewards_array(), case.labels()
     shifted = r.copy()
     for g in np.unique(labels):
         m = labels == g
@@ -119,9 +99,8 @@ def _cancellation(subject: Subject, case, conv) -> str | None:
 
 
 def _holds_under(out: Outcome, case: Case, conv, token_counts=None):
-    """The oracle's result of ``case`` under ``conv`` where ``out`` is within that convention's
-    own error model (:func:`native_allowed`); None where it is not, or the oracle refuses or
-    cannot judge the case (then it explains nothing)."""
+    """The oracle's result of ``case`` under ``conv`` where ``out`` is within that convention's own
+    error model (:func:`native_allowed`); None where it is not or the oracle cannot judge it."""
     try:
         exp = expected(case, conv, token_counts)
     except Exception:  # noqa: BLE001 - no verdict on the explanation
@@ -135,19 +114,13 @@ def _holds_under(out: Outcome, case: Case, conv, token_counts=None):
 
 
 def overflowed_columns(subject: Subject, case, out: Outcome, conv) -> str | None:
-    """A silent zero that hides inside other values: where a group column is large enough that
-    its squared deviations overflow the working precision (|r| beyond the square root of its
-    largest finite value, over the group size), a code whose std turns inf gives that column
-    z = 0 and every other value moves with it (Eq. 7, Eq. 6). If the output is within the
-    error model of the same batch with those group columns set to 0 (a constant column: z = 0
-    exactly), say so; else None."""
+    """A silent zero hidden in other values: where the output is that of the batch with its group
+    columns beyond sqrt(largest finite) / n set to 0 (their std inf, their z silently 0), say so."""
     if not isinstance(case, Case) or not case.rewards:
         return None
-    r = case.rewards_array()
-    labels = case.labels()
+    r, labels = case.rewards_array(), case.labels()
     limit = math.sqrt(em.largest_finite(conv.native_dtype))
-    hit = []
-    zeroed = r.copy()
+    hit, zeroed = [], r.copy()
     for g in np.unique(labels):
         m = labels == g
         for k in range(r.shape[1]):
@@ -168,19 +141,15 @@ def overflowed_columns(subject: Subject, case, out: Outcome, conv) -> str | None
 
 
 def formula_difference(subject: Subject, case, out: Outcome) -> list[str] | None:
-    """Graded against spec, an implementation declaring its own convention
-    (``Subject.own_convention``) whose output holds under that convention on this case
-    follows that convention's formula: the lines naming how it differs from spec's; None
-    where it does not hold there either (the failure is then the implementation's own)."""
+    """Where a code declaring its own convention (``Subject.own_convention``) holds under it on this
+    case, the lines naming how that formula differs from spec's; else None."""
     own = subject.own_convention()
     if own is None or own == "spec" or not isinstance(case, Case):
         return None
-    counts = None
-    if get_convention(own).whiten == "per_token":
-        if subject.shape != "verl":
-            return None
-        counts = verl_lengths(case.n)
-    res = _holds_under(out, case, get_convention(own), counts)
+    conv = get_convention(own)
+    if conv.whiten == "per_token" and subject.shape != "verl":
+        return None
+    res = _holds_under(out, case, conv, verl_lengths(case.n) if conv.whiten == "per_token" else None)
     if res is None:
         return None
     return [f"the output is within the error model of the implementation's own convention {own!r} (exact "

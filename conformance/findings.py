@@ -1,26 +1,17 @@
 """Findings: a grading's failures, one per cause (docs/grading.md, "Findings").
 
-Every failing case of a grading (:mod:`conformance.grading`) carries the judge's verdict: a
-category (``conformance/verdicts.py``), and where the judge names one, the formula or the cause
-(:func:`conformance.judge.explain`). A :class:`Finding` is one cause:
-
-* the **regime** where it shows: ``ordinary magnitudes`` (every reward and weight within 1e4,
-  where no float32 square overflows), ``bad input`` (a case of the error contract), ``several
-  ranks``, or ``extreme magnitudes``, with the threshold located by bisection over the binary
-  exponent between the largest ordinary magnitude and the failing one (:func:`threshold`);
-* its **key**: the category and regime, and the formula's differences, the precision's cause, the
-  error case's cause or, at extreme magnitudes, which input is large; failures of one key are one
-  finding, failures of two keys never share one;
-* the rows where it showed, how many cases failed, and the smallest example the judge's reduction
-  reaches (``conformance.runner.reduce``), with the line that replays it.
-
-Findings are ranked worst first (:func:`rank`): a formula or precision difference on ordinary
-inputs, then bad input accepted, then several ranks, then extreme magnitudes.
+A :class:`Finding` is one **key**: the judge's category, the **regime** (``ordinary magnitudes``:
+every reward and weight within :data:`ORDINARY`; ``bad input``; ``several ranks``; ``extreme
+magnitudes``, with the threshold bisected over the binary exponent, :func:`threshold`) and the
+cause (the formula's differences, the precision's or error case's cause, which input is large).
+It lists its rows, how many cases failed, and the smallest example the judge's reduction reaches
+with its replay line; findings rank worst first (:func:`rank`), in the order of :data:`REGIMES`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from typing import Callable
 
@@ -44,8 +35,7 @@ BISECT_STEPS = 12
 
 @dataclasses.dataclass
 class Failure:
-    """One failing case of a grading: its row, the case, the judge's failure, and the row's
-    check (to replay a reduced or scaled case)."""
+    """One failing case of a grading, with its row's check (to replay a reduced or scaled case)."""
 
     row: str
     case: object
@@ -77,30 +67,20 @@ class Finding:
 
     def lines(self, i: int) -> list[str]:
         rows = ", ".join(self.rows[:6]) + (f" and {len(self.rows) - 6} more" if len(self.rows) > 6 else "")
-        out = [f"{i}. {self.headline()}"]
-        out.append(f"   in {rows}: {self.count} case(s); example {describe(self.example)}")
-        if self.said:
-            out.append(f"   {self.said}")
-        if self.repro:
-            out.append(f"   replay: {self.repro}")
-        return out
+        out = [f"{i}. {self.headline()}", f"   in {rows}: {self.count} case(s); example {describe(self.example)}"]
+        out += [f"   {self.said}"] if self.said else []
+        return out + ([f"   replay: {self.repro}"] if self.repro else [])
 
     def as_json(self) -> dict:
         return {"category": str(self.category), "category_label": label(self.category), "regime": self.regime,
                 "cause": self.cause, "threshold": self.threshold, "input": self.input or None,
                 "properties": self.rows, "count": self.count, "example": describe(self.example),
-                "example_case": _dumps(self.example), "said": self.said, "repro": self.repro}
-
-
-def _dumps(case) -> str:
-    return case[0].dumps() if isinstance(case, tuple) else case.dumps()
+                "example_case": (self.example[0] if isinstance(self.example, tuple) else self.example).dumps(),
+                "said": self.said, "repro": self.repro}
 
 
 def rank(found: list) -> list:
     return sorted(found, key=lambda f: (REGIMES.index(f.regime), f.category != Category.FORMULA, -f.count))
-
-
-# ------------------------------------------------------------------ regimes and keys
 
 
 def regime(f: Failure) -> str:
@@ -116,16 +96,12 @@ def regime(f: Failure) -> str:
     return "extreme magnitudes"
 
 
-def _error_name(case) -> str:
-    c = case[0] if isinstance(case, tuple) else case
-    return c.note.split(":")[1] if c.note.startswith("error:") else ""
-
-
 def key(f: Failure) -> tuple:
     """What makes two failures one finding (see the module docstring)."""
     cat, reg = str(f.exc.category), regime(f)
     if reg == "bad input":
-        name = _error_name(f.case) or "inf_reward"  # a value case whose reward is not finite in its dtype
+        note = (f.case[0] if isinstance(f.case, tuple) else f.case).note
+        name = (note.split(":")[1] if note.startswith("error:") else "") or "inf_reward"  # a value case: not finite
         ec = ERROR_BY_NAME.get(name) or DIST_ERROR_BY_NAME.get(name)
         return cat, reg, CAUSES.get(name) or (ec.why if ec is not None else name)
     if cat == Category.FORMULA:
@@ -152,9 +128,6 @@ def _large_input(f: Failure) -> str:
     return "weights" if floor is not None and _fails_alike(f, floor) is not None else "rewards"
 
 
-# ------------------------------------------------------------------ thresholds
-
-
 def _fails_alike(f: Failure, case) -> ConformanceFailure | None:
     return runner.fails_alike(f.check, case, f.exc)  # never a formula here: those are ordinary
 
@@ -179,10 +152,9 @@ def _scaled(case: Case, e: int, weights: bool) -> Case | None:
 
 
 def threshold(f: Failure, case: Case, inp: str) -> tuple[float | None, Case]:
-    """The smallest magnitude of input ``inp`` (``"rewards"`` or ``"weights"``) at which the case
-    still fails alike, by bisection over the binary exponent between the case's own and about
-    :data:`ORDINARY`, and the case scaled there; (None, case) where the case still fails with that
-    input scaled to ORDINARY (that input is not what makes it fail)."""
+    """The smallest magnitude of input ``inp`` (rewards or weights) at which the case still fails
+    alike, bisected over the binary exponent down to about :data:`ORDINARY`, and the case scaled
+    there; (None, case) where it still fails scaled to ORDINARY (that input is not the cause)."""
     weights = inp == "weights"
     top = _top(case, inp)
     if not top > ORDINARY:
@@ -198,17 +170,11 @@ def threshold(f: Failure, case: Case, inp: str) -> tuple[float | None, Case]:
             break
         mid = (lo + hi) // 2
         cand = _scaled(case, mid, weights)
-        if cand is None:
-            lo = mid  # cannot be held there exactly: the threshold is not below it
-            continue
-        if _fails_alike(f, cand) is not None:
+        if cand is not None and _fails_alike(f, cand) is not None:
             hi, best = mid, cand
         else:
-            lo = mid
+            lo = mid  # it passes there, or cannot be held there exactly: the threshold is not below
     return math.ldexp(top, hi), best
-
-
-# ------------------------------------------------------------------ examples
 
 
 def describe(case, limit: int = 6) -> str:
@@ -217,17 +183,11 @@ def describe(case, limit: int = 6) -> str:
         case = case[0]
     if isinstance(case, DistCase):
         return f"{case.world} ranks: " + "; ".join(describe(s, 3) for s in case.shards)
-    runs: list = []
-    for row in case.rewards:
-        t = "[" + ", ".join(decimal(v, case.dtype) for v in row) + "]"
-        if runs and runs[-1][0] == t:
-            runs[-1][1] += 1
-        else:
-            runs.append([t, 1])
-    shown = runs[:limit]
+    rows = ("[" + ", ".join(decimal(v, case.dtype) for v in row) + "]" for row in case.rewards)
+    shown = [(t, len(list(run))) for t, run in itertools.groupby(rows)][:limit]
     rest = case.n - sum(c for _, c in shown)
-    text = "[" + ", ".join(t if c == 1 else f"{t} (x{c})" for t, c in shown) + (f", ... {rest} more rows" if rest
-                                                                              else "") + "]"
+    text = "[" + ", ".join(t if c == 1 else f"{t} (x{c})" for t, c in shown) \
+        + (f", ... {rest} more rows" if rest else "") + "]"
     extras = [case.dtype]
     if case.group_ids is not None:
         extras.append(f"group_ids {list(case.group_ids)[:12]}")
@@ -259,13 +219,6 @@ def _repro(exc) -> str:
     return next((ln.strip()[len("repro: "):] for ln in str(exc).splitlines() if ln.strip().startswith("repro: ")), "")
 
 
-def _example(f: Failure, subject) -> tuple[object, ConformanceFailure]:
-    if not isinstance(f.case, Case) or f.case.note.startswith("error:") or f.case.variant:
-        return f.case, f.exc
-    exc, _ = runner.reduce(f.check, subject, f.case, f.exc, REDUCE_CALLS)
-    return getattr(exc, "case", f.case), exc
-
-
 def findings(failures: list, subject) -> list:
     """The grading's findings (see the module docstring)."""
     groups: dict = {}
@@ -287,8 +240,9 @@ def findings(failures: list, subject) -> list:
             overflow = thr and cat in (Category.NON_FINITE, Category.SILENT_ZERO)
             cause = getattr(exc, "cause", None) or (mechanism(example, subject) if overflow else "") \
                 or _cause_line(exc)
-        else:
-            example, exc = _example(first, subject)
+        else:  # reduced where it is a value case
+            exc, _ = runner.reduce(first.check, subject, first.case, first.exc, REDUCE_CALLS)
+            example = getattr(exc, "case", first.case)
             cause = what if what else _cause_line(exc)
         out.append(Finding(cat, reg, cause, rows, len(members), example, _said(exc), _repro(exc),
                            str(exc), thr, inp))
@@ -297,8 +251,7 @@ def findings(failures: list, subject) -> list:
 
 def _lowest(members: list, what: str, tries: int = 4):
     """(threshold, input, failure, example) of the lowest threshold among the first ``tries``
-    failures in order of magnitude whose threshold can be located (a case mixing 1e30 and 1e-30
-    cannot be scaled down exactly: it is passed over)."""
+    failures by magnitude whose threshold can be located (not 1e30 beside 1e-30: inexact)."""
     best = (None, "", members[0], members[0].case)
     for m in sorted(members, key=lambda m: (_top(m.case, what), _size(m.case)))[:tries]:
         for inp in (what, "weights" if what == "rewards" else "rewards"):
@@ -316,27 +269,18 @@ def _top(case: Case, inp: str) -> float:
 
 
 def mechanism(case: Case, subject) -> str:
-    """What overflows the code's working precision on ``case`` (a failing case at its threshold):
-    among the exact intermediates a correct code forms (Eq. 4's group sums and sums of squared
-    deviations, Eq. 7's terms w_k z_k, Eq. 6's sums over the unit), the one that comes nearest
-    the largest finite value, or beyond it; "" where none comes within a factor 16."""
+    """What overflows the code's working precision on ``case`` (failing at its threshold): of the
+    exact intermediates of Eq. 4, 7 and 6, the one nearest the largest finite value or beyond it;
+    "" where none comes within a factor 16."""
     dtype = getattr(subject, "precision", None) or subject.judged().native_dtype
     top = largest_finite(dtype)
-    r = case.rewards_array()
-    labels = case.labels()
-    found: dict = {}
-
-    def largest(what: str, value: float) -> None:
-        found[what] = max(found.get(what, 0.0), value)
-
+    r, labels = case.rewards_array(), case.labels()
     with np.errstate(all="ignore"):
-        for g in np.unique(labels):
-            x = r[labels == g]
-            dev = x - x.mean(axis=0)
-            largest("a group's sum of the rewards (Eq. 4's mean) overflows", float(np.max(np.abs(x.sum(axis=0)))))
-            largest("the squared deviations of Eq. 4 (its std) overflow", float(np.max((dev * dev).sum(axis=0))))
-            largest("the squares of the rewards (sum x^2: a one-pass variance) overflow",
-                    float(np.max((x * x).sum(axis=0))))
+        groups = [r[labels == g] for g in np.unique(labels)]
+        found = {what: max([0.0] + [float(np.max(stat(x))) for x in groups]) for what, stat in (
+            ("a group's sum of the rewards (Eq. 4's mean) overflows", lambda x: np.abs(x.sum(axis=0))),
+            ("the squared deviations of Eq. 4 (its std) overflow", lambda x: ((x - x.mean(axis=0)) ** 2).sum(axis=0)),
+            ("the squares of the rewards (sum x^2: a one-pass variance) overflow", lambda x: (x * x).sum(axis=0)))}
         exp = expected(case, "spec")
         if exp.result is not None:
             z, c = exp.result.z.float64, exp.result.combined.float64
@@ -366,15 +310,12 @@ def from_probes(prof, subject) -> "Finding | None":
 
 def _cause_line(exc: ConformanceFailure) -> str:
     """The judge's headline, without its prefix: what failed."""
-    head = str(exc).splitlines()[0] if str(exc) else ""
-    head = head.split("): ", 1)[-1]
+    head = (str(exc).splitlines()[0] if str(exc) else "").split("): ", 1)[-1]
     cause = getattr(exc, "cause", None)
     return f"{head}; {cause}" if cause else head
 
 
 def _size(case) -> tuple:
-    if isinstance(case, tuple):
-        case = case[0]
-    if isinstance(case, DistCase):
-        return (sum(s.n for s in case.shards), len(case.dumps()))
-    return (case.n * max(case.k, 1), len(case.dumps()))
+    case = case[0] if isinstance(case, tuple) else case
+    rows = sum(s.n for s in case.shards) if isinstance(case, DistCase) else case.n * max(case.k, 1)
+    return rows, len(case.dumps())

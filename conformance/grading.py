@@ -1,23 +1,13 @@
-"""``gdpo check``: one grading of one implementation, from the probes to the first screen.
-
-    grading = grade(subject)      the probes, every property's cases checked, the findings
-    render(grading)               the first screen: a verdict line, the findings worst first, a table
-    as_json(grading)              the same for machines (``gdpo check --json``)
-
-The steps (docs/grading.md):
-
-1. **Probes** (:mod:`conformance.probes`): the code's working precision and formula, told from a
-   few fixed batches; unless ``--strict``, every case is then judged at that precision
-   (``Subject.precision``), so a correct float32 code is never failed for being float32.
-2. **Cases**: each property's cases drawn first from its own seed (``conformance.runner``), the
-   same on any machine; every case checked by the property's check, every verdict decided by
-   :mod:`conformance.judge`.
-3. **Findings** (:mod:`conformance.findings`): the failures grouped one per cause, each with its
-   smallest example and the line that replays it.
+"""``gdpo check``: one grading of one implementation (docs/grading.md): :func:`grade` runs the probes
+(:mod:`conformance.probes`: the code's working precision and formula; unless ``--strict`` every case
+is judged at that precision), checks every row's cases drawn first (``conformance.runner``) and
+groups the failures into findings (:mod:`conformance.findings`); :func:`render` is the first screen,
+:func:`as_json` the same for machines (``gdpo check --json``).
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import sys
@@ -77,7 +67,7 @@ class Grading:
 
 
 def _rows_to_run(subject: Subject, select: str | None, single_process: bool):
-    """(row name, cases, check, skip reason) for every row of the grading."""
+    """(row name, property, skip reason or None) for every row of the grading."""
     words = [w.strip() for w in (select or "").split(",") if w.strip()]
     names = {p.name for p in PROPERTIES} | {f"errors:{ec.name}" for ec in ERROR_CASES} | {"errors"}
 
@@ -121,11 +111,10 @@ def _check_row(subject: Subject, name: str, prop) -> tuple[Row, list]:
     return row, failures
 
 
-def grade(subject: Subject, select: str | None = None, single_process: bool = False, strict: bool = False,
-          progress=None) -> Grading:
-    """Grade ``subject`` (see the module docstring); ``strict``: hold it to the specification's
-    own error model (exact collapse and structural zeros bit for bit, the prescribed float64
-    algorithm's accuracy) instead of its own precision."""
+def grade(subject: Subject, select: str | None = None, single_process: bool = False,
+          strict: bool = False) -> Grading:
+    """Grade ``subject``; ``strict``: hold it to the specification's own error model (exact zeros
+    bit for bit, the prescribed float64 algorithm's accuracy) instead of its own precision."""
     t0 = time.monotonic()
     profiles.register()  # the drawing's base profile ("ci"); the loaded profile is left as it is
     prof = None
@@ -134,12 +123,7 @@ def grade(subject: Subject, select: str | None = None, single_process: bool = Fa
         subject.precision, subject.profile = prof.precision, prof
     rows, failures = [], []
     for name, prop, why in _rows_to_run(subject, select, single_process):
-        if why:
-            rows.append(Row(name, "skipped", reason=why))
-            continue
-        if progress:
-            progress(name)
-        row, found = _check_row(subject, name, prop)
+        row, found = (Row(name, "skipped", reason=why), []) if why else _check_row(subject, name, prop)
         rows.append(row)
         failures += found
     found = FD.findings(failures, subject)
@@ -148,18 +132,13 @@ def grade(subject: Subject, select: str | None = None, single_process: bool = Fa
     return Grading(subject, prof, rows, found, time.monotonic() - t0, strict, single_process)
 
 
-# ------------------------------------------------------------------ the first screen
-
-
 def verdict_line(g: Grading) -> str:
     s = g.subject
     what = f"gdpo check {s.target} (call shape {s.shape}, convention {s.convention})"
     if g.ok:
         graded = sum(r.verdict != "skipped" for r in g.rows)
         return f"{what}: conforms: no finding on the {graded} properties graded"
-    by = {}
-    for f in g.findings:
-        by[f.regime] = by.get(f.regime, 0) + 1
+    by = collections.Counter(f.regime for f in g.findings)
     parts = [f"{n} at {k}" if k.endswith("magnitudes") else f"{n} on {k}" for k, n in
              sorted(by.items(), key=lambda kv: FD.REGIMES.index(kv[0]))]
     return f"{what}: {len(g.findings)} finding{'s' if len(g.findings) > 1 else ''} ({', '.join(parts)})"
@@ -171,23 +150,16 @@ def _clip(line: str, width: int = SCREEN_COLUMNS) -> str:
 
 def table(g: Grading) -> list[str]:
     """The compact table: one line per graded row (failed first), the skipped ones merged by reason."""
-    graded = [r for r in g.rows if r.verdict != "skipped"]
-    graded.sort(key=lambda r: r.verdict != "failed")
-    out = [f"{'property':<28} {'verdict':<7} {'cases':>5} {'failed':>6}  categories / notes"]
+    graded = sorted((r for r in g.rows if r.verdict != "skipped"), key=lambda r: r.verdict != "failed")
     passed = [r for r in graded if r.verdict == "passed" and not r.notes]
-    for r in graded:
-        if r in passed:
-            continue
-        extra = ", ".join(r.categories) + ("; " if r.categories and r.notes else "") + "; ".join(r.notes)
-        out.append(_clip(f"{r.name:<28} {r.verdict:<7} {r.cases:>5} {r.failed:>6}  {extra}"))
+    out = [f"{'property':<28} {'verdict':<7} {'cases':>5} {'failed':>6}  categories / notes"]
+    out += [_clip(f"{r.name:<28} {r.verdict:<7} {r.cases:>5} {r.failed:>6}  "
+                  + "; ".join(x for x in (", ".join(r.categories), "; ".join(r.notes)) if x))
+            for r in graded if r not in passed]
     if passed:
-        names = ", ".join(r.name for r in passed)
-        out.append(_clip(f"passed ({len(passed)}): {names}"))
-    skipped: dict = {}
-    for r in g.rows:
-        if r.verdict == "skipped":
-            why = r.reason.split(": ", 1)[0] if r.reason.startswith("call shape") else r.reason
-            skipped[why] = skipped.get(why, 0) + 1
+        out.append(_clip(f"passed ({len(passed)}): {', '.join(r.name for r in passed)}"))
+    skipped = collections.Counter(r.reason.split(": ", 1)[0] if r.reason.startswith("call shape") else r.reason
+                                  for r in g.rows if r.verdict == "skipped")
     if skipped:
         out.append(_clip(f"not graded ({sum(skipped.values())}): " +
                          "; ".join(f"{why} ({n})" for why, n in skipped.items())))
@@ -198,16 +170,11 @@ def render(g: Grading, details: bool = False) -> str:
     """The first screen (at most :data:`SCREEN_LINES` lines, :data:`SCREEN_COLUMNS` columns outside
     the replay lines); ``details``: every finding's full text after it."""
     s = g.subject
-    lines = [verdict_line(g)]
-    if g.profile is not None:
-        lines.append(_clip(g.profile.statement()))
-    elif g.strict:
-        lines.append("held to the specification's own error model (--strict): the prescribed float64 algorithm, "
-                     "exact collapse and structural zeros bit for bit")
-    else:
-        lines.append(f"judged under convention {s.convention!r} at its own precision")
-    lines.append(_clip(s.domain_statement()))
-    lines.append("")
+    how = (_clip(g.profile.statement()) if g.profile is not None
+           else "held to the specification's own error model (--strict): the prescribed float64 algorithm, "
+                "exact collapse and structural zeros bit for bit" if g.strict
+           else f"judged under convention {s.convention!r} at its own precision")
+    lines = [verdict_line(g), how, _clip(s.domain_statement()), ""]
     shown = FD.rank(g.findings)
     budget = SCREEN_LINES - len(lines) - len(table(g)) - 4
     if shown:
@@ -233,8 +200,7 @@ def as_json(g: Grading) -> dict:
     s = g.subject
     prof = g.profile
     return {
-        "schema": JSON_SCHEMA,
-        "impl": s.target, "call_shape": s.shape, "convention": s.convention,
+        "schema": JSON_SCHEMA, "impl": s.target, "call_shape": s.shape, "convention": s.convention,
         "strict": g.strict, "single_process": g.single_process,
         "precision": None if prof is None else prof.precision,
         "probes": None if prof is None else {"statement": prof.statement(), "formula": prof.formula,
@@ -245,10 +211,8 @@ def as_json(g: Grading) -> dict:
         "exit_status": EXIT_OK if g.ok else EXIT_FINDINGS,
         "findings": [f.as_json() for f in FD.rank(g.findings)],
         "properties": [dataclasses.asdict(r) | {"seconds": round(r.seconds, 3)} for r in g.rows],
-        "hypothesis": hypothesis.__version__,
-        "python": sys.version.split()[0],
-        "torch": getattr(sys.modules.get("torch"), "__version__", None),
-        "seconds": round(g.seconds, 1),
+        "hypothesis": hypothesis.__version__, "python": sys.version.split()[0],
+        "torch": getattr(sys.modules.get("torch"), "__version__", None), "seconds": round(g.seconds, 1),
     }
 
 
@@ -267,9 +231,8 @@ def _peer(convention: str) -> dict | None:
 
 def main(impl: str | None, call_shape: str | None, convention: str | None, select: str | None = None,
          single_process: bool = False, json_path: str | None = None, details: bool = False,
-         strict: bool = False, domain=(), out=None) -> int:
+         strict: bool = False, domain=()) -> int:
     """``gdpo check``: grade, print the first screen, write the JSON; the exit code (see the constants)."""
-    out = out or sys.stdout
     subject = Subject(impl or DEFAULT_IMPL, call_shape or "gdpo", convention or "spec", domain=parse_domain(domain))
     try:
         g = grade(subject, select, single_process, strict)
@@ -278,7 +241,7 @@ def main(impl: str | None, call_shape: str | None, convention: str | None, selec
               "report it with the traceback below):", file=sys.stderr)
         traceback.print_exc()
         return EXIT_GRADER
-    print(render(g, details), file=out)
+    print(render(g, details))
     if json_path:
         Path(json_path).write_text(json.dumps(as_json(g), indent=1, default=str) + "\n")
     return EXIT_OK if g.ok else EXIT_FINDINGS

@@ -1,30 +1,12 @@
 """The published GDPO implementations, called unchanged, in the grader's call shapes.
 
-Each adapter imports the installed peer package (an optional heavy dependency, so
-the import is inside the adapter) and calls its real entry point once; the adapter
-only moves the case's arrays into the arguments the peer takes and its result back
-into the call shape (``conformance.subject``). No peer code is copied here: the
-numbers are the peer's own. Which version of which file each adapter calls is the
-provenance of its preset (``spec.conventions``: ``package``, ``version``,
-``entry_point``), and ``docs/peers_findings.md`` records what grading them found.
-
-What a peer cannot express (ragged groups for a (P, m, R) API, several ranks, an
-output dtype it does not make) is refused with :class:`PeerCannotExpress`, whose
-message names the peer and the argument; it is never silently approximated. Each
-adapter declares the convention its peer computes (``gdpo_convention``) and, where it
-narrows the call shape, its domain (``gdpo_domain``; ``conformance.subject``,
-"Declarations of the implementation"). ``spec/generated/peers.md`` (``gdpo peers``) is what
-grading them gives.
-
-* :func:`multireward_grpo` (gdpo shape): ``multireward_grpo.advantage.compute_advantage_batch``,
-  mode ``"na"``, on (P, m, R) rewards.
-* :func:`ms_swift` (trl shape: its arguments are TRL's): ``swift.rl_core.advantage.compute_advantages`` with
-  ``scale_rewards="gdpo"``; its tuple's advantages.
-* :func:`verl` (verl shape): ``verl.trainer.ppo.core_algos.compute_gdpo_outcome_advantage``
-  with an ``AlgoConfig`` naming the reward keys and weights, the per-sample scores in
-  ``non_tensor_batch`` and the token rewards in ``batch`` as verl's trainer passes them.
-* :func:`trl` (trl shape): TRL's real ``GRPOTrainer._generate_and_score_completions``
-  (``multi_objective_aggregation="normalize_then_sum"``) driven without a model (see its docstring).
+Each adapter imports the installed peer (an optional heavy dependency, so inside the adapter),
+calls its real entry point once and only moves arrays in and out: the numbers are the peer's own.
+Its provenance is its preset's (``spec.conventions``: ``package``, ``version``, ``entry_point``);
+it declares the convention its peer computes (``gdpo_convention``) and, where it narrows the call
+shape, its domain (``gdpo_domain``). What a peer cannot express (ragged groups for a (P, m, R) API,
+several ranks) is refused with :class:`PeerCannotExpress`, never approximated.
+``spec/generated/peers.md`` (``gdpo peers``) is what grading them gives.
 """
 
 from __future__ import annotations
@@ -32,14 +14,15 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from impl._segments import round_to
+
 
 class PeerCannotExpress(ValueError):
     """The peer's API has no way to take this call (not a refusal by the peer itself)."""
 
 
 def _numpy_rewards(rewards: torch.Tensor) -> np.ndarray:
-    """The rewards as the caller's numpy array where numpy has the dtype (the peer then
-    sees the dtype the caller passed), else widened exactly to float64 (bfloat16)."""
+    """The rewards as numpy in the caller's dtype, bfloat16 (no numpy dtype) widened to float64."""
     t = rewards.detach().to("cpu")
     if t.dtype == torch.bfloat16:
         t = t.to(torch.float64)
@@ -47,10 +30,8 @@ def _numpy_rewards(rewards: torch.Tensor) -> np.ndarray:
 
 
 def _group_blocks(peer: str, n: int, group_ids, group_size):
-    """The samples of each group, as index arrays: [(indices of shape (P, m))], one entry
-    per distinct group size (first appearance order, stable), for an API that takes
-    (P, m, ...) blocks of equal groups. Only valid for a peer without Eq. 6, whose groups
-    are independent, so one call per group size computes what one call would."""
+    """The samples of each group as (P, m) index arrays, one per distinct group size (in order of
+    first appearance), for a (P, m, ...) API without Eq. 6 (independent groups)."""
     if (group_ids is None) == (group_size is None):
         raise PeerCannotExpress(f"{peer}: pass exactly one of group_ids and group_size")
     if group_size is not None:
@@ -70,29 +51,14 @@ def _group_blocks(peer: str, n: int, group_ids, group_size):
     return [np.stack(groups) for groups in by_size.values()]
 
 
-def _to_out_dtype(a: np.ndarray, out_dtype) -> torch.Tensor:
-    """A float64 result cast once to ``out_dtype``, correctly rounded: torch's own
-    double -> bfloat16/float16 conversion rounds twice (through float32), an error of
-    the adapter, not of the peer, so the round-to-odd cast of ``impl`` is used."""
-    from impl._segments import round_to
-
-    return round_to(torch.from_numpy(np.ascontiguousarray(a, dtype=np.float64)), out_dtype)
-
-
-def _no_ranks(peer: str, process_group) -> None:
-    if process_group is not None:
-        raise PeerCannotExpress(f"{peer}: computes on one process (no process_group)")
-
-
 def multireward_grpo(rewards, *, group_ids=None, group_size=None, weights=None, segment_sizes=None,
                      process_group=None, eps=None, out_dtype=torch.float32):
-    """multireward-grpo's ``compute_advantage_batch(rewards_pmr, w, mode="na", eps)`` in the
-    gdpo shape. It has no Eq. 6, so its groups are independent: ragged groups are one
-    call per group size (as many (P, m, K) blocks), and ``segment_sizes`` has nothing to
-    choose. It returns float64 (P, m), cast once to ``out_dtype`` here."""
+    """multireward-grpo's ``compute_advantage_batch(rewards_pmr, w, mode="na", eps)`` in the gdpo
+    shape: one call per group size (no Eq. 6), its float64 result cast once to ``out_dtype``."""
     from multireward_grpo.advantage import EPS, compute_advantage_batch
 
-    _no_ranks("multireward-grpo", process_group)
+    if process_group is not None:
+        raise PeerCannotExpress("multireward-grpo: computes on one process (no process_group)")
     r = _numpy_rewards(rewards)
     if r.ndim != 2:
         raise PeerCannotExpress(f"multireward-grpo: takes (N, K) rewards here, got shape {r.shape}")
@@ -102,7 +68,7 @@ def multireward_grpo(rewards, *, group_ids=None, group_size=None, weights=None, 
     for idx in _group_blocks("multireward-grpo", n, group_ids, group_size):
         out = compute_advantage_batch(r[idx], w, mode="na", eps=EPS if eps is None else eps)
         adv[idx.reshape(-1)] = np.asarray(out).reshape(-1)
-    return _to_out_dtype(adv, out_dtype)
+    return round_to(torch.from_numpy(adv), out_dtype)  # once: torch's own cast rounds twice, through float32
 
 
 multireward_grpo.gdpo_convention = "multireward_grpo"
@@ -115,11 +81,8 @@ multireward_grpo.gdpo_domain = {
 
 
 def ms_swift(rewards_per_func, num_generations, reward_weights):
-    """ms-swift's ``compute_advantages(rewards_per_func, reward_weights, num_generations,
-    scale_rewards="gdpo")`` in the trl shape (its own argument names, contiguous groups
-    of ``num_generations``, a float32 weights tensor, one batch); the advantages of the
-    ``(advantages, rewards)`` tuple it returns. Its eps (1e-8, both equations) is not an
-    argument, so the shape's lack of one loses nothing."""
+    """ms-swift's ``compute_advantages(..., scale_rewards="gdpo")`` in the trl shape (TRL's argument
+    names; its eps, 1e-8, is no argument); the advantages of the tuple it returns."""
     from swift.rl_core.advantage import compute_advantages
 
     advantages, _ = compute_advantages(rewards_per_func, reward_weights, int(num_generations),
@@ -128,15 +91,11 @@ def ms_swift(rewards_per_func, num_generations, reward_weights):
 
 
 def verl(token_level_rewards, response_mask, index, weights=None):
-    """verl's ``compute_gdpo_outcome_advantage`` in the verl shape, called with the keyword
-    arguments verl's ``ray_trainer.compute_advantage`` builds for ``adv_estimator=gdpo``:
-    ``config`` an ``AlgoConfig`` whose ``gdpo_reward_keys`` are the reward names and
-    ``gdpo_reward_weights`` the weights in their order (None: verl's equal weights);
-    ``non_tensor_batch`` holding ``uid`` and, per key, each sample's score (the sum of its
-    token rewards on its response tokens, what ``compute_score`` returns per key);
-    ``batch`` holding ``prompts`` and ``attention_mask`` (prompt then response mask, from
-    which verl places each score on the last response token); ``token_level_rewards``
-    the summed score on that token. Returns verl's ``(advantages, returns)``."""
+    """verl's ``compute_gdpo_outcome_advantage`` in the verl shape, with the keyword arguments verl's
+    ``ray_trainer.compute_advantage`` builds for ``adv_estimator=gdpo``: an ``AlgoConfig`` naming
+    the reward keys and weights, each sample's score per key (its token rewards summed over the
+    response) in ``non_tensor_batch``, ``prompts`` and ``attention_mask`` in ``batch``, the summed
+    token rewards. Returns verl's ``(advantages, returns)``."""
     from verl.trainer.config import AlgoConfig
     from verl.trainer.ppo.core_algos import compute_gdpo_outcome_advantage
 
@@ -150,7 +109,6 @@ def verl(token_level_rewards, response_mask, index, weights=None):
     prompts = torch.zeros((mask.shape[0], prompt_len), dtype=torch.int64, device=mask.device)
     attention = torch.cat([torch.ones_like(prompts), mask.to(torch.int64)], dim=1)
     total = sum(t for t in token_level_rewards.values()) if names else torch.zeros(mask.shape)
-    # verl's reward manager writes the summed score on the last response token
     config = AlgoConfig(adv_estimator="gdpo", gdpo_reward_keys=names,
                         gdpo_reward_weights=None if weights is None else [float(w) for w in weights.values()])
     non_tensor_batch = {"uid": index, **scores}
@@ -173,14 +131,10 @@ class _OneProcess:
 
 
 def trl(rewards_per_func, num_generations, reward_weights):
-    """TRL's real ``GRPOTrainer._generate_and_score_completions`` with
-    ``multi_objective_aggregation="normalize_then_sum"``, driven without a model, in the trl
-    shape. TRL has no standalone function: its Eq. 4, 7 and 6 are lines of that method. The
-    method runs unchanged on a trainer object made without ``__init__`` (no model, no
-    tokenizer, no accelerate launch) holding only what the method reads: ``_generate``
-    returns one-token prompts and completions, the reward functions (plain callables, as a
-    user's) return the case's columns, ``beta = 0`` and one generation step so no log-probs
-    are computed, one process. The advantages are those of the dict it returns."""
+    """TRL's real ``GRPOTrainer._generate_and_score_completions`` (``multi_objective_aggregation=
+    "normalize_then_sum"``: TRL's Eq. 4, 7 and 6 are lines of that method), run unchanged on a
+    trainer made without ``__init__`` holding only what it reads: one-token prompts and
+    completions, reward functions returning the case's columns, ``beta = 0``, one process."""
     import collections
     import types
 
@@ -221,8 +175,6 @@ def trl(rewards_per_func, num_generations, reward_weights):
     return out["advantages"]
 
 
-# the convention each adapter's peer computes (graded against spec, a failure that holds under it is
-# a formula difference: conformance.properties)
 ms_swift.gdpo_convention = "ms_swift"
 verl.gdpo_convention = "verl"
 trl.gdpo_convention = "trl"

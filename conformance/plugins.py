@@ -1,22 +1,13 @@
-"""The pytest plugin of the conformance suite: the options that choose the implementation under
-test, its markers, the hypothesis profile, and what a run against another implementation keeps.
+"""The conformance suite's pytest plugin (registered by the root ``conftest.py``): the options that
+choose the implementation under test, the markers, the hypothesis profile.
 
     pytest --impl package.module:function [--call-shape gdpo|trl|verl] [--convention NAME]
 
-from the repository root runs the suite's properties against that implementation under
-hypothesis's search (the ``ci`` profile: hill-climbing and shrinking steered by what the code
-returns), one test per property, with the judge's full failure texts. ``gdpo check``
-(:mod:`conformance.grading`) is the grading a maintainer reads: the same properties on cases drawn
-first, the same on any machine, and the findings one per cause.
-
-Naming another implementation (or call shape, or convention) keeps only the tests under
-``conformance/`` that grade it: the repository's other tests and the suite's self-tests
-(:data:`SELF_TESTS`, which grade the suite) are deselected. The implementation is judged at its
-own precision, told by the probes (:mod:`conformance.probes`), unless ``--gdpo-strict`` holds it to the
-specification's own error model, as the suite holds ``impl.gdpo`` and the negative controls.
-``--single-process`` deselects the multi-process tests (marked ``distributed``).
-
-The root ``conftest.py`` registers this module as a plugin (pytest registers a plugin once by name).
+runs the properties against it under hypothesis's search, one test per property with the judge's
+full texts (``gdpo check``, :mod:`conformance.grading`, is the graded report). Naming another
+implementation, shape or convention keeps only the tests under ``conformance/`` that grade it (not
+:data:`SELF_TESTS`); it is judged at its own precision, told by the probes, unless
+``--gdpo-strict``. ``--single-process`` deselects the multi-process tests (marked ``distributed``).
 """
 
 from __future__ import annotations
@@ -28,18 +19,16 @@ import pytest
 
 from conformance import profiles, runner
 from conformance import judge as J
-from conformance.subject import CALL_SHAPES, DEFAULT_IMPL, ImplSpecError, parse_domain, resolve_impl, shape_mismatch
+from conformance.subject import CALL_SHAPES, DEFAULT_IMPL, parse_domain, resolve_impl, shape_mismatch
 
-#: The suite's pytest markers, registered by the plugin itself, so that ``--strict-markers``
-#: holds wherever the suite runs (an installed package has no pyproject.toml of ours).
+#: The suite's markers, registered here so that ``--strict-markers`` holds wherever it runs.
 MARKERS = {
     "slow": "the slow tier: deselected by the README's test command (-m \"not slow\"), run by .ci/run after it (-m slow)",
     "cuda": "needs a CUDA device (skipped without one)",
     "distributed": "spawns torch.distributed process groups",
 }
 
-#: The suite's tests of itself (every negative control against every property, the judge's
-#: plumbing): they grade the suite, not the implementation named.
+#: The suite's tests of itself: they grade the suite, not the implementation named.
 SELF_TESTS = ("test_controls.py", "test_suite_meta.py")
 
 
@@ -50,21 +39,16 @@ def pytest_configure(config):
         config.addinivalue_line("markers", f"{name}: {what}")
     if config.getoption("--strict-errors", default=False):
         os.environ[J.STRICT_ENV] = "1"  # read by J.strict_errors at each refusal
-    loaded = profiles.load()
-    runner.DRAW_FIRST = profiles.draws_first(loaded)
-    try:
+    runner.DRAW_FIRST = profiles.load() in profiles.DRAW_FIRST
+    target = config.getoption("--impl", default=DEFAULT_IMPL)
+    try:  # a bad --domain or --impl (an ImplSpecError is a ValueError)
         parse_domain(config.getoption("--domain", default=None))
+        why = None if target == DEFAULT_IMPL else \
+            shape_mismatch(resolve_impl(target), config.getoption("--call-shape", default="gdpo"))
     except ValueError as e:
         raise pytest.UsageError(str(e)) from None
-    target = config.getoption("--impl", default=DEFAULT_IMPL)
-    if target != DEFAULT_IMPL:
-        try:
-            fn = resolve_impl(target)
-        except ImplSpecError as e:
-            raise pytest.UsageError(str(e)) from None
-        why = shape_mismatch(fn, config.getoption("--call-shape", default="gdpo"))
-        if why is not None:  # else every call raises a TypeError, graded as refusals
-            raise pytest.UsageError(f"--impl {target!r}: {why}")
+    if why is not None:  # else every call raises a TypeError, graded as refusals
+        raise pytest.UsageError(f"--impl {target!r}: {why}")
 
 
 def grades_another(config) -> bool:
@@ -100,7 +84,6 @@ def pytest_report_header(config):
 
 
 def pytest_addoption(parser):
-    """The suite's options (this module is a pytest plugin: see the module docstring)."""
     group = parser.getgroup("gdpo-conformance", "GDPO conformance suite")
     group.addoption("--impl", default=DEFAULT_IMPL,
                     help=f"implementation under test, package.module:function (default {DEFAULT_IMPL})")

@@ -1,24 +1,12 @@
-"""The suite's hypothesis profiles, chosen explicitly (hypothesis would otherwise switch
-itself when it detects CI). ``ci`` (the default) is derandomized, bounded and keeps no
-example database; hypothesis's other files (its cache of the code's constants) go to a
-folder under the system's temporary directory, so a run writes nothing into the
-directory it runs from. ``grade`` (what ``gdpo check`` loads unless told otherwise) draws
-its cases first (:data:`DRAW_FIRST`, ``conformance.runner``): :data:`GRADE_MAX_EXAMPLES`
-per property, fixed by the property's seed alone, then every case checked and a failure
-reduced by the judge, so that what a grading checks is the same on any machine and whatever
-the graded code returns (every negative control of ``conformance/controls.py`` is still
-rejected by ``gdpo check``, measured by ``python -m benchmarks.grading --controls`` into
-``benchmarks/RESULTS.md``). ``deep`` hunts long and keeps its database in hypothesis's
-own place (``.hypothesis/`` in the working directory), which a user asks for with
-``GDPO_HYPOTHESIS_PROFILE=deep`` (``gdpo check --deep``);
-``HYPOTHESIS_STORAGE_DIRECTORY`` set by the user is always honoured.
-
-Under ``ci`` and ``grade`` the draws are also independent of which modules the process has
-imported: hypothesis (6.1xx) mixes the literal constants of every local module loaded so far
-into its generation, so a derandomized test's examples used to depend on the tests that ran
-before it in the same process (an xdist worker's schedule, a file run alone or with others) and
-on any literal added anywhere in the project. :func:`load` empties that pool for the process
-(:func:`drop_local_constants`); ``deep`` keeps it, as a long hunt profits from it."""
+"""The suite's hypothesis profiles, chosen explicitly (hypothesis would otherwise switch itself on
+CI). ``ci`` (the default) is derandomized and bounded; ``grade`` (what ``gdpo check`` loads) draws
+:data:`GRADE_MAX_EXAMPLES` cases per property first (``conformance.runner``), the same on any
+machine whatever the graded code returns. Both keep no example database, write hypothesis's other
+files under the system's temporary directory, and draw without the literal constants of the
+modules loaded so far (:func:`drop_local_constants`: hypothesis mixes them into generation, so
+draws would depend on the tests run before). ``deep`` (``gdpo check --deep``,
+``GDPO_HYPOTHESIS_PROFILE=deep``) hunts long with hypothesis's own database and constants.
+``HYPOTHESIS_STORAGE_DIRECTORY`` set by the user is always honoured."""
 
 from __future__ import annotations
 
@@ -31,18 +19,12 @@ from hypothesis import HealthCheck, settings
 
 #: The environment variable that picks a profile.
 ENV = "GDPO_HYPOTHESIS_PROFILE"
-#: hypothesis's own variable for where it keeps its files.
-STORAGE = "HYPOTHESIS_STORAGE_DIRECTORY"
 _SUPPRESS = [HealthCheck.too_slow, HealthCheck.data_too_large]
-#: The profiles that write no example database (their other files go to a temporary folder).
-_TEMPORARY = ("ci", "grade")
-#: The profiles whose draws do not depend on the modules imported (:func:`drop_local_constants`).
-_NO_LOCAL_CONSTANTS = ("ci", "grade")
-#: The profiles whose runs draw their cases first (``conformance.runner``): the cases checked are
-#: a function of the property's seed and the call shape alone, never of what the graded code returns.
+#: The profiles with no database and no local constants (see the module docstring).
+_BOUNDED = ("ci", "grade")
+#: The profiles whose runs draw their cases first (``conformance.runner``).
 DRAW_FIRST = ("grade",)
-#: Generated examples per property under ``grade`` (``ci``: 40): a passing implementation's
-#: run is its examples' oracle calls, so this sets ``gdpo check``'s time on a conforming one.
+#: Generated examples per property under ``grade`` (``ci``: 40): it sets ``gdpo check``'s time.
 GRADE_MAX_EXAMPLES = 25
 
 
@@ -58,16 +40,11 @@ def load(name: str | None = None) -> str:
     register()
     name = name or os.environ.get(ENV, "ci")
     settings.load_profile(name)
-    if name in _NO_LOCAL_CONSTANTS:
+    if name in _BOUNDED:  # the storage variable is read at hypothesis's first write: before every test
         drop_local_constants()
-    if name in _TEMPORARY:  # read by hypothesis at its first write, so this precedes every test
-        os.environ.setdefault(STORAGE, os.path.join(tempfile.gettempdir(), f"gdpo-spec-hypothesis-{_user()}"))
+        os.environ.setdefault("HYPOTHESIS_STORAGE_DIRECTORY",
+                              os.path.join(tempfile.gettempdir(), f"gdpo-spec-hypothesis-{_user()}"))
     return name
-
-
-def draws_first(name: str | None = None) -> bool:
-    """Does profile ``name`` (default: the one ``load`` would load) draw its cases first?"""
-    return (name or os.environ.get(ENV, "ci")) in DRAW_FIRST
 
 
 def _user() -> str:
@@ -96,9 +73,8 @@ HYPOTHESIS_POOL = None
 
 
 def drop_local_constants() -> bool:
-    """Hypothesis draws without the literal constants of the process's local modules, from now
-    on in this process: what a test draws then depends on its seed and hypothesis's version
-    alone, not on what was imported before it. False where hypothesis has no such pool."""
+    """From now on in this process, hypothesis draws without the literal constants of the local
+    modules (False where it has no such pool)."""
     got = _constants_pool()
     if got is None:
         return False
@@ -113,17 +89,13 @@ def drop_local_constants() -> bool:
 
 @contextlib.contextmanager
 def no_local_constants():
-    """:func:`drop_local_constants` for the duration of a ``with`` block only (hypothesis's own
-    pool again after it, where a profile had not dropped it for the whole process)."""
-    got = _constants_pool()
-    if got is None:
-        yield
-        return
-    hp, _ = got
-    original = hp._get_local_constants
+    """:func:`drop_local_constants` for a ``with`` block only (hypothesis's own pool after it)."""
+    hp = got[0] if (got := _constants_pool()) else None
+    original = hp and hp._get_local_constants
     drop_local_constants()
     try:
         yield
     finally:
-        hp._get_local_constants = original
-        hp.CONSTANTS_CACHE.cache.clear()
+        if hp is not None:
+            hp._get_local_constants = original
+            hp.CONSTANTS_CACHE.cache.clear()

@@ -2,11 +2,8 @@
 
     python -m conformance.replay --impl M:F --convention C --call-shape S --property P --case '<hex JSON>'
 
-The case (a single-process Case or a DistCase, hex JSON) is run under the check of the
-property P that found it (``stage_normalize`` judges ``normalize_rewards``'s c, not the
-advantages; ``errors`` the refusal the case's note names) and the same report is printed;
-exit 0 when it conforms, 1 on a failure. A subject on
-another device or rank backend adds ``--device`` / ``--backend``.
+The case (a Case or DistCase, hex JSON) runs under the check of the property P that found it and
+prints the same report; exit 0 when it conforms, 1 on a failure.
 """
 
 from __future__ import annotations
@@ -16,7 +13,7 @@ import math
 import sys
 
 from conformance import probes, properties
-from conformance.cases import Case, DistCase, loads
+from conformance.cases import DistCase, loads
 from conformance.compare import describe_inputs
 from conformance.subject import DEFAULT_IMPL, Subject
 
@@ -37,13 +34,12 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     case = loads(args.case)
     subject = Subject(args.impl, args.call_shape, args.convention, device=args.device, backend=args.backend)
-    if args.precision:  # judged as gdpo check judged it: at that precision, the probes' formula known
+    if args.precision:
         subject.profile = probes.profile(subject)
         subject.precision = args.precision
     name = args.property or _default_property(case)
-    check = properties.CHECKS[name]
     try:
-        check(subject, case, name)  # the failure then names the property the repro line came from
+        properties.CHECKS[name](subject, case, name)
     except AssertionError as e:
         print(e)
         return 1
@@ -52,16 +48,13 @@ def main(argv=None) -> int:
 
 
 def _default_property(case) -> str:
-    """The check for a case replayed without --property (a repro line older than --property):
-    an error case (noted ``error:<name>`` by the suite's generators) goes to the error contract."""
+    """The check of a case replayed without --property: an error case (noted ``error:<name>``),
+    a malformed call or a non-finite reward goes to the error contract."""
     broken = case.note.startswith("error:")
     if isinstance(case, DistCase):
         return "dist_errors" if broken else "dist_values"
-    return "errors" if broken or case.variant or _has_nonfinite(case) else "values"
-
-
-def _has_nonfinite(case: Case) -> bool:
-    return any(not math.isfinite(v) for row in case.rewards for v in row)
+    nonfinite = any(not math.isfinite(v) for row in case.rewards for v in row)
+    return "errors" if broken or case.variant or nonfinite else "values"
 
 
 if __name__ == "__main__":

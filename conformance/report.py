@@ -1,15 +1,7 @@
-"""``python -m conformance.report``: regenerate conformance/CONTROLS.md.
-
-For every negative control (``conformance/controls.py``) and every property
-(``conformance/properties.py``) it checks the property's cases drawn first
-(``conformance.runner``: the pinned examples, then the ``ci`` profile's budget drawn
-with a fixed seed per property, the same cases for every control) up to the first
-failure (the verdict matrix, which ``test_controls`` recomputes and compares), then
-reduces the first rejecting property's counterexample for the table (the judge's
-reduction, bounded in checks).
-
-``--check`` only computes the matrix and exits 1 if it differs from the committed
-table (what ``test_controls`` does, property by property).
+"""``python -m conformance.report``: regenerate conformance/CONTROLS.md: which property rejects which
+negative control (each property's cases drawn first, ``conformance.runner``, checked up to the
+first failure), and each control's first rejecting counterexample, reduced by the judge.
+``--check`` only compares the matrix with the committed table (exit 1 where it differs).
 """
 
 from __future__ import annotations
@@ -36,56 +28,56 @@ TABLE = pathlib.Path(__file__).with_name("CONTROLS.md")
 
 def verdict(prop: P.Property, target: str, shrink: bool = False):
     """(rejected?, failing case or None, first line of the failure): the property's cases drawn
-    first (``conformance.runner``: the pinned examples, then the ``ci`` budget drawn with the
-    property's seed, shared by every control) checked in order up to the first failure; with
-    ``shrink``, that failure reduced by the judge (``runner.reduce``) for the table's example."""
+    first, for the ``ci`` budget (shared by every control), checked up to the first failure; with
+    ``shrink``, that failure reduced by the judge for the table's example."""
     subject = Subject(target)
     if subject.unsupported(prop.needs):
         return None, None, "skipped"
+
+    def check(case):
+        prop.check(subject, case, prop.name)
+
     cases = runner.planned_cases(prop, subject, settings.get_profile("ci").max_examples)
-    found = next(runner.failures(cases, lambda case: prop.check(subject, case, prop.name)), None)
+    found = next(runner.failures(cases, check), None)
     if found is None:
         return False, None, ""
     index, exc = found
     case = getattr(exc, "case", cases[index])
     if shrink and isinstance(exc, J.ConformanceFailure):
-        exc, _ = runner.reduce(lambda c: prop.check(subject, c, prop.name), subject, case, exc)
+        exc, _ = runner.reduce(check, subject, case, exc)
         case = getattr(exc, "case", case)
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     return True, case, first
 
 
-def matrix(controls=None, props=None, progress=None) -> dict:
+def matrix(progress=None) -> dict:
     """{property name: sorted list of rejected control names}."""
-    controls = controls if controls is not None else list(C.CONTROLS.values())
-    props = props if props is not None else list(P.PROPERTIES)
     out = {}
-    for prop in props:
-        rejected = []
-        for ctl in controls:
+    for prop in P.PROPERTIES:
+        out[prop.name] = []
+        for ctl in C.CONTROLS.values():
             t0 = time.monotonic()
-            ok, _, _ = verdict(prop, ctl.target)
+            ok = verdict(prop, ctl.target)[0]
             if ok:
-                rejected.append(ctl.name)
+                out[prop.name].append(ctl.name)
             if progress:
                 progress(f"{prop.name:>16} x {ctl.name:<22} {'rejected' if ok else 'passes':>8} "
                          f"{time.monotonic() - t0:6.1f} s")
-        out[prop.name] = sorted(rejected)
+        out[prop.name].sort()
     return out
 
 
-def read_matrix(text: str | None = None) -> tuple[dict, str]:
+def read_matrix() -> tuple[dict, str]:
     """The committed matrix and the hypothesis version it was computed with."""
-    text = TABLE.read_text() if text is None else text
+    text = TABLE.read_text()
     version = re.search(r"hypothesis (\d+(?:\.\d+)*)", text)  # not the sentence's full stop
     body = text.split("<!-- matrix -->")[1].split("<!-- /matrix -->")[0]
     lines = [ln for ln in body.strip().splitlines() if ln.startswith("|")]
-    header = [h.strip() for h in lines[0].strip("|").split("|")]
-    names = header[1:]
+    names = [h.strip().strip("`") for h in lines[0].strip("|").split("|")][1:]
     out = {}
     for ln in lines[2:]:
         cells = [c.strip() for c in ln.strip("|").split("|")]
-        out[cells[0].strip("`")] = sorted(n.strip("`") for n, c in zip(names, cells[1:]) if c == "x")
+        out[cells[0].strip("`")] = sorted(n for n, c in zip(names, cells[1:]) if c == "x")
     return out, version.group(1) if version else ""
 
 
@@ -110,24 +102,17 @@ def render(mat: dict, examples: dict) -> str:
         "| property | " + " | ".join(f"`{n}`" for n in ctl_names) + " |",
         "|---|" + "---|" * len(ctl_names),
     ]
-    for prop in P.PROPERTIES:
-        rej = set(mat.get(prop.name, ()))
-        lines.append(f"| `{prop.name}` | " + " | ".join("x" if n in rej else "." for n in ctl_names) + " |")
+    lines += [f"| `{p.name}` | " + " | ".join("x" if n in mat.get(p.name, ()) else "." for n in ctl_names) + " |"
+              for p in P.PROPERTIES]
     lines += ["<!-- /matrix -->", "", "## Controls, and the smallest example found", "",
               "| control | flaw | rejected by | example (reduced by the judge, first rejecting property) |",
               "|---|---|---|---|"]
     for ctl in C.CONTROLS.values():
-        by = [p for p, rej in mat.items() if ctl.name in rej]
-        ex = examples.get(ctl.name, "")
-        lines.append(f"| `{ctl.name}` | {ctl.flaw} | {', '.join(f'`{p}`' for p in by) or '**none**'} | {ex} |")
+        by = ", ".join(f"`{p}`" for p, rej in mat.items() if ctl.name in rej) or "**none**"
+        lines.append(f"| `{ctl.name}` | {ctl.flaw} | {by} | {examples.get(ctl.name, '')} |")
     lines += ["", "## Properties", "", "| property | equation | what must hold |", "|---|---|---|"]
-    for prop in P.PROPERTIES:
-        lines.append(f"| `{prop.name}` | {prop.equation} | {prop.claim} |")
+    lines += [f"| `{p.name}` | {p.equation} | {p.claim} |" for p in P.PROPERTIES]
     return "\n".join(lines) + "\n"
-
-
-def _cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
 
 
 def main(argv=None) -> int:
@@ -139,8 +124,7 @@ def main(argv=None) -> int:
     say = None if args.quiet else (lambda s: print(s, file=sys.stderr, flush=True))
     mat = matrix(progress=say)
     if args.check:
-        committed, version = read_matrix()
-        if committed != mat:
+        if read_matrix()[0] != mat:
             print("CONTROLS.md is stale: regenerate it with python -m conformance.report")
             return 1
         print("CONTROLS.md is up to date")
@@ -155,8 +139,8 @@ def main(argv=None) -> int:
         if say:
             say(f"reduced {ctl.name} on {first.name} in {time.monotonic() - t0:.1f} s")
         if case is not None:
-            examples[ctl.name] = _cell(f"`{first.name}`: {headline.split(': ', 1)[-1]}; "
-                                       f"{describe_inputs(case).strip()}")
+            examples[ctl.name] = f"`{first.name}`: {headline.split(': ', 1)[-1]}; {describe_inputs(case).strip()}" \
+                .replace("|", "\\|").replace("\n", " ")
     TABLE.write_text(render(mat, examples))
     print(f"wrote {TABLE}")
     return 0

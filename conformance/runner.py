@@ -1,22 +1,13 @@
-"""Running a property against an implementation: which cases it is checked on, in what order,
-and what is reported when one fails.
+"""Running a property against an implementation: which cases, in what order, what a failure reports.
 
-Two ways, chosen by the loaded profile (``conformance.profiles``):
-
-* **hypothesis's search** (``ci``, ``deep``: the suite's own run, ``pytest conformance/``):
-  generation, hill-climbing on the error ratio (``target``) and shrinking, all steered by what
-  the graded code returns. It hunts best, but two machines whose arithmetic differs in the last
-  bits (a peer's numpy summation under another SIMD width) can be led to different cases.
-* **cases drawn first** (``grade``, what ``gdpo check`` loads, and the negative controls):
-  the pinned examples the call shape can express, then ``max_examples`` cases drawn by
-  hypothesis from the property's strategy with the property's own seed, by a test body that
-  records and never fails (:func:`planned_cases`). The list is a function of the strategy, the
-  call shape's context, the seed and hypothesis's version alone: never of what the graded code
-  returns (``tests/test_machine_independence.py`` proves it, against hypothesis's search as the
-  negative control). Every case is then checked in order; what follows a failure is the judge's
-  own reduction (:func:`reduce`), a fixed sequence of simplifications each kept only if the case
-  still fails in the same category, bounded in calls, not seconds. What stays machine-dependent is
-  the graded code's own arithmetic on a given case; the report says so (``docs/grading.md``).
+Two ways, by the loaded profile (``conformance.profiles``): **hypothesis's search** (``ci``,
+``deep``: generation, ``target`` hill-climbing and shrinking, steered by what the graded code
+returns, so two machines whose last bits differ can be led to different cases), or **cases drawn
+first** (``grade``, ``gdpo check``, the negative controls): the pinned examples, then
+``max_examples`` cases drawn from the property's strategy and seed by a body that never fails
+(:func:`planned_cases`), a function of the strategy, the call shape, the seed and hypothesis's
+version alone (``tests/test_machine_independence.py``). Every case is checked; a failure is then
+reduced by the judge (:func:`reduce`), a fixed sequence of simplifications bounded in calls.
 """
 
 from __future__ import annotations
@@ -45,45 +36,26 @@ from conformance.subject import Subject
 
 
 def property_seed(prop: Property) -> int:
-    """The property's own seed: its examples do not move when the suite's code is edited
-    (``derandomize`` alone would hash the test's source)."""
+    """The property's own seed (``derandomize`` alone would hash the test's source)."""
     return zlib.crc32(prop.name.encode())
 
 
 def expressible(case, ctx: S.Context) -> bool:
     """Can this call shape express a pinned example?"""
-    shards = case.shards if isinstance(case, DistCase) else (case,)
-    for c in shards:
-        if c.group_ids is not None and not ctx.labels:
-            return False
-        if c.segment_sizes is not None and not ctx.units:
-            return False
-        if c.eps is not None and not ctx.eps:
-            return False
-        if c.dtype in S.DTYPES and c.dtype not in ctx.input_dtypes:
-            return False
-        if c.out_dtype not in ctx.out_dtypes:
-            return False
-        if c.weights is not None and ctx.weights_dtype != "float64" and \
-                not np.array_equal(S.round_to(c.weights, ctx.weights_dtype), np.array(c.weights)):
-            return False
-    return True
-
-
-# --------------------------------------------------------------- hypothesis's search
+    return all((c.group_ids is None or ctx.labels) and (c.segment_sizes is None or ctx.units)
+               and (c.eps is None or ctx.eps) and (c.dtype not in S.DTYPES or c.dtype in ctx.input_dtypes)
+               and c.out_dtype in ctx.out_dtypes
+               and (c.weights is None or ctx.weights_dtype == "float64"
+                    or np.array_equal(S.round_to(c.weights, ctx.weights_dtype), np.array(c.weights)))
+               for c in (case.shards if isinstance(case, DistCase) else (case,)))
 
 
 def build_test(prop: Property, subject: Subject, config: settings | None = None, record: list | None = None,
                budget_s: float | None = None):
-    """The hypothesis test of ``prop`` against ``subject`` (call it to run).
-
-    ``record``, if given, receives every failing case in order (the last one is
-    the minimal example hypothesis reports). ``budget_s`` bounds shrinking: once
-    that many seconds have passed since the run began and a case has failed, the
-    run stops (:class:`ShrinkBudgetSpent`)."""
-    ctx = subject.context()
-    strategy = prop.strategy(ctx, subject)
-    start = time.monotonic()
+    """The hypothesis test of ``prop`` against ``subject`` (call it to run). ``record`` receives
+    every failing case in order (the last is the smallest); once a case has failed and
+    ``budget_s`` seconds have passed, the run stops (:class:`ShrinkBudgetSpent`)."""
+    ctx, start = subject.context(), time.monotonic()
 
     def run(case):
         if record and budget_s is not None and time.monotonic() - start > budget_s:
@@ -93,58 +65,44 @@ def build_test(prop: Property, subject: Subject, config: settings | None = None,
         try:
             prop.check(subject, case, prop.name)
         except UnsatisfiedAssumption:
-            raise  # a case discarded (outside the declared domain)
+            raise
         except Exception as exc:
             if record is not None:
                 record.append(getattr(exc, "case", case))
             raise
 
-    test = given(case=strategy)(run)
-    for text in reversed(prop.examples):
-        case = regressions.load(text)
-        if expressible(case, ctx):
-            test = example(case=case)(test)
-    if config is not None:
-        test = config(test)
-    return test
+    test = given(case=prop.strategy(ctx, subject))(run)
+    for case in reversed([c for c in map(regressions.load, prop.examples) if expressible(c, ctx)]):
+        test = example(case=case)(test)
+    return test if config is None else config(test)
 
 
 def control_settings() -> settings:
-    """The ci profile (whatever profile is loaded), without shrinking or hill-climbing
-    (the target phase can spend thousands of calls on a near miss): a verdict, fast."""
+    """The ci profile without shrinking or hill-climbing (thousands of calls on a near miss)."""
     return settings(settings.get_profile("ci"), phases=[Phase.explicit, Phase.generate],
                     suppress_health_check=list(HealthCheck), report_multiple_bugs=False, print_blob=False)
 
 
-#: Seconds into a property's run under hypothesis's search after which, once a case has failed,
-#: shrinking stops (hypothesis allows itself five minutes of shrinking; a case of several hundred
-#: rows can shrink for longer). The smallest failing case found by then is reported.
+#: Seconds into a search after which, once a case has failed, shrinking stops (hypothesis allows
+#: itself five minutes; a case of hundreds of rows can shrink longer): the smallest case is reported.
 SHRINK_BUDGET_S = 60.0
 
 
 class ShrinkBudgetSpent(BaseException):
-    """Raised by a property's run function once its shrink budget is spent. Not an Exception,
-    so hypothesis ends the run at once (no more shrinking, no final replay, so no "Flaky" for
-    a deterministic implementation); the caller reports the smallest failing case recorded."""
+    """Not an Exception, so hypothesis ends the run at once (no final replay, so no "Flaky")."""
 
 
 def _search(prop: Property, subject: Subject) -> None:
     record: list = []
-    config = None
-    if not prop.hill_climb:
-        loaded = settings()  # the loaded profile
-        config = settings(loaded, phases=[ph for ph in loaded.phases if ph != Phase.target])
+    loaded = settings()
+    config = None if prop.hill_climb else settings(loaded, phases=[ph for ph in loaded.phases if ph != Phase.target])
     test = build_test(prop, subject, config, record=record, budget_s=SHRINK_BUDGET_S)
-    if settings().derandomize:
+    if loaded.derandomize:
         test = seed(property_seed(prop))(test)
     try:
-        test()
-    except ShrinkBudgetSpent:  # the budget ran out while shrinking: report the smallest case found
-        _smallest_found(prop, subject, record)
-
-
-def _smallest_found(prop: Property, subject: Subject, record: list) -> None:
-    """Raise the failure of the last (smallest) failing case found before the budget ran out."""
+        return test()
+    except ShrinkBudgetSpent:
+        pass  # the budget ran out: the smallest failing case found is checked again and reported
     try:
         prop.check(subject, record[-1], prop.name)
     except ConformanceFailure as failure:
@@ -153,8 +111,6 @@ def _smallest_found(prop: Property, subject: Subject, record: list) -> None:
     raise AssertionError(f"{prop.name}: a case failed, then passed when checked again (the implementation is "
                          f"not deterministic): {record[-1]!r}"[:2000])
 
-
-# --------------------------------------------------------------- cases drawn first
 
 #: Does the loaded profile draw its cases first (set by the plugin from ``conformance.profiles``)?
 DRAW_FIRST = False
@@ -165,10 +121,8 @@ _DRAWN: dict = {}
 
 def draw(name: str, strategy, max_examples: int | None = None, key: tuple = ()) -> tuple:
     """``max_examples`` (default: the loaded profile's) cases drawn from ``strategy`` with the seed of
-    the property ``name``, by a body that records and never fails: nothing the graded code returns
-    can change them. Memoised on ``(name, key, max_examples)``, ``key`` being what the strategy is a
-    function of (a property's strategy: the call shape and its context, never the convention): the
-    negative controls, and peers of one call shape, share them."""
+    ``name`` by a body that never fails, memoised on ``(name, key, max_examples)``; ``key``: what the
+    strategy is a function of (the call shape and its context), so controls and peers share them."""
     n = settings().max_examples if max_examples is None else max_examples
     memo = (name, key, n)
     if memo not in _DRAWN:
@@ -187,8 +141,8 @@ def draw(name: str, strategy, max_examples: int | None = None, key: tuple = ()) 
 
 
 def adapt(case, subject: Subject):
-    """A pinned example as the call shape passes it: a shape that passes no output dtype (trl, verl)
-    gets its own, and rewards its dtypes cannot carry go in the first one that holds them exactly."""
+    """A pinned example as a shape with no output dtype (trl, verl) passes it: its own output dtype,
+    rewards in the first of its dtypes that holds them exactly."""
     if subject.shape not in ("trl", "verl") or not isinstance(case, Case):
         return case
     ctx = subject.context()
@@ -202,24 +156,21 @@ def adapt(case, subject: Subject):
 
 
 def pinned_cases(prop: Property, subject: Subject, error: str | None = None) -> list:
-    """The property's pinned examples (``conformance/regressions.json``) the call shape can express
-    (``error``: only those of that error case)."""
+    """The property's pinned examples the call shape expresses (``error``: of that error case)."""
     ctx = subject.context()
     return [c for c in (adapt(regressions.load(t), subject) for t in prop.examples)
             if expressible(c, ctx) and (error is None or c.note == f"error:{error}")]
 
 
 def planned_cases(prop: Property, subject: Subject, max_examples: int | None = None) -> list:
-    """Every case a drawn-first run checks, in order: the pinned examples, then the drawn ones;
-    those outside the declared domain (``Subject.inside``) left out."""
+    """Every case a drawn-first run checks, in order: the pinned examples, then the drawn ones."""
     return _planned(prop.name, pinned_cases(prop, subject), prop.strategy(subject.context(), subject), subject,
                     max_examples)
 
 
 def _planned(name: str, pinned: list, strategy, subject: Subject, max_examples: int | None) -> list:
-    """The pinned cases inside the declared domain, then the first ``max_examples`` cases drawn
-    for ``name`` inside it: where the domain leaves out some, more are drawn (twice as many, up to
-    8 times), so that a narrow domain is graded on as many cases as a wide one."""
+    """The pinned cases inside the declared domain, then the first ``max_examples`` drawn for
+    ``name`` inside it (more drawn, up to 8 times as many, so a narrow domain gets as many)."""
     n = settings().max_examples if max_examples is None else max_examples
     key = (repr(subject.context()), subject.shape)
     budget = n
@@ -231,9 +182,7 @@ def _planned(name: str, pinned: list, strategy, subject: Subject, max_examples: 
 
 
 def row_cases(row: str, subject: Subject, max_examples: int | None = None) -> list:
-    """The cases a drawn-first run of the summary row ``row`` (``plain``, ``errors:nan_reward``) checks;
-    an error case's row (``conformance/test_errors.py``): its pinned examples the call shape can
-    express, then the cases drawn for it."""
+    """The cases a drawn-first run of the summary row ``row`` (``plain``, ``errors:nan_reward``) checks."""
     if not row.startswith("errors:"):
         return planned_cases(BY_NAME[row], subject, max_examples)
     name = row.split(":", 1)[1]
@@ -249,13 +198,8 @@ def case_text(case) -> str:
 
 
 def digest(cases) -> str:
-    """A short digest of a list of cases (their exact JSON): what ``gdpo check --json`` and the
-    peers page record, so that two gradings can be shown to have checked the same cases."""
-    h = hashlib.sha256()
-    for c in cases:
-        h.update(case_text(c).encode())
-        h.update(b"\n")
-    return h.hexdigest()[:16]
+    """A short digest of a list of cases' exact JSON: two gradings checked the same cases."""
+    return hashlib.sha256("".join(case_text(c) + "\n" for c in cases).encode()).hexdigest()[:16]
 
 
 def failures(cases, check, catch=Exception):
@@ -271,15 +215,12 @@ def failures(cases, check, catch=Exception):
 
 
 def grade(prop: Property, subject: Subject) -> None:
-    """Check ``prop`` on its planned cases (:func:`grade_cases`)."""
     grade_cases(subject, planned_cases(prop, subject), lambda case: prop.check(subject, case, prop.name))
 
 
 def grade_cases(subject: Subject, cases, check) -> None:
-    """Check every case (a failure does not end the run: the others are judged too); raise the
-    first failure, reduced, noting how many of the cases failed and in which categories (a failure
-    that is no ``ConformanceFailure``, a crash of the judge or of the graded code outside a call, is
-    raised as it is)."""
+    """Check every case; raise the first failure, reduced, noting how many failed in which
+    categories (a crash that is no ``ConformanceFailure`` is raised as it is)."""
     found = list(failures(cases, check))
     if not found:
         return
@@ -294,14 +235,10 @@ def grade_cases(subject: Subject, cases, check) -> None:
     raise reduced.restated(f"{reduced}{note}") from None
 
 
-# --------------------------------------------------------------- reduction
-
-
 def fails_alike(check, case, failure: ConformanceFailure) -> ConformanceFailure | None:
-    """The failure of ``case`` if it fails as ``failure`` does, else None: in its category and,
-    for a formula, naming the same formula, no more ambiguously (a smaller case that several
-    variants of the catalogue reproduce alike would name one of them as a guess: one group of
-    two rewards cannot tell a missing Eq. 6 from an Eq. 4 without its division by the std)."""
+    """The failure of ``case`` if it fails as ``failure`` does, else None: in its category and, for
+    a formula, the same one no more ambiguously (one group of two rewards cannot tell a missing
+    Eq. 6 from an Eq. 4 without its division by the std: it would name one of them as a guess)."""
     try:
         check(case)
     except ConformanceFailure as exc:
@@ -321,22 +258,15 @@ def fails_alike(check, case, failure: ConformanceFailure) -> ConformanceFailure 
 def _valid(case: Case) -> bool:
     """A reduction keeps the case inside the property's domain: at least one row and column,
     groups of two or more samples, units of 0 or 2 or more samples that cover the batch."""
-    if case.n == 0 or case.k == 0:
+    if case.n == 0 or case.k == 0 or np.unique(case.labels(), return_counts=True)[1].min() < 2:
         return False
-    _, counts = np.unique(case.labels(), return_counts=True)
-    if counts.min() < 2:
-        return False
-    if case.segment_sizes is not None:
-        sizes = case.segment_sizes
-        if sum(sizes) != case.n or any(s == 1 or s < 0 for s in sizes) or not sizes:
-            return False
-    return True
+    sizes = case.segment_sizes
+    return sizes is None or (bool(sizes) and sum(sizes) == case.n and all(s >= 0 and s != 1 for s in sizes))
 
 
 def _keep_rows(case: Case, keep: np.ndarray) -> Case:
     """The case with only the rows ``keep`` (a boolean mask); labels and units follow the rows."""
-    rows = tuple(r for r, k in zip(case.rewards, keep) if k)
-    changes = {"rewards": rows}
+    changes = {"rewards": tuple(r for r, k in zip(case.rewards, keep) if k)}
     if case.group_ids is not None:
         changes["group_ids"] = tuple(g for g, k in zip(case.group_ids, keep) if k)
     elif case.group_size is not None:
@@ -406,34 +336,27 @@ def _simpler(v: float, dtype: str) -> list:
     out = [0.0, math.copysign(1.0, v)]
     if abs(v) > 1e-300:
         e = math.log10(abs(v))
-        for p in (float(f"1e{math.floor(e)}"), float(f"1e{math.ceil(e)}")):  # the powers of ten around it (inf
-            # beyond float64, where 10.0 ** 309 would raise)
+        for p in (float(f"1e{math.floor(e)}"), float(f"1e{math.ceil(e)}")):  # inf beyond float64, no raise
             if math.isfinite(p) and (dtype not in S.DTYPES or p <= S.DTYPES[dtype].max):
                 out.append(math.copysign(float(S.round_to([p], dtype)[0]) if dtype in S.DTYPES else p, v))
     return [x for x in dict.fromkeys(out) if x != v and math.isfinite(x) and
             (dtype not in S.DTYPES or float(S.round_to([x], dtype)[0]) == x) and _score(x, dtype) < _score(v, dtype)]
 
 
-def _score(v: float, dtype: str = "float64") -> float:
+def _score(v: float, dtype: str) -> float:
     """How complicated a value reads: 0 < 1 < the length of its shortest decimal in ``dtype``."""
-    if v == 0.0:
-        return 0.0
-    if abs(v) == 1.0:
-        return 1.0
-    return 2.0 + len(decimal(v, dtype).lstrip("-"))
+    return 0.0 if v == 0.0 else 1.0 if abs(v) == 1.0 else 2.0 + len(decimal(v, dtype).lstrip("-"))
 
 
 def reduce(check, subject: Subject, case, failure: ConformanceFailure,
            budget: int | None = None) -> tuple[ConformanceFailure, int]:
-    """The failure of the smallest case the judge's reduction reaches from ``case`` (a
-    :class:`Case` of values; an error case, a malformed call or a multi-rank case is returned as it
-    is), each step kept only where the case still fails in ``failure``'s category, and the checks
-    spent (at most ``budget``). ``check``: the property's check of one case."""
+    """The failure of the smallest case the judge's reduction reaches from ``case`` (a value case;
+    any other is returned as it is), each step kept only where it still fails alike
+    (:func:`fails_alike`), and the checks spent (at most ``budget``)."""
     budget = REDUCE_CALLS if budget is None else budget
     if not isinstance(case, Case) or not case.rewards or case.variant or case.note.startswith("error:"):
         return failure, 0
-    calls, best, best_exc = 0, case, failure
-    progress = True
+    calls, best, best_exc, progress = 0, case, failure, True
     while progress and calls < budget:
         progress = False
         for cand in _candidates(best):
@@ -449,13 +372,8 @@ def reduce(check, subject: Subject, case, failure: ConformanceFailure,
     return best_exc, calls
 
 
-# --------------------------------------------------------------- pytest
-
-
 def run_for_pytest(prop: Property, subject: Subject) -> None:
-    """Run ``prop`` against the implementation under test, under the loaded profile (cases drawn
-    first, or hypothesis's search); a property the call shape or convention cannot express is
-    skipped with the reason."""
+    """Run ``prop`` under the loaded profile; skipped with the reason where it cannot be expressed."""
     why = subject.unsupported(prop.needs)
     if why:
         pytest.skip(why)

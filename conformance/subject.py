@@ -1,12 +1,9 @@
-"""The implementation under test: how the suite finds it (``--impl``), how each call shape calls
-it (``gdpo``, ``trl``, ``verl``: docs/grading.md, "Call shapes", which also says how each shape
-expresses the error contract's cases and which it cannot), what it declares (``gdpo_domain``,
-``gdpo_certified``, ``gdpo_convention``; ``--domain``: docs/grading.md, "Declarations"), the
-precision and formula a grading found for it (:attr:`Subject.precision`, :attr:`Subject.profile`),
-and what one call did (:class:`Outcome`). The pytest options that choose it live in
-:mod:`conformance.plugins`.
+"""The implementation under test: how the suite finds it (``--impl``), how each call shape
+(``gdpo``, ``trl``, ``verl``: docs/grading.md, "Call shapes") calls it, what it declares
+(``gdpo_domain``, ``gdpo_certified``, ``gdpo_convention``, ``--domain``: docs/grading.md,
+"Declarations"), the precision and formula a grading found for it, and what one call did
+(:class:`Outcome`).
 """
-
 
 from __future__ import annotations
 
@@ -39,32 +36,31 @@ CANNOT_EXPRESS = {
 
 #: T of the verl shape: responses have 1 to VERL_TOKENS tokens (right padding after them).
 VERL_TOKENS = 6
-#: Malformed calls (Case.variant) the verl shape expresses (see the module docstring).
+#: Malformed calls (Case.variant) the verl shape expresses.
 VERL_VARIANTS = ("", "empty", "rewards_3d")
+
 
 class ImplSpecError(ValueError):
     """An ``--impl`` spec that does not name a callable: the one-line reason."""
 
+
 def resolve_impl(target: str):
-    """``package.module:attr[.attr]`` -> the callable it names, or :class:`ImplSpecError`
-    saying in one line why not (no ``:``, module not found, import failed, no such
-    attribute, not callable). ``gdpo check`` and ``pytest --impl`` call it before
-    anything runs, so a bad spec stops at once instead of failing every property."""
+    """``package.module:attr[.attr]`` -> the callable it names, or :class:`ImplSpecError` saying
+    in one line why not; called before anything runs, so a bad spec stops at once."""
     mod_name, colon, attr = target.partition(":")
     if not colon or not mod_name or not attr or "" in attr.split("."):
         raise ImplSpecError(f"--impl {target!r}: expected package.module:function")
     try:
         obj = importlib.import_module(mod_name)
-    except ModuleNotFoundError as e:
-        if e.name is not None and (mod_name == e.name or mod_name.startswith(e.name + ".")):
+    except KeyboardInterrupt:
+        raise
+    except BaseException as e:  # noqa: BLE001 - whatever the module raises on import, SystemExit included
+        if isinstance(e, ModuleNotFoundError) and e.name is not None and \
+                (mod_name == e.name or mod_name.startswith(e.name + ".")):
             raise ImplSpecError(f"--impl {target!r}: module {e.name!r} not found "
                                 f"(not installed, or not on sys.path / PYTHONPATH)") from None
-        raise ImplSpecError(f"--impl {target!r}: importing {mod_name!r} failed: "
-                            f"{type(e).__name__}: {' '.join(str(e).split())}") from None
-    except BaseException as e:  # noqa: BLE001 - whatever the module raises on import, SystemExit included
-        if isinstance(e, KeyboardInterrupt):
-            raise
-        raise ImplSpecError(f"--impl {target!r}: importing {mod_name!r} raised "
+        how = "failed:" if isinstance(e, ModuleNotFoundError) else "raised"
+        raise ImplSpecError(f"--impl {target!r}: importing {mod_name!r} {how} "
                             f"{type(e).__name__}: {' '.join(str(e).split())}") from None
     where = mod_name
     for part in attr.split("."):
@@ -77,22 +73,19 @@ def resolve_impl(target: str):
     return obj
 
 
-#: How each call shape calls the implementation, in the arguments every call of it passes (their
-#: values stand in: only their names and positions are bound): gdpo's group argument is either of two
+#: The arguments every call of each shape passes (only names and positions are bound; gdpo's group
+#: argument is either of two)
 _SHAPE_CALLS = {
     "gdpo": [((None,), {"group_size": 2, "out_dtype": None}), ((None,), {"group_ids": None, "out_dtype": None})],
     "trl": [((None, 2, None), {})],
     "verl": [((), {"token_level_rewards": {}, "response_mask": None, "index": None, "weights": None})],
 }
-#: how each call shape calls, for the message of :func:`shape_mismatch`
 SHAPE_SIGNATURES = {
     "gdpo": "fn(rewards, *, group_size=... or group_ids=..., weights=..., segment_sizes=..., eps=..., "
             "out_dtype=...)",
     "trl": "fn(rewards, num_generations, reward_weights)",
     "verl": "fn(token_level_rewards={name: (B, T)}, response_mask=(B, T), index=(B,), weights=...)",
 }
-
-
 #: the keywords a gdpo-shape call may pass besides those of every call (a parameter the function
 #: requires among them is passed by the cases that need it)
 _GDPO_KEYWORDS = frozenset({"group_ids", "group_size", "weights", "segment_sizes", "eps", "out_dtype", "missing",
@@ -120,11 +113,9 @@ def _binds(sig, shape: str) -> str | None:
 
 
 def shape_mismatch(fn, shape: str) -> str | None:
-    """Why ``fn`` cannot be called the way call shape ``shape`` calls it (read off its signature:
-    an argument it does not take, one it requires and the shape does not pass), naming a shape
-    whose calls it does take; None where it can, or where it has no signature to read (its
-    calls then say what they say). Every call would otherwise raise a TypeError, read as a
-    refusal: the input checks passing as refusals of another class, every valid case failing."""
+    """Why ``fn``'s signature cannot take the calls of call shape ``shape`` (every call would
+    raise a TypeError, read as a refusal), naming a shape whose calls it takes; None where it
+    can, or has no signature to read."""
     try:
         sig = inspect.signature(fn)
     except (TypeError, ValueError):
@@ -132,7 +123,6 @@ def shape_mismatch(fn, shape: str) -> str | None:
     why = _binds(sig, shape)
     if why is None:
         return None
-    # (the most specific first: verl's keywords, gdpo's, then trl's three positional arguments)
     fits = [other for other in ("verl", "gdpo", "trl") if other != shape and _binds(sig, other) is None]
     hint = f"; it takes the {fits[0]} shape's arguments: --call-shape {fits[0]}" if fits else ""
     return (f"{getattr(fn, '__qualname__', fn)}{sig} cannot be called as call shape {shape!r} calls it, "
@@ -140,18 +130,17 @@ def shape_mismatch(fn, shape: str) -> str | None:
 
 
 class CallShapeViolation(Exception):
-    """The implementation's output breaks its call shape (e.g. a verl result that is not
-    one value per sample on its response tokens and 0 on padding)."""
+    """The implementation's output breaks its call shape (a verl result that is not one value per
+    sample on its response tokens and 0 on padding)."""
+
 
 class NonFiniteOutput(CallShapeViolation):
-    """A NaN or an infinity in the output where the call shape reads one value per sample
-    (e.g. NaN on a verl padding token: NaN times a 0 mask is NaN): graded as a non-finite
-    output, not as a breach of the call shape."""
+    """A NaN or infinity where the shape reads one value per sample (NaN on a verl padding token):
+    graded as a non-finite output, not as a breach of the call shape."""
 
 
 class InputModified(CallShapeViolation):
-    """The implementation wrote into a tensor the caller passed (the contract reads its
-    inputs and never changes them)."""
+    """The implementation wrote into a tensor the caller passed."""
 
 
 def _bits_of(t: torch.Tensor) -> torch.Tensor:
@@ -172,31 +161,28 @@ def _unchanged(fn, tensors: dict):
     return out
 
 
-def verl_lengths(n: int, tokens: int = VERL_TOKENS) -> np.ndarray:
-    """Response lengths of the verl shape: 3, 2, 1, 6, 5, 4, 3, ... (every length in
-    1..tokens occurs within ``tokens`` samples; sample 0 is padded)."""
-    return 1 + (5 * np.arange(n, dtype=np.int64) + 2) % tokens
+def verl_lengths(n: int) -> np.ndarray:
+    """Response lengths of the verl shape: 3, 2, 1, 6, 5, 4, 3, ... (every length in 1..T occurs
+    within T samples; sample 0 is padded)."""
+    return 1 + (5 * np.arange(n, dtype=np.int64) + 2) % VERL_TOKENS
 
 
-def verl_token_rewards(rewards: np.ndarray, lengths: np.ndarray, dtype: str, tokens: int = VERL_TOKENS) -> np.ndarray:
-    """(N, K) rewards -> (N, T, K) token rewards whose sum over the response tokens is
-    each reward exactly: on the last response token, or, where (i + k) is odd and the
-    response has two tokens or more, split in two exact halves (first and last token)
-    when the half is a value of the float ``dtype``, and whole on the first token when
-    the reward is not finite (NaN + 0 is NaN, inf + 0 inf). Padding tokens hold 0."""
+def verl_token_rewards(rewards: np.ndarray, lengths: np.ndarray, dtype: str) -> np.ndarray:
+    """(N, K) rewards -> (N, T, K) token rewards summing to each reward exactly over the response:
+    on its last token, or, where (i + k) is odd and it has two tokens or more, in two exact halves
+    (first and last token) where ``dtype`` holds the half, whole on the first token where the
+    reward is not finite. Padding tokens hold 0."""
     n, k = rewards.shape
-    out = np.zeros((n, tokens, k), dtype=np.float64)
+    out = np.zeros((n, VERL_TOKENS, k), dtype=np.float64)
     for i in range(n):
         last = int(lengths[i]) - 1
         for j in range(k):
             r = float(rewards[i, j])
-            half = r / 2.0
-            odd = last >= 1 and (i + j) % 2 == 1
+            half, odd = r / 2.0, last >= 1 and (i + j) % 2 == 1
             if odd and not math.isfinite(r):
                 out[i, 0, j] = r
             elif odd and dtype in DTYPES and float(round_to([half], dtype)[0]) == half:
-                out[i, 0, j] = half
-                out[i, last, j] = half
+                out[i, 0, j] = out[i, last, j] = half
             else:
                 out[i, last, j] = r
     return out
@@ -238,20 +224,14 @@ class Outcome:
         return f"raised {self.error_type}: {self.message}"
 
 
-#: The limits a domain may declare beyond what a call shape expresses (``Subject.inside``): the
-#: number of reward columns, the group sizes (a list of the allowed sizes, or an int: the smallest),
-#: the largest |reward| and |weight|.
+#: The limits a domain may declare beyond what a call shape expresses (``Subject.inside``; group
+#: sizes: the allowed ones, or an int, the smallest).
 LIMITS = ("min_columns", "max_columns", "group_sizes", "max_abs_reward", "max_abs_weight", "equal_groups")
-#: Declarations of what the code does on purpose (not narrowings of the search): ``validated``, the
-#: error cases a framework checks before it calls the function (skipped, reported "validated
-#: elsewhere"); ``int_rewards``, integer and bool rewards computed as their values, not refused;
-#: ``certified``, certified rounding.
+#: Declarations of what the code does on purpose, not narrowings of the search: the error cases its
+#: framework checks before calling it, integer and bool rewards computed as values, certified rounding.
 DECLARATIONS = ("validated", "int_rewards", "certified")
-#: The reward dtypes a narrow call shape (trl, verl) can pass besides the float32 it passes by
-#: default: a declaration of ``input_dtypes`` picks among them (a float64 code through the trl shape).
+#: The reward dtypes a narrow call shape (trl, verl) passes where ``input_dtypes`` declares them.
 NARROW_SHAPE_DTYPES = ("float32", "float64", "float16", "bfloat16")
-
-
 #: the numeric --domain fields: how each value is read, and what it takes (for the error message)
 _DOMAIN_NUMBERS = {
     "min_columns": (int, "an integer, like 2"), "max_columns": (int, "an integer, like 8"),
@@ -262,14 +242,11 @@ _DOMAIN_NUMBERS = {
 
 def parse_domain(items) -> dict:
     """``KEY=VALUE`` strings (``gdpo check --domain``) as a domain dict: ``min_columns=2``,
-    ``group_sizes=4,8`` (allowed sizes) or ``group_sizes=4+`` (at least 4), ``max_abs_reward=1e6``,
-    ``input_dtypes=float32,float64``, ``labels=false``; ``certified=true`` (or the formats,
-    ``certified=float32,bfloat16,float16``) is a declaration, not a narrowing: certified rounding
-    (:meth:`Subject.certifies`, :meth:`Subject.certified_formats`)."""
+    ``group_sizes=4,8`` or ``4+``, ``max_abs_reward=1e6``, ``input_dtypes=float32,float64``,
+    ``labels=false``, ``certified=true`` or the formats certified."""
     out: dict = {}
     for item in items or ():
-        key, sep, value = item.partition("=")
-        key, value = key.strip(), value.strip()
+        key, sep, value = (x.strip() for x in item.partition("="))
         if not sep or not key:
             raise ValueError(f"--domain takes KEY=VALUE, got {item!r}")
         if key in _DOMAIN_NUMBERS:
@@ -283,7 +260,6 @@ def parse_domain(items) -> dict:
         if key in ("input_dtypes", "out_dtypes"):
             out[key] = listed
         elif key == "validated" or (key == "certified" and value.lower() not in ("true", "false")):
-            # certified=float32,bfloat16,float16: the formats whose rounding is declared certified
             known, what = (tuple(ERROR_BY_NAME), "error case names") if key == "validated" else \
                 (("float64", "float32", "bfloat16", "float16"), "true, false or formats")
             if not listed or any(x not in known for x in listed):
@@ -315,12 +291,10 @@ class Subject:
         self.convention = get_convention(convention).name
         self.device = device
         self.backend = backend  # of the spawned ranks' process groups
-        #: the working precision the code is judged at, told by the probes (conformance.probes):
-        #: None holds it to the convention's own (spec: the prescribed float64 algorithm, exact
-        #: collapse and structural zeros bit for bit; a peer's preset: its native dtype)
+        #: the working precision the code is judged at, told by the probes (conformance.probes);
+        #: None: the convention's own (spec: the prescribed float64 algorithm, exact zeros bit for bit)
         self.precision: str | None = None
-        #: what the grading's probes told (conformance.probes.Profile), or None
-        self.profile = None
+        self.profile = None  # what the grading's probes told (conformance.probes.Profile)
         self._fn = None
 
     def __repr__(self) -> str:
@@ -338,19 +312,13 @@ class Subject:
             return None
         f = getattr(self.fn, name, None)
         if f is None:
-            mod = importlib.import_module(self.target.partition(":")[0])
-            f = getattr(mod, name, None)
+            f = getattr(importlib.import_module(self.target.partition(":")[0]), name, None)
         return f if callable(f) else None
 
-    # -------------------------------------------------------- what it expresses
     def domain(self) -> dict:
-        """The implementation's declared domain: the function's ``gdpo_domain`` attribute, with
-        ``gdpo check --domain KEY=VALUE`` over it, a dict of :class:`conformance.strategies.Context`
-        fields it narrows (``input_dtypes``, ``out_dtypes``, ``labels``, ``units``, ``eps``), of the
-        limits of :data:`LIMITS` (``min_columns``, ``max_columns``, ``group_sizes``,
-        ``max_abs_reward``, ``max_abs_weight``) and ``why``, one line saying why. The search stays
-        inside it (:meth:`inside`), a refusal outside it is never asked for, and the report states
-        it; {} where none is declared."""
+        """The declared domain: the function's ``gdpo_domain`` with ``--domain`` over it, of
+        :class:`conformance.strategies.Context` fields it narrows, :data:`LIMITS`,
+        :data:`DECLARATIONS` and ``why``; the search stays inside it (:meth:`inside`)."""
         d = getattr(self.fn, "gdpo_domain", None) or {}
         if not isinstance(d, dict):
             raise ValueError(f"{self.target}.gdpo_domain must be a dict, got {type(d).__name__}")
@@ -360,7 +328,7 @@ class Subject:
         if unknown:
             raise ValueError(f"{self.target}: unknown domain field(s) {sorted(unknown)}; known: "
                              f"{sorted(fields | set(LIMITS))}")
-        return dict(d)
+        return d
 
     def inside(self, case) -> bool:
         """Is ``case`` inside the declared limits (:data:`LIMITS`)? An error case is judged by its
@@ -375,34 +343,24 @@ class Subject:
                 return False
             if c.note.startswith("error:") or c.variant:
                 continue
-            if d.get("equal_groups") and len(set(np.unique(c.labels(), return_counts=True)[1].tolist())) > 1:
-                return False
-            sizes = d.get("group_sizes")
-            if sizes is not None:
-                _, counts = np.unique(c.labels(), return_counts=True)
-                ok = counts >= sizes if isinstance(sizes, int) else np.isin(counts, list(sizes))
-                if not np.all(ok):
-                    return False
-            top = max((abs(v) for r in c.rewards for v in r), default=0.0)
-            if top > d.get("max_abs_reward", math.inf):
-                return False
-            if c.weights is not None and max(abs(w) for w in c.weights) > d.get("max_abs_weight", math.inf):
+            counts, sizes = np.unique(c.labels(), return_counts=True)[1], d.get("group_sizes", 1)
+            if (d.get("equal_groups") and len(set(counts.tolist())) > 1
+                    or not np.all(counts >= sizes if isinstance(sizes, int) else np.isin(counts, list(sizes)))
+                    or max((abs(v) for r in c.rewards for v in r), default=0.0) > d.get("max_abs_reward", math.inf)
+                    or c.weights is not None and max(abs(w) for w in c.weights) > d.get("max_abs_weight", math.inf)):
                 return False
         return True
 
     def judged(self):
-        """The convention every case is judged under: the named one, or, where the grading judges
-        the code at its own precision (:attr:`precision`), the paper's formula with the error
-        model of a mean-then-subtract code at that precision (``spec/error_model.py``)."""
+        """The convention every case is judged under: the named one, or, at the code's own
+        :attr:`precision`, the paper's with the error model of a mean-then-subtract code there."""
         conv = get_convention(self.convention)
         if self.precision is None or self.convention != "spec":
             return conv
         return dataclasses.replace(conv, algorithm="mean_then_subtract", native_dtype=self.precision)
 
     def own_convention(self) -> str | None:
-        """The convention the implementation declares it computes (its function's
-        ``gdpo_convention`` attribute, a preset name), or None. Graded against ``spec``, a
-        failure that holds under this convention is a formula difference, named as such."""
+        """The preset the implementation declares it computes (``gdpo_convention``), or None."""
         name = getattr(self.fn, "gdpo_convention", None)
         return None if name is None else get_convention(name).name
 
@@ -417,14 +375,9 @@ class Subject:
         return "declared domain " + ", ".join(parts) + (f" ({d['why']})" if d.get("why") else "") + cert
 
     def context(self) -> Context:
-        if self.shape == "trl":
-            ctx = Context(labels=False, units=False, eps=False, input_dtypes=("float32",),
-                          out_dtypes=("float32",), weights_dtype="float32")
-        elif self.shape == "verl":
-            ctx = Context(labels=True, units=False, eps=False, input_dtypes=("float32",),
-                          out_dtypes=("float32",), weights_dtype="float64")
-        else:
-            ctx = Context()
+        ctx = Context() if self.shape == "gdpo" else Context(
+            labels=self.shape == "verl", units=False, eps=False, input_dtypes=("float32",), out_dtypes=("float32",),
+            weights_dtype="float32" if self.shape == "trl" else "float64")
         narrowed = {}
         for key, value in self.domain().items():
             if key == "why" or key in LIMITS or key in DECLARATIONS:
@@ -472,8 +425,7 @@ class Subject:
         return None
 
     def validated(self) -> tuple:
-        """The error cases the code's framework checks before calling it (declared ``validated``):
-        not asked of the function, reported as validated elsewhere."""
+        """The error cases the code's framework checks before calling it (not asked of it)."""
         return tuple(self.domain().get("validated", ()))
 
     def takes_integers(self) -> bool:
@@ -481,15 +433,11 @@ class Subject:
         return bool(self.domain().get("int_rewards", False))
 
     def certifies(self) -> bool:
-        """Does the implementation declare certified rounding: ``gdpo_certified = True`` on its
-        function (as ``gdpo_missing`` declares what its signature cannot show), or ``gdpo check
-        --domain certified=true``? Every float32, bfloat16 and float16 output is then the exact
-        advantage correctly rounded (ties to even), a float64 output faithful (within one ulp)."""
         return bool(self.certified_formats())
 
     def certified_formats(self) -> frozenset:
-        """The output formats whose certified rounding is declared: every format for
-        ``gdpo_certified = True``, the named ones for a tuple of names, none otherwise."""
+        """The output formats whose certified rounding (``gdpo_certified`` or ``--domain
+        certified=``) is declared: every one for True, the named ones for a tuple of names."""
         every = frozenset({"float64", "float32", "bfloat16", "float16"})
         value = self.declared["certified"] if "certified" in self.declared else getattr(self.fn, "gdpo_certified", False)
         if isinstance(value, (tuple, list, frozenset, set)):
@@ -497,9 +445,7 @@ class Subject:
         return every if value else frozenset()
 
     def takes_missing(self) -> bool:
-        """Does the implementation declare ``missing="unscored"`` (spec/gdpo.md section 2)? In the
-        gdpo call shape, by a ``missing`` keyword in its signature (or ``gdpo_missing = True``
-        where the signature cannot show it); the other shapes have no such argument."""
+        """Does a gdpo-shape code take ``missing=`` (its signature, or ``gdpo_missing``)?"""
         if self.shape != "gdpo":
             return False
         declared = getattr(self.fn, "gdpo_missing", None)
@@ -511,14 +457,11 @@ class Subject:
             return False
 
     def token_counts(self, case: Case) -> np.ndarray | None:
-        """Each sample's token count, for the oracle of a per-token convention (verl's
-        token-weighted Eq. 6): the response lengths the verl shape passes for this case;
-        None where the convention whitens per sample (or the case has no rows)."""
+        """The response lengths the verl shape passes, for a per-token convention's oracle; else None."""
         if get_convention(self.convention).whiten != "per_token" or self.shape != "verl" or not case.rewards:
             return None
         return verl_lengths(case.n)
 
-    # ---------------------------------------------------------------- calling
     def tensor(self, case: Case) -> torch.Tensor:
         r = case.rewards_array()
         if case.variant == "rewards_3d":
@@ -551,9 +494,7 @@ class Subject:
             kw["segment_sizes"] = [int(s) for s in case.segment_sizes]
         if case.eps is not None:
             kw["eps"] = float(case.eps)
-        kw["out_dtype"] = getattr(torch, case.out_dtype)
-        if v == "int_out_dtype":
-            kw["out_dtype"] = torch.int64
+        kw["out_dtype"] = torch.int64 if v == "int_out_dtype" else getattr(torch, case.out_dtype)
         if case.missing:
             kw["missing"] = case.missing
         return kw
@@ -566,8 +507,14 @@ class Subject:
             rw = torch.tensor([float(x) for x in w], dtype=torch.float32, device=self.device)
             return _unchanged(lambda: self.fn(rewards, case.group_size, rw),
                               {"rewards_per_func": rewards, "reward_weights": rw})
-        if self.shape == "verl":
-            return self.call_verl(case)
+        if self.shape == "verl":  # its (B, T) result as the (B,) per-sample advantages
+            kw = self.verl_arguments(case)
+            lengths = verl_lengths(kw["response_mask"].shape[0])  # before the call: the mask is the callee's
+            watched = {f"token_level_rewards[{k!r}]": v for k, v in kw["token_level_rewards"].items()}
+            out = _unchanged(lambda: self.fn(**kw), {**watched, "response_mask": kw["response_mask"]})
+            if isinstance(out, (tuple, list)) and out and isinstance(out[0], torch.Tensor):
+                out = out[0]  # verl's estimators return (advantages, returns)
+            return verl_per_sample(out, lengths) if isinstance(out, torch.Tensor) else out  # "not a tensor"
         kw = self.kwargs(case)
         if process_group is not None:
             kw["process_group"] = process_group
@@ -575,7 +522,7 @@ class Subject:
         return _unchanged(lambda: self.fn(rewards, **kw), watched)
 
     def verl_arguments(self, case: Case) -> dict:
-        """The verl-shape keyword arguments of a case (see the module docstring)."""
+        """The verl-shape keyword arguments of a case."""
         if case.variant not in VERL_VARIANTS or not case.rewards:
             raise ValueError(f"call shape 'verl' cannot express a malformed call ({case.variant or 'no rows'}): "
                              f"a suite bug, such cases are skipped for it")
@@ -585,35 +532,17 @@ class Subject:
         lengths = verl_lengths(r.shape[0])
         tok = verl_token_rewards(r, lengths, case.dtype)
         dt = getattr(torch, case.dtype)
-        names = [f"reward_{j}" for j in range(case.k)]
         rewards = {}
-        for j, name in enumerate(names):
+        for j in range(case.k):
             t = torch.from_numpy(np.ascontiguousarray(tok[:, :, j]))
             t = (t != 0) if dt == torch.bool else t.to(dt)
-            if case.variant == "rewards_3d":
-                t = t.unsqueeze(-1)  # (B, T, 1): not the shape of response_mask
-            rewards[name] = t.to(self.device)
+            rewards[f"reward_{j}"] = (t.unsqueeze(-1) if case.variant == "rewards_3d" else t).to(self.device)
         mask = torch.from_numpy(np.arange(VERL_TOKENS)[None, :] < lengths[:, None]).to(torch.int64).to(self.device)
         labels = case.labels() if case.variant != "empty" else np.zeros(0, np.int64)
         index = np.array([f"uid{int(g)}" for g in labels], dtype=object)
         # weight j names reward_j, also past the columns: a wrong count is a name mismatch, never dropped
         weights = None if case.weights is None else {f"reward_{j}": float(w) for j, w in enumerate(case.weights)}
         return {"token_level_rewards": rewards, "response_mask": mask, "index": index, "weights": weights}
-
-    def call_verl(self, case: Case):
-        """Call a verl-shaped implementation; its (B, T) result back as the (B,) per-sample
-        advantages, or :class:`CallShapeViolation` where it is not one value per sample on
-        the response tokens and 0 on padding."""
-        kw = self.verl_arguments(case)
-        lengths = verl_lengths(kw["response_mask"].shape[0])  # before the call: the mask is the callee's
-        watched = {f"token_level_rewards[{k!r}]": v for k, v in kw["token_level_rewards"].items()}
-        watched["response_mask"] = kw["response_mask"]
-        out = _unchanged(lambda: self.fn(**kw), watched)
-        if isinstance(out, (tuple, list)) and out and isinstance(out[0], torch.Tensor):
-            out = out[0]  # verl's estimators return (advantages, returns)
-        if not isinstance(out, torch.Tensor):
-            return out  # graded as "returned <type>, not a tensor"
-        return verl_per_sample(out, lengths)
 
     def call_normalize(self, case: Case):
         """``normalize_rewards`` (Eq. 4 + 7) on the case."""
@@ -626,7 +555,6 @@ class Subject:
         return self.stage("whiten")(self.tensor(case)[:, 0].contiguous(), **kw)
 
     def outcome(self, fn, *args, **kwargs) -> Outcome:
-        """What one call did."""
         try:
             out = fn(*args, **kwargs)
         except Exception as e:  # noqa: BLE001 - every exception is graded, not only GDPOError
@@ -637,9 +565,8 @@ class Subject:
 
 
 def verl_per_sample(out: torch.Tensor, lengths: np.ndarray) -> torch.Tensor:
-    """(B, T) token advantages -> (B,) per-sample advantages (the first response token,
-    output dtype kept), after checking that each sample's response tokens carry one value
-    (NaN equal to NaN) and its padding tokens exactly 0 (either sign)."""
+    """(B, T) token advantages -> (B,) per-sample advantages (the first response token), after
+    checking that each sample's response tokens carry one value and its padding exactly 0."""
     n, t = len(lengths), VERL_TOKENS
     if tuple(out.shape) != (n, t):
         raise CallShapeViolation(f"call shape 'verl': returned shape {tuple(out.shape)}; token advantages are "

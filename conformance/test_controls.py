@@ -1,14 +1,7 @@
-"""Negative controls: every control is rejected, the controls' base is not, and
-conformance/CONTROLS.md is what the code produces.
-
-One test per property runs it against every control (its pinned examples, then the
-ci budget drawn first with the property's seed, one draw shared by every control:
-conformance/runner.py) and compares the set of rejected controls with the
-committed table's row. Generation depends on the hypothesis version, so the rows
-are compared exactly only under the version the table records; under another
-version the test still requires that every control is rejected by some property
-and that every property rejects some control (pinned examples make the key
-rejections independent of generation).
+"""Negative controls: each property rejects exactly the controls conformance/CONTROLS.md lists (on
+its cases drawn first, conformance/runner.py), and the controls' base passes. Draws depend on
+hypothesis's version: under another version than the table's, every control must still be rejected
+by some property and every property reject some control (pinned examples hold the key rejections).
 """
 
 import hypothesis
@@ -43,8 +36,7 @@ def test_baseline_passes(prop):
 
 
 def test_table_version_is_read_exactly():
-    """The version the rows were computed with is read as written (it once kept the
-    sentence's full stop, "6.155.2.", so the rows were never compared exactly)."""
+    """The version the rows were computed with is read without the sentence's full stop."""
     import re
 
     assert re.fullmatch(r"\d+(\.\d+)*", VERSION), VERSION

@@ -1,9 +1,5 @@
-"""The single-process properties with CUDA tensors (skipped without a CUDA device).
-
-The distributed GPU part (NCCL at world size 1, gloo with CUDA tensors over two
-processes on one GPU) runs in ``python -m conformance.gpu_check --out FILE``, a
-script sized for one lent GPU; see conformance/gpu_check.py.
-"""
+"""The single-process properties with CUDA tensors (skipped without a CUDA device); the distributed
+GPU part runs in ``python -m conformance.gpu_check``."""
 
 import pytest
 import torch

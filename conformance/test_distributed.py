@@ -1,9 +1,5 @@
-"""Spec section 5 (distributed protocol) on gloo: 2 ranks (a subgroup of a 4-rank
-pool, so group ranks differ from global ranks) and 4 ranks.
-
-One pool of spawned ranks per pytest worker serves every example (see
-conformance/distributed.py); a rank that does not return within the deadline is a
-failure (a hang), never a stuck test.
+"""Spec section 5 (distributed protocol) on gloo: 2 ranks (a subgroup of a 4-rank pool, so group
+ranks differ from global ranks) and 4; a rank that does not return in time is a failure (a hang).
 """
 
 import pytest

@@ -1,9 +1,5 @@
-"""Spec section 1 (the three equations) and section 7 (the error model), end to end.
-
-Each property draws inputs, calls the implementation under test (``--impl``) and
-compares every output with the oracle's correctly rounded exact value under the
-oracle's ``allowed(out_dtype)``; see conformance/properties.py for the claims.
-"""
+"""Spec sections 1 (the three equations) and 7 (the error model), end to end: every output against
+the oracle's correctly rounded exact value (claims: conformance/properties.py)."""
 
 import pytest
 

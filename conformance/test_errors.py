@@ -1,33 +1,20 @@
-"""Spec section 6 (the error contract): every refusal raises its GDPOError subclass.
-
-Parametrized from the table of error cases (conformance/error_cases.py, ERROR_CASES,
-one id each); where the oracle can express a case, the oracle is asserted to refuse
-it with the same class, so the table and the spec's own judge cannot drift apart.
-The ``errors`` property's pinned examples (conformance/regressions.json) are replayed
-first by the test of the error case each one names.
-"""
+"""Spec section 6 (the error contract): every refusal raises its GDPOError subclass, one test per
+error case of conformance/error_cases.py; the errors property's pinned examples replay first."""
 
 import pytest
 from hypothesis import example, given
 
-from conformance import properties as P
-
-
 from conformance import error_cases as EC
+from conformance import properties as P
 from conformance import runner as R
 from conformance import regressions
 from spec.errors import ERROR_CLASSES
 
 
 def pinned(name: str, ctx) -> list:
-    """The pinned examples of the ``errors`` property noted ``error:<name>`` that the call
-    shape can express."""
-    out = []
-    for text in P.BY_NAME["errors"].examples:
-        case = regressions.load(text)
-        if case.note == f"error:{name}" and R.expressible(case, ctx):
-            out.append(case)
-    return out
+    """The errors property's pinned examples noted ``error:<name>`` that the call shape expresses."""
+    cases = (regressions.load(text) for text in P.BY_NAME["errors"].examples)
+    return [c for c in cases if c.note == f"error:{name}" and R.expressible(c, ctx)]
 
 
 @pytest.mark.parametrize("case", EC.ERROR_CASES, ids=lambda e: e.name)

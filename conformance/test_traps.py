@@ -1,9 +1,5 @@
-"""Spec section 8 and GDPO_BRIEF section 5: the traps, hunted.
-
-Offsets that defeat naive statistics, constant-sum cancellation with bases up to
-2^53, float32 overflow and float64 values beyond float32 range. The brief's own
-figures are pinned as hex examples (conformance/regressions.json).
-"""
+"""Spec section 8 and GDPO_BRIEF section 5, the traps: offsets, constant-sum cancellation up to
+2^53, float32 overflow, float64 values beyond float32 (the brief's figures pinned in regressions.json)."""
 
 import pytest
 
