@@ -31,7 +31,7 @@ __all__ = ["Diagnostics", "standardize_groups", "combine", "normalize_rewards", 
            "WeightError", "SegmentError", "OutOfRangeError", "DistributedError"]
 
 #: What a call under ``missing="unscored"`` left out: pass one as ``diagnostics=``.
-Diagnostics = _pipeline.Diagnostics
+Diagnostics = _inputs.Diagnostics
 
 
 def _opaque_to_dynamo(fn):
