@@ -55,7 +55,8 @@ import torch
 
 from impl import _distributed
 from impl import _problems as P
-from impl._inputs import _INT64_MAX, _INT64_MIN, _holds_bool, _is_int, _is_row, numpy_view, read_tensor, unreadable
+from impl._inputs import (_INT64_MAX, _INT64_MIN, _holds_bool, _integral, _is_int, _is_row, numpy_view, read_tensor,
+                          unreadable)
 from impl._pipeline import reads_free
 from impl._problems import GroupLengthError
 from impl.gdpo import (DistributedError, GDPOError, GroupError, InputDtypeError, NonFiniteError, OutOfRangeError,
@@ -72,8 +73,6 @@ def _numpy(x, kind: str = "ndarray") -> bool:
 
 
 # ------------------------------------------------------------------ rewards
-
-
 def _unreadable_error(x, where: str, overflow: bool, column: str) -> InputDtypeError:
     """A sequence torch cannot read as real numbers, refused as impl.gdpo refuses ``rewards``."""
     p = unreadable(x, P.P_REWARDS_TYPE, overflow)
@@ -129,20 +128,14 @@ def _widest(dtypes: list[torch.dtype]) -> torch.dtype:
 
 
 # ------------------------------------------------------------------ labels
-
-
 class _Labels:
-    """The caller's labels as impl.gdpo group_ids, and the way back to the caller's names."""
+    """The caller's labels as impl.gdpo group_ids (``ids``), each sample's (``items``; None: an
+    integer tensor's, read on demand) and each internal id's (``by_id``; None: ids are the caller's)."""
 
     def __init__(self, ids, items: list | None, by_id: list | None):
-        self.ids = ids  # what impl.gdpo gets as group_ids
-        self.items = items  # the caller's label of each sample (None: an integer tensor, read on demand)
-        self.by_id = by_id  # the caller's label of each internal id; None when ids are the caller's own
+        self.ids, self.items, self.by_id = ids, items, by_id
         # uint64 labels travel through impl.gdpo as their int64 bits: 2**64 - 1 may come back as -1
         self.uint64 = isinstance(ids, torch.Tensor) and ids.dtype == getattr(torch, "uint64", None)
-
-    def of_sample(self, i: int):
-        return self.items[i] if self.items is not None else self.ids[i].item()
 
     def name(self, internal: int) -> str:
         """The caller's label of a group label impl.gdpo printed."""
@@ -185,8 +178,7 @@ def _labels(labels, n: int, arg: str, samples: str) -> _Labels:
     items = labels if array else list(labels)
     if len(items) != n:
         raise GroupLengthError(f"{arg} has length {len(items)} but {samples} has {n} samples: one label per sample")
-    if isinstance(labels, torch.Tensor) and not (labels.is_floating_point() or labels.is_complex()
-                                                 or labels.dtype == torch.bool):
+    if isinstance(labels, torch.Tensor) and _integral(labels):
         return _Labels(labels, None, None)  # the caller's own integers: no host read
     if array:
         items = labels.tolist()  # Python scalars: a float or bool tensor's 0-d items hash by identity
@@ -200,8 +192,6 @@ def _labels(labels, n: int, arg: str, samples: str) -> _Labels:
 
 
 # ------------------------------------------------------------------ weights
-
-
 def _weights_in_order(weights, keys: list):
     """Weights by key in the reward columns' order (a missing key is an error, never 0); a
     sequence as it is (impl.gdpo checks it)."""
@@ -216,8 +206,6 @@ def _weights_in_order(weights, keys: list):
 
 
 # ------------------------------------------------------------------ messages in the caller's terms
-
-
 def _raise_renamed(e: GDPOError, msg: str, cause: BaseException | None = None):
     """Raise impl.gdpo's ``e`` again (its class) in the caller's names ``msg``, chained on
     ``cause`` (default ``e``)."""
@@ -294,8 +282,6 @@ _TRL_NAMES = ((r"\bgroup_size\b", "num_generations"),
 
 
 # ------------------------------------------------------------------ the adapters
-
-
 @contextlib.contextmanager
 def _named_columns(names: list):
     """The reward names travel with the weights in the agreement (impl._distributed.COLUMN_NAMES)."""
@@ -348,16 +334,6 @@ def _mask_error(m: torch.Tensor, bad: torch.Tensor, expected: str = "0 or 1 (or 
                            f"expected {expected}")
 
 
-def _empty_row_error(empty: torch.Tensor) -> ShapeError | None:
-    """The first sample of ``empty`` (B,) bool, named; a host read."""
-    at = empty.nonzero()
-    if at.shape[0] == 0:
-        return None
-    i = int(at[0, 0])
-    return ShapeError(f"response_mask[{i}] (sample {i}) has no response token: its score would be a sum over "
-                      "nothing, a 0 that no reward gave; drop the sample or fix the mask")
-
-
 class _Mask:
     """The response mask as bool, and what is left to check of it (entries 0 or 1, a response
     token per sample): on CPU at once; on CUDA a failing sample's scores are NaN, which
@@ -403,7 +379,12 @@ class _Mask:
         without a response token (host reads)."""
         if self.empty is None:
             return None
-        return (None if self.bad is None else _mask_error(self.raw, self.bad)) or _empty_row_error(self.empty)
+        own = None if self.bad is None else _mask_error(self.raw, self.bad)
+        if own is None and bool(self.empty.any()):
+            i = int(self.empty.nonzero()[0, 0])
+            own = ShapeError(f"response_mask[{i}] (sample {i}) has no response token: its score would be a sum "
+                             "over nothing, a 0 that no reward gave; drop the sample or fix the mask")
+        return own
 
 
 _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -425,7 +406,7 @@ def _locate_nonfinite(tokens: dict, keys: list, mask: torch.Tensor, scores: torc
     key = keys[j]
     row = tokens[key][i]
     found = (~torch.isfinite(row) & mask[i]).nonzero().flatten().tolist()
-    label = repr(labels.of_sample(i))
+    label = repr(labels.items[i] if labels.items is not None else labels.ids[i].item())
     if found:
         tok = found[0]
         return NonFiniteError(f"token_level_rewards[{key!r}][{i}, {tok}] (sample {i}, response token {tok}, "
