@@ -1,15 +1,12 @@
 """verl's ``gdpo`` advantage estimator computed by :mod:`impl.gdpo`, opted into by config
 (docs/integrations.md, "verl: one config key").
 
-verl loads this module in every process that imports verl (the ``verl.plugins`` entry point in
-pyproject.toml). When that process imports verl's ``core_algos`` (at once if it already has),
-verl's registered ``gdpo`` estimator is replaced by a wrapper that calls verl's own function with
-the very arguments it got unless the run opts in: ``+algorithm.gdpo_impl=gdpo_spec``, with
-``gdpo_reward_keys``, ``gdpo_reward_weights`` and ``gdpo_whiten`` (Eq. 6 per ``sample``, the
-specification's default, or per ``token``, verl's weighting). Opted in, it reads what verl's own
-reads (verl 0.9.1: the keys' scores from ``non_tensor_batch``, the groups from ``uid``) and returns
-verl's ``(advantages, returns)``: one (B, T) float32 tensor twice, a response's advantage on its
-response tokens, +0.0 on padding. Refusals name the setting or the sample.
+verl loads this module in every process that imports verl (the ``verl.plugins`` entry point).
+Once that process imports verl's ``core_algos``, verl's ``gdpo`` estimator is wrapped: verl's own
+runs unless the run opts in (``+algorithm.gdpo_impl=gdpo_spec``, with ``gdpo_reward_keys``,
+``gdpo_reward_weights``, ``gdpo_whiten``); then :func:`compute_gdpo_advantage` reads what verl's
+own reads (the keys' scores in ``non_tensor_batch``, the groups by ``uid``). Refusals name the
+setting or the sample.
 """
 
 from __future__ import annotations
@@ -68,17 +65,8 @@ def _opted_in(config) -> str | None:
     return whiten
 
 
-def _has(mapping, key) -> bool:
-    return mapping is not None and key in mapping.keys()  # a TensorDict refuses `key in td`
-
-
-def _uid(index, i: int) -> str:
-    return repr(index[i])
-
-
 def _column(values, key: str, n: int, index):
-    """One reward key's scores as a float64 NumPy array of n finite values, or a refusal
-    naming the key, the sample and its uid."""
+    """One reward key's scores as n finite float64 (NumPy), or a refusal naming key, sample, uid."""
     import numpy as np
 
     from impl.gdpo import InputDtypeError, NonFiniteError, ShapeError
@@ -92,10 +80,10 @@ def _column(values, key: str, n: int, index):
         items = arr.tolist()  # Python numbers: ints compared exactly
         for i, x in enumerate(items):
             if isinstance(x, (bool, np.bool_)) or not isinstance(x, numbers.Real):
-                raise InputDtypeError(f"{where}[{i}] (sample {i}, uid {_uid(index, i)}) is {x!r} "
+                raise InputDtypeError(f"{where}[{i}] (sample {i}, uid {index[i]!r}) is {x!r} "
                                       f"({type(x).__name__}); a reward score is a real number")
             if isinstance(x, numbers.Integral) and abs(int(x)) > 2 ** 53:
-                raise InputDtypeError(f"{where}[{i}] (sample {i}, uid {_uid(index, i)}) is {x}, an integer "
+                raise InputDtypeError(f"{where}[{i}] (sample {i}, uid {index[i]!r}) is {x}, an integer "
                                       "no float64 holds exactly")
         arr = np.array([float(x) for x in items], dtype=np.float64)
     if arr.dtype.kind != "f":
@@ -105,7 +93,7 @@ def _column(values, key: str, n: int, index):
     bad = np.nonzero(~np.isfinite(out))[0]
     if bad.size:
         i = int(bad[0])
-        raise NonFiniteError(f"{where}[{i}] (sample {i}, uid {_uid(index, i)}) is {out[i]}: a score that is "
+        raise NonFiniteError(f"{where}[{i}] (sample {i}, uid {index[i]!r}) is {out[i]}: a score that is "
                              "NaN or infinite cannot be standardized")
     return out
 
@@ -124,7 +112,7 @@ def _reward_keys(config, non_tensor_batch, batch) -> list:
     have = [] if non_tensor_batch is None else list(non_tensor_batch.keys())
     missing = [k for k in keys if k not in have]
     if missing:
-        if batch is not None and not _has(batch, "prompts"):
+        if batch is not None and "prompts" not in batch.keys():  # (a TensorDict refuses `key in td`)
             raise VerlIntegrationError(
                 f"the advantage step's batch holds no per-reward scores (non_tensor_batch holds {have}; "
                 f"algorithm.gdpo_reward_keys={keys}): verl's v1 trainer (trainer.use_v1=True, verl's default) "
@@ -157,8 +145,7 @@ def _rewards(config, keys: list, non_tensor_batch, n: int, index):
 
 
 def _groups(index, n: int):
-    """verl's uid labels as impl.gdpo group ids (first appearance), refusing a prompt with
-    one response by its uid."""
+    """verl's uid labels as group ids (first appearance); a prompt with one response is refused."""
     from impl.gdpo import GroupError, ShapeError
 
     if index is None:
@@ -202,13 +189,11 @@ def _mask(response_mask):
 
 def compute_gdpo_advantage(token_level_rewards, response_mask, index, *, config, non_tensor_batch=None,
                            batch=None, whiten: str = WHITEN_SAMPLE):
-    """verl's GDPO estimator by impl.gdpo: ``(advantages, returns)``, one (B, T) float32
-    tensor twice, each response's advantage on its response tokens, +0.0 on padding.
-
-    ``whiten="sample"``: :func:`impl.gdpo.gdpo_advantages` on the (B, K) scores, one
-    group per uid, Eq. 6 over the B responses (bit for bit). ``whiten="token"``:
-    :func:`impl.gdpo.normalize_rewards` on the same, then :func:`impl.gdpo.whiten` over the
-    batch's response tokens, each carrying its response's value (verl's weighting)."""
+    """verl's GDPO estimator by impl.gdpo: ``(advantages, returns)``, one (B, T) float32 tensor
+    twice, each response's advantage on its response tokens, +0.0 on padding. ``whiten="sample"``
+    (the specification's): :func:`impl.gdpo.gdpo_advantages` of the (B, K) scores, one group per
+    uid; ``"token"`` (verl's weighting): :func:`impl.gdpo.whiten` over the response tokens, each
+    carrying its response's :func:`impl.gdpo.normalize_rewards` value."""
     import torch
 
     from impl.adapters import _on_response_tokens
@@ -320,9 +305,6 @@ class _InstallingLoader:
     def __init__(self, inner):
         self._inner = inner
 
-    def create_module(self, spec):
-        return self._inner.create_module(spec)
-
     def exec_module(self, module):
         self._inner.exec_module(module)
         try:
@@ -330,7 +312,7 @@ class _InstallingLoader:
         except Exception:  # noqa: BLE001 - logged as an error; verl's import goes on
             _log_failure()
 
-    def __getattr__(self, name):  # get_source, get_filename, ...: the real loader's
+    def __getattr__(self, name):  # create_module, get_source, ...: the real loader's
         return getattr(self._inner, name)
 
 
@@ -353,12 +335,9 @@ class _CoreAlgosFinder:
 
 
 def _load_as_plugin() -> None:
-    """What verl's plugin loader runs (importing this module), in every verl process.
-
-    Wrapping verl's estimator needs verl.trainer.ppo.core_algos, which costs seconds to
-    import, and which many of verl's processes never import: so the wrapping waits for
-    that import (a finder on ``sys.meta_path``), or happens now where it is done. verl
-    logs a plugin's failure at debug level only, so a failure is logged here, as an error."""
+    """What verl's plugin loader runs in every verl process: the wrapping now where core_algos is
+    imported, else at its import (a finder: many processes never import it, and it costs
+    seconds). verl logs a plugin's failure at debug level only: logged here as an error."""
     try:
         core_algos = sys.modules.get(_CORE_ALGOS)
         if core_algos is not None:
