@@ -86,6 +86,7 @@ def _of_type(x) -> str:
 
 
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1  # what the agreement table can carry
+_EXACT_INT = 2.0 ** 53  # Python ints from this magnitude on may not be float64s: checked one by one
 
 
 def _is_int(x) -> bool:
@@ -133,7 +134,7 @@ def _unreadable_number(x) -> tuple[int, str] | None:
     return None if isinstance(x, float) or _np_kind(x) else (P.K_OTHER, _of_type(x))
 
 
-#: A sequence argument's problems, by the code of its type's: (an entry, a ragged row, its layout, its P.ARG_*).
+#: A sequence argument's problems by its type's code: (an entry, a ragged row, its layout, its P.ARG_*).
 _ENTRY_PROBLEM = {P.P_REWARDS_TYPE: (P.P_REWARDS_ENTRY, P.P_REWARDS_RAGGED, P.P_REWARDS_LAYOUT, P.ARG_REWARDS),
                   P.P_VALUES_TYPE: (P.P_VALUES_ENTRY, P.P_VALUES_RAGGED, P.P_VALUES_LAYOUT, P.ARG_VALUES)}
 
@@ -228,29 +229,26 @@ def check_certified(certified) -> str:
 
 
 def check_out_dtype(out_dtype) -> torch.dtype:
-    if isinstance(out_dtype, torch.dtype):
-        if out_dtype not in P.OUT_DTYPES:
-            code = P.dtype_code(out_dtype)
-            raise Problem(P.P_OUT_DTYPE, code, detail=str(out_dtype).replace("torch.", ""))
-        return out_dtype
-    raise Problem(P.P_OUT_DTYPE, 0, detail=_not_a_dtype(out_dtype))
+    if not isinstance(out_dtype, torch.dtype):
+        raise Problem(P.P_OUT_DTYPE, 0, detail=_not_a_dtype(out_dtype))
+    if out_dtype not in P.OUT_DTYPES:
+        raise Problem(P.P_OUT_DTYPE, P.dtype_code(out_dtype), detail=str(out_dtype).replace("torch.", ""))
+    return out_dtype
 
 
 def _not_a_dtype(x) -> str:
     """What ``out_dtype`` is instead of a torch.dtype, with the torch.dtype it may have meant."""
-    name = None
-    if isinstance(x, str):
-        name = x.removeprefix("torch.")
+    if x is None:
+        return "None, not a torch.dtype"
+    name = x.removeprefix("torch.") if isinstance(x, str) else None
     np = sys.modules.get("numpy")
-    if np is not None and x is not None and (name is None or not hasattr(torch, name)):
+    if np is not None and (name is None or not hasattr(torch, name)):
         try:
             name = np.dtype(x).name  # np.float32, np.dtype("float32"), float, "double"
         except Exception:  # noqa: BLE001 - not a NumPy dtype either
             pass
     meant = getattr(torch, name, None) if isinstance(name, str) else None
     hint = f"; pass torch.{name}" if meant in P.OUT_DTYPES else ""
-    if x is None:
-        return "None, not a torch.dtype"
     what = "a NumPy dtype" if np is not None and isinstance(x, np.dtype) else _of_type(x).split(" (")[0]
     return f"{_shown(x)} ({what}, not a torch.dtype{hint})"
 
@@ -278,10 +276,6 @@ def read_tensor(x) -> torch.Tensor:
     if t.is_floating_point() and t.dtype != _F64 and not hasattr(x, "dtype"):
         t = torch.as_tensor(x, dtype=_F64, device="cpu")
     return t
-
-
-#: Python ints from this magnitude on may not be float64s: checked one by one.
-_EXACT_INT = 2.0 ** 53
 
 
 def as_float_tensor(x, type_code: int, dtype_code_: int) -> torch.Tensor:
@@ -429,7 +423,6 @@ def check_rewards(rewards, group_ids, group_size, weights, *, allow_empty_rows: 
                    labels_uint64=unsigned, missing=missing)
 
 
-
 def _label_problem(group_ids) -> Problem | None:
     """The refusal of the first label of a sequence that is no int64 integer; None if none is
     (or ``group_ids`` is no sized sequence)."""
@@ -558,13 +551,6 @@ def check_standardized(z, weights) -> tuple[torch.Tensor, list[float]]:
     return zt, w
 
 
-def check_values(values) -> torch.Tensor:
-    v = as_float_tensor(values, P.P_VALUES_TYPE, P.P_VALUES_DTYPE)
-    if v.dim() != 1:
-        raise Problem(P.P_VALUES_NDIM, v.dim())
-    return v
-
-
 def check_segments(segment_sizes, n: int) -> tuple[list[int], bool]:
     """This rank's unit sizes as host ints; None is one unit of all local rows."""
     if segment_sizes is None:
@@ -603,11 +589,6 @@ class Diagnostics:
     certified: "_certify.Counts | None" = None  # noqa: F821 - not imported here
 
 
-def check_diagnostics(diagnostics) -> None:
-    if diagnostics is not None and not isinstance(diagnostics, Diagnostics):
-        raise Problem(P.P_DIAGNOSTICS, detail=_shown(diagnostics))
-
-
 @dataclasses.dataclass
 class Call:
     """A validated call: its arguments as the checks normalised them (the plan reads fields only)."""
@@ -633,7 +614,8 @@ def check_call(host: dict[int, int], *, rewards=None, group_ids=None, group_size
     that a refusing rank still tells the agreement."""
     host[P.PRESENT] = 1
     check_process_state()
-    check_diagnostics(diagnostics)
+    if diagnostics is not None and not isinstance(diagnostics, Diagnostics):
+        raise Problem(P.P_DIAGNOSTICS, detail=_shown(diagnostics))
     eps = check_eps(eps)
     if ranks:  # (a local call reads no _problems function here: call_path counts re-entries)
         host[P.EPS_BITS] = P.float_bits(eps)
@@ -653,7 +635,9 @@ def check_call(host: dict[int, int], *, rewards=None, group_ids=None, group_size
         if ranks:
             host[P.WEIGHTS_FP] = P.weights_fingerprint(inp.weights, names)
     else:
-        data = v = check_values(values)
+        data = v = as_float_tensor(values, P.P_VALUES_TYPE, P.P_VALUES_DTYPE)
+        if v.dim() != 1:
+            raise Problem(P.P_VALUES_NDIM, v.dim())
     n = data.shape[0]
     host.update({P.ROWS: n, P.DTYPE: P.DTYPE_CODES[data.dtype], P.DEVICE: P.DEVICE_CODES[data.device.type]})
     sizes = None

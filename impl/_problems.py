@@ -497,22 +497,17 @@ def table_problems(table: list[list[int]], words: dict[int, str] | None = None) 
         reasons += [f"rank {r}: {cls.__name__}: {msg}" for cls, msg in probs]
     consider = _healthy(table)
 
-    def differ(col, said):
+    def differ(col, said) -> bool:
         vals = {r: table[r][col] for r in consider}
         if len(set(vals.values())) > 1:
             reasons.append(said(vals))
+        return len(set(vals.values())) > 1
 
-    apis = {r: table[r][API] for r in consider}
-    if len(set(apis.values())) > 1:  # nothing else is comparable between different calls
-        reasons.append("ranks call different functions ("
-                       + _by_value({r: API_NAMES.get(x, "?") for r, x in apis.items()}) + ")")
-        return reasons
-    none = {r: table[r][SEG_NONE] for r in consider}
-    if len(set(none.values())) > 1:
-        reasons.append("segment_sizes is None on some ranks but given on others ("
-                       + _by_value({r: "None (one unit)" if x else "segment_sizes given" for r, x in none.items()})
-                       + ")")
-    else:
+    if differ(API, lambda v: "ranks call different functions ("
+              + _by_value({r: API_NAMES.get(x, "?") for r, x in v.items()}) + ")"):
+        return reasons  # nothing else is comparable between different calls
+    if not differ(SEG_NONE, lambda v: "segment_sizes is None on some ranks but given on others ("
+                  + _by_value({r: "None (one unit)" if x else "segment_sizes given" for r, x in v.items()}) + ")"):
         differ(UNITS, lambda v: "ranks disagree on the number of whitening units ("
                + _by_value({r: f"{x} units" for r, x in v.items()}) + ")")
     for col, what, show in _SHARED:
