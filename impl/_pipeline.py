@@ -40,7 +40,6 @@ STAGES = {GDPO: dict(eq4=True, combined=True, eq6=True, signal=False),
           SIGNAL: dict(eq4=True, combined=True, eq6=False, signal=True)}
 
 
-
 @dataclasses.dataclass
 class Scored:
     """Which rows Eq. 6 takes under ``missing="unscored"``: ``mask`` (N,) True on the scored rows,
@@ -80,7 +79,6 @@ def scored(inp, sizes: list[int] | None) -> Scored:
     upto = torch.cat([torch.zeros(1, dtype=_I64, device="cpu"), host.to(_I64).cumsum(0)])
     rows = host.nonzero().view(-1).to(r.device, non_blocking=True)
     return Scored(mask, unscored, rows, (upto[ends[1:]] - upto[ends[:-1]]).tolist())
-
 
 
 @dataclasses.dataclass(frozen=True)
@@ -221,7 +219,6 @@ def agreed(plan: Plan, table: list[list[int]], rank: int) -> Plan:
     return dataclasses.replace(plan, layout=layout, whole=whole, row=mine)
 
 
-
 def stacked(facts: dict) -> tuple[tuple[int, ...], torch.Tensor]:
     """The columns of ``facts`` in order and their values as one int64 device tensor (no host read)."""
     cols = tuple(sorted(facts))
@@ -247,7 +244,6 @@ def value_facts(v: torch.Tensor) -> dict:
         return {}
     at, bits = seg_ops.first_nonfinite(v)
     return {P.NF_VALUE: at, P.NF_VALUE_KIND: bits}
-
 
 
 @dataclasses.dataclass

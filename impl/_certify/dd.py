@@ -75,7 +75,6 @@ def two_prod(a, b):
     return p, ((ah * bh - p) + ah * bl + al * bh) + al * bl
 
 
-
 def add(x, y):
     """dd + dd (the accurate algorithm: relative error <= 3u**2)."""
     s, e = two_sum(x[0], y[0])
