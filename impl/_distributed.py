@@ -192,8 +192,9 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
             buf.bits[rank, units, 0] = 1
 
     _all_reduce(buf.bits, dist.ReduceOp.SUM, group, name, 2, rank)
-    if ((labelled or buf.dd is not None) and not late) or units > P.COUNT_SLOTS:  # flags, counts beyond the slots: one host read
-        failed, counts = _flags_and_counts(buf, units)  # (with collective 3 to come, it carries the flag)
+    # flags, counts beyond the slots: one host read (where collective 3 runs, it carries the flag)
+    if ((labelled or buf.dd is not None) and not late) or units > P.COUNT_SLOTS:
+        failed, counts = _flags_and_counts(buf, units)
         _refuse_failed(failed, agreed, failure, group, words_buf)
         _refuse_lonely(P.COUNT_SLOTS, counts, agreed, group)
 

@@ -351,8 +351,8 @@ class _Mask:
         if P.layout_code(m):
             raise InputDtypeError(P.layout_words("response_mask")(P.layout_code(m), 0, 0))
         if m.is_complex():
-            raise InputDtypeError(f"response_mask has dtype {P.dtype_name(P.dtype_code(m.dtype))}; a mask is bool, integer "
-                                  "0/1 or real 0/1")
+            raise InputDtypeError(f"response_mask has dtype {P.dtype_name(P.dtype_code(m.dtype))}; a mask is "
+                                  "bool, integer 0/1 or real 0/1")
         if m.dim() != 2:
             raise ShapeError(f"response_mask must be (B, T), one row of tokens per sample; got shape "
                              f"{tuple(m.shape)}")

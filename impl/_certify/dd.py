@@ -282,8 +282,9 @@ def combined(r: torch.Tensor, gid: torch.Tensor, G: int, weights: list[float], e
     return ch, cl, torch.where(collapsed.view(G, k).all(1).index_select(0, gid), 0.0, E)
 
 
-#: Across ranks the dd statistics ride in collective 2 (a local call is one rank): per unit and rank: count, shift, sum of (c - shift) (dd), sum of its squares (dd), max E,
-#: "this part is not whole groups", min and max of c
+#: Across ranks the dd statistics ride in collective 2 (a local call is one rank), per unit and rank:
+#: count, shift, sum of (c - shift) (dd), sum of its squares (dd), max E, "this part is not whole
+#: groups", min and max of c
 DDC = 10
 
 
