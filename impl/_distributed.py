@@ -307,15 +307,11 @@ def _refuse_failed(failed: list[int], agreed, failure, group, words_buf) -> None
             f"unexpected exception after the agreement (chained on that rank){said}"], agreed, group)) from failure
 
 
-def _words_of(exc) -> str | None:
+def _words_of(exc) -> str:
     """What a refusing rank tells its peers: its GDPOError's message, else the exception's type
     and message. Never raises (a broken __str__ is named by type)."""
-    if exc is None:
-        return None
     try:
         text = str(exc)
-        if not isinstance(text, str):
-            raise TypeError
     except Exception:  # noqa: BLE001 - a broken __str__ must not keep this rank from the exchange
         text = "(its message could not be read)"
     return text if isinstance(exc, P.GDPOError) else f"{type(exc).__name__}: {text}"

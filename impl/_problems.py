@@ -45,21 +45,16 @@ CERTIFIED = 36  # the certificate's mode (CERTIFIED_CODES): its statistics ride 
 #: Sample counts of the first COUNT_SLOTS units: a unit of one is caught without a second host read.
 COUNTS, COUNT_SLOTS = 37, 32
 ROW_WIDTH = COUNTS + COUNT_SLOTS
-
 DEVICE_FIELDS = tuple(range(NF_REWARD, SINGLETONS + 1))
 
 API_WHITEN, API_GDPO = 1, 2
 API_NAMES = {API_WHITEN: "whiten", API_GDPO: "gdpo_advantages"}
-
 MISSING_CODES = {"refuse": 1, "unscored": 2}  # spec/gdpo.md section 2
 CERTIFIED_CODES = {"narrow": 1, "all": 2, "off": 3}  # impl._certify
 
-_DTYPE_NAMES = (
-    "float64", "float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2",
-    "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu",
-    "complex128", "complex64", "complex32", "bool", "uint8", "int8", "int16",
-    "int32", "int64", "uint16", "uint32", "uint64",
-)
+_DTYPE_NAMES = ("float64", "float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz",
+                "float8_e5m2fnuz", "float8_e8m0fnu", "complex128", "complex64", "complex32", "bool", "uint8",
+                "int8", "int16", "int32", "int64", "uint16", "uint32", "uint64")
 _DTYPES = tuple(getattr(torch, n) for n in _DTYPE_NAMES if hasattr(torch, n))
 #: dtype -> its code in the facts row (1-based; another dtype: len + 1)
 DTYPE_CODES = {d: i + 1 for i, d in enumerate(_DTYPES)}

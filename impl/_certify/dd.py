@@ -130,19 +130,14 @@ def where(cond, x, fill=(0.0, 0.0)):
     return torch.where(cond, x[0], fill[0]), torch.where(cond, x[1], fill[1])
 
 
-def tree_sum(x, dim: int = 1):
-    """Pairwise dd sum along ``dim`` (kept, length 1)."""
+def tree_sum(x):
+    """Pairwise dd sum along dim 1 (kept, length 1): adjacent pairs, level by level."""
     h, l = x
-    while h.shape[dim] > 1:
-        m = h.shape[dim]
-        if m % 2:
-            pad = list(h.shape)
-            pad[dim] = 1
-            z = torch.zeros(pad, dtype=h.dtype, device=h.device)
-            h, l = torch.cat([h, z], dim), torch.cat([l, z], dim)
-            m += 1
-        pairs = [x.unflatten(dim, (m // 2, 2)) for x in (h, l)]  # adjacent pairs
-        h, l = add(tuple(p.select(dim + 1, 0) for p in pairs), tuple(p.select(dim + 1, 1) for p in pairs))
+    while h.shape[1] > 1:
+        if h.shape[1] % 2:
+            z = torch.zeros_like(h[:, :1])
+            h, l = torch.cat([h, z], 1), torch.cat([l, z], 1)
+        h, l = add((h[:, 0::2], l[:, 0::2]), (h[:, 1::2], l[:, 1::2]))
     return h, l
 
 
