@@ -284,19 +284,17 @@ def as_float_tensor(x, type_code: int, dtype_code_: int) -> torch.Tensor:
     as float64 where each is one exactly; a bool or an int beyond 2**53 that float64 cannot hold
     is refused by row and column (spec/errors.py, INPUT_RULES); an integer tensor by its dtype."""
     python = not isinstance(x, torch.Tensor) and not hasattr(x, "dtype")
-    x_in = x
     try:
-        x = read_tensor(x)
+        t = read_tensor(x)
     except (OverflowError, TypeError, ValueError, RuntimeError) as exc:
-        if python and _is_row(x_in) and not isinstance(exc, TypeError):  # e.g. an int beyond int64
-            # (2**70 is a float64): value by value
-            return _checked(_python_values(x_in, type_code), type_code, dtype_code_)
+        if python and _is_row(x) and not isinstance(exc, TypeError):  # an int beyond int64 (a float64)
+            return _checked(_python_values(x, type_code), type_code, dtype_code_)  # value by value
         raise unreadable(x, type_code, overflow=isinstance(exc, OverflowError)) from None
-    if python and (not x.is_floating_point() and not x.is_complex()
-                   or x.is_floating_point() and x.numel() and bool(x.abs().amax() >= _EXACT_INT)
-                   or _holds_bool(x_in)):  # torch reads [1.0, True] as floats: the bool is found here
-        x = _python_values(x_in, type_code)  # ints (or bools), or magnitudes where an int may round
-    return _checked(x, type_code, dtype_code_)
+    if python and (not t.is_floating_point() and not t.is_complex()
+                   or t.is_floating_point() and t.numel() and bool(t.abs().amax() >= _EXACT_INT)
+                   or _holds_bool(x)):  # torch reads [1.0, True] as floats: the bool is found here
+        t = _python_values(x, type_code)  # ints (or bools), or magnitudes where an int may round
+    return _checked(t, type_code, dtype_code_)
 
 
 def _holds_bool(x, tensors: bool = False) -> bool:

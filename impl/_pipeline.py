@@ -375,8 +375,7 @@ def _replayed(plan: Plan, x: torch.Tensor) -> Device:
 def _capture(key: tuple, plan: Plan):
     """The graph entry of ``plan``'s device part on a static copy of its rewards; None where the
     capture fails (the signature then stays eager)."""
-    static_in = torch.empty_like(plan.inp.rewards, memory_format=torch.contiguous_format)
-    static_in.copy_(plan.inp.rewards)
+    static_in = plan.inp.rewards.clone(memory_format=torch.contiguous_format)
     static = dataclasses.replace(plan, inp=dataclasses.replace(plan.inp, rewards=static_in))
     try:
         side = torch.cuda.Stream()
