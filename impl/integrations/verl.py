@@ -31,6 +31,7 @@ WHITEN_KEY, WHITEN_SAMPLE, WHITEN_TOKEN = "gdpo_whiten", "sample", "token"
 TESTED_VERL = ("0.9.1",)
 #: What verl 0.9.1's v1 trainer fetches for the advantage step (trainer/ppo/v1/trainer_base.py).
 _V1_FIELDS = "uid, response_mask, rm_scores, rollout_log_probs, old_log_probs, ref_log_prob, values"
+_CORE_ALGOS = "verl.trainer.ppo.core_algos"
 
 
 class VerlIntegrationError(ValueError):
@@ -225,7 +226,7 @@ def compute_gdpo_advantage(token_level_rewards, response_mask, index, *, config,
     return adv, adv
 
 
-_announced = False
+_announced = False  # the opt-in is logged once per process
 
 
 def _wrap(original):
@@ -265,7 +266,7 @@ def _wrap(original):
 
 def installed() -> bool:
     """Whether verl's registry holds this module's gdpo wrapper (in this process)."""
-    core_algos = sys.modules.get("verl.trainer.ppo.core_algos")
+    core_algos = sys.modules.get(_CORE_ALGOS)
     fn = None if core_algos is None else core_algos.ADV_ESTIMATOR_REGISTRY.get("gdpo")
     return getattr(fn, "_gdpo_spec_original", None) is not None
 
@@ -288,9 +289,6 @@ def install(core_algos=None) -> bool:
         _log.error("gdpo-spec: verl %s is not a version its verl integration was tested on (%s); "
                    "algorithm.%s=%s will be refused", version, ", ".join(TESTED_VERL), OPT_IN_KEY, OPT_IN_VALUE)
     return True
-
-
-_CORE_ALGOS = "verl.trainer.ppo.core_algos"
 
 
 def _log_failure() -> None:
