@@ -104,10 +104,8 @@ def stage(plan, call, dev, y: torch.Tensor) -> tuple[torch.Tensor, Counts]:
     host = torch.cat(reads).cpu().numpy()
     table = np.column_stack([np.array(plan.sizes, dtype=np.float64), host[:6 * S].reshape(S, 6)])  # the count first
     whole = host[6 * S:7 * S] != 0 if isinstance(whole, torch.Tensor) else np.array(whole or [False] * S, dtype=bool)
-    ctx = Context(dev.a, c, plan.out_dtype, plan.eps, plan.sizes, whole, table, inp)
+    n_max = 0 if inp is None else inp.group_size if plan.row is None else int(plan.row[N_MAX])
+    ctx = Context(dev.a, c, plan.out_dtype, plan.eps, plan.sizes, whole, table, inp, n_max, plan.sort)
     if mags:
         ctx.memo["magnitudes"] = host[-3:].tolist()
-    if inp is not None:
-        ctx.n_max = inp.group_size if plan.row is None else int(plan.row[N_MAX])
-        ctx.sort = plan.sort
     return certify(ctx, y)
