@@ -82,9 +82,8 @@ def normalize_rewards(rewards, *, group_ids=None, group_size=None, weights=None,
     weights: K real numbers (default ones), float64.
 
     missing (spec/gdpo.md section 2): "refuse" (the default) refuses a NaN reward; "unscored"
-    reads it as not scored: left out of its group column's Eq. 4 statistics, z = 0 there (a
-    column with fewer than two scored rewards: z = 0 throughout), c = 0 for a row with no scored
-    reward; an infinity is refused under both. diagnostics: a :class:`Diagnostics` the call fills.
+    leaves it out of its group column's Eq. 4 statistics (z = 0 there; c = 0 for a row with no
+    scored reward). An infinity is refused under both. diagnostics: a :class:`Diagnostics`.
 
     Raises InputDtypeError, ShapeError, NonFiniteError (first bad row, column and group),
     GroupError, WeightError, OutOfRangeError (Eq. 7 overflows float64)."""
@@ -138,10 +137,8 @@ def gdpo_advantages(rewards, *, group_ids=None, group_size=None, weights=None, s
     rank) raised before any statistics are exchanged. Arguments as in :func:`normalize_rewards`
     and :func:`whiten`.
 
-    Under ``missing="unscored"`` a row with no scored reward gets advantage exactly 0 and no part
-    in its unit's Eq. 6 statistics (across ranks too); a unit of fewer than two scored rows gives
-    0, one of a single row is still a SegmentError; ``diagnostics`` counts the unscored rows of
-    every rank. Costs: no CUDA graph, one more host read. certified (spec/gdpo.md section 7a):
+    ``missing="unscored"``: a row with no scored reward gets advantage 0 and no part in Eq. 6
+    (spec/gdpo.md section 2; costs no CUDA graph, one more host read). certified (section 7a):
     None (``GDPO_CERTIFIED``, else "narrow"), "narrow", "all" (or True) or "off" (or False).
     Every rank must pass the same ``missing`` and ``certified``."""
     if process_group is None:

@@ -40,9 +40,7 @@ class TrainerMixin:
     """What the trainers' mixins share: the missing-reward policy and impl.gdpo on the batch
     gathered from every process."""
 
-    #: "unscored" (a reward function's None is left out of that column's statistics, the
-    #: frameworks' reading) or "refuse" (the first None stops training with impl's NonFiniteError).
-    gdpo_missing = "unscored"
+    gdpo_missing = "unscored"  # one of MISSING_POLICIES
 
     def _gdpo_check_missing(self):
         if self.gdpo_missing not in MISSING_POLICIES:
