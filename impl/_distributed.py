@@ -289,10 +289,9 @@ class _Buffers:
 def _flags_and_counts(buf: _Buffers, units: int) -> tuple[list[int], list[list[int]]]:
     """Collective 2's failure flag per rank, and the row counts (per unit, per rank) of the units
     with no count slot, in one host read."""
-    bits = buf.bits
     extra = max(units - P.COUNT_SLOTS, 0)
-    counts = buf.row_counts if buf.row_counts is not None else bits.view(_F64)[:, P.COUNT_SLOTS:units, 0]
-    host = torch.cat([bits[:, units, 0:1].to(_F64), counts], 1).tolist()
+    counts = buf.row_counts if buf.row_counts is not None else buf.stats[:, P.COUNT_SLOTS:units, 0]
+    host = torch.cat([buf.bits[:, units, 0:1].to(_F64), counts], 1).tolist()
     return [int(r[0]) for r in host], [[int(r[1 + j]) for r in host] for j in range(extra)]
 
 

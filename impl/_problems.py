@@ -429,8 +429,7 @@ def _by_value(values: dict[int, object]) -> str:
 
 def _healthy(table: list[list[int]]) -> list[int]:
     """The ranks a refusal compares: those with no problem of their own (else all)."""
-    healthy = [r for r, row in enumerate(table) if not row_problems(row)]
-    return healthy if healthy else list(range(len(table)))
+    return [r for r, row in enumerate(table) if not row_problems(row)] or list(range(len(table)))
 
 
 def weights_disagree(table: list[list[int]]) -> bool:

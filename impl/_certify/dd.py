@@ -149,8 +149,7 @@ class Segments:
     ``mask``: the slots that hold a row."""
 
     def __init__(self, seg: torch.Tensor, count: int):
-        n = seg.shape[0]
-        device = seg.device
+        n, device = seg.shape[0], seg.device
         order = torch.argsort(seg, stable=True)
         sizes = torch.bincount(seg, minlength=count)
         starts = torch.cumsum(sizes, 0) - sizes

@@ -155,8 +155,7 @@ def _groups(index, n: int):
     labels = index.tolist() if hasattr(index, "tolist") else list(index)
     if len(labels) != n:
         raise ShapeError(f"index (uid) has {len(labels)} labels but response_mask {n} rows: one uid per response")
-    ids: dict = {}
-    gid = []
+    ids, gid = {}, []
     for i, u in enumerate(labels):
         try:
             gid.append(ids.setdefault(u, len(ids)))
