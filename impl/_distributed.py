@@ -390,8 +390,7 @@ def _late_checks(name, group, world, rank, agreed, late, out_dtype, failure, wor
         reasons += [f"rank {r}: {cls.__name__}: {msg}" for cls, msg in P.row_problems(row)]
     if reasons:
         raise P.DistributedError(_refusal(reasons, agreed, group))
-    counts = [c[3] for c in late]
-    if any(counts):
+    if any(row[3] for row in late):
         where = "; ".join(f"rank {r}: {row[3]} value(s), the first {P.bits_float(row[6])!r} at its row {row[5]}"
                           for r, row in enumerate(late) if row[3])
         raise P.DistributedOutOfRangeError(

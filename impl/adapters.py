@@ -261,12 +261,11 @@ def _refuse_with_peers(process_group, refusal: Exception, arg: str, eps, out_dty
     rank raises the same DistributedError, chained here on ``refusal``."""
     if process_group is None:
         raise refusal
-    device = None  # where the peers' agreement tables most likely are (gloo)
-    try:
-        device = next(t.device for x in candidates for t in (x.values() if isinstance(x, Mapping) else (x,))
-                      if isinstance(t, torch.Tensor) and t.device.type in ("cpu", "cuda"))
-    except Exception:  # noqa: BLE001 - no tensor, or a mapping that cannot even be read: the CPU
-        pass
+    try:  # where the peers' agreement tables most likely are (gloo); no tensor: the CPU
+        device = next((t.device for x in candidates for t in (x.values() if isinstance(x, Mapping) else (x,))
+                       if isinstance(t, torch.Tensor) and t.device.type in ("cpu", "cuda")), None)
+    except Exception:  # noqa: BLE001 - a mapping that cannot even be read: the CPU
+        device = None
     hint = None if device is None else torch.empty(0, dtype=torch.float32, device=device)
     try:
         _distributed.run_distributed(P.API_GDPO, process_group, rewards=hint, eps=eps, out_dtype=out_dtype,
