@@ -171,22 +171,6 @@ def _groups(index, n: int):
     return gid
 
 
-def _mask(response_mask):
-    import torch
-
-    from impl.adapters import _mask_error, _not_zero_one
-    from impl.gdpo import ShapeError
-
-    m = response_mask
-    if m.dim() != 2:
-        raise ShapeError(f"response_mask must be (B, T); got shape {tuple(m.shape)}")
-    bad = _not_zero_one(m)
-    error = None if bad is None else _mask_error(m, bad, expected="0 or 1")
-    if error is not None:
-        raise error
-    return m.to(torch.bool)
-
-
 def compute_gdpo_advantage(token_level_rewards, response_mask, index, *, config, non_tensor_batch=None,
                            batch=None, whiten: str = WHITEN_SAMPLE):
     """verl's GDPO estimator by impl.gdpo: ``(advantages, returns)``, one (B, T) float32 tensor
@@ -196,11 +180,17 @@ def compute_gdpo_advantage(token_level_rewards, response_mask, index, *, config,
     carrying its response's :func:`impl.gdpo.normalize_rewards` value."""
     import torch
 
-    from impl.adapters import _on_response_tokens
-    from impl.gdpo import gdpo_advantages, normalize_rewards
+    from impl.adapters import _mask_error, _not_zero_one, _on_response_tokens
+    from impl.gdpo import ShapeError, gdpo_advantages, normalize_rewards
     from impl.gdpo import whiten as whiten_values
 
-    mask = _mask(response_mask)
+    if response_mask.dim() != 2:
+        raise ShapeError(f"response_mask must be (B, T); got shape {tuple(response_mask.shape)}")
+    bad = _not_zero_one(response_mask)
+    error = None if bad is None else _mask_error(response_mask, bad, expected="0 or 1")
+    if error is not None:
+        raise error
+    mask = response_mask.to(torch.bool)
     n = mask.shape[0]
     if _setting(config, "norm_adv_by_std_in_grpo") is False:
         raise VerlIntegrationError(
