@@ -117,10 +117,9 @@ _KINDS = {1: "nan", 2: "inf", 3: "-inf"}
 #: What an item is instead of a real number (an integer): the ``K_*`` codes a problem carries
 #: (the value itself, a string, is named in the local message only: ``detail``).
 K_STR, K_BYTES, K_BOOL, K_COMPLEX, K_NONE, K_TENSOR, K_OTHER, K_FLOAT, K_ARRAY = range(1, 10)
-#: A Python int that no int64 (a label, a size) or no float64 (a reward, a weight) can hold.
-K_BEYOND_INT64, K_BEYOND_FLOAT64 = 10, 11
-#: A Python int in a rewards / values sequence that no float64 equals (beyond 2**53, odd bits).
-K_INEXACT_INT = 12
+#: A Python int that no int64 (a label, a size) or no float64 (a reward, a weight) can hold, and
+#: one in a rewards / values sequence that no float64 equals (beyond 2**53, odd bits).
+K_BEYOND_INT64, K_BEYOND_FLOAT64, K_INEXACT_INT = 10, 11, 12
 _ITEM_KINDS = {K_STR: "a str", K_BYTES: "bytes", K_BOOL: "a bool", K_COMPLEX: "a complex number", K_NONE: "None",
                K_TENSOR: "a tensor", K_OTHER: "not a number", K_FLOAT: "a float", K_ARRAY: "an array",
                K_BEYOND_INT64: "an int beyond int64", K_BEYOND_FLOAT64: "an int beyond float64's range",
@@ -262,8 +261,7 @@ def _refused(a: int, b: int, c: int) -> str:
 
 #: A tensor argument on a device impl does not compute on (P_DEVICE's a; its b: the device code).
 ARG_REWARDS, ARG_VALUES, ARG_GROUP_IDS, ARG_WEIGHTS, ARG_SEGMENTS, ARG_EPS = 1, 2, 3, 4, 5, 6
-_ARG_NAMES = {ARG_REWARDS: "rewards", ARG_VALUES: "values", ARG_GROUP_IDS: "group_ids", ARG_WEIGHTS: "weights",
-              ARG_SEGMENTS: "segment_sizes", ARG_EPS: "eps"}
+_ARG_NAMES = dict(enumerate(("rewards", "values", "group_ids", "weights", "segment_sizes", "eps"), start=1))
 _INTS = "(Python ints, NumPy integers)"
 
 P_REWARDS_TYPE = _problem(1, InputDtypeError, type_words("rewards"))
