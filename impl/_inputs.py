@@ -486,8 +486,7 @@ def _host_list(x, type_code: int, layout_code: int, arg: int, text=(str, bytes),
             raise Problem(type_code, 5, x.dim())
         if x.is_complex() or x.dtype == torch.bool or (integers and x.is_floating_point()):
             raise Problem(type_code, 4, P.dtype_code(x.dtype))
-        # One read of a 1-D tensor: a host sync if it lives on a GPU (pass a list to avoid it).
-        return x.detach().cpu().tolist()
+        return x.detach().cpu().tolist()  # a host sync on a GPU (pass a list to avoid it)
     try:
         return list(x)
     except TypeError:
