@@ -1,24 +1,16 @@
-"""The distributed protocol (spec/gdpo.md section 5): a call across the ranks of a process group,
-over the local spine's stages (``impl._pipeline.through_stats``, then Eq. 6's apply from the merged
-statistics, on the plan ``impl._pipeline.distributed`` and ``agreed`` make). A rank never raises
-before the agreement: every local problem, an unexpected exception included, becomes a code in
-its row of the agreement table. Contiguous groups and whiten compute everything up to their
-statistics before it; labelled groups compute Eq. 4/7 after it.
+"""The distributed protocol (spec/gdpo.md section 5): the local spine's stages around the
+collectives. A rank never raises before the agreement: every local problem, an unexpected
+exception included, becomes a code in its row. Contiguous groups and whiten compute up to their
+statistics before it, labelled groups Eq. 4/7 after it. Collectives per call, whatever the units:
 
-Collectives per call, whatever the number of units:
+1. ``all_reduce(SUM)`` of the int64 (world_size, ROW_WIDTH) agreement table: its host read is the
+   call's one host synchronisation; every rank raises the same DistributedError or none;
+2. ``all_reduce(SUM)`` of the (world_size, S + 1, 7) float64 statistics as int64 bits (each rank
+   fills its slice: an exact gather), the extra row a "my computation failed" flag;
+3. only where a float8 cast can fail (more than ~2e5 rows) or Eq. 7 may overflow (labelled
+   groups, huge weights): those findings and the failure flag.
 
-1. ``all_reduce(SUM)`` of the int64 (world_size, ROW_WIDTH) agreement table; its host read is
-   the call's one host synchronisation, and every rank raises the same DistributedError or none;
-2. ``all_reduce(SUM)`` of the (world_size, S + 1, 7) float64 statistics as their int64 bits: each
-   rank fills its own slice, so the sum is an exact gather on any backend that all-reduces int64.
-   The extra row flags "my local computation failed since the agreement" (labelled groups);
-3. only where the output's range is below sqrt(N) (float8 outputs of more than ~2e5 rows), or a
-   rank has labelled groups and weights so large that Eq. 7 may overflow: "my values do not
-   survive the cast", "my combined values overflow here" and the failure flag.
-
-A failure after the last collective (applying Eq. 6 to this rank's rows) is this rank's alone:
-every rank's statistics were complete. Ranks out of step (section 5, rule 5) are refused from
-the count of unjoined calls each agreement row carries (``P.UNJOINED``).
+A failure after the last collective is this rank's alone (every rank's statistics were complete).
 """
 
 from __future__ import annotations
@@ -37,30 +29,36 @@ from impl._pipeline import cast_limit, cast_reachable
 from impl._inputs import Problem, _shown, check_call
 from impl._eq47 import overflow_possible
 from impl._segments import host_to_device
-from spec.constants import REFUSAL_WORDS_BYTES
+from spec.constants import REFUSAL_WORDS_BYTES as WORDS_BYTES  # a refusing rank's own words, UTF-8, cut beyond
 
-_F64 = torch.float64
-_I64 = torch.int64
-
-
-# --- this rank's stages ------------------------------------------------------------------------
+_F64, _I64 = torch.float64, torch.int64
+_WORDS_COLS = WORDS_BYTES // 8
+#: collective 3's row: Eq. 7 overflow (3 fields), cast count, failure flag, the first value
+#: that does not survive the cast (its row on this rank, its float64 bits)
+_LATE_COLS, _FAILED = 7, 4
+#: The reward names of an adapter's call (impl.adapters sets them): the agreement compares them
+#: with the weights, so ranks whose mappings name different components are refused.
+COLUMN_NAMES: contextvars.ContextVar = contextvars.ContextVar("gdpo_column_names", default=None)
+#: This process's calls whose process_group was no group (``_group_of``): every agreement row
+#: carries the count, and while the ranks' counts differ every agreement is refused (rule 5).
+_UNJOINED = [0]
 
 
 def _through_stats(plan, device, x: torch.Tensor | None = None):
-    """Eq. 4, Eq. 7 and this rank's Eq. 6 statistics of the rewards (whiten: the values ``x``)
-    (:func:`impl._pipeline.through_stats`): (loc, facts, the statistics' table on ``device``)."""
+    """(loc, facts, statistics' table on ``device``) of :func:`impl._pipeline.through_stats` on
+    the rewards (whiten: the values ``x``); a rank without rows has empty statistics."""
     x = plan.inp.rewards if x is None else x
     if x.shape[0]:
         dev = _pipeline.through_stats(plan, x, {})
-    else:  # no rows here: no groups, empty statistics
+    else:
         c = x.new_empty(0, dtype=_F64)
         dev = _pipeline.Device({}, c=c, loc=W.eq6_stats(plan, c, {}))
     return dev.loc, dev.facts, dev.loc.table(device)
 
 
 def _device_row(host: dict[int, int], facts: dict, device) -> torch.Tensor:
-    """This rank's row of the agreement table on ``device`` (no host read): host fields, then the
-    device fields (``P.DEVICE_FIELDS``, 0 where ``facts`` has none)."""
+    """This rank's row of the agreement table on ``device``: host fields, then the device fields
+    (0 where ``facts`` has none); no host read."""
     values = [0] * P.ROW_WIDTH
     for col, v in host.items():
         values[col] = int(v)
@@ -73,9 +71,8 @@ def _device_row(host: dict[int, int], facts: dict, device) -> torch.Tensor:
 
 
 def _comm_device(group, data_device: torch.device) -> torch.device:
-    """Where the collectives' tensors live: NCCL's GPU, else the data's device when it is
-    CUDA, else the CPU (data on a device impl refuses, meta included, must still join:
-    an all-reduce of a meta tensor would return without reaching the peers)."""
+    """Where the collectives' tensors live: NCCL's GPU, else CUDA data's device, else the CPU (a
+    meta tensor's all-reduce would return without reaching the peers)."""
     if str(dist.get_backend(group)).lower() == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
     return data_device if data_device.type == "cuda" else torch.device("cpu")
@@ -93,23 +90,20 @@ def _all_reduce(tensor, op, group, api, step, rank):
 def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, group_size=None,
                     weights=None, segment_sizes=None, eps, out_dtype, refused: Exception | None = None,
                     missing="refuse", diagnostics=None, certified=None):
-    """Whitening (api whiten) or the whole pipeline (api gdpo) across ``group``: (output, the
-    merged statistics). Every argument but ``process_group`` is checked inside the agreement,
-    this process's floating point first. ``refused``: an exception the caller (an adapter)
-    raised on this rank before the call: the rank computes nothing and joins the agreement
-    refused (P_REFUSED). Under ``missing="unscored"`` this rank's statistics are those of its
-    scored rows, and the row counts of units beyond the count slots ride in collective 2."""
+    """whiten or gdpo_advantages (``api``) across ``group``: (output, the merged statistics), every
+    argument but ``group`` checked inside the agreement. ``refused``: an adapter's refusal of
+    this rank's input: the rank computes nothing and joins the agreement refused (P_REFUSED)."""
     name = P.API_NAMES[api]
     world, rank = _group_of(api, group, refused)
     missed = _UNJOINED[0]  # this process's calls that joined no group, in every agreement row
     data = rewards if api == P.API_GDPO else values
     data_device = data.device if isinstance(data, torch.Tensor) else torch.device("cpu")
     host = {P.PRESENT: 1, P.API: api, P.UNJOINED: missed}
+    comm = _comm_device(group, data_device)
     device_facts: dict[int, torch.Tensor] = {}
-    local_exc = None
-    loc = inp = sizes = buf = plan = None
+    local_exc = loc = inp = sizes = buf = plan = None
     try:
-        if refused is not None:  # the adapter refused this rank's input: join the agreement, refused
+        if refused is not None:
             raise Problem(P.P_REFUSED, P.refusal_code(refused))
         call = check_call(host, rewards=rewards, group_ids=group_ids, group_size=group_size, weights=weights,
                           values=values, whiten=api == P.API_WHITEN, segment_sizes=segment_sizes, eps=eps,
@@ -127,9 +121,7 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
         if v is not None and v.shape[0]:  # the unit of the first non-finite value
             ends = host_to_device(list(itertools.accumulate(sizes)), _I64, data_device)
             device_facts[P.NF_VALUE_UNIT] = torch.searchsorted(ends, device_facts[P.NF_VALUE], right=True)
-        # Collectives 2 and 3's buffer, before the agreement: after it, a failing rank allocates
-        # nothing. Contiguous groups and whiten fill their statistics now as well.
-        comm = _comm_device(group, data_device)
+        # Collectives 2 and 3's buffer now: after the agreement a failing rank allocates nothing.
         buf = _Buffers(world, len(sizes), comm, row_counts=plan.scored is not None, certified=plan.certify)
         if plan.scored is not None:
             buf.row_counts[rank] = torch.tensor(sizes[P.COUNT_SLOTS:], dtype=_F64, device="cpu").to(comm)
@@ -142,9 +134,7 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
         local_exc = exc
         host.update({P.HOST_CODE: P.P_LOCAL_FAILURE})
 
-    comm = _comm_device(group, data_device)
-    # The agreement table and, beside it, the buffer a refusal's words travel in (allocated
-    # now: on the refusal path a failing rank allocates nothing before joining every collective).
+    # The agreement table and the buffer a refusal's words travel in, allocated before joining.
     flat = torch.zeros(world * (P.ROW_WIDTH + _WORDS_COLS), dtype=_I64, device=comm)
     table = flat[: world * P.ROW_WIDTH].view(world, P.ROW_WIDTH)
     words_buf = flat[world * P.ROW_WIDTH:].view(world, _WORDS_COLS)
@@ -162,7 +152,9 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
     reasons = P.table_problems(agreed)
     if reasons:
         weights_differ = P.weights_disagree(agreed)
-        if _in_step(agreed) and (weights_differ or any(row[P.HOST_CODE] for row in agreed)):  # same on every rank
+        # one more collective, the same decision on every rank: only with every rank in this call
+        in_step = all(r[P.PRESENT] == 1 for r in agreed) and len({r[P.UNJOINED] for r in agreed}) == 1
+        if in_step and (weights_differ or any(row[P.HOST_CODE] for row in agreed)):
             if agreed[rank][P.HOST_CODE]:
                 words = _own_words(told, group, words_buf, rank)
             else:  # a healthy rank speaks only to show its weights
@@ -177,11 +169,9 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
     labelled = api == P.API_GDPO and any(r[P.BY_LABEL] for r in agreed)
     longest = max((r[P.N_MAX] if r[P.BY_LABEL] else r[P.GROUP_SIZE]) for r in agreed)
     check_overflow = labelled and overflow_possible(inp.weights, longest)  # same on every rank
-    total = sum(r[P.ROWS] for r in agreed)
-    reachable = cast_reachable(out_dtype, total)
+    reachable = cast_reachable(out_dtype, sum(r[P.ROWS] for r in agreed))
     late = reachable or check_overflow  # collective 3 runs: the same decision on every rank
-    failure = None
-    overflow_row = {}
+    failure, overflow_row = None, {}
     try:
         plan = _pipeline.agreed(plan, agreed, rank)  # labelled groups: their layout (it needs G and n_max)
         if plan.prep is not None:  # labelled groups compute Eq. 4/7 now
@@ -202,8 +192,9 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
             buf.bits[rank, units, 0] = 1
 
     _all_reduce(buf.bits, dist.ReduceOp.SUM, group, name, 2, rank)
-    if ((labelled or buf.dd is not None) and not late) or units > P.COUNT_SLOTS:  # flags, counts beyond the slots: one host read
-        failed, counts = _flags_and_counts(buf, units)  # (with collective 3 to come, it carries the flag)
+    # flags, counts beyond the slots: one host read (where collective 3 runs, it carries the flag)
+    if ((labelled or buf.dd is not None) and not late) or units > P.COUNT_SLOTS:
+        failed, counts = _flags_and_counts(buf, units)
         _refuse_failed(failed, agreed, failure, group, words_buf)
         _refuse_lonely(P.COUNT_SLOTS, counts, agreed, group)
 
@@ -236,18 +227,6 @@ def run_distributed(api, group, *, values=None, rewards=None, group_ids=None, gr
     return out, st
 
 
-#: The reward names of an adapter's call (impl.adapters sets them around a call under a
-#: process group): the agreement compares them with the weights, so ranks whose reward
-#: mappings name different components are refused, not computed column by column.
-COLUMN_NAMES: contextvars.ContextVar = contextvars.ContextVar("gdpo_column_names", default=None)
-
-
-#: Calls whose process_group was no process group (``_group_of``), made by this process in its
-#: lifetime; every agreement row carries the count (``P.UNJOINED``), and while the ranks' counts
-#: differ every agreement is refused (spec/gdpo.md section 5, rule 5).
-_UNJOINED = [0]
-
-
 def _refusal(reasons: list[str], agreed, group) -> str:
     """The message every rank raises; a subgroup's ranks are also given as global ranks."""
     try:
@@ -258,9 +237,8 @@ def _refusal(reasons: list[str], agreed, group) -> str:
 
 
 def _group_of(api, group, refused=None) -> tuple[int, int]:
-    """(world size, this rank) of ``group``, or a clear refusal of a ``process_group`` that
-    names no usable group: raised at once (no agreement can run without a group), chained on
-    an adapter's own refusal (``refused``) where there is one."""
+    """(world size, this rank) of ``group``, or the refusal of one that is no usable group, raised
+    at once (no agreement can run without it), chained on an adapter's ``refused``."""
     pg_type = getattr(dist, "ProcessGroup", None) if dist.is_available() else None
     name, shown = P.API_NAMES[api], f"{type(group).__name__} {_shown(group, 60)}"
     if type(group) is int and group == getattr(getattr(dist, "GroupMember", None), "NON_GROUP_MEMBER", None):
@@ -288,14 +266,12 @@ def _group_of(api, group, refused=None) -> tuple[int, int]:
 
 
 class _Buffers:
-    """One int64 allocation for collectives 2 and 3: ``late`` (world, 7) for collective 3
-    and ``stats`` (world, units + 1, 7) float64 (``bits``: its int64 view) for collective 2,
-    whose extra row carries the failure flag. ``row_counts`` (``missing="unscored"``, where
-    the statistics count scored rows only): after those, (world, units - COUNT_SLOTS) float64
-    row counts of the units the agreement has no count slot for (for the unit-of-one check)."""
+    """One int64 allocation for collectives 2 and 3: ``late`` (world, 7) for 3; for 2 ``stats``
+    (world, units + 1, 7) float64 (``bits``: its int64 view; the extra row: the failure flag),
+    then under ``missing="unscored"`` ``row_counts`` (world, units - COUNT_SLOTS) of the units
+    with no count slot (the statistics count scored rows), then the certificate's ``dd``."""
 
-    def __init__(self, world: int, units: int, device: torch.device, row_counts: bool = False,
-                 certified: bool = False):
+    def __init__(self, world: int, units: int, device: torch.device, row_counts: bool, certified: bool):
         extra = max(units - P.COUNT_SLOTS, 0) if row_counts else 0
         extra_rows = -(-extra // W.COLS)
         dd_rows = -(-(units * _dd.DDC) // W.COLS) if certified else 0
@@ -304,27 +280,18 @@ class _Buffers:
         self.late = flat[: world * _LATE_COLS].view(world, _LATE_COLS)
         self.bits = flat[world * _LATE_COLS:].view(world, rows, W.COLS)
         self.stats = self.bits.view(_F64)
-        self.units = units
         self.row_counts = self.stats[:, units + 1:].reshape(world, -1)[:, :extra] if row_counts else None
-        #: the certificate's double-double statistics (``impl._certify.dd.table``), (world, units, DDC)
         start = units + 1 + extra_rows
         self.dd = (self.stats[:, start:].reshape(world, -1)[:, : units * _dd.DDC]
                    .view(world, units, _dd.DDC) if certified else None)
 
 
-#: collective 3's row: Eq. 7 overflow (3 fields), cast count, failure flag, the first value
-#: that does not survive the cast (its row on this rank, its float64 bits)
-_LATE_COLS, _FAILED = 7, 4
-
-
 def _flags_and_counts(buf: _Buffers, units: int) -> tuple[list[int], list[list[int]]]:
-    """Collective 2's failure flags per rank, and the row counts of the units the agreement
-    table had no slot for (per unit, per rank), in one host read: the statistics' counts, or
-    under ``missing="unscored"`` (whose statistics count scored rows) the row counts beside them."""
-    bits = buf.bits
+    """Collective 2's failure flag per rank, and the row counts (per unit, per rank) of the units
+    with no count slot, in one host read."""
     extra = max(units - P.COUNT_SLOTS, 0)
-    counts = buf.row_counts if buf.row_counts is not None else bits.view(_F64)[:, P.COUNT_SLOTS:units, 0]
-    host = torch.cat([bits[:, units, 0:1].to(_F64), counts], 1).tolist()
+    counts = buf.row_counts if buf.row_counts is not None else buf.stats[:, P.COUNT_SLOTS:units, 0]
+    host = torch.cat([buf.bits[:, units, 0:1].to(_F64), counts], 1).tolist()
     return [int(r[0]) for r in host], [[int(r[1 + j]) for r in host] for j in range(extra)]
 
 
@@ -339,27 +306,11 @@ def _refuse_failed(failed: list[int], agreed, failure, group, words_buf) -> None
             f"unexpected exception after the agreement (chained on that rank){said}"], agreed, group)) from failure
 
 
-#: Bytes of its own message each refusing rank sends its peers (UTF-8, cut beyond).
-WORDS_BYTES = REFUSAL_WORDS_BYTES
-_WORDS_COLS = WORDS_BYTES // 8
-
-
-def _in_step(agreed) -> bool:
-    """Every rank present and in the same call: only then may a refusal run one more
-    collective (ranks out of step would pair it with another call's)."""
-    return all(r[P.PRESENT] == 1 for r in agreed) and len({r[P.UNJOINED] for r in agreed}) == 1
-
-
-def _words_of(exc) -> str | None:
-    """What a refusing rank tells its peers: its exception's own message (an adapter's
-    refusal, a message with the caller's values in it) or, for an unexpected exception,
-    its type and message. Never raises: an exception whose str() fails is named by type."""
-    if exc is None:
-        return None
+def _words_of(exc) -> str:
+    """What a refusing rank tells its peers: its GDPOError's message, else the exception's type
+    and message. Never raises (a broken __str__ is named by type)."""
     try:
         text = str(exc)
-        if not isinstance(text, str):
-            raise TypeError
     except Exception:  # noqa: BLE001 - a broken __str__ must not keep this rank from the exchange
         text = "(its message could not be read)"
     return text if isinstance(exc, P.GDPOError) else f"{type(exc).__name__}: {text}"
@@ -384,10 +335,9 @@ def _weights_text(inp) -> str | None:
 
 
 def _own_words(exc, group, words_buf: torch.Tensor, rank: int, text: str | None = None) -> dict[int, str]:
-    """One more collective, on the refusal path only (every rank takes it, decided from the
-    agreed table): each refusing rank's own message (:func:`_words_of`), what only that rank
-    could see; a rank without an exception may say ``text`` (its weights, where they differ).
-    Every rank joins whatever happens before it; {rank: message}, or {} if the exchange fails."""
+    """One more collective on the refusal path, which every rank joins: {rank: its own words}
+    (:func:`_words_of`; a rank without an exception may say ``text``, its weights), or {} if
+    the exchange fails."""
     try:
         mine = _words_row(_words_of(exc) if exc is not None else text)
         if mine is not None:
@@ -413,8 +363,7 @@ def _refuse_lonely(first: int, counts: list[list[int]], agreed, group) -> None:
 
 
 def _late_row(mine: torch.Tensor, overflow_row: dict, a, out_dtype) -> None:
-    """This rank's row of collective 3: Eq. 7 overflow of labelled groups (weights beyond
-    ~2**1000) and the count of whitened values that do not survive a float8 cast."""
+    """This rank's row of collective 3 (see _LATE_COLS)."""
     fields = (P.C_OVERFLOW, P.C_OVERFLOW_BITS, P.C_OVERFLOW_GROUP)
     if overflow_row:
         zero = torch.zeros((), dtype=_I64, device=mine.device)
@@ -430,11 +379,10 @@ def _late_row(mine: torch.Tensor, overflow_row: dict, a, out_dtype) -> None:
 
 
 def _late_checks(name, group, world, rank, agreed, late, out_dtype, failure, words_buf):
-    """Collective 3, only where needed: every rank's late row (see :func:`_late_row`) and
-    its failure flag, so all ranks raise together."""
+    """Collective 3 (every rank's :func:`_late_row`), so that all ranks raise together."""
     _all_reduce(late, dist.ReduceOp.SUM, group, name, 3, rank)
     late = late.tolist()
-    _refuse_failed([row[4] for row in late], agreed, failure, group, words_buf)
+    _refuse_failed([row[_FAILED] for row in late], agreed, failure, group, words_buf)
     reasons = []
     for r, (at, bits, label, *_) in enumerate(late):
         row = list(agreed[r])
@@ -442,8 +390,7 @@ def _late_checks(name, group, world, rank, agreed, late, out_dtype, failure, wor
         reasons += [f"rank {r}: {cls.__name__}: {msg}" for cls, msg in P.row_problems(row)]
     if reasons:
         raise P.DistributedError(_refusal(reasons, agreed, group))
-    counts = [c[3] for c in late]
-    if any(counts):
+    if any(row[3] for row in late):
         where = "; ".join(f"rank {r}: {row[3]} value(s), the first {P.bits_float(row[6])!r} at its row {row[5]}"
                           for r, row in enumerate(late) if row[3])
         raise P.DistributedOutOfRangeError(

@@ -86,6 +86,7 @@ def _of_type(x) -> str:
 
 
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1  # what the agreement table can carry
+_EXACT_INT = 2.0 ** 53  # Python ints from this magnitude on may not be float64s: checked one by one
 
 
 def _is_int(x) -> bool:
@@ -93,8 +94,8 @@ def _is_int(x) -> bool:
 
 
 def _int_shown(x) -> str:
-    """A Python int for a message: its digits, or about how large it is (an int of
-    thousands of digits has no str() at all in recent Pythons)."""
+    """A Python int for a message: its digits, or about how large it is (recent Pythons give an
+    int of thousands of digits no str())."""
     x = int(x)
     if abs(x) < 10 ** 30:
         return str(x)
@@ -102,6 +103,11 @@ def _int_shown(x) -> str:
     lg = math.log10(abs(x) >> shift) + shift * math.log10(2)
     e = math.floor(lg)
     return f"about {'-' if x < 0 else ''}{10 ** (lg - e):.2f}e+{e}"
+
+
+def _integral(t: torch.Tensor) -> bool:
+    """Has the tensor an integer dtype (not floating, complex or bool)?"""
+    return not (t.is_floating_point() or t.is_complex() or t.dtype == torch.bool)
 
 
 def _is_row(x) -> bool:
@@ -112,9 +118,8 @@ def _is_row(x) -> bool:
 
 
 def _unreadable_number(x) -> tuple[int, str] | None:
-    """What an entry of a rewards / values sequence is, if torch cannot read it as a number
-    (a P.K_* code and the caller's value, as text); None if it can (a bool or a complex number
-    too: their dtype is refused afterwards)."""
+    """(P.K_* code, the value as text) of a rewards / values entry torch cannot read as a number;
+    None if it can (a bool or a complex number too: their dtype is refused afterwards)."""
     if _is_int(x):
         try:
             float(x)
@@ -129,15 +134,14 @@ def _unreadable_number(x) -> tuple[int, str] | None:
     return None if isinstance(x, float) or _np_kind(x) else (P.K_OTHER, _of_type(x))
 
 
-#: A sequence argument's problems, by the code of its type's: (an entry, a ragged row, its layout, its P.ARG_*).
+#: A sequence argument's problems by its type's code: (an entry, a ragged row, its layout, its P.ARG_*).
 _ENTRY_PROBLEM = {P.P_REWARDS_TYPE: (P.P_REWARDS_ENTRY, P.P_REWARDS_RAGGED, P.P_REWARDS_LAYOUT, P.ARG_REWARDS),
                   P.P_VALUES_TYPE: (P.P_VALUES_ENTRY, P.P_VALUES_RAGGED, P.P_VALUES_LAYOUT, P.ARG_VALUES)}
 
 
 def unreadable(x, type_code: int, overflow: bool) -> Problem:
-    """Why torch could not read the Python/NumPy sequence ``x`` as real numbers: the first
-    entry it cannot read (row, column, what it is), the first row of another length, or
-    (found nowhere) what ``x`` is."""
+    """Why torch could not read the sequence ``x`` as real numbers: its first unreadable entry,
+    its first row of another length, or (found nowhere) what ``x`` is."""
     entry, ragged = _ENTRY_PROBLEM[type_code][:2]
     whole = Problem(type_code, int(overflow), detail="" if overflow else _of_type(x))
     if isinstance(x, (str, bytes, bytearray, collections.abc.Mapping, collections.abc.Set)) \
@@ -166,17 +170,15 @@ def unreadable(x, type_code: int, overflow: bool) -> Problem:
 
 
 def check_process_state() -> None:
-    """This thread's floating point as exact results need it: neither flush-to-zero nor
-    denormals-are-zero on (a subnormal reward, weight or intermediate would read as 0). Checked
-    at every call, first: a library loaded since the last call may have turned either on."""
+    """Neither flush-to-zero nor denormals-are-zero on in this thread (a subnormal would read as
+    0); checked at every call: a library loaded since may have turned either on."""
     ftz, daz = flush_modes()
     if ftz or daz:
         raise Problem(P.P_PROCESS_STATE, int(ftz) + 2 * int(daz))
 
 
 def check_eps(eps) -> float:
-    """eps as a float: a real number (an int, a float, a NumPy real scalar, a 0-d real tensor),
-    finite and >= 0."""
+    """eps as a float: a finite real number >= 0 (int, float, NumPy real scalar, 0-d real tensor)."""
     real_tensor = isinstance(eps, torch.Tensor) and eps.dim() == 0 and not (eps.is_complex() or eps.dtype == torch.bool)
     what, value, detail = (0, 0, "") if real_tensor else _not_a_number(eps)
     if not what and not (real_tensor or isinstance(eps, numbers.Real) or _np_kind(eps)):
@@ -202,19 +204,15 @@ def check_missing(missing) -> str:
     raise Problem(P.P_MISSING, int(isinstance(missing, str)), detail=_shown(missing))
 
 
-#: What ``certified`` (and the environment's ``GDPO_CERTIFIED``, its default) may say, and the
-#: certificate's mode each names (``impl._certify``).
+#: What ``certified`` (and ``GDPO_CERTIFIED``, its default) may say: the certificate's mode each names.
 CERTIFIED_MODES = {"1": "all", "all": "all", "true": "all", "yes": "all", "on": "all", "0": "off", "off": "off",
                    "false": "off", "no": "off", "narrow": "narrow", "": "narrow"}
-
-
 _WARNED: set = set()
 
 
 def check_certified(certified) -> str:
-    """The certificate's mode a call's ``certified`` names: True "all", False "off", a string as
-    in :data:`CERTIFIED_MODES`; None: ``GDPO_CERTIFIED`` (unset: "narrow"; naming no mode: "narrow",
-    with a warning, once per value)."""
+    """The mode ``certified`` names: True "all", False "off", a string as in :data:`CERTIFIED_MODES`;
+    None: ``GDPO_CERTIFIED`` (unset, or naming no mode: "narrow", the latter warned once per value)."""
     if certified is None:
         value = os.environ.get("GDPO_CERTIFIED", "")
         mode = CERTIFIED_MODES.get(value.strip().lower())
@@ -231,102 +229,85 @@ def check_certified(certified) -> str:
 
 
 def check_out_dtype(out_dtype) -> torch.dtype:
-    if isinstance(out_dtype, torch.dtype):
-        if out_dtype not in P.OUT_DTYPES:
-            code = P.dtype_code(out_dtype)
-            raise Problem(P.P_OUT_DTYPE, code, detail=str(out_dtype).replace("torch.", ""))
-        return out_dtype
-    raise Problem(P.P_OUT_DTYPE, 0, detail=_not_a_dtype(out_dtype))
+    if not isinstance(out_dtype, torch.dtype):
+        raise Problem(P.P_OUT_DTYPE, 0, detail=_not_a_dtype(out_dtype))
+    if out_dtype not in P.OUT_DTYPES:
+        raise Problem(P.P_OUT_DTYPE, P.dtype_code(out_dtype), detail=str(out_dtype).replace("torch.", ""))
+    return out_dtype
 
 
 def _not_a_dtype(x) -> str:
     """What ``out_dtype`` is instead of a torch.dtype, with the torch.dtype it may have meant."""
-    name = None
-    if isinstance(x, str):
-        name = x.removeprefix("torch.")
+    if x is None:
+        return "None, not a torch.dtype"
+    name = x.removeprefix("torch.") if isinstance(x, str) else None
     np = sys.modules.get("numpy")
-    if np is not None and x is not None and (name is None or not hasattr(torch, name)):
+    if np is not None and (name is None or not hasattr(torch, name)):
         try:
             name = np.dtype(x).name  # np.float32, np.dtype("float32"), float, "double"
         except Exception:  # noqa: BLE001 - not a NumPy dtype either
             pass
     meant = getattr(torch, name, None) if isinstance(name, str) else None
     hint = f"; pass torch.{name}" if meant in P.OUT_DTYPES else ""
-    if x is None:
-        return "None, not a torch.dtype"
     what = "a NumPy dtype" if np is not None and isinstance(x, np.dtype) else _of_type(x).split(" (")[0]
     return f"{_shown(x)} ({what}, not a torch.dtype{hint})"
 
 
 def numpy_view(x):
-    """``x``, or where it is a NumPy array torch cannot share (negative strides, as
-    ``a[::-1]`` or ``np.flip(a)`` give), may not write (read-only) or whose bytes are in the
-    other byte order (``a.astype('>f8')``), a contiguous native copy of it: the same values,
-    which impl only reads. Anything else is returned as it is."""
-    strides = getattr(x, "strides", None)
-    flags = getattr(x, "flags", None)
-    if strides is None or flags is None or isinstance(x, torch.Tensor) or _np_kind(x) is None:
+    """``x``, or a contiguous native copy of a NumPy array torch cannot share: negative strides
+    (``a[::-1]``), read-only, or the other byte order (``a.astype('>f8')``)."""
+    strides, flags = getattr(x, "strides", None), getattr(x, "flags", None)
+    if strides is None or flags is None or _np_kind(x) is None:
         return x
-    dtype = getattr(x, "dtype", None)
-    if dtype is not None and not getattr(dtype, "isnative", True):
-        return sys.modules["numpy"].ascontiguousarray(x, dtype=dtype.newbyteorder("="))
+    if not getattr(x.dtype, "isnative", True):
+        return sys.modules["numpy"].ascontiguousarray(x, dtype=x.dtype.newbyteorder("="))
     if any(s < 0 for s in strides) or not getattr(flags, "writeable", True):
         return sys.modules["numpy"].array(x, copy=True, order="C")
     return x
 
 
 def read_tensor(x) -> torch.Tensor:
-    """``x`` as a tensor (a tensor as it is): Python floats become float64, since they are
-    doubles (torch would read them as float32). Raises what torch.as_tensor raises
-    (OverflowError for a Python int beyond float64, TypeError, ValueError, RuntimeError)."""
+    """``x`` as a tensor, Python floats as float64 (torch would read float32); raises what
+    torch.as_tensor raises."""
     if isinstance(x, torch.Tensor):
         return x
     x = numpy_view(x)
-    t = torch.as_tensor(x, device="cpu")  # (the caller's data is host data, whatever torch's default device)
+    t = torch.as_tensor(x, device="cpu")  # host data, whatever torch's default device
     if t.is_floating_point() and t.dtype != _F64 and not hasattr(x, "dtype"):
         t = torch.as_tensor(x, dtype=_F64, device="cpu")
     return t
 
 
-#: Python ints from this magnitude on may not be float64s: checked one by one.
-_EXACT_INT = 2.0 ** 53
-
-
 def as_float_tensor(x, type_code: int, dtype_code_: int) -> torch.Tensor:
-    """A dense tensor for ``x``; Python or NumPy sequences of floats become float64
-    (Python floats are doubles). Refuses sparse and nested tensors, and dtypes other
-    than P.INPUT_DTYPES (integers, bool, complex, float8) with ``dtype_code_``.
-
-    A Python sequence has no dtype: its numbers are values, ints as well as floats
-    (binary correctness ``[[1], [0], [1]]``), read as float64 when each is one exactly;
-    a bool, or an int that float64 cannot hold exactly (beyond 2**53), is refused naming
-    its row and column (spec/errors.py, INPUT_RULES). A tensor or array of an integer
-    dtype is refused by its dtype."""
+    """A dense tensor of a P.INPUT_DTYPES dtype for ``x`` (else refused; ``dtype_code_``: the
+    dtype's refusal). A Python sequence's numbers are values, ints too (``[[1], [0], [1]]``), read
+    as float64 where each is one exactly; a bool or an int beyond 2**53 that float64 cannot hold
+    is refused by row and column (spec/errors.py, INPUT_RULES); an integer tensor by its dtype."""
     python = not isinstance(x, torch.Tensor) and not hasattr(x, "dtype")
-    x_in = x
     try:
-        x = read_tensor(x)
+        t = read_tensor(x)
     except (OverflowError, TypeError, ValueError, RuntimeError) as exc:
-        if python and _is_row(x_in) and not isinstance(exc, TypeError):  # e.g. an int beyond int64
-            # (2**70 is a float64): value by value
-            return _checked(_python_values(x_in, type_code), type_code, dtype_code_)
+        if python and _is_row(x) and not isinstance(exc, TypeError):  # an int beyond int64 (a float64)
+            return _checked(_python_values(x, type_code), type_code, dtype_code_)  # value by value
         raise unreadable(x, type_code, overflow=isinstance(exc, OverflowError)) from None
-    if python and (not x.is_floating_point() and not x.is_complex()
-                   or x.is_floating_point() and x.numel() and bool(x.abs().amax() >= _EXACT_INT)
-                   or _holds_bool(x_in)):  # torch reads [1.0, True] as floats: the bool is found here
-        x = _python_values(x_in, type_code)  # ints (or bools), or magnitudes where an int may round
-    return _checked(x, type_code, dtype_code_)
+    if python and (not t.is_floating_point() and not t.is_complex()
+                   or t.is_floating_point() and t.numel() and bool(t.abs().amax() >= _EXACT_INT)
+                   or _holds_bool(x)):  # torch reads [1.0, True] as floats: the bool is found here
+        t = _python_values(x, type_code)  # ints (or bools), or magnitudes where an int may round
+    return _checked(t, type_code, dtype_code_)
 
 
-def _holds_bool(x) -> bool:
-    """Is an entry of the Python (nested) sequence ``x`` a bool (Python's or NumPy's)?"""
+def _holds_bool(x, tensors: bool = False) -> bool:
+    """Is an entry of the Python (nested) sequence ``x`` a bool (Python's or NumPy's; ``tensors``:
+    a 0-d bool tensor too)?"""
     bools = (bool, getattr(sys.modules.get("numpy"), "bool_", bool))
-    return _is_row(x) and any(isinstance(v, bools) for row in x for v in (row if _is_row(row) else (row,)))
+    return _is_row(x) and any(isinstance(v, bools) or tensors and isinstance(v, torch.Tensor) and v.dtype == torch.bool
+                              for row in x for v in (row if _is_row(row) else (row,)))
 
 
 def _python_values(x, type_code: int) -> torch.Tensor:
-    """A Python (nested) sequence of real numbers as float64, each exactly, or the first
-    entry that is a bool or an int no float64 equals."""
+    """A Python (nested) sequence of real numbers as float64, each exactly, or the refusal of
+    its first bool or int no float64 equals."""
     entry = _ENTRY_PROBLEM[type_code][0]
     rows = list(x)
     for i, row in enumerate(rows):
@@ -353,12 +334,12 @@ def _python_values(x, type_code: int) -> torch.Tensor:
 
 def _checked(x: torch.Tensor, type_code: int, dtype_code_: int) -> torch.Tensor:
     _, _, layout, arg = _ENTRY_PROBLEM[type_code]
-    if x.layout != torch.strided or x.is_nested:  # sparse, nested, mkldnn: torch's own error would come
-        raise Problem(layout, P.layout_code(x))  # from deep inside
+    if x.layout != torch.strided or x.is_nested:  # else torch's own error, from deep inside
+        raise Problem(layout, P.layout_code(x))
     if x.dtype not in P.INPUT_DTYPES:  # float8 too: most CPU kernels (add, min) do not exist for it
         raise Problem(dtype_code_, P.dtype_code(x.dtype))
     _check_device(x, arg)
-    if x.is_neg():  # a lazy negation (torch._neg_view, the imaginary part of a conjugate): its values, read once
+    if x.is_neg():  # a lazy negation (torch._neg_view, a conjugate's imaginary part): its values
         x = x.resolve_neg()
     return x
 
@@ -372,14 +353,9 @@ class Rewards:
     group_size: int | None
     labels: torch.Tensor | None  # int64 (N,) on the rewards' device
     weights: list[float]
-    #: The caller's labels were uint64: ``labels`` holds their bits (labels >= 2**63 read
-    #: negative), and messages print them back as the caller's values (P.LABELS_UINT64).
-    labels_uint64: bool = False
-    #: The NaN policy (``check_missing``): "refuse", or "unscored" (a NaN reward is one its
-    #: reward function did not score; spec/gdpo.md section 2).
-    missing: str = "refuse"
-    #: rows and reward columns of ``rewards``: fields, not properties (the plan and the stages
-    #: read them as data; ``dataclasses.replace`` with other rewards sets them again)
+    labels_uint64: bool = False  # ``labels`` holds uint64 labels' bits (P.LABELS_UINT64)
+    missing: str = "refuse"  # the NaN policy (``check_missing``)
+    #: rows and reward columns: fields the plan reads as data (``dataclasses.replace`` sets them)
     n: int = dataclasses.field(init=False)
     k: int = dataclasses.field(init=False)
 
@@ -423,15 +399,13 @@ def check_rewards(rewards, group_ids, group_size, weights, *, allow_empty_rows: 
                 raise (_label_problem(group_ids) or Problem(P.P_GROUP_IDS_DTYPE, 0, detail=_of_type(group_ids))) \
                     from None
             if ids.dim() == 1 and not hasattr(group_ids, "dtype") and (
-                    ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool
-                    or _holds_a_bool(group_ids)):  # torch reads [1, True] as int64 [1, 1]
-                # a Python sequence: name its first non-integer label
-                problem = _label_problem(group_ids)
+                    not _integral(ids) or _holds_bool(group_ids, tensors=True)):  # [1, True]: int64 [1, 1]
+                problem = _label_problem(group_ids)  # a Python sequence: its first non-integer label
                 if problem is not None:
                     raise problem
         if ids.numel() == 0 and ids.dim() == 1:
             ids = ids.to(torch.int64)  # an empty shard's labels (torch.tensor([]) is float32) hold no label at all
-        if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
+        if not _integral(ids):
             python_floats = ids.is_floating_point() and not hasattr(group_ids, "dtype")  # read as doubles
             raise Problem(P.P_GROUP_IDS_DTYPE, P.dtype_code(torch.float64 if python_floats else ids.dtype))
         if ids.dim() != 1:
@@ -447,17 +421,9 @@ def check_rewards(rewards, group_ids, group_size, weights, *, allow_empty_rows: 
                    labels_uint64=unsigned, missing=missing)
 
 
-def _holds_a_bool(items) -> bool:
-    """Is a bool (Python, NumPy or a 0-d bool tensor) among a sequence's items?"""
-    kinds = set(map(type, items))
-    if bool in kinds or any(getattr(k, "__name__", "") == "bool" for k in kinds):  # NumPy's np.bool
-        return True
-    return torch.Tensor in kinds and any(isinstance(x, torch.Tensor) and x.dtype == torch.bool for x in items)
-
-
 def _label_problem(group_ids) -> Problem | None:
-    """The first label of a Python/NumPy sequence that is no int64 integer, named by its row
-    and value; None if there is none (or ``group_ids`` is no sized sequence to look into)."""
+    """The refusal of the first label of a sequence that is no int64 integer; None if none is
+    (or ``group_ids`` is no sized sequence)."""
     if not isinstance(group_ids, collections.abc.Sized):
         return None
     try:
@@ -465,8 +431,7 @@ def _label_problem(group_ids) -> Problem | None:
     except Exception:  # noqa: BLE001 - a broken container: the caller says what it is
         return None
     for i, x in enumerate(items):
-        if isinstance(x, torch.Tensor) and x.dim() == 0 and not (
-                x.is_floating_point() or x.is_complex() or x.dtype == torch.bool):
+        if isinstance(x, torch.Tensor) and x.dim() == 0 and _integral(x):
             x = int(x.item())
         if _is_int(x):
             if not _INT64_MIN <= int(x) <= _INT64_MAX:
@@ -494,13 +459,12 @@ def _check_device(x, arg: int) -> None:
 
 
 def _check_group_size(gs) -> int:
-    """An integer scalar (a Python int, a NumPy integer, a 0-d integer tensor or array) as
-    a Python int; bool, floats and everything else are refused, saying what was given."""
+    """An integer scalar (Python int, NumPy integer, 0-d integer tensor or array) as a Python int."""
     if isinstance(gs, torch.Tensor):
         if P.layout_code(gs) or gs.device.type not in ("cpu", "cuda"):
             raise Problem(P.P_GROUP_SIZE_TYPE, P.K_OTHER,
                           detail=f"a tensor of layout {gs.layout} on {gs.device.type}")
-        if gs.dim() == 0 and not (gs.is_floating_point() or gs.is_complex() or gs.dtype == torch.bool):
+        if gs.dim() == 0 and _integral(gs):
             return int(gs.item())  # a host read if it lives on a GPU (pass an int to avoid it)
     elif _is_int(gs) or _np_kind(gs) in ("i", "u") and gs.ndim == 0:  # (a 0-d integer array too)
         return int(gs)
@@ -508,11 +472,10 @@ def _check_group_size(gs) -> int:
 
 
 def _host_list(x, type_code: int, layout_code: int, arg: int, text=(str, bytes), integers: bool = False) -> list:
-    """A 1-D sequence or tensor argument (weights, segment sizes) as a host list, or the refusal
-    of what it is instead (the codes of ``type_code``'s words: ``_problems._sequence_words``;
-    ``text``: the types refused as a string; ``integers``: a float tensor is refused too)."""
+    """A 1-D sequence or tensor argument (weights, segment sizes) as a host list, else refused
+    (``_problems._sequence_words``; ``text``: types refused as a string; ``integers``: a float
+    tensor too)."""
     if isinstance(x, (collections.abc.Mapping, *text, collections.abc.Set)):
-        # iterating these would give keys, characters or an arbitrary order: never a sequence of numbers
         raise Problem(type_code, 1 if isinstance(x, collections.abc.Mapping)
                       else 3 if isinstance(x, collections.abc.Set) else 2, detail=_of_type(x))
     if isinstance(x, torch.Tensor):
@@ -523,8 +486,7 @@ def _host_list(x, type_code: int, layout_code: int, arg: int, text=(str, bytes),
             raise Problem(type_code, 5, x.dim())
         if x.is_complex() or x.dtype == torch.bool or (integers and x.is_floating_point()):
             raise Problem(type_code, 4, P.dtype_code(x.dtype))
-        # One read of a 1-D tensor: a host sync if it lives on a GPU (pass a list to avoid it).
-        return x.detach().cpu().tolist()
+        return x.detach().cpu().tolist()  # a host sync on a GPU (pass a list to avoid it)
     try:
         return list(x)
     except TypeError:
@@ -586,13 +548,6 @@ def check_standardized(z, weights) -> tuple[torch.Tensor, list[float]]:
     return zt, w
 
 
-def check_values(values) -> torch.Tensor:
-    v = as_float_tensor(values, P.P_VALUES_TYPE, P.P_VALUES_DTYPE)
-    if v.dim() != 1:
-        raise Problem(P.P_VALUES_NDIM, v.dim())
-    return v
-
-
 def check_segments(segment_sizes, n: int) -> tuple[list[int], bool]:
     """This rank's unit sizes as host ints; None is one unit of all local rows."""
     if segment_sizes is None:
@@ -615,37 +570,25 @@ def check_segments(segment_sizes, n: int) -> tuple[list[int], bool]:
     return sizes, True
 
 
-# --- a call's checks, in their one order (local and across ranks) ------------------------------
-
-
 @dataclasses.dataclass
 class Diagnostics:
-    """What a call left out under ``missing="unscored"`` (spec/gdpo.md section 2): pass one as
-    ``diagnostics=`` and the call fills it in when it returns (a refused call leaves it as it
-    was). Under ``missing="refuse"`` every count is 0 (a NaN is refused, never left out).
+    """What a call left out under ``missing="unscored"`` (spec/gdpo.md section 2), and how its
+    rounding was decided: pass one as ``diagnostics=``; a call that returns fills it in.
 
     ``unscored_rows``: this rank's rows whose every reward is NaN (advantage 0, outside Eq. 6);
-    ``unscored_rows_all_ranks``: the same over every rank of the process group (the local
-    count without one; standardize_groups, normalize_rewards and group_has_signal are local);
-    ``unscored``: (N,) bool on the rewards' device, True on those rows (None before a call)."""
+    ``unscored_rows_all_ranks``: the same over every rank of the process group (local calls: the
+    local count); ``unscored``: (N,) bool, True on those rows; ``certified``: the rows each tier
+    of the certificate decided (``impl._certify.Counts``). None before a call."""
 
     unscored_rows: int = 0
     unscored_rows_all_ranks: int = 0
     unscored: torch.Tensor | None = None
-    #: How the outputs' rounding was decided (``impl._certify``): samples certified by the
-    #: float64 bound, recomputed in double-double, decided exactly; None before a call.
-    certified: "_certify.Counts | None" = None  # impl._certify.Counts (not imported here)
-
-
-def check_diagnostics(diagnostics) -> None:
-    if diagnostics is not None and not isinstance(diagnostics, Diagnostics):
-        raise Problem(P.P_DIAGNOSTICS, detail=_shown(diagnostics))
+    certified: "_certify.Counts | None" = None  # noqa: F821 - not imported here
 
 
 @dataclasses.dataclass
 class Call:
-    """A validated call: its arguments as the checks normalised them, and what the plan reads of
-    them as plain data (fields: the plan never calls back into this module)."""
+    """A validated call: its arguments as the checks normalised them (the plan reads fields only)."""
 
     eps: float
     inp: Rewards | None = None  # gdpo_advantages and the Eq. 4/7 APIs (None: whiten)
@@ -659,19 +602,19 @@ class Call:
 def check_call(host: dict[int, int], *, rewards=None, group_ids=None, group_size=None, weights=None,
                values=None, whiten: bool = False, segment_sizes=None, eps, out_dtype=None, missing="refuse",
                diagnostics=None, certified=None, eq6: bool = True, ranks: bool = False, names=None) -> Call:
-    """Every host check of a call, in this order (it decides which refusal a call with several bad
-    arguments gets): the process state, diagnostics, eps, out_dtype, missing, certified, the
-    rewards (their groups, then the weights) or ``whiten``'s values, the segment sizes. Without
-    ``eq6`` (the Eq. 4/7 APIs): no out_dtype, certified or sizes. ``ranks``: a rank of a call
-    across a process group (it may hold no rows; its weights' digest, with the reward ``names``
-    of an adapter, goes to the agreement). Raises the first :class:`Problem`; ``host`` (the
-    facts row's host fields) gets what each check read as it passes, so that a rank that refuses
-    still tells the agreement what it read."""
+    """Every host check of a call, in the order that decides which refusal a call with several
+    bad arguments gets (process state, diagnostics, eps, out_dtype, missing, certified, rewards,
+    groups, weights or values, segment sizes); raises the first :class:`Problem`. Without ``eq6``
+    (the Eq. 4/7 APIs): no out_dtype, certified or sizes. ``ranks``: a rank of a call across a
+    process group (it may hold no rows; its weights' digest, with an adapter's reward ``names``,
+    goes to the agreement). ``host`` (the facts row's host fields) gets what each check read, so
+    that a refusing rank still tells the agreement."""
     host[P.PRESENT] = 1
     check_process_state()
-    check_diagnostics(diagnostics)
+    if diagnostics is not None and not isinstance(diagnostics, Diagnostics):
+        raise Problem(P.P_DIAGNOSTICS, detail=_shown(diagnostics))
     eps = check_eps(eps)
-    if ranks:  # (the codes below are dictionary reads: a local call's trace stays in this module)
+    if ranks:  # (a local call reads no _problems function here: call_path counts re-entries)
         host[P.EPS_BITS] = P.float_bits(eps)
     if eq6:
         out_dtype = check_out_dtype(out_dtype)
@@ -689,7 +632,9 @@ def check_call(host: dict[int, int], *, rewards=None, group_ids=None, group_size
         if ranks:
             host[P.WEIGHTS_FP] = P.weights_fingerprint(inp.weights, names)
     else:
-        data = v = check_values(values)
+        data = v = as_float_tensor(values, P.P_VALUES_TYPE, P.P_VALUES_DTYPE)
+        if v.dim() != 1:
+            raise Problem(P.P_VALUES_NDIM, v.dim())
     n = data.shape[0]
     host.update({P.ROWS: n, P.DTYPE: P.DTYPE_CODES[data.dtype], P.DEVICE: P.DEVICE_CODES[data.device.type]})
     sizes = None
@@ -701,8 +646,7 @@ def check_call(host: dict[int, int], *, rewards=None, group_ids=None, group_size
 
 
 def check_local(**arguments) -> Call:
-    """A local call's checks (:func:`check_call`'s, then a unit of one row): the first refusal is
-    raised at once."""
+    """A local call's checks (:func:`check_call`'s, then a unit of one row), raised at once."""
     try:
         call = check_call({}, **arguments)
         for j, s in enumerate(call.sizes or ()):

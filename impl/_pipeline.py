@@ -1,21 +1,15 @@
-"""The spine of a call: its plan (every decision made once, before the arithmetic) and, for a
-local call, its stages in order (docs/architecture.md).
+"""The spine of a call (docs/architecture.md): its :class:`Plan`, every decision made once before
+the arithmetic (stages read its fields, none re-tests a condition), and a local call's stages.
 
-A :class:`Plan` says which stages run, in which layout, whether a CUDA graph replays the call,
-which rows Eq. 6 takes, which units are whole groups, the dtype Eq. 6 writes and whether the
-certificate decides the rounding. The stages read these fields; none re-tests a condition. :func:`local` plans a validated local call (labelled groups run phase one here, read
-its row, raise its refusals, then lay the groups out: their longest group is known only then);
-:func:`distributed` and :func:`agreed` a call across ranks, before and after the agreement.
+:func:`local` plans a local call (labelled groups run phase one, read its row and raise its
+refusals here: their layout needs the longest group); :func:`distributed` and :func:`agreed` a
+call across ranks, before and after the agreement. :func:`run` runs the device part (eager or a
+CUDA graph's replay), the facts row's one host read, the cast and the certificate.
 
-:func:`run` runs the device part (:func:`device_part`; eager, or replayed from a CUDA graph),
-the facts row's one host read and its first refusal, the cast and, where the plan certifies,
-the certificate. :func:`through_stats` serves the distributed protocol too.
-
-CUDA graphs (``GDPO_CUDA_GRAPHS=1``): a small call is bounded by kernel launches. The first
-local call of a signature (:attr:`Plan.key`) with contiguous groups on CUDA captures the device
-part; later calls copy the rewards in, replay it and read the facts row: the same kernels, the
-same bits. Up to :data:`GRAPH_ELEMENTS` rewards, :data:`MAX_GRAPHS` signatures (least recently
-used out); a signature whose capture fails stays eager."""
+CUDA graphs (``GDPO_CUDA_GRAPHS=1``, small calls bounded by kernel launches): the first local
+call of a signature (:attr:`Plan.key`) with contiguous groups on CUDA captures the device part,
+later ones copy the rewards in and replay it (the same bits); up to :data:`GRAPH_ELEMENTS`
+rewards, :data:`MAX_GRAPHS` signatures (least recently used out); a failed capture stays eager."""
 
 from __future__ import annotations
 
@@ -32,12 +26,12 @@ from impl import _certify, _eq47
 from impl import _problems as P
 from impl import _segments as seg_ops
 from impl import _whiten as W
-from impl._inputs import Diagnostics, Problem, check_standardized  # noqa: F401 - Diagnostics: impl.gdpo's
+from impl._inputs import Problem, check_standardized
 from impl._segments import round_to
 
 _F64, _I64 = torch.float64, torch.int64
 
-#: The APIs a plan serves, and the stages each runs (``Plan.eq4``, ``combined`` (Eq. 7), ``eq6``, ``signal``).
+#: The APIs a plan serves, and the stages each runs.
 GDPO, WHITEN, NORMALIZE, STANDARDIZE, SIGNAL = "gdpo", "whiten", "normalize", "standardize", "signal"
 STAGES = {GDPO: dict(eq4=True, combined=True, eq6=True, signal=False),
           WHITEN: dict(eq4=False, combined=False, eq6=True, signal=False),
@@ -46,14 +40,11 @@ STAGES = {GDPO: dict(eq4=True, combined=True, eq6=True, signal=False),
           SIGNAL: dict(eq4=True, combined=True, eq6=False, signal=True)}
 
 
-# --- missing="unscored": rows with no scored reward ----------------------------------------
-
-
 @dataclasses.dataclass
 class Scored:
-    """Which rows Eq. 6 takes under ``missing="unscored"``: ``rows`` (device int64, the scored rows in
-    order; None when every row is scored) and ``sizes`` (scored rows per unit); ``mask`` (N,) bool,
-    True on the scored rows, and ``unscored`` (the count of the others)."""
+    """Which rows Eq. 6 takes under ``missing="unscored"``: ``mask`` (N,) True on the scored rows,
+    ``unscored`` the count of the others, ``rows`` the scored rows (None: every row) and
+    ``sizes`` their count per unit."""
 
     mask: torch.Tensor
     unscored: int
@@ -74,8 +65,8 @@ class Scored:
 
 
 def scored(inp, sizes: list[int] | None) -> Scored:
-    """The scored rows of ``inp`` and their count per unit of ``sizes``: one host read of the (N,) mask
-    (free on CPU). ``sizes`` None: every row scored (missing is "refuse")."""
+    """The scored rows of ``inp`` per unit of ``sizes`` (one host read of the mask); ``sizes``
+    None: every row (missing is "refuse")."""
     r = inp.rewards
     if sizes is None:
         return Scored(torch.ones(inp.n, dtype=torch.bool, device=r.device), 0, None, [])
@@ -88,9 +79,6 @@ def scored(inp, sizes: list[int] | None) -> Scored:
     upto = torch.cat([torch.zeros(1, dtype=_I64, device="cpu"), host.to(_I64).cumsum(0)])
     rows = host.nonzero().view(-1).to(r.device, non_blocking=True)
     return Scored(mask, unscored, rows, (upto[ends[1:]] - upto[ends[:-1]]).tolist())
-
-
-# --- the plan -----------------------------------------------------------------------------------
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,8 +121,7 @@ class Plan:
 
 
 def cast_limit(dtype: torch.dtype) -> float:
-    """Smallest magnitude that no longer rounds to a finite value of ``dtype`` (max + half an ulp at
-    max); inf for float64."""
+    """The smallest magnitude that rounds to no finite ``dtype`` (max + ulp(max)/2; float64: inf)."""
     if dtype == _F64:
         return math.inf
     fi = torch.finfo(dtype)
@@ -148,11 +135,10 @@ def cast_reachable(dtype: torch.dtype, total_rows: int) -> bool:
 
 
 def _output(out_dtype: torch.dtype, rows: int, mode: str) -> tuple[torch.dtype | None, bool]:
-    """The dtype Eq. 6 writes for ``out_dtype`` outputs of ``rows`` rows in all (None: float64), and
-    whether the certificate decides their rounding under ``mode``. Eq. 6 writes float32 directly (one
-    rounding of the float64 quotient) unless the certificate reads the float64 result or the cast
-    must be checked first; float16, bfloat16 and float8 are written by ``round_to`` (torch rounds
-    them twice, through float)."""
+    """(The dtype Eq. 6 writes, None: float64; does the certificate decide the rounding) for
+    ``out_dtype`` outputs of ``rows`` rows under ``mode``. Only float32 is written directly (one
+    rounding), where neither the certificate nor a cast check reads the float64 result; the
+    narrower formats go through ``round_to`` (torch would round twice)."""
     certified = out_dtype in _certify.CERTIFIES[mode]
     if certified or out_dtype != torch.float32 or cast_reachable(out_dtype, rows):
         return None, certified
@@ -160,21 +146,19 @@ def _output(out_dtype: torch.dtype, rows: int, mode: str) -> tuple[torch.dtype |
 
 
 def _whole_contiguous(sizes: list[int], group_size: int) -> tuple[bool, ...]:
-    """Per unit: does it hold whole groups of ``group_size`` consecutive rows (its start and size
-    multiples of the group size)?"""
+    """Per unit: are its start and size multiples of ``group_size`` (whole contiguous groups)?"""
     starts = itertools.accumulate(sizes[:-1], initial=0)
     return tuple(start % group_size == 0 and s % group_size == 0 for start, s in zip(starts, sizes))
 
 
 def reads_free(device: torch.device) -> bool:
-    """Is a host read free on ``device`` (CPU)? There the search for a non-finite input runs only when
-    the statistics show one (``Plan.lazy``), and labels already in order skip their sort."""
+    """Is a host read free on ``device`` (CPU: ``Plan.lazy``, and labels in order skip their sort)?"""
     return device.type == "cpu"
 
 
 def local(call, api: str, *, report: bool = False) -> Plan:
     """The plan of a validated local call (``impl._inputs.Call``) of ``api``. ``report``: an Eq. 4/7
-    API's caller asked for diagnostics (under "unscored" its scored rows are read for them)."""
+    API's caller asked for diagnostics (under "unscored": its scored rows are read)."""
     eps, sizes, out_dtype, stages = call.eps, call.sizes, call.out_dtype, STAGES[api]
     if api == WHITEN:
         v = call.values
@@ -207,9 +191,8 @@ def local(call, api: str, *, report: bool = False) -> Plan:
 
 
 def distributed(call, api: str) -> Plan:
-    """The plan of a call across ranks (its checked arguments: ``impl._inputs.Call``) before the
-    agreement. No host read but the unscored mask's; labelled groups run phase one, their layout
-    pending (:func:`agreed`)."""
+    """The plan of a call across ranks before the agreement: no host read but the unscored mask's;
+    labelled groups run phase one, their layout pending (:func:`agreed`)."""
     inp, sizes = call.inp, call.sizes
     n = inp.n if api == GDPO else call.values.shape[0]
     certify = _output(call.out_dtype, n, call.mode)[1]  # (the dtype Eq. 6 writes: agreed(), from every rank's rows)
@@ -224,8 +207,8 @@ def distributed(call, api: str) -> Plan:
 
 
 def agreed(plan: Plan, table: list[list[int]], rank: int) -> Plan:
-    """The plan once the agreement is read: the dtype Eq. 6 writes (from every rank's row count), and
-    labelled groups' layout and whole units from this rank's row."""
+    """The plan once the agreement is read: the dtype Eq. 6 writes (every rank's rows), and labelled
+    groups' layout and whole units (this rank's row)."""
     plan = dataclasses.replace(plan, write=_output(plan.out_dtype, sum(r[P.ROWS] for r in table), plan.mode)[0])
     if plan.prep is None:
         return plan
@@ -236,9 +219,6 @@ def agreed(plan: Plan, table: list[list[int]], rank: int) -> Plan:
     return dataclasses.replace(plan, layout=layout, whole=whole, row=mine)
 
 
-# --- the facts row ------------------------------------------------------------------------------
-
-
 def stacked(facts: dict) -> tuple[tuple[int, ...], torch.Tensor]:
     """The columns of ``facts`` in order and their values as one int64 device tensor (no host read)."""
     cols = tuple(sorted(facts))
@@ -247,11 +227,10 @@ def stacked(facts: dict) -> tuple[tuple[int, ...], torch.Tensor]:
 
 def read_row(host, facts: dict) -> list[int]:
     """The facts row of a local call: host fields as given (a dict, or a row read before), device
-    fields read in one host read (none when there are none)."""
+    fields in one host read (none without facts)."""
     row = list(host) if isinstance(host, list) else [0] * P.ROW_WIDTH
-    if not isinstance(host, list):
-        for col, v in host.items():
-            row[col] = int(v)
+    for col, v in (() if isinstance(host, list) else host.items()):
+        row[col] = int(v)
     if facts:
         cols, values = stacked(facts)
         for col, v in zip(cols, values.tolist()):
@@ -267,9 +246,6 @@ def value_facts(v: torch.Tensor) -> dict:
     return {P.NF_VALUE: at, P.NF_VALUE_KIND: bits}
 
 
-# --- the spine: a local call's stages, in order ------------------------------------------------
-
-
 @dataclasses.dataclass
 class Device:
     """What the device part of a call leaves; nothing of it read on the host yet."""
@@ -282,9 +258,9 @@ class Device:
 
 
 def through_stats(plan: Plan, x: torch.Tensor, facts: dict) -> Device:
-    """Eq. 4, Eq. 7 and this process's Eq. 6 statistics of ``x`` (the rewards; whiten: the values),
-    findings put into ``facts`` (0-d device tensors by column of the facts row), never raised. No
-    host read unless ``plan.lazy``."""
+    """Eq. 4, Eq. 7 and this process's Eq. 6 statistics of ``x`` (the rewards; whiten: the values);
+    findings go into ``facts`` (0-d device tensors by column), never raised; no host read unless
+    ``plan.lazy``."""
     dev = Device(facts)
     if plan.eq4:  # Eq. 4, then Eq. 7: c (N,), input order (standardize_groups: z (N, K))
         dev.c, dev.varies = _eq47.eq47(plan, x, facts)
@@ -300,8 +276,7 @@ def through_stats(plan: Plan, x: torch.Tensor, facts: dict) -> Device:
 
 
 def device_part(plan: Plan, x: torch.Tensor) -> Device:
-    """All of a local call's device work, Eq. 6 from this process's own statistics: what a CUDA graph
-    replays."""
+    """All of a local call's device work (what a CUDA graph replays)."""
     dev = through_stats(plan, x, {})
     if plan.eq6:
         dev.a = W.eq6_apply(plan, dev.loc, None, plan.write)
@@ -309,8 +284,7 @@ def device_part(plan: Plan, x: torch.Tensor) -> Device:
 
 
 def run(call, api: str, diagnostics=None):
-    """One validated local call of ``api``: its plan (:func:`local`), the device part (eager, or a graph
-    replay), the facts row's one host read and its first refusal, then the cast and the certificate."""
+    """One validated local call of ``api``, its stages in order (module docstring)."""
     plan = local(call, api, report=diagnostics is not None)
     x = call.values if call.inp is None else call.inp.rewards
     dev = _replayed(plan, x) if plan.graph else device_part(plan, x)
@@ -335,8 +309,8 @@ def run(call, api: str, diagnostics=None):
 
 
 def output(a: torch.Tensor, dtype: torch.dtype, checked: bool = False) -> torch.Tensor:
-    """The output in ``dtype``: ``a`` refused where a value does not survive the cast (unless
-    ``checked``: the caller checked the range, across ranks), then rounded once."""
+    """``a`` rounded once to ``dtype``, refused where a value does not survive the cast (unless
+    ``checked``: across ranks, collective 3 did)."""
     if not checked and cast_reachable(dtype, a.shape[0]):
         limit = cast_limit(dtype)
         at = int(torch.argmax((a.abs() >= limit).view(torch.uint8)))  # a second host read, only here
@@ -384,8 +358,8 @@ def _graphable(inp) -> bool:
 
 
 def _replayed(plan: Plan, x: torch.Tensor) -> Device:
-    """:func:`device_part` replayed from the CUDA graph of the plan's signature, or eager where no graph
-    can be had. A replay keeps a, the facts and, where the certificate reads it, c."""
+    """:func:`device_part` replayed from the CUDA graph of the plan's signature (eager where none
+    can be had): a, the facts and, where the certificate reads it, c."""
     key = plan.key
     entry = None if key in _FAILED else _GRAPHS.get(key) or _capture(key, plan)
     if entry is None:
@@ -399,10 +373,9 @@ def _replayed(plan: Plan, x: torch.Tensor) -> Device:
 
 
 def _capture(key: tuple, plan: Plan):
-    """Capture the device part of ``plan`` (its rewards copied into a static input); None where the
-    capture fails (that signature then stays eager)."""
-    static_in = torch.empty_like(plan.inp.rewards, memory_format=torch.contiguous_format)
-    static_in.copy_(plan.inp.rewards)
+    """The graph entry of ``plan``'s device part on a static copy of its rewards; None where the
+    capture fails (the signature then stays eager)."""
+    static_in = plan.inp.rewards.clone(memory_format=torch.contiguous_format)
     static = dataclasses.replace(plan, inp=dataclasses.replace(plan.inp, rewards=static_in))
     try:
         side = torch.cuda.Stream()

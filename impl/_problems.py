@@ -1,13 +1,10 @@
-"""Refusals as data: problem codes, the facts row, and the messages built from it.
+"""Refusals as data: problem codes, the facts row, and the messages built from them.
 
-Every check produces integers, never a string: a problem is ``(code, a, b, c)``
-and device-side findings (first non-finite reward, a group of one, ...) are
-int64 entries of a fixed-layout *facts row*. Without a process group the row is
-read once and the first problem is raised as its own class. With a process
-group every rank puts its row into one (world_size, ROW_WIDTH) table, one
-all-reduce later every rank holds every rank's row, and the same function
-below turns that table into the same message on every rank.
-"""
+A host problem is ``(code, a, b, c)``; device findings (the first non-finite reward, a group of
+one, ...) are raw int64 entries of a fixed-layout *facts row*, interpreted here on the host (zeros
+read as "nothing wrong"). A local call reads its row once and raises its first problem; across
+ranks every row goes into one (world_size, ROW_WIDTH) table, all-reduced, and the same functions
+turn it into the same message on every rank."""
 
 from __future__ import annotations
 
@@ -18,20 +15,8 @@ import struct
 
 import torch
 
-from spec.errors import (
-    DistributedError,
-    GDPOError,
-    GroupError,
-    GroupLengthError,
-    InputDtypeError,
-    NonFiniteError,
-    OutOfRangeError,
-    SegmentError,
-    ShapeError,
-    WeightError,
-    WeightLengthError,
-    process_state_error,
-)
+from spec.errors import (DistributedError, GDPOError, GroupError, GroupLengthError, InputDtypeError, NonFiniteError,
+                         OutOfRangeError, SegmentError, ShapeError, WeightError, WeightLengthError, process_state_error)
 
 
 class DistributedSegmentError(DistributedError, SegmentError):
@@ -42,13 +27,7 @@ class DistributedOutOfRangeError(DistributedError, OutOfRangeError):
     """A whitened value does not survive the cast on some rank: raised on every rank."""
 
 
-# --- the facts row -----------------------------------------------------------
-#
-# Host fields are filled by the host. Device fields are *raw* device values
-# (an index, the bits of the value found there, a label), read once and
-# interpreted here on the host: the device does no branching to find out
-# whether something is wrong, and zeros decode as "nothing wrong".
-
+# --- the facts row: host fields, then raw device values (an index, the bits found there, a label) --
 PRESENT, API, HOST_CODE, HOST_A, HOST_B, HOST_C = range(6)
 UNITS, SEG_NONE, ROWS, DTYPE, OUT_DTYPE, DEVICE, EPS_BITS, K, WEIGHTS_FP = range(6, 15)
 NF_REWARD, NF_REWARD_KIND, NF_REWARD_GROUP = 15, 16, 17  # first non-finite flat index, its bits, its label
@@ -59,45 +38,27 @@ GROUPS, N_MAX, C_OVERFLOW_BITS = 25, 26, 27  # labelled groups: count, longest; 
 RUNS = 28  # labelled groups: runs of equal labels in input order (== GROUPS: every group contiguous)
 SINGLETONS = 29  # labelled groups: how many have one sample (the refusal names the first, counts all)
 BY_LABEL, GROUP_SIZE = 30, 31
-#: Host field: 1 when this row's labels were uint64. They travel as int64 (their bits: equal
-#: labels stay equal), and the label fields above are printed as the caller's values from it.
-LABELS_UINT64 = 32
-#: Host field: how many calls whose process_group was no group this process has made
-#: (impl._distributed). Ranks whose numbers differ may be pairing different calls.
-UNJOINED = 33
-#: Host fields: the call's ``missing`` policy (MISSING_CODES), which every rank must share; and,
-#: under "unscored", this rank's rows with no scored reward.
-MISSING, UNSCORED = 34, 35
-#: Host field: the certificate's mode (CERTIFIED_CODES), which every rank must share: it decides
-#: whether the certificate's statistics ride in collective 2.
-CERTIFIED = 36
-#: Local sample counts of the first COUNT_SLOTS units ride along with the
-#: agreement, so a unit of one is caught there without a second host read.
-COUNTS = 37
-COUNT_SLOTS = 32
+LABELS_UINT64 = 32  # 1: the labels were uint64, travelling as their int64 bits (printed back as uint64)
+UNJOINED = 33  # this process's calls whose process_group was no group (impl._distributed)
+MISSING, UNSCORED = 34, 35  # the ``missing`` policy (MISSING_CODES); this rank's rows with no scored reward
+CERTIFIED = 36  # the certificate's mode (CERTIFIED_CODES): its statistics ride in collective 2 or not
+#: Sample counts of the first COUNT_SLOTS units: a unit of one is caught without a second host read.
+COUNTS, COUNT_SLOTS = 37, 32
 ROW_WIDTH = COUNTS + COUNT_SLOTS
-
 DEVICE_FIELDS = tuple(range(NF_REWARD, SINGLETONS + 1))
 
 API_WHITEN, API_GDPO = 1, 2
 API_NAMES = {API_WHITEN: "whiten", API_GDPO: "gdpo_advantages"}
+MISSING_CODES = {"refuse": 1, "unscored": 2}  # spec/gdpo.md section 2
+CERTIFIED_CODES = {"narrow": 1, "all": 2, "off": 3}  # impl._certify
 
-#: The ``missing`` policies (spec/gdpo.md section 2) and their codes in the agreement row.
-MISSING_CODES = {"refuse": 1, "unscored": 2}
-#: The certificate's modes (``impl._certify``) and their codes in the agreement row.
-CERTIFIED_CODES = {"narrow": 1, "all": 2, "off": 3}
-
-_DTYPE_NAMES = (
-    "float64", "float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2",
-    "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu",
-    "complex128", "complex64", "complex32", "bool", "uint8", "int8", "int16",
-    "int32", "int64", "uint16", "uint32", "uint64",
-)
+_DTYPE_NAMES = ("float64", "float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz",
+                "float8_e5m2fnuz", "float8_e8m0fnu", "complex128", "complex64", "complex32", "bool", "uint8",
+                "int8", "int16", "int32", "int64", "uint16", "uint32", "uint64")
 _DTYPES = tuple(getattr(torch, n) for n in _DTYPE_NAMES if hasattr(torch, n))
 #: dtype -> its code in the facts row (1-based; another dtype: len + 1)
 DTYPE_CODES = {d: i + 1 for i, d in enumerate(_DTYPES)}
-#: The dtypes rewards and values may have (float8 is an output format only: widen float8
-#: inputs to float32 first, exactly).
+#: The dtypes rewards and values may have (float8 is an output format only).
 INPUT_DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
 _INPUT_NAMES = "float16, bfloat16, float32 or float64"
 
@@ -123,15 +84,12 @@ def layout_code(t: torch.Tensor) -> int:
     return _LAYOUTS.index(t.layout) + 1 if t.layout in _LAYOUTS else _OTHER_LAYOUT
 
 
-#: The device types impl computes on, by code (3: any other)
-DEVICE_CODES = {"cpu": 1, "cuda": 2}
+DEVICE_CODES = {"cpu": 1, "cuda": 2}  # the device types impl computes on (3: any other)
+_DEVICE_NAMES = {1: "cpu", 2: "cuda", 3: "other than CPU and CUDA (e.g. meta or mps)"}
 
 
 def device_code(device: torch.device) -> int:
     return DEVICE_CODES.get(device.type, 3)
-
-
-_DEVICE_NAMES = {1: "cpu", 2: "cuda", 3: "other than CPU and CUDA (e.g. meta or mps)"}
 
 
 def float_bits(x: float) -> int:
@@ -143,9 +101,8 @@ def bits_float(b: int) -> float:
 
 
 def weights_fingerprint(values, names=None) -> int:
-    """62-bit digest of the float64 weight bits (equal weights, equal digest). An adapter's
-    reward names go in with them, paired and in name order: ranks whose names differ
-    differ, ranks whose mappings only list them in another order agree."""
+    """62-bit digest of the float64 weight bits; an adapter's reward names go in with them, paired
+    and in name order (mappings that only list them in another order agree)."""
     blob = struct.pack(f"<{len(values)}d", *values) if names is None else repr(_named(values, names)).encode()
     return int.from_bytes(hashlib.blake2b(blob, digest_size=8).digest(), "little") >> 2
 
@@ -157,13 +114,12 @@ def _named(values, names) -> list[tuple[str, str]]:
 
 _KINDS = {1: "nan", 2: "inf", 3: "-inf"}
 
-#: What an item is instead of a real number (an integer): the ``K_*`` codes a problem carries.
-#: Strings travel in no agreement, so the value itself is named only in the local message (``detail``).
+#: What an item is instead of a real number (an integer): the ``K_*`` codes a problem carries
+#: (the value itself, a string, is named in the local message only: ``detail``).
 K_STR, K_BYTES, K_BOOL, K_COMPLEX, K_NONE, K_TENSOR, K_OTHER, K_FLOAT, K_ARRAY = range(1, 10)
-#: A Python int that no int64 (a label, a size) or no float64 (a reward, a weight) can hold.
-K_BEYOND_INT64, K_BEYOND_FLOAT64 = 10, 11
-#: A Python int in a rewards / values sequence that no float64 equals (beyond 2**53, odd bits).
-K_INEXACT_INT = 12
+#: A Python int that no int64 (a label, a size) or no float64 (a reward, a weight) can hold, and
+#: one in a rewards / values sequence that no float64 equals (beyond 2**53, odd bits).
+K_BEYOND_INT64, K_BEYOND_FLOAT64, K_INEXACT_INT = 10, 11, 12
 _ITEM_KINDS = {K_STR: "a str", K_BYTES: "bytes", K_BOOL: "a bool", K_COMPLEX: "a complex number", K_NONE: "None",
                K_TENSOR: "a tensor", K_OTHER: "not a number", K_FLOAT: "a float", K_ARRAY: "an array",
                K_BEYOND_INT64: "an int beyond int64", K_BEYOND_FLOAT64: "an int beyond float64's range",
@@ -173,8 +129,7 @@ _BEYOND = {K_BEYOND_INT64: "|x| >= 2**63", K_BEYOND_FLOAT64: "|x| > 1.8e308", K_
 
 
 def _what(kind: int, value: int, detail: str) -> str:
-    """``kind`` in words, with the value where the codes carry it (a bool's, a float's
-    bits) or the caller's value ``detail`` (the local message only)."""
+    """``kind`` in words, with the value the codes carry (a bool's, a float's bits) or ``detail``."""
     what = _ITEM_KINDS.get(kind, "not a number")
     if kind == K_BOOL:
         return f"{what} ({bool(value)})"
@@ -188,7 +143,6 @@ def _what(kind: int, value: int, detail: str) -> str:
 
 
 # --- host problems: code -> (error class, its words from a, b, c and the local ``detail``) ---
-
 HOST_PROBLEMS: dict = {}
 
 
@@ -227,9 +181,8 @@ def layout_words(arg: str):
 
 
 def _sequence_words(rule: str, order: str, items: str):
-    """P_WEIGHTS_TYPE's and P_SEGMENTS_TYPE's words: a is what was given instead (1 a mapping, 2 a
-    string, 3 a set, 4 a tensor of dtype b, 5 a b-D tensor, 6 NumPy bools, 7 NumPy complex
-    numbers, 8 no iterable); ``order``: the order to pass them in, ``items``: what they belong to."""
+    """P_WEIGHTS_TYPE's and P_SEGMENTS_TYPE's words: a is what was given instead (below; b: a
+    tensor's dtype or dimension); ``order``: the order to pass them in, ``items``: whose they are."""
     def fmt(a, b, c, detail=""):
         return rule + {1: f"; got a mapping (pass the {order} order)", 2: "; got a string",
                        3: f"; got {detail or 'a set'}: set-like, so its order is no order of {items}",
@@ -261,9 +214,8 @@ _ENTRY_ARGS = {"rewards": "reward column", "values": "column"}
 
 def entry_message(arg: str, a: int, b: int, c: int, detail: str = "", row: str = "row",
                   column: str | None = None) -> str:
-    """An entry of a Python/NumPy sequence ``arg`` torch cannot read as real numbers: a row ``a``,
-    column ``b`` (-1: a 1-D sequence), what it is ``c`` (_ITEM_KINDS). ``row``, ``column``: what
-    an adapter calls them."""
+    """Entry (row ``a``, column ``b``; -1: a 1-D sequence) of ``arg`` is ``c`` (K_*), not a real
+    number. ``row``, ``column``: what an adapter calls them."""
     column = column or _ENTRY_ARGS.get(arg, "column")
     at = f"{arg}[{a}, {b}] ({row} {a}, {column} {b})" if b >= 0 else f"{arg}[{a}] ({row} {a})"
     return f"{at} is {_what(c, 0, detail)}; {arg} must be a tensor or a sequence of real numbers"
@@ -309,8 +261,7 @@ def _refused(a: int, b: int, c: int) -> str:
 
 #: A tensor argument on a device impl does not compute on (P_DEVICE's a; its b: the device code).
 ARG_REWARDS, ARG_VALUES, ARG_GROUP_IDS, ARG_WEIGHTS, ARG_SEGMENTS, ARG_EPS = 1, 2, 3, 4, 5, 6
-_ARG_NAMES = {ARG_REWARDS: "rewards", ARG_VALUES: "values", ARG_GROUP_IDS: "group_ids", ARG_WEIGHTS: "weights",
-              ARG_SEGMENTS: "segment_sizes", ARG_EPS: "eps"}
+_ARG_NAMES = dict(enumerate(("rewards", "values", "group_ids", "weights", "segment_sizes", "eps"), start=1))
 _INTS = "(Python ints, NumPy integers)"
 
 P_REWARDS_TYPE = _problem(1, InputDtypeError, type_words("rewards"))
@@ -404,16 +355,13 @@ P_DIAGNOSTICS = _problem(54, InputDtypeError, lambda a, b, c, detail="": "diagno
 
 
 def host_error(code: int, a: int = 0, b: int = 0, c: int = 0, detail: str = "") -> GDPOError:
-    """The error of a host problem. ``detail`` (the caller's value, as text) is named in
-    this local message only: the agreement carries integers (every rank's message is built
-    from them, and a rank's own error, with its detail, is chained on that rank)."""
+    """The error of a host problem; ``detail`` (the caller's value, as text) is named in this
+    local message only (the agreement carries integers)."""
     cls, fmt = HOST_PROBLEMS[code]
     return cls(fmt(a, b, c, detail) if detail else fmt(a, b, c))
 
 
 # --- the facts row's problems ------------------------------------------------------------------
-
-
 def _kind(bits: int) -> int:
     """0 for a finite value, else 1 nan, 2 +inf, 3 -inf (from float64 bits)."""
     x = bits_float(bits)
@@ -469,8 +417,6 @@ def raise_local(row) -> None:
 
 
 # --- the agreed table's problems ---------------------------------------------------------------
-
-
 def _by_value(values: dict[int, object]) -> str:
     groups: dict[object, list[int]] = {}
     for rank, v in values.items():
@@ -480,17 +426,13 @@ def _by_value(values: dict[int, object]) -> str:
 
 
 def _healthy(table: list[list[int]]) -> list[int]:
-    """The ranks a refusal compares: those with no problem of their own (all of them if every
-    rank has one)."""
-    healthy = [r for r, row in enumerate(table) if not row_problems(row)]
-    return healthy if healthy else list(range(len(table)))
+    """The ranks a refusal compares: those with no problem of their own (else all)."""
+    return [r for r, row in enumerate(table) if not row_problems(row)] or list(range(len(table)))
 
 
 def weights_disagree(table: list[list[int]]) -> bool:
-    """The whole pipeline on the ranks compared (:func:`_healthy`), one K among them, no host
-    refusal among them (their weights were read), and different weights: the refusal then
-    shows each of their weights, sent in their own words. The same decision on every rank:
-    it reads the agreed table only."""
+    """gdpo_advantages on every rank and, among the ranks compared (:func:`_healthy`), one K, no
+    host refusal and different weights: the refusal then shows each rank's weights in its words."""
     rows = [table[r] for r in _healthy(table)]
     if len({row[API] for row in table}) != 1 or table[0][API] != API_GDPO or len({row[K] for row in rows}) != 1:
         return False
@@ -498,8 +440,8 @@ def weights_disagree(table: list[list[int]]) -> bool:
 
 
 def weights_words(values, names=None) -> str:
-    """How a rank states its weights to its peers: the float64 values, shortest round-trip;
-    an adapter's as {name: weight}, in the order :func:`weights_fingerprint` reads them."""
+    """A rank's weights as its peers read them: shortest round-trip floats; an adapter's as
+    {name: weight} in :func:`weights_fingerprint`'s order."""
     if names is not None:
         return "{" + ", ".join(f"{n}: {w}" for n, w in _named(values, names)) + "}"
     return "[" + ", ".join(repr(float(x)) for x in values) + "]"
@@ -519,10 +461,9 @@ _SHARED = ((DTYPE, "input dtypes differ", dtype_name), (OUT_DTYPE, "out_dtype di
 
 
 def table_problems(table: list[list[int]], words: dict[int, str] | None = None) -> list[str]:
-    """Reasons to refuse, from the agreed (world_size, ROW_WIDTH) table; the
-    same list on every rank because every rank holds the same table. ``words``:
-    the own messages of the ranks that refused before the agreement (exchanged on
-    the refusal path, the same on every rank), in place of what their codes say."""
+    """Reasons to refuse, from the agreed (world_size, ROW_WIDTH) table: the same on every rank.
+    ``words``: the refusing ranks' own messages (exchanged on the refusal path), in place of what
+    their codes say."""
     world = len(table)
     reasons = []
     missing = [r for r in range(world) if table[r][PRESENT] != 1]
@@ -548,22 +489,17 @@ def table_problems(table: list[list[int]], words: dict[int, str] | None = None) 
         reasons += [f"rank {r}: {cls.__name__}: {msg}" for cls, msg in probs]
     consider = _healthy(table)
 
-    def differ(col, said):
+    def differ(col, said) -> bool:
         vals = {r: table[r][col] for r in consider}
         if len(set(vals.values())) > 1:
             reasons.append(said(vals))
+        return len(set(vals.values())) > 1
 
-    apis = {r: table[r][API] for r in consider}
-    if len(set(apis.values())) > 1:  # nothing else is comparable between different calls
-        reasons.append("ranks call different functions ("
-                       + _by_value({r: API_NAMES.get(x, "?") for r, x in apis.items()}) + ")")
-        return reasons
-    none = {r: table[r][SEG_NONE] for r in consider}
-    if len(set(none.values())) > 1:
-        reasons.append("segment_sizes is None on some ranks but given on others ("
-                       + _by_value({r: "None (one unit)" if x else "segment_sizes given" for r, x in none.items()})
-                       + ")")
-    else:
+    if differ(API, lambda v: "ranks call different functions ("
+              + _by_value({r: API_NAMES.get(x, "?") for r, x in v.items()}) + ")"):
+        return reasons  # nothing else is comparable between different calls
+    if not differ(SEG_NONE, lambda v: "segment_sizes is None on some ranks but given on others ("
+                  + _by_value({r: "None (one unit)" if x else "segment_sizes given" for r, x in v.items()}) + ")"):
         differ(UNITS, lambda v: "ranks disagree on the number of whitening units ("
                + _by_value({r: f"{x} units" for r, x in v.items()}) + ")")
     for col, what, show in _SHARED:
@@ -593,8 +529,7 @@ def _signed_zero(words: str) -> bool:
 
 
 def refusal_message(reasons: list[str], table: list[list[int]], global_ranks: list[int] | None = None) -> str:
-    """The message every rank raises: built from the agreed table only (rank 0's
-    function name), so it is the same string on every rank."""
+    """The message every rank raises, from the agreed table only (rank 0's function name)."""
     apis = {row[API] for row in table}
     api = API_NAMES.get(table[0][API], "GDPO") if len(apis) == 1 else "impl.gdpo"  # ranks called different ones
     where = f"all {len(table)} ranks"

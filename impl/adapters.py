@@ -1,15 +1,11 @@
 """Drop-in call shapes of the frameworks users already run, pure tensors in and out.
 
-Each adapter translates a framework's arguments into one call of
-:func:`impl.gdpo.gdpo_advantages` (so every number comes from the same code path) and imports
-no framework. Refusals are impl.gdpo's classes, with messages in the caller's terms: the
-adapter's argument names, the reward key instead of a column number, the caller's group label
-(by ``repr``), the sample (for verl the token). Under a ``process_group`` the
-``DistributedError`` must read the same on every rank: argument names are rewritten, and a group
-is named by the failing rank's sample ("the group of labels[2] (sample 2)"), never by a label or
-a key, which are each rank's own. A rank whose input fails an adapter's own checks joins
-impl.gdpo's agreement refused: every rank raises the same ``DistributedError`` naming that
-rank, the class of its refusal and its own words; on that rank the adapter's error is chained.
+Each adapter turns a framework's arguments into one call of :func:`impl.gdpo.gdpo_advantages`
+and imports no framework. Refusals are impl.gdpo's classes in the caller's terms: its argument
+names, reward keys, group labels (``repr``), samples (verl: tokens). Under a ``process_group`` a
+``DistributedError`` reads the same on every rank: a group is named by the failing rank's sample
+("the group of labels[2] (sample 2)"), never by a label or key (each rank's own); a rank the
+adapter itself refuses joins the agreement refused, and its own error is chained on that rank.
 
 * :func:`trl_advantages`: TRL's ``normalize_then_sum`` shape. A NaN reward is refused
   (``NonFiniteError``), where TRL would train on a zero advantage, unless ``missing="unscored"``.
@@ -21,13 +17,11 @@ rank, the class of its refusal and its own words; on that rank the adapter's err
   [0.547680..., -0.547680..., 1.095360..., -1.095360...]
 
 * :func:`verl_advantages`: token-level rewards per key, a response mask, ``index`` labels. A
-  response's score is the sum of its rewards on its response tokens (padding ignored, NaN and inf
-  included); Eq. 6 is **per sample** (verl's ``masked_whiten`` weighs by token count); the result
-  is broadcast over the response tokens, exactly 0 on padding. A mask entry other than 0 and 1 is
-  an ``OutOfRangeError`` naming it, a sample without a response token a ``ShapeError``: on CPU
-  checked at once, on CUDA through a NaN score that impl.gdpo's one host read refuses (no
-  synchronisation added). A non-finite token reward is a ``NonFiniteError`` naming key, sample,
-  token and value; a sum beyond float64 an ``OutOfRangeError``.
+  response's score is the sum of its rewards on its response tokens; Eq. 6 is **per sample**
+  (verl's ``masked_whiten`` weighs by token count); the result is broadcast over the response
+  tokens, exactly 0 on padding. A mask entry other than 0 and 1 (``OutOfRangeError``) or a
+  sample without a response token (``ShapeError``) is refused: on CUDA through a NaN score that
+  impl.gdpo's one host read refuses (no synchronisation added).
 
   >>> from impl.adapters import verl_advantages
   >>> mask = torch.tensor([[1, 1, 0], [1, 1, 1], [1, 0, 0], [1, 1, 1]])
@@ -44,12 +38,10 @@ rank, the class of its refusal and its own words; on that rank the adapter's err
   >>> a.shape
   torch.Size([4])
 
-Rewards are tensors of a real floating dtype or Python/NumPy sequences of floats (read as
-float64); labelled components of different dtypes are widened exactly (float64 if one is, else
-float32) and must share one device. Labels: one per sample (list, tuple, array or tensor), equal
-under ``==`` for one group; integer labels pass as they are, any other hashable labels are
-numbered by first appearance (one host read). A NaN or unhashable label, or a container that is no
-ordered sequence, is a ``GroupError``; the wrong number or shape a ``GroupLengthError``.
+Rewards: real floating tensors or Python/NumPy sequences (float64); labelled components of
+different dtypes are widened exactly and share one device. Labels: one hashable label per sample,
+equal under ``==`` for one group; integers pass as they are, others are numbered by first
+appearance (one host read).
 """
 
 from __future__ import annotations
@@ -63,21 +55,12 @@ import torch
 
 from impl import _distributed
 from impl import _problems as P
-from impl._inputs import _INT64_MAX, _INT64_MIN, _holds_bool, _is_int, _is_row, numpy_view, read_tensor, unreadable
+from impl._inputs import (_INT64_MAX, _INT64_MIN, _holds_bool, _integral, _is_int, _is_row, numpy_view, read_tensor,
+                          unreadable)
 from impl._pipeline import reads_free
 from impl._problems import GroupLengthError
-from impl.gdpo import _opaque_to_dynamo
-from impl.gdpo import (
-    DistributedError,
-    GDPOError,
-    GroupError,
-    InputDtypeError,
-    NonFiniteError,
-    OutOfRangeError,
-    ShapeError,
-    WeightError,
-    gdpo_advantages,
-)
+from impl.gdpo import (DistributedError, GDPOError, GroupError, InputDtypeError, NonFiniteError, OutOfRangeError,
+                       ShapeError, WeightError, _opaque_to_dynamo, gdpo_advantages)
 from spec.constants import DEFAULT_EPS
 
 __all__ = ["trl_advantages", "verl_advantages", "labelled_advantages"]
@@ -90,12 +73,8 @@ def _numpy(x, kind: str = "ndarray") -> bool:
 
 
 # ------------------------------------------------------------------ rewards
-
-
 def _unreadable_error(x, where: str, overflow: bool, column: str) -> InputDtypeError:
-    """The refusal of a Python/NumPy sequence torch cannot read as real numbers: its first
-    entry torch cannot read (sample, ``column``, what it is) or first row of another length,
-    as impl.gdpo finds them for ``rewards``."""
+    """A sequence torch cannot read as real numbers, refused as impl.gdpo refuses ``rewards``."""
     p = unreadable(x, P.P_REWARDS_TYPE, overflow)
     if p.code == P.P_REWARDS_ENTRY:
         return InputDtypeError(P.entry_message(where, p.a, p.b, p.c, p.detail, row="sample", column=column))
@@ -105,9 +84,8 @@ def _unreadable_error(x, where: str, overflow: bool, column: str) -> InputDtypeE
 
 
 def _float_tensor(x, where: str, device: torch.device | None, column: str = "column") -> torch.Tensor:
-    """``x`` as a tensor of a real floating dtype (CPU or CUDA), or a clear refusal naming
-    ``where``. Python/NumPy sequences of floats are accepted (Python floats as float64)
-    and placed on ``device``; tensors are taken as they are."""
+    """``x`` as a real floating tensor on CPU or CUDA (a sequence: float64, placed on ``device``),
+    or a refusal naming ``where``."""
     try:
         t = read_tensor(x)
     except (TypeError, ValueError, RuntimeError, OverflowError) as exc:
@@ -142,30 +120,22 @@ def _first_tensor_device(*candidates) -> torch.device | None:
 
 
 def _widest(dtypes: list[torch.dtype]) -> torch.dtype:
-    """The dtype every one of ``dtypes`` converts to exactly, never float8 (impl.gdpo reads
-    no float8): float64 holds every float, float32 every float16, bfloat16 and float8
-    (torch.stack's promotion would not: float16 with bfloat16 gives float32 too, but an
-    integer with a float rounds)."""
+    """The dtype all ``dtypes`` convert to exactly, never float8 (impl.gdpo reads none): float64
+    holds every float, float32 every float16, bfloat16 and float8 (torch's promotion may round)."""
     if len(set(dtypes)) == 1 and dtypes[0].itemsize > 1:
         return dtypes[0]
     return torch.float64 if torch.float64 in dtypes else torch.float32  # float8 alone too: impl reads no float8
 
 
 # ------------------------------------------------------------------ labels
-
-
 class _Labels:
-    """The caller's labels as impl.gdpo group_ids, and the way back to the caller's names."""
+    """The caller's labels as impl.gdpo group_ids (``ids``), each sample's (``items``; None: an
+    integer tensor's, read on demand) and each internal id's (``by_id``; None: ids are the caller's)."""
 
     def __init__(self, ids, items: list | None, by_id: list | None):
-        self.ids = ids  # what impl.gdpo gets as group_ids
-        self.items = items  # the caller's label of each sample (None: an integer tensor, read on demand)
-        self.by_id = by_id  # the caller's label of each internal id; None when ids are the caller's own
+        self.ids, self.items, self.by_id = ids, items, by_id
         # uint64 labels travel through impl.gdpo as their int64 bits: 2**64 - 1 may come back as -1
         self.uint64 = isinstance(ids, torch.Tensor) and ids.dtype == getattr(torch, "uint64", None)
-
-    def of_sample(self, i: int):
-        return self.items[i] if self.items is not None else self.ids[i].item()
 
     def name(self, internal: int) -> str:
         """The caller's label of a group label impl.gdpo printed."""
@@ -194,9 +164,9 @@ def _one_label(x, arg: str, i: int):
 
 
 def _labels(labels, n: int, arg: str, samples: str) -> _Labels:
-    """Validate one label per sample (``arg`` is the caller's argument name, ``samples``
-    says what holds the n samples). Under a process group the adapter's caller turns a
-    refusal here into one every rank raises (:func:`_refuse_with_peers`)."""
+    """One label per sample, checked (``arg``: the caller's argument, ``samples``: what holds the
+    n samples). A NaN or unhashable label, or no ordered sequence: GroupError; the wrong number
+    or shape: GroupLengthError."""
     array = isinstance(labels, torch.Tensor) or _numpy(labels)
     if array and labels.ndim != 1:
         raise GroupLengthError(f"{arg} must be 1-D (one label per sample); got a {labels.ndim}-D "
@@ -208,8 +178,7 @@ def _labels(labels, n: int, arg: str, samples: str) -> _Labels:
     items = labels if array else list(labels)
     if len(items) != n:
         raise GroupLengthError(f"{arg} has length {len(items)} but {samples} has {n} samples: one label per sample")
-    if isinstance(labels, torch.Tensor) and not (labels.is_floating_point() or labels.is_complex()
-                                                 or labels.dtype == torch.bool):
+    if isinstance(labels, torch.Tensor) and _integral(labels):
         return _Labels(labels, None, None)  # the caller's own integers: no host read
     if array:
         items = labels.tolist()  # Python scalars: a float or bool tensor's 0-d items hash by identity
@@ -223,11 +192,9 @@ def _labels(labels, n: int, arg: str, samples: str) -> _Labels:
 
 
 # ------------------------------------------------------------------ weights
-
-
 def _weights_in_order(weights, keys: list):
-    """Weights by key, in the order of the reward columns; a missing key is an error, never 0.
-    A sequence is passed on as it is (impl.gdpo checks it; its messages are translated)."""
+    """Weights by key in the reward columns' order (a missing key is an error, never 0); a
+    sequence as it is (impl.gdpo checks it)."""
     if not isinstance(weights, Mapping):
         return weights
     missing = [k for k in keys if k not in weights]
@@ -239,28 +206,18 @@ def _weights_in_order(weights, keys: list):
 
 
 # ------------------------------------------------------------------ messages in the caller's terms
-
-
-def _rename(e: GDPOError, msg: str) -> GDPOError:
-    """The same class as impl.gdpo raised, with the caller's names."""
-    return e if msg == str(e) else type(e)(msg)
-
-
-def _raise_renamed(e: GDPOError, msg: str):
-    """Raise impl.gdpo's ``e`` again in the caller's names ``msg`` (chained on ``e``)."""
-    renamed = _rename(e, msg)
-    if renamed is e:
+def _raise_renamed(e: GDPOError, msg: str, cause: BaseException | None = None):
+    """Raise impl.gdpo's ``e`` again (its class) in the caller's names ``msg``, chained on
+    ``cause`` (default ``e``)."""
+    if msg == str(e) and cause is None:
         raise e
-    raise renamed from e
+    raise (e if msg == str(e) else type(e)(msg)) from (cause or e)
 
 
 def _across_ranks(msg: str, arg: str, score: str, nan_note: str = "") -> str:
-    """A DistributedError's group labels in terms every rank can print alike. impl.gdpo names a
-    group by the label it was given: the caller's integer, or the adapter's own number of a
-    label of any other kind, and which one it is differs by rank (labels are each rank's
-    own), as does the label behind a number. The row beside it is the caller's sample index
-    on that rank, whoever prints it: the group is named by it (``score`` names the value of
-    a sample in one reward column; ``nan_note``, with ``{i}`` for the sample, follows a NaN)."""
+    """A DistributedError's groups named by the failing rank's sample, which every rank prints
+    alike (a label, or the adapter's number for one, is each rank's own). ``score`` names a
+    sample's value in one reward column; ``nan_note`` (``{i}``: the sample) follows a NaN."""
     msg = re.sub(r"\brewards\[(\d+), (\d+)\] \(row \1, reward column \2, group label -?\d+\) is (nan|-?inf)\b",
                  lambda m: f"{score} of sample {m[1]} in reward column {m[2]} (the group of {arg}[{m[1]}]) is {m[3]}"
                            + (nan_note.format(i=m[1]) if m[3] == "nan" else ""), msg)
@@ -274,10 +231,8 @@ def _across_ranks(msg: str, arg: str, score: str, nan_note: str = "") -> str:
 def _in_callers_terms(e: GDPOError, keys: list, labels: _Labels, weights_by_key: bool, rewards: str,
                       arg: str, score: str, nan_note: str = "") -> str:
     """impl.gdpo's message with the reward keys, the caller's group labels and samples
-    (``rewards`` names the reward argument in the NaN message, ``arg`` the labels). A
-    DistributedError must read the same on every rank: there ``group_ids`` is renamed and
-    groups are named by the failing rank's sample (see :func:`_across_ranks`), never by
-    labels or keys, which are each rank's own."""
+    (``rewards`` names the reward argument in the NaN message, ``arg`` the labels); a
+    DistributedError's as :func:`_across_ranks` words it."""
     msg = re.sub(r"\bgroup_ids\b", arg, str(e))
     if isinstance(e, DistributedError):
         return _across_ranks(msg, arg, score, nan_note)
@@ -301,19 +256,16 @@ def _in_callers_terms(e: GDPOError, keys: list, labels: _Labels, weights_by_key:
 
 
 def _refuse_with_peers(process_group, refusal: Exception, arg: str, eps, out_dtype, *candidates):
-    """This rank's input was refused by the adapter itself, before impl.gdpo: without a process
-    group ``refusal`` is raised. Under one it must not raise alone (its peers would wait in the
-    agreement until the group's timeout). It joins the agreement refused instead, and every rank
-    raises the same DistributedError (here chained on ``refusal``), renamed as the peers rename theirs."""
+    """The adapter refused this rank's input: raised at once without a process group; under one
+    the rank joins the agreement refused (its peers must not wait until the timeout), and every
+    rank raises the same DistributedError, chained here on ``refusal``."""
     if process_group is None:
         raise refusal
-
-    device = None  # where the peers' agreement tables most likely are (gloo)
-    try:
-        device = next(t.device for x in candidates for t in (x.values() if isinstance(x, Mapping) else (x,))
-                      if isinstance(t, torch.Tensor) and t.device.type in ("cpu", "cuda"))
-    except Exception:  # noqa: BLE001 - no tensor, or a mapping that cannot even be read: the CPU
-        pass
+    try:  # where the peers' agreement tables most likely are (gloo); no tensor: the CPU
+        device = next((t.device for x in candidates for t in (x.values() if isinstance(x, Mapping) else (x,))
+                       if isinstance(t, torch.Tensor) and t.device.type in ("cpu", "cuda")), None)
+    except Exception:  # noqa: BLE001 - a mapping that cannot even be read: the CPU
+        device = None
     hint = None if device is None else torch.empty(0, dtype=torch.float32, device=device)
     try:
         _distributed.run_distributed(P.API_GDPO, process_group, rewards=hint, eps=eps, out_dtype=out_dtype,
@@ -329,13 +281,9 @@ _TRL_NAMES = ((r"\bgroup_size\b", "num_generations"),
 
 
 # ------------------------------------------------------------------ the adapters
-
-
 @contextlib.contextmanager
 def _named_columns(names: list):
-    """The reward names travel with the weights in the agreement (impl._distributed.COLUMN_NAMES):
-    ranks whose mappings name different components are refused, and ranks whose mappings list
-    the same ones in another order agree (each rank's weights follow its own names)."""
+    """The reward names travel with the weights in the agreement (impl._distributed.COLUMN_NAMES)."""
     token = _distributed.COLUMN_NAMES.set(list(names))
     try:
         yield
@@ -348,18 +296,12 @@ def trl_advantages(rewards_per_func: torch.Tensor, num_generations: int, reward_
                    segment_sizes=None, process_group=None, eps: float = DEFAULT_EPS,
                    out_dtype: torch.dtype = torch.float32, missing: str = "refuse",
                    diagnostics=None) -> torch.Tensor:
-    """TRL's shape: (N, K) rewards, contiguous groups of ``num_generations``, weights (K,).
-    ``missing`` and ``diagnostics`` as in impl.gdpo (``missing="unscored"``: a NaN reward is
-    one its reward function did not score, TRL's own reading of a None reward).
-
-    Refusals are impl.gdpo's, in TRL's argument names (``num_generations``,
-    ``reward_weights``, ``rewards_per_func``)."""
+    """TRL's shape: (N, K) rewards, contiguous groups of ``num_generations``, weights (K,);
+    ``missing`` and ``diagnostics`` as in impl.gdpo. Refusals in TRL's argument names."""
     if num_generations is None:  # impl.gdpo would read it as "no group_size" (neither groups nor labels)
         refusal = P.host_error(P.P_GROUP_SIZE_TYPE, P.K_NONE)  # the words of impl.gdpo's group_size refusal
         refusal = type(refusal)(re.sub(r"\bgroup_size\b", "num_generations", str(refusal)))
         _refuse_with_peers(process_group, refusal, "num_generations", eps, out_dtype, rewards_per_func)
-    # Any other value is impl.gdpo's group_size, checked there (any integer scalar: a Python int, a NumPy
-    # integer, a 0-d integer tensor), with or without a process group; its refusal is renamed below.
     try:
         return gdpo_advantages(rewards_per_func, group_size=num_generations, weights=reward_weights,
                                segment_sizes=segment_sizes, process_group=process_group, eps=eps,
@@ -372,7 +314,7 @@ def trl_advantages(rewards_per_func: torch.Tensor, num_generations: int, reward_
 
 
 def _not_zero_one(m: torch.Tensor) -> torch.Tensor | None:
-    """(B, T) bool: the entries of a mask other than 0 and 1 (NaN included); None for a bool mask."""
+    """(B, T) bool: the entries other than 0 and 1 (NaN included); None for a bool mask."""
     if m.dtype == torch.bool:
         return None
     if m.is_floating_point() and m.element_size() == 1:
@@ -391,22 +333,10 @@ def _mask_error(m: torch.Tensor, bad: torch.Tensor, expected: str = "0 or 1 (or 
                            f"expected {expected}")
 
 
-def _empty_row_error(empty: torch.Tensor) -> ShapeError | None:
-    """The first sample of ``empty`` (B,) bool, named; a host read."""
-    at = empty.nonzero()
-    if at.shape[0] == 0:
-        return None
-    i = int(at[0, 0])
-    return ShapeError(f"response_mask[{i}] (sample {i}) has no response token: its score would be a sum over "
-                      "nothing, a 0 that no reward gave; drop the sample or fix the mask")
-
-
 class _Mask:
-    """The response mask as bool, and what is left to check of it: every entry 0 or 1,
-    every sample at least one response token. On CPU both are checked at once (a read
-    is free); on CUDA a sample failing either gets NaN scores, so that impl.gdpo's own
-    host read refuses the call, and the adapter then names the entry or the sample
-    (reads on refusal only: no extra synchronisation)."""
+    """The response mask as bool, and what is left to check of it (entries 0 or 1, a response
+    token per sample): on CPU at once; on CUDA a failing sample's scores are NaN, which
+    impl.gdpo's own host read refuses, and :meth:`error` then names it."""
 
     def __init__(self, response_mask, device):
         if isinstance(response_mask, torch.Tensor):
@@ -420,8 +350,8 @@ class _Mask:
         if P.layout_code(m):
             raise InputDtypeError(P.layout_words("response_mask")(P.layout_code(m), 0, 0))
         if m.is_complex():
-            raise InputDtypeError(f"response_mask has dtype {P.dtype_name(P.dtype_code(m.dtype))}; a mask is bool, integer "
-                                  "0/1 or real 0/1")
+            raise InputDtypeError(f"response_mask has dtype {P.dtype_name(P.dtype_code(m.dtype))}; a mask is "
+                                  "bool, integer 0/1 or real 0/1")
         if m.dim() != 2:
             raise ShapeError(f"response_mask must be (B, T), one row of tokens per sample; got shape "
                              f"{tuple(m.shape)}")
@@ -444,27 +374,30 @@ class _Mask:
         return torch.where(failing.to(scores.device).unsqueeze(-1), torch.nan, scores)
 
     def error(self) -> GDPOError | None:
-        """On refusal: the first entry other than 0 and 1 left unchecked, else the first
-        sample without a response token (host reads)."""
+        """On refusal: the first unchecked entry other than 0 and 1, else the first sample
+        without a response token (host reads)."""
         if self.empty is None:
             return None
-        return (None if self.bad is None else _mask_error(self.raw, self.bad)) or _empty_row_error(self.empty)
+        own = None if self.bad is None else _mask_error(self.raw, self.bad)
+        if own is None and bool(self.empty.any()):
+            i = int(self.empty.nonzero()[0, 0])
+            own = ShapeError(f"response_mask[{i}] (sample {i}) has no response token: its score would be a sum "
+                             "over nothing, a 0 that no reward gave; drop the sample or fix the mask")
+        return own
 
 
 _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 def _on_response_tokens(a: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """(B,) advantages broadcast to (B, T): the value on response tokens, +0.0 on padding.
-    Selected on the bits (all zero bits are +0.0 in every output dtype), so that no
-    float8 kernel is needed and nothing is multiplied (a * 0 would give -0.0)."""
+    """(B,) advantages broadcast to (B, T), +0.0 on padding: selected on the bits (no float8
+    kernel needed; a * 0 would give -0.0)."""
     bits = _BITS[a.element_size()]
     return torch.where(mask, a.view(bits).unsqueeze(-1), torch.zeros((), dtype=bits, device=a.device)).view(a.dtype)
 
 
 def _locate_nonfinite(tokens: dict, keys: list, mask: torch.Tensor, scores: torch.Tensor, labels: _Labels):
-    """The first non-finite score (sample, key): its first non-finite response token, or
-    a sum beyond float64. Runs only on refusal (host reads)."""
+    """On refusal: the first non-finite score's first non-finite token, or its sum beyond float64."""
     bad = (~torch.isfinite(scores)).nonzero().tolist()
     if not bad:
         return None
@@ -472,7 +405,7 @@ def _locate_nonfinite(tokens: dict, keys: list, mask: torch.Tensor, scores: torc
     key = keys[j]
     row = tokens[key][i]
     found = (~torch.isfinite(row) & mask[i]).nonzero().flatten().tolist()
-    label = repr(labels.of_sample(i))
+    label = repr(labels.items[i] if labels.items is not None else labels.ids[i].item())
     if found:
         tok = found[0]
         return NonFiniteError(f"token_level_rewards[{key!r}][{i}, {tok}] (sample {i}, response token {tok}, "
@@ -484,7 +417,7 @@ def _locate_nonfinite(tokens: dict, keys: list, mask: torch.Tensor, scores: torc
 
 def _verl_inputs(token_level_rewards, response_mask, index, weights, distributed: bool):
     """verl's arguments checked: (keys, the mask, token rewards by key, labels, (B, K) float64
-    scores, weights in key order), or the adapter's own refusal."""
+    scores, weights in key order)."""
     keys = _keys(token_level_rewards, "token_level_rewards", "reward key: (B, T) tensor", "reward key")
     device = _first_tensor_device(response_mask, *token_level_rewards.values())
     checked = _Mask(response_mask, device)
@@ -521,10 +454,8 @@ def verl_advantages(token_level_rewards: Mapping[str, torch.Tensor], response_ma
                     index: Sequence[Hashable] | torch.Tensor, weights: Mapping[str, float] | None = None, *,
                     segment_sizes=None, process_group=None, eps: float = DEFAULT_EPS,
                     out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """verl's shape: {key: (B, T) token-level rewards}, (B, T) mask, (B,) group labels -> (B, T).
-
-    A sample's score is the sum of its rewards on its response tokens (padding is
-    ignored); the advantage is broadcast over its response tokens, 0 on padding."""
+    """verl's shape: {key: (B, T) token-level rewards}, (B, T) mask, (B,) group labels -> (B, T)
+    (module docstring)."""
     try:
         keys, mask, tokens, ids, scores, w = _verl_inputs(token_level_rewards, response_mask, index, weights,
                                                           process_group is not None)
@@ -535,8 +466,6 @@ def verl_advantages(token_level_rewards: Mapping[str, torch.Tensor], response_ma
             a = gdpo_advantages(scores, group_ids=ids.ids, weights=w, segment_sizes=segment_sizes,
                                 process_group=process_group, eps=eps, out_dtype=out_dtype)
     except GDPOError as e:
-        # This rank's own finding in the caller's terms (host reads: only on refusal): a mask
-        # value left to impl.gdpo's read (CUDA), else the first non-finite score's token.
         own = mask.error()
         if own is None and isinstance(e, (NonFiniteError, DistributedError)):
             own = _locate_nonfinite(tokens, keys, mask.bool, scores, ids)
@@ -547,14 +476,12 @@ def verl_advantages(token_level_rewards: Mapping[str, torch.Tensor], response_ma
                                    "the score (sum of response tokens)", _MASK_NAN)
         if own is not None:  # under a process group: the same error on every rank, this rank's own chained
             own.__context__ = e  # (and impl.gdpo's, with whatever it chained, behind it)
-            raise _rename(e, better) from own
-        _raise_renamed(e, better)
+        _raise_renamed(e, better, own)
     return _on_response_tokens(a, mask.bool)
 
 
 def _labelled_inputs(rewards, labels, weights):
-    """The labelled arguments checked: (names, (N, K) rewards, labels, weights in name
-    order), or the adapter's own refusal."""
+    """The labelled arguments checked: (names, (N, K) rewards, labels, weights in name order)."""
     names = _keys(rewards, "rewards", "name: (N,) rewards", "reward component")
     device = _first_tensor_device(*rewards.values())
     comps = {}
@@ -584,10 +511,7 @@ def labelled_advantages(rewards: Mapping[str, torch.Tensor], labels: Sequence[Ha
                         weights: Mapping[str, float] | None = None, *, segment_sizes=None, process_group=None,
                         eps: float = DEFAULT_EPS, out_dtype: torch.dtype = torch.float32,
                         missing: str = "refuse", diagnostics=None) -> torch.Tensor:
-    """{name: (N,) rewards}, one label per sample -> (N,) advantages (columns in mapping order).
-
-    Each component is a 1-D tensor of a real floating dtype or a sequence of floats; all
-    of one length and on one device (different floating dtypes are widened exactly).
+    """{name: (N,) rewards}, one label per sample -> (N,) advantages (columns in mapping order);
     ``missing`` and ``diagnostics`` as in impl.gdpo."""
     try:
         names, r, ids, w = _labelled_inputs(rewards, labels, weights)

@@ -1,26 +1,12 @@
 """The certificate (spec/gdpo.md section 7a): every float32, bfloat16 and float16 output is the
 exact advantage correctly rounded; under mode "all" every float64 output is within one ulp of it.
 
-It reads as a CORE-MATH function: a fast path, a rounding test, slower exact paths. The tiers
-(``impl._certify.tiers``) run in order, each ``y, left = tier(ctx, y, left)`` on the call's
-:class:`Context`, the outputs so far and the rows still to decide, until no row is left:
-
-1. ``float64``: the plain path's result and its run-time bound (``impl._certify.bounds``);
-2. ``group_exact``: a row's own group in exact integer arithmetic (``impl._certify.exact``);
-3. ``double_double``: the call again in double-double (``impl._certify.dd``);
-4. ``exact``: ``oracle.gdpo``'s exact arithmetic.
-
-:class:`Counts` says how many rows each decided, by its name (``Diagnostics.certified``). The
-result is the same bits whatever the layout (ranks, shards, group order, device, threads): the
-correctly rounded exact value is a function of the inputs alone. Across ranks the double-double
-statistics ride in the protocol's second collective instead (``impl._certify.dd``).
-
-The mode is the ``certified`` keyword of ``gdpo_advantages`` and ``whiten``
-(``impl._inputs.check_certified``): "narrow" (float32, bfloat16 and float16 outputs; a float64
-output is the plain path's one rounding), "all" (float64 outputs too, faithful: the
-double-double tier on every call, about 25 times the plain path) or "off" (the plain path). Its
-default is the environment's ``GDPO_CERTIFIED`` (1/all, 0/off, narrow), read when a call does
-not pass it.
+A CORE-MATH function's shape: :data:`TIERS` (``impl._certify.tiers``; docs/architecture.md) run in
+order, each ``y, left = tier(ctx, y, left)`` deciding the rows the one before left, until none
+is left; :class:`Counts` says how many each decided. The correctly rounded exact value is a
+function of the inputs alone: the same bits whatever the layout (ranks, shards, device). Across
+ranks the double-double statistics ride in the protocol's second collective (``dd``). The mode:
+``certified=`` (``impl._inputs.check_certified``), "all" costing about 25 times the plain path.
 """
 
 from __future__ import annotations
@@ -43,8 +29,7 @@ CERTIFIES = {"narrow": tuple(NARROW), "all": FORMATS, "off": ()}
 
 
 def declared(mode: str):
-    """What impl declares under ``mode`` (``gdpo_certified``): True (every format, float64 faithful),
-    the narrow formats' names, or False."""
+    """What impl declares under ``mode`` (``gdpo_certified``): True, the narrow formats' names, or False."""
     return True if mode == "all" else False if mode == "off" else ("float32", "bfloat16", "float16")
 
 
@@ -98,12 +83,9 @@ def certify(ctx: Context, y: torch.Tensor) -> tuple[torch.Tensor, Counts]:
 
 
 def stage(plan, call, dev, y: torch.Tensor) -> tuple[torch.Tensor, Counts]:
-    """The certify stage of a local call (``plan.certify``): its output in ``plan.out_dtype`` from
-    ``y``, the cast's output (a rounded once; float64: a itself). It reads the device part's
-    results: a (float64), c as Eq. 7 left it (the plan keeps Eq. 6 off c's buffer where it
-    certifies) and its Eq. 6 statistics (recomputed from c where a CUDA graph kept none: the same
-    bits). On CUDA the certificate reads the device twice:
-    these numbers, for the bounds (host arithmetic), and tier 0's verdict."""
+    """The certify stage of a local call: its output in ``plan.out_dtype`` from ``y`` (a rounded
+    once), reading the device part's a, c and Eq. 6 statistics (recomputed from c, the same bits,
+    where a CUDA graph kept none). On CUDA two device reads: these numbers, and tier 0's verdict."""
     c, inp = dev.c.to(torch.float64), call.inp
     tp = getattr(dev.loc, "tp", None)  # the Eq. 6 statistics, in a view or padded layout
     if tp is not None:  # as impl._whiten.Local.table lays them out, but the count
@@ -122,10 +104,8 @@ def stage(plan, call, dev, y: torch.Tensor) -> tuple[torch.Tensor, Counts]:
     host = torch.cat(reads).cpu().numpy()
     table = np.column_stack([np.array(plan.sizes, dtype=np.float64), host[:6 * S].reshape(S, 6)])  # the count first
     whole = host[6 * S:7 * S] != 0 if isinstance(whole, torch.Tensor) else np.array(whole or [False] * S, dtype=bool)
-    ctx = Context(dev.a, c, plan.out_dtype, plan.eps, plan.sizes, whole, table, inp)
+    n_max = 0 if inp is None else inp.group_size if plan.row is None else int(plan.row[N_MAX])
+    ctx = Context(dev.a, c, plan.out_dtype, plan.eps, plan.sizes, whole, table, inp, n_max, plan.sort)
     if mags:
         ctx.memo["magnitudes"] = host[-3:].tolist()
-    if inp is not None:
-        ctx.n_max = inp.group_size if plan.row is None else int(plan.row[N_MAX])
-        ctx.sort = plan.sort
     return certify(ctx, y)

@@ -1,18 +1,13 @@
 """Double-double arithmetic, and Eq. 4, 7 and 6 in it: the certificate's tier 2, and its
 statistics across ranks.
 
-A double-double (dd) is an unevaluated sum ``hi + lo`` of two float64 with |lo| <= ulp(hi)/2:
-about 106 significant bits. Every operation here is an error-free transformation (Knuth's
-TwoSum, Dekker's split and TwoProduct: no fused multiply-add, so the same bits on every
-device) followed by a renormalisation; each rounds with a relative error of a few 2**-106
-(Joldes, Muller, Popescu, *Tight and rigorous error bounds for basic building blocks of
-double-word arithmetic*, ACM TOMS 2017: at most 3u**2 for a sum, 7u**2 for a product by a
-dd, 15u**2 for a quotient, with u = 2**-53). :data:`UNIT` (2**-100) is taken as the unit
-roundoff of every dd operation: above each of those bounds.
-
-Its inputs must lie in a safe exponent range (:func:`safe`): there no split overflows and no
-error term underflows, so the transformations are exact. Outside it the certificate goes
-straight to exact arithmetic (locally) or leaves the samples uncertified (across ranks).
+A double-double (dd) is an unevaluated sum ``hi + lo`` of two float64, |lo| <= ulp(hi)/2: about
+106 bits. Each operation is error-free transformations (Knuth's TwoSum, Dekker's TwoProduct: no
+FMA, the same bits on every device) and a renormalisation, with a relative error of at most
+3u**2 (sum), 7u**2 (product by a dd), 15u**2 (quotient), u = 2**-53 (Joldes, Muller, Popescu,
+ACM TOMS 2017); :data:`UNIT` = 2**-100 is above each. Inputs must lie in the safe exponent range
+(:func:`safe`: no split overflows, no error term underflows); outside it the certificate goes to
+exact arithmetic (locally) or leaves the samples uncertified (across ranks).
 """
 
 from __future__ import annotations
@@ -24,8 +19,7 @@ import torch
 from impl._segments import round_to
 from impl._certify import bounds as B
 
-_F64 = torch.float64
-_I64 = torch.int64
+_F64, _I64 = torch.float64, torch.int64
 
 #: The unit roundoff assumed for every dd operation (above the proven 15 * 2**-106).
 UNIT = 2.0 ** -100
@@ -36,8 +30,8 @@ SAFE = 300
 
 
 def eps_safe(eps: float) -> bool:
-    """eps is only ever added to a std (an exact two-sum at any magnitude): any eps up to
-    2**SAFE (above it a z could fall below the range)."""
+    """eps is only added to a std (exact at any magnitude): up to 2**SAFE (above, a z could
+    fall below the range)."""
     return 0.0 <= eps <= 2.0 ** SAFE
 
 
@@ -46,24 +40,15 @@ def safe(*tensors_or_floats) -> bool:
     lo, hi = 2.0 ** -SAFE, 2.0 ** SAFE
     for x in tensors_or_floats:
         if isinstance(x, torch.Tensor):
-            if x.numel() == 0:
-                continue
-            a = x.abs()
-            big = float(a.amax())  # NaN or inf: not finite (NaN propagates through amax)
-            if not big <= hi:
+            a = x.abs()  # (NaN propagates through amax; the least nonzero is inf where all are 0)
+            if x.numel() and not (float(a.amax()) <= hi and float(torch.where(a == 0, math.inf, a).amin()) >= lo):
                 return False
-            small = float(torch.where(a == 0, math.inf, a).amin())  # inf: every value is 0
-            if small < lo:
-                return False
-        else:
-            a = abs(float(x))
-            if not math.isfinite(a) or (a != 0 and not lo <= a <= hi):
-                return False
+        elif not (x == 0 or lo <= abs(float(x)) <= hi):
+            return False
     return True
 
 
-# --- error-free transformations ---------------------------------------------------------------
-
+# --- error-free transformations, then dd operations (pairs of tensors) ------------------------
 
 def two_sum(a, b):
     s = a + b
@@ -88,9 +73,6 @@ def two_prod(a, b):
     ah, al = _split(a)
     bh, bl = _split(b)
     return p, ((ah * bh - p) + ah * bl + al * bh) + al * bl
-
-
-# --- dd operations (pairs of tensors) ---------------------------------------------------------
 
 
 def add(x, y):
@@ -128,9 +110,7 @@ def div(x, y):
     r = add(x, neg(mul_f(y, q1)))
     q2 = r[0] / y[0]
     r = add(r, neg(mul_f(y, q2)))
-    q3 = r[0] / y[0]
-    q = fast_two_sum(q1, q2)
-    return add_f(q, q3)
+    return add_f(fast_two_sum(q1, q2), r[0] / y[0])
 
 
 def div_f(x, b):
@@ -141,27 +121,23 @@ def sqrt(x):
     """sqrt of a dd >= 0 (Newton step from the float64 root; 0 stays 0)."""
     s = torch.sqrt(x[0])
     safe_s = torch.where(s > 0, s, 1.0)
-    p = two_prod(safe_s, safe_s)
-    r = add(x, neg(p))
-    corr = r[0] / (2.0 * safe_s)
-    out = fast_two_sum(safe_s, corr)
-    zero = torch.zeros_like(s)
-    return torch.where(s > 0, out[0], zero), torch.where(s > 0, out[1], zero)
+    r = add(x, neg(two_prod(safe_s, safe_s)))
+    return where(s > 0, fast_two_sum(safe_s, r[0] / (2.0 * safe_s)))
 
 
-def tree_sum(x, dim: int = 1):
-    """Pairwise dd sum along ``dim`` (kept, length 1)."""
+def where(cond, x, fill=(0.0, 0.0)):
+    """The dd ``x`` where ``cond``, else ``fill`` (a dd or a pair of scalars)."""
+    return torch.where(cond, x[0], fill[0]), torch.where(cond, x[1], fill[1])
+
+
+def tree_sum(x):
+    """Pairwise dd sum along dim 1 (kept, length 1): adjacent pairs, level by level."""
     h, l = x
-    while h.shape[dim] > 1:
-        m = h.shape[dim]
-        if m % 2:
-            pad = list(h.shape)
-            pad[dim] = 1
-            z = torch.zeros(pad, dtype=h.dtype, device=h.device)
-            h, l = torch.cat([h, z], dim), torch.cat([l, z], dim)
-            m += 1
-        pairs = [x.unflatten(dim, (m // 2, 2)) for x in (h, l)]  # adjacent pairs
-        h, l = add(tuple(p.select(dim + 1, 0) for p in pairs), tuple(p.select(dim + 1, 1) for p in pairs))
+    while h.shape[1] > 1:
+        if h.shape[1] % 2:
+            z = torch.zeros_like(h[:, :1])
+            h, l = torch.cat([h, z], 1), torch.cat([l, z], 1)
+        h, l = add((h[:, 0::2], l[:, 0::2]), (h[:, 1::2], l[:, 1::2]))
     return h, l
 
 
@@ -170,11 +146,10 @@ def tree_sum(x, dim: int = 1):
 
 class Segments:
     """Rows gathered into a padded (S, width) layout by a segment index per row (any order);
-    ``mask`` (S, width) bool: the slots that hold a row."""
+    ``mask``: the slots that hold a row."""
 
     def __init__(self, seg: torch.Tensor, count: int):
-        n = seg.shape[0]
-        device = seg.device
+        n, device = seg.shape[0], seg.device
         order = torch.argsort(seg, stable=True)
         sizes = torch.bincount(seg, minlength=count)
         starts = torch.cumsum(sizes, 0) - sizes
@@ -205,36 +180,24 @@ class Segments:
 
 
 def standardize(x, segs: Segments, eps: float):
-    """Eq. 4 in dd: (x - mean) / (std + eps) per segment and column of float64 ``x``, ddof 1, in
-    the padded layout (S, width, K): the float64 path's shift-invariant two-pass (differences from
-    the first member, exact as a dd), exact collapse (a constant segment column gives +0). Returns
-    z (dd) and, per segment and column, the dd denominator and whether it collapsed.
-
-    z is dev times the denominator's dd reciprocal (one quotient per segment and column): relative
-    error at most 15u**2 + 7u**2 + a third-order term, below :data:`UNIT` as every operation's."""
+    """Eq. 4 in dd per segment and column of float64 ``x`` (S, width, K), ddof 1, as the float64
+    path computes it (two-pass from the first member, exact collapse: a constant column gives +0):
+    z (dd), and per segment and column the dd denominator and whether it collapsed. z is dev
+    times the denominator's reciprocal: error 15u**2 + 7u**2 + third order, below :data:`UNIT`."""
     mask = segs.mask[:, :, None]
-
-    def slots(x, fill=0.0):  # the padding's slots set to fill
-        return torch.where(mask, x, fill)
-
-    d = two_sum(x, -x[:, :1])  # x - x0 of two float64: exact as the dd (s, e) of TwoSum
-    d = (slots(d[0]), slots(d[1]))
+    d = where(mask, two_sum(x, -x[:, :1]))  # x - x0 of two float64: exact as the dd of TwoSum
     n = segs.sizes[:, :, None]
     mean = div_f(tree_sum(d), n.expand_as(d[0][:, :1]))
-    dev = add(d, neg(mean))
-    dev = (slots(dev[0]), slots(dev[1]))
+    dev = where(mask, add(d, neg(mean)))
     m2 = tree_sum(mul(dev, dev))
     nm1 = torch.clamp(n - 1.0, min=1.0).expand_as(m2[0])
     sd = sqrt(div_f(m2, nm1))
     den = add_f(sd, torch.full_like(sd[0], eps))
     big = torch.finfo(_F64).max
-    collapsed = slots(x, -big).amax(1, keepdim=True) == slots(x, big).amin(1, keepdim=True)
-    safe_den = (torch.where(collapsed | (den[0] == 0), 1.0, den[0]), torch.where(collapsed | (den[0] == 0), 0.0, den[1]))
+    collapsed = torch.where(mask, x, -big).amax(1, keepdim=True) == torch.where(mask, x, big).amin(1, keepdim=True)
+    safe_den = where(~(collapsed | (den[0] == 0)), den, (1.0, 0.0))
     inv = div((torch.ones_like(safe_den[0]), torch.zeros_like(safe_den[1])), safe_den)
-    z = mul(dev, inv)
-    keep = ~collapsed & mask
-    z = (torch.where(keep, z[0], 0.0), torch.where(keep, z[1], 0.0))
-    return z, den, collapsed
+    return where(~collapsed & mask, mul(dev, inv)), den, collapsed
 
 
 # --- the rounding test of a dd value ------------------------------------------------------------
@@ -243,9 +206,8 @@ _GROW = 1 + 2.0 ** -40
 
 
 def _neighbours(y: torch.Tensor):
-    """(pred, succ) of ``y`` in its own format, as float64 (beyond the largest finite value the
-    format's next power of two, whose midpoint with max is where rounding overflows; at +-0 the
-    smallest subnormals of either sign)."""
+    """(pred, succ) of ``y`` in its own format, as float64 (beyond max: the next power of two,
+    whose midpoint with max is where rounding overflows)."""
     inf = torch.full_like(y, math.inf)
     pred, succ = torch.nextafter(y, -inf).to(_F64), torch.nextafter(y, inf).to(_F64)
     top = 2.0 ** math.frexp(torch.finfo(y.dtype).max)[1]  # max + ulp(max)
@@ -255,9 +217,8 @@ def _neighbours(y: torch.Tensor):
 
 
 def round_test(h: torch.Tensor, l: torch.Tensor, Bd: torch.Tensor, out_dtype):
-    """The test of a double-double value h + l with error bound ``Bd``: (ok, y), y the rounding of
-    h + l to ``out_dtype`` and ok where every value within Bd of it rounds alike (float64: where
-    y is within one ulp of every such value, faithful)."""
+    """(ok, y): y the rounding of the dd h + l to ``out_dtype``, ok where every value within ``Bd``
+    of it rounds alike (float64: where y is within one ulp of each, faithful)."""
     exact_zero = (h == 0) & (l == 0) & (Bd == 0)
     if out_dtype == _F64:
         y = h + l
@@ -290,17 +251,14 @@ def round_test(h: torch.Tensor, l: torch.Tensor, Bd: torch.Tensor, out_dtype):
 
 
 # --- Eq. 6 in dd: each rank's statistics (:func:`table`), merged (:func:`merged`), applied (:func:`eq6`) --
-
-
 def _unit_index(sizes: list[int], device) -> torch.Tensor:
     return torch.repeat_interleave(torch.arange(len(sizes), dtype=_I64, device=device),
                                    torch.tensor(sizes, dtype=_I64, device=device))
 
 
 def combined(r: torch.Tensor, gid: torch.Tensor, G: int, weights: list[float], eps: float):
-    """Eq. 4 and 7 of every row in double-double, rows grouped by ``gid``: (ch, cl, E), E the
-    bound on each row's error; None outside the dd path's safe range (inputs, or combined values:
-    a huge eps over a tiny std)."""
+    """Eq. 4 and 7 of every row in dd, grouped by ``gid``: (ch, cl, E), E each row's error bound;
+    None outside the safe range (inputs, or combined values: a huge eps over a tiny std)."""
     r = r.to(_F64)
     if not (safe(r, *weights) and eps_safe(eps)):
         return None
@@ -318,10 +276,9 @@ def combined(r: torch.Tensor, gid: torch.Tensor, G: int, weights: list[float], e
     return ch, cl, torch.where(collapsed.view(G, k).all(1).index_select(0, gid), 0.0, E)
 
 
-# --- across ranks the dd statistics ride in collective 2; a local call is one rank --------------
-
-#: per unit and rank: count, shift, sum of (c - shift) (dd), sum of its squares (dd), max E,
-#: "this part is not whole groups", min and max of c
+#: Across ranks the dd statistics ride in collective 2 (a local call is one rank), per unit and rank:
+#: count, shift, sum of (c - shift) (dd), sum of its squares (dd), max E, "this part is not whole
+#: groups", min and max of c
 DDC = 10
 
 
@@ -332,23 +289,21 @@ def values(v: torch.Tensor, eps: float):
 
 
 def rows(inp, eps: float):
-    """This rank's combined values in double-double, and their bounds: (ch, cl, E), or None
-    outside the dd path's safe range."""
+    """This rank's combined values in dd and their bounds (ch, cl, E), or None outside the range."""
     if inp.n == 0:
         z = inp.rewards.new_zeros(0, dtype=_F64)
         return z, z, z
     if inp.labels is None:
-        g = inp.group_size
-        rows_gid = torch.arange(inp.n, dtype=_I64, device=inp.rewards.device) // g
-        return combined(inp.rewards, rows_gid, inp.n // g, inp.weights, eps)
-    uniq, inv = torch.unique(inp.labels, return_inverse=True)
-    return combined(inp.rewards, inv.view(-1), uniq.numel(), inp.weights, eps)
+        gid, G = torch.arange(inp.n, dtype=_I64, device=inp.rewards.device) // inp.group_size, inp.n // inp.group_size
+    else:
+        uniq, gid = torch.unique(inp.labels, return_inverse=True)
+        gid, G = gid.view(-1), uniq.numel()
+    return combined(inp.rewards, gid, G, inp.weights, eps)
 
 
 def table(ch, cl, E, sizes: list[int], whole) -> torch.Tensor:
     """(S, DDC) float64: this rank's part of every unit (see :data:`DDC`)."""
-    device = ch.device
-    S = len(sizes)
+    device, S = ch.device, len(sizes)
     empty = unsafe_table(sizes, device, unsafe=False)
     if ch.shape[0] == 0:
         return empty
@@ -359,8 +314,7 @@ def table(ch, cl, E, sizes: list[int], whole) -> torch.Tensor:
     shift = torch.where(wt, 0.0, ch.index_select(0, segs.first))
     d = add_f((ch, cl), -shift.index_select(0, unit))
     Dh = segs.gather(torch.stack([d[0], d[1]], 1))
-    m = segs.mask[:, :, None]
-    D = (torch.where(m, Dh[:, :, :1], 0.0), torch.where(m, Dh[:, :, 1:], 0.0))
+    D = where(segs.mask[:, :, None], (Dh[:, :, :1], Dh[:, :, 1:]))
     s1, q = tree_sum(D), tree_sum(mul(D, D))
     T = torch.bincount(unit, minlength=S).to(_F64)
 
@@ -373,55 +327,38 @@ def table(ch, cl, E, sizes: list[int], whole) -> torch.Tensor:
 
 
 def merged(tables: torch.Tensor, eps: float):
-    """The units' global dd statistics from every rank's :func:`table` (W, S, DDC), ranks
-    in order: (T, mean (dd), den (dd), whole, Emax, cmin, cmax) per unit, the same on every rank."""
+    """Per unit (T, mean (dd), den (dd), whole, Emax, cmin, cmax) from every rank's :func:`table`
+    (W, S, DDC), merged in rank order: the same on every rank."""
     W, S, _ = tables.shape
     n = tables[..., 0]
     T = n.sum(0)
     whole = tables[..., 7].sum(0) == 0
-    # the sum of every value: n shift + s1 per rank
     tot = (torch.zeros(S, dtype=_F64, device=tables.device),) * 2
-    for r in range(W):
-        part = add_f((tables[r, :, 2], tables[r, :, 3]), 0.0)
-        ns = two_prod(n[r], tables[r, :, 1])
-        tot = add(tot, add(part, ns))
-    Tsafe = torch.where(T > 0, T, 1.0)
-    mean = div_f(tot, Tsafe)
-    mean = (torch.where(whole, 0.0, mean[0]), torch.where(whole, 0.0, mean[1]))
+    for r in range(W):  # the sum of every value: n shift + s1 per rank
+        tot = add(tot, add(add_f((tables[r, :, 2], tables[r, :, 3]), 0.0), two_prod(n[r], tables[r, :, 1])))
+    mean = where(~whole, div_f(tot, torch.where(T > 0, T, 1.0)))
     m2 = (torch.zeros(S, dtype=_F64, device=tables.device),) * 2
     for r in range(W):
-        s1 = (tables[r, :, 2], tables[r, :, 3])
-        q = (tables[r, :, 4], tables[r, :, 5])
+        s1, q = (tables[r, :, 2], tables[r, :, 3]), (tables[r, :, 4], tables[r, :, 5])
         delta = add_f(neg(mean), tables[r, :, 1])  # shift_r - mean
         t1 = mul(mul_f(delta, torch.full_like(n[r], 2.0)), s1)
-        t2 = mul_f(mul(delta, delta), n[r])
-        part = add(q, add(t1, t2))
-        has = n[r] > 0
-        part = (torch.where(has, part[0], 0.0), torch.where(has, part[1], 0.0))
-        m2 = add(m2, part)
+        m2 = add(m2, where(n[r] > 0, add(q, add(t1, mul_f(mul(delta, delta), n[r])))))
     m2 = (m2[0].clamp(min=0), torch.where(m2[0] > 0, m2[1], 0.0))
-    nm1 = torch.clamp(T - 1.0, min=1.0)
-    sd = sqrt(div_f(m2, nm1))
+    sd = sqrt(div_f(m2, torch.clamp(T - 1.0, min=1.0)))
     den = add_f(sd, torch.full_like(sd[0], eps))
-    Emax = tables[..., 6].amax(0)
-    cmin = tables[..., 8].amin(0)
-    cmax = tables[..., 9].amax(0)
-    return T, mean, den, whole, Emax, cmin, cmax
+    return T, mean, den, whole, tables[..., 6].amax(0), tables[..., 8].amin(0), tables[..., 9].amax(0)
 
 
 def eq6(merged, ch, cl, E, sizes: list[int], eps: float):
-    """Eq. 6 in dd of this rank's rows from the merged dd statistics: (h, l, Bd) per row, Bd the
-    bound on |h + l - a*| (0 where a* is exactly 0)."""
+    """Eq. 6 in dd of this rank's rows from the merged statistics: (h, l, Bd), Bd the bound on
+    |h + l - a*| (0 where a* is exactly 0)."""
     T, mean, den, whole, Emax, cmin, cmax = merged
     unit = _unit_index(sizes, ch.device)
     flat = (cmin == cmax) & (Emax == 0) & (T > 0)
-    Dsafe = (torch.where(flat | (den[0] == 0), 1.0, den[0]), torch.where(flat | (den[0] == 0), 0.0, den[1]))
-    m = (mean[0].index_select(0, unit), mean[1].index_select(0, unit))
-    Du = (Dsafe[0].index_select(0, unit), Dsafe[1].index_select(0, unit))
-    a = div(add((ch, cl), neg(m)), Du)
+    Dsafe = where(~(flat | (den[0] == 0)), den, (1.0, 0.0))
+    per_row = [t.index_select(0, unit) for t in (*mean, *Dsafe)]
     fu = flat.index_select(0, unit)
-    h = torch.where(fu, 0.0, a[0])
-    l = torch.where(fu, 0.0, a[1])
+    h, l = where(~fu, div(add((ch, cl), neg(per_row[:2])), per_row[2:]))
     D = torch.where(flat, torch.full_like(den[0], eps), den[0]) * (1 - 2.0 ** -60)
     R = torch.where(D > 0, (cmax - cmin) / D, math.inf) * (1 + 2.0 ** -30) + 2 * Emax / D
     R = torch.where(torch.isnan(R), math.inf, R)
@@ -433,8 +370,8 @@ def eq6(merged, ch, cl, E, sizes: list[int], eps: float):
 
 def finish(merged, ch, cl, E, sizes: list[int], eps: float, out_dtype, counts: dict,
            plain: torch.Tensor) -> torch.Tensor:
-    """This rank's outputs from the merged dd statistics: certified where the bound allows,
-    elsewhere the plain float64 result ``plain`` rounded once (counted as uncertified)."""
+    """This rank's outputs from the merged statistics: certified where the bound allows, else
+    ``plain`` (float64) rounded once, counted uncertified."""
     if ch.shape[0] == 0:
         return torch.empty(0, dtype=out_dtype, device=ch.device)
     ok, y = round_test(*eq6(merged, ch, cl, E, sizes, eps), out_dtype)
@@ -447,8 +384,7 @@ def finish(merged, ch, cl, E, sizes: list[int], eps: float, out_dtype, counts: d
 
 
 def unsafe_table(sizes: list[int], device, unsafe: bool = True) -> torch.Tensor:
-    """A rank whose inputs leave the dd path's safe range: its parts carry E = inf, so no
-    sample of those units is certified on any rank (each rounds its plain result). Not
-    ``unsafe``: the parts of a rank holding no row of its units."""
+    """The parts of a rank outside the safe range: E = inf, so no sample of its units is certified
+    on any rank; not ``unsafe``: the parts of a rank holding no row of them."""
     row = (0.0,) * 6 + ((math.inf, 1.0) if unsafe else (0.0, 0.0)) + (math.inf, -math.inf)
     return torch.tensor(row, dtype=_F64, device=device).repeat(len(sizes), 1)

@@ -26,9 +26,8 @@ import torch
 from impl import _segments as seg_ops
 
 _F64, _I64 = torch.float64, torch.int64
-PREC = 128
-#: the combined values' fixed point: c is enclosed between multiples of 2**-FIX of their scale
-FIX = 256
+PREC = 128  # the square root's bits
+FIX = 256  # c is enclosed between multiples of 2**-FIX of its scale
 
 
 def integer_weights(weights: list[float]) -> list[int]:
@@ -56,11 +55,10 @@ def _integers(v: torch.Tensor) -> torch.Tensor | None:
 
 def zero_rows(v: torch.Tensor, mg: torch.Tensor, inv: torch.Tensor, at: torch.Tensor,
               weights: list[float]) -> torch.Tensor:
-    """(R,) bool: c* = 0 exactly for each of R rows (by the module's sufficient condition; False:
-    not decided here), from ``v`` (M, K) the rewards of every row of their U groups, ``mg`` (M,)
-    each member's group (0..U-1), ``inv`` (R,) each row's group and ``at`` (R,) its place among
-    the members. In int64, where n**2 max|X|**2 < 2**62; beyond, only the rows of groups whose
-    every column is constant (z = 0, c* = +0)."""
+    """(R,) bool: c* = 0 exactly (the module's sufficient condition; False: undecided) for R rows,
+    from ``v`` (M, K) the rewards of their U groups' members, ``mg`` (M,) each member's group,
+    ``inv`` (R,) each row's group, ``at`` (R,) its place among the members. In int64 where
+    n**2 max|X|**2 < 2**62; beyond, only rows of groups constant in every column (c* = +0)."""
     v = v.to(_F64)
     K = v.shape[1]
     n = torch.bincount(mg)
@@ -78,11 +76,9 @@ def zero_rows(v: torch.Tensor, mg: torch.Tensor, inv: torch.Tensor, at: torch.Te
 
 
 def _cancel(P: torch.Tensor, Q: torch.Tensor, weights: list[float]) -> torch.Tensor:
-    """(R,) bool: in each row, within every class of columns of equal Q, sum_k w_k P_k = 0 exactly
-    (a collapsed column, Q = 0, has P = 0; zero weights add nothing). With the weights as
-    integers W, the class sums are exact in int64 where K max|W| max|P| < 2**62; otherwise the
-    classes are split further by |w|, the sign of w taken into P, and each such sum must be 0
-    (a weaker, still exact, test)."""
+    """(R,) bool: in each row, within every class of columns of equal Q, sum_k w_k P_k = 0 exactly,
+    in int64 with integer weights W where K max|W| max|P| < 2**62; beyond, the classes are split
+    further by |w| (a weaker, still exact, test)."""
     K = P.shape[1]
     W = integer_weights(weights)
     wmax = max(abs(x) for x in W)
@@ -106,9 +102,8 @@ def _dyadic(x: float) -> tuple[int, int]:
 
 
 def _column(vals: list[float], eps: float):
-    """(P, lo, hi, Q, d) of one group column: the numerators P_i = n (X_i - mean) in X's units
-    (X = x 2**d, integers), the enclosure of the denominator std + eps in those units as
-    (numerator, 2**shift) pairs of integers (None if the column is collapsed) and Q."""
+    """(P, lo, hi, Q, d) of one group column: P_i = n (X_i - mean) (X = x 2**d, integers), the
+    enclosure of std + eps in X's units as (numerator, shift) pairs (None: collapsed), and Q."""
     n = len(vals)
     ratios = [v.as_integer_ratio() for v in vals]
     D = max(den for _, den in ratios)
@@ -127,13 +122,10 @@ def _column(vals: list[float], eps: float):
 
 
 def combined(rows_of_group: list[list[float]], weights: list[float], eps: float, which=None):
-    """For the rows ``which`` (default all) of one group (n rows of K rewards, floats): (lo, hi,
-    zero) with c* in [lo, hi] (Fractions) and zero True where c* = 0 exactly.
-
-    Integers only until the two Fractions of each row: column k's exact variance is
-    Q_k / (n (n - 1) 4**d_k), so columns of equal variance have equal Q_k 4**(dmax - d_k); a
-    class's numerator sum_k w_k (x_k - mean_k) is, times n 2**(wshift + dmax), the integer
-    sum_k W_k P_k 2**(dmax - d_k) (W_k = w_k 2**wshift)."""
+    """For the rows ``which`` (default all) of one group (n rows of K floats): (lo, hi, zero),
+    c* in [lo, hi] (Fractions), zero where c* = 0 exactly. Integers until then: column k's
+    variance is Q_k / (n (n - 1) 4**d_k), equal variances have equal Q_k 4**(dmax - d_k), and a
+    class's numerator times n 2**(wshift + dmax) is the integer sum_k W_k P_k 2**(dmax - d_k)."""
     from fractions import Fraction  # (not at import: impl's import stays light)
     n, K = len(rows_of_group), len(weights)
     cols = [_column([float(rows_of_group[i][k]) for i in range(n)], eps) for k in range(K)]
@@ -162,8 +154,6 @@ def combined(rows_of_group: list[list[float]], weights: list[float], eps: float,
             f = wn << (wshift - we)
             lo, hi = (lo + f * z_a, hi + f * z_b) if f >= 0 else (lo + f * z_b, hi + f * z_a)
             classes[keys[k]] = classes.get(keys[k], 0) + ((f * p) << (dmax - d))
-        if not any(classes.values()):
-            out.append((Fraction(0), Fraction(0), True))
-        else:
-            out.append((Fraction(lo, unit), Fraction(hi, unit), False))
+        zero = not any(classes.values())
+        out.append((Fraction(0), Fraction(0), True) if zero else (Fraction(lo, unit), Fraction(hi, unit), False))
     return out

@@ -40,9 +40,7 @@ class TrainerMixin:
     """What the trainers' mixins share: the missing-reward policy and impl.gdpo on the batch
     gathered from every process."""
 
-    #: "unscored" (a reward function's None is left out of that column's statistics, the
-    #: frameworks' reading) or "refuse" (the first None stops training with impl's NonFiniteError).
-    gdpo_missing = "unscored"
+    gdpo_missing = "unscored"  # one of MISSING_POLICIES
 
     def _gdpo_check_missing(self):
         if self.gdpo_missing not in MISSING_POLICIES:
@@ -54,13 +52,10 @@ class TrainerMixin:
         return mode, self.num_generations if mode == "train" else self.num_generations_eval
 
     def gdpo_advantages(self, rewards: torch.Tensor, group_size: int, mode: str = "train") -> torch.Tensor:
-        """impl.gdpo's advantages of a batch gathered from every process ((N, K) rewards, contiguous
-        groups of ``group_size``, the trainer's ``reward_weights``): (N,) float32 on the rewards' device.
-        Groups of one (evaluation with one generation) give 0, as both frameworks' formulas do.
-
-        The count of rows no reward function scored (advantage 0, outside Eq. 6) is appended to the
-        trainer's metric ``gdpo/unscored_rows`` (``trainer._metrics[mode]``, logged as the
-        frameworks log theirs), so what the policy left out is never silent."""
+        """impl.gdpo's (N,) float32 advantages of the (N, K) rewards gathered from every process,
+        contiguous groups of ``group_size`` (of one: 0, as both frameworks give), the trainer's
+        ``reward_weights``. The rows no reward function scored are counted in the trainer's metric
+        ``gdpo/unscored_rows``, so that what the policy left out is never silent."""
         self._gdpo_check_missing()
         if group_size == 1:
             self._metrics[mode]["gdpo/unscored_rows"].append(float(torch.isnan(rewards).all(dim=1).sum()))
@@ -79,9 +74,9 @@ class TrainerMixin:
 
 
 def lazy_trainer(module: str, name: str, mixin: type, check, base: str, doc: str):
-    """The ``__getattr__`` of ``module``: its class ``name`` (``mixin`` before the framework's trainer,
-    ``base``, "module.Class") is built on first access, after ``check()`` (the framework's version),
-    so that importing the module imports no framework."""
+    """The ``__getattr__`` of ``module``: its class ``name`` (``mixin`` before the framework's
+    trainer ``base``, "module.Class") is built on first access, after ``check()``: importing the
+    module imports no framework."""
     built = []
 
     def __getattr__(attr):

@@ -1,17 +1,13 @@
 """impl.gdpo inside ms-swift's GRPO trainer (``swift rlhf --rlhf_type grpo --scale_rewards gdpo``;
 docs/integrations.md, "ms-swift").
 
-ms-swift (4.6) computes its GDPO in ``swift.rl_core.advantage.compute_advantages``, called from
-``GRPOTrainer._compute_advantages``. :class:`GDPOGRPOTrainer` overrides that method: ms-swift
-computes and logs as usual, then the method returns :func:`impl.gdpo.gdpo_advantages` of the same
-gathered ``(N, K)`` rewards, which ms-swift slices per process. ``python3 -m
-impl.integrations.swift`` prints the path of the ``--external_plugins`` file, which calls
-:func:`register` (``TrainerFactory.TRAINER_MAPPING['grpo']``); it lives alone in its folder,
-since ms-swift puts a plugin's folder on ``sys.path`` and ``swift.py`` would hide the real
-``swift``. Refused: a ``--scale_rewards`` other than gdpo, an ``--advantage_estimator`` other than
-grpo, the request-aware multi-turn path (``dynamic_num_samples``), untested versions
-(:data:`SUPPORTED_SWIFT`). ``gdpo_missing`` and ``num_generations_eval = 1`` as under TRL.
-Without the plugin ms-swift is unchanged: nothing is patched at import.
+:class:`GDPOGRPOTrainer` overrides ``GRPOTrainer._compute_advantages`` (ms-swift 4.6's GDPO):
+ms-swift computes and logs as usual, then the method returns :func:`impl.gdpo.gdpo_advantages` of
+the same gathered ``(N, K)`` rewards. ``python3 -m impl.integrations.swift`` prints the path of
+the ``--external_plugins`` file, which calls :func:`register`; it lives alone in its folder, which
+ms-swift puts on ``sys.path`` (``swift.py`` would hide the real ``swift``). Refused: another
+``--scale_rewards`` or ``--advantage_estimator``, the multi-turn path (``dynamic_num_samples``).
+Without the plugin nothing is patched.
 """
 
 from __future__ import annotations
@@ -81,8 +77,7 @@ class GDPOSwiftMixin(TrainerMixin):
         if ours.shape != theirs.shape:
             raise RuntimeError(f"{type(self).__name__}: ms-swift's advantages have shape {tuple(theirs.shape)}, "
                                f"impl's {tuple(ours.shape)}")
-        # ms-swift appends these to _logs['advantages'] and slices them per process itself.
-        return ours.to(theirs.device)
+        return ours.to(theirs.device)  # ms-swift logs them and slices them per process
 
 
 __getattr__ = lazy_trainer(__name__, "GDPOGRPOTrainer", GDPOSwiftMixin, check_swift_version,

@@ -1,16 +1,12 @@
-"""impl.gdpo inside TRL's ``GRPOTrainer`` (docs/integrations.md, "TRL"): the advantages of a real
-training run, vetted.
+"""impl.gdpo inside TRL's ``GRPOTrainer`` (docs/integrations.md, "TRL").
 
 TRL (1.16) computes ``multi_objective_aggregation="normalize_then_sum"`` inline in
-``GRPOTrainer._generate_and_score_completions``, with no method to override. So
-:class:`GDPOMixin` keeps the gathered ``(N, K)`` rewards ``_calculate_rewards`` returns, lets TRL
-finish the batch, then replaces ``out["advantages"]`` (this process's slice) and the entries TRL
-appended to ``_logs["advantages"]`` by ``gdpo_advantages(rewards, group_size=G,
-weights=trainer.reward_weights, missing=...)``, with no ``process_group``: every process holds the
-whole batch. ``gdpo_missing`` is "unscored" (TRL's reading of a None reward) or "refuse";
-``num_generations_eval = 1`` gives 0 without calling impl; another aggregation is refused when
-the trainer is built; TRL versions: :data:`SUPPORTED_TRL`. Nothing is patched at import, and
-importing this module imports no TRL: ``GDPOTrainer`` is built on first access.
+``_generate_and_score_completions``, with no method to override: :class:`GDPOMixin` keeps the
+gathered ``(N, K)`` rewards ``_calculate_rewards`` returns, lets TRL finish the batch, then
+replaces ``out["advantages"]`` (this process's slice) and the entries TRL appended to
+``_logs["advantages"]`` by impl's (no ``process_group``: every process holds the whole batch).
+Another aggregation is refused when the trainer is built. Nothing is patched at import, and no
+TRL imported: ``GDPOTrainer`` is built on first access.
 """
 
 from __future__ import annotations
@@ -35,8 +31,7 @@ def check_trl_version(version: str | None = None) -> str:
 
 
 class GDPOMixin(TrainerMixin):
-    """Put before TRL's ``GRPOTrainer`` (or a subclass of it) in the bases: its advantages
-    become :func:`impl.gdpo.gdpo_advantages` of the gathered rewards (module docstring).
+    """Put before TRL's ``GRPOTrainer`` (or a subclass) in the bases (module docstring).
     ``gdpo_missing``: "unscored" (TRL's reading of a None reward, the default) or "refuse"."""
 
     def __init__(self, *args, **kwargs):

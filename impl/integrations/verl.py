@@ -1,15 +1,12 @@
 """verl's ``gdpo`` advantage estimator computed by :mod:`impl.gdpo`, opted into by config
 (docs/integrations.md, "verl: one config key").
 
-verl loads this module in every process that imports verl (the ``verl.plugins`` entry point in
-pyproject.toml). When that process imports verl's ``core_algos`` (at once if it already has),
-verl's registered ``gdpo`` estimator is replaced by a wrapper that calls verl's own function with
-the very arguments it got unless the run opts in: ``+algorithm.gdpo_impl=gdpo_spec``, with
-``gdpo_reward_keys``, ``gdpo_reward_weights`` and ``gdpo_whiten`` (Eq. 6 per ``sample``, the
-specification's default, or per ``token``, verl's weighting). Opted in, it reads what verl's own
-reads (verl 0.9.1: the keys' scores from ``non_tensor_batch``, the groups from ``uid``) and returns
-verl's ``(advantages, returns)``: one (B, T) float32 tensor twice, a response's advantage on its
-response tokens, +0.0 on padding. Refusals name the setting or the sample.
+verl loads this module in every process that imports verl (the ``verl.plugins`` entry point).
+Once that process imports verl's ``core_algos``, verl's ``gdpo`` estimator is wrapped: verl's own
+runs unless the run opts in (``+algorithm.gdpo_impl=gdpo_spec``, with ``gdpo_reward_keys``,
+``gdpo_reward_weights``, ``gdpo_whiten``); then :func:`compute_gdpo_advantage` reads what verl's
+own reads (the keys' scores in ``non_tensor_batch``, the groups by ``uid``). Refusals name the
+setting or the sample.
 """
 
 from __future__ import annotations
@@ -34,6 +31,7 @@ WHITEN_KEY, WHITEN_SAMPLE, WHITEN_TOKEN = "gdpo_whiten", "sample", "token"
 TESTED_VERL = ("0.9.1",)
 #: What verl 0.9.1's v1 trainer fetches for the advantage step (trainer/ppo/v1/trainer_base.py).
 _V1_FIELDS = "uid, response_mask, rm_scores, rollout_log_probs, old_log_probs, ref_log_prob, values"
+_CORE_ALGOS = "verl.trainer.ppo.core_algos"
 
 
 class VerlIntegrationError(ValueError):
@@ -68,17 +66,8 @@ def _opted_in(config) -> str | None:
     return whiten
 
 
-def _has(mapping, key) -> bool:
-    return mapping is not None and key in mapping.keys()  # a TensorDict refuses `key in td`
-
-
-def _uid(index, i: int) -> str:
-    return repr(index[i])
-
-
 def _column(values, key: str, n: int, index):
-    """One reward key's scores as a float64 NumPy array of n finite values, or a refusal
-    naming the key, the sample and its uid."""
+    """One reward key's scores as n finite float64 (NumPy), or a refusal naming key, sample, uid."""
     import numpy as np
 
     from impl.gdpo import InputDtypeError, NonFiniteError, ShapeError
@@ -92,10 +81,10 @@ def _column(values, key: str, n: int, index):
         items = arr.tolist()  # Python numbers: ints compared exactly
         for i, x in enumerate(items):
             if isinstance(x, (bool, np.bool_)) or not isinstance(x, numbers.Real):
-                raise InputDtypeError(f"{where}[{i}] (sample {i}, uid {_uid(index, i)}) is {x!r} "
+                raise InputDtypeError(f"{where}[{i}] (sample {i}, uid {index[i]!r}) is {x!r} "
                                       f"({type(x).__name__}); a reward score is a real number")
             if isinstance(x, numbers.Integral) and abs(int(x)) > 2 ** 53:
-                raise InputDtypeError(f"{where}[{i}] (sample {i}, uid {_uid(index, i)}) is {x}, an integer "
+                raise InputDtypeError(f"{where}[{i}] (sample {i}, uid {index[i]!r}) is {x}, an integer "
                                       "no float64 holds exactly")
         arr = np.array([float(x) for x in items], dtype=np.float64)
     if arr.dtype.kind != "f":
@@ -105,7 +94,7 @@ def _column(values, key: str, n: int, index):
     bad = np.nonzero(~np.isfinite(out))[0]
     if bad.size:
         i = int(bad[0])
-        raise NonFiniteError(f"{where}[{i}] (sample {i}, uid {_uid(index, i)}) is {out[i]}: a score that is "
+        raise NonFiniteError(f"{where}[{i}] (sample {i}, uid {index[i]!r}) is {out[i]}: a score that is "
                              "NaN or infinite cannot be standardized")
     return out
 
@@ -124,7 +113,7 @@ def _reward_keys(config, non_tensor_batch, batch) -> list:
     have = [] if non_tensor_batch is None else list(non_tensor_batch.keys())
     missing = [k for k in keys if k not in have]
     if missing:
-        if batch is not None and not _has(batch, "prompts"):
+        if batch is not None and "prompts" not in batch.keys():  # (a TensorDict refuses `key in td`)
             raise VerlIntegrationError(
                 f"the advantage step's batch holds no per-reward scores (non_tensor_batch holds {have}; "
                 f"algorithm.gdpo_reward_keys={keys}): verl's v1 trainer (trainer.use_v1=True, verl's default) "
@@ -157,8 +146,7 @@ def _rewards(config, keys: list, non_tensor_batch, n: int, index):
 
 
 def _groups(index, n: int):
-    """verl's uid labels as impl.gdpo group ids (first appearance), refusing a prompt with
-    one response by its uid."""
+    """verl's uid labels as group ids (first appearance); a prompt with one response is refused."""
     from impl.gdpo import GroupError, ShapeError
 
     if index is None:
@@ -167,8 +155,7 @@ def _groups(index, n: int):
     labels = index.tolist() if hasattr(index, "tolist") else list(index)
     if len(labels) != n:
         raise ShapeError(f"index (uid) has {len(labels)} labels but response_mask {n} rows: one uid per response")
-    ids: dict = {}
-    gid = []
+    ids, gid = {}, []
     for i, u in enumerate(labels):
         try:
             gid.append(ids.setdefault(u, len(ids)))
@@ -184,38 +171,26 @@ def _groups(index, n: int):
     return gid
 
 
-def _mask(response_mask):
-    import torch
-
-    from impl.adapters import _mask_error, _not_zero_one
-    from impl.gdpo import ShapeError
-
-    m = response_mask
-    if m.dim() != 2:
-        raise ShapeError(f"response_mask must be (B, T); got shape {tuple(m.shape)}")
-    bad = _not_zero_one(m)
-    error = None if bad is None else _mask_error(m, bad, expected="0 or 1")
-    if error is not None:
-        raise error
-    return m.to(torch.bool)
-
-
 def compute_gdpo_advantage(token_level_rewards, response_mask, index, *, config, non_tensor_batch=None,
                            batch=None, whiten: str = WHITEN_SAMPLE):
-    """verl's GDPO estimator by impl.gdpo: ``(advantages, returns)``, one (B, T) float32
-    tensor twice, each response's advantage on its response tokens, +0.0 on padding.
-
-    ``whiten="sample"``: :func:`impl.gdpo.gdpo_advantages` on the (B, K) scores, one
-    group per uid, Eq. 6 over the B responses (bit for bit). ``whiten="token"``:
-    :func:`impl.gdpo.normalize_rewards` on the same, then :func:`impl.gdpo.whiten` over the
-    batch's response tokens, each carrying its response's value (verl's weighting)."""
+    """verl's GDPO estimator by impl.gdpo: ``(advantages, returns)``, one (B, T) float32 tensor
+    twice, each response's advantage on its response tokens, +0.0 on padding. ``whiten="sample"``
+    (the specification's): :func:`impl.gdpo.gdpo_advantages` of the (B, K) scores, one group per
+    uid; ``"token"`` (verl's weighting): :func:`impl.gdpo.whiten` over the response tokens, each
+    carrying its response's :func:`impl.gdpo.normalize_rewards` value."""
     import torch
 
-    from impl.adapters import _on_response_tokens
-    from impl.gdpo import gdpo_advantages, normalize_rewards
+    from impl.adapters import _mask_error, _not_zero_one, _on_response_tokens
+    from impl.gdpo import ShapeError, gdpo_advantages, normalize_rewards
     from impl.gdpo import whiten as whiten_values
 
-    mask = _mask(response_mask)
+    if response_mask.dim() != 2:
+        raise ShapeError(f"response_mask must be (B, T); got shape {tuple(response_mask.shape)}")
+    bad = _not_zero_one(response_mask)
+    error = None if bad is None else _mask_error(response_mask, bad, expected="0 or 1")
+    if error is not None:
+        raise error
+    mask = response_mask.to(torch.bool)
     n = mask.shape[0]
     if _setting(config, "norm_adv_by_std_in_grpo") is False:
         raise VerlIntegrationError(
@@ -240,7 +215,7 @@ def compute_gdpo_advantage(token_level_rewards, response_mask, index, *, config,
     return adv, adv
 
 
-_announced = False
+_announced = False  # the opt-in is logged once per process
 
 
 def _wrap(original):
@@ -280,7 +255,7 @@ def _wrap(original):
 
 def installed() -> bool:
     """Whether verl's registry holds this module's gdpo wrapper (in this process)."""
-    core_algos = sys.modules.get("verl.trainer.ppo.core_algos")
+    core_algos = sys.modules.get(_CORE_ALGOS)
     fn = None if core_algos is None else core_algos.ADV_ESTIMATOR_REGISTRY.get("gdpo")
     return getattr(fn, "_gdpo_spec_original", None) is not None
 
@@ -305,9 +280,6 @@ def install(core_algos=None) -> bool:
     return True
 
 
-_CORE_ALGOS = "verl.trainer.ppo.core_algos"
-
-
 def _log_failure() -> None:
     _log.error("gdpo-spec: its verl plugin (impl.integrations.verl) failed to load, so algorithm.%s=%s cannot "
                "take effect in this process (verl's own gdpo would run)", OPT_IN_KEY, OPT_IN_VALUE, exc_info=True)
@@ -320,9 +292,6 @@ class _InstallingLoader:
     def __init__(self, inner):
         self._inner = inner
 
-    def create_module(self, spec):
-        return self._inner.create_module(spec)
-
     def exec_module(self, module):
         self._inner.exec_module(module)
         try:
@@ -330,7 +299,7 @@ class _InstallingLoader:
         except Exception:  # noqa: BLE001 - logged as an error; verl's import goes on
             _log_failure()
 
-    def __getattr__(self, name):  # get_source, get_filename, ...: the real loader's
+    def __getattr__(self, name):  # create_module, get_source, ...: the real loader's
         return getattr(self._inner, name)
 
 
@@ -353,12 +322,9 @@ class _CoreAlgosFinder:
 
 
 def _load_as_plugin() -> None:
-    """What verl's plugin loader runs (importing this module), in every verl process.
-
-    Wrapping verl's estimator needs verl.trainer.ppo.core_algos, which costs seconds to
-    import, and which many of verl's processes never import: so the wrapping waits for
-    that import (a finder on ``sys.meta_path``), or happens now where it is done. verl
-    logs a plugin's failure at debug level only, so a failure is logged here, as an error."""
+    """What verl's plugin loader runs in every verl process: the wrapping now where core_algos is
+    imported, else at its import (a finder: many processes never import it, and it costs
+    seconds). verl logs a plugin's failure at debug level only: logged here as an error."""
     try:
         core_algos = sys.modules.get(_CORE_ALGOS)
         if core_algos is not None:
