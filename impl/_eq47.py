@@ -1,21 +1,16 @@
-"""Eq. 4 (per-reward group standardization) and Eq. 7 (the weighted combination), in the groups'
-layout: which rows form a group, and where Eq. 4's float64 ``(K, P, G)`` tensor (reward column,
-position inside the group, group) holds each of them. Groups are innermost, so every elementwise
-step, reduction and level of the pairwise sums runs over long contiguous rows.
+"""Eq. 4 (per-reward group standardization) and Eq. 7 (the weighted combination) in the groups'
+layout: a float64 ``(K, P, G)`` tensor (reward column, position in the group, group), groups
+innermost so every step runs over long contiguous rows.
 
 * Contiguous groups (``group_size``): one strided copy of the rewards (also the cast to float64).
-* Labelled groups (``group_ids``): one stable sort by label, then a gather into P = n_max
-  positions, the padding repeating each group's first member (its difference from that member
-  is +0, so sums, min and max are unchanged). Batches so ragged that the padding would exceed a
-  few times the batch are cut into buckets of groups of similar length (in (2**(b-1), 2**b]).
-  Labelled groups that are contiguous runs of one length take the contiguous layout, and on CPU
-  labels already in order skip the sort.
+* Labelled groups (``group_ids``): a stable sort by label, then a gather into P = n_max positions,
+  the padding repeating each group's first member (difference +0: sums, min and max unchanged);
+  very ragged batches are cut into buckets of lengths in (2**(b-1), 2**b]. Labels that are
+  contiguous runs of one length take the contiguous layout.
 
-Phase one (:func:`prepare`) finds the facts the host needs before any arithmetic (the sort, the
-group count, the longest group, the first group of one; the first non-finite reward unless left
-lazy: on CPU it is looked for only when the group minima and maxima show one). Eq. 7 combines
-each part where it lies, then brings c back to input order: one column moved instead of K.
-Findings are raw int64 scalars for the facts row (``_problems``), never raised here.
+Phase one (:func:`prepare`) finds the facts the host needs before any arithmetic. Eq. 7 combines
+each part where it lies, then brings c back to input order. Findings are raw int64 scalars for the
+facts row (``_problems``), never raised here.
 """
 
 from __future__ import annotations
@@ -100,11 +95,9 @@ def prepare(inp: Rewards, *, lazy: bool) -> Prepared:
 
 
 def label_facts(labels: torch.Tensor, *, reads_free: bool = False) -> tuple[Labelled, dict[int, torch.Tensor]]:
-    """Sort the labels (stably) and find the facts the host needs. Where a host
-    read costs nothing (CPU), labels already in order skip the sort (its
-    permutation is then the identity), and labels whose every group is one run
-    of rows (verl's layout) find their facts from the run heads alone: the sort
-    of all rows is left until a layout needs it."""
+    """Sort the labels (stably) and find the facts the host needs. Where a host read is free
+    (CPU), labels in order skip the sort, and labels whose groups are runs of rows (verl's
+    layout) find their facts from the run heads alone, the sort left until a layout needs it."""
     if reads_free:
         found = _run_facts(labels)
         if found is not None:
@@ -139,11 +132,9 @@ def _sorted_layout(labels: torch.Tensor, *, reads_free: bool) -> tuple[torch.Ten
 
 
 def _run_facts(labels: torch.Tensor) -> dict[int, torch.Tensor] | None:
-    """Phase one's facts when every label is one run of rows, from the runs'
-    heads (a sort of G labels, not N); None when some label has several runs, or
-    when more than half the rows start a run (the heads' sort would cost about what
-    the full sort does, which would then run as well).
-    The same facts as the sort's: a group is then its run."""
+    """Phase one's facts when every label is one run of rows, from the runs' heads (a sort of G
+    labels, not N); None when some label has several runs, or when more than half the rows
+    start a run (then the full sort is as cheap)."""
     n = labels.shape[0]
     device = labels.device
     heads = torch.ones(n, dtype=torch.bool, device=device)
@@ -247,14 +238,9 @@ def contiguous(n: int, group_size: int) -> GroupLayout:
 
 def layout(prep: Prepared, groups: int = 0, longest: int = 0, runs: int = 0, *,
            reads_free: bool = False) -> GroupLayout:
-    """The layout of phase one's groups. For labelled groups ``groups``, ``longest`` and
-    ``runs`` come from the host read of phase one's facts; ``reads_free``: a host read costs
-    nothing (CPU: ragged groups are cut into buckets sooner).
-
-    Labelled groups that are contiguous runs of one length (``runs == groups``
-    and ``groups * longest == N``, the usual layout of a rollout batch) take the
-    contiguous layout: the same per-group arithmetic, hence the same bits,
-    without the gather into a padded layout."""
+    """The layout of phase one's groups (labelled: ``groups``, ``longest``, ``runs`` from phase
+    one's host read; ``reads_free``: CPU, ragged groups cut into buckets sooner). Labelled groups
+    that are contiguous runs of one length take the contiguous layout: the same bits, no gather."""
     n = prep.r.shape[0]
     lab = prep.labelled
     if lab is None:
@@ -437,14 +423,11 @@ def overflow_possible(weights: list[float], longest: int) -> bool:
 
 def combine(z: torch.Tensor, weights: list[float]) -> torch.Tensor:
     """Eq. 7 on z (K, ...): c = sum_k w_k z_k, products rounded one by one and summed left to
-    right (no fused multiply-add, no BLAS), so equal weights on z and -z cancel to exactly 0 and
-    the result is the same on every device.
-
-    With a weight above 2**990 a product may overflow on the way to a finite c (huge terms that
-    cancel); there the sum is also formed with every weight scaled by 2**-shift and scaled back,
-    and taken where the plain sum is not finite. Only there: scaling the small weights too would
-    push their products deeper into the subnormals (found by the deep conformance profile:
-    weights 2**-1023 and 2**1000, the latter on a collapsed column, lost 11 bits)."""
+    right (no fused multiply-add, no BLAS): equal weights on z and -z cancel to exactly 0, the
+    same on every device. With a weight above 2**990 a product may overflow on the way to a
+    finite c; the sum is then also formed with the weights scaled by 2**-shift and scaled back,
+    taken only where the plain sum is not finite (scaling every row would push small weights'
+    products into the subnormals)."""
     scaled, shift = weight_plan(weights)
     if shift:
         plain = _weighted_sum(z, weights, in_place=False)

@@ -1,21 +1,14 @@
-"""The arithmetic Eq. 4, Eq. 7 and Eq. 6 share (and the certificate): exact
-power-of-two scaling, the canonical pairwise sum, a correctly rounded sqrt, the shift-invariant
-two-pass statistics (spec/gdpo.md section 7), the one correct rounding into the output dtype, and
-the finders of a non-finite value.
+"""The arithmetic Eq. 4, 7 and 6 share (and the certificate): exact power-of-two scaling, the
+canonical pairwise sum, a correctly rounded sqrt, the shift-invariant two-pass statistics
+(spec/gdpo.md section 7), the one correct rounding into the output dtype, the non-finite finders.
 
-Every reduction runs over a *segment* (a group column, a whitening unit) laid along dimension 1
-of a dense tensor: ``(K, n, G)`` for Eq. 4 (groups innermost: long contiguous rows), ``(S, m)``
-for Eq. 6. Sums use one fixed tree, :func:`tree_sum`: level s pairs positions p and p + s (p a
-multiple of 2s), a position without a partner passes up unchanged, so the tree depends only on
-the segment's length, never on the layout, device or batch; every step is one correctly rounded
-IEEE addition (no atomics, library reduction or fused multiply-add): the same bits on CPU and
-CUDA. Padding with values that are exactly zero in the summed quantity cannot change a sum, and
-negating the input negates the output bit for bit (Eq. 7's exact cancellation relies on it).
-
-Min and max are torch's own (exact). Scale factors are built from bit patterns (never ``pow``).
-Square roots are correctly rounded: CUDA's float64 ``sqrt`` is; torch's vectorised CPU ``sqrt``
-is only faithful (about 0.2% of random doubles one ulp off), so on CPU NumPy's (IEEE) ``sqrt``
-takes the few statistics."""
+Every reduction runs over a *segment* (a group column, a whitening unit) along dimension 1 of a
+dense tensor: ``(K, n, G)`` for Eq. 4, ``(S, m)`` for Eq. 6. Sums use one fixed tree
+(:func:`tree_sum`) that depends only on the segment's length, each step one correctly rounded
+addition (no atomics, library reduction or FMA): the same bits on CPU and CUDA; padding that is
+exactly zero cannot change a sum, and negating the input negates the output bit for bit (Eq. 7's
+exact cancellation relies on it). Min and max are torch's (exact); scale factors are built from
+bits. torch's vectorised CPU ``sqrt`` is only faithful, so on CPU NumPy's (IEEE) ``sqrt`` is used."""
 
 from __future__ import annotations
 

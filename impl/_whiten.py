@@ -1,24 +1,20 @@
 """Eq. 6, batch whitening per unit: unit layouts, local statistics, Chan merge, application.
 
-Units are consecutive runs of rows whose sizes the host knows, so their layout costs no host
-read: equal sizes are a view ``(S, m)``; ragged sizes a padded ``(S, m_max)`` layout whose
-padding repeats each unit's first value; sizes so ragged that the padding would exceed a few
-times the batch are cut into buckets of one power-of-two size class each.
+Units are consecutive runs of rows of sizes the host knows (no host read for the layout): equal
+sizes are a view ``(S, m)``; ragged sizes a padded ``(S, m_max)`` layout repeating each unit's
+first value; very ragged sizes are cut into buckets of one power-of-two size class each.
 
-Each rank summarises each of its units in one row of a (S, 7) float64 table ``count, e, shift,
-mean_d, M2, min, max``: the values v scaled by 2**-e (|v| < 2**e, exact), ``shift`` the first
-scaled value on this rank, ``mean_d`` the mean of d = v 2**-e - shift, ``M2`` the sum of squared
-deviations of d (two-pass), ``min``/``max`` the raw values (the exact collapse test). The merge
-rescales every rank's row to the unit's global exponent (exact powers of two), re-expresses each
-mean relative to the first non-empty rank's shift, and combines ranks along a fixed pairwise
-tree with Chan's formula: a pure function of the gathered table, the same bits on every rank;
-with one rank it is the local two-pass, which is why a local call skips it.
+Each rank summarises each unit in one row of a (S, 7) float64 table ``count, e, shift, mean_d,
+M2, min, max``: values scaled by 2**-e (exact), ``shift`` the first scaled value on this rank,
+``mean_d`` the mean of d = v 2**-e - shift, ``M2`` the two-pass sum of squared deviations,
+``min``/``max`` raw (the exact collapse test). The merge rescales every rank's row to the unit's
+global exponent, re-expresses each mean against the first non-empty rank's shift and combines
+ranks along a fixed pairwise tree (Chan): the same bits on every rank; one rank is the local
+two-pass, which a local call uses directly.
 
-Exact collapse: in a unit whose values are all equal the mean is taken as -0, so every deviation
-is +0 and a = +0 exactly. Structural zero mean (spec section 7): a rank's part of a unit made of
-whole groups of gdpo_advantages has combined values whose exact mean is 0, since Eq. 4 centres
-every group column; there shift and mean are +0, so d = c f exactly and a structural zero of c
-whitens to exactly 0. A unit whole on every rank merges to mean 0 exactly."""
+A unit whose values are all equal takes mean -0, so every deviation is +0 and a = +0. A rank's
+part of a unit made of whole groups has combined values of exact mean 0 (spec section 7): shift
+and mean are +0, so a structural zero of c whitens to exactly 0."""
 
 from __future__ import annotations
 
