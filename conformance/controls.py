@@ -1,24 +1,16 @@
 """Negative controls: deliberately wrong GDPO implementations the suite must reject.
 
-A property that no wrong implementation fails proves nothing (STYLE, convention 3).
-Every control here is the same torch implementation, :func:`baseline`, with exactly
-one flaw switched on, so a rejection is the flaw's and not an accident of the base.
-A flaw that is another formula is a variant of the catalogue (:mod:`conformance.formulas`,
-``Flaws.formula``): ddof 0, eps in the square root, NaN read as 0, a group of one given z = 0,
-Eq. 6 over the whole batch, unscored rows kept in Eq. 6; the others are flaws of arithmetic,
-rounding, validation or the protocol across ranks. ``baseline`` itself must pass every property (``test_controls``): it is a second,
-deliberately plain, correct implementation in the ``gdpo`` call shape
-(shift-invariant two-pass float64 with exact power-of-two scaling, exact collapse,
-the structural zero mean of a whitening unit of whole groups,
-one correct rounding into the output dtype (float16 and bfloat16 through float32
-rounded to odd, since torch's own float64 cast to them rounds twice),
-agreement before any data-dependent collective, a gather of every unit's values;
-``missing="unscored"``: a column's statistics over its scored rewards, rows with no scored
-reward out of Eq. 6 with advantage 0, across ranks too).
+A property that no wrong implementation fails proves nothing (STYLE, convention 3). Every control
+is :func:`baseline` with exactly one flaw switched on (:class:`Flaws`), so a rejection is the
+flaw's; a flaw that is another formula is a catalogue variant (``Flaws.formula``). ``baseline``
+itself is a second, deliberately plain, correct implementation in the ``gdpo`` call shape that
+passes every property (``test_controls``): shift-invariant two-pass float64 with exact
+power-of-two scaling, exact collapse, the structural zero mean of a unit of whole groups, one
+correct rounding into the output dtype, agreement before any data-dependent collective, a gather
+of every unit's values; ``missing="unscored"`` as spec section 2 says, across ranks too.
 
-Each control is importable as ``conformance.controls:<name>`` (spawned ranks load it
-by that name) and carries ``normalize_rewards`` and ``whiten`` attributes, so the
-stage properties grade it too. ``CONTROLS`` lists them with the flaw in one line.
+Each control is importable as ``conformance.controls:<name>`` (spawned ranks load it by that name)
+with ``normalize_rewards`` and ``whiten`` attributes, so the stage properties grade it too.
 """
 
 from __future__ import annotations
@@ -209,23 +201,12 @@ def _check_segments(segment_sizes, n: int, local_unit_of_one: bool):
     return [int(s) for s in sizes], True
 
 
-@dataclasses.dataclass
-class _Prepared:
-    x: torch.Tensor  # (N, K) float64 (float32 with the flaw); NaN where not scored (missing="unscored")
-    groups: list  # row index tensors per group, first-appearance order
-    weights: list
-    scored: torch.Tensor | None = None  # (N,) bool: rows with a scored reward (missing="unscored")
-
-
-def _check_missing(missing) -> str:
+def _prepare(rewards, group_ids, group_size, weights, fl: Flaws, allow_empty: bool, missing: str = "refuse"):
+    """(x, groups, weights, scored): x (N, K) float64 (float32 with the flaw), NaN where not scored;
+    each group's row indices, in first-appearance order; under missing="unscored" the rows with a
+    scored reward (else None)."""
     if type(missing) is not str or missing not in ("refuse", "unscored"):
         raise _Refusal(InputDtypeError, f"missing must be 'refuse' or 'unscored', got {missing!r}", True)
-    return missing
-
-
-def _prepare(rewards, group_ids, group_size, weights, fl: Flaws, allow_empty: bool,
-             missing: str = "refuse") -> _Prepared:
-    missing = _check_missing(missing)
     x = _as_float(rewards, "rewards")
     if x.dim() == 1:
         x = x[:, None]
@@ -286,32 +267,33 @@ def _prepare(rewards, group_ids, group_size, weights, fl: Flaws, allow_empty: bo
     scored = None
     if missing == "unscored":
         scored = torch.ones(n, dtype=torch.bool) if fl.formula.nan == "nan_aware" else ~torch.isnan(x).all(1)
-    return _Prepared(x, groups, w, scored)
+    return x, groups, w, scored
 
 
 # ---------------------------------------------------------------- Eq. 4 and 7
 
 
-def _combine(p: _Prepared, eps: float, fl: Flaws, frame: int | None = None) -> tuple[torch.Tensor, int]:
-    """c in a frame 2^-shift (shift > 0 only for weights above 2^990; ``frame``: that shift,
-    agreed across ranks, whose combined values must share one frame)."""
-    n, k = p.x.shape
-    z = torch.zeros_like(p.x)
-    for idx in p.groups:
+def _combine(prep, eps: float, fl: Flaws, frame: int | None = None) -> tuple[torch.Tensor, int]:
+    """c of :func:`_prepare`'s ``prep`` in a frame 2^-shift (shift > 0 only for weights above
+    2^990; ``frame``: that shift, agreed across ranks, whose combined values share one frame)."""
+    r, groups, weights, _ = prep
+    n, k = r.shape
+    z = torch.zeros_like(r)
+    for idx in groups:
         for col in range(k):
-            x = p.x[idx, col]
+            x = r[idx, col]
             scored = ~torch.isnan(x)  # missing="unscored": the column's scored members only, z = 0 elsewhere
             if bool(scored.all()):
                 z[idx, col] = _standardize(x, eps, fl)
             else:
                 z[idx[scored], col] = _standardize(x[scored], eps, fl)  # fewer than two: zeros
-    nonzero = [math.frexp(w)[1] for w in p.weights if w != 0.0 and math.isfinite(w)]
+    nonzero = [math.frexp(w)[1] for w in weights if w != 0.0 and math.isfinite(w)]
     # the plain sum first; the weights are scaled down only when it overflows (scaling them
     # all would push a small weight's products into the subnormals)
     for shift in (0, max(0, max(nonzero, default=0) - _WEIGHT_EXP_CAP)) if frame is None else (frame,):
-        c = torch.zeros(n, dtype=p.x.dtype, device=p.x.device)
+        c = torch.zeros(n, dtype=r.dtype, device=r.device)
         parts = torch.zeros_like(c)
-        for col, w in enumerate(p.weights):
+        for col, w in enumerate(weights):
             term = z[:, col] * math.ldexp(w, -shift)
             c = c + term
             parts = parts + term.abs()
@@ -431,12 +413,8 @@ def _whiten_distributed(group, c: torch.Tensor, sizes: list, eps: float, fl: Fla
         return _whiten_local(c, sizes, eps, fl, scored=scored)
     every = c
     if scored is not None:  # the scored rows' counts per unit and rank, then their values only
-        mine, start = [], 0
-        for size in sizes:
-            mine.append(int(scored[start:start + size].sum()))
-            start += size
         kept = torch.zeros(world, s, dtype=torch.int64)
-        kept[me] = torch.tensor(mine, dtype=torch.int64)
+        kept[me] = torch.tensor([int(part.sum()) for part in torch.split(scored, sizes)], dtype=torch.int64)
         dist.all_reduce(kept, group=group)
         counts, c = kept, c[scored]
     width = max(row[4] for row in rows)
@@ -484,22 +462,23 @@ def _gdpo(fl: Flaws, rewards, *, group_ids=None, group_size=None, weights=None, 
     try:
         eps = _check_eps_out(eps, out_dtype)
         prep = _prepare(rewards, group_ids, group_size, weights, fl, allow_empty=distributed, missing=missing)
-        sizes, given = _check_segments(segment_sizes, prep.x.shape[0], local_unit_of_one=not distributed)
+        sizes, given = _check_segments(segment_sizes, prep[0].shape[0], local_unit_of_one=not distributed)
     except _Refusal as r:
         problem = r.flawed(fl)
-    rows = _agree(process_group, problem, sizes, given, prep.x.shape[0] if prep is not None else 0, fl)
+    rows = _agree(process_group, problem, sizes, given, prep[0].shape[0] if prep is not None else 0, fl)
+    groups, scored = prep[1], prep[3]
     c, shift = _combine(prep, eps, fl)
     if not distributed:
         if fl.mutates_rewards and isinstance(rewards, torch.Tensor):
             rewards.mul_(0.5)
-        return _cast(_whiten_local(c, sizes, _ldexp(eps, -shift), fl, prep.groups, prep.scored), out_dtype, fl)
+        return _cast(_whiten_local(c, sizes, _ldexp(eps, -shift), fl, groups, scored), out_dtype, fl)
     import torch.distributed as dist
 
     shifts = torch.tensor([shift], dtype=torch.int64)  # one frame for every rank's c (found by the
     dist.all_reduce(shifts, op=dist.ReduceOp.MAX, group=process_group)  # deep search: ranks used their own)
     if int(shifts) != shift:
         c, shift = _combine(prep, eps, fl, frame=int(shifts))
-    a = _whiten_distributed(process_group, c, sizes, _ldexp(eps, -shift), fl, rows, prep.groups, prep.scored)
+    a = _whiten_distributed(process_group, c, sizes, _ldexp(eps, -shift), fl, rows, groups, scored)
     return _cast(a, out_dtype, fl)
 
 
