@@ -1,18 +1,11 @@
 """The formula catalogue: every variant of GDPO the grader names, and its evaluator.
 
-The catalogue (:data:`CATALOGUE`, one :class:`Choice` per way to differ from the paper) holds
-every choice the presets of ``spec/conventions.py`` encode (ddof, eps value and placement, the
-NaN and singleton policies, collapse handling, the whitening scope, token weighting, no
-Eq. 6) and the published GRPO-family variants (RLOO's leave-one-out baseline, Dr. GRPO's
-missing division by the std, a batch-level std, weights applied before normalisation,
-i.e. GRPO on the weighted sum, clipped advantages), alone and combined: a
-:class:`Variant` is one value per choice, and :func:`differences` says how it differs from
-the paper, equation by equation ("Eq. 4: leave-one-out baseline; Eq. 6: no eps").
-
-:func:`evaluate` computes a variant exactly as it reads (mean, deviations, std; Eq. 7; Eq. 6;
-the clip): in float64 numpy for the value a diagnosis (:mod:`conformance.diagnosis`) compares
-an output with, or in float32 as a float32 code of it computes (``gdpo_tools/peer_formulas.py``:
-a preset's formula). It is the one place GDPO's variants are written.
+:data:`CATALOGUE` holds one :class:`Choice` per way to differ from the paper: every choice the
+presets of ``spec/conventions.py`` encode and the published GRPO-family variants (RLOO, Dr. GRPO,
+a batch-level std, weights before normalisation, clipping); a :class:`Variant` is one value per
+choice, and :func:`differences` says how it differs, equation by equation. :func:`evaluate`
+computes a variant as it reads: in float64 for a diagnosis (:mod:`conformance.diagnosis`), in
+float32 as a float32 code of it does (``gdpo_tools/peer_formulas.py``).
 """
 
 from __future__ import annotations
@@ -159,17 +152,13 @@ CATALOGUE: tuple[Choice, ...] = (
 
 def _eps_words(placement: str, eps, paper_eps: float | None, what: str) -> str | None:
     if placement == "skip_if_zero":
-        return f"no eps; a {what} of std 0 left undivided" if what == "column" else \
-            f"no eps; a {what} of std 0 passed through unchanged"
-    e = eps
-    if placement == "std":
-        if e is None:
-            return None
-        if paper_eps is not None and e == paper_eps:
-            return None
-        return "no eps" if e == 0.0 else f"eps {e:g}"
-    shown = "the call's eps" if e is None else f"{e:g}"
-    return f"eps added to the variance: sqrt(var + {shown})"
+        return f"no eps; a {what} of std 0 " + ("left undivided" if what == "column" else "passed through unchanged")
+    if placement != "std":
+        shown = "the call's eps" if eps is None else f"{eps:g}"
+        return f"eps added to the variance: sqrt(var + {shown})"
+    if eps is None or (paper_eps is not None and eps == paper_eps):
+        return None
+    return "no eps" if eps == 0.0 else f"eps {eps:g}"
 
 
 def differences(variant: Variant, paper_eps: float | None = None) -> list[str]:
