@@ -1,23 +1,11 @@
 """Comparing an output with the oracle, and failures that explain themselves.
 
-The tolerance of every output is the oracle's ``allowed(out_dtype)``: the spec's
-error model (``spec/error_model.py``) evaluated on the exact intermediate values,
-never a picked rtol. Where the specification demands an exact zero (a collapsed
-group column or unit, a group whose combined values cancel exactly; spec section
-7) the output must be exactly zero, either sign.
-
-A failure prints the equation, the convention, the inputs in hex, observed and
-exact values, the error in ulps of the output dtype, the allowed bound, the
-condition estimate, and a one-line repro. The error/allowed ratio has as many digits
-as it takes to read above 1 (1.00003, never 1), and an error and allowance equal to
-four digits are printed to 17 digits and in hex; a float16/bfloat16 output equal to
-the exact value rounded through float32 first is named as rounded twice, beside the
-correctly rounded value. A demanded exact zero is stated as such, with the clause of
-the specification that demands it (a collapsed column or unit, two columns equal up
-to shift and sign cancelling), never as a distance in ulps at 0; a refusal the
-contract does not permit says why it computes the case. The repro line
-(``python -m conformance.replay ...``, :mod:`conformance.replay`) replays the case
-under the property that found it and prints the same report.
+Every output's tolerance is the oracle's ``allowed(out_dtype)``, the error model of
+``spec/error_model.py`` on the exact intermediate values; where spec section 7 demands an exact
+zero, the output must be 0 (either sign), and a failure states the clause that demands it. A
+failure prints the equation, the convention, the inputs in hex, observed and exact values, the
+error in ulps, the bound, the condition and a repro line (:mod:`conformance.replay`); an
+error/allowed ratio above 1 never reads as 1, and a float16/bfloat16 output rounded twice is named.
 """
 
 from __future__ import annotations

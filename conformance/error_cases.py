@@ -1,13 +1,8 @@
 """The error contract's cases, as data: how to break a valid call, and what the contract says.
 
-An :class:`ErrorCase` (one process) or :class:`DistErrorCase` (one rank of several) names
-a refusal of the contract (spec section 6), the classes it allows and how to build it
-from a valid case (OpInfo's ErrorInput). The strategies :func:`error_cases` and
-:func:`dist_error_cases` draw them; :mod:`conformance.properties` runs them and
-:mod:`conformance.judge` decides the verdicts. The sets below say which cases a peer's
-convention computes by its own policy (:data:`POLICY_CASES`), which have a value under
-every convention (:data:`VALUE_CASES`) and which are this project's own choices
-(:data:`SPEC_ONLY_CASES`).
+An :class:`ErrorCase` (one process) or :class:`DistErrorCase` (one rank of several) names a
+refusal of the contract (spec section 6), the classes it allows and how to build it from a valid
+case (OpInfo's ErrorInput); :func:`error_cases` and :func:`dist_error_cases` draw them.
 """
 
 from __future__ import annotations

@@ -1,27 +1,14 @@
 """Probes: what the graded code computes, told from a few fixed batches before any case is drawn.
 
-A grading (:mod:`conformance.grading`) first calls the code on :func:`probe_cases`: small,
-well-conditioned batches of ordinary magnitude (rewards within a few units of 0, no large
-offset, so no correct float code loses more than a few ulps on them), built so that the
-variants of the formula catalogue (:mod:`conformance.formulas`) come apart: a column of std
-about 1e-3, where eps = 1e-4 moves z by 8 %; tiny weights, where eps moves Eq. 6; weights
-summing to a negative number; groups of 2, 4, 8 and 12; an outlier beyond |a| = 5, and one beyond
-|z| = 3 inside a group. From the
-outputs it tells (docs/grading.md, "Precision and formula"):
-
-* the **working precision**: float64 where every probe is reproduced to about 1e-13 (a float32
-  computation errs by about 1e-7 there), else float32; every case is then judged by the error
-  model of a mean-then-subtract code at that precision (``spec/error_model.py``, "A peer's own
-  code"), so a correct float32 code is never failed for being float32;
-* the **formula**: the catalogue variant that reproduces every probe within that precision
-  (:func:`conformance.diagnosis.diagnose_many`), checked against the relations below (a variant
-  must also reproduce the transformed batches, so a name the relations contradict is never given);
-* the **relations** the paper's formula keeps exactly, each owned by one stage, tested on the
-  first probe: a shift, or a positive scale, of one group's column (Eq. 4), a permutation of the
-  rows of a group or of the groups, negated weights (the output is odd in them) and a column split
-  into two copies of half its weight (Eq. 7), and the mean 0 and std about 1 of the advantages over
-  the batch (Eq. 6). Where no variant reproduces the probes, the broken relations say which stage
-  differs and how.
+:func:`probe_cases` are small, well-conditioned batches of ordinary magnitude, built so that the
+catalogue's variants (:mod:`conformance.formulas`) come apart: a column of std about 1e-3 (eps
+moves z by 8 %), tiny weights (eps moves Eq. 6), weights summing to a negative number, groups of
+2 to 12, outliers. From the outputs :func:`profile` tells (docs/grading.md, "Precision and
+formula") the working precision every case is then judged at (float64 where every probe is
+reproduced to about 1e-13, else float32), the formula (the variant that reproduces every probe,
+the transformed copies included), and, where no variant does, the exact relations of the paper's
+formula the code breaks (:func:`relations`: a shift or scale of one group's column, permutations,
+negated or split weights), each naming its stage.
 """
 
 from __future__ import annotations
