@@ -8,6 +8,7 @@ case (OpInfo's ErrorInput); :func:`error_cases` and :func:`dist_error_cases` dra
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from typing import Callable
 
@@ -92,14 +93,9 @@ def _add_singleton(draw, case: Case) -> Case:
     labels.insert(at, max(labels) + 1)
     seg = c.segment_sizes
     if seg is not None:  # the new row joins the unit it lands in (not a unit of one)
-        seg = list(seg)
-        acc = 0
-        for u, s in enumerate(seg):
-            if at <= acc + s and s > 0 or u == len(seg) - 1:
-                seg[u] += 1
-                break
-            acc += s
-        seg = tuple(seg)
+        u = next((u for u, (s, end) in enumerate(zip(seg, itertools.accumulate(seg))) if s > 0 and at <= end),
+                 len(seg) - 1)
+        seg = seg[:u] + (seg[u] + 1,) + seg[u + 1:]
     return dataclasses.replace(c, rewards=tuple(rows), group_ids=tuple(labels), segment_sizes=seg)
 
 
