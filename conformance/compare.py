@@ -64,7 +64,6 @@ def _rounded_twice(x: float, out_dtype: str) -> float | None:
     nearest even (what torch's float64 ``.to(float16)`` does); None for other formats."""
     if out_dtype not in ("float16", "bfloat16") or not math.isfinite(x):
         return None
-
     return float(round_to(round_to([x], "float32"), out_dtype)[0])
 
 
@@ -93,13 +92,12 @@ def describe_inputs(case) -> str:
         return f"{len(case)} broken calls, e.g. " + describe_inputs(case[0])
     if isinstance(case, DistCase):
         return "\n".join(f"    rank {r}: {describe_inputs(s)}" for r, s in enumerate(case.shards))
-    parts = [f"rewards ({case.dtype}, {case.n}x{case.k}) " + _matrix(case.rewards, case.dtype)]
-    parts.append(f"group_size {case.group_size}" if case.group_size is not None
-                 else f"group_ids {list(case.group_ids) if case.group_ids is not None else None}")
-    parts.append("weights " + ("ones" if case.weights is None else "[" + ", ".join(decimal(w) for w in case.weights) + "]"))
-    parts.append(f"segment_sizes {list(case.segment_sizes) if case.segment_sizes is not None else None}")
-    parts.append(f"eps {'default' if case.eps is None else decimal(case.eps)}")
-    parts.append(f"out {case.out_dtype}")
+    parts = [f"rewards ({case.dtype}, {case.n}x{case.k}) " + _matrix(case.rewards, case.dtype),
+             f"group_size {case.group_size}" if case.group_size is not None
+             else f"group_ids {list(case.group_ids) if case.group_ids is not None else None}",
+             "weights " + ("ones" if case.weights is None else "[" + ", ".join(decimal(w) for w in case.weights) + "]"),
+             f"segment_sizes {list(case.segment_sizes) if case.segment_sizes is not None else None}",
+             f"eps {'default' if case.eps is None else decimal(case.eps)}", f"out {case.out_dtype}"]
     if case.variant:
         parts.append(f"variant {case.variant}")
     if case.note:

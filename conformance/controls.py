@@ -46,11 +46,8 @@ _WEIGHT_EXP_CAP = 990
 
 @dataclasses.dataclass(frozen=True)
 class Flaws:
-    #: the formula: the paper's, or a variant of the catalogue (conformance.formulas) one choice
-    #: off it. Read here: ddof 0 and eps in the square root (at Eq. 4 and Eq. 6), NaN rewards read
-    #: as 0 (zero_first), a group of one given z = 0, Eq. 6 over the whole batch (whiten_scope
-    #: "batch": segment_sizes ignored), under missing="unscored" rows with no scored reward kept in
-    #: Eq. 6 (nan_aware, their c = 0, instead of nan_aware_unscored)
+    #: the paper's formula, or a catalogue variant; read here: the ddofs, the eps placements, NaN read
+    #: as 0 (zero_first), singleton "zero", whiten_scope "batch", nan "nan_aware" (unscored rows kept)
     formula: Variant = PAPER
     one_pass: bool = False  # Eq. 4 variance as (sum x^2 - (sum x)^2 / n) / (n - 1)
     float32_weights: bool = False  # weights rounded to float32 before Eq. 7

@@ -45,11 +45,8 @@ def as_returned(subject: Subject, case: Case, out) -> Case:
 
 
 def check_certified(subject: Subject, case: Case, prop: str = "certified") -> None:
-    """Certified rounding (issue 27), for an implementation that declares it
-    (``Subject.certifies``): every float32/bfloat16/float16 advantage the exact value correctly
-    rounded, float64 faithful (:func:`conformance.judge.certified_rounding`). One that does not
-    declare it is graded within the error model only (:func:`check_values`: what a replay with
-    such an implementation runs; the property itself is skipped for it)."""
+    """Certified rounding (:func:`conformance.judge.certified_rounding`) where the implementation
+    declares it; else the error model only (what a replay runs; the property skips such a code)."""
     if not subject.certifies() or subject.convention != "spec":
         check_values(subject, case, prop)
         return
