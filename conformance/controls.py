@@ -121,16 +121,10 @@ def _standardize(x: torch.Tensor, eps: float, fl: Flaws) -> torch.Tensor:
     xs = _scale(x, -e)
     if fl.big_groups_float32 and n > 64:  # a "fast path" for long groups: the base's statistics in float32
         xs, fl = xs.to(torch.float32), Flaws()
-    if fl.naive_centring or fl.one_pass:
-        dev = xs - _sum(xs) / n
-    else:
-        d = xs - xs[0]
-        dev = d - _sum(d) / n
-    ddof = fl.formula.group_ddof
-    if fl.one_pass:
-        var = (_sum(xs * xs) - _sum(xs) * _sum(xs) / n) / (n - ddof)
-    else:
-        var = _sum(dev * dev) / (n - ddof)
+    d = xs if fl.naive_centring or fl.one_pass else xs - xs[0]  # the base: shifted by a member first
+    dev = d - _sum(d) / n
+    ss = _sum(xs * xs) - _sum(xs) * _sum(xs) / n if fl.one_pass else _sum(dev * dev)
+    var = ss / (n - fl.formula.group_ddof)
     den = _denominator(var, eps, e, fl.formula.group_placement)
     return torch.where(dev == 0, torch.zeros_like(dev), dev / den).to(x.dtype)
 
@@ -334,16 +328,10 @@ def _whole_units(groups: list | None, sizes: list) -> list:
     """Per unit: does every group with a member in it have all its members in it?"""
     if groups is None:
         return [False] * len(sizes)
-    unit = []
-    for j, s in enumerate(sizes):
-        unit += [j] * s
-    whole = [True] * len(sizes)
-    for idx in groups:
-        mine = {unit[i] for i in idx.tolist()}
-        if len(mine) > 1:
-            for j in mine:
-                whole[j] = False
-    return whole
+    unit = [j for j, s in enumerate(sizes) for _ in range(s)]
+    spanned = [{unit[i] for i in idx.tolist()} for idx in groups]
+    cut = set().union(*(units for units in spanned if len(units) > 1))
+    return [j not in cut for j in range(len(sizes))]
 
 
 def _whiten_local(c: torch.Tensor, sizes: list, eps: float, fl: Flaws, groups=None, scored=None) -> torch.Tensor:
@@ -353,11 +341,8 @@ def _whiten_local(c: torch.Tensor, sizes: list, eps: float, fl: Flaws, groups=No
     a = torch.zeros_like(c)
     start = 0
     for s, whole in zip(sizes, _whole_units(groups, sizes)):
-        if scored is None:
-            a[start:start + s] = _whiten_values(c[start:start + s], eps, fl, whole)
-        else:
-            rows = start + torch.nonzero(scored[start:start + s]).view(-1)
-            a[rows] = _whiten_values(c[rows], eps, fl, whole)
+        rows = slice(start, start + s) if scored is None else start + torch.nonzero(scored[start:start + s]).view(-1)
+        a[rows] = _whiten_values(c[rows], eps, fl, whole)
         start += s
     return a
 
@@ -419,17 +404,13 @@ def _whiten_distributed(group, c: torch.Tensor, sizes: list, eps: float, fl: Fla
     buf[me, :c.numel()] = c.to(_F64)
     dist.all_reduce(buf, group=group)  # an exact gather: x + 0 + ... + 0
     cnt = counts.tolist()
+    by_unit = [torch.split(buf[r, :sum(cnt[r])], cnt[r]) for r in range(world)]  # each rank's values, by unit
     a = torch.zeros_like(c)
-    offsets = [0] * world
     start = 0
     for u in range(s):
-        parts = [buf[r, offsets[r]:offsets[r] + cnt[r][u]] for r in range(world)]
-        values = torch.cat(parts).to(c.dtype)
-        whole_a = _whiten_values(values, eps, fl, whole[u])
+        unit_a = _whiten_values(torch.cat([by_unit[r][u] for r in range(world)]).to(c.dtype), eps, fl, whole[u])
         before = sum(cnt[r][u] for r in range(me))
-        a[start:start + cnt[me][u]] = whole_a[before:before + cnt[me][u]]
-        for r in range(world):
-            offsets[r] += cnt[r][u]
+        a[start:start + cnt[me][u]] = unit_a[before:before + cnt[me][u]]
         start += cnt[me][u]
     if scored is not None:
         return torch.zeros_like(every).index_put_((torch.nonzero(scored).view(-1),), a)

@@ -239,7 +239,7 @@ def catalogue_size() -> int:
 
 class _Batch:
     """A case, prepared once: rewards, group and unit indices, weights, eps, and the dtype the
-    variant is evaluated in (float64 for the diagnosis; float32 mirrors a float32 code)."""
+    variant is evaluated in."""
 
     @classmethod
     def of_case(cls, case, token_counts=None, dtype="float64") -> "_Batch":
@@ -281,8 +281,7 @@ class _Batch:
 
     def gsum(self, values: np.ndarray, index: np.ndarray, count: int) -> np.ndarray:
         """Per index, the sum of ``values`` in the batch's dtype: float64 by ``np.bincount``, a
-        narrower dtype by NumPy's own (pairwise) sum of each index's rows in it, as a code of that
-        dtype sums a group (``x[group].sum()``)."""
+        narrower dtype by NumPy's pairwise sum of each index's rows, as a code sums ``x[group]``."""
         if self.dt == np.float64:
             return np.bincount(index, values, count)
         order = np.argsort(index, kind="stable")
@@ -431,17 +430,16 @@ def _whitened(b: _Batch, v: Variant, c: np.ndarray, stats=None) -> np.ndarray:
 
 
 def evaluate(case, variant: Variant, token_counts=None, dtype="float64") -> np.ndarray:
-    """``variant``'s advantages of ``case`` (a ``conformance.cases.Case``), as the formula reads
-    (mean, deviations, std; Eq. 7; Eq. 6; the clip), computed in ``dtype``: float64 for the
-    exact-enough value a diagnosis compares with, float32 for what a float32 code of it returns."""
+    """``variant``'s advantages of ``case`` (a ``conformance.cases.Case``) as the formula reads
+    (mean, deviations, std; Eq. 7; Eq. 6; the clip), computed in ``dtype``."""
     b = case if isinstance(case, _Batch) else _Batch.of_case(case, token_counts, dtype)
     return _whitened(b, variant, _eq4(b, variant).c)
 
 
 def evaluate_arrays(rewards, labels, variant: Variant, units=None, weights=None, eps=DEFAULT_EPS,
                     token_counts=None, dtype="float64") -> np.ndarray:
-    """:func:`evaluate` of arrays: rewards (N, K) or (N,), a group label and a unit label (or
-    None: one unit) per row (the peers' formulas, gdpo_tools/peer_formulas.py)."""
+    """:func:`evaluate` of arrays: rewards (N, K) or (N,), a group and a unit label (None: one
+    unit) per row."""
     r = np.asarray(rewards, dtype=np.float64)
     return evaluate(_Batch(r[:, None] if r.ndim == 1 else r, np.asarray(labels), units, weights, float(eps), dtype,
                            token_counts, dtype), variant)
