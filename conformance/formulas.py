@@ -264,8 +264,7 @@ class _Batch:
             _, ui = np.unique(np.asarray(units), return_inverse=True)
             self.ui, self.S = ui.reshape(-1), int(ui.max()) + 1
         self.w = (np.ones(self.k) if weights is None else np.asarray(weights, dtype=np.float64)).astype(self.dt)
-        self.eps = eps
-        self.out_dtype = out_dtype
+        self.eps, self.out_dtype = eps, out_dtype
         self.t = None if token_counts is None else np.asarray(token_counts, dtype=np.float64).astype(self.dt)
         if self.t is not None and self.t.shape != (self.n,):
             raise ValueError(f"token_counts: {self.t.shape[0]} counts for {self.n} samples")
