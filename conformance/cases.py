@@ -187,11 +187,9 @@ def _bytes(a, dtype=np.int64):
 
 
 def expected(case, convention: str = "spec", token_counts=None) -> Expected:
-    """The oracle's verdict on a Case (one process) or a DistCase (global batch).
-
-    ``token_counts`` (a Case only: one positive int per sample, what the call shape gave the
-    implementation, ``subject.Subject.token_counts``) weights Eq. 6 by each sample's token count:
-    a per-token convention (verl) needs them, a per-sample one refuses them (ShapeError)."""
+    """The oracle's verdict on a Case (one process) or a DistCase (global batch). ``token_counts``
+    (a Case only: what the call shape gave the implementation) weights Eq. 6 by each sample's
+    token count: a per-token convention (verl) needs them, a per-sample one refuses them."""
     if isinstance(case, DistCase):
         if token_counts is not None:
             raise ValueError("token counts of a distributed case: no call shape passes them")

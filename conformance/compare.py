@@ -221,14 +221,11 @@ def judged_dtype(out_dtype: str, native_dtype: str = "float64") -> str:
 
 
 def distance(observed: np.ndarray, exact: np.ndarray, allowed: np.ndarray, cond: np.ndarray, out_dtype: str,
-          must_be_zero: np.ndarray | None = None, rounded: np.ndarray | None = None,
-          zero_why=None, native_dtype: str = "float64") -> Verdict:
-    """Outputs vs the correctly rounded exact values under the per-output bound.
-
-    ``rounded``: the exact values correctly rounded into ``out_dtype`` (the oracle's
-    ``rounded(out_dtype)``), named in a failure where the output looks rounded twice;
-    ``zero_why(i)``: the clause of the specification that demands output ``i``'s exact
-    zero (a failure states it instead of a distance in ulps taken at 0)."""
+             must_be_zero: np.ndarray | None = None, rounded: np.ndarray | None = None,
+             zero_why=None, native_dtype: str = "float64") -> Verdict:
+    """Outputs vs the exact values under the per-output bound. ``rounded``: the exact values
+    correctly rounded into ``out_dtype``, named where an output looks rounded twice;
+    ``zero_why(i)``: the clause of the specification that demands output ``i``'s exact zero."""
     obs = np.asarray(observed, dtype=np.float64)
     exact = np.asarray(exact, dtype=np.float64)
     allowed = np.asarray(allowed, dtype=np.float64)
