@@ -74,9 +74,7 @@ def decimal(x: float, dtype: str = "float64") -> str:
     x = float(x)
     if x == 0.0:
         return "-0" if math.copysign(1.0, x) < 0 else "0"
-    if not math.isfinite(x):
-        return repr(x)
-    if dtype not in ("float64", "float32", "float16", "bfloat16"):
+    if not math.isfinite(x) or dtype not in FORMATS:  # an integer, bool or complex tensor's value too
         return repr(x)
     if x.is_integer() and abs(x) < 1e16:
         return str(int(x))
