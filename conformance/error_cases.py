@@ -87,16 +87,14 @@ def _add_singleton(draw, case: Case) -> Case:
     c = _labels(case)
     row = tuple(draw(st.sampled_from([0.0, 1.0])) for _ in range(c.k))
     at = draw(st.integers(0, c.n))
-    rows = list(c.rewards)
-    rows.insert(at, row)
-    labels = list(c.group_ids)
-    labels.insert(at, max(labels) + 1)
+    rows = c.rewards[:at] + (row,) + c.rewards[at:]
+    labels = c.group_ids[:at] + (max(c.group_ids) + 1,) + c.group_ids[at:]
     seg = c.segment_sizes
     if seg is not None:  # the new row joins the unit it lands in (not a unit of one)
         u = next((u for u, (s, end) in enumerate(zip(seg, itertools.accumulate(seg))) if s > 0 and at <= end),
                  len(seg) - 1)
         seg = seg[:u] + (seg[u] + 1,) + seg[u + 1:]
-    return dataclasses.replace(c, rewards=tuple(rows), group_ids=tuple(labels), segment_sizes=seg)
+    return dataclasses.replace(c, rewards=rows, group_ids=labels, segment_sizes=seg)
 
 
 def _drop_last_row(draw, case: Case) -> Case:
