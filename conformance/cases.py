@@ -1,14 +1,9 @@
 """What one conformance example is, how it is written down, and what the oracle says about it.
 
-A :class:`Case` is what one process passes to ``gdpo_advantages``; a
-:class:`DistCase` is one :class:`Case` per rank (its shard) plus what they share.
-Both serialise to JSON with every float in hex (``float.hex``), so a found bug is
-stored exactly and replayed bit for bit (``python -m conformance.replay --case``).
-
-:func:`expected` is the judge: the oracle on the (reassembled, global) batch,
-either a :class:`oracle.gdpo.Result` or the contract error it raises. It is
-memoised on the exact inputs because every negative control and every call shape
-is graded on the same examples.
+A :class:`Case` is what one process passes to ``gdpo_advantages``; a :class:`DistCase` is one
+Case per rank. Both serialise to JSON with every float in hex, so a found bug is stored and
+replayed bit for bit. :func:`expected` is the oracle on the (global) batch, memoised on the exact
+inputs since every control and call shape is graded on the same examples.
 """
 
 from __future__ import annotations
@@ -175,48 +170,40 @@ class Expected:
 
 
 @functools.lru_cache(maxsize=4096)
-def _oracle_cached(rewards_b, shape, groups_b, weights, units_b, eps, convention, tokens_b=None,
-                   missing="refuse"):
-    rewards = np.frombuffer(rewards_b, dtype=np.float64).reshape(shape)
-    groups = np.frombuffer(groups_b, dtype=np.int64)
-    units = None if units_b is None else np.frombuffer(units_b, dtype=np.int64)
-    tokens = None if tokens_b is None else np.frombuffer(tokens_b, dtype=np.int64)
+def _oracle_cached(rewards_b, shape, groups_b, weights, units_b, eps, convention, tokens_b, missing):
+    def array(b):
+        return None if b is None else np.frombuffer(b, dtype=np.int64)
     try:
-        return Expected(result=oracle.gdpo_advantages(rewards, groups, weights=None if weights is None else
-                                                 list(weights), unit_ids=units, eps=eps,
-                                                 convention=convention, token_counts=tokens, missing=missing))
+        return Expected(result=oracle.gdpo_advantages(
+            np.frombuffer(rewards_b, dtype=np.float64).reshape(shape), array(groups_b),
+            weights=None if weights is None else list(weights), unit_ids=array(units_b), eps=eps,
+            convention=convention, token_counts=array(tokens_b), missing=missing))
     except GDPOError as e:
         return Expected(error=e)
 
 
-def oracle_advantages(rewards: np.ndarray, groups: np.ndarray, weights, units, eps, convention,
-                      token_counts=None, missing: str = "") -> Expected:
-    rewards = np.ascontiguousarray(rewards, dtype=np.float64)
-    groups = np.ascontiguousarray(groups, dtype=np.int64)
-    ub = None if units is None else np.ascontiguousarray(units, dtype=np.int64).tobytes()
-    tb = None if token_counts is None else np.ascontiguousarray(token_counts, dtype=np.int64).tobytes()
-    w = None if weights is None else tuple(float(x) for x in weights)
-    return _oracle_cached(rewards.tobytes(), rewards.shape, groups.tobytes(), w, ub,
-                          None if eps is None else float(eps), convention, tb, missing or "refuse")
+def _bytes(a, dtype=np.int64):
+    return None if a is None else np.ascontiguousarray(a, dtype=dtype).tobytes()
 
 
 def expected(case, convention: str = "spec", token_counts=None) -> Expected:
-    """The oracle's verdict on a Case (one process) or a DistCase (global batch).
-
-    ``token_counts`` (one positive int per sample, a Case only) weights Eq. 6 by each
-    sample's token count: a per-token convention (verl) needs them, a per-sample one
-    refuses them (the oracle's ShapeError); the caller passes what its call shape
-    gave the implementation (``subject.Subject.token_counts``)."""
+    """The oracle's verdict on a Case (one process) or a DistCase (global batch). ``token_counts``
+    (a Case only: what the call shape gave the implementation) weights Eq. 6 by each sample's
+    token count: a per-token convention (verl) needs them, a per-sample one refuses them."""
     if isinstance(case, DistCase):
         if token_counts is not None:
             raise ValueError("token counts of a distributed case: no call shape passes them")
-        r, g, u, _ = case.global_case()
+        rewards, groups, units, _ = case.global_case()
         first = case.shards[0]
-        if r.shape[0] == 0:
+        if rewards.shape[0] == 0:
             return Expected(result=None)
-        return oracle_advantages(r, g, first.weights, u, first.eps, convention, missing=first.missing)
-    return oracle_advantages(case.rewards_array(), case.labels(), case.weights, case.unit_ids(),
-                             case.eps, convention, token_counts, case.missing)
+    else:
+        rewards, groups, units, first = case.rewards_array(), case.labels(), case.unit_ids(), case
+    rewards = np.ascontiguousarray(rewards, dtype=np.float64)
+    w = None if first.weights is None else tuple(float(x) for x in first.weights)
+    return _oracle_cached(rewards.tobytes(), rewards.shape, _bytes(groups), w, _bytes(units),
+                          None if first.eps is None else float(first.eps), convention, _bytes(token_counts),
+                          first.missing or "refuse")
 
 
 @functools.lru_cache(maxsize=1024)

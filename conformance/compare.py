@@ -1,23 +1,11 @@
 """Comparing an output with the oracle, and failures that explain themselves.
 
-The tolerance of every output is the oracle's ``allowed(out_dtype)``: the spec's
-error model (``spec/error_model.py``) evaluated on the exact intermediate values,
-never a picked rtol. Where the specification demands an exact zero (a collapsed
-group column or unit, a group whose combined values cancel exactly; spec section
-7) the output must be exactly zero, either sign.
-
-A failure prints the equation, the convention, the inputs in hex, observed and
-exact values, the error in ulps of the output dtype, the allowed bound, the
-condition estimate, and a one-line repro. The error/allowed ratio has as many digits
-as it takes to read above 1 (1.00003, never 1), and an error and allowance equal to
-four digits are printed to 17 digits and in hex; a float16/bfloat16 output equal to
-the exact value rounded through float32 first is named as rounded twice, beside the
-correctly rounded value. A demanded exact zero is stated as such, with the clause of
-the specification that demands it (a collapsed column or unit, two columns equal up
-to shift and sign cancelling), never as a distance in ulps at 0; a refusal the
-contract does not permit says why it computes the case. The repro line
-(``python -m conformance.replay ...``, :mod:`conformance.replay`) replays the case
-under the property that found it and prints the same report.
+Every output's tolerance is the oracle's ``allowed(out_dtype)``, the error model of
+``spec/error_model.py`` on the exact intermediate values; where spec section 7 demands an exact
+zero, the output must be 0 (either sign), and a failure states the clause that demands it. A
+failure prints the equation, the convention, the inputs in hex, observed and exact values, the
+error in ulps, the bound, the condition and a repro line (:mod:`conformance.replay`); an
+error/allowed ratio above 1 never reads as 1, and a float16/bfloat16 output rounded twice is named.
 """
 
 from __future__ import annotations
@@ -76,7 +64,6 @@ def _rounded_twice(x: float, out_dtype: str) -> float | None:
     nearest even (what torch's float64 ``.to(float16)`` does); None for other formats."""
     if out_dtype not in ("float16", "bfloat16") or not math.isfinite(x):
         return None
-
     return float(round_to(round_to([x], "float32"), out_dtype)[0])
 
 
@@ -87,9 +74,7 @@ def decimal(x: float, dtype: str = "float64") -> str:
     x = float(x)
     if x == 0.0:
         return "-0" if math.copysign(1.0, x) < 0 else "0"
-    if not math.isfinite(x):
-        return repr(x)
-    if dtype not in ("float64", "float32", "float16", "bfloat16"):
+    if not math.isfinite(x) or dtype not in FORMATS:  # an integer, bool or complex tensor's value too
         return repr(x)
     if x.is_integer() and abs(x) < 1e16:
         return str(int(x))
@@ -105,13 +90,12 @@ def describe_inputs(case) -> str:
         return f"{len(case)} broken calls, e.g. " + describe_inputs(case[0])
     if isinstance(case, DistCase):
         return "\n".join(f"    rank {r}: {describe_inputs(s)}" for r, s in enumerate(case.shards))
-    parts = [f"rewards ({case.dtype}, {case.n}x{case.k}) " + _matrix(case.rewards, case.dtype)]
-    parts.append(f"group_size {case.group_size}" if case.group_size is not None
-                 else f"group_ids {list(case.group_ids) if case.group_ids is not None else None}")
-    parts.append("weights " + ("ones" if case.weights is None else "[" + ", ".join(decimal(w) for w in case.weights) + "]"))
-    parts.append(f"segment_sizes {list(case.segment_sizes) if case.segment_sizes is not None else None}")
-    parts.append(f"eps {'default' if case.eps is None else decimal(case.eps)}")
-    parts.append(f"out {case.out_dtype}")
+    parts = [f"rewards ({case.dtype}, {case.n}x{case.k}) " + _matrix(case.rewards, case.dtype),
+             f"group_size {case.group_size}" if case.group_size is not None
+             else f"group_ids {list(case.group_ids) if case.group_ids is not None else None}",
+             "weights " + ("ones" if case.weights is None else "[" + ", ".join(decimal(w) for w in case.weights) + "]"),
+             f"segment_sizes {list(case.segment_sizes) if case.segment_sizes is not None else None}",
+             f"eps {'default' if case.eps is None else decimal(case.eps)}", f"out {case.out_dtype}"]
     if case.variant:
         parts.append(f"variant {case.variant}")
     if case.note:
@@ -235,14 +219,11 @@ def judged_dtype(out_dtype: str, native_dtype: str = "float64") -> str:
 
 
 def distance(observed: np.ndarray, exact: np.ndarray, allowed: np.ndarray, cond: np.ndarray, out_dtype: str,
-          must_be_zero: np.ndarray | None = None, rounded: np.ndarray | None = None,
-          zero_why=None, native_dtype: str = "float64") -> Verdict:
-    """Outputs vs the correctly rounded exact values under the per-output bound.
-
-    ``rounded``: the exact values correctly rounded into ``out_dtype`` (the oracle's
-    ``rounded(out_dtype)``), named in a failure where the output looks rounded twice;
-    ``zero_why(i)``: the clause of the specification that demands output ``i``'s exact
-    zero (a failure states it instead of a distance in ulps taken at 0)."""
+             must_be_zero: np.ndarray | None = None, rounded: np.ndarray | None = None,
+             zero_why=None, native_dtype: str = "float64") -> Verdict:
+    """Outputs vs the exact values under the per-output bound. ``rounded``: the exact values
+    correctly rounded into ``out_dtype``, named where an output looks rounded twice;
+    ``zero_why(i)``: the clause of the specification that demands output ``i``'s exact zero."""
     obs = np.asarray(observed, dtype=np.float64)
     exact = np.asarray(exact, dtype=np.float64)
     allowed = np.asarray(allowed, dtype=np.float64)

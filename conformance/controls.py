@@ -1,24 +1,16 @@
 """Negative controls: deliberately wrong GDPO implementations the suite must reject.
 
-A property that no wrong implementation fails proves nothing (STYLE, convention 3).
-Every control here is the same torch implementation, :func:`baseline`, with exactly
-one flaw switched on, so a rejection is the flaw's and not an accident of the base.
-A flaw that is another formula is a variant of the catalogue (:mod:`conformance.formulas`,
-``Flaws.formula``): ddof 0, eps in the square root, NaN read as 0, a group of one given z = 0,
-Eq. 6 over the whole batch, unscored rows kept in Eq. 6; the others are flaws of arithmetic,
-rounding, validation or the protocol across ranks. ``baseline`` itself must pass every property (``test_controls``): it is a second,
-deliberately plain, correct implementation in the ``gdpo`` call shape
-(shift-invariant two-pass float64 with exact power-of-two scaling, exact collapse,
-the structural zero mean of a whitening unit of whole groups,
-one correct rounding into the output dtype (float16 and bfloat16 through float32
-rounded to odd, since torch's own float64 cast to them rounds twice),
-agreement before any data-dependent collective, a gather of every unit's values;
-``missing="unscored"``: a column's statistics over its scored rewards, rows with no scored
-reward out of Eq. 6 with advantage 0, across ranks too).
+A property that no wrong implementation fails proves nothing (STYLE, convention 3). Every control
+is :func:`baseline` with exactly one flaw switched on (:class:`Flaws`), so a rejection is the
+flaw's; a flaw that is another formula is a catalogue variant (``Flaws.formula``). ``baseline``
+itself is a second, deliberately plain, correct implementation in the ``gdpo`` call shape that
+passes every property (``test_controls``): shift-invariant two-pass float64 with exact
+power-of-two scaling, exact collapse, the structural zero mean of a unit of whole groups, one
+correct rounding into the output dtype, agreement before any data-dependent collective, a gather
+of every unit's values; ``missing="unscored"`` as spec section 2 says, across ranks too.
 
-Each control is importable as ``conformance.controls:<name>`` (spawned ranks load it
-by that name) and carries ``normalize_rewards`` and ``whiten`` attributes, so the
-stage properties grade it too. ``CONTROLS`` lists them with the flaw in one line.
+Each control is importable as ``conformance.controls:<name>`` (spawned ranks load it by that name)
+with ``normalize_rewards`` and ``whiten`` attributes, so the stage properties grade it too.
 """
 
 from __future__ import annotations
@@ -54,11 +46,8 @@ _WEIGHT_EXP_CAP = 990
 
 @dataclasses.dataclass(frozen=True)
 class Flaws:
-    #: the formula: the paper's, or a variant of the catalogue (conformance.formulas) one choice
-    #: off it. Read here: ddof 0 and eps in the square root (at Eq. 4 and Eq. 6), NaN rewards read
-    #: as 0 (zero_first), a group of one given z = 0, Eq. 6 over the whole batch (whiten_scope
-    #: "batch": segment_sizes ignored), under missing="unscored" rows with no scored reward kept in
-    #: Eq. 6 (nan_aware, their c = 0, instead of nan_aware_unscored)
+    #: the paper's formula, or a catalogue variant; read here: the ddofs, the eps placements, NaN read
+    #: as 0 (zero_first), singleton "zero", whiten_scope "batch", nan "nan_aware" (unscored rows kept)
     formula: Variant = PAPER
     one_pass: bool = False  # Eq. 4 variance as (sum x^2 - (sum x)^2 / n) / (n - 1)
     float32_weights: bool = False  # weights rounded to float32 before Eq. 7
@@ -132,16 +121,10 @@ def _standardize(x: torch.Tensor, eps: float, fl: Flaws) -> torch.Tensor:
     xs = _scale(x, -e)
     if fl.big_groups_float32 and n > 64:  # a "fast path" for long groups: the base's statistics in float32
         xs, fl = xs.to(torch.float32), Flaws()
-    if fl.naive_centring or fl.one_pass:
-        dev = xs - _sum(xs) / n
-    else:
-        d = xs - xs[0]
-        dev = d - _sum(d) / n
-    ddof = fl.formula.group_ddof
-    if fl.one_pass:
-        var = (_sum(xs * xs) - _sum(xs) * _sum(xs) / n) / (n - ddof)
-    else:
-        var = _sum(dev * dev) / (n - ddof)
+    d = xs if fl.naive_centring or fl.one_pass else xs - xs[0]  # the base: shifted by a member first
+    dev = d - _sum(d) / n
+    ss = _sum(xs * xs) - _sum(xs) * _sum(xs) / n if fl.one_pass else _sum(dev * dev)
+    var = ss / (n - fl.formula.group_ddof)
     den = _denominator(var, eps, e, fl.formula.group_placement)
     return torch.where(dev == 0, torch.zeros_like(dev), dev / den).to(x.dtype)
 
@@ -209,23 +192,12 @@ def _check_segments(segment_sizes, n: int, local_unit_of_one: bool):
     return [int(s) for s in sizes], True
 
 
-@dataclasses.dataclass
-class _Prepared:
-    x: torch.Tensor  # (N, K) float64 (float32 with the flaw); NaN where not scored (missing="unscored")
-    groups: list  # row index tensors per group, first-appearance order
-    weights: list
-    scored: torch.Tensor | None = None  # (N,) bool: rows with a scored reward (missing="unscored")
-
-
-def _check_missing(missing) -> str:
+def _prepare(rewards, group_ids, group_size, weights, fl: Flaws, allow_empty: bool, missing: str = "refuse"):
+    """(x, groups, weights, scored): x (N, K) float64 (float32 with the flaw), NaN where not scored;
+    each group's row indices, in first-appearance order; under missing="unscored" the rows with a
+    scored reward (else None)."""
     if type(missing) is not str or missing not in ("refuse", "unscored"):
         raise _Refusal(InputDtypeError, f"missing must be 'refuse' or 'unscored', got {missing!r}", True)
-    return missing
-
-
-def _prepare(rewards, group_ids, group_size, weights, fl: Flaws, allow_empty: bool,
-             missing: str = "refuse") -> _Prepared:
-    missing = _check_missing(missing)
     x = _as_float(rewards, "rewards")
     if x.dim() == 1:
         x = x[:, None]
@@ -286,32 +258,33 @@ def _prepare(rewards, group_ids, group_size, weights, fl: Flaws, allow_empty: bo
     scored = None
     if missing == "unscored":
         scored = torch.ones(n, dtype=torch.bool) if fl.formula.nan == "nan_aware" else ~torch.isnan(x).all(1)
-    return _Prepared(x, groups, w, scored)
+    return x, groups, w, scored
 
 
 # ---------------------------------------------------------------- Eq. 4 and 7
 
 
-def _combine(p: _Prepared, eps: float, fl: Flaws, frame: int | None = None) -> tuple[torch.Tensor, int]:
-    """c in a frame 2^-shift (shift > 0 only for weights above 2^990; ``frame``: that shift,
-    agreed across ranks, whose combined values must share one frame)."""
-    n, k = p.x.shape
-    z = torch.zeros_like(p.x)
-    for idx in p.groups:
+def _combine(prep, eps: float, fl: Flaws, frame: int | None = None) -> tuple[torch.Tensor, int]:
+    """c of :func:`_prepare`'s ``prep`` in a frame 2^-shift (shift > 0 only for weights above
+    2^990; ``frame``: that shift, agreed across ranks, whose combined values share one frame)."""
+    r, groups, weights, _ = prep
+    n, k = r.shape
+    z = torch.zeros_like(r)
+    for idx in groups:
         for col in range(k):
-            x = p.x[idx, col]
+            x = r[idx, col]
             scored = ~torch.isnan(x)  # missing="unscored": the column's scored members only, z = 0 elsewhere
             if bool(scored.all()):
                 z[idx, col] = _standardize(x, eps, fl)
             else:
                 z[idx[scored], col] = _standardize(x[scored], eps, fl)  # fewer than two: zeros
-    nonzero = [math.frexp(w)[1] for w in p.weights if w != 0.0 and math.isfinite(w)]
+    nonzero = [math.frexp(w)[1] for w in weights if w != 0.0 and math.isfinite(w)]
     # the plain sum first; the weights are scaled down only when it overflows (scaling them
     # all would push a small weight's products into the subnormals)
     for shift in (0, max(0, max(nonzero, default=0) - _WEIGHT_EXP_CAP)) if frame is None else (frame,):
-        c = torch.zeros(n, dtype=p.x.dtype, device=p.x.device)
+        c = torch.zeros(n, dtype=r.dtype, device=r.device)
         parts = torch.zeros_like(c)
-        for col, w in enumerate(p.weights):
+        for col, w in enumerate(weights):
             term = z[:, col] * math.ldexp(w, -shift)
             c = c + term
             parts = parts + term.abs()
@@ -355,16 +328,10 @@ def _whole_units(groups: list | None, sizes: list) -> list:
     """Per unit: does every group with a member in it have all its members in it?"""
     if groups is None:
         return [False] * len(sizes)
-    unit = []
-    for j, s in enumerate(sizes):
-        unit += [j] * s
-    whole = [True] * len(sizes)
-    for idx in groups:
-        mine = {unit[i] for i in idx.tolist()}
-        if len(mine) > 1:
-            for j in mine:
-                whole[j] = False
-    return whole
+    unit = [j for j, s in enumerate(sizes) for _ in range(s)]
+    spanned = [{unit[i] for i in idx.tolist()} for idx in groups]
+    cut = set().union(*(units for units in spanned if len(units) > 1))
+    return [j not in cut for j in range(len(sizes))]
 
 
 def _whiten_local(c: torch.Tensor, sizes: list, eps: float, fl: Flaws, groups=None, scored=None) -> torch.Tensor:
@@ -374,11 +341,8 @@ def _whiten_local(c: torch.Tensor, sizes: list, eps: float, fl: Flaws, groups=No
     a = torch.zeros_like(c)
     start = 0
     for s, whole in zip(sizes, _whole_units(groups, sizes)):
-        if scored is None:
-            a[start:start + s] = _whiten_values(c[start:start + s], eps, fl, whole)
-        else:
-            rows = start + torch.nonzero(scored[start:start + s]).view(-1)
-            a[rows] = _whiten_values(c[rows], eps, fl, whole)
+        rows = slice(start, start + s) if scored is None else start + torch.nonzero(scored[start:start + s]).view(-1)
+        a[rows] = _whiten_values(c[rows], eps, fl, whole)
         start += s
     return a
 
@@ -431,12 +395,8 @@ def _whiten_distributed(group, c: torch.Tensor, sizes: list, eps: float, fl: Fla
         return _whiten_local(c, sizes, eps, fl, scored=scored)
     every = c
     if scored is not None:  # the scored rows' counts per unit and rank, then their values only
-        mine, start = [], 0
-        for size in sizes:
-            mine.append(int(scored[start:start + size].sum()))
-            start += size
         kept = torch.zeros(world, s, dtype=torch.int64)
-        kept[me] = torch.tensor(mine, dtype=torch.int64)
+        kept[me] = torch.tensor([int(part.sum()) for part in torch.split(scored, sizes)], dtype=torch.int64)
         dist.all_reduce(kept, group=group)
         counts, c = kept, c[scored]
     width = max(row[4] for row in rows)
@@ -444,17 +404,13 @@ def _whiten_distributed(group, c: torch.Tensor, sizes: list, eps: float, fl: Fla
     buf[me, :c.numel()] = c.to(_F64)
     dist.all_reduce(buf, group=group)  # an exact gather: x + 0 + ... + 0
     cnt = counts.tolist()
+    by_unit = [torch.split(buf[r, :sum(cnt[r])], cnt[r]) for r in range(world)]  # each rank's values, by unit
     a = torch.zeros_like(c)
-    offsets = [0] * world
     start = 0
     for u in range(s):
-        parts = [buf[r, offsets[r]:offsets[r] + cnt[r][u]] for r in range(world)]
-        values = torch.cat(parts).to(c.dtype)
-        whole_a = _whiten_values(values, eps, fl, whole[u])
+        unit_a = _whiten_values(torch.cat([by_unit[r][u] for r in range(world)]).to(c.dtype), eps, fl, whole[u])
         before = sum(cnt[r][u] for r in range(me))
-        a[start:start + cnt[me][u]] = whole_a[before:before + cnt[me][u]]
-        for r in range(world):
-            offsets[r] += cnt[r][u]
+        a[start:start + cnt[me][u]] = unit_a[before:before + cnt[me][u]]
         start += cnt[me][u]
     if scored is not None:
         return torch.zeros_like(every).index_put_((torch.nonzero(scored).view(-1),), a)
@@ -484,22 +440,23 @@ def _gdpo(fl: Flaws, rewards, *, group_ids=None, group_size=None, weights=None, 
     try:
         eps = _check_eps_out(eps, out_dtype)
         prep = _prepare(rewards, group_ids, group_size, weights, fl, allow_empty=distributed, missing=missing)
-        sizes, given = _check_segments(segment_sizes, prep.x.shape[0], local_unit_of_one=not distributed)
+        sizes, given = _check_segments(segment_sizes, prep[0].shape[0], local_unit_of_one=not distributed)
     except _Refusal as r:
         problem = r.flawed(fl)
-    rows = _agree(process_group, problem, sizes, given, prep.x.shape[0] if prep is not None else 0, fl)
+    rows = _agree(process_group, problem, sizes, given, prep[0].shape[0] if prep is not None else 0, fl)
+    groups, scored = prep[1], prep[3]
     c, shift = _combine(prep, eps, fl)
     if not distributed:
         if fl.mutates_rewards and isinstance(rewards, torch.Tensor):
             rewards.mul_(0.5)
-        return _cast(_whiten_local(c, sizes, _ldexp(eps, -shift), fl, prep.groups, prep.scored), out_dtype, fl)
+        return _cast(_whiten_local(c, sizes, _ldexp(eps, -shift), fl, groups, scored), out_dtype, fl)
     import torch.distributed as dist
 
     shifts = torch.tensor([shift], dtype=torch.int64)  # one frame for every rank's c (found by the
     dist.all_reduce(shifts, op=dist.ReduceOp.MAX, group=process_group)  # deep search: ranks used their own)
     if int(shifts) != shift:
         c, shift = _combine(prep, eps, fl, frame=int(shifts))
-    a = _whiten_distributed(process_group, c, sizes, _ldexp(eps, -shift), fl, rows, prep.groups, prep.scored)
+    a = _whiten_distributed(process_group, c, sizes, _ldexp(eps, -shift), fl, rows, groups, scored)
     return _cast(a, out_dtype, fl)
 
 

@@ -1,20 +1,10 @@
 """A pool of spawned ranks that runs many distributed examples per process group.
 
-Spawning a process group costs seconds (every rank imports torch); an example
-costs milliseconds. So each pytest worker spawns one pool, lazily, of
-``POOL_WORLD`` ranks (gloo, rendezvous through a fresh temporary file, never a
-fixed port, a timeout on every group) and reuses it for every example:
-
-* world size 4: the default group;
-* world size 2: a subgroup of global ranks [2, 3] (group rank 0 is global rank 2,
-  so an implementation that mixes global and group ranks is caught);
-* world size 1: a subgroup of global rank [1].
-
-A job sends each member rank its shard; the parent collects one
-:class:`~conformance.subject.Outcome` per rank under a hard deadline. A rank that
-has not returned ``GRACE`` seconds after the first one did (or ``DEADLINE`` after
-the start) is a hang: the job reports it as a failure and the pool is killed
-(its ranks may be stuck in a collective) and respawned for the next job.
+Spawning a group costs seconds, an example milliseconds: each worker spawns one pool of
+``POOL_WORLD`` gloo ranks, lazily (rendezvous through a fresh file, never a fixed port), and
+reuses it: world 4 is the default group, world 2 the subgroup of global ranks [2, 3] (so mixing
+global and group ranks is caught), world 1 that of rank [1]. A rank not back ``GRACE`` s after
+the first (or ``DEADLINE`` s after the start) is a hang: the pool is killed and respawned.
 """
 
 from __future__ import annotations
@@ -49,11 +39,6 @@ class JobResult:
     hung: list  # group ranks that did not return in time
 
 
-def _members(world: int) -> tuple:
-    sub = SUBGROUPS[world]
-    return tuple(range(POOL_WORLD)) if sub is None else sub
-
-
 def _rank_main(rank: int, world: int, init_file: str, device: str, backend: str, jobs, results):
     """One rank: join the group, build the subgroups, then serve jobs until None."""
     import torch
@@ -82,7 +67,11 @@ def _rank_main(rank: int, world: int, init_file: str, device: str, backend: str,
             break
         job_id, size, payload = job
         try:
-            outcome = run_rank(payload, groups[size], device)
+            key = (payload["target"], payload["shape"], payload["convention"], device)
+            if key not in _SUBJECTS:
+                _SUBJECTS[key] = Subject(*key)
+            subject = _SUBJECTS[key]
+            outcome = subject.outcome(subject.call, loads(payload["case"]), process_group=groups[size])
         except BaseException as e:  # noqa: BLE001 - reported, never lost
             outcome = Outcome.from_exception(e)
             outcome.message = traceback.format_exc()[-2000:]
@@ -99,26 +88,14 @@ def payload(subject, case) -> dict:
             "case": case.dumps()}
 
 
+#: a spawned rank's subjects, by (target, shape, convention, device)
 _SUBJECTS: dict = {}
-
-
-def run_rank(job: dict, group, device: str):
-    """Make this rank's call (in the spawned rank) and describe what happened."""
-    key = (job["target"], job["shape"], job["convention"], device)
-    if key not in _SUBJECTS:
-        _SUBJECTS[key] = Subject(job["target"], job["shape"], job["convention"], device)
-    subject = _SUBJECTS[key]
-    return subject.outcome(subject.call, loads(job["case"]), process_group=group)
 
 
 class Pool:
     def __init__(self, world: int = POOL_WORLD, device: str = "cpu", backend: str = "gloo"):
         self.world, self.device, self.backend = world, device, backend
-        self.procs = []
-        self.jobs = []
-        self.results = None
-        self.tmp = None
-        self.next_id = 0
+        self.procs, self.jobs, self.results, self.tmp, self.next_id = [], [], None, None, 0
 
     # ---------------------------------------------------------------- lifecycle
     def start(self) -> None:
@@ -181,7 +158,7 @@ class Pool:
         if not self.alive:
             self.kill()
             self.start()
-        members = _members(size) if self.world == POOL_WORLD else tuple(range(size))
+        members = (SUBGROUPS[size] or tuple(range(POOL_WORLD))) if self.world == POOL_WORLD else tuple(range(size))
         self.next_id += 1
         job_id = self.next_id
         t0 = time.monotonic()
@@ -190,12 +167,9 @@ class Pool:
         outcomes = {}
         first_back = None
         while len(outcomes) < len(members):
-            now = time.monotonic()
-            limit = t0 + DEADLINE
-            if first_back is not None:
-                limit = min(limit, first_back + GRACE)
+            limit = t0 + DEADLINE if first_back is None else min(t0 + DEADLINE, first_back + GRACE)
             try:
-                kind, rank, info = self.results.get(timeout=max(limit - now, 0.01))
+                kind, rank, info = self.results.get(timeout=max(limit - time.monotonic(), 0.01))
             except queue.Empty:
                 break
             if kind != "done" or info[0] != job_id:

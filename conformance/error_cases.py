@@ -1,18 +1,14 @@
 """The error contract's cases, as data: how to break a valid call, and what the contract says.
 
-An :class:`ErrorCase` (one process) or :class:`DistErrorCase` (one rank of several) names
-a refusal of the contract (spec section 6), the classes it allows and how to build it
-from a valid case (OpInfo's ErrorInput). The strategies :func:`error_cases` and
-:func:`dist_error_cases` draw them; :mod:`conformance.properties` runs them and
-:mod:`conformance.judge` decides the verdicts. The sets below say which cases a peer's
-convention computes by its own policy (:data:`POLICY_CASES`), which have a value under
-every convention (:data:`VALUE_CASES`) and which are this project's own choices
-(:data:`SPEC_ONLY_CASES`).
+An :class:`ErrorCase` (one process) or :class:`DistErrorCase` (one rank of several) names a
+refusal of the contract (spec section 6), the classes it allows and how to build it from a valid
+case (OpInfo's ErrorInput); :func:`error_cases` and :func:`dist_error_cases` draw them.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from typing import Callable
 
@@ -91,21 +87,14 @@ def _add_singleton(draw, case: Case) -> Case:
     c = _labels(case)
     row = tuple(draw(st.sampled_from([0.0, 1.0])) for _ in range(c.k))
     at = draw(st.integers(0, c.n))
-    rows = list(c.rewards)
-    rows.insert(at, row)
-    labels = list(c.group_ids)
-    labels.insert(at, max(labels) + 1)
+    rows = c.rewards[:at] + (row,) + c.rewards[at:]
+    labels = c.group_ids[:at] + (max(c.group_ids) + 1,) + c.group_ids[at:]
     seg = c.segment_sizes
     if seg is not None:  # the new row joins the unit it lands in (not a unit of one)
-        seg = list(seg)
-        acc = 0
-        for u, s in enumerate(seg):
-            if at <= acc + s and s > 0 or u == len(seg) - 1:
-                seg[u] += 1
-                break
-            acc += s
-        seg = tuple(seg)
-    return dataclasses.replace(c, rewards=tuple(rows), group_ids=tuple(labels), segment_sizes=seg)
+        u = next((u for u, (s, end) in enumerate(zip(seg, itertools.accumulate(seg))) if s > 0 and at <= end),
+                 len(seg) - 1)
+        seg = seg[:u] + (seg[u] + 1,) + seg[u + 1:]
+    return dataclasses.replace(c, rewards=rows, group_ids=labels, segment_sizes=seg)
 
 
 def _drop_last_row(draw, case: Case) -> Case:

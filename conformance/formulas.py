@@ -1,18 +1,11 @@
 """The formula catalogue: every variant of GDPO the grader names, and its evaluator.
 
-The catalogue (:data:`CATALOGUE`, one :class:`Choice` per way to differ from the paper) holds
-every choice the presets of ``spec/conventions.py`` encode (ddof, eps value and placement, the
-NaN and singleton policies, collapse handling, the whitening scope, token weighting, no
-Eq. 6) and the published GRPO-family variants (RLOO's leave-one-out baseline, Dr. GRPO's
-missing division by the std, a batch-level std, weights applied before normalisation,
-i.e. GRPO on the weighted sum, clipped advantages), alone and combined: a
-:class:`Variant` is one value per choice, and :func:`differences` says how it differs from
-the paper, equation by equation ("Eq. 4: leave-one-out baseline; Eq. 6: no eps").
-
-:func:`evaluate` computes a variant exactly as it reads (mean, deviations, std; Eq. 7; Eq. 6;
-the clip): in float64 numpy for the value a diagnosis (:mod:`conformance.diagnosis`) compares
-an output with, or in float32 as a float32 code of it computes (``gdpo_tools/peer_formulas.py``:
-a preset's formula). It is the one place GDPO's variants are written.
+:data:`CATALOGUE` holds one :class:`Choice` per way to differ from the paper: every choice the
+presets of ``spec/conventions.py`` encode and the published GRPO-family variants (RLOO, Dr. GRPO,
+a batch-level std, weights before normalisation, clipping); a :class:`Variant` is one value per
+choice, and :func:`differences` says how it differs, equation by equation. :func:`evaluate`
+computes a variant as it reads: in float64 for a diagnosis (:mod:`conformance.diagnosis`), in
+float32 as a float32 code of it does (``gdpo_tools/peer_formulas.py``).
 """
 
 from __future__ import annotations
@@ -159,17 +152,13 @@ CATALOGUE: tuple[Choice, ...] = (
 
 def _eps_words(placement: str, eps, paper_eps: float | None, what: str) -> str | None:
     if placement == "skip_if_zero":
-        return f"no eps; a {what} of std 0 left undivided" if what == "column" else \
-            f"no eps; a {what} of std 0 passed through unchanged"
-    e = eps
-    if placement == "std":
-        if e is None:
-            return None
-        if paper_eps is not None and e == paper_eps:
-            return None
-        return "no eps" if e == 0.0 else f"eps {e:g}"
-    shown = "the call's eps" if e is None else f"{e:g}"
-    return f"eps added to the variance: sqrt(var + {shown})"
+        return f"no eps; a {what} of std 0 " + ("left undivided" if what == "column" else "passed through unchanged")
+    if placement != "std":
+        shown = "the call's eps" if eps is None else f"{eps:g}"
+        return f"eps added to the variance: sqrt(var + {shown})"
+    if eps is None or (paper_eps is not None and eps == paper_eps):
+        return None
+    return "no eps" if eps == 0.0 else f"eps {eps:g}"
 
 
 def differences(variant: Variant, paper_eps: float | None = None) -> list[str]:
@@ -250,7 +239,7 @@ def catalogue_size() -> int:
 
 class _Batch:
     """A case, prepared once: rewards, group and unit indices, weights, eps, and the dtype the
-    variant is evaluated in (float64 for the diagnosis; float32 mirrors a float32 code)."""
+    variant is evaluated in."""
 
     @classmethod
     def of_case(cls, case, token_counts=None, dtype="float64") -> "_Batch":
@@ -275,8 +264,7 @@ class _Batch:
             _, ui = np.unique(np.asarray(units), return_inverse=True)
             self.ui, self.S = ui.reshape(-1), int(ui.max()) + 1
         self.w = (np.ones(self.k) if weights is None else np.asarray(weights, dtype=np.float64)).astype(self.dt)
-        self.eps = eps
-        self.out_dtype = out_dtype
+        self.eps, self.out_dtype = eps, out_dtype
         self.t = None if token_counts is None else np.asarray(token_counts, dtype=np.float64).astype(self.dt)
         if self.t is not None and self.t.shape != (self.n,):
             raise ValueError(f"token_counts: {self.t.shape[0]} counts for {self.n} samples")
@@ -292,8 +280,7 @@ class _Batch:
 
     def gsum(self, values: np.ndarray, index: np.ndarray, count: int) -> np.ndarray:
         """Per index, the sum of ``values`` in the batch's dtype: float64 by ``np.bincount``, a
-        narrower dtype by NumPy's own (pairwise) sum of each index's rows in it, as a code of that
-        dtype sums a group (``x[group].sum()``)."""
+        narrower dtype by NumPy's pairwise sum of each index's rows, as a code sums ``x[group]``."""
         if self.dt == np.float64:
             return np.bincount(index, values, count)
         order = np.argsort(index, kind="stable")
@@ -442,17 +429,16 @@ def _whitened(b: _Batch, v: Variant, c: np.ndarray, stats=None) -> np.ndarray:
 
 
 def evaluate(case, variant: Variant, token_counts=None, dtype="float64") -> np.ndarray:
-    """``variant``'s advantages of ``case`` (a ``conformance.cases.Case``), as the formula reads
-    (mean, deviations, std; Eq. 7; Eq. 6; the clip), computed in ``dtype``: float64 for the
-    exact-enough value a diagnosis compares with, float32 for what a float32 code of it returns."""
+    """``variant``'s advantages of ``case`` (a ``conformance.cases.Case``) as the formula reads
+    (mean, deviations, std; Eq. 7; Eq. 6; the clip), computed in ``dtype``."""
     b = case if isinstance(case, _Batch) else _Batch.of_case(case, token_counts, dtype)
     return _whitened(b, variant, _eq4(b, variant).c)
 
 
 def evaluate_arrays(rewards, labels, variant: Variant, units=None, weights=None, eps=DEFAULT_EPS,
                     token_counts=None, dtype="float64") -> np.ndarray:
-    """:func:`evaluate` of arrays: rewards (N, K) or (N,), a group label and a unit label (or
-    None: one unit) per row (the peers' formulas, gdpo_tools/peer_formulas.py)."""
+    """:func:`evaluate` of arrays: rewards (N, K) or (N,), a group and a unit label (None: one
+    unit) per row."""
     r = np.asarray(rewards, dtype=np.float64)
     return evaluate(_Batch(r[:, None] if r.ndim == 1 else r, np.asarray(labels), units, weights, float(eps), dtype,
                            token_counts, dtype), variant)

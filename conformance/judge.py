@@ -1,29 +1,12 @@
 """The judge: every verdict of the conformance suite, its category and its explanation.
 
-A check (:mod:`conformance.properties`) runs the graded code on a case and asks the oracle;
-this module alone decides whether the outcome conforms and, where it does not, raises a
-:class:`ConformanceFailure` carrying one :class:`~conformance.verdicts.Category`, the
-worst error in ulps where the failure is a distance, and a text that explains itself
-(:func:`conformance.compare.failure`). A maintainer who wants to know why a case failed
-reads this file:
-
-* :func:`final`: a final stage (Eq. 6 cast to the output dtype): when a refusal is the
-  contract's answer, when it is permitted, when it is ``refused``; then the distance from the
-  exact values under the error model's per-output bound, exact zeros where the specification
-  demands them (:func:`conformance.compare.distance`: ``non_finite``, ``silent_zero``,
-  ``exact_zero``, ``precision``), and a precision failure explained (:mod:`conformance.explain`)
-  as a float overflow that zeroed a group column (``silent_zero``) or as another formula
-  (``formula``);
-* :func:`values`, :func:`normalized`, :func:`whitened`: the end-to-end advantages, Eq. 4 + 7
-  and Eq. 6 alone;
-* :func:`refusal`: where the contract refuses (``accepted``, ``wrong_class``,
-  ``call_shape``); :func:`error_case`: one case of the error contract, under spec or under
-  a peer's convention, whose own NaN and singleton policies :func:`policy` grades;
-* :func:`hang`, :func:`all_refuse`, :func:`dist_values`: several ranks.
-
-The error cases themselves are data (:mod:`conformance.error_cases`); the properties that
-draw them are :mod:`conformance.properties`; running, reducing and grouping failures into
-findings is :mod:`conformance.runner` and :mod:`conformance.findings`.
+A check (:mod:`conformance.properties`) runs the graded code on a case and asks the oracle; this
+module alone decides whether the outcome conforms and, where it does not, raises a
+:class:`ConformanceFailure` with one :class:`~conformance.verdicts.Category`, the worst error in
+ulps where the failure is a distance (:func:`conformance.compare.distance`) and a text that
+explains itself. :func:`final` holds the contract of a final stage: when a refusal is demanded,
+permitted or ``refused``, then the distance, a precision failure explained
+(:mod:`conformance.explain`) as a dropped column (``silent_zero``) or another formula.
 """
 
 from __future__ import annotations
@@ -53,21 +36,21 @@ from spec.constants import FLOAT32_MAX
 from spec.conventions import get_convention
 from spec.errors import DistributedError, GDPOError, OutOfRangeError
 
+#: exceptions of the call shape itself (subject.py), not refusals
+_BREACHES = ("CallShapeViolation", "InputModified", "NotATensor")
+
 
 class ConformanceFailure(AssertionError):
-    """A property does not hold for the implementation under test.
-
-    ``category``: a :class:`conformance.verdicts.Category` (what the failure means);
-    ``worst_ulps`` / ``worst_dtype``: the worst error in ulps of the dtype the
-    implementation is judged at, where the failure is a distance (else None)."""
+    """A property does not hold for the implementation under test: its ``category``
+    (:class:`conformance.verdicts.Category`) and, for a distance, the worst error in ulps of the
+    dtype it is judged at (``worst_ulps``, ``worst_dtype``)."""
 
     category: str | None = None
     worst_ulps: float | None = None
     worst_dtype: str | None = None
     #: category ``formula``: how the formula differs from the paper ("Eq. 4: leave-one-out baseline")
     formula: str | None = None
-    #: category ``formula``: the other variants of the catalogue that reproduce the output of this
-    #: case as well, by their differences from the paper (empty: the case names one formula)
+    #: category ``formula``: the other catalogue variants that reproduce this case's output as well
     formula_alternatives: tuple = ()
     #: category ``precision``: what floating point explains it ("cancellation at Eq. 4 ..."), or None
     cause: str | None = None
@@ -89,6 +72,12 @@ def fail(prop, equation, subject, case, headline, details=(), category=None, wor
     raise exc
 
 
+def _fail_distance(prop, eq, subject, case, headline, v, rows=None, category=None, **kw):
+    """Fail with the distance verdict ``v``'s rows, category and worst error."""
+    fail(prop, eq, subject, case, headline, v.rows if rows is None else rows, category=category or v.category,
+         worst_ulps=v.worst_ulps, worst_value=v.worst_value, worst_dtype=v.judged_dtype, **kw)
+
+
 def _target(ratio: float, label: str) -> None:
     if currently_in_test_context() and math.isfinite(ratio):
         target(min(ratio, 1e30), label=label)
@@ -99,41 +88,57 @@ class _Unjudged(Exception):
 
 
 def oracle_verdict(case, convention: str, token_counts=None):
-    """The oracle's Expected; an oracle that crashes or returns a NaN allowance fails loudly, as
-    the oracle's fault, never as the implementation's (the suite once found four such cases; the
-    oracle was fixed for each: conformance/regressions.json pins them). ``token_counts``: each
-    sample's token count, for a per-token convention (verl)."""
+    """The oracle's Expected (``token_counts``: per sample, for a per-token convention); an oracle
+    that crashes or returns a NaN allowance fails loudly, as the oracle's fault, never the
+    implementation's (regressions.json pins the cases that found such faults)."""
     try:
         exp = expected(case, convention, token_counts)
         res = exp.result
         if res is not None and np.isnan(res.allowed("float64")).any():
             raise _Unjudged(f"NaN in the oracle's allowed(): {res.allowed('float64').tolist()}")
         return exp
-    except GDPOError:
-        raise
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:  # noqa: BLE001 - expected() returns a contract refusal, never raises it
         raise ConformanceFailure(f"the oracle itself failed on this case ({type(exc).__name__}: {exc}); "
                                  f"this is not the implementation's fault: report it to the oracle's owner.\n"
                                  f"  case: {case.dumps()}") from exc
 
 
+def _oracle_refuses(prop, eq, subject, case, out: Outcome, exp) -> bool:
+    """Where the oracle refuses the case, the contract's refusal judged; True then."""
+    if exp.error is not None:
+        refusal(prop, eq, subject, case, out, (type(exp.error),), f"the oracle: {exp.error}")
+    return exp.error is not None
+
+
 # ------------------------------------------------------------------ helpers
 
 
-def _beyond_float32(case: Case) -> bool:
-    """A reward beyond float32's range: the contract computes it or refuses it naming it
-    (spec section 6). Weights are not among them: any finite float64 weight is computed."""
-    return any(abs(v) > FLOAT32_MAX for row in case.rewards for v in row if math.isfinite(v))
+def _shards(case) -> tuple:
+    return case.shards if isinstance(case, DistCase) else (case,)
+
+
+def _abs_weights(weights, k_cols: int) -> np.ndarray:
+    return np.ones(k_cols) if weights is None else np.abs(np.asarray(weights, dtype=np.float64))
+
+
+def _may_reach(stage, dtype: str) -> bool:
+    """|exact| plus the model's bound reaches ``dtype``'s overflow threshold somewhere."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        return bool(np.any(stage.reach() >= em.overflow_threshold(dtype)))
 
 
 def _permission(case, res) -> str | None:
-    """Why the contract permits OutOfRangeError on this case (Case or DistCase), or None."""
-    shards = case.shards if isinstance(case, DistCase) else (case,)
-    if any(_beyond_float32(s) for s in shards):
+    """Why the contract permits OutOfRangeError on this case (Case or DistCase), or None: a
+    reward beyond float32's range (spec section 6; any finite float64 weight is computed), or
+    Eq. 7's c or a term of it beyond float64. c may overflow in a correct float64 computation
+    where |exact c| plus the bound reaches the threshold (found by the deep profile: w =
+    0x1.5555555555555p+1023 times z = 1.5 is the midpoint between DBL_MAX and 2^1024)."""
+    shards = _shards(case)
+    if any(abs(v) > FLOAT32_MAX for s in shards for row in s.rewards for v in row if math.isfinite(v)):
         return "a reward is beyond float32's range"
     if res is None:
         return None
-    if _c_may_overflow(res.combined):
+    if not np.all(np.isfinite(res.combined.float64)) or _may_reach(res.combined, "float64"):
         return "Eq. 7's c overflows float64, or may in a correct float64 computation"
     term = _eq7_term_overflow(shards[0].weights, res)
     if term is not None:
@@ -143,44 +148,36 @@ def _permission(case, res) -> str | None:
 
 
 def _eq7_term_overflow(weights, res):
-    """(row, column, |w_k| times the reach of z) of the first Eq. 7 term w_k z_k whose
-    magnitude exceeds DBL_MAX, exactly or within the error model's bound on a correct
-    float64 z; None where no term does. Such a term overflows float64 even where the sum
-    c fits (w = [DBL_MAX, -DBL_MAX/2] on equal columns): the contract then permits
-    OutOfRangeError, and grades a computed result as any other (impl.gdpo scales the
-    weights by a power of two and computes it)."""
+    """(row, column, |w_k| times the reach of z) of the first Eq. 7 term w_k z_k beyond DBL_MAX,
+    exactly or within the model's bound on a correct float64 z; else None. Such a term overflows
+    even where c fits (w = [DBL_MAX, -DBL_MAX/2] on equal columns): OutOfRangeError is permitted."""
     z = getattr(res, "z", None)
     if z is None or z.float64.size == 0:
         return None
-    k_cols = z.float64.shape[1]
-    w = np.ones(k_cols) if weights is None else np.abs(np.asarray(weights, dtype=np.float64))
-    if w.shape != (k_cols,):
+    w = _abs_weights(weights, z.float64.shape[1])
+    if w.shape != (z.float64.shape[1],):
         return None
     with np.errstate(over="ignore", invalid="ignore"):
         zr = z.reach()
         big = w[None, :] * np.where(np.isfinite(zr), zr, 0.0)
-    limit = Fraction(sys.float_info.max)
     for j, k in zip(*np.nonzero(big >= sys.float_info.max / 2)):  # candidates, then exactly
-        if Fraction(float(w[k])) * Fraction(float(zr[j, k])) > limit:
+        if Fraction(float(w[k])) * Fraction(float(zr[j, k])) > Fraction(sys.float_info.max):
             return int(j), int(k), float(big[j, k])
     return None
 
 
 def _computes_because(case, res, out_dtype: str) -> list[str]:
     """Why the contract computes this case (a refusal was rejected): each permitted
-    OutOfRangeError, and why it does not apply (or, where one does, that it is the only
-    refusal permitted)."""
+    OutOfRangeError and why it does not apply, or, where one does, that it alone is permitted."""
     perm = _permission(case, res)
     if perm is not None:
         return [f"the contract computes this case or refuses it with OutOfRangeError ({perm}); no other "
                 "refusal is permitted"]
-    shards = case.shards if isinstance(case, DistCase) else (case,)
+    shards = _shards(case)
     top_r = max((abs(v) for s in shards for row in s.rewards for v in row if math.isfinite(v)), default=0.0)
     parts = [f"no reward is beyond float32's range (largest |r| {top_r:.4g})"]
     if getattr(res, "z", None) is not None and res.z.float64.size:
-        k_cols = res.z.float64.shape[1]
-        w = shards[0].weights
-        w = np.ones(k_cols) if w is None else np.abs(np.asarray(w, dtype=np.float64))
+        w = _abs_weights(shards[0].weights, res.z.float64.shape[1])
         with np.errstate(over="ignore", invalid="ignore"):
             terms = w[None, :] * np.abs(res.z.float64)
             reach = res.combined.reach()
@@ -196,43 +193,26 @@ def _computes_because(case, res, out_dtype: str) -> list[str]:
     return ["refusing is not allowed here: " + "; ".join(parts)]
 
 
-def _c_may_overflow(stage) -> bool:
-    """Eq. 7 overflows float64 in exact arithmetic, or may in a correct float64 computation:
-    |exact c| plus the model's bound reaches the overflow threshold (found by the deep
-    profile: w = 0x1.5555555555555p+1023 times z = 1.5 is exactly the midpoint between
-    DBL_MAX and 2^1024, which float64 rounds to inf, while the exact c, a hair smaller,
-    rounds to DBL_MAX)."""
-    if not np.all(np.isfinite(stage.float64)):
-        return True
-    with np.errstate(invalid="ignore", over="ignore"):
-        return bool(np.any(stage.reach() >= em.overflow_threshold("float64")))
-
-
 def cast_overflow(stage, out_dtype: str) -> tuple[bool, bool]:
-    """(must, may) refuse: an exact output whose correct rounding to ``out_dtype`` is
-    infinite cannot survive the cast, so the contract refuses the call with
-    OutOfRangeError (never inf, never a saturated value); where a correct float64
-    result may reach the overflow threshold (|exact| + the model's bound), refusing is
-    permitted."""
+    """(must, may) refuse: an exact output whose correct rounding to ``out_dtype`` is infinite
+    cannot survive the cast (OutOfRangeError, never inf or a saturated value); where a correct
+    float64 result may reach the threshold (|exact| + the model's bound), refusing is permitted."""
     must = bool(np.any(stage.overflows(out_dtype)))
-    with np.errstate(invalid="ignore"):
-        may = must or bool(np.any(stage.reach() >= em.overflow_threshold(out_dtype)))
-    return must, may
+    return must, must or _may_reach(stage, out_dtype)
 
 
 def check_output(prop, equation, subject, case, out: Outcome, n: int, out_dtype: str):
     if out.dtype != out_dtype or out.shape != (n,):
         fail(prop, equation, subject, case,
-              f"returned {out.dtype} of shape {out.shape}; the contract returns {out_dtype} of shape ({n},)",
-              category=Category.CALL_SHAPE)
+             f"returned {out.dtype} of shape {out.shape}; the contract returns {out_dtype} of shape ({n},)",
+             category=Category.CALL_SHAPE)
     if subject.device != "cpu" and out.device != subject.device.split(":")[0]:
         fail(prop, equation, subject, case, f"returned a tensor on {out.device}, input was on {subject.device}",
-              category=Category.CALL_SHAPE)
+             category=Category.CALL_SHAPE)
 
 
-#: Clear refusals with a class other than spec.errors' seen while grading, per property:
-#: {property: {(error case, exception class)}}. Such a refusal passes (it is reported, in the
-#: summary table and its JSON, as ``wrong_class``) unless the strict error contract is asked for.
+#: Clear refusals of a class other than spec.errors', per property: {property: {(error case, class)}}.
+#: Such a refusal passes (reported as ``wrong_class``) unless the strict error contract is asked for.
 NOTES: dict = {}
 
 #: The environment variable that asks for the strict error contract (``gdpo check --strict-errors``):
@@ -249,15 +229,8 @@ def _output_summary(out: Outcome) -> str:
     v = out.values
     if v is None or not v.size:
         return "an empty result"
-    nan, inf = int(np.isnan(v).sum()), int(np.isinf(v).sum())
-    zeros = int((v == 0.0).sum())
-    parts = []
-    if nan:
-        parts.append(f"{nan} NaN")
-    if inf:
-        parts.append(f"{inf} infinite")
-    if zeros:
-        parts.append(f"{zeros} exactly 0")
+    counts = (int(np.isnan(v).sum()), int(np.isinf(v).sum()), int((v == 0.0).sum()))
+    parts = [f"{c} {what}" for c, what in zip(counts, ("NaN", "infinite", "exactly 0")) if c]
     shape = f" of shape {tuple(v.shape)}" if v.ndim != 1 else ""  # an (N, 1) result, say
     head = f"{v.size} value(s){shape}" + (f" ({', '.join(parts)})" if parts else " (all finite, none 0)")
     shown = ", ".join(f"{x:.6g}" for x in v.reshape(-1)[:6].tolist()) + (", ..." if v.size > 6 else "")
@@ -265,12 +238,12 @@ def _output_summary(out: Outcome) -> str:
 
 
 def permitted_refusal(prop: str, out: Outcome) -> bool:
-    """Where the contract permits a refusal (OutOfRangeError), any clear one passes: its class is
-    noted (``wrong_class``, in :data:`NOTES`) unless it is OutOfRangeError, and fails only under the
-    strict error contract; a breach of the call shape or an empty message is no refusal."""
+    """Where the contract permits a refusal (OutOfRangeError), any clear one passes: another class
+    is noted (``wrong_class``, :data:`NOTES`) and fails only under the strict error contract; a
+    breach of the call shape or an empty message is no refusal."""
     if out.is_error(OutOfRangeError):
         return True
-    if out.error_type in ("NonFiniteOutput", "CallShapeViolation", "InputModified", "NotATensor"):
+    if out.error_type == "NonFiniteOutput" or out.error_type in _BREACHES:
         return False
     if strict_errors() or not out.message.strip():
         return False
@@ -286,7 +259,7 @@ def refusal(prop, equation, subject, case, out: Outcome, classes, why: str):
              [f"returned {said}: the bad input was accepted without a word"], category=Category.ACCEPTED)
     if out.error_type in ("CallShapeViolation", "InputModified"):
         fail(prop, equation, subject, case, f"{out.describe()}; the contract refuses this case with {names} ({why})",
-              category=Category.CALL_SHAPE)
+             category=Category.CALL_SHAPE)
     if not out.is_error(*classes):
         clear = not out.error_classes and bool(out.message.strip())
         name = case.note.split(":", 1)[1] if case.note.startswith("error:") else prop
@@ -297,74 +270,73 @@ def refusal(prop, equation, subject, case, out: Outcome, classes, why: str):
             f"; the classes are spec.errors' ({names} is a GDPOError, itself a ValueError): raise them, or "
             "subclass them (the strict error contract, " + STRICT_ENV + "=1 / gdpo check --strict-errors, is on)")
         fail(prop, equation, subject, case,
-              f"raised {out.error_type}: {out.message!r}; the contract refuses this case with {names} ({why}){hint}",
-              category=Category.WRONG_CLASS)
+             f"raised {out.error_type}: {out.message!r}; the contract refuses this case with {names} ({why}){hint}",
+             category=Category.WRONG_CLASS)
     if not out.message.strip():
         fail(prop, equation, subject, case, f"raised {out.error_type} with an empty message", category=Category.WRONG_CLASS)
 
 
+def _refused_where_computed(prop, eq, subject, case, out: Outcome, why: list, who: str = "") -> None:
+    """An exception where the contract computes: a non-finite output seen by the call shape (NaN
+    on a padding token), another breach of the call shape, or a refusal."""
+    category = Category.NON_FINITE if out.error_type == "NonFiniteOutput" else \
+        Category.CALL_SHAPE if out.error_type in _BREACHES else Category.REFUSED
+    what = "batch" if who else "case"
+    fail(prop, eq, subject, case, f"{who}{out.describe()}; the contract computes this {what}", why, category=category)
+
+
 def final(prop, eq, subject, case, out, res, what: str, permitted: bool, context=(), zero_why=None,
-                 because=None) -> None:
-    """The outputs of a final stage (Eq. 6, cast to out_dtype) against the oracle: a refusal where an
+          because=None) -> None:
+    """A final stage's outputs (Eq. 6, cast to out_dtype) against the oracle: a refusal where an
     exact value rounds beyond the output range, else the values within ``allowed(out_dtype)``
     (OutOfRangeError tolerated where ``permitted`` or where the rounding may reach the range)."""
     must, may = cast_overflow(res, case.out_dtype)
     if must:
         refusal(prop, eq, subject, case, out, (OutOfRangeError,),
-                        f"an exact {what} rounds beyond {case.out_dtype}'s range")
+                f"an exact {what} rounds beyond {case.out_dtype}'s range")
         return
     if not out.ok:
         if (permitted or may) and permitted_refusal(prop, out):
             return
         why = because if because is not None else _computes_because(case, res, case.out_dtype)
-        fail(prop, eq, subject, case, f"{out.describe()}; the contract computes this case", list(context) + why,
-              category=_refusal_category(out))
+        _refused_where_computed(prop, eq, subject, case, out, list(context) + why)
     check_output(prop, eq, subject, case, out, case.n, case.out_dtype)
     conv = subject.judged()
     v = distance(out.values, res.float64, native_allowed(res, case.out_dtype, conv), res.cond, case.out_dtype,
-              rounded=res.rounded(case.out_dtype), zero_why=zero_why, native_dtype=conv.native_dtype)
+                 rounded=res.rounded(case.out_dtype), zero_why=zero_why, native_dtype=conv.native_dtype)
     _target(v.ratio, f"{prop}: error/allowed")
-    if not v.ok:
-        rows, category = list(v.rows), v.category
-        if category in (Category.PRECISION, Category.SILENT_ZERO):
-            dropped = overflowed_columns(subject, case, out, conv)
-            if dropped:
-                category = Category.SILENT_ZERO
-                rows.append(dropped)
-        own = formula_difference(subject, case, out) if conv.name == "spec" else None
-        formula, alternatives, cause = None, (), None
-        if own is not None:
-            category, formula = Category.FORMULA, f"convention {subject.own_convention()!r}"
-            rows += own
-        elif category in (Category.PRECISION, Category.EXACT_ZERO, Category.SILENT_ZERO, Category.NON_FINITE) \
-                and what == "advantage":
-            category, formula, cause, line, alternatives = explain(subject, case, out, conv, category)
-            if line:
-                rows.append(line)
-        fail(prop, eq, subject, case, f"{len(v.bad)} of {case.n} {what}s outside the error model"
-             + _precision_note(conv), rows, category=category, worst_ulps=v.worst_ulps, worst_value=v.worst_value,
-             worst_dtype=v.judged_dtype, formula=formula, formula_alternatives=alternatives, cause=cause)
-
-
-def _refusal_category(out: Outcome) -> str:
-    """An exception where the contract computes: a non-finite output seen by the call shape
-    (NaN on a padding token), another breach of the call shape, or a refusal."""
-    if out.error_type == "NonFiniteOutput":
-        return Category.NON_FINITE
-    if out.error_type in ("CallShapeViolation", "InputModified", "NotATensor"):
-        return Category.CALL_SHAPE
-    return Category.REFUSED
+    if v.ok:
+        return
+    rows, category = list(v.rows), v.category
+    if category in (Category.PRECISION, Category.SILENT_ZERO):
+        dropped = overflowed_columns(subject, case, out, conv)
+        if dropped:
+            category = Category.SILENT_ZERO
+            rows.append(dropped)
+    own = formula_difference(subject, case, out) if conv.name == "spec" else None
+    formula, alternatives, cause = None, (), None
+    if own is not None:
+        category, formula = Category.FORMULA, f"convention {subject.own_convention()!r}"
+        rows += own
+    elif category in (Category.PRECISION, Category.EXACT_ZERO, Category.SILENT_ZERO, Category.NON_FINITE) \
+            and what == "advantage":
+        category, formula, cause, line, alternatives = explain(subject, case, out, conv, category)
+        if line:
+            rows.append(line)
+    _fail_distance(prop, eq, subject, case, f"{len(v.bad)} of {case.n} {what}s outside the error model"
+                   + _precision_note(conv), v, rows, category, formula=formula, formula_alternatives=alternatives,
+                   cause=cause)
 
 
 def _precision_note(conv) -> str:
     """How the error model was evaluated (the convention's algorithm, at its precision)."""
     if conv.algorithm == "shift_invariant":
         return ""
+    how = f"{conv.algorithm.replace('_', '-')} deviations"
+    roundoff = f"unit roundoff 2^{int(math.log2(conv.unit_roundoff))}"
     if conv.name == "spec":
-        return (f" of a correct {conv.native_dtype} code ({conv.algorithm.replace('_', '-')} deviations, "
-                f"unit roundoff 2^{int(math.log2(conv.unit_roundoff))})")
-    return (f" of convention {conv.name!r}'s own code ({conv.algorithm.replace('_', '-')} deviations, "
-            f"{conv.native_dtype} arithmetic, unit roundoff 2^{int(math.log2(conv.unit_roundoff))})")
+        return f" of a correct {conv.native_dtype} code ({how}, {roundoff})"
+    return f" of convention {conv.name!r}'s own code ({how}, {conv.native_dtype} arithmetic, {roundoff})"
 
 
 # ------------------------------------------------------------ the checks' verdicts
@@ -372,8 +344,7 @@ def _precision_note(conv) -> str:
 
 def values(prop, eq, subject: Subject, case: Case, out: Outcome, exp) -> None:
     """The advantages of one call (Eq. 4, 7, 6 end to end) against the oracle's ``exp``."""
-    if exp.error is not None:
-        refusal(prop, eq, subject, case, out, (type(exp.error),), f"the oracle: {exp.error}")
+    if _oracle_refuses(prop, eq, subject, case, out, exp):
         return
     res = exp.result
     final(prop, eq, subject, case, out, res, "advantage", _permission(case, res) is not None,
@@ -381,25 +352,21 @@ def values(prop, eq, subject: Subject, case: Case, out: Outcome, exp) -> None:
 
 
 def certified_rounding(prop, eq, subject: Subject, case: Case, out: Outcome, exp) -> None:
-    """The advantages of an implementation that declares certified rounding
-    (``Subject.certifies``): every float32, bfloat16 and float16 output must be the oracle's
-    correct rounding of the exact value (ties to even; either sign of zero, as the suite demands
-    of every zero), every float64 output faithful (the exact value itself where it is a float64,
-    else one of its two float64 neighbours). A refusal is judged as in :func:`final`, except that
-    OutOfRangeError is accepted only where the correct rounding itself overflows."""
+    """An implementation that declares certified rounding (``Subject.certifies``): every float32,
+    bfloat16 and float16 output the oracle's correct rounding of the exact value (ties to even,
+    either sign of zero), every float64 output faithful (the exact value where it is a float64,
+    else one of its two neighbours). OutOfRangeError only where the correct rounding overflows."""
     od = case.out_dtype
     if od not in subject.certified_formats():
         return  # declared for other formats: this one is graded within the error model (the other properties)
-    if exp.error is not None:
-        refusal(prop, eq, subject, case, out, (type(exp.error),), f"the oracle: {exp.error}")
+    if _oracle_refuses(prop, eq, subject, case, out, exp):
         return
     res = exp.result
     if bool(np.any(res.overflows(od))):
         refusal(prop, eq, subject, case, out, (OutOfRangeError,), f"an exact advantage rounds beyond {od}'s range")
         return
     if not out.ok:
-        fail(prop, eq, subject, case, f"{out.describe()}; the contract computes this case",
-             _computes_because(case, res, od), category=_refusal_category(out))
+        _refused_where_computed(prop, eq, subject, case, out, _computes_because(case, res, od))
     check_output(prop, eq, subject, case, out, case.n, od)
     obs = np.asarray(out.values, dtype=np.float64)
     want = np.asarray(res.rounded(od), dtype=np.float64)
@@ -407,30 +374,23 @@ def certified_rounding(prop, eq, subject: Subject, case: Case, out: Outcome, exp
         i = int(np.flatnonzero(~np.isfinite(obs))[0])
         fail(prop, eq, subject, case, f"[{i}] returned {float(obs[i])!r}; the exact advantage is finite",
              [f"correctly rounded ({od}): {want.tolist()}"], category=Category.NON_FINITE)
+    bad = np.flatnonzero(obs != want).tolist()  # NaN differs, -0.0 == 0.0
     if od == "float64":
-        bad = []
-        for i in np.flatnonzero(obs != want).tolist():
-            if abs(obs[i] - want[i]) > np.spacing(abs(want[i])) or want[i] == 0.0:
-                bad.append(i)  # neither float64 neighbour of the exact value (or it is 0 itself)
-                continue
-            d, _ = boundary.offset_from(case, i, float(want[i]))  # exact - RN(exact): the side of want
-            if d == 0 or (d > 0) != (obs[i] > want[i]):
-                bad.append(i)  # the exact value is a float64 (then nothing else), or lies on the other side
-    else:
-        bad = np.flatnonzero(obs != want).tolist()  # NaN differs, -0.0 == 0.0
+        bad = [i for i in bad if not _faithful(case, i, obs[i], want[i])]
     if not bad:
         return
     ulps = {i: float(abs(obs[i] - want[i]) / ulp(want[i], od)) for i in bad}
     rows = []
     for i in bad[:MAX_LISTED]:
+        where = _where_exact(case, i, float(obs[i]), od)
         if od == "float64":
             rows.append(f"[{i}] output {float(obs[i])!r} ({hexf(obs[i])}) is not within one ulp of the exact value (faithful "
                         f"rounding): the exact value correctly rounded is {float(want[i])!r} ({hexf(want[i])}), "
-                        f"{ulps[i]:.3g} ulp(float64) from the output, and " + _where_exact(case, i, float(obs[i]), od))
+                        f"{ulps[i]:.3g} ulp(float64) from the output, and " + where)
         else:
             rows.append(f"[{i}] output {float(obs[i])!r} ({hexf(obs[i])}) is not the correctly rounded exact value "
                         f"{float(want[i])!r} ({hexf(want[i])}) ({od}, ties to even), {ulps[i]:.3g} ulp({od}) away; "
-                        + _where_exact(case, i, float(obs[i]), od))
+                        + where)
     fam = boundary.parse_note(case.note)
     if fam is not None and _still_hunted(case, fam):
         rows.append(f"hunted boundary case: family {fam[0]!r}, aimed at a midpoint of {fam[1]} next to "
@@ -438,6 +398,15 @@ def certified_rounding(prop, eq, subject: Subject, case: Case, out: Outcome, exp
     fail(prop, eq, subject, case, f"{len(bad)} of {case.n} advantages not the certified rounding ({od}) the "
          "implementation declares (gdpo_certified)", rows, category=Category.ROUNDING, worst_ulps=max(ulps.values()),
          worst_dtype=od)
+
+
+def _faithful(case: Case, i: int, obs: float, want: float) -> bool:
+    """A float64 output other than the correct rounding ``want`` is faithful where it is the other
+    float64 neighbour of the exact value: one ulp away, on the exact value's side of ``want``."""
+    if abs(obs - want) > np.spacing(abs(want)) or want == 0.0:
+        return False
+    d, _ = boundary.offset_from(case, i, float(want))  # exact - RN(exact): 0 where the exact is a float64
+    return d != 0 and (d > 0) == (obs > want)
 
 
 def _still_hunted(case: Case, fam) -> bool:
@@ -453,8 +422,7 @@ def _where_exact(case: Case, i: int, observed: float, od: str) -> str:
     """Where the exact value lies, for a certified-rounding verdict (mpmath, convention spec)."""
     try:
         if od == "float64":
-            x = boundary.exact_values(case, 200)[i]
-            return f"the exact value is {boundary.mpmath.nstr(x, 25)}"
+            return f"the exact value is {boundary.mpmath.nstr(boundary.exact_values(case, 200)[i], 25)}"
         return boundary.midpoint_report(case, i, observed, od)
     except Exception as exc:  # noqa: BLE001 - no clause is no verdict: the failure stands
         return f"(where the exact value lies: not evaluated, {type(exc).__name__}: {exc})"
@@ -462,16 +430,14 @@ def _where_exact(case: Case, i: int, observed: float, od: str) -> str:
 
 def normalized(prop, eq, subject: Subject, case: Case, out: Outcome, exp) -> None:
     """normalize_rewards' float64 c (Eq. 4 + 7) against the oracle's combined stage."""
-    if exp.error is not None:
-        refusal(prop, eq, subject, case, out, (type(exp.error),), f"the oracle: {exp.error}")
+    if _oracle_refuses(prop, eq, subject, case, out, exp):
         return
     res = exp.result
     stage = res.combined
     if not out.ok:
         if _permission(case, res) is not None and permitted_refusal(prop, out):
             return  # c, a term of it, or a reward is beyond what the contract must compute: its OutOfRangeError
-        fail(prop, eq, subject, case, f"{out.describe()}; the contract computes this case",
-             _computes_because(case, res, "float64"), category=_refusal_category(out))
+        _refused_where_computed(prop, eq, subject, case, out, _computes_because(case, res, "float64"))
     check_output(prop, eq, subject, case, out, case.n, "float64")
     # spec 7: a structural zero of c (the oracle's required_zero: collapsed columns, a pair of columns
     # cancelling exactly) must be exactly 0; other exact cancellations (four columns, say) are held to
@@ -483,28 +449,23 @@ def normalized(prop, eq, subject: Subject, case: Case, out: Outcome, exp) -> Non
                  native_dtype=conv.native_dtype)
     _target(v.ratio, f"{prop}: error/allowed")
     if not v.ok:
-        fail(prop, eq, subject, case, f"{len(v.bad)} of {case.n} combined values outside the error model",
-             v.rows, category=v.category, worst_ulps=v.worst_ulps, worst_value=v.worst_value,
-             worst_dtype=v.judged_dtype)
+        _fail_distance(prop, eq, subject, case, f"{len(v.bad)} of {case.n} combined values outside the error model", v)
 
 
 def whitened(prop, eq, subject: Subject, case: Case, out: Outcome, exp) -> None:
     """whiten's output (Eq. 6 alone, on given values) against the oracle's ``whiten_units``."""
-    if exp.error is not None:
-        refusal(prop, eq, subject, case, out, (type(exp.error),), f"the oracle: {exp.error}")
+    if _oracle_refuses(prop, eq, subject, case, out, exp):
         return
     top = float(np.max(np.abs(exp.result.float64))) if exp.result.float64.size else 0.0
-    final(prop, eq, subject, case, out, exp.result, "whitened value", False,
-          zero_why=whiten_zero_clause(case),
+    final(prop, eq, subject, case, out, exp.result, "whitened value", False, zero_why=whiten_zero_clause(case),
           because=[f"refusing is not allowed here: the values are finite and every exact whitened value "
                    f"rounds into {case.out_dtype} (largest |exact| {top:.4g})"])
 
 
 def policy(prop, eq, subject: Subject, case: Case, out: Outcome, exp) -> None:
-    """An input the convention computes by its own policy (its NaN policy, its singleton
-    rule): the output must be the convention's, NaN exactly where the convention's exact
-    result is NaN (a NaN that propagates), each other value within the error model of the
-    convention's code; a refusal is better than the convention and passes."""
+    """An input the convention computes by its own policy (NaN, singleton): the output must be the
+    convention's, NaN exactly where its exact result is NaN, each other value within the error
+    model of the convention's code; a refusal is better than the convention and passes."""
     if exp.error is not None or not out.ok:
         return  # the convention refuses it too, or the implementation refuses it (spec's answer)
     conv = subject.judged()
@@ -525,38 +486,33 @@ def policy(prop, eq, subject: Subject, case: Case, out: Outcome, exp) -> None:
     v = distance(np.where(live, obs, 0.0), np.where(live, res.float64, 0.0), allowed,
                  np.nan_to_num(res.cond, nan=0.0), case.out_dtype, native_dtype=conv.native_dtype)
     if not v.ok:
-        fail(prop, eq, subject, case, f"{len(v.bad)} of {case.n} advantages outside the error model of the "
-             f"convention's policy", v.rows,
-             category=Category.POLICY if v.category == Category.PRECISION else v.category,
-             worst_ulps=v.worst_ulps, worst_value=v.worst_value, worst_dtype=v.judged_dtype)
+        _fail_distance(prop, eq, subject, case, f"{len(v.bad)} of {case.n} advantages outside the error model of the "
+                       "convention's policy", v,
+                       category=Category.POLICY if v.category == Category.PRECISION else v.category)
 
 
 def error_route(convention: str, name: str) -> str:
-    """How one error case is judged under ``convention``: ``"skip"`` (a choice of this project's
-    that a peer's formula need not share, :data:`~conformance.error_cases.SPEC_ONLY_CASES`),
-    ``"policy"`` (the convention computes it by its own NaN or singleton policy, or the input
-    has a value under every convention: :func:`policy`), or ``"refuse"`` (the contract's
-    refusal is demanded: :func:`refusal`)."""
+    """How one error case is judged under ``convention``: ``"skip"`` (this project's choice, that a
+    peer's formula need not share: :data:`~conformance.error_cases.SPEC_ONLY_CASES`), ``"policy"``
+    (the convention computes it by its own NaN or singleton policy, or the input has a value under
+    every convention: :func:`policy`), or ``"refuse"`` (the contract's refusal: :func:`refusal`)."""
     if convention == "spec":
         return "refuse"
-    conv = get_convention(convention)
     if name in EC.SPEC_ONLY_CASES:
         return "skip"
     rule = EC.POLICY_CASES.get(name)
-    if (rule is not None and getattr(conv, rule[0]) != rule[1]) or name in EC.VALUE_CASES:
+    if (rule is not None and getattr(get_convention(convention), rule[0]) != rule[1]) or name in EC.VALUE_CASES:
         return "policy"
     return "refuse"
 
 
 def error_case(prop, subject: Subject, case: Case, out: Outcome) -> None:
-    """One case of the error contract that must be refused (spec section 6): a result is a bad input
-    accepted silently; a clear refusal of another class than spec.errors' passes, noted, unless the
-    strict error contract is asked for (:func:`strict_errors`); a call the peer's API cannot take
-    (its adapter's ``PeerCannotExpress``) is not graded."""
+    """One case of the error contract that must be refused (spec section 6), by :func:`refusal`; a
+    call the peer's API cannot take (its adapter's ``PeerCannotExpress``) is not graded."""
     name = case.note.split(":", 1)[1]
-    ec = EC.ERROR_BY_NAME[name]
     if out.error_type == "PeerCannotExpress" and subject.convention != "spec":
         return
+    ec = EC.ERROR_BY_NAME[name]
     refusal(prop, f"error contract ({name})", subject, case, out, ec.expect, ec.why)
 
 
@@ -571,11 +527,10 @@ def policy_equation(subject: Subject, name: str) -> str:
 def hang(prop, eq, subject, case: DistCase, job, grace: float, deadline: float) -> None:
     """A rank that did not return within the deadline: a hang, whatever the others did."""
     if job.hung:
-        back = {r: o.describe() for r, o in job.outcomes.items()}
         fail(prop, eq, subject, case,
              f"rank(s) {job.hung} of {case.world} did not return within the deadline "
              f"({grace:g} s after the first rank, {deadline:g} s in all): a hang",
-             [f"rank {r}: {d}" for r, d in sorted(back.items())], category=Category.PROTOCOL)
+             [f"rank {r}: {o.describe()}" for r, o in sorted(job.outcomes.items())], category=Category.PROTOCOL)
 
 
 def _single_process_hint(outs: dict) -> list[str]:
@@ -602,13 +557,10 @@ def all_refuse(prop, eq, subject, case: DistCase, outs: dict, why: str, offender
                  category=Category.ACCEPTED if o.ok else Category.PROTOCOL)
     if len({(o.error_type, o.message) for o in outs.values()}) > 1:
         fail(prop, eq, subject, case, f"ranks raised different errors; the contract wants the same "
-                                      f"DistributedError on every rank ({why})", details,
-                 category=Category.PROTOCOL)
-    if offender is not None and world > 1:
-        msg = outs[0].message
-        if not re.search(rf"\branks?\b[^;.]*?\b{offender}\b", msg):
-            fail(prop, eq, subject, case, f"the DistributedError does not name the offending rank {offender}",
-                 details, category=Category.PROTOCOL)
+                                      f"DistributedError on every rank ({why})", details, category=Category.PROTOCOL)
+    if offender is not None and world > 1 and not re.search(rf"\branks?\b[^;.]*?\b{offender}\b", outs[0].message):
+        fail(prop, eq, subject, case, f"the DistributedError does not name the offending rank {offender}",
+             details, category=Category.PROTOCOL)
 
 
 def dist_errors(prop, eq, subject, case: DistCase, outs: dict) -> None:
@@ -627,7 +579,8 @@ def dist_values(prop, eq, subject, case: DistCase, outs: dict, exp, twins) -> No
                    plain=(type(exp.error),))
         return
     res = exp.result
-    must, may = cast_overflow(res, case.shards[0].out_dtype)
+    out_dtype = case.shards[0].out_dtype
+    must, may = cast_overflow(res, out_dtype)
     if must or any(not o.ok for o in outs.values()) and (_permission(case, res) is not None
                                                          or not np.all(np.isfinite(res.combined.float64))
                                                          or may):
@@ -635,16 +588,15 @@ def dist_values(prop, eq, subject, case: DistCase, outs: dict, exp, twins) -> No
         all_refuse(prop, eq, subject, case, outs, "inputs beyond float32 range, an Eq. 7 (or a term of it) "
                    "beyond float64 or advantages beyond the output dtype's range", plain=(OutOfRangeError,))
         return
-    _, _, _, where = case.global_case()
-    out_dtype = case.shards[0].out_dtype
+    where = case.global_case()[3]
     observed = np.full(res.float64.shape, np.nan)
     for r, o in sorted(outs.items()):
         shard = case.shards[r]
         if not o.ok:
-            fail(prop, eq, subject, case, f"rank {r} {o.describe()}; the contract computes this batch",
-                 [f"rank {q}: {p.describe()}" for q, p in sorted(outs.items())]
-                 + _computes_because(case, res, out_dtype) + _single_process_hint(outs),
-                 category=_refusal_category(o))
+            _refused_where_computed(
+                prop, eq, subject, case, o,
+                [f"rank {q}: {p.describe()}" for q, p in sorted(outs.items())]
+                + _computes_because(case, res, out_dtype) + _single_process_hint(outs), who=f"rank {r} ")
         if o.dtype != out_dtype or o.shape != (shard.n,):
             fail(prop, eq, subject, case, f"rank {r} returned {o.dtype} {o.shape}; wanted {out_dtype} ({shard.n},)",
                  category=Category.CALL_SHAPE)
@@ -653,9 +605,8 @@ def dist_values(prop, eq, subject, case: DistCase, outs: dict, exp, twins) -> No
                  zero_why=advantage_zero_clause(res, case.shards[0].weights))
     _target(v.ratio, f"{prop}: error/allowed")
     if not v.ok:
-        fail(prop, eq, subject, case, f"{len(v.bad)} of {observed.size} advantages (global rows, rank order) "
-                                      f"outside the error model", v.rows, category=v.category,
-             worst_ulps=v.worst_ulps, worst_value=v.worst_value, worst_dtype=v.judged_dtype)
+        _fail_distance(prop, eq, subject, case, f"{len(v.bad)} of {observed.size} advantages (global rows, rank "
+                       "order) outside the error model", v)
     for ra, oa, rb, ob, n in twins:
         a, b = outs[ra].values[oa:oa + n], outs[rb].values[ob:ob + n]
         if a.tobytes() != b.tobytes():

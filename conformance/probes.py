@@ -1,27 +1,14 @@
 """Probes: what the graded code computes, told from a few fixed batches before any case is drawn.
 
-A grading (:mod:`conformance.grading`) first calls the code on :func:`probe_cases`: small,
-well-conditioned batches of ordinary magnitude (rewards within a few units of 0, no large
-offset, so no correct float code loses more than a few ulps on them), built so that the
-variants of the formula catalogue (:mod:`conformance.formulas`) come apart: a column of std
-about 1e-3, where eps = 1e-4 moves z by 8 %; tiny weights, where eps moves Eq. 6; weights
-summing to a negative number; groups of 2, 4, 8 and 12; an outlier beyond |a| = 5, and one beyond
-|z| = 3 inside a group. From the
-outputs it tells (docs/grading.md, "Precision and formula"):
-
-* the **working precision**: float64 where every probe is reproduced to about 1e-13 (a float32
-  computation errs by about 1e-7 there), else float32; every case is then judged by the error
-  model of a mean-then-subtract code at that precision (``spec/error_model.py``, "A peer's own
-  code"), so a correct float32 code is never failed for being float32;
-* the **formula**: the catalogue variant that reproduces every probe within that precision
-  (:func:`conformance.diagnosis.diagnose_many`), checked against the relations below (a variant
-  must also reproduce the transformed batches, so a name the relations contradict is never given);
-* the **relations** the paper's formula keeps exactly, each owned by one stage, tested on the
-  first probe: a shift, or a positive scale, of one group's column (Eq. 4), a permutation of the
-  rows of a group or of the groups, negated weights (the output is odd in them) and a column split
-  into two copies of half its weight (Eq. 7), and the mean 0 and std about 1 of the advantages over
-  the batch (Eq. 6). Where no variant reproduces the probes, the broken relations say which stage
-  differs and how.
+:func:`probe_cases` are small, well-conditioned batches of ordinary magnitude, built so that the
+catalogue's variants (:mod:`conformance.formulas`) come apart: a column of std about 1e-3 (eps
+moves z by 8 %), tiny weights (eps moves Eq. 6), weights summing to a negative number, groups of
+2 to 12, outliers. From the outputs :func:`profile` tells (docs/grading.md, "Precision and
+formula") the working precision every case is then judged at (float64 where every probe is
+reproduced to about 1e-13, else float32), the formula (the variant that reproduces every probe,
+the transformed copies included), and, where no variant does, the exact relations of the paper's
+formula the code breaks (:func:`relations`: a shift or scale of one group's column, permutations,
+negated or split weights), each naming its stage.
 """
 
 from __future__ import annotations
@@ -133,27 +120,14 @@ def relations(case: Case) -> list[Relation]:
     ]
 
 
-@dataclasses.dataclass(frozen=True)
-class Broken:
-    """A relation the code does not keep: the largest difference between its response and the
-    paper's, and the paper's own response (an eps-level change where it is not 0)."""
-
-    relation: Relation
-    off: float
-    paper: float
-
-    def line(self) -> str:
-        rel = self.relation
-        own = f"the paper's changes by {self.paper:.2g}" if self.paper else "the paper's does not change"
-        what = {"shift": "the baseline is not the group's own mean",
-                "scale": ("no division by the group's own std" if self.off > 0.1 else
-                          "the group std or eps enters otherwise than std + eps"),
-                "rows": "the rows of a group are not treated alike (are the groups the contiguous blocks of "
-                        "num_generations rows?)",
-                "groups": "the groups are not treated alike (are they the contiguous blocks of num_generations rows?)",
-                "negate": "the advantages are not odd in the weights (normalised or absolute weights?)",
-                "split": "c is not the sum of w_k z_k"}[rel.name]
-        return f"{rel.stage}: {what} ({rel.words} moves the advantages by {self.off:.2g}; {own})"
+#: what each broken relation says of the code ("scale": by how much it moves the advantages)
+_BROKEN = {"shift": "the baseline is not the group's own mean",
+           "scale": ("the group std or eps enters otherwise than std + eps", "no division by the group's own std"),
+           "rows": "the rows of a group are not treated alike (are the groups the contiguous blocks of "
+                   "num_generations rows?)",
+           "groups": "the groups are not treated alike (are they the contiguous blocks of num_generations rows?)",
+           "negate": "the advantages are not odd in the weights (normalised or absolute weights?)",
+           "split": "c is not the sum of w_k z_k"}
 
 
 def _paper(case: Case) -> np.ndarray | None:
@@ -161,12 +135,12 @@ def _paper(case: Case) -> np.ndarray | None:
     return None if exp.error is not None or exp.result is None else np.asarray(exp.result.float64)
 
 
-def broken_relations(call, case: Case, out: np.ndarray, allowed) -> list[Broken]:
-    """The relations of :func:`relations` that the code (``call(case) -> array or None``) breaks
-    on ``case``: its response differs from the paper's, on some row, by more than both batches'
-    allowances there (``allowed(case) -> array``: the error model at the code's precision)."""
+def broken_relations(call, case: Case, out: np.ndarray, allowed) -> list[str]:
+    """A line for each relation of :func:`relations` that the code (``call(case) -> array or None``)
+    breaks on ``case``: its response differs from the paper's, on some row, by more than both
+    batches' allowances there (``allowed(case) -> array``: the error model at the code's precision)."""
     base = _paper(case)
-    found = []
+    found = []  # (the largest difference from the paper's response, the paper's own response, relation)
     for rel in relations(case):
         got, paper = call(rel.case), _paper(rel.case)
         if got is None or paper is None or base is None:
@@ -175,15 +149,21 @@ def broken_relations(call, case: Case, out: np.ndarray, allowed) -> list[Broken]
         exact = paper - rel.sign * base[rel.perm]
         diff = np.abs(code - exact)
         if np.any(diff > allowed(case)[rel.perm] + allowed(rel.case)):
-            found.append(Broken(rel, float(np.max(diff)), float(np.max(np.abs(exact)))))
-    found.sort(key=lambda b: -b.off)
+            found.append((float(np.max(diff)), float(np.max(np.abs(exact))), rel))
+    found.sort(key=lambda f: -f[0])
     # a relation moved no more than eps moves the paper's is secondary beside one moved by O(1)
-    found = [b for b in found if b.off > 0.1 or found[0].off <= 0.1]
+    found = [f for f in found if f[0] > 0.1 or found[0][0] <= 0.1]
     # Eq. 4's relations presume the ones before them: the groups (rows, groups), then the baseline
     # (shift), then the std (scale). Where a premise breaks, what follows from it says nothing more.
-    names = {b.relation.name for b in found}
+    names = {rel.name for _, _, rel in found}
     after = {"shift", "scale"} if names & {"rows", "groups"} else {"scale"} if "shift" in names else set()
-    return [b for b in found if b.relation.name not in after]
+    lines = []
+    for off, paper, rel in found:
+        if rel.name not in after:
+            what = _BROKEN[rel.name] if rel.name != "scale" else _BROKEN["scale"][off > 0.1]
+            own = f"the paper's changes by {paper:.2g}" if paper else "the paper's does not change"
+            lines.append(f"{rel.stage}: {what} ({rel.words} moves the advantages by {off:.2g}; {own})")
+    return lines
 
 
 def whitening_lines(case: Case, out: np.ndarray, tol: float) -> list[str]:
@@ -316,7 +296,7 @@ def profile(subject) -> Profile:
                            f"paper's by up to {off:.2g} of its scale")
         else:
             call = (lambda c: _values(subject, c)[0])
-            prof.lines = tuple(b.line() for b in broken_relations(call, cases[0], outs[0], _allowed)) \
+            prof.lines = tuple(broken_relations(call, cases[0], outs[0], _allowed)) \
                 + tuple(whitening_lines(cases[0], outs[0], float(np.median(_allowed(cases[0])))))
             if not prof.lines:  # the first probe keeps every relation: which probes the code is off on
                 prof.lines = tuple(_off_lines(pairs[:len(cases)]))

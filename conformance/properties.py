@@ -1,23 +1,11 @@
 """The properties of the conformance suite, as data, and the checks they run.
 
-A :class:`Property` is a strategy (what to hunt), a check (what must hold), what the call
-shape must be able to express, and pinned examples (hex JSON, replayed first on every run:
-the traps of the brief and every bug the suite has found). Test modules instantiate them
-per section of the specification; ``test_controls`` and ``python -m conformance.report``
-run every property against every negative control. Running a property (drawing its
-cases, checking them, reducing failures to findings) is :mod:`conformance.runner`.
-
-A check asks the oracle for the exact answer (:func:`conformance.judge.oracle_verdict`),
-calls the graded code through its :class:`~conformance.subject.Subject` (one process, or one
-gloo rank per shard) and hands both to :mod:`conformance.judge`, which alone decides the
-verdict: :func:`check_values` (Eq. 4, 7, 6 end to end), :func:`check_certified` (bit for bit,
-where certified rounding is declared), :func:`check_normalize` and :func:`check_whiten` (the
-stage functions against the oracle's combined stage and ``whiten_units``), :func:`check_error`
-(the error contract, spec section 6, per case of :mod:`conformance.error_cases`; under a
-peer's convention its own NaN and singleton policies are graded against them), and
-:func:`check_dist_values` / :func:`check_dist_errors` (shards on 1, 2, 4 gloo ranks: every
-rank returns within a deadline, refuses together with the same DistributedError naming the
-offending rank, twinned groups get bitwise-identical advantages).
+A :class:`Property` is a strategy (what to hunt), a check (what must hold), what the call shape
+must express, and pinned examples (:mod:`conformance.regressions`, replayed first). A check asks
+the oracle (:func:`conformance.judge.oracle_verdict`), calls the graded code through its
+:class:`~conformance.subject.Subject` (one process, or one gloo rank per shard) and hands both to
+:mod:`conformance.judge`, which alone decides the verdict. Running a property is
+:mod:`conformance.runner`.
 """
 
 from __future__ import annotations
@@ -57,11 +45,8 @@ def as_returned(subject: Subject, case: Case, out) -> Case:
 
 
 def check_certified(subject: Subject, case: Case, prop: str = "certified") -> None:
-    """Certified rounding (issue 27), for an implementation that declares it
-    (``Subject.certifies``): every float32/bfloat16/float16 advantage the exact value correctly
-    rounded, float64 faithful (:func:`conformance.judge.certified_rounding`). One that does not
-    declare it is graded within the error model only (:func:`check_values`: what a replay with
-    such an implementation runs; the property itself is skipped for it)."""
+    """Certified rounding (:func:`conformance.judge.certified_rounding`) where the implementation
+    declares it; else the error model only (what a replay runs; the property skips such a code)."""
     if not subject.certifies() or subject.convention != "spec":
         check_values(subject, case, prop)
         return

@@ -1,15 +1,7 @@
-"""Pinned examples, hex-encoded: replayed first by every run of their property.
+"""Pinned examples, by property, replayed first by every run of it (the database is a cache).
 
-Two kinds, both permanent (the hypothesis database is only a cache):
-
-* the traps of GDPO_BRIEF section 5 and spec/gdpo.md sections 2, 4 and 8, written once in hex;
-* every case the suite found failing (an implementation, the controls' common base,
-  the oracle), with a line saying what it caught.
-
-They live in ``regressions.json`` beside this module, by property, each entry ``{"why", "case"}``.
-Each case is the JSON a failure's repro line prints (``Case.dumps()`` or ``DistCase.dumps()``);
-floats are ``float.hex`` strings, so a replay is bit-exact. ``EXAMPLES`` holds each case as that
-text.
+``regressions.json`` holds the traps of GDPO_BRIEF section 5 and spec/gdpo.md, and every case the
+suite found failing, each ``{"why", "case"}``; a case is a failure's repro JSON, floats in hex.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from conformance.subject import Subject
 
 @given(case=S.cases(S.Context()))
 def test_case_hex_round_trip(case):
-    again = K.Case.from_json(__import__("json").loads(case.dumps()))
+    again = K.Case.from_json(json.loads(case.dumps()))
     assert again.dumps() == case.dumps()
     assert np.array_equal(again.rewards_array(), case.rewards_array())
     assert [math.copysign(1, v) for row in again.rewards for v in row] == \
@@ -160,8 +160,7 @@ def test_call_shapes_are_documented_and_enforced():
 
 def _drawn(name: str) -> list:
     """The cases property ``name`` checks in the run that grades the controls (conformance/report.py:
-    its settings, its seed, no local constants, so the same in every process), its check replaced
-    by a recorder: generation runs without the oracle."""
+    its settings and seed, no local constants: the same in every process), drawn without the oracle."""
     seen = []
     prop = P.BY_NAME[name]
     probe = dataclasses.replace(prop, check=lambda subject, case, name: seen.append(case))
@@ -172,13 +171,10 @@ def _drawn(name: str) -> list:
 
 
 def test_the_large_property_draws_what_its_claim_says():
-    """K coverage of ``large`` comes from hypothesis's generation (K is mixed from the drawn
-    values): in the run that grades the controls (conformance/report.py: its settings, its
-    seed, no local constants, so the same in every process), every K of 1..8 must appear,
-    batches must be past 64 rows, some with more than 4 units, some labels must collide
-    modulo 2^32 and some in float64, and the very-large tier must appear: a group of more
-    than 64 samples, one of more than 512, none beyond 600. The check is replaced by a
-    recorder: generation runs without the oracle."""
+    """In the run that grades the controls (:func:`_drawn`) every K of 1..8 appears, batches are
+    past 64 rows, some with more than 4 units, some labels collide modulo 2^32 and some in float64,
+    and the very-large tier appears: a group of more than 64 samples, one of more than 512, none
+    beyond 600."""
     seen = _drawn("large")
     assert {c.k for c in seen} == set(range(1, 9)), sorted({c.k for c in seen})
     assert min(c.n for c in seen) > 64 and max(c.n for c in seen) >= 200, sorted({c.n for c in seen})
@@ -200,13 +196,10 @@ def test_the_errors_property_puts_bad_rewards_in_zero_weight_columns():
     computes there), and elsewhere too."""
     seen = [c for cases in _drawn("errors") for c in (cases if isinstance(cases, tuple) else (cases,))
             if c.note in ("error:nan_reward", "error:inf_reward")]
+    def in_zero_weight_column(c) -> bool:
+        w = np.ones(c.k) if c.weights is None else np.asarray(c.weights)
+        return bool(np.all(w[np.nonzero(~np.isfinite(c.rewards_array()))[1]] == 0.0))
+
     for name in ("error:nan_reward", "error:inf_reward"):
-        where = []
-        for c in seen:
-            if c.note != name:
-                continue
-            r = c.rewards_array()
-            w = np.ones(c.k) if c.weights is None else np.asarray(c.weights)
-            cols = np.nonzero(~np.isfinite(r))[1]
-            where.append(bool(np.all(w[cols] == 0.0)))
+        where = [in_zero_weight_column(c) for c in seen if c.note == name]
         assert any(where) and not all(where), (name, where)
