@@ -453,7 +453,7 @@ def normalized(prop, eq, subject: Subject, case: Case, out: Outcome, exp) -> Non
 
 
 def whitened(prop, eq, subject: Subject, case: Case, out: Outcome, exp) -> None:
-    """whiten's output (Eq. 6 alone, on given values) against the oracle's ``whiten_units``."""
+    """whiten's output (Eq. 6 alone, on given values) against the oracle's ``whiten``."""
     if _oracle_refuses(prop, eq, subject, case, out, exp):
         return
     top = float(np.max(np.abs(exp.result.float64))) if exp.result.float64.size else 0.0
