@@ -190,9 +190,9 @@ def _ulps(x: np.ndarray) -> np.ndarray:
 def whiten(values, *, segment_sizes=None, unit_ids=None, eps=None, convention="spec", token_counts=None) -> Stage:
     """Eq. 6 alone on given float values (exact rationals), per unit: ``segment_sizes``
     (consecutive counts, as in impl.gdpo) or ``unit_ids`` (a label per sample); neither: one unit."""
-    unit_ids = inp.units_of(np.shape(values)[0] if np.ndim(values) else 0, unit_ids, segment_sizes)
+    v = inp.as_float_matrix(values, "values")  # first: a ragged list is a ShapeError, named
+    unit_ids = inp.units_of(v.shape[0], unit_ids, segment_sizes)
     conv = get_convention(convention)
-    v = inp.as_float_matrix(values, "values")
     if v.shape[1] != 1:
         raise ShapeError(f"values must be a vector, got shape {v.shape}")
     v = v[:, 0]

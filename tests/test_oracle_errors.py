@@ -35,6 +35,12 @@ def test_bad_input_raises(name, kw, exc, pattern):
         gdpo.gdpo_advantages(**args)
 
 
+def test_whiten_names_a_ragged_list_of_values():
+    """A ragged list is the values' ShapeError, naming the row, not NumPy's ValueError."""
+    with pytest.raises(ShapeError, match=r"values row 1 is a sequence"):
+        gdpo.whiten([1.0, [2.0, 3.0]], segment_sizes=[2])
+
+
 def test_errors_are_value_errors():
     assert issubclass(GDPOError, ValueError)
     with pytest.raises(ValueError):
