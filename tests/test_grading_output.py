@@ -8,6 +8,7 @@ import os
 import shlex
 import subprocess
 import sys
+import warnings
 
 import pytest
 
@@ -51,6 +52,17 @@ def test_a_wrong_implementation_fails_with_a_finding_its_example_and_replay_line
     assert "--- finding 1: formula differs from the paper ---" in proc.stdout  # --details: the full text
     replay = subprocess.run(shlex.split(f["repro"]), capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
     assert replay.returncode == 1 and "[formula differs from the paper]" in replay.stdout, replay.stdout + replay.stderr
+
+
+def test_the_graded_codes_overflow_warnings_are_findings_not_noise():
+    """NumPy float32 code overflows on the extreme cases and warns at every one; gdpo check printed
+    those RuntimeWarnings (128 lines on stderr for the whole grading). The findings say what
+    overflowed; the warnings are not printed."""
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        g = _grade("paper_impls:correct_numpy_f32", select="range")
+    assert [str(w.message) for w in seen if issubclass(w.category, RuntimeWarning)] == []
+    assert {f.category for f in g.findings} >= {"non_finite"}, g.findings
 
 
 def test_the_graders_own_error_is_no_verdict(monkeypatch, capsys):
