@@ -33,8 +33,9 @@ from spec.conventions import get_convention
 JSON_SCHEMA = 2
 #: exit codes: conforming, findings, a usage error (argparse's), an error of the grader itself
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_GRADER = 0, 1, 2, 3
-#: the first screen: at most this many lines, and columns outside the replay lines
-SCREEN_LINES, SCREEN_COLUMNS = 60, 160
+#: the first screen: at most this many lines, and columns outside the replay lines; a replay line
+#: longer than REPLAY_COLUMNS (a case of many rows) is left to --details and the JSON
+SCREEN_LINES, SCREEN_COLUMNS, REPLAY_COLUMNS = 60, 160, 480
 
 
 @dataclasses.dataclass
@@ -169,6 +170,17 @@ def table(g: Grading) -> list[str]:
     return out
 
 
+def _screen_line(line: str, f) -> str:
+    """A finding's line on the first screen: clipped, but a replay line whole (to copy), unless
+    it is longer than three screen lines."""
+    if not line.lstrip().startswith("replay:"):
+        return _clip(line)
+    if len(line) <= REPLAY_COLUMNS:
+        return line
+    return (f"   replay: too long for this screen ({len(f.repro):,} characters): gdpo check --details prints it; "
+            "--json has it as repro")
+
+
 def render(g: Grading, details: bool = False) -> str:
     """The first screen (at most :data:`SCREEN_LINES` lines, :data:`SCREEN_COLUMNS` columns outside
     the replay lines); ``details``: every finding's full text after it."""
@@ -187,7 +199,7 @@ def render(g: Grading, details: bool = False) -> str:
             if len(block) > budget:
                 lines.append(f"... {len(shown) - i + 1} more finding(s): gdpo check --details lists every one")
                 break
-            lines += [_clip(x) if not x.lstrip().startswith("replay:") else x for x in block]
+            lines += [_screen_line(x, f) for x in block]
             budget -= len(block)
         lines.append("")
     lines += table(g)

@@ -65,6 +65,17 @@ def test_the_graded_codes_overflow_warnings_are_findings_not_noise():
     assert {f.category for f in g.findings} >= {"non_finite"}, g.findings
 
 
+def test_a_replay_line_too_long_for_the_first_screen_is_left_to_details():
+    """float32 code overflows at Eq. 4's sum only on a group of many rows: its replay line holds the
+    whole case (over 2,000 characters). The first screen points to --details, which prints it."""
+    g = _grade("paper_impls:correct_f32", select="large")
+    [f] = [f for f in g.findings if len(f.repro) > grading.REPLAY_COLUMNS]
+    screen = grading.render(g)
+    assert max(len(line) for line in screen.splitlines()) <= grading.REPLAY_COLUMNS
+    assert f"replay: too long for this screen ({len(f.repro):,} characters)" in screen, screen
+    assert f.repro in grading.render(g, details=True)
+
+
 def test_the_graders_own_error_is_no_verdict(monkeypatch, capsys):
     def broken(*a, **k):
         raise RuntimeError("a bug of the grader")
