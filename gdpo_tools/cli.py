@@ -6,13 +6,10 @@
 from __future__ import annotations
 
 import argparse
-import ast
 import importlib
 import importlib.metadata
-import importlib.util
 import json
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -26,6 +23,22 @@ from spec import CONVENTIONS, get_convention
 #: conformance.subject.CALL_SHAPES, written out so that `gdpo` does not import torch to parse its
 #: arguments (tests/test_cli.py asserts the two agree).
 CHECK_CALL_SHAPES = ("gdpo", "trl", "verl")
+
+
+#: ``gdpo audit --help``: the formats in brief; in full, with the findings and the JSON schema, in
+#: docs/audit.md.
+AUDIT_HELP = """\
+What GDPO does with a dumped batch: per group and whitening unit, each finding with a stable code,
+a sentence with its numbers and what to do about it.
+
+Formats: .npz or .pt (a dict saved with torch.save): arrays 'rewards' (N, K) or one 'reward_<name>'
+(N,) per component, 'group_ids' (N,), optional 'unit_ids' (N,), 'weights' (K,), 'names' (K,);
+.jsonl: one object per sample, {"group": g, "unit": u (optional), "rewards": {"name": value, ...}
+or [values]}; .csv: a header with 'group', optional 'unit', one column per component.
+
+Exit codes: 0 audited, routine findings only; 1 warnings; 2 could not audit (the message names the
+file, the column and the line or row); 3 impl.gdpo disagrees with the exact oracle (a bug to report).
+Formats, findings, exit codes and the JSON schema in full: docs/audit.md."""
 
 
 def _fmt(x: float) -> str:
@@ -141,17 +154,6 @@ def _weight(text: str) -> float:
         raise argparse.ArgumentTypeError(f"invalid weight {text!r}{hint}") from None
 
 
-def _audit_doc() -> str:
-    """``gdpo audit``'s help: the docstring of gdpo_tools/audit, read without importing it
-    (importing it imports torch, two seconds every other command would wait for)."""
-    try:
-        origin = importlib.util.find_spec("gdpo_tools.audit").origin
-        doc = ast.get_docstring(ast.parse(Path(origin).read_text(encoding="utf-8")), clean=False)
-    except (AttributeError, OSError, TypeError, SyntaxError):  # no source file to read (a zip, a frozen build)
-        doc = __import__("gdpo_tools.audit", fromlist=["x"]).__doc__
-    return re.sub(r":\w+:`([^`]*)`", r"\1", doc).replace("``", "")  # plain text: no reST roles or literals
-
-
 def _version() -> str:
     try:
         return importlib.metadata.version("gdpo-spec")
@@ -184,7 +186,7 @@ def _command(argv: list[str] | None) -> int:
                           # the file first: after --weights it would be read as one more weight
                           usage="gdpo audit [file] [--weights W [W ...]] [--eps EPS] [--missing {refuse,unscored}] "
                                 "[--json] [--exact] [--peers]",
-                          description=_audit_doc(),
+                          description=AUDIT_HELP,
                           formatter_class=argparse.RawDescriptionHelpFormatter)
     p_au.add_argument("file", nargs="?", help="the batch (default: a built-in example batch)")
     p_au.add_argument("--json", action="store_true", help="machine-readable report")

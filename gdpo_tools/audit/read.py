@@ -1,4 +1,4 @@
-"""Reading a dumped batch for ``gdpo audit`` (formats: :mod:`gdpo_tools.audit`): every refusal names
+"""Reading a dumped batch for ``gdpo audit`` (formats: docs/audit.md): every refusal names
 the file, the array or column, and the row, and is also the spec's class for its kind."""
 
 from __future__ import annotations

@@ -203,7 +203,7 @@ def _impl_values(batch: Batch, groups: _Groups, uorder, uinverse, usizes, w, eps
 
 def audit(batch: Batch, weights=None, eps: float = DEFAULT_EPS, exact: bool | None = None,
           peers: bool | None = None, bar: Progress | None = None, missing: str = "refuse") -> dict:
-    """The report of ``batch`` (see :mod:`gdpo_tools.audit` for its schema). ``exact``: run the
+    """The report of ``batch`` (its schema: docs/audit.md). ``exact``: run the
     oracle on every group (default: up to EXACT_SAMPLES samples); ``peers``: compute the peer
     conventions (default: when exact); ``missing``: "refuse" a NaN reward, or read it as
     "unscored" (impl.gdpo's keyword; a masked entry of a masked array alike)."""
