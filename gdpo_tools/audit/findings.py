@@ -1,11 +1,7 @@
-"""What ``gdpo audit`` can find, each with a stable code, a severity, a sentence in plain
-words and what to do about it; and the terms the report uses, defined where they first
-appear. The codes are the JSON report's interface: a new finding gets a new code, and a
-code is never reused for another meaning.
-
-Severities: ``routine`` findings are reported but exit 0 (with binary rewards a column
-constant within a group, or a group without signal, is what the data is); ``warning``
-exits 1; ``error`` (the implementation disagrees with the exact oracle) exits 3.
+"""What ``gdpo audit`` can find, each with a stable code, a severity (``routine`` exits 0,
+``warning`` 1, ``error`` 3), a sentence in plain words and what to do about it; and the terms
+the report uses, defined where they first appear. The codes are the JSON report's interface: a
+new finding gets a new code, and a code is never reused for another meaning.
 """
 
 from __future__ import annotations

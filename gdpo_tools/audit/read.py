@@ -86,9 +86,18 @@ class Batch:
         code = code.item() if hasattr(code, "item") else code
         return self.group_names[code] if self.group_names is not None else code
 
-    def place(self, i: int) -> str:
-        """Row ``i`` as the file shows it: its line in a text file, its index in an array."""
-        return f"line {self.lines[i]}" if self.lines is not None else f"row {i} (0-based)"
+    def numbers(self, rows) -> list[int]:
+        """Rows as the file numbers them: lines (1-based) of a text file, rows (0-based) of an array."""
+        return (self.lines[rows] if self.lines is not None else np.asarray(rows)).tolist()
+
+    def places(self, rows, most: int = 6) -> str:
+        """Rows named as the file shows them: "line 7", "lines 3, 5, 9" or "rows 0, 4 (0-based)", the
+        first ``most``."""
+        nums = self.numbers(rows)
+        said = ", ".join(map(str, nums[:most])) + (f" and {len(nums) - most:,} more" if len(nums) > most else "")
+        if self.lines is not None:
+            return f"line{'s' * (len(nums) > 1)} {said}"
+        return f"row{'s' * (len(nums) > 1)} {said} (0-based)"
 
 
 def shown(v, limit: int = 40) -> str:

@@ -1,13 +1,7 @@
-"""The audit: what GDPO does with a batch, per group and per whitening unit.
-
-Up to :data:`EXACT_SAMPLES` samples the exact oracle runs on the whole batch and on every peer
-convention. Beyond, that would take hours, so the batch is read from impl.gdpo's float64 values
-and the oracle runs where a finding needs its certainty: on groups whose combined values vanish
-(exact cancellation), whose estimated condition is near :data:`ILL_CONDITIONED`, and on
-:data:`SAMPLED_GROUPS` more spread through the batch (checking impl.gdpo against the error
-bound), and on the Eq. 6 step of up to :data:`SAMPLED_UNITS` units. The other findings are exact
-decisions or plain statistics either way. Peer conventions are then opt-in (``--peers``): their
-float formulas (gdpo_tools.limits.peers), against impl.gdpo.
+"""The audit: what GDPO does with a batch, per group and per whitening unit. Up to
+:data:`EXACT_SAMPLES` samples the exact oracle runs everywhere; beyond, impl.gdpo's float64 values
+settle each group and the oracle runs where a finding needs it and on a sample of groups and units
+(how it checks: docs/audit.md). Peer conventions beyond: their float formulas, against impl.gdpo.
 """
 
 from __future__ import annotations
@@ -69,7 +63,7 @@ def _scored_rewards(batch: Batch, missing: str) -> np.ndarray:
         if missing == "refuse" and mask.any():
             i, k = (int(v) for v in np.argwhere(mask)[0])
             raise AuditInputError(f"{batch.source}: 'rewards' is a masked array with {int(mask.sum()):,} masked "
-                                  f"entries ({batch.place(i)}, column {batch.names[k]!r} the first); --missing "
+                                  f"entries ({batch.places([i])}, column {batch.names[k]!r} the first); --missing "
                                   "unscored reads them as rewards not scored")
         r = np.where(mask, np.nan, np.ma.getdata(r))
     r = np.asarray(r, dtype=np.float64)
@@ -80,7 +74,7 @@ def _scored_rewards(batch: Batch, missing: str) -> np.ndarray:
         label = batch.group_label(batch.group_ids[i])
         more = f" (and {len(bad) - 1:,} more)" if len(bad) > 1 else ""
         hint = "; --missing unscored reads a NaN as a reward not scored" if missing == "refuse" else ""
-        raise NonFiniteError(f"{batch.source}: {batch.place(i)}, column {batch.names[k]!r} (group {shown(label)}) is "
+        raise NonFiniteError(f"{batch.source}: {batch.places([i])}, column {batch.names[k]!r} (group {shown(label)}) is "
                              f"{'NaN' if v != v else repr(v)}{more}: the specification refuses non-finite "
                              f"rewards{hint}")
     return r
@@ -94,8 +88,8 @@ def _refuse_singletons(batch: Batch, groups: "_Groups") -> None:
         j = lonely[np.argmin(first[lonely])]
         others = lonely.size - 1
         more = "" if not others else f", as {'does 1 other group' if others == 1 else f'do {others} other groups'}"
-        raise GroupError(f"{batch.source}: group {shown(batch.group_label(labels[j]))} ({batch.place(first[j])}) has 1 "
-                         f"sample{more}; Eq. 4's unbiased std needs at least 2 (drop such groups, or merge them)")
+        raise GroupError(f"{batch.source}: group {shown(batch.group_label(labels[j]))} ({batch.places([first[j]])}) "
+                         f"has 1 sample{more}; Eq. 4's unbiased std needs at least 2 (drop such groups, or merge them)")
 
 
 class _Groups:
@@ -195,7 +189,7 @@ def _impl_values(batch: Batch, groups: _Groups, uorder, uinverse, usizes, w, eps
             impl.normalize_rewards(torch.from_numpy(r), group_ids=torch.from_numpy(g), **kw)
         except GDPOError as whole:
             e, rows = whole, np.arange(N)
-        said = re.sub(r"\brow (\d+)", lambda m: batch.place(rows[int(m[1])]) if int(m[1]) < rows.size else m[0],
+        said = re.sub(r"\brow (\d+)", lambda m: batch.places([rows[int(m[1])]]) if int(m[1]) < rows.size else m[0],
                       str(e))
         raise type(e)(f"{batch.source}: impl.gdpo refuses the batch: {said}") from e
     return c, a, signal
@@ -413,7 +407,7 @@ def _group_findings(batch, groups, gi, w, eps, signal, cancelled, cond, sharp, c
     found = []
     unscored = np.isnan(batch.rewards[rows])
     if unscored.any():
-        said = [f"{names[k]} ({_places(batch, rows[unscored[:, k]])})" for k in range(K) if unscored[:, k].any()]
+        said = [f"{names[k]} ({batch.places(rows[unscored[:, k]])})" for k in range(K) if unscored[:, k].any()]
         found.append(finding("unscored", f"{int(unscored.sum())} reward(s) not scored: {'; '.join(said)}; each has "
                              "z = 0 and is left out of its column's mean and std", count=int(unscored.sum())))
     collapsed = [names[k] for k in range(K) if groups.collapsed[gi, k]]
@@ -433,9 +427,9 @@ def _group_findings(batch, groups, gi, w, eps, signal, cancelled, cond, sharp, c
         C = batch.rewards[members[0], k] + np.sign(w[k] * w[l]) * batch.rewards[members[0], l]
         kept = f"{100 * keeps:.2g}%" if keeps >= 1e-4 else "less than 0.01%"
         found.append(finding("partial-cancellation", f"columns {names[k]} and {names[l]} cancel on {members.size} of "
-                             f"{n} rows, {_places(batch, members)}, where {names[l]} = {mirror} (C = {C:.6g}): "
+                             f"{n} rows, {batch.places(members)}, where {names[l]} = {mirror} (C = {C:.6g}): "
                              f"between them their weighted z keep {kept} of the signal they carry apart",
-                             columns=[names[k], names[l]], rows=_numbers(batch, members), keeps=float(keeps)))
+                             columns=[names[k], names[l]], rows=batch.numbers(members), keeps=float(keeps)))
     scale = max(float(np.abs(c[rows]).max()), 1.0)
     if cond > ILL_CONDITIONED * scale and cond_from == "oracle":
         how = "at first order" if sharp else "at most (a bound)"
@@ -503,20 +497,6 @@ def _partial_cancellations(r, groups: _Groups, w, eps) -> dict:
                     pairs.pop()
                 pairs.append((k, l, members, float(keeps[gi])))
     return found
-
-
-def _numbers(batch: Batch, rows) -> list[int]:
-    """Rows as the file numbers them: lines (1-based) of a text file, rows (0-based) of an array."""
-    return (batch.lines[rows] if batch.lines is not None else np.asarray(rows)).tolist()
-
-
-def _places(batch: Batch, rows, most: int = 6) -> str:
-    """Rows named as the file shows them: "lines 3, 5, 9" or "rows 0, 4 (0-based)", the first ``most``."""
-    nums = _numbers(batch, rows)
-    said = ", ".join(map(str, nums[:most])) + (f" and {len(nums) - most:,} more" if len(nums) > most else "")
-    if batch.lines is not None:
-        return f"line{'s' * (len(nums) > 1)} {said}"
-    return f"row{'s' * (len(nums) > 1)} {said} (0-based)"
 
 
 def _list(names: list[str]) -> str:

@@ -1,14 +1,7 @@
 """Known-limit tables of GDPO implementations, measured against the exact oracle.
 
-    python -m gdpo_tools.limits                 # in a checkout: rewrite spec/generated/known_limits.md, limits/*.png
-    gdpo limits --out DIR                       # anywhere: write DIR/known_limits.md and DIR/limits/*.png
-    gdpo limits --fast --out DIR --no-plots     # the subset CI regenerates
-    gdpo limits --only cancellation             # print one table group
-
-Every number is measured when the command runs (the tables: ``tables.py``). The fast subset's
-rows are the full run's rows, cell for cell: ``tests/test_limits.py`` regenerates it and fails on
-any difference with the committed file (its machine-dependent environment block aside), and on
-any documented limit (:data:`LIMITS`) that no longer reproduces.
+The command (``gdpo limits``, ``python -m gdpo_tools.limits``: docs/limits.md), the documented
+limits (:data:`LIMITS`) that every run checks, and the page; the tables: ``tables.py``.
 """
 
 from __future__ import annotations
