@@ -234,14 +234,19 @@ def audit(batch: Batch, weights=None, eps: float = DEFAULT_EPS, exact: bool | No
     over = np.full(G, np.nan)  # impl's error over the bound, where the oracle checked it
     unit_collapsed, unit_cond_sharp = np.zeros(ulabels.size, bool), np.zeros(ulabels.size, bool)
     unit_cond, unit_over = np.full(ulabels.size, np.nan), np.full(ulabels.size, np.nan)
+
+    def settle(res, sub: _Groups, part: np.ndarray) -> None:
+        """The oracle's decisions on the groups ``part`` (``sub``: the groups of its rows)."""
+        cancelled[groups.position(res.group_labels)] = res.group_cancelled
+        cond[part] = sub.reduce_max(res.combined.cond)
+        cond_sharp[part] = np.minimum.reduceat(res.combined.cond_sharp[sub.order], sub.starts).astype(bool)
+        cond_from[part] = "oracle"
+
     if exact:
         bar.start("exact oracle, whole batch")
         res = oracle.gdpo_advantages(r, batch.group_ids, weights=w, unit_ids=units, eps=eps, missing=missing)
-        cancelled[groups.position(res.group_labels)] = res.group_cancelled
-        cond = groups.reduce_max(res.combined.cond)
-        cond_sharp = np.minimum.reduceat(res.combined.cond_sharp[groups.order], groups.starts).astype(bool)
-        cond_from[:] = "oracle"
-        ratio = _over_bound(impl_a, res.float64, res.allowed("float64"), res.required_zero)
+        settle(res, groups, np.arange(G))
+        ratio = _over_bound(impl_a, res)
         over = groups.reduce_max(ratio)
         unit_collapsed[np.searchsorted(ulabels, res.unit_labels)] = res.unit_collapsed
         unit_cond = np.maximum.reduceat(res.cond[uorder], ustarts)
@@ -253,20 +258,15 @@ def audit(batch: Batch, weights=None, eps: float = DEFAULT_EPS, exact: bool | No
         cmax = groups.reduce_max(np.abs(c))
         vanishing = (cmax < VANISHING) & ~groups.collapsed.all(axis=1)
         near = cond > COND_MARGIN * ILL_CONDITIONED * np.maximum(cmax, 1.0)
-        spread = np.unique(np.linspace(0, G - 1, min(G, SAMPLED_GROUPS)).round().astype(np.int64))
-        checked = np.union1d(np.flatnonzero(vanishing | near), spread)
+        checked = np.union1d(np.flatnonzero(vanishing | near), _spread(G, SAMPLED_GROUPS))
         bar.start(f"exact oracle, {checked.size} of {G} groups")
         for lo in range(0, checked.size, 64):  # in chunks, for the progress line
             part = checked[lo:lo + 64]
             rows = np.concatenate([groups.rows(g) for g in part])
             res = oracle.gdpo_advantages(r[rows], batch.group_ids[rows], weights=w, eps=eps, missing=missing)
-            cancelled[groups.position(res.group_labels)] = res.group_cancelled
             sub = _Groups(r[rows], batch.group_ids[rows])  # the same groups, in the same order (part ascends)
-            cond[part] = sub.reduce_max(res.combined.cond)
-            cond_sharp[part] = np.minimum.reduceat(res.combined.cond_sharp[sub.order], sub.starts).astype(bool)
-            cond_from[part] = "oracle"
-            comb = res.combined
-            over[part] = sub.reduce_max(_over_bound(c[rows], comb.float64, comb.allowed("float64"), comb.required_zero))
+            settle(res, sub, part)
+            over[part] = sub.reduce_max(_over_bound(c[rows], res.combined))
             bar.update(min(1.0, (lo + part.size) / checked.size))
         # units: collapsed where impl's combined values of the scored rows are all equal, or
         # fewer than two (exact there: structural zeros are exact in impl.gdpo); Eq. 6 checked
@@ -274,8 +274,7 @@ def audit(batch: Batch, weights=None, eps: float = DEFAULT_EPS, exact: bool | No
         cu = np.where(scored, c, np.nan)[uorder]
         unit_collapsed = (np.fmin.reduceat(cu, ustarts) == np.fmax.reduceat(cu, ustarts)) | (uscored < 2)
         small = np.flatnonzero((usizes <= EXACT_UNIT) & (uscored >= 2))
-        checked_units = small[np.unique(np.linspace(0, small.size - 1, min(small.size, SAMPLED_UNITS)).round()
-                                        .astype(np.int64))] if small.size else small
+        checked_units = small[_spread(small.size, SAMPLED_UNITS)]
         if checked_units.size:
             bar.start(f"exact oracle, Eq. 6 of {checked_units.size} units")
         for j, u in enumerate(checked_units):
@@ -284,7 +283,7 @@ def audit(batch: Batch, weights=None, eps: float = DEFAULT_EPS, exact: bool | No
             st = oracle.whiten(c[rows], eps=eps)
             mine = impl.whiten(torch.from_numpy(c[rows]), segment_sizes=[int(rows.size)], eps=eps,
                                out_dtype=torch.float64).numpy()
-            unit_over[u] = float(np.max(_over_bound(mine, st.float64, st.allowed("float64"), st.required_zero)))
+            unit_over[u] = float(np.max(_over_bound(mine, st)))
             unit_cond[u] = float(st.cond.max())
             unit_cond_sharp[u] = bool(st.cond_sharp.all())
             bar.update((j + 1) / checked_units.size)
@@ -389,8 +388,15 @@ def _method_text(exact: bool, groups: int, G: int, units: int, S: int) -> str:
             "(--exact: every group, much slower)")
 
 
-def _over_bound(got, exact, allowed, required_zero) -> np.ndarray:
-    """Per sample, impl's error in units of the error bound (inf: a demanded exact zero missed)."""
+def _spread(n: int, most: int) -> np.ndarray:
+    """Up to ``most`` of the indices 0..n-1, spread evenly."""
+    return np.unique(np.linspace(0, n - 1, min(n, most)).round().astype(np.int64))
+
+
+def _over_bound(got, res) -> np.ndarray:
+    """Per sample, impl's error in units of the error bound of the oracle's ``res`` (inf: a
+    demanded exact zero missed)."""
+    exact, allowed, required_zero = res.float64, res.allowed("float64"), res.required_zero
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = np.where(allowed > 0, np.abs(got - exact) / np.where(allowed > 0, allowed, 1.0),
                          np.where(got == exact, 0.0, np.inf))
