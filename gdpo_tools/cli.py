@@ -201,9 +201,9 @@ def _command(argv: list[str] | None) -> int:
                            "with --peers, each peer convention exactly too)")
     p_au.add_argument("--peers", action="store_true", default=None,
                       help="compute the peer conventions, also beyond 20,000 samples (their float formulas)")
-    p_li = sub.add_parser("limits", add_help=False,
+    # limits and peers: listed here for gdpo --help; _command hands them to their own parsers
+    sub.add_parser("limits", add_help=False,
                           help="measure the known-limit tables and plots into --out DIR (see gdpo limits --help)")
-    p_li.add_argument("rest", nargs=argparse.REMAINDER)
     p_ck = sub.add_parser("check", help="run the conformance suite against impl.gdpo or another implementation")
     p_ck.add_argument("--impl", default=None, help="package.module:function to grade (default impl.gdpo)")
     p_ck.add_argument("--convention", default=None,
@@ -240,9 +240,8 @@ def _command(argv: list[str] | None) -> int:
     p_ck.add_argument("--strict", action="store_true",
                       help="hold the code to the specification's own error model (the prescribed float64 algorithm: "
                            "exact collapse and structural zeros bit for bit) instead of its own precision")
-    p_pe = sub.add_parser("peers", help="grade every installed peer and write the generated peers page "
+    sub.add_parser("peers", help="grade every installed peer and write the generated peers page "
                                         "(spec/generated/peers.md; see gdpo peers --help)", add_help=False)
-    p_pe.add_argument("rest", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     if args.command == "check":
         return run_check(args)

@@ -311,6 +311,13 @@ VARIANCE_ALGORITHMS = {"one-pass": one_pass_variance, "two-pass": two_pass_varia
                        "shifted two-pass": lambda x, dt: two_pass_variance(x - x[0], dt)}
 
 
+def variance_case(offset: float, dt: np.dtype) -> tuple[float, dict]:
+    """The exact std of ``offset + _STEPS`` rounded to ``dt``, and each algorithm's variance of it."""
+    x = (offset + _STEPS).astype(dt)
+    with np.errstate(all="ignore"):
+        return exact_std(x.astype(np.float64)), {name: alg(x, dt) for name, alg in VARIANCE_ALGORITHMS.items()}
+
+
 def _variance_cell(var, exact: float) -> tuple[str, float]:
     var = float(var)
     if math.isnan(var) or var < 0:
@@ -331,13 +338,10 @@ def build_variance(fast: bool, seed: int, progress) -> tuple[list[Table], dict]:
     facts, rows = {}, []
     for off in offsets:
         row = [fmt_c(off)]
-        for dname, dt in (("float64", np.dtype(np.float64)), ("float32", np.dtype(np.float32))):
-            x = (off + _STEPS).astype(dt)
-            ex = exact_std(x.astype(np.float64))
+        for dname in ("float64", "float32"):
+            ex, variances = variance_case(off, np.dtype(dname))
             row.append(fmt(ex, 3))
-            for aname, alg in VARIANCE_ALGORITHMS.items():
-                with np.errstate(all="ignore"):
-                    var = alg(x, dt)
+            for aname, var in variances.items():
                 cell, rel = _variance_cell(var, ex)
                 facts[(off, dname, aname)] = {"var": float(var), "exact_std": ex, "rel": rel}
                 row.append(cell)
