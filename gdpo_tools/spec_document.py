@@ -3,10 +3,7 @@
     python -m gdpo_tools.spec_document            # rewrite the values in spec/gdpo.md in place
     python -m gdpo_tools.spec_document --check    # exit 1 where a value there is stale
 
-Every number in the document sits between markers, ``<!-- value:spec.group_eps -->0.0001<!-- /value -->``
-(a table: the markers on lines of their own), computed here from the spec constants, the exact
-oracle or a stated float computation; the prose is edited by hand. A value the document no longer
-shows, or a marker this module does not know, is an error.
+How the values sit between markers, and what is an error: docs/limits.md.
 """
 
 from __future__ import annotations

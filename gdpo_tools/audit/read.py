@@ -307,7 +307,7 @@ def _parsed(text: str):
     return None
 
 
-def _float_column(values, name: str, source: str, lines, text: bool = False) -> np.ndarray:
+def _float_column(values, name: str, source: str, lines, text: bool) -> np.ndarray:
     """Reward values of one column, cell by cell: numbers (JSON) or their text (CSV); an
     integer must be exact in float64. ``lines``: each value's line in the file."""
     out = np.empty(len(values))

@@ -161,7 +161,7 @@ def _chunks(groups: _Groups, uinverse, usizes, limit: int) -> list[np.ndarray] |
     return runs
 
 
-def _impl_values(batch: Batch, groups: _Groups, uorder, uinverse, usizes, w, eps, bar, missing="refuse"):
+def _impl_values(batch: Batch, groups: _Groups, uorder, uinverse, usizes, w, eps, bar, missing):
     """impl.gdpo's combined values c and advantages a (float64, file order) and each group's signal,
     in chunks of whole units of about CHUNK_SAMPLES samples (impl's memory does not grow with the
     batch). A refusal is run again on the whole batch, so that impl names the file's own rows."""

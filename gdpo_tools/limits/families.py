@@ -20,7 +20,6 @@ class Case:
     groups: np.ndarray  # (N,) int64 labels
     weights: tuple | None
     tokens: np.ndarray  # (N,) int64 token counts (verl)
-    note: str
 
 
 def f32(x) -> np.ndarray:
@@ -39,12 +38,12 @@ def _column(rng, kind: str, n: int) -> np.ndarray:
     return f32(v)
 
 
-def _assemble(rng, blocks, weights, note) -> Case:
+def _assemble(rng, blocks, weights) -> Case:
     """The groups ``blocks`` in one whitening unit, with token counts for verl."""
     rewards = np.concatenate(blocks)
     groups = np.repeat(np.arange(len(blocks)), [b.shape[0] for b in blocks]).astype(np.int64)
     tokens = rng.integers(1, 513, rewards.shape[0]).astype(np.int64)
-    return Case(rewards, groups, weights, tokens, note)
+    return Case(rewards, groups, weights, tokens)
 
 
 def _weights(rng, k: int):
@@ -60,7 +59,7 @@ def healthy(rng):
     g, n, k = int(rng.integers(2, 5)), int(rng.choice([4, 8])), int(rng.integers(2, 4))
     kinds = rng.choice(["binary", "ints", "uniform"], k)
     blocks = [np.stack([_column(rng, kd, n) for kd in kinds], 1) for _ in range(g)]
-    return _assemble(rng, blocks, _weights(rng, k), f"{g} groups of {n}, columns {','.join(kinds)}")
+    return _assemble(rng, blocks, _weights(rng, k))
 
 
 def large_offset(rng):
@@ -73,7 +72,7 @@ def large_offset(rng):
         if np.all(col == col[0]):
             col[-1] = float(np.nextafter(np.float32(col[0]), np.float32(np.inf)))
         blocks.append(np.stack([col, _column(rng, "binary", n)], 1))
-    return _assemble(rng, blocks, _weights(rng, 2), f"offset {offset:g}, step {step:g}")
+    return _assemble(rng, blocks, _weights(rng, 2))
 
 
 def _constant_sum_block(rng, n, big):
@@ -96,7 +95,7 @@ def constant_sum(rng):
         blocks.append(np.stack([_column(rng, "binary", n), _column(rng, "ints", n)], 1))
     w = float(f32(rng.choice([1.0, 0.5, 3.0])))
     assert all(np.all(f32(b) == b) for b in blocks)
-    return _assemble(rng, blocks, (w, w), f"{g} constant-sum groups of {n}" + (" + 1 healthy" if shared else ""))
+    return _assemble(rng, blocks, (w, w))
 
 
 def near_constant_sum(rng):
@@ -106,7 +105,6 @@ def near_constant_sum(rng):
     j = int(rng.choice(first))
     r[j, 1] = float(np.nextafter(np.float32(r[j, 1]), np.float32(np.inf)))  # one ulp: real signal
     case.rewards = r
-    case.note += f", row {j} column 1 one float32 ulp up"
     return case
 
 
@@ -116,7 +114,7 @@ def collapse(rng):
     blocks = [np.stack([np.full(n, float(f32(rng.choice([0.0, 1.0, 0.3, 1e4]))))
                         if whole or rng.integers(0, 2) == 0 else _column(rng, "binary", n) for _ in range(2)], 1)
               for _ in range(g)]
-    return _assemble(rng, blocks, _weights(rng, 2), "every column constant" if whole else "some columns constant")
+    return _assemble(rng, blocks, _weights(rng, 2))
 
 
 def tiny_std(rng):
@@ -129,14 +127,14 @@ def tiny_std(rng):
         if np.all(col == col[0]):
             col[-1] = float(f32(col[0] + s))
         blocks.append(np.stack([col, _column(rng, "binary", n)], 1))
-    return _assemble(rng, blocks, _weights(rng, 2), f"column spread {s:g} at {base:g}")
+    return _assemble(rng, blocks, _weights(rng, 2))
 
 
 def n_g_2(rng):
     g, k = int(rng.integers(2, 7)), int(rng.integers(1, 4))
     kinds = rng.choice(["binary", "ints", "uniform"], k)
     blocks = [np.stack([_column(rng, kd, 2) for kd in kinds], 1) for _ in range(g)]
-    return _assemble(rng, blocks, _weights(rng, k), f"{g} groups of 2, K={k}")
+    return _assemble(rng, blocks, _weights(rng, k))
 
 
 def nan_reward(rng):
@@ -145,7 +143,6 @@ def nan_reward(rng):
     k = int(rng.integers(0, case.rewards.shape[1]))
     case.rewards = case.rewards.copy()
     case.rewards[i, k] = np.nan
-    case.note += f", NaN at row {i} column {k}"
     return case
 
 
@@ -154,7 +151,7 @@ def ragged(rng):
     k = int(rng.integers(2, 4))
     kinds = rng.choice(["binary", "ints", "uniform"], k)
     blocks = [np.stack([_column(rng, kd, n) for kd in kinds], 1) for n in sizes]
-    case = _assemble(rng, blocks, _weights(rng, k), f"group sizes {sizes}")
+    case = _assemble(rng, blocks, _weights(rng, k))
     perm = rng.permutation(case.rewards.shape[0])  # interleave the groups (labels, not positions)
     case.rewards, case.groups, case.tokens = case.rewards[perm], case.groups[perm], case.tokens[perm]
     return case

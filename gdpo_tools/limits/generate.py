@@ -73,7 +73,7 @@ def _cd(kind, c):
 
 
 def _impl_grades(f):
-    return [g for (name, _family, _grading), grades in f["peers"].items() if name == "impl64" for g, _ in grades]
+    return [g for (name, _family, _grading), grades in f["peers"].items() if name == "impl64" for g in grades]
 
 
 def _sharp_cd(f):
@@ -92,7 +92,7 @@ def _variance(f, off, dtype, algorithm):
 
 def _worst(f, name, family, grading):
     """The worst err/bound of an implementation over a peer-table family."""
-    return max(g.ratio for g, _ in f["peers"][(name, family, grading)])
+    return max(g.ratio for g in f["peers"][(name, family, grading)])
 
 
 _F32_PEERS = T.P.FLOAT32_PEERS
@@ -199,9 +199,9 @@ LIMITS: tuple[Limit, ...] = (
           read=lambda f: f["ranges"]["weights"]),
     Limit("nan-reward", "A NaN reward: impl raises (NonFiniteError) on every case; every peer returns numbers or NaN "
           "without an error.",
-          lambda p: (all(g.outcome == "clear error" for g, _ in p[("impl64", "NaN reward", "spec")])
+          lambda p: (all(g.outcome == "clear error" for g in p[("impl64", "NaN reward", "spec")])
                      and all(g.outcome == "no error" for n in (*_F32_PEERS, "multireward_grpo")
-                             for g, _ in p[(n, "NaN reward", "spec")]),
+                             for g in p[(n, "NaN reward", "spec")]),
                      "impl: clear error; peers: no error"),
           reach=("setting", "a reward function that fails and returns NaN"), read=lambda f: f["peers"]),
     Limit("float32-offset", "Large-offset groups: the float32 two-pass peers stay within the error bound of their own "
@@ -338,10 +338,8 @@ def environment(seed: int, fast: bool, wall: float) -> list[list[str]]:
     ]
 
 
-def generate(fast: bool = False, seed: int = 0, only=None, plots_dir: Path | None = None,
-             progress: Progress | None = None) -> tuple[dict, list, list, float]:
+def generate(fast: bool, seed: int, progress: Progress, only=None, plots_dir: Path | None = None) -> tuple:
     """(tables by group name, check_limits' results, the plots written, wall seconds)."""
-    progress = progress or Progress(enabled=False)
     t0 = time.monotonic()
     built = {name: build(fast, seed, progress) for name, build in T.BUILDERS.items() if not only or name in only}
     limits = check_limits({name: facts for name, (_, facts) in built.items()}) if not only else []
@@ -434,7 +432,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m gdpo_tools.limits
     args = parser.parse_args(argv)
     progress = Progress(enabled=not args.quiet, tool="limits")
     if args.only:
-        for name, tables in generate(args.fast, args.seed, only=set(args.only), progress=progress)[0].items():
+        for name, tables in generate(args.fast, args.seed, progress, only=set(args.only))[0].items():
             for t in tables:
                 print(render_section(t, name) + "\n")
         return 0
@@ -448,7 +446,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m gdpo_tools.limits
         parser.error("the plots need matplotlib: pip install 'gdpo-spec[limits]', or pass --no-plots")
     out = folder / PAGE
     plots_dir = None if args.no_plots else folder / "limits"
-    groups, limits, plots, wall = generate(args.fast, args.seed, plots_dir=plots_dir, progress=progress)
+    groups, limits, plots, wall = generate(args.fast, args.seed, progress, plots_dir=plots_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(render(groups, limits, plots, args.seed, args.fast, wall, out))
     print(f"wrote {out}" + "".join(f" and {p}" for p in plots) + f" in {wall:.0f} s", file=sys.stderr)

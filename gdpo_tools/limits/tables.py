@@ -501,7 +501,7 @@ def build_peers(fast: bool, seed: int, progress) -> tuple[list[Table], dict]:
                     seen, case.groups, weights=case.weights, token_counts=case.tokens, convention=impl.convention)
                 for grading, res in (("own", own), ("spec", spec_res)):
                     gr = P.grade(out, res, impl)
-                    facts.setdefault((name, family, grading), []).append((gr, case.note))
+                    facts.setdefault((name, family, grading), []).append(gr)
             step()
     tables = []
     for grading, title, graded in (
@@ -533,7 +533,7 @@ def build_peers(fast: bool, seed: int, progress) -> tuple[list[Table], dict]:
         for grading in ("own", "spec"):
             bad = []
             for f in families:
-                counts = collections.Counter(g.outcome for g, _ in facts[(name, f, grading)])
+                counts = collections.Counter(g.outcome for g in facts[(name, f, grading)])
                 tags = [f"{k} {v}" for k, v in counts.items() if k in ("silent zero", "NaN", "inf")]
                 if tags:
                     bad.append(f"{f}: " + ", ".join(tags))
@@ -549,16 +549,16 @@ def build_peers(fast: bool, seed: int, progress) -> tuple[list[Table], dict]:
 
 
 def _peer_cell(grades) -> str:
-    ratios = [g.ratio for g, _ in grades
+    ratios = [g.ratio for g in grades
               if g.outcome in ("correct", "off", "silent zero") and not math.isnan(g.error)]
-    errors = [g.error for g, _ in grades if not math.isnan(g.error)]
+    errors = [g.error for g in grades if not math.isnan(g.error)]
     parts = ([fmt(max(ratios))] if ratios else []) + ([f"[{fmt(max(errors))}]"] if errors else [])
-    tags = [f"{k} {v}" for k, v in collections.Counter(g.outcome for g, _ in grades).items()
+    tags = [f"{k} {v}" for k, v in collections.Counter(g.outcome for g in grades).items()
             if k not in ("correct", "off")]
-    propagated = sum(1 for g, _ in grades if g.detail == "NaN propagated")
+    propagated = sum(1 for g in grades if g.detail == "NaN propagated")
     if propagated:
         tags.append(f"NaN propagated {propagated}")
-    missed = max((g.missed_zero for g, _ in grades), default=0.0)
+    missed = max((g.missed_zero for g in grades), default=0.0)
     if missed > 0:
         tags.append(f"demanded 0 missed by {fmt(missed)}")
     return " ".join(parts + ([", ".join(tags)] if tags else [])) or "-"
