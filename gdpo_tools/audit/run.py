@@ -20,7 +20,7 @@ from gdpo_tools.limits.peers import IMPLEMENTATIONS as MIRRORS
 from gdpo_tools.progress import Progress
 from impl import gdpo as impl
 from oracle import gdpo as oracle
-from oracle.inputs import py
+from oracle.inputs import index, py
 from spec import CONVENTIONS, DEFAULT_EPS, FLOAT32_MAX, GDPOError
 from spec.errors import GroupError, NonFiniteError, OutOfRangeError
 
@@ -99,15 +99,12 @@ class _Groups:
 
     def __init__(self, r: np.ndarray, group_ids: np.ndarray):
         # groups in order of first appearance, as the oracle and impl.gdpo.group_has_signal order them
-        self._sorted, first, inverse, counts = np.unique(group_ids, return_index=True, return_inverse=True,
-                                                         return_counts=True)
-        seq = np.argsort(first, kind="stable")
-        self._rank = np.empty_like(seq)
-        self._rank[seq] = np.arange(seq.size)
-        self.labels, self.first, self.counts = self._sorted[seq], first[seq], counts[seq]
-        self.index = self._rank[inverse.reshape(-1)]
+        self.labels, self.index = index(group_ids)
+        self.counts = np.bincount(self.index, minlength=self.labels.size)
         self.order = np.argsort(self.index, kind="stable")
         self.starts = np.concatenate([[0], np.cumsum(self.counts)[:-1]])
+        self.first = self.order[self.starts]  # each group's first row
+        self._by_label = np.argsort(self.labels)
         rs = r[self.order]  # a copy: the deviations are computed in it, in place
         nan = np.isnan(rs)
         self.scored = np.add.reduceat(~nan, self.starts, axis=0, dtype=np.int64)
@@ -124,7 +121,7 @@ class _Groups:
 
     def position(self, labels) -> np.ndarray:
         """The index of each of these group labels among the groups."""
-        return self._rank[np.searchsorted(self._sorted, labels)]
+        return self._by_label[np.searchsorted(self.labels, labels, sorter=self._by_label)]
 
     def rows(self, g: int) -> np.ndarray:
         return self.order[self.starts[g]:self.starts[g] + self.counts[g]]
@@ -161,7 +158,7 @@ def _chunks(groups: _Groups, uinverse, usizes, limit: int) -> list[np.ndarray] |
     return runs
 
 
-def _impl_values(batch: Batch, groups: _Groups, uorder, uinverse, usizes, w, eps, bar, missing):
+def _impl_values(batch: Batch, groups: _Groups, uorder, uinverse, usizes, w, eps, bar, missing="refuse"):
     """impl.gdpo's combined values c and advantages a (float64, file order) and each group's signal,
     in chunks of whole units of about CHUNK_SAMPLES samples (impl's memory does not grow with the
     batch). A refusal is run again on the whole batch, so that impl names the file's own rows."""
@@ -180,8 +177,7 @@ def _impl_values(batch: Batch, groups: _Groups, uorder, uinverse, usizes, w, eps
             c[rows] = impl.normalize_rewards(tr, group_ids=tg, **kw).numpy()
             a[rows] = impl.gdpo_advantages(tr, group_ids=tg, segment_sizes=usizes[run_units].tolist(),
                                            out_dtype=torch.float64, **kw).numpy()
-            gc = g[rows]  # group_has_signal orders the groups by first appearance (impl.gdpo's docstring)
-            met = gc[np.sort(np.unique(gc, return_index=True)[1])]
+            met = index(g[rows])[0]  # group_has_signal orders the groups by first appearance, as index
             signal[groups.position(met)] = impl.group_has_signal(tr, group_ids=tg, **kw).numpy()
             bar.update((j + 1) / len(runs))
     except GDPOError as e:
