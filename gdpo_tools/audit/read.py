@@ -15,6 +15,7 @@ import numpy as np
 
 import torch
 
+from oracle.inputs import py
 from spec import GDPOError
 from spec.errors import GroupError, InputDtypeError, OutOfRangeError, SegmentError, ShapeError, WeightError
 
@@ -83,8 +84,7 @@ class Batch:
 
     def group_label(self, code):
         """A group as the file names it."""
-        code = code.item() if hasattr(code, "item") else code
-        return self.group_names[code] if self.group_names is not None else code
+        return self.group_names[py(code)] if self.group_names is not None else py(code)
 
     def numbers(self, rows) -> list[int]:
         """Rows as the file numbers them: lines (1-based) of a text file, rows (0-based) of an array."""
