@@ -74,8 +74,8 @@ def _scored_rewards(batch: Batch, missing: str) -> np.ndarray:
         label = batch.group_label(batch.group_ids[i])
         more = f" (and {len(bad) - 1:,} more)" if len(bad) > 1 else ""
         hint = "; --missing unscored reads a NaN as a reward not scored" if missing == "refuse" else ""
-        raise NonFiniteError(f"{batch.source}: {batch.places([i])}, column {batch.names[k]!r} (group {shown(label)}) is "
-                             f"{'NaN' if v != v else repr(v)}{more}: the specification refuses non-finite "
+        raise NonFiniteError(f"{batch.source}: {batch.places([i])}, column {batch.names[k]!r} (group {shown(label)}) "
+                             f"is {'NaN' if v != v else repr(v)}{more}: the specification refuses non-finite "
                              f"rewards{hint}")
     return r
 
