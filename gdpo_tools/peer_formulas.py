@@ -4,8 +4,9 @@
   deviations, then std) in a given dtype: the formula catalogue's evaluator
   (``conformance.formulas``) on the preset's choices; in float32, the faithful mirror of a peer.
 * :func:`nemo_rl_one_pass`: NeMo-RL's, whose one-pass variance is an algorithm, not a formula.
-* :func:`trl_normalize_then_sum`: TRL's normalize_then_sum as eager torch float32 code, timed
-  beside impl in benchmarks/ and graded in the known-limit tables.
+* :func:`trl_normalize_then_sum`: TRL's normalize_then_sum as TRL's eager torch float32 code
+  computes it (its NaN-aware statistics), timed beside impl in benchmarks/ and graded in the
+  known-limit tables.
 
 None is a peer's code: each is written from the formula its preset names (spec section 8).
 """
@@ -82,11 +83,24 @@ def nemo_rl_one_pass(rewards, group_ids, unit_ids=None, weights=None, token_coun
 
 def trl_normalize_then_sum(rewards: torch.Tensor, num_generations: int, weights: torch.Tensor,
                            eps: float = 1e-4) -> torch.Tensor:
+    """TRL 1.16's normalize_then_sum: NaN-aware means, TRL's std (below), a row whose every reward
+    is NaN (unscorable) given advantage 0."""
     r = rewards.to(torch.float32)
     n, k = r.shape
+    unscorable = torch.isnan(r).all(dim=1)
     grouped = r.view(-1, num_generations, k)
-    mean = torch.nanmean(grouped, dim=1, keepdim=True)
-    std = grouped.std(dim=1, keepdim=True)
-    z = ((grouped - mean) / (std + eps)).view(n, k)
-    c = torch.nansum(z * weights.to(torch.float32), dim=1)
-    return (c - c.mean()) / (c.std() + eps)
+    z = (grouped - torch.nanmean(grouped, dim=1, keepdim=True)) / (_trl_nanstd(grouped, dim=1) + eps)
+    c = torch.nansum(z.view(n, k) * weights.to(torch.float32), dim=1)
+    c[unscorable] = torch.nan
+    return torch.nan_to_num((c - torch.nanmean(c)) / (_trl_nanstd(c) + eps), nan=0.0)
+
+
+def _trl_nanstd(x: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    """TRL's std, ignoring NaNs: the mean of the squared deviations, times count / (count - 1), in
+    x's dtype. Its squares overflow float32 where a deviation passes 2**64 (the std is then inf and
+    z a silent 0); ``Tensor.std`` on CPU would not."""
+    mean = torch.nanmean(x, dim=dim, keepdim=True)
+    var = torch.nanmean((x - mean) ** 2, dim=dim, keepdim=True)
+    count = (~torch.isnan(x)).sum(dim=dim, keepdim=True)
+    var *= torch.where(count > 1, count / (count - 1), torch.nan)
+    return var.sqrt()

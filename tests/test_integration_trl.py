@@ -334,3 +334,19 @@ def test_readme_lines_name_what_exists():
     assert namespace["GDPOTrainer"] is gdpo_trl.GDPOTrainer
     assert 'multi_objective_aggregation="normalize_then_sum"' in block[1]
     assert block[2].split("#")[0].strip().startswith("trainer = GDPOTrainer(")
+
+
+def test_trl_mirror_computes_trls_std():
+    """The known-limit tables' and benchmarks' TRL (``gdpo_tools.peer_formulas``) takes the std as
+    TRL's own ``nanstd`` does, bit for bit: NaN-aware, and infinite where float32 squares overflow
+    (``Tensor.std``, a control, stays finite there: the tables once said TRL held up to 1e38)."""
+    from gdpo_tools.peer_formulas import _trl_nanstd
+    from trl.trainer.utils import nanstd
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 8, 3, generator=g) * torch.tensor([1.0, 1e4, 3e19])
+    x[5, 2, 1] = torch.nan
+    grouped = _trl_nanstd(x, dim=1)
+    assert torch.equal(grouped.view(torch.int32), nanstd(x, dim=1, keepdim=True).view(torch.int32))
+    assert torch.equal(_trl_nanstd(x[:, 0, 0]).reshape(()), nanstd(x[:, 0, 0]))
+    assert grouped[:, :, 2].isinf().all() and x.std(dim=1)[:, 2].isfinite().all()
