@@ -378,6 +378,7 @@ REFUSED_LATER = [
     ("unsafe_pt", pt({"rewards": torch.tensor(R), "group_ids": torch.tensor(G), "note": object()}), []),
     ("masked_array_pt", pt({"rewards": np.ma.array(R, mask=R > 0), "group_ids": G}), ["--missing", "unscored"]),
     ("not_a_pickle_pt", text("pt", b"\x00\x01garbage"), []),
+    ("not_a_zip_npz", text("npz", b"garbage\n"), []),
 ]
 UNAUDITABLE = [pytest.param(*c.values[:2], [], marks=c.marks, id=c.values[0]) if hasattr(c, "values") else
                pytest.param(*c[:2], [], id=c[0]) for c in CASES] + [pytest.param(*c, id=c[0]) for c in REFUSED_LATER]
@@ -432,6 +433,15 @@ def test_an_audit_that_cannot_be_imported_is_could_not_audit(tmp_path, capsys, m
     assert cli.main(["audit", str(_ok_npz(tmp_path)), "--json"]) == 2
     out, err = capsys.readouterr()
     assert json.loads(out)["error"]["code"] == "internal-error" and err.startswith("gdpo audit: could not audit")
+
+
+def test_an_npz_that_is_not_a_zip_is_named_so(tmp_path):
+    """NumPy answers a file that is neither a zip archive nor an .npy with advice about pickles."""
+    p = tmp_path / "x.npz"
+    p.write_bytes(b"garbage\n")
+    with pytest.raises(audit.AuditInputError, match=r"x\.npz: not a readable \.npz file \(not a zip archive") as e:
+        audit.read_batch(p)
+    assert "pickle" not in str(e.value)
 
 
 def test_an_unsafe_pt_is_refused_in_one_line(tmp_path):

@@ -589,6 +589,10 @@ def _record_rewards(rec, line: int, src: str, names: list[str], first, first_lin
 
 
 def _read_npz(path: Path) -> Batch:
+    with open(path, "rb") as f:
+        head = f.read(6)
+    if not head.startswith((b"PK", b"\x93NUMPY")):  # else NumPy's words are about pickles
+        raise AuditInputError(f"{path}: not a readable .npz file (not a zip archive: np.savez writes one)")
     try:
         data = np.load(path, allow_pickle=False)
     except (ValueError, OSError, EOFError, zipfile.BadZipFile) as e:
