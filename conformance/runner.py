@@ -190,6 +190,12 @@ def row_cases(row: str, subject: Subject, max_examples: int | None = None) -> li
     return _planned(row, pinned, error_cases(subject.context(), subject.shape, names={name}), subject, max_examples)
 
 
+def row_check(row: str, subject: Subject, max_examples: int | None = None) -> tuple:
+    """(the cases a drawn-first run of the row ``row`` checks, its property's check of one case)."""
+    prop = BY_NAME[row.split(":", 1)[0]]
+    return row_cases(row, subject, max_examples), lambda case: prop.check(subject, case, prop.name)
+
+
 def case_text(case) -> str:
     """A case's exact JSON (tuples of cases, the errors property's, as a list)."""
     if isinstance(case, tuple):
@@ -215,7 +221,7 @@ def failures(cases, check, catch=Exception):
 
 
 def grade(prop: Property, subject: Subject) -> None:
-    grade_cases(subject, planned_cases(prop, subject), lambda case: prop.check(subject, case, prop.name))
+    grade_cases(subject, *row_check(prop.name, subject))
 
 
 def grade_cases(subject: Subject, cases, check) -> None:
