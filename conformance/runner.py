@@ -3,11 +3,9 @@
 Two ways, by the loaded profile (``conformance.profiles``): **hypothesis's search** (``ci``,
 ``deep``: generation, ``target`` hill-climbing and shrinking, steered by what the graded code
 returns, so two machines whose last bits differ can be led to different cases), or **cases drawn
-first** (``grade``, ``gdpo check``, the negative controls): the pinned examples, then
-``max_examples`` cases drawn from the property's strategy and seed by a body that never fails
-(:func:`planned_cases`), a function of the strategy, the call shape, the seed and hypothesis's
-version alone (``tests/test_machine_independence.py``). Every case is checked; a failure is then
-reduced by the judge (:func:`reduce`), a fixed sequence of simplifications bounded in calls.
+first** (``grade``, ``gdpo check``, the negative controls: docs/grading.md, "The run";
+:func:`planned_cases`), every one checked, a failure then reduced by the judge (:func:`reduce`),
+a fixed sequence of simplifications bounded in calls.
 """
 
 from __future__ import annotations
