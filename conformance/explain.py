@@ -22,11 +22,8 @@ from spec.conventions import differences, get_convention
 
 
 def explain(subject: Subject, case, out: Outcome, conv, category):
-    """Why the advantages of ``case`` are off: ``(category, formula, cause, line, alternatives)``.
-    ``formula`` where the probes' formula reproduces the output, or on ordinary inputs a variant
-    reproduces this case *and* every probe, or the probes showed a formula no variant reproduces;
-    ``precision`` with a cause where shifting each group to near 0 removes the failure
-    (:func:`_cancellation`) or the probes showed a narrower format; else the category stands."""
+    """Why the advantages of ``case`` are off: ``(category, formula, cause, line, alternatives)``
+    (docs/grading.md, "Formula or precision"; a narrower format the probes showed is ``precision``)."""
     prof = getattr(subject, "profile", None)
     u = max(diagnosis.unit_roundoff_of(case.out_dtype), conv.unit_roundoff)
     finite = out.values is not None and bool(np.all(np.isfinite(out.values)))

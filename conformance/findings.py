@@ -1,11 +1,6 @@
-"""Findings: a grading's failures, one per cause (docs/grading.md, "Findings").
-
-A :class:`Finding` is one **key**: the judge's category, the **regime** (``ordinary magnitudes``:
-every reward and weight within :data:`ORDINARY`; ``bad input``; ``several ranks``; ``extreme
-magnitudes``, with the threshold bisected over the binary exponent, :func:`threshold`) and the
-cause (the formula's differences, the precision's or error case's cause, which input is large).
-It lists its rows, how many cases failed, and the smallest example the judge's reduction reaches
-with its replay line; findings rank worst first (:func:`rank`), in the order of :data:`REGIMES`.
+"""Findings: a grading's failures, one per cause (docs/grading.md, "Findings"): a :class:`Finding`
+is one :func:`key` (the judge's category, the regime, the cause), with its rows, how many cases
+failed and the smallest example the judge's reduction reaches; :func:`rank` orders them.
 """
 
 from __future__ import annotations
@@ -97,7 +92,7 @@ def regime(f: Failure) -> str:
 
 
 def key(f: Failure) -> tuple:
-    """What makes two failures one finding (see the module docstring)."""
+    """What makes two failures one finding: the category, the regime and the cause."""
     cat, reg = str(f.exc.category), regime(f)
     if reg == "bad input":
         note = (f.case[0] if isinstance(f.case, tuple) else f.case).note
@@ -220,7 +215,7 @@ def _repro(exc) -> str:
 
 
 def findings(failures: list, subject) -> list:
-    """The grading's findings (see the module docstring)."""
+    """The grading's findings, ranked."""
     groups: dict = {}
     for f in failures:
         groups.setdefault(key(f), []).append(f)

@@ -33,6 +33,7 @@ class Variant:
     baseline: str = "mean"          # Eq. 4: "mean", "leave_one_out"
     scale: str = "group_std"        # Eq. 4: "group_std", "loo_std", "batch_std", "none"
     group_ddof: int = 1
+    group_variance: str = "two_pass"  # or "one_pass": (sum x^2 / n - mean^2) n / (n - ddof), as NeMo-RL's code
     group_placement: str = "std"    # "std" (std + eps), "var" (sqrt(var + eps)), "skip_if_zero"
     group_eps: float | None = None
     singleton: str = "error"        # a group of one: "error", "zero", "raw"
@@ -324,6 +325,9 @@ def _eq4(b: _Batch, v: Variant) -> _Parts:
         mean = np.stack([b.gsum(x[:, k], gi, G) for k in range(K)], axis=1) / n
         dev = np.where(ok, x - mean[gi], dt.type(0))
         var = np.stack([b.gsum(dev[:, k] * dev[:, k], gi, G) for k in range(K)], axis=1) / (n - dt.type(v.group_ddof))
+        if v.group_variance == "one_pass":
+            sq = np.stack([b.gsum(x[:, k] * x[:, k], gi, G) for k in range(K)], axis=1) / n
+            var = (sq - mean * mean) * (n / (n - dt.type(v.group_ddof)))
         if v.scale == "batch_std":
             nb = ok.sum(axis=0).astype(dt)
             db = np.where(ok, x - x.sum(axis=0, dtype=dt) / nb, dt.type(0))
@@ -333,6 +337,8 @@ def _eq4(b: _Batch, v: Variant) -> _Parts:
         else:
             var_row = var[gi]
         sigma = np.sqrt(var_row)
+        if v.group_variance == "one_pass":  # a NaN std (a negative variance) read as 0, inf as the largest finite
+            sigma = np.nan_to_num(sigma, nan=0.0)
         nrow = n[gi]
         num = dev * (nrow / (nrow - dt.type(1))) if v.baseline == "leave_one_out" else dev
         if v.scale == "none":

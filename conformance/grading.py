@@ -69,7 +69,7 @@ class Grading:
 
 
 def _rows_to_run(subject: Subject, select: str | None, single_process: bool):
-    """(row name, property, skip reason or None) for every row of the grading."""
+    """(row name, skip reason or None) for every row of the grading."""
     words = [w.strip() for w in (select or "").split(",") if w.strip()]
     names = {p.name for p in PROPERTIES} | {f"errors:{ec.name}" for ec in ERROR_CASES} | {"errors"}
 
@@ -82,7 +82,7 @@ def _rows_to_run(subject: Subject, select: str | None, single_process: bool):
             why = "--single-process: the multi-process properties are not graded"
         if prop.name != "errors":
             if chosen(prop.name):
-                yield prop.name, prop, why
+                yield prop.name, why
             continue
         for ec in ERROR_CASES:
             name = f"errors:{ec.name}"
@@ -92,19 +92,15 @@ def _rows_to_run(subject: Subject, select: str | None, single_process: bool):
                              f"call shape {subject.shape!r} cannot express this")
             if reason is None and ec.name in subject.validated():
                 reason = "validated elsewhere (declared: the framework checks it before calling the function)"
-            yield name, prop, reason
+            yield name, reason
 
 
-def _check_row(subject: Subject, name: str, prop) -> tuple[Row, list]:
+def _check_row(subject: Subject, name: str) -> tuple[Row, list]:
     t0 = time.monotonic()
-    cases = runner.row_cases(name, subject, profiles.GRADE_MAX_EXAMPLES)
-
-    def check(case):
-        prop.check(subject, case, prop.name)
-
+    cases, check = runner.row_check(name, subject, profiles.GRADE_MAX_EXAMPLES)
     failures = [FD.Failure(name, getattr(exc, "case", cases[i]), exc, check)
                 for i, exc in runner.failures(cases, check, ConformanceFailure)]
-    seen = J.NOTES.get(prop.name, ())
+    seen = J.NOTES.get(name.split(":", 1)[0], ())
     notes = tuple(sorted({f"refused with {cls}, not the spec.errors class (passes; fails under --strict-errors)"
                           for c, cls in seen if name == f"errors:{c}" or not name.startswith("errors:")}))
     cats = tuple(dict.fromkeys(str(f.exc.category) for f in failures))
@@ -126,8 +122,8 @@ def grade(subject: Subject, select: str | None = None, single_process: bool = Fa
             prof = probes.profile(subject)
             subject.precision, subject.profile = prof.precision, prof
         rows, failures = [], []
-        for name, prop, why in _rows_to_run(subject, select, single_process):
-            row, found = (Row(name, "skipped", reason=why), []) if why else _check_row(subject, name, prop)
+        for name, why in _rows_to_run(subject, select, single_process):
+            row, found = (Row(name, "skipped", reason=why), []) if why else _check_row(subject, name)
             rows.append(row)
             failures += found
         found = FD.findings(failures, subject)

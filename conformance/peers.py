@@ -71,7 +71,6 @@ def multireward_grpo(rewards, *, group_ids=None, group_size=None, weights=None, 
     return round_to(torch.from_numpy(adv), out_dtype)  # once: torch's own cast rounds twice, through float32
 
 
-multireward_grpo.gdpo_convention = "multireward_grpo"
 multireward_grpo.gdpo_domain = {
     "out_dtypes": ("float64",),
     "units": False,
@@ -175,6 +174,5 @@ def trl(rewards_per_func, num_generations, reward_weights):
     return out["advantages"]
 
 
-ms_swift.gdpo_convention = "ms_swift"
-verl.gdpo_convention = "verl"
-trl.gdpo_convention = "trl"
+for _adapter in (multireward_grpo, ms_swift, verl, trl):  # each computes its own preset
+    _adapter.gdpo_convention = _adapter.__name__

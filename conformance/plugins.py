@@ -1,14 +1,7 @@
 """The conformance suite's pytest plugin (registered by the root ``conftest.py``): the options that
-choose the implementation under test, the markers, the hypothesis profile.
-
-    pytest --impl package.module:function [--call-shape gdpo|trl|verl] [--convention NAME]
-
-runs the properties against it under hypothesis's search, one test per property with the judge's
-full texts (``gdpo check``, :mod:`conformance.grading`, is the graded report). Naming another
-implementation, shape or convention keeps only the tests under ``conformance/`` that grade it (not
-:data:`SELF_TESTS`); it is judged at its own precision, told by the probes, unless
-``--gdpo-strict``. ``--single-process`` deselects the multi-process tests (marked ``distributed``).
-"""
+choose the implementation under test (``pytest --impl package.module:function``: docs/grading.md,
+"The run"), the markers, the hypothesis profile; another implementation is graded by the tests
+under ``conformance/`` alone (:func:`pytest_collection_modifyitems`)."""
 
 from __future__ import annotations
 

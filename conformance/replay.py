@@ -18,7 +18,8 @@ from conformance.compare import describe_inputs
 from conformance.subject import DEFAULT_IMPL, Subject
 
 
-def main(argv=None) -> int:
+def replayed(argv) -> tuple:
+    """(the property whose check to run, the Subject, the case) of a repro line's arguments."""
     ap = argparse.ArgumentParser(prog="python -m conformance.replay", description=__doc__.split("\n")[0])
     ap.add_argument("--impl", default=DEFAULT_IMPL)
     ap.add_argument("--convention", default="spec")
@@ -37,7 +38,11 @@ def main(argv=None) -> int:
     if args.precision:
         subject.profile = probes.profile(subject)
         subject.precision = args.precision
-    name = args.property or _default_property(case)
+    return args.property or _default_property(case), subject, case
+
+
+def main(argv=None) -> int:
+    name, subject, case = replayed(argv)
     try:
         properties.CHECKS[name](subject, case, name)
     except AssertionError as e:

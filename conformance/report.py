@@ -34,10 +34,7 @@ def verdict(prop: P.Property, target: str, shrink: bool = False):
     if subject.unsupported(prop.needs):
         return None, None, "skipped"
 
-    def check(case):
-        prop.check(subject, case, prop.name)
-
-    cases = runner.planned_cases(prop, subject, settings.get_profile("ci").max_examples)
+    cases, check = runner.row_check(prop.name, subject, settings.get_profile("ci").max_examples)
     found = next(runner.failures(cases, check), None)
     if found is None:
         return False, None, ""

@@ -3,11 +3,9 @@
 Two ways, by the loaded profile (``conformance.profiles``): **hypothesis's search** (``ci``,
 ``deep``: generation, ``target`` hill-climbing and shrinking, steered by what the graded code
 returns, so two machines whose last bits differ can be led to different cases), or **cases drawn
-first** (``grade``, ``gdpo check``, the negative controls): the pinned examples, then
-``max_examples`` cases drawn from the property's strategy and seed by a body that never fails
-(:func:`planned_cases`), a function of the strategy, the call shape, the seed and hypothesis's
-version alone (``tests/test_machine_independence.py``). Every case is checked; a failure is then
-reduced by the judge (:func:`reduce`), a fixed sequence of simplifications bounded in calls.
+first** (``grade``, ``gdpo check``, the negative controls: docs/grading.md, "The run";
+:func:`planned_cases`), every one checked, a failure then reduced by the judge (:func:`reduce`),
+a fixed sequence of simplifications bounded in calls.
 """
 
 from __future__ import annotations
@@ -190,6 +188,12 @@ def row_cases(row: str, subject: Subject, max_examples: int | None = None) -> li
     return _planned(row, pinned, error_cases(subject.context(), subject.shape, names={name}), subject, max_examples)
 
 
+def row_check(row: str, subject: Subject, max_examples: int | None = None) -> tuple:
+    """(the cases a drawn-first run of the row ``row`` checks, its property's check of one case)."""
+    prop = BY_NAME[row.split(":", 1)[0]]
+    return row_cases(row, subject, max_examples), lambda case: prop.check(subject, case, prop.name)
+
+
 def case_text(case) -> str:
     """A case's exact JSON (tuples of cases, the errors property's, as a list)."""
     if isinstance(case, tuple):
@@ -215,7 +219,7 @@ def failures(cases, check, catch=Exception):
 
 
 def grade(prop: Property, subject: Subject) -> None:
-    grade_cases(subject, planned_cases(prop, subject), lambda case: prop.check(subject, case, prop.name))
+    grade_cases(subject, *row_check(prop.name, subject))
 
 
 def grade_cases(subject: Subject, cases, check) -> None:

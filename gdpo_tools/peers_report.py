@@ -260,20 +260,15 @@ def replay_problems(text: str, name: str) -> list[str]:
     :func:`finding_problems`' to report."""
     from conformance import judge as J
     from conformance import properties
-    from conformance.cases import Case, DistCase
-    from conformance.subject import Subject
+    from conformance.replay import replayed
 
     problems = []
     for i, f in enumerate((parse(text).get(name) or {}).get("findings") or (), 1):
         if f["repro"] is None:
             continue
-        argv = shlex.split(f["repro"])[3:]
-        opts = dict(zip(argv[::2], argv[1::2]))
-        data = json.loads(opts["--case"])
-        case = DistCase.from_json(data) if "shards" in data else Case.from_json(data)
-        prop = opts.get("--property", "values")
+        prop, subject, case = replayed(shlex.split(f["repro"])[3:])
         try:
-            properties.CHECKS[prop](Subject(opts["--impl"], opts["--call-shape"], opts["--convention"]), case, prop)
+            properties.CHECKS[prop](subject, case, prop)
         except J.ConformanceFailure as exc:
             if str(exc.category or "-") != f["category"]:
                 problems.append(f"{name} finding {i} ({prop}): replayed, it fails as {exc.category}, the page "

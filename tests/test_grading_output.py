@@ -98,7 +98,7 @@ def test_a_permitted_refusal_of_another_class_is_a_note_not_a_failure():
 
 def test_select_takes_row_names_prefixes_and_parts():
     s = Subject("paper_impls:correct_f32", "trl", "spec")
-    pick = (lambda sel: [n for n, _, why in grading._rows_to_run(s, sel, False) if not why])
+    pick = (lambda sel: [n for n, why in grading._rows_to_run(s, sel, False) if not why])
     assert pick("plain") == ["plain"]
     assert pick("errors:nan_reward") == ["errors:nan_reward"]
     assert set(pick("errors")) >= {"errors:nan_reward", "errors:weights_length"} and "plain" not in pick("errors")

@@ -13,7 +13,7 @@ from typing import Callable
 
 import numpy as np
 
-from gdpo_tools.peer_formulas import formula, nemo_rl_one_pass, trl_normalize_then_sum
+from gdpo_tools.peer_formulas import formula, trl_normalize_then_sum
 from spec.constants import FLOAT32_UNIT_ROUNDOFF
 from spec.conventions import get_convention
 from spec.errors import GDPOError
@@ -30,14 +30,15 @@ def _tokens(conv, n: int, token_counts):
     return np.ones(n, np.int64) if token_counts is None else np.asarray(token_counts, np.int64)
 
 
-def _formula(convention):
+def _formula(convention, one_pass=False):
     """The convention's formula as its code computes it, in its own dtype."""
     conv = get_convention(convention)
 
     def run(rewards, group_ids, unit_ids=None, weights=None, token_counts=None):
         with np.errstate(all="ignore"):
             return formula(conv, rewards, np.asarray(group_ids), unit_ids=unit_ids, weights=weights,
-                           token_counts=_tokens(conv, len(group_ids), token_counts), dtype=conv.native_dtype)
+                           token_counts=_tokens(conv, len(group_ids), token_counts), dtype=conv.native_dtype,
+                           one_pass=one_pass)
     return run
 
 
@@ -93,7 +94,7 @@ IMPLEMENTATIONS: dict[str, Implementation] = {
         Implementation("trl_torch", "TRL eager torch mirror (float32)", "trl", "float32", _trl_torch),
         Implementation("verl", "verl mirror (float32)", "verl", "float32", _formula("verl")),
         Implementation("nemo_rl", "NeMo-RL mirror (float32, one-pass variance)", "nemo_rl", "float32",
-                       nemo_rl_one_pass),
+                       _formula("nemo_rl", one_pass=True)),
         Implementation("nvlabs", "NVlabs reference mirror (float32)", "nvlabs", "float32", _formula("nvlabs")),
         Implementation("ms_swift", "ms-swift mirror (float32)", "ms_swift", "float32", _formula("ms_swift")),
         Implementation("multireward_grpo", "multireward-grpo mirror (float64)", "multireward_grpo", "float64",
