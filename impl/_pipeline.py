@@ -300,7 +300,7 @@ def run(call, api: str, diagnostics=None):
     else:
         out = output(dev.a, plan.out_dtype)  # the range (float8), then one rounding (float64: a)
         if plan.certify:  # the rows whose rounding the float64 bound leaves open: the exact advantage's
-            out, counts = _certify.stage(plan, call, dev, out)
+            out, counts = _certify.stage(plan, dev, out)
     if diagnostics is not None:  # only once the call succeeded: the rows Eq. 6 left out, the tiers' counts
         (plan.scored or scored(plan.inp, None)).report(diagnostics)
         if counts is not None:

@@ -1,12 +1,7 @@
-"""GDPO advantages (arXiv 2601.05242) in torch, under this project's ``spec`` convention.
-
-The steps carry the paper's names and ``oracle.gdpo``'s keywords: Eq. 4 ``standardize_groups``,
-Eq. 7 ``combine``, Eq. 4 + 7 ``normalize_rewards``, Eq. 6 ``whiten``, all three
-``gdpo_advantages``. What they compute, refuse and guarantee is spec/gdpo.md (sections 1-7a: the
-distributed protocol, section 5, has all ranks raise together or none). How: docs/architecture.md
-(the spine ``impl._pipeline``): float64 inside, one correctly rounded cast, one fixed pairwise tree
-per column or unit (no atomics, BLAS or FMA: the same bits on every run, CPU and CUDA); every
-function runs under ``torch.no_grad()``.
+"""GDPO advantages (arXiv 2601.05242) in torch, under this project's ``spec`` convention: Eq. 4
+``standardize_groups``, Eq. 7 ``combine``, Eq. 4 + 7 ``normalize_rewards``, Eq. 6 ``whiten``, all
+three ``gdpo_advantages`` (``oracle.gdpo``'s names and keywords). What they compute, refuse and
+guarantee: spec/gdpo.md; how: docs/architecture.md. Every function runs under ``torch.no_grad()``.
 
 Host synchronisations on CUDA: one per call (the facts row or the agreement table). More only for
 weights or segment_sizes given as CUDA tensors, more than 32 units across ranks, the float8 cast
