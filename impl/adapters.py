@@ -412,7 +412,7 @@ def verl_advantages(token_level_rewards: Mapping[str, torch.Tensor], response_ma
                     segment_sizes=None, process_group=None, eps: float = DEFAULT_EPS,
                     out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """verl's shape: {key: (B, T) token-level rewards}, (B, T) mask, (B,) group labels -> (B, T)
-    (module docstring)."""
+    (docs/adopting.md)."""
     try:
         keys, mask, tokens, ids, scores, w = _verl_inputs(token_level_rewards, response_mask, index, weights,
                                                           process_group is not None)
