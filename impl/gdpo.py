@@ -30,11 +30,9 @@ Diagnostics = _inputs.Diagnostics
 
 
 def _opaque_to_dynamo(fn):
-    """An entry point torch.compile calls instead of tracing: impl validates on the host
-    (``.item()``, loops over labels), which dynamo cannot trace; opaque, the caller's graph breaks
-    around the call, which runs eagerly with the same bits (tests/test_compile.py). Disabled only
-    while dynamo traces: ``torch.compiler.disable`` at import would import torch._dynamo and
-    Triton in every process that imports impl (1.5 s)."""
+    """An entry point torch.compile calls instead of tracing (docs/adopting.md), disabled only while
+    dynamo traces: ``torch.compiler.disable`` at import would import torch._dynamo and Triton in
+    every process that imports impl (1.5 s)."""
     @functools.wraps(fn)
     def entry(*args, **kwargs):
         if torch.compiler.is_compiling():
