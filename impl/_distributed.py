@@ -30,8 +30,7 @@ _WORDS_COLS = WORDS_BYTES // 8
 #: collective 3's row: Eq. 7 overflow (3 fields), cast count, failure flag, the first value
 #: that does not survive the cast (its row on this rank, its float64 bits)
 _LATE_COLS, _FAILED = 7, 4
-#: The reward names of an adapter's call (impl.adapters sets them): the agreement compares them
-#: with the weights, so ranks whose mappings name different components are refused.
+#: The reward names of an adapter's call, digested with the weights (spec/gdpo.md section 5, rule 6).
 COLUMN_NAMES: contextvars.ContextVar = contextvars.ContextVar("gdpo_column_names", default=None)
 #: This process's calls whose process_group was no group (``_group_of``): every agreement row
 #: carries the count, and while the ranks' counts differ every agreement is refused (rule 5).

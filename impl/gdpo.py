@@ -25,7 +25,6 @@ __all__ = ["Diagnostics", "standardize_groups", "combine", "normalize_rewards", 
            "group_has_signal", "GDPOError", "NonFiniteError", "InputDtypeError", "ShapeError", "GroupError",
            "WeightError", "SegmentError", "OutOfRangeError", "DistributedError"]
 
-#: What a call under ``missing="unscored"`` left out: pass one as ``diagnostics=``.
 Diagnostics = _inputs.Diagnostics
 
 

@@ -16,7 +16,6 @@ from impl._certify import tiers
 from impl._certify.bounds import NARROW
 from impl._problems import N_MAX
 
-#: The tiers, in order.
 TIERS = (tiers.float64, tiers.group_exact, tiers.double_double, tiers.exact)
 #: The output formats the certificate covers (float8 is rounded once, uncertified).
 FORMATS = (torch.float64, *NARROW)
