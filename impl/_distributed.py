@@ -1,16 +1,10 @@
 """The distributed protocol (spec/gdpo.md section 5): the local spine's stages around the
 collectives. A rank never raises before the agreement: every local problem, an unexpected
-exception included, becomes a code in its row. Contiguous groups and whiten compute up to their
-statistics before it, labelled groups Eq. 4/7 after it. Collectives per call, whatever the units:
-
-1. ``all_reduce(SUM)`` of the int64 (world_size, ROW_WIDTH) agreement table: its host read is the
-   call's one host synchronisation; every rank raises the same DistributedError or none;
-2. ``all_reduce(SUM)`` of the (world_size, S + 1, 7) float64 statistics as int64 bits (each rank
-   fills its slice: an exact gather), the extra row a "my computation failed" flag;
-3. only where a float8 cast can fail (more than ~2e5 rows) or Eq. 7 may overflow (labelled
-   groups, huge weights): those findings and the failure flag.
-
-A failure after the last collective is this rank's alone (every rank's statistics were complete).
+exception included, becomes a code in its row. Collectives per call, each an ``all_reduce(SUM)``:
+1. the int64 (world_size, ROW_WIDTH) agreement table, whose host read is the call's one host
+synchronisation; 2. the (world_size, S + 1, 7) float64 statistics as int64 bits (an exact gather),
+the extra row a failure flag; 3. only where a float8 cast can fail (more than ~2e5 rows) or Eq. 7
+may overflow (labelled groups, huge weights): those findings and the failure flag.
 """
 
 from __future__ import annotations
@@ -36,8 +30,7 @@ _WORDS_COLS = WORDS_BYTES // 8
 #: collective 3's row: Eq. 7 overflow (3 fields), cast count, failure flag, the first value
 #: that does not survive the cast (its row on this rank, its float64 bits)
 _LATE_COLS, _FAILED = 7, 4
-#: The reward names of an adapter's call (impl.adapters sets them): the agreement compares them
-#: with the weights, so ranks whose mappings name different components are refused.
+#: The reward names of an adapter's call, digested with the weights (spec/gdpo.md section 5, rule 6).
 COLUMN_NAMES: contextvars.ContextVar = contextvars.ContextVar("gdpo_column_names", default=None)
 #: This process's calls whose process_group was no group (``_group_of``): every agreement row
 #: carries the count, and while the ranks' counts differ every agreement is refused (rule 5).

@@ -1,12 +1,7 @@
 """Eq. 4 (per-reward group standardization) and Eq. 7 (the weighted combination) in the groups'
-layout: a float64 ``(K, P, G)`` tensor (reward column, position in the group, group), groups
-innermost so every step runs over long contiguous rows.
-
-* Contiguous groups (``group_size``): one strided copy of the rewards (also the cast to float64).
-* Labelled groups (``group_ids``): a stable sort by label, then a gather into P = n_max positions,
-  the padding repeating each group's first member (difference +0: sums, min and max unchanged);
-  very ragged batches are cut into buckets of lengths in (2**(b-1), 2**b]. Labels that are
-  contiguous runs of one length take the contiguous layout.
+layout (:class:`GroupLayout`): a float64 ``(K, P, G)`` tensor (reward column, position in the
+group, group), groups innermost so every step runs over long contiguous rows; labelled groups are
+padded by repeating each group's first member (difference +0: sums, min and max unchanged).
 
 Phase one (:func:`prepare`) finds the facts the host needs before any arithmetic. Eq. 7 combines
 each part where it lies, then brings c back to input order. Findings are raw int64 scalars for the

@@ -349,7 +349,6 @@ class Rewards:
     """Validated Eq. 4/7 input: float rewards (N, K), group layout, float64 weights."""
 
     rewards: torch.Tensor  # (N, K), caller's floating dtype, caller's device
-    dtype_code: int
     group_size: int | None
     labels: torch.Tensor | None  # int64 (N,) on the rewards' device
     weights: list[float]
@@ -417,8 +416,7 @@ def check_rewards(rewards, group_ids, group_size, weights, *, allow_empty_rows: 
         # wrap by platform); every other integer dtype converts exactly.
         labels = to_device(ids.view(torch.int64) if unsigned else ids.to(torch.int64), r.device)
 
-    return Rewards(r, P.DTYPE_CODES[r.dtype], group_size, labels, check_weights(weights, k),
-                   labels_uint64=unsigned, missing=missing)
+    return Rewards(r, group_size, labels, check_weights(weights, k), labels_uint64=unsigned, missing=missing)
 
 
 def _label_problem(group_ids) -> Problem | None:

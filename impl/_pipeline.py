@@ -1,5 +1,4 @@
-"""The spine of a call (docs/architecture.md): its :class:`Plan`, every decision made once before
-the arithmetic (stages read its fields, none re-tests a condition), and a local call's stages.
+"""The spine of a call (docs/architecture.md, "impl: one call, its stages"): its :class:`Plan`.
 
 :func:`local` plans a local call (labelled groups run phase one, read its row and raise its
 refusals here: their layout needs the longest group); :func:`distributed` and :func:`agreed` a
@@ -83,7 +82,8 @@ def scored(inp, sizes: list[int] | None) -> Scored:
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-    """A call's decisions, made once before its arithmetic (see the module's docstring)."""
+    """A call's decisions, made once before its arithmetic: stages read its fields, none re-tests a
+    condition."""
 
     api: str  # GDPO, WHITEN, NORMALIZE, STANDARDIZE, SIGNAL
     eq4: bool  # Eq. 4 (every API but whiten)
@@ -284,7 +284,7 @@ def device_part(plan: Plan, x: torch.Tensor) -> Device:
 
 
 def run(call, api: str, diagnostics=None):
-    """One validated local call of ``api``, its stages in order (module docstring)."""
+    """One validated local call of ``api``, its stages in order (docs/architecture.md)."""
     plan = local(call, api, report=diagnostics is not None)
     x = call.values if call.inp is None else call.inp.rewards
     dev = _replayed(plan, x) if plan.graph else device_part(plan, x)
@@ -300,7 +300,7 @@ def run(call, api: str, diagnostics=None):
     else:
         out = output(dev.a, plan.out_dtype)  # the range (float8), then one rounding (float64: a)
         if plan.certify:  # the rows whose rounding the float64 bound leaves open: the exact advantage's
-            out, counts = _certify.stage(plan, call, dev, out)
+            out, counts = _certify.stage(plan, dev, out)
     if diagnostics is not None:  # only once the call succeeded: the rows Eq. 6 left out, the tiers' counts
         (plan.scored or scored(plan.inp, None)).report(diagnostics)
         if counts is not None:

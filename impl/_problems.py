@@ -229,8 +229,7 @@ def ragged_message(arg: str, a: int, b: int, c: int, detail: str = "", row: str 
 
 
 #: The torch dtypes out_dtype may be, by name (those this torch has).
-_OUT_NAMES = tuple(n for n in ("float64", "float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2",
-                               "float8_e4m3fnuz", "float8_e5m2fnuz") if hasattr(torch, n))
+_OUT_NAMES = tuple(n for n in _DTYPE_NAMES[:8] if hasattr(torch, n))
 #: Output dtypes whose range is a finite number the final cast can be checked against.
 OUT_DTYPES = tuple(getattr(torch, n) for n in _OUT_NAMES)
 

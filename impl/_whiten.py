@@ -1,16 +1,13 @@
-"""Eq. 6, batch whitening per unit: unit layouts, local statistics, Chan merge, application.
+"""Eq. 6, batch whitening per unit: unit layouts (:class:`Layout`), local statistics, Chan merge,
+application.
 
-Units are consecutive runs of rows of sizes the host knows (no host read for the layout): equal
-sizes are a view ``(S, m)``; ragged sizes a padded ``(S, m_max)`` layout repeating each unit's
-first value; very ragged sizes are cut into buckets of one power-of-two size class each.
-
-Each rank summarises each unit in one row of a (S, 7) float64 table ``count, e, shift, mean_d,
-M2, min, max``: values scaled by 2**-e (exact), ``shift`` the first scaled value on this rank,
-``mean_d`` the mean of d = v 2**-e - shift, ``M2`` the two-pass sum of squared deviations,
-``min``/``max`` raw (the exact collapse test). The merge rescales every rank's row to the unit's
-global exponent, re-expresses each mean against the first non-empty rank's shift and combines
-ranks along a fixed pairwise tree (Chan): the same bits on every rank; one rank is the local
-two-pass, which a local call uses directly.
+Each rank summarises each unit in one row of a (S, 7) float64 table (:meth:`Local.table`): values
+scaled by 2**-e (exact), ``shift`` the first scaled value on this rank, ``mean_d`` the mean of
+d = v 2**-e - shift, ``M2`` the two-pass sum of squared deviations, ``min``/``max`` raw (the exact
+collapse test). The merge rescales every rank's row to the unit's global exponent, re-expresses
+each mean against the first non-empty rank's shift and combines ranks along a fixed pairwise tree
+(Chan): the same bits on every rank; one rank is the local two-pass, which a local call uses
+directly.
 
 A unit whose values are all equal takes mean -0, so every deviation is +0 and a = +0. A rank's
 part of a unit made of whole groups has combined values of exact mean 0 (spec section 7): shift

@@ -1,48 +1,5 @@
-"""Drop-in call shapes of the frameworks users already run, pure tensors in and out.
-
-Each adapter turns a framework's arguments into one call of :func:`impl.gdpo.gdpo_advantages`
-and imports no framework. Refusals are impl.gdpo's classes in the caller's terms: its argument
-names, reward keys, group labels (``repr``), samples (verl: tokens). Under a ``process_group`` a
-``DistributedError`` reads the same on every rank: a group is named by the failing rank's sample
-("the group of labels[2] (sample 2)"), never by a label or key (each rank's own); a rank the
-adapter itself refuses joins the agreement refused, and its own error is chained on that rank.
-
-* :func:`trl_advantages`: TRL's ``normalize_then_sum`` shape. A NaN reward is refused
-  (``NonFiniteError``), where TRL would train on a zero advantage, unless ``missing="unscored"``.
-
-  >>> import torch
-  >>> from impl.adapters import trl_advantages
-  >>> r = torch.tensor([[1.0, 0.0], [0.0, 0.0], [1.0, 1.0], [0.0, 0.0]])
-  >>> trl_advantages(r, num_generations=2, reward_weights=[1.0, 1.0]).tolist()  # doctest: +ELLIPSIS
-  [0.547680..., -0.547680..., 1.095360..., -1.095360...]
-
-* :func:`verl_advantages`: token-level rewards per key, a response mask, ``index`` labels. A
-  response's score is the sum of its rewards on its response tokens; Eq. 6 is **per sample**
-  (verl's ``masked_whiten`` weighs by token count); the result is broadcast over the response
-  tokens, exactly 0 on padding. A mask entry other than 0 and 1 (``OutOfRangeError``) or a
-  sample without a response token (``ShapeError``) is refused: on CUDA through a NaN score that
-  impl.gdpo's one host read refuses (no synchronisation added).
-
-  >>> from impl.adapters import verl_advantages
-  >>> mask = torch.tensor([[1, 1, 0], [1, 1, 1], [1, 0, 0], [1, 1, 1]])
-  >>> acc = torch.zeros(4, 3); acc[[0, 2], [1, 0]] = 1.0
-  >>> adv = verl_advantages({"acc": acc}, mask, index=["p0", "p0", "p1", "p1"])
-  >>> adv.shape, bool((adv[mask == 0] == 0).all())
-  (torch.Size([4, 3]), True)
-
-* :func:`labelled_advantages`: a mapping of name to (N,) rewards, one label per sample.
-
-  >>> from impl.adapters import labelled_advantages
-  >>> a = labelled_advantages({"acc": [1.0, 0.0, 0.0, 1.0], "fmt": torch.tensor([0.5, 0.5, 1.0, 0.0])},
-  ...                         ["q1", "q1", "q2", "q2"])
-  >>> a.shape
-  torch.Size([4])
-
-Rewards: real floating tensors or Python/NumPy sequences (float64); labelled components of
-different dtypes are widened exactly and share one device. Labels: one hashable label per sample,
-equal under ``==`` for one group; integers pass as they are, others are numbered by first
-appearance (one host read).
-"""
+"""Drop-in call shapes of TRL, verl and a labelled mapping, each one call of impl.gdpo that
+imports no framework; what each reads and refuses, with an example: docs/adopting.md."""
 
 from __future__ import annotations
 
@@ -455,7 +412,7 @@ def verl_advantages(token_level_rewards: Mapping[str, torch.Tensor], response_ma
                     segment_sizes=None, process_group=None, eps: float = DEFAULT_EPS,
                     out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """verl's shape: {key: (B, T) token-level rewards}, (B, T) mask, (B,) group labels -> (B, T)
-    (module docstring)."""
+    (docs/adopting.md)."""
     try:
         keys, mask, tokens, ids, scores, w = _verl_inputs(token_level_rewards, response_mask, index, weights,
                                                           process_group is not None)

@@ -1,12 +1,7 @@
-"""GDPO advantages (arXiv 2601.05242) in torch, under this project's ``spec`` convention.
-
-The steps carry the paper's names and ``oracle.gdpo``'s keywords: Eq. 4 ``standardize_groups``,
-Eq. 7 ``combine``, Eq. 4 + 7 ``normalize_rewards``, Eq. 6 ``whiten``, all three
-``gdpo_advantages``. What they compute, refuse and guarantee is spec/gdpo.md (sections 1-7a: the
-distributed protocol, section 5, has all ranks raise together or none). How: docs/architecture.md
-(the spine ``impl._pipeline``): float64 inside, one correctly rounded cast, one fixed pairwise tree
-per column or unit (no atomics, BLAS or FMA: the same bits on every run, CPU and CUDA); every
-function runs under ``torch.no_grad()``.
+"""GDPO advantages (arXiv 2601.05242) in torch, under this project's ``spec`` convention: Eq. 4
+``standardize_groups``, Eq. 7 ``combine``, Eq. 4 + 7 ``normalize_rewards``, Eq. 6 ``whiten``, all
+three ``gdpo_advantages`` (``oracle.gdpo``'s names and keywords). What they compute, refuse and
+guarantee: spec/gdpo.md; how: docs/architecture.md. Every function runs under ``torch.no_grad()``.
 
 Host synchronisations on CUDA: one per call (the facts row or the agreement table). More only for
 weights or segment_sizes given as CUDA tensors, more than 32 units across ranks, the float8 cast
@@ -30,16 +25,13 @@ __all__ = ["Diagnostics", "standardize_groups", "combine", "normalize_rewards", 
            "group_has_signal", "GDPOError", "NonFiniteError", "InputDtypeError", "ShapeError", "GroupError",
            "WeightError", "SegmentError", "OutOfRangeError", "DistributedError"]
 
-#: What a call under ``missing="unscored"`` left out: pass one as ``diagnostics=``.
 Diagnostics = _inputs.Diagnostics
 
 
 def _opaque_to_dynamo(fn):
-    """An entry point torch.compile calls instead of tracing: impl validates on the host
-    (``.item()``, loops over labels), which dynamo cannot trace; opaque, the caller's graph breaks
-    around the call, which runs eagerly with the same bits (tests/test_compile.py). Disabled only
-    while dynamo traces: ``torch.compiler.disable`` at import would import torch._dynamo and
-    Triton in every process that imports impl (1.5 s)."""
+    """An entry point torch.compile calls instead of tracing (docs/adopting.md), disabled only while
+    dynamo traces: ``torch.compiler.disable`` at import would import torch._dynamo and Triton in
+    every process that imports impl (1.5 s)."""
     @functools.wraps(fn)
     def entry(*args, **kwargs):
         if torch.compiler.is_compiling():

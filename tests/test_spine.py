@@ -67,7 +67,7 @@ def test_the_certificate_reads_c_as_eq7_left_it(monkeypatch, call):
     monkeypatch.delenv("GDPO_CUDA_GRAPHS", raising=False)
     seen = []
     stage = _certify.stage
-    monkeypatch.setattr(_certify, "stage", lambda plan, c, dev, y: seen.append(dev.c.clone()) or stage(plan, c, dev, y))
+    monkeypatch.setattr(_certify, "stage", lambda plan, dev, y: seen.append(dev.c.clone()) or stage(plan, dev, y))
     r, kw = ARGS[call]
     monkeypatch.setenv("GDPO_CERTIFIED", "narrow")
     CALLS[call]()

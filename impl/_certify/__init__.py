@@ -1,12 +1,8 @@
-"""The certificate (spec/gdpo.md section 7a): every float32, bfloat16 and float16 output is the
-exact advantage correctly rounded; under mode "all" every float64 output is within one ulp of it.
-
-A CORE-MATH function's shape: :data:`TIERS` (``impl._certify.tiers``; docs/architecture.md) run in
-order, each ``y, left = tier(ctx, y, left)`` deciding the rows the one before left, until none
-is left; :class:`Counts` says how many each decided. The correctly rounded exact value is a
-function of the inputs alone: the same bits whatever the layout (ranks, shards, device). Across
-ranks the double-double statistics ride in the protocol's second collective (``dd``). The mode:
-``certified=`` (``impl._inputs.check_certified``), "all" costing about 25 times the plain path.
+"""The certificate (spec/gdpo.md section 7a): the driver of its tiers (:data:`TIERS`, the table
+in docs/architecture.md), :class:`Counts` of the rows each decided, and the local call's stage.
+The correctly rounded exact value is a function of the inputs alone: the same bits whatever the
+layout (ranks, shards, device); across ranks the double-double statistics ride in the protocol's
+second collective (``dd``).
 """
 
 from __future__ import annotations
@@ -20,7 +16,6 @@ from impl._certify import tiers
 from impl._certify.bounds import NARROW
 from impl._problems import N_MAX
 
-#: The tiers, in order.
 TIERS = (tiers.float64, tiers.group_exact, tiers.double_double, tiers.exact)
 #: The output formats the certificate covers (float8 is rounded once, uncertified).
 FORMATS = (torch.float64, *NARROW)
@@ -82,11 +77,11 @@ def certify(ctx: Context, y: torch.Tensor) -> tuple[torch.Tensor, Counts]:
     return y, counts
 
 
-def stage(plan, call, dev, y: torch.Tensor) -> tuple[torch.Tensor, Counts]:
+def stage(plan, dev, y: torch.Tensor) -> tuple[torch.Tensor, Counts]:
     """The certify stage of a local call: its output in ``plan.out_dtype`` from ``y`` (a rounded
     once), reading the device part's a, c and Eq. 6 statistics (recomputed from c, the same bits,
     where a CUDA graph kept none). On CUDA two device reads: these numbers, and tier 0's verdict."""
-    c, inp = dev.c.to(torch.float64), call.inp
+    c, inp = dev.c.to(torch.float64), plan.inp
     tp = getattr(dev.loc, "tp", None)  # the Eq. 6 statistics, in a view or padded layout
     if tp is not None:  # as impl._whiten.Local.table lays them out, but the count
         table = torch.cat([(1023 - (tp.f.view(torch.int64) >> 52)).to(torch.float64), tp.shift, tp.mean, tp.m2,

@@ -5,14 +5,9 @@ held against the exact quantity it bounds in tests/test_certificate_bounds.py. E
 sum of first-order rounding terms (each rounding's |delta| <= u of its result, a pairwise tree
 of depth L: L u of the sum of magnitudes) times a small slack for the second-order terms, which
 are below 2**-40 of the first-order ones wherever a bound is used (each is used only where its
-relative size is below 1/4; elsewhere it is infinite).
-
-* :func:`eq47_rows`: |c - c*| of a row (Eq. 4 then Eq. 7), and the root mean square of it over
-  the rows of whole groups (Eq. 6's denominator takes the latter).
-* :func:`eq6_units`: per unit, |a - a*| <= alpha + beta |a| for Eq. 6 from the plain path's
-  own statistics of the unit, and the numbers the group-exact tier whitens with.
-* :func:`eq47_worst` and :func:`eq6_worst`: the same for the double-double tier's arithmetic
-  (any unit roundoff u), worst cases over the data.
+relative size is below 1/4; elsewhere it is infinite). The plain path's: :func:`eq47_rows`,
+:func:`eq6_units`; the double-double tier's (any unit roundoff u, worst cases over the data):
+:func:`eq47_worst`, :func:`eq6_worst`.
 """
 
 from __future__ import annotations

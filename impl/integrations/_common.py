@@ -11,9 +11,7 @@ import torch
 
 from impl import gdpo
 
-#: "unscored": a NaN reward (a reward function's None) was not scored: left out of its column's
-#: Eq. 4 statistics, 0 there; a row with no scored reward gets 0 and is left out of Eq. 6 (TRL's
-#: and ms-swift's reading). "refuse": the first NaN stops training (impl.gdpo's NonFiniteError).
+#: impl.gdpo's ``missing`` policies a trainer's ``gdpo_missing`` may name (docs/integrations.md).
 MISSING_POLICIES = ("unscored", "refuse")
 
 

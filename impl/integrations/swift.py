@@ -1,14 +1,5 @@
-"""impl.gdpo inside ms-swift's GRPO trainer (``swift rlhf --rlhf_type grpo --scale_rewards gdpo``;
-docs/integrations.md, "ms-swift").
-
-:class:`GDPOGRPOTrainer` overrides ``GRPOTrainer._compute_advantages`` (ms-swift 4.6's GDPO):
-ms-swift computes and logs as usual, then the method returns :func:`impl.gdpo.gdpo_advantages` of
-the same gathered ``(N, K)`` rewards. ``python3 -m impl.integrations.swift`` prints the path of
-the ``--external_plugins`` file, which calls :func:`register`; it lives alone in its folder, which
-ms-swift puts on ``sys.path`` (``swift.py`` would hide the real ``swift``). Refused: another
-``--scale_rewards`` or ``--advantage_estimator``, the multi-turn path (``dynamic_num_samples``).
-Without the plugin nothing is patched.
-"""
+"""impl.gdpo inside ms-swift's GRPO trainer: :class:`GDPOGRPOTrainer`, its plugin file and
+:func:`register` (docs/integrations.md, "ms-swift")."""
 
 from __future__ import annotations
 
@@ -47,7 +38,7 @@ def register() -> None:
 
 
 class GDPOSwiftMixin(TrainerMixin):
-    """Put before ms-swift's ``GRPOTrainer`` (or a subclass) in the bases (module docstring).
+    """Put before ms-swift's ``GRPOTrainer`` (or a subclass) in the bases.
     ``gdpo_missing``: "unscored" (ms-swift's reading of None, the default) or "refuse"."""
 
     def __init__(self, *args, **kwargs):

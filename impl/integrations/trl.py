@@ -1,13 +1,5 @@
-"""impl.gdpo inside TRL's ``GRPOTrainer`` (docs/integrations.md, "TRL").
-
-TRL (1.16) computes ``multi_objective_aggregation="normalize_then_sum"`` inline in
-``_generate_and_score_completions``, with no method to override: :class:`GDPOMixin` keeps the
-gathered ``(N, K)`` rewards ``_calculate_rewards`` returns, lets TRL finish the batch, then
-replaces ``out["advantages"]`` (this process's slice) and the entries TRL appended to
-``_logs["advantages"]`` by impl's (no ``process_group``: every process holds the whole batch).
-Another aggregation is refused when the trainer is built. Nothing is patched at import, and no
-TRL imported: ``GDPOTrainer`` is built on first access.
-"""
+"""impl.gdpo inside TRL's ``GRPOTrainer``: :class:`GDPOMixin` replaces the advantages TRL
+computes inline (docs/integrations.md, "TRL"); ``GDPOTrainer`` is built on first access."""
 
 from __future__ import annotations
 
@@ -31,7 +23,7 @@ def check_trl_version(version: str | None = None) -> str:
 
 
 class GDPOMixin(TrainerMixin):
-    """Put before TRL's ``GRPOTrainer`` (or a subclass) in the bases (module docstring).
+    """Put before TRL's ``GRPOTrainer`` (or a subclass) in the bases.
     ``gdpo_missing``: "unscored" (TRL's reading of a None reward, the default) or "refuse"."""
 
     def __init__(self, *args, **kwargs):

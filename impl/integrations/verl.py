@@ -1,13 +1,5 @@
-"""verl's ``gdpo`` advantage estimator computed by :mod:`impl.gdpo`, opted into by config
-(docs/integrations.md, "verl: one config key").
-
-verl loads this module in every process that imports verl (the ``verl.plugins`` entry point).
-Once that process imports verl's ``core_algos``, verl's ``gdpo`` estimator is wrapped: verl's own
-runs unless the run opts in (``+algorithm.gdpo_impl=gdpo_spec``, with ``gdpo_reward_keys``,
-``gdpo_reward_weights``, ``gdpo_whiten``); then :func:`compute_gdpo_advantage` reads what verl's
-own reads (the keys' scores in ``non_tensor_batch``, the groups by ``uid``). Refusals name the
-setting or the sample.
-"""
+"""verl's ``gdpo`` advantage estimator computed by :mod:`impl.gdpo` once a run opts in by config:
+the ``verl.plugins`` entry point wraps verl's estimator (docs/integrations.md, "verl: one config key")."""
 
 from __future__ import annotations
 
