@@ -1,11 +1,6 @@
-"""Comparing an output with the oracle, and failures that explain themselves.
-
-Every output's tolerance is the oracle's ``allowed(out_dtype)``, the error model of
-``spec/error_model.py`` on the exact intermediate values; where spec section 7 demands an exact
-zero, the output must be 0 (either sign), and a failure states the clause that demands it. A
-failure prints the equation, the convention, the inputs in hex, observed and exact values, the
-error in ulps, the bound, the condition and a repro line (:mod:`conformance.replay`); an
-error/allowed ratio above 1 never reads as 1, and a float16/bfloat16 output rounded twice is named.
+"""An output against the oracle's exact values and allowances (:func:`distance`: spec section 7's
+exact zeros, each naming the clause that demands it), and the failure texts: the equation, the
+convention, the inputs, observed and exact values, ulps, the bound and a repro line.
 """
 
 from __future__ import annotations

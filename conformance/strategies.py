@@ -1,26 +1,11 @@
 """Hypothesis strategies that hunt the hard cases of GDPO (GDPO_BRIEF section 5).
 
-Values come from two sources:
-
-* **TestFloat-style tables**: an exponent table (subnormal bottom, the normal
-  boundary, around the precision p, the top of the range) crossed with significand
-  patterns (1.0, all ones, lowest bit, top bit, alternating, random), per input dtype;
-* **plain draws**: binary and small-integer rewards (what RL rewards mostly are),
-  bounded uniform floats.
-
-Columns are built per group from a *kind* (``COLUMN_KINDS``); some kinds build two
-columns at once (``PAIR_KINDS``), for cancellation: ``r2 = C - r1`` exact in floats
-(bases up to 2^53), ``r2 = r1 + C`` and ``r2 = r1`` under negated weights, the
-inexact ``[C - d, d]`` of the brief, ``r2 = r1 * 2^s``. A pair holds in some groups
-and not in others, so some whitening units combine to a constant and others not.
-Weights come from modes including equal, nearly equal (closer than float32 can
-tell apart: ``[16777216, 16777217]``), extreme (``2^-1074`` to ``2^1023``).
-
-Nothing is capped and nothing is discarded for being ill-conditioned: the oracle
-and the error model decide what a correct implementation must return.
-
-Every strategy takes a :class:`Context`: what the call shape can express
-(labels, units, eps, dtypes), so the same property runs under every shape.
+Each group column is drawn from a kind (:data:`COLUMN_KINDS`: TestFloat-style exponent tables
+crossed with significand patterns, binary and small-integer rewards, offsets, ...), or two at
+once for cancellation (:data:`PAIR_KINDS`, holding in some groups only); weights by a mode
+(:data:`WEIGHT_MODES`). Nothing is capped or discarded for being ill-conditioned: the oracle and
+the error model decide what a correct implementation returns. Every strategy takes a
+:class:`Context`, what the call shape can express, so the same property runs under every shape.
 """
 
 from __future__ import annotations
