@@ -566,13 +566,10 @@ def outlier_advantages(d: float, n: int, eps: float, mp=None):
 
 @st.composite
 def near_midpoint_cases(draw, ctx: Context) -> Case:
-    """One group ``[d, 0, ..., 0]`` (n samples, one unit) with d solved so that one exact
-    advantage lies just off a rounding midpoint M of the output format: M +- delta with
-    delta below half a float32 ulp (float32 then lands on M exactly) and far above the
-    float64 error bound. The tie-breaking neighbour of M is always the wrong one:
-    rounding through float32 first (ties to even) misses the correct rounding by half
-    an ulp plus delta, and so does truncation toward zero whenever M + delta is aimed at.
-    Normal and subnormal float16 values, bfloat16's and float32's, either sign."""
+    """One group ``[d, 0, ..., 0]`` (n samples, one unit), d solved so that one exact advantage
+    is M +- delta, M a midpoint of the output format whose tie-breaking neighbour is the wrong
+    one, delta below half a float32 ulp (float32 lands on M: rounding through it misses) and far
+    above the float64 error bound; normal and subnormal float16, bfloat16, float32, either sign."""
     out = draw(pick(tuple(f for f in MIDPOINT_FORMATS if f in ctx.out_dtypes) or tuple(ctx.out_dtypes)))
     p, emin = DTYPES[out].p, DTYPES[out].emin
     n = draw(pick(tuple(x for x in (2, 3, 4, 8, 16) if x <= ctx.max_n)))

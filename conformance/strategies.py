@@ -126,11 +126,11 @@ def significand_patterns(dtype: str) -> st.SearchStrategy:
 
 @cached
 @st.composite
-def testfloat(draw, dtype: str, exponents=None, signed=True) -> float:
+def testfloat(draw, dtype: str, exponents=None) -> float:
     f = DTYPES[dtype]
     e = draw(st.sampled_from(exponents or exponent_table(dtype)))
     frac = draw(significand_patterns(dtype))
-    sign = -1.0 if signed and draw(BOOLS) else 1.0
+    sign = -1.0 if draw(BOOLS) else 1.0
     v = sign * math.ldexp((1 << (f.p - 1)) + frac, e - (f.p - 1)) if e <= 1023 else sign * f.max
     return float(round_to([v], dtype)[0])
 
