@@ -443,10 +443,8 @@ def _tie_family(family: str, fmt: str, rng: random.Random):
 
 
 def generate(family: str, fmt: str, seed: int) -> Case | None:
-    """One hunted case of ``family`` aimed at ``fmt``, from ``seed`` (None where this seed
-    finds none): built, then verified against the oracle (its rounding of the hunted row to
-    ``fmt`` is the rounding of the mpmath value; the row lies on the midpoint or within two
-    float64 ulps of it)."""
+    """One hunted case of ``family`` aimed at ``fmt``, from ``seed``: built, then checked by
+    :func:`verify` (None where this seed finds none)."""
     if family not in FAMILIES or fmt not in TARGETS:
         raise ValueError(f"unknown family/target {family!r}/{fmt!r}")
     rng = random.Random(zlib.crc32(f"{family}:{fmt}:{seed}".encode()))

@@ -575,10 +575,8 @@ def label_pool(name: str, g: int) -> list[int]:
 @st.composite
 def cases(draw, ctx: Context, kinds=COLUMN_KINDS, pairs=PAIR_KINDS, weight_modes=WEIGHT_MODES, k_max=8,
           eps_values=(None,), equal_groups=None, unit_modes=UNIT_MODES, dtype=None, large=False) -> Case:
-    """A single-process call (unit layouts only where the shape can express them);
-    ``large``: N of ``LARGE_N``, every K of ``LARGE_K``, up to ``LARGE_UNITS`` units, and in
-    about one example in ``BIG_EVERY`` one or two groups of 65 to ``BIG_GROUP_MAX`` rows
-    (output float64 or float32 there)."""
+    """A single-process call (unit layouts only where the shape can express them); ``large``:
+    the batches of ``LARGE_N`` rows and the very-large tier (``BIG_EVERY``) described above."""
     b = draw(batches(ctx, kinds, pairs, k_max, weight_modes, equal_groups, dtype, large))
     sizes = [blk.shape[0] for blk in b.blocks]
     rows = np.concatenate(b.blocks)
