@@ -486,10 +486,8 @@ def policy(prop, eq, subject: Subject, case: Case, out: Outcome, exp) -> None:
 
 
 def error_route(convention: str, name: str) -> str:
-    """How one error case is judged under ``convention``: ``"skip"`` (this project's choice, that a
-    peer's formula need not share: :data:`~conformance.error_cases.SPEC_ONLY_CASES`), ``"policy"``
-    (the convention computes it by its own NaN or singleton policy, or the input has a value under
-    every convention: :func:`policy`), or ``"refuse"`` (the contract's refusal: :func:`refusal`)."""
+    """How one error case is judged under ``convention``, by :mod:`conformance.error_cases`' tables:
+    ``"skip"``, ``"policy"`` (:func:`policy`) or ``"refuse"`` (the contract's refusal: :func:`refusal`)."""
     if convention == "spec":
         return "refuse"
     if name in EC.SPEC_ONLY_CASES:

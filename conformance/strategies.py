@@ -143,10 +143,6 @@ def plain_floats(dtype: str, lo=-1e3, hi=1e3) -> st.SearchStrategy:
 
 
 # ---------------------------------------------------------------- columns per group
-#
-# A column generator draws the n values of one group column. ``col`` carries what
-# the kind decided once for the whole column (a scale, an offset), so that groups
-# of one column look alike while still differing.
 
 COLUMN_KINDS = ("binary", "ints", "plain", "testfloat", "offset", "constant", "runs", "near_constant",
                 "huge", "beyond32", "tiny")
