@@ -479,10 +479,10 @@ def verify(case: Case) -> bool:
 
 
 @functools.lru_cache(maxsize=None)
-def cases(family: str, fmt: str | None = None, count: int = COUNT, seed: int = 0) -> tuple:
+def cases(family: str, fmt: str | None = None, count: int = COUNT) -> tuple:
     """``count`` verified cases of ``family`` per target format (``fmt``: one target only),
-    deterministic: seeds ``seed``, ``seed + 1``, ... until each target has ``count``."""
-    return _collect(generate, family, TARGETS if fmt is None else (fmt,), count, seed)
+    deterministic: seeds 0, 1, ... until each target has ``count``."""
+    return _collect(generate, family, TARGETS if fmt is None else (fmt,), count, 0)
 
 
 def _collect(make, family: str, targets, count: int, seed: int) -> tuple:

@@ -42,7 +42,6 @@ def cached(factory):
             memo[key] = factory(*args, **kwargs)
         return memo[key]
 
-    wrapper.cache_clear = memo.clear
     return wrapper
 
 
