@@ -153,7 +153,7 @@ SPREADS = (0.5, 0.01, 0.005, 0.001, 1e-5, 1e-9)
 
 
 @cached
-def _values(dtype, n, elem):
+def _values(n, elem):
     return st.lists(elem, min_size=n, max_size=n)
 
 
@@ -163,23 +163,23 @@ def column_values(draw, kind: str, dtype: str, n: int) -> list[float]:
     f = DTYPES[dtype]
     if kind == "binary":
         scale = draw(pick((1.0, 1.0, 1.0, -1.0, 0.5, 3.0, 1e4,)))
-        bits = draw(_values(dtype, n, pick((0.0, 1.0,))))
+        bits = draw(_values(n, pick((0.0, 1.0,))))
         return list(round_to([b * scale for b in bits], dtype))
     if kind == "ints":
-        return [float(v) for v in draw(_values(dtype, n, ints(-3, 10)))]
+        return [float(v) for v in draw(_values(n, ints(-3, 10)))]
     if kind == "plain":
         hi = draw(pick((1.0, 100.0, 1e3, min(1e6, f.max),)))
-        return draw(_values(dtype, n, plain_floats(dtype, -hi, hi)))
+        return draw(_values(n, plain_floats(dtype, -hi, hi)))
     if kind == "testfloat":
         table = exponent_table(dtype)
         i = draw(ints(0, len(table) - 1))
         width = draw(pick((0, 1, 3, len(table),)))
         window = table[i:i + width + 1]
-        return draw(_values(dtype, n, testfloat(dtype, window)))
+        return draw(_values(n, testfloat(dtype, window)))
     if kind == "offset":
         c = draw(pick(tuple(o for o in OFFSETS if o < f.max)))
         spread = draw(pick(SPREADS + (math.ulp(c) * 3,)))
-        steps = draw(_values(dtype, n, ints(0, 4)))
+        steps = draw(_values(n, ints(0, 4)))
         sign = draw(pick((1.0, -1.0,)))
         return list(round_to([sign * (c + s * spread) for s in steps], dtype))
     if kind == "constant":
@@ -188,11 +188,11 @@ def column_values(draw, kind: str, dtype: str, n: int) -> list[float]:
     if kind == "runs":  # few distinct values, mostly one: hypothesis' array fill in miniature
         a = draw(anyof(testfloat(dtype), pick((0.0, 1.0))))
         b = draw(anyof(testfloat(dtype), pick((0.0, 1.0))))
-        return draw(_values(dtype, n, st.sampled_from([a, a, a, b])))  # runtime values: not memoised
+        return draw(_values(n, st.sampled_from([a, a, a, b])))  # runtime values: not memoised
     if kind == "near_constant":  # real signal, ulps apart: must not collapse
         v = draw(anyof(testfloat(dtype), pick((1e4, 1.0, 0.1, 3e38))))
         v = float(round_to([v], dtype)[0])
-        steps = draw(_values(dtype, n, ints(-1, 2)))
+        steps = draw(_values(n, ints(-1, 2)))
         if all(s == steps[0] for s in steps):
             steps[-1] += 1
         out = []
@@ -203,17 +203,17 @@ def column_values(draw, kind: str, dtype: str, n: int) -> list[float]:
             out.append(x)
         return out
     if kind == "huge":  # around the top of the input dtype (float32 statistics overflow there)
-        k = draw(_values(dtype, n, ints(0, 3)))
-        signs = draw(_values(dtype, n, pick((1.0, -1.0,))))
+        k = draw(_values(n, ints(0, 3)))
+        signs = draw(_values(n, pick((1.0, -1.0,))))
         return list(round_to([s * f.max * (1.0 - j * 2.0 ** -(f.p - 1)) for s, j in zip(signs, k)], dtype))
     if kind == "beyond32":  # float64 values float32 cannot hold: computed, or refused naming the input
         if dtype != "float64":
             return draw(column_values("huge", dtype, n))
         e = draw(pick((128, 200, 500, 664, 1000, 1023,)))
-        return draw(_values(dtype, n, testfloat(dtype, [e, e - 1, e - 3])))
+        return draw(_values(n, testfloat(dtype, [e, e - 1, e - 3])))
     if kind == "tiny":  # subnormals and signed zeros
         table = [f.sub_min, f.sub_min + 1, f.sub_min + 3, f.emin - 1, f.emin]
-        return draw(_values(dtype, n, anyof(testfloat(dtype, tuple(table)), pick((0.0, -0.0)))))
+        return draw(_values(n, anyof(testfloat(dtype, tuple(table)), pick((0.0, -0.0)))))
     raise ValueError(kind)
 
 
@@ -240,7 +240,7 @@ def pair_values(draw, kind: str, dtype: str, n: int, holds: bool) -> tuple[list[
         e = max(f.sub_min, min(e, f.emax - cbits - 1))
         lo, hi = {"spread": (0, big), "near_zero": (0, 7), "near_top": (big - 7, big)}[
             draw(pick(("spread", "near_zero", "near_top",)))]
-        m = draw(_values(dtype, n, ints(lo, hi)))
+        m = draw(_values(n, ints(lo, hi)))
         r1 = [math.ldexp(v, e) for v in m]
         if kind == "anti_exact":
             r2 = [math.ldexp(big - v, e) for v in m]
@@ -249,7 +249,7 @@ def pair_values(draw, kind: str, dtype: str, n: int, holds: bool) -> tuple[list[
             r2 = [math.ldexp(v + shift, e) for v in m]
     elif kind == "anti_decimal":  # the brief's [C - d, d]: not exact in floats, real signal
         c = draw(pick((1e3, 1e9, 1e11, 1e13, 1e15, 2.0 ** 53,)))
-        d = draw(_values(dtype, n, pick((0.1, 0.2, 0.3, 0.7, 0.0, 1.0,))))
+        d = draw(_values(n, pick((0.1, 0.2, 0.3, 0.7, 0.0, 1.0,))))
         r1 = list(round_to(d, dtype))
         r2 = list(round_to([c - v for v in r1], dtype))
     elif kind == "copy":
@@ -312,15 +312,15 @@ def weight_vector(draw, k: int, modes=WEIGHT_MODES, dtype="float64") -> tuple | 
         v = draw(anyof(plain_floats("float64", 1e-3, 1e3), pick((0.5, 3.0, 16777216.0))))
         w = [v] * k
     elif mode == "random":
-        w = draw(_values("float64", k, plain_floats("float64", -10.0, 10.0)))
+        w = draw(_values(k, plain_floats("float64", -10.0, 10.0)))
     elif mode == "testfloat":
-        w = draw(_values("float64", k, testfloat("float64")))
+        w = draw(_values(k, testfloat("float64")))
     elif mode == "extreme":
-        w = draw(_values("float64", k, pick(EXTREME_WEIGHTS + (1.0,))))
-        signs = draw(_values("float64", k, pick((1.0, -1.0))))
+        w = draw(_values(k, pick(EXTREME_WEIGHTS + (1.0,))))
+        signs = draw(_values(k, pick((1.0, -1.0))))
         w = [a * b for a, b in zip(w, signs)]
     else:  # signed: zeros and negatives among ordinary weights
-        w = draw(_values("float64", k, pick((0.0, 1.0, -1.0, 2.0, 0.25, -0.5))))
+        w = draw(_values(k, pick((0.0, 1.0, -1.0, 2.0, 0.25, -0.5))))
     w = list(round_to(w, dtype)) if dtype != "float64" else [float(x) for x in w]
     if not any(x != 0.0 for x in w):
         w[0] = 1.0
@@ -526,7 +526,7 @@ def unit_layout(draw, n: int, group_edges: list[int], modes=UNIT_MODES, max_unit
         return (n,)
     s = draw(ints(2, max_units))
     pool = group_edges if (mode == "groups" and group_edges) else list(range(0, n + 1))
-    cuts = sorted(draw(_values(None, s - 1, pick(tuple(pool)))))
+    cuts = sorted(draw(_values(s - 1, pick(tuple(pool)))))
     edges = [0] + cuts + [n]
     sizes = [b - a for a, b in zip(edges, edges[1:])]
     while 1 in sizes:  # merge a unit of one into the nearest non-empty unit (n >= 4: one exists)
@@ -691,8 +691,8 @@ def dist_cases(draw, ctx: Context, world: int, kinds=COLUMN_KINDS, pairs=PAIR_KI
     b = draw(batches(small, kinds, pairs, k_max, weight_modes))
     g = len(b.blocks)
     s = draw(ints(1, 3))
-    unit_of = list(draw(_values(None, g, ints(0, s - 1))))
-    rank_of = list(draw(_values(None, g, ints(0, world - 1))))
+    unit_of = list(draw(_values(g, ints(0, s - 1))))
+    rank_of = list(draw(_values(g, ints(0, world - 1))))
     if world > 1 and draw(ints(0, 3)) == 0:  # an empty shard (more arise when groups are few)
         empty = draw(ints(0, world - 1))
         rank_of = [r if r != empty else (r + 1) % world for r in rank_of]
