@@ -1,54 +1,16 @@
-"""Hunted boundary cases: advantages on, or extremely near, a rounding midpoint.
+"""Hunted boundary cases for implementations that certify their rounding (``gdpo_certified``):
+exact advantages on, or within a few float64 ulps of, a midpoint of float32, bfloat16 or float16,
+where a one-rounding float64 code's error of Eq. 4, 7 and 6 decides the side. Named families
+(:data:`FAMILIES`), each case verified against the oracle (:func:`verify`). The bisecting families
+move eps or one reward until the hunted row lands next to a midpoint (:func:`_hunt`). The tie
+families build an exact midpoint M: eps 0, one group that is its own unit, integer deviations d
+with sum 0 and sum of squares (n - 1) sigma^2, so that z = d_1 / sigma = M, rounded ties to even
+(``exact_tie``); at eps 5e-324 the exact value lies a hair inside M, whose even neighbour is the
+one away from zero (``tie_below``: a float64 code computing M exactly ties the wrong way on every
+machine); collapsed groups in the unit make its std 2/3 or 1/2 (``tie_collapsed``).
 
-An implementation that certifies its rounding (``gdpo_certified = True``: every float32,
-bfloat16 and float16 output is the exact advantage correctly rounded, ties to even; a
-float64 output is faithful, within one ulp of the exact value) must be graded where a
-plain one-rounding float64 code goes wrong: where the exact advantage lies within a few
-float64 ulps of a midpoint of the output format, so that the float64 rounding error of
-Eq. 4, 7 and 6 decides the side. This module builds such inputs, in named families, and
-checks every one against the oracle before handing it out:
-
-``eps_bisect``
-    K = 1, one or a few groups, one unit: eps (a float64) bisected over its bit patterns
-    until the chosen sample's exact advantage lies within a tiny fraction of a float64 ulp
-    of a midpoint of the target format (the advantage is continuous in eps).
-``reward_bisect``
-    the same with one reward value (K = 1 or 2) as the continuous parameter.
-``weighted``
-    Eq. 7: K = 2 to 4 columns under ones, random, signed and power-of-two weights; eps bisected.
-``ragged_units``
-    Eq. 6 over several groups of 2 to 5 samples (labelled, ragged) and 2 or 3 whitening units
-    (``segment_sizes``, cutting through groups or not); eps bisected.
-``cancellation``
-    two nearly equal columns (a few rows differ by 1e-3 to 1e-9 relative) under weights 1 and
-    -1 (or -1 + 2^-20): c is a near cancellation, Eq. 6 blows it up to O(1); eps bisected.
-``offsets``
-    a small spread on a large offset (1e4, 1e6, 2^30, 123456.789): eps bisected, or an exact
-    tie (below) shifted by the offset (rewards exact in float64).
-``exact_tie``
-    eps = 0, K = 1 (or a second column of weight 0, or a power-of-two weight), one group that
-    is its own unit: the unit's std is exactly 1, so the advantage is z = d_1 / sigma, made an
-    exact midpoint M of the format by integer deviations d (a pair (a, -a), four pairs from a
-    Lagrange four-square decomposition, zeros) with sum 0 and sum of squares (n-1) sigma^2.
-    The correct answer is M rounded ties to even.
-``tie_below``
-    the same with eps = 5e-324: the exact value is a hair (about 2^-1074 relative) closer to
-    zero than M, so it must round toward zero, and M is chosen with its even neighbour away
-    from zero: a float64 code that computes M exactly (sigma a power of two: every step is
-    exact in float64) then ties to even, the wrong way, on every machine.
-``tie_collapsed``
-    a tie in a unit that also holds collapsed groups (constant rewards: c = 0 exactly): the
-    unit's std is 2/3 (13 live samples in 28) or 1/2 (11 in 41), so z = 2M/3 or M/2; eps = 0
-    or 5e-324.
-
-:func:`cases` returns a deterministic (seeded) list per family and target format;
-:func:`strategy` draws them for hypothesis (generating from drawn seeds).
-Each case is a :class:`conformance.cases.Case` whose ``out_dtype`` is the target format and whose
-``note`` reads ``boundary:<family>:<target>:row<j>:<midpoint hex>`` (:func:`parse_note`).
-:func:`exact_values` is an independent mpmath evaluation of the same formula (convention
-``spec``: unbiased std, eps added to the std, exact collapse), used to aim the bisection and
-to say how far from a midpoint an exact value lies (:func:`midpoint_report`).
-
+A case's ``note`` reads ``boundary:<family>:<target>:row<j>:<midpoint hex>`` (:func:`parse_note`);
+:func:`exact_values` is an independent mpmath evaluation of the formula (convention ``spec``).
 :func:`near_midpoint_cases` (the ``rounding`` property) solves instead of bisecting: one group
 ``[d, 0, ..., 0]`` whose exact advantage lies just off a midpoint, for any implementation.
 """
@@ -481,10 +443,8 @@ def _tie_family(family: str, fmt: str, rng: random.Random):
 
 
 def generate(family: str, fmt: str, seed: int) -> Case | None:
-    """One hunted case of ``family`` aimed at ``fmt``, from ``seed`` (None where this seed
-    finds none): built, then verified against the oracle (its rounding of the hunted row to
-    ``fmt`` is the rounding of the mpmath value; the row lies on the midpoint or within two
-    float64 ulps of it)."""
+    """One hunted case of ``family`` aimed at ``fmt``, from ``seed``: built, then checked by
+    :func:`verify` (None where this seed finds none)."""
     if family not in FAMILIES or fmt not in TARGETS:
         raise ValueError(f"unknown family/target {family!r}/{fmt!r}")
     rng = random.Random(zlib.crc32(f"{family}:{fmt}:{seed}".encode()))
@@ -519,10 +479,10 @@ def verify(case: Case) -> bool:
 
 
 @functools.lru_cache(maxsize=None)
-def cases(family: str, fmt: str | None = None, count: int = COUNT, seed: int = 0) -> tuple:
+def cases(family: str, fmt: str | None = None, count: int = COUNT) -> tuple:
     """``count`` verified cases of ``family`` per target format (``fmt``: one target only),
-    deterministic: seeds ``seed``, ``seed + 1``, ... until each target has ``count``."""
-    return _collect(generate, family, TARGETS if fmt is None else (fmt,), count, seed)
+    deterministic: seeds 0, 1, ... until each target has ``count``."""
+    return _collect(generate, family, TARGETS if fmt is None else (fmt,), count, 0)
 
 
 def _collect(make, family: str, targets, count: int, seed: int) -> tuple:
@@ -604,13 +564,10 @@ def outlier_advantages(d: float, n: int, eps: float, mp=None):
 
 @st.composite
 def near_midpoint_cases(draw, ctx: Context) -> Case:
-    """One group ``[d, 0, ..., 0]`` (n samples, one unit) with d solved so that one exact
-    advantage lies just off a rounding midpoint M of the output format: M +- delta with
-    delta below half a float32 ulp (float32 then lands on M exactly) and far above the
-    float64 error bound. The tie-breaking neighbour of M is always the wrong one:
-    rounding through float32 first (ties to even) misses the correct rounding by half
-    an ulp plus delta, and so does truncation toward zero whenever M + delta is aimed at.
-    Normal and subnormal float16 values, bfloat16's and float32's, either sign."""
+    """One group ``[d, 0, ..., 0]`` (n samples, one unit), d solved so that one exact advantage
+    is M +- delta, M a midpoint of the output format whose tie-breaking neighbour is the wrong
+    one, delta below half a float32 ulp (float32 lands on M: rounding through it misses) and far
+    above the float64 error bound; normal and subnormal float16, bfloat16, float32, either sign."""
     out = draw(pick(tuple(f for f in MIDPOINT_FORMATS if f in ctx.out_dtypes) or tuple(ctx.out_dtypes)))
     p, emin = DTYPES[out].p, DTYPES[out].emin
     n = draw(pick(tuple(x for x in (2, 3, 4, 8, 16) if x <= ctx.max_n)))

@@ -1,11 +1,6 @@
-"""Comparing an output with the oracle, and failures that explain themselves.
-
-Every output's tolerance is the oracle's ``allowed(out_dtype)``, the error model of
-``spec/error_model.py`` on the exact intermediate values; where spec section 7 demands an exact
-zero, the output must be 0 (either sign), and a failure states the clause that demands it. A
-failure prints the equation, the convention, the inputs in hex, observed and exact values, the
-error in ulps, the bound, the condition and a repro line (:mod:`conformance.replay`); an
-error/allowed ratio above 1 never reads as 1, and a float16/bfloat16 output rounded twice is named.
+"""An output against the oracle's exact values and allowances (:func:`distance`: spec section 7's
+exact zeros, each naming the clause that demands it), and the failure texts: the equation, the
+convention, the inputs, observed and exact values, ulps, the bound and a repro line.
 """
 
 from __future__ import annotations
@@ -90,7 +85,9 @@ def describe_inputs(case) -> str:
         return f"{len(case)} broken calls, e.g. " + describe_inputs(case[0])
     if isinstance(case, DistCase):
         return "\n".join(f"    rank {r}: {describe_inputs(s)}" for r, s in enumerate(case.shards))
-    parts = [f"rewards ({case.dtype}, {case.n}x{case.k}) " + _matrix(case.rewards, case.dtype),
+    shown = ", ".join("[" + ", ".join(decimal(v, case.dtype) for v in row) + "]" for row in case.rewards[:16])
+    more = f", ... ({case.n - 16} more rows)" if case.n > 16 else ""
+    parts = [f"rewards ({case.dtype}, {case.n}x{case.k}) [{shown}{more}]",
              f"group_size {case.group_size}" if case.group_size is not None
              else f"group_ids {list(case.group_ids) if case.group_ids is not None else None}",
              "weights " + ("ones" if case.weights is None else "[" + ", ".join(decimal(w) for w in case.weights) + "]"),
@@ -101,12 +98,6 @@ def describe_inputs(case) -> str:
     if case.note:
         parts.append(f"built as {case.note}")
     return "; ".join(parts)
-
-
-def _matrix(rows, dtype: str = "float64") -> str:
-    shown = [("[" + ", ".join(decimal(v, dtype) for v in row) + "]") for row in rows[:16]]
-    more = f", ... ({len(rows) - 16} more rows)" if len(rows) > 16 else ""
-    return "[" + ", ".join(shown) + more + "]"
 
 
 def repro(subject, case, prop: str | None = None) -> str:
@@ -275,12 +266,8 @@ def distance(observed: np.ndarray, exact: np.ndarray, allowed: np.ndarray, cond:
 
 
 def native_allowed(stage, out_dtype: str, conv) -> np.ndarray:
-    """The allowance of a code of convention ``conv`` (spec/error_model.py, "A peer's own
-    code"): the running bound of its algorithm at its unit roundoff, and, under a peer's
-    convention, also what a change of every input by SAFETY ulps of its working precision
-    can cause (the oracle's cond, per float64 ulp, scaled to that precision): an answer of
-    inputs that near is its working precision's answer (backward error), whatever the
-    first-order bound, which says nothing once the problem's own condition is O(1)."""
+    """The allowance of a code of convention ``conv``: the running bound of its algorithm at its
+    unit roundoff, under a peer's convention at least the backward error (spec/error_model.py)."""
     allowed = stage.allowed(out_dtype, conv.unit_roundoff)
     if conv.algorithm == "shift_invariant":  # the specification's own algorithm: its model alone
         return allowed

@@ -240,9 +240,7 @@ def _nonempty(case: DistCase, r: int) -> int:
 
 def _d_nonfinite(value):
     def build(draw, case, r):
-        s = case.shards[r]
-        i, k = draw(st.integers(0, s.n - 1)), draw(st.integers(0, s.k - 1))
-        return _shard(case, r, rewards=_set(s, i, k, value).rewards)
+        return _shard(case, r, rewards=_set(case.shards[r], *_cell(draw, case.shards[r]), value).rewards)
     return build
 
 

@@ -1,12 +1,6 @@
-"""The judge: every verdict of the conformance suite, its category and its explanation.
-
-A check (:mod:`conformance.properties`) runs the graded code on a case and asks the oracle; this
-module alone decides whether the outcome conforms and, where it does not, raises a
-:class:`ConformanceFailure` with one :class:`~conformance.verdicts.Category`, the worst error in
-ulps where the failure is a distance (:func:`conformance.compare.distance`) and a text that
-explains itself. :func:`final` holds the contract of a final stage: when a refusal is demanded,
-permitted or ``refused``, then the distance, a precision failure explained
-(:mod:`conformance.explain`) as a dropped column (``silent_zero``) or another formula.
+"""The judge: every verdict of the conformance suite, its category and its explanation. A check
+(:mod:`conformance.properties`) hands it a case, the graded code's outcome and the oracle's; this
+module alone decides, raising a :class:`ConformanceFailure` that explains itself.
 """
 
 from __future__ import annotations
@@ -492,10 +486,8 @@ def policy(prop, eq, subject: Subject, case: Case, out: Outcome, exp) -> None:
 
 
 def error_route(convention: str, name: str) -> str:
-    """How one error case is judged under ``convention``: ``"skip"`` (this project's choice, that a
-    peer's formula need not share: :data:`~conformance.error_cases.SPEC_ONLY_CASES`), ``"policy"``
-    (the convention computes it by its own NaN or singleton policy, or the input has a value under
-    every convention: :func:`policy`), or ``"refuse"`` (the contract's refusal: :func:`refusal`)."""
+    """How one error case is judged under ``convention``, by :mod:`conformance.error_cases`' tables:
+    ``"skip"``, ``"policy"`` (:func:`policy`) or ``"refuse"`` (the contract's refusal: :func:`refusal`)."""
     if convention == "spec":
         return "refuse"
     if name in EC.SPEC_ONLY_CASES:

@@ -1,14 +1,6 @@
-"""Probes: what the graded code computes, told from a few fixed batches before any case is drawn.
-
-:func:`probe_cases` are small, well-conditioned batches of ordinary magnitude, built so that the
-catalogue's variants (:mod:`conformance.formulas`) come apart: a column of std about 1e-3 (eps
-moves z by 8 %), tiny weights (eps moves Eq. 6), weights summing to a negative number, groups of
-2 to 12, outliers. From the outputs :func:`profile` tells (docs/grading.md, "Precision and
-formula") the working precision every case is then judged at (float64 where every probe is
-reproduced to about 1e-13, else float32), the formula (the variant that reproduces every probe,
-the transformed copies included), and, where no variant does, the exact relations of the paper's
-formula the code breaks (:func:`relations`: a shift or scale of one group's column, permutations,
-negated or split weights), each naming its stage.
+"""Probes: what the graded code computes, told from a few fixed batches before any case is drawn
+(docs/grading.md, "Precision and formula"): :func:`probe_cases` the batches, :func:`profile` the
+working precision and formula they show, :func:`relations` the paper's exact relations tested.
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
-"""The properties of the conformance suite, as data, and the checks they run.
-
-A :class:`Property` is a strategy (what to hunt), a check (what must hold), what the call shape
-must express, and pinned examples (:mod:`conformance.regressions`, replayed first). A check asks
-the oracle (:func:`conformance.judge.oracle_verdict`), calls the graded code through its
-:class:`~conformance.subject.Subject` (one process, or one gloo rank per shard) and hands both to
-:mod:`conformance.judge`, which alone decides the verdict. Running a property is
-:mod:`conformance.runner`.
+"""The properties of the conformance suite, as data (:class:`Property`: what to hunt, what must
+hold, what the call shape must express, pinned examples), and the checks they run: the oracle's
+verdict and the graded code's outcome handed to :mod:`conformance.judge`; :mod:`conformance.runner`
+runs them.
 """
 
 from __future__ import annotations

@@ -1,26 +1,11 @@
 """Hypothesis strategies that hunt the hard cases of GDPO (GDPO_BRIEF section 5).
 
-Values come from two sources:
-
-* **TestFloat-style tables**: an exponent table (subnormal bottom, the normal
-  boundary, around the precision p, the top of the range) crossed with significand
-  patterns (1.0, all ones, lowest bit, top bit, alternating, random), per input dtype;
-* **plain draws**: binary and small-integer rewards (what RL rewards mostly are),
-  bounded uniform floats.
-
-Columns are built per group from a *kind* (``COLUMN_KINDS``); some kinds build two
-columns at once (``PAIR_KINDS``), for cancellation: ``r2 = C - r1`` exact in floats
-(bases up to 2^53), ``r2 = r1 + C`` and ``r2 = r1`` under negated weights, the
-inexact ``[C - d, d]`` of the brief, ``r2 = r1 * 2^s``. A pair holds in some groups
-and not in others, so some whitening units combine to a constant and others not.
-Weights come from modes including equal, nearly equal (closer than float32 can
-tell apart: ``[16777216, 16777217]``), extreme (``2^-1074`` to ``2^1023``).
-
-Nothing is capped and nothing is discarded for being ill-conditioned: the oracle
-and the error model decide what a correct implementation must return.
-
-Every strategy takes a :class:`Context`: what the call shape can express
-(labels, units, eps, dtypes), so the same property runs under every shape.
+Each group column is drawn from a kind (:data:`COLUMN_KINDS`: TestFloat-style exponent tables
+crossed with significand patterns, binary and small-integer rewards, offsets, ...), or two at
+once for cancellation (:data:`PAIR_KINDS`, holding in some groups only); weights by a mode
+(:data:`WEIGHT_MODES`). Nothing is capped or discarded for being ill-conditioned: the oracle and
+the error model decide what a correct implementation returns. Every strategy takes a
+:class:`Context`, what the call shape can express, so the same property runs under every shape.
 """
 
 from __future__ import annotations
@@ -57,7 +42,6 @@ def cached(factory):
             memo[key] = factory(*args, **kwargs)
         return memo[key]
 
-    wrapper.cache_clear = memo.clear
     return wrapper
 
 
@@ -141,11 +125,11 @@ def significand_patterns(dtype: str) -> st.SearchStrategy:
 
 @cached
 @st.composite
-def testfloat(draw, dtype: str, exponents=None, signed=True) -> float:
+def testfloat(draw, dtype: str, exponents=None) -> float:
     f = DTYPES[dtype]
     e = draw(st.sampled_from(exponents or exponent_table(dtype)))
     frac = draw(significand_patterns(dtype))
-    sign = -1.0 if signed and draw(BOOLS) else 1.0
+    sign = -1.0 if draw(BOOLS) else 1.0
     v = sign * math.ldexp((1 << (f.p - 1)) + frac, e - (f.p - 1)) if e <= 1023 else sign * f.max
     return float(round_to([v], dtype)[0])
 
@@ -158,10 +142,6 @@ def plain_floats(dtype: str, lo=-1e3, hi=1e3) -> st.SearchStrategy:
 
 
 # ---------------------------------------------------------------- columns per group
-#
-# A column generator draws the n values of one group column. ``col`` carries what
-# the kind decided once for the whole column (a scale, an offset), so that groups
-# of one column look alike while still differing.
 
 COLUMN_KINDS = ("binary", "ints", "plain", "testfloat", "offset", "constant", "runs", "near_constant",
                 "huge", "beyond32", "tiny")
@@ -173,7 +153,7 @@ SPREADS = (0.5, 0.01, 0.005, 0.001, 1e-5, 1e-9)
 
 
 @cached
-def _values(dtype, n, elem):
+def _values(n, elem):
     return st.lists(elem, min_size=n, max_size=n)
 
 
@@ -183,23 +163,23 @@ def column_values(draw, kind: str, dtype: str, n: int) -> list[float]:
     f = DTYPES[dtype]
     if kind == "binary":
         scale = draw(pick((1.0, 1.0, 1.0, -1.0, 0.5, 3.0, 1e4,)))
-        bits = draw(_values(dtype, n, pick((0.0, 1.0,))))
+        bits = draw(_values(n, pick((0.0, 1.0,))))
         return list(round_to([b * scale for b in bits], dtype))
     if kind == "ints":
-        return [float(v) for v in draw(_values(dtype, n, ints(-3, 10)))]
+        return [float(v) for v in draw(_values(n, ints(-3, 10)))]
     if kind == "plain":
         hi = draw(pick((1.0, 100.0, 1e3, min(1e6, f.max),)))
-        return draw(_values(dtype, n, plain_floats(dtype, -hi, hi)))
+        return draw(_values(n, plain_floats(dtype, -hi, hi)))
     if kind == "testfloat":
         table = exponent_table(dtype)
         i = draw(ints(0, len(table) - 1))
         width = draw(pick((0, 1, 3, len(table),)))
         window = table[i:i + width + 1]
-        return draw(_values(dtype, n, testfloat(dtype, window)))
+        return draw(_values(n, testfloat(dtype, window)))
     if kind == "offset":
         c = draw(pick(tuple(o for o in OFFSETS if o < f.max)))
         spread = draw(pick(SPREADS + (math.ulp(c) * 3,)))
-        steps = draw(_values(dtype, n, ints(0, 4)))
+        steps = draw(_values(n, ints(0, 4)))
         sign = draw(pick((1.0, -1.0,)))
         return list(round_to([sign * (c + s * spread) for s in steps], dtype))
     if kind == "constant":
@@ -208,11 +188,11 @@ def column_values(draw, kind: str, dtype: str, n: int) -> list[float]:
     if kind == "runs":  # few distinct values, mostly one: hypothesis' array fill in miniature
         a = draw(anyof(testfloat(dtype), pick((0.0, 1.0))))
         b = draw(anyof(testfloat(dtype), pick((0.0, 1.0))))
-        return draw(_values(dtype, n, st.sampled_from([a, a, a, b])))  # runtime values: not memoised
+        return draw(_values(n, st.sampled_from([a, a, a, b])))  # runtime values: not memoised
     if kind == "near_constant":  # real signal, ulps apart: must not collapse
         v = draw(anyof(testfloat(dtype), pick((1e4, 1.0, 0.1, 3e38))))
         v = float(round_to([v], dtype)[0])
-        steps = draw(_values(dtype, n, ints(-1, 2)))
+        steps = draw(_values(n, ints(-1, 2)))
         if all(s == steps[0] for s in steps):
             steps[-1] += 1
         out = []
@@ -223,17 +203,17 @@ def column_values(draw, kind: str, dtype: str, n: int) -> list[float]:
             out.append(x)
         return out
     if kind == "huge":  # around the top of the input dtype (float32 statistics overflow there)
-        k = draw(_values(dtype, n, ints(0, 3)))
-        signs = draw(_values(dtype, n, pick((1.0, -1.0,))))
+        k = draw(_values(n, ints(0, 3)))
+        signs = draw(_values(n, pick((1.0, -1.0,))))
         return list(round_to([s * f.max * (1.0 - j * 2.0 ** -(f.p - 1)) for s, j in zip(signs, k)], dtype))
     if kind == "beyond32":  # float64 values float32 cannot hold: computed, or refused naming the input
         if dtype != "float64":
             return draw(column_values("huge", dtype, n))
         e = draw(pick((128, 200, 500, 664, 1000, 1023,)))
-        return draw(_values(dtype, n, testfloat(dtype, [e, e - 1, e - 3])))
+        return draw(_values(n, testfloat(dtype, [e, e - 1, e - 3])))
     if kind == "tiny":  # subnormals and signed zeros
         table = [f.sub_min, f.sub_min + 1, f.sub_min + 3, f.emin - 1, f.emin]
-        return draw(_values(dtype, n, anyof(testfloat(dtype, tuple(table)), pick((0.0, -0.0)))))
+        return draw(_values(n, anyof(testfloat(dtype, tuple(table)), pick((0.0, -0.0)))))
     raise ValueError(kind)
 
 
@@ -260,7 +240,7 @@ def pair_values(draw, kind: str, dtype: str, n: int, holds: bool) -> tuple[list[
         e = max(f.sub_min, min(e, f.emax - cbits - 1))
         lo, hi = {"spread": (0, big), "near_zero": (0, 7), "near_top": (big - 7, big)}[
             draw(pick(("spread", "near_zero", "near_top",)))]
-        m = draw(_values(dtype, n, ints(lo, hi)))
+        m = draw(_values(n, ints(lo, hi)))
         r1 = [math.ldexp(v, e) for v in m]
         if kind == "anti_exact":
             r2 = [math.ldexp(big - v, e) for v in m]
@@ -269,7 +249,7 @@ def pair_values(draw, kind: str, dtype: str, n: int, holds: bool) -> tuple[list[
             r2 = [math.ldexp(v + shift, e) for v in m]
     elif kind == "anti_decimal":  # the brief's [C - d, d]: not exact in floats, real signal
         c = draw(pick((1e3, 1e9, 1e11, 1e13, 1e15, 2.0 ** 53,)))
-        d = draw(_values(dtype, n, pick((0.1, 0.2, 0.3, 0.7, 0.0, 1.0,))))
+        d = draw(_values(n, pick((0.1, 0.2, 0.3, 0.7, 0.0, 1.0,))))
         r1 = list(round_to(d, dtype))
         r2 = list(round_to([c - v for v in r1], dtype))
     elif kind == "copy":
@@ -332,15 +312,15 @@ def weight_vector(draw, k: int, modes=WEIGHT_MODES, dtype="float64") -> tuple | 
         v = draw(anyof(plain_floats("float64", 1e-3, 1e3), pick((0.5, 3.0, 16777216.0))))
         w = [v] * k
     elif mode == "random":
-        w = draw(_values("float64", k, plain_floats("float64", -10.0, 10.0)))
+        w = draw(_values(k, plain_floats("float64", -10.0, 10.0)))
     elif mode == "testfloat":
-        w = draw(_values("float64", k, testfloat("float64")))
+        w = draw(_values(k, testfloat("float64")))
     elif mode == "extreme":
-        w = draw(_values("float64", k, pick(EXTREME_WEIGHTS + (1.0,))))
-        signs = draw(_values("float64", k, pick((1.0, -1.0))))
+        w = draw(_values(k, pick(EXTREME_WEIGHTS + (1.0,))))
+        signs = draw(_values(k, pick((1.0, -1.0))))
         w = [a * b for a, b in zip(w, signs)]
     else:  # signed: zeros and negatives among ordinary weights
-        w = draw(_values("float64", k, pick((0.0, 1.0, -1.0, 2.0, 0.25, -0.5))))
+        w = draw(_values(k, pick((0.0, 1.0, -1.0, 2.0, 0.25, -0.5))))
     w = list(round_to(w, dtype)) if dtype != "float64" else [float(x) for x in w]
     if not any(x != 0.0 for x in w):
         w[0] = 1.0
@@ -546,7 +526,7 @@ def unit_layout(draw, n: int, group_edges: list[int], modes=UNIT_MODES, max_unit
         return (n,)
     s = draw(ints(2, max_units))
     pool = group_edges if (mode == "groups" and group_edges) else list(range(0, n + 1))
-    cuts = sorted(draw(_values(None, s - 1, pick(tuple(pool)))))
+    cuts = sorted(draw(_values(s - 1, pick(tuple(pool)))))
     edges = [0] + cuts + [n]
     sizes = [b - a for a, b in zip(edges, edges[1:])]
     while 1 in sizes:  # merge a unit of one into the nearest non-empty unit (n >= 4: one exists)
@@ -590,10 +570,8 @@ def label_pool(name: str, g: int) -> list[int]:
 @st.composite
 def cases(draw, ctx: Context, kinds=COLUMN_KINDS, pairs=PAIR_KINDS, weight_modes=WEIGHT_MODES, k_max=8,
           eps_values=(None,), equal_groups=None, unit_modes=UNIT_MODES, dtype=None, large=False) -> Case:
-    """A single-process call (unit layouts only where the shape can express them);
-    ``large``: N of ``LARGE_N``, every K of ``LARGE_K``, up to ``LARGE_UNITS`` units, and in
-    about one example in ``BIG_EVERY`` one or two groups of 65 to ``BIG_GROUP_MAX`` rows
-    (output float64 or float32 there)."""
+    """A single-process call (unit layouts only where the shape can express them); ``large``:
+    the batches of ``LARGE_N`` rows and the very-large tier (``BIG_EVERY``) described above."""
     b = draw(batches(ctx, kinds, pairs, k_max, weight_modes, equal_groups, dtype, large))
     sizes = [blk.shape[0] for blk in b.blocks]
     rows = np.concatenate(b.blocks)
@@ -713,8 +691,8 @@ def dist_cases(draw, ctx: Context, world: int, kinds=COLUMN_KINDS, pairs=PAIR_KI
     b = draw(batches(small, kinds, pairs, k_max, weight_modes))
     g = len(b.blocks)
     s = draw(ints(1, 3))
-    unit_of = list(draw(_values(None, g, ints(0, s - 1))))
-    rank_of = list(draw(_values(None, g, ints(0, world - 1))))
+    unit_of = list(draw(_values(g, ints(0, s - 1))))
+    rank_of = list(draw(_values(g, ints(0, world - 1))))
     if world > 1 and draw(ints(0, 3)) == 0:  # an empty shard (more arise when groups are few)
         empty = draw(ints(0, world - 1))
         rank_of = [r if r != empty else (r + 1) % world for r in rank_of]
