@@ -593,12 +593,14 @@ def dist_values(prop, eq, subject, case: DistCase, outs: dict, exp, twins) -> No
             fail(prop, eq, subject, case, f"rank {r} returned {o.dtype} {o.shape}; wanted {out_dtype} ({shard.n},)",
                  category=Category.CALL_SHAPE)
         observed[where[r]] = o.values
-    v = distance(observed, res.float64, res.allowed(out_dtype), res.cond, out_dtype, rounded=res.rounded(out_dtype),
-                 zero_why=advantage_zero_clause(res, case.shards[0].weights))
+    conv = subject.judged()
+    v = distance(observed, res.float64, native_allowed(res, out_dtype, conv), res.cond, out_dtype,
+                 rounded=res.rounded(out_dtype), zero_why=advantage_zero_clause(res, case.shards[0].weights),
+                 native_dtype=conv.native_dtype)
     _target(v.ratio, f"{prop}: error/allowed")
     if not v.ok:
         _fail_distance(prop, eq, subject, case, f"{len(v.bad)} of {observed.size} advantages (global rows, rank "
-                       "order) outside the error model", v)
+                       "order) outside the error model" + _precision_note(conv), v)
     for ra, oa, rb, ob, n in twins:
         a, b = outs[ra].values[oa:oa + n], outs[rb].values[ob:ob + n]
         if a.tobytes() != b.tobytes():

@@ -136,3 +136,10 @@ def trl_clipped_at_5(rewards, num_generations, reward_weights):
     """TRL's float32 code clipped to [-5, 5]: |a| > 5 needs a batch of over 25 samples with one
     outlier ((N-1)/sqrt(N) bounds |a|), which the probes hold and few drawn cases do."""
     return _trl_like(rewards, num_generations, reward_weights, clip=5.0)
+
+
+def impl_float32_rounding(rewards, out_dtype=torch.float32, **kw):
+    """impl.gdpo's advantages moved by 3 float32 ulps, on one process or several: within what a
+    correct float32 code's rounding gives."""
+    a = gdpo_advantages(rewards, out_dtype=torch.float64, **kw)
+    return (a * (1 + 3 * 2.0 ** -24)).to(out_dtype)

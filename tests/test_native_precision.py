@@ -42,16 +42,16 @@ def _grade(prop: str, target: str, shape: str = "gdpo", convention: str = "spec"
 def test_a_correct_float32_code_passes_at_float32():
     """TRL's formula in eager float32 torch: held to float64's unit roundoff it failed on
     binary rewards in pairs (1.47x its allowance); at its own precision it passes there, and
-    on the near-midpoint property. (It fails plain, offsets, collapse: float32 overflow of its
-    statistics gives NaN, a real defect, categorised non_finite.)"""
+    on the near-midpoint property. (It fails range: float32 overflow of its statistics silently
+    zeroes a column, as TRL's own code does, a real defect, categorised silent_zero.)"""
     assert _grade("rounding", "_native_impls:trl_float32", "trl", "trl") is None
     from conformance.cases import Case
 
     subject = Subject("_native_impls:trl_float32", "trl", "trl")
     binary = Case(rewards=((0.0,), (1.0,), (0.0,), (1.0,)), group_size=2, dtype="float32", out_dtype="float32")
     P.check_values(subject, binary, "plain")  # raises ConformanceFailure if it fails
-    e = _grade("plain", "_native_impls:trl_float32", "trl", "trl")
-    assert e is not None and e.category == "non_finite", e
+    e = _grade("range", "_native_impls:trl_float32", "trl", "trl")
+    assert e is not None and e.category == "silent_zero", e
 
 
 def test_a_float32_code_wrong_beyond_float32_fails_with_its_category():
@@ -147,3 +147,18 @@ def test_a_column_zeroed_by_float32_overflow_is_a_silent_zero_with_its_explanati
     assert "group 0 column 0 set to 0" in str(e) and "overflow float32" in str(e), e
     # the same code on rewards that fit: within float32's precision
     P.check_values(subject, Case(rewards=((3.0,), (0.0,), (0.0,), (1.0,)), group_size=2), "plain")
+
+
+def test_several_ranks_are_judged_at_the_found_precision_too():
+    """A code found to compute in float32 is held to float32's error model on several ranks as on
+    one: the distributed rows used the specification's float64 model (a correct float32 code was
+    told "accuracy beyond its own precision (several ranks)"). Held to float64, it still fails."""
+    subject = Subject("_native_impls:impl_float32_rounding", "gdpo", "spec")
+    p = P.BY_NAME["dist_values_2"]
+    test = lambda: seed(R.property_seed(p))(R.build_test(p, subject, R.control_settings()))()
+    subject.precision = "float32"
+    test()  # raises ConformanceFailure if it fails
+    subject.precision = "float64"
+    with pytest.raises(J.ConformanceFailure) as e:
+        test()
+    assert e.value.category == "precision" and "of a correct float64 code" in str(e.value), e.value
