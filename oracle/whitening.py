@@ -60,16 +60,11 @@ def whiten(c: ex.Values, uidx, t, conv, eps_w, classes, labels=None, uinfo=None,
     """Eq. 6 per unit: the whitened values (an :class:`oracle.exact.Values`) and which units
     collapsed. ``whole`` (S,) marks the units of whole groups, whose mean is structurally zero
     where :func:`structural_mean`: there a structural zero of c is a required zero of a.
-
-    ``scored`` (N,), nan="nan_aware_unscored" (TRL): a sample not scored (every reward NaN) is
-    left out of its unit's statistics and gets advantage 0 (bound 0), and so does every sample
-    of a unit left with fewer than two scored ones; a whole group's scored rows still sum to
-    exactly 0 (a row not scored in a column has z = 0 there), so those zeros are required too.
-
-    c's bounds are ``cond * 2^cond_frame`` and ``delta * 2^frame`` per sample; each unit's are
-    evaluated in frames of its own (eps scales with the frame like what it is added to).
-    ``uinfo`` (:func:`oracle.condition.info`) receives what the closed form of the condition
-    needs, where it applies."""
+    ``scored`` (N,): the rows scored under nan="nan_aware_unscored" (spec/gdpo.md section 2,
+    "Missing rewards"; the zeros it sets are required too). c's bounds are ``cond *
+    2^cond_frame`` and ``delta * 2^frame`` per sample; each unit's are evaluated in frames of its
+    own. ``uinfo`` (:func:`oracle.condition.info`) receives what the closed form of the
+    condition needs, where it applies."""
     N = len(c.forms)
     a = ex.Values(N)
     S = int(uidx.max()) + 1 if N else 0

@@ -1,40 +1,17 @@
 """The error model: how far a correct implementation may be from the exact result.
 
 Every comparison in the project takes its tolerance from :func:`allowed_error`; nobody types
-an ``rtol``. The model is a first-order running error bound (Higham, *Accuracy and Stability of
-Numerical Algorithms*, ch. 3) of the prescribed algorithm, evaluated on the oracle's exact
-intermediate quantities; every ``Δx`` bounds ``|computed x - exact x|`` in units of the working
-precision's unit roundoff u, and τ = 2^-1021 is an absolute 2^-1074 (underflow) in those units.
-
-Eq. 4, per group g and reward column k, n = n_g, ρ = max - min of the column in the group (the
-range: the shift-invariant algorithm subtracts one member first, exactly by Sterbenz):
-
-    Δdev  = (n + 3) (ρ + τ)                         subtraction, mean, centring
-    ΔD    = Σ_j |dev_j| Δdev / ((n - ddof) σ) + (n + 3)/2 σ + 2 D
-    Δz_j  = (Δdev + |z_j| ΔD) / D + 3 (|z_j| + τ)
-
-D the exact denominator (σ + eps, or sqrt(σ² + eps)); a collapsed column (ρ = 0) gets Δz = 0.
-
-Eq. 7, per sample, K rewards:
-
-    Δc_j  = Σ_k |w_k| Δz_jk + (K + 1) (Σ_k |w_k z_jk| + τ)
-
-Eq. 6, per unit with sample weights t (1 per sample, or token counts), T = Σ t, n samples:
-
-    Δm    = Σ t Δc / T + (n + 1) (max |c| + τ)
-    Δdev2 = Δc_j + Δm + |c_j - m| + τ
-    ΔD    = Σ t |dev2| Δdev2 / ((T - ddof) s) + (n + 3)/2 s + 2 D
-    Δa_j  = (Δdev2_j + |a_j| ΔD) / D + 3 (|a_j| + τ)
-
-A collapsed unit gets Δa = 0. The allowance (:func:`allowed_error`) is SAFETY u Δ, plus half an
-ulp of the output format for the final cast, plus half an ulp of float64 (the reference is the
-correctly rounded float64 of the exact value). spec/gdpo.md section 7 states the rest: the final
-cast, the zero denominators at eps = 0 (:func:`noise_cap`, :func:`samuelson`), the condition
-estimate (``rounding=False``), and a peer's own code (``Convention.algorithm``:
-``mean_then_subtract`` measures ρ as max |r|, capped by :func:`deviation_cap`;
-``Convention.unit_roundoff``). Under a peer's convention the allowance is also at least SAFETY
-times the condition estimate at the working precision (backward error: a result that inputs
-SAFETY ulps away would give exactly; ``conformance.judge.native_allowed``).
+an ``rtol``. The model is a first-order running error bound of the prescribed algorithm,
+evaluated on the oracle's exact intermediate quantities; every ``Δx`` bounds
+``|computed x - exact x|`` in units of the working precision's unit roundoff u. spec/gdpo.md
+section 7 states it: the bound per stage (:func:`standardize_groups_stage`,
+:func:`combine_stage`, :func:`whiten_stage`), the allowance, the final cast, the zero
+denominators at eps = 0 (:func:`noise_cap`, :func:`samuelson`), the condition estimate
+(``rounding=False``) and a peer's own code (``Convention.algorithm``: ``mean_then_subtract``
+measures ρ as max |r|, capped by :func:`deviation_cap`; ``Convention.unit_roundoff``). Under a
+peer's convention the allowance is also at least SAFETY times the condition estimate at the
+working precision (backward error: a result that inputs SAFETY ulps away would give exactly;
+``conformance.judge.native_allowed``).
 """
 
 from __future__ import annotations
