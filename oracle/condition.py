@@ -86,19 +86,29 @@ def _exp_of(m: np.ndarray) -> np.ndarray:
     return np.frexp(m)[1].astype(np.int64)
 
 
+def _ldexp(m, e):
+    """m 2^e, e clipped to +-3000 (beyond it an O(1) m gives 0 or inf alike)."""
+    with np.errstate(under="ignore", over="ignore"):
+        return np.ldexp(m, np.clip(np.asarray(e, dtype=np.int64), -3000, 3000).astype(np.int32))
+
+
+def _top(terms):
+    """The largest exponent of nonnegative framed terms (m, x) (value m 2^x), _NEG where all are 0."""
+    top = _NEG
+    for m, x in terms:
+        top = np.maximum(top, np.where(np.asarray(m) > 0, np.asarray(x, dtype=np.int64) + _exp_of(m), _NEG))
+    return top
+
+
 def framed_sum(terms):
     """Sum of nonnegative framed terms (m, x) (value m 2^x, any broadcastable shapes) as
     (m, x) with m in [0, 1]-ish: each term is scaled to the largest's exponent first, so
     nothing overflows; a term 2^1074 below the largest flushes (relative error 2^-1073)."""
-    shape = np.broadcast_shapes(*(np.shape(m) for m, _ in terms), *(np.shape(x) for _, x in terms))
-    top = np.full(shape, _NEG, dtype=np.int64)
-    for m, x in terms:
-        top = np.maximum(top, np.where(np.asarray(m) > 0, np.asarray(x, dtype=np.int64) + _exp_of(m), _NEG))
+    top = _top(terms)
     top = np.where(top == _NEG, 0, top)
-    s = np.zeros(shape)
+    s = np.zeros(np.shape(top))
     for m, x in terms:
-        sh = np.clip(np.asarray(x, dtype=np.int64) - top, -1200, 1100).astype(np.int32)
-        s = s + np.ldexp(m, sh)
+        s = s + _ldexp(m, np.asarray(x, dtype=np.int64) - top)
     return s, top
 
 
@@ -110,11 +120,11 @@ def _theta(placement: str, sigma, den, eps: float, frame):
     with np.errstate(under="ignore"):
         if placement in ("std", "std_if_positive"):
             theta = sigma / den
-            om = np.ldexp(eps, np.clip(-hx, -3000, 3000).astype(np.int32)) / hm  # eps / h <= 1
+            om = _ldexp(eps, -hx) / hm  # eps / h <= 1
         elif placement == "var":
             q = sigma / den
             theta = q * q
-            om = np.ldexp(eps, np.clip(-2 * hx, -3000, 3000).astype(np.int32)) / (hm * hm)  # eps / h^2 <= 1
+            om = _ldexp(eps, -2 * hx) / (hm * hm)  # eps / h^2 <= 1
         else:
             theta = np.ones_like(np.asarray(sigma, dtype=np.float64))
             om = np.zeros_like(theta)
@@ -185,9 +195,7 @@ def _ulps(X):
     the exponent of that largest ulp, per row."""
     kap = ulp_exponent(X)
     kmax = kap.max(axis=1)
-    with np.errstate(under="ignore"):
-        nu = np.ldexp(1.0, np.clip(kap - kmax[:, None], -1100, 0).astype(np.int32))
-    return nu, kmax
+    return _ldexp(1.0, kap - kmax[:, None]), kmax
 
 
 def _within_cap(T, E, x, cap, xe=None):
@@ -196,9 +204,8 @@ def _within_cap(T, E, x, cap, xe=None):
     cap is reported, not sharp). ``cap`` inf: a live std, always."""
     if xe is not None:
         T, E, x = _common(T, x, E, xe)
-    with np.errstate(over="ignore", under="ignore", invalid="ignore"):
-        v = np.ldexp((T + E) * (1 + 2.0 ** -49), np.clip(x, -3000, 3000).astype(np.int32))
-    return ~(v > cap)
+    with np.errstate(over="ignore", invalid="ignore"):
+        return ~(_ldexp((T + E) * (1 + 2.0 ** -49), x) > cap)
 
 
 def finish(T, E, x, ok, old, xe=None):
@@ -217,7 +224,7 @@ def finish(T, E, x, ok, old, xe=None):
         s = T + E
         if bound:
             s = s + s * 2.0 ** -50
-        v = np.ldexp(s, np.clip(x, -3000, 3000).astype(np.int32))
+        v = _ldexp(s, x)
         v = np.where(np.abs(v) < _TINY, v + 5e-324, v) if bound else v
         crit = E * (1 + 2.0 ** -40) <= SHARP * (T - E)
     ok = ok & np.isfinite(v)
@@ -231,12 +238,9 @@ def finish(T, E, x, ok, old, xe=None):
 
 def _common(T, x, E, xe):
     x = np.asarray(x, dtype=np.int64)
-    xe = np.asarray(xe, dtype=np.int64)
-    top = np.maximum(np.where(T > 0, x + _exp_of(T), _NEG), np.where(E > 0, xe + _exp_of(E), _NEG))
+    top = _top([(T, x), (E, xe)])
     top = np.where(top == _NEG, x, top)
-    with np.errstate(under="ignore"):
-        T = np.ldexp(T, np.clip(x - top, -1200, 1100).astype(np.int32))
-        E = np.ldexp(E, np.clip(xe - top, -1200, 1100).astype(np.int32))
+    T, E = _ldexp(T, x - top), _ldexp(E, np.asarray(xe, dtype=np.int64) - top)
     # a flushed E (2^1074 below T) is covered by the 2^-50 raise in finish
     return T, E, top
 
@@ -448,10 +452,9 @@ def whitened(zs: ZStage, cok, z64, a64, w, gidx, members, uidx, uinfo, placement
 def _exclusive(m, x):
     """For framed nonnegative values (m, x) of a unit's groups: for each group, the sum of
     the others, from prefix and suffix sums (no subtraction), framed at the unit's top."""
-    top = np.where(m > 0, x + _exp_of(m), _NEG).max()
-    top = 0 if top == _NEG else int(top)
-    with np.errstate(under="ignore"):
-        v = np.ldexp(m, np.clip(x - top, -1200, 1100).astype(np.int32))
+    top = int(_top([(m, x)]).max())
+    top = 0 if top == _NEG else top
+    v = _ldexp(m, x - top)
     pre = np.concatenate([[0.0], np.cumsum(v)[:-1]])
     suf = np.concatenate([np.cumsum(v[::-1])[::-1][1:], [0.0]])
     return pre + suf, np.full(m.size, top, dtype=np.int64)

@@ -13,7 +13,6 @@ import functools
 import math
 from fractions import Fraction
 
-import mpmath
 import numpy as np
 from mpmath import libmp
 
@@ -211,14 +210,6 @@ def iv_scale_rational(a: tuple, q: Fraction, prec: int) -> tuple:
                  for x, rnd in zip(a[::-1] if num < 0 else a, (_FLOOR, _CEIL)))
 
 
-def iv_scale_int(a: tuple, n: int, prec: int) -> tuple:
-    """n * [lo, hi] for an integer n, each end rounded outward."""
-    if n == 0:
-        return (ZERO, ZERO)
-    m = libmp.from_int(n)
-    return tuple(libmp.mpf_mul(x, m, prec, rnd) for x, rnd in zip(a[::-1] if n < 0 else a, (_FLOOR, _CEIL)))
-
-
 def iv_form(form: Form, classes: SqrtClasses, prec: int) -> tuple:
     acc = iv_rational(form.q0, prec)
     for cid, p in form.terms.items():
@@ -303,7 +294,7 @@ def boundaries(iv: tuple) -> list[Fraction]:
         if lo == hi:
             continue  # certified, or only the sign of a zero differs (no midpoint there)
         p, _, emax = FORMATS[fmt]
-        top = Fraction(math.ldexp(2.0 - math.ldexp(1.0, 1 - p), emax))
+        top = Fraction(em.largest_finite(fmt))
         threshold = top + Fraction(2) ** (emax - p)
         if math.isinf(hi) and math.isfinite(lo) and Fraction(lo) == top:
             out.append(threshold)
@@ -347,12 +338,10 @@ def pow2(e: int) -> Fraction:
 
 
 def exact_std(values) -> float:
-    """The unbiased std of float values: their exact rational variance, its square root at 120 bits."""
+    """The unbiased std of float values: :func:`float_sqrt` of their exact rational variance."""
     q = [Fraction(float(v)) for v in values]
     m = sum(q) / len(q)
-    var = sum((v - m) ** 2 for v in q) / (len(q) - 1)
-    with mpmath.workprec(120):
-        return float(mpmath.sqrt(mpmath.mpf(var.numerator) / var.denominator))
+    return float_sqrt(sum((v - m) ** 2 for v in q) / (len(q) - 1))
 
 
 def float_sqrt(v: Fraction) -> float:
