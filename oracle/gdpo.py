@@ -197,8 +197,7 @@ def whiten(values, *, segment_sizes=None, unit_ids=None, eps=None, convention="s
     n = v.size
     unit_ids = np.zeros(n, dtype=np.int64) if unit_ids is None else inp.as_labels(unit_ids, n, "unit_ids")
     t = inp.token_weights(conv, token_counts, n)
-    eps = inp.as_eps(eps)
-    eps_w = Fraction(conv.whiten_eps if eps is None else eps)
+    eps_w, = inp.as_eps(eps, conv.whiten_eps)
     uidx = inp.index(unit_ids)[1]
     # the inputs are exact, so every collapse of given values is structural
     c = ex.Values(n, required=True)
@@ -237,9 +236,7 @@ def gdpo_advantages(rewards, group_ids=None, weights=None, unit_ids=None, eps=No
     t = None if _stages_only else inp.token_weights(conv, token_counts, N)
     nan_in = np.isnan(r)  # before a NaN policy replaces any (cond falls back on such columns)
     r = inp.check_finite(r, gl, gidx, conv)
-    eps = inp.as_eps(eps)
-    eps_g = Fraction(conv.group_eps if eps is None else eps)
-    eps_w = Fraction(conv.whiten_eps if eps is None else eps)
+    eps_g, eps_w = inp.as_eps(eps, conv.group_eps, conv.whiten_eps)
     wq = [Fraction(x) for x in w.tolist()]
     classes = ex.SqrtClasses()
     G = gl.size

@@ -8,6 +8,7 @@ import collections.abc
 import dataclasses
 import math
 import numbers
+from fractions import Fraction
 
 import numpy as np
 
@@ -197,12 +198,13 @@ def as_weights(weights, k: int) -> np.ndarray:
     return out
 
 
-def as_eps(eps):
-    """A caller's eps as a float64 (None: the convention's), or the contract's refusal, as
-    impl.gdpo: InputDtypeError for what is not a real number, OutOfRangeError for NaN, an
-    infinity or a negative eps."""
+def as_eps(eps, *defaults: float) -> list[Fraction]:
+    """A caller's eps as the exact rational of its float64, once per equation (None: each
+    equation's ``defaults``, the convention's), or the contract's refusal, as impl.gdpo:
+    InputDtypeError for what is not a real number, OutOfRangeError for NaN, an infinity or a
+    negative eps."""
     if eps is None:
-        return None
+        return [Fraction(d) for d in defaults]
     if hasattr(eps, "detach") and hasattr(eps, "cpu"):
         t = eps.detach().cpu()
         if t.dim() != 0 or t.is_complex() or "bool" in str(t.dtype):
@@ -222,7 +224,7 @@ def as_eps(eps):
                               "and >= 0") from None
     if not (math.isfinite(value) and value >= 0.0):
         raise OutOfRangeError(f"eps={value!r} must be finite and >= 0")
-    return value + 0.0
+    return [Fraction(value + 0.0)] * len(defaults)
 
 
 def check_finite(r: np.ndarray, group_labels: np.ndarray, gidx: np.ndarray, conv: Convention) -> np.ndarray:
