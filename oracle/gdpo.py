@@ -195,7 +195,7 @@ def whiten(values, *, segment_sizes=None, unit_ids=None, eps=None, convention="s
         i = int(np.flatnonzero(~np.isfinite(v))[0])
         raise NonFiniteError(f"value {i} is {v[i]!r}; whitening needs finite values")
     n = v.size
-    unit_ids = np.zeros(n, dtype=np.int64) if unit_ids is None else inp.as_labels(unit_ids, n, "unit_ids")
+    unit_ids = inp.as_labels(unit_ids, n, "unit_ids")
     t = inp.token_weights(conv, token_counts, n)
     eps_w, = inp.as_eps(eps, conv.whiten_eps)
     uidx = inp.index(unit_ids)[1]
@@ -231,8 +231,7 @@ def gdpo_advantages(rewards, group_ids=None, weights=None, unit_ids=None, eps=No
     N, K = r.shape
     gl, gidx = inp.index(inp.as_labels(inp.groups_of(N, group_ids, group_size), N, "group_ids"))
     w = inp.as_weights(weights, K)
-    unit_ids = inp.units_of(N, unit_ids, segment_sizes)
-    uid = np.zeros(N, dtype=np.int64) if unit_ids is None else inp.as_labels(unit_ids, N, "unit_ids")
+    uid = inp.as_labels(inp.units_of(N, unit_ids, segment_sizes), N, "unit_ids")
     t = None if _stages_only else inp.token_weights(conv, token_counts, N)
     nan_in = np.isnan(r)  # before a NaN policy replaces any (cond falls back on such columns)
     r = inp.check_finite(r, gl, gidx, conv)

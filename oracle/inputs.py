@@ -266,10 +266,10 @@ def groups_of(n: int, group_ids, group_size) -> np.ndarray:
 
 
 def units_of(n: int, unit_ids, segment_sizes):
-    """Eq. 6's units as one label per sample (None: one unit), from ``unit_ids`` or
-    ``segment_sizes`` (consecutive counts, as in impl.gdpo; empty units hold no sample)."""
+    """Eq. 6's units as one label per sample, from ``unit_ids`` or ``segment_sizes``
+    (consecutive counts, as in impl.gdpo; empty units hold no sample); neither: one unit."""
     if segment_sizes is None:
-        return unit_ids
+        return np.zeros(n, dtype=np.int64) if unit_ids is None else unit_ids
     if unit_ids is not None:
         raise SegmentError("pass at most one of unit_ids and segment_sizes")
     sizes = list(segment_sizes.tolist() if hasattr(segment_sizes, "tolist") else segment_sizes)
