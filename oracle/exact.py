@@ -223,11 +223,9 @@ def iv_contains_zero(a: tuple) -> bool:
 
 # ------------------------------------------------------------------ correct rounding
 
-#: (precision in bits, minimum normal exponent, maximum exponent): the error model's table.
-FORMATS = em.FORMATS
-
-#: Every format the oracle certifies a rounding in, each rounded once from the exact value.
-ROUNDED = ("float64", "float32", "float16", "bfloat16")
+#: Every format the oracle certifies a rounding in (the error model's ``FORMATS``: precision in
+#: bits, minimum normal exponent, maximum exponent), each rounded once from the exact value.
+ROUNDED = tuple(em.FORMATS)
 
 
 def round_mpf(x: tuple, fmt: str) -> float:
@@ -245,7 +243,7 @@ def round_mpf(x: tuple, fmt: str) -> float:
 def _round_scaled(neg, n: int, d: int, s: int, e: int, fmt: str) -> float:
     """(-1)^neg (n / d) 2^s (n, d > 0; 2^e <= n / d 2^s < 2^(e + 1)) rounded to the nearest value
     of ``fmt`` (ties to even) in integer arithmetic: a signed zero, the value, or an infinity."""
-    p, emin, emax = FORMATS[fmt]
+    p, emin, emax = em.FORMATS[fmt]
     k = max(e - p + 1, emin - p + 1) - s  # the value's last bit: 2^(k + s)
     num, den = (n, d << k) if k >= 0 else (n << -k, d)
     m, rem = divmod(num, den)
@@ -293,7 +291,7 @@ def boundaries(iv: tuple) -> list[Fraction]:
         lo, hi = round_mpf(iv[0], fmt), round_mpf(iv[1], fmt)
         if lo == hi:
             continue  # certified, or only the sign of a zero differs (no midpoint there)
-        p, _, emax = FORMATS[fmt]
+        p, _, emax = em.FORMATS[fmt]
         top = Fraction(em.largest_finite(fmt))
         threshold = top + Fraction(2) ** (emax - p)
         if math.isinf(hi) and math.isfinite(lo) and Fraction(lo) == top:
@@ -308,7 +306,7 @@ def boundaries(iv: tuple) -> list[Fraction]:
 def _adjacent(lo: Fraction, hi: Fraction, fmt: str) -> bool:
     """Are the values lo < hi of ``fmt`` neighbours? Their gap is then the spacing at the smaller
     magnitude (the binade below where one is a power of two; the subnormals' below 2^emin)."""
-    p, emin, _ = FORMATS[fmt]
+    p, emin, _ = em.FORMATS[fmt]
     x = min(abs(lo), abs(hi))
     e = emin if x == 0 else max(_floor_log2(x), emin)
     return hi - lo == Fraction(2) ** (e - p + 1)
