@@ -2,9 +2,8 @@
 
 Every GDPO quantity up to Eq. 7 is a *form* ``q0 + sum_c p_c * sqrt(x_c)`` over square-root
 classes (``1 / (sqrt(V) + eps) = (sqrt(V) - eps) / (V - eps^2)``, ``1 / sqrt(V + eps) =
-sqrt(V + eps) / (V + eps)``), zero exactly when its coefficients are (Besicovitch); its
-numbers come from mpmath ``libmp`` intervals with directed rounding, certified when both ends
-round to the same float (Ziv's loop): spec/gdpo.md section 10 states the argument.
+sqrt(V + eps) / (V + eps)``); spec/gdpo.md section 10 states why its zeros and roundings are
+exact (Besicovitch; libmp intervals raised in precision until both ends round alike).
 """
 
 from __future__ import annotations

@@ -21,10 +21,8 @@ MISSING = ("refuse", "unscored")
 
 
 def as_float_matrix(rewards, what: str = "rewards") -> np.ndarray:
-    """The inputs as a float64 matrix, every value exactly as given, or a refusal. Floating
-    tensors and arrays are read whole; a longdouble array and a sequence value by value, and a
-    value float64 cannot hold exactly (an int beyond 2^53, a longdouble's extra bits, a Fraction)
-    is refused with InputDtypeError naming its row and column, like a non-floating dtype."""
+    """The inputs as a float64 matrix, every value exactly as given, or a refusal (spec/gdpo.md
+    section 10; a Fraction float64 cannot hold is refused like an int beyond 2^53)."""
     if hasattr(rewards, "detach") and hasattr(rewards, "cpu") and not isinstance(rewards, np.ndarray):
         t = rewards.detach()  # a torch tensor, without importing torch
         name = str(t.dtype).replace("torch.", "")
