@@ -1,71 +1,13 @@
 """The first-order condition of z, c and a, tight where a closed form applies.
 
-``cond`` of an output o is the first-order change of o when every input x (reward and weight)
-moves by one ulp, sum_x |d o / dx| ulp(x), ulp(x) = ``math.ulp(x)`` (spec/gdpo.md section 7,
-which also lists where the closed form does not apply). The stage-wise running bound
-(:mod:`spec.error_model`, ``rounding=False``) drops the stages' cancellations; this module
-evaluates the Jacobians in closed form and bounds its own float64 evaluation error, so that its
-result stays an upper bound (:func:`finish`: where it applies, else the stage-wise bound).
-
-The mathematics. Standardizing x of n entries (Eq. 4 per group column; Eq. 6 per unit):
-d = x - mean(x), sigma^2 = sum d^2 / (n - ddof), denominator h = sigma + eps ("std"),
-sqrt(v + eps) ("var") or sigma ("skip_if_zero"); y = d / |d|, z = d / h. Then
-
-    dz_l / dx_j = (1/h) [delta_lj - 1/n - theta y_l y_j],
-    theta = sigma / h (std), sigma^2 / h^2 (var), 1 (skip_if_zero),
-    1 - theta = eps / h (std), eps / h^2 (var), 0 (skip_if_zero).
-
-y is recovered from the correctly rounded outputs (y = z / |z|, Y = a / |a|). For n = 2 the
-bracket is exactly (1 - theta)(delta_lj - 1/2), evaluated so (no cancellation: sharp for any
-eps). A zero std with eps > 0 is the same formula with theta = 0, h0 = eps (sqrt(eps) for
-"var"), y = 0; capped by Samuelson's bound where its value exceeds it (:func:`_within_cap`).
-
-Eq. 7: dc_i / dr_jk = w_k J_k[i, j], dc_i / dw_k = z_ik, so
-cond(c_i) = sum_k |w_k| cond(z_ik) + sum_k |z_ik| ulp(w_k).
-
-Eq. 6 per unit U of M samples (per-sample whitening), with Y, H, Theta the unit's normalized
-deviations of c, denominator and theta, groups nested in units and c summing to 0 over every
-group (each z column does, exactly), so mean_g(Y) = 0 and mean_U(z_k) = 0:
-
-    da_i / dr_jk = (w_k / H) [[i in g] J_k[i, j] - Theta Y_i t_jk],
-    t_jk = sum_{l in g} Y_l J_k[l, j] = (1/h_k) [Y_j - theta_k y_jk s_gk],
-    s_gk = sum_{l in g} Y_l y_lk,
-    da_i / dw_k = (1/H) [z_ik - Theta Y_i p_k],   p_k = sum_{l in U} Y_l z_lk.
-
-The own group is summed densely; the other groups enter through the separable term
-Theta |Y_i| sum_{g' != g(i)} Q_g', Q_g = sum_k |w_k| / h_k sum_j |t_jk| ulp(r_jk) (an
-exclusive sum from prefix and suffix sums: no subtraction).
-
-Frames. Every factor is a float significand and an integer power of two (a column's
-deviations, sigma and denominator in its 2^e, a unit's in its 2^f); ulps are normalized by
-their column's largest; |z| / max |z| and |a| / max |a| are in [0, 1]. So every float64
-quantity below is O(1) and nothing overflows or underflows except at the 2^-1074 level.
-
-Rigour. Each computed row value R is a sum of terms, products and differences of float64
-quantities each within a few roundings of exact (z, c, a: one; sigma and denominators: at most
-three). By the standard model and Higham's lemma 3.3, |R_computed - R| <= gamma_m A, A the same
-expression with every term in absolute value and m the most roundings along any term (a sum of
-k terms adds k - 1). Tallies, n the group size and M the unit size (y_j costs n/2 + 4; theta at
-most 11; 1 - theta at most 6):
-
-* z: b_lj = (delta_lj - 1/n) - theta y_l y_j: n + 22; |b| ulp summed over j: 2n + 22; the
-  final 1 / h: 2n + 26;
-* c: z's own error bound times |w_k|, plus 2K + 2 for the 2K framed terms;
-* a: Y_i: M/2 + 4; s_gk: M/2 + 3n/2 + 8; t_jk: M/2 + 2n + 26; the own-group term summed and
-  scaled: M + 3n + 49; the other groups' term: 3M/2 + 3n' + K + 47 (n' the unit's largest
-  group); the weights' term: 2M + 23; the sum of the 2K + 1 terms and 1 / H: 9M/2 + 3K + 53.
-
-At a zero std theta = 0 and y = 0 exactly, h0 within one rounding and 1 - theta within 6: the
-tallies stand. The bound charged is (count) u A_computed, count = 3n + 60 (z), 8M + 4K + 120
-(a), 3M + 60 (:func:`whiten_values`), each the tally + 8 at least (A_computed's own
-underestimate, the bound's roundings, the flush of terms 2^1074 below their sum's largest).
-Underflow adds absolute errors: a product or quotient that underflows is off by at most
-2^-1075 (an addition is exact there); a subnormal z (or a) moves y by at most 2^-1074 / max |z|
-<= 2^-74 while max |z| >= :data:`ZMIN`. Each row so carries ``noise`` = n (2^-1060 + 2^-1066 /
-max |z| where its column holds a subnormal z) (:func:`_noise`). The value reported is
-fl(T + E) raised by 2^-50 (plus 2^-1074 among the subnormals), so cond >= T + E >= the exact
-first-order change; ``cond_sharp`` says E <= 2^-20 (T - E): then cond is within
-(1 + 2^-19)(1 + 2^-48) of that change.
+``cond`` of an output o is sum_x |d o / dx| ulp(x) over every input x (reward and weight),
+ulp(x) = ``math.ulp(x)``. The stage-wise running bound (:mod:`spec.error_model`,
+``rounding=False``) drops the stages' cancellations; this module evaluates the Jacobians in
+closed form, in power-of-two frames, and adds a bound on its own float64 evaluation error, so
+that its result stays an upper bound (:func:`finish`: where it applies, else the stage-wise
+bound). spec/gdpo.md section 7 states the Jacobians, where they apply, and the rigour: the
+roundings tallied per stage, whose counts (3n + 60 for z, 8M + 4K + 120 for a, 3M + 60 for
+:func:`whiten_values`) and underflow ``noise`` (:func:`_noise`) the code charges.
 """
 
 from __future__ import annotations
@@ -83,7 +25,7 @@ SHARP = 2.0 ** -20
 #: a column (unit) whose largest |z| (|a|) is below this falls back
 ZMIN = 2.0 ** -1000
 _TINY = 2.0 ** -1022
-#: absolute error of a computed O(1) quantity from underflow alone (module docstring)
+#: absolute error of a computed O(1) quantity from underflow alone (spec/gdpo.md section 7)
 _NOISE = 2.0 ** -1060
 #: elements per dense block (rows x columns x groups)
 _BLOCK = 1 << 21
@@ -126,7 +68,7 @@ def admit(info: dict, at, frame: int, sigma: float, denom: float) -> None:
 
 def admit_collapsed(info: dict, at, frame: int, h0: float, cap) -> None:
     """A zero std with eps added to it (or to the variance): z = d / h is differentiable at
-    d = 0, with h0 = eps (sqrt(eps)) in the frame and theta = 0 (module docstring), where h0
+    d = 0, with h0 = eps (sqrt(eps)) in the frame and theta = 0 (spec/gdpo.md section 7), where h0
     is a normal float there; capped by Samuelson's ``cap``."""
     if 2.0 ** -1022 <= h0 < math.inf:
         admit(info, at, frame, 0.0, h0)
@@ -144,19 +86,29 @@ def _exp_of(m: np.ndarray) -> np.ndarray:
     return np.frexp(m)[1].astype(np.int64)
 
 
+def _ldexp(m, e):
+    """m 2^e, e clipped to +-3000 (beyond it an O(1) m gives 0 or inf alike)."""
+    with np.errstate(under="ignore", over="ignore"):
+        return np.ldexp(m, np.clip(np.asarray(e, dtype=np.int64), -3000, 3000).astype(np.int32))
+
+
+def _top(terms):
+    """The largest exponent of nonnegative framed terms (m, x) (value m 2^x), _NEG where all are 0."""
+    top = _NEG
+    for m, x in terms:
+        top = np.maximum(top, np.where(np.asarray(m) > 0, np.asarray(x, dtype=np.int64) + _exp_of(m), _NEG))
+    return top
+
+
 def framed_sum(terms):
     """Sum of nonnegative framed terms (m, x) (value m 2^x, any broadcastable shapes) as
     (m, x) with m in [0, 1]-ish: each term is scaled to the largest's exponent first, so
     nothing overflows; a term 2^1074 below the largest flushes (relative error 2^-1073)."""
-    shape = np.broadcast_shapes(*(np.shape(m) for m, _ in terms), *(np.shape(x) for _, x in terms))
-    top = np.full(shape, _NEG, dtype=np.int64)
-    for m, x in terms:
-        top = np.maximum(top, np.where(np.asarray(m) > 0, np.asarray(x, dtype=np.int64) + _exp_of(m), _NEG))
+    top = _top(terms)
     top = np.where(top == _NEG, 0, top)
-    s = np.zeros(shape)
+    s = np.zeros(np.shape(top))
     for m, x in terms:
-        sh = np.clip(np.asarray(x, dtype=np.int64) - top, -1200, 1100).astype(np.int32)
-        s = s + np.ldexp(m, sh)
+        s = s + _ldexp(m, np.asarray(x, dtype=np.int64) - top)
     return s, top
 
 
@@ -168,11 +120,11 @@ def _theta(placement: str, sigma, den, eps: float, frame):
     with np.errstate(under="ignore"):
         if placement in ("std", "std_if_positive"):
             theta = sigma / den
-            om = np.ldexp(eps, np.clip(-hx, -3000, 3000).astype(np.int32)) / hm  # eps / h <= 1
+            om = _ldexp(eps, -hx) / hm  # eps / h <= 1
         elif placement == "var":
             q = sigma / den
             theta = q * q
-            om = np.ldexp(eps, np.clip(-2 * hx, -3000, 3000).astype(np.int32)) / (hm * hm)  # eps / h^2 <= 1
+            om = _ldexp(eps, -2 * hx) / (hm * hm)  # eps / h^2 <= 1
         else:
             theta = np.ones_like(np.asarray(sigma, dtype=np.float64))
             om = np.zeros_like(theta)
@@ -243,9 +195,7 @@ def _ulps(X):
     the exponent of that largest ulp, per row."""
     kap = ulp_exponent(X)
     kmax = kap.max(axis=1)
-    with np.errstate(under="ignore"):
-        nu = np.ldexp(1.0, np.clip(kap - kmax[:, None], -1100, 0).astype(np.int32))
-    return nu, kmax
+    return _ldexp(1.0, kap - kmax[:, None]), kmax
 
 
 def _within_cap(T, E, x, cap, xe=None):
@@ -254,9 +204,8 @@ def _within_cap(T, E, x, cap, xe=None):
     cap is reported, not sharp). ``cap`` inf: a live std, always."""
     if xe is not None:
         T, E, x = _common(T, x, E, xe)
-    with np.errstate(over="ignore", under="ignore", invalid="ignore"):
-        v = np.ldexp((T + E) * (1 + 2.0 ** -49), np.clip(x, -3000, 3000).astype(np.int32))
-    return ~(v > cap)
+    with np.errstate(over="ignore", invalid="ignore"):
+        return ~(_ldexp((T + E) * (1 + 2.0 ** -49), x) > cap)
 
 
 def finish(T, E, x, ok, old, xe=None):
@@ -275,7 +224,7 @@ def finish(T, E, x, ok, old, xe=None):
         s = T + E
         if bound:
             s = s + s * 2.0 ** -50
-        v = np.ldexp(s, np.clip(x, -3000, 3000).astype(np.int32))
+        v = _ldexp(s, x)
         v = np.where(np.abs(v) < _TINY, v + 5e-324, v) if bound else v
         crit = E * (1 + 2.0 ** -40) <= SHARP * (T - E)
     ok = ok & np.isfinite(v)
@@ -289,12 +238,9 @@ def finish(T, E, x, ok, old, xe=None):
 
 def _common(T, x, E, xe):
     x = np.asarray(x, dtype=np.int64)
-    xe = np.asarray(xe, dtype=np.int64)
-    top = np.maximum(np.where(T > 0, x + _exp_of(T), _NEG), np.where(E > 0, xe + _exp_of(E), _NEG))
+    top = _top([(T, x), (E, xe)])
     top = np.where(top == _NEG, x, top)
-    with np.errstate(under="ignore"):
-        T = np.ldexp(T, np.clip(x - top, -1200, 1100).astype(np.int32))
-        E = np.ldexp(E, np.clip(xe - top, -1200, 1100).astype(np.int32))
+    T, E = _ldexp(T, x - top), _ldexp(E, np.asarray(xe, dtype=np.int64) - top)
     # a flushed E (2^1074 below T) is covered by the 2^-50 raise in finish
     return T, E, top
 
@@ -351,7 +297,7 @@ def group_columns(r, z64, members, info, placement, eps, nan_mask) -> ZStage:
         noise = _noise(sub, zmax)
         R, A = _dense(y, theta, om, nu)
         t = R / hm[:, None]
-        e = ((3 * n + 60) * U * A + n * noise[:, None]) / hm[:, None]  # the count of z (module docstring)
+        e = ((3 * n + 60) * U * A + n * noise[:, None]) / hm[:, None]  # the count of z (spec/gdpo.md section 7)
         x = np.broadcast_to((kmax - hx)[:, None], (flat.size, n))
         # ok where the largest |z| is at least ZMIN, and a zero std's first-order value is at most
         # Samuelson's cap (else the cap, spec section 7: Eq. 7 and Eq. 6 fall back with it)
@@ -506,10 +452,9 @@ def whitened(zs: ZStage, cok, z64, a64, w, gidx, members, uidx, uinfo, placement
 def _exclusive(m, x):
     """For framed nonnegative values (m, x) of a unit's groups: for each group, the sum of
     the others, from prefix and suffix sums (no subtraction), framed at the unit's top."""
-    top = np.where(m > 0, x + _exp_of(m), _NEG).max()
-    top = 0 if top == _NEG else int(top)
-    with np.errstate(under="ignore"):
-        v = np.ldexp(m, np.clip(x - top, -1200, 1100).astype(np.int32))
+    top = int(_top([(m, x)]).max())
+    top = 0 if top == _NEG else top
+    v = _ldexp(m, x - top)
     pre = np.concatenate([[0.0], np.cumsum(v)[:-1]])
     suf = np.concatenate([np.cumsum(v[::-1])[::-1][1:], [0.0]])
     return pre + suf, np.full(m.size, top, dtype=np.int64)

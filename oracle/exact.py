@@ -2,9 +2,8 @@
 
 Every GDPO quantity up to Eq. 7 is a *form* ``q0 + sum_c p_c * sqrt(x_c)`` over square-root
 classes (``1 / (sqrt(V) + eps) = (sqrt(V) - eps) / (V - eps^2)``, ``1 / sqrt(V + eps) =
-sqrt(V + eps) / (V + eps)``), zero exactly when its coefficients are (Besicovitch); its
-numbers come from mpmath ``libmp`` intervals with directed rounding, certified when both ends
-round to the same float (Ziv's loop): spec/gdpo.md section 10 states the argument.
+sqrt(V + eps) / (V + eps)``); spec/gdpo.md section 10 states why its zeros and roundings are
+exact (Besicovitch; libmp intervals raised in precision until both ends round alike).
 """
 
 from __future__ import annotations
@@ -13,7 +12,6 @@ import functools
 import math
 from fractions import Fraction
 
-import mpmath
 import numpy as np
 from mpmath import libmp
 
@@ -211,14 +209,6 @@ def iv_scale_rational(a: tuple, q: Fraction, prec: int) -> tuple:
                  for x, rnd in zip(a[::-1] if num < 0 else a, (_FLOOR, _CEIL)))
 
 
-def iv_scale_int(a: tuple, n: int, prec: int) -> tuple:
-    """n * [lo, hi] for an integer n, each end rounded outward."""
-    if n == 0:
-        return (ZERO, ZERO)
-    m = libmp.from_int(n)
-    return tuple(libmp.mpf_mul(x, m, prec, rnd) for x, rnd in zip(a[::-1] if n < 0 else a, (_FLOOR, _CEIL)))
-
-
 def iv_form(form: Form, classes: SqrtClasses, prec: int) -> tuple:
     acc = iv_rational(form.q0, prec)
     for cid, p in form.terms.items():
@@ -232,11 +222,9 @@ def iv_contains_zero(a: tuple) -> bool:
 
 # ------------------------------------------------------------------ correct rounding
 
-#: (precision in bits, minimum normal exponent, maximum exponent): the error model's table.
-FORMATS = em.FORMATS
-
-#: Every format the oracle certifies a rounding in, each rounded once from the exact value.
-ROUNDED = ("float64", "float32", "float16", "bfloat16")
+#: Every format the oracle certifies a rounding in (the error model's ``FORMATS``: precision in
+#: bits, minimum normal exponent, maximum exponent), each rounded once from the exact value.
+ROUNDED = tuple(em.FORMATS)
 
 
 def round_mpf(x: tuple, fmt: str) -> float:
@@ -254,7 +242,7 @@ def round_mpf(x: tuple, fmt: str) -> float:
 def _round_scaled(neg, n: int, d: int, s: int, e: int, fmt: str) -> float:
     """(-1)^neg (n / d) 2^s (n, d > 0; 2^e <= n / d 2^s < 2^(e + 1)) rounded to the nearest value
     of ``fmt`` (ties to even) in integer arithmetic: a signed zero, the value, or an infinity."""
-    p, emin, emax = FORMATS[fmt]
+    p, emin, emax = em.FORMATS[fmt]
     k = max(e - p + 1, emin - p + 1) - s  # the value's last bit: 2^(k + s)
     num, den = (n, d << k) if k >= 0 else (n << -k, d)
     m, rem = divmod(num, den)
@@ -302,8 +290,8 @@ def boundaries(iv: tuple) -> list[Fraction]:
         lo, hi = round_mpf(iv[0], fmt), round_mpf(iv[1], fmt)
         if lo == hi:
             continue  # certified, or only the sign of a zero differs (no midpoint there)
-        p, _, emax = FORMATS[fmt]
-        top = Fraction(math.ldexp(2.0 - math.ldexp(1.0, 1 - p), emax))
+        p, _, emax = em.FORMATS[fmt]
+        top = Fraction(em.largest_finite(fmt))
         threshold = top + Fraction(2) ** (emax - p)
         if math.isinf(hi) and math.isfinite(lo) and Fraction(lo) == top:
             out.append(threshold)
@@ -317,7 +305,7 @@ def boundaries(iv: tuple) -> list[Fraction]:
 def _adjacent(lo: Fraction, hi: Fraction, fmt: str) -> bool:
     """Are the values lo < hi of ``fmt`` neighbours? Their gap is then the spacing at the smaller
     magnitude (the binade below where one is a power of two; the subnormals' below 2^emin)."""
-    p, emin, _ = FORMATS[fmt]
+    p, emin, _ = em.FORMATS[fmt]
     x = min(abs(lo), abs(hi))
     e = emin if x == 0 else max(_floor_log2(x), emin)
     return hi - lo == Fraction(2) ** (e - p + 1)
@@ -347,12 +335,10 @@ def pow2(e: int) -> Fraction:
 
 
 def exact_std(values) -> float:
-    """The unbiased std of float values: their exact rational variance, its square root at 120 bits."""
+    """The unbiased std of float values: :func:`float_sqrt` of their exact rational variance."""
     q = [Fraction(float(v)) for v in values]
     m = sum(q) / len(q)
-    var = sum((v - m) ** 2 for v in q) / (len(q) - 1)
-    with mpmath.workprec(120):
-        return float(mpmath.sqrt(mpmath.mpf(var.numerator) / var.denominator))
+    return float_sqrt(sum((v - m) ** 2 for v in q) / (len(q) - 1))
 
 
 def float_sqrt(v: Fraction) -> float:

@@ -117,11 +117,7 @@ def _stage(v: ex.Values, cond, sharp=None, frame=0) -> Stage:
 
 def _roundings(members) -> int:
     """Roundings along any term of a stage-wise bound (``rounding=False``) for groups or units of at
-    most n samples, counted as 4n + 40. Eq. 4 (:func:`spec.error_model.standardize_groups_stage`):
-    mean of the ulps n, d_dev n + 1, a deviation 1, products and sum 2n, the std's product and
-    quotient 4, z times it, the sum and the quotient by the denominator 6: 3n + 12. Eq. 6
-    (:func:`spec.error_model.whiten_stage`): d_mean n + 1, d_dev2 1, |c - mean| 3, products and
-    sum 2n + 1, the std's 4, the final terms 6: 3n + 16."""
+    most n samples: 4n + 40 (tallied in spec/gdpo.md section 7)."""
     return 4 * max((m.size for m in members), default=1) + 40
 
 
@@ -181,9 +177,8 @@ def combine(z, *, weights=None) -> Stage:
 
 
 def _ulps(x: np.ndarray) -> np.ndarray:
-    """One ulp of each value, absolute, at least 2^-1074 (np.spacing(DBL_MAX) is inf)."""
-    m, e = np.frexp(np.abs(x))
-    return np.maximum(np.ldexp(np.spacing(m), e), 5e-324)
+    """One ulp of each value, absolute (``math.ulp``: 2^-1074 at 0 and among the subnormals)."""
+    return np.ldexp(1.0, cn.ulp_exponent(x).astype(np.int32))
 
 
 @_whatever_numpy_is_told
@@ -200,10 +195,9 @@ def whiten(values, *, segment_sizes=None, unit_ids=None, eps=None, convention="s
         i = int(np.flatnonzero(~np.isfinite(v))[0])
         raise NonFiniteError(f"value {i} is {v[i]!r}; whitening needs finite values")
     n = v.size
-    unit_ids = np.zeros(n, dtype=np.int64) if unit_ids is None else inp.as_labels(unit_ids, n, "unit_ids")
+    unit_ids = inp.as_labels(unit_ids, n, "unit_ids")
     t = inp.token_weights(conv, token_counts, n)
-    eps = inp.as_eps(eps)
-    eps_w = Fraction(conv.whiten_eps if eps is None else eps)
+    eps_w, = inp.as_eps(eps, conv.whiten_eps)
     uidx = inp.index(unit_ids)[1]
     # the inputs are exact, so every collapse of given values is structural
     c = ex.Values(n, required=True)
@@ -237,14 +231,11 @@ def gdpo_advantages(rewards, group_ids=None, weights=None, unit_ids=None, eps=No
     N, K = r.shape
     gl, gidx = inp.index(inp.as_labels(inp.groups_of(N, group_ids, group_size), N, "group_ids"))
     w = inp.as_weights(weights, K)
-    unit_ids = inp.units_of(N, unit_ids, segment_sizes)
-    uid = np.zeros(N, dtype=np.int64) if unit_ids is None else inp.as_labels(unit_ids, N, "unit_ids")
+    uid = inp.as_labels(inp.units_of(N, unit_ids, segment_sizes), N, "unit_ids")
     t = None if _stages_only else inp.token_weights(conv, token_counts, N)
     nan_in = np.isnan(r)  # before a NaN policy replaces any (cond falls back on such columns)
     r = inp.check_finite(r, gl, gidx, conv)
-    eps = inp.as_eps(eps)
-    eps_g = Fraction(conv.group_eps if eps is None else eps)
-    eps_w = Fraction(conv.whiten_eps if eps is None else eps)
+    eps_g, eps_w = inp.as_eps(eps, conv.group_eps, conv.whiten_eps)
     wq = [Fraction(x) for x in w.tolist()]
     classes = ex.SqrtClasses()
     G = gl.size
@@ -481,7 +472,7 @@ def _certify_column(col: _Column, idx, k: int, classes, z: ex.Values) -> None:
         if not live:
             return
         inv_iv = ex.iv_scale_rational(ex.iv_form(col.inv, classes, prec), col.f, prec)
-        every = [ex.round_all(ex.iv_scale_int(inv_iv, d, prec)) for _, d in live]
+        every = [ex.round_all(ex.iv_scale_rational(inv_iv, Fraction(d), prec)) for _, d in live]
         if None not in every:
             for (j, _), v in zip(live, every):
                 z.put((j, k), v)

@@ -8,6 +8,7 @@ import collections.abc
 import dataclasses
 import math
 import numbers
+from fractions import Fraction
 
 import numpy as np
 
@@ -20,10 +21,8 @@ MISSING = ("refuse", "unscored")
 
 
 def as_float_matrix(rewards, what: str = "rewards") -> np.ndarray:
-    """The inputs as a float64 matrix, every value exactly as given, or a refusal. Floating
-    tensors and arrays are read whole; a longdouble array and a sequence value by value, and a
-    value float64 cannot hold exactly (an int beyond 2^53, a longdouble's extra bits, a Fraction)
-    is refused with InputDtypeError naming its row and column, like a non-floating dtype."""
+    """The inputs as a float64 matrix, every value exactly as given, or a refusal (spec/gdpo.md
+    section 10; a Fraction float64 cannot hold is refused like an int beyond 2^53)."""
     if hasattr(rewards, "detach") and hasattr(rewards, "cpu") and not isinstance(rewards, np.ndarray):
         t = rewards.detach()  # a torch tensor, without importing torch
         name = str(t.dtype).replace("torch.", "")
@@ -197,12 +196,13 @@ def as_weights(weights, k: int) -> np.ndarray:
     return out
 
 
-def as_eps(eps):
-    """A caller's eps as a float64 (None: the convention's), or the contract's refusal, as
-    impl.gdpo: InputDtypeError for what is not a real number, OutOfRangeError for NaN, an
-    infinity or a negative eps."""
+def as_eps(eps, *defaults: float) -> list[Fraction]:
+    """A caller's eps as the exact rational of its float64, once per equation (None: each
+    equation's ``defaults``, the convention's), or the contract's refusal, as impl.gdpo:
+    InputDtypeError for what is not a real number, OutOfRangeError for NaN, an infinity or a
+    negative eps."""
     if eps is None:
-        return None
+        return [Fraction(d) for d in defaults]
     if hasattr(eps, "detach") and hasattr(eps, "cpu"):
         t = eps.detach().cpu()
         if t.dim() != 0 or t.is_complex() or "bool" in str(t.dtype):
@@ -222,7 +222,7 @@ def as_eps(eps):
                               "and >= 0") from None
     if not (math.isfinite(value) and value >= 0.0):
         raise OutOfRangeError(f"eps={value!r} must be finite and >= 0")
-    return value + 0.0
+    return [Fraction(value + 0.0)] * len(defaults)
 
 
 def check_finite(r: np.ndarray, group_labels: np.ndarray, gidx: np.ndarray, conv: Convention) -> np.ndarray:
@@ -264,10 +264,10 @@ def groups_of(n: int, group_ids, group_size) -> np.ndarray:
 
 
 def units_of(n: int, unit_ids, segment_sizes):
-    """Eq. 6's units as one label per sample (None: one unit), from ``unit_ids`` or
-    ``segment_sizes`` (consecutive counts, as in impl.gdpo; empty units hold no sample)."""
+    """Eq. 6's units as one label per sample, from ``unit_ids`` or ``segment_sizes``
+    (consecutive counts, as in impl.gdpo; empty units hold no sample); neither: one unit."""
     if segment_sizes is None:
-        return unit_ids
+        return np.zeros(n, dtype=np.int64) if unit_ids is None else unit_ids
     if unit_ids is not None:
         raise SegmentError("pass at most one of unit_ids and segment_sizes")
     sizes = list(segment_sizes.tolist() if hasattr(segment_sizes, "tolist") else segment_sizes)

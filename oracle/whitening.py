@@ -60,16 +60,11 @@ def whiten(c: ex.Values, uidx, t, conv, eps_w, classes, labels=None, uinfo=None,
     """Eq. 6 per unit: the whitened values (an :class:`oracle.exact.Values`) and which units
     collapsed. ``whole`` (S,) marks the units of whole groups, whose mean is structurally zero
     where :func:`structural_mean`: there a structural zero of c is a required zero of a.
-
-    ``scored`` (N,), nan="nan_aware_unscored" (TRL): a sample not scored (every reward NaN) is
-    left out of its unit's statistics and gets advantage 0 (bound 0), and so does every sample
-    of a unit left with fewer than two scored ones; a whole group's scored rows still sum to
-    exactly 0 (a row not scored in a column has z = 0 there), so those zeros are required too.
-
-    c's bounds are ``cond * 2^cond_frame`` and ``delta * 2^frame`` per sample; each unit's are
-    evaluated in frames of its own (eps scales with the frame like what it is added to).
-    ``uinfo`` (:func:`oracle.condition.info`) receives what the closed form of the condition
-    needs, where it applies."""
+    ``scored`` (N,): the rows scored under nan="nan_aware_unscored" (spec/gdpo.md section 2,
+    "Missing rewards"; the zeros it sets are required too). c's bounds are ``cond *
+    2^cond_frame`` and ``delta * 2^frame`` per sample; each unit's are evaluated in frames of its
+    own. ``uinfo`` (:func:`oracle.condition.info`) receives what the closed form of the
+    condition needs, where it applies."""
     N = len(c.forms)
     a = ex.Values(N)
     S = int(uidx.max()) + 1 if N else 0
@@ -93,13 +88,10 @@ def whiten(c: ex.Values, uidx, t, conv, eps_w, classes, labels=None, uinfo=None,
             continue
         uforms = [c.forms[j] for j in idx]
         c_top = _top_exponent(uforms, nan[idx], c64[idx], classes)
-        frame = _unit_frame(c_top, nan[idx], c.delta[idx], c.frame[idx], floor)  # the error model's
-        cframe = _unit_frame(c_top, nan[idx], c.cond[idx], c.cond_frame[idx], floor)  # the condition estimate's
-        cs = _scaled_values(uforms, nan[idx], c64[idx], frame, classes)
-        ccs = _scaled_values(uforms, nan[idx], c64[idx], cframe, classes)
-        with np.errstate(over="ignore"):  # a delta 2^1024 above the unit's largest c: no bound (inf)
-            dcond_s = np.ldexp(c.cond[idx], np.clip(c.cond_frame[idx] - cframe, -2200, 2200).astype(np.int32))
-            dmodel_s = np.ldexp(c.delta[idx], np.clip(c.frame[idx] - frame, -2200, 2200).astype(np.int32))
+        # the error model's frame, and the condition estimate's
+        (frame, cs, dmodel_s), (cframe, ccs, dcond_s) = (
+            _unit_frame(c_top, uforms, nan[idx], c64[idx], d[idx], f[idx], floor, classes)
+            for d, f in ((c.delta, c.frame), (c.cond, c.cond_frame)))
         if nan[idx].any():  # convention nan="propagate": the unit's statistics are NaN
             a.put(idx, np.nan)
             a.cond[idx] = a.delta[idx] = np.nan
@@ -308,19 +300,6 @@ def _form_sign(form: ex.Form, classes: ex.SqrtClasses) -> int:
     raise ex.CertificationError(f"could not certify the sign of {form!r} within {ex.MAX_PREC} bits")
 
 
-def _scaled_values(forms, nan, values: np.ndarray, e: int, classes) -> np.ndarray:
-    """values * 2^-e as floats; where a value overflowed float64 or was subnormal there (rounded
-    to 0 or to fewer bits), from its exact form."""
-    with np.errstate(over="ignore"):
-        out = np.ldexp(values, -e)
-    redo = ~nan & (~np.isfinite(out) | (np.abs(values) < 2.0 ** -1022))
-    for j in np.flatnonzero(redo):
-        if forms[j].is_zero():
-            continue
-        out[j] = ex.round_mpf(ex.iv_form(forms[j].scaled(ex.pow2(-e)), classes, 80)[0], "float64")
-    return out
-
-
 def _top_exponent(forms, nan, values: np.ndarray, classes):
     """The largest binary exponent (|c| < 2^e) over one unit's exact c, None when all are
     exactly zero; from the exact form where the float64 rounded to 0 or overflowed."""
@@ -333,14 +312,24 @@ def _top_exponent(forms, nan, values: np.ndarray, classes):
     return max(tops, default=None)
 
 
-def _unit_frame(c_top, nan, delta: np.ndarray, dframe: np.ndarray, floor: int = -900) -> int:
-    """The power-of-two frame of one unit's Eq. 6 bound: its largest exact |c| (``c_top``)
-    brought to [1/2, 1), raised where a sample's Δc (``delta * 2^dframe``) would exceed 2^960 in
-    it, at least ``floor`` (:func:`oracle.exact.eps_floor`: eps in it stays finite)."""
+def _unit_frame(c_top, forms, nan, values: np.ndarray, delta: np.ndarray, dframe: np.ndarray, floor: int,
+                classes):
+    """The power-of-two frame 2^e of one unit's Eq. 6 bound, and c and Δc in it: its largest exact
+    |c| (``c_top``) brought to [1/2, 1), raised where a sample's Δc (``delta * 2^dframe``) would
+    exceed 2^960 in it, at least ``floor`` (:func:`oracle.exact.eps_floor`: eps in it stays
+    finite). c in the frame comes from its exact form where its float64 overflowed there or is
+    subnormal (rounded to 0 or to fewer bits); a Δc 2^1024 above the unit's largest c is inf (no bound)."""
     live = ~nan & (delta != 0.0) & np.isfinite(delta)
     top = int((dframe[live] + np.frexp(delta[live])[1]).max()) if live.any() else None
     if c_top is None:
         e = top if top is not None else 0
     else:
         e = c_top if top is None else max(c_top, top - 960)
-    return max(e, floor)
+    e = max(e, floor)
+    with np.errstate(over="ignore"):
+        scaled = np.ldexp(values, -e)
+        d_scaled = np.ldexp(delta, np.clip(dframe - e, -2200, 2200).astype(np.int32))
+    for j in np.flatnonzero(~nan & (~np.isfinite(scaled) | (np.abs(values) < 2.0 ** -1022))):
+        if not forms[j].is_zero():
+            scaled[j] = ex.round_mpf(ex.iv_form(forms[j].scaled(ex.pow2(-e)), classes, 80)[0], "float64")
+    return e, scaled, d_scaled

@@ -1,29 +1,9 @@
 """Named conventions: this project's specification and presets for the peers.
 
 A convention fixes every choice the paper leaves open; the oracle computes a convention's
-mathematics exactly, so a peer can be judged against its own intended formula (spec/gdpo.md
-section 9). Presets are never silent options of the production implementation. The values each
-field may take are :data:`_ALLOWED`'s:
-
-``group_ddof`` / ``whiten_ddof``: 0 (divide by n) or 1 (by n - 1).
-``group_eps_placement`` / ``whiten_eps_placement``: ``"std"`` divides by std + eps, ``"var"``
-    by sqrt(var + eps), ``"std_if_positive"`` by std + eps where std > 0 (else leaves the
-    deviation undivided), ``"skip_if_zero"`` by std, skipping the step where std = 0.
-``collapse``: what the peer's float code tests to recognise a constant column or unit
-    (``"exact_equality"``, ``"std_positive"``, ``"none"``: the formula alone); in exact
-    arithmetic every preset maps a constant column to zero.
-``singleton``: a group of one gives ``"error"``, ``"zero"`` or ``"raw"`` (z = r / (1 + eps)).
-``nan``: ``"error"``, ``"propagate"``, ``"zero_first"`` (NaN read as 0 before Eq. 4),
-    ``"nan_aware"`` (group statistics skip NaN entries, whose z is 0), ``"nan_aware_unscored"``
-    (the same, and a sample no reward function scored is left out of Eq. 6 with advantage 0, a
-    unit of fewer than two scored samples 0 throughout: TRL's ``unscorable_mask``).
-``whiten``: ``"per_sample"``, ``"per_token"`` (weighted by token counts, verl's
-    ``masked_whiten``), ``"none"``.
-``native_dtype``: the code's working precision; a grading judges it there
-    (:attr:`Convention.unit_roundoff`).
-``algorithm``: how the code computes a group's deviations, which decides its error model:
-    ``"shift_invariant"`` (this project's: rounding scales with the group's range) or
-    ``"mean_then_subtract"`` (every peer's r - mean(r): it scales with the magnitude).
+mathematics exactly, so a peer can be judged against its own intended formula. Presets are
+never silent options of the production implementation. spec/gdpo.md section 9 says what each
+field's values (:data:`_ALLOWED`) mean.
 """
 
 from __future__ import annotations

@@ -1,40 +1,17 @@
 """The error model: how far a correct implementation may be from the exact result.
 
 Every comparison in the project takes its tolerance from :func:`allowed_error`; nobody types
-an ``rtol``. The model is a first-order running error bound (Higham, *Accuracy and Stability of
-Numerical Algorithms*, ch. 3) of the prescribed algorithm, evaluated on the oracle's exact
-intermediate quantities; every ``Δx`` bounds ``|computed x - exact x|`` in units of the working
-precision's unit roundoff u, and τ = 2^-1021 is an absolute 2^-1074 (underflow) in those units.
-
-Eq. 4, per group g and reward column k, n = n_g, ρ = max - min of the column in the group (the
-range: the shift-invariant algorithm subtracts one member first, exactly by Sterbenz):
-
-    Δdev  = (n + 3) (ρ + τ)                         subtraction, mean, centring
-    ΔD    = Σ_j |dev_j| Δdev / ((n - ddof) σ) + (n + 3)/2 σ + 2 D
-    Δz_j  = (Δdev + |z_j| ΔD) / D + 3 (|z_j| + τ)
-
-D the exact denominator (σ + eps, or sqrt(σ² + eps)); a collapsed column (ρ = 0) gets Δz = 0.
-
-Eq. 7, per sample, K rewards:
-
-    Δc_j  = Σ_k |w_k| Δz_jk + (K + 1) (Σ_k |w_k z_jk| + τ)
-
-Eq. 6, per unit with sample weights t (1 per sample, or token counts), T = Σ t, n samples:
-
-    Δm    = Σ t Δc / T + (n + 1) (max |c| + τ)
-    Δdev2 = Δc_j + Δm + |c_j - m| + τ
-    ΔD    = Σ t |dev2| Δdev2 / ((T - ddof) s) + (n + 3)/2 s + 2 D
-    Δa_j  = (Δdev2_j + |a_j| ΔD) / D + 3 (|a_j| + τ)
-
-A collapsed unit gets Δa = 0. The allowance (:func:`allowed_error`) is SAFETY u Δ, plus half an
-ulp of the output format for the final cast, plus half an ulp of float64 (the reference is the
-correctly rounded float64 of the exact value). spec/gdpo.md section 7 states the rest: the final
-cast, the zero denominators at eps = 0 (:func:`noise_cap`, :func:`samuelson`), the condition
-estimate (``rounding=False``), and a peer's own code (``Convention.algorithm``:
-``mean_then_subtract`` measures ρ as max |r|, capped by :func:`deviation_cap`;
-``Convention.unit_roundoff``). Under a peer's convention the allowance is also at least SAFETY
-times the condition estimate at the working precision (backward error: a result that inputs
-SAFETY ulps away would give exactly; ``conformance.judge.native_allowed``).
+an ``rtol``. The model is a first-order running error bound of the prescribed algorithm,
+evaluated on the oracle's exact intermediate quantities; every ``Δx`` bounds
+``|computed x - exact x|`` in units of the working precision's unit roundoff u. spec/gdpo.md
+section 7 states it: the bound per stage (:func:`standardize_groups_stage`,
+:func:`combine_stage`, :func:`whiten_stage`), the allowance, the final cast, the zero
+denominators at eps = 0 (:func:`noise_cap`, :func:`samuelson`), the condition estimate
+(``rounding=False``) and a peer's own code (``Convention.algorithm``: ``mean_then_subtract``
+measures ρ as max |r|, capped by :func:`deviation_cap`; ``Convention.unit_roundoff``). Under a
+peer's convention the allowance is also at least SAFETY times the condition estimate at the
+working precision (backward error: a result that inputs SAFETY ulps away would give exactly;
+``conformance.judge.native_allowed``).
 """
 
 from __future__ import annotations
@@ -163,21 +140,27 @@ def standardize_groups_stage(dev, d_dev, sigma, denom, z, n, ddof, rounding=True
         if rounding:  # (unreachable for the oracle: a zero std is a collapse, Δz = 0 above)
             return noise_cap(n, ddof, 1.0, n, z) * np.ones_like(z)
         return samuelson(n, ddof) * np.ones_like(z)
-    if sigma > 0.0 and n > ddof:
-        d_sigma = float(np.sum(dev * d_dev) / ((n - ddof) * sigma))
+    dz = _quotient(dev, d_dev, sigma, denom, z, n, n, ddof, 1.0, rounding)
+    if not rounding:
+        return dz
+    with np.errstate(over="ignore"):
+        dz = dz + 3.0 * (z + tau)  # τ: z itself may underflow (D > 2 (n + 3))
+    # cap_u: the unit roundoff of a mean-then-subtract code dividing by its own std (+ eps)
+    return dz if cap_u is None else np.minimum(dz, deviation_cap(n, ddof, z, cap_u))
+
+
+def _quotient(dev, d_dev, sigma, denom, z, n, T, ddof, t, rounding):
+    """(Δdev + |z| ΔD) / D, z = dev / D and D the std of ``dev`` (weights t, T = Σ t) plus eps; at a
+    zero std without rounding, capped by Samuelson's bound (spec/gdpo.md section 7)."""
+    if sigma > 0.0 and T > ddof:
+        d_sigma = float(np.sum(t * dev * d_dev) / ((T - ddof) * sigma))
     else:  # at collapse the std is not differentiable; it moves by at most the perturbation
         d_sigma = float(np.max(d_dev)) if d_dev.size else 0.0
-    d_denom = d_sigma
     if rounding:
-        d_denom += 0.5 * (n + 3) * sigma + 2.0 * denom
-        with np.errstate(over="ignore"):
-            dz = (d_dev + z * d_denom) / denom + 3.0 * (z + tau)  # τ: z itself may underflow (D > 2 (n + 3))
-        # cap_u: the unit roundoff of a mean-then-subtract code dividing by its own std (+ eps)
-        return dz if cap_u is None else np.minimum(dz, deviation_cap(n, ddof, z, cap_u))
-    if not sigma > 0.0:  # collapsed: one ulp un-collapses the column and z moves by at most
-        with np.errstate(over="ignore"):  # Samuelson's bound, however small eps makes the denominator
-            return np.minimum((d_dev + z * d_denom) / denom, samuelson(n, ddof) + z)
-    return (d_dev + z * d_denom) / denom
+        d_sigma += 0.5 * (n + 3) * sigma + 2.0 * denom
+    with np.errstate(over="ignore"):  # a denominator near zero: the caller's cap is the bound
+        dz = (d_dev + z * d_sigma) / denom
+        return np.minimum(dz, samuelson(T, ddof, t) + z) if not rounding and not sigma > 0.0 else dz
 
 
 def model_dev_perturbation(rho, n, tau=TAU):
@@ -260,19 +243,10 @@ def whiten_stage(dc, c, mean, a, sigma, denom, ddof, t=None, collapsed=False, ro
     d_dev2 = dc + d_mean
     if rounding:
         d_dev2 = d_dev2 + dev2 + tau
-    if sigma > 0.0 and T > ddof:
-        d_sigma = float(np.sum(t * dev2 * d_dev2) / ((T - ddof) * sigma))
-    else:
-        d_sigma = float(np.max(d_dev2))
-    d_denom = d_sigma
-    if rounding:
-        d_denom += 0.5 * (n + 3) * sigma + 2.0 * denom
-    with np.errstate(over="ignore"):  # a denominator near zero: the cap below is the bound
-        da = (d_dev2 + a * d_denom) / denom
-        if not rounding:
-            if not sigma > 0.0:  # collapsed: as at a zero denominator, whatever eps (a tiny eps
-                return np.minimum(da, samuelson(T, ddof, t) + a)  # makes the first order meaningless)
-            return da
+    da = _quotient(dev2, d_dev2, sigma, denom, a, n, T, ddof, t, rounding)
+    if not rounding:
+        return da
+    with np.errstate(over="ignore"):
         return np.minimum(da + 3.0 * (a + underflow_tau(dtype_of(unit_roundoff))),
                           noise_cap(T, ddof, t, n, a, unit_roundoff))
 

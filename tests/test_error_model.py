@@ -1,6 +1,6 @@
 """The error model where eps = 0 meets a zero std, and its final-cast term per output format.
 
-Everything here is derived by hand from spec/error_model.py's docstring; no tolerance
+Everything here is derived by hand from the error model in spec/gdpo.md section 7; no tolerance
 is picked. The warning tests run with ``warnings.simplefilter("error")``, so a
 RuntimeWarning (division by zero, inf * 0, overflow) fails them: before the model
 decided the eps = 0 cases, these exact calls divided by zero and returned NaN or inf
