@@ -11,7 +11,7 @@ denominators at eps = 0 (:func:`noise_cap`, :func:`samuelson`), the condition es
 measures ρ as max |r|, capped by :func:`deviation_cap`; ``Convention.unit_roundoff``). Under a
 peer's convention the allowance is also at least SAFETY times the condition estimate at the
 working precision (backward error: a result that inputs SAFETY ulps away would give exactly;
-``conformance.judge.native_allowed``).
+``conformance.compare.native_allowed``).
 """
 
 from __future__ import annotations
