@@ -298,7 +298,7 @@ def test_the_error_contract_per_call_shape_is_documented():
     assert "How the error contract's cases are expressed:" in page and "docs/grading.md" in subject.__doc__
     assert "- `trl`: a non-finite reward is that value in `rewards`" in page
     assert "- `verl`: a non-finite reward sits on one response token" in page
-    assert "--single-process" in plugins.__doc__
+    assert "`--single-process` grades a function for one process" in page and "docs/grading.md" in plugins.__doc__
 
 
 # ----------------------------------------------------------------------------- F
