@@ -65,6 +65,16 @@ def test_the_graded_codes_overflow_warnings_are_findings_not_noise():
     assert {f.category for f in g.findings} >= {"non_finite"}, g.findings
 
 
+def test_the_graded_codes_user_warnings_are_not_printed():
+    """torch warns "std(): degrees of freedom is <= 0" where a textbook code meets a group of one
+    sample; gdpo check printed it above its report. The finding says the input was accepted."""
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        g = _grade("paper_impls:no_eq6_clip3", select="errors")
+    assert [str(w.message) for w in seen if issubclass(w.category, UserWarning)] == []
+    assert any("groups of one sample" in f.headline() for f in g.findings), [f.headline() for f in g.findings]
+
+
 def test_a_replay_line_too_long_for_the_first_screen_is_left_to_details():
     """float32 code overflows at Eq. 4's sum only on a group of many rows: its replay line holds the
     whole case (over 2,000 characters). The first screen points to --details, which prints it."""
