@@ -324,10 +324,12 @@ def _eq4(b: _Batch, v: Variant) -> _Parts:
         n = np.stack([np.bincount(gi, ok[:, k], G) for k in range(K)], axis=1).astype(dt)
         mean = np.stack([b.gsum(x[:, k], gi, G) for k in range(K)], axis=1) / n
         dev = np.where(ok, x - mean[gi], dt.type(0))
-        var = np.stack([b.gsum(dev[:, k] * dev[:, k], gi, G) for k in range(K)], axis=1) / (n - dt.type(v.group_ddof))
         if v.group_variance == "one_pass":
             sq = np.stack([b.gsum(x[:, k] * x[:, k], gi, G) for k in range(K)], axis=1) / n
             var = (sq - mean * mean) * (n / (n - dt.type(v.group_ddof)))
+        else:
+            var = (np.stack([b.gsum(dev[:, k] * dev[:, k], gi, G) for k in range(K)], axis=1)
+                   / (n - dt.type(v.group_ddof)))
         if v.scale == "batch_std":
             nb = ok.sum(axis=0).astype(dt)
             db = np.where(ok, x - x.sum(axis=0, dtype=dt) / nb, dt.type(0))
