@@ -252,8 +252,12 @@ def _command(argv: list[str] | None) -> int:
         except Exception as e:  # noqa: BLE001 -- a broken install is "could not audit" (exit 2), not "warnings"
             said = f"could not audit: importing it failed ({type(e).__name__}: {e})"
             if args.json:
-                print(json.dumps({"status": 2, "status_text": "could not audit", "error": {
-                    "code": "internal-error", "class": type(e).__name__, "message": said}}))
+                from gdpo_tools import AUDIT_SCHEMA  # gdpo_tools.audit.report.error_json's fields
+
+                print(json.dumps({"schema": AUDIT_SCHEMA, "source": args.file, "status": 2,
+                                  "status_text": "could not audit", "error": {
+                                      "code": "internal-error", "class": type(e).__name__, "spec_classes": [],
+                                      "message": said}}))
             print(f"gdpo audit: {said}", file=sys.stderr)
             return 2
         return audit.main(args.file, weights=args.weights, as_json=args.json, exact=args.exact, peers=args.peers,

@@ -430,9 +430,18 @@ def test_an_audit_that_cannot_be_imported_is_could_not_audit(tmp_path, capsys, m
     for name in [m for m in sys.modules if m.startswith("gdpo_tools.audit")]:
         monkeypatch.delitem(sys.modules, name)
     monkeypatch.setitem(sys.modules, "torch", None)
-    assert cli.main(["audit", str(_ok_npz(tmp_path)), "--json"]) == 2
+    p = _ok_npz(tmp_path)
+    assert cli.main(["audit", str(p), "--json"]) == 2
     out, err = capsys.readouterr()
-    assert json.loads(out)["error"]["code"] == "internal-error" and err.startswith("gdpo audit: could not audit")
+    report = json.loads(out)
+    assert report["error"]["code"] == "internal-error" and err.startswith("gdpo audit: could not audit")
+    # the fields of every other refusal (gdpo_tools.audit.report.error_json), schema and source included
+    monkeypatch.undo()
+    from gdpo_tools.audit.report import error_json
+
+    expected = error_json(str(p), ImportError("x"), "x")
+    assert report.keys() == expected.keys() and report["error"].keys() == expected["error"].keys()
+    assert (report["schema"], report["source"]) == (expected["schema"], str(p))
 
 
 def test_an_npz_that_is_not_a_zip_is_named_so(tmp_path):

@@ -14,6 +14,7 @@ import re
 import numpy as np
 import torch
 
+from gdpo_tools import AUDIT_SCHEMA as SCHEMA
 from gdpo_tools.audit.findings import EPS_DOMINATED_FACTOR, ERROR, ILL_CONDITIONED, ROUTINE, finding, peer_difference
 from gdpo_tools.audit.read import AuditInputError, Batch, _weights, clip, shown
 from gdpo_tools.limits.peers import IMPLEMENTATIONS as MIRRORS
@@ -370,8 +371,6 @@ def audit(batch: Batch, weights=None, eps: float = DEFAULT_EPS, exact: bool | No
         "status": status, "status_text": STATUS[status],
     }
 
-
-SCHEMA = "gdpo-audit/3"
 
 
 def _method_text(exact: bool, groups: int, G: int, units: int, S: int) -> str:
