@@ -521,7 +521,8 @@ def hang(prop, eq, subject, case: DistCase, job, grace: float, deadline: float) 
     if job.hung:
         fail(prop, eq, subject, case,
              f"rank(s) {job.hung} of {case.world} did not return within the deadline "
-             f"({grace:g} s after the first rank, {deadline:g} s in all): a hang",
+             f"({grace:g} s after the first rank, {deadline:g} s in all): a hang (on a loaded machine, allow "
+             "more seconds with GDPO_CONFORMANCE_GRACE and GDPO_CONFORMANCE_DEADLINE)",
              [f"rank {r}: {o.describe()}" for r, o in sorted(job.outcomes.items())], category=Category.PROTOCOL)
 
 
