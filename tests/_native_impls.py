@@ -143,3 +143,19 @@ def impl_float32_rounding(rewards, out_dtype=torch.float32, **kw):
     correct float32 code's rounding gives."""
     a = gdpo_advantages(rewards, out_dtype=torch.float64, **kw)
     return (a * (1 + 3 * 2.0 ** -24)).to(out_dtype)
+
+
+def trl_eps_5e_4(rewards, num_generations, reward_weights):
+    """TRL's float32 code with eps 5e-4 at Eq. 4 and Eq. 6: a value the catalogue does not search."""
+    return _trl_like(rewards, num_generations, reward_weights, eps=5e-4)
+
+
+def trl_bfloat16_inside(rewards, num_generations, reward_weights, eps=1e-4):
+    """TRL's formula with Eq. 4 and Eq. 7 in bfloat16 (as autocast would run them) and Eq. 6 in
+    float32: float32 outputs, accurate to bfloat16's 8 bits."""
+    r = rewards.to(torch.bfloat16)
+    n, k = r.shape
+    grouped = r.view(-1, int(num_generations), k)
+    z = (grouped - grouped.mean(dim=1, keepdim=True)) / (grouped.std(dim=1, keepdim=True) + eps)
+    c = (z.view(n, k) * reward_weights.to(torch.bfloat16)).sum(dim=1).to(torch.float32)
+    return (c - c.mean()) / (c.std() + eps)

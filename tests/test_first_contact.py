@@ -112,3 +112,18 @@ def test_each_bad_input_cause_is_its_own_finding():
     assert len(causes) == len(set(causes)), causes
     assert "non-finite rewards" in causes and "groups of one sample" in causes, causes
     assert sum("weight" in c for c in causes) == 3, causes
+
+
+def test_arithmetic_in_bfloat16_inside_is_named_precision_not_formula():
+    """A code running Eq. 4 and Eq. 7 in bfloat16 (float32 outputs) was told "formula differs from the
+    paper" with no catalogued variant; it is the paper's formula at bfloat16's accuracy. A formula
+    difference the catalogue lacks (eps 5e-4) is still one."""
+    narrow = Subject("_native_impls:trl_bfloat16_inside", "trl", "spec")
+    prof = probes.profile(narrow)
+    assert prof.narrow.startswith("computes in bfloat16 or float16 inside") and prof.formula is None, prof.statement()
+    g = grading.grade(narrow, select="plain")
+    ordinary = [f for f in g.findings if f.regime == "ordinary magnitudes"]
+    assert [f.category for f in ordinary] == ["precision"], [f.headline() for f in g.findings]
+    assert "bfloat16" in ordinary[0].cause, ordinary[0].headline()
+    other = probes.profile(Subject("_native_impls:trl_eps_5e_4", "trl", "spec"))
+    assert not other.narrow and not other.named and other.formula, other.statement()
