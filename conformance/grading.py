@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import json
+import os
 import sys
 import time
 import traceback
@@ -66,6 +67,15 @@ class Grading:
     @property
     def ok(self) -> bool:
         return not self.findings
+
+    @property
+    def graded(self) -> bool:
+        """Did any row check a case? (Not where every row was skipped or drew nothing.)"""
+        return any(r.cases for r in self.rows)
+
+    @property
+    def exit_status(self) -> int:
+        return EXIT_FINDINGS if self.findings else EXIT_OK if self.graded else EXIT_USAGE
 
 
 def _rows_to_run(subject: Subject, select: str | None, single_process: bool):
@@ -136,6 +146,8 @@ def grade(subject: Subject, select: str | None = None, single_process: bool = Fa
 def verdict_line(g: Grading) -> str:
     s = g.subject
     what = f"gdpo check {s.target} (call shape {s.shape}, convention {s.convention})"
+    if g.ok and not g.graded:
+        return f"{what}: nothing graded: no row checked a case (see the table); this is no verdict"
     if g.ok:
         graded = sum(r.verdict != "skipped" for r in g.rows)
         return f"{what}: conforms: no finding on the {graded} properties graded"
@@ -220,7 +232,7 @@ def as_json(g: Grading) -> dict:
         "domain": {k: list(v) if isinstance(v, tuple) else v for k, v in s.domain().items()},
         "peer": _peer(s.convention),
         "verdict": verdict_line(g),
-        "exit_status": EXIT_OK if g.ok else EXIT_FINDINGS,
+        "exit_status": g.exit_status,
         "findings": [f.as_json() for f in FD.rank(g.findings)],
         "properties": [dataclasses.asdict(r) | {"seconds": round(r.seconds, 3)} for r in g.rows],
         "hypothesis": hypothesis.__version__, "python": sys.version.split()[0],
@@ -246,6 +258,16 @@ def main(impl: str | None, call_shape: str | None, convention: str | None, selec
          strict: bool = False, domain=()) -> int:
     """``gdpo check``: grade, print the first screen, write the JSON; the exit code (see the constants)."""
     subject = Subject(impl or DEFAULT_IMPL, call_shape or "gdpo", convention or "spec", domain=parse_domain(domain))
+    try:  # usage errors, before anything runs
+        subject.context()  # a declared domain that leaves nothing to draw
+        if not any(True for _ in _rows_to_run(subject, select, False)):
+            rows = ", ".join(p.name for p in PROPERTIES)
+            raise ValueError(f"-k {select!r} names no row of the grading; the rows: {rows} (errors:CASE each)")
+        if json_path and not os.access(Path(json_path).resolve().parent, os.W_OK):
+            raise ValueError(f"--json {json_path!r}: its folder does not exist or cannot be written")
+    except ValueError as e:
+        print(f"gdpo check: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
     try:
         g = grade(subject, select, single_process, strict)
     except Exception:  # noqa: BLE001 - the grader's own error is never a failure of the graded code
@@ -255,5 +277,9 @@ def main(impl: str | None, call_shape: str | None, convention: str | None, selec
         return EXIT_GRADER
     print(render(g, details))
     if json_path:
-        Path(json_path).write_text(json.dumps(as_json(g), indent=1, default=str) + "\n")
-    return EXIT_OK if g.ok else EXIT_FINDINGS
+        try:
+            Path(json_path).write_text(json.dumps(as_json(g), indent=1, default=str) + "\n")
+        except OSError as e:
+            print(f"gdpo check: error: --json {json_path!r} could not be written ({e.strerror})", file=sys.stderr)
+            return EXIT_USAGE
+    return g.exit_status

@@ -251,7 +251,7 @@ def refusal(prop, equation, subject, case, out: Outcome, classes, why: str):
         said = _output_summary(out) if out.ok else f"non-finite values ({out.message})"
         fail(prop, equation, subject, case, f"returned a result; the contract refuses this case with {names} ({why})",
              [f"returned {said}: the bad input was accepted without a word"], category=Category.ACCEPTED)
-    if out.error_type in ("CallShapeViolation", "InputModified"):
+    if out.error_type in _BREACHES:  # the grader's own check of the output: no refusal of the code's
         fail(prop, equation, subject, case, f"{out.describe()}; the contract refuses this case with {names} ({why})",
              category=Category.CALL_SHAPE)
     if not out.is_error(*classes):

@@ -278,6 +278,19 @@ def parse_domain(items) -> dict:
     return out
 
 
+def _nothing_to_draw(d: dict) -> str | None:
+    """Why the declared limits (:data:`LIMITS`) leave no case to draw, or None."""
+    low, high, sizes = d.get("min_columns", 1), d.get("max_columns"), d.get("group_sizes")
+    if high is not None and high < max(low, 1):
+        return f"max_columns={high} is below " + (f"min_columns={low}" if low > 1 else "one reward column")
+    if isinstance(sizes, tuple) and not any(size >= 2 for size in sizes):
+        return f"group_sizes={','.join(map(str, sizes))}: a group needs two samples (one is an error case)"
+    for key in ("max_abs_reward", "max_abs_weight"):
+        if key in d and not d[key] > 0:
+            return f"{key}={d[key]!r}: every value would be 0"
+    return None
+
+
 class Subject:
     """The implementation under test behind one call shape."""
 
@@ -393,6 +406,9 @@ class Subject:
             elif isinstance(have, bool):
                 value = bool(value) and have
             narrowed[key] = value
+        why = _nothing_to_draw(self.domain())
+        if why:
+            raise ValueError(f"{self.target}: the declared domain leaves nothing to draw: {why}")
         return dataclasses.replace(ctx, **narrowed)
 
     def unsupported(self, needs: frozenset) -> str | None:

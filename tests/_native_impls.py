@@ -159,3 +159,13 @@ def trl_bfloat16_inside(rewards, num_generations, reward_weights, eps=1e-4):
     z = (grouped - grouped.mean(dim=1, keepdim=True)) / (grouped.std(dim=1, keepdim=True) + eps)
     c = (z.view(n, k) * reward_weights.to(torch.bfloat16)).sum(dim=1).to(torch.float32)
     return (c - c.mean()) / (c.std() + eps)
+
+
+def trl_float32_as_list(rewards, num_generations, reward_weights):
+    """TRL's float32 code returning a Python list: on a NaN reward it returns NaNs, raising nothing."""
+    return trl_float32(rewards, num_generations, reward_weights).tolist()
+
+
+def trl_off_by_a_factor(rewards, num_generations, reward_weights):
+    """TRL's float32 code with every advantage 0.1% too large: a formula difference, however small."""
+    return trl_float32(rewards, num_generations, reward_weights) * 1.001

@@ -189,3 +189,45 @@ def test_a_clip_of_z_is_a_formula_the_probes_name():
     g = _grade("test_grading_output:_z_clipped", select="plain")
     formula = g.profile.formula or ""
     assert "not on 2 groups of 12, one outlier (|z| = 3.2 at Eq. 4)" in formula, formula
+
+
+@pytest.mark.parametrize("domain", [["max_columns=0"], ["group_sizes=1"], ["max_abs_reward=0"], ["max_abs_weight=0"],
+                                    ["min_columns=5", "max_columns=2"]])
+def test_a_domain_that_leaves_nothing_to_draw_is_a_usage_error(domain, capsys):
+    """A new user's `--domain max_columns=0` graded nothing and said "conforms" (exit 0), for a function
+    that only raised. A domain that leaves cases is accepted."""
+    from gdpo_tools import cli
+
+    args = ["check", "--impl", "_native_impls:trl_float32", "--call-shape", "trl"]
+    assert cli.main(args + [x for d in domain for x in ("--domain", d)]) == grading.EXIT_USAGE
+    assert "leaves nothing to draw" in capsys.readouterr().err
+    Subject("_native_impls:trl_float32", "trl", domain={"max_columns": 1, "max_abs_reward": 1.0}).context()
+
+
+def test_a_selection_or_json_path_that_cannot_work_is_a_usage_error_before_the_run(tmp_path, capsys):
+    assert grading.main("_native_impls:trl_float32", "trl", None, select="nosuchword") == grading.EXIT_USAGE
+    assert "-k 'nosuchword' names no row" in capsys.readouterr().err
+    missing = str(tmp_path / "no" / "such" / "folder" / "x.json")
+    assert grading.main("_native_impls:trl_float32", "trl", None, select="plain", json_path=missing) == \
+        grading.EXIT_USAGE
+    assert "cannot be written" in capsys.readouterr().err
+
+
+def test_nothing_graded_is_no_verdict(tmp_path, capsys):
+    """Every row chosen skipped (here: the multi-process rows, under --single-process) is exit 2,
+    not "conforms"."""
+    out = tmp_path / "g.json"
+    assert grading.main("_native_impls:trl_float32", "trl", None, select="dist_values", single_process=True,
+                        json_path=str(out)) == grading.EXIT_USAGE
+    assert "nothing graded" in capsys.readouterr().out
+    assert json.loads(out.read_text())["exit_status"] == grading.EXIT_USAGE
+
+
+def test_an_output_that_is_no_tensor_is_never_taken_for_a_refusal():
+    """A code returning a list of NaNs on a NaN reward passed errors:nan_reward as "refused with
+    NotATensor", the grader's own exception; a code that raises a clear error of another class there
+    still passes, noted."""
+    rows = {r.name: r for r in _grade("_native_impls:trl_float32_as_list", select="errors:nan_reward").rows}
+    assert rows["errors:nan_reward"].verdict == "failed" and rows["errors:nan_reward"].categories == ("call_shape",)
+    rows = {r.name: r for r in _grade("_native_impls:plain_value_errors", "gdpo", select="errors:nan_reward").rows}
+    assert rows["errors:nan_reward"].verdict == "passed" and rows["errors:nan_reward"].notes, rows
