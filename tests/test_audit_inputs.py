@@ -3,6 +3,7 @@ array or column, its shape or dtype, and the row), never a traceback or a silent
 Each refusal is also the spec's error class for its kind (spec/errors.py)."""
 
 import json
+import warnings
 
 import numpy as np
 import pytest
@@ -467,3 +468,16 @@ def test_a_bad_eps_is_named_as_the_option(tmp_path):
     b = audit.read_batch(_ok_npz(tmp_path))
     with pytest.raises(OutOfRangeError, match=r"^--eps -1.0: eps must be finite and >= 0$"):
         audit.audit(b, eps=-1.0)
+
+
+def test_eps_0_with_a_constant_column_warns_nothing_and_says_why(tmp_path):
+    """``--eps 0`` on a group whose column is constant printed NumPy's "divide by zero" twice, and
+    its ill-conditioned finding's advice spoke only of offsets and cancelling columns."""
+    p = tmp_path / "eps0.npz"
+    np.savez(p, rewards=np.array([[1.0, 0.0], [1.0, 0.1], [1.0, 0.2], [0.0, 1.0], [1.0, 1.1], [0.0, 1.2]]),
+             group_ids=np.array([0, 0, 0, 1, 1, 1]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        report = audit.audit(audit.read_batch(p), eps=0.0)
+    codes = {f["code"] for g in report["groups"] for f in g["findings"]}
+    assert "ill-conditioned" in codes and "with eps 0" in audit.KINDS["ill-conditioned"].advice, codes

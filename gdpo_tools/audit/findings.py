@@ -50,7 +50,8 @@ KINDS = {k.code: k for k in (
          ("group",)),
     Kind("ill-conditioned", WARNING, "group", "the combined values are set by the rewards' last bits",
          "subtract a large common offset from the rewards before training, or check whether two columns nearly "
-         "cancel (r2 close to C - r1): the advantages of this group are rounding of the inputs, not signal",
+         "cancel (r2 close to C - r1), or, with eps 0, whether a column is constant within the group (any eps > 0 "
+         "damps it): the advantages of this group are rounding of the inputs, not signal",
          ("ulp", "cond")),
     Kind("eps-dominated", WARNING, "group", "eps, not the data, sets a column's scale",
          "rescale that reward so that its std within a group is well above eps, or set a smaller eps (--eps "

@@ -139,7 +139,7 @@ def _cond_estimate(groups: _Groups, w: np.ndarray, eps: float) -> np.ndarray:
     which COND_MARGIN covers (the oracle decides every group near the threshold)."""
     n = groups.counts[:, None].astype(np.float64)
     spacing = np.spacing(groups.absmax)
-    with np.errstate(over="ignore", invalid="ignore"):
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # eps 0, a constant column: inf
         per_col = np.abs(w)[None, :] * spacing * (2.0 + 2.0 * n) / (np.nan_to_num(groups.std) + eps)
     return per_col.sum(axis=1)
 
@@ -473,8 +473,8 @@ def _partial_cancellations(r, groups: _Groups, w, eps) -> dict:
         for l in range(k + 1, K):
             if w[k] == 0 or w[l] == 0:
                 continue
-            a, b = abs(w[k]) / sd[:, k], abs(w[l]) / sd[:, l]
-            with np.errstate(invalid="ignore"):
+            with np.errstate(invalid="ignore", divide="ignore"):  # eps 0, a constant column: inf, nan
+                a, b = abs(w[k]) / sd[:, k], abs(w[l]) / sd[:, l]
                 keeps = np.abs(a - b) / (a + b)
             near = (keeps <= PARTIAL_KEEPS) & ~groups.collapsed[:, k] & ~groups.collapsed[:, l]
             rows = np.flatnonzero(near[groups.index])
