@@ -204,13 +204,18 @@ def _command(argv: list[str] | None) -> int:
     # limits and peers: listed here for gdpo --help; _command hands them to their own parsers
     sub.add_parser("limits", add_help=False,
                           help="measure the known-limit tables and plots into --out DIR (see gdpo limits --help)")
-    p_ck = sub.add_parser("check", help="run the conformance suite against impl.gdpo or another implementation")
+    p_ck = sub.add_parser("check", help="run the conformance suite against impl.gdpo or another implementation",
+                          description="Grade a GDPO implementation against the specification: at its own precision, "
+                                      "its formula named where it differs from the paper's, one finding per cause. "
+                                      "Exit codes: 0 conforms, 1 findings, 2 a usage error or nothing graded, 3 the "
+                                      "grader's own error. In full: docs/grading.md.")
     p_ck.add_argument("--impl", default=None, help="package.module:function to grade (default impl.gdpo)")
     p_ck.add_argument("--convention", default=None,
                       help="convention the implementation means: spec (the default), or a peer's preset: "
                            f"{', '.join(c for c in CONVENTIONS if c != 'spec')} (docs/grading.md)")
     p_ck.add_argument("--call-shape", default=None, choices=CHECK_CALL_SHAPES,
-                      help="how to call it (see conformance/subject.py; default gdpo)")
+                      help="how to call it: gdpo (impl.gdpo's signature, the default), trl (rewards, "
+                           "num_generations, reward_weights) or verl (docs/grading.md, 'Call shapes')")
     p_ck.add_argument("-k", dest="select", default=None,
                       help="only the rows whose names contain one of these comma-separated words (plain, errors:nan)")
     p_ck.add_argument("--single-process", action="store_true",

@@ -302,8 +302,9 @@ def live_problems(text: str, name: str, data: dict) -> tuple[list[str], list[str
 
 
 def main(argv=None, prog: str = COMMAND) -> int:
-    ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0].split(": ", 1)[1],
-                                 epilog=__doc__.split("\n\n", 2)[2], formatter_class=argparse.RawDescriptionHelpFormatter)
+    plain = re.sub(r":\w+:`([^`]+)`", r"\1", __doc__).replace("``", "")  # no reST markup on a terminal
+    ap = argparse.ArgumentParser(prog=prog, description=plain.split("\n\n")[0].split(": ", 1)[1],
+                                 epilog=plain.split("\n\n", 2)[2], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--from", dest="from_files", nargs="+", action="extend", default=[], metavar="FILE",
                     help="grading JSON files (gdpo check --json) of peers graded elsewhere; globs are expanded")
     ap.add_argument("--out", default=None, help="the page to write (default, in a checkout: spec/generated/peers.md)")

@@ -146,7 +146,7 @@ CASES = [
      r"line 3, column 'unit': 'x' is not an integer label"),
     # JSONL
     ("jsonl_not_json", jsonl({"group": 0, "rewards": [1]}, '{"group": 0, "rewards": [1'), None,
-     r"line 2 is not JSON: Expecting"),
+     r"line 2 is not JSON: Expecting ',' delimiter \(column 27\)"),
     ("jsonl_other_keys", jsonl({"group": 0, "rewards": {"a": 1}}, {"group": 0, "rewards": {"b": 1}}), ShapeError,
      r"line 2 has reward keys \['b'\], expected \['a'\]"),
     ("unknown_suffix", text("txt", "hello"), None, r"unknown format '.txt'"),

@@ -542,7 +542,7 @@ def _jsonl_rows(lines: _Lines, src: str, progress):
             try:
                 recs.append(json.loads(line))
             except json.JSONDecodeError as e:
-                raise AuditInputError(f"{src}: line {n} is not JSON: {e.msg}") from None
+                raise AuditInputError(f"{src}: line {n} is not JSON: {e.msg} (column {e.colno})") from None
             at.append(n)
         if first is None:
             _check_record(recs[0], at[0], src)

@@ -22,7 +22,8 @@ LIST_ALL_GROUPS = 50
 def render(report: dict) -> str:
     """The text report."""
     groups = report["groups"]
-    lines = [f"GDPO audit of {report['source']}: {report['samples']:,} samples in {report['groups_total']:,} groups "
+    groups_total = f"{report['groups_total']:,} group" + ("" if report["groups_total"] == 1 else "s")
+    lines = [f"GDPO audit of {report['source']}: {report['samples']:,} samples in {groups_total} "
              f"and {report['units_total']} whitening unit(s); components {', '.join(report['components'])}; "
              f"weights {report['weights']}; eps {report['eps']}",
              f"checked with: {report['method']['text']}"]
