@@ -38,6 +38,16 @@ CANNOT_EXPRESS = {
 VERL_TOKENS = 6
 #: Malformed calls (Case.variant) the verl shape expresses.
 VERL_VARIANTS = ("", "empty", "rewards_3d")
+#: The verl shape's reward keys, column by column (a weight past the columns takes the next name):
+#: their insertion order is not their sorted order, so a code that pairs weights with rewards by
+#: sorted keys, or by position in another order than the other dict's, is off on any two weights.
+VERL_KEYS = ("format", "accuracy", "length", "correctness", "brevity", "tool_use", "safety", "reasoning",
+             "style", "judge", "coverage", "clarity")
+
+
+def verl_key(j: int) -> str:
+    """The verl shape's key of reward column ``j`` (:data:`VERL_KEYS`)."""
+    return VERL_KEYS[j] if j < len(VERL_KEYS) else f"extra_{j}"
 
 
 class ImplSpecError(ValueError):
@@ -536,12 +546,12 @@ class Subject:
         for j in range(case.k):
             t = torch.from_numpy(np.ascontiguousarray(tok[:, :, j]))
             t = (t != 0) if dt == torch.bool else t.to(dt)
-            rewards[f"reward_{j}"] = (t.unsqueeze(-1) if case.variant == "rewards_3d" else t).to(self.device)
+            rewards[verl_key(j)] = (t.unsqueeze(-1) if case.variant == "rewards_3d" else t).to(self.device)
         mask = torch.from_numpy(np.arange(VERL_TOKENS)[None, :] < lengths[:, None]).to(torch.int64).to(self.device)
         labels = case.labels() if case.variant != "empty" else np.zeros(0, np.int64)
         index = np.array([f"uid{int(g)}" for g in labels], dtype=object)
-        # weight j names reward_j, also past the columns: a wrong count is a name mismatch, never dropped
-        weights = None if case.weights is None else {f"reward_{j}": float(w) for j, w in enumerate(case.weights)}
+        # weight j names column j's key, also past the columns: a wrong count is a name mismatch, never dropped
+        weights = None if case.weights is None else {verl_key(j): float(w) for j, w in enumerate(case.weights)}
         return {"token_level_rewards": rewards, "response_mask": mask, "index": index, "weights": weights}
 
     def call_normalize(self, case: Case):
