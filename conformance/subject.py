@@ -36,8 +36,9 @@ CANNOT_EXPRESS = {
 
 #: T of the verl shape: responses have 1 to VERL_TOKENS tokens (right padding after them).
 VERL_TOKENS = 6
-#: Malformed calls (Case.variant) the verl shape expresses.
-VERL_VARIANTS = ("", "empty", "rewards_3d")
+#: Malformed calls (Case.variant) the verl shape expresses, and "first_token": each reward whole on
+#: its response's first token (the probes' relation: a response's score is the sum of its tokens).
+VERL_VARIANTS = ("", "empty", "rewards_3d", "first_token")
 #: The verl shape's reward keys, column by column (a weight past the columns takes the next name):
 #: their insertion order is not their sorted order, so a code that pairs weights with rewards by
 #: sorted keys, or by position in another order than the other dict's, is off on any two weights.
@@ -177,13 +178,16 @@ def verl_lengths(n: int) -> np.ndarray:
     return 1 + (5 * np.arange(n, dtype=np.int64) + 2) % VERL_TOKENS
 
 
-def verl_token_rewards(rewards: np.ndarray, lengths: np.ndarray, dtype: str) -> np.ndarray:
+def verl_token_rewards(rewards: np.ndarray, lengths: np.ndarray, dtype: str, first: bool = False) -> np.ndarray:
     """(N, K) rewards -> (N, T, K) token rewards summing to each reward exactly over the response:
     on its last token, or, where (i + k) is odd and it has two tokens or more, in two exact halves
     (first and last token) where ``dtype`` holds the half, whole on the first token where the
-    reward is not finite. Padding tokens hold 0."""
+    reward is not finite (``first``: every reward whole on its first token). Padding tokens hold 0."""
     n, k = rewards.shape
     out = np.zeros((n, VERL_TOKENS, k), dtype=np.float64)
+    if first:
+        out[:, 0, :] = rewards
+        return out
     for i in range(n):
         last = int(lengths[i]) - 1
         for j in range(k):
@@ -540,7 +544,7 @@ class Subject:
         if case.variant == "empty":
             r = np.zeros((0, case.k))
         lengths = verl_lengths(r.shape[0])
-        tok = verl_token_rewards(r, lengths, case.dtype)
+        tok = verl_token_rewards(r, lengths, case.dtype, first=case.variant == "first_token")
         dt = getattr(torch, case.dtype)
         rewards = {}
         for j in range(case.k):

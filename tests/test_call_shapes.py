@@ -92,6 +92,14 @@ WRONG_VERL = textwrap.dedent('''
         return (a[:, None] * mask).to(torch.float32)
 
 
+    def last_column_score(token_level_rewards, response_mask, index, weights=None):
+        """The score read from the last token column (T - 1), not summed over the response."""
+        last = {k: torch.zeros_like(t) for k, t in token_level_rewards.items()}
+        for k, t in token_level_rewards.items():
+            last[k][:, -1] = t[:, -1]
+        return adapters.verl_advantages(last, response_mask, index, weights)
+
+
     def sorted_key_weights(token_level_rewards, response_mask, index, weights=None):
         """The weights taken in sorted key order, the rewards in the dict's order."""
         if weights is not None and set(weights) == set(token_level_rewards):
@@ -261,6 +269,38 @@ def test_weights_paired_by_sorted_keys_are_an_eq7_formula_finding(wrong):
     g = grading.grade(wrong("scatter_float32"), "plain,weights", single_process=True)
     assert g.subject.precision == "float32" and g.profile.formula is None and g.profile.named, g.profile
     assert all(f.regime == "extreme magnitudes" and f.category != "formula" for f in g.findings), g.findings
+
+
+@pytest.mark.parametrize("name", ["last_column_score", "last_token_score"])
+def test_a_score_not_summed_over_the_response_is_named_so(wrong, name):
+    """A verl code scoring a response by one token: moving each reward to its response's first
+    token moves its advantages. That is named, not the rows or groups (whose hint, for verl, is
+    index's uids: no num_generations here), which break only as a consequence."""
+    from conformance import probes
+
+    prof = probes.profile(wrong(name))
+    formula = prof.formula or ""
+    assert formula.startswith("Scores (before Eq. 4): a response's score is not the sum of its token rewards"), formula
+    assert "num_generations" not in formula and "rows of a group" not in formula, formula
+
+
+def test_the_groups_hint_is_the_call_shapes_own():
+    """A code treating one row of a group apart breaks the rows relation; the hint asks how the
+    call shape gives the groups."""
+    from conformance import formulas, probes
+
+    case = probes.probe_cases(Subject(ADAPTER, "verl").context())[0]
+
+    def call(c):
+        a = formulas.evaluate(c, formulas.PAPER)
+        a[8] *= 1.5  # the first row of group 2, whatever it holds
+        return a
+    hints = {shape: " ".join(probes.broken_relations(call, case, call(case), lambda c: np.full(c.n, 1e-6), shape))
+             for shape in ("trl", "gdpo", "verl")}
+    assert "rows of a group are not treated alike (are the groups the samples sharing a uid of index?)" in \
+        hints["verl"] and "num_generations" not in hints["verl"], hints
+    assert "contiguous blocks of num_generations rows" in hints["trl"], hints
+    assert "contiguous blocks of group_size rows" in hints["gdpo"], hints
 
 
 def test_verl_returns_tuple_is_graded_on_its_advantages(wrong):
