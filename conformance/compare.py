@@ -267,10 +267,12 @@ def distance(observed: np.ndarray, exact: np.ndarray, allowed: np.ndarray, cond:
 
 def native_allowed(stage, out_dtype: str, conv) -> np.ndarray:
     """The allowance of a code of convention ``conv``: the running bound of its algorithm at its
-    unit roundoff, under a peer's convention at least the backward error (spec/error_model.py)."""
+    unit roundoff, under a peer's convention at least the backward error, and a float16 or
+    bfloat16 output's second rounding through float32 (torch's float64 cast: spec section 7)."""
     allowed = stage.allowed(out_dtype, conv.unit_roundoff)
-    if conv.algorithm == "shift_invariant":  # the specification's own algorithm: its model alone
+    if conv.algorithm == "shift_invariant":  # the specification's own algorithm: one rounding (--strict)
         return allowed
     with np.errstate(over="ignore", invalid="ignore"):
         backward = em.SAFETY * np.nan_to_num(stage.cond, nan=0.0) * (conv.unit_roundoff / 2.0 ** -53)
-    return np.where(allowed > 0.0, np.maximum(allowed, backward), allowed)
+        twice = em.through_float32(stage.reach(conv.unit_roundoff), out_dtype)
+    return np.where(allowed > 0.0, np.maximum(allowed, backward) + twice, allowed)

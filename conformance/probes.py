@@ -85,8 +85,9 @@ def _replace_rows(case: Case, rows) -> Case:
     return dataclasses.replace(case, rewards=tuple(tuple(float(v) for v in r) for r in rows))
 
 
-def relations(case: Case) -> list[Relation]:
-    """The relations tested on ``case`` (a probe of 4 groups of 4 and three columns)."""
+def relations(case: Case, shape: str = "gdpo") -> list[Relation]:
+    """The relations tested on ``case`` (a probe of 4 groups of 4 and three columns) in call shape
+    ``shape`` (verl: and moving each reward to its response's first token)."""
     r = case.rewards_array()
     n = r.shape[0]
     ident = np.arange(n)
@@ -100,7 +101,9 @@ def relations(case: Case) -> list[Relation]:
     groups_perm = np.concatenate([ident[12:16], ident[4:12], ident[0:4]])
     w = case.weights
     split = np.concatenate([r, r[:, 1:2]], axis=1)
-    return [
+    tokens = [Relation("tokens", "Scores (before Eq. 4)", "moving each reward to its response's first token",
+                       dataclasses.replace(case, variant="first_token"), ident)] if shape == "verl" else []
+    return tokens + [
         Relation("shift", "Eq. 4", "adding 8 to column 1 of group 1", _replace_rows(case, shifted), ident),
         Relation("scale", "Eq. 4", "multiplying column 1 of group 1 by 4", _replace_rows(case, scaled), ident),
         Relation("rows", "Eq. 4", "reversing the rows of group 2", _replace_rows(case, r[rows_perm]), rows_perm),
@@ -113,13 +116,17 @@ def relations(case: Case) -> list[Relation]:
 
 
 #: what each broken relation says of the code ("scale": by how much it moves the advantages)
-_BROKEN = {"shift": "the baseline is not the group's own mean",
+_BROKEN = {"tokens": "a response's score is not the sum of its token rewards",
+           "shift": "the baseline is not the group's own mean",
            "scale": ("the group std or eps enters otherwise than std + eps", "no division by the group's own std"),
-           "rows": "the rows of a group are not treated alike (are the groups the contiguous blocks of "
-                   "num_generations rows?)",
-           "groups": "the groups are not treated alike (are they the contiguous blocks of num_generations rows?)",
+           "rows": "the rows of a group are not treated alike",
+           "groups": "the groups are not treated alike",
            "negate": "the advantages are not odd in the weights (normalised or absolute weights?)",
            "split": "c is not the sum of w_k z_k"}
+#: per call shape, what a broken "rows" or "groups" relation asks: how that shape gives the groups
+_GROUPS_ASKED = {"trl": "are the groups the contiguous blocks of num_generations rows?",
+                 "gdpo": "are the groups the contiguous blocks of group_size rows?",
+                 "verl": "are the groups the samples sharing a uid of index?"}
 
 
 def _paper(case: Case) -> np.ndarray | None:
@@ -127,13 +134,14 @@ def _paper(case: Case) -> np.ndarray | None:
     return None if exp.error is not None or exp.result is None else np.asarray(exp.result.float64)
 
 
-def broken_relations(call, case: Case, out: np.ndarray, allowed) -> list[str]:
-    """A line for each relation of :func:`relations` that the code (``call(case) -> array or None``)
-    breaks on ``case``: its response differs from the paper's, on some row, by more than both
-    batches' allowances there (``allowed(case) -> array``: the error model at the code's precision)."""
+def broken_relations(call, case: Case, out: np.ndarray, allowed, shape: str = "gdpo") -> list[str]:
+    """A line for each relation of :func:`relations` that the code (``call(case) -> array or None``,
+    called in ``shape``) breaks on ``case``: its response differs from the paper's, on some row, by
+    more than both batches' allowances there (``allowed(case) -> array``: the error model at the
+    code's precision)."""
     base = _paper(case)
     found = []  # (the largest difference from the paper's response, the paper's own response, relation)
-    for rel in relations(case):
+    for rel in relations(case, shape):
         got, paper = call(rel.case), _paper(rel.case)
         if got is None or paper is None or base is None:
             continue
@@ -147,12 +155,17 @@ def broken_relations(call, case: Case, out: np.ndarray, allowed) -> list[str]:
     found = [f for f in found if f[0] > 0.1 or found[0][0] <= 0.1]
     # Eq. 4's relations presume the ones before them: the groups (rows, groups), then the baseline
     # (shift), then the std (scale). Where a premise breaks, what follows from it says nothing more.
+    # The verl shape's scores come first of all: where moving a reward within its response moves the
+    # advantages, every other relation (it moves rows, so their token layout) says nothing more.
     names = {rel.name for _, _, rel in found}
-    after = {"shift", "scale"} if names & {"rows", "groups"} else {"scale"} if "shift" in names else set()
+    after = names - {"tokens"} if "tokens" in names else {"shift", "scale"} if names & {"rows", "groups"} \
+        else {"scale"} if "shift" in names else set()
     lines = []
     for off, paper, rel in found:
         if rel.name not in after:
             what = _BROKEN[rel.name] if rel.name != "scale" else _BROKEN["scale"][off > 0.1]
+            if rel.name in ("rows", "groups"):
+                what += f" ({_GROUPS_ASKED.get(shape, _GROUPS_ASKED['gdpo'])})"
             own = f"the paper's changes by {paper:.2g}" if paper else "the paper's does not change"
             lines.append(f"{rel.stage}: {what} ({rel.words} moves the advantages by {off:.2g}; {own})")
     return lines
@@ -278,7 +291,7 @@ def profile(subject) -> Profile:
     as_out = "float64" if returned == {"float64"} else cases[0].out_dtype
     pairs = [(dataclasses.replace(c, out_dtype=as_out), o) for c, o in zip(cases, outs)]
     if cases[0].k == 3 and cases[0].n == 16:
-        for rel in relations(cases[0]):
+        for rel in relations(cases[0], subject.shape):
             values, _ = _values(subject, rel.case)
             if values is not None:
                 pairs.append((dataclasses.replace(rel.case, out_dtype=as_out), values))
@@ -300,7 +313,7 @@ def profile(subject) -> Profile:
                            "scale, as such arithmetic errs")
         else:
             call = (lambda c: _values(subject, c)[0])
-            prof.lines = tuple(broken_relations(call, cases[0], outs[0], _allowed)) \
+            prof.lines = tuple(broken_relations(call, cases[0], outs[0], _allowed, subject.shape)) \
                 + tuple(whitening_lines(cases[0], outs[0], float(np.median(_allowed(cases[0])))))
             if not prof.lines:  # the first probe keeps every relation: which probes the code is off on
                 prof.lines = tuple(_off_lines(pairs[:len(cases)]))

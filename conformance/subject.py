@@ -36,8 +36,19 @@ CANNOT_EXPRESS = {
 
 #: T of the verl shape: responses have 1 to VERL_TOKENS tokens (right padding after them).
 VERL_TOKENS = 6
-#: Malformed calls (Case.variant) the verl shape expresses.
-VERL_VARIANTS = ("", "empty", "rewards_3d")
+#: Malformed calls (Case.variant) the verl shape expresses, and "first_token": each reward whole on
+#: its response's first token (the probes' relation: a response's score is the sum of its tokens).
+VERL_VARIANTS = ("", "empty", "rewards_3d", "first_token")
+#: The verl shape's reward keys, column by column (a weight past the columns takes the next name):
+#: their insertion order is not their sorted order, so a code that pairs weights with rewards by
+#: sorted keys, or by position in another order than the other dict's, is off on any two weights.
+VERL_KEYS = ("format", "accuracy", "length", "correctness", "brevity", "tool_use", "safety", "reasoning",
+             "style", "judge", "coverage", "clarity")
+
+
+def verl_key(j: int) -> str:
+    """The verl shape's key of reward column ``j`` (:data:`VERL_KEYS`)."""
+    return VERL_KEYS[j] if j < len(VERL_KEYS) else f"extra_{j}"
 
 
 class ImplSpecError(ValueError):
@@ -167,13 +178,16 @@ def verl_lengths(n: int) -> np.ndarray:
     return 1 + (5 * np.arange(n, dtype=np.int64) + 2) % VERL_TOKENS
 
 
-def verl_token_rewards(rewards: np.ndarray, lengths: np.ndarray, dtype: str) -> np.ndarray:
+def verl_token_rewards(rewards: np.ndarray, lengths: np.ndarray, dtype: str, first: bool = False) -> np.ndarray:
     """(N, K) rewards -> (N, T, K) token rewards summing to each reward exactly over the response:
     on its last token, or, where (i + k) is odd and it has two tokens or more, in two exact halves
     (first and last token) where ``dtype`` holds the half, whole on the first token where the
-    reward is not finite. Padding tokens hold 0."""
+    reward is not finite (``first``: every reward whole on its first token). Padding tokens hold 0."""
     n, k = rewards.shape
     out = np.zeros((n, VERL_TOKENS, k), dtype=np.float64)
+    if first:
+        out[:, 0, :] = rewards
+        return out
     for i in range(n):
         last = int(lengths[i]) - 1
         for j in range(k):
@@ -546,18 +560,18 @@ class Subject:
         if case.variant == "empty":
             r = np.zeros((0, case.k))
         lengths = verl_lengths(r.shape[0])
-        tok = verl_token_rewards(r, lengths, case.dtype)
+        tok = verl_token_rewards(r, lengths, case.dtype, first=case.variant == "first_token")
         dt = getattr(torch, case.dtype)
         rewards = {}
         for j in range(case.k):
             t = torch.from_numpy(np.ascontiguousarray(tok[:, :, j]))
             t = (t != 0) if dt == torch.bool else t.to(dt)
-            rewards[f"reward_{j}"] = (t.unsqueeze(-1) if case.variant == "rewards_3d" else t).to(self.device)
+            rewards[verl_key(j)] = (t.unsqueeze(-1) if case.variant == "rewards_3d" else t).to(self.device)
         mask = torch.from_numpy(np.arange(VERL_TOKENS)[None, :] < lengths[:, None]).to(torch.int64).to(self.device)
         labels = case.labels() if case.variant != "empty" else np.zeros(0, np.int64)
         index = np.array([f"uid{int(g)}" for g in labels], dtype=object)
-        # weight j names reward_j, also past the columns: a wrong count is a name mismatch, never dropped
-        weights = None if case.weights is None else {f"reward_{j}": float(w) for j, w in enumerate(case.weights)}
+        # weight j names column j's key, also past the columns: a wrong count is a name mismatch, never dropped
+        weights = None if case.weights is None else {verl_key(j): float(w) for j, w in enumerate(case.weights)}
         return {"token_level_rewards": rewards, "response_mask": mask, "index": index, "weights": weights}
 
     def call_normalize(self, case: Case):

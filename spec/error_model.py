@@ -11,7 +11,8 @@ denominators at eps = 0 (:func:`noise_cap`, :func:`samuelson`), the condition es
 measures ρ as max |r|, capped by :func:`deviation_cap`; ``Convention.unit_roundoff``). Under a
 peer's convention the allowance is also at least SAFETY times the condition estimate at the
 working precision (backward error: a result that inputs SAFETY ulps away would give exactly;
-``conformance.compare.native_allowed``).
+``conformance.compare.native_allowed``), plus a float16 or bfloat16 output's rounding through
+float32 (:func:`through_float32`).
 """
 
 from __future__ import annotations
@@ -268,6 +269,17 @@ def reach(delta, exact, unit_roundoff=FLOAT64_UNIT_ROUNDOFF, frame=0) -> np.ndar
     final cast can overflow, and where the output format's half ulp is taken)."""
     with np.errstate(over="ignore"):
         return np.abs(np.asarray(exact, dtype=np.float64)) + computed_bound(delta, unit_roundoff, frame)
+
+
+def through_float32(reach_, out_dtype: str) -> np.ndarray:
+    """The second rounding of a float16 or bfloat16 output written through float32 (torch's
+    float64 ``.to(float16)``): half an ulp of float32 at the reach (|exact| + B), 0 for any other
+    output. A code graded at its own precision (or under a peer's convention) is allowed it on top
+    of :func:`allowed_error`; the specification's own model (``gdpo check --strict``) is not."""
+    reach_ = np.asarray(reach_, dtype=np.float64)
+    if _format(out_dtype)[0] >= _format("float32")[0]:
+        return np.zeros_like(reach_)
+    return half_ulp(reach_, "float32")
 
 
 def allowed_error(delta, exact, out_dtype="float64", unit_roundoff=FLOAT64_UNIT_ROUNDOFF, frame=0):

@@ -92,6 +92,39 @@ WRONG_VERL = textwrap.dedent('''
         return (a[:, None] * mask).to(torch.float32)
 
 
+    def last_column_score(token_level_rewards, response_mask, index, weights=None):
+        """The score read from the last token column (T - 1), not summed over the response."""
+        last = {k: torch.zeros_like(t) for k, t in token_level_rewards.items()}
+        for k, t in token_level_rewards.items():
+            last[k][:, -1] = t[:, -1]
+        return adapters.verl_advantages(last, response_mask, index, weights)
+
+
+    def sorted_key_weights(token_level_rewards, response_mask, index, weights=None):
+        """The weights taken in sorted key order, the rewards in the dict's order."""
+        if weights is not None and set(weights) == set(token_level_rewards):
+            weights = dict(zip(token_level_rewards, [weights[k] for k in sorted(weights)]))
+        return adapters.verl_advantages(token_level_rewards, response_mask, index, weights)
+
+
+    def scatter_float32(token_level_rewards, response_mask, index, weights=None):
+        """Correct, in float32: each score the masked sum of its token rewards, the groups from
+        index by index_add, each weight paired with its reward by key."""
+        keys = list(token_level_rewards)
+        mask = response_mask.to(torch.float32)
+        r = torch.stack([(token_level_rewards[k].to(torch.float32) * mask).sum(-1) for k in keys], 1)
+        w = torch.tensor([1.0 if weights is None else float(weights[k]) for k in keys])
+        ids = {}
+        gid = torch.tensor([ids.setdefault(u, len(ids)) for u in list(index)], dtype=torch.long)
+        cnt = torch.zeros(len(ids)).index_add_(0, gid, torch.ones(len(gid)))[:, None]
+        mean = torch.zeros(len(ids), len(keys)).index_add_(0, gid, r) / cnt
+        d = r - mean[gid]
+        var = torch.zeros(len(ids), len(keys)).index_add_(0, gid, d * d) / (cnt - 1)
+        c = (d / (var.sqrt()[gid] + 1e-4) * w).sum(-1)
+        a = (c - c.mean()) / (c.std() + 1e-4)
+        return a[:, None] * mask
+
+
     def returns_tuple(token_level_rewards, response_mask, index, weights=None):
         """Correct, returned as verl's estimators do: (advantages, returns)."""
         adv = adapters.verl_advantages(token_level_rewards, response_mask, index, weights)
@@ -166,17 +199,17 @@ def test_verl_arguments_are_verls_types():
                 weights=(1.0, 0.5))
     kw = Subject(ADAPTER, "verl").verl_arguments(case)
     assert set(kw) == {"token_level_rewards", "response_mask", "index", "weights"}
-    assert list(kw["token_level_rewards"]) == ["reward_0", "reward_1"]
+    assert list(kw["token_level_rewards"]) == ["format", "accuracy"]  # dict order is not sorted order
     assert all(t.dtype == torch.float32 and t.shape == (4, shapes.VERL_TOKENS)
                for t in kw["token_level_rewards"].values())
     assert kw["response_mask"].dtype == torch.int64 and kw["response_mask"].sum(1).tolist() == [3, 2, 1, 6]
     assert kw["index"].dtype == object and list(kw["index"]) == ["uid7", "uid7", "uid9", "uid9"]
-    assert kw["weights"] == {"reward_0": 1.0, "reward_1": 0.5}
+    assert kw["weights"] == {"format": 1.0, "accuracy": 0.5}
     scores = torch.stack([t.double().sum(1) for t in kw["token_level_rewards"].values()], 1)
     assert torch.equal(scores, torch.tensor(case.rewards, dtype=torch.float64))
     three = Subject(ADAPTER, "verl").verl_arguments(Case(rewards=case.rewards, group_ids=case.group_ids,
                                                            weights=(1.0, 0.5, 2.0)))
-    assert three["weights"] == {"reward_0": 1.0, "reward_1": 0.5, "reward_2": 2.0}  # not silently dropped
+    assert three["weights"] == {"format": 1.0, "accuracy": 0.5, "length": 2.0}  # not silently dropped
 
 
 def test_verl_per_sample_names_the_sample_and_token():
@@ -222,6 +255,54 @@ def test_wrong_verl_implementations_are_rejected(wrong, name, needle):
     assert needle in text and f"wrong_verl_impls:{name}" in text and "call shape verl" in text, text
 
 
+def test_weights_paired_by_sorted_keys_are_an_eq7_formula_finding(wrong):
+    """The verl shape's reward keys are not in sorted order, so weights taken in sorted key order
+    land on other rewards (Eq. 7); a correct float32 code pairing them by key passes (but for
+    float32's overflows at extreme magnitudes)."""
+    from conformance import grading
+
+    keys = list(Subject(ADAPTER, "verl").verl_arguments(Case(rewards=((0.0,) * 8, (1.0,) * 8), group_size=2))[
+        "token_level_rewards"])
+    assert len(set(keys)) == 8 and all(keys[:k] != sorted(keys[:k]) for k in range(2, 9)), keys
+    g = grading.grade(wrong("sorted_key_weights"), "weights", single_process=True)
+    assert [f.category for f in g.findings][:1] == ["formula"] and "Eq. 7" in g.findings[0].cause, g.findings
+    g = grading.grade(wrong("scatter_float32"), "plain,weights", single_process=True)
+    assert g.subject.precision == "float32" and g.profile.formula is None and g.profile.named, g.profile
+    assert all(f.regime == "extreme magnitudes" and f.category != "formula" for f in g.findings), g.findings
+
+
+@pytest.mark.parametrize("name", ["last_column_score", "last_token_score"])
+def test_a_score_not_summed_over_the_response_is_named_so(wrong, name):
+    """A verl code scoring a response by one token: moving each reward to its response's first
+    token moves its advantages. That is named, not the rows or groups (whose hint, for verl, is
+    index's uids: no num_generations here), which break only as a consequence."""
+    from conformance import probes
+
+    prof = probes.profile(wrong(name))
+    formula = prof.formula or ""
+    assert formula.startswith("Scores (before Eq. 4): a response's score is not the sum of its token rewards"), formula
+    assert "num_generations" not in formula and "rows of a group" not in formula, formula
+
+
+def test_the_groups_hint_is_the_call_shapes_own():
+    """A code treating one row of a group apart breaks the rows relation; the hint asks how the
+    call shape gives the groups."""
+    from conformance import formulas, probes
+
+    case = probes.probe_cases(Subject(ADAPTER, "verl").context())[0]
+
+    def call(c):
+        a = formulas.evaluate(c, formulas.PAPER)
+        a[8] *= 1.5  # the first row of group 2, whatever it holds
+        return a
+    hints = {shape: " ".join(probes.broken_relations(call, case, call(case), lambda c: np.full(c.n, 1e-6), shape))
+             for shape in ("trl", "gdpo", "verl")}
+    assert "rows of a group are not treated alike (are the groups the samples sharing a uid of index?)" in \
+        hints["verl"] and "num_generations" not in hints["verl"], hints
+    assert "contiguous blocks of num_generations rows" in hints["trl"], hints
+    assert "contiguous blocks of group_size rows" in hints["gdpo"], hints
+
+
 def test_verl_returns_tuple_is_graded_on_its_advantages(wrong):
     R.build_test(P.BY_NAME["plain"], wrong("returns_tuple"), config=R.control_settings())()
 
@@ -265,26 +346,26 @@ def test_verl_error_cases_reach_the_call():
     s = Subject(ADAPTER, "verl", "spec")
     base = Case(rewards=((1.0, 0.5), (0.0, 0.25), (1.0, 0.0), (0.0, 1.0)), group_size=2)
     nan = s.verl_arguments(EC._set(base, 1, 0, float("nan")))  # sample 1 (2 tokens), column 0: on its first token
-    assert torch.isnan(nan["token_level_rewards"]["reward_0"][1, 0]) and \
-        nan["response_mask"][1, 0] == 1, nan["token_level_rewards"]["reward_0"]
-    assert torch.isnan((nan["token_level_rewards"]["reward_0"] * nan["response_mask"]).sum(1)).tolist() == \
+    assert torch.isnan(nan["token_level_rewards"]["format"][1, 0]) and \
+        nan["response_mask"][1, 0] == 1, nan["token_level_rewards"]["format"]
+    assert torch.isnan((nan["token_level_rewards"]["format"] * nan["response_mask"]).sum(1)).tolist() == \
         [False, True, False, False]
     inf = s.verl_arguments(EC._set(base, 0, 0, float("-inf")))  # sample 0 (3 tokens): on its last token
-    assert inf["token_level_rewards"]["reward_0"][0].tolist()[:3] == [0.0, 0.0, float("-inf")]
+    assert inf["token_level_rewards"]["format"][0].tolist()[:3] == [0.0, 0.0, float("-inf")]
     singleton = Case(rewards=base.rewards + ((1.0, 1.0),), group_ids=(0, 0, 1, 1, 2))  # group_of_one
     assert list(s.verl_arguments(singleton)["index"]) == ["uid0", "uid0", "uid1", "uid1", "uid2"]
     assert s.verl_arguments(dataclasses.replace(base, group_size=1))["index"].tolist() == ["uid0", "uid1", "uid2",
                                                                                            "uid3"]
     assert len(s.verl_arguments(dataclasses.replace(EC._labels(base), group_ids=(0, 0, 1)))["index"]) == 3
     assert s.verl_arguments(dataclasses.replace(base, weights=(0.0, -0.0)))["weights"] == \
-        {"reward_0": 0.0, "reward_1": -0.0}
+        {"format": 0.0, "accuracy": -0.0}
     ints = s.verl_arguments(dataclasses.replace(base, rewards=((1.0, 0.0), (0.0, 2.0), (1.0, 0.0), (0.0, 1.0)),
                                                 dtype="int32"))
     assert all(t.dtype == torch.int32 for t in ints["token_level_rewards"].values())
-    assert s.verl_arguments(dataclasses.replace(base, dtype="bool"))["token_level_rewards"]["reward_1"].dtype == \
+    assert s.verl_arguments(dataclasses.replace(base, dtype="bool"))["token_level_rewards"]["accuracy"].dtype == \
         torch.bool
     assert s.verl_arguments(dataclasses.replace(base, dtype="complex64"))["token_level_rewards"][
-        "reward_0"].dtype == torch.complex64
+        "format"].dtype == torch.complex64
     empty = s.verl_arguments(dataclasses.replace(base, variant="empty"))
     assert empty["response_mask"].shape == (0, shapes.VERL_TOKENS) and len(empty["index"]) == 0
     assert all(t.shape == (0, shapes.VERL_TOKENS) for t in empty["token_level_rewards"].values())

@@ -152,6 +152,28 @@ def test_a_value_rounded_twice_is_named_with_the_correct_rounding():
     assert "(error/allowed 1)" not in text and "error/allowed 1.00003" in text, text
 
 
+def _torch_cast(rewards, *, out_dtype=torch.float32, **kw):
+    """A correct float64 code whose float16/bfloat16 output is torch's float64 cast (through float32)."""
+    from impl.gdpo import gdpo_advantages
+
+    return gdpo_advantages(rewards, out_dtype=torch.float64, **kw).to(out_dtype)
+
+
+def test_torch_cast_through_float32_passes_at_its_own_precision_and_fails_strict():
+    """Rounding twice is a --strict demand only (docs/grading.md): by default a float64 code is
+    allowed the second rounding's half float32 ulp (spec section 7), under --strict it is not,
+    and the double_rounding control, judged by the specification's own model, is still rejected."""
+    from conformance import grading
+
+    g = grading.grade(_subject(_torch_cast), "rounding", single_process=True)
+    assert g.subject.precision == "float64" and [r.verdict for r in g.rows] == ["passed"], g.findings
+    g = grading.grade(_subject(_torch_cast), "rounding", single_process=True, strict=True)
+    assert [r.verdict for r in g.rows] == ["failed"] and "rounded twice?" in g.findings[0].detail, g.findings
+    case = regressions.load(regressions.EXAMPLES["rounding"][0])
+    with pytest.raises(J.ConformanceFailure, match="rounded twice"):
+        P.check_values(Subject(C.CONTROLS["double_rounding"].target), case, "rounding")
+
+
 # ----------------------------------------------------------------------------- C
 
 ANTIPAIR = Case(((1.0, 0.0), (0.0, 1.0), (0.0, 1.0)), group_size=3)  # r2 = 1 - r1: c = 0 structurally
