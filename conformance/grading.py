@@ -51,6 +51,7 @@ class Row:
     categories: tuple = ()
     notes: tuple = ()  # e.g. refusals of another class than spec.errors' (wrong_class)
     seconds: float = 0.0
+    unchecked: int = 0  # cases after a hang, not checked (runner.failures)
 
 
 @dataclasses.dataclass
@@ -98,14 +99,15 @@ def _rows_to_run(subject: Subject, select: str | None, single_process: bool):
 def _check_row(subject: Subject, name: str) -> tuple[Row, list]:
     t0 = time.monotonic()
     cases, check = runner.row_check(name, subject, profiles.GRADE_MAX_EXAMPLES)
-    failures = [FD.Failure(name, getattr(exc, "case", cases[i]), exc, check)
-                for i, exc in runner.failures(cases, check, ConformanceFailure)]
+    found = list(runner.failures(cases, check, ConformanceFailure))
+    failures = [FD.Failure(name, getattr(exc, "case", cases[i]), exc, check) for i, exc in found]
     seen = J.NOTES.get(name.split(":", 1)[0], ())
     notes = tuple(sorted({f"refused with {cls}, not the spec.errors class (passes; fails under --strict-errors)"
                           for c, cls in seen if name == f"errors:{c}" or not name.startswith("errors:")}))
     cats = tuple(dict.fromkeys(str(f.exc.category) for f in failures))
     row = Row(name, "failed" if failures else "passed", cases=len(cases), failed=len(failures),
-              digest=runner.digest(cases), categories=cats, notes=notes, seconds=time.monotonic() - t0)
+              digest=runner.digest(cases), categories=cats, notes=notes, seconds=time.monotonic() - t0,
+              unchecked=runner.unchecked(cases, found))
     return row, failures
 
 
@@ -155,7 +157,7 @@ def table(g: Grading) -> list[str]:
     passed = [r for r in graded if r.verdict == "passed" and not r.notes]
     out = [f"{'property':<28} {'verdict':<7} {'cases':>5} {'failed':>6}  categories / notes"]
     out += [_clip(f"{r.name:<28} {r.verdict:<7} {r.cases:>5} {r.failed:>6}  "
-                  + "; ".join(x for x in (", ".join(r.categories), "; ".join(r.notes)) if x))
+                  + "; ".join(x for x in (", ".join(r.categories), _hung(r), "; ".join(r.notes)) if x))
             for r in graded if r not in passed]
     if passed:
         out.append(_clip(f"passed ({len(passed)}): {', '.join(r.name for r in passed)}"))
@@ -165,6 +167,11 @@ def table(g: Grading) -> list[str]:
         out.append(_clip(f"not graded ({sum(skipped.values())}): " +
                          "; ".join(f"{why} ({n})" for why, n in skipped.items())))
     return out
+
+
+def _hung(r: Row) -> str:
+    """A row that stopped at a hang: how many of its cases were not checked."""
+    return f"the ranks hung: the last {r.unchecked} case(s) not checked" if r.unchecked else ""
 
 
 def _screen_line(line: str, f) -> str:

@@ -106,6 +106,36 @@ def test_a_permitted_refusal_of_another_class_is_a_note_not_a_failure():
     assert g.findings == []
 
 
+_HANGS = """
+import torch
+import torch.distributed as dist
+from impl import gdpo
+
+def advantages(rewards, *, process_group=None, **kwargs):
+    if process_group is not None:  # rank 1 refuses alone; rank 0 waits for it in all_reduce
+        if dist.get_rank(process_group) == 1:
+            raise ValueError("rank 1 refuses before the collective")
+        dist.all_reduce(torch.zeros(1), group=process_group)
+    return gdpo.gdpo_advantages(rewards, process_group=process_group, **kwargs)
+"""
+
+
+def test_a_row_stops_at_its_first_hang(tmp_path, monkeypatch):
+    """Rank 1 raises while rank 0 waits in all_reduce: every case of a multi-process row hangs,
+    and each hang costs the grace, the kill and a restart of the pool of ranks (a float64 code of
+    this kind took 18 minutes to grade). The row stops at its first hang: one protocol finding
+    that says so, the other cases counted as not checked, on the screen and in the JSON."""
+    (tmp_path / "hangs_gdpo.py").write_text(_HANGS)
+    monkeypatch.syspath_prepend(str(tmp_path))  # the spawned ranks import it from the same path
+    g = _grade("hangs_gdpo:advantages", "gdpo", select="dist_values_2")
+    row = next(r for r in g.rows if r.name == "dist_values_2")
+    assert row.verdict == "failed" and row.failed == 1 and row.unchecked == row.cases - 1 >= 25, row
+    [f] = g.findings
+    assert f.category == "protocol" and "did not return within the deadline" in f.detail, f.detail
+    assert f"the ranks hung: the last {row.unchecked} case(s) not checked" in grading.render(g)
+    assert next(r for r in grading.as_json(g)["properties"] if r["name"] == "dist_values_2")["unchecked"] == row.unchecked
+
+
 def test_select_takes_row_names_prefixes_and_parts():
     s = Subject("paper_impls:correct_f32", "trl", "spec")
     pick = (lambda sel: [n for n, why in grading._rows_to_run(s, sel, False) if not why])
