@@ -152,21 +152,44 @@ def _clip(line: str, width: int = SCREEN_COLUMNS) -> str:
 
 
 def table(g: Grading) -> list[str]:
-    """The compact table: one line per graded row (failed first), the skipped ones merged by reason."""
+    """The compact table: one line per graded row (failed first), the passed ones merged, each
+    note said once under it with the rows it holds for, the skipped rows merged by reason."""
     graded = sorted((r for r in g.rows if r.verdict != "skipped"), key=lambda r: r.verdict != "failed")
-    passed = [r for r in graded if r.verdict == "passed" and not r.notes]
+    passed = [r for r in graded if r.verdict == "passed"]
     out = [f"{'property':<28} {'verdict':<7} {'cases':>5} {'failed':>6}  categories / notes"]
     out += [_clip(f"{r.name:<28} {r.verdict:<7} {r.cases:>5} {r.failed:>6}  "
-                  + "; ".join(x for x in (", ".join(r.categories), _hung(r), "; ".join(r.notes)) if x))
+                  + "; ".join(x for x in (", ".join(r.categories), _hung(r)) if x))
             for r in graded if r not in passed]
     if passed:
         out.append(_clip(f"passed ({len(passed)}): {', '.join(r.name for r in passed)}"))
+    noted: dict = {}
+    for r in graded:
+        for note in r.notes:
+            noted.setdefault(note, []).append(r.name)
+    errors = sum(r.name.startswith("errors:") for r in graded)
+    for note, names in noted.items():
+        out += _noted(f"{note}, in {len(names)} row(s):", names, errors)
     skipped = collections.Counter(r.reason.split(": ", 1)[0] if r.reason.startswith("call shape") else r.reason
                                   for r in g.rows if r.verdict == "skipped")
     if skipped:
         out.append(_clip(f"not graded ({sum(skipped.values())}): " +
                          "; ".join(f"{why} ({n})" for why, n in skipped.items())))
     return out
+
+
+def _noted(head: str, names: list, errors: int) -> list[str]:
+    """A note's line and the rows it holds for (the error rows as one word where it holds for all
+    ``errors`` of them), on a second line where one is too short, clipped at a row's name."""
+    errs = [n.split(":", 1)[1] for n in names if n.startswith("errors:")]
+    parts = [", ".join(n for n in names if not n.startswith("errors:"))]
+    parts.append("" if not errs else f"all {len(errs)} errors:* rows" if len(errs) == errors
+                 else "errors: " + ", ".join(errs))
+    rows = "; ".join(p for p in parts if p)
+    if len(head) + 1 + len(rows) <= SCREEN_COLUMNS:
+        return [f"{head} {rows}"]
+    more = " ... (--json: each row's notes)"
+    rows = "  " + rows
+    return [head, rows if len(rows) <= SCREEN_COLUMNS else rows[:SCREEN_COLUMNS - len(more)].rsplit(",", 1)[0] + more]
 
 
 def _hung(r: Row) -> str:
