@@ -52,6 +52,7 @@ class Row:
     categories: tuple = ()
     notes: tuple = ()  # e.g. refusals of another class than spec.errors' (wrong_class)
     seconds: float = 0.0
+    unchecked: int = 0  # cases after a hang, not checked (runner.failures)
 
 
 @dataclasses.dataclass
@@ -108,14 +109,15 @@ def _rows_to_run(subject: Subject, select: str | None, single_process: bool):
 def _check_row(subject: Subject, name: str) -> tuple[Row, list]:
     t0 = time.monotonic()
     cases, check = runner.row_check(name, subject, profiles.GRADE_MAX_EXAMPLES)
-    failures = [FD.Failure(name, getattr(exc, "case", cases[i]), exc, check)
-                for i, exc in runner.failures(cases, check, ConformanceFailure)]
+    found = list(runner.failures(cases, check, ConformanceFailure))
+    failures = [FD.Failure(name, getattr(exc, "case", cases[i]), exc, check) for i, exc in found]
     seen = J.NOTES.get(name.split(":", 1)[0], ())
     notes = tuple(sorted({f"refused with {cls}, not the spec.errors class (passes; fails under --strict-errors)"
                           for c, cls in seen if name == f"errors:{c}" or not name.startswith("errors:")}))
     cats = tuple(dict.fromkeys(str(f.exc.category) for f in failures))
     row = Row(name, "failed" if failures else "passed", cases=len(cases), failed=len(failures),
-              digest=runner.digest(cases), categories=cats, notes=notes, seconds=time.monotonic() - t0)
+              digest=runner.digest(cases), categories=cats, notes=notes, seconds=time.monotonic() - t0,
+              unchecked=runner.unchecked(cases, found))
     return row, failures
 
 
@@ -162,21 +164,49 @@ def _clip(line: str, width: int = SCREEN_COLUMNS) -> str:
 
 
 def table(g: Grading) -> list[str]:
-    """The compact table: one line per graded row (failed first), the skipped ones merged by reason."""
+    """The compact table: one line per graded row (failed first), the passed ones merged, each
+    note said once under it with the rows it holds for, the skipped rows merged by reason."""
     graded = sorted((r for r in g.rows if r.verdict != "skipped"), key=lambda r: r.verdict != "failed")
-    passed = [r for r in graded if r.verdict == "passed" and not r.notes]
+    passed = [r for r in graded if r.verdict == "passed"]
     out = [f"{'property':<28} {'verdict':<7} {'cases':>5} {'failed':>6}  categories / notes"]
     out += [_clip(f"{r.name:<28} {r.verdict:<7} {r.cases:>5} {r.failed:>6}  "
-                  + "; ".join(x for x in (", ".join(r.categories), "; ".join(r.notes)) if x))
+                  + "; ".join(x for x in (", ".join(r.categories), _hung(r)) if x))
             for r in graded if r not in passed]
     if passed:
         out.append(_clip(f"passed ({len(passed)}): {', '.join(r.name for r in passed)}"))
+    noted: dict = {}
+    for r in graded:
+        for note in r.notes:
+            noted.setdefault(note, []).append(r.name)
+    errors = sum(r.name.startswith("errors:") for r in graded)
+    for note, names in noted.items():
+        out += _noted(f"{note}, in {len(names)} row(s):", names, errors)
     skipped = collections.Counter(r.reason.split(": ", 1)[0] if r.reason.startswith("call shape") else r.reason
                                   for r in g.rows if r.verdict == "skipped")
     if skipped:
         out.append(_clip(f"not graded ({sum(skipped.values())}): " +
                          "; ".join(f"{why} ({n})" for why, n in skipped.items())))
     return out
+
+
+def _noted(head: str, names: list, errors: int) -> list[str]:
+    """A note's line and the rows it holds for (the error rows as one word where it holds for all
+    ``errors`` of them), on a second line where one is too short, clipped at a row's name."""
+    errs = [n.split(":", 1)[1] for n in names if n.startswith("errors:")]
+    parts = [", ".join(n for n in names if not n.startswith("errors:"))]
+    parts.append("" if not errs else f"all {len(errs)} errors:* rows" if len(errs) == errors
+                 else "errors: " + ", ".join(errs))
+    rows = "; ".join(p for p in parts if p)
+    if len(head) + 1 + len(rows) <= SCREEN_COLUMNS:
+        return [f"{head} {rows}"]
+    more = " ... (--json: each row's notes)"
+    rows = "  " + rows
+    return [head, rows if len(rows) <= SCREEN_COLUMNS else rows[:SCREEN_COLUMNS - len(more)].rsplit(",", 1)[0] + more]
+
+
+def _hung(r: Row) -> str:
+    """A row that stopped at a hang: how many of its cases were not checked."""
+    return f"the ranks hung: the last {r.unchecked} case(s) not checked" if r.unchecked else ""
 
 
 def _screen_line(line: str, f) -> str:

@@ -48,6 +48,8 @@ class ConformanceFailure(AssertionError):
     formula_alternatives: tuple = ()
     #: category ``precision``: what floating point explains it ("cancellation at Eq. 4 ..."), or None
     cause: str | None = None
+    #: ranks that did not return (:func:`hang`): a drawn-first run checks no further case of the row
+    hang: bool = False
 
     def restated(self, text: str) -> "ConformanceFailure":
         """The same failure (its case, category, worst error, formula, cause) told by ``text``."""
@@ -518,12 +520,17 @@ def policy_equation(subject: Subject, name: str) -> str:
 
 def hang(prop, eq, subject, case: DistCase, job, grace: float, deadline: float) -> None:
     """A rank that did not return within the deadline: a hang, whatever the others did."""
-    if job.hung:
+    if not job.hung:
+        return
+    try:
         fail(prop, eq, subject, case,
              f"rank(s) {job.hung} of {case.world} did not return within the deadline "
              f"({grace:g} s after the first rank, {deadline:g} s in all): a hang (on a loaded machine, allow "
              "more seconds with GDPO_CONFORMANCE_GRACE and GDPO_CONFORMANCE_DEADLINE)",
              [f"rank {r}: {o.describe()}" for r, o in sorted(job.outcomes.items())], category=Category.PROTOCOL)
+    except ConformanceFailure as exc:
+        exc.hang = True
+        raise
 
 
 def _single_process_hint(outs: dict) -> list[str]:

@@ -4,8 +4,8 @@ Two ways, by the loaded profile (``conformance.profiles``): **hypothesis's searc
 ``deep``: generation, ``target`` hill-climbing and shrinking, steered by what the graded code
 returns, so two machines whose last bits differ can be led to different cases), or **cases drawn
 first** (``grade``, ``gdpo check``, the negative controls: docs/grading.md, "The run";
-:func:`planned_cases`), every one checked, a failure then reduced by the judge (:func:`reduce`),
-a fixed sequence of simplifications bounded in calls.
+:func:`planned_cases`), every one checked up to a hang (:func:`failures`), a failure then
+reduced by the judge (:func:`reduce`), a fixed sequence of simplifications bounded in calls.
 """
 
 from __future__ import annotations
@@ -207,8 +207,10 @@ def digest(cases) -> str:
 
 
 def failures(cases, check, catch=Exception):
-    """``(index, failure)`` of every case ``check`` rejects, in order (a case discarded by an
-    assumption is passed over; a failure that is not a ``catch`` is raised as it is)."""
+    """``(index, failure)`` of every case ``check`` rejects, in order, up to the first hang (ranks
+    that did not return: each hang costs the pool of ranks a restart, and the later cases are not
+    checked, :func:`unchecked`); a case discarded by an assumption is passed over, a failure that
+    is not a ``catch`` is raised as it is."""
     for i, case in enumerate(cases):
         try:
             check(case)
@@ -216,6 +218,13 @@ def failures(cases, check, catch=Exception):
             continue
         except catch as exc:
             yield i, exc
+            if getattr(exc, "hang", False):
+                return
+
+
+def unchecked(cases, found: list) -> int:
+    """How many of ``cases`` :func:`failures` left unchecked (``found``: its list): those after a hang."""
+    return len(cases) - found[-1][0] - 1 if found and getattr(found[-1][1], "hang", False) else 0
 
 
 def grade(prop: Property, subject: Subject) -> None:
@@ -233,8 +242,10 @@ def grade_cases(subject: Subject, cases, check) -> None:
         raise exc
     reduced, calls = reduce(check, subject, getattr(exc, "case", cases[index]), exc)
     cats = ", ".join(str(c) for c in dict.fromkeys(getattr(e, "category", None) for _, e in found))
-    note = (f"\n  ({len(found)} of {len(cases)} cases failed (categories: {cats}); the first, "
-            f"case {index}, is shown")
+    left = unchecked(cases, found)
+    note = (f"\n  ({len(found)} of {len(cases)} cases failed (categories: {cats})"
+            + (f", the last a hang: the {left} after it not checked" if left else "")
+            + f"; the first, case {index}, is shown")
     note += f", reduced by the judge in {calls} checks)" if reduced is not exc else ")"
     raise reduced.restated(f"{reduced}{note}") from None
 

@@ -233,8 +233,19 @@ class Outcome:
         return (not self.ok) and any(c.__name__ in self.error_classes for c in classes)
 
     def describe(self) -> str:
+        """What the call did: its result, its exception, or what the grader's own check of the call
+        found (the call shape's exceptions below: the code raised nothing, its output broke the shape)."""
         if self.ok:
             return f"returned {self.dtype} {self.shape} on {self.device}"
+        if self.error_type == "NonFiniteOutput":
+            return f"returned non-finite values ({self.message})"
+        if self.error_type == "CallShapeViolation":  # verl_per_sample's messages begin "call shape 'verl': "
+            return "returned an output that breaks " + (self.message if self.message.startswith("call shape ")
+                                                        else f"the call shape: {self.message}")
+        if self.error_type == "InputModified":
+            return self.message.removeprefix("the implementation ")
+        if self.error_type == "NotATensor":
+            return f"{self.message} (the call shape reads a tensor)"
         return f"raised {self.error_type}: {self.message}"
 
 

@@ -234,6 +234,32 @@ def test_verl_per_sample_names_the_sample_and_token():
         shapes.verl_per_sample(torch.zeros(2), lengths)
 
 
+
+def test_the_graders_checks_of_a_call_are_told_as_what_it_returned():
+    """The call shape's own checks raise in the grader, not in the code: "raised
+    CallShapeViolation: ..." read as if the graded function had raised it."""
+    lengths = np.array([2, 3])
+    bad = torch.zeros(2, 6)
+    bad[1, 4] = 0.25
+    with pytest.raises(CallShapeViolation) as info:
+        shapes.verl_per_sample(bad, lengths)
+    said = shapes.Outcome.from_exception(info.value).describe()
+    assert said.startswith("returned an output that breaks call shape 'verl': sample 1 has 3 response token(s) of 6; "
+                           "its padding token 4 (response_mask 0) carries 0.25"), said
+    bad[1, 4] = float("nan")
+    with pytest.raises(shapes.NonFiniteOutput) as info:
+        shapes.verl_per_sample(bad, lengths)
+    said = shapes.Outcome.from_exception(info.value).describe()
+    assert said.startswith("returned non-finite values (call shape 'verl': sample 1"), said
+    rewards = torch.ones(2, 1)
+    with pytest.raises(shapes.InputModified) as info:
+        shapes._unchanged(lambda: rewards.mul_(2), {"rewards": rewards})
+    said = shapes.Outcome.from_exception(info.value).describe()
+    assert said.startswith("modified its input rewards in place"), said
+    said = shapes.Outcome.from_output((torch.zeros(2),)).describe()
+    assert said == "returned tuple, not a tensor (the call shape reads a tensor)", said
+
+
 # ------------------------------------------------------------ grading through the verl shape
 
 

@@ -8,6 +8,7 @@ import os
 import shlex
 import subprocess
 import sys
+import types
 import warnings
 
 import pytest
@@ -104,6 +105,61 @@ def test_a_permitted_refusal_of_another_class_is_a_note_not_a_failure():
     row = next(r for r in g.rows if r.name == "range")
     assert row.verdict == "passed" and any("ValueError" in n for n in row.notes), row
     assert g.findings == []
+    text = grading.render(g)  # the note said once, under the table; each row's notes in the JSON
+    assert text.count(row.notes[0]) == 1 and f"{row.notes[0]}, in 1 row(s): range" in text, text
+    assert list(next(r for r in grading.as_json(g)["properties"] if r["name"] == "range")["notes"]) == list(row.notes)
+
+
+def test_a_note_is_said_once_under_the_table_naming_its_rows():
+    """Every error row of a code refusing with ValueError repeated the same note (33 rows of one
+    grading), drowning the rows that matter: the note is one line naming its rows."""
+    note = "refused with ValueError, not the spec.errors class (passes; fails under --strict-errors)"
+    rows = [grading.Row("plain", "failed", cases=30, failed=2, categories=("refused",), notes=(note,)),
+            grading.Row("rounding", "failed", cases=28, failed=1, categories=("precision",))]
+    rows += [grading.Row(f"errors:case_{i}", "passed", cases=25, notes=(note,)) for i in range(30)]
+    lines = grading.table(types.SimpleNamespace(rows=rows))
+    assert sum(note in ln for ln in lines) == 1, lines
+    at = next(i for i, ln in enumerate(lines) if ln.startswith(note))
+    assert lines[at] == f"{note}, in 31 row(s): plain; all 30 errors:* rows", lines
+    assert any(ln.startswith("passed (30): errors:case_0") for ln in lines), lines
+    rows.append(grading.Row("errors:other", "passed", cases=25))  # not every error row: each named
+    lines = grading.table(types.SimpleNamespace(rows=rows))
+    at = next(i for i, ln in enumerate(lines) if ln.startswith(note))
+    assert lines[at] == f"{note}, in 31 row(s):", lines
+    said = lines[at + 1]
+    assert said.startswith("  plain; errors: case_0, case_1, case_2") and len(said) <= grading.SCREEN_COLUMNS, said
+    assert said.endswith("... (--json: each row's notes)"), said  # 30 names do not fit: clipped at a name
+    assert next(ln for ln in lines if ln.startswith("plain ")).rstrip().endswith("refused"), lines
+
+
+_HANGS = """
+import torch
+import torch.distributed as dist
+from impl import gdpo
+
+def advantages(rewards, *, process_group=None, **kwargs):
+    if process_group is not None:  # rank 1 refuses alone; rank 0 waits for it in all_reduce
+        if dist.get_rank(process_group) == 1:
+            raise ValueError("rank 1 refuses before the collective")
+        dist.all_reduce(torch.zeros(1), group=process_group)
+    return gdpo.gdpo_advantages(rewards, process_group=process_group, **kwargs)
+"""
+
+
+def test_a_row_stops_at_its_first_hang(tmp_path, monkeypatch):
+    """Rank 1 raises while rank 0 waits in all_reduce: every case of a multi-process row hangs,
+    and each hang costs the grace, the kill and a restart of the pool of ranks (a float64 code of
+    this kind took 18 minutes to grade). The row stops at its first hang: one protocol finding
+    that says so, the other cases counted as not checked, on the screen and in the JSON."""
+    (tmp_path / "hangs_gdpo.py").write_text(_HANGS)
+    monkeypatch.syspath_prepend(str(tmp_path))  # the spawned ranks import it from the same path
+    g = _grade("hangs_gdpo:advantages", "gdpo", select="dist_values_2")
+    row = next(r for r in g.rows if r.name == "dist_values_2")
+    assert row.verdict == "failed" and row.failed == 1 and row.unchecked == row.cases - 1 >= 25, row
+    [f] = g.findings
+    assert f.category == "protocol" and "did not return within the deadline" in f.detail, f.detail
+    assert f"the ranks hung: the last {row.unchecked} case(s) not checked" in grading.render(g)
+    assert next(r for r in grading.as_json(g)["properties"] if r["name"] == "dist_values_2")["unchecked"] == row.unchecked
 
 
 def test_select_takes_row_names_prefixes_and_parts():

@@ -88,7 +88,7 @@ def test_a_clear_refusal_of_another_class_passes_and_is_noted_unless_strict(monk
 def test_nan_on_a_padding_token_is_a_non_finite_output():
     e = _grade("plain", "_native_impls:verl_nan_everywhere", "verl", "verl")
     assert e is not None and e.category == "non_finite", e
-    assert "NonFiniteOutput" in str(e)
+    assert "returned non-finite values (call shape 'verl': sample 0" in str(e) and "raised" not in str(e), str(e)
 
 
 def test_categories_of_the_judge():
