@@ -169,3 +169,15 @@ def trl_float32_as_list(rewards, num_generations, reward_weights):
 def trl_off_by_a_factor(rewards, num_generations, reward_weights):
     """TRL's float32 code with every advantage 0.1% too large: a formula difference, however small."""
     return trl_float32(rewards, num_generations, reward_weights) * 1.001
+
+
+def rank1_raises_alone(rewards, *, process_group=None, **kwargs):
+    """impl.gdpo, but on several ranks rank 1 refuses alone while rank 0 waits for it in all_reduce:
+    every multi-process case hangs."""
+    import torch.distributed as dist
+
+    if process_group is not None:
+        if dist.get_rank(process_group) == 1:
+            raise ValueError("rank 1 refuses before the collective")
+        dist.all_reduce(torch.zeros(1), group=process_group)
+    return gdpo_advantages(rewards, process_group=process_group, **kwargs)

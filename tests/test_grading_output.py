@@ -132,28 +132,12 @@ def test_a_note_is_said_once_under_the_table_naming_its_rows():
     assert next(ln for ln in lines if ln.startswith("plain ")).rstrip().endswith("refused"), lines
 
 
-_HANGS = """
-import torch
-import torch.distributed as dist
-from impl import gdpo
-
-def advantages(rewards, *, process_group=None, **kwargs):
-    if process_group is not None:  # rank 1 refuses alone; rank 0 waits for it in all_reduce
-        if dist.get_rank(process_group) == 1:
-            raise ValueError("rank 1 refuses before the collective")
-        dist.all_reduce(torch.zeros(1), group=process_group)
-    return gdpo.gdpo_advantages(rewards, process_group=process_group, **kwargs)
-"""
-
-
-def test_a_row_stops_at_its_first_hang(tmp_path, monkeypatch):
+def test_a_row_stops_at_its_first_hang():
     """Rank 1 raises while rank 0 waits in all_reduce: every case of a multi-process row hangs,
     and each hang costs the grace, the kill and a restart of the pool of ranks (a float64 code of
     this kind took 18 minutes to grade). The row stops at its first hang: one protocol finding
     that says so, the other cases counted as not checked, on the screen and in the JSON."""
-    (tmp_path / "hangs_gdpo.py").write_text(_HANGS)
-    monkeypatch.syspath_prepend(str(tmp_path))  # the spawned ranks import it from the same path
-    g = _grade("hangs_gdpo:advantages", "gdpo", select="dist_values_2")
+    g = _grade("_native_impls:rank1_raises_alone", "gdpo", select="dist_values_2")  # (a module the ranks import)
     row = next(r for r in g.rows if r.name == "dist_values_2")
     assert row.verdict == "failed" and row.failed == 1 and row.unchecked == row.cases - 1 >= 25, row
     [f] = g.findings
