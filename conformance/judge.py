@@ -59,12 +59,12 @@ class ConformanceFailure(AssertionError):
 
 
 def fail(prop, equation, subject, case, headline, details=(), category=None, worst_ulps=None,
-         worst_dtype=None, formula=None, formula_alternatives=(), worst_value=None, cause=None):
+         worst_dtype=None, formula=None, formula_alternatives=(), worst_value=None, cause=None, hang=False):
     exc = ConformanceFailure(failure(prop, equation, subject, case, headline, details, category))
     exc.case = case  # the failing call itself (one of several for the errors property)
     exc.category, exc.worst_ulps, exc.worst_dtype = category, worst_ulps, worst_dtype
     exc.formula, exc.formula_alternatives = formula, tuple(formula_alternatives)
-    exc.worst_value, exc.cause = worst_value, cause
+    exc.worst_value, exc.cause, exc.hang = worst_value, cause, hang
     raise exc
 
 
@@ -520,17 +520,13 @@ def policy_equation(subject: Subject, name: str) -> str:
 
 def hang(prop, eq, subject, case: DistCase, job, grace: float, deadline: float) -> None:
     """A rank that did not return within the deadline: a hang, whatever the others did."""
-    if not job.hung:
-        return
-    try:
+    if job.hung:
         fail(prop, eq, subject, case,
              f"rank(s) {job.hung} of {case.world} did not return within the deadline "
              f"({grace:g} s after the first rank, {deadline:g} s in all): a hang (on a loaded machine, allow "
              "more seconds with GDPO_CONFORMANCE_GRACE and GDPO_CONFORMANCE_DEADLINE)",
-             [f"rank {r}: {o.describe()}" for r, o in sorted(job.outcomes.items())], category=Category.PROTOCOL)
-    except ConformanceFailure as exc:
-        exc.hang = True
-        raise
+             [f"rank {r}: {o.describe()}" for r, o in sorted(job.outcomes.items())], category=Category.PROTOCOL,
+             hang=True)
 
 
 def _single_process_hint(outs: dict) -> list[str]:
