@@ -45,7 +45,7 @@ def _through_stats(plan, device, x: torch.Tensor | None = None):
         dev = _pipeline.through_stats(plan, x, {})
     else:
         c = x.new_empty(0, dtype=_F64)
-        dev = _pipeline.Device({}, c=c, loc=W.eq6_stats(plan, c, {}))
+        dev = _pipeline.Device({}, c=c, loc=W.eq6_stats(plan, c))
     return dev.loc, dev.facts, dev.loc.table(device)
 
 

@@ -179,8 +179,10 @@ class GroupLayout:
         """Each part's float64 (K, P, G) copy of the rewards ``r`` (N, K), with its padding:
         ``pad`` (P * G,) bool, None where the part has none. One part at a time (lazy)."""
         n, k = r.shape
-        if self.kind == "contiguous":
-            yield self.gather_contiguous(r), None
+        if self.kind == "contiguous":  # (K, g, G)
+            g = self.parts[0].width
+            x = torch.empty((k, g, n // g), dtype=_F64, device=r.device)
+            yield x.copy_(r.view(n // g, g, k).permute(2, 1, 0)), None
             return
         rt = torch.empty(k, n, dtype=_F64, device=r.device).copy_(r.t())  # one transposing copy, gathered from
         for part in self.parts:
@@ -188,13 +190,6 @@ class GroupLayout:
             rows = torch.where(pad, -1 - part.source, part.source)
             # gather: ~2x index_select on dim 1 (CPU)
             yield torch.gather(rt, 1, rows.expand(k, -1)).view(k, part.width, part.count), pad
-
-    def gather_contiguous(self, r: torch.Tensor) -> torch.Tensor:
-        """Contiguous groups' (K, g, G) float64 copy of the rewards ``r`` (N, K) (:meth:`gather`)."""
-        n, k = r.shape
-        g = self.parts[0].width
-        x = torch.empty((k, g, n // g), dtype=_F64, device=r.device)
-        return x.copy_(r.view(n // g, g, k).permute(2, 1, 0))
 
     def rows(self, parts: list[torch.Tensor]) -> torch.Tensor:
         """Slot values of each part in input order: (N,) from (P, G) parts (as c),
@@ -324,7 +319,7 @@ def whole_units(inp: Rewards, sizes: list[int], lab: Labelled) -> torch.Tensor:
 # --- Eq. 4 ------------------------------------------------------------------------------------
 
 
-def eq47(plan, r: torch.Tensor, facts):
+def eq47(plan, facts):
     """The Eq. 4 and Eq. 7 stage: (c, varies). Eq. 4, z = (x - mean) /
     (std + eps) per group column, ddof 1, float64, in the plan's layout (contiguous groups: phase
     one and the layout made here): each part's two-pass (``_segments.two_pass``) is scaled by exact
@@ -337,12 +332,10 @@ def eq47(plan, r: torch.Tensor, facts):
         prep = prepare(inp, lazy=plan.lazy)
         facts.update(prep.facts)
         lay, longest = contiguous(inp.n, inp.group_size), inp.group_size
-        parts = [(lay.gather_contiguous(prep.r), None)]
     else:
         lay, longest = plan.layout, plan.row[P.N_MAX]
-        parts = lay.gather(prep.r)  # (one part at a time)
     zs, finite = [], True  # z, float64 (K, P, G) per part of the layout (owned: Eq. 7 works in place)
-    for x, pad in parts:
+    for x, pad in lay.gather(prep.r):  # one part at a time
         members = None if pad is None else (~pad).view(1, x.shape[1], x.shape[2])
         if inp.missing == "unscored":
             z, ok = _scored(x, eps, prep.lazy, members)

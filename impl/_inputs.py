@@ -453,7 +453,7 @@ def _not_an_int(code: int, x, *at: int) -> Problem:
 def _check_device(x, arg: int) -> None:
     """A tensor argument (``P.ARG_*``) must hold data impl computes on: CPU or CUDA."""
     if isinstance(x, torch.Tensor) and x.device.type not in ("cpu", "cuda"):
-        raise Problem(P.P_DEVICE, arg, P.device_code(x.device))
+        raise Problem(P.P_DEVICE, arg, P.DEVICE_CODES.get(x.device.type, 3))
 
 
 def _check_group_size(gs) -> int:

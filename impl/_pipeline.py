@@ -263,13 +263,13 @@ def through_stats(plan: Plan, x: torch.Tensor, facts: dict) -> Device:
     ``plan.lazy``."""
     dev = Device(facts)
     if plan.eq4:  # Eq. 4, then Eq. 7: c (N,), input order (standardize_groups: z (N, K))
-        dev.c, dev.varies = _eq47.eq47(plan, x, facts)
+        dev.c, dev.varies = _eq47.eq47(plan, facts)
     else:
         dev.c = x  # whiten: the values are c
         if not plan.lazy:
             facts.update(value_facts(x))
     if plan.eq6:
-        dev.loc = W.eq6_stats(plan, dev.c, facts)  # plan.scored's rows; c kept where plan.certify
+        dev.loc = W.eq6_stats(plan, dev.c)  # plan.scored's rows; c kept where plan.certify
         if plan.lazy and not plan.eq4 and not dev.loc.finite():  # whiten on CPU: looked for only now
             facts.update(value_facts(x))
     return dev

@@ -88,10 +88,6 @@ DEVICE_CODES = {"cpu": 1, "cuda": 2}  # the device types impl computes on (3: an
 _DEVICE_NAMES = {1: "cpu", 2: "cuda", 3: "other than CPU and CUDA (e.g. meta or mps)"}
 
 
-def device_code(device: torch.device) -> int:
-    return DEVICE_CODES.get(device.type, 3)
-
-
 def float_bits(x: float) -> int:
     return struct.unpack("<q", struct.pack("<d", float(x)))[0]
 

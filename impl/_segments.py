@@ -152,21 +152,21 @@ class TwoPass:
     lo: torch.Tensor | None  # raw minimum and maximum (where computed: on CPU, or when asked for)
     hi: torch.Tensor | None
     f: torch.Tensor  # scale 2**-e, float64
-    eps_f: torch.Tensor  # eps * f
     shift: torch.Tensor  # scaled value every difference is taken from (the first member's, or +0)
     mean: torch.Tensor  # mean of the differences d = x * f - shift
     dev: torch.Tensor  # d - mean, in the layout of x (float64)
     m2: torch.Tensor  # sum of dev**2 over the segment
-    den: torch.Tensor | None = None  # std + eps in the segment's scale, ddof given
+    den: torch.Tensor  # std + eps in the segment's scale: sqrt(m2 / ddof) + eps f
 
     def finite(self) -> bool:
         """Host check: are all inputs finite? (nan and inf show in the largest magnitude.)"""
         return math.isfinite(float(self.absmax.amax()))
 
 
-def two_pass(x: torch.Tensor, count: torch.Tensor, eps: float, *, pad_mask: torch.Tensor | None = None,
-             own: bool = False, minmax: bool = False, whole=None, ddof: torch.Tensor | None = None) -> TwoPass:
-    """Statistics of the segments laid along dim 1 of ``x`` (``count`` members each).
+def two_pass(x: torch.Tensor, count: torch.Tensor, eps: float, *, ddof: torch.Tensor,
+             pad_mask: torch.Tensor | None = None, own: bool = False, minmax: bool = False, whole=None) -> TwoPass:
+    """Statistics of the segments laid along dim 1 of ``x`` (``count`` members each, the
+    variance divided by ``ddof``).
 
     Each segment is scaled by an exact power of two f (|x f| < 4: nothing below overflows; eps folded
     in as eps f), its first member is subtracted (exact by Sterbenz for close values, and symmetric:
@@ -179,7 +179,7 @@ def two_pass(x: torch.Tensor, count: torch.Tensor, eps: float, *, pad_mask: torc
     instead of its mean, so every deviation is +0 exactly (Eq. 6's exact collapse). ``whole`` (with
     minmax; True: every segment, else an (S, 1) bool tensor): Eq. 6's units of whole groups, whose
     exact mean is the structural 0: shift +0 and mean +0, so the deviations are d = x f itself (with
-    every unit whole the mean's pass is skipped). ``ddof``: also ``den`` = sqrt(m2 / ddof) + eps f."""
+    every unit whole the mean's pass is skipped)."""
     lo = hi = None
     if minmax or x.device.type == "cpu":  # no full-size temporary (CPU pages are not cached)
         lo, hi = x.amin(1, keepdim=True), x.amax(1, keepdim=True)
@@ -204,8 +204,8 @@ def two_pass(x: torch.Tensor, count: torch.Tensor, eps: float, *, pad_mask: torc
             mean = torch.where(lo == hi, -0.0, mean)
         dev = d.sub_(mean)
     m2 = tree_sum(dev, squares=True) if pad_mask is None else tree_sum((dev * dev).mul_(pad_mask))
-    den = None if ddof is None else denominator(torch.div(m2, ddof), eps_f, eps, inplace=True)
-    return TwoPass(absmax, lo, hi, f, eps_f, shift, mean, dev, m2, den)
+    den = denominator(torch.div(m2, ddof), eps_f, eps, inplace=True)
+    return TwoPass(absmax, lo, hi, f, shift, mean, dev, m2, den)
 
 
 def denominator(var: torch.Tensor, eps_f: torch.Tensor, eps: float, inplace: bool = False) -> torch.Tensor:

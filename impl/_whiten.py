@@ -70,40 +70,31 @@ class Local:
     lay: Layout
     tp: TwoPass | None = None  # None for an empty rank and for "buckets"
     x: torch.Tensor | None = None  # the values in the layout (caller dtype)
-    parts: list | None = None  # "buckets": (unit indices, row indices, Local) per size class
+    parts: list | None = None  # "buckets": (unit indices, row indices, Local) per size class; "empty": []
 
     def finite(self) -> bool:
         """Host check: are all values finite? (nan and inf show in min or max.)"""
-        if self.lay.kind == "buckets":
+        if self.parts is not None:
             return all(p.finite() for _, _, p in self.parts)
-        return self.tp is None or self.tp.finite()
+        return self.tp.finite()
 
     def table(self, device) -> torch.Tensor:
         """(S, 7) float64: count, e, shift, mean_d, M2, min, max (empty units:
         count 0, e 0, min inf, max -inf)."""
         sizes = self.lay.sizes
         empty = constant((0.0, 0.0, 0.0, 0.0, 0.0, math.inf, -math.inf), _F64, device)
-        if self.lay.kind == "buckets":
-            table = empty.expand(len(sizes), COLS).clone()  # empty units keep these rows
+        if self.parts is not None:  # "buckets" and "empty": the empty units keep these rows
+            table = empty.expand(len(sizes), COLS).clone()
             for units, _, p in self.parts:
                 table.index_copy_(0, units.to(device), p.table(device))
             return table
-        if self.tp is None:
-            return empty.expand(len(sizes), COLS).clone()
         tp = self.tp
-        return stats_table(sizes, tp.f, tp.shift, tp.mean, tp.m2, tp.lo, tp.hi, device)
-
-
-def stats_table(sizes: list[int], f, shift, mean, m2, lo, hi, device) -> torch.Tensor:
-    """The (S, 7) table of :meth:`Local.table` from each unit's scale f, shift, mean_d, M2, min and
-    max ((S,) or (S, 1) each; as the plain path computes them)."""
-    cols = [constant(tuple(float(s) for s in sizes), _F64, device), seg_ops.scale_exponent(f).to(_F64), shift, mean,
-            m2, lo.to(_F64), hi.to(_F64)]
-    table = torch.cat([c.reshape(-1, 1).expand(len(sizes), 1) for c in cols], 1)
-    if 0 in sizes:
-        has = constant(tuple(s > 0 for s in sizes), torch.bool, device)
-        table = torch.where(has[:, None], table, constant((0.0, 0.0, 0.0, 0.0, 0.0, math.inf, -math.inf), _F64, device))
-    return table
+        cols = [constant(tuple(float(s) for s in sizes), _F64, device), seg_ops.scale_exponent(tp.f).to(_F64),
+                tp.shift, tp.mean, tp.m2, tp.lo.to(_F64), tp.hi.to(_F64)]
+        table = torch.cat([c.reshape(-1, 1).expand(len(sizes), 1) for c in cols], 1)
+        if 0 in sizes:
+            table = torch.where(constant(tuple(s > 0 for s in sizes), torch.bool, device)[:, None], table, empty)
+        return table
 
 
 def local_stats(v: torch.Tensor, sizes: list[int], eps: float, own: bool = False, whole=None) -> Local:
@@ -113,7 +104,7 @@ def local_stats(v: torch.Tensor, sizes: list[int], eps: float, own: bool = False
     whose mean is the structural 0 (module docstring)."""
     lay = layout(sizes, v.shape[0], v.device)
     if lay.kind == "empty":
-        return Local(lay)
+        return Local(lay, parts=[])
     if lay.kind == "buckets":
         return Local(lay, parts=[(units, rows, _stats_in(v.index_select(0, rows), part, eps, own,
                                                          _whole_part(whole, units, host)))
@@ -191,12 +182,9 @@ def _output(dev: torch.Tensor, den: torch.Tensor, lay: Layout, out_dtype) -> tor
 def apply_local(loc: Local, eps: float, out_dtype=None) -> torch.Tensor:
     """Eq. 6 from one rank's own statistics (no process group): the deviations
     of the two-pass are those of the merged statistics of a single rank."""
-    lay = loc.lay
-    if lay.kind == "empty":
-        return torch.empty(0, dtype=out_dtype or _F64, device=lay.device)
-    if lay.kind == "buckets":
-        return _scatter(lay, [(rows, apply_local(p, eps, out_dtype)) for _, rows, p in loc.parts], out_dtype)
-    return _output(loc.tp.dev, loc.tp.den, lay, out_dtype)
+    if loc.parts is not None:  # "buckets", "empty"
+        return _scatter(loc.lay, [(rows, apply_local(p, eps, out_dtype)) for _, rows, p in loc.parts], out_dtype)
+    return _output(loc.tp.dev, loc.tp.den, loc.lay, out_dtype)
 
 
 @dataclasses.dataclass
@@ -251,24 +239,17 @@ def merge(tables: torch.Tensor) -> Stats:
     return Stats(n[0], top, shift_g, mean[0], m2[0], lo, hi)
 
 
-def global_terms(st: Stats, eps: float):
-    """(f, shift, mean, den) per unit from the merged statistics: a = ((v f - shift) - mean) / den."""
+def apply_global(loc: Local, st: Stats, eps: float, out_dtype=None) -> torch.Tensor:
+    """Eq. 6 of this rank's rows from the merged statistics of every rank: per unit f, shift,
+    mean and den, a = ((v f - shift) - mean) / den."""
     f = seg_ops.pow2_normal(st.e)
     mean = torch.where(st.lo == st.hi, -0.0, st.mean)  # collapsed across ranks: deviations +0
     var = st.m2 / torch.where(st.n > 1, st.n - 1.0, 1.0)  # unbiased; units of 0 or 1 samples divide by 1
-    return f, st.shift, mean, denominator(var, f * eps, eps)
-
-
-def apply_global(loc: Local, st: Stats, eps: float, out_dtype=None) -> torch.Tensor:
-    """Eq. 6 of this rank's rows from the merged statistics of every rank."""
-    lay = loc.lay
-    if lay.kind == "empty":
-        return torch.empty(0, dtype=out_dtype or _F64, device=lay.device)
-    f, _, mean, den = global_terms(st, eps)
-    if lay.kind == "buckets":
-        return _scatter(lay, [(rows, _apply_x(p, *(t.index_select(0, units) for t in (f, st.shift, mean, den)),
-                                              out_dtype)) for units, rows, p in loc.parts], out_dtype)
-    return _apply_x(loc, f, st.shift, mean, den, out_dtype)
+    terms = (f, st.shift, mean, denominator(var, f * eps, eps))
+    if loc.parts is None:
+        return _apply_x(loc, *terms, out_dtype)
+    return _scatter(loc.lay, [(rows, _apply_x(p, *(t.index_select(0, units) for t in terms), out_dtype))
+                              for units, rows, p in loc.parts], out_dtype)  # "buckets", "empty"
 
 
 def _scatter(lay: Layout, pieces, out_dtype) -> torch.Tensor:
@@ -287,7 +268,7 @@ def _apply_x(loc: Local, f, shift, mean, den, out_dtype):
 # --- the Eq. 6 stages (the spine calls them, impl._pipeline) -------------------------------------
 
 
-def eq6_stats(plan, c: torch.Tensor, facts) -> Local:
+def eq6_stats(plan, c: torch.Tensor) -> Local:
     """This process's Eq. 6 statistics of c (N,): of the scored rows under "unscored"
     (``plan.scored``), whole-group units centred on their structural 0 (``plan.whole``);
     ``plan.own``: c is work space (false where the certificate reads c after Eq. 6)."""
