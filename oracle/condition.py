@@ -46,12 +46,6 @@ def stagewise(fn, *args, **kwargs):
         ENABLED = True
 
 
-#: negative controls for the tests, never set in production: "one_minus_theta" drops the
-#: bracket's (1 - theta) y y^T term (theta = 1), "theta" drops its whole theta y y^T term
-#: (theta = 0), "error_bound" reports the computed T without its error bound
-_CONTROL = None
-
-
 def info(shape) -> dict:
     """Per group column (or whitening unit), what the closed form needs, filled by the oracle
     where it applies (``ok``): the frame 2^frame its std ``sigma`` and denominator ``denom``
@@ -128,10 +122,6 @@ def _theta(placement: str, sigma, den, eps: float, frame):
         else:
             theta = np.ones_like(np.asarray(sigma, dtype=np.float64))
             om = np.zeros_like(theta)
-    if _CONTROL == "one_minus_theta":
-        theta, om = np.ones_like(theta), np.zeros_like(om)
-    elif _CONTROL == "theta":
-        theta, om = np.zeros_like(theta), np.ones_like(om)
     return theta, om, hm, hx
 
 
@@ -198,34 +188,26 @@ def _ulps(X):
     return _ldexp(1.0, kap - kmax[:, None]), kmax
 
 
-def _within_cap(T, E, x, cap, xe=None):
+def _within_cap(T, E, x, cap):
     """Where a zero std's first-order value fl(T + E) 2^x (raised) stays at most Samuelson's
     ``cap`` (spec section 7: one ulp moves such an output by at most the cap; beyond it the
     cap is reported, not sharp). ``cap`` inf: a live std, always."""
-    if xe is not None:
-        T, E, x = _common(T, x, E, xe)
     with np.errstate(over="ignore", invalid="ignore"):
         return ~(_ldexp((T + E) * (1 + 2.0 ** -49), x) > cap)
 
 
-def finish(T, E, x, ok, old, xe=None):
+def finish(T, E, x, ok, old):
     """cond = fl(T + E) raised where ``ok``, else ``old``; sharp where ok and
-    E <= 2^-20 (T - E) and the value lands among the normal floats. T 2^x and E 2^xe
-    (xe: x when None) are the tight value and its error bound."""
+    E <= 2^-20 (T - E) and the value lands among the normal floats. T 2^x and E 2^x
+    are the tight value and its error bound."""
     old = np.asarray(old, dtype=np.float64)
     if not ENABLED:
         return old.copy(), np.zeros(old.shape, bool)
-    if xe is not None:  # one exponent for both: the larger one's (the other may flush: 2^-1073 relative)
-        T, E, x = _common(T, x, E, xe)
-    bound = _CONTROL != "error_bound"
-    if not bound:  # negative control: the computed T alone
-        E = np.zeros_like(E)
     with np.errstate(over="ignore", under="ignore", invalid="ignore"):
         s = T + E
-        if bound:
-            s = s + s * 2.0 ** -50
+        s = s + s * 2.0 ** -50
         v = _ldexp(s, x)
-        v = np.where(np.abs(v) < _TINY, v + 5e-324, v) if bound else v
+        v = np.where(np.abs(v) < _TINY, v + 5e-324, v)
         crit = E * (1 + 2.0 ** -40) <= SHARP * (T - E)
     ok = ok & np.isfinite(v)
     sharp = ok & crit & (v >= _TINY)
@@ -237,6 +219,7 @@ def finish(T, E, x, ok, old, xe=None):
 
 
 def _common(T, x, E, xe):
+    """T 2^x and E 2^xe in one exponent, the larger one's (the other may flush: 2^-1073 relative)."""
     x = np.asarray(x, dtype=np.int64)
     top = _top([(T, x), (E, xe)])
     top = np.where(top == _NEG, x, top)
@@ -325,7 +308,7 @@ def combined(zs: ZStage, z64, w, old):
     # terms: (2K + 8) u T; a subnormal z is off by 2^-1075: times ulp(w_k)
     E, xe = framed_sum([(Ew * (1 + 2.0 ** -40), xe), ((2 * K + 8) * U * T, x),
                         (np.full(N, float(K)), np.full(N, -1070 + int(lam.max()), dtype=np.int64))])
-    return (*finish(T, E, x, ok, old, xe=xe), ok)
+    return (*finish(*_common(T, x, E, xe), ok, old), ok)
 
 
 def _sum_over_k(terms):
@@ -345,9 +328,8 @@ def whitened(zs: ZStage, cok, z64, a64, w, gidx, members, uidx, uinfo, placement
     nested = np.array([bool(np.all(uidx[m] == uidx[m[0]])) for m in members])
     gok = nested & np.array([bool(cok[m].all()) for m in members])
     uok = np.asarray(uinfo["ok"], bool).copy()
-    bad_units = np.unique(uidx[np.concatenate([members[g] for g in np.flatnonzero(~gok)])]) \
-        if (~gok).any() else np.zeros(0, np.int64)
-    uok[bad_units] = False
+    for g in np.flatnonzero(~gok):
+        uok[uidx[members[g]]] = False
     amax = np.zeros(S)
     np.maximum.at(amax, uidx, np.where(np.isnan(a64), 0.0, np.abs(a64)))
     ucoll = np.asarray(uinfo["collapsed"], bool)
@@ -365,9 +347,9 @@ def whitened(zs: ZStage, cok, z64, a64, w, gidx, members, uidx, uinfo, placement
     usub = np.zeros(S, bool)
     np.logical_or.at(usub, uidx, (np.abs(a64) > 0) & (np.abs(a64) < _TINY))
     good_u = np.flatnonzero(uok)
-    TH = np.zeros(S); OM = np.zeros(S); HM = np.ones(S); HX = np.zeros(S, dtype=np.int64)
-    th, o, m_, x_ = _theta(placement, uinfo["sigma"][good_u], uinfo["denom"][good_u], eps, uinfo["frame"][good_u])
-    TH[good_u], OM[good_u], HM[good_u], HX[good_u] = th, o, m_, x_
+    TH = np.zeros(S); HM = np.ones(S); HX = np.zeros(S, dtype=np.int64)
+    th, _, m_, x_ = _theta(placement, uinfo["sigma"][good_u], uinfo["denom"][good_u], eps, uinfo["frame"][good_u])
+    TH[good_u], HM[good_u], HX[good_u] = th, m_, x_
     u_i = TH[uidx] * Y
     # the weights' term: p_k = sum_{l in U} Y_l z_lk
     p = np.stack([np.bincount(uidx, weights=Y * z64[:, k], minlength=S) for k in range(K)], 1)
@@ -443,10 +425,10 @@ def whitened(zs: ZStage, cok, z64, a64, w, gidx, members, uidx, uinfo, placement
     E = E / HM[uidx] * (1 + 2.0 ** -40)
     x, xe = x - HX[uidx], xe - HX[uidx]
     # a collapsed unit whose first-order value exceeds Samuelson's cap: the cap (spec section 7)
-    within = _within_cap(T, E, x, np.asarray(uinfo["cap"])[uidx], xe=xe)
+    T, E, x = _common(T, x, E, xe)
     bad = np.zeros(S, bool)
-    np.logical_or.at(bad, uidx, ~within)
-    return finish(T, E, x, sel & ~bad[uidx], old, xe=xe)
+    np.logical_or.at(bad, uidx, ~_within_cap(T, E, x, np.asarray(uinfo["cap"])[uidx]))
+    return finish(T, E, x, sel & ~bad[uidx], old)
 
 
 def _exclusive(m, x):
