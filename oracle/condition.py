@@ -287,7 +287,7 @@ def group_columns(r, z64, members, info, placement, eps, nan_mask) -> ZStage:
         ok = ((zmax >= ZMIN) | at("collapsed")) & _within_cap(t, e, x, at("cap")[:, None]).all(axis=1)
         out.T[idx], out.E[idx], out.x[idx] = (np.transpose(full(v), (0, 2, 1)) for v in (t, e, x))
         out.ok[idx] = np.transpose(np.broadcast_to(full(ok, False)[:, :, None], (Bn, K, n)), (0, 2, 1))
-        out.buckets[n] = {"groups": gs, "idx": idx, "ok": full(ok, False), "y": full(y), "nu": full(nu),
+        out.buckets[n] = {"groups": gs, "idx": idx, "y": full(y), "nu": full(nu),
                           "theta": full(theta), "om": full(om), "hm": full(hm, 1.0), "hx": full(hx, 0),
                           "kmax": full(kmax, 0), "noise": full(noise)}
     return out

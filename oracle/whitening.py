@@ -130,10 +130,7 @@ def whiten(c: ex.Values, uidx, t, conv, eps_w, classes, labels=None, uinfo=None,
         a.delta[idx] = em.whiten_stage(dmodel_s, cs, m_s, vals64, s_s, den_s, conv.whiten_ddof, ttf,
                                        tau=math.ldexp(em.underflow_tau(conv.native_dtype), -frame),
                                        unit_roundoff=conv.unit_roundoff)
-        if coll and a.required[idx[0]]:
-            a.delta[idx] = 0.0  # the structural zero: demanded bit for bit
-        elif a.required[idx].any():
-            a.delta[idx[a.required[idx]]] = 0.0  # structural zeros in a unit of whole groups
+        a.delta[idx[a.required[idx]]] = 0.0  # the structural zeros: demanded bit for bit
         m_s, s_s, den_s = _scaled_unit_terms(mean, var, eps_w, conv, cframe, classes)
         if not coll and not s_s >= 2.0 ** -1022:
             # a live unit whose std is not a normal float in the condition frame: Cauchy-Schwarz,

@@ -222,7 +222,7 @@ def combine_stage_framed(dz, z, weights, d_weights=None, rounding=True, tau=TAU)
     return dc, frame.astype(np.int64)
 
 
-def whiten_stage(dc, c, mean, a, sigma, denom, ddof, t=None, collapsed=False, rounding=True, tau=TAU,
+def whiten_stage(dc, c, mean, a, sigma, denom, ddof, t=None, rounding=True, tau=TAU,
                  unit_roundoff=FLOAT64_UNIT_ROUNDOFF):
     """Δa for one unit: arrays over its samples (exact values as float64). ``tau``: the
     underflow term, scaled like ``c`` when the caller rescales (as at Eq. 4: a code that
@@ -230,8 +230,6 @@ def whiten_stage(dc, c, mean, a, sigma, denom, ddof, t=None, collapsed=False, ro
     dc = np.asarray(dc, dtype=np.float64)
     c = np.asarray(c, dtype=np.float64)
     a = np.abs(np.asarray(a, dtype=np.float64))
-    if collapsed and rounding:
-        return np.zeros_like(a)
     n = c.shape[0]
     t = np.ones(n) if t is None else np.asarray(t, dtype=np.float64)
     T = float(np.sum(t))
