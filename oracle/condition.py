@@ -82,8 +82,7 @@ def _exp_of(m: np.ndarray) -> np.ndarray:
 
 def _ldexp(m, e):
     """m 2^e, e clipped to +-3000 (beyond it an O(1) m gives 0 or inf alike)."""
-    with np.errstate(under="ignore", over="ignore"):
-        return np.ldexp(m, np.clip(np.asarray(e, dtype=np.int64), -3000, 3000).astype(np.int32))
+    return np.ldexp(m, np.clip(np.asarray(e, dtype=np.int64), -3000, 3000).astype(np.int32))
 
 
 def _top(terms):
@@ -111,17 +110,16 @@ def _theta(placement: str, sigma, den, eps: float, frame):
     (absolute h = hm 2^hx), from the oracle's sigma and denominator in the frame 2^frame."""
     hm, ed = np.frexp(den)
     hx = np.asarray(frame, dtype=np.int64) + ed.astype(np.int64)
-    with np.errstate(under="ignore"):
-        if placement in ("std", "std_if_positive"):
-            theta = sigma / den
-            om = _ldexp(eps, -hx) / hm  # eps / h <= 1
-        elif placement == "var":
-            q = sigma / den
-            theta = q * q
-            om = _ldexp(eps, -2 * hx) / (hm * hm)  # eps / h^2 <= 1
-        else:
-            theta = np.ones_like(np.asarray(sigma, dtype=np.float64))
-            om = np.zeros_like(theta)
+    if placement in ("std", "std_if_positive"):
+        theta = sigma / den
+        om = _ldexp(eps, -hx) / hm  # eps / h <= 1
+    elif placement == "var":
+        q = sigma / den
+        theta = q * q
+        om = _ldexp(eps, -2 * hx) / (hm * hm)  # eps / h^2 <= 1
+    else:
+        theta = np.ones_like(np.asarray(sigma, dtype=np.float64))
+        om = np.zeros_like(theta)
     return theta, om, hm, hx
 
 
@@ -137,25 +135,24 @@ def _dense(y, theta, om, nu, u=None, tau=None, tau_abs=None):
     gb = max(1, _BLOCK // (n * n))
     rb = n if n * n <= _BLOCK else max(1, _BLOCK // n)
     cols = np.arange(n)
-    with np.errstate(under="ignore"):
-        for g0 in range(0, B, gb):
-            gs = slice(g0, g0 + gb)
-            for r0 in range(0, n, rb):
-                rows = np.arange(r0, min(n, r0 + rb))
-                rs = slice(r0, r0 + rows.size)
-                base = np.where(rows[:, None] == cols[None, :], 1.0 - inv, -inv)
-                if n == 2:
-                    b = om[gs, None, None] * base  # +-om/2: exact given om
-                    alpha = np.abs(b)
-                else:
-                    t = theta[gs, None, None] * (y[gs, rs, None] * y[gs, None, :])
-                    b = base - t
-                    alpha = np.abs(base) + np.abs(t)
-                if u is not None:
-                    b = b - u[gs, rs, None] * tau[gs, None, :]
-                    alpha = alpha + np.abs(u[gs, rs, None]) * tau_abs[gs, None, :]
-                R[gs, rs] = np.einsum("brn,bn->br", np.abs(b), nu[gs])
-                A[gs, rs] = np.einsum("brn,bn->br", alpha, nu[gs])
+    for g0 in range(0, B, gb):
+        gs = slice(g0, g0 + gb)
+        for r0 in range(0, n, rb):
+            rows = np.arange(r0, min(n, r0 + rb))
+            rs = slice(r0, r0 + rows.size)
+            base = np.where(rows[:, None] == cols[None, :], 1.0 - inv, -inv)
+            if n == 2:
+                b = om[gs, None, None] * base  # +-om/2: exact given om
+                alpha = np.abs(b)
+            else:
+                t = theta[gs, None, None] * (y[gs, rs, None] * y[gs, None, :])
+                b = base - t
+                alpha = np.abs(base) + np.abs(t)
+            if u is not None:
+                b = b - u[gs, rs, None] * tau[gs, None, :]
+                alpha = alpha + np.abs(u[gs, rs, None]) * tau_abs[gs, None, :]
+            R[gs, rs] = np.einsum("brn,bn->br", np.abs(b), nu[gs])
+            A[gs, rs] = np.einsum("brn,bn->br", alpha, nu[gs])
     return R, A
 
 
@@ -163,8 +160,7 @@ def _noise(sub, zmax):
     """The absolute error bound per O(1) quantity of a row: 2^-1060 from underflow, plus
     2^-1066 / max |z| where a subnormal z (off by 2^-1075) moves y = z / |z| (at most
     2^-66 when max |z| >= :data:`ZMIN`)."""
-    with np.errstate(over="ignore", divide="ignore"):
-        return _NOISE + np.where(sub, 2.0 ** -1066 / np.maximum(zmax, ZMIN), 0.0)
+    return _NOISE + np.where(sub, 2.0 ** -1066 / np.maximum(zmax, ZMIN), 0.0)
 
 
 def _unit_vectors(Z):
@@ -172,10 +168,9 @@ def _unit_vectors(Z):
     az = np.abs(Z)
     zmax = az.max(axis=1)
     ez = _exp_of(np.where(zmax > 0, zmax, 1.0))
-    with np.errstate(under="ignore"):
-        zs = np.ldexp(Z, -ez[:, None].astype(np.int32))
-        nz = np.sqrt(np.einsum("bn,bn->b", zs, zs))
-        y = zs / np.where(nz > 0, nz, 1.0)[:, None]
+    zs = np.ldexp(Z, -ez[:, None].astype(np.int32))
+    nz = np.sqrt(np.einsum("bn,bn->b", zs, zs))
+    y = zs / np.where(nz > 0, nz, 1.0)[:, None]
     sub = ((az > 0) & (az < _TINY)).any(axis=1)
     return y, zmax, sub
 
@@ -192,8 +187,7 @@ def _within_cap(T, E, x, cap):
     """Where a zero std's first-order value fl(T + E) 2^x (raised) stays at most Samuelson's
     ``cap`` (spec section 7: one ulp moves such an output by at most the cap; beyond it the
     cap is reported, not sharp). ``cap`` inf: a live std, always."""
-    with np.errstate(over="ignore", invalid="ignore"):
-        return ~(_ldexp((T + E) * (1 + 2.0 ** -49), x) > cap)
+    return ~(_ldexp((T + E) * (1 + 2.0 ** -49), x) > cap)
 
 
 def finish(T, E, x, ok, old):
@@ -203,12 +197,11 @@ def finish(T, E, x, ok, old):
     old = np.asarray(old, dtype=np.float64)
     if not ENABLED:
         return old.copy(), np.zeros(old.shape, bool)
-    with np.errstate(over="ignore", under="ignore", invalid="ignore"):
-        s = T + E
-        s = s + s * 2.0 ** -50
-        v = _ldexp(s, x)
-        v = np.where(np.abs(v) < _TINY, v + 5e-324, v)
-        crit = E * (1 + 2.0 ** -40) <= SHARP * (T - E)
+    s = T + E
+    s = s + s * 2.0 ** -50
+    v = _ldexp(s, x)
+    v = np.where(np.abs(v) < _TINY, v + 5e-324, v)
+    crit = E * (1 + 2.0 ** -40) <= SHARP * (T - E)
     ok = ok & np.isfinite(v)
     sharp = ok & crit & (v >= _TINY)
     # v itself, not min(old, v): v >= the exact change by construction, while the stage-wise
@@ -340,10 +333,9 @@ def whitened(zs: ZStage, cok, z64, a64, w, gidx, members, uidx, uinfo, placement
     sel = uok[uidx]
     # Y = a / |a| per unit (scaled by the unit's largest |a|), Theta, 1 - Theta, H
     ea = _exp_of(np.where(amax > 0, amax, 1.0))
-    with np.errstate(under="ignore"):
-        as_ = np.ldexp(np.where(sel, a64, 0.0), -ea[uidx].astype(np.int32))
-        na = np.sqrt(np.bincount(uidx, weights=as_ * as_, minlength=S))
-        Y = as_ / np.where(na > 0, na, 1.0)[uidx]
+    as_ = np.ldexp(np.where(sel, a64, 0.0), -ea[uidx].astype(np.int32))
+    na = np.sqrt(np.bincount(uidx, weights=as_ * as_, minlength=S))
+    Y = as_ / np.where(na > 0, na, 1.0)[uidx]
     usub = np.zeros(S, bool)
     np.logical_or.at(usub, uidx, (np.abs(a64) > 0) & (np.abs(a64) < _TINY))
     good_u = np.flatnonzero(uok)
@@ -373,13 +365,12 @@ def whitened(zs: ZStage, cok, z64, a64, w, gidx, members, uidx, uinfo, placement
         theta, hm, hx, kmax = bk["theta"][keep], bk["hm"][keep], bk["hx"][keep], bk["kmax"][keep]
         gnoise[g_] = bk["noise"][keep].max(axis=1)
         Yg = Y[idx]                                # (B, n)
-        with np.errstate(under="ignore"):
-            s = np.einsum("bn,bkn->bk", Yg, y)
-            sabs = np.einsum("bn,bkn->bk", np.abs(Yg), np.abs(y))
-            tau = Yg[:, None, :] - theta[:, :, None] * y * s[:, :, None]
-            tau_abs = np.abs(Yg)[:, None, :] + theta[:, :, None] * np.abs(y) * sabs[:, :, None]
-            Q = np.einsum("bkn,bkn->bk", np.abs(tau), nu)
-            QA = np.einsum("bkn,bkn->bk", tau_abs, nu)
+        s = np.einsum("bn,bkn->bk", Yg, y)
+        sabs = np.einsum("bn,bkn->bk", np.abs(Yg), np.abs(y))
+        tau = Yg[:, None, :] - theta[:, :, None] * y * s[:, :, None]
+        tau_abs = np.abs(Yg)[:, None, :] + theta[:, :, None] * np.abs(y) * sabs[:, :, None]
+        Q = np.einsum("bkn,bkn->bk", np.abs(tau), nu)
+        QA = np.einsum("bkn,bkn->bk", tau_abs, nu)
         # F_gk = |w_k| 2^kmax / h_k
         Fm = mw[None, :] / hm
         Fx = xw[None, :] + kmax - hx
@@ -402,9 +393,8 @@ def whitened(zs: ZStage, cok, z64, a64, w, gidx, members, uidx, uinfo, placement
         XAm[gl], XAx[gl] = _exclusive(QAm[gl], QAx[gl])
         pre, top = _exclusive(np.append(SFm[gl], 0.0), np.append(SFx[gl], 0))
         SUm[s_], SUx[s_] = pre[-1], top[-1]  # the sum of every group of the unit
-    with np.errstate(under="ignore"):
-        wt = np.abs(z64 - u_i[:, None] * p[uidx])
-        wtA = np.abs(z64) + np.abs(u_i)[:, None] * pabs[uidx]
+    wt = np.abs(z64 - u_i[:, None] * p[uidx])
+    wtA = np.abs(z64) + np.abs(u_i)[:, None] * pabs[uidx]
     M = usize[uidx]
     unoise = _noise(usub, amax)
     np.maximum.at(unoise, gunit, gnoise)

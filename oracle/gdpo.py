@@ -98,8 +98,7 @@ def _stagewise_up(cond, m, keep=None):
     times 1 + (m + 2) u, m the roundings along any of its terms, and at least 2^-1074. NaN and
     inf stay, and so does ``keep`` (a zero std's Samuelson cap: a bound on the change itself)."""
     cond = np.asarray(cond, dtype=np.float64)
-    with np.errstate(over="ignore", invalid="ignore"):
-        up = _floor_cond(cond * (1.0 + (m + 2) * FLOAT64_UNIT_ROUNDOFF))
+    up = _floor_cond(cond * (1.0 + (m + 2) * FLOAT64_UNIT_ROUNDOFF))
     return up if keep is None else np.where(keep, cond, up)
 
 
@@ -123,7 +122,9 @@ def _roundings(members) -> int:
 
 def _whatever_numpy_is_told(fn):
     """A public step computes the same in any NumPy error state of the caller (every non-finite or
-    underflowing value is decided explicitly), and refuses where the thread flushes subnormals."""
+    underflowing value is decided explicitly), and refuses where the thread flushes subnormals.
+    Every computation of the oracle runs inside one of these steps: no module of it repeats the
+    ``np.errstate``."""
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         refused = process_state_error()
@@ -171,8 +172,7 @@ def combine(z, *, weights=None) -> Stage:
     c.delta, frame = em.combine_stage_framed(np.zeros((n, k)), v, w)
     # the first-order change of a sum of products: the sum of |w| ulp(z) + |z| ulp(w)
     dcond, cframe = em.combine_stage_framed(_ulps(v), v, w, d_weights=_ulps(w), rounding=False)
-    with np.errstate(over="ignore"):
-        cond = _stagewise_up(np.ldexp(dcond, cframe), 2 * k + 2)
+    cond = _stagewise_up(np.ldexp(dcond, cframe), 2 * k + 2)
     return _stage(c, cond, frame=frame)
 
 
@@ -255,8 +255,7 @@ def gdpo_advantages(rewards, group_ids=None, weights=None, unit_ids=None, eps=No
             c.required[idx] = _structural_zero(cols, wq, cancelled[g])  # its zeros are held to its bound
     # the tight first-order change (oracle.condition) where a closed form applies; the
     # stage-wise bound (raised for its own rounding) where none does
-    with np.errstate(over="ignore"):
-        ccond_abs = np.ldexp(c.cond, c.cond_frame)
+    ccond_abs = np.ldexp(c.cond, c.cond_frame)
     z64 = z.rounded["float64"]
     zc = cn.group_columns(r, z64, groups, colinfo, conv.group_eps_placement, float(eps_g), nan_in)
     m_z = _roundings(groups)
