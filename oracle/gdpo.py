@@ -199,14 +199,14 @@ def whiten(values, *, segment_sizes=None, unit_ids=None, eps=None, convention="s
     t = inp.token_weights(conv, token_counts, n)
     eps_w, = inp.as_eps(eps, conv.whiten_eps)
     uidx = inp.index(unit_ids)[1]
+    units = inp.members(uidx, uidx.max() + 1)
     # the inputs are exact, so every collapse of given values is structural
     c = ex.Values(n, required=True)
     c.forms = [ex.Form(Fraction(x)) for x in v.tolist()]
     c.rounded["float64"], c.cond = v, _ulps(v)
-    uinfo = cn.info(int(uidx.max()) + 1)
+    uinfo = cn.info(len(units))
     a, ucoll = wh.whiten(c, uidx, t, conv, eps_w, ex.SqrtClasses(), uinfo=uinfo)
-    sharp = np.zeros(n, bool)
-    units = inp.members(uidx, uidx.max() + 1)
+    sharp = None  # the stage-wise bound, except where the closed form below applies
     capped = ucoll[uidx] if conv.whiten_eps_placement != "skip_if_zero" else None  # skip: a = c
     cond = _stagewise_up(a.cond, _roundings(units), keep=capped)
     if conv.whiten == "per_sample":  # the tight first-order change where a closed form applies
