@@ -250,9 +250,7 @@ def _rational_unit(u: _Unit, idx, a: ex.Values):
     root = u.classes.sqrt(var + u.eps if placement == "var" else var)
     if not root.is_rational():
         return None
-    den = root.q0 + u.eps if placement in ("std", "std_if_positive") else root.q0
-    if den == 0:
-        return None
+    den = root.q0 + u.eps if placement in ("std", "std_if_positive") else root.q0  # > 0: a live unit
     for p, (d, z) in enumerate(zip(devs, u.zero)):
         a.put(idx[p], 0.0 if z else ex.round_all_fraction(d / den))
     return ex.iv_rational(var, ex.START_PREC)
