@@ -46,12 +46,6 @@ def stagewise(fn, *args, **kwargs):
         ENABLED = True
 
 
-#: negative controls for the tests, never set in production: "one_minus_theta" drops the
-#: bracket's (1 - theta) y y^T term (theta = 1), "theta" drops its whole theta y y^T term
-#: (theta = 0), "error_bound" reports the computed T without its error bound
-_CONTROL = None
-
-
 def info(shape) -> dict:
     """Per group column (or whitening unit), what the closed form needs, filled by the oracle
     where it applies (``ok``): the frame 2^frame its std ``sigma`` and denominator ``denom``
@@ -88,8 +82,7 @@ def _exp_of(m: np.ndarray) -> np.ndarray:
 
 def _ldexp(m, e):
     """m 2^e, e clipped to +-3000 (beyond it an O(1) m gives 0 or inf alike)."""
-    with np.errstate(under="ignore", over="ignore"):
-        return np.ldexp(m, np.clip(np.asarray(e, dtype=np.int64), -3000, 3000).astype(np.int32))
+    return np.ldexp(m, np.clip(np.asarray(e, dtype=np.int64), -3000, 3000).astype(np.int32))
 
 
 def _top(terms):
@@ -117,21 +110,16 @@ def _theta(placement: str, sigma, den, eps: float, frame):
     (absolute h = hm 2^hx), from the oracle's sigma and denominator in the frame 2^frame."""
     hm, ed = np.frexp(den)
     hx = np.asarray(frame, dtype=np.int64) + ed.astype(np.int64)
-    with np.errstate(under="ignore"):
-        if placement in ("std", "std_if_positive"):
-            theta = sigma / den
-            om = _ldexp(eps, -hx) / hm  # eps / h <= 1
-        elif placement == "var":
-            q = sigma / den
-            theta = q * q
-            om = _ldexp(eps, -2 * hx) / (hm * hm)  # eps / h^2 <= 1
-        else:
-            theta = np.ones_like(np.asarray(sigma, dtype=np.float64))
-            om = np.zeros_like(theta)
-    if _CONTROL == "one_minus_theta":
-        theta, om = np.ones_like(theta), np.zeros_like(om)
-    elif _CONTROL == "theta":
-        theta, om = np.zeros_like(theta), np.ones_like(om)
+    if placement in ("std", "std_if_positive"):
+        theta = sigma / den
+        om = _ldexp(eps, -hx) / hm  # eps / h <= 1
+    elif placement == "var":
+        q = sigma / den
+        theta = q * q
+        om = _ldexp(eps, -2 * hx) / (hm * hm)  # eps / h^2 <= 1
+    else:
+        theta = np.ones_like(np.asarray(sigma, dtype=np.float64))
+        om = np.zeros_like(theta)
     return theta, om, hm, hx
 
 
@@ -147,25 +135,24 @@ def _dense(y, theta, om, nu, u=None, tau=None, tau_abs=None):
     gb = max(1, _BLOCK // (n * n))
     rb = n if n * n <= _BLOCK else max(1, _BLOCK // n)
     cols = np.arange(n)
-    with np.errstate(under="ignore"):
-        for g0 in range(0, B, gb):
-            gs = slice(g0, g0 + gb)
-            for r0 in range(0, n, rb):
-                rows = np.arange(r0, min(n, r0 + rb))
-                rs = slice(r0, r0 + rows.size)
-                base = np.where(rows[:, None] == cols[None, :], 1.0 - inv, -inv)
-                if n == 2:
-                    b = om[gs, None, None] * base  # +-om/2: exact given om
-                    alpha = np.abs(b)
-                else:
-                    t = theta[gs, None, None] * (y[gs, rs, None] * y[gs, None, :])
-                    b = base - t
-                    alpha = np.abs(base) + np.abs(t)
-                if u is not None:
-                    b = b - u[gs, rs, None] * tau[gs, None, :]
-                    alpha = alpha + np.abs(u[gs, rs, None]) * tau_abs[gs, None, :]
-                R[gs, rs] = np.einsum("brn,bn->br", np.abs(b), nu[gs])
-                A[gs, rs] = np.einsum("brn,bn->br", alpha, nu[gs])
+    for g0 in range(0, B, gb):
+        gs = slice(g0, g0 + gb)
+        for r0 in range(0, n, rb):
+            rows = np.arange(r0, min(n, r0 + rb))
+            rs = slice(r0, r0 + rows.size)
+            base = np.where(rows[:, None] == cols[None, :], 1.0 - inv, -inv)
+            if n == 2:
+                b = om[gs, None, None] * base  # +-om/2: exact given om
+                alpha = np.abs(b)
+            else:
+                t = theta[gs, None, None] * (y[gs, rs, None] * y[gs, None, :])
+                b = base - t
+                alpha = np.abs(base) + np.abs(t)
+            if u is not None:
+                b = b - u[gs, rs, None] * tau[gs, None, :]
+                alpha = alpha + np.abs(u[gs, rs, None]) * tau_abs[gs, None, :]
+            R[gs, rs] = np.einsum("brn,bn->br", np.abs(b), nu[gs])
+            A[gs, rs] = np.einsum("brn,bn->br", alpha, nu[gs])
     return R, A
 
 
@@ -173,8 +160,7 @@ def _noise(sub, zmax):
     """The absolute error bound per O(1) quantity of a row: 2^-1060 from underflow, plus
     2^-1066 / max |z| where a subnormal z (off by 2^-1075) moves y = z / |z| (at most
     2^-66 when max |z| >= :data:`ZMIN`)."""
-    with np.errstate(over="ignore", divide="ignore"):
-        return _NOISE + np.where(sub, 2.0 ** -1066 / np.maximum(zmax, ZMIN), 0.0)
+    return _NOISE + np.where(sub, 2.0 ** -1066 / np.maximum(zmax, ZMIN), 0.0)
 
 
 def _unit_vectors(Z):
@@ -182,10 +168,9 @@ def _unit_vectors(Z):
     az = np.abs(Z)
     zmax = az.max(axis=1)
     ez = _exp_of(np.where(zmax > 0, zmax, 1.0))
-    with np.errstate(under="ignore"):
-        zs = np.ldexp(Z, -ez[:, None].astype(np.int32))
-        nz = np.sqrt(np.einsum("bn,bn->b", zs, zs))
-        y = zs / np.where(nz > 0, nz, 1.0)[:, None]
+    zs = np.ldexp(Z, -ez[:, None].astype(np.int32))
+    nz = np.sqrt(np.einsum("bn,bn->b", zs, zs))
+    y = zs / np.where(nz > 0, nz, 1.0)[:, None]
     sub = ((az > 0) & (az < _TINY)).any(axis=1)
     return y, zmax, sub
 
@@ -198,35 +183,25 @@ def _ulps(X):
     return _ldexp(1.0, kap - kmax[:, None]), kmax
 
 
-def _within_cap(T, E, x, cap, xe=None):
+def _within_cap(T, E, x, cap):
     """Where a zero std's first-order value fl(T + E) 2^x (raised) stays at most Samuelson's
     ``cap`` (spec section 7: one ulp moves such an output by at most the cap; beyond it the
     cap is reported, not sharp). ``cap`` inf: a live std, always."""
-    if xe is not None:
-        T, E, x = _common(T, x, E, xe)
-    with np.errstate(over="ignore", invalid="ignore"):
-        return ~(_ldexp((T + E) * (1 + 2.0 ** -49), x) > cap)
+    return ~(_ldexp((T + E) * (1 + 2.0 ** -49), x) > cap)
 
 
-def finish(T, E, x, ok, old, xe=None):
+def finish(T, E, x, ok, old):
     """cond = fl(T + E) raised where ``ok``, else ``old``; sharp where ok and
-    E <= 2^-20 (T - E) and the value lands among the normal floats. T 2^x and E 2^xe
-    (xe: x when None) are the tight value and its error bound."""
+    E <= 2^-20 (T - E) and the value lands among the normal floats. T 2^x and E 2^x
+    are the tight value and its error bound."""
     old = np.asarray(old, dtype=np.float64)
     if not ENABLED:
         return old.copy(), np.zeros(old.shape, bool)
-    if xe is not None:  # one exponent for both: the larger one's (the other may flush: 2^-1073 relative)
-        T, E, x = _common(T, x, E, xe)
-    bound = _CONTROL != "error_bound"
-    if not bound:  # negative control: the computed T alone
-        E = np.zeros_like(E)
-    with np.errstate(over="ignore", under="ignore", invalid="ignore"):
-        s = T + E
-        if bound:
-            s = s + s * 2.0 ** -50
-        v = _ldexp(s, x)
-        v = np.where(np.abs(v) < _TINY, v + 5e-324, v) if bound else v
-        crit = E * (1 + 2.0 ** -40) <= SHARP * (T - E)
+    s = T + E
+    s = s + s * 2.0 ** -50
+    v = _ldexp(s, x)
+    v = np.where(np.abs(v) < _TINY, v + 5e-324, v)
+    crit = E * (1 + 2.0 ** -40) <= SHARP * (T - E)
     ok = ok & np.isfinite(v)
     sharp = ok & crit & (v >= _TINY)
     # v itself, not min(old, v): v >= the exact change by construction, while the stage-wise
@@ -237,6 +212,7 @@ def finish(T, E, x, ok, old, xe=None):
 
 
 def _common(T, x, E, xe):
+    """T 2^x and E 2^xe in one exponent, the larger one's (the other may flush: 2^-1073 relative)."""
     x = np.asarray(x, dtype=np.int64)
     top = _top([(T, x), (E, xe)])
     top = np.where(top == _NEG, x, top)
@@ -304,7 +280,7 @@ def group_columns(r, z64, members, info, placement, eps, nan_mask) -> ZStage:
         ok = ((zmax >= ZMIN) | at("collapsed")) & _within_cap(t, e, x, at("cap")[:, None]).all(axis=1)
         out.T[idx], out.E[idx], out.x[idx] = (np.transpose(full(v), (0, 2, 1)) for v in (t, e, x))
         out.ok[idx] = np.transpose(np.broadcast_to(full(ok, False)[:, :, None], (Bn, K, n)), (0, 2, 1))
-        out.buckets[n] = {"groups": gs, "idx": idx, "ok": full(ok, False), "y": full(y), "nu": full(nu),
+        out.buckets[n] = {"groups": gs, "idx": idx, "y": full(y), "nu": full(nu),
                           "theta": full(theta), "om": full(om), "hm": full(hm, 1.0), "hx": full(hx, 0),
                           "kmax": full(kmax, 0), "noise": full(noise)}
     return out
@@ -325,7 +301,7 @@ def combined(zs: ZStage, z64, w, old):
     # terms: (2K + 8) u T; a subnormal z is off by 2^-1075: times ulp(w_k)
     E, xe = framed_sum([(Ew * (1 + 2.0 ** -40), xe), ((2 * K + 8) * U * T, x),
                         (np.full(N, float(K)), np.full(N, -1070 + int(lam.max()), dtype=np.int64))])
-    return (*finish(T, E, x, ok, old, xe=xe), ok)
+    return (*finish(*_common(T, x, E, xe), ok, old), ok)
 
 
 def _sum_over_k(terms):
@@ -345,9 +321,8 @@ def whitened(zs: ZStage, cok, z64, a64, w, gidx, members, uidx, uinfo, placement
     nested = np.array([bool(np.all(uidx[m] == uidx[m[0]])) for m in members])
     gok = nested & np.array([bool(cok[m].all()) for m in members])
     uok = np.asarray(uinfo["ok"], bool).copy()
-    bad_units = np.unique(uidx[np.concatenate([members[g] for g in np.flatnonzero(~gok)])]) \
-        if (~gok).any() else np.zeros(0, np.int64)
-    uok[bad_units] = False
+    for g in np.flatnonzero(~gok):
+        uok[uidx[members[g]]] = False
     amax = np.zeros(S)
     np.maximum.at(amax, uidx, np.where(np.isnan(a64), 0.0, np.abs(a64)))
     ucoll = np.asarray(uinfo["collapsed"], bool)
@@ -358,16 +333,15 @@ def whitened(zs: ZStage, cok, z64, a64, w, gidx, members, uidx, uinfo, placement
     sel = uok[uidx]
     # Y = a / |a| per unit (scaled by the unit's largest |a|), Theta, 1 - Theta, H
     ea = _exp_of(np.where(amax > 0, amax, 1.0))
-    with np.errstate(under="ignore"):
-        as_ = np.ldexp(np.where(sel, a64, 0.0), -ea[uidx].astype(np.int32))
-        na = np.sqrt(np.bincount(uidx, weights=as_ * as_, minlength=S))
-        Y = as_ / np.where(na > 0, na, 1.0)[uidx]
+    as_ = np.ldexp(np.where(sel, a64, 0.0), -ea[uidx].astype(np.int32))
+    na = np.sqrt(np.bincount(uidx, weights=as_ * as_, minlength=S))
+    Y = as_ / np.where(na > 0, na, 1.0)[uidx]
     usub = np.zeros(S, bool)
     np.logical_or.at(usub, uidx, (np.abs(a64) > 0) & (np.abs(a64) < _TINY))
     good_u = np.flatnonzero(uok)
-    TH = np.zeros(S); OM = np.zeros(S); HM = np.ones(S); HX = np.zeros(S, dtype=np.int64)
-    th, o, m_, x_ = _theta(placement, uinfo["sigma"][good_u], uinfo["denom"][good_u], eps, uinfo["frame"][good_u])
-    TH[good_u], OM[good_u], HM[good_u], HX[good_u] = th, o, m_, x_
+    TH = np.zeros(S); HM = np.ones(S); HX = np.zeros(S, dtype=np.int64)
+    th, _, m_, x_ = _theta(placement, uinfo["sigma"][good_u], uinfo["denom"][good_u], eps, uinfo["frame"][good_u])
+    TH[good_u], HM[good_u], HX[good_u] = th, m_, x_
     u_i = TH[uidx] * Y
     # the weights' term: p_k = sum_{l in U} Y_l z_lk
     p = np.stack([np.bincount(uidx, weights=Y * z64[:, k], minlength=S) for k in range(K)], 1)
@@ -391,13 +365,12 @@ def whitened(zs: ZStage, cok, z64, a64, w, gidx, members, uidx, uinfo, placement
         theta, hm, hx, kmax = bk["theta"][keep], bk["hm"][keep], bk["hx"][keep], bk["kmax"][keep]
         gnoise[g_] = bk["noise"][keep].max(axis=1)
         Yg = Y[idx]                                # (B, n)
-        with np.errstate(under="ignore"):
-            s = np.einsum("bn,bkn->bk", Yg, y)
-            sabs = np.einsum("bn,bkn->bk", np.abs(Yg), np.abs(y))
-            tau = Yg[:, None, :] - theta[:, :, None] * y * s[:, :, None]
-            tau_abs = np.abs(Yg)[:, None, :] + theta[:, :, None] * np.abs(y) * sabs[:, :, None]
-            Q = np.einsum("bkn,bkn->bk", np.abs(tau), nu)
-            QA = np.einsum("bkn,bkn->bk", tau_abs, nu)
+        s = np.einsum("bn,bkn->bk", Yg, y)
+        sabs = np.einsum("bn,bkn->bk", np.abs(Yg), np.abs(y))
+        tau = Yg[:, None, :] - theta[:, :, None] * y * s[:, :, None]
+        tau_abs = np.abs(Yg)[:, None, :] + theta[:, :, None] * np.abs(y) * sabs[:, :, None]
+        Q = np.einsum("bkn,bkn->bk", np.abs(tau), nu)
+        QA = np.einsum("bkn,bkn->bk", tau_abs, nu)
         # F_gk = |w_k| 2^kmax / h_k
         Fm = mw[None, :] / hm
         Fx = xw[None, :] + kmax - hx
@@ -420,9 +393,8 @@ def whitened(zs: ZStage, cok, z64, a64, w, gidx, members, uidx, uinfo, placement
         XAm[gl], XAx[gl] = _exclusive(QAm[gl], QAx[gl])
         pre, top = _exclusive(np.append(SFm[gl], 0.0), np.append(SFx[gl], 0))
         SUm[s_], SUx[s_] = pre[-1], top[-1]  # the sum of every group of the unit
-    with np.errstate(under="ignore"):
-        wt = np.abs(z64 - u_i[:, None] * p[uidx])
-        wtA = np.abs(z64) + np.abs(u_i)[:, None] * pabs[uidx]
+    wt = np.abs(z64 - u_i[:, None] * p[uidx])
+    wtA = np.abs(z64) + np.abs(u_i)[:, None] * pabs[uidx]
     M = usize[uidx]
     unoise = _noise(usub, amax)
     np.maximum.at(unoise, gunit, gnoise)
@@ -443,10 +415,10 @@ def whitened(zs: ZStage, cok, z64, a64, w, gidx, members, uidx, uinfo, placement
     E = E / HM[uidx] * (1 + 2.0 ** -40)
     x, xe = x - HX[uidx], xe - HX[uidx]
     # a collapsed unit whose first-order value exceeds Samuelson's cap: the cap (spec section 7)
-    within = _within_cap(T, E, x, np.asarray(uinfo["cap"])[uidx], xe=xe)
+    T, E, x = _common(T, x, E, xe)
     bad = np.zeros(S, bool)
-    np.logical_or.at(bad, uidx, ~within)
-    return finish(T, E, x, sel & ~bad[uidx], old, xe=xe)
+    np.logical_or.at(bad, uidx, ~_within_cap(T, E, x, np.asarray(uinfo["cap"])[uidx]))
+    return finish(T, E, x, sel & ~bad[uidx], old)
 
 
 def _exclusive(m, x):

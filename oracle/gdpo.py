@@ -98,8 +98,7 @@ def _stagewise_up(cond, m, keep=None):
     times 1 + (m + 2) u, m the roundings along any of its terms, and at least 2^-1074. NaN and
     inf stay, and so does ``keep`` (a zero std's Samuelson cap: a bound on the change itself)."""
     cond = np.asarray(cond, dtype=np.float64)
-    with np.errstate(over="ignore", invalid="ignore"):
-        up = _floor_cond(cond * (1.0 + (m + 2) * FLOAT64_UNIT_ROUNDOFF))
+    up = _floor_cond(cond * (1.0 + (m + 2) * FLOAT64_UNIT_ROUNDOFF))
     return up if keep is None else np.where(keep, cond, up)
 
 
@@ -123,7 +122,9 @@ def _roundings(members) -> int:
 
 def _whatever_numpy_is_told(fn):
     """A public step computes the same in any NumPy error state of the caller (every non-finite or
-    underflowing value is decided explicitly), and refuses where the thread flushes subnormals."""
+    underflowing value is decided explicitly), and refuses where the thread flushes subnormals.
+    Every computation of the oracle runs inside one of these steps: no module of it repeats the
+    ``np.errstate``."""
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         refused = process_state_error()
@@ -171,8 +172,7 @@ def combine(z, *, weights=None) -> Stage:
     c.delta, frame = em.combine_stage_framed(np.zeros((n, k)), v, w)
     # the first-order change of a sum of products: the sum of |w| ulp(z) + |z| ulp(w)
     dcond, cframe = em.combine_stage_framed(_ulps(v), v, w, d_weights=_ulps(w), rounding=False)
-    with np.errstate(over="ignore"):
-        cond = _stagewise_up(np.ldexp(dcond, cframe), 2 * k + 2)
+    cond = _stagewise_up(np.ldexp(dcond, cframe), 2 * k + 2)
     return _stage(c, cond, frame=frame)
 
 
@@ -199,14 +199,14 @@ def whiten(values, *, segment_sizes=None, unit_ids=None, eps=None, convention="s
     t = inp.token_weights(conv, token_counts, n)
     eps_w, = inp.as_eps(eps, conv.whiten_eps)
     uidx = inp.index(unit_ids)[1]
+    units = inp.members(uidx, uidx.max() + 1)
     # the inputs are exact, so every collapse of given values is structural
     c = ex.Values(n, required=True)
     c.forms = [ex.Form(Fraction(x)) for x in v.tolist()]
     c.rounded["float64"], c.cond = v, _ulps(v)
-    uinfo = cn.info(int(uidx.max()) + 1)
+    uinfo = cn.info(len(units))
     a, ucoll = wh.whiten(c, uidx, t, conv, eps_w, ex.SqrtClasses(), uinfo=uinfo)
-    sharp = np.zeros(n, bool)
-    units = inp.members(uidx, uidx.max() + 1)
+    sharp = None  # the stage-wise bound, except where the closed form below applies
     capped = ucoll[uidx] if conv.whiten_eps_placement != "skip_if_zero" else None  # skip: a = c
     cond = _stagewise_up(a.cond, _roundings(units), keep=capped)
     if conv.whiten == "per_sample":  # the tight first-order change where a closed form applies
@@ -247,7 +247,7 @@ def gdpo_advantages(rewards, group_ids=None, weights=None, unit_ids=None, eps=No
     colinfo = cn.info((G, K))
     for g, idx in enumerate(groups):
         cols = [_column(r[idx, k], conv, eps_g, classes, gl[g]) for k in range(K)]
-        collapsed[g] = [col.nan is False and col.collapsed for col in cols]
+        collapsed[g] = [not col.nan and col.collapsed for col in cols]
         _group_numbers(idx, cols, r, wq, w, conv, eps_g, classes, z, c, colinfo, g)
         cancelled[g] = bool(np.all(c.zero[idx]))
         if conv.algorithm == "shift_invariant":  # a code subtracting a rounded mean reproduces no zero bit
@@ -255,8 +255,7 @@ def gdpo_advantages(rewards, group_ids=None, weights=None, unit_ids=None, eps=No
             c.required[idx] = _structural_zero(cols, wq, cancelled[g])  # its zeros are held to its bound
     # the tight first-order change (oracle.condition) where a closed form applies; the
     # stage-wise bound (raised for its own rounding) where none does
-    with np.errstate(over="ignore"):
-        ccond_abs = np.ldexp(c.cond, c.cond_frame)
+    ccond_abs = np.ldexp(c.cond, c.cond_frame)
     z64 = z.rounded["float64"]
     zc = cn.group_columns(r, z64, groups, colinfo, conv.group_eps_placement, float(eps_g), nan_in)
     m_z = _roundings(groups)
@@ -369,7 +368,7 @@ def _inverse_denominator(V: Fraction, eps: Fraction, placement: str, classes: ex
 
 def _valid_pos(col: _Column, jj: int):
     """Position of group member jj among the column's valid (non-NaN) entries."""
-    if col.nan or not col.valid[jj]:
+    if not col.valid[jj]:
         return None
     return jj if col.valid.all() else int(col.valid[:jj].sum())
 
@@ -379,13 +378,11 @@ def _group_numbers(idx, cols, r, wq, w, conv, eps_g, classes, z: ex.Values, c: e
     condition; ``info`` (:func:`oracle.condition.info`, per group and column) receives each
     live column's frame, sigma and denominator in that frame, for :mod:`oracle.condition`."""
     n, K = idx.size, len(cols)
-    # exact forms of c_j
-    weighted = [col.inv.scaled(wq[k] * col.f) if not col.nan else None for k, col in enumerate(cols)]
+    # exact forms of c_j; a NaN column (nan="propagate") makes every c of the group NaN
     nan_rows = any(col.nan for col in cols)
-    for jj, j in enumerate(idx):
-        c.nan[j] = nan_rows
-        if nan_rows:
-            continue
+    c.nan[idx] = nan_rows
+    weighted = [col.inv.scaled(wq[k] * col.f) for k, col in enumerate(cols)]
+    for jj, j in enumerate(() if nan_rows else idx):
         form = ex.Form()
         for k, col in enumerate(cols):
             pos = _valid_pos(col, jj)
@@ -413,16 +410,15 @@ def _group_numbers(idx, cols, r, wq, w, conv, eps_g, classes, z: ex.Values, c: e
             e = max(e, ex.eps_floor(eps_g, conv.group_eps_placement))
         sel = col.valid
         scale = col.f * ex.pow2(-e)  # int / int true division is correctly rounded, even for huge ints
-        dev = np.array([d * scale.numerator / scale.denominator for d in col.D]) if col.D else np.zeros(0)
+        dev = np.array([d * scale.numerator / scale.denominator for d in col.D], dtype=np.float64)
         sigma = ex.float_sqrt(col.V * ex.pow2(-2 * e))
         denom = _scaled_denominator(col, conv, eps_g, e, sigma)
-        nv = int(sel.sum())
         rho = float(Fraction(col.rho) * ex.pow2(col.E - e))
         if col.rho and rho == 0.0:  # flushed in a frame lifted by a huge eps: a range, not a collapse
             rho = 5e-324
-        if conv.algorithm == "mean_then_subtract" and nv:  # r - mean(r): rounding scales with the magnitude
+        if conv.algorithm == "mean_then_subtract" and col.n:  # r - mean(r): rounding scales with the magnitude
             rho = max(rho, float(np.max(np.abs(np.ldexp(vals[sel], -e)))))
-        d_model = em.model_dev_perturbation(rho, nv, tau=math.ldexp(tau, -e))
+        d_model = em.model_dev_perturbation(rho, col.n, tau=math.ldexp(tau, -e))
         # one ulp of each input in the frame (a subnormal's is the absolute 2^-1074 whatever the frame)
         ulps = np.maximum(np.spacing(np.abs(np.ldexp(vals[sel], -e))), np.ldexp(5e-324, -e))
         d_cond = ulps + (ulps.mean() if ulps.size else 0.0)
@@ -430,20 +426,20 @@ def _group_numbers(idx, cols, r, wq, w, conv, eps_g, classes, z: ex.Values, c: e
             dz_model[sel, k] = em.standardize_groups_stage(dev, 0.0, 1.0, denom, zs[sel, k], 1, 0)
             dz_cond[sel, k] = np.ldexp(ulps, e) / denom  # ulps are measured in the frame 2^e
             continue
-        if nv == 0:
+        if col.n == 0:
             continue
         cap_u = conv.unit_roundoff if (conv.algorithm == "mean_then_subtract"
                                        and conv.group_eps_placement in ("std", "var")) else None
-        dz_model[sel, k] = em.standardize_groups_stage(dev, d_model, sigma, denom, zs[sel, k], nv, conv.group_ddof,
+        dz_model[sel, k] = em.standardize_groups_stage(dev, d_model, sigma, denom, zs[sel, k], col.n, conv.group_ddof,
                                                        cap_u=cap_u, tau=tau)
         # at a zero std the condition sees the denominator a perturbed column has as it un-collapses
         # (eps, sqrt(eps); 0 without eps: then Samuelson's cap), not the collapse rule's placeholder 1
         h0 = ex.collapsed_denominator(eps_g, conv.group_eps_placement, e)
         dz_cond[sel, k] = em.standardize_groups_stage(dev, d_cond, sigma, h0 if col.collapsed else denom, zs[sel, k],
-                                                      nv, conv.group_ddof, rounding=False)
-        if not col.collapsed and nv == n and col.V > 0 and sigma > 0.0 and 0.0 < denom < math.inf:
+                                                      col.n, conv.group_ddof, rounding=False)
+        if not col.collapsed and col.n == n and col.V > 0 and sigma > 0.0 and 0.0 < denom < math.inf:
             cn.admit(info, (g, k), e, sigma, denom)
-        elif col.collapsed and nv == n >= 2 and col.V == 0:  # z = d / h is differentiable at d = 0 (eps > 0)
+        elif col.collapsed and col.n == n >= 2 and col.V == 0:  # z = d / h is differentiable at d = 0 (eps > 0)
             cn.admit_collapsed(info, (g, k), e, h0, em.samuelson(n, conv.group_ddof))
     z.delta[idx] = dz_model
     # a change of z flushed to 0 would be multiplied by a weight at Eq. 7 (1e300 times 0)
@@ -517,7 +513,7 @@ def _structural_zero(cols, wq, cancelled: bool) -> bool:
     if not (cancelled and len(live) == 2 and abs(wq[live[0]]) == abs(wq[live[1]])):
         return False
     a, b = cols[live[0]], cols[live[1]]
-    if bool(a.raw) != bool(b.raw) or a.n != b.n or len(a.D) != len(b.D) or not np.array_equal(a.valid, b.valid):
+    if bool(a.raw) != bool(b.raw) or not np.array_equal(a.valid, b.valid):
         return False
     # the exact deviations D_j f (a raw singleton's value itself) equal up to one sign
     pairs = [(da * a.f, db * b.f) for da, db in zip(a.D, b.D)]

@@ -23,7 +23,7 @@ MISSING = ("refuse", "unscored")
 def as_float_matrix(rewards, what: str = "rewards") -> np.ndarray:
     """The inputs as a float64 matrix, every value exactly as given, or a refusal (spec/gdpo.md
     section 10; a Fraction float64 cannot hold is refused like an int beyond 2^53)."""
-    if hasattr(rewards, "detach") and hasattr(rewards, "cpu") and not isinstance(rewards, np.ndarray):
+    if hasattr(rewards, "detach") and hasattr(rewards, "cpu"):
         t = rewards.detach()  # a torch tensor, without importing torch
         name = str(t.dtype).replace("torch.", "")
         if "strided" not in str(getattr(t, "layout", "strided")):
@@ -111,9 +111,8 @@ def _exact_float(v):
         f = float(v)
     except OverflowError:
         return None
-    if math.isnan(f):
-        return f
-    return f if f == v else None  # Python compares a float with an int, Fraction or Decimal exactly
+    # Python compares a float with an int, Fraction or Decimal exactly
+    return f if f == v or math.isnan(f) else None
 
 
 def shown(v, limit: int = 40) -> str:
@@ -227,24 +226,14 @@ def as_eps(eps, *defaults: float) -> list[Fraction]:
 
 def check_finite(r: np.ndarray, group_labels: np.ndarray, gidx: np.ndarray, conv: Convention) -> np.ndarray:
     """Apply the convention's NaN rule; infinities are refused by every convention."""
-    inf = np.argwhere(np.isinf(r))
-    if inf.size:
-        i, k = (int(v) for v in inf[0])
-        raise NonFiniteError(
-            f"reward row {i}, column {k} (group {py(group_labels[gidx[i]])!r}) is {float(r[i, k])!r}: "
-            "the oracle computes finite rewards only"
-        )
-    nan = np.isnan(r)
-    if nan.any():
-        if conv.nan == "error":
-            i, k = (int(v) for v in np.argwhere(nan)[0])
-            raise NonFiniteError(
-                f"reward row {i}, column {k} (group {py(group_labels[gidx[i]])!r}) is NaN "
-                f"(convention {conv.name!r} refuses non-finite rewards)"
-            )
-        if conv.nan == "zero_first":
-            r = np.where(nan, 0.0, r)
-    return r
+    inf, nan = np.isinf(r), np.isnan(r)
+    if inf.any() or (nan.any() and conv.nan == "error"):
+        i, k = (int(v) for v in np.argwhere(inf if inf.any() else nan)[0])
+        what = (f"{float(r[i, k])!r}: the oracle computes finite rewards only" if inf.any()
+                else f"NaN (convention {conv.name!r} refuses non-finite rewards)")
+        group = py(group_labels[gidx[i]])
+        raise NonFiniteError(f"reward row {i}, column {k} (group {group!r}) is {what}")
+    return np.where(nan, 0.0, r) if conv.nan == "zero_first" else r
 
 
 def groups_of(n: int, group_ids, group_size) -> np.ndarray:

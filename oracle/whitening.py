@@ -130,10 +130,7 @@ def whiten(c: ex.Values, uidx, t, conv, eps_w, classes, labels=None, uinfo=None,
         a.delta[idx] = em.whiten_stage(dmodel_s, cs, m_s, vals64, s_s, den_s, conv.whiten_ddof, ttf,
                                        tau=math.ldexp(em.underflow_tau(conv.native_dtype), -frame),
                                        unit_roundoff=conv.unit_roundoff)
-        if coll and a.required[idx[0]]:
-            a.delta[idx] = 0.0  # the structural zero: demanded bit for bit
-        elif a.required[idx].any():
-            a.delta[idx[a.required[idx]]] = 0.0  # structural zeros in a unit of whole groups
+        a.delta[idx[a.required[idx]]] = 0.0  # the structural zeros: demanded bit for bit
         m_s, s_s, den_s = _scaled_unit_terms(mean, var, eps_w, conv, cframe, classes)
         if not coll and not s_s >= 2.0 ** -1022:
             # a live unit whose std is not a normal float in the condition frame: Cauchy-Schwarz,
@@ -141,10 +138,9 @@ def whiten(c: ex.Values, uidx, t, conv, eps_w, classes, labels=None, uinfo=None,
             # + |a_j| sqrt(T/(T - ddof)) max |d dev|) / h, d dev_j <= dc_j + sum t dc / T; inf
             # where the denominator itself is not a normal float there
             dd = dcond_s + float(np.sum(ttf * dcond_s) / T)
-            with np.errstate(over="ignore", invalid="ignore"):
-                ds = math.sqrt(T / (T - conv.whiten_ddof)) * (1 + 2.0 ** -50) * float(np.max(dd))
-                a.cond[idx] = (dd + np.abs(vals64) * ds) / den_s * (1 + 2.0 ** -48) \
-                    if den_s >= 2.0 ** -1022 else math.inf
+            ds = math.sqrt(T / (T - conv.whiten_ddof)) * (1 + 2.0 ** -50) * float(np.max(dd))
+            a.cond[idx] = (dd + np.abs(vals64) * ds) / den_s * (1 + 2.0 ** -48) \
+                if den_s >= 2.0 ** -1022 else math.inf
             a.cond[idx] = np.where(np.isnan(a.cond[idx]), math.inf, a.cond[idx])
         else:
             a.cond[idx] = em.whiten_stage(dcond_s, ccs, m_s, vals64, s_s, den_s, conv.whiten_ddof, ttf,
@@ -166,9 +162,8 @@ def _unchanged(c: ex.Values, idx, classes, a: ex.Values) -> None:
         else:
             a.put(j, ex.round_form(c.forms[j], classes))
             a.zero[j] = c.forms[j].is_zero()
-    with np.errstate(over="ignore"):
-        a.cond[idx] = np.ldexp(c.cond[idx], c.cond_frame[idx])
-        a.delta[idx] = np.ldexp(c.delta[idx], c.frame[idx])
+    a.cond[idx] = np.ldexp(c.cond[idx], c.cond_frame[idx])
+    a.delta[idx] = np.ldexp(c.delta[idx], c.frame[idx])
 
 
 def _scaled_unit_terms(mean, var, eps_w, conv, frame: int, classes):
@@ -255,9 +250,7 @@ def _rational_unit(u: _Unit, idx, a: ex.Values):
     root = u.classes.sqrt(var + u.eps if placement == "var" else var)
     if not root.is_rational():
         return None
-    den = root.q0 + u.eps if placement in ("std", "std_if_positive") else root.q0
-    if den == 0:
-        return None
+    den = root.q0 + u.eps if placement in ("std", "std_if_positive") else root.q0  # > 0: a live unit
     for p, (d, z) in enumerate(zip(devs, u.zero)):
         a.put(idx[p], 0.0 if z else ex.round_all_fraction(d / den))
     return ex.iv_rational(var, ex.START_PREC)
@@ -326,9 +319,8 @@ def _unit_frame(c_top, forms, nan, values: np.ndarray, delta: np.ndarray, dframe
     else:
         e = c_top if top is None else max(c_top, top - 960)
     e = max(e, floor)
-    with np.errstate(over="ignore"):
-        scaled = np.ldexp(values, -e)
-        d_scaled = np.ldexp(delta, np.clip(dframe - e, -2200, 2200).astype(np.int32))
+    scaled = np.ldexp(values, -e)
+    d_scaled = np.ldexp(delta, np.clip(dframe - e, -2200, 2200).astype(np.int32))
     for j in np.flatnonzero(~nan & (~np.isfinite(scaled) | (np.abs(values) < 2.0 ** -1022))):
         if not forms[j].is_zero():
             scaled[j] = ex.round_mpf(ex.iv_form(forms[j].scaled(ex.pow2(-e)), classes, 80)[0], "float64")

@@ -8,7 +8,7 @@ section 7 states it: the bound per stage (:func:`standardize_groups_stage`,
 :func:`combine_stage`, :func:`whiten_stage`), the allowance, the final cast, the zero
 denominators at eps = 0 (:func:`noise_cap`, :func:`samuelson`), the condition estimate
 (``rounding=False``) and a peer's own code (``Convention.algorithm``: ``mean_then_subtract``
-measures ρ as max |r|, capped by :func:`deviation_cap`; ``Convention.unit_roundoff``). Under a
+measures ρ as max |r|, capped by :func:`noise_cap`; ``Convention.unit_roundoff``). Under a
 peer's convention the allowance is also at least SAFETY times the condition estimate at the
 working precision (backward error: a result that inputs SAFETY ulps away would give exactly;
 ``conformance.compare.native_allowed``), plus a float16 or bfloat16 output's rounding through
@@ -116,15 +116,6 @@ def noise_cap(T: float, ddof: int, t, n: int, a, unit_roundoff: float = FLOAT64_
     return (top + np.abs(np.asarray(a, dtype=np.float64))) / (SAFETY * unit_roundoff)
 
 
-def deviation_cap(n: int, ddof: int, z, unit_roundoff: float = FLOAT64_UNIT_ROUNDOFF) -> np.ndarray:
-    """Δz (units of u) that no z = d / (s + eps) can exceed when s is the std of the very
-    deviations d it divides (Cauchy-Schwarz: d_j^2 <= (n - ddof) s^2): SAFETY u Δ equals
-    sqrt(n - ddof) (1 + (n + 3) u) + |z_j|. It caps the mean-then-subtract model where its
-    first order overshoots."""
-    top = math.sqrt(max(n - ddof, 1)) * (1.0 + (n + 3) * unit_roundoff)
-    return (top + np.abs(np.asarray(z, dtype=np.float64))) / (SAFETY * unit_roundoff)
-
-
 def standardize_groups_stage(dev, d_dev, sigma, denom, z, n, ddof, rounding=True, cap_u=None, tau=TAU):
     """Δz for one group column: arrays over its n samples (exact values as float64).
 
@@ -146,8 +137,11 @@ def standardize_groups_stage(dev, d_dev, sigma, denom, z, n, ddof, rounding=True
         return dz
     with np.errstate(over="ignore"):
         dz = dz + 3.0 * (z + tau)  # τ: z itself may underflow (D > 2 (n + 3))
-    # cap_u: the unit roundoff of a mean-then-subtract code dividing by its own std (+ eps)
-    return dz if cap_u is None else np.minimum(dz, deviation_cap(n, ddof, z, cap_u))
+    # cap_u: the unit roundoff of a mean-then-subtract code dividing by its own std (+ eps), where
+    # the first order overshoots: no z = d / (s + eps) exceeds sqrt(n - ddof) when s is the std of
+    # the very deviations d it divides (Cauchy-Schwarz: d_j^2 <= (n - ddof) s^2), the bound
+    # noise_cap gives a unit of n samples (at least one degree of freedom)
+    return dz if cap_u is None else np.minimum(dz, noise_cap(max(n, ddof + 1), ddof, 1.0, n, z, cap_u))
 
 
 def _quotient(dev, d_dev, sigma, denom, z, n, T, ddof, t, rounding):
@@ -222,7 +216,7 @@ def combine_stage_framed(dz, z, weights, d_weights=None, rounding=True, tau=TAU)
     return dc, frame.astype(np.int64)
 
 
-def whiten_stage(dc, c, mean, a, sigma, denom, ddof, t=None, collapsed=False, rounding=True, tau=TAU,
+def whiten_stage(dc, c, mean, a, sigma, denom, ddof, t=None, rounding=True, tau=TAU,
                  unit_roundoff=FLOAT64_UNIT_ROUNDOFF):
     """Δa for one unit: arrays over its samples (exact values as float64). ``tau``: the
     underflow term, scaled like ``c`` when the caller rescales (as at Eq. 4: a code that
@@ -230,8 +224,6 @@ def whiten_stage(dc, c, mean, a, sigma, denom, ddof, t=None, collapsed=False, ro
     dc = np.asarray(dc, dtype=np.float64)
     c = np.asarray(c, dtype=np.float64)
     a = np.abs(np.asarray(a, dtype=np.float64))
-    if collapsed and rounding:
-        return np.zeros_like(a)
     n = c.shape[0]
     t = np.ones(n) if t is None else np.asarray(t, dtype=np.float64)
     T = float(np.sum(t))

@@ -5,7 +5,6 @@ Each class's docstring is its "raised when" in spec/gdpo.md section 6, and :data
 / :data:`NOT_RAISED` are its examples there, which tests/test_spec.py runs against impl.gdpo.
 """
 
-import math
 import re
 
 
@@ -135,9 +134,10 @@ ERROR_CLASSES = {cls.__name__: cls for cls in (GDPOError, NonFiniteError, InputD
 #: runs on; ``rank`` is the caller's rank in it.
 EXAMPLE_WORLD = 2
 
-#: Calls that raise each class: Python expressions over the names of :func:`example_namespace`;
-#: one naming ``group`` runs on every rank of a gloo group of EXAMPLE_WORLD ranks, each of which
-#: must raise the class. GDPOError, the base, is every example's.
+#: Calls that raise each class: Python expressions over ``torch``, the implementation's
+#: ``gdpo_advantages`` and ``whiten``, ``nan`` and ``inf``; one naming ``group`` runs on every rank
+#: (``rank``) of a gloo group of EXAMPLE_WORLD ranks, each of which must raise the class.
+#: GDPOError, the base, is every example's.
 ERROR_EXAMPLES: dict[str, tuple[str, ...]] = {
     "GDPOError": (),
     "NonFiniteError": (
@@ -239,12 +239,3 @@ NOT_RAISED: dict[str, tuple[tuple[str, str], ...]] = {
 def example_ranks(call: str) -> int:
     """How many ranks an example runs on: EXAMPLE_WORLD where it names ``group``, else 1."""
     return EXAMPLE_WORLD if re.search(r"\bgroup\b", call) else 1
-
-
-def example_namespace(gdpo_advantages, whiten, group=None, rank: int = 0) -> dict:
-    """The names an example may use: ``torch``, the implementation's ``gdpo_advantages``
-    and ``whiten``, ``nan``, ``inf``, and for a ranked example its ``group`` and ``rank``."""
-    import torch
-
-    return {"torch": torch, "gdpo_advantages": gdpo_advantages, "whiten": whiten, "nan": math.nan,
-            "inf": math.inf, "group": group, "rank": rank}

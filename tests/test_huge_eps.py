@@ -179,7 +179,7 @@ def test_eq4_bound_covers_z_underflow_under_large_weights(check, case):
 
 #: Convention verl with the mirror's working precision: the mirror runs verl's algorithm in
 #: float64, and the oracle's bound is in units of the convention's own u, its caps included
-#: (spec/error_model.py noise_cap, deviation_cap: the normalisation bound over SAFETY u). Under
+#: (spec/error_model.py noise_cap: the normalisation bound over SAFETY u). Under
 #: verl itself (float32) a capped bound read with float64's u (allowed("float64")) is that
 #: bound times 2^-29: tighter than any float64 code can be (weights cancelling to 2^-30).
 VERL_FLOAT64 = dataclasses.replace(CONVENTIONS["verl"], name="verl_float64", native_dtype="float64")

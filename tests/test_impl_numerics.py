@@ -93,8 +93,8 @@ def exact_gdpo(rewards, groups, weights=None, units=None, eps=EPS):
             denom = s + _dec(eps)
             collapsed = all(x == cu[0] for x in cu)
             au = [Decimal(0) if collapsed else d / denom for d in dev]
-            da[rows] = em.whiten_stage(dc[rows], [float(x) for x in cu], float(mean), [float(x) for x in au],
-                                       float(s), float(denom), 1, collapsed=collapsed)
+            da[rows] = 0.0 if collapsed else em.whiten_stage(dc[rows], [float(x) for x in cu], float(mean),
+                                                             [float(x) for x in au], float(s), float(denom), 1)
             for i, ai in zip(rows, au):
                 a[i] = ai
     return {"z": z, "c": c, "a": a, "dz": dz, "dc": dc, "da": da}
@@ -111,9 +111,9 @@ def exact_whiten(values, eps=EPS):
         denom = s + _dec(eps)
         a = [_dec(x - mean) / denom for x in fr]
         e = _frame([max(abs(x) for x in fr), Fraction(denom)])
-        da = em.whiten_stage(np.zeros(n), [_scaled_float(x, e) for x in fr], _scaled_float(mean, e),
-                             [float(x) for x in a], _scaled_float(s, e), _scaled_float(denom, e), 1,
-                             collapsed=all(x == fr[0] for x in fr))
+        da = np.zeros(n) if all(x == fr[0] for x in fr) else \
+            em.whiten_stage(np.zeros(n), [_scaled_float(x, e) for x in fr], _scaled_float(mean, e),
+                            [float(x) for x in a], _scaled_float(s, e), _scaled_float(denom, e), 1)
     return {"a": a, "da": da}
 
 

@@ -497,10 +497,38 @@ def test_no_whitening_is_the_combined_stage():
 # ------------------------------------------------------------- negative controls
 
 
+def _fixed_theta(value, theta_of=cn._theta):
+    """oracle.condition._theta with theta = ``value`` and 1 - theta = 1 - ``value``: 1 drops the
+    bracket's (1 - theta) y y^T term, 0 its whole theta y y^T term."""
+    def theta(*args):
+        t, om, hm, hx = theta_of(*args)
+        return np.full_like(t, value), np.full_like(om, 1.0 - value), hm, hx
+    return theta
+
+
+def _finish_without_error_bound(T, E, x, ok, old):
+    """oracle.condition.finish reporting the computed T alone, without its error bound."""
+    old = np.asarray(old, dtype=np.float64)
+    with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+        v = cn._ldexp(T, x)
+        crit = 0.0 <= cn.SHARP * T
+    ok = ok & np.isfinite(v)
+    sharp = ok & crit & (v >= 2.0 ** -1022)
+    return np.where(np.isnan(old), old, np.where(ok, v, old)), sharp & ~np.isnan(old)
+
+
+#: the negative controls, never in production: what each replaces in oracle.condition
+CONTROLS = {"one_minus_theta": ("_theta", _fixed_theta(1.0)), "theta": ("_theta", _fixed_theta(0.0)),
+            "error_bound": ("finish", _finish_without_error_bound)}
+
+
 @pytest.fixture
 def control(monkeypatch):
     def set_(name):
-        monkeypatch.setattr(cn, "_CONTROL", name)
+        if name is None:
+            monkeypatch.undo()
+        else:
+            monkeypatch.setattr(cn, *CONTROLS[name])
     return set_
 
 

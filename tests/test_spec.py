@@ -1,13 +1,14 @@
 """The specification as data: conventions, error classes, error model, generated document."""
 
 import dataclasses
+import math
 
 import numpy as np
 import pytest
 
 from gdpo_tools import spec_document as document
 from spec import CONVENTIONS, Convention, GDPOError, error_model, get_convention
-from spec.errors import ERROR_CLASSES, ERROR_EXAMPLES, EXAMPLE_WORLD, NOT_RAISED, example_namespace, example_ranks
+from spec.errors import ERROR_CLASSES, ERROR_EXAMPLES, EXAMPLE_WORLD, NOT_RAISED, example_ranks
 
 
 def test_document_is_generated_from_code():
@@ -75,6 +76,16 @@ _RANKED += [(name, call, outcome) for name, rows in NOT_RAISED.items() for call,
             if example_ranks(call) > 1]
 
 
+def example_namespace(gdpo_advantages, whiten, group=None, rank: int = 0) -> dict:
+    """The names an example may use (spec/errors.py ERROR_EXAMPLES): ``torch``, the
+    implementation's ``gdpo_advantages`` and ``whiten``, ``nan``, ``inf``, and for a ranked
+    example its ``group`` and ``rank``."""
+    import torch
+
+    return {"torch": torch, "gdpo_advantages": gdpo_advantages, "whiten": whiten, "nan": math.nan,
+            "inf": math.inf, "group": group, "rank": rank}
+
+
 def _namespace(group=None, rank=0):
     from impl.gdpo import gdpo_advantages, whiten
 
@@ -125,7 +136,8 @@ from datetime import timedelta
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from spec.errors import ERROR_CLASSES, example_namespace
+from spec.errors import ERROR_CLASSES
+from tests.test_spec import example_namespace
 
 
 def rank_main(rank, world, init, calls, out):
