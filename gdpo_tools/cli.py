@@ -15,9 +15,9 @@ from pathlib import Path
 
 import numpy as np
 
-from gdpo_tools import version
+from gdpo_tools import AUDIT_SCHEMA, version
 from oracle.examples import EXAMPLES, grpo_reference
-from spec import CONVENTIONS, get_convention
+from spec import CONVENTIONS, DEFAULT_EPS, get_convention
 
 
 #: conformance.subject.CALL_SHAPES, written out so that `gdpo` does not import torch to parse its
@@ -247,12 +247,9 @@ def _command(argv: list[str] | None) -> int:
     if args.command == "audit":
         try:
             from gdpo_tools import audit
-            from spec import DEFAULT_EPS
         except Exception as e:  # noqa: BLE001 -- a broken install is "could not audit" (exit 2), not "warnings"
             said = f"could not audit: importing it failed ({type(e).__name__}: {e})"
-            if args.json:
-                from gdpo_tools import AUDIT_SCHEMA  # gdpo_tools.audit.report.error_json's fields
-
+            if args.json:  # gdpo_tools.audit.report.error_json's fields
                 print(json.dumps({"schema": AUDIT_SCHEMA, "source": args.file, "status": 2,
                                   "status_text": "could not audit", "error": {
                                       "code": "internal-error", "class": type(e).__name__, "spec_classes": [],
