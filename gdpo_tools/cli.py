@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.metadata
 import json
 import os
 import subprocess
@@ -16,8 +15,9 @@ from pathlib import Path
 
 import numpy as np
 
+from gdpo_tools import AUDIT_SCHEMA, version
 from oracle.examples import EXAMPLES, grpo_reference
-from spec import CONVENTIONS, get_convention
+from spec import CONVENTIONS, DEFAULT_EPS, get_convention
 
 
 #: conformance.subject.CALL_SHAPES, written out so that `gdpo` does not import torch to parse its
@@ -154,13 +154,6 @@ def _weight(text: str) -> float:
         raise argparse.ArgumentTypeError(f"invalid weight {text!r}{hint}") from None
 
 
-def _version() -> str:
-    try:
-        return importlib.metadata.version("gdpo-spec")
-    except importlib.metadata.PackageNotFoundError:  # running from a checkout that was never installed
-        return "unknown (not installed)"
-
-
 def main(argv: list[str] | None = None) -> int:
     """The ``gdpo`` command. A reader that stops early (``gdpo check | head``) ends it quietly with
     the shell's status for a closed pipe (141), not a traceback."""
@@ -178,7 +171,8 @@ def _command(argv: list[str] | None) -> int:
         return importlib.import_module(own).main(argv[1:], prog=f"gdpo {argv[0]}")
 
     parser = argparse.ArgumentParser(prog="gdpo", description="GDPO numerical reference")
-    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    ours = version("gdpo-spec", "unknown (not installed)")  # a checkout that was never installed: unknown
+    parser.add_argument("--version", action="version", version=f"%(prog)s {ours}")
     sub = parser.add_subparsers(dest="command")
     p_ex = sub.add_parser("example", help="exact result for a built-in example batch (the default)")
     p_ex.add_argument("name", nargs="?", default="two_group", choices=sorted(EXAMPLES))
@@ -253,12 +247,9 @@ def _command(argv: list[str] | None) -> int:
     if args.command == "audit":
         try:
             from gdpo_tools import audit
-            from spec import DEFAULT_EPS
         except Exception as e:  # noqa: BLE001 -- a broken install is "could not audit" (exit 2), not "warnings"
             said = f"could not audit: importing it failed ({type(e).__name__}: {e})"
-            if args.json:
-                from gdpo_tools import AUDIT_SCHEMA  # gdpo_tools.audit.report.error_json's fields
-
+            if args.json:  # gdpo_tools.audit.report.error_json's fields
                 print(json.dumps({"schema": AUDIT_SCHEMA, "source": args.file, "status": 2,
                                   "status_text": "could not audit", "error": {
                                       "code": "internal-error", "class": type(e).__name__, "spec_classes": [],

@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 
 from conformance.verdicts import ARITHMETIC  # the verdicts another machine may not share
+from gdpo_tools import markdown_table
 from spec.conventions import CONVENTIONS
 
 ROOT = Path(__file__).resolve().parent.parent  # the checkout, or site-packages
@@ -109,15 +110,11 @@ def rows_of(data: dict) -> list[tuple]:
             if r["verdict"] != "skipped"]
 
 
-def _md(cell: str) -> str:
-    return cell.replace("|", "\\|")
-
-
 def render_table(data: dict) -> str:
-    lines = ["| property | verdict | categories | cases checked | failed |", "|---|---|---|---|---|"]
-    lines += [f"| `{_md(r['name'])}` | {r['verdict']} | {_md(', '.join(r['categories']) or '-')} | "
-              f"{r['cases']} `{r['digest']}` | {r['failed']} |" for r in data["properties"] if r["verdict"] != "skipped"]
-    return "\n".join(lines) + "\n"
+    return markdown_table(["property", "verdict", "categories", "cases checked", "failed"],
+                          [[f"`{r['name']}`", r["verdict"], ", ".join(r["categories"]) or "-",
+                            f"{r['cases']} `{r['digest']}`", str(r["failed"])]
+                           for r in data["properties"] if r["verdict"] != "skipped"])
 
 
 def _section(conv, data: dict | None) -> list[str]:
@@ -147,7 +144,7 @@ def _section(conv, data: dict | None) -> list[str]:
                 out += ["", "   ```", f"   {f['repro']}", "   ```"]
             out.append("")
     skipped = [r for r in data["properties"] if r["verdict"] == "skipped"]
-    out += ["", f"<!-- table:{name} -->", render_table(data).rstrip("\n"), f"<!-- /table:{name} -->", "",
+    out += ["", f"<!-- table:{name} -->", render_table(data), f"<!-- /table:{name} -->", "",
             f"Not graded: {len(skipped)} rows its call shape or convention cannot express.", ""]
     return out
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gdpo_tools import markdown_table
 from gdpo_tools.peer_formulas import one_pass_variance
 from oracle import condition, exact, gdpo, whitening
 from oracle.exact import exact_std
@@ -38,10 +39,6 @@ def _g(x: float, digits: int = 4) -> str:
 def _one_pass_std(values, dtype) -> str:
     v = one_pass_variance(np.array(values, dtype=dtype), np.dtype(dtype))
     return "NaN (negative variance)" if v < 0 else _g(float(np.sqrt(v)))
-
-
-def _table(head: list[str], rows: list[list[str]]) -> str:
-    return "\n".join(["| " + " | ".join(head) + " |", "|" + "---|" * len(head), *("| " + " | ".join(r) + " |" for r in rows)])
 
 
 def _error_rows() -> list[list[str]]:
@@ -82,7 +79,7 @@ def context() -> dict[str, str]:
     ctx["two_group_grpo"] = _g(abs(grpo[0]))
     rows = [[str(i), "AB"[g[i]], *(repr(float(v)) for v in r[i]), *(f"{v:+.6f}" for v in res.z.float64[i]),
              f"{res.combined.float64[i]:+.6f}", f"{res.float64[i]:+.6f}", f"{grpo[i]:+.6f}"] for i in range(r.shape[0])]
-    ctx["two_group_table"] = _table(
+    ctx["two_group_table"] = markdown_table(
         ["i", "group", "correctness", "format", "z correctness", "z format", "c (Eq. 7)",
          "a (Eq. 6)", "GRPO"], rows)
 
@@ -172,13 +169,13 @@ def context() -> dict[str, str]:
     rows = [[f"`{c.name}`", c.title, str(c.group_ddof), f"{c.group_eps!r} ({c.group_eps_placement})", c.whiten,
              f"{c.whiten_eps!r} ({c.whiten_eps_placement})", c.singleton, c.nan, c.native_dtype]
             for c in CONVENTIONS.values()]
-    ctx["convention_table"] = _table(["name", "implementation", "Eq. 4 ddof", "Eq. 4 eps (placement)",
-                                      "Eq. 6", "Eq. 6 eps (placement)", "n_g = 1", "NaN", "dtype"], rows)
-    ctx["provenance_table"] = _table(
+    ctx["convention_table"] = markdown_table(["name", "implementation", "Eq. 4 ddof", "Eq. 4 eps (placement)",
+                                              "Eq. 6", "Eq. 6 eps (placement)", "n_g = 1", "NaN", "dtype"], rows)
+    ctx["provenance_table"] = markdown_table(
         ["name", "read from (package==version, file)", "entry point"],
         [[f"`{c.name}`", f"{c.package}=={c.version}, `{c.read_from}`" if c.package else c.read_from,
           f"`{c.entry_point}`" if c.entry_point else "-"] for c in CONVENTIONS.values() if c.name != "spec"])
-    ctx["error_table"] = _table(["class", "raised when", "for example"], _error_rows())
+    ctx["error_table"] = markdown_table(["class", "raised when", "for example"], _error_rows())
     return ctx
 
 

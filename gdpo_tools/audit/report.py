@@ -90,8 +90,7 @@ def error_json(source: str | None, e: BaseException, message: str) -> dict:
 
 
 def main(file: str | None, weights=None, as_json: bool = False, eps: float = DEFAULT_EPS, out=None,
-         exact: bool | None = None, peers: bool | None = None, progress: bool | None = None,
-         missing: str = "refuse") -> int:
+         exact: bool | None = None, peers: bool | None = None, missing: str = "refuse") -> int:
     """``gdpo audit``: the report of ``file`` (None: the built-in example) on ``out``; the exit
     code. Whatever fails, malformed input or the audit itself (MemoryError included), exits
     NOT_AUDITED with one line naming it (and a JSON error object under ``as_json``), never
@@ -99,7 +98,7 @@ def main(file: str | None, weights=None, as_json: bool = False, eps: float = DEF
     out = out if out is not None else sys.stdout
     batch = None
     try:
-        bar = Progress(_big(file) if progress is None else progress)
+        bar = Progress(_big(file))
         if file:
             bar.start(f"reading {file}")
             batch = read_batch(file, progress=bar.update)

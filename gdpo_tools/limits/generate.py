@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
-import importlib.metadata
 import importlib.util
 import math
 import platform
@@ -23,6 +22,7 @@ from gdpo_tools.limits import tables as T
 from gdpo_tools.limits.tables import Table, fmt
 import torch
 from gdpo_tools.limits import plots as limits_plots
+from gdpo_tools import markdown_table, version
 from gdpo_tools.progress import Progress
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout (gdpo_tools/limits/generate.py), or site-packages
@@ -82,12 +82,13 @@ def _sharp_cd(f):
 
 
 def _all_cs_own_zero(f):
-    rows = [m for (kind, unit, _), m in f["cancellation"].items() if kind == "cs" and unit == "own"]
-    return all(m["impl_max"] == 0.0 for m in rows), len(rows)
+    return all(m["impl_max"] == 0.0 for (kind, unit, _), m in f["cancellation"].items()
+               if kind == "cs" and unit == "own")
 
 
-def _variance(f, off, dtype, algorithm):
-    return f["variance"][(off, dtype, algorithm)]
+def _variances(field, *cells):
+    """The ``field`` of the variance table's facts at each (offset, dtype, algorithm)."""
+    return lambda f: [f["variance"][cell][field] for cell in cells]
 
 
 def _worst(f, name, family, grading):
@@ -120,10 +121,10 @@ LIMITS: tuple[Limit, ...] = (
           read=_sharp_cd),
     Limit("constant-sum-exact-zero", "Exact constant-sum groups `r2 = C - r1` (own unit): the impl returns exactly 0 "
           "at every C; naive float64 leaves a residue that is O(1) at C = 1e15.",
-          lambda f: (_all_cs_own_zero(f)[0] and _cd("cs", 1e15)(f)["naive_max"] >= 0.1,
-                     f"impl exactly 0 on every C: {_all_cs_own_zero(f)[0]}, naive max abs a "
-                     f"{fmt(_cd('cs', 1e15)(f)['naive_max'])} at 1e15"),
-          reach=("digits", 1e15 / _D_STD)),
+          lambda v: (v[0] and v[1] >= 0.1,
+                     f"impl exactly 0 on every C: {v[0]}, naive max abs a {fmt(v[1])} at 1e15"),
+          reach=("digits", 1e15 / _D_STD),
+          read=lambda f: (_all_cs_own_zero(f), _cd("cs", 1e15)(f)["naive_max"])),
     Limit("float32-inputs", "Float32 peers cannot hold `[C - d, d]` from C = 1e9: the TRL mirror is O(1) off the "
           "exact result of the float64 inputs although it is accurate on the float32 inputs it holds.",
           lambda m: (m["trl_vs_f64"] >= 0.5 and m["trl_err"] < 1e-3,
@@ -155,25 +156,19 @@ LIMITS: tuple[Limit, ...] = (
           read=lambda f: f["pairs"]["rho"]),
     Limit("one-pass-float32", "One-pass float32 variance gives std 0 (a silent zero) at offsets 1e3 and 1e4, where "
           "the exact std is 0.0129.",
-          lambda f: (_variance(f, 1e3, "float32", "one-pass")["var"] <= 0
-                     and _variance(f, 1e4, "float32", "one-pass")["var"] <= 0,
-                     f"variance {fmt(_variance(f, 1e3, 'float32', 'one-pass')['var'])} and "
-                     f"{fmt(_variance(f, 1e4, 'float32', 'one-pass')['var'])}"),
-          reach=("digits", 1e3 / _STEPS_STD)),
+          lambda v: (v[0] <= 0 and v[1] <= 0, f"variance {fmt(v[0])} and {fmt(v[1])}"),
+          reach=("digits", 1e3 / _STEPS_STD),
+          read=_variances("var", (1e3, "float32", "one-pass"), (1e4, "float32", "one-pass"))),
     Limit("one-pass-float64", "One-pass float64 variance is off by more than 100% at offset 1e8; the shifted two-pass "
           "stays at the last bits.",
-          lambda f: (_variance(f, 1e8, "float64", "one-pass")["rel"] > 1
-                     and _variance(f, 1e8, "float64", "shifted two-pass")["rel"] < 1e-14,
-                     f"{fmt(_variance(f, 1e8, 'float64', 'one-pass')['rel'])} vs "
-                     f"{fmt(_variance(f, 1e8, 'float64', 'shifted two-pass')['rel'])}"),
-          reach=("digits", 1e8 / _STEPS_STD)),
+          lambda v: (v[0] > 1 and v[1] < 1e-14, f"{fmt(v[0])} vs {fmt(v[1])}"),
+          reach=("digits", 1e8 / _STEPS_STD),
+          read=_variances("rel", (1e8, "float64", "one-pass"), (1e8, "float64", "shifted two-pass"))),
     Limit("two-pass-float32-offset", "Float32 two-pass (mean first) loses digits with the offset: at 1e4 it is 100 "
           "times worse than the shifted two-pass.",
-          lambda f: (_variance(f, 1e4, "float32", "two-pass")["rel"]
-                     > 100 * _variance(f, 1e4, "float32", "shifted two-pass")["rel"],
-                     f"{fmt(_variance(f, 1e4, 'float32', 'two-pass')['rel'])} vs "
-                     f"{fmt(_variance(f, 1e4, 'float32', 'shifted two-pass')['rel'])}"),
-          reach=("digits", 1e4 / _STEPS_STD)),
+          lambda v: (v[0] > 100 * v[1], f"{fmt(v[0])} vs {fmt(v[1])}"),
+          reach=("digits", 1e4 / _STEPS_STD),
+          read=_variances("rel", (1e4, "float32", "two-pass"), (1e4, "float32", "shifted two-pass"))),
     Limit("float32-reward-overflow", "Float32 peers: rewards `M * [...]` with M = 1e20 give silent zeros (squares "
           "overflow float32), and so do rewards beyond FLT_MAX (TRL's NaN-aware z turns the overflow's NaN into 0).",
           lambda r: (r[("1e+20", "trl")] == "silent zero" and r[("1e+39", "trl")] == "silent zero",
@@ -207,14 +202,13 @@ LIMITS: tuple[Limit, ...] = (
     Limit("float32-offset", "Large-offset groups: the float32 two-pass peers stay within the error bound of their own "
           "algorithm (mean then subtract, float32: table 6a) and exceed the shift-invariant bound of spec (table 6b) "
           "by orders of magnitude; NeMo-RL's one-pass variance exceeds even its own two-pass bound.",
-          lambda f: (all(_worst(f, n, "large offset", "own") <= 1 for n in ("trl", "verl", "nvlabs", "ms_swift"))
-                     and _worst(f, "nemo_rl", "large offset", "own") > 1
-                     and all(_worst(f, n, "large offset", "spec") > 100 for n in _F32_PEERS),
-                     "worst err/bound own: " + ", ".join(f"{n} {fmt(_worst(f, n, 'large offset', 'own'))}"
-                                                         for n in _F32_PEERS)
-                     + "; under spec: " + ", ".join(f"{n} {fmt(_worst(f, n, 'large offset', 'spec'))}"
-                                                    for n in _F32_PEERS)),
-          reach=("setting", "rewards with a large common offset (table 6a: offsets 1e3 to 1e6, steps 0.01 to 1)")),
+          lambda w: (all(w[n][0] <= 1 for n in ("trl", "verl", "nvlabs", "ms_swift")) and w["nemo_rl"][0] > 1
+                     and all(w[n][1] > 100 for n in _F32_PEERS),
+                     "worst err/bound own: " + ", ".join(f"{n} {fmt(w[n][0])}" for n in _F32_PEERS)
+                     + "; under spec: " + ", ".join(f"{n} {fmt(w[n][1])}" for n in _F32_PEERS)),
+          reach=("setting", "rewards with a large common offset (table 6a: offsets 1e3 to 1e6, steps 0.01 to 1)"),
+          read=lambda f: {n: [_worst(f, n, "large offset", grading) for grading in ("own", "spec")]
+                          for n in _F32_PEERS}),
     Limit("impl-peers", "impl (out float64) is within the spec bound on every case of every family, and refuses the "
           "NaN family.",
           lambda grades: (all(g.outcome in ("correct", "clear error") and g.ratio <= 1 for g in grades),
@@ -288,10 +282,7 @@ def training_table(results) -> Table:
 
 
 def render_table(t: Table) -> str:
-    def line(cells):
-        return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
-    return "\n".join([f"<!-- table:{t.id} keys={t.keys} -->", line(t.head), "|" + "---|" * len(t.head),
-                      *map(line, t.rows)])
+    return f"<!-- table:{t.id} keys={t.keys} -->\n" + markdown_table(t.head, t.rows)
 
 
 def render_section(t: Table, group: str | None) -> str:
@@ -299,13 +290,6 @@ def render_section(t: Table, group: str | None) -> str:
              if group else f"Rerun: `{COMMAND}` (the entries read the fast subset's cases, so `--fast` checks "
                            "them too).")
     return "\n".join([f"### {t.title}", "", t.intro, "", rerun, "", render_table(t)])
-
-
-def _version(dist: str) -> str:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return "not installed"
 
 
 def environment(seed: int, fast: bool, wall: float) -> list[list[str]]:
@@ -332,7 +316,7 @@ def environment(seed: int, fast: bool, wall: float) -> list[list[str]]:
         ["commit", commit],
         ["python", platform.python_version()],
         ["numpy / torch / mpmath / gmpy2 / matplotlib",
-         " / ".join(_version(m) for m in ("numpy", "torch", "mpmath", "gmpy2", "matplotlib"))],
+         " / ".join(version(m) for m in ("numpy", "torch", "mpmath", "gmpy2", "matplotlib"))],
         ["platform", f"{platform.system()} {platform.machine()}, {cpu}, torch threads {torch.get_num_threads()}"],
         ["device", "CPU (every implementation runs on the CPU here)"],
     ]

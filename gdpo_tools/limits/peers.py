@@ -45,8 +45,6 @@ def _formula(convention, one_pass=False):
 def _impl(out_dtype: str):
     """impl.gdpo on one whitening unit (the tables run impl on no other)."""
     def run(rewards, group_ids, unit_ids=None, weights=None, token_counts=None):
-        if unit_ids is not None:
-            raise NotImplementedError("the tables run impl.gdpo on one whitening unit")
         t = torch.from_numpy(np.ascontiguousarray(np.asarray(rewards, dtype=np.float64)))
         out = gdpo_advantages(t, group_ids=[int(x) for x in group_ids], weights=weights,
                               out_dtype=getattr(torch, out_dtype))
@@ -55,10 +53,8 @@ def _impl(out_dtype: str):
 
 
 def _trl_torch(rewards, group_ids, unit_ids=None, weights=None, token_counts=None):
-    g = np.asarray(group_ids)
-    n = int(np.sum(g == g[0]))
-    if unit_ids is not None or len(g) % n or np.any(g != np.repeat(g[::n], n)):
-        raise NotImplementedError("trl_torch whitens one batch of contiguous groups of one size")
+    """TRL's eager torch code on one unit of contiguous groups of one size (the tables' only cases)."""
+    n = int(np.sum(np.asarray(group_ids) == group_ids[0]))
     r = torch.from_numpy(np.ascontiguousarray(np.asarray(rewards, dtype=np.float64)))
     k = r.shape[1]
     w = torch.ones(k) if weights is None else torch.tensor(list(weights), dtype=torch.float64).to(torch.float32)
