@@ -256,8 +256,7 @@ def fails_alike(check, case, failure: ConformanceFailure) -> ConformanceFailure 
         if exc.category != failure.category:
             return None
         if exc.category == Category.FORMULA and (
-                getattr(exc, "formula", None) != getattr(failure, "formula", None)
-                or len(getattr(exc, "formula_alternatives", ())) > len(getattr(failure, "formula_alternatives", ()))
+                exc.formula != failure.formula or len(exc.formula_alternatives) > len(failure.formula_alternatives)
                 or (exc.worst_ulps or 0.0) < (failure.worst_ulps or 0.0) / 16):
             return None  # an example of a formula keeps its difference as plain as the case it came from
         return exc
