@@ -206,14 +206,6 @@ def _snap(x: float) -> list:
     return [float(f"{round(x / 10 ** e, digits - 1)}e{e}") for digits in (1, 2)]
 
 
-def _fit_scale(o: np.ndarray, dev: np.ndarray, ui: np.ndarray, S: int, keep: np.ndarray):
-    """Per unit the least-squares alpha of o = alpha dev over the ``keep`` samples."""
-    with np.errstate(all="ignore"):
-        num = np.bincount(ui, np.where(keep, dev * o, 0.0), S)
-        den = np.bincount(ui, np.where(keep, dev * dev, 0.0), S)
-        return num / den
-
-
 class _Search:
     def __init__(self, b: _Batch, o: np.ndarray):
         self.o = o
@@ -278,8 +270,9 @@ def _search(b: _Batch, o: np.ndarray) -> _Search:
                 stats = _unit_stats(b, vw, p.c)
                 ui, S, dev = stats[0], stats[1], stats[6]
                 sel = keep if (np.bincount(ui, keep & (dev != 0), S) > 0).all() else np.isfinite(o)
-                alpha = _fit_scale(o, dev, ui, S, sel)
-                with np.errstate(all="ignore"):
+                with np.errstate(all="ignore"):  # per unit, the least-squares alpha of o = alpha dev
+                    alpha = (np.bincount(ui, np.where(sel, dev * o, 0.0), S)
+                             / np.bincount(ui, np.where(sel, dev * dev, 0.0), S))
                     guess = np.where(np.isfinite(alpha[ui]), alpha[ui] * dev, 0.0)
                     clips = clip_at if float(np.max(np.abs(guess), initial=0.0)) > beyond else []
                     fit = s.rough(np.clip(guess, -top, top) if clips else guess)

@@ -59,19 +59,19 @@ class ConformanceFailure(AssertionError):
 
 
 def fail(prop, equation, subject, case, headline, details=(), category=None, worst_ulps=None,
-         worst_dtype=None, formula=None, formula_alternatives=(), worst_value=None, cause=None, hang=False):
+         worst_dtype=None, formula=None, formula_alternatives=(), cause=None, hang=False):
     exc = ConformanceFailure(failure(prop, equation, subject, case, headline, details, category))
     exc.case = case  # the failing call itself (one of several for the errors property)
     exc.category, exc.worst_ulps, exc.worst_dtype = category, worst_ulps, worst_dtype
     exc.formula, exc.formula_alternatives = formula, tuple(formula_alternatives)
-    exc.worst_value, exc.cause, exc.hang = worst_value, cause, hang
+    exc.cause, exc.hang = cause, hang
     raise exc
 
 
 def _fail_distance(prop, eq, subject, case, headline, v, rows=None, category=None, **kw):
     """Fail with the distance verdict ``v``'s rows, category and worst error."""
     fail(prop, eq, subject, case, headline, v.rows if rows is None else rows, category=category or v.category,
-         worst_ulps=v.worst_ulps, worst_value=v.worst_value, worst_dtype=v.judged_dtype, **kw)
+         worst_ulps=v.worst_ulps, worst_dtype=v.judged_dtype, **kw)
 
 
 def _target(ratio: float, label: str) -> None:
@@ -577,9 +577,7 @@ def dist_values(prop, eq, subject, case: DistCase, outs: dict, exp, twins) -> No
     res = exp.result
     out_dtype = case.shards[0].out_dtype
     must, may = cast_overflow(res, out_dtype)
-    if must or any(not o.ok for o in outs.values()) and (_permission(case, res) is not None
-                                                         or not np.all(np.isfinite(res.combined.float64))
-                                                         or may):
+    if must or any(not o.ok for o in outs.values()) and (_permission(case, res) is not None or may):
         # the contract's OutOfRangeError, raised on every rank together
         all_refuse(prop, eq, subject, case, outs, "inputs beyond float32 range, an Eq. 7 (or a term of it) "
                    "beyond float64 or advantages beyond the output dtype's range", plain=(OutOfRangeError,))

@@ -21,14 +21,6 @@ class PeerCannotExpress(ValueError):
     """The peer's API has no way to take this call (not a refusal by the peer itself)."""
 
 
-def _numpy_rewards(rewards: torch.Tensor) -> np.ndarray:
-    """The rewards as numpy in the caller's dtype, bfloat16 (no numpy dtype) widened to float64."""
-    t = rewards.detach().to("cpu")
-    if t.dtype == torch.bfloat16:
-        t = t.to(torch.float64)
-    return t.numpy()
-
-
 def _group_blocks(peer: str, n: int, group_ids, group_size):
     """The samples of each group as (P, m) index arrays, one per distinct group size (in order of
     first appearance), for a (P, m, ...) API without Eq. 6 (independent groups)."""
@@ -59,7 +51,8 @@ def multireward_grpo(rewards, *, group_ids=None, group_size=None, weights=None, 
 
     if process_group is not None:
         raise PeerCannotExpress("multireward-grpo: computes on one process (no process_group)")
-    r = _numpy_rewards(rewards)
+    r = rewards.detach().to("cpu")  # as numpy in the caller's dtype, bfloat16 (no numpy dtype) widened
+    r = (r.to(torch.float64) if r.dtype == torch.bfloat16 else r).numpy()
     if r.ndim != 2:
         raise PeerCannotExpress(f"multireward-grpo: takes (N, K) rewards here, got shape {r.shape}")
     n, k = r.shape
@@ -104,8 +97,7 @@ def verl(token_level_rewards, response_mask, index, weights=None):
     # each score in the dtype of its token rewards (verl itself casts compute_score's values to float32)
     scores = {name: torch.where(on, t, torch.zeros((), dtype=t.dtype)).sum(dim=1).cpu().numpy()
               for name, t in token_level_rewards.items()}
-    prompt_len = 2
-    prompts = torch.zeros((mask.shape[0], prompt_len), dtype=torch.int64, device=mask.device)
+    prompts = torch.zeros((mask.shape[0], 2), dtype=torch.int64, device=mask.device)  # two prompt tokens
     attention = torch.cat([torch.ones_like(prompts), mask.to(torch.int64)], dim=1)
     total = sum(t for t in token_level_rewards.values()) if names else torch.zeros(mask.shape)
     config = AlgoConfig(adv_estimator="gdpo", gdpo_reward_keys=names,

@@ -227,10 +227,6 @@ def unchecked(cases, found: list) -> int:
     return len(cases) - found[-1][0] - 1 if found and getattr(found[-1][1], "hang", False) else 0
 
 
-def grade(prop: Property, subject: Subject) -> None:
-    grade_cases(subject, *row_check(prop.name, subject))
-
-
 def grade_cases(subject: Subject, cases, check) -> None:
     """Check every case; raise the first failure, reduced, noting how many failed in which
     categories (a crash that is no ``ConformanceFailure`` is raised as it is)."""
@@ -260,8 +256,7 @@ def fails_alike(check, case, failure: ConformanceFailure) -> ConformanceFailure 
         if exc.category != failure.category:
             return None
         if exc.category == Category.FORMULA and (
-                getattr(exc, "formula", None) != getattr(failure, "formula", None)
-                or len(getattr(exc, "formula_alternatives", ())) > len(getattr(failure, "formula_alternatives", ()))
+                exc.formula != failure.formula or len(exc.formula_alternatives) > len(failure.formula_alternatives)
                 or (exc.worst_ulps or 0.0) < (failure.worst_ulps or 0.0) / 16):
             return None  # an example of a formula keeps its difference as plain as the case it came from
         return exc
@@ -393,6 +388,6 @@ def run_for_pytest(prop: Property, subject: Subject) -> None:
     if why:
         pytest.skip(why)
     if DRAW_FIRST:
-        grade(prop, subject)
+        grade_cases(subject, *row_check(prop.name, subject))
     else:
         _search(prop, subject)
