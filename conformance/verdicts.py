@@ -1,7 +1,7 @@
 """What a failure means for the maintainer who reads it: its :class:`Category`, set by the judge
 (:mod:`conformance.judge`) from what the implementation returned, never from the failure's text,
 and, for a distance from the exact value, its worst error in ulps (``failure.worst_ulps``,
-``failure.worst_dtype``). The table, the JSON and ``spec/generated/peers.md`` print them.
+``failure.worst_dtype``). The table, the JSON and ``spec/generated/peers.md`` print the categories.
 
 - ``silent_zero``: an output exactly 0 where the exact value is not and the error model does not
   allow 0 (a column or group dropped without a word: a square overflowed to inf, an inf reward);

@@ -216,8 +216,8 @@ def _command(argv: list[str] | None) -> int:
                       help="the implementation runs in one process (no process_group): deselect the multi-process "
                            "properties, reported as not graded")
     p_ck.add_argument("--json", dest="json_path", default=None, metavar="PATH",
-                      help="also write the grading as JSON to PATH (per property: verdict, category, worst error, "
-                           "first line, repro line, skip reason, seconds)")
+                      help="also write the grading as JSON to PATH (the findings, each with its example and repro "
+                           "line; per property: verdict, reason, cases, failed, categories, notes, seconds)")
     p_ck.add_argument("--details", action="store_true",
                       help="print each finding's full text after the summary table (default: the table, and one "
                            "line, the worst output and a repro line per failure)")
