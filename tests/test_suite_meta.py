@@ -1,6 +1,7 @@
-"""The suite's own machinery: hex round trips, pinned examples, oracle limits, strategies.
+"""The conformance suite's own machinery: hex round trips, pinned examples, oracle limits, strategies.
 
-What is checked here is the judge's plumbing, not the implementation under test.
+What is checked here is the judge's plumbing, not an implementation under test (it lived under
+conformance/ until the suite's self-tests were cut down to the negative controls).
 """
 
 import dataclasses
