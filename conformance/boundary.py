@@ -439,9 +439,10 @@ def _tie_family(family: str, fmt: str, rng: random.Random):
     return (case, mid), hunted
 
 
+@functools.lru_cache(maxsize=4096)
 def generate(family: str, fmt: str, seed: int) -> Case | None:
     """One hunted case of ``family`` aimed at ``fmt``, from ``seed``: built, then checked by
-    :func:`verify` (None where this seed finds none)."""
+    :func:`verify` (None where this seed finds none); memoised."""
     if family not in FAMILIES or fmt not in TARGETS:
         raise ValueError(f"unknown family/target {family!r}/{fmt!r}")
     rng = random.Random(zlib.crc32(f"{family}:{fmt}:{seed}".encode()))
@@ -512,7 +513,7 @@ def strategy(families=FAMILIES, targets=TARGETS, out_dtypes=None):
         seed = draw(st.integers(0, 10_000))
         case = None
         for s in range(seed, seed + 20):
-            case = _generated(family, target, s)
+            case = generate(family, target, s)
             if case is not None:
                 break
         if case is None:
@@ -522,12 +523,6 @@ def strategy(families=FAMILIES, targets=TARGETS, out_dtypes=None):
         return case
 
     return draw_case()
-
-
-@functools.lru_cache(maxsize=4096)
-def _generated(family, fmt, seed):
-    return generate(family, fmt, seed)
-
 
 
 # ------------------------------------------------------------------ just off a midpoint, drawn
