@@ -218,13 +218,9 @@ def column_values(draw, kind: str, dtype: str, n: int) -> list[float]:
 
 
 def _next(x: float, toward: float, dtype: str) -> float:
-    if dtype == "float64":
-        return math.nextafter(x, toward)
-    if dtype == "float32":
-        with np.errstate(over="ignore"):  # a target beyond float32 is inf: the direction is all that counts
-            return float(np.nextafter(np.float32(x), np.float32(toward)))
+    """The value of ``dtype`` next to ``x`` (one of its values) in the direction of ``toward`` (+-inf)."""
     t = torch.tensor([x], dtype=getattr(torch, dtype))
-    return float(torch.nextafter(t, torch.tensor([toward], dtype=getattr(torch, dtype))).double().item())
+    return torch.nextafter(t, torch.full_like(t, toward)).item()
 
 
 @cached
