@@ -306,17 +306,19 @@ def _truncate(x: torch.Tensor, out_dtype) -> torch.Tensor:
     return (bits & ~0xFFFF).view(torch.float32).to(out_dtype)  # then bfloat16's: exact
 
 
-def _cast(a: torch.Tensor, out_dtype, fl: Flaws) -> torch.Tensor:
+def _round(a: torch.Tensor, out_dtype, fl: Flaws) -> torch.Tensor:
     """One correct rounding of float64 values into ``out_dtype`` (nearest even; float16 and
-    bfloat16 through float32 rounded to odd: impl's ``round_to``, as torch's own cast rounds twice),
-    refused where a value does not survive it."""
-    narrow = out_dtype in (torch.float16, torch.bfloat16) and a.dtype == _F64
-    if narrow and fl.truncate_bfloat16 and out_dtype == torch.bfloat16:
-        out = _truncate(a, out_dtype)
-    elif narrow and fl.double_rounding:
-        out = a.to(torch.float32).to(out_dtype)  # nearest even twice: a tie made by the first
-    else:
-        out = round_to(a, out_dtype)
+    bfloat16 through float32 rounded to odd: impl's ``round_to``, as torch's own cast rounds twice)."""
+    if out_dtype in (torch.float16, torch.bfloat16) and a.dtype == _F64:
+        if fl.truncate_bfloat16 and out_dtype == torch.bfloat16:
+            return _truncate(a, out_dtype)
+        if fl.double_rounding:
+            return a.to(torch.float32).to(out_dtype)  # nearest even twice: a tie made by the first
+    return round_to(a, out_dtype)
+
+
+def _cast(a: torch.Tensor, out_dtype, fl: Flaws) -> torch.Tensor:
+    out = _round(a, out_dtype, fl)
     if not bool(torch.isfinite(out).all()):
         raise _Refusal(OutOfRangeError, "a whitened value does not survive the cast to the output dtype")
     return out
