@@ -286,17 +286,14 @@ def _eps_family(family: str, fmt: str, rng: random.Random):
         labels = [labels[i] for i in perm]
         cols = [[c[i] for i in perm] for c in cols]
         group_ids = labels
-        units = rng.randint(2, 3)
-        while True:
-            cuts = sorted(rng.sample(range(2, n - 1), units - 1)) if n > 2 * units else []
+        units, segment_sizes = rng.randint(2, 3), [n]
+        while units > 1 and n > 2 * units:  # fewer units where a cut leaves one of fewer than 2 rows
+            cuts = sorted(rng.sample(range(2, n - 1), units - 1))
             sizes_u = [b - a for a, b in zip([0] + cuts, cuts + [n])]
-            if sizes_u and all(s >= 2 for s in sizes_u):
+            if all(s >= 2 for s in sizes_u):
                 segment_sizes = sizes_u
                 break
-            units = max(1, units - 1)
-            if units == 1:
-                segment_sizes = [n]
-                break
+            units -= 1
         weights = None if k == 1 else [round(rng.uniform(0.2, 2.0), 2) for _ in range(k)]
     elif family == "cancellation":
         g, n = rng.randint(1, 3), rng.randint(3, 6)
@@ -442,9 +439,10 @@ def _tie_family(family: str, fmt: str, rng: random.Random):
     return (case, mid), hunted
 
 
+@functools.lru_cache(maxsize=4096)
 def generate(family: str, fmt: str, seed: int) -> Case | None:
     """One hunted case of ``family`` aimed at ``fmt``, from ``seed``: built, then checked by
-    :func:`verify` (None where this seed finds none)."""
+    :func:`verify` (None where this seed finds none); memoised."""
     if family not in FAMILIES or fmt not in TARGETS:
         raise ValueError(f"unknown family/target {family!r}/{fmt!r}")
     rng = random.Random(zlib.crc32(f"{family}:{fmt}:{seed}".encode()))
@@ -515,7 +513,7 @@ def strategy(families=FAMILIES, targets=TARGETS, out_dtypes=None):
         seed = draw(st.integers(0, 10_000))
         case = None
         for s in range(seed, seed + 20):
-            case = _generated(family, target, s)
+            case = generate(family, target, s)
             if case is not None:
                 break
         if case is None:
@@ -525,12 +523,6 @@ def strategy(families=FAMILIES, targets=TARGETS, out_dtypes=None):
         return case
 
     return draw_case()
-
-
-@functools.lru_cache(maxsize=4096)
-def _generated(family, fmt, seed):
-    return generate(family, fmt, seed)
-
 
 
 # ------------------------------------------------------------------ just off a midpoint, drawn

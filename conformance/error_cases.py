@@ -232,10 +232,8 @@ def _shard(case: DistCase, r: int, **changes) -> DistCase:
 
 
 def _nonempty(case: DistCase, r: int) -> int:
-    for q in [r] + list(range(case.world)):
-        if case.shards[q].n:
-            return q
-    raise AssertionError("a DistCase without rows")
+    """Rank ``r``, or the first rank with rows where ``r`` has none (a batch has rows)."""
+    return next(q for q in [r, *range(case.world)] if case.shards[q].n)
 
 
 def _d_nonfinite(value):

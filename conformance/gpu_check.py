@@ -85,14 +85,15 @@ def _bitwise(target: str, examples: int, device: str = "cuda") -> dict:
     return {"property": "cpu_vs_cuda_bits", "status": "info", "seconds": round(time.monotonic() - t0, 2), **stats}
 
 
+#: The strategy of each distributed property (its name without the world size), at any world size.
+_DIST_CASES = {"dist_values": S.dist_cases, "dist_missing": S.dist_missing_cases, "dist_errors": EC.dist_error_cases}
+
+
 def _dist_variant(prop, world: int):
-    """The distributed property at another world size (same check)."""
-    if prop.check is P.check_dist_values:
-        strat = lambda ctx, subject: S.dist_cases(ctx, world)  # noqa: E731
-    else:
-        strat = lambda ctx, subject: EC.dist_error_cases(ctx, world)  # noqa: E731
-    return dataclasses.replace(prop, name=f"{prop.check.__name__.replace('check_', '')}_{world}", strategy=strat,
-                               world=world)
+    """The distributed property at another world size (same check, same kind of cases)."""
+    kind = prop.name.rsplit("_", 1)[0]
+    return dataclasses.replace(prop, name=f"{kind}_{world}", world=world,
+                               strategy=lambda ctx, subject: _DIST_CASES[kind](ctx, world))
 
 
 def main(argv=None) -> int:

@@ -218,13 +218,9 @@ def column_values(draw, kind: str, dtype: str, n: int) -> list[float]:
 
 
 def _next(x: float, toward: float, dtype: str) -> float:
-    if dtype == "float64":
-        return math.nextafter(x, toward)
-    if dtype == "float32":
-        with np.errstate(over="ignore"):  # a target beyond float32 is inf: the direction is all that counts
-            return float(np.nextafter(np.float32(x), np.float32(toward)))
+    """The value of ``dtype`` next to ``x`` (one of its values) in the direction of ``toward`` (+-inf)."""
     t = torch.tensor([x], dtype=getattr(torch, dtype))
-    return float(torch.nextafter(t, torch.tensor([toward], dtype=getattr(torch, dtype))).double().item())
+    return torch.nextafter(t, torch.full_like(t, toward)).item()
 
 
 @cached
@@ -418,9 +414,9 @@ def row_spread(draw, n: int) -> np.ndarray:
 @cached
 @st.composite
 def batches(draw, ctx: Context, kinds=COLUMN_KINDS, pairs=PAIR_KINDS, k_max=8, weight_modes=WEIGHT_MODES,
-            equal_groups=None, dtype=None, large=False) -> Batch:
+            dtype=None, large=False) -> Batch:
     dtype = dtype or draw(pick(tuple(ctx.input_dtypes)))
-    equal = (draw(BOOLS) if equal_groups is None else equal_groups) or not ctx.labels
+    equal = draw(BOOLS) or not ctx.labels
     sizes = draw(large_group_sizes(ctx, equal) if large else group_sizes(ctx, equal))
     cols: list[list[list[float]]] = []  # per column, per group
     pair_of: dict[int, str] = {}
@@ -569,10 +565,10 @@ def label_pool(name: str, g: int) -> list[int]:
 
 @st.composite
 def cases(draw, ctx: Context, kinds=COLUMN_KINDS, pairs=PAIR_KINDS, weight_modes=WEIGHT_MODES, k_max=8,
-          eps_values=(None,), equal_groups=None, unit_modes=UNIT_MODES, dtype=None, large=False) -> Case:
+          eps_values=(None,), unit_modes=UNIT_MODES, dtype=None, large=False) -> Case:
     """A single-process call (unit layouts only where the shape can express them); ``large``:
     the batches of ``LARGE_N`` rows and the very-large tier (``BIG_EVERY``) described above."""
-    b = draw(batches(ctx, kinds, pairs, k_max, weight_modes, equal_groups, dtype, large))
+    b = draw(batches(ctx, kinds, pairs, k_max, weight_modes, dtype, large))
     sizes = [blk.shape[0] for blk in b.blocks]
     rows = np.concatenate(b.blocks)
     n = rows.shape[0]

@@ -8,7 +8,6 @@ from conformance import error_cases as EC
 from conformance import properties as P
 from conformance import runner as R
 from conformance import regressions
-from spec.errors import ERROR_CLASSES
 
 
 def pinned(name: str, ctx) -> list:
@@ -36,21 +35,3 @@ def test_error_case(case, subject):
     for c in reversed(pinned(case.name, subject.context())):
         run = example(cases=(c,))(run)
     run()
-
-
-def test_pinned_error_examples_reach_their_tests():
-    """Every pinned example of the errors property names an error case, and the gdpo shape replays it."""
-    from conformance.strategies import Context
-
-    for text in P.BY_NAME["errors"].examples:
-        case = regressions.load(text)
-        name = case.note.split(":", 1)[1]
-        assert name in EC.ERROR_BY_NAME, case.note
-        assert any(c.dumps() == case.dumps() for c in pinned(name, Context())), text
-
-
-def test_every_contract_class_is_exercised():
-    """Each class of spec/errors.py is demanded by some error case or property."""
-    demanded = {k.__name__ for e in EC.ERROR_CASES for c in e.expect for k in c.__mro__}  # GDPOError: every base
-    demanded |= {"DistributedError", "OutOfRangeError"}  # dist_errors_*; the range property's refusal
-    assert set(ERROR_CLASSES) <= demanded, sorted(set(ERROR_CLASSES) - demanded)

@@ -252,7 +252,7 @@ def test_grading_another_implementation_deselects_the_suites_self_tests(single_e
     """The negative controls and the judge's plumbing grade the suite, not the implementation
     named by --impl: they are deselected (a failure there would fail its verdict, and they take
     most of the run), the header and summary say so; without --impl they run."""
-    files = ["conformance/test_controls.py", "conformance/test_suite_meta.py", "conformance/test_units.py"]
+    files = ["conformance/test_controls.py", "tests/test_suite_meta.py", "conformance/test_units.py"]
     base = [sys.executable, "-m", "pytest", *files, "-p", "no:xdist", "-p", "no:cacheprovider", "--collect-only"]
     theirs = subprocess.run(base + ["--impl", "single_gdpo:advantages"], capture_output=True, text=True,
                             timeout=600, cwd=ROOT, env=single_env)

@@ -1,6 +1,6 @@
-"""The suite's own machinery: hex round trips, pinned examples, oracle limits, strategies.
+"""The conformance suite's own machinery: hex round trips, pinned examples, oracle limits, strategies.
 
-What is checked here is the judge's plumbing, not the implementation under test.
+What is checked here is the judge's plumbing and the suite's data, not an implementation under test.
 """
 
 import dataclasses
@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, seed, settings, strategies as st
 
 from conformance import cases as K
+from conformance import error_cases as EC
 from conformance import properties as P
 from conformance import judge as J
 from conformance import runner as R
@@ -19,6 +20,7 @@ from conformance import regressions
 from conformance import strategies as S
 from conformance.judge import distance
 from conformance.subject import Subject
+from spec.errors import ERROR_CLASSES
 
 
 @given(case=S.cases(S.Context()))
@@ -203,3 +205,19 @@ def test_the_errors_property_puts_bad_rewards_in_zero_weight_columns():
     for name in ("error:nan_reward", "error:inf_reward"):
         where = [in_zero_weight_column(c) for c in seen if c.note == name]
         assert any(where) and not all(where), (name, where)
+
+
+def test_pinned_error_examples_reach_their_tests():
+    """Every pinned example of the errors property names an error case, and the gdpo shape replays
+    it (conformance/test_errors.py replays those a call shape expresses)."""
+    for text in P.BY_NAME["errors"].examples:
+        case = regressions.load(text)
+        assert case.note.split(":", 1)[1] in EC.ERROR_BY_NAME, case.note
+        assert R.expressible(case, S.Context()), text
+
+
+def test_every_contract_class_is_exercised():
+    """Each class of spec/errors.py is demanded by some error case or property."""
+    demanded = {k.__name__ for e in EC.ERROR_CASES for c in e.expect for k in c.__mro__}  # GDPOError: every base
+    demanded |= {"DistributedError", "OutOfRangeError"}  # dist_errors_*; the range property's refusal
+    assert set(ERROR_CLASSES) <= demanded, sorted(set(ERROR_CLASSES) - demanded)
