@@ -225,7 +225,7 @@ def _command(argv: list[str] | None) -> int:
                       help="the long hunt: hypothesis profile 'deep' (10,000 examples per property, a minute of "
                            "shrinking, an example database in .hypothesis/) instead of 'grade'")
     p_ck.add_argument("--self-tests", action="store_true",
-                      help="also run the suite's self-tests (conformance/test_controls.py, test_suite_meta.py: "
+                      help="also run the suite's self-tests, its negative controls (conformance/test_controls.py: "
                            "they grade the suite, not the implementation; minutes)")
     p_ck.add_argument("--domain", action="append", default=[], metavar="KEY=VALUE",
                       help="declare your implementation's domain without changing it (repeatable; docs/grading.md): "
