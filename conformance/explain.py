@@ -76,9 +76,10 @@ def _cancellation(subject: Subject, case, conv) -> str | None:
         return None
     r, labels = case.rewards_array(), case.labels()
     shifted = r.copy()
-    for g in np.unique(labels):
-        m = labels == g
-        shifted[m] = r[m] - np.sort(r[m], axis=0)[(int(m.sum()) - 1) // 2]  # its lower median, a value of it
+    with np.errstate(over="ignore"):  # a difference beyond the range: no such case (refused below)
+        for g in np.unique(labels):
+            m = labels == g
+            shifted[m] = r[m] - np.sort(r[m], axis=0)[(int(m.sum()) - 1) // 2]  # its lower median, a value of it
     shifted = em.round_to(shifted, case.dtype)  # a case of its own, judged against its own exact values
     if np.array_equal(shifted, r) or not np.all(np.isfinite(shifted)):
         return None
