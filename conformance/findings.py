@@ -17,6 +17,7 @@ from conformance.cases import Case, DistCase, expected
 from conformance.compare import decimal, repro
 from conformance.error_cases import CAUSES, DIST_ERROR_BY_NAME, ERROR_BY_NAME
 from conformance.judge import ConformanceFailure
+from conformance.subject import verl_lengths
 from conformance.verdicts import ORDINARY, Category, label, ordinary
 from spec.error_model import largest_finite, round_to
 
@@ -265,29 +266,55 @@ def _top(case: Case, inp: str) -> float:
 
 def mechanism(case: Case, subject) -> str:
     """What overflows the code's working precision on ``case`` (failing at its threshold): of the
-    exact intermediates of Eq. 4, 7 and 6, the one nearest the largest finite value or beyond it;
-    "" where none comes within a factor 16."""
+    exact intermediates of the paper's Eq. 4, 7 and 6, the one that crossed the largest finite value
+    at this magnitude, the smallest beyond it within a factor 16 (one far beyond it crossed at a
+    lower magnitude, where the code did not fail). Where none did but one comes within a factor 16
+    below, the code's own arithmetic overflows, and the nearest is named; "" where none comes near.
+    A sum whose terms of one sign add up beyond the range overflows in some summation orders."""
     dtype = getattr(subject, "precision", None) or subject.judged().native_dtype
     top = largest_finite(dtype)
     r, labels = case.rewards_array(), case.labels()
+    found = []  # (value, what, its verb, in some orders only), in the order a code computes them
     with np.errstate(all="ignore"):
         groups = [r[labels == g] for g in np.unique(labels)]
-        found = {what: max([0.0] + [float(np.max(stat(x))) for x in groups]) for what, stat in (
-            ("a group's sum of the rewards (Eq. 4's mean) overflows", lambda x: np.abs(x.sum(axis=0))),
-            ("the squared deviations of Eq. 4 (its std) overflow", lambda x: ((x - x.mean(axis=0)) ** 2).sum(axis=0)),
-            ("the squares of the rewards (sum x^2: a one-pass variance) overflow", lambda x: (x * x).sum(axis=0)))}
+        for what, verb, orders, stat in (
+                ("a group's sum of the rewards (Eq. 4's mean)", "overflows", False, lambda x: np.abs(x.sum(axis=0))),
+                ("a group's sum of the rewards (Eq. 4's mean)", "overflows", True, _one_sign),
+                ("the squared deviations of Eq. 4 (its std)", "overflow", False, lambda x: ((x - x.mean(axis=0)) ** 2).sum(axis=0)),
+                ("the squares of the rewards (sum x^2: a one-pass variance)", "overflow", False, lambda x: (x * x).sum(axis=0))):
+            found.append((max([0.0] + [float(np.max(stat(x))) for x in groups]), what, verb, orders))
         exp = expected(case, "spec")
         if exp.result is not None:
             z, c = exp.result.z.float64, exp.result.combined.float64
-            w = np.ones(z.shape[1]) if case.weights is None else np.abs(np.asarray(case.weights, dtype=np.float64))
-            found["Eq. 7's terms w_k z_k overflow"] = float(np.max(np.abs(z) * w))
-            found["the sum of c over the batch (Eq. 6's mean) overflows"] = float(np.abs(np.sum(c)))
-            found["the squared deviations of Eq. 6 (its std) overflow"] = float(np.sum((c - c.mean()) ** 2))
-    crossed = [(v, w) for w, v in found.items() if v >= top / 16]  # near the range or beyond it
-    if not crossed:
+            wz = z * (np.ones(z.shape[1]) if case.weights is None else np.asarray(case.weights, dtype=np.float64))
+            verl = getattr(subject, "shape", None) == "verl"  # verl whitens c over the responses' tokens
+            tokens = verl_lengths(case.n) if verl else np.ones(case.n)
+            over, mean = "the batch's tokens" if verl else "the batch", np.sum(tokens * c) / np.sum(tokens)
+            found += [(float(np.max(np.abs(wz))), "Eq. 7's terms w_k z_k", "overflow", False),
+                      (float(np.max(np.abs(c))), "Eq. 7's sum c = sum_k w_k z_k", "overflows", False),
+                      (float(np.max(_one_sign(wz.T))), "Eq. 7's sum c = sum_k w_k z_k", "overflows", True),
+                      (float(abs(np.sum(tokens * c))), f"the sum of c over {over} (Eq. 6's mean)", "overflows", False),
+                      (float(_one_sign(tokens * c)), f"the sum of c over {over} (Eq. 6's mean)", "overflows", True),
+                      (float(np.sum(tokens * (c - mean) ** 2)), "the squared deviations of Eq. 6 (its std)", "overflow", False)]
+    crossed = [f for f in found if top <= f[0] and f[0] / 16 <= top]
+    if crossed:
+        value, what, verb, orders = min(crossed, key=lambda f: f[0])
+        if orders:
+            return (f"{what} {verb} {dtype} in some summation orders (its terms of one sign add up to "
+                    f"{value:.3g}, beyond {top:.3g})")
+        return f"{what} {verb} {dtype} (beyond {top:.3g})"
+    near = [f for f in found if top / 16 <= f[0] < top]
+    if not near:
         return ""
-    _, what = min(crossed)  # at the threshold, the one that just crossed: the others cross later or earlier
-    return f"{what} {dtype} (beyond {top:.3g})"
+    value, what, _, _ = max(near, key=lambda f: f[0])
+    return (f"the code's own arithmetic overflows {dtype}: no exact intermediate of the paper's Eq. 4, 7 "
+            f"and 6 does here (the nearest, {what}, reaches {value:.3g}; the range ends at {top:.3g})")
+
+
+def _one_sign(x: np.ndarray) -> np.ndarray:
+    """The larger of a sum's parts of one sign, along axis 0: what a partial sum reaches in the
+    worst order."""
+    return np.maximum(np.where(x > 0, x, 0).sum(axis=0), np.where(x < 0, -x, 0).sum(axis=0))
 
 
 def from_probes(prof, subject) -> "Finding | None":

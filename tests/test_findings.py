@@ -12,6 +12,7 @@ control of the regime's decision).
 from __future__ import annotations
 
 import functools
+import types
 import math
 
 import numpy as np
@@ -145,3 +146,21 @@ def test_the_reduction_reaches_the_ends_of_float64():
     for v in (1.7976931348623157e308, -1e308, 5e-324, 3e-320):
         simpler = runner._simpler(v, "float64")
         assert simpler and all(x == x and abs(x) != float("inf") for x in simpler), (v, simpler)
+
+
+def test_the_overflow_named_is_one_that_overflows():
+    """At a failure's threshold the cause named is an intermediate beyond the range, not one merely
+    near it: with w = 1e38 on groups of two, |w z| is 7.1e37 (verl and ms-swift were told "Eq. 7's
+    terms w_k z_k overflow"). verl sums c over the responses' tokens for Eq. 6's mean: that sum is
+    beyond the range. A code of the trl shape failing there overflows in its own arithmetic. With
+    w = 1e39 (float64 weights) the terms do overflow."""
+    rewards = ((0.0,), (0.0,), (0.0,), (1.0,))
+    near = Case(rewards, dtype="float32", group_size=2, weights=(1e38,))
+    assert F.mechanism(near, types.SimpleNamespace(precision="float32", shape="verl")) == \
+        "the sum of c over the batch's tokens (Eq. 6's mean) overflows float32 (beyond 3.4e+38)"
+    assert F.mechanism(near, types.SimpleNamespace(precision="float32", shape="trl")) == (
+        "the code's own arithmetic overflows float32: no exact intermediate of the paper's Eq. 4, 7 and 6 "
+        "does here (the nearest, Eq. 7's terms w_k z_k, reaches 7.07e+37; the range ends at 3.4e+38)")
+    beyond = Case(rewards, dtype="float32", group_size=2, weights=(1e39,))
+    assert F.mechanism(beyond, types.SimpleNamespace(precision="float32", shape="trl")) == \
+        "Eq. 7's terms w_k z_k overflow float32 (beyond 3.4e+38)"
