@@ -10,6 +10,7 @@ import itertools
 import math
 from typing import Callable
 
+import mpmath
 import numpy as np
 
 from conformance import formulas, runner
@@ -19,6 +20,7 @@ from conformance.error_cases import CAUSES, DIST_ERROR_BY_NAME, ERROR_BY_NAME
 from conformance.judge import ConformanceFailure
 from conformance.subject import verl_lengths
 from conformance.verdicts import ORDINARY, Category, label, ordinary
+from spec.conventions import get_convention
 from spec.error_model import largest_finite, round_to
 
 #: the regimes, in the order findings are ranked
@@ -266,49 +268,57 @@ def _top(case: Case, inp: str) -> float:
 
 def mechanism(case: Case, subject) -> str:
     """What overflows the code's working precision on ``case`` (failing at its threshold): of the
-    exact intermediates of the paper's Eq. 4, 7 and 6, the one that crossed the largest finite value
-    at this magnitude, the smallest beyond it within a factor 16 (one far beyond it crossed at a
-    lower magnitude, where the code did not fail). Where none did but one comes within a factor 16
-    below, the code's own arithmetic overflows, and the nearest is named; "" where none comes near.
-    A sum whose terms of one sign add up beyond the range overflows in some summation orders."""
-    dtype = getattr(subject, "precision", None) or subject.judged().native_dtype
-    top = largest_finite(dtype)
-    r, labels = case.rewards_array(), case.labels()
+    exact intermediates of Eq. 4, 7 and 6 (under the convention judged), the one that crossed the
+    largest finite value at this magnitude, the smallest beyond it within a factor 16 (one far
+    beyond it crossed at a lower magnitude, where the code did not fail). Where none did but one
+    comes within a factor 16 below, the code's own arithmetic overflows, and the nearest is named;
+    "" where none comes near. A sum whose terms of one sign add up beyond the range while the sum
+    does not overflows in some summation orders. Exact: mpmath numbers, beyond float64's range."""
+    conv = subject.judged() if hasattr(subject, "judged") else get_convention("spec")
+    dtype = getattr(subject, "precision", None) or conv.native_dtype
+    top = mpmath.mpf(largest_finite(dtype))
+    wide = np.vectorize(lambda v: mpmath.mpf(float(v)), otypes=[object])
+    r, labels = wide(case.rewards_array()), case.labels()
     found = []  # (value, what, its verb, in some orders only), in the order a code computes them
-    with np.errstate(all="ignore"):
-        groups = [r[labels == g] for g in np.unique(labels)]
-        for what, verb, orders, stat in (
-                ("a group's sum of the rewards (Eq. 4's mean)", "overflows", False, lambda x: np.abs(x.sum(axis=0))),
-                ("a group's sum of the rewards (Eq. 4's mean)", "overflows", True, _one_sign),
-                ("the squared deviations of Eq. 4 (its std)", "overflow", False, lambda x: ((x - x.mean(axis=0)) ** 2).sum(axis=0)),
-                ("the squares of the rewards (sum x^2: a one-pass variance)", "overflow", False, lambda x: (x * x).sum(axis=0))):
-            found.append((max([0.0] + [float(np.max(stat(x))) for x in groups]), what, verb, orders))
-        exp = expected(case, "spec")
-        if exp.result is not None:
-            z, c = exp.result.z.float64, exp.result.combined.float64
-            wz = z * (np.ones(z.shape[1]) if case.weights is None else np.asarray(case.weights, dtype=np.float64))
-            verl = getattr(subject, "shape", None) == "verl"  # verl whitens c over the responses' tokens
-            tokens = verl_lengths(case.n) if verl else np.ones(case.n)
-            over, mean = "the batch's tokens" if verl else "the batch", np.sum(tokens * c) / np.sum(tokens)
-            found += [(float(np.max(np.abs(wz))), "Eq. 7's terms w_k z_k", "overflow", False),
-                      (float(np.max(np.abs(c))), "Eq. 7's sum c = sum_k w_k z_k", "overflows", False),
-                      (float(np.max(_one_sign(wz.T))), "Eq. 7's sum c = sum_k w_k z_k", "overflows", True),
-                      (float(abs(np.sum(tokens * c))), f"the sum of c over {over} (Eq. 6's mean)", "overflows", False),
-                      (float(_one_sign(tokens * c)), f"the sum of c over {over} (Eq. 6's mean)", "overflows", True),
-                      (float(np.sum(tokens * (c - mean) ** 2)), "the squared deviations of Eq. 6 (its std)", "overflow", False)]
-    crossed = [f for f in found if top <= f[0] and f[0] / 16 <= top]
+
+    def stats(x, names, ddof, tokens=None):  # a sum, its parts of one sign, the squared deviations, the std
+        t = np.ones(x.shape[0], dtype=object) if tokens is None else wide(tokens)
+        total, n = (t[:, None] * x).sum(axis=0), t.sum()
+        squares = (t[:, None] * (x - total / n) ** 2).sum(axis=0)
+        found.extend([(max(abs(v) for v in total), names[0], "overflows", False),
+                      (max(_one_sign(t[:, None] * x)), names[0], "overflows", True),
+                      (max(squares), names[1], "overflow", False),
+                      (max(mpmath.sqrt(q / max(n - ddof, 1)) for q in squares), names[2], "overflows", False)])
+
+    for g in np.unique(labels):
+        stats(r[labels == g], ("a group's sum of the rewards (Eq. 4's mean)", "the squared deviations of Eq. 4 (its std)",
+                               "Eq. 4's std"), conv.group_ddof)
+    found.append((max(v * v for v in r.reshape(-1).tolist() + [0]), "the squares of the rewards (sum x^2: a one-pass variance)", "overflow", False))
+    exp = expected(case, conv.name, subject.token_counts(case) if hasattr(subject, "token_counts") else None)
+    if exp.result is not None:
+        w = wide(np.ones(case.k) if case.weights is None else np.asarray(case.weights, dtype=np.float64))
+        wz = wide(exp.result.z.float64) * w
+        found += [(max(abs(v) for v in wz.reshape(-1)), "Eq. 7's terms w_k z_k", "overflow", False),
+                  (max(abs(v) for v in wz.sum(axis=1)), "Eq. 7's sum c = sum_k w_k z_k", "overflows", False),
+                  (max(_one_sign(wz.T)), "Eq. 7's sum c = sum_k w_k z_k", "overflows", True)]
+        if conv.whiten != "none":  # verl whitens c over the responses' tokens
+            verl = getattr(subject, "shape", None) == "verl"
+            over = "the batch's tokens" if verl else "the batch"
+            stats(wz.sum(axis=1)[:, None], (f"the sum of c over {over} (Eq. 6's mean)", "the squared deviations of Eq. 6 "
+                                            "(its std)", "Eq. 6's std"), conv.whiten_ddof, verl_lengths(case.n) if verl else None)
+    crossed = [f for f in found if top < f[0] <= 16 * top]
     if crossed:
         value, what, verb, orders = min(crossed, key=lambda f: f[0])
         if orders:
             return (f"{what} {verb} {dtype} in some summation orders (its terms of one sign add up to "
-                    f"{value:.3g}, beyond {top:.3g})")
-        return f"{what} {verb} {dtype} (beyond {top:.3g})"
-    near = [f for f in found if top / 16 <= f[0] < top]
+                    f"{float(value):.3g}, beyond {float(top):.3g})")
+        return f"{what} {verb} {dtype} (beyond {float(top):.3g})"
+    near = [f for f in found if top / 16 <= f[0] <= top]
     if not near:
         return ""
     value, what, _, _ = max(near, key=lambda f: f[0])
-    return (f"the code's own arithmetic overflows {dtype}: no exact intermediate of the paper's Eq. 4, 7 "
-            f"and 6 does here (the nearest, {what}, reaches {value:.3g}; the range ends at {top:.3g})")
+    return (f"the code's own arithmetic overflows {dtype}: no exact intermediate of Eq. 4, 7 and 6 "
+            f"does here (the nearest, {what}, reaches {float(value):.3g}; the range ends at {float(top):.3g})")
 
 
 def _one_sign(x: np.ndarray) -> np.ndarray:
