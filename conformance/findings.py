@@ -269,10 +269,10 @@ def _top(case: Case, inp: str) -> float:
 def mechanism(case: Case, subject) -> str:
     """What overflows the code's working precision on ``case`` (failing at its threshold): of the
     exact intermediates of Eq. 4, 7 and 6 (under the convention judged), the one that crossed the
-    largest finite value at this magnitude, the smallest beyond it within a factor 16 (one far
-    beyond it crossed at a lower magnitude, where the code did not fail). Where none did but one
-    comes within a factor 16 below, the code's own arithmetic overflows, and the nearest is named;
-    "" where none comes near. A sum whose terms of one sign add up beyond the range while the sum
+    largest finite value at this magnitude: the smallest beyond it within a factor 16 (one far
+    beyond it crossed at a lower magnitude, where the code did not fail), else the smallest beyond
+    it. Where none is beyond but one comes within a factor 16 below, the code's own arithmetic
+    overflows, and the nearest is named; "" where none comes near. A sum whose terms of one sign add up beyond the range while the sum
     does not overflows in some summation orders. Exact: mpmath numbers, beyond float64's range."""
     conv = subject.judged() if hasattr(subject, "judged") else get_convention("spec")
     dtype = getattr(subject, "precision", None) or conv.native_dtype
@@ -291,9 +291,10 @@ def mechanism(case: Case, subject) -> str:
                       (max(mpmath.sqrt(q / max(n - ddof, 1)) for q in squares), names[2], "overflows", False)])
 
     for g in np.unique(labels):
-        stats(r[labels == g], ("a group's sum of the rewards (Eq. 4's mean)", "the squared deviations of Eq. 4 (its std)",
-                               "Eq. 4's std"), conv.group_ddof)
-    found.append((max(v * v for v in r.reshape(-1).tolist() + [0]), "the squares of the rewards (sum x^2: a one-pass variance)", "overflow", False))
+        x = r[labels == g]
+        stats(x, ("a group's sum of the rewards (Eq. 4's mean)", "the squared deviations of Eq. 4 (its std)",
+                  "Eq. 4's std"), conv.group_ddof)
+        found.append((max((x * x).sum(axis=0)), "the squares of the rewards (sum x^2: a one-pass variance)", "overflow", False))
     exp = expected(case, conv.name, subject.token_counts(case) if hasattr(subject, "token_counts") else None)
     if exp.result is not None:
         w = wide(np.ones(case.k) if case.weights is None else np.asarray(case.weights, dtype=np.float64))
@@ -306,7 +307,7 @@ def mechanism(case: Case, subject) -> str:
             over = "the batch's tokens" if verl else "the batch"
             stats(wz.sum(axis=1)[:, None], (f"the sum of c over {over} (Eq. 6's mean)", "the squared deviations of Eq. 6 "
                                             "(its std)", "Eq. 6's std"), conv.whiten_ddof, verl_lengths(case.n) if verl else None)
-    crossed = [f for f in found if top < f[0] <= 16 * top]
+    crossed = [f for f in found if top < f[0] <= 16 * top] or [f for f in found if top < f[0]]
     if crossed:
         value, what, verb, orders = min(crossed, key=lambda f: f[0])
         if orders:

@@ -152,15 +152,18 @@ def test_the_overflow_named_is_one_that_overflows():
     """At a failure's threshold the cause named is an intermediate beyond the range, not one merely
     near it: with w = 1e38 on groups of two, |w z| is 7.1e37 (verl and ms-swift were told "Eq. 7's
     terms w_k z_k overflow"). verl sums c over the responses' tokens for Eq. 6's mean: that sum is
-    beyond the range. A code of the trl shape failing there overflows in its own arithmetic. With
-    w = 5e38 (float64 weights) the terms do overflow, just: 3.5e38, where Eq. 6's std is 2.9e38."""
+    beyond the range, just. With w = 5e38 (float64 weights) the terms do overflow, just: 3.5e38,
+    where Eq. 6's std is 2.9e38. Under multireward-grpo's convention (ddof 0, no Eq. 6), w = 1.5e308
+    on rewards [0, 1] takes no exact intermediate beyond float64's range (|w z| is 1.5e308): a
+    failure there is the code's own arithmetic."""
     rewards = ((0.0,), (0.0,), (0.0,), (1.0,))
     near = Case(rewards, dtype="float32", group_size=2, weights=(1e38,))
     assert F.mechanism(near, types.SimpleNamespace(precision="float32", shape="verl")) == \
         "the sum of c over the batch's tokens (Eq. 6's mean) overflows float32 (beyond 3.4e+38)"
-    assert F.mechanism(near, types.SimpleNamespace(precision="float32", shape="trl")) == (
-        "the code's own arithmetic overflows float32: no exact intermediate of Eq. 4, 7 and 6 does "
-        "here (the nearest, Eq. 7's terms w_k z_k, reaches 7.07e+37; the range ends at 3.4e+38)")
     beyond = Case(rewards, dtype="float32", group_size=2, weights=(5e38,))
     assert F.mechanism(beyond, types.SimpleNamespace(precision="float32", shape="trl")) == \
         "Eq. 7's terms w_k z_k overflow float32 (beyond 3.4e+38)"
+    own = Case(((0.0,), (1.0,)), dtype="float64", group_size=2, weights=(1.5e308,))
+    assert F.mechanism(own, Subject("conformance.peers:multireward_grpo", "gdpo", "multireward_grpo")) == (
+        "the code's own arithmetic overflows float64: no exact intermediate of Eq. 4, 7 and 6 does "
+        "here (the nearest, Eq. 7's terms w_k z_k, reaches 1.5e+308; the range ends at 1.8e+308)")
