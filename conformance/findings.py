@@ -270,9 +270,10 @@ def mechanism(case: Case, subject) -> str:
     """What overflows the code's working precision on ``case`` (failing at its threshold): of the
     exact intermediates of Eq. 4, 7 and 6 (under the convention judged), the one that crossed the
     largest finite value at this magnitude: the smallest beyond it within a factor 16 (one far
-    beyond it crossed at a lower magnitude, where the code did not fail), else the smallest beyond
-    it. Where none is beyond but one comes within a factor 16 below, the code's own arithmetic
-    overflows, and the nearest is named; "" where none comes near. A sum whose terms of one sign add up beyond the range while the sum
+    beyond it crossed at a lower magnitude, where the code did not fail). Where none did but one
+    comes within a factor 16 below, the code's own arithmetic overflows, and the nearest is named;
+    else the smallest beyond the range, however far (a code whose formula is not the paper's);
+    "" where none is. A sum whose terms of one sign add up beyond the range while the sum
     does not overflows in some summation orders. Exact: mpmath numbers, beyond float64's range."""
     conv = subject.judged() if hasattr(subject, "judged") else get_convention("spec")
     dtype = getattr(subject, "precision", None) or conv.native_dtype
@@ -307,16 +308,17 @@ def mechanism(case: Case, subject) -> str:
             over = "the batch's tokens" if verl else "the batch"
             stats(wz.sum(axis=1)[:, None], (f"the sum of c over {over} (Eq. 6's mean)", "the squared deviations of Eq. 6 "
                                             "(its std)", "Eq. 6's std"), conv.whiten_ddof, verl_lengths(case.n) if verl else None)
-    crossed = [f for f in found if top < f[0] <= 16 * top] or [f for f in found if top < f[0]]
-    if crossed:
+    crossed = [f for f in found if top < f[0] <= 16 * top]
+    near = [f for f in found if top / 16 <= f[0] <= top]
+    if crossed or not near:
+        crossed = crossed or [f for f in found if top < f[0]]
+        if not crossed:
+            return ""
         value, what, verb, orders = min(crossed, key=lambda f: f[0])
         if orders:
             return (f"{what} {verb} {dtype} in some summation orders (its terms of one sign add up to "
                     f"{float(value):.3g}, beyond {float(top):.3g})")
         return f"{what} {verb} {dtype} (beyond {float(top):.3g})"
-    near = [f for f in found if top / 16 <= f[0] <= top]
-    if not near:
-        return ""
     value, what, _, _ = max(near, key=lambda f: f[0])
     return (f"the code's own arithmetic overflows {dtype}: no exact intermediate of Eq. 4, 7 and 6 "
             f"does here (the nearest, {what}, reaches {float(value):.3g}; the range ends at {float(top):.3g})")

@@ -155,7 +155,8 @@ def test_the_overflow_named_is_one_that_overflows():
     beyond the range, just. With w = 5e38 (float64 weights) the terms do overflow, just: 3.5e38,
     where Eq. 6's std is 2.9e38. Under multireward-grpo's convention (ddof 0, no Eq. 6), w = 1.5e308
     on rewards [0, 1] takes no exact intermediate beyond float64's range (|w z| is 1.5e308): a
-    failure there is the code's own arithmetic."""
+    failure there is the code's own arithmetic. Where nothing is near the range, the smallest
+    intermediate beyond it is named however far (rewards 1e30: Eq. 4's squared deviations, 5e59)."""
     rewards = ((0.0,), (0.0,), (0.0,), (1.0,))
     near = Case(rewards, dtype="float32", group_size=2, weights=(1e38,))
     assert F.mechanism(near, types.SimpleNamespace(precision="float32", shape="verl")) == \
@@ -167,3 +168,6 @@ def test_the_overflow_named_is_one_that_overflows():
     assert F.mechanism(own, Subject("conformance.peers:multireward_grpo", "gdpo", "multireward_grpo")) == (
         "the code's own arithmetic overflows float64: no exact intermediate of Eq. 4, 7 and 6 does "
         "here (the nearest, Eq. 7's terms w_k z_k, reaches 1.5e+308; the range ends at 1.8e+308)")
+    far = Case(((0.0,), (1e30,)), dtype="float32", group_size=2)
+    assert F.mechanism(far, types.SimpleNamespace(precision="float32", shape="trl")) == \
+        "the squared deviations of Eq. 4 (its std) overflow float32 (beyond 3.4e+38)"
