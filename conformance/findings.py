@@ -236,7 +236,7 @@ def findings(failures: list, subject) -> list:
                 exc, _ = runner.reduce(first.check, subject, example, exc, REDUCE_CALLS)
                 example = getattr(exc, "case", example)
             overflow = thr and cat in (Category.NON_FINITE, Category.SILENT_ZERO)
-            cause = getattr(exc, "cause", None) or (mechanism(example, subject) if overflow else "") \
+            cause = getattr(exc, "cause", None) or (mechanism(example, subject, cat) if overflow else "") \
                 or _cause_line(exc)
         else:  # reduced where it is a value case
             exc, _ = runner.reduce(first.check, subject, first.case, first.exc, REDUCE_CALLS)
@@ -266,15 +266,17 @@ def _top(case: Case, inp: str) -> float:
     return max((abs(v) for v in values if math.isfinite(v)), default=0.0)
 
 
-def mechanism(case: Case, subject) -> str:
+def mechanism(case: Case, subject, category=Category.NON_FINITE) -> str:
     """What overflows the code's working precision on ``case`` (failing at its threshold): of the
     exact intermediates of Eq. 4, 7 and 6 (under the convention judged), the one that crossed the
     largest finite value at this magnitude: the smallest beyond it within a factor 16 (one far
     beyond it crossed at a lower magnitude, where the code did not fail). Where none did but one
     comes within a factor 16 below, the code's own arithmetic overflows, and the nearest is named;
     else the smallest beyond the range, however far (a code whose formula is not the paper's);
-    "" where none is. A sum whose terms of one sign add up beyond the range while the sum
-    does not overflows in some summation orders. Exact: mpmath numbers, beyond float64's range."""
+    "" where none is. Among these, first those whose overflow gives what the code returned
+    (``category``): zeros from a std turned inf (squared deviations, a std), NaN or inf from the
+    others. A sum whose terms of one sign add up beyond the range while the sum does not overflows
+    in some summation orders. Exact: mpmath numbers, beyond float64's range."""
     conv = subject.judged() if hasattr(subject, "judged") else get_convention("spec")
     dtype = getattr(subject, "precision", None) or conv.native_dtype
     top = mpmath.mpf(largest_finite(dtype))
@@ -308,18 +310,20 @@ def mechanism(case: Case, subject) -> str:
             over = "the batch's tokens" if verl else "the batch"
             stats(wz.sum(axis=1)[:, None], (f"the sum of c over {over} (Eq. 6's mean)", "the squared deviations of Eq. 6 "
                                             "(its std)", "Eq. 6's std"), conv.whiten_ddof, verl_lengths(case.n) if verl else None)
+    zero = category == Category.SILENT_ZERO
+    unlike = lambda f: ("squared" in f[1] or "std" in f[1]) != zero  # noqa: E731 - gives another symptom
     crossed = [f for f in found if top < f[0] <= 16 * top]
     near = [f for f in found if top / 16 <= f[0] <= top]
     if crossed or not near:
         crossed = crossed or [f for f in found if top < f[0]]
         if not crossed:
             return ""
-        value, what, verb, orders = min(crossed, key=lambda f: f[0])
+        value, what, verb, orders = min(crossed, key=lambda f: (unlike(f), f[0]))
         if orders:
             return (f"{what} {verb} {dtype} in some summation orders (its terms of one sign add up to "
                     f"{float(value):.3g}, beyond {float(top):.3g})")
         return f"{what} {verb} {dtype} (beyond {float(top):.3g})"
-    value, what, _, _ = max(near, key=lambda f: f[0])
+    value, what, _, _ = max(near, key=lambda f: (not unlike(f), f[0]))
     return (f"the code's own arithmetic overflows {dtype}: no exact intermediate of Eq. 4, 7 and 6 "
             f"does here (the nearest, {what}, reaches {float(value):.3g}; the range ends at {float(top):.3g})")
 
