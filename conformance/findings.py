@@ -273,9 +273,9 @@ def mechanism(case: Case, subject, category=Category.NON_FINITE) -> str:
     beyond it crossed at a lower magnitude, where the code did not fail). Where none did but one
     comes within a factor 16 below, the code's own arithmetic overflows, and the nearest is named;
     else the smallest beyond the range, however far (a code whose formula is not the paper's);
-    "" where none is. Among these, first those whose overflow gives what the code returned
-    (``category``): zeros from a std turned inf (squared deviations, a std), NaN or inf from the
-    others. A sum whose terms of one sign add up beyond the range while the sum does not overflows
+    "" where none is. Of those at this magnitude, first those whose overflow gives what the code
+    returned (``category``): zeros from a std turned inf (squared deviations, a std), NaN or inf
+    from the others. A sum whose terms of one sign add up beyond the range while the sum does not overflows
     in some summation orders. Exact: mpmath numbers, beyond float64's range."""
     conv = subject.judged() if hasattr(subject, "judged") else get_convention("spec")
     dtype = getattr(subject, "precision", None) or conv.native_dtype
@@ -315,10 +315,10 @@ def mechanism(case: Case, subject, category=Category.NON_FINITE) -> str:
     crossed = [f for f in found if top < f[0] <= 16 * top]
     near = [f for f in found if top / 16 <= f[0] <= top]
     if crossed or not near:
-        crossed = crossed or [f for f in found if top < f[0]]
-        if not crossed:
+        far = [f for f in found if top < f[0]]  # crossed long before the code failed: no symptom to read
+        if not crossed and not far:
             return ""
-        value, what, verb, orders = min(crossed, key=lambda f: (unlike(f), f[0]))
+        value, what, verb, orders = min(crossed, key=lambda f: (unlike(f), f[0])) if crossed else min(far, key=lambda f: f[0])
         if orders:
             return (f"{what} {verb} {dtype} in some summation orders (its terms of one sign add up to "
                     f"{float(value):.3g}, beyond {float(top):.3g})")
