@@ -18,7 +18,6 @@ from conformance.cases import Case, DistCase, expected
 from conformance.compare import decimal, repro
 from conformance.error_cases import CAUSES, DIST_ERROR_BY_NAME, ERROR_BY_NAME
 from conformance.judge import ConformanceFailure
-from conformance.subject import verl_lengths
 from conformance.verdicts import ORDINARY, Category, label, ordinary
 from spec.conventions import get_convention
 from spec.error_model import largest_finite, round_to
@@ -275,8 +274,8 @@ def mechanism(case: Case, subject, category=Category.NON_FINITE) -> str:
     else the smallest beyond the range, however far (a code whose formula is not the paper's);
     "" where none is. Of those at this magnitude, first those whose overflow gives what the code
     returned (``category``): zeros from a std turned inf (squared deviations, a std), NaN or inf
-    from the others. A sum whose terms of one sign add up beyond the range while the sum does not overflows
-    in some summation orders. Exact: mpmath numbers, beyond float64's range."""
+    from the others. A sum whose terms of one sign add up beyond the range while the sum does not
+    overflows in some summation orders. Exact: mpmath numbers, beyond float64's range."""
     conv = subject.judged() if hasattr(subject, "judged") else get_convention("spec")
     dtype = getattr(subject, "precision", None) or conv.native_dtype
     top = mpmath.mpf(largest_finite(dtype))
@@ -297,19 +296,21 @@ def mechanism(case: Case, subject, category=Category.NON_FINITE) -> str:
         x = r[labels == g]
         stats(x, ("a group's sum of the rewards (Eq. 4's mean)", "the squared deviations of Eq. 4 (its std)",
                   "Eq. 4's std"), conv.group_ddof)
-        found.append((max((x * x).sum(axis=0)), "the squares of the rewards (sum x^2: a one-pass variance)", "overflow", False))
-    exp = expected(case, conv.name, subject.token_counts(case) if hasattr(subject, "token_counts") else None)
+        found.append((max((x * x).sum(axis=0)), "the squares of the rewards (sum x^2: a one-pass variance)",
+                      "overflow", False))
+    tokens = subject.token_counts(case) if hasattr(subject, "token_counts") else None  # verl: Eq. 6 over tokens
+    exp = expected(case, conv.name, tokens)
     if exp.result is not None:
         w = wide(np.ones(case.k) if case.weights is None else np.asarray(case.weights, dtype=np.float64))
         wz = wide(exp.result.z.float64) * w
         found += [(max(abs(v) for v in wz.reshape(-1)), "Eq. 7's terms w_k z_k", "overflow", False),
                   (max(abs(v) for v in wz.sum(axis=1)), "Eq. 7's sum c = sum_k w_k z_k", "overflows", False),
                   (max(_one_sign(wz.T)), "Eq. 7's sum c = sum_k w_k z_k", "overflows", True)]
-        if conv.whiten != "none":  # verl whitens c over the responses' tokens
-            verl = getattr(subject, "shape", None) == "verl"
-            over = "the batch's tokens" if verl else "the batch"
-            stats(wz.sum(axis=1)[:, None], (f"the sum of c over {over} (Eq. 6's mean)", "the squared deviations of Eq. 6 "
-                                            "(its std)", "Eq. 6's std"), conv.whiten_ddof, verl_lengths(case.n) if verl else None)
+        if conv.whiten != "none":
+            over = "the batch" if tokens is None else "the batch's tokens"
+            stats(wz.sum(axis=1)[:, None], (f"the sum of c over {over} (Eq. 6's mean)",
+                                            "the squared deviations of Eq. 6 (its std)", "Eq. 6's std"),
+                  conv.whiten_ddof, tokens)
     zero = category == Category.SILENT_ZERO
     unlike = lambda f: ("squared" in f[1] or "std" in f[1]) != zero  # noqa: E731 - gives another symptom
     crossed = [f for f in found if top < f[0] <= 16 * top]
@@ -318,7 +319,8 @@ def mechanism(case: Case, subject, category=Category.NON_FINITE) -> str:
         far = [f for f in found if top < f[0]]  # crossed long before the code failed: no symptom to read
         if not crossed and not far:
             return ""
-        value, what, verb, orders = min(crossed, key=lambda f: (unlike(f), f[0])) if crossed else min(far, key=lambda f: f[0])
+        value, what, verb, orders = (min(crossed, key=lambda f: (unlike(f), f[0])) if crossed
+                                     else min(far, key=lambda f: f[0]))
         if orders:
             return (f"{what} {verb} {dtype} in some summation orders (its terms of one sign add up to "
                     f"{float(value):.3g}, beyond {float(top):.3g})")

@@ -162,7 +162,7 @@ def test_the_overflow_named_is_one_that_overflows():
     from a std turned inf."""
     rewards = ((0.0,), (0.0,), (0.0,), (1.0,))
     near = Case(rewards, dtype="float32", group_size=2, weights=(1e38,))
-    assert F.mechanism(near, types.SimpleNamespace(precision="float32", shape="verl")) == \
+    assert F.mechanism(near, Subject("conformance.peers:verl", "verl", "verl")) == \
         "the sum of c over the batch's tokens (Eq. 6's mean) overflows float32 (beyond 3.4e+38)"
     beyond = Case(rewards, dtype="float32", group_size=2, weights=(5e38,))
     assert F.mechanism(beyond, types.SimpleNamespace(precision="float32", shape="trl")) == \
