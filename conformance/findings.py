@@ -10,6 +10,7 @@ import itertools
 import math
 from typing import Callable
 
+import mpmath
 import numpy as np
 
 from conformance import formulas, runner
@@ -18,6 +19,7 @@ from conformance.compare import decimal, repro
 from conformance.error_cases import CAUSES, DIST_ERROR_BY_NAME, ERROR_BY_NAME
 from conformance.judge import ConformanceFailure
 from conformance.verdicts import ORDINARY, Category, label, ordinary
+from spec.conventions import get_convention
 from spec.error_model import largest_finite, round_to
 
 #: the regimes, in the order findings are ranked
@@ -233,7 +235,7 @@ def findings(failures: list, subject) -> list:
                 exc, _ = runner.reduce(first.check, subject, example, exc, REDUCE_CALLS)
                 example = getattr(exc, "case", example)
             overflow = thr and cat in (Category.NON_FINITE, Category.SILENT_ZERO)
-            cause = getattr(exc, "cause", None) or (mechanism(example, subject) if overflow else "") \
+            cause = getattr(exc, "cause", None) or (mechanism(example, subject, cat) if overflow else "") \
                 or _cause_line(exc)
         else:  # reduced where it is a value case
             exc, _ = runner.reduce(first.check, subject, first.case, first.exc, REDUCE_CALLS)
@@ -263,31 +265,75 @@ def _top(case: Case, inp: str) -> float:
     return max((abs(v) for v in values if math.isfinite(v)), default=0.0)
 
 
-def mechanism(case: Case, subject) -> str:
+def mechanism(case: Case, subject, category=Category.NON_FINITE) -> str:
     """What overflows the code's working precision on ``case`` (failing at its threshold): of the
-    exact intermediates of Eq. 4, 7 and 6, the one nearest the largest finite value or beyond it;
-    "" where none comes within a factor 16."""
-    dtype = getattr(subject, "precision", None) or subject.judged().native_dtype
-    top = largest_finite(dtype)
-    r, labels = case.rewards_array(), case.labels()
-    with np.errstate(all="ignore"):
-        groups = [r[labels == g] for g in np.unique(labels)]
-        found = {what: max([0.0] + [float(np.max(stat(x))) for x in groups]) for what, stat in (
-            ("a group's sum of the rewards (Eq. 4's mean) overflows", lambda x: np.abs(x.sum(axis=0))),
-            ("the squared deviations of Eq. 4 (its std) overflow", lambda x: ((x - x.mean(axis=0)) ** 2).sum(axis=0)),
-            ("the squares of the rewards (sum x^2: a one-pass variance) overflow", lambda x: (x * x).sum(axis=0)))}
-        exp = expected(case, "spec")
-        if exp.result is not None:
-            z, c = exp.result.z.float64, exp.result.combined.float64
-            w = np.ones(z.shape[1]) if case.weights is None else np.abs(np.asarray(case.weights, dtype=np.float64))
-            found["Eq. 7's terms w_k z_k overflow"] = float(np.max(np.abs(z) * w))
-            found["the sum of c over the batch (Eq. 6's mean) overflows"] = float(np.abs(np.sum(c)))
-            found["the squared deviations of Eq. 6 (its std) overflow"] = float(np.sum((c - c.mean()) ** 2))
-    crossed = [(v, w) for w, v in found.items() if v >= top / 16]  # near the range or beyond it
-    if not crossed:
-        return ""
-    _, what = min(crossed)  # at the threshold, the one that just crossed: the others cross later or earlier
-    return f"{what} {dtype} (beyond {top:.3g})"
+    exact intermediates of Eq. 4, 7 and 6 (under the convention judged), the one that crossed the
+    largest finite value at this magnitude: the smallest beyond it within a factor 16 (one far
+    beyond it crossed at a lower magnitude, where the code did not fail). Where none did but one
+    comes within a factor 16 below, the code's own arithmetic overflows, and the nearest is named;
+    else the smallest beyond the range, however far (a code whose formula is not the paper's);
+    "" where none is. Of those at this magnitude, first those whose overflow gives what the code
+    returned (``category``): zeros from a std turned inf (squared deviations, a std), NaN or inf
+    from the others. A sum whose terms of one sign add up beyond the range while the sum does not
+    overflows in some summation orders. Exact: mpmath numbers, beyond float64's range."""
+    conv = subject.judged() if hasattr(subject, "judged") else get_convention("spec")
+    dtype = getattr(subject, "precision", None) or conv.native_dtype
+    top = mpmath.mpf(largest_finite(dtype))
+    wide = np.vectorize(lambda v: mpmath.mpf(float(v)), otypes=[object])
+    r, labels = wide(case.rewards_array()), case.labels()
+    found = []  # (value, what, its verb, in some orders only), in the order a code computes them
+
+    def stats(x, names, ddof, tokens=None):  # a sum, its parts of one sign, the squared deviations, the std
+        t = np.ones(x.shape[0], dtype=object) if tokens is None else wide(tokens)
+        total, n = (t[:, None] * x).sum(axis=0), t.sum()
+        squares = (t[:, None] * (x - total / n) ** 2).sum(axis=0)
+        found.extend([(max(abs(v) for v in total), names[0], "overflows", False),
+                      (max(_one_sign(t[:, None] * x)), names[0], "overflows", True),
+                      (max(squares), names[1], "overflow", False),
+                      (max(mpmath.sqrt(q / max(n - ddof, 1)) for q in squares), names[2], "overflows", False)])
+
+    for g in np.unique(labels):
+        x = r[labels == g]
+        stats(x, ("a group's sum of the rewards (Eq. 4's mean)", "the squared deviations of Eq. 4 (its std)",
+                  "Eq. 4's std"), conv.group_ddof)
+        found.append((max((x * x).sum(axis=0)), "the squares of the rewards (sum x^2: a one-pass variance)",
+                      "overflow", False))
+    tokens = subject.token_counts(case) if hasattr(subject, "token_counts") else None  # verl: Eq. 6 over tokens
+    exp = expected(case, conv.name, tokens)
+    if exp.result is not None:
+        w = wide(np.ones(case.k) if case.weights is None else np.asarray(case.weights, dtype=np.float64))
+        wz = wide(exp.result.z.float64) * w
+        found += [(max(abs(v) for v in wz.reshape(-1)), "Eq. 7's terms w_k z_k", "overflow", False),
+                  (max(abs(v) for v in wz.sum(axis=1)), "Eq. 7's sum c = sum_k w_k z_k", "overflows", False),
+                  (max(_one_sign(wz.T)), "Eq. 7's sum c = sum_k w_k z_k", "overflows", True)]
+        if conv.whiten != "none":
+            over = "the batch" if tokens is None else "the batch's tokens"
+            stats(wz.sum(axis=1)[:, None], (f"the sum of c over {over} (Eq. 6's mean)",
+                                            "the squared deviations of Eq. 6 (its std)", "Eq. 6's std"),
+                  conv.whiten_ddof, tokens)
+    zero = category == Category.SILENT_ZERO
+    unlike = lambda f: ("squared" in f[1] or "std" in f[1]) != zero  # noqa: E731 - gives another symptom
+    crossed = [f for f in found if top < f[0] <= 16 * top]
+    near = [f for f in found if top / 16 <= f[0] <= top]
+    if crossed or not near:
+        far = [f for f in found if top < f[0]]  # crossed long before the code failed: no symptom to read
+        if not crossed and not far:
+            return ""
+        value, what, verb, orders = (min(crossed, key=lambda f: (unlike(f), f[0])) if crossed
+                                     else min(far, key=lambda f: f[0]))
+        if orders:
+            return (f"{what} {verb} {dtype} in some summation orders (its terms of one sign add up to "
+                    f"{float(value):.3g}, beyond {float(top):.3g})")
+        return f"{what} {verb} {dtype} (beyond {float(top):.3g})"
+    value, what, _, _ = max(near, key=lambda f: (not unlike(f), f[0]))
+    return (f"the code's own arithmetic overflows {dtype}: no exact intermediate of Eq. 4, 7 and 6 "
+            f"does here (the nearest, {what}, reaches {float(value):.3g}; the range ends at {float(top):.3g})")
+
+
+def _one_sign(x: np.ndarray) -> np.ndarray:
+    """The larger of a sum's parts of one sign, along axis 0: what a partial sum reaches in the
+    worst order."""
+    return np.maximum(np.where(x > 0, x, 0).sum(axis=0), np.where(x < 0, -x, 0).sum(axis=0))
 
 
 def from_probes(prof, subject) -> "Finding | None":

@@ -12,6 +12,7 @@ control of the regime's decision).
 from __future__ import annotations
 
 import functools
+import types
 import math
 
 import numpy as np
@@ -22,6 +23,7 @@ from conformance import grading, runner
 from conformance import judge as J
 from conformance.cases import Case, DistCase
 from conformance.subject import Subject
+from conformance.verdicts import Category
 
 
 @functools.cache  # each implementation graded once per worker: several tests read its findings
@@ -145,3 +147,34 @@ def test_the_reduction_reaches_the_ends_of_float64():
     for v in (1.7976931348623157e308, -1e308, 5e-324, 3e-320):
         simpler = runner._simpler(v, "float64")
         assert simpler and all(x == x and abs(x) != float("inf") for x in simpler), (v, simpler)
+
+
+def test_the_overflow_named_is_one_that_overflows():
+    """At a failure's threshold the cause named is an intermediate beyond the range, not one merely
+    near it: with w = 1e38 on groups of two, |w z| is 7.1e37 (verl and ms-swift were told "Eq. 7's
+    terms w_k z_k overflow"). verl sums c over the responses' tokens for Eq. 6's mean: that sum is
+    beyond the range, just. With w = 5e38 (float64 weights) the terms do overflow, just: 3.5e38,
+    where Eq. 6's std is 2.9e38. Under multireward-grpo's convention (ddof 0, no Eq. 6), w = 1.5e308
+    on rewards [0, 1] takes no exact intermediate beyond float64's range (|w z| is 1.5e308): a
+    failure there is the code's own arithmetic. Where nothing is near the range, the smallest
+    intermediate beyond it is named however far (rewards 1e30: Eq. 4's squared deviations, 5e59).
+    Of two beyond it, the one whose overflow gives what the code returned: NaN from a sum, zeros
+    from a std turned inf."""
+    rewards = ((0.0,), (0.0,), (0.0,), (1.0,))
+    near = Case(rewards, dtype="float32", group_size=2, weights=(1e38,))
+    assert F.mechanism(near, Subject("conformance.peers:verl", "verl", "verl")) == \
+        "the sum of c over the batch's tokens (Eq. 6's mean) overflows float32 (beyond 3.4e+38)"
+    beyond = Case(rewards, dtype="float32", group_size=2, weights=(5e38,))
+    assert F.mechanism(beyond, types.SimpleNamespace(precision="float32", shape="trl")) == \
+        "Eq. 7's terms w_k z_k overflow float32 (beyond 3.4e+38)"
+    own = Case(((0.0,), (1.0,)), dtype="float64", group_size=2, weights=(1.5e308,))
+    assert F.mechanism(own, Subject("conformance.peers:multireward_grpo", "gdpo", "multireward_grpo")) == (
+        "the code's own arithmetic overflows float64: no exact intermediate of Eq. 4, 7 and 6 does "
+        "here (the nearest, Eq. 7's terms w_k z_k, reaches 1.5e+308; the range ends at 1.8e+308)")
+    both = Case(((3.4e38,), (-3.4e38,), (3.4e38,)), dtype="float32", group_size=3)  # sum 6.8e38, std 3.9e38
+    at = types.SimpleNamespace(precision="float32", shape="trl")
+    assert F.mechanism(both, at, Category.NON_FINITE).startswith(
+        "a group's sum of the rewards (Eq. 4's mean) overflows float32 in some summation orders")
+    assert F.mechanism(both, at, Category.SILENT_ZERO) == "Eq. 4's std overflows float32 (beyond 3.4e+38)"
+    far = Case(((0.0,), (1e30,)), dtype="float32", group_size=2)
+    assert F.mechanism(far, at) == "the squared deviations of Eq. 4 (its std) overflow float32 (beyond 3.4e+38)"
