@@ -168,10 +168,11 @@ def table(g: Grading) -> list[str]:
     note said once under it with the rows it holds for, the skipped rows merged by reason."""
     graded = sorted((r for r in g.rows if r.verdict != "skipped"), key=lambda r: r.verdict != "failed")
     passed = [r for r in graded if r.verdict == "passed"]
-    out = [f"{'property':<28} {'verdict':<7} {'cases':>5} {'failed':>6}  categories / notes"]
-    out += [_clip(f"{r.name:<28} {r.verdict:<7} {r.cases:>5} {r.failed:>6}  "
-                  + "; ".join(x for x in (", ".join(r.categories), _hung(r)) if x))
-            for r in graded if r not in passed]
+    out = [_clip(f"{r.name:<28} {r.verdict:<7} {r.cases:>5} {r.failed:>6}  "
+                 + "; ".join(x for x in (", ".join(r.categories), _hung(r)) if x))
+           for r in graded if r not in passed]
+    if out:  # a header over the rows that did not pass, none over nothing
+        out.insert(0, f"{'property':<28} {'verdict':<7} {'cases':>5} {'failed':>6}  categories / notes")
     if passed:
         out.append(_clip(f"passed ({len(passed)}): {', '.join(r.name for r in passed)}"))
     noted: dict = {}

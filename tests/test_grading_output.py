@@ -132,6 +132,14 @@ def test_a_note_is_said_once_under_the_table_naming_its_rows():
     assert next(ln for ln in lines if ln.startswith("plain ")).rstrip().endswith("refused"), lines
 
 
+def test_no_table_header_over_nothing():
+    """Where every row passed, the header of the failed rows stood over no row."""
+    rows = [grading.Row("plain", "passed", cases=30), grading.Row("rounding", "passed", cases=28)]
+    assert grading.table(types.SimpleNamespace(rows=rows)) == ["passed (2): plain, rounding"]
+    rows.append(grading.Row("offsets", "failed", cases=30, failed=1, categories=("precision",)))
+    assert grading.table(types.SimpleNamespace(rows=rows))[0].startswith("property ")
+
+
 def test_a_row_stops_at_its_first_hang():
     """Rank 1 raises while rank 0 waits in all_reduce: every case of a multi-process row hangs,
     and each hang costs the grace, the kill and a restart of the pool of ranks (a float64 code of
