@@ -37,6 +37,9 @@ _OUTLIER = ((1,), (0,), (0,), (0,)) + ((0,),) * 12 + ((1,),) * 12 + ((2,),) * 12
 #: reaches 3 ((G - 1) / sqrt(G) is the largest |z| of a group of G); beside a group of two ones
 #: (|z| = 2.1), so that Eq. 6 cannot undo what a clip of z does (it would, on one group alone)
 _BIG_GROUPS = ((1,),) + ((0,),) * 11 + ((1,),) * 2 + ((0,),) * 10
+#: groups of 128, the same shape: |z| = 127 / sqrt(128) = 11.2 at Eq. 4 and |a| = 11.2 after Eq. 6,
+#: beyond a clip at 10 (PPO-style codes clamp advantages there)
+_HUGE_GROUPS = ((1,),) + ((0,),) * 127 + ((1,),) * 2 + ((0,),) * 126
 
 
 def _case(rows, group_size, weights, ctx, scale=1.0) -> Case:
@@ -60,6 +63,7 @@ def probe_cases(ctx) -> list[Case]:
         _case(_PAIRS, 2, (1.0, 1.0), ctx),
         _case(_EIGHTS, 8, (1.0, 0.25), ctx),
         _case(_BIG_GROUPS, 12, None, ctx),                                 # a clip of z bites here
+        _case(_HUGE_GROUPS, 128, None, ctx),                               # and a clip at 10 here
     ]
 
 
@@ -324,7 +328,8 @@ def profile(subject) -> Profile:
 PROBE_WORDS = ("4 groups of 4, three columns", "one outlier among 10 groups (|a| = 5.4)",
                "the same scaled by 2^-8 (group stds about 1e-5, eps dominant at Eq. 4)",
                "tiny weights (eps dominant at Eq. 6)", "weights summing to -2.5", "5 groups of 2", "2 groups of 8",
-               "2 groups of 12, one outlier (|z| = 3.2 at Eq. 4)")
+               "2 groups of 12, one outlier (|z| = 3.2 at Eq. 4)",
+               "2 groups of 128, one outlier (|z| = 11.2 at Eq. 4, |a| = 11.2)")
 
 
 def _off_lines(pairs) -> list[str]:

@@ -239,6 +239,34 @@ def test_a_clip_of_z_is_a_formula_the_probes_name():
     assert "not on 2 groups of 12, one outlier (|z| = 3.2 at Eq. 4)" in formula, formula
 
 
+def _z_clipped_at_10(rewards, num_generations, reward_weights):
+    """Eq. 4's z clipped to [-10, 10]: only a group of 102 or more can reach |z| > 10."""
+    g = rewards.view(-1, num_generations, rewards.shape[1])
+    z = ((g - g.mean(1, keepdim=True)) / (g.std(1, keepdim=True) + 1e-4)).clamp(-10.0, 10.0)
+    c = (z * reward_weights).sum(-1).reshape(-1)
+    return (c - c.mean()) / (c.std() + 1e-4)
+
+
+def _a_clipped_at_10(rewards, num_generations, reward_weights):
+    """The paper's formula, advantages clamped to [-10, 10] after Eq. 6, as PPO-style codes do."""
+    g = rewards.view(-1, num_generations, rewards.shape[1])
+    z = (g - g.mean(1, keepdim=True)) / (g.std(1, keepdim=True) + 1e-4)
+    c = (z * reward_weights).sum(-1).reshape(-1)
+    return ((c - c.mean()) / (c.std() + 1e-4)).clamp(-10.0, 10.0)
+
+
+@pytest.mark.parametrize("name, said", [("_z_clipped_at_10", "not on 2 groups of 128, one outlier"),
+                                        ("_a_clipped_at_10", "after Eq. 6: advantages clipped to [-10, 10]")])
+def test_a_clip_at_10_is_a_formula_the_probes_name(name, said):
+    """A clip at 10, of z at Eq. 4 or of the advantages after Eq. 6, shows only where one outlier
+    stands among 102 or more samples of a group: no drawn case and no probe of groups of 12 had
+    one, and such codes conformed. The probe of two groups of 128 makes it a formula finding (the
+    catalogue's clip after Eq. 6, read off that probe's output)."""
+    g = _grade(f"test_grading_output:{name}", select="plain")
+    formula = g.profile.formula or ""
+    assert said in formula and not g.ok, formula
+
+
 @pytest.mark.parametrize("domain", [["max_columns=0"], ["group_sizes=1"], ["max_abs_reward=0"], ["max_abs_weight=0"],
                                     ["min_columns=5", "max_columns=2"]])
 def test_a_domain_that_leaves_nothing_to_draw_is_a_usage_error(domain, capsys):
