@@ -281,51 +281,50 @@ def mechanism(case: Case, subject, category=Category.NON_FINITE) -> str:
     top = mpmath.mpf(largest_finite(dtype))
     wide = np.vectorize(lambda v: mpmath.mpf(float(v)), otypes=[object])
     r, labels = wide(case.rewards_array()), case.labels()
-    found = []  # (value, what, its verb, in some orders only), in the order a code computes them
+    found = []  # (value, what, its verb, in some orders only, its overflow gives zeros), in a code's order
 
     def stats(x, names, ddof, tokens=None):  # a sum, its parts of one sign, the squared deviations, the std
         t = np.ones(x.shape[0], dtype=object) if tokens is None else wide(tokens)
         total, n = (t[:, None] * x).sum(axis=0), t.sum()
         squares = (t[:, None] * (x - total / n) ** 2).sum(axis=0)
-        found.extend([(max(abs(v) for v in total), names[0], "overflows", False),
-                      (max(_one_sign(t[:, None] * x)), names[0], "overflows", True),
-                      (max(squares), names[1], "overflow", False),
-                      (max(mpmath.sqrt(q / max(n - ddof, 1)) for q in squares), names[2], "overflows", False)])
+        found.extend([(max(abs(v) for v in total), names[0], "overflows", False, False),
+                      (max(_one_sign(t[:, None] * x)), names[0], "overflows", True, False),
+                      (max(squares), names[1], "overflow", False, True),  # a std turned inf: zeros
+                      (max(mpmath.sqrt(q / max(n - ddof, 1)) for q in squares), names[2], "overflows", False, True)])
 
     for g in np.unique(labels):
         x = r[labels == g]
         stats(x, ("a group's sum of the rewards (Eq. 4's mean)", "the squared deviations of Eq. 4 (its std)",
                   "Eq. 4's std"), conv.group_ddof)
         found.append((max((x * x).sum(axis=0)), "the squares of the rewards (sum x^2: a one-pass variance)",
-                      "overflow", False))
+                      "overflow", False, False))
     tokens = subject.token_counts(case) if hasattr(subject, "token_counts") else None  # verl: Eq. 6 over tokens
     exp = expected(case, conv.name, tokens)
     if exp.result is not None:
         w = wide(np.ones(case.k) if case.weights is None else np.asarray(case.weights, dtype=np.float64))
         wz = wide(exp.result.z.float64) * w
-        found += [(max(abs(v) for v in wz.reshape(-1)), "Eq. 7's terms w_k z_k", "overflow", False),
-                  (max(abs(v) for v in wz.sum(axis=1)), "Eq. 7's sum c = sum_k w_k z_k", "overflows", False),
-                  (max(_one_sign(wz.T)), "Eq. 7's sum c = sum_k w_k z_k", "overflows", True)]
+        found += [(max(abs(v) for v in wz.reshape(-1)), "Eq. 7's terms w_k z_k", "overflow", False, False),
+                  (max(abs(v) for v in wz.sum(axis=1)), "Eq. 7's sum c = sum_k w_k z_k", "overflows", False, False),
+                  (max(_one_sign(wz.T)), "Eq. 7's sum c = sum_k w_k z_k", "overflows", True, False)]
         if conv.whiten != "none":
             over = "the batch" if tokens is None else "the batch's tokens"
             stats(wz.sum(axis=1)[:, None], (f"the sum of c over {over} (Eq. 6's mean)",
                                             "the squared deviations of Eq. 6 (its std)", "Eq. 6's std"),
                   conv.whiten_ddof, tokens)
-    zero = category == Category.SILENT_ZERO
-    unlike = lambda f: ("squared" in f[1] or "std" in f[1]) != zero  # noqa: E731 - gives another symptom
+    unlike = lambda f: f[4] != (category == Category.SILENT_ZERO)  # noqa: E731 - gives another symptom
     crossed = [f for f in found if top < f[0] <= 16 * top]
     near = [f for f in found if top / 16 <= f[0] <= top]
     if crossed or not near:
         far = [f for f in found if top < f[0]]  # crossed long before the code failed: no symptom to read
         if not crossed and not far:
             return ""
-        value, what, verb, orders = (min(crossed, key=lambda f: (unlike(f), f[0])) if crossed
-                                     else min(far, key=lambda f: f[0]))
+        value, what, verb, orders, _ = (min(crossed, key=lambda f: (unlike(f), f[0])) if crossed
+                                        else min(far, key=lambda f: f[0]))
         if orders:
             return (f"{what} {verb} {dtype} in some summation orders (its terms of one sign add up to "
                     f"{float(value):.3g}, beyond {float(top):.3g})")
         return f"{what} {verb} {dtype} (beyond {float(top):.3g})"
-    value, what, _, _ = max(near, key=lambda f: (not unlike(f), f[0]))
+    value, what, *_ = max(near, key=lambda f: (not unlike(f), f[0]))
     return (f"the code's own arithmetic overflows {dtype}: no exact intermediate of Eq. 4, 7 and 6 "
             f"does here (the nearest, {what}, reaches {float(value):.3g}; the range ends at {float(top):.3g})")
 
