@@ -38,6 +38,7 @@ class ErrorCase:
     #: call shapes that can express it (subject.py says how the verl shape does)
     shapes: tuple = ("gdpo", "trl")
     oracle: bool = False  # cross-check: the oracle refuses the same batch with one of ``expect``
+    needs: tuple = ()  # what of the call it breaks (labels, units, eps): a domain without it is not asked
 
 
 def _cell(draw, case: Case):
@@ -131,7 +132,7 @@ ERROR_CASES = (
     ErrorCase("complex_rewards", (InputDtypeError,), "a complex tensor where real floats are required",
               lambda d, c: dataclasses.replace(c, dtype="complex64"), shapes=("gdpo", "verl")),
     ErrorCase("group_of_one", (GroupError,), "a group of one sample has no unbiased std",
-              _add_singleton, shapes=("gdpo", "verl"), oracle=True),
+              _add_singleton, shapes=("gdpo", "verl"), oracle=True, needs=("labels",)),
     ErrorCase("group_size_one", (GroupError,), "group_size 1: groups of one sample",
               lambda d, c: dataclasses.replace(c, group_ids=None, group_size=1, segment_sizes=None), shapes=ALL_SHAPES,
               oracle=True),
@@ -139,9 +140,10 @@ ERROR_CASES = (
     ErrorCase("labels_length", (ShapeError, GroupError), "group_ids of the wrong length",
               lambda d, c: dataclasses.replace(_labels(c), group_ids=_labels(c).group_ids[:-1]
                                                if d(st.booleans()) else _labels(c).group_ids + (0,)),
-              shapes=("gdpo", "verl")),
+              shapes=("gdpo", "verl"), needs=("labels",)),
     ErrorCase("float_labels", (GroupError, InputDtypeError), "float group labels",
-              lambda d, c: dataclasses.replace(_labels(c), variant="float_labels"), shapes=("gdpo",)),
+              lambda d, c: dataclasses.replace(_labels(c), variant="float_labels"), shapes=("gdpo",),
+              needs=("labels",)),
     ErrorCase("both_group_arguments", (GroupError,), "group_ids and group_size together",
               lambda d, c: dataclasses.replace(c, variant="both_groups"), shapes=("gdpo",)),
     ErrorCase("no_group_argument", (GroupError,), "neither group_ids nor group_size",
@@ -156,19 +158,19 @@ ERROR_CASES = (
     ErrorCase("weights_length", (WeightError, ShapeError), "one weight per reward column",
               lambda d, c: _weights(c, [1.0] * (c.k + d(st.sampled_from([1, 2])))), shapes=ALL_SHAPES, oracle=True),
     ErrorCase("segments_negative", (SegmentError,), "a negative unit size",
-              lambda d, c: dataclasses.replace(c, segment_sizes=(c.n + 1, -1)), shapes=("gdpo",)),
+              lambda d, c: dataclasses.replace(c, segment_sizes=(c.n + 1, -1)), shapes=("gdpo",), needs=("units",)),
     ErrorCase("segments_sum", (SegmentError,), "unit sizes that do not sum to the local sample count",
               lambda d, c: dataclasses.replace(c, segment_sizes=(c.n + d(st.sampled_from([1, -1, 5])),)),
-              shapes=("gdpo",)),
+              shapes=("gdpo",), needs=("units",)),
     ErrorCase("unit_of_one", (SegmentError,), "a whitening unit of one sample has no unbiased std",
-              _unit_of_one, shapes=("gdpo",), oracle=True),
+              _unit_of_one, shapes=("gdpo",), oracle=True, needs=("units",)),
     ErrorCase("empty_batch", (ShapeError,), "no samples", lambda d, c: dataclasses.replace(c, variant="empty"),
               shapes=("gdpo", "verl")),
     ErrorCase("rewards_3d", (ShapeError,), "rewards must be (N, K) or (N,) (verl: token rewards (B, T))",
               lambda d, c: dataclasses.replace(c, variant="rewards_3d"), shapes=("gdpo", "verl")),
     ErrorCase("eps_invalid", (OutOfRangeError,), "eps must be finite and >= 0",
               lambda d, c: dataclasses.replace(c, eps=d(st.sampled_from([-1e-4, math.nan, math.inf]))),
-              shapes=("gdpo",)),
+              shapes=("gdpo",), needs=("eps",)),
     ErrorCase("out_dtype_integer", (InputDtypeError,), "an integer output dtype",
               lambda d, c: dataclasses.replace(c, variant="int_out_dtype"), shapes=("gdpo",)),
 )
@@ -183,19 +185,14 @@ CAUSES = {"nan_reward": "non-finite rewards", "inf_reward": "non-finite rewards"
           "segments_negative": "the unit sizes", "segments_sum": "the unit sizes"}
 
 
-#: Error cases that need the units / the eps argument (not drawn where the declared domain has none).
-UNIT_CASES = ("segments_negative", "segments_sum", "unit_of_one")
-EPS_CASES = ("eps_invalid",)
-
-
 @st.composite
 def error_cases(draw, ctx: S.Context, shape: str, names=None) -> tuple:
     """One valid base call, broken in every way the contract lists (or those ``names``):
     a tuple of cases, each noted ``error:<name>``."""
     pool = [e for e in ERROR_CASES if shape in e.shapes and (names is None or e.name in names)
-            and (ctx.units or e.name not in UNIT_CASES) and (ctx.eps or e.name not in EPS_CASES)]
+            and all(getattr(ctx, need) for need in e.needs)]
     base = draw(S.cases(ctx, kinds=("binary", "ints", "plain"), pairs=(), weight_modes=("none", "ones", "random"),
-                        k_max=3, dtype="float32" if shape == "trl" else None))
+                        k_max=3, dtype="float32" if shape == "trl" and "float32" in ctx.input_dtypes else None))
     return tuple(dataclasses.replace(ec.build(draw, base), note=f"error:{ec.name}") for ec in pool)
 
 

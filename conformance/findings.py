@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+import re
 from typing import Callable
 
 import mpmath
@@ -107,6 +108,8 @@ def key(f: Failure) -> tuple:
         return cat, "", f.exc.cause  # one cause, wherever it shows: its regime is its members' lowest
     if cat in (Category.CALL_SHAPE, Category.POLICY, Category.WRONG_CLASS, Category.PROTOCOL):
         return cat, "", ""  # no magnitude makes these: one finding each
+    if cat == Category.REFUSED:  # one refusal, wherever it shows (its numbers aside)
+        return cat, "", re.sub(r"\d+", "#", _cause_line(f.exc))
     if reg == "extreme magnitudes":
         return cat, reg, _large_input(f)
     return cat, reg, ""
@@ -127,6 +130,19 @@ def _large_input(f: Failure) -> str:
 
 def _fails_alike(f: Failure, case) -> ConformanceFailure | None:
     return runner.fails_alike(f.check, case, f.exc)  # never a formula here: those are ordinary
+
+
+def _still_shows(f: Failure, case) -> bool:
+    """Does ``case`` fail as ``f`` does, or show its zeros or non-finite outputs still, whatever
+    explains them there (at ordinary magnitudes, a formula)?"""
+    try:
+        f.check(case)
+    except ConformanceFailure as exc:
+        return exc.category == f.exc.category or \
+            (f.exc.category in (Category.SILENT_ZERO, Category.NON_FINITE) and exc.observed == f.exc.category)
+    except Exception:  # noqa: BLE001 - another kind of failure
+        return False
+    return False
 
 
 def _scaled(case: Case, e: int, weights: bool) -> Case | None:
@@ -159,7 +175,7 @@ def threshold(f: Failure, case: Case, inp: str) -> tuple[float | None, Case]:
     hi = 0  # scaling by 2^hi fails (the case itself)
     lo = -(math.frexp(top)[1] - math.frexp(ORDINARY)[1])
     floor = _scaled(case, lo, weights)
-    if floor is None or _fails_alike(f, floor) is not None:
+    if floor is None or _still_shows(f, floor):
         return None, case
     best = case
     for _ in range(BISECT_STEPS):
@@ -227,9 +243,11 @@ def findings(failures: list, subject) -> list:
             reg = min((regime(m) for m in members), key=REGIMES.index)
         rows = list(dict.fromkeys(m.row for m in members))
         first = min(members, key=lambda m: _size(m.case))
-        thr, inp = None, ""
-        if reg == "extreme magnitudes" and isinstance(first.case, Case) and what in ("rewards", "weights"):
-            thr, inp, first, example = _lowest(members, what)
+        thr, inp = None, what if what in ("rewards", "weights") else ""
+        if cat == Category.REFUSED and reg == "extreme magnitudes" and isinstance(first.case, Case):
+            inp = _large_input(first)
+        if reg == "extreme magnitudes" and isinstance(first.case, Case) and inp:
+            thr, inp, first, example = _lowest(members, inp)
             exc = _fails_alike(first, example) or first.exc
             if thr is not None:
                 exc, _ = runner.reduce(first.check, subject, example, exc, REDUCE_CALLS)
@@ -240,10 +258,29 @@ def findings(failures: list, subject) -> list:
         else:  # reduced where it is a value case
             exc, _ = runner.reduce(first.check, subject, first.case, first.exc, REDUCE_CALLS)
             example = getattr(exc, "case", first.case)
-            cause = what if what else _cause_line(exc)
+            cause = what if what and cat != Category.REFUSED else _cause_line(exc)
         out.append(Finding(cat, reg, cause, rows, len(members), example, _said(exc), _repro(exc),
                            str(exc), thr, inp))
-    return rank(out)
+    return rank(_refile(out))
+
+
+def _refile(found: list) -> list:
+    """A zero or non-finite output at extreme magnitudes that no threshold ties to a magnitude (it
+    still fails scaled to ordinary ones, or cannot be scaled) joins the finding of its category at
+    ordinary magnitudes, else the formula's: the same defect, not a second one (a loop that skips
+    the last group zeroes it at any magnitude)."""
+    kept = []
+    for f in found:
+        into = None
+        if f.regime == "extreme magnitudes" and f.threshold is None and \
+                f.category in (Category.SILENT_ZERO, Category.NON_FINITE):
+            into = next((g for g in found if g.regime == "ordinary magnitudes" and g.category == f.category),
+                        next((g for g in found if g.category == Category.FORMULA), None))
+        if into is None:
+            kept.append(f)
+        else:
+            into.rows, into.count = list(dict.fromkeys(into.rows + f.rows)), into.count + f.count
+    return kept
 
 
 def _lowest(members: list, what: str, tries: int = 4):
@@ -278,6 +315,10 @@ def mechanism(case: Case, subject, category=Category.NON_FINITE) -> str:
     overflows in some summation orders. Exact: mpmath numbers, beyond float64's range."""
     conv = subject.judged() if hasattr(subject, "judged") else get_convention("spec")
     dtype = getattr(subject, "precision", None) or conv.native_dtype
+    big = max(_top(case, "rewards"), _top(case, "weights"))
+    for wider in ("float32", "float64"):  # inputs far beyond its range: the code computes wider than it returns
+        if big > 2.0 ** 16 * largest_finite(dtype) and largest_finite(wider) > largest_finite(dtype):
+            dtype = wider
     top = mpmath.mpf(largest_finite(dtype))
     wide = np.vectorize(lambda v: mpmath.mpf(float(v)), otypes=[object])
     r, labels = wide(case.rewards_array()), case.labels()
@@ -325,8 +366,8 @@ def mechanism(case: Case, subject, category=Category.NON_FINITE) -> str:
                     f"{float(value):.3g}, beyond {float(top):.3g})")
         return f"{what} {verb} {dtype} (beyond {float(top):.3g})"
     value, what, *_ = max(near, key=lambda f: (not unlike(f), f[0]))
-    return (f"the code's own arithmetic overflows {dtype}: no exact intermediate of Eq. 4, 7 and 6 "
-            f"does here (the nearest, {what}, reaches {float(value):.3g}; the range ends at {float(top):.3g})")
+    return (f"the code's own arithmetic overflows {dtype} (the nearest exact intermediate, {what}, "
+            f"reaches {float(value):.3g})")
 
 
 def _one_sign(x: np.ndarray) -> np.ndarray:

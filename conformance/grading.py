@@ -99,11 +99,7 @@ def _rows_to_run(subject: Subject, select: str | None, single_process: bool):
             name = f"errors:{ec.name}"
             if not chosen(name):
                 continue
-            reason = why or (None if subject.shape in ec.shapes else
-                             f"call shape {subject.shape!r} cannot express this")
-            if reason is None and ec.name in subject.validated():
-                reason = "validated elsewhere (declared: the framework checks it before calling the function)"
-            yield name, reason
+            yield name, why or subject.unasked(ec)
 
 
 def _check_row(subject: Subject, name: str) -> tuple[Row, list]:
@@ -241,7 +237,7 @@ def render(g: Grading, details: bool = False) -> str:
                 break
             lines += [_screen_line(x, f) for x in block]
             budget -= len(block)
-        lines.append("")
+        lines += [_clip(x) for x in _domain_hint(shown, s.domain())] + [""]
     lines += table(g)
     lines.append(f"{g.seconds:.0f} s; the cases were drawn first from each property's seed: the same on any machine "
                  "(--json: cases_digest)")
@@ -249,6 +245,19 @@ def render(g: Grading, details: bool = False) -> str:
         for i, f in enumerate(shown, 1):
             lines += ["", f"--- finding {i}: {label(f.category)} ---", f.detail]
     return "\n".join(lines)
+
+
+def _domain_hint(shown: list, domain: dict) -> list[str]:
+    """Where every finding is at extreme magnitudes: the magnitudes they start from, and how to
+    declare a range that stays below them (a float32 code that is right on every ordinary batch)."""
+    if not shown or any(f.regime != "extreme magnitudes" for f in shown):
+        return []
+    starts = {f.input: min(g.threshold for g in shown if g.input == f.input) for f in shown if f.threshold}
+    where = ", ".join(f"|{inp}| from about {v:.3g}" for inp, v in sorted(starts.items()))
+    todo = " ".join(f"--domain max_abs_{k}=1e6" for k in ("reward", "weight") if f"max_abs_{k}" not in domain)
+    return [f"every finding is at extreme magnitudes{f' ({where})' if where else ''}.",
+            f"if your rewards and weights stay far below, declare their range: {todo or 'a narrower max_abs_*'} "
+            "(docs/grading.md, Declarations)"]
 
 
 def as_json(g: Grading) -> dict:
@@ -294,7 +303,7 @@ def main(impl: str | None, call_shape: str | None, convention: str | None, selec
         if not any(True for _ in _rows_to_run(subject, select, False)):
             rows = ", ".join(p.name for p in PROPERTIES)
             raise ValueError(f"-k {select!r} names no row of the grading; the rows: {rows} (errors:CASE each)")
-        if json_path and not os.access(Path(json_path).resolve().parent, os.W_OK):
+        if json_path and json_path != "-" and not os.access(Path(json_path).resolve().parent, os.W_OK):
             raise ValueError(f"--json {json_path!r}: its folder does not exist or cannot be written")
     except ValueError as e:
         print(f"gdpo check: error: {e}", file=sys.stderr)
@@ -306,8 +315,10 @@ def main(impl: str | None, call_shape: str | None, convention: str | None, selec
               "report it with the traceback below):", file=sys.stderr)
         traceback.print_exc()
         return EXIT_GRADER
-    print(render(g, details))
-    if json_path:
+    print(render(g, details), file=sys.stderr if json_path == "-" else sys.stdout)
+    if json_path == "-":  # the JSON on standard output, the screen on standard error
+        print(json.dumps(as_json(g), indent=1, default=str))
+    elif json_path:
         try:
             Path(json_path).write_text(json.dumps(as_json(g), indent=1, default=str) + "\n")
         except OSError as e:

@@ -50,6 +50,8 @@ class ConformanceFailure(AssertionError):
     cause: str | None = None
     #: ranks that did not return (:func:`hang`): a drawn-first run checks no further case of the row
     hang: bool = False
+    #: a distance: what the outputs showed (zeros, a NaN) before a formula or a cause explained them
+    observed: str | None = None
 
     def restated(self, text: str) -> "ConformanceFailure":
         """The same failure (its case, category, worst error, formula, cause) told by ``text``."""
@@ -59,12 +61,12 @@ class ConformanceFailure(AssertionError):
 
 
 def fail(prop, equation, subject, case, headline, details=(), category=None, worst_ulps=None,
-         worst_dtype=None, formula=None, formula_alternatives=(), cause=None, hang=False):
+         worst_dtype=None, formula=None, formula_alternatives=(), cause=None, hang=False, observed=None):
     exc = ConformanceFailure(failure(prop, equation, subject, case, headline, details, category))
     exc.case = case  # the failing call itself (one of several for the errors property)
     exc.category, exc.worst_ulps, exc.worst_dtype = category, worst_ulps, worst_dtype
     exc.formula, exc.formula_alternatives = formula, tuple(formula_alternatives)
-    exc.cause, exc.hang = cause, hang
+    exc.cause, exc.hang, exc.observed = cause, hang, observed or category
     raise exc
 
 
@@ -241,9 +243,19 @@ def permitted_refusal(prop: str, out: Outcome) -> bool:
         return True
     if out.error_type == "NonFiniteOutput" or out.error_type in _BREACHES:
         return False
-    if strict_errors() or not out.message.strip():
+    if strict_errors() or not out.refuses():
         return False
     NOTES.setdefault(prop, set()).add(("a permitted refusal", out.error_type))
+    return True
+
+
+def noted(prop, case, out: Outcome) -> bool:
+    """A clear refusal (a message, no crash, no spec.errors class) where the contract names another class:
+    noted in :data:`NOTES` (``wrong_class``) and passed, unless the strict error contract is asked for."""
+    if out.error_classes or not out.refuses() or strict_errors() or out.error_type in _BREACHES:
+        return False
+    NOTES.setdefault(prop, set()).add((case.note.split(":")[1] if case.note.startswith("error:") else prop,
+                                       out.error_type))
     return True
 
 
@@ -257,16 +269,15 @@ def refusal(prop, equation, subject, case, out: Outcome, classes, why: str):
         fail(prop, equation, subject, case, f"{out.describe()}; the contract refuses this case with {names} ({why})",
              category=Category.CALL_SHAPE)
     if not out.is_error(*classes):
-        clear = not out.error_classes and bool(out.message.strip())
-        name = case.note.split(":", 1)[1] if case.note.startswith("error:") else prop
-        if clear and not strict_errors():
-            NOTES.setdefault(prop, set()).add((name, out.error_type))
-            return  # a clear refusal, of another class: reported as wrong_class, not failed
-        hint = "" if out.error_classes else (
+        if noted(prop, case, out):
+            return
+        crash = out.message.strip() and not out.refuses()
+        hint = "" if out.error_classes or crash else (
             f"; the classes are spec.errors' ({names} is a GDPOError, itself a ValueError): raise them, or "
             "subclass them (the strict error contract, " + STRICT_ENV + "=1 / gdpo check --strict-errors, is on)")
         fail(prop, equation, subject, case,
-             f"raised {out.error_type}: {out.message!r}; the contract refuses this case with {names} ({why}){hint}",
+             f"{'crashed' if crash else 'raised'} {out.error_type}: {out.message!r}"
+             f"{' (a crash is no refusal)' if crash else ''}; the contract refuses this case with {names} ({why}){hint}",
              category=Category.WRONG_CLASS)
     if not out.message.strip():
         fail(prop, equation, subject, case, f"raised {out.error_type} with an empty message", category=Category.WRONG_CLASS)
@@ -278,7 +289,15 @@ def _refused_where_computed(prop, eq, subject, case, out: Outcome, why: list, wh
     category = Category.NON_FINITE if out.error_type == "NonFiniteOutput" else \
         Category.CALL_SHAPE if out.error_type in _BREACHES else Category.REFUSED
     what = "batch" if who else "case"
-    fail(prop, eq, subject, case, f"{who}{out.describe()}; the contract computes this {what}", why, category=category)
+    untaken = re.search(r"unexpected keyword argument '(\w+)'", out.message) if out.error_type == "TypeError" else None
+    hint = f"it takes no {untaken[1]} ({_UNDECLARED[untaken[1]]}): " if untaken and untaken[1] in _UNDECLARED else ""
+    fail(prop, eq, subject, case, f"{hint}{who}{out.describe()}; the contract computes this {what}", why,
+         category=category)
+
+
+#: what a gdpo-shape code whose signature takes no such keyword declares (docs/grading.md, Declarations)
+_UNDECLARED = {"segment_sizes": "declare --domain units=false", "group_ids": "declare --domain labels=false",
+               "eps": "declare --domain eps=false", "process_group": "grade it with --single-process"}
 
 
 def final(prop, eq, subject, case, out, res, what: str, permitted: bool, context=(), zero_why=None,
@@ -310,7 +329,7 @@ def final(prop, eq, subject, case, out, res, what: str, permitted: bool, context
             category = Category.SILENT_ZERO
             rows.append(dropped)
     own = formula_difference(subject, case, out) if conv.name == "spec" else None
-    formula, alternatives, cause = None, (), None
+    formula, alternatives, cause, observed = None, (), None, category
     if own is not None:
         category, formula = Category.FORMULA, f"convention {subject.own_convention()!r}"
         rows += own
@@ -321,7 +340,7 @@ def final(prop, eq, subject, case, out, res, what: str, permitted: bool, context
             rows.append(line)
     _fail_distance(prop, eq, subject, case, f"{len(v.bad)} of {case.n} {what}s outside the error model"
                    + _precision_note(conv), v, rows, category, formula=formula, formula_alternatives=alternatives,
-                   cause=cause)
+                   cause=cause, observed=observed)
 
 
 def _precision_note(conv) -> str:
@@ -547,16 +566,19 @@ def all_refuse(prop, eq, subject, case: DistCase, outs: dict, why: str, offender
         details += _single_process_hint(outs)
     allowed = (DistributedError,) + (tuple(plain) if world == 1 else ())
     for r, o in sorted(outs.items()):
-        if o.ok or not o.is_error(*allowed):
+        if (o.ok or not o.is_error(*allowed)) and not noted(prop, case, o):
             fail(prop, eq, subject, case,
                  f"rank {r} {o.describe()}; every rank must raise DistributedError together ({why})", details,
                  category=Category.ACCEPTED if o.ok else Category.PROTOCOL)
     if len({(o.error_type, o.message) for o in outs.values()}) > 1:
         fail(prop, eq, subject, case, f"ranks raised different errors; the contract wants the same "
-                                      f"DistributedError on every rank ({why})", details, category=Category.PROTOCOL)
+                                      f"DistributedError on every rank ({why})",
+             ["the ranks raised different errors (the same on every rank, naming the rank, is the contract)"]
+             + details, category=Category.PROTOCOL)
     if offender is not None and world > 1 and not re.search(rf"\branks?\b[^;.]*?\b{offender}\b", outs[0].message):
         fail(prop, eq, subject, case, f"the DistributedError does not name the offending rank {offender}",
-             details, category=Category.PROTOCOL)
+             [f"the error does not name rank {offender}, whose input is refused"] + details,
+             category=Category.PROTOCOL)
 
 
 def dist_errors(prop, eq, subject, case: DistCase, outs: dict) -> None:
@@ -564,6 +586,17 @@ def dist_errors(prop, eq, subject, case: DistCase, outs: dict) -> None:
     _, name, offender = case.note.split(":")
     ec = EC.DIST_ERROR_BY_NAME[name]
     all_refuse(prop, eq, subject, case, outs, ec.why, int(offender) if ec.names_offender else None, (GDPOError,))
+
+
+def _shards_alone(case: DistCase, outs: dict, conv, out_dtype: str) -> str | None:
+    """The formula where every rank returned its own shard's GDPO, as if it were the whole batch."""
+    for r, o in outs.items():
+        exp = expected(case.shards[r], conv.name) if case.shards[r].n else None
+        if exp is not None and (exp.result is None or not distance(
+                o.values, exp.result.float64, native_allowed(exp.result, out_dtype, conv), exp.result.cond,
+                out_dtype, native_dtype=conv.native_dtype).ok):
+            return None
+    return "Eq. 6: over each rank's shard alone, not the batch across ranks (no all_reduce?)"
 
 
 def dist_values(prop, eq, subject, case: DistCase, outs: dict, exp, twins) -> None:
@@ -601,8 +634,10 @@ def dist_values(prop, eq, subject, case: DistCase, outs: dict, exp, twins) -> No
                  native_dtype=conv.native_dtype)
     _target(v.ratio, f"{prop}: error/allowed")
     if not v.ok:
+        alone = _shards_alone(case, outs, conv, out_dtype)
         _fail_distance(prop, eq, subject, case, f"{len(v.bad)} of {observed.size} advantages (global rows, rank "
-                       "order) outside the error model" + _precision_note(conv), v)
+                       "order) outside the error model" + _precision_note(conv), v,
+                       category=Category.FORMULA if alone else None, formula=alone)
     for ra, oa, rb, ob, n in twins:
         a, b = outs[ra].values[oa:oa + n], outs[rb].values[ob:ob + n]
         if a.tobytes() != b.tobytes():

@@ -15,7 +15,7 @@ import sys
 from conformance import probes, properties
 from conformance.cases import DistCase, loads
 from conformance.compare import describe_inputs
-from conformance.subject import DEFAULT_IMPL, Subject
+from conformance.subject import DEFAULT_IMPL, ImplSpecError, Subject, resolve_impl
 
 
 def replayed(argv) -> tuple:
@@ -34,6 +34,7 @@ def replayed(argv) -> tuple:
     ap.add_argument("--case", required=True, help="hex JSON of a Case or DistCase")
     args = ap.parse_args(argv)
     case = loads(args.case)
+    resolve_impl(args.impl)  # a module not found is a usage error, not the code's refusal
     subject = Subject(args.impl, args.call_shape, args.convention, device=args.device, backend=args.backend)
     if args.precision:
         subject.profile = probes.profile(subject)
@@ -42,12 +43,15 @@ def replayed(argv) -> tuple:
 
 
 def main(argv=None) -> int:
-    name, subject, case = replayed(argv)
     try:
+        name, subject, case = replayed(argv)
         properties.CHECKS[name](subject, case, name)
     except AssertionError as e:
         print(e)
         return 1
+    except ImplSpecError as e:  # run from another folder than gdpo check was: the module is not found
+        print(f"replay: error: {e}", file=sys.stderr)
+        return 2
     print(f"[{name}] conforms: {describe_inputs(case)}")
     return 0
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import inspect
+import re
 import math
 
 import numpy as np
@@ -26,10 +27,10 @@ DEFAULT_IMPL = "impl.gdpo:gdpo_advantages"
 CALL_SHAPES = ("gdpo", "trl", "verl")
 
 #: What a narrow call shape cannot express: a property needing one of these is skipped, with the reason.
-_NARROW = (("units", "one whitening unit (no segment_sizes)"), ("eps", "no eps argument"),
-           ("stages", "no stage functions"), ("distributed", "no process_group"))
+_NARROW = (("distributed", "no process_group"), ("units", "one whitening unit (no segment_sizes)"),
+           ("eps", "no eps argument"), ("stages", "no stage functions"))
 CANNOT_EXPRESS = {
-    "trl": _NARROW[:1] + (("labels", "contiguous equal groups only (no group_ids)"),) + _NARROW[1:]
+    "trl": _NARROW[:2] + (("labels", "contiguous equal groups only (no group_ids)"),) + _NARROW[2:]
     + (("dtypes", "float32 rewards and output only"),),
     "verl": _NARROW + (("dtypes", "float32 token rewards and output only"),),
 }
@@ -202,6 +203,13 @@ def verl_token_rewards(rewards: np.ndarray, lengths: np.ndarray, dtype: str, fir
     return out
 
 
+#: Exceptions that are the code's own failure, never a refusal of its input: a bug, or a call its
+#: signature does not take (a TypeError that says so).
+CRASHES = frozenset({"AttributeError", "IndexError", "KeyError", "ZeroDivisionError", "NameError",
+                     "UnboundLocalError", "RecursionError", "NotImplementedError"})
+_SIGNATURE = re.compile(r"unexpected keyword argument|takes \d+ positional argument|missing \d+ required")
+
+
 @dataclasses.dataclass
 class Outcome:
     """What one call did, in a form that crosses process boundaries."""
@@ -231,6 +239,11 @@ class Outcome:
 
     def is_error(self, *classes) -> bool:
         return (not self.ok) and any(c.__name__ in self.error_classes for c in classes)
+
+    def refuses(self) -> bool:
+        """A clear refusal: an exception with a message, not a crash (:data:`CRASHES`)."""
+        return not self.ok and bool(self.message.strip()) and self.error_type not in CRASHES and not (
+            self.error_type == "TypeError" and _SIGNATURE.search(self.message))
 
     def describe(self) -> str:
         """What the call did: its result, its exception, or what the grader's own check of the call
@@ -449,7 +462,7 @@ class Subject:
         for need, why in CANNOT_EXPRESS.get(self.shape, ()):
             if need in needs:
                 return f"call shape {self.shape!r} cannot express this: {why}"
-        for need in ("units", "eps"):
+        for need in ("units", "eps", "labels"):
             if need in needs and self.domain().get(need, True) is False:
                 return f"outside the declared domain ({need}): {self.domain_statement()}"
         if "stages" in needs and (self.stage("normalize_rewards") is None or self.stage("whiten") is None):
@@ -461,8 +474,20 @@ class Subject:
             return (f"{self.target} does not declare certified rounding (gdpo_certified): graded within the "
                     "error model only")
         if "missing" in needs and not self.takes_missing():
-            return (f"{self.target} takes no missing= keyword: rewards its reward functions did not score "
+            who = f"{self.target} takes" if self.shape == "gdpo" else f"call shape {self.shape!r} passes"
+            return (f"{who} no missing= keyword: rewards its reward functions did not score "
                     "(missing=\"unscored\", spec/gdpo.md section 2) are an option of the gdpo call shape")
+        return None
+
+    def unasked(self, ec) -> str | None:
+        """Why error case ``ec`` (conformance.error_cases) is not asked of this code (None: it is)."""
+        if self.shape not in ec.shapes:
+            return f"call shape {self.shape!r} cannot express this"
+        off = [need for need in ec.needs if self.domain().get(need, True) is False]
+        if off:
+            return f"outside the declared domain ({', '.join(off)}): {self.domain_statement()}"
+        if ec.name in self.validated():
+            return "validated elsewhere (declared: the framework checks it before calling the function)"
         return None
 
     def validated(self) -> tuple:

@@ -10,8 +10,8 @@ and, for a distance from the exact value, its worst error in ulps (``failure.wor
   convention's own algorithm at its own working precision allows;
 - ``exact_zero``: a structural zero the convention demands bit for bit is not exactly 0;
 - ``refused``: an exception where the contract computes; ``accepted``: a result where it refuses;
-- ``wrong_class``: a clear refusal with another class than ``spec.errors``' (a failure only under
-  the strict error contract);
+- ``wrong_class``: a refusal with another class than ``spec.errors``' (a clear one fails only under
+  the strict error contract; a crash such as an ``IndexError``, always);
 - ``call_shape``: the output breaks its call shape (dtype, shape, device, an input written to);
 - ``policy``: under a peer's convention, another result than its NaN or singleton policy's;
 - ``formula``: the output follows another formula (:mod:`conformance.formulas`);

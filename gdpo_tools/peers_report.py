@@ -145,7 +145,7 @@ def _section(conv, data: dict | None) -> list[str]:
             out.append("")
     skipped = [r for r in data["properties"] if r["verdict"] == "skipped"]
     out += ["", f"<!-- table:{name} -->", render_table(data), f"<!-- /table:{name} -->", "",
-            f"Not graded: {len(skipped)} rows its call shape or convention cannot express.", ""]
+            f"Not graded: {len(skipped)} rows its call shape, convention or declared domain leaves out.", ""]
     return out
 
 

@@ -181,3 +181,41 @@ def rank1_raises_alone(rewards, *, process_group=None, **kwargs):
             raise ValueError("rank 1 refuses before the collective")
         dist.all_reduce(torch.zeros(1), group=process_group)
     return gdpo_advantages(rewards, process_group=process_group, **kwargs)
+
+
+
+def impl_plain_value_errors(rewards, **kwargs):
+    """impl.gdpo with each refusal re-raised as a plain ValueError of the same text: on several
+    ranks every rank raises it together, naming the offending rank (another class, a clear refusal)."""
+    from spec import GDPOError
+
+    try:
+        return gdpo_advantages(rewards, **kwargs)
+    except GDPOError as exc:
+        raise ValueError(str(exc)) from None
+
+
+def impl_shard_alone(rewards, *, process_group=None, **kwargs):
+    """impl.gdpo on each rank's shard alone: the process group ignored (heldout5 gdpo_shard_whiten)."""
+    return gdpo_advantages(rewards, **kwargs)
+
+def trl_last_group_skipped(rewards, num_generations, reward_weights, eps=1e-4):
+    """An off-by-one group loop in float64 (heldout4 offbyone_loop): the last group is never
+    standardized, its z left 0, at every magnitude."""
+    r = rewards.to(torch.float64)
+    n, k = r.shape
+    g = int(num_generations)
+    z = torch.zeros_like(r)
+    for s in range(0, n - g, g):
+        x = r[s:s + g]
+        z[s:s + g] = (x - x.mean(0)) / (x.std(0) + eps)
+    c = (z * reward_weights.to(torch.float64)).sum(1)
+    return ((c - c.mean()) / (c.std() + eps)).to(torch.float32)
+
+
+
+def trl_refuses_pairs(rewards, num_generations, reward_weights):
+    """TRL's float32 formula refusing groups of two, at any magnitude."""
+    if int(num_generations) < 3:
+        raise ValueError(f"groups of {int(num_generations)} are too small")
+    return trl_float32(rewards, num_generations, reward_weights)

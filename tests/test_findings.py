@@ -79,6 +79,31 @@ def test_a_formula_only_the_probes_reach_is_still_a_finding():
     assert F.from_probes(probes.profile(control), control) is None
 
 
+def test_a_defect_at_every_magnitude_is_not_blamed_on_magnitudes():
+    """A loop that skips the last group zeroes it at any magnitude, and a code refusing groups of
+    two refuses them at any magnitude: neither is a finding "at extreme magnitudes" without a
+    threshold (both were, beside their finding at ordinary magnitudes: heldout4). TRL's float32
+    formula, the negative control, keeps its overflows at extreme magnitudes, each with its threshold."""
+    skipped = _findings("trl_last_group_skipped", "spec")
+    assert all(f.threshold for f in skipped if f.regime == "extreme magnitudes"), [f.headline() for f in skipped]
+    refused = [f for f in _findings("trl_refuses_pairs", "spec") if f.category == "refused"]
+    assert [f.regime for f in refused] == ["ordinary magnitudes"], [f.headline() for f in refused]
+    control = _findings("trl_float32", "spec")
+    assert control and all(f.regime == "extreme magnitudes" and f.threshold for f in control)
+
+
+def test_a_refusal_is_keyed_by_what_it_says():
+    """One refusal wherever it shows (its numbers aside); two refusals, two findings."""
+    def refusal(case, text):
+        f = _failure(case, "refused")
+        f.exc.args = (f"[plain] Eq. 6 (heldout): raised ValueError: {text}; the contract computes this case",)
+        return f
+
+    small, big = Case(((0.0,), (1.0,)), group_size=2), Case(((0.0,), (1e30,)), dtype="float64", group_size=2)
+    assert F.key(refusal(small, "group 3 is short")) == F.key(refusal(big, "group 12 is short"))
+    assert F.key(refusal(small, "group 3 is short")) != F.key(refusal(small, "bad weights"))
+
+
 def _failure(case, category="silent_zero", limit=math.inf, check=None):
     exc = J.ConformanceFailure("x")
     exc.category = category
@@ -169,8 +194,8 @@ def test_the_overflow_named_is_one_that_overflows():
         "Eq. 7's terms w_k z_k overflow float32 (beyond 3.4e+38)"
     own = Case(((0.0,), (1.0,)), dtype="float64", group_size=2, weights=(1.5e308,))
     assert F.mechanism(own, Subject("conformance.peers:multireward_grpo", "gdpo", "multireward_grpo")) == (
-        "the code's own arithmetic overflows float64: no exact intermediate of Eq. 4, 7 and 6 does "
-        "here (the nearest, Eq. 7's terms w_k z_k, reaches 1.5e+308; the range ends at 1.8e+308)")
+        "the code's own arithmetic overflows float64 (the nearest exact intermediate, Eq. 7's terms w_k z_k, "
+        "reaches 1.5e+308)")
     both = Case(((3.4e38,), (-3.4e38,), (3.4e38,)), dtype="float32", group_size=3)  # sum 6.8e38, std 3.9e38
     at = types.SimpleNamespace(precision="float32", shape="trl")
     assert F.mechanism(both, at, Category.NON_FINITE).startswith(

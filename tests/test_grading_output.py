@@ -12,6 +12,7 @@ import types
 import warnings
 
 import pytest
+import torch
 
 import _once
 from conformance import grading
@@ -154,6 +155,112 @@ def test_a_row_stops_at_its_first_hang():
     assert next(r for r in grading.as_json(g)["properties"] if r["name"] == "dist_values_2")["unchecked"] == row.unchecked
 
 
+def test_a_clear_refusal_of_another_class_on_every_rank_passes_with_a_note(monkeypatch):
+    """Every rank raising the same ValueError together, naming the offending rank, is the
+    distributed contract kept but for its class: it passes, noted as on one process (heldout5's
+    correct code failed every dist_errors case "breaks the protocol"); --strict-errors fails it."""
+    g = _grade("_native_impls:impl_plain_value_errors", "gdpo", select="dist_errors_2")
+    [row] = [r for r in g.rows if r.name == "dist_errors_2"]
+    assert row.verdict == "passed" and any("refused with ValueError" in n for n in row.notes), (row, g.findings)
+    monkeypatch.setenv("GDPO_STRICT_ERRORS", "1")
+    g = _grade("_native_impls:impl_plain_value_errors", "gdpo", select="dist_errors_2")
+    assert {f.category for f in g.findings} == {"protocol"}, [f.headline() for f in g.findings]
+
+
+def test_findings_at_extreme_magnitudes_only_point_to_the_domain():
+    """TRL's float32 formula fails only where float32 overflows: the screen says from which
+    magnitudes and how to declare a range below them (heldout5: a maintainer never found --domain);
+    a code with a finding at ordinary magnitudes gets no such line (the negative control)."""
+    shown = grading.render(_grade("_native_impls:trl_float32", select="plain,range"))
+    assert "every finding is at extreme magnitudes (|rewards| from about" in shown, shown
+    assert "--domain max_abs_reward=1e6 --domain max_abs_weight=1e6" in shown
+    assert "declare their range" not in grading.render(_grade("_native_impls:trl_biased_std", select="plain,range"))
+
+
+def test_each_rank_whitening_its_shard_alone_is_a_formula():
+    """A code that ignores the process group whitens each rank's shard as if it were the batch: a
+    formula finding naming that (heldout5: "accuracy beyond its own precision", 17th of 25)."""
+    g = _grade("_native_impls:impl_shard_alone", "gdpo", select="dist_values_2")
+    assert [f.cause for f in g.findings if f.category in ("formula", "precision")] == \
+        ["Eq. 6: over each rank's shard alone, not the batch across ranks (no all_reduce?)"], g.findings
+
+
+def _crashes_on_nan(rewards, num_generations, reward_weights):
+    """TRL's float32 formula that indexes past an empty list on a NaN reward: a crash, no refusal."""
+    if torch.isnan(rewards).any():
+        return [][0]
+    from _native_impls import trl_float32
+    return trl_float32(rewards, num_generations, reward_weights)
+
+
+def _no_units(rewards, *, group_ids=None, group_size=None, weights=None, eps=1e-4, out_dtype=torch.float32):
+    """impl.gdpo behind a signature without segment_sizes (or a process group)."""
+    from impl.gdpo import gdpo_advantages
+    return gdpo_advantages(rewards, group_ids=group_ids, group_size=group_size, weights=weights, eps=eps,
+                           out_dtype=out_dtype)
+
+
+def test_a_crash_is_no_refusal_and_an_untaken_keyword_says_what_to_declare():
+    """An IndexError on a NaN reward, or a TypeError about the call's own arguments, passed the error
+    rows as clear refusals (a new-user review); they fail, and a keyword the signature does not take
+    says which declaration fits. A ValueError on a NaN (TRL's float32 formula) passes, noted."""
+    [row] = [r for r in _grade("test_grading_output:_crashes_on_nan", select="errors:nan_reward").rows
+             if r.name == "errors:nan_reward"]
+    assert row.verdict == "failed" and row.categories == ("wrong_class",), row
+    g = _grade("test_grading_output:_no_units", "gdpo", select="units")
+    assert g.findings and all("it takes no segment_sizes (declare --domain units=false)" in f.cause
+                              for f in g.findings), [f.cause for f in g.findings]
+
+
+def test_a_declared_domain_leaves_out_the_rows_outside_it():
+    """labels=false and units=false: the error cases that break labels or units, and the
+    multi-process rows (which pass both), are not graded (a new-user review: a code refusing every
+    label "passed" errors:group_of_one, and failed every dist_values case)."""
+    s = Subject("impl.gdpo:gdpo_advantages", "gdpo", domain={"labels": False, "units": False})
+    why = dict(grading._rows_to_run(s, None, False))
+    for name in ("errors:group_of_one", "errors:float_labels", "errors:labels_length", "errors:segments_sum",
+                 "errors:unit_of_one", "dist_values_2", "dist_errors_4", "units"):
+        assert why[name] and "outside the declared domain" in why[name], (name, why[name])
+    assert why["errors:nan_reward"] is None and why["plain"] is None and why["errors:eps_invalid"] is None
+    assert dict(grading._rows_to_run(Subject("impl.gdpo:gdpo_advantages", "gdpo"), None, False))["dist_values_2"] is None
+
+
+def test_the_error_rows_draw_the_declared_input_dtypes():
+    """trl shape, input_dtypes=float64 declared: the error rows sent float32 rewards all the same."""
+    from conformance import runner
+
+    def dtypes(domain):
+        cases = runner.row_cases("errors:nan_reward", Subject("_native_impls:trl_float32", "trl", domain=domain))
+        return {c.dtype for group in cases for c in (group if isinstance(group, tuple) else (group,))}
+
+    assert dtypes({"input_dtypes": ("float64",)}) == {"float64"} and dtypes(None) == {"float32"}
+
+
+def test_json_dash_writes_the_json_to_standard_output(capsys, tmp_path, monkeypatch):
+    """--json - wrote a file named '-' (a new-user review): the JSON goes to standard output, the
+    screen to standard error."""
+    monkeypatch.chdir(tmp_path)
+    status = grading.main("_native_impls:trl_float32", "trl", None, "errors:weights_length", json_path="-")
+    out, err = capsys.readouterr()
+    assert json.loads(out)["exit_status"] == status and "property" in err and not (tmp_path / "-").exists()
+
+
+def test_a_replay_of_a_module_not_found_is_a_usage_error(capsys):
+    """Run from another folder, a replay line graded the missing module's ImportError as the
+    code's refusal (or printed a traceback): one line, exit 2."""
+    from conformance import replay
+
+    case = '{"rewards":[["0x0.0p+0"],["0x1.0p+0"]],"dtype":"float32","out_dtype":"float32","group_size":2}'
+    assert replay.main(["--impl", "no_such_module:fn", "--call-shape", "trl", "--case", case]) == 2
+    assert "module 'no_such_module' not found" in capsys.readouterr().err
+
+
+def test_the_trl_shape_passes_no_missing_keyword():
+    """The reason a missing= row is not graded names the shape, not the code (trl_advantages takes it)."""
+    why = Subject("impl.adapters:trl_advantages", "trl").unsupported(frozenset({"values", "missing"}))
+    assert why.startswith("call shape 'trl' passes no missing= keyword"), why
+
+
 def test_select_takes_row_names_prefixes_and_parts():
     s = Subject("paper_impls:correct_f32", "trl", "spec")
     pick = (lambda sel: [n for n, why in grading._rows_to_run(s, sel, False) if not why])
@@ -236,7 +343,26 @@ def test_a_clip_of_z_is_a_formula_the_probes_name():
     it a formula finding at ordinary magnitudes (it was reported as precision at extreme ones)."""
     g = _grade("test_grading_output:_z_clipped", select="plain")
     formula = g.profile.formula or ""
-    assert "not on 2 groups of 12, one outlier (|z| = 3.2 at Eq. 4)" in formula, formula
+    assert "off the paper's formula on 2 groups of 12, one outlier (|z| = 3.2 at Eq. 4)" in formula, formula
+
+
+def _std_floored(rewards, num_generations, reward_weights):
+    """A "safe" std: one below 1e-6 replaced by 1, as some trainers guard a constant group."""
+    g = rewards.view(-1, num_generations, rewards.shape[1])
+    std = g.std(1, keepdim=True)
+    z = (g - g.mean(1, keepdim=True)) / (torch.where(std < 1e-6, 1.0, std) + 1e-4)
+    c = (z * reward_weights).sum(-1).reshape(-1)
+    return (c - c.mean()) / (c.std() + 1e-4)
+
+
+def test_a_std_replaced_below_a_threshold_is_a_formula_the_probes_name():
+    """A std below 1e-6 replaced by 1: the probes' stds went down to 1e-5 only, so the drawn cases
+    of tiny rewards that show it were "accuracy beyond its own precision" (heldout5). The probe
+    scaled by 2^-30 makes it a formula finding."""
+    g = _grade("test_grading_output:_std_floored", select="plain")
+    assert "formula on the first scaled by 2^-30" in (g.profile.formula or ""), g.profile.formula
+    cats = [f.category for f in g.findings if f.regime == "ordinary magnitudes"]
+    assert cats == ["formula"], [f.headline() for f in g.findings]
 
 
 def _z_clipped_at_10(rewards, num_generations, reward_weights):
@@ -255,7 +381,7 @@ def _a_clipped_at_10(rewards, num_generations, reward_weights):
     return ((c - c.mean()) / (c.std() + 1e-4)).clamp(-10.0, 10.0)
 
 
-@pytest.mark.parametrize("name, said", [("_z_clipped_at_10", "not on 2 groups of 128, one outlier"),
+@pytest.mark.parametrize("name, said", [("_z_clipped_at_10", "formula on 2 groups of 128, one outlier"),
                                         ("_a_clipped_at_10", "after Eq. 6: advantages clipped to [-10, 10]")])
 def test_a_clip_at_10_is_a_formula_the_probes_name(name, said):
     """A clip at 10, of z at Eq. 4 or of the advantages after Eq. 6, shows only where one outlier
