@@ -122,24 +122,36 @@ def run_check(a: argparse.Namespace) -> int:
                         a.strict, a.domain)
 
 
-def _pytest_check(a: argparse.Namespace) -> int:
-    """The suite under pytest: ``--deep`` (hypothesis's long hunt, with an example database) or
-    ``--self-tests`` (the suite's tests of itself)."""
+def pytest_command(a: argparse.Namespace) -> list[str]:
+    """The suite under pytest: ``--deep`` (hypothesis's long hunt, with an example database), or
+    ``--self-tests``: the suite's tests of itself, its negative controls (they grade the suite, so
+    they take no implementation)."""
     import conformance
-    from conformance import profiles
+    from conformance import plugins
 
     here = Path(conformance.__file__).resolve().parent
-    cmd = [sys.executable, "-m", "pytest", str(here), "-q", "-p", "no:cacheprovider", "-p", "_hypothesis_pytestplugin",
+    paths = [str(here / name) for name in plugins.SELF_TESTS] if a.self_tests else [str(here)]
+    cmd = [sys.executable, "-m", "pytest", *paths, "-q", "-p", "no:cacheprovider", "-p", "_hypothesis_pytestplugin",
            "-p", "conformance.plugins", "--rootdir", str(here.parent)]
-    for flag, value in (("--impl", a.impl), ("--convention", a.convention), ("--call-shape", a.call_shape),
-                        ("-k", a.select), *(("--domain", item) for item in a.domain)):
+    graded = () if a.self_tests else (("--impl", a.impl), ("--convention", a.convention),
+                                       ("--call-shape", a.call_shape), *(("--domain", item) for item in a.domain))
+    for flag, value in (*graded, ("-k", a.select)):
         if value is not None:
             cmd += [flag, value]
-    if a.single_process:
-        cmd.append("--single-process")
-    if not a.self_tests:
-        cmd.append("--gdpo-grade")
-    cmd += ["--tb=short"] if a.details else ["--tb=line"]
+    flags = (("--single-process", a.single_process), ("--gdpo-strict", a.strict), ("--strict-errors", a.strict_errors))
+    cmd += [flag for flag, on in flags if on]
+    cmd += [] if a.self_tests else [f"--ignore={here / name}" for name in plugins.SELF_TESTS]
+    return cmd + (["--tb=short"] if a.details else ["--tb=line"])
+
+
+def _pytest_check(a: argparse.Namespace) -> int:
+    from conformance import profiles
+
+    if a.json_path is not None:
+        print("gdpo check: error: --json is written by a grading, not under --deep or --self-tests (pytest's "
+              "report instead)", file=sys.stderr)
+        return 2
+    cmd = pytest_command(a)
     env = {**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", profiles.ENV: "deep" if a.deep else "ci"}
     print(f"running ({profiles.ENV}={env[profiles.ENV]}): " + " ".join(cmd), flush=True)
     return subprocess.call(cmd, env=env)
@@ -164,12 +176,8 @@ def main(argv: list[str] | None = None) -> int:
         return 141
 
 
-def _command(argv: list[str] | None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] in (["limits"], ["peers"]):  # its own parser takes every option, --help included
-        own = {"limits": "gdpo_tools.limits.generate", "peers": "gdpo_tools.peers_report"}[argv[0]]
-        return importlib.import_module(own).main(argv[1:], prog=f"gdpo {argv[0]}")
-
+def build_parser() -> argparse.ArgumentParser:
+    """The ``gdpo`` command's parser (but ``limits`` and ``peers``, which parse their own)."""
     parser = argparse.ArgumentParser(prog="gdpo", description="GDPO numerical reference")
     ours = version("gdpo-spec", "unknown (not installed)")  # a checkout that was never installed: unknown
     parser.add_argument("--version", action="version", version=f"%(prog)s {ours}")
@@ -217,7 +225,8 @@ def _command(argv: list[str] | None) -> int:
                            "properties, reported as not graded")
     p_ck.add_argument("--json", dest="json_path", default=None, metavar="PATH",
                       help="also write the grading as JSON to PATH (the findings, each with its example and repro "
-                           "line; per property: verdict, reason, cases, failed, categories, notes, seconds)")
+                           "line; per property: verdict, reason, cases, failed, categories, notes, seconds); "
+                           "-: to standard output, the screen to standard error")
     p_ck.add_argument("--details", action="store_true",
                       help="print each finding's full text after the summary table (default: the table, and one "
                            "line, the worst output and a repro line per failure)")
@@ -225,7 +234,7 @@ def _command(argv: list[str] | None) -> int:
                       help="the long hunt: hypothesis profile 'deep' (10,000 examples per property, a minute of "
                            "shrinking, an example database in .hypothesis/) instead of 'grade'")
     p_ck.add_argument("--self-tests", action="store_true",
-                      help="also run the suite's self-tests, its negative controls (conformance/test_controls.py: "
+                      help="run the suite's self-tests instead, its negative controls (conformance/test_controls.py: "
                            "they grade the suite, not the implementation; minutes)")
     p_ck.add_argument("--domain", action="append", default=[], metavar="KEY=VALUE",
                       help="declare your implementation's domain without changing it (repeatable; docs/grading.md): "
@@ -241,7 +250,16 @@ def _command(argv: list[str] | None) -> int:
                            "exact collapse and structural zeros bit for bit) instead of its own precision")
     sub.add_parser("peers", help="grade every installed peer and write the generated peers page "
                                         "(spec/generated/peers.md; see gdpo peers --help)", add_help=False)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def _command(argv: list[str] | None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] in (["limits"], ["peers"]):  # its own parser takes every option, --help included
+        own = {"limits": "gdpo_tools.limits.generate", "peers": "gdpo_tools.peers_report"}[argv[0]]
+        return importlib.import_module(own).main(argv[1:], prog=f"gdpo {argv[0]}")
+
+    args = build_parser().parse_args(argv)
     if args.command == "check":
         return run_check(args)
     if args.command == "audit":
@@ -260,7 +278,7 @@ def _command(argv: list[str] | None) -> int:
                           eps=DEFAULT_EPS if args.eps is None else args.eps, missing=args.missing)
     if args.command in (None, "example"):
         return run_example(getattr(args, "name", "two_group"))
-    parser.error(f"unknown command {args.command!r}")
+    raise AssertionError(f"unknown command {args.command!r}")  # argparse refuses any other
 
 
 if __name__ == "__main__":

@@ -266,6 +266,20 @@ def test_grading_another_implementation_deselects_the_suites_self_tests(single_e
     assert "gdpo conformance: grading" not in mine.stdout
 
 
+@pytest.mark.parametrize("extra", [["--deep"], ["--deep", "--strict", "--strict-errors", "--single-process"],
+                                   ["--self-tests"]])
+def test_gdpo_check_deep_runs_pytest_with_options_it_knows(single_env, extra):
+    """gdpo check --deep handed pytest an option the plugin no longer had (--gdpo-grade): exit 4
+    before any test (a new-user review). Its command collects; the self-tests run only when asked."""
+    from gdpo_tools import cli
+
+    args = cli.build_parser().parse_args(["check", "--impl", "single_gdpo:advantages", "-k", "plain", *extra])
+    proc = subprocess.run(cli.pytest_command(args) + ["--collect-only"], capture_output=True, text=True,
+                          timeout=600, cwd=ROOT, env=dict(single_env, PYTEST_DISABLE_PLUGIN_AUTOLOAD="1"))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert ("test_controls.py" in proc.stdout) == ("--self-tests" in extra), proc.stdout[-3000:]
+
+
 def test_gdpo_check_single_process(single_env):
     proc = subprocess.run([sys.executable, "-m", "gdpo_tools.cli", "check", "--impl", "single_gdpo:advantages",
                            "--single-process", "-k", "units,dist_values_2"],
