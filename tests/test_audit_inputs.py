@@ -139,6 +139,8 @@ CASES = [
      r"line 2, column 'group': '0.5' is not an integer label"),
     ("csv_duplicate_column", text("csv", "group,acc,acc\n0,1,0\n0,0,1\n"), None,
      r"the header names \['acc'\] more than once"),
+    ("csv_pandas_index", text("csv", ",group,acc\n0,0,1\n1,0,0\n"), ShapeError,
+     r"column 1 of the header has no name .*to_csv\(\.\.\., index=False\)"),
     ("csv_not_utf8", text("csv", b"group,acc\n0,\xff\n0,1\n"), None, r"not UTF-8 text"),
     ("csv_int_inexact", text("csv", f"group,acc\n0,1\n0,{BIG}\n"), OutOfRangeError,
      rf"line 3, column 'acc': {BIG} is not exactly a float64"),
@@ -301,6 +303,19 @@ def test_float_labels_are_refused_as_impl_and_the_oracle_refuse_them(tmp_path, f
             gdpo.gdpo_advantages(torch.tensor(R), group_ids=ids)
         with pytest.raises(GDPOError, match=r"integers"):
             og.gdpo_advantages(R, ids)
+
+
+def test_an_empty_cell_and_a_json_null_are_rewards_not_scored(tmp_path):
+    """pandas writes NaN as an empty cell (and JSON as null): read as NaN, so --missing unscored
+    takes them and the default refuses them as NaN rewards, naming the line (they were 'not a number')."""
+    c = tmp_path / "blank.csv"
+    c.write_text("group,acc,fmt\n0,1,0.5\n0,,0.25\n1,0,1\n1,1,0\n")
+    j = tmp_path / "null.jsonl"
+    j.write_text("".join(json.dumps({"group": g, "rewards": {"acc": a, "fmt": 1.0}}) + "\n"
+                         for g, a in ((0, 1.0), (0, None), (1, 0.0), (1, 1.0))))
+    for p in (c, j):
+        assert np.isnan(audit.read_batch(p).rewards[1, 0]), p
+        assert cli.main(["audit", str(p), "--missing", "unscored"]) in (0, 1)
 
 
 def test_csv_with_a_byte_order_mark_is_read(tmp_path):

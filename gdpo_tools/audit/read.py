@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
+import math
 import pickle
 import re
 import zipfile
@@ -298,7 +299,10 @@ def _json_type(v) -> str:
 
 
 def _parsed(text: str):
-    """A CSV cell as a number: an int where it reads as one (exact), else a float; None if neither."""
+    """A CSV cell as a number: an int where it reads as one (exact), else a float, an empty cell NaN
+    (pandas writes NaN so: a reward not scored); None if neither."""
+    if not text.strip():
+        return math.nan
     for kind in (int, float):
         try:
             return kind(text)
@@ -313,7 +317,7 @@ def _float_column(values, name: str, source: str, lines, text: bool) -> np.ndarr
     out = np.empty(len(values))
     for i, v in enumerate(values):
         place = f"{source}: line {lines[i]}, column {name!r}"
-        x = _parsed(v) if text and isinstance(v, str) else v
+        x = _parsed(v) if text and isinstance(v, str) else math.nan if v is None else v  # JSON null: NaN
         if x is None or isinstance(x, bool) or not isinstance(x, (int, float)):
             raise AuditDtypeError(f"{place}: {shown(v)} is not a number"
                                   + (f" (a JSON {_json_type(v)})" if not text else ""))
@@ -514,6 +518,10 @@ def _csv_rows(lines: _Lines, src: str, progress):
             near = [f for f in fields or [] if f.strip().lower() in ("group", "uid", "index", "prompt_id")]
             raise AuditGroupError(f"{src}: the header must name a 'group' column (found {shown(fields, 120)})"
                                   + (f"; rename {near[0]!r} to 'group' (exactly, no spaces)" if near else ""))
+        blank = [i + 1 for i, c in enumerate(fields) if not c.strip() or c.startswith("Unnamed: ")]
+        if blank:
+            raise AuditShapeError(f"{src}: column {blank[0]} of the header has no name ({shown(fields, 120)}): "
+                                  "a pandas index? write the file with to_csv(..., index=False)")
         dup = sorted({c for c in fields if fields.count(c) > 1})
         if dup:
             raise AuditInputError(f"{src}: the header names {dup} more than once")
