@@ -240,8 +240,10 @@ def distance(observed: np.ndarray, exact: np.ndarray, allowed: np.ndarray, cond:
             rows.append(f"[{i}] returned {hexf(obs[i])} ({float(obs[i]):.9g}); the exact result is exactly 0, "
                         f"and {stated}: the specification demands 0 bit for bit (either sign), cond {cond[i]:.2e}")
             continue
-        rows.append(bound_row(i, obs[i], exact[i], err[i], allowed[i], ratios[i], cond[i], out_dtype,
-                               None if rounded is None else float(np.asarray(rounded, dtype=np.float64)[i])))
+        row = bound_row(i, obs[i], exact[i], err[i], allowed[i], ratios[i], cond[i], out_dtype,
+                        None if rounded is None else float(np.asarray(rounded, dtype=np.float64)[i]))
+        why = zero_why(i) if zero_why is not None and exact[i] == 0.0 and not np.isfinite(obs[i]) else ""
+        rows.append(row + (f"; the exact result is 0 because {why}" if why else ""))  # (eps 0: not 0/0)
     category = worst = None
     in_dtype = judged_dtype(out_dtype, native_dtype)
     if bad.size:

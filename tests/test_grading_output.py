@@ -11,6 +11,7 @@ import sys
 import types
 import warnings
 
+import numpy as np
 import pytest
 import torch
 
@@ -259,6 +260,22 @@ def test_the_trl_shape_passes_no_missing_keyword():
     """The reason a missing= row is not graded names the shape, not the code (trl_advantages takes it)."""
     why = Subject("impl.adapters:trl_advantages", "trl").unsupported(frozenset({"values", "missing"}))
     assert why.startswith("call shape 'trl' passes no missing= keyword"), why
+
+
+def test_a_nan_where_the_exact_advantage_is_0_says_why_0():
+    """eps 0 and a constant group: the specification's z is 0 where the paper's formula is 0/0; a
+    NaN there said only "exact 0" (heldout5: unclear). The row names the clause."""
+    from conformance.cases import Case, expected
+    from conformance.compare import advantage_zero_clause, distance
+
+    case = Case(((0.0,), (0.0,), (1.0,), (2.0,)), dtype="float64", group_size=2, eps=0.0)
+    res = expected(case, "spec").result
+    observed = res.float64.copy()
+    observed[:2] = float("nan")
+    allowed = np.full(case.n, 1e-3)  # a code's own error model allows it some error (float32, eps 0)
+    v = distance(observed, res.float64, allowed, res.cond, "float64", zero_why=advantage_zero_clause(res, None))
+    assert v.category == "non_finite" and "the exact result is 0 because" in v.rows[0], v.rows
+    assert "constant in group" in v.rows[0], v.rows[0]
 
 
 def test_select_takes_row_names_prefixes_and_parts():
