@@ -250,12 +250,13 @@ def render(g: Grading, details: bool = False) -> str:
 def _domain_hint(shown: list, domain: dict) -> list[str]:
     """Where every finding is at extreme magnitudes: the magnitudes they start from, and how to
     declare a range that stays below them (a float32 code that is right on every ordinary batch)."""
-    if not shown or any(f.regime != "extreme magnitudes" or not f.threshold for f in shown):
-        return []  # (a finding without a threshold: tiny values, or no magnitude shown to matter)
-    starts = {f.input: min(g.threshold for g in shown if g.input == f.input) for f in shown}
+    if not shown or any(f.regime != "extreme magnitudes" for f in shown):
+        return []
+    starts = {f.input: min(g.threshold for g in shown if g.input == f.input and g.threshold)
+              for f in shown if f.threshold}
     where = ", ".join(f"|{inp}| from about {v:.3g}" for inp, v in sorted(starts.items()))
     todo = " ".join(f"--domain max_abs_{k}=1e6" for k in ("reward", "weight") if f"max_abs_{k}" not in domain)
-    return [f"every finding is at extreme magnitudes ({where}).",
+    return [f"every finding is at extreme magnitudes{f' ({where})' if where else ''}.",
             f"if your rewards and weights stay far below, declare their range: {todo or 'a narrower max_abs_*'} "
             "(docs/grading.md, Declarations)"]
 
