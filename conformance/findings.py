@@ -83,8 +83,11 @@ def rank(found: list) -> list:
 
 def regime(f: Failure) -> str:
     case = f.case
-    if isinstance(case, DistCase):
-        return "bad input" if case.note.startswith("error:") else "several ranks"
+    if isinstance(case, DistCase):  # (rewards of 8e300 on a rank are extreme magnitudes, not ranks)
+        if case.note.startswith("error:"):
+            return "bad input"
+        big = any(s.n and not ordinary(s, unscored_ok=True) for s in case.shards)
+        return "extreme magnitudes" if big and f.exc.category != Category.FORMULA else "several ranks"
     if isinstance(case, tuple) or case.note.startswith("error:") or case.variant:
         return "bad input"
     if f.exc.category == Category.FORMULA or ordinary(case, unscored_ok=True):
@@ -111,7 +114,7 @@ def key(f: Failure) -> tuple:
     if cat == Category.REFUSED:  # one refusal, wherever it shows (its numbers aside)
         return cat, "", re.sub(r"\d+", "#", _cause_line(f.exc))
     if reg == "extreme magnitudes":
-        return cat, reg, _large_input(f)
+        return cat, reg, _large_input(f) if isinstance(f.case, Case) else ""
     return cat, reg, ""
 
 
@@ -272,8 +275,8 @@ def _refile(found: list) -> list:
     kept = []
     for f in found:
         into = None
-        if f.regime == "extreme magnitudes" and f.threshold is None and \
-                f.category in (Category.SILENT_ZERO, Category.NON_FINITE):
+        if f.regime == "extreme magnitudes" and f.threshold is None and isinstance(f.example, Case) and \
+                f.category in (Category.SILENT_ZERO, Category.NON_FINITE):  # (ranks': no threshold sought)
             into = next((g for g in found if g.regime == "ordinary magnitudes" and g.category == f.category),
                         next((g for g in found if g.category == Category.FORMULA), None))
         if into is None:

@@ -5,6 +5,7 @@ module alone decides, raising a :class:`ConformanceFailure` that explains itself
 
 from __future__ import annotations
 
+import inspect
 import math
 import os
 import re
@@ -548,10 +549,16 @@ def hang(prop, eq, subject, case: DistCase, job, grace: float, deadline: float) 
              hang=True)
 
 
-def _single_process_hint(outs: dict) -> list[str]:
-    """A line for a failure where every rank raised something other than a DistributedError:
-    perhaps an implementation for one process only, which --single-process grades as such."""
-    if outs and all(not o.ok and not o.is_error(DistributedError) for o in outs.values()):
+def _single_process_hint(subject, outs: dict) -> list[str]:
+    """A line for a failure where every rank raised something other than a DistributedError, from
+    a code whose signature takes no process_group: one for one process only, which --single-process
+    grades as such."""
+    try:
+        params = inspect.signature(subject.fn).parameters
+        takes = "process_group" in params or any(p.kind == p.VAR_KEYWORD for p in params.values())
+    except (TypeError, ValueError):
+        takes = False
+    if outs and not takes and all(not o.ok and not o.is_error(DistributedError) for o in outs.values()):
         return ["every rank raised: if the implementation runs in one process only (no process_group), grade "
                 "it with --single-process (gdpo check --single-process, or pytest --single-process), which "
                 "deselects the multi-process properties and reports them as not graded"]
@@ -563,7 +570,7 @@ def all_refuse(prop, eq, subject, case: DistCase, outs: dict, why: str, offender
     world = case.world
     details = [f"rank {r}: {o.describe()}" for r, o in sorted(outs.items())]
     if world > 1:
-        details += _single_process_hint(outs)
+        details += _single_process_hint(subject, outs)
     allowed = (DistributedError,) + (tuple(plain) if world == 1 else ())
     for r, o in sorted(outs.items()):
         if (o.ok or not o.is_error(*allowed)) and not noted(prop, case, o):
@@ -623,7 +630,7 @@ def dist_values(prop, eq, subject, case: DistCase, outs: dict, exp, twins) -> No
             _refused_where_computed(
                 prop, eq, subject, case, o,
                 [f"rank {q}: {p.describe()}" for q, p in sorted(outs.items())]
-                + _computes_because(case, res, out_dtype) + _single_process_hint(outs), who=f"rank {r} ")
+                + _computes_because(case, res, out_dtype) + _single_process_hint(subject, outs), who=f"rank {r} ")
         if o.dtype != out_dtype or o.shape != (shard.n,):
             fail(prop, eq, subject, case, f"rank {r} returned {o.dtype} {o.shape}; wanted {out_dtype} ({shard.n},)",
                  category=Category.CALL_SHAPE)

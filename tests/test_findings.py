@@ -125,7 +125,12 @@ def test_the_regime_of_a_case():
     # a value property's case whose reward rounded to inf in its dtype (offsets in float16) is bad input
     inf = Case(((0.0,), (float("inf"),)), dtype="float16", group_size=2)
     assert F.regime(_failure(inf, "accepted")) == "bad input"
-    assert F.regime(_failure(DistCase((big, big)))) == "several ranks"
+    small = Case(((0.0,), (1.0,)), dtype="float64", group_size=2)
+    assert F.regime(_failure(DistCase((small, small)))) == "several ranks"
+    # rewards of 1e30 on a rank are extreme magnitudes, wherever they are (heldout5: "several ranks"
+    # covered rewards of 8e300 and ranked them before the extreme magnitudes)
+    assert F.regime(_failure(DistCase((big, small)))) == "extreme magnitudes"
+    assert F.key(_failure(DistCase((big, small))))[1:] == ("extreme magnitudes", "")
     # a formula shows at ordinary magnitudes, whatever the case it was found on
     assert F.regime(_failure(big, "formula")) == "ordinary magnitudes"
 

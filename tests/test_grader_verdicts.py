@@ -291,12 +291,23 @@ def test_gdpo_check_single_process(single_env):
 
 
 def test_a_multi_process_failure_of_a_single_process_implementation_points_at_the_option():
+    """Only a code whose signature takes no process_group is pointed at --single-process (heldout5:
+    the hint showed for distributed code whose every rank refused)."""
+    import types
+
     from conformance.subject import Outcome
 
+    def one_process(rewards, *, group_size=None):
+        return rewards
+
+    def distributed(rewards, *, group_size=None, process_group=None):
+        return rewards
+
     outs = {r: Outcome.from_exception(NonFiniteError("one process only")) for r in range(2)}
-    assert "--single-process" in " ".join(J._single_process_hint(outs))
+    assert "--single-process" in " ".join(J._single_process_hint(types.SimpleNamespace(fn=one_process), outs))
+    assert J._single_process_hint(types.SimpleNamespace(fn=distributed), outs) == []
     outs[1] = Outcome(True)
-    assert J._single_process_hint(outs) == []
+    assert J._single_process_hint(types.SimpleNamespace(fn=one_process), outs) == []
 
 
 # ----------------------------------------------------------------------------- E
