@@ -111,8 +111,8 @@ def key(f: Failure) -> tuple:
         return cat, "", f.exc.cause  # one cause, wherever it shows: its regime is its members' lowest
     if cat in (Category.CALL_SHAPE, Category.POLICY, Category.WRONG_CLASS, Category.PROTOCOL):
         return cat, "", ""  # no magnitude makes these: one finding each
-    if cat == Category.REFUSED:  # one refusal, wherever it shows (its numbers aside)
-        return cat, "", re.sub(r"\d+", "#", _cause_line(f.exc))
+    if cat == Category.REFUSED:  # one refusal, wherever it shows: its words up to the first value
+        return cat, "", re.split(r"[-+]?\d|['\"{\[(]", _cause_line(f.exc), maxsplit=1)[0].rstrip()
     if reg == "extreme magnitudes":
         return cat, reg, _large_input(f) if isinstance(f.case, Case) else ""
     return cat, reg, ""

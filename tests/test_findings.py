@@ -93,7 +93,7 @@ def test_a_defect_at_every_magnitude_is_not_blamed_on_magnitudes():
 
 
 def test_a_refusal_is_keyed_by_what_it_says():
-    """One refusal wherever it shows (its numbers aside); two refusals, two findings."""
+    """One refusal wherever it shows, by its words up to the first value; two refusals, two findings."""
     def refusal(case, text):
         f = _failure(case, "refused")
         f.exc.args = (f"[plain] Eq. 6 (heldout): raised ValueError: {text}; the contract computes this case",)
@@ -102,6 +102,8 @@ def test_a_refusal_is_keyed_by_what_it_says():
     small, big = Case(((0.0,), (1.0,)), group_size=2), Case(((0.0,), (1e30,)), dtype="float64", group_size=2)
     assert F.key(refusal(small, "group 3 is short")) == F.key(refusal(big, "group 12 is short"))
     assert F.key(refusal(small, "group 3 is short")) != F.key(refusal(small, "bad weights"))
+    assert F.key(refusal(small, "bad weights {'a': 5e-324}")) == F.key(refusal(big, "bad weights -1.5e+39, 0"))
+    assert F.key(refusal(small, "non-finite reward")) != F.key(refusal(small, "non-negative weights"))
 
 
 def _failure(case, category="silent_zero", limit=math.inf, check=None):
