@@ -290,8 +290,8 @@ def _refused_where_computed(prop, eq, subject, case, out: Outcome, why: list, wh
     category = Category.NON_FINITE if out.error_type == "NonFiniteOutput" else \
         Category.CALL_SHAPE if out.error_type in _BREACHES else Category.REFUSED
     what = "batch" if who else "case"
-    untaken = re.search(r"unexpected keyword argument '(\w+)'", out.message) if out.error_type == "TypeError" else None
-    hint = f"it takes no {untaken[1]} ({_UNDECLARED[untaken[1]]}): " if untaken and untaken[1] in _UNDECLARED else ""
+    untaken = out.untaken()
+    hint = f"it takes no {untaken} ({_UNDECLARED[untaken]}): " if untaken in _UNDECLARED else ""
     fail(prop, eq, subject, case, f"{hint}{who}{out.describe()}; the contract computes this {what}", why,
          category=category)
 

@@ -208,6 +208,7 @@ def verl_token_rewards(rewards: np.ndarray, lengths: np.ndarray, dtype: str, fir
 CRASHES = frozenset({"AttributeError", "IndexError", "KeyError", "ZeroDivisionError", "NameError",
                      "UnboundLocalError", "RecursionError", "NotImplementedError"})
 _SIGNATURE = re.compile(r"unexpected keyword argument|takes \d+ positional argument|missing \d+ required")
+_UNTAKEN = re.compile(r"unexpected keyword argument '(\w+)'")
 
 
 @dataclasses.dataclass
@@ -244,6 +245,11 @@ class Outcome:
         """A clear refusal: an exception with a message, not a crash (:data:`CRASHES`)."""
         return not self.ok and bool(self.message.strip()) and self.error_type not in CRASHES and not (
             self.error_type == "TypeError" and _SIGNATURE.search(self.message))
+
+    def untaken(self) -> str:
+        """The keyword the code's signature did not take (its TypeError says so), else ""."""
+        found = _UNTAKEN.search(self.message) if self.error_type == "TypeError" else None
+        return found[1] if found else ""
 
     def describe(self) -> str:
         """What the call did: its result, its exception, or what the grader's own check of the call
