@@ -31,6 +31,8 @@ DEADLINE = float(os.environ.get("GDPO_CONFORMANCE_DEADLINE", "60"))
 GRACE = float(os.environ.get("GDPO_CONFORMANCE_GRACE", "3"))
 #: Timeout of the process groups themselves (a stuck collective raises after it).
 GROUP_TIMEOUT = 30
+#: Attempts at starting a pool whose ranks fail to join.
+JOIN_TRIES = 3
 
 
 @dataclasses.dataclass
@@ -99,6 +101,19 @@ class Pool:
 
     # ---------------------------------------------------------------- lifecycle
     def start(self) -> None:
+        """Spawn the ranks and wait until every one has joined. A rank that fails to join (gloo's
+        TCP mesh times out now and then on a loaded machine; nothing of the subject has run)
+        starts the pool again, up to JOIN_TRIES times."""
+        for attempt in range(JOIN_TRIES):
+            failed = self._spawn()
+            if failed is None:
+                return
+            self.kill()
+            if attempt + 1 == JOIN_TRIES:
+                raise RuntimeError(failed)
+
+    def _spawn(self) -> str | None:
+        """One attempt at starting the pool: None, or why a rank could not join."""
         import torch.multiprocessing as mp
 
         ctx = mp.get_context("spawn")
@@ -122,9 +137,9 @@ class Pool:
                 self.kill()
                 raise RuntimeError(f"the {self.world}-rank gloo pool did not start within {SPAWN_DEADLINE} s")
             if kind == "spawn_failed":
-                self.kill()
-                raise RuntimeError(f"rank {rank} of the pool failed to start:\n{info}")
+                return f"rank {rank} of the pool failed to start:\n{info}"
             ready.add(rank)
+        return None
 
     @property
     def alive(self) -> bool:

@@ -7,7 +7,8 @@ timeout, and runs a list of scenarios in order, catching every exception per
 scenario. Each rank writes one record per scenario to its own file as soon as
 the scenario returns, so a rank that hangs or dies loses nothing already done.
 The parent waits until a deadline, then terminates whatever is still running:
-a hang is a test failure (``Run.hung``), never a stuck CI job.
+a hang is a test failure (``Run.hung``), never a stuck CI job. A group whose
+rendezvous itself fails (nothing under test has run) starts again (``spawn``).
 
 Scenarios are plain data ``(name, kind, kwargs)``; ``kind`` names a function in
 ``SCENARIOS``; per-rank inputs (values, rewards, sizes, group_ids, weights, and
@@ -336,8 +337,7 @@ def _rank_main(rank, world, init_file, out_dir, scenarios, timeout_s, backend, d
 
     if device == "cuda":
         torch.cuda.set_device(0)
-    dist.init_process_group(backend, init_method="file://" + init_file, rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=timeout_s))
+    join(rank, world, init_file, timeout_s, backend)
     counter = _Counter(dist)
     for i, (name, kind, kwargs) in enumerate(scenarios):
         counter.counts = {}
@@ -375,47 +375,92 @@ def _rank_main(rank, world, init_file, out_dir, scenarios, timeout_s, backend, d
     os._exit(0)
 
 
-def _entry(rank, world, init_file, out_dir, scenarios, timeout_s, backend, device, log):
-    sys.stderr = open(log, "w", buffering=1)
+def _entry(rank, world, init_file, out_dir, scenarios, timeout_s, backend, device):
+    sys.stderr = open(os.path.join(out_dir, f"stderr{rank}.log"), "w", buffering=1)
     _rank_main(rank, world, init_file, out_dir, scenarios, timeout_s, backend, device)
 
 
-def run_group(world_size: int, scenarios: list, *, group_timeout_s: float = 20.0, deadline_s: float = 90.0,
-              backend: str = "gloo", device: str = "cpu") -> Run:
-    ctx = mp.get_context("spawn")
-    tmp = tempfile.mkdtemp(prefix="gdpo_dist_")
-    init_file = os.path.join(tmp, "rendezvous")
-    out_dir = os.path.join(tmp, "out")
-    os.makedirs(out_dir)
-    t0 = time.monotonic()
-    procs = [ctx.Process(target=_entry, daemon=True,
-                         args=(r, world_size, init_file, out_dir, scenarios, group_timeout_s, backend, device,
-                               os.path.join(tmp, f"stderr{r}.log")))
-             for r in range(world_size)]
-    for p in procs:
-        p.start()
-    run = Run(world_size)
+# --- joining and spawning, retried when the rendezvous itself fails ------------------------
+
+#: A rank's exit code when init_process_group itself failed: nothing under test ran yet.
+JOIN_FAILED = 75
+#: Attempts at a group whose rendezvous fails (gloo's TCP mesh times out now and then on a
+#: loaded 2-core machine: "Gloo connectFullMesh failed ... Connect timeout").
+JOIN_TRIES = 3
+
+
+def join(rank: int, world: int, init_file: str, timeout_s: float, backend: str = "gloo") -> None:
+    """init_process_group through ``init_file``; if that fails, print why and leave with
+    JOIN_FAILED so that ``spawn`` starts the whole group again on a fresh rendezvous."""
+    import torch.distributed as dist
+
     try:
-        for r, p in enumerate(procs):
-            p.join(max(0.0, deadline_s - (time.monotonic() - t0)))
-        for r, p in enumerate(procs):
+        dist.init_process_group(backend, init_method="file://" + init_file, rank=rank, world_size=world,
+                                timeout=datetime.timedelta(seconds=timeout_s))
+    except Exception:  # noqa: BLE001 - the parent retries; the traceback goes to this rank's stderr
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(JOIN_FAILED)
+
+
+@dataclass
+class Spawned:
+    out_dir: str  # the last attempt's: what its ranks wrote
+    exitcodes: list
+    hung: list  # ranks terminated at the deadline
+    wall_s: float
+    joins_failed: int  # attempts given up because a rank could not join
+
+
+def spawn(target, world_size: int, args: tuple, workdir: str, deadline_s: float) -> Spawned:
+    """Run ``target(rank, world_size, init_file, out_dir, *args)`` on ``world_size`` spawned
+    processes until all exit or ``deadline_s`` passes (the rest are terminated: ``hung``).
+    ``target`` joins through :func:`join`; when a rank leaves with JOIN_FAILED, the others are
+    stopped and the group starts again in a fresh folder, up to JOIN_TRIES times."""
+    ctx = mp.get_context("spawn")
+    t0 = time.monotonic()
+    for attempt in range(JOIN_TRIES):
+        out_dir = os.path.join(workdir, f"attempt{attempt}")
+        os.makedirs(out_dir)
+        init_file = os.path.join(out_dir, "rendezvous")
+        procs = [ctx.Process(target=target, daemon=True, args=(r, world_size, init_file, out_dir, *args))
+                 for r in range(world_size)]
+        for p in procs:
+            p.start()
+        end = time.monotonic() + deadline_s
+        while time.monotonic() < end and any(p.is_alive() for p in procs):
+            if any(p.exitcode == JOIN_FAILED for p in procs):
+                break
+            time.sleep(0.05)
+        join_failed = any(p.exitcode == JOIN_FAILED for p in procs)
+        retry = join_failed and attempt + 1 < JOIN_TRIES
+        hung = [] if join_failed else [r for r, p in enumerate(procs) if p.is_alive()]
+        for p in procs:
             if p.is_alive():
-                run.hung.append(r)
                 p.terminate()
         for p in procs:
             p.join(5)
             if p.is_alive():
                 p.kill()
                 p.join(5)
-        run.exitcodes = [p.exitcode for p in procs]
-        run.wall_s = time.monotonic() - t0
-        for fname in sorted(os.listdir(out_dir)):
+        if not retry:
+            return Spawned(out_dir, [p.exitcode for p in procs], hung, time.monotonic() - t0, attempt)
+    raise AssertionError("unreachable")
+
+
+def run_group(world_size: int, scenarios: list, *, group_timeout_s: float = 20.0, deadline_s: float = 90.0,
+              backend: str = "gloo", device: str = "cpu") -> Run:
+    tmp = tempfile.mkdtemp(prefix="gdpo_dist_")
+    try:
+        done = spawn(_entry, world_size, (scenarios, group_timeout_s, backend, device), tmp, deadline_s)
+        run = Run(world_size, exitcodes=done.exitcodes, hung=done.hung, wall_s=done.wall_s)
+        for fname in sorted(os.listdir(done.out_dir)):
             if fname.endswith(".pkl"):
-                with open(os.path.join(out_dir, fname), "rb") as f:
+                with open(os.path.join(done.out_dir, fname), "rb") as f:
                     rec = pickle.load(f)
                 run.records.setdefault(rec["name"], {})[rec["rank"]] = rec
         for r in range(world_size):
-            log = os.path.join(tmp, f"stderr{r}.log")
+            log = os.path.join(done.out_dir, f"stderr{r}.log")
             if os.path.exists(log):
                 with open(log) as f:
                     text = f.read().strip()

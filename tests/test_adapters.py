@@ -14,6 +14,7 @@ from impl._problems import GroupLengthError
 from oracle import gdpo as oracle
 from spec.errors import (GDPOError, GroupError, InputDtypeError, NonFiniteError, OutOfRangeError, ShapeError,
                          WeightError)
+from tests import _dist
 
 
 def test_trl_shape_is_gdpo_with_contiguous_groups():
@@ -447,13 +448,11 @@ def test_cuda_labels_and_host_inputs():
 
 def _adapters_rank(rank, world, init_file, out_dir):
     """One gloo rank: the adapters under a process group; each scenario's outcome to a file."""
-    import datetime
     import pickle
 
     import torch.distributed as dist
 
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=15))
+    _dist.join(rank, world, init_file, 15)
     group = dist.group.WORLD
     tok = torch.rand(4, 2, generator=torch.Generator().manual_seed(rank))
     x = torch.tensor([0.0, 1.0, 2.0, 0.5]) + rank
@@ -490,22 +489,12 @@ def _adapters_rank(rank, world, init_file, out_dir):
 
 def _two_ranks(target, tmp_path) -> dict:
     """Run ``target(rank, world, rendezvous, out_dir)`` on 2 spawned gloo ranks; each rank's pickled results."""
-    import multiprocessing
     import pickle
 
-    ctx = multiprocessing.get_context("spawn")
-    procs = [ctx.Process(target=target, args=(r, 2, str(tmp_path / "rendezvous"), str(tmp_path)), daemon=True)
-             for r in range(2)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(120)
-    for p in procs:
-        if p.is_alive():
-            p.terminate()
+    done = _dist.spawn(target, 2, (), str(tmp_path), deadline_s=120)
     outs = {}
     for r in range(2):
-        with open(tmp_path / f"{r}.pkl", "rb") as f:
+        with open(os.path.join(done.out_dir, f"{r}.pkl"), "rb") as f:
             outs[r] = pickle.load(f)
     return outs
 
@@ -546,7 +535,6 @@ def test_an_adapters_own_refusal_under_a_process_group_fails_every_rank_together
     """A refusal by the adapter itself (before impl.gdpo) on one rank must not leave its
     peers waiting in the agreement until the group's timeout: every rank raises the same
     DistributedError naming that rank at once, and that rank chains the adapter's own error."""
-    from tests._dist import run_group
 
     tok = [[1.0, 0.5], [0.0, 0.25], [1.0, 1.0], [0.5, 0.0]]
     mask = [[1, 1], [1, 0], [1, 1], [1, 1]]
@@ -577,7 +565,7 @@ def test_an_adapters_own_refusal_under_a_process_group_fails_every_rank_together
                                                                  else good_lab, bad]})
                  for name, (adapter, bad, _, _) in cases.items()]
     scenarios.append(("still_in_step", "adapter", {"adapter": "labelled_advantages", "args": [good_lab, good_lab]}))
-    run = run_group(2, scenarios, group_timeout_s=20.0, deadline_s=120.0)
+    run = _dist.run_group(2, scenarios, group_timeout_s=20.0, deadline_s=120.0)
     assert not run.hung, run.stderr[-3000:]
     for name, (_, _, cls, words) in cases.items():
         recs = run.by_rank(name)
@@ -597,13 +585,11 @@ def test_an_adapters_own_refusal_under_a_process_group_fails_every_rank_together
 def _sample_names_rank(rank, world, init_file, out_dir):
     """One gloo rank: refusals found by impl.gdpo on rank 1 only, through the adapters;
     each scenario's class, message and (on the rank that chains one) cause to a file."""
-    import datetime
     import pickle
 
     import torch.distributed as dist
 
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=15))
+    _dist.join(rank, world, init_file, 15)
     group = dist.group.WORLD
     bad = rank == 1
     acc = torch.tensor([0.0, 1.0, float("nan") if bad else 2.0, 0.5])
@@ -725,13 +711,11 @@ def test_sparse_inputs_to_verl_and_trl_are_refused_in_the_callers_names():
 def _reward_names_rank(rank, world, init_file, out_dir):
     """One gloo rank: the adapters' reward mappings name different components, or the same
     ones in another order, on rank 1; each scenario's class and message (or hex bits)."""
-    import datetime
     import pickle
 
     import torch.distributed as dist
 
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=15))
+    _dist.join(rank, world, init_file, 15)
     group = dist.group.WORLD
     bad = rank == 1
     x = torch.tensor([0.0, 1.0, 2.0, 0.5]) + rank

@@ -2,6 +2,7 @@
 
 import dataclasses
 import math
+import os
 
 import numpy as np
 import pytest
@@ -9,6 +10,7 @@ import pytest
 from gdpo_tools import spec_document as document
 from spec import CONVENTIONS, Convention, GDPOError, error_model, get_convention
 from spec.errors import ERROR_CLASSES, ERROR_EXAMPLES, EXAMPLE_WORLD, NOT_RAISED, example_ranks
+from tests import _dist
 
 
 def test_document_is_generated_from_code():
@@ -129,60 +131,36 @@ def test_not_raised_example_does_what_the_table_says(name, call, outcome):
     assert not isinstance(info.value, ERROR_CLASSES[name]), f"{call} raised {info.type.__name__}, a {name}"
 
 
-_RANKS_SCRIPT = '''
-import json, sys
-from datetime import timedelta
+def _ranked_rank(rank, world, init_file, out_dir, calls):
+    """One gloo rank: each call evaluated with ``group`` this group; what it raised, to a file."""
+    import json
 
-import torch.distributed as dist
-import torch.multiprocessing as mp
+    import torch.distributed as dist
 
-from spec.errors import ERROR_CLASSES
-from tests.test_spec import example_namespace
-
-
-def rank_main(rank, world, init, calls, out):
     from impl.gdpo import gdpo_advantages, whiten
 
-    dist.init_process_group("gloo", init_method="file://" + init, rank=rank, world_size=world,
-                            timeout=timedelta(seconds=60))
+    _dist.join(rank, world, init_file, 60)
     ns = example_namespace(gdpo_advantages, whiten, dist.group.WORLD, rank)
     results = []
     for call in calls:
         try:
             eval(call, ns)
             results.append(["computes"])
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - recorded for the parent
             results.append([n for n, c in ERROR_CLASSES.items() if isinstance(e, c)] or [type(e).__name__])
-    with open(f"{out}.{rank}", "w") as f:
+    with open(os.path.join(out_dir, f"{rank}.json"), "w") as f:
         json.dump(results, f)
-    dist.destroy_process_group()
-
-
-if __name__ == "__main__":
-    world, init, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]
-    calls = json.loads(sys.stdin.read())
-    mp.spawn(rank_main, (world, init, calls, out), nprocs=world)
-'''
+    os._exit(0)
 
 
 @pytest.mark.skipif(not _RANKED, reason="no ranked example")
 def test_ranked_error_examples_raise_on_every_rank(tmp_path):
     """The examples naming ``group`` on every rank of a gloo group of EXAMPLE_WORLD ranks."""
     import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
 
-    root = Path(__file__).resolve().parent.parent
-    script = tmp_path / "ranks.py"
-    script.write_text(_RANKS_SCRIPT)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])))
-    proc = subprocess.run([sys.executable, str(script), str(EXAMPLE_WORLD), str(tmp_path / "init"),
-                           str(tmp_path / "out")], input=json.dumps([c for _, c, _ in _RANKED]),
-                          capture_output=True, text=True, timeout=300, env=env, cwd=root)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    per_rank = [json.loads((tmp_path / f"out.{r}").read_text()) for r in range(EXAMPLE_WORLD)]
+    done = _dist.spawn(_ranked_rank, EXAMPLE_WORLD, ([c for _, c, _ in _RANKED],), str(tmp_path), deadline_s=300)
+    assert done.exitcodes == [0] * EXAMPLE_WORLD and not done.hung, done
+    per_rank = [json.loads(open(os.path.join(done.out_dir, f"{r}.json")).read()) for r in range(EXAMPLE_WORLD)]
     for i, (name, call, outcome) in enumerate(_RANKED):
         for rank in range(EXAMPLE_WORLD):
             got = per_rank[rank][i]
