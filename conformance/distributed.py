@@ -20,14 +20,13 @@ import traceback
 from datetime import timedelta
 
 from conformance.cases import loads
-from conformance.subject import Outcome, Subject
+from conformance.subject import DEADLINE, Outcome, Subject
 
 #: Global ranks of the pool and the subgroups it serves, by world size.
 POOL_WORLD = 4
 SUBGROUPS = {4: None, 2: (2, 3), 1: (1,)}
 #: Seconds: spawn and rendezvous; one job; how long the others may lag the first rank back.
 SPAWN_DEADLINE = float(os.environ.get("GDPO_CONFORMANCE_SPAWN_DEADLINE", "180"))
-DEADLINE = float(os.environ.get("GDPO_CONFORMANCE_DEADLINE", "60"))
 GRACE = float(os.environ.get("GDPO_CONFORMANCE_GRACE", "3"))
 #: Timeout of the process groups themselves (a stuck collective raises after it).
 GROUP_TIMEOUT = 30

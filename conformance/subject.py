@@ -10,8 +10,11 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import inspect
-import re
 import math
+import os
+import re
+import sys
+import threading
 
 import numpy as np
 import torch
@@ -627,13 +630,41 @@ class Subject:
         return self.stage("whiten")(self.tensor(case)[:, 0].contiguous(), **kw)
 
     def outcome(self, fn, *args, **kwargs) -> Outcome:
+        """The call's result or exception. In the grader's own process (no ``process_group``: the
+        ranks of a pool have their parent's deadline), a call not back within DEADLINE seconds
+        stops the grading with exit code 1: a hang, which one process cannot take back."""
+        watchdog = None
+        if "process_group" not in kwargs:
+            watchdog = threading.Timer(DEADLINE, _stop_at_a_hang, (self.target,))
+            watchdog.daemon = True
+            watchdog.start()
         try:
             out = fn(*args, **kwargs)
         except Exception as e:  # noqa: BLE001 - every exception is graded, not only GDPOError
             return Outcome.from_exception(e)
+        finally:
+            if watchdog is not None:
+                watchdog.cancel()
         if self.device != "cpu" and torch.cuda.is_available():
             torch.cuda.synchronize()
         return Outcome.from_output(out)
+
+
+#: Seconds one call may take (on a pool of ranks: after the job started; in one process: at all).
+DEADLINE = float(os.environ.get("GDPO_CONFORMANCE_DEADLINE", "60"))
+
+
+def _stop_at_a_hang(target: str) -> None:
+    """Said on standard error when a call in the grader's process has not returned: the test that
+    made it is pytest's current one."""
+    test = os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0]
+    sys.stderr.write(f"\ngdpo check: {target} did not return within {DEADLINE:g} s{f' ({test})' if test else ''}: "
+                     f"a hang. In one "
+                     f"process the grader cannot take the call back, so it stops here, with no report "
+                     f"(exit code 1). A slow call on a loaded machine: allow more seconds with "
+                     f"GDPO_CONFORMANCE_DEADLINE.\n")
+    sys.stderr.flush()
+    os._exit(1)
 
 
 def verl_per_sample(out: torch.Tensor, lengths: np.ndarray) -> torch.Tensor:

@@ -3,6 +3,7 @@
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -51,6 +52,23 @@ def test_check_fails_a_wrong_implementation(tmp_path):
                            "-k", "plain"], capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "1. formula differs from the paper (ordinary magnitudes): " in proc.stdout, proc.stdout
+
+
+def test_check_stops_with_a_message_when_a_call_in_its_process_hangs(tmp_path):
+    """A call that never returns used to hang `gdpo check --single-process` for good: in one
+    process the grader cannot take the call back, so it says which call hung and stops (exit 1)."""
+    (tmp_path / "stuck_gdpo.py").write_text(
+        "import time\n"
+        "def advantages(*args, **kwargs):\n"
+        "    time.sleep(3600)\n")
+    env = dict(os.environ, GDPO_CONFORMANCE_DEADLINE="2",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])))
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "gdpo_tools.cli", "check", "--impl", "stuck_gdpo:advantages",
+                           "--single-process", "-k", "plain"], capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "gdpo check: stuck_gdpo:advantages did not return within 2 s" in proc.stderr, proc.stderr[-2000:]
+    assert time.monotonic() - t0 < 300
 
 
 def test_check_call_shapes_are_the_suites():
