@@ -80,19 +80,29 @@ def decimal(x: float, dtype: str = "float64") -> str:
     return x.hex()
 
 
-def describe_inputs(case) -> str:
+def describe_inputs(case, shape: str = "gdpo") -> str:
+    """The call's inputs in the argument names of its call shape (``trl``, ``verl`` or ``gdpo``)."""
     if isinstance(case, tuple):  # the errors property: one base call broken every way
-        return f"{len(case)} broken calls, e.g. " + describe_inputs(case[0])
+        return f"{len(case)} broken calls, e.g. " + describe_inputs(case[0], shape)
     if isinstance(case, DistCase):
-        return "\n".join(f"    rank {r}: {describe_inputs(s)}" for r, s in enumerate(case.shards))
+        return "\n".join(f"    rank {r}: {describe_inputs(s, shape)}" for r, s in enumerate(case.shards))
     shown = ", ".join("[" + ", ".join(decimal(v, case.dtype) for v in row) + "]" for row in case.rewards[:16])
     more = f", ... ({case.n - 16} more rows)" if case.n > 16 else ""
-    parts = [f"rewards ({case.dtype}, {case.n}x{case.k}) [{shown}{more}]",
-             f"group_size {case.group_size}" if case.group_size is not None
-             else f"group_ids {list(case.group_ids) if case.group_ids is not None else None}",
-             "weights " + ("ones" if case.weights is None else "[" + ", ".join(decimal(w) for w in case.weights) + "]"),
-             f"segment_sizes {list(case.segment_sizes) if case.segment_sizes is not None else None}",
-             f"eps {'default' if case.eps is None else decimal(case.eps)}", f"out {case.out_dtype}"]
+    rewards = f"({case.dtype}, {case.n}x{case.k}) [{shown}{more}]"
+    weights = "ones" if case.weights is None else "[" + ", ".join(decimal(w) for w in case.weights) + "]"
+    groups = (f"group_size {case.group_size}" if case.group_size is not None
+              else f"group_ids {list(case.group_ids) if case.group_ids is not None else None}")
+    if shape == "trl":
+        parts = [f"rewards_per_func {rewards}", f"num_generations {case.group_size}", f"reward_weights {weights}"]
+    elif shape == "verl":
+        index = (f"uid labels in runs of {case.group_size}" if case.group_size is not None
+                 else f"'uid' + {list(case.group_ids) if case.group_ids is not None else None}")
+        parts = [f"scores {rewards}, each spread over its response tokens (token_level_rewards)",
+                 f"index {index}", f"weights {weights}"]
+    else:
+        parts = [f"rewards {rewards}", groups, f"weights {weights}",
+                 f"segment_sizes {list(case.segment_sizes) if case.segment_sizes is not None else None}",
+                 f"eps {'default' if case.eps is None else decimal(case.eps)}", f"out {case.out_dtype}"]
     if case.variant:
         parts.append(f"variant {case.variant}")
     if case.note:
@@ -120,7 +130,7 @@ def failure(prop: str, equation: str, subject, case, headline: str, details=(), 
     lines = [f"[{prop}]{what} {equation} of {subject.target} (call shape {subject.shape}, convention "
              f"{subject.convention!r}): {headline}"]
     lines += [f"  {d}" for d in details]
-    lines.append("  inputs: " + describe_inputs(case).lstrip())
+    lines.append("  inputs: " + describe_inputs(case, getattr(subject, "shape", "gdpo")).lstrip())
     lines.append("  repro: " + repro(subject, case, prop))
     return "\n".join(lines)
 

@@ -52,7 +52,7 @@ def main(argv=None) -> int:
     except ImplSpecError as e:  # run from another folder than gdpo check was: the module is not found
         print(f"replay: error: {e}", file=sys.stderr)
         return 2
-    print(f"[{name}] conforms: {describe_inputs(case)}")
+    print(f"[{name}] conforms: {describe_inputs(case, subject.shape)}")
     return 0
 
 

@@ -696,3 +696,20 @@ def test_root_run_grading_another_implementation_runs_the_conformance_suite_only
     assert own, "the checkout's own tests were not collected by a plain run"
     assert kept and all(line.startswith("conformance/") for line in kept), kept[:5]
     assert f"({len(own)} deselected)" in theirs.stdout or "deselected" in theirs.stdout
+
+
+def test_a_findings_inputs_are_named_in_its_call_shapes_arguments():
+    """--details printed `group_size 2; weights ones; segment_sizes None; eps default` for a TRL
+    code, which takes num_generations and reward_weights and no segment sizes or eps."""
+    from conformance.cases import loads
+    from conformance.compare import describe_inputs
+
+    case = loads('{"rewards":[["0x0.0p+0"],["0x1.0p+0"],["0x0.0p+0"],["0x1.8p+0"]],"dtype":"float32",'
+                 '"out_dtype":"float32","group_size":2}')
+    assert describe_inputs(case, "trl") == ("rewards_per_func (float32, 4x1) [[0], [1], [0], [1.5]]; "
+                                            "num_generations 2; reward_weights ones")
+    assert describe_inputs(case, "verl") == ("scores (float32, 4x1) [[0], [1], [0], [1.5]], each spread over its "
+                                             "response tokens (token_level_rewards); index uid labels in runs of "
+                                             "2; weights ones")
+    assert describe_inputs(case) == ("rewards (float32, 4x1) [[0], [1], [0], [1.5]]; group_size 2; weights ones; "
+                                     "segment_sizes None; eps default; out float32")
