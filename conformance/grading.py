@@ -294,6 +294,23 @@ def _peer(convention: str) -> dict | None:
             "installed_version": installed}
 
 
+def refuse(impl: str | None, json_path: str | None, status: int, error: str) -> int:
+    """A run that graded nothing (a usage error, 2; the grader's own, 3): the error on standard
+    error and, under ``--json``, a JSON with ``exit_status`` and ``error`` in place of a grading, so
+    that a JSON left by an earlier run is never read as this one's. Returns ``status``."""
+    print(f"gdpo check: error: {error}", file=sys.stderr)
+    said = json.dumps({"schema": JSON_SCHEMA, "impl": impl or DEFAULT_IMPL, "exit_status": status, "verdict": None,
+                       "error": error}, indent=1)
+    if json_path == "-":
+        print(said)
+    elif json_path:
+        try:
+            Path(json_path).write_text(said + "\n")
+        except OSError:  # the folder itself was the usage error
+            pass
+    return status
+
+
 def main(impl: str | None, call_shape: str | None, convention: str | None, select: str | None = None,
          single_process: bool = False, json_path: str | None = None, details: bool = False,
          strict: bool = False, domain=()) -> int:
@@ -307,15 +324,13 @@ def main(impl: str | None, call_shape: str | None, convention: str | None, selec
         if json_path and json_path != "-" and not os.access(Path(json_path).resolve().parent, os.W_OK):
             raise ValueError(f"--json {json_path!r}: its folder does not exist or cannot be written")
     except ValueError as e:
-        print(f"gdpo check: error: {e}", file=sys.stderr)
-        return EXIT_USAGE
+        return refuse(impl, json_path, EXIT_USAGE, str(e))
     try:
         g = grade(subject, select, single_process, strict)
-    except Exception:  # noqa: BLE001 - the grader's own error is never a failure of the graded code
-        print("gdpo check: the grader itself failed (this is not a verdict on the implementation; please "
-              "report it with the traceback below):", file=sys.stderr)
+    except Exception as e:  # noqa: BLE001 - the grader's own error is never a failure of the graded code
         traceback.print_exc()
-        return EXIT_GRADER
+        return refuse(impl, json_path, EXIT_GRADER, f"the grader itself failed (this is not a verdict on the "
+                      f"implementation; please report it with the traceback above): {type(e).__name__}: {e}")
     print(render(g, details), file=sys.stderr if json_path == "-" else sys.stdout)
     if json_path == "-":  # the JSON on standard output, the screen on standard error
         print(json.dumps(as_json(g), indent=1, default=str))
@@ -323,6 +338,5 @@ def main(impl: str | None, call_shape: str | None, convention: str | None, selec
         try:
             Path(json_path).write_text(json.dumps(as_json(g), indent=1, default=str) + "\n")
         except OSError as e:
-            print(f"gdpo check: error: --json {json_path!r} could not be written ({e.strerror})", file=sys.stderr)
-            return EXIT_USAGE
+            return refuse(impl, None, EXIT_USAGE, f"--json {json_path!r} could not be written ({e.strerror})")
     return g.exit_status

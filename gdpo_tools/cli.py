@@ -108,8 +108,9 @@ def run_check(a: argparse.Namespace) -> int:
     except ValueError as e:
         why = str(e)
     if why is not None:
-        print(f"gdpo check: error: {why}", file=sys.stderr)
-        return 2
+        from conformance.grading import refuse
+
+        return refuse(a.impl, a.json_path, 2, why)
     if a.strict_errors:
         os.environ["GDPO_STRICT_ERRORS"] = "1"  # conformance.judge.STRICT_ENV
     if a.deep or a.self_tests:
@@ -148,9 +149,10 @@ def _pytest_check(a: argparse.Namespace) -> int:
     from conformance import profiles
 
     if a.json_path is not None:
-        print("gdpo check: error: --json is written by a grading, not under --deep or --self-tests (pytest's "
-              "report instead)", file=sys.stderr)
-        return 2
+        from conformance.grading import refuse
+
+        return refuse(a.impl, a.json_path, 2, "--json is written by a grading, not under --deep or --self-tests "
+                      "(pytest's report instead)")
     cmd = pytest_command(a)
     env = {**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", profiles.ENV: "deep" if a.deep else "ci"}
     print(f"running ({profiles.ENV}={env[profiles.ENV]}): " + " ".join(cmd), flush=True)

@@ -71,6 +71,20 @@ def test_check_stops_with_a_message_when_a_call_in_its_process_hangs(tmp_path):
     assert time.monotonic() - t0 < 300
 
 
+@pytest.mark.parametrize("args", [["--impl", "no_such_module:fn"], ["-k", "no_such_row"], ["--deep"]])
+def test_a_usage_error_under_json_writes_the_error_over_an_earlier_grading(tmp_path, args):
+    """A usage error wrote no JSON: CI reading the file found the last run's grading."""
+    import json
+
+    out = tmp_path / "grading.json"
+    out.write_text('{"exit_status": 0, "verdict": "conforms (an earlier run)"}')
+    proc = subprocess.run([sys.executable, "-m", "gdpo_tools.cli", "check", *args, "--json", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    said = json.loads(out.read_text())
+    assert proc.returncode == 2 and said["exit_status"] == 2 and said["verdict"] is None, (proc.stderr, said)
+    assert said["error"] and f"gdpo check: error: {said['error']}" in proc.stderr, (proc.stderr, said)
+
+
 def test_check_call_shapes_are_the_suites():
     from conformance import subject
 
