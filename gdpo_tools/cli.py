@@ -185,7 +185,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {ours}")
     sub = parser.add_subparsers(dest="command")
     p_ex = sub.add_parser("example", help="exact result for a built-in example batch (the default)")
-    p_ex.add_argument("name", nargs="?", default="two_group", choices=sorted(EXAMPLES))
+    p_ex.add_argument("name", nargs="?", default="two_group", choices=sorted(EXAMPLES),
+                      help="two_group (the default): two groups of 2 that GRPO scores alike and GDPO "
+                           "does not; correctness_length: one group of 4 where the raw sum ranks a long "
+                           "wrong answer first")
     p_au = sub.add_parser("audit", help="what GDPO does with a dumped batch (.npz, .pt, .jsonl, .csv)",
                           # the file first: after --weights it would be read as one more weight
                           usage="gdpo audit [file] [--weights W [W ...]] [--eps EPS] [--missing {refuse,unscored}] "

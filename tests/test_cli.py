@@ -27,6 +27,12 @@ def test_console_script_runs():
     assert "1.0413683621779732" in proc.stdout
 
 
+def test_every_example_is_described_in_the_help():
+    text = " ".join(cli.build_parser()._subparsers._group_actions[0].choices["example"].format_help().split())
+    for name in ("two_group", "correctness_length"):
+        assert f"{name} (the default):" in text or f"{name}: " in text, text
+
+
 def test_unknown_example_is_refused():
     proc = subprocess.run([sys.executable, "-m", "gdpo_tools.cli", "example", "nope"],
                           capture_output=True, text=True, timeout=120)
