@@ -65,3 +65,25 @@ def test_readme_links_every_docs_page():
     linked = {(ROOT / t.partition("#")[0]).resolve() for t in _relative(README)}
     missing = [p.relative_to(ROOT).as_posix() for p in DOCS if p.resolve() not in linked]
     assert not missing, f"README.md does not link {missing}"
+
+
+def test_without_ms_swift_the_error_gives_the_route_the_docs_give(monkeypatch):
+    """A plain `pip install ms-swift` pulls its own dependencies (TRL 1.x breaks its trainers, and
+    they still miss some): the error names the route of docs/integrations.md's ms-swift section."""
+    from importlib import metadata
+
+    from impl.integrations import _common, swift
+
+    real = metadata.version
+
+    def version(dist):
+        if dist == "ms-swift":
+            raise metadata.PackageNotFoundError(dist)
+        return real(dist)
+
+    monkeypatch.setattr(_common.metadata, "version", version)
+    with pytest.raises(ImportError, match=r"needs ms-swift: in an environment without TRL 1\.x, the \[swift\] extra "
+                                          r".* then pip install --no-deps 'ms-swift>=4\.6\.0,<4\.7\.0' "
+                                          r"\(docs/integrations\.md#ms-swift"):
+        swift.check_swift_version()
+    assert "\n## ms-swift\n" in (ROOT / "docs" / "integrations.md").read_text()

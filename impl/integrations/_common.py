@@ -16,9 +16,10 @@ MISSING_POLICIES = ("unscored", "refuse")
 
 
 def check_version(distribution: str, name: str, supported: tuple[str, str], module: str, what: str,
-                  version: str | None = None) -> str:
+                  version: str | None = None, install: str | None = None) -> str:
     """The installed version of ``distribution`` (``name`` in messages), or of ``version``, or an
-    error naming the supported range."""
+    error naming the supported range and how to install it (``install``: where a plain pip install
+    of the range is not the way)."""
     from packaging.version import Version  # a dependency of transformers, hence of both frameworks
 
     low, high = supported
@@ -26,7 +27,8 @@ def check_version(distribution: str, name: str, supported: tuple[str, str], modu
         try:
             version = metadata.version(distribution)
         except metadata.PackageNotFoundError:
-            raise ImportError(f"{module} needs {name}: pip install '{distribution}>={low},<{high}'") from None
+            raise ImportError(f"{module} needs {name}: "
+                              + (install or f"pip install '{distribution}>={low},<{high}'")) from None
     if not Version(low) <= Version(version) < Version(high):
         raise RuntimeError(f"{module} was tested on {name} >={low},<{high}; {name} {version} is "
                            f"installed. It {what}, which other releases may change: install "

@@ -24,8 +24,12 @@ def plugin_path() -> str:
 
 def check_swift_version(version: str | None = None) -> str:
     """The installed ms-swift version (or ``version``), or a RuntimeError naming the supported range."""
+    low, high = SUPPORTED_SWIFT
     return check_version("ms-swift", "ms-swift", SUPPORTED_SWIFT, "impl.integrations.swift",
-                         "overrides GRPOTrainer._compute_advantages", version)
+                         "overrides GRPOTrainer._compute_advantages", version,
+                         install=f"in an environment without TRL 1.x, the [swift] extra (what ms-swift's trainers "
+                                 f"import), then pip install --no-deps 'ms-swift>={low},<{high}' "
+                                 f"(docs/integrations.md#ms-swift; ms-swift's own dependencies miss some)")
 
 
 def register() -> None:
