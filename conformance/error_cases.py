@@ -220,6 +220,7 @@ class DistErrorCase:
     build: Callable  # (draw, DistCase, offender) -> DistCase
     names_offender: bool = True
     min_world: int = 1  # cross-rank disagreements need two ranks to disagree
+    units: bool = False  # breaks the whitening units: not asked of a domain without them
 
 
 def _shard(case: DistCase, r: int, **changes) -> DistCase:
@@ -242,9 +243,8 @@ def _d_nonfinite(value):
 def _d_singleton(draw, case, r):
     s = case.shards[r]
     row = (1.0,) * s.k
-    seg = list(s.segment_sizes)
-    seg[-1] += 1
-    return _shard(case, r, rewards=s.rewards + (row,), group_ids=s.group_ids + (10 ** 6,), segment_sizes=tuple(seg))
+    seg = None if s.segment_sizes is None else s.segment_sizes[:-1] + (s.segment_sizes[-1] + 1,)
+    return _shard(case, r, rewards=s.rewards + (row,), group_ids=s.group_ids + (10 ** 6,), segment_sizes=seg)
 
 
 def _d_segments_none(draw, case, r):
@@ -277,26 +277,31 @@ DIST_ERROR_CASES = (
     DistErrorCase("nan_on_one_rank", "a NaN reward on one rank", _d_nonfinite(math.nan)),
     DistErrorCase("inf_on_one_rank", "an infinite reward on one rank", _d_nonfinite(-math.inf)),
     DistErrorCase("group_of_one_on_one_rank", "a group of one sample on one rank", _d_singleton),
-    DistErrorCase("segments_sum_on_one_rank", "unit sizes not summing to the rank's samples", _d_segments_sum),
+    DistErrorCase("segments_sum_on_one_rank", "unit sizes not summing to the rank's samples", _d_segments_sum,
+                  units=True),
     DistErrorCase("unit_count_mismatch", "ranks disagree on the number of units",
-                  lambda d, c, r: _shard(c, r, segment_sizes=c.shards[r].segment_sizes + (0,)), min_world=2),
+                  lambda d, c, r: _shard(c, r, segment_sizes=c.shards[r].segment_sizes + (0,)), min_world=2,
+                  units=True),
     DistErrorCase("segments_none_on_one_rank", "segment metadata missing on one rank, several units elsewhere",
-                  _d_segments_none, min_world=2),
+                  _d_segments_none, min_world=2, units=True),
     DistErrorCase("integer_rewards_on_one_rank", "an integer tensor on one rank",
                   lambda d, c, r: _shard(c, r, dtype="int64",
                                          rewards=tuple(tuple(float(round(v)) for v in row)
                                                        for row in c.shards[r].rewards))),
     DistErrorCase("unit_of_one_across_ranks", "a whitening unit holding one sample over all ranks",
-                  _d_unit_of_one, names_offender=False),
+                  _d_unit_of_one, names_offender=False, units=True),
 )
 DIST_ERROR_BY_NAME = {e.name: e for e in DIST_ERROR_CASES}
 
 
 @st.composite
 def dist_error_cases(draw, ctx: S.Context, world: int) -> DistCase:
-    ec = draw(st.sampled_from([e for e in DIST_ERROR_CASES if world >= e.min_world]))
+    ec = draw(st.sampled_from([e for e in DIST_ERROR_CASES if world >= e.min_world and (ctx.units or not e.units)]))
     base = draw(S.dist_cases(ctx, world, kinds=("binary", "ints", "plain"), pairs=(),
                              weight_modes=("none", "ones", "random"), k_max=3))
+    if ec.units:  # its unit sizes are what it breaks: one unit given as sizes
+        base = DistCase(tuple(dataclasses.replace(s, segment_sizes=s.segment_sizes or (s.n,)) for s in base.shards),
+                        base.note)
     r = _nonempty(base, draw(st.integers(0, world - 1)))
     case = ec.build(draw, base, r)
     return DistCase(case.shards, note=f"error:{ec.name}:{r}")

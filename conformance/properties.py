@@ -247,22 +247,22 @@ PROPERTIES = (
     Property("dist_values_2", "distributed", "Eq. 6 across ranks", "2 gloo ranks (a subgroup): shards "
              "reassembled equal the oracle; twinned groups bitwise equal; every rank returns",
              lambda ctx, subject: S.dist_cases(ctx, 2), check_dist_values,
-             frozenset({"values", "distributed", "labels", "units"}), world=2),
+             frozenset({"values", "distributed", "labels"}), world=2),
     Property("dist_values_4", "distributed", "Eq. 6 across ranks", "4 gloo ranks: the same, with empty shards",
              lambda ctx, subject: S.dist_cases(ctx, 4), check_dist_values,
-             frozenset({"values", "distributed", "labels", "units"}), world=4),
+             frozenset({"values", "distributed", "labels"}), world=4),
     Property("dist_missing_2", "distributed", "Eq. 6 across ranks", "missing=\"unscored\" on 2 gloo ranks: "
              "rows with no scored reward out of every rank's statistics (advantage 0), units of fewer than two "
              "scored rows 0 throughout, the rest as the oracle on the global batch",
              lambda ctx, subject: S.dist_missing_cases(ctx, 2), check_dist_values,
-             frozenset({"values", "distributed", "missing", "labels", "units"}), world=2),
+             frozenset({"values", "distributed", "missing", "labels"}), world=2),
     Property("dist_errors_2", "distributed", "protocol", "a refusal on one of 2 ranks: every rank raises the "
              "same DistributedError naming it, within the deadline (no hang)",
              lambda ctx, subject: dist_error_cases(ctx, 2), check_dist_errors,
-             frozenset({"spec_convention", "distributed", "labels", "units"}), world=2),
+             frozenset({"spec_convention", "distributed", "labels"}), world=2),
     Property("dist_errors_4", "distributed", "protocol", "the same on 4 ranks",
              lambda ctx, subject: dist_error_cases(ctx, 4), check_dist_errors,
-             frozenset({"spec_convention", "distributed", "labels", "units"}), world=4),
+             frozenset({"spec_convention", "distributed", "labels"}), world=4),
 )
 BY_NAME = {p.name: p for p in PROPERTIES}
 CHECKS = {"values": check_values, "errors": check_error, "dist_values": check_dist_values,

@@ -199,6 +199,18 @@ def impl_shard_alone(rewards, *, process_group=None, **kwargs):
     """impl.gdpo on each rank's shard alone: the process group ignored (heldout5 gdpo_shard_whiten)."""
     return gdpo_advantages(rewards, **kwargs)
 
+def impl_without_units(rewards, *, group_ids=None, group_size=None, weights=None, eps=1e-4,
+                       out_dtype=torch.float32, process_group=None):
+    """impl.gdpo behind a signature without segment_sizes (one whitening unit), Eq. 6 across ranks."""
+    return gdpo_advantages(rewards, group_ids=group_ids, group_size=group_size, weights=weights, eps=eps,
+                           out_dtype=out_dtype, process_group=process_group)
+
+
+def impl_without_units_shard_alone(rewards, *, process_group=None, **kwargs):
+    """The same, the process group ignored (heldout6 m19: its two all_reduce calls removed)."""
+    return impl_without_units(rewards, **kwargs)
+
+
 def trl_last_group_skipped(rewards, num_generations, reward_weights, eps=1e-4):
     """An off-by-one group loop in float64 (heldout4 offbyone_loop): the last group is never
     standardized, its z left 0, at every magnitude."""

@@ -186,6 +186,18 @@ def test_each_rank_whitening_its_shard_alone_is_a_formula():
         ["Eq. 6: over each rank's shard alone, not the batch across ranks (no all_reduce?)"], g.findings
 
 
+def test_a_code_without_whitening_units_is_graded_across_ranks():
+    """A code that takes no segment_sizes (declared units=false) had no multi-process row graded,
+    and one that refused units beside a process group was refused on every cross-rank case:
+    whitening each shard alone passed unseen (heldout6 m19, m21). One unit is now passed as none."""
+    domain = {"units": False}
+    g = _grade("_native_impls:impl_without_units", "gdpo", select="dist_values_2,dist_errors_2", domain=domain)
+    assert not g.findings and [r.verdict for r in g.rows if r.name.startswith("dist")] == ["passed"] * 2, g.rows
+    g = _grade("_native_impls:impl_without_units_shard_alone", "gdpo", select="dist_values_2", domain=domain)
+    assert [f.cause for f in g.findings if f.category in ("formula", "precision")] == \
+        ["Eq. 6: over each rank's shard alone, not the batch across ranks (no all_reduce?)"], g.findings
+
+
 def _crashes_on_nan(rewards, num_generations, reward_weights):
     """TRL's float32 formula that indexes past an empty list on a NaN reward: a crash, no refusal."""
     if torch.isnan(rewards).any():

@@ -38,7 +38,9 @@ def test_dist_case_reassembles(case):
     assert r.shape[0] == sum(s.n for s in case.shards)
     for rank, shard in enumerate(case.shards):
         assert np.array_equal(r[where[rank]], shard.rewards_array()) or shard.n == 0
-        assert len(shard.segment_sizes) == len(case.shards[0].segment_sizes)  # units agree
+        # units agree: as many on every rank, or none given on any (one unit over the batch)
+        assert (shard.segment_sizes is None) == (case.shards[0].segment_sizes is None)
+        assert shard.segment_sizes is None or len(shard.segment_sizes) == len(case.shards[0].segment_sizes)
 
 
 @given(case=S.cases(S.Context()))
