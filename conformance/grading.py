@@ -108,7 +108,7 @@ def _check_row(subject: Subject, name: str) -> tuple[Row, list]:
     found = list(runner.failures(cases, check, ConformanceFailure))
     failures = [FD.Failure(name, getattr(exc, "case", cases[i]), exc, check) for i, exc in found]
     seen = J.NOTES.get(name.split(":", 1)[0], ())
-    notes = tuple(sorted({f"refused with {cls}, not the spec.errors class (passes; fails under --strict-errors)"
+    notes = tuple(sorted({f"refused with {cls}, not the spec.errors class (such a refusal passes; fails under --strict-errors)"
                           for c, cls in seen if name == f"errors:{c}" or not name.startswith("errors:")}))
     cats = tuple(dict.fromkeys(str(f.exc.category) for f in failures))
     row = Row(name, "failed" if failures else "passed", cases=len(cases), failed=len(failures),

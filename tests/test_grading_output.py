@@ -115,7 +115,7 @@ def test_a_permitted_refusal_of_another_class_is_a_note_not_a_failure():
 def test_a_note_is_said_once_under_the_table_naming_its_rows():
     """Every error row of a code refusing with ValueError repeated the same note (33 rows of one
     grading), drowning the rows that matter: the note is one line naming its rows."""
-    note = "refused with ValueError, not the spec.errors class (passes; fails under --strict-errors)"
+    note = "refused with ValueError, not the spec.errors class (such a refusal passes; fails under --strict-errors)"
     rows = [grading.Row("plain", "failed", cases=30, failed=2, categories=("refused",), notes=(note,)),
             grading.Row("rounding", "failed", cases=28, failed=1, categories=("precision",))]
     rows += [grading.Row(f"errors:case_{i}", "passed", cases=25, notes=(note,)) for i in range(30)]
