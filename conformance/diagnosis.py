@@ -67,13 +67,16 @@ def _combined_bound(b: _Batch, v: Variant, p: _Parts, u: float) -> np.ndarray:
     dz = np.zeros_like(p.z)
     extra = (b.k + 1) if v.weights == "before" else 0  # the weighted sum's own rounding
     with np.errstate(all="ignore"):
+        # what the weighted sum rounds: its terms' magnitudes (a sum that cancels is far smaller)
+        terms = np.nan_to_num(np.abs(b.r), posinf=0.0) @ np.abs(b.w) if extra else None
         for m in b.members:
             for k in range(K):
                 x = p.x[m, k]
                 fin = np.isfinite(x)
                 mag = float(np.max(np.abs(x[fin]))) if fin.any() else 0.0
                 nn = int(p.n[m[0], k])
-                d_dev = em.model_dev_perturbation(mag, max(nn, 1), tau) + extra * mag
+                d_dev = em.model_dev_perturbation(mag, max(nn, 1), tau) + (extra * float(np.max(terms[m])) if extra
+                                                                           else 0.0)
                 z = p.z[m, k]
                 if nn >= 2 and _exact_constant(x[fin], u):  # its mean is exact: deviations exactly 0
                     continue

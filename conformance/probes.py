@@ -248,6 +248,11 @@ def _values(subject, case: Case):
     return np.asarray(out.values, dtype=np.float64), out
 
 
+def _shaped(out, case: Case) -> bool:
+    """Did the call return one advantage per row (whatever their values)?"""
+    return out.ok and out.values is not None and out.values.shape == (case.n,)
+
+
 def _relative_residual(pairs, variant, factor: bool = False) -> float:
     """The largest error of the outputs from ``variant``'s float64 values, relative to each
     output's scale; ``factor``: from those values times the factor that fits each probe best."""
@@ -288,17 +293,27 @@ def profile(subject) -> Profile:
     if not cases:
         return Profile("float32", "the probes lie outside the declared domain: graded at float32 precision",
                        failed="outside the declared domain")
-    outs, returned = [], set()
-    for case in cases:
+    outs, returned, kept, words, non_finite = [], set(), [], [], 0
+    for i, case in enumerate(cases):
         values, out = _values(subject, case)
+        if values is None and _shaped(out, case):  # NaN or inf where it computes: the others can tell
+            non_finite += 1
+            continue
         if values is None:
             return Profile("float32", "graded at float32 precision (the probes could not tell: "
                            f"{' '.join(out.describe().split())[:100]})", failed=out.describe())
+        kept.append(case)
+        words.append(PROBE_WORDS[i] if i < len(PROBE_WORDS) else f"probe {i}")
         outs.append(values)
         returned.add(out.dtype)
+    if not kept:
+        return Profile("float32", "graded at float32 precision (the probes could not tell: every probe gave "
+                       "non-finite advantages)", failed="non-finite advantages on every probe")
+    first_kept = kept[0] is cases[0]
+    cases = kept
     as_out = "float64" if returned == {"float64"} else cases[0].out_dtype
     pairs = [(dataclasses.replace(c, out_dtype=as_out), o) for c, o in zip(cases, outs)]
-    if cases[0].k == 3 and cases[0].n == 16:
+    if first_kept and cases[0].k == 3 and cases[0].n == 16:
         for rel in relations(cases[0], subject.shape):
             values, _ = _values(subject, rel.case)
             if values is not None:
@@ -310,7 +325,9 @@ def profile(subject) -> Profile:
         d = diagnose_many(pairs, unit_roundoff=FLOAT64_UNIT_ROUNDOFF)
     how = f"returns {as_out}" if as_out != "float64" else f"computes in {precision}" if d.matched else \
         "returns float64 (its precision not told: no variant of the formula reproduces the probes)"
-    prof = Profile(precision, f"{how}: graded at {precision} precision", d, outputs=tuple(pairs))
+    left = f" ({non_finite} of {non_finite + len(kept)} probes gave NaN or inf advantages: told by the rest)" \
+        if non_finite else ""
+    prof = Profile(precision, f"{how}: graded at {precision} precision{left}", d, outputs=tuple(pairs))
     if not d.matched:
         narrow, off = _narrow_format(outs), _relative_residual(pairs, formulas.PAPER)
         if narrow:
@@ -321,10 +338,11 @@ def profile(subject) -> Profile:
                            "scale, as such arithmetic errs")
         else:
             call = (lambda c: _values(subject, c)[0])
-            prof.lines = tuple(broken_relations(call, cases[0], outs[0], _allowed, subject.shape)) \
-                + tuple(whitening_lines(cases[0], outs[0], float(np.median(_allowed(cases[0])))))
+            if first_kept:
+                prof.lines = tuple(broken_relations(call, cases[0], outs[0], _allowed, subject.shape)) \
+                    + tuple(whitening_lines(cases[0], outs[0], float(np.median(_allowed(cases[0])))))
             if not prof.lines:  # the first probe keeps every relation: which probes the code is off on
-                prof.lines = tuple(_off_lines(pairs[:len(cases)]))
+                prof.lines = tuple(_off_lines(pairs[:len(cases)], words))
     return prof
 
 
@@ -337,12 +355,12 @@ PROBE_WORDS = ("4 groups of 4, three columns", "one outlier among 10 groups (|a|
                "the first scaled by 2^-30 (group stds below 3e-9)")
 
 
-def _off_lines(pairs) -> list[str]:
-    """Which probes the code is off the paper on, and by how much, where the relations do not say."""
+def _off_lines(pairs, words) -> list[str]:
+    """Which probes (``words``: what each is) the code is off the paper on, and by how much, where the
+    relations do not say."""
     off, fine = [], []
-    for i, (case, o) in enumerate(pairs):
+    for (case, o), name in zip(pairs, words):
         diff = np.abs(o - formulas.evaluate(case, formulas.PAPER))
-        name = PROBE_WORDS[i] if i < len(PROBE_WORDS) else f"probe {i}"
         if np.any(diff > _allowed(case)):
             off.append(f"{name} (off by {float(diff.max()):.2g})")
         else:

@@ -211,6 +211,25 @@ def impl_without_units_shard_alone(rewards, *, process_group=None, **kwargs):
     return impl_without_units(rewards, **kwargs)
 
 
+def trl_no_eps_f64(rewards, num_generations, reward_weights, eps=1e-4):
+    """Eq. 4 without eps, in float64 (heldout6 m09): a constant group column gives NaN."""
+    r = rewards.to(torch.float64)
+    n, k = r.shape
+    x = r.view(-1, int(num_generations), k)
+    z = ((x - x.mean(1, keepdim=True)) / x.std(1, keepdim=True)).view(n, k)
+    c = z @ reward_weights.to(torch.float64)
+    return (c - c.mean()) / (c.std() + eps)
+
+
+def trl_grpo_f64(rewards, num_generations, reward_weights, eps=1e-4):
+    """GRPO on the weighted sum, in float64, the sum by a matrix product (heldout6 m11)."""
+    g = int(num_generations)
+    c = rewards.to(torch.float64) @ reward_weights.to(torch.float64)
+    x = c.view(-1, g)
+    z = ((x - x.mean(1, keepdim=True)) / (x.std(1, keepdim=True) + eps)).reshape(-1)
+    return (z - z.mean()) / (z.std() + eps)
+
+
 def trl_last_group_skipped(rewards, num_generations, reward_weights, eps=1e-4):
     """An off-by-one group loop in float64 (heldout4 offbyone_loop): the last group is never
     standardized, its z left 0, at every magnitude."""

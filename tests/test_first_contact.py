@@ -16,6 +16,8 @@ The full gradings of every implementation are the slow tier's; the fast suite gr
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 import paper_impls as P
@@ -128,3 +130,31 @@ def test_arithmetic_in_bfloat16_inside_is_named_precision_not_formula():
     for other in ("trl_eps_5e_4", "trl_off_by_a_factor"):  # off by far more, or by a factor (0.1%)
         prof = probes.profile(Subject(f"_native_impls:{other}", "trl", "spec"))
         assert not prof.narrow and not prof.named and prof.formula, (other, prof.statement())
+
+
+def test_a_code_with_nan_on_some_probes_is_told_by_the_others():
+    """heldout6 m09: Eq. 4 without eps in float64 gives NaN on every probe with a constant column.
+    The probes gave up ("could not tell"), the code was graded at float32 precision, and its
+    formula came back at extreme magnitudes as two precision findings with false thresholds."""
+    from conformance import probes
+    from conformance.subject import Subject
+
+    prof = probes.profile(Subject("_native_impls:trl_no_eps_f64", "trl", "spec"))
+    assert prof.precision == "float64" and prof.formula == "Eq. 4: no eps", prof.statement()
+    assert "probes gave NaN or inf advantages: told by the rest" in prof.statement(), prof.statement()
+
+
+def test_a_weighted_sum_that_cancels_is_the_formulas_own_error():
+    """heldout6 m11: GRPO on the weighted sum in float64, on rewards near 2^31 whose weighted sum
+    cancels, was "accuracy beyond its own precision, from |rewards| of about 2.15e+09": the model
+    of the variant allowed its sum the rounding of the sum's value, not of its terms."""
+    from conformance import diagnosis, probes
+    from conformance.cases import loads
+    from conformance.subject import Subject
+
+    subject = Subject("_native_impls:trl_grpo_f64", "trl", "spec")
+    variant = probes.profile(subject).diagnosis.variant
+    assert variant.weights == "before", variant
+    case = loads((Path(__file__).parent / "data" / "grpo_cancelling_sum.json").read_text())
+    out = subject.outcome(subject.call, case)
+    assert diagnosis.reproduces(case, out.values, variant, 2.0 ** -53)
