@@ -137,7 +137,7 @@ ERROR_CASES = (
               lambda d, c: dataclasses.replace(c, group_ids=None, group_size=1, segment_sizes=None), shapes=ALL_SHAPES,
               oracle=True),
     ErrorCase("group_size_not_dividing", (GroupError,), "N not a multiple of group_size", _drop_last_row),
-    ErrorCase("labels_length", (ShapeError, GroupError), "group_ids of the wrong length",
+    ErrorCase("labels_length", (ShapeError, GroupError), "group labels of the wrong length (group_ids; verl: index)",
               lambda d, c: dataclasses.replace(_labels(c), group_ids=_labels(c).group_ids[:-1]
                                                if d(st.booleans()) else _labels(c).group_ids + (0,)),
               shapes=("gdpo", "verl"), needs=("labels",)),
@@ -279,11 +279,12 @@ DIST_ERROR_CASES = (
     DistErrorCase("group_of_one_on_one_rank", "a group of one sample on one rank", _d_singleton),
     DistErrorCase("segments_sum_on_one_rank", "unit sizes not summing to the rank's samples", _d_segments_sum,
                   units=True),
+    # disagreements: no rank's input is wrong on its own, so naming one rank is not asked
     DistErrorCase("unit_count_mismatch", "ranks disagree on the number of units",
                   lambda d, c, r: _shard(c, r, segment_sizes=c.shards[r].segment_sizes + (0,)), min_world=2,
-                  units=True),
+                  units=True, names_offender=False),
     DistErrorCase("segments_none_on_one_rank", "segment metadata missing on one rank, several units elsewhere",
-                  _d_segments_none, min_world=2, units=True),
+                  _d_segments_none, min_world=2, units=True, names_offender=False),
     DistErrorCase("integer_rewards_on_one_rank", "an integer tensor on one rank",
                   lambda d, c, r: _shard(c, r, dtype="int64",
                                          rewards=tuple(tuple(float(round(v)) for v in row)

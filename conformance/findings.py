@@ -111,11 +111,17 @@ def key(f: Failure) -> tuple:
         return cat, "", f.exc.cause  # one cause, wherever it shows: its regime is its members' lowest
     if cat in (Category.CALL_SHAPE, Category.POLICY, Category.WRONG_CLASS, Category.PROTOCOL):
         return cat, "", ""  # no magnitude makes these: one finding each
-    if cat == Category.REFUSED:  # one refusal, wherever it shows: its words up to the first value
-        return cat, "", re.split(r"[-+]?\d|['\"{\[(]", _cause_line(f.exc), maxsplit=1)[0].rstrip()
+    if cat == Category.REFUSED:  # one refusal, wherever it shows
+        return cat, "", _refusal(_cause_line(f.exc))
     if reg == "extreme magnitudes":
         return cat, reg, _large_input(f) if isinstance(f.case, Case) else ""
     return cat, reg, ""
+
+
+def _refusal(line: str) -> str:
+    """A refusal's words up to its first value, without the ranks that said it."""
+    line = re.sub(r"\brank \d+:? ", "", line)
+    return re.split(r"[-+]?\d|['\"{\[(]", line, maxsplit=1)[0].rstrip()
 
 
 def _large_input(f: Failure) -> str:
@@ -240,11 +246,13 @@ def findings(failures: list, subject) -> list:
     groups: dict = {}
     for f in failures:
         groups.setdefault(key(f), []).append(f)
+    absorbed = _absorbed(groups)
     out = []
     for (cat, reg, what), members in groups.items():
         if not reg:
             reg = min((regime(m) for m in members), key=REGIMES.index)
-        rows = list(dict.fromkeys(m.row for m in members))
+        also = absorbed.get(what, []) if cat == Category.REFUSED else []
+        rows = list(dict.fromkeys(m.row for m in members + also))
         first = min(members, key=lambda m: _size(m.case))
         thr, inp = None, what if what in ("rewards", "weights") else ""
         if cat == Category.REFUSED and reg == "extreme magnitudes" and isinstance(first.case, Case):
@@ -262,9 +270,42 @@ def findings(failures: list, subject) -> list:
             exc, _ = runner.reduce(first.check, subject, first.case, first.exc, REDUCE_CALLS)
             example = getattr(exc, "case", first.case)
             cause = what if what and cat != Category.REFUSED else _cause_line(exc)
-        out.append(Finding(cat, reg, cause, rows, len(members), example, _said(exc), _repro(exc),
+        out.append(Finding(cat, reg, cause, rows, len(members) + len(also), example, _said(exc), _repro(exc),
                            str(exc), thr, inp))
-    return rank(_refile(out))
+    return rank(_one_per_check(_refile(out)))
+
+
+#: of one missed check's symptoms, the finding that leads (the others join it)
+_WORST_FIRST = (Category.ACCEPTED, Category.PROTOCOL, Category.WRONG_CLASS)
+
+
+def _one_per_check(found: list) -> list:
+    """Bad input of one cause that shows two ways (labels too long accepted, too short crashing:
+    one missing length check) is one finding, led by the worse, the other said beside it."""
+    kept, by_cause = [], {}
+    for f in sorted(found, key=lambda f: _WORST_FIRST.index(f.category) if f.category in _WORST_FIRST else -1):
+        lead = by_cause.get(f.cause) if f.regime == "bad input" and f.category in _WORST_FIRST else None
+        if lead is None:
+            kept.append(f)
+            if f.regime == "bad input" and f.category in _WORST_FIRST:
+                by_cause.setdefault(f.cause, f)
+            continue
+        lead.rows, lead.count = list(dict.fromkeys(lead.rows + f.rows)), lead.count + f.count
+        lead.said += f"; in {f.count} other case(s), {label(f.category)}: {f.said}"
+    return kept
+
+
+def _absorbed(groups: dict) -> dict:
+    """Protocol failures whose every rank raised a refusal the code also makes where the contract
+    computes (an empty shard refused, naming that rank, not the one the case broke): taken out of
+    ``groups``, by the refusal they join. One cause, one finding."""
+    refusals = {what for (cat, _, what) in groups if cat == Category.REFUSED}
+    out: dict = {}
+    for k in [k for k in groups if k[0] == Category.PROTOCOL]:
+        said = {_refusal(m.exc.raised) if getattr(m.exc, "raised", None) else None for m in groups[k]}
+        if len(said) == 1 and (what := said.pop()) in refusals:
+            out.setdefault(what, []).extend(groups.pop(k))
+    return out
 
 
 def _refile(found: list) -> list:

@@ -53,6 +53,8 @@ class ConformanceFailure(AssertionError):
     hang: bool = False
     #: a distance: what the outputs showed (zeros, a NaN) before a formula or a cause explained them
     observed: str | None = None
+    #: a protocol failure where every rank raised alike: what they raised ("raised ValueError: ...")
+    raised: str | None = None
 
     def restated(self, text: str) -> "ConformanceFailure":
         """The same failure (its case, category, worst error, formula, cause) told by ``text``."""
@@ -583,9 +585,13 @@ def all_refuse(prop, eq, subject, case: DistCase, outs: dict, why: str, offender
              ["the ranks raised different errors (the same on every rank, naming the rank, is the contract)"]
              + details, category=Category.PROTOCOL)
     if offender is not None and world > 1 and not re.search(rf"\branks?\b[^;.]*?\b{offender}\b", outs[0].message):
-        fail(prop, eq, subject, case, f"the DistributedError does not name the offending rank {offender}",
-             [f"the error does not name rank {offender}, whose input is refused"] + details,
-             category=Category.PROTOCOL)
+        try:
+            fail(prop, eq, subject, case, f"the DistributedError does not name the offending rank {offender}",
+                 [f"the error does not name rank {offender}, whose input is refused"] + details,
+                 category=Category.PROTOCOL)
+        except ConformanceFailure as exc:  # the same refusal where the contract computes is its cause
+            exc.raised = f"raised {outs[0].error_type}: {outs[0].message}"
+            raise
 
 
 def dist_errors(prop, eq, subject, case: DistCase, outs: dict) -> None:

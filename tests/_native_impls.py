@@ -230,6 +230,30 @@ def trl_grpo_f64(rewards, num_generations, reward_weights, eps=1e-4):
     return (z - z.mean()) / (z.std() + eps)
 
 
+def impl_refusing_empty_shards(rewards, *, process_group=None, **kwargs):
+    """impl.gdpo refusing a rank with no rows: every rank raises together, naming the first empty
+    one, whatever else the batch holds (heldout6 m20)."""
+    if process_group is not None:
+        import torch.distributed as dist
+
+        n = torch.tensor([rewards.shape[0]])
+        sizes = [torch.zeros_like(n) for _ in range(dist.get_world_size(process_group))]
+        dist.all_gather(sizes, n, group=process_group)
+        empty = [r for r, size in enumerate(sizes) if int(size) == 0]
+        if empty:
+            raise ValueError(f"rank {empty[0]}: rewards are empty, shape (0, {rewards.shape[1]})")
+    return gdpo_advantages(rewards, process_group=process_group, **kwargs)
+
+
+def impl_labels_length_unchecked(rewards, *, group_ids=None, **kwargs):
+    """impl.gdpo without a length check of its labels (heldout6 m17): too many are cut to the
+    rows, too few crash on the first row past them."""
+    if group_ids is not None:
+        ids = [int(group_ids[i]) for i in range(rewards.shape[0])]  # IndexError past the end
+        group_ids = torch.tensor(ids)
+    return gdpo_advantages(rewards, group_ids=group_ids, **kwargs)
+
+
 def trl_last_group_skipped(rewards, num_generations, reward_weights, eps=1e-4):
     """An off-by-one group loop in float64 (heldout4 offbyone_loop): the last group is never
     standardized, its z left 0, at every magnitude."""

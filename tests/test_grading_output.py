@@ -198,6 +198,26 @@ def test_a_code_without_whitening_units_is_graded_across_ranks():
         ["Eq. 6: over each rank's shard alone, not the batch across ranks (no all_reduce?)"], g.findings
 
 
+def test_a_refusal_that_names_another_rank_in_an_error_case_is_that_refusal():
+    """A code refusing empty shards (every rank raising it together, naming the empty rank) got,
+    beside that refusal, a protocol finding per error case that met an empty shard: "the error
+    does not name rank 1, whose input is refused" (heldout6 m20: three findings, one cause)."""
+    g = _grade("_native_impls:impl_refusing_empty_shards", "gdpo", select="dist_values_2,dist_errors_2,dist_errors_4")
+    assert [(f.category, f.cause.split(";")[0]) for f in g.findings] == \
+        [("refused", "rank 0 raised ValueError: rank 0: rewards are empty, shape (0, 1)")], g.findings
+    assert {"dist_errors_2", "dist_errors_4"} & set(g.findings[0].rows), g.findings[0].rows
+
+
+def test_one_missing_check_is_one_finding_whichever_way_it_shows():
+    """Labels of the wrong length, never checked: too many accepted silently, too few a crash. Two
+    findings of one cause (heldout6 m17); now one, led by the acceptance, the crash said beside it."""
+    g = _grade("_native_impls:impl_labels_length_unchecked", "gdpo", select="errors:labels_length")
+    assert [(f.category, f.cause) for f in g.findings] == \
+        [("accepted", "group labels of the wrong length (group_ids; verl: index)")], g.findings
+    assert "other case(s), refused with another exception class: crashed IndexError" in g.findings[0].said, \
+        g.findings[0].said
+
+
 def _crashes_on_nan(rewards, num_generations, reward_weights):
     """TRL's float32 formula that indexes past an empty list on a NaN reward: a crash, no refusal."""
     if torch.isnan(rewards).any():
