@@ -169,6 +169,8 @@ def broken_relations(call, case: Case, out: np.ndarray, allowed, shape: str = "g
     for off, paper, rel in found:
         if rel.name not in after:
             what = _BROKEN[rel.name] if rel.name != "scale" else _BROKEN["scale"][off > 0.1]
+            if rel.name == "split" and shape == "verl":  # its rewards and weights are two dicts
+                what += " (are the weights paired with the rewards by key, not by sorted key or position?)"
             if rel.name in ("rows", "groups"):
                 asked = _GROUPS_ASKED.get(shape, _GROUPS_ASKED["gdpo"])
                 if rel.name == "groups":  # (each part of the batch whitened alone breaks it too)

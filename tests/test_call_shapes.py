@@ -292,6 +292,7 @@ def test_weights_paired_by_sorted_keys_are_an_eq7_formula_finding(wrong):
     assert len(set(keys)) == 8 and all(keys[:k] != sorted(keys[:k]) for k in range(2, 9)), keys
     g = grading.grade(wrong("sorted_key_weights"), "weights", single_process=True)
     assert [f.category for f in g.findings][:1] == ["formula"] and "Eq. 7" in g.findings[0].cause, g.findings
+    assert "are the weights paired with the rewards by key, not by sorted key or position?" in g.findings[0].cause
     g = grading.grade(wrong("scatter_float32"), "plain,weights", single_process=True)
     assert g.subject.precision == "float32" and g.profile.formula is None and g.profile.named, g.profile
     assert all(f.regime == "extreme magnitudes" and f.category != "formula" for f in g.findings), g.findings
