@@ -92,8 +92,11 @@ def _cancellation(subject: Subject, case, conv) -> str | None:
             prof is not None and prof.named and not prof.diagnosis.no_difference
             and _reproduced(near, again.values, prof.diagnosis.variant, conv)):
         return None
-    return ("cancellation at Eq. 4: the error grows with the rewards' offset from 0 (the same batch shifted to "
-            "near 0 is within the model): a one-pass variance E[x^2] - E[x]^2, or a variance of uncentred values")
+    grows = ("the error grows with the rewards' offset from 0 (the same batch shifted to near 0 is within the "
+             "model)")
+    if prof is not None and prof.named and prof.diagnosis.variant.weights == "before":
+        return f"cancellation in the weighted sum its formula takes before Eq. 4: {grows}"
+    return f"cancellation at Eq. 4: {grows}: a one-pass variance E[x^2] - E[x]^2, or a variance of uncentred values"
 
 
 def _holds_under(out: Outcome, case: Case, conv, token_counts=None):

@@ -158,3 +158,15 @@ def test_a_weighted_sum_that_cancels_is_the_formulas_own_error():
     case = loads((Path(__file__).parent / "data" / "grpo_cancelling_sum.json").read_text())
     out = subject.outcome(subject.call, case)
     assert diagnosis.reproduces(case, out.values, variant, 2.0 ** -53)
+
+
+def test_a_grpo_codes_cancellation_is_named_in_its_own_formula():
+    """The same code at rewards near 3.7e19 (its finding's threshold): the offset cancels in the
+    weighted sum it takes before Eq. 4, which the cause said was "a one-pass variance E[x^2] -
+    E[x]^2, or a variance of uncentred values" (no such thing in the code)."""
+    from conformance.subject import Subject
+
+    g = grading.grade(Subject("_native_impls:trl_grpo_f64", "trl", "spec"), select="large")
+    causes = [f.cause for f in g.findings if f.category == "precision"]
+    assert causes and all(c.startswith("cancellation in the weighted sum its formula takes before Eq. 4") for c in causes), \
+        g.findings
