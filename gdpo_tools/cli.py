@@ -136,13 +136,22 @@ def pytest_command(a: argparse.Namespace) -> list[str]:
            "-p", "conformance.plugins", "--rootdir", str(here.parent)]
     graded = () if a.self_tests else (("--impl", a.impl), ("--convention", a.convention),
                                        ("--call-shape", a.call_shape), *(("--domain", item) for item in a.domain))
-    for flag, value in (*graded, ("-k", a.select)):
+    for flag, value in (*graded, ("-k", _pytest_k(a.select))):
         if value is not None:
             cmd += [flag, value]
     flags = (("--single-process", a.single_process), ("--gdpo-strict", a.strict), ("--strict-errors", a.strict_errors))
     cmd += [flag for flag, on in flags if on]
     cmd += [] if a.self_tests else [f"--ignore={here / name}" for name in plugins.SELF_TESTS]
     return cmd + (["--tb=short"] if a.details else ["--tb=line"])
+
+
+def _pytest_k(select: str | None) -> str | None:
+    """``-k WORDS`` (comma-separated row names, ``errors:CASE``) as a pytest ``-k`` expression: the
+    words joined by ``or``, an error row by its case (the test ``test_error_case[CASE]``)."""
+    if select is None:
+        return None
+    words = [w.strip() for w in select.split(",") if w.strip()]
+    return " or ".join(w.split(":", 1)[1] if w.startswith("errors:") else w for w in words)
 
 
 def _pytest_check(a: argparse.Namespace) -> int:

@@ -91,6 +91,18 @@ def test_a_usage_error_under_json_writes_the_error_over_an_earlier_grading(tmp_p
     assert said["error"] and f"gdpo check: error: {said['error']}" in proc.stderr, (proc.stderr, said)
 
 
+@pytest.mark.parametrize("select", ["large,units", "errors:nan_reward", "plain, errors:group_of_one"])
+def test_deep_takes_the_rows_as_check_does(select):
+    """`gdpo check --deep -k large,units` handed pytest `-k large,units`, a usage error of its own
+    (exit 4), and `-k errors:nan_reward` matched no test (exit 5): the words are now an expression."""
+    a = cli.build_parser().parse_args(["check", "--deep", "-k", select])
+    proc = subprocess.run(cli.pytest_command(a) + ["--collect-only", "-q"], capture_output=True, text=True,
+                          timeout=600, env=dict(os.environ, PYTEST_DISABLE_PLUGIN_AUTOLOAD="1"))
+    assert proc.returncode == 0, proc.stdout[-1000:] + proc.stderr[-1000:]
+    collected = sum(int(ln.rsplit(": ", 1)[1]) for ln in proc.stdout.splitlines() if ln.startswith("conformance/"))
+    assert 0 < collected <= 2 * len(select.split(",")) + 2, proc.stdout  # (a row on CPU, and on CUDA)
+
+
 def test_check_call_shapes_are_the_suites():
     from conformance import subject
 
