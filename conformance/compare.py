@@ -102,7 +102,8 @@ def describe_inputs(case, shape: str = "gdpo") -> str:
     else:
         parts = [f"rewards {rewards}", groups, f"weights {weights}",
                  f"segment_sizes {list(case.segment_sizes) if case.segment_sizes is not None else None}",
-                 f"eps {'default' if case.eps is None else decimal(case.eps)}", f"out {case.out_dtype}"]
+                 f"eps {'default' if case.eps is None else decimal(case.eps)}",
+                 f"out {'int64' if case.variant == 'int_out_dtype' else case.out_dtype}"]
     if case.variant:
         parts.append(f"variant {case.variant}")
     if case.note:

@@ -714,3 +714,6 @@ def test_a_findings_inputs_are_named_in_its_call_shapes_arguments():
                                              "2; weights ones")
     assert describe_inputs(case) == ("rewards (float32, 4x1) [[0], [1], [0], [1.5]]; group_size 2; weights ones; "
                                      "segment_sizes None; eps default; out float32")
+    import dataclasses  # the out_dtype=torch.int64 error case (heldout7: it read "out float64")
+
+    assert "; out int64; variant int_out_dtype" in describe_inputs(dataclasses.replace(case, variant="int_out_dtype"))
