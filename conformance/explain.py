@@ -81,8 +81,8 @@ def _cancellation(subject: Subject, case, conv) -> str | None:
             m = labels == g
             shifted[m] = r[m] - np.sort(r[m], axis=0)[(int(m.sum()) - 1) // 2]  # its lower median, a value of it
     shifted = em.round_to(shifted, case.dtype)  # a case of its own, judged against its own exact values
-    if np.array_equal(shifted, r) or not np.all(np.isfinite(shifted)):
-        return None
+    if np.array_equal(shifted, r) or not np.all(np.isfinite(shifted)) or not np.any(shifted):
+        return None  # (all zeros: every group constant, nothing left to tell a grouping from cancellation)
     near = dataclasses.replace(case, rewards=tuple(tuple(float(v) for v in row) for row in shifted))
     again = subject.outcome(subject.call, near)
     if not again.ok or again.values is None or again.values.shape != (near.n,):

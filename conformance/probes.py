@@ -11,7 +11,7 @@ import math
 import numpy as np
 
 from conformance import formulas
-from conformance.diagnosis import Diagnosis, diagnose_many
+from conformance.diagnosis import Diagnosis, diagnose_many, reproduces
 from conformance.cases import Case, expected
 from spec.constants import FLOAT32_UNIT_ROUNDOFF, FLOAT64_UNIT_ROUNDOFF
 from spec.conventions import get_convention
@@ -42,6 +42,11 @@ _BIG_GROUPS = ((1,),) + ((0,),) * 11 + ((1,),) * 2 + ((0,),) * 10
 _HUGE_GROUPS = ((1,),) + ((0,),) * 127 + ((1,),) * 2 + ((0,),) * 126
 
 
+#: 64 groups of 16, two columns of small integers that differ from group to group: a batch as
+#: trainers see them, where Eq. 6 over only a part of it (its first rows, a micro-batch) is off
+_BATCH_1024 = tuple(((i * 7 + i // 16) % 5, (i * 3 + i // 32) % 4) for i in range(1024))
+
+
 def _case(rows, group_size, weights, ctx, scale=1.0) -> Case:
     dtype = "float32" if "float32" in ctx.input_dtypes else ctx.input_dtypes[0]
     out = "float64" if "float64" in ctx.out_dtypes and ctx.eps else ctx.out_dtypes[0]
@@ -64,6 +69,7 @@ def probe_cases(ctx) -> list[Case]:
         _case(_EIGHTS, 8, (1.0, 0.25), ctx),
         _case(_BIG_GROUPS, 12, None, ctx),                                 # a clip of z bites here
         _case(_HUGE_GROUPS, 128, None, ctx),                               # and a clip at 10 here
+        _case(_BATCH_1024, 16, (1.0, 0.5), ctx),                           # Eq. 6 over a part of the batch
     ] + ([_case(_MAIN, 4, _MAIN_WEIGHTS, ctx, scale=2.0 ** -30)]  # a std floored or replaced below 1e-6
          if _case(_MAIN, 4, None, ctx).dtype != "float16" else [])  # (float16 holds no 2^-40)
 
@@ -335,7 +341,8 @@ def profile(subject) -> Profile:
         if narrow:
             prof.narrow = (f"computes in {narrow}: every advantage of the probes is a {narrow} value, off the "
                            f"paper's by up to {off:.2g} of its scale")
-        elif off <= NARROW_RESIDUAL and _relative_residual(pairs, formulas.PAPER, factor=True) > off / 2:
+        elif off <= NARROW_RESIDUAL and _relative_residual(pairs, formulas.PAPER, factor=True) > off / 2 and 2 * sum(
+                _off_paper(c, o) for c, o in pairs[:len(cases)]) > len(cases):  # narrow arithmetic errs on most
             prof.narrow = (f"computes in bfloat16 or float16 inside: off the paper's by up to {off:.2g} of its "
                            "scale, as such arithmetic errs")
         else:
@@ -354,7 +361,13 @@ PROBE_WORDS = ("4 groups of 4, three columns", "one outlier among 10 groups (|a|
                "tiny weights (eps dominant at Eq. 6)", "weights summing to -2.5", "5 groups of 2", "2 groups of 8",
                "2 groups of 12, one outlier (|z| = 3.2 at Eq. 4)",
                "2 groups of 128, one outlier (|z| = 11.2 at Eq. 4, |a| = 11.2)",
+               "64 groups of 16 (1,024 rows)",
                "the first scaled by 2^-30 (group stds below 3e-9)")
+
+
+def _off_paper(case: Case, o: np.ndarray) -> bool:
+    """Is the output off the paper's, as the diagnosis judges at float32 precision?"""
+    return not reproduces(case, o, formulas.PAPER, FLOAT32_UNIT_ROUNDOFF)
 
 
 def _off_lines(pairs, words) -> list[str]:
@@ -362,9 +375,8 @@ def _off_lines(pairs, words) -> list[str]:
     relations do not say."""
     off, fine = [], []
     for (case, o), name in zip(pairs, words):
-        diff = np.abs(o - formulas.evaluate(case, formulas.PAPER))
-        if np.any(diff > _allowed(case)):
-            off.append(f"{name} (off by {float(diff.max()):.2g})")
+        if _off_paper(case, o):
+            off.append(f"{name} (off by {float(np.max(np.abs(o - formulas.evaluate(case, formulas.PAPER)))):.2g})")
         else:
             fine.append(name)
     return ["off the paper's formula on " + ", ".join(off) + "; it holds on " + (", ".join(fine) if fine else "no probe")]

@@ -254,6 +254,31 @@ def impl_labels_length_unchecked(rewards, *, group_ids=None, **kwargs):
     return gdpo_advantages(rewards, group_ids=group_ids, **kwargs)
 
 
+def impl_eq6_first_256(rewards, **kwargs):
+    """impl.gdpo's Eq. 4 and 7, then Eq. 6 with the mean and std of the first 256 rows only
+    (heldout7 m12: exact on every batch of up to 256 rows)."""
+    from impl.gdpo import normalize_rewards
+
+    c = normalize_rewards(rewards, **{k: v for k, v in kwargs.items() if k in ("group_ids", "group_size", "weights",
+                                                                            "eps")}).to(torch.float64)
+    head = c[:256]
+    return ((c - head.mean()) / (head.std() + kwargs.get("eps", 1e-4))).to(kwargs.get("out_dtype", torch.float32))
+
+
+def impl_ddof0_in_pairs(rewards, *, group_ids=None, group_size=None, weights=None, eps=1e-4, out_dtype=torch.float32):
+    """The paper's formula in float64 but the population std in groups of 2 (heldout7 m08)."""
+    r = rewards.to(torch.float64).reshape(rewards.shape[0], -1)
+    ids = torch.arange(r.shape[0]) // group_size if group_ids is None else torch.as_tensor(group_ids)
+    z = torch.zeros_like(r)
+    for g in torch.unique(ids):
+        m = ids == g
+        x = r[m]
+        z[m] = (x - x.mean(0)) / (x.std(0, unbiased=int(m.sum()) != 2) + eps)
+    w = torch.ones(r.shape[1], dtype=torch.float64) if weights is None else torch.tensor(weights, dtype=torch.float64)
+    c = z @ w
+    return ((c - c.mean()) / (c.std() + eps)).to(out_dtype)
+
+
 def trl_last_group_skipped(rewards, num_generations, reward_weights, eps=1e-4):
     """An off-by-one group loop in float64 (heldout4 offbyone_loop): the last group is never
     standardized, its z left 0, at every magnitude."""
