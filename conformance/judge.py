@@ -64,12 +64,13 @@ class ConformanceFailure(AssertionError):
 
 
 def fail(prop, equation, subject, case, headline, details=(), category=None, worst_ulps=None,
-         worst_dtype=None, formula=None, formula_alternatives=(), cause=None, hang=False, observed=None):
+         worst_dtype=None, formula=None, formula_alternatives=(), cause=None, hang=False, observed=None,
+         raised=None):
     exc = ConformanceFailure(failure(prop, equation, subject, case, headline, details, category))
     exc.case = case  # the failing call itself (one of several for the errors property)
     exc.category, exc.worst_ulps, exc.worst_dtype = category, worst_ulps, worst_dtype
     exc.formula, exc.formula_alternatives = formula, tuple(formula_alternatives)
-    exc.cause, exc.hang, exc.observed = cause, hang, observed or category
+    exc.cause, exc.hang, exc.observed, exc.raised = cause, hang, observed or category, raised
     raise exc
 
 
@@ -585,13 +586,9 @@ def all_refuse(prop, eq, subject, case: DistCase, outs: dict, why: str, offender
              ["the ranks raised different errors (the same on every rank, naming the rank, is the contract)"]
              + details, category=Category.PROTOCOL)
     if offender is not None and world > 1 and not re.search(rf"\branks?\b[^;.]*?\b{offender}\b", outs[0].message):
-        try:
-            fail(prop, eq, subject, case, f"the DistributedError does not name the offending rank {offender}",
-                 [f"the error does not name rank {offender}, whose input is refused"] + details,
-                 category=Category.PROTOCOL)
-        except ConformanceFailure as exc:  # the same refusal where the contract computes is its cause
-            exc.raised = f"raised {outs[0].error_type}: {outs[0].message}"
-            raise
+        fail(prop, eq, subject, case, f"the DistributedError does not name the offending rank {offender}",
+             [f"the error does not name rank {offender}, whose input is refused"] + details,
+             category=Category.PROTOCOL, raised=f"raised {outs[0].error_type}: {outs[0].message}")
 
 
 def dist_errors(prop, eq, subject, case: DistCase, outs: dict) -> None:

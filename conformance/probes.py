@@ -251,7 +251,7 @@ def _values(subject, case: Case):
     """The code's advantages of ``case`` as float64, or None where it refuses or returns
     something other than finite values; and the outcome."""
     out = subject.outcome(subject.call, case)
-    if not out.ok or out.values is None or out.values.shape != (case.n,) or not np.all(np.isfinite(out.values)):
+    if not _shaped(out, case) or not np.all(np.isfinite(out.values)):
         return None, out
     return np.asarray(out.values, dtype=np.float64), out
 
