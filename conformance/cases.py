@@ -151,6 +151,13 @@ class DistCase:
             return np.zeros((0, k)), np.zeros(0, np.int64), np.zeros(0, np.int64), where
         return np.concatenate(rows), np.concatenate(groups), np.concatenate(units), where
 
+    def batch(self) -> Case:
+        """The global batch as one process's call (its groups per rank, no units), where a question
+        takes one Case (what overflows in it)."""
+        rewards, groups, _, _ = self.global_case()
+        return dataclasses.replace(self.shards[0], rewards=tuple(map(tuple, rewards.tolist())), group_size=None,
+                                   group_ids=tuple(groups.tolist()), segment_sizes=None, width=rewards.shape[1])
+
 
 def loads(text: str):
     """A :class:`Case` or :class:`DistCase` from its hex JSON (``dumps``)."""

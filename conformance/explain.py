@@ -12,7 +12,7 @@ import math
 import numpy as np
 
 from conformance import diagnosis
-from conformance.cases import Case, expected
+from conformance.cases import Case, DistCase, expected
 from conformance.compare import distance, native_allowed
 from conformance.subject import Outcome, Subject, verl_lengths
 from conformance import verdicts
@@ -88,7 +88,7 @@ def _cancellation(subject: Subject, case, conv) -> str | None:
     if not again.ok or again.values is None or again.values.shape != (near.n,):
         return None
     prof = getattr(subject, "profile", None)
-    if _holds_under(again, near, conv, subject.token_counts(near)) is None and not (
+    if _holds_under(again.values, near, conv, subject.token_counts(near)) is None and not (
             prof is not None and prof.named and not prof.diagnosis.no_difference
             and _reproduced(near, again.values, prof.diagnosis.variant, conv)):
         return None
@@ -99,8 +99,8 @@ def _cancellation(subject: Subject, case, conv) -> str | None:
     return f"cancellation at Eq. 4: {grows}: a one-pass variance E[x^2] - E[x]^2, or a variance of uncentred values"
 
 
-def _holds_under(out: Outcome, case: Case, conv, token_counts=None):
-    """The oracle's result of ``case`` under ``conv`` where ``out`` is within that convention's own
+def _holds_under(values: np.ndarray, case, conv, token_counts=None):
+    """The oracle's result of ``case`` under ``conv`` where ``values`` are within that convention's own
     error model (:func:`native_allowed`); None where it is not or the oracle cannot judge it."""
     try:
         exp = expected(case, conv, token_counts)
@@ -109,36 +109,42 @@ def _holds_under(out: Outcome, case: Case, conv, token_counts=None):
     if exp.error is not None or exp.result is None:
         return None
     res = exp.result
-    v = distance(out.values, res.float64, native_allowed(res, case.out_dtype, conv), res.cond, case.out_dtype,
-              native_dtype=conv.native_dtype)
+    out_dtype = (case.shards[0] if isinstance(case, DistCase) else case).out_dtype
+    v = distance(values, res.float64, native_allowed(res, out_dtype, conv), res.cond, out_dtype,
+                 native_dtype=conv.native_dtype)
     return res if v.ok else None
 
 
-def overflowed_columns(subject: Subject, case, out: Outcome, conv) -> str | None:
-    """A silent zero hidden in other values: where the output is that of the batch with its group
-    columns beyond sqrt(largest finite) / n set to 0 (their std inf, their z silently 0), say so."""
-    if not isinstance(case, Case) or not case.rewards:
+def overflowed_columns(subject: Subject, case, values: np.ndarray, conv) -> str | None:
+    """A silent zero hidden in other values: where ``values`` (a DistCase's in global row order)
+    are those of the batch with its group columns beyond sqrt(largest finite) / n set to 0 (their
+    std inf, their z silently 0), say so."""
+    shards = case.shards if isinstance(case, DistCase) else (case,)
+    if not isinstance(case, (Case, DistCase)) or not any(s.rewards for s in shards):
         return None
-    r, labels = case.rewards_array(), case.labels()
     limit = math.sqrt(em.largest_finite(conv.native_dtype))
-    hit, zeroed = [], r.copy()
-    for g in np.unique(labels):
-        m = labels == g
-        for k in range(r.shape[1]):
-            col = r[m, k]
-            if np.all(np.isfinite(col)) and np.max(np.abs(col)) > limit / max(int(m.sum()), 1):
-                zeroed[m, k] = 0.0
-                hit.append((g, k))
+    hit, zeroed = [], []
+    for rank, shard in enumerate(shards):
+        r, labels = shard.rewards_array(), shard.labels()
+        z = r.copy()
+        for g in np.unique(labels) if shard.rewards else ():
+            m = labels == g
+            for k in range(r.shape[1]):
+                col = r[m, k]
+                if np.all(np.isfinite(col)) and np.max(np.abs(col)) > limit / max(int(m.sum()), 1):
+                    z[m, k] = 0.0
+                    where = f"rank {rank} " if isinstance(case, DistCase) else ""
+                    hit.append(f"{where}group {int(g) if float(g).is_integer() else g} column {k}")
+        zeroed.append(dataclasses.replace(shard, rewards=tuple(tuple(float(v) for v in row) for row in z)))
     if not hit:
         return None
-    alt = dataclasses.replace(case, rewards=tuple(tuple(float(v) for v in row) for row in zeroed))
-    if _holds_under(out, alt, conv, subject.token_counts(alt)) is None:
+    alt = dataclasses.replace(case, shards=tuple(zeroed)) if isinstance(case, DistCase) else zeroed[0]
+    if _holds_under(values, alt, conv, None if isinstance(case, DistCase) else subject.token_counts(alt)) is None:
         return None
-    shown = ", ".join(f"group {int(g) if float(g).is_integer() else g} column {k}" for g, k in hit[:4])
     more = f" and {len(hit) - 4} more" if len(hit) > 4 else ""
-    return (f"the output is that of this batch with {shown}{more} set to 0: those columns' squared deviations "
-            f"overflow {conv.native_dtype} (|r| > {limit:.3g} / n), their std turns inf and their z silently 0, "
-            f"moving every value that depends on them")
+    return (f"the output is that of this batch with {', '.join(hit[:4])}{more} set to 0: those columns' squared "
+            f"deviations overflow {conv.native_dtype} (|r| > {limit:.3g} / n), their std turns inf and their z "
+            f"silently 0, moving every value that depends on them")
 
 
 def formula_difference(subject: Subject, case, out: Outcome) -> list[str] | None:
@@ -150,7 +156,7 @@ def formula_difference(subject: Subject, case, out: Outcome) -> list[str] | None
     conv = get_convention(own)
     if conv.whiten == "per_token" and subject.shape != "verl":
         return None
-    res = _holds_under(out, case, conv, verl_lengths(case.n) if conv.whiten == "per_token" else None)
+    res = _holds_under(out.values, case, conv, verl_lengths(case.n) if conv.whiten == "per_token" else None)
     if res is None:
         return None
     return [f"the output is within the error model of the implementation's own convention {own!r} (exact "

@@ -97,7 +97,7 @@ def regime(f: Failure) -> str:
     return "extreme magnitudes"
 
 
-def key(f: Failure) -> tuple:
+def key(f: Failure, subject=None) -> tuple:
     """What makes two failures one finding: the category, the regime and the cause."""
     cat, reg = str(f.exc.category), regime(f)
     if reg == "bad input":
@@ -113,8 +113,11 @@ def key(f: Failure) -> tuple:
         return cat, "", ""  # no magnitude makes these: one finding each
     if cat == Category.REFUSED:  # one refusal, wherever it shows
         return cat, "", _refusal(_cause_line(f.exc))
+    if reg == "extreme magnitudes" and isinstance(f.case, DistCase):  # no threshold sought on ranks: what overflows
+        zeros = cat == Category.SILENT_ZERO  # (a std turned inf: its squared deviations cross first)
+        return cat, reg, mechanism(f.case.batch(), subject, cat, at_threshold=False) if zeros else ""
     if reg == "extreme magnitudes":
-        return cat, reg, _large_input(f) if isinstance(f.case, Case) else ""
+        return cat, reg, _large_input(f)
     return cat, reg, ""
 
 
@@ -245,7 +248,7 @@ def findings(failures: list, subject) -> list:
     """The grading's findings, ranked."""
     groups: dict = {}
     for f in failures:
-        groups.setdefault(key(f), []).append(f)
+        groups.setdefault(key(f, subject), []).append(f)
     absorbed = _absorbed(groups)
     out = []
     for (cat, reg, what), members in groups.items():
@@ -320,6 +323,9 @@ def _refile(found: list) -> list:
                 f.category in (Category.SILENT_ZERO, Category.NON_FINITE):  # (ranks': no threshold sought)
             into = next((g for g in found if g.regime == "ordinary magnitudes" and g.category == f.category),
                         next((g for g in found if g.category == Category.FORMULA), None))
+        elif isinstance(f.example, DistCase) and f.regime == "extreme magnitudes":  # an overflow one process shows
+            into = next((g for g in found if isinstance(g.example, Case) and g.category == f.category
+                         and g.cause == f.cause), None)
         if into is None:
             kept.append(f)
         else:
@@ -346,17 +352,20 @@ def _top(case: Case, inp: str) -> float:
     return max((abs(v) for v in values if math.isfinite(v)), default=0.0)
 
 
-def mechanism(case: Case, subject, category=Category.NON_FINITE) -> str:
-    """What overflows the code's working precision on ``case`` (failing at its threshold): of the
-    exact intermediates of Eq. 4, 7 and 6 (under the convention judged), the one that crossed the
-    largest finite value at this magnitude: the smallest beyond it within a factor 16 (one far
-    beyond it crossed at a lower magnitude, where the code did not fail). Where none did but one
-    comes within a factor 16 below, the code's own arithmetic overflows, and the nearest is named;
-    else the smallest beyond the range, however far (a code whose formula is not the paper's);
-    "" where none is. Of those at this magnitude, first those whose overflow gives what the code
-    returned (``category``): zeros from a std turned inf (squared deviations, a std), NaN or inf
-    from the others. A sum whose terms of one sign add up beyond the range while the sum does not
-    overflows in some summation orders. Exact: mpmath numbers, beyond float64's range."""
+def mechanism(case: Case, subject, category=Category.NON_FINITE, at_threshold: bool = True) -> str:
+    """What overflows the code's working precision on ``case`` (failing at its threshold; a case
+    no threshold was sought for: ``at_threshold`` False): of the exact intermediates of Eq. 4, 7
+    and 6 (under the convention judged), the one that crossed the largest finite value at this
+    magnitude: the smallest beyond it within a factor 16 (one far beyond it crossed at a lower
+    magnitude, where the code did not fail). Where none did but one comes within a factor 16
+    below, the code's own arithmetic overflows, and the nearest is named; else the smallest beyond
+    the range, however far (a code whose formula is not the paper's); "" where none is. Of those
+    at this magnitude, first those whose overflow gives what the code returned (``category``):
+    zeros from a std turned inf (squared deviations, a std), NaN or inf from the others. With no
+    threshold, the largest beyond the range of those that give what the code returned (the first
+    to cross as the inputs grow), else as above. A sum whose terms of one sign add up beyond the
+    range while the sum does not overflows in some summation orders. Exact: mpmath numbers,
+    beyond float64's range."""
     conv = subject.judged() if hasattr(subject, "judged") else get_convention("spec")
     dtype = getattr(subject, "precision", None) or conv.native_dtype
     big = max(_top(case, "rewards"), _top(case, "weights"))
@@ -397,10 +406,12 @@ def mechanism(case: Case, subject, category=Category.NON_FINITE) -> str:
                                             "the squared deviations of Eq. 6 (its std)", "Eq. 6's std"),
                   conv.whiten_ddof, tokens)
     unlike = lambda f: f[4] != (category == Category.SILENT_ZERO)  # noqa: E731 - gives another symptom
-    crossed = [f for f in found if top < f[0] <= 16 * top]
+    far = [f for f in found if top < f[0]]  # at a threshold: crossed long before the code failed, no symptom to read
+    if not at_threshold:  # of those that give the symptom seen, the one that crossed first as the inputs grew
+        far = [max((f for f in far if not unlike(f)), key=lambda f: f[0])] if any(not unlike(f) for f in far) else []
+    crossed = [f for f in far if f[0] <= 16 * top or not at_threshold]
     near = [f for f in found if top / 16 <= f[0] <= top]
     if crossed or not near:
-        far = [f for f in found if top < f[0]]  # crossed long before the code failed: no symptom to read
         if not crossed and not far:
             return ""
         value, what, verb, orders, _ = (min(crossed, key=lambda f: (unlike(f), f[0])) if crossed

@@ -328,7 +328,7 @@ def final(prop, eq, subject, case, out, res, what: str, permitted: bool, context
         return
     rows, category = list(v.rows), v.category
     if category in (Category.PRECISION, Category.SILENT_ZERO):
-        dropped = overflowed_columns(subject, case, out, conv)
+        dropped = overflowed_columns(subject, case, out.values, conv)
         if dropped:
             category = Category.SILENT_ZERO
             rows.append(dropped)
@@ -645,9 +645,15 @@ def dist_values(prop, eq, subject, case: DistCase, outs: dict, exp, twins) -> No
     _target(v.ratio, f"{prop}: error/allowed")
     if not v.ok:
         alone = _shards_alone(case, outs, conv, out_dtype)
+        rows, category = list(v.rows), Category.FORMULA if alone else v.category
+        dropped = overflowed_columns(subject, case, observed, conv) \
+            if category in (Category.PRECISION, Category.SILENT_ZERO) else None
+        if dropped:
+            category = Category.SILENT_ZERO
+            rows.append(dropped)
         _fail_distance(prop, eq, subject, case, f"{len(v.bad)} of {observed.size} advantages (global rows, rank "
-                       "order) outside the error model" + _precision_note(conv), v,
-                       category=Category.FORMULA if alone else None, formula=alone)
+                       "order) outside the error model" + _precision_note(conv), v, rows, category=category,
+                       formula=alone)
     for ra, oa, rb, ob, n in twins:
         a, b = outs[ra].values[oa:oa + n], outs[rb].values[ob:ob + n]
         if a.tobytes() != b.tobytes():

@@ -210,3 +210,52 @@ def test_the_overflow_named_is_one_that_overflows():
     assert F.mechanism(both, at, Category.SILENT_ZERO) == "Eq. 4's std overflows float32 (beyond 3.4e+38)"
     far = Case(((0.0,), (1e30,)), dtype="float32", group_size=2)
     assert F.mechanism(far, at) == "the squared deviations of Eq. 4 (its std) overflow float32 (beyond 3.4e+38)"
+
+
+def _two_pass_f64(case: DistCase) -> dict:
+    """A correct float64 code across ranks (heldout6 m22): each group's two-pass std, whose
+    squared deviations overflow to inf beyond sqrt(largest float64) (its z then 0), then Eq. 6
+    over the global batch; each rank's rows as an Outcome."""
+    from conformance.subject import Outcome
+    c = []
+    for s in case.shards:
+        r, lab = s.rewards_array(), s.labels()
+        z = np.zeros_like(r)
+        with np.errstate(over="ignore"):
+            for g in np.unique(lab):
+                x = r[lab == g]
+                d = x - x.mean(axis=0)
+                z[lab == g] = d / (np.sqrt((d * d).sum(axis=0) / (len(x) - 1)) + 1e-4)
+        c.append(z.sum(axis=1))
+    allc = np.concatenate(c)
+    a = (allc - allc.mean()) / (allc.std(ddof=1) + 1e-4)
+    ends = np.cumsum([0] + [s.n for s in case.shards])
+    return {r: Outcome(True, a[ends[r]:ends[r + 1]], "float64", (s.n,)) for r, s in enumerate(case.shards)}
+
+
+def test_an_overflow_on_several_ranks_is_named_as_on_one():
+    """heldout6 m22, a correct float64 code across ranks: a group column on rank 0 beyond
+    sqrt(largest float64) has its z silently 0, and Eq. 6 carries that into every row. It was told
+    "accuracy beyond its own precision" with no cause. It is the silent zero one process shows:
+    the zeroed column named in the failure, and the finding keyed by what overflows, as a
+    one-process finding of that overflow is (so the two join)."""
+    from conformance.cases import expected
+    big = Case(((1e200,), (-1e200,), (0.0,), (1.0,)), dtype="float64", out_dtype="float64", group_size=2)
+    small = Case(((0.0,), (3.0,)), dtype="float64", out_dtype="float64", group_size=2)
+    case, subject = DistCase((big, small)), Subject("_native_impls:impl_float32_rounding", "gdpo", "spec")
+    subject.precision = "float64"
+    with pytest.raises(J.ConformanceFailure) as info:
+        J.dist_values("dist_values_2", "Eq. 6", subject, case, _two_pass_f64(case), expected(case), ())
+    e = info.value
+    assert e.category == "silent_zero", str(e)
+    assert "rank 0 group 0 column 0 set to 0" in str(e), str(e)
+    assert F.key(F.Failure("dist_values_2", case, e, None), subject)[2] == \
+        "the squared deviations of Eq. 4 (its std) overflow float64 (beyond 1.8e+308)"
+    cause = "the squared deviations of Eq. 4 (its std) overflow float64 (beyond 1.8e+308)"
+    one = F.Finding("silent_zero", "extreme magnitudes", cause, ["range"], 3, big, "", "", "", 1e154, "rewards")
+    ranks = F.Finding("silent_zero", "extreme magnitudes", cause, ["dist_values_2"], 2, case, "", "", "")
+    assert [(f.rows, f.count) for f in F._refile([one, ranks])] == [(["range", "dist_values_2"], 5)]
+    # the same code where nothing overflows passes
+    fits = DistCase((Case(((1e100,), (-1e100,), (0.0,), (1.0,)), dtype="float64", out_dtype="float64",
+                          group_size=2), small))
+    J.dist_values("dist_values_2", "Eq. 6", subject, fits, _two_pass_f64(fits), expected(fits), ())
