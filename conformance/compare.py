@@ -273,14 +273,16 @@ def distance(observed: np.ndarray, exact: np.ndarray, allowed: np.ndarray, cond:
     return Verdict(bad.tolist(), ratio, rows, category, worst, in_dtype)
 
 
-def native_allowed(stage, out_dtype: str, conv) -> np.ndarray:
+def native_allowed(stage, out_dtype: str, conv, unit_roundoff: float | None = None) -> np.ndarray:
     """The allowance of a code of convention ``conv``: the running bound of its algorithm at its
-    unit roundoff, under a peer's convention at least the backward error, and a float16 or
-    bfloat16 output's second rounding through float32 (torch's float64 cast: spec section 7)."""
-    allowed = stage.allowed(out_dtype, conv.unit_roundoff)
+    unit roundoff (or at ``unit_roundoff``), under a peer's convention at least the backward
+    error, and a float16 or bfloat16 output's second rounding through float32 (torch's float64
+    cast: spec section 7)."""
+    u = unit_roundoff or conv.unit_roundoff
+    allowed = stage.allowed(out_dtype, u)
     if conv.algorithm == "shift_invariant":  # the specification's own algorithm: one rounding (--strict)
         return allowed
     with np.errstate(over="ignore", invalid="ignore"):
-        backward = em.SAFETY * np.nan_to_num(stage.cond, nan=0.0) * (conv.unit_roundoff / 2.0 ** -53)
-        twice = em.through_float32(stage.reach(conv.unit_roundoff), out_dtype)
+        backward = em.SAFETY * np.nan_to_num(stage.cond, nan=0.0) * (u / 2.0 ** -53)
+        twice = em.through_float32(stage.reach(u), out_dtype)
     return np.where(allowed > 0.0, np.maximum(allowed, backward) + twice, allowed)
