@@ -56,7 +56,7 @@ def explain(subject: Subject, case, out: Outcome, conv, category):
     cause = _cancellation(subject, case, conv) if finite else None
     if cause:
         return Category.PRECISION, None, cause, f"precision: {cause}", ()
-    if ordinary and _beyond_any_rounding(out.values, case, conv, subject.token_counts(case)):
+    if ordinary and beyond_any_rounding(out.values, case, conv, subject.token_counts(case)):
         return Category.FORMULA, BEYOND_ROUNDING, None, f"formula: {BEYOND_ROUNDING}", ()
     return category, None, None, line, ()
 
@@ -66,7 +66,7 @@ BEYOND_ROUNDING = ("off the paper's formula on some inputs, by more than roundin
                    "(bfloat16's included); no formula of the catalogue reproduces it")
 
 
-def _beyond_any_rounding(values: np.ndarray, case: Case, conv, token_counts=None) -> bool:
+def beyond_any_rounding(values: np.ndarray, case, conv, token_counts=None) -> bool:
     """Are ``values`` outside the error model of ``conv``'s own algorithm even at bfloat16's unit
     roundoff (2^-8, the coarsest arithmetic a code runs in), the case's conditioning included?"""
     try:
@@ -76,8 +76,9 @@ def _beyond_any_rounding(values: np.ndarray, case: Case, conv, token_counts=None
     res = exp.result
     if exp.error is not None or res is None:
         return False
-    coarse = native_allowed(res, case.out_dtype, conv, 2.0 ** -em.FORMATS["bfloat16"][0])
-    return not distance(values, res.float64, coarse, res.cond, case.out_dtype, native_dtype=conv.native_dtype).ok
+    out_dtype = (case.shards[0] if isinstance(case, DistCase) else case).out_dtype
+    coarse = native_allowed(res, out_dtype, conv, 2.0 ** -em.FORMATS["bfloat16"][0])
+    return not distance(values, res.float64, coarse, res.cond, out_dtype, native_dtype=conv.native_dtype).ok
 
 
 def _reproduced(case, values, variant, conv, token_counts=None) -> bool:

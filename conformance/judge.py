@@ -23,8 +23,9 @@ from conformance.compare import (
     MAX_LISTED, advantage_zero_clause, combined_zero_clause, distance, failure, native_allowed,
     whiten_zero_clause,
 )
-from conformance.explain import explain, formula_difference, overflowed_columns
+from conformance.explain import BEYOND_ROUNDING, beyond_any_rounding, explain, formula_difference, overflowed_columns
 from conformance.subject import Outcome, Subject
+from conformance import verdicts
 from conformance.verdicts import Category
 from spec import error_model as em
 from spec.constants import FLOAT32_MAX
@@ -72,6 +73,19 @@ def fail(prop, equation, subject, case, headline, details=(), category=None, wor
     exc.formula, exc.formula_alternatives = formula, tuple(formula_alternatives)
     exc.cause, exc.hang, exc.observed, exc.raised = cause, hang, observed or category, raised
     raise exc
+
+
+def refusal_words(line: str) -> str:
+    """A refusal's words up to its first value, without the ranks that said it."""
+    line = re.sub(r"\brank \d+:? ", "", line)
+    return re.split(r"[-+]?\d|['\"{\[(]", line, maxsplit=1)[0].rstrip()
+
+
+def cause_line(exc: ConformanceFailure) -> str:
+    """The judge's headline, without its prefix: what failed."""
+    head = (str(exc).splitlines()[0] if str(exc) else "").split("): ", 1)[-1]
+    cause = getattr(exc, "cause", None)
+    return f"{head}; {cause}" if cause else head
 
 
 def _fail_distance(prop, eq, subject, case, headline, v, rows=None, category=None, **kw):
@@ -651,6 +665,9 @@ def dist_values(prop, eq, subject, case: DistCase, outs: dict, exp, twins) -> No
         if dropped:
             category = Category.SILENT_ZERO
             rows.append(dropped)
+        elif category == Category.PRECISION and all(verdicts.ordinary(s) for s in case.shards if s.n) and \
+                beyond_any_rounding(observed, case, conv):
+            category, alone = Category.FORMULA, BEYOND_ROUNDING
         _fail_distance(prop, eq, subject, case, f"{len(v.bad)} of {observed.size} advantages (global rows, rank "
                        "order) outside the error model" + _precision_note(conv), v, rows, category=category,
                        formula=alone)

@@ -27,7 +27,7 @@ from conformance import strategies as S
 from conformance.cases import Case, DistCase
 from conformance.compare import decimal
 from conformance.error_cases import error_cases
-from conformance.judge import ConformanceFailure
+from conformance.judge import ConformanceFailure, cause_line, refusal_words
 from conformance.verdicts import Category
 from conformance.properties import BY_NAME, Property
 from conformance.subject import Subject
@@ -255,6 +255,8 @@ def fails_alike(check, case, failure: ConformanceFailure) -> ConformanceFailure 
     except ConformanceFailure as exc:
         if exc.category != failure.category:
             return None
+        if exc.category == Category.REFUSED and refusal_words(cause_line(exc)) != refusal_words(cause_line(failure)):
+            return None  # another refusal is another finding
         if exc.category == Category.FORMULA and (
                 exc.formula != failure.formula or len(exc.formula_alternatives) > len(failure.formula_alternatives)
                 or (exc.worst_ulps or 0.0) < (failure.worst_ulps or 0.0) / 16):
