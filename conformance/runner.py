@@ -139,11 +139,15 @@ def draw(name: str, strategy, max_examples: int | None = None, key: tuple = ()) 
 
 
 def adapt(case, subject: Subject):
-    """A pinned example as a shape with no output dtype (trl, verl) passes it: its own output dtype,
-    rewards in the first of its dtypes that holds them exactly."""
+    """A pinned example as the call shape passes it: one unit as no segment_sizes where the code
+    takes none (as :func:`conformance.strategies.dist_cases` draws them); in a shape with no
+    output dtype (trl, verl), its own output dtype, rewards in the first of its dtypes that holds
+    them exactly."""
+    ctx = subject.context()
+    if not ctx.units:
+        case = _one_unit_as_none(case)
     if subject.shape not in ("trl", "verl") or not isinstance(case, Case):
         return case
-    ctx = subject.context()
     changes = {"out_dtype": ctx.out_dtypes[0]}
     if case.dtype in S.DTYPES and case.dtype not in ctx.input_dtypes and case.rewards:
         r = case.rewards_array()
@@ -151,6 +155,15 @@ def adapt(case, subject: Subject):
         if held:
             changes["dtype"] = held[0]
     return dataclasses.replace(case, **changes)
+
+
+def _one_unit_as_none(case):
+    """``case`` with one whitening unit (on every rank) passed as no segment_sizes."""
+    shards = case.shards if isinstance(case, DistCase) else (case,)
+    if any(s.segment_sizes is not None and len(s.segment_sizes) != 1 for s in shards):
+        return case
+    shards = tuple(dataclasses.replace(s, segment_sizes=None) for s in shards)
+    return dataclasses.replace(case, shards=shards) if isinstance(case, DistCase) else shards[0]
 
 
 def pinned_cases(prop: Property, subject: Subject, error: str | None = None) -> list:

@@ -198,6 +198,20 @@ def test_a_code_without_whitening_units_is_graded_across_ranks():
         ["Eq. 6: over each rank's shard alone, not the batch across ranks (no all_reduce?)"], g.findings
 
 
+def test_a_code_without_units_gets_the_pinned_examples_of_one_unit():
+    """heldout8 m08 (Eq. 6 divided by N - world size, no segment_sizes taken) failed 4 of 50
+    multi-process cases, the drawn ones mostly holding rows on one rank: the pinned example of
+    one unit spanning two ranks, which shows it, was left out of a code that takes no units.
+    One unit is passed as none there, as the drawn cases pass it."""
+    from conformance import runner
+    from conformance.properties import BY_NAME
+    for domain, units in (({"units": False}, None), (None, (4,))):
+        subject = Subject("_native_impls:impl_without_units", "gdpo", "spec", domain=domain)
+        split = [c for c in runner.pinned_cases(BY_NAME["dist_values_2"], subject)
+                 if c.note.startswith("K = 1 example split over 2 ranks")]
+        assert [[s.segment_sizes for s in c.shards] for c in split] == [[units, units]], split
+
+
 def test_a_refusal_that_names_another_rank_in_an_error_case_is_that_refusal():
     """A code refusing empty shards (every rank raising it together, naming the empty rank) got,
     beside that refusal, a protocol finding per error case that met an empty shard: "the error
