@@ -251,7 +251,7 @@ def _search(b: _Batch, o: np.ndarray) -> _Search:
     the output where the fitted values exceed its largest magnitude."""
     s = _Search(b, o)
     eq4 = [(v, _eq4(b, v)) for v in _eq4_variants(b, bool(np.isnan(o).any()))]
-    scopes = ("unit",) + (("batch",) if b.S > 1 else ()) + (("group",) if b.G > 1 else ())
+    scopes = ("unit",) + (("batch", "unit_mean") if b.S > 1 else ()) + (("group",) if b.G > 1 else ())
     kinds = WHITENS if b.t is not None else WHITENS[:1]
     clip_at = _clip_at(o)
     top = clip_at[0] if clip_at else math.inf
@@ -351,7 +351,7 @@ def _presets_of(b: _Batch, v: Variant, token_counts) -> tuple:
             repl["singleton"] = "error"
         if b.has_nan and x.nan == "nan_aware_unscored" and not b.unscored:
             repl["nan"] = "nan_aware"
-        if b.S < 2 and x.whiten_scope == "batch":
+        if b.S < 2 and x.whiten_scope in ("batch", "unit_mean"):
             repl["whiten_scope"] = "unit"
         if token_counts is None and x.whiten == "per_token":
             repl["whiten"] = "per_sample"

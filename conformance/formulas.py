@@ -41,7 +41,9 @@ class Variant:
     weights: str = "after"          # Eq. 7: "after" (GDPO), "before" (GRPO on the weighted sum),
     #                                 "normalized" (w / sum w, then GDPO's Eq. 7)
     whiten: str = "per_sample"      # Eq. 6: "per_sample", "per_token", "center", "none"
-    whiten_scope: str = "unit"      # "unit" (per training batch), "batch" (the whole call), "group" (per prompt group)
+    #: "unit" (per training batch), "batch" (the whole call), "group" (per prompt group), "unit_mean" (the mean
+    #: per unit, the std of the whole call)
+    whiten_scope: str = "unit"
     whiten_ddof: int = 1
     whiten_placement: str = "std"
     whiten_eps: float | None = None
@@ -63,6 +65,8 @@ class Variant:
                 ch.update(whiten_scope="unit")
         if v.whiten == "center" and v.whiten_scope == "group":  # c is centred in each group already
             ch.update(whiten="none", whiten_scope="unit")
+        if v.whiten == "center" and v.whiten_scope == "unit_mean":  # no std: centred per unit
+            ch.update(whiten_scope="unit")
         if (v.whiten == "per_sample" and v.whiten_scope == "group" and v.scale == "none" and v.baseline == "mean"
                 and v.weights == "after" and v.singleton == "error"):
             # c = sum_k w_k (r_k - mean_g r_k) is the weighted sum's deviation, whitened within its group: GRPO
@@ -140,6 +144,8 @@ CATALOGUE: tuple[Choice, ...] = (
            "several whitening units"),
     Choice("Eq. 6", "whiten_scope", "group", "within each prompt group, not over the batch", "-",
            "two groups or more"),
+    Choice("Eq. 6", "whiten_scope", "unit_mean", "the mean per unit, the std of the whole batch", "-",
+           "several whitening units"),
     Choice("Eq. 6", "whiten_ddof", 0, "biased std (ddof 0)", "-"),
     Choice("Eq. 6", "whiten_placement", "var", "eps added to the variance: sqrt(var + eps)", "verl"),
     Choice("Eq. 6", "whiten_placement", "skip_if_zero", "no eps; a unit of std 0 passed through unchanged",
@@ -394,7 +400,8 @@ def _scored(b: _Batch, v: Variant) -> np.ndarray:
 def _unit_stats(b: _Batch, v: Variant, c: np.ndarray):
     """Per sample: unit index, weight t, and the unit's T, mean and sum of t dev^2."""
     dt = b.dt
-    ui, S = {"unit": (b.ui, b.S), "group": (b.gi, b.G)}.get(v.whiten_scope, (np.zeros(b.n, np.int64), 1))
+    ui, S = {"unit": (b.ui, b.S), "group": (b.gi, b.G), "unit_mean": (b.ui, b.S)}.get(
+        v.whiten_scope, (np.zeros(b.n, np.int64), 1))
     t = b.t if (v.whiten == "per_token" and b.t is not None) else np.ones(b.n, dt)
     tt = t * _scored(b, v).astype(dt)
     with np.errstate(all="ignore"):
@@ -404,6 +411,9 @@ def _unit_stats(b: _Batch, v: Variant, c: np.ndarray):
         dev = c - mean[ui]
         d = np.where(tt > 0, dev, dt.type(0))
         ss = b.gsum(tt * d * d, ui, S)
+    if v.whiten_scope == "unit_mean":  # every unit's std that of the whole batch
+        *_, whole_T, _, _, whole_ss = _unit_stats(b, dataclasses.replace(v, whiten_scope="batch"), c)
+        T, ss = np.full(S, whole_T[0], dtype=dt), np.full(S, whole_ss[0], dtype=dt)
     return ui, S, t, tt, T, mean, dev, ss
 
 

@@ -128,6 +128,19 @@ def whole_batch(r, labels, w, units, eps, tokens=None):
     return paper64(r, labels, w, None, eps)
 
 
+def unit_mean_batch_std(r, labels, w, units, eps, tokens=None):
+    """Each unit centred on its own mean, divided by the std of the whole call (heldout8 m11)."""
+    z = np.zeros_like(r)
+    for m in _groups(labels):
+        x = r[m]
+        z[m] = (x - x.mean(0)) / (x.std(0, ddof=1) + eps)
+    c = z @ w
+    a = np.zeros_like(c)
+    for m in _units(units, len(c)):
+        a[m] = (c[m] - c[m].mean()) / (c.std(ddof=1) + eps)
+    return a
+
+
 def per_token(r, labels, w, units, eps, tokens=None):
     """Eq. 6 weighted by each sample's token count (each token a copy of its sample's value)."""
     z = np.zeros_like(r)

@@ -309,3 +309,25 @@ def test_a_case_off_on_ranks_beside_a_huge_reward_is_shown_at_ordinary_ones():
         g = F._at_ordinary(f)
         assert F.regime(g) == ("several ranks" if always else "extreme magnitudes"), g.case
         assert (F._top(g.case, "rewards") < 1e4) is always
+
+
+def test_a_formula_its_cases_cannot_tell_from_another_joins_it():
+    """heldout8 m11 (each unit centred on its mean, divided by the whole batch's std): units whose
+    means are all 0 cannot tell that from Eq. 6 over the whole batch, and it came out as a second
+    formula finding by that name. Where every case of a formula lists another formula found among
+    its alternatives, and that one has a case that tells them apart, the two are one finding."""
+    batch, unit_mean = "Eq. 6: over the whole batch, not per unit", "Eq. 6: the mean per unit, the std of the whole batch"
+
+    def member(formula, alternatives):
+        f = _failure(Case(((0.0,), (1.0,)), group_size=2), "formula")
+        f.exc.formula, f.exc.formula_alternatives = formula, alternatives
+        return f
+
+    groups = {("formula", "ordinary magnitudes", batch): [member(batch, (unit_mean,))],
+              ("formula", "ordinary magnitudes", unit_mean): [member(unit_mean, ()), member(unit_mean, (batch,))]}
+    F._join_ambiguous(groups)
+    assert list(groups) == [("formula", "ordinary magnitudes", unit_mean)] and len(groups[list(groups)[0]]) == 3
+    # told apart nowhere: two findings stay, each naming what its cases show
+    groups = {("formula", "", batch): [member(batch, (unit_mean,))], ("formula", "", unit_mean): [member(unit_mean, (batch,))]}
+    F._join_ambiguous(groups)
+    assert len(groups) == 2

@@ -82,6 +82,7 @@ IMPLS = {
     "no_eq6_32": (Variant(whiten="none"), "float32", {}),
     "centred_eq6": (Variant(whiten="center"), "float64", {"units": "cut"}),
     "whole_batch": (Variant(whiten_scope="batch"), "float64", {"units": "whole"}),
+    "unit_mean_batch_std": (Variant(whiten_scope="unit_mean"), "float64", {"units": "cut"}),
     "per_token": (Variant(whiten="per_token"), "float64", {"tokens": True}),
     "clipped32": (Variant(clip=1.5), "float32", {}),
     "batch_std_clipped32": (Variant(scale="batch_std", clip=1.25), "float32", {}),
