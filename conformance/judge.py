@@ -76,8 +76,9 @@ def fail(prop, equation, subject, case, headline, details=(), category=None, wor
 
 
 def refusal_words(line: str) -> str:
-    """A refusal's words up to its first value, without the ranks that said it."""
-    line = re.sub(r"\brank \d+:? ", "", line)
+    """A refusal's words up to its first value, without the ranks that said it (nor whether it
+    was a batch of several ranks or one process's case that the contract computes)."""
+    line = re.sub(r"\brank \d+:? ", "", line).split("; the contract computes")[0]
     return re.split(r"[-+]?\d|['\"{\[(]", line, maxsplit=1)[0].rstrip()
 
 
@@ -612,15 +613,28 @@ def dist_errors(prop, eq, subject, case: DistCase, outs: dict) -> None:
     all_refuse(prop, eq, subject, case, outs, ec.why, int(offender) if ec.names_offender else None, (GDPOError,))
 
 
+#: the formula of ranks whitening their own shards; on copies of one shard, what it cannot be told from
+SHARDS_ALONE = "Eq. 6: over each rank's shard alone, not the batch across ranks (no all_reduce?)"
+SHARDS_ALONE_OR_DIVISOR = ("Eq. 6 across ranks: over each rank's shard alone, or the batch's squared deviations "
+                           "divided by other than N - 1 (ranks holding copies of one shard cannot tell)")
+
+
+def _copies(case: DistCase) -> bool:
+    """Do the ranks with rows hold copies of one shard (its rows and its grouping), two or more?"""
+    held = [(s.rewards, tuple(np.unique(s.labels(), return_inverse=True)[1].ravel())) for s in case.shards if s.n]
+    return len(held) > 1 and all(h == held[0] for h in held)
+
+
 def _shards_alone(case: DistCase, outs: dict, conv, out_dtype: str) -> str | None:
-    """The formula where every rank returned its own shard's GDPO, as if it were the whole batch."""
+    """The formula where every rank returned its own shard's GDPO, as if it were the whole batch
+    (on copies of one shard, what it cannot be told from: heldout8 m08, N - world size)."""
     for r, o in outs.items():
         exp = expected(case.shards[r], conv.name) if case.shards[r].n else None
         if exp is not None and (exp.result is None or not distance(
                 o.values, exp.result.float64, native_allowed(exp.result, out_dtype, conv), exp.result.cond,
                 out_dtype, native_dtype=conv.native_dtype).ok):
             return None
-    return "Eq. 6: over each rank's shard alone, not the batch across ranks (no all_reduce?)"
+    return SHARDS_ALONE_OR_DIVISOR if _copies(case) else SHARDS_ALONE
 
 
 def dist_values(prop, eq, subject, case: DistCase, outs: dict, exp, twins) -> None:
@@ -670,7 +684,7 @@ def dist_values(prop, eq, subject, case: DistCase, outs: dict, exp, twins) -> No
             category, alone = Category.FORMULA, BEYOND_ROUNDING
         _fail_distance(prop, eq, subject, case, f"{len(v.bad)} of {observed.size} advantages (global rows, rank "
                        "order) outside the error model" + _precision_note(conv), v, rows, category=category,
-                       formula=alone)
+                       formula=alone, formula_alternatives=(SHARDS_ALONE,) if alone == SHARDS_ALONE_OR_DIVISOR else ())
     for ra, oa, rb, ob, n in twins:
         a, b = outs[ra].values[oa:oa + n], outs[rb].values[ob:ob + n]
         if a.tobytes() != b.tobytes():

@@ -103,6 +103,11 @@ def test_a_refusal_is_keyed_by_what_it_says():
     assert F.key(refusal(small, "group 3 is short")) == F.key(refusal(big, "group 12 is short"))
     assert F.key(refusal(small, "group 3 is short")) != F.key(refusal(small, "bad weights"))
     assert F.key(refusal(small, "bad weights {'a': 5e-324}")) == F.key(refusal(big, "bad weights -1.5e+39, 0"))
+    # one refusal on one process and on ranks (heldout8 x03: "weights are all zero" twice)
+    ranks = _failure(DistCase((small, small)), "refused")
+    ranks.exc.args = ("[dist_values_2] Eq. 6 (x): rank 0 raised ValueError: rank 0: weights are all zero; the "
+                      "contract computes this batch",)
+    assert F.key(ranks) == F.key(refusal(small, "weights are all zero"))
     assert F.key(refusal(small, "non-finite reward")) != F.key(refusal(small, "non-negative weights"))
 
 
@@ -331,3 +336,26 @@ def test_a_formula_its_cases_cannot_tell_from_another_joins_it():
     groups = {("formula", "", batch): [member(batch, (unit_mean,))], ("formula", "", unit_mean): [member(unit_mean, (batch,))]}
     F._join_ambiguous(groups)
     assert len(groups) == 2
+
+
+def test_copies_of_one_shard_cannot_name_the_shard_alone():
+    """heldout8 m08 divides Eq. 6's squared deviations by N - world size: on ranks holding copies of
+    one shard that is each shard's own GDPO, and it was named "Eq. 6: over each rank's shard
+    alone" though the code gathers. There the formula says it cannot tell the two; where a code's
+    other cases tell (different shards), the finding is that one alone."""
+    from conformance.cases import expected
+    from conformance.subject import Outcome
+    one = Case(((0.0,), (1.0,), (5.0,), (2.0,)), dtype="float64", out_dtype="float64", group_size=2)
+    other = Case(((3.0,), (1.0,), (0.0,), (7.0,)), dtype="float64", out_dtype="float64", group_size=2)
+    subject = Subject("_native_impls:impl_float32_rounding", "gdpo", "spec")
+    subject.precision = "float64"
+    found = []
+    for case in (DistCase((one, one)), DistCase((one, other))):
+        alone = {r: Outcome(True, expected(s).result.float64, "float64", (s.n,)) for r, s in enumerate(case.shards)}
+        with pytest.raises(J.ConformanceFailure) as info:
+            J.dist_values("dist_values_2", "Eq. 6", subject, case, alone, expected(case), ())
+        found.append(F.Failure("dist_values_2", case, info.value, None))
+    assert [f.exc.formula for f in found] == [J.SHARDS_ALONE_OR_DIVISOR, J.SHARDS_ALONE]
+    groups = {F.key(f): [f] for f in found}
+    F._join_ambiguous(groups)
+    assert list(groups) == [F.key(found[1])] and len(groups[F.key(found[1])]) == 2
