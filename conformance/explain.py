@@ -73,12 +73,8 @@ def beyond_any_rounding(values: np.ndarray, case, conv, token_counts=None) -> bo
         exp = expected(case, conv.name, token_counts)
     except Exception:  # noqa: BLE001 - no verdict on the explanation
         return False
-    res = exp.result
-    if exp.error is not None or res is None:
-        return False
-    out_dtype = (case.shards[0] if isinstance(case, DistCase) else case).out_dtype
-    coarse = native_allowed(res, out_dtype, conv, 2.0 ** -em.FORMATS["bfloat16"][0])
-    return not distance(values, res.float64, coarse, res.cond, out_dtype, native_dtype=conv.native_dtype).ok
+    return exp.error is None and exp.result is not None and \
+        _holds_under(values, case, conv, token_counts, 2.0 ** -em.FORMATS["bfloat16"][0]) is None
 
 
 def _reproduced(case, values, variant, conv, token_counts=None) -> bool:
@@ -121,7 +117,7 @@ def _cancellation(subject: Subject, case, conv) -> str | None:
     return f"cancellation at Eq. 4: {grows}: a one-pass variance E[x^2] - E[x]^2, or a variance of uncentred values"
 
 
-def _holds_under(values: np.ndarray, case, conv, token_counts=None):
+def _holds_under(values: np.ndarray, case, conv, token_counts=None, unit_roundoff=None):
     """The oracle's result of ``case`` under ``conv`` where ``values`` are within that convention's own
     error model (:func:`native_allowed`); None where it is not or the oracle cannot judge it."""
     try:
@@ -132,7 +128,7 @@ def _holds_under(values: np.ndarray, case, conv, token_counts=None):
         return None
     res = exp.result
     out_dtype = (case.shards[0] if isinstance(case, DistCase) else case).out_dtype
-    v = distance(values, res.float64, native_allowed(res, out_dtype, conv), res.cond, out_dtype,
+    v = distance(values, res.float64, native_allowed(res, out_dtype, conv, unit_roundoff), res.cond, out_dtype,
                  native_dtype=conv.native_dtype)
     return res if v.ok else None
 

@@ -278,10 +278,9 @@ def findings(failures: list, subject) -> list:
 
 def _at_ordinary(f: Failure) -> Failure:
     """A multi-process case off by more than its precision at extreme magnitudes (no threshold is
-    sought on ranks) that still fails so with its large rewards and weights scaled to about
-    :data:`ORDINARY`:
-    that case's failure, on several ranks (heldout8 m08, a wrong divisor of Eq. 6 shown only beside
-    a reward of 3e38, was told to declare a range below it)."""
+    sought on ranks) that still fails so with its large rewards and weights scaled below
+    :data:`ORDINARY`: that case's failure, on several ranks (heldout8 m08, a wrong divisor of
+    Eq. 6 shown only beside a reward of 3e38, was told to declare a range below it)."""
     if not isinstance(f.case, DistCase) or f.exc.category != Category.PRECISION or regime(f) != "extreme magnitudes":
         return f
     floor = f.case
@@ -340,15 +339,20 @@ def _join_ambiguous(groups: dict) -> None:
     where some case of that one tells them apart (heldout8 m11: units whose means are all 0 make
     Eq. 6 over the whole batch and the mean per unit alike)."""
     named = [k for k in groups if k[0] == Category.FORMULA]
-    moves = []
+    into = {}
     for k in named:
         also = set.intersection(*(set(getattr(m.exc, "formula_alternatives", ())) for m in groups[k]))
-        into = [j for j in named if j != k and j[2] in also
+        told = [j for j in named if j != k and j[2] in also
                 and any(k[2] not in getattr(m.exc, "formula_alternatives", ()) for m in groups[j])]
-        if into:
-            moves.append((k, into[0]))
-    for k, j in moves:
-        groups[j].extend(groups.pop(k))
+        if told:
+            into[k] = told[0]
+    for k in into:
+        j, seen = into[k], {k}
+        while j in into and j not in seen:  # (a chain: to its end)
+            seen.add(j)
+            j = into[j]
+        if j not in seen:
+            groups[j].extend(groups.pop(k))
 
 
 def _refile(found: list) -> list:
