@@ -26,13 +26,19 @@ def _units(units, n):
 # ----------------------------------------------------------------- float64 numpy codes
 
 
-def paper64(r, labels, w, units, eps, tokens=None):
-    """The paper's formula, textbook float64."""
+def _combined(r, labels, w, eps):
+    """Eq. 4 and 7 as the paper writes them, textbook float64: c."""
     z = np.zeros_like(r)
     for m in _groups(labels):
         x = r[m]
         z[m] = (x - x.mean(0)) / (x.std(0, ddof=1) + eps)
     c = z @ w
+    return c
+
+
+def paper64(r, labels, w, units, eps, tokens=None):
+    """The paper's formula, textbook float64."""
+    c = _combined(r, labels, w, eps)
     a = np.zeros_like(c)
     for m in _units(units, len(c)):
         a[m] = (c[m] - c[m].mean()) / (c[m].std(ddof=1) + eps)
@@ -130,11 +136,7 @@ def whole_batch(r, labels, w, units, eps, tokens=None):
 
 def unit_mean_batch_std(r, labels, w, units, eps, tokens=None):
     """Each unit centred on its own mean, divided by the std of the whole call (heldout8 m11)."""
-    z = np.zeros_like(r)
-    for m in _groups(labels):
-        x = r[m]
-        z[m] = (x - x.mean(0)) / (x.std(0, ddof=1) + eps)
-    c = z @ w
+    c = _combined(r, labels, w, eps)
     a = np.zeros_like(c)
     for m in _units(units, len(c)):
         a[m] = (c[m] - c[m].mean()) / (c.std(ddof=1) + eps)
@@ -143,11 +145,7 @@ def unit_mean_batch_std(r, labels, w, units, eps, tokens=None):
 
 def per_token(r, labels, w, units, eps, tokens=None):
     """Eq. 6 weighted by each sample's token count (each token a copy of its sample's value)."""
-    z = np.zeros_like(r)
-    for m in _groups(labels):
-        x = r[m]
-        z[m] = (x - x.mean(0)) / (x.std(0, ddof=1) + eps)
-    c = z @ w
+    c = _combined(r, labels, w, eps)
     a = np.zeros_like(c)
     t = np.asarray(tokens, dtype=np.float64)
     for m in _units(units, len(c)):
