@@ -284,6 +284,8 @@ def test_two_processes_keep_their_slices(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "GDPO_REPORT_DIR": str(tmp_path)}
     out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                           "tests/_trl_two_ranks.py"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    if out.returncode:  # (shown whole under "Captured stderr": the assertion's text is cut short)
+        print(out.stdout[-4000:], out.stderr, sep="\n", file=sys.stderr)
     assert out.returncode == 0, (out.stdout[-2000:], out.stderr[-4000:])
     reports = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
     for rank, r in enumerate(reports):
